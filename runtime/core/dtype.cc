@@ -1,0 +1,80 @@
+#include "runtime/core/dtype.h"
+
+#include <string>
+
+namespace sk {
+
+std::string_view DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+    case DType::kInvalid: break;
+  }
+  return "invalid";
+}
+
+StatusOr<DType> ParseDType(std::string_view name) {
+  if (name == "f32" || name == "float32" || name == "fp32") return DType::kF32;
+  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  if (name == "f16" || name == "float16" || name == "fp16" || name == "half") return DType::kF16;
+  return InvalidArgumentError("unknown dtype '" + std::string(name) +
+                              "' (expected f32, bf16 or f16)");
+}
+
+Status ValidateDType(DType t) {
+  if (t == DType::kF32 || t == DType::kBF16 || t == DType::kF16) return OkStatus();
+  return InvalidArgumentError("invalid dtype value " + std::to_string(static_cast<int>(t)) +
+                              " (expected f32=1, bf16=2 or f16=3)");
+}
+
+float LoadAsFloat(const void* data, DType t, size_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kBF16: return BF16ToFloat(static_cast<const BF16*>(data)[i]);
+    case DType::kF16: return F16ToFloat(static_cast<const F16*>(data)[i]);
+    case DType::kInvalid: break;
+  }
+  LOG(FATAL) << "LoadAsFloat on invalid dtype";
+  return 0.f;
+}
+
+void StoreFromFloat(void* data, DType t, size_t i, float v) {
+  switch (t) {
+    case DType::kF32: static_cast<float*>(data)[i] = v; return;
+    case DType::kBF16: static_cast<BF16*>(data)[i] = FloatToBF16(v); return;
+    case DType::kF16: static_cast<F16*>(data)[i] = FloatToF16(v); return;
+    case DType::kInvalid: break;
+  }
+  LOG(FATAL) << "StoreFromFloat on invalid dtype";
+}
+
+Status ConvertElements(const void* src, DType src_type, void* dst, DType dst_type, size_t n) {
+  SK_RETURN_IF_ERROR(ValidateDType(src_type));
+  SK_RETURN_IF_ERROR(ValidateDType(dst_type));
+  if (n == 0) return OkStatus();
+  if (src_type == dst_type) {
+    std::memcpy(dst, src, n * DTypeSize(src_type));
+    return OkStatus();
+  }
+  if (src_type == DType::kF32) {
+    const float* s = static_cast<const float*>(src);
+    if (dst_type == DType::kBF16) {
+      BF16* d = static_cast<BF16*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = FloatToBF16(s[i]);
+    } else {
+      F16* d = static_cast<F16*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = FloatToF16(s[i]);
+    }
+    return OkStatus();
+  }
+  if (dst_type == DType::kF32) {
+    float* d = static_cast<float*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = LoadAsFloat(src, src_type, i);
+    return OkStatus();
+  }
+  for (size_t i = 0; i < n; ++i) StoreFromFloat(dst, dst_type, i, LoadAsFloat(src, src_type, i));
+  return OkStatus();
+}
+
+}  // namespace sk

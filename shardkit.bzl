@@ -1,0 +1,26 @@
+"""Build definitions shared by every shardkit package: copts live here only."""
+
+# Warnings are errors for our own code. System headers (-isystem) are exempt.
+SK_COPTS = [
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-Wno-unused-parameter",
+    "-Wno-sign-compare",
+    "-Wno-missing-field-initializers",
+]
+
+def sk_cc_library(name, copts = [], **kwargs):
+    native.cc_library(name = name, copts = SK_COPTS + copts, **kwargs)
+
+def sk_cc_binary(name, copts = [], **kwargs):
+    native.cc_binary(name = name, copts = SK_COPTS + copts, **kwargs)
+
+def sk_cc_test(name, copts = [], deps = [], **kwargs):
+    """A GoogleTest test; links gtest_main unless the test brings its own main."""
+    native.cc_test(
+        name = name,
+        copts = SK_COPTS + copts,
+        deps = deps + ["//third_party:gtest_main"],
+        **kwargs
+    )
