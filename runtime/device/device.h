@@ -1,0 +1,126 @@
+// Devices, streams and events: the execution model of shardkit.
+//
+// Everything asynchronous follows CUDA's model on every backend. A Stream is an
+// in-order queue of work. An Event marks a point in a stream; the host can
+// query or wait for it, and another stream can be told to wait for it without
+// blocking the host. The same FSDP code therefore overlaps communication and
+// compute on CPU and on GPU, and the CPU tests exercise the ordering a GPU run
+// relies on.
+//
+// CPU: each Stream is a worker thread draining a FIFO of closures; an Event is
+// a completion counter that the stream advances when it reaches the point where
+// the event was recorded. CUDA: cudaStream_t and cudaEvent_t (cuda_device.cc,
+// built under --config=cuda).
+//
+// Errors: a closure that returns a non-OK Status makes that status the stream's
+// sticky error(), returned by Synchronize() until ClearError(); later closures
+// still run (each asynchronous operation reports its own status too, e.g. a
+// collective's Work). Every blocking wait takes a timeout and returns
+// DeadlineExceeded when it passes: nothing in shardkit waits forever.
+//
+// Thread safety: all methods of Device, Stream and Event may be called from any
+// thread, except that an Event must not be recorded concurrently with itself.
+#ifndef SHARDKIT_RUNTIME_DEVICE_DEVICE_H_
+#define SHARDKIT_RUNTIME_DEVICE_DEVICE_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "runtime/core/device_kind.h"
+#include "runtime/core/status.h"
+
+namespace sk {
+
+using Duration = std::chrono::milliseconds;
+// How long a wait lasts unless the caller says otherwise: long enough for a
+// slow collective on a loaded machine, short enough that a dead peer is
+// reported within minutes instead of never.
+inline constexpr Duration kDefaultTimeout{300'000};
+
+class Stream;
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual DeviceId device() const = 0;
+
+  // Captures all work enqueued on `stream` up to now; the event completes when
+  // that work has. Recording again moves the event to the new point. Returns
+  // when enqueued. InvalidArgument if `stream` is on another kind of device.
+  virtual Status Record(Stream& stream) = 0;
+  // True once the captured work has completed. A never-recorded event is complete.
+  virtual bool Query() const = 0;
+  // Blocks the calling thread until complete; DeadlineExceeded after `timeout`.
+  virtual Status Synchronize(Duration timeout = kDefaultTimeout) const = 0;
+  // Milliseconds from this event's completion to `end`'s. FailedPrecondition
+  // unless both were created with timing, recorded, and are complete.
+  virtual StatusOr<double> ElapsedMillis(const Event& end) const = 0;
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual DeviceId device() const = 0;
+  // Process-unique; used as the trace track of the stream.
+  virtual int64_t id() const = 0;
+  virtual const std::string& name() const = 0;
+
+  // Enqueues `fn` to run on the stream after everything enqueued before it.
+  // Returns when enqueued. On CUDA, `fn` runs on a driver thread in stream
+  // order (cudaLaunchHostFunc) and must not call CUDA.
+  virtual Status Enqueue(std::function<Status()> fn) = 0;
+  // Work enqueued after this call waits for `event` (as recorded now). The host
+  // is not blocked. On CPU the wait gives up after the stream's wait timeout
+  // and sets the stream's error to DeadlineExceeded.
+  virtual Status WaitEvent(const Event& event) = 0;
+  // Blocks until everything enqueued so far has run. Returns the sticky
+  // error() if one is set, DeadlineExceeded after `timeout`.
+  virtual Status Synchronize(Duration timeout = kDefaultTimeout) = 0;
+  // True if everything enqueued so far has run.
+  virtual bool Query() const = 0;
+  // The first error of work run on this stream since the last ClearError().
+  virtual Status error() const = 0;
+  virtual void ClearError() = 0;
+  // cudaStream_t on CUDA, nullptr on CPU.
+  virtual void* native_handle() const { return nullptr; }
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // The process-wide Device for `id`, created on first use and never destroyed.
+  // Any CPU index >= 0 is valid (local ranks run as threads, each with its own
+  // logical CPU device and memory statistics). CUDA: Unavailable when shardkit
+  // was built without CUDA, when no driver or GPU is present, or the index is
+  // out of range.
+  static StatusOr<Device*> Get(DeviceId id);
+  // Number of usable CUDA devices; 0 without CUDA, without a driver
+  // (cudaErrorInsufficientDriver) or without a GPU. Never an error.
+  static int CudaDeviceCount();
+
+  virtual DeviceId id() const = 0;
+
+  // A new stream. `name` labels it in traces and errors.
+  virtual StatusOr<std::unique_ptr<Stream>> CreateStream(std::string_view name) = 0;
+  // A new event; timing costs a clock read per completion on CPU.
+  virtual StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing = false) = 0;
+
+  // Raw device memory for the caching allocator: 64-byte aligned host memory
+  // on CPU, cudaMalloc on CUDA. ResourceExhausted when the device refuses.
+  virtual StatusOr<void*> RawAllocate(size_t bytes) = 0;
+  virtual void RawFree(void* ptr, size_t bytes) = 0;
+
+  // Copies `bytes` bytes in stream order. Host pointers are valid on CPU
+  // devices; on CUDA either side may be host or device memory (cudaMemcpyDefault).
+  virtual Status CopyAsync(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
+};
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_DEVICE_DEVICE_H_
