@@ -16,10 +16,11 @@ def sk_cc_library(name, copts = [], **kwargs):
 def sk_cc_binary(name, copts = [], **kwargs):
     native.cc_binary(name = name, copts = SK_COPTS + copts, **kwargs)
 
-def sk_cc_test(name, copts = [], deps = [], **kwargs):
-    """A GoogleTest test; links gtest_main unless the test brings its own main."""
+def sk_cc_test(name, copts = [], deps = [], size = "small", **kwargs):
+    """A GoogleTest test linked with gtest_main. Small (60 s) unless it says otherwise."""
     native.cc_test(
         name = name,
+        size = size,
         copts = SK_COPTS + copts,
         deps = deps + ["//third_party:gtest_main"],
         **kwargs
