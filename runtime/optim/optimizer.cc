@@ -1,0 +1,221 @@
+#include "runtime/optim/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "runtime/optim/update_rules.h"
+
+namespace sk {
+
+namespace {
+bool Finite(float x) { return std::isfinite(x); }
+}  // namespace
+
+Status ValidateOptimizerOptions(const OptimizerOptions& o) {
+  switch (o.kind) {
+    case OptimizerKind::kSgd:
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      break;
+    default:
+      return InvalidArgumentError("unknown optimizer kind " +
+                                  std::to_string(static_cast<int>(o.kind)) +
+                                  " (expected sgd=1, adam=2, adamw=3)");
+  }
+  if (!Finite(o.lr) || o.lr < 0) return InvalidArgumentError("optimizer lr must be finite and >= 0");
+  if (!Finite(o.weight_decay) || o.weight_decay < 0) {
+    return InvalidArgumentError("optimizer weight_decay must be finite and >= 0");
+  }
+  if (o.kind == OptimizerKind::kSgd) {
+    if (!Finite(o.momentum) || o.momentum < 0) return InvalidArgumentError("SGD momentum must be >= 0");
+    if (!Finite(o.dampening) || o.dampening < 0 || o.dampening > 1) {
+      return InvalidArgumentError("SGD dampening must be in [0, 1]");
+    }
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0)) {
+      return InvalidArgumentError("SGD Nesterov momentum needs momentum > 0 and zero dampening");
+    }
+  } else {
+    if (!(o.beta1 >= 0 && o.beta1 < 1)) return InvalidArgumentError("Adam beta1 must be in [0, 1)");
+    if (!(o.beta2 >= 0 && o.beta2 < 1)) return InvalidArgumentError("Adam beta2 must be in [0, 1)");
+    if (!Finite(o.eps) || o.eps <= 0) return InvalidArgumentError("Adam eps must be finite and > 0");
+  }
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerOptions& options,
+                                                       Allocator* allocator) {
+  OptimizerOptions o = options;
+  if (o.kind == OptimizerKind::kDefault) o.kind = OptimizerKind::kAdamW;
+  SK_RETURN_IF_ERROR(ValidateOptimizerOptions(o));
+  if (allocator == nullptr) return InvalidArgumentError("optimizer needs an allocator");
+  return std::unique_ptr<Optimizer>(new Optimizer(o, allocator));
+}
+
+std::vector<std::string> Optimizer::StateNames() const {
+  if (options_.kind == OptimizerKind::kSgd) {
+    if (options_.momentum == 0.f) return {};
+    return {"momentum"};
+  }
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+StatusOr<Optimizer::Slot*> Optimizer::GetOrCreateSlot(int slot, int64_t n) {
+  auto it = slots_.find(slot);
+  if (it != slots_.end()) {
+    if (it->second.n != n) {
+      return InvalidArgumentError("optimizer slot " + std::to_string(slot) + " has " +
+                                  std::to_string(it->second.n) + " elements, step gave " +
+                                  std::to_string(n));
+    }
+    return &it->second;
+  }
+  Slot s;
+  s.n = n;
+  for (size_t i = 0; i < StateNames().size(); ++i) {
+    SK_ASSIGN_OR_RETURN(Tensor t, allocator_->Empty(DType::kF32, Shape{n}));
+    if (t.nbytes() > 0) std::memset(t.data(), 0, t.nbytes());
+    s.state.push_back(std::move(t));
+  }
+  return &slots_.emplace(slot, std::move(s)).first->second;
+}
+
+Status Optimizer::Step(const std::vector<ShardRef>& shards) {
+  // Validate everything and create all state before touching any parameter, so
+  // an error leaves parameters and state as they were.
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const ShardRef& r = shards[i];
+    if (r.n < 0) return InvalidArgumentError("negative element count for slot " + std::to_string(r.slot));
+    if (r.n > 0 && (r.param == nullptr || r.grad == nullptr)) {
+      return InvalidArgumentError("null parameter or gradient for optimizer slot " +
+                                  std::to_string(r.slot));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (shards[j].slot == r.slot) {
+        return InvalidArgumentError("optimizer slot " + std::to_string(r.slot) +
+                                    " appears twice in one step");
+      }
+    }
+    auto it = slots_.find(r.slot);
+    if (it != slots_.end() && it->second.n != r.n) {
+      return InvalidArgumentError("optimizer slot " + std::to_string(r.slot) + " has " +
+                                  std::to_string(it->second.n) + " elements, step gave " +
+                                  std::to_string(r.n));
+    }
+  }
+  std::vector<Slot*> slots;
+  for (const ShardRef& r : shards) {
+    SK_ASSIGN_OR_RETURN(Slot * s, GetOrCreateSlot(r.slot, r.n));
+    slots.push_back(s);
+  }
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const ShardRef& r = shards[i];
+    Slot& s = *slots[i];
+    ++s.step;
+    if (options_.kind == OptimizerKind::kSgd) {
+      SgdHyper h{options_.lr, options_.momentum, options_.dampening, options_.weight_decay,
+                 options_.nesterov, s.step == 1};
+      float scratch = 0.f;
+      float* buf = s.state.empty() ? nullptr : s.state[0].data_as<float>();
+      for (int64_t k = 0; k < r.n; ++k) SgdUpdate(r.param[k], r.grad[k], buf ? buf[k] : scratch, h);
+    } else {
+      double t = static_cast<double>(s.step);
+      AdamHyper h{options_.lr,
+                  options_.beta1,
+                  options_.beta2,
+                  options_.eps,
+                  options_.weight_decay,
+                  options_.kind == OptimizerKind::kAdamW,
+                  static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), t)),
+                  static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(options_.beta2), t)))};
+      float* m = s.state[0].data_as<float>();
+      float* v = s.state[1].data_as<float>();
+      for (int64_t k = 0; k < r.n; ++k) AdamUpdate(r.param[k], r.grad[k], m[k], v[k], h);
+    }
+  }
+  return OkStatus();
+}
+
+int64_t Optimizer::step_count(int slot) const {
+  auto it = slots_.find(slot);
+  return it == slots_.end() ? 0 : it->second.step;
+}
+
+StatusOr<Tensor> Optimizer::State(int slot, const std::string& name) const {
+  auto it = slots_.find(slot);
+  if (it == slots_.end()) return NotFoundError("optimizer slot " + std::to_string(slot) + " has no state");
+  std::vector<std::string> names = StateNames();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return it->second.state[i];
+  }
+  return NotFoundError("optimizer has no state named '" + name + "'");
+}
+
+Status Optimizer::LoadState(int slot, int64_t n, int64_t step, const std::vector<Tensor>& state) {
+  std::vector<std::string> names = StateNames();
+  if (state.size() != names.size()) {
+    return InvalidArgumentError("optimizer state for slot " + std::to_string(slot) + " has " +
+                                std::to_string(state.size()) + " tensors, expected " +
+                                std::to_string(names.size()));
+  }
+  if (n < 0 || step < 0) return InvalidArgumentError("negative size or step in optimizer state");
+  for (size_t i = 0; i < state.size(); ++i) {
+    if (state[i].dtype() != DType::kF32 || state[i].numel() != n) {
+      return InvalidArgumentError("optimizer state '" + names[i] + "' of slot " +
+                                  std::to_string(slot) + " must be f32 with " + std::to_string(n) +
+                                  " elements, got " + state[i].ToString());
+    }
+  }
+  Slot s;
+  s.n = n;
+  s.step = step;
+  for (size_t i = 0; i < state.size(); ++i) {
+    SK_ASSIGN_OR_RETURN(Tensor t, allocator_->Empty(DType::kF32, Shape{n}));
+    if (t.nbytes() > 0) std::memcpy(t.data(), state[i].data(), t.nbytes());
+    s.state.push_back(std::move(t));
+  }
+  slots_[slot] = std::move(s);
+  return OkStatus();
+}
+
+size_t Optimizer::StateBytes() const {
+  size_t total = 0;
+  for (const auto& [id, s] : slots_) {
+    for (const Tensor& t : s.state) total += t.nbytes();
+  }
+  return total;
+}
+
+double LocalGradNormPartial(const std::vector<const float*>& grads,
+                            const std::vector<int64_t>& sizes, NormType type) {
+  double acc = 0.0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const float* g = grads[i];
+    for (int64_t k = 0; k < sizes[i]; ++k) {
+      double x = g[k];
+      if (type == NormType::kL2) {
+        acc += x * x;
+      } else {
+        acc = std::max(acc, std::fabs(x));
+      }
+    }
+  }
+  return acc;
+}
+
+double FinishGradNorm(double combined_partial, NormType type) {
+  return type == NormType::kL2 ? std::sqrt(combined_partial) : combined_partial;
+}
+
+float ClipGradientsToNorm(const std::vector<float*>& grads, const std::vector<int64_t>& sizes,
+                          double total_norm, double max_norm) {
+  double coef = max_norm / (total_norm + 1e-6);
+  if (coef >= 1.0) return 1.f;
+  float c = static_cast<float>(coef);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    for (int64_t k = 0; k < sizes[i]; ++k) grads[i][k] *= c;
+  }
+  return c;
+}
+
+}  // namespace sk

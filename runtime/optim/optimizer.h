@@ -1,0 +1,126 @@
+// Sharded optimizers: SGD (momentum, dampening, Nesterov, weight decay), Adam
+// and AdamW, stepping on the local shards of flat parameters.
+//
+// An optimizer keeps its state per parameter slot (one slot per flat-parameter
+// shard, identified by a small integer the caller chooses) in f32 tensors from
+// the allocator it was given, so optimizer memory counts in the allocator's
+// statistics and under its cap — 8 bytes per element for Adam, the largest part
+// of model state. State is created on a slot's first step.
+//
+// Thread safety: an Optimizer is used by one thread at a time.
+#ifndef SHARDKIT_RUNTIME_OPTIM_OPTIMIZER_H_
+#define SHARDKIT_RUNTIME_OPTIM_OPTIMIZER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/core/allocator.h"
+#include "runtime/core/status.h"
+#include "runtime/core/tensor.h"
+
+namespace sk {
+
+// Values are part of the C ABI: never renumbered; 0 means "default" (AdamW).
+enum class OptimizerKind : int {
+  kDefault = 0,
+  kSgd = 1,
+  kAdam = 2,
+  kAdamW = 3,
+};
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  float lr = 1e-3f;
+  // SGD
+  float momentum = 0.f;
+  float dampening = 0.f;
+  bool nesterov = false;
+  // Adam / AdamW
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  // L2 penalty for SGD and Adam, decoupled decay for AdamW.
+  float weight_decay = 0.f;
+};
+
+// InvalidArgument naming the field for a negative or non-finite lr, betas
+// outside [0, 1), eps <= 0, Nesterov without momentum or with dampening, etc.
+Status ValidateOptimizerOptions(const OptimizerOptions& options);
+
+// One slot's piece of work for a step: `n` f32 parameters updated in place
+// from `n` f32 gradients.
+struct ShardRef {
+  int slot;
+  float* param;
+  const float* grad;
+  int64_t n;
+};
+
+class Optimizer {
+ public:
+  // InvalidArgument for invalid options. `allocator` must outlive the optimizer.
+  static StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerOptions& options,
+                                                      Allocator* allocator);
+
+  const OptimizerOptions& options() const { return options_; }
+  // Changes the learning rate for later steps (schedules).
+  void set_lr(float lr) { options_.lr = lr; }
+
+  // Updates every shard. A slot's size is fixed by its first step:
+  // InvalidArgument if it changes, or if a pointer is null while n > 0; state is
+  // untouched when an error is returned. ResourceExhausted if state cannot be
+  // allocated.
+  Status Step(const std::vector<ShardRef>& shards);
+
+  // Steps taken by `slot` (0 if never stepped).
+  int64_t step_count(int slot) const;
+  // Names of the per-element state tensors of this optimizer kind, in a fixed
+  // order: {} for plain SGD, {"momentum"} for SGD with momentum,
+  // {"exp_avg", "exp_avg_sq"} for Adam/AdamW.
+  std::vector<std::string> StateNames() const;
+  // The state tensor `name` of `slot`; NotFound if the slot has not stepped.
+  StatusOr<Tensor> State(int slot, const std::string& name) const;
+  // Restores a slot (checkpoint loading): `state` holds one f32 tensor per
+  // StateNames() entry, each of `n` elements. InvalidArgument on mismatch.
+  Status LoadState(int slot, int64_t n, int64_t step, const std::vector<Tensor>& state);
+  // Bytes of optimizer state currently held.
+  size_t StateBytes() const;
+
+ private:
+  struct Slot {
+    int64_t n = 0;
+    int64_t step = 0;
+    std::vector<Tensor> state;  // in StateNames() order
+  };
+  Optimizer(const OptimizerOptions& options, Allocator* allocator)
+      : options_(options), allocator_(allocator) {}
+  StatusOr<Slot*> GetOrCreateSlot(int slot, int64_t n);
+
+  OptimizerOptions options_;
+  Allocator* allocator_;
+  std::map<int, Slot> slots_;
+};
+
+// Gradient-norm clipping across shards. The total norm of gradients spread
+// over ranks is combined from per-rank partial results:
+//   L2:  partial = sum of squares of the local shard elements, combined by SUM;
+//   inf: partial = max |g| over the local shard elements,       combined by MAX.
+// Padding elements of flat shards are zero and change neither.
+enum class NormType : int { kL2 = 2, kInf = 0 };
+
+// The local partial of the gradient norm (double accumulation).
+double LocalGradNormPartial(const std::vector<const float*>& grads,
+                            const std::vector<int64_t>& sizes, NormType type);
+// The norm from the combined partial.
+double FinishGradNorm(double combined_partial, NormType type);
+// Scales gradients by max_norm / (norm + 1e-6) when norm > max_norm (torch's
+// clip_grad_norm_); returns the factor applied (1 when not clipped).
+float ClipGradientsToNorm(const std::vector<float*>& grads, const std::vector<int64_t>& sizes,
+                          double total_norm, double max_norm);
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_OPTIM_OPTIMIZER_H_

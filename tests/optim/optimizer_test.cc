@@ -1,0 +1,236 @@
+#include "runtime/optim/optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+namespace sk {
+namespace {
+
+std::vector<float> RandomVector(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// torch.optim.Adam/AdamW written out in double from the documentation.
+void ReferenceAdam(std::vector<double>& p, const std::vector<std::vector<float>>& grads,
+                   double lr, double b1, double b2, double eps, double wd, bool decoupled) {
+  std::vector<double> m(p.size(), 0), v(p.size(), 0);
+  for (size_t t = 1; t <= grads.size(); ++t) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      double g = grads[t - 1][i];
+      if (decoupled) {
+        p[i] *= 1 - lr * wd;
+      } else {
+        g += wd * p[i];
+      }
+      m[i] = b1 * m[i] + (1 - b1) * g;
+      v[i] = b2 * v[i] + (1 - b2) * g * g;
+      double mhat = m[i] / (1 - std::pow(b1, t));
+      double vhat = v[i] / (1 - std::pow(b2, t));
+      p[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+    }
+  }
+}
+
+void ReferenceSgd(std::vector<double>& p, const std::vector<std::vector<float>>& grads, double lr,
+                  double mom, double damp, double wd, bool nesterov) {
+  std::vector<double> buf(p.size(), 0);
+  for (size_t t = 0; t < grads.size(); ++t) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      double g = grads[t][i] + wd * p[i];
+      if (mom != 0) {
+        buf[i] = t == 0 ? g : mom * buf[i] + (1 - damp) * g;
+        g = nesterov ? g + mom * buf[i] : buf[i];
+      }
+      p[i] -= lr * g;
+    }
+  }
+}
+
+struct OptRun {
+  std::vector<float> params;
+};
+
+OptRun RunOptimizer(const OptimizerOptions& o, const std::vector<float>& init,
+                 const std::vector<std::vector<float>>& grads, std::vector<int> split) {
+  HostAllocator alloc;
+  auto opt = Optimizer::Create(o, &alloc);
+  EXPECT_TRUE(opt.ok()) << opt.status();
+  OptRun run{init};
+  for (const auto& g : grads) {
+    std::vector<ShardRef> refs;
+    int offset = 0;
+    for (size_t s = 0; s < split.size(); ++s) {
+      refs.push_back({static_cast<int>(s), run.params.data() + offset, g.data() + offset, split[s]});
+      offset += split[s];
+    }
+    EXPECT_TRUE((*opt)->Step(refs).ok());
+  }
+  return run;
+}
+
+constexpr int kN = 97;
+
+void ExpectCloseToReference(const std::vector<float>& got, const std::vector<double>& want) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::fabs(want[i]))) << "element " << i;
+  }
+}
+
+TEST(OptimizerTest, AdamMatchesTorchDefinition) {
+  auto init = RandomVector(kN, 1);
+  std::vector<std::vector<float>> grads = {RandomVector(kN, 2), RandomVector(kN, 3), RandomVector(kN, 4)};
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdam;
+  o.lr = 0.01f;
+  o.weight_decay = 0.1f;
+  OptRun r = RunOptimizer(o, init, grads, {kN});
+  std::vector<double> ref(init.begin(), init.end());
+  ReferenceAdam(ref, grads, 0.01, 0.9, 0.999, 1e-8, 0.1, false);
+  ExpectCloseToReference(r.params, ref);
+}
+
+TEST(OptimizerTest, AdamWDecouplesWeightDecay) {
+  auto init = RandomVector(kN, 5);
+  std::vector<std::vector<float>> grads = {RandomVector(kN, 6), RandomVector(kN, 7)};
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdamW;
+  o.lr = 0.05f;
+  o.weight_decay = 0.2f;
+  OptRun r = RunOptimizer(o, init, grads, {kN});
+  std::vector<double> ref(init.begin(), init.end());
+  ReferenceAdam(ref, grads, 0.05, 0.9, 0.999, 1e-8, 0.2, true);
+  ExpectCloseToReference(r.params, ref);
+}
+
+TEST(OptimizerTest, SgdWithMomentumDampeningAndNesterovMatchesTorchDefinition) {
+  auto init = RandomVector(kN, 8);
+  std::vector<std::vector<float>> grads = {RandomVector(kN, 9), RandomVector(kN, 10), RandomVector(kN, 11)};
+  for (bool nesterov : {false, true}) {
+    OptimizerOptions o;
+    o.kind = OptimizerKind::kSgd;
+    o.lr = 0.1f;
+    o.momentum = 0.9f;
+    o.dampening = nesterov ? 0.f : 0.25f;
+    o.nesterov = nesterov;
+    o.weight_decay = 0.01f;
+    OptRun r = RunOptimizer(o, init, grads, {kN});
+    std::vector<double> ref(init.begin(), init.end());
+    ReferenceSgd(ref, grads, 0.1, 0.9, o.dampening, 0.01, nesterov);
+    ExpectCloseToReference(r.params, ref);
+  }
+}
+
+TEST(OptimizerTest, ShardedStepIsBitIdenticalToUnshardedStep) {
+  auto init = RandomVector(kN, 12);
+  std::vector<std::vector<float>> grads = {RandomVector(kN, 13), RandomVector(kN, 14)};
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+    OptimizerOptions o;
+    o.kind = kind;
+    o.momentum = kind == OptimizerKind::kSgd ? 0.9f : 0.f;
+    o.weight_decay = 0.01f;
+    OptRun whole = RunOptimizer(o, init, grads, {kN});
+    OptRun sharded = RunOptimizer(o, init, grads, {30, 30, 37});
+    EXPECT_EQ(0, std::memcmp(whole.params.data(), sharded.params.data(), kN * sizeof(float)));
+  }
+}
+
+TEST(OptimizerTest, InvalidOptionsNameTheField) {
+  HostAllocator alloc;
+  OptimizerOptions o;
+  o.lr = -1;
+  EXPECT_NE(Optimizer::Create(o, &alloc).status().message().find("lr"), std::string::npos);
+  o = {};
+  o.beta2 = 1.0f;
+  EXPECT_NE(Optimizer::Create(o, &alloc).status().message().find("beta2"), std::string::npos);
+  o = {};
+  o.kind = static_cast<OptimizerKind>(42);
+  EXPECT_EQ(Optimizer::Create(o, &alloc).status().code(), StatusCode::kInvalidArgument);
+  o = {};
+  o.kind = OptimizerKind::kSgd;
+  o.nesterov = true;
+  EXPECT_EQ(Optimizer::Create(o, &alloc).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Optimizer::Create(OptimizerOptions{}, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(OptimizerTest, DefaultKindIsAdamW) {
+  HostAllocator alloc;
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kDefault;
+  auto opt = Optimizer::Create(o, &alloc);
+  ASSERT_TRUE(opt.ok());
+  EXPECT_EQ((*opt)->options().kind, OptimizerKind::kAdamW);
+}
+
+TEST(OptimizerTest, BadStepLeavesParametersAndStateUntouched) {
+  HostAllocator alloc;
+  auto opt = *Optimizer::Create(OptimizerOptions{}, &alloc);
+  std::vector<float> p(4, 1.f), g(4, 1.f);
+  ASSERT_TRUE(opt->Step({{0, p.data(), g.data(), 4}}).ok());
+  std::vector<float> after = p;
+  // Second shard has a size mismatch for slot 0: nothing must change.
+  std::vector<float> p1(3, 1.f), g1(3, 1.f);
+  Status s = opt->Step({{1, p1.data(), g1.data(), 3}, {0, p.data(), g.data(), 3}});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p, after);
+  EXPECT_EQ(p1, std::vector<float>(3, 1.f));
+  EXPECT_EQ(opt->step_count(0), 1);
+  EXPECT_EQ(opt->step_count(1), 0);
+  EXPECT_EQ(opt->Step({{2, nullptr, g.data(), 4}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt->Step({{0, p.data(), g.data(), 4}, {0, p.data(), g.data(), 4}}).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(OptimizerTest, StateRoundTripsThroughLoadState) {
+  HostAllocator alloc;
+  OptimizerOptions o;
+  auto a = *Optimizer::Create(o, &alloc);
+  auto b = *Optimizer::Create(o, &alloc);
+  auto init = RandomVector(kN, 20);
+  auto g1 = RandomVector(kN, 21), g2 = RandomVector(kN, 22);
+  std::vector<float> pa = init;
+  ASSERT_TRUE(a->Step({{0, pa.data(), g1.data(), kN}}).ok());
+  std::vector<Tensor> state;
+  for (const std::string& name : a->StateNames()) state.push_back(*a->State(0, name));
+  ASSERT_TRUE(b->LoadState(0, kN, a->step_count(0), state).ok());
+  std::vector<float> pb = pa;
+  ASSERT_TRUE(a->Step({{0, pa.data(), g2.data(), kN}}).ok());
+  ASSERT_TRUE(b->Step({{0, pb.data(), g2.data(), kN}}).ok());
+  EXPECT_EQ(pa, pb);
+  EXPECT_EQ(a->StateBytes(), 2u * kN * sizeof(float));
+  EXPECT_EQ(b->LoadState(0, kN, 1, {state[0]}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a->State(9, "exp_avg").status().code(), StatusCode::kNotFound);
+}
+
+TEST(ClipGradNormTest, PartialsFromShardsCombineToTheUnshardedNorm) {
+  auto g = RandomVector(kN, 30);
+  double full_sq = 0, full_max = 0;
+  for (float x : g) {
+    full_sq += double(x) * x;
+    full_max = std::max(full_max, std::fabs(double(x)));
+  }
+  double l2 = LocalGradNormPartial({g.data()}, {40}, NormType::kL2) +
+              LocalGradNormPartial({g.data() + 40}, {kN - 40}, NormType::kL2);
+  double inf = std::max(LocalGradNormPartial({g.data()}, {40}, NormType::kInf),
+                        LocalGradNormPartial({g.data() + 40}, {kN - 40}, NormType::kInf));
+  EXPECT_NEAR(FinishGradNorm(l2, NormType::kL2), std::sqrt(full_sq), 1e-9);
+  EXPECT_EQ(FinishGradNorm(inf, NormType::kInf), full_max);
+}
+
+TEST(ClipGradNormTest, ScalesOnlyWhenAboveMaxNorm) {
+  std::vector<float> g = {3.f, 4.f};
+  EXPECT_EQ(ClipGradientsToNorm({g.data()}, {2}, 5.0, 10.0), 1.f);
+  EXPECT_EQ(g[0], 3.f);
+  float c = ClipGradientsToNorm({g.data()}, {2}, 5.0, 1.0);
+  EXPECT_NEAR(c, 0.2f, 1e-6);
+  EXPECT_NEAR(std::hypot(g[0], g[1]), 1.0, 1e-5);
+}
+
+}  // namespace
+}  // namespace sk
