@@ -1,0 +1,272 @@
+#include "runtime/fsdp/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+namespace sk {
+
+namespace {
+
+constexpr char kFormatKey[] = "format";
+constexpr char kCrcPrefix[] = "crc32.";
+
+std::string SafeTensorsDTypeName(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+    case DType::kInvalid: break;
+  }
+  return "";
+}
+
+StatusOr<DType> ParseSafeTensorsDType(const std::string& s) {
+  if (s == "F32") return DType::kF32;
+  if (s == "BF16") return DType::kBF16;
+  if (s == "F16") return DType::kF16;
+  return InvalidArgumentError("tensor dtype '" + s + "' is not one shardkit computes in (F32, BF16, F16)");
+}
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return UnavailableError("write to '" + path + "' failed: " + ErrnoText());
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return OkStatus();
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+uint32_t Crc32(const void* data, size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const Bytef* p = static_cast<const Bytef*>(data);
+  while (n > 0) {  // zlib takes uInt lengths
+    uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    crc = crc32(crc, p, chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+Status WriteSafeTensors(const std::string& path, const std::vector<SafeTensorsEntry>& entries,
+                        const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  nlohmann::json meta = nlohmann::json::object();
+  for (const auto& [k, v] : metadata) {
+    if (k.rfind(kCrcPrefix, 0) == 0) {
+      return InvalidArgumentError("metadata key '" + k + "' is reserved for checksums");
+    }
+    meta[k] = v;
+  }
+  meta[kFormatKey] = "shardkit";
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const SafeTensorsEntry& e : entries) {
+    if (e.name.empty()) return InvalidArgumentError("safetensors entry with an empty name");
+    if (e.name.rfind("__", 0) == 0) {
+      return InvalidArgumentError("tensor name '" + e.name + "' starts with '__' (reserved)");
+    }
+    if (!seen.insert(e.name).second) return InvalidArgumentError("duplicate tensor name '" + e.name + "'");
+    SK_RETURN_IF_ERROR(ValidateDType(e.dtype).WithContext("tensor '" + e.name + "'"));
+    uint64_t nbytes = static_cast<uint64_t>(e.shape.numel()) * DTypeSize(e.dtype);
+    if (nbytes > 0 && e.data == nullptr) {
+      return InvalidArgumentError("tensor '" + e.name + "' has a null data pointer");
+    }
+    header[e.name] = {{"dtype", SafeTensorsDTypeName(e.dtype)},
+                      {"shape", e.shape.dims()},
+                      {"data_offsets", {offset, offset + nbytes}}};
+    meta[kCrcPrefix + e.name] = std::to_string(Crc32(e.data, nbytes));
+    offset += nbytes;
+  }
+  header["__metadata__"] = meta;
+  std::string json = header.dump();
+  // Pad with spaces so the data section starts 8-byte aligned (as the
+  // reference implementation does).
+  while ((json.size() + 8) % 8 != 0) json.push_back(' ');
+  uint64_t n = json.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return UnavailableError("cannot create '" + tmp + "': " + ErrnoText());
+  Status s = WriteAll(fd, len, 8, tmp);
+  if (s.ok()) s = WriteAll(fd, json.data(), json.size(), tmp);
+  for (size_t i = 0; s.ok() && i < entries.size(); ++i) {
+    const SafeTensorsEntry& e = entries[i];
+    s = WriteAll(fd, e.data, static_cast<size_t>(e.shape.numel()) * DTypeSize(e.dtype), tmp);
+  }
+  if (s.ok() && ::fsync(fd) != 0) s = UnavailableError("fsync of '" + tmp + "' failed: " + ErrnoText());
+  if (::close(fd) != 0 && s.ok()) s = UnavailableError("close of '" + tmp + "' failed: " + ErrnoText());
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = UnavailableError("cannot rename '" + tmp + "' to '" + path + "': " + ErrnoText());
+  }
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  int dfd = ::open(DirName(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);  // best effort: makes the rename durable
+    ::close(dfd);
+  }
+  return OkStatus();
+}
+
+StatusOr<SafeTensorsFile> SafeTensorsFile::Read(const std::string& path) {
+  SafeTensorsFile f;
+  f.path_ = path;
+  {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (!in) {
+      struct stat st;
+      if (::stat(path.c_str(), &st) != 0) return NotFoundError("checkpoint file '" + path + "' does not exist");
+      return UnavailableError("cannot open '" + path + "'");
+    }
+    std::streamsize size = in.tellg();
+    in.seekg(0);
+    f.bytes_.resize(static_cast<size_t>(size));
+    if (size > 0 && !in.read(f.bytes_.data(), size)) return UnavailableError("cannot read '" + path + "'");
+  }
+  const std::string where = "'" + path + "': ";
+  if (f.bytes_.size() < 8) {
+    return DataLossError(where + "truncated: " + std::to_string(f.bytes_.size()) +
+                         " bytes, shorter than the 8-byte header length");
+  }
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(f.bytes_[i])) << (8 * i);
+  if (n > f.bytes_.size() - 8) {
+    return DataLossError(where + "header length " + std::to_string(n) + " exceeds the file (" +
+                         std::to_string(f.bytes_.size()) + " bytes): truncated or not safetensors");
+  }
+  f.data_start_ = 8 + static_cast<size_t>(n);
+  nlohmann::json header = nlohmann::json::parse(f.bytes_.begin() + 8, f.bytes_.begin() + 8 + n,
+                                                nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return DataLossError(where + "header is not a JSON object");
+  }
+  const uint64_t data_size = f.bytes_.size() - f.data_start_;
+  std::map<std::string, uint32_t> crcs;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    if (name == "__metadata__") {
+      if (!it->is_object()) return DataLossError(where + "__metadata__ is not an object");
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string()) return DataLossError(where + "metadata value '" + m.key() + "' is not a string");
+        std::string v = m->get<std::string>();
+        if (m.key().rfind(kCrcPrefix, 0) == 0) {
+          char* end = nullptr;
+          errno = 0;
+          unsigned long long c = std::strtoull(v.c_str(), &end, 10);
+          if (errno != 0 || end == v.c_str() || *end != '\0' || c > 0xffffffffull) {
+            return DataLossError(where + "malformed checksum for '" + m.key() + "'");
+          }
+          crcs[m.key().substr(std::strlen(kCrcPrefix))] = static_cast<uint32_t>(c);
+        } else {
+          f.metadata_[m.key()] = v;
+        }
+      }
+      continue;
+    }
+    const nlohmann::json& e = *it;
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets") ||
+        !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
+        e["data_offsets"].size() != 2) {
+      return DataLossError(where + "entry '" + name + "' is not {dtype, shape, data_offsets}");
+    }
+    SK_ASSIGN_OR_RETURN(DType dtype, ParseSafeTensorsDType(e["dtype"].get<std::string>()));
+    std::vector<int64_t> dims;
+    for (const auto& d : e["shape"]) {
+      if (!d.is_number_integer()) return DataLossError(where + "shape of '" + name + "' is not integers");
+      dims.push_back(d.get<int64_t>());
+    }
+    StatusOr<Shape> shape = Shape::Make(dims);
+    if (!shape.ok()) return DataLossError(where + "shape of '" + name + "': " + std::string(shape.status().message()));
+    const auto& off = e["data_offsets"];
+    if (!off[0].is_number_unsigned() && !off[0].is_number_integer()) {
+      return DataLossError(where + "data_offsets of '" + name + "' are not integers");
+    }
+    if (!off[1].is_number_unsigned() && !off[1].is_number_integer()) {
+      return DataLossError(where + "data_offsets of '" + name + "' are not integers");
+    }
+    int64_t b = off[0].get<int64_t>(), en = off[1].get<int64_t>();
+    if (b < 0 || en < b || static_cast<uint64_t>(en) > data_size) {
+      return DataLossError(where + "data of '" + name + "' [" + std::to_string(b) + ", " +
+                           std::to_string(en) + ") lies outside the data section of " +
+                           std::to_string(data_size) + " bytes (truncated?)");
+    }
+    uint64_t nbytes = static_cast<uint64_t>(shape->numel()) * DTypeSize(dtype);
+    if (static_cast<uint64_t>(en - b) != nbytes) {
+      return DataLossError(where + "'" + name + "' has " + std::to_string(en - b) + " bytes but shape " +
+                           shape->ToString() + " of " + std::string(DTypeName(dtype)) + " needs " +
+                           std::to_string(nbytes));
+    }
+    ranges.emplace_back(static_cast<uint64_t>(b), static_cast<uint64_t>(en));
+    f.names_.push_back(name);
+    f.infos_[name] = Info{dtype, *shape, static_cast<uint64_t>(b), nbytes};
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) return DataLossError(where + "tensor data ranges overlap");
+  }
+  // File order: nlohmann's object iterates sorted by key; order by offset instead.
+  std::sort(f.names_.begin(), f.names_.end(), [&f](const std::string& a, const std::string& b) {
+    return f.infos_[a].offset < f.infos_[b].offset;
+  });
+  for (const auto& [name, crc] : crcs) {
+    auto it = f.infos_.find(name);
+    if (it == f.infos_.end()) return DataLossError(where + "checksum for missing tensor '" + name + "'");
+    uint32_t got = Crc32(f.bytes_.data() + f.data_start_ + it->second.offset, it->second.nbytes);
+    if (got != crc) return DataLossError(where + "checksum mismatch in tensor '" + name + "' (corrupt file)");
+  }
+  if (f.metadata_.count(kFormatKey) && f.metadata_[kFormatKey] == "shardkit" && crcs.size() != f.infos_.size()) {
+    return DataLossError(where + "a shardkit file with tensors lacking checksums");
+  }
+  return f;
+}
+
+StatusOr<SafeTensorsFile::Info> SafeTensorsFile::info(const std::string& name) const {
+  auto it = infos_.find(name);
+  if (it == infos_.end()) return NotFoundError("no tensor '" + name + "' in '" + path_ + "'");
+  return it->second;
+}
+
+StatusOr<const void*> SafeTensorsFile::data(const std::string& name) const {
+  SK_ASSIGN_OR_RETURN(Info i, info(name));
+  return static_cast<const void*>(bytes_.data() + data_start_ + i.offset);
+}
+
+StatusOr<Tensor> SafeTensorsFile::Load(const std::string& name, Allocator& allocator) const {
+  SK_ASSIGN_OR_RETURN(Info i, info(name));
+  SK_ASSIGN_OR_RETURN(Tensor t, allocator.Empty(i.dtype, i.shape));
+  if (i.nbytes > 0) std::memcpy(t.data(), bytes_.data() + data_start_ + i.offset, i.nbytes);
+  return t;
+}
+
+}  // namespace sk

@@ -1,0 +1,90 @@
+// safetensors files: how shardkit writes every checkpoint.
+//
+// The format (https://github.com/huggingface/safetensors): an 8-byte
+// little-endian header length N, N bytes of JSON mapping each tensor name to
+// {"dtype", "shape", "data_offsets": [begin, end)} (offsets relative to the
+// data section) plus an optional "__metadata__" string map, then the raw
+// little-endian data. Other tools read our files as they are.
+//
+// shardkit adds, inside __metadata__: "format": "shardkit", and for each
+// tensor "crc32.<name>" (zlib's CRC-32 of its bytes, decimal), so a flipped bit
+// is reported as DataLoss naming the tensor. Files without checksums (written
+// by other tools) are read without verification.
+//
+// Writes are atomic: the file is written to "<path>.tmp.<pid>", fsynced, renamed
+// over `path`, and the directory fsynced, so a crash leaves either the old file
+// or the new one, never a torn one.
+#ifndef SHARDKIT_RUNTIME_FSDP_SAFETENSORS_H_
+#define SHARDKIT_RUNTIME_FSDP_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/core/allocator.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/shape.h"
+#include "runtime/core/status.h"
+#include "runtime/core/tensor.h"
+
+namespace sk {
+
+// One tensor to write: `data` holds shape.numel() elements of `dtype` (host memory).
+struct SafeTensorsEntry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  const void* data;
+};
+
+// Writes `entries` and `metadata` to `path` atomically. InvalidArgument for an
+// empty or duplicate name, a name starting with "__", an invalid dtype or a null
+// data pointer with elements; Unavailable for I/O failures (the previous file
+// at `path`, if any, is left intact).
+Status WriteSafeTensors(const std::string& path, const std::vector<SafeTensorsEntry>& entries,
+                        const std::map<std::string, std::string>& metadata = {});
+
+// A safetensors file read fully into memory and validated.
+class SafeTensorsFile {
+ public:
+  struct Info {
+    DType dtype;
+    Shape shape;
+    uint64_t offset;  // into the data section
+    uint64_t nbytes;
+  };
+
+  // NotFound if the file does not exist; DataLoss naming the problem if it is
+  // truncated, its header is not valid JSON or not safetensors, offsets are out
+  // of range or overlap, sizes disagree with shapes, or a checksum fails;
+  // InvalidArgument for a dtype shardkit does not compute in.
+  static StatusOr<SafeTensorsFile> Read(const std::string& path);
+
+  // User metadata (shardkit's own "crc32.*" keys are excluded).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Tensor names in file order.
+  const std::vector<std::string>& names() const { return names_; }
+  bool contains(const std::string& name) const { return infos_.count(name) != 0; }
+  // NotFound if absent.
+  StatusOr<Info> info(const std::string& name) const;
+  // Pointer to the tensor's bytes inside this object (valid while it lives).
+  StatusOr<const void*> data(const std::string& name) const;
+  // A copy of the tensor in new storage from `allocator`.
+  StatusOr<Tensor> Load(const std::string& name, Allocator& allocator) const;
+
+ private:
+  std::string path_;
+  std::vector<char> bytes_;
+  size_t data_start_ = 0;
+  std::vector<std::string> names_;
+  std::map<std::string, Info> infos_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// zlib's CRC-32 of `n` bytes.
+uint32_t Crc32(const void* data, size_t n);
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_FSDP_SAFETENSORS_H_

@@ -1,0 +1,182 @@
+#include "runtime/fsdp/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+
+namespace sk {
+namespace {
+
+std::string TempPath(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+std::vector<char> ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteBytes(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+struct Sample {
+  std::vector<float> w = {1.f, -2.f, 3.5f, 0.f, 1e-3f, 7.f};
+  std::vector<uint16_t> h = {0x3f80, 0xc000, 0x7f80};  // bf16 1, -2, inf
+  std::vector<SafeTensorsEntry> entries() const {
+    return {{"layer.weight", DType::kF32, Shape{2, 3}, w.data()},
+            {"layer.bias_bf16", DType::kBF16, Shape{3}, h.data()},
+            {"empty", DType::kF16, Shape{0, 4}, nullptr}};
+  }
+};
+
+TEST(SafeTensorsTest, RoundTripsTensorsAndMetadata) {
+  Sample s;
+  std::string path = TempPath("roundtrip.safetensors");
+  ASSERT_TRUE(WriteSafeTensors(path, s.entries(), {{"step", "12"}, {"world_size", "4"}}).ok());
+  StatusOr<SafeTensorsFile> f = SafeTensorsFile::Read(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->names(), (std::vector<std::string>{"layer.weight", "layer.bias_bf16", "empty"}));
+  EXPECT_EQ(f->metadata().at("step"), "12");
+  EXPECT_EQ(f->metadata().at("format"), "shardkit");
+  EXPECT_EQ(f->metadata().count("crc32.layer.weight"), 0u);
+  auto info = *f->info("layer.weight");
+  EXPECT_EQ(info.dtype, DType::kF32);
+  EXPECT_EQ(info.shape, (Shape{2, 3}));
+  Tensor w = *f->Load("layer.weight", HostAllocator::Default());
+  EXPECT_EQ(0, std::memcmp(w.data(), s.w.data(), 24));
+  Tensor h = *f->Load("layer.bias_bf16", HostAllocator::Default());
+  EXPECT_EQ(0, std::memcmp(h.data(), s.h.data(), 6));
+  EXPECT_EQ(f->Load("empty", HostAllocator::Default())->numel(), 0);
+  EXPECT_EQ(f->info("missing").status().code(), StatusCode::kNotFound);
+  std::remove(path.c_str());
+}
+
+TEST(SafeTensorsTest, HeaderLayoutIsTheReferenceFormat) {
+  Sample s;
+  std::string path = TempPath("layout.safetensors");
+  ASSERT_TRUE(WriteSafeTensors(path, s.entries()).ok());
+  std::vector<char> b = ReadBytes(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(b[i])) << (8 * i);
+  EXPECT_EQ((8 + n) % 8, 0u);  // data section 8-byte aligned
+  std::string header(b.begin() + 8, b.begin() + 8 + static_cast<long>(n));
+  EXPECT_NE(header.find("\"dtype\":\"F32\""), std::string::npos);
+  EXPECT_NE(header.find("\"data_offsets\":[0,24]"), std::string::npos);
+  EXPECT_EQ(b.size(), 8 + n + 24 + 6);
+  std::remove(path.c_str());
+}
+
+TEST(SafeTensorsTest, ReadsFilesFromOtherToolsWithoutChecksums) {
+  std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  std::vector<char> b(8, 0);
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(n >> (8 * i));
+  b.insert(b.end(), header.begin(), header.end());
+  float v[2] = {4.f, 5.f};
+  b.insert(b.end(), reinterpret_cast<char*>(v), reinterpret_cast<char*>(v) + 8);
+  std::string path = TempPath("foreign.safetensors");
+  WriteBytes(path, b);
+  StatusOr<SafeTensorsFile> f = SafeTensorsFile::Read(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(static_cast<const float*>(*f->data("a"))[1], 5.f);
+  std::remove(path.c_str());
+}
+
+TEST(SafeTensorsTest, EveryTruncationIsDataLossNeverACrash) {
+  Sample s;
+  std::string path = TempPath("trunc.safetensors");
+  ASSERT_TRUE(WriteSafeTensors(path, s.entries()).ok());
+  std::vector<char> full = ReadBytes(path);
+  std::string cut = TempPath("cut.safetensors");
+  for (size_t len = 0; len < full.size(); ++len) {
+    WriteBytes(cut, std::vector<char>(full.begin(), full.begin() + static_cast<long>(len)));
+    StatusOr<SafeTensorsFile> f = SafeTensorsFile::Read(cut);
+    ASSERT_FALSE(f.ok()) << "length " << len;
+    EXPECT_EQ(f.status().code(), StatusCode::kDataLoss) << len << ": " << f.status();
+  }
+  std::remove(path.c_str());
+  std::remove(cut.c_str());
+}
+
+TEST(SafeTensorsTest, FlippedDataBitIsDataLossNamingTheTensor) {
+  Sample s;
+  std::string path = TempPath("flip.safetensors");
+  ASSERT_TRUE(WriteSafeTensors(path, s.entries()).ok());
+  std::vector<char> b = ReadBytes(path);
+  b[b.size() - 2] ^= 0x10;  // inside layer.bias_bf16
+  WriteBytes(path, b);
+  StatusOr<SafeTensorsFile> f = SafeTensorsFile::Read(path);
+  EXPECT_EQ(f.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(f.status().message().find("layer.bias_bf16"), std::string::npos) << f.status();
+  std::remove(path.c_str());
+}
+
+TEST(SafeTensorsTest, MalformedHeadersAreDataLoss) {
+  const char* headers[] = {
+      "not json",
+      "[1,2]",
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",     // size mismatch
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})",  // overlap
+      R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})",    // negative dim
+      R"({"a":{"dtype":"F32","shape":[1]}})",                         // no offsets
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,400]}})",  // beyond the file
+      R"({"__metadata__":{"k":1}})",
+  };
+  std::string path = TempPath("bad.safetensors");
+  for (const char* h : headers) {
+    std::string header(h);
+    std::vector<char> b(8, 0);
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(uint64_t(header.size()) >> (8 * i));
+    b.insert(b.end(), header.begin(), header.end());
+    b.resize(b.size() + 8, 0);
+    WriteBytes(path, b);
+    StatusOr<SafeTensorsFile> f = SafeTensorsFile::Read(path);
+    EXPECT_EQ(f.status().code(), StatusCode::kDataLoss) << h << " -> " << f.status();
+  }
+  std::string unsupported = R"({"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})";
+  std::vector<char> b(8, 0);
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(uint64_t(unsupported.size()) >> (8 * i));
+  b.insert(b.end(), unsupported.begin(), unsupported.end());
+  b.resize(b.size() + 8, 0);
+  WriteBytes(path, b);
+  EXPECT_EQ(SafeTensorsFile::Read(path).status().code(), StatusCode::kInvalidArgument);
+  std::remove(path.c_str());
+}
+
+TEST(SafeTensorsTest, MissingFileIsNotFound) {
+  EXPECT_EQ(SafeTensorsFile::Read(TempPath("nope.safetensors")).status().code(), StatusCode::kNotFound);
+}
+
+TEST(SafeTensorsTest, BadEntriesAreRejectedBeforeAnythingIsWritten) {
+  float x = 1.f;
+  std::string path = TempPath("rejected.safetensors");
+  EXPECT_EQ(WriteSafeTensors(path, {{"", DType::kF32, Shape{1}, &x}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteSafeTensors(path, {{"a", DType::kF32, Shape{1}, &x}, {"a", DType::kF32, Shape{1}, &x}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteSafeTensors(path, {{"__metadata__", DType::kF32, Shape{1}, &x}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteSafeTensors(path, {{"a", DType::kInvalid, Shape{1}, &x}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteSafeTensors(path, {{"a", DType::kF32, Shape{1}, nullptr}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteSafeTensors(path, {}, {{"crc32.a", "1"}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SafeTensorsFile::Read(path).status().code(), StatusCode::kNotFound);
+}
+
+TEST(SafeTensorsTest, FailedWriteLeavesThePreviousFileIntact) {
+  Sample s;
+  std::string dir = TempPath("ro_dir");
+  std::string path = dir + "/ckpt.safetensors";
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  ASSERT_TRUE(WriteSafeTensors(path, s.entries()).ok());
+  std::vector<char> before = ReadBytes(path);
+  // A write into a missing directory fails; writing a bad entry fails early.
+  EXPECT_EQ(WriteSafeTensors(dir + "/missing/ckpt.safetensors", s.entries()).code(),
+            StatusCode::kUnavailable);
+  EXPECT_FALSE(WriteSafeTensors(path, {{"a", DType::kF32, Shape{1}, nullptr}}).ok());
+  EXPECT_EQ(ReadBytes(path), before);
+  EXPECT_TRUE(SafeTensorsFile::Read(path).ok());
+}
+
+}  // namespace
+}  // namespace sk
