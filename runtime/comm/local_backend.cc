@@ -1,0 +1,322 @@
+#include "runtime/comm/local_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+
+#include "runtime/comm/reduce.h"
+#include "runtime/core/trace.h"
+
+namespace sk::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Balanced split of `count` elements into `parts` chunks: chunk i is
+// [ChunkBegin(i), ChunkBegin(i + 1)).
+size_t ChunkBegin(size_t count, int parts, int i) {
+  return count / parts * i + std::min<size_t>(count % parts, i);
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  os << "]";
+  return os.str();
+}
+
+}  // namespace
+
+// What one rank publishes in a slot. Copied in, so a rank's call may end (and
+// its closure die) while others still look at the slot.
+struct RankCall {
+  CallFingerprint fingerprint;
+  std::string description;
+  std::vector<void*> in;
+  std::vector<void*> out;
+  std::vector<void*> scratch;  // all_reduce: this rank's reduced chunk per entry
+};
+
+class LocalRendezvous {
+ public:
+  explicit LocalRendezvous(int size) : size_(size) {}
+  int size() const { return size_; }
+
+  // Runs rank `rank`'s part of collective `c`.
+  Status Run(int rank, const Collective& c, Allocator& scratch_allocator);
+
+  std::shared_ptr<LocalRendezvous> Child(const std::string& key, int size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Child_& child = children_[key];
+    if (child.rendezvous == nullptr) child.rendezvous = std::make_shared<LocalRendezvous>(size);
+    std::shared_ptr<LocalRendezvous> result = child.rendezvous;
+    if (++child.taken == size) children_.erase(key);
+    return result;
+  }
+
+ private:
+  struct Slot {
+    explicit Slot(int n) : calls(n), arrived_flags(n, false) {}
+    std::vector<RankCall> calls;
+    std::vector<bool> arrived_flags;
+    int arrived = 0;
+    int reduced = 0;   // all_reduce: ranks whose scratch chunk is ready
+    int finished = 0;  // ranks done reading other ranks' buffers
+    int left = 0;      // ranks gone from the slot for good
+    bool aborted = false;
+    Status failure;
+  };
+  struct Child_ {
+    std::shared_ptr<LocalRendezvous> rendezvous;
+    int taken = 0;
+  };
+
+  // Waits on `cv_` until pred() or the deadline; false on timeout.
+  template <typename Pred>
+  bool WaitUntil(std::unique_lock<std::mutex>& lock, Clock::time_point deadline, Pred pred) {
+    return cv_.wait_until(lock, deadline, pred);
+  }
+  // Marks the slot aborted with `s` (if it is not already) and wakes everyone.
+  void Abort(Slot& slot, Status s) {
+    if (!slot.aborted) {
+      slot.aborted = true;
+      slot.failure = std::move(s);
+    }
+    cv_.notify_all();
+  }
+  void Leave(uint64_t seq, Slot& slot) {
+    if (++slot.left == size_) slots_.erase(seq);
+  }
+  std::string Who(const Collective& c) const {
+    return "local group of " + std::to_string(size_) + ": " + c.Describe();
+  }
+
+  const int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Slot> slots_;
+  std::map<std::string, Child_> children_;
+};
+
+Status LocalRendezvous::Run(int rank, const Collective& c, Allocator& scratch_allocator) {
+  const Clock::time_point deadline = Clock::now() + c.timeout;
+  const int n = size_;
+  const size_t entries = c.outputs.size();
+
+  RankCall mine;
+  mine.fingerprint = CallFingerprint::Of(c);
+  mine.description = c.Describe();
+  std::vector<std::shared_ptr<Storage>> scratch_storage;
+  Status local_failure;
+  for (size_t e = 0; e < entries; ++e) {
+    mine.in.push_back(c.inputs[e].data());
+    mine.out.push_back(c.outputs[e].data());
+    if (c.kind == CollectiveKind::kAllReduce) {
+      size_t count = static_cast<size_t>(c.outputs[e].numel());
+      size_t chunk = ChunkBegin(count, n, rank + 1) - ChunkBegin(count, n, rank);
+      StatusOr<std::shared_ptr<Storage>> s =
+          scratch_allocator.AllocateBytes(chunk * DTypeSize(c.outputs[e].dtype()));
+      if (!s.ok()) {
+        local_failure = s.status().WithContext("rank " + std::to_string(rank) + " scratch");
+        break;
+      }
+      mine.scratch.push_back(s.value()->data());
+      scratch_storage.push_back(std::move(s).value());
+    }
+  }
+
+  std::unique_lock<std::mutex> lock(mu_);
+  Slot& slot = slots_.try_emplace(c.seq, n).first->second;
+  // -- Arrival --------------------------------------------------------------
+  if (slot.aborted) {
+    Status s = slot.failure;
+    Leave(c.seq, slot);
+    return AbortedError("rank " + std::to_string(rank) + " arrived after the collective failed: " +
+                        std::string(s.message()));
+  }
+  slot.calls[rank] = std::move(mine);
+  slot.arrived_flags[rank] = true;
+  ++slot.arrived;
+  if (!local_failure.ok()) Abort(slot, local_failure);
+  cv_.notify_all();
+  bool all_here = WaitUntil(lock, deadline, [&] { return slot.arrived == n || slot.aborted; });
+  if (!slot.aborted && !all_here) {
+    std::vector<int> missing;
+    for (int r = 0; r < n; ++r) {
+      if (!slot.arrived_flags[r]) missing.push_back(r);
+    }
+    Abort(slot, DeadlineExceededError(Who(c) + ": ranks " + RankList(missing) +
+                                      " did not arrive within " +
+                                      std::to_string(c.timeout.count()) + " ms"));
+  }
+  if (slot.aborted) {
+    Status s = slot.failure;
+    Leave(c.seq, slot);
+    return s;
+  }
+  // Every rank has arrived: the calls are immutable from here on.
+  std::vector<CallFingerprint> prints;
+  for (const RankCall& call : slot.calls) prints.push_back(call.fingerprint);
+  Status desync = CompareFingerprints(prints, "local group of " + std::to_string(n));
+  if (!desync.ok()) {
+    // Every rank reaches the same verdict; nobody touched anyone's buffers.
+    Leave(c.seq, slot);
+    return desync;
+  }
+  const std::vector<RankCall>& calls = slot.calls;
+  lock.unlock();
+
+  // -- Data movement: this rank's share, concurrently with the others --------
+  for (size_t e = 0; e < entries; ++e) {
+    const DType dtype = c.outputs[e].dtype();
+    const size_t esize = DTypeSize(dtype);
+    switch (c.kind) {
+      case CollectiveKind::kAllGather: {
+        const size_t bytes = c.inputs[e].nbytes();
+        char* out = static_cast<char*>(calls[rank].out[e]);
+        for (int j = 0; j < n; ++j) {
+          if (calls[j].in[e] != out + j * bytes) std::memcpy(out + j * bytes, calls[j].in[e], bytes);
+        }
+        break;
+      }
+      case CollectiveKind::kReduceScatter: {
+        const size_t count = static_cast<size_t>(c.outputs[e].numel());
+        std::vector<const void*> srcs(n);
+        for (int j = 0; j < n; ++j) {
+          srcs[j] = static_cast<const char*>(calls[j].in[e]) + rank * count * esize;
+        }
+        ReduceInRankOrder(srcs.data(), n, dtype, count, c.pre_scale,
+                          c.op == ReduceOp::kAvg ? static_cast<float>(n) : 1.0f, c.post_scale,
+                          calls[rank].out[e]);
+        break;
+      }
+      case CollectiveKind::kAllReduce: {
+        const size_t count = static_cast<size_t>(c.outputs[e].numel());
+        const size_t begin = ChunkBegin(count, n, rank);
+        const size_t len = ChunkBegin(count, n, rank + 1) - begin;
+        std::vector<const void*> srcs(n);
+        for (int j = 0; j < n; ++j) {
+          srcs[j] = static_cast<const char*>(calls[j].in[e]) + begin * esize;
+        }
+        ReduceInRankOrder(srcs.data(), n, dtype, len, c.pre_scale,
+                          c.op == ReduceOp::kAvg ? static_cast<float>(n) : 1.0f, c.post_scale,
+                          calls[rank].scratch[e]);
+        break;
+      }
+      case CollectiveKind::kBroadcast:
+        if (rank != c.root) {
+          std::memcpy(calls[rank].out[e], calls[c.root].in[e], c.outputs[e].nbytes());
+        }
+        break;
+      case CollectiveKind::kBarrier:
+        break;
+    }
+  }
+
+  lock.lock();
+  if (c.kind == CollectiveKind::kAllReduce) {
+    // Everyone's reduced chunk must be ready (and every read of the inputs
+    // done: the gather below overwrites them) before anyone gathers.
+    ++slot.reduced;
+    cv_.notify_all();
+    if (!WaitUntil(lock, deadline, [&] { return slot.reduced == n || slot.aborted; }) &&
+        !slot.aborted) {
+      Abort(slot, DeadlineExceededError(Who(c) + ": ranks did not finish reducing within " +
+                                        std::to_string(c.timeout.count()) + " ms"));
+    }
+    if (slot.aborted) {
+      Status s = slot.failure;
+      Leave(c.seq, slot);
+      return s;
+    }
+    lock.unlock();
+    for (size_t e = 0; e < entries; ++e) {
+      const size_t esize = DTypeSize(c.outputs[e].dtype());
+      const size_t count = static_cast<size_t>(c.outputs[e].numel());
+      char* out = static_cast<char*>(calls[rank].out[e]);
+      for (int j = 0; j < n; ++j) {
+        const size_t begin = ChunkBegin(count, n, j);
+        const size_t len = ChunkBegin(count, n, j + 1) - begin;
+        if (len > 0) std::memcpy(out + begin * esize, calls[j].scratch[e], len * esize);
+      }
+    }
+    lock.lock();
+  }
+
+  // -- Departure: nobody leaves while another rank may still read its buffers.
+  ++slot.finished;
+  cv_.notify_all();
+  if (!WaitUntil(lock, deadline, [&] { return slot.finished == n || slot.aborted; }) &&
+      !slot.aborted) {
+    Abort(slot, DeadlineExceededError(Who(c) + ": ranks did not finish copying within " +
+                                      std::to_string(c.timeout.count()) + " ms"));
+  }
+  Status result = slot.finished == n ? OkStatus() : slot.failure;
+  Leave(c.seq, slot);
+  return result;
+}
+
+StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> LocalProcessGroup::Create(
+    int world_size, LocalOptions options) {
+  if (world_size < 1) {
+    return InvalidArgumentError("local group world size must be >= 1, got " +
+                                std::to_string(world_size));
+  }
+  auto rendezvous = std::make_shared<LocalRendezvous>(world_size);
+  std::vector<std::unique_ptr<ProcessGroup>> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    ranks.push_back(std::make_unique<LocalProcessGroup>(r, rendezvous, options));
+  }
+  return ranks;
+}
+
+LocalProcessGroup::LocalProcessGroup(int rank, std::shared_ptr<LocalRendezvous> rendezvous,
+                                     LocalOptions options)
+    : ProcessGroup(rank, rendezvous->size()), rendezvous_(std::move(rendezvous)),
+      options_(options) {}
+
+LocalProcessGroup::~LocalProcessGroup() = default;
+
+StatusOr<std::unique_ptr<ProcessGroup>> LocalProcessGroup::NewGroup(const std::vector<int>& ranks,
+                                                                    Duration /*timeout*/) {
+  SK_RETURN_IF_ERROR(ValidateGroupRanks(ranks, size(), rank()));
+  // Members call NewGroup with the same list in the same order, so (list,
+  // how many times this rank asked for it) names the same group on each.
+  std::string key = RankList(ranks);
+  int occurrence = 0;
+  {
+    std::lock_guard<std::mutex> lock(new_group_mu_);
+    occurrence = new_group_counts_[key]++;
+  }
+  key += "#" + std::to_string(occurrence);
+  int sub_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank()) - ranks.begin());
+  std::shared_ptr<LocalRendezvous> child =
+      rendezvous_->Child(key, static_cast<int>(ranks.size()));
+  return std::unique_ptr<ProcessGroup>(new LocalProcessGroup(sub_rank, child, options_));
+}
+
+StatusOr<std::shared_ptr<Work>> LocalProcessGroup::Launch(Collective c, Stream& stream) {
+  if (!stream.device().is_cpu()) {
+    return Invalid("the local backend runs on CPU streams, not " + stream.device().ToString());
+  }
+  std::string description = "local rank " + std::to_string(rank()) + ": " + c.Describe();
+  Allocator* allocator = options_.scratch_allocator != nullptr ? options_.scratch_allocator
+                                                               : &HostAllocator::Default();
+  const int rank = this->rank();
+  const int64_t track = stream.id();
+  return EnqueueOnStream(
+      std::move(description), stream,
+      [rendezvous = rendezvous_, c = std::move(c), allocator, rank, track]() -> Status {
+        TraceSpan span(CollectiveName(c.kind), "comm", rank, track);
+        return rendezvous->Run(rank, c, *allocator);
+      });
+}
+
+}  // namespace sk::comm

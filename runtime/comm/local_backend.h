@@ -1,0 +1,79 @@
+// The `local` backend: N ranks as threads of one process.
+//
+// Design. The N handles of a group share one LocalRendezvous. A collective
+// runs on the worker of the stream it was enqueued on; there it "arrives" at
+// the rendezvous slot of its sequence number, publishing pointers to its
+// buffers and a fingerprint of its call (kind, sequence number, dtypes,
+// sizes, op, root). When all N have arrived, every rank compares the
+// fingerprints (desync detection: a mismatch fails every rank with
+// InvalidArgument naming both calls, before any byte moves) and then moves
+// its own share of the data directly between the ranks' buffers:
+//   all_gather      rank r copies every rank's input into its own output;
+//   reduce_scatter  rank r reduces chunk r of every rank's input into its
+//                   output, in rank order 0..N-1 (reduce.h);
+//   all_reduce      reduce-scatter into a per-rank scratch chunk, a barrier,
+//                   then every rank gathers all chunks (2(N-1)/N traffic);
+//   broadcast       every non-root rank copies the root's buffer.
+// All N ranks copy at once on their own workers (N parallel copies, no
+// staging except all_reduce's one chunk), then leave through a departure
+// barrier so that no rank's buffers are released while another still reads
+// them. Slots are keyed by sequence number, so a rank may issue collectives
+// on several streams.
+//
+// Faults. Every wait in a slot is bounded by the collective's timeout. A rank
+// that does not arrive in time makes the waiting ranks fail with
+// DeadlineExceeded naming the collective and the missing ranks; the slot is
+// marked aborted, so the late rank fails at once when it arrives, and the
+// next sequence number works normally again. Groups are independent: after a
+// failure a group can be destroyed and a new one created.
+//
+// Thread safety: each handle may be used from any thread (process_group.h).
+#ifndef SHARDKIT_RUNTIME_COMM_LOCAL_BACKEND_H_
+#define SHARDKIT_RUNTIME_COMM_LOCAL_BACKEND_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/process_group.h"
+#include "runtime/core/allocator.h"
+
+namespace sk::comm {
+
+class LocalRendezvous;
+
+struct LocalOptions {
+  // Where all_reduce takes its scratch chunk from; HostAllocator::Default()
+  // when null. Must outlive the group.
+  Allocator* scratch_allocator = nullptr;
+};
+
+class LocalProcessGroup final : public ProcessGroup {
+ public:
+  // The `world_size` rank handles of a new group (index = rank). Rank i is
+  // meant to run on device cpu:i's streams, but any CPU stream works.
+  static StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> Create(int world_size,
+                                                                   LocalOptions options = {});
+
+  LocalProcessGroup(int rank, std::shared_ptr<LocalRendezvous> rendezvous, LocalOptions options);
+  ~LocalProcessGroup() override;
+
+  std::string backend_name() const override { return "local"; }
+  StatusOr<std::unique_ptr<ProcessGroup>> NewGroup(const std::vector<int>& ranks,
+                                                   Duration timeout = kDefaultTimeout) override;
+
+ protected:
+  StatusOr<std::shared_ptr<Work>> Launch(Collective c, Stream& stream) override;
+
+ private:
+  std::shared_ptr<LocalRendezvous> rendezvous_;
+  LocalOptions options_;
+  std::mutex new_group_mu_;
+  std::map<std::string, int> new_group_counts_;  // NewGroup calls per member list
+};
+
+}  // namespace sk::comm
+
+#endif  // SHARDKIT_RUNTIME_COMM_LOCAL_BACKEND_H_

@@ -1,0 +1,29 @@
+#include "runtime/comm/work.h"
+
+namespace sk::comm {
+
+Work::Work(std::string description, std::unique_ptr<Event> event)
+    : description_(std::move(description)), event_(std::move(event)) {}
+
+bool Work::is_completed() const { return event_->Query(); }
+
+Status Work::wait(Duration timeout) const {
+  Status s = event_->Synchronize(timeout);
+  if (!s.ok()) {
+    return DeadlineExceededError(description_ + " did not complete within " +
+                                 std::to_string(timeout.count()) + " ms");
+  }
+  return status();
+}
+
+Status Work::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+void Work::SetStatus(Status s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (status_.ok()) status_ = std::move(s);
+}
+
+}  // namespace sk::comm

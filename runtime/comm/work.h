@@ -1,0 +1,70 @@
+// Work: the handle of one asynchronous collective.
+//
+// A collective is enqueued on a stream and returns at once with a Work. The
+// Work completes through an Event recorded on that stream right after the
+// collective, so
+//   - the host can poll (is_completed) or block with a timeout (wait), and
+//   - another stream can order itself after the collective without blocking
+//     the host: `compute.WaitEvent(work->event())` (FSDP's pattern: all-gather
+//     on one stream, compute on another).
+// The collective's own outcome (a peer that did not arrive, a size mismatch)
+// is its status(); it is also the stream's sticky error (device.h).
+//
+// Modelled on c10d's Work: is_completed(), wait(timeout), exception().
+//
+// Thread safety: every method may be called from any thread.
+#ifndef SHARDKIT_RUNTIME_COMM_WORK_H_
+#define SHARDKIT_RUNTIME_COMM_WORK_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "runtime/core/status.h"
+#include "runtime/device/device.h"
+
+namespace sk::comm {
+
+class Work {
+ public:
+  // `description` names the call in errors ("all_gather #3 on local rank 1").
+  // `event` must be recorded on the collective's stream after the collective
+  // by the backend (see Launch helpers in process_group.h).
+  Work(std::string description, std::unique_ptr<Event> event);
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // True once the collective (and everything before it on its stream) has run,
+  // successfully or not. Never blocks.
+  bool is_completed() const;
+
+  // Blocks until completed, then returns status(). DeadlineExceeded naming the
+  // collective if it has not completed within `timeout`; the collective keeps
+  // running and the Work may be waited on again.
+  Status wait(Duration timeout = kDefaultTimeout) const;
+
+  // OK while running or after success; the collective's error once it failed.
+  Status status() const;
+
+  // The completion event, for Stream::WaitEvent on other streams.
+  const Event& event() const { return *event_; }
+  const std::string& description() const { return description_; }
+
+  // Backends: the completion event, to be recorded once on the collective's
+  // stream right after the collective is enqueued.
+  Event& mutable_event() { return *event_; }
+
+  // Backends: records the collective's outcome (called on the stream, before
+  // the completion event fires). The first non-OK status is kept.
+  void SetStatus(Status s);
+
+ private:
+  const std::string description_;
+  std::unique_ptr<Event> event_;
+  mutable std::mutex mu_;
+  Status status_;
+};
+
+}  // namespace sk::comm
+
+#endif  // SHARDKIT_RUNTIME_COMM_WORK_H_

@@ -1,0 +1,555 @@
+// The caching allocator: design.
+//
+// Segments and blocks. Memory is obtained from the device in segments (one
+// Device::RawAllocate each) and handed out in blocks. A block is a contiguous
+// range of one segment; the blocks of a segment tile it exactly and form a
+// doubly linked list in address order (prev/next), so a freed block can find
+// its neighbours in O(1). A block is in one of three states: free (cached in a
+// pool), allocated (held by a live Storage), or awaiting events (freed, but
+// another stream may still be using it; see below).
+//
+// Sizes. Requests are rounded up to a multiple of kMinBlockSize (512 bytes),
+// which keeps every block aligned for any dtype and vector load and makes
+// nearby sizes reuse each other's blocks. Requests up to kSmallSize (1 MiB)
+// are served from the small pool, whose segments are kSmallBuffer (2 MiB)
+// each; larger requests from the large pool, whose segments are kLargeBuffer
+// (20 MiB) for requests under kMinLargeAlloc (10 MiB) and otherwise the request
+// rounded up to kRoundLarge (2 MiB). Keeping small and large apart stops
+// long-lived small tensors (biases, norms, scalars) from pinning the middle of
+// a large segment, which would stop it from ever being returned or coalesced;
+// these are the constants and reasons of PyTorch's CUDA caching allocator.
+//
+// Best fit, splitting, coalescing. Each pool is an ordered set of free blocks
+// keyed by (stream, size, address); a request takes the smallest free block of
+// its stream that is large enough (lower_bound). If the block is larger than
+// needed it is split and the remainder goes back to the pool: always in the
+// small pool (remainder >= kMinBlockSize), and in the large pool only when the
+// remainder exceeds kSmallSize, since a sliver of a large block is better
+// given away whole than left to fragment the pool. When a block is freed it is
+// merged with free neighbours of its segment, so a segment whose blocks are
+// all freed becomes one free block again and can be returned to the device.
+//
+// Streams. A block belongs to the stream it was allocated on (so does its
+// segment and every block split from it). Freeing a block makes it reusable at
+// once for later allocations on the same stream: work on one stream runs in
+// order, so the next user's kernels run after the last user's. Blocks are
+// never handed to another stream, which would need synchronisation.
+//
+// record_stream and deferred frees. If a block is used on other streams (a
+// gathered parameter read by the compute stream, allocated on the all-gather
+// stream), the caller says so with RecordStream. When such a block is freed,
+// the allocator records an event on each of those streams and parks the block
+// as awaiting events; it returns to its pool only when all of them have
+// completed. Pending events are polled (Event::Query, a pair of atomic loads
+// on CPU) at the start of every Allocate, so the cost is paid only while some
+// block is awaiting. Events are pooled and reused.
+//
+// The capacity cap and OOM. Options::capacity_bytes bounds the reserved bytes
+// (all segments), emulating a device of that size. A request that no cached
+// block serves needs a new segment; if the preferred segment size would pass
+// the cap, a segment of exactly the rounded request is tried instead (a capped
+// device should fail only when the request itself does not fit). If that fails
+// too (cap, or the device itself refused), the allocator in order:
+//   1. waits, with the lock released, up to pending_free_timeout for blocks
+//      awaiting events, since they are about to be free (once per request);
+//   2. returns every fully free cached segment, of every stream and pool, to
+//      the device and retries (counted in num_alloc_retries: a symptom of a
+//      producer stream over-allocating, which FSDP's rate limiter prevents);
+//   3. fails with ResourceExhausted naming the request, the cap and the
+//      stats (counted in num_ooms). Nothing is left half-done: the allocator
+//      stays consistent and usable.
+//
+// Concurrency. One mutex guards everything. The cached path (alloc from a
+// pool, free back into it) allocates nothing under the lock: set nodes and
+// Block objects are recycled through spare lists. The only waits (pending
+// events, in step 1 and in the destructor) happen with the lock released,
+// because the work that completes an event may itself free storages.
+#include "runtime/memory/caching_allocator.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <utility>
+
+#include "runtime/core/trace.h"
+
+namespace sk {
+
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+// Every block size is a multiple of this; also the smallest block.
+constexpr size_t kMinBlockSize = 512;
+// Requests up to this size use the small pool.
+constexpr size_t kSmallSize = 1 * kMiB;
+// Segment size of the small pool.
+constexpr size_t kSmallBuffer = 2 * kMiB;
+// Segment size of the large pool for requests under kMinLargeAlloc.
+constexpr size_t kLargeBuffer = 20 * kMiB;
+// Large requests at least this big get a segment of their own size ...
+constexpr size_t kMinLargeAlloc = 10 * kMiB;
+// ... rounded up to this.
+constexpr size_t kRoundLarge = 2 * kMiB;
+// Requests above this are refused before any rounding could overflow.
+constexpr size_t kMaxRequest = size_t{1} << 60;
+
+size_t RoundUp(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+size_t RoundSize(size_t bytes) {
+  return bytes < kMinBlockSize ? kMinBlockSize : RoundUp(bytes, kMinBlockSize);
+}
+
+size_t PreferredSegmentSize(size_t size) {
+  if (size <= kSmallSize) return kSmallBuffer;
+  if (size < kMinLargeAlloc) return kLargeBuffer;
+  return RoundUp(size, kRoundLarge);
+}
+
+std::string FormatBytes(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f MiB (%lld bytes)", static_cast<double>(bytes) / kMiB,
+                static_cast<long long>(bytes));
+  return buf;
+}
+
+}  // namespace
+
+struct CachingAllocator::Block {
+  enum class State : uint8_t { kFree, kAllocated, kAwaitingEvents };
+
+  char* ptr = nullptr;
+  size_t size = 0;
+  int64_t stream_id = 0;
+  bool small = false;
+  State state = State::kFree;
+  int pending_events = 0;
+  Block* prev = nullptr;  // neighbours within the segment
+  Block* next = nullptr;
+  std::vector<Stream*> stream_uses;  // other streams named by RecordStream
+};
+
+bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) const {
+  if (a->stream_id != b->stream_id) return a->stream_id < b->stream_id;
+  if (a->size != b->size) return a->size < b->size;
+  return std::less<const char*>()(a->ptr, b->ptr);
+}
+
+CachingAllocator::CachingAllocator(Device* device, Options options)
+    : device_(device), options_(options) {
+  CHECK(device_ != nullptr);
+}
+
+CachingAllocator::~CachingAllocator() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!pending_.empty()) WaitForPendingFrees(lock);
+  ProcessPendingFrees();
+  ReleaseCachedSegments();
+  int live = 0;
+  int awaiting = 0;
+  for (Block* head : segments_) {
+    for (Block* b = head; b != nullptr; b = b->next) {
+      live += b->state == Block::State::kAllocated;
+      awaiting += b->state == Block::State::kAwaitingEvents;
+    }
+  }
+  CHECK_EQ(live, 0) << "CachingAllocator for " << device_->id().ToString() << " destroyed while "
+                    << live << " of its storages are alive: storages must not outlive it";
+  if (awaiting > 0) {
+    // A stream is still (or forever) using these blocks: leaking them is
+    // safer than handing their memory back while it may be written.
+    LOG(ERROR) << "CachingAllocator for " << device_->id().ToString() << ": " << awaiting
+               << " freed blocks still await other streams; leaking their segments";
+  }
+  for (Block* b : spare_blocks_) delete b;
+}
+
+StatusOr<CachingAllocator*> CachingAllocator::ForDevice(DeviceId id) {
+  static std::mutex* mu = new std::mutex;
+  static auto* allocators = new std::map<std::pair<int, int>, CachingAllocator*>;
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(id));
+  std::lock_guard<std::mutex> lock(*mu);
+  auto key = std::make_pair(static_cast<int>(id.kind), id.index);
+  auto it = allocators->find(key);
+  if (it != allocators->end()) return it->second;
+  auto* allocator = new CachingAllocator(device);  // never destroyed: storages may die at exit
+  allocators->emplace(key, allocator);
+  return allocator;
+}
+
+StatusOr<std::shared_ptr<Storage>> CachingAllocator::Allocate(size_t bytes, Stream* stream) {
+  if (stream == nullptr) return InvalidArgumentError("Allocate on a null stream");
+  if (stream->device() != device_->id()) {
+    return InvalidArgumentError("Allocate on stream '" + stream->name() + "' of " +
+                                stream->device().ToString() + " from the allocator of " +
+                                device_->id().ToString());
+  }
+  if (bytes == 0) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.num_allocs;
+    }
+    return std::make_shared<Storage>(nullptr, 0, device_->id(), this, nullptr, nullptr);
+  }
+
+  std::unique_lock<std::mutex> lock(mu_);
+  if (bytes > kMaxRequest) {
+    ++stats_.num_ooms;
+    return ResourceExhaustedError("out of memory on " + device_->id().ToString() +
+                                  ": request of " + std::to_string(bytes) +
+                                  " bytes is beyond any device");
+  }
+  if (!pending_.empty()) ProcessPendingFrees();
+  const size_t size = RoundSize(bytes);
+  const bool small = size <= kSmallSize;
+  Pool& pool = small ? small_pool_ : large_pool_;
+  const int64_t stream_id = stream->id();
+
+  Block* block = nullptr;
+  bool waited = false;
+  bool retried = false;
+  for (;;) {
+    block = FindFreeBlock(pool, stream_id, size);
+    if (block != nullptr) break;
+    StatusOr<Block*> fresh = AllocateSegment(size, PreferredSegmentSize(size), small, stream);
+    if (fresh.ok()) {
+      block = *fresh;
+      break;
+    }
+    if (!waited && !pending_.empty()) {
+      waited = true;
+      WaitForPendingFrees(lock);
+      continue;
+    }
+    if (!retried) {
+      retried = true;
+      ++stats_.num_alloc_retries;
+      ReleaseCachedSegments();
+      continue;
+    }
+    ++stats_.num_ooms;
+    std::string cap = options_.capacity_bytes == 0
+                          ? std::string("unlimited")
+                          : FormatBytes(static_cast<int64_t>(options_.capacity_bytes));
+    return ResourceExhaustedError(
+        "out of memory on " + device_->id().ToString() + ": cannot allocate " +
+        FormatBytes(static_cast<int64_t>(bytes)) + " on stream '" + stream->name() +
+        "' after freeing cached segments and retrying; capacity " + cap + "; " + DescribeStats() +
+        "; last failure: " + std::string(fresh.status().message()));
+  }
+
+  const size_t remaining = block->size - size;
+  if (small ? remaining >= kMinBlockSize : remaining > kSmallSize) SplitOff(block, size);
+  block->state = Block::State::kAllocated;
+  stats_.allocated_bytes.Increase(static_cast<int64_t>(block->size));
+  stats_.active_bytes.Increase(static_cast<int64_t>(block->size));
+  ++stats_.num_allocs;
+  EmitTraceCounters();
+  char* ptr = block->ptr;
+  lock.unlock();
+  return std::make_shared<Storage>(ptr, bytes, device_->id(), this, block, &ReleaseStorage);
+}
+
+Status CachingAllocator::RecordStream(const Storage& storage, Stream* stream) {
+  if (storage.owner() != this) {
+    return InvalidArgumentError("RecordStream on a storage that was not allocated by the "
+                                "caching allocator of " +
+                                device_->id().ToString());
+  }
+  if (stream == nullptr) return InvalidArgumentError("RecordStream on a null stream");
+  if (stream->device() != device_->id()) {
+    return InvalidArgumentError("RecordStream on stream '" + stream->name() + "' of " +
+                                stream->device().ToString() + " for memory of " +
+                                device_->id().ToString());
+  }
+  Block* block = static_cast<Block*>(storage.handle());
+  if (block == nullptr) return OkStatus();  // zero bytes: nothing to protect
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stream->id() == block->stream_id) return OkStatus();
+  auto& uses = block->stream_uses;
+  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+  return OkStatus();
+}
+
+void CachingAllocator::ReleaseStorage(void* owner, void* handle) noexcept {
+  static_cast<CachingAllocator*>(owner)->Free(static_cast<Block*>(handle));
+}
+
+void CachingAllocator::Free(Block* block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CHECK(block->state == Block::State::kAllocated) << "double free of a block";
+  stats_.allocated_bytes.Decrease(static_cast<int64_t>(block->size));
+  if (block->stream_uses.empty()) {
+    stats_.active_bytes.Decrease(static_cast<int64_t>(block->size));
+    ReturnToPool(block);
+  } else {
+    block->state = Block::State::kAwaitingEvents;
+    for (Stream* s : block->stream_uses) {
+      // RecordStream checked the stream's device, so creating and recording a
+      // CPU event on a CPU stream (or CUDA on CUDA) cannot fail but by a bug.
+      StatusOr<std::shared_ptr<Event>> event = TakeEvent();
+      CHECK(event.ok()) << event.status();
+      Status recorded = (*event)->Record(*s);
+      CHECK(recorded.ok()) << recorded;
+      pending_.push_back(PendingFree{std::move(*event), block});
+      ++block->pending_events;
+    }
+    block->stream_uses.clear();
+  }
+  EmitTraceCounters();
+}
+
+CachingAllocator::Block* CachingAllocator::FindFreeBlock(Pool& pool, int64_t stream_id,
+                                                         size_t size) {
+  Block key;
+  key.stream_id = stream_id;
+  key.size = size;
+  auto it = pool.lower_bound(&key);
+  if (it == pool.end() || (*it)->stream_id != stream_id) return nullptr;
+  Block* block = *it;
+  spare_nodes_.push_back(pool.extract(it));
+  return block;
+}
+
+StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSegment(size_t block_size,
+                                                                     size_t segment_size,
+                                                                     bool small, Stream* stream) {
+  const size_t cap = options_.capacity_bytes;
+  const size_t reserved = static_cast<size_t>(stats_.reserved_bytes.current);
+  if (cap != 0 && reserved + segment_size > cap) segment_size = block_size;
+  if (cap != 0 && reserved + segment_size > cap) {
+    return ResourceExhaustedError("a segment of " +
+                                  FormatBytes(static_cast<int64_t>(segment_size)) +
+                                  " would exceed the capacity");
+  }
+  SK_ASSIGN_OR_RETURN(void* ptr, device_->RawAllocate(segment_size));
+  Block* block = NewBlock();
+  block->ptr = static_cast<char*>(ptr);
+  block->size = segment_size;
+  block->stream_id = stream->id();
+  block->small = small;
+  block->state = Block::State::kFree;
+  segments_.push_back(block);
+  stats_.reserved_bytes.Increase(static_cast<int64_t>(segment_size));
+  stats_.segments.Increase(1);
+  return block;
+}
+
+CachingAllocator::Block* CachingAllocator::SplitOff(Block* block, size_t size) {
+  Block* rest = NewBlock();
+  rest->ptr = block->ptr + size;
+  rest->size = block->size - size;
+  rest->stream_id = block->stream_id;
+  rest->small = block->small;
+  rest->state = Block::State::kFree;
+  rest->prev = block;
+  rest->next = block->next;
+  if (rest->next != nullptr) rest->next->prev = rest;
+  block->next = rest;
+  block->size = size;
+  InsertFree(rest);
+  return rest;
+}
+
+void CachingAllocator::InsertFree(Block* block) {
+  Pool& pool = block->small ? small_pool_ : large_pool_;
+  if (spare_nodes_.empty()) {
+    pool.insert(block);
+    return;
+  }
+  Pool::node_type node = std::move(spare_nodes_.back());
+  spare_nodes_.pop_back();
+  node.value() = block;
+  pool.insert(std::move(node));
+}
+
+void CachingAllocator::EraseFree(Block* block) {
+  Pool& pool = block->small ? small_pool_ : large_pool_;
+  Pool::node_type node = pool.extract(block);
+  CHECK(!node.empty()) << "free block missing from its pool";
+  spare_nodes_.push_back(std::move(node));
+}
+
+void CachingAllocator::ReturnToPool(Block* block) {
+  block->state = Block::State::kFree;
+  if (Block* prev = block->prev; prev != nullptr && prev->state == Block::State::kFree) {
+    // The lower block absorbs the higher one, so a segment's head Block
+    // (listed in segments_) survives every merge.
+    EraseFree(prev);
+    prev->size += block->size;
+    prev->next = block->next;
+    if (prev->next != nullptr) prev->next->prev = prev;
+    DeleteBlock(block);
+    block = prev;
+  }
+  if (Block* next = block->next; next != nullptr && next->state == Block::State::kFree) {
+    EraseFree(next);
+    block->size += next->size;
+    block->next = next->next;
+    if (block->next != nullptr) block->next->prev = block;
+    DeleteBlock(next);
+  }
+  InsertFree(block);
+}
+
+void CachingAllocator::ProcessPendingFrees() {
+  size_t i = 0;
+  while (i < pending_.size()) {
+    if (!pending_[i].event->Query()) {
+      ++i;
+      continue;
+    }
+    Block* block = pending_[i].block;
+    spare_events_.push_back(std::move(pending_[i].event));
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+    if (--block->pending_events == 0) {
+      stats_.active_bytes.Decrease(static_cast<int64_t>(block->size));
+      ReturnToPool(block);
+    }
+  }
+}
+
+bool CachingAllocator::WaitForPendingFrees(std::unique_lock<std::mutex>& lock) {
+  std::vector<std::shared_ptr<Event>> events;
+  events.reserve(pending_.size());
+  for (const PendingFree& p : pending_) events.push_back(p.event);
+  const size_t before = pending_.size();
+  lock.unlock();
+  const auto deadline = std::chrono::steady_clock::now() + options_.pending_free_timeout;
+  for (const auto& event : events) {
+    auto left = std::chrono::duration_cast<Duration>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    // A timeout only means the block stays parked; the caller goes on to
+    // retry or report OOM.
+    event->Synchronize(left).IgnoreError();
+  }
+  lock.lock();
+  ProcessPendingFrees();
+  return pending_.size() < before;
+}
+
+void CachingAllocator::ReleaseCachedSegments() {
+  size_t i = 0;
+  while (i < segments_.size()) {
+    Block* head = segments_[i];
+    if (head->state != Block::State::kFree || head->next != nullptr) {
+      ++i;
+      continue;
+    }
+    EraseFree(head);
+    device_->RawFree(head->ptr, head->size);
+    stats_.reserved_bytes.Decrease(static_cast<int64_t>(head->size));
+    stats_.segments.Decrease(1);
+    DeleteBlock(head);
+    segments_[i] = segments_.back();
+    segments_.pop_back();
+  }
+}
+
+CachingAllocator::Block* CachingAllocator::NewBlock() {
+  if (spare_blocks_.empty()) return new Block();
+  Block* block = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  return block;
+}
+
+void CachingAllocator::DeleteBlock(Block* block) {
+  block->prev = nullptr;
+  block->next = nullptr;
+  block->pending_events = 0;
+  block->stream_uses.clear();
+  spare_blocks_.push_back(block);
+}
+
+StatusOr<std::shared_ptr<Event>> CachingAllocator::TakeEvent() {
+  if (!spare_events_.empty()) {
+    std::shared_ptr<Event> event = std::move(spare_events_.back());
+    spare_events_.pop_back();
+    return event;
+  }
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> event, device_->CreateEvent(false));
+  return std::shared_ptr<Event>(std::move(event));
+}
+
+void CachingAllocator::EmptyCache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ProcessPendingFrees();
+  ReleaseCachedSegments();
+  EmitTraceCounters();
+}
+
+Status CachingAllocator::SetCapacity(size_t capacity_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (capacity_bytes != 0 &&
+      static_cast<size_t>(stats_.reserved_bytes.current) > capacity_bytes) {
+    ProcessPendingFrees();
+    ReleaseCachedSegments();
+    EmitTraceCounters();
+    if (static_cast<size_t>(stats_.reserved_bytes.current) > capacity_bytes) {
+      return FailedPreconditionError(
+          "cannot cap " + device_->id().ToString() + " at " +
+          FormatBytes(static_cast<int64_t>(capacity_bytes)) + ": " + DescribeStats());
+    }
+  }
+  options_.capacity_bytes = capacity_bytes;
+  return OkStatus();
+}
+
+size_t CachingAllocator::capacity_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return options_.capacity_bytes;
+}
+
+MemoryStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CachingAllocator::ResetPeakStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.allocated_bytes.ResetPeak();
+  stats_.reserved_bytes.ResetPeak();
+  stats_.active_bytes.ResetPeak();
+  stats_.segments.ResetPeak();
+}
+
+std::vector<SegmentInfo> CachingAllocator::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SegmentInfo> segments;
+  segments.reserve(segments_.size());
+  for (const Block* head : segments_) {
+    SegmentInfo seg;
+    seg.address = reinterpret_cast<uintptr_t>(head->ptr);
+    seg.small_pool = head->small;
+    for (const Block* b = head; b != nullptr; b = b->next) {
+      seg.size += b->size;
+      seg.blocks.push_back(BlockInfo{reinterpret_cast<uintptr_t>(b->ptr), b->size, b->stream_id,
+                                     b->state == Block::State::kAllocated,
+                                     b->state == Block::State::kAwaitingEvents});
+    }
+    segments.push_back(std::move(seg));
+  }
+  std::sort(segments.begin(), segments.end(),
+            [](const SegmentInfo& a, const SegmentInfo& b) { return a.address < b.address; });
+  return segments;
+}
+
+void CachingAllocator::EmitTraceCounters() {
+  TraceRecorder& trace = TraceRecorder::Global();
+  if (!trace.enabled()) return;
+  trace.Counter("memory " + device_->id().ToString(), device_->id().index,
+                TraceRecorder::NowMicros(),
+                {{"allocated", static_cast<double>(stats_.allocated_bytes.current)},
+                 {"reserved", static_cast<double>(stats_.reserved_bytes.current)}});
+}
+
+std::string CachingAllocator::DescribeStats() const {
+  return "allocated " + FormatBytes(stats_.allocated_bytes.current) + " (peak " +
+         FormatBytes(stats_.allocated_bytes.peak) + "), reserved " +
+         FormatBytes(stats_.reserved_bytes.current) + " (peak " +
+         FormatBytes(stats_.reserved_bytes.peak) + ") in " +
+         std::to_string(stats_.segments.current) + " segments, " +
+         std::to_string(pending_.size()) + " frees awaiting other streams";
+}
+
+}  // namespace sk

@@ -1,0 +1,221 @@
+// CachingAllocator: a stream-ordered caching allocator for one device.
+//
+// Device allocation (cudaMalloc, or a page-faulting malloc on CPU) is slow and,
+// on CUDA, synchronises the device. Training allocates and frees the same
+// shapes every step, so the allocator keeps freed memory cached and hands it
+// out again. Memory is tied to streams the way CUDA work is: a block belongs to
+// the stream it was allocated on, and when it is freed it may be reused at once
+// by later allocations on that stream, because the stream runs in order: any
+// kernel that used the old contents runs before any kernel that uses the new.
+// A block used on another stream must be announced with RecordStream; its
+// reuse then waits until those streams pass an event recorded at free time.
+//
+// The design (pools, splitting, coalescing, the capacity cap, retries and OOM)
+// is described in caching_allocator.cc.
+//
+// Lifetime: every Storage handed out must die before the allocator; a stream
+// passed to Allocate or RecordStream must live until the blocks that use it
+// have been freed and their events have completed.
+//
+// Thread safety: all methods may be called from any thread; Storages may die
+// on any thread (including a stream's worker).
+#ifndef SHARDKIT_RUNTIME_MEMORY_CACHING_ALLOCATOR_H_
+#define SHARDKIT_RUNTIME_MEMORY_CACHING_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runtime/core/allocator.h"
+#include "runtime/core/status.h"
+#include "runtime/core/tensor.h"
+#include "runtime/device/device.h"
+
+namespace sk {
+
+// One statistic, as PyTorch keeps them: the value now, its high-water mark
+// since the last ResetPeakStats, and the running totals added and removed
+// (so allocated - freed == current).
+struct Stat {
+  int64_t current = 0;
+  int64_t peak = 0;
+  int64_t allocated = 0;
+  int64_t freed = 0;
+
+  void Increase(int64_t amount) {
+    current += amount;
+    allocated += amount;
+    if (current > peak) peak = current;
+  }
+  void Decrease(int64_t amount) {
+    current -= amount;
+    freed += amount;
+  }
+  void ResetPeak() { peak = current; }
+};
+
+struct MemoryStats {
+  // Bytes in blocks held by live Storages (block sizes, i.e. after rounding).
+  Stat allocated_bytes;
+  // Bytes obtained from the device (all segments, used or cached).
+  Stat reserved_bytes;
+  // allocated_bytes plus freed blocks still waiting for other streams' events.
+  Stat active_bytes;
+  // Segments obtained from the device.
+  Stat segments;
+  // Successful Allocate calls (zero-byte ones included).
+  int64_t num_allocs = 0;
+  // Times a request did not fit, so every cached segment was returned to the
+  // device and the request retried.
+  int64_t num_alloc_retries = 0;
+  // Requests that failed with ResourceExhausted.
+  int64_t num_ooms = 0;
+};
+
+// One block of a segment, as reported by Snapshot().
+struct BlockInfo {
+  uintptr_t address = 0;
+  size_t size = 0;
+  int64_t stream_id = 0;  // the stream that owns the block
+  bool allocated = false;          // held by a live Storage
+  bool awaiting_events = false;    // freed, waiting for recorded streams
+};
+
+// One segment (one RawAllocate) and its blocks in address order.
+struct SegmentInfo {
+  uintptr_t address = 0;
+  size_t size = 0;
+  bool small_pool = false;
+  std::vector<BlockInfo> blocks;
+};
+
+class CachingAllocator {
+ public:
+  struct Options {
+    // Reserved bytes never exceed this (0 = unlimited). Emulates a device of
+    // this size (an 80 GB GPU, a per-rank budget) on any machine.
+    size_t capacity_bytes = 0;
+    // Before declaring OOM, how long to wait for blocks whose recorded streams
+    // have not yet passed their events. Long enough for a collective in
+    // flight; a stream stuck longer than this is reported as OOM, not a hang.
+    Duration pending_free_timeout{10'000};
+  };
+
+  // `device` must outlive the allocator. Memory comes from device->RawAllocate.
+  CachingAllocator(Device* device, Options options);
+  explicit CachingAllocator(Device* device) : CachingAllocator(device, Options()) {}
+  // Waits (up to pending_free_timeout) for blocks awaiting events, then returns
+  // every segment to the device. CHECK-fails if a Storage is still alive.
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // The process-wide allocator of `id` (unlimited capacity until
+  // SetCapacity), created on first use and never destroyed. Errors as
+  // Device::Get.
+  static StatusOr<CachingAllocator*> ForDevice(DeviceId id);
+
+  DeviceId device() const { return device_->id(); }
+
+  // A storage of at least `bytes` bytes owned by `stream`. When it dies its
+  // block returns to `stream`'s pool (after the events of any RecordStream).
+  // bytes == 0 gives a valid storage without memory. InvalidArgument if
+  // `stream` is null or on another device; ResourceExhausted (naming the
+  // request, the cap and the stats) when the request cannot be met even after
+  // freeing every cached segment. The allocator stays usable after an error.
+  StatusOr<std::shared_ptr<Storage>> Allocate(size_t bytes, Stream* stream);
+
+  // Declares that `stream` uses `storage` (as torch's record_stream): when the
+  // storage dies, its block is reused only after `stream` completes the work
+  // enqueued on it up to that moment. InvalidArgument if `storage` does not
+  // come from this allocator or `stream` is null or on another device.
+  Status RecordStream(const Storage& storage, Stream* stream);
+
+  // Returns every fully unused cached segment to the device.
+  void EmptyCache();
+
+  // Changes the cap (0 = unlimited). Frees cached segments if needed;
+  // FailedPrecondition (cap unchanged) if memory in use exceeds the new cap.
+  Status SetCapacity(size_t capacity_bytes);
+  size_t capacity_bytes() const;
+
+  MemoryStats stats() const;
+  // Sets every peak to its current value.
+  void ResetPeakStats();
+  // Every segment and block, in address order (for tests and memory dumps).
+  std::vector<SegmentInfo> Snapshot() const;
+
+ private:
+  struct Block;
+  struct BlockOrder {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using Pool = std::set<Block*, BlockOrder>;
+  // A freed block waiting for one event recorded on a stream that used it.
+  struct PendingFree {
+    std::shared_ptr<Event> event;
+    Block* block;
+  };
+
+  static void ReleaseStorage(void* owner, void* handle) noexcept;
+  void Free(Block* block);
+
+  // All below require mu_.
+  Block* FindFreeBlock(Pool& pool, int64_t stream_id, size_t size);
+  StatusOr<Block*> AllocateSegment(size_t block_size, size_t segment_size, bool small,
+                                   Stream* stream);
+  Block* SplitOff(Block* block, size_t size);
+  void InsertFree(Block* block);
+  void EraseFree(Block* block);
+  void ReturnToPool(Block* block);
+  void ProcessPendingFrees();
+  // Releases mu_ (through `lock`) while waiting. True if anything became free.
+  bool WaitForPendingFrees(std::unique_lock<std::mutex>& lock);
+  void ReleaseCachedSegments();
+  Block* NewBlock();
+  void DeleteBlock(Block* block);
+  StatusOr<std::shared_ptr<Event>> TakeEvent();
+  void EmitTraceCounters();
+  std::string DescribeStats() const;
+
+  Device* const device_;
+  Options options_;
+
+  mutable std::mutex mu_;
+  Pool small_pool_;
+  Pool large_pool_;
+  // Spare set nodes and Block objects, so the cached path does not malloc.
+  std::vector<Pool::node_type> spare_nodes_;
+  std::vector<Block*> spare_blocks_;
+  std::vector<Block*> segments_;  // head block of each segment
+  std::vector<PendingFree> pending_;
+  std::vector<std::shared_ptr<Event>> spare_events_;
+  MemoryStats stats_;
+};
+
+// sk::Allocator over a CachingAllocator and one stream: the core interface that
+// layers above memory/ use, so everything they allocate counts in the same
+// statistics and under the same cap. Both must outlive this object.
+class StreamAllocator final : public Allocator {
+ public:
+  StreamAllocator(CachingAllocator* allocator, Stream* stream)
+      : allocator_(allocator), stream_(stream) {}
+  DeviceId device() const override { return allocator_->device(); }
+  StatusOr<std::shared_ptr<Storage>> AllocateBytes(size_t nbytes) override {
+    return allocator_->Allocate(nbytes, stream_);
+  }
+  Stream* stream() const { return stream_; }
+  CachingAllocator* caching_allocator() const { return allocator_; }
+
+ private:
+  CachingAllocator* allocator_;
+  Stream* stream_;
+};
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_MEMORY_CACHING_ALLOCATOR_H_

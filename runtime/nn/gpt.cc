@@ -1,0 +1,220 @@
+#include "runtime/nn/gpt.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "runtime/nn/kernels.h"
+
+namespace sk {
+
+using nn_internal::BlockDims;
+using nn_internal::BlockSaved;
+using nn_internal::F;
+using nn_internal::HeadSaved;
+using nn_internal::NewF32;
+using nn_internal::SublayerKind;
+using nn_internal::UnitGrads;
+using nn_internal::UnitParams;
+
+namespace {
+
+Status Positive(int64_t v, const std::string& model, const char* field) {
+  if (v <= 0) {
+    return InvalidArgumentError("config '" + model + "': " + field + " must be positive, got " +
+                                std::to_string(v));
+  }
+  return OkStatus();
+}
+
+// Adds the unit name to an error from a hook or from the unit's computation.
+Status InUnit(const Status& s, const UnitSpec& unit, const char* phase) {
+  return s.WithContext(std::string(phase) + " of unit '" + unit.name + "'");
+}
+
+}  // namespace
+
+Status GptConfig::Validate() const {
+  SK_RETURN_IF_ERROR(Positive(vocab_size, name, "vocab_size"));
+  SK_RETURN_IF_ERROR(Positive(max_seq_len, name, "max_seq_len"));
+  SK_RETURN_IF_ERROR(Positive(n_layer, name, "n_layer"));
+  SK_RETURN_IF_ERROR(Positive(n_head, name, "n_head"));
+  SK_RETURN_IF_ERROR(Positive(d_model, name, "d_model"));
+  if (d_ff < 0) return InvalidArgumentError("config '" + name + "': d_ff must be >= 0");
+  if (d_model % n_head != 0) {
+    return InvalidArgumentError("config '" + name + "': d_model " + std::to_string(d_model) +
+                                " is not a multiple of n_head " + std::to_string(n_head));
+  }
+  if (vocab_size > (int64_t{1} << 31) - 1) {
+    return InvalidArgumentError("config '" + name + "': vocab_size does not fit int32 token ids");
+  }
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
+                                                     const ModelOptions& options) {
+  SK_RETURN_IF_ERROR(config.Validate());
+  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16) {
+    return InvalidArgumentError("compute_dtype must be f32 or bf16, got " +
+                                std::string(DTypeName(options.compute_dtype)));
+  }
+  return std::unique_ptr<GptModel>(new GptModel(config, options));
+}
+
+GptModel::GptModel(const GptConfig& config, const ModelOptions& options)
+    : config_(config),
+      options_(options),
+      block_({SublayerKind::kCausalSelfAttention, SublayerKind::kMlp}) {
+  const int64_t d = config.d_model;
+  const float std = 0.02f;
+  const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config.n_layer));
+  UnitSpec embed{"embed", {}};
+  embed.params.push_back({"wte", Shape{config.vocab_size, d}, Initializer::Normal(0.0f, std)});
+  embed.params.push_back({"wpe", Shape{config.max_seq_len, d}, Initializer::Normal(0.0f, std)});
+  units_.push_back(std::move(embed));
+  for (int64_t l = 0; l < config.n_layer; ++l) {
+    UnitSpec u{"h." + std::to_string(l), {}};
+    block_.AppendSpecs(d, config.ff(), std, proj_std, &u.params);
+    units_.push_back(std::move(u));
+  }
+  UnitSpec head{"head", {}};
+  nn_internal::AppendHeadSpecs(d, config.vocab_size, std, &head.params);
+  units_.push_back(std::move(head));
+}
+
+Status GptModel::ValidateBatch(const TokenBatch& batch) const {
+  if (batch.batch_size <= 0) return InvalidArgumentError("batch.batch_size must be positive");
+  if (batch.seq_len <= 0 || batch.seq_len > config_.max_seq_len) {
+    return InvalidArgumentError("batch.seq_len " + std::to_string(batch.seq_len) +
+                                " is outside [1, " + std::to_string(config_.max_seq_len) +
+                                "] of model '" + config_.name + "'");
+  }
+  if (batch.source_len != 0 || !batch.source.empty()) {
+    return InvalidArgumentError("batch.source is set, but '" + config_.name +
+                                "' is a decoder-only model");
+  }
+  const int64_t n = batch.batch_size * batch.seq_len;
+  SK_RETURN_IF_ERROR(nn_internal::ValidateTokens(batch.inputs, n, config_.vocab_size, false, "inputs"));
+  return nn_internal::ValidateTokens(batch.targets, n, config_.vocab_size, true, "targets");
+}
+
+StatusOr<float> GptModel::ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
+                                          Allocator& alloc) const {
+  return Run(batch, hooks, alloc, /*backward=*/true);
+}
+
+StatusOr<float> GptModel::Forward(const TokenBatch& batch, UnitHooks& hooks,
+                                  Allocator& alloc) const {
+  return Run(batch, hooks, alloc, /*backward=*/false);
+}
+
+StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
+                              bool backward) const {
+  SK_RETURN_IF_ERROR(ValidateBatch(batch));
+  const int64_t L = config_.n_layer;
+  const int64_t T = batch.seq_len;
+  const int64_t n = batch.batch_size * T;
+  const int64_t c = config_.d_model;
+  const bool bf16 = options_.compute_dtype == DType::kBF16;
+  const bool ckpt = options_.activation_checkpointing;
+  const int head_unit = static_cast<int>(L + 1);
+  BlockDims dims;
+  dims.batch = batch.batch_size;
+  dims.seq = T;
+  dims.d_model = c;
+  dims.heads = config_.n_head;
+  dims.d_ff = config_.ff();
+  dims.bf16 = bf16;
+
+  // xs[l] is block l's input; xs[L] feeds the head.
+  std::vector<Tensor> xs(static_cast<size_t>(L + 1));
+  std::vector<BlockSaved> saved(static_cast<size_t>(L));
+
+  {  // Embedding.
+    SK_ASSIGN_OR_RETURN(std::vector<Tensor> pt, hooks.PreForward(0));
+    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[0], pt, alloc));
+    SK_ASSIGN_OR_RETURN(xs[0], NewF32(alloc, n * c));
+    EmbeddingForward(p[0], batch.inputs.data(), n, c, F(xs[0]));
+    for (int64_t b = 0; b < batch.batch_size; ++b) AddInPlace(F(xs[0]) + b * T * c, p[1], T * c);
+    if (bf16) RoundToBF16InPlace(F(xs[0]), n * c);
+    SK_RETURN_IF_ERROR(InUnit(hooks.PostForward(0), units_[0], "PostForward"));
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    const int u = static_cast<int>(l + 1);
+    auto pt = hooks.PreForward(u);
+    if (!pt.ok()) return InUnit(pt.status(), units_[u], "PreForward");
+    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[u], *pt, alloc));
+    BlockSaved s;
+    SK_RETURN_IF_ERROR(block_.Forward(dims, p, F(xs[l]), nullptr, alloc, &s));
+    xs[l + 1] = s.subs.back().out;
+    if (!ckpt && backward) saved[l] = std::move(s);
+    SK_RETURN_IF_ERROR(InUnit(hooks.PostForward(u), units_[u], "PostForward"));
+    if (!backward && l > 0) xs[l] = Tensor();
+  }
+  HeadSaved head;
+  float loss = 0.0f;
+  {
+    auto pt = hooks.PreForward(head_unit);
+    if (!pt.ok()) return InUnit(pt.status(), units_[head_unit], "PreForward");
+    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[head_unit], *pt, alloc));
+    SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(p, F(xs[L]), batch.targets.data(), n, c,
+                                                       config_.vocab_size, bf16, backward, alloc,
+                                                       &head));
+    SK_RETURN_IF_ERROR(InUnit(hooks.PostForward(head_unit), units_[head_unit], "PostForward"));
+  }
+  if (!backward) return loss;
+
+  SK_ASSIGN_OR_RETURN(Tensor dx, NewF32(alloc, n * c));
+  {
+    auto bufs = hooks.PreBackward(head_unit);
+    if (!bufs.ok()) return InUnit(bufs.status(), units_[head_unit], "PreBackward");
+    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[head_unit], bufs->params, alloc));
+    SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[head_unit], bufs->grads, alloc));
+    SK_RETURN_IF_ERROR(nn_internal::HeadBackward(p, g, F(xs[L]), head, n, c, config_.vocab_size,
+                                                 bf16, F(dx), alloc));
+    g.Flush();
+    head = HeadSaved();
+    xs[L] = Tensor();
+    SK_RETURN_IF_ERROR(InUnit(hooks.PostBackward(head_unit), units_[head_unit], "PostBackward"));
+  }
+  SK_ASSIGN_OR_RETURN(Tensor dnext, NewF32(alloc, n * c));
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const int u = static_cast<int>(l + 1);
+    auto bufs = hooks.PreBackward(u);
+    if (!bufs.ok()) return InUnit(bufs.status(), units_[u], "PreBackward");
+    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[u], bufs->params, alloc));
+    SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[u], bufs->grads, alloc));
+    if (ckpt) SK_RETURN_IF_ERROR(block_.Forward(dims, p, F(xs[l]), nullptr, alloc, &saved[l]));
+    SK_RETURN_IF_ERROR(block_.Backward(dims, p, g, F(xs[l]), nullptr, saved[l], F(dx), F(dnext),
+                                       nullptr, alloc));
+    g.Flush();
+    saved[l] = BlockSaved();
+    if (l > 0) xs[l] = Tensor();
+    std::swap(dx, dnext);
+    SK_RETURN_IF_ERROR(InUnit(hooks.PostBackward(u), units_[u], "PostBackward"));
+  }
+  {
+    auto bufs = hooks.PreBackward(0);
+    if (!bufs.ok()) return InUnit(bufs.status(), units_[0], "PreBackward");
+    SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[0], bufs->grads, alloc));
+    SK_RETURN_IF_ERROR(nn_internal::ValidateUnitTensors(units_[0], bufs->params, "parameter"));
+    EmbeddingBackward(batch.inputs.data(), F(dx), n, c, g[0]);
+    for (int64_t b = 0; b < batch.batch_size; ++b) AddInPlace(g[1], F(dx) + b * T * c, T * c);
+    g.Flush();
+    SK_RETURN_IF_ERROR(InUnit(hooks.PostBackward(0), units_[0], "PostBackward"));
+  }
+  return loss;
+}
+
+StepFlops GptModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*source_len*/) const {
+  const double tokens = static_cast<double>(batch_size) * seq_len;
+  const double block_fwd = block_.ForwardMatmulFlops(batch_size, seq_len, 0, config_.d_model,
+                                                     config_.ff());
+  const double head_fwd = 2.0 * tokens * config_.d_model * config_.vocab_size;
+  const double fwd = block_fwd * config_.n_layer + head_fwd;
+  StepFlops f;
+  f.model_flops = 3.0 * fwd;
+  f.hardware_flops = f.model_flops + (options_.activation_checkpointing ? block_fwd * config_.n_layer : 0.0);
+  return f;
+}
+
+}  // namespace sk

@@ -1,0 +1,113 @@
+#include "runtime/nn/init.h"
+
+#include <cmath>
+#include <vector>
+
+#include "runtime/core/dtype.h"
+
+namespace sk {
+
+uint64_t ParamIdFromName(std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::string Initializer::ToString() const {
+  switch (kind) {
+    case InitKind::kZeros: return "zeros";
+    case InitKind::kOnes: return "ones";
+    case InitKind::kNormal: return "normal(" + std::to_string(a) + ", " + std::to_string(b) + ")";
+    case InitKind::kUniform: return "uniform(" + std::to_string(a) + ", " + std::to_string(b) + ")";
+  }
+  return "invalid";
+}
+
+Status ValidateInitializer(const Initializer& init) {
+  switch (init.kind) {
+    case InitKind::kZeros:
+    case InitKind::kOnes:
+      return OkStatus();
+    case InitKind::kNormal:
+      if (!std::isfinite(init.a) || !std::isfinite(init.b) || init.b < 0.0f) {
+        return InvalidArgumentError("normal initializer needs a finite mean and stddev >= 0, got " +
+                                    init.ToString());
+      }
+      return OkStatus();
+    case InitKind::kUniform:
+      if (!std::isfinite(init.a) || !std::isfinite(init.b) || !(init.a < init.b)) {
+        return InvalidArgumentError("uniform initializer needs finite low < high, got " +
+                                    init.ToString());
+      }
+      return OkStatus();
+  }
+  return InvalidArgumentError("unknown initializer kind " +
+                              std::to_string(static_cast<int>(init.kind)));
+}
+
+namespace {
+
+// A double in (0, 1] from 53 random bits.
+double OpenUnit53(uint32_t hi, uint32_t lo) {
+  uint64_t bits = (static_cast<uint64_t>(hi) << 21) ^ (lo >> 11);
+  bits &= (uint64_t{1} << 53) - 1;
+  return (static_cast<double>(bits) + 1.0) * 0x1.0p-53;
+}
+
+}  // namespace
+
+float InitValue(const Initializer& init, uint64_t seed, uint64_t param_id, uint64_t index) {
+  switch (init.kind) {
+    case InitKind::kZeros: return 0.0f;
+    case InitKind::kOnes: return 1.0f;
+    case InitKind::kNormal:
+    case InitKind::kUniform: break;
+  }
+  Philox4x32Result r =
+      Philox4x32(static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
+                 static_cast<uint32_t>(param_id), static_cast<uint32_t>(param_id >> 32),
+                 static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  if (init.kind == InitKind::kUniform) {
+    double u = OpenUnit53(r.v[0], r.v[1]) - 0x1.0p-53;  // [0, 1)
+    return static_cast<float>(init.a + (static_cast<double>(init.b) - init.a) * u);
+  }
+  // Box-Muller in double: one normal per element from two 53-bit uniforms.
+  double u1 = OpenUnit53(r.v[0], r.v[1]);
+  double u2 = OpenUnit53(r.v[2], r.v[3]);
+  double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  return static_cast<float>(init.a + static_cast<double>(init.b) * z);
+}
+
+Status InitializeSlice(const Initializer& init, uint64_t seed, uint64_t param_id, int64_t begin,
+                       int64_t end, float* out) {
+  SK_RETURN_IF_ERROR(ValidateInitializer(init));
+  if (begin < 0 || end < begin) {
+    return InvalidArgumentError("bad initialisation range [" + std::to_string(begin) + ", " +
+                                std::to_string(end) + ")");
+  }
+  if (end > begin && out == nullptr) return InvalidArgumentError("null output for initialisation");
+  for (int64_t i = begin; i < end; ++i) {
+    out[i - begin] = InitValue(init, seed, param_id, static_cast<uint64_t>(i));
+  }
+  return OkStatus();
+}
+
+Status InitializeTensorSlice(const Initializer& init, uint64_t seed, uint64_t param_id,
+                             int64_t begin, const Tensor& out) {
+  if (!out.defined()) return InvalidArgumentError("initialising an undefined tensor");
+  if (!out.device().is_cpu()) {
+    return InvalidArgumentError("InitializeTensorSlice writes host tensors, got " + out.ToString());
+  }
+  const int64_t n = out.numel();
+  if (out.dtype() == DType::kF32) {
+    return InitializeSlice(init, seed, param_id, begin, begin + n, out.data_as<float>());
+  }
+  std::vector<float> tmp(static_cast<size_t>(n));
+  SK_RETURN_IF_ERROR(InitializeSlice(init, seed, param_id, begin, begin + n, tmp.data()));
+  return ConvertElements(tmp.data(), DType::kF32, out.data(), out.dtype(), static_cast<size_t>(n));
+}
+
+}  // namespace sk

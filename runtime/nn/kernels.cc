@@ -1,0 +1,238 @@
+#include "runtime/nn/kernels.h"
+
+#include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <glog/logging.h>
+
+#include "runtime/nn/math.h"
+
+namespace sk {
+
+std::string_view GemmBackendName(GemmBackend b) {
+  switch (b) {
+    case GemmBackend::kDefault: return "default";
+    case GemmBackend::kOpenBlas: return "openblas";
+    case GemmBackend::kOneDnn: return "onednn";
+  }
+  return "unknown";
+}
+
+// oneDNN's dnnl_sgemm runs its AVX-512 kernels regardless of
+// OPENBLAS_CORETYPE, which pins OpenBLAS to its Haswell (AVX2) kernels on our
+// machines; RESULTS.md has the measurement behind this choice.
+GemmBackend DefaultGemmBackend() { return GemmBackend::kOneDnn; }
+
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc, GemmBackend backend) {
+  if (m == 0 || n == 0) return;
+  if (backend == GemmBackend::kDefault) backend = DefaultGemmBackend();
+  if (backend == GemmBackend::kOneDnn) {
+    dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a,
+                                  lda, b, ldb, beta, c, ldc);
+    CHECK_EQ(st, dnnl_success) << "dnnl_sgemm failed for m=" << m << " n=" << n << " k=" << k;
+    return;
+  }
+  constexpr int64_t kMaxBlasInt = std::numeric_limits<blasint>::max();
+  CHECK(m <= kMaxBlasInt && n <= kMaxBlasInt && k <= kMaxBlasInt && lda <= kMaxBlasInt &&
+        ldb <= kMaxBlasInt && ldc <= kMaxBlasInt);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+void LinearForward(const float* x, const float* w, const float* bias, int64_t rows, int64_t in,
+                   int64_t out, float* y) {
+  float beta = 0.0f;
+  if (bias != nullptr) {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * out, bias, sizeof(float) * out);
+    beta = 1.0f;
+  }
+  Gemm(false, false, rows, out, in, 1.0f, x, in, w, out, beta, y, out);
+}
+
+void LinearBackward(const float* x, const float* w, const float* dy, int64_t rows, int64_t in,
+                    int64_t out, float* dx, bool accumulate_dx, float* dw, float* dbias) {
+  if (dx != nullptr) {
+    Gemm(false, true, rows, in, out, 1.0f, dy, out, w, out, accumulate_dx ? 1.0f : 0.0f, dx, in);
+  }
+  Gemm(true, false, in, out, rows, 1.0f, x, in, dy, out, 1.0f, dw, out);
+  if (dbias != nullptr) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = dy + r * out;
+      for (int64_t j = 0; j < out; ++j) dbias[j] += row[j];
+    }
+  }
+}
+
+void LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
+                      int64_t cols, float* y, float* mean, float* rstd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    nn_math::LayerNormRowForward(x + r * cols, gamma, beta, cols, y + r * cols, mean + r,
+                                 rstd + r);
+  }
+}
+
+void LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
+                       const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
+                       float* dbeta) {
+  for (int64_t r = 0; r < rows; ++r) {
+    nn_math::LayerNormRowBackward(x + r * cols, gamma, dy + r * cols, mean[r], rstd[r], cols,
+                                  dx + r * cols, dgamma, dbeta);
+  }
+}
+
+void GeluForward(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = nn_math::GeluTanh(x[i]);
+}
+
+void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * nn_math::GeluTanhGrad(x[i]);
+}
+
+void SoftmaxForward(const float* x, int64_t rows, int64_t cols, float* y) {
+  if (y != x) std::memcpy(y, x, sizeof(float) * rows * cols);
+  for (int64_t r = 0; r < rows; ++r) nn_math::SoftmaxRowInPlace(y + r * cols, cols, cols);
+}
+
+void SoftmaxBackward(const float* y, const float* dy, int64_t rows, int64_t cols, float* dx) {
+  if (dx != dy) std::memcpy(dx, dy, sizeof(float) * rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    nn_math::SoftmaxRowBackwardInPlace(y + r * cols, dx + r * cols, cols, 1.0f);
+  }
+}
+
+void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
+                      const float* v, int64_t ldkv, float* probs, float* out, int64_t ldo) {
+  CHECK(!s.causal || s.q_len == s.kv_len) << "causal attention needs q_len == kv_len";
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const float* qh = q + b * s.q_len * ldq + h * s.head_dim;
+      const float* kh = k + b * s.kv_len * ldkv + h * s.head_dim;
+      const float* vh = v + b * s.kv_len * ldkv + h * s.head_dim;
+      float* p = probs + (b * s.heads + h) * s.q_len * s.kv_len;
+      float* oh = out + b * s.q_len * ldo + h * s.head_dim;
+      Gemm(false, true, s.q_len, s.kv_len, s.head_dim, scale, qh, ldq, kh, ldkv, 0.0f, p,
+           s.kv_len);
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        nn_math::SoftmaxRowInPlace(p + i * s.kv_len, s.kv_len, s.causal ? i + 1 : s.kv_len);
+      }
+      Gemm(false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, p, s.kv_len, vh, ldkv, 0.0f, oh,
+           ldo);
+    }
+  }
+}
+
+void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
+                       const float* v, int64_t ldkv, const float* probs, const float* dout,
+                       int64_t ldo, float* dq, float* dk, float* dv, int64_t lddkv,
+                       float* scratch) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t col = h * s.head_dim;
+      const float* qh = q + b * s.q_len * ldq + col;
+      const float* kh = k + b * s.kv_len * ldkv + col;
+      const float* vh = v + b * s.kv_len * ldkv + col;
+      const float* p = probs + (b * s.heads + h) * s.q_len * s.kv_len;
+      const float* doh = dout + b * s.q_len * ldo + col;
+      float* dqh = dq + b * s.q_len * ldq + col;
+      float* dkh = dk + b * s.kv_len * lddkv + col;
+      float* dvh = dv + b * s.kv_len * lddkv + col;
+      float* ds = scratch;
+      // dP = dO V^T; dV = P^T dO.
+      Gemm(false, true, s.q_len, s.kv_len, s.head_dim, 1.0f, doh, ldo, vh, ldkv, 0.0f, ds,
+           s.kv_len);
+      Gemm(true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, p, s.kv_len, doh, ldo, 0.0f, dvh,
+           lddkv);
+      // dS = scale * P (dP - rowdot(P, dP)); masked entries have P = 0.
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        nn_math::SoftmaxRowBackwardInPlace(p + i * s.kv_len, ds + i * s.kv_len, s.kv_len, scale);
+      }
+      // dQ = dS K; dK = dS^T Q.
+      Gemm(false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds, s.kv_len, kh, ldkv, 0.0f, dqh,
+           ldq);
+      Gemm(true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, ds, s.kv_len, qh, ldq, 0.0f, dkh,
+           lddkv);
+    }
+  }
+}
+
+void EmbeddingForward(const float* table, const int32_t* ids, int64_t count, int64_t dim,
+                      float* out) {
+  for (int64_t n = 0; n < count; ++n) {
+    std::memcpy(out + n * dim, table + static_cast<int64_t>(ids[n]) * dim, sizeof(float) * dim);
+  }
+}
+
+void EmbeddingBackward(const int32_t* ids, const float* dout, int64_t count, int64_t dim,
+                       float* dtable) {
+  for (int64_t n = 0; n < count; ++n) {
+    float* row = dtable + static_cast<int64_t>(ids[n]) * dim;
+    const float* g = dout + n * dim;
+    for (int64_t j = 0; j < dim; ++j) row[j] += g[j];
+  }
+}
+
+float CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows,
+                          int64_t vocab, int64_t* count) {
+  double sum = 0.0;
+  int64_t counted = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] == kIgnoreTarget) continue;
+    sum += nn_math::CrossEntropyRow(logits + r * vocab, vocab, targets[r]);
+    ++counted;
+  }
+  *count = counted;
+  return counted == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(counted));
+}
+
+void CrossEntropyBackward(const float* logits, const int32_t* targets, int64_t rows,
+                          int64_t vocab, float scale, float* dlogits) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] == kIgnoreTarget) {
+      std::memset(dlogits + r * vocab, 0, sizeof(float) * vocab);
+      continue;
+    }
+    nn_math::CrossEntropyRowBackward(logits + r * vocab, vocab, targets[r], scale,
+                                     dlogits + r * vocab);
+  }
+}
+
+void AddInPlace(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void RoundToBF16InPlace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = BF16ToFloat(FloatToBF16(x[i]));
+}
+
+void WidenToF32(const void* src, DType t, int64_t n, float* dst) {
+  if (t == DType::kF32) {
+    std::memcpy(dst, src, sizeof(float) * n);
+    return;
+  }
+  CHECK(t == DType::kBF16) << "WidenToF32 supports f32 and bf16, got " << DTypeName(t);
+  const BF16* s = static_cast<const BF16*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(s[i]);
+}
+
+void AccumulateFromF32(const float* src, int64_t n, void* dst, DType t) {
+  if (t == DType::kF32) {
+    AddInPlace(static_cast<float*>(dst), src, n);
+    return;
+  }
+  CHECK(t == DType::kBF16) << "AccumulateFromF32 supports f32 and bf16, got " << DTypeName(t);
+  BF16* d = static_cast<BF16*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = FloatToBF16(BF16ToFloat(d[i]) + src[i]);
+}
+
+}  // namespace sk

@@ -1,0 +1,135 @@
+// CPU kernels of the reference layers, forward and backward, on f32 buffers.
+//
+// Layout: activations are row-major matrices of `rows` x `cols` floats, where
+// a row is one token (rows = batch * sequence length). A Linear layer's weight
+// is stored [in, out] (y = x W + b), as GPT-2 stores it, so both passes are
+// plain row-major GEMMs without transposed copies.
+//
+// Contracts: the callers (the models in this package) own shape checking and
+// pass consistent sizes; a mismatch here is a bug inside shardkit and CHECKs.
+// Backward functions ACCUMULATE into parameter gradients (+=) so that FSDP's
+// unsharded gradient buffers and gradient accumulation work unchanged; input
+// gradients are documented per function. Every function is thread-compatible
+// (no shared state besides the BLAS library's own thread pool).
+#ifndef SHARDKIT_RUNTIME_NN_KERNELS_H_
+#define SHARDKIT_RUNTIME_NN_KERNELS_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
+
+namespace sk {
+
+// The BLAS libraries a GEMM can go to. Chosen by measurement (see
+// benchmarks/kernels.cc and runtime/nn/RESULTS.md); kDefault is the choice.
+enum class GemmBackend : uint8_t {
+  kDefault = 0,
+  kOpenBlas = 1,
+  kOneDnn = 2,
+};
+
+std::string_view GemmBackendName(GemmBackend b);
+
+// The backend kDefault resolves to.
+GemmBackend DefaultGemmBackend();
+
+// C = alpha op(A) op(B) + beta C, row-major, op = transpose when the flag is
+// set. op(A) is m x k, op(B) is k x n, C is m x n; ld* are row strides.
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc, GemmBackend backend = GemmBackend::kDefault);
+
+// y[rows, out] = x[rows, in] w[in, out] + bias[out] (bias may be null).
+void LinearForward(const float* x, const float* w, const float* bias, int64_t rows, int64_t in,
+                   int64_t out, float* y);
+
+// Given dy[rows, out]: dw += x^T dy, dbias += column sums of dy (dbias may be
+// null), and dx = dy w^T, overwritten when accumulate_dx is false and added
+// otherwise (dx may be null when the input needs no gradient).
+void LinearBackward(const float* x, const float* w, const float* dy, int64_t rows, int64_t in,
+                    int64_t out, float* dx, bool accumulate_dx, float* dw, float* dbias);
+
+// Per-row LayerNorm with affine gamma/beta; mean and rstd are [rows].
+void LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
+                      int64_t cols, float* y, float* mean, float* rstd);
+
+// dx += LayerNorm input gradient; dgamma, dbeta += parameter gradients.
+void LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
+                       const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
+                       float* dbeta);
+
+// y = gelu_tanh(x) elementwise (y may alias x).
+void GeluForward(const float* x, int64_t n, float* y);
+// dx = dy * gelu_tanh'(x), overwritten (dx may alias dy).
+void GeluBackward(const float* x, const float* dy, int64_t n, float* dx);
+
+// Row softmax of x[rows, cols] into y (may alias x).
+void SoftmaxForward(const float* x, int64_t rows, int64_t cols, float* y);
+// dx = softmax input gradient from y = softmax(x) and dy, overwritten.
+void SoftmaxBackward(const float* y, const float* dy, int64_t rows, int64_t cols, float* dx);
+
+// Multi-head scaled dot-product attention over `batch` sequences.
+//
+// q is [batch * q_len, ...] with row stride ldq, head h in columns
+// [h*head_dim, (h+1)*head_dim); k and v likewise with kv_len rows per
+// sequence and stride ldkv (fused projections pass pointers into one buffer).
+// causal masks key j > query i and requires q_len == kv_len.
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t heads = 0;
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+  int64_t head_dim = 0;
+  bool causal = false;
+};
+
+// Writes probs [batch, heads, q_len, kv_len] (kept for backward) and out
+// [batch * q_len, heads * head_dim] with row stride ldo.
+void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
+                      const float* v, int64_t ldkv, float* probs, float* out, int64_t ldo);
+
+// Overwrites dq (stride ldq), dk and dv (stride lddkv) from dout (stride ldo).
+// scratch holds q_len * kv_len floats.
+void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
+                       const float* v, int64_t ldkv, const float* probs, const float* dout,
+                       int64_t ldo, float* dq, float* dk, float* dv, int64_t lddkv,
+                       float* scratch);
+
+// out[n, :] = table[ids[n], :] for n < count; ids must be in [0, vocab).
+void EmbeddingForward(const float* table, const int32_t* ids, int64_t count, int64_t dim,
+                      float* out);
+// dtable[ids[n], :] += dout[n, :].
+void EmbeddingBackward(const int32_t* ids, const float* dout, int64_t count, int64_t dim,
+                       float* dtable);
+
+// The index that marks a target position as ignored by the loss.
+inline constexpr int32_t kIgnoreTarget = -1;
+
+// Mean over non-ignored rows of -log softmax(logits[n])[targets[n]]; stores
+// the number of counted rows in *count (the mean is 0 when none count).
+float CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows,
+                          int64_t vocab, int64_t* count);
+
+// dlogits = scale * (softmax - onehot) per counted row, 0 on ignored rows.
+// For the gradient of the mean, scale = 1 / count.
+void CrossEntropyBackward(const float* logits, const int32_t* targets, int64_t rows,
+                          int64_t vocab, float scale, float* dlogits);
+
+// x += y elementwise.
+void AddInPlace(float* x, const float* y, int64_t n);
+
+// Rounds each value to the nearest bf16 (ties to even) and stores it back as
+// f32: emulates bf16 storage of an activation on the CPU.
+void RoundToBF16InPlace(float* x, int64_t n);
+
+// Copies n elements of a buffer of dtype t (f32 or bf16) into f32, exactly.
+void WidenToF32(const void* src, DType t, int64_t n, float* dst);
+
+// dst(t) += src for n elements; bf16 destinations round to nearest even.
+void AccumulateFromF32(const float* src, int64_t n, void* dst, DType t);
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_NN_KERNELS_H_

@@ -1,0 +1,139 @@
+// Per-element and per-row arithmetic shared by the CPU kernels (kernels.cc)
+// and the CUDA kernels (cuda/kernels.cu).
+//
+// Every function here is SK_HOST_DEVICE and free of allocation and library
+// calls other than <cmath>, so host tests exercise exactly the arithmetic a
+// GPU runs. Row functions operate on one contiguous row of `cols` floats; the
+// CPU loops over rows, a CUDA kernel gives each row to one thread.
+#ifndef SHARDKIT_RUNTIME_NN_MATH_H_
+#define SHARDKIT_RUNTIME_NN_MATH_H_
+
+#include <cmath>
+#include <cstdint>
+
+#include "runtime/core/macros.h"
+
+namespace sk {
+namespace nn_math {
+
+// sqrt(2/pi) and the cubic coefficient of GPT-2's tanh approximation of GELU.
+inline constexpr float kGeluK0 = 0.7978845608028654f;
+inline constexpr float kGeluK1 = 0.044715f;
+
+// The epsilon inside LayerNorm's square root (GPT-2 and PyTorch default).
+inline constexpr float kLayerNormEps = 1e-5f;
+
+// gelu(x) = 0.5 x (1 + tanh(k0 (x + k1 x^3))).
+SK_HOST_DEVICE SK_INLINE float GeluTanh(float x) {
+  float u = kGeluK0 * (x + kGeluK1 * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+// d gelu / dx at x.
+SK_HOST_DEVICE SK_INLINE float GeluTanhGrad(float x) {
+  float u = kGeluK0 * (x + kGeluK1 * x * x * x);
+  float t = tanhf(u);
+  float du = kGeluK0 * (1.0f + 3.0f * kGeluK1 * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+// y = LayerNorm(x) * gamma + beta over one row; stores the row's mean and
+// 1/sqrt(var + eps) (population variance) for the backward pass.
+SK_HOST_DEVICE SK_INLINE void LayerNormRowForward(const float* x, const float* gamma,
+                                                  const float* beta, int64_t cols, float* y,
+                                                  float* mean_out, float* rstd_out) {
+  float mean = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) mean += x[j];
+  mean /= static_cast<float>(cols);
+  float var = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) {
+    float d = x[j] - mean;
+    var += d * d;
+  }
+  var /= static_cast<float>(cols);
+  float rstd = 1.0f / sqrtf(var + kLayerNormEps);
+  for (int64_t j = 0; j < cols; ++j) y[j] = (x[j] - mean) * rstd * gamma[j] + beta[j];
+  *mean_out = mean;
+  *rstd_out = rstd;
+}
+
+// Backward of LayerNormRowForward for one row. dx is ACCUMULATED (+=), so a
+// residual gradient can already be in it; dgamma and dbeta are accumulated too.
+SK_HOST_DEVICE SK_INLINE void LayerNormRowBackward(const float* x, const float* gamma,
+                                                   const float* dy, float mean, float rstd,
+                                                   int64_t cols, float* dx, float* dgamma,
+                                                   float* dbeta) {
+  // With xhat = (x - mean) rstd and g = dy * gamma:
+  // dx = rstd (g - mean(g) - xhat mean(g xhat)).
+  float sum_g = 0.0f;
+  float sum_g_xhat = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) {
+    float xhat = (x[j] - mean) * rstd;
+    float g = dy[j] * gamma[j];
+    sum_g += g;
+    sum_g_xhat += g * xhat;
+    if (dgamma != nullptr) dgamma[j] += dy[j] * xhat;
+    if (dbeta != nullptr) dbeta[j] += dy[j];
+  }
+  float inv_n = 1.0f / static_cast<float>(cols);
+  float mean_g = sum_g * inv_n;
+  float mean_g_xhat = sum_g_xhat * inv_n;
+  for (int64_t j = 0; j < cols; ++j) {
+    float xhat = (x[j] - mean) * rstd;
+    dx[j] += rstd * (dy[j] * gamma[j] - mean_g - xhat * mean_g_xhat);
+  }
+}
+
+// In-place softmax of the first `valid` entries of a row of `cols`; entries
+// at and after `valid` are set to 0 (the causal mask: valid = i + 1 on row i).
+SK_HOST_DEVICE SK_INLINE void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid) {
+  float m = row[0];
+  for (int64_t j = 1; j < valid; ++j) m = row[j] > m ? row[j] : m;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < valid; ++j) {
+    row[j] = expf(row[j] - m);
+    sum += row[j];
+  }
+  float inv = 1.0f / sum;
+  for (int64_t j = 0; j < valid; ++j) row[j] *= inv;
+  for (int64_t j = valid; j < cols; ++j) row[j] = 0.0f;
+}
+
+// Given p = softmax(s) and dp = dL/dp for one row, overwrites dp with
+// scale * dL/ds = scale * p (dp - <p, dp>).
+SK_HOST_DEVICE SK_INLINE void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols,
+                                                        float scale) {
+  float dot = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) dot += p[j] * dp[j];
+  for (int64_t j = 0; j < cols; ++j) dp[j] = scale * p[j] * (dp[j] - dot);
+}
+
+// -log softmax(logits)[target] for one row, computed stably in f32.
+SK_HOST_DEVICE SK_INLINE float CrossEntropyRow(const float* logits, int64_t cols, int32_t target) {
+  float m = logits[0];
+  for (int64_t j = 1; j < cols; ++j) m = logits[j] > m ? logits[j] : m;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) sum += expf(logits[j] - m);
+  return logf(sum) + m - logits[target];
+}
+
+// dlogits = scale * (softmax(logits) - onehot(target)) for one row.
+SK_HOST_DEVICE SK_INLINE void CrossEntropyRowBackward(const float* logits, int64_t cols,
+                                                      int32_t target, float scale,
+                                                      float* dlogits) {
+  float m = logits[0];
+  for (int64_t j = 1; j < cols; ++j) m = logits[j] > m ? logits[j] : m;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) {
+    dlogits[j] = expf(logits[j] - m);
+    sum += dlogits[j];
+  }
+  float inv = scale / sum;
+  for (int64_t j = 0; j < cols; ++j) dlogits[j] *= inv;
+  dlogits[target] -= scale;
+}
+
+}  // namespace nn_math
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_NN_MATH_H_

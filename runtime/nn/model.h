@@ -1,0 +1,155 @@
+// Model: the contract between the reference models and whatever owns their
+// parameters (OwnedParameters here; FSDP and DDP from outside).
+//
+// A model is a sequence of UNITS: one for the embeddings, one per transformer
+// block, and one for the head (T5 adds one for the encoder's final norm). Each
+// unit declares an ordered list of ParamSpecs. The model never owns parameter
+// memory: ForwardBackward asks a UnitHooks object for each unit's parameters
+// right before the unit computes and tells it when the unit is done, so a
+// wrapper can all-gather shards before a unit and free them after, and can
+// reduce-scatter a unit's gradients as soon as they are final.
+//
+// The call sequence of one ForwardBackward over units 0..U-1 is exactly
+//   PreForward(0) PostForward(0) ... PreForward(U-1) PostForward(U-1)
+//   PreBackward(U-1) PostBackward(U-1) ... PreBackward(0) PostBackward(0)
+// with no other hook calls in between; a hook returning an error stops the
+// step and the error is returned (with the unit named). Forward() makes only
+// the forward half. Units run in index order, so the order above is also the
+// recorded execution order FSDP prefetches by.
+//
+// Activations and temporaries come from the Allocator passed to each call, so
+// a caching allocator's statistics and cap cover them.
+//
+// Thread safety: a Model is immutable after construction; concurrent calls
+// with distinct hooks and allocators are safe.
+#ifndef SHARDKIT_RUNTIME_NN_MODEL_H_
+#define SHARDKIT_RUNTIME_NN_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/core/allocator.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/shape.h"
+#include "runtime/core/status.h"
+#include "runtime/core/tensor.h"
+#include "runtime/nn/init.h"
+
+namespace sk {
+
+// One parameter of a unit. `name` is unique within its unit; the parameter's
+// full name is "<unit name>.<name>" and its id ParamIdFromName(full name).
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  Initializer init;
+};
+
+struct UnitSpec {
+  std::string name;
+  std::vector<ParamSpec> params;
+
+  // Total elements over params.
+  int64_t numel() const;
+};
+
+// "<unit>.<param>": the name checkpoints and initialisation use.
+std::string FullParamName(const UnitSpec& unit, const ParamSpec& param);
+
+// Elements over all units.
+int64_t CountParameters(const std::vector<UnitSpec>& units);
+
+// What PreBackward hands the model: the unit's parameters again and one
+// gradient tensor per ParamSpec that the model ADDS its gradient into.
+struct UnitBackwardBuffers {
+  std::vector<Tensor> params;
+  std::vector<Tensor> grads;
+};
+
+// Implemented by FSDP, DDP and OwnedParameters. Parameter tensors must be
+// host tensors of f32 or bf16 (the compute dtype) with the ParamSpec's shape,
+// valid until the matching Post call; gradient tensors are f32 or bf16, and
+// the model only adds into them (never reads them otherwise, never zeroes).
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  // Before unit `unit` computes forward: its parameters, one per ParamSpec.
+  virtual StatusOr<std::vector<Tensor>> PreForward(int unit) = 0;
+  // The unit's forward is done; its parameter tensors are no longer used.
+  virtual Status PostForward(int unit) = 0;
+  // Before unit `unit` computes backward (including any recomputation).
+  virtual StatusOr<UnitBackwardBuffers> PreBackward(int unit) = 0;
+  // The gradients of unit `unit` are final for this step.
+  virtual Status PostBackward(int unit) = 0;
+};
+
+// A batch of token ids. Decoder-only models read inputs/targets; the
+// encoder-decoder also reads source (its encoder input). targets hold the
+// next token per input position, or kIgnoreTarget (-1) to leave it out of the
+// loss. The loss is the mean cross-entropy over the non-ignored targets.
+struct TokenBatch {
+  int64_t batch_size = 0;
+  int64_t seq_len = 0;            // decoder positions per sequence
+  std::vector<int32_t> inputs;    // [batch_size, seq_len]
+  std::vector<int32_t> targets;   // [batch_size, seq_len]
+  int64_t source_len = 0;         // encoder positions (encoder-decoder only)
+  std::vector<int32_t> source;    // [batch_size, source_len]
+
+  int64_t num_target_tokens() const { return batch_size * seq_len; }
+};
+
+struct ModelOptions {
+  // f32, or bf16: parameters and activations held at bf16 precision with f32
+  // arithmetic and accumulation (on the CPU each activation is rounded to
+  // bf16 where a GPU kernel would store it; parameters arrive as bf16).
+  DType compute_dtype = DType::kF32;
+  // Keep only each block's input in forward and recompute the block during
+  // backward (after PreBackward, with the parameters it returns).
+  bool activation_checkpointing = false;
+};
+
+// Floating-point operations of one training step (forward + backward).
+// model_flops counts each dense matmul as 2 flops per multiply-add in
+// forward and twice that in backward (6 per parameter per token) plus the
+// attention score and value products (12 L T d per token over fwd+bwd), never
+// recomputation; hardware_flops adds the forward that checkpointing repeats.
+// Elementwise ops, norms and softmax are not counted (they are O(d) per token).
+struct StepFlops {
+  double model_flops = 0.0;
+  double hardware_flops = 0.0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const std::string& name() const = 0;
+  virtual const ModelOptions& options() const = 0;
+
+  // The units in execution order, with their parameters.
+  virtual const std::vector<UnitSpec>& units() const = 0;
+
+  // InvalidArgument naming the field unless the batch fits the model
+  // (sizes, sequence lengths within the maximum, token ids within the vocab).
+  virtual Status ValidateBatch(const TokenBatch& batch) const = 0;
+
+  // Forward and backward of one batch: gradients added through the hooks.
+  // Returns the mean loss. Errors: the batch's, the hooks' (with the unit
+  // named), the allocator's ResourceExhausted.
+  virtual StatusOr<float> ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
+                                          Allocator& alloc) const = 0;
+
+  // Forward only (evaluation): PreForward/PostForward per unit, returns the loss.
+  virtual StatusOr<float> Forward(const TokenBatch& batch, UnitHooks& hooks,
+                                  Allocator& alloc) const = 0;
+
+  // FLOPs of one ForwardBackward over a batch of this shape.
+  virtual StepFlops Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const = 0;
+
+  int64_t num_parameters() const { return CountParameters(units()); }
+};
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_NN_MODEL_H_

@@ -1,0 +1,74 @@
+// OwnedParameters: the UnitHooks for plain single-process training.
+//
+// Holds every unit's parameters and gradients in full f32 (the master copy),
+// initialised with the counter-based RNG (init.h), so a model trains without
+// FSDP. With a bf16 compute dtype it hands the model bf16 copies of the
+// parameters, made at each PreForward/PreBackward, as FSDP's mixed precision
+// does after its all-gather; gradients are always accumulated in f32.
+//
+// It also checks the hook protocol: every call must follow the order that
+// model.h specifies, otherwise the call returns FailedPrecondition naming the
+// unit and its state. Tests use this to prove models drive the hooks right.
+//
+// Thread safety: not thread-safe; one training loop uses one instance.
+#ifndef SHARDKIT_RUNTIME_NN_OWNED_PARAMETERS_H_
+#define SHARDKIT_RUNTIME_NN_OWNED_PARAMETERS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/core/allocator.h"
+#include "runtime/nn/model.h"
+
+namespace sk {
+
+class OwnedParameters final : public UnitHooks {
+ public:
+  // Allocates and initialises f32 parameters (and zeroed f32 gradients) for
+  // `units` under `seed`. compute_dtype is f32 or bf16.
+  static StatusOr<std::unique_ptr<OwnedParameters>> Create(
+      const std::vector<UnitSpec>& units, uint64_t seed, DType compute_dtype = DType::kF32,
+      Allocator& alloc = HostAllocator::Default());
+
+  StatusOr<std::vector<Tensor>> PreForward(int unit) override;
+  Status PostForward(int unit) override;
+  StatusOr<UnitBackwardBuffers> PreBackward(int unit) override;
+  Status PostBackward(int unit) override;
+
+  int num_units() const { return static_cast<int>(units_.size()); }
+  const std::vector<UnitSpec>& units() const { return units_; }
+  // The f32 master parameter / gradient of (unit, index); CHECKs the indices.
+  const Tensor& param(int unit, int index) const;
+  const Tensor& grad(int unit, int index) const;
+
+  // Sets all gradients to zero (call between steps; gradients accumulate).
+  void ZeroGrad();
+
+  // The hook calls made since construction or ClearCallLog, as
+  // "PreForward(3)" strings, in order.
+  const std::vector<std::string>& call_log() const { return call_log_; }
+  void ClearCallLog() { call_log_.clear(); }
+
+  // Every parameter and its gradient, unit by unit in spec order.
+  std::vector<Tensor> all_params() const;
+  std::vector<Tensor> all_grads() const;
+
+ private:
+  enum class UnitState { kIdle, kForward, kBackward };
+  OwnedParameters(std::vector<UnitSpec> units, DType compute_dtype, Allocator& alloc);
+  Status Transition(int unit, UnitState from, UnitState to, const char* call);
+  StatusOr<std::vector<Tensor>> ComputeCopies(int unit);
+
+  std::vector<UnitSpec> units_;
+  DType compute_dtype_;
+  Allocator& alloc_;
+  std::vector<std::vector<Tensor>> params_;
+  std::vector<std::vector<Tensor>> grads_;
+  std::vector<UnitState> state_;
+  std::vector<std::string> call_log_;
+};
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_NN_OWNED_PARAMETERS_H_

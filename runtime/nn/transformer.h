@@ -1,0 +1,147 @@
+// Internal to runtime/nn: the pieces GPT and T5 are assembled from.
+//
+// A transformer block is a list of pre-LayerNorm residual sublayers
+// (x + f(LN(x))): self-attention (causal or not), cross-attention to an
+// encoder output, and a GELU MLP. Each sublayer owns a fixed run of
+// consecutive parameters in its unit (see AppendSublayerSpecs), so a block's
+// parameters are the concatenation of its sublayers'.
+#ifndef SHARDKIT_RUNTIME_NN_TRANSFORMER_H_
+#define SHARDKIT_RUNTIME_NN_TRANSFORMER_H_
+
+#include <string>
+#include <vector>
+
+#include "runtime/core/allocator.h"
+#include "runtime/core/status.h"
+#include "runtime/core/tensor.h"
+#include "runtime/nn/model.h"
+
+namespace sk {
+namespace nn_internal {
+
+// An f32 tensor from `alloc`, uninitialised or zeroed.
+StatusOr<Tensor> NewF32(Allocator& alloc, int64_t numel);
+StatusOr<Tensor> ZerosF32(Allocator& alloc, int64_t numel);
+inline float* F(const Tensor& t) { return t.data_as<float>(); }
+
+// A unit's parameters as f32 pointers: f32 tensors are used in place, bf16
+// ones are widened (exactly) into scratch from the allocator.
+class UnitParams {
+ public:
+  // InvalidArgument naming the unit and parameter when `tensors` does not
+  // match the specs (count, shape, dtype f32/bf16, host memory).
+  static StatusOr<UnitParams> Make(const UnitSpec& unit, const std::vector<Tensor>& tensors,
+                                   Allocator& alloc);
+  const float* operator[](size_t i) const { return ptrs_[i]; }
+
+ private:
+  std::vector<Tensor> keep_;
+  std::vector<const float*> ptrs_;
+};
+
+// A unit's gradient sinks as f32 pointers: f32 targets are accumulated into
+// directly; bf16 targets get zeroed f32 scratch that Flush() adds into them.
+class UnitGrads {
+ public:
+  static StatusOr<UnitGrads> Make(const UnitSpec& unit, const std::vector<Tensor>& tensors,
+                                  Allocator& alloc);
+  float* operator[](size_t i) const { return ptrs_[i]; }
+  // Adds scratch into bf16 targets. Call once, after the unit's backward.
+  void Flush();
+
+ private:
+  std::vector<Tensor> targets_;
+  std::vector<Tensor> scratch_;
+  std::vector<float*> ptrs_;
+};
+
+// Checks the tensors a hook returned against the unit's specs.
+Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tensors,
+                           const char* what);
+
+enum class SublayerKind { kSelfAttention, kCausalSelfAttention, kCrossAttention, kMlp };
+
+// Appends the sublayer's parameters named "<prefix>ln.g" etc. Weights are
+// normal(0, std), the output projection normal(0, proj_std), biases zero,
+// LayerNorm gains one.
+void AppendSublayerSpecs(SublayerKind kind, const std::string& prefix, int64_t d_model,
+                         int64_t d_ff, float std, float proj_std, std::vector<ParamSpec>* out);
+size_t SublayerParamCount(SublayerKind kind);
+
+// Sizes of one block invocation.
+struct BlockDims {
+  int64_t batch = 0;
+  int64_t seq = 0;      // rows per sequence of the block's input
+  int64_t enc_seq = 0;  // rows per sequence of the encoder output (cross-attention)
+  int64_t d_model = 0;
+  int64_t heads = 0;
+  int64_t d_ff = 0;
+  bool bf16 = false;    // round stored activations to bf16
+};
+
+// What a sublayer keeps for its backward; `out` is its output (the next
+// sublayer's input).
+struct SublayerSaved {
+  Tensor ln, mean, rstd, a, b, probs, att, out;
+};
+
+struct BlockSaved {
+  std::vector<SublayerSaved> subs;
+};
+
+class TransformerBlock {
+ public:
+  explicit TransformerBlock(std::vector<SublayerKind> kinds) : kinds_(std::move(kinds)) {}
+
+  // Appends the block's parameters: sublayers named "attn." (self-attention),
+  // "cross." and "mlp.".
+  void AppendSpecs(int64_t d_model, int64_t d_ff, float std, float proj_std,
+                   std::vector<ParamSpec>* out) const;
+
+  // Runs the block on x [batch*seq, d_model]; the output is saved->subs.back().out.
+  // enc is the encoder output [batch*enc_seq, d_model] for cross-attention.
+  Status Forward(const BlockDims& d, const UnitParams& p, const float* x, const float* enc,
+                 Allocator& alloc, BlockSaved* saved) const;
+
+  // Given dy for the block output, overwrites dx [batch*seq, d_model] with the
+  // input gradient, adds the encoder-output gradient into denc (if any
+  // cross-attention) and parameter gradients into g.
+  Status Backward(const BlockDims& d, const UnitParams& p, const UnitGrads& g, const float* x,
+                  const float* enc, const BlockSaved& saved, const float* dy, float* dx,
+                  float* denc, Allocator& alloc) const;
+
+  // Multiply-adds per block invocation in matmuls (x2 for flops), forward only.
+  double ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t enc_seq, int64_t d_model,
+                            int64_t d_ff) const;
+
+ private:
+  std::vector<SublayerKind> kinds_;
+};
+
+// The output head: final LayerNorm, LM projection [d_model, vocab] without
+// bias, softmax cross-entropy. Parameters in order: ln.g, ln.b, lm_head.w.
+void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, std::vector<ParamSpec>* out);
+
+struct HeadSaved {
+  Tensor ln, mean, rstd, dlogits;
+};
+
+// Loss of x [rows, d_model] against targets [rows]. With want_grad, also
+// stores dL/dlogits of the mean loss in saved->dlogits for HeadBackward.
+StatusOr<float> HeadForward(const UnitParams& p, const float* x, const int32_t* targets,
+                            int64_t rows, int64_t d_model, int64_t vocab, bool bf16,
+                            bool want_grad, Allocator& alloc, HeadSaved* saved);
+
+// Overwrites dx [rows, d_model]; adds parameter gradients into g.
+Status HeadBackward(const UnitParams& p, const UnitGrads& g, const float* x,
+                    const HeadSaved& saved, int64_t rows, int64_t d_model, int64_t vocab,
+                    bool bf16, float* dx, Allocator& alloc);
+
+// Checks ids in [0, vocab) (targets may also be kIgnoreTarget).
+Status ValidateTokens(const std::vector<int32_t>& ids, int64_t expected_count, int64_t vocab,
+                      bool allow_ignore, const char* field);
+
+}  // namespace nn_internal
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_NN_TRANSFORMER_H_

@@ -1,0 +1,312 @@
+#include "runtime/nn/gpt.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/nn/kernels.h"
+#include "runtime/nn/optimizer.h"
+#include "runtime/nn/owned_parameters.h"
+
+namespace sk {
+namespace {
+
+GptConfig Tiny() {
+  GptConfig c;
+  c.name = "gpt-test";
+  c.vocab_size = 32;
+  c.max_seq_len = 8;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 16;
+  return c;
+}
+
+TokenBatch RandomBatch(int64_t b, int64_t t, int64_t vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab) - 1);
+  TokenBatch batch;
+  batch.batch_size = b;
+  batch.seq_len = t;
+  for (int64_t i = 0; i < b; ++i) {
+    std::vector<int32_t> s(t + 1);
+    for (auto& x : s) x = tok(gen);
+    batch.inputs.insert(batch.inputs.end(), s.begin(), s.end() - 1);
+    batch.targets.insert(batch.targets.end(), s.begin() + 1, s.end());
+  }
+  return batch;
+}
+
+std::unique_ptr<GptModel> MakeModel(const GptConfig& c, ModelOptions o = {}) {
+  auto m = GptModel::Create(c, o);
+  CHECK(m.ok()) << m.status();
+  return std::move(m).value();
+}
+
+std::unique_ptr<OwnedParameters> MakeParams(const Model& m, uint64_t seed,
+                                            DType dt = DType::kF32) {
+  auto p = OwnedParameters::Create(m.units(), seed, dt);
+  CHECK(p.ok()) << p.status();
+  return std::move(p).value();
+}
+
+std::vector<float> Flatten(const std::vector<Tensor>& ts) {
+  std::vector<float> out;
+  for (const Tensor& t : ts) out.insert(out.end(), t.data_as<float>(), t.data_as<float>() + t.numel());
+  return out;
+}
+
+TEST(Gpt, UnitsAreEmbeddingBlocksAndHeadWithGpt2Shapes) {
+  auto m = MakeModel(Tiny());
+  const auto& u = m->units();
+  ASSERT_EQ(u.size(), 4u);
+  EXPECT_EQ(u[0].name, "embed");
+  EXPECT_EQ(u[1].name, "h.0");
+  EXPECT_EQ(u[3].name, "head");
+  EXPECT_EQ(u[0].params[0].shape, Shape({32, 16}));
+  EXPECT_EQ(u[1].params.size(), 12u);
+  EXPECT_EQ(u[1].params[2].name, "attn.qkv.w");
+  EXPECT_EQ(u[1].params[2].shape, Shape({16, 48}));
+  EXPECT_EQ(u[1].params[8].shape, Shape({16, 64}));
+  // 2 embeddings + per block (4 LN + qkv + proj + fc + proj) + head.
+  const int64_t block = 4 * 16 + 16 * 48 + 48 + 16 * 16 + 16 + 16 * 64 + 64 + 64 * 16 + 16;
+  EXPECT_EQ(m->num_parameters(), 32 * 16 + 8 * 16 + 2 * block + 2 * 16 + 16 * 32);
+}
+
+TEST(Gpt, HooksRunForwardInUnitOrderAndBackwardInReverse) {
+  auto m = MakeModel(Tiny());
+  auto p = MakeParams(*m, 1);
+  auto loss = m->ForwardBackward(RandomBatch(2, 8, 32, 3), *p, HostAllocator::Default());
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  std::vector<std::string> want = {"PreForward(0)",  "PostForward(0)",  "PreForward(1)",
+                                   "PostForward(1)", "PreForward(2)",   "PostForward(2)",
+                                   "PreForward(3)",  "PostForward(3)",  "PreBackward(3)",
+                                   "PostBackward(3)", "PreBackward(2)", "PostBackward(2)",
+                                   "PreBackward(1)", "PostBackward(1)", "PreBackward(0)",
+                                   "PostBackward(0)"};
+  EXPECT_EQ(p->call_log(), want);
+}
+
+TEST(Gpt, InitialLossIsNearLogVocab) {
+  auto m = MakeModel(Tiny());
+  auto p = MakeParams(*m, 1);
+  auto loss = m->Forward(RandomBatch(4, 8, 32, 3), *p, HostAllocator::Default());
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_NEAR(*loss, std::log(32.0f), 0.1f);
+}
+
+// The model's analytic gradient of every parameter tensor, sampled at a few
+// elements, against central differences of the model's loss. The f32 loss
+// limits the accuracy of the difference, hence the step of 1e-2 and the tolerance.
+TEST(Gpt, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
+  GptConfig c = Tiny();
+  auto m = MakeModel(c);
+  auto p = MakeParams(*m, 5);
+  // Larger init so that every parameter gets a gradient well above f32 noise.
+  for (const Tensor& t : p->all_params()) {
+    float* d = t.data_as<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] += 0.1f * std::sin(1.0f + 0.37f * i);
+  }
+  TokenBatch batch = RandomBatch(2, 6, 32, 9);
+  ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
+  auto params = p->all_params();
+  auto grads = p->all_grads();
+  int checked = 0;
+  for (size_t t = 0; t < params.size(); ++t) {
+    float* d = params[t].data_as<float>();
+    for (int64_t i : {int64_t{0}, params[t].numel() / 2, params[t].numel() - 1}) {
+      const float saved = d[i];
+      const float eps = 1e-2f;
+      d[i] = saved + eps;
+      double lp = *m->Forward(batch, *p, HostAllocator::Default());
+      d[i] = saved - eps;
+      double lm = *m->Forward(batch, *p, HostAllocator::Default());
+      d[i] = saved;
+      double fd = (lp - lm) / (2.0 * eps);
+      double g = grads[t].data_as<float>()[i];
+      EXPECT_NEAR(g, fd, 2e-3 + 0.03 * std::fabs(fd)) << "tensor " << t << " element " << i;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, static_cast<int>(3 * params.size()));
+}
+
+float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int steps, float lr,
+            std::vector<float>* losses = nullptr) {
+  Adam adam(AdamOptions{lr});
+  float loss = 0;
+  for (int s = 0; s < steps; ++s) {
+    p.ZeroGrad();
+    auto l = m.ForwardBackward(batch, p, HostAllocator::Default());
+    CHECK(l.ok()) << l.status();
+    loss = *l;
+    if (losses) losses->push_back(loss);
+    CHECK(adam.Step(p.all_params(), p.all_grads()).ok());
+  }
+  return loss;
+}
+
+TEST(Gpt, TinyModelMemorisesAFixedBatch) {
+  auto m = MakeModel(Tiny());
+  auto p = MakeParams(*m, 11);
+  TokenBatch batch = RandomBatch(4, 8, 32, 12);
+  std::vector<float> losses;
+  Train(*m, *p, batch, 150, 1e-2f, &losses);
+  EXPECT_GT(losses.front(), 3.0f);
+  EXPECT_LT(losses.back(), 0.05f) << "first " << losses.front();
+}
+
+TEST(Gpt, SameSeedGivesBitIdenticalTraining) {
+  TokenBatch batch = RandomBatch(2, 8, 32, 13);
+  std::vector<float> la, lb;
+  auto m = MakeModel(Tiny());
+  auto pa = MakeParams(*m, 21), pb = MakeParams(*m, 21), pc = MakeParams(*m, 22);
+  Train(*m, *pa, batch, 5, 1e-2f, &la);
+  Train(*m, *pb, batch, 5, 1e-2f, &lb);
+  EXPECT_EQ(la, lb);
+  std::vector<float> fa = Flatten(pa->all_params()), fb = Flatten(pb->all_params());
+  ASSERT_EQ(fa.size(), fb.size());
+  EXPECT_EQ(0, std::memcmp(fa.data(), fb.data(), fa.size() * sizeof(float)));
+  EXPECT_NE(Flatten(pc->all_params()), Flatten(MakeParams(*m, 21)->all_params()));
+}
+
+TEST(Gpt, ActivationCheckpointingGivesIdenticalLossAndGradients) {
+  TokenBatch batch = RandomBatch(2, 8, 32, 14);
+  auto plain = MakeModel(Tiny());
+  auto ckpt = MakeModel(Tiny(), ModelOptions{DType::kF32, true});
+  auto pa = MakeParams(*plain, 3), pb = MakeParams(*ckpt, 3);
+  auto la = plain->ForwardBackward(batch, *pa, HostAllocator::Default());
+  auto lb = ckpt->ForwardBackward(batch, *pb, HostAllocator::Default());
+  ASSERT_TRUE(la.ok() && lb.ok());
+  EXPECT_EQ(*la, *lb);
+  EXPECT_EQ(Flatten(pa->all_grads()), Flatten(pb->all_grads()));
+  EXPECT_GT(ckpt->Flops(2, 8, 0).hardware_flops, ckpt->Flops(2, 8, 0).model_flops);
+  EXPECT_EQ(plain->Flops(2, 8, 0).hardware_flops, plain->Flops(2, 8, 0).model_flops);
+}
+
+// bf16 compute (bf16 parameters and activations, f32 accumulation) against
+// f32: the documented tolerance is 2% relative on the loss and 5% relative
+// L2 error on the gradient.
+TEST(Gpt, Bf16ComputeStaysWithinToleranceOfF32) {
+  TokenBatch batch = RandomBatch(4, 8, 32, 15);
+  auto f32 = MakeModel(Tiny());
+  auto bf16 = MakeModel(Tiny(), ModelOptions{DType::kBF16, false});
+  auto pa = MakeParams(*f32, 4), pb = MakeParams(*bf16, 4, DType::kBF16);
+  auto la = f32->ForwardBackward(batch, *pa, HostAllocator::Default());
+  auto lb = bf16->ForwardBackward(batch, *pb, HostAllocator::Default());
+  ASSERT_TRUE(la.ok() && lb.ok()) << la.status() << lb.status();
+  EXPECT_NEAR(*lb, *la, 0.02f * *la);
+  EXPECT_NE(*lb, *la);  // bf16 really changes the arithmetic
+  std::vector<float> ga = Flatten(pa->all_grads()), gb = Flatten(pb->all_grads());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ga.size(); ++i) {
+    num += (ga[i] - gb[i]) * (ga[i] - gb[i]);
+    den += ga[i] * ga[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 0.05);
+  // And it still learns.
+  float end = Train(*bf16, *pb, batch, 100, 1e-2f);
+  EXPECT_LT(end, 0.3f);
+}
+
+TEST(Gpt, GradientsAccumulateAcrossCallsUntilZeroed) {
+  TokenBatch batch = RandomBatch(2, 8, 32, 16);
+  auto m = MakeModel(Tiny());
+  auto p = MakeParams(*m, 6);
+  ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
+  std::vector<float> once = Flatten(p->all_grads());
+  ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
+  std::vector<float> twice = Flatten(p->all_grads());
+  // Equal up to f32 rounding: a GEMM that accumulates (beta = 1) sums in
+  // another order than one that starts from zero.
+  float scale = 0;
+  for (float g : once) scale = std::max(scale, std::fabs(g));
+  for (size_t i = 0; i < once.size(); ++i) {
+    ASSERT_NEAR(twice[i], 2 * once[i], 1e-5f * std::fabs(once[i]) + 1e-6f * scale) << i;
+  }
+}
+
+TEST(Gpt, BadBatchesAreInvalidArgumentNamingTheField) {
+  auto m = MakeModel(Tiny());
+  auto p = MakeParams(*m, 1);
+  Allocator& a = HostAllocator::Default();
+  TokenBatch b = RandomBatch(1, 8, 32, 1);
+  b.inputs[3] = 32;
+  auto r = m->ForwardBackward(b, *p, a);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("inputs[3]"), std::string::npos) << r.status();
+  b = RandomBatch(1, 8, 32, 1);
+  b.targets[0] = -2;
+  EXPECT_EQ(m->Forward(b, *p, a).status().code(), StatusCode::kInvalidArgument);
+  b = RandomBatch(1, 9, 32, 1);
+  EXPECT_EQ(m->Forward(b, *p, a).status().code(), StatusCode::kInvalidArgument);
+  b = RandomBatch(2, 4, 32, 1);
+  b.inputs.pop_back();
+  EXPECT_EQ(m->Forward(b, *p, a).status().code(), StatusCode::kInvalidArgument);
+  b = RandomBatch(1, 4, 32, 1);
+  b.targets[1] = kIgnoreTarget;
+  EXPECT_TRUE(m->Forward(b, *p, a).ok());
+  EXPECT_TRUE(p->call_log().size() > 0);
+}
+
+TEST(Gpt, BadConfigsAreInvalidArgument) {
+  GptConfig c = Tiny();
+  c.n_head = 3;
+  EXPECT_EQ(GptModel::Create(c).status().code(), StatusCode::kInvalidArgument);
+  c = Tiny();
+  c.n_layer = 0;
+  EXPECT_EQ(GptModel::Create(c).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(GptModel::Create(Tiny(), ModelOptions{DType::kF16, false}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// Hooks that fail at one call: the step stops and the error names the unit.
+class FailingHooks : public UnitHooks {
+ public:
+  FailingHooks(OwnedParameters* inner, int fail_unit) : inner_(inner), fail_unit_(fail_unit) {}
+  StatusOr<std::vector<Tensor>> PreForward(int u) override { return inner_->PreForward(u); }
+  Status PostForward(int u) override { return inner_->PostForward(u); }
+  StatusOr<UnitBackwardBuffers> PreBackward(int u) override {
+    if (u == fail_unit_) return UnavailableError("gather failed");
+    return inner_->PreBackward(u);
+  }
+  Status PostBackward(int u) override { return inner_->PostBackward(u); }
+
+ private:
+  OwnedParameters* inner_;
+  int fail_unit_;
+};
+
+TEST(Gpt, HookErrorStopsTheStepAndNamesTheUnit) {
+  auto m = MakeModel(Tiny());
+  auto p = MakeParams(*m, 1);
+  FailingHooks hooks(p.get(), 2);
+  auto r = m->ForwardBackward(RandomBatch(1, 8, 32, 1), hooks, HostAllocator::Default());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("'h.1'"), std::string::npos) << r.status();
+  EXPECT_EQ(p->call_log().back(), "PostBackward(3)");
+}
+
+TEST(Gpt, WrongParameterShapesFromHooksAreInvalidArgument) {
+  auto m = MakeModel(Tiny());
+  GptConfig other = Tiny();
+  other.d_model = 32;
+  auto wrong = MakeParams(*MakeModel(other), 1);
+  auto r = m->Forward(RandomBatch(1, 8, 32, 1), *wrong, HostAllocator::Default());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("embed.wte"), std::string::npos) << r.status();
+}
+
+TEST(Gpt, ModelFlopsAreSixPsiPerTokenPlusAttention) {
+  GptConfig c = Tiny();
+  auto m = MakeModel(c);
+  const double C = c.d_model, L = c.n_layer, T = 8, tokens = 3 * T;
+  const double psi_matmul = L * (C * 3 * C + C * C + 2 * C * 4 * C) + C * c.vocab_size;
+  EXPECT_DOUBLE_EQ(m->Flops(3, 8, 0).model_flops, tokens * (6 * psi_matmul + 12 * L * T * C));
+}
+
+}  // namespace
+}  // namespace sk

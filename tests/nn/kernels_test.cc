@@ -1,0 +1,347 @@
+// Every layer's forward against a reference written in double, and its
+// backward against central finite differences of that reference in double.
+// The f32 kernels see the same inputs rounded to f32; the loss is
+// L = sum(y * w) with a fixed random w, so dL/dy = w is fed to the backward.
+#include "runtime/nn/kernels.h"
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace sk {
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec Random(size_t n, uint32_t seed, double scale = 1.0) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(-scale, scale);
+  Vec v(n);
+  for (double& x : v) x = static_cast<float>(dist(gen));  // representable in f32
+  return v;
+}
+
+std::vector<float> ToF32(const Vec& v) { return std::vector<float>(v.begin(), v.end()); }
+
+double Dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Central difference of loss() with respect to x[i], in double.
+double FiniteDiff(Vec& x, size_t i, const std::function<double()>& loss) {
+  const double eps = 1e-6;
+  double saved = x[i];
+  x[i] = saved + eps;
+  double lp = loss();
+  x[i] = saved - eps;
+  double lm = loss();
+  x[i] = saved;
+  return (lp - lm) / (2 * eps);
+}
+
+// Checks analytic (f32 kernel) gradient of every element of x against
+// finite differences of the double reference.
+void ExpectGradient(const std::string& what, Vec& x, const std::vector<float>& analytic,
+                    const std::function<double()>& loss, double tol = 2e-3) {
+  ASSERT_EQ(x.size(), analytic.size()) << what;
+  for (size_t i = 0; i < x.size(); ++i) {
+    double fd = FiniteDiff(x, i, loss);
+    EXPECT_NEAR(analytic[i], fd, tol * std::max(1.0, std::fabs(fd))) << what << "[" << i << "]";
+  }
+}
+
+void ExpectForward(const std::string& what, const std::vector<float>& got, const Vec& want,
+                   double tol = 1e-4) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], tol * std::max(1.0, std::fabs(want[i]))) << what << "[" << i << "]";
+  }
+}
+
+// ---- references in double ----
+
+Vec LinearRef(const Vec& x, const Vec& w, const Vec& b, int64_t rows, int64_t in, int64_t out) {
+  Vec y(rows * out);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = b.empty() ? 0.0 : b[o];
+      for (int64_t i = 0; i < in; ++i) s += x[r * in + i] * w[i * out + o];
+      y[r * out + o] = s;
+    }
+  return y;
+}
+
+Vec LayerNormRef(const Vec& x, const Vec& g, const Vec& b, int64_t rows, int64_t cols) {
+  Vec y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    for (int64_t j = 0; j < cols; ++j) mean += x[r * cols + j];
+    mean /= cols;
+    for (int64_t j = 0; j < cols; ++j) var += (x[r * cols + j] - mean) * (x[r * cols + j] - mean);
+    var /= cols;
+    double rstd = 1.0 / std::sqrt(var + 1e-5);
+    for (int64_t j = 0; j < cols; ++j) y[r * cols + j] = (x[r * cols + j] - mean) * rstd * g[j] + b[j];
+  }
+  return y;
+}
+
+Vec GeluRef(const Vec& x) {
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    double v = x[i];
+    y[i] = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+  }
+  return y;
+}
+
+Vec SoftmaxRef(const Vec& x, int64_t rows, int64_t cols) {
+  Vec y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -1e300, s = 0;
+    for (int64_t j = 0; j < cols; ++j) m = std::max(m, x[r * cols + j]);
+    for (int64_t j = 0; j < cols; ++j) s += std::exp(x[r * cols + j] - m);
+    for (int64_t j = 0; j < cols; ++j) y[r * cols + j] = std::exp(x[r * cols + j] - m) / s;
+  }
+  return y;
+}
+
+// q [B*Tq, H*D], k and v [B*Tk, H*D]; returns out [B*Tq, H*D].
+Vec AttentionRef(const Vec& q, const Vec& k, const Vec& v, const AttentionShape& s) {
+  const int64_t c = s.heads * s.head_dim;
+  Vec out(s.batch * s.q_len * c, 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        int64_t valid = s.causal ? i + 1 : s.kv_len;
+        Vec sc(valid);
+        double m = -1e300;
+        for (int64_t j = 0; j < valid; ++j) {
+          double d = 0;
+          for (int64_t e = 0; e < s.head_dim; ++e)
+            d += q[(b * s.q_len + i) * c + h * s.head_dim + e] *
+                 k[(b * s.kv_len + j) * c + h * s.head_dim + e];
+          sc[j] = d * scale;
+          m = std::max(m, sc[j]);
+        }
+        double z = 0;
+        for (int64_t j = 0; j < valid; ++j) z += (sc[j] = std::exp(sc[j] - m));
+        for (int64_t j = 0; j < valid; ++j)
+          for (int64_t e = 0; e < s.head_dim; ++e)
+            out[(b * s.q_len + i) * c + h * s.head_dim + e] +=
+                sc[j] / z * v[(b * s.kv_len + j) * c + h * s.head_dim + e];
+      }
+  return out;
+}
+
+double CrossEntropyRef(const Vec& logits, const std::vector<int32_t>& t, int64_t rows,
+                       int64_t vocab) {
+  double sum = 0;
+  int count = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (t[r] == kIgnoreTarget) continue;
+    double m = -1e300, z = 0;
+    for (int64_t j = 0; j < vocab; ++j) m = std::max(m, logits[r * vocab + j]);
+    for (int64_t j = 0; j < vocab; ++j) z += std::exp(logits[r * vocab + j] - m);
+    sum += std::log(z) + m - logits[r * vocab + t[r]];
+    ++count;
+  }
+  return count ? sum / count : 0.0;
+}
+
+// ---- tests ----
+
+TEST(Kernels, GemmBackendsAgreeWithEachOtherAndDoubleReference) {
+  const int64_t m = 7, n = 5, k = 9;
+  Vec a = Random(m * k, 1), b = Random(k * n, 2);
+  Vec want = LinearRef(a, b, {}, m, k, n);
+  for (GemmBackend be : {GemmBackend::kOpenBlas, GemmBackend::kOneDnn}) {
+    std::vector<float> af = ToF32(a), bf = ToF32(b), c(m * n, 0.0f);
+    Gemm(false, false, m, n, k, 1.0f, af.data(), k, bf.data(), n, 0.0f, c.data(), n, be);
+    ExpectForward(std::string(GemmBackendName(be)), c, want);
+  }
+}
+
+TEST(Kernels, GemmTransposedOperandsMatchExplicitTranspose) {
+  const int64_t m = 4, n = 6, k = 3;
+  Vec a = Random(m * k, 3), b = Random(k * n, 4);
+  Vec at(k * m), bt(n * k);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < k; ++j) at[j * m + i] = a[i * k + j];
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = 0; j < n; ++j) bt[j * k + i] = b[i * n + j];
+  Vec want = LinearRef(a, b, {}, m, k, n);
+  std::vector<float> atf = ToF32(at), btf = ToF32(bt), c(m * n);
+  Gemm(true, true, m, n, k, 1.0f, atf.data(), m, btf.data(), k, 0.0f, c.data(), n);
+  ExpectForward("AtBt", c, want);
+}
+
+TEST(Kernels, LinearBackwardMatchesFiniteDifferences) {
+  const int64_t rows = 3, in = 4, out = 5;
+  Vec x = Random(rows * in, 10), w = Random(in * out, 11), b = Random(out, 12),
+      dy = Random(rows * out, 13);
+  std::vector<float> y(rows * out);
+  auto xf = ToF32(x), wf = ToF32(w), bf = ToF32(b), dyf = ToF32(dy);
+  LinearForward(xf.data(), wf.data(), bf.data(), rows, in, out, y.data());
+  ExpectForward("y", y, LinearRef(x, w, b, rows, in, out));
+  std::vector<float> dx(rows * in, 0.0f), dw(in * out, 0.0f), db(out, 0.0f);
+  LinearBackward(xf.data(), wf.data(), dyf.data(), rows, in, out, dx.data(), false, dw.data(),
+                 db.data());
+  auto loss = [&] { return Dot(LinearRef(x, w, b, rows, in, out), dy); };
+  ExpectGradient("dx", x, dx, loss);
+  ExpectGradient("dw", w, dw, loss);
+  ExpectGradient("db", b, db, loss);
+}
+
+TEST(Kernels, LinearBackwardAccumulatesIntoParameterGradients) {
+  const int64_t rows = 2, in = 3, out = 2;
+  auto x = ToF32(Random(rows * in, 20)), w = ToF32(Random(in * out, 21)),
+       dy = ToF32(Random(rows * out, 22));
+  std::vector<float> dx(rows * in), dw1(in * out, 0.0f), db1(out, 0.0f);
+  LinearBackward(x.data(), w.data(), dy.data(), rows, in, out, dx.data(), false, dw1.data(), db1.data());
+  std::vector<float> dw2 = dw1, db2 = db1, dx2 = dx;
+  LinearBackward(x.data(), w.data(), dy.data(), rows, in, out, dx2.data(), true, dw2.data(), db2.data());
+  for (size_t i = 0; i < dw1.size(); ++i) EXPECT_FLOAT_EQ(dw2[i], 2 * dw1[i]);
+  for (size_t i = 0; i < db1.size(); ++i) EXPECT_FLOAT_EQ(db2[i], 2 * db1[i]);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_FLOAT_EQ(dx2[i], 2 * dx[i]);
+}
+
+TEST(Kernels, LayerNormBackwardMatchesFiniteDifferences) {
+  const int64_t rows = 3, cols = 6;
+  Vec x = Random(rows * cols, 30, 2.0), g = Random(cols, 31), b = Random(cols, 32),
+      dy = Random(rows * cols, 33);
+  auto xf = ToF32(x), gf = ToF32(g), bf = ToF32(b), dyf = ToF32(dy);
+  std::vector<float> y(rows * cols), mean(rows), rstd(rows);
+  LayerNormForward(xf.data(), gf.data(), bf.data(), rows, cols, y.data(), mean.data(), rstd.data());
+  ExpectForward("y", y, LayerNormRef(x, g, b, rows, cols));
+  std::vector<float> dx(rows * cols, 0.0f), dg(cols, 0.0f), db(cols, 0.0f);
+  LayerNormBackward(xf.data(), gf.data(), dyf.data(), mean.data(), rstd.data(), rows, cols,
+                    dx.data(), dg.data(), db.data());
+  auto loss = [&] { return Dot(LayerNormRef(x, g, b, rows, cols), dy); };
+  ExpectGradient("dx", x, dx, loss);
+  ExpectGradient("dgamma", g, dg, loss);
+  ExpectGradient("dbeta", b, db, loss);
+}
+
+TEST(Kernels, GeluBackwardMatchesFiniteDifferences) {
+  Vec x = Random(40, 40, 4.0), dy = Random(40, 41);
+  auto xf = ToF32(x), dyf = ToF32(dy);
+  std::vector<float> y(40), dx(40);
+  GeluForward(xf.data(), 40, y.data());
+  ExpectForward("y", y, GeluRef(x));
+  GeluBackward(xf.data(), dyf.data(), 40, dx.data());
+  ExpectGradient("dx", x, dx, [&] { return Dot(GeluRef(x), dy); });
+}
+
+TEST(Kernels, SoftmaxBackwardMatchesFiniteDifferences) {
+  const int64_t rows = 3, cols = 7;
+  Vec x = Random(rows * cols, 50, 3.0), dy = Random(rows * cols, 51);
+  auto xf = ToF32(x), dyf = ToF32(dy);
+  std::vector<float> y(rows * cols), dx(rows * cols);
+  SoftmaxForward(xf.data(), rows, cols, y.data());
+  ExpectForward("y", y, SoftmaxRef(x, rows, cols));
+  SoftmaxBackward(y.data(), dyf.data(), rows, cols, dx.data());
+  ExpectGradient("dx", x, dx, [&] { return Dot(SoftmaxRef(x, rows, cols), dy); });
+}
+
+void CheckAttention(const AttentionShape& s, uint32_t seed) {
+  const int64_t c = s.heads * s.head_dim;
+  Vec q = Random(s.batch * s.q_len * c, seed), k = Random(s.batch * s.kv_len * c, seed + 1),
+      v = Random(s.batch * s.kv_len * c, seed + 2), dout = Random(s.batch * s.q_len * c, seed + 3);
+  auto qf = ToF32(q), kf = ToF32(k), vf = ToF32(v), dof = ToF32(dout);
+  std::vector<float> probs(s.batch * s.heads * s.q_len * s.kv_len), out(s.batch * s.q_len * c);
+  AttentionForward(s, qf.data(), c, kf.data(), vf.data(), c, probs.data(), out.data(), c);
+  ExpectForward("out", out, AttentionRef(q, k, v, s));
+  std::vector<float> dq(qf.size()), dk(kf.size()), dv(vf.size()), scratch(s.q_len * s.kv_len);
+  AttentionBackward(s, qf.data(), c, kf.data(), vf.data(), c, probs.data(), dof.data(), c,
+                    dq.data(), dk.data(), dv.data(), c, scratch.data());
+  auto loss = [&] { return Dot(AttentionRef(q, k, v, s), dout); };
+  ExpectGradient("dq", q, dq, loss);
+  ExpectGradient("dk", k, dk, loss);
+  ExpectGradient("dv", v, dv, loss);
+}
+
+TEST(Kernels, CausalSelfAttentionBackwardMatchesFiniteDifferences) {
+  AttentionShape s{2, 2, 4, 4, 3, true};
+  CheckAttention(s, 60);
+}
+
+TEST(Kernels, NonCausalSelfAttentionBackwardMatchesFiniteDifferences) {
+  AttentionShape s{2, 2, 4, 4, 3, false};
+  CheckAttention(s, 70);
+}
+
+TEST(Kernels, CrossAttentionWithDifferentLengthsMatchesFiniteDifferences) {
+  AttentionShape s{2, 3, 3, 5, 2, false};
+  CheckAttention(s, 80);
+}
+
+TEST(Kernels, CausalAttentionIgnoresFutureKeys) {
+  AttentionShape s{1, 1, 3, 3, 2, true};
+  auto q = ToF32(Random(6, 90)), k = ToF32(Random(6, 91)), v = ToF32(Random(6, 92));
+  std::vector<float> probs(9), out1(6), out2(6);
+  AttentionForward(s, q.data(), 2, k.data(), v.data(), 2, probs.data(), out1.data(), 2);
+  k[4] += 5.0f;  // key and value of the last position change
+  v[5] -= 3.0f;
+  AttentionForward(s, q.data(), 2, k.data(), v.data(), 2, probs.data(), out2.data(), 2);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(out1[i], out2[i]) << i;  // rows 0 and 1 unchanged
+  EXPECT_NE(out1[5], out2[5]);
+  EXPECT_EQ(probs[1], 0.0f);
+  EXPECT_EQ(probs[2], 0.0f);
+  EXPECT_EQ(probs[5], 0.0f);
+}
+
+TEST(Kernels, EmbeddingBackwardScatterAddsRepeatedIds) {
+  const int64_t vocab = 4, dim = 3;
+  Vec table = Random(vocab * dim, 100), dout = Random(5 * dim, 101);
+  std::vector<int32_t> ids = {2, 0, 2, 3, 2};
+  auto tf = ToF32(table), dof = ToF32(dout);
+  std::vector<float> out(5 * dim), dtable(vocab * dim, 0.0f);
+  EmbeddingForward(tf.data(), ids.data(), 5, dim, out.data());
+  for (int n = 0; n < 5; ++n)
+    for (int j = 0; j < dim; ++j) EXPECT_EQ(out[n * dim + j], tf[ids[n] * dim + j]);
+  EmbeddingBackward(ids.data(), dof.data(), 5, dim, dtable.data());
+  auto loss = [&] {
+    double s = 0;
+    for (int n = 0; n < 5; ++n)
+      for (int j = 0; j < dim; ++j) s += table[ids[n] * dim + j] * dout[n * dim + j];
+    return s;
+  };
+  ExpectGradient("dtable", table, dtable, loss);
+}
+
+TEST(Kernels, CrossEntropyBackwardMatchesFiniteDifferencesAndSkipsIgnoredRows) {
+  const int64_t rows = 4, vocab = 6;
+  Vec logits = Random(rows * vocab, 110, 3.0);
+  std::vector<int32_t> t = {1, kIgnoreTarget, 5, 0};
+  auto lf = ToF32(logits);
+  int64_t count = 0;
+  float loss = CrossEntropyForward(lf.data(), t.data(), rows, vocab, &count);
+  EXPECT_EQ(count, 3);
+  EXPECT_NEAR(loss, CrossEntropyRef(logits, t, rows, vocab), 1e-5);
+  std::vector<float> d(rows * vocab);
+  CrossEntropyBackward(lf.data(), t.data(), rows, vocab, 1.0f / count, d.data());
+  for (int j = 0; j < vocab; ++j) EXPECT_EQ(d[1 * vocab + j], 0.0f);
+  ExpectGradient("dlogits", logits, d, [&] { return CrossEntropyRef(logits, t, rows, vocab); });
+}
+
+TEST(Kernels, BF16RoundingAndAccumulationRoundToNearestEven) {
+  std::vector<float> x = {1.0f, 1.0f + 1.0f / 256.0f, 1.0f + 3.0f / 256.0f};
+  RoundToBF16InPlace(x.data(), 3);
+  EXPECT_EQ(x[0], 1.0f);
+  EXPECT_EQ(x[1], 1.0f);                  // tie rounds to the even mantissa
+  EXPECT_EQ(x[2], 1.0f + 4.0f / 256.0f);  // tie rounds up to even
+  BF16 acc[1] = {FloatToBF16(2.0f)};
+  float add = 0.5f;
+  AccumulateFromF32(&add, 1, acc, DType::kBF16);
+  EXPECT_EQ(BF16ToFloat(acc[0]), 2.5f);
+}
+
+}  // namespace
+}  // namespace sk
