@@ -1,0 +1,731 @@
+#include "runtime/fsdp/fsdp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "runtime/core/trace.h"
+#include "runtime/nn/init.h"
+
+namespace sk {
+
+namespace {
+
+int64_t Bytes(const Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
+
+// PyTorch's _get_gradient_predivide_factor: the largest power of two p that
+// divides N with p < N / p.
+float AutoPredivide(int world) {
+  int p = 1;
+  while (world % p == 0 && world / p > p) p *= 2;
+  return static_cast<float>(p);
+}
+
+}  // namespace
+
+const char* ShardingStrategyName(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kDefault:
+    case ShardingStrategy::kFullShard: return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::kShardOptim: return "SHARD_OPTIM";
+    case ShardingStrategy::kNoShard: return "NO_SHARD";
+    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
+    case ShardingStrategy::kHybridShardGradOp: return "HYBRID_SHARD_GRAD_OP";
+  }
+  return "UNKNOWN";
+}
+
+StatusOr<ShardingStrategy> ParseShardingStrategy(const std::string& name) {
+  std::string n;
+  for (char c : name) n.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                             ShardingStrategy::kShardOptim, ShardingStrategy::kNoShard,
+                             ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardGradOp}) {
+    if (n == ShardingStrategyName(s)) return s;
+  }
+  return InvalidArgumentError("unknown sharding strategy '" + name +
+                              "' (FULL_SHARD, SHARD_GRAD_OP, SHARD_OPTIM, NO_SHARD, HYBRID_SHARD, "
+                              "HYBRID_SHARD_GRAD_OP)");
+}
+
+const char* BackwardPrefetchName(BackwardPrefetch p) {
+  switch (p) {
+    case BackwardPrefetch::kNone: return "NONE";
+    case BackwardPrefetch::kDefault:
+    case BackwardPrefetch::kBackwardPre: return "BACKWARD_PRE";
+    case BackwardPrefetch::kBackwardPost: return "BACKWARD_POST";
+  }
+  return "UNKNOWN";
+}
+
+StatusOr<BackwardPrefetch> ParseBackwardPrefetch(const std::string& name) {
+  std::string n;
+  for (char c : name) n.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  for (BackwardPrefetch p : {BackwardPrefetch::kNone, BackwardPrefetch::kBackwardPre,
+                             BackwardPrefetch::kBackwardPost}) {
+    if (n == BackwardPrefetchName(p)) return p;
+  }
+  return InvalidArgumentError("unknown backward prefetch '" + name +
+                              "' (NONE, BACKWARD_PRE, BACKWARD_POST)");
+}
+
+Status ValidateFsdpOptions(const FsdpOptions& o, int world) {
+  if (world < 1) return InvalidArgumentError("world size must be >= 1");
+  switch (o.strategy) {
+    case ShardingStrategy::kDefault:
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kShardGradOp:
+    case ShardingStrategy::kShardOptim:
+    case ShardingStrategy::kNoShard:
+    case ShardingStrategy::kHybridShard:
+    case ShardingStrategy::kHybridShardGradOp:
+      break;
+    default:
+      return InvalidArgumentError("unknown sharding strategy value " +
+                                  std::to_string(static_cast<int>(o.strategy)));
+  }
+  switch (o.backward_prefetch) {
+    case BackwardPrefetch::kDefault:
+    case BackwardPrefetch::kNone:
+    case BackwardPrefetch::kBackwardPre:
+    case BackwardPrefetch::kBackwardPost:
+      break;
+    default:
+      return InvalidArgumentError("unknown backward prefetch value " +
+                                  std::to_string(static_cast<int>(o.backward_prefetch)));
+  }
+  if (o.shard_group_size < 0) return InvalidArgumentError("shard_group_size must be >= 0");
+  if (o.shard_group_size > 0 && world % o.shard_group_size != 0) {
+    return InvalidArgumentError("shard_group_size " + std::to_string(o.shard_group_size) +
+                                " does not divide the world size " + std::to_string(world));
+  }
+  if (o.all_gather_limit < 0) return InvalidArgumentError("all_gather_limit must be >= 0 (0 = off)");
+  const MixedPrecisionPolicy& mp = o.mixed_precision;
+  SK_RETURN_IF_ERROR(ValidateDType(mp.param_dtype).WithContext("mixed_precision.param_dtype"));
+  if (mp.reduce_dtype != DType::kInvalid) {
+    SK_RETURN_IF_ERROR(ValidateDType(mp.reduce_dtype).WithContext("mixed_precision.reduce_dtype"));
+  }
+  if (mp.buffer_dtype != DType::kInvalid) {
+    SK_RETURN_IF_ERROR(ValidateDType(mp.buffer_dtype).WithContext("mixed_precision.buffer_dtype"));
+  }
+  if (!(o.gradient_predivide_factor >= 0) || !std::isfinite(o.gradient_predivide_factor)) {
+    return InvalidArgumentError("gradient_predivide_factor must be finite and >= 0 (0 = automatic)");
+  }
+  if (o.timeout.count() <= 0) return InvalidArgumentError("timeout must be positive");
+  return OkStatus();
+}
+
+const char* FullyShardedModel::StateName(UnitState s) {
+  switch (s) {
+    case UnitState::kIdle: return "idle";
+    case UnitState::kForward: return "forward";
+    case UnitState::kForwardDone: return "forward-done";
+    case UnitState::kBackward: return "backward";
+  }
+  return "?";
+}
+
+FullyShardedModel::FullyShardedModel(std::vector<UnitSpec> units, comm::ProcessGroup* world,
+                                     CachingAllocator* allocator, Allocator* offload,
+                                     const FsdpOptions& options)
+    : units_(std::move(units)), world_(world), allocator_(allocator), offload_(offload),
+      options_(options) {}
+
+FullyShardedModel::~FullyShardedModel() {
+  // Outstanding reductions hold buffers from our allocators: let them finish.
+  for (auto& w : pending_reductions_) w->wait(options_.timeout).IgnoreError();
+  if (rs_stream_) rs_stream_->Synchronize(options_.timeout).IgnoreError();
+  if (ag_stream_) ag_stream_->Synchronize(options_.timeout).IgnoreError();
+  flat_.clear();
+}
+
+StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
+    const std::vector<UnitSpec>& units, comm::ProcessGroup* world, CachingAllocator* allocator,
+    const FsdpOptions& options, Allocator* offload_allocator) {
+  if (world == nullptr) return InvalidArgumentError("FSDP needs a process group");
+  if (allocator == nullptr) return InvalidArgumentError("FSDP needs a caching allocator");
+  SK_RETURN_IF_ERROR(ValidateFsdpOptions(options, world->size()));
+  if (units.empty()) return InvalidArgumentError("FSDP needs at least one unit");
+  // Tied parameters (one tensor in two units) cannot live in two flat
+  // parameters; reject them instead of training two copies silently.
+  std::set<std::string> names;
+  for (const UnitSpec& u : units) {
+    if (u.name.empty()) return InvalidArgumentError("a unit has an empty name");
+    for (const ParamSpec& p : u.params) {
+      SK_RETURN_IF_ERROR(ValidateInitializer(p.init).WithContext("parameter '" + FullParamName(u, p) + "'"));
+      if (!names.insert(FullParamName(u, p)).second) {
+        return InvalidArgumentError("parameter '" + FullParamName(u, p) +
+                                    "' appears in two units (tied parameters are not supported: "
+                                    "untie them or put them in one unit)");
+      }
+    }
+  }
+  FsdpOptions o = options;
+  if (o.strategy == ShardingStrategy::kDefault) o.strategy = ShardingStrategy::kFullShard;
+  if (o.backward_prefetch == BackwardPrefetch::kDefault) o.backward_prefetch = BackwardPrefetch::kBackwardPre;
+  if (offload_allocator == nullptr) offload_allocator = &HostAllocator::Default();
+  std::unique_ptr<FullyShardedModel> m(
+      new FullyShardedModel(units, world, allocator, offload_allocator, o));
+  SK_RETURN_IF_ERROR(m->Init());
+  return m;
+}
+
+bool FullyShardedModel::ParamsPersistent() const {
+  return options_.strategy == ShardingStrategy::kShardOptim ||
+         options_.strategy == ShardingStrategy::kNoShard;
+}
+
+bool FullyShardedModel::ReshardAfterForward() const {
+  return options_.strategy == ShardingStrategy::kFullShard ||
+         options_.strategy == ShardingStrategy::kHybridShard;
+}
+
+DType FullyShardedModel::GradDType() const { return options_.mixed_precision.param_dtype; }
+
+Status FullyShardedModel::Init() {
+  const int n = world_->size();
+  const int r = world_->rank();
+  switch (options_.strategy) {
+    case ShardingStrategy::kNoShard:
+      shard_size_ = 1;
+      break;
+    case ShardingStrategy::kHybridShard:
+    case ShardingStrategy::kHybridShardGradOp: {
+      int f = options_.shard_group_size;
+      if (f == 0) {
+        const char* env = std::getenv("LOCAL_WORLD_SIZE");
+        f = env ? std::atoi(env) : n;
+        if (f <= 0 || n % f != 0) f = n;
+      }
+      shard_size_ = f;
+      break;
+    }
+    default:
+      shard_size_ = n;
+  }
+  const int base = r / shard_size_ * shard_size_;
+  std::vector<int> shard_ranks, replica_ranks;
+  for (int i = 0; i < shard_size_; ++i) shard_ranks.push_back(base + i);
+  for (int i = r % shard_size_; i < n; i += shard_size_) replica_ranks.push_back(i);
+  SK_ASSIGN_OR_RETURN(shard_group_, world_->NewGroup(shard_ranks, options_.timeout));
+  if (replica_ranks.size() > 1) {
+    SK_ASSIGN_OR_RETURN(replicate_group_, world_->NewGroup(replica_ranks, options_.timeout));
+  }
+  float p = options_.gradient_predivide_factor > 0 ? options_.gradient_predivide_factor
+                                                   : AutoPredivide(n);
+  pre_scale_ = 1.f / p;
+  post_scale_ = p / static_cast<float>(n);
+
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(allocator_->device()));
+  std::string tag = " (rank " + std::to_string(r) + ")";
+  SK_ASSIGN_OR_RETURN(ag_stream_, device->CreateStream("all-gather" + tag));
+  SK_ASSIGN_OR_RETURN(rs_stream_, device->CreateStream("reduce" + tag));
+  SK_ASSIGN_OR_RETURN(compute_stream_, device->CreateStream("compute" + tag));
+  activation_allocator_ = std::make_unique<StreamAllocator>(allocator_, compute_stream_.get());
+  ag_allocator_ = std::make_unique<StreamAllocator>(allocator_, ag_stream_.get());
+  rs_allocator_ = std::make_unique<StreamAllocator>(allocator_, rs_stream_.get());
+  Allocator& shard_alloc = options_.cpu_offload ? *offload_ : *activation_allocator_;
+
+  const int shard_rank = shard_group_->rank();
+  flat_.resize(units_.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    std::vector<std::pair<std::string, Shape>> params;
+    for (const ParamSpec& p : units_[u].params) params.emplace_back(p.name, p.shape);
+    SK_ASSIGN_OR_RETURN(flat_[u].layout, FlatParamLayout::Make(params, shard_size_));
+    const FlatParamLayout& layout = flat_[u].layout;
+    SK_ASSIGN_OR_RETURN(flat_[u].master, shard_alloc.Empty(DType::kF32, Shape{layout.shard_numel()}));
+    SK_ASSIGN_OR_RETURN(flat_[u].grad, shard_alloc.Empty(DType::kF32, Shape{layout.shard_numel()}));
+    float* master = flat_[u].master.data_as<float>();
+    std::memset(master, 0, flat_[u].master.nbytes());
+    std::memset(flat_[u].grad.data(), 0, flat_[u].grad.nbytes());
+    // Deferred initialisation: only this rank's slices are ever computed.
+    for (const auto& s : layout.ShardSlices(shard_rank)) {
+      const ParamSpec& spec = units_[u].params[s.param];
+      SK_RETURN_IF_ERROR(InitializeSlice(spec.init, options_.seed,
+                                         ParamIdFromName(FullParamName(units_[u], spec)),
+                                         s.param_begin, s.param_end, master + s.shard_offset));
+    }
+  }
+  if (ParamsPersistent()) {
+    for (int u = 0; u < num_units(); ++u) {
+      SK_RETURN_IF_ERROR(IssueAllGather(u, false));
+      SK_RETURN_IF_ERROR(WaitAndViews(u, flat_[u].full).status());
+    }
+  }
+  TraceRecorder::Global().NameProcess(r, "rank " + std::to_string(r));
+  return OkStatus();
+}
+
+Status FullyShardedModel::CheckUnit(int unit, const char* call) const {
+  if (unit < 0 || unit >= num_units()) {
+    return InvalidArgumentError(std::string(call) + ": unit index " + std::to_string(unit) +
+                                " out of range (the model has " + std::to_string(num_units()) +
+                                " units)");
+  }
+  return OkStatus();
+}
+
+Status FullyShardedModel::Expect(int unit, UnitState want, const char* call) const {
+  if (flat_[unit].state != want) {
+    return FailedPreconditionError(std::string(call) + " of unit '" + units_[unit].name + "' (" +
+                                   std::to_string(unit) + ") in state '" +
+                                   StateName(flat_[unit].state) + "', expected '" +
+                                   StateName(want) + "'");
+  }
+  return OkStatus();
+}
+
+int FullyShardedModel::UnshardedAlive() const {
+  if (ParamsPersistent()) return 0;
+  int alive = 0;
+  for (const FlatUnit& f : flat_) {
+    // A unit kept unsharded after its forward (SHARD_GRAD_OP) is not in flight.
+    if (f.full.defined() && f.state != UnitState::kForwardDone) ++alive;
+  }
+  return alive;
+}
+
+Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
+  FlatUnit& f = flat_[unit];
+  if (f.full.defined()) return OkStatus();
+  if (prefetch && options_.all_gather_limit > 0 && UnshardedAlive() >= options_.all_gather_limit) {
+    ++counters_.prefetches_deferred;
+    return OkStatus();
+  }
+  const DType dt = options_.mixed_precision.param_dtype;
+  const int64_t shard = f.layout.shard_numel();
+  SK_ASSIGN_OR_RETURN(Tensor full, ag_allocator_->Empty(dt, Shape{f.layout.padded_numel()}));
+  const size_t offset = static_cast<size_t>(shard_group_->rank() * shard) * DTypeSize(dt);
+  SK_ASSIGN_OR_RETURN(Tensor input, full.View(offset, dt, Shape{shard}));
+  // Cast (and, with offload, copy in) the master shard on the all-gather
+  // stream, in stream order before the collective reads it.
+  Tensor master = f.master;
+  SK_RETURN_IF_ERROR(ag_stream_->Enqueue([master, input, dt, shard]() {
+    return ConvertElements(master.data(), DType::kF32, input.data(), dt, static_cast<size_t>(shard));
+  }));
+  comm::CollectiveOptions co;
+  co.timeout = options_.timeout;
+  SK_ASSIGN_OR_RETURN(f.gather_work, shard_group_->all_gather(full, input, *ag_stream_, co));
+  f.full = std::move(full);
+  ++counters_.all_gathers;
+  counters_.all_gather_bytes += Bytes(f.full);
+  if (prefetch) ++counters_.prefetches;
+  all_gather_log_.push_back(unit);
+  counters_.max_unsharded_alive = std::max(counters_.max_unsharded_alive, UnshardedAlive());
+  return OkStatus();
+}
+
+StatusOr<std::vector<Tensor>> FullyShardedModel::WaitAndViews(int unit, const Tensor& full) {
+  FlatUnit& f = flat_[unit];
+  if (f.gather_work) {
+    Status s = f.gather_work->wait(options_.timeout);
+    if (!s.ok()) return s.WithContext("all-gather of unit '" + units_[unit].name + "'");
+    f.gather_work.reset();
+  }
+  const DType dt = options_.mixed_precision.param_dtype;
+  std::vector<Tensor> views;
+  for (const auto& p : f.layout.params()) {
+    SK_ASSIGN_OR_RETURN(Tensor v, full.View(static_cast<size_t>(p.offset) * DTypeSize(dt), dt, p.shape));
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
+void FullyShardedModel::Free(int unit) {
+  if (ParamsPersistent()) return;
+  flat_[unit].full = Tensor();
+  flat_[unit].gather_work.reset();
+}
+
+Status FullyShardedModel::Prefetch(const std::vector<int>& candidates) {
+  for (int c : candidates) {
+    if (flat_[c].full.defined()) continue;
+    if (options_.all_gather_limit > 0 && UnshardedAlive() >= options_.all_gather_limit) {
+      ++counters_.prefetches_deferred;
+      return OkStatus();
+    }
+    SK_RETURN_IF_ERROR(IssueAllGather(c, true));
+  }
+  return OkStatus();
+}
+
+Status FullyShardedModel::Fail(Status s) {
+  for (auto& w : pending_reductions_) w->wait(options_.timeout).IgnoreError();
+  pending_reductions_.clear();
+  rs_stream_->Synchronize(options_.timeout).IgnoreError();
+  ag_stream_->Synchronize(options_.timeout).IgnoreError();
+  rs_stream_->ClearError();
+  ag_stream_->ClearError();
+  for (int u = 0; u < num_units(); ++u) {
+    FlatUnit& f = flat_[u];
+    f.state = UnitState::kIdle;
+    if (!ParamsPersistent()) {
+      f.full = Tensor();
+      f.gather_work.reset();
+    }
+    f.full_grad = Tensor();
+    std::memset(f.grad.data(), 0, f.grad.nbytes());
+  }
+  return s;
+}
+
+StatusOr<std::vector<Tensor>> FullyShardedModel::PreForward(int unit) {
+  SK_RETURN_IF_ERROR(CheckUnit(unit, "PreForward"));
+  FlatUnit& f = flat_[unit];
+  if (f.state != UnitState::kIdle && f.state != UnitState::kForwardDone) {
+    return Expect(unit, UnitState::kIdle, "PreForward");
+  }
+  if (std::find(forward_order_.begin(), forward_order_.end(), unit) != forward_order_.end()) {
+    last_forward_order_ = std::move(forward_order_);  // a new forward pass begins
+    forward_order_.clear();
+  }
+  forward_order_.push_back(unit);
+  TraceSpan span("pre_forward " + units_[unit].name, "fsdp", rank(), 0);
+  Status s = IssueAllGather(unit, false);
+  if (!s.ok()) return Fail(s);
+  if (options_.forward_prefetch && !last_forward_order_.empty()) {
+    auto it = std::find(last_forward_order_.begin(), last_forward_order_.end(), unit);
+    if (it != last_forward_order_.end()) {
+      s = Prefetch(std::vector<int>(it + 1, last_forward_order_.end()));
+      if (!s.ok()) return Fail(s);
+    }
+  }
+  StatusOr<std::vector<Tensor>> views = WaitAndViews(unit, f.full);
+  if (!views.ok()) return Fail(views.status());
+  f.state = UnitState::kForward;
+  return views;
+}
+
+Status FullyShardedModel::PostForward(int unit) {
+  SK_RETURN_IF_ERROR(CheckUnit(unit, "PostForward"));
+  SK_RETURN_IF_ERROR(Expect(unit, UnitState::kForward, "PostForward"));
+  if (ReshardAfterForward()) Free(unit);
+  flat_[unit].state = UnitState::kForwardDone;
+  return OkStatus();
+}
+
+StatusOr<UnitBackwardBuffers> FullyShardedModel::PreBackward(int unit) {
+  SK_RETURN_IF_ERROR(CheckUnit(unit, "PreBackward"));
+  SK_RETURN_IF_ERROR(Expect(unit, UnitState::kForwardDone, "PreBackward"));
+  FlatUnit& f = flat_[unit];
+  TraceSpan span("pre_backward " + units_[unit].name, "fsdp", rank(), 0);
+  Status s = IssueAllGather(unit, false);
+  if (!s.ok()) return Fail(s);
+  f.state = UnitState::kBackward;  // in use: counts as in flight from here
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre) {
+    auto it = std::find(forward_order_.begin(), forward_order_.end(), unit);
+    if (it != forward_order_.end()) {
+      std::vector<int> next(std::make_reverse_iterator(it), forward_order_.rend());
+      s = Prefetch(next);
+      if (!s.ok()) return Fail(s);
+    }
+  }
+  UnitBackwardBuffers buffers;
+  StatusOr<std::vector<Tensor>> views = WaitAndViews(unit, f.full);
+  if (!views.ok()) return Fail(views.status());
+  buffers.params = std::move(*views);
+  const DType gdt = GradDType();
+  if (!f.full_grad.defined()) {
+    StatusOr<Tensor> g = activation_allocator_->Empty(gdt, Shape{f.layout.padded_numel()});
+    if (!g.ok()) return Fail(g.status());
+    std::memset(g->data(), 0, g->nbytes());
+    f.full_grad = std::move(*g);
+  }
+  for (const auto& p : f.layout.params()) {
+    StatusOr<Tensor> v = f.full_grad.View(static_cast<size_t>(p.offset) * DTypeSize(gdt), gdt, p.shape);
+    if (!v.ok()) return Fail(v.status());
+    buffers.grads.push_back(std::move(*v));
+  }
+  return buffers;
+}
+
+Status FullyShardedModel::PostBackward(int unit) {
+  SK_RETURN_IF_ERROR(CheckUnit(unit, "PostBackward"));
+  SK_RETURN_IF_ERROR(Expect(unit, UnitState::kBackward, "PostBackward"));
+  TraceSpan span("post_backward " + units_[unit].name, "fsdp", rank(), 0);
+  flat_[unit].state = UnitState::kIdle;
+  Free(unit);
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost) {
+    auto it = std::find(forward_order_.begin(), forward_order_.end(), unit);
+    if (it != forward_order_.end()) {
+      Status s = Prefetch(std::vector<int>(std::make_reverse_iterator(it), forward_order_.rend()));
+      if (!s.ok()) return Fail(s);
+    }
+  }
+  if (gradient_sync_) {
+    Status s = ReduceGradients(unit);
+    if (!s.ok()) return Fail(s);
+  }
+  return OkStatus();
+}
+
+Status FullyShardedModel::ReduceGradients(int unit) {
+  FlatUnit& f = flat_[unit];
+  const DType gdt = GradDType();
+  const DType rdt = options_.mixed_precision.reduce_dtype == DType::kInvalid
+                        ? gdt
+                        : options_.mixed_precision.reduce_dtype;
+  const int64_t shard = f.layout.shard_numel();
+  const int64_t padded = f.layout.padded_numel();
+  Tensor full_grad = f.full_grad;
+  SK_RETURN_IF_ERROR(allocator_->RecordStream(*full_grad.storage(), rs_stream_.get()));
+
+  Tensor input = full_grad;
+  if (rdt != gdt) {
+    SK_ASSIGN_OR_RETURN(input, rs_allocator_->Empty(rdt, Shape{padded}));
+    Tensor in = input;
+    SK_RETURN_IF_ERROR(rs_stream_->Enqueue([full_grad, in, gdt, rdt, padded]() {
+      return ConvertElements(full_grad.data(), gdt, in.data(), rdt, static_cast<size_t>(padded));
+    }));
+  }
+  std::shared_ptr<comm::Work> last;
+  Tensor reduced;
+  if (shard_size_ == 1) {
+    // NO_SHARD: the "shard" is the whole flat parameter; only replicas reduce.
+    if (rdt == gdt && !ParamsPersistent()) {
+      reduced = input;
+    } else if (rdt == gdt) {
+      // The persistent full gradient is zeroed after its reduction: reduce a copy.
+      SK_ASSIGN_OR_RETURN(reduced, rs_allocator_->Empty(rdt, Shape{padded}));
+      Tensor dst = reduced;
+      SK_RETURN_IF_ERROR(rs_stream_->Enqueue([dst, input]() {
+        std::memcpy(dst.data(), input.data(), input.nbytes());
+        return OkStatus();
+      }));
+    } else {
+      reduced = input;
+    }
+    if (replicate_group_) {
+      comm::ReduceOptions ro;
+      ro.op = comm::ReduceOp::kSum;
+      ro.pre_scale = pre_scale_;
+      ro.post_scale = post_scale_;
+      ro.timeout = options_.timeout;
+      SK_ASSIGN_OR_RETURN(last, replicate_group_->all_reduce(reduced, *rs_stream_, ro));
+      ++counters_.all_reduces;
+      counters_.all_reduce_bytes += Bytes(reduced);
+      counters_.replica_bytes += Bytes(reduced);
+    }
+  } else {
+    SK_ASSIGN_OR_RETURN(reduced, rs_allocator_->Empty(rdt, Shape{shard}));
+    comm::ReduceOptions ro;
+    ro.op = comm::ReduceOp::kSum;
+    ro.pre_scale = pre_scale_;
+    ro.post_scale = replicate_group_ ? 1.f : post_scale_;
+    ro.timeout = options_.timeout;
+    SK_ASSIGN_OR_RETURN(last, shard_group_->reduce_scatter(reduced, input, *rs_stream_, ro));
+    ++counters_.reduce_scatters;
+    counters_.reduce_scatter_bytes += Bytes(input);
+    if (replicate_group_) {
+      comm::ReduceOptions ar;
+      ar.op = comm::ReduceOp::kSum;
+      ar.post_scale = post_scale_;
+      ar.timeout = options_.timeout;
+      SK_ASSIGN_OR_RETURN(last, replicate_group_->all_reduce(reduced, *rs_stream_, ar));
+      ++counters_.all_reduces;
+      counters_.all_reduce_bytes += Bytes(reduced);
+      counters_.replica_bytes += Bytes(reduced);
+    }
+  }
+  // Accumulate into the f32 gradient shard, in stream order after the reduction.
+  Tensor grad = f.grad;
+  SK_RETURN_IF_ERROR(rs_stream_->Enqueue([grad, reduced, rdt, shard]() {
+    float* g = grad.data_as<float>();
+    const void* src = reduced.data();
+    if (rdt == DType::kF32) {
+      const float* s = static_cast<const float*>(src);
+      for (int64_t i = 0; i < shard; ++i) g[i] += s[i];
+    } else {
+      for (int64_t i = 0; i < shard; ++i) g[i] += LoadAsFloat(src, rdt, static_cast<size_t>(i));
+    }
+    return OkStatus();
+  }));
+  if (ParamsPersistent()) {
+    // SHARD_OPTIM and NO_SHARD keep their full gradient: clear it once read.
+    SK_RETURN_IF_ERROR(rs_stream_->Enqueue([full_grad]() {
+      std::memset(full_grad.data(), 0, full_grad.nbytes());
+      return OkStatus();
+    }));
+  } else {
+    f.full_grad = Tensor();  // the reduce stream's closures keep it alive until read
+  }
+  if (last) pending_reductions_.push_back(std::move(last));
+  return OkStatus();
+}
+
+Status FullyShardedModel::WaitPendingReductions() {
+  while (!pending_reductions_.empty()) {
+    std::shared_ptr<comm::Work> w = pending_reductions_.front();
+    pending_reductions_.pop_front();
+    Status s = w->wait(options_.timeout);
+    if (!s.ok()) return s.WithContext("gradient reduction");
+  }
+  Status s = rs_stream_->Synchronize(options_.timeout);
+  if (!s.ok()) return s.WithContext("reduce stream");
+  return OkStatus();
+}
+
+Status FullyShardedModel::FinishBackward() {
+  for (int u = 0; u < num_units(); ++u) {
+    if (flat_[u].state == UnitState::kForward || flat_[u].state == UnitState::kBackward) {
+      return FailedPreconditionError("FinishBackward while unit '" + units_[u].name +
+                                     "' is in state '" + StateName(flat_[u].state) + "'");
+    }
+  }
+  Status s = WaitPendingReductions();
+  if (!s.ok()) return Fail(s);
+  return OkStatus();
+}
+
+StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type) {
+  if (!(max_norm >= 0) || !std::isfinite(max_norm)) {
+    return InvalidArgumentError("max_norm must be finite and >= 0 (0 = only compute the norm)");
+  }
+  if (type != NormType::kL2 && type != NormType::kInf) return InvalidArgumentError("unknown norm type");
+  SK_RETURN_IF_ERROR(FinishBackward());
+  std::vector<const float*> grads;
+  std::vector<int64_t> sizes;
+  for (const FlatUnit& f : flat_) {
+    grads.push_back(f.grad.data_as<float>());
+    sizes.push_back(f.layout.shard_numel());
+  }
+  double partial = LocalGradNormPartial(grads, sizes, type);
+  // Replicas hold identical shards: combine over the shard group only.
+  comm::ProcessGroup& g = *shard_group_;
+  double combined = partial;
+  if (g.size() > 1) {
+    comm::CollectiveOptions co;
+    co.timeout = options_.timeout;
+    SK_ASSIGN_OR_RETURN(Tensor mine, activation_allocator_->Empty(DType::kF32, Shape{1}));
+    SK_ASSIGN_OR_RETURN(Tensor all, activation_allocator_->Empty(DType::kF32, Shape{g.size()}));
+    // Send the partial as f32: its relative error (1e-7) is far below any use.
+    mine.data_as<float>()[0] = static_cast<float>(partial);
+    SK_ASSIGN_OR_RETURN(auto w, g.all_gather(all, mine, *compute_stream_, co));
+    SK_RETURN_IF_ERROR(w->wait(options_.timeout).WithContext("clip_grad_norm"));
+    combined = 0;
+    for (int i = 0; i < g.size(); ++i) {
+      double v = all.data_as<float>()[i];
+      combined = type == NormType::kL2 ? combined + v : std::max(combined, v);
+    }
+  }
+  double norm = FinishGradNorm(combined, type);
+  if (max_norm > 0) {
+    std::vector<float*> mut;
+    for (FlatUnit& f : flat_) mut.push_back(f.grad.data_as<float>());
+    ClipGradientsToNorm(mut, sizes, norm, max_norm);
+  }
+  return norm;
+}
+
+Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
+  SK_RETURN_IF_ERROR(FinishBackward());
+  std::vector<ShardRef> refs;
+  for (int u = 0; u < num_units(); ++u) {
+    refs.push_back(ShardRef{u, flat_[u].master.data_as<float>(), flat_[u].grad.data_as<float>(),
+                            flat_[u].layout.shard_numel()});
+  }
+  SK_RETURN_IF_ERROR(optimizer.Step(refs));
+  if (ParamsPersistent()) {
+    // The full parameters are stale: gather the updated shards.
+    for (int u = 0; u < num_units(); ++u) {
+      flat_[u].full = Tensor();
+      SK_RETURN_IF_ERROR(IssueAllGather(u, false));
+    }
+    for (int u = 0; u < num_units(); ++u) {
+      StatusOr<std::vector<Tensor>> v = WaitAndViews(u, flat_[u].full);
+      if (!v.ok()) return Fail(v.status());
+    }
+  } else {
+    // SHARD_GRAD_OP kept units unsharded after a forward-only pass: refresh.
+    for (int u = 0; u < num_units(); ++u) {
+      if (flat_[u].full.defined()) Free(u);
+      flat_[u].state = UnitState::kIdle;
+    }
+  }
+  return OkStatus();
+}
+
+void FullyShardedModel::ZeroGrad() {
+  WaitPendingReductions().IgnoreError();
+  for (FlatUnit& f : flat_) {
+    std::memset(f.grad.data(), 0, f.grad.nbytes());
+    if (f.full_grad.defined()) {
+      if (ParamsPersistent()) {
+        std::memset(f.full_grad.data(), 0, f.full_grad.nbytes());
+      } else {
+        f.full_grad = Tensor();
+      }
+    }
+  }
+}
+
+StatusOr<Tensor> FullyShardedModel::GatherFullParam(int unit, int param) {
+  SK_RETURN_IF_ERROR(CheckUnit(unit, "GatherFullParam"));
+  const FlatUnit& f = flat_[unit];
+  if (param < 0 || param >= static_cast<int>(f.layout.params().size())) {
+    return InvalidArgumentError("parameter index " + std::to_string(param) + " out of range for unit '" +
+                                units_[unit].name + "'");
+  }
+  const int64_t shard = f.layout.shard_numel();
+  SK_ASSIGN_OR_RETURN(Tensor full, ag_allocator_->Empty(DType::kF32, Shape{f.layout.padded_numel()}));
+  SK_ASSIGN_OR_RETURN(Tensor input, full.View(static_cast<size_t>(shard_group_->rank() * shard) * 4,
+                                              DType::kF32, Shape{shard}));
+  std::memcpy(input.data(), f.master.data(), f.master.nbytes());
+  comm::CollectiveOptions co;
+  co.timeout = options_.timeout;
+  SK_ASSIGN_OR_RETURN(auto w, shard_group_->all_gather(full, input, *ag_stream_, co));
+  SK_RETURN_IF_ERROR(w->wait(options_.timeout));
+  const auto& p = f.layout.params()[param];
+  SK_ASSIGN_OR_RETURN(Tensor out, HostAllocator::Default().Empty(DType::kF32, p.shape));
+  std::memcpy(out.data(), full.data_as<float>() + p.offset, out.nbytes());
+  return out;
+}
+
+Status FullyShardedModel::LoadFullParams(int unit, const std::vector<Tensor>& params) {
+  SK_RETURN_IF_ERROR(CheckUnit(unit, "LoadFullParams"));
+  FlatUnit& f = flat_[unit];
+  const auto& specs = f.layout.params();
+  if (params.size() != specs.size()) {
+    return InvalidArgumentError("unit '" + units_[unit].name + "' has " + std::to_string(specs.size()) +
+                                " parameters, got " + std::to_string(params.size()));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (params[i].dtype() != DType::kF32 || params[i].shape() != specs[i].shape) {
+      return InvalidArgumentError("parameter '" + units_[unit].name + "." + specs[i].name + "' must be f32" +
+                                  specs[i].shape.ToString() + ", got " + params[i].ToString());
+    }
+  }
+  float* master = f.master.data_as<float>();
+  for (const auto& s : f.layout.ShardSlices(shard_group_->rank())) {
+    std::memcpy(master + s.shard_offset, params[s.param].data_as<float>() + s.param_begin,
+                static_cast<size_t>(s.param_end - s.param_begin) * 4);
+  }
+  if (ParamsPersistent()) {
+    f.full = Tensor();
+    SK_RETURN_IF_ERROR(IssueAllGather(unit, false));
+    SK_RETURN_IF_ERROR(WaitAndViews(unit, f.full).status());
+  }
+  return OkStatus();
+}
+
+Status FullyShardedModel::LoadMasterShard(int unit, const float* data, int64_t n) {
+  SK_RETURN_IF_ERROR(CheckUnit(unit, "LoadMasterShard"));
+  FlatUnit& f = flat_[unit];
+  if (n != f.layout.shard_numel() || (n > 0 && data == nullptr)) {
+    return InvalidArgumentError("master shard of unit '" + units_[unit].name + "' has " +
+                                std::to_string(f.layout.shard_numel()) + " elements, got " +
+                                std::to_string(n));
+  }
+  std::memcpy(f.master.data(), data, static_cast<size_t>(n) * 4);
+  if (ParamsPersistent()) {
+    f.full = Tensor();
+    SK_RETURN_IF_ERROR(IssueAllGather(unit, false));
+    SK_RETURN_IF_ERROR(WaitAndViews(unit, f.full).status());
+  }
+  return OkStatus();
+}
+
+}  // namespace sk

@@ -1,0 +1,276 @@
+// FullyShardedModel: FSDP (ZeRO-1/2/3, hybrid, DDP-like) around any model that
+// drives UnitHooks (runtime/nn/model.h).
+//
+// Every strategy is one recipe over a 2-D mesh of ranks, replicate x shard,
+// with a shard group of F ranks and N/F replicas:
+//
+//   strategy              F        unsharded params live          grads
+//   FULL_SHARD (ZeRO-3)   N        PreForward..PostForward,       reduce-scatter
+//                                  PreBackward..PostBackward
+//   SHARD_GRAD_OP (ZeRO-2) N       PreForward..PostBackward       reduce-scatter
+//   SHARD_OPTIM (ZeRO-1)  N        always (re-gathered after      reduce-scatter from a
+//                                  each optimizer step)           persistent full grad
+//   NO_SHARD (DDP-like)   1        always                         all-reduce
+//   HYBRID_SHARD          F        as FULL_SHARD                  reduce-scatter in the shard
+//   HYBRID_SHARD_GRAD_OP  F        as SHARD_GRAD_OP               group, all-reduce of the
+//                                                                 shard across replicas
+//
+// Each unit's parameters form one flat parameter (flat_param.h); each rank
+// keeps an f32 master shard of it, materialised directly from the
+// counter-based initialiser (deferred initialisation: the full unit never
+// exists on any rank). The optimizer steps on master shards only.
+//
+// Streams. Per rank there are three CPU streams: "all-gather", "reduce" and
+// "compute". The model computes on the calling thread, which plays the
+// compute stream (its allocations are owned by "compute"). All-gathers run on
+// the all-gather stream and are waited for (Work::wait) just before a unit
+// computes, so a prefetched all-gather overlaps the previous unit's compute.
+// Reduce-scatters run on the reduce stream behind the backward pass; the
+// full gradient buffer is record_stream'ed onto it so the allocator does not
+// hand it out again before the reduction has read it.
+//
+// Prefetch and the rate limiter. The execution order of units is recorded
+// during forward. BACKWARD_PRE issues the next unit's (in reverse forward
+// order) all-gather in PreBackward, before the current unit's gradients are
+// computed; BACKWARD_POST issues it in PostBackward, after they are; forward
+// prefetch does the same in PreForward with the order recorded by the
+// previous step. The rate limiter bounds how many unsharded flat parameters
+// may be alive at once (default 2): a prefetch beyond the bound is deferred
+// until a unit is freed. On a GPU that bound is what stops the CPU thread
+// from racing ahead and over-allocating; here, where the issuing thread is the
+// compute thread, "off" means prefetching every remaining unit at once, which
+// reproduces the same over-allocation. A unit needed right now is always
+// gathered.
+//
+// Mixed precision. param_dtype is what the model computes in (the gathered
+// flat parameter's dtype); reduce_dtype is what gradients are communicated in;
+// master shards, gradient shards and optimizer state are always f32.
+// Gradients are pre-divided by a factor p and post-divided by N/p (p chosen
+// as PyTorch does: the largest power of two with p * p < N dividing N) so
+// low-precision sums do not overflow.
+//
+// Errors. Every call out of order is FailedPrecondition naming the unit and
+// its state. A failing collective fails the hook that waited for it; the step
+// is then abandoned: every unit returns to idle, unsharded buffers are freed,
+// and gradients are zeroed. Master shards and optimizer state are only
+// changed by OptimizerStep, so a failed step loses nothing.
+//
+// Thread safety: one FullyShardedModel per rank, used by one thread.
+#ifndef SHARDKIT_RUNTIME_FSDP_FSDP_H_
+#define SHARDKIT_RUNTIME_FSDP_FSDP_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/process_group.h"
+#include "runtime/core/status.h"
+#include "runtime/core/tensor.h"
+#include "runtime/fsdp/flat_param.h"
+#include "runtime/memory/caching_allocator.h"
+#include "runtime/nn/model.h"
+#include "runtime/optim/optimizer.h"
+
+namespace sk {
+
+// Values are part of the C ABI: never renumbered; 0 means "default".
+enum class ShardingStrategy : int {
+  kDefault = 0,  // FULL_SHARD
+  kFullShard = 1,
+  kShardGradOp = 2,
+  kShardOptim = 3,
+  kNoShard = 4,
+  kHybridShard = 5,
+  kHybridShardGradOp = 6,
+};
+
+enum class BackwardPrefetch : int {
+  kDefault = 0,  // BACKWARD_PRE
+  kNone = 1,
+  kBackwardPre = 2,
+  kBackwardPost = 3,
+};
+
+// "FULL_SHARD", ...; and the inverse (accepts the lower-case forms too).
+const char* ShardingStrategyName(ShardingStrategy s);
+StatusOr<ShardingStrategy> ParseShardingStrategy(const std::string& name);
+const char* BackwardPrefetchName(BackwardPrefetch p);
+StatusOr<BackwardPrefetch> ParseBackwardPrefetch(const std::string& name);
+
+struct MixedPrecisionPolicy {
+  DType param_dtype = DType::kF32;
+  // kInvalid: same as param_dtype.
+  DType reduce_dtype = DType::kInvalid;
+  // Dtype of model buffers (non-parameter state). The reference models have
+  // none; validated and kept for models that do.
+  DType buffer_dtype = DType::kInvalid;
+};
+
+struct FsdpOptions {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  // Ranks per shard group for the hybrid strategies (must divide the world
+  // size; 0 = LOCAL_WORLD_SIZE from the environment, else the world size).
+  int shard_group_size = 0;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
+  bool forward_prefetch = false;
+  // Most unsharded flat parameters alive at once; 0 = no limit.
+  int all_gather_limit = 2;
+  MixedPrecisionPolicy mixed_precision;
+  // Keep master shards, gradient shards and optimizer state in host memory
+  // outside the device allocator (see offload_allocator in Create).
+  bool cpu_offload = false;
+  // 0 = automatic (see above).
+  float gradient_predivide_factor = 0.f;
+  // Seed of the counter-based initialiser.
+  uint64_t seed = 0;
+  // Timeout of every collective and wait.
+  Duration timeout = kDefaultTimeout;
+};
+
+// InvalidArgument naming the field.
+Status ValidateFsdpOptions(const FsdpOptions& options, int world_size);
+
+// Counters of one rank since creation (or ResetCounters).
+struct FsdpCounters {
+  int64_t all_gathers = 0;
+  int64_t reduce_scatters = 0;
+  int64_t all_reduces = 0;
+  int64_t prefetches = 0;
+  int64_t prefetches_deferred = 0;  // held back by the rate limiter
+  int max_unsharded_alive = 0;      // most unsharded flat params alive at once
+  int64_t all_gather_bytes = 0;     // nccl-tests bytes (output of all_gather)
+  int64_t reduce_scatter_bytes = 0;
+  int64_t all_reduce_bytes = 0;
+  int64_t replica_bytes = 0;        // all-reduce bytes across replicas (hybrid, NO_SHARD)
+};
+
+class FullyShardedModel final : public UnitHooks {
+ public:
+  // Wraps `units` (the model's) for this rank of `world`. Collective: every
+  // rank calls it with the same units and options. `allocator` holds the
+  // device memory (gathered params, gradients, activations through
+  // activation_allocator()); `offload_allocator` holds master/grad shards
+  // with cpu_offload (HostAllocator::Default() when null). Both must outlive
+  // the model, as must `world`.
+  static StatusOr<std::unique_ptr<FullyShardedModel>> Create(
+      const std::vector<UnitSpec>& units, comm::ProcessGroup* world, CachingAllocator* allocator,
+      const FsdpOptions& options, Allocator* offload_allocator = nullptr);
+  ~FullyShardedModel() override;
+
+  // UnitHooks, driven by Model::ForwardBackward / Forward.
+  StatusOr<std::vector<Tensor>> PreForward(int unit) override;
+  Status PostForward(int unit) override;
+  StatusOr<UnitBackwardBuffers> PreBackward(int unit) override;
+  Status PostBackward(int unit) override;
+
+  // The allocator to pass to the model for activations (the compute stream's).
+  Allocator& activation_allocator() { return *activation_allocator_; }
+
+  // Gradient synchronisation for the following backward passes (no_sync when
+  // false): gradients accumulate unsharded and locally until a backward with
+  // sync enabled reduces the total.
+  void set_gradient_sync(bool enabled) { gradient_sync_ = enabled; }
+  bool gradient_sync() const { return gradient_sync_; }
+
+  // Waits for every outstanding reduction of this step. Call after the last
+  // backward of a step, before clipping and the optimizer step.
+  Status FinishBackward();
+  // The total gradient norm over all ranks' shards (collective). With
+  // max_norm > 0, scales the gradients so the norm is at most max_norm.
+  StatusOr<double> ClipGradNorm(double max_norm, NormType type = NormType::kL2);
+  // Steps `optimizer` on every unit's master shard (slot = unit index), then,
+  // for SHARD_OPTIM and NO_SHARD, refreshes the persistent full parameters.
+  Status OptimizerStep(Optimizer& optimizer);
+  // Zeroes the gradient shards (and accumulated no_sync gradients).
+  void ZeroGrad();
+
+  const FsdpOptions& options() const { return options_; }
+  int rank() const { return world_->rank(); }
+  int world_size() const { return world_->size(); }
+  int shard_group_size() const { return shard_size_; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  const FlatParamLayout& layout(int unit) const { return flat_[unit].layout; }
+  // The unit's f32 master shard and gradient shard on this rank.
+  const Tensor& master_shard(int unit) const { return flat_[unit].master; }
+  const Tensor& grad_shard(int unit) const { return flat_[unit].grad; }
+  // Execution order recorded by the last forward.
+  const std::vector<int>& forward_order() const { return forward_order_; }
+  // Unit indices in the order their all-gathers were issued (for tests).
+  const std::vector<int>& all_gather_log() const { return all_gather_log_; }
+  void ClearAllGatherLog() { all_gather_log_.clear(); }
+  const FsdpCounters& counters() const { return counters_; }
+  void ResetCounters() { counters_ = FsdpCounters(); }
+
+  // The full f32 value of parameter `param` of `unit` (collective over the
+  // shard group: every member calls it).
+  StatusOr<Tensor> GatherFullParam(int unit, int param);
+  // Overwrites the master shards from full f32 parameters (one per
+  // ParamSpec), keeping only this rank's slices. InvalidArgument on shape
+  // mismatch; nothing changes then.
+  Status LoadFullParams(int unit, const std::vector<Tensor>& params);
+  // Overwrites the master shard of `unit` directly (checkpoint loading at the
+  // same layout). InvalidArgument on size mismatch.
+  Status LoadMasterShard(int unit, const float* data, int64_t n);
+  // Shard group and replicate group of this rank (for checkpoints and tests).
+  comm::ProcessGroup& shard_group() { return *shard_group_; }
+  comm::ProcessGroup* replicate_group() { return replicate_group_.get(); }
+
+ private:
+  enum class UnitState { kIdle, kForward, kForwardDone, kBackward };
+  static const char* StateName(UnitState s);
+
+  struct FlatUnit {
+    FlatParamLayout layout;
+    Tensor master;           // f32 [shard]
+    Tensor grad;             // f32 [shard], accumulated reduced gradients
+    Tensor full;             // param_dtype [padded], alive while unsharded
+    std::shared_ptr<comm::Work> gather_work;  // pending all-gather into `full`
+    Tensor full_grad;        // grad dtype [padded], alive from PreBackward to its reduction
+    UnitState state = UnitState::kIdle;
+  };
+
+  FullyShardedModel(std::vector<UnitSpec> units, comm::ProcessGroup* world,
+                    CachingAllocator* allocator, Allocator* offload, const FsdpOptions& options);
+  Status Init();
+  bool ParamsPersistent() const;   // SHARD_OPTIM, NO_SHARD: full params never freed
+  bool ReshardAfterForward() const;
+  DType GradDType() const;
+  Status Expect(int unit, UnitState want, const char* call) const;
+  Status CheckUnit(int unit, const char* call) const;
+  // Issues the all-gather of `unit` unless it is gathered or in flight.
+  Status IssueAllGather(int unit, bool prefetch);
+  // Waits for `unit`'s all-gather and returns its parameter views.
+  StatusOr<std::vector<Tensor>> WaitAndViews(int unit, const Tensor& full);
+  void Free(int unit);
+  int UnshardedAlive() const;
+  Status Prefetch(const std::vector<int>& candidates);
+  Status ReduceGradients(int unit);
+  Status Fail(Status s);  // abandons the step, returns s
+  Status WaitPendingReductions();
+
+  std::vector<UnitSpec> units_;
+  comm::ProcessGroup* world_;
+  CachingAllocator* allocator_;
+  Allocator* offload_;
+  FsdpOptions options_;
+  int shard_size_ = 1;
+  std::unique_ptr<comm::ProcessGroup> shard_group_;
+  std::unique_ptr<comm::ProcessGroup> replicate_group_;  // null when there is one replica
+  std::unique_ptr<Stream> ag_stream_, rs_stream_, compute_stream_;
+  std::unique_ptr<StreamAllocator> activation_allocator_;
+  std::unique_ptr<StreamAllocator> ag_allocator_;
+  std::unique_ptr<StreamAllocator> rs_allocator_;
+  std::vector<FlatUnit> flat_;
+  bool gradient_sync_ = true;
+  float pre_scale_ = 1.f, post_scale_ = 1.f;
+  std::vector<int> forward_order_, last_forward_order_;
+  std::vector<int> all_gather_log_;
+  std::deque<std::shared_ptr<comm::Work>> pending_reductions_;
+  FsdpCounters counters_;
+};
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_FSDP_FSDP_H_
