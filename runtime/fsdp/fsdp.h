@@ -30,17 +30,19 @@
 // hand it out again before the reduction has read it.
 //
 // Prefetch and the rate limiter. The execution order of units is recorded
-// during forward. BACKWARD_PRE issues the next unit's (in reverse forward
-// order) all-gather in PreBackward, before the current unit's gradients are
-// computed; BACKWARD_POST issues it in PostBackward, after they are; forward
-// prefetch does the same in PreForward with the order recorded by the
-// previous step. The rate limiter bounds how many unsharded flat parameters
-// may be alive at once (default 2): a prefetch beyond the bound is deferred
-// until a unit is freed. On a GPU that bound is what stops the CPU thread
-// from racing ahead and over-allocating; here, where the issuing thread is the
-// compute thread, "off" means prefetching every remaining unit at once, which
-// reproduces the same over-allocation. A unit needed right now is always
-// gathered.
+// during forward. BACKWARD_PRE prefetches in PreBackward, before the current
+// unit's gradients are computed (while its parameters are still alive);
+// BACKWARD_POST in PostBackward, after they are and after the current unit is
+// freed; forward prefetch in PreForward, by the order the previous step
+// recorded. A prefetch issues the following units' all-gathers, in order,
+// while fewer than `all_gather_limit` unsharded flat parameters are in flight
+// (gathered for a unit that has not finished computing with them); the rest
+// are deferred and gathered when needed. The default limit 2 therefore
+// prefetches one unit ahead, as PyTorch does. On a GPU the limiter is what
+// stops the CPU thread from racing ahead of the device and over-allocating;
+// here the issuing thread is the compute thread, so the limit is the depth of
+// that run-ahead, and "off" (0) prefetches every remaining unit at once,
+// which reproduces the over-allocation. A unit needed now is always gathered.
 //
 // Mixed precision. param_dtype is what the model computes in (the gathered
 // flat parameter's dtype); reduce_dtype is what gradients are communicated in;

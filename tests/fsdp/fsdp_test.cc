@@ -1,0 +1,358 @@
+// FSDP behaviour beyond equivalence: no_sync, clipping, deferred init, the
+// hook protocol, prefetch order, the rate limiter, mixed precision, offload
+// and failures.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "tests/fsdp/fsdp_test_util.h"
+
+namespace sk {
+namespace {
+
+using testing::MakeBatch;
+using testing::RunRanks;
+
+constexpr uint64_t kSeed = 99;
+
+FsdpOptions Options(ShardingStrategy s = ShardingStrategy::kFullShard) {
+  FsdpOptions o;
+  o.strategy = s;
+  o.seed = kSeed;
+  o.timeout = Duration(60'000);
+  return o;
+}
+
+std::unique_ptr<GptModel> Tiny(DType compute = DType::kF32) {
+  ModelOptions mo;
+  mo.compute_dtype = compute;
+  return *GptModel::Create(testing::TinyGpt(), mo);
+}
+
+TEST(FsdpTest, DeferredInitShardsEqualSlicesOfAFullInitBitForBit) {
+  auto model = Tiny();
+  auto full = *OwnedParameters::Create(model->units(), kSeed);
+  RunRanks(3, [&](int rank, comm::ProcessGroup* world) {
+    CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+    auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, Options());
+    for (int u = 0; u < fsdp->num_units(); ++u) {
+      const float* shard = fsdp->master_shard(u).data_as<float>();
+      for (const auto& s : fsdp->layout(u).ShardSlices(rank)) {
+        const float* want = full->param(u, s.param).data_as<float>();
+        EXPECT_EQ(0, std::memcmp(shard + s.shard_offset, want + s.param_begin,
+                                 (s.param_end - s.param_begin) * sizeof(float)))
+            << "unit " << u << " param " << s.param << " rank " << rank;
+      }
+    }
+  });
+}
+
+// M micro-batches with gradient sync off for all but the last equal one
+// batch M times larger (mean losses, so each micro-batch's loss is scaled 1/M
+// by comparing against the mean of the micro-batch means).
+TEST(FsdpTest, NoSyncAccumulationEqualsOneLargerBatch) {
+  auto model = Tiny();
+  constexpr int kWorld = 2, kMicro = 3, kRows = 2;
+  std::vector<std::vector<float>> accumulated(kWorld), large(kWorld);
+  RunRanks(kWorld, [&](int rank, comm::ProcessGroup* world) {
+    CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+    auto a = *FullyShardedModel::Create(model->units(), world, &alloc, Options());
+    for (int m = 0; m < kMicro; ++m) {
+      a->set_gradient_sync(m == kMicro - 1);
+      TokenBatch b = MakeBatch(0, (rank * kMicro + m) * kRows, kRows);
+      ASSERT_TRUE(model->ForwardBackward(b, *a, a->activation_allocator()).ok());
+    }
+    ASSERT_TRUE(a->FinishBackward().ok());
+    auto b = *FullyShardedModel::Create(model->units(), world, &alloc, Options());
+    ASSERT_TRUE(model->ForwardBackward(MakeBatch(0, rank * kMicro * kRows, kMicro * kRows), *b,
+                                       b->activation_allocator()).ok());
+    ASSERT_TRUE(b->FinishBackward().ok());
+    for (int u = 0; u < a->num_units(); ++u) {
+      const float* ga = a->grad_shard(u).data_as<float>();
+      const float* gb = b->grad_shard(u).data_as<float>();
+      for (int64_t i = 0; i < a->layout(u).shard_numel(); ++i) {
+        // Accumulated micro-batch means sum to kMicro times the large batch's mean.
+        EXPECT_NEAR(ga[i] / kMicro, gb[i], 1e-5 * (1 + std::fabs(gb[i]))) << "unit " << u << " elem " << i;
+      }
+    }
+  });
+}
+
+TEST(FsdpTest, ClipGradNormReturnsTheUnshardedNormAndClipsToIt) {
+  auto model = Tiny();
+  constexpr int kWorld = 4, kRows = 1;
+  // The unsharded gradient of the global batch, on one rank.
+  auto owned = *OwnedParameters::Create(model->units(), kSeed);
+  ASSERT_TRUE(model->ForwardBackward(MakeBatch(0, 0, kWorld * kRows), *owned, HostAllocator::Default()).ok());
+  double sq = 0, mx = 0;
+  for (const Tensor& g : owned->all_grads()) {
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      double x = g.data_as<float>()[i];
+      sq += x * x;
+      mx = std::max(mx, std::fabs(x));
+    }
+  }
+  const double want_l2 = std::sqrt(sq);
+  RunRanks(kWorld, [&](int rank, comm::ProcessGroup* world) {
+    CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+    auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, Options());
+    ASSERT_TRUE(model->ForwardBackward(MakeBatch(0, rank * kRows, kRows), *fsdp, fsdp->activation_allocator()).ok());
+    StatusOr<double> inf = fsdp->ClipGradNorm(0, NormType::kInf);
+    ASSERT_TRUE(inf.ok()) << inf.status();
+    EXPECT_NEAR(*inf, mx, 1e-5 * mx);
+    StatusOr<double> l2 = fsdp->ClipGradNorm(want_l2 / 2);
+    ASSERT_TRUE(l2.ok());
+    EXPECT_NEAR(*l2, want_l2, 1e-5 * want_l2);
+    StatusOr<double> after = fsdp->ClipGradNorm(0);
+    EXPECT_NEAR(*after, want_l2 / 2, 1e-4 * want_l2);
+    EXPECT_EQ(fsdp->ClipGradNorm(-1).status().code(), StatusCode::kInvalidArgument);
+  });
+}
+
+TEST(FsdpTest, HookCallsOutOfOrderAreFailedPreconditionNamingUnitAndState) {
+  auto model = Tiny();
+  RunRanks(1, [&](int rank, comm::ProcessGroup* world) {
+    CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+    auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, Options());
+    Status s = fsdp->PostForward(1);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find("'h.0'"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("idle"), std::string::npos) << s;
+    EXPECT_EQ(fsdp->PreBackward(0).status().code(), StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(fsdp->PreForward(0).ok());
+    EXPECT_EQ(fsdp->PreForward(0).status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(fsdp->PostBackward(0).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(fsdp->FinishBackward().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(fsdp->PreForward(99).status().code(), StatusCode::kInvalidArgument);
+    ASSERT_TRUE(fsdp->PostForward(0).ok());
+    // The protocol still works after the rejected calls.
+    ASSERT_TRUE(model->ForwardBackward(MakeBatch(0, 0, 1), *fsdp, fsdp->activation_allocator()).ok());
+  });
+}
+
+// Records, around each FSDP hook, which all-gathers had been issued, so the
+// test can see what was prefetched before a unit's gradients were computed.
+class RecordingHooks final : public UnitHooks {
+ public:
+  explicit RecordingHooks(FullyShardedModel* f) : f_(f) {}
+  StatusOr<std::vector<Tensor>> PreForward(int u) override { return f_->PreForward(u); }
+  Status PostForward(int u) override { return f_->PostForward(u); }
+  StatusOr<UnitBackwardBuffers> PreBackward(int u) override {
+    auto r = f_->PreBackward(u);
+    gathered_before_compute.push_back(f_->all_gather_log());
+    max_alive = std::max(max_alive, f_->counters().max_unsharded_alive);
+    return r;
+  }
+  Status PostBackward(int u) override { return f_->PostBackward(u); }
+  std::vector<std::vector<int>> gathered_before_compute;
+  int max_alive = 0;
+
+ private:
+  FullyShardedModel* f_;
+};
+
+TEST(FsdpTest, BackwardPrefetchIssuesInReverseRecordedOrder) {
+  auto model = Tiny();
+  const int units = static_cast<int>(model->units().size());
+  for (BackwardPrefetch mode : {BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost,
+                                BackwardPrefetch::kNone}) {
+    RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+      CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+      FsdpOptions o = Options();
+      o.backward_prefetch = mode;
+      auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, o);
+      RecordingHooks hooks(fsdp.get());
+      ASSERT_TRUE(model->ForwardBackward(MakeBatch(0, rank, 1), hooks, fsdp->activation_allocator()).ok());
+      std::vector<int> forward(fsdp->forward_order());
+      ASSERT_EQ(static_cast<int>(forward.size()), units);
+      // Backward all-gathers, in issue order, are the reverse forward order.
+      std::vector<int> backward(fsdp->all_gather_log().begin() + units, fsdp->all_gather_log().end());
+      EXPECT_EQ(backward, std::vector<int>(forward.rbegin(), forward.rend())) << BackwardPrefetchName(mode);
+      // When the first backward unit's gradients are about to be computed
+      // (its PreBackward returned), BACKWARD_PRE has already issued the next
+      // unit's all-gather; BACKWARD_POST issues it only after them, in
+      // PostBackward; NONE never issues ahead.
+      for (int k = 0; k + 1 < units; ++k) {
+        const std::vector<int>& log = hooks.gathered_before_compute[k];
+        int next = forward[units - 2 - k];
+        bool issued = std::find(log.begin() + units, log.end(), next) != log.end();
+        if (k == 0 || mode == BackwardPrefetch::kNone) {
+          EXPECT_EQ(issued, mode == BackwardPrefetch::kBackwardPre)
+              << BackwardPrefetchName(mode) << " at backward step " << k;
+        }
+      }
+      if (mode == BackwardPrefetch::kNone) {
+        EXPECT_EQ(fsdp->counters().prefetches, 0);
+      } else {
+        EXPECT_GT(fsdp->counters().prefetches, 0);
+      }
+    });
+  }
+}
+
+TEST(FsdpTest, RateLimiterBoundsUnshardedParametersInFlight) {
+  ModelOptions mo;
+  GptConfig cfg = testing::TinyGpt();
+  cfg.n_layer = 4;
+  auto model = *GptModel::Create(cfg, mo);
+  for (int limit : {1, 2, 3, 0}) {
+    RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+      CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+      FsdpOptions o = Options();
+      o.forward_prefetch = true;
+      o.all_gather_limit = limit;
+      auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, o);
+      for (int step = 0; step < 2; ++step) {  // step 2 forward-prefetches by the recorded order
+        ASSERT_TRUE(model->ForwardBackward(MakeBatch(step, rank, 1), *fsdp, fsdp->activation_allocator()).ok());
+        ASSERT_TRUE(fsdp->FinishBackward().ok());
+      }
+      const FsdpCounters& c = fsdp->counters();
+      if (limit > 0) {
+        EXPECT_LE(c.max_unsharded_alive, limit) << "limit " << limit;
+        if (limit == 1) {
+          EXPECT_EQ(c.prefetches, 0);
+        } else {
+          EXPECT_EQ(c.max_unsharded_alive, limit);
+        }
+        EXPECT_GT(c.prefetches_deferred, 0);
+      } else {
+        // Off: prefetching races ahead and many units are unsharded at once.
+        EXPECT_GT(c.max_unsharded_alive, 3);
+        EXPECT_EQ(c.prefetches_deferred, 0);
+      }
+    });
+  }
+}
+
+TEST(FsdpTest, Bf16MixedPrecisionStaysWithinToleranceOfF32) {
+  auto f32 = Tiny(DType::kF32);
+  auto bf16 = Tiny(DType::kBF16);
+  std::vector<float> loss32(2), loss16(2);
+  for (int run = 0; run < 2; ++run) {
+    RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+      CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+      FsdpOptions o = Options();
+      if (run == 1) o.mixed_precision.param_dtype = DType::kBF16;
+      const GptModel& m = run == 0 ? *f32 : *bf16;
+      auto fsdp = *FullyShardedModel::Create(m.units(), world, &alloc, o);
+      auto opt = *Optimizer::Create(testing::TestOptimizer(), &HostAllocator::Default());
+      float last = 0;
+      for (int s = 0; s < 3; ++s) {
+        fsdp->ZeroGrad();
+        auto loss = m.ForwardBackward(MakeBatch(s, rank * 2, 2), *fsdp, fsdp->activation_allocator());
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        ASSERT_TRUE(fsdp->OptimizerStep(*opt).ok());
+        last = *loss;
+      }
+      (run == 0 ? loss32 : loss16)[rank] = last;
+    });
+  }
+  // bf16 has 8 bits of mantissa: losses agree to about 1%.
+  for (int r = 0; r < 2; ++r) EXPECT_NEAR(loss16[r], loss32[r], 0.02 * loss32[r]);
+}
+
+TEST(FsdpTest, ReduceDtypeBf16ReducesInLowPrecision) {
+  auto model = Tiny();
+  std::vector<std::vector<float>> grads(2);
+  for (int run = 0; run < 2; ++run) {
+    RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+      CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+      FsdpOptions o = Options();
+      if (run == 1) o.mixed_precision.reduce_dtype = DType::kBF16;
+      auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, o);
+      ASSERT_TRUE(model->ForwardBackward(MakeBatch(0, rank, 1), *fsdp, fsdp->activation_allocator()).ok());
+      ASSERT_TRUE(fsdp->FinishBackward().ok());
+      if (rank == 0) {
+        const Tensor& g = fsdp->grad_shard(1);
+        grads[run].assign(g.data_as<float>(), g.data_as<float>() + g.numel());
+      }
+    });
+  }
+  bool any_different = false;
+  double scale = 0;
+  for (float g : grads[0]) scale = std::max(scale, std::fabs(double(g)));
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    // Inputs and the sum are each rounded to bf16 (8 significant bits).
+    EXPECT_NEAR(grads[1][i], grads[0][i], scale / 64);
+    any_different |= grads[1][i] != grads[0][i];
+  }
+  EXPECT_TRUE(any_different) << "bf16 reduction should round";
+}
+
+TEST(FsdpTest, CpuOffloadKeepsShardsOutOfTheDeviceAllocator) {
+  auto model = Tiny();
+  std::vector<int64_t> reserved(2);
+  std::vector<float> losses(2);
+  for (int run = 0; run < 2; ++run) {
+    RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+      CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+      HostAllocator host;
+      FsdpOptions o = Options();
+      o.cpu_offload = run == 1;
+      auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, o, &host);
+      auto opt = *Optimizer::Create(testing::TestOptimizer(), &host);
+      auto loss = model->ForwardBackward(MakeBatch(0, rank, 1), *fsdp, fsdp->activation_allocator());
+      ASSERT_TRUE(loss.ok());
+      ASSERT_TRUE(fsdp->OptimizerStep(*opt).ok());
+      loss = model->ForwardBackward(MakeBatch(1, rank, 1), *fsdp, fsdp->activation_allocator());
+      ASSERT_TRUE(fsdp->FinishBackward().ok());
+      if (rank == 0) {
+        losses[run] = *loss;
+        reserved[run] = alloc.stats().allocated_bytes.current;
+      }
+    });
+  }
+  EXPECT_EQ(losses[0], losses[1]);  // same arithmetic, different memory
+  EXPECT_LT(reserved[1], reserved[0]);
+}
+
+TEST(FsdpTest, TiedParametersAndBadOptionsAreRejectedAtWrapTime) {
+  auto model = Tiny();
+  std::vector<UnitSpec> units = model->units();
+  units[1].name = units[0].name;
+  units[1].params = units[0].params;
+  RunRanks(1, [&](int rank, comm::ProcessGroup* world) {
+    CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+    auto tied = FullyShardedModel::Create(units, world, &alloc, Options());
+    EXPECT_EQ(tied.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(tied.status().message().find("tied"), std::string::npos) << tied.status();
+    FsdpOptions o = Options();
+    o.strategy = static_cast<ShardingStrategy>(77);
+    EXPECT_EQ(FullyShardedModel::Create(model->units(), world, &alloc, o).status().code(),
+              StatusCode::kInvalidArgument);
+    o = Options(ShardingStrategy::kHybridShard);
+    o.shard_group_size = 3;
+    EXPECT_EQ(ValidateFsdpOptions(o, 4).code(), StatusCode::kInvalidArgument);
+    o = Options();
+    o.mixed_precision.param_dtype = DType::kInvalid;
+    EXPECT_NE(ValidateFsdpOptions(o, 1).message().find("param_dtype"), std::string::npos);
+    EXPECT_EQ(FullyShardedModel::Create(model->units(), nullptr, &alloc, Options()).status().code(),
+              StatusCode::kInvalidArgument);
+  });
+}
+
+// A rank that stops taking part makes the others fail within the timeout,
+// and a failed step leaves master shards untouched.
+TEST(FsdpTest, MissingPeerFailsTheStepWithinTheTimeoutAndLosesNothing) {
+  auto model = Tiny();
+  RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+    CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+    FsdpOptions o = Options();
+    o.timeout = Duration(300);
+    auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, o);
+    if (rank == 1) return;  // never trains
+    std::vector<float> before(fsdp->master_shard(0).data_as<float>(),
+                              fsdp->master_shard(0).data_as<float>() + fsdp->master_shard(0).numel());
+    auto loss = model->ForwardBackward(MakeBatch(0, 0, 1), *fsdp, fsdp->activation_allocator());
+    ASSERT_FALSE(loss.ok());
+    EXPECT_EQ(loss.status().code(), StatusCode::kDeadlineExceeded) << loss.status();
+    EXPECT_EQ(0, std::memcmp(before.data(), fsdp->master_shard(0).data(), before.size() * 4));
+    // Every unit is back to idle: a new step may start (and fails the same way).
+    EXPECT_EQ(model->ForwardBackward(MakeBatch(0, 0, 1), *fsdp, fsdp->activation_allocator()).status().code(),
+              StatusCode::kDeadlineExceeded);
+  });
+}
+
+}  // namespace
+}  // namespace sk
