@@ -1,0 +1,169 @@
+// Kernel and model-step micro-benchmarks for runtime/nn.
+//
+//   bazel run -c opt //benchmarks:kernels
+//
+// 1. Peak: the machine's measured f32 FMA throughput (register-only FMA
+//    chains on every core, AVX-512 where the CPU has it, else AVX2), the
+//    denominator of every "of peak" figure below. Measured, not a datasheet.
+// 2. GEMM GFLOP/s for OpenBLAS and oneDNN at square and model-shaped sizes.
+// 3. A training step (forward + backward + SGD) of gpt-1m and gpt-10m:
+//    tokens/s and model-FLOPs utilisation (MFU = model FLOPs / time / peak).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "runtime/nn/configs.h"
+#include "runtime/nn/data.h"
+#include "runtime/nn/kernels.h"
+#include "runtime/nn/optimizer.h"
+#include "runtime/nn/owned_parameters.h"
+
+namespace sk {
+namespace {
+
+constexpr int kChains = 16;  // independent FMA chains: enough to cover FMA latency x ports
+
+__attribute__((target("avx512f"))) double FmaLoopAvx512(int64_t iters) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    // Unrolled so that the chains live in registers, not in the acc[] array.
+#pragma GCC unroll 16
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm512_add_ps(s, acc[i]);
+  benchmark::DoNotOptimize(s);
+  return 2.0 * 16 * kChains * static_cast<double>(iters);
+}
+
+__attribute__((target("avx2,fma"))) double FmaLoopAvx2(int64_t iters) {
+  __m256 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm256_add_ps(s, acc[i]);
+  benchmark::DoNotOptimize(s);
+  return 2.0 * 8 * kChains * static_cast<double>(iters);
+}
+
+bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
+
+// FLOP/s of `threads` threads each running the FMA loop; best of 5.
+double MeasurePeak(int threads) {
+  const int64_t iters = 20'000'000;
+  double best = 0.0;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::vector<double> flops(threads);
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] { flops[t] = HasAvx512() ? FmaLoopAvx512(iters) : FmaLoopAvx2(iters); });
+    }
+    for (auto& th : pool) th.join();
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double total = 0;
+    for (double f : flops) total += f;
+    best = std::max(best, total / sec);
+  }
+  return best;
+}
+
+int Cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+// The all-core peak, measured once.
+double Peak() {
+  static const double peak = MeasurePeak(Cores());
+  return peak;
+}
+
+void BM_PeakFma(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  double peak = 0;
+  for (auto _ : state) peak = MeasurePeak(threads);
+  state.counters["GFLOP/s"] = peak / 1e9;
+  state.SetLabel(HasAvx512() ? "avx512 fma" : "avx2 fma");
+}
+BENCHMARK(BM_PeakFma)->Arg(1)->Arg(2)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+void BM_Gemm(benchmark::State& state) {
+  const GemmBackend backend = static_cast<GemmBackend>(state.range(0));
+  const int64_t m = state.range(1), n = state.range(2), k = state.range(3);
+  std::vector<float> a(m * k), b(k * n), c(m * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 7) * 0.1f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 5) * 0.1f;
+  for (auto _ : state) {
+    Gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n, backend);
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * m * n * k;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_frac"] =
+      benchmark::Counter(flops / Peak(), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(GemmBackendName(backend)));
+}
+
+void GemmShapes(benchmark::internal::Benchmark* b) {
+  const int64_t shapes[][3] = {
+      {256, 256, 256},   {512, 512, 512},   {1024, 1024, 1024}, {2048, 2048, 2048},
+      // gpt-10m at 8 x 256 tokens: qkv, MLP up, MLP down, LM head (forward).
+      {2048, 1152, 384}, {2048, 1536, 384}, {2048, 384, 1536},  {2048, 1024, 384},
+      // Attention scores of one head (T x T x head_dim).
+      {256, 256, 64}};
+  for (int backend : {static_cast<int>(GemmBackend::kOpenBlas), static_cast<int>(GemmBackend::kOneDnn)}) {
+    for (const auto& s : shapes) b->Args({backend, s[0], s[1], s[2]});
+  }
+}
+BENCHMARK(BM_Gemm)->Apply(GemmShapes)->ArgNames({"lib", "m", "n", "k"})->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_GptTrainStep(benchmark::State& state, const char* name, int64_t batch, int64_t seq) {
+  auto cfg = FindModelConfig(name);
+  auto model = CreateModel(*cfg);
+  auto params = OwnedParameters::Create((*model)->units(), 1);
+  auto stream = SyntheticTokenStream(1, cfg->gpt.vocab_size, 100000);
+  if (!model.ok() || !params.ok() || !stream.ok()) {
+    state.SkipWithError("setup failed");
+    return;
+  }
+  auto b = LanguageModelBatch(*stream, batch, seq, 1, 0);
+  int64_t step = 0;
+  for (auto _ : state) {
+    (*params)->ZeroGrad();
+    auto loss = (*model)->ForwardBackward(*b, **params, HostAllocator::Default());
+    if (!loss.ok()) {
+      state.SkipWithError(loss.status().ToString().c_str());
+      return;
+    }
+    if (!SgdStep((*params)->all_params(), (*params)->all_grads(), 1e-3f).ok()) {
+      state.SkipWithError("sgd failed");
+      return;
+    }
+    ++step;
+  }
+  const double tokens = static_cast<double>(batch * seq);
+  const double flops = (*model)->Flops(batch, seq, 0).model_flops;
+  state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["model_GFLOP/s"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["MFU"] = benchmark::Counter(flops / Peak(), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(name) + " gemm=" + std::string(GemmBackendName(DefaultGemmBackend())));
+}
+BENCHMARK_CAPTURE(BM_GptTrainStep, gpt_1m, "gpt-1m", 8, 128)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_GptTrainStep, gpt_10m, "gpt-10m", 8, 256)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(5.0);
+
+}  // namespace
+}  // namespace sk
+
+BENCHMARK_MAIN();

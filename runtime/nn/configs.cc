@@ -1,0 +1,99 @@
+#include "runtime/nn/configs.h"
+
+namespace sk {
+namespace {
+
+NamedModelConfig Gpt(const std::string& name, int64_t vocab, int64_t seq, int64_t layers,
+                     int64_t heads, int64_t d_model, bool gpu, const std::string& description) {
+  NamedModelConfig c;
+  c.name = name;
+  c.family = ModelFamily::kGpt;
+  c.gpt.name = name;
+  c.gpt.vocab_size = vocab;
+  c.gpt.max_seq_len = seq;
+  c.gpt.n_layer = layers;
+  c.gpt.n_head = heads;
+  c.gpt.d_model = d_model;
+  c.seq_len = seq;
+  c.gpu_scale = gpu;
+  c.description = description;
+  return c;
+}
+
+NamedModelConfig T5(const std::string& name, int64_t vocab, int64_t src, int64_t tgt,
+                    int64_t layers, int64_t heads, int64_t d_model, int64_t d_ff, bool gpu,
+                    const std::string& description) {
+  NamedModelConfig c;
+  c.name = name;
+  c.family = ModelFamily::kT5;
+  c.t5.name = name;
+  c.t5.vocab_size = vocab;
+  c.t5.max_source_len = src;
+  c.t5.max_target_len = tgt;
+  c.t5.n_encoder_layers = layers;
+  c.t5.n_decoder_layers = layers;
+  c.t5.n_head = heads;
+  c.t5.d_model = d_model;
+  c.t5.d_ff = d_ff;
+  c.seq_len = tgt;
+  c.source_len = src;
+  c.gpu_scale = gpu;
+  c.description = description;
+  return c;
+}
+
+std::vector<NamedModelConfig> BuildConfigs() {
+  std::vector<NamedModelConfig> v;
+  // Scaled configurations for one small CPU machine.
+  v.push_back(Gpt("gpt-tiny", 64, 16, 2, 2, 32, false, "unit tests"));
+  v.push_back(Gpt("gpt-1m", 256, 128, 4, 4, 128, false, "byte-level, seconds per step on 2 cores"));
+  v.push_back(Gpt("gpt-10m", 1024, 256, 6, 6, 384, false, "CPU benchmark and FSDP harness model"));
+  v.push_back(Gpt("gpt-50m", 4096, 256, 8, 8, 704, false, "memory-bound FSDP experiments on CPU"));
+  v.push_back(T5("t5-tiny", 64, 16, 16, 2, 2, 32, 64, false, "unit tests"));
+  v.push_back(T5("t5-10m", 1024, 128, 128, 4, 4, 256, 1024, false, "CPU encoder-decoder"));
+  v.push_back(T5("t5-60m", 8192, 256, 128, 6, 8, 512, 2048, false, "CPU encoder-decoder, larger"));
+  // The paper's sizes (Zhao et al. 2023, section 6), for GPUs. T5 sizes keep
+  // T5's 24+24 layers and 32128-token vocabulary and choose d_model/d_ff so
+  // that this (simplified) architecture has the paper's parameter count;
+  // GPT-175B is GPT-3's shape.
+  v.push_back(T5("t5-611m", 32128, 512, 512, 24, 16, 1024, 2112, true, "paper's T5-611M"));
+  v.push_back(T5("t5-2.28b", 32128, 512, 512, 24, 32, 2048, 4416, true, "paper's T5-2.28B"));
+  v.push_back(T5("t5-11b", 32128, 512, 512, 24, 64, 4096, 14848, true, "paper's T5-11B"));
+  v.push_back(Gpt("gpt-175b", 50257, 2048, 96, 96, 12288, true, "paper's GPT-175B (GPT-3)"));
+  return v;
+}
+
+}  // namespace
+
+const std::vector<NamedModelConfig>& ModelConfigs() {
+  static const std::vector<NamedModelConfig>* configs =
+      new std::vector<NamedModelConfig>(BuildConfigs());
+  return *configs;
+}
+
+StatusOr<NamedModelConfig> FindModelConfig(const std::string& name) {
+  std::string known;
+  for (const NamedModelConfig& c : ModelConfigs()) {
+    if (c.name == name) return c;
+    known += (known.empty() ? "" : ", ") + c.name;
+  }
+  return NotFoundError("no model config named '" + name + "'; known: " + known);
+}
+
+StatusOr<std::unique_ptr<Model>> CreateModel(const NamedModelConfig& config,
+                                             const ModelOptions& options) {
+  if (config.family == ModelFamily::kGpt) {
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> m, GptModel::Create(config.gpt, options));
+    return std::unique_ptr<Model>(std::move(m));
+  }
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<T5Model> m, T5Model::Create(config.t5, options));
+  return std::unique_ptr<Model>(std::move(m));
+}
+
+StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,
+                                             const ModelOptions& options) {
+  SK_ASSIGN_OR_RETURN(NamedModelConfig c, FindModelConfig(name));
+  return CreateModel(c, options);
+}
+
+}  // namespace sk

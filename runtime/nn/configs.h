@@ -1,0 +1,51 @@
+// Named model configurations: the paper's real sizes (metadata for GPUs; the
+// models can be built and counted anywhere, but training them needs FSDP on
+// accelerators) and scaled sizes that train on a small CPU machine.
+//
+// The table of names, parameter counts and FLOPs per token in
+// README_SECTION.md is printed by //runtime/nn:model_table from these
+// definitions, so it cannot drift from the code.
+#ifndef SHARDKIT_RUNTIME_NN_CONFIGS_H_
+#define SHARDKIT_RUNTIME_NN_CONFIGS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/nn/gpt.h"
+#include "runtime/nn/model.h"
+#include "runtime/nn/t5.h"
+
+namespace sk {
+
+enum class ModelFamily : uint8_t { kGpt = 1, kT5 = 2 };
+
+struct NamedModelConfig {
+  std::string name;
+  ModelFamily family = ModelFamily::kGpt;
+  GptConfig gpt;  // when family == kGpt
+  T5Config t5;    // when family == kT5
+  // The sequence lengths a training step uses by default (decoder / encoder).
+  int64_t seq_len = 0;
+  int64_t source_len = 0;
+  // True for the paper's sizes, which only make sense on GPUs.
+  bool gpu_scale = false;
+  std::string description;
+};
+
+// Every named configuration, small to large.
+const std::vector<NamedModelConfig>& ModelConfigs();
+
+// NotFound listing the known names when `name` is not one of them.
+StatusOr<NamedModelConfig> FindModelConfig(const std::string& name);
+
+// Builds the model of a named configuration (no parameter memory is
+// allocated: only the unit specs).
+StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,
+                                             const ModelOptions& options = {});
+StatusOr<std::unique_ptr<Model>> CreateModel(const NamedModelConfig& config,
+                                             const ModelOptions& options = {});
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_NN_CONFIGS_H_

@@ -1,0 +1,153 @@
+#include "runtime/nn/data.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "runtime/nn/init.h"
+
+namespace sk {
+namespace {
+
+// Philox keyed by the seed, counter (a, b, c): a uniform 64-bit value.
+uint64_t Draw(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
+  Philox4x32Result r = Philox4x32(static_cast<uint32_t>(a), static_cast<uint32_t>(a >> 32),
+                                  static_cast<uint32_t>(b), static_cast<uint32_t>(c),
+                                  static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return (static_cast<uint64_t>(r.v[0]) << 32) | r.v[1];
+}
+
+// A 64-bit value mapped to [0, n) by a 128-bit multiply (Lemire), bias < n / 2^64.
+int64_t Below(uint64_t x, uint64_t n) {
+  return static_cast<int64_t>((static_cast<unsigned __int128>(x) * n) >> 64);
+}
+
+Status CheckBatchArgs(const std::vector<int32_t>& stream, int64_t batch_size, int64_t window,
+                      int rank, int world_size) {
+  if (batch_size <= 0) return InvalidArgumentError("batch_size must be positive");
+  if (world_size <= 0 || rank < 0 || rank >= world_size) {
+    return InvalidArgumentError("rank " + std::to_string(rank) + " is not in a world of " +
+                                std::to_string(world_size));
+  }
+  if (static_cast<int64_t>(stream.size()) < window) {
+    return InvalidArgumentError("token stream of " + std::to_string(stream.size()) +
+                                " tokens is shorter than one window of " + std::to_string(window));
+  }
+  return OkStatus();
+}
+
+// Stream-level salt so that batch positions and synthetic tokens never share counters.
+constexpr uint64_t kPositionStream = 0x706f736974696f6eull;
+
+int64_t WindowStart(const std::vector<int32_t>& stream, int64_t window, uint64_t seed,
+                    int64_t step, int64_t global_row) {
+  const uint64_t starts = stream.size() - static_cast<uint64_t>(window) + 1;
+  return Below(Draw(seed, static_cast<uint64_t>(step), static_cast<uint64_t>(global_row),
+                    static_cast<uint32_t>(kPositionStream)),
+               starts);
+}
+
+}  // namespace
+
+StatusOr<std::vector<int32_t>> SyntheticTokenStream(uint64_t seed, int64_t vocab,
+                                                    int64_t length) {
+  if (vocab <= 0 || vocab > (int64_t{1} << 31) - 1) {
+    return InvalidArgumentError("vocab must be in [1, 2^31), got " + std::to_string(vocab));
+  }
+  if (length < 0) return InvalidArgumentError("length must be >= 0, got " + std::to_string(length));
+  std::vector<int32_t> out(static_cast<size_t>(length));
+  for (int64_t i = 0; i < length; ++i) {
+    out[i] = static_cast<int32_t>(Below(Draw(seed, static_cast<uint64_t>(i), 0, 0),
+                                        static_cast<uint64_t>(vocab)));
+  }
+  return out;
+}
+
+StatusOr<std::vector<int32_t>> ReadTokenFile(const std::string& path, TokenWidth width,
+                                             int64_t vocab) {
+  if (vocab <= 0) return InvalidArgumentError("vocab must be positive");
+  if (width != TokenWidth::kUint16 && width != TokenWidth::kUint32) {
+    return InvalidArgumentError("token width must be 2 or 4 bytes");
+  }
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) return NotFoundError("cannot open token file '" + path + "': " + std::strerror(errno));
+  if (std::fseek(f.get(), 0, SEEK_END) != 0) {
+    return DataLossError("cannot seek in token file '" + path + "'");
+  }
+  const long size = std::ftell(f.get());
+  if (size < 0) return DataLossError("cannot size token file '" + path + "'");
+  std::rewind(f.get());
+  const size_t w = static_cast<size_t>(width);
+  if (size == 0) return InvalidArgumentError("token file '" + path + "' is empty");
+  if (static_cast<size_t>(size) % w != 0) {
+    return DataLossError("token file '" + path + "' has " + std::to_string(size) +
+                         " bytes, not a multiple of the " + std::to_string(w) +
+                         "-byte token width (truncated, or the wrong width?)");
+  }
+  std::vector<unsigned char> bytes(static_cast<size_t>(size));
+  if (std::fread(bytes.data(), 1, bytes.size(), f.get()) != bytes.size()) {
+    return DataLossError("short read from token file '" + path + "'");
+  }
+  const size_t n = bytes.size() / w;
+  std::vector<int32_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t v = 0;
+    for (size_t b = 0; b < w; ++b) v |= static_cast<uint64_t>(bytes[i * w + b]) << (8 * b);
+    if (v >= static_cast<uint64_t>(vocab)) {
+      return InvalidArgumentError("token file '" + path + "': token " + std::to_string(i) +
+                                  " is " + std::to_string(v) + ", outside the vocabulary [0, " +
+                                  std::to_string(vocab) + ")");
+    }
+    out[i] = static_cast<int32_t>(v);
+  }
+  return out;
+}
+
+StatusOr<TokenBatch> LanguageModelBatch(const std::vector<int32_t>& stream, int64_t batch_size,
+                                        int64_t seq_len, uint64_t seed, int64_t step, int rank,
+                                        int world_size) {
+  if (seq_len <= 0) return InvalidArgumentError("seq_len must be positive");
+  SK_RETURN_IF_ERROR(CheckBatchArgs(stream, batch_size, seq_len + 1, rank, world_size));
+  TokenBatch b;
+  b.batch_size = batch_size;
+  b.seq_len = seq_len;
+  b.inputs.reserve(static_cast<size_t>(batch_size * seq_len));
+  b.targets.reserve(static_cast<size_t>(batch_size * seq_len));
+  for (int64_t r = 0; r < batch_size; ++r) {
+    const int64_t start = WindowStart(stream, seq_len + 1, seed, step, rank * batch_size + r);
+    const int32_t* w = stream.data() + start;
+    b.inputs.insert(b.inputs.end(), w, w + seq_len);
+    b.targets.insert(b.targets.end(), w + 1, w + seq_len + 1);
+  }
+  return b;
+}
+
+StatusOr<TokenBatch> ReversalBatch(const std::vector<int32_t>& stream, int64_t batch_size,
+                                   int64_t source_len, int64_t seq_len, int32_t bos,
+                                   uint64_t seed, int64_t step, int rank, int world_size) {
+  if (source_len <= 0 || seq_len <= 0 || seq_len > source_len) {
+    return InvalidArgumentError("need 0 < seq_len <= source_len, got seq_len " +
+                                std::to_string(seq_len) + ", source_len " +
+                                std::to_string(source_len));
+  }
+  SK_RETURN_IF_ERROR(CheckBatchArgs(stream, batch_size, source_len, rank, world_size));
+  TokenBatch b;
+  b.batch_size = batch_size;
+  b.seq_len = seq_len;
+  b.source_len = source_len;
+  for (int64_t r = 0; r < batch_size; ++r) {
+    const int64_t start = WindowStart(stream, source_len, seed, step, rank * batch_size + r);
+    const int32_t* w = stream.data() + start;
+    b.source.insert(b.source.end(), w, w + source_len);
+    std::vector<int32_t> target(w, w + seq_len);
+    std::reverse(target.begin(), target.end());
+    b.targets.insert(b.targets.end(), target.begin(), target.end());
+    b.inputs.push_back(bos);
+    b.inputs.insert(b.inputs.end(), target.begin(), target.end() - 1);
+  }
+  return b;
+}
+
+}  // namespace sk

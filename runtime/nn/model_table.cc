@@ -1,0 +1,41 @@
+// Prints the named model configurations as a Markdown table: parameters,
+// model FLOPs per token of a training step at the default sequence lengths,
+// and with activation checkpointing. README_SECTION.md carries its output.
+#include <cstdio>
+
+#include "runtime/nn/configs.h"
+
+int main() {
+  std::printf("| name | family | layers | d_model | heads | d_ff | vocab | seq (src/tgt) | parameters | "
+              "model GFLOP/token | hardware GFLOP/token (ckpt) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const sk::NamedModelConfig& c : sk::ModelConfigs()) {
+    sk::ModelOptions ckpt;
+    ckpt.activation_checkpointing = true;
+    auto m = sk::CreateModel(c, ckpt);
+    if (!m.ok()) {
+      std::fprintf(stderr, "%s: %s\n", c.name.c_str(), m.status().ToString().c_str());
+      return 1;
+    }
+    sk::StepFlops f = (*m)->Flops(1, c.seq_len, c.source_len);
+    const double tokens = static_cast<double>(c.seq_len);
+    const bool gpt = c.family == sk::ModelFamily::kGpt;
+    long long layers = gpt ? c.gpt.n_layer : c.t5.n_encoder_layers;
+    long long d = gpt ? c.gpt.d_model : c.t5.d_model;
+    long long heads = gpt ? c.gpt.n_head : c.t5.n_head;
+    long long ff = gpt ? c.gpt.ff() : c.t5.d_ff;
+    long long vocab = gpt ? c.gpt.vocab_size : c.t5.vocab_size;
+    char seq[64];
+    if (gpt) {
+      std::snprintf(seq, sizeof(seq), "%lld", static_cast<long long>(c.seq_len));
+    } else {
+      std::snprintf(seq, sizeof(seq), "%lld/%lld", static_cast<long long>(c.source_len),
+                    static_cast<long long>(c.seq_len));
+    }
+    std::printf("| %s | %s | %lld%s | %lld | %lld | %lld | %lld | %s | %.4g M | %.4g | %.4g |\n",
+                c.name.c_str(), gpt ? "gpt" : "t5", layers, gpt ? "" : "+enc/dec", d, heads, ff,
+                vocab, seq, static_cast<double>((*m)->num_parameters()) / 1e6,
+                f.model_flops / tokens / 1e9, f.hardware_flops / tokens / 1e9);
+  }
+  return 0;
+}

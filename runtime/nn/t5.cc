@@ -1,0 +1,317 @@
+#include "runtime/nn/t5.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "runtime/nn/kernels.h"
+
+namespace sk {
+
+using nn_internal::BlockDims;
+using nn_internal::BlockSaved;
+using nn_internal::F;
+using nn_internal::HeadSaved;
+using nn_internal::NewF32;
+using nn_internal::SublayerKind;
+using nn_internal::UnitGrads;
+using nn_internal::UnitParams;
+
+namespace {
+
+Status Positive(int64_t v, const std::string& model, const char* field) {
+  if (v <= 0) {
+    return InvalidArgumentError("config '" + model + "': " + field + " must be positive, got " +
+                                std::to_string(v));
+  }
+  return OkStatus();
+}
+
+// The hook protocol for one unit, with the unit named in every error.
+class UnitScope {
+ public:
+  UnitScope(UnitHooks& hooks, const std::vector<UnitSpec>& units, Allocator& alloc)
+      : hooks_(hooks), units_(units), alloc_(alloc) {}
+
+  StatusOr<UnitParams> PreForward(int u) {
+    auto pt = hooks_.PreForward(u);
+    if (!pt.ok()) return Named(pt.status(), u, "PreForward");
+    return UnitParams::Make(units_[u], *pt, alloc_);
+  }
+  Status PostForward(int u) { return Named(hooks_.PostForward(u), u, "PostForward"); }
+
+  struct Backward {
+    UnitParams p;
+    UnitGrads g;
+  };
+  StatusOr<Backward> PreBackward(int u) {
+    auto bufs = hooks_.PreBackward(u);
+    if (!bufs.ok()) return Named(bufs.status(), u, "PreBackward");
+    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[u], bufs->params, alloc_));
+    SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[u], bufs->grads, alloc_));
+    return Backward{std::move(p), std::move(g)};
+  }
+  Status PostBackward(int u, Backward* b) {
+    b->g.Flush();
+    return Named(hooks_.PostBackward(u), u, "PostBackward");
+  }
+
+ private:
+  Status Named(const Status& s, int u, const char* phase) {
+    return s.WithContext(std::string(phase) + " of unit '" + units_[u].name + "'");
+  }
+  UnitHooks& hooks_;
+  const std::vector<UnitSpec>& units_;
+  Allocator& alloc_;
+};
+
+}  // namespace
+
+Status T5Config::Validate() const {
+  SK_RETURN_IF_ERROR(Positive(vocab_size, name, "vocab_size"));
+  SK_RETURN_IF_ERROR(Positive(max_source_len, name, "max_source_len"));
+  SK_RETURN_IF_ERROR(Positive(max_target_len, name, "max_target_len"));
+  SK_RETURN_IF_ERROR(Positive(n_encoder_layers, name, "n_encoder_layers"));
+  SK_RETURN_IF_ERROR(Positive(n_decoder_layers, name, "n_decoder_layers"));
+  SK_RETURN_IF_ERROR(Positive(n_head, name, "n_head"));
+  SK_RETURN_IF_ERROR(Positive(d_model, name, "d_model"));
+  SK_RETURN_IF_ERROR(Positive(d_ff, name, "d_ff"));
+  if (d_model % n_head != 0) {
+    return InvalidArgumentError("config '" + name + "': d_model " + std::to_string(d_model) +
+                                " is not a multiple of n_head " + std::to_string(n_head));
+  }
+  if (vocab_size > (int64_t{1} << 31) - 1) {
+    return InvalidArgumentError("config '" + name + "': vocab_size does not fit int32 token ids");
+  }
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<T5Model>> T5Model::Create(const T5Config& config,
+                                                   const ModelOptions& options) {
+  SK_RETURN_IF_ERROR(config.Validate());
+  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16) {
+    return InvalidArgumentError("compute_dtype must be f32 or bf16, got " +
+                                std::string(DTypeName(options.compute_dtype)));
+  }
+  return std::unique_ptr<T5Model>(new T5Model(config, options));
+}
+
+T5Model::T5Model(const T5Config& config, const ModelOptions& options)
+    : config_(config),
+      options_(options),
+      encoder_block_({SublayerKind::kSelfAttention, SublayerKind::kMlp}),
+      decoder_block_({SublayerKind::kCausalSelfAttention, SublayerKind::kCrossAttention,
+                      SublayerKind::kMlp}) {
+  const int64_t d = config.d_model;
+  const float std = 0.02f;
+  const float proj_std =
+      0.02f / std::sqrt(2.0f * static_cast<float>(config.n_encoder_layers + config.n_decoder_layers));
+  UnitSpec embed{"embed", {}};
+  embed.params.push_back({"enc_wte", Shape{config.vocab_size, d}, Initializer::Normal(0.0f, std)});
+  embed.params.push_back({"dec_wte", Shape{config.vocab_size, d}, Initializer::Normal(0.0f, std)});
+  embed.params.push_back({"enc_wpe", Shape{config.max_source_len, d}, Initializer::Normal(0.0f, std)});
+  embed.params.push_back({"dec_wpe", Shape{config.max_target_len, d}, Initializer::Normal(0.0f, std)});
+  units_.push_back(std::move(embed));
+  for (int64_t l = 0; l < config.n_encoder_layers; ++l) {
+    UnitSpec u{"enc." + std::to_string(l), {}};
+    encoder_block_.AppendSpecs(d, config.d_ff, std, proj_std, &u.params);
+    units_.push_back(std::move(u));
+  }
+  units_.push_back(UnitSpec{"enc_norm",
+                            {ParamSpec{"ln.g", Shape{d}, Initializer::Ones()},
+                             ParamSpec{"ln.b", Shape{d}, Initializer::Zeros()}}});
+  for (int64_t l = 0; l < config.n_decoder_layers; ++l) {
+    UnitSpec u{"dec." + std::to_string(l), {}};
+    decoder_block_.AppendSpecs(d, config.d_ff, std, proj_std, &u.params);
+    units_.push_back(std::move(u));
+  }
+  UnitSpec head{"head", {}};
+  nn_internal::AppendHeadSpecs(d, config.vocab_size, std, &head.params);
+  units_.push_back(std::move(head));
+}
+
+Status T5Model::ValidateBatch(const TokenBatch& batch) const {
+  if (batch.batch_size <= 0) return InvalidArgumentError("batch.batch_size must be positive");
+  if (batch.seq_len <= 0 || batch.seq_len > config_.max_target_len) {
+    return InvalidArgumentError("batch.seq_len " + std::to_string(batch.seq_len) +
+                                " is outside [1, " + std::to_string(config_.max_target_len) +
+                                "] of model '" + config_.name + "'");
+  }
+  if (batch.source_len <= 0 || batch.source_len > config_.max_source_len) {
+    return InvalidArgumentError("batch.source_len " + std::to_string(batch.source_len) +
+                                " is outside [1, " + std::to_string(config_.max_source_len) +
+                                "] of model '" + config_.name + "'");
+  }
+  const int64_t v = config_.vocab_size;
+  SK_RETURN_IF_ERROR(nn_internal::ValidateTokens(batch.source, batch.batch_size * batch.source_len,
+                                                 v, false, "source"));
+  const int64_t n = batch.batch_size * batch.seq_len;
+  SK_RETURN_IF_ERROR(nn_internal::ValidateTokens(batch.inputs, n, v, false, "inputs"));
+  return nn_internal::ValidateTokens(batch.targets, n, v, true, "targets");
+}
+
+StatusOr<float> T5Model::ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
+                                         Allocator& alloc) const {
+  return Run(batch, hooks, alloc, /*backward=*/true);
+}
+
+StatusOr<float> T5Model::Forward(const TokenBatch& batch, UnitHooks& hooks,
+                                 Allocator& alloc) const {
+  return Run(batch, hooks, alloc, /*backward=*/false);
+}
+
+StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
+                             bool backward) const {
+  SK_RETURN_IF_ERROR(ValidateBatch(batch));
+  const int64_t E = config_.n_encoder_layers;
+  const int64_t D = config_.n_decoder_layers;
+  const int64_t B = batch.batch_size;
+  const int64_t S = batch.source_len;
+  const int64_t T = batch.seq_len;
+  const int64_t c = config_.d_model;
+  const int64_t ne = B * S;
+  const int64_t nd = B * T;
+  const bool bf16 = options_.compute_dtype == DType::kBF16;
+  const bool ckpt = options_.activation_checkpointing;
+  const int enc_norm_unit = static_cast<int>(E + 1);
+  const int head_unit = static_cast<int>(E + D + 2);
+  auto enc_unit = [&](int64_t l) { return static_cast<int>(1 + l); };
+  auto dec_unit = [&](int64_t l) { return static_cast<int>(E + 2 + l); };
+  BlockDims ed;
+  ed.batch = B;
+  ed.seq = S;
+  ed.d_model = c;
+  ed.heads = config_.n_head;
+  ed.d_ff = config_.d_ff;
+  ed.bf16 = bf16;
+  BlockDims dd = ed;
+  dd.seq = T;
+  dd.enc_seq = S;
+
+  UnitScope scope(hooks, units_, alloc);
+  std::vector<Tensor> xe(static_cast<size_t>(E + 1));  // encoder block inputs; xe[E] -> enc_norm
+  std::vector<Tensor> xd(static_cast<size_t>(D + 1));  // decoder block inputs; xd[D] -> head
+  std::vector<BlockSaved> es(static_cast<size_t>(E)), ds(static_cast<size_t>(D));
+  Tensor enc_out, enc_mean, enc_rstd;
+
+  {
+    SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(0));
+    SK_ASSIGN_OR_RETURN(xe[0], NewF32(alloc, ne * c));
+    SK_ASSIGN_OR_RETURN(xd[0], NewF32(alloc, nd * c));
+    EmbeddingForward(p[0], batch.source.data(), ne, c, F(xe[0]));
+    EmbeddingForward(p[1], batch.inputs.data(), nd, c, F(xd[0]));
+    for (int64_t b = 0; b < B; ++b) {
+      AddInPlace(F(xe[0]) + b * S * c, p[2], S * c);
+      AddInPlace(F(xd[0]) + b * T * c, p[3], T * c);
+    }
+    if (bf16) {
+      RoundToBF16InPlace(F(xe[0]), ne * c);
+      RoundToBF16InPlace(F(xd[0]), nd * c);
+    }
+    SK_RETURN_IF_ERROR(scope.PostForward(0));
+  }
+  for (int64_t l = 0; l < E; ++l) {
+    SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(enc_unit(l)));
+    BlockSaved s;
+    SK_RETURN_IF_ERROR(encoder_block_.Forward(ed, p, F(xe[l]), nullptr, alloc, &s));
+    xe[l + 1] = s.subs.back().out;
+    if (!ckpt && backward) es[l] = std::move(s);
+    SK_RETURN_IF_ERROR(scope.PostForward(enc_unit(l)));
+  }
+  {
+    SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(enc_norm_unit));
+    SK_ASSIGN_OR_RETURN(enc_out, NewF32(alloc, ne * c));
+    SK_ASSIGN_OR_RETURN(enc_mean, NewF32(alloc, ne));
+    SK_ASSIGN_OR_RETURN(enc_rstd, NewF32(alloc, ne));
+    LayerNormForward(F(xe[E]), p[0], p[1], ne, c, F(enc_out), F(enc_mean), F(enc_rstd));
+    if (bf16) RoundToBF16InPlace(F(enc_out), ne * c);
+    SK_RETURN_IF_ERROR(scope.PostForward(enc_norm_unit));
+  }
+  for (int64_t l = 0; l < D; ++l) {
+    SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(dec_unit(l)));
+    BlockSaved s;
+    SK_RETURN_IF_ERROR(decoder_block_.Forward(dd, p, F(xd[l]), F(enc_out), alloc, &s));
+    xd[l + 1] = s.subs.back().out;
+    if (!ckpt && backward) ds[l] = std::move(s);
+    SK_RETURN_IF_ERROR(scope.PostForward(dec_unit(l)));
+  }
+  HeadSaved head;
+  float loss = 0.0f;
+  {
+    SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
+    SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(p, F(xd[D]), batch.targets.data(), nd, c,
+                                                       config_.vocab_size, bf16, backward, alloc,
+                                                       &head));
+    SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
+  }
+  if (!backward) return loss;
+
+  SK_ASSIGN_OR_RETURN(Tensor dx, NewF32(alloc, nd * c));
+  SK_ASSIGN_OR_RETURN(Tensor dnext, NewF32(alloc, nd * c));
+  SK_ASSIGN_OR_RETURN(Tensor denc, nn_internal::ZerosF32(alloc, ne * c));
+  {
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
+    SK_RETURN_IF_ERROR(nn_internal::HeadBackward(b.p, b.g, F(xd[D]), head, nd, c,
+                                                 config_.vocab_size, bf16, F(dx), alloc));
+    head = HeadSaved();
+    SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
+  }
+  for (int64_t l = D - 1; l >= 0; --l) {
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(dec_unit(l)));
+    if (ckpt) {
+      SK_RETURN_IF_ERROR(decoder_block_.Forward(dd, b.p, F(xd[l]), F(enc_out), alloc, &ds[l]));
+    }
+    SK_RETURN_IF_ERROR(decoder_block_.Backward(dd, b.p, b.g, F(xd[l]), F(enc_out), ds[l], F(dx),
+                                               F(dnext), F(denc), alloc));
+    ds[l] = BlockSaved();
+    std::swap(dx, dnext);
+    SK_RETURN_IF_ERROR(scope.PostBackward(dec_unit(l), &b));
+  }
+  Tensor ddec_embed = dx;  // gradient of the decoder's input embedding
+  SK_ASSIGN_OR_RETURN(Tensor ex, NewF32(alloc, ne * c));
+  SK_ASSIGN_OR_RETURN(Tensor enext, NewF32(alloc, ne * c));
+  {
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(enc_norm_unit));
+    if (bf16) RoundToBF16InPlace(F(denc), ne * c);
+    std::memset(ex.data(), 0, ex.nbytes());
+    LayerNormBackward(F(xe[E]), b.p[0], F(denc), F(enc_mean), F(enc_rstd), ne, c, F(ex), b.g[0],
+                      b.g[1]);
+    if (bf16) RoundToBF16InPlace(F(ex), ne * c);
+    SK_RETURN_IF_ERROR(scope.PostBackward(enc_norm_unit, &b));
+  }
+  for (int64_t l = E - 1; l >= 0; --l) {
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(enc_unit(l)));
+    if (ckpt) SK_RETURN_IF_ERROR(encoder_block_.Forward(ed, b.p, F(xe[l]), nullptr, alloc, &es[l]));
+    SK_RETURN_IF_ERROR(encoder_block_.Backward(ed, b.p, b.g, F(xe[l]), nullptr, es[l], F(ex),
+                                               F(enext), nullptr, alloc));
+    es[l] = BlockSaved();
+    std::swap(ex, enext);
+    SK_RETURN_IF_ERROR(scope.PostBackward(enc_unit(l), &b));
+  }
+  {
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(0));
+    EmbeddingBackward(batch.source.data(), F(ex), ne, c, b.g[0]);
+    EmbeddingBackward(batch.inputs.data(), F(ddec_embed), nd, c, b.g[1]);
+    for (int64_t bi = 0; bi < B; ++bi) {
+      AddInPlace(b.g[2], F(ex) + bi * S * c, S * c);
+      AddInPlace(b.g[3], F(ddec_embed) + bi * T * c, T * c);
+    }
+    SK_RETURN_IF_ERROR(scope.PostBackward(0, &b));
+  }
+  return loss;
+}
+
+StepFlops T5Model::Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const {
+  const double dec_tokens = static_cast<double>(batch_size) * seq_len;
+  const double enc_fwd = encoder_block_.ForwardMatmulFlops(batch_size, source_len, 0,
+                                                           config_.d_model, config_.d_ff);
+  const double dec_fwd = decoder_block_.ForwardMatmulFlops(batch_size, seq_len, source_len,
+                                                           config_.d_model, config_.d_ff);
+  const double head_fwd = 2.0 * dec_tokens * config_.d_model * config_.vocab_size;
+  const double blocks = enc_fwd * config_.n_encoder_layers + dec_fwd * config_.n_decoder_layers;
+  StepFlops f;
+  f.model_flops = 3.0 * (blocks + head_fwd);
+  f.hardware_flops = f.model_flops + (options_.activation_checkpointing ? blocks : 0.0);
+  return f;
+}
+
+}  // namespace sk

@@ -1,0 +1,123 @@
+#include "runtime/nn/data.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace sk {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+void WriteBytes(const std::string& path, const std::vector<unsigned char>& bytes) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+  std::fclose(f);
+}
+
+TEST(Data, SyntheticStreamIsDeterministicAndInVocabulary) {
+  auto a = SyntheticTokenStream(7, 50, 1000);
+  auto b = SyntheticTokenStream(7, 50, 1000);
+  auto c = SyntheticTokenStream(8, 50, 1000);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(*a, *b);
+  EXPECT_NE(*a, *c);
+  std::vector<int> seen(50, 0);
+  for (int32_t t : *a) {
+    ASSERT_GE(t, 0);
+    ASSERT_LT(t, 50);
+    seen[t]++;
+  }
+  for (int count : seen) EXPECT_GT(count, 0);
+  EXPECT_EQ(SyntheticTokenStream(1, 0, 10).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Data, ReadsLittleEndianUint16AndUint32Files) {
+  std::string p16 = TempPath("t16.bin"), p32 = TempPath("t32.bin");
+  WriteBytes(p16, {0x01, 0x00, 0x34, 0x12, 0xff, 0x00});
+  WriteBytes(p32, {0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00});
+  auto a = ReadTokenFile(p16, TokenWidth::kUint16, 0x10000);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(*a, (std::vector<int32_t>{1, 0x1234, 255}));
+  auto b = ReadTokenFile(p32, TokenWidth::kUint32, 0x20000);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(*b, (std::vector<int32_t>{2, 0x10000}));
+}
+
+TEST(Data, BadTokenFilesAreClearErrors) {
+  auto missing = ReadTokenFile(TempPath("does-not-exist.bin"), TokenWidth::kUint16, 100);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("does-not-exist.bin"), std::string::npos);
+
+  std::string odd = TempPath("odd.bin");
+  WriteBytes(odd, {1, 0, 2});
+  auto r = ReadTokenFile(odd, TokenWidth::kUint16, 100);
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("not a multiple"), std::string::npos) << r.status();
+
+  std::string empty = TempPath("empty.bin");
+  WriteBytes(empty, {});
+  EXPECT_EQ(ReadTokenFile(empty, TokenWidth::kUint16, 100).status().code(),
+            StatusCode::kInvalidArgument);
+
+  std::string big = TempPath("big.bin");
+  WriteBytes(big, {1, 0, 200, 0});
+  r = ReadTokenFile(big, TokenWidth::kUint16, 100);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("token 1 is 200"), std::string::npos) << r.status();
+}
+
+TEST(Data, LanguageModelBatchTargetsAreInputsShiftedByOne) {
+  auto stream = SyntheticTokenStream(1, 100, 500);
+  ASSERT_TRUE(stream.ok());
+  auto b = LanguageModelBatch(*stream, 3, 10, 5, 0);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->inputs.size(), 30u);
+  for (int r = 0; r < 3; ++r)
+    for (int t = 0; t + 1 < 10; ++t) EXPECT_EQ(b->targets[r * 10 + t], b->inputs[r * 10 + t + 1]);
+  auto again = LanguageModelBatch(*stream, 3, 10, 5, 0);
+  EXPECT_EQ(b->inputs, again->inputs);
+  auto next = LanguageModelBatch(*stream, 3, 10, 5, 1);
+  EXPECT_NE(b->inputs, next->inputs);
+}
+
+TEST(Data, RanksGetTheRowsOfOneGlobalBatch) {
+  auto stream = SyntheticTokenStream(2, 100, 500);
+  auto global = LanguageModelBatch(*stream, 4, 8, 9, 3, 0, 1);
+  auto r0 = LanguageModelBatch(*stream, 2, 8, 9, 3, 0, 2);
+  auto r1 = LanguageModelBatch(*stream, 2, 8, 9, 3, 1, 2);
+  ASSERT_TRUE(global.ok() && r0.ok() && r1.ok());
+  std::vector<int32_t> joined = r0->inputs;
+  joined.insert(joined.end(), r1->inputs.begin(), r1->inputs.end());
+  EXPECT_EQ(joined, global->inputs);
+  EXPECT_EQ(LanguageModelBatch(*stream, 2, 8, 9, 3, 2, 2).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(Data, ShortStreamsAreInvalidArgument) {
+  std::vector<int32_t> stream(5, 1);
+  EXPECT_EQ(LanguageModelBatch(stream, 1, 5, 0, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(LanguageModelBatch(stream, 1, 4, 0, 0).ok());
+}
+
+TEST(Data, ReversalBatchReversesTheSourceBehindBos) {
+  auto stream = SyntheticTokenStream(3, 50, 200);
+  auto b = ReversalBatch(*stream, 2, 6, 4, 0, 1, 0);
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (int r = 0; r < 2; ++r) {
+    for (int t = 0; t < 4; ++t) EXPECT_EQ(b->targets[r * 4 + t], b->source[r * 6 + 3 - t]);
+    EXPECT_EQ(b->inputs[r * 4], 0);
+    for (int t = 1; t < 4; ++t) EXPECT_EQ(b->inputs[r * 4 + t], b->targets[r * 4 + t - 1]);
+  }
+  EXPECT_EQ(ReversalBatch(*stream, 2, 4, 6, 0, 1, 0).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sk
