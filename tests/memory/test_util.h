@@ -22,6 +22,10 @@ namespace sk::testing {
 class Gate {
  public:
   Gate() : state_(std::make_shared<State>()) {}
+  // Opens, so that a test that fails early does not leave a stream held.
+  ~Gate() { Open(); }
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
 
   // Enqueues the blocking closure on `stream`.
   void Block(Stream& stream) {
