@@ -82,6 +82,8 @@ inline Recount RecountSnapshot(const std::vector<SegmentInfo>& snapshot) {
 // Checks that stats() agree with a recount of the snapshot and that each
 // segment's blocks tile it without gaps or overlaps.
 inline void ExpectConsistent(const CachingAllocator& allocator) {
+  Status internal = allocator.CheckInvariants();
+  EXPECT_TRUE(internal.ok()) << internal;
   std::vector<SegmentInfo> snapshot = allocator.Snapshot();
   MemoryStats stats = allocator.stats();
   Recount r = RecountSnapshot(snapshot);
