@@ -22,12 +22,16 @@
 // Best fit, splitting, coalescing. Each pool is an ordered set of free blocks
 // keyed by (stream, size, address); a request takes the smallest free block of
 // its stream that is large enough (lower_bound). If the block is larger than
-// needed it is split and the remainder goes back to the pool: always in the
-// small pool (remainder >= kMinBlockSize), and in the large pool only when the
-// remainder exceeds kSmallSize, since a sliver of a large block is better
-// given away whole than left to fragment the pool. When a block is freed it is
-// merged with free neighbours of its segment, so a segment whose blocks are
-// all freed becomes one free block again and can be returned to the device.
+// needed it is split: always in the small pool (remainder >= kMinBlockSize),
+// and in the large pool only when the remainder exceeds kSmallSize, since a
+// sliver of a large block is better given away whole than left to fragment
+// the pool. The request is carved from the top of the free block, which keeps
+// the rest at its address and in its pool entry (only its size shrinks); when
+// a block is freed it is merged with free neighbours of its segment, the lower
+// one absorbing it. In the steady state (one free block per stream, carved and
+// merged back every step) neither path inserts into or erases from a pool; a
+// segment whose blocks are all freed becomes one free block again and can be
+// returned to the device.
 //
 // Streams. A block belongs to the stream it was allocated on (so does its
 // segment and every block split from it). Freeing a block makes it reusable at
@@ -105,6 +109,12 @@ size_t PreferredSegmentSize(size_t size) {
   return RoundUp(size, kRoundLarge);
 }
 
+// Whether a free block that is `remaining` bytes larger than a request is
+// split (see the essay) or handed out whole.
+bool ShouldSplit(bool small, size_t remaining) {
+  return small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+}
+
 std::string FormatBytes(int64_t bytes) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.2f MiB (%lld bytes)", static_cast<double>(bytes) / kMiB,
@@ -135,9 +145,8 @@ bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) co
 }
 
 CachingAllocator::CachingAllocator(Device* device, Options options)
-    : device_(device), options_(options) {
-  CHECK(device_ != nullptr);
-}
+    : device_(device), device_id_(device->id()), trace_(TraceRecorder::Global()),
+      options_(options) {}
 
 CachingAllocator::~CachingAllocator() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -152,12 +161,12 @@ CachingAllocator::~CachingAllocator() {
       awaiting += b->state == Block::State::kAwaitingEvents;
     }
   }
-  CHECK_EQ(live, 0) << "CachingAllocator for " << device_->id().ToString() << " destroyed while "
+  CHECK_EQ(live, 0) << "CachingAllocator for " << device_id_.ToString() << " destroyed while "
                     << live << " of its storages are alive: storages must not outlive it";
   if (awaiting > 0) {
     // A stream is still (or forever) using these blocks: leaking them is
     // safer than handing their memory back while it may be written.
-    LOG(ERROR) << "CachingAllocator for " << device_->id().ToString() << ": " << awaiting
+    LOG(ERROR) << "CachingAllocator for " << device_id_.ToString() << ": " << awaiting
                << " freed blocks still await other streams; leaking their segments";
   }
   for (Block* b : spare_blocks_) delete b;
@@ -178,23 +187,23 @@ StatusOr<CachingAllocator*> CachingAllocator::ForDevice(DeviceId id) {
 
 StatusOr<std::shared_ptr<Storage>> CachingAllocator::Allocate(size_t bytes, Stream* stream) {
   if (stream == nullptr) return InvalidArgumentError("Allocate on a null stream");
-  if (stream->device() != device_->id()) {
+  if (stream->device() != device_id_) {
     return InvalidArgumentError("Allocate on stream '" + stream->name() + "' of " +
                                 stream->device().ToString() + " from the allocator of " +
-                                device_->id().ToString());
+                                device_id_.ToString());
   }
   if (bytes == 0) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.num_allocs;
     }
-    return std::make_shared<Storage>(nullptr, 0, device_->id(), this, nullptr, nullptr);
+    return std::make_shared<Storage>(nullptr, 0, device_id_, this, nullptr, nullptr);
   }
 
   std::unique_lock<std::mutex> lock(mu_);
   if (bytes > kMaxRequest) {
     ++stats_.num_ooms;
-    return ResourceExhaustedError("out of memory on " + device_->id().ToString() +
+    return ResourceExhaustedError("out of memory on " + device_id_.ToString() +
                                   ": request of " + std::to_string(bytes) +
                                   " bytes is beyond any device");
   }
@@ -208,11 +217,29 @@ StatusOr<std::shared_ptr<Storage>> CachingAllocator::Allocate(size_t bytes, Stre
   bool waited = false;
   bool retried = false;
   for (;;) {
-    block = FindFreeBlock(pool, stream_id, size);
-    if (block != nullptr) break;
-    StatusOr<Block*> fresh = AllocateSegment(size, PreferredSegmentSize(size), small, stream);
+    auto it = FindFreeBlock(pool, stream_id, size);
+    if (it != pool.end()) {
+      Block* free_block = *it;
+      if (ShouldSplit(small, free_block->size - size)) {
+        block = CarveTop(free_block, size);
+        ResizeFree(pool, it, free_block->size - size);
+      } else {
+        EraseFree(free_block);
+        block = free_block;
+      }
+      break;
+    }
+    StatusOr<Block*> fresh =
+        AllocateSegment(size, PreferredSegmentSize(size), small, stream_id);
     if (fresh.ok()) {
-      block = *fresh;
+      Block* segment = *fresh;
+      if (ShouldSplit(small, segment->size - size)) {
+        block = CarveTop(segment, size);
+        segment->size -= size;
+        InsertFree(segment);
+      } else {
+        block = segment;
+      }
       break;
     }
     if (!waited && !pending_.empty()) {
@@ -231,14 +258,12 @@ StatusOr<std::shared_ptr<Storage>> CachingAllocator::Allocate(size_t bytes, Stre
                           ? std::string("unlimited")
                           : FormatBytes(static_cast<int64_t>(options_.capacity_bytes));
     return ResourceExhaustedError(
-        "out of memory on " + device_->id().ToString() + ": cannot allocate " +
+        "out of memory on " + device_id_.ToString() + ": cannot allocate " +
         FormatBytes(static_cast<int64_t>(bytes)) + " on stream '" + stream->name() +
         "' after freeing cached segments and retrying; capacity " + cap + "; " + DescribeStats() +
         "; last failure: " + std::string(fresh.status().message()));
   }
 
-  const size_t remaining = block->size - size;
-  if (small ? remaining >= kMinBlockSize : remaining > kSmallSize) SplitOff(block, size);
   block->state = Block::State::kAllocated;
   stats_.allocated_bytes.Increase(static_cast<int64_t>(block->size));
   stats_.active_bytes.Increase(static_cast<int64_t>(block->size));
@@ -246,20 +271,20 @@ StatusOr<std::shared_ptr<Storage>> CachingAllocator::Allocate(size_t bytes, Stre
   EmitTraceCounters();
   char* ptr = block->ptr;
   lock.unlock();
-  return std::make_shared<Storage>(ptr, bytes, device_->id(), this, block, &ReleaseStorage);
+  return std::make_shared<Storage>(ptr, bytes, device_id_, this, block, &ReleaseStorage);
 }
 
 Status CachingAllocator::RecordStream(const Storage& storage, Stream* stream) {
   if (storage.owner() != this) {
     return InvalidArgumentError("RecordStream on a storage that was not allocated by the "
                                 "caching allocator of " +
-                                device_->id().ToString());
+                                device_id_.ToString());
   }
   if (stream == nullptr) return InvalidArgumentError("RecordStream on a null stream");
-  if (stream->device() != device_->id()) {
+  if (stream->device() != device_id_) {
     return InvalidArgumentError("RecordStream on stream '" + stream->name() + "' of " +
                                 stream->device().ToString() + " for memory of " +
-                                device_->id().ToString());
+                                device_id_.ToString());
   }
   Block* block = static_cast<Block*>(storage.handle());
   if (block == nullptr) return OkStatus();  // zero bytes: nothing to protect
@@ -298,21 +323,21 @@ void CachingAllocator::Free(Block* block) {
   EmitTraceCounters();
 }
 
-CachingAllocator::Block* CachingAllocator::FindFreeBlock(Pool& pool, int64_t stream_id,
-                                                         size_t size) {
+CachingAllocator::Pool::iterator CachingAllocator::FindFreeBlock(Pool& pool, int64_t stream_id,
+                                                                 size_t size) {
   Block key;
   key.stream_id = stream_id;
   key.size = size;
   auto it = pool.lower_bound(&key);
-  if (it == pool.end() || (*it)->stream_id != stream_id) return nullptr;
-  Block* block = *it;
-  spare_nodes_.push_back(pool.extract(it));
-  return block;
+  if (it == pool.end() || (*it)->stream_id != stream_id) return pool.end();
+  CHECK_GE((*it)->size, size) << "pool out of order";
+  return it;
 }
 
 StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSegment(size_t block_size,
                                                                      size_t segment_size,
-                                                                     bool small, Stream* stream) {
+                                                                     bool small,
+                                                                     int64_t stream_id) {
   const size_t cap = options_.capacity_bytes;
   const size_t reserved = static_cast<size_t>(stats_.reserved_bytes.current);
   if (cap != 0 && reserved + segment_size > cap) segment_size = block_size;
@@ -325,7 +350,7 @@ StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSegment(size_t bloc
   Block* block = NewBlock();
   block->ptr = static_cast<char*>(ptr);
   block->size = segment_size;
-  block->stream_id = stream->id();
+  block->stream_id = stream_id;
   block->small = small;
   block->state = Block::State::kFree;
   segments_.push_back(block);
@@ -334,20 +359,33 @@ StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSegment(size_t bloc
   return block;
 }
 
-CachingAllocator::Block* CachingAllocator::SplitOff(Block* block, size_t size) {
-  Block* rest = NewBlock();
-  rest->ptr = block->ptr + size;
-  rest->size = block->size - size;
-  rest->stream_id = block->stream_id;
-  rest->small = block->small;
-  rest->state = Block::State::kFree;
-  rest->prev = block;
-  rest->next = block->next;
-  if (rest->next != nullptr) rest->next->prev = rest;
-  block->next = rest;
-  block->size = size;
-  InsertFree(rest);
-  return rest;
+CachingAllocator::Block* CachingAllocator::CarveTop(Block* block, size_t size) {
+  Block* top = NewBlock();
+  top->ptr = block->ptr + block->size - size;
+  top->size = size;
+  top->stream_id = block->stream_id;
+  top->small = block->small;
+  top->state = Block::State::kFree;
+  top->prev = block;
+  top->next = block->next;
+  if (top->next != nullptr) top->next->prev = top;
+  block->next = top;
+  return top;
+}
+
+void CachingAllocator::ResizeFree(Pool& pool, Pool::iterator it, size_t new_size) {
+  Block* block = *it;
+  block->size = new_size;
+  // The set orders by (stream, size, address); changing the size of an
+  // element in place is sound while it stays between its neighbours, which
+  // is the common case (one cached free block per stream and pool) and saves
+  // the erase and insert of a rebalancing tree on the hot path.
+  BlockOrder less;
+  const bool after_prev = it == pool.begin() || less(*std::prev(it), block);
+  const bool before_next = std::next(it) == pool.end() || less(block, *std::next(it));
+  if (after_prev && before_next) return;
+  spare_nodes_.push_back(pool.extract(it));
+  InsertFree(block);
 }
 
 void CachingAllocator::InsertFree(Block* block) {
@@ -371,24 +409,39 @@ void CachingAllocator::EraseFree(Block* block) {
 
 void CachingAllocator::ReturnToPool(Block* block) {
   block->state = Block::State::kFree;
-  if (Block* prev = block->prev; prev != nullptr && prev->state == Block::State::kFree) {
-    // The lower block absorbs the higher one, so a segment's head Block
-    // (listed in segments_) survives every merge.
-    EraseFree(prev);
-    prev->size += block->size;
-    prev->next = block->next;
-    if (prev->next != nullptr) prev->next->prev = prev;
-    DeleteBlock(block);
-    block = prev;
+  Block* prev = block->prev;
+  Block* next = block->next;
+  const bool prev_free = prev != nullptr && prev->state == Block::State::kFree;
+  const bool next_free = next != nullptr && next->state == Block::State::kFree;
+  if (!prev_free) {
+    if (next_free) {
+      EraseFree(next);
+      block->size += next->size;
+      block->next = next->next;
+      if (block->next != nullptr) block->next->prev = block;
+      DeleteBlock(next);
+    }
+    InsertFree(block);
+    return;
   }
-  if (Block* next = block->next; next != nullptr && next->state == Block::State::kFree) {
+  // The lower block absorbs the higher ones, so a segment's head Block
+  // (listed in segments_) survives every merge. Blocks are carved from the
+  // top of free blocks, so this is the path of the steady state.
+  size_t merged = prev->size + block->size;
+  prev->next = next;
+  if (next != nullptr) next->prev = prev;
+  DeleteBlock(block);
+  if (next_free) {
     EraseFree(next);
-    block->size += next->size;
-    block->next = next->next;
-    if (block->next != nullptr) block->next->prev = block;
+    merged += next->size;
+    prev->next = next->next;
+    if (prev->next != nullptr) prev->next->prev = prev;
     DeleteBlock(next);
   }
-  InsertFree(block);
+  Pool& pool = prev->small ? small_pool_ : large_pool_;
+  auto it = pool.find(prev);
+  CHECK(it != pool.end()) << "free block missing from its pool";
+  ResizeFree(pool, it, merged);
 }
 
 void CachingAllocator::ProcessPendingFrees() {
@@ -487,7 +540,7 @@ Status CachingAllocator::SetCapacity(size_t capacity_bytes) {
     EmitTraceCounters();
     if (static_cast<size_t>(stats_.reserved_bytes.current) > capacity_bytes) {
       return FailedPreconditionError(
-          "cannot cap " + device_->id().ToString() + " at " +
+          "cannot cap " + device_id_.ToString() + " at " +
           FormatBytes(static_cast<int64_t>(capacity_bytes)) + ": " + DescribeStats());
     }
   }
@@ -534,13 +587,67 @@ std::vector<SegmentInfo> CachingAllocator::Snapshot() const {
   return segments;
 }
 
-void CachingAllocator::EmitTraceCounters() {
-  TraceRecorder& trace = TraceRecorder::Global();
-  if (!trace.enabled()) return;
-  trace.Counter("memory " + device_->id().ToString(), device_->id().index,
-                TraceRecorder::NowMicros(),
-                {{"allocated", static_cast<double>(stats_.allocated_bytes.current)},
-                 {"reserved", static_cast<double>(stats_.reserved_bytes.current)}});
+Status CachingAllocator::CheckInvariants() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  BlockOrder less;
+  size_t free_blocks = 0;
+  for (const Pool* pool : {&small_pool_, &large_pool_}) {
+    const Block* previous = nullptr;
+    for (const Block* b : *pool) {
+      if (previous != nullptr && !less(previous, b)) return InternalError("pool out of order");
+      if (b->state != Block::State::kFree) return InternalError("non-free block in a pool");
+      if (b->small != (pool == &small_pool_)) return InternalError("block in the wrong pool");
+      previous = b;
+    }
+    free_blocks += pool->size();
+  }
+  size_t free_seen = 0;
+  int64_t allocated = 0, active = 0, reserved = 0;
+  for (const Block* head : segments_) {
+    if (head->prev != nullptr) return InternalError("segment head has a predecessor");
+    for (const Block* b = head; b != nullptr; b = b->next) {
+      reserved += static_cast<int64_t>(b->size);
+      if (b->next != nullptr) {
+        if (b->next->prev != b) return InternalError("broken neighbour links");
+        if (b->next->ptr != b->ptr + b->size) return InternalError("blocks do not tile");
+        if (b->next->stream_id != b->stream_id) return InternalError("segment spans streams");
+        if (b->state == Block::State::kFree && b->next->state == Block::State::kFree) {
+          return InternalError("adjacent free blocks not coalesced");
+        }
+      }
+      switch (b->state) {
+        case Block::State::kFree: {
+          ++free_seen;
+          const Pool& pool = b->small ? small_pool_ : large_pool_;
+          if (pool.find(const_cast<Block*>(b)) == pool.end()) {
+            return InternalError("free block missing from its pool");
+          }
+          break;
+        }
+        case Block::State::kAllocated:
+          allocated += static_cast<int64_t>(b->size);
+          active += static_cast<int64_t>(b->size);
+          break;
+        case Block::State::kAwaitingEvents:
+          active += static_cast<int64_t>(b->size);
+          if (b->pending_events <= 0) return InternalError("awaiting block without events");
+          break;
+      }
+    }
+  }
+  if (free_seen != free_blocks) return InternalError("pools hold blocks of no segment");
+  if (allocated != stats_.allocated_bytes.current || active != stats_.active_bytes.current ||
+      reserved != stats_.reserved_bytes.current ||
+      static_cast<int64_t>(segments_.size()) != stats_.segments.current) {
+    return InternalError("stats differ from a recount: " + DescribeStats());
+  }
+  return OkStatus();
+}
+
+void CachingAllocator::EmitTraceCountersSlow() {
+  trace_.Counter("memory " + device_id_.ToString(), device_id_.index, TraceRecorder::NowMicros(),
+                 {{"allocated", static_cast<double>(stats_.allocated_bytes.current)},
+                  {"reserved", static_cast<double>(stats_.reserved_bytes.current)}});
 }
 
 std::string CachingAllocator::DescribeStats() const {

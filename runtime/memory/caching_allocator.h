@@ -33,6 +33,7 @@
 #include "runtime/core/allocator.h"
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
+#include "runtime/core/trace.h"
 #include "runtime/device/device.h"
 
 namespace sk {
@@ -119,7 +120,7 @@ class CachingAllocator {
   // Device::Get.
   static StatusOr<CachingAllocator*> ForDevice(DeviceId id);
 
-  DeviceId device() const { return device_->id(); }
+  DeviceId device() const { return device_id_; }
 
   // A storage of at least `bytes` bytes owned by `stream`. When it dies its
   // block returns to `stream`'s pool (after the events of any RecordStream).
@@ -148,6 +149,10 @@ class CachingAllocator {
   void ResetPeakStats();
   // Every segment and block, in address order (for tests and memory dumps).
   std::vector<SegmentInfo> Snapshot() const;
+  // Verifies the internal structure (pools ordered and holding exactly the
+  // free blocks, neighbour links, stats): Internal naming the first violation.
+  // O(blocks); for tests.
+  Status CheckInvariants() const;
 
  private:
   struct Block;
@@ -165,10 +170,16 @@ class CachingAllocator {
   void Free(Block* block);
 
   // All below require mu_.
-  Block* FindFreeBlock(Pool& pool, int64_t stream_id, size_t size);
+  // The best-fitting free block of `stream_id` in `pool`, or pool.end().
+  Pool::iterator FindFreeBlock(Pool& pool, int64_t stream_id, size_t size);
   StatusOr<Block*> AllocateSegment(size_t block_size, size_t segment_size, bool small,
-                                   Stream* stream);
-  Block* SplitOff(Block* block, size_t size);
+                                   int64_t stream_id);
+  // A new block for the top `size` bytes of free block `block`, which keeps
+  // the rest (its size changes, so its pool position is fixed by the caller).
+  Block* CarveTop(Block* block, size_t size);
+  // Sets the size of the free block at `it`, moving it in the pool only if
+  // its order among its neighbours changed.
+  void ResizeFree(Pool& pool, Pool::iterator it, size_t new_size);
   void InsertFree(Block* block);
   void EraseFree(Block* block);
   void ReturnToPool(Block* block);
@@ -179,10 +190,15 @@ class CachingAllocator {
   Block* NewBlock();
   void DeleteBlock(Block* block);
   StatusOr<std::shared_ptr<Event>> TakeEvent();
-  void EmitTraceCounters();
+  void EmitTraceCounters() {
+    if (trace_.enabled()) EmitTraceCountersSlow();
+  }
+  void EmitTraceCountersSlow();
   std::string DescribeStats() const;
 
   Device* const device_;
+  const DeviceId device_id_;
+  TraceRecorder& trace_;
   Options options_;
 
   mutable std::mutex mu_;

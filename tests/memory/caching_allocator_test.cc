@@ -103,23 +103,32 @@ TEST_F(CachingAllocatorTest, SmallRequestsSplitOneSegmentAndCoalesceWhenFreed) {
   auto x = MustAllocate(a, 1, s0_.get());
   auto y = MustAllocate(a, 512, s0_.get());
   auto z = MustAllocate(a, 513, s0_.get());
-  EXPECT_EQ(Addr(y), Addr(x) + 512);
-  EXPECT_EQ(Addr(z), Addr(y) + 512);
+  // Carved downwards from the top of one 2 MiB segment.
+  std::vector<SegmentInfo> snap = a.Snapshot();
+  ASSERT_EQ(snap.size(), 1u);
+  const uintptr_t base = snap[0].address;
+  EXPECT_EQ(Addr(x), base + 2 * kMiB - 512);
+  EXPECT_EQ(Addr(y), Addr(x) - 512);
+  EXPECT_EQ(Addr(z), Addr(y) - 1024);
   EXPECT_EQ(a.stats().allocated_bytes.current, 512 + 512 + 1024);
   EXPECT_EQ(a.stats().reserved_bytes.current, static_cast<int64_t>(2 * kMiB));
-  const uintptr_t base = Addr(x);
 
-  y.reset();
-  x.reset();
-  std::vector<SegmentInfo> snap = a.Snapshot();
+  y.reset();  // between z and x: nothing to merge with
+  snap = a.Snapshot();
+  ASSERT_EQ(snap[0].blocks.size(), 4u);
+  x.reset();  // merges with y's block below it
+  snap = a.Snapshot();
   ASSERT_EQ(snap.size(), 1u);
   ASSERT_EQ(snap[0].blocks.size(), 3u);
   EXPECT_EQ(snap[0].blocks[0].address, base);
-  EXPECT_EQ(snap[0].blocks[0].size, 1024u);  // x and y merged
   EXPECT_FALSE(snap[0].blocks[0].allocated);
   EXPECT_TRUE(snap[0].blocks[1].allocated);  // z
+  EXPECT_EQ(snap[0].blocks[2].address, Addr(z) + 1024);
+  EXPECT_EQ(snap[0].blocks[2].size, 1024u);  // x and y merged
+  EXPECT_FALSE(snap[0].blocks[2].allocated);
+  ExpectConsistent(a);
 
-  z.reset();
+  z.reset();  // merges with both neighbours
   snap = a.Snapshot();
   ASSERT_EQ(snap.size(), 1u);
   ASSERT_EQ(snap[0].blocks.size(), 1u);
@@ -148,7 +157,7 @@ TEST_F(CachingAllocatorTest, LargeBlockKeepsASliverNoLargerThanSmallSize) {
   CachingAllocator a(device_);
   auto two = MustAllocate(a, 2 * kMiB, s0_.get());  // from a 20 MiB segment, 18 MiB left
   auto rest = MustAllocate(a, 17 * kMiB + kMiB / 2, s0_.get());
-  EXPECT_EQ(Addr(rest), Addr(two) + 2 * kMiB);
+  EXPECT_EQ(Addr(rest), Addr(two) - 18 * kMiB);  // the whole rest of the segment
   // The 0.5 MiB remainder is not split off: the whole 18 MiB is allocated.
   EXPECT_EQ(a.stats().allocated_bytes.current, static_cast<int64_t>(20 * kMiB));
   EXPECT_EQ(a.stats().segments.current, 1);
@@ -298,7 +307,7 @@ TEST_F(CachingAllocatorTest, RecordedBlockIsNotReusedBeforeTheOtherStreamPassesI
 
   auto y = MustAllocate(a, 512, s0_.get());
   EXPECT_NE(Addr(y), x_addr);
-  ASSERT_TRUE(a.Snapshot()[0].blocks[0].awaiting_events);
+  ASSERT_TRUE(a.Snapshot()[0].blocks.back().awaiting_events);
   ExpectConsistent(a);
 
   gate.Open();

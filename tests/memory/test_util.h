@@ -22,6 +22,10 @@ namespace sk::testing {
 class Gate {
  public:
   Gate() : state_(std::make_shared<State>()) {}
+  // Opens, so that a test that fails early does not leave a stream held.
+  ~Gate() { Open(); }
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
 
   // Enqueues the blocking closure on `stream`.
   void Block(Stream& stream) {
@@ -78,6 +82,8 @@ inline Recount RecountSnapshot(const std::vector<SegmentInfo>& snapshot) {
 // Checks that stats() agree with a recount of the snapshot and that each
 // segment's blocks tile it without gaps or overlaps.
 inline void ExpectConsistent(const CachingAllocator& allocator) {
+  Status internal = allocator.CheckInvariants();
+  EXPECT_TRUE(internal.ok()) << internal;
   std::vector<SegmentInfo> snapshot = allocator.Snapshot();
   MemoryStats stats = allocator.stats();
   Recount r = RecountSnapshot(snapshot);
