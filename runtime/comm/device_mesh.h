@@ -1,0 +1,60 @@
+// DeviceMesh: a 2-D arrangement of a group's ranks for hybrid sharding.
+//
+// `replicate` x `shard` ranks, row-major: world rank = r * shard + s. The
+// shard group of a rank holds the `shard` ranks of its row (parameters are
+// sharded across it: all_gather / reduce_scatter); its replicate group holds
+// the `replicate` ranks of its column, same shard index on every replica
+// (gradient shards are all-reduced across it). shard == world is FULL_SHARD,
+// replicate == world is DDP-like replication, anything between is
+// HYBRID_SHARD with sharding factor F = shard.
+//
+// Thread safety: immutable after Create; the groups are ordinary ProcessGroups.
+#ifndef SHARDKIT_RUNTIME_COMM_DEVICE_MESH_H_
+#define SHARDKIT_RUNTIME_COMM_DEVICE_MESH_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/process_group.h"
+
+namespace sk::comm {
+
+class DeviceMesh {
+ public:
+  // Collective over `world`: every rank calls it with the same shape.
+  // InvalidArgument unless replicate * shard == world.size() and both >= 1.
+  // `world` must outlive the mesh.
+  static StatusOr<std::unique_ptr<DeviceMesh>> Create(ProcessGroup& world, int replicate, int shard,
+                                                      Duration timeout = kDefaultTimeout);
+
+  int replicate_size() const { return replicate_; }
+  int shard_size() const { return shard_; }
+  // This rank's coordinates: its row (replica) and column (shard index).
+  int replicate_index() const { return world_.rank() / shard_; }
+  int shard_index() const { return world_.rank() % shard_; }
+
+  ProcessGroup& world() const { return world_; }
+  ProcessGroup& shard_group() const { return *shard_group_; }
+  ProcessGroup& replicate_group() const { return *replicate_group_; }
+
+  // World ranks of row `replica` and of column `shard_index`.
+  std::vector<int> ShardGroupRanks(int replica) const;
+  std::vector<int> ReplicateGroupRanks(int shard_index) const;
+  // "DeviceMesh(replicate=2, shard=4)".
+  std::string ToString() const;
+
+ private:
+  DeviceMesh(ProcessGroup& world, int replicate, int shard)
+      : world_(world), replicate_(replicate), shard_(shard) {}
+
+  ProcessGroup& world_;
+  const int replicate_;
+  const int shard_;
+  std::unique_ptr<ProcessGroup> shard_group_;
+  std::unique_ptr<ProcessGroup> replicate_group_;
+};
+
+}  // namespace sk::comm
+
+#endif  // SHARDKIT_RUNTIME_COMM_DEVICE_MESH_H_

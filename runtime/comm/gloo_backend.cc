@@ -1,0 +1,403 @@
+#include "runtime/comm/gloo_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include <gloo/allgather.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "runtime/comm/reduce.h"
+#include "runtime/core/allocator.h"
+#include "runtime/core/trace.h"
+
+namespace sk::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Our Store seen through Gloo's interface, for connectFullMesh. Gloo expects
+// failures as exceptions; they are caught where the context is formed.
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(sk::comm::Store& store, Duration timeout) : store_(store), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Status s = store_.Set(key, std::string(data.begin(), data.end()));
+    if (!s.ok()) throw gloo::IoException(s.ToString());
+  }
+  std::vector<char> get(const std::string& key) override {
+    StatusOr<std::string> v = store_.Get(key, timeout_);
+    if (!v.ok()) throw gloo::IoException(v.status().ToString());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    for (const std::string& key : keys) {
+      StatusOr<std::string> v = store_.Get(key, timeout);
+      if (!v.ok()) throw gloo::IoException(v.status().ToString());
+    }
+  }
+
+ private:
+  sk::comm::Store& store_;
+  const Duration timeout_;
+};
+
+// Gloo reports a silent peer as an IoException whose text says it timed out.
+Status FromGlooException(const std::exception& e, const std::string& what) {
+  std::string msg = e.what();
+  std::string lower = msg;
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  if (lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos) {
+    return DeadlineExceededError(what + ": " + msg);
+  }
+  return UnavailableError(what + ": " + msg);
+}
+
+uint8_t* Bytes(const void* p) { return static_cast<uint8_t*>(const_cast<void*>(p)); }
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
+  return os.str();
+}
+
+}  // namespace
+
+// What a rank's collectives share with the closures running them: the
+// context and the sequence-order gate. Outlives the ProcessGroup if a
+// closure is still queued when it dies.
+class GlooState {
+ public:
+  GlooState(std::shared_ptr<gloo::rendezvous::Context> context, bool check_desync)
+      : context_(std::move(context)), rank_(context_->rank), size_(context_->size),
+        check_desync_(check_desync) {}
+
+  void NoteLaunched() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++launched_;
+  }
+
+  Status Run(const Collective& c) {
+    const auto deadline = Clock::now() + c.timeout;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return executed_ == c.seq || !broken_.ok(); })) {
+      // The gate would stay shut behind us for good: the context is unusable.
+      broken_ = DeadlineExceededError(Who(c) + ": earlier collectives of this rank did not finish within " +
+                                      std::to_string(c.timeout.count()) + " ms");
+      cv_.notify_all();
+      return broken_;
+    }
+    if (!broken_.ok()) {
+      if (executed_ == c.seq) Advance();
+      return UnavailableError(Who(c) + ": the gloo context failed earlier (" +
+                              broken_.ToString() + "); create a new group");
+    }
+    lock.unlock();
+    Status s;
+    try {
+      s = Execute(c);
+    } catch (const std::exception& e) {
+      s = FromGlooException(e, Who(c));
+    }
+    lock.lock();
+    if (!s.ok() && s.code() != StatusCode::kInvalidArgument) broken_ = s;
+    Advance();
+    return s;
+  }
+
+  // Waits for every launched collective to run, then barriers with the peers
+  // so none of them sees this rank's connections close mid-collective.
+  void Shutdown(Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return executed_ >= launched_ || !broken_.ok(); })) {
+      return;
+    }
+    if (!broken_.ok()) return;
+    lock.unlock();
+    try {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(0xfffffff0u);
+      opts.setTimeout(timeout);
+      gloo::barrier(opts);
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "gloo rank " << rank_ << ": final barrier failed: " << e.what();
+    }
+  }
+
+ private:
+  void Advance() {
+    ++executed_;
+    cv_.notify_all();
+  }
+  std::string Who(const Collective& c) const {
+    return "gloo rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " + c.Describe();
+  }
+  static uint32_t Tag(const Collective& c, uint32_t step) {
+    return static_cast<uint32_t>(c.seq * 64 + step) & 0x7fffffffu;
+  }
+
+  void AllGatherBytes(void* out, const void* in, size_t bytes, uint32_t tag, Duration timeout) {
+    if (bytes == 0) return;
+    gloo::AllgatherOptions opts(context_);
+    // No input means in place: this rank's chunk is already in the output.
+    if (in != static_cast<char*>(out) + rank_ * bytes) opts.setInput(Bytes(in), bytes);
+    opts.setOutput(Bytes(out), bytes * size_);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::allgather(opts);
+  }
+  void AlltoallBytes(void* out, const void* in, size_t total, uint32_t tag, Duration timeout) {
+    if (total == 0) return;
+    gloo::AlltoallOptions opts(context_);
+    opts.setInput(Bytes(in), total);
+    opts.setOutput(Bytes(out), total);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::alltoall(opts);
+  }
+
+  // Reduces rank_'s shard: alltoall `in` (size_ shards of `count` elements)
+  // into `recv`, then sums the received shards in rank order into `out`.
+  void ReduceScatterShard(const Collective& c, DType dtype, const void* in, void* recv, void* out,
+                          size_t count, uint32_t tag) {
+    const size_t esize = DTypeSize(dtype);
+    AlltoallBytes(recv, in, count * esize * size_, tag, c.timeout);
+    std::vector<const void*> srcs(size_);
+    for (int j = 0; j < size_; ++j) srcs[j] = static_cast<const char*>(recv) + j * count * esize;
+    ReduceInRankOrder(srcs.data(), size_, dtype, count, c.pre_scale,
+                      c.op == ReduceOp::kAvg ? static_cast<float>(size_) : 1.0f, c.post_scale,
+                      out);
+  }
+
+  StatusOr<std::shared_ptr<Storage>> Scratch(size_t bytes) {
+    return HostAllocator::Default().AllocateBytes(bytes);
+  }
+
+  Status CheckDesync(const Collective& c) {
+    CallFingerprint mine = CallFingerprint::Of(c);
+    std::vector<CallFingerprint> all(size_);
+    AllGatherBytes(all.data(), &mine, sizeof(mine), Tag(c, 63), c.timeout);
+    return CompareFingerprints(all, "gloo group of " + std::to_string(size_));
+  }
+
+  Status Execute(const Collective& c) {
+    if (check_desync_) SK_RETURN_IF_ERROR(CheckDesync(c));
+    for (size_t e = 0; e < c.outputs.size(); ++e) {
+      const Tensor& in = c.inputs[e];
+      const Tensor& out = c.outputs[e];
+      const DType dtype = out.dtype();
+      const size_t esize = DTypeSize(dtype);
+      const uint32_t tag = Tag(c, static_cast<uint32_t>(2 * (e % 30)));
+      switch (c.kind) {
+        case CollectiveKind::kAllGather:
+          AllGatherBytes(out.data(), in.data(), in.nbytes(), tag, c.timeout);
+          break;
+        case CollectiveKind::kReduceScatter: {
+          SK_ASSIGN_OR_RETURN(auto recv, Scratch(in.nbytes()));
+          ReduceScatterShard(c, dtype, in.data(), recv->data(), out.data(),
+                             static_cast<size_t>(out.numel()), tag);
+          break;
+        }
+        case CollectiveKind::kAllReduce: {
+          const size_t n = static_cast<size_t>(out.numel());
+          if (n == 0) break;
+          const size_t m = (n + size_ - 1) / size_;
+          const size_t padded = m * size_ * esize;
+          const bool even = n % size_ == 0;
+          SK_ASSIGN_OR_RETURN(auto recv, Scratch(padded));
+          SK_ASSIGN_OR_RETURN(auto chunk, Scratch(m * esize));
+          std::shared_ptr<Storage> staging;
+          void* buffer = out.data();
+          if (!even) {
+            SK_ASSIGN_OR_RETURN(staging, Scratch(padded));
+            std::memcpy(staging->data(), out.data(), n * esize);
+            std::memset(static_cast<char*>(staging->data()) + n * esize, 0, padded - n * esize);
+            buffer = staging->data();
+          }
+          ReduceScatterShard(c, dtype, buffer, recv->data(), chunk->data(), m, tag);
+          AllGatherBytes(buffer, chunk->data(), m * esize, tag + 1, c.timeout);
+          if (!even) std::memcpy(out.data(), buffer, n * esize);
+          break;
+        }
+        case CollectiveKind::kBroadcast: {
+          if (out.nbytes() == 0) break;
+          gloo::BroadcastOptions opts(context_);
+          opts.setOutput(Bytes(out.data()), out.nbytes());
+          opts.setRoot(c.root);
+          opts.setTag(tag);
+          opts.setTimeout(c.timeout);
+          gloo::broadcast(opts);
+          break;
+        }
+        case CollectiveKind::kBarrier:
+          break;
+      }
+    }
+    if (c.kind == CollectiveKind::kBarrier) {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(Tag(c, 0));
+      opts.setTimeout(c.timeout);
+      gloo::barrier(opts);
+    }
+    return OkStatus();
+  }
+
+  const std::shared_ptr<gloo::rendezvous::Context> context_;
+  const int rank_;
+  const int size_;
+  const bool check_desync_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t executed_ = 0;  // sequence number allowed to run next
+  uint64_t launched_ = 0;
+  Status broken_;
+};
+
+StatusOr<DistributedEnv> DistributedEnv::FromEnvironment() {
+  auto get = [](const char* name) -> const char* { return std::getenv(name); };
+  auto parse_int = [&](const char* name, bool required, int fallback) -> StatusOr<int> {
+    const char* v = get(name);
+    if (v == nullptr || *v == '\0') {
+      if (required) return InvalidArgumentError(std::string("environment variable ") + name + " is not set");
+      return fallback;
+    }
+    char* end = nullptr;
+    long x = std::strtol(v, &end, 10);
+    if (*end != '\0' || x < 0 || x > 1 << 24) {
+      return InvalidArgumentError(std::string("environment variable ") + name + "='" + v +
+                                  "' is not a non-negative integer");
+    }
+    return static_cast<int>(x);
+  };
+  DistributedEnv env;
+  SK_ASSIGN_OR_RETURN(env.rank, parse_int("RANK", true, 0));
+  SK_ASSIGN_OR_RETURN(env.world_size, parse_int("WORLD_SIZE", true, 1));
+  SK_ASSIGN_OR_RETURN(env.local_rank, parse_int("LOCAL_RANK", false, env.rank));
+  SK_ASSIGN_OR_RETURN(env.local_world_size, parse_int("LOCAL_WORLD_SIZE", false, env.world_size));
+  SK_ASSIGN_OR_RETURN(env.master_port, parse_int("MASTER_PORT", true, 0));
+  const char* addr = get("MASTER_ADDR");
+  if (addr == nullptr || *addr == '\0') {
+    return InvalidArgumentError("environment variable MASTER_ADDR is not set");
+  }
+  env.master_addr = addr;
+  if (env.world_size < 1 || env.rank >= env.world_size) {
+    return InvalidArgumentError("RANK=" + std::to_string(env.rank) + " is not below WORLD_SIZE=" +
+                                std::to_string(env.world_size));
+  }
+  if (env.master_port < 1 || env.master_port > 65535) {
+    return InvalidArgumentError("MASTER_PORT=" + std::to_string(env.master_port) +
+                                " is not a TCP port");
+  }
+  return env;
+}
+
+StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(std::shared_ptr<Store> store,
+                                                                     std::string prefix, int rank,
+                                                                     int size, GlooOptions options) {
+  if (store == nullptr) return InvalidArgumentError("gloo group needs a store");
+  if (size < 1 || rank < 0 || rank >= size) {
+    return InvalidArgumentError("gloo group: rank " + std::to_string(rank) +
+                                " is not in a group of size " + std::to_string(size));
+  }
+  if (options.timeout.count() <= 0) return InvalidArgumentError("gloo group: non-positive timeout");
+  if (options.hostname.empty()) options.hostname = "127.0.0.1";
+  auto scoped = std::make_shared<PrefixStore>(prefix + "/", store);
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(options.timeout);
+    GlooStoreAdapter adapter(*scoped, options.timeout);
+    context->connectFullMesh(adapter, device);
+  } catch (const std::exception& e) {
+    return FromGlooException(e, "gloo rank " + std::to_string(rank) + " of " +
+                                    std::to_string(size) + " forming group '" + prefix + "'");
+  }
+  auto state = std::make_shared<GlooState>(std::move(context), options.check_desync);
+  return std::unique_ptr<GlooProcessGroup>(
+      new GlooProcessGroup(rank, size, std::move(state), std::move(store), std::move(prefix),
+                           std::move(options)));
+}
+
+StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::CreateFromEnvironment(
+    GlooOptions options) {
+  SK_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnv::FromEnvironment());
+  if (options.hostname.empty()) {
+    const std::string& m = env.master_addr;
+    if (m == "127.0.0.1" || m == "localhost" || m == "::1") {
+      options.hostname = "127.0.0.1";
+    } else {
+      char name[256] = {};
+      if (::gethostname(name, sizeof(name) - 1) != 0) {
+        return UnavailableError("gloo: gethostname failed; set GlooOptions::hostname");
+      }
+      options.hostname = name;
+    }
+  }
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store,
+                      TcpStore::Create(env.master_addr, env.master_port, env.rank == 0,
+                                       options.timeout));
+  return Create(std::shared_ptr<Store>(std::move(store)), "world", env.rank, env.world_size,
+                options);
+}
+
+GlooProcessGroup::GlooProcessGroup(int rank, int size, std::shared_ptr<GlooState> state,
+                                   std::shared_ptr<Store> store, std::string prefix,
+                                   GlooOptions options)
+    : ProcessGroup(rank, size), state_(std::move(state)), store_(std::move(store)),
+      prefix_(std::move(prefix)), options_(std::move(options)) {}
+
+GlooProcessGroup::~GlooProcessGroup() { state_->Shutdown(options_.timeout); }
+
+StatusOr<std::unique_ptr<ProcessGroup>> GlooProcessGroup::NewGroup(const std::vector<int>& ranks,
+                                                                   Duration timeout) {
+  SK_RETURN_IF_ERROR(ValidateGroupRanks(ranks, size(), rank()));
+  std::string key = RankList(ranks);
+  int occurrence = 0;
+  {
+    std::lock_guard<std::mutex> lock(new_group_mu_);
+    occurrence = new_group_counts_[key]++;
+  }
+  int sub_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank()) - ranks.begin());
+  GlooOptions options = options_;
+  options.timeout = timeout;
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<GlooProcessGroup> group,
+                      Create(store_, prefix_ + "/sub[" + key + "]#" + std::to_string(occurrence),
+                             sub_rank, static_cast<int>(ranks.size()), options));
+  return std::unique_ptr<ProcessGroup>(std::move(group));
+}
+
+StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Launch(Collective c, Stream& stream) {
+  if (!stream.device().is_cpu()) {
+    return Invalid("the gloo backend runs on CPU streams, not " + stream.device().ToString());
+  }
+  std::string description = "gloo rank " + std::to_string(rank()) + ": " + c.Describe();
+  const int rank = this->rank();
+  const int64_t track = stream.id();
+  SK_ASSIGN_OR_RETURN(
+      std::shared_ptr<Work> work,
+      EnqueueOnStream(std::move(description), stream,
+                      [state = state_, c = std::move(c), rank, track]() -> Status {
+                        TraceSpan span(CollectiveName(c.kind), "comm", rank, track);
+                        return state->Run(c);
+                      }));
+  state_->NoteLaunched();
+  return work;
+}
+
+}  // namespace sk::comm

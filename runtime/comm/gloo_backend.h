@@ -1,0 +1,113 @@
+// The `gloo` backend: ranks as processes (or threads) on one or many hosts,
+// connected by Gloo's TCP transport, rendezvous through a Store (store.h).
+//
+// Facts of Debian 12's libgloo-dev that shape this backend:
+//   - Its new-style API has allgather, alltoall, broadcast, barrier (and
+//     allreduce), but no reduce-scatter. reduce_scatter is an alltoall (each
+//     rank sends shard j to rank j: (N-1)/N of the buffer per rank, the
+//     optimum) followed by a local sum in rank order (reduce.h). all_reduce
+//     is that reduce-scatter plus an allgather (2(N-1)/N), so every CPU
+//     backend reduces in the same order and f32 results are bit-identical to
+//     the local backend's.
+//   - Old-style algorithms shrink the TCP send buffer of the pairs they touch
+//     to 4 KiB, after which bulk collectives on that context run ~1000x
+//     slower: only new-style calls are ever made on a context.
+//   - Destroying a context without a final barrier can abort the peer with
+//     "Connection closed by peer": the destructor drains this rank's
+//     collectives and runs a barrier (bounded by the group timeout).
+//   - It has no TCP store: TcpStore (store.h) is ours.
+//
+// Ordering: collectives may be issued on several streams; they execute on
+// the context strictly in sequence-number order (a collective waits, within
+// its timeout, for its predecessors), which every rank shares, so ranks never
+// disagree about which collective a message belongs to.
+//
+// Faults: a peer that is gone or silent makes the collective fail with
+// Unavailable or DeadlineExceeded within its timeout. A failed context is
+// broken for good (Gloo cannot resynchronise it): later collectives fail at
+// once with Unavailable naming the first failure; destroy the group and form
+// a new one. Optional desync detection exchanges each call's fingerprint
+// (one small allgather per collective) and fails with InvalidArgument naming
+// both calls on a mismatch.
+#ifndef SHARDKIT_RUNTIME_COMM_GLOO_BACKEND_H_
+#define SHARDKIT_RUNTIME_COMM_GLOO_BACKEND_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/process_group.h"
+#include "runtime/comm/store.h"
+
+namespace sk::comm {
+
+struct GlooOptions {
+  // Address this rank's transport listens on and advertises to its peers.
+  // Empty: 127.0.0.1 for Create(); for CreateFromEnvironment(), 127.0.0.1
+  // when MASTER_ADDR is a loopback name, else this host's name.
+  std::string hostname;
+  // Rendezvous timeout, and the default for Gloo's own operations.
+  Duration timeout = kDefaultTimeout;
+  // Exchange and compare each call's fingerprint before running it.
+  bool check_desync = false;
+};
+
+// The environment torchrun (and our launcher) give each rank.
+struct DistributedEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+
+  // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+  // MASTER_PORT. InvalidArgument naming the variable if one is missing
+  // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are required; the LOCAL_ ones
+  // default to RANK and WORLD_SIZE) or malformed.
+  static StatusOr<DistributedEnv> FromEnvironment();
+};
+
+class GlooState;
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  // Forms rank `rank` of a group of `size` through `store` (every rank must
+  // use the same store and `prefix`). Blocks until all ranks have connected
+  // or options.timeout passes (DeadlineExceeded).
+  static StatusOr<std::unique_ptr<GlooProcessGroup>> Create(std::shared_ptr<Store> store,
+                                                          std::string prefix, int rank, int size,
+                                                          GlooOptions options = {});
+  // The world group from torchrun's variables: rank 0 serves a TcpStore on
+  // MASTER_PORT, every rank connects to MASTER_ADDR:MASTER_PORT.
+  static StatusOr<std::unique_ptr<GlooProcessGroup>> CreateFromEnvironment(
+      GlooOptions options = {});
+
+  // Drains this rank's collectives and runs a final barrier (each bounded by
+  // the group timeout) before closing the connections.
+  ~GlooProcessGroup() override;
+
+  std::string backend_name() const override { return "gloo"; }
+  StatusOr<std::unique_ptr<ProcessGroup>> NewGroup(const std::vector<int>& ranks,
+                                                   Duration timeout = kDefaultTimeout) override;
+
+ protected:
+  StatusOr<std::shared_ptr<Work>> Launch(Collective c, Stream& stream) override;
+
+ private:
+  GlooProcessGroup(int rank, int size, std::shared_ptr<GlooState> state,
+                   std::shared_ptr<Store> store, std::string prefix, GlooOptions options);
+
+  std::shared_ptr<GlooState> state_;
+  std::shared_ptr<Store> store_;
+  const std::string prefix_;
+  const GlooOptions options_;
+  std::mutex new_group_mu_;
+  std::map<std::string, int> new_group_counts_;
+};
+
+}  // namespace sk::comm
+
+#endif  // SHARDKIT_RUNTIME_COMM_GLOO_BACKEND_H_

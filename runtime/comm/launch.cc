@@ -1,0 +1,278 @@
+// launch: starts one process per rank with torchrun's variables.
+//
+//   bazel run //runtime/comm:launch -- --nproc_per_node=N [--nnodes=1]
+//       [--node_rank=0] [--master_addr=127.0.0.1] [--master_port=29500]
+//       [--kill_grace_s=5] PROGRAM [ARGS...]
+//
+// Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT (and GROUP_RANK = node rank). Every line a rank prints on
+// stdout/stderr is copied to the launcher's stdout/stderr prefixed with
+// "[rank R] ". If a rank exits with a non-zero code or a signal, the launcher
+// sends SIGTERM to the others (SIGKILL after --kill_grace_s), and exits with
+// that rank's code (128 + signal for a signal). If all exit 0, it exits 0.
+// --master_port=0 picks a free port (single node only). Under `bazel run`,
+// PROGRAM and the ranks' working directory are the caller's, not runfiles'.
+//
+// Flags end at the first argument that does not start with "--" or at "--".
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+volatile sig_atomic_t g_interrupted = 0;
+void OnSignal(int sig) { g_interrupted = sig; }
+
+struct Flags {
+  int nproc_per_node = -1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int kill_grace_s = 5;
+};
+
+[[noreturn]] void Usage(const std::string& error) {
+  std::fprintf(stderr,
+               "launch: %s\nusage: launch --nproc_per_node=N [--nnodes=1] [--node_rank=0] "
+               "[--master_addr=127.0.0.1] [--master_port=29500] [--kill_grace_s=5] PROGRAM "
+               "[ARGS...]\n",
+               error.c_str());
+  std::exit(2);
+}
+
+int ParseInt(const std::string& name, const std::string& value, int lo, int hi) {
+  char* end = nullptr;
+  long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || v < lo || v > hi) {
+    Usage("--" + name + "=" + value + " must be an integer in [" + std::to_string(lo) + ", " +
+          std::to_string(hi) + "]");
+  }
+  return static_cast<int>(v);
+}
+
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    Usage(std::string("cannot find a free port: ") + std::strerror(errno));
+  }
+  int port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// One rank's output stream: bytes are cut into lines and prefixed.
+struct Output {
+  int fd;
+  int rank;
+  FILE* sink;
+  std::string partial;
+};
+
+void Emit(Output& o, const char* data, size_t len) {
+  o.partial.append(data, len);
+  size_t start = 0;
+  for (size_t nl; (nl = o.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+    std::fprintf(o.sink, "[rank %d] %.*s\n", o.rank, static_cast<int>(nl - start),
+                 o.partial.data() + start);
+  }
+  o.partial.erase(0, start);
+  std::fflush(o.sink);
+}
+
+void FlushPartial(Output& o) {
+  if (!o.partial.empty()) {
+    std::fprintf(o.sink, "[rank %d] %s\n", o.rank, o.partial.c_str());
+    o.partial.clear();
+    std::fflush(o.sink);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.rfind("--", 0) != 0) break;
+    size_t eq = arg.find('=');
+    if (eq == std::string::npos) Usage("flag " + arg + " needs =VALUE");
+    std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
+    if (name == "nproc_per_node") {
+      flags.nproc_per_node = ParseInt(name, value, 1, 4096);
+    } else if (name == "nnodes") {
+      flags.nnodes = ParseInt(name, value, 1, 65536);
+    } else if (name == "node_rank") {
+      flags.node_rank = ParseInt(name, value, 0, 65535);
+    } else if (name == "master_addr") {
+      flags.master_addr = value;
+    } else if (name == "master_port") {
+      flags.master_port = ParseInt(name, value, 0, 65535);
+    } else if (name == "kill_grace_s") {
+      flags.kill_grace_s = ParseInt(name, value, 0, 3600);
+    } else {
+      Usage("unknown flag --" + name);
+    }
+  }
+  if (flags.nproc_per_node < 1) Usage("--nproc_per_node is required");
+  if (flags.node_rank >= flags.nnodes) Usage("--node_rank must be below --nnodes");
+  if (i >= argc) Usage("no PROGRAM given");
+  if (flags.master_port == 0) {
+    if (flags.nnodes != 1) Usage("--master_port=0 only works with --nnodes=1");
+    flags.master_port = FreePort();
+  }
+  // Under `bazel run`, behave as if run from the caller's directory.
+  if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY"); wd != nullptr && *wd != '\0') {
+    if (::chdir(wd) != 0) Usage(std::string("cannot enter ") + wd);
+  }
+  std::vector<char*> program_args(argv + i, argv + argc);
+  program_args.push_back(nullptr);
+
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const int world = flags.nproc_per_node * flags.nnodes;
+  std::vector<pid_t> pids;
+  std::vector<Output> outputs;
+  for (int local = 0; local < flags.nproc_per_node; ++local) {
+    const int rank = flags.node_rank * flags.nproc_per_node + local;
+    int out_pipe[2], err_pipe[2];
+    if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0) Usage("pipe failed");
+    pid_t pid = ::fork();
+    if (pid < 0) Usage(std::string("fork failed: ") + std::strerror(errno));
+    if (pid == 0) {
+      ::setpgid(0, 0);  // its own process group, so stopping it stops its children too
+      ::dup2(out_pipe[1], 1);
+      ::dup2(err_pipe[1], 2);
+      ::close(out_pipe[0]);
+      ::close(out_pipe[1]);
+      ::close(err_pipe[0]);
+      ::close(err_pipe[1]);
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(flags.nproc_per_node).c_str(), 1);
+      setenv("GROUP_RANK", std::to_string(flags.node_rank).c_str(), 1);
+      setenv("MASTER_ADDR", flags.master_addr.c_str(), 1);
+      setenv("MASTER_PORT", std::to_string(flags.master_port).c_str(), 1);
+      ::execvp(program_args[0], program_args.data());
+      std::fprintf(stderr, "launch: cannot execute %s: %s\n", program_args[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    pids.push_back(pid);
+    outputs.push_back(Output{out_pipe[0], rank, stdout, {}});
+    outputs.push_back(Output{err_pipe[0], rank, stderr, {}});
+  }
+
+  std::map<pid_t, int> rank_of;
+  for (int local = 0; local < flags.nproc_per_node; ++local) {
+    rank_of[pids[local]] = flags.node_rank * flags.nproc_per_node + local;
+  }
+  std::vector<bool> running(pids.size(), true);
+  int live = static_cast<int>(pids.size());
+  int exit_code = 0;
+  bool stopping = false;
+  Clock::time_point kill_at = Clock::time_point::max();
+  auto stop_others = [&](const std::string& why) {
+    if (stopping) return;
+    stopping = true;
+    std::fprintf(stderr, "launch: %s; stopping the other ranks\n", why.c_str());
+    for (size_t k = 0; k < pids.size(); ++k) {
+      if (running[k]) ::kill(-pids[k], SIGTERM);
+    }
+    kill_at = Clock::now() + std::chrono::seconds(flags.kill_grace_s);
+  };
+
+  int open_fds = static_cast<int>(outputs.size());
+  // Output still open after every rank exited belongs to a process a rank
+  // left behind; it gets this long before the launcher stops reading.
+  constexpr auto kDrainAfterExit = std::chrono::seconds(2);
+  Clock::time_point drain_until = Clock::time_point::max();
+  while (live > 0 || (open_fds > 0 && Clock::now() < drain_until)) {
+    std::vector<pollfd> pfds;
+    std::vector<size_t> which;
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      if (outputs[k].fd >= 0) {
+        pfds.push_back(pollfd{outputs[k].fd, POLLIN, 0});
+        which.push_back(k);
+      }
+    }
+    int r = ::poll(pfds.data(), pfds.size(), 100);
+    if (r > 0) {
+      for (size_t p = 0; p < pfds.size(); ++p) {
+        if ((pfds[p].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+        Output& o = outputs[which[p]];
+        char buf[65536];
+        ssize_t n = ::read(o.fd, buf, sizeof(buf));
+        if (n > 0) {
+          Emit(o, buf, static_cast<size_t>(n));
+        } else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+          FlushPartial(o);
+          ::close(o.fd);
+          o.fd = -1;
+          --open_fds;
+        }
+      }
+    }
+    for (int status; live > 0;) {
+      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      auto it = rank_of.find(pid);
+      if (it == rank_of.end()) continue;
+      size_t k = 0;
+      while (pids[k] != pid) ++k;
+      running[k] = false;
+      if (--live == 0) drain_until = Clock::now() + kDrainAfterExit;
+      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (code != 0 && !stopping) {
+        exit_code = code;
+        stop_others("rank " + std::to_string(it->second) +
+                    (WIFEXITED(status) ? " exited with code " + std::to_string(code)
+                                       : " was killed by signal " + std::to_string(WTERMSIG(status))));
+      }
+    }
+    if (g_interrupted != 0 && !stopping) {
+      exit_code = 128 + g_interrupted;
+      stop_others("interrupted by signal " + std::to_string(g_interrupted));
+    }
+    if (stopping && Clock::now() >= kill_at) {
+      for (size_t k = 0; k < pids.size(); ++k) {
+        if (running[k]) ::kill(-pids[k], SIGKILL);
+      }
+      kill_at = Clock::time_point::max();
+    }
+  }
+  for (Output& o : outputs) FlushPartial(o);
+  return exit_code;
+}

@@ -1,0 +1,161 @@
+#include "runtime/comm/network_model.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <thread>
+
+namespace sk::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int CeilLog2(int n) {
+  int k = 0;
+  while ((1 << k) < n) ++k;
+  return k;
+}
+
+}  // namespace
+
+StatusOr<LinkModel> LinkModel::Parse(std::string_view spec) {
+  LinkModel m;
+  std::string_view algo = spec.substr(0, spec.find(':'));
+  if (algo == "ring") {
+    m.algorithm = LinkAlgorithm::kRing;
+  } else if (algo == "tree") {
+    m.algorithm = LinkAlgorithm::kTree;
+  } else {
+    return InvalidArgumentError("network model '" + std::string(spec) +
+                                "': algorithm must be ring or tree, got '" + std::string(algo) + "'");
+  }
+  if (spec.find(':') != std::string_view::npos) {
+    std::string rest(spec.substr(spec.find(':') + 1));
+    std::stringstream ss(rest);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      size_t eq = item.find('=');
+      std::string key = item.substr(0, eq);
+      std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+      char* end = nullptr;
+      double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !std::isfinite(v)) {
+        return InvalidArgumentError("network model '" + std::string(spec) + "': '" + item +
+                                    "' is not KEY=NUMBER");
+      }
+      if (key == "latency_us") {
+        m.latency_us = v;
+      } else if (key == "bandwidth_gbps") {
+        m.bandwidth_gbps = v;
+      } else {
+        return InvalidArgumentError("network model '" + std::string(spec) + "': unknown key '" +
+                                    key + "' (latency_us, bandwidth_gbps)");
+      }
+    }
+  }
+  if (m.latency_us < 0 || m.bandwidth_gbps <= 0) {
+    return InvalidArgumentError("network model '" + std::string(spec) +
+                                "': latency must be >= 0 and bandwidth > 0");
+  }
+  return m;
+}
+
+double LinkModel::Seconds(CollectiveKind kind, size_t bytes, int world) const {
+  if (world <= 1) return 0.0;
+  const double a = latency_us * 1e-6;
+  const double b = bandwidth_gbps * 1e9;
+  const double n = world;
+  const double bw_frac = (n - 1) / n * static_cast<double>(bytes) / b;
+  const bool ring = algorithm == LinkAlgorithm::kRing;
+  const double steps = ring ? n - 1 : CeilLog2(world);
+  switch (kind) {
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kReduceScatter:
+      return steps * a + bw_frac;
+    case CollectiveKind::kAllReduce:
+      return 2 * steps * a + 2 * bw_frac;
+    case CollectiveKind::kBroadcast:
+      return ring ? steps * a + static_cast<double>(bytes) / b
+                  : steps * (a + static_cast<double>(bytes) / b);
+    case CollectiveKind::kBarrier:
+      return 2 * steps * a;
+  }
+  return 0.0;
+}
+
+std::string LinkModel::ToString() const {
+  std::ostringstream os;
+  os << (algorithm == LinkAlgorithm::kRing ? "ring" : "tree") << ", alpha=" << latency_us
+     << " us, beta=" << bandwidth_gbps << " GB/s";
+  return os.str();
+}
+
+StatusOr<std::unique_ptr<NetworkModelProcessGroup>> NetworkModelProcessGroup::Wrap(
+    std::unique_ptr<ProcessGroup> inner, LinkModel model) {
+  if (inner == nullptr) return InvalidArgumentError("network model wraps a null group");
+  if (model.latency_us < 0 || !(model.bandwidth_gbps > 0)) {
+    return InvalidArgumentError("network model (" + model.ToString() +
+                                "): latency must be >= 0 and bandwidth > 0");
+  }
+  return std::unique_ptr<NetworkModelProcessGroup>(
+      new NetworkModelProcessGroup(std::move(inner), model));
+}
+
+NetworkModelProcessGroup::NetworkModelProcessGroup(std::unique_ptr<ProcessGroup> inner,
+                                                   LinkModel model)
+    : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)), model_(model) {}
+
+std::string NetworkModelProcessGroup::label() const {
+  return inner_->label() + " + network model (" + model_.ToString() + ")";
+}
+
+StatusOr<std::unique_ptr<ProcessGroup>> NetworkModelProcessGroup::NewGroup(
+    const std::vector<int>& ranks, Duration timeout) {
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> sub, inner_->NewGroup(ranks, timeout));
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<NetworkModelProcessGroup> wrapped,
+                      Wrap(std::move(sub), model_));
+  return std::unique_ptr<ProcessGroup>(std::move(wrapped));
+}
+
+StatusOr<std::shared_ptr<Work>> NetworkModelProcessGroup::Launch(Collective c, Stream& stream) {
+  // When the collective starts on the stream (not when it was issued).
+  auto start = std::make_shared<Clock::time_point>();
+  SK_RETURN_IF_ERROR(stream.Enqueue([start]() -> Status {
+    *start = Clock::now();
+    return OkStatus();
+  }));
+  StatusOr<std::shared_ptr<Work>> inner = InternalError("unreachable");
+  switch (c.kind) {
+    case CollectiveKind::kAllGather:
+      inner = inner_->all_gather_coalesced(c.outputs, c.inputs, stream, {c.timeout});
+      break;
+    case CollectiveKind::kReduceScatter:
+      inner = inner_->reduce_scatter_coalesced(
+          c.outputs, c.inputs, stream, {c.op, c.pre_scale, c.post_scale, c.timeout});
+      break;
+    case CollectiveKind::kAllReduce:
+      inner = inner_->all_reduce_coalesced(c.outputs, stream,
+                                           {c.op, c.pre_scale, c.post_scale, c.timeout});
+      break;
+    case CollectiveKind::kBroadcast:
+      inner = inner_->broadcast_coalesced(c.outputs, stream, {c.root, c.timeout});
+      break;
+    case CollectiveKind::kBarrier:
+      inner = inner_->barrier(stream, {c.timeout});
+      break;
+  }
+  SK_RETURN_IF_ERROR(inner.status());
+  const auto modelled = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(model_.Seconds(c.kind, c.nccl_bytes(), size())));
+  std::shared_ptr<Work> inner_work = std::move(inner).value();
+  // The stream is busy until the modelled link would be done, as a real one is.
+  return EnqueueOnStream(inner_work->description() + " [" + model_.ToString() + "]", stream,
+                         [start, modelled, inner_work]() -> Status {
+                           std::this_thread::sleep_until(*start + modelled);
+                           return inner_work->status();
+                         });
+}
+
+}  // namespace sk::comm

@@ -1,0 +1,318 @@
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "runtime/comm/store.h"
+
+namespace sk::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3 };
+enum Reply : uint8_t { kOk = 0, kTimeout = 1 };
+
+// How long a reply may lag behind the server-side wait it reports on.
+constexpr Duration kReplySlack{10'000};
+
+std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+// Sends all of `len` bytes. False if the peer went away.
+bool SendAll(int fd, const void* data, size_t len) {
+  const char* p = static_cast<const char*>(data);
+  while (len > 0) {
+    ssize_t k = ::send(fd, p, len, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    len -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// Receives exactly `len` bytes before `deadline`. kOk, or an error status.
+Status RecvAll(int fd, void* data, size_t len, Clock::time_point deadline) {
+  char* p = static_cast<char*>(data);
+  while (len > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return DeadlineExceededError("store: no reply in time");
+    pollfd pfd{fd, POLLIN, 0};
+    int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return UnavailableError(Errno("store: poll"));
+    if (r == 0) continue;
+    ssize_t k = ::recv(fd, p, len, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return UnavailableError("store: connection closed");
+    p += k;
+    len -= static_cast<size_t>(k);
+  }
+  return OkStatus();
+}
+
+bool SendString(int fd, const std::string& s) {
+  uint32_t len = static_cast<uint32_t>(s.size());
+  return SendAll(fd, &len, 4) && SendAll(fd, s.data(), s.size());
+}
+
+Status RecvString(int fd, std::string* s, Clock::time_point deadline) {
+  uint32_t len = 0;
+  SK_RETURN_IF_ERROR(RecvAll(fd, &len, 4, deadline));
+  s->resize(len);
+  return RecvAll(fd, s->data(), len, deadline);
+}
+
+}  // namespace
+
+// Serves the key-value map: one thread accepts, one thread per client.
+class TcpStoreServer {
+ public:
+  static StatusOr<std::unique_ptr<TcpStoreServer>> Start(int port) {
+    int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+    bool v6 = fd >= 0;
+    if (!v6) fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return UnavailableError(Errno("store server: socket"));
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    int rc;
+    if (v6) {
+      int zero = 0;
+      ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+      sockaddr_in6 addr{};
+      addr.sin6_family = AF_INET6;
+      addr.sin6_addr = in6addr_any;
+      addr.sin6_port = htons(static_cast<uint16_t>(port));
+      rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    } else {
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_ANY);
+      addr.sin_port = htons(static_cast<uint16_t>(port));
+      rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    }
+    if (rc != 0 || ::listen(fd, 128) != 0) {
+      Status s = UnavailableError(Errno(("store server: bind/listen on port " +
+                                         std::to_string(port)).c_str()));
+      ::close(fd);
+      return s;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+    int actual = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                          : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(fd, actual));
+  }
+
+  ~TcpStoreServer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      for (int fd : clients_) ::shutdown(fd, SHUT_RDWR);
+    }
+    cv_.notify_all();
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    accept_thread_.join();
+    for (auto& t : client_threads_) t.join();
+    ::close(listen_fd_);
+  }
+
+  int port() const { return port_; }
+
+ private:
+  TcpStoreServer(int fd, int port) : listen_fd_(fd), port_(port) {
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
+  }
+
+  void AcceptLoop() {
+    for (;;) {
+      pollfd pfd{listen_fd_, POLLIN, 0};
+      int r = ::poll(&pfd, 1, 200);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return;
+      }
+      if (r <= 0) continue;
+      int fd = ::accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) continue;
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) {
+        ::close(fd);
+        return;
+      }
+      clients_.push_back(fd);
+      client_threads_.emplace_back([this, fd] { Serve(fd); });
+    }
+  }
+
+  void Serve(int fd) {
+    // A client may stay idle for a whole training run: requests have no deadline.
+    const auto forever = Clock::time_point::max();
+    for (;;) {
+      uint8_t op = 0;
+      std::string key, value;
+      if (!RecvAll(fd, &op, 1, forever).ok() || !RecvString(fd, &key, forever).ok() ||
+          !RecvString(fd, &value, forever).ok()) {
+        break;
+      }
+      uint8_t reply = kOk;
+      std::string out;
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stop_) break;
+      if (op == kSet) {
+        data_[key] = value;
+        cv_.notify_all();
+      } else if (op == kGet) {
+        int64_t ms = 0;
+        if (value.size() == sizeof(ms)) std::memcpy(&ms, value.data(), sizeof(ms));
+        bool found = cv_.wait_for(lock, Duration(ms),
+                                  [&] { return stop_ || data_.count(key) > 0; });
+        if (found && data_.count(key) > 0) {
+          out = data_[key];
+        } else {
+          reply = kTimeout;
+        }
+      } else if (op == kAdd) {
+        int64_t delta = 0, current = 0;
+        if (value.size() == sizeof(delta)) std::memcpy(&delta, value.data(), sizeof(delta));
+        auto it = data_.find(key);
+        if (it != data_.end() && it->second.size() == sizeof(current)) {
+          std::memcpy(&current, it->second.data(), sizeof(current));
+        }
+        current += delta;
+        out.assign(reinterpret_cast<const char*>(&current), sizeof(current));
+        data_[key] = out;
+        cv_.notify_all();
+      } else {
+        break;  // not our protocol: drop the connection
+      }
+      lock.unlock();
+      if (!SendAll(fd, &reply, 1) || !SendString(fd, out)) break;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = clients_.begin(); it != clients_.end(); ++it) {
+      if (*it == fd) {
+        clients_.erase(it);
+        break;
+      }
+    }
+    ::close(fd);
+  }
+
+  const int listen_fd_;
+  const int port_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::map<std::string, std::string> data_;
+  std::vector<int> clients_;
+  std::thread accept_thread_;
+  std::vector<std::thread> client_threads_;
+};
+
+StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const std::string& host, int port, bool serve,
+                                                     Duration timeout) {
+  if (port < 0 || port > 65535) {
+    return InvalidArgumentError("store port " + std::to_string(port) + " is not a TCP port");
+  }
+  if (!serve && port == 0) return InvalidArgumentError("a store client needs a port, got 0");
+  std::unique_ptr<TcpStoreServer> server;
+  if (serve) {
+    SK_ASSIGN_OR_RETURN(server, TcpStoreServer::Start(port));
+    port = server->port();
+  }
+  const auto deadline = Clock::now() + timeout;
+  std::string last_error = "no attempt";
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int gai = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+    if (gai != 0) {
+      return UnavailableError("store: cannot resolve '" + host + "': " + gai_strerror(gai));
+    }
+    for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+      int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+      if (fd < 0) continue;
+      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        ::freeaddrinfo(res);
+        int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        return std::unique_ptr<TcpStore>(new TcpStore(fd, port, std::move(server)));
+      }
+      last_error = Errno("connect");
+      ::close(fd);
+    }
+    ::freeaddrinfo(res);
+    if (Clock::now() >= deadline) {
+      return DeadlineExceededError("store: could not reach " + host + ":" + std::to_string(port) +
+                                   " within " + std::to_string(timeout.count()) +
+                                   " ms (last error: " + last_error + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+TcpStore::TcpStore(int fd, int port, std::unique_ptr<TcpStoreServer> server)
+    : fd_(fd), port_(port), server_(std::move(server)) {}
+
+TcpStore::~TcpStore() {
+  ::close(fd_);
+  server_.reset();
+}
+
+StatusOr<std::string> TcpStore::Request(uint8_t op, const std::string& key,
+                                        const std::string& value, Duration timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!SendAll(fd_, &op, 1) || !SendString(fd_, key) || !SendString(fd_, value)) {
+    return UnavailableError("store: connection to port " + std::to_string(port_) + " lost");
+  }
+  const auto deadline = Clock::now() + timeout + kReplySlack;
+  uint8_t reply = 0;
+  std::string out;
+  SK_RETURN_IF_ERROR(RecvAll(fd_, &reply, 1, deadline));
+  SK_RETURN_IF_ERROR(RecvString(fd_, &out, deadline));
+  if (reply == kTimeout) {
+    return DeadlineExceededError("store: key '" + key + "' was not set within " +
+                                 std::to_string(timeout.count()) + " ms");
+  }
+  return out;
+}
+
+Status TcpStore::Set(const std::string& key, const std::string& value) {
+  return Request(kSet, key, value, Duration(0)).status();
+}
+
+StatusOr<std::string> TcpStore::Get(const std::string& key, Duration timeout) {
+  int64_t ms = timeout.count();
+  return Request(kGet, key, std::string(reinterpret_cast<const char*>(&ms), sizeof(ms)), timeout);
+}
+
+StatusOr<int64_t> TcpStore::Add(const std::string& key, int64_t delta) {
+  SK_ASSIGN_OR_RETURN(std::string out,
+                      Request(kAdd, key,
+                              std::string(reinterpret_cast<const char*>(&delta), sizeof(delta)),
+                              Duration(0)));
+  int64_t v = 0;
+  if (out.size() != sizeof(v)) return InternalError("store: malformed add reply");
+  std::memcpy(&v, out.data(), sizeof(v));
+  return v;
+}
+
+}  // namespace sk::comm

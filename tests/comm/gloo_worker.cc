@@ -1,0 +1,153 @@
+// A rank program for the launcher tests: forms the world gloo group from
+// torchrun's variables and runs one scenario. Exit code 0 means the scenario
+// behaved as specified; every rank prints what it saw.
+//
+//   gloo_worker collectives          every op x {f32, bf16} x sizes {0, 1, 1001}
+//   gloo_worker exit_mid_collective  the last rank exits (code 0) in the middle
+//                                    of an all_gather; the others must fail
+//                                    with Unavailable/DeadlineExceeded in time
+//   gloo_worker crash                rank 1 exits with code 3; the others sleep
+//                                    (no communication) until the launcher stops them
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "runtime/comm/gloo_backend.h"
+#include "tests/comm/conformance.h"
+
+namespace sk::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+int Fail(int rank, const std::string& what) {
+  std::printf("rank %d FAILED: %s\n", rank, what.c_str());
+  return 1;
+}
+
+float Expected(CollectiveKind kind, DType dt, int rank, int world, int64_t n, int64_t i) {
+  std::vector<float> per_rank(world);
+  switch (kind) {
+    case CollectiveKind::kAllGather:
+      return testing::InputValue(dt, static_cast<int>(i / n), i % n);
+    case CollectiveKind::kReduceScatter:
+      for (int j = 0; j < world; ++j) per_rank[j] = testing::InputValue(dt, j, rank * n + i);
+      return testing::ReferenceReduce(per_rank, dt, ReduceOp::kSum, 1, 1);
+    case CollectiveKind::kAllReduce:
+      for (int j = 0; j < world; ++j) per_rank[j] = testing::InputValue(dt, j, i);
+      return testing::ReferenceReduce(per_rank, dt, ReduceOp::kSum, 1, 1);
+    default:
+      return testing::InputValue(dt, 0, i);  // broadcast from root 0
+  }
+}
+
+int Collectives(ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size();
+  auto stream = testing::MakeStream(0, "comm");
+  for (CollectiveKind kind : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter,
+                              CollectiveKind::kAllReduce, CollectiveKind::kBroadcast}) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (int64_t n : {0, 1, 1001}) {
+        int64_t in_n = kind == CollectiveKind::kReduceScatter ? n * world : n;
+        int64_t out_n = kind == CollectiveKind::kAllGather ? n * world : n;
+        Tensor in = testing::MakeTensor(0, dt, in_n);
+        Tensor out = testing::MakeTensor(0, dt, out_n);
+        bool in_place = kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kBroadcast;
+        Tensor& src = in_place ? out : in;
+        for (int64_t i = 0; i < in_n; ++i) StoreFromFloat(src.data(), dt, i, testing::InputValue(dt, rank, i));
+        StatusOr<std::shared_ptr<Work>> w = InternalError("unset");
+        if (kind == CollectiveKind::kAllGather) w = pg.all_gather(out, in, *stream);
+        if (kind == CollectiveKind::kReduceScatter) w = pg.reduce_scatter(out, in, *stream);
+        if (kind == CollectiveKind::kAllReduce) w = pg.all_reduce(out, *stream);
+        if (kind == CollectiveKind::kBroadcast) w = pg.broadcast(out, *stream);
+        if (!w.ok()) return Fail(rank, w.status().ToString());
+        Status s = (*w)->wait(60s);
+        if (!s.ok()) return Fail(rank, s.ToString());
+        std::vector<float> got = testing::Values(out);
+        for (int64_t i = 0; i < out_n; ++i) {
+          float want = Expected(kind, dt, rank, world, n, i);
+          if (FloatBits(got[i]) != FloatBits(want)) {
+            return Fail(rank, std::string(CollectiveName(kind)) + " " + std::string(DTypeName(dt)) +
+                                  " n=" + std::to_string(n) + " element " + std::to_string(i) +
+                                  ": got " + std::to_string(got[i]) + " want " + std::to_string(want));
+          }
+        }
+      }
+    }
+  }
+  std::printf("rank %d of %d: all collectives match the reference\n", rank, world);
+  return 0;
+}
+
+int ExitMidCollective(ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size();
+  auto stream = testing::MakeStream(0, "comm");
+  auto b = pg.barrier(*stream, CollectiveOptions{30s});
+  if (!b.ok() || !(*b)->wait(30s).ok()) return Fail(rank, "first barrier");
+  const int64_t n = 8 << 20;  // 32 MiB per rank: far from done when the last rank leaves
+  Tensor in = testing::MakeTensor(0, DType::kF32, n);
+  Tensor out = testing::MakeTensor(0, DType::kF32, n * world);
+  auto start = std::chrono::steady_clock::now();
+  auto w = pg.all_gather(out, in, *stream, CollectiveOptions{10s});
+  if (!w.ok()) return Fail(rank, w.status().ToString());
+  if (rank == world - 1) {
+    std::this_thread::sleep_for(20ms);  // the collective is under way on the stream
+    std::printf("rank %d leaving mid-collective\n", rank);
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
+  Status s = (*w)->wait(60s);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kDeadlineExceeded) {
+    return Fail(rank, "expected Unavailable or DeadlineExceeded, got " + s.ToString());
+  }
+  if (secs > 15) return Fail(rank, "failure took " + std::to_string(secs) + " s");
+  std::printf("rank %d failed as expected after %.1f s: %s\n", rank, secs, StatusCodeName(s.code()).c_str());
+  std::fflush(stdout);
+  // The broken group must still be destroyable without hanging.
+  return 0;
+}
+
+int Crash(ProcessGroup& pg) {
+  auto stream = testing::MakeStream(0, "comm");
+  auto b = pg.barrier(*stream, CollectiveOptions{30s});
+  if (!b.ok() || !(*b)->wait(30s).ok()) return Fail(pg.rank(), "first barrier");
+  if (pg.rank() == 1) {
+    std::printf("rank 1 crashing\n");
+    std::fflush(stdout);
+    std::_Exit(3);
+  }
+  // Busy with something other than communication, which would notice the
+  // dead peer by itself: only the launcher can stop this rank in time.
+  std::this_thread::sleep_for(120s);
+  std::printf("rank %d was not stopped by the launcher\n", pg.rank());
+  std::fflush(stdout);
+  std::_Exit(0);  // skip the final barrier: this line must never be reached in the test
+}
+
+}  // namespace
+}  // namespace sk::comm
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: gloo_worker collectives|exit_mid_collective|crash\n");
+    return 2;
+  }
+  sk::comm::GlooOptions options;
+  options.timeout = std::chrono::seconds(30);
+  auto pg = sk::comm::GlooProcessGroup::CreateFromEnvironment(options);
+  if (!pg.ok()) {
+    std::fprintf(stderr, "cannot form the group: %s\n", pg.status().ToString().c_str());
+    return 1;
+  }
+  std::string mode = argv[1];
+  int rc = 2;
+  if (mode == "collectives") rc = sk::comm::Collectives(**pg);
+  if (mode == "exit_mid_collective") {
+    rc = sk::comm::ExitMidCollective(**pg);
+  }
+  if (mode == "crash") rc = sk::comm::Crash(**pg);
+  std::fflush(stdout);
+  return rc;
+}
