@@ -1,0 +1,191 @@
+#include "runtime/train/trainer.h"
+
+#include <chrono>
+
+namespace sk {
+
+// What a Step needs from a data-parallel engine; FSDP and DDP each adapt to it.
+class Trainer::Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual UnitHooks& hooks() = 0;
+  virtual Allocator& activations() = 0;
+  // Where optimizer state lives (device memory, or host with CPU offload).
+  virtual Allocator& optimizer_state() = 0;
+  virtual void SetGradientSync(bool enabled) = 0;
+  virtual Status FinishBackward() = 0;
+  virtual StatusOr<double> ClipGradNorm(double max_norm) = 0;
+  virtual Status OptimizerStep(Optimizer& optimizer) = 0;
+  virtual void ZeroGrad() = 0;
+  // Cumulative nccl-tests bytes of all collectives.
+  virtual int64_t BytesCommunicated() const = 0;
+};
+
+class Trainer::FsdpEngine final : public Trainer::Engine {
+ public:
+  explicit FsdpEngine(FullyShardedModel* f) : f_(f) {}
+  UnitHooks& hooks() override { return *f_; }
+  Allocator& activations() override { return f_->activation_allocator(); }
+  Allocator& optimizer_state() override {
+    return f_->options().cpu_offload ? static_cast<Allocator&>(HostAllocator::Default())
+                                     : f_->activation_allocator();
+  }
+  void SetGradientSync(bool enabled) override { f_->set_gradient_sync(enabled); }
+  Status FinishBackward() override { return f_->FinishBackward(); }
+  StatusOr<double> ClipGradNorm(double max_norm) override { return f_->ClipGradNorm(max_norm); }
+  Status OptimizerStep(Optimizer& o) override { return f_->OptimizerStep(o); }
+  void ZeroGrad() override { f_->ZeroGrad(); }
+  int64_t BytesCommunicated() const override {
+    const FsdpCounters& c = f_->counters();
+    return c.all_gather_bytes + c.reduce_scatter_bytes + c.all_reduce_bytes;
+  }
+
+ private:
+  FullyShardedModel* f_;
+};
+
+Status ValidateTrainerOptions(const TrainerOptions& o) {
+  SK_RETURN_IF_ERROR(FindModelConfig(o.model).status());
+  switch (o.parallelism) {
+    case Parallelism::kDefault:
+    case Parallelism::kFsdp:
+      break;
+    case Parallelism::kDdp:
+      return UnimplementedError("parallelism DDP is not available in this build");
+    default:
+      return InvalidArgumentError("unknown parallelism value " +
+                                  std::to_string(static_cast<int>(o.parallelism)));
+  }
+  if (o.batch_size < 1) return InvalidArgumentError("batch_size must be >= 1");
+  if (o.grad_accum_steps < 1) return InvalidArgumentError("grad_accum_steps must be >= 1");
+  if (o.seq_len < 0 || o.source_len < 0) return InvalidArgumentError("sequence lengths must be >= 0");
+  if (o.data_tokens < 0) return InvalidArgumentError("data_tokens must be >= 0");
+  if (!(o.clip_grad_norm >= 0)) return InvalidArgumentError("clip_grad_norm must be >= 0");
+  SK_RETURN_IF_ERROR(ValidateOptimizerOptions([&] {
+    OptimizerOptions x = o.optimizer;
+    if (x.kind == OptimizerKind::kDefault) x.kind = OptimizerKind::kAdamW;
+    return x;
+  }()));
+  return OkStatus();
+}
+
+Trainer::Trainer(const TrainerOptions& options, comm::ProcessGroup* world)
+    : options_(options), world_(world) {}
+
+Trainer::~Trainer() {
+  // The engine's streams hold buffers of the allocator: destroy it first.
+  optimizer_.reset();
+  engine_.reset();
+  fsdp_.reset();
+}
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
+                                                   comm::ProcessGroup* world) {
+  if (world == nullptr) return InvalidArgumentError("Trainer needs a process group");
+  SK_RETURN_IF_ERROR(ValidateTrainerOptions(options));
+  SK_RETURN_IF_ERROR(ValidateFsdpOptions(options.fsdp, world->size()));
+  std::unique_ptr<Trainer> t(new Trainer(options, world));
+  SK_RETURN_IF_ERROR(t->Init());
+  return t;
+}
+
+Status Trainer::Init() {
+  SK_ASSIGN_OR_RETURN(config_, FindModelConfig(options_.model));
+  if (options_.seq_len == 0) options_.seq_len = config_.seq_len;
+  if (options_.source_len == 0) options_.source_len = config_.source_len;
+  ModelOptions mo;
+  mo.compute_dtype = options_.fsdp.mixed_precision.param_dtype;
+  mo.activation_checkpointing = options_.activation_checkpointing;
+  SK_ASSIGN_OR_RETURN(model_, CreateModel(config_, mo));
+
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(world_->rank())));
+  CachingAllocator::Options ao;
+  ao.capacity_bytes = options_.memory_cap_bytes;
+  allocator_ = std::make_unique<CachingAllocator>(device, ao);
+
+  const int64_t vocab = config_.family == ModelFamily::kGpt ? config_.gpt.vocab_size : config_.t5.vocab_size;
+  if (options_.data_path.empty()) {
+    int64_t length = options_.data_tokens > 0
+                         ? options_.data_tokens
+                         : std::max<int64_t>(1 << 16, 8 * (options_.seq_len + options_.source_len + 1));
+    SK_ASSIGN_OR_RETURN(tokens_, SyntheticTokenStream(options_.data_seed, vocab, length));
+  } else {
+    SK_ASSIGN_OR_RETURN(tokens_, ReadTokenFile(options_.data_path, options_.data_width, vocab));
+  }
+  SK_RETURN_IF_ERROR(BatchFor(0, 0).status());
+
+  SK_ASSIGN_OR_RETURN(fsdp_, FullyShardedModel::Create(model_->units(), world_, allocator_.get(),
+                                                       options_.fsdp));
+  engine_ = std::make_unique<FsdpEngine>(fsdp_.get());
+  SK_ASSIGN_OR_RETURN(optimizer_, Optimizer::Create(options_.optimizer, &engine_->optimizer_state()));
+  return OkStatus();
+}
+
+StatusOr<TokenBatch> Trainer::BatchFor(int64_t step, int micro) const {
+  const int64_t index = step * options_.grad_accum_steps + micro;
+  if (config_.family == ModelFamily::kT5) {
+    return ReversalBatch(tokens_, options_.batch_size, options_.source_len, options_.seq_len,
+                         /*bos=*/0, options_.data_seed, index, world_->rank(), world_->size());
+  }
+  return LanguageModelBatch(tokens_, options_.batch_size, options_.seq_len, options_.data_seed,
+                            index, world_->rank(), world_->size());
+}
+
+StatusOr<StepMetrics> Trainer::Step() {
+  allocator_->ResetPeakStats();
+  const int64_t bytes_before = engine_->BytesCommunicated();
+  const auto t0 = std::chrono::steady_clock::now();
+  engine_->ZeroGrad();
+  double loss_sum = 0;
+  for (int m = 0; m < options_.grad_accum_steps; ++m) {
+    engine_->SetGradientSync(m + 1 == options_.grad_accum_steps);
+    SK_ASSIGN_OR_RETURN(TokenBatch batch, BatchFor(step_, m));
+    StatusOr<float> loss = model_->ForwardBackward(batch, engine_->hooks(), engine_->activations());
+    if (!loss.ok()) {
+      engine_->SetGradientSync(true);
+      return loss.status().WithContext("step " + std::to_string(step_ + 1));
+    }
+    loss_sum += *loss;
+  }
+  SK_RETURN_IF_ERROR(engine_->FinishBackward());
+  SK_ASSIGN_OR_RETURN(double norm, engine_->ClipGradNorm(options_.clip_grad_norm));
+  SK_RETURN_IF_ERROR(engine_->OptimizerStep(*optimizer_));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++step_;
+
+  StepMetrics m;
+  m.step = step_;
+  m.loss = static_cast<float>(loss_sum / options_.grad_accum_steps);
+  m.grad_norm = norm;
+  m.step_seconds = seconds;
+  const double tokens = static_cast<double>(options_.batch_size) * options_.seq_len *
+                        options_.grad_accum_steps;
+  m.tokens_per_second = tokens / seconds;
+  StepFlops flops = model_->Flops(options_.batch_size, options_.seq_len, options_.source_len);
+  m.model_tflops_per_rank = flops.model_flops * options_.grad_accum_steps / seconds / 1e12;
+  m.hardware_tflops_per_rank = flops.hardware_flops * options_.grad_accum_steps / seconds / 1e12;
+  MemoryStats s = allocator_->stats();
+  m.peak_allocated_bytes = s.allocated_bytes.peak;
+  m.peak_reserved_bytes = s.reserved_bytes.peak;
+  m.allocated_bytes = s.allocated_bytes.current;
+  m.reserved_bytes = s.reserved_bytes.current;
+  m.alloc_retries = s.num_alloc_retries;
+  m.ooms = s.num_ooms;
+  m.bytes_communicated = engine_->BytesCommunicated() - bytes_before;
+  return m;
+}
+
+StatusOr<float> Trainer::Evaluate(int batches) {
+  if (batches < 1) return InvalidArgumentError("Evaluate needs at least one batch");
+  double sum = 0;
+  for (int b = 0; b < batches; ++b) {
+    // Held-out: batch indices far beyond any training step's.
+    SK_ASSIGN_OR_RETURN(TokenBatch batch, BatchFor((int64_t{1} << 40) + b, 0));
+    SK_ASSIGN_OR_RETURN(float loss, model_->Forward(batch, engine_->hooks(), engine_->activations()));
+    sum += loss;
+  }
+  return static_cast<float>(sum / batches);
+}
+
+}  // namespace sk

@@ -1,0 +1,135 @@
+// Trainer: a model, a parallelism strategy, an optimizer and data, put
+// together into one `Step()` that returns the loss and the measurements every
+// harness reports (step time, tokens/s, model TFLOPS per rank, memory,
+// communication). It is what the C ABI's high-level API and the paper
+// harnesses drive.
+//
+// One Trainer per rank. Ranks are the ranks of `world`; rank r computes on
+// device cpu:r with its own caching allocator (capped at memory_cap_bytes to
+// emulate a device of that size), so N local ranks in one process each have
+// their own memory statistics, exactly as N GPUs would.
+//
+// Thread safety: one thread per Trainer.
+#ifndef SHARDKIT_RUNTIME_TRAIN_TRAINER_H_
+#define SHARDKIT_RUNTIME_TRAIN_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/process_group.h"
+#include "runtime/fsdp/fsdp.h"
+#include "runtime/memory/caching_allocator.h"
+#include "runtime/nn/configs.h"
+#include "runtime/nn/data.h"
+#include "runtime/optim/optimizer.h"
+
+namespace sk {
+
+// Values are part of the C ABI: never renumbered; 0 means "default" (FSDP).
+enum class Parallelism : int {
+  kDefault = 0,
+  kFsdp = 1,  // FullyShardedModel with FsdpOptions::strategy
+  kDdp = 2,   // the DDP baseline: full replicas, bucketed all-reduce
+};
+
+struct TrainerOptions {
+  // A name from ModelConfigs() ("gpt-10m", "t5-60m", ...).
+  std::string model = "gpt-tiny";
+  Parallelism parallelism = Parallelism::kFsdp;
+  FsdpOptions fsdp;
+  OptimizerOptions optimizer;
+  // Sequences per rank per micro-batch, and micro-batches per step (gradient
+  // accumulation with no_sync for all but the last).
+  int64_t batch_size = 2;
+  int grad_accum_steps = 1;
+  // 0: the configuration's default sequence lengths.
+  int64_t seq_len = 0;
+  int64_t source_len = 0;
+  // Clip the total gradient norm to this value; 0 = compute it, do not clip.
+  double clip_grad_norm = 0;
+  bool activation_checkpointing = false;
+  // Per-rank device memory cap in bytes; 0 = unlimited.
+  size_t memory_cap_bytes = 0;
+  // Training data: a token file (uint16/uint32 little-endian) or, when empty,
+  // a synthetic stream from data_seed.
+  std::string data_path;
+  TokenWidth data_width = TokenWidth::kUint16;
+  uint64_t data_seed = 1;
+  // Length of the synthetic stream; 0 = 64 Ki tokens (or enough for 8 windows).
+  // A short stream repeats, so a model can memorise it (tests, demos).
+  int64_t data_tokens = 0;
+};
+
+// InvalidArgument naming the field.
+Status ValidateTrainerOptions(const TrainerOptions& options);
+
+struct StepMetrics {
+  int64_t step = 0;             // steps completed, including this one
+  float loss = 0;               // mean over this rank's micro-batches
+  double grad_norm = 0;         // total L2 norm before clipping
+  double step_seconds = 0;
+  double tokens_per_second = 0;     // this rank's
+  double model_tflops_per_rank = 0; // model FLOPs (no recomputation) / time / 1e12
+  double hardware_tflops_per_rank = 0;
+  int64_t peak_allocated_bytes = 0;  // since the previous step
+  int64_t peak_reserved_bytes = 0;
+  int64_t allocated_bytes = 0;
+  int64_t reserved_bytes = 0;
+  int64_t alloc_retries = 0;         // cumulative
+  int64_t ooms = 0;                  // cumulative
+  int64_t bytes_communicated = 0;    // this step, nccl-tests bytes
+};
+
+class Trainer {
+ public:
+  // Collective over `world` (every rank calls it with the same options).
+  // `world` must outlive the trainer.
+  static StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
+                                                   comm::ProcessGroup* world);
+  ~Trainer();
+
+  // One optimizer step over grad_accum_steps micro-batches. Collective.
+  // ResourceExhausted when the memory cap is hit (counted in ooms; the
+  // trainer stays usable), DeadlineExceeded/Unavailable when a peer fails.
+  StatusOr<StepMetrics> Step();
+  // The mean loss of `batches` forward passes on held-out batches (no update).
+  StatusOr<float> Evaluate(int batches);
+
+  const TrainerOptions& options() const { return options_; }
+  const Model& model() const { return *model_; }
+  int64_t steps() const { return step_; }
+  int rank() const { return world_->rank(); }
+  int world_size() const { return world_->size(); }
+  CachingAllocator& allocator() { return *allocator_; }
+  // The FSDP engine (null under kDdp).
+  FullyShardedModel* fsdp() { return fsdp_.get(); }
+  Optimizer& optimizer() { return *optimizer_; }
+  // The batch of micro-step `micro` of step `step` for this rank.
+  StatusOr<TokenBatch> BatchFor(int64_t step, int micro) const;
+
+ private:
+  class Engine;
+  class FsdpEngine;
+  class DdpEngine;
+  Trainer(const TrainerOptions& options, comm::ProcessGroup* world);
+  Status Init();
+
+  TrainerOptions options_;
+  comm::ProcessGroup* world_;
+  std::unique_ptr<Model> model_;
+  NamedModelConfig config_;
+  std::unique_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<FullyShardedModel> fsdp_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<StreamAllocator> state_allocator_;
+  std::unique_ptr<Stream> state_stream_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<int32_t> tokens_;
+  int64_t step_ = 0;
+};
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_TRAIN_TRAINER_H_
