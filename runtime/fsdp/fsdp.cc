@@ -282,15 +282,17 @@ int FullyShardedModel::UnshardedAlive() const {
   if (ParamsPersistent()) return 0;
   int alive = 0;
   for (const FlatUnit& f : flat_) {
-    // A unit kept unsharded after its forward (SHARD_GRAD_OP) is not in flight.
-    if (f.full.defined() && f.state != UnitState::kForwardDone) ++alive;
+    if (f.full.defined() && f.in_flight) ++alive;
   }
   return alive;
 }
 
 Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
   FlatUnit& f = flat_[unit];
-  if (f.full.defined()) return OkStatus();
+  if (f.full.defined()) {
+    f.in_flight = true;  // about to be computed with (kept unsharded, or prefetched)
+    return OkStatus();
+  }
   if (prefetch && options_.all_gather_limit > 0 && UnshardedAlive() >= options_.all_gather_limit) {
     ++counters_.prefetches_deferred;
     return OkStatus();
@@ -310,6 +312,7 @@ Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
   co.timeout = options_.timeout;
   SK_ASSIGN_OR_RETURN(f.gather_work, shard_group_->all_gather(full, input, *ag_stream_, co));
   f.full = std::move(full);
+  f.in_flight = true;
   ++counters_.all_gathers;
   counters_.all_gather_bytes += Bytes(f.full);
   if (prefetch) ++counters_.prefetches;
@@ -335,6 +338,7 @@ StatusOr<std::vector<Tensor>> FullyShardedModel::WaitAndViews(int unit, const Te
 }
 
 void FullyShardedModel::Free(int unit) {
+  flat_[unit].in_flight = false;
   if (ParamsPersistent()) return;
   flat_[unit].full = Tensor();
   flat_[unit].gather_work.reset();
@@ -342,7 +346,7 @@ void FullyShardedModel::Free(int unit) {
 
 Status FullyShardedModel::Prefetch(const std::vector<int>& candidates) {
   for (int c : candidates) {
-    if (flat_[c].full.defined()) continue;
+    if (flat_[c].full.defined()) continue;  // in flight already, or kept unsharded
     if (options_.all_gather_limit > 0 && UnshardedAlive() >= options_.all_gather_limit) {
       ++counters_.prefetches_deferred;
       return OkStatus();
@@ -362,6 +366,7 @@ Status FullyShardedModel::Fail(Status s) {
   for (int u = 0; u < num_units(); ++u) {
     FlatUnit& f = flat_[u];
     f.state = UnitState::kIdle;
+    f.in_flight = false;
     if (!ParamsPersistent()) {
       f.full = Tensor();
       f.gather_work.reset();
@@ -402,6 +407,7 @@ StatusOr<std::vector<Tensor>> FullyShardedModel::PreForward(int unit) {
 Status FullyShardedModel::PostForward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit, "PostForward"));
   SK_RETURN_IF_ERROR(Expect(unit, UnitState::kForward, "PostForward"));
+  flat_[unit].in_flight = false;
   if (ReshardAfterForward()) Free(unit);
   flat_[unit].state = UnitState::kForwardDone;
   return OkStatus();

@@ -231,6 +231,9 @@ class FullyShardedModel final : public UnitHooks {
     std::shared_ptr<comm::Work> gather_work;  // pending all-gather into `full`
     Tensor full_grad;        // grad dtype [padded], alive from PreBackward to its reduction
     UnitState state = UnitState::kIdle;
+    // Gathered for a computation that has not finished yet (what the rate
+    // limiter counts). False for parameters SHARD_GRAD_OP keeps after forward.
+    bool in_flight = false;
   };
 
   FullyShardedModel(std::vector<UnitSpec> units, comm::ProcessGroup* world,

@@ -177,6 +177,11 @@ TEST(FsdpTest, BackwardPrefetchIssuesInReverseRecordedOrder) {
         const std::vector<int>& log = hooks.gathered_before_compute[k];
         int next = forward[units - 2 - k];
         bool issued = std::find(log.begin() + units, log.end(), next) != log.end();
+        if (k == 0) {
+          // The default limit (2) allows exactly one unit ahead of the current one.
+          EXPECT_EQ(log.size() - units, mode == BackwardPrefetch::kBackwardPre ? 2u : 1u)
+              << BackwardPrefetchName(mode);
+        }
         if (k == 0 || mode == BackwardPrefetch::kNone) {
           EXPECT_EQ(issued, mode == BackwardPrefetch::kBackwardPre)
               << BackwardPrefetchName(mode) << " at backward step " << k;

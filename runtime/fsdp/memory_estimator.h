@@ -1,0 +1,59 @@
+// Memory estimator: the peak bytes one rank's device allocator will hold in a
+// training step, predicted from the model, strategy, world size, dtypes,
+// optimizer and batch, without running anything.
+//
+//   peak = model states (master shards, gradient shards, optimizer state,
+//          and the full parameters/gradients that NO_SHARD and SHARD_OPTIM keep)
+//        + unsharded flat parameters and gradients in flight at the peak
+//          (bounded by the rate limiter; SHARD_GRAD_OP keeps every unit)
+//        + activations at the peak of backward.
+//
+// Activations follow the reference models' own allocations (runtime/nn:
+// every saved tensor and backward temporary, f32, rounded to the caching
+// allocator's 512-byte blocks). The peak of a step is at the start of
+// backward, when every block's saved activations are still alive. The
+// estimate is exact for GPT models in the arithmetic it models; T5's
+// encoder-decoder is modelled with the same per-sublayer terms. Tests hold
+// the estimate within 10% of the measured peak for every strategy.
+#ifndef SHARDKIT_RUNTIME_FSDP_MEMORY_ESTIMATOR_H_
+#define SHARDKIT_RUNTIME_FSDP_MEMORY_ESTIMATOR_H_
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/fsdp/fsdp.h"
+#include "runtime/nn/configs.h"
+#include "runtime/optim/optimizer.h"
+
+namespace sk {
+
+struct MemoryEstimateRequest {
+  NamedModelConfig model;
+  FsdpOptions fsdp;
+  OptimizerOptions optimizer;
+  int world_size = 1;
+  int64_t batch_size = 1;  // per rank
+  int64_t seq_len = 0;     // 0 = the model's default
+  int64_t source_len = 0;  // encoder-decoder; 0 = default
+  bool activation_checkpointing = false;
+};
+
+struct MemoryEstimate {
+  int64_t parameters = 0;         // model parameters (elements)
+  int64_t master_bytes = 0;       // f32 master shards (0 on the device with offload)
+  int64_t grad_shard_bytes = 0;   // f32 gradient shards (0 with offload)
+  int64_t optimizer_bytes = 0;    // optimizer state (0 with offload)
+  int64_t persistent_bytes = 0;   // full params/grads kept by NO_SHARD and SHARD_OPTIM
+  int64_t unsharded_bytes = 0;    // gathered params and full grads in flight at the peak
+  int64_t activation_bytes = 0;   // activations and temporaries at the peak
+  int64_t peak_bytes = 0;         // the sum
+  // "master 1.2 MiB + grads ... = peak 9.9 MiB".
+  std::string ToString() const;
+};
+
+// InvalidArgument for invalid options or sizes.
+StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& request);
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_FSDP_MEMORY_ESTIMATOR_H_

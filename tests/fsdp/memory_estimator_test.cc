@@ -1,0 +1,124 @@
+// The estimator against the caching allocator's measured peak, per strategy.
+#include "runtime/fsdp/memory_estimator.h"
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <thread>
+
+#include "runtime/comm/local_backend.h"
+#include "runtime/train/trainer.h"
+
+namespace sk {
+namespace {
+
+struct Case {
+  const char* model;
+  ShardingStrategy strategy;
+  DType dtype;
+  bool ckpt;
+  int64_t batch;
+  int64_t seq;
+};
+
+std::string Name(const ::testing::TestParamInfo<Case>& info) {
+  std::string s = std::string(info.param.model) + "_" + ShardingStrategyName(info.param.strategy) + "_" +
+                  std::string(DTypeName(info.param.dtype)) + (info.param.ckpt ? "_ckpt" : "");
+  for (char& ch : s) {
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return s;
+}
+
+class MemoryEstimatorTest : public ::testing::TestWithParam<Case> {};
+
+constexpr int kWorld = 4;
+
+TEST_P(MemoryEstimatorTest, MeasuredPeakIsWithinTenPercentOfTheEstimate) {
+  const Case c = GetParam();
+  TrainerOptions o;
+  o.model = c.model;
+  o.batch_size = c.batch;
+  o.seq_len = c.seq;
+  o.activation_checkpointing = c.ckpt;
+  o.fsdp.strategy = c.strategy;
+  o.fsdp.mixed_precision.param_dtype = c.dtype;
+  if (c.strategy == ShardingStrategy::kHybridShard) o.fsdp.shard_group_size = 2;
+  o.fsdp.timeout = Duration(120'000);
+
+  MemoryEstimateRequest req;
+  req.model = *FindModelConfig(c.model);
+  req.fsdp = o.fsdp;
+  req.optimizer = o.optimizer;
+  req.world_size = kWorld;
+  req.batch_size = c.batch;
+  req.seq_len = c.seq;
+  req.activation_checkpointing = c.ckpt;
+  StatusOr<MemoryEstimate> est = EstimatePeakMemory(req);
+  ASSERT_TRUE(est.ok()) << est.status();
+
+  auto groups = *comm::LocalProcessGroup::Create(kWorld);
+  std::vector<int64_t> peaks(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      auto t = Trainer::Create(o, groups[r].get());
+      ASSERT_TRUE(t.ok()) << t.status();
+      ASSERT_TRUE((*t)->Step().ok());  // creates optimizer state
+      StatusOr<StepMetrics> m = (*t)->Step();
+      ASSERT_TRUE(m.ok()) << m.status();
+      peaks[r] = m->peak_allocated_bytes;
+    });
+  }
+  for (auto& th : threads) th.join();
+  const int64_t measured = *std::max_element(peaks.begin(), peaks.end());
+  const double ratio = static_cast<double>(measured) / static_cast<double>(est->peak_bytes);
+  EXPECT_GT(ratio, 0.9) << est->ToString() << "; measured " << measured;
+  EXPECT_LT(ratio, 1.1) << est->ToString() << "; measured " << measured;
+  std::printf("%s: estimate %lld, measured %lld (ratio %.3f): %s\n", Name({c, 0}).c_str(),
+              static_cast<long long>(est->peak_bytes), static_cast<long long>(measured), ratio,
+              est->ToString().c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, MemoryEstimatorTest,
+    ::testing::Values(Case{"gpt-1m", ShardingStrategy::kFullShard, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", ShardingStrategy::kShardGradOp, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", ShardingStrategy::kShardOptim, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", ShardingStrategy::kNoShard, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", ShardingStrategy::kHybridShard, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64},
+                      Case{"gpt-1m", ShardingStrategy::kFullShard, DType::kF32, true, 2, 64},
+                      Case{"t5-tiny", ShardingStrategy::kFullShard, DType::kF32, false, 2, 16}),
+    Name);
+
+TEST(MemoryEstimatorBadInputTest, RejectsBadRequests) {
+  MemoryEstimateRequest req;
+  req.model = *FindModelConfig("gpt-tiny");
+  req.world_size = 0;
+  EXPECT_EQ(EstimatePeakMemory(req).status().code(), StatusCode::kInvalidArgument);
+  req.world_size = 4;
+  req.batch_size = 0;
+  EXPECT_EQ(EstimatePeakMemory(req).status().code(), StatusCode::kInvalidArgument);
+  req.batch_size = 1;
+  req.fsdp.shard_group_size = 3;
+  EXPECT_EQ(EstimatePeakMemory(req).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(MemoryEstimatorPaperScaleTest, ShardingDividesModelStatesByTheWorldSize) {
+  MemoryEstimateRequest req;
+  req.model = *FindModelConfig("t5-11b");
+  req.world_size = 8;
+  req.fsdp.strategy = ShardingStrategy::kNoShard;
+  MemoryEstimate none = *EstimatePeakMemory(req);
+  req.fsdp.strategy = ShardingStrategy::kFullShard;
+  MemoryEstimate full = *EstimatePeakMemory(req);
+  // 16 bytes per parameter of model state (f32 Adam), divided by N when sharded.
+  int64_t states_none = none.master_bytes + none.grad_shard_bytes + none.optimizer_bytes;
+  int64_t states_full = full.master_bytes + full.grad_shard_bytes + full.optimizer_bytes;
+  EXPECT_NEAR(static_cast<double>(states_none) / none.parameters, 16.0, 0.1);
+  EXPECT_NEAR(static_cast<double>(states_none) / states_full, 8.0, 0.1);
+}
+
+}  // namespace
+}  // namespace sk
