@@ -23,16 +23,23 @@ inline constexpr float kGeluK1 = 0.044715f;
 // The epsilon inside LayerNorm's square root (GPT-2 and PyTorch default).
 inline constexpr float kLayerNormEps = 1e-5f;
 
+// tanh(u) = 1 - 2 / (1 + e^(2u)). glibc's tanhf goes through expm1f and was
+// the largest single cost of a gpt-10m CPU step (perf: 17% of cycles); this
+// form costs one expf, saturates correctly at +-1 (e^(2u) -> inf or 0), and
+// its absolute error (~1e-7, from cancellation near 0) is below f32's
+// resolution of the GELU output it feeds.
+SK_HOST_DEVICE SK_INLINE float TanhViaExp(float u) { return 1.0f - 2.0f / (1.0f + expf(2.0f * u)); }
+
 // gelu(x) = 0.5 x (1 + tanh(k0 (x + k1 x^3))).
 SK_HOST_DEVICE SK_INLINE float GeluTanh(float x) {
   float u = kGeluK0 * (x + kGeluK1 * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
+  return 0.5f * x * (1.0f + TanhViaExp(u));
 }
 
 // d gelu / dx at x.
 SK_HOST_DEVICE SK_INLINE float GeluTanhGrad(float x) {
   float u = kGeluK0 * (x + kGeluK1 * x * x * x);
-  float t = tanhf(u);
+  float t = TanhViaExp(u);
   float du = kGeluK0 * (1.0f + 3.0f * kGeluK1 * x * x);
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }

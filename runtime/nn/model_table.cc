@@ -1,6 +1,7 @@
 // Prints the named model configurations as a Markdown table: parameters,
-// model FLOPs per token of a training step at the default sequence lengths,
-// and with activation checkpointing. README_SECTION.md carries its output.
+// model FLOPs per (decoder) token of a training step at the default sequence
+// lengths, and hardware FLOPs with activation checkpointing. For T5 the
+// encoder's work is included in the per-decoder-token figure. README_SECTION.md carries its output.
 #include <cstdio>
 
 #include "runtime/nn/configs.h"
@@ -20,7 +21,13 @@ int main() {
     sk::StepFlops f = (*m)->Flops(1, c.seq_len, c.source_len);
     const double tokens = static_cast<double>(c.seq_len);
     const bool gpt = c.family == sk::ModelFamily::kGpt;
-    long long layers = gpt ? c.gpt.n_layer : c.t5.n_encoder_layers;
+    char layers[32];
+    if (gpt) {
+      std::snprintf(layers, sizeof(layers), "%lld", static_cast<long long>(c.gpt.n_layer));
+    } else {
+      std::snprintf(layers, sizeof(layers), "%lld+%lld", static_cast<long long>(c.t5.n_encoder_layers),
+                    static_cast<long long>(c.t5.n_decoder_layers));
+    }
     long long d = gpt ? c.gpt.d_model : c.t5.d_model;
     long long heads = gpt ? c.gpt.n_head : c.t5.n_head;
     long long ff = gpt ? c.gpt.ff() : c.t5.d_ff;
@@ -32,8 +39,8 @@ int main() {
       std::snprintf(seq, sizeof(seq), "%lld/%lld", static_cast<long long>(c.source_len),
                     static_cast<long long>(c.seq_len));
     }
-    std::printf("| %s | %s | %lld%s | %lld | %lld | %lld | %lld | %s | %.4g M | %.4g | %.4g |\n",
-                c.name.c_str(), gpt ? "gpt" : "t5", layers, gpt ? "" : "+enc/dec", d, heads, ff,
+    std::printf("| %s | %s | %s | %lld | %lld | %lld | %lld | %s | %.4g M | %.4g | %.4g |\n",
+                c.name.c_str(), gpt ? "gpt" : "t5", layers, d, heads, ff,
                 vocab, seq, static_cast<double>((*m)->num_parameters()) / 1e6,
                 f.model_flops / tokens / 1e9, f.hardware_flops / tokens / 1e9);
   }

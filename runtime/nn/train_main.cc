@@ -1,0 +1,102 @@
+// Trains a named reference model on one process, without FSDP: the small
+// program that shows the models learn.
+//
+//   bazel run -c opt //runtime/nn:train -- --model=gpt-1m --steps=200
+//   bazel run -c opt //runtime/nn:train -- --model=t5-10m --data=tokens.bin --token_width=2
+//
+// Data is a synthetic token stream unless --data names a token file. GPT
+// models learn the next token; T5 models learn to reverse their source.
+// Prints loss, tokens/s and model TFLOP/s every --log_every steps.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <gflags/gflags.h>
+
+#include "runtime/nn/configs.h"
+#include "runtime/nn/data.h"
+#include "runtime/nn/optimizer.h"
+#include "runtime/nn/owned_parameters.h"
+
+DEFINE_string(model, "gpt-1m", "named model config (see //runtime/nn:model_table)");
+DEFINE_int32(steps, 100, "training steps");
+DEFINE_int32(batch_size, 8, "sequences per step");
+DEFINE_int32(seq_len, 0, "decoder tokens per sequence (0: the config's default)");
+DEFINE_int32(source_len, 0, "encoder tokens per sequence for T5 (0: the config's default)");
+DEFINE_double(lr, 1e-3, "Adam learning rate");
+DEFINE_uint64(seed, 1, "seed for initialisation and data");
+DEFINE_string(data, "", "token file (little-endian, no header); empty: synthetic tokens");
+DEFINE_int32(token_width, 2, "bytes per token in --data: 2 or 4");
+DEFINE_int64(synthetic_tokens, 4096, "length of the synthetic stream (small = memorisable)");
+DEFINE_bool(bf16, false, "bf16 compute");
+DEFINE_bool(checkpointing, false, "per-block activation checkpointing");
+DEFINE_int32(log_every, 10, "steps between log lines");
+
+namespace sk {
+namespace {
+
+Status Run() {
+  SK_ASSIGN_OR_RETURN(NamedModelConfig cfg, FindModelConfig(FLAGS_model));
+  ModelOptions options;
+  options.compute_dtype = FLAGS_bf16 ? DType::kBF16 : DType::kF32;
+  options.activation_checkpointing = FLAGS_checkpointing;
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(cfg, options));
+  const bool t5 = cfg.family == ModelFamily::kT5;
+  const int64_t vocab = t5 ? cfg.t5.vocab_size : cfg.gpt.vocab_size;
+  const int64_t seq = FLAGS_seq_len > 0 ? FLAGS_seq_len : cfg.seq_len;
+  const int64_t src = t5 ? (FLAGS_source_len > 0 ? FLAGS_source_len : cfg.source_len) : 0;
+  std::vector<int32_t> stream;
+  if (FLAGS_data.empty()) {
+    SK_ASSIGN_OR_RETURN(stream, SyntheticTokenStream(FLAGS_seed, vocab, FLAGS_synthetic_tokens));
+  } else {
+    if (FLAGS_token_width != 2 && FLAGS_token_width != 4) {
+      return InvalidArgumentError("--token_width must be 2 or 4");
+    }
+    SK_ASSIGN_OR_RETURN(stream, ReadTokenFile(FLAGS_data,
+                                              FLAGS_token_width == 2 ? TokenWidth::kUint16
+                                                                     : TokenWidth::kUint32,
+                                              vocab));
+  }
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<OwnedParameters> params,
+                      OwnedParameters::Create(model->units(), FLAGS_seed, options.compute_dtype));
+  std::printf("model %s: %.3f M parameters, %lld units, batch %d x %lld tokens%s\n",
+              cfg.name.c_str(), static_cast<double>(model->num_parameters()) / 1e6,
+              static_cast<long long>(model->units().size()), FLAGS_batch_size,
+              static_cast<long long>(seq), t5 ? " (+ encoder)" : "");
+  Adam adam(AdamOptions{static_cast<float>(FLAGS_lr)});
+  const StepFlops flops = model->Flops(FLAGS_batch_size, seq, src);
+  auto start = std::chrono::steady_clock::now();
+  for (int step = 0; step < FLAGS_steps; ++step) {
+    TokenBatch batch;
+    if (t5) {
+      SK_ASSIGN_OR_RETURN(batch, ReversalBatch(stream, FLAGS_batch_size, src, std::min(seq, src), 0,
+                                               FLAGS_seed, step));
+    } else {
+      SK_ASSIGN_OR_RETURN(batch, LanguageModelBatch(stream, FLAGS_batch_size, seq, FLAGS_seed, step));
+    }
+    params->ZeroGrad();
+    SK_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(batch, *params, HostAllocator::Default()));
+    SK_RETURN_IF_ERROR(adam.Step(params->all_params(), params->all_grads()));
+    if ((step + 1) % FLAGS_log_every == 0 || step == 0 || step + 1 == FLAGS_steps) {
+      double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      double tokens = static_cast<double>(step + 1) * batch.num_target_tokens();
+      std::printf("step %5d  loss %.4f  tokens/s %.0f  model TFLOP/s %.4f\n", step + 1, loss,
+                  tokens / sec, flops.model_flops * (step + 1) / sec / 1e12);
+      std::fflush(stdout);
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+}  // namespace sk
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  sk::Status s = sk::Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

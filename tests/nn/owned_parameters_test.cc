@@ -1,0 +1,135 @@
+#include "runtime/nn/owned_parameters.h"
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/nn/configs.h"
+#include "runtime/nn/data.h"
+#include "runtime/nn/optimizer.h"
+
+namespace sk {
+namespace {
+
+std::vector<UnitSpec> TwoUnits() {
+  return {UnitSpec{"a", {ParamSpec{"w", Shape{3, 4}, Initializer::Normal(0.0f, 1.0f)},
+                         ParamSpec{"b", Shape{4}, Initializer::Ones()}}},
+          UnitSpec{"b", {ParamSpec{"w", Shape{5}, Initializer::Uniform(-1.0f, 1.0f)}}}};
+}
+
+TEST(OwnedParameters, InitialisesEachParameterFromItsFullName) {
+  auto p = OwnedParameters::Create(TwoUnits(), 42);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const Tensor& w = (*p)->param(0, 0);
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(w.data_as<float>()[i],
+              InitValue(Initializer::Normal(0.0f, 1.0f), 42, ParamIdFromName("a.w"), i));
+  }
+  EXPECT_EQ((*p)->param(0, 1).data_as<float>()[3], 1.0f);
+  EXPECT_EQ((*p)->grad(1, 0).data_as<float>()[4], 0.0f);
+}
+
+TEST(OwnedParameters, OutOfOrderHookCallsAreFailedPreconditionNamingTheUnit) {
+  auto p = OwnedParameters::Create(TwoUnits(), 1);
+  ASSERT_TRUE(p.ok());
+  OwnedParameters& h = **p;
+  Status s = h.PostForward(1);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("'b'"), std::string::npos) << s;
+  ASSERT_TRUE(h.PreForward(0).ok());
+  EXPECT_EQ(h.PreForward(0).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(h.PreBackward(0).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(h.PostForward(0).ok());
+  EXPECT_EQ(h.PreForward(7).status().code(), StatusCode::kOutOfRange);
+}
+
+TEST(OwnedParameters, Bf16ComputeHandsOutRoundedCopiesAndKeepsF32Masters) {
+  auto p = OwnedParameters::Create(TwoUnits(), 3, DType::kBF16);
+  ASSERT_TRUE(p.ok());
+  auto ts = (*p)->PreForward(0);
+  ASSERT_TRUE(ts.ok());
+  ASSERT_EQ((*ts)[0].dtype(), DType::kBF16);
+  const float* master = (*p)->param(0, 0).data_as<float>();
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ((*ts)[0].data_as<BF16>()[i].bits, FloatToBF16(master[i]).bits);
+  }
+  EXPECT_EQ((*p)->param(0, 0).dtype(), DType::kF32);
+  EXPECT_EQ(OwnedParameters::Create(TwoUnits(), 3, DType::kF16).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(Optimizer, SgdAndAdamMoveAgainstTheGradient) {
+  auto p = OwnedParameters::Create(TwoUnits(), 3);
+  ASSERT_TRUE(p.ok());
+  std::vector<Tensor> params = (*p)->all_params(), grads = (*p)->all_grads();
+  for (const Tensor& g : grads)
+    for (int64_t i = 0; i < g.numel(); ++i) g.data_as<float>()[i] = 1.0f;
+  float before = params[2].data_as<float>()[0];
+  ASSERT_TRUE(SgdStep(params, grads, 0.5f).ok());
+  EXPECT_FLOAT_EQ(params[2].data_as<float>()[0], before - 0.5f);
+  Adam adam(AdamOptions{0.1f});
+  ASSERT_TRUE(adam.Step(params, grads).ok());
+  // Adam's first step moves each element by lr (bias-corrected m/sqrt(v) = 1).
+  EXPECT_NEAR(params[2].data_as<float>()[0], before - 0.5f - 0.1f, 1e-6f);
+  std::vector<Tensor> fewer(params.begin(), params.begin() + 1);
+  EXPECT_EQ(adam.Step(fewer, std::vector<Tensor>(grads.begin(), grads.begin() + 1)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(SgdStep(params, fewer, 0.1f).code(), StatusCode::kInvalidArgument);
+}
+
+// An Allocator that counts live and peak bytes of what it hands out.
+class CountingAllocator final : public Allocator {
+ public:
+  DeviceId device() const override { return DeviceId::Cpu(); }
+  StatusOr<std::shared_ptr<Storage>> AllocateBytes(size_t nbytes) override {
+    SK_ASSIGN_OR_RETURN(std::shared_ptr<Storage> inner, HostAllocator::Default().AllocateBytes(nbytes));
+    live_ += nbytes;
+    peak_ = std::max(peak_.load(), live_.load());
+    // The returned storage keeps `inner` alive and uncounts itself on release.
+    auto* hold = new Hold{std::move(inner), this, nbytes};
+    return std::make_shared<Storage>(hold->inner->data(), nbytes, device(), this, hold, &Release);
+  }
+  size_t live() const { return live_; }
+  size_t peak() const { return peak_; }
+  void ResetPeak() { peak_ = live_.load(); }
+
+ private:
+  struct Hold {
+    std::shared_ptr<Storage> inner;
+    CountingAllocator* owner;
+    size_t nbytes;
+  };
+  static void Release(void*, void* handle) noexcept {
+    auto* h = static_cast<Hold*>(handle);
+    h->owner->live_ -= h->nbytes;
+    delete h;
+  }
+  std::atomic<size_t> live_{0};
+  std::atomic<size_t> peak_{0};
+};
+
+TEST(ModelMemory, ActivationsComeFromTheGivenAllocatorAndAreReleasedAfterTheStep) {
+  auto stream = SyntheticTokenStream(1, 64, 1000);
+  auto batch = LanguageModelBatch(*stream, 4, 16, 1, 0);
+  ASSERT_TRUE(batch.ok());
+  size_t peaks[2];
+  for (bool ckpt : {false, true}) {
+    ModelOptions o;
+    o.activation_checkpointing = ckpt;
+    auto model = CreateModel("gpt-tiny", o);
+    ASSERT_TRUE(model.ok());
+    auto params = OwnedParameters::Create((*model)->units(), 1);
+    ASSERT_TRUE(params.ok());
+    CountingAllocator alloc;
+    ASSERT_TRUE((*model)->ForwardBackward(*batch, **params, alloc).ok());
+    EXPECT_EQ(alloc.live(), 0u);
+    EXPECT_GT(alloc.peak(), 0u);
+    peaks[ckpt] = alloc.peak();
+  }
+  EXPECT_LT(peaks[1], peaks[0]) << "checkpointing should lower peak activation memory";
+}
+
+}  // namespace
+}  // namespace sk
