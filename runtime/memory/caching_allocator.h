@@ -103,6 +103,8 @@ class CachingAllocator {
     // Before declaring OOM, how long to wait for blocks whose recorded streams
     // have not yet passed their events. Long enough for a collective in
     // flight; a stream stuck longer than this is reported as OOM, not a hang.
+    // (A closure running on stream S that allocates at the cap while frees
+    // await S would wait for itself: it stalls this long, then gets OOM.)
     Duration pending_free_timeout{10'000};
   };
 
@@ -215,7 +217,8 @@ class CachingAllocator {
 
 // sk::Allocator over a CachingAllocator and one stream: the core interface that
 // layers above memory/ use, so everything they allocate counts in the same
-// statistics and under the same cap. Both must outlive this object.
+// statistics and under the same cap. Both must be non-null and outlive this
+// object.
 class StreamAllocator final : public Allocator {
  public:
   StreamAllocator(CachingAllocator* allocator, Stream* stream)
