@@ -250,6 +250,7 @@ StatusOr<std::shared_ptr<Storage>> CachingAllocator::Allocate(size_t bytes, Stre
     if (!retried) {
       retried = true;
       ++stats_.num_alloc_retries;
+      ProcessPendingFrees();
       ReleaseCachedSegments();
       continue;
     }

@@ -103,6 +103,8 @@ class CachingAllocator {
     // Before declaring OOM, how long to wait for blocks whose recorded streams
     // have not yet passed their events. Long enough for a collective in
     // flight; a stream stuck longer than this is reported as OOM, not a hang.
+    // (A closure running on stream S that allocates at the cap while frees
+    // await S would wait for itself: it stalls this long, then gets OOM.)
     Duration pending_free_timeout{10'000};
   };
 
@@ -110,7 +112,9 @@ class CachingAllocator {
   CachingAllocator(Device* device, Options options);
   explicit CachingAllocator(Device* device) : CachingAllocator(device, Options()) {}
   // Waits (up to pending_free_timeout) for blocks awaiting events, then returns
-  // every segment to the device. CHECK-fails if a Storage is still alive.
+  // every segment to the device; a segment whose blocks still await events
+  // after that is leaked (and logged) rather than freed while a stream may use
+  // it. CHECK-fails if a Storage is still alive.
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -127,7 +131,9 @@ class CachingAllocator {
   // bytes == 0 gives a valid storage without memory. InvalidArgument if
   // `stream` is null or on another device; ResourceExhausted (naming the
   // request, the cap and the stats) when the request cannot be met even after
-  // freeing every cached segment. The allocator stays usable after an error.
+  // waiting up to pending_free_timeout for frees awaiting events and then
+  // freeing every cached segment (one alloc retry). The allocator stays usable
+  // after an error.
   StatusOr<std::shared_ptr<Storage>> Allocate(size_t bytes, Stream* stream);
 
   // Declares that `stream` uses `storage` (as torch's record_stream): when the
@@ -215,7 +221,8 @@ class CachingAllocator {
 
 // sk::Allocator over a CachingAllocator and one stream: the core interface that
 // layers above memory/ use, so everything they allocate counts in the same
-// statistics and under the same cap. Both must outlive this object.
+// statistics and under the same cap. Both must be non-null and outlive this
+// object.
 class StreamAllocator final : public Allocator {
  public:
   StreamAllocator(CachingAllocator* allocator, Stream* stream)
