@@ -71,6 +71,18 @@ TEST(GlooProcessGroup, MissingRankMakesOthersFailWithinTheTimeout) {
   }
 }
 
+TEST(GlooProcessGroup, TheProcessFormsANewGroupAfterAFailedOne) {
+  {
+    GlooWorld failed(2);
+    auto stream = testing::MakeStream(0, "comm");
+    auto work = failed.groups[0]->barrier(*stream, CollectiveOptions{200ms});  // rank 1 never comes
+    ASSERT_TRUE(work.ok());
+    EXPECT_FALSE((*work)->wait(20s).ok());
+  }
+  GlooWorld fresh(2);
+  testing::CheckOnAllRanks(fresh.groups, OpCase{CollectiveKind::kReduceScatter, DType::kF32, 9, {}});
+}
+
 TEST(GlooProcessGroup, DesyncCheckNamesBothRanksCalls) {
   GlooOptions options;
   options.check_desync = true;
