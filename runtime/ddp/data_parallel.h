@@ -1,0 +1,51 @@
+// DataParallelModel: what a training loop needs from any data-parallel
+// wrapper of a model, so one trainer drives DDP and FSDP alike.
+//
+// A step is: ZeroGrad, one or more Model::ForwardBackward calls with the
+// wrapper as hooks and activation_allocator() for activations (gradient sync
+// off for all but the last micro-batch when accumulating), FinishBackward,
+// optionally ClipGradNorm, then OptimizerStep.
+//
+// DistributedDataParallel (ddp.h) implements it. FullyShardedModel has the
+// same methods with the same contracts; deriving it from this class is a
+// one-line change proposed for runtime/fsdp (the interface would then move to
+// a package both depend on).
+//
+// Thread safety: one instance per rank, used by one thread.
+#ifndef SHARDKIT_RUNTIME_DDP_DATA_PARALLEL_H_
+#define SHARDKIT_RUNTIME_DDP_DATA_PARALLEL_H_
+
+#include "runtime/core/allocator.h"
+#include "runtime/core/status.h"
+#include "runtime/nn/model.h"
+#include "runtime/optim/optimizer.h"
+
+namespace sk {
+
+class DataParallelModel : public UnitHooks {
+ public:
+  ~DataParallelModel() override = default;
+
+  // The allocator to pass to Model::ForwardBackward for activations.
+  virtual Allocator& activation_allocator() = 0;
+  // Gradient synchronisation for the following backward passes; when off
+  // (no_sync), gradients accumulate locally until a backward with sync on
+  // reduces the total. Call between backward passes.
+  virtual void set_gradient_sync(bool enabled) = 0;
+  virtual bool gradient_sync() const = 0;
+  // Waits for every gradient reduction of this step; gradients are final
+  // (averaged over ranks) when it returns OK. A failed reduction abandons the
+  // step (gradients zeroed, parameters untouched) and is returned.
+  virtual Status FinishBackward() = 0;
+  // The global gradient norm; with max_norm > 0 scales the gradients so it is
+  // at most max_norm. InvalidArgument for a negative or non-finite max_norm.
+  virtual StatusOr<double> ClipGradNorm(double max_norm, NormType type = NormType::kL2) = 0;
+  // FinishBackward, then one optimizer step on this rank's parameters.
+  virtual Status OptimizerStep(Optimizer& optimizer) = 0;
+  // Zeroes gradients (waiting for reductions in flight first).
+  virtual void ZeroGrad() = 0;
+};
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_DDP_DATA_PARALLEL_H_

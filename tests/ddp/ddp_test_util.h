@@ -1,0 +1,129 @@
+// Helpers for DDP tests: a tiny GPT, deterministic batches, a single-rank
+// reference run, and a runner that trains on N local ranks (threads).
+//
+// The same helpers as tests/fsdp/fsdp_test_util.h (same model, batches,
+// optimizer and reference), so DDP and FSDP are checked against one
+// reference. A copy only because //tests/fsdp:fsdp_test_util is private to
+// its package; once it is visible to //tests/ddp this file goes away.
+#ifndef SHARDKIT_TESTS_DDP_DDP_TEST_UTIL_H_
+#define SHARDKIT_TESTS_DDP_DDP_TEST_UTIL_H_
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "runtime/comm/local_backend.h"
+#include "runtime/memory/caching_allocator.h"
+#include "runtime/nn/gpt.h"
+#include "runtime/nn/owned_parameters.h"
+#include "runtime/optim/optimizer.h"
+
+namespace sk::testing {
+
+inline GptConfig TinyGpt() {
+  GptConfig c;
+  c.name = "gpt-test";
+  c.vocab_size = 32;
+  c.max_seq_len = 8;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 16;
+  return c;
+}
+
+// Rows [first, first + rows) of a deterministic global batch for `step`.
+inline TokenBatch MakeBatch(int step, int first, int rows, int seq = 8, int vocab = 32) {
+  TokenBatch b;
+  b.batch_size = rows;
+  b.seq_len = seq;
+  for (int r = first; r < first + rows; ++r) {
+    for (int t = 0; t < seq; ++t) {
+      uint32_t x = static_cast<uint32_t>(step * 7919 + r * 131 + t * 17);
+      x = (x ^ (x >> 7)) * 2654435761u;
+      b.inputs.push_back(static_cast<int32_t>((x >> 8) % vocab));
+      b.targets.push_back(static_cast<int32_t>((x >> 16) % vocab));
+    }
+  }
+  return b;
+}
+
+// SGD with momentum: Adam divides by sqrt(v), which turns the rounding noise
+// of gradients that are mathematically zero (attention's key bias) into
+// lr-sized steps and makes any two reduction orders disagree there.
+inline OptimizerOptions TestOptimizer() {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kSgd;
+  o.lr = 0.1f;
+  o.momentum = 0.9f;
+  o.weight_decay = 0.01f;
+  return o;
+}
+
+struct ReferenceRun {
+  std::vector<float> losses;
+  std::vector<std::vector<std::vector<float>>> params;  // [unit][param][elem]
+};
+
+// Single rank, unsharded, on the whole global batch.
+inline ReferenceRun RunReference(const GptModel& model, int steps, int global_rows, uint64_t seed,
+                                 double clip = 0) {
+  ReferenceRun out;
+  auto owned = *OwnedParameters::Create(model.units(), seed);
+  auto opt = *Optimizer::Create(TestOptimizer(), &HostAllocator::Default());
+  for (int s = 0; s < steps; ++s) {
+    owned->ZeroGrad();
+    StatusOr<float> loss = model.ForwardBackward(MakeBatch(s, 0, global_rows), *owned, HostAllocator::Default());
+    EXPECT_TRUE(loss.ok()) << loss.status();
+    out.losses.push_back(*loss);
+    std::vector<Tensor> ps = owned->all_params(), gs = owned->all_grads();
+    if (clip > 0) {
+      std::vector<const float*> cg;
+      std::vector<float*> mg;
+      std::vector<int64_t> sizes;
+      for (const Tensor& g : gs) {
+        cg.push_back(g.data_as<float>());
+        mg.push_back(g.data_as<float>());
+        sizes.push_back(g.numel());
+      }
+      double norm = FinishGradNorm(LocalGradNormPartial(cg, sizes, NormType::kL2), NormType::kL2);
+      ClipGradientsToNorm(mg, sizes, norm, clip);
+    }
+    std::vector<ShardRef> refs;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      refs.push_back({static_cast<int>(i), ps[i].data_as<float>(), gs[i].data_as<float>(), ps[i].numel()});
+    }
+    EXPECT_TRUE(opt->Step(refs).ok());
+  }
+  for (int u = 0; u < owned->num_units(); ++u) {
+    out.params.emplace_back();
+    for (size_t p = 0; p < model.units()[u].params.size(); ++p) {
+      const Tensor& t = owned->param(u, static_cast<int>(p));
+      out.params.back().emplace_back(t.data_as<float>(), t.data_as<float>() + t.numel());
+    }
+  }
+  return out;
+}
+
+// Runs `body(rank, world group)` on `world` threads of one local group.
+inline void RunRanks(int world, const std::function<void(int, comm::ProcessGroup*)>& body) {
+  auto groups = comm::LocalProcessGroup::Create(world);
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] { body(r, (*groups)[r].get()); });
+  }
+  for (auto& t : threads) t.join();
+}
+
+inline void ExpectRelClose(float got, float want, double rel, const std::string& what) {
+  EXPECT_LE(std::fabs(got - want), rel * std::max(1.0, static_cast<double>(std::fabs(want))))
+      << what << ": got " << got << ", want " << want;
+}
+
+}  // namespace sk::testing
+
+#endif  // SHARDKIT_TESTS_DDP_DDP_TEST_UTIL_H_
