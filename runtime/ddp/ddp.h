@@ -62,7 +62,7 @@
 #include "runtime/comm/process_group.h"
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
-#include "runtime/ddp/data_parallel.h"
+#include "runtime/parallel/data_parallel.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/model.h"
 #include "runtime/optim/optimizer.h"
@@ -155,6 +155,7 @@ class DistributedDataParallel final : public DataParallelModel {
   Tensor param(int unit, int param) const;
   Tensor grad(int unit, int param) const;
   const DdpCounters& counters() const { return counters_; }
+  int64_t bytes_communicated() const override { return counters_.all_reduce_bytes; }
   void ResetCounters() { counters_ = DdpCounters(); }
 
  private:

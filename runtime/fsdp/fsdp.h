@@ -74,6 +74,7 @@
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/model.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/parallel/data_parallel.h"
 
 namespace sk {
 
@@ -148,7 +149,7 @@ struct FsdpCounters {
   int64_t replica_bytes = 0;        // all-reduce bytes across replicas (hybrid, NO_SHARD)
 };
 
-class FullyShardedModel final : public UnitHooks {
+class FullyShardedModel final : public DataParallelModel {
  public:
   // Wraps `units` (the model's) for this rank of `world`. Collective: every
   // rank calls it with the same units and options. `allocator` holds the
@@ -168,25 +169,25 @@ class FullyShardedModel final : public UnitHooks {
   Status PostBackward(int unit) override;
 
   // The allocator to pass to the model for activations (the compute stream's).
-  Allocator& activation_allocator() { return *activation_allocator_; }
+  Allocator& activation_allocator() override { return *activation_allocator_; }
 
   // Gradient synchronisation for the following backward passes (no_sync when
   // false): gradients accumulate unsharded and locally until a backward with
   // sync enabled reduces the total.
-  void set_gradient_sync(bool enabled) { gradient_sync_ = enabled; }
-  bool gradient_sync() const { return gradient_sync_; }
+  void set_gradient_sync(bool enabled) override { gradient_sync_ = enabled; }
+  bool gradient_sync() const override { return gradient_sync_; }
 
   // Waits for every outstanding reduction of this step. Call after the last
   // backward of a step, before clipping and the optimizer step.
-  Status FinishBackward();
+  Status FinishBackward() override;
   // The total gradient norm over all ranks' shards (collective). With
   // max_norm > 0, scales the gradients so the norm is at most max_norm.
-  StatusOr<double> ClipGradNorm(double max_norm, NormType type = NormType::kL2);
+  StatusOr<double> ClipGradNorm(double max_norm, NormType type = NormType::kL2) override;
   // Steps `optimizer` on every unit's master shard (slot = unit index), then,
   // for SHARD_OPTIM and NO_SHARD, refreshes the persistent full parameters.
-  Status OptimizerStep(Optimizer& optimizer);
+  Status OptimizerStep(Optimizer& optimizer) override;
   // Zeroes the gradient shards (and accumulated no_sync gradients).
-  void ZeroGrad();
+  void ZeroGrad() override;
 
   const FsdpOptions& options() const { return options_; }
   int rank() const { return world_->rank(); }
@@ -203,6 +204,9 @@ class FullyShardedModel final : public UnitHooks {
   const std::vector<int>& all_gather_log() const { return all_gather_log_; }
   void ClearAllGatherLog() { all_gather_log_.clear(); }
   const FsdpCounters& counters() const { return counters_; }
+  int64_t bytes_communicated() const override {
+    return counters_.all_gather_bytes + counters_.reduce_scatter_bytes + counters_.all_reduce_bytes;
+  }
   void ResetCounters() { counters_ = FsdpCounters(); }
 
   // The full f32 value of parameter `param` of `unit` (collective over the

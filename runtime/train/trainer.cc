@@ -4,46 +4,6 @@
 
 namespace sk {
 
-// What a Step needs from a data-parallel engine; FSDP and DDP each adapt to it.
-class Trainer::Engine {
- public:
-  virtual ~Engine() = default;
-  virtual UnitHooks& hooks() = 0;
-  virtual Allocator& activations() = 0;
-  // Where optimizer state lives (device memory, or host with CPU offload).
-  virtual Allocator& optimizer_state() = 0;
-  virtual void SetGradientSync(bool enabled) = 0;
-  virtual Status FinishBackward() = 0;
-  virtual StatusOr<double> ClipGradNorm(double max_norm) = 0;
-  virtual Status OptimizerStep(Optimizer& optimizer) = 0;
-  virtual void ZeroGrad() = 0;
-  // Cumulative nccl-tests bytes of all collectives.
-  virtual int64_t BytesCommunicated() const = 0;
-};
-
-class Trainer::FsdpEngine final : public Trainer::Engine {
- public:
-  explicit FsdpEngine(FullyShardedModel* f) : f_(f) {}
-  UnitHooks& hooks() override { return *f_; }
-  Allocator& activations() override { return f_->activation_allocator(); }
-  Allocator& optimizer_state() override {
-    return f_->options().cpu_offload ? static_cast<Allocator&>(HostAllocator::Default())
-                                     : f_->activation_allocator();
-  }
-  void SetGradientSync(bool enabled) override { f_->set_gradient_sync(enabled); }
-  Status FinishBackward() override { return f_->FinishBackward(); }
-  StatusOr<double> ClipGradNorm(double max_norm) override { return f_->ClipGradNorm(max_norm); }
-  Status OptimizerStep(Optimizer& o) override { return f_->OptimizerStep(o); }
-  void ZeroGrad() override { f_->ZeroGrad(); }
-  int64_t BytesCommunicated() const override {
-    const FsdpCounters& c = f_->counters();
-    return c.all_gather_bytes + c.reduce_scatter_bytes + c.all_reduce_bytes;
-  }
-
- private:
-  FullyShardedModel* f_;
-};
-
 Status ValidateTrainerOptions(const TrainerOptions& o) {
   SK_RETURN_IF_ERROR(FindModelConfig(o.model).status());
   switch (o.parallelism) {
@@ -51,7 +11,7 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
     case Parallelism::kFsdp:
       break;
     case Parallelism::kDdp:
-      return UnimplementedError("parallelism DDP is not available in this build");
+      break;
     default:
       return InvalidArgumentError("unknown parallelism value " +
                                   std::to_string(static_cast<int>(o.parallelism)));
@@ -75,8 +35,9 @@ Trainer::Trainer(const TrainerOptions& options, comm::ProcessGroup* world)
 Trainer::~Trainer() {
   // The engine's streams hold buffers of the allocator: destroy it first.
   optimizer_.reset();
-  engine_.reset();
+  engine_ = nullptr;
   fsdp_.reset();
+  ddp_.reset();
 }
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
@@ -114,10 +75,28 @@ Status Trainer::Init() {
   }
   SK_RETURN_IF_ERROR(BatchFor(0, 0).status());
 
-  SK_ASSIGN_OR_RETURN(fsdp_, FullyShardedModel::Create(model_->units(), world_, allocator_.get(),
-                                                       options_.fsdp));
-  engine_ = std::make_unique<FsdpEngine>(fsdp_.get());
-  SK_ASSIGN_OR_RETURN(optimizer_, Optimizer::Create(options_.optimizer, &engine_->optimizer_state()));
+  Allocator* optimizer_state = nullptr;
+  if (options_.parallelism == Parallelism::kDdp) {
+    DdpOptions d;
+    d.compute_dtype = options_.fsdp.mixed_precision.param_dtype;
+    d.gradient_predivide_factor = options_.fsdp.gradient_predivide_factor;
+    d.seed = options_.fsdp.seed;
+    d.timeout = options_.fsdp.timeout;
+    if (options_.ddp_bucket_bytes > 0) d.bucket_bytes = options_.ddp_bucket_bytes;
+    SK_ASSIGN_OR_RETURN(ddp_, DistributedDataParallel::Create(model_->units(), world_,
+                                                               allocator_.get(), d));
+    engine_ = ddp_.get();
+    optimizer_state = &engine_->activation_allocator();
+  } else {
+    SK_ASSIGN_OR_RETURN(fsdp_, FullyShardedModel::Create(model_->units(), world_,
+                                                         allocator_.get(), options_.fsdp));
+    engine_ = fsdp_.get();
+    // With CPU offload the optimizer steps on the host, beside the shards.
+    optimizer_state = options_.fsdp.cpu_offload
+                          ? static_cast<Allocator*>(&HostAllocator::Default())
+                          : &engine_->activation_allocator();
+  }
+  SK_ASSIGN_OR_RETURN(optimizer_, Optimizer::Create(options_.optimizer, optimizer_state));
   return OkStatus();
 }
 
@@ -133,16 +112,16 @@ StatusOr<TokenBatch> Trainer::BatchFor(int64_t step, int micro) const {
 
 StatusOr<StepMetrics> Trainer::Step() {
   allocator_->ResetPeakStats();
-  const int64_t bytes_before = engine_->BytesCommunicated();
+  const int64_t bytes_before = engine_->bytes_communicated();
   const auto t0 = std::chrono::steady_clock::now();
   engine_->ZeroGrad();
   double loss_sum = 0;
   for (int m = 0; m < options_.grad_accum_steps; ++m) {
-    engine_->SetGradientSync(m + 1 == options_.grad_accum_steps);
+    engine_->set_gradient_sync(m + 1 == options_.grad_accum_steps);
     SK_ASSIGN_OR_RETURN(TokenBatch batch, BatchFor(step_, m));
-    StatusOr<float> loss = model_->ForwardBackward(batch, engine_->hooks(), engine_->activations());
+    StatusOr<float> loss = model_->ForwardBackward(batch, *engine_, engine_->activation_allocator());
     if (!loss.ok()) {
-      engine_->SetGradientSync(true);
+      engine_->set_gradient_sync(true);
       return loss.status().WithContext("step " + std::to_string(step_ + 1));
     }
     loss_sum += *loss;
@@ -172,7 +151,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.reserved_bytes = s.reserved_bytes.current;
   m.alloc_retries = s.num_alloc_retries;
   m.ooms = s.num_ooms;
-  m.bytes_communicated = engine_->BytesCommunicated() - bytes_before;
+  m.bytes_communicated = engine_->bytes_communicated() - bytes_before;
   return m;
 }
 
@@ -182,7 +161,7 @@ StatusOr<float> Trainer::Evaluate(int batches) {
   for (int b = 0; b < batches; ++b) {
     // Held-out: batch indices far beyond any training step's.
     SK_ASSIGN_OR_RETURN(TokenBatch batch, BatchFor((int64_t{1} << 40) + b, 0));
-    SK_ASSIGN_OR_RETURN(float loss, model_->Forward(batch, engine_->hooks(), engine_->activations()));
+    SK_ASSIGN_OR_RETURN(float loss, model_->Forward(batch, *engine_, engine_->activation_allocator()));
     sum += loss;
   }
   return static_cast<float>(sum / batches);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runtime/comm/process_group.h"
+#include "runtime/ddp/ddp.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/configs.h"
@@ -50,6 +51,8 @@ struct TrainerOptions {
   // Clip the total gradient norm to this value; 0 = compute it, do not clip.
   double clip_grad_norm = 0;
   bool activation_checkpointing = false;
+  // DDP's gradient bucket size; 0 = its default (25 MiB).
+  int64_t ddp_bucket_bytes = 0;
   // Per-rank device memory cap in bytes; 0 = unlimited.
   size_t memory_cap_bytes = 0;
   // Training data: a token file (uint16/uint32 little-endian) or, when empty,
@@ -103,16 +106,15 @@ class Trainer {
   int rank() const { return world_->rank(); }
   int world_size() const { return world_->size(); }
   CachingAllocator& allocator() { return *allocator_; }
-  // The FSDP engine (null under kDdp).
+  // The engine: FSDP (null under kDdp) or DDP (null under kFsdp).
   FullyShardedModel* fsdp() { return fsdp_.get(); }
+  DistributedDataParallel* ddp() { return ddp_.get(); }
+  DataParallelModel& engine() { return *engine_; }
   Optimizer& optimizer() { return *optimizer_; }
   // The batch of micro-step `micro` of step `step` for this rank.
   StatusOr<TokenBatch> BatchFor(int64_t step, int micro) const;
 
  private:
-  class Engine;
-  class FsdpEngine;
-  class DdpEngine;
   Trainer(const TrainerOptions& options, comm::ProcessGroup* world);
   Status Init();
 
@@ -122,9 +124,8 @@ class Trainer {
   NamedModelConfig config_;
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<FullyShardedModel> fsdp_;
-  std::unique_ptr<Engine> engine_;
-  std::unique_ptr<StreamAllocator> state_allocator_;
-  std::unique_ptr<Stream> state_stream_;
+  std::unique_ptr<DistributedDataParallel> ddp_;
+  DataParallelModel* engine_ = nullptr;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<int32_t> tokens_;
   int64_t step_ = 0;

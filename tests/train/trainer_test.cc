@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <mutex>
 #include <thread>
 
 #include "runtime/comm/local_backend.h"
@@ -105,6 +106,52 @@ TEST(TrainerTest, T5TrainsThroughTheSameTrainer) {
     for (int s = 0; s < 15; ++s) last = (*(*t)->Step()).loss;
     EXPECT_LT(last, first);
   });
+}
+
+}  // namespace
+}  // namespace sk
+
+namespace sk {
+namespace {
+
+TEST(TrainerTest, DdpAndEveryFsdpStrategyTrainToTheSameLosses) {
+  std::vector<std::vector<float>> runs;
+  std::vector<std::string> names;
+  auto run = [&](Parallelism p, ShardingStrategy s) {
+    std::vector<float> losses;
+    std::mutex mu;
+    RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+      TrainerOptions o = Tiny();
+      o.parallelism = p;
+      o.fsdp.strategy = s;
+      o.optimizer.kind = OptimizerKind::kSgd;
+      o.optimizer.lr = 0.1f;
+      o.optimizer.momentum = 0.9f;
+      auto t = Trainer::Create(o, world);
+      ASSERT_TRUE(t.ok()) << t.status();
+      for (int step = 0; step < 4; ++step) {
+        StatusOr<StepMetrics> m = (*t)->Step();
+        ASSERT_TRUE(m.ok()) << m.status();
+        if (rank == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          losses.push_back(m->loss);
+        }
+      }
+    });
+    runs.push_back(losses);
+    names.push_back(p == Parallelism::kDdp ? "DDP" : ShardingStrategyName(s));
+  };
+  run(Parallelism::kDdp, ShardingStrategy::kFullShard);
+  for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                             ShardingStrategy::kShardOptim, ShardingStrategy::kNoShard}) {
+    run(Parallelism::kFsdp, s);
+  }
+  for (size_t r = 1; r < runs.size(); ++r) {
+    ASSERT_EQ(runs[r].size(), runs[0].size());
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      EXPECT_NEAR(runs[r][i], runs[0][i], 1e-5 * runs[0][i]) << names[r] << " vs DDP at step " << i;
+    }
+  }
 }
 
 }  // namespace

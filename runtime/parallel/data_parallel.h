@@ -6,14 +6,12 @@
 // off for all but the last micro-batch when accumulating), FinishBackward,
 // optionally ClipGradNorm, then OptimizerStep.
 //
-// DistributedDataParallel (ddp.h) implements it. FullyShardedModel has the
-// same methods with the same contracts; deriving it from this class is a
-// one-line change proposed for runtime/fsdp (the interface would then move to
-// a package both depend on).
+// DistributedDataParallel (runtime/ddp) and FullyShardedModel (runtime/fsdp)
+// implement it; the Trainer (runtime/train) drives either through it.
 //
 // Thread safety: one instance per rank, used by one thread.
-#ifndef SHARDKIT_RUNTIME_DDP_DATA_PARALLEL_H_
-#define SHARDKIT_RUNTIME_DDP_DATA_PARALLEL_H_
+#ifndef SHARDKIT_RUNTIME_PARALLEL_DATA_PARALLEL_H_
+#define SHARDKIT_RUNTIME_PARALLEL_DATA_PARALLEL_H_
 
 #include "runtime/core/allocator.h"
 #include "runtime/core/status.h"
@@ -44,8 +42,12 @@ class DataParallelModel : public UnitHooks {
   virtual Status OptimizerStep(Optimizer& optimizer) = 0;
   // Zeroes gradients (waiting for reductions in flight first).
   virtual void ZeroGrad() = 0;
+  // Bytes moved by this rank's collectives since creation, counted as
+  // nccl-tests count them (all-gather output, reduce-scatter input,
+  // all-reduce buffer).
+  virtual int64_t bytes_communicated() const = 0;
 };
 
 }  // namespace sk
 
-#endif  // SHARDKIT_RUNTIME_DDP_DATA_PARALLEL_H_
+#endif  // SHARDKIT_RUNTIME_PARALLEL_DATA_PARALLEL_H_
