@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "runtime/ddp/ddp.h"
 #include "tests/ddp/ddp_test_util.h"
@@ -27,6 +28,7 @@ constexpr int64_t kSmallBucket = 2048;
 DdpOptions Options(int64_t bucket_bytes = kDefaultBucketBytes) {
   DdpOptions o;
   o.bucket_bytes = bucket_bytes;
+  o.first_bucket_bytes = std::min(bucket_bytes, kDefaultFirstBucketBytes);
   o.seed = kSeed;
   o.timeout = Duration(60'000);
   return o;
@@ -109,6 +111,58 @@ TEST(DdpTest, BucketsFollowReverseUnitOrderAndCloseAtTheCap) {
       spans = spans || info.lowest_unit != info.highest_unit;
     }
     EXPECT_TRUE(spans) << "no bucket spans two units: the case is not exercised";
+  });
+}
+
+// The bucket of every (unit, param) as the documented rule assigns it:
+// reverse order, 16-byte aligned offsets, a bucket closes at its cap, the
+// first bucket's cap being min(first_bucket_bytes, bucket_bytes).
+std::vector<std::vector<int>> ExpectedBuckets(const std::vector<UnitSpec>& units, int64_t first,
+                                              int64_t cap) {
+  std::vector<std::vector<int>> out(units.size());
+  for (size_t u = 0; u < units.size(); ++u) out[u].resize(units[u].params.size());
+  int bucket = 0;
+  int64_t bytes = 0;
+  bool open = false;
+  for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
+    for (int p = static_cast<int>(units[u].params.size()) - 1; p >= 0; --p) {
+      if (!open) {
+        if (bytes > 0) ++bucket;
+        bytes = 0;
+        open = true;
+      }
+      bytes = (bytes + 15) / 16 * 16 + 4 * units[u].params[p].shape.numel();
+      out[u][p] = bucket;
+      if (bytes >= (bucket == 0 ? std::min(first, cap) : cap)) open = false;
+    }
+  }
+  return out;
+}
+
+TEST(DdpTest, FirstBucketIsCappedByFirstBucketBytes) {
+  auto model = Tiny();
+  RunRanks(1, [&](int rank, comm::ProcessGroup* world) {
+    CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+    for (auto [first, cap] : {std::pair<int64_t, int64_t>{256, 4096}, {4096, 4096}, {100000, 2048},
+                              {1, 1}}) {
+      DdpOptions o = Options(cap);
+      o.first_bucket_bytes = first;
+      auto ddp = *DistributedDataParallel::Create(model->units(), world, &alloc, o);
+      const auto want = ExpectedBuckets(model->units(), first, cap);
+      for (int u = 0; u < ddp->num_units(); ++u) {
+        for (int p = 0; p < static_cast<int>(model->units()[u].params.size()); ++p) {
+          EXPECT_EQ(ddp->bucket_of(u, p), want[u][p])
+              << "first " << first << " cap " << cap << " unit " << u << " param " << p;
+        }
+      }
+    }
+    DdpOptions small_first = Options(4096), same = Options(4096);
+    small_first.first_bucket_bytes = 256;
+    same.first_bucket_bytes = 4096;
+    auto a = *DistributedDataParallel::Create(model->units(), world, &alloc, small_first);
+    auto b = *DistributedDataParallel::Create(model->units(), world, &alloc, same);
+    EXPECT_LT(a->bucket_info(0).numel, b->bucket_info(0).numel);
+    EXPECT_GE(a->bucket_info(0).numel * 4, 256);
   });
 }
 
@@ -414,6 +468,9 @@ TEST(DdpTest, BadArgumentsAreInvalidArgumentNamingTheField) {
     DdpOptions o = Options();
     o.bucket_bytes = 0;
     expect_invalid(o, "bucket_bytes");
+    o = Options();
+    o.first_bucket_bytes = -1;
+    expect_invalid(o, "first_bucket_bytes");
     o = Options();
     o.compute_dtype = DType::kF16;
     expect_invalid(o, "compute_dtype");
