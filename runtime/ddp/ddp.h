@@ -153,8 +153,8 @@ class DistributedDataParallel final : public DataParallelModel {
   int num_units() const { return static_cast<int>(units_.size()); }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   DdpBucketInfo bucket_info(int bucket) const;
-  // The bucket holding parameter `param` of `unit`.
-  int bucket_of(int unit, int param) const { return where_[unit][param].bucket; }
+  // The bucket holding parameter `param` of `unit`; CHECKs the indices.
+  int bucket_of(int unit, int param) const { return where_.at(unit).at(param).bucket; }
   // Views of the f32 master parameter / gradient of (unit, param); CHECKs
   // the indices.
   Tensor param(int unit, int param) const;
