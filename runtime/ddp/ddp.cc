@@ -32,6 +32,10 @@ Status ValidateDdpOptions(const DdpOptions& o) {
   if (o.bucket_bytes <= 0) {
     return InvalidArgumentError("bucket_bytes must be > 0, got " + std::to_string(o.bucket_bytes));
   }
+  if (o.first_bucket_bytes <= 0) {
+    return InvalidArgumentError("first_bucket_bytes must be > 0, got " +
+                                std::to_string(o.first_bucket_bytes));
+  }
   if (o.compute_dtype != DType::kF32 && o.compute_dtype != DType::kBF16) {
     return InvalidArgumentError(std::string("compute_dtype must be f32 or bf16, got ") +
                                 std::string(DTypeName(o.compute_dtype)));
@@ -124,7 +128,9 @@ Status DistributedDataParallel::Init() {
       b.numel = offset + units_[u].params[i].shape.numel();
       ++b.num_params;
       if (b.units.empty() || b.units.back() != u) b.units.push_back(u);
-      if (b.numel * static_cast<int64_t>(sizeof(float)) >= options_.bucket_bytes) open = -1;
+      const int64_t cap = open == 0 ? std::min(options_.first_bucket_bytes, options_.bucket_bytes)
+                                    : options_.bucket_bytes;
+      if (b.numel * static_cast<int64_t>(sizeof(float)) >= cap) open = -1;
     }
   }
 

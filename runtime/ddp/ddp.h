@@ -11,9 +11,11 @@
 // by default, as torch.nn.parallel.DistributedDataParallel's bucket_cap_mb)
 // in REVERSE unit order, and in reverse parameter order within a unit, i.e.
 // in the order their gradients become final during backward. A bucket closes
-// once it holds at least bucket_bytes, so a parameter larger than that gets a
+// once it holds at least its cap, so a parameter larger than that gets a
 // bucket of its own; each parameter lies in exactly one bucket, a unit may
-// span several. Each bucket is one contiguous f32 parameter buffer and one
+// span several. The first bucket's cap is min(first_bucket_bytes,
+// bucket_bytes) (1 MiB by default, torch's _DEFAULT_FIRST_BUCKET_BYTES) so
+// that communication starts early in backward. Each bucket is one contiguous f32 parameter buffer and one
 // f32 gradient buffer with the same layout (every parameter aligned to 16
 // bytes, padding zero). The gradient tensors handed to the model are views
 // into the gradient buffer (torch's gradient_as_bucket_view), so the
@@ -69,12 +71,15 @@
 
 namespace sk {
 
-// torch DDP's default bucket_cap_mb.
+// torch DDP's default bucket_cap_mb and its first, smaller bucket.
 inline constexpr int64_t kDefaultBucketBytes = int64_t{25} << 20;
+inline constexpr int64_t kDefaultFirstBucketBytes = int64_t{1} << 20;
 
 struct DdpOptions {
   // Target bytes of f32 gradients per bucket (> 0).
   int64_t bucket_bytes = kDefaultBucketBytes;
+  // Target bytes of the first bucket (> 0); capped at bucket_bytes.
+  int64_t first_bucket_bytes = kDefaultFirstBucketBytes;
   // What the model computes in: f32, or bf16 (f32 master and gradients).
   DType compute_dtype = DType::kF32;
   // 0 = automatic (see "Averaging" above); otherwise > 0.
@@ -148,8 +153,8 @@ class DistributedDataParallel final : public DataParallelModel {
   int num_units() const { return static_cast<int>(units_.size()); }
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   DdpBucketInfo bucket_info(int bucket) const;
-  // The bucket holding parameter `param` of `unit`.
-  int bucket_of(int unit, int param) const { return where_[unit][param].bucket; }
+  // The bucket holding parameter `param` of `unit`; CHECKs the indices.
+  int bucket_of(int unit, int param) const { return where_.at(unit).at(param).bucket; }
   // Views of the f32 master parameter / gradient of (unit, param); CHECKs
   // the indices.
   Tensor param(int unit, int param) const;

@@ -56,13 +56,15 @@ TEST_P(DdpEquivalenceTest, LossesAndParametersMatchOneUnshardedRank) {
     auto ddp = DistributedDataParallel::Create(model->units(), world, &alloc, o);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     auto opt = *Optimizer::Create(testing::TestOptimizer(), &HostAllocator::Default());
+    // Trained only through the interface a trainer shares with FSDP.
+    DataParallelModel& dp = **ddp;
     std::vector<float> mine;
     for (int s = 0; s < kSteps; ++s) {
-      (*ddp)->ZeroGrad();
+      dp.ZeroGrad();
       StatusOr<float> loss = model->ForwardBackward(MakeBatch(s, rank * kRowsPerRank, kRowsPerRank),
-                                                    **ddp, (*ddp)->activation_allocator());
+                                                    dp, dp.activation_allocator());
       ASSERT_TRUE(loss.ok()) << loss.status();
-      Status st = (*ddp)->OptimizerStep(*opt);
+      Status st = dp.OptimizerStep(*opt);
       ASSERT_TRUE(st.ok()) << st;
       mine.push_back(*loss);
     }
