@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "runtime/ddp/ddp.h"
-#include "tests/ddp/ddp_test_util.h"
+#include "tests/util/training_test_util.h"
 
 namespace sk {
 namespace {

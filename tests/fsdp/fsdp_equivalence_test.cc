@@ -5,7 +5,8 @@
 
 #include <mutex>
 
-#include "tests/fsdp/fsdp_test_util.h"
+#include "runtime/fsdp/fsdp.h"
+#include "tests/util/training_test_util.h"
 
 namespace sk {
 namespace {

@@ -6,7 +6,8 @@
 #include <atomic>
 #include <mutex>
 
-#include "tests/fsdp/fsdp_test_util.h"
+#include "runtime/fsdp/fsdp.h"
+#include "tests/util/training_test_util.h"
 
 namespace sk {
 namespace {

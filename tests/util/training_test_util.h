@@ -1,7 +1,7 @@
-// Helpers for FSDP tests: a tiny GPT, deterministic batches, a single-rank
+// Helpers for data-parallel tests (FSDP, DDP): a tiny GPT, deterministic batches, a single-rank
 // reference run, and a runner that trains on N local ranks (threads).
-#ifndef SHARDKIT_TESTS_FSDP_FSDP_TEST_UTIL_H_
-#define SHARDKIT_TESTS_FSDP_FSDP_TEST_UTIL_H_
+#ifndef SHARDKIT_TESTS_UTIL_TRAINING_TEST_UTIL_H_
+#define SHARDKIT_TESTS_UTIL_TRAINING_TEST_UTIL_H_
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "runtime/comm/local_backend.h"
-#include "runtime/fsdp/fsdp.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/gpt.h"
 #include "runtime/nn/owned_parameters.h"
@@ -122,4 +121,4 @@ inline void ExpectRelClose(float got, float want, double rel, const std::string&
 
 }  // namespace sk::testing
 
-#endif  // SHARDKIT_TESTS_FSDP_FSDP_TEST_UTIL_H_
+#endif  // SHARDKIT_TESTS_UTIL_TRAINING_TEST_UTIL_H_
