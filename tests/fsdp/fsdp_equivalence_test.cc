@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <thread>
+
+#include "runtime/comm/gloo_backend.h"
+#include "runtime/comm/store.h"
 
 #include "runtime/fsdp/fsdp.h"
 #include "tests/util/training_test_util.h"
@@ -13,18 +17,43 @@ namespace {
 
 using testing::ExpectRelClose;
 using testing::MakeBatch;
-using testing::RunRanks;
 
 struct Case {
   ShardingStrategy strategy;
   int world;
   int shard_group;  // hybrid only
+  bool gloo = false;
 };
+
+// Gloo over loopback TCP, ranks as threads, rendezvous through a TcpStore.
+void RunGlooRanks(int world, const std::function<void(int, comm::ProcessGroup*)>& body) {
+  auto server = comm::TcpStore::Create("127.0.0.1", 0, /*serve=*/true, std::chrono::seconds(30));
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::unique_ptr<comm::ProcessGroup>> groups(world);
+  auto on_all = [&](const std::function<void(int)>& fn) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { fn(r); });
+    for (auto& t : threads) t.join();
+  };
+  on_all([&](int r) {
+    auto client = comm::TcpStore::Create("127.0.0.1", (*server)->port(), false, std::chrono::seconds(30));
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto g = comm::GlooProcessGroup::Create(std::shared_ptr<comm::Store>(std::move(client).value()),
+                                            "fsdp", r, world);
+    ASSERT_TRUE(g.ok()) << g.status();
+    groups[r] = std::move(g).value();
+  });
+  on_all([&](int r) {
+    if (groups[r]) body(r, groups[r].get());
+  });
+  on_all([&](int r) { groups[r].reset(); });  // final barriers run together
+}
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   std::string s = ShardingStrategyName(info.param.strategy);
   s += "_world" + std::to_string(info.param.world);
   if (info.param.shard_group) s += "_group" + std::to_string(info.param.shard_group);
+  if (info.param.gloo) s += "_gloo";
   return s;
 }
 
@@ -42,7 +71,8 @@ TEST_P(FsdpEquivalenceTest, LossesAndParametersMatchOneUnshardedRank) {
   std::mutex mu;
   std::vector<std::vector<float>> losses(c.world);
   std::vector<std::vector<std::vector<Tensor>>> gathered(c.world);
-  RunRanks(c.world, [&](int rank, comm::ProcessGroup* world) {
+  auto run = c.gloo ? RunGlooRanks : testing::RunRanks;
+  run(c.world, [&](int rank, comm::ProcessGroup* world) {
     CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
     FsdpOptions o;
     o.strategy = c.strategy;
@@ -102,7 +132,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ShardingStrategy::kShardOptim, 2, 0}, Case{ShardingStrategy::kShardOptim, 4, 0},
                       Case{ShardingStrategy::kNoShard, 2, 0}, Case{ShardingStrategy::kNoShard, 4, 0},
                       Case{ShardingStrategy::kHybridShard, 4, 2},
-                      Case{ShardingStrategy::kHybridShardGradOp, 4, 2}),
+                      Case{ShardingStrategy::kHybridShardGradOp, 4, 2},
+                      Case{ShardingStrategy::kFullShard, 2, 0, true},
+                      Case{ShardingStrategy::kShardOptim, 2, 0, true},
+                      Case{ShardingStrategy::kHybridShard, 4, 2, true}),
     Name);
 
 }  // namespace
