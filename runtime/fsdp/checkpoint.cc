@@ -33,6 +33,9 @@ using nlohmann::json;
 constexpr char kIndexName[] = "index.json";
 constexpr char kIndexFormat[] = "shardkit.sharded_checkpoint";
 constexpr char kFullStateDictKind[] = "full_state_dict";
+// CRC-32 of the index's compact JSON without this key: a flipped digit in a
+// step or size would otherwise still parse.
+constexpr char kIndexCrcKey[] = "index_crc32";
 // Longest error message carried between ranks; longer ones are cut.
 constexpr size_t kMaxMessageBytes = 1024;
 
@@ -323,6 +326,12 @@ json IndexToJson(const CheckpointIndex& ix, const OptimizerOptions* opt) {
   return j;
 }
 
+int64_t IndexCrc(json j) {
+  j.erase(kIndexCrcKey);
+  const std::string text = j.dump();
+  return Crc32(text.data(), text.size());
+}
+
 // Field access that turns every malformation into DataLoss naming the field.
 class JsonReader {
  public:
@@ -361,6 +370,11 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& path, const std::string&
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   JsonReader r("'" + path + "'");
   if (j.is_discarded()) return r.Error("not valid JSON (corrupt or truncated)");
+  SK_ASSIGN_OR_RETURN(int64_t crc, r.Int(j, kIndexCrcKey, "index"));
+  if (crc != IndexCrc(j)) {
+    return r.Error("checksum mismatch (stored " + std::to_string(crc) + ", computed " + std::to_string(IndexCrc(j)) +
+                   "): the index is corrupt");
+  }
   CheckpointIndex ix;
   SK_ASSIGN_OR_RETURN(std::string format, r.Str(j, "format", "index"));
   if (format != kIndexFormat) return r.Error("format is '" + format + "', expected '" + kIndexFormat + "'");
@@ -717,6 +731,7 @@ Status WriteIndex(const std::string& tmp, const TrainingState& state, const std:
     ix.files.push_back(std::move(file));
   }
   json j = IndexToJson(ix, state.optimizer ? &state.optimizer->options() : nullptr);
+  j[kIndexCrcKey] = IndexCrc(j);
   return WriteFileAtomic(tmp + "/" + kIndexName, j.dump(1) + "\n");
 }
 
@@ -929,8 +944,7 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& state, in
   // Every rank makes the same sequence of gathers (decided by step counts,
   // which all ranks share); a local failure is carried to the agreement.
   Status local;
-  std::vector<Tensor> flats;  // alive until written
-  std::vector<std::string> names;
+  std::vector<Tensor> flats;  // rank 0's, alive until written
   std::vector<SafeTensorsEntry> entries;
   std::map<std::string, std::string> meta = {{"shardkit.kind", kFullStateDictKind},
                                              {"shardkit.format_version", std::to_string(kCheckpointFormatVersion)},
@@ -945,8 +959,10 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& state, in
   };
   for (int u = 0; u < f.num_units(); ++u) {
     SK_ASSIGN_OR_RETURN(Tensor flat, GatherFlat(f, *stream, u, f.master_shard(u).data_as<float>()));
-    if (root) add(flat, u, "");
-    flats.push_back(std::move(flat));
+    if (root) {
+      add(flat, u, "");
+      flats.push_back(std::move(flat));
+    }
     if (state.optimizer == nullptr) continue;
     const int64_t ostep = state.optimizer->step_count(u);
     meta["shardkit.optimizer.step." + std::to_string(u)] = std::to_string(ostep);
@@ -963,8 +979,10 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& state, in
         shard = zeros.data();
       }
       SK_ASSIGN_OR_RETURN(Tensor oflat, GatherFlat(f, *stream, u, shard));
-      if (root) add(oflat, u, "optimizer." + name + ".");
-      flats.push_back(std::move(oflat));
+      if (root) {
+        add(oflat, u, "optimizer." + name + ".");
+        flats.push_back(std::move(oflat));
+      }
     }
   }
   if (state.optimizer != nullptr) {

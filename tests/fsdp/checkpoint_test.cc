@@ -344,6 +344,21 @@ TEST_F(CheckpointTest, TruncatedIndexIsDataLossAndChangesNothing) {
                            StatusCode::kDataLoss, "index.json");
 }
 
+TEST_F(CheckpointTest, EditedIndexFailsItsChecksumAndChangesNothing) {
+  const std::string dir = TempDir("edited-index") + "/ckpt";
+  SaveAtWorld4(dir);
+  // Still valid JSON, but the step is no longer the one saved.
+  std::ifstream in(dir + "/index.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string from = "\"step\": " + std::to_string(kSaveStep);
+  const size_t at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, from.size(), "\"step\": 7");
+  std::ofstream(dir + "/index.json", std::ios::trunc) << text;
+  ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(dir, r.state).status(); },
+                           StatusCode::kDataLoss, "checksum");
+}
+
 TEST_F(CheckpointTest, MissingFileIsNotFoundNamingTheFileAndChangesNothing) {
   const std::string dir = TempDir("missing") + "/ckpt";
   SaveAtWorld4(dir);
