@@ -142,7 +142,9 @@ Status SwapDirectoryIntoPlace(const std::string& tmp, const std::string& dir) {
     }
     if (::rename(tmp.c_str(), dir.c_str()) != 0) {
       Status s = UnavailableError("rename '" + tmp + "' -> '" + dir + "' failed: " + ErrnoText());
-      if (::rename(old.c_str(), dir.c_str()) != 0) return s.WithContext("previous checkpoint left at '" + old + "'");
+      if (::rename(old.c_str(), dir.c_str()) != 0) {
+        return s.WithContext("previous checkpoint left at '" + old + "'");
+      }
       return s;
     }
     fs::remove_all(old, ec);
@@ -162,7 +164,8 @@ class RankAgreement {
     const DeviceId id = f.activation_allocator().device();
     SK_ASSIGN_OR_RETURN(Device * device, Device::Get(id));
     std::unique_ptr<RankAgreement> a(new RankAgreement(f));
-    SK_ASSIGN_OR_RETURN(a->stream_, device->CreateStream("checkpoint (rank " + std::to_string(f.rank()) + ")"));
+    SK_ASSIGN_OR_RETURN(a->stream_,
+                        device->CreateStream("checkpoint (rank " + std::to_string(f.rank()) + ")"));
     return a;
   }
 
@@ -170,7 +173,10 @@ class RankAgreement {
   // an error: its own, or the first failing rank's.
   Status Agree(const Status& mine) {
     Message m;
-    if (!mine.ok()) m = {static_cast<int>(mine.code()), "rank " + std::to_string(f_.rank()) + ": " + std::string(mine.message())};
+    if (!mine.ok()) {
+      m = {static_cast<int>(mine.code()),
+           "rank " + std::to_string(f_.rank()) + ": " + std::string(mine.message())};
+    }
     StatusOr<Message> all = Combine(m, /*first_error=*/true);
     if (!all.ok()) return all.status().WithContext("checkpoint: agreeing across ranks");
     if (!mine.ok()) return mine;
@@ -227,7 +233,8 @@ class RankAgreement {
     Message result;
     result.code = static_cast<int>(q[0]);
     const size_t n = std::min(static_cast<size_t>(q[1]), kMaxMessageBytes);
-    for (size_t i = 0; i < n; ++i) result.text.push_back(static_cast<char>(static_cast<unsigned char>(q[2 + i])));
+    for (size_t i = 0; i < n; ++i)
+      result.text.push_back(static_cast<char>(static_cast<unsigned char>(q[2 + i])));
     return result;
   }
 
@@ -314,14 +321,16 @@ json IndexToJson(const CheckpointIndex& ix, const OptimizerOptions* opt) {
     ju["optimizer_step"] = u.optimizer_step;
     json params = json::array();
     for (const auto& p : u.params) {
-      params.push_back({{"name", p.name}, {"shape", p.shape.dims()}, {"offset", p.offset}, {"numel", p.numel}});
+      params.push_back(
+          {{"name", p.name}, {"shape", p.shape.dims()}, {"offset", p.offset}, {"numel", p.numel}});
     }
     ju["params"] = params;
     units.push_back(ju);
   }
   j["units"] = units;
   json files = json::array();
-  for (const auto& f : ix.files) files.push_back({{"name", f.name}, {"shard_rank", f.shard_rank}, {"bytes", f.bytes}});
+  for (const auto& f : ix.files)
+    files.push_back({{"name", f.name}, {"shard_rank", f.shard_rank}, {"bytes", f.bytes}});
   j["files"] = files;
   return j;
 }
@@ -348,7 +357,9 @@ class JsonReader {
     SK_ASSIGN_OR_RETURN(const json* v, Field(obj, key, ctx));
     if (!v->is_number_integer()) return Error(ctx + "." + key + " is not an integer");
     int64_t x = v->get<int64_t>();
-    if (x < min) return Error(ctx + "." + key + " is " + std::to_string(x) + ", below " + std::to_string(min));
+    if (x < min) {
+      return Error(ctx + "." + key + " is " + std::to_string(x) + ", below " + std::to_string(min));
+    }
     return x;
   }
   StatusOr<std::string> Str(const json& obj, const char* key, const std::string& ctx) const {
@@ -372,8 +383,8 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& path, const std::string&
   if (j.is_discarded()) return r.Error("not valid JSON (corrupt or truncated)");
   SK_ASSIGN_OR_RETURN(int64_t crc, r.Int(j, kIndexCrcKey, "index"));
   if (crc != IndexCrc(j)) {
-    return r.Error("checksum mismatch (stored " + std::to_string(crc) + ", computed " + std::to_string(IndexCrc(j)) +
-                   "): the index is corrupt");
+    return r.Error("checksum mismatch (stored " + std::to_string(crc) + ", computed " +
+                   std::to_string(IndexCrc(j)) + "): the index is corrupt");
   }
   CheckpointIndex ix;
   SK_ASSIGN_OR_RETURN(std::string format, r.Str(j, "format", "index"));
@@ -389,7 +400,8 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& path, const std::string&
   SK_ASSIGN_OR_RETURN(int64_t world, r.Int(j, "world_size", "index", 1));
   SK_ASSIGN_OR_RETURN(int64_t group, r.Int(j, "shard_group_size", "index", 1));
   if (world > (1 << 20) || group > world || world % group != 0) {
-    return r.Error("shard_group_size " + std::to_string(group) + " does not divide world_size " + std::to_string(world));
+    return r.Error("shard_group_size " + std::to_string(group) + " does not divide world_size " +
+                   std::to_string(world));
   }
   ix.world_size = static_cast<int>(world);
   ix.shard_group_size = static_cast<int>(group);
@@ -430,7 +442,9 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& path, const std::string&
       SK_ASSIGN_OR_RETURN(const json* shape, r.Array(jp, "shape", pctx));
       std::vector<int64_t> dims;
       for (const json& d : *shape) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 0) return r.Error(pctx + ".shape is not non-negative integers");
+        if (!d.is_number_integer() || d.get<int64_t>() < 0) {
+          return r.Error(pctx + ".shape is not non-negative integers");
+        }
         dims.push_back(d.get<int64_t>());
       }
       StatusOr<Shape> s = Shape::Make(dims);
@@ -438,7 +452,8 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& path, const std::string&
       p.shape = *s;
       SK_ASSIGN_OR_RETURN(p.offset, r.Int(jp, "offset", pctx));
       SK_ASSIGN_OR_RETURN(p.numel, r.Int(jp, "numel", pctx));
-      if (p.numel != p.shape.numel() || p.offset > unit.padded_numel || p.numel > unit.padded_numel - p.offset) {
+      if (p.numel != p.shape.numel() || p.offset > unit.padded_numel ||
+          p.numel > unit.padded_numel - p.offset) {
         return r.Error(pctx + " ('" + p.name + "') lies outside its flat parameter");
       }
       unit.params.push_back(std::move(p));
@@ -447,7 +462,8 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& path, const std::string&
   }
   SK_ASSIGN_OR_RETURN(const json* files, r.Array(j, "files", "index"));
   if (static_cast<int64_t>(files->size()) != group) {
-    return r.Error("lists " + std::to_string(files->size()) + " files for a shard group of " + std::to_string(group));
+    return r.Error("lists " + std::to_string(files->size()) + " files for a shard group of " +
+                   std::to_string(group));
   }
   for (size_t k = 0; k < files->size(); ++k) {
     const std::string ctx = "files[" + std::to_string(k) + "]";
@@ -457,8 +473,8 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& path, const std::string&
     SK_ASSIGN_OR_RETURN(f.bytes, r.Int((*files)[k], "bytes", ctx));
     // Only our own names: an index can never point outside its directory.
     if (shard_rank != static_cast<int64_t>(k) || f.name != RankFileName(static_cast<int>(k))) {
-      return r.Error(ctx + " is '" + f.name + "' for shard rank " + std::to_string(shard_rank) + ", expected '" +
-                     RankFileName(static_cast<int>(k)) + "'");
+      return r.Error(ctx + " is '" + f.name + "' for shard rank " + std::to_string(shard_rank) +
+                     ", expected '" + RankFileName(static_cast<int>(k)) + "'");
     }
     f.shard_rank = static_cast<int>(shard_rank);
     ix.files.push_back(std::move(f));
@@ -504,37 +520,39 @@ Status CheckSameModel(const CheckpointIndex& ix, const TrainingState& state) {
     const auto& cu = ix.units[u];
     const auto& mp = f.layout(static_cast<int>(u)).params();
     if (cu.name != units[u].name) {
-      return InvalidArgumentError("checkpoint unit " + std::to_string(u) + " is '" + cu.name + "', the model's is '" +
-                                  units[u].name + "'");
+      return InvalidArgumentError("checkpoint unit " + std::to_string(u) + " is '" + cu.name +
+                                  "', the model's is '" + units[u].name + "'");
     }
     const size_t np = std::min(cu.params.size(), mp.size());
     for (size_t i = 0; i < np; ++i) {
       const auto& cp = cu.params[i];
       const std::string full = units[u].name + "." + mp[i].name;
       if (cp.name != mp[i].name) {
-        return InvalidArgumentError("parameter " + std::to_string(i) + " of unit '" + cu.name + "' is '" + cp.name +
-                                    "' in the checkpoint but '" + full + "' in the model");
+        return InvalidArgumentError("parameter " + std::to_string(i) + " of unit '" + cu.name + "' is '" +
+                                    cp.name + "' in the checkpoint but '" + full + "' in the model");
       }
       if (cp.shape != mp[i].shape) {
         return InvalidArgumentError("parameter '" + full + "' has shape " + cp.shape.ToString() +
                                     " in the checkpoint but " + mp[i].shape.ToString() + " in the model");
       }
       if (cp.offset != mp[i].offset) {
-        return InvalidArgumentError("parameter '" + full + "' is at flat offset " + std::to_string(cp.offset) +
-                                    " in the checkpoint but " + std::to_string(mp[i].offset) + " in the model");
+        return InvalidArgumentError("parameter '" + full + "' is at flat offset " +
+                                    std::to_string(cp.offset) + " in the checkpoint but " +
+                                    std::to_string(mp[i].offset) + " in the model");
       }
     }
     if (cu.params.size() != mp.size()) {
-      const std::string extra = cu.params.size() > mp.size() ? "checkpoint parameter '" + cu.name + "." + cu.params[np].name + "'"
-                                                             : "model parameter '" + units[u].name + "." + mp[np].name + "'";
+      const std::string extra = cu.params.size() > mp.size()
+                                    ? "checkpoint parameter '" + cu.name + "." + cu.params[np].name + "'"
+                                    : "model parameter '" + units[u].name + "." + mp[np].name + "'";
       return InvalidArgumentError(extra + " has no counterpart (unit '" + cu.name + "' has " +
                                   std::to_string(cu.params.size()) + " parameters in the checkpoint, " +
                                   std::to_string(mp.size()) + " in the model)");
     }
   }
   if (ix.units.size() != units.size()) {
-    return InvalidArgumentError("the checkpoint has " + std::to_string(ix.units.size()) + " units, the model " +
-                                std::to_string(units.size()));
+    return InvalidArgumentError("the checkpoint has " + std::to_string(ix.units.size()) +
+                                " units, the model " + std::to_string(units.size()));
   }
   if (state.optimizer != nullptr && ix.has_optimizer &&
       ix.optimizer_state_names != state.optimizer->StateNames()) {
@@ -549,7 +567,7 @@ Status CheckSameModel(const CheckpointIndex& ix, const TrainingState& state) {
 // Everything a load brings in, in this rank's new shard space, before it
 // touches the live model.
 struct LoadedShards {
-  std::vector<std::vector<float>> master;              // [unit][shard elem]
+  std::vector<std::vector<float>> master;  // [unit][shard elem]
   bool has_optimizer = false;
   std::vector<std::vector<std::vector<float>>> optim;  // [unit][state][shard elem]
   std::vector<int64_t> optimizer_step;                 // [unit]
@@ -562,8 +580,9 @@ struct LoadedShards {
 Status Commit(const TrainingState& state, LoadedShards& loaded) {
   FullyShardedModel& f = *state.fsdp;
   for (int u = 0; u < f.num_units(); ++u) {
-    SK_RETURN_IF_ERROR(f.LoadMasterShard(u, loaded.master[u].data(), static_cast<int64_t>(loaded.master[u].size()))
-                           .WithContext("committing a loaded checkpoint"));
+    SK_RETURN_IF_ERROR(
+        f.LoadMasterShard(u, loaded.master[u].data(), static_cast<int64_t>(loaded.master[u].size()))
+            .WithContext("committing a loaded checkpoint"));
   }
   if (loaded.has_optimizer && state.optimizer != nullptr) {
     for (int u = 0; u < f.num_units(); ++u) {
@@ -618,7 +637,8 @@ Status ReadShards(const std::string& dir, const CheckpointIndex& ix, const Train
     }
     if (static_cast<int64_t>(st.st_size) != file.bytes) {
       return DataLossError("checkpoint file '" + path + "' is " + std::to_string(st.st_size) +
-                           " bytes, the index says " + std::to_string(file.bytes) + " (truncated or replaced)");
+                           " bytes, the index says " + std::to_string(file.bytes) +
+                           " (truncated or replaced)");
     }
     SK_ASSIGN_OR_RETURN(SafeTensorsFile sf, SafeTensorsFile::Read(path));
     auto id = sf.metadata().find("checkpoint_id");
@@ -633,8 +653,9 @@ Status ReadShards(const std::string& dir, const CheckpointIndex& ix, const Train
       StatusOr<SafeTensorsFile::Info> info = sf.info(name);
       if (!info.ok()) return DataLossError("checkpoint file '" + path + "' lacks tensor '" + name + "'");
       if (info->dtype != DType::kF32 || info->shape != Shape{old_s}) {
-        return DataLossError("tensor '" + name + "' in '" + path + "' is " + std::string(DTypeName(info->dtype)) +
-                             info->shape.ToString() + ", the index says f32[" + std::to_string(old_s) + "]");
+        return DataLossError("tensor '" + name + "' in '" + path + "' is " +
+                             std::string(DTypeName(info->dtype)) + info->shape.ToString() +
+                             ", the index says f32[" + std::to_string(old_s) + "]");
       }
       const int64_t lo = std::max(begin[u], k * old_s);
       const int64_t hi = std::min(begin[u] + f.layout(u).shard_numel(), (k + 1) * old_s);
@@ -694,8 +715,8 @@ Status WriteRankFile(const std::string& tmp, const TrainingState& state, const s
       for (const std::string& name : state.optimizer->StateNames()) {
         SK_ASSIGN_OR_RETURN(Tensor t, state.optimizer->State(u, name));
         if (t.dtype() != DType::kF32 || t.numel() != n) {
-          return InternalError("optimizer state '" + name + "' of unit " + std::to_string(u) + " is " + t.ToString() +
-                               ", expected f32[" + std::to_string(n) + "]");
+          return InternalError("optimizer state '" + name + "' of unit " + std::to_string(u) + " is " +
+                               t.ToString() + ", expected f32[" + std::to_string(n) + "]");
         }
         entries.push_back({OptimName(u, name), DType::kF32, Shape{n}, t.data()});
         keep.push_back(std::move(t));
@@ -802,7 +823,8 @@ Status ReadFullStateDict(const std::string& path, const TrainingState& state, Lo
   out->has_optimizer = file_has_optim && state.optimizer != nullptr;
   if (out->has_optimizer && file_states != state.optimizer->StateNames()) {
     return InvalidArgumentError("'" + path + "': the optimizer state " + JoinNames(file_states) +
-                                " does not match this optimizer's " + JoinNames(state.optimizer->StateNames()));
+                                " does not match this optimizer's " +
+                                JoinNames(state.optimizer->StateNames()));
   }
 
   std::set<std::string> expected;
@@ -821,7 +843,8 @@ Status ReadFullStateDict(const std::string& path, const TrainingState& state, Lo
       out->optim[u].assign(file_states.size(), std::vector<float>(static_cast<size_t>(l.shard_numel()), 0.f));
     }
     // Reads `name` (the full tensor of parameter p) into this rank's slices of `dst`.
-    auto take = [&](const std::string& name, int p, const std::string& what, std::vector<float>& dst) -> Status {
+    auto take = [&](const std::string& name, int p, const std::string& what,
+                    std::vector<float>& dst) -> Status {
       if (!sf.contains(name)) {
         return InvalidArgumentError(what + " '" + name + "' is missing from '" + path + "'");
       }
@@ -937,19 +960,22 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& state, in
   const auto& units = *state.units;
   SK_ASSIGN_OR_RETURN(auto sync, RankAgreement::Create(f));
   SK_ASSIGN_OR_RETURN(Device * device, Device::Get(f.activation_allocator().device()));
-  SK_ASSIGN_OR_RETURN(auto stream, device->CreateStream("full state dict (rank " + std::to_string(f.rank()) + ")"));
+  SK_ASSIGN_OR_RETURN(auto stream,
+                      device->CreateStream("full state dict (rank " + std::to_string(f.rank()) + ")"));
   const bool root = f.rank() == 0;
-  std::vector<std::string> state_names = state.optimizer ? state.optimizer->StateNames() : std::vector<std::string>{};
+  std::vector<std::string> state_names =
+      state.optimizer ? state.optimizer->StateNames() : std::vector<std::string>{};
 
   // Every rank makes the same sequence of gathers (decided by step counts,
   // which all ranks share); a local failure is carried to the agreement.
   Status local;
   std::vector<Tensor> flats;  // rank 0's, alive until written
   std::vector<SafeTensorsEntry> entries;
-  std::map<std::string, std::string> meta = {{"shardkit.kind", kFullStateDictKind},
-                                             {"shardkit.format_version", std::to_string(kCheckpointFormatVersion)},
-                                             {"shardkit.model", state.model_name},
-                                             {"shardkit.step", std::to_string(step)}};
+  std::map<std::string, std::string> meta = {
+      {"shardkit.kind", kFullStateDictKind},
+      {"shardkit.format_version", std::to_string(kCheckpointFormatVersion)},
+      {"shardkit.model", state.model_name},
+      {"shardkit.step", std::to_string(step)}};
   auto add = [&](const Tensor& flat, int u, const std::string& prefix) {
     for (size_t p = 0; p < units[u].params.size(); ++p) {
       const auto& lp = f.layout(u).params()[p];
@@ -974,7 +1000,9 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& state, in
       if (t.ok() && t->numel() == f.layout(u).shard_numel()) {
         shard = t->data_as<float>();
       } else {
-        if (local.ok()) local = t.ok() ? InternalError("optimizer state '" + name + "' has the wrong size") : t.status();
+        if (local.ok()) {
+          local = t.ok() ? InternalError("optimizer state '" + name + "' has the wrong size") : t.status();
+        }
         zeros.assign(static_cast<size_t>(f.layout(u).shard_numel()), 0.f);
         shard = zeros.data();
       }

@@ -84,8 +84,8 @@ std::vector<float> TrainSteps(const GptModel& model, RankState& r, int rank, int
   const int rows = kGlobalRows / world;
   for (int s = first; s < last; ++s) {
     r.fsdp->ZeroGrad();
-    StatusOr<float> loss = model.ForwardBackward(MakeBatch(s, rank * rows, rows), *r.fsdp,
-                                                 r.fsdp->activation_allocator());
+    StatusOr<float> loss =
+        model.ForwardBackward(MakeBatch(s, rank * rows, rows), *r.fsdp, r.fsdp->activation_allocator());
     EXPECT_TRUE(loss.ok()) << loss.status();
     if (!loss.ok()) return losses;
     EXPECT_TRUE(r.fsdp->OptimizerStep(*r.opt).ok());
@@ -97,8 +97,8 @@ std::vector<float> TrainSteps(const GptModel& model, RankState& r, int rank, int
 // Global losses (mean over ranks) of steps [first, last) under `setup`, after
 // `prepare` (a checkpoint load, say) and before `finish` (a save).
 std::vector<float> TrainRun(const GptModel& model, const RunSetup& setup, int first, int last,
-                       const std::function<void(int, RankState&)>& prepare = {},
-                       const std::function<void(int, RankState&)>& finish = {}) {
+                            const std::function<void(int, RankState&)>& prepare = {},
+                            const std::function<void(int, RankState&)>& finish = {}) {
   std::mutex mu;
   std::vector<std::vector<float>> per_rank(setup.world);
   RunModel(model, setup, testing::TestOptimizer(), [&](int rank, RankState& r) {
@@ -112,7 +112,8 @@ std::vector<float> TrainRun(const GptModel& model, const RunSetup& setup, int fi
   std::vector<float> mean(last - first, 0.f);
   for (int s = 0; s < last - first; ++s) {
     double sum = 0;
-    for (int r = 0; r < setup.world; ++r) sum += per_rank[r].size() > static_cast<size_t>(s) ? per_rank[r][s] : NAN;
+    for (int r = 0; r < setup.world; ++r)
+      sum += per_rank[r].size() > static_cast<size_t>(s) ? per_rank[r][s] : NAN;
     mean[s] = static_cast<float>(sum / setup.world);
   }
   return mean;
@@ -187,16 +188,14 @@ TEST_F(CheckpointTest, ShardedCheckpointFromWorld4ResumesExactlyAtAnyWorldSizeAn
   const std::vector<float> want(uninterrupted.begin() + kSaveStep, uninterrupted.end());
 
   const std::vector<RunSetup> resumes = {
-      {ShardingStrategy::kFullShard, 4, 0, kOtherSeed},
-      {ShardingStrategy::kFullShard, 2, 0, kOtherSeed},
-      {ShardingStrategy::kFullShard, 1, 0, kOtherSeed},
-      {ShardingStrategy::kShardGradOp, 2, 0, kOtherSeed},
-      {ShardingStrategy::kShardOptim, 2, 0, kOtherSeed},
-      {ShardingStrategy::kNoShard, 2, 0, kOtherSeed},
+      {ShardingStrategy::kFullShard, 4, 0, kOtherSeed},   {ShardingStrategy::kFullShard, 2, 0, kOtherSeed},
+      {ShardingStrategy::kFullShard, 1, 0, kOtherSeed},   {ShardingStrategy::kShardGradOp, 2, 0, kOtherSeed},
+      {ShardingStrategy::kShardOptim, 2, 0, kOtherSeed},  {ShardingStrategy::kNoShard, 2, 0, kOtherSeed},
       {ShardingStrategy::kHybridShard, 4, 2, kOtherSeed},
   };
   for (const RunSetup& s : resumes) {
-    const std::string what = std::string(ShardingStrategyName(s.strategy)) + " at world " + std::to_string(s.world);
+    const std::string what =
+        std::string(ShardingStrategyName(s.strategy)) + " at world " + std::to_string(s.world);
     std::vector<float> got = TrainRun(*model_, s, kSaveStep, kTotalSteps, [&](int, RankState& r) {
       StatusOr<int64_t> step = LoadShardedCheckpoint(dir, r.state);
       ASSERT_TRUE(step.ok()) << what << ": " << step.status();
@@ -221,13 +220,13 @@ TEST_F(CheckpointTest, HybridCheckpointWritesOneReplicaAndResumesAtWorld1) {
   EXPECT_EQ(ix->files.size(), 2u);
   EXPECT_FALSE(fs::exists(dir + "/rank-00002.safetensors"));
 
-  std::vector<float> got = TrainRun(*model_, RunSetup{ShardingStrategy::kFullShard, 1, 0, kOtherSeed}, kSaveStep,
-                               kTotalSteps, [&](int, RankState& r) {
-                                 StatusOr<int64_t> step = LoadShardedCheckpoint(dir, r.state);
-                                 ASSERT_TRUE(step.ok()) << step.status();
-                               });
-  ExpectLossesMatch(got, std::vector<float>(uninterrupted.begin() + kSaveStep, uninterrupted.end()), kSaveStep,
-                    "hybrid 2x2 -> world 1");
+  std::vector<float> got = TrainRun(*model_, RunSetup{ShardingStrategy::kFullShard, 1, 0, kOtherSeed},
+                                    kSaveStep, kTotalSteps, [&](int, RankState& r) {
+                                      StatusOr<int64_t> step = LoadShardedCheckpoint(dir, r.state);
+                                      ASSERT_TRUE(step.ok()) << step.status();
+                                    });
+  ExpectLossesMatch(got, std::vector<float>(uninterrupted.begin() + kSaveStep, uninterrupted.end()),
+                    kSaveStep, "hybrid 2x2 -> world 1");
 }
 
 TEST_F(CheckpointTest, IndexDescribesTheRunAndEveryFile) {
@@ -292,19 +291,20 @@ TEST_F(CheckpointTest, FullStateDictResumesExactlyAtWorld2And1AndIsReadableByNam
       ASSERT_TRUE(info.ok()) << name;
       EXPECT_EQ(info->shape, model_->units()[u].params[p].shape);
       const float* data = static_cast<const float*>(*sf->data(name));
-      EXPECT_EQ(std::vector<float>(data, data + info->shape.numel()),
-                std::vector<float>(full[u][p].data_as<float>(), full[u][p].data_as<float>() + full[u][p].numel()))
+      EXPECT_EQ(
+          std::vector<float>(data, data + info->shape.numel()),
+          std::vector<float>(full[u][p].data_as<float>(), full[u][p].data_as<float>() + full[u][p].numel()))
           << name;
     }
   }
   const std::vector<float> want(uninterrupted.begin() + kSaveStep, uninterrupted.end());
   for (int world : {2, 1}) {
-    std::vector<float> got = TrainRun(*model_, RunSetup{ShardingStrategy::kFullShard, world, 0, kOtherSeed}, kSaveStep,
-                                 kTotalSteps, [&](int, RankState& r) {
-                                   StatusOr<int64_t> step = LoadFullStateDict(path, r.state);
-                                   ASSERT_TRUE(step.ok()) << step.status();
-                                   EXPECT_EQ(*step, kSaveStep);
-                                 });
+    std::vector<float> got = TrainRun(*model_, RunSetup{ShardingStrategy::kFullShard, world, 0, kOtherSeed},
+                                      kSaveStep, kTotalSteps, [&](int, RankState& r) {
+                                        StatusOr<int64_t> step = LoadFullStateDict(path, r.state);
+                                        ASSERT_TRUE(step.ok()) << step.status();
+                                        EXPECT_EQ(*step, kSaveStep);
+                                      });
     ExpectLossesMatch(got, want, kSaveStep, "full state dict at world " + std::to_string(world));
   }
 }
@@ -365,8 +365,9 @@ TEST_F(CheckpointTest, MissingFileIsNotFoundNamingTheFileAndChangesNothing) {
   fs::remove(dir + "/rank-00003.safetensors");
   ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(dir, r.state).status(); },
                            StatusCode::kNotFound, "rank-00003.safetensors");
-  ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(dir + "-nowhere", r.state).status(); },
-                           StatusCode::kNotFound, "index.json");
+  ExpectLoadFailsUntouched(
+      [&](RankState& r) { return LoadShardedCheckpoint(dir + "-nowhere", r.state).status(); },
+      StatusCode::kNotFound, "index.json");
 }
 
 TEST_F(CheckpointTest, FileFromAnotherCheckpointIsDataLoss) {
@@ -374,7 +375,8 @@ TEST_F(CheckpointTest, FileFromAnotherCheckpointIsDataLoss) {
   const std::string b = TempDir("mix-b") + "/ckpt";
   SaveAtWorld4(a);
   SaveAtWorld4(b);
-  fs::copy_file(b + "/rank-00000.safetensors", a + "/rank-00000.safetensors", fs::copy_options::overwrite_existing);
+  fs::copy_file(b + "/rank-00000.safetensors", a + "/rank-00000.safetensors",
+                fs::copy_options::overwrite_existing);
   ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(a, r.state).status(); },
                            StatusCode::kDataLoss, "another checkpoint");
 }
@@ -395,7 +397,9 @@ TEST_F(CheckpointTest, CheckpointOfAnotherModelIsInvalidArgumentNamingTheParamet
   for (size_t u = 0; u < model_->units().size() && changed.empty(); ++u) {
     const UnitSpec& mine = model_->units()[u];
     for (size_t p = 0; p < mine.params.size() && changed.empty(); ++p) {
-      if (mine.params[p].shape != other->units()[u].params[p].shape) changed = FullParamName(mine, mine.params[p]);
+      if (mine.params[p].shape != other->units()[u].params[p].shape) {
+        changed = FullParamName(mine, mine.params[p]);
+      }
     }
   }
   ASSERT_FALSE(changed.empty());
@@ -426,7 +430,8 @@ TEST_F(CheckpointTest, FailedSaveLeavesThePreviousCheckpointIntact) {
   TrainRun(*model_, RunSetup{}, 0, kTotalSteps, {}, [&](int rank, RankState& r) {
     CheckpointOptions o;
     o.on_file_written = [](const std::string& path) {
-      return path.find("rank-00002") != std::string::npos ? UnavailableError("disk full (simulated)") : OkStatus();
+      return path.find("rank-00002") != std::string::npos ? UnavailableError("disk full (simulated)")
+                                                          : OkStatus();
     };
     Status s = SaveShardedCheckpoint(dir, r.state, kTotalSteps, o);
     EXPECT_EQ(s.code(), StatusCode::kUnavailable) << "rank " << rank << ": " << s;
@@ -439,11 +444,11 @@ TEST_F(CheckpointTest, FailedSaveLeavesThePreviousCheckpointIntact) {
   EXPECT_FALSE(fs::exists(dir + ".tmp"));
   // And it still loads.
   TrainRun(*model_, RunSetup{ShardingStrategy::kFullShard, 2, 0, kOtherSeed}, kSaveStep, kSaveStep + 1,
-      [&](int, RankState& r) {
-        StatusOr<int64_t> step = LoadShardedCheckpoint(dir, r.state);
-        ASSERT_TRUE(step.ok()) << step.status();
-        EXPECT_EQ(*step, kSaveStep);
-      });
+           [&](int, RankState& r) {
+             StatusOr<int64_t> step = LoadShardedCheckpoint(dir, r.state);
+             ASSERT_TRUE(step.ok()) << step.status();
+             EXPECT_EQ(*step, kSaveStep);
+           });
 }
 
 TEST_F(CheckpointTest, SaveReplacesAnOlderCheckpointButNeverAnotherDirectory) {

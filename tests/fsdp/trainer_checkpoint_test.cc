@@ -69,7 +69,8 @@ std::vector<float> Train(int world, uint64_t seed, int first, int last,
 
 std::string TempDir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/trainer-ckpt-" + std::to_string(::getpid()) + "-" + name;
+  std::string dir =
+      std::string(base ? base : "/tmp") + "/trainer-ckpt-" + std::to_string(::getpid()) + "-" + name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
@@ -84,10 +85,12 @@ TEST(TrainerCheckpointTest, ResumedAtWorld2And1ContinuesTheUninterruptedLosses) 
   });
   for (int world : {2, 1}) {
     // Another seed: the resumed run only matches if the load restored everything.
-    std::vector<float> got = Train(world, 8, kSaveStep, kTotalSteps, [&](Trainer& t) {
-      Status s = t.LoadCheckpoint(dir);
-      ASSERT_TRUE(s.ok()) << s;
-    }, {});
+    std::vector<float> got = Train(world, 8, kSaveStep, kTotalSteps,
+                                   [&](Trainer& t) {
+                                     Status s = t.LoadCheckpoint(dir);
+                                     ASSERT_TRUE(s.ok()) << s;
+                                   },
+                                   {});
     ASSERT_EQ(got.size(), static_cast<size_t>(kTotalSteps - kSaveStep));
     for (size_t i = 0; i < got.size(); ++i) {
       const float want = uninterrupted[kSaveStep + i];
