@@ -141,9 +141,9 @@ class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override { model_ = *GptModel::Create(testing::TinyGpt()); }
 
-  // Trains kSaveStep steps at world 4 (FULL_SHARD unless told) and saves a
+  // Trains kSaveStep steps (at world 4 FULL_SHARD unless told) and saves a
   // sharded checkpoint to `dir`.
-  void SaveAtWorld4(const std::string& dir, RunSetup setup = {}) {
+  void SaveAtStep3(const std::string& dir, RunSetup setup = {}) {
     TrainRun(*model_, setup, 0, kSaveStep, {}, [&](int, RankState& r) {
       Status s = SaveShardedCheckpoint(dir, r.state, kSaveStep);
       ASSERT_TRUE(s.ok()) << s;
@@ -184,7 +184,7 @@ void ExpectLossesMatch(const std::vector<float>& got, const std::vector<float>& 
 TEST_F(CheckpointTest, ShardedCheckpointFromWorld4ResumesExactlyAtAnyWorldSizeAndStrategy) {
   const std::vector<float> uninterrupted = TrainRun(*model_, RunSetup{}, 0, kTotalSteps);
   const std::string dir = TempDir("resume") + "/ckpt";
-  SaveAtWorld4(dir);
+  SaveAtStep3(dir);
   const std::vector<float> want(uninterrupted.begin() + kSaveStep, uninterrupted.end());
 
   const std::vector<RunSetup> resumes = {
@@ -210,7 +210,7 @@ TEST_F(CheckpointTest, HybridCheckpointWritesOneReplicaAndResumesAtWorld1) {
   RunSetup hybrid{ShardingStrategy::kHybridShard, 4, 2, kSeed};
   const std::vector<float> uninterrupted = TrainRun(*model_, hybrid, 0, kTotalSteps);
   const std::string dir = TempDir("hybrid") + "/ckpt";
-  SaveAtWorld4(dir, hybrid);
+  SaveAtStep3(dir, hybrid);
 
   StatusOr<CheckpointIndex> ix = ReadCheckpointIndex(dir);
   ASSERT_TRUE(ix.ok()) << ix.status();
@@ -231,7 +231,7 @@ TEST_F(CheckpointTest, HybridCheckpointWritesOneReplicaAndResumesAtWorld1) {
 
 TEST_F(CheckpointTest, IndexDescribesTheRunAndEveryFile) {
   const std::string dir = TempDir("index") + "/ckpt";
-  SaveAtWorld4(dir);
+  SaveAtStep3(dir);
   StatusOr<CheckpointIndex> ix = ReadCheckpointIndex(dir);
   ASSERT_TRUE(ix.ok()) << ix.status();
   EXPECT_EQ(ix->format_version, kCheckpointFormatVersion);
@@ -319,9 +319,86 @@ void FlipByte(const std::string& path, int64_t from_end) {
   f.write(&c, 1);
 }
 
+TEST_F(CheckpointTest, NoShardCheckpointIsOneFileAndResumesFullyShardedAtWorld4) {
+  RunSetup no_shard{ShardingStrategy::kNoShard, 2, 0, kSeed};
+  const std::vector<float> uninterrupted = TrainRun(*model_, no_shard, 0, kTotalSteps);
+  const std::string dir = TempDir("no-shard") + "/ckpt";
+  SaveAtStep3(dir, no_shard);
+  StatusOr<CheckpointIndex> ix = ReadCheckpointIndex(dir);
+  ASSERT_TRUE(ix.ok()) << ix.status();
+  EXPECT_EQ(ix->shard_group_size, 1);
+  EXPECT_EQ(ix->files.size(), 1u);
+  std::vector<float> got =
+      TrainRun(*model_, RunSetup{ShardingStrategy::kFullShard, 4, 0, kOtherSeed}, kSaveStep, kTotalSteps,
+               [&](int, RankState& r) { ASSERT_TRUE(LoadShardedCheckpoint(dir, r.state).ok()); });
+  ExpectLossesMatch(got, std::vector<float>(uninterrupted.begin() + kSaveStep, uninterrupted.end()),
+                    kSaveStep, "NO_SHARD world 2 -> FULL_SHARD world 4");
+}
+
+TEST_F(CheckpointTest, FullStateDictFromAnotherToolLoadsParametersWidenedAndLeavesTheOptimizer) {
+  // Another tool's file: bf16 tensors under the parameters' names, no
+  // shardkit metadata, no optimizer state.
+  const std::string path = TempDir("foreign") + "/model.safetensors";
+  std::vector<std::vector<BF16>> storage;
+  std::vector<SafeTensorsEntry> entries;
+  for (const UnitSpec& u : model_->units()) {
+    for (const ParamSpec& p : u.params) {
+      std::vector<BF16> v(static_cast<size_t>(p.shape.numel()));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = FloatToBF16(0.25f * static_cast<float>(i % 7) - 0.5f);
+      storage.push_back(std::move(v));
+      entries.push_back({FullParamName(u, p), DType::kBF16, p.shape, storage.back().data()});
+    }
+  }
+  ASSERT_TRUE(WriteSafeTensors(path, entries).ok());
+  RunModel(*model_, RunSetup{ShardingStrategy::kFullShard, 2, 0, kSeed}, testing::TestOptimizer(),
+           [&](int rank, RankState& r) {
+             TrainSteps(*model_, r, rank, 2, 0, 1);
+             StatusOr<int64_t> step = LoadFullStateDict(path, r.state);
+             ASSERT_TRUE(step.ok()) << step.status();
+             EXPECT_EQ(*step, 0);
+             EXPECT_EQ(r.opt->step_count(0), 1) << "the optimizer must be left alone";
+             for (int u = 0; u < r.fsdp->num_units(); ++u) {
+               for (size_t p = 0; p < model_->units()[u].params.size(); ++p) {
+                 StatusOr<Tensor> t = r.fsdp->GatherFullParam(u, static_cast<int>(p));
+                 ASSERT_TRUE(t.ok());
+                 for (int64_t i = 0; i < t->numel(); ++i) {
+                   ASSERT_EQ(t->data_as<float>()[i], 0.25f * static_cast<float>(i % 7) - 0.5f)
+                       << model_->units()[u].params[p].name << "[" << i << "]";
+                 }
+               }
+             }
+           });
+}
+
+TEST_F(CheckpointTest, FullStateDictWithAForeignTensorIsInvalidArgumentNamingIt) {
+  const std::string path = TempDir("extra") + "/model.safetensors";
+  std::vector<std::vector<float>> storage;
+  std::vector<SafeTensorsEntry> entries;
+  for (const UnitSpec& u : model_->units()) {
+    for (const ParamSpec& p : u.params) {
+      storage.emplace_back(static_cast<size_t>(p.shape.numel()), 0.f);
+      entries.push_back({FullParamName(u, p), DType::kF32, p.shape, storage.back().data()});
+    }
+  }
+  float extra[3] = {1, 2, 3};
+  entries.push_back({"decoder.lm_bias", DType::kF32, Shape{3}, extra});
+  ASSERT_TRUE(WriteSafeTensors(path, entries).ok());
+  ExpectLoadFailsUntouched([&](RankState& r) { return LoadFullStateDict(path, r.state).status(); },
+                           StatusCode::kInvalidArgument, "decoder.lm_bias");
+}
+
+TEST_F(CheckpointTest, CorruptFullStateDictIsDataLossAndChangesNothing) {
+  const std::string path = TempDir("full-corrupt") + "/model.safetensors";
+  TrainRun(*model_, RunSetup{}, 0, 1, {},
+           [&](int, RankState& r) { ASSERT_TRUE(SaveFullStateDict(path, r.state, 1).ok()); });
+  FlipByte(path, 9);
+  ExpectLoadFailsUntouched([&](RankState& r) { return LoadFullStateDict(path, r.state).status(); },
+                           StatusCode::kDataLoss, "model.safetensors");
+}
+
 TEST_F(CheckpointTest, FlippedByteIsDataLossNamingTheFileAndChangesNothing) {
   const std::string dir = TempDir("corrupt") + "/ckpt";
-  SaveAtWorld4(dir);
+  SaveAtStep3(dir);
   FlipByte(dir + "/rank-00001.safetensors", 5);
   ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(dir, r.state).status(); },
                            StatusCode::kDataLoss, "rank-00001.safetensors");
@@ -329,7 +406,7 @@ TEST_F(CheckpointTest, FlippedByteIsDataLossNamingTheFileAndChangesNothing) {
 
 TEST_F(CheckpointTest, TruncatedFileIsDataLossNamingTheFileAndChangesNothing) {
   const std::string dir = TempDir("truncated") + "/ckpt";
-  SaveAtWorld4(dir);
+  SaveAtStep3(dir);
   const std::string victim = dir + "/rank-00002.safetensors";
   fs::resize_file(victim, fs::file_size(victim) - 100);
   ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(dir, r.state).status(); },
@@ -338,7 +415,7 @@ TEST_F(CheckpointTest, TruncatedFileIsDataLossNamingTheFileAndChangesNothing) {
 
 TEST_F(CheckpointTest, TruncatedIndexIsDataLossAndChangesNothing) {
   const std::string dir = TempDir("truncated-index") + "/ckpt";
-  SaveAtWorld4(dir);
+  SaveAtStep3(dir);
   fs::resize_file(dir + "/index.json", fs::file_size(dir + "/index.json") / 2);
   ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(dir, r.state).status(); },
                            StatusCode::kDataLoss, "index.json");
@@ -346,7 +423,7 @@ TEST_F(CheckpointTest, TruncatedIndexIsDataLossAndChangesNothing) {
 
 TEST_F(CheckpointTest, EditedIndexFailsItsChecksumAndChangesNothing) {
   const std::string dir = TempDir("edited-index") + "/ckpt";
-  SaveAtWorld4(dir);
+  SaveAtStep3(dir);
   // Still valid JSON, but the step is no longer the one saved.
   std::ifstream in(dir + "/index.json");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -361,7 +438,7 @@ TEST_F(CheckpointTest, EditedIndexFailsItsChecksumAndChangesNothing) {
 
 TEST_F(CheckpointTest, MissingFileIsNotFoundNamingTheFileAndChangesNothing) {
   const std::string dir = TempDir("missing") + "/ckpt";
-  SaveAtWorld4(dir);
+  SaveAtStep3(dir);
   fs::remove(dir + "/rank-00003.safetensors");
   ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(dir, r.state).status(); },
                            StatusCode::kNotFound, "rank-00003.safetensors");
@@ -373,8 +450,8 @@ TEST_F(CheckpointTest, MissingFileIsNotFoundNamingTheFileAndChangesNothing) {
 TEST_F(CheckpointTest, FileFromAnotherCheckpointIsDataLoss) {
   const std::string a = TempDir("mix-a") + "/ckpt";
   const std::string b = TempDir("mix-b") + "/ckpt";
-  SaveAtWorld4(a);
-  SaveAtWorld4(b);
+  SaveAtStep3(a);
+  SaveAtStep3(b);
   fs::copy_file(b + "/rank-00000.safetensors", a + "/rank-00000.safetensors",
                 fs::copy_options::overwrite_existing);
   ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(a, r.state).status(); },
@@ -423,7 +500,7 @@ TEST_F(CheckpointTest, CheckpointOfAnotherOptimizerIsInvalidArgument) {
 
 TEST_F(CheckpointTest, FailedSaveLeavesThePreviousCheckpointIntact) {
   const std::string dir = TempDir("failed-save") + "/ckpt";
-  SaveAtWorld4(dir);
+  SaveAtStep3(dir);
   StatusOr<CheckpointIndex> before = ReadCheckpointIndex(dir);
   ASSERT_TRUE(before.ok());
   // The next save fails on shard rank 2 after it wrote its file.
@@ -454,9 +531,9 @@ TEST_F(CheckpointTest, FailedSaveLeavesThePreviousCheckpointIntact) {
 TEST_F(CheckpointTest, SaveReplacesAnOlderCheckpointButNeverAnotherDirectory) {
   const std::string root = TempDir("replace");
   const std::string dir = root + "/ckpt";
-  SaveAtWorld4(dir);
+  SaveAtStep3(dir);
   const std::string first_id = ReadCheckpointIndex(dir)->checkpoint_id;
-  SaveAtWorld4(dir);
+  SaveAtStep3(dir);
   StatusOr<CheckpointIndex> second = ReadCheckpointIndex(dir);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_NE(second->checkpoint_id, first_id);
