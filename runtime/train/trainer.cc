@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "runtime/fsdp/checkpoint.h"
+
 namespace sk {
 
 Status ValidateTrainerOptions(const TrainerOptions& o) {
@@ -153,6 +155,17 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.ooms = s.num_ooms;
   m.bytes_communicated = engine_->bytes_communicated() - bytes_before;
   return m;
+}
+
+Status Trainer::SaveCheckpoint(const std::string& dir) {
+  TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
+  return SaveShardedCheckpoint(dir, state, step_);
+}
+
+Status Trainer::LoadCheckpoint(const std::string& dir) {
+  TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
+  SK_ASSIGN_OR_RETURN(step_, LoadShardedCheckpoint(dir, state));
+  return OkStatus();
 }
 
 StatusOr<float> Trainer::Evaluate(int batches) {

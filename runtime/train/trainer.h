@@ -114,6 +114,15 @@ class Trainer {
   // The batch of micro-step `micro` of step `step` for this rank.
   StatusOr<TokenBatch> BatchFor(int64_t step, int micro) const;
 
+  // Sharded checkpoint of the model, optimizer state and step counter
+  // (runtime/fsdp/checkpoint.h). Collective. A failed save leaves the
+  // previous checkpoint in `dir` intact.
+  Status SaveCheckpoint(const std::string& dir);
+  // Restores a checkpoint saved at any world size and strategy, including
+  // the step counter (so BatchFor continues the data where it stopped).
+  // Collective; on error nothing changes.
+  Status LoadCheckpoint(const std::string& dir);
+
  private:
   Trainer(const TrainerOptions& options, comm::ProcessGroup* world);
   Status Init();

@@ -1,0 +1,164 @@
+// Checkpoints of a FullyShardedModel and its optimizer: sharded (one file per
+// shard rank plus an index, loadable at any world size and strategy) and full
+// state dicts (one safetensors file with every parameter under its own name).
+//
+// Sharded checkpoint on disk (format version 1), a directory:
+//
+//   <dir>/index.json               written last, by world rank 0
+//   <dir>/rank-00000.safetensors   one per rank of the shard group (F files)
+//   ...
+//
+// rank-NNNNN.safetensors holds shard rank NNNNN's f32 flat shards, for every
+// unit u: "units.<u>.master" (f32[shard_numel]) and, once the optimizer has
+// stepped unit u, "units.<u>.optim.<state>" for each of the optimizer's
+// StateNames() ("momentum", "exp_avg", "exp_avg_sq"). Its __metadata__ carries
+// the checkpoint id (also in the index, so files of two checkpoints are never
+// mixed), its shard rank and the group size. Shard k of unit u holds flat
+// elements [k * shard_numel, (k + 1) * shard_numel). With several replicas
+// (HYBRID_*, NO_SHARD) only replica 0 writes: every replica holds the same
+// shards. NO_SHARD therefore writes one file.
+//
+// index.json: {"format": "shardkit.sharded_checkpoint", "format_version": 1,
+//   "checkpoint_id", "model", "world_size", "shard_group_size", "strategy",
+//   "step", "optimizer": null | {"kind", "state_names": [...], "lr", ...},
+//   "units": [{"name", "unpadded_numel", "padded_numel", "shard_numel",
+//              "optimizer_step", "params": [{"name", "shape", "offset", "numel"}]}],
+//   "files": [{"name", "shard_rank", "bytes"}]}
+//
+// Resharding. A parameter's offset in its flat parameter does not depend on
+// the group size (only the trailing padding does), and master weights and
+// optimizer state both live in flat-shard space. Loading at group size F'
+// therefore lets new shard rank r take flat elements [r * S', (r + 1) * S')
+// from the old files that overlap them (elements past the old padding are
+// zero, as padding always is). Each rank reads only the files it needs from
+// the shared filesystem.
+//
+// Atomicity. Files are written into "<dir>.tmp" (each file itself written to a
+// temporary, fsynced and renamed by WriteSafeTensors), then rank 0 writes the
+// index and swaps the directory into place with one renameat2(RENAME_EXCHANGE)
+// (rename when <dir> did not exist) and removes the old one. A save that fails
+// anywhere, on any rank, leaves the previous checkpoint as it was.
+//
+// Collectives and errors. Every function here is collective over the model's
+// world: all ranks call it with the same arguments. Ranks agree on success
+// after each phase, so an error on one rank (a missing file, a full disk)
+// returns the same error on every rank (prefixed with the rank that saw it)
+// instead of leaving the others waiting. Loading reads and validates
+// everything into temporaries first; the live model and optimizer change only
+// after every rank has succeeded. Errors: NotFound for a missing file, DataLoss
+// naming the file for a corrupt, truncated or mismatched one, InvalidArgument
+// naming the unit or parameter when the checkpoint is of another model or
+// optimizer, Unavailable for I/O failures while saving.
+//
+// Limits: master shards and optimizer state are read through host pointers
+// (CPU devices, or cpu_offload); a GPU build must stage them through the host.
+//
+// Thread safety: one call per rank at a time, on the rank's model thread.
+#ifndef SHARDKIT_RUNTIME_FSDP_CHECKPOINT_H_
+#define SHARDKIT_RUNTIME_FSDP_CHECKPOINT_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/core/shape.h"
+#include "runtime/core/status.h"
+#include "runtime/fsdp/fsdp.h"
+#include "runtime/nn/model.h"
+#include "runtime/optim/optimizer.h"
+
+namespace sk {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// What a checkpoint saves and restores. `units` are the model's units, as
+// given to FullyShardedModel::Create; the optimizer's slots are unit indices
+// (as FullyShardedModel::OptimizerStep uses them). A null optimizer saves and
+// loads parameters only (a loaded checkpoint then leaves the optimizer alone).
+struct TrainingState {
+  std::string model_name;  // recorded in the index; not required to match
+  const std::vector<UnitSpec>* units = nullptr;
+  FullyShardedModel* fsdp = nullptr;
+  Optimizer* optimizer = nullptr;
+};
+
+struct CheckpointOptions {
+  // Called on each writing rank after it has written its file (the path, in
+  // the temporary directory) and before the checkpoint is committed. A non-OK
+  // result aborts the save on every rank; the previous checkpoint stays. For
+  // progress reporting, copying files elsewhere, and failure tests.
+  std::function<Status(const std::string& path)> on_file_written;
+};
+
+// A parsed and self-consistent index.json.
+struct CheckpointIndex {
+  struct Param {
+    std::string name;
+    Shape shape;
+    int64_t offset = 0;
+    int64_t numel = 0;
+  };
+  struct Unit {
+    std::string name;
+    int64_t unpadded_numel = 0;
+    int64_t padded_numel = 0;
+    int64_t shard_numel = 0;
+    int64_t optimizer_step = 0;  // 0: no optimizer state saved for this unit
+    std::vector<Param> params;
+  };
+  struct File {
+    std::string name;  // "rank-00003.safetensors", relative to the directory
+    int shard_rank = 0;
+    int64_t bytes = 0;
+  };
+  int format_version = kCheckpointFormatVersion;
+  std::string checkpoint_id;
+  std::string model;
+  int world_size = 0;
+  int shard_group_size = 0;
+  std::string strategy;
+  int64_t step = 0;
+  bool has_optimizer = false;
+  std::string optimizer_kind;  // "SGD", "ADAM", "ADAMW"
+  std::vector<std::string> optimizer_state_names;
+  std::vector<Unit> units;
+  std::vector<File> files;
+};
+
+// Writes a sharded checkpoint of `state` at training step `step` to `dir`
+// (created, or replaced if it holds a checkpoint). InvalidArgument if `dir`
+// exists and is not a checkpoint directory (never overwritten) or `state` is
+// incomplete or does not match the model. Collective.
+Status SaveShardedCheckpoint(const std::string& dir, const TrainingState& state, int64_t step,
+                             const CheckpointOptions& options = {});
+
+// Restores `state` from the sharded checkpoint in `dir`, whatever world size,
+// shard group size and strategy it was saved with, and returns its training
+// step. On error nothing in the model or optimizer has changed (except if a
+// collective or an allocation fails while committing, which is reported as
+// such). Collective.
+StatusOr<int64_t> LoadShardedCheckpoint(const std::string& dir, const TrainingState& state);
+
+// Reads and validates `dir`/index.json alone (no model needed). NotFound if
+// absent, DataLoss if malformed or inconsistent.
+StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& dir);
+
+// Gathers every parameter in full and writes one safetensors file at `path`
+// (world rank 0 writes) with tensors "<unit>.<param>" (f32, the parameter's
+// shape), readable by any safetensors tool. With an optimizer, its state is
+// included in full as "optimizer.<state>.<unit>.<param>" with per-unit step
+// counts in the metadata, so training resumes exactly. Collective.
+Status SaveFullStateDict(const std::string& path, const TrainingState& state, int64_t step);
+
+// Loads a full state dict (every rank reads the file and keeps its slices).
+// Every model parameter must be present with its shape (f32, or bf16/f16,
+// widened exactly); a tensor that is not a model parameter or optimizer state
+// is InvalidArgument naming it. Optimizer state is restored when the file
+// has it and `state.optimizer` is set. Returns the recorded step (0 for files
+// from other tools). Collective; nothing changes on error.
+StatusOr<int64_t> LoadFullStateDict(const std::string& path, const TrainingState& state);
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_FSDP_CHECKPOINT_H_
