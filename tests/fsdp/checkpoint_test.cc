@@ -12,7 +12,7 @@
 #include <mutex>
 
 #include "runtime/fsdp/safetensors.h"
-#include "tests/fsdp/fsdp_test_util.h"
+#include "tests/util/training_test_util.h"
 
 namespace sk {
 namespace {
