@@ -18,14 +18,6 @@ constexpr int64_t kAlignElements = 16 / sizeof(float);
 
 int64_t AlignUp(int64_t n) { return (n + kAlignElements - 1) / kAlignElements * kAlignElements; }
 
-// PyTorch's _get_gradient_predivide_factor (FSDP): the largest power of two p
-// with N % p == 0 and N / p > p, reached by doubling from 1.
-float AutoPredivide(int world) {
-  int p = 1;
-  while (world % p == 0 && world / p > p) p *= 2;
-  return static_cast<float>(p);
-}
-
 }  // namespace
 
 Status ValidateDdpOptions(const DdpOptions& o) {
@@ -45,16 +37,6 @@ Status ValidateDdpOptions(const DdpOptions& o) {
   }
   if (o.timeout.count() <= 0) return InvalidArgumentError("timeout must be positive");
   return OkStatus();
-}
-
-const char* DistributedDataParallel::StateName(UnitState s) {
-  switch (s) {
-    case UnitState::kIdle: return "idle";
-    case UnitState::kForward: return "forward";
-    case UnitState::kForwardDone: return "forward-done";
-    case UnitState::kBackward: return "backward";
-  }
-  return "?";
 }
 
 DistributedDataParallel::DistributedDataParallel(std::vector<UnitSpec> units,
@@ -102,7 +84,7 @@ StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::Crea
 Status DistributedDataParallel::Init() {
   const int n = world_->size();
   const float p = options_.gradient_predivide_factor > 0 ? options_.gradient_predivide_factor
-                                                         : AutoPredivide(n);
+                                                         : AutoGradientPredivideFactor(n);
   pre_scale_ = 1.f / p;
   post_scale_ = p / static_cast<float>(n);
 
@@ -209,7 +191,7 @@ Status DistributedDataParallel::Expect(int unit, UnitState want, const char* cal
   if (state_[unit] != want) {
     return FailedPreconditionError(std::string(call) + " of unit '" + units_[unit].name + "' (" +
                                    std::to_string(unit) + ") in state '" +
-                                   StateName(state_[unit]) + "', expected '" + StateName(want) +
+                                   UnitStateName(state_[unit]) + "', expected '" + UnitStateName(want) +
                                    "'");
   }
   return OkStatus();
@@ -345,7 +327,7 @@ Status DistributedDataParallel::FinishBackward() {
   for (int u = 0; u < num_units(); ++u) {
     if (state_[u] == UnitState::kForward || state_[u] == UnitState::kBackward) {
       return FailedPreconditionError("FinishBackward while unit '" + units_[u].name +
-                                     "' is in state '" + StateName(state_[u]) + "'");
+                                     "' is in state '" + UnitStateName(state_[u]) + "'");
     }
   }
   for (int b = 0; b < num_buckets(); ++b) {

@@ -164,8 +164,6 @@ class DistributedDataParallel final : public DataParallelModel {
   void ResetCounters() { counters_ = DdpCounters(); }
 
  private:
-  enum class UnitState { kIdle, kForward, kForwardDone, kBackward };
-  static const char* StateName(UnitState s);
 
   struct Location {
     int bucket = 0;

@@ -15,14 +15,6 @@ namespace {
 
 int64_t Bytes(const Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
 
-// PyTorch's _get_gradient_predivide_factor: the largest power of two p that
-// divides N with p < N / p.
-float AutoPredivide(int world) {
-  int p = 1;
-  while (world % p == 0 && world / p > p) p *= 2;
-  return static_cast<float>(p);
-}
-
 }  // namespace
 
 const char* ShardingStrategyName(ShardingStrategy s) {
@@ -118,16 +110,6 @@ Status ValidateFsdpOptions(const FsdpOptions& o, int world) {
   return OkStatus();
 }
 
-const char* FullyShardedModel::StateName(UnitState s) {
-  switch (s) {
-    case UnitState::kIdle: return "idle";
-    case UnitState::kForward: return "forward";
-    case UnitState::kForwardDone: return "forward-done";
-    case UnitState::kBackward: return "backward";
-  }
-  return "?";
-}
-
 FullyShardedModel::FullyShardedModel(std::vector<UnitSpec> units, comm::ProcessGroup* world,
                                      CachingAllocator* allocator, Allocator* offload,
                                      const FsdpOptions& options)
@@ -215,7 +197,7 @@ Status FullyShardedModel::Init() {
     SK_ASSIGN_OR_RETURN(replicate_group_, world_->NewGroup(replica_ranks, options_.timeout));
   }
   float p = options_.gradient_predivide_factor > 0 ? options_.gradient_predivide_factor
-                                                   : AutoPredivide(n);
+                                                   : AutoGradientPredivideFactor(n);
   pre_scale_ = 1.f / p;
   post_scale_ = p / static_cast<float>(n);
 
@@ -272,8 +254,8 @@ Status FullyShardedModel::Expect(int unit, UnitState want, const char* call) con
   if (flat_[unit].state != want) {
     return FailedPreconditionError(std::string(call) + " of unit '" + units_[unit].name + "' (" +
                                    std::to_string(unit) + ") in state '" +
-                                   StateName(flat_[unit].state) + "', expected '" +
-                                   StateName(want) + "'");
+                                   UnitStateName(flat_[unit].state) + "', expected '" +
+                                   UnitStateName(want) + "'");
   }
   return OkStatus();
 }
@@ -578,7 +560,7 @@ Status FullyShardedModel::FinishBackward() {
   for (int u = 0; u < num_units(); ++u) {
     if (flat_[u].state == UnitState::kForward || flat_[u].state == UnitState::kBackward) {
       return FailedPreconditionError("FinishBackward while unit '" + units_[u].name +
-                                     "' is in state '" + StateName(flat_[u].state) + "'");
+                                     "' is in state '" + UnitStateName(flat_[u].state) + "'");
     }
   }
   Status s = WaitPendingReductions();

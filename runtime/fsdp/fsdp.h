@@ -224,8 +224,6 @@ class FullyShardedModel final : public DataParallelModel {
   comm::ProcessGroup* replicate_group() { return replicate_group_.get(); }
 
  private:
-  enum class UnitState { kIdle, kForward, kForwardDone, kBackward };
-  static const char* StateName(UnitState s);
 
   struct FlatUnit {
     FlatParamLayout layout;

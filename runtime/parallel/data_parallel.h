@@ -20,6 +20,18 @@
 
 namespace sk {
 
+// Where a unit is in the hook protocol of one step (runtime/nn/model.h):
+// idle -> PreForward -> forward -> PostForward -> forward-done ->
+// PreBackward -> backward -> PostBackward -> idle.
+enum class UnitState { kIdle, kForward, kForwardDone, kBackward };
+// "idle", "forward", "forward-done", "backward".
+const char* UnitStateName(UnitState s);
+
+// PyTorch's _get_gradient_predivide_factor: the largest power of two p with
+// N % p == 0 and N / p > p. Gradients are multiplied by 1/p before the sum and
+// by p/N after it, so low-precision sums neither overflow nor underflow.
+float AutoGradientPredivideFactor(int world_size);
+
 class DataParallelModel : public UnitHooks {
  public:
   ~DataParallelModel() override = default;
