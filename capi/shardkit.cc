@@ -501,10 +501,12 @@ sk_tensor_view ViewOf(const sk::Tensor& t, const sk::ParamSpec& spec) {
   return v;
 }
 
-// A hook call: on failure FSDP has abandoned the step, so every view the
-// caller holds is void and its buffers are released.
+// A hook call's result. FSDP reports a call out of order as
+// FailedPrecondition and changes nothing; any other failure abandons the step
+// (every unit back to idle, unsharded buffers dropped), so every view the
+// caller holds is void then and its buffers are released.
 Status HookResult(sk_engine* e, Status s) {
-  if (!s.ok()) e->ReleaseAllViews();
+  if (!s.ok() && s.code() != sk::StatusCode::kFailedPrecondition) e->ReleaseAllViews();
   return s;
 }
 

@@ -551,8 +551,10 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_num_units(const sk_engine* engine,
  *   backward: pre_backward(u), compute, add gradients into sk_engine_grad(u, *),
  *             post_backward(u) for the units in reverse order;
  * then sk_engine_finish_backward. A call out of order is FAILED_PRECONDITION
- * naming the unit and its state; a failure abandons the step (every unit back
- * to idle, gradients of the step zeroed; master parameters untouched).
+ * naming the unit and its state, and changes nothing. Any other failure (a
+ * peer timing out, the memory cap) abandons the step: every unit back to
+ * idle, every view invalid, the step's gradients zeroed, master parameters
+ * and optimizer state untouched.
  * All four are collective (the all-gathers and reduce-scatters they issue are
  * matched across ranks). pre_forward/pre_backward return when the unit's
  * parameters are gathered (and may enqueue prefetches of later units);
