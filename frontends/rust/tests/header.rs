@@ -66,7 +66,7 @@ fn rust_type(c: &str) -> String {
     let stars = c.matches('*').count();
     let words: Vec<&str> = c.split(|ch: char| ch == '*' || ch.is_whitespace()).filter(|w| !w.is_empty()).collect();
     let is_const = words.contains(&"const");
-    let base = words.iter().filter(|w| **w != "const").next_back().expect("a type").to_string();
+    let base = words.iter().rfind(|w| **w != "const").expect("a type").to_string();
     let base = match base.as_str() {
         "int32_t" | "int" => "i32".to_string(),
         "int64_t" => "i64".to_string(),
