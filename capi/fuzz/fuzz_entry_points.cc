@@ -37,7 +37,8 @@ class Bytes {
   }
   // A NUL-terminated string of up to `max` bytes.
   std::string String(size_t max) {
-    const size_t n = std::min<size_t>(U8() % (max + 1), size_ - pos_);
+    const size_t want = U8() % (max + 1);  // before size_ - pos_: U8 advances pos_
+    const size_t n = std::min(want, size_ - pos_);
     std::string s(reinterpret_cast<const char*>(data_ + pos_), n);
     pos_ += n;
     return std::string(s.c_str());  // stop at an embedded NUL
