@@ -84,7 +84,8 @@ class ProcessGroup : public detail::Owner<sk_process_group, sk_process_group_des
 
   // The world_size rank handles of a new local group (ranks are threads).
   static std::vector<ProcessGroup> Local(int32_t world_size, const char* network_model = nullptr) {
-    std::vector<sk_process_group*> raw(static_cast<size_t>(world_size > 0 ? world_size : 0));
+    // At least one slot, so that a bad world_size is what the library reports.
+    std::vector<sk_process_group*> raw(static_cast<size_t>(world_size > 1 ? world_size : 1));
     Check(sk_process_group_create_local(world_size, network_model, raw.data()));
     std::vector<ProcessGroup> out;
     out.reserve(raw.size());
