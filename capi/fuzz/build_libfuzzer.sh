@@ -12,9 +12,10 @@ out="${1:-/tmp/shardkit-fuzz}"
 mkdir -p "$out/obj" "$out/corpus"
 command -v clang++ >/dev/null || { echo "clang++ not found (apt-get install clang)" >&2; exit 1; }
 
-# The sources libshardkit.so is made of, as Bazel knows them.
-mapfile -t srcs < <(bazel query 'kind("source file", deps(//capi:libshardkit.so))' 2>/dev/null |
-                    grep -E '^//(runtime|capi)/.*\.cc$' | sed 's|^//||; s|:|/|')
+# The sources libshardkit.so is made of in this configuration (cquery
+# resolves the CUDA selects), as Bazel knows them.
+mapfile -t srcs < <(bazel cquery 'kind("source file", deps(//capi:libshardkit.so))' 2>/dev/null |
+                    sed 's| (.*)$||' | grep -E '^//(runtime|capi)[/:].*\.cc$' | sed 's|^//||; s|:|/|')
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address -fPIC
        -I. -Icapi/include)
 objs=()
