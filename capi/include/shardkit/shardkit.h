@@ -236,8 +236,10 @@ typedef struct sk_gloo_options {
   int32_t world_size;
   const char* master_addr; /* rank 0 serves the rendezvous store on master_port */
   int32_t master_port;
-  /* The address this rank listens on; NULL = 127.0.0.1 when master_addr is a
-   * loopback name, else this host's name. */
+  /* The address this rank listens on and advertises. NULL: from the
+   * environment, 127.0.0.1 when MASTER_ADDR is a loopback name, else this
+   * host's name; with explicit rank/world_size, 127.0.0.1 (set it for a
+   * group that spans hosts). */
   const char* hostname;
   /* Rendezvous and collective timeout in milliseconds; 0 = 300000. */
   int64_t timeout_ms;
