@@ -30,5 +30,5 @@ awk '
     gsub(/SK_NODISCARD[ \t]+/, "")
     print
   }
-' "$header"
+' "$header" | sed -E 's/SK_ENUM\(([A-Za-z0-9_]+)\)/enum \1/'
 echo "]]"

@@ -92,6 +92,16 @@
 #define SK_NODISCARD
 #endif
 
+/* Enums are 32-bit in both languages. In C++ they get a fixed underlying
+ * type as well, so that any 32-bit value a C caller stores (an unknown enum
+ * value is INVALID_ARGUMENT, not undefined behaviour) is a valid value of the
+ * C++ type. */
+#if defined(__cplusplus)
+#define SK_ENUM(name) enum name : int32_t
+#else
+#define SK_ENUM(name) enum name
+#endif
+
 #define SK_VERSION_MAJOR 0
 #define SK_VERSION_MINOR 1
 #define SK_VERSION_PATCH 0
@@ -108,7 +118,7 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 /* absl's canonical codes, with absl's values. */
-typedef enum sk_status_t {
+typedef SK_ENUM(sk_status_t) {
   SK_STATUS_OK = 0,
   SK_STATUS_CANCELLED = 1,
   SK_STATUS_UNKNOWN = 2,
@@ -152,7 +162,7 @@ SK_EXPORT int32_t sk_version_number(void);
 
 /* Element types. Master parameters, gradient shards and optimizer state are
  * always f32; bf16/f16 are compute and communication formats. */
-typedef enum sk_dtype_t {
+typedef SK_ENUM(sk_dtype_t) {
   SK_DTYPE_DEFAULT = 0, /* f32 where a dtype is required, "same as param" elsewhere */
   SK_DTYPE_F32 = 1,
   SK_DTYPE_BF16 = 2,
@@ -160,7 +170,7 @@ typedef enum sk_dtype_t {
 } sk_dtype_t;
 
 /* FSDP sharding strategies (DESIGN.md section 1). */
-typedef enum sk_sharding_strategy_t {
+typedef SK_ENUM(sk_sharding_strategy_t) {
   SK_SHARDING_DEFAULT = 0, /* FULL_SHARD */
   SK_SHARDING_FULL_SHARD = 1,          /* ZeRO-3 */
   SK_SHARDING_SHARD_GRAD_OP = 2,       /* ZeRO-2 */
@@ -170,14 +180,14 @@ typedef enum sk_sharding_strategy_t {
   SK_SHARDING_HYBRID_SHARD_GRAD_OP = 6
 } sk_sharding_strategy_t;
 
-typedef enum sk_backward_prefetch_t {
+typedef SK_ENUM(sk_backward_prefetch_t) {
   SK_BACKWARD_PREFETCH_DEFAULT = 0, /* BACKWARD_PRE */
   SK_BACKWARD_PREFETCH_NONE = 1,
   SK_BACKWARD_PREFETCH_PRE = 2,
   SK_BACKWARD_PREFETCH_POST = 3
 } sk_backward_prefetch_t;
 
-typedef enum sk_optimizer_kind_t {
+typedef SK_ENUM(sk_optimizer_kind_t) {
   SK_OPTIMIZER_DEFAULT = 0, /* AdamW */
   SK_OPTIMIZER_SGD = 1,
   SK_OPTIMIZER_ADAM = 2,
@@ -187,7 +197,7 @@ typedef enum sk_optimizer_kind_t {
 /* How a parameter's initial values are drawn. Values are a pure function of
  * (seed, parameter full name "<unit>.<param>", element index), so every
  * sharding and world size initialises the same model. */
-typedef enum sk_init_kind_t {
+typedef SK_ENUM(sk_init_kind_t) {
   SK_INIT_DEFAULT = 0, /* zeros */
   SK_INIT_ZEROS = 1,
   SK_INIT_ONES = 2,

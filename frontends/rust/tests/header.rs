@@ -167,7 +167,7 @@ fn every_function_matches_the_header() {
 fn every_enum_constant_matches_the_header() {
     let h = drop_preprocessor(&strip_comments(&header_text()));
     let mut header = BTreeMap::new();
-    for body in h.split("typedef enum").skip(1) {
+    for body in h.split("typedef SK_ENUM(").skip(1) {
         let body = &body[body.find('{').unwrap() + 1..body.find('}').unwrap()];
         for item in body.split(',') {
             let mut kv = item.split('=');
