@@ -1,7 +1,11 @@
 // The C ABI as a caller sees it: linked against libshardkit.so, nothing but
 // shardkit.h. Bad input of every kind must give the documented code and a
 // message, never a crash (this suite also runs under asan).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -40,6 +44,21 @@ sk_trainer_options TinyTrainer(const sk_fsdp_options* fsdp = nullptr,
   o.data_tokens = 64;
   o.data_seed = 7;
   return o;
+}
+
+// A TCP port nothing listens on right now (the kernel's choice).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ADD_FAILURE() << "cannot find a free port";
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 // --- version, status, errors -------------------------------------------------
@@ -188,7 +207,7 @@ TEST(CapiProcessGroup, GlooGroupOfOneFormsOverLoopback) {
   sk_gloo_options o = SK_GLOO_OPTIONS_INIT;
   o.world_size = 1;
   o.master_addr = "127.0.0.1";
-  o.master_port = 20000 + static_cast<int>(getpid() % 20000);
+  o.master_port = FreePort();
   o.timeout_ms = 20000;
   sk_process_group* g = nullptr;
   ASSERT_OK(sk_process_group_create_gloo(&o, &g));
