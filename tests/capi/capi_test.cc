@@ -681,6 +681,49 @@ TEST_F(CapiEngineTest, ReadParamChecksCountAndMatchesGatheredValues) {
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_clip_grad_norm(engine_, NAN, nullptr));
 }
 
+TEST_F(CapiEngineTest, NoSyncBackwardsAccumulateUntilTheSyncedOne) {
+  ASSERT_OK(sk_engine_zero_grad(engine_));
+  for (int micro = 0; micro < 2; ++micro) {
+    ASSERT_OK(sk_engine_set_gradient_sync(engine_, micro == 1));
+    ASSERT_OK(sk_engine_pre_forward(engine_, 0));
+    ASSERT_OK(sk_engine_post_forward(engine_, 0));
+    ASSERT_OK(sk_engine_pre_backward(engine_, 0));
+    for (int p = 0; p < 2; ++p) {
+      sk_tensor_view g = SK_TENSOR_VIEW_INIT;
+      ASSERT_OK(sk_engine_grad(engine_, 0, p, &g));
+      for (int64_t i = 0; i < g.numel; ++i) static_cast<float*>(g.data)[i] += 1.0f;
+    }
+    ASSERT_OK(sk_engine_post_backward(engine_, 0));
+  }
+  ASSERT_OK(sk_engine_finish_backward(engine_));
+  double norm = 0;
+  ASSERT_OK(sk_engine_clip_grad_norm(engine_, 0.0, &norm));
+  EXPECT_DOUBLE_EQ(norm, std::sqrt(5 * 2.0 * 2.0));  // 5 elements, each 1 + 1
+}
+
+TEST(CapiEngine, MixedPrecisionViewsReportTheirDtype) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = LinearSpec();
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.param_dtype = SK_DTYPE_BF16;
+  sk_engine_options o = SK_ENGINE_OPTIONS_INIT;
+  o.fsdp = &f;
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, &o, &e));
+  ASSERT_OK(sk_engine_pre_forward(e, 0));
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  ASSERT_OK(sk_engine_param(e, 0, 0, &v));
+  EXPECT_EQ(v.dtype, SK_DTYPE_BF16);
+  EXPECT_EQ(v.numel, 4);
+  ASSERT_OK(sk_engine_post_forward(e, 0));
+  float full[4];
+  ASSERT_OK(sk_engine_read_param(e, 0, 0, full, 4));  // master copy: always f32
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
 // Linear regression y = 2x - 1 on 2 ranks (each half of the batch) through the
 // callback runner: the engines' gathered parameters agree on every rank and
 // the loss falls.
