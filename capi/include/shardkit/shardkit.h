@@ -1,0 +1,687 @@
+/*
+ * shardkit.h: the stable C ABI of shardkit (libshardkit.so).
+ *
+ * shardkit is a runtime for fully sharded data-parallel training (FSDP /
+ * ZeRO-3). This header is the one contract for every other language: the C++,
+ * Rust and Lua frontends call nothing else. It has two levels:
+ *
+ *   High level  a process group, a trainer built from a named model config,
+ *               sk_trainer_step() returning the loss and the measurements.
+ *               sk_local_session bundles N local ranks (threads of this
+ *               process) so a single-threaded caller trains in three calls.
+ *   Low level   the caller computes its own model. It describes the model's
+ *               units and parameters (sk_model_spec), creates an FSDP engine,
+ *               and drives each unit's lifecycle around its own compute:
+ *                 pre_forward -> read gathered parameters -> post_forward
+ *                 pre_backward -> read parameters, ADD gradients -> post_backward
+ *               then finish_backward, clip_grad_norm, optimizer_step.
+ *
+ * Conventions (they hold for every function below unless its comment says
+ * otherwise):
+ *
+ *  Errors. Every fallible function returns sk_status_t (SK_STATUS_OK = 0; the
+ *  other values are absl's canonical codes and never change). On failure
+ *  sk_last_error_message() gives the detail and every out-parameter is left
+ *  untouched. No C++ exception ever crosses this boundary.
+ *
+ *  Handles. Opaque pointers created by sk_*_create and released by the
+ *  matching sk_*_destroy, which returns nothing and accepts NULL. A handle
+ *  passed to any other function must be live: a NULL handle gives
+ *  SK_STATUS_INVALID_ARGUMENT, and so does a destroyed one (the library keeps
+ *  a registry of live handles, so a stale pointer is detected rather than
+ *  dereferenced; a stale pointer whose address has since been reused by a new
+ *  handle of the same type cannot be told apart from it). Objects that depend
+ *  on another keep it alive: a trainer or engine holds its process group, so
+ *  handles may be destroyed in any order.
+ *
+ *  Option structs. Each starts with `size_t struct_size`, which the caller
+ *  sets to sizeof the struct as its header declares it; the SK_*_INIT macros
+ *  do that and zero everything else. Every field's zero value means "the
+ *  default" (named in its comment). Fields are only ever appended, so:
+ *   - a struct_size smaller than the first version of the struct is
+ *     SK_STATUS_INVALID_ARGUMENT;
+ *   - a smaller struct from an older header is accepted: the fields it lacks
+ *     take their defaults;
+ *   - a larger struct from a newer header is accepted when the fields this
+ *     library does not know are all zero (defaults), and is
+ *     SK_STATUS_INVALID_ARGUMENT otherwise (it asks for something this
+ *     version cannot do). struct_size above 65536 is rejected.
+ *  Output structs (sk_step_metrics, sk_tensor_view) also begin with
+ *  struct_size: the library writes only the fields that fit in it.
+ *
+ *  Enums. Explicit values, never renumbered; 0 is "default/unset". An
+ *  unknown value is SK_STATUS_INVALID_ARGUMENT naming the field. Enum-typed
+ *  struct fields are 32 bits wide.
+ *
+ *  Strings. Strings passed in are NUL-terminated UTF-8, copied by the
+ *  library before the call returns. Strings returned are owned by the library;
+ *  each function says how long they stay valid.
+ *
+ *  Threads. Functions marked "thread-safe" may be called concurrently from
+ *  any threads. A handle that is not marked so must be used by one thread at a
+ *  time (different handles may be used concurrently). Calls marked
+ *  "collective" must be made by every rank of the process group, in the same
+ *  order; they block until the peers take part (within the group's timeout).
+ *  Every function returns when its work is done, except where its comment
+ *  says "enqueued".
+ *
+ *  Version. SK_VERSION_* give the version this header belongs to;
+ *  sk_version() the version of the library actually loaded.
+ *
+ *  Not yet in this header (they land with their runtime parts and will be
+ *  appended here): sk_trainer_save_checkpoint / sk_trainer_load_checkpoint
+ *  (safetensors checkpoints) and sk_estimate_memory (the memory estimator).
+ */
+#ifndef SHARDKIT_SHARDKIT_H_
+#define SHARDKIT_SHARDKIT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define SK_EXPORT __declspec(dllexport)
+#elif defined(__GNUC__)
+#define SK_EXPORT __attribute__((visibility("default")))
+#else
+#define SK_EXPORT
+#endif
+
+#if defined(__GNUC__)
+#define SK_NODISCARD __attribute__((warn_unused_result))
+#else
+#define SK_NODISCARD
+#endif
+
+/* Enums are 32-bit in both languages. In C++ they get a fixed underlying
+ * type as well, so that any 32-bit value a C caller stores (an unknown enum
+ * value is INVALID_ARGUMENT, not undefined behaviour) is a valid value of the
+ * C++ type. */
+#if defined(__cplusplus)
+#define SK_ENUM(name) enum name : int32_t
+#else
+#define SK_ENUM(name) enum name
+#endif
+
+#define SK_VERSION_MAJOR 0
+#define SK_VERSION_MINOR 1
+#define SK_VERSION_PATCH 0
+/* MAJOR * 1000000 + MINOR * 1000 + PATCH, as SQLITE_VERSION_NUMBER. */
+#define SK_VERSION_NUMBER (SK_VERSION_MAJOR * 1000000 + SK_VERSION_MINOR * 1000 + SK_VERSION_PATCH)
+#define SK_VERSION_STRING "0.1.0"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Status                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* absl's canonical codes, with absl's values. */
+typedef SK_ENUM(sk_status_t) {
+  SK_STATUS_OK = 0,
+  SK_STATUS_CANCELLED = 1,
+  SK_STATUS_UNKNOWN = 2,
+  SK_STATUS_INVALID_ARGUMENT = 3,   /* bad handle, pointer, enum, size, shape, name */
+  SK_STATUS_DEADLINE_EXCEEDED = 4,  /* a peer did not arrive within the timeout */
+  SK_STATUS_NOT_FOUND = 5,          /* e.g. an unknown model name */
+  SK_STATUS_ALREADY_EXISTS = 6,
+  SK_STATUS_PERMISSION_DENIED = 7,
+  SK_STATUS_RESOURCE_EXHAUSTED = 8, /* the memory cap was hit, or host memory ran out */
+  SK_STATUS_FAILED_PRECONDITION = 9,/* a call in the wrong order or state */
+  SK_STATUS_ABORTED = 10,
+  SK_STATUS_OUT_OF_RANGE = 11,      /* an index (unit, parameter, rank) out of range */
+  SK_STATUS_UNIMPLEMENTED = 12,
+  SK_STATUS_INTERNAL = 13,          /* a bug in shardkit */
+  SK_STATUS_UNAVAILABLE = 14,       /* a peer is gone */
+  SK_STATUS_DATA_LOSS = 15          /* a data file is truncated or corrupt */
+} sk_status_t;
+
+/* "OK", "INVALID_ARGUMENT", ...; "UNKNOWN_CODE" for other values. A static
+ * string. Thread-safe. */
+SK_EXPORT const char* sk_status_name(sk_status_t code);
+
+/* The message of the last failed call made by this thread ("" if the last
+ * call succeeded: every status-returning call clears it first). Owned by the
+ * library, valid until this thread's next call into it. Thread-safe (each
+ * thread has its own). */
+SK_EXPORT const char* sk_last_error_message(void);
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* The loaded library's SK_VERSION_STRING ("0.1.0"). A static string. Thread-safe. */
+SK_EXPORT const char* sk_version(void);
+/* The loaded library's SK_VERSION_NUMBER. Thread-safe. */
+SK_EXPORT int32_t sk_version_number(void);
+
+/* ------------------------------------------------------------------------ */
+/* Enums                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Element types. Master parameters, gradient shards and optimizer state are
+ * always f32; bf16/f16 are compute and communication formats. */
+typedef SK_ENUM(sk_dtype_t) {
+  SK_DTYPE_DEFAULT = 0, /* f32 where a dtype is required, "same as param" elsewhere */
+  SK_DTYPE_F32 = 1,
+  SK_DTYPE_BF16 = 2,
+  SK_DTYPE_F16 = 3
+} sk_dtype_t;
+
+/* FSDP sharding strategies (DESIGN.md section 1). */
+typedef SK_ENUM(sk_sharding_strategy_t) {
+  SK_SHARDING_DEFAULT = 0, /* FULL_SHARD */
+  SK_SHARDING_FULL_SHARD = 1,          /* ZeRO-3 */
+  SK_SHARDING_SHARD_GRAD_OP = 2,       /* ZeRO-2 */
+  SK_SHARDING_SHARD_OPTIM = 3,         /* ZeRO-1 */
+  SK_SHARDING_NO_SHARD = 4,            /* DDP-like */
+  SK_SHARDING_HYBRID_SHARD = 5,        /* FULL_SHARD within shard groups, replicated across */
+  SK_SHARDING_HYBRID_SHARD_GRAD_OP = 6
+} sk_sharding_strategy_t;
+
+typedef SK_ENUM(sk_backward_prefetch_t) {
+  SK_BACKWARD_PREFETCH_DEFAULT = 0, /* BACKWARD_PRE */
+  SK_BACKWARD_PREFETCH_NONE = 1,
+  SK_BACKWARD_PREFETCH_PRE = 2,
+  SK_BACKWARD_PREFETCH_POST = 3
+} sk_backward_prefetch_t;
+
+typedef SK_ENUM(sk_optimizer_kind_t) {
+  SK_OPTIMIZER_DEFAULT = 0, /* AdamW */
+  SK_OPTIMIZER_SGD = 1,
+  SK_OPTIMIZER_ADAM = 2,
+  SK_OPTIMIZER_ADAMW = 3
+} sk_optimizer_kind_t;
+
+/* How a parameter's initial values are drawn. Values are a pure function of
+ * (seed, parameter full name "<unit>.<param>", element index), so every
+ * sharding and world size initialises the same model. */
+typedef SK_ENUM(sk_init_kind_t) {
+  SK_INIT_DEFAULT = 0, /* zeros */
+  SK_INIT_ZEROS = 1,
+  SK_INIT_ONES = 2,
+  SK_INIT_NORMAL = 3,  /* mean a, standard deviation b */
+  SK_INIT_UNIFORM = 4  /* [a, b) */
+} sk_init_kind_t;
+
+/* Thread-safe. On success stores the value named by `name` ("FULL_SHARD" or
+ * "full_shard", ...) in *out. INVALID_ARGUMENT listing the known names. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_parse_sharding_strategy(const char* name,
+                                                              sk_sharding_strategy_t* out);
+/* "NONE", "BACKWARD_PRE", "BACKWARD_POST" (any case). Thread-safe. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_parse_backward_prefetch(const char* name,
+                                                              sk_backward_prefetch_t* out);
+/* "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16"/"half". Thread-safe. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_parse_dtype(const char* name, sk_dtype_t* out);
+
+/* ------------------------------------------------------------------------ */
+/* Process groups                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* One rank's handle on a group of ranks that run collectives together. */
+typedef struct sk_process_group sk_process_group;
+
+/* Creates the `world_size` rank handles of a new `local` group: ranks are
+ * threads of this process, collectives move data through shared memory.
+ * out_groups[r] receives rank r's handle (the caller provides an array of
+ * world_size pointers); each must be destroyed with
+ * sk_process_group_destroy. Rank r's collectives must be driven by one thread
+ * per rank, all ranks concurrently.
+ * `network_model`: NULL for none, or an alpha-beta link model that delays
+ * each collective's completion to what that link would take, e.g.
+ * "ring:latency_us=5,bandwidth_gbps=12.5" or "tree" (the data still moves).
+ * Errors: INVALID_ARGUMENT for world_size outside [1, 4096], NULL out_groups,
+ * or a malformed network_model. Thread-safe. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_create_local(int32_t world_size,
+                                                                 const char* network_model,
+                                                                 sk_process_group** out_groups);
+
+typedef struct sk_gloo_options {
+  size_t struct_size;
+  /* The group. When world_size is 0, rank, world_size, master_addr and
+   * master_port are read from torchrun's environment variables RANK,
+   * WORLD_SIZE, MASTER_ADDR, MASTER_PORT (what `launch` and torchrun set). */
+  int32_t rank;
+  int32_t world_size;
+  const char* master_addr; /* rank 0 serves the rendezvous store on master_port */
+  int32_t master_port;
+  /* The address this rank listens on and advertises. NULL: from the
+   * environment, 127.0.0.1 when MASTER_ADDR is a loopback name, else this
+   * host's name; with explicit rank/world_size, 127.0.0.1 (set it for a
+   * group that spans hosts). */
+  const char* hostname;
+  /* Rendezvous and collective timeout in milliseconds; 0 = 300000. */
+  int64_t timeout_ms;
+  /* Nonzero: compare every collective's call across ranks before running it. */
+  int32_t check_desync;
+  /* As in sk_process_group_create_local; NULL for none. */
+  const char* network_model;
+} sk_gloo_options;
+
+#define SK_GLOO_OPTIONS_INIT {sizeof(sk_gloo_options), 0, 0, NULL, 0, NULL, 0, 0, NULL}
+
+/* Creates this process's rank of a `gloo` group (ranks are processes on one
+ * or many hosts, TCP between them). `options` may be NULL: all from the
+ * environment. Collective: blocks until every rank has joined or the timeout
+ * passes (DEADLINE_EXCEEDED). Errors: INVALID_ARGUMENT naming a missing or
+ * malformed environment variable or option; UNAVAILABLE if the store cannot
+ * be reached. Thread-safe. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_create_gloo(const sk_gloo_options* options,
+                                                                sk_process_group** out_group);
+
+/* Releases the caller's reference; objects created from the group keep it
+ * alive until they are destroyed. For gloo, the last release drains this
+ * rank's collectives and runs a final barrier (bounded by the timeout).
+ * Accepts NULL. */
+SK_EXPORT void sk_process_group_destroy(sk_process_group* group);
+
+/* This handle's rank and the group's size. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_rank(const sk_process_group* group,
+                                                         int32_t* out_rank);
+SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_size(const sk_process_group* group,
+                                                         int32_t* out_size);
+/* "local", "gloo", or "local + network model (ring, alpha=5 us, beta=12.5
+ * GB/s)": what produced any timing measured through it. The string has the
+ * lifetime of `group`. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_label(const sk_process_group* group,
+                                                          const char** out_label);
+
+/* Runs fn(rank, group, user_data) for every rank of a new local group of
+ * `world_size` ranks, each on its own new thread, and returns when all have
+ * returned. `group` is borrowed: valid during the call (objects created from
+ * it keep it alive longer); do not destroy it. Returns SK_STATUS_OK if every
+ * call returned OK, else the code of the lowest failing rank, with a message
+ * naming the rank (and that thread's last error message). fn runs on threads
+ * the library creates; it must not unwind (throw, panic, longjmp) out of the
+ * call. Errors as sk_process_group_create_local, and INVALID_ARGUMENT for a
+ * NULL fn. Thread-safe. */
+typedef sk_status_t (*sk_rank_fn)(int32_t rank, sk_process_group* group, void* user_data);
+SK_EXPORT SK_NODISCARD sk_status_t sk_run_local_ranks(int32_t world_size, const char* network_model,
+                                                      sk_rank_fn fn, void* user_data);
+
+/* ------------------------------------------------------------------------ */
+/* Strategy and optimizer options                                            */
+/* ------------------------------------------------------------------------ */
+
+typedef struct sk_fsdp_options {
+  size_t struct_size;
+  sk_sharding_strategy_t strategy;
+  /* Ranks per shard group for the hybrid strategies; must divide the world
+   * size. 0 = LOCAL_WORLD_SIZE from the environment, else the world size. */
+  int32_t shard_group_size;
+  sk_backward_prefetch_t backward_prefetch;
+  /* Nonzero: prefetch the next unit's all-gather during forward. */
+  int32_t forward_prefetch;
+  /* Most unsharded units alive at once (the rate limiter); 0 = 2, -1 = no limit. */
+  int32_t all_gather_limit;
+  /* Compute dtype of gathered parameters; 0 = f32. */
+  sk_dtype_t param_dtype;
+  /* Gradient communication dtype; 0 = param_dtype. */
+  sk_dtype_t reduce_dtype;
+  /* Model buffer dtype; 0 = param_dtype. */
+  sk_dtype_t buffer_dtype;
+  /* Nonzero: master shards, gradient shards and optimizer state in host memory. */
+  int32_t cpu_offload;
+  /* Gradient pre-division factor; 0 = automatic (largest power of two p
+   * dividing N with p * p < N). */
+  float gradient_predivide_factor;
+  /* Seed of the parameter initialiser (0 is a valid seed). */
+  uint64_t seed;
+  /* Timeout of every collective in milliseconds; 0 = 300000. */
+  int64_t timeout_ms;
+} sk_fsdp_options;
+
+#define SK_FSDP_OPTIONS_INIT {sizeof(sk_fsdp_options), SK_SHARDING_DEFAULT, 0, SK_BACKWARD_PREFETCH_DEFAULT, 0, 0, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, 0, 0.0f, 0, 0}
+
+typedef struct sk_optimizer_options {
+  size_t struct_size;
+  sk_optimizer_kind_t kind;
+  float lr;            /* 0 = 1e-3 */
+  float momentum;      /* SGD; 0 = none */
+  float dampening;     /* SGD; 0 = none */
+  int32_t nesterov;    /* SGD; nonzero = Nesterov momentum */
+  float beta1;         /* Adam/AdamW; 0 = 0.9 */
+  float beta2;         /* Adam/AdamW; 0 = 0.999 */
+  float eps;           /* Adam/AdamW; 0 = 1e-8 */
+  float weight_decay;  /* L2 for SGD and Adam, decoupled for AdamW; 0 = none */
+} sk_optimizer_options;
+
+#define SK_OPTIMIZER_OPTIONS_INIT {sizeof(sk_optimizer_options), SK_OPTIMIZER_DEFAULT, 0.0f, 0.0f, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}
+
+/* ------------------------------------------------------------------------ */
+/* High level: trainer                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* One rank's trainer: a named model, FSDP around it, an optimizer and a
+ * deterministic data stream. */
+typedef struct sk_trainer sk_trainer;
+
+typedef struct sk_trainer_options {
+  size_t struct_size;
+  /* A named model config ("gpt-tiny", "gpt-1m", "gpt-10m", "t5-tiny", ...;
+   * sk_model_num_parameters tells whether a name exists). NULL = "gpt-tiny". */
+  const char* model;
+  const sk_fsdp_options* fsdp;           /* NULL = defaults (FULL_SHARD) */
+  const sk_optimizer_options* optimizer; /* NULL = defaults (AdamW, lr 1e-3) */
+  int64_t batch_size;        /* sequences per rank per micro-batch; 0 = 2 */
+  int32_t grad_accum_steps;  /* micro-batches per step; 0 = 1 */
+  int64_t seq_len;           /* 0 = the config's */
+  int64_t source_len;        /* encoder-decoder only; 0 = the config's */
+  double clip_grad_norm;     /* clip the total norm to this; 0 = no clipping */
+  int32_t activation_checkpointing; /* nonzero: recompute blocks in backward */
+  uint64_t memory_cap_bytes; /* per-rank device memory cap; 0 = unlimited */
+  /* Token file (little-endian uint16 or uint32, no header); NULL = a
+   * synthetic stream from data_seed. */
+  const char* data_path;
+  int32_t data_token_bytes;  /* 2 or 4; 0 = 2 */
+  uint64_t data_seed;        /* 0 = 1 */
+  int64_t data_tokens;       /* synthetic stream length; 0 = 64 Ki tokens */
+} sk_trainer_options;
+
+#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0}
+
+/* What one step measured on one rank. */
+typedef struct sk_step_metrics {
+  size_t struct_size;              /* set by the caller (SK_STEP_METRICS_INIT) */
+  int64_t step;                    /* steps completed, including this one */
+  int32_t rank;
+  float loss;                      /* mean over this rank's micro-batches */
+  double grad_norm;                /* total L2 norm before clipping */
+  double step_seconds;
+  double tokens_per_second;        /* this rank's */
+  double model_tflops_per_rank;    /* model FLOPs (no recomputation) / time / 1e12 */
+  double hardware_tflops_per_rank; /* with recomputation */
+  int64_t peak_allocated_bytes;    /* during this step */
+  int64_t peak_reserved_bytes;
+  int64_t allocated_bytes;
+  int64_t reserved_bytes;
+  int64_t alloc_retries;           /* cumulative */
+  int64_t ooms;                    /* cumulative */
+  int64_t bytes_communicated;      /* this step, as nccl-tests count bytes */
+} sk_step_metrics;
+
+#define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0}
+
+/* Creates this rank's trainer. Collective over `group`: every rank calls it
+ * with the same options. The trainer keeps `group` alive. Parameters are
+ * initialised shard by shard (deferred initialisation: the full model never
+ * exists on one rank). Errors: INVALID_ARGUMENT naming the bad option;
+ * NOT_FOUND for an unknown model (listing the known ones) or data file;
+ * RESOURCE_EXHAUSTED if the memory cap is too small for the model state. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_create(const sk_trainer_options* options,
+                                                     sk_process_group* group,
+                                                     sk_trainer** out_trainer);
+/* Accepts NULL. Not collective. */
+SK_EXPORT void sk_trainer_destroy(sk_trainer* trainer);
+
+/* One optimizer step over grad_accum_steps micro-batches; returns when the
+ * step is done (parameters updated). Collective. `out_metrics` may be NULL;
+ * otherwise its struct_size must be set. RESOURCE_EXHAUSTED when the memory
+ * cap is hit (counted in ooms; the trainer stays usable); DEADLINE_EXCEEDED
+ * or UNAVAILABLE when a peer fails. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_step(sk_trainer* trainer,
+                                                   sk_step_metrics* out_metrics);
+
+/* Mean loss of `batches` (>= 1) forward passes on held-out data; no update.
+ * Collective. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_evaluate(sk_trainer* trainer, int32_t batches,
+                                                       float* out_loss);
+
+/* Parameters of the trainer's whole model (not of the shard). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_num_parameters(const sk_trainer* trainer,
+                                                             int64_t* out_count);
+
+/* Parameters of the named model config; builds no parameter memory.
+ * NOT_FOUND listing the known names. Thread-safe. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_model_num_parameters(const char* model, int64_t* out_count);
+
+/* ------------------------------------------------------------------------ */
+/* High level: local session (N local ranks behind one handle)               */
+/* ------------------------------------------------------------------------ */
+
+/* `world_size` trainers on a local group, each driven on its own thread by
+ * the library, so that a single-threaded caller (a Lua script) trains with
+ * several ranks:
+ *   sk_local_session_create(&options, 2, NULL, &s);
+ *   sk_local_session_step(s, &metrics);   (repeat)
+ *   sk_local_session_destroy(s);
+ */
+typedef struct sk_local_session sk_local_session;
+
+/* Creates the group and one trainer per rank. `network_model` as in
+ * sk_process_group_create_local. Errors as sk_process_group_create_local and
+ * sk_trainer_create (the lowest failing rank's). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_create(const sk_trainer_options* options,
+                                                           int32_t world_size,
+                                                           const char* network_model,
+                                                           sk_local_session** out_session);
+/* Accepts NULL. */
+SK_EXPORT void sk_local_session_destroy(sk_local_session* session);
+
+/* One step on every rank (concurrently); returns when all are done.
+ * `out_rank0` (may be NULL) receives rank 0's metrics; the others through
+ * sk_local_session_metrics. On failure, the lowest failing rank's error. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_step(sk_local_session* session,
+                                                         sk_step_metrics* out_rank0);
+/* The metrics of `rank`'s last step (FAILED_PRECONDITION before the first
+ * step, OUT_OF_RANGE for a bad rank). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_metrics(const sk_local_session* session,
+                                                            int32_t rank,
+                                                            sk_step_metrics* out_metrics);
+/* sk_trainer_evaluate on every rank; *out_loss is the mean over ranks. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_evaluate(sk_local_session* session,
+                                                             int32_t batches, float* out_loss);
+SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_world_size(const sk_local_session* session,
+                                                               int32_t* out_world_size);
+
+/* ------------------------------------------------------------------------ */
+/* Low level: a model the caller computes                                    */
+/* ------------------------------------------------------------------------ */
+
+/* The description of a model as FSDP sees it: ordered units (the granularity
+ * of all-gather and reduce-scatter), each an ordered list of parameters. */
+typedef struct sk_model_spec sk_model_spec;
+
+/* The most dimensions a parameter may have. */
+#define SK_MAX_DIMS 8
+
+typedef struct sk_param_spec {
+  size_t struct_size;
+  const char* name;      /* unique within its unit; not empty */
+  int32_t ndim;          /* 0 (a scalar) .. SK_MAX_DIMS */
+  const int64_t* shape;  /* ndim entries >= 0; may be NULL when ndim is 0 */
+  sk_dtype_t dtype;      /* 0 or SK_DTYPE_F32: the master copy is always f32
+                            (compute precision is sk_fsdp_options.param_dtype) */
+  sk_init_kind_t init;
+  float init_a;          /* NORMAL: mean; UNIFORM: low */
+  float init_b;          /* NORMAL: standard deviation; UNIFORM: high */
+} sk_param_spec;
+
+#define SK_PARAM_SPEC_INIT {sizeof(sk_param_spec), NULL, 0, NULL, SK_DTYPE_DEFAULT, SK_INIT_DEFAULT, 0.0f, 0.0f}
+
+/* An empty spec. Not thread-safe per handle. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_model_spec_create(sk_model_spec** out_spec);
+/* Accepts NULL. Engines created from the spec keep their own copy. */
+SK_EXPORT void sk_model_spec_destroy(sk_model_spec* spec);
+/* Appends a unit named `name` (unique, not empty); *out_unit (may be NULL)
+ * receives its index, 0, 1, ... in call order. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_model_spec_add_unit(sk_model_spec* spec, const char* name,
+                                                          int32_t* out_unit);
+/* Appends a parameter to unit `unit`; *out_param (may be NULL) receives its
+ * index within the unit. INVALID_ARGUMENT for a bad name, ndim, shape, dtype,
+ * initializer kind or parameters (negative stddev, empty uniform range);
+ * OUT_OF_RANGE for an unknown unit. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
+                                                           const sk_param_spec* param,
+                                                           int32_t* out_param);
+
+/* One rank's FSDP engine over a caller-computed model. */
+typedef struct sk_engine sk_engine;
+
+typedef struct sk_engine_options {
+  size_t struct_size;
+  const sk_fsdp_options* fsdp;           /* NULL = defaults (FULL_SHARD) */
+  const sk_optimizer_options* optimizer; /* NULL = defaults (AdamW, lr 1e-3) */
+  uint64_t memory_cap_bytes;             /* per-rank cap; 0 = unlimited */
+} sk_engine_options;
+
+#define SK_ENGINE_OPTIONS_INIT {sizeof(sk_engine_options), NULL, NULL, 0}
+
+/* A view of a buffer owned by an engine. */
+typedef struct sk_tensor_view {
+  size_t struct_size;     /* set by the caller (SK_TENSOR_VIEW_INIT) */
+  void* data;             /* host memory, dense row-major */
+  sk_dtype_t dtype;       /* f32 unless sk_fsdp_options asked for bf16/f16 */
+  int32_t ndim;
+  const int64_t* shape;   /* ndim entries; has the lifetime of the engine */
+  int64_t numel;
+} sk_tensor_view;
+
+#define SK_TENSOR_VIEW_INIT {sizeof(sk_tensor_view), NULL, SK_DTYPE_DEFAULT, 0, NULL, 0}
+
+/* Creates this rank's engine over the units of `spec` (copied; at least one
+ * unit, every unit with at least one parameter). Collective over `group`:
+ * every rank passes the same spec and options. Each rank materialises only
+ * its f32 master shard of every unit, from the initialisers. The engine keeps
+ * `group` alive. Errors: INVALID_ARGUMENT for bad options or an empty spec;
+ * RESOURCE_EXHAUSTED if the memory cap is too small. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_create(const sk_model_spec* spec,
+                                                    sk_process_group* group,
+                                                    const sk_engine_options* options,
+                                                    sk_engine** out_engine);
+/* Accepts NULL. Views obtained from the engine become invalid. */
+SK_EXPORT void sk_engine_destroy(sk_engine* engine);
+
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_num_units(const sk_engine* engine,
+                                                       int32_t* out_units);
+
+/* The unit lifecycle, for unit `unit` (OUT_OF_RANGE otherwise), in this
+ * order per step:
+ *   forward:  pre_forward(u), compute with sk_engine_param(u, *), post_forward(u)
+ *             for the units in forward order;
+ *   backward: pre_backward(u), compute, add gradients into sk_engine_grad(u, *),
+ *             post_backward(u) for the units in reverse order;
+ * then sk_engine_finish_backward. A call out of order is FAILED_PRECONDITION
+ * naming the unit and its state, and changes nothing. Any other failure (a
+ * peer timing out, the memory cap) abandons the step: every unit back to
+ * idle, every view invalid, the step's gradients zeroed, master parameters
+ * and optimizer state untouched.
+ * All four are collective (the all-gathers and reduce-scatters they issue are
+ * matched across ranks). pre_forward/pre_backward return when the unit's
+ * parameters are gathered (and may enqueue prefetches of later units);
+ * post_backward returns when the unit's gradient reduction is ENQUEUED: its
+ * result is final after sk_engine_finish_backward. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_pre_forward(sk_engine* engine, int32_t unit);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_post_forward(sk_engine* engine, int32_t unit);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_pre_backward(sk_engine* engine, int32_t unit);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_post_backward(sk_engine* engine, int32_t unit);
+
+/* The gathered (full, unsharded) value of parameter `param` of `unit`, in
+ * param_dtype, with the registered shape. Valid between pre_forward(unit) and
+ * post_forward(unit), and between pre_backward(unit) and post_backward(unit);
+ * FAILED_PRECONDITION outside. The memory is the engine's: read it, never
+ * write or free it. `out_view->struct_size` must be set. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_param(sk_engine* engine, int32_t unit, int32_t param,
+                                                   sk_tensor_view* out_view);
+/* The gradient buffer of parameter `param` of `unit`, between
+ * pre_backward(unit) and post_backward(unit) (FAILED_PRECONDITION outside):
+ * the caller ADDS this step's gradient into it (it arrives zeroed; never
+ * zero it), in its dtype (the reduce dtype, f32 by default). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_grad(sk_engine* engine, int32_t unit, int32_t param,
+                                                  sk_tensor_view* out_view);
+
+/* Nonzero (the default): the next backward reduces gradients across ranks.
+ * Zero (no_sync): gradients accumulate locally, unreduced, until a backward
+ * with sync enabled reduces the total (gradient accumulation). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_set_gradient_sync(sk_engine* engine, int32_t enabled);
+/* Waits for every gradient reduction of the step. Call after the last
+ * post_backward, before clipping and the optimizer step. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_finish_backward(sk_engine* engine);
+/* The total L2 gradient norm over all ranks' shards into *out_norm (may be
+ * NULL); with max_norm > 0 also scales gradients so the norm is at most
+ * max_norm. Collective. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_clip_grad_norm(sk_engine* engine, double max_norm,
+                                                            double* out_norm);
+/* Steps the optimizer on this rank's master shards. Not collective for the
+ * sharded strategies; collective for SHARD_OPTIM and NO_SHARD (they refresh
+ * full parameters). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_optimizer_step(sk_engine* engine);
+/* Zeroes the gradient shards (and no_sync accumulations). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_zero_grad(sk_engine* engine);
+
+/* Copies the full f32 value of parameter `param` of `unit` into out[0..count)
+ * (count must equal its element count: INVALID_ARGUMENT otherwise).
+ * Collective over the shard group. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_read_param(sk_engine* engine, int32_t unit,
+                                                        int32_t param, float* out, int64_t count);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Layout: checked by every compiler that includes this header (LP64).      */
+/* ------------------------------------------------------------------------ */
+#ifndef SK_NO_LAYOUT_ASSERTS
+#if defined(__cplusplus)
+#define SK_LAYOUT_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define SK_LAYOUT_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+#if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
+SK_LAYOUT_ASSERT(sizeof(sk_status_t) == 4 && sizeof(sk_dtype_t) == 4 &&
+                 sizeof(sk_sharding_strategy_t) == 4 && sizeof(sk_init_kind_t) == 4 &&
+                 sizeof(sk_optimizer_kind_t) == 4 && sizeof(sk_backward_prefetch_t) == 4,
+                 "enums are 32-bit");
+SK_LAYOUT_ASSERT(offsetof(sk_gloo_options, rank) == 8 && offsetof(sk_gloo_options, world_size) == 12 &&
+                 offsetof(sk_gloo_options, master_addr) == 16 && offsetof(sk_gloo_options, master_port) == 24 &&
+                 offsetof(sk_gloo_options, hostname) == 32 && offsetof(sk_gloo_options, timeout_ms) == 40 &&
+                 offsetof(sk_gloo_options, check_desync) == 48 && offsetof(sk_gloo_options, network_model) == 56 &&
+                 sizeof(sk_gloo_options) == 64, "sk_gloo_options layout");
+SK_LAYOUT_ASSERT(offsetof(sk_fsdp_options, strategy) == 8 && offsetof(sk_fsdp_options, shard_group_size) == 12 &&
+                 offsetof(sk_fsdp_options, backward_prefetch) == 16 && offsetof(sk_fsdp_options, forward_prefetch) == 20 &&
+                 offsetof(sk_fsdp_options, all_gather_limit) == 24 && offsetof(sk_fsdp_options, param_dtype) == 28 &&
+                 offsetof(sk_fsdp_options, reduce_dtype) == 32 && offsetof(sk_fsdp_options, buffer_dtype) == 36 &&
+                 offsetof(sk_fsdp_options, cpu_offload) == 40 && offsetof(sk_fsdp_options, gradient_predivide_factor) == 44 &&
+                 offsetof(sk_fsdp_options, seed) == 48 && offsetof(sk_fsdp_options, timeout_ms) == 56 &&
+                 sizeof(sk_fsdp_options) == 64, "sk_fsdp_options layout");
+SK_LAYOUT_ASSERT(offsetof(sk_optimizer_options, kind) == 8 && offsetof(sk_optimizer_options, lr) == 12 &&
+                 offsetof(sk_optimizer_options, momentum) == 16 && offsetof(sk_optimizer_options, dampening) == 20 &&
+                 offsetof(sk_optimizer_options, nesterov) == 24 && offsetof(sk_optimizer_options, beta1) == 28 &&
+                 offsetof(sk_optimizer_options, beta2) == 32 && offsetof(sk_optimizer_options, eps) == 36 &&
+                 offsetof(sk_optimizer_options, weight_decay) == 40 && sizeof(sk_optimizer_options) == 48,
+                 "sk_optimizer_options layout");
+SK_LAYOUT_ASSERT(offsetof(sk_trainer_options, model) == 8 && offsetof(sk_trainer_options, fsdp) == 16 &&
+                 offsetof(sk_trainer_options, optimizer) == 24 && offsetof(sk_trainer_options, batch_size) == 32 &&
+                 offsetof(sk_trainer_options, grad_accum_steps) == 40 && offsetof(sk_trainer_options, seq_len) == 48 &&
+                 offsetof(sk_trainer_options, source_len) == 56 && offsetof(sk_trainer_options, clip_grad_norm) == 64 &&
+                 offsetof(sk_trainer_options, activation_checkpointing) == 72 &&
+                 offsetof(sk_trainer_options, memory_cap_bytes) == 80 && offsetof(sk_trainer_options, data_path) == 88 &&
+                 offsetof(sk_trainer_options, data_token_bytes) == 96 && offsetof(sk_trainer_options, data_seed) == 104 &&
+                 offsetof(sk_trainer_options, data_tokens) == 112 && sizeof(sk_trainer_options) == 120,
+                 "sk_trainer_options layout");
+SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metrics, rank) == 16 &&
+                 offsetof(sk_step_metrics, loss) == 20 && offsetof(sk_step_metrics, grad_norm) == 24 &&
+                 offsetof(sk_step_metrics, step_seconds) == 32 && offsetof(sk_step_metrics, tokens_per_second) == 40 &&
+                 offsetof(sk_step_metrics, model_tflops_per_rank) == 48 &&
+                 offsetof(sk_step_metrics, hardware_tflops_per_rank) == 56 &&
+                 offsetof(sk_step_metrics, peak_allocated_bytes) == 64 && offsetof(sk_step_metrics, peak_reserved_bytes) == 72 &&
+                 offsetof(sk_step_metrics, allocated_bytes) == 80 && offsetof(sk_step_metrics, reserved_bytes) == 88 &&
+                 offsetof(sk_step_metrics, alloc_retries) == 96 && offsetof(sk_step_metrics, ooms) == 104 &&
+                 offsetof(sk_step_metrics, bytes_communicated) == 112 && sizeof(sk_step_metrics) == 120,
+                 "sk_step_metrics layout");
+SK_LAYOUT_ASSERT(offsetof(sk_param_spec, name) == 8 && offsetof(sk_param_spec, ndim) == 16 &&
+                 offsetof(sk_param_spec, shape) == 24 && offsetof(sk_param_spec, dtype) == 32 &&
+                 offsetof(sk_param_spec, init) == 36 && offsetof(sk_param_spec, init_a) == 40 &&
+                 offsetof(sk_param_spec, init_b) == 44 && sizeof(sk_param_spec) == 48, "sk_param_spec layout");
+SK_LAYOUT_ASSERT(offsetof(sk_engine_options, fsdp) == 8 && offsetof(sk_engine_options, optimizer) == 16 &&
+                 offsetof(sk_engine_options, memory_cap_bytes) == 24 && sizeof(sk_engine_options) == 32,
+                 "sk_engine_options layout");
+SK_LAYOUT_ASSERT(offsetof(sk_tensor_view, data) == 8 && offsetof(sk_tensor_view, dtype) == 16 &&
+                 offsetof(sk_tensor_view, ndim) == 20 && offsetof(sk_tensor_view, shape) == 24 &&
+                 offsetof(sk_tensor_view, numel) == 32 && sizeof(sk_tensor_view) == 40, "sk_tensor_view layout");
+#endif /* LP64 */
+#endif /* SK_NO_LAYOUT_ASSERTS */
+
+#endif /* SHARDKIT_SHARDKIT_H_ */

@@ -1,0 +1,332 @@
+// shardkit.hpp: header-only C++ RAII over the C ABI (shardkit/shardkit.h).
+//
+// Modelled on onnxruntime_cxx_api.h: every owning type is move-only and
+// releases its handle in the destructor; every failing call throws
+// shardkit::Error carrying the sk_status_t and the library's message. There
+// is no logic here that the C API does not have; option structs are the C
+// structs themselves (initialise them with their SK_*_INIT macros).
+//
+// Thread safety and lifetimes are the C API's (see shardkit.h): one thread
+// per object, objects keep their process group alive.
+//
+// Requires C++17.
+#ifndef SHARDKIT_FRONTENDS_CPP_SHARDKIT_HPP_
+#define SHARDKIT_FRONTENDS_CPP_SHARDKIT_HPP_
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardkit/shardkit.h"
+
+namespace shardkit {
+
+// The one exception type: a status code and the library's message.
+class Error : public std::runtime_error {
+ public:
+  Error(sk_status_t code, const std::string& message)
+      : std::runtime_error(std::string(sk_status_name(code)) + ": " + message), code_(code),
+        message_(message) {}
+  sk_status_t code() const noexcept { return code_; }
+  // The library's message alone (what() prefixes the code's name).
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  sk_status_t code_;
+  std::string message_;
+};
+
+// Throws Error unless `code` is SK_STATUS_OK.
+inline void Check(sk_status_t code) {
+  if (code != SK_STATUS_OK) throw Error(code, sk_last_error_message());
+}
+
+inline std::string Version() { return sk_version(); }
+
+namespace detail {
+
+// A move-only owner of a C handle released by Destroy.
+template <typename T, void (*Destroy)(T*)>
+class Owner {
+ public:
+  Owner() = default;
+  explicit Owner(T* handle) noexcept : handle_(handle) {}
+  ~Owner() { Destroy(handle_); }
+  Owner(const Owner&) = delete;
+  Owner& operator=(const Owner&) = delete;
+  Owner(Owner&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  Owner& operator=(Owner&& other) noexcept {
+    if (this != &other) {
+      Destroy(handle_);
+      handle_ = std::exchange(other.handle_, nullptr);
+    }
+    return *this;
+  }
+  T* get() const noexcept { return handle_; }
+  // Gives up ownership: the caller destroys the handle.
+  T* release() noexcept { return std::exchange(handle_, nullptr); }
+  explicit operator bool() const noexcept { return handle_ != nullptr; }
+
+ private:
+  T* handle_ = nullptr;
+};
+
+}  // namespace detail
+
+// One rank's handle on a process group.
+class ProcessGroup : public detail::Owner<sk_process_group, sk_process_group_destroy> {
+ public:
+  using Owner::Owner;
+
+  // The world_size rank handles of a new local group (ranks are threads).
+  static std::vector<ProcessGroup> Local(int32_t world_size, const char* network_model = nullptr) {
+    // At least one slot, so that a bad world_size is what the library reports.
+    std::vector<sk_process_group*> raw(static_cast<size_t>(world_size > 1 ? world_size : 1));
+    Check(sk_process_group_create_local(world_size, network_model, raw.data()));
+    std::vector<ProcessGroup> out;
+    out.reserve(raw.size());
+    for (sk_process_group* g : raw) out.emplace_back(g);
+    return out;
+  }
+  // This process's rank of a gloo group (options NULL: torchrun's environment).
+  static ProcessGroup Gloo(const sk_gloo_options* options = nullptr) {
+    sk_process_group* g = nullptr;
+    Check(sk_process_group_create_gloo(options, &g));
+    return ProcessGroup(g);
+  }
+
+  int32_t rank() const { return Rank(get()); }
+  int32_t size() const { return Size(get()); }
+  std::string label() const { return Label(get()); }
+
+  // The same queries for a borrowed handle (sk_run_local_ranks' callback).
+  static int32_t Rank(const sk_process_group* g) {
+    int32_t r = 0;
+    Check(sk_process_group_rank(g, &r));
+    return r;
+  }
+  static int32_t Size(const sk_process_group* g) {
+    int32_t s = 0;
+    Check(sk_process_group_size(g, &s));
+    return s;
+  }
+  static std::string Label(const sk_process_group* g) {
+    const char* l = nullptr;
+    Check(sk_process_group_label(g, &l));
+    return l;
+  }
+};
+
+// Runs fn(rank, group) on `world_size` new threads of a new local group and
+// waits for all. An exception thrown by fn on any rank is caught on that
+// thread (it never crosses the C ABI) and the lowest rank's is rethrown here.
+inline void RunLocalRanks(int32_t world_size,
+                          const std::function<void(int32_t rank, sk_process_group* group)>& fn,
+                          const char* network_model = nullptr) {
+  struct Context {
+    const std::function<void(int32_t, sk_process_group*)>* fn;
+    std::vector<std::exception_ptr> errors;
+  } ctx{&fn, std::vector<std::exception_ptr>(static_cast<size_t>(world_size > 0 ? world_size : 0))};
+  auto trampoline = [](int32_t rank, sk_process_group* group, void* user) -> sk_status_t {
+    auto* c = static_cast<Context*>(user);
+    try {
+      (*c->fn)(rank, group);
+      return SK_STATUS_OK;
+    } catch (const Error& e) {
+      c->errors[rank] = std::current_exception();
+      return e.code();
+    } catch (...) {
+      c->errors[rank] = std::current_exception();
+      return SK_STATUS_UNKNOWN;
+    }
+  };
+  const sk_status_t code = sk_run_local_ranks(world_size, network_model, trampoline, &ctx);
+  for (const std::exception_ptr& e : ctx.errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  Check(code);
+}
+
+inline int64_t ModelNumParameters(const std::string& model) {
+  int64_t n = 0;
+  Check(sk_model_num_parameters(model.c_str(), &n));
+  return n;
+}
+
+// One rank's trainer (sk_trainer).
+class Trainer : public detail::Owner<sk_trainer, sk_trainer_destroy> {
+ public:
+  // Collective over `group`; the trainer keeps the group alive.
+  Trainer(const sk_trainer_options& options, sk_process_group* group) : Owner(Create(options, group)) {}
+
+  sk_step_metrics Step() {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    Check(sk_trainer_step(get(), &m));
+    return m;
+  }
+  float Evaluate(int32_t batches) {
+    float loss = 0;
+    Check(sk_trainer_evaluate(get(), batches, &loss));
+    return loss;
+  }
+  int64_t NumParameters() const {
+    int64_t n = 0;
+    Check(sk_trainer_num_parameters(get(), &n));
+    return n;
+  }
+
+ private:
+  static sk_trainer* Create(const sk_trainer_options& options, sk_process_group* group) {
+    sk_trainer* t = nullptr;
+    Check(sk_trainer_create(&options, group, &t));
+    return t;
+  }
+};
+
+// N local ranks behind one object (sk_local_session).
+class LocalSession : public detail::Owner<sk_local_session, sk_local_session_destroy> {
+ public:
+  LocalSession(const sk_trainer_options& options, int32_t world_size,
+               const char* network_model = nullptr)
+      : Owner(Create(options, world_size, network_model)) {}
+
+  // One step on every rank; returns rank 0's metrics.
+  sk_step_metrics Step() {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    Check(sk_local_session_step(get(), &m));
+    return m;
+  }
+  sk_step_metrics Metrics(int32_t rank) const {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    Check(sk_local_session_metrics(get(), rank, &m));
+    return m;
+  }
+  float Evaluate(int32_t batches) {
+    float loss = 0;
+    Check(sk_local_session_evaluate(get(), batches, &loss));
+    return loss;
+  }
+  int32_t WorldSize() const {
+    int32_t n = 0;
+    Check(sk_local_session_world_size(get(), &n));
+    return n;
+  }
+
+ private:
+  static sk_local_session* Create(const sk_trainer_options& options, int32_t world_size,
+                                  const char* network_model) {
+    sk_local_session* s = nullptr;
+    Check(sk_local_session_create(&options, world_size, network_model, &s));
+    return s;
+  }
+};
+
+// Units and parameters of a caller-computed model (sk_model_spec).
+class ModelSpec : public detail::Owner<sk_model_spec, sk_model_spec_destroy> {
+ public:
+  ModelSpec() : Owner(Create()) {}
+
+  int32_t AddUnit(const std::string& name) {
+    int32_t u = 0;
+    Check(sk_model_spec_add_unit(get(), name.c_str(), &u));
+    return u;
+  }
+  int32_t AddParam(int32_t unit, const sk_param_spec& param) {
+    int32_t p = 0;
+    Check(sk_model_spec_add_param(get(), unit, &param, &p));
+    return p;
+  }
+  // An f32 parameter of `shape` drawn by `init` (a, b as sk_param_spec's).
+  int32_t AddParam(int32_t unit, const std::string& name, const std::vector<int64_t>& shape,
+                   sk_init_kind_t init = SK_INIT_ZEROS, float a = 0.0f, float b = 0.0f) {
+    sk_param_spec p = SK_PARAM_SPEC_INIT;
+    p.name = name.c_str();
+    p.ndim = static_cast<int32_t>(shape.size());
+    p.shape = shape.data();
+    p.init = init;
+    p.init_a = a;
+    p.init_b = b;
+    return AddParam(unit, p);
+  }
+
+ private:
+  static sk_model_spec* Create() {
+    sk_model_spec* s = nullptr;
+    Check(sk_model_spec_create(&s));
+    return s;
+  }
+};
+
+// A view of an engine-owned buffer; valid as long as the C API says.
+struct TensorView {
+  sk_tensor_view view;
+
+  int64_t numel() const { return view.numel; }
+  sk_dtype_t dtype() const { return view.dtype; }
+  std::vector<int64_t> shape() const { return std::vector<int64_t>(view.shape, view.shape + view.ndim); }
+  // The data as f32; Error(INVALID_ARGUMENT) if the buffer is another dtype.
+  float* f32() const {
+    if (view.dtype != SK_DTYPE_F32) {
+      throw Error(SK_STATUS_INVALID_ARGUMENT, "buffer dtype is not f32 (param_dtype/reduce_dtype)");
+    }
+    return static_cast<float*>(view.data);
+  }
+};
+
+// One rank's FSDP engine over a caller-computed model (sk_engine).
+class Engine : public detail::Owner<sk_engine, sk_engine_destroy> {
+ public:
+  // Collective over `group`; the engine copies the spec and keeps the group alive.
+  Engine(const ModelSpec& spec, sk_process_group* group, const sk_engine_options* options = nullptr)
+      : Owner(Create(spec, group, options)) {}
+
+  int32_t NumUnits() const {
+    int32_t n = 0;
+    Check(sk_engine_num_units(get(), &n));
+    return n;
+  }
+  void PreForward(int32_t unit) { Check(sk_engine_pre_forward(get(), unit)); }
+  void PostForward(int32_t unit) { Check(sk_engine_post_forward(get(), unit)); }
+  void PreBackward(int32_t unit) { Check(sk_engine_pre_backward(get(), unit)); }
+  void PostBackward(int32_t unit) { Check(sk_engine_post_backward(get(), unit)); }
+  TensorView Param(int32_t unit, int32_t param) {
+    TensorView v{SK_TENSOR_VIEW_INIT};
+    Check(sk_engine_param(get(), unit, param, &v.view));
+    return v;
+  }
+  TensorView Grad(int32_t unit, int32_t param) {
+    TensorView v{SK_TENSOR_VIEW_INIT};
+    Check(sk_engine_grad(get(), unit, param, &v.view));
+    return v;
+  }
+  void SetGradientSync(bool enabled) { Check(sk_engine_set_gradient_sync(get(), enabled ? 1 : 0)); }
+  void FinishBackward() { Check(sk_engine_finish_backward(get())); }
+  double ClipGradNorm(double max_norm) {
+    double norm = 0;
+    Check(sk_engine_clip_grad_norm(get(), max_norm, &norm));
+    return norm;
+  }
+  void OptimizerStep() { Check(sk_engine_optimizer_step(get())); }
+  void ZeroGrad() { Check(sk_engine_zero_grad(get())); }
+  std::vector<float> ReadParam(int32_t unit, int32_t param, int64_t numel) {
+    std::vector<float> out(static_cast<size_t>(numel > 0 ? numel : 0));
+    Check(sk_engine_read_param(get(), unit, param, out.data(), numel));
+    return out;
+  }
+
+ private:
+  static sk_engine* Create(const ModelSpec& spec, sk_process_group* group,
+                           const sk_engine_options* options) {
+    sk_engine* e = nullptr;
+    Check(sk_engine_create(spec.get(), group, options, &e));
+    return e;
+  }
+};
+
+}  // namespace shardkit
+
+#endif  // SHARDKIT_FRONTENDS_CPP_SHARDKIT_HPP_

@@ -1,0 +1,350 @@
+-- shardkit.lua: the LuaJIT FFI frontend over the C ABI (libshardkit.so).
+--
+--   local sk = require("shardkit")
+--   local session = sk.local_session({model = "gpt-tiny", fsdp = {strategy = "FULL_SHARD"}}, 2)
+--   print(session:step().loss)
+--
+-- * The ffi.cdef is generated from shardkit.h at build time
+--   (shardkit_cdef.lua, by gen_cdef.sh): never hand-copied.
+-- * Handles are boxed in small cdata structs whose metatype has an
+--   idempotent __gc (the same as :close()), as ljsyscall does for fds.
+-- * Every failing call raises error() with a table {code, name, message}
+--   whose tostring is "NAME: message" (the library's message).
+-- * Options are plain tables whose keys are the C struct's field names;
+--   enum fields take the C value or a name ("FULL_SHARD", "sgd", "normal"),
+--   flags take booleans, nested option structs are nested tables.
+-- * Unit and parameter indices are the C API's (0-based), as returned by
+--   add_unit/add_param.
+-- * The library is loaded from $SHARDKIT_LIB if set, else by the name
+--   "shardkit" (libshardkit.so on the loader's search path).
+local ffi = require("ffi")
+
+ffi.cdef(require("shardkit_cdef"))
+
+local lib = ffi.load(os.getenv("SHARDKIT_LIB") or "shardkit")
+
+local M = {lib = lib}
+
+-- Errors -------------------------------------------------------------------
+
+local Error = {}
+Error.__index = Error
+Error.__tostring = function(e) return e.name .. ": " .. e.message end
+M.Error = Error
+
+local function check(code)
+  if code ~= 0 then
+    local name = ffi.string(lib.sk_status_name(code))
+    error(setmetatable({code = tonumber(code), name = name,
+                        message = ffi.string(lib.sk_last_error_message())}, Error), 2)
+  end
+end
+
+function M.version() return ffi.string(lib.sk_version()) end
+function M.version_number() return tonumber(lib.sk_version_number()) end
+
+-- Options: plain tables to C structs ---------------------------------------
+
+-- Enum fields and how a name given for them becomes a C value.
+local function invalid_argument(message, level)
+  error(setmetatable({code = 3, name = "INVALID_ARGUMENT", message = message}, Error), level)
+end
+local function enum_by_prefix(prefix, ctype)
+  return function(v, field)
+    local out = ffi.new(ctype .. "[1]")
+    if not pcall(function() out[0] = prefix .. string.upper(v) end) then
+      invalid_argument(string.format("unknown %s '%s' (the %s* constants of shardkit.h)",
+                                     field, v, prefix), 4)
+    end
+    return out[0]
+  end
+end
+local function enum_by_parser(parser, ctype)
+  return function(v)
+    local out = ffi.new(ctype .. "[1]")
+    check(parser(v, out))
+    return out[0]
+  end
+end
+local enum_fields = {
+  strategy = enum_by_parser(lib.sk_parse_sharding_strategy, "sk_sharding_strategy_t"),
+  backward_prefetch = enum_by_parser(lib.sk_parse_backward_prefetch, "sk_backward_prefetch_t"),
+  param_dtype = enum_by_parser(lib.sk_parse_dtype, "sk_dtype_t"),
+  reduce_dtype = enum_by_parser(lib.sk_parse_dtype, "sk_dtype_t"),
+  buffer_dtype = enum_by_parser(lib.sk_parse_dtype, "sk_dtype_t"),
+  dtype = enum_by_parser(lib.sk_parse_dtype, "sk_dtype_t"),
+  kind = enum_by_prefix("SK_OPTIMIZER_", "sk_optimizer_kind_t"),
+  init = enum_by_prefix("SK_INIT_", "sk_init_kind_t"),
+}
+
+-- Fields that point to nested option structs.
+local nested_fields = {fsdp = "sk_fsdp_options", optimizer = "sk_optimizer_options"}
+
+-- A new `ctype` struct from table `t` (nil: NULL). Strings and nested
+-- structs are kept alive in `anchors` for as long as the caller holds it.
+local function to_struct(ctype, t, anchors)
+  if t == nil then return nil end
+  local s = ffi.new(ctype)
+  s.struct_size = ffi.sizeof(ctype)
+  anchors[#anchors + 1] = s
+  for k, v in pairs(t) do
+    if nested_fields[k] then
+      v = to_struct(nested_fields[k], v, anchors)
+    elseif type(v) == "string" and enum_fields[k] then
+      v = enum_fields[k](v, k)
+    elseif type(v) == "string" then
+      anchors[#anchors + 1] = v
+    elseif type(v) == "boolean" then
+      v = v and 1 or 0
+    end
+    s[k] = v  -- an unknown field name raises ffi's "no member named" error
+  end
+  return s
+end
+
+local metric_fields = {
+  "step", "rank", "loss", "grad_norm", "step_seconds", "tokens_per_second",
+  "model_tflops_per_rank", "hardware_tflops_per_rank", "peak_allocated_bytes",
+  "peak_reserved_bytes", "allocated_bytes", "reserved_bytes", "alloc_retries", "ooms",
+  "bytes_communicated",
+}
+local function metrics_table(m)
+  local t = {}
+  for _, k in ipairs(metric_fields) do t[k] = tonumber(m[k]) end
+  return t
+end
+local function new_metrics()
+  local m = ffi.new("sk_step_metrics")
+  m.struct_size = ffi.sizeof(m)
+  return m
+end
+
+-- Handles --------------------------------------------------------------------
+
+-- Declares a boxed handle type: `struct { T* h; }` with methods, whose __gc
+-- and :close() destroy the handle once (idempotent) and leave h NULL.
+local function handle_type(name, destroy, methods)
+  local box = "struct sk_lua_" .. name .. " { " .. name .. "* h; }"
+  ffi.cdef(box .. ";")
+  local function close(self)
+    if self.h ~= nil then
+      destroy(self.h)
+      self.h = nil
+    end
+  end
+  methods.close = close
+  return ffi.metatype("struct sk_lua_" .. name, {__index = methods, __gc = close})
+end
+
+-- Process groups.
+local ProcessGroup = handle_type("sk_process_group", lib.sk_process_group_destroy, {
+  rank = function(self)
+    local out = ffi.new("int32_t[1]")
+    check(lib.sk_process_group_rank(self.h, out))
+    return out[0]
+  end,
+  size = function(self)
+    local out = ffi.new("int32_t[1]")
+    check(lib.sk_process_group_size(self.h, out))
+    return out[0]
+  end,
+  label = function(self)
+    local out = ffi.new("const char*[1]")
+    check(lib.sk_process_group_label(self.h, out))
+    return ffi.string(out[0])
+  end,
+})
+
+-- The world_size rank handles of a new local group (a Lua array, rank r at
+-- index r + 1). Ranks must be driven concurrently: from Lua, use
+-- local_session instead, which drives them on library threads.
+function M.local_groups(world_size, network_model)
+  local raw = ffi.new("sk_process_group*[?]", math.max(world_size, 1))
+  check(lib.sk_process_group_create_local(world_size, network_model, raw))
+  local out = {}
+  for r = 0, world_size - 1 do out[r + 1] = ProcessGroup(raw[r]) end
+  return out
+end
+
+-- This process's rank of a gloo group; options as sk_gloo_options (nil: all
+-- from torchrun's environment).
+function M.gloo_group(options)
+  local anchors = {}
+  local o = to_struct("sk_gloo_options", options, anchors)
+  local out = ffi.new("sk_process_group*[1]")
+  check(lib.sk_process_group_create_gloo(o, out))
+  return ProcessGroup(out[0])
+end
+
+function M.model_num_parameters(model)
+  local out = ffi.new("int64_t[1]")
+  check(lib.sk_model_num_parameters(model, out))
+  return tonumber(out[0])
+end
+
+-- Trainer.
+local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy, {
+  step = function(self)
+    local m = new_metrics()
+    check(lib.sk_trainer_step(self.h, m))
+    return metrics_table(m)
+  end,
+  evaluate = function(self, batches)
+    local out = ffi.new("float[1]")
+    check(lib.sk_trainer_evaluate(self.h, batches, out))
+    return out[0]
+  end,
+  num_parameters = function(self)
+    local out = ffi.new("int64_t[1]")
+    check(lib.sk_trainer_num_parameters(self.h, out))
+    return tonumber(out[0])
+  end,
+})
+
+-- options: sk_trainer_options as a table (fsdp/optimizer as nested tables).
+function M.trainer(options, group)
+  local anchors = {}
+  local o = to_struct("sk_trainer_options", options or {}, anchors)
+  local out = ffi.new("sk_trainer*[1]")
+  check(lib.sk_trainer_create(o, group.h, out))
+  return Trainer(out[0])
+end
+
+-- Local session: N ranks on library threads behind one handle.
+local LocalSession = handle_type("sk_local_session", lib.sk_local_session_destroy, {
+  -- One step on every rank; returns rank 0's metrics as a table.
+  step = function(self)
+    local m = new_metrics()
+    check(lib.sk_local_session_step(self.h, m))
+    return metrics_table(m)
+  end,
+  metrics = function(self, rank)
+    local m = new_metrics()
+    check(lib.sk_local_session_metrics(self.h, rank, m))
+    return metrics_table(m)
+  end,
+  evaluate = function(self, batches)
+    local out = ffi.new("float[1]")
+    check(lib.sk_local_session_evaluate(self.h, batches, out))
+    return out[0]
+  end,
+  world_size = function(self)
+    local out = ffi.new("int32_t[1]")
+    check(lib.sk_local_session_world_size(self.h, out))
+    return out[0]
+  end,
+})
+
+function M.local_session(options, world_size, network_model)
+  local anchors = {}
+  local o = to_struct("sk_trainer_options", options or {}, anchors)
+  local out = ffi.new("sk_local_session*[1]")
+  check(lib.sk_local_session_create(o, world_size, network_model, out))
+  return LocalSession(out[0])
+end
+
+-- Model spec.
+local ModelSpec = handle_type("sk_model_spec", lib.sk_model_spec_destroy, {
+  -- Returns the unit's index (0-based, the C API's).
+  add_unit = function(self, name)
+    local out = ffi.new("int32_t[1]")
+    check(lib.sk_model_spec_add_unit(self.h, name, out))
+    return out[0]
+  end,
+  -- param: {name = "w", shape = {4, 2}, init = "normal", init_a = 0, init_b = 0.02}
+  add_param = function(self, unit, param)
+    local anchors = {}
+    local fields = {}
+    for k, v in pairs(param) do
+      if k ~= "shape" then fields[k] = v end
+    end
+    local p = to_struct("sk_param_spec", fields, anchors)
+    local shape = param.shape or {}
+    local dims = ffi.new("int64_t[?]", math.max(#shape, 1), shape)
+    p.ndim = #shape
+    p.shape = dims
+    local out = ffi.new("int32_t[1]")
+    check(lib.sk_model_spec_add_param(self.h, unit, p, out))
+    return out[0]
+  end,
+})
+
+function M.model_spec()
+  local out = ffi.new("sk_model_spec*[1]")
+  check(lib.sk_model_spec_create(out))
+  return ModelSpec(out[0])
+end
+
+-- Engine.
+local function view(fn, engine, unit, param)
+  local v = ffi.new("sk_tensor_view")
+  v.struct_size = ffi.sizeof(v)
+  check(fn(engine.h, unit, param, v))
+  return v
+end
+-- The view's data as float* (error unless f32), and its element count.
+local function f32(v)
+  if v.dtype ~= lib.SK_DTYPE_F32 then
+    invalid_argument("buffer dtype is not f32 (param_dtype/reduce_dtype)", 3)
+  end
+  return ffi.cast("float*", v.data), tonumber(v.numel)
+end
+
+local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
+  num_units = function(self)
+    local out = ffi.new("int32_t[1]")
+    check(lib.sk_engine_num_units(self.h, out))
+    return out[0]
+  end,
+  pre_forward = function(self, unit) check(lib.sk_engine_pre_forward(self.h, unit)) end,
+  post_forward = function(self, unit) check(lib.sk_engine_post_forward(self.h, unit)) end,
+  pre_backward = function(self, unit) check(lib.sk_engine_pre_backward(self.h, unit)) end,
+  post_backward = function(self, unit) check(lib.sk_engine_post_backward(self.h, unit)) end,
+  -- The raw sk_tensor_view of a gathered parameter / gradient buffer.
+  param_view = function(self, unit, param) return view(lib.sk_engine_param, self, unit, param) end,
+  grad_view = function(self, unit, param) return view(lib.sk_engine_grad, self, unit, param) end,
+  -- float* and element count (valid until the matching post_* call).
+  param = function(self, unit, param) return f32(view(lib.sk_engine_param, self, unit, param)) end,
+  grad = function(self, unit, param) return f32(view(lib.sk_engine_grad, self, unit, param)) end,
+  set_gradient_sync = function(self, enabled)
+    check(lib.sk_engine_set_gradient_sync(self.h, enabled and 1 or 0))
+  end,
+  finish_backward = function(self) check(lib.sk_engine_finish_backward(self.h)) end,
+  clip_grad_norm = function(self, max_norm)
+    local out = ffi.new("double[1]")
+    check(lib.sk_engine_clip_grad_norm(self.h, max_norm, out))
+    return out[0]
+  end,
+  optimizer_step = function(self) check(lib.sk_engine_optimizer_step(self.h)) end,
+  zero_grad = function(self) check(lib.sk_engine_zero_grad(self.h)) end,
+  -- The full parameter as a Lua array of numbers.
+  read_param = function(self, unit, param, numel)
+    local buf = ffi.new("float[?]", math.max(numel, 1))
+    check(lib.sk_engine_read_param(self.h, unit, param, buf, numel))
+    local out = {}
+    for i = 0, numel - 1 do out[i + 1] = buf[i] end
+    return out
+  end,
+})
+
+-- options: sk_engine_options as a table (fsdp/optimizer nested).
+function M.engine(spec, group, options)
+  local anchors = {}
+  local o = to_struct("sk_engine_options", options, anchors)
+  local out = ffi.new("sk_engine*[1]")
+  check(lib.sk_engine_create(spec.h, group.h, o, out))
+  return Engine(out[0])
+end
+
+-- A number rounded to f32 (as C's (float)x), and back to a Lua number.
+function M.to_f32(x)
+  return tonumber(ffi.new("float[1]", x)[0])
+end
+
+-- The bits of a number rounded to f32, as "0x%08x" (for bit-exact output).
+function M.f32_bits_hex(x)
+  local f = ffi.new("float[1]", x)
+  return string.format("0x%08x", tonumber(ffi.cast("uint32_t*", f)[0]))
+end
+
+return M

@@ -1,0 +1,577 @@
+//! Rust bindings for shardkit's C ABI (`libshardkit.so`): fully sharded
+//! data-parallel training (FSDP / ZeRO-3).
+//!
+//! Three layers, as rusqlite and cudarc's NCCL bindings have them:
+//! * [`sys`]: the raw `extern "C"` declarations of `shardkit.h` (checked
+//!   against the header by `tests/header.rs`);
+//! * [`Error`] / [`Result`]: every status code becomes a `Result`, carrying
+//!   the library's message;
+//! * safe owners ([`ProcessGroup`], [`Trainer`], [`LocalSession`],
+//!   [`ModelSpec`], [`Engine`]) that release their handle in `Drop`.
+//!
+//! Semantics (lifetimes, threads, collectives) are the C API's; see
+//! `shardkit.h`. Owners are `Send` (a handle may move to another thread) but
+//! not `Sync` (one thread at a time).
+//!
+//! ```no_run
+//! let options = shardkit::TrainerOptions { model: Some("gpt-tiny".into()), ..Default::default() };
+//! let mut session = shardkit::LocalSession::new(&options, 2, None)?;
+//! println!("loss {}", session.step()?.loss);
+//! # Ok::<(), shardkit::Error>(())
+//! ```
+
+pub mod sys;
+
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::marker::PhantomData;
+use std::os::raw::{c_char, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::sync::Mutex;
+
+pub use sys::sk_fsdp_options as FsdpOptions;
+pub use sys::sk_optimizer_options as OptimizerOptions;
+pub use sys::sk_step_metrics as StepMetrics;
+
+/// A failed call: the `sk_status_t` code and the library's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    pub code: sys::sk_status_t,
+    pub message: String,
+}
+
+impl Error {
+    /// The code's name: "INVALID_ARGUMENT", ...
+    pub fn code_name(&self) -> String {
+        unsafe { CStr::from_ptr(sys::sk_status_name(self.code)) }.to_string_lossy().into_owned()
+    }
+    fn invalid_argument(message: String) -> Error {
+        Error { code: sys::SK_STATUS_INVALID_ARGUMENT, message }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code_name(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// `Ok(())` for SK_STATUS_OK, else this thread's last error.
+fn check(code: sys::sk_status_t) -> Result<()> {
+    if code == sys::SK_STATUS_OK {
+        return Ok(());
+    }
+    let message = unsafe { CStr::from_ptr(sys::sk_last_error_message()) }.to_string_lossy().into_owned();
+    Err(Error { code, message })
+}
+
+fn cstring(s: &str, what: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::invalid_argument(format!("{} contains a NUL byte", what)))
+}
+
+fn opt_cstring(s: Option<&str>, what: &str) -> Result<Option<CString>> {
+    match s {
+        Some(s) => cstring(s, what).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn opt_ptr(s: &Option<CString>) -> *const c_char {
+    s.as_ref().map_or(ptr::null(), |c| c.as_ptr())
+}
+
+/// The loaded library's version ("0.1.0").
+pub fn version() -> String {
+    unsafe { CStr::from_ptr(sys::sk_version()) }.to_string_lossy().into_owned()
+}
+
+/// The loaded library's SK_VERSION_NUMBER.
+pub fn version_number() -> i32 {
+    unsafe { sys::sk_version_number() }
+}
+
+impl Default for FsdpOptions {
+    /// SK_FSDP_OPTIONS_INIT: every field 0 ("default").
+    fn default() -> Self {
+        let mut o: FsdpOptions = unsafe { std::mem::zeroed() };
+        o.struct_size = std::mem::size_of::<FsdpOptions>();
+        o
+    }
+}
+
+impl Default for OptimizerOptions {
+    /// SK_OPTIMIZER_OPTIONS_INIT: every field 0 ("default").
+    fn default() -> Self {
+        let mut o: OptimizerOptions = unsafe { std::mem::zeroed() };
+        o.struct_size = std::mem::size_of::<OptimizerOptions>();
+        o
+    }
+}
+
+fn new_metrics() -> StepMetrics {
+    StepMetrics { struct_size: std::mem::size_of::<StepMetrics>(), ..Default::default() }
+}
+
+/// `sk_parse_sharding_strategy`: "FULL_SHARD", "shard_grad_op", ...
+pub fn parse_sharding_strategy(name: &str) -> Result<sys::sk_sharding_strategy_t> {
+    let c = cstring(name, "name")?;
+    let mut out = 0;
+    check(unsafe { sys::sk_parse_sharding_strategy(c.as_ptr(), &mut out) })?;
+    Ok(out)
+}
+
+/// Parameters of a named model config.
+pub fn model_num_parameters(model: &str) -> Result<i64> {
+    let c = cstring(model, "model")?;
+    let mut n = 0;
+    check(unsafe { sys::sk_model_num_parameters(c.as_ptr(), &mut n) })?;
+    Ok(n)
+}
+
+// --- process groups ----------------------------------------------------------
+
+/// Anything that names a live process group: an owned [`ProcessGroup`] or a
+/// borrowed [`GroupRef`].
+pub trait Group {
+    fn as_ptr(&self) -> *mut sys::sk_process_group;
+
+    fn rank(&self) -> Result<i32> {
+        let mut r = 0;
+        check(unsafe { sys::sk_process_group_rank(self.as_ptr(), &mut r) })?;
+        Ok(r)
+    }
+    fn size(&self) -> Result<i32> {
+        let mut s = 0;
+        check(unsafe { sys::sk_process_group_size(self.as_ptr(), &mut s) })?;
+        Ok(s)
+    }
+    fn label(&self) -> Result<String> {
+        let mut l: *const c_char = ptr::null();
+        check(unsafe { sys::sk_process_group_label(self.as_ptr(), &mut l) })?;
+        Ok(unsafe { CStr::from_ptr(l) }.to_string_lossy().into_owned())
+    }
+}
+
+/// One rank's owned handle on a process group.
+#[derive(Debug)]
+pub struct ProcessGroup {
+    raw: *mut sys::sk_process_group,
+}
+
+unsafe impl Send for ProcessGroup {}
+
+impl ProcessGroup {
+    /// The `world_size` rank handles of a new local group (ranks are threads).
+    pub fn local(world_size: i32, network_model: Option<&str>) -> Result<Vec<ProcessGroup>> {
+        let network = opt_cstring(network_model, "network_model")?;
+        let mut raw: Vec<*mut sys::sk_process_group> = vec![ptr::null_mut(); world_size.max(1) as usize];
+        check(unsafe { sys::sk_process_group_create_local(world_size, opt_ptr(&network), raw.as_mut_ptr()) })?;
+        raw.truncate(world_size as usize);
+        Ok(raw.into_iter().map(|raw| ProcessGroup { raw }).collect())
+    }
+
+    /// This process's rank of a gloo group, from torchrun's environment.
+    pub fn gloo_from_env() -> Result<ProcessGroup> {
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::sk_process_group_create_gloo(ptr::null(), &mut raw) })?;
+        Ok(ProcessGroup { raw })
+    }
+}
+
+impl Group for ProcessGroup {
+    fn as_ptr(&self) -> *mut sys::sk_process_group {
+        self.raw
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        unsafe { sys::sk_process_group_destroy(self.raw) }
+    }
+}
+
+/// A process group borrowed for the duration of a [`run_local_ranks`] callback.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupRef<'a> {
+    raw: *mut sys::sk_process_group,
+    _call: PhantomData<&'a ()>,
+}
+
+impl<'a> Group for GroupRef<'a> {
+    fn as_ptr(&self) -> *mut sys::sk_process_group {
+        self.raw
+    }
+}
+
+struct RankContext<F> {
+    body: F,
+    errors: Mutex<Vec<Option<Error>>>,
+}
+
+unsafe extern "C" fn rank_trampoline<F>(rank: i32, group: *mut sys::sk_process_group, user: *mut c_void) -> sys::sk_status_t
+where
+    F: Fn(i32, GroupRef<'_>) -> Result<()> + Sync,
+{
+    let ctx = &*(user as *const RankContext<F>);
+    let group = GroupRef { raw: group, _call: PhantomData };
+    // A panic must not unwind into C: it becomes this rank's error.
+    let result = catch_unwind(AssertUnwindSafe(|| (ctx.body)(rank, group)));
+    let error = match result {
+        Ok(Ok(())) => return sys::SK_STATUS_OK,
+        Ok(Err(e)) => e,
+        Err(panic) => {
+            let what = if let Some(s) = panic.downcast_ref::<&str>() {
+                s.to_string()
+            } else if let Some(s) = panic.downcast_ref::<String>() {
+                s.clone()
+            } else {
+                "a panic".to_string()
+            };
+            Error { code: sys::SK_STATUS_INTERNAL, message: format!("rank {} panicked: {}", rank, what) }
+        }
+    };
+    let code = error.code;
+    if let Ok(mut errors) = ctx.errors.lock() {
+        errors[rank as usize] = Some(error);
+    }
+    code
+}
+
+/// Runs `body(rank, group)` for every rank of a new local group of
+/// `world_size` ranks, each on its own library thread, and waits for all.
+/// Returns the lowest failing rank's error (a panic becomes an INTERNAL
+/// error naming the rank: it never unwinds into the library).
+pub fn run_local_ranks<F>(world_size: i32, network_model: Option<&str>, body: F) -> Result<()>
+where
+    F: Fn(i32, GroupRef<'_>) -> Result<()> + Sync,
+{
+    let network = opt_cstring(network_model, "network_model")?;
+    let ctx = Box::new(RankContext { body, errors: Mutex::new(vec![None; world_size.max(0) as usize]) });
+    let user = Box::into_raw(ctx);
+    let code = unsafe {
+        sys::sk_run_local_ranks(world_size, opt_ptr(&network), Some(rank_trampoline::<F>), user as *mut c_void)
+    };
+    let status = check(code);
+    let ctx = unsafe { Box::from_raw(user) };
+    let errors = ctx.errors.into_inner().unwrap_or_else(|p| p.into_inner());
+    if let Some(first) = errors.into_iter().flatten().next() {
+        return Err(first);
+    }
+    status
+}
+
+// --- high level --------------------------------------------------------------
+
+/// `sk_trainer_options` with owned strings. Zero/None fields mean "default".
+#[derive(Clone, Debug, Default)]
+pub struct TrainerOptions {
+    /// A named model config; None = "gpt-tiny".
+    pub model: Option<String>,
+    pub fsdp: FsdpOptions,
+    pub optimizer: OptimizerOptions,
+    pub batch_size: i64,
+    pub grad_accum_steps: i32,
+    pub seq_len: i64,
+    pub source_len: i64,
+    pub clip_grad_norm: f64,
+    pub activation_checkpointing: bool,
+    pub memory_cap_bytes: u64,
+    pub data_path: Option<String>,
+    pub data_token_bytes: i32,
+    pub data_seed: u64,
+    pub data_tokens: i64,
+}
+
+impl TrainerOptions {
+    /// Calls `f` with the C struct (valid during the call only).
+    fn with_raw<R>(&self, f: impl FnOnce(&sys::sk_trainer_options) -> R) -> Result<R> {
+        let model = opt_cstring(self.model.as_deref(), "model")?;
+        let data_path = opt_cstring(self.data_path.as_deref(), "data_path")?;
+        let raw = sys::sk_trainer_options {
+            struct_size: std::mem::size_of::<sys::sk_trainer_options>(),
+            model: opt_ptr(&model),
+            fsdp: &self.fsdp,
+            optimizer: &self.optimizer,
+            batch_size: self.batch_size,
+            grad_accum_steps: self.grad_accum_steps,
+            seq_len: self.seq_len,
+            source_len: self.source_len,
+            clip_grad_norm: self.clip_grad_norm,
+            activation_checkpointing: self.activation_checkpointing as i32,
+            memory_cap_bytes: self.memory_cap_bytes,
+            data_path: opt_ptr(&data_path),
+            data_token_bytes: self.data_token_bytes,
+            data_seed: self.data_seed,
+            data_tokens: self.data_tokens,
+        };
+        Ok(f(&raw))
+    }
+}
+
+/// One rank's trainer.
+#[derive(Debug)]
+pub struct Trainer {
+    raw: *mut sys::sk_trainer,
+}
+
+unsafe impl Send for Trainer {}
+
+impl Trainer {
+    /// Collective over `group`; the trainer keeps the group alive.
+    pub fn new(options: &TrainerOptions, group: &dyn Group) -> Result<Trainer> {
+        let mut raw = ptr::null_mut();
+        check(options.with_raw(|o| unsafe { sys::sk_trainer_create(o, group.as_ptr(), &mut raw) })?)?;
+        Ok(Trainer { raw })
+    }
+    pub fn step(&mut self) -> Result<StepMetrics> {
+        let mut m = new_metrics();
+        check(unsafe { sys::sk_trainer_step(self.raw, &mut m) })?;
+        Ok(m)
+    }
+    pub fn evaluate(&mut self, batches: i32) -> Result<f32> {
+        let mut loss = 0.0;
+        check(unsafe { sys::sk_trainer_evaluate(self.raw, batches, &mut loss) })?;
+        Ok(loss)
+    }
+    pub fn num_parameters(&self) -> Result<i64> {
+        let mut n = 0;
+        check(unsafe { sys::sk_trainer_num_parameters(self.raw, &mut n) })?;
+        Ok(n)
+    }
+}
+
+impl Drop for Trainer {
+    fn drop(&mut self) {
+        unsafe { sys::sk_trainer_destroy(self.raw) }
+    }
+}
+
+/// N local ranks driven on library threads behind one handle.
+#[derive(Debug)]
+pub struct LocalSession {
+    raw: *mut sys::sk_local_session,
+}
+
+unsafe impl Send for LocalSession {}
+
+impl LocalSession {
+    pub fn new(options: &TrainerOptions, world_size: i32, network_model: Option<&str>) -> Result<LocalSession> {
+        let network = opt_cstring(network_model, "network_model")?;
+        let mut raw = ptr::null_mut();
+        check(options.with_raw(|o| unsafe {
+            sys::sk_local_session_create(o, world_size, opt_ptr(&network), &mut raw)
+        })?)?;
+        Ok(LocalSession { raw })
+    }
+    /// One step on every rank; rank 0's metrics.
+    pub fn step(&mut self) -> Result<StepMetrics> {
+        let mut m = new_metrics();
+        check(unsafe { sys::sk_local_session_step(self.raw, &mut m) })?;
+        Ok(m)
+    }
+    pub fn metrics(&self, rank: i32) -> Result<StepMetrics> {
+        let mut m = new_metrics();
+        check(unsafe { sys::sk_local_session_metrics(self.raw, rank, &mut m) })?;
+        Ok(m)
+    }
+    pub fn evaluate(&mut self, batches: i32) -> Result<f32> {
+        let mut loss = 0.0;
+        check(unsafe { sys::sk_local_session_evaluate(self.raw, batches, &mut loss) })?;
+        Ok(loss)
+    }
+    pub fn world_size(&self) -> Result<i32> {
+        let mut n = 0;
+        check(unsafe { sys::sk_local_session_world_size(self.raw, &mut n) })?;
+        Ok(n)
+    }
+}
+
+impl Drop for LocalSession {
+    fn drop(&mut self) {
+        unsafe { sys::sk_local_session_destroy(self.raw) }
+    }
+}
+
+// --- low level -----------------------------------------------------------------
+
+/// A parameter to register: f32, `shape`, drawn by `init` (a, b as in
+/// `sk_param_spec`).
+#[derive(Clone, Debug)]
+pub struct ParamSpec<'a> {
+    pub name: &'a str,
+    pub shape: &'a [i64],
+    pub init: sys::sk_init_kind_t,
+    pub init_a: f32,
+    pub init_b: f32,
+}
+
+/// Units and parameters of a caller-computed model.
+#[derive(Debug)]
+pub struct ModelSpec {
+    raw: *mut sys::sk_model_spec,
+}
+
+unsafe impl Send for ModelSpec {}
+
+impl ModelSpec {
+    pub fn new() -> Result<ModelSpec> {
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::sk_model_spec_create(&mut raw) })?;
+        Ok(ModelSpec { raw })
+    }
+    /// The new unit's index.
+    pub fn add_unit(&mut self, name: &str) -> Result<i32> {
+        let c = cstring(name, "unit name")?;
+        let mut u = 0;
+        check(unsafe { sys::sk_model_spec_add_unit(self.raw, c.as_ptr(), &mut u) })?;
+        Ok(u)
+    }
+    /// The new parameter's index within `unit`.
+    pub fn add_param(&mut self, unit: i32, param: &ParamSpec<'_>) -> Result<i32> {
+        let name = cstring(param.name, "parameter name")?;
+        let ndim = i32::try_from(param.shape.len())
+            .map_err(|_| Error::invalid_argument("shape has too many dimensions".to_string()))?;
+        let raw = sys::sk_param_spec {
+            struct_size: std::mem::size_of::<sys::sk_param_spec>(),
+            name: name.as_ptr(),
+            ndim,
+            shape: param.shape.as_ptr(),
+            dtype: sys::SK_DTYPE_F32,
+            init: param.init,
+            init_a: param.init_a,
+            init_b: param.init_b,
+        };
+        let mut p = 0;
+        check(unsafe { sys::sk_model_spec_add_param(self.raw, unit, &raw, &mut p) })?;
+        Ok(p)
+    }
+}
+
+impl Drop for ModelSpec {
+    fn drop(&mut self) {
+        unsafe { sys::sk_model_spec_destroy(self.raw) }
+    }
+}
+
+/// `sk_engine_options`.
+#[derive(Clone, Debug, Default)]
+pub struct EngineOptions {
+    pub fsdp: FsdpOptions,
+    pub optimizer: OptimizerOptions,
+    pub memory_cap_bytes: u64,
+}
+
+/// One rank's FSDP engine over a caller-computed model. Parameter and
+/// gradient slices borrow the engine, so the borrow checker ends them before
+/// the lifecycle call that invalidates them.
+#[derive(Debug)]
+pub struct Engine {
+    raw: *mut sys::sk_engine,
+}
+
+unsafe impl Send for Engine {}
+
+fn f32_slice<'a>(v: &sys::sk_tensor_view) -> Result<&'a mut [f32]> {
+    if v.dtype != sys::SK_DTYPE_F32 {
+        return Err(Error::invalid_argument("buffer dtype is not f32 (param_dtype/reduce_dtype)".to_string()));
+    }
+    Ok(unsafe { std::slice::from_raw_parts_mut(v.data as *mut f32, v.numel as usize) })
+}
+
+impl Engine {
+    /// Collective over `group`; the engine copies the spec and keeps the group alive.
+    pub fn new(spec: &ModelSpec, group: &dyn Group, options: &EngineOptions) -> Result<Engine> {
+        let raw_options = sys::sk_engine_options {
+            struct_size: std::mem::size_of::<sys::sk_engine_options>(),
+            fsdp: &options.fsdp,
+            optimizer: &options.optimizer,
+            memory_cap_bytes: options.memory_cap_bytes,
+        };
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::sk_engine_create(spec.raw, group.as_ptr(), &raw_options, &mut raw) })?;
+        Ok(Engine { raw })
+    }
+    pub fn num_units(&self) -> Result<i32> {
+        let mut n = 0;
+        check(unsafe { sys::sk_engine_num_units(self.raw, &mut n) })?;
+        Ok(n)
+    }
+    pub fn pre_forward(&mut self, unit: i32) -> Result<()> {
+        check(unsafe { sys::sk_engine_pre_forward(self.raw, unit) })
+    }
+    pub fn post_forward(&mut self, unit: i32) -> Result<()> {
+        check(unsafe { sys::sk_engine_post_forward(self.raw, unit) })
+    }
+    pub fn pre_backward(&mut self, unit: i32) -> Result<()> {
+        check(unsafe { sys::sk_engine_pre_backward(self.raw, unit) })
+    }
+    pub fn post_backward(&mut self, unit: i32) -> Result<()> {
+        check(unsafe { sys::sk_engine_post_backward(self.raw, unit) })
+    }
+    /// The raw view of a gathered parameter.
+    pub fn param_view(&self, unit: i32, param: i32) -> Result<sys::sk_tensor_view> {
+        self.view(sys::sk_engine_param, unit, param)
+    }
+    /// A gathered parameter as f32 (read only).
+    pub fn param(&self, unit: i32, param: i32) -> Result<&[f32]> {
+        let v = self.param_view(unit, param)?;
+        Ok(f32_slice(&v)?)
+    }
+    /// A gradient buffer to add this step's gradient into.
+    pub fn grad(&mut self, unit: i32, param: i32) -> Result<&mut [f32]> {
+        let v = self.view(sys::sk_engine_grad, unit, param)?;
+        f32_slice(&v)
+    }
+    pub fn set_gradient_sync(&mut self, enabled: bool) -> Result<()> {
+        check(unsafe { sys::sk_engine_set_gradient_sync(self.raw, enabled as i32) })
+    }
+    pub fn finish_backward(&mut self) -> Result<()> {
+        check(unsafe { sys::sk_engine_finish_backward(self.raw) })
+    }
+    pub fn clip_grad_norm(&mut self, max_norm: f64) -> Result<f64> {
+        let mut norm = 0.0;
+        check(unsafe { sys::sk_engine_clip_grad_norm(self.raw, max_norm, &mut norm) })?;
+        Ok(norm)
+    }
+    pub fn optimizer_step(&mut self) -> Result<()> {
+        check(unsafe { sys::sk_engine_optimizer_step(self.raw) })
+    }
+    pub fn zero_grad(&mut self) -> Result<()> {
+        check(unsafe { sys::sk_engine_zero_grad(self.raw) })
+    }
+    /// The full f32 value of a parameter of `numel` elements (collective).
+    pub fn read_param(&mut self, unit: i32, param: i32, numel: usize) -> Result<Vec<f32>> {
+        let mut out = vec![0.0f32; numel];
+        check(unsafe { sys::sk_engine_read_param(self.raw, unit, param, out.as_mut_ptr(), numel as i64) })?;
+        Ok(out)
+    }
+
+    fn view(
+        &self,
+        f: unsafe extern "C" fn(*mut sys::sk_engine, i32, i32, *mut sys::sk_tensor_view) -> sys::sk_status_t,
+        unit: i32,
+        param: i32,
+    ) -> Result<sys::sk_tensor_view> {
+        let mut v = sys::sk_tensor_view {
+            struct_size: std::mem::size_of::<sys::sk_tensor_view>(),
+            data: ptr::null_mut(),
+            dtype: 0,
+            ndim: 0,
+            shape: ptr::null(),
+            numel: 0,
+        };
+        check(unsafe { f(self.raw, unit, param, &mut v) })?;
+        Ok(v)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        unsafe { sys::sk_engine_destroy(self.raw) }
+    }
+}

@@ -1,0 +1,301 @@
+//! Raw declarations of shardkit.h. `tests/header.rs` checks every function
+//! signature and every struct layout here against the header itself, so this
+//! file cannot silently drift from the C ABI.
+#![allow(non_camel_case_types)]
+
+use std::os::raw::{c_char, c_void};
+
+pub type sk_status_t = i32;
+pub const SK_STATUS_OK: sk_status_t = 0;
+pub const SK_STATUS_CANCELLED: sk_status_t = 1;
+pub const SK_STATUS_UNKNOWN: sk_status_t = 2;
+pub const SK_STATUS_INVALID_ARGUMENT: sk_status_t = 3;
+pub const SK_STATUS_DEADLINE_EXCEEDED: sk_status_t = 4;
+pub const SK_STATUS_NOT_FOUND: sk_status_t = 5;
+pub const SK_STATUS_ALREADY_EXISTS: sk_status_t = 6;
+pub const SK_STATUS_PERMISSION_DENIED: sk_status_t = 7;
+pub const SK_STATUS_RESOURCE_EXHAUSTED: sk_status_t = 8;
+pub const SK_STATUS_FAILED_PRECONDITION: sk_status_t = 9;
+pub const SK_STATUS_ABORTED: sk_status_t = 10;
+pub const SK_STATUS_OUT_OF_RANGE: sk_status_t = 11;
+pub const SK_STATUS_UNIMPLEMENTED: sk_status_t = 12;
+pub const SK_STATUS_INTERNAL: sk_status_t = 13;
+pub const SK_STATUS_UNAVAILABLE: sk_status_t = 14;
+pub const SK_STATUS_DATA_LOSS: sk_status_t = 15;
+
+pub type sk_dtype_t = i32;
+pub const SK_DTYPE_DEFAULT: sk_dtype_t = 0;
+pub const SK_DTYPE_F32: sk_dtype_t = 1;
+pub const SK_DTYPE_BF16: sk_dtype_t = 2;
+pub const SK_DTYPE_F16: sk_dtype_t = 3;
+
+pub type sk_sharding_strategy_t = i32;
+pub const SK_SHARDING_DEFAULT: sk_sharding_strategy_t = 0;
+pub const SK_SHARDING_FULL_SHARD: sk_sharding_strategy_t = 1;
+pub const SK_SHARDING_SHARD_GRAD_OP: sk_sharding_strategy_t = 2;
+pub const SK_SHARDING_SHARD_OPTIM: sk_sharding_strategy_t = 3;
+pub const SK_SHARDING_NO_SHARD: sk_sharding_strategy_t = 4;
+pub const SK_SHARDING_HYBRID_SHARD: sk_sharding_strategy_t = 5;
+pub const SK_SHARDING_HYBRID_SHARD_GRAD_OP: sk_sharding_strategy_t = 6;
+
+pub type sk_backward_prefetch_t = i32;
+pub const SK_BACKWARD_PREFETCH_DEFAULT: sk_backward_prefetch_t = 0;
+pub const SK_BACKWARD_PREFETCH_NONE: sk_backward_prefetch_t = 1;
+pub const SK_BACKWARD_PREFETCH_PRE: sk_backward_prefetch_t = 2;
+pub const SK_BACKWARD_PREFETCH_POST: sk_backward_prefetch_t = 3;
+
+pub type sk_optimizer_kind_t = i32;
+pub const SK_OPTIMIZER_DEFAULT: sk_optimizer_kind_t = 0;
+pub const SK_OPTIMIZER_SGD: sk_optimizer_kind_t = 1;
+pub const SK_OPTIMIZER_ADAM: sk_optimizer_kind_t = 2;
+pub const SK_OPTIMIZER_ADAMW: sk_optimizer_kind_t = 3;
+
+pub type sk_init_kind_t = i32;
+pub const SK_INIT_DEFAULT: sk_init_kind_t = 0;
+pub const SK_INIT_ZEROS: sk_init_kind_t = 1;
+pub const SK_INIT_ONES: sk_init_kind_t = 2;
+pub const SK_INIT_NORMAL: sk_init_kind_t = 3;
+pub const SK_INIT_UNIFORM: sk_init_kind_t = 4;
+
+pub const SK_MAX_DIMS: i32 = 8;
+
+#[repr(C)]
+pub struct sk_process_group {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct sk_trainer {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct sk_local_session {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct sk_model_spec {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct sk_engine {
+    _private: [u8; 0],
+}
+
+pub type sk_rank_fn = Option<
+    unsafe extern "C" fn(rank: i32, group: *mut sk_process_group, user_data: *mut c_void) -> sk_status_t,
+>;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_gloo_options {
+    pub struct_size: usize,
+    pub rank: i32,
+    pub world_size: i32,
+    pub master_addr: *const c_char,
+    pub master_port: i32,
+    pub hostname: *const c_char,
+    pub timeout_ms: i64,
+    pub check_desync: i32,
+    pub network_model: *const c_char,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_fsdp_options {
+    pub struct_size: usize,
+    pub strategy: sk_sharding_strategy_t,
+    pub shard_group_size: i32,
+    pub backward_prefetch: sk_backward_prefetch_t,
+    pub forward_prefetch: i32,
+    pub all_gather_limit: i32,
+    pub param_dtype: sk_dtype_t,
+    pub reduce_dtype: sk_dtype_t,
+    pub buffer_dtype: sk_dtype_t,
+    pub cpu_offload: i32,
+    pub gradient_predivide_factor: f32,
+    pub seed: u64,
+    pub timeout_ms: i64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_optimizer_options {
+    pub struct_size: usize,
+    pub kind: sk_optimizer_kind_t,
+    pub lr: f32,
+    pub momentum: f32,
+    pub dampening: f32,
+    pub nesterov: i32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_trainer_options {
+    pub struct_size: usize,
+    pub model: *const c_char,
+    pub fsdp: *const sk_fsdp_options,
+    pub optimizer: *const sk_optimizer_options,
+    pub batch_size: i64,
+    pub grad_accum_steps: i32,
+    pub seq_len: i64,
+    pub source_len: i64,
+    pub clip_grad_norm: f64,
+    pub activation_checkpointing: i32,
+    pub memory_cap_bytes: u64,
+    pub data_path: *const c_char,
+    pub data_token_bytes: i32,
+    pub data_seed: u64,
+    pub data_tokens: i64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct sk_step_metrics {
+    pub struct_size: usize,
+    pub step: i64,
+    pub rank: i32,
+    pub loss: f32,
+    pub grad_norm: f64,
+    pub step_seconds: f64,
+    pub tokens_per_second: f64,
+    pub model_tflops_per_rank: f64,
+    pub hardware_tflops_per_rank: f64,
+    pub peak_allocated_bytes: i64,
+    pub peak_reserved_bytes: i64,
+    pub allocated_bytes: i64,
+    pub reserved_bytes: i64,
+    pub alloc_retries: i64,
+    pub ooms: i64,
+    pub bytes_communicated: i64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_param_spec {
+    pub struct_size: usize,
+    pub name: *const c_char,
+    pub ndim: i32,
+    pub shape: *const i64,
+    pub dtype: sk_dtype_t,
+    pub init: sk_init_kind_t,
+    pub init_a: f32,
+    pub init_b: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_engine_options {
+    pub struct_size: usize,
+    pub fsdp: *const sk_fsdp_options,
+    pub optimizer: *const sk_optimizer_options,
+    pub memory_cap_bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_tensor_view {
+    pub struct_size: usize,
+    pub data: *mut c_void,
+    pub dtype: sk_dtype_t,
+    pub ndim: i32,
+    pub shape: *const i64,
+    pub numel: i64,
+}
+
+extern "C" {
+    pub fn sk_status_name(code: sk_status_t) -> *const c_char;
+    pub fn sk_last_error_message() -> *const c_char;
+    pub fn sk_version() -> *const c_char;
+    pub fn sk_version_number() -> i32;
+
+    pub fn sk_parse_sharding_strategy(name: *const c_char, out: *mut sk_sharding_strategy_t) -> sk_status_t;
+    pub fn sk_parse_backward_prefetch(name: *const c_char, out: *mut sk_backward_prefetch_t) -> sk_status_t;
+    pub fn sk_parse_dtype(name: *const c_char, out: *mut sk_dtype_t) -> sk_status_t;
+
+    pub fn sk_process_group_create_local(
+        world_size: i32,
+        network_model: *const c_char,
+        out_groups: *mut *mut sk_process_group,
+    ) -> sk_status_t;
+    pub fn sk_process_group_create_gloo(
+        options: *const sk_gloo_options,
+        out_group: *mut *mut sk_process_group,
+    ) -> sk_status_t;
+    pub fn sk_process_group_destroy(group: *mut sk_process_group);
+    pub fn sk_process_group_rank(group: *const sk_process_group, out_rank: *mut i32) -> sk_status_t;
+    pub fn sk_process_group_size(group: *const sk_process_group, out_size: *mut i32) -> sk_status_t;
+    pub fn sk_process_group_label(group: *const sk_process_group, out_label: *mut *const c_char) -> sk_status_t;
+    pub fn sk_run_local_ranks(
+        world_size: i32,
+        network_model: *const c_char,
+        fn_: sk_rank_fn,
+        user_data: *mut c_void,
+    ) -> sk_status_t;
+
+    pub fn sk_trainer_create(
+        options: *const sk_trainer_options,
+        group: *mut sk_process_group,
+        out_trainer: *mut *mut sk_trainer,
+    ) -> sk_status_t;
+    pub fn sk_trainer_destroy(trainer: *mut sk_trainer);
+    pub fn sk_trainer_step(trainer: *mut sk_trainer, out_metrics: *mut sk_step_metrics) -> sk_status_t;
+    pub fn sk_trainer_evaluate(trainer: *mut sk_trainer, batches: i32, out_loss: *mut f32) -> sk_status_t;
+    pub fn sk_trainer_num_parameters(trainer: *const sk_trainer, out_count: *mut i64) -> sk_status_t;
+    pub fn sk_model_num_parameters(model: *const c_char, out_count: *mut i64) -> sk_status_t;
+
+    pub fn sk_local_session_create(
+        options: *const sk_trainer_options,
+        world_size: i32,
+        network_model: *const c_char,
+        out_session: *mut *mut sk_local_session,
+    ) -> sk_status_t;
+    pub fn sk_local_session_destroy(session: *mut sk_local_session);
+    pub fn sk_local_session_step(session: *mut sk_local_session, out_rank0: *mut sk_step_metrics) -> sk_status_t;
+    pub fn sk_local_session_metrics(
+        session: *const sk_local_session,
+        rank: i32,
+        out_metrics: *mut sk_step_metrics,
+    ) -> sk_status_t;
+    pub fn sk_local_session_evaluate(session: *mut sk_local_session, batches: i32, out_loss: *mut f32) -> sk_status_t;
+    pub fn sk_local_session_world_size(session: *const sk_local_session, out_world_size: *mut i32) -> sk_status_t;
+
+    pub fn sk_model_spec_create(out_spec: *mut *mut sk_model_spec) -> sk_status_t;
+    pub fn sk_model_spec_destroy(spec: *mut sk_model_spec);
+    pub fn sk_model_spec_add_unit(spec: *mut sk_model_spec, name: *const c_char, out_unit: *mut i32) -> sk_status_t;
+    pub fn sk_model_spec_add_param(
+        spec: *mut sk_model_spec,
+        unit: i32,
+        param: *const sk_param_spec,
+        out_param: *mut i32,
+    ) -> sk_status_t;
+
+    pub fn sk_engine_create(
+        spec: *const sk_model_spec,
+        group: *mut sk_process_group,
+        options: *const sk_engine_options,
+        out_engine: *mut *mut sk_engine,
+    ) -> sk_status_t;
+    pub fn sk_engine_destroy(engine: *mut sk_engine);
+    pub fn sk_engine_num_units(engine: *const sk_engine, out_units: *mut i32) -> sk_status_t;
+    pub fn sk_engine_pre_forward(engine: *mut sk_engine, unit: i32) -> sk_status_t;
+    pub fn sk_engine_post_forward(engine: *mut sk_engine, unit: i32) -> sk_status_t;
+    pub fn sk_engine_pre_backward(engine: *mut sk_engine, unit: i32) -> sk_status_t;
+    pub fn sk_engine_post_backward(engine: *mut sk_engine, unit: i32) -> sk_status_t;
+    pub fn sk_engine_param(engine: *mut sk_engine, unit: i32, param: i32, out_view: *mut sk_tensor_view) -> sk_status_t;
+    pub fn sk_engine_grad(engine: *mut sk_engine, unit: i32, param: i32, out_view: *mut sk_tensor_view) -> sk_status_t;
+    pub fn sk_engine_set_gradient_sync(engine: *mut sk_engine, enabled: i32) -> sk_status_t;
+    pub fn sk_engine_finish_backward(engine: *mut sk_engine) -> sk_status_t;
+    pub fn sk_engine_clip_grad_norm(engine: *mut sk_engine, max_norm: f64, out_norm: *mut f64) -> sk_status_t;
+    pub fn sk_engine_optimizer_step(engine: *mut sk_engine) -> sk_status_t;
+    pub fn sk_engine_zero_grad(engine: *mut sk_engine) -> sk_status_t;
+    pub fn sk_engine_read_param(
+        engine: *mut sk_engine,
+        unit: i32,
+        param: i32,
+        out: *mut f32,
+        count: i64,
+    ) -> sk_status_t;
+}

@@ -1,0 +1,141 @@
+//! The safe layer: Results carrying the library's code and message, owners
+//! that release in Drop, and rank callbacks whose errors and panics come back
+//! as Results instead of unwinding through C.
+use shardkit::{
+    run_local_ranks, sys, Engine, EngineOptions, Group, LocalSession, ModelSpec, OptimizerOptions, ParamSpec,
+    ProcessGroup, Trainer, TrainerOptions,
+};
+
+fn tiny() -> TrainerOptions {
+    TrainerOptions { model: Some("gpt-tiny".to_string()), data_tokens: 64, ..Default::default() }
+}
+
+#[test]
+fn version_is_the_librarys() {
+    assert_eq!(shardkit::version(), "0.1.0");
+    assert_eq!(shardkit::version_number(), 1000);
+}
+
+#[test]
+fn errors_carry_code_name_and_message() {
+    let e = shardkit::model_num_parameters("gpt-nonexistent").unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_NOT_FOUND);
+    assert_eq!(e.code_name(), "NOT_FOUND");
+    assert!(e.message.contains("gpt-nonexistent"), "{}", e);
+    assert!(e.to_string().starts_with("NOT_FOUND: "), "{}", e);
+    let e = shardkit::parse_sharding_strategy("QUARTER_SHARD").unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
+    let e = shardkit::model_num_parameters("nul\0inside").unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
+    assert!(ProcessGroup::local(0, None).is_err());
+}
+
+#[test]
+fn trainer_keeps_its_group_alive_after_the_owner_drops() {
+    let groups = ProcessGroup::local(1, None).unwrap();
+    assert_eq!(groups[0].label().unwrap(), "local");
+    let mut trainer = Trainer::new(&tiny(), &groups[0]).unwrap();
+    drop(groups);
+    assert_eq!(trainer.step().unwrap().step, 1);
+    assert_eq!(trainer.num_parameters().unwrap(), shardkit::model_num_parameters("gpt-tiny").unwrap());
+    assert!(trainer.evaluate(1).unwrap() > 0.0);
+    assert_eq!(trainer.evaluate(0).unwrap_err().code, sys::SK_STATUS_INVALID_ARGUMENT);
+}
+
+#[test]
+fn local_session_trains_two_ranks() {
+    let mut options = tiny();
+    options.fsdp.strategy = sys::SK_SHARDING_FULL_SHARD;
+    let mut session = LocalSession::new(&options, 2, None).unwrap();
+    assert_eq!(session.world_size().unwrap(), 2);
+    assert_eq!(session.metrics(0).unwrap_err().code, sys::SK_STATUS_FAILED_PRECONDITION);
+    let m0 = session.step().unwrap();
+    assert_eq!(m0.rank, 0);
+    assert_eq!(session.metrics(1).unwrap().rank, 1);
+    options.fsdp.strategy = 42;
+    let e = LocalSession::new(&options, 2, None).unwrap_err();
+    assert!(e.message.contains("strategy"), "{}", e);
+}
+
+#[test]
+fn rank_errors_and_panics_come_back_as_results() {
+    let e = run_local_ranks(2, None, |rank, group| {
+        assert_eq!(group.rank().unwrap(), rank);
+        if rank == 1 {
+            shardkit::model_num_parameters("no-model")?;
+        }
+        Ok(())
+    })
+    .unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_NOT_FOUND);
+    assert!(e.message.contains("no-model"), "{}", e);
+
+    let e = run_local_ranks(3, None, |rank, _| {
+        if rank == 2 {
+            panic!("rank two is unhappy");
+        }
+        Ok(())
+    })
+    .unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INTERNAL);
+    assert!(e.message.contains("rank 2 panicked: rank two is unhappy"), "{}", e);
+}
+
+/// y = 2x - 1 on two ranks, each with half the batch: both ranks end with
+/// the same parameters, close to the truth.
+#[test]
+fn two_rank_engine_regression_converges() {
+    let results = std::sync::Mutex::new(vec![0.0f32; 2]);
+    run_local_ranks(2, None, |rank, group| {
+        let mut spec = ModelSpec::new()?;
+        let u = spec.add_unit("linear")?;
+        spec.add_param(u, &ParamSpec { name: "w", shape: &[1], init: sys::SK_INIT_NORMAL, init_a: 0.0, init_b: 0.5 })?;
+        spec.add_param(u, &ParamSpec { name: "b", shape: &[1], init: sys::SK_INIT_ZEROS, init_a: 0.0, init_b: 0.0 })?;
+        let options = EngineOptions {
+            optimizer: OptimizerOptions { kind: sys::SK_OPTIMIZER_SGD, lr: 0.2, ..Default::default() },
+            ..Default::default()
+        };
+        let mut e = Engine::new(&spec, &group, &options)?;
+        for _ in 0..60 {
+            e.zero_grad()?;
+            e.pre_forward(u)?;
+            let (w, b) = (e.param(u, 0)?[0] as f64, e.param(u, 1)?[0] as f64);
+            let xs: Vec<f64> = (0..4).map(|i| (rank * 4 + i) as f64 / 4.0 - 1.0).collect();
+            let errs: Vec<f64> = xs.iter().map(|x| w * x + b - (2.0 * x - 1.0)).collect();
+            e.post_forward(u)?;
+            e.pre_backward(u)?;
+            let gw: f64 = xs.iter().zip(&errs).map(|(x, r)| 2.0 * r * x / 4.0).sum();
+            let gb: f64 = errs.iter().map(|r| 2.0 * r / 4.0).sum();
+            e.grad(u, 0)?[0] += gw as f32;
+            e.grad(u, 1)?[0] += gb as f32;
+            e.post_backward(u)?;
+            e.finish_backward()?;
+            e.optimizer_step()?;
+        }
+        results.lock().unwrap()[rank as usize] = e.read_param(u, 0, 1)?[0];
+        Ok(())
+    })
+    .unwrap();
+    let w = results.into_inner().unwrap();
+    assert_eq!(w[0], w[1]);
+    assert!((w[0] - 2.0).abs() < 0.2, "w = {}", w[0]);
+}
+
+#[test]
+fn engine_lifecycle_errors_are_results() {
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let mut spec = ModelSpec::new().unwrap();
+    let u = spec.add_unit("layer").unwrap();
+    let e = spec.add_param(u, &ParamSpec { name: "w", shape: &[2, -1], init: 0, init_a: 0.0, init_b: 0.0 }).unwrap_err();
+    assert!(e.message.contains("layer.w"), "{}", e);
+    spec.add_param(u, &ParamSpec { name: "w", shape: &[2, 3], init: sys::SK_INIT_ONES, init_a: 0.0, init_b: 0.0 }).unwrap();
+    let mut engine = Engine::new(&spec, &groups[0], &EngineOptions::default()).unwrap();
+    assert_eq!(engine.num_units().unwrap(), 1);
+    assert_eq!(engine.post_forward(u).unwrap_err().code, sys::SK_STATUS_FAILED_PRECONDITION);
+    assert_eq!(engine.param(u, 0).unwrap_err().code, sys::SK_STATUS_FAILED_PRECONDITION);
+    engine.pre_forward(u).unwrap();
+    assert_eq!(engine.param(u, 0).unwrap(), &[1.0f32; 6][..]);
+    assert_eq!(engine.param(u, 1).unwrap_err().code, sys::SK_STATUS_OUT_OF_RANGE);
+    engine.post_forward(u).unwrap();
+    assert_eq!(engine.read_param(u, 0, 5).unwrap_err().code, sys::SK_STATUS_INVALID_ARGUMENT);
+}

@@ -1,0 +1,47 @@
+/* shardkit.h compiles as strict C11 (its layout static_asserts run here, as
+ * they do in every C++ file that includes it), and the _INIT macros give
+ * zeroed structs of the right size. */
+#include <stdio.h>
+#include <string.h>
+
+#include "shardkit/shardkit.h"
+
+static int failures = 0;
+#define EXPECT(cond)                                              \
+  do {                                                            \
+    if (!(cond)) {                                                \
+      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                 \
+    }                                                             \
+  } while (0)
+
+/* Every byte after struct_size is zero. */
+static int zero_after_size(const void* p, size_t n) {
+  const unsigned char* b = (const unsigned char*)p;
+  for (size_t i = sizeof(size_t); i < n; ++i) {
+    if (b[i] != 0) return 0;
+  }
+  return 1;
+}
+
+int main(void) {
+  sk_gloo_options g = SK_GLOO_OPTIONS_INIT;
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  sk_optimizer_options o = SK_OPTIMIZER_OPTIONS_INIT;
+  sk_trainer_options t = SK_TRAINER_OPTIONS_INIT;
+  sk_step_metrics m = SK_STEP_METRICS_INIT;
+  sk_param_spec p = SK_PARAM_SPEC_INIT;
+  sk_engine_options e = SK_ENGINE_OPTIONS_INIT;
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  EXPECT(g.struct_size == sizeof g && zero_after_size(&g, sizeof g));
+  EXPECT(f.struct_size == sizeof f && zero_after_size(&f, sizeof f));
+  EXPECT(o.struct_size == sizeof o && zero_after_size(&o, sizeof o));
+  EXPECT(t.struct_size == sizeof t && zero_after_size(&t, sizeof t));
+  EXPECT(m.struct_size == sizeof m && zero_after_size(&m, sizeof m));
+  EXPECT(p.struct_size == sizeof p && zero_after_size(&p, sizeof p));
+  EXPECT(e.struct_size == sizeof e && zero_after_size(&e, sizeof e));
+  EXPECT(v.struct_size == sizeof v && zero_after_size(&v, sizeof v));
+  EXPECT(strcmp(sk_version(), SK_VERSION_STRING) == 0);
+  if (failures == 0) printf("PASS\n");
+  return failures == 0 ? 0 : 1;
+}

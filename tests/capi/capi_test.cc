@@ -1,0 +1,802 @@
+// The C ABI as a caller sees it: linked against libshardkit.so, nothing but
+// shardkit.h. Bad input of every kind must give the documented code and a
+// message, never a crash (this suite also runs under asan).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/shardkit.h"
+
+namespace {
+
+std::string LastError() { return sk_last_error_message(); }
+
+#define EXPECT_STATUS(code, call)                                              \
+  do {                                                                         \
+    sk_status_t st_ = (call);                                                  \
+    EXPECT_EQ(st_, code) << #call << ": " << sk_status_name(st_) << ": "       \
+                         << sk_last_error_message();                           \
+  } while (0)
+#define ASSERT_OK(call)                                                        \
+  do {                                                                         \
+    sk_status_t st_ = (call);                                                  \
+    ASSERT_EQ(st_, SK_STATUS_OK) << #call << ": " << sk_status_name(st_) << ": " \
+                                 << sk_last_error_message();                   \
+  } while (0)
+#define EXPECT_ERROR_MENTIONS(text) \
+  EXPECT_NE(LastError().find(text), std::string::npos) << "message: " << LastError()
+
+sk_trainer_options TinyTrainer(const sk_fsdp_options* fsdp = nullptr,
+                               const sk_optimizer_options* opt = nullptr) {
+  sk_trainer_options o = SK_TRAINER_OPTIONS_INIT;
+  o.model = "gpt-tiny";
+  o.fsdp = fsdp;
+  o.optimizer = opt;
+  o.data_tokens = 64;
+  o.data_seed = 7;
+  return o;
+}
+
+// A TCP port nothing listens on right now (the kernel's choice).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ADD_FAILURE() << "cannot find a free port";
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// --- version, status, errors -------------------------------------------------
+
+TEST(CapiVersion, RuntimeVersionMatchesHeader) {
+  EXPECT_STREQ(sk_version(), SK_VERSION_STRING);
+  EXPECT_EQ(sk_version_number(), SK_VERSION_NUMBER);
+  EXPECT_EQ(SK_VERSION_NUMBER, SK_VERSION_MAJOR * 1000000 + SK_VERSION_MINOR * 1000 + SK_VERSION_PATCH);
+}
+
+TEST(CapiStatus, NamesAreAbslNamesAndUnknownValuesAreNamedSo) {
+  EXPECT_STREQ(sk_status_name(SK_STATUS_OK), "OK");
+  EXPECT_STREQ(sk_status_name(SK_STATUS_INVALID_ARGUMENT), "INVALID_ARGUMENT");
+  EXPECT_STREQ(sk_status_name(SK_STATUS_DATA_LOSS), "DATA_LOSS");
+  EXPECT_STREQ(sk_status_name(static_cast<sk_status_t>(99)), "UNKNOWN_CODE");
+}
+
+TEST(CapiErrors, LastErrorIsPerThreadAndClearedBySuccess) {
+  sk_dtype_t d = SK_DTYPE_DEFAULT;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_parse_dtype("f64", &d));
+  EXPECT_ERROR_MENTIONS("f64");
+  std::string other;
+  std::thread([&] { other = sk_last_error_message(); }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_ERROR_MENTIONS("f64");  // still this thread's
+  ASSERT_OK(sk_parse_dtype("bf16", &d));
+  EXPECT_EQ(d, SK_DTYPE_BF16);
+  EXPECT_EQ(LastError(), "");
+}
+
+TEST(CapiErrors, FailingCallLeavesOutParametersUntouched) {
+  sk_sharding_strategy_t s = static_cast<sk_sharding_strategy_t>(77);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_parse_sharding_strategy("QUARTER_SHARD", &s));
+  EXPECT_EQ(static_cast<int>(s), 77);
+  EXPECT_ERROR_MENTIONS("FULL_SHARD");  // lists the known names
+  int64_t n = -5;
+  EXPECT_STATUS(SK_STATUS_NOT_FOUND, sk_model_num_parameters("gpt-nope", &n));
+  EXPECT_EQ(n, -5);
+  EXPECT_ERROR_MENTIONS("gpt-tiny");
+  sk_process_group* g = reinterpret_cast<sk_process_group*>(0x1);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_local(0, nullptr, &g));
+  EXPECT_EQ(g, reinterpret_cast<sk_process_group*>(0x1));
+}
+
+TEST(CapiParse, AcceptsEveryDocumentedSpelling) {
+  sk_sharding_strategy_t s;
+  ASSERT_OK(sk_parse_sharding_strategy("hybrid_shard_grad_op", &s));
+  EXPECT_EQ(s, SK_SHARDING_HYBRID_SHARD_GRAD_OP);
+  sk_backward_prefetch_t p;
+  ASSERT_OK(sk_parse_backward_prefetch("BACKWARD_POST", &p));
+  EXPECT_EQ(p, SK_BACKWARD_PREFETCH_POST);
+  sk_dtype_t d;
+  ASSERT_OK(sk_parse_dtype("half", &d));
+  EXPECT_EQ(d, SK_DTYPE_F16);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_parse_dtype(nullptr, &d));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_parse_dtype("f32", nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_parse_backward_prefetch("", &p));
+}
+
+// --- handles -----------------------------------------------------------------
+
+TEST(CapiHandles, DestroyAcceptsNullAndIgnoresDeadHandles) {
+  sk_process_group_destroy(nullptr);
+  sk_trainer_destroy(nullptr);
+  sk_local_session_destroy(nullptr);
+  sk_model_spec_destroy(nullptr);
+  sk_engine_destroy(nullptr);
+  sk_model_spec* spec = nullptr;
+  ASSERT_OK(sk_model_spec_create(&spec));
+  sk_model_spec_destroy(spec);
+  sk_model_spec_destroy(spec);  // second destroy: ignored, no double free
+}
+
+TEST(CapiHandles, NullAndDestroyedHandlesAreInvalidArgument) {
+  int32_t v = 0;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_rank(nullptr, &v));
+  EXPECT_ERROR_MENTIONS("NULL");
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  ASSERT_OK(sk_process_group_rank(g, &v));
+  sk_process_group_destroy(g);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_size(g, &v));
+  EXPECT_ERROR_MENTIONS("not a live sk_process_group");
+  // A handle of another type is not accepted either.
+  sk_model_spec* spec = nullptr;
+  ASSERT_OK(sk_model_spec_create(&spec));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT,
+                sk_process_group_rank(reinterpret_cast<sk_process_group*>(spec), &v));
+  sk_trainer* t = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_step(t, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_pre_forward(nullptr, 0));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_step(nullptr, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_unit(nullptr, "u", nullptr));
+  sk_model_spec_destroy(spec);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_unit(spec, "u", nullptr));
+}
+
+// --- process groups ------------------------------------------------------------
+
+TEST(CapiProcessGroup, LocalGroupGivesOneHandlePerRankWithLabel) {
+  sk_process_group* g[3] = {};
+  ASSERT_OK(sk_process_group_create_local(3, "ring:latency_us=1,bandwidth_gbps=100", g));
+  for (int r = 0; r < 3; ++r) {
+    int32_t rank = -1, size = -1;
+    ASSERT_OK(sk_process_group_rank(g[r], &rank));
+    ASSERT_OK(sk_process_group_size(g[r], &size));
+    EXPECT_EQ(rank, r);
+    EXPECT_EQ(size, 3);
+  }
+  const char* label = nullptr;
+  ASSERT_OK(sk_process_group_label(g[0], &label));
+  EXPECT_NE(std::string(label).find("network model"), std::string::npos) << label;
+  for (auto* h : g) sk_process_group_destroy(h);
+}
+
+TEST(CapiProcessGroup, BadArgumentsNameWhatWasWrong) {
+  sk_process_group* g[2] = {};
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_local(-1, nullptr, g));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_local(1 << 20, nullptr, g));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_local(2, nullptr, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_local(2, "warp:speed=9", g));
+  EXPECT_EQ(g[0], nullptr);
+  const char* label = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_label(nullptr, &label));
+}
+
+TEST(CapiProcessGroup, GlooFromMissingEnvironmentNamesTheVariable) {
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  sk_process_group* g = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_gloo(nullptr, &g));
+  EXPECT_ERROR_MENTIONS("RANK");
+  EXPECT_EQ(g, nullptr);
+  sk_gloo_options o = SK_GLOO_OPTIONS_INIT;
+  o.world_size = 2;
+  o.rank = 2;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_gloo(&o, &g));
+  EXPECT_ERROR_MENTIONS("rank 2");
+  o.rank = 0;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_gloo(&o, &g));
+  EXPECT_ERROR_MENTIONS("master_addr");
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_gloo(&o, nullptr));
+}
+
+TEST(CapiProcessGroup, GlooGroupOfOneFormsOverLoopback) {
+  sk_gloo_options o = SK_GLOO_OPTIONS_INIT;
+  o.world_size = 1;
+  o.master_addr = "127.0.0.1";
+  o.master_port = FreePort();
+  o.timeout_ms = 20000;
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_gloo(&o, &g));
+  const char* label = nullptr;
+  ASSERT_OK(sk_process_group_label(g, &label));
+  EXPECT_STREQ(label, "gloo");
+  sk_process_group_destroy(g);
+}
+
+TEST(CapiRunLocalRanks, ReturnsTheLowestFailingRankWithItsMessage) {
+  auto fn = [](int32_t rank, sk_process_group* group, void*) -> sk_status_t {
+    if (rank == 0) return SK_STATUS_OK;
+    sk_dtype_t d;
+    return sk_parse_dtype("rank-specific-garbage", &d);  // sets this thread's error
+  };
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_run_local_ranks(3, nullptr, fn, nullptr));
+  EXPECT_ERROR_MENTIONS("rank 1");
+  EXPECT_ERROR_MENTIONS("rank-specific-garbage");
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_run_local_ranks(2, nullptr, nullptr, nullptr));
+}
+
+// --- option structs ------------------------------------------------------------
+
+TEST(CapiStructs, InitMacrosSetSizeAndZeroDefaults) {
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  EXPECT_EQ(f.struct_size, sizeof(sk_fsdp_options));
+  EXPECT_EQ(f.strategy, SK_SHARDING_DEFAULT);
+  sk_trainer_options t = SK_TRAINER_OPTIONS_INIT;
+  EXPECT_EQ(t.struct_size, sizeof(sk_trainer_options));
+  EXPECT_EQ(t.model, nullptr);
+  sk_step_metrics m = SK_STEP_METRICS_INIT;
+  EXPECT_EQ(m.struct_size, sizeof(sk_step_metrics));
+  sk_param_spec p = SK_PARAM_SPEC_INIT;
+  EXPECT_EQ(p.struct_size, sizeof(sk_param_spec));
+}
+
+TEST(CapiStructs, TooSmallStructSizeIsRejectedWithAHint) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer_options o = TinyTrainer();
+  o.struct_size = 8;
+  sk_trainer* t = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("sk_trainer_options.struct_size is 8");
+  EXPECT_ERROR_MENTIONS("_INIT");
+  o.struct_size = 0;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.struct_size = sizeof(f) - 1;
+  o = TinyTrainer(&f);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("sk_fsdp_options.struct_size");
+  EXPECT_EQ(t, nullptr);
+  sk_process_group_destroy(g);
+}
+
+// A struct from a newer header: more bytes than this library knows.
+struct NewerOptimizerOptions {
+  sk_optimizer_options known;
+  float future_field;
+  float padding;
+};
+
+TEST(CapiStructs, LargerStructIsAcceptedOnlyWhenUnknownFieldsAreZero) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  NewerOptimizerOptions newer{};
+  newer.known = SK_OPTIMIZER_OPTIONS_INIT;
+  newer.known.struct_size = sizeof(newer);
+  newer.known.kind = SK_OPTIMIZER_SGD;
+  sk_trainer_options o = TinyTrainer(nullptr, &newer.known);
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  sk_trainer_destroy(t);
+  t = nullptr;
+  newer.future_field = 1.0f;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("this library");
+  newer.known.struct_size = 1 << 20;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_EQ(t, nullptr);
+  sk_process_group_destroy(g);
+}
+
+TEST(CapiStructs, OutputStructsAreWrittenOnlyUpToTheirSize) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer_options o = TinyTrainer();
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  struct {
+    sk_step_metrics known;
+    int64_t future = 12345;
+  } newer;
+  newer.known = SK_STEP_METRICS_INIT;
+  newer.known.struct_size = sizeof(newer);
+  ASSERT_OK(sk_trainer_step(t, &newer.known));
+  EXPECT_EQ(newer.known.struct_size, sizeof(newer));
+  EXPECT_EQ(newer.known.step, 1);
+  EXPECT_EQ(newer.future, 12345);  // a field this library does not know: untouched
+  sk_step_metrics small = SK_STEP_METRICS_INIT;
+  small.struct_size = 4;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_step(t, &small));
+  EXPECT_ERROR_MENTIONS("out_metrics->struct_size");
+  sk_trainer_destroy(t);
+  sk_process_group_destroy(g);
+}
+
+TEST(CapiStructs, UnknownEnumValuesNameTheField) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer* t = nullptr;
+  struct Case {
+    const char* field;
+    void (*set)(sk_fsdp_options*, sk_optimizer_options*);
+  };
+  const Case cases[] = {
+      {"strategy", [](sk_fsdp_options* f, sk_optimizer_options*) { f->strategy = static_cast<sk_sharding_strategy_t>(7); }},
+      {"backward_prefetch", [](sk_fsdp_options* f, sk_optimizer_options*) { f->backward_prefetch = static_cast<sk_backward_prefetch_t>(-1); }},
+      {"param_dtype", [](sk_fsdp_options* f, sk_optimizer_options*) { f->param_dtype = static_cast<sk_dtype_t>(300); }},
+      {"reduce_dtype", [](sk_fsdp_options* f, sk_optimizer_options*) { f->reduce_dtype = static_cast<sk_dtype_t>(4); }},
+      {"kind", [](sk_fsdp_options*, sk_optimizer_options* o) { o->kind = static_cast<sk_optimizer_kind_t>(4); }},
+      {"all_gather_limit", [](sk_fsdp_options* f, sk_optimizer_options*) { f->all_gather_limit = -2; }},
+      {"timeout_ms", [](sk_fsdp_options* f, sk_optimizer_options*) { f->timeout_ms = -1; }},
+      {"lr", [](sk_fsdp_options*, sk_optimizer_options* o) { o->lr = -1.0f; }},
+  };
+  for (const Case& c : cases) {
+    sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+    sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+    c.set(&f, &opt);
+    sk_trainer_options o = TinyTrainer(&f, &opt);
+    EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+    EXPECT_ERROR_MENTIONS(c.field);
+  }
+  sk_trainer_options o = TinyTrainer();
+  o.data_token_bytes = 3;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("data_token_bytes");
+  o = TinyTrainer();
+  o.batch_size = -3;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("batch_size");
+  o = TinyTrainer();
+  o.data_path = "/nonexistent/tokens.bin";
+  EXPECT_STATUS(SK_STATUS_NOT_FOUND, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("/nonexistent/tokens.bin");
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(nullptr, g, &t));
+  o = TinyTrainer();
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, nullptr));
+  EXPECT_EQ(t, nullptr);
+  sk_process_group_destroy(g);
+}
+
+// --- high level ----------------------------------------------------------------
+
+TEST(CapiTrainer, TinyGptLearnsARepeatingStreamAndReportsMetrics) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  opt.lr = 0.01f;
+  sk_trainer_options o = TinyTrainer(nullptr, &opt);
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  sk_process_group_destroy(g);  // the trainer keeps it alive
+  int64_t n = 0, want = 0;
+  ASSERT_OK(sk_trainer_num_parameters(t, &n));
+  ASSERT_OK(sk_model_num_parameters("gpt-tiny", &want));
+  EXPECT_EQ(n, want);
+  EXPECT_GT(n, 0);
+  float first = 0, last = 0;
+  for (int s = 0; s < 8; ++s) {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    ASSERT_OK(sk_trainer_step(t, &m));
+    EXPECT_EQ(m.step, s + 1);
+    EXPECT_EQ(m.rank, 0);
+    EXPECT_GT(m.tokens_per_second, 0);
+    EXPECT_GT(m.peak_allocated_bytes, 0);
+    EXPECT_TRUE(std::isfinite(m.grad_norm));
+    if (s == 0) first = m.loss;
+    last = m.loss;
+  }
+  EXPECT_LT(last, first - 0.5f);
+  float eval = 0;
+  ASSERT_OK(sk_trainer_evaluate(t, 2, &eval));
+  EXPECT_TRUE(std::isfinite(eval));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_evaluate(t, 0, &eval));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_evaluate(t, 1, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_num_parameters(t, nullptr));
+  sk_trainer_destroy(t);
+}
+
+TEST(CapiTrainer, MemoryCapTooSmallIsResourceExhausted) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer_options o = TinyTrainer();
+  o.model = "gpt-1m";
+  o.data_tokens = 0;
+  o.memory_cap_bytes = 4096;
+  sk_trainer* t = nullptr;
+  sk_step_metrics m = SK_STEP_METRICS_INIT;
+  sk_status_t s = sk_trainer_create(&o, g, &t);
+  if (s == SK_STATUS_OK) {
+    EXPECT_STATUS(SK_STATUS_RESOURCE_EXHAUSTED, sk_trainer_step(t, &m));
+    sk_trainer_destroy(t);
+  } else {
+    EXPECT_EQ(s, SK_STATUS_RESOURCE_EXHAUSTED) << LastError();
+  }
+  sk_process_group_destroy(g);
+}
+
+struct RankLosses {
+  std::vector<std::vector<float>> losses;  // [rank][step]
+};
+
+// The three-call local session and N caller-driven trainers are the same run.
+TEST(CapiLocalSession, EqualsTrainersDrivenOnCallerThreadsBitForBit) {
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.strategy = SK_SHARDING_FULL_SHARD;
+  f.seed = 1234;
+  sk_trainer_options o = TinyTrainer(&f);
+  sk_local_session* s = nullptr;
+  ASSERT_OK(sk_local_session_create(&o, 2, nullptr, &s));
+  int32_t world = 0;
+  ASSERT_OK(sk_local_session_world_size(s, &world));
+  EXPECT_EQ(world, 2);
+  sk_step_metrics m = SK_STEP_METRICS_INIT;
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_local_session_metrics(s, 1, &m));
+  RankLosses session;
+  session.losses.resize(2);
+  for (int step = 0; step < 3; ++step) {
+    sk_step_metrics m0 = SK_STEP_METRICS_INIT, m1 = SK_STEP_METRICS_INIT;
+    ASSERT_OK(sk_local_session_step(s, &m0));
+    ASSERT_OK(sk_local_session_metrics(s, 1, &m1));
+    EXPECT_EQ(m0.rank, 0);
+    EXPECT_EQ(m1.rank, 1);
+    session.losses[0].push_back(m0.loss);
+    session.losses[1].push_back(m1.loss);
+  }
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_local_session_metrics(s, 2, &m));
+  float eval = 0;
+  ASSERT_OK(sk_local_session_evaluate(s, 1, &eval));
+  sk_local_session_destroy(s);
+
+  struct Ctx {
+    sk_trainer_options* options;
+    RankLosses* out;
+  };
+  RankLosses driven;
+  driven.losses.resize(2);
+  Ctx ctx{&o, &driven};
+  auto fn = [](int32_t rank, sk_process_group* g, void* user) -> sk_status_t {
+    Ctx* c = static_cast<Ctx*>(user);
+    sk_trainer* t = nullptr;
+    sk_status_t st = sk_trainer_create(c->options, g, &t);
+    for (int step = 0; st == SK_STATUS_OK && step < 3; ++step) {
+      sk_step_metrics m = SK_STEP_METRICS_INIT;
+      st = sk_trainer_step(t, &m);
+      c->out->losses[rank].push_back(m.loss);
+    }
+    sk_trainer_destroy(t);
+    return st;
+  };
+  ASSERT_OK(sk_run_local_ranks(2, nullptr, fn, &ctx));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(driven.losses[r].size(), 3u);
+    for (int step = 0; step < 3; ++step) {
+      EXPECT_EQ(0, std::memcmp(&driven.losses[r][step], &session.losses[r][step], sizeof(float)))
+          << "rank " << r << " step " << step << ": " << driven.losses[r][step] << " vs "
+          << session.losses[r][step];
+    }
+  }
+}
+
+TEST(CapiLocalSession, BadOptionsFailEveryRankBeforeAnyCollective) {
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.strategy = SK_SHARDING_HYBRID_SHARD;
+  f.shard_group_size = 3;  // does not divide 2
+  sk_trainer_options o = TinyTrainer(&f);
+  sk_local_session* s = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 2, nullptr, &s));
+  EXPECT_ERROR_MENTIONS("shard_group_size");
+  o = TinyTrainer();
+  o.model = "no-such-model";
+  EXPECT_STATUS(SK_STATUS_NOT_FOUND, sk_local_session_create(&o, 2, nullptr, &s));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 0, nullptr, &s));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 2, nullptr, nullptr));
+  EXPECT_EQ(s, nullptr);
+}
+
+// --- low level -------------------------------------------------------------------
+
+sk_model_spec* LinearSpec() {
+  sk_model_spec* spec = nullptr;
+  EXPECT_EQ(sk_model_spec_create(&spec), SK_STATUS_OK);
+  int32_t u = -1;
+  EXPECT_EQ(sk_model_spec_add_unit(spec, "linear", &u), SK_STATUS_OK);
+  EXPECT_EQ(u, 0);
+  static const int64_t kW[1] = {4}, kB[1] = {1};
+  sk_param_spec w = SK_PARAM_SPEC_INIT;
+  w.name = "w";
+  w.ndim = 1;
+  w.shape = kW;
+  w.init = SK_INIT_NORMAL;
+  w.init_b = 0.5f;
+  sk_param_spec b = SK_PARAM_SPEC_INIT;
+  b.name = "b";
+  b.ndim = 1;
+  b.shape = kB;
+  int32_t p = -1;
+  EXPECT_EQ(sk_model_spec_add_param(spec, u, &w, &p), SK_STATUS_OK);
+  EXPECT_EQ(p, 0);
+  EXPECT_EQ(sk_model_spec_add_param(spec, u, &b, &p), SK_STATUS_OK);
+  EXPECT_EQ(p, 1);
+  return spec;
+}
+
+TEST(CapiModelSpec, BadParametersAreRejectedWithTheParameterNamed) {
+  sk_model_spec* spec = LinearSpec();
+  const int64_t neg[2] = {3, -1};
+  sk_param_spec p = SK_PARAM_SPEC_INIT;
+  p.name = "bad";
+  p.ndim = 2;
+  p.shape = neg;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  EXPECT_ERROR_MENTIONS("linear.bad");
+  p.ndim = SK_MAX_DIMS + 1;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  EXPECT_ERROR_MENTIONS("ndim");
+  p.ndim = 1;
+  p.shape = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  const int64_t ok[1] = {2};
+  p.shape = ok;
+  p.dtype = SK_DTYPE_BF16;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  EXPECT_ERROR_MENTIONS("f32");
+  p.dtype = static_cast<sk_dtype_t>(9);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  EXPECT_ERROR_MENTIONS("dtype");
+  p.dtype = SK_DTYPE_F32;
+  p.init = static_cast<sk_init_kind_t>(5);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  EXPECT_ERROR_MENTIONS("init");
+  p.init = SK_INIT_NORMAL;
+  p.init_b = -1.0f;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  p.init = SK_INIT_UNIFORM;
+  p.init_a = 1.0f;
+  p.init_b = 0.0f;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  p.init = SK_INIT_ZEROS;
+  p.name = "w";  // taken
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  EXPECT_ERROR_MENTIONS("already");
+  p.name = "";
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  p.name = "fine";
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_model_spec_add_param(spec, 1, &p, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, nullptr, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_unit(spec, "linear", nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_unit(spec, "", nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_unit(spec, nullptr, nullptr));
+  sk_model_spec_destroy(spec);
+}
+
+TEST(CapiEngine, EmptySpecsAndBadOptionsAreRejected) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = nullptr;
+  ASSERT_OK(sk_model_spec_create(&spec));
+  sk_engine* e = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, nullptr, &e));
+  EXPECT_ERROR_MENTIONS("no units");
+  ASSERT_OK(sk_model_spec_add_unit(spec, "empty", nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, nullptr, &e));
+  EXPECT_ERROR_MENTIONS("'empty' has no parameters");
+  sk_model_spec_destroy(spec);
+  spec = LinearSpec();
+  sk_engine_options o = SK_ENGINE_OPTIONS_INIT;
+  o.struct_size = 3;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, &o, &e));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, nullptr, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(nullptr, g, nullptr, &e));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, nullptr, nullptr, &e));
+  EXPECT_EQ(e, nullptr);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
+class CapiEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK(sk_process_group_create_local(1, nullptr, &group_));
+    sk_model_spec* spec = LinearSpec();
+    ASSERT_OK(sk_engine_create(spec, group_, nullptr, &engine_));
+    sk_model_spec_destroy(spec);
+  }
+  void TearDown() override {
+    sk_engine_destroy(engine_);
+    sk_process_group_destroy(group_);
+  }
+  sk_process_group* group_ = nullptr;
+  sk_engine* engine_ = nullptr;
+};
+
+TEST_F(CapiEngineTest, ViewsExistOnlyInsideTheirLifecycleWindow) {
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_param(engine_, 0, 0, &v));
+  EXPECT_ERROR_MENTIONS("sk_engine_pre_forward");
+  ASSERT_OK(sk_engine_pre_forward(engine_, 0));
+  ASSERT_OK(sk_engine_param(engine_, 0, 0, &v));
+  EXPECT_EQ(v.dtype, SK_DTYPE_F32);
+  EXPECT_EQ(v.ndim, 1);
+  EXPECT_EQ(v.shape[0], 4);
+  EXPECT_EQ(v.numel, 4);
+  EXPECT_NE(v.data, nullptr);
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_grad(engine_, 0, 0, &v));
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_engine_param(engine_, 0, 2, &v));
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_engine_param(engine_, 1, 0, &v));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_param(engine_, 0, 0, nullptr));
+  sk_tensor_view small = SK_TENSOR_VIEW_INIT;
+  small.struct_size = 1;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_param(engine_, 0, 0, &small));
+  ASSERT_OK(sk_engine_post_forward(engine_, 0));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_param(engine_, 0, 0, &v));
+  ASSERT_OK(sk_engine_pre_backward(engine_, 0));
+  ASSERT_OK(sk_engine_param(engine_, 0, 1, &v));
+  ASSERT_OK(sk_engine_grad(engine_, 0, 1, &v));
+  EXPECT_EQ(static_cast<float*>(v.data)[0], 0.0f);  // arrives zeroed
+  ASSERT_OK(sk_engine_post_backward(engine_, 0));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_grad(engine_, 0, 1, &v));
+  ASSERT_OK(sk_engine_finish_backward(engine_));
+}
+
+TEST_F(CapiEngineTest, CallsOutOfOrderAreFailedPreconditionNamingUnitAndState) {
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_post_forward(engine_, 0));
+  EXPECT_ERROR_MENTIONS("linear");
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_post_backward(engine_, 0));
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_engine_pre_forward(engine_, 5));
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_engine_pre_backward(engine_, -1));
+  ASSERT_OK(sk_engine_pre_forward(engine_, 0));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_pre_forward(engine_, 0));
+  EXPECT_ERROR_MENTIONS("forward");
+  // An order error changes nothing: the unit is still in forward, its views valid.
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  ASSERT_OK(sk_engine_param(engine_, 0, 0, &v));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_pre_backward(engine_, 0));
+  ASSERT_OK(sk_engine_post_forward(engine_, 0));
+  ASSERT_OK(sk_engine_pre_backward(engine_, 0));
+  ASSERT_OK(sk_engine_post_backward(engine_, 0));
+  ASSERT_OK(sk_engine_finish_backward(engine_));
+}
+
+TEST_F(CapiEngineTest, ReadParamChecksCountAndMatchesGatheredValues) {
+  ASSERT_OK(sk_engine_pre_forward(engine_, 0));
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  ASSERT_OK(sk_engine_param(engine_, 0, 0, &v));
+  std::vector<float> gathered(static_cast<float*>(v.data), static_cast<float*>(v.data) + 4);
+  ASSERT_OK(sk_engine_post_forward(engine_, 0));
+  std::vector<float> read(4, -1.0f);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_read_param(engine_, 0, 0, read.data(), 3));
+  EXPECT_ERROR_MENTIONS("[4]");
+  EXPECT_EQ(read[0], -1.0f);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_read_param(engine_, 0, 0, nullptr, 4));
+  ASSERT_OK(sk_engine_read_param(engine_, 0, 0, read.data(), 4));
+  EXPECT_EQ(read, gathered);
+  int32_t units = 0;
+  ASSERT_OK(sk_engine_num_units(engine_, &units));
+  EXPECT_EQ(units, 1);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_clip_grad_norm(engine_, -1.0, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_clip_grad_norm(engine_, NAN, nullptr));
+}
+
+TEST_F(CapiEngineTest, NoSyncBackwardsAccumulateUntilTheSyncedOne) {
+  ASSERT_OK(sk_engine_zero_grad(engine_));
+  for (int micro = 0; micro < 2; ++micro) {
+    ASSERT_OK(sk_engine_set_gradient_sync(engine_, micro == 1));
+    ASSERT_OK(sk_engine_pre_forward(engine_, 0));
+    ASSERT_OK(sk_engine_post_forward(engine_, 0));
+    ASSERT_OK(sk_engine_pre_backward(engine_, 0));
+    for (int p = 0; p < 2; ++p) {
+      sk_tensor_view g = SK_TENSOR_VIEW_INIT;
+      ASSERT_OK(sk_engine_grad(engine_, 0, p, &g));
+      for (int64_t i = 0; i < g.numel; ++i) static_cast<float*>(g.data)[i] += 1.0f;
+    }
+    ASSERT_OK(sk_engine_post_backward(engine_, 0));
+  }
+  ASSERT_OK(sk_engine_finish_backward(engine_));
+  double norm = 0;
+  ASSERT_OK(sk_engine_clip_grad_norm(engine_, 0.0, &norm));
+  EXPECT_DOUBLE_EQ(norm, std::sqrt(5 * 2.0 * 2.0));  // 5 elements, each 1 + 1
+}
+
+TEST(CapiEngine, MixedPrecisionViewsReportTheirDtype) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = LinearSpec();
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.param_dtype = SK_DTYPE_BF16;
+  sk_engine_options o = SK_ENGINE_OPTIONS_INIT;
+  o.fsdp = &f;
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, &o, &e));
+  ASSERT_OK(sk_engine_pre_forward(e, 0));
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  ASSERT_OK(sk_engine_param(e, 0, 0, &v));
+  EXPECT_EQ(v.dtype, SK_DTYPE_BF16);
+  EXPECT_EQ(v.numel, 4);
+  ASSERT_OK(sk_engine_post_forward(e, 0));
+  float full[4];
+  ASSERT_OK(sk_engine_read_param(e, 0, 0, full, 4));  // master copy: always f32
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
+// Linear regression y = 2x - 1 on 2 ranks (each half of the batch) through the
+// callback runner: the engines' gathered parameters agree on every rank and
+// the loss falls.
+struct RegressionRun {
+  float first_loss[2] = {};
+  float last_loss[2] = {};
+  float w[2] = {};
+  double norm[2] = {};
+};
+
+sk_status_t RegressionRank(int32_t rank, sk_process_group* g, void* user) {
+  auto* run = static_cast<RegressionRun*>(user);
+  sk_model_spec* spec = LinearSpec();
+  sk_optimizer_options sgd = SK_OPTIMIZER_OPTIONS_INIT;
+  sgd.kind = SK_OPTIMIZER_SGD;
+  sgd.lr = 0.2f;
+  sk_engine_options o = SK_ENGINE_OPTIONS_INIT;
+  o.optimizer = &sgd;
+  sk_engine* e = nullptr;
+  sk_status_t st = sk_engine_create(spec, g, &o, &e);
+  sk_model_spec_destroy(spec);
+  if (st != SK_STATUS_OK) return st;
+#define RANK_CHECK(call)          \
+  if ((st = (call)) != SK_STATUS_OK) { \
+    sk_engine_destroy(e);         \
+    return st;                    \
+  }
+  for (int step = 0; step < 60; ++step) {
+    RANK_CHECK(sk_engine_zero_grad(e));
+    RANK_CHECK(sk_engine_pre_forward(e, 0));
+    sk_tensor_view w = SK_TENSOR_VIEW_INIT, b = SK_TENSOR_VIEW_INIT;
+    RANK_CHECK(sk_engine_param(e, 0, 0, &w));
+    RANK_CHECK(sk_engine_param(e, 0, 1, &b));
+    // Feature 0 carries x, the others are zero.
+    double err[4], loss = 0;
+    for (int i = 0; i < 4; ++i) {
+      double x = (rank * 4 + i) / 4.0 - 1.0;
+      err[i] = static_cast<float*>(w.data)[0] * x + static_cast<float*>(b.data)[0] - (2 * x - 1);
+      loss += err[i] * err[i] / 4;
+    }
+    RANK_CHECK(sk_engine_post_forward(e, 0));
+    RANK_CHECK(sk_engine_pre_backward(e, 0));
+    sk_tensor_view gw = SK_TENSOR_VIEW_INIT, gb = SK_TENSOR_VIEW_INIT;
+    RANK_CHECK(sk_engine_grad(e, 0, 0, &gw));
+    RANK_CHECK(sk_engine_grad(e, 0, 1, &gb));
+    for (int i = 0; i < 4; ++i) {
+      double x = (rank * 4 + i) / 4.0 - 1.0;
+      // Each rank averages its half; the reduction averages the ranks.
+      static_cast<float*>(gw.data)[0] += static_cast<float>(2 * err[i] * x / 4);
+      static_cast<float*>(gb.data)[0] += static_cast<float>(2 * err[i] / 4);
+    }
+    RANK_CHECK(sk_engine_post_backward(e, 0));
+    RANK_CHECK(sk_engine_finish_backward(e));
+    RANK_CHECK(sk_engine_clip_grad_norm(e, 0.0, &run->norm[rank]));
+    RANK_CHECK(sk_engine_optimizer_step(e));
+    if (step == 0) run->first_loss[rank] = static_cast<float>(loss);
+    run->last_loss[rank] = static_cast<float>(loss);
+  }
+  float w[4];
+  RANK_CHECK(sk_engine_read_param(e, 0, 0, w, 4));
+  run->w[rank] = w[0];
+#undef RANK_CHECK
+  sk_engine_destroy(e);
+  return SK_STATUS_OK;
+}
+
+TEST(CapiEngineRanks, TwoRankFullShardRegressionConvergesWithIdenticalParameters) {
+  RegressionRun run;
+  ASSERT_OK(sk_run_local_ranks(2, nullptr, RegressionRank, &run));
+  EXPECT_EQ(run.w[0], run.w[1]);
+  EXPECT_EQ(run.norm[0], run.norm[1]);
+  for (int r = 0; r < 2; ++r) EXPECT_LT(run.last_loss[r], run.first_loss[r] * 0.5f) << r;
+  EXPECT_NEAR(run.w[0], 2.0f, 0.2f);
+}
+
+}  // namespace

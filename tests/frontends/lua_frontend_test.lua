@@ -1,0 +1,109 @@
+-- The Lua frontend: errors carry the library's code and message, handles
+-- close once (explicitly or by __gc), options are plain tables checked
+-- against the C struct's fields.
+local sk = require("shardkit")
+
+local failures, passed = 0, 0
+local function test(name, fn)
+  local ok, err = pcall(fn)
+  if ok then
+    passed = passed + 1
+  else
+    failures = failures + 1
+    io.stderr:write("FAIL ", name, ": ", tostring(err), "\n")
+  end
+end
+local function expect_error(code_name, text, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, "expected an error " .. tostring(code_name))
+  if code_name then
+    assert(type(err) == "table", "error is not a shardkit error: " .. tostring(err))
+    assert(err.name == code_name, "got " .. tostring(err))
+    assert(tostring(err):sub(1, #code_name + 2) == code_name .. ": ", tostring(err))
+  end
+  if text then assert(tostring(err):find(text, 1, true), "message lacks '" .. text .. "': " .. tostring(err)) end
+  return err
+end
+
+test("version is the library's", function()
+  assert(sk.version() == "0.1.0", sk.version())
+  assert(sk.version_number() == 1000, sk.version_number())
+end)
+
+test("errors carry code, name and the library's message", function()
+  local err = expect_error("NOT_FOUND", "gpt-nonexistent", sk.model_num_parameters, "gpt-nonexistent")
+  assert(err.code == 5)
+  expect_error("INVALID_ARGUMENT", "world_size", sk.local_groups, 0)
+end)
+
+test("enum names go through the library's parsers", function()
+  expect_error("INVALID_ARGUMENT", "QUARTER", sk.local_session, {fsdp = {strategy = "QUARTER"}}, 1)
+  -- Names without a parser are matched against the header's constants.
+  expect_error("INVALID_ARGUMENT", "'lion'", sk.local_session, {optimizer = {kind = "lion"}}, 1)
+end)
+
+test("unknown option fields are rejected by the struct", function()
+  expect_error(nil, "batchsize", sk.local_session, {batchsize = 3}, 1)
+end)
+
+test("close is idempotent and a closed handle is the library's NULL error", function()
+  local g = sk.local_groups(1)[1]
+  assert(g:rank() == 0 and g:size() == 1)
+  assert(g:label() == "local")
+  g:close()
+  g:close()
+  assert(g.h == nil)
+  expect_error("INVALID_ARGUMENT", "NULL", g.rank, g)
+  collectgarbage("collect")  -- __gc after close: nothing happens twice
+end)
+
+test("garbage collection releases dropped handles", function()
+  for _ = 1, 50 do sk.model_spec():add_unit("u") end
+  collectgarbage("collect")
+  collectgarbage("collect")
+end)
+
+test("local session trains two ranks from a plain table", function()
+  local s = sk.local_session({model = "gpt-tiny", data_tokens = 64,
+                              fsdp = {strategy = "full_shard", forward_prefetch = true}}, 2)
+  assert(s:world_size() == 2)
+  expect_error("FAILED_PRECONDITION", "no step", s.metrics, s, 1)
+  local m = s:step()
+  assert(m.step == 1 and m.rank == 0 and m.loss > 0, "bad metrics")
+  assert(s:metrics(1).rank == 1)
+  assert(s:evaluate(1) > 0)
+  s:close()
+end)
+
+test("engine lifecycle errors and views", function()
+  local spec = sk.model_spec()
+  local u = spec:add_unit("layer")
+  expect_error("INVALID_ARGUMENT", "layer.w", spec.add_param, spec, u, {name = "w", shape = {2, -3}})
+  expect_error("INVALID_ARGUMENT", "f32", spec.add_param, spec, u, {name = "w", shape = {2}, dtype = "bf16"})
+  assert(spec:add_param(u, {name = "w", shape = {2, 3}, init = "ones"}) == 0)
+  local g = sk.local_groups(1)[1]
+  local e = sk.engine(spec, g, {optimizer = {kind = "sgd", lr = 0.5}})
+  expect_error("FAILED_PRECONDITION", "layer", e.post_forward, e, u)
+  expect_error("OUT_OF_RANGE", nil, e.pre_forward, e, 3)
+  e:pre_forward(u)
+  local w, n = e:param(u, 0)
+  assert(n == 6 and w[5] == 1.0)
+  local v = e:param_view(u, 0)
+  assert(v.ndim == 2 and v.shape[0] == 2 and v.shape[1] == 3)
+  e:post_forward(u)
+  expect_error("FAILED_PRECONDITION", "pre_forward", e.param, e, u, 0)
+  e:pre_backward(u)
+  local gw = e:grad(u, 0)
+  for i = 0, 5 do gw[i] = gw[i] + 1.0 end
+  e:post_backward(u)
+  e:finish_backward()
+  assert(math.abs(e:clip_grad_norm(0) - math.sqrt(6)) < 1e-6)
+  e:optimizer_step()
+  local full = e:read_param(u, 0, 6)
+  assert(full[1] == 0.5, full[1])
+  expect_error("INVALID_ARGUMENT", "count", e.read_param, e, u, 0, 5)
+  e:close()
+end)
+
+print(string.format("%d passed, %d failed", passed, failures))
+os.exit(failures == 0 and 0 or 1)
