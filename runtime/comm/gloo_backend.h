@@ -17,6 +17,9 @@
 //     collectives and runs a barrier (bounded by the group timeout).
 //   - It has no TCP store: TcpStore (store.h) is ours.
 //
+// Memory: reduce_scatter and all_reduce keep their receive buffers (up to
+// the size of the largest input seen) until the group is destroyed.
+//
 // Ordering: collectives may be issued on several streams; they execute on
 // the context strictly in sequence-number order (a collective waits, within
 // its timeout, for its predecessors), which every rank shares, so ranks never
