@@ -43,10 +43,12 @@
 namespace sk::comm {
 
 class LocalRendezvous;
+class ScratchPool;
 
 struct LocalOptions {
   // Where all_reduce takes its scratch chunk from; HostAllocator::Default()
-  // when null. Must outlive the group.
+  // when null. Must outlive the group. Each rank keeps up to 4 chunks for
+  // reuse until its handle and queued collectives are gone.
   Allocator* scratch_allocator = nullptr;
 };
 
@@ -70,6 +72,7 @@ class LocalProcessGroup final : public ProcessGroup {
  private:
   std::shared_ptr<LocalRendezvous> rendezvous_;
   LocalOptions options_;
+  std::shared_ptr<ScratchPool> scratch_pool_;  // shared with queued collectives
   std::mutex new_group_mu_;
   std::map<std::string, int> new_group_counts_;  // NewGroup calls per member list
 };
