@@ -9,14 +9,14 @@
 #include <cstring>
 #include <sstream>
 
-#include <gloo/allgather.h>
-#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include "runtime/comm/reduce.h"
 #include "runtime/core/allocator.h"
@@ -65,6 +65,10 @@ Status FromGlooException(const std::exception& e, const std::string& what) {
   }
   return UnavailableError(what + ": " + msg);
 }
+
+// Slot prefix of our point-to-point transfers; Gloo's own collectives use
+// small prefixes of their own.
+constexpr uint8_t kSlotPrefix = 0xa5;
 
 uint8_t* Bytes(const void* p) { return static_cast<uint8_t*>(const_cast<void*>(p)); }
 
@@ -149,34 +153,70 @@ class GlooState {
     return static_cast<uint32_t>(c.seq * 64 + step) & 0x7fffffffu;
   }
 
+  // Every rank's `bytes` into `out` (rank j's at j * bytes). The transfers to
+  // and from all peers are posted at once on Gloo's pairs: each rank sends
+  // and receives (N-1)/N of the output, as a ring does, in one step instead
+  // of N-1. (Debian's gloo::allgather took ~10 ms for any message below
+  // 1 MiB on our 2-core machine where this takes ~0.1 ms; equal above 16 MiB.)
   void AllGatherBytes(void* out, const void* in, size_t bytes, uint32_t tag, Duration timeout) {
     if (bytes == 0) return;
-    gloo::AllgatherOptions opts(context_);
-    // No input means in place: this rank's chunk is already in the output.
-    if (in != static_cast<char*>(out) + rank_ * bytes) opts.setInput(Bytes(in), bytes);
-    opts.setOutput(Bytes(out), bytes * size_);
-    opts.setTag(tag);
-    opts.setTimeout(timeout);
-    gloo::allgather(opts);
-  }
-  void AlltoallBytes(void* out, const void* in, size_t total, uint32_t tag, Duration timeout) {
-    if (total == 0) return;
-    gloo::AlltoallOptions opts(context_);
-    opts.setInput(Bytes(in), total);
-    opts.setOutput(Bytes(out), total);
-    opts.setTag(tag);
-    opts.setTimeout(timeout);
-    gloo::alltoall(opts);
+    char* mine = static_cast<char*>(out) + rank_ * bytes;
+    if (in != mine) std::memcpy(mine, in, bytes);
+    if (size_ == 1) return;
+    const gloo::Slot slot = gloo::Slot::build(kSlotPrefix, tag);
+    auto buf = context_->createUnboundBuffer(out, bytes * size_);
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_) continue;
+      buf->recv(j, slot, j * bytes, bytes);
+      buf->send(j, slot, rank_ * bytes, bytes);
+    }
+    WaitRecvs(*buf, timeout);
+    WaitSends(*buf, timeout);
   }
 
-  // Reduces rank_'s shard: alltoall `in` (size_ shards of `count` elements)
-  // into `recv`, then sums the received shards in rank order into `out`.
+  // Sends shard j of `in` (size_ shards of `shard_bytes`) to rank j and
+  // receives every other rank's shard for this rank into slot j of `recv`,
+  // all posted at once: (N-1)/N of the buffer each way, as the issue asks of
+  // reduce-scatter. This rank's own shard is not copied.
+  void ExchangeShards(const void* in, void* recv, size_t shard_bytes, uint32_t tag,
+                      Duration timeout) {
+    if (shard_bytes == 0 || size_ == 1) return;
+    const gloo::Slot slot = gloo::Slot::build(kSlotPrefix, tag);
+    auto send_buf = context_->createUnboundBuffer(const_cast<void*>(in), shard_bytes * size_);
+    auto recv_buf = context_->createUnboundBuffer(recv, shard_bytes * size_);
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_) continue;
+      recv_buf->recv(j, slot, j * shard_bytes, shard_bytes);
+      send_buf->send(j, slot, j * shard_bytes, shard_bytes);
+    }
+    WaitRecvs(*recv_buf, timeout);
+    WaitSends(*send_buf, timeout);
+  }
+
+  // Wait for the N-1 receives / sends posted on `buf`. Gloo throws on a
+  // timeout or a closed pair; a false return means the wait was aborted.
+  void WaitRecvs(gloo::transport::UnboundBuffer& buf, Duration timeout) {
+    for (int k = 0; k < size_ - 1; ++k) {
+      if (!buf.waitRecv(timeout)) throw gloo::IoException("receive aborted");
+    }
+  }
+  void WaitSends(gloo::transport::UnboundBuffer& buf, Duration timeout) {
+    for (int k = 0; k < size_ - 1; ++k) {
+      if (!buf.waitSend(timeout)) throw gloo::IoException("send aborted");
+    }
+  }
+
+  // Reduces rank_'s shard: every rank's shard rank_ arrives in `recv`, then
+  // the shards are summed in rank order (this rank's straight from `in`).
   void ReduceScatterShard(const Collective& c, DType dtype, const void* in, void* recv, void* out,
                           size_t count, uint32_t tag) {
-    const size_t esize = DTypeSize(dtype);
-    AlltoallBytes(recv, in, count * esize * size_, tag, c.timeout);
+    const size_t shard_bytes = count * DTypeSize(dtype);
+    ExchangeShards(in, recv, shard_bytes, tag, c.timeout);
     std::vector<const void*> srcs(size_);
-    for (int j = 0; j < size_; ++j) srcs[j] = static_cast<const char*>(recv) + j * count * esize;
+    for (int j = 0; j < size_; ++j) {
+      srcs[j] = j == rank_ ? static_cast<const char*>(in) + j * shard_bytes
+                           : static_cast<const char*>(recv) + j * shard_bytes;
+    }
     ReduceInRankOrder(srcs.data(), size_, dtype, count, c.pre_scale,
                       c.op == ReduceOp::kAvg ? static_cast<float>(size_) : 1.0f, c.post_scale,
                       out);
