@@ -10,7 +10,7 @@
 //     all_reduce is that reduce-scatter plus an all_gather (2(N-1)/N), so
 //     every CPU backend reduces in the same order and f32 results are
 //     bit-identical to the local backend's.
-//   - Its gloo::allgather took ~10 ms for any message up to 1 MiB on our
+//   - Its gloo::allgather took 2-10 ms for any message up to 1 MiB on our
 //     development machine (measured standalone, outside shardkit), against
 //     ~0.1 ms for the same transfers posted at once on the pairs; they are
 //     equal from 16 MiB. all_gather therefore uses that direct exchange.
@@ -90,7 +90,8 @@ class GlooProcessGroup final : public ProcessGroup {
                                                           std::string prefix, int rank, int size,
                                                           GlooOptions options = {});
   // The world group from torchrun's variables: rank 0 serves a TcpStore on
-  // MASTER_PORT, every rank connects to MASTER_ADDR:MASTER_PORT.
+  // MASTER_PORT, every rank connects to MASTER_ADDR:MASTER_PORT. The store is
+  // served as long as rank 0's group or any of its sub-groups lives.
   static StatusOr<std::unique_ptr<GlooProcessGroup>> CreateFromEnvironment(
       GlooOptions options = {});
 
