@@ -246,6 +246,9 @@ class GlooState {
     for (size_t e = 0; e < c.outputs.size(); ++e) {
       const Tensor& in = c.inputs[e];
       const Tensor& out = c.outputs[e];
+      // Empty tensors may have no memory at all: nothing to move. (Every
+      // rank skips alike: sizes match, or desync detection reports them.)
+      if (out.nbytes() == 0) continue;
       const DType dtype = out.dtype();
       const size_t esize = DTypeSize(dtype);
       const uint32_t tag = Tag(c, static_cast<uint32_t>(2 * (e % 30)));
@@ -261,7 +264,6 @@ class GlooState {
         }
         case CollectiveKind::kAllReduce: {
           const size_t n = static_cast<size_t>(out.numel());
-          if (n == 0) break;
           const size_t m = (n + size_ - 1) / size_;
           const size_t padded = m * size_ * esize;
           const bool even = n % size_ == 0;
@@ -281,7 +283,6 @@ class GlooState {
           break;
         }
         case CollectiveKind::kBroadcast: {
-          if (out.nbytes() == 0) break;
           gloo::BroadcastOptions opts(context_);
           opts.setOutput(Bytes(out.data()), out.nbytes());
           opts.setRoot(c.root);

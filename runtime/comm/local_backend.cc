@@ -215,6 +215,8 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
 
   // -- Data movement: this rank's share, concurrently with the others --------
   for (size_t e = 0; e < entries; ++e) {
+    // Empty tensors may have no memory at all: nothing to move.
+    if (c.outputs[e].nbytes() == 0) continue;
     const DType dtype = c.outputs[e].dtype();
     const size_t esize = DTypeSize(dtype);
     switch (c.kind) {
@@ -278,6 +280,7 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
     }
     lock.unlock();
     for (size_t e = 0; e < entries; ++e) {
+      if (c.outputs[e].nbytes() == 0) continue;
       const size_t esize = DTypeSize(c.outputs[e].dtype());
       const size_t count = static_cast<size_t>(c.outputs[e].numel());
       char* out = static_cast<char*>(calls[rank].out[e]);
