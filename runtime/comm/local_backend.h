@@ -25,7 +25,10 @@
 // DeadlineExceeded naming the collective and the missing ranks; the slot is
 // marked aborted, so the late rank fails at once when it arrives, and the
 // next sequence number works normally again. Groups are independent: after a
-// failure a group can be destroyed and a new one created.
+// failure a group can be destroyed and a new one created. One limit: a rank
+// whose peers stall *during* the copies (past the timeout, after all arrived)
+// leaves with DeadlineExceeded while they may still read its buffers; keep
+// those tensors alive until the peers' Works have completed too.
 //
 // Thread safety: each handle may be used from any thread (process_group.h).
 #ifndef SHARDKIT_RUNTIME_COMM_LOCAL_BACKEND_H_
