@@ -17,7 +17,10 @@
 // FSDP's flat parameter), so a rank copies the (N-1)/N of the output it does
 // not hold, which is what busbw counts.
 //
-// Reference lines: memcpy of --memcpy_bytes with 1 thread and with N
+// "vs copy": busbw against memcpy measured right after each row with N
+// threads at once, each copying the bytes busbw counts for one rank (so load
+// that changes during the run affects both alike); 100% = as fast as plain
+// concurrent copies. Only where a rank moves at least 8 MiB. Reference lines: memcpy of --memcpy_bytes with 1 thread and with N
 // threads (each its own buffers, aggregate bandwidth, counting bytes copied),
 // and one loopback TCP connection (what gloo's transport can carry per pair).
 // With --network_model=ring:latency_us=5,bandwidth_gbps=12.5 every group is
@@ -93,12 +96,14 @@ double Median(std::vector<double> v) {
 }
 
 // GB/s (10^9 bytes per second) of memcpy with `threads` threads, each
-// copying its own `bytes`-byte buffer; median of 5 after a warm-up.
-double MemcpyGBps(int threads, size_t bytes) {
+// copying its own `bytes`-byte buffer, aggregated over the threads; median
+// of `reps` after a warm-up copy.
+double MemcpyGBps(int threads, size_t bytes, int reps = 5) {
+  if (bytes == 0) return 0.0;
   std::vector<std::vector<char>> src(threads, std::vector<char>(bytes, 1));
   std::vector<std::vector<char>> dst(threads, std::vector<char>(bytes, 0));
   std::vector<double> samples;
-  for (int it = 0; it < 6; ++it) {
+  for (int it = 0; it <= reps; ++it) {
     auto t0 = Clock::now();
     std::vector<std::thread> ts;
     for (int t = 0; t < threads; ++t) {
@@ -204,6 +209,10 @@ struct Row {
   size_t bytes;
   double median_s, min_s, max_s;
   double algbw, busbw, algbw_min, algbw_max;
+  // busbw against memcpy measured right after the row: N threads at once,
+  // each copying the bytes busbw counts for one rank. 100% means the
+  // collective moved its data as fast as plain concurrent copies did.
+  double memcpy_ratio;
 };
 
 Row Measure(Ranks& ranks, const std::string& backend, const std::string& op, size_t bytes, DType dtype) {
@@ -253,6 +262,15 @@ Row Measure(Ranks& ranks, const std::string& backend, const std::string& op, siz
   row.busbw = row.algbw * factor;
   row.algbw_min = row.bytes / row.max_s / 1e9;
   row.algbw_max = row.bytes / row.min_s / 1e9;
+  // Below kMinCopyReference per thread, starting the copy threads costs more
+  // than the copy: no reference (0, printed as "-").
+  constexpr size_t kMinCopyReference = 8 << 20;
+  const size_t per_rank = static_cast<size_t>(static_cast<double>(row.bytes) * factor);
+  row.memcpy_ratio = 0.0;
+  if (per_rank >= kMinCopyReference) {
+    const double per_thread_gbps = MemcpyGBps(n, per_rank, 3) / n;
+    if (per_thread_gbps > 0) row.memcpy_ratio = row.busbw / per_thread_gbps;
+  }
   return row;
 }
 
@@ -301,16 +319,20 @@ int Main() {
       std::unique_ptr<Ranks> ranks = MakeRanks(backend, n);
       if (console) {
         std::printf("\n# %s, %d ranks\n", ranks->groups[0]->label().c_str(), n);
-        std::printf("%-15s %12s %12s %10s %10s %19s\n", "op", "bytes", "time(us)", "algbw",
-                    "busbw", "algbw min..max");
-        std::printf("%-15s %12s %12s %10s %10s %19s\n", "", "", "", "(GB/s)", "(GB/s)", "(GB/s)");
+        std::printf("%-15s %12s %12s %10s %10s %19s %9s\n", "op", "bytes", "time(us)", "algbw",
+                    "busbw", "algbw min..max", "vs copy");
+        std::printf("%-15s %12s %12s %10s %10s %19s %9s\n", "", "", "", "(GB/s)", "(GB/s)",
+                    "(GB/s)", "");
       }
       for (const std::string& op : Split(FLAGS_ops)) {
         for (size_t bytes : sizes) {
           Row r = Measure(*ranks, backend, op, bytes, dtype);
           if (console) {
-            std::printf("%-15s %12zu %12.1f %10.2f %10.2f %8.2f..%-8.2f\n", op.c_str(), r.bytes,
-                        r.median_s * 1e6, r.algbw, r.busbw, r.algbw_min, r.algbw_max);
+            std::string vs_copy = "-";
+            if (r.memcpy_ratio > 0) vs_copy = std::to_string(static_cast<int>(100 * r.memcpy_ratio + 0.5)) + "%";
+            std::printf("%-15s %12zu %12.1f %10.2f %10.2f %8.2f..%-8.2f %9s\n", op.c_str(),
+                        r.bytes, r.median_s * 1e6, r.algbw, r.busbw, r.algbw_min, r.algbw_max,
+                        vs_copy.c_str());
             std::fflush(stdout);
           }
           rows.push_back({{"name", backend + "/" + op + "/ranks:" + std::to_string(n) +
@@ -324,7 +346,8 @@ int Main() {
                           {"time_us_min", r.min_s * 1e6},
                           {"time_us_max", r.max_s * 1e6},
                           {"algbw_GBps", r.algbw},
-                          {"busbw_GBps", r.busbw}});
+                          {"busbw_GBps", r.busbw},
+                          {"busbw_vs_concurrent_memcpy", r.memcpy_ratio}});
         }
       }
     }

@@ -34,6 +34,39 @@ std::string RankList(const std::vector<int>& ranks) {
 
 }  // namespace
 
+// Keeps all_reduce's scratch chunks between the collectives of one rank: a
+// fresh chunk per call costs page faults comparable to the reduction itself.
+// Several streams may run collectives of one rank at once, hence a free list.
+class ScratchPool {
+ public:
+  explicit ScratchPool(Allocator& allocator) : allocator_(allocator) {}
+
+  StatusOr<std::shared_ptr<Storage>> Acquire(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if ((*it)->nbytes() >= bytes) {
+          std::shared_ptr<Storage> s = std::move(*it);
+          free_.erase(it);
+          return s;
+        }
+      }
+    }
+    return allocator_.AllocateBytes(bytes);
+  }
+
+  void Release(std::shared_ptr<Storage> s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.size() < kMaxCached) free_.push_back(std::move(s));
+  }
+
+ private:
+  static constexpr size_t kMaxCached = 4;  // a few entries of a coalesced call
+  Allocator& allocator_;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<Storage>> free_;
+};
+
 // What one rank publishes in a slot. Copied in, so a rank's call may end (and
 // its closure die) while others still look at the slot.
 struct RankCall {
@@ -50,7 +83,7 @@ class LocalRendezvous {
   int size() const { return size_; }
 
   // Runs rank `rank`'s part of collective `c`.
-  Status Run(int rank, const Collective& c, Allocator& scratch_allocator);
+  Status Run(int rank, const Collective& c, ScratchPool& scratch_pool);
 
   std::shared_ptr<LocalRendezvous> Child(const std::string& key, int size) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -105,7 +138,7 @@ class LocalRendezvous {
   std::map<std::string, Child_> children_;
 };
 
-Status LocalRendezvous::Run(int rank, const Collective& c, Allocator& scratch_allocator) {
+Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_pool) {
   const Clock::time_point deadline = Clock::now() + c.timeout;
   const int n = size_;
   const size_t entries = c.outputs.size();
@@ -114,6 +147,13 @@ Status LocalRendezvous::Run(int rank, const Collective& c, Allocator& scratch_al
   mine.fingerprint = CallFingerprint::Of(c);
   mine.description = c.Describe();
   std::vector<std::shared_ptr<Storage>> scratch_storage;
+  struct ReturnScratch {
+    ScratchPool& pool;
+    std::vector<std::shared_ptr<Storage>>& storage;
+    ~ReturnScratch() {
+      for (auto& s : storage) pool.Release(std::move(s));
+    }
+  } return_scratch{scratch_pool, scratch_storage};
   Status local_failure;
   for (size_t e = 0; e < entries; ++e) {
     mine.in.push_back(c.inputs[e].data());
@@ -122,7 +162,7 @@ Status LocalRendezvous::Run(int rank, const Collective& c, Allocator& scratch_al
       size_t count = static_cast<size_t>(c.outputs[e].numel());
       size_t chunk = ChunkBegin(count, n, rank + 1) - ChunkBegin(count, n, rank);
       StatusOr<std::shared_ptr<Storage>> s =
-          scratch_allocator.AllocateBytes(chunk * DTypeSize(c.outputs[e].dtype()));
+          scratch_pool.Acquire(chunk * DTypeSize(c.outputs[e].dtype()));
       if (!s.ok()) {
         local_failure = s.status().WithContext("rank " + std::to_string(rank) + " scratch");
         break;
@@ -175,6 +215,8 @@ Status LocalRendezvous::Run(int rank, const Collective& c, Allocator& scratch_al
 
   // -- Data movement: this rank's share, concurrently with the others --------
   for (size_t e = 0; e < entries; ++e) {
+    // Empty tensors may have no memory at all: nothing to move.
+    if (c.outputs[e].nbytes() == 0) continue;
     const DType dtype = c.outputs[e].dtype();
     const size_t esize = DTypeSize(dtype);
     switch (c.kind) {
@@ -238,6 +280,7 @@ Status LocalRendezvous::Run(int rank, const Collective& c, Allocator& scratch_al
     }
     lock.unlock();
     for (size_t e = 0; e < entries; ++e) {
+      if (c.outputs[e].nbytes() == 0) continue;
       const size_t esize = DTypeSize(c.outputs[e].dtype());
       const size_t count = static_cast<size_t>(c.outputs[e].numel());
       char* out = static_cast<char*>(calls[rank].out[e]);
@@ -280,7 +323,10 @@ StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> LocalProcessGroup::Create(
 LocalProcessGroup::LocalProcessGroup(int rank, std::shared_ptr<LocalRendezvous> rendezvous,
                                      LocalOptions options)
     : ProcessGroup(rank, rendezvous->size()), rendezvous_(std::move(rendezvous)),
-      options_(options) {}
+      options_(options),
+      scratch_pool_(std::make_shared<ScratchPool>(options.scratch_allocator != nullptr
+                                                      ? *options.scratch_allocator
+                                                      : HostAllocator::Default())) {}
 
 LocalProcessGroup::~LocalProcessGroup() = default;
 
@@ -307,15 +353,13 @@ StatusOr<std::shared_ptr<Work>> LocalProcessGroup::Launch(Collective c, Stream& 
     return Invalid("the local backend runs on CPU streams, not " + stream.device().ToString());
   }
   std::string description = "local rank " + std::to_string(rank()) + ": " + c.Describe();
-  Allocator* allocator = options_.scratch_allocator != nullptr ? options_.scratch_allocator
-                                                               : &HostAllocator::Default();
   const int rank = this->rank();
   const int64_t track = stream.id();
   return EnqueueOnStream(
       std::move(description), stream,
-      [rendezvous = rendezvous_, c = std::move(c), allocator, rank, track]() -> Status {
+      [rendezvous = rendezvous_, pool = scratch_pool_, c = std::move(c), rank, track]() -> Status {
         TraceSpan span(CollectiveName(c.kind), "comm", rank, track);
-        return rendezvous->Run(rank, c, *allocator);
+        return rendezvous->Run(rank, c, *pool);
       });
 }
 

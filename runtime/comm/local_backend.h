@@ -25,7 +25,10 @@
 // DeadlineExceeded naming the collective and the missing ranks; the slot is
 // marked aborted, so the late rank fails at once when it arrives, and the
 // next sequence number works normally again. Groups are independent: after a
-// failure a group can be destroyed and a new one created.
+// failure a group can be destroyed and a new one created. One limit: a rank
+// whose peers stall *during* the copies (past the timeout, after all arrived)
+// leaves with DeadlineExceeded while they may still read its buffers; keep
+// those tensors alive until the peers' Works have completed too.
 //
 // Thread safety: each handle may be used from any thread (process_group.h).
 #ifndef SHARDKIT_RUNTIME_COMM_LOCAL_BACKEND_H_
@@ -43,10 +46,12 @@
 namespace sk::comm {
 
 class LocalRendezvous;
+class ScratchPool;
 
 struct LocalOptions {
   // Where all_reduce takes its scratch chunk from; HostAllocator::Default()
-  // when null. Must outlive the group.
+  // when null. Must outlive the group. Each rank keeps up to 4 chunks for
+  // reuse until its handle and queued collectives are gone.
   Allocator* scratch_allocator = nullptr;
 };
 
@@ -70,6 +75,7 @@ class LocalProcessGroup final : public ProcessGroup {
  private:
   std::shared_ptr<LocalRendezvous> rendezvous_;
   LocalOptions options_;
+  std::shared_ptr<ScratchPool> scratch_pool_;  // shared with queued collectives
   std::mutex new_group_mu_;
   std::map<std::string, int> new_group_counts_;  // NewGroup calls per member list
 };

@@ -85,25 +85,39 @@ int ExitMidCollective(ProcessGroup& pg) {
   auto stream = testing::MakeStream(0, "comm");
   auto b = pg.barrier(*stream, CollectiveOptions{30s});
   if (!b.ok() || !(*b)->wait(30s).ok()) return Fail(rank, "first barrier");
-  const int64_t n = 8 << 20;  // 32 MiB per rank: far from done when the last rank leaves
+  // A long train of all_gathers: the last rank leaves as soon as the first
+  // has completed, so it leaves with the rest in flight on its stream, and
+  // the others cannot complete them all.
+  constexpr int kTrain = 100;
+  const int64_t n = 1 << 20;  // 4 MiB per rank per collective
   Tensor in = testing::MakeTensor(0, DType::kF32, n);
   Tensor out = testing::MakeTensor(0, DType::kF32, n * world);
   auto start = std::chrono::steady_clock::now();
-  auto w = pg.all_gather(out, in, *stream, CollectiveOptions{10s});
-  if (!w.ok()) return Fail(rank, w.status().ToString());
+  std::vector<std::shared_ptr<Work>> works;
+  for (int k = 0; k < kTrain; ++k) {
+    auto w = pg.all_gather(out, in, *stream, CollectiveOptions{10s});
+    if (!w.ok()) return Fail(rank, w.status().ToString());
+    works.push_back(*w);
+  }
   if (rank == world - 1) {
-    std::this_thread::sleep_for(20ms);  // the collective is under way on the stream
-    std::printf("rank %d leaving mid-collective\n", rank);
+    if (!works[0]->wait(30s).ok()) return Fail(rank, "first all_gather");
+    std::printf("rank %d leaving mid-collective (%s)\n", rank,
+                works.back()->is_completed() ? "all done?!" : "the rest in flight");
     std::fflush(stdout);
     std::_Exit(0);
   }
-  Status s = (*w)->wait(60s);
+  Status s;
+  for (auto& w : works) {
+    s = w->wait(60s);
+    if (!s.ok()) break;
+  }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kDeadlineExceeded) {
     return Fail(rank, "expected Unavailable or DeadlineExceeded, got " + s.ToString());
   }
   if (secs > 15) return Fail(rank, "failure took " + std::to_string(secs) + " s");
-  std::printf("rank %d failed as expected after %.1f s: %s\n", rank, secs, StatusCodeName(s.code()).c_str());
+  std::printf("rank %d failed as expected after %.1f s: %s\n", rank, secs,
+              StatusCodeName(s.code()).c_str());
   std::fflush(stdout);
   // The broken group must still be destroyable without hanging.
   return 0;

@@ -361,6 +361,29 @@ TEST(LocalProcessGroup, CollectiveOverlapsComputeOnAnotherStream) {
   EXPECT_TRUE(saw_result.load());
 }
 
+// Collectives only enqueue: one host thread can drive every rank.
+TEST(LocalProcessGroup, OneHostThreadDrivesAllRanks) {
+  constexpr int kWorld = 4;
+  auto groups = LocalGroup(kWorld);
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<Tensor> ins, outs;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int r = 0; r < kWorld; ++r) {
+    streams.push_back(MakeStream(r, "comm"));
+    ins.push_back(MakeTensor(r, DType::kF16, 5));
+    outs.push_back(MakeTensor(r, DType::kF16, 5 * kWorld));
+    FillRank(ins.back(), r);
+    auto w = groups[r]->all_gather(outs[r], ins[r], *streams[r]);
+    ASSERT_TRUE(w.ok()) << w.status();
+    works.push_back(*w);
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(works[r]->wait(10s).ok());
+    std::vector<float> got = Values(outs[r]);
+    for (int i = 0; i < 5 * kWorld; ++i) EXPECT_EQ(got[i], InputValue(DType::kF16, i / 5, i % 5));
+  }
+}
+
 TEST(LocalProcessGroup, NewGroupFormsSubGroupsOfTheGivenRanks) {
   auto groups = LocalGroup(4);
   RunRanks(4, [&](int r) {

@@ -133,6 +133,22 @@ TEST(NetworkModelProcessGroup, DataMovesAndCompletionWaitsForTheModel) {
   });
 }
 
+TEST(NetworkModelProcessGroup, MeshSubGroupsKeepTheModel) {
+  auto inner = LocalGroup(4);
+  std::vector<std::unique_ptr<ProcessGroup>> world;
+  for (auto& g : inner) {
+    world.push_back(*NetworkModelProcessGroup::Wrap(std::move(g), LinkModel{1.0, 50.0, LinkAlgorithm::kTree}));
+  }
+  EXPECT_EQ(world[0]->label(), "local + network model (tree, alpha=1 us, beta=50 GB/s)");
+  RunRanks(4, [&](int r) {
+    auto mesh = DeviceMesh::Create(*world[r], 2, 2, 20s);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    EXPECT_EQ((*mesh)->shard_group().label(), world[r]->label());
+    EXPECT_EQ((*mesh)->replicate_group().label(), world[r]->label());
+  });
+  CheckMesh(world, 2, 2);
+}
+
 TEST(NetworkModelProcessGroup, InnerErrorsPassThrough) {
   auto inner = LocalGroup(2);
   auto wrapped = NetworkModelProcessGroup::Wrap(std::move(inner[0]), LinkModel{});
