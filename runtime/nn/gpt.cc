@@ -218,3 +218,33 @@ StepFlops GptModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*source_
 }
 
 }  // namespace sk
+
+namespace sk {
+
+int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
+                                      int64_t /*source_len*/) const {
+  BlockDims d;
+  d.batch = batch_size;
+  d.seq = seq_len;
+  d.d_model = config_.d_model;
+  d.heads = config_.n_head;
+  d.d_ff = config_.ff();
+  const int64_t n = batch_size * seq_len, c = config_.d_model, L = config_.n_layer;
+  const bool bf16 = options_.compute_dtype == DType::kBF16;
+  const int64_t block_params = bf16 ? units_[1].numel() : 0;
+  const int64_t head_params = bf16 ? units_.back().numel() : 0;
+  const int64_t saved = block_.SavedFloats(d);
+  // Kept through the forward: the embedding output and, per block, either
+  // everything backward needs or (checkpointing) only the block output.
+  const int64_t kept = n * c + L * (options_.activation_checkpointing ? n * c : saved);
+  // Head backward: its saved LayerNorm (+ mean, rstd), dlogits, dx and dln.
+  const int64_t head = kept + n * c + 2 * n + n * config_.vocab_size + 2 * n * c + head_params;
+  // Last block's backward: dx, dnext, its temporaries, and with
+  // checkpointing the recomputed activations of that block.
+  // (With checkpointing the head's input, the last block output, is gone by then.)
+  const int64_t block = kept + 2 * n * c + block_.BackwardTempFloats(d) + block_params +
+                        (options_.activation_checkpointing ? saved - n * c : 0);
+  return 4 * std::max(head, block);
+}
+
+}  // namespace sk

@@ -1,5 +1,6 @@
 #include "runtime/nn/t5.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -253,6 +254,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     SK_RETURN_IF_ERROR(nn_internal::HeadBackward(b.p, b.g, F(xd[D]), head, nd, c,
                                                  config_.vocab_size, bf16, F(dx), alloc));
     head = HeadSaved();
+    xd[D] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
   }
   for (int64_t l = D - 1; l >= 0; --l) {
@@ -263,6 +265,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     SK_RETURN_IF_ERROR(decoder_block_.Backward(dd, b.p, b.g, F(xd[l]), F(enc_out), ds[l], F(dx),
                                                F(dnext), F(denc), alloc));
     ds[l] = BlockSaved();
+    xd[l] = Tensor();
     std::swap(dx, dnext);
     SK_RETURN_IF_ERROR(scope.PostBackward(dec_unit(l), &b));
   }
@@ -276,6 +279,10 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     LayerNormBackward(F(xe[E]), b.p[0], F(denc), F(enc_mean), F(enc_rstd), ne, c, F(ex), b.g[0],
                       b.g[1]);
     if (bf16) RoundToBF16InPlace(F(ex), ne * c);
+    enc_out = Tensor();
+    denc = Tensor();
+    dnext = Tensor();
+    xe[E] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(enc_norm_unit, &b));
   }
   for (int64_t l = E - 1; l >= 0; --l) {
@@ -284,6 +291,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     SK_RETURN_IF_ERROR(encoder_block_.Backward(ed, b.p, b.g, F(xe[l]), nullptr, es[l], F(ex),
                                                F(enext), nullptr, alloc));
     es[l] = BlockSaved();
+    xe[l] = Tensor();
     std::swap(ex, enext);
     SK_RETURN_IF_ERROR(scope.PostBackward(enc_unit(l), &b));
   }
@@ -312,6 +320,48 @@ StepFlops T5Model::Flops(int64_t batch_size, int64_t seq_len, int64_t source_len
   f.model_flops = 3.0 * (blocks + head_fwd);
   f.hardware_flops = f.model_flops + (options_.activation_checkpointing ? blocks : 0.0);
   return f;
+}
+
+}  // namespace sk
+
+namespace sk {
+
+int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
+                                     int64_t source_len) const {
+  BlockDims ed;
+  ed.batch = batch_size;
+  ed.seq = source_len;
+  ed.d_model = config_.d_model;
+  ed.heads = config_.n_head;
+  ed.d_ff = config_.d_ff;
+  BlockDims dd = ed;
+  dd.seq = seq_len;
+  dd.enc_seq = source_len;
+  const int64_t ne = batch_size * source_len, nd = batch_size * seq_len, c = config_.d_model;
+  const int64_t E = config_.n_encoder_layers, D = config_.n_decoder_layers;
+  const bool ckpt = options_.activation_checkpointing;
+  const bool bf16 = options_.compute_dtype == DType::kBF16;
+  const int64_t enc_params = bf16 ? units_[1].numel() : 0;
+  const int64_t dec_params = bf16 ? units_[E + 2].numel() : 0;
+  const int64_t head_params = bf16 ? units_.back().numel() : 0;
+  const int64_t enc_saved = encoder_block_.SavedFloats(ed);
+  const int64_t dec_saved = decoder_block_.SavedFloats(dd);
+  // Kept through the forward: embeddings, block activations (or outputs),
+  // the encoder output with its LayerNorm statistics.
+  const int64_t enc_kept = ne * c + E * (ckpt ? ne * c : enc_saved) + ne * c + 2 * ne;
+  const int64_t dec_kept = nd * c + D * (ckpt ? nd * c : dec_saved);
+  // Backward buffers allocated before the head: dx, dnext, denc.
+  const int64_t grads = 2 * nd * c + ne * c;
+  const int64_t head = enc_kept + dec_kept + grads + nd * c + 2 * nd +
+                       nd * config_.vocab_size + nd * c + head_params;
+  const int64_t dec = enc_kept + dec_kept - (ckpt ? nd * c : 0) + grads +
+                      decoder_block_.BackwardTempFloats(dd) + dec_params +
+                      (ckpt ? dec_saved : 0);
+  // Encoder backward: the decoder is gone except the decoder-embedding
+  // gradient; ex and enext; the last encoder block's temporaries.
+  const int64_t enc = (enc_kept - ne * c - (ckpt ? ne * c : 0)) + nd * c + 2 * ne * c +
+                      encoder_block_.BackwardTempFloats(ed) + enc_params + (ckpt ? enc_saved : 0);
+  return 4 * std::max({head, dec, enc});
 }
 
 }  // namespace sk

@@ -1,5 +1,6 @@
 #include "runtime/nn/transformer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "runtime/nn/kernels.h"
@@ -301,6 +302,49 @@ Status TransformerBlock::Backward(const BlockDims& d, const UnitParams& p, const
   }
   std::memcpy(dx, F(dcur), sizeof(float) * nc);
   return OkStatus();
+}
+
+int64_t TransformerBlock::SavedFloats(const BlockDims& d) const {
+  const int64_t n = d.batch * d.seq, ne = d.batch * d.enc_seq, c = d.d_model;
+  int64_t f = 0;
+  for (SublayerKind k : kinds_) {
+    f += 2 * n * c + 2 * n;  // ln, out; mean, rstd
+    switch (k) {
+      case SublayerKind::kSelfAttention:
+      case SublayerKind::kCausalSelfAttention:
+        f += 3 * n * c + d.batch * d.heads * d.seq * d.seq + n * c;  // qkv, probs, att
+        break;
+      case SublayerKind::kCrossAttention:
+        f += n * c + 2 * ne * c + d.batch * d.heads * d.seq * d.enc_seq + n * c;  // q, kv, probs, att
+        break;
+      case SublayerKind::kMlp:
+        f += 2 * n * d.d_ff;  // pre- and post-GELU
+        break;
+    }
+  }
+  return f;
+}
+
+int64_t TransformerBlock::BackwardTempFloats(const BlockDims& d) const {
+  const int64_t n = d.batch * d.seq, ne = d.batch * d.enc_seq, c = d.d_model;
+  int64_t most = 0;
+  for (SublayerKind k : kinds_) {
+    int64_t f = n * c;  // dln
+    switch (k) {
+      case SublayerKind::kSelfAttention:
+      case SublayerKind::kCausalSelfAttention:
+        f += n * c + 3 * n * c + d.seq * d.seq;  // datt, dqkv, scratch
+        break;
+      case SublayerKind::kCrossAttention:
+        f += n * c + n * c + 2 * ne * c + d.seq * d.enc_seq;  // datt, dq, dkv, scratch
+        break;
+      case SublayerKind::kMlp:
+        f += n * d.d_ff;  // dh
+        break;
+    }
+    most = std::max(most, f);
+  }
+  return n * c + most;  // + the running gradient dcur
 }
 
 double TransformerBlock::ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t enc_seq,

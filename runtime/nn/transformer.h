@@ -110,6 +110,11 @@ class TransformerBlock {
                   const float* enc, const BlockSaved& saved, const float* dy, float* dx,
                   float* denc, Allocator& alloc) const;
 
+  // Floats a Forward keeps in `saved` (what backward needs).
+  int64_t SavedFloats(const BlockDims& d) const;
+  // Most floats a Backward allocates at once beyond `saved`, its dy and dx.
+  int64_t BackwardTempFloats(const BlockDims& d) const;
+
   // Multiply-adds per block invocation in matmuls (x2 for flops), forward only.
   double ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t enc_seq, int64_t d_model,
                             int64_t d_ff) const;
