@@ -212,6 +212,52 @@ TEST(Gpt, Bf16ComputeStaysWithinToleranceOfF32) {
   EXPECT_LT(end, 0.3f);
 }
 
+// Hooks whose gradient buffers are bf16 (FSDP with a bf16 reduce dtype):
+// the model accumulates in f32 and adds into them once per unit.
+class Bf16GradHooks : public UnitHooks {
+ public:
+  explicit Bf16GradHooks(OwnedParameters* inner) : inner_(inner) {
+    for (const UnitSpec& u : inner->units()) {
+      std::vector<Tensor> gs;
+      for (const ParamSpec& p : u.params) gs.push_back(*HostAllocator::Default().Zeros(DType::kBF16, p.shape));
+      grads_.push_back(std::move(gs));
+    }
+  }
+  StatusOr<std::vector<Tensor>> PreForward(int u) override { return inner_->PreForward(u); }
+  Status PostForward(int u) override { return inner_->PostForward(u); }
+  StatusOr<UnitBackwardBuffers> PreBackward(int u) override {
+    SK_ASSIGN_OR_RETURN(UnitBackwardBuffers b, inner_->PreBackward(u));
+    b.grads = grads_[u];
+    return b;
+  }
+  Status PostBackward(int u) override { return inner_->PostBackward(u); }
+  std::vector<float> FlatGrads() const {
+    std::vector<float> out;
+    for (const auto& unit : grads_)
+      for (const Tensor& t : unit)
+        for (int64_t i = 0; i < t.numel(); ++i) out.push_back(BF16ToFloat(t.data_as<BF16>()[i]));
+    return out;
+  }
+
+ private:
+  OwnedParameters* inner_;
+  std::vector<std::vector<Tensor>> grads_;
+};
+
+TEST(Gpt, Bf16GradientBuffersReceiveTheF32GradientRounded) {
+  TokenBatch batch = RandomBatch(2, 8, 32, 17);
+  auto m = MakeModel(Tiny());
+  auto p32 = MakeParams(*m, 8), pb = MakeParams(*m, 8);
+  ASSERT_TRUE(m->ForwardBackward(batch, *p32, HostAllocator::Default()).ok());
+  Bf16GradHooks hooks(pb.get());
+  ASSERT_TRUE(m->ForwardBackward(batch, hooks, HostAllocator::Default()).ok());
+  std::vector<float> want = Flatten(p32->all_grads()), got = hooks.FlatGrads();
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i], BF16ToFloat(FloatToBF16(want[i]))) << i;
+  }
+}
+
 TEST(Gpt, GradientsAccumulateAcrossCallsUntilZeroed) {
   TokenBatch batch = RandomBatch(2, 8, 32, 16);
   auto m = MakeModel(Tiny());
