@@ -174,6 +174,34 @@ void GemmShapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Gemm)->Apply(GemmShapes)->ArgNames({"lib", "m", "n", "k"})->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// bf16 operands with f32 accumulation (oneDNN matmul). Rates are f32-equivalent
+// FLOPs; AVX512-BF16's dot-product instruction does twice the FLOPs of an f32
+// FMA, so the fraction of the f32 peak can exceed 1.
+void BM_GemmBF16(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  std::vector<BF16> a(m * k), b(k * n);
+  std::vector<float> c(m * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = FloatToBF16(static_cast<float>(i % 7) * 0.1f);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = FloatToBF16(static_cast<float>(i % 5) * 0.1f);
+  Peak();
+  GemmBF16(false, false, m, n, k, a.data(), k, b.data(), n, false, c.data(), n);  // builds the primitive
+  const double cpu0 = ProcessCpuSeconds();
+  for (auto _ : state) {
+    GemmBF16(false, false, m, n, k, a.data(), k, b.data(), n, false, c.data(), n);
+    benchmark::ClobberMemory();
+  }
+  SetFlopCounters(state, 2.0 * m * n * k, ProcessCpuSeconds() - cpu0);
+  state.SetLabel("onednn bf16");
+}
+BENCHMARK(BM_GemmBF16)
+    ->Args({1024, 1024, 1024})
+    ->Args({2048, 2048, 2048})
+    ->Args({2048, 1536, 384})
+    ->Args({2048, 384, 1536})
+    ->ArgNames({"m", "n", "k"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 void BM_GptTrainStep(benchmark::State& state, const char* name, int64_t batch, int64_t seq) {
   auto cfg = FindModelConfig(name);
   auto model = CreateModel(*cfg);

@@ -41,6 +41,15 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc, GemmBackend backend = GemmBackend::kDefault);
 
+// C = op(A) op(B), or C += op(A) op(B) when accumulate, with A and B in bf16
+// and the products accumulated and stored in f32: oneDNN's matmul, which
+// uses the CPU's AVX512-BF16 (or AMX) instructions where it has them. Same
+// row-major conventions as Gemm. The f32 Gemm of bf16-valued inputs gives
+// the same numbers up to summation order; this is the fast path.
+// Primitives are cached per shape; safe to call from several threads.
+void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+              int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
+
 // y[rows, out] = x[rows, in] w[in, out] + bias[out] (bias may be null).
 void LinearForward(const float* x, const float* w, const float* bias, int64_t rows, int64_t in,
                    int64_t out, float* y);

@@ -182,6 +182,34 @@ TEST(Kernels, GemmTransposedOperandsMatchExplicitTranspose) {
   ExpectForward("AtBt", c, want);
 }
 
+// bf16 operands, f32 accumulation: equals the double product of the
+// bf16-rounded operands up to f32 summation error, for every transposition,
+// and accumulates when asked.
+TEST(Kernels, Bf16GemmAccumulatesInF32ForEveryTransposition) {
+  const int64_t m = 19, n = 23, k = 37;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      Vec a = Random(m * k, 200), b = Random(k * n, 201);
+      std::vector<BF16> ab(a.size()), bb(b.size());
+      for (size_t i = 0; i < a.size(); ++i) a[i] = BF16ToFloat(ab[i] = FloatToBF16(static_cast<float>(a[i])));
+      for (size_t i = 0; i < b.size(); ++i) b[i] = BF16ToFloat(bb[i] = FloatToBF16(static_cast<float>(b[i])));
+      // Logical A [m, k] and B [k, n], laid out transposed when asked.
+      std::vector<BF16> as(a.size()), bs(b.size());
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t p = 0; p < k; ++p) as[ta ? p * m + i : i * k + p] = ab[i * k + p];
+      for (int64_t p = 0; p < k; ++p)
+        for (int64_t j = 0; j < n; ++j) bs[tb ? j * k + p : p * n + j] = bb[p * n + j];
+      Vec want = LinearRef(a, b, {}, m, k, n);
+      std::vector<float> c(m * n, 0.0f);
+      GemmBF16(ta, tb, m, n, k, as.data(), ta ? m : k, bs.data(), tb ? k : n, false, c.data(), n);
+      ExpectForward("bf16 gemm", c, want);
+      GemmBF16(ta, tb, m, n, k, as.data(), ta ? m : k, bs.data(), tb ? k : n, true, c.data(), n);
+      for (double& w : want) w *= 2;
+      ExpectForward("bf16 gemm accumulate", c, want);
+    }
+  }
+}
+
 TEST(Kernels, LinearBackwardMatchesFiniteDifferences) {
   const int64_t rows = 3, in = 4, out = 5;
   Vec x = Random(rows * in, 10), w = Random(in * out, 11), b = Random(out, 12),
