@@ -16,6 +16,7 @@ using nn_internal::NewF32;
 using nn_internal::SublayerKind;
 using nn_internal::UnitGrads;
 using nn_internal::UnitParams;
+using nn_internal::UnitScope;
 
 namespace {
 
@@ -26,44 +27,6 @@ Status Positive(int64_t v, const std::string& model, const char* field) {
   }
   return OkStatus();
 }
-
-// The hook protocol for one unit, with the unit named in every error.
-class UnitScope {
- public:
-  UnitScope(UnitHooks& hooks, const std::vector<UnitSpec>& units, Allocator& alloc)
-      : hooks_(hooks), units_(units), alloc_(alloc) {}
-
-  StatusOr<UnitParams> PreForward(int u) {
-    auto pt = hooks_.PreForward(u);
-    if (!pt.ok()) return Named(pt.status(), u, "PreForward");
-    return UnitParams::Make(units_[u], *pt, alloc_);
-  }
-  Status PostForward(int u) { return Named(hooks_.PostForward(u), u, "PostForward"); }
-
-  struct Backward {
-    UnitParams p;
-    UnitGrads g;
-  };
-  StatusOr<Backward> PreBackward(int u) {
-    auto bufs = hooks_.PreBackward(u);
-    if (!bufs.ok()) return Named(bufs.status(), u, "PreBackward");
-    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[u], bufs->params, alloc_));
-    SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[u], bufs->grads, alloc_));
-    return Backward{std::move(p), std::move(g)};
-  }
-  Status PostBackward(int u, Backward* b) {
-    b->g.Flush();
-    return Named(hooks_.PostBackward(u), u, "PostBackward");
-  }
-
- private:
-  Status Named(const Status& s, int u, const char* phase) {
-    return s.WithContext(std::string(phase) + " of unit '" + units_[u].name + "'");
-  }
-  UnitHooks& hooks_;
-  const std::vector<UnitSpec>& units_;
-  Allocator& alloc_;
-};
 
 }  // namespace
 
@@ -296,7 +259,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     SK_RETURN_IF_ERROR(scope.PostBackward(enc_unit(l), &b));
   }
   {
-    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(0));
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackwardGradientsOnly(0));
     EmbeddingBackward(batch.source.data(), F(ex), ne, c, b.g[0]);
     EmbeddingBackward(batch.inputs.data(), F(ddec_embed), nd, c, b.g[1]);
     for (int64_t bi = 0; bi < B; ++bi) {

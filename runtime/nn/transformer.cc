@@ -87,6 +87,39 @@ void UnitGrads::Flush() {
   }
 }
 
+Status UnitScope::Named(const Status& s, int u, const char* phase) const {
+  return s.WithContext(std::string(phase) + " of unit '" + units_[u].name + "'");
+}
+
+StatusOr<UnitParams> UnitScope::PreForward(int u) {
+  auto pt = hooks_.PreForward(u);
+  if (!pt.ok()) return Named(pt.status(), u, "PreForward");
+  return UnitParams::Make(units_[u], *pt, alloc_);
+}
+
+Status UnitScope::PostForward(int u) { return Named(hooks_.PostForward(u), u, "PostForward"); }
+
+StatusOr<UnitScope::Backward> UnitScope::PreBackward(int u) {
+  auto bufs = hooks_.PreBackward(u);
+  if (!bufs.ok()) return Named(bufs.status(), u, "PreBackward");
+  SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[u], bufs->params, alloc_));
+  SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[u], bufs->grads, alloc_));
+  return Backward{std::move(p), std::move(g)};
+}
+
+StatusOr<UnitScope::Backward> UnitScope::PreBackwardGradientsOnly(int u) {
+  auto bufs = hooks_.PreBackward(u);
+  if (!bufs.ok()) return Named(bufs.status(), u, "PreBackward");
+  SK_RETURN_IF_ERROR(ValidateUnitTensors(units_[u], bufs->params, "parameter"));
+  SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[u], bufs->grads, alloc_));
+  return Backward{UnitParams(), std::move(g)};
+}
+
+Status UnitScope::PostBackward(int u, Backward* b) {
+  b->g.Flush();
+  return Named(hooks_.PostBackward(u), u, "PostBackward");
+}
+
 size_t SublayerParamCount(SublayerKind kind) { return kind == SublayerKind::kCrossAttention ? 8 : 6; }
 
 void AppendSublayerSpecs(SublayerKind kind, const std::string& prefix, int64_t d_model,

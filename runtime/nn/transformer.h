@@ -55,6 +55,34 @@ class UnitGrads {
   std::vector<float*> ptrs_;
 };
 
+// Drives the hook protocol for one unit and names the unit in every error
+// ("PreBackward of unit 'h.1': ...").
+class UnitScope {
+ public:
+  UnitScope(UnitHooks& hooks, const std::vector<UnitSpec>& units, Allocator& alloc)
+      : hooks_(hooks), units_(units), alloc_(alloc) {}
+
+  StatusOr<UnitParams> PreForward(int u);
+  Status PostForward(int u);
+
+  struct Backward {
+    UnitParams p;
+    UnitGrads g;
+  };
+  StatusOr<Backward> PreBackward(int u);
+  // For units whose backward reads no parameter (the embeddings): checks
+  // the parameters but does not widen bf16 ones to f32.
+  StatusOr<Backward> PreBackwardGradientsOnly(int u);
+  // Flushes b's gradients into the hook's buffers, then PostBackward(u).
+  Status PostBackward(int u, Backward* b);
+
+ private:
+  Status Named(const Status& s, int u, const char* phase) const;
+  UnitHooks& hooks_;
+  const std::vector<UnitSpec>& units_;
+  Allocator& alloc_;
+};
+
 // Checks the tensors a hook returned against the unit's specs.
 Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tensors,
                            const char* what);
