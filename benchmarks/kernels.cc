@@ -12,7 +12,6 @@
 // SK_BENCH_THREADS=n runs everything on n threads (both BLAS libraries are
 // told so, and "peak" is the n-thread peak); the default is every core.
 // Per-thread numbers (n = 1) are the robust ones on a shared machine.
-#include <cblas.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -247,12 +246,9 @@ BENCHMARK_CAPTURE(BM_GptTrainStep, gpt_10m, "gpt-10m", 8, 256)->UseRealTime()->U
 }  // namespace
 }  // namespace sk
 
-extern "C" void omp_set_num_threads(int);  // libgomp, which oneDNN runs on
-
 int main(int argc, char** argv) {
   const int threads = sk::BenchThreads();
-  openblas_set_num_threads(threads);
-  omp_set_num_threads(threads);
+  if (!sk::SetGemmThreads(threads).ok()) return 1;
   benchmark::AddCustomContext("bench_threads", std::to_string(threads));
   benchmark::AddCustomContext("OPENBLAS_CORETYPE", std::getenv("OPENBLAS_CORETYPE")
                                                        ? std::getenv("OPENBLAS_CORETYPE")

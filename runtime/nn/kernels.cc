@@ -30,6 +30,21 @@ std::string_view GemmBackendName(GemmBackend b) {
 // machines; RESULTS.md has the measurement behind this choice.
 GemmBackend DefaultGemmBackend() { return GemmBackend::kOneDnn; }
 
+extern "C" {
+// libgomp, the OpenMP runtime oneDNN is built on (omp.h needs -fopenmp).
+void omp_set_num_threads(int n);
+int omp_get_max_threads(void);
+}
+
+Status SetGemmThreads(int n) {
+  if (n < 1) return InvalidArgumentError("GEMM thread count must be >= 1, got " + std::to_string(n));
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+  return OkStatus();
+}
+
+int GemmThreads() { return omp_get_max_threads(); }
+
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc, GemmBackend backend) {

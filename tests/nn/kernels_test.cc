@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -166,6 +167,18 @@ TEST(Kernels, GemmBackendsAgreeWithEachOtherAndDoubleReference) {
     Gemm(false, false, m, n, k, 1.0f, af.data(), k, bf.data(), n, 0.0f, c.data(), n, be);
     ExpectForward(std::string(GemmBackendName(be)), c, want);
   }
+}
+
+TEST(Kernels, GemmThreadsIsAPerThreadSettingAndRejectsZero) {
+  const int before = GemmThreads();
+  ASSERT_TRUE(SetGemmThreads(1).ok());
+  EXPECT_EQ(GemmThreads(), 1);
+  int other = 0;
+  std::thread t([&] { other = GemmThreads(); });
+  t.join();
+  EXPECT_EQ(other, before);  // a new thread starts from the process default
+  EXPECT_EQ(SetGemmThreads(0).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(SetGemmThreads(before).ok());
 }
 
 TEST(Kernels, GemmTransposedOperandsMatchExplicitTranspose) {
