@@ -88,6 +88,7 @@ Status GptModel::ValidateBatch(const TokenBatch& batch) const {
     return InvalidArgumentError("batch.source is set, but '" + config_.name +
                                 "' is a decoder-only model");
   }
+  SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
   const int64_t n = batch.batch_size * batch.seq_len;
   SK_RETURN_IF_ERROR(nn_internal::ValidateTokens(batch.inputs, n, config_.vocab_size, false, "inputs"));
   return nn_internal::ValidateTokens(batch.targets, n, config_.vocab_size, true, "targets");

@@ -106,6 +106,8 @@ Status T5Model::ValidateBatch(const TokenBatch& batch) const {
                                 "] of model '" + config_.name + "'");
   }
   const int64_t v = config_.vocab_size;
+  SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
+  SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.source_len, "batch source"));
   SK_RETURN_IF_ERROR(nn_internal::ValidateTokens(batch.source, batch.batch_size * batch.source_len,
                                                  v, false, "source"));
   const int64_t n = batch.batch_size * batch.seq_len;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "runtime/nn/kernels.h"
 
@@ -443,6 +444,14 @@ Status HeadBackward(const UnitParams& p, const UnitGrads& g, const float* x,
   std::memset(dx, 0, sizeof(float) * rows * d_model);
   LayerNormBackward(x, p[0], F(dln), F(saved.mean), F(saved.rstd), rows, d_model, dx, g[0], g[1]);
   if (bf16) RoundToBF16InPlace(dx, rows * d_model);
+  return OkStatus();
+}
+
+Status CheckProduct(int64_t rows, int64_t cols, const char* what) {
+  if (rows > std::numeric_limits<int64_t>::max() / cols) {
+    return InvalidArgumentError(std::string(what) + ": " + std::to_string(rows) + " x " +
+                                std::to_string(cols) + " overflows int64");
+  }
   return OkStatus();
 }
 

@@ -170,6 +170,9 @@ Status HeadBackward(const UnitParams& p, const UnitGrads& g, const float* x,
                     const HeadSaved& saved, int64_t rows, int64_t d_model, int64_t vocab,
                     bool bf16, float* dx, Allocator& alloc);
 
+// InvalidArgument unless rows * cols fits int64 (both already positive).
+Status CheckProduct(int64_t rows, int64_t cols, const char* what);
+
 // Checks ids in [0, vocab) (targets may also be kIgnoreTarget).
 Status ValidateTokens(const std::vector<int32_t>& ids, int64_t expected_count, int64_t vocab,
                       bool allow_ignore, const char* field);

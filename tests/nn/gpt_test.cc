@@ -298,6 +298,34 @@ TEST(Gpt, BadBatchesAreInvalidArgumentNamingTheField) {
   EXPECT_TRUE(p->call_log().size() > 0);
 }
 
+TEST(Gpt, OverflowingBatchSizesAreInvalidArgumentNotACrash) {
+  auto m = MakeModel(Tiny());
+  auto p = MakeParams(*m, 1);
+  TokenBatch b;
+  b.batch_size = int64_t{1} << 62;
+  b.seq_len = 8;  // the product wraps to 0, which matches the empty vectors
+  EXPECT_EQ(m->Forward(b, *p, HostAllocator::Default()).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// A causal model: the prediction at position t must not depend on inputs
+// after t. Only position 3 counts in the loss; changing later inputs leaves
+// the loss bit-identical, changing an earlier input does not.
+TEST(Gpt, LossAtAPositionIgnoresLaterInputs) {
+  auto m = MakeModel(Tiny());
+  auto p = MakeParams(*m, 2);
+  TokenBatch b = RandomBatch(1, 8, 32, 18);
+  for (int t = 0; t < 8; ++t) b.targets[t] = t == 3 ? b.targets[t] : kIgnoreTarget;
+  float base = *m->Forward(b, *p, HostAllocator::Default());
+  TokenBatch later = b;
+  later.inputs[5] = (later.inputs[5] + 1) % 32;
+  later.inputs[7] = (later.inputs[7] + 3) % 32;
+  EXPECT_EQ(*m->Forward(later, *p, HostAllocator::Default()), base);
+  TokenBatch earlier = b;
+  earlier.inputs[1] = (earlier.inputs[1] + 1) % 32;
+  EXPECT_NE(*m->Forward(earlier, *p, HostAllocator::Default()), base);
+}
+
 TEST(Gpt, BadConfigsAreInvalidArgument) {
   GptConfig c = Tiny();
   c.n_head = 3;
