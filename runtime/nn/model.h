@@ -13,7 +13,9 @@
 //   PreForward(0) PostForward(0) ... PreForward(U-1) PostForward(U-1)
 //   PreBackward(U-1) PostBackward(U-1) ... PreBackward(0) PostBackward(0)
 // with no other hook calls in between; a hook returning an error stops the
-// step and the error is returned (with the unit named). Forward() makes only
+// step and the error is returned (with the unit named). After any error the
+// step is abandoned where it stood: the unit that was running gets no Post
+// call, so hooks that track state must be reset by their owner. Forward() makes only
 // the forward half. Units run in index order, so the order above is also the
 // recorded execution order FSDP prefetches by.
 //
