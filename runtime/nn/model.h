@@ -37,6 +37,7 @@
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
 #include "runtime/nn/init.h"
+#include "runtime/nn/kernels.h"  // kIgnoreTarget
 
 namespace sk {
 
