@@ -15,8 +15,8 @@
 // with no other hook calls in between; a hook returning an error stops the
 // step and the error is returned (with the unit named). After any error the
 // step is abandoned where it stood: the unit that was running gets no Post
-// call, so hooks that track state must be reset by their owner. Forward() makes only
-// the forward half. Units run in index order, so the order above is also the
+// call, so hooks that track state must be reset by their owner. Forward()
+// makes only the forward half. Units run in index order, so the order above is also the
 // recorded execution order FSDP prefetches by.
 //
 // Activations and temporaries come from the Allocator passed to each call, so

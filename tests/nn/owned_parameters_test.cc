@@ -2,12 +2,14 @@
 
 #include <atomic>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
+#include "runtime/nn/kernels.h"
 #include "runtime/nn/optimizer.h"
 
 namespace sk {
@@ -129,6 +131,34 @@ TEST(ModelMemory, ActivationsComeFromTheGivenAllocatorAndAreReleasedAfterTheStep
     peaks[ckpt] = alloc.peak();
   }
   EXPECT_LT(peaks[1], peaks[0]) << "checkpointing should lower peak activation memory";
+}
+
+// Ranks as threads (FSDP's local backend) call one model concurrently, each
+// with its own hooks and allocator: the results equal sequential calls.
+TEST(ModelThreads, ConcurrentStepsOnOneModelMatchSequentialSteps) {
+  auto model = CreateModel("gpt-tiny");
+  ASSERT_TRUE(model.ok());
+  auto stream = SyntheticTokenStream(4, 64, 1000);
+  std::vector<TokenBatch> batches;
+  for (int r = 0; r < 2; ++r) batches.push_back(*LanguageModelBatch(*stream, 2, 16, 1, 0, r, 2));
+  auto run = [&](int r, std::vector<float>* grads) {
+    ASSERT_TRUE(SetGemmThreads(1).ok());
+    auto params = OwnedParameters::Create((*model)->units(), 9);
+    ASSERT_TRUE(params.ok());
+    HostAllocator alloc;
+    ASSERT_TRUE((*model)->ForwardBackward(batches[r], **params, alloc).ok());
+    for (const Tensor& g : (*params)->all_grads())
+      grads->insert(grads->end(), g.data_as<float>(), g.data_as<float>() + g.numel());
+  };
+  std::vector<float> seq[2], par[2];
+  run(0, &seq[0]);
+  run(1, &seq[1]);
+  std::thread t0(run, 0, &par[0]), t1(run, 1, &par[1]);
+  t0.join();
+  t1.join();
+  EXPECT_EQ(par[0], seq[0]);
+  EXPECT_EQ(par[1], seq[1]);
+  EXPECT_NE(seq[0], seq[1]);
 }
 
 // The analytic PeakActivationBytes (what FSDP's memory estimator adds to
