@@ -49,8 +49,9 @@ Status GptConfig::Validate() const {
 StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
                                                      const ModelOptions& options) {
   SK_RETURN_IF_ERROR(config.Validate());
-  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16) {
-    return InvalidArgumentError("compute_dtype must be f32 or bf16, got " +
+  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16 &&
+      options.compute_dtype != DType::kF16) {
+    return InvalidArgumentError("compute_dtype must be f32, bf16 or f16, got " +
                                 std::string(DTypeName(options.compute_dtype)));
   }
   return std::unique_ptr<GptModel>(new GptModel(config, options));
@@ -111,7 +112,7 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   const int64_t T = batch.seq_len;
   const int64_t n = batch.batch_size * T;
   const int64_t c = config_.d_model;
-  const bool bf16 = options_.compute_dtype == DType::kBF16;
+  const DType act = options_.compute_dtype;
   const bool ckpt = options_.activation_checkpointing;
   const int head_unit = static_cast<int>(L + 1);
   BlockDims dims;
@@ -120,7 +121,7 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   dims.d_model = c;
   dims.heads = config_.n_head;
   dims.d_ff = config_.ff();
-  dims.bf16 = bf16;
+  dims.storage = act;
 
   // xs[l] is block l's input; xs[L] feeds the head.
   std::vector<Tensor> xs(static_cast<size_t>(L + 1));
@@ -132,7 +133,7 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
     SK_ASSIGN_OR_RETURN(xs[0], NewF32(alloc, n * c));
     EmbeddingForward(p[0], batch.inputs.data(), n, c, F(xs[0]));
     for (int64_t b = 0; b < batch.batch_size; ++b) AddInPlace(F(xs[0]) + b * T * c, p[1], T * c);
-    if (bf16) RoundToBF16InPlace(F(xs[0]), n * c);
+    RoundToDTypeInPlace(F(xs[0]), n * c, act);
     SK_RETURN_IF_ERROR(scope.PostForward(0));
   }
   for (int64_t l = 0; l < L; ++l) {
@@ -150,7 +151,7 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
     SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(p, F(xs[L]), batch.targets.data(), n, c,
-                                                       config_.vocab_size, bf16, backward, alloc,
+                                                       config_.vocab_size, act, backward, alloc,
                                                        &head));
     SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
@@ -160,7 +161,7 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
     SK_RETURN_IF_ERROR(nn_internal::HeadBackward(b.p, b.g, F(xs[L]), head, n, c,
-                                                 config_.vocab_size, bf16, F(dx), alloc));
+                                                 config_.vocab_size, act, F(dx), alloc));
     head = HeadSaved();
     xs[L] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
@@ -211,9 +212,9 @@ int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   d.heads = config_.n_head;
   d.d_ff = config_.ff();
   const int64_t n = batch_size * seq_len, c = config_.d_model, L = config_.n_layer;
-  const bool bf16 = options_.compute_dtype == DType::kBF16;
-  const int64_t block_params = bf16 ? units_[1].numel() : 0;
-  const int64_t head_params = bf16 ? units_.back().numel() : 0;
+  const DType act = options_.compute_dtype;
+  const int64_t block_params = act != DType::kF32 ? units_[1].numel() : 0;
+  const int64_t head_params = act != DType::kF32 ? units_.back().numel() : 0;
   const int64_t saved = block_.SavedFloats(d);
   // Kept through the forward: the embedding output and, per block, either
   // everything backward needs or (checkpointing) only the block output.

@@ -335,24 +335,52 @@ void RoundToBF16InPlace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = BF16ToFloat(FloatToBF16(x[i]));
 }
 
-void WidenToF32(const void* src, DType t, int64_t n, float* dst) {
-  if (t == DType::kF32) {
-    std::memcpy(dst, src, sizeof(float) * n);
-    return;
+void RoundToDTypeInPlace(float* x, int64_t n, DType t) {
+  switch (t) {
+    case DType::kF32: return;
+    case DType::kBF16: RoundToBF16InPlace(x, n); return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) x[i] = F16ToFloat(FloatToF16(x[i]));
+      return;
+    case DType::kInvalid: break;
   }
-  CHECK(t == DType::kBF16) << "WidenToF32 supports f32 and bf16, got " << DTypeName(t);
-  const BF16* s = static_cast<const BF16*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(s[i]);
+  LOG(FATAL) << "RoundToDTypeInPlace: invalid dtype";
+}
+
+void WidenToF32(const void* src, DType t, int64_t n, float* dst) {
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(dst, src, sizeof(float) * n);
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(static_cast<const BF16*>(src)[i]);
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = F16ToFloat(static_cast<const F16*>(src)[i]);
+      return;
+    case DType::kInvalid: break;
+  }
+  LOG(FATAL) << "WidenToF32: invalid dtype";
 }
 
 void AccumulateFromF32(const float* src, int64_t n, void* dst, DType t) {
-  if (t == DType::kF32) {
-    AddInPlace(static_cast<float*>(dst), src, n);
-    return;
+  switch (t) {
+    case DType::kF32:
+      AddInPlace(static_cast<float*>(dst), src, n);
+      return;
+    case DType::kBF16: {
+      BF16* d = static_cast<BF16*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = FloatToBF16(BF16ToFloat(d[i]) + src[i]);
+      return;
+    }
+    case DType::kF16: {
+      F16* d = static_cast<F16*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = FloatToF16(F16ToFloat(d[i]) + src[i]);
+      return;
+    }
+    case DType::kInvalid: break;
   }
-  CHECK(t == DType::kBF16) << "AccumulateFromF32 supports f32 and bf16, got " << DTypeName(t);
-  BF16* d = static_cast<BF16*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = FloatToBF16(BF16ToFloat(d[i]) + src[i]);
+  LOG(FATAL) << "AccumulateFromF32: invalid dtype";
 }
 
 }  // namespace sk

@@ -147,10 +147,14 @@ void AddInPlace(float* x, const float* y, int64_t n);
 // f32: emulates bf16 storage of an activation on the CPU.
 void RoundToBF16InPlace(float* x, int64_t n);
 
-// Copies n elements of a buffer of dtype t (f32 or bf16) into f32, exactly.
+// Rounds each value to the nearest value of `t` (f32: unchanged; bf16, f16:
+// nearest even, f16 overflowing to infinity) and stores it back as f32.
+void RoundToDTypeInPlace(float* x, int64_t n, DType t);
+
+// Copies n elements of a buffer of dtype t (f32, bf16 or f16) into f32, exactly.
 void WidenToF32(const void* src, DType t, int64_t n, float* dst);
 
-// dst(t) += src for n elements; bf16 destinations round to nearest even.
+// dst(t) += src for n elements; bf16 and f16 destinations round to nearest even.
 void AccumulateFromF32(const float* src, int64_t n, void* dst, DType t);
 
 }  // namespace sk

@@ -71,8 +71,8 @@ struct UnitBackwardBuffers {
 };
 
 // Implemented by FSDP, DDP and OwnedParameters. Parameter tensors must be
-// host tensors of f32 or bf16 (the compute dtype) with the ParamSpec's shape,
-// valid until the matching Post call; gradient tensors are f32 or bf16, and
+// host tensors of f32, bf16 or f16 with the ParamSpec's shape, valid until
+// the matching Post call; gradient tensors are f32, bf16 or f16, and
 // the model only adds into them (never reads them otherwise, never zeroes).
 class UnitHooks {
  public:
@@ -103,9 +103,10 @@ struct TokenBatch {
 };
 
 struct ModelOptions {
-  // f32, or bf16: parameters and activations held at bf16 precision with f32
-  // arithmetic and accumulation (on the CPU each activation is rounded to
-  // bf16 where a GPU kernel would store it; parameters arrive as bf16).
+  // f32, or bf16 / f16: parameters and activations held at that precision
+  // with f32 arithmetic and accumulation (on the CPU each activation is
+  // rounded where a GPU kernel would store it). Independently of this, hooks
+  // may hand out parameters and gradient buffers in any of the three dtypes.
   DType compute_dtype = DType::kF32;
   // Keep only each block's input in forward and recompute the block during
   // backward (after PreBackward, with the parameters it returns).

@@ -52,8 +52,9 @@ Status T5Config::Validate() const {
 StatusOr<std::unique_ptr<T5Model>> T5Model::Create(const T5Config& config,
                                                    const ModelOptions& options) {
   SK_RETURN_IF_ERROR(config.Validate());
-  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16) {
-    return InvalidArgumentError("compute_dtype must be f32 or bf16, got " +
+  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16 &&
+      options.compute_dtype != DType::kF16) {
+    return InvalidArgumentError("compute_dtype must be f32, bf16 or f16, got " +
                                 std::string(DTypeName(options.compute_dtype)));
   }
   return std::unique_ptr<T5Model>(new T5Model(config, options));
@@ -136,7 +137,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   const int64_t c = config_.d_model;
   const int64_t ne = B * S;
   const int64_t nd = B * T;
-  const bool bf16 = options_.compute_dtype == DType::kBF16;
+  const DType act = options_.compute_dtype;
   const bool ckpt = options_.activation_checkpointing;
   const int enc_norm_unit = static_cast<int>(E + 1);
   const int head_unit = static_cast<int>(E + D + 2);
@@ -148,7 +149,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   ed.d_model = c;
   ed.heads = config_.n_head;
   ed.d_ff = config_.d_ff;
-  ed.bf16 = bf16;
+  ed.storage = act;
   BlockDims dd = ed;
   dd.seq = T;
   dd.enc_seq = S;
@@ -169,10 +170,8 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
       AddInPlace(F(xe[0]) + b * S * c, p[2], S * c);
       AddInPlace(F(xd[0]) + b * T * c, p[3], T * c);
     }
-    if (bf16) {
-      RoundToBF16InPlace(F(xe[0]), ne * c);
-      RoundToBF16InPlace(F(xd[0]), nd * c);
-    }
+    RoundToDTypeInPlace(F(xe[0]), ne * c, act);
+    RoundToDTypeInPlace(F(xd[0]), nd * c, act);
     SK_RETURN_IF_ERROR(scope.PostForward(0));
   }
   for (int64_t l = 0; l < E; ++l) {
@@ -189,7 +188,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     SK_ASSIGN_OR_RETURN(enc_mean, NewF32(alloc, ne));
     SK_ASSIGN_OR_RETURN(enc_rstd, NewF32(alloc, ne));
     LayerNormForward(F(xe[E]), p[0], p[1], ne, c, F(enc_out), F(enc_mean), F(enc_rstd));
-    if (bf16) RoundToBF16InPlace(F(enc_out), ne * c);
+    RoundToDTypeInPlace(F(enc_out), ne * c, act);
     SK_RETURN_IF_ERROR(scope.PostForward(enc_norm_unit));
   }
   for (int64_t l = 0; l < D; ++l) {
@@ -205,7 +204,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
     SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(p, F(xd[D]), batch.targets.data(), nd, c,
-                                                       config_.vocab_size, bf16, backward, alloc,
+                                                       config_.vocab_size, act, backward, alloc,
                                                        &head));
     SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
@@ -217,7 +216,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
     SK_RETURN_IF_ERROR(nn_internal::HeadBackward(b.p, b.g, F(xd[D]), head, nd, c,
-                                                 config_.vocab_size, bf16, F(dx), alloc));
+                                                 config_.vocab_size, act, F(dx), alloc));
     head = HeadSaved();
     xd[D] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
@@ -239,11 +238,11 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   SK_ASSIGN_OR_RETURN(Tensor enext, NewF32(alloc, ne * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(enc_norm_unit));
-    if (bf16) RoundToBF16InPlace(F(denc), ne * c);
+    RoundToDTypeInPlace(F(denc), ne * c, act);
     std::memset(ex.data(), 0, ex.nbytes());
     LayerNormBackward(F(xe[E]), b.p[0], F(denc), F(enc_mean), F(enc_rstd), ne, c, F(ex), b.g[0],
                       b.g[1]);
-    if (bf16) RoundToBF16InPlace(F(ex), ne * c);
+    RoundToDTypeInPlace(F(ex), ne * c, act);
     enc_out = Tensor();
     denc = Tensor();
     dnext = Tensor();
@@ -305,10 +304,10 @@ int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const int64_t ne = batch_size * source_len, nd = batch_size * seq_len, c = config_.d_model;
   const int64_t E = config_.n_encoder_layers, D = config_.n_decoder_layers;
   const bool ckpt = options_.activation_checkpointing;
-  const bool bf16 = options_.compute_dtype == DType::kBF16;
-  const int64_t enc_params = bf16 ? units_[1].numel() : 0;
-  const int64_t dec_params = bf16 ? units_[E + 2].numel() : 0;
-  const int64_t head_params = bf16 ? units_.back().numel() : 0;
+  const DType act = options_.compute_dtype;
+  const int64_t enc_params = act != DType::kF32 ? units_[1].numel() : 0;
+  const int64_t dec_params = act != DType::kF32 ? units_[E + 2].numel() : 0;
+  const int64_t head_params = act != DType::kF32 ? units_.back().numel() : 0;
   const int64_t enc_saved = encoder_block_.SavedFloats(ed);
   const int64_t dec_saved = decoder_block_.SavedFloats(dd);
   // Kept through the forward: embeddings, block activations (or outputs),

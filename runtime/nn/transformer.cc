@@ -32,9 +32,9 @@ Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tens
         std::string(what) + " tensor for '" + FullParamName(unit, unit.params[i]) + "'";
     if (!t.defined()) return InvalidArgumentError(where + " is undefined");
     if (!t.device().is_cpu()) return InvalidArgumentError(where + " is not in host memory");
-    if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
+    if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16) {
       return InvalidArgumentError(where + " has dtype " + std::string(DTypeName(t.dtype())) +
-                                  ", expected f32 or bf16");
+                                  ", expected f32, bf16 or f16");
     }
     if (t.shape() != unit.params[i].shape) {
       return InvalidArgumentError(where + " has shape " + t.shape().ToString() + ", expected " +
@@ -167,7 +167,7 @@ const char* SublayerPrefix(SublayerKind kind) {
 }
 
 void MaybeRound(const BlockDims& d, const Tensor& t) {
-  if (d.bf16) RoundToBF16InPlace(F(t), t.numel());
+  RoundToDTypeInPlace(F(t), t.numel(), d.storage);
 }
 
 Status SublayerForward(SublayerKind kind, const BlockDims& d, const float* const* p,
@@ -281,7 +281,7 @@ Status SublayerBackward(SublayerKind kind, const BlockDims& d, const float* cons
   // The residual passes dy through; LayerNorm's backward adds its part.
   if (dx != dy) std::memcpy(dx, dy, sizeof(float) * n * c);
   LayerNormBackward(x, p[0], F(dln), F(s.mean), F(s.rstd), n, c, dx, g[0], g[1]);
-  if (d.bf16) RoundToBF16InPlace(dx, n * c);
+  RoundToDTypeInPlace(dx, n * c, d.storage);
   return OkStatus();
 }
 
@@ -414,16 +414,16 @@ void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, std::vector<Para
 }
 
 StatusOr<float> HeadForward(const UnitParams& p, const float* x, const int32_t* targets,
-                            int64_t rows, int64_t d_model, int64_t vocab, bool bf16,
+                            int64_t rows, int64_t d_model, int64_t vocab, DType storage,
                             bool want_grad, Allocator& alloc, HeadSaved* saved) {
   SK_ASSIGN_OR_RETURN(saved->ln, NewF32(alloc, rows * d_model));
   SK_ASSIGN_OR_RETURN(saved->mean, NewF32(alloc, rows));
   SK_ASSIGN_OR_RETURN(saved->rstd, NewF32(alloc, rows));
   LayerNormForward(x, p[0], p[1], rows, d_model, F(saved->ln), F(saved->mean), F(saved->rstd));
-  if (bf16) RoundToBF16InPlace(F(saved->ln), rows * d_model);
+  RoundToDTypeInPlace(F(saved->ln), rows * d_model, storage);
   SK_ASSIGN_OR_RETURN(Tensor logits, NewF32(alloc, rows * vocab));
   LinearForward(F(saved->ln), p[2], nullptr, rows, d_model, vocab, F(logits));
-  if (bf16) RoundToBF16InPlace(F(logits), rows * vocab);
+  RoundToDTypeInPlace(F(logits), rows * vocab, storage);
   int64_t count = 0;
   float loss = CrossEntropyForward(F(logits), targets, rows, vocab, &count);
   if (want_grad) {
@@ -437,13 +437,13 @@ StatusOr<float> HeadForward(const UnitParams& p, const float* x, const int32_t* 
 
 Status HeadBackward(const UnitParams& p, const UnitGrads& g, const float* x,
                     const HeadSaved& saved, int64_t rows, int64_t d_model, int64_t vocab,
-                    bool bf16, float* dx, Allocator& alloc) {
+                    DType storage, float* dx, Allocator& alloc) {
   SK_ASSIGN_OR_RETURN(Tensor dln, NewF32(alloc, rows * d_model));
   LinearBackward(F(saved.ln), p[2], F(saved.dlogits), rows, d_model, vocab, F(dln), false, g[2],
                  nullptr);
   std::memset(dx, 0, sizeof(float) * rows * d_model);
   LayerNormBackward(x, p[0], F(dln), F(saved.mean), F(saved.rstd), rows, d_model, dx, g[0], g[1]);
-  if (bf16) RoundToBF16InPlace(dx, rows * d_model);
+  RoundToDTypeInPlace(dx, rows * d_model, storage);
   return OkStatus();
 }
 
