@@ -6,13 +6,13 @@
 //    chains on every core, AVX-512 where the CPU has it, else AVX2), the
 //    denominator of every "of peak" figure below. Measured, not a datasheet.
 // 2. GEMM GFLOP/s for OpenBLAS and oneDNN at square and model-shaped sizes.
-// 3. A training step (forward + backward + SGD) of gpt-1m and gpt-10m:
-//    tokens/s and model-FLOPs utilisation (MFU = model FLOPs / time / peak).
+// 3. A training step (forward + backward + SGD) of gpt-1m, gpt-10m (with and
+//    without activation checkpointing) and t5-10m: tokens/s and model-FLOPs
+//    utilisation (MFU = model FLOPs / time / peak).
 //
 // SK_BENCH_THREADS=n runs everything on n threads (both BLAS libraries are
 // told so, and "peak" is the n-thread peak); the default is every core.
 // Per-thread numbers (n = 1) are the robust ones on a shared machine.
-#include <cblas.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -174,17 +174,60 @@ void GemmShapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Gemm)->Apply(GemmShapes)->ArgNames({"lib", "m", "n", "k"})->UseRealTime()->Unit(benchmark::kMillisecond);
 
-void BM_GptTrainStep(benchmark::State& state, const char* name, int64_t batch, int64_t seq) {
+// bf16 operands with f32 accumulation (oneDNN matmul). Rates are f32-equivalent
+// FLOPs; AVX512-BF16's dot-product instruction does twice the FLOPs of an f32
+// FMA, so the fraction of the f32 peak can exceed 1.
+void BM_GemmBF16(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  std::vector<BF16> a(m * k), b(k * n);
+  std::vector<float> c(m * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = FloatToBF16(static_cast<float>(i % 7) * 0.1f);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = FloatToBF16(static_cast<float>(i % 5) * 0.1f);
+  Peak();
+  GemmBF16(false, false, m, n, k, a.data(), k, b.data(), n, false, c.data(), n);  // builds the primitive
+  const double cpu0 = ProcessCpuSeconds();
+  for (auto _ : state) {
+    GemmBF16(false, false, m, n, k, a.data(), k, b.data(), n, false, c.data(), n);
+    benchmark::ClobberMemory();
+  }
+  SetFlopCounters(state, 2.0 * m * n * k, ProcessCpuSeconds() - cpu0);
+  state.SetLabel("onednn bf16");
+}
+BENCHMARK(BM_GemmBF16)
+    ->Args({1024, 1024, 1024})
+    ->Args({2048, 2048, 2048})
+    ->Args({2048, 1536, 384})
+    ->Args({2048, 384, 1536})
+    ->ArgNames({"m", "n", "k"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// One training step (forward + backward + SGD) of a named model on a
+// synthetic batch: tokens/s and model-FLOPs utilisation. MFU counts model
+// FLOPs only; with checkpointing the recomputed forward is not credited.
+void BM_TrainStep(benchmark::State& state, const char* name, int64_t batch, int64_t seq,
+                  int64_t source, bool checkpointing) {
   auto cfg = FindModelConfig(name);
-  auto model = CreateModel(*cfg);
+  if (!cfg.ok()) {
+    state.SkipWithError(cfg.status().ToString().c_str());
+    return;
+  }
+  ModelOptions options;
+  options.activation_checkpointing = checkpointing;
+  auto model = CreateModel(*cfg, options);
+  const bool t5 = cfg->family == ModelFamily::kT5;
   auto params = OwnedParameters::Create((*model)->units(), 1);
-  auto stream = SyntheticTokenStream(1, cfg->gpt.vocab_size, 100000);
+  auto stream = SyntheticTokenStream(1, t5 ? cfg->t5.vocab_size : cfg->gpt.vocab_size, 100000);
   if (!model.ok() || !params.ok() || !stream.ok()) {
     state.SkipWithError("setup failed");
     return;
   }
-  auto b = LanguageModelBatch(*stream, batch, seq, 1, 0);
-  int64_t step = 0;
+  auto b = t5 ? ReversalBatch(*stream, batch, source, seq, 0, 1, 0)
+              : LanguageModelBatch(*stream, batch, seq, 1, 0);
+  if (!b.ok()) {
+    state.SkipWithError(b.status().ToString().c_str());
+    return;
+  }
   Peak();
   const double cpu0 = ProcessCpuSeconds();
   for (auto _ : state) {
@@ -198,33 +241,36 @@ void BM_GptTrainStep(benchmark::State& state, const char* name, int64_t batch, i
       state.SkipWithError("sgd failed");
       return;
     }
-    ++step;
   }
   const double cpu_s = ProcessCpuSeconds() - cpu0;
   const double tokens = static_cast<double>(batch * seq);
-  const double flops = (*model)->Flops(batch, seq, 0).model_flops;
+  const StepFlops flops = (*model)->Flops(batch, seq, source);
   state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsIterationInvariantRate);
   // MFU = model GFLOP/s over the measured peak (wall clock); cpu_MFU the
   // same per CPU-second against one thread's peak.
-  SetFlopCounters(state, flops, cpu_s);
+  SetFlopCounters(state, flops.model_flops, cpu_s);
   state.counters["MFU"] = state.counters["peak_frac"];
   state.counters["cpu_MFU"] = state.counters["cpu_peak_frac"];
   state.counters.erase("peak_frac");
   state.counters.erase("cpu_peak_frac");
-  state.SetLabel(std::string(name) + " gemm=" + std::string(GemmBackendName(DefaultGemmBackend())));
+  state.SetLabel(std::string(name) + (checkpointing ? " ckpt" : "") +
+                 " gemm=" + std::string(GemmBackendName(DefaultGemmBackend())));
 }
-BENCHMARK_CAPTURE(BM_GptTrainStep, gpt_1m, "gpt-1m", 8, 128)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
-BENCHMARK_CAPTURE(BM_GptTrainStep, gpt_10m, "gpt-10m", 8, 256)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(5.0);
+BENCHMARK_CAPTURE(BM_TrainStep, gpt_1m, "gpt-1m", 8, 128, 0, false)
+    ->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_TrainStep, gpt_10m, "gpt-10m", 8, 256, 0, false)
+    ->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(5.0);
+BENCHMARK_CAPTURE(BM_TrainStep, gpt_10m_ckpt, "gpt-10m", 8, 256, 0, true)
+    ->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(5.0);
+BENCHMARK_CAPTURE(BM_TrainStep, t5_10m, "t5-10m", 8, 128, 128, false)
+    ->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(5.0);
 
 }  // namespace
 }  // namespace sk
 
-extern "C" void omp_set_num_threads(int);  // libgomp, which oneDNN runs on
-
 int main(int argc, char** argv) {
   const int threads = sk::BenchThreads();
-  openblas_set_num_threads(threads);
-  omp_set_num_threads(threads);
+  if (!sk::SetGemmThreads(threads).ok()) return 1;
   benchmark::AddCustomContext("bench_threads", std::to_string(threads));
   benchmark::AddCustomContext("OPENBLAS_CORETYPE", std::getenv("OPENBLAS_CORETYPE")
                                                        ? std::getenv("OPENBLAS_CORETYPE")

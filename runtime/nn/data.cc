@@ -31,6 +31,10 @@ Status CheckBatchArgs(const std::vector<int32_t>& stream, int64_t batch_size, in
     return InvalidArgumentError("rank " + std::to_string(rank) + " is not in a world of " +
                                 std::to_string(world_size));
   }
+  if (batch_size > (int64_t{1} << 40) / window) {
+    return InvalidArgumentError("batch of " + std::to_string(batch_size) + " x " +
+                                std::to_string(window) + " tokens is too large");
+  }
   if (static_cast<int64_t>(stream.size()) < window) {
     return InvalidArgumentError("token stream of " + std::to_string(stream.size()) +
                                 " tokens is shorter than one window of " + std::to_string(window));

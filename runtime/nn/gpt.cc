@@ -15,6 +15,7 @@ using nn_internal::NewF32;
 using nn_internal::SublayerKind;
 using nn_internal::UnitGrads;
 using nn_internal::UnitParams;
+using nn_internal::UnitScope;
 
 namespace {
 
@@ -24,11 +25,6 @@ Status Positive(int64_t v, const std::string& model, const char* field) {
                                 std::to_string(v));
   }
   return OkStatus();
-}
-
-// Adds the unit name to an error from a hook or from the unit's computation.
-Status InUnit(const Status& s, const UnitSpec& unit, const char* phase) {
-  return s.WithContext(std::string(phase) + " of unit '" + unit.name + "'");
 }
 
 }  // namespace
@@ -53,8 +49,9 @@ Status GptConfig::Validate() const {
 StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
                                                      const ModelOptions& options) {
   SK_RETURN_IF_ERROR(config.Validate());
-  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16) {
-    return InvalidArgumentError("compute_dtype must be f32 or bf16, got " +
+  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16 &&
+      options.compute_dtype != DType::kF16) {
+    return InvalidArgumentError("compute_dtype must be f32, bf16 or f16, got " +
                                 std::string(DTypeName(options.compute_dtype)));
   }
   return std::unique_ptr<GptModel>(new GptModel(config, options));
@@ -92,6 +89,7 @@ Status GptModel::ValidateBatch(const TokenBatch& batch) const {
     return InvalidArgumentError("batch.source is set, but '" + config_.name +
                                 "' is a decoder-only model");
   }
+  SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
   const int64_t n = batch.batch_size * batch.seq_len;
   SK_RETURN_IF_ERROR(nn_internal::ValidateTokens(batch.inputs, n, config_.vocab_size, false, "inputs"));
   return nn_internal::ValidateTokens(batch.targets, n, config_.vocab_size, true, "targets");
@@ -114,7 +112,7 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   const int64_t T = batch.seq_len;
   const int64_t n = batch.batch_size * T;
   const int64_t c = config_.d_model;
-  const bool bf16 = options_.compute_dtype == DType::kBF16;
+  const DType act = options_.compute_dtype;
   const bool ckpt = options_.activation_checkpointing;
   const int head_unit = static_cast<int>(L + 1);
   BlockDims dims;
@@ -123,84 +121,68 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   dims.d_model = c;
   dims.heads = config_.n_head;
   dims.d_ff = config_.ff();
-  dims.bf16 = bf16;
+  dims.storage = act;
 
   // xs[l] is block l's input; xs[L] feeds the head.
   std::vector<Tensor> xs(static_cast<size_t>(L + 1));
   std::vector<BlockSaved> saved(static_cast<size_t>(L));
+  UnitScope scope(hooks, units_, alloc);
 
   {  // Embedding.
-    SK_ASSIGN_OR_RETURN(std::vector<Tensor> pt, hooks.PreForward(0));
-    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[0], pt, alloc));
+    SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(0));
     SK_ASSIGN_OR_RETURN(xs[0], NewF32(alloc, n * c));
     EmbeddingForward(p[0], batch.inputs.data(), n, c, F(xs[0]));
     for (int64_t b = 0; b < batch.batch_size; ++b) AddInPlace(F(xs[0]) + b * T * c, p[1], T * c);
-    if (bf16) RoundToBF16InPlace(F(xs[0]), n * c);
-    SK_RETURN_IF_ERROR(InUnit(hooks.PostForward(0), units_[0], "PostForward"));
+    RoundToDTypeInPlace(F(xs[0]), n * c, act);
+    SK_RETURN_IF_ERROR(scope.PostForward(0));
   }
   for (int64_t l = 0; l < L; ++l) {
     const int u = static_cast<int>(l + 1);
-    auto pt = hooks.PreForward(u);
-    if (!pt.ok()) return InUnit(pt.status(), units_[u], "PreForward");
-    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[u], *pt, alloc));
+    SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(u));
     BlockSaved s;
     SK_RETURN_IF_ERROR(block_.Forward(dims, p, F(xs[l]), nullptr, alloc, &s));
     xs[l + 1] = s.subs.back().out;
     if (!ckpt && backward) saved[l] = std::move(s);
-    SK_RETURN_IF_ERROR(InUnit(hooks.PostForward(u), units_[u], "PostForward"));
+    SK_RETURN_IF_ERROR(scope.PostForward(u));
     if (!backward && l > 0) xs[l] = Tensor();
   }
   HeadSaved head;
   float loss = 0.0f;
   {
-    auto pt = hooks.PreForward(head_unit);
-    if (!pt.ok()) return InUnit(pt.status(), units_[head_unit], "PreForward");
-    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[head_unit], *pt, alloc));
+    SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
     SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(p, F(xs[L]), batch.targets.data(), n, c,
-                                                       config_.vocab_size, bf16, backward, alloc,
+                                                       config_.vocab_size, act, backward, alloc,
                                                        &head));
-    SK_RETURN_IF_ERROR(InUnit(hooks.PostForward(head_unit), units_[head_unit], "PostForward"));
+    SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
   if (!backward) return loss;
 
   SK_ASSIGN_OR_RETURN(Tensor dx, NewF32(alloc, n * c));
   {
-    auto bufs = hooks.PreBackward(head_unit);
-    if (!bufs.ok()) return InUnit(bufs.status(), units_[head_unit], "PreBackward");
-    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[head_unit], bufs->params, alloc));
-    SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[head_unit], bufs->grads, alloc));
-    SK_RETURN_IF_ERROR(nn_internal::HeadBackward(p, g, F(xs[L]), head, n, c, config_.vocab_size,
-                                                 bf16, F(dx), alloc));
-    g.Flush();
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
+    SK_RETURN_IF_ERROR(nn_internal::HeadBackward(b.p, b.g, F(xs[L]), head, n, c,
+                                                 config_.vocab_size, act, F(dx), alloc));
     head = HeadSaved();
     xs[L] = Tensor();
-    SK_RETURN_IF_ERROR(InUnit(hooks.PostBackward(head_unit), units_[head_unit], "PostBackward"));
+    SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
   }
   SK_ASSIGN_OR_RETURN(Tensor dnext, NewF32(alloc, n * c));
   for (int64_t l = L - 1; l >= 0; --l) {
     const int u = static_cast<int>(l + 1);
-    auto bufs = hooks.PreBackward(u);
-    if (!bufs.ok()) return InUnit(bufs.status(), units_[u], "PreBackward");
-    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[u], bufs->params, alloc));
-    SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[u], bufs->grads, alloc));
-    if (ckpt) SK_RETURN_IF_ERROR(block_.Forward(dims, p, F(xs[l]), nullptr, alloc, &saved[l]));
-    SK_RETURN_IF_ERROR(block_.Backward(dims, p, g, F(xs[l]), nullptr, saved[l], F(dx), F(dnext),
-                                       nullptr, alloc));
-    g.Flush();
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(u));
+    if (ckpt) SK_RETURN_IF_ERROR(block_.Forward(dims, b.p, F(xs[l]), nullptr, alloc, &saved[l]));
+    SK_RETURN_IF_ERROR(block_.Backward(dims, b.p, b.g, F(xs[l]), nullptr, saved[l], F(dx),
+                                       F(dnext), nullptr, alloc));
     saved[l] = BlockSaved();
     if (l > 0) xs[l] = Tensor();
     std::swap(dx, dnext);
-    SK_RETURN_IF_ERROR(InUnit(hooks.PostBackward(u), units_[u], "PostBackward"));
+    SK_RETURN_IF_ERROR(scope.PostBackward(u, &b));
   }
   {
-    auto bufs = hooks.PreBackward(0);
-    if (!bufs.ok()) return InUnit(bufs.status(), units_[0], "PreBackward");
-    SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[0], bufs->grads, alloc));
-    SK_RETURN_IF_ERROR(nn_internal::ValidateUnitTensors(units_[0], bufs->params, "parameter"));
-    EmbeddingBackward(batch.inputs.data(), F(dx), n, c, g[0]);
-    for (int64_t b = 0; b < batch.batch_size; ++b) AddInPlace(g[1], F(dx) + b * T * c, T * c);
-    g.Flush();
-    SK_RETURN_IF_ERROR(InUnit(hooks.PostBackward(0), units_[0], "PostBackward"));
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackwardGradientsOnly(0));
+    EmbeddingBackward(batch.inputs.data(), F(dx), n, c, b.g[0]);
+    for (int64_t bi = 0; bi < batch.batch_size; ++bi) AddInPlace(b.g[1], F(dx) + bi * T * c, T * c);
+    SK_RETURN_IF_ERROR(scope.PostBackward(0, &b));
   }
   return loss;
 }
@@ -215,6 +197,36 @@ StepFlops GptModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*source_
   f.model_flops = 3.0 * fwd;
   f.hardware_flops = f.model_flops + (options_.activation_checkpointing ? block_fwd * config_.n_layer : 0.0);
   return f;
+}
+
+}  // namespace sk
+
+namespace sk {
+
+int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
+                                      int64_t /*source_len*/) const {
+  BlockDims d;
+  d.batch = batch_size;
+  d.seq = seq_len;
+  d.d_model = config_.d_model;
+  d.heads = config_.n_head;
+  d.d_ff = config_.ff();
+  const int64_t n = batch_size * seq_len, c = config_.d_model, L = config_.n_layer;
+  const DType act = options_.compute_dtype;
+  const int64_t block_params = act != DType::kF32 ? units_[1].numel() : 0;
+  const int64_t head_params = act != DType::kF32 ? units_.back().numel() : 0;
+  const int64_t saved = block_.SavedFloats(d);
+  // Kept through the forward: the embedding output and, per block, either
+  // everything backward needs or (checkpointing) only the block output.
+  const int64_t kept = n * c + L * (options_.activation_checkpointing ? n * c : saved);
+  // Head backward: its saved LayerNorm (+ mean, rstd), dlogits, dx and dln.
+  const int64_t head = kept + n * c + 2 * n + n * config_.vocab_size + 2 * n * c + head_params;
+  // Last block's backward: dx, dnext, its temporaries, and with
+  // checkpointing the recomputed activations of that block.
+  // (With checkpointing the head's input, the last block output, is gone by then.)
+  const int64_t block = kept + 2 * n * c + block_.BackwardTempFloats(d) + block_params +
+                        (options_.activation_checkpointing ? saved - n * c : 0);
+  return 4 * std::max(head, block);
 }
 
 }  // namespace sk

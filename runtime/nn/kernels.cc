@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include <glog/logging.h>
 
@@ -27,6 +30,21 @@ std::string_view GemmBackendName(GemmBackend b) {
 // machines; RESULTS.md has the measurement behind this choice.
 GemmBackend DefaultGemmBackend() { return GemmBackend::kOneDnn; }
 
+extern "C" {
+// libgomp, the OpenMP runtime oneDNN is built on (omp.h needs -fopenmp).
+void omp_set_num_threads(int n);
+int omp_get_max_threads(void);
+}
+
+Status SetGemmThreads(int n) {
+  if (n < 1) return InvalidArgumentError("GEMM thread count must be >= 1, got " + std::to_string(n));
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+  return OkStatus();
+}
+
+int GemmThreads() { return omp_get_max_threads(); }
+
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc, GemmBackend backend) {
@@ -46,6 +64,108 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
               static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
               static_cast<blasint>(ldc));
+}
+
+namespace {
+
+#define SK_DNNL_CHECK(expr)                                          \
+  do {                                                               \
+    dnnl_status_t sk_dnnl_status_ = (expr);                          \
+    CHECK_EQ(sk_dnnl_status_, dnnl_success) << "oneDNN call " #expr; \
+  } while (0)
+
+dnnl_engine_t CpuEngine() {
+  static dnnl_engine_t engine = [] {
+    dnnl_engine_t e = nullptr;
+    SK_DNNL_CHECK(dnnl_engine_create(&e, dnnl_cpu, 0));
+    return e;
+  }();
+  return engine;
+}
+
+// One oneDNN stream per calling thread (streams are not thread-safe).
+dnnl_stream_t ThreadStream() {
+  thread_local dnnl_stream_t stream = [] {
+    dnnl_stream_t s = nullptr;
+    SK_DNNL_CHECK(dnnl_stream_create(&s, CpuEngine(), dnnl_stream_default_flags));
+    return s;
+  }();
+  return stream;
+}
+
+// Row-major strides of the logical [rows, cols] matrix stored with leading
+// dimension ld, transposed in memory or not.
+void Strides(bool trans, int64_t ld, dnnl_dims_t strides) {
+  strides[0] = trans ? 1 : ld;
+  strides[1] = trans ? ld : 1;
+}
+
+using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+
+struct MatmulPrimitive {
+  dnnl_primitive_t primitive = nullptr;
+  dnnl_memory_desc_t a, b, c;
+};
+
+// Builds (once per shape) the bf16 x bf16 -> f32 matmul primitive. Cached
+// for the life of the process: models use a handful of shapes.
+const MatmulPrimitive& GetMatmul(const MatmulKey& key) {
+  static std::mutex mu;
+  static auto* cache = new std::map<MatmulKey, MatmulPrimitive>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second;
+  auto [ta, tb, m, n, k, lda, ldb, ldc, accumulate] = key;
+  MatmulPrimitive mp;
+  dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
+  dnnl_dims_t a_strides, b_strides, c_strides = {ldc, 1};
+  Strides(ta, lda, a_strides);
+  Strides(tb, ldb, b_strides);
+  SK_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&mp.a, 2, a_dims, dnnl_bf16, a_strides));
+  SK_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&mp.b, 2, b_dims, dnnl_bf16, b_strides));
+  SK_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&mp.c, 2, c_dims, dnnl_f32, c_strides));
+  dnnl_matmul_desc_t desc;
+  SK_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &mp.a, &mp.b, nullptr, &mp.c));
+  dnnl_primitive_attr_t attr = nullptr;
+  SK_DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+  if (accumulate) {
+    dnnl_post_ops_t post_ops = nullptr;
+    SK_DNNL_CHECK(dnnl_post_ops_create(&post_ops));
+    SK_DNNL_CHECK(dnnl_post_ops_append_sum(post_ops, 1.0f));
+    SK_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr, post_ops));
+    SK_DNNL_CHECK(dnnl_post_ops_destroy(post_ops));
+  }
+  dnnl_primitive_desc_t pd = nullptr;
+  SK_DNNL_CHECK(dnnl_primitive_desc_create(&pd, &desc, attr, CpuEngine(), nullptr));
+  SK_DNNL_CHECK(dnnl_primitive_create(&mp.primitive, pd));
+  SK_DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
+  SK_DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
+  return cache->emplace(key, mp).first->second;
+}
+
+}  // namespace
+
+void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+              int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate) {
+      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
+    }
+    return;
+  }
+  const MatmulPrimitive& mp =
+      GetMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate});
+  dnnl_memory_t am = nullptr, bm = nullptr, cm = nullptr;
+  SK_DNNL_CHECK(dnnl_memory_create(&am, &mp.a, CpuEngine(), const_cast<BF16*>(a)));
+  SK_DNNL_CHECK(dnnl_memory_create(&bm, &mp.b, CpuEngine(), const_cast<BF16*>(b)));
+  SK_DNNL_CHECK(dnnl_memory_create(&cm, &mp.c, CpuEngine(), c));
+  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  SK_DNNL_CHECK(dnnl_primitive_execute(mp.primitive, ThreadStream(), 3, args));
+  SK_DNNL_CHECK(dnnl_stream_wait(ThreadStream()));
+  SK_DNNL_CHECK(dnnl_memory_destroy(am));
+  SK_DNNL_CHECK(dnnl_memory_destroy(bm));
+  SK_DNNL_CHECK(dnnl_memory_destroy(cm));
 }
 
 void LinearForward(const float* x, const float* w, const float* bias, int64_t rows, int64_t in,
@@ -215,24 +335,52 @@ void RoundToBF16InPlace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = BF16ToFloat(FloatToBF16(x[i]));
 }
 
-void WidenToF32(const void* src, DType t, int64_t n, float* dst) {
-  if (t == DType::kF32) {
-    std::memcpy(dst, src, sizeof(float) * n);
-    return;
+void RoundToDTypeInPlace(float* x, int64_t n, DType t) {
+  switch (t) {
+    case DType::kF32: return;
+    case DType::kBF16: RoundToBF16InPlace(x, n); return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) x[i] = F16ToFloat(FloatToF16(x[i]));
+      return;
+    case DType::kInvalid: break;
   }
-  CHECK(t == DType::kBF16) << "WidenToF32 supports f32 and bf16, got " << DTypeName(t);
-  const BF16* s = static_cast<const BF16*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(s[i]);
+  LOG(FATAL) << "RoundToDTypeInPlace: invalid dtype";
+}
+
+void WidenToF32(const void* src, DType t, int64_t n, float* dst) {
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(dst, src, sizeof(float) * n);
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(static_cast<const BF16*>(src)[i]);
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = F16ToFloat(static_cast<const F16*>(src)[i]);
+      return;
+    case DType::kInvalid: break;
+  }
+  LOG(FATAL) << "WidenToF32: invalid dtype";
 }
 
 void AccumulateFromF32(const float* src, int64_t n, void* dst, DType t) {
-  if (t == DType::kF32) {
-    AddInPlace(static_cast<float*>(dst), src, n);
-    return;
+  switch (t) {
+    case DType::kF32:
+      AddInPlace(static_cast<float*>(dst), src, n);
+      return;
+    case DType::kBF16: {
+      BF16* d = static_cast<BF16*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = FloatToBF16(BF16ToFloat(d[i]) + src[i]);
+      return;
+    }
+    case DType::kF16: {
+      F16* d = static_cast<F16*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = FloatToF16(F16ToFloat(d[i]) + src[i]);
+      return;
+    }
+    case DType::kInvalid: break;
   }
-  CHECK(t == DType::kBF16) << "AccumulateFromF32 supports f32 and bf16, got " << DTypeName(t);
-  BF16* d = static_cast<BF16*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = FloatToBF16(BF16ToFloat(d[i]) + src[i]);
+  LOG(FATAL) << "AccumulateFromF32: invalid dtype";
 }
 
 }  // namespace sk

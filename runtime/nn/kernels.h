@@ -35,11 +35,34 @@ std::string_view GemmBackendName(GemmBackend b);
 // The backend kDefault resolves to.
 GemmBackend DefaultGemmBackend();
 
+// Sets how many threads a GEMM issued from the calling thread may use:
+// oneDNN's OpenMP team of this thread (an OpenMP setting of the calling
+// thread) and OpenBLAS's pool (process-wide). InvalidArgument unless n >= 1.
+//
+// Runtimes that run several ranks as threads of one process (the local
+// backend) should give each rank thread n = cores / ranks: idle OpenMP
+// workers spin, and oversubscribed teams spin against each other. On our
+// 2-core machine under a load average of ~9 from other processes, a gpt-10m
+// step took 27.6 s wall with 2 GEMM threads against 2.0 s with 1.
+Status SetGemmThreads(int n);
+
+// The thread count GEMMs from the calling thread use now (OpenMP's view).
+int GemmThreads();
+
 // C = alpha op(A) op(B) + beta C, row-major, op = transpose when the flag is
 // set. op(A) is m x k, op(B) is k x n, C is m x n; ld* are row strides.
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc, GemmBackend backend = GemmBackend::kDefault);
+
+// C = op(A) op(B), or C += op(A) op(B) when accumulate, with A and B in bf16
+// and the products accumulated and stored in f32: oneDNN's matmul, which
+// uses the CPU's AVX512-BF16 (or AMX) instructions where it has them. Same
+// row-major conventions as Gemm. The f32 Gemm of bf16-valued inputs gives
+// the same numbers up to summation order; this is the fast path.
+// Primitives are cached per shape; safe to call from several threads.
+void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+              int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 
 // y[rows, out] = x[rows, in] w[in, out] + bias[out] (bias may be null).
 void LinearForward(const float* x, const float* w, const float* bias, int64_t rows, int64_t in,
@@ -124,10 +147,14 @@ void AddInPlace(float* x, const float* y, int64_t n);
 // f32: emulates bf16 storage of an activation on the CPU.
 void RoundToBF16InPlace(float* x, int64_t n);
 
-// Copies n elements of a buffer of dtype t (f32 or bf16) into f32, exactly.
+// Rounds each value to the nearest value of `t` (f32: unchanged; bf16, f16:
+// nearest even, f16 overflowing to infinity) and stores it back as f32.
+void RoundToDTypeInPlace(float* x, int64_t n, DType t);
+
+// Copies n elements of a buffer of dtype t (f32, bf16 or f16) into f32, exactly.
 void WidenToF32(const void* src, DType t, int64_t n, float* dst);
 
-// dst(t) += src for n elements; bf16 destinations round to nearest even.
+// dst(t) += src for n elements; bf16 and f16 destinations round to nearest even.
 void AccumulateFromF32(const float* src, int64_t n, void* dst, DType t);
 
 }  // namespace sk

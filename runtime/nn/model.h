@@ -13,8 +13,10 @@
 //   PreForward(0) PostForward(0) ... PreForward(U-1) PostForward(U-1)
 //   PreBackward(U-1) PostBackward(U-1) ... PreBackward(0) PostBackward(0)
 // with no other hook calls in between; a hook returning an error stops the
-// step and the error is returned (with the unit named). Forward() makes only
-// the forward half. Units run in index order, so the order above is also the
+// step and the error is returned (with the unit named). After any error the
+// step is abandoned where it stood: the unit that was running gets no Post
+// call, so hooks that track state must be reset by their owner. Forward()
+// makes only the forward half. Units run in index order, so the order above is also the
 // recorded execution order FSDP prefetches by.
 //
 // Activations and temporaries come from the Allocator passed to each call, so
@@ -35,6 +37,7 @@
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
 #include "runtime/nn/init.h"
+#include "runtime/nn/kernels.h"  // kIgnoreTarget
 
 namespace sk {
 
@@ -68,8 +71,8 @@ struct UnitBackwardBuffers {
 };
 
 // Implemented by FSDP, DDP and OwnedParameters. Parameter tensors must be
-// host tensors of f32 or bf16 (the compute dtype) with the ParamSpec's shape,
-// valid until the matching Post call; gradient tensors are f32 or bf16, and
+// host tensors of f32, bf16 or f16 with the ParamSpec's shape, valid until
+// the matching Post call; gradient tensors are f32, bf16 or f16, and
 // the model only adds into them (never reads them otherwise, never zeroes).
 class UnitHooks {
  public:
@@ -100,9 +103,10 @@ struct TokenBatch {
 };
 
 struct ModelOptions {
-  // f32, or bf16: parameters and activations held at bf16 precision with f32
-  // arithmetic and accumulation (on the CPU each activation is rounded to
-  // bf16 where a GPU kernel would store it; parameters arrive as bf16).
+  // f32, or bf16 / f16: parameters and activations held at that precision
+  // with f32 arithmetic and accumulation (on the CPU each activation is
+  // rounded where a GPU kernel would store it). Independently of this, hooks
+  // may hand out parameters and gradient buffers in any of the three dtypes.
   DType compute_dtype = DType::kF32;
   // Keep only each block's input in forward and recompute the block during
   // backward (after PreBackward, with the parameters it returns).
@@ -146,6 +150,15 @@ class Model {
 
   // FLOPs of one ForwardBackward over a batch of this shape.
   virtual StepFlops Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const = 0;
+
+  // Peak bytes that one ForwardBackward over a batch of this shape requests
+  // from its Allocator (saved activations, temporaries and, for bf16
+  // compute, the f32 widening of the running unit's parameters), given f32
+  // gradient buffers from the hooks. Parameters and gradients the hooks own
+  // are not included. An analytic count of what the code allocates, for
+  // FSDP's memory estimator; tests hold it within 10% of the measured peak.
+  virtual int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len,
+                                      int64_t source_len) const = 0;
 
   int64_t num_parameters() const { return CountParameters(units()); }
 };

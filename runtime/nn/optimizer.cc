@@ -34,7 +34,8 @@ Status SgdStep(const std::vector<Tensor>& params, const std::vector<Tensor>& gra
   for (size_t i = 0; i < params.size(); ++i) {
     float* p = params[i].data_as<float>();
     const float* g = grads[i].data_as<float>();
-    for (int64_t j = 0; j < params[i].numel(); ++j) p[j] -= lr * g[j];
+    const int64_t n = params[i].numel();
+    for (int64_t j = 0; j < n; ++j) p[j] -= lr * g[j];
   }
   return OkStatus();
 }
@@ -64,7 +65,8 @@ Status Adam::Step(const std::vector<Tensor>& params, const std::vector<Tensor>& 
     const float* g = grads[i].data_as<float>();
     float* m = m_[i].data();
     float* v = v_[i].data();
-    for (int64_t j = 0; j < params[i].numel(); ++j) {
+    const int64_t n = params[i].numel();
+    for (int64_t j = 0; j < n; ++j) {
       m[j] = options_.beta1 * m[j] + (1.0f - options_.beta1) * g[j];
       v[j] = options_.beta2 * v[j] + (1.0f - options_.beta2) * g[j] * g[j];
       float mhat = m[j] / bc1;

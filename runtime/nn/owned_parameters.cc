@@ -10,8 +10,9 @@ OwnedParameters::OwnedParameters(std::vector<UnitSpec> units, DType compute_dtyp
 
 StatusOr<std::unique_ptr<OwnedParameters>> OwnedParameters::Create(
     const std::vector<UnitSpec>& units, uint64_t seed, DType compute_dtype, Allocator& alloc) {
-  if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16) {
-    return InvalidArgumentError("OwnedParameters: compute dtype must be f32 or bf16, got " +
+  if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16 &&
+      compute_dtype != DType::kF16) {
+    return InvalidArgumentError("OwnedParameters: compute dtype must be f32, bf16 or f16, got " +
                                 std::string(DTypeName(compute_dtype)));
   }
   std::unique_ptr<OwnedParameters> o(new OwnedParameters(units, compute_dtype, alloc));

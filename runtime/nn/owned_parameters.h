@@ -2,7 +2,7 @@
 //
 // Holds every unit's parameters and gradients in full f32 (the master copy),
 // initialised with the counter-based RNG (init.h), so a model trains without
-// FSDP. With a bf16 compute dtype it hands the model bf16 copies of the
+// FSDP. With a bf16 or f16 compute dtype it hands the model copies of the
 // parameters, made at each PreForward/PreBackward, as FSDP's mixed precision
 // does after its all-gather; gradients are always accumulated in f32.
 //
@@ -26,7 +26,7 @@ namespace sk {
 class OwnedParameters final : public UnitHooks {
  public:
   // Allocates and initialises f32 parameters (and zeroed f32 gradients) for
-  // `units` under `seed`. compute_dtype is f32 or bf16.
+  // `units` under `seed`. compute_dtype is f32, bf16 or f16.
   static StatusOr<std::unique_ptr<OwnedParameters>> Create(
       const std::vector<UnitSpec>& units, uint64_t seed, DType compute_dtype = DType::kF32,
       Allocator& alloc = HostAllocator::Default());

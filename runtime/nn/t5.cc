@@ -1,5 +1,6 @@
 #include "runtime/nn/t5.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -15,6 +16,7 @@ using nn_internal::NewF32;
 using nn_internal::SublayerKind;
 using nn_internal::UnitGrads;
 using nn_internal::UnitParams;
+using nn_internal::UnitScope;
 
 namespace {
 
@@ -25,44 +27,6 @@ Status Positive(int64_t v, const std::string& model, const char* field) {
   }
   return OkStatus();
 }
-
-// The hook protocol for one unit, with the unit named in every error.
-class UnitScope {
- public:
-  UnitScope(UnitHooks& hooks, const std::vector<UnitSpec>& units, Allocator& alloc)
-      : hooks_(hooks), units_(units), alloc_(alloc) {}
-
-  StatusOr<UnitParams> PreForward(int u) {
-    auto pt = hooks_.PreForward(u);
-    if (!pt.ok()) return Named(pt.status(), u, "PreForward");
-    return UnitParams::Make(units_[u], *pt, alloc_);
-  }
-  Status PostForward(int u) { return Named(hooks_.PostForward(u), u, "PostForward"); }
-
-  struct Backward {
-    UnitParams p;
-    UnitGrads g;
-  };
-  StatusOr<Backward> PreBackward(int u) {
-    auto bufs = hooks_.PreBackward(u);
-    if (!bufs.ok()) return Named(bufs.status(), u, "PreBackward");
-    SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[u], bufs->params, alloc_));
-    SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[u], bufs->grads, alloc_));
-    return Backward{std::move(p), std::move(g)};
-  }
-  Status PostBackward(int u, Backward* b) {
-    b->g.Flush();
-    return Named(hooks_.PostBackward(u), u, "PostBackward");
-  }
-
- private:
-  Status Named(const Status& s, int u, const char* phase) {
-    return s.WithContext(std::string(phase) + " of unit '" + units_[u].name + "'");
-  }
-  UnitHooks& hooks_;
-  const std::vector<UnitSpec>& units_;
-  Allocator& alloc_;
-};
 
 }  // namespace
 
@@ -88,8 +52,9 @@ Status T5Config::Validate() const {
 StatusOr<std::unique_ptr<T5Model>> T5Model::Create(const T5Config& config,
                                                    const ModelOptions& options) {
   SK_RETURN_IF_ERROR(config.Validate());
-  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16) {
-    return InvalidArgumentError("compute_dtype must be f32 or bf16, got " +
+  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16 &&
+      options.compute_dtype != DType::kF16) {
+    return InvalidArgumentError("compute_dtype must be f32, bf16 or f16, got " +
                                 std::string(DTypeName(options.compute_dtype)));
   }
   return std::unique_ptr<T5Model>(new T5Model(config, options));
@@ -142,6 +107,8 @@ Status T5Model::ValidateBatch(const TokenBatch& batch) const {
                                 "] of model '" + config_.name + "'");
   }
   const int64_t v = config_.vocab_size;
+  SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
+  SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.source_len, "batch source"));
   SK_RETURN_IF_ERROR(nn_internal::ValidateTokens(batch.source, batch.batch_size * batch.source_len,
                                                  v, false, "source"));
   const int64_t n = batch.batch_size * batch.seq_len;
@@ -170,7 +137,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   const int64_t c = config_.d_model;
   const int64_t ne = B * S;
   const int64_t nd = B * T;
-  const bool bf16 = options_.compute_dtype == DType::kBF16;
+  const DType act = options_.compute_dtype;
   const bool ckpt = options_.activation_checkpointing;
   const int enc_norm_unit = static_cast<int>(E + 1);
   const int head_unit = static_cast<int>(E + D + 2);
@@ -182,7 +149,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   ed.d_model = c;
   ed.heads = config_.n_head;
   ed.d_ff = config_.d_ff;
-  ed.bf16 = bf16;
+  ed.storage = act;
   BlockDims dd = ed;
   dd.seq = T;
   dd.enc_seq = S;
@@ -203,10 +170,8 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
       AddInPlace(F(xe[0]) + b * S * c, p[2], S * c);
       AddInPlace(F(xd[0]) + b * T * c, p[3], T * c);
     }
-    if (bf16) {
-      RoundToBF16InPlace(F(xe[0]), ne * c);
-      RoundToBF16InPlace(F(xd[0]), nd * c);
-    }
+    RoundToDTypeInPlace(F(xe[0]), ne * c, act);
+    RoundToDTypeInPlace(F(xd[0]), nd * c, act);
     SK_RETURN_IF_ERROR(scope.PostForward(0));
   }
   for (int64_t l = 0; l < E; ++l) {
@@ -223,7 +188,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     SK_ASSIGN_OR_RETURN(enc_mean, NewF32(alloc, ne));
     SK_ASSIGN_OR_RETURN(enc_rstd, NewF32(alloc, ne));
     LayerNormForward(F(xe[E]), p[0], p[1], ne, c, F(enc_out), F(enc_mean), F(enc_rstd));
-    if (bf16) RoundToBF16InPlace(F(enc_out), ne * c);
+    RoundToDTypeInPlace(F(enc_out), ne * c, act);
     SK_RETURN_IF_ERROR(scope.PostForward(enc_norm_unit));
   }
   for (int64_t l = 0; l < D; ++l) {
@@ -239,7 +204,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
     SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(p, F(xd[D]), batch.targets.data(), nd, c,
-                                                       config_.vocab_size, bf16, backward, alloc,
+                                                       config_.vocab_size, act, backward, alloc,
                                                        &head));
     SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
@@ -251,8 +216,9 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
     SK_RETURN_IF_ERROR(nn_internal::HeadBackward(b.p, b.g, F(xd[D]), head, nd, c,
-                                                 config_.vocab_size, bf16, F(dx), alloc));
+                                                 config_.vocab_size, act, F(dx), alloc));
     head = HeadSaved();
+    xd[D] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
   }
   for (int64_t l = D - 1; l >= 0; --l) {
@@ -263,6 +229,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     SK_RETURN_IF_ERROR(decoder_block_.Backward(dd, b.p, b.g, F(xd[l]), F(enc_out), ds[l], F(dx),
                                                F(dnext), F(denc), alloc));
     ds[l] = BlockSaved();
+    xd[l] = Tensor();
     std::swap(dx, dnext);
     SK_RETURN_IF_ERROR(scope.PostBackward(dec_unit(l), &b));
   }
@@ -271,11 +238,15 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   SK_ASSIGN_OR_RETURN(Tensor enext, NewF32(alloc, ne * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(enc_norm_unit));
-    if (bf16) RoundToBF16InPlace(F(denc), ne * c);
+    RoundToDTypeInPlace(F(denc), ne * c, act);
     std::memset(ex.data(), 0, ex.nbytes());
     LayerNormBackward(F(xe[E]), b.p[0], F(denc), F(enc_mean), F(enc_rstd), ne, c, F(ex), b.g[0],
                       b.g[1]);
-    if (bf16) RoundToBF16InPlace(F(ex), ne * c);
+    RoundToDTypeInPlace(F(ex), ne * c, act);
+    enc_out = Tensor();
+    denc = Tensor();
+    dnext = Tensor();
+    xe[E] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(enc_norm_unit, &b));
   }
   for (int64_t l = E - 1; l >= 0; --l) {
@@ -284,11 +255,12 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     SK_RETURN_IF_ERROR(encoder_block_.Backward(ed, b.p, b.g, F(xe[l]), nullptr, es[l], F(ex),
                                                F(enext), nullptr, alloc));
     es[l] = BlockSaved();
+    xe[l] = Tensor();
     std::swap(ex, enext);
     SK_RETURN_IF_ERROR(scope.PostBackward(enc_unit(l), &b));
   }
   {
-    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(0));
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackwardGradientsOnly(0));
     EmbeddingBackward(batch.source.data(), F(ex), ne, c, b.g[0]);
     EmbeddingBackward(batch.inputs.data(), F(ddec_embed), nd, c, b.g[1]);
     for (int64_t bi = 0; bi < B; ++bi) {
@@ -312,6 +284,48 @@ StepFlops T5Model::Flops(int64_t batch_size, int64_t seq_len, int64_t source_len
   f.model_flops = 3.0 * (blocks + head_fwd);
   f.hardware_flops = f.model_flops + (options_.activation_checkpointing ? blocks : 0.0);
   return f;
+}
+
+}  // namespace sk
+
+namespace sk {
+
+int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
+                                     int64_t source_len) const {
+  BlockDims ed;
+  ed.batch = batch_size;
+  ed.seq = source_len;
+  ed.d_model = config_.d_model;
+  ed.heads = config_.n_head;
+  ed.d_ff = config_.d_ff;
+  BlockDims dd = ed;
+  dd.seq = seq_len;
+  dd.enc_seq = source_len;
+  const int64_t ne = batch_size * source_len, nd = batch_size * seq_len, c = config_.d_model;
+  const int64_t E = config_.n_encoder_layers, D = config_.n_decoder_layers;
+  const bool ckpt = options_.activation_checkpointing;
+  const DType act = options_.compute_dtype;
+  const int64_t enc_params = act != DType::kF32 ? units_[1].numel() : 0;
+  const int64_t dec_params = act != DType::kF32 ? units_[E + 2].numel() : 0;
+  const int64_t head_params = act != DType::kF32 ? units_.back().numel() : 0;
+  const int64_t enc_saved = encoder_block_.SavedFloats(ed);
+  const int64_t dec_saved = decoder_block_.SavedFloats(dd);
+  // Kept through the forward: embeddings, block activations (or outputs),
+  // the encoder output with its LayerNorm statistics.
+  const int64_t enc_kept = ne * c + E * (ckpt ? ne * c : enc_saved) + ne * c + 2 * ne;
+  const int64_t dec_kept = nd * c + D * (ckpt ? nd * c : dec_saved);
+  // Backward buffers allocated before the head: dx, dnext, denc.
+  const int64_t grads = 2 * nd * c + ne * c;
+  const int64_t head = enc_kept + dec_kept + grads + nd * c + 2 * nd +
+                       nd * config_.vocab_size + nd * c + head_params;
+  const int64_t dec = enc_kept + dec_kept - (ckpt ? nd * c : 0) + grads +
+                      decoder_block_.BackwardTempFloats(dd) + dec_params +
+                      (ckpt ? dec_saved : 0);
+  // Encoder backward: the decoder is gone except the decoder-embedding
+  // gradient; ex and enext; the last encoder block's temporaries.
+  const int64_t enc = (enc_kept - ne * c - (ckpt ? ne * c : 0)) + nd * c + 2 * ne * c +
+                      encoder_block_.BackwardTempFloats(ed) + enc_params + (ckpt ? enc_saved : 0);
+  return 4 * std::max({head, dec, enc});
 }
 
 }  // namespace sk

@@ -15,6 +15,7 @@
 
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
+#include "runtime/nn/kernels.h"
 #include "runtime/nn/optimizer.h"
 #include "runtime/nn/owned_parameters.h"
 
@@ -31,11 +32,13 @@ DEFINE_int64(synthetic_tokens, 4096, "length of the synthetic stream (small = me
 DEFINE_bool(bf16, false, "bf16 compute");
 DEFINE_bool(checkpointing, false, "per-block activation checkpointing");
 DEFINE_int32(log_every, 10, "steps between log lines");
+DEFINE_int32(gemm_threads, 0, "threads per GEMM (0: the OpenMP/OpenBLAS default)");
 
 namespace sk {
 namespace {
 
 Status Run() {
+  if (FLAGS_gemm_threads != 0) SK_RETURN_IF_ERROR(SetGemmThreads(FLAGS_gemm_threads));
   SK_ASSIGN_OR_RETURN(NamedModelConfig cfg, FindModelConfig(FLAGS_model));
   ModelOptions options;
   options.compute_dtype = FLAGS_bf16 ? DType::kBF16 : DType::kF32;

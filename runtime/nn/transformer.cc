@@ -1,6 +1,8 @@
 #include "runtime/nn/transformer.h"
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "runtime/nn/kernels.h"
 
@@ -30,9 +32,9 @@ Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tens
         std::string(what) + " tensor for '" + FullParamName(unit, unit.params[i]) + "'";
     if (!t.defined()) return InvalidArgumentError(where + " is undefined");
     if (!t.device().is_cpu()) return InvalidArgumentError(where + " is not in host memory");
-    if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
+    if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16) {
       return InvalidArgumentError(where + " has dtype " + std::string(DTypeName(t.dtype())) +
-                                  ", expected f32 or bf16");
+                                  ", expected f32, bf16 or f16");
     }
     if (t.shape() != unit.params[i].shape) {
       return InvalidArgumentError(where + " has shape " + t.shape().ToString() + ", expected " +
@@ -86,6 +88,39 @@ void UnitGrads::Flush() {
   }
 }
 
+Status UnitScope::Named(const Status& s, int u, const char* phase) const {
+  return s.WithContext(std::string(phase) + " of unit '" + units_[u].name + "'");
+}
+
+StatusOr<UnitParams> UnitScope::PreForward(int u) {
+  auto pt = hooks_.PreForward(u);
+  if (!pt.ok()) return Named(pt.status(), u, "PreForward");
+  return UnitParams::Make(units_[u], *pt, alloc_);
+}
+
+Status UnitScope::PostForward(int u) { return Named(hooks_.PostForward(u), u, "PostForward"); }
+
+StatusOr<UnitScope::Backward> UnitScope::PreBackward(int u) {
+  auto bufs = hooks_.PreBackward(u);
+  if (!bufs.ok()) return Named(bufs.status(), u, "PreBackward");
+  SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[u], bufs->params, alloc_));
+  SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[u], bufs->grads, alloc_));
+  return Backward{std::move(p), std::move(g)};
+}
+
+StatusOr<UnitScope::Backward> UnitScope::PreBackwardGradientsOnly(int u) {
+  auto bufs = hooks_.PreBackward(u);
+  if (!bufs.ok()) return Named(bufs.status(), u, "PreBackward");
+  SK_RETURN_IF_ERROR(ValidateUnitTensors(units_[u], bufs->params, "parameter"));
+  SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[u], bufs->grads, alloc_));
+  return Backward{UnitParams(), std::move(g)};
+}
+
+Status UnitScope::PostBackward(int u, Backward* b) {
+  b->g.Flush();
+  return Named(hooks_.PostBackward(u), u, "PostBackward");
+}
+
 size_t SublayerParamCount(SublayerKind kind) { return kind == SublayerKind::kCrossAttention ? 8 : 6; }
 
 void AppendSublayerSpecs(SublayerKind kind, const std::string& prefix, int64_t d_model,
@@ -132,7 +167,7 @@ const char* SublayerPrefix(SublayerKind kind) {
 }
 
 void MaybeRound(const BlockDims& d, const Tensor& t) {
-  if (d.bf16) RoundToBF16InPlace(F(t), t.numel());
+  RoundToDTypeInPlace(F(t), t.numel(), d.storage);
 }
 
 Status SublayerForward(SublayerKind kind, const BlockDims& d, const float* const* p,
@@ -246,7 +281,7 @@ Status SublayerBackward(SublayerKind kind, const BlockDims& d, const float* cons
   // The residual passes dy through; LayerNorm's backward adds its part.
   if (dx != dy) std::memcpy(dx, dy, sizeof(float) * n * c);
   LayerNormBackward(x, p[0], F(dln), F(s.mean), F(s.rstd), n, c, dx, g[0], g[1]);
-  if (d.bf16) RoundToBF16InPlace(dx, n * c);
+  RoundToDTypeInPlace(dx, n * c, d.storage);
   return OkStatus();
 }
 
@@ -303,6 +338,49 @@ Status TransformerBlock::Backward(const BlockDims& d, const UnitParams& p, const
   return OkStatus();
 }
 
+int64_t TransformerBlock::SavedFloats(const BlockDims& d) const {
+  const int64_t n = d.batch * d.seq, ne = d.batch * d.enc_seq, c = d.d_model;
+  int64_t f = 0;
+  for (SublayerKind k : kinds_) {
+    f += 2 * n * c + 2 * n;  // ln, out; mean, rstd
+    switch (k) {
+      case SublayerKind::kSelfAttention:
+      case SublayerKind::kCausalSelfAttention:
+        f += 3 * n * c + d.batch * d.heads * d.seq * d.seq + n * c;  // qkv, probs, att
+        break;
+      case SublayerKind::kCrossAttention:
+        f += n * c + 2 * ne * c + d.batch * d.heads * d.seq * d.enc_seq + n * c;  // q, kv, probs, att
+        break;
+      case SublayerKind::kMlp:
+        f += 2 * n * d.d_ff;  // pre- and post-GELU
+        break;
+    }
+  }
+  return f;
+}
+
+int64_t TransformerBlock::BackwardTempFloats(const BlockDims& d) const {
+  const int64_t n = d.batch * d.seq, ne = d.batch * d.enc_seq, c = d.d_model;
+  int64_t most = 0;
+  for (SublayerKind k : kinds_) {
+    int64_t f = n * c;  // dln
+    switch (k) {
+      case SublayerKind::kSelfAttention:
+      case SublayerKind::kCausalSelfAttention:
+        f += n * c + 3 * n * c + d.seq * d.seq;  // datt, dqkv, scratch
+        break;
+      case SublayerKind::kCrossAttention:
+        f += n * c + n * c + 2 * ne * c + d.seq * d.enc_seq;  // datt, dq, dkv, scratch
+        break;
+      case SublayerKind::kMlp:
+        f += n * d.d_ff;  // dh
+        break;
+    }
+    most = std::max(most, f);
+  }
+  return n * c + most;  // + the running gradient dcur
+}
+
 double TransformerBlock::ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t enc_seq,
                                             int64_t d_model, int64_t d_ff) const {
   const double n = static_cast<double>(batch) * seq;
@@ -336,16 +414,16 @@ void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, std::vector<Para
 }
 
 StatusOr<float> HeadForward(const UnitParams& p, const float* x, const int32_t* targets,
-                            int64_t rows, int64_t d_model, int64_t vocab, bool bf16,
+                            int64_t rows, int64_t d_model, int64_t vocab, DType storage,
                             bool want_grad, Allocator& alloc, HeadSaved* saved) {
   SK_ASSIGN_OR_RETURN(saved->ln, NewF32(alloc, rows * d_model));
   SK_ASSIGN_OR_RETURN(saved->mean, NewF32(alloc, rows));
   SK_ASSIGN_OR_RETURN(saved->rstd, NewF32(alloc, rows));
   LayerNormForward(x, p[0], p[1], rows, d_model, F(saved->ln), F(saved->mean), F(saved->rstd));
-  if (bf16) RoundToBF16InPlace(F(saved->ln), rows * d_model);
+  RoundToDTypeInPlace(F(saved->ln), rows * d_model, storage);
   SK_ASSIGN_OR_RETURN(Tensor logits, NewF32(alloc, rows * vocab));
   LinearForward(F(saved->ln), p[2], nullptr, rows, d_model, vocab, F(logits));
-  if (bf16) RoundToBF16InPlace(F(logits), rows * vocab);
+  RoundToDTypeInPlace(F(logits), rows * vocab, storage);
   int64_t count = 0;
   float loss = CrossEntropyForward(F(logits), targets, rows, vocab, &count);
   if (want_grad) {
@@ -359,13 +437,21 @@ StatusOr<float> HeadForward(const UnitParams& p, const float* x, const int32_t* 
 
 Status HeadBackward(const UnitParams& p, const UnitGrads& g, const float* x,
                     const HeadSaved& saved, int64_t rows, int64_t d_model, int64_t vocab,
-                    bool bf16, float* dx, Allocator& alloc) {
+                    DType storage, float* dx, Allocator& alloc) {
   SK_ASSIGN_OR_RETURN(Tensor dln, NewF32(alloc, rows * d_model));
   LinearBackward(F(saved.ln), p[2], F(saved.dlogits), rows, d_model, vocab, F(dln), false, g[2],
                  nullptr);
   std::memset(dx, 0, sizeof(float) * rows * d_model);
   LayerNormBackward(x, p[0], F(dln), F(saved.mean), F(saved.rstd), rows, d_model, dx, g[0], g[1]);
-  if (bf16) RoundToBF16InPlace(dx, rows * d_model);
+  RoundToDTypeInPlace(dx, rows * d_model, storage);
+  return OkStatus();
+}
+
+Status CheckProduct(int64_t rows, int64_t cols, const char* what) {
+  if (rows > std::numeric_limits<int64_t>::max() / cols) {
+    return InvalidArgumentError(std::string(what) + ": " + std::to_string(rows) + " x " +
+                                std::to_string(cols) + " overflows int64");
+  }
   return OkStatus();
 }
 

@@ -25,11 +25,11 @@ StatusOr<Tensor> ZerosF32(Allocator& alloc, int64_t numel);
 inline float* F(const Tensor& t) { return t.data_as<float>(); }
 
 // A unit's parameters as f32 pointers: f32 tensors are used in place, bf16
-// ones are widened (exactly) into scratch from the allocator.
+// and f16 ones are widened (exactly) into scratch from the allocator.
 class UnitParams {
  public:
   // InvalidArgument naming the unit and parameter when `tensors` does not
-  // match the specs (count, shape, dtype f32/bf16, host memory).
+  // match the specs (count, shape, dtype f32/bf16/f16, host memory).
   static StatusOr<UnitParams> Make(const UnitSpec& unit, const std::vector<Tensor>& tensors,
                                    Allocator& alloc);
   const float* operator[](size_t i) const { return ptrs_[i]; }
@@ -40,19 +40,47 @@ class UnitParams {
 };
 
 // A unit's gradient sinks as f32 pointers: f32 targets are accumulated into
-// directly; bf16 targets get zeroed f32 scratch that Flush() adds into them.
+// directly; bf16/f16 targets get zeroed f32 scratch that Flush() adds into them.
 class UnitGrads {
  public:
   static StatusOr<UnitGrads> Make(const UnitSpec& unit, const std::vector<Tensor>& tensors,
                                   Allocator& alloc);
   float* operator[](size_t i) const { return ptrs_[i]; }
-  // Adds scratch into bf16 targets. Call once, after the unit's backward.
+  // Adds scratch into bf16/f16 targets. Call once, after the unit's backward.
   void Flush();
 
  private:
   std::vector<Tensor> targets_;
   std::vector<Tensor> scratch_;
   std::vector<float*> ptrs_;
+};
+
+// Drives the hook protocol for one unit and names the unit in every error
+// ("PreBackward of unit 'h.1': ...").
+class UnitScope {
+ public:
+  UnitScope(UnitHooks& hooks, const std::vector<UnitSpec>& units, Allocator& alloc)
+      : hooks_(hooks), units_(units), alloc_(alloc) {}
+
+  StatusOr<UnitParams> PreForward(int u);
+  Status PostForward(int u);
+
+  struct Backward {
+    UnitParams p;
+    UnitGrads g;
+  };
+  StatusOr<Backward> PreBackward(int u);
+  // For units whose backward reads no parameter (the embeddings): checks
+  // the parameters but does not widen bf16 ones to f32.
+  StatusOr<Backward> PreBackwardGradientsOnly(int u);
+  // Flushes b's gradients into the hook's buffers, then PostBackward(u).
+  Status PostBackward(int u, Backward* b);
+
+ private:
+  Status Named(const Status& s, int u, const char* phase) const;
+  UnitHooks& hooks_;
+  const std::vector<UnitSpec>& units_;
+  Allocator& alloc_;
 };
 
 // Checks the tensors a hook returned against the unit's specs.
@@ -76,7 +104,7 @@ struct BlockDims {
   int64_t d_model = 0;
   int64_t heads = 0;
   int64_t d_ff = 0;
-  bool bf16 = false;    // round stored activations to bf16
+  DType storage = DType::kF32;  // activations are rounded to this dtype
 };
 
 // What a sublayer keeps for its backward; `out` is its output (the next
@@ -110,6 +138,11 @@ class TransformerBlock {
                   const float* enc, const BlockSaved& saved, const float* dy, float* dx,
                   float* denc, Allocator& alloc) const;
 
+  // Floats a Forward keeps in `saved` (what backward needs).
+  int64_t SavedFloats(const BlockDims& d) const;
+  // Most floats a Backward allocates at once beyond `saved`, its dy and dx.
+  int64_t BackwardTempFloats(const BlockDims& d) const;
+
   // Multiply-adds per block invocation in matmuls (x2 for flops), forward only.
   double ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t enc_seq, int64_t d_model,
                             int64_t d_ff) const;
@@ -129,13 +162,16 @@ struct HeadSaved {
 // Loss of x [rows, d_model] against targets [rows]. With want_grad, also
 // stores dL/dlogits of the mean loss in saved->dlogits for HeadBackward.
 StatusOr<float> HeadForward(const UnitParams& p, const float* x, const int32_t* targets,
-                            int64_t rows, int64_t d_model, int64_t vocab, bool bf16,
+                            int64_t rows, int64_t d_model, int64_t vocab, DType storage,
                             bool want_grad, Allocator& alloc, HeadSaved* saved);
 
 // Overwrites dx [rows, d_model]; adds parameter gradients into g.
 Status HeadBackward(const UnitParams& p, const UnitGrads& g, const float* x,
                     const HeadSaved& saved, int64_t rows, int64_t d_model, int64_t vocab,
-                    bool bf16, float* dx, Allocator& alloc);
+                    DType storage, float* dx, Allocator& alloc);
+
+// InvalidArgument unless rows * cols fits int64 (both already positive).
+Status CheckProduct(int64_t rows, int64_t cols, const char* what);
 
 // Checks ids in [0, vocab) (targets may also be kIgnoreTarget).
 Status ValidateTokens(const std::vector<int32_t>& ids, int64_t expected_count, int64_t vocab,

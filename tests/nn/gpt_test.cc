@@ -212,6 +212,73 @@ TEST(Gpt, Bf16ComputeStaysWithinToleranceOfF32) {
   EXPECT_LT(end, 0.3f);
 }
 
+// Hooks whose gradient buffers are bf16 (FSDP with a bf16 reduce dtype):
+// the model accumulates in f32 and adds into them once per unit.
+class Bf16GradHooks : public UnitHooks {
+ public:
+  explicit Bf16GradHooks(OwnedParameters* inner) : inner_(inner) {
+    for (const UnitSpec& u : inner->units()) {
+      std::vector<Tensor> gs;
+      for (const ParamSpec& p : u.params) gs.push_back(*HostAllocator::Default().Zeros(DType::kBF16, p.shape));
+      grads_.push_back(std::move(gs));
+    }
+  }
+  StatusOr<std::vector<Tensor>> PreForward(int u) override { return inner_->PreForward(u); }
+  Status PostForward(int u) override { return inner_->PostForward(u); }
+  StatusOr<UnitBackwardBuffers> PreBackward(int u) override {
+    SK_ASSIGN_OR_RETURN(UnitBackwardBuffers b, inner_->PreBackward(u));
+    b.grads = grads_[u];
+    return b;
+  }
+  Status PostBackward(int u) override { return inner_->PostBackward(u); }
+  std::vector<float> FlatGrads() const {
+    std::vector<float> out;
+    for (const auto& unit : grads_)
+      for (const Tensor& t : unit)
+        for (int64_t i = 0; i < t.numel(); ++i) out.push_back(BF16ToFloat(t.data_as<BF16>()[i]));
+    return out;
+  }
+
+ private:
+  OwnedParameters* inner_;
+  std::vector<std::vector<Tensor>> grads_;
+};
+
+// f16 compute: 11 mantissa bits against bf16's 8, so the documented
+// tolerance is tighter: 1% on the loss, 2% relative L2 on the gradient.
+TEST(Gpt, F16ComputeStaysWithinToleranceOfF32) {
+  TokenBatch batch = RandomBatch(4, 8, 32, 15);
+  auto f32 = MakeModel(Tiny());
+  auto f16 = MakeModel(Tiny(), ModelOptions{DType::kF16, false});
+  auto pa = MakeParams(*f32, 4), pb = MakeParams(*f16, 4, DType::kF16);
+  auto la = f32->ForwardBackward(batch, *pa, HostAllocator::Default());
+  auto lb = f16->ForwardBackward(batch, *pb, HostAllocator::Default());
+  ASSERT_TRUE(la.ok() && lb.ok()) << la.status() << lb.status();
+  EXPECT_NEAR(*lb, *la, 0.01f * *la);
+  EXPECT_NE(*lb, *la);
+  std::vector<float> ga = Flatten(pa->all_grads()), gb = Flatten(pb->all_grads());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ga.size(); ++i) {
+    num += (ga[i] - gb[i]) * (ga[i] - gb[i]);
+    den += ga[i] * ga[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 0.02);
+}
+
+TEST(Gpt, Bf16GradientBuffersReceiveTheF32GradientRounded) {
+  TokenBatch batch = RandomBatch(2, 8, 32, 17);
+  auto m = MakeModel(Tiny());
+  auto p32 = MakeParams(*m, 8), pb = MakeParams(*m, 8);
+  ASSERT_TRUE(m->ForwardBackward(batch, *p32, HostAllocator::Default()).ok());
+  Bf16GradHooks hooks(pb.get());
+  ASSERT_TRUE(m->ForwardBackward(batch, hooks, HostAllocator::Default()).ok());
+  std::vector<float> want = Flatten(p32->all_grads()), got = hooks.FlatGrads();
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i], BF16ToFloat(FloatToBF16(want[i]))) << i;
+  }
+}
+
 TEST(Gpt, GradientsAccumulateAcrossCallsUntilZeroed) {
   TokenBatch batch = RandomBatch(2, 8, 32, 16);
   auto m = MakeModel(Tiny());
@@ -252,6 +319,34 @@ TEST(Gpt, BadBatchesAreInvalidArgumentNamingTheField) {
   EXPECT_TRUE(p->call_log().size() > 0);
 }
 
+TEST(Gpt, OverflowingBatchSizesAreInvalidArgumentNotACrash) {
+  auto m = MakeModel(Tiny());
+  auto p = MakeParams(*m, 1);
+  TokenBatch b;
+  b.batch_size = int64_t{1} << 62;
+  b.seq_len = 8;  // the product wraps to 0, which matches the empty vectors
+  EXPECT_EQ(m->Forward(b, *p, HostAllocator::Default()).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// A causal model: the prediction at position t must not depend on inputs
+// after t. Only position 3 counts in the loss; changing later inputs leaves
+// the loss bit-identical, changing an earlier input does not.
+TEST(Gpt, LossAtAPositionIgnoresLaterInputs) {
+  auto m = MakeModel(Tiny());
+  auto p = MakeParams(*m, 2);
+  TokenBatch b = RandomBatch(1, 8, 32, 18);
+  for (int t = 0; t < 8; ++t) b.targets[t] = t == 3 ? b.targets[t] : kIgnoreTarget;
+  float base = *m->Forward(b, *p, HostAllocator::Default());
+  TokenBatch later = b;
+  later.inputs[5] = (later.inputs[5] + 1) % 32;
+  later.inputs[7] = (later.inputs[7] + 3) % 32;
+  EXPECT_EQ(*m->Forward(later, *p, HostAllocator::Default()), base);
+  TokenBatch earlier = b;
+  earlier.inputs[1] = (earlier.inputs[1] + 1) % 32;
+  EXPECT_NE(*m->Forward(earlier, *p, HostAllocator::Default()), base);
+}
+
 TEST(Gpt, BadConfigsAreInvalidArgument) {
   GptConfig c = Tiny();
   c.n_head = 3;
@@ -259,7 +354,7 @@ TEST(Gpt, BadConfigsAreInvalidArgument) {
   c = Tiny();
   c.n_layer = 0;
   EXPECT_EQ(GptModel::Create(c).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(GptModel::Create(Tiny(), ModelOptions{DType::kF16, false}).status().code(),
+  EXPECT_EQ(GptModel::Create(Tiny(), ModelOptions{DType::kInvalid, false}).status().code(),
             StatusCode::kInvalidArgument);
 }
 

@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -168,6 +169,18 @@ TEST(Kernels, GemmBackendsAgreeWithEachOtherAndDoubleReference) {
   }
 }
 
+TEST(Kernels, GemmThreadsIsAPerThreadSettingAndRejectsZero) {
+  const int before = GemmThreads();
+  ASSERT_TRUE(SetGemmThreads(1).ok());
+  EXPECT_EQ(GemmThreads(), 1);
+  int other = 0;
+  std::thread t([&] { other = GemmThreads(); });
+  t.join();
+  EXPECT_EQ(other, before);  // a new thread starts from the process default
+  EXPECT_EQ(SetGemmThreads(0).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(SetGemmThreads(before).ok());
+}
+
 TEST(Kernels, GemmTransposedOperandsMatchExplicitTranspose) {
   const int64_t m = 4, n = 6, k = 3;
   Vec a = Random(m * k, 3), b = Random(k * n, 4);
@@ -180,6 +193,34 @@ TEST(Kernels, GemmTransposedOperandsMatchExplicitTranspose) {
   std::vector<float> atf = ToF32(at), btf = ToF32(bt), c(m * n);
   Gemm(true, true, m, n, k, 1.0f, atf.data(), m, btf.data(), k, 0.0f, c.data(), n);
   ExpectForward("AtBt", c, want);
+}
+
+// bf16 operands, f32 accumulation: equals the double product of the
+// bf16-rounded operands up to f32 summation error, for every transposition,
+// and accumulates when asked.
+TEST(Kernels, Bf16GemmAccumulatesInF32ForEveryTransposition) {
+  const int64_t m = 19, n = 23, k = 37;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      Vec a = Random(m * k, 200), b = Random(k * n, 201);
+      std::vector<BF16> ab(a.size()), bb(b.size());
+      for (size_t i = 0; i < a.size(); ++i) a[i] = BF16ToFloat(ab[i] = FloatToBF16(static_cast<float>(a[i])));
+      for (size_t i = 0; i < b.size(); ++i) b[i] = BF16ToFloat(bb[i] = FloatToBF16(static_cast<float>(b[i])));
+      // Logical A [m, k] and B [k, n], laid out transposed when asked.
+      std::vector<BF16> as(a.size()), bs(b.size());
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t p = 0; p < k; ++p) as[ta ? p * m + i : i * k + p] = ab[i * k + p];
+      for (int64_t p = 0; p < k; ++p)
+        for (int64_t j = 0; j < n; ++j) bs[tb ? j * k + p : p * n + j] = bb[p * n + j];
+      Vec want = LinearRef(a, b, {}, m, k, n);
+      std::vector<float> c(m * n, 0.0f);
+      GemmBF16(ta, tb, m, n, k, as.data(), ta ? m : k, bs.data(), tb ? k : n, false, c.data(), n);
+      ExpectForward("bf16 gemm", c, want);
+      GemmBF16(ta, tb, m, n, k, as.data(), ta ? m : k, bs.data(), tb ? k : n, true, c.data(), n);
+      for (double& w : want) w *= 2;
+      ExpectForward("bf16 gemm accumulate", c, want);
+    }
+  }
 }
 
 TEST(Kernels, LinearBackwardMatchesFiniteDifferences) {

@@ -183,6 +183,23 @@ TEST(T5, Bf16ComputeStaysWithinToleranceOfF32) {
   EXPECT_LT(std::sqrt(num / den), 0.05);
 }
 
+// The decoder is causal, the encoder and cross-attention are not: the loss
+// at decoder position 1 ignores later decoder inputs but sees every source
+// token, including the last one.
+TEST(T5, DecoderIsCausalButSeesTheWholeSource) {
+  auto m = MakeModel(Tiny());
+  auto p = MakeParams(*m, 2);
+  TokenBatch b = ReverseBatch(1, 6, 24, 19);
+  for (int t = 0; t < 6; ++t) b.targets[t] = t == 1 ? b.targets[t] : kIgnoreTarget;
+  const float base = *m->Forward(b, *p, HostAllocator::Default());
+  TokenBatch later = b;
+  later.inputs[4] = (later.inputs[4] + 1) % 24;
+  EXPECT_EQ(*m->Forward(later, *p, HostAllocator::Default()), base);
+  TokenBatch source = b;
+  source.source[5] = (source.source[5] + 1) % 24;
+  EXPECT_NE(*m->Forward(source, *p, HostAllocator::Default()), base);
+}
+
 TEST(T5, BatchesWithoutValidSourceAreInvalidArgument) {
   auto m = MakeModel(Tiny());
   auto p = MakeParams(*m, 1);
