@@ -444,8 +444,23 @@ Status FullyShardedModel::PostBackward(int unit) {
     }
   }
   if (gradient_sync_) {
-    Status s = ReduceGradients(unit);
+    // At most one reduction in flight: the previous unit's reduce-scatter
+    // overlapped this unit's gradient compute; waiting for it here bounds the
+    // full gradients alive to two (this unit's and the one being reduced), so
+    // a slow reduce stream cannot pile them up.
+    Status s = WaitPendingReductionWork();
+    if (s.ok()) s = ReduceGradients(unit);
     if (!s.ok()) return Fail(s);
+  }
+  return OkStatus();
+}
+
+Status FullyShardedModel::WaitPendingReductionWork() {
+  while (!pending_reductions_.empty()) {
+    std::shared_ptr<comm::Work> w = pending_reductions_.front();
+    pending_reductions_.pop_front();
+    Status s = w->wait(options_.timeout);
+    if (!s.ok()) return s.WithContext("gradient reduction");
   }
   return OkStatus();
 }
@@ -545,12 +560,7 @@ Status FullyShardedModel::ReduceGradients(int unit) {
 }
 
 Status FullyShardedModel::WaitPendingReductions() {
-  while (!pending_reductions_.empty()) {
-    std::shared_ptr<comm::Work> w = pending_reductions_.front();
-    pending_reductions_.pop_front();
-    Status s = w->wait(options_.timeout);
-    if (!s.ok()) return s.WithContext("gradient reduction");
-  }
+  SK_RETURN_IF_ERROR(WaitPendingReductionWork());
   Status s = rs_stream_->Synchronize(options_.timeout);
   if (!s.ok()) return s.WithContext("reduce stream");
   return OkStatus();

@@ -255,6 +255,9 @@ class FullyShardedModel final : public DataParallelModel {
   Status Prefetch(const std::vector<int>& candidates);
   Status ReduceGradients(int unit);
   Status Fail(Status s);  // abandons the step, returns s
+  // Waits for the collectives of pending reductions / also for the reduce
+  // stream's accumulation into the gradient shards.
+  Status WaitPendingReductionWork();
   Status WaitPendingReductions();
 
   std::vector<UnitSpec> units_;

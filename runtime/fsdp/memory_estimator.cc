@@ -18,92 +18,6 @@ std::string MiB(int64_t b) {
   return buf;
 }
 
-// Saved activations and backward temporaries of one transformer sublayer, as
-// runtime/nn/transformer.cc allocates them.
-struct Sublayer {
-  int64_t saved = 0;
-  int64_t backward_temp = 0;
-};
-
-Sublayer SelfAttention(int64_t b, int64_t t, int64_t c, int64_t h) {
-  const int64_t n = b * t;
-  // ln, mean, rstd, out, att, qkv, probs
-  Sublayer s;
-  s.saved = F32(n * c) + 2 * F32(n) + F32(n * c) + F32(n * c) + F32(3 * n * c) + F32(b * h * t * t);
-  // dln, datt, dqkv, scratch
-  s.backward_temp = F32(n * c) + F32(n * c) + F32(3 * n * c) + F32(t * t);
-  return s;
-}
-
-Sublayer CrossAttention(int64_t b, int64_t t, int64_t te, int64_t c, int64_t h) {
-  const int64_t n = b * t, ne = b * te;
-  Sublayer s;
-  // ln, mean, rstd, out, att, q, kv, probs
-  s.saved = F32(n * c) + 2 * F32(n) + F32(n * c) + F32(n * c) + F32(n * c) + F32(2 * ne * c) +
-            F32(b * h * t * te);
-  // dln, datt, dq, dkv, scratch
-  s.backward_temp = F32(n * c) + F32(n * c) + F32(n * c) + F32(2 * ne * c) + F32(t * te);
-  return s;
-}
-
-Sublayer Mlp(int64_t b, int64_t t, int64_t c, int64_t f) {
-  const int64_t n = b * t;
-  Sublayer s;
-  s.saved = F32(n * c) + 2 * F32(n) + F32(n * c) + 2 * F32(n * f);  // ln, mean, rstd, out, a, b
-  s.backward_temp = F32(n * c) + F32(n * f);                        // dln, dh
-  return s;
-}
-
-struct Stack {
-  int64_t saved = 0;         // saved activations of one block
-  int64_t block_input = 0;   // what checkpointing keeps per block
-  int64_t backward_peak = 0; // block backward temporaries at their peak (incl. dcur)
-};
-
-Stack Block(const std::vector<Sublayer>& subs, int64_t n, int64_t c) {
-  Stack s;
-  for (const Sublayer& x : subs) s.saved += x.saved;
-  s.block_input = F32(n * c);
-  int64_t worst = 0;
-  for (const Sublayer& x : subs) worst = std::max(worst, x.backward_temp);
-  s.backward_peak = F32(n * c) + worst;  // dcur + the largest sublayer's temporaries
-  return s;
-}
-
-// Activation bytes at the peak (the start of backward) for a decoder-only or
-// encoder-decoder transformer.
-int64_t ActivationPeak(const NamedModelConfig& m, int64_t b, int64_t t, int64_t te, bool ckpt) {
-  if (m.family == ModelFamily::kGpt) {
-    const GptConfig& g = m.gpt;
-    const int64_t n = b * t, c = g.d_model;
-    Stack blk = Block({SelfAttention(b, t, c, g.n_head), Mlp(b, t, c, g.ff())}, n, c);
-    const int64_t L = g.n_layer;
-    const int64_t embed = F32(n * c);
-    const int64_t head_saved = F32(n * c) + 2 * F32(n) + F32(n * g.vocab_size);  // ln, mean, rstd, dlogits
-    const int64_t per_block = ckpt ? blk.block_input : blk.saved;
-    const int64_t stack = embed + L * per_block;
-    // Head backward: dx and dln on top of everything saved.
-    const int64_t head_bwd = stack + head_saved + 2 * F32(n * c);
-    // Last block's backward: dx, dnext, (recomputed saved state), temporaries.
-    const int64_t block_bwd = stack + 2 * F32(n * c) + (ckpt ? blk.saved : 0) + blk.backward_peak;
-    return std::max(head_bwd, block_bwd);
-  }
-  const T5Config& g = m.t5;
-  const int64_t n = b * t, ne = b * te, c = g.d_model;
-  Stack enc = Block({SelfAttention(b, te, c, g.n_head), Mlp(b, te, c, g.d_ff)}, ne, c);
-  Stack dec = Block({SelfAttention(b, t, c, g.n_head), CrossAttention(b, t, te, c, g.n_head),
-                     Mlp(b, t, c, g.d_ff)}, n, c);
-  const int64_t enc_stack = F32(ne * c) + g.n_encoder_layers * (ckpt ? enc.block_input : enc.saved) +
-                            F32(ne * c) + 2 * F32(ne) + F32(ne * c);  // final norm: ln, mean, rstd, out
-  const int64_t dec_stack = F32(n * c) + g.n_decoder_layers * (ckpt ? dec.block_input : dec.saved);
-  const int64_t head_saved = F32(n * c) + 2 * F32(n) + F32(n * g.vocab_size);
-  const int64_t base = enc_stack + dec_stack;
-  const int64_t head_bwd = base + head_saved + 2 * F32(n * c);
-  // Decoder backward also holds the encoder output's gradient.
-  const int64_t block_bwd = base + 3 * F32(n * c) + F32(ne * c) + (ckpt ? dec.saved : 0) + dec.backward_peak;
-  return std::max(head_bwd, block_bwd);
-}
-
 }  // namespace
 
 std::string MemoryEstimate::ToString() const {
@@ -123,6 +37,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   SK_RETURN_IF_ERROR(ValidateOptimizerOptions(opt));
   ModelOptions mo;
   mo.compute_dtype = r.fsdp.mixed_precision.param_dtype;
+  mo.activation_checkpointing = r.activation_checkpointing;
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(r.model, mo));
   const int64_t t = r.seq_len > 0 ? r.seq_len : r.model.seq_len;
   const int64_t te = r.source_len > 0 ? r.source_len : r.model.source_len;
@@ -172,15 +87,12 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
       std::sort(sorted.rbegin(), sorted.rend());
       for (int i = 0; i < alive; ++i) params_alive += Blocks(sorted[i] * pd);
     }
-    // The unit's full gradient, and the reduction buffer of its shard.
-    e.unsharded_bytes = params_alive + Blocks(largest * pd) + Blocks(largest / f * pd);
+    // Two full gradients (the unit computing and the one reducing: FSDP keeps
+    // at most one reduction in flight), and the reduction's shard buffer.
+    e.unsharded_bytes = params_alive + 2 * Blocks(largest * pd) + Blocks(largest / f * pd);
   }
-  e.activation_bytes = ActivationPeak(r.model, r.batch_size, t, te, r.activation_checkpointing);
-  if (pd != 4) {
-    // bf16 compute: the computing unit's parameters widened to f32, and f32
-    // gradient scratch, beside its bf16 buffers.
-    e.activation_bytes += 2 * F32(largest);
-  }
+  // The model counts its own activations and temporaries (runtime/nn).
+  e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te);
   e.peak_bytes = e.master_bytes + e.grad_shard_bytes + e.optimizer_bytes + e.persistent_bytes +
                  e.unsharded_bytes + e.activation_bytes;
   return e;

@@ -8,13 +8,10 @@
 //          (bounded by the rate limiter; SHARD_GRAD_OP keeps every unit)
 //        + activations at the peak of backward.
 //
-// Activations follow the reference models' own allocations (runtime/nn:
-// every saved tensor and backward temporary, f32, rounded to the caching
-// allocator's 512-byte blocks). The peak of a step is at the start of
-// backward, when every block's saved activations are still alive. The
-// estimate is exact for GPT models in the arithmetic it models; T5's
-// encoder-decoder is modelled with the same per-sublayer terms. Tests hold
-// the estimate within 10% of the measured peak for every strategy.
+// Activations are the model's own count (Model::PeakActivationBytes: every
+// saved tensor and backward temporary its code allocates). Model states and
+// flat parameters are rounded to the caching allocator's 512-byte blocks.
+// Tests hold the estimate within 10% of the measured peak for every strategy.
 #ifndef SHARDKIT_RUNTIME_FSDP_MEMORY_ESTIMATOR_H_
 #define SHARDKIT_RUNTIME_FSDP_MEMORY_ESTIMATOR_H_
 
