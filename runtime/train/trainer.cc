@@ -1,6 +1,10 @@
 #include "runtime/train/trainer.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "runtime/nn/kernels.h"
 
 #include "runtime/fsdp/checkpoint.h"
 
@@ -22,6 +26,7 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
   if (o.grad_accum_steps < 1) return InvalidArgumentError("grad_accum_steps must be >= 1");
   if (o.seq_len < 0 || o.source_len < 0) return InvalidArgumentError("sequence lengths must be >= 0");
   if (o.data_tokens < 0) return InvalidArgumentError("data_tokens must be >= 0");
+  if (o.gemm_threads < 0) return InvalidArgumentError("gemm_threads must be >= 0 (0 = automatic)");
   if (!(o.clip_grad_norm >= 0)) return InvalidArgumentError("clip_grad_norm must be >= 0");
   SK_RETURN_IF_ERROR(ValidateOptimizerOptions([&] {
     OptimizerOptions x = o.optimizer;
@@ -61,6 +66,17 @@ Status Trainer::Init() {
   mo.activation_checkpointing = options_.activation_checkpointing;
   SK_ASSIGN_OR_RETURN(model_, CreateModel(config_, mo));
 
+  gemm_threads_ = options_.gemm_threads;
+  if (gemm_threads_ == 0) {
+    int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    int sharing = 1;
+    if (world_->backend_name() == "local") {
+      sharing = world_->size();
+    } else if (const char* env = std::getenv("LOCAL_WORLD_SIZE")) {
+      sharing = std::max(1, std::atoi(env));
+    }
+    gemm_threads_ = std::max(1, cores / sharing);
+  }
   SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(world_->rank())));
   CachingAllocator::Options ao;
   ao.capacity_bytes = options_.memory_cap_bytes;
@@ -112,7 +128,10 @@ StatusOr<TokenBatch> Trainer::BatchFor(int64_t step, int micro) const {
                             index, world_->rank(), world_->size());
 }
 
+Status Trainer::UseGemmThreads() const { return SetGemmThreads(gemm_threads_); }
+
 StatusOr<StepMetrics> Trainer::Step() {
+  SK_RETURN_IF_ERROR(UseGemmThreads());
   allocator_->ResetPeakStats();
   const int64_t bytes_before = engine_->bytes_communicated();
   const auto t0 = std::chrono::steady_clock::now();
@@ -170,6 +189,7 @@ Status Trainer::LoadCheckpoint(const std::string& dir) {
 
 StatusOr<float> Trainer::Evaluate(int batches) {
   if (batches < 1) return InvalidArgumentError("Evaluate needs at least one batch");
+  SK_RETURN_IF_ERROR(UseGemmThreads());
   double sum = 0;
   for (int b = 0; b < batches; ++b) {
     // Held-out: batch indices far beyond any training step's.

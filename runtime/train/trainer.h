@@ -51,6 +51,11 @@ struct TrainerOptions {
   // Clip the total gradient norm to this value; 0 = compute it, do not clip.
   double clip_grad_norm = 0;
   bool activation_checkpointing = false;
+  // GEMM threads of this rank's compute; 0 = the machine's cores divided by
+  // the ranks sharing it (all ranks for the local backend, LOCAL_WORLD_SIZE
+  // for process ranks), at least 1. Oversubscribed OpenMP teams spin against
+  // each other (runtime/nn/kernels.h: SetGemmThreads).
+  int gemm_threads = 0;
   // DDP's gradient bucket size; 0 = its default (25 MiB).
   int64_t ddp_bucket_bytes = 0;
   // Per-rank device memory cap in bytes; 0 = unlimited.
@@ -126,6 +131,8 @@ class Trainer {
  private:
   Trainer(const TrainerOptions& options, comm::ProcessGroup* world);
   Status Init();
+  // Applies the GEMM thread count to the calling thread.
+  Status UseGemmThreads() const;
 
   TrainerOptions options_;
   comm::ProcessGroup* world_;
@@ -138,6 +145,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<int32_t> tokens_;
   int64_t step_ = 0;
+  int gemm_threads_ = 1;
 };
 
 }  // namespace sk
