@@ -7,8 +7,9 @@
 // the slowest rank's. Two model setups:
 //   compute  gpt-1m, batch 4 x 128: a model that fits, so step time compares
 //            FSDP's communication overhead with the baseline's;
-//   states   gpt-10m, batch 1 x 16 with Adam: memory dominated by model
-//            states (16 bytes per parameter unsharded), where sharding shows.
+//   states   gpt-deep-20m (24 narrow blocks), batch 1 x 16 with Adam: memory
+//            dominated by model states (16 bytes per parameter unsharded), where
+//            sharding shows.
 // After the runs a summary prints each strategy's median step time and peak
 // allocated memory as ratios to DDP measured in the same run, which is what
 // CI tracks.
@@ -37,7 +38,7 @@ struct Setup {
   int64_t batch;
   int64_t seq;
 };
-constexpr Setup kSetups[] = {{"compute", "gpt-1m", 4, 128}, {"states", "gpt-10m", 1, 16}};
+constexpr Setup kSetups[] = {{"compute", "gpt-1m", 4, 128}, {"states", "gpt-deep-20m", 1, 16}};
 
 struct Result {
   std::vector<double> step_seconds;

@@ -49,6 +49,10 @@ std::vector<NamedModelConfig> BuildConfigs() {
   v.push_back(Gpt("gpt-1m", 256, 128, 4, 4, 128, false, "byte-level, seconds per step on 2 cores"));
   v.push_back(Gpt("gpt-10m", 1024, 256, 6, 6, 384, false, "CPU benchmark and FSDP harness model"));
   v.push_back(Gpt("gpt-50m", 4096, 256, 8, 8, 704, false, "memory-bound FSDP experiments on CPU"));
+  // Many narrow units: each unit is ~4% of the model, so a rank's memory is
+  // dominated by model states, not by the units it gathers (FSDP's memory
+  // benchmark).
+  v.push_back(Gpt("gpt-deep-20m", 1024, 128, 24, 8, 256, false, "deep and narrow: model-state-bound memory"));
   v.push_back(Gpt("gpt-150m", 32768, 512, 14, 12, 768, false, "GPT-2-small width; slow on CPU"));
   v.push_back(T5("t5-tiny", 64, 16, 16, 2, 2, 32, 64, false, "unit tests"));
   v.push_back(T5("t5-10m", 1024, 128, 128, 4, 4, 256, 1024, false, "CPU encoder-decoder"));
