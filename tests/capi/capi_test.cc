@@ -765,7 +765,16 @@ TEST(CapiCheckpoint, MissingOrCorruptCheckpointsAreReportedAndChangeNothing) {
   ASSERT_OK(sk_trainer_save_checkpoint(other, other_model.c_str()));
   sk_trainer_destroy(other);
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_load_checkpoint(t, other_model.c_str(), &step));
-  EXPECT_FALSE(LastError().empty());
+  EXPECT_ERROR_MENTIONS("unit 'embed'");
+  EXPECT_ERROR_MENTIONS("nothing was changed");
+
+  // A checkpoint of another optimizer (SGD with momentum into AdamW).
+  sk_trainer_options adamw = TinyTrainer();
+  sk_trainer* adam = nullptr;
+  ASSERT_OK(sk_trainer_create(&adamw, g, &adam));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_load_checkpoint(adam, good.c_str(), &step));
+  EXPECT_ERROR_MENTIONS("momentum");
+  sk_trainer_destroy(adam);
 
   // Saving over a directory that is not a checkpoint never overwrites it.
   const std::string not_a_checkpoint = dir + "/notes";

@@ -467,13 +467,16 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_save_checkpoint(sk_trainer* traine
 
 /* Restores the checkpoint in `dir` into this trainer: parameters, optimizer
  * state and step count, so the next sk_trainer_step continues where the
- * saved run stopped (same data, same losses). `out_step` (may be NULL)
- * receives the restored step count. Collective, as the save. Everything is
- * read and validated before anything changes: on any error the trainer is as
- * it was. Errors: NOT_FOUND for a missing directory, index or shard file;
- * DATA_LOSS naming the file for a corrupt, truncated or inconsistent one;
- * INVALID_ARGUMENT naming the unit or parameter when the checkpoint is of
- * another model or optimizer, for a NULL `dir`, or a DDP trainer. */
+ * saved run stopped (at the same world size: the same batches and losses).
+ * `out_step` (may be NULL) receives the restored step count. Collective, as
+ * the save. Everything is read and validated on every rank before anything
+ * changes: on any error the trainer is as it was (unless a peer or an
+ * allocation fails while the validated state is being installed, which is
+ * reported as that failure). Errors: NOT_FOUND for a missing directory,
+ * index or shard file; DATA_LOSS naming the file for a corrupt, truncated or
+ * inconsistent one; INVALID_ARGUMENT naming the unit or parameter when the
+ * checkpoint is of another model or optimizer, for a NULL `dir`, or a DDP
+ * trainer. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_load_checkpoint(sk_trainer* trainer, const char* dir,
                                                               int64_t* out_step);
 
