@@ -361,8 +361,8 @@ typedef struct sk_optimizer_options {
 /* High level: trainer                                                       */
 /* ------------------------------------------------------------------------ */
 
-/* One rank's trainer: a named model, FSDP around it, an optimizer and a
- * deterministic data stream. */
+/* One rank's trainer: a named model, FSDP (or DDP) around it, an optimizer
+ * and a deterministic data stream. */
 typedef struct sk_trainer sk_trainer;
 
 typedef struct sk_trainer_options {
@@ -385,9 +385,10 @@ typedef struct sk_trainer_options {
   int32_t data_token_bytes;  /* 2 or 4; 0 = 2 */
   uint64_t data_seed;        /* 0 = 1 */
   int64_t data_tokens;       /* synthetic stream length; 0 = 64 Ki tokens */
-  /* Appended in 0.2.0 (a struct_size of 120, from 0.1.0, leaves them 0). */
-  /* 0 = FSDP. Under DDP the sk_fsdp_options fields that are not sharding
-   * (param_dtype, gradient_predivide_factor, seed, timeout_ms) still apply. */
+  /* Appended in 0.2.0; 0.1.0's struct_size (120) leaves them 0.
+   * parallelism 0 = FSDP. Under DDP the sk_fsdp_options fields that are not
+   * about sharding (param_dtype, gradient_predivide_factor, seed,
+   * timeout_ms) still apply. */
   sk_parallelism_t parallelism;
   int64_t ddp_bucket_bytes;  /* DDP's gradient bucket size; 0 = 25 MiB */
 } sk_trainer_options;
