@@ -29,6 +29,7 @@
 #include "runtime/core/status.h"
 #include "runtime/device/device.h"
 #include "runtime/fsdp/fsdp.h"
+#include "runtime/fsdp/memory_estimator.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/configs.h"
 #include "runtime/nn/model.h"
@@ -63,6 +64,8 @@ static_assert(SK_BACKWARD_PREFETCH_POST == static_cast<int>(sk::BackwardPrefetch
 static_assert(SK_OPTIMIZER_ADAMW == static_cast<int>(sk::OptimizerKind::kAdamW));
 static_assert(SK_DTYPE_F16 == static_cast<int>(sk::DType::kF16));
 static_assert(SK_INIT_UNIFORM == static_cast<int>(sk::InitKind::kUniform));
+static_assert(SK_PARALLELISM_FSDP == static_cast<int>(sk::Parallelism::kFsdp));
+static_assert(SK_PARALLELISM_DDP == static_cast<int>(sk::Parallelism::kDdp));
 
 // ---------------------------------------------------------------------------
 // Handles. Each is registered while live so that a destroyed handle passed
@@ -222,6 +225,9 @@ sk_status_t Fail(sk_status_t code, const std::string& message) {
 // this cannot come from any header and is rejected. Appending a field never
 // changes these.
 template <typename T> constexpr size_t kFirstVersionSize = sizeof(T);
+// 0.1.0's sk_trainer_options ended at data_tokens; 0.2.0 appended parallelism.
+template <> constexpr size_t kFirstVersionSize<sk_trainer_options> =
+    offsetof(sk_trainer_options, parallelism);
 
 // Copies a caller's option struct into `out` (zeroed, then the caller's
 // bytes up to min(struct_size, sizeof)); `in` NULL leaves all defaults.
@@ -378,7 +384,29 @@ StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in) {
   }
   if (c.data_seed != 0) o.data_seed = c.data_seed;
   o.data_tokens = c.data_tokens;
+  SK_RETURN_IF_ERROR(CheckEnum(c.parallelism, SK_PARALLELISM_DDP, "sk_trainer_options.parallelism"));
+  o.parallelism = c.parallelism == SK_PARALLELISM_DEFAULT ? sk::Parallelism::kFsdp
+                                                          : static_cast<sk::Parallelism>(c.parallelism);
+  if (c.ddp_bucket_bytes < 0) {
+    return sk::InvalidArgumentError("sk_trainer_options.ddp_bucket_bytes must be >= 0 (0 = 25 MiB)");
+  }
+  o.ddp_bucket_bytes = c.ddp_bucket_bytes;
   return o;
+}
+
+sk_memory_estimate ToMemoryEstimate(const sk::MemoryEstimate& e) {
+  sk_memory_estimate c;
+  std::memset(&c, 0, sizeof(c));
+  c.struct_size = sizeof(c);
+  c.parameters = e.parameters;
+  c.master_bytes = e.master_bytes;
+  c.grad_shard_bytes = e.grad_shard_bytes;
+  c.optimizer_bytes = e.optimizer_bytes;
+  c.persistent_bytes = e.persistent_bytes;
+  c.unsharded_bytes = e.unsharded_bytes;
+  c.activation_bytes = e.activation_bytes;
+  c.peak_bytes = e.peak_bytes;
+  return c;
 }
 
 sk_step_metrics ToStepMetrics(const sk::StepMetrics& m, int rank) {
@@ -781,6 +809,52 @@ SK_EXPORT sk_status_t sk_model_num_parameters(const char* model, int64_t* out_co
   SK_API_END
 }
 
+SK_EXPORT sk_status_t sk_trainer_save_checkpoint(sk_trainer* trainer, const char* dir) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_CHECK(CheckString(dir, "dir"));
+  SK_CHECK(trainer->trainer->SaveCheckpoint(dir));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_trainer_load_checkpoint(sk_trainer* trainer, const char* dir,
+                                                 int64_t* out_step) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_CHECK(CheckString(dir, "dir"));
+  SK_CHECK(trainer->trainer->LoadCheckpoint(dir));
+  if (out_step != nullptr) *out_step = trainer->trainer->steps();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_estimate_memory(const sk_trainer_options* options, int32_t world_size,
+                                         sk_memory_estimate* out) {
+  SK_API_BEGIN
+  SK_CHECK(CheckOutStruct(out, "out"));
+  SK_ASSIGN_OR_FAIL(sk::TrainerOptions o, ToTrainerOptions(options));
+  SK_CHECK(sk::ValidateTrainerOptions(o));
+  if (o.parallelism == sk::Parallelism::kDdp) {
+    return Fail(SK_STATUS_UNIMPLEMENTED,
+                "sk_estimate_memory: the memory estimator models the FSDP strategies, not "
+                "parallelism DDP (NO_SHARD keeps the same model state as DDP)");
+  }
+  sk::MemoryEstimateRequest r;
+  SK_ASSIGN_OR_FAIL(r.model, sk::FindModelConfig(o.model));
+  r.fsdp = o.fsdp;
+  r.optimizer = o.optimizer;
+  r.world_size = world_size;
+  r.batch_size = o.batch_size;
+  r.seq_len = o.seq_len;
+  r.source_len = o.source_len;
+  r.activation_checkpointing = o.activation_checkpointing;
+  SK_ASSIGN_OR_FAIL(sk::MemoryEstimate e, sk::EstimatePeakMemory(r));
+  WriteStruct(out, ToMemoryEstimate(e));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
 // --- local session -----------------------------------------------------------
 
 SK_EXPORT sk_status_t sk_local_session_create(const sk_trainer_options* options, int32_t world_size,
@@ -869,6 +943,30 @@ SK_EXPORT sk_status_t sk_local_session_world_size(const sk_local_session* sessio
   SK_CHECK(CheckHandle(session, "session"));
   SK_CHECK(CheckOut(out_world_size, "out_world_size"));
   *out_world_size = static_cast<int32_t>(session->trainers.size());
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_local_session_save_checkpoint(sk_local_session* session, const char* dir) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(session, "session"));
+  SK_CHECK(CheckString(dir, "dir"));
+  const std::string path = dir;
+  const int n = static_cast<int>(session->trainers.size());
+  SK_CHECK(RunOnRankThreads(n, [&](int r) { return session->trainers[r]->SaveCheckpoint(path); }));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_local_session_load_checkpoint(sk_local_session* session, const char* dir,
+                                                       int64_t* out_step) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(session, "session"));
+  SK_CHECK(CheckString(dir, "dir"));
+  const std::string path = dir;
+  const int n = static_cast<int>(session->trainers.size());
+  SK_CHECK(RunOnRankThreads(n, [&](int r) { return session->trainers[r]->LoadCheckpoint(path); }));
+  if (out_step != nullptr) *out_step = session->trainers[0]->steps();
   return SK_STATUS_OK;
   SK_API_END
 }

@@ -1,8 +1,9 @@
 // Random bytes into every entry point that parses caller input: names
 // (strategy, prefetch, dtype, model), network-model specs, option structs
-// (any struct_size, any field values) and model specs (names, shapes,
-// initialisers). Every call must return a status; a crash, hang, leak or
-// sanitizer report is a bug.
+// (any struct_size, any field values; also through the memory estimator),
+// model specs (names, shapes, initialisers) and checkpoint directories (a
+// fuzzed index.json and shard file loaded into a trainer). Every call must
+// return a status; a crash, hang, leak or sanitizer report is a bug.
 //
 // LLVMFuzzerTestOneInput is libFuzzer's entry: build it with clang's
 // -fsanitize=fuzzer (see capi/fuzz/README.md), or run it under the
@@ -10,9 +11,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "shardkit/shardkit.h"
 
@@ -35,6 +41,14 @@ class Bytes {
     pos_ += n;
     return v;
   }
+  // The next `n` bytes (fewer at the end), NULs included.
+  std::string Raw(size_t n) {
+    n = std::min(n, size_ - pos_);
+    std::string s(reinterpret_cast<const char*>(data_ + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  std::string Rest() { return Raw(size_ - pos_); }
   // A NUL-terminated string of up to `max` bytes.
   std::string String(size_t max) {
     const size_t want = U8() % (max + 1);  // before size_ - pos_: U8 advances pos_
@@ -113,7 +127,10 @@ void FuzzTrainerOptions(Bytes& in) {
   options->seq_len = options->seq_len % 9;
   options->source_len = options->source_len % 9;
   options->data_tokens = options->data_tokens % 256;
+  options->ddp_bucket_bytes = options->ddp_bucket_bytes % (1 << 20);
   fsdp->timeout_ms = 2000;  // a world of one never waits, but bound it anyway
+  sk_memory_estimate estimate = SK_MEMORY_ESTIMATE_INIT;
+  Ignore(sk_estimate_memory(options, static_cast<int8_t>(in.U8()), &estimate));
   sk_process_group* g = nullptr;
   if (sk_process_group_create_local(1, nullptr, &g) != SK_STATUS_OK) return;
   sk_trainer* trainer = nullptr;
@@ -180,15 +197,49 @@ void FuzzModelSpec(Bytes& in) {
   sk_model_spec_destroy(spec);
 }
 
+// A checkpoint directory of a fuzzed index.json (length-prefixed, 16 bits)
+// and a fuzzed rank-00000.safetensors (the rest), loaded into a gpt-tiny
+// trainer. corpus/checkpoint_gpt_tiny is a real checkpoint in this layout.
+void FuzzCheckpoint(Bytes& in) {
+  const size_t index_size = in.Value<uint16_t>();
+  const std::string index = in.Raw(index_size);
+  const std::string shard = in.Rest();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path dir = std::filesystem::path(tmp != nullptr ? tmp : "/tmp") /
+                                    ("shardkit_fuzz_ckpt_" + std::to_string(getpid()));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return;
+  std::ofstream(dir / "index.json", std::ios::binary) << index;
+  std::ofstream(dir / "rank-00000.safetensors", std::ios::binary) << shard;
+  sk_trainer_options options = SK_TRAINER_OPTIONS_INIT;
+  options.model = "gpt-tiny";
+  options.data_tokens = 64;
+  options.memory_cap_bytes = kCapBytes;
+  sk_process_group* g = nullptr;
+  if (sk_process_group_create_local(1, nullptr, &g) == SK_STATUS_OK) {
+    sk_trainer* trainer = nullptr;
+    if (sk_trainer_create(&options, g, &trainer) == SK_STATUS_OK) {
+      int64_t step = 0;
+      Ignore(sk_trainer_load_checkpoint(trainer, dir.c_str(), &step));
+      sk_trainer_destroy(trainer);
+    }
+    sk_process_group_destroy(g);
+  }
+  std::filesystem::remove_all(dir, ec);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes in(data, size);
-  switch (in.U8() % 4) {
+  switch (in.U8() % 5) {
     case 0: FuzzNames(in); break;
     case 1: FuzzNetworkModel(in); break;
     case 2: FuzzTrainerOptions(in); break;
     case 3: FuzzModelSpec(in); break;
+    case 4: FuzzCheckpoint(in); break;
   }
   return 0;
 }

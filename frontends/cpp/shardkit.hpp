@@ -157,6 +157,14 @@ inline int64_t ModelNumParameters(const std::string& model) {
   return n;
 }
 
+// The memory estimator's peak for one rank of a trainer with `options` on
+// `world_size` ranks (sk_estimate_memory).
+inline sk_memory_estimate EstimateMemory(const sk_trainer_options& options, int32_t world_size) {
+  sk_memory_estimate e = SK_MEMORY_ESTIMATE_INIT;
+  Check(sk_estimate_memory(&options, world_size, &e));
+  return e;
+}
+
 // One rank's trainer (sk_trainer).
 class Trainer : public detail::Owner<sk_trainer, sk_trainer_destroy> {
  public:
@@ -177,6 +185,14 @@ class Trainer : public detail::Owner<sk_trainer, sk_trainer_destroy> {
     int64_t n = 0;
     Check(sk_trainer_num_parameters(get(), &n));
     return n;
+  }
+  // Collective; see sk_trainer_save_checkpoint.
+  void SaveCheckpoint(const std::string& dir) { Check(sk_trainer_save_checkpoint(get(), dir.c_str())); }
+  // Collective; returns the restored step count. On error nothing changed.
+  int64_t LoadCheckpoint(const std::string& dir) {
+    int64_t step = 0;
+    Check(sk_trainer_load_checkpoint(get(), dir.c_str(), &step));
+    return step;
   }
 
  private:
@@ -214,6 +230,15 @@ class LocalSession : public detail::Owner<sk_local_session, sk_local_session_des
     int32_t n = 0;
     Check(sk_local_session_world_size(get(), &n));
     return n;
+  }
+  void SaveCheckpoint(const std::string& dir) {
+    Check(sk_local_session_save_checkpoint(get(), dir.c_str()));
+  }
+  // Returns the restored step count; on error no rank changed.
+  int64_t LoadCheckpoint(const std::string& dir) {
+    int64_t step = 0;
+    Check(sk_local_session_load_checkpoint(get(), dir.c_str(), &step));
+    return step;
   }
 
  private:

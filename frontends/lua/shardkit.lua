@@ -75,6 +75,7 @@ local enum_fields = {
   dtype = enum_by_parser(lib.sk_parse_dtype, "sk_dtype_t"),
   kind = enum_by_prefix("SK_OPTIMIZER_", "sk_optimizer_kind_t"),
   init = enum_by_prefix("SK_INIT_", "sk_init_kind_t"),
+  parallelism = enum_by_prefix("SK_PARALLELISM_", "sk_parallelism_t"),
 }
 
 -- Fields that point to nested option structs.
@@ -182,8 +183,38 @@ function M.model_num_parameters(model)
   return tonumber(out[0])
 end
 
+local estimate_fields = {
+  "parameters", "master_bytes", "grad_shard_bytes", "optimizer_bytes", "persistent_bytes",
+  "unsharded_bytes", "activation_bytes", "peak_bytes",
+}
+-- The memory estimator's peak for one rank of a trainer with `options` (a
+-- table, as for trainer()) on `world_size` ranks, as a table of numbers.
+function M.estimate_memory(options, world_size)
+  local anchors = {}
+  local o = to_struct("sk_trainer_options", options or {}, anchors)
+  local e = ffi.new("sk_memory_estimate")
+  e.struct_size = ffi.sizeof(e)
+  check(lib.sk_estimate_memory(o, world_size, e))
+  local t = {}
+  for _, k in ipairs(estimate_fields) do t[k] = tonumber(e[k]) end
+  return t
+end
+
+-- Checkpoint methods shared by trainers and local sessions: save(dir), and
+-- load(dir) returning the restored step count.
+local function checkpoint_methods(save, load, methods)
+  methods.save_checkpoint = function(self, dir) check(save(self.h, dir)) end
+  methods.load_checkpoint = function(self, dir)
+    local out = ffi.new("int64_t[1]")
+    check(load(self.h, dir, out))
+    return tonumber(out[0])
+  end
+  return methods
+end
+
 -- Trainer.
-local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy, {
+local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy,
+                            checkpoint_methods(lib.sk_trainer_save_checkpoint, lib.sk_trainer_load_checkpoint, {
   step = function(self)
     local m = new_metrics()
     check(lib.sk_trainer_step(self.h, m))
@@ -199,7 +230,7 @@ local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy, {
     check(lib.sk_trainer_num_parameters(self.h, out))
     return tonumber(out[0])
   end,
-})
+}))
 
 -- options: sk_trainer_options as a table (fsdp/optimizer as nested tables).
 function M.trainer(options, group)
@@ -211,7 +242,9 @@ function M.trainer(options, group)
 end
 
 -- Local session: N ranks on library threads behind one handle.
-local LocalSession = handle_type("sk_local_session", lib.sk_local_session_destroy, {
+local LocalSession = handle_type("sk_local_session", lib.sk_local_session_destroy,
+                                 checkpoint_methods(lib.sk_local_session_save_checkpoint,
+                                                    lib.sk_local_session_load_checkpoint, {
   -- One step on every rank; returns rank 0's metrics as a table.
   step = function(self)
     local m = new_metrics()
@@ -233,7 +266,7 @@ local LocalSession = handle_type("sk_local_session", lib.sk_local_session_destro
     check(lib.sk_local_session_world_size(self.h, out))
     return out[0]
   end,
-})
+}))
 
 function M.local_session(options, world_size, network_model)
   local anchors = {}

@@ -33,6 +33,7 @@ int main(void) {
   sk_param_spec p = SK_PARAM_SPEC_INIT;
   sk_engine_options e = SK_ENGINE_OPTIONS_INIT;
   sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  sk_memory_estimate me = SK_MEMORY_ESTIMATE_INIT;
   EXPECT(g.struct_size == sizeof g && zero_after_size(&g, sizeof g));
   EXPECT(f.struct_size == sizeof f && zero_after_size(&f, sizeof f));
   EXPECT(o.struct_size == sizeof o && zero_after_size(&o, sizeof o));
@@ -41,6 +42,8 @@ int main(void) {
   EXPECT(p.struct_size == sizeof p && zero_after_size(&p, sizeof p));
   EXPECT(e.struct_size == sizeof e && zero_after_size(&e, sizeof e));
   EXPECT(v.struct_size == sizeof v && zero_after_size(&v, sizeof v));
+  EXPECT(me.struct_size == sizeof me && zero_after_size(&me, sizeof me));
+  EXPECT(t.parallelism == SK_PARALLELISM_DEFAULT);
   EXPECT(strcmp(sk_version(), SK_VERSION_STRING) == 0);
   if (failures == 0) printf("PASS\n");
   return failures == 0 ? 0 : 1;

@@ -8,8 +8,11 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -238,6 +241,10 @@ TEST(CapiStructs, InitMacrosSetSizeAndZeroDefaults) {
   sk_trainer_options t = SK_TRAINER_OPTIONS_INIT;
   EXPECT_EQ(t.struct_size, sizeof(sk_trainer_options));
   EXPECT_EQ(t.model, nullptr);
+  EXPECT_EQ(t.parallelism, SK_PARALLELISM_DEFAULT);
+  EXPECT_EQ(t.ddp_bucket_bytes, 0);
+  sk_memory_estimate e = SK_MEMORY_ESTIMATE_INIT;
+  EXPECT_EQ(e.struct_size, sizeof(sk_memory_estimate));
   sk_step_metrics m = SK_STEP_METRICS_INIT;
   EXPECT_EQ(m.struct_size, sizeof(sk_step_metrics));
   sk_param_spec p = SK_PARAM_SPEC_INIT;
@@ -495,6 +502,385 @@ TEST(CapiLocalSession, BadOptionsFailEveryRankBeforeAnyCollective) {
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 0, nullptr, &s));
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 2, nullptr, nullptr));
   EXPECT_EQ(s, nullptr);
+}
+
+// --- DDP -----------------------------------------------------------------------
+
+// A fresh directory under the test's temporary directory.
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::filesystem::path dir = std::filesystem::path(base != nullptr ? base : "/tmp") /
+                              ("capi_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+
+struct SessionRun {
+  std::vector<float> losses;       // rank 0's, per step
+  int64_t bytes_communicated = 0;  // rank 0's, last step
+};
+
+// `steps` steps of a 2-rank local session.
+SessionRun RunSession(const sk_trainer_options& o, int steps) {
+  SessionRun run;
+  sk_local_session* s = nullptr;
+  EXPECT_EQ(sk_local_session_create(&o, 2, nullptr, &s), SK_STATUS_OK) << LastError();
+  for (int step = 0; s != nullptr && step < steps; ++step) {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    EXPECT_EQ(sk_local_session_step(s, &m), SK_STATUS_OK) << LastError();
+    run.losses.push_back(m.loss);
+    run.bytes_communicated = m.bytes_communicated;
+  }
+  sk_local_session_destroy(s);
+  return run;
+}
+
+TEST(CapiDdp, DdpTrainerMatchesFullShardLossesInF32WithSgd) {
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.strategy = SK_SHARDING_FULL_SHARD;
+  f.seed = 99;
+  sk_optimizer_options sgd = SK_OPTIMIZER_OPTIONS_INIT;
+  sgd.kind = SK_OPTIMIZER_SGD;
+  sgd.lr = 0.05f;
+  sk_trainer_options o = TinyTrainer(&f, &sgd);
+  const SessionRun fsdp_run = RunSession(o, 4);
+  o.parallelism = SK_PARALLELISM_DDP;
+  const SessionRun ddp_run = RunSession(o, 4);
+  o.ddp_bucket_bytes = 4096;  // several buckets
+  const std::vector<float> small_buckets = RunSession(o, 4).losses;
+  const std::vector<float>& fsdp = fsdp_run.losses;
+  const std::vector<float>& ddp = ddp_run.losses;
+  // Really two engines: DDP all-reduces gradients, FSDP gathers and scatters.
+  EXPECT_NE(ddp_run.bytes_communicated, fsdp_run.bytes_communicated);
+  ASSERT_EQ(fsdp.size(), 4u);
+  ASSERT_EQ(ddp.size(), 4u);
+  ASSERT_EQ(small_buckets.size(), 4u);
+  for (int step = 0; step < 4; ++step) {
+    EXPECT_NEAR(ddp[step], fsdp[step], 1e-5 * std::fabs(fsdp[step])) << "step " << step;
+    EXPECT_NEAR(small_buckets[step], fsdp[step], 1e-5 * std::fabs(fsdp[step])) << "step " << step;
+  }
+  EXPECT_LT(ddp[3], ddp[0]);
+}
+
+TEST(CapiDdp, UnknownParallelismAndNegativeBucketSizeNameTheField) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer* t = nullptr;
+  sk_trainer_options o = TinyTrainer();
+  o.parallelism = static_cast<sk_parallelism_t>(3);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("sk_trainer_options.parallelism");
+  o.parallelism = static_cast<sk_parallelism_t>(-1);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  o = TinyTrainer();
+  o.parallelism = SK_PARALLELISM_DDP;
+  o.ddp_bucket_bytes = -1;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("ddp_bucket_bytes");
+  EXPECT_EQ(t, nullptr);
+  sk_process_group_destroy(g);
+}
+
+TEST(CapiDdp, TrainerOptionsFromTheFirstHeaderAreAcceptedAsFsdp) {
+  // 0.1.0's sk_trainer_options ended before `parallelism`.
+  const size_t v010 = offsetof(sk_trainer_options, parallelism);
+  EXPECT_EQ(v010, 120u);
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer_options o = TinyTrainer();
+  o.struct_size = v010;
+  o.parallelism = SK_PARALLELISM_DDP;  // beyond the caller's struct: never read
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  sk_step_metrics m = SK_STEP_METRICS_INIT;
+  ASSERT_OK(sk_trainer_step(t, &m));
+  EXPECT_EQ(m.step, 1);
+  sk_trainer_destroy(t);
+  t = nullptr;
+  o.struct_size = v010 - 1;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("struct_size is 119");
+  EXPECT_EQ(t, nullptr);
+  sk_process_group_destroy(g);
+}
+
+TEST(CapiDdp, CheckpointsOfDdpTrainersAreRejected) {
+  // The runtime's sharded checkpoints cover FSDP trainers only.
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer_options o = TinyTrainer();
+  o.parallelism = SK_PARALLELISM_DDP;
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  ASSERT_OK(sk_trainer_step(t, nullptr));
+  const std::string dir = TempDir("ddp") + "/ckpt";
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_save_checkpoint(t, dir.c_str()));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_load_checkpoint(t, dir.c_str(), nullptr));
+  sk_step_metrics m = SK_STEP_METRICS_INIT;
+  ASSERT_OK(sk_trainer_step(t, &m));
+  EXPECT_EQ(m.step, 2);
+  sk_trainer_destroy(t);
+  sk_process_group_destroy(g);
+}
+
+// --- checkpoints -------------------------------------------------------------------
+
+// `steps` steps of 2 fresh trainers (caller-created, one per rank thread)
+// that first load `dir`; rank 0's losses and the restored step.
+struct Resumed {
+  std::string dir;
+  sk_trainer_options options;
+  int steps = 0;
+  int64_t loaded_step[2] = {-1, -1};
+  std::vector<float> losses;  // rank 0's
+};
+
+sk_status_t ResumeRank(int32_t rank, sk_process_group* g, void* user) {
+  auto* r = static_cast<Resumed*>(user);
+  sk_trainer* t = nullptr;
+  sk_status_t st = sk_trainer_create(&r->options, g, &t);
+  if (st == SK_STATUS_OK) st = sk_trainer_load_checkpoint(t, r->dir.c_str(), &r->loaded_step[rank]);
+  for (int step = 0; st == SK_STATUS_OK && step < r->steps; ++step) {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    st = sk_trainer_step(t, &m);
+    if (rank == 0) r->losses.push_back(m.loss);
+  }
+  sk_trainer_destroy(t);
+  return st;
+}
+
+TEST(CapiCheckpoint, SavedAtTwoRanksResumesWithIdenticalLossesAtAnyWorldSize) {
+  const std::string dir = TempDir("two_ranks");
+  const std::string ckpt = dir + "/ckpt", resharded = dir + "/resharded";
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.strategy = SK_SHARDING_FULL_SHARD;
+  f.seed = 5;
+  sk_trainer_options o = TinyTrainer(&f);  // AdamW: optimizer state must round-trip too
+  sk_local_session* s = nullptr;
+  ASSERT_OK(sk_local_session_create(&o, 2, nullptr, &s));
+  for (int step = 0; step < 2; ++step) ASSERT_OK(sk_local_session_step(s, nullptr));
+  ASSERT_OK(sk_local_session_save_checkpoint(s, ckpt.c_str()));
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/index.json"));
+  std::vector<float> expected;
+  for (int step = 0; step < 3; ++step) {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    ASSERT_OK(sk_local_session_step(s, &m));
+    EXPECT_EQ(m.step, 3 + step);
+    expected.push_back(m.loss);
+  }
+
+  // Fresh trainers at the same world size continue the same run, bit for bit.
+  Resumed same;
+  same.dir = ckpt;
+  same.options = o;
+  same.steps = 3;
+  ASSERT_OK(sk_run_local_ranks(2, nullptr, ResumeRank, &same));
+  EXPECT_EQ(same.loaded_step[0], 2);
+  EXPECT_EQ(same.loaded_step[1], 2);
+  ASSERT_EQ(same.losses.size(), 3u);
+  for (int step = 0; step < 3; ++step) EXPECT_EQ(same.losses[step], expected[step]) << step;
+
+  // Through one rank under another strategy and back: the shards are re-cut
+  // both ways and the run still continues exactly.
+  sk_fsdp_options grad_op = SK_FSDP_OPTIONS_INIT;
+  grad_op.strategy = SK_SHARDING_SHARD_GRAD_OP;
+  sk_trainer_options one_rank = TinyTrainer(&grad_op);
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&one_rank, g, &t));
+  ASSERT_OK(sk_trainer_load_checkpoint(t, ckpt.c_str(), nullptr));
+  ASSERT_OK(sk_trainer_save_checkpoint(t, resharded.c_str()));
+  sk_trainer_destroy(t);
+  sk_process_group_destroy(g);
+  sk_local_session* back = nullptr;
+  ASSERT_OK(sk_local_session_create(&o, 2, nullptr, &back));
+  int64_t loaded = -1;
+  ASSERT_OK(sk_local_session_load_checkpoint(back, resharded.c_str(), &loaded));
+  EXPECT_EQ(loaded, 2);
+  for (int step = 0; step < 3; ++step) {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    ASSERT_OK(sk_local_session_step(back, &m));
+    EXPECT_EQ(m.step, 3 + step);
+    EXPECT_EQ(m.loss, expected[step]) << step;
+  }
+  sk_local_session_destroy(back);
+  sk_local_session_destroy(s);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CapiCheckpoint, MissingOrCorruptCheckpointsAreReportedAndChangeNothing) {
+  const std::string dir = TempDir("corrupt");
+  const std::string good = dir + "/good";
+  sk_optimizer_options sgd = SK_OPTIMIZER_OPTIONS_INIT;
+  sgd.kind = SK_OPTIMIZER_SGD;
+  sgd.momentum = 0.9f;
+  sk_trainer_options o = TinyTrainer(nullptr, &sgd);
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  ASSERT_OK(sk_trainer_step(t, nullptr));
+  ASSERT_OK(sk_trainer_save_checkpoint(t, good.c_str()));
+  ASSERT_OK(sk_trainer_step(t, nullptr));
+  float before = 0;
+  ASSERT_OK(sk_trainer_evaluate(t, 1, &before));
+
+  int64_t step = -7;
+  const std::string missing = dir + "/never-saved";
+  EXPECT_STATUS(SK_STATUS_NOT_FOUND, sk_trainer_load_checkpoint(t, missing.c_str(), &step));
+  EXPECT_ERROR_MENTIONS("never-saved");
+
+  // A truncated shard file.
+  const std::string truncated = dir + "/truncated";
+  std::filesystem::copy(good, truncated);
+  const std::string shard = truncated + "/rank-00000.safetensors";
+  ASSERT_TRUE(std::filesystem::exists(shard));
+  std::filesystem::resize_file(shard, std::filesystem::file_size(shard) / 2);
+  EXPECT_STATUS(SK_STATUS_DATA_LOSS, sk_trainer_load_checkpoint(t, truncated.c_str(), &step));
+  EXPECT_ERROR_MENTIONS("rank-00000");
+
+  // A garbled index.
+  const std::string garbled = dir + "/garbled";
+  std::filesystem::copy(good, garbled);
+  std::ofstream(garbled + "/index.json", std::ios::trunc) << "{\"format\": 12,";
+  EXPECT_STATUS(SK_STATUS_DATA_LOSS, sk_trainer_load_checkpoint(t, garbled.c_str(), &step));
+  EXPECT_ERROR_MENTIONS("index.json");
+
+  // A shard file gone.
+  const std::string no_shard = dir + "/no_shard";
+  std::filesystem::copy(good, no_shard);
+  std::filesystem::remove(no_shard + "/rank-00000.safetensors");
+  EXPECT_STATUS(SK_STATUS_NOT_FOUND, sk_trainer_load_checkpoint(t, no_shard.c_str(), &step));
+  EXPECT_ERROR_MENTIONS("rank-00000");
+
+  // A checkpoint of another model.
+  sk_trainer_options t5 = TinyTrainer(nullptr, &sgd);
+  t5.model = "t5-tiny";
+  sk_trainer* other = nullptr;
+  ASSERT_OK(sk_trainer_create(&t5, g, &other));
+  const std::string other_model = dir + "/t5";
+  ASSERT_OK(sk_trainer_save_checkpoint(other, other_model.c_str()));
+  sk_trainer_destroy(other);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_load_checkpoint(t, other_model.c_str(), &step));
+  EXPECT_ERROR_MENTIONS("unit 'embed'");
+  EXPECT_ERROR_MENTIONS("nothing was changed");
+
+  // A checkpoint of another optimizer (SGD with momentum into AdamW).
+  sk_trainer_options adamw = TinyTrainer();
+  sk_trainer* adam = nullptr;
+  ASSERT_OK(sk_trainer_create(&adamw, g, &adam));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_load_checkpoint(adam, good.c_str(), &step));
+  EXPECT_ERROR_MENTIONS("momentum");
+  sk_trainer_destroy(adam);
+
+  // Saving over a directory that is not a checkpoint never overwrites it.
+  const std::string not_a_checkpoint = dir + "/notes";
+  std::filesystem::create_directories(not_a_checkpoint);
+  std::ofstream(not_a_checkpoint + "/keep.txt") << "mine";
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_save_checkpoint(t, not_a_checkpoint.c_str()));
+  EXPECT_TRUE(std::filesystem::exists(not_a_checkpoint + "/keep.txt"));
+
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_load_checkpoint(t, nullptr, &step));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_save_checkpoint(t, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_load_checkpoint(nullptr, good.c_str(), &step));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_save_checkpoint(nullptr, good.c_str()));
+  EXPECT_EQ(step, -7);  // every failure left the out-parameter alone
+
+  // ... and the trainer: same evaluation, same step count.
+  float after = 0;
+  ASSERT_OK(sk_trainer_evaluate(t, 1, &after));
+  EXPECT_EQ(after, before);
+  sk_step_metrics m = SK_STEP_METRICS_INIT;
+  ASSERT_OK(sk_trainer_step(t, &m));
+  EXPECT_EQ(m.step, 3);
+  // The good checkpoint still loads (the failed save did not touch it).
+  ASSERT_OK(sk_trainer_load_checkpoint(t, good.c_str(), &step));
+  EXPECT_EQ(step, 1);
+  sk_trainer_destroy(t);
+  sk_process_group_destroy(g);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CapiCheckpoint, LocalSessionReportsTheLowestFailingRankAndBadArguments) {
+  sk_trainer_options o = TinyTrainer();
+  sk_local_session* s = nullptr;
+  ASSERT_OK(sk_local_session_create(&o, 2, nullptr, &s));
+  int64_t step = -7;
+  EXPECT_STATUS(SK_STATUS_NOT_FOUND, sk_local_session_load_checkpoint(s, "/nonexistent/ckpt", &step));
+  EXPECT_ERROR_MENTIONS("rank 0");
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_load_checkpoint(s, nullptr, &step));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_save_checkpoint(s, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_save_checkpoint(nullptr, "/tmp/x"));
+  EXPECT_EQ(step, -7);
+  sk_local_session_destroy(s);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_load_checkpoint(s, "/tmp/x", &step));
+  EXPECT_ERROR_MENTIONS("not a live sk_local_session");
+}
+
+// --- memory estimate -----------------------------------------------------------------
+
+TEST(CapiEstimate, FullShardOnFourRanksNeedsLessThanNoShard) {
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.strategy = SK_SHARDING_FULL_SHARD;
+  sk_trainer_options o = TinyTrainer(&f);
+  o.model = "gpt-1m";
+  sk_memory_estimate full = SK_MEMORY_ESTIMATE_INIT;
+  ASSERT_OK(sk_estimate_memory(&o, 4, &full));
+  f.strategy = SK_SHARDING_NO_SHARD;
+  sk_memory_estimate replicated = SK_MEMORY_ESTIMATE_INIT;
+  ASSERT_OK(sk_estimate_memory(&o, 4, &replicated));
+  int64_t params = 0;
+  ASSERT_OK(sk_model_num_parameters("gpt-1m", &params));
+  EXPECT_EQ(full.parameters, params);
+  EXPECT_GT(full.peak_bytes, 0);
+  EXPECT_LT(full.peak_bytes, replicated.peak_bytes);
+  EXPECT_LT(full.master_bytes, replicated.master_bytes);
+  EXPECT_EQ(full.peak_bytes, full.master_bytes + full.grad_shard_bytes + full.optimizer_bytes +
+                                 full.persistent_bytes + full.unsharded_bytes + full.activation_bytes);
+  EXPECT_EQ(full.struct_size, sizeof(sk_memory_estimate));
+}
+
+TEST(CapiEstimate, BadInputIsRejectedAndLeavesTheOutputAlone) {
+  sk_trainer_options o = TinyTrainer();
+  sk_memory_estimate e = SK_MEMORY_ESTIMATE_INIT;
+  e.peak_bytes = -7;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(nullptr, 1, &e));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(&o, 1, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(&o, 0, &e));
+  EXPECT_ERROR_MENTIONS("world_size");
+  o.parallelism = static_cast<sk_parallelism_t>(9);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(&o, 1, &e));
+  EXPECT_ERROR_MENTIONS("parallelism");
+  o.parallelism = SK_PARALLELISM_DDP;
+  EXPECT_STATUS(SK_STATUS_UNIMPLEMENTED, sk_estimate_memory(&o, 1, &e));
+  EXPECT_ERROR_MENTIONS("DDP");
+  o = TinyTrainer();
+  o.model = "gpt-nope";
+  EXPECT_STATUS(SK_STATUS_NOT_FOUND, sk_estimate_memory(&o, 1, &e));
+  o = TinyTrainer();
+  o.struct_size = 16;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(&o, 1, &e));
+  EXPECT_ERROR_MENTIONS("struct_size");
+  o = TinyTrainer();
+  sk_memory_estimate small = SK_MEMORY_ESTIMATE_INIT;
+  small.struct_size = sizeof(small) - 8;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(&o, 1, &small));
+  EXPECT_ERROR_MENTIONS("out->struct_size");
+  EXPECT_EQ(e.peak_bytes, -7);
+  // A struct from a newer header: its unknown tail stays as it was.
+  struct {
+    sk_memory_estimate known;
+    int64_t future = 12345;
+  } newer;
+  newer.known = SK_MEMORY_ESTIMATE_INIT;
+  newer.known.struct_size = sizeof(newer);
+  ASSERT_OK(sk_estimate_memory(&o, 2, &newer.known));
+  EXPECT_GT(newer.known.peak_bytes, 0);
+  EXPECT_EQ(newer.known.struct_size, sizeof(newer));
+  EXPECT_EQ(newer.future, 12345);
 }
 
 // --- low level -------------------------------------------------------------------

@@ -3,6 +3,8 @@
 // rank callbacks that come back to the caller instead of crossing the ABI.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
@@ -76,6 +78,38 @@ TEST(CppFrontend, LocalSessionTrainsTwoRanks) {
   EXPECT_EQ(m0.rank, 0);
   EXPECT_EQ(session.Metrics(1).rank, 1);
   EXPECT_THROW(session.Metrics(2), shardkit::Error);
+}
+
+TEST(CppFrontend, CheckpointsResumeASessionAndFailuresThrow) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/cpp_frontend_ckpt";
+  std::filesystem::remove_all(dir);
+  shardkit::LocalSession session(Tiny(), 2);
+  session.Step();
+  session.SaveCheckpoint(dir);
+  const float next = session.Step().loss;
+  shardkit::LocalSession resumed(Tiny(), 2);
+  EXPECT_EQ(resumed.LoadCheckpoint(dir), 1);
+  EXPECT_EQ(resumed.Step().loss, next);
+  try {
+    resumed.LoadCheckpoint(dir + "-missing");
+    FAIL() << "expected an Error";
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_NOT_FOUND);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CppFrontend, DdpTrainerStepsAndTheEstimatorRejectsIt) {
+  sk_trainer_options o = Tiny();
+  o.parallelism = SK_PARALLELISM_DDP;
+  shardkit::LocalSession ddp(o, 2);
+  EXPECT_EQ(ddp.Step().step, 1);
+  EXPECT_THROW(shardkit::EstimateMemory(o, 2), shardkit::Error);
+  o.parallelism = SK_PARALLELISM_FSDP;
+  const sk_memory_estimate e = shardkit::EstimateMemory(o, 2);
+  EXPECT_GT(e.peak_bytes, 0);
+  EXPECT_EQ(e.parameters, shardkit::ModelNumParameters("gpt-tiny"));
 }
 
 TEST(CppFrontend, RankCallbackExceptionsAreRethrownToTheCaller) {

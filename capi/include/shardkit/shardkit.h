@@ -46,8 +46,9 @@
  *     library does not know are all zero (defaults), and is
  *     SK_STATUS_INVALID_ARGUMENT otherwise (it asks for something this
  *     version cannot do). struct_size above 65536 is rejected.
- *  Output structs (sk_step_metrics, sk_tensor_view) also begin with
- *  struct_size: the library writes only the fields that fit in it.
+ *  Output structs (sk_step_metrics, sk_tensor_view, sk_memory_estimate)
+ *  also begin with struct_size: the library writes only the fields that fit
+ *  in it.
  *
  *  Enums. Explicit values, never renumbered; 0 is "default/unset". An
  *  unknown value is SK_STATUS_INVALID_ARGUMENT naming the field. Enum-typed
@@ -66,11 +67,10 @@
  *  says "enqueued".
  *
  *  Version. SK_VERSION_* give the version this header belongs to;
- *  sk_version() the version of the library actually loaded.
- *
- *  Not yet in this header (they land with their runtime parts and will be
- *  appended here): sk_trainer_save_checkpoint / sk_trainer_load_checkpoint
- *  (safetensors checkpoints) and sk_estimate_memory (the memory estimator).
+ *  sk_version() the version of the library actually loaded. 0.2.0 appended
+ *  DDP (sk_trainer_options.parallelism, .ddp_bucket_bytes), sharded
+ *  checkpoints (sk_trainer_save_checkpoint, sk_trainer_load_checkpoint and
+ *  the local session's pair) and the memory estimator (sk_estimate_memory).
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -103,11 +103,11 @@
 #endif
 
 #define SK_VERSION_MAJOR 0
-#define SK_VERSION_MINOR 1
+#define SK_VERSION_MINOR 2
 #define SK_VERSION_PATCH 0
 /* MAJOR * 1000000 + MINOR * 1000 + PATCH, as SQLITE_VERSION_NUMBER. */
 #define SK_VERSION_NUMBER (SK_VERSION_MAJOR * 1000000 + SK_VERSION_MINOR * 1000 + SK_VERSION_PATCH)
-#define SK_VERSION_STRING "0.1.0"
+#define SK_VERSION_STRING "0.2.0"
 
 #ifdef __cplusplus
 extern "C" {
@@ -151,7 +151,7 @@ SK_EXPORT const char* sk_last_error_message(void);
 /* Version                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* The loaded library's SK_VERSION_STRING ("0.1.0"). A static string. Thread-safe. */
+/* The loaded library's SK_VERSION_STRING ("0.2.0"). A static string. Thread-safe. */
 SK_EXPORT const char* sk_version(void);
 /* The loaded library's SK_VERSION_NUMBER. Thread-safe. */
 SK_EXPORT int32_t sk_version_number(void);
@@ -204,6 +204,14 @@ typedef SK_ENUM(sk_init_kind_t) {
   SK_INIT_NORMAL = 3,  /* mean a, standard deviation b */
   SK_INIT_UNIFORM = 4  /* [a, b) */
 } sk_init_kind_t;
+
+/* How a trainer spreads the model over the ranks. */
+typedef SK_ENUM(sk_parallelism_t) {
+  SK_PARALLELISM_DEFAULT = 0, /* FSDP */
+  SK_PARALLELISM_FSDP = 1,    /* fully sharded, as sk_fsdp_options.strategy says */
+  SK_PARALLELISM_DDP = 2      /* the DDP baseline: a full replica per rank,
+                                 gradients all-reduced in buckets */
+} sk_parallelism_t;
 
 /* Thread-safe. On success stores the value named by `name` ("FULL_SHARD" or
  * "full_shard", ...) in *out. INVALID_ARGUMENT listing the known names. */
@@ -353,8 +361,8 @@ typedef struct sk_optimizer_options {
 /* High level: trainer                                                       */
 /* ------------------------------------------------------------------------ */
 
-/* One rank's trainer: a named model, FSDP around it, an optimizer and a
- * deterministic data stream. */
+/* One rank's trainer: a named model, FSDP (or DDP) around it, an optimizer
+ * and a deterministic data stream. */
 typedef struct sk_trainer sk_trainer;
 
 typedef struct sk_trainer_options {
@@ -377,9 +385,15 @@ typedef struct sk_trainer_options {
   int32_t data_token_bytes;  /* 2 or 4; 0 = 2 */
   uint64_t data_seed;        /* 0 = 1 */
   int64_t data_tokens;       /* synthetic stream length; 0 = 64 Ki tokens */
+  /* Appended in 0.2.0; 0.1.0's struct_size (120) leaves them 0.
+   * parallelism 0 = FSDP. Under DDP the sk_fsdp_options fields that are not
+   * about sharding (param_dtype, gradient_predivide_factor, seed,
+   * timeout_ms) still apply. */
+  sk_parallelism_t parallelism;
+  int64_t ddp_bucket_bytes;  /* DDP's gradient bucket size; 0 = 25 MiB */
 } sk_trainer_options;
 
-#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0}
+#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0}
 
 /* What one step measured on one rank. */
 typedef struct sk_step_metrics {
@@ -436,6 +450,69 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_num_parameters(const sk_trainer* t
  * NOT_FOUND listing the known names. Thread-safe. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_model_num_parameters(const char* model, int64_t* out_count);
 
+/* Checkpoints. A sharded checkpoint is a directory: one safetensors file per
+ * shard rank (f32 master shards and optimizer state) and an index.json
+ * written last. It holds the model, the optimizer state and the step count,
+ * and loads at any world size and sharding strategy (the shards are re-cut
+ * on load). */
+
+/* Writes this trainer's checkpoint to `dir` (created, or replaced if it
+ * already holds a checkpoint: the new one is written beside it and swapped in
+ * atomically, so a failed save leaves the previous checkpoint intact).
+ * Collective: every rank calls it with the same `dir`, on a filesystem all
+ * ranks share; an error on one rank is returned on every rank. Errors:
+ * INVALID_ARGUMENT for a NULL `dir`, a `dir` that exists and is not a
+ * checkpoint (never overwritten), or a DDP trainer (the runtime checkpoints
+ * FSDP trainers only); UNAVAILABLE for I/O failures. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_save_checkpoint(sk_trainer* trainer, const char* dir);
+
+/* Restores the checkpoint in `dir` into this trainer: parameters, optimizer
+ * state and step count, so the next sk_trainer_step continues where the
+ * saved run stopped (at the same world size: the same batches and losses).
+ * `out_step` (may be NULL) receives the restored step count. Collective, as
+ * the save. Everything is read and validated on every rank before anything
+ * changes: on any error the trainer is as it was (unless a peer or an
+ * allocation fails while the validated state is being installed, which is
+ * reported as that failure). Errors: NOT_FOUND for a missing directory,
+ * index or shard file; DATA_LOSS naming the file for a corrupt, truncated or
+ * inconsistent one; INVALID_ARGUMENT naming the unit or parameter when the
+ * checkpoint is of another model or optimizer, for a NULL `dir`, or a DDP
+ * trainer. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_load_checkpoint(sk_trainer* trainer, const char* dir,
+                                                              int64_t* out_step);
+
+/* The memory estimator's prediction for one rank (bytes unless named
+ * otherwise). */
+typedef struct sk_memory_estimate {
+  size_t struct_size;        /* set by the caller (SK_MEMORY_ESTIMATE_INIT) */
+  int64_t parameters;        /* of the whole model (elements) */
+  int64_t master_bytes;      /* f32 master shards (0 on the device with cpu_offload) */
+  int64_t grad_shard_bytes;  /* f32 gradient shards (0 with cpu_offload) */
+  int64_t optimizer_bytes;   /* optimizer state (0 with cpu_offload) */
+  int64_t persistent_bytes;  /* full parameters/gradients NO_SHARD and SHARD_OPTIM keep */
+  int64_t unsharded_bytes;   /* gathered parameters and full gradients in flight at the peak */
+  int64_t activation_bytes;  /* activations and temporaries at the peak */
+  int64_t peak_bytes;        /* the sum: the peak the rank's allocator holds in a step */
+} sk_memory_estimate;
+
+#define SK_MEMORY_ESTIMATE_INIT {sizeof(sk_memory_estimate), 0, 0, 0, 0, 0, 0, 0, 0}
+
+/* Predicts the peak device memory of one rank of a trainer with `options`
+ * on `world_size` ranks, without building the model's parameters or running
+ * anything. The estimate depends on the model, sk_fsdp_options (strategy,
+ * shard group, dtypes, all_gather_limit, cpu_offload), the optimizer,
+ * batch_size, seq_len, source_len and activation_checkpointing, for one
+ * micro-batch per step (grad_accum_steps 1). The other fields are validated
+ * as sk_trainer_create validates them but do not change it (data_path is not
+ * opened). `out->struct_size` must be set; the fields that fit in it are
+ * written. Errors: INVALID_ARGUMENT for bad options or world_size (< 1, or
+ * one the strategy cannot use); NOT_FOUND for an unknown model;
+ * UNIMPLEMENTED for parallelism DDP (the estimator models the FSDP
+ * strategies; NO_SHARD keeps the same model state as DDP). Thread-safe. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_estimate_memory(const sk_trainer_options* options,
+                                                      int32_t world_size,
+                                                      sk_memory_estimate* out);
+
 /* ------------------------------------------------------------------------ */
 /* High level: local session (N local ranks behind one handle)               */
 /* ------------------------------------------------------------------------ */
@@ -474,6 +551,19 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_evaluate(sk_local_session* s
                                                              int32_t batches, float* out_loss);
 SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_world_size(const sk_local_session* session,
                                                                int32_t* out_world_size);
+/* sk_trainer_save_checkpoint on every rank (concurrently); one checkpoint of
+ * the whole session. Errors as sk_trainer_save_checkpoint (the lowest failing
+ * rank's). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_save_checkpoint(sk_local_session* session,
+                                                                    const char* dir);
+/* sk_trainer_load_checkpoint on every rank; the checkpoint may come from any
+ * world size (a session, trainers, or gloo processes). `out_step` (may be
+ * NULL) receives the restored step count. On error no rank has changed.
+ * sk_local_session_metrics keeps reporting the last step taken through the
+ * session. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_load_checkpoint(sk_local_session* session,
+                                                                    const char* dir,
+                                                                    int64_t* out_step);
 
 /* ------------------------------------------------------------------------ */
 /* Low level: a model the caller computes                                    */
@@ -632,7 +722,8 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_read_param(sk_engine* engine, int32
 #if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
 SK_LAYOUT_ASSERT(sizeof(sk_status_t) == 4 && sizeof(sk_dtype_t) == 4 &&
                  sizeof(sk_sharding_strategy_t) == 4 && sizeof(sk_init_kind_t) == 4 &&
-                 sizeof(sk_optimizer_kind_t) == 4 && sizeof(sk_backward_prefetch_t) == 4,
+                 sizeof(sk_optimizer_kind_t) == 4 && sizeof(sk_backward_prefetch_t) == 4 &&
+                 sizeof(sk_parallelism_t) == 4,
                  "enums are 32-bit");
 SK_LAYOUT_ASSERT(offsetof(sk_gloo_options, rank) == 8 && offsetof(sk_gloo_options, world_size) == 12 &&
                  offsetof(sk_gloo_options, master_addr) == 16 && offsetof(sk_gloo_options, master_port) == 24 &&
@@ -659,7 +750,9 @@ SK_LAYOUT_ASSERT(offsetof(sk_trainer_options, model) == 8 && offsetof(sk_trainer
                  offsetof(sk_trainer_options, activation_checkpointing) == 72 &&
                  offsetof(sk_trainer_options, memory_cap_bytes) == 80 && offsetof(sk_trainer_options, data_path) == 88 &&
                  offsetof(sk_trainer_options, data_token_bytes) == 96 && offsetof(sk_trainer_options, data_seed) == 104 &&
-                 offsetof(sk_trainer_options, data_tokens) == 112 && sizeof(sk_trainer_options) == 120,
+                 offsetof(sk_trainer_options, data_tokens) == 112 &&
+                 offsetof(sk_trainer_options, parallelism) == 120 &&
+                 offsetof(sk_trainer_options, ddp_bucket_bytes) == 128 && sizeof(sk_trainer_options) == 136,
                  "sk_trainer_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metrics, rank) == 16 &&
                  offsetof(sk_step_metrics, loss) == 20 && offsetof(sk_step_metrics, grad_norm) == 24 &&
@@ -671,6 +764,14 @@ SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metric
                  offsetof(sk_step_metrics, alloc_retries) == 96 && offsetof(sk_step_metrics, ooms) == 104 &&
                  offsetof(sk_step_metrics, bytes_communicated) == 112 && sizeof(sk_step_metrics) == 120,
                  "sk_step_metrics layout");
+SK_LAYOUT_ASSERT(offsetof(sk_memory_estimate, parameters) == 8 && offsetof(sk_memory_estimate, master_bytes) == 16 &&
+                 offsetof(sk_memory_estimate, grad_shard_bytes) == 24 &&
+                 offsetof(sk_memory_estimate, optimizer_bytes) == 32 &&
+                 offsetof(sk_memory_estimate, persistent_bytes) == 40 &&
+                 offsetof(sk_memory_estimate, unsharded_bytes) == 48 &&
+                 offsetof(sk_memory_estimate, activation_bytes) == 56 &&
+                 offsetof(sk_memory_estimate, peak_bytes) == 64 && sizeof(sk_memory_estimate) == 72,
+                 "sk_memory_estimate layout");
 SK_LAYOUT_ASSERT(offsetof(sk_param_spec, name) == 8 && offsetof(sk_param_spec, ndim) == 16 &&
                  offsetof(sk_param_spec, shape) == 24 && offsetof(sk_param_spec, dtype) == 32 &&
                  offsetof(sk_param_spec, init) == 36 && offsetof(sk_param_spec, init_a) == 40 &&

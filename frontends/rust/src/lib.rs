@@ -26,11 +26,14 @@ use std::ffi::{CStr, CString};
 use std::fmt;
 use std::marker::PhantomData;
 use std::os::raw::{c_char, c_void};
+use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
 use std::ptr;
 use std::sync::Mutex;
 
 pub use sys::sk_fsdp_options as FsdpOptions;
+pub use sys::sk_memory_estimate as MemoryEstimate;
 pub use sys::sk_optimizer_options as OptimizerOptions;
 pub use sys::sk_step_metrics as StepMetrics;
 
@@ -81,11 +84,17 @@ fn opt_cstring(s: Option<&str>, what: &str) -> Result<Option<CString>> {
     }
 }
 
+/// A path as the C API takes it: its bytes, NUL-terminated.
+fn path_cstring(p: &Path) -> Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| Error::invalid_argument(format!("path {} contains a NUL byte", p.display())))
+}
+
 fn opt_ptr(s: &Option<CString>) -> *const c_char {
     s.as_ref().map_or(ptr::null(), |c| c.as_ptr())
 }
 
-/// The loaded library's version ("0.1.0").
+/// The loaded library's version ("0.2.0").
 pub fn version() -> String {
     unsafe { CStr::from_ptr(sys::sk_version()) }.to_string_lossy().into_owned()
 }
@@ -123,6 +132,14 @@ pub fn parse_sharding_strategy(name: &str) -> Result<sys::sk_sharding_strategy_t
     let mut out = 0;
     check(unsafe { sys::sk_parse_sharding_strategy(c.as_ptr(), &mut out) })?;
     Ok(out)
+}
+
+/// The memory estimator's peak for one rank of a trainer with `options` on
+/// `world_size` ranks (`sk_estimate_memory`); builds and runs nothing.
+pub fn estimate_memory(options: &TrainerOptions, world_size: i32) -> Result<MemoryEstimate> {
+    let mut e = MemoryEstimate { struct_size: std::mem::size_of::<MemoryEstimate>(), ..Default::default() };
+    check(options.with_raw(|o| unsafe { sys::sk_estimate_memory(o, world_size, &mut e) })?)?;
+    Ok(e)
 }
 
 /// Parameters of a named model config.
@@ -285,6 +302,10 @@ pub struct TrainerOptions {
     pub data_token_bytes: i32,
     pub data_seed: u64,
     pub data_tokens: i64,
+    /// `sys::SK_PARALLELISM_*`; 0 = FSDP.
+    pub parallelism: sys::sk_parallelism_t,
+    /// DDP's gradient bucket size; 0 = 25 MiB.
+    pub ddp_bucket_bytes: i64,
 }
 
 impl TrainerOptions {
@@ -308,6 +329,8 @@ impl TrainerOptions {
             data_token_bytes: self.data_token_bytes,
             data_seed: self.data_seed,
             data_tokens: self.data_tokens,
+            parallelism: self.parallelism,
+            ddp_bucket_bytes: self.ddp_bucket_bytes,
         };
         Ok(f(&raw))
     }
@@ -342,6 +365,19 @@ impl Trainer {
         let mut n = 0;
         check(unsafe { sys::sk_trainer_num_parameters(self.raw, &mut n) })?;
         Ok(n)
+    }
+    /// Writes a sharded checkpoint to `dir` (collective).
+    pub fn save_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = path_cstring(dir.as_ref())?;
+        check(unsafe { sys::sk_trainer_save_checkpoint(self.raw, dir.as_ptr()) })
+    }
+    /// Restores the checkpoint in `dir` (collective); the restored step
+    /// count. On error the trainer is unchanged.
+    pub fn load_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<i64> {
+        let dir = path_cstring(dir.as_ref())?;
+        let mut step = 0;
+        check(unsafe { sys::sk_trainer_load_checkpoint(self.raw, dir.as_ptr(), &mut step) })?;
+        Ok(step)
     }
 }
 
@@ -388,6 +424,19 @@ impl LocalSession {
         let mut n = 0;
         check(unsafe { sys::sk_local_session_world_size(self.raw, &mut n) })?;
         Ok(n)
+    }
+    /// One sharded checkpoint of every rank, in `dir`.
+    pub fn save_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = path_cstring(dir.as_ref())?;
+        check(unsafe { sys::sk_local_session_save_checkpoint(self.raw, dir.as_ptr()) })
+    }
+    /// Restores `dir` on every rank; the restored step count. On error no
+    /// rank changed.
+    pub fn load_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<i64> {
+        let dir = path_cstring(dir.as_ref())?;
+        let mut step = 0;
+        check(unsafe { sys::sk_local_session_load_checkpoint(self.raw, dir.as_ptr(), &mut step) })?;
+        Ok(step)
     }
 }
 

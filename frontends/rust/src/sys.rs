@@ -57,6 +57,11 @@ pub const SK_INIT_ONES: sk_init_kind_t = 2;
 pub const SK_INIT_NORMAL: sk_init_kind_t = 3;
 pub const SK_INIT_UNIFORM: sk_init_kind_t = 4;
 
+pub type sk_parallelism_t = i32;
+pub const SK_PARALLELISM_DEFAULT: sk_parallelism_t = 0;
+pub const SK_PARALLELISM_FSDP: sk_parallelism_t = 1;
+pub const SK_PARALLELISM_DDP: sk_parallelism_t = 2;
+
 pub const SK_MAX_DIMS: i32 = 8;
 
 #[repr(C)]
@@ -149,6 +154,8 @@ pub struct sk_trainer_options {
     pub data_token_bytes: i32,
     pub data_seed: u64,
     pub data_tokens: i64,
+    pub parallelism: sk_parallelism_t,
+    pub ddp_bucket_bytes: i64,
 }
 
 #[repr(C)]
@@ -170,6 +177,20 @@ pub struct sk_step_metrics {
     pub alloc_retries: i64,
     pub ooms: i64,
     pub bytes_communicated: i64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct sk_memory_estimate {
+    pub struct_size: usize,
+    pub parameters: i64,
+    pub master_bytes: i64,
+    pub grad_shard_bytes: i64,
+    pub optimizer_bytes: i64,
+    pub persistent_bytes: i64,
+    pub unsharded_bytes: i64,
+    pub activation_bytes: i64,
+    pub peak_bytes: i64,
 }
 
 #[repr(C)]
@@ -245,6 +266,13 @@ extern "C" {
     pub fn sk_trainer_evaluate(trainer: *mut sk_trainer, batches: i32, out_loss: *mut f32) -> sk_status_t;
     pub fn sk_trainer_num_parameters(trainer: *const sk_trainer, out_count: *mut i64) -> sk_status_t;
     pub fn sk_model_num_parameters(model: *const c_char, out_count: *mut i64) -> sk_status_t;
+    pub fn sk_trainer_save_checkpoint(trainer: *mut sk_trainer, dir: *const c_char) -> sk_status_t;
+    pub fn sk_trainer_load_checkpoint(trainer: *mut sk_trainer, dir: *const c_char, out_step: *mut i64) -> sk_status_t;
+    pub fn sk_estimate_memory(
+        options: *const sk_trainer_options,
+        world_size: i32,
+        out: *mut sk_memory_estimate,
+    ) -> sk_status_t;
 
     pub fn sk_local_session_create(
         options: *const sk_trainer_options,
@@ -261,6 +289,12 @@ extern "C" {
     ) -> sk_status_t;
     pub fn sk_local_session_evaluate(session: *mut sk_local_session, batches: i32, out_loss: *mut f32) -> sk_status_t;
     pub fn sk_local_session_world_size(session: *const sk_local_session, out_world_size: *mut i32) -> sk_status_t;
+    pub fn sk_local_session_save_checkpoint(session: *mut sk_local_session, dir: *const c_char) -> sk_status_t;
+    pub fn sk_local_session_load_checkpoint(
+        session: *mut sk_local_session,
+        dir: *const c_char,
+        out_step: *mut i64,
+    ) -> sk_status_t;
 
     pub fn sk_model_spec_create(out_spec: *mut *mut sk_model_spec) -> sk_status_t;
     pub fn sk_model_spec_destroy(spec: *mut sk_model_spec);

@@ -12,8 +12,8 @@ fn tiny() -> TrainerOptions {
 
 #[test]
 fn version_is_the_librarys() {
-    assert_eq!(shardkit::version(), "0.1.0");
-    assert_eq!(shardkit::version_number(), 1000);
+    assert_eq!(shardkit::version(), "0.2.0");
+    assert_eq!(shardkit::version_number(), 2000);
 }
 
 #[test]
@@ -55,6 +55,45 @@ fn local_session_trains_two_ranks() {
     options.fsdp.strategy = 42;
     let e = LocalSession::new(&options, 2, None).unwrap_err();
     assert!(e.message.contains("strategy"), "{}", e);
+}
+
+#[test]
+fn checkpoints_resume_a_session_and_report_failures() {
+    let base = std::env::var_os("TEST_TMPDIR").map_or_else(std::env::temp_dir, std::path::PathBuf::from);
+    let dir = base.join(format!("rust_frontend_ckpt_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut session = LocalSession::new(&tiny(), 2, None).unwrap();
+    session.step().unwrap();
+    session.save_checkpoint(&dir).unwrap();
+    let next = session.step().unwrap().loss;
+    let mut resumed = LocalSession::new(&tiny(), 2, None).unwrap();
+    assert_eq!(resumed.load_checkpoint(&dir).unwrap(), 1);
+    assert_eq!(resumed.step().unwrap().loss, next);
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let mut trainer = Trainer::new(&tiny(), &groups[0]).unwrap();
+    assert_eq!(trainer.load_checkpoint(&dir).unwrap(), 1);
+    let e = trainer.load_checkpoint(dir.join("missing")).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_NOT_FOUND, "{}", e);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn ddp_trains_and_the_estimator_prefers_full_shard() {
+    let mut options = tiny();
+    options.parallelism = sys::SK_PARALLELISM_DDP;
+    let mut ddp = LocalSession::new(&options, 2, None).unwrap();
+    assert_eq!(ddp.step().unwrap().step, 1);
+    assert_eq!(shardkit::estimate_memory(&options, 2).unwrap_err().code, sys::SK_STATUS_UNIMPLEMENTED);
+    options.parallelism = 7;
+    assert!(LocalSession::new(&options, 2, None).unwrap_err().message.contains("parallelism"));
+    let mut options = tiny();
+    options.model = Some("gpt-1m".into());
+    options.fsdp.strategy = sys::SK_SHARDING_FULL_SHARD;
+    let full = shardkit::estimate_memory(&options, 4).unwrap();
+    options.fsdp.strategy = sys::SK_SHARDING_NO_SHARD;
+    let replicated = shardkit::estimate_memory(&options, 4).unwrap();
+    assert!(full.peak_bytes > 0 && full.peak_bytes < replicated.peak_bytes, "{:?} vs {:?}", full, replicated);
+    assert_eq!(full.parameters, shardkit::model_num_parameters("gpt-1m").unwrap());
 }
 
 #[test]

@@ -215,10 +215,12 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_optimizer_options { struct_size, kind, lr, momentum, dampening, nesterov, beta1, beta2, eps, weight_decay }
         sk_trainer_options { struct_size, model, fsdp, optimizer, batch_size, grad_accum_steps, seq_len, source_len,
                              clip_grad_norm, activation_checkpointing, memory_cap_bytes, data_path, data_token_bytes,
-                             data_seed, data_tokens }
+                             data_seed, data_tokens, parallelism, ddp_bucket_bytes }
         sk_step_metrics { struct_size, step, rank, loss, grad_norm, step_seconds, tokens_per_second, model_tflops_per_rank,
                           hardware_tflops_per_rank, peak_allocated_bytes, peak_reserved_bytes, allocated_bytes,
                           reserved_bytes, alloc_retries, ooms, bytes_communicated }
+        sk_memory_estimate { struct_size, parameters, master_bytes, grad_shard_bytes, optimizer_bytes,
+                             persistent_bytes, unsharded_bytes, activation_bytes, peak_bytes }
         sk_param_spec { struct_size, name, ndim, shape, dtype, init, init_a, init_b }
         sk_engine_options { struct_size, fsdp, optimizer, memory_cap_bytes }
         sk_tensor_view { struct_size, data, dtype, ndim, shape, numel }
