@@ -835,12 +835,8 @@ SK_EXPORT sk_status_t sk_estimate_memory(const sk_trainer_options* options, int3
   SK_CHECK(CheckOutStruct(out, "out"));
   SK_ASSIGN_OR_FAIL(sk::TrainerOptions o, ToTrainerOptions(options));
   SK_CHECK(sk::ValidateTrainerOptions(o));
-  if (o.parallelism == sk::Parallelism::kDdp) {
-    return Fail(SK_STATUS_UNIMPLEMENTED,
-                "sk_estimate_memory: the memory estimator models the FSDP strategies, not "
-                "parallelism DDP (NO_SHARD keeps the same model state as DDP)");
-  }
   sk::MemoryEstimateRequest r;
+  r.ddp = o.parallelism == sk::Parallelism::kDdp;
   SK_ASSIGN_OR_FAIL(r.model, sk::FindModelConfig(o.model));
   r.fsdp = o.fsdp;
   r.optimizer = o.optimizer;

@@ -12,6 +12,11 @@ constexpr int64_t kBlock = 512;
 int64_t Blocks(int64_t bytes) { return (bytes + kBlock - 1) / kBlock * kBlock; }
 int64_t F32(int64_t elems) { return Blocks(elems * 4); }
 
+// Bytes of optimizer state per parameter element.
+int64_t StateBytesPerElement(const OptimizerOptions& opt) {
+  return opt.kind == OptimizerKind::kSgd ? (opt.momentum != 0 ? 4 : 0) : 8;
+}
+
 std::string MiB(int64_t b) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.2f MiB", static_cast<double>(b) / (1 << 20));
@@ -42,6 +47,21 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   const int64_t t = r.seq_len > 0 ? r.seq_len : r.model.seq_len;
   const int64_t te = r.source_len > 0 ? r.source_len : r.model.source_len;
 
+  if (r.ddp) {
+    // Full f32 replicas of parameters and gradients in buckets, full optimizer
+    // state, a compute-dtype copy when it is not f32, and the activations.
+    MemoryEstimate e;
+    e.parameters = model->num_parameters();
+    e.master_bytes = F32(e.parameters);
+    e.grad_shard_bytes = F32(e.parameters);
+    e.optimizer_bytes = (StateBytesPerElement(opt) / 4) * F32(e.parameters);
+    const int64_t cd = static_cast<int64_t>(DTypeSize(r.fsdp.mixed_precision.param_dtype));
+    e.persistent_bytes = cd == 4 ? 0 : Blocks(e.parameters * cd);
+    e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te);
+    e.peak_bytes = e.master_bytes + e.grad_shard_bytes + e.optimizer_bytes + e.persistent_bytes +
+                   e.activation_bytes;
+    return e;
+  }
   ShardingStrategy st = r.fsdp.strategy == ShardingStrategy::kDefault ? ShardingStrategy::kFullShard
                                                                         : r.fsdp.strategy;
   int f = r.world_size;
@@ -54,7 +74,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   const bool keep_after_forward = st == ShardingStrategy::kShardGradOp ||
                                   st == ShardingStrategy::kHybridShardGradOp;
   const int64_t pd = static_cast<int64_t>(DTypeSize(r.fsdp.mixed_precision.param_dtype));
-  const int64_t state_per_elem = opt.kind == OptimizerKind::kSgd ? (opt.momentum != 0 ? 4 : 0) : 8;
+  const int64_t state_per_elem = StateBytesPerElement(opt);
 
   MemoryEstimate e;
   std::vector<int64_t> padded;

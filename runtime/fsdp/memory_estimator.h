@@ -33,6 +33,9 @@ struct MemoryEstimateRequest {
   int64_t seq_len = 0;     // 0 = the model's default
   int64_t source_len = 0;  // encoder-decoder; 0 = default
   bool activation_checkpointing = false;
+  // The DDP baseline instead of FSDP (fsdp.strategy is then ignored, and
+  // fsdp.mixed_precision.param_dtype is DDP's compute dtype).
+  bool ddp = false;
 };
 
 struct MemoryEstimate {

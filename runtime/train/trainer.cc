@@ -176,12 +176,20 @@ StatusOr<StepMetrics> Trainer::Step() {
   return m;
 }
 
+// Checkpoints are written from FSDP's flat shards; the DDP baseline keeps
+// bucketed replicas and has no checkpoint format of its own.
+constexpr char kNoDdpCheckpoints[] =
+    "checkpoints are written by FSDP trainers; this trainer uses the DDP baseline "
+    "(FSDP's NO_SHARD replicates like DDP and can be checkpointed)";
+
 Status Trainer::SaveCheckpoint(const std::string& dir) {
+  if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
   TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
   return SaveShardedCheckpoint(dir, state, step_);
 }
 
 Status Trainer::LoadCheckpoint(const std::string& dir) {
+  if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
   TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
   SK_ASSIGN_OR_RETURN(step_, LoadShardedCheckpoint(dir, state));
   return OkStatus();

@@ -100,15 +100,16 @@ TEST(CppFrontend, CheckpointsResumeASessionAndFailuresThrow) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(CppFrontend, DdpTrainerStepsAndTheEstimatorRejectsIt) {
+TEST(CppFrontend, DdpTrainerStepsAndTheEstimatorCoversIt) {
   sk_trainer_options o = Tiny();
   o.parallelism = SK_PARALLELISM_DDP;
   shardkit::LocalSession ddp(o, 2);
   EXPECT_EQ(ddp.Step().step, 1);
-  EXPECT_THROW(shardkit::EstimateMemory(o, 2), shardkit::Error);
+  const sk_memory_estimate replicated = shardkit::EstimateMemory(o, 2);
   o.parallelism = SK_PARALLELISM_FSDP;
   const sk_memory_estimate e = shardkit::EstimateMemory(o, 2);
   EXPECT_GT(e.peak_bytes, 0);
+  EXPECT_LT(e.master_bytes, replicated.master_bytes);
   EXPECT_EQ(e.parameters, shardkit::ModelNumParameters("gpt-tiny"));
 }
 

@@ -14,6 +14,7 @@ namespace {
 
 struct Case {
   const char* model;
+  bool ddp;
   ShardingStrategy strategy;
   DType dtype;
   bool ckpt;
@@ -22,7 +23,8 @@ struct Case {
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
-  std::string s = std::string(info.param.model) + "_" + ShardingStrategyName(info.param.strategy) + "_" +
+  std::string s = std::string(info.param.model) + "_" +
+                  (info.param.ddp ? "DDP" : ShardingStrategyName(info.param.strategy)) + "_" +
                   std::string(DTypeName(info.param.dtype)) + (info.param.ckpt ? "_ckpt" : "");
   for (char& ch : s) {
     if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
@@ -42,6 +44,7 @@ TEST_P(MemoryEstimatorTest, MeasuredPeakIsWithinTenPercentOfTheEstimate) {
   o.seq_len = c.seq;
   o.activation_checkpointing = c.ckpt;
   o.fsdp.strategy = c.strategy;
+  o.parallelism = c.ddp ? Parallelism::kDdp : Parallelism::kFsdp;
   o.fsdp.mixed_precision.param_dtype = c.dtype;
   if (c.strategy == ShardingStrategy::kHybridShard) o.fsdp.shard_group_size = 2;
   o.fsdp.timeout = Duration(120'000);
@@ -54,6 +57,7 @@ TEST_P(MemoryEstimatorTest, MeasuredPeakIsWithinTenPercentOfTheEstimate) {
   req.batch_size = c.batch;
   req.seq_len = c.seq;
   req.activation_checkpointing = c.ckpt;
+  req.ddp = c.ddp;
   StatusOr<MemoryEstimate> est = EstimatePeakMemory(req);
   ASSERT_TRUE(est.ok()) << est.status();
 
@@ -82,14 +86,16 @@ TEST_P(MemoryEstimatorTest, MeasuredPeakIsWithinTenPercentOfTheEstimate) {
 
 INSTANTIATE_TEST_SUITE_P(
     Strategies, MemoryEstimatorTest,
-    ::testing::Values(Case{"gpt-1m", ShardingStrategy::kFullShard, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", ShardingStrategy::kShardGradOp, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", ShardingStrategy::kShardOptim, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", ShardingStrategy::kNoShard, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", ShardingStrategy::kHybridShard, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64},
-                      Case{"gpt-1m", ShardingStrategy::kFullShard, DType::kF32, true, 2, 64},
-                      Case{"t5-tiny", ShardingStrategy::kFullShard, DType::kF32, false, 2, 16}),
+    ::testing::Values(Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kShardGradOp, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kShardOptim, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kHybridShard, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, true, 2, 64},
+                      Case{"t5-tiny", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 16},
+                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kBF16, false, 2, 64}),
     Name);
 
 TEST(MemoryEstimatorBadInputTest, RejectsBadRequests) {

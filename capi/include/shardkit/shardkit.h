@@ -461,9 +461,9 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_model_num_parameters(const char* model, in
  * atomically, so a failed save leaves the previous checkpoint intact).
  * Collective: every rank calls it with the same `dir`, on a filesystem all
  * ranks share; an error on one rank is returned on every rank. Errors:
- * INVALID_ARGUMENT for a NULL `dir`, a `dir` that exists and is not a
- * checkpoint (never overwritten), or a DDP trainer (the runtime checkpoints
- * FSDP trainers only); UNAVAILABLE for I/O failures. */
+ * INVALID_ARGUMENT for a NULL `dir` or a `dir` that exists and is not a
+ * checkpoint (never overwritten); UNIMPLEMENTED for a DDP trainer (the
+ * runtime checkpoints FSDP trainers only); UNAVAILABLE for I/O failures. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_save_checkpoint(sk_trainer* trainer, const char* dir);
 
 /* Restores the checkpoint in `dir` into this trainer: parameters, optimizer
@@ -476,8 +476,9 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_save_checkpoint(sk_trainer* traine
  * reported as that failure). Errors: NOT_FOUND for a missing directory,
  * index or shard file; DATA_LOSS naming the file for a corrupt, truncated or
  * inconsistent one; INVALID_ARGUMENT naming the unit or parameter when the
- * checkpoint is of another model or optimizer, for a NULL `dir`, or a DDP
- * trainer. */
+ * checkpoint is of another model or optimizer, or for a NULL `dir`;
+ * UNIMPLEMENTED for a DDP trainer (checkpoints are written from FSDP's
+ * shards; FSDP's NO_SHARD replicates like DDP and can be checkpointed). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_load_checkpoint(sk_trainer* trainer, const char* dir,
                                                               int64_t* out_step);
 
@@ -506,9 +507,10 @@ typedef struct sk_memory_estimate {
  * as sk_trainer_create validates them but do not change it (data_path is not
  * opened). `out->struct_size` must be set; the fields that fit in it are
  * written. Errors: INVALID_ARGUMENT for bad options or world_size (< 1, or
- * one the strategy cannot use); NOT_FOUND for an unknown model;
- * UNIMPLEMENTED for parallelism DDP (the estimator models the FSDP
- * strategies; NO_SHARD keeps the same model state as DDP). Thread-safe. */
+ * one the strategy cannot use); NOT_FOUND for an unknown model. For
+ * parallelism DDP the estimate is the full replica (f32 parameters,
+ * gradients, optimizer state, a compute-dtype copy) plus activations, and
+ * unsharded_bytes is 0. Thread-safe. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_estimate_memory(const sk_trainer_options* options,
                                                       int32_t world_size,
                                                       sk_memory_estimate* out);
