@@ -1,5 +1,6 @@
 #include "benchmarks/experiments.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -265,8 +266,12 @@ Experiment PlanRateLimiter(const ExperimentOptions& o) {
       if (near_cap) t.memory_cap_bytes = static_cast<size_t>(*cap_bytes);
       RunResult r = RunConfig(BaseSpec(o, t), &progress);
       if (!near_cap && cap_bytes != nullptr && r.ok) {
-        // The calibration run: the cap sits just above the limited peak.
-        *cap_bytes = static_cast<int64_t>(r.peak_reserved_bytes * o.near_cap_headroom);
+        // Uncapped runs of the near-cap model raise the cap to just above
+        // what each needs live (peak allocated) and what the limited run
+        // holds (peak reserved): every setting fits its live tensors, and the
+        // one that caches more than the cap allows is pushed into retries.
+        const int64_t need = limit == 2 ? r.peak_reserved_bytes : r.peak_allocated_bytes;
+        *cap_bytes = std::max(*cap_bytes, static_cast<int64_t>(need * o.near_cap_headroom));
       }
       Row row;
       row.Set("model", model);
@@ -287,14 +292,16 @@ Experiment PlanRateLimiter(const ExperimentOptions& o) {
   std::vector<int> limits = o.limits;
   add(o.near_cap_model, 2, false, cap);
   for (int limit : limits) {
-    if (limit != 2) add(o.near_cap_model, limit, false, nullptr);
+    if (limit != 2) add(o.near_cap_model, limit, false, cap);
   }
   for (int limit : limits) add(o.near_cap_model, limit, true, cap);
   for (const std::string& model : o.limiter_models) {
     for (int limit : limits) add(model, limit, false, nullptr);
   }
   e.notes->push_back("near cap: memory cap = " + Fixed(o.near_cap_headroom, 2) +
-                     " x the peak reserved memory of limit 2 uncapped on " + o.near_cap_model);
+                     " x the largest of: limit 2's peak reserved and every limit's peak allocated, "
+                     "measured uncapped on " + o.near_cap_model +
+                     " (every setting fits its live tensors; caching beyond the cap costs retries)");
   return e;
 }
 

@@ -226,7 +226,10 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
     if (script.empty()) {
       plots = "plots: benchmarks/plot.py not found; CSV and JSON are complete";
     } else {
-      std::string cmd = "python3 '" + script + "' '" + out + "'";
+      // Debian's interpreter, where python3-matplotlib installs, ahead of
+      // any other python3 on PATH.
+      const std::string python = Exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+      std::string cmd = python + " '" + script + "' '" + out + "'";
       int rc = std::system(cmd.c_str());
       int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
       plots = code == 0   ? "plots: PNGs written by " + script
