@@ -230,6 +230,7 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
       // any other python3 on PATH.
       const std::string python = Exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
       std::string cmd = python + " '" + script + "' '" + out + "'";
+      std::fflush(stdout);  // the script writes to the same stdout
       int rc = std::system(cmd.c_str());
       int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
       plots = code == 0   ? "plots: PNGs written by " + script
