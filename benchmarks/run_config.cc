@@ -4,7 +4,10 @@
 #include <functional>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "benchmarks/host_network.h"
+#include "benchmarks/report.h"
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/trace.h"
 
@@ -79,10 +82,23 @@ RunResult RunConfig(const RunSpec& spec, Progress* progress) {
     });
   };
 
+  // Streams name their trace tracks when they are created, and Start()
+  // drops earlier events: record creation too, and keep its names (the
+  // metadata events) for the traced step's file.
+  const bool tracing = !spec.trace_path.empty();
+  if (tracing) TraceRecorder::Global().Start();
   Status s = on_all([&](int r) -> Status {
     SK_ASSIGN_OR_RETURN(trainers[r], Trainer::Create(spec.trainer, groups[r].get()));
     return OkStatus();
   });
+  nlohmann::json track_names = nlohmann::json::array();
+  if (tracing) {
+    TraceRecorder::Global().Stop();
+    const nlohmann::json created = nlohmann::json::parse(TraceRecorder::Global().ToJson());
+    for (const auto& e : created["traceEvents"]) {
+      if (e.value("ph", "") == "M") track_names.push_back(e);
+    }
+  }
   if (!s.ok()) {
     fail(s);
     return result;
@@ -152,7 +168,13 @@ RunResult RunConfig(const RunSpec& spec, Progress* progress) {
     TraceRecorder::Global().Start();
     Status traced = step_all();
     TraceRecorder::Global().Stop();
-    if (traced.ok()) traced = TraceRecorder::Global().WriteJson(spec.trace_path);
+    if (traced.ok()) {
+      nlohmann::json doc = nlohmann::json::parse(TraceRecorder::Global().ToJson());
+      for (const auto& e : track_names) doc["traceEvents"].push_back(e);
+      doc["otherData"] = {{"network", result.network},
+                          {"note", "one training step of every rank, after the timed steps"}};
+      traced = WriteTextFile(spec.trace_path, doc.dump());
+    }
     if (!traced.ok()) result.error = "trace: " + traced.ToString();
   }
   on_all([&](int r) {
