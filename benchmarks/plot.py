@@ -108,9 +108,13 @@ def plot_rate_limiter(plt, out, rows):
         axes[0].plot(xs, [num(r, "step_ms") for r in sub], marker="o", label=label)
         axes[1].plot(xs, [num(r, "peak_reserved_mib") for r in sub], marker="o", label=label)
         axes[2].plot(xs, [num(r, "alloc_retries") for r in sub], marker="o", label=label)
+        for x, r in zip(xs, sub):
+            if r["status"] != "ok":
+                axes[2].annotate(r["status"], (x, num(r, "alloc_retries") or 0), fontsize=7,
+                                 textcoords="offset points", xytext=(4, 4))
     axes[0].set_ylabel("step time (ms, median)")
     axes[1].set_ylabel("peak reserved (MiB/rank)")
-    axes[2].set_ylabel("alloc retries (whole run)")
+    axes[2].set_ylabel("alloc retries (whole run; OOM marked)")
     for ax in axes:
         ax.set_xlabel("all_gather_limit")
     axes[0].legend(fontsize=7)
