@@ -1,0 +1,33 @@
+// The claims table: each of the paper's claims (DESIGN.md section 1) beside
+// what our harnesses measured, with a verdict.
+//
+// Verdicts and the thresholds that decide them (stated in each row's
+// "judged by" so a reader can disagree with the rule, not just the result):
+//   agrees      same direction and a size within the stated band;
+//   partly      same direction, size outside the band (or only part holds);
+//   disagrees   opposite direction, or no effect where the paper has one;
+//   not run     the harness that measures it did not run (or every
+//               configuration it needs failed);
+//   not measured  the claim needs hardware this machine does not have.
+// Bands are wide on purpose: a scaled model on shared CPU cores reproduces
+// directions and rough sizes, not the paper's digits.
+//
+// Pure functions of the tables, so tests can feed rows directly.
+#ifndef SHARDKIT_BENCHMARKS_CLAIMS_H_
+#define SHARDKIT_BENCHMARKS_CLAIMS_H_
+
+#include <map>
+#include <string>
+
+#include "benchmarks/report.h"
+
+namespace sk::bench {
+
+// `tables` by name ("ddp_vs_fsdp", "prefetch", "rate_limiter", "hybrid");
+// missing ones give "not run" rows. World size comes from the hybrid
+// formulas' W (4 in our harnesses).
+Table EvaluateClaims(const std::map<std::string, const Table*>& tables, int world);
+
+}  // namespace sk::bench
+
+#endif  // SHARDKIT_BENCHMARKS_CLAIMS_H_
