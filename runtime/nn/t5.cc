@@ -13,22 +13,11 @@ using nn_internal::BlockSaved;
 using nn_internal::F;
 using nn_internal::HeadSaved;
 using nn_internal::NewF32;
+using nn_internal::Positive;
 using nn_internal::SublayerKind;
 using nn_internal::UnitGrads;
 using nn_internal::UnitParams;
 using nn_internal::UnitScope;
-
-namespace {
-
-Status Positive(int64_t v, const std::string& model, const char* field) {
-  if (v <= 0) {
-    return InvalidArgumentError("config '" + model + "': " + field + " must be positive, got " +
-                                std::to_string(v));
-  }
-  return OkStatus();
-}
-
-}  // namespace
 
 Status T5Config::Validate() const {
   SK_RETURN_IF_ERROR(Positive(vocab_size, name, "vocab_size"));

@@ -455,6 +455,14 @@ Status CheckProduct(int64_t rows, int64_t cols, const char* what) {
   return OkStatus();
 }
 
+Status Positive(int64_t v, const std::string& model, const char* field) {
+  if (v <= 0) {
+    return InvalidArgumentError("config '" + model + "': " + field + " must be positive, got " +
+                                std::to_string(v));
+  }
+  return OkStatus();
+}
+
 Status ValidateTokens(const std::vector<int32_t>& ids, int64_t expected_count, int64_t vocab,
                       bool allow_ignore, const char* field) {
   if (static_cast<int64_t>(ids.size()) != expected_count) {

@@ -174,6 +174,9 @@ Status HeadBackward(const UnitParams& p, const UnitGrads& g, const float* x,
 Status CheckProduct(int64_t rows, int64_t cols, const char* what);
 
 // Checks ids in [0, vocab) (targets may also be kIgnoreTarget).
+// InvalidArgument "config '<model>': <field> must be positive, got <v>" unless v > 0.
+Status Positive(int64_t v, const std::string& model, const char* field);
+
 Status ValidateTokens(const std::vector<int32_t>& ids, int64_t expected_count, int64_t vocab,
                       bool allow_ignore, const char* field);
 
