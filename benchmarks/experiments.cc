@@ -93,6 +93,7 @@ ExperimentOptions DefaultExperimentOptions(bool quick) {
   o.world = 4;
   o.warmup_steps = 1;
   o.steps = quick ? 2 : 3;
+  o.comparison_steps = quick ? 3 : 10;
   o.seq_len = 32;
   o.batch_size = 1;
   o.strategies = {"DDP", "NO_SHARD", "SHARD_OPTIM", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD"};
@@ -222,6 +223,7 @@ Experiment PlanPrefetch(const ExperimentOptions& o) {
       t.fsdp.backward_prefetch = mode.prefetch;
       t.fsdp.forward_prefetch = mode.forward;
       RunSpec spec = BaseSpec(o, t);
+      spec.steps = o.comparison_steps;
       spec.link = *link;
       std::string trace = std::string("trace_prefetch_") + mode.name + ".json";
       for (char& ch : trace) {
@@ -354,6 +356,7 @@ Experiment PlanHybrid(const ExperimentOptions& o) {
       if (s.ok()) t.fsdp.strategy = *s;
       t.fsdp.shard_group_size = per_host;
       RunSpec spec = BaseSpec(o, t);
+      spec.steps = o.comparison_steps;
       spec.link = o.intra_host_link;
       spec.ranks_per_host = per_host;
       spec.inter_host_link = *inter;

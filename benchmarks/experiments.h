@@ -46,6 +46,10 @@ struct ExperimentOptions {
   int64_t batch_size = 1;
   // prefetch: modelled all-gather time of one pass / measured step time.
   double comm_ratio = 0.22;
+  // Timed steps of the prefetch and hybrid configurations: their effects are
+  // 5-20%, the size of one step's noise on a shared machine, and a step of
+  // the ~10M models is cheap, so they take more samples than the sweep.
+  int comparison_steps = 10;
   std::string prefetch_model;
   // rate_limiter
   std::vector<int> limits;

@@ -25,6 +25,7 @@ DEFINE_bool(quick, false, "small models and few configurations (about 2 minutes 
 DEFINE_int32(world, 4, "ranks (threads)");
 DEFINE_int32(steps, 0, "timed steps per configuration (0: 3, or 2 with --quick)");
 DEFINE_int32(warmup, 1, "untimed warm-up steps per configuration");
+DEFINE_int32(comparison_steps, 0, "timed steps of the prefetch and hybrid modes (0: 10, or 3 with --quick)");
 DEFINE_string(models, "", "ddp_vs_fsdp: comma-separated model names (default per mode)");
 DEFINE_string(strategies, "", "ddp_vs_fsdp: DDP and/or FSDP strategies (default all six)");
 DEFINE_string(dtypes, "", "ddp_vs_fsdp: f32 and/or bf16 (default both)");
@@ -64,6 +65,7 @@ ExperimentOptions OptionsFromFlags() {
   o.world = FLAGS_world;
   if (FLAGS_steps > 0) o.steps = FLAGS_steps;
   o.warmup_steps = FLAGS_warmup;
+  if (FLAGS_comparison_steps > 0) o.comparison_steps = FLAGS_comparison_steps;
   if (Set("models")) o.models = Split(FLAGS_models);
   if (Set("strategies")) o.strategies = Split(FLAGS_strategies);
   if (Set("dtypes")) o.dtypes = Split(FLAGS_dtypes);
