@@ -232,10 +232,7 @@ Status FullyShardedModel::Init() {
     }
   }
   if (ParamsPersistent()) {
-    for (int u = 0; u < num_units(); ++u) {
-      SK_RETURN_IF_ERROR(IssueAllGather(u, false));
-      SK_RETURN_IF_ERROR(WaitAndViews(u, flat_[u].full).status());
-    }
+    for (int u = 0; u < num_units(); ++u) SK_RETURN_IF_ERROR(Regather(u));
   }
   TraceRecorder::Global().NameProcess(r, "rank " + std::to_string(r));
   return OkStatus();
@@ -317,6 +314,12 @@ StatusOr<std::vector<Tensor>> FullyShardedModel::WaitAndViews(int unit, const Te
     views.push_back(std::move(v));
   }
   return views;
+}
+
+Status FullyShardedModel::Regather(int unit) {
+  flat_[unit].full = Tensor();
+  SK_RETURN_IF_ERROR(IssueAllGather(unit, false));
+  return WaitAndViews(unit, flat_[unit].full).status();
 }
 
 void FullyShardedModel::Free(int unit) {
@@ -702,9 +705,7 @@ Status FullyShardedModel::LoadFullParams(int unit, const std::vector<Tensor>& pa
                 static_cast<size_t>(s.param_end - s.param_begin) * 4);
   }
   if (ParamsPersistent()) {
-    f.full = Tensor();
-    SK_RETURN_IF_ERROR(IssueAllGather(unit, false));
-    SK_RETURN_IF_ERROR(WaitAndViews(unit, f.full).status());
+    SK_RETURN_IF_ERROR(Regather(unit));
   }
   return OkStatus();
 }
@@ -719,9 +720,7 @@ Status FullyShardedModel::LoadMasterShard(int unit, const float* data, int64_t n
   }
   std::memcpy(f.master.data(), data, static_cast<size_t>(n) * 4);
   if (ParamsPersistent()) {
-    f.full = Tensor();
-    SK_RETURN_IF_ERROR(IssueAllGather(unit, false));
-    SK_RETURN_IF_ERROR(WaitAndViews(unit, f.full).status());
+    SK_RETURN_IF_ERROR(Regather(unit));
   }
   return OkStatus();
 }

@@ -250,6 +250,9 @@ class FullyShardedModel final : public DataParallelModel {
   Status IssueAllGather(int unit, bool prefetch);
   // Waits for `unit`'s all-gather and returns its parameter views.
   StatusOr<std::vector<Tensor>> WaitAndViews(int unit, const Tensor& full);
+  // Drops `unit`'s unsharded parameter and gathers it again from the
+  // master shards, waiting for it (persistent strategies after a change).
+  Status Regather(int unit);
   void Free(int unit);
   int UnshardedAlive() const;
   Status Prefetch(const std::vector<int>& candidates);
