@@ -14,6 +14,8 @@ using nn_internal::F;
 using nn_internal::HeadSaved;
 using nn_internal::NewF32;
 using nn_internal::Positive;
+using nn_internal::ValidateComputeDType;
+using nn_internal::ValidateWidthAndVocab;
 using nn_internal::SublayerKind;
 using nn_internal::UnitGrads;
 using nn_internal::UnitParams;
@@ -28,24 +30,13 @@ Status T5Config::Validate() const {
   SK_RETURN_IF_ERROR(Positive(n_head, name, "n_head"));
   SK_RETURN_IF_ERROR(Positive(d_model, name, "d_model"));
   SK_RETURN_IF_ERROR(Positive(d_ff, name, "d_ff"));
-  if (d_model % n_head != 0) {
-    return InvalidArgumentError("config '" + name + "': d_model " + std::to_string(d_model) +
-                                " is not a multiple of n_head " + std::to_string(n_head));
-  }
-  if (vocab_size > (int64_t{1} << 31) - 1) {
-    return InvalidArgumentError("config '" + name + "': vocab_size does not fit int32 token ids");
-  }
-  return OkStatus();
+  return ValidateWidthAndVocab(name, d_model, n_head, vocab_size);
 }
 
 StatusOr<std::unique_ptr<T5Model>> T5Model::Create(const T5Config& config,
                                                    const ModelOptions& options) {
   SK_RETURN_IF_ERROR(config.Validate());
-  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16 &&
-      options.compute_dtype != DType::kF16) {
-    return InvalidArgumentError("compute_dtype must be f32, bf16 or f16, got " +
-                                std::string(DTypeName(options.compute_dtype)));
-  }
+  SK_RETURN_IF_ERROR(ValidateComputeDType(options.compute_dtype));
   return std::unique_ptr<T5Model>(new T5Model(config, options));
 }
 

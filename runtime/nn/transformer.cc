@@ -463,6 +463,26 @@ Status Positive(int64_t v, const std::string& model, const char* field) {
   return OkStatus();
 }
 
+Status ValidateWidthAndVocab(const std::string& model, int64_t d_model, int64_t n_head,
+                             int64_t vocab_size) {
+  if (d_model % n_head != 0) {
+    return InvalidArgumentError("config '" + model + "': d_model " + std::to_string(d_model) +
+                                " is not a multiple of n_head " + std::to_string(n_head));
+  }
+  if (vocab_size > (int64_t{1} << 31) - 1) {
+    return InvalidArgumentError("config '" + model + "': vocab_size does not fit int32 token ids");
+  }
+  return OkStatus();
+}
+
+Status ValidateComputeDType(DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
+    return InvalidArgumentError("compute_dtype must be f32, bf16 or f16, got " +
+                                std::string(DTypeName(dtype)));
+  }
+  return OkStatus();
+}
+
 Status ValidateTokens(const std::vector<int32_t>& ids, int64_t expected_count, int64_t vocab,
                       bool allow_ignore, const char* field) {
   if (static_cast<int64_t>(ids.size()) != expected_count) {

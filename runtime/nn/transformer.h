@@ -173,10 +173,18 @@ Status HeadBackward(const UnitParams& p, const UnitGrads& g, const float* x,
 // InvalidArgument unless rows * cols fits int64 (both already positive).
 Status CheckProduct(int64_t rows, int64_t cols, const char* what);
 
-// Checks ids in [0, vocab) (targets may also be kIgnoreTarget).
 // InvalidArgument "config '<model>': <field> must be positive, got <v>" unless v > 0.
 Status Positive(int64_t v, const std::string& model, const char* field);
 
+// The checks every transformer config shares: d_model a multiple of n_head,
+// and a vocabulary whose ids fit int32.
+Status ValidateWidthAndVocab(const std::string& model, int64_t d_model, int64_t n_head,
+                             int64_t vocab_size);
+
+// InvalidArgument unless `dtype` is one the models compute in (f32, bf16, f16).
+Status ValidateComputeDType(DType dtype);
+
+// Checks ids in [0, vocab) (targets may also be kIgnoreTarget).
 Status ValidateTokens(const std::vector<int32_t>& ids, int64_t expected_count, int64_t vocab,
                       bool allow_ignore, const char* field);
 
