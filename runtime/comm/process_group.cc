@@ -237,6 +237,22 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::all_gather_coalesced(
   return Submit(std::move(c), stream);
 }
 
+namespace {
+// A reduce-scatter or all-reduce call as backends receive it.
+Collective Reduction(CollectiveKind kind, const std::vector<Tensor>& inputs,
+                     const std::vector<Tensor>& outputs, const ReduceOptions& opts) {
+  Collective c;
+  c.kind = kind;
+  c.inputs = inputs;
+  c.outputs = outputs;
+  c.op = opts.op;
+  c.pre_scale = opts.pre_scale;
+  c.post_scale = opts.post_scale;
+  c.timeout = opts.timeout;
+  return c;
+}
+}  // namespace
+
 StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter(const Tensor& output,
                                                              const Tensor& input, Stream& stream,
                                                              const ReduceOptions& opts) {
@@ -246,15 +262,7 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter(const Tensor& outpu
 StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter_coalesced(
     const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, Stream& stream,
     const ReduceOptions& opts) {
-  Collective c;
-  c.kind = CollectiveKind::kReduceScatter;
-  c.inputs = inputs;
-  c.outputs = outputs;
-  c.op = opts.op;
-  c.pre_scale = opts.pre_scale;
-  c.post_scale = opts.post_scale;
-  c.timeout = opts.timeout;
-  return Submit(std::move(c), stream);
+  return Submit(Reduction(CollectiveKind::kReduceScatter, inputs, outputs, opts), stream);
 }
 
 StatusOr<std::shared_ptr<Work>> ProcessGroup::all_reduce(const Tensor& tensor, Stream& stream,
@@ -264,15 +272,7 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::all_reduce(const Tensor& tensor, S
 
 StatusOr<std::shared_ptr<Work>> ProcessGroup::all_reduce_coalesced(
     const std::vector<Tensor>& tensors, Stream& stream, const ReduceOptions& opts) {
-  Collective c;
-  c.kind = CollectiveKind::kAllReduce;
-  c.inputs = tensors;
-  c.outputs = tensors;
-  c.op = opts.op;
-  c.pre_scale = opts.pre_scale;
-  c.post_scale = opts.post_scale;
-  c.timeout = opts.timeout;
-  return Submit(std::move(c), stream);
+  return Submit(Reduction(CollectiveKind::kAllReduce, tensors, tensors, opts), stream);
 }
 
 StatusOr<std::shared_ptr<Work>> ProcessGroup::broadcast(const Tensor& tensor, Stream& stream,
