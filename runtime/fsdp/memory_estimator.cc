@@ -37,8 +37,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   if (r.batch_size < 1) return InvalidArgumentError("batch_size must be >= 1");
   if (r.seq_len < 0 || r.source_len < 0) return InvalidArgumentError("sequence lengths must be >= 0");
   SK_RETURN_IF_ERROR(ValidateFsdpOptions(r.fsdp, r.world_size));
-  OptimizerOptions opt = r.optimizer;
-  if (opt.kind == OptimizerKind::kDefault) opt.kind = OptimizerKind::kAdamW;
+  const OptimizerOptions& opt = r.optimizer;
   SK_RETURN_IF_ERROR(ValidateOptimizerOptions(opt));
   ModelOptions mo;
   mo.compute_dtype = r.fsdp.mixed_precision.param_dtype;

@@ -14,6 +14,7 @@ bool Finite(float x) { return std::isfinite(x); }
 
 Status ValidateOptimizerOptions(const OptimizerOptions& o) {
   switch (o.kind) {
+    case OptimizerKind::kDefault:  // AdamW
     case OptimizerKind::kSgd:
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW:

@@ -46,7 +46,8 @@ struct OptimizerOptions {
   float weight_decay = 0.f;
 };
 
-// InvalidArgument naming the field for a negative or non-finite lr, betas
+// kDefault is valid and checked as AdamW. InvalidArgument naming the field for
+// an unknown kind, a negative or non-finite lr, betas
 // outside [0, 1), eps <= 0, Nesterov without momentum or with dampening, etc.
 Status ValidateOptimizerOptions(const OptimizerOptions& options);
 

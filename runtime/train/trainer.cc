@@ -28,11 +28,7 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
   if (o.data_tokens < 0) return InvalidArgumentError("data_tokens must be >= 0");
   if (o.gemm_threads < 0) return InvalidArgumentError("gemm_threads must be >= 0 (0 = automatic)");
   if (!(o.clip_grad_norm >= 0)) return InvalidArgumentError("clip_grad_norm must be >= 0");
-  SK_RETURN_IF_ERROR(ValidateOptimizerOptions([&] {
-    OptimizerOptions x = o.optimizer;
-    if (x.kind == OptimizerKind::kDefault) x.kind = OptimizerKind::kAdamW;
-    return x;
-  }()));
+  SK_RETURN_IF_ERROR(ValidateOptimizerOptions(o.optimizer));
   return OkStatus();
 }
 
