@@ -5,7 +5,7 @@
 // every rank (rank 0 included) is a client, so a group can be formed from
 // torchrun's environment variables alone, across hosts, with no shared
 // filesystem. (Debian's Gloo has no TCP store, and a FileStore directory must
-// be on a shared filesystem and fresh per run; see README.md.)
+// be on a shared filesystem and fresh per run; see docs/architecture.md.)
 //
 // Protocol: one request at a time per client connection, each a byte opcode,
 // a length-prefixed key and a length-prefixed value; the server answers with

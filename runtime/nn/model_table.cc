@@ -1,7 +1,7 @@
 // Prints the named model configurations as a Markdown table: parameters,
 // model FLOPs per (decoder) token of a training step at the default sequence
 // lengths, and hardware FLOPs with activation checkpointing. For T5 the
-// encoder's work is included in the per-decoder-token figure. README.md carries its output.
+// encoder's work is included in the per-decoder-token figure. docs/architecture.md carries its output.
 #include <cstdio>
 
 #include "runtime/nn/configs.h"

@@ -6,7 +6,7 @@
 // encoder output, and an MLP; a final LayerNorm and an LM head.
 //
 // Simplifications against T5 (Raffel et al. 2020), documented in
-// README.md: learned absolute position embeddings instead of
+// docs/architecture.md: learned absolute position embeddings instead of
 // relative position buckets; LayerNorm with bias instead of RMSNorm; GELU
 // MLP instead of ReLU; attention inner width = d_model (d_kv * heads =
 // d_model); separate (untied) encoder, decoder and output embeddings so that

@@ -1,4 +1,4 @@
-// The README's two-process example: every rank contributes a shard, the
+// The two-process example of docs/architecture.md: every rank contributes a shard, the
 // group all-gathers the shards and all-reduces a gradient, FSDP-style.
 //
 //   bazel build //runtime/comm:launch //runtime/comm/examples:gloo_example
