@@ -28,8 +28,8 @@
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
 #include "runtime/nn/kernels.h"
-#include "runtime/nn/optimizer.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/optim/optimizer.h"
 
 namespace sk {
 namespace {
@@ -228,6 +228,11 @@ void BM_TrainStep(benchmark::State& state, const char* name, int64_t batch, int6
     state.SkipWithError(b.status().ToString().c_str());
     return;
   }
+  OptimizerOptions sgd_options;
+  sgd_options.kind = OptimizerKind::kSgd;
+  sgd_options.lr = 1e-3f;
+  auto sgd = *Optimizer::Create(sgd_options, &HostAllocator::Default());
+  auto refs = *ShardRefsFor((*params)->all_params(), (*params)->all_grads());
   Peak();
   const double cpu0 = ProcessCpuSeconds();
   for (auto _ : state) {
@@ -237,7 +242,7 @@ void BM_TrainStep(benchmark::State& state, const char* name, int64_t batch, int6
       state.SkipWithError(loss.status().ToString().c_str());
       return;
     }
-    if (!SgdStep((*params)->all_params(), (*params)->all_grads(), 1e-3f).ok()) {
+    if (!sgd->Step(refs).ok()) {
       state.SkipWithError("sgd failed");
       return;
     }

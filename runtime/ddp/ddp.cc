@@ -352,17 +352,12 @@ StatusOr<double> DistributedDataParallel::ClipGradNorm(double max_norm, NormType
   }
   if (type != NormType::kL2 && type != NormType::kInf) return InvalidArgumentError("unknown norm type");
   SK_RETURN_IF_ERROR(FinishBackward());
-  std::vector<const float*> grads;
-  std::vector<float*> mutable_grads;
-  std::vector<int64_t> sizes;
-  for (Bucket& b : buckets_) {
-    grads.push_back(b.grads.data_as<float>());
-    mutable_grads.push_back(b.grads.data_as<float>());
-    sizes.push_back(b.numel);
-  }
+  std::vector<Tensor> grads;
+  for (const Bucket& b : buckets_) grads.push_back(b.grads);
   // Padding is zero and changes neither norm.
-  const double norm = FinishGradNorm(LocalGradNormPartial(grads, sizes, type), type);
-  if (max_norm > 0) ClipGradientsToNorm(mutable_grads, sizes, norm, max_norm);
+  SK_ASSIGN_OR_RETURN(double partial, LocalGradNormPartial(grads, type));
+  const double norm = FinishGradNorm(partial, type);
+  if (max_norm > 0) SK_RETURN_IF_ERROR(ClipGradientsToNorm(grads, norm, max_norm).status());
   return norm;
 }
 
@@ -370,8 +365,7 @@ Status DistributedDataParallel::OptimizerStep(Optimizer& optimizer) {
   SK_RETURN_IF_ERROR(FinishBackward());
   std::vector<ShardRef> refs;
   for (int b = 0; b < num_buckets(); ++b) {
-    refs.push_back(ShardRef{b, buckets_[b].params.data_as<float>(), buckets_[b].grads.data_as<float>(),
-                            buckets_[b].numel});
+    refs.push_back(ShardRef{b, buckets_[b].params, buckets_[b].grads});
   }
   SK_RETURN_IF_ERROR(optimizer.Step(refs));
   // A forward-only pass may have left units forward-done: the step ends it.

@@ -587,13 +587,9 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
   }
   if (type != NormType::kL2 && type != NormType::kInf) return InvalidArgumentError("unknown norm type");
   SK_RETURN_IF_ERROR(FinishBackward());
-  std::vector<const float*> grads;
-  std::vector<int64_t> sizes;
-  for (const FlatUnit& f : flat_) {
-    grads.push_back(f.grad.data_as<float>());
-    sizes.push_back(f.layout.shard_numel());
-  }
-  double partial = LocalGradNormPartial(grads, sizes, type);
+  std::vector<Tensor> grads;
+  for (const FlatUnit& f : flat_) grads.push_back(f.grad);
+  SK_ASSIGN_OR_RETURN(double partial, LocalGradNormPartial(grads, type));
   // Replicas hold identical shards: combine over the shard group only.
   comm::ProcessGroup& g = *shard_group_;
   double combined = partial;
@@ -614,9 +610,7 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
   }
   double norm = FinishGradNorm(combined, type);
   if (max_norm > 0) {
-    std::vector<float*> mut;
-    for (FlatUnit& f : flat_) mut.push_back(f.grad.data_as<float>());
-    ClipGradientsToNorm(mut, sizes, norm, max_norm);
+    SK_RETURN_IF_ERROR(ClipGradientsToNorm(grads, norm, max_norm).status());
   }
   return norm;
 }
@@ -625,8 +619,7 @@ Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
   SK_RETURN_IF_ERROR(FinishBackward());
   std::vector<ShardRef> refs;
   for (int u = 0; u < num_units(); ++u) {
-    refs.push_back(ShardRef{u, flat_[u].master.data_as<float>(), flat_[u].grad.data_as<float>(),
-                            flat_[u].layout.shard_numel()});
+    refs.push_back(ShardRef{u, flat_[u].master, flat_[u].grad});
   }
   SK_RETURN_IF_ERROR(optimizer.Step(refs));
   if (ParamsPersistent()) {

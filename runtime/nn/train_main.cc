@@ -16,8 +16,8 @@
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
 #include "runtime/nn/kernels.h"
-#include "runtime/nn/optimizer.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/optim/optimizer.h"
 
 DEFINE_string(model, "gpt-1m", "named model config (see //runtime/nn:model_table)");
 DEFINE_int32(steps, 100, "training steps");
@@ -66,7 +66,12 @@ Status Run() {
               cfg.name.c_str(), static_cast<double>(model->num_parameters()) / 1e6,
               static_cast<long long>(model->units().size()), FLAGS_batch_size,
               static_cast<long long>(seq), t5 ? " (+ encoder)" : "");
-  Adam adam(AdamOptions{static_cast<float>(FLAGS_lr)});
+  OptimizerOptions adam_options;
+  adam_options.kind = OptimizerKind::kAdam;
+  adam_options.lr = static_cast<float>(FLAGS_lr);
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> adam,
+                      Optimizer::Create(adam_options, &HostAllocator::Default()));
+  SK_ASSIGN_OR_RETURN(std::vector<ShardRef> refs, ShardRefsFor(params->all_params(), params->all_grads()));
   const StepFlops flops = model->Flops(FLAGS_batch_size, seq, src);
   auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < FLAGS_steps; ++step) {
@@ -79,7 +84,7 @@ Status Run() {
     }
     params->ZeroGrad();
     SK_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(batch, *params, HostAllocator::Default()));
-    SK_RETURN_IF_ERROR(adam.Step(params->all_params(), params->all_grads()));
+    SK_RETURN_IF_ERROR(adam->Step(refs));
     if ((step + 1) % FLAGS_log_every == 0 || step == 0 || step + 1 == FLAGS_steps) {
       double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       double tokens = static_cast<double>(step + 1) * batch.num_target_tokens();

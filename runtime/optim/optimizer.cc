@@ -81,44 +81,61 @@ StatusOr<Optimizer::Slot*> Optimizer::GetOrCreateSlot(int slot, int64_t n) {
   return &slots_.emplace(slot, std::move(s)).first->second;
 }
 
+StatusOr<std::vector<ShardRef>> ShardRefsFor(const std::vector<Tensor>& params,
+                                             const std::vector<Tensor>& grads) {
+  if (params.size() != grads.size()) {
+    return InvalidArgumentError("optimizer: " + std::to_string(params.size()) + " parameters but " +
+                                std::to_string(grads.size()) + " gradients");
+  }
+  std::vector<ShardRef> refs;
+  for (size_t i = 0; i < params.size(); ++i) refs.push_back({static_cast<int>(i), params[i], grads[i]});
+  return refs;
+}
+
 Status Optimizer::Step(const std::vector<ShardRef>& shards) {
   // Validate everything and create all state before touching any parameter, so
   // an error leaves parameters and state as they were.
   for (size_t i = 0; i < shards.size(); ++i) {
     const ShardRef& r = shards[i];
-    if (r.n < 0) return InvalidArgumentError("negative element count for slot " + std::to_string(r.slot));
-    if (r.n > 0 && (r.param == nullptr || r.grad == nullptr)) {
-      return InvalidArgumentError("null parameter or gradient for optimizer slot " +
-                                  std::to_string(r.slot));
+    const std::string what = "optimizer slot " + std::to_string(r.slot);
+    if (!r.param.defined() || !r.grad.defined()) {
+      return InvalidArgumentError(what + ": undefined parameter or gradient tensor");
+    }
+    if (r.param.dtype() != DType::kF32 || r.grad.dtype() != DType::kF32) {
+      return InvalidArgumentError(what + ": parameter and gradient must be f32, got " +
+                                  r.param.ToString() + " and " + r.grad.ToString());
+    }
+    if (r.param.numel() != r.grad.numel()) {
+      return InvalidArgumentError(what + ": parameter " + r.param.ToString() + " and gradient " +
+                                  r.grad.ToString() + " differ in size");
     }
     for (size_t j = 0; j < i; ++j) {
-      if (shards[j].slot == r.slot) {
-        return InvalidArgumentError("optimizer slot " + std::to_string(r.slot) +
-                                    " appears twice in one step");
-      }
+      if (shards[j].slot == r.slot) return InvalidArgumentError(what + " appears twice in one step");
     }
     auto it = slots_.find(r.slot);
-    if (it != slots_.end() && it->second.n != r.n) {
-      return InvalidArgumentError("optimizer slot " + std::to_string(r.slot) + " has " +
-                                  std::to_string(it->second.n) + " elements, step gave " +
-                                  std::to_string(r.n));
+    if (it != slots_.end() && it->second.n != r.param.numel()) {
+      return InvalidArgumentError(what + " has " + std::to_string(it->second.n) +
+                                  " elements, step gave " + std::to_string(r.param.numel()));
     }
   }
   std::vector<Slot*> slots;
   for (const ShardRef& r : shards) {
-    SK_ASSIGN_OR_RETURN(Slot * s, GetOrCreateSlot(r.slot, r.n));
+    SK_ASSIGN_OR_RETURN(Slot * s, GetOrCreateSlot(r.slot, r.param.numel()));
     slots.push_back(s);
   }
   for (size_t i = 0; i < shards.size(); ++i) {
     const ShardRef& r = shards[i];
     Slot& s = *slots[i];
     ++s.step;
+    float* param = r.param.data_as<float>();
+    const float* grad = r.grad.data_as<float>();
+    const int64_t n = r.param.numel();
     if (options_.kind == OptimizerKind::kSgd) {
       SgdHyper h{options_.lr, options_.momentum, options_.dampening, options_.weight_decay,
                  options_.nesterov, s.step == 1};
       float scratch = 0.f;
       float* buf = s.state.empty() ? nullptr : s.state[0].data_as<float>();
-      for (int64_t k = 0; k < r.n; ++k) SgdUpdate(r.param[k], r.grad[k], buf ? buf[k] : scratch, h);
+      for (int64_t k = 0; k < n; ++k) SgdUpdate(param[k], grad[k], buf ? buf[k] : scratch, h);
     } else {
       double t = static_cast<double>(s.step);
       AdamHyper h{options_.lr,
@@ -131,7 +148,7 @@ Status Optimizer::Step(const std::vector<ShardRef>& shards) {
                   static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(options_.beta2), t)))};
       float* m = s.state[0].data_as<float>();
       float* v = s.state[1].data_as<float>();
-      for (int64_t k = 0; k < r.n; ++k) AdamUpdate(r.param[k], r.grad[k], m[k], v[k], h);
+      for (int64_t k = 0; k < n; ++k) AdamUpdate(param[k], grad[k], m[k], v[k], h);
     }
   }
   return OkStatus();
@@ -187,12 +204,26 @@ size_t Optimizer::StateBytes() const {
   return total;
 }
 
-double LocalGradNormPartial(const std::vector<const float*>& grads,
-                            const std::vector<int64_t>& sizes, NormType type) {
-  double acc = 0.0;
+namespace {
+
+Status CheckGrads(const std::vector<Tensor>& grads, const char* what) {
   for (size_t i = 0; i < grads.size(); ++i) {
-    const float* g = grads[i];
-    for (int64_t k = 0; k < sizes[i]; ++k) {
+    if (!grads[i].defined() || grads[i].dtype() != DType::kF32) {
+      return InvalidArgumentError(std::string(what) + ": gradient " + std::to_string(i) +
+                                  " must be a defined f32 tensor, got " + grads[i].ToString());
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<double> LocalGradNormPartial(const std::vector<Tensor>& grads, NormType type) {
+  SK_RETURN_IF_ERROR(CheckGrads(grads, "gradient norm"));
+  double acc = 0.0;
+  for (const Tensor& t : grads) {
+    const float* g = t.data_as<float>();
+    for (int64_t k = 0; k < t.numel(); ++k) {
       double x = g[k];
       if (type == NormType::kL2) {
         acc += x * x;
@@ -208,13 +239,15 @@ double FinishGradNorm(double combined_partial, NormType type) {
   return type == NormType::kL2 ? std::sqrt(combined_partial) : combined_partial;
 }
 
-float ClipGradientsToNorm(const std::vector<float*>& grads, const std::vector<int64_t>& sizes,
-                          double total_norm, double max_norm) {
+StatusOr<float> ClipGradientsToNorm(const std::vector<Tensor>& grads, double total_norm,
+                                    double max_norm) {
+  SK_RETURN_IF_ERROR(CheckGrads(grads, "gradient clipping"));
   double coef = max_norm / (total_norm + 1e-6);
   if (coef >= 1.0) return 1.f;
   float c = static_cast<float>(coef);
-  for (size_t i = 0; i < grads.size(); ++i) {
-    for (int64_t k = 0; k < sizes[i]; ++k) grads[i][k] *= c;
+  for (const Tensor& t : grads) {
+    float* g = t.data_as<float>();
+    for (int64_t k = 0; k < t.numel(); ++k) g[k] *= c;
   }
   return c;
 }

@@ -51,14 +51,20 @@ struct OptimizerOptions {
 // outside [0, 1), eps <= 0, Nesterov without momentum or with dampening, etc.
 Status ValidateOptimizerOptions(const OptimizerOptions& options);
 
-// One slot's piece of work for a step: `n` f32 parameters updated in place
-// from `n` f32 gradients.
+// One slot's piece of work for a step: an f32 parameter tensor updated in
+// place from an f32 gradient tensor of the same element count (any shapes: a
+// flat shard, or one unflattened parameter).
 struct ShardRef {
   int slot;
-  float* param;
-  const float* grad;
-  int64_t n;
+  Tensor param;
+  Tensor grad;
 };
+
+// One ShardRef per pair, slot i for params[i]: the unsharded single-process
+// case (every parameter its own slot). InvalidArgument if the lists differ in
+// length.
+StatusOr<std::vector<ShardRef>> ShardRefsFor(const std::vector<Tensor>& params,
+                                             const std::vector<Tensor>& grads);
 
 class Optimizer {
  public:
@@ -71,9 +77,10 @@ class Optimizer {
   void set_lr(float lr) { options_.lr = lr; }
 
   // Updates every shard. A slot's size is fixed by its first step:
-  // InvalidArgument if it changes, or if a pointer is null while n > 0; state is
-  // untouched when an error is returned. ResourceExhausted if state cannot be
-  // allocated.
+  // InvalidArgument if it changes, if a tensor is undefined or not f32, if a
+  // parameter and its gradient differ in element count, or a slot appears
+  // twice; nothing is touched when an error is returned. ResourceExhausted if
+  // state cannot be allocated.
   Status Step(const std::vector<ShardRef>& shards);
 
   // Steps taken by `slot` (0 if never stepped).
@@ -112,15 +119,16 @@ class Optimizer {
 // Padding elements of flat shards are zero and change neither.
 enum class NormType : int { kL2 = 2, kInf = 0 };
 
-// The local partial of the gradient norm (double accumulation).
-double LocalGradNormPartial(const std::vector<const float*>& grads,
-                            const std::vector<int64_t>& sizes, NormType type);
+// The local partial of the gradient norm over f32 gradient tensors (double
+// accumulation, in order). InvalidArgument for an undefined or non-f32 tensor.
+StatusOr<double> LocalGradNormPartial(const std::vector<Tensor>& grads, NormType type);
 // The norm from the combined partial.
 double FinishGradNorm(double combined_partial, NormType type);
-// Scales gradients by max_norm / (norm + 1e-6) when norm > max_norm (torch's
-// clip_grad_norm_); returns the factor applied (1 when not clipped).
-float ClipGradientsToNorm(const std::vector<float*>& grads, const std::vector<int64_t>& sizes,
-                          double total_norm, double max_norm);
+// Scales f32 gradients by max_norm / (norm + 1e-6) when norm > max_norm
+// (torch's clip_grad_norm_); returns the factor applied (1 when not clipped).
+// InvalidArgument for an undefined or non-f32 tensor (nothing is scaled then).
+StatusOr<float> ClipGradientsToNorm(const std::vector<Tensor>& grads, double total_norm,
+                                    double max_norm);
 
 }  // namespace sk
 

@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 
 #include "runtime/nn/kernels.h"
-#include "runtime/nn/optimizer.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/optim/optimizer.h"
 
 namespace sk {
 namespace {
@@ -136,7 +136,11 @@ TEST(Gpt, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
 
 float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int steps, float lr,
             std::vector<float>* losses = nullptr) {
-  Adam adam(AdamOptions{lr});
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdam;
+  o.lr = lr;
+  auto adam = *Optimizer::Create(o, &HostAllocator::Default());
+  auto refs = *ShardRefsFor(p.all_params(), p.all_grads());
   float loss = 0;
   for (int s = 0; s < steps; ++s) {
     p.ZeroGrad();
@@ -144,7 +148,7 @@ float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int ste
     CHECK(l.ok()) << l.status();
     loss = *l;
     if (losses) losses->push_back(loss);
-    CHECK(adam.Step(p.all_params(), p.all_grads()).ok());
+    CHECK(adam->Step(refs).ok());
   }
   return loss;
 }

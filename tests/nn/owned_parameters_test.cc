@@ -10,7 +10,7 @@
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
 #include "runtime/nn/kernels.h"
-#include "runtime/nn/optimizer.h"
+#include "runtime/optim/optimizer.h"
 
 namespace sk {
 namespace {
@@ -69,16 +69,25 @@ TEST(Optimizer, SgdAndAdamMoveAgainstTheGradient) {
   for (const Tensor& g : grads)
     for (int64_t i = 0; i < g.numel(); ++i) g.data_as<float>()[i] = 1.0f;
   float before = params[2].data_as<float>()[0];
-  ASSERT_TRUE(SgdStep(params, grads, 0.5f).ok());
+  auto refs = ShardRefsFor(params, grads);
+  ASSERT_TRUE(refs.ok());
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kSgd;
+  o.lr = 0.5f;
+  auto sgd = *Optimizer::Create(o, &HostAllocator::Default());
+  ASSERT_TRUE(sgd->Step(*refs).ok());
   EXPECT_FLOAT_EQ(params[2].data_as<float>()[0], before - 0.5f);
-  Adam adam(AdamOptions{0.1f});
-  ASSERT_TRUE(adam.Step(params, grads).ok());
+  o.kind = OptimizerKind::kAdam;
+  o.lr = 0.1f;
+  auto adam = *Optimizer::Create(o, &HostAllocator::Default());
+  ASSERT_TRUE(adam->Step(*refs).ok());
   // Adam's first step moves each element by lr (bias-corrected m/sqrt(v) = 1).
   EXPECT_NEAR(params[2].data_as<float>()[0], before - 0.5f - 0.1f, 1e-6f);
+  // A slot whose size changes, and lists of different lengths, are refused.
+  ASSERT_NE(params[0].numel(), params[1].numel());
+  EXPECT_EQ(adam->Step({{0, params[1], grads[1]}}).code(), StatusCode::kInvalidArgument);
   std::vector<Tensor> fewer(params.begin(), params.begin() + 1);
-  EXPECT_EQ(adam.Step(fewer, std::vector<Tensor>(grads.begin(), grads.begin() + 1)).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(SgdStep(params, fewer, 0.1f).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardRefsFor(params, fewer).status().code(), StatusCode::kInvalidArgument);
 }
 
 // An Allocator that counts live and peak bytes of what it hands out.

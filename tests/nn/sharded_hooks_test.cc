@@ -13,8 +13,8 @@
 
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
-#include "runtime/nn/optimizer.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/optim/optimizer.h"
 
 namespace sk {
 namespace {
@@ -168,6 +168,11 @@ TEST(ShardedHooks, TrainingWithShardedHooksEqualsPlainTrainingOnTheGlobalBatch) 
     ASSERT_TRUE(plain.ok());
     auto stream = SyntheticTokenStream(3, 64, 2000);
     const float lr = 0.5f;
+    OptimizerOptions plain_sgd;  // p -= (lr / world) * g
+    plain_sgd.kind = OptimizerKind::kSgd;
+    plain_sgd.lr = lr / world;
+    auto sgd = *Optimizer::Create(plain_sgd, &HostAllocator::Default());
+    auto refs = *ShardRefsFor((*plain)->all_params(), (*plain)->all_grads());
     for (int step = 0; step < 3; ++step) {
       (*plain)->ZeroGrad();
       for (int r = 0; r < world; ++r) {
@@ -181,7 +186,7 @@ TEST(ShardedHooks, TrainingWithShardedHooksEqualsPlainTrainingOnTheGlobalBatch) 
       sharded.ReduceScatter();
       sharded.SgdOnShards(lr);
       // Plain: the summed gradient of the two halves, averaged like the ranks'.
-      ASSERT_TRUE(SgdStep((*plain)->all_params(), (*plain)->all_grads(), lr / world).ok());
+      ASSERT_TRUE(sgd->Step(refs).ok());
     }
     std::vector<float> a = sharded.FullParameters(), b = Flatten((*plain)->all_params());
     ASSERT_EQ(a.size(), b.size());

@@ -6,8 +6,8 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/nn/optimizer.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/optim/optimizer.h"
 
 namespace sk {
 namespace {
@@ -122,14 +122,18 @@ TEST(T5, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
 }
 
 float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int steps, float lr) {
-  Adam adam(AdamOptions{lr});
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdam;
+  o.lr = lr;
+  auto adam = *Optimizer::Create(o, &HostAllocator::Default());
+  auto refs = *ShardRefsFor(p.all_params(), p.all_grads());
   float loss = 0;
   for (int s = 0; s < steps; ++s) {
     p.ZeroGrad();
     auto l = m.ForwardBackward(batch, p, HostAllocator::Default());
     CHECK(l.ok()) << l.status();
     loss = *l;
-    CHECK(adam.Step(p.all_params(), p.all_grads()).ok());
+    CHECK(adam->Step(refs).ok());
   }
   return loss;
 }

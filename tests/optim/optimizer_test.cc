@@ -52,6 +52,11 @@ void ReferenceSgd(std::vector<double>& p, const std::vector<std::vector<float>>&
   }
 }
 
+// An f32 tensor over v[offset, offset + n) (caller-owned memory).
+Tensor F32(const std::vector<float>& v, int offset, int n) {
+  return *Tensor::Wrap(const_cast<float*>(v.data()) + offset, DType::kF32, Shape{n});
+}
+
 struct OptRun {
   std::vector<float> params;
 };
@@ -66,7 +71,7 @@ OptRun RunOptimizer(const OptimizerOptions& o, const std::vector<float>& init,
     std::vector<ShardRef> refs;
     int offset = 0;
     for (size_t s = 0; s < split.size(); ++s) {
-      refs.push_back({static_cast<int>(s), run.params.data() + offset, g.data() + offset, split[s]});
+      refs.push_back({static_cast<int>(s), F32(run.params, offset, split[s]), F32(g, offset, split[s])});
       offset += split[s];
     }
     EXPECT_TRUE((*opt)->Step(refs).ok());
@@ -172,19 +177,24 @@ TEST(OptimizerTest, BadStepLeavesParametersAndStateUntouched) {
   HostAllocator alloc;
   auto opt = *Optimizer::Create(OptimizerOptions{}, &alloc);
   std::vector<float> p(4, 1.f), g(4, 1.f);
-  ASSERT_TRUE(opt->Step({{0, p.data(), g.data(), 4}}).ok());
+  ASSERT_TRUE(opt->Step({{0, F32(p, 0, 4), F32(g, 0, 4)}}).ok());
   std::vector<float> after = p;
   // Second shard has a size mismatch for slot 0: nothing must change.
   std::vector<float> p1(3, 1.f), g1(3, 1.f);
-  Status s = opt->Step({{1, p1.data(), g1.data(), 3}, {0, p.data(), g.data(), 3}});
+  Status s = opt->Step({{1, F32(p1, 0, 3), F32(g1, 0, 3)}, {0, F32(p, 0, 3), F32(g, 0, 3)}});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(p, after);
   EXPECT_EQ(p1, std::vector<float>(3, 1.f));
   EXPECT_EQ(opt->step_count(0), 1);
   EXPECT_EQ(opt->step_count(1), 0);
-  EXPECT_EQ(opt->Step({{2, nullptr, g.data(), 4}}).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(opt->Step({{0, p.data(), g.data(), 4}, {0, p.data(), g.data(), 4}}).code(),
+  EXPECT_EQ(opt->Step({{2, Tensor(), F32(g, 0, 4)}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt->Step({{2, F32(p, 0, 4), F32(g, 0, 3)}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt->Step({{0, F32(p, 0, 4), F32(g, 0, 4)}, {0, F32(p, 0, 4), F32(g, 0, 4)}}).code(),
             StatusCode::kInvalidArgument);
+  std::vector<uint16_t> half(4, 0);
+  Tensor bf16 = *Tensor::Wrap(half.data(), DType::kBF16, Shape{4});
+  EXPECT_EQ(opt->Step({{2, bf16, F32(g, 0, 4)}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p, after);
 }
 
 TEST(OptimizerTest, StateRoundTripsThroughLoadState) {
@@ -195,13 +205,13 @@ TEST(OptimizerTest, StateRoundTripsThroughLoadState) {
   auto init = RandomVector(kN, 20);
   auto g1 = RandomVector(kN, 21), g2 = RandomVector(kN, 22);
   std::vector<float> pa = init;
-  ASSERT_TRUE(a->Step({{0, pa.data(), g1.data(), kN}}).ok());
+  ASSERT_TRUE(a->Step({{0, F32(pa, 0, kN), F32(g1, 0, kN)}}).ok());
   std::vector<Tensor> state;
   for (const std::string& name : a->StateNames()) state.push_back(*a->State(0, name));
   ASSERT_TRUE(b->LoadState(0, kN, a->step_count(0), state).ok());
   std::vector<float> pb = pa;
-  ASSERT_TRUE(a->Step({{0, pa.data(), g2.data(), kN}}).ok());
-  ASSERT_TRUE(b->Step({{0, pb.data(), g2.data(), kN}}).ok());
+  ASSERT_TRUE(a->Step({{0, F32(pa, 0, kN), F32(g2, 0, kN)}}).ok());
+  ASSERT_TRUE(b->Step({{0, F32(pb, 0, kN), F32(g2, 0, kN)}}).ok());
   EXPECT_EQ(pa, pb);
   EXPECT_EQ(a->StateBytes(), 2u * kN * sizeof(float));
   EXPECT_EQ(b->LoadState(0, kN, 1, {state[0]}).code(), StatusCode::kInvalidArgument);
@@ -215,21 +225,44 @@ TEST(ClipGradNormTest, PartialsFromShardsCombineToTheUnshardedNorm) {
     full_sq += double(x) * x;
     full_max = std::max(full_max, std::fabs(double(x)));
   }
-  double l2 = LocalGradNormPartial({g.data()}, {40}, NormType::kL2) +
-              LocalGradNormPartial({g.data() + 40}, {kN - 40}, NormType::kL2);
-  double inf = std::max(LocalGradNormPartial({g.data()}, {40}, NormType::kInf),
-                        LocalGradNormPartial({g.data() + 40}, {kN - 40}, NormType::kInf));
+  double l2 = *LocalGradNormPartial({F32(g, 0, 40)}, NormType::kL2) +
+              *LocalGradNormPartial({F32(g, 40, kN - 40)}, NormType::kL2);
+  double inf = std::max(*LocalGradNormPartial({F32(g, 0, 40)}, NormType::kInf),
+                        *LocalGradNormPartial({F32(g, 40, kN - 40)}, NormType::kInf));
   EXPECT_NEAR(FinishGradNorm(l2, NormType::kL2), std::sqrt(full_sq), 1e-9);
   EXPECT_EQ(FinishGradNorm(inf, NormType::kInf), full_max);
 }
 
 TEST(ClipGradNormTest, ScalesOnlyWhenAboveMaxNorm) {
   std::vector<float> g = {3.f, 4.f};
-  EXPECT_EQ(ClipGradientsToNorm({g.data()}, {2}, 5.0, 10.0), 1.f);
+  EXPECT_EQ(*ClipGradientsToNorm({F32(g, 0, 2)}, 5.0, 10.0), 1.f);
   EXPECT_EQ(g[0], 3.f);
-  float c = ClipGradientsToNorm({g.data()}, {2}, 5.0, 1.0);
+  float c = *ClipGradientsToNorm({F32(g, 0, 2)}, 5.0, 1.0);
   EXPECT_NEAR(c, 0.2f, 1e-6);
   EXPECT_NEAR(std::hypot(g[0], g[1]), 1.0, 1e-5);
+  EXPECT_EQ(ClipGradientsToNorm({Tensor()}, 5.0, 1.0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LocalGradNormPartial({Tensor()}, NormType::kL2).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// The single-process use (the reference models' training): one slot per
+// parameter tensor, whatever its shape.
+TEST(OptimizerTest, ShardRefsForStepsEveryParameterTensor) {
+  HostAllocator alloc;
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kSgd;
+  o.lr = 0.5f;
+  auto opt = *Optimizer::Create(o, &alloc);
+  std::vector<float> a(6, 1.f), b(2, 2.f), ga(6, 1.f), gb(2, 4.f);
+  Tensor ta = *Tensor::Wrap(a.data(), DType::kF32, Shape{2, 3});
+  Tensor tga = *Tensor::Wrap(ga.data(), DType::kF32, Shape{2, 3});
+  auto refs = ShardRefsFor({ta, F32(b, 0, 2)}, {tga, F32(gb, 0, 2)});
+  ASSERT_TRUE(refs.ok());
+  ASSERT_TRUE(opt->Step(*refs).ok());
+  EXPECT_EQ(a, std::vector<float>(6, 0.5f));
+  EXPECT_EQ(b, std::vector<float>(2, 0.f));
+  EXPECT_EQ(opt->step_count(1), 1);
+  EXPECT_EQ(ShardRefsFor({ta}, {}).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

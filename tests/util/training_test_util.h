@@ -76,22 +76,10 @@ inline ReferenceRun RunReference(const GptModel& model, int steps, int global_ro
     out.losses.push_back(*loss);
     std::vector<Tensor> ps = owned->all_params(), gs = owned->all_grads();
     if (clip > 0) {
-      std::vector<const float*> cg;
-      std::vector<float*> mg;
-      std::vector<int64_t> sizes;
-      for (const Tensor& g : gs) {
-        cg.push_back(g.data_as<float>());
-        mg.push_back(g.data_as<float>());
-        sizes.push_back(g.numel());
-      }
-      double norm = FinishGradNorm(LocalGradNormPartial(cg, sizes, NormType::kL2), NormType::kL2);
-      ClipGradientsToNorm(mg, sizes, norm, clip);
+      double norm = FinishGradNorm(*LocalGradNormPartial(gs, NormType::kL2), NormType::kL2);
+      EXPECT_TRUE(ClipGradientsToNorm(gs, norm, clip).ok());
     }
-    std::vector<ShardRef> refs;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      refs.push_back({static_cast<int>(i), ps[i].data_as<float>(), gs[i].data_as<float>(), ps[i].numel()});
-    }
-    EXPECT_TRUE(opt->Step(refs).ok());
+    EXPECT_TRUE(opt->Step(*ShardRefsFor(ps, gs)).ok());
   }
   for (int u = 0; u < owned->num_units(); ++u) {
     out.params.emplace_back();
