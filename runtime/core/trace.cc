@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/core/file_io.h"
+
 namespace sk {
 
 TraceRecorder& TraceRecorder::Global() {
@@ -107,18 +109,7 @@ std::string TraceRecorder::ToJson() const {
 }
 
 Status TraceRecorder::WriteJson(const std::string& path) const {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return UnavailableError("cannot open '" + tmp + "' for writing the trace");
-    out << ToJson();
-    if (!out.flush()) return UnavailableError("failed writing the trace to '" + tmp + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return UnavailableError("cannot rename '" + tmp + "' to '" + path + "'");
-  }
-  return OkStatus();
+  return WriteFileDurably(path, ToJson()).WithContext("writing the trace");
 }
 
 }  // namespace sk

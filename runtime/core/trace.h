@@ -59,7 +59,8 @@ class TraceRecorder {
   size_t event_count() const;
   // {"traceEvents": [...], "displayTimeUnit": "ms"}.
   std::string ToJson() const;
-  // Writes ToJson() to `path` (via a temporary file and rename). Unavailable on I/O failure.
+  // Writes ToJson() to `path` durably (WriteFileDurably: temporary file, fsync,
+  // rename, fsync of the directory). Unavailable on I/O failure.
   Status WriteJson(const std::string& path) const;
 
  private:

@@ -18,12 +18,7 @@
 // (HYBRID_*, NO_SHARD) only replica 0 writes: every replica holds the same
 // shards. NO_SHARD therefore writes one file.
 //
-// index.json: {"format": "shardkit.sharded_checkpoint", "format_version": 1,
-//   "checkpoint_id", "model", "world_size", "shard_group_size", "strategy",
-//   "step", "optimizer": null | {"kind", "state_names": [...], "lr", ...},
-//   "units": [{"name", "unpadded_numel", "padded_numel", "shard_numel",
-//              "optimizer_step", "params": [{"name", "shape", "offset", "numel"}]}],
-//   "files": [{"name", "shard_rank", "bytes"}]}
+// index.json: see checkpoint_index.h.
 //
 // Resharding. A parameter's offset in its flat parameter does not depend on
 // the group size (only the trailing padding does), and master weights and
@@ -33,8 +28,8 @@
 // zero, as padding always is). Each rank reads only the files it needs from
 // the shared filesystem.
 //
-// Atomicity. Files are written into "<dir>.tmp" (each file itself written to a
-// temporary, fsynced and renamed by WriteSafeTensors), then rank 0 writes the
+// Atomicity. Files are written into "<dir>.tmp" (each file itself written
+// durably by WriteFileDurably, runtime/core/file_io.h), then rank 0 writes the
 // index and swaps the directory into place with one renameat2(RENAME_EXCHANGE)
 // (rename when <dir> did not exist) and removes the old one. A save that fails
 // anywhere, on any rank, leaves the previous checkpoint as it was.
@@ -62,15 +57,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/core/shape.h"
 #include "runtime/core/status.h"
+#include "runtime/fsdp/checkpoint_index.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/nn/model.h"
 #include "runtime/optim/optimizer.h"
 
 namespace sk {
-
-inline constexpr int kCheckpointFormatVersion = 1;
 
 // What a checkpoint saves and restores. `units` are the model's units, as
 // given to FullyShardedModel::Create; the optimizer's slots are unit indices
@@ -91,41 +84,6 @@ struct CheckpointOptions {
   std::function<Status(const std::string& path)> on_file_written;
 };
 
-// A parsed and self-consistent index.json.
-struct CheckpointIndex {
-  struct Param {
-    std::string name;
-    Shape shape;
-    int64_t offset = 0;
-    int64_t numel = 0;
-  };
-  struct Unit {
-    std::string name;
-    int64_t unpadded_numel = 0;
-    int64_t padded_numel = 0;
-    int64_t shard_numel = 0;
-    int64_t optimizer_step = 0;  // 0: no optimizer state saved for this unit
-    std::vector<Param> params;
-  };
-  struct File {
-    std::string name;  // "rank-00003.safetensors", relative to the directory
-    int shard_rank = 0;
-    int64_t bytes = 0;
-  };
-  int format_version = kCheckpointFormatVersion;
-  std::string checkpoint_id;
-  std::string model;
-  int world_size = 0;
-  int shard_group_size = 0;
-  std::string strategy;
-  int64_t step = 0;
-  bool has_optimizer = false;
-  std::string optimizer_kind;  // "SGD", "ADAM", "ADAMW"
-  std::vector<std::string> optimizer_state_names;
-  std::vector<Unit> units;
-  std::vector<File> files;
-};
-
 // Writes a sharded checkpoint of `state` at training step `step` to `dir`
 // (created, or replaced if it holds a checkpoint). InvalidArgument if `dir`
 // exists and is not a checkpoint directory (never overwritten) or `state` is
@@ -139,10 +97,6 @@ Status SaveShardedCheckpoint(const std::string& dir, const TrainingState& state,
 // collective or an allocation fails while committing, which is reported as
 // such). Collective.
 StatusOr<int64_t> LoadShardedCheckpoint(const std::string& dir, const TrainingState& state);
-
-// Reads and validates `dir`/index.json alone (no model needed). NotFound if
-// absent, DataLoss if malformed or inconsistent.
-StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& dir);
 
 // Gathers every parameter in full and writes one safetensors file at `path`
 // (world rank 0 writes) with tensors "<unit>.<param>" (f32, the parameter's

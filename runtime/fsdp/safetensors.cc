@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/core/file_io.h"
+
 namespace sk {
 
 namespace {
@@ -36,28 +38,6 @@ StatusOr<DType> ParseSafeTensorsDType(const std::string& s) {
   return InvalidArgumentError("tensor dtype '" + s + "' is not one shardkit computes in (F32, BF16, F16)");
 }
 
-std::string ErrnoText() { return std::strerror(errno); }
-
-Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return UnavailableError("write to '" + path + "' failed: " + ErrnoText());
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return OkStatus();
-}
-
-std::string DirName(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
 
 }  // namespace
 
@@ -112,30 +92,11 @@ Status WriteSafeTensors(const std::string& path, const std::vector<SafeTensorsEn
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
 
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return UnavailableError("cannot create '" + tmp + "': " + ErrnoText());
-  Status s = WriteAll(fd, len, 8, tmp);
-  if (s.ok()) s = WriteAll(fd, json.data(), json.size(), tmp);
-  for (size_t i = 0; s.ok() && i < entries.size(); ++i) {
-    const SafeTensorsEntry& e = entries[i];
-    s = WriteAll(fd, e.data, static_cast<size_t>(e.shape.numel()) * DTypeSize(e.dtype), tmp);
+  std::vector<ByteSpan> pieces = {{len, sizeof len}, {json.data(), json.size()}};
+  for (const SafeTensorsEntry& e : entries) {
+    pieces.push_back({e.data, static_cast<size_t>(e.shape.numel()) * DTypeSize(e.dtype)});
   }
-  if (s.ok() && ::fsync(fd) != 0) s = UnavailableError("fsync of '" + tmp + "' failed: " + ErrnoText());
-  if (::close(fd) != 0 && s.ok()) s = UnavailableError("close of '" + tmp + "' failed: " + ErrnoText());
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = UnavailableError("cannot rename '" + tmp + "' to '" + path + "': " + ErrnoText());
-  }
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  int dfd = ::open(DirName(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);  // best effort: makes the rename durable
-    ::close(dfd);
-  }
-  return OkStatus();
+  return WriteFileDurably(path, pieces);
 }
 
 StatusOr<SafeTensorsFile> SafeTensorsFile::Read(const std::string& path) {

@@ -11,9 +11,9 @@
 // is reported as DataLoss naming the tensor. Files without checksums (written
 // by other tools) are read without verification.
 //
-// Writes are atomic: the file is written to "<path>.tmp.<pid>", fsynced, renamed
-// over `path`, and the directory fsynced, so a crash leaves either the old file
-// or the new one, never a torn one.
+// Writes are atomic and durable (WriteFileDurably in runtime/core/file_io.h:
+// temporary file, fsync, rename over `path`, fsync of the directory), so a
+// crash leaves either the old file or the new one, never a torn one.
 #ifndef SHARDKIT_RUNTIME_FSDP_SAFETENSORS_H_
 #define SHARDKIT_RUNTIME_FSDP_SAFETENSORS_H_
 

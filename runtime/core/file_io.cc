@@ -1,0 +1,120 @@
+#include "runtime/core/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+namespace sk {
+
+namespace {
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return UnavailableError("write to '" + path + "' failed: " + ErrnoText());
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return OkStatus();
+}
+
+std::string TempNameFor(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + ".tmp." + std::to_string(::getpid()) + "." +
+         std::to_string(counter.fetch_add(1, std::memory_order_relaxed));
+}
+
+}  // namespace
+
+std::string ParentDirectory(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+Status FsyncPath(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return UnavailableError("cannot open '" + path + "' to fsync: " + ErrnoText());
+  int rc = ::fsync(fd);
+  const std::string err = rc != 0 ? ErrnoText() : std::string();
+  ::close(fd);
+  if (rc != 0) return UnavailableError("fsync of '" + path + "' failed: " + err);
+  return OkStatus();
+}
+
+Status WriteFileDurably(const std::string& path, const std::vector<ByteSpan>& pieces) {
+  if (path.empty()) return InvalidArgumentError("WriteFileDurably: empty path");
+  const std::string tmp = TempNameFor(path);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return UnavailableError("cannot create '" + tmp + "': " + ErrnoText());
+  Status s;
+  for (size_t i = 0; s.ok() && i < pieces.size(); ++i) {
+    if (pieces[i].size > 0) s = WriteAll(fd, pieces[i].data, pieces[i].size, tmp);
+  }
+  if (s.ok() && ::fsync(fd) != 0) s = UnavailableError("fsync of '" + tmp + "' failed: " + ErrnoText());
+  if (::close(fd) != 0 && s.ok()) s = UnavailableError("close of '" + tmp + "' failed: " + ErrnoText());
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = UnavailableError("cannot rename '" + tmp + "' to '" + path + "': " + ErrnoText());
+  }
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  return FsyncPath(ParentDirectory(path));
+}
+
+Status WriteFileDurably(const std::string& path, std::string_view text) {
+  return WriteFileDurably(path, std::vector<ByteSpan>{{text.data(), text.size()}});
+}
+
+StatusOr<std::string> ReadFileBounded(const std::string& path, int64_t max_bytes, const std::string& what) {
+  if (max_bytes < 0) return InvalidArgumentError("ReadFileBounded: negative limit");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFoundError(what + " '" + path + "' does not exist");
+    return UnavailableError("cannot open " + what + " '" + path + "': " + ErrnoText());
+  }
+  auto too_big = [&](const std::string& size) {
+    return ResourceExhaustedError(what + " '" + path + "' is " + size + ", larger than the limit of " +
+                                  std::to_string(max_bytes) + " bytes (not a " + what + "?)");
+  };
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > max_bytes) {
+    ::close(fd);
+    return too_big(std::to_string(st.st_size) + " bytes");
+  }
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    const int64_t room = max_bytes + 1 - static_cast<int64_t>(out.size());
+    if (room <= 0) {
+      ::close(fd);
+      return too_big("more than " + std::to_string(max_bytes) + " bytes");
+    }
+    ssize_t r = ::read(fd, buf, static_cast<size_t>(std::min<int64_t>(room, sizeof buf)));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      Status s = UnavailableError("cannot read " + what + " '" + path + "': " + ErrnoText());
+      ::close(fd);
+      return s;
+    }
+    if (r == 0) break;
+    out.append(buf, static_cast<size_t>(r));
+  }
+  ::close(fd);
+  return out;
+}
+
+}  // namespace sk

@@ -1,0 +1,63 @@
+// Files that survive crashes, and reads that cannot be made unbounded.
+//
+// Durable writes. Every file shardkit writes for a later run to read
+// (checkpoint files, checkpoint indexes, safetensors state dicts, traces,
+// flight-recorder dumps) goes through WriteFileDurably: the bytes go to a
+// temporary file beside the target ("<path>.tmp.<pid>.<n>", unique within the
+// process so concurrent writers never share one), which is fsynced, renamed
+// over the target, and then the directory is fsynced so the rename itself is
+// on disk. A crash at any instant leaves either the complete old file or the
+// complete new one at `path`, never a torn one, and never a stray temporary
+// after a reported error (it is unlinked).
+//
+// Bounded reads. ReadFileBounded refuses a file larger than a caller-given
+// limit before reading it, and reads at most limit + 1 bytes even from
+// something whose size is not known in advance (a pipe, /dev/zero), so a
+// path pointing at an endless file is an error, not an exhausted process.
+//
+// Thread safety: all functions may be called from any thread; two writers of
+// the same path race only on which complete file wins.
+#ifndef SHARDKIT_RUNTIME_CORE_FILE_IO_H_
+#define SHARDKIT_RUNTIME_CORE_FILE_IO_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/core/status.h"
+
+namespace sk {
+
+// A span of bytes to write; the memory stays owned by the caller.
+struct ByteSpan {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+
+// Writes the concatenation of `pieces` to `path` durably (see above).
+// Unavailable naming the path and the failing system call on any I/O error;
+// the previous file at `path`, if any, is then left as it was.
+Status WriteFileDurably(const std::string& path, const std::vector<ByteSpan>& pieces);
+// Same, for one string.
+Status WriteFileDurably(const std::string& path, std::string_view text);
+
+// fsyncs the directory (or file) at `path`, making renames and creations in it
+// durable. Unavailable naming the path on failure.
+Status FsyncPath(const std::string& path);
+
+// The directory part of `path` ("." for a bare name, "/" for "/x").
+std::string ParentDirectory(const std::string& path);
+
+// Reads the whole file at `path`, at most `max_bytes` bytes. NotFound if it
+// does not exist; ResourceExhausted naming the path and the limit if it is
+// larger (checked with fstat for regular files and by reading at most
+// max_bytes + 1 bytes for anything else); Unavailable for other I/O errors.
+// `what` names the file's role in errors ("checkpoint index").
+StatusOr<std::string> ReadFileBounded(const std::string& path, int64_t max_bytes,
+                                      const std::string& what = "file");
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_CORE_FILE_IO_H_

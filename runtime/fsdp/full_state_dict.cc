@@ -1,0 +1,252 @@
+#include "runtime/fsdp/checkpoint.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "runtime/core/allocator.h"
+#include "runtime/device/device.h"
+#include "runtime/fsdp/checkpoint_internal.h"
+#include "runtime/fsdp/rank_agreement.h"
+#include "runtime/fsdp/safetensors.h"
+
+// Full state dicts: SaveFullStateDict and LoadFullStateDict (see
+// checkpoint.h).
+
+namespace sk {
+
+namespace {
+
+using checkpoint_internal::Commit;
+using checkpoint_internal::JoinNames;
+using checkpoint_internal::LoadedShards;
+using checkpoint_internal::OptimizerKindName;
+using checkpoint_internal::ValidateState;
+
+constexpr char kFullStateDictKind[] = "full_state_dict";
+
+
+StatusOr<std::vector<float>> WidenToF32(const SafeTensorsFile& sf, const std::string& name, const Shape& want,
+                                        const std::string& path, const std::string& what) {
+  SK_ASSIGN_OR_RETURN(SafeTensorsFile::Info info, sf.info(name));
+  if (info.shape != want) {
+    return InvalidArgumentError(what + " '" + name + "' has shape " + info.shape.ToString() + " in '" + path +
+                                "' but " + want.ToString() + " in the model");
+  }
+  SK_ASSIGN_OR_RETURN(const void* data, sf.data(name));
+  const size_t n = static_cast<size_t>(want.numel());
+  std::vector<float> out(n);
+  switch (info.dtype) {
+    case DType::kF32:
+      if (n > 0) std::memcpy(out.data(), data, n * sizeof(float));
+      break;
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) out[i] = BF16ToFloat(static_cast<const BF16*>(data)[i]);
+      break;
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) out[i] = F16ToFloat(static_cast<const F16*>(data)[i]);
+      break;
+    case DType::kInvalid:
+      return InvalidArgumentError(what + " '" + name + "' in '" + path + "' has an invalid dtype");
+  }
+  return out;
+}
+
+std::string FullOptimName(const std::string& state_name, const std::string& param) {
+  return "optimizer." + state_name + "." + param;
+}
+
+// Builds this rank's shards from a full state dict file.
+Status ReadFullStateDict(const std::string& path, const TrainingState& state, LoadedShards* out) {
+  FullyShardedModel& f = *state.fsdp;
+  const auto& units = *state.units;
+  SK_ASSIGN_OR_RETURN(SafeTensorsFile sf, SafeTensorsFile::Read(path));
+  const auto& meta = sf.metadata();
+  auto get = [&](const std::string& key) -> std::string {
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string() : it->second;
+  };
+  auto parse_int = [&](const std::string& key, int64_t* v) -> Status {
+    const std::string s = get(key);
+    if (s.empty()) return OkStatus();
+    char* end = nullptr;
+    errno = 0;
+    long long x = std::strtoll(s.c_str(), &end, 10);
+    if (errno != 0 || end == s.c_str() || *end != '\0' || x < 0) {
+      return DataLossError("'" + path + "': metadata '" + key + "' is '" + s + "', not a step count");
+    }
+    *v = x;
+    return OkStatus();
+  };
+  out->step = 0;
+  SK_RETURN_IF_ERROR(parse_int("shardkit.step", &out->step));
+
+  // Optimizer state is restored only if the file has it and we have an optimizer.
+  std::vector<std::string> file_states;
+  const bool file_has_optim = meta.count("shardkit.optimizer.state_names") != 0;
+  if (file_has_optim) {
+    std::stringstream ss(get("shardkit.optimizer.state_names"));
+    for (std::string s; std::getline(ss, s, ',');) {
+      if (!s.empty()) file_states.push_back(s);
+    }
+  }
+  out->has_optimizer = file_has_optim && state.optimizer != nullptr;
+  if (out->has_optimizer && file_states != state.optimizer->StateNames()) {
+    return InvalidArgumentError("'" + path + "': the optimizer state " + JoinNames(file_states) +
+                                " does not match this optimizer's " +
+                                JoinNames(state.optimizer->StateNames()));
+  }
+
+  std::set<std::string> expected;
+  const int shard_rank = f.shard_group().rank();
+  out->master.assign(f.num_units(), {});
+  out->optim.assign(f.num_units(), {});
+  out->optimizer_step.assign(f.num_units(), 0);
+  for (int u = 0; u < f.num_units(); ++u) {
+    const FlatParamLayout& l = f.layout(u);
+    const auto slices = l.ShardSlices(shard_rank);
+    out->master[u].assign(static_cast<size_t>(l.shard_numel()), 0.f);
+    int64_t ostep = 0;
+    if (file_has_optim) SK_RETURN_IF_ERROR(parse_int("shardkit.optimizer.step." + std::to_string(u), &ostep));
+    out->optimizer_step[u] = ostep;
+    if (out->has_optimizer) {
+      out->optim[u].assign(file_states.size(), std::vector<float>(static_cast<size_t>(l.shard_numel()), 0.f));
+    }
+    // Reads `name` (the full tensor of parameter p) into this rank's slices of `dst`.
+    auto take = [&](const std::string& name, int p, const std::string& what,
+                    std::vector<float>& dst) -> Status {
+      if (!sf.contains(name)) {
+        return InvalidArgumentError(what + " '" + name + "' is missing from '" + path + "'");
+      }
+      SK_ASSIGN_OR_RETURN(std::vector<float> full, WidenToF32(sf, name, l.params()[p].shape, path, what));
+      for (const auto& s : slices) {
+        if (s.param != p) continue;
+        std::copy(full.begin() + s.param_begin, full.begin() + s.param_end, dst.begin() + s.shard_offset);
+      }
+      return OkStatus();
+    };
+    for (size_t p = 0; p < l.params().size(); ++p) {
+      const std::string name = FullParamName(units[u], units[u].params[p]);
+      expected.insert(name);
+      SK_RETURN_IF_ERROR(take(name, static_cast<int>(p), "parameter", out->master[u]));
+      if (file_has_optim && ostep > 0) {
+        for (size_t i = 0; i < file_states.size(); ++i) {
+          const std::string oname = FullOptimName(file_states[i], name);
+          expected.insert(oname);
+          if (!out->has_optimizer) continue;
+          SK_RETURN_IF_ERROR(take(oname, static_cast<int>(p), "optimizer state", out->optim[u][i]));
+        }
+      }
+    }
+  }
+  for (const std::string& name : sf.names()) {
+    if (expected.count(name) == 0) {
+      return InvalidArgumentError("tensor '" + name + "' in '" + path + "' is not a parameter of this model");
+    }
+  }
+  return OkStatus();
+}
+
+// All-gathers a flat shard of `f`'s unit `unit` (f32, shard_numel elements)
+// into a full flat buffer.
+StatusOr<Tensor> GatherFlat(FullyShardedModel& f, Stream& stream, int unit, const float* shard) {
+  const FlatParamLayout& l = f.layout(unit);
+  Allocator& host = HostAllocator::Default();
+  SK_ASSIGN_OR_RETURN(Tensor in, host.Empty(DType::kF32, Shape{l.shard_numel()}));
+  SK_ASSIGN_OR_RETURN(Tensor out, host.Empty(DType::kF32, Shape{l.padded_numel()}));
+  if (in.nbytes() > 0) std::memcpy(in.data(), shard, in.nbytes());
+  comm::CollectiveOptions co;
+  co.timeout = f.options().timeout;
+  SK_ASSIGN_OR_RETURN(auto work, f.shard_group().all_gather(out, in, stream, co));
+  SK_RETURN_IF_ERROR(work->wait(f.options().timeout).WithContext("gathering unit " + std::to_string(unit)));
+  return out;
+}
+
+}  // namespace
+
+Status SaveFullStateDict(const std::string& path, const TrainingState& state, int64_t step) {
+  SK_RETURN_IF_ERROR(ValidateState(state, "SaveFullStateDict"));
+  if (step < 0) return InvalidArgumentError("SaveFullStateDict: negative step " + std::to_string(step));
+  FullyShardedModel& f = *state.fsdp;
+  const auto& units = *state.units;
+  SK_ASSIGN_OR_RETURN(auto sync, RankAgreement::Create(f));
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(f.activation_allocator().device()));
+  SK_ASSIGN_OR_RETURN(auto stream,
+                      device->CreateStream("full state dict (rank " + std::to_string(f.rank()) + ")"));
+  const bool root = f.rank() == 0;
+  std::vector<std::string> state_names =
+      state.optimizer ? state.optimizer->StateNames() : std::vector<std::string>{};
+
+  // Every rank makes the same sequence of gathers (decided by step counts,
+  // which all ranks share); a local failure is carried to the agreement.
+  Status local;
+  std::vector<Tensor> flats;  // rank 0's, alive until written
+  std::vector<SafeTensorsEntry> entries;
+  std::map<std::string, std::string> meta = {
+      {"shardkit.kind", kFullStateDictKind},
+      {"shardkit.format_version", std::to_string(kCheckpointFormatVersion)},
+      {"shardkit.model", state.model_name},
+      {"shardkit.step", std::to_string(step)}};
+  auto add = [&](const Tensor& flat, int u, const std::string& prefix) {
+    for (size_t p = 0; p < units[u].params.size(); ++p) {
+      const auto& lp = f.layout(u).params()[p];
+      entries.push_back({prefix + FullParamName(units[u], units[u].params[p]), DType::kF32, lp.shape,
+                         flat.data_as<float>() + lp.offset});
+    }
+  };
+  for (int u = 0; u < f.num_units(); ++u) {
+    SK_ASSIGN_OR_RETURN(Tensor flat, GatherFlat(f, *stream, u, f.master_shard(u).data_as<float>()));
+    if (root) {
+      add(flat, u, "");
+      flats.push_back(std::move(flat));
+    }
+    if (state.optimizer == nullptr) continue;
+    const int64_t ostep = state.optimizer->step_count(u);
+    meta["shardkit.optimizer.step." + std::to_string(u)] = std::to_string(ostep);
+    if (ostep == 0) continue;
+    for (const std::string& name : state_names) {
+      std::vector<float> zeros;
+      const float* shard = nullptr;
+      StatusOr<Tensor> t = state.optimizer->State(u, name);
+      if (t.ok() && t->numel() == f.layout(u).shard_numel()) {
+        shard = t->data_as<float>();
+      } else {
+        if (local.ok()) {
+          local = t.ok() ? InternalError("optimizer state '" + name + "' has the wrong size") : t.status();
+        }
+        zeros.assign(static_cast<size_t>(f.layout(u).shard_numel()), 0.f);
+        shard = zeros.data();
+      }
+      SK_ASSIGN_OR_RETURN(Tensor oflat, GatherFlat(f, *stream, u, shard));
+      if (root) {
+        add(oflat, u, "optimizer." + name + ".");
+        flats.push_back(std::move(oflat));
+      }
+    }
+  }
+  if (state.optimizer != nullptr) {
+    std::string joined;
+    for (size_t i = 0; i < state_names.size(); ++i) joined += (i ? "," : "") + state_names[i];
+    meta["shardkit.optimizer.kind"] = OptimizerKindName(state.optimizer->options().kind);
+    meta["shardkit.optimizer.state_names"] = joined;
+  }
+  SK_RETURN_IF_ERROR(sync->Agree(local));
+  return sync->Agree(root ? WriteSafeTensors(path, entries, meta) : OkStatus())
+      .WithContext("saving full state dict '" + path + "'");
+}
+
+StatusOr<int64_t> LoadFullStateDict(const std::string& path, const TrainingState& state) {
+  SK_RETURN_IF_ERROR(ValidateState(state, "LoadFullStateDict"));
+  SK_ASSIGN_OR_RETURN(auto sync, RankAgreement::Create(*state.fsdp));
+  LoadedShards loaded;
+  SK_RETURN_IF_ERROR(sync->Agree(ReadFullStateDict(path, state, &loaded))
+                         .WithContext("loading full state dict '" + path + "' (nothing was changed)"));
+  SK_RETURN_IF_ERROR(sync->Agree(Commit(state, loaded)));
+  return loaded.step;
+}
+
+}  // namespace sk

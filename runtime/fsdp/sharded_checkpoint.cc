@@ -1,0 +1,370 @@
+#include "runtime/fsdp/checkpoint.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "runtime/core/file_io.h"
+#include "runtime/fsdp/checkpoint_internal.h"
+#include "runtime/fsdp/rank_agreement.h"
+#include "runtime/fsdp/safetensors.h"
+
+// Sharded checkpoints: SaveShardedCheckpoint and LoadShardedCheckpoint (see
+// checkpoint.h for the layout on disk, resharding and atomicity).
+
+namespace sk {
+
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint_internal::Commit;
+using checkpoint_internal::IsWriter;
+using checkpoint_internal::JoinNames;
+using checkpoint_internal::LoadedShards;
+using checkpoint_internal::MasterName;
+using checkpoint_internal::OptimizerKindName;
+using checkpoint_internal::OptimName;
+using checkpoint_internal::StripTrailingSlashes;
+using checkpoint_internal::ValidateState;
+
+std::string ErrnoText() { return std::strerror(errno); }
+std::string RankFileName(int shard_rank) { return CheckpointRankFileName(shard_rank); }
+
+// Puts directory `tmp` at `dir`. An existing `dir` is swapped out in one
+// atomic step (RENAME_EXCHANGE) and then removed, so at every instant `dir`
+// is either the complete old checkpoint or the complete new one.
+Status SwapDirectoryIntoPlace(const std::string& tmp, const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) {
+    if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+      return UnavailableError("rename '" + tmp + "' -> '" + dir + "' failed: " + ErrnoText());
+    }
+  } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(tmp, ec);  // now the old checkpoint; a leftover is harmless
+  } else if (errno == EINVAL || errno == ENOSYS) {
+    // Filesystems without RENAME_EXCHANGE: a short window where only
+    // "<dir>.old" holds the previous checkpoint.
+    const std::string old = dir + ".old";
+    fs::remove_all(old, ec);
+    if (::rename(dir.c_str(), old.c_str()) != 0) {
+      return UnavailableError("rename '" + dir + "' -> '" + old + "' failed: " + ErrnoText());
+    }
+    if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+      Status s = UnavailableError("rename '" + tmp + "' -> '" + dir + "' failed: " + ErrnoText());
+      if (::rename(old.c_str(), dir.c_str()) != 0) {
+        return s.WithContext("previous checkpoint left at '" + old + "'");
+      }
+      return s;
+    }
+    fs::remove_all(old, ec);
+  } else {
+    return UnavailableError("exchanging '" + tmp + "' and '" + dir + "' failed: " + ErrnoText());
+  }
+  return FsyncPath(ParentDirectory(dir));
+}
+
+std::string NewCheckpointId() {
+  std::random_device rd;
+  const uint64_t t = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%08llx", static_cast<unsigned long long>(t),
+                static_cast<unsigned long long>(r & 0xffffffffu));
+  return buf;
+}
+
+// The model's side of an index: what this rank would write.
+CheckpointIndex IndexOf(const TrainingState& state, int64_t step) {
+  FullyShardedModel& f = *state.fsdp;
+  CheckpointIndex ix;
+  ix.model = state.model_name;
+  ix.world_size = f.world_size();
+  ix.shard_group_size = f.shard_group_size();
+  ix.strategy = ShardingStrategyName(f.options().strategy);
+  ix.step = step;
+  ix.has_optimizer = state.optimizer != nullptr;
+  if (ix.has_optimizer) {
+    ix.optimizer_kind = OptimizerKindName(state.optimizer->options().kind);
+    ix.optimizer_state_names = state.optimizer->StateNames();
+  }
+  for (int u = 0; u < f.num_units(); ++u) {
+    const FlatParamLayout& l = f.layout(u);
+    CheckpointIndex::Unit unit;
+    unit.name = (*state.units)[u].name;
+    unit.unpadded_numel = l.unpadded_numel();
+    unit.padded_numel = l.padded_numel();
+    unit.shard_numel = l.shard_numel();
+    unit.optimizer_step = state.optimizer ? state.optimizer->step_count(u) : 0;
+    for (const auto& p : l.params()) unit.params.push_back({p.name, p.shape, p.offset, p.numel});
+    ix.units.push_back(std::move(unit));
+  }
+  return ix;
+}
+
+// InvalidArgument naming the first unit or parameter where the checkpoint
+// and the model differ.
+Status CheckSameModel(const CheckpointIndex& ix, const TrainingState& state) {
+  const FullyShardedModel& f = *state.fsdp;
+  const auto& units = *state.units;
+  const size_t n = std::min(ix.units.size(), units.size());
+  for (size_t u = 0; u < n; ++u) {
+    const auto& cu = ix.units[u];
+    const auto& mp = f.layout(static_cast<int>(u)).params();
+    if (cu.name != units[u].name) {
+      return InvalidArgumentError("checkpoint unit " + std::to_string(u) + " is '" + cu.name +
+                                  "', the model's is '" + units[u].name + "'");
+    }
+    const size_t np = std::min(cu.params.size(), mp.size());
+    for (size_t i = 0; i < np; ++i) {
+      const auto& cp = cu.params[i];
+      const std::string full = units[u].name + "." + mp[i].name;
+      if (cp.name != mp[i].name) {
+        return InvalidArgumentError("parameter " + std::to_string(i) + " of unit '" + cu.name + "' is '" +
+                                    cp.name + "' in the checkpoint but '" + full + "' in the model");
+      }
+      if (cp.shape != mp[i].shape) {
+        return InvalidArgumentError("parameter '" + full + "' has shape " + cp.shape.ToString() +
+                                    " in the checkpoint but " + mp[i].shape.ToString() + " in the model");
+      }
+      if (cp.offset != mp[i].offset) {
+        return InvalidArgumentError("parameter '" + full + "' is at flat offset " +
+                                    std::to_string(cp.offset) + " in the checkpoint but " +
+                                    std::to_string(mp[i].offset) + " in the model");
+      }
+    }
+    if (cu.params.size() != mp.size()) {
+      const std::string extra = cu.params.size() > mp.size()
+                                    ? "checkpoint parameter '" + cu.name + "." + cu.params[np].name + "'"
+                                    : "model parameter '" + units[u].name + "." + mp[np].name + "'";
+      return InvalidArgumentError(extra + " has no counterpart (unit '" + cu.name + "' has " +
+                                  std::to_string(cu.params.size()) + " parameters in the checkpoint, " +
+                                  std::to_string(mp.size()) + " in the model)");
+    }
+  }
+  if (ix.units.size() != units.size()) {
+    return InvalidArgumentError("the checkpoint has " + std::to_string(ix.units.size()) +
+                                " units, the model " + std::to_string(units.size()));
+  }
+  if (state.optimizer != nullptr && ix.has_optimizer &&
+      ix.optimizer_state_names != state.optimizer->StateNames()) {
+    return InvalidArgumentError("the checkpoint's optimizer (" + ix.optimizer_kind + ") has state " +
+                                JoinNames(ix.optimizer_state_names) + ", this optimizer (" +
+                                OptimizerKindName(state.optimizer->options().kind) + ") has " +
+                                JoinNames(state.optimizer->StateNames()));
+  }
+  return OkStatus();
+}
+
+// Reads this rank's new shards from the files of a sharded checkpoint.
+Status ReadShards(const std::string& dir, const CheckpointIndex& ix, const TrainingState& state,
+                  LoadedShards* out) {
+  FullyShardedModel& f = *state.fsdp;
+  const int new_rank = f.shard_group().rank();
+  const bool want_optim = state.optimizer != nullptr && ix.has_optimizer;
+  const size_t num_states = want_optim ? ix.optimizer_state_names.size() : 0;
+  const int num_units = f.num_units();
+  out->has_optimizer = want_optim;
+  out->step = ix.step;
+  out->master.assign(num_units, {});
+  out->optim.assign(num_units, {});
+  out->optimizer_step.assign(num_units, 0);
+  std::vector<int64_t> begin(num_units);
+  for (int u = 0; u < num_units; ++u) {
+    const int64_t s = f.layout(u).shard_numel();
+    begin[u] = new_rank * s;
+    out->master[u].assign(static_cast<size_t>(s), 0.f);
+    out->optim[u].assign(num_states, std::vector<float>(static_cast<size_t>(s), 0.f));
+    out->optimizer_step[u] = ix.units[u].optimizer_step;
+  }
+  for (const auto& file : ix.files) {
+    const int k = file.shard_rank;
+    bool needed = false;
+    for (int u = 0; u < num_units; ++u) {
+      const int64_t old_s = ix.units[u].shard_numel;
+      const int64_t lo = std::max(begin[u], k * old_s);
+      const int64_t hi = std::min(begin[u] + f.layout(u).shard_numel(), (k + 1) * old_s);
+      needed = needed || lo < hi;
+    }
+    if (!needed) continue;
+    const std::string path = dir + "/" + file.name;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      return NotFoundError("checkpoint file '" + path + "' is missing (listed in the index)");
+    }
+    if (static_cast<int64_t>(st.st_size) != file.bytes) {
+      return DataLossError("checkpoint file '" + path + "' is " + std::to_string(st.st_size) +
+                           " bytes, the index says " + std::to_string(file.bytes) +
+                           " (truncated or replaced)");
+    }
+    SK_ASSIGN_OR_RETURN(SafeTensorsFile sf, SafeTensorsFile::Read(path));
+    auto id = sf.metadata().find("checkpoint_id");
+    if (id == sf.metadata().end() || id->second != ix.checkpoint_id) {
+      return DataLossError("checkpoint file '" + path + "' belongs to another checkpoint (id '" +
+                           (id == sf.metadata().end() ? std::string("none") : id->second) + "', index '" +
+                           ix.checkpoint_id + "')");
+    }
+    // Copies flat elements [lo, hi) of tensor `name` (old shard k) into `dst`.
+    auto copy = [&](int u, const std::string& name, std::vector<float>& dst) -> Status {
+      const int64_t old_s = ix.units[u].shard_numel;
+      StatusOr<SafeTensorsFile::Info> info = sf.info(name);
+      if (!info.ok()) return DataLossError("checkpoint file '" + path + "' lacks tensor '" + name + "'");
+      if (info->dtype != DType::kF32 || info->shape != Shape{old_s}) {
+        return DataLossError("tensor '" + name + "' in '" + path + "' is " +
+                             std::string(DTypeName(info->dtype)) + info->shape.ToString() +
+                             ", the index says f32[" + std::to_string(old_s) + "]");
+      }
+      const int64_t lo = std::max(begin[u], k * old_s);
+      const int64_t hi = std::min(begin[u] + f.layout(u).shard_numel(), (k + 1) * old_s);
+      if (lo >= hi) return OkStatus();
+      SK_ASSIGN_OR_RETURN(const void* data, sf.data(name));
+      std::memcpy(dst.data() + (lo - begin[u]), static_cast<const float*>(data) + (lo - k * old_s),
+                  static_cast<size_t>(hi - lo) * sizeof(float));
+      return OkStatus();
+    };
+    for (int u = 0; u < num_units; ++u) {
+      SK_RETURN_IF_ERROR(copy(u, MasterName(u), out->master[u]));
+      if (want_optim && ix.units[u].optimizer_step > 0) {
+        for (size_t i = 0; i < num_states; ++i) {
+          SK_RETURN_IF_ERROR(copy(u, OptimName(u, ix.optimizer_state_names[i]), out->optim[u][i]));
+        }
+      }
+    }
+  }
+  return OkStatus();
+}
+
+Status CheckWritableCheckpointDir(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return OkStatus();
+  if (!fs::is_directory(dir, ec)) {
+    return InvalidArgumentError("'" + dir + "' exists and is not a directory; not overwriting it");
+  }
+  if (!fs::is_empty(dir, ec) && !fs::exists(dir + "/" + kCheckpointIndexName, ec)) {
+    return InvalidArgumentError("'" + dir + "' is a non-empty directory without " + kCheckpointIndexName +
+                                " (not a checkpoint); not overwriting it");
+  }
+  return OkStatus();
+}
+
+// Rank 0's part of a save before anyone writes: check the target and make a
+// fresh temporary directory.
+Status PrepareTempDir(const std::string& dir, const std::string& tmp) {
+  SK_RETURN_IF_ERROR(CheckWritableCheckpointDir(dir));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (ec) return UnavailableError("cannot remove stale '" + tmp + "': " + ec.message());
+  fs::create_directories(tmp, ec);
+  if (ec) return UnavailableError("cannot create '" + tmp + "': " + ec.message());
+  return OkStatus();
+}
+
+Status WriteRankFile(const std::string& tmp, const TrainingState& state, const std::string& id, int64_t step,
+                     const CheckpointOptions& options) {
+  FullyShardedModel& f = *state.fsdp;
+  const int shard_rank = f.shard_group().rank();
+  std::vector<SafeTensorsEntry> entries;
+  std::vector<Tensor> keep;  // optimizer state tensors stay alive until written
+  for (int u = 0; u < f.num_units(); ++u) {
+    const int64_t n = f.layout(u).shard_numel();
+    entries.push_back({MasterName(u), DType::kF32, Shape{n}, f.master_shard(u).data()});
+    if (state.optimizer != nullptr && state.optimizer->step_count(u) > 0) {
+      for (const std::string& name : state.optimizer->StateNames()) {
+        SK_ASSIGN_OR_RETURN(Tensor t, state.optimizer->State(u, name));
+        if (t.dtype() != DType::kF32 || t.numel() != n) {
+          return InternalError("optimizer state '" + name + "' of unit " + std::to_string(u) + " is " +
+                               t.ToString() + ", expected f32[" + std::to_string(n) + "]");
+        }
+        entries.push_back({OptimName(u, name), DType::kF32, Shape{n}, t.data()});
+        keep.push_back(std::move(t));
+      }
+    }
+  }
+  std::map<std::string, std::string> meta = {
+      {"checkpoint_id", id},
+      {"shard_rank", std::to_string(shard_rank)},
+      {"shard_group_size", std::to_string(f.shard_group_size())},
+      {"step", std::to_string(step)},
+  };
+  const std::string path = tmp + "/" + RankFileName(shard_rank);
+  SK_RETURN_IF_ERROR(WriteSafeTensors(path, entries, meta));
+  if (options.on_file_written) SK_RETURN_IF_ERROR(options.on_file_written(path));
+  return OkStatus();
+}
+
+Status WriteIndex(const std::string& tmp, const TrainingState& state, const std::string& id, int64_t step) {
+  CheckpointIndex ix = IndexOf(state, step);
+  ix.checkpoint_id = id;
+  for (int k = 0; k < ix.shard_group_size; ++k) {
+    CheckpointIndex::File file;
+    file.name = RankFileName(k);
+    file.shard_rank = k;
+    struct stat st;
+    const std::string path = tmp + "/" + file.name;
+    if (::stat(path.c_str(), &st) != 0) {
+      return UnavailableError("'" + path + "' written by shard rank " + std::to_string(k) +
+                              " is not visible to rank 0 (is the directory on a shared filesystem?)");
+    }
+    file.bytes = static_cast<int64_t>(st.st_size);
+    ix.files.push_back(std::move(file));
+  }
+  return WriteFileDurably(tmp + "/" + kCheckpointIndexName,
+                          SerializeCheckpointIndex(ix, state.optimizer ? &state.optimizer->options() : nullptr));
+}
+}  // namespace
+
+Status SaveShardedCheckpoint(const std::string& dir_in, const TrainingState& state, int64_t step,
+                             const CheckpointOptions& options) {
+  SK_RETURN_IF_ERROR(ValidateState(state, "SaveShardedCheckpoint"));
+  if (step < 0) return InvalidArgumentError("SaveShardedCheckpoint: negative step " + std::to_string(step));
+  if (dir_in.empty()) return InvalidArgumentError("SaveShardedCheckpoint: empty directory name");
+  FullyShardedModel& f = *state.fsdp;
+  const std::string dir = StripTrailingSlashes(dir_in);
+  const std::string tmp = dir + ".tmp";
+  SK_ASSIGN_OR_RETURN(auto sync, RankAgreement::Create(f));
+  const bool root = f.rank() == 0;
+
+  SK_RETURN_IF_ERROR(sync->Agree(root ? PrepareTempDir(dir, tmp) : OkStatus()));
+  SK_ASSIGN_OR_RETURN(std::string id, sync->FromRankZero(root ? NewCheckpointId() : std::string()));
+  Status wrote = IsWriter(f) ? WriteRankFile(tmp, state, id, step, options) : OkStatus();
+  Status s = sync->Agree(wrote);
+  if (s.ok()) {
+    Status committed;
+    if (root) {
+      committed = WriteIndex(tmp, state, id, step);
+      if (committed.ok()) committed = SwapDirectoryIntoPlace(tmp, dir);
+    }
+    s = sync->Agree(committed);
+  }
+  if (!s.ok() && root) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+  }
+  return s.WithContext("saving checkpoint '" + dir + "' (the previous one, if any, is intact)");
+}
+
+StatusOr<int64_t> LoadShardedCheckpoint(const std::string& dir_in, const TrainingState& state) {
+  SK_RETURN_IF_ERROR(ValidateState(state, "LoadShardedCheckpoint"));
+  FullyShardedModel& f = *state.fsdp;
+  const std::string dir = StripTrailingSlashes(dir_in);
+  SK_ASSIGN_OR_RETURN(auto sync, RankAgreement::Create(f));
+  LoadedShards loaded;
+  Status read = [&]() -> Status {
+    SK_ASSIGN_OR_RETURN(CheckpointIndex ix, ReadCheckpointIndex(dir));
+    SK_RETURN_IF_ERROR(CheckSameModel(ix, state));
+    return ReadShards(dir, ix, state, &loaded);
+  }();
+  SK_RETURN_IF_ERROR(sync->Agree(read).WithContext("loading checkpoint '" + dir + "' (nothing was changed)"));
+  SK_RETURN_IF_ERROR(sync->Agree(Commit(state, loaded)));
+  return loaded.step;
+}
+
+}  // namespace sk
