@@ -20,14 +20,42 @@ int Device::CudaDeviceCount() {
 #endif
 }
 
-StatusOr<Device*> Device::Get(DeviceId id) {
+namespace {
+
+std::mutex& RegistryMutex() {
   static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+
+// Factories of device kinds implemented above this layer; guarded by RegistryMutex.
+std::map<int, Device::Factory>& Factories() {
+  static auto* factories = new std::map<int, Device::Factory>;
+  return *factories;
+}
+
+}  // namespace
+
+Status Device::RegisterFactory(DeviceKind kind, Factory factory) {
+  if (kind == DeviceKind::kCpu || kind == DeviceKind::kCuda) {
+    return InvalidArgumentError("RegisterFactory: " + DeviceId{kind, 0}.ToString() +
+                                " devices are built in");
+  }
+  if (!factory) return InvalidArgumentError("RegisterFactory with a null factory");
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  if (!Factories().emplace(static_cast<int>(kind), std::move(factory)).second) {
+    return AlreadyExistsError("a device factory for kind " +
+                              std::to_string(static_cast<int>(kind)) + " is already registered");
+  }
+  return OkStatus();
+}
+
+StatusOr<Device*> Device::Get(DeviceId id) {
   // Devices live for the whole process: streams and allocators refer to them.
   static auto* devices = new std::map<std::pair<int, int>, std::unique_ptr<Device>>;
   if (id.index < 0) {
     return InvalidArgumentError("negative device index in " + id.ToString());
   }
-  std::lock_guard<std::mutex> lock(*mu);
+  std::lock_guard<std::mutex> lock(RegistryMutex());
   auto key = std::make_pair(static_cast<int>(id.kind), id.index);
   auto it = devices->find(key);
   if (it != devices->end()) return it->second.get();
@@ -45,9 +73,24 @@ StatusOr<Device*> Device::Get(DeviceId id) {
                               id.ToString() + " is not available");
 #endif
     }
-    default:
-      return InvalidArgumentError("unknown device kind " +
-                                  std::to_string(static_cast<int>(id.kind)));
+    default: {
+      auto factory = Factories().find(static_cast<int>(id.kind));
+      if (factory == Factories().end()) {
+        if (id.is_sim()) {
+          return UnavailableError(id.ToString() +
+                                  ": sim devices come from //runtime/sim, which registers them "
+                                  "(sim::SimDevice::Get); it is not linked or not yet used");
+        }
+        return InvalidArgumentError("unknown device kind " +
+                                    std::to_string(static_cast<int>(id.kind)));
+      }
+      SK_ASSIGN_OR_RETURN(device, factory->second(id.index));
+      if (device == nullptr || device->id() != id) {
+        return InternalError("the device factory for " + id.ToString() +
+                             " returned a device of another id");
+      }
+      break;
+    }
   }
   Device* raw = device.get();
   devices->emplace(key, std::move(device));

@@ -33,6 +33,7 @@
 
 #include "runtime/core/device_kind.h"
 #include "runtime/core/status.h"
+#include "runtime/core/trace.h"
 
 namespace sk {
 
@@ -104,6 +105,14 @@ class Device {
   // (cudaErrorInsufficientDriver) or without a GPU. Never an error.
   static int CudaDeviceCount();
 
+  // Device kinds implemented above this layer (kSim, by runtime/sim) register
+  // how Get creates their devices. `factory` is called under Get's lock, once
+  // per index, and must not call Get. InvalidArgument for kCpu/kCuda or a null
+  // factory; AlreadyExists if `kind` has a factory. Until one is registered,
+  // Get returns Unavailable for ids of that kind. Thread-safe.
+  using Factory = std::function<StatusOr<std::unique_ptr<Device>>(int index)>;
+  static Status RegisterFactory(DeviceKind kind, Factory factory);
+
   virtual DeviceId id() const = 0;
 
   // A new stream. `name` labels it in traces and errors.
@@ -119,6 +128,13 @@ class Device {
   // Copies `bytes` bytes in stream order. Host pointers are valid on CPU
   // devices; on CUDA either side may be host or device memory (cudaMemcpyDefault).
   virtual Status CopyAsync(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
+
+  // The trace timestamp (microseconds) of "now" for the calling thread on this
+  // device: the wall clock (TraceRecorder::NowMicros) on CPU and CUDA, the
+  // calling thread's virtual host clock on sim. Components that trace what
+  // they do to the device's memory or streams (the caching allocator) use it
+  // so their events line up with the device's. Thread-safe.
+  virtual double TraceNowMicros() const { return TraceRecorder::NowMicros(); }
 };
 
 }  // namespace sk

@@ -250,8 +250,13 @@ StatusOr<std::shared_ptr<Storage>> CachingAllocator::Allocate(size_t bytes, Stre
     if (!retried) {
       retried = true;
       ++stats_.num_alloc_retries;
+      // Returning segments to the device synchronises it on CUDA (cudaFree)
+      // and on sim (its RawFree advances the host clock past every stream):
+      // the stall the rate limiter exists to avoid. Traced on its own track.
+      const double start_us = trace_.enabled() ? device_->TraceNowMicros() : 0;
       ProcessPendingFrees();
       ReleaseCachedSegments();
+      if (trace_.enabled()) TraceRetry(start_us, size);
       continue;
     }
     ++stats_.num_ooms;
@@ -645,8 +650,18 @@ Status CachingAllocator::CheckInvariants() const {
   return OkStatus();
 }
 
+void CachingAllocator::TraceRetry(double start_us, size_t request) {
+  if (!retry_track_named_) {
+    retry_track_named_ = true;
+    trace_.NameTrack(device_id_.index, kRetryTraceTrack, "allocator retries");
+  }
+  trace_.Complete("alloc retry (" + FormatBytes(static_cast<int64_t>(request)) + ")", "memory",
+                  device_id_.index, kRetryTraceTrack, start_us,
+                  device_->TraceNowMicros() - start_us);
+}
+
 void CachingAllocator::EmitTraceCountersSlow() {
-  trace_.Counter("memory " + device_id_.ToString(), device_id_.index, TraceRecorder::NowMicros(),
+  trace_.Counter("memory " + device_id_.ToString(), device_id_.index, device_->TraceNowMicros(),
                  {{"allocated", static_cast<double>(stats_.allocated_bytes.current)},
                   {"reserved", static_cast<double>(stats_.reserved_bytes.current)}});
 }

@@ -200,7 +200,13 @@ class CachingAllocator {
     if (trace_.enabled()) EmitTraceCountersSlow();
   }
   void EmitTraceCountersSlow();
+  // A span on the allocator's own trace track, from `start_us` to now, for
+  // one alloc retry of a `request`-byte block.
+  void TraceRetry(double start_us, size_t request);
   std::string DescribeStats() const;
+
+  // The trace track (tid) of alloc retries, within the device's process.
+  static constexpr int64_t kRetryTraceTrack = 900'000'000;
 
   Device* const device_;
   const DeviceId device_id_;
@@ -217,6 +223,7 @@ class CachingAllocator {
   std::vector<PendingFree> pending_;
   std::vector<std::shared_ptr<Event>> spare_events_;
   MemoryStats stats_;
+  bool retry_track_named_ = false;
 };
 
 // sk::Allocator over a CachingAllocator and one stream: the core interface that

@@ -1,0 +1,461 @@
+#include "runtime/sim/sim_device.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+namespace sk::sim {
+
+namespace {
+
+// Virtual addresses: from 2^56 up, above every canonical user address of
+// x86-64 (4- and 5-level paging) and AArch64, so nothing can be mapped there
+// and an accidental dereference faults. Shared by all sim devices so that
+// IsSimAddress is one range check.
+constexpr uintptr_t kAddressBase = uintptr_t{1} << 56;
+constexpr uintptr_t kAddressAlignment = 512;
+std::atomic<uintptr_t> g_next_address{kAddressBase};
+
+// Sim stream ids, apart from the CPU streams' small ids (trace tracks and
+// the allocator's per-stream pools key on them).
+std::atomic<int64_t> g_next_stream_id{500'000'000};
+// Trace tracks of host threads within a device's trace process.
+constexpr int64_t kHostTrackBase = 800'000'000;
+
+constexpr double kMicros = 1e6;
+
+bool FiniteNonNegative(double x) { return std::isfinite(x) && x >= 0; }
+
+std::string Bytes(size_t n) { return std::to_string(n) + " bytes"; }
+
+}  // namespace
+
+Status SimDeviceSpec::Validate() const {
+  const std::pair<const char*, double> fields[] = {
+      {"launch_overhead_s", launch_overhead_s},
+      {"raw_alloc_s", raw_alloc_s},
+      {"raw_free_s", raw_free_s},
+      {"memory_bandwidth_bytes_per_s", memory_bandwidth_bytes_per_s},
+      {"host_link_bytes_per_s", host_link_bytes_per_s},
+  };
+  for (const auto& [field, value] : fields) {
+    if (!FiniteNonNegative(value)) {
+      return InvalidArgumentError("sim device spec '" + name + "': " + field + " is " +
+                                  std::to_string(value) + "; it must be finite and >= 0");
+    }
+  }
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------- SimStream
+
+SimStream::SimStream(SimDevice* device, std::string name)
+    : device_(device), id_(g_next_stream_id.fetch_add(1)), name_(std::move(name)) {
+  device_->trace_.NameTrack(device_->id_.index, id_, name_);
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  device_->streams_.insert(this);
+}
+
+SimStream::~SimStream() {
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  device_->retired_clock_ = std::max(device_->retired_clock_, clock_);
+  device_->streams_.erase(this);
+}
+
+DeviceId SimStream::device() const { return device_->id(); }
+
+Status SimStream::Enqueue(std::function<Status()> fn) {
+  if (!fn) return InvalidArgumentError("Enqueue of an empty function on stream " + name_);
+  double saved;
+  {
+    std::lock_guard<std::mutex> lock(device_->mu_);
+    double& host = device_->HostClockLocked();
+    saved = host;
+    clock_ = std::max(clock_, host);
+    host = clock_;
+  }
+  Status s = fn();
+  fn = nullptr;
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  device_->HostClockLocked() = saved;
+  if (!s.ok() && error_.ok()) error_ = std::move(s);
+  return OkStatus();
+}
+
+Status SimStream::WaitEvent(const Event& event) {
+  const SimEvent* sim_event = dynamic_cast<const SimEvent*>(&event);
+  if (sim_event == nullptr) {
+    return InvalidArgumentError("sim stream '" + name_ + "' cannot wait on an event of " +
+                                event.device().ToString());
+  }
+  // The event may belong to another sim device (another lock): read its time
+  // first. Virtual times share one axis across devices.
+  const double t = sim_event->time_s();
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  clock_ = std::max(clock_, t);
+  return OkStatus();
+}
+
+Status SimStream::Synchronize(Duration /*timeout*/) {
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  device_->HostWaitLocked(clock_, "synchronize " + name_);
+  return error_;
+}
+
+bool SimStream::Query() const {
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  return clock_ <= device_->HostClockLocked();
+}
+
+Status SimStream::error() const {
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  return error_;
+}
+
+void SimStream::ClearError() {
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  error_ = OkStatus();
+}
+
+// ----------------------------------------------------------------- SimEvent
+
+DeviceId SimEvent::device() const { return device_->id(); }
+
+Status SimEvent::Record(Stream& stream) {
+  SimStream* s = dynamic_cast<SimStream*>(&stream);
+  if (s == nullptr || s->device_ != device_) {
+    return InvalidArgumentError("an event of " + device_->id().ToString() +
+                                " cannot be recorded on stream '" + stream.name() + "' of " +
+                                stream.device().ToString());
+  }
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  recorded_ = true;
+  epoch_ = device_->epoch_;
+  time_s_ = std::max(s->clock_, device_->HostClockLocked());
+  return OkStatus();
+}
+
+double SimEvent::time_s() const {
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  return recorded_ && epoch_ == device_->epoch_ ? time_s_ : 0.0;
+}
+
+bool SimEvent::Query() const {
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  if (!recorded_ || epoch_ != device_->epoch_) return true;
+  return time_s_ <= device_->HostClockLocked();
+}
+
+Status SimEvent::Synchronize(Duration /*timeout*/) const {
+  std::lock_guard<std::mutex> lock(device_->mu_);
+  if (!recorded_ || epoch_ != device_->epoch_) return OkStatus();
+  device_->HostWaitLocked(time_s_, "wait event");
+  return OkStatus();
+}
+
+StatusOr<double> SimEvent::ElapsedMillis(const Event& end) const {
+  const SimEvent* other = dynamic_cast<const SimEvent*>(&end);
+  if (other == nullptr) {
+    return InvalidArgumentError("ElapsedMillis between events of different device kinds");
+  }
+  if (!timing_ || !other->timing_) {
+    return FailedPreconditionError("ElapsedMillis needs two events created with timing");
+  }
+  for (const SimEvent* e : {this, other}) {
+    std::lock_guard<std::mutex> lock(e->device_->mu_);
+    if (!e->recorded_) return FailedPreconditionError("ElapsedMillis on an event never recorded");
+  }
+  if (!Query() || !other->Query()) {
+    return FailedPreconditionError("ElapsedMillis on an event that has not completed");
+  }
+  return (other->time_s() - time_s()) * 1e3;
+}
+
+// ---------------------------------------------------------------- SimDevice
+
+StatusOr<SimDevice*> SimDevice::Get(int index) {
+  if (index < 0) return InvalidArgumentError("negative sim device index " + std::to_string(index));
+  static const Status registered = Device::RegisterFactory(
+      DeviceKind::kSim,
+      [](int i) -> StatusOr<std::unique_ptr<Device>> { return std::make_unique<SimDevice>(i); });
+  if (!registered.ok()) return registered;
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Sim(index)));
+  return static_cast<SimDevice*>(device);
+}
+
+StatusOr<SimDevice*> SimDevice::For(Stream& stream) {
+  SimStream* s = dynamic_cast<SimStream*>(&stream);
+  if (s == nullptr) {
+    return InvalidArgumentError("stream '" + stream.name() + "' of " +
+                                stream.device().ToString() + " is not a sim stream");
+  }
+  return s->sim_device();
+}
+
+SimDevice::SimDevice(int index) : id_(DeviceId::Sim(index)), trace_(TraceRecorder::Global()) {}
+
+Status SimDevice::Configure(const SimDeviceSpec& spec) {
+  SK_RETURN_IF_ERROR(spec.Validate());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (spec.memory_bytes != 0 && raw_in_use_ > spec.memory_bytes) {
+    return FailedPreconditionError("cannot configure " + id_.ToString() + " as '" + spec.name +
+                                   "' with " + Bytes(spec.memory_bytes) + ": " +
+                                   Bytes(raw_in_use_) + " are in use");
+  }
+  spec_ = spec;
+  trace_.NameProcess(id_.index, id_.ToString() + " (" + spec_.name + ", simulated)");
+  return OkStatus();
+}
+
+SimDeviceSpec SimDevice::spec() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return spec_;
+}
+
+void SimDevice::ResetClocks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++epoch_;
+  for (SimStream* s : streams_) s->clock_ = 0;
+  retired_clock_ = 0;
+  hosts_.clear();
+  next_host_track_ = 0;
+  span_log_.clear();
+}
+
+StatusOr<std::unique_ptr<Stream>> SimDevice::CreateStream(std::string_view name) {
+  return std::unique_ptr<Stream>(new SimStream(this, std::string(name)));
+}
+
+StatusOr<std::unique_ptr<Event>> SimDevice::CreateEvent(bool enable_timing) {
+  return std::unique_ptr<Event>(new SimEvent(this, enable_timing));
+}
+
+StatusOr<void*> SimDevice::RawAllocate(size_t bytes) {
+  const size_t rounded =
+      std::max<size_t>(kAddressAlignment, (bytes + kAddressAlignment - 1) / kAddressAlignment *
+                                              kAddressAlignment);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes > (size_t{1} << 52) ||
+      (spec_.memory_bytes != 0 && raw_in_use_ + bytes > spec_.memory_bytes)) {
+    return ResourceExhaustedError(id_.ToString() + " (" + spec_.name + "): cannot reserve " +
+                                  Bytes(bytes) + "; " + Bytes(raw_in_use_) + " of " +
+                                  (spec_.memory_bytes == 0 ? std::string("unlimited")
+                                                           : Bytes(spec_.memory_bytes)) +
+                                  " are in use");
+  }
+  const uintptr_t address = g_next_address.fetch_add(rounded);
+  raw_blocks_.emplace(address, bytes);
+  raw_in_use_ += bytes;
+  ++raw_allocs_;
+  HostState& host = Host();
+  const double start = host.clock;
+  host.clock += spec_.raw_alloc_s;
+  if (trace_.enabled() && spec_.raw_alloc_s > 0) {
+    trace_.Complete("raw alloc " + Bytes(bytes), "memory", id_.index, host.track, start * kMicros,
+                    spec_.raw_alloc_s * kMicros);
+  }
+  return reinterpret_cast<void*>(address);
+}
+
+void SimDevice::RawFree(void* ptr, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = raw_blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+  CHECK(it != raw_blocks_.end()) << id_.ToString() << ": RawFree of an address it never handed out";
+  CHECK_EQ(it->second, bytes) << id_.ToString() << ": RawFree with a size other than allocated";
+  raw_in_use_ -= bytes;
+  raw_blocks_.erase(it);
+  ++raw_frees_;
+  // cudaFree synchronises the device before it returns the memory.
+  HostWaitLocked(DeviceHorizonLocked(), "device synchronise (raw free)");
+  HostState& host = Host();
+  const double start = host.clock;
+  host.clock += spec_.raw_free_s;
+  if (trace_.enabled() && spec_.raw_free_s > 0) {
+    trace_.Complete("raw free " + Bytes(bytes), "memory", id_.index, host.track, start * kMicros,
+                    spec_.raw_free_s * kMicros);
+  }
+}
+
+bool SimDevice::IsSimAddress(const void* ptr) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
+  return a >= kAddressBase && a < g_next_address.load();
+}
+
+Status SimDevice::CopyAsync(void* dst, const void* src, size_t bytes, Stream& stream) {
+  if (dst == nullptr || src == nullptr) return InvalidArgumentError("CopyAsync with a null pointer");
+  const bool dst_dev = IsSimAddress(dst);
+  const bool src_dev = IsSimAddress(src);
+  if (!dst_dev && !src_dev) {
+    return InvalidArgumentError("CopyAsync on " + id_.ToString() +
+                                " between two host buffers: a sim device moves no data");
+  }
+  double duration = 0;
+  const char* name;
+  if (dst_dev && src_dev) {
+    name = "copy d2d";
+    if (spec_.memory_bandwidth_bytes_per_s > 0) {
+      duration = 2.0 * static_cast<double>(bytes) / spec_.memory_bandwidth_bytes_per_s;
+    }
+  } else {
+    name = dst_dev ? "copy h2d" : "copy d2h";
+    if (spec_.host_link_bytes_per_s > 0) {
+      duration = static_cast<double>(bytes) / spec_.host_link_bytes_per_s;
+    }
+  }
+  if (bytes == 0) return OkStatus();
+  return EnqueueSpan(stream, name, duration, {.launch = true, .category = "copy"}).status();
+}
+
+double SimDevice::TraceNowMicros() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return const_cast<SimDevice*>(this)->HostClockLocked() * kMicros;
+}
+
+StatusOr<SimStream*> SimDevice::OwnStream(Stream& stream, std::string_view what) {
+  SimStream* s = dynamic_cast<SimStream*>(&stream);
+  if (s == nullptr || s->device_ != this) {
+    return InvalidArgumentError(std::string(what) + " on stream '" + stream.name() + "' of " +
+                                stream.device().ToString() + ", not a stream of " +
+                                id_.ToString());
+  }
+  return s;
+}
+
+StatusOr<SimSpan> SimDevice::EnqueueSpan(Stream& stream, std::string_view name,
+                                         double duration_s, const SpanOptions& options) {
+  if (!FiniteNonNegative(duration_s)) {
+    return InvalidArgumentError("span '" + std::string(name) + "' on " + id_.ToString() +
+                                " has duration " + std::to_string(duration_s) +
+                                " s; it must be finite and >= 0");
+  }
+  return EnqueueSpan(stream, name, [duration_s](double) { return duration_s; }, options);
+}
+
+StatusOr<SimSpan> SimDevice::EnqueueSpan(Stream& stream, std::string_view name,
+                                         const std::function<double(double start_s)>& price,
+                                         const SpanOptions& options) {
+  SK_ASSIGN_OR_RETURN(SimStream * s, OwnStream(stream, "EnqueueSpan '" + std::string(name) + "'"));
+  if (!price) return InvalidArgumentError("EnqueueSpan '" + std::string(name) + "' without a price");
+  std::lock_guard<std::mutex> lock(mu_);
+  double& host = HostClockLocked();
+  if (options.launch) host += spec_.launch_overhead_s;
+  const double start = std::max(s->clock_, host);
+  const double duration = price(start);
+  if (!FiniteNonNegative(duration)) {
+    return InvalidArgumentError("span '" + std::string(name) + "' on " + id_.ToString() +
+                                " was priced at " + std::to_string(duration) +
+                                " s; a price must be finite and >= 0");
+  }
+  return PlaceLocked(*s, name, duration, options);
+}
+
+SimSpan SimDevice::PlaceLocked(SimStream& stream, std::string_view name, double duration_s,
+                               const SpanOptions& options) {
+  const double start = std::max(stream.clock_, HostClockLocked());
+  const SimSpan span{start, start + duration_s};
+  stream.clock_ = span.end_s;
+  if (trace_.enabled()) {
+    trace_.Complete(name, options.category, id_.index, stream.id_, span.start_s * kMicros,
+                    duration_s * kMicros);
+  }
+  if (record_spans_) {
+    span_log_.push_back(SpanRecord{stream.id_, stream.name_, std::string(name),
+                                   std::string(options.category), span.start_s, span.end_s});
+  }
+  return span;
+}
+
+SimDevice::HostState& SimDevice::Host() {
+  auto [it, inserted] = hosts_.try_emplace(std::this_thread::get_id());
+  if (inserted) {
+    it->second.track = kHostTrackBase + next_host_track_++;
+    trace_.NameTrack(id_.index, it->second.track,
+                     "host thread " + std::to_string(it->second.track - kHostTrackBase));
+  }
+  return it->second;
+}
+
+void SimDevice::HostWaitLocked(double time_s, std::string_view what) {
+  HostState& host = Host();
+  if (time_s <= host.clock) return;
+  if (trace_.enabled()) {
+    trace_.Complete(what, "host wait", id_.index, host.track, host.clock * kMicros,
+                    (time_s - host.clock) * kMicros);
+  }
+  host.clock = time_s;
+}
+
+double SimDevice::DeviceHorizonLocked() const {
+  double t = retired_clock_;
+  for (const SimStream* s : streams_) t = std::max(t, s->clock_);
+  return t;
+}
+
+double SimDevice::HostClock() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return const_cast<SimDevice*>(this)->HostClockLocked();
+}
+
+void SimDevice::AdvanceHostClock(double seconds) {
+  if (!FiniteNonNegative(seconds)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  HostClockLocked() += seconds;
+}
+
+void SimDevice::WaitHostUntil(double time_s) {
+  if (!std::isfinite(time_s)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  HostWaitLocked(time_s, "host wait");
+}
+
+double SimDevice::StreamClock(const Stream& stream) const {
+  const SimStream* s = dynamic_cast<const SimStream*>(&stream);
+  if (s == nullptr || s->device_ != this) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  return s->clock_;
+}
+
+double SimDevice::Horizon() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  double t = DeviceHorizonLocked();
+  for (const auto& [thread, host] : hosts_) t = std::max(t, host.clock);
+  return t;
+}
+
+void SimDevice::set_record_spans(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  record_spans_ = on;
+  span_log_.clear();
+}
+
+std::vector<SpanRecord> SimDevice::spans() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return span_log_;
+}
+
+std::vector<SpanRecord> SimDevice::SpansOverlapping(std::string_view category, double start_s,
+                                                    double end_s) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SpanRecord> out;
+  for (const SpanRecord& r : span_log_) {
+    if (r.category == category && r.start_s < end_s && r.end_s > start_s) out.push_back(r);
+  }
+  return out;
+}
+
+size_t SimDevice::raw_bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return raw_in_use_;
+}
+
+int64_t SimDevice::raw_alloc_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return raw_allocs_;
+}
+
+int64_t SimDevice::raw_free_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return raw_frees_;
+}
+
+}  // namespace sk::sim
