@@ -1,0 +1,373 @@
+#include "runtime/sim/profile.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace sk::sim {
+
+namespace internal {
+// builtin_profiles.cc (generated from profiles/*.json): name -> JSON text.
+const std::map<std::string, std::string>& BuiltinProfileTexts();
+}  // namespace internal
+
+namespace {
+
+constexpr double kUs = 1e-6;
+constexpr double kGB = 1e9;
+constexpr double kTera = 1e12;
+
+// Reads numbers written as {"value": x, "source": "..."}, naming the key
+// path of anything wrong.
+class Reader {
+ public:
+  explicit Reader(std::string_view origin) : origin_(origin) {}
+
+  Status Error(const std::string& path, const std::string& what) const {
+    return InvalidArgumentError("profile " + origin_ + ": " + path + ": " + what);
+  }
+
+  StatusOr<const nlohmann::json*> Section(const nlohmann::json& parent, const std::string& key,
+                                          const std::string& path) const {
+    auto it = parent.find(key);
+    if (it == parent.end() || !it->is_object()) {
+      return Error(path + key, "missing, or not an object");
+    }
+    return &*it;
+  }
+
+  // The entry {"value", "source"} at parent[key]: its value, checked to be a
+  // number in [lo, hi].
+  StatusOr<double> Number(const nlohmann::json& parent, const std::string& key,
+                          const std::string& path, double lo, double hi) const {
+    SK_ASSIGN_OR_RETURN(const nlohmann::json* entry, Sourced(parent, key, path));
+    const nlohmann::json& v = (*entry)["value"];
+    if (!v.is_number()) return Error(path + key, "\"value\" is not a number");
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x < lo || x > hi) {
+      return Error(path + key, "value " + std::to_string(x) + " is outside [" +
+                                   std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    return x;
+  }
+
+  // The entry at parent[key] with a "source"; its "value" of any type.
+  StatusOr<const nlohmann::json*> Sourced(const nlohmann::json& parent, const std::string& key,
+                                          const std::string& path) const {
+    auto it = parent.find(key);
+    if (it == parent.end()) return Error(path + key, "missing");
+    if (!it->is_object() || !it->contains("value")) {
+      return Error(path + key, "must be {\"value\": ..., \"source\": \"...\"}");
+    }
+    auto source = it->find("source");
+    if (source == it->end() || !source->is_string() || source->get<std::string>().empty()) {
+      return Error(path + key, "has no \"source\": every number in a profile says where it "
+                               "comes from");
+    }
+    return &*it;
+  }
+
+ private:
+  std::string origin_;
+};
+
+StatusOr<DType> DTypeKey(const Reader& r, const std::string& name, const std::string& path) {
+  StatusOr<DType> t = ParseDType(name);
+  if (!t.ok()) return r.Error(path, "unknown dtype '" + name + "'");
+  return *t;
+}
+
+StatusOr<SimDeviceSpec> ParseDevice(const Reader& r, const nlohmann::json& doc,
+                                    const std::string& name) {
+  SK_ASSIGN_OR_RETURN(const nlohmann::json* d, r.Section(doc, "device", ""));
+  const std::string p = "device.";
+  SimDeviceSpec spec;
+  spec.name = name;
+  SK_ASSIGN_OR_RETURN(double memory, r.Number(*d, "memory_bytes", p, 0, 1e18));
+  spec.memory_bytes = static_cast<size_t>(memory);
+  SK_ASSIGN_OR_RETURN(double launch, r.Number(*d, "launch_overhead_us", p, 0, 1e6));
+  SK_ASSIGN_OR_RETURN(double alloc, r.Number(*d, "raw_alloc_us", p, 0, 1e9));
+  SK_ASSIGN_OR_RETURN(double free_us, r.Number(*d, "raw_free_us", p, 0, 1e9));
+  SK_ASSIGN_OR_RETURN(double link, r.Number(*d, "host_link_gbps", p, 0, 1e6));
+  spec.launch_overhead_s = launch * kUs;
+  spec.raw_alloc_s = alloc * kUs;
+  spec.raw_free_s = free_us * kUs;
+  spec.host_link_bytes_per_s = link * kGB;
+  return spec;
+}
+
+StatusOr<ComputeProfile> ParseCompute(const Reader& r, const nlohmann::json& doc) {
+  SK_ASSIGN_OR_RETURN(const nlohmann::json* c, r.Section(doc, "compute", ""));
+  const std::string p = "compute.";
+  ComputeProfile out;
+  SK_ASSIGN_OR_RETURN(double sms, r.Number(*c, "sm_count", p, 1, 1e6));
+  out.sm_count = static_cast<int64_t>(sms);
+
+  SK_ASSIGN_OR_RETURN(const nlohmann::json* peaks, r.Section(*c, "gemm_peak_tflops", p));
+  for (auto it = peaks->begin(); it != peaks->end(); ++it) {
+    if (it.key() == "note") continue;
+    const std::string path = p + "gemm_peak_tflops.";
+    SK_ASSIGN_OR_RETURN(DType t, DTypeKey(r, it.key(), path + it.key()));
+    SK_ASSIGN_OR_RETURN(double tflops, r.Number(*peaks, it.key(), path, 1e-6, 1e6));
+    out.gemm_peak_flops[t] = tflops * kTera;
+  }
+  if (out.gemm_peak_flops.count(DType::kF32) == 0) {
+    return r.Error(p + "gemm_peak_tflops.f32", "missing (the rate of every other dtype's default)");
+  }
+  SK_ASSIGN_OR_RETURN(out.gemm_efficiency, r.Number(*c, "gemm_efficiency", p, 1e-3, 1));
+  if (c->contains("gemm_tiles")) {
+    SK_ASSIGN_OR_RETURN(const nlohmann::json* tiles, r.Sourced(*c, "gemm_tiles", p));
+    const nlohmann::json& list = (*tiles)["value"];
+    if (!list.is_array()) return r.Error(p + "gemm_tiles", "\"value\" must be a list of tiles");
+    for (const nlohmann::json& t : list) {
+      if (!t.is_object() || !t.value("m", nlohmann::json()).is_number_integer() ||
+          !t.value("n", nlohmann::json()).is_number_integer() ||
+          !t.value("relative_efficiency", nlohmann::json()).is_number()) {
+        return r.Error(p + "gemm_tiles", "each tile is {\"m\": int, \"n\": int, "
+                                         "\"relative_efficiency\": number}");
+      }
+      GemmTile tile{t["m"].get<int64_t>(), t["n"].get<int64_t>(),
+                    t["relative_efficiency"].get<double>()};
+      if (tile.m < 1 || tile.n < 1 || !(tile.relative_efficiency > 0) ||
+          tile.relative_efficiency > 1) {
+        return r.Error(p + "gemm_tiles", "a tile needs m, n >= 1 and relative_efficiency in (0, 1]");
+      }
+      out.gemm_tiles.push_back(tile);
+    }
+    SK_ASSIGN_OR_RETURN(double kq, r.Number(*c, "gemm_k_quantum", p, 1, 1e6));
+    out.gemm_k_quantum = static_cast<int64_t>(kq);
+  }
+  if (c->contains("gemm_table")) {
+    SK_ASSIGN_OR_RETURN(const nlohmann::json* table, r.Sourced(*c, "gemm_table", p));
+    const nlohmann::json& list = (*table)["value"];
+    if (!list.is_array() || list.empty()) {
+      return r.Error(p + "gemm_table", "\"value\" must be a non-empty list of measurements");
+    }
+    for (const nlohmann::json& e : list) {
+      if (!e.is_object() || !e.value("m", nlohmann::json()).is_number_integer() ||
+          !e.value("n", nlohmann::json()).is_number_integer() ||
+          !e.value("k", nlohmann::json()).is_number_integer() ||
+          !e.value("dtype", nlohmann::json()).is_string() ||
+          !e.value("gflops", nlohmann::json()).is_number()) {
+        return r.Error(p + "gemm_table",
+                       "each entry is {\"m\", \"n\", \"k\": int, \"dtype\": str, \"gflops\": number}");
+      }
+      SK_ASSIGN_OR_RETURN(DType t, DTypeKey(r, e["dtype"].get<std::string>(), p + "gemm_table"));
+      GemmPoint pt{e["m"].get<int64_t>(), e["n"].get<int64_t>(), e["k"].get<int64_t>(), t,
+                   e["gflops"].get<double>() * 1e9};
+      if (pt.m < 1 || pt.n < 1 || pt.k < 1 || !(pt.flops_per_s > 0) ||
+          !std::isfinite(pt.flops_per_s)) {
+        return r.Error(p + "gemm_table", "an entry needs m, n, k >= 1 and gflops > 0");
+      }
+      out.gemm_table.push_back(pt);
+    }
+  }
+  SK_ASSIGN_OR_RETURN(double vector, r.Number(*c, "vector_tflops", p, 1e-9, 1e6));
+  out.vector_flops = vector * kTera;
+  SK_ASSIGN_OR_RETURN(double bw, r.Number(*c, "memory_bandwidth_gbps", p, 1e-3, 1e7));
+  SK_ASSIGN_OR_RETURN(double bw_eff, r.Number(*c, "memory_efficiency", p, 1e-3, 1));
+  out.memory_bandwidth = bw * kGB * bw_eff;
+  SK_ASSIGN_OR_RETURN(double overhead, r.Number(*c, "kernel_overhead_us", p, 0, 1e6));
+  out.kernel_overhead_s = overhead * kUs;
+  if (c->contains("op_rates")) {
+    SK_ASSIGN_OR_RETURN(const nlohmann::json* rates, r.Sourced(*c, "op_rates", p));
+    const nlohmann::json& map = (*rates)["value"];
+    if (!map.is_object()) return r.Error(p + "op_rates", "\"value\" must map op names to rates");
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const nlohmann::json& e = it.value();
+      OpRate rate;
+      if (e.is_object() && e.contains("gbps") && e["gbps"].is_number()) {
+        rate.bytes_per_s = e["gbps"].get<double>() * kGB;
+      }
+      if (e.is_object() && e.contains("gflops") && e["gflops"].is_number()) {
+        rate.flops_per_s = e["gflops"].get<double>() * 1e9;
+      }
+      if (!(rate.bytes_per_s > 0 || rate.flops_per_s > 0) || rate.bytes_per_s < 0 ||
+          rate.flops_per_s < 0 || !std::isfinite(rate.bytes_per_s) ||
+          !std::isfinite(rate.flops_per_s)) {
+        return r.Error(p + "op_rates." + it.key(), "needs \"gbps\" and/or \"gflops\" > 0");
+      }
+      out.op_rates.emplace(it.key(), rate);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view origin) {
+  Reader r(origin);
+  if (!doc.is_object()) return r.Error("(top)", "a profile is a JSON object");
+  auto name = doc.find("name");
+  if (name == doc.end() || !name->is_string() || name->get<std::string>().empty()) {
+    return r.Error("name", "missing or not a string");
+  }
+  SimProfile out;
+  out.name = name->get<std::string>();
+  if (doc.contains("description") && doc["description"].is_string()) {
+    out.description = doc["description"].get<std::string>();
+  }
+  SK_ASSIGN_OR_RETURN(out.device, ParseDevice(r, doc, out.name));
+  SK_ASSIGN_OR_RETURN(out.compute, ParseCompute(r, doc));
+  out.device.memory_bandwidth_bytes_per_s = out.compute.memory_bandwidth;
+  if (doc.contains("network")) out.network = doc["network"];
+  SK_RETURN_IF_ERROR(out.device.Validate());
+  return out;
+}
+
+StatusOr<SimProfile> LoadProfileFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("cannot read profile file '" + path + "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return InvalidArgumentError("profile " + path + ": not valid JSON");
+  }
+  return ParseProfile(doc, path);
+}
+
+std::vector<std::string> BuiltinProfileNames() {
+  std::vector<std::string> names;
+  for (const auto& [name, text] : internal::BuiltinProfileTexts()) names.push_back(name);
+  return names;  // std::map: sorted
+}
+
+StatusOr<SimProfile> LoadProfile(std::string_view name_or_path) {
+  const std::string key(name_or_path);
+  if (key.size() > 5 && key.compare(key.size() - 5, 5, ".json") == 0) return LoadProfileFile(key);
+  const auto& texts = internal::BuiltinProfileTexts();
+  auto it = texts.find(key);
+  if (it == texts.end()) {
+    std::string known;
+    for (const auto& [name, text] : texts) known += (known.empty() ? "" : ", ") + name;
+    return NotFoundError("no profile named '" + key + "' (built in: " + known +
+                         "; or give a path ending in .json)");
+  }
+  nlohmann::json doc = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return InternalError("built-in profile " + key + " is not valid JSON");
+  return ParseProfile(doc, "builtin:" + key);
+}
+
+// ---------------------------------------------------------------- pricing
+
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+double PeakFor(const ComputeProfile& p, DType t) {
+  auto it = p.gemm_peak_flops.find(t);
+  if (it != p.gemm_peak_flops.end()) return it->second;
+  return p.gemm_peak_flops.at(DType::kF32);
+}
+
+// Log-linear interpolation of the measured rate over the grid of `dtype`
+// (f32's when the table has none of `dtype`). 0 if the table has neither.
+double TableRate(const ComputeProfile& p, int64_t m, int64_t n, int64_t k, DType dtype) {
+  DType use = dtype;
+  if (std::none_of(p.gemm_table.begin(), p.gemm_table.end(),
+                   [&](const GemmPoint& g) { return g.dtype == dtype; })) {
+    use = DType::kF32;
+  }
+  std::vector<int64_t> axis[3];
+  std::map<std::tuple<int64_t, int64_t, int64_t>, double> rate;
+  for (const GemmPoint& g : p.gemm_table) {
+    if (g.dtype != use) continue;
+    axis[0].push_back(g.m);
+    axis[1].push_back(g.n);
+    axis[2].push_back(g.k);
+    rate[{g.m, g.n, g.k}] = g.flops_per_s;
+  }
+  if (rate.empty()) return 0;
+  const int64_t want[3] = {m, n, k};
+  int64_t lo[3], hi[3];
+  double frac[3];
+  for (int d = 0; d < 3; ++d) {
+    std::sort(axis[d].begin(), axis[d].end());
+    axis[d].erase(std::unique(axis[d].begin(), axis[d].end()), axis[d].end());
+    const double x = static_cast<double>(want[d]);
+    if (x <= axis[d].front()) {
+      lo[d] = hi[d] = axis[d].front();
+      frac[d] = 0;
+    } else if (x >= axis[d].back()) {
+      lo[d] = hi[d] = axis[d].back();
+      frac[d] = 0;
+    } else {
+      auto up = std::upper_bound(axis[d].begin(), axis[d].end(), want[d]);
+      hi[d] = *up;
+      lo[d] = *std::prev(up);
+      frac[d] = std::log(x / lo[d]) / std::log(static_cast<double>(hi[d]) / lo[d]);
+    }
+  }
+  // Trilinear in log(rate) over the 8 corners; a missing corner (an
+  // incomplete grid) falls back to the nearest measured point.
+  double log_rate = 0;
+  for (int corner = 0; corner < 8; ++corner) {
+    const int64_t c[3] = {(corner & 1) ? hi[0] : lo[0], (corner & 2) ? hi[1] : lo[1],
+                          (corner & 4) ? hi[2] : lo[2]};
+    auto it = rate.find({c[0], c[1], c[2]});
+    if (it == rate.end()) {
+      double best = 0, best_d = 1e300;
+      for (const auto& [key, r] : rate) {
+        const double dd = std::pow(std::log(double(std::get<0>(key)) / m), 2) +
+                          std::pow(std::log(double(std::get<1>(key)) / n), 2) +
+                          std::pow(std::log(double(std::get<2>(key)) / k), 2);
+        if (dd < best_d) best_d = dd, best = r;
+      }
+      return best;
+    }
+    double w = 1;
+    for (int d = 0; d < 3; ++d) w *= ((corner >> d) & 1) ? frac[d] : 1 - frac[d];
+    log_rate += w * std::log(it->second);
+  }
+  return std::exp(log_rate);
+}
+
+}  // namespace
+
+double GemmShapeEfficiency(const ComputeProfile& p, int64_t m, int64_t n, int64_t k,
+                           int64_t batch) {
+  if (p.gemm_tiles.empty() || m < 1 || n < 1 || k < 1 || batch < 1) return 1;
+  double best = 0;
+  for (const GemmTile& t : p.gemm_tiles) {
+    const int64_t tm = CeilDiv(m, t.m);
+    const int64_t tn = CeilDiv(n, t.n);
+    const double tile_q = static_cast<double>(m) * n / (static_cast<double>(tm * t.m) * (tn * t.n));
+    const double ctas = static_cast<double>(tm) * tn * batch;
+    const double waves = std::ceil(ctas / p.sm_count);
+    const double wave_q = ctas / (waves * p.sm_count);
+    best = std::max(best, t.relative_efficiency * tile_q * wave_q);
+  }
+  const int64_t kq = std::max<int64_t>(1, p.gemm_k_quantum);
+  const double k_q = static_cast<double>(k) / (CeilDiv(k, kq) * kq);
+  return best * k_q;
+}
+
+double GemmSeconds(const ComputeProfile& p, int64_t m, int64_t n, int64_t k, int64_t batch,
+                   DType dtype, double flops, double bytes) {
+  if (m < 1 || n < 1 || k < 1 || batch < 1) return p.kernel_overhead_s;
+  if (!p.gemm_table.empty()) {
+    const double rate = TableRate(p, m, n, k, dtype);
+    if (rate > 0) return flops / rate;
+  }
+  const double compute =
+      flops / (PeakFor(p, dtype) * p.gemm_efficiency * GemmShapeEfficiency(p, m, n, k, batch));
+  const double memory = p.memory_bandwidth > 0 ? bytes / p.memory_bandwidth : 0;
+  return std::max(compute, memory) + p.kernel_overhead_s;
+}
+
+double KernelSeconds(const ComputeProfile& p, std::string_view name, double flops, double bytes) {
+  double bw = p.memory_bandwidth;
+  double fl = p.vector_flops;
+  auto it = p.op_rates.find(name);
+  if (it != p.op_rates.end()) {
+    bw = it->second.bytes_per_s;
+    fl = it->second.flops_per_s;
+  }
+  const double memory = bw > 0 ? bytes / bw : 0;
+  const double compute = fl > 0 ? flops / fl : 0;
+  return std::max(memory, compute) + p.kernel_overhead_s;
+}
+
+}  // namespace sk::sim

@@ -1,0 +1,145 @@
+// Hardware profiles for the simulator, and how they price an op.
+//
+// A profile is a JSON file (runtime/sim/profiles/<name>.json) in which every
+// number is an object {"value": x, "source": "where x comes from"}: a
+// datasheet, a whitepaper, a published measurement, our own calibration run,
+// or "assumption: ..." with the reasoning. Numbers are never fitted to the
+// FSDP paper's end results (those are the simulator's held-out check).
+//
+//   {
+//     "name": "a100-80g",
+//     "description": "...",
+//     "device":  { memory_bytes, launch_overhead_us, raw_alloc_us, raw_free_us,
+//                  host_link_gbps },
+//     "compute": { sm_count, gemm_peak_tflops {f32, bf16, f16}, gemm_efficiency,
+//                  gemm_tiles [{m, n, relative_efficiency}], gemm_k_quantum,
+//                  vector_tflops, memory_bandwidth_gbps, memory_efficiency,
+//                  kernel_overhead_us,
+//                  optional: gemm_table [{m, n, k, dtype, gflops}],
+//                            op_rates {op name: {gbps, gflops}} },
+//     "network": { ... }   (parsed by topology.h's ParseNetworkProfile)
+//   }
+//
+// Pricing (docs/simulator.md has the derivation):
+//   GEMM: time = max(flops / (peak[dtype] * gemm_efficiency * shape_eff),
+//                    bytes / (memory_bandwidth * memory_efficiency))
+//              + kernel_overhead,
+//     shape_eff = max over tiles (relative_efficiency * tile_q * wave_q) * k_q:
+//       tile_q = m n / (ceil(m/Tm) Tm * ceil(n/Tn) Tn)   (padding of edge tiles)
+//       wave_q = CTAs / (ceil(CTAs / SMs) SMs), CTAs = ceil(m/Tm) ceil(n/Tn) batch
+//       k_q    = k / (ceil(k/Kq) Kq)
+//     (NVIDIA's "Matrix Multiplication Background User's Guide", sections
+//     "Tile Quantization" and "Wave Quantization"; cuBLAS picks among several
+//     tiles, modelled as the best of the profile's list). A profile with a
+//     measured gemm_table (cpu-local) prices a GEMM from the table instead:
+//     the rate is interpolated log-linearly in (log m, log n, log k) over the
+//     measured grid (clamped at its edges) and includes the call's overhead.
+//   Other ops: time = max(bytes / bandwidth, flops / vector_peak)
+//              + kernel_overhead,
+//     with a measured per-op rate from op_rates where the profile has one.
+//
+// Thread safety: profiles are values; the functions are pure.
+#ifndef SHARDKIT_RUNTIME_SIM_PROFILE_H_
+#define SHARDKIT_RUNTIME_SIM_PROFILE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
+#include "runtime/sim/sim_device.h"
+
+namespace sk::sim {
+
+// One thread-block tile cuBLAS may choose, and its efficiency relative to the
+// largest tile (smaller tiles reuse less data per load).
+struct GemmTile {
+  int64_t m = 0;
+  int64_t n = 0;
+  double relative_efficiency = 1;
+};
+
+// One measured GEMM (cpu-local): C[m,n] = A[m,k] B[k,n] at `flops_per_s`,
+// all overheads of the call included.
+struct GemmPoint {
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  DType dtype = DType::kF32;
+  double flops_per_s = 0;
+};
+
+// A measured rate for one op name (cpu-local): the op takes
+// max(bytes / bytes_per_s, flops / flops_per_s) (0 = that term is absent).
+struct OpRate {
+  double bytes_per_s = 0;
+  double flops_per_s = 0;
+};
+
+struct ComputeProfile {
+  int64_t sm_count = 1;
+  // Peak GEMM FLOP/s by the A/B dtype (bf16/f16 on tensor cores). A dtype
+  // without an entry uses f32's.
+  std::map<DType, double> gemm_peak_flops;
+  // The fraction of peak that large, well-shaped GEMMs reach.
+  double gemm_efficiency = 1;
+  // Empty: no tile or wave quantisation.
+  std::vector<GemmTile> gemm_tiles;
+  int64_t gemm_k_quantum = 1;
+  // Measured GEMM grid; when non-empty it prices GEMMs (see the file comment).
+  std::vector<GemmPoint> gemm_table;
+  // Peak FLOP/s of non-GEMM arithmetic (CUDA cores, f32).
+  double vector_flops = 0;
+  // Achievable device-memory bandwidth (datasheet rate x efficiency), bytes/s.
+  double memory_bandwidth = 0;
+  // Fixed device time of every kernel.
+  double kernel_overhead_s = 0;
+  // Measured per-op rates by op name, overriding the roofline.
+  std::map<std::string, OpRate, std::less<>> op_rates;
+};
+
+struct SimProfile {
+  std::string name;
+  std::string description;
+  SimDeviceSpec device;
+  ComputeProfile compute;
+  // The "network" section as written, for topology.h's ParseNetworkProfile
+  // (null when the profile has none: a single device).
+  nlohmann::json network;
+};
+
+// Parses a profile document. `origin` (a path or "builtin:a100-80g") names it
+// in errors. InvalidArgument naming the key for a missing or malformed
+// section, a number without a "source", or an out-of-range value.
+StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view origin);
+// Reads and parses the file at `path`. NotFound if it cannot be read;
+// InvalidArgument for malformed JSON (with the parser's message) or content.
+StatusOr<SimProfile> LoadProfileFile(const std::string& path);
+// A profile by name: one compiled into the library ("a100-80g", "h100-80g",
+// "cpu-local"), or, when `name_or_path` ends in ".json", that file.
+// NotFound listing the built-in names otherwise.
+StatusOr<SimProfile> LoadProfile(std::string_view name_or_path);
+// The names of the compiled-in profiles, sorted.
+std::vector<std::string> BuiltinProfileNames();
+
+// The shape efficiency of a GEMM in (0, 1] (file comment); 1 for a profile
+// without tiles. m, n, k, batch >= 1.
+double GemmShapeEfficiency(const ComputeProfile& p, int64_t m, int64_t n, int64_t k,
+                           int64_t batch);
+// Seconds of a GEMM of `batch` m x n x k products with A/B in `dtype`,
+// moving `bytes` bytes and doing `flops` flops. Dimensions < 1 take only the
+// kernel overhead.
+double GemmSeconds(const ComputeProfile& p, int64_t m, int64_t n, int64_t k, int64_t batch,
+                   DType dtype, double flops, double bytes);
+// Seconds of any other kernel named `name` (op_rates key).
+double KernelSeconds(const ComputeProfile& p, std::string_view name, double flops,
+                     double bytes);
+
+}  // namespace sk::sim
+
+#endif  // SHARDKIT_RUNTIME_SIM_PROFILE_H_

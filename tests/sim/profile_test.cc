@@ -1,0 +1,203 @@
+// Profiles (runtime/sim/profile.h): the loader's checks, the built-in
+// profiles, and the pricing formulas recomputed independently.
+#include "runtime/sim/profile.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+namespace sk::sim {
+namespace {
+
+nlohmann::json Sourced(nlohmann::json value) {
+  return {{"value", std::move(value)}, {"source", "test"}};
+}
+
+nlohmann::json MinimalProfile() {
+  return {{"name", "tiny"},
+          {"device",
+           {{"memory_bytes", Sourced(1 << 30)},
+            {"launch_overhead_us", Sourced(5)},
+            {"raw_alloc_us", Sourced(10)},
+            {"raw_free_us", Sourced(20)},
+            {"host_link_gbps", Sourced(10)}}},
+          {"compute",
+           {{"sm_count", Sourced(4)},
+            {"gemm_peak_tflops", {{"f32", Sourced(1)}, {"bf16", Sourced(4)}}},
+            {"gemm_efficiency", Sourced(0.5)},
+            {"vector_tflops", Sourced(0.5)},
+            {"memory_bandwidth_gbps", Sourced(100)},
+            {"memory_efficiency", Sourced(0.8)},
+            {"kernel_overhead_us", Sourced(3)}}}};
+}
+
+TEST(ProfileTest, ParsesUnitsIntoSeconds) {
+  StatusOr<SimProfile> p = ParseProfile(MinimalProfile(), "test");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->name, "tiny");
+  EXPECT_EQ(p->device.memory_bytes, size_t{1} << 30);
+  EXPECT_DOUBLE_EQ(p->device.launch_overhead_s, 5e-6);
+  EXPECT_DOUBLE_EQ(p->device.raw_free_s, 20e-6);
+  EXPECT_DOUBLE_EQ(p->device.host_link_bytes_per_s, 10e9);
+  EXPECT_DOUBLE_EQ(p->compute.memory_bandwidth, 80e9);
+  EXPECT_DOUBLE_EQ(p->device.memory_bandwidth_bytes_per_s, 80e9);
+  EXPECT_DOUBLE_EQ(p->compute.gemm_peak_flops.at(DType::kBF16), 4e12);
+  EXPECT_DOUBLE_EQ(p->compute.kernel_overhead_s, 3e-6);
+  EXPECT_TRUE(p->network.is_null());
+}
+
+TEST(ProfileTest, EveryNumberNeedsASource) {
+  nlohmann::json doc = MinimalProfile();
+  doc["compute"]["gemm_efficiency"].erase("source");
+  Status s = ParseProfile(doc, "test").status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("compute.gemm_efficiency"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("source"), std::string::npos) << s;
+}
+
+TEST(ProfileTest, BadValuesAreNamed) {
+  struct Case {
+    const char* section;
+    const char* key;
+    nlohmann::json value;
+  } cases[] = {
+      {"compute", "gemm_efficiency", Sourced(1.5)},
+      {"compute", "sm_count", Sourced(0)},
+      {"device", "launch_overhead_us", Sourced(-1)},
+      {"device", "raw_alloc_us", Sourced("fast")},
+      {"compute", "memory_bandwidth_gbps", 100},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json doc = MinimalProfile();
+    doc[c.section][c.key] = c.value;
+    Status s = ParseProfile(doc, "test").status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.key;
+    EXPECT_NE(s.message().find(std::string(c.section) + "." + c.key), std::string::npos) << s;
+  }
+  nlohmann::json doc = MinimalProfile();
+  doc["compute"]["gemm_peak_tflops"]["f64x"] = Sourced(1);
+  EXPECT_EQ(ParseProfile(doc, "test").status().code(), StatusCode::kInvalidArgument);
+  doc = MinimalProfile();
+  doc.erase("device");
+  EXPECT_EQ(ParseProfile(doc, "test").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseProfile(nlohmann::json::array(), "test").status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(ProfileTest, FilesAndBuiltins) {
+  EXPECT_EQ(LoadProfileFile("/nonexistent/x.json").status().code(), StatusCode::kNotFound);
+  const std::string path = ::testing::TempDir() + "/bad_profile.json";
+  {
+    std::ofstream(path) << "{ not json";
+  }
+  EXPECT_EQ(LoadProfile(path).status().code(), StatusCode::kInvalidArgument);
+  {
+    std::ofstream(path) << MinimalProfile().dump();
+  }
+  StatusOr<SimProfile> from_file = LoadProfile(path);
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  EXPECT_EQ(from_file->name, "tiny");
+  std::remove(path.c_str());
+
+  Status unknown = LoadProfile("b200").status();
+  EXPECT_EQ(unknown.code(), StatusCode::kNotFound);
+  EXPECT_NE(unknown.message().find("a100-80g"), std::string::npos) << unknown;
+  for (const std::string& name : BuiltinProfileNames()) {
+    StatusOr<SimProfile> p = LoadProfile(name);
+    ASSERT_TRUE(p.ok()) << name << ": " << p.status();
+    EXPECT_EQ(p->name, name);
+  }
+  StatusOr<SimProfile> a100 = LoadProfile("a100-80g");
+  ASSERT_TRUE(a100.ok()) << a100.status();
+  EXPECT_EQ(a100->device.memory_bytes, size_t{80} << 30);
+  EXPECT_EQ(a100->compute.sm_count, 108);
+  EXPECT_DOUBLE_EQ(a100->compute.gemm_peak_flops.at(DType::kBF16), 312e12);
+}
+
+ComputeProfile Tiled() {
+  ComputeProfile p;
+  p.sm_count = 108;
+  p.gemm_peak_flops[DType::kF32] = 19.5e12;
+  p.gemm_peak_flops[DType::kBF16] = 312e12;
+  p.gemm_efficiency = 0.859;
+  p.gemm_tiles = {{256, 128, 1.0}, {128, 128, 0.9}, {64, 64, 0.65}};
+  p.gemm_k_quantum = 32;
+  p.memory_bandwidth = 2039e9 * 0.9;
+  p.vector_flops = 19.5e12;
+  p.kernel_overhead_s = 2e-6;
+  return p;
+}
+
+TEST(PricingTest, OneFullWaveOfLargeTilesIsFullyEfficient) {
+  ComputeProfile p = Tiled();
+  // 12 x 9 tiles of 256 x 128 = 108 CTAs: exactly one wave, no padding.
+  EXPECT_DOUBLE_EQ(GemmShapeEfficiency(p, 12 * 256, 9 * 128, 4096, 1), 1.0);
+  // One CTA more needs a second wave; the best tile recovers part of it.
+  const double e = GemmShapeEfficiency(p, 109 * 256, 128, 4096, 1);
+  // 256x128: 109 CTAs in 2 waves; 128x128: 218 in 3 waves; 64x64: 872 in 9.
+  const double expected = std::max({109.0 / 216, 0.9 * 218.0 / 324, 0.65 * 872.0 / 972});
+  EXPECT_DOUBLE_EQ(e, expected);
+  // k not a multiple of the k step pads the last step.
+  EXPECT_DOUBLE_EQ(GemmShapeEfficiency(p, 12 * 256, 9 * 128, 48, 1), 48.0 / 64);
+  // Tiny m: the 64x64 tile pads 8 rows to 64.
+  EXPECT_NEAR(GemmShapeEfficiency(p, 8, 64 * 108, 4096, 1), 0.65 * 8.0 / 64, 1e-12);
+  // Batches fill waves too.
+  EXPECT_DOUBLE_EQ(GemmShapeEfficiency(p, 256, 128, 64, 108), 1.0);
+}
+
+TEST(PricingTest, GemmIsARooflineOverTheShapeEfficiency) {
+  ComputeProfile p = Tiled();
+  const int64_t m = 4096, n = 4096, k = 4096;
+  const double flops = 2.0 * m * n * k;
+  const double bytes = 2.0 * (m * k + k * n) + 4.0 * m * n;
+  // 256x128 tiles: 16 * 32 = 512 CTAs in 5 waves of 108.
+  const double eff = 512.0 / 540;
+  const double t = GemmSeconds(p, m, n, k, 1, DType::kBF16, flops, bytes);
+  EXPECT_NEAR(t, flops / (312e12 * 0.859 * eff) + 2e-6, 1e-12);
+  // f32 runs on CUDA cores.
+  const double t32 = GemmSeconds(p, m, n, k, 1, DType::kF32, flops, bytes);
+  EXPECT_NEAR(t32, flops / (19.5e12 * 0.859 * eff) + 2e-6, 1e-12);
+  // A matrix-vector product is memory bound.
+  const double gemv_bytes = 2.0 * (4096.0 * 4096 + 4096) + 4.0 * 4096;
+  const double gemv = GemmSeconds(p, 4096, 1, 4096, 1, DType::kBF16, 2.0 * 4096 * 4096, gemv_bytes);
+  EXPECT_GE(gemv, gemv_bytes / p.memory_bandwidth + 2e-6 - 1e-15);
+  // Degenerate shapes cost the kernel overhead only.
+  EXPECT_DOUBLE_EQ(GemmSeconds(p, 0, 4, 4, 1, DType::kF32, 0, 0), 2e-6);
+}
+
+TEST(PricingTest, OtherKernelsAreBandwidthOrFlopBound) {
+  ComputeProfile p = Tiled();
+  EXPECT_NEAR(KernelSeconds(p, "copy", 0, 1e9), 1e9 / (2039e9 * 0.9) + 2e-6, 1e-15);
+  EXPECT_NEAR(KernelSeconds(p, "gelu_fwd", 1e12, 1e6), 1e12 / 19.5e12 + 2e-6, 1e-15);
+  p.op_rates["gelu_fwd"] = OpRate{1e9, 0};
+  EXPECT_NEAR(KernelSeconds(p, "gelu_fwd", 1e12, 1e6), 1e-3 + 2e-6, 1e-15);
+}
+
+TEST(PricingTest, MeasuredTableInterpolatesInLogSpace) {
+  ComputeProfile p = Tiled();
+  for (int64_t m : {16, 256}) {
+    for (int64_t n : {16, 256}) {
+      for (int64_t k : {16, 256}) {
+        // Rate grows with every dimension.
+        p.gemm_table.push_back({m, n, k, DType::kF32, 1e9 * (m / 16) * (n / 16) * (k / 16)});
+      }
+    }
+  }
+  auto seconds = [&](int64_t m, int64_t n, int64_t k) {
+    const double flops = 2.0 * m * n * k;
+    return GemmSeconds(p, m, n, k, 1, DType::kF32, flops, 0);
+  };
+  // On grid points: the measured rate (no extra overhead: it is included).
+  EXPECT_NEAR(seconds(16, 16, 16), 2.0 * 16 * 16 * 16 / 1e9, 1e-15);
+  // At the geometric midpoint of every axis: the geometric mean, 4^3.
+  EXPECT_NEAR(seconds(64, 64, 64), 2.0 * 64 * 64 * 64 / (1e9 * 64), 1e-15);
+  // Beyond the grid the edge rate holds; bf16 without entries uses f32's.
+  EXPECT_NEAR(seconds(1024, 256, 256), 2.0 * 1024 * 256 * 256 / (1e9 * 4096), 1e-15);
+  EXPECT_NEAR(GemmSeconds(p, 16, 16, 16, 1, DType::kBF16, 2.0 * 4096, 0), 2.0 * 4096 / 1e9,
+              1e-15);
+}
+
+}  // namespace
+}  // namespace sk::sim
