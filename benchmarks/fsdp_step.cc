@@ -56,13 +56,7 @@ void BM_Step(benchmark::State& state, Setup setup, Parallelism parallelism, Shar
   std::vector<std::unique_ptr<Trainer>> trainers(kWorld);
   std::vector<Status> errors(kWorld);
   auto on_all = [&](const std::function<Status(int)>& fn) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kWorld; ++r) threads.emplace_back([&, r] { errors[r] = fn(r); });
-    for (auto& t : threads) t.join();
-    for (const Status& s : errors) {
-      if (!s.ok()) return s;
-    }
-    return OkStatus();
+    return comm::RunRankThreads(kWorld, fn, &errors);
   };
   TrainerOptions o;
   o.model = setup.model;

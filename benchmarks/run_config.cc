@@ -54,13 +54,7 @@ RunResult RunConfig(const RunSpec& spec, Progress* progress) {
   std::vector<Status> errors(n);
   std::vector<StepMetrics> metrics(n);
   auto on_all = [&](const std::function<Status(int)>& fn) -> Status {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { errors[r] = fn(r); });
-    for (auto& t : threads) t.join();
-    for (const Status& s : errors) {
-      if (!s.ok()) return s;
-    }
-    return OkStatus();
+    return comm::RunRankThreads(n, fn, &errors);
   };
   auto fail = [&](const Status& s) {
     result.ok = false;

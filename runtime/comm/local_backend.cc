@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "runtime/comm/reduce.h"
 #include "runtime/core/trace.h"
@@ -361,6 +362,47 @@ StatusOr<std::shared_ptr<Work>> LocalProcessGroup::Launch(Collective c, Stream& 
         TraceSpan span(CollectiveName(c.kind), "comm", rank, track);
         return rendezvous->Run(rank, c, *pool);
       });
+}
+
+Status RunRankThreads(int world_size, const std::function<Status(int rank)>& body,
+                      std::vector<Status>* per_rank) {
+  if (world_size < 1) {
+    return InvalidArgumentError("RunRankThreads: world_size must be >= 1, not " +
+                                std::to_string(world_size));
+  }
+  std::vector<Status> results(static_cast<size_t>(world_size));
+  std::vector<std::thread> threads;
+  threads.reserve(results.size());
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        results[r] = body(r);
+      } catch (const std::bad_alloc&) {
+        results[r] = ResourceExhaustedError("out of host memory (std::bad_alloc)");
+      } catch (const std::exception& e) {
+        results[r] = InternalError(std::string("unexpected C++ exception: ") + e.what());
+      } catch (...) {
+        results[r] = InternalError("unexpected C++ exception");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  Status first = OkStatus();
+  for (int r = 0; r < world_size; ++r) {
+    if (!results[r].ok()) {
+      first = results[r].WithContext("rank " + std::to_string(r));
+      break;
+    }
+  }
+  if (per_rank != nullptr) *per_rank = std::move(results);
+  return first;
+}
+
+Status RunLocalRanks(int world_size,
+                     const std::function<Status(int rank, ProcessGroup* group)>& body) {
+  SK_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ProcessGroup>> groups,
+                      LocalProcessGroup::Create(world_size));
+  return RunRankThreads(world_size, [&](int r) { return body(r, groups[r].get()); });
 }
 
 }  // namespace sk::comm

@@ -34,6 +34,7 @@
 #ifndef SHARDKIT_RUNTIME_COMM_LOCAL_BACKEND_H_
 #define SHARDKIT_RUNTIME_COMM_LOCAL_BACKEND_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -79,6 +80,22 @@ class LocalProcessGroup final : public ProcessGroup {
   std::mutex new_group_mu_;
   std::map<std::string, int> new_group_counts_;  // NewGroup calls per member list
 };
+
+// Runs body(rank) for rank 0..world_size-1, each on a new thread, and
+// returns when every one has returned. A C++ exception escaping body becomes
+// that rank's error (ResourceExhausted for std::bad_alloc, Internal
+// otherwise). Returns OK when every rank returned OK, otherwise the lowest
+// failing rank's status with "rank R" as context; when `per_rank` is not
+// null it receives every rank's status. InvalidArgument if world_size < 1.
+// Thread-safe; body runs concurrently on world_size threads.
+Status RunRankThreads(int world_size, const std::function<Status(int rank)>& body,
+                      std::vector<Status>* per_rank = nullptr);
+
+// Creates a local group of world_size ranks (LocalProcessGroup::Create) and
+// runs body(rank, group) for each on its own thread (RunRankThreads). The
+// groups live until every body has returned.
+Status RunLocalRanks(int world_size,
+                     const std::function<Status(int rank, ProcessGroup* group)>& body);
 
 }  // namespace sk::comm
 

@@ -7,6 +7,7 @@
 #include "runtime/nn/kernels.h"
 
 #include "runtime/fsdp/checkpoint.h"
+#include "runtime/train/engine.h"
 
 namespace sk {
 
@@ -73,10 +74,7 @@ Status Trainer::Init() {
     }
     gemm_threads_ = std::max(1, cores / sharing);
   }
-  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(world_->rank())));
-  CachingAllocator::Options ao;
-  ao.capacity_bytes = options_.memory_cap_bytes;
-  allocator_ = std::make_unique<CachingAllocator>(device, ao);
+  SK_ASSIGN_OR_RETURN(allocator_, CreateRankAllocator(world_->rank(), options_.memory_cap_bytes));
 
   const int64_t vocab = config_.family == ModelFamily::kGpt ? config_.gpt.vocab_size : config_.t5.vocab_size;
   if (options_.data_path.empty()) {
@@ -89,7 +87,6 @@ Status Trainer::Init() {
   }
   SK_RETURN_IF_ERROR(BatchFor(0, 0).status());
 
-  Allocator* optimizer_state = nullptr;
   if (options_.parallelism == Parallelism::kDdp) {
     DdpOptions d;
     d.compute_dtype = options_.fsdp.mixed_precision.param_dtype;
@@ -100,17 +97,13 @@ Status Trainer::Init() {
     SK_ASSIGN_OR_RETURN(ddp_, DistributedDataParallel::Create(model_->units(), world_,
                                                                allocator_.get(), d));
     engine_ = ddp_.get();
-    optimizer_state = &engine_->activation_allocator();
   } else {
     SK_ASSIGN_OR_RETURN(fsdp_, FullyShardedModel::Create(model_->units(), world_,
                                                          allocator_.get(), options_.fsdp));
     engine_ = fsdp_.get();
-    // With CPU offload the optimizer steps on the host, beside the shards.
-    optimizer_state = options_.fsdp.cpu_offload
-                          ? static_cast<Allocator*>(&HostAllocator::Default())
-                          : &engine_->activation_allocator();
   }
-  SK_ASSIGN_OR_RETURN(optimizer_, Optimizer::Create(options_.optimizer, optimizer_state));
+  const bool offload = options_.parallelism != Parallelism::kDdp && options_.fsdp.cpu_offload;
+  SK_ASSIGN_OR_RETURN(optimizer_, CreateEngineOptimizer(options_.optimizer, *engine_, offload));
   return OkStatus();
 }
 

@@ -16,9 +16,11 @@ namespace {
 
 using namespace std::chrono_literals;
 void RunRanks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
+  Status s = comm::RunRankThreads(n, [&](int r) {
+    fn(r);
+    return OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 std::unique_ptr<Stream> MakeStream(int rank) {

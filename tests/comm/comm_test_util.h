@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/comm/local_backend.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/dtype.h"
@@ -21,9 +22,11 @@ namespace sk::comm::testing {
 
 // Runs fn(rank) on `n` threads and joins them.
 inline void RunRanks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
+  Status s = RunRankThreads(n, [&](int r) {
+    fn(r);
+    return OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 inline std::unique_ptr<Stream> MakeStream(int rank, const std::string& name) {

@@ -20,11 +20,11 @@ constexpr int kSaveStep = 3;
 constexpr int kTotalSteps = 6;
 
 void RunRanks(int world, const std::function<void(int, comm::ProcessGroup*)>& body) {
-  auto groups = comm::LocalProcessGroup::Create(world);
-  ASSERT_TRUE(groups.ok()) << groups.status();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { body(r, (*groups)[r].get()); });
-  for (auto& t : threads) t.join();
+  Status s = comm::RunLocalRanks(world, [&](int r, comm::ProcessGroup* g) {
+    body(r, g);
+    return OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 TrainerOptions Options(int world, uint64_t seed) {

@@ -92,14 +92,13 @@ inline ReferenceRun RunReference(const GptModel& model, int steps, int global_ro
 }
 
 // Runs `body(rank, world group)` on `world` threads of one local group.
+// Failures are the body's gtest assertions.
 inline void RunRanks(int world, const std::function<void(int, comm::ProcessGroup*)>& body) {
-  auto groups = comm::LocalProcessGroup::Create(world);
-  ASSERT_TRUE(groups.ok()) << groups.status();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] { body(r, (*groups)[r].get()); });
-  }
-  for (auto& t : threads) t.join();
+  Status s = comm::RunLocalRanks(world, [&](int r, comm::ProcessGroup* g) {
+    body(r, g);
+    return OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 inline void ExpectRelClose(float got, float want, double rel, const std::string& what) {

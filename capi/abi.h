@@ -1,0 +1,274 @@
+// Internal to libshardkit.so: what every translation unit of the C ABI
+// shares. The handles' definitions, the handle registry, reading and writing
+// the ABI's versioned structs, errors, and the entry-point macros.
+//
+// Every entry point has the same shape: SK_API_BEGIN clears this thread's
+// error and opens a try block; arguments are checked (live handles, non-null
+// out-pointers, struct sizes, enum values) and translated into runtime types;
+// the runtime does the work; results are written to out-parameters only after
+// everything has succeeded; SK_API_END maps any escaping exception to a
+// status. The library itself makes no decisions the runtime does not make:
+// the ABI's zero fields mean "the runtime's default" and are translated in
+// options.cc; everything else is validated by the runtime.
+//
+// The files: abi.cc (this support, status, version, parsing),
+// options.cc (the option and result structs), process_group.cc,
+// trainer.cc (trainer, memory estimate, local session), engine.cc (model
+// spec and the low-level engine).
+#ifndef SHARDKIT_CAPI_ABI_H_
+#define SHARDKIT_CAPI_ABI_H_
+
+#include "shardkit/shardkit.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/comm/process_group.h"
+#include "runtime/core/status.h"
+#include "runtime/fsdp/fsdp.h"
+#include "runtime/fsdp/memory_estimator.h"
+#include "runtime/nn/model.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/train/engine.h"
+#include "runtime/train/trainer.h"
+
+// ---------------------------------------------------------------------------
+// Handles. Each is registered while live so that a destroyed handle passed
+// back in is reported instead of dereferenced.
+// ---------------------------------------------------------------------------
+
+struct sk_process_group {
+  std::shared_ptr<sk::comm::ProcessGroup> group;
+  std::string label;
+};
+
+struct sk_trainer {
+  std::shared_ptr<sk::comm::ProcessGroup> group;  // outlives the trainer
+  std::unique_ptr<sk::Trainer> trainer;
+};
+
+struct sk_local_session {
+  std::vector<std::shared_ptr<sk::comm::ProcessGroup>> groups;
+  std::vector<std::unique_ptr<sk::Trainer>> trainers;
+  std::vector<sk::StepMetrics> last_metrics;  // empty before the first step
+};
+
+struct sk_model_spec {
+  std::vector<sk::UnitSpec> units;
+};
+
+struct sk_engine {
+  // Declared first, destroyed last: the engine uses the group until it is gone.
+  std::shared_ptr<sk::comm::ProcessGroup> group;
+  std::unique_ptr<sk::FsdpEngine> engine;
+};
+
+namespace sk::capi {
+
+// 65536: far above any struct this header will ever declare, small enough
+// that a garbage size is caught before bytes are read.
+constexpr size_t kMaxStructSize = 65536;
+
+// This thread's last error message (sk_last_error_message).
+extern thread_local std::string t_last_error;
+
+enum class HandleKind { kProcessGroup, kTrainer, kLocalSession, kModelSpec, kEngine };
+
+template <typename T> struct HandleTraits;
+template <> struct HandleTraits<sk_process_group> {
+  static constexpr HandleKind kKind = HandleKind::kProcessGroup;
+  static constexpr const char* kName = "sk_process_group";
+};
+template <> struct HandleTraits<sk_trainer> {
+  static constexpr HandleKind kKind = HandleKind::kTrainer;
+  static constexpr const char* kName = "sk_trainer";
+};
+template <> struct HandleTraits<sk_local_session> {
+  static constexpr HandleKind kKind = HandleKind::kLocalSession;
+  static constexpr const char* kName = "sk_local_session";
+};
+template <> struct HandleTraits<sk_model_spec> {
+  static constexpr HandleKind kKind = HandleKind::kModelSpec;
+  static constexpr const char* kName = "sk_model_spec";
+};
+template <> struct HandleTraits<sk_engine> {
+  static constexpr HandleKind kKind = HandleKind::kEngine;
+  static constexpr const char* kName = "sk_engine";
+};
+
+class HandleRegistry { public:
+  static HandleRegistry& Get();
+  void Add(const void* p, HandleKind k);
+  // True if `p` was live with kind `k` (and is now removed).
+  bool Remove(const void* p, HandleKind k);
+  bool IsLive(const void* p, HandleKind k);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<const void*, HandleKind> live_;
+};
+
+template <typename T>
+T* Register(std::unique_ptr<T> h) {
+  T* p = h.release();
+  HandleRegistry::Get().Add(p, HandleTraits<T>::kKind);
+  return p;
+}
+
+template <typename T>
+void Destroy(T* h) {
+  if (h == nullptr) return;
+  // Destroying a handle that is not live (twice, or never created) is
+  // ignored: there is nothing safe to free.
+  if (HandleRegistry::Get().Remove(h, HandleTraits<T>::kKind)) delete h;
+}
+
+template <typename T>
+Status CheckHandle(const T* h, const char* arg) {
+  if (h == nullptr) {
+    return sk::InvalidArgumentError(std::string(arg) + " is NULL (expected a " +
+                                    HandleTraits<T>::kName + ")");
+  }
+  if (!HandleRegistry::Get().IsLive(h, HandleTraits<T>::kKind)) {
+    return sk::InvalidArgumentError(std::string(arg) + " is not a live " +
+                                    HandleTraits<T>::kName + " (destroyed, or never created)");
+  }
+  return sk::OkStatus();
+}
+
+Status CheckOut(const void* p, const char* arg);
+
+// Records `s`'s message as this thread's error and returns its code.
+sk_status_t Fail(const Status& s);
+sk_status_t Fail(sk_status_t code, const std::string& message);
+
+
+// The size of each struct in its first version: a caller's struct_size below
+// this cannot come from any header and is rejected. Appending a field never
+// changes these.
+template <typename T> constexpr size_t kFirstVersionSize = sizeof(T);
+// 0.1.0's sk_trainer_options ended at data_tokens; 0.2.0 appended parallelism.
+template <> constexpr size_t kFirstVersionSize<sk_trainer_options> =
+    offsetof(sk_trainer_options, parallelism);
+
+// Copies a caller's option struct into `out` (zeroed, then the caller's
+// bytes up to min(struct_size, sizeof)); `in` NULL leaves all defaults.
+template <typename T>
+Status ReadStruct(const T* in, const char* name, T* out) {
+  std::memset(out, 0, sizeof(T));
+  out->struct_size = sizeof(T);
+  if (in == nullptr) return sk::OkStatus();
+  const size_t size = in->struct_size;
+  if (size < kFirstVersionSize<T>) {
+    return sk::InvalidArgumentError(std::string(name) + ".struct_size is " + std::to_string(size) +
+                                    ", smaller than any version of the struct (" +
+                                    std::to_string(kFirstVersionSize<T>) +
+                                    "): initialise it with its _INIT macro");
+  }
+  if (size > kMaxStructSize) {
+    return sk::InvalidArgumentError(std::string(name) + ".struct_size is " + std::to_string(size) +
+                                    ", not a struct size (at most " +
+                                    std::to_string(kMaxStructSize) + ")");
+  }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(in);
+  for (size_t i = sizeof(T); i < size; ++i) {
+    if (bytes[i] != 0) {
+      return sk::InvalidArgumentError(
+          std::string(name) + " has struct_size " + std::to_string(size) + " and sets fields beyond the " +
+          std::to_string(sizeof(T)) + " bytes this library (" SK_VERSION_STRING
+          ") knows: it asks for options this version cannot honour");
+    }
+  }
+  std::memcpy(out, in, std::min(size, sizeof(T)));
+  out->struct_size = sizeof(T);
+  return sk::OkStatus();
+}
+
+// Checks an output struct's struct_size (before any work is done).
+template <typename T>
+Status CheckOutStruct(const T* out, const char* name) {
+  SK_RETURN_IF_ERROR(CheckOut(out, name));
+  if (out->struct_size < kFirstVersionSize<T> || out->struct_size > kMaxStructSize) {
+    return sk::InvalidArgumentError(std::string(name) + "->struct_size is " +
+                                    std::to_string(out->struct_size) + "; expected at least " +
+                                    std::to_string(kFirstVersionSize<T>) +
+                                    " (initialise it with its _INIT macro)");
+  }
+  return sk::OkStatus();
+}
+
+// Writes `value` into the caller's struct: only the bytes both know; the
+// caller's struct_size and any newer fields stay as they were.
+template <typename T>
+void WriteStruct(T* out, const T& value) {
+  const size_t n = std::min(out->struct_size, sizeof(T));
+  const size_t skip = sizeof(size_t);
+  std::memcpy(reinterpret_cast<unsigned char*>(out) + skip,
+              reinterpret_cast<const unsigned char*>(&value) + skip, n - skip);
+}
+
+Status CheckEnum(int value, int max, const char* field);
+Status CheckString(const char* s, const char* arg);
+
+// --- options.cc: the ABI's structs to the runtime's and back. ---------------
+
+StatusOr<Duration> TimeoutFrom(int64_t ms, const char* field);
+StatusOr<FsdpOptions> ToFsdpOptions(const sk_fsdp_options* in);
+StatusOr<OptimizerOptions> ToOptimizerOptions(const sk_optimizer_options* in);
+StatusOr<TrainerOptions> ToTrainerOptions(const sk_trainer_options* in);
+sk_memory_estimate ToMemoryEstimate(const MemoryEstimate& e);
+sk_step_metrics ToStepMetrics(const StepMetrics& m, int rank);
+
+// --- process_group.cc ---------------------------------------------------------
+
+// The world_size rank handles of a new local group, each wrapped in the
+// network model `network_model` names (NULL: none).
+StatusOr<std::vector<std::shared_ptr<comm::ProcessGroup>>> CreateLocalGroups(
+    int32_t world_size, const char* network_model);
+
+}  // namespace sk::capi
+
+// One try/catch pair around every entry point: no exception crosses the ABI.
+#define SK_API_BEGIN \
+  ::sk::capi::t_last_error.clear(); \
+  try {
+#define SK_API_END                                                                      \
+  }                                                                                     \
+  catch (const std::bad_alloc&) {                                                       \
+    return ::sk::capi::Fail(SK_STATUS_RESOURCE_EXHAUSTED, "out of host memory (std::bad_alloc)");   \
+  }                                                                                     \
+  catch (const std::exception& e) {                                                     \
+    return ::sk::capi::Fail(SK_STATUS_INTERNAL, std::string("unexpected C++ exception: ") + e.what()); \
+  }                                                                                     \
+  catch (...) {                                                                         \
+    return ::sk::capi::Fail(SK_STATUS_INTERNAL, "unexpected C++ exception");                        \
+  }
+// For functions returning void (destroy): nothing to report, nothing escapes.
+#define SK_API_VOID_BEGIN try {
+#define SK_API_VOID_END \
+  }                     \
+  catch (...) {         \
+  }
+
+// Returns the status of `expr` from the entry point if it is not OK.
+#define SK_CHECK(expr)                       \
+  do {                                       \
+    ::sk::Status sk_c_ = (expr);             \
+    if (!sk_c_.ok()) return ::sk::capi::Fail(sk_c_);     \
+  } while (0)
+#define SK_ASSIGN_OR_FAIL(lhs, expr)                         \
+  SK_ASSIGN_OR_FAIL_IMPL(SK_STATUS_CONCAT(sk_api_, __LINE__), lhs, expr)
+#define SK_ASSIGN_OR_FAIL_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                           \
+  if (!tmp.ok()) return ::sk::capi::Fail(tmp.status());    \
+  lhs = std::move(tmp).value()
+
+
+#endif  // SHARDKIT_CAPI_ABI_H_

@@ -1,0 +1,275 @@
+// The low level: model specs and the FSDP engine around caller-computed
+// units (runtime/train/engine.h does the work).
+#include "capi/abi.h"
+
+namespace {
+
+using sk::Status;
+
+sk_tensor_view ViewOf(const sk::Tensor& t, const sk::ParamSpec& spec) {
+  sk_tensor_view v;
+  std::memset(&v, 0, sizeof(v));
+  v.struct_size = sizeof(v);
+  v.data = t.data();
+  v.dtype = static_cast<sk_dtype_t>(t.dtype());
+  v.ndim = spec.shape.rank();
+  v.shape = spec.shape.dims().data();
+  v.numel = t.numel();
+  return v;
+}
+
+// OUT_OF_RANGE unless `unit` indexes `units`.
+Status CheckSpecUnit(const std::vector<sk::UnitSpec>& units, int32_t unit) {
+  if (unit < 0 || static_cast<size_t>(unit) >= units.size()) {
+    return sk::OutOfRangeError("unit " + std::to_string(unit) + " out of range (the model has " +
+                               std::to_string(units.size()) + " units)");
+  }
+  return sk::OkStatus();
+}
+
+// A view requested outside its window names the window in the ABI's terms.
+sk::StatusOr<const sk::Tensor*> InAbiTerms(sk::StatusOr<const sk::Tensor*> r, const char* window) {
+  if (r.ok() || r.status().code() != sk::StatusCode::kFailedPrecondition) return r;
+  return sk::FailedPreconditionError(std::string(r.status().message()) + " (in this API: " +
+                                     window + ")");
+}
+
+}  // namespace
+
+using namespace sk::capi;  // NOLINT: the entry points below are this file's only code
+
+extern "C" {
+
+// --- model spec --------------------------------------------------------------
+
+SK_EXPORT sk_status_t sk_model_spec_create(sk_model_spec** out_spec) {
+  SK_API_BEGIN
+  SK_CHECK(CheckOut(out_spec, "out_spec"));
+  *out_spec = Register(std::make_unique<sk_model_spec>());
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT void sk_model_spec_destroy(sk_model_spec* spec) {
+  SK_API_VOID_BEGIN
+  Destroy(spec);
+  SK_API_VOID_END
+}
+
+SK_EXPORT sk_status_t sk_model_spec_add_unit(sk_model_spec* spec, const char* name, int32_t* out_unit) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(spec, "spec"));
+  SK_CHECK(CheckString(name, "name"));
+  if (name[0] == '\0') return Fail(SK_STATUS_INVALID_ARGUMENT, "unit name is empty");
+  for (const sk::UnitSpec& u : spec->units) {
+    if (u.name == name) {
+      return Fail(SK_STATUS_INVALID_ARGUMENT, "a unit named '" + u.name + "' already exists");
+    }
+  }
+  sk::UnitSpec u;
+  u.name = name;
+  spec->units.push_back(std::move(u));
+  if (out_unit != nullptr) *out_unit = static_cast<int32_t>(spec->units.size() - 1);
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
+                                              const sk_param_spec* param, int32_t* out_param) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(spec, "spec"));
+  SK_CHECK(CheckSpecUnit(spec->units, unit));
+  if (param == nullptr) return Fail(SK_STATUS_INVALID_ARGUMENT, "param is NULL (use SK_PARAM_SPEC_INIT)");
+  sk_param_spec c;
+  SK_CHECK(ReadStruct(param, "sk_param_spec", &c));
+  sk::UnitSpec& u = spec->units[unit];
+  if (c.name == nullptr || c.name[0] == '\0') {
+    return Fail(SK_STATUS_INVALID_ARGUMENT, "sk_param_spec.name is NULL or empty (unit '" + u.name + "')");
+  }
+  const std::string name = c.name;
+  for (const sk::ParamSpec& p : u.params) {
+    if (p.name == name) {
+      return Fail(SK_STATUS_INVALID_ARGUMENT,
+                  "unit '" + u.name + "' already has a parameter named '" + name + "'");
+    }
+  }
+  const std::string where = "parameter '" + u.name + "." + name + "': ";
+  if (c.ndim < 0 || c.ndim > SK_MAX_DIMS) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT, where + "ndim " + std::to_string(c.ndim) +
+                                                " is not in [0, " + std::to_string(SK_MAX_DIMS) + "]");
+  }
+  if (c.ndim > 0 && c.shape == nullptr) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT, where + "shape is NULL while ndim is " + std::to_string(c.ndim));
+  }
+  SK_CHECK(CheckEnum(c.dtype, SK_DTYPE_F16, "sk_param_spec.dtype"));
+  if (c.dtype != SK_DTYPE_DEFAULT && c.dtype != SK_DTYPE_F32) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT,
+                where + "dtype must be f32: master parameters are always f32 (choose the compute "
+                        "precision with sk_fsdp_options.param_dtype)");
+  }
+  SK_CHECK(CheckEnum(c.init, SK_INIT_UNIFORM, "sk_param_spec.init"));
+  std::vector<int64_t> dims(c.shape, c.shape + c.ndim);
+  auto shape = sk::Shape::Make(dims);
+  if (!shape.ok()) return Fail(shape.status().WithContext(where + "shape"));
+  sk::ParamSpec p;
+  p.name = name;
+  p.shape = *shape;
+  p.init.kind = c.init == SK_INIT_DEFAULT ? sk::InitKind::kZeros : static_cast<sk::InitKind>(c.init);
+  p.init.a = c.init_a;
+  p.init.b = c.init_b;
+  if (p.init.kind == sk::InitKind::kZeros || p.init.kind == sk::InitKind::kOnes) p.init.a = p.init.b = 0.f;
+  Status valid = sk::ValidateInitializer(p.init);
+  if (!valid.ok()) return Fail(valid.WithContext(where + "initializer"));
+  u.params.push_back(std::move(p));
+  if (out_param != nullptr) *out_param = static_cast<int32_t>(u.params.size() - 1);
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+// --- engine ------------------------------------------------------------------
+
+SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_group* group,
+                                       const sk_engine_options* options, sk_engine** out_engine) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(spec, "spec"));
+  SK_CHECK(CheckHandle(group, "group"));
+  SK_CHECK(CheckOut(out_engine, "out_engine"));
+  sk_engine_options c;
+  SK_CHECK(ReadStruct(options, "sk_engine_options", &c));
+  sk::FsdpEngineOptions o;
+  SK_ASSIGN_OR_FAIL(o.fsdp, ToFsdpOptions(c.fsdp));
+  SK_ASSIGN_OR_FAIL(o.optimizer, ToOptimizerOptions(c.optimizer));
+  o.memory_cap_bytes = static_cast<size_t>(c.memory_cap_bytes);
+  auto h = std::make_unique<sk_engine>();
+  h->group = group->group;
+  SK_ASSIGN_OR_FAIL(h->engine, sk::FsdpEngine::Create(spec->units, h->group.get(), o));
+  *out_engine = Register(std::move(h));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT void sk_engine_destroy(sk_engine* engine) {
+  SK_API_VOID_BEGIN
+  Destroy(engine);
+  SK_API_VOID_END
+}
+
+SK_EXPORT sk_status_t sk_engine_num_units(const sk_engine* engine, int32_t* out_units) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOut(out_units, "out_units"));
+  *out_units = static_cast<int32_t>(engine->engine->num_units());
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_pre_forward(sk_engine* engine, int32_t unit) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->PreForward(unit));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_post_forward(sk_engine* engine, int32_t unit) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->PostForward(unit));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_pre_backward(sk_engine* engine, int32_t unit) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->PreBackward(unit));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_post_backward(sk_engine* engine, int32_t unit) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->PostBackward(unit));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_param(sk_engine* engine, int32_t unit, int32_t param,
+                                      sk_tensor_view* out_view) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOutStruct(out_view, "out_view"));
+  SK_ASSIGN_OR_FAIL(const sk::Tensor* t,
+                    InAbiTerms(engine->engine->Param(unit, param),
+                               "sk_engine_pre_forward .. sk_engine_post_forward, "
+                               "sk_engine_pre_backward .. sk_engine_post_backward"));
+  WriteStruct(out_view, ViewOf(*t, engine->engine->units()[unit].params[param]));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_grad(sk_engine* engine, int32_t unit, int32_t param,
+                                     sk_tensor_view* out_view) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOutStruct(out_view, "out_view"));
+  SK_ASSIGN_OR_FAIL(const sk::Tensor* t,
+                    InAbiTerms(engine->engine->Grad(unit, param),
+                               "sk_engine_pre_backward .. sk_engine_post_backward"));
+  WriteStruct(out_view, ViewOf(*t, engine->engine->units()[unit].params[param]));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_set_gradient_sync(sk_engine* engine, int32_t enabled) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  engine->engine->set_gradient_sync(enabled != 0);
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_finish_backward(sk_engine* engine) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->FinishBackward());
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_clip_grad_norm(sk_engine* engine, double max_norm, double* out_norm) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_ASSIGN_OR_FAIL(double norm, engine->engine->ClipGradNorm(max_norm));
+  if (out_norm != nullptr) *out_norm = norm;
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_optimizer_step(sk_engine* engine) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->OptimizerStep());
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_zero_grad(sk_engine* engine) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  engine->engine->ZeroGrad();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_read_param(sk_engine* engine, int32_t unit, int32_t param, float* out,
+                                           int64_t count) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->ReadParam(unit, param, out, count));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+}  // extern "C"

@@ -1,0 +1,137 @@
+// The ABI's option and result structs translated to the runtime's and back.
+#include "capi/abi.h"
+
+#include "runtime/nn/data.h"
+
+namespace sk::capi {
+
+StatusOr<sk::Duration> TimeoutFrom(int64_t ms, const char* field) {
+  if (ms < 0) return sk::InvalidArgumentError(std::string(field) + " must be >= 0 (0 = default)");
+  return ms == 0 ? sk::kDefaultTimeout : sk::Duration(ms);
+}
+
+StatusOr<sk::FsdpOptions> ToFsdpOptions(const sk_fsdp_options* in) {
+  sk_fsdp_options c;
+  SK_RETURN_IF_ERROR(ReadStruct(in, "sk_fsdp_options", &c));
+  SK_RETURN_IF_ERROR(CheckEnum(c.strategy, SK_SHARDING_HYBRID_SHARD_GRAD_OP, "sk_fsdp_options.strategy"));
+  SK_RETURN_IF_ERROR(CheckEnum(c.backward_prefetch, SK_BACKWARD_PREFETCH_POST,
+                               "sk_fsdp_options.backward_prefetch"));
+  SK_RETURN_IF_ERROR(CheckEnum(c.param_dtype, SK_DTYPE_F16, "sk_fsdp_options.param_dtype"));
+  SK_RETURN_IF_ERROR(CheckEnum(c.reduce_dtype, SK_DTYPE_F16, "sk_fsdp_options.reduce_dtype"));
+  SK_RETURN_IF_ERROR(CheckEnum(c.buffer_dtype, SK_DTYPE_F16, "sk_fsdp_options.buffer_dtype"));
+  if (c.all_gather_limit < -1) {
+    return sk::InvalidArgumentError("sk_fsdp_options.all_gather_limit must be >= -1 (0 = 2, -1 = no limit)");
+  }
+  sk::FsdpOptions o;
+  o.strategy = c.strategy == SK_SHARDING_DEFAULT ? sk::ShardingStrategy::kFullShard
+                                                 : static_cast<sk::ShardingStrategy>(c.strategy);
+  o.shard_group_size = c.shard_group_size;
+  o.backward_prefetch = c.backward_prefetch == SK_BACKWARD_PREFETCH_DEFAULT
+                            ? sk::BackwardPrefetch::kBackwardPre
+                            : static_cast<sk::BackwardPrefetch>(c.backward_prefetch);
+  o.forward_prefetch = c.forward_prefetch != 0;
+  o.all_gather_limit = c.all_gather_limit == 0 ? 2 : c.all_gather_limit == -1 ? 0 : c.all_gather_limit;
+  o.mixed_precision.param_dtype =
+      c.param_dtype == SK_DTYPE_DEFAULT ? sk::DType::kF32 : static_cast<sk::DType>(c.param_dtype);
+  o.mixed_precision.reduce_dtype = static_cast<sk::DType>(c.reduce_dtype);
+  o.mixed_precision.buffer_dtype = static_cast<sk::DType>(c.buffer_dtype);
+  o.cpu_offload = c.cpu_offload != 0;
+  o.gradient_predivide_factor = c.gradient_predivide_factor;
+  o.seed = c.seed;
+  SK_ASSIGN_OR_RETURN(o.timeout, TimeoutFrom(c.timeout_ms, "sk_fsdp_options.timeout_ms"));
+  return o;
+}
+
+StatusOr<sk::OptimizerOptions> ToOptimizerOptions(const sk_optimizer_options* in) {
+  sk_optimizer_options c;
+  SK_RETURN_IF_ERROR(ReadStruct(in, "sk_optimizer_options", &c));
+  SK_RETURN_IF_ERROR(CheckEnum(c.kind, SK_OPTIMIZER_ADAMW, "sk_optimizer_options.kind"));
+  sk::OptimizerOptions o;
+  o.kind = c.kind == SK_OPTIMIZER_DEFAULT ? sk::OptimizerKind::kAdamW
+                                          : static_cast<sk::OptimizerKind>(c.kind);
+  if (c.lr != 0.f) o.lr = c.lr;
+  o.momentum = c.momentum;
+  o.dampening = c.dampening;
+  o.nesterov = c.nesterov != 0;
+  if (c.beta1 != 0.f) o.beta1 = c.beta1;
+  if (c.beta2 != 0.f) o.beta2 = c.beta2;
+  if (c.eps != 0.f) o.eps = c.eps;
+  o.weight_decay = c.weight_decay;
+  SK_RETURN_IF_ERROR(sk::ValidateOptimizerOptions(o).WithContext("sk_optimizer_options"));
+  return o;
+}
+
+StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in) {
+  if (in == nullptr) return sk::InvalidArgumentError("options is NULL (use SK_TRAINER_OPTIONS_INIT)");
+  sk_trainer_options c;
+  SK_RETURN_IF_ERROR(ReadStruct(in, "sk_trainer_options", &c));
+  sk::TrainerOptions o;
+  if (c.model != nullptr) o.model = c.model;
+  SK_ASSIGN_OR_RETURN(o.fsdp, ToFsdpOptions(c.fsdp));
+  SK_ASSIGN_OR_RETURN(o.optimizer, ToOptimizerOptions(c.optimizer));
+  if (c.batch_size != 0) o.batch_size = c.batch_size;
+  if (c.grad_accum_steps != 0) o.grad_accum_steps = c.grad_accum_steps;
+  o.seq_len = c.seq_len;
+  o.source_len = c.source_len;
+  o.clip_grad_norm = c.clip_grad_norm;
+  o.activation_checkpointing = c.activation_checkpointing != 0;
+  o.memory_cap_bytes = static_cast<size_t>(c.memory_cap_bytes);
+  if (c.data_path != nullptr) o.data_path = c.data_path;
+  switch (c.data_token_bytes) {
+    case 0:
+    case 2: o.data_width = sk::TokenWidth::kUint16; break;
+    case 4: o.data_width = sk::TokenWidth::kUint32; break;
+    default:
+      return sk::InvalidArgumentError("sk_trainer_options.data_token_bytes must be 2 or 4 (0 = 2), not " +
+                                      std::to_string(c.data_token_bytes));
+  }
+  if (c.data_seed != 0) o.data_seed = c.data_seed;
+  o.data_tokens = c.data_tokens;
+  SK_RETURN_IF_ERROR(CheckEnum(c.parallelism, SK_PARALLELISM_DDP, "sk_trainer_options.parallelism"));
+  o.parallelism = c.parallelism == SK_PARALLELISM_DEFAULT ? sk::Parallelism::kFsdp
+                                                          : static_cast<sk::Parallelism>(c.parallelism);
+  if (c.ddp_bucket_bytes < 0) {
+    return sk::InvalidArgumentError("sk_trainer_options.ddp_bucket_bytes must be >= 0 (0 = 25 MiB)");
+  }
+  o.ddp_bucket_bytes = c.ddp_bucket_bytes;
+  return o;
+}
+
+sk_memory_estimate ToMemoryEstimate(const sk::MemoryEstimate& e) {
+  sk_memory_estimate c;
+  std::memset(&c, 0, sizeof(c));
+  c.struct_size = sizeof(c);
+  c.parameters = e.parameters;
+  c.master_bytes = e.master_bytes;
+  c.grad_shard_bytes = e.grad_shard_bytes;
+  c.optimizer_bytes = e.optimizer_bytes;
+  c.persistent_bytes = e.persistent_bytes;
+  c.unsharded_bytes = e.unsharded_bytes;
+  c.activation_bytes = e.activation_bytes;
+  c.peak_bytes = e.peak_bytes;
+  return c;
+}
+
+sk_step_metrics ToStepMetrics(const sk::StepMetrics& m, int rank) {
+  sk_step_metrics c;
+  std::memset(&c, 0, sizeof(c));
+  c.struct_size = sizeof(c);
+  c.step = m.step;
+  c.rank = rank;
+  c.loss = m.loss;
+  c.grad_norm = m.grad_norm;
+  c.step_seconds = m.step_seconds;
+  c.tokens_per_second = m.tokens_per_second;
+  c.model_tflops_per_rank = m.model_tflops_per_rank;
+  c.hardware_tflops_per_rank = m.hardware_tflops_per_rank;
+  c.peak_allocated_bytes = m.peak_allocated_bytes;
+  c.peak_reserved_bytes = m.peak_reserved_bytes;
+  c.allocated_bytes = m.allocated_bytes;
+  c.reserved_bytes = m.reserved_bytes;
+  c.alloc_retries = m.alloc_retries;
+  c.ooms = m.ooms;
+  c.bytes_communicated = m.bytes_communicated;
+  return c;
+}
+
+}  // namespace sk::capi

@@ -1,0 +1,169 @@
+// Process groups: local ranks as threads, gloo processes, and
+// sk_run_local_ranks.
+#include "capi/abi.h"
+
+#include <optional>
+
+#include "runtime/comm/gloo_backend.h"
+#include "runtime/comm/local_backend.h"
+#include "runtime/comm/network_model.h"
+#include "runtime/comm/store.h"
+
+namespace sk::capi {
+
+constexpr int32_t kMaxLocalWorld = 4096;
+
+StatusOr<std::vector<std::shared_ptr<sk::comm::ProcessGroup>>> CreateLocalGroups(
+    int32_t world_size, const char* network_model) {
+  if (world_size < 1 || world_size > kMaxLocalWorld) {
+    return sk::InvalidArgumentError("world_size must be in [1, " + std::to_string(kMaxLocalWorld) +
+                                    "], not " + std::to_string(world_size));
+  }
+  std::optional<sk::comm::LinkModel> link;
+  if (network_model != nullptr) {
+    SK_ASSIGN_OR_RETURN(link, sk::comm::LinkModel::Parse(network_model));
+  }
+  SK_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<sk::comm::ProcessGroup>> ranks,
+                      sk::comm::LocalProcessGroup::Create(world_size));
+  std::vector<std::shared_ptr<sk::comm::ProcessGroup>> out;
+  for (auto& r : ranks) {
+    if (link) {
+      SK_ASSIGN_OR_RETURN(std::unique_ptr<sk::comm::NetworkModelProcessGroup> w,
+                          sk::comm::NetworkModelProcessGroup::Wrap(std::move(r), *link));
+      out.push_back(std::move(w));
+    } else {
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+}  // namespace sk::capi
+
+namespace {
+
+std::unique_ptr<sk_process_group> MakeGroupHandle(std::shared_ptr<sk::comm::ProcessGroup> g) {
+  auto h = std::make_unique<sk_process_group>();
+  h->label = g->label();
+  h->group = std::move(g);
+  return h;
+}
+
+// Runs body(rank) on `n` new threads and waits for all. The lowest failing
+}  // namespace
+
+using namespace sk::capi;  // NOLINT: the entry points below are this file's only code
+using sk::Status;
+
+extern "C" {
+
+// --- process groups ----------------------------------------------------------
+
+SK_EXPORT sk_status_t sk_process_group_create_local(int32_t world_size, const char* network_model,
+                                                    sk_process_group** out_groups) {
+  SK_API_BEGIN
+  SK_CHECK(CheckOut(out_groups, "out_groups"));
+  SK_ASSIGN_OR_FAIL(auto groups, CreateLocalGroups(world_size, network_model));
+  std::vector<std::unique_ptr<sk_process_group>> handles;
+  for (auto& g : groups) handles.push_back(MakeGroupHandle(std::move(g)));
+  for (size_t r = 0; r < handles.size(); ++r) out_groups[r] = Register(std::move(handles[r]));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_process_group_create_gloo(const sk_gloo_options* options,
+                                                   sk_process_group** out_group) {
+  SK_API_BEGIN
+  SK_CHECK(CheckOut(out_group, "out_group"));
+  sk_gloo_options c;
+  SK_CHECK(ReadStruct(options, "sk_gloo_options", &c));
+  sk::comm::GlooOptions go;
+  if (c.hostname != nullptr) go.hostname = c.hostname;
+  SK_ASSIGN_OR_FAIL(go.timeout, TimeoutFrom(c.timeout_ms, "sk_gloo_options.timeout_ms"));
+  go.check_desync = c.check_desync != 0;
+  std::optional<sk::comm::LinkModel> link;
+  if (c.network_model != nullptr) {
+    SK_ASSIGN_OR_FAIL(link, sk::comm::LinkModel::Parse(c.network_model));
+  }
+  std::unique_ptr<sk::comm::ProcessGroup> group;
+  if (c.world_size == 0) {
+    SK_ASSIGN_OR_FAIL(group, sk::comm::GlooProcessGroup::CreateFromEnvironment(go));
+  } else {
+    if (c.world_size < 0 || c.rank < 0 || c.rank >= c.world_size) {
+      return Fail(SK_STATUS_INVALID_ARGUMENT,
+                  "sk_gloo_options: rank " + std::to_string(c.rank) + " is not in [0, world_size " +
+                      std::to_string(c.world_size) + ")");
+    }
+    if (c.master_addr == nullptr || c.master_port <= 0 || c.master_port > 65535) {
+      return Fail(SK_STATUS_INVALID_ARGUMENT,
+                  "sk_gloo_options: master_addr and master_port (1..65535) are required when "
+                  "world_size is set");
+    }
+    SK_ASSIGN_OR_FAIL(std::unique_ptr<sk::comm::TcpStore> store,
+                      sk::comm::TcpStore::Create(c.master_addr, c.master_port, c.rank == 0, go.timeout));
+    SK_ASSIGN_OR_FAIL(group, sk::comm::GlooProcessGroup::Create(
+                                 std::shared_ptr<sk::comm::Store>(std::move(store)), "world", c.rank,
+                                 c.world_size, go));
+  }
+  if (link) {
+    SK_ASSIGN_OR_FAIL(group, sk::comm::NetworkModelProcessGroup::Wrap(std::move(group), *link));
+  }
+  *out_group = Register(MakeGroupHandle(std::move(group)));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT void sk_process_group_destroy(sk_process_group* group) {
+  SK_API_VOID_BEGIN
+  Destroy(group);
+  SK_API_VOID_END
+}
+
+SK_EXPORT sk_status_t sk_process_group_rank(const sk_process_group* group, int32_t* out_rank) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(group, "group"));
+  SK_CHECK(CheckOut(out_rank, "out_rank"));
+  *out_rank = group->group->rank();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_process_group_size(const sk_process_group* group, int32_t* out_size) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(group, "group"));
+  SK_CHECK(CheckOut(out_size, "out_size"));
+  *out_size = group->group->size();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_process_group_label(const sk_process_group* group, const char** out_label) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(group, "group"));
+  SK_CHECK(CheckOut(out_label, "out_label"));
+  *out_label = group->label.c_str();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_run_local_ranks(int32_t world_size, const char* network_model,
+                                         sk_rank_fn fn, void* user_data) {
+  SK_API_BEGIN
+  if (fn == nullptr) return Fail(SK_STATUS_INVALID_ARGUMENT, "fn is NULL");
+  SK_ASSIGN_OR_FAIL(auto groups, CreateLocalGroups(world_size, network_model));
+  std::vector<sk_process_group*> handles;
+  for (auto& g : groups) handles.push_back(Register(MakeGroupHandle(std::move(g))));
+  Status s = sk::comm::RunRankThreads(world_size, [&](int r) -> Status {
+    sk_status_t code = fn(r, handles[r], user_data);
+    if (code == SK_STATUS_OK) return sk::OkStatus();
+    return Status(static_cast<sk::StatusCode>(code),
+                  std::string("callback returned ") + sk_status_name(code) +
+                      (t_last_error.empty() ? "" : ": " + t_last_error));
+  });
+  for (sk_process_group* h : handles) Destroy(h);
+  SK_CHECK(s);
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+}  // extern "C"
