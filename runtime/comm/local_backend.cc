@@ -12,6 +12,9 @@
 
 #include "runtime/comm/reduce.h"
 #include "runtime/core/trace.h"
+#if defined(SHARDKIT_WITH_CUDA)
+#include "runtime/comm/cuda_reduce.h"
+#endif
 
 namespace sk::comm {
 
@@ -31,6 +34,56 @@ std::string RankList(const std::vector<int>& ranks) {
   for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
   os << "]";
   return os.str();
+}
+
+// Stream-ordered mode: a new event recorded on `stream` now.
+Status RecordNewEvent(Device& device, Stream& stream, std::shared_ptr<Event>* out) {
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> event, device.CreateEvent(false));
+  SK_RETURN_IF_ERROR(event->Record(stream));
+  *out = std::move(event);
+  return OkStatus();
+}
+
+// Stream-ordered mode: work enqueued on `stream` from now on waits for every
+// other rank's event.
+Status WaitForPeers(Stream& stream, const std::vector<std::shared_ptr<Event>>& events, int rank) {
+  for (size_t j = 0; j < events.size(); ++j) {
+    if (static_cast<int>(j) == rank || events[j] == nullptr) continue;
+    SK_RETURN_IF_ERROR(stream.WaitEvent(*events[j]));
+  }
+  return OkStatus();
+}
+
+// Stream-ordered mode: enqueues ReduceInRankOrder on `stream`, on the host
+// (a CPU stream's worker) or as a kernel (CUDA).
+Status EnqueueReduce(Stream& stream, std::vector<const void*> srcs, DType dtype, size_t count,
+                     float pre, float divisor, float post, void* dst) {
+  if (count == 0) return OkStatus();
+  if (stream.device().is_cpu()) {
+    return stream.Enqueue([srcs = std::move(srcs), dtype, count, pre, divisor, post, dst]() {
+      ReduceInRankOrder(srcs.data(), static_cast<int>(srcs.size()), dtype, count, pre, divisor,
+                        post, dst);
+      return OkStatus();
+    });
+  }
+#if defined(SHARDKIT_WITH_CUDA)
+  if (stream.device().is_cuda()) {
+    if (srcs.size() > static_cast<size_t>(cuda::kMaxReduceSources)) {
+      return InvalidArgumentError("the local backend reduces over at most " +
+                                  std::to_string(cuda::kMaxReduceSources) +
+                                  " ranks on a GPU, not " + std::to_string(srcs.size()));
+    }
+    int err = cuda::ReduceInRankOrderAsync(srcs.data(), static_cast<int>(srcs.size()), dtype,
+                                           count, pre, divisor, post, dst,
+                                           stream.native_handle());
+    if (err != 0) {
+      return InternalError("local backend reduction kernel launch failed on " +
+                           stream.device().ToString() + " (cudaError " + std::to_string(err) + ")");
+    }
+    return OkStatus();
+  }
+#endif
+  return UnimplementedError("the local backend cannot reduce on " + stream.device().ToString());
 }
 
 }  // namespace
@@ -85,6 +138,10 @@ class LocalRendezvous {
 
   // Runs rank `rank`'s part of collective `c`.
   Status Run(int rank, const Collective& c, ScratchPool& scratch_pool);
+  // Stream-ordered mode (local_backend.h): enqueues rank `rank`'s part of `c`
+  // on `stream` of `device` after the host rendezvous; the Work completes on
+  // `stream`.
+  Status RunOrdered(int rank, const Collective& c, Stream& stream, Device& device);
 
   std::shared_ptr<LocalRendezvous> Child(const std::string& key, int size) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -96,8 +153,12 @@ class LocalRendezvous {
   }
 
  private:
+  // Stream-ordered mode: the events every rank records, one set per phase.
+  enum Phase { kReady = 0, kReduced = 1, kDone = 2, kPhases = 3 };
   struct Slot {
-    explicit Slot(int n) : calls(n), arrived_flags(n, false) {}
+    explicit Slot(int n) : calls(n), arrived_flags(n, false) {
+      for (auto& e : events) e.resize(n);
+    }
     std::vector<RankCall> calls;
     std::vector<bool> arrived_flags;
     int arrived = 0;
@@ -106,6 +167,8 @@ class LocalRendezvous {
     int left = 0;      // ranks gone from the slot for good
     bool aborted = false;
     Status failure;
+    std::vector<std::shared_ptr<Event>> events[kPhases];
+    int phase_count[kPhases] = {};
   };
   struct Child_ {
     std::shared_ptr<LocalRendezvous> rendezvous;
@@ -128,6 +191,13 @@ class LocalRendezvous {
   void Leave(uint64_t seq, Slot& slot) {
     if (++slot.left == size_) slots_.erase(seq);
   }
+  // Stream-ordered mode, phases after arrival: records this rank's event of
+  // `phase` on `stream` (unless `local` already failed, which aborts the
+  // slot), waits on the host until every rank has, then makes `stream` wait
+  // for all of them. The caller Leaves the slot afterwards, whatever this
+  // returns.
+  Status OrderedBarrier(int rank, const Collective& c, Slot& slot, Phase phase, Status local,
+                        Stream& stream, Device& device, Clock::time_point deadline);
   std::string Who(const Collective& c) const {
     return "local group of " + std::to_string(size_) + ": " + c.Describe();
   }
@@ -307,6 +377,166 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
   return result;
 }
 
+Status LocalRendezvous::OrderedBarrier(int rank, const Collective& c, Slot& slot, Phase phase,
+                                       Status local, Stream& stream, Device& device,
+                                       Clock::time_point deadline) {
+  static constexpr const char* kPhaseName[kPhases] = {"arrive", "finish reducing",
+                                                      "finish copying"};
+  std::shared_ptr<Event> event;
+  if (local.ok()) local = RecordNewEvent(device, stream, &event);
+  std::unique_lock<std::mutex> lock(mu_);
+  slot.events[phase][rank] = std::move(event);
+  ++slot.phase_count[phase];
+  if (!local.ok()) Abort(slot, local.WithContext("rank " + std::to_string(rank)));
+  cv_.notify_all();
+  const int n = size_;
+  if (!WaitUntil(lock, deadline, [&] { return slot.phase_count[phase] == n || slot.aborted; }) &&
+      !slot.aborted) {
+    std::vector<int> missing;
+    for (int r = 0; r < n; ++r) {
+      if (slot.events[phase][r] == nullptr) missing.push_back(r);
+    }
+    Abort(slot, DeadlineExceededError(Who(c) + ": ranks " + RankList(missing) + " did not " +
+                                      kPhaseName[phase] + " within " +
+                                      std::to_string(c.timeout.count()) + " ms"));
+  }
+  if (slot.aborted) return slot.failure;
+  std::vector<std::shared_ptr<Event>> events = slot.events[phase];
+  lock.unlock();
+  return WaitForPeers(stream, events, rank);
+}
+
+Status LocalRendezvous::RunOrdered(int rank, const Collective& c, Stream& stream,
+                                   Device& device) {
+  const Clock::time_point deadline = Clock::now() + c.timeout;
+  const int n = size_;
+  const size_t entries = c.outputs.size();
+
+  RankCall mine;
+  mine.fingerprint = CallFingerprint::Of(c);
+  mine.description = c.Describe();
+  for (size_t e = 0; e < entries; ++e) {
+    mine.in.push_back(c.inputs[e].data());
+    mine.out.push_back(c.outputs[e].data());
+  }
+  std::shared_ptr<Event> ready;
+  Status local_failure = RecordNewEvent(device, stream, &ready);
+
+  // -- Arrival (on the host): as Run, plus this rank's ready event ----------
+  std::unique_lock<std::mutex> lock(mu_);
+  Slot& slot = slots_.try_emplace(c.seq, n).first->second;
+  if (slot.aborted) {
+    Status s = slot.failure;
+    Leave(c.seq, slot);
+    return AbortedError("rank " + std::to_string(rank) + " arrived after the collective failed: " +
+                        std::string(s.message()));
+  }
+  slot.calls[rank] = std::move(mine);
+  slot.arrived_flags[rank] = true;
+  slot.events[kReady][rank] = ready;
+  ++slot.arrived;
+  if (!local_failure.ok()) {
+    Abort(slot, local_failure.WithContext("rank " + std::to_string(rank)));
+  }
+  cv_.notify_all();
+  bool all_here = WaitUntil(lock, deadline, [&] { return slot.arrived == n || slot.aborted; });
+  if (!slot.aborted && !all_here) {
+    std::vector<int> missing;
+    for (int r = 0; r < n; ++r) {
+      if (!slot.arrived_flags[r]) missing.push_back(r);
+    }
+    Abort(slot, DeadlineExceededError(Who(c) + ": ranks " + RankList(missing) +
+                                      " did not arrive within " +
+                                      std::to_string(c.timeout.count()) + " ms"));
+  }
+  if (slot.aborted) {
+    Status s = slot.failure;
+    Leave(c.seq, slot);
+    return s;
+  }
+  std::vector<CallFingerprint> prints;
+  for (const RankCall& call : slot.calls) prints.push_back(call.fingerprint);
+  Status desync = CompareFingerprints(prints, "local group of " + std::to_string(n));
+  if (!desync.ok()) {
+    Leave(c.seq, slot);
+    return desync;
+  }
+  const std::vector<RankCall>& calls = slot.calls;  // immutable from here on
+  std::vector<std::shared_ptr<Event>> readies = slot.events[kReady];
+  lock.unlock();
+
+  // -- Data movement, enqueued on this rank's stream after every input is ready
+  const float divisor = c.op == ReduceOp::kAvg ? static_cast<float>(n) : 1.0f;
+  Status s = WaitForPeers(stream, readies, rank);
+  for (size_t e = 0; e < entries && s.ok(); ++e) {
+    if (c.outputs[e].nbytes() == 0) continue;
+    const DType dtype = c.outputs[e].dtype();
+    const size_t esize = DTypeSize(dtype);
+    char* out = static_cast<char*>(calls[rank].out[e]);
+    switch (c.kind) {
+      case CollectiveKind::kAllGather: {
+        const size_t bytes = c.inputs[e].nbytes();
+        for (int j = 0; j < n && s.ok(); ++j) {
+          if (calls[j].in[e] != out + j * bytes) {
+            s = device.CopyAsync(out + j * bytes, calls[j].in[e], bytes, stream);
+          }
+        }
+        break;
+      }
+      case CollectiveKind::kReduceScatter: {
+        const size_t count = static_cast<size_t>(c.outputs[e].numel());
+        std::vector<const void*> srcs(n);
+        for (int j = 0; j < n; ++j) {
+          srcs[j] = static_cast<const char*>(calls[j].in[e]) + rank * count * esize;
+        }
+        s = EnqueueReduce(stream, std::move(srcs), dtype, count, c.pre_scale, divisor,
+                          c.post_scale, out);
+        break;
+      }
+      case CollectiveKind::kAllReduce: {
+        // In place: chunk `rank` of every rank's buffer into chunk `rank` of
+        // ours; nobody else reads or writes that chunk of our buffer now.
+        const size_t count = static_cast<size_t>(c.outputs[e].numel());
+        const size_t begin = ChunkBegin(count, n, rank);
+        const size_t len = ChunkBegin(count, n, rank + 1) - begin;
+        std::vector<const void*> srcs(n);
+        for (int j = 0; j < n; ++j) srcs[j] = static_cast<const char*>(calls[j].in[e]) + begin * esize;
+        s = EnqueueReduce(stream, std::move(srcs), dtype, len, c.pre_scale, divisor, c.post_scale,
+                          out + begin * esize);
+        break;
+      }
+      case CollectiveKind::kBroadcast:
+        if (rank != c.root) s = device.CopyAsync(out, calls[c.root].in[e], c.outputs[e].nbytes(), stream);
+        break;
+      case CollectiveKind::kBarrier:
+        break;
+    }
+  }
+  if (c.kind == CollectiveKind::kAllReduce) {
+    // Every chunk is reduced before anyone gathers the chunks of the others.
+    s = OrderedBarrier(rank, c, slot, kReduced, s, stream, device, deadline);
+    for (size_t e = 0; e < entries && s.ok(); ++e) {
+      if (c.outputs[e].nbytes() == 0) continue;
+      const size_t esize = DTypeSize(c.outputs[e].dtype());
+      const size_t count = static_cast<size_t>(c.outputs[e].numel());
+      char* out = static_cast<char*>(calls[rank].out[e]);
+      for (int j = 0; j < n && s.ok(); ++j) {
+        const size_t begin = ChunkBegin(count, n, j);
+        const size_t len = ChunkBegin(count, n, j + 1) - begin;
+        if (j == rank || len == 0) continue;
+        s = device.CopyAsync(out + begin * esize,
+                             static_cast<const char*>(calls[j].out[e]) + begin * esize,
+                             len * esize, stream);
+      }
+    }
+  }
+  // -- Departure: later work on any rank's stream waits for every rank's copies.
+  s = OrderedBarrier(rank, c, slot, kDone, s, stream, device, deadline);
+  lock.lock();
+  Leave(c.seq, slot);
+  return s;
+}
+
 StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> LocalProcessGroup::Create(
     int world_size, LocalOptions options) {
   if (world_size < 1) {
@@ -350,10 +580,21 @@ StatusOr<std::unique_ptr<ProcessGroup>> LocalProcessGroup::NewGroup(const std::v
 }
 
 StatusOr<std::shared_ptr<Work>> LocalProcessGroup::Launch(Collective c, Stream& stream) {
-  if (!stream.device().is_cpu()) {
-    return Invalid("the local backend runs on CPU streams, not " + stream.device().ToString());
-  }
   std::string description = "local rank " + std::to_string(rank()) + ": " + c.Describe();
+  if (options_.stream_ordered || !stream.device().is_cpu()) {
+    SK_ASSIGN_OR_RETURN(Device * device, Device::Get(stream.device()));
+    TraceSpan span(CollectiveName(c.kind), "comm", rank(), stream.id());
+    Status s = rendezvous_->RunOrdered(rank(), c, stream, *device);
+    if (!s.ok()) {
+      // As in the host-closure mode, the call is made (its sequence number
+      // is used) and its Work and the stream carry the failure.
+      return EnqueueOnStream(std::move(description), stream, [s]() { return s; });
+    }
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> done, device->CreateEvent(false));
+    auto work = std::make_shared<Work>(std::move(description), std::move(done));
+    SK_RETURN_IF_ERROR(work->mutable_event().Record(stream));
+    return work;
+  }
   const int rank = this->rank();
   const int64_t track = stream.id();
   return EnqueueOnStream(

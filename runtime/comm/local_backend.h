@@ -30,6 +30,28 @@
 // leaves with DeadlineExceeded while they may still read its buffers; keep
 // those tensors alive until the peers' Works have completed too.
 //
+// Stream-ordered mode (every non-CPU stream: ranks as threads sharing one
+// GPU). A CUDA stream cannot run a closure that blocks for its peers, so the
+// rendezvous moves to the calling thread and the data moves as device work:
+// at Launch each rank records a "ready" event on its stream and arrives (the
+// calling thread blocks, up to the timeout, until every rank has, and the
+// fingerprints are compared as above); then it enqueues on its own stream a
+// wait for every rank's ready event and its share of the data movement
+// (Device::CopyAsync device-to-device copies; reductions as one kernel in
+// rank order with reduce.h's arithmetic, so the bits are the CPU's), records
+// a "done" event, and, once every rank has recorded one (a second host
+// barrier), makes its stream wait for all of them before anything enqueued
+// later, so no rank reuses its buffers while a peer still reads them.
+// all_reduce works in place, chunk by chunk (rank r reduces chunk r of
+// every rank's buffer into its own, a third barrier of "reduced" events,
+// then gathers the other chunks), so it needs no scratch memory. The call
+// returns after the enqueues; failures (a rank that does not arrive within
+// the timeout, a desync) come back as in the other mode: a Work whose
+// status and stream carry the error. Since the call blocks for its peers,
+// ranks must issue collectives from different threads (one per rank). CPU streams use this mode
+// only when LocalOptions::stream_ordered is set (the tests exercise the
+// logic a GPU run relies on that way).
+//
 // Thread safety: each handle may be used from any thread (process_group.h).
 #ifndef SHARDKIT_RUNTIME_COMM_LOCAL_BACKEND_H_
 #define SHARDKIT_RUNTIME_COMM_LOCAL_BACKEND_H_
@@ -54,12 +76,16 @@ struct LocalOptions {
   // when null. Must outlive the group. Each rank keeps up to 4 chunks for
   // reuse until its handle and queued collectives are gone.
   Allocator* scratch_allocator = nullptr;
+  // Stream-ordered mode (above) on CPU streams too. Non-CPU streams always
+  // use it.
+  bool stream_ordered = false;
 };
 
 class LocalProcessGroup final : public ProcessGroup {
  public:
   // The `world_size` rank handles of a new group (index = rank). Rank i is
-  // meant to run on device cpu:i's streams, but any CPU stream works.
+  // meant to run on device cpu:i's streams, but any CPU stream works; with
+  // CUDA, every rank may use streams of one GPU (or of several).
   static StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> Create(int world_size,
                                                                    LocalOptions options = {});
 
