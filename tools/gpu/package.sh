@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Builds the GPU suite on this (development) machine and packs it, with every
+# shared library it needs except the GPU driver's and the CUDA toolkit's big
+# libraries, into one small self-contained directory for the GPU machine.
+#
+#   tools/gpu/package.sh [PKG_DIR]      # default: gpu-pkg/ at the repository root
+#
+# The GPU machine gets a copy of the repository's working tree plus ignored
+# paths carried explicitly (64 MiB in all), and has no Bazel and no package
+# registry: carry PKG_DIR (git-ignored) and run `gpu-pkg/run.sh` there
+# (docs/cuda.md). What goes in:
+#   bin/   the test and benchmark binaries, stripped;
+#   lib/   their shared libraries from `ldd` here (Debian's libstdc++, glibc and
+#          its loader, glog, gflags, gloo, oneDNN, OpenBLAS, gtest, benchmark,
+#          libcudart...), so the binaries run on a machine not provisioned
+#          from Debian: run.sh starts each through the packed loader;
+#   run.sh, MANIFEST (the commit, the build, every file's size).
+# Left out on purpose: the driver (libcuda, libnvidia-*: the GPU machine's
+# own must be used), and cuBLAS/cuBLASLt/NCCL/cuDNN (hundreds of MiB; the GPU
+# machine has the CUDA libraries, and run.sh finds them there).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PKG=${1:-gpu-pkg}
+LIMIT_MIB=48  # leaves room under the 64 MiB carry limit
+
+# Binaries of the GPU suite: label -> name in bin/. Every test skips cleanly
+# without a GPU, so run.sh can also be tried here.
+TESTS=(
+  //tests/comm:local_cuda_test
+  //tests/comm:nccl_test
+  //tests/comm:local_stream_ordered_test
+)
+BENCHES=(
+)
+
+echo "package: building ${#TESTS[@]} tests and ${#BENCHES[@]} benchmarks with --config=cuda -c opt"
+./bazelw build --config=cuda -c opt "${TESTS[@]}" "${BENCHES[@]}"
+BIN_DIR=$(./bazelw info --config=cuda -c opt bazel-bin 2>/dev/null)
+
+rm -rf "$PKG"
+mkdir -p "$PKG/bin" "$PKG/lib"
+binaries=()
+for label in "${TESTS[@]}" "${BENCHES[@]}"; do
+  rel=${label#//}
+  path="$BIN_DIR/${rel/://}"
+  [[ -x "$path" ]] || { echo "package: $label did not produce $path" >&2; exit 1; }
+  name=${rel##*:}
+  cp -L "$path" "$PKG/bin/$name"
+  chmod u+w "$PKG/bin/$name"
+  strip --strip-unneeded "$PKG/bin/$name"
+  binaries+=("$path")  # ldd'd in place: Bazel's solib RPATHs resolve there
+done
+
+# Shared libraries, by the paths this machine resolves them to.
+skip_re='^(libcuda\.|libnvidia-|libcublas|libcublasLt|libnccl|libcudnn)'
+declare -A seen=()
+for b in "${binaries[@]}"; do
+  while read -r name path; do
+    [[ "$name" =~ $skip_re || -n "${seen[$name]:-}" ]] && continue
+    if [[ "$path" != /* ]]; then
+      echo "package: $b needs $name, which does not resolve here" >&2
+      exit 1
+    fi
+    seen[$name]=1
+    cp -L "$path" "$PKG/lib/$name"
+    chmod u+w "$PKG/lib/$name"
+    strip --strip-unneeded "$PKG/lib/$name" 2>/dev/null || true
+  done < <(ldd "$b" | awk '$2 == "=>" {print $1, $3}')
+done
+# The loader itself (ldd lists it by its absolute path).
+loader=$(ldd "${binaries[0]}" | awk '/ld-linux/ {print ($3 ? $3 : $1)}' | head -1)
+cp -L "$loader" "$PKG/lib/ld-linux-x86-64.so.2"
+
+cp tools/gpu/run.sh tools/gpu/report.py "$PKG/"
+chmod +x "$PKG/run.sh"
+{
+  echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
+  echo "built: $(date -u +%FT%TZ) on $(uname -n) with $(/usr/local/cuda/bin/nvcc --version | tail -1)"
+  echo "config: --config=cuda -c opt (sm_80, sm_90)"
+  echo "files:"
+  (cd "$PKG" && find . -type f -printf '  %P %s\n' | sort)
+} > "$PKG/MANIFEST"
+
+size_kib=$(du -sk "$PKG" | cut -f1)
+echo "package: $PKG is $((size_kib / 1024)) MiB (${#binaries[@]} binaries, $(ls "$PKG/lib" | wc -l) libraries)"
+if ((size_kib > LIMIT_MIB * 1024)); then
+  echo "package: larger than $LIMIT_MIB MiB: too big to carry to the GPU machine" >&2
+  exit 1
+fi
