@@ -265,7 +265,7 @@ Experiment PlanRateLimiter(const ExperimentOptions& o) {
     c.run = [o, model, limit, near_cap, cap_bytes, table](Progress& progress) {
       TrainerOptions t = BaseTrainer(o, model);
       t.fsdp.forward_prefetch = true;
-      t.fsdp.all_gather_limit = limit;
+      t.fsdp.all_gather_limit = limit == 0 ? kNoAllGatherLimit : limit;  // the harness's 0 = off
       if (near_cap) t.memory_cap_bytes = static_cast<size_t>(*cap_bytes);
       RunResult r = RunConfig(BaseSpec(o, t), &progress);
       if (!near_cap && cap_bytes != nullptr && r.ok) {

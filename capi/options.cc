@@ -22,19 +22,21 @@ StatusOr<sk::FsdpOptions> ToFsdpOptions(const sk_fsdp_options* in) {
   if (c.all_gather_limit < -1) {
     return sk::InvalidArgumentError("sk_fsdp_options.all_gather_limit must be >= -1 (0 = 2, -1 = no limit)");
   }
+  // A zero field keeps the runtime's default (the member initialisers of
+  // sk::FsdpOptions): defaults live in one place.
   sk::FsdpOptions o;
-  o.strategy = c.strategy == SK_SHARDING_DEFAULT ? sk::ShardingStrategy::kFullShard
-                                                 : static_cast<sk::ShardingStrategy>(c.strategy);
+  if (c.strategy != SK_SHARDING_DEFAULT) o.strategy = static_cast<sk::ShardingStrategy>(c.strategy);
   o.shard_group_size = c.shard_group_size;
-  o.backward_prefetch = c.backward_prefetch == SK_BACKWARD_PREFETCH_DEFAULT
-                            ? sk::BackwardPrefetch::kBackwardPre
-                            : static_cast<sk::BackwardPrefetch>(c.backward_prefetch);
+  if (c.backward_prefetch != SK_BACKWARD_PREFETCH_DEFAULT) {
+    o.backward_prefetch = static_cast<sk::BackwardPrefetch>(c.backward_prefetch);
+  }
   o.forward_prefetch = c.forward_prefetch != 0;
-  o.all_gather_limit = c.all_gather_limit == 0 ? 2 : c.all_gather_limit == -1 ? 0 : c.all_gather_limit;
-  o.mixed_precision.param_dtype =
-      c.param_dtype == SK_DTYPE_DEFAULT ? sk::DType::kF32 : static_cast<sk::DType>(c.param_dtype);
-  o.mixed_precision.reduce_dtype = static_cast<sk::DType>(c.reduce_dtype);
-  o.mixed_precision.buffer_dtype = static_cast<sk::DType>(c.buffer_dtype);
+  // Non-zero values mean the same in both layers (-1 = sk::kNoAllGatherLimit).
+  static_assert(sk::kNoAllGatherLimit == -1);
+  if (c.all_gather_limit != 0) o.all_gather_limit = c.all_gather_limit;
+  if (c.param_dtype != SK_DTYPE_DEFAULT) o.mixed_precision.param_dtype = static_cast<sk::DType>(c.param_dtype);
+  if (c.reduce_dtype != SK_DTYPE_DEFAULT) o.mixed_precision.reduce_dtype = static_cast<sk::DType>(c.reduce_dtype);
+  if (c.buffer_dtype != SK_DTYPE_DEFAULT) o.mixed_precision.buffer_dtype = static_cast<sk::DType>(c.buffer_dtype);
   o.cpu_offload = c.cpu_offload != 0;
   o.gradient_predivide_factor = c.gradient_predivide_factor;
   o.seed = c.seed;
@@ -47,8 +49,7 @@ StatusOr<sk::OptimizerOptions> ToOptimizerOptions(const sk_optimizer_options* in
   SK_RETURN_IF_ERROR(ReadStruct(in, "sk_optimizer_options", &c));
   SK_RETURN_IF_ERROR(CheckEnum(c.kind, SK_OPTIMIZER_ADAMW, "sk_optimizer_options.kind"));
   sk::OptimizerOptions o;
-  o.kind = c.kind == SK_OPTIMIZER_DEFAULT ? sk::OptimizerKind::kAdamW
-                                          : static_cast<sk::OptimizerKind>(c.kind);
+  if (c.kind != SK_OPTIMIZER_DEFAULT) o.kind = static_cast<sk::OptimizerKind>(c.kind);
   if (c.lr != 0.f) o.lr = c.lr;
   o.momentum = c.momentum;
   o.dampening = c.dampening;
@@ -88,8 +89,7 @@ StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in) {
   if (c.data_seed != 0) o.data_seed = c.data_seed;
   o.data_tokens = c.data_tokens;
   SK_RETURN_IF_ERROR(CheckEnum(c.parallelism, SK_PARALLELISM_DDP, "sk_trainer_options.parallelism"));
-  o.parallelism = c.parallelism == SK_PARALLELISM_DEFAULT ? sk::Parallelism::kFsdp
-                                                          : static_cast<sk::Parallelism>(c.parallelism);
+  if (c.parallelism != SK_PARALLELISM_DEFAULT) o.parallelism = static_cast<sk::Parallelism>(c.parallelism);
   if (c.ddp_bucket_bytes < 0) {
     return sk::InvalidArgumentError("sk_trainer_options.ddp_bucket_bytes must be >= 0 (0 = 25 MiB)");
   }

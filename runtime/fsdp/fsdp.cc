@@ -94,14 +94,17 @@ Status ValidateFsdpOptions(const FsdpOptions& o, int world) {
     return InvalidArgumentError("shard_group_size " + std::to_string(o.shard_group_size) +
                                 " does not divide the world size " + std::to_string(world));
   }
-  if (o.all_gather_limit < 0) return InvalidArgumentError("all_gather_limit must be >= 0 (0 = off)");
+  if (o.all_gather_limit < 1 && o.all_gather_limit != kNoAllGatherLimit) {
+    return InvalidArgumentError("all_gather_limit must be >= 1, or kNoAllGatherLimit (-1) for no limit; not " +
+                                std::to_string(o.all_gather_limit));
+  }
   const MixedPrecisionPolicy& mp = o.mixed_precision;
   SK_RETURN_IF_ERROR(ValidateDType(mp.param_dtype).WithContext("mixed_precision.param_dtype"));
-  if (mp.reduce_dtype != DType::kInvalid) {
-    SK_RETURN_IF_ERROR(ValidateDType(mp.reduce_dtype).WithContext("mixed_precision.reduce_dtype"));
+  if (mp.reduce_dtype) {
+    SK_RETURN_IF_ERROR(ValidateDType(*mp.reduce_dtype).WithContext("mixed_precision.reduce_dtype"));
   }
-  if (mp.buffer_dtype != DType::kInvalid) {
-    SK_RETURN_IF_ERROR(ValidateDType(mp.buffer_dtype).WithContext("mixed_precision.buffer_dtype"));
+  if (mp.buffer_dtype) {
+    SK_RETURN_IF_ERROR(ValidateDType(*mp.buffer_dtype).WithContext("mixed_precision.buffer_dtype"));
   }
   if (!(o.gradient_predivide_factor >= 0) || !std::isfinite(o.gradient_predivide_factor)) {
     return InvalidArgumentError("gradient_predivide_factor must be finite and >= 0 (0 = automatic)");
@@ -471,9 +474,7 @@ Status FullyShardedModel::WaitPendingReductionWork() {
 Status FullyShardedModel::ReduceGradients(int unit) {
   FlatUnit& f = flat_[unit];
   const DType gdt = GradDType();
-  const DType rdt = options_.mixed_precision.reduce_dtype == DType::kInvalid
-                        ? gdt
-                        : options_.mixed_precision.reduce_dtype;
+  const DType rdt = options_.mixed_precision.reduce_dtype.value_or(gdt);
   const int64_t shard = f.layout.shard_numel();
   const int64_t padded = f.layout.padded_numel();
   Tensor full_grad = f.full_grad;

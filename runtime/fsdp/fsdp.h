@@ -64,6 +64,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,13 +104,20 @@ const char* BackwardPrefetchName(BackwardPrefetch p);
 StatusOr<BackwardPrefetch> ParseBackwardPrefetch(const std::string& name);
 
 struct MixedPrecisionPolicy {
+  // What the model computes in: the gathered parameters' dtype, and the
+  // dtype of the gradient buffers the model adds into.
   DType param_dtype = DType::kF32;
-  // kInvalid: same as param_dtype.
-  DType reduce_dtype = DType::kInvalid;
-  // Dtype of model buffers (non-parameter state). The reference models have
-  // none; validated and kept for models that do.
-  DType buffer_dtype = DType::kInvalid;
+  // What gradients are communicated (reduce-scattered / all-reduced) in;
+  // unset: param_dtype.
+  std::optional<DType> reduce_dtype;
+  // Dtype of model buffers (non-parameter state); unset: param_dtype. The
+  // reference models have none; validated and kept for models that do.
+  std::optional<DType> buffer_dtype;
 };
+
+// FsdpOptions::all_gather_limit for "no limit": every remaining unit may be
+// prefetched at once.
+inline constexpr int kNoAllGatherLimit = -1;
 
 struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
@@ -118,7 +126,9 @@ struct FsdpOptions {
   int shard_group_size = 0;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   bool forward_prefetch = false;
-  // Most unsharded flat parameters alive at once; 0 = no limit.
+  // The rate limiter: most unsharded flat parameters alive at once (>= 1),
+  // or kNoAllGatherLimit. 0 is rejected rather than guessed (the C ABI's 0
+  // means "default"; this field once read 0 as "no limit").
   int all_gather_limit = 2;
   MixedPrecisionPolicy mixed_precision;
   // Keep master shards, gradient shards and optimizer state in host memory

@@ -99,7 +99,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
     if (keep_after_forward) {
       for (int64_t p : padded) params_alive += Blocks(p * pd);
     } else {
-      int limit = r.fsdp.all_gather_limit == 0 ? units : r.fsdp.all_gather_limit;
+      int limit = r.fsdp.all_gather_limit == kNoAllGatherLimit ? units : r.fsdp.all_gather_limit;
       bool prefetch = r.fsdp.backward_prefetch != BackwardPrefetch::kNone;
       int alive = prefetch ? std::min(limit, units) : 1;
       std::vector<int64_t> sorted(padded);

@@ -75,8 +75,9 @@ class FsdpEngine {
   // FailedPrecondition outside PreForward..PostForward and
   // PreBackward..PostBackward.
   StatusOr<const Tensor*> Param(int unit, int param) const;
-  // The gradient buffer the caller adds into (in FSDP's gradient dtype:
-  // reduce_dtype when set, else param_dtype), valid until PostBackward.
+  // The gradient buffer the caller adds into, in param_dtype (the compute
+  // dtype; FSDP converts to reduce_dtype only to communicate), valid until
+  // PostBackward.
   // FailedPrecondition outside PreBackward..PostBackward.
   StatusOr<const Tensor*> Grad(int unit, int param) const;
 

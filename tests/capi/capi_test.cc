@@ -1108,6 +1108,40 @@ TEST(CapiEngine, MixedPrecisionViewsReportTheirDtype) {
   sk_process_group_destroy(g);
 }
 
+// The gradient buffer is in param_dtype whatever reduce_dtype says: the model
+// adds its gradient in the compute dtype; reduce_dtype is only communicated.
+TEST(CapiEngine, GradientViewIsInParamDtypeNotReduceDtype) {
+  const sk_dtype_t cases[][2] = {{SK_DTYPE_BF16, SK_DTYPE_F32},
+                                 {SK_DTYPE_F32, SK_DTYPE_BF16},
+                                 {SK_DTYPE_DEFAULT, SK_DTYPE_F16}};
+  for (const auto& c : cases) {
+    sk_process_group* g = nullptr;
+    ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+    sk_model_spec* spec = LinearSpec();
+    sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+    f.param_dtype = c[0];
+    f.reduce_dtype = c[1];
+    sk_engine_options o = SK_ENGINE_OPTIONS_INIT;
+    o.fsdp = &f;
+    sk_engine* e = nullptr;
+    ASSERT_OK(sk_engine_create(spec, g, &o, &e));
+    ASSERT_OK(sk_engine_pre_forward(e, 0));
+    ASSERT_OK(sk_engine_post_forward(e, 0));
+    ASSERT_OK(sk_engine_pre_backward(e, 0));
+    sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+    ASSERT_OK(sk_engine_grad(e, 0, 0, &v));
+    const sk_dtype_t want = c[0] == SK_DTYPE_DEFAULT ? SK_DTYPE_F32 : c[0];
+    EXPECT_EQ(v.dtype, want) << "param_dtype " << c[0] << " reduce_dtype " << c[1];
+    ASSERT_OK(sk_engine_param(e, 0, 0, &v));
+    EXPECT_EQ(v.dtype, want);
+    ASSERT_OK(sk_engine_post_backward(e, 0));
+    ASSERT_OK(sk_engine_finish_backward(e));
+    sk_engine_destroy(e);
+    sk_model_spec_destroy(spec);
+    sk_process_group_destroy(g);
+  }
+}
+
 // Linear regression y = 2x - 1 on 2 ranks (each half of the batch) through the
 // callback runner: the engines' gathered parameters agree on every rank and
 // the loss falls.

@@ -197,12 +197,28 @@ TEST(FsdpTest, BackwardPrefetchIssuesInReverseRecordedOrder) {
   }
 }
 
+// One meaning per value: >= 1 is a limit, kNoAllGatherLimit (-1) is none, and
+// 0 (the C ABI's "default", once this field's "no limit") is rejected.
+TEST(FsdpTest, AllGatherLimitZeroIsRejectedAndMinusOneMeansNoLimit) {
+  FsdpOptions o;
+  EXPECT_EQ(o.all_gather_limit, 2);
+  EXPECT_TRUE(ValidateFsdpOptions(o, 2).ok());
+  o.all_gather_limit = kNoAllGatherLimit;
+  EXPECT_TRUE(ValidateFsdpOptions(o, 2).ok());
+  for (int bad : {0, -2}) {
+    o.all_gather_limit = bad;
+    Status s = ValidateFsdpOptions(o, 2);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.ToString().find("all_gather_limit"), std::string::npos) << s;
+  }
+}
+
 TEST(FsdpTest, RateLimiterBoundsUnshardedParametersInFlight) {
   ModelOptions mo;
   GptConfig cfg = testing::TinyGpt();
   cfg.n_layer = 4;
   auto model = *GptModel::Create(cfg, mo);
-  for (int limit : {1, 2, 3, 0}) {
+  for (int limit : {1, 2, 3, kNoAllGatherLimit}) {
     RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
       CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
       FsdpOptions o = Options();

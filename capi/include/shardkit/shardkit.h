@@ -679,7 +679,8 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_param(sk_engine* engine, int32_t un
 /* The gradient buffer of parameter `param` of `unit`, between
  * pre_backward(unit) and post_backward(unit) (FAILED_PRECONDITION outside):
  * the caller ADDS this step's gradient into it (it arrives zeroed; never
- * zero it), in its dtype (the reduce dtype, f32 by default). */
+ * zero it), in its dtype: param_dtype, the compute dtype (f32 by default);
+ * reduce_dtype is only what the gradients are communicated in. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_grad(sk_engine* engine, int32_t unit, int32_t param,
                                                   sk_tensor_view* out_view);
 
