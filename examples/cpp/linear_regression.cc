@@ -6,7 +6,7 @@
 #include <cstring>
 #include <iostream>
 
-#include "shardkit.hpp"
+#include "shardkit/shardkit.hpp"
 
 namespace {
 

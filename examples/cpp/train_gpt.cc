@@ -5,7 +5,7 @@
 #include <cstring>
 #include <iostream>
 
-#include "shardkit.hpp"
+#include "shardkit/shardkit.hpp"
 
 int main() try {
   sk_fsdp_options fsdp = SK_FSDP_OPTIONS_INIT;

@@ -15,13 +15,23 @@
 --   flags take booleans, nested option structs are nested tables.
 -- * Unit and parameter indices are the C API's (0-based), as returned by
 --   add_unit/add_param.
--- * The library is loaded from $SHARDKIT_LIB if set, else by the name
---   "shardkit" (libshardkit.so on the loader's search path).
+-- * The library is loaded from $SHARDKIT_LIB if set; else from the path
+--   that `bazel run //:install` records beside the installed module
+--   (shardkit_install.lua); else by the name "shardkit" (libshardkit.so on
+--   the loader's search path).
 local ffi = require("ffi")
 
 ffi.cdef(require("shardkit_cdef"))
 
-local lib = ffi.load(os.getenv("SHARDKIT_LIB") or "shardkit")
+local function library_path()
+  local env = os.getenv("SHARDKIT_LIB")
+  if env and env ~= "" then return env end
+  local installed, where = pcall(require, "shardkit_install")
+  if installed then return where.library end
+  return "shardkit"
+end
+
+local lib = ffi.load(library_path())
 
 local M = {lib = lib}
 

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "shardkit.hpp"
+#include "shardkit/shardkit.hpp"
 
 namespace {
 
