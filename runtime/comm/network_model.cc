@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -11,12 +12,6 @@ namespace sk::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int CeilLog2(int n) {
-  int k = 0;
-  while ((1 << k) < n) ++k;
-  return k;
-}
 
 }  // namespace
 
@@ -62,27 +57,18 @@ StatusOr<LinkModel> LinkModel::Parse(std::string_view spec) {
   return m;
 }
 
+NetworkProfile LinkModel::profile() const {
+  return NetworkProfile::SingleLink(latency_us, bandwidth_gbps);
+}
+
 double LinkModel::Seconds(CollectiveKind kind, size_t bytes, int world) const {
   if (world <= 1) return 0.0;
-  const double a = latency_us * 1e-6;
-  const double b = bandwidth_gbps * 1e9;
-  const double n = world;
-  const double bw_frac = (n - 1) / n * static_cast<double>(bytes) / b;
-  const bool ring = algorithm == LinkAlgorithm::kRing;
-  const double steps = ring ? n - 1 : CeilLog2(world);
-  switch (kind) {
-    case CollectiveKind::kAllGather:
-    case CollectiveKind::kReduceScatter:
-      return steps * a + bw_frac;
-    case CollectiveKind::kAllReduce:
-      return 2 * steps * a + 2 * bw_frac;
-    case CollectiveKind::kBroadcast:
-      return ring ? steps * a + static_cast<double>(bytes) / b
-                  : steps * (a + static_cast<double>(bytes) / b);
-    case CollectiveKind::kBarrier:
-      return 2 * steps * a;
-  }
-  return 0.0;
+  StatusOr<GroupPlacement> group = GroupPlacement::Packed(world, 1);
+  if (!group.ok()) return std::numeric_limits<double>::infinity();
+  StatusOr<CollectivePlan> plan =
+      PlanCollective(profile(), kind, bytes, *group, algorithm, LinkProtocol::kSimple);
+  if (!plan.ok()) return std::numeric_limits<double>::infinity();
+  return plan->seconds();
 }
 
 std::string LinkModel::ToString() const {

@@ -6,7 +6,10 @@
 //   start + T_model(kind, bytes, N)
 // where start is when the collective began on its stream and T_model is an
 // alpha-beta model (latency alpha per message step, bandwidth beta per rank
-// link) of the chosen algorithm, with bytes counted as nccl-tests count them:
+// link) of the chosen algorithm, with bytes counted as nccl-tests count them.
+// It is the topology model of topology.h (shared with the simulator) on a
+// single link: every rank its own node, one step latency, the Simple
+// protocol, no base latency:
 //
 //                       ring                              tree
 //   all_gather,         (N-1) a + (N-1)/N B/b             ceil(log2 N) a + (N-1)/N B/b
@@ -28,13 +31,9 @@
 #include <string_view>
 
 #include "runtime/comm/process_group.h"
+#include "runtime/comm/topology.h"
 
 namespace sk::comm {
-
-enum class LinkAlgorithm : uint8_t {
-  kRing = 1,
-  kTree = 2,
-};
 
 struct LinkModel {
   double latency_us = 5.0;       // alpha
@@ -45,10 +44,14 @@ struct LinkModel {
   // out; "tree" for the tree algorithm). InvalidArgument naming the bad part.
   static StatusOr<LinkModel> Parse(std::string_view spec);
   // Seconds the modelled link needs for a collective of `kind` moving
-  // `bytes` (nccl-tests' count) among `world` ranks.
+  // `bytes` (nccl-tests' count) among `world` ranks: PlanCollective on
+  // profile() with this algorithm forced. 0 for world <= 1; +infinity for a
+  // model Parse would refuse.
   double Seconds(CollectiveKind kind, size_t bytes, int world) const;
   // "ring, alpha=5 us, beta=12.5 GB/s".
   std::string ToString() const;
+  // The link as a topology profile (NetworkProfile::SingleLink).
+  NetworkProfile profile() const;
 };
 
 class NetworkModelProcessGroup final : public ProcessGroup {
