@@ -46,6 +46,8 @@ ncclDataType_t NcclType(DType t) {
     case DType::kF32: return ncclFloat32;
     case DType::kBF16: return ncclBfloat16;
     case DType::kF16: return ncclFloat16;
+    case DType::kI32:
+    case DType::kF64:
     case DType::kInvalid: break;
   }
   return ncclFloat32;  // validated by ProcessGroup before we get here

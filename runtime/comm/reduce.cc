@@ -74,6 +74,8 @@ void ReduceInRankOrder(const void* const* srcs, int n, DType dtype, size_t count
     case DType::kF16:
       Reduce<F16>(srcs, n, count, pre_scale, divisor, post_scale, dst);
       return;
+    case DType::kI32:
+    case DType::kF64:
     case DType::kInvalid:
       break;
   }

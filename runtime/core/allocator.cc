@@ -6,7 +6,7 @@
 namespace sk {
 
 StatusOr<Tensor> Allocator::Empty(DType dtype, Shape shape) {
-  SK_RETURN_IF_ERROR(ValidateDType(dtype));
+  SK_RETURN_IF_ERROR(ValidateTensorDType(dtype));
   size_t bytes = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);
   SK_ASSIGN_OR_RETURN(std::shared_ptr<Storage> storage, AllocateBytes(bytes));
   return Tensor(std::move(storage), dtype, std::move(shape));

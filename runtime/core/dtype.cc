@@ -9,6 +9,8 @@ std::string_view DTypeName(DType t) {
     case DType::kF32: return "f32";
     case DType::kBF16: return "bf16";
     case DType::kF16: return "f16";
+    case DType::kI32: return "i32";
+    case DType::kF64: return "f64";
     case DType::kInvalid: break;
   }
   return "invalid";
@@ -28,14 +30,23 @@ Status ValidateDType(DType t) {
                               " (expected f32=1, bf16=2 or f16=3)");
 }
 
+Status ValidateTensorDType(DType t) {
+  if (t == DType::kI32 || t == DType::kF64) return OkStatus();
+  if (t == DType::kF32 || t == DType::kBF16 || t == DType::kF16) return OkStatus();
+  return InvalidArgumentError("invalid tensor dtype value " + std::to_string(static_cast<int>(t)) +
+                              " (expected f32=1, bf16=2, f16=3, i32=4 or f64=5)");
+}
+
 float LoadAsFloat(const void* data, DType t, size_t i) {
   switch (t) {
     case DType::kF32: return static_cast<const float*>(data)[i];
     case DType::kBF16: return BF16ToFloat(static_cast<const BF16*>(data)[i]);
     case DType::kF16: return F16ToFloat(static_cast<const F16*>(data)[i]);
+    case DType::kI32:
+    case DType::kF64:
     case DType::kInvalid: break;
   }
-  LOG(FATAL) << "LoadAsFloat on invalid dtype";
+  LOG(FATAL) << "LoadAsFloat on a non-float dtype";
   return 0.f;
 }
 
@@ -44,9 +55,11 @@ void StoreFromFloat(void* data, DType t, size_t i, float v) {
     case DType::kF32: static_cast<float*>(data)[i] = v; return;
     case DType::kBF16: static_cast<BF16*>(data)[i] = FloatToBF16(v); return;
     case DType::kF16: static_cast<F16*>(data)[i] = FloatToF16(v); return;
+    case DType::kI32:
+    case DType::kF64:
     case DType::kInvalid: break;
   }
-  LOG(FATAL) << "StoreFromFloat on invalid dtype";
+  LOG(FATAL) << "StoreFromFloat on a non-float dtype";
 }
 
 Status ConvertElements(const void* src, DType src_type, void* dst, DType dst_type, size_t n) {

@@ -26,6 +26,13 @@ enum class DType : uint8_t {
   kF32 = 1,
   kBF16 = 2,
   kF16 = 3,
+  // 32-bit signed integers: token ids and targets on their way to a device.
+  // An index type, not a compute type: ValidateDType rejects it, tensors and
+  // the op layer accept it where they say so.
+  kI32 = 4,
+  // 64-bit floats: host-readable accumulators (the grad-norm partial sums).
+  // Like kI32, not a compute type.
+  kF64 = 5,
 };
 
 // Size in bytes of one element; 0 for kInvalid.
@@ -34,17 +41,21 @@ constexpr size_t DTypeSize(DType t) {
     case DType::kF32: return 4;
     case DType::kBF16: return 2;
     case DType::kF16: return 2;
+    case DType::kI32: return 4;
+    case DType::kF64: return 8;
     case DType::kInvalid: return 0;
   }
   return 0;
 }
 
-// "f32", "bf16", "f16"; "invalid" otherwise.
+// "f32", "bf16", "f16", "i32", "f64"; "invalid" otherwise.
 std::string_view DTypeName(DType t);
 // Parses "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16"/"half".
 StatusOr<DType> ParseDType(std::string_view name);
 // InvalidArgument unless t is one of the three element types.
 Status ValidateDType(DType t);
+// InvalidArgument unless a tensor may hold t: the three element types, kI32 or kF64.
+Status ValidateTensorDType(DType t);
 
 // 16-bit storage types: plain bit patterns, so they are trivially copyable and
 // identical on host and device.

@@ -13,7 +13,7 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, size_
 }
 
 StatusOr<Tensor> Tensor::Wrap(void* data, DType dtype, Shape shape, DeviceId device) {
-  SK_RETURN_IF_ERROR(ValidateDType(dtype));
+  SK_RETURN_IF_ERROR(ValidateTensorDType(dtype));
   size_t bytes = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);
   if (data == nullptr && bytes > 0) {
     return InvalidArgumentError("null data pointer for a tensor of shape " + shape.ToString());
@@ -30,7 +30,7 @@ void* Tensor::data() const {
 
 StatusOr<Tensor> Tensor::View(size_t byte_offset, DType dtype, Shape shape) const {
   if (!defined()) return FailedPreconditionError("View of an undefined tensor");
-  SK_RETURN_IF_ERROR(ValidateDType(dtype));
+  SK_RETURN_IF_ERROR(ValidateTensorDType(dtype));
   size_t bytes = static_cast<size_t>(shape.numel()) * DTypeSize(dtype);
   if (byte_offset > nbytes() || bytes > nbytes() - byte_offset) {
     return InvalidArgumentError("view of " + std::to_string(bytes) + " bytes at offset " +

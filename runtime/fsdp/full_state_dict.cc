@@ -50,6 +50,8 @@ StatusOr<std::vector<float>> WidenToF32(const SafeTensorsFile& sf, const std::st
     case DType::kF16:
       for (size_t i = 0; i < n; ++i) out[i] = F16ToFloat(static_cast<const F16*>(data)[i]);
       break;
+    case DType::kI32:
+    case DType::kF64:
     case DType::kInvalid:
       return InvalidArgumentError(what + " '" + name + "' in '" + path + "' has an invalid dtype");
   }

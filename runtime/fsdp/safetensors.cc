@@ -26,6 +26,8 @@ std::string SafeTensorsDTypeName(DType t) {
     case DType::kF32: return "F32";
     case DType::kBF16: return "BF16";
     case DType::kF16: return "F16";
+    case DType::kI32:
+    case DType::kF64:
     case DType::kInvalid: break;
   }
   return "";

@@ -212,7 +212,8 @@ Status SublayerForward(SublayerKind kind, const BlockDims& d, const float* const
       LinearForward(enc, p[4], p[5], ne, c, 2 * c, F(s->b));
       MaybeRound(d, s->a);
       MaybeRound(d, s->b);
-      AttentionForward(as, F(s->a), c, F(s->b), F(s->b) + c, 2 * c, F(s->probs), F(s->att), c);
+      AttentionForward(as, F(s->a), c, F(s->b), 2 * c, F(s->b) + c, 2 * c, F(s->probs), F(s->att),
+                       c);
       proj_w = p[6];
       proj_b = p[7];
     } else {
@@ -223,7 +224,8 @@ Status SublayerForward(SublayerKind kind, const BlockDims& d, const float* const
       LinearForward(F(s->ln), p[2], p[3], n, c, 3 * c, F(s->a));
       MaybeRound(d, s->a);
       const float* qkv = F(s->a);
-      AttentionForward(as, qkv, 3 * c, qkv + c, qkv + 2 * c, 3 * c, F(s->probs), F(s->att), c);
+      AttentionForward(as, qkv, 3 * c, qkv + c, 3 * c, qkv + 2 * c, 3 * c, F(s->probs), F(s->att),
+                       c);
       proj_w = p[4];
       proj_b = p[5];
     }
@@ -261,8 +263,8 @@ Status SublayerBackward(SublayerKind kind, const BlockDims& d, const float* cons
       SK_ASSIGN_OR_RETURN(Tensor dq, NewF32(alloc, n * c));
       SK_ASSIGN_OR_RETURN(Tensor dkv, NewF32(alloc, ne * 2 * c));
       SK_ASSIGN_OR_RETURN(Tensor scratch, NewF32(alloc, d.seq * d.enc_seq));
-      AttentionBackward(as, F(s.a), c, F(s.b), F(s.b) + c, 2 * c, F(s.probs), F(datt), c,
-                        F(dq), F(dkv), F(dkv) + c, 2 * c, F(scratch));
+      AttentionBackward(as, F(s.a), c, F(s.b), 2 * c, F(s.b) + c, 2 * c, F(s.probs), F(datt), c,
+                        F(dq), c, F(dkv), 2 * c, F(dkv) + c, 2 * c, F(scratch));
       LinearBackward(enc, p[4], F(dkv), ne, c, 2 * c, denc, true, g[4], g[5]);
       LinearBackward(F(s.ln), p[2], F(dq), n, c, c, F(dln), false, g[2], g[3]);
     } else {
@@ -273,8 +275,8 @@ Status SublayerBackward(SublayerKind kind, const BlockDims& d, const float* cons
       SK_ASSIGN_OR_RETURN(Tensor scratch, NewF32(alloc, d.seq * d.seq));
       const float* qkv = F(s.a);
       float* dq = F(dqkv);
-      AttentionBackward(as, qkv, 3 * c, qkv + c, qkv + 2 * c, 3 * c, F(s.probs), F(datt), c, dq,
-                        dq + c, dq + 2 * c, 3 * c, F(scratch));
+      AttentionBackward(as, qkv, 3 * c, qkv + c, 3 * c, qkv + 2 * c, 3 * c, F(s.probs), F(datt), c,
+                        dq, 3 * c, dq + c, 3 * c, dq + 2 * c, 3 * c, F(scratch));
       LinearBackward(F(s.ln), p[2], F(dqkv), n, c, 3 * c, F(dln), false, g[2], g[3]);
     }
   }

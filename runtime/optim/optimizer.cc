@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "runtime/optim/update_rules.h"
+#include "runtime/ops/update_rules.h"
 
 namespace sk {
 

@@ -6,7 +6,7 @@
 
 #include "runtime/core/dtype.h"
 #include "runtime/nn/cuda/kernels_cuda.h"
-#include "runtime/nn/math.h"
+#include "runtime/ops/math.h"
 
 namespace sk {
 namespace cuda_kernels {

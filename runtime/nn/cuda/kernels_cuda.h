@@ -5,8 +5,8 @@
 // header needs no CUDA headers) and returns the cudaError_t of the launch as
 // an int (0 = success); it returns when the work is enqueued, not when it is
 // done. Pointers are device pointers; sizes and layouts are those of the CPU
-// kernels in runtime/nn/kernels.h, whose per-element arithmetic
-// (runtime/nn/math.h) these kernels share. gpu_ops.h wraps them in Status.
+// kernels in runtime/ops/cpu/kernels.h, whose per-element arithmetic
+// (runtime/ops/math.h) these kernels share. gpu_ops.h wraps them in Status.
 #ifndef SHARDKIT_RUNTIME_NN_CUDA_KERNELS_CUDA_H_
 #define SHARDKIT_RUNTIME_NN_CUDA_KERNELS_CUDA_H_
 

@@ -1,4 +1,4 @@
-// Per-element optimizer arithmetic, shared by the host loops (optimizer.cc)
+// Per-element optimizer arithmetic, shared by the CPU backend (runtime/ops/cpu)
 // and CUDA kernels. Each rule updates one element of a parameter shard in
 // place; since every rule is element-wise, a sharded step computes exactly what
 // an unsharded step computes for the same elements, whatever the world size.
@@ -6,8 +6,8 @@
 // The rules follow torch.optim's definitions (SGD with dampening and Nesterov,
 // Adam with L2 weight decay folded into the gradient, AdamW with decoupled
 // decay), so results can be compared with PyTorch element for element.
-#ifndef SHARDKIT_RUNTIME_OPTIM_UPDATE_RULES_H_
-#define SHARDKIT_RUNTIME_OPTIM_UPDATE_RULES_H_
+#ifndef SHARDKIT_RUNTIME_OPS_UPDATE_RULES_H_
+#define SHARDKIT_RUNTIME_OPS_UPDATE_RULES_H_
 
 #include <cmath>
 
@@ -64,4 +64,4 @@ SK_HOST_DEVICE SK_INLINE void AdamUpdate(float& param, float grad, float& exp_av
 
 }  // namespace sk
 
-#endif  // SHARDKIT_RUNTIME_OPTIM_UPDATE_RULES_H_
+#endif  // SHARDKIT_RUNTIME_OPS_UPDATE_RULES_H_

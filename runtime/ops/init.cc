@@ -1,4 +1,4 @@
-#include "runtime/nn/init.h"
+#include "runtime/ops/init.h"
 
 #include <cmath>
 #include <vector>

@@ -1,12 +1,12 @@
-// Per-element and per-row arithmetic shared by the CPU kernels (kernels.cc)
-// and the CUDA kernels (cuda/kernels.cu).
+// Per-element and per-row arithmetic shared by the CPU kernels (runtime/ops/cpu/kernels.cc)
+// and the CUDA kernels (runtime/nn/cuda/kernels.cu).
 //
 // Every function here is SK_HOST_DEVICE and free of allocation and library
 // calls other than <cmath>, so host tests exercise exactly the arithmetic a
 // GPU runs. Row functions operate on one contiguous row of `cols` floats; the
 // CPU loops over rows, a CUDA kernel gives each row to one thread.
-#ifndef SHARDKIT_RUNTIME_NN_MATH_H_
-#define SHARDKIT_RUNTIME_NN_MATH_H_
+#ifndef SHARDKIT_RUNTIME_OPS_MATH_H_
+#define SHARDKIT_RUNTIME_OPS_MATH_H_
 
 #include <cmath>
 #include <cstdint>
@@ -143,4 +143,4 @@ SK_HOST_DEVICE SK_INLINE void CrossEntropyRowBackward(const float* logits, int64
 }  // namespace nn_math
 }  // namespace sk
 
-#endif  // SHARDKIT_RUNTIME_NN_MATH_H_
+#endif  // SHARDKIT_RUNTIME_OPS_MATH_H_

@@ -2,7 +2,7 @@
 // backward against central finite differences of that reference in double.
 // The f32 kernels see the same inputs rounded to f32; the loss is
 // L = sum(y * w) with a fixed random w, so dL/dy = w is fed to the backward.
-#include "runtime/nn/kernels.h"
+#include "runtime/ops/cpu/kernels.h"
 
 #include <cmath>
 #include <functional>
@@ -297,11 +297,11 @@ void CheckAttention(const AttentionShape& s, uint32_t seed) {
       v = Random(s.batch * s.kv_len * c, seed + 2), dout = Random(s.batch * s.q_len * c, seed + 3);
   auto qf = ToF32(q), kf = ToF32(k), vf = ToF32(v), dof = ToF32(dout);
   std::vector<float> probs(s.batch * s.heads * s.q_len * s.kv_len), out(s.batch * s.q_len * c);
-  AttentionForward(s, qf.data(), c, kf.data(), vf.data(), c, probs.data(), out.data(), c);
+  AttentionForward(s, qf.data(), c, kf.data(), c, vf.data(), c, probs.data(), out.data(), c);
   ExpectForward("out", out, AttentionRef(q, k, v, s));
   std::vector<float> dq(qf.size()), dk(kf.size()), dv(vf.size()), scratch(s.q_len * s.kv_len);
-  AttentionBackward(s, qf.data(), c, kf.data(), vf.data(), c, probs.data(), dof.data(), c,
-                    dq.data(), dk.data(), dv.data(), c, scratch.data());
+  AttentionBackward(s, qf.data(), c, kf.data(), c, vf.data(), c, probs.data(), dof.data(), c,
+                    dq.data(), c, dk.data(), c, dv.data(), c, scratch.data());
   auto loss = [&] { return Dot(AttentionRef(q, k, v, s), dout); };
   ExpectGradient("dq", q, dq, loss);
   ExpectGradient("dk", k, dk, loss);
@@ -327,10 +327,10 @@ TEST(Kernels, CausalAttentionIgnoresFutureKeys) {
   AttentionShape s{1, 1, 3, 3, 2, true};
   auto q = ToF32(Random(6, 90)), k = ToF32(Random(6, 91)), v = ToF32(Random(6, 92));
   std::vector<float> probs(9), out1(6), out2(6);
-  AttentionForward(s, q.data(), 2, k.data(), v.data(), 2, probs.data(), out1.data(), 2);
+  AttentionForward(s, q.data(), 2, k.data(), 2, v.data(), 2, probs.data(), out1.data(), 2);
   k[4] += 5.0f;  // key and value of the last position change
   v[5] -= 3.0f;
-  AttentionForward(s, q.data(), 2, k.data(), v.data(), 2, probs.data(), out2.data(), 2);
+  AttentionForward(s, q.data(), 2, k.data(), 2, v.data(), 2, probs.data(), out2.data(), 2);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(out1[i], out2[i]) << i;  // rows 0 and 1 unchanged
   EXPECT_NE(out1[5], out2[5]);
   EXPECT_EQ(probs[1], 0.0f);

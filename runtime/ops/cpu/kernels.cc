@@ -1,4 +1,4 @@
-#include "runtime/nn/kernels.h"
+#include "runtime/ops/cpu/kernels.h"
 
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -12,7 +12,7 @@
 
 #include <glog/logging.h>
 
-#include "runtime/nn/math.h"
+#include "runtime/ops/math.h"
 
 namespace sk {
 
@@ -230,58 +230,59 @@ void SoftmaxBackward(const float* y, const float* dy, int64_t rows, int64_t cols
 }
 
 void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
-                      const float* v, int64_t ldkv, float* probs, float* out, int64_t ldo) {
+                      int64_t ldk, const float* v, int64_t ldv, float* probs, float* out,
+                      int64_t ldo) {
   CHECK(!s.causal || s.q_len == s.kv_len) << "causal attention needs q_len == kv_len";
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const float* qh = q + b * s.q_len * ldq + h * s.head_dim;
-      const float* kh = k + b * s.kv_len * ldkv + h * s.head_dim;
-      const float* vh = v + b * s.kv_len * ldkv + h * s.head_dim;
+      const float* kh = k + b * s.kv_len * ldk + h * s.head_dim;
+      const float* vh = v + b * s.kv_len * ldv + h * s.head_dim;
       float* p = probs + (b * s.heads + h) * s.q_len * s.kv_len;
       float* oh = out + b * s.q_len * ldo + h * s.head_dim;
-      Gemm(false, true, s.q_len, s.kv_len, s.head_dim, scale, qh, ldq, kh, ldkv, 0.0f, p,
+      Gemm(false, true, s.q_len, s.kv_len, s.head_dim, scale, qh, ldq, kh, ldk, 0.0f, p,
            s.kv_len);
       for (int64_t i = 0; i < s.q_len; ++i) {
         nn_math::SoftmaxRowInPlace(p + i * s.kv_len, s.kv_len, s.causal ? i + 1 : s.kv_len);
       }
-      Gemm(false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, p, s.kv_len, vh, ldkv, 0.0f, oh,
+      Gemm(false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, p, s.kv_len, vh, ldv, 0.0f, oh,
            ldo);
     }
   }
 }
 
 void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
-                       const float* v, int64_t ldkv, const float* probs, const float* dout,
-                       int64_t ldo, float* dq, float* dk, float* dv, int64_t lddkv,
-                       float* scratch) {
+                       int64_t ldk, const float* v, int64_t ldv, const float* probs,
+                       const float* dout, int64_t ldo, float* dq, int64_t lddq, float* dk,
+                       int64_t lddk, float* dv, int64_t lddv, float* scratch) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t col = h * s.head_dim;
       const float* qh = q + b * s.q_len * ldq + col;
-      const float* kh = k + b * s.kv_len * ldkv + col;
-      const float* vh = v + b * s.kv_len * ldkv + col;
+      const float* kh = k + b * s.kv_len * ldk + col;
+      const float* vh = v + b * s.kv_len * ldv + col;
       const float* p = probs + (b * s.heads + h) * s.q_len * s.kv_len;
       const float* doh = dout + b * s.q_len * ldo + col;
-      float* dqh = dq + b * s.q_len * ldq + col;
-      float* dkh = dk + b * s.kv_len * lddkv + col;
-      float* dvh = dv + b * s.kv_len * lddkv + col;
+      float* dqh = dq + b * s.q_len * lddq + col;
+      float* dkh = dk + b * s.kv_len * lddk + col;
+      float* dvh = dv + b * s.kv_len * lddv + col;
       float* ds = scratch;
       // dP = dO V^T; dV = P^T dO.
-      Gemm(false, true, s.q_len, s.kv_len, s.head_dim, 1.0f, doh, ldo, vh, ldkv, 0.0f, ds,
+      Gemm(false, true, s.q_len, s.kv_len, s.head_dim, 1.0f, doh, ldo, vh, ldv, 0.0f, ds,
            s.kv_len);
       Gemm(true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, p, s.kv_len, doh, ldo, 0.0f, dvh,
-           lddkv);
+           lddv);
       // dS = scale * P (dP - rowdot(P, dP)); masked entries have P = 0.
       for (int64_t i = 0; i < s.q_len; ++i) {
         nn_math::SoftmaxRowBackwardInPlace(p + i * s.kv_len, ds + i * s.kv_len, s.kv_len, scale);
       }
       // dQ = dS K; dK = dS^T Q.
-      Gemm(false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds, s.kv_len, kh, ldkv, 0.0f, dqh,
-           ldq);
+      Gemm(false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds, s.kv_len, kh, ldk, 0.0f, dqh,
+           lddq);
       Gemm(true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, ds, s.kv_len, qh, ldq, 0.0f, dkh,
-           lddkv);
+           lddk);
     }
   }
 }
@@ -342,6 +343,8 @@ void RoundToDTypeInPlace(float* x, int64_t n, DType t) {
     case DType::kF16:
       for (int64_t i = 0; i < n; ++i) x[i] = F16ToFloat(FloatToF16(x[i]));
       return;
+    case DType::kI32:
+    case DType::kF64:
     case DType::kInvalid: break;
   }
   LOG(FATAL) << "RoundToDTypeInPlace: invalid dtype";
@@ -358,6 +361,8 @@ void WidenToF32(const void* src, DType t, int64_t n, float* dst) {
     case DType::kF16:
       for (int64_t i = 0; i < n; ++i) dst[i] = F16ToFloat(static_cast<const F16*>(src)[i]);
       return;
+    case DType::kI32:
+    case DType::kF64:
     case DType::kInvalid: break;
   }
   LOG(FATAL) << "WidenToF32: invalid dtype";
@@ -378,6 +383,8 @@ void AccumulateFromF32(const float* src, int64_t n, void* dst, DType t) {
       for (int64_t i = 0; i < n; ++i) d[i] = FloatToF16(F16ToFloat(d[i]) + src[i]);
       return;
     }
+    case DType::kI32:
+    case DType::kF64:
     case DType::kInvalid: break;
   }
   LOG(FATAL) << "AccumulateFromF32: invalid dtype";

@@ -1,0 +1,104 @@
+#include "runtime/ops/backend.h"
+
+#include <string>
+
+namespace sk::ops {
+
+Status OpBackend::NotImplemented(const char* op) const {
+  return UnimplementedError(std::string(op) + " is not implemented by the " + name() +
+                            " op backend");
+}
+
+Status OpBackend::Account(const OpContext&, const OpCost&) { return OkStatus(); }
+
+Status OpBackend::Gemm(const OpContext&, const GemmParams&, const MatrixRef&, const MatrixRef&,
+                       const MatrixRef&) {
+  return NotImplemented("gemm");
+}
+Status OpBackend::Copy(const OpContext&, const Tensor&, const Tensor&) {
+  return NotImplemented("copy");
+}
+Status OpBackend::Cast(const OpContext&, const Tensor&, const Tensor&) {
+  return NotImplemented("cast");
+}
+Status OpBackend::RoundToDType(const OpContext&, const Tensor&, DType) {
+  return NotImplemented("round_to_dtype");
+}
+Status OpBackend::Scale(const OpContext&, const Tensor&, float) { return NotImplemented("scale"); }
+Status OpBackend::Axpy(const OpContext&, float, const Tensor&, const Tensor&) {
+  return NotImplemented("axpy");
+}
+Status OpBackend::Fill(const OpContext&, const Tensor&, float) { return NotImplemented("fill"); }
+Status OpBackend::InitPhilox(const OpContext&, const Initializer&, uint64_t, uint64_t, int64_t,
+                             const Tensor&) {
+  return NotImplemented("init_philox");
+}
+Status OpBackend::BroadcastRows(const OpContext&, const Tensor&, const Tensor&) {
+  return NotImplemented("broadcast_rows");
+}
+Status OpBackend::BiasAdd(const OpContext&, const Tensor&, const Tensor&) {
+  return NotImplemented("bias_add");
+}
+Status OpBackend::BiasGrad(const OpContext&, const Tensor&, const Tensor&) {
+  return NotImplemented("bias_grad");
+}
+Status OpBackend::GeluForward(const OpContext&, const Tensor&, const Tensor&) {
+  return NotImplemented("gelu_fwd");
+}
+Status OpBackend::GeluBackward(const OpContext&, const Tensor&, const Tensor&, const Tensor&) {
+  return NotImplemented("gelu_bwd");
+}
+Status OpBackend::LayerNormForward(const OpContext&, const Tensor&, const Tensor&, const Tensor&,
+                                   const Tensor&, const Tensor&, const Tensor&) {
+  return NotImplemented("layer_norm_fwd");
+}
+Status OpBackend::LayerNormBackward(const OpContext&, const Tensor&, const Tensor&, const Tensor&,
+                                    const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                    const Tensor&) {
+  return NotImplemented("layer_norm_bwd");
+}
+Status OpBackend::AttentionForward(const OpContext&, const AttentionShape&, const MatrixRef&,
+                                   const MatrixRef&, const MatrixRef&, const Tensor&,
+                                   const MatrixRef&) {
+  return NotImplemented("attention_fwd");
+}
+Status OpBackend::AttentionBackward(const OpContext&, const AttentionShape&, const MatrixRef&,
+                                    const MatrixRef&, const MatrixRef&, const Tensor&,
+                                    const MatrixRef&, const MatrixRef&, const MatrixRef&,
+                                    const MatrixRef&) {
+  return NotImplemented("attention_bwd");
+}
+Status OpBackend::EmbeddingForward(const OpContext&, const Tensor&, const Tensor&, const Tensor&) {
+  return NotImplemented("embedding_fwd");
+}
+Status OpBackend::EmbeddingBackward(const OpContext&, const Tensor&, const Tensor&,
+                                    const Tensor&) {
+  return NotImplemented("embedding_bwd");
+}
+Status OpBackend::CrossEntropyForward(const OpContext&, const Tensor&, const Tensor&,
+                                      const Tensor&) {
+  return NotImplemented("cross_entropy_fwd");
+}
+Status OpBackend::CrossEntropyBackward(const OpContext&, const Tensor&, const Tensor&,
+                                       const Tensor&) {
+  return NotImplemented("cross_entropy_bwd");
+}
+Status OpBackend::SumOfSquares(const OpContext&, const Tensor&, const Tensor&) {
+  return NotImplemented("sum_of_squares");
+}
+Status OpBackend::MaxAbs(const OpContext&, const Tensor&, const Tensor&) {
+  return NotImplemented("max_abs");
+}
+Status OpBackend::SgdUpdate(const OpContext&, const SgdHyper&, const Tensor&, const Tensor&,
+                            const Tensor&) {
+  return NotImplemented("sgd_update");
+}
+Status OpBackend::AdamUpdate(const OpContext&, const AdamHyper& h, const Tensor&, const Tensor&,
+                             const Tensor&, const Tensor&) {
+  return NotImplemented(h.decoupled ? "adamw_update" : "adam_update");
+}
+StatusOr<double> OpBackend::ReadScalar(const OpContext&, const Tensor&) {
+  return NotImplemented("read_scalar");
+}
+
+}  // namespace sk::ops

@@ -1,0 +1,170 @@
+// The op layer's backend interface: the context every op call carries, the
+// argument types of the ops, and the per-device-kind implementation table.
+//
+// Callers use the functions of ops.h, never a backend directly: the
+// dispatcher there validates arguments (a clear InvalidArgument naming the op
+// and operand), computes the op's OpCost (cost.h), calls Account() on the
+// backend of ctx.device's kind and then, if the backend executes(), the
+// backend's method. A backend method may therefore assume validated
+// arguments: shapes consistent, tensors defined, on ctx's device kind (Copy:
+// one side may be host memory), dtypes among those the op accepts.
+//
+// Registration: a backend registers for a DeviceKind (RegisterOpBackend), so
+// //runtime/sim and the CUDA backend plug in without //runtime/ops depending
+// on them. The CPU backend (runtime/ops/cpu) is registered from the start.
+// The registry functions are defined in //runtime/ops (link it).
+//
+// Execution contract per kind (docs/ops.md):
+// - cpu: the op runs synchronously on the calling thread, which must be the
+//   thread that plays ctx.stream (the model's compute thread or a closure on
+//   that stream's worker); ctx.stream may be null (the calling thread).
+// - cuda: the op is enqueued on ctx.stream; results are ready in stream order.
+// - sim: executes() is false; Account() prices the op on ctx.stream's virtual
+//   clock and nothing runs (tensors there have no data).
+//
+// Thread safety: a backend is shared by every thread of the process: its
+// methods must be safe to call concurrently on distinct operands.
+#ifndef SHARDKIT_RUNTIME_OPS_BACKEND_H_
+#define SHARDKIT_RUNTIME_OPS_BACKEND_H_
+
+#include <cstdint>
+
+#include "runtime/core/allocator.h"
+#include "runtime/core/device_kind.h"
+#include "runtime/core/status.h"
+#include "runtime/core/tensor.h"
+#include "runtime/device/device.h"
+#include "runtime/ops/cost.h"
+#include "runtime/ops/init.h"
+#include "runtime/ops/update_rules.h"
+
+namespace sk::ops {
+
+// Where an op runs and where its temporaries come from. `device` and `alloc`
+// are required for every op; `stream` is required except on cpu. The
+// allocator must be on ctx.device (temporaries such as attention's score
+// gradients come from it, so a caching allocator's stats cover them).
+struct OpContext {
+  Device* device = nullptr;
+  Stream* stream = nullptr;
+  Allocator* alloc = nullptr;
+};
+
+// The target id that leaves a row out of the cross-entropy loss.
+inline constexpr int32_t kIgnoreTarget = -1;
+
+// A row-major matrix (or a batch of them) inside a tensor: element (i, j) of
+// matrix b is element offset + b * batch_stride + i * ld + j of `t`. The
+// op's dimensions say how many rows and columns are meant; ld >= columns.
+// Fused projections pass views into one buffer (q, k, v of a [rows, 3c] qkv).
+struct MatrixRef {
+  Tensor t;
+  int64_t offset = 0;        // elements
+  int64_t ld = 0;            // row stride, elements
+  int64_t batch_stride = 0;  // elements between consecutive matrices (batch > 1)
+};
+
+// C = alpha op(A) op(B) + beta C for each of `batch` matrices: op(A) is m x k,
+// op(B) is k x n, C is m x n (stored as given by the MatrixRefs; a transposed
+// operand is stored k x m or n x k).
+struct GemmParams {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t batch = 1;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+
+// Multi-head scaled dot-product attention over `batch` sequences. q is
+// [batch * q_len, heads * head_dim] (head h in columns [h*head_dim,
+// (h+1)*head_dim)); k and v have kv_len rows per sequence. causal masks key
+// j > query i and requires q_len == kv_len.
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t heads = 0;
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+  int64_t head_dim = 0;
+  bool causal = false;
+};
+
+// One virtual method per op (ops.h documents each). The defaults return
+// Unimplemented naming the op and the backend, so a backend that does not
+// execute (the simulator) implements only Account().
+class OpBackend {
+ public:
+  virtual ~OpBackend() = default;
+
+  // "cpu", "cuda", "sim".
+  virtual const char* name() const = 0;
+  // False for a backend that only prices ops (the simulator); the dispatcher
+  // then calls Account() and nothing else.
+  virtual bool executes() const = 0;
+  // Called by the dispatcher for EVERY op, before executing it, with the
+  // cost computed from the op's shapes. An error stops the op (and is its
+  // result). Default: nothing.
+  virtual Status Account(const OpContext& ctx, const OpCost& cost);
+
+  virtual Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                      const MatrixRef& b, const MatrixRef& c);
+  virtual Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst);
+  virtual Status Cast(const OpContext& ctx, const Tensor& src, const Tensor& dst);
+  virtual Status RoundToDType(const OpContext& ctx, const Tensor& x, DType t);
+  virtual Status Scale(const OpContext& ctx, const Tensor& x, float alpha);
+  virtual Status Axpy(const OpContext& ctx, float alpha, const Tensor& x, const Tensor& y);
+  virtual Status Fill(const OpContext& ctx, const Tensor& x, float value);
+  virtual Status InitPhilox(const OpContext& ctx, const Initializer& init, uint64_t seed,
+                            uint64_t param_id, int64_t begin, const Tensor& out);
+  virtual Status BroadcastRows(const OpContext& ctx, const Tensor& src, const Tensor& dst);
+  virtual Status BiasAdd(const OpContext& ctx, const Tensor& bias, const Tensor& y);
+  virtual Status BiasGrad(const OpContext& ctx, const Tensor& dy, const Tensor& dbias);
+  virtual Status GeluForward(const OpContext& ctx, const Tensor& x, const Tensor& y);
+  virtual Status GeluBackward(const OpContext& ctx, const Tensor& x, const Tensor& dy,
+                              const Tensor& dx);
+  virtual Status LayerNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& y, const Tensor& mean,
+                                  const Tensor& rstd);
+  virtual Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
+                                   const Tensor& dy, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);
+  virtual Status AttentionForward(const OpContext& ctx, const AttentionShape& s,
+                                  const MatrixRef& q, const MatrixRef& k, const MatrixRef& v,
+                                  const Tensor& probs, const MatrixRef& out);
+  virtual Status AttentionBackward(const OpContext& ctx, const AttentionShape& s,
+                                   const MatrixRef& q, const MatrixRef& k, const MatrixRef& v,
+                                   const Tensor& probs, const MatrixRef& dout,
+                                   const MatrixRef& dq, const MatrixRef& dk,
+                                   const MatrixRef& dv);
+  virtual Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,
+                                  const Tensor& out);
+  virtual Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& dout,
+                                   const Tensor& dtable);
+  virtual Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits,
+                                     const Tensor& targets, const Tensor& loss);
+  virtual Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits,
+                                      const Tensor& targets, const Tensor& dlogits);
+  virtual Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc);
+  virtual Status MaxAbs(const OpContext& ctx, const Tensor& x, const Tensor& acc);
+  virtual Status SgdUpdate(const OpContext& ctx, const SgdHyper& h, const Tensor& param,
+                           const Tensor& grad, const Tensor& momentum);
+  virtual Status AdamUpdate(const OpContext& ctx, const AdamHyper& h, const Tensor& param,
+                            const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq);
+  virtual StatusOr<double> ReadScalar(const OpContext& ctx, const Tensor& t);
+
+ protected:
+  // Unimplemented("<op> is not implemented by the <name> op backend").
+  Status NotImplemented(const char* op) const;
+};
+
+// Makes `backend` the table for `kind`, replacing any earlier one (nullptr
+// unregisters). The backend must outlive every op call on that kind.
+// Thread-safe; registration normally happens once, before any op runs.
+void RegisterOpBackend(DeviceKind kind, OpBackend* backend);
+
+// The table for `kind`, or nullptr when none is registered. kCpu always has one.
+OpBackend* BackendFor(DeviceKind kind);
+
+}  // namespace sk::ops
+
+#endif  // SHARDKIT_RUNTIME_OPS_BACKEND_H_

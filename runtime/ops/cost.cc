@@ -1,0 +1,184 @@
+#include "runtime/ops/cost.h"
+
+namespace sk::ops {
+
+namespace {
+
+double D(int64_t v) { return static_cast<double>(v); }
+double Sz(DType t) { return static_cast<double>(DTypeSize(t)); }
+constexpr double kF32 = 4;
+constexpr double kI32 = 4;
+
+OpCost Make(const char* name, OpClass cls, double flops, double read, double written,
+            DType dtype = DType::kF32) {
+  OpCost c;
+  c.name = name;
+  c.cls = cls;
+  c.flops = flops;
+  c.bytes_read = read;
+  c.bytes_written = written;
+  c.dtype = dtype;
+  return c;
+}
+
+}  // namespace
+
+std::string_view OpClassName(OpClass c) {
+  switch (c) {
+    case OpClass::kGemm: return "gemm";
+    case OpClass::kElementwise: return "elementwise";
+    case OpClass::kReduction: return "reduction";
+    case OpClass::kNormalization: return "normalization";
+    case OpClass::kAttention: return "attention";
+    case OpClass::kEmbedding: return "embedding";
+    case OpClass::kLoss: return "loss";
+    case OpClass::kCopy: return "copy";
+    case OpClass::kOptimizer: return "optimizer";
+    case OpClass::kInit: return "init";
+    case OpClass::kOther: return "other";
+  }
+  return "unknown";
+}
+
+OpCost GemmCost(int64_t m, int64_t n, int64_t k, int64_t batch, DType ab, bool reads_c) {
+  const double per = D(m) * D(n);
+  OpCost c = Make("gemm", OpClass::kGemm, 2.0 * per * D(k) * D(batch),
+                  D(batch) * ((D(m) * D(k) + D(k) * D(n)) * Sz(ab) + (reads_c ? per * kF32 : 0.0)),
+                  D(batch) * per * kF32, ab);
+  c.m = m;
+  c.n = n;
+  c.k = k;
+  c.batch = batch;
+  return c;
+}
+
+OpCost CopyCost(int64_t n, DType t) {
+  return Make("copy", OpClass::kCopy, 0, D(n) * Sz(t), D(n) * Sz(t), t);
+}
+
+OpCost CastCost(int64_t n, DType from, DType to) {
+  return Make("cast", OpClass::kCopy, 0, D(n) * Sz(from), D(n) * Sz(to), from);
+}
+
+OpCost RoundToDTypeCost(int64_t n) {
+  return Make("round_to_dtype", OpClass::kElementwise, 0, D(n) * kF32, D(n) * kF32);
+}
+
+OpCost ScaleCost(int64_t n, DType t) {
+  return Make("scale", OpClass::kElementwise, D(n), D(n) * Sz(t), D(n) * Sz(t), t);
+}
+
+OpCost AxpyCost(int64_t n, DType x, DType y) {
+  return Make("axpy", OpClass::kElementwise, 2.0 * D(n), D(n) * (Sz(x) + Sz(y)), D(n) * Sz(y), x);
+}
+
+OpCost FillCost(int64_t n, DType t) {
+  return Make("fill", OpClass::kInit, 0, 0, D(n) * Sz(t), t);
+}
+
+OpCost InitCost(int64_t n, DType t) {
+  return Make("init_philox", OpClass::kInit, 0, 0, D(n) * Sz(t), t);
+}
+
+OpCost BroadcastRowsCost(int64_t rows, int64_t cols) {
+  return Make("broadcast_rows", OpClass::kCopy, 0, D(cols) * kF32, D(rows) * D(cols) * kF32);
+}
+
+OpCost BiasAddCost(int64_t rows, int64_t cols) {
+  return Make("bias_add", OpClass::kElementwise, D(rows) * D(cols),
+              (D(rows) * D(cols) + D(cols)) * kF32, D(rows) * D(cols) * kF32);
+}
+
+OpCost BiasGradCost(int64_t rows, int64_t cols) {
+  return Make("bias_grad", OpClass::kReduction, D(rows) * D(cols),
+              (D(rows) * D(cols) + D(cols)) * kF32, D(cols) * kF32);
+}
+
+OpCost GeluForwardCost(int64_t n) {
+  return Make("gelu_fwd", OpClass::kElementwise, kGeluForwardFlops * D(n), D(n) * kF32,
+              D(n) * kF32);
+}
+
+OpCost GeluBackwardCost(int64_t n) {
+  return Make("gelu_bwd", OpClass::kElementwise, kGeluBackwardFlops * D(n), 2.0 * D(n) * kF32,
+              D(n) * kF32);
+}
+
+OpCost LayerNormForwardCost(int64_t rows, int64_t cols) {
+  const double e = D(rows) * D(cols);
+  return Make("layer_norm_fwd", OpClass::kNormalization, kLayerNormForwardFlops * e,
+              (e + 2.0 * D(cols)) * kF32, (e + 2.0 * D(rows)) * kF32);
+}
+
+OpCost LayerNormBackwardCost(int64_t rows, int64_t cols) {
+  const double e = D(rows) * D(cols);
+  // Reads x, dy, dx (accumulated), gamma, dgamma, dbeta, mean, rstd; writes
+  // dx, dgamma, dbeta.
+  return Make("layer_norm_bwd", OpClass::kNormalization, kLayerNormBackwardFlops * e,
+              (3.0 * e + 3.0 * D(cols) + 2.0 * D(rows)) * kF32, (e + 2.0 * D(cols)) * kF32);
+}
+
+OpCost AttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
+                            int64_t head_dim) {
+  const double bh = D(batch) * D(heads);
+  const double scores = bh * D(q_len) * D(kv_len);
+  const double flops = 2.0 * 2.0 * scores * D(head_dim) + kSoftmaxFlops * scores;
+  const double read = bh * (D(q_len) + 2.0 * D(kv_len)) * D(head_dim) * kF32;
+  const double written = (scores + bh * D(q_len) * D(head_dim)) * kF32;
+  return Make("attention_fwd", OpClass::kAttention, flops, read, written);
+}
+
+OpCost AttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
+                             int64_t head_dim) {
+  const double bh = D(batch) * D(heads);
+  const double scores = bh * D(q_len) * D(kv_len);
+  const double flops = 4.0 * 2.0 * scores * D(head_dim) + kSoftmaxBackwardFlops * scores;
+  // Reads q, k, v, probs and dout; writes dq, dk, dv.
+  const double qkv = bh * (D(q_len) + 2.0 * D(kv_len)) * D(head_dim);
+  const double read = (qkv + scores + bh * D(q_len) * D(head_dim)) * kF32;
+  return Make("attention_bwd", OpClass::kAttention, flops, read, qkv * kF32);
+}
+
+OpCost EmbeddingForwardCost(int64_t count, int64_t dim) {
+  return Make("embedding_fwd", OpClass::kEmbedding, 0,
+              D(count) * kI32 + D(count) * D(dim) * kF32, D(count) * D(dim) * kF32);
+}
+
+OpCost EmbeddingBackwardCost(int64_t count, int64_t dim) {
+  return Make("embedding_bwd", OpClass::kEmbedding, D(count) * D(dim),
+              D(count) * kI32 + 2.0 * D(count) * D(dim) * kF32, D(count) * D(dim) * kF32);
+}
+
+OpCost CrossEntropyForwardCost(int64_t rows, int64_t vocab) {
+  return Make("cross_entropy_fwd", OpClass::kLoss, kCrossEntropyFlops * D(rows) * D(vocab),
+              D(rows) * D(vocab) * kF32 + D(rows) * kI32, kF32);
+}
+
+OpCost CrossEntropyBackwardCost(int64_t rows, int64_t vocab) {
+  return Make("cross_entropy_bwd", OpClass::kLoss, kCrossEntropyFlops * D(rows) * D(vocab),
+              D(rows) * D(vocab) * kF32 + D(rows) * kI32, D(rows) * D(vocab) * kF32);
+}
+
+OpCost SumOfSquaresCost(int64_t n, DType t) {
+  return Make("sum_of_squares", OpClass::kReduction, 2.0 * D(n), D(n) * Sz(t) + 8.0, 8.0, t);
+}
+
+OpCost MaxAbsCost(int64_t n, DType t) {
+  return Make("max_abs", OpClass::kReduction, D(n), D(n) * Sz(t) + 8.0, 8.0, t);
+}
+
+OpCost SgdUpdateCost(int64_t n, bool has_momentum) {
+  const double tensors_read = has_momentum ? 3.0 : 2.0;   // param, grad (, momentum)
+  const double tensors_written = has_momentum ? 2.0 : 1.0;
+  return Make("sgd_update", OpClass::kOptimizer, kSgdFlops * D(n), tensors_read * D(n) * kF32,
+              tensors_written * D(n) * kF32);
+}
+
+OpCost AdamUpdateCost(int64_t n, bool decoupled) {
+  return Make(decoupled ? "adamw_update" : "adam_update", OpClass::kOptimizer, kAdamFlops * D(n),
+              4.0 * D(n) * kF32, 3.0 * D(n) * kF32);
+}
+
+OpCost ReadScalarCost(DType t) { return Make("read_scalar", OpClass::kCopy, 0, Sz(t), 0, t); }
+
+}  // namespace sk::ops

@@ -1,0 +1,106 @@
+// The cost every op declares: floating-point operations and bytes moved, as a
+// function of the op's shapes and dtypes only.
+//
+// The dispatcher (ops.cc) computes an OpCost ONCE per op call, with the cost
+// functions below, and hands it to the backend's Account() before the backend
+// runs the op. Backends never compute costs: the simulator prices ops from
+// these numbers, //benchmarks:kernels reports achieved FLOP/s and bytes/s from
+// them, and a CPU or CUDA backend may count or trace them.
+//
+// Conventions (docs/ops.md has the table):
+// - A multiply-add counts 2 flops. Transcendentals (exp, tanh, sqrt, log)
+//   count 1 each; the per-element constants below say what each op counts.
+// - bytes_read / bytes_written count every element the op reads / writes once,
+//   at its dtype's size: an accumulate (y += x) reads and writes y. Caches
+//   are not modelled.
+// - GEMM also fills m, n, k, batch and dtype (the A/B input dtype), so a
+//   backend can price tensor-core rates and tile quantisation.
+//
+// Thread safety: every function is pure.
+#ifndef SHARDKIT_RUNTIME_OPS_COST_H_
+#define SHARDKIT_RUNTIME_OPS_COST_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "runtime/core/dtype.h"
+
+namespace sk::ops {
+
+enum class OpClass : uint8_t {
+  kGemm,
+  kElementwise,
+  kReduction,
+  kNormalization,
+  kAttention,
+  kEmbedding,
+  kLoss,
+  kCopy,
+  kOptimizer,
+  kInit,
+  kOther,
+};
+
+// "gemm", "elementwise", ...
+std::string_view OpClassName(OpClass c);
+
+struct OpCost {
+  const char* name = "";      // static string: "gemm", "layer_norm_fwd", "adamw_update", ...
+  OpClass cls = OpClass::kOther;
+  double flops = 0;           // floating-point operations (a multiply-add counts 2)
+  double bytes_read = 0;      // bytes the op reads from device memory
+  double bytes_written = 0;   // bytes it writes
+  int64_t m = 0, n = 0, k = 0, batch = 1;  // GEMM only: per-matrix dims and batch count
+  DType dtype = DType::kF32;  // input dtype (GEMM: the A/B dtype; selects tensor-core rates)
+};
+
+// Per-element flop counts of the elementwise ops (see each op in ops.h).
+inline constexpr double kGeluForwardFlops = 14;   // x^3, polynomial, tanh via exp, 0.5 x (1 + t)
+inline constexpr double kGeluBackwardFlops = 24;  // forward's tanh, its derivative, the product
+inline constexpr double kLayerNormForwardFlops = 8;   // mean, variance, normalise, affine
+inline constexpr double kLayerNormBackwardFlops = 14; // xhat, two row sums, dx, dgamma, dbeta
+inline constexpr double kSoftmaxFlops = 5;            // max, exp, sum, scale (per score)
+inline constexpr double kSoftmaxBackwardFlops = 4;    // row dot, difference, two products
+inline constexpr double kCrossEntropyFlops = 4;       // max, exp, sum (+ log per row)
+inline constexpr double kSgdFlops = 6;   // decay, momentum, Nesterov, step
+inline constexpr double kAdamFlops = 16; // decay, two moments, sqrt, divide, step
+
+// The cost functions, one per op (ops.h says what each op does). Sizes are
+// element counts; `ab`/`x`/`y` name the dtypes of the operands.
+
+// C[batch][m, n] = alpha op(A) op(B) + beta C: 2 m n k flops per matrix; A and
+// B read once at `ab`'s size, C (f32) written, and read too when beta != 0.
+OpCost GemmCost(int64_t m, int64_t n, int64_t k, int64_t batch, DType ab, bool reads_c);
+OpCost CopyCost(int64_t n, DType t);
+OpCost CastCost(int64_t n, DType from, DType to);
+OpCost RoundToDTypeCost(int64_t n);
+OpCost ScaleCost(int64_t n, DType t);
+OpCost AxpyCost(int64_t n, DType x, DType y);
+OpCost FillCost(int64_t n, DType t);
+OpCost InitCost(int64_t n, DType t);
+OpCost BroadcastRowsCost(int64_t rows, int64_t cols);
+OpCost BiasAddCost(int64_t rows, int64_t cols);
+OpCost BiasGradCost(int64_t rows, int64_t cols);
+OpCost GeluForwardCost(int64_t n);
+OpCost GeluBackwardCost(int64_t n);
+OpCost LayerNormForwardCost(int64_t rows, int64_t cols);
+OpCost LayerNormBackwardCost(int64_t rows, int64_t cols);
+// Per head and sequence: two GEMMs forward (scores, values), four backward.
+OpCost AttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
+                            int64_t head_dim);
+OpCost AttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
+                             int64_t head_dim);
+OpCost EmbeddingForwardCost(int64_t count, int64_t dim);
+OpCost EmbeddingBackwardCost(int64_t count, int64_t dim);
+OpCost CrossEntropyForwardCost(int64_t rows, int64_t vocab);
+OpCost CrossEntropyBackwardCost(int64_t rows, int64_t vocab);
+OpCost SumOfSquaresCost(int64_t n, DType t);
+OpCost MaxAbsCost(int64_t n, DType t);
+OpCost SgdUpdateCost(int64_t n, bool has_momentum);
+// name "adam_update" or "adamw_update" (decoupled weight decay).
+OpCost AdamUpdateCost(int64_t n, bool decoupled);
+OpCost ReadScalarCost(DType t);
+
+}  // namespace sk::ops
+
+#endif  // SHARDKIT_RUNTIME_OPS_COST_H_

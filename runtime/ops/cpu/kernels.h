@@ -1,0 +1,154 @@
+// The CPU backend's kernels, forward and backward, on f32 buffers: what the
+// CPU op backend (cpu_backend.cc) runs. Internal to runtime/ops: everything
+// else calls ops (runtime/ops/ops.h).
+//
+// Layout: activations are row-major matrices of `rows` x `cols` floats, where
+// a row is one token (rows = batch * sequence length). A Linear layer's weight
+// is stored [in, out] (y = x W + b), as GPT-2 stores it, so both passes are
+// plain row-major GEMMs without transposed copies.
+//
+// Contracts: the caller (the op dispatcher, through the CPU backend) owns
+// shape checking and passes consistent sizes; a mismatch here is a bug inside
+// shardkit and CHECKs.
+// Backward functions ACCUMULATE into parameter gradients (+=) so that FSDP's
+// unsharded gradient buffers and gradient accumulation work unchanged; input
+// gradients are documented per function. Every function is thread-compatible
+// (no shared state besides the BLAS library's own thread pool).
+#ifndef SHARDKIT_RUNTIME_OPS_CPU_KERNELS_H_
+#define SHARDKIT_RUNTIME_OPS_CPU_KERNELS_H_
+
+#include <cstdint>
+#include <string_view>
+
+#include "runtime/core/dtype.h"
+#include "runtime/core/status.h"
+#include "runtime/ops/backend.h"
+
+namespace sk {
+
+// The BLAS libraries a GEMM can go to. Chosen by measurement (see
+// benchmarks/kernels.cc and runtime/nn/RESULTS.md); kDefault is the choice.
+enum class GemmBackend : uint8_t {
+  kDefault = 0,
+  kOpenBlas = 1,
+  kOneDnn = 2,
+};
+
+std::string_view GemmBackendName(GemmBackend b);
+
+// The backend kDefault resolves to.
+GemmBackend DefaultGemmBackend();
+
+// Sets how many threads a GEMM issued from the calling thread may use:
+// oneDNN's OpenMP team of this thread (an OpenMP setting of the calling
+// thread) and OpenBLAS's pool (process-wide). InvalidArgument unless n >= 1.
+//
+// Runtimes that run several ranks as threads of one process (the local
+// backend) should give each rank thread n = cores / ranks: idle OpenMP
+// workers spin, and oversubscribed teams spin against each other. On our
+// 2-core machine under a load average of ~9 from other processes, a gpt-10m
+// step took 27.6 s wall with 2 GEMM threads against 2.0 s with 1.
+Status SetGemmThreads(int n);
+
+// The thread count GEMMs from the calling thread use now (OpenMP's view).
+int GemmThreads();
+
+// C = alpha op(A) op(B) + beta C, row-major, op = transpose when the flag is
+// set. op(A) is m x k, op(B) is k x n, C is m x n; ld* are row strides.
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc, GemmBackend backend = GemmBackend::kDefault);
+
+// C = op(A) op(B), or C += op(A) op(B) when accumulate, with A and B in bf16
+// and the products accumulated and stored in f32: oneDNN's matmul, which
+// uses the CPU's AVX512-BF16 (or AMX) instructions where it has them. Same
+// row-major conventions as Gemm. The f32 Gemm of bf16-valued inputs gives
+// the same numbers up to summation order; this is the fast path.
+// Primitives are cached per shape; safe to call from several threads.
+void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+              int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
+
+// y[rows, out] = x[rows, in] w[in, out] + bias[out] (bias may be null).
+void LinearForward(const float* x, const float* w, const float* bias, int64_t rows, int64_t in,
+                   int64_t out, float* y);
+
+// Given dy[rows, out]: dw += x^T dy, dbias += column sums of dy (dbias may be
+// null), and dx = dy w^T, overwritten when accumulate_dx is false and added
+// otherwise (dx may be null when the input needs no gradient).
+void LinearBackward(const float* x, const float* w, const float* dy, int64_t rows, int64_t in,
+                    int64_t out, float* dx, bool accumulate_dx, float* dw, float* dbias);
+
+// Per-row LayerNorm with affine gamma/beta; mean and rstd are [rows].
+void LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
+                      int64_t cols, float* y, float* mean, float* rstd);
+
+// dx += LayerNorm input gradient; dgamma, dbeta += parameter gradients.
+void LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
+                       const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
+                       float* dbeta);
+
+// y = gelu_tanh(x) elementwise (y may alias x).
+void GeluForward(const float* x, int64_t n, float* y);
+// dx = dy * gelu_tanh'(x), overwritten (dx may alias dy).
+void GeluBackward(const float* x, const float* dy, int64_t n, float* dx);
+
+// Row softmax of x[rows, cols] into y (may alias x).
+void SoftmaxForward(const float* x, int64_t rows, int64_t cols, float* y);
+// dx = softmax input gradient from y = softmax(x) and dy, overwritten.
+void SoftmaxBackward(const float* y, const float* dy, int64_t rows, int64_t cols, float* dx);
+
+// Multi-head scaled dot-product attention over `batch` sequences (the
+// shape's contract is in runtime/ops/backend.h). Each operand has its own row
+// stride (fused projections pass pointers into one buffer).
+using ops::AttentionShape;
+
+// Writes probs [batch, heads, q_len, kv_len] (kept for backward) and out.
+void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
+                      int64_t ldk, const float* v, int64_t ldv, float* probs, float* out,
+                      int64_t ldo);
+
+// Overwrites dq, dk and dv from dout. scratch holds q_len * kv_len floats.
+void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
+                       int64_t ldk, const float* v, int64_t ldv, const float* probs,
+                       const float* dout, int64_t ldo, float* dq, int64_t lddq, float* dk,
+                       int64_t lddk, float* dv, int64_t lddv, float* scratch);
+
+// out[n, :] = table[ids[n], :] for n < count; ids must be in [0, vocab).
+void EmbeddingForward(const float* table, const int32_t* ids, int64_t count, int64_t dim,
+                      float* out);
+// dtable[ids[n], :] += dout[n, :].
+void EmbeddingBackward(const int32_t* ids, const float* dout, int64_t count, int64_t dim,
+                       float* dtable);
+
+using ops::kIgnoreTarget;
+
+// Mean over non-ignored rows of -log softmax(logits[n])[targets[n]]; stores
+// the number of counted rows in *count (the mean is 0 when none count).
+float CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows,
+                          int64_t vocab, int64_t* count);
+
+// dlogits = scale * (softmax - onehot) per counted row, 0 on ignored rows.
+// For the gradient of the mean, scale = 1 / count.
+void CrossEntropyBackward(const float* logits, const int32_t* targets, int64_t rows,
+                          int64_t vocab, float scale, float* dlogits);
+
+// x += y elementwise.
+void AddInPlace(float* x, const float* y, int64_t n);
+
+// Rounds each value to the nearest bf16 (ties to even) and stores it back as
+// f32: emulates bf16 storage of an activation on the CPU.
+void RoundToBF16InPlace(float* x, int64_t n);
+
+// Rounds each value to the nearest value of `t` (f32: unchanged; bf16, f16:
+// nearest even, f16 overflowing to infinity) and stores it back as f32.
+void RoundToDTypeInPlace(float* x, int64_t n, DType t);
+
+// Copies n elements of a buffer of dtype t (f32, bf16 or f16) into f32, exactly.
+void WidenToF32(const void* src, DType t, int64_t n, float* dst);
+
+// dst(t) += src for n elements; bf16 and f16 destinations round to nearest even.
+void AccumulateFromF32(const float* src, int64_t n, void* dst, DType t);
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_OPS_CPU_KERNELS_H_

@@ -1,0 +1,608 @@
+#include "runtime/ops/ops.h"
+
+#include <array>
+#include <atomic>
+#include <initializer_list>
+#include <limits>
+#include <string>
+
+#include "runtime/ops/cpu/cpu_backend.h"
+
+namespace sk::ops {
+
+// ---- Registry ---------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kMaxKinds = 16;
+
+std::array<std::atomic<OpBackend*>, kMaxKinds>& Table() {
+  static auto* table = [] {
+    auto* t = new std::array<std::atomic<OpBackend*>, kMaxKinds>();
+    for (auto& e : *t) e.store(nullptr);
+    (*t)[static_cast<size_t>(DeviceKind::kCpu)].store(CpuOpBackend());
+    return t;
+  }();
+  return *table;
+}
+
+}  // namespace
+
+void RegisterOpBackend(DeviceKind kind, OpBackend* backend) {
+  size_t i = static_cast<size_t>(kind);
+  CHECK_LT(i, kMaxKinds) << "device kind " << i << " out of the op registry's range";
+  Table()[i].store(backend);
+}
+
+OpBackend* BackendFor(DeviceKind kind) {
+  size_t i = static_cast<size_t>(kind);
+  if (i >= kMaxKinds) return nullptr;
+  return Table()[i].load();
+}
+
+OpContext HostContext() {
+  static Device* cpu = [] {
+    auto d = Device::Get(DeviceId::Cpu(0));
+    CHECK(d.ok()) << d.status().ToString();
+    return *d;
+  }();
+  return OpContext{cpu, nullptr, &HostAllocator::Default()};
+}
+
+// ---- Validation helpers -----------------------------------------------------
+
+namespace {
+
+std::string N(int64_t v) { return std::to_string(v); }
+
+Status Bad(const char* op, const std::string& msg) {
+  return InvalidArgumentError(std::string(op) + ": " + msg);
+}
+
+bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
+
+// The backend for ctx, or an error naming the op.
+StatusOr<OpBackend*> Resolve(const char* op, const OpContext& ctx) {
+  if (ctx.device == nullptr) return Bad(op, "OpContext has no device");
+  if (ctx.alloc == nullptr) return Bad(op, "OpContext has no allocator");
+  DeviceKind kind = ctx.device->id().kind;
+  OpBackend* b = BackendFor(kind);
+  if (b == nullptr) {
+    return UnavailableError(std::string(op) + ": no op backend is registered for device " +
+                            ctx.device->id().ToString());
+  }
+  if (ctx.stream == nullptr && kind != DeviceKind::kCpu) {
+    return Bad(op, "OpContext has no stream (required on " + ctx.device->id().ToString() + ")");
+  }
+  return b;
+}
+
+// Defined, on ctx's device kind, and of one of `dtypes` (empty: any float).
+Status CheckTensor(const char* op, const char* what, const OpContext& ctx, const Tensor& t,
+                   std::initializer_list<DType> dtypes = {}) {
+  if (!t.defined()) return Bad(op, std::string(what) + " is undefined");
+  if (t.device().kind != ctx.device->id().kind) {
+    return Bad(op, std::string(what) + " " + t.ToString() + " is not on the context's device " +
+                       ctx.device->id().ToString());
+  }
+  bool ok = false;
+  if (dtypes.size() == 0) {
+    ok = IsFloat(t.dtype());
+  } else {
+    for (DType d : dtypes) ok = ok || t.dtype() == d;
+  }
+  if (!ok) {
+    std::string want;
+    if (dtypes.size() == 0) {
+      want = "f32, bf16 or f16";
+    } else {
+      for (DType d : dtypes) want += (want.empty() ? "" : " or ") + std::string(DTypeName(d));
+    }
+    return Bad(op, std::string(what) + " has dtype " + std::string(DTypeName(t.dtype())) +
+                       ", expected " + want);
+  }
+  return OkStatus();
+}
+
+Status CheckNumel(const char* op, const char* what, const Tensor& t, int64_t want) {
+  if (t.numel() != want) {
+    return Bad(op, std::string(what) + " has " + N(t.numel()) + " elements, expected " + N(want));
+  }
+  return OkStatus();
+}
+
+// `batch` matrices of rows x cols inside m.t.
+Status CheckMatrix(const char* op, const char* what, const MatrixRef& m, int64_t rows,
+                   int64_t cols, int64_t batch) {
+  if (m.offset < 0 || m.ld < 0 || m.batch_stride < 0) {
+    return Bad(op, std::string(what) + " has a negative offset or stride");
+  }
+  if (rows == 0 || cols == 0 || batch == 0) return OkStatus();
+  if (m.ld < cols) {
+    return Bad(op, std::string(what) + " row stride " + N(m.ld) + " is below its " + N(cols) +
+                       " columns");
+  }
+  // The last element touched, in int64 without overflow for sane sizes.
+  const int64_t last = m.offset + (batch - 1) * m.batch_stride + (rows - 1) * m.ld + cols - 1;
+  if (last >= m.t.numel()) {
+    return Bad(op, std::string(what) + ": " + N(batch) + " x [" + N(rows) + ", " + N(cols) +
+                       "] at offset " + N(m.offset) + " with row stride " + N(m.ld) +
+                       " does not fit in " + m.t.ToString());
+  }
+  return OkStatus();
+}
+
+bool Overlap(const Tensor& a, const Tensor& b) {
+  if (a.storage() != b.storage() || a.nbytes() == 0 || b.nbytes() == 0) return false;
+  size_t a0 = a.byte_offset(), a1 = a0 + a.nbytes();
+  size_t b0 = b.byte_offset(), b1 = b0 + b.nbytes();
+  return a0 < b1 && b0 < a1;
+}
+
+bool Same(const Tensor& a, const Tensor& b) {
+  return a.storage() == b.storage() && a.byte_offset() == b.byte_offset() &&
+         a.nbytes() == b.nbytes();
+}
+
+// Accounts, then runs `run` on executing backends.
+template <typename Fn>
+Status Dispatch(OpBackend* b, const OpContext& ctx, const OpCost& cost, Fn run) {
+  SK_RETURN_IF_ERROR(b->Account(ctx, cost));
+  if (!b->executes()) return OkStatus();
+  return run();
+}
+
+// rows = x / cols when cols divides it (cols > 0).
+Status RowsOf(const char* op, const char* what, int64_t total, int64_t cols, int64_t* rows) {
+  if (cols <= 0) {
+    if (total != 0) return Bad(op, std::string(what) + ": row width is 0 but data is not empty");
+    *rows = 0;
+    return OkStatus();
+  }
+  if (total % cols != 0) {
+    return Bad(op, std::string(what) + " has " + N(total) + " elements, not a multiple of " +
+                       N(cols));
+  }
+  *rows = total / cols;
+  return OkStatus();
+}
+
+}  // namespace
+
+// ---- GEMM -------------------------------------------------------------------
+
+Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
+            const MatrixRef& c) {
+  const char* op = "gemm";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 0) {
+    return Bad(op, "negative dimension m=" + N(p.m) + " n=" + N(p.n) + " k=" + N(p.k) +
+                       " batch=" + N(p.batch));
+  }
+  SK_RETURN_IF_ERROR(CheckTensor(op, "A", ctx, a.t));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "B", ctx, b.t));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "C", ctx, c.t, {DType::kF32}));
+  if (a.t.dtype() != b.t.dtype()) {
+    return Bad(op, "A is " + std::string(DTypeName(a.t.dtype())) + " but B is " +
+                       std::string(DTypeName(b.t.dtype())));
+  }
+  SK_RETURN_IF_ERROR(CheckMatrix(op, "A", a, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k, p.batch));
+  SK_RETURN_IF_ERROR(CheckMatrix(op, "B", b, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, p.batch));
+  SK_RETURN_IF_ERROR(CheckMatrix(op, "C", c, p.m, p.n, p.batch));
+  if (p.m > 0 && p.n > 0 && p.batch > 0 && (Overlap(c.t, a.t) || Overlap(c.t, b.t))) {
+    return Bad(op, "C overlaps A or B");
+  }
+  return Dispatch(be, ctx, GemmCost(p.m, p.n, p.k, p.batch, a.t.dtype(), p.beta != 0.0f),
+                  [&] { return be->Gemm(ctx, p, a, b, c); });
+}
+
+// ---- Data movement ------------------------------------------------------------
+
+Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst) {
+  const char* op = "copy";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  const DeviceKind kind = ctx.device->id().kind;
+  for (const Tensor* t : {&src, &dst}) {
+    const char* what = t == &src ? "src" : "dst";
+    if (!t->defined()) return Bad(op, std::string(what) + " is undefined");
+    if (t->device().kind != kind && !t->device().is_cpu()) {
+      return Bad(op, std::string(what) + " " + t->ToString() + " is neither host memory nor on " +
+                         ctx.device->id().ToString());
+    }
+  }
+  if (src.dtype() != dst.dtype()) {
+    return Bad(op, "src is " + std::string(DTypeName(src.dtype())) + " but dst is " +
+                       std::string(DTypeName(dst.dtype())) + " (use cast)");
+  }
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dst", dst, src.numel()));
+  if (!Same(src, dst) && Overlap(src, dst)) return Bad(op, "src and dst overlap");
+  return Dispatch(be, ctx, CopyCost(src.numel(), src.dtype()),
+                  [&] { return Same(src, dst) ? OkStatus() : be->Copy(ctx, src, dst); });
+}
+
+Status Cast(const OpContext& ctx, const Tensor& src, const Tensor& dst) {
+  const char* op = "cast";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "src", ctx, src));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dst", ctx, dst));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dst", dst, src.numel()));
+  if (Overlap(src, dst)) return Bad(op, "src and dst overlap");
+  return Dispatch(be, ctx, CastCost(src.numel(), src.dtype(), dst.dtype()),
+                  [&] { return be->Cast(ctx, src, dst); });
+}
+
+Status RoundToDType(const OpContext& ctx, const Tensor& x, DType t) {
+  const char* op = "round_to_dtype";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x, {DType::kF32}));
+  if (!IsFloat(t)) return Bad(op, "target dtype " + std::string(DTypeName(t)) + " is not a float type");
+  if (t == DType::kF32) return be->Account(ctx, RoundToDTypeCost(0));
+  return Dispatch(be, ctx, RoundToDTypeCost(x.numel()), [&] { return be->RoundToDType(ctx, x, t); });
+}
+
+Status Scale(const OpContext& ctx, const Tensor& x, float alpha) {
+  const char* op = "scale";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
+  return Dispatch(be, ctx, ScaleCost(x.numel(), x.dtype()), [&] { return be->Scale(ctx, x, alpha); });
+}
+
+Status Axpy(const OpContext& ctx, float alpha, const Tensor& x, const Tensor& y) {
+  const char* op = "axpy";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
+  if (Overlap(x, y) && !(Same(x, y) && x.dtype() == y.dtype())) return Bad(op, "x and y overlap");
+  return Dispatch(be, ctx, AxpyCost(x.numel(), x.dtype(), y.dtype()),
+                  [&] { return be->Axpy(ctx, alpha, x, y); });
+}
+
+Status Fill(const OpContext& ctx, const Tensor& x, float value) {
+  const char* op = "fill";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
+  return Dispatch(be, ctx, FillCost(x.numel(), x.dtype()), [&] { return be->Fill(ctx, x, value); });
+}
+
+Status InitPhilox(const OpContext& ctx, const Initializer& init, uint64_t seed, uint64_t param_id,
+                  int64_t begin, const Tensor& out) {
+  const char* op = "init_philox";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(ValidateInitializer(init).WithContext(op));
+  if (begin < 0) return Bad(op, "negative begin " + N(begin));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "out", ctx, out));
+  return Dispatch(be, ctx, InitCost(out.numel(), out.dtype()),
+                  [&] { return be->InitPhilox(ctx, init, seed, param_id, begin, out); });
+}
+
+// ---- Bias ---------------------------------------------------------------------
+
+Status BroadcastRows(const OpContext& ctx, const Tensor& src, const Tensor& dst) {
+  const char* op = "broadcast_rows";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "src", ctx, src, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dst", ctx, dst, {DType::kF32}));
+  int64_t rows = 0;
+  SK_RETURN_IF_ERROR(RowsOf(op, "dst", dst.numel(), src.numel(), &rows));
+  if (Overlap(src, dst)) return Bad(op, "src and dst overlap");
+  return Dispatch(be, ctx, BroadcastRowsCost(rows, src.numel()),
+                  [&] { return be->BroadcastRows(ctx, src, dst); });
+}
+
+Status BiasAdd(const OpContext& ctx, const Tensor& bias, const Tensor& y) {
+  const char* op = "bias_add";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "bias", ctx, bias, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y, {DType::kF32}));
+  int64_t rows = 0;
+  SK_RETURN_IF_ERROR(RowsOf(op, "y", y.numel(), bias.numel(), &rows));
+  if (Overlap(bias, y)) return Bad(op, "bias and y overlap");
+  return Dispatch(be, ctx, BiasAddCost(rows, bias.numel()), [&] { return be->BiasAdd(ctx, bias, y); });
+}
+
+Status BiasGrad(const OpContext& ctx, const Tensor& dy, const Tensor& dbias) {
+  const char* op = "bias_grad";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dy", ctx, dy, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dbias", ctx, dbias, {DType::kF32}));
+  int64_t rows = 0;
+  SK_RETURN_IF_ERROR(RowsOf(op, "dy", dy.numel(), dbias.numel(), &rows));
+  if (Overlap(dy, dbias)) return Bad(op, "dy and dbias overlap");
+  return Dispatch(be, ctx, BiasGradCost(rows, dbias.numel()),
+                  [&] { return be->BiasGrad(ctx, dy, dbias); });
+}
+
+// ---- Activations and normalisation -----------------------------------------------
+
+Status GeluForward(const OpContext& ctx, const Tensor& x, const Tensor& y) {
+  const char* op = "gelu_fwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
+  if (!Same(x, y) && Overlap(x, y)) return Bad(op, "x and y overlap");
+  return Dispatch(be, ctx, GeluForwardCost(x.numel()), [&] { return be->GeluForward(ctx, x, y); });
+}
+
+Status GeluBackward(const OpContext& ctx, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const char* op = "gelu_bwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dy", ctx, dy, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dx", ctx, dx, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dy", dy, x.numel()));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dx", dx, x.numel()));
+  if (Overlap(dx, x) || (!Same(dx, dy) && Overlap(dx, dy))) return Bad(op, "dx overlaps an input");
+  return Dispatch(be, ctx, GeluBackwardCost(x.numel()),
+                  [&] { return be->GeluBackward(ctx, x, dy, dx); });
+}
+
+Status LayerNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
+                        const Tensor& beta, const Tensor& y, const Tensor& mean,
+                        const Tensor& rstd) {
+  const char* op = "layer_norm_fwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  for (auto [what, t] : {std::pair<const char*, const Tensor*>{"x", &x}, {"gamma", &gamma},
+                         {"beta", &beta}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}}) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t, {DType::kF32}));
+  }
+  const int64_t cols = gamma.numel();
+  if (cols == 0) return Bad(op, "gamma is empty");
+  int64_t rows = 0;
+  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "beta", beta, cols));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "mean", mean, rows));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "rstd", rstd, rows));
+  for (const Tensor* o : {&y, &mean, &rstd}) {
+    for (const Tensor* i : {&x, &gamma, &beta}) {
+      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
+    }
+  }
+  return Dispatch(be, ctx, LayerNormForwardCost(rows, cols),
+                  [&] { return be->LayerNormForward(ctx, x, gamma, beta, y, mean, rstd); });
+}
+
+Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
+                         const Tensor& dy, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  const char* op = "layer_norm_bwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  for (auto [what, t] : {std::pair<const char*, const Tensor*>{"x", &x}, {"gamma", &gamma},
+                         {"dy", &dy}, {"mean", &mean}, {"rstd", &rstd}, {"dx", &dx},
+                         {"dgamma", &dgamma}, {"dbeta", &dbeta}}) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t, {DType::kF32}));
+  }
+  const int64_t cols = gamma.numel();
+  if (cols == 0) return Bad(op, "gamma is empty");
+  int64_t rows = 0;
+  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dy", dy, x.numel()));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dx", dx, x.numel()));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "mean", mean, rows));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "rstd", rstd, rows));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dgamma", dgamma, cols));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dbeta", dbeta, cols));
+  for (const Tensor* o : {&dx, &dgamma, &dbeta}) {
+    for (const Tensor* i : {&x, &gamma, &dy, &mean, &rstd}) {
+      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
+    }
+  }
+  return Dispatch(be, ctx, LayerNormBackwardCost(rows, cols), [&] {
+    return be->LayerNormBackward(ctx, x, gamma, dy, mean, rstd, dx, dgamma, dbeta);
+  });
+}
+
+// ---- Attention ------------------------------------------------------------------
+
+namespace {
+
+Status CheckAttention(const char* op, const OpContext& ctx, const AttentionShape& s,
+                      std::initializer_list<std::pair<const char*, const MatrixRef*>> q_rows,
+                      std::initializer_list<std::pair<const char*, const MatrixRef*>> kv_rows,
+                      const Tensor& probs) {
+  if (s.batch < 0 || s.heads < 0 || s.q_len < 0 || s.kv_len < 0 || s.head_dim <= 0) {
+    return Bad(op, "bad shape: batch=" + N(s.batch) + " heads=" + N(s.heads) + " q_len=" +
+                       N(s.q_len) + " kv_len=" + N(s.kv_len) + " head_dim=" + N(s.head_dim));
+  }
+  if (s.causal && s.q_len != s.kv_len) {
+    return Bad(op, "causal attention needs q_len == kv_len, got " + N(s.q_len) + " and " +
+                       N(s.kv_len));
+  }
+  if (s.q_len > 0 && s.kv_len == 0) return Bad(op, "queries without keys (kv_len = 0)");
+  const int64_t cols = s.heads * s.head_dim;
+  for (auto [what, m] : q_rows) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t, {DType::kF32}));
+    SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.q_len, cols, 1));
+  }
+  for (auto [what, m] : kv_rows) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t, {DType::kF32}));
+    SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.kv_len, cols, 1));
+  }
+  SK_RETURN_IF_ERROR(CheckTensor(op, "probs", ctx, probs, {DType::kF32}));
+  return CheckNumel(op, "probs", probs, s.batch * s.heads * s.q_len * s.kv_len);
+}
+
+}  // namespace
+
+Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                        const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
+                        const MatrixRef& out) {
+  const char* op = "attention_fwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckAttention(op, ctx, s, {{"q", &q}, {"out", &out}}, {{"k", &k}, {"v", &v}},
+                                    probs));
+  for (const Tensor* i : {&q.t, &k.t, &v.t}) {
+    if (Overlap(*i, out.t) || Overlap(*i, probs)) return Bad(op, "an output overlaps an input");
+  }
+  return Dispatch(be, ctx, AttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim),
+                  [&] { return be->AttentionForward(ctx, s, q, k, v, probs, out); });
+}
+
+Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                         const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
+                         const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
+                         const MatrixRef& dv) {
+  const char* op = "attention_bwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckAttention(op, ctx, s, {{"q", &q}, {"dout", &dout}, {"dq", &dq}},
+                                    {{"k", &k}, {"v", &v}, {"dk", &dk}, {"dv", &dv}}, probs));
+  for (const Tensor* o : {&dq.t, &dk.t, &dv.t}) {
+    for (const Tensor* i : {&q.t, &k.t, &v.t, &probs, &dout.t}) {
+      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
+    }
+  }
+  return Dispatch(be, ctx, AttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim),
+                  [&] { return be->AttentionBackward(ctx, s, q, k, v, probs, dout, dq, dk, dv); });
+}
+
+// ---- Embedding and loss -----------------------------------------------------------
+
+Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,
+                        const Tensor& out) {
+  const char* op = "embedding_fwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "table", ctx, table, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "ids", ctx, ids, {DType::kI32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "out", ctx, out, {DType::kF32}));
+  if (table.shape().rank() != 2) return Bad(op, "table must be [vocab, dim], got " + table.ToString());
+  const int64_t dim = table.shape().dim(1);
+  SK_RETURN_IF_ERROR(CheckNumel(op, "out", out, ids.numel() * dim));
+  if (Overlap(out, table)) return Bad(op, "out overlaps table");
+  return Dispatch(be, ctx, EmbeddingForwardCost(ids.numel(), dim),
+                  [&] { return be->EmbeddingForward(ctx, table, ids, out); });
+}
+
+Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& dout,
+                         const Tensor& dtable) {
+  const char* op = "embedding_bwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "ids", ctx, ids, {DType::kI32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dout", ctx, dout, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dtable", ctx, dtable, {DType::kF32}));
+  if (dtable.shape().rank() != 2) {
+    return Bad(op, "dtable must be [vocab, dim], got " + dtable.ToString());
+  }
+  const int64_t dim = dtable.shape().dim(1);
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dout", dout, ids.numel() * dim));
+  if (Overlap(dout, dtable)) return Bad(op, "dout overlaps dtable");
+  return Dispatch(be, ctx, EmbeddingBackwardCost(ids.numel(), dim),
+                  [&] { return be->EmbeddingBackward(ctx, ids, dout, dtable); });
+}
+
+namespace {
+
+Status CheckLoss(const char* op, const OpContext& ctx, const Tensor& logits, const Tensor& targets,
+                 int64_t* vocab) {
+  SK_RETURN_IF_ERROR(CheckTensor(op, "logits", ctx, logits, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "targets", ctx, targets, {DType::kI32}));
+  SK_RETURN_IF_ERROR(RowsOf(op, "logits", logits.numel(), targets.numel(), vocab));
+  if (targets.numel() > 0 && *vocab == 0) return Bad(op, "logits have no columns");
+  return OkStatus();
+}
+
+}  // namespace
+
+Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
+                           const Tensor& loss) {
+  const char* op = "cross_entropy_fwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  int64_t vocab = 0;
+  SK_RETURN_IF_ERROR(CheckLoss(op, ctx, logits, targets, &vocab));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "loss", ctx, loss, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "loss", loss, 1));
+  if (Overlap(loss, logits)) return Bad(op, "loss overlaps logits");
+  return Dispatch(be, ctx, CrossEntropyForwardCost(targets.numel(), vocab),
+                  [&] { return be->CrossEntropyForward(ctx, logits, targets, loss); });
+}
+
+Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
+                            const Tensor& dlogits) {
+  const char* op = "cross_entropy_bwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  int64_t vocab = 0;
+  SK_RETURN_IF_ERROR(CheckLoss(op, ctx, logits, targets, &vocab));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dlogits", ctx, dlogits, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dlogits", dlogits, logits.numel()));
+  if (!Same(logits, dlogits) && Overlap(logits, dlogits)) return Bad(op, "dlogits overlaps logits");
+  return Dispatch(be, ctx, CrossEntropyBackwardCost(targets.numel(), vocab),
+                  [&] { return be->CrossEntropyBackward(ctx, logits, targets, dlogits); });
+}
+
+// ---- Reductions ---------------------------------------------------------------------
+
+Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc) {
+  const char* op = "sum_of_squares";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "acc", ctx, acc, {DType::kF64}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "acc", acc, 1));
+  return Dispatch(be, ctx, SumOfSquaresCost(x.numel(), x.dtype()),
+                  [&] { return be->SumOfSquares(ctx, x, acc); });
+}
+
+Status MaxAbs(const OpContext& ctx, const Tensor& x, const Tensor& acc) {
+  const char* op = "max_abs";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "acc", ctx, acc, {DType::kF64}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "acc", acc, 1));
+  return Dispatch(be, ctx, MaxAbsCost(x.numel(), x.dtype()), [&] { return be->MaxAbs(ctx, x, acc); });
+}
+
+// ---- Optimizer updates -----------------------------------------------------------------
+
+Status SgdUpdate(const OpContext& ctx, const SgdHyper& h, const Tensor& param, const Tensor& grad,
+                 const Tensor& momentum) {
+  const char* op = "sgd_update";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "param", ctx, param, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "grad", ctx, grad, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "grad", grad, param.numel()));
+  const bool has_momentum = h.momentum != 0.0f;
+  if (has_momentum) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, "momentum", ctx, momentum, {DType::kF32}));
+    SK_RETURN_IF_ERROR(CheckNumel(op, "momentum", momentum, param.numel()));
+    if (Overlap(momentum, param) || Overlap(momentum, grad)) {
+      return Bad(op, "momentum overlaps param or grad");
+    }
+  }
+  if (Overlap(param, grad)) return Bad(op, "param overlaps grad");
+  return Dispatch(be, ctx, SgdUpdateCost(param.numel(), has_momentum),
+                  [&] { return be->SgdUpdate(ctx, h, param, grad, momentum); });
+}
+
+Status AdamUpdate(const OpContext& ctx, const AdamHyper& h, const Tensor& param,
+                  const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq) {
+  const char* op = h.decoupled ? "adamw_update" : "adam_update";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  for (auto [what, t] : {std::pair<const char*, const Tensor*>{"param", &param}, {"grad", &grad},
+                         {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}}) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t, {DType::kF32}));
+    SK_RETURN_IF_ERROR(CheckNumel(op, what, *t, param.numel()));
+  }
+  const Tensor* ts[] = {&param, &grad, &exp_avg, &exp_avg_sq};
+  for (int i = 0; i < 4; ++i) {
+    for (int j = i + 1; j < 4; ++j) {
+      if (Overlap(*ts[i], *ts[j])) return Bad(op, "param, grad and state tensors overlap");
+    }
+  }
+  return Dispatch(be, ctx, AdamUpdateCost(param.numel(), h.decoupled),
+                  [&] { return be->AdamUpdate(ctx, h, param, grad, exp_avg, exp_avg_sq); });
+}
+
+// ---- Reading values back ---------------------------------------------------------------
+
+StatusOr<double> ReadScalar(const OpContext& ctx, const Tensor& t) {
+  const char* op = "read_scalar";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "t", ctx, t,
+                                 {DType::kF32, DType::kBF16, DType::kF16, DType::kF64, DType::kI32}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "t", t, 1));
+  SK_RETURN_IF_ERROR(be->Account(ctx, ReadScalarCost(t.dtype())));
+  if (!be->executes()) return std::numeric_limits<double>::quiet_NaN();
+  return be->ReadScalar(ctx, t);
+}
+
+}  // namespace sk::ops

@@ -1,0 +1,186 @@
+// The op layer: every operation shardkit performs on tensor data.
+//
+// Each function validates its operands, computes the op's cost (cost.h),
+// calls Account() on the backend registered for ctx.device's kind and, when
+// that backend executes, runs the op there (backend.h has the execution
+// contract per device kind; docs/ops.md the op table). Models, FSDP, DDP and
+// the optimizers touch tensor data only through these functions.
+//
+// Common contract of every op:
+// - ctx.device and ctx.alloc must be set; tensors must be defined and on a
+//   device of ctx.device's kind (Copy may have one host side). Violations,
+//   shape or dtype mismatches return InvalidArgument naming the op and the
+//   operand ("layer_norm_fwd: gamma has 7 elements, x rows have 8"), and
+//   nothing is written. No device kind registered: Unavailable.
+// - "Accumulates" means the op adds into its output (+=); other outputs are
+//   overwritten. Unless an op says so, outputs must not overlap inputs.
+// - Float tensors are f32 unless an op says it accepts bf16/f16; arithmetic
+//   is f32 (reductions that say so: f64); 16-bit results round to nearest
+//   even. Token ids and targets are i32 tensors; accumulators for values the
+//   host reads (grad-norm partials) are f64 tensors of one element.
+// - Shapes: ops read only element counts, never ranks, except where a
+//   parameter says which dimension it uses; a [rows, cols] operand is any
+//   tensor of rows * cols elements.
+// - On CPU the op has run when the function returns; elsewhere it is ordered
+//   on ctx.stream. Values the host needs go through ReadScalar.
+//
+// Thread safety: ops may be called concurrently from several threads on
+// disjoint outputs; each thread must be the one that plays its ctx.stream.
+#ifndef SHARDKIT_RUNTIME_OPS_OPS_H_
+#define SHARDKIT_RUNTIME_OPS_OPS_H_
+
+#include <cstdint>
+
+#include "runtime/core/status.h"
+#include "runtime/core/tensor.h"
+#include "runtime/ops/backend.h"
+
+namespace sk::ops {
+
+// The OpContext for host memory on cpu:0 (HostAllocator::Default(), no
+// stream: the calling thread). For tests and tools.
+OpContext HostContext();
+
+// ---- GEMM -----------------------------------------------------------------
+
+// C = alpha op(A) op(B) + beta C over p.batch matrices (backend.h: GemmParams,
+// MatrixRef). A and B: f32, bf16 or f16, the same dtype; C: f32, accumulated
+// in f32. beta == 0 overwrites C without reading it. C must not overlap A or
+// B. Every matrix must fit its tensor. m, n or k may be 0 (k == 0: C = beta C).
+Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
+            const MatrixRef& c);
+
+// ---- Data movement ----------------------------------------------------------
+
+// dst = src, same dtype and element count. One side may be host memory (cpu)
+// while ctx is another kind: the host<->device copy of token ids and
+// checkpoints. Offsets into flat buffers: pass Tensor::View()s.
+Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst);
+
+// dst = src converted between f32, bf16 and f16 (round to nearest even;
+// same dtype: a copy). Equal element counts.
+Status Cast(const OpContext& ctx, const Tensor& src, const Tensor& dst);
+
+// x (f32) = x rounded to the nearest value of `t` (f32: unchanged; bf16/f16:
+// nearest even, f16 overflowing to infinity): emulates 16-bit storage of an
+// f32 activation.
+Status RoundToDType(const OpContext& ctx, const Tensor& x, DType t);
+
+// x *= alpha (x f32, bf16 or f16; computed in f32, rounded back).
+Status Scale(const OpContext& ctx, const Tensor& x, float alpha);
+
+// y += alpha * x, computed in f32 and rounded into y's dtype; x and y may
+// have different dtypes among f32/bf16/f16 (accumulating an f32 gradient into
+// a bf16 buffer). Equal element counts; x may not overlap y unless equal.
+Status Axpy(const OpContext& ctx, float alpha, const Tensor& x, const Tensor& y);
+
+// Every element of x = value (rounded to x's dtype; f32/bf16/f16).
+Status Fill(const OpContext& ctx, const Tensor& x, float value);
+
+// out (f32/bf16/f16) = elements [begin, begin + out.numel()) of the parameter
+// `param_id` under `seed` as `init` draws them (init.h: counter-based Philox,
+// so any slice can be initialised alone, bit-identical to a full init).
+// InvalidArgument for an invalid initializer or begin < 0.
+Status InitPhilox(const OpContext& ctx, const Initializer& init, uint64_t seed,
+                  uint64_t param_id, int64_t begin, const Tensor& out);
+
+// ---- Bias -------------------------------------------------------------------
+
+// dst [rows, cols] = src [cols] in every row (cols = src.numel(); the bias of
+// a linear layer written before a beta = 1 GEMM adds the product).
+Status BroadcastRows(const OpContext& ctx, const Tensor& src, const Tensor& dst);
+
+// y [rows, cols] += bias [cols] in every row (cols = bias.numel()).
+Status BiasAdd(const OpContext& ctx, const Tensor& bias, const Tensor& y);
+
+// dbias [cols] += the column sums of dy [rows, cols], row by row in order.
+// Accumulates.
+Status BiasGrad(const OpContext& ctx, const Tensor& dy, const Tensor& dbias);
+
+// ---- Activations and normalisation -----------------------------------------
+
+// y = gelu_tanh(x) elementwise; y may be x.
+Status GeluForward(const OpContext& ctx, const Tensor& x, const Tensor& y);
+// dx = dy * gelu_tanh'(x), overwritten; dx may be dy.
+Status GeluBackward(const OpContext& ctx, const Tensor& x, const Tensor& dy, const Tensor& dx);
+
+// Per row of x [rows, cols] (cols = gamma.numel(), rows = x.numel() / cols):
+// y = (x - mean) * rstd * gamma + beta, with the row's mean and
+// rstd = 1/sqrt(var + 1e-5) stored in mean [rows] and rstd [rows].
+Status LayerNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
+                        const Tensor& beta, const Tensor& y, const Tensor& mean,
+                        const Tensor& rstd);
+// Accumulates the input gradient into dx and the parameter gradients into
+// dgamma and dbeta, from dy and forward's mean/rstd.
+Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
+                         const Tensor& dy, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);
+
+// ---- Attention --------------------------------------------------------------
+
+// Scaled dot-product attention (backend.h: AttentionShape). q, k, v, out are
+// views with their own row strides (rows: batch*q_len for q/out, batch*kv_len
+// for k/v; heads*head_dim columns). Writes probs [batch, heads, q_len,
+// kv_len] (kept for backward; masked entries 0) and out. head_dim > 0.
+Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                        const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
+                        const MatrixRef& out);
+// Overwrites dq, dk, dv from dout and forward's probs. Needs q_len * kv_len
+// f32 of scratch from ctx.alloc.
+Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                         const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
+                         const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
+                         const MatrixRef& dv);
+
+// ---- Embedding and loss -----------------------------------------------------
+
+// out [count, dim] = rows ids[i] of table [vocab, dim] (table rank 2; ids i32
+// with count elements, each in [0, vocab): not checked on the device, the
+// caller validates ids before copying them there).
+Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,
+                        const Tensor& out);
+// dtable[ids[i], :] += dout[i, :], in order of i. Accumulates.
+Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& dout,
+                         const Tensor& dtable);
+
+// loss (f32, one element) = the mean over rows whose target is not
+// kIgnoreTarget of -log softmax(logits[row])[target]; 0 when no row counts.
+// logits [rows, vocab] with rows = targets.numel() (i32). Summed in f64.
+Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
+                           const Tensor& loss);
+// dlogits = (softmax(logits) - onehot(target)) / count per counted row, 0 on
+// ignored rows (count: rows that count); the gradient of the mean loss.
+// dlogits may be logits (computed in place).
+Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
+                            const Tensor& dlogits);
+
+// ---- Reductions (grad-norm partials) ----------------------------------------
+
+// acc (f64, one element) += sum of x^2 over x (f32/bf16/f16), summed in f64
+// in element order.
+Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc);
+// acc (f64, one element) = max(acc, max |x|).
+Status MaxAbs(const OpContext& ctx, const Tensor& x, const Tensor& acc);
+
+// ---- Fused optimizer updates over a flat shard ------------------------------
+
+// One SGD step per element (update_rules.h) on param (f32) from grad (f32);
+// momentum (f32, same count) is required when h.momentum != 0 and ignored
+// (may be undefined) otherwise.
+Status SgdUpdate(const OpContext& ctx, const SgdHyper& h, const Tensor& param, const Tensor& grad,
+                 const Tensor& momentum);
+// One Adam (h.decoupled: AdamW) step per element on param, exp_avg and
+// exp_avg_sq (all f32, equal counts) from grad (f32).
+Status AdamUpdate(const OpContext& ctx, const AdamHyper& h, const Tensor& param,
+                  const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq);
+
+// ---- Reading values back ----------------------------------------------------
+
+// The value of a one-element tensor (f32, bf16, f16, f64 or i32) on the host.
+// cpu: read at once; cuda: synchronises ctx.stream and copies; sim: NaN
+// (callers label such values as simulated).
+StatusOr<double> ReadScalar(const OpContext& ctx, const Tensor& t);
+
+}  // namespace sk::ops
+
+#endif  // SHARDKIT_RUNTIME_OPS_OPS_H_

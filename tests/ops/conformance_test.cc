@@ -1,0 +1,794 @@
+// The backend conformance suite: every op of runtime/ops/ops.h, for every
+// dtype it accepts, over awkward shapes (empty, 1, primes, sizes that are not
+// multiples of 16), against a reference computed in double on the host.
+//
+// Parameterised by device kind: it runs for cpu, and for cuda wherever a GPU
+// and a registered CUDA op backend exist (skipping cleanly otherwise). Inputs
+// travel to the device and results back through the copy op, so the suite
+// only needs the op layer.
+//
+// Tolerances (relative to the reference's scale, per output dtype):
+// - f32 results: 2e-6 per reduced term (sqrt(terms) scaling for sums, a
+//   floor of 1e-5) -- f32 arithmetic with any summation order.
+// - results stored in bf16 / f16: one unit in the last place of the output
+//   type (2^-8 / 2^-11 relative): f32 arithmetic then round-to-nearest-even
+//   may double-round against the f64 reference.
+// - transcendental ops (gelu, softmax, layer norm, cross-entropy, attention):
+//   1e-5 relative plus 1e-6 absolute (f32 exp/sqrt).
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/core/allocator.h"
+#include "runtime/memory/caching_allocator.h"
+#include "runtime/ops/ops.h"
+
+namespace sk::ops {
+namespace {
+
+using Vec = std::vector<double>;
+
+// ---- Environment: a device, its stream and allocator -----------------------
+
+struct Env {
+  Device* device = nullptr;
+  std::unique_ptr<Stream> stream;
+  std::unique_ptr<CachingAllocator> caching;
+  std::unique_ptr<Allocator> alloc;
+  OpContext ctx;
+};
+
+std::string KindName(DeviceKind k) { return k == DeviceKind::kCpu ? "cpu" : "cuda"; }
+
+class Conformance : public ::testing::TestWithParam<DeviceKind> {
+ protected:
+  void SetUp() override {
+    const DeviceKind kind = GetParam();
+    if (kind == DeviceKind::kCuda) {
+      if (Device::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+      if (BackendFor(kind) == nullptr) GTEST_SKIP() << "no CUDA op backend registered";
+    }
+    auto dev = Device::Get(DeviceId{kind, 0});
+    ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+    env_.device = *dev;
+    if (kind == DeviceKind::kCpu) {
+      env_.alloc = std::make_unique<HostAllocator>();
+    } else {
+      auto s = env_.device->CreateStream("conformance");
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      env_.stream = std::move(*s);
+      env_.caching = std::make_unique<CachingAllocator>(env_.device);
+      env_.alloc = std::make_unique<StreamAllocator>(env_.caching.get(), env_.stream.get());
+    }
+    env_.ctx = OpContext{env_.device, env_.stream.get(), env_.alloc.get()};
+  }
+
+  const OpContext& ctx() const { return env_.ctx; }
+
+  // A device tensor holding `v` rounded to `t`.
+  Tensor Up(const Vec& v, DType t, Shape shape = Shape{}) {
+    if (shape.rank() == 0 && v.size() != 1) shape = Shape{static_cast<int64_t>(v.size())};
+    auto host = HostAllocator::Default().Empty(t, shape);
+    EXPECT_TRUE(host.ok());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (t == DType::kI32) {
+        host->data_as<int32_t>()[i] = static_cast<int32_t>(v[i]);
+      } else if (t == DType::kF64) {
+        host->data_as<double>()[i] = v[i];
+      } else {
+        StoreFromFloat(host->data(), t, i, static_cast<float>(v[i]));
+      }
+    }
+    auto dev = env_.alloc->Empty(t, shape);
+    EXPECT_TRUE(dev.ok());
+    Status s = Copy(ctx(), *host, *dev);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    Sync();
+    return *dev;
+  }
+
+  Vec Down(const Tensor& dev) {
+    auto host = HostAllocator::Default().Empty(dev.dtype(), dev.shape());
+    EXPECT_TRUE(host.ok());
+    Status s = Copy(ctx(), dev, *host);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    Sync();
+    Vec out(static_cast<size_t>(dev.numel()));
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (dev.dtype() == DType::kI32) {
+        out[i] = host->data_as<int32_t>()[i];
+      } else if (dev.dtype() == DType::kF64) {
+        out[i] = host->data_as<double>()[i];
+      } else {
+        out[i] = LoadAsFloat(host->data(), dev.dtype(), i);
+      }
+    }
+    return out;
+  }
+
+  void Sync() {
+    if (env_.stream) {
+      ASSERT_TRUE(env_.stream->Synchronize().ok());
+    }
+  }
+
+  Env env_;
+};
+
+// ---- References and comparisons --------------------------------------------
+
+Vec Random(size_t n, uint32_t seed, double lo = -1.0, double hi = 1.0) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> d(lo, hi);
+  Vec v(n);
+  for (double& x : v) x = d(rng);
+  return v;
+}
+
+// v rounded to t (what a tensor of t holds), back in double.
+double R(double v, DType t) {
+  switch (t) {
+    case DType::kBF16: return BF16ToFloat(FloatToBF16(static_cast<float>(v)));
+    case DType::kF16: return F16ToFloat(FloatToF16(static_cast<float>(v)));
+    default: return static_cast<float>(v);
+  }
+}
+Vec R(const Vec& v, DType t) {
+  Vec o(v);
+  for (double& x : o) x = R(x, t);
+  return o;
+}
+
+double Ulp(DType t) {
+  switch (t) {
+    case DType::kBF16: return 1.0 / 256;
+    case DType::kF16: return 1.0 / 2048;
+    default: return 2e-6;
+  }
+}
+
+void ExpectNear(const char* what, const Vec& got, const Vec& want, double rel, double abs = 0) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double tol = rel * std::max(std::fabs(want[i]), 1e-3 * scale) + abs;
+    ASSERT_NEAR(got[i], want[i], tol) << what << " element " << i << " of " << got.size();
+  }
+}
+
+// Tolerance for an f32 sum of `terms` products.
+double SumTol(int64_t terms) { return std::max(1e-5, 2e-6 * std::sqrt(static_cast<double>(terms))); }
+
+const DType kFloats[] = {DType::kF32, DType::kBF16, DType::kF16};
+const int64_t kSizes[] = {0, 1, 7, 13, 17, 33};
+
+// ---- GEMM -------------------------------------------------------------------
+
+TEST_P(Conformance, Gemm) {
+  struct Case {
+    int64_t m, n, k, batch;
+  };
+  const Case cases[] = {{1, 1, 1, 1}, {7, 13, 17, 1}, {33, 5, 19, 2}, {3, 0, 4, 1},
+                        {0, 3, 4, 1}, {5, 6, 0, 1},  {17, 31, 1, 3}};
+  for (DType t : kFloats) {
+    for (const Case& cs : cases) {
+      for (int tr = 0; tr < 4; ++tr) {
+        for (float beta : {0.0f, 1.0f, 0.5f}) {
+          for (float alpha : {1.0f, -0.75f}) {
+            GemmParams p;
+            p.trans_a = tr & 1;
+            p.trans_b = tr & 2;
+            p.m = cs.m, p.n = cs.n, p.k = cs.k, p.batch = cs.batch;
+            p.alpha = alpha;
+            p.beta = beta;
+            const int64_t ar = p.trans_a ? p.k : p.m, ac = p.trans_a ? p.m : p.k;
+            const int64_t br = p.trans_b ? p.n : p.k, bc = p.trans_b ? p.k : p.n;
+            // Padded leading dimensions and a gap between batches.
+            const int64_t lda = ac + 3, ldb = bc + 1, ldc = p.n + 2;
+            const int64_t sa = ar * lda + 5, sb = br * ldb + 2, sc = p.m * ldc + 1;
+            Vec a = R(Random(static_cast<size_t>(sa * p.batch + 4), 1), t);
+            Vec b = R(Random(static_cast<size_t>(sb * p.batch + 3), 2), t);
+            Vec c = R(Random(static_cast<size_t>(sc * p.batch + 1), 3), DType::kF32);
+            MatrixRef ma{Up(a, t), 4, lda, sa}, mb{Up(b, t), 3, ldb, sb}, mc{Up(c, DType::kF32), 1, ldc, sc};
+            Status s = Gemm(ctx(), p, ma, mb, mc);
+            ASSERT_TRUE(s.ok()) << s.ToString();
+            Vec want = c;
+            for (int64_t bi = 0; bi < p.batch; ++bi) {
+              for (int64_t i = 0; i < p.m; ++i) {
+                for (int64_t j = 0; j < p.n; ++j) {
+                  double acc = 0;
+                  for (int64_t l = 0; l < p.k; ++l) {
+                    double av = a[4 + bi * sa + (p.trans_a ? l * lda + i : i * lda + l)];
+                    double bv = b[3 + bi * sb + (p.trans_b ? j * ldb + l : l * ldb + j)];
+                    acc += av * bv;
+                  }
+                  double& cv = want[1 + bi * sc + i * ldc + j];
+                  cv = alpha * acc + (beta == 0.0f ? 0.0 : beta * cv);
+                }
+              }
+            }
+            ExpectNear(("gemm " + std::string(DTypeName(t)) + " m=" + std::to_string(p.m) +
+                        " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) + " tr=" +
+                        std::to_string(tr) + " beta=" + std::to_string(beta))
+                           .c_str(),
+                       Down(mc.t), want, SumTol(p.k), 1e-6);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, GemmBetaZeroIgnoresNaNInC) {
+  GemmParams p;
+  p.m = 2, p.n = 2, p.k = 3;
+  Tensor a = Up(Vec(6, 1.0), DType::kF32), b = Up(Vec(6, 2.0), DType::kF32);
+  Tensor c = Up(Vec(4, std::nan("")), DType::kF32);
+  ASSERT_TRUE(Gemm(ctx(), p, {a, 0, 3}, {b, 0, 2}, {c, 0, 2}).ok());
+  for (double v : Down(c)) EXPECT_EQ(v, 6.0);
+}
+
+// ---- Data movement ------------------------------------------------------------
+
+TEST_P(Conformance, CopyWholeAndAtOffsets) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
+    for (int64_t n : kSizes) {
+      Vec v = Random(static_cast<size_t>(n), 5, -100, 100);
+      if (t == DType::kI32) {
+        for (double& x : v) x = std::round(x);
+      }
+      v = t == DType::kI32 ? v : R(v, t);
+      Tensor src = Up(v, t), dst = Up(Vec(static_cast<size_t>(n), 0.0), t);
+      ASSERT_TRUE(Copy(ctx(), src, dst).ok());
+      EXPECT_EQ(Down(dst), v) << DTypeName(t) << " n=" << n;
+    }
+    // Into and out of a flat buffer at element offsets.
+    Vec flat(20, 0.0);
+    Tensor buf = Up(flat, t);
+    Tensor piece = Up(Vec{1, 2, 3}, t);
+    auto view = buf.View(7 * DTypeSize(t), t, Shape{3});
+    ASSERT_TRUE(view.ok());
+    ASSERT_TRUE(Copy(ctx(), piece, *view).ok());
+    Vec got = Down(buf);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(got[i], (i >= 7 && i < 10) ? i - 6 : 0) << i;
+    Tensor back = Up(Vec(2, 0.0), t);
+    ASSERT_TRUE(Copy(ctx(), *buf.View(8 * DTypeSize(t), t, Shape{2}), back).ok());
+    EXPECT_EQ(Down(back), (Vec{2, 3}));
+  }
+}
+
+TEST_P(Conformance, CastAllPairsRoundsToNearestEven) {
+  // Values that exercise rounding: ties, subnormals of f16, f16 overflow.
+  Vec v = Random(33, 6, -3, 3);
+  v.push_back(1.0 + 1.0 / 256);          // bf16 tie: rounds to even (1.0)
+  v.push_back(1.0 + 3.0 / 256);          // bf16 tie: rounds up to even
+  v.push_back(70000.0);                  // f16 overflow -> inf
+  v.push_back(3e-6);                     // f16 subnormal
+  v.push_back(-0.0);
+  for (DType from : kFloats) {
+    for (DType to : kFloats) {
+      Vec in = R(v, from);
+      Tensor src = Up(in, from), dst = Up(Vec(in.size(), 0.0), to);
+      ASSERT_TRUE(Cast(ctx(), src, dst).ok());
+      Vec got = Down(dst);
+      for (size_t i = 0; i < in.size(); ++i) {
+        // Cast is a single rounding of the exact input: bit-exact.
+        EXPECT_EQ(got[i], R(in[i], to)) << DTypeName(from) << "->" << DTypeName(to) << " " << in[i];
+      }
+    }
+  }
+  Tensor e1 = Up(Vec{}, DType::kF32), e2 = Up(Vec{}, DType::kBF16);
+  EXPECT_TRUE(Cast(ctx(), e1, e2).ok());
+}
+
+TEST_P(Conformance, RoundToDType) {
+  for (DType t : kFloats) {
+    for (int64_t n : kSizes) {
+      Vec v = Random(static_cast<size_t>(n), 7, -5, 5);
+      Tensor x = Up(v, DType::kF32);
+      ASSERT_TRUE(RoundToDType(ctx(), x, t).ok());
+      EXPECT_EQ(Down(x), R(R(v, DType::kF32), t)) << DTypeName(t);
+    }
+  }
+}
+
+TEST_P(Conformance, ScaleAxpyFill) {
+  for (DType t : kFloats) {
+    for (int64_t n : kSizes) {
+      Vec x = R(Random(static_cast<size_t>(n), 8), t);
+      Tensor tx = Up(x, t);
+      ASSERT_TRUE(Scale(ctx(), tx, -0.3f).ok());
+      Vec want(x.size());
+      for (size_t i = 0; i < x.size(); ++i) want[i] = R(x[i] * static_cast<double>(-0.3f), t);
+      ExpectNear("scale", Down(tx), want, Ulp(t));
+
+      ASSERT_TRUE(Fill(ctx(), tx, 0.1f).ok());
+      for (double v : Down(tx)) EXPECT_EQ(v, R(0.1, t));
+    }
+  }
+  // Axpy across every dtype pair (accumulating f32 gradients into 16-bit).
+  for (DType xt : kFloats) {
+    for (DType yt : kFloats) {
+      for (float alpha : {1.0f, 0.25f}) {
+        for (int64_t n : kSizes) {
+          Vec x = R(Random(static_cast<size_t>(n), 9), xt), y = R(Random(static_cast<size_t>(n), 10), yt);
+          Tensor tx = Up(x, xt), ty = Up(y, yt);
+          ASSERT_TRUE(Axpy(ctx(), alpha, tx, ty).ok());
+          Vec want(y.size());
+          for (size_t i = 0; i < y.size(); ++i) want[i] = R(y[i] + alpha * x[i], yt);
+          ExpectNear("axpy", Down(ty), want, Ulp(yt), 1e-7);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, InitPhiloxSlicesMatchTheFullParameter) {
+  const Initializer inits[] = {Initializer::Normal(0.0f, 0.02f), Initializer::Uniform(-1.0f, 2.0f),
+                               Initializer::Ones(), Initializer::Zeros()};
+  for (const Initializer& init : inits) {
+    for (DType t : kFloats) {
+      const int64_t total = 37;
+      Tensor full = Up(Vec(total, 5.0), t);
+      ASSERT_TRUE(InitPhilox(ctx(), init, 1234, 99, 0, full).ok());
+      Vec f = Down(full);
+      for (int64_t i = 0; i < total; ++i) {
+        EXPECT_EQ(f[i], R(InitValue(init, 1234, 99, static_cast<uint64_t>(i)), t)) << i;
+      }
+      // A shard [13, 30) alone.
+      Tensor shard = Up(Vec(17, 0.0), t);
+      ASSERT_TRUE(InitPhilox(ctx(), init, 1234, 99, 13, shard).ok());
+      Vec s = Down(shard);
+      for (int64_t i = 0; i < 17; ++i) EXPECT_EQ(s[i], f[13 + i]) << i;
+    }
+  }
+  Tensor x = Up(Vec(3, 0.0), DType::kF32);
+  EXPECT_EQ(InitPhilox(ctx(), Initializer::Normal(0, -1), 1, 1, 0, x).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(InitPhilox(ctx(), Initializer::Ones(), 1, 1, -1, x).code(), StatusCode::kInvalidArgument);
+}
+
+// ---- Bias -------------------------------------------------------------------------
+
+TEST_P(Conformance, BiasOps) {
+  for (int64_t rows : kSizes) {
+    for (int64_t cols : {1, 7, 33}) {
+      Vec bias = R(Random(static_cast<size_t>(cols), 11), DType::kF32);
+      Vec y = R(Random(static_cast<size_t>(rows * cols), 12), DType::kF32);
+      Tensor tb = Up(bias, DType::kF32), ty = Up(y, DType::kF32);
+      ASSERT_TRUE(BiasAdd(ctx(), tb, ty).ok());
+      Vec want = y;
+      for (int64_t i = 0; i < rows * cols; ++i) want[i] += bias[i % cols];
+      ExpectNear("bias_add", Down(ty), want, 1e-6, 1e-7);
+
+      ASSERT_TRUE(BroadcastRows(ctx(), tb, ty).ok());
+      for (int64_t i = 0; i < rows * cols; ++i) want[i] = bias[i % cols];
+      EXPECT_EQ(Down(ty), want);
+
+      Vec dy = R(Random(static_cast<size_t>(rows * cols), 13), DType::kF32);
+      Tensor tdy = Up(dy, DType::kF32);
+      ASSERT_TRUE(BiasGrad(ctx(), tdy, tb).ok());  // accumulates into the bias
+      Vec wg = bias;
+      for (int64_t i = 0; i < rows * cols; ++i) wg[i % cols] += dy[i];
+      ExpectNear("bias_grad", Down(tb), wg, SumTol(rows), 1e-6);
+    }
+  }
+}
+
+// ---- Activations and normalisation --------------------------------------------------
+
+double GeluRef(double x) {
+  return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+TEST_P(Conformance, Gelu) {
+  for (int64_t n : kSizes) {
+    Vec x = R(Random(static_cast<size_t>(n), 14, -6, 6), DType::kF32);
+    Vec dy = R(Random(static_cast<size_t>(n), 15), DType::kF32);
+    Tensor tx = Up(x, DType::kF32), ty = Up(Vec(x.size(), 0.0), DType::kF32);
+    ASSERT_TRUE(GeluForward(ctx(), tx, ty).ok());
+    Vec want(x.size()), wantd(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      want[i] = GeluRef(x[i]);
+      const double h = 1e-5;
+      wantd[i] = dy[i] * (GeluRef(x[i] + h) - GeluRef(x[i] - h)) / (2 * h);
+    }
+    ExpectNear("gelu_fwd", Down(ty), want, 1e-5, 1e-6);
+    Tensor tdy = Up(dy, DType::kF32);
+    ASSERT_TRUE(GeluBackward(ctx(), tx, tdy, tdy).ok());  // in place
+    ExpectNear("gelu_bwd", Down(tdy), wantd, 1e-4, 1e-6);
+  }
+}
+
+TEST_P(Conformance, LayerNorm) {
+  for (int64_t rows : kSizes) {
+    for (int64_t cols : {1, 7, 33}) {
+      const size_t e = static_cast<size_t>(rows * cols);
+      Vec x = R(Random(e, 16, -2, 3), DType::kF32), g = R(Random(cols, 17), DType::kF32),
+          b = R(Random(cols, 18), DType::kF32), dy = R(Random(e, 19), DType::kF32);
+      Vec dx0 = R(Random(e, 20), DType::kF32), dg0 = R(Random(cols, 21), DType::kF32),
+          db0 = R(Random(cols, 22), DType::kF32);
+      Tensor tx = Up(x, DType::kF32), tg = Up(g, DType::kF32), tb = Up(b, DType::kF32);
+      Tensor ty = Up(Vec(e, 0.0), DType::kF32), tm = Up(Vec(rows, 0.0), DType::kF32),
+             tr = Up(Vec(rows, 0.0), DType::kF32);
+      ASSERT_TRUE(LayerNormForward(ctx(), tx, tg, tb, ty, tm, tr).ok());
+      Vec y(e), dx = dx0, dg = dg0, db = db0, mean(rows), rstd(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        const double* xr = &x[r * cols];
+        double mu = 0, var = 0;
+        for (int64_t j = 0; j < cols; ++j) mu += xr[j];
+        mu /= cols;
+        for (int64_t j = 0; j < cols; ++j) var += (xr[j] - mu) * (xr[j] - mu);
+        var /= cols;
+        const double rs = 1 / std::sqrt(var + 1e-5);
+        mean[r] = mu, rstd[r] = rs;
+        double sg = 0, sgx = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          const double xh = (xr[j] - mu) * rs;
+          y[r * cols + j] = xh * g[j] + b[j];
+          const double gj = dy[r * cols + j] * g[j];
+          sg += gj, sgx += gj * xh;
+          dg[j] += dy[r * cols + j] * xh;
+          db[j] += dy[r * cols + j];
+        }
+        for (int64_t j = 0; j < cols; ++j) {
+          const double xh = (xr[j] - mu) * rs;
+          dx[r * cols + j] += rs * (dy[r * cols + j] * g[j] - sg / cols - xh * sgx / cols);
+        }
+      }
+      ExpectNear("layer_norm y", Down(ty), y, 1e-5, 1e-5);
+      ExpectNear("layer_norm mean", Down(tm), mean, 1e-5, 1e-6);
+      ExpectNear("layer_norm rstd", Down(tr), rstd, 1e-5, 1e-6);
+      Tensor tdy = Up(dy, DType::kF32), tdx = Up(dx0, DType::kF32), tdg = Up(dg0, DType::kF32),
+             tdb = Up(db0, DType::kF32);
+      ASSERT_TRUE(LayerNormBackward(ctx(), tx, tg, tdy, tm, tr, tdx, tdg, tdb).ok());
+      ExpectNear("layer_norm dx", Down(tdx), dx, 1e-4, 1e-5);
+      ExpectNear("layer_norm dgamma", Down(tdg), dg, 1e-4, 1e-5);
+      ExpectNear("layer_norm dbeta", Down(tdb), db, 1e-4, 1e-5);
+    }
+  }
+}
+
+// ---- Attention ---------------------------------------------------------------------
+
+struct AttnRef {
+  Vec probs, out, dq, dk, dv;
+};
+
+// q/k/v/dout are dense [rows, heads*hd] here.
+AttnRef AttentionReference(const AttentionShape& s, const Vec& q, const Vec& k, const Vec& v,
+                           const Vec& dout) {
+  const int64_t c = s.heads * s.head_dim;
+  AttnRef r;
+  r.probs.assign(static_cast<size_t>(s.batch * s.heads * s.q_len * s.kv_len), 0.0);
+  r.out.assign(static_cast<size_t>(s.batch * s.q_len * c), 0.0);
+  r.dq.assign(r.out.size(), 0.0);
+  r.dk.assign(static_cast<size_t>(s.batch * s.kv_len * c), 0.0);
+  r.dv.assign(r.dk.size(), 0.0);
+  const double scale = 1 / std::sqrt(static_cast<double>(s.head_dim));
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      auto Q = [&](int64_t i, int64_t d) { return q[(b * s.q_len + i) * c + h * s.head_dim + d]; };
+      auto K = [&](int64_t j, int64_t d) { return k[(b * s.kv_len + j) * c + h * s.head_dim + d]; };
+      auto V = [&](int64_t j, int64_t d) { return v[(b * s.kv_len + j) * c + h * s.head_dim + d]; };
+      auto DO = [&](int64_t i, int64_t d) { return dout[(b * s.q_len + i) * c + h * s.head_dim + d]; };
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        const int64_t valid = s.causal ? i + 1 : s.kv_len;
+        Vec p(static_cast<size_t>(s.kv_len), 0.0);
+        double m = -1e300, sum = 0;
+        for (int64_t j = 0; j < valid; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < s.head_dim; ++d) dot += Q(i, d) * K(j, d);
+          p[j] = dot * scale;
+          m = std::max(m, p[j]);
+        }
+        for (int64_t j = 0; j < valid; ++j) sum += (p[j] = std::exp(p[j] - m));
+        for (int64_t j = 0; j < valid; ++j) p[j] /= sum;
+        double* prow = &r.probs[((b * s.heads + h) * s.q_len + i) * s.kv_len];
+        for (int64_t j = 0; j < s.kv_len; ++j) prow[j] = p[j];
+        // out = P V; dP = dO V^T; dV += P^T dO; dS = P (dP - <P, dP>).
+        Vec dp(static_cast<size_t>(s.kv_len), 0.0);
+        double pdp = 0;
+        for (int64_t j = 0; j < s.kv_len; ++j) {
+          for (int64_t d = 0; d < s.head_dim; ++d) {
+            r.out[(b * s.q_len + i) * c + h * s.head_dim + d] += p[j] * V(j, d);
+            dp[j] += DO(i, d) * V(j, d);
+            r.dv[(b * s.kv_len + j) * c + h * s.head_dim + d] += p[j] * DO(i, d);
+          }
+          pdp += p[j] * dp[j];
+        }
+        for (int64_t j = 0; j < s.kv_len; ++j) {
+          const double ds = scale * p[j] * (dp[j] - pdp);
+          for (int64_t d = 0; d < s.head_dim; ++d) {
+            r.dq[(b * s.q_len + i) * c + h * s.head_dim + d] += ds * K(j, d);
+            r.dk[(b * s.kv_len + j) * c + h * s.head_dim + d] += ds * Q(i, d);
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// Places dense [rows, c] data at column `col` of a [rows, ld] buffer.
+Vec Embed(const Vec& dense, int64_t rows, int64_t c, int64_t ld, int64_t col) {
+  Vec out(static_cast<size_t>(rows * ld), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < c; ++j) out[r * ld + col + j] = dense[r * c + j];
+  }
+  return out;
+}
+Vec Extract(const Vec& buf, int64_t rows, int64_t c, int64_t ld, int64_t col) {
+  Vec out(static_cast<size_t>(rows * c));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < c; ++j) out[r * c + j] = buf[r * ld + col + j];
+  }
+  return out;
+}
+
+TEST_P(Conformance, Attention) {
+  const AttentionShape shapes[] = {
+      {1, 1, 1, 1, 1, true},   {2, 3, 7, 7, 5, true},  {2, 2, 13, 13, 3, false},
+      {3, 1, 5, 17, 4, false}, {1, 2, 17, 1, 2, false}, {2, 2, 0, 3, 2, false},
+      {0, 2, 4, 4, 2, true},
+  };
+  for (const AttentionShape& s : shapes) {
+    const int64_t c = s.heads * s.head_dim;
+    const int64_t nq = s.batch * s.q_len, nk = s.batch * s.kv_len;
+    Vec q = R(Random(nq * c, 30), DType::kF32), k = R(Random(nk * c, 31), DType::kF32),
+        v = R(Random(nk * c, 32), DType::kF32), dout = R(Random(nq * c, 33), DType::kF32);
+    AttnRef want = AttentionReference(s, q, k, v, dout);
+    // q in a fused [nq, 3c] buffer (self-attention style); k and v fused in [nk, 2c].
+    Tensor qb = Up(Embed(q, nq, c, 3 * c, c), DType::kF32);
+    Vec kvv = Embed(k, nk, c, 2 * c, 0);
+    Vec vv = Embed(v, nk, c, 2 * c, c);
+    for (size_t i = 0; i < kvv.size(); ++i) kvv[i] += vv[i];
+    Tensor kvb = Up(kvv, DType::kF32);
+    Tensor probs = Up(Vec(want.probs.size(), -1.0), DType::kF32);
+    Tensor out = Up(Vec(static_cast<size_t>(nq * (c + 1)), 0.0), DType::kF32);
+    MatrixRef mq{qb, c, 3 * c}, mk{kvb, 0, 2 * c}, mv{kvb, c, 2 * c}, mo{out, 0, c + 1};
+    Status st = AttentionForward(ctx(), s, mq, mk, mv, probs, mo);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    const std::string name = "attention b=" + std::to_string(s.batch) + " q=" +
+                             std::to_string(s.q_len) + " kv=" + std::to_string(s.kv_len);
+    ExpectNear((name + " probs").c_str(), Down(probs), want.probs, 1e-5, 1e-6);
+    ExpectNear((name + " out").c_str(), Extract(Down(out), nq, c, c + 1, 0), want.out, 1e-5, 1e-6);
+
+    Tensor dob = Up(dout, DType::kF32);
+    Tensor dqb = Up(Vec(static_cast<size_t>(nq * 3 * c), 0.0), DType::kF32);
+    Tensor dkvb = Up(Vec(static_cast<size_t>(nk * 2 * c), 7.0), DType::kF32);
+    st = AttentionBackward(ctx(), s, mq, mk, mv, probs, {dob, 0, c}, {dqb, 0, 3 * c},
+                           {dkvb, 0, 2 * c}, {dkvb, c, 2 * c});
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    Vec dq = Down(dqb), dkv = Down(dkvb);
+    ExpectNear((name + " dq").c_str(), Extract(dq, nq, c, 3 * c, 0), want.dq, 1e-4, 1e-6);
+    ExpectNear((name + " dk").c_str(), Extract(dkv, nk, c, 2 * c, 0), want.dk, 1e-4, 1e-6);
+    ExpectNear((name + " dv").c_str(), Extract(dkv, nk, c, 2 * c, c), want.dv, 1e-4, 1e-6);
+  }
+}
+
+// ---- Embedding and loss ---------------------------------------------------------------
+
+TEST_P(Conformance, Embedding) {
+  for (int64_t count : kSizes) {
+    for (int64_t dim : {1, 5, 33}) {
+      const int64_t vocab = 11;
+      Vec table = R(Random(vocab * dim, 40), DType::kF32);
+      Vec ids(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) ids[i] = (i * 7 + 3) % vocab;  // repeats
+      if (count > 2) ids[1] = ids[2];
+      Tensor tt = Up(table, DType::kF32, Shape{vocab, dim}), ti = Up(ids, DType::kI32);
+      Tensor to = Up(Vec(static_cast<size_t>(count * dim), 0.0), DType::kF32);
+      ASSERT_TRUE(EmbeddingForward(ctx(), tt, ti, to).ok());
+      Vec want(static_cast<size_t>(count * dim));
+      for (int64_t i = 0; i < count; ++i) {
+        for (int64_t j = 0; j < dim; ++j) want[i * dim + j] = table[ids[i] * dim + j];
+      }
+      EXPECT_EQ(Down(to), want);
+      Vec dout = R(Random(static_cast<size_t>(count * dim), 41), DType::kF32);
+      ASSERT_TRUE(EmbeddingBackward(ctx(), ti, Up(dout, DType::kF32), tt).ok());
+      Vec wd = table;
+      for (int64_t i = 0; i < count; ++i) {
+        for (int64_t j = 0; j < dim; ++j) wd[ids[i] * dim + j] += dout[i * dim + j];
+      }
+      ExpectNear("embedding_bwd", Down(tt), wd, 1e-6, 1e-7);
+    }
+  }
+}
+
+TEST_P(Conformance, CrossEntropy) {
+  for (int64_t rows : kSizes) {
+    for (int64_t vocab : {1, 7, 33}) {
+      for (int ignore_mode = 0; ignore_mode < 3; ++ignore_mode) {  // none, some, all
+        Vec logits = R(Random(static_cast<size_t>(rows * vocab), 50, -4, 4), DType::kF32);
+        Vec targets(static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r) {
+          targets[r] = (r * 5 + 1) % vocab;
+          if (ignore_mode == 2 || (ignore_mode == 1 && r % 3 == 1)) targets[r] = kIgnoreTarget;
+        }
+        double sum = 0;
+        int64_t count = 0;
+        Vec dl(logits.size(), 0.0);
+        for (int64_t r = 0; r < rows; ++r) {
+          if (targets[r] == kIgnoreTarget) continue;
+          ++count;
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          if (targets[r] == kIgnoreTarget) continue;
+          const double* lr = &logits[r * vocab];
+          double m = -1e300, se = 0;
+          for (int64_t j = 0; j < vocab; ++j) m = std::max(m, lr[j]);
+          for (int64_t j = 0; j < vocab; ++j) se += std::exp(lr[j] - m);
+          sum += std::log(se) + m - lr[static_cast<int64_t>(targets[r])];
+          for (int64_t j = 0; j < vocab; ++j) {
+            dl[r * vocab + j] = (std::exp(lr[j] - m) / se - (j == targets[r] ? 1 : 0)) / count;
+          }
+        }
+        Tensor tl = Up(logits, DType::kF32), tt = Up(targets, DType::kI32);
+        Tensor loss = Up(Vec{-1.0}, DType::kF32, Shape{1});
+        ASSERT_TRUE(CrossEntropyForward(ctx(), tl, tt, loss).ok());
+        auto got = ReadScalar(ctx(), loss);
+        ASSERT_TRUE(got.ok());
+        EXPECT_NEAR(*got, count == 0 ? 0.0 : sum / count, 1e-5 * std::max(1.0, sum / std::max<int64_t>(count, 1)))
+            << rows << "x" << vocab << " mode " << ignore_mode;
+        ASSERT_TRUE(CrossEntropyBackward(ctx(), tl, tt, tl).ok());  // in place
+        ExpectNear("cross_entropy_bwd", Down(tl), dl, 1e-5, 1e-7);
+      }
+    }
+  }
+}
+
+// ---- Reductions --------------------------------------------------------------------
+
+TEST_P(Conformance, SumOfSquaresAndMaxAbs) {
+  for (DType t : kFloats) {
+    double want_sq = 0.5, want_max = 0.25;  // starting accumulator values
+    Tensor sq = Up(Vec{0.5}, DType::kF64, Shape{1}), mx = Up(Vec{0.25}, DType::kF64, Shape{1});
+    for (int64_t n : kSizes) {
+      Vec x = R(Random(static_cast<size_t>(n), 60 + static_cast<uint32_t>(n), -3, 3), t);
+      Tensor tx = Up(x, t);
+      ASSERT_TRUE(SumOfSquares(ctx(), tx, sq).ok());
+      ASSERT_TRUE(MaxAbs(ctx(), tx, mx).ok());
+      for (double v : x) want_sq += v * v, want_max = std::max(want_max, std::fabs(v));
+    }
+    auto s = ReadScalar(ctx(), sq), m = ReadScalar(ctx(), mx);
+    ASSERT_TRUE(s.ok() && m.ok());
+    EXPECT_NEAR(*s, want_sq, 1e-12 * want_sq) << DTypeName(t);  // f64 accumulation
+    EXPECT_EQ(*m, want_max) << DTypeName(t);
+  }
+}
+
+// ---- Optimizer updates ---------------------------------------------------------------
+
+TEST_P(Conformance, SgdUpdate) {
+  struct H {
+    float momentum, dampening, wd;
+    bool nesterov, first;
+  };
+  for (H h : {H{0, 0, 0, false, false}, H{0.9f, 0, 0.01f, false, true}, H{0.9f, 0.1f, 0, false, false},
+              H{0.8f, 0, 0.1f, true, false}}) {
+    for (int64_t n : kSizes) {
+      Vec p = R(Random(n, 70), DType::kF32), g = R(Random(n, 71), DType::kF32),
+          buf = R(Random(n, 72), DType::kF32);
+      SgdHyper hy{0.05f, h.momentum, h.dampening, h.wd, h.nesterov, h.first};
+      Tensor tp = Up(p, DType::kF32), tg = Up(g, DType::kF32), tb = Up(buf, DType::kF32);
+      ASSERT_TRUE(SgdUpdate(ctx(), hy, tp, tg, h.momentum == 0 ? Tensor() : tb).ok());
+      Vec wp = p, wb = buf;
+      for (int64_t i = 0; i < n; ++i) {
+        double gi = g[i] + h.wd * p[i];
+        if (h.momentum != 0) {
+          wb[i] = h.first ? gi : h.momentum * buf[i] + (1 - h.dampening) * gi;
+          gi = h.nesterov ? gi + h.momentum * wb[i] : wb[i];
+        }
+        wp[i] = p[i] - 0.05 * gi;
+      }
+      ExpectNear("sgd param", Down(tp), wp, 1e-5, 1e-7);
+      if (h.momentum != 0) ExpectNear("sgd momentum", Down(tb), wb, 1e-5, 1e-7);
+    }
+  }
+}
+
+TEST_P(Conformance, AdamAndAdamWUpdate) {
+  for (bool decoupled : {false, true}) {
+    for (int64_t n : kSizes) {
+      Vec p = R(Random(n, 80), DType::kF32), g = R(Random(n, 81), DType::kF32),
+          m = R(Random(n, 82), DType::kF32), v = R(Random(n, 83, 0, 1), DType::kF32);
+      const double b1 = 0.9, b2 = 0.999, lr = 1e-2, eps = 1e-8, wd = 0.1;
+      const double bc1 = 1 - std::pow(b1, 3), bc2s = std::sqrt(1 - std::pow(b2, 3));
+      AdamHyper h{static_cast<float>(lr), static_cast<float>(b1), static_cast<float>(b2),
+                  static_cast<float>(eps), static_cast<float>(wd), decoupled,
+                  static_cast<float>(bc1), static_cast<float>(bc2s)};
+      Tensor tp = Up(p, DType::kF32), tg = Up(g, DType::kF32), tm = Up(m, DType::kF32),
+             tv = Up(v, DType::kF32);
+      ASSERT_TRUE(AdamUpdate(ctx(), h, tp, tg, tm, tv).ok());
+      Vec wp = p, wm = m, wv = v;
+      for (int64_t i = 0; i < n; ++i) {
+        double gi = g[i];
+        if (decoupled) {
+          wp[i] *= 1 - lr * wd;
+        } else {
+          gi += wd * p[i];
+        }
+        wm[i] = b1 * m[i] + (1 - b1) * gi;
+        wv[i] = b2 * v[i] + (1 - b2) * gi * gi;
+        wp[i] -= (lr / bc1) * wm[i] / (std::sqrt(wv[i]) / bc2s + eps);
+      }
+      ExpectNear("adam param", Down(tp), wp, 1e-5, 1e-7);
+      ExpectNear("adam exp_avg", Down(tm), wm, 1e-5, 1e-7);
+      ExpectNear("adam exp_avg_sq", Down(tv), wv, 1e-5, 1e-7);
+    }
+  }
+}
+
+// ---- ReadScalar and argument checking -------------------------------------------------
+
+TEST_P(Conformance, ReadScalarEveryDType) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64, DType::kI32}) {
+    auto v = ReadScalar(ctx(), Up(Vec{-3.0}, t, Shape{1}));
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    EXPECT_EQ(*v, -3.0) << DTypeName(t);
+  }
+  EXPECT_EQ(ReadScalar(ctx(), Up(Vec{1, 2}, DType::kF32)).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_P(Conformance, BadArgumentsAreInvalidArgumentAndWriteNothing) {
+  Tensor x = Up(Vec{1, 2, 3, 4, 5, 6}, DType::kF32), g = Up(Vec{1, 1, 1, 1}, DType::kF32);
+  Tensor y = Up(Vec(6, 9.0), DType::kF32), m = Up(Vec(2, 9.0), DType::kF32),
+         r = Up(Vec(2, 9.0), DType::kF32);
+  Status s = LayerNormForward(ctx(), x, g, g, y, m, r);  // 6 is not a multiple of 4
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("layer_norm_fwd"), std::string::npos) << s.ToString();
+  EXPECT_EQ(Down(y), Vec(6, 9.0));
+
+  GemmParams p;
+  p.m = 2, p.n = 3, p.k = 4;
+  s = Gemm(ctx(), p, {x, 0, 4}, {x, 0, 3}, {y, 0, 3});  // A needs 8 elements
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("does not fit"), std::string::npos) << s.ToString();
+  s = Gemm(ctx(), p, {Up(Vec(8, 1), DType::kBF16), 0, 4}, {Up(Vec(12, 1), DType::kF32), 0, 3},
+           {y, 0, 3});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);  // mixed A/B dtypes
+  s = Gemm(ctx(), p, {Up(Vec(8, 1), DType::kF32), 0, 4}, {Up(Vec(12, 1), DType::kF32), 0, 3},
+           {Up(Vec(6, 1), DType::kBF16), 0, 3});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);  // C must be f32
+  EXPECT_EQ(Down(y), Vec(6, 9.0));
+
+  EXPECT_EQ(Copy(ctx(), x, m).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Copy(ctx(), x, Up(Vec(6, 0), DType::kBF16)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Axpy(ctx(), 1.0f, x, m).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Scale(ctx(), Tensor(), 2.0f).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(EmbeddingForward(ctx(), x, Up(Vec{0}, DType::kF32), y).code(),
+            StatusCode::kInvalidArgument);  // table rank 1, ids not i32
+  EXPECT_EQ(SumOfSquares(ctx(), x, m).code(), StatusCode::kInvalidArgument);  // acc not f64
+  EXPECT_EQ(GeluForward(ctx(), x, m).code(), StatusCode::kInvalidArgument);
+  AttentionShape as{1, 1, 2, 3, 2, true};  // causal needs q_len == kv_len
+  EXPECT_EQ(AttentionForward(ctx(), as, {x, 0, 2}, {x, 0, 2}, {x, 0, 2}, y, {y, 0, 2}).code(),
+            StatusCode::kInvalidArgument);
+  // Overlapping output and input.
+  EXPECT_EQ(Gemm(ctx(), GemmParams{false, false, 1, 1, 1, 1, 1.0f, 0.0f}, {x, 0, 1}, {x, 1, 1},
+                 {x, 0, 1})
+                .code(),
+            StatusCode::kInvalidArgument);
+
+  OpContext none = ctx();
+  none.device = nullptr;
+  EXPECT_EQ(Fill(none, x, 0.0f).code(), StatusCode::kInvalidArgument);
+  none = ctx();
+  none.alloc = nullptr;
+  EXPECT_EQ(Fill(none, x, 0.0f).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Down(x), (Vec{1, 2, 3, 4, 5, 6}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, Conformance,
+                         ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda),
+                         [](const auto& info) { return KindName(info.param); });
+
+}  // namespace
+}  // namespace sk::ops
