@@ -226,6 +226,17 @@ int CudaDeviceCountImpl() {
   return n;
 }
 
+StatusOr<void*> CudaAllocatePinnedHost(size_t bytes) {
+  void* p = nullptr;
+  cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    return CudaError(err, "cudaHostAlloc of " + std::to_string(bytes) + " pinned bytes");
+  }
+  return p;
+}
+
+void CudaFreePinnedHost(void* ptr) { cudaFreeHost(ptr); }
+
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int index) {
   int n = CudaDeviceCountImpl();
   if (index >= n) {

@@ -10,7 +10,29 @@ namespace sk {
 // cuda_device.cc
 int CudaDeviceCountImpl();
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int index);
+StatusOr<void*> CudaAllocatePinnedHost(size_t bytes);
+void CudaFreePinnedHost(void* ptr);
 #endif
+
+StatusOr<void*> Device::AllocatePinnedHost(size_t bytes) {
+  if (bytes == 0) return nullptr;
+#if defined(SHARDKIT_WITH_CUDA)
+  if (CudaDeviceCountImpl() == 0) {
+    return UnavailableError("pinned host memory needs a CUDA device; none is usable here");
+  }
+  return CudaAllocatePinnedHost(bytes);
+#else
+  return UnavailableError("pinned host memory needs CUDA: shardkit was built without --config=cuda");
+#endif
+}
+
+void Device::FreePinnedHost(void* ptr) {
+#if defined(SHARDKIT_WITH_CUDA)
+  if (ptr != nullptr) CudaFreePinnedHost(ptr);
+#else
+  (void)ptr;
+#endif
+}
 
 int Device::CudaDeviceCount() {
 #if defined(SHARDKIT_WITH_CUDA)

@@ -113,6 +113,14 @@ class Device {
   using Factory = std::function<StatusOr<std::unique_ptr<Device>>(int index)>;
   static Status RegisterFactory(DeviceKind kind, Factory factory);
 
+  // Page-locked host memory (cudaHostAlloc, portable to every GPU) for
+  // copies between the host and a GPU that run asynchronously in stream
+  // order: FSDP's CPU offload of shards on a GPU. Unavailable on a build
+  // without CUDA or a machine without a usable GPU; ResourceExhausted when
+  // the driver refuses. bytes == 0 gives nullptr. Free with FreePinnedHost.
+  static StatusOr<void*> AllocatePinnedHost(size_t bytes);
+  static void FreePinnedHost(void* ptr);
+
   virtual DeviceId id() const = 0;
 
   // A new stream. `name` labels it in traces and errors.
