@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <stdexcept>
 
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -19,6 +20,7 @@
 #include <gloo/types.h>
 
 #include "runtime/comm/reduce.h"
+#include "runtime/comm/sigpipe.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/trace.h"
 
@@ -85,9 +87,9 @@ std::string RankList(const std::vector<int>& ranks) {
 // closure is still queued when it dies.
 class GlooState {
  public:
-  GlooState(std::shared_ptr<gloo::rendezvous::Context> context, bool check_desync)
-      : context_(std::move(context)), rank_(context_->rank), size_(context_->size),
-        check_desync_(check_desync) {}
+  GlooState(std::shared_ptr<gloo::rendezvous::Context> context, std::shared_ptr<FlightRecorder> recorder)
+      : context_(std::move(context)), recorder_(std::move(recorder)), rank_(context_->rank),
+        size_(context_->size) {}
 
   void NoteLaunched() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -110,11 +112,21 @@ class GlooState {
                               broken_.ToString() + "); create a new group");
     }
     lock.unlock();
+    recorder_->Started(c.seq);
     Status s;
     try {
+      ScopedSigpipeBlock no_sigpipe;
       s = Execute(c);
+      if (!s.ok()) s = s.WithContext(Who(c));
     } catch (const std::exception& e) {
       s = FromGlooException(e, Who(c));
+    } catch (...) {
+      s = UnavailableError(Who(c) + ": gloo threw a non-standard exception");
+    }
+    recorder_->Ended(c.seq, s);
+    if (!s.ok() && s.code() != StatusCode::kInvalidArgument) {
+      const std::string dump = recorder_->DumpOnError(s);
+      if (!dump.empty()) s = s.WithContext("flight recorder dumped to '" + dump + "'");
     }
     lock.lock();
     if (!s.ok() && s.code() != StatusCode::kInvalidArgument) broken_ = s;
@@ -132,12 +144,15 @@ class GlooState {
     if (!broken_.ok()) return;
     lock.unlock();
     try {
+      ScopedSigpipeBlock no_sigpipe;
       gloo::BarrierOptions opts(context_);
       opts.setTag(0xfffffff0u);
       opts.setTimeout(timeout);
       gloo::barrier(opts);
     } catch (const std::exception& e) {
       LOG(WARNING) << "gloo rank " << rank_ << ": final barrier failed: " << e.what();
+    } catch (...) {
+      LOG(WARNING) << "gloo rank " << rank_ << ": final barrier failed";
     }
   }
 
@@ -158,11 +173,12 @@ class GlooState {
   // and receives (N-1)/N of the output, as a ring does, in one step instead
   // of N-1. (Debian's gloo::allgather took ~10 ms for any message below
   // 1 MiB on our 2-core machine where this takes ~0.1 ms; equal above 16 MiB.)
-  void AllGatherBytes(void* out, const void* in, size_t bytes, uint32_t tag, Duration timeout) {
-    if (bytes == 0) return;
+  Status AllGatherBytes(void* out, const void* in, size_t bytes, uint32_t tag, Duration timeout) {
+    if (bytes == 0) return OkStatus();
     char* mine = static_cast<char*>(out) + rank_ * bytes;
     if (in != mine) std::memcpy(mine, in, bytes);
-    if (size_ == 1) return;
+    if (size_ == 1) return OkStatus();
+    const auto deadline = Clock::now() + timeout;
     const gloo::Slot slot = gloo::Slot::build(kSlotPrefix, tag);
     auto buf = context_->createUnboundBuffer(out, bytes * size_);
     for (int j = 0; j < size_; ++j) {
@@ -170,17 +186,18 @@ class GlooState {
       buf->recv(j, slot, j * bytes, bytes);
       buf->send(j, slot, rank_ * bytes, bytes);
     }
-    WaitRecvs(*buf, timeout);
-    WaitSends(*buf, timeout);
+    SK_RETURN_IF_ERROR(WaitRecvs(*buf, deadline));
+    return WaitSends(*buf, deadline);
   }
 
   // Sends shard j of `in` (size_ shards of `shard_bytes`) to rank j and
   // receives every other rank's shard for this rank into slot j of `recv`,
   // all posted at once: (N-1)/N of the buffer each way, as the issue asks of
   // reduce-scatter. This rank's own shard is not copied.
-  void ExchangeShards(const void* in, void* recv, size_t shard_bytes, uint32_t tag,
-                      Duration timeout) {
-    if (shard_bytes == 0 || size_ == 1) return;
+  Status ExchangeShards(const void* in, void* recv, size_t shard_bytes, uint32_t tag,
+                        Duration timeout) {
+    if (shard_bytes == 0 || size_ == 1) return OkStatus();
+    const auto deadline = Clock::now() + timeout;
     const gloo::Slot slot = gloo::Slot::build(kSlotPrefix, tag);
     auto send_buf = context_->createUnboundBuffer(const_cast<void*>(in), shard_bytes * size_);
     auto recv_buf = context_->createUnboundBuffer(recv, shard_bytes * size_);
@@ -189,29 +206,55 @@ class GlooState {
       recv_buf->recv(j, slot, j * shard_bytes, shard_bytes);
       send_buf->send(j, slot, j * shard_bytes, shard_bytes);
     }
-    WaitRecvs(*recv_buf, timeout);
-    WaitSends(*send_buf, timeout);
+    SK_RETURN_IF_ERROR(WaitRecvs(*recv_buf, deadline));
+    return WaitSends(*send_buf, deadline);
   }
 
-  // Wait for the N-1 receives / sends posted on `buf`. Gloo throws on a
-  // timeout or a closed pair; a false return means the wait was aborted.
-  void WaitRecvs(gloo::transport::UnboundBuffer& buf, Duration timeout) {
-    for (int k = 0; k < size_ - 1; ++k) {
-      if (!buf.waitRecv(timeout)) throw gloo::IoException("receive aborted");
-    }
+  // Waits, until `deadline`, for the N-1 receives (sends) posted on `buf`,
+  // noting which peer each came from, so that a timeout or a closed pair
+  // names the ranks that did not arrive (did not take our data).
+  Status WaitRecvs(gloo::transport::UnboundBuffer& buf, Clock::time_point deadline) {
+    return WaitPeers(buf, deadline, /*recv=*/true);
   }
-  void WaitSends(gloo::transport::UnboundBuffer& buf, Duration timeout) {
+  Status WaitSends(gloo::transport::UnboundBuffer& buf, Clock::time_point deadline) {
+    return WaitPeers(buf, deadline, /*recv=*/false);
+  }
+  Status WaitPeers(gloo::transport::UnboundBuffer& buf, Clock::time_point deadline, bool recv) {
+    std::vector<bool> done(size_, false);
+    done[rank_] = true;
     for (int k = 0; k < size_ - 1; ++k) {
-      if (!buf.waitSend(timeout)) throw gloo::IoException("send aborted");
+      const auto left = std::max<Duration>(
+          Duration(1), std::chrono::duration_cast<Duration>(deadline - Clock::now()));
+      int peer = -1;
+      std::string cause;
+      try {
+        if ((recv ? buf.waitRecv(&peer, left) : buf.waitSend(&peer, left))) {
+          if (peer >= 0 && peer < size_) done[peer] = true;
+          continue;
+        }
+        cause = recv ? "receive aborted" : "send aborted";
+      } catch (const std::exception& e) {
+        cause = e.what();
+      }
+      std::vector<int> missing;
+      for (int r = 0; r < size_; ++r) {
+        if (!done[r]) missing.push_back(r);
+      }
+      Status s = FromGlooException(std::runtime_error(cause), "gloo");
+      const std::string who = std::string(missing.size() == 1 ? "rank " : "ranks ") + RankList(missing);
+      const std::string what = recv ? who + " did not arrive"
+                                    : "sending to " + who + " did not complete";
+      return Status(s.code(), what + " (peer ranks of this group; " + cause + ")");
     }
+    return OkStatus();
   }
 
   // Reduces rank_'s shard: every rank's shard rank_ arrives in `recv`, then
   // the shards are summed in rank order (this rank's straight from `in`).
-  void ReduceScatterShard(const Collective& c, DType dtype, const void* in, void* recv, void* out,
-                          size_t count, uint32_t tag) {
+  Status ReduceScatterShard(const Collective& c, DType dtype, const void* in, void* recv, void* out,
+                            size_t count, uint32_t tag) {
     const size_t shard_bytes = count * DTypeSize(dtype);
-    ExchangeShards(in, recv, shard_bytes, tag, c.timeout);
+    SK_RETURN_IF_ERROR(ExchangeShards(in, recv, shard_bytes, tag, c.timeout));
     std::vector<const void*> srcs(size_);
     for (int j = 0; j < size_; ++j) {
       srcs[j] = j == rank_ ? static_cast<const char*>(in) + j * shard_bytes
@@ -220,6 +263,7 @@ class GlooState {
     ReduceInRankOrder(srcs.data(), size_, dtype, count, c.pre_scale,
                       c.op == ReduceOp::kAvg ? static_cast<float>(size_) : 1.0f, c.post_scale,
                       out);
+    return OkStatus();
   }
 
   // Scratch buffer `slot` of at least `bytes`, kept between collectives:
@@ -237,12 +281,18 @@ class GlooState {
   Status CheckDesync(const Collective& c) {
     CallFingerprint mine = CallFingerprint::Of(c);
     std::vector<CallFingerprint> all(size_);
-    AllGatherBytes(all.data(), &mine, sizeof(mine), Tag(c, 63), c.timeout);
+    SK_RETURN_IF_ERROR(AllGatherBytes(all.data(), &mine, sizeof(mine), Tag(c, 63), c.timeout)
+                           .WithContext("exchanging call fingerprints"));
     return CompareFingerprints(all, "gloo group of " + std::to_string(size_));
   }
 
   Status Execute(const Collective& c) {
-    if (check_desync_) SK_RETURN_IF_ERROR(CheckDesync(c));
+    // Always first: every rank learns every rank's kind, sequence number,
+    // dtypes and sizes before any payload moves, so a mismatched call is an
+    // InvalidArgument here instead of a message of the wrong size reaching
+    // gloo's receive path, which enforces sizes with an exception on its own
+    // I/O thread (std::terminate: the rank dies of SIGABRT).
+    SK_RETURN_IF_ERROR(CheckDesync(c));
     for (size_t e = 0; e < c.outputs.size(); ++e) {
       const Tensor& in = c.inputs[e];
       const Tensor& out = c.outputs[e];
@@ -254,12 +304,12 @@ class GlooState {
       const uint32_t tag = Tag(c, static_cast<uint32_t>(2 * (e % 30)));
       switch (c.kind) {
         case CollectiveKind::kAllGather:
-          AllGatherBytes(out.data(), in.data(), in.nbytes(), tag, c.timeout);
+          SK_RETURN_IF_ERROR(AllGatherBytes(out.data(), in.data(), in.nbytes(), tag, c.timeout));
           break;
         case CollectiveKind::kReduceScatter: {
           SK_ASSIGN_OR_RETURN(auto recv, Scratch(0, in.nbytes()));
-          ReduceScatterShard(c, dtype, in.data(), recv->data(), out.data(),
-                             static_cast<size_t>(out.numel()), tag);
+          SK_RETURN_IF_ERROR(ReduceScatterShard(c, dtype, in.data(), recv->data(), out.data(),
+                                                static_cast<size_t>(out.numel()), tag));
           break;
         }
         case CollectiveKind::kAllReduce: {
@@ -277,8 +327,8 @@ class GlooState {
             std::memset(static_cast<char*>(staging->data()) + n * esize, 0, padded - n * esize);
             buffer = staging->data();
           }
-          ReduceScatterShard(c, dtype, buffer, recv->data(), chunk->data(), m, tag);
-          AllGatherBytes(buffer, chunk->data(), m * esize, tag + 1, c.timeout);
+          SK_RETURN_IF_ERROR(ReduceScatterShard(c, dtype, buffer, recv->data(), chunk->data(), m, tag));
+          SK_RETURN_IF_ERROR(AllGatherBytes(buffer, chunk->data(), m * esize, tag + 1, c.timeout));
           if (!even) std::memcpy(out.data(), buffer, n * esize);
           break;
         }
@@ -305,9 +355,9 @@ class GlooState {
   }
 
   const std::shared_ptr<gloo::rendezvous::Context> context_;
+  const std::shared_ptr<FlightRecorder> recorder_;
   const int rank_;
   const int size_;
-  const bool check_desync_;
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t executed_ = 0;  // sequence number allowed to run next
@@ -367,6 +417,7 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(std::shared
   auto scoped = std::make_shared<PrefixStore>(prefix + "/", store);
   std::shared_ptr<gloo::rendezvous::Context> context;
   try {
+    ScopedSigpipeBlock no_sigpipe;  // gloo's I/O thread, created here, inherits it
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
@@ -377,11 +428,17 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(std::shared
   } catch (const std::exception& e) {
     return FromGlooException(e, "gloo rank " + std::to_string(rank) + " of " +
                                     std::to_string(size) + " forming group '" + prefix + "'");
+  } catch (...) {
+    return UnavailableError("gloo rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                            " forming group '" + prefix + "': gloo threw a non-standard exception");
   }
-  auto state = std::make_shared<GlooState>(std::move(context), options.check_desync);
-  return std::unique_ptr<GlooProcessGroup>(
+  auto recorder = std::make_shared<FlightRecorder>("gloo", prefix, rank, size);
+  auto state = std::make_shared<GlooState>(std::move(context), recorder);
+  auto group = std::unique_ptr<GlooProcessGroup>(
       new GlooProcessGroup(rank, size, std::move(state), std::move(store), std::move(prefix),
                            std::move(options)));
+  group->flight_recorder_ = std::move(recorder);
+  return group;
 }
 
 StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::CreateFromEnvironment(

@@ -35,9 +35,14 @@
 // Unavailable or DeadlineExceeded within its timeout. A failed context is
 // broken for good (Gloo cannot resynchronise it): later collectives fail at
 // once with Unavailable naming the first failure; destroy the group and form
-// a new one. Optional desync detection exchanges each call's fingerprint
-// (one small allgather per collective) and fails with InvalidArgument naming
-// both calls on a mismatch.
+// a new one. Desync detection is always on: before its payload, every
+// collective exchanges each rank's call fingerprint (kind, sequence number,
+// dtypes, sizes, op, root: 160 bytes, one small exchange) and fails with
+// InvalidArgument naming both calls on a mismatch. Gloo enforces message
+// sizes on its own I/O thread, where a mismatch is an uncaught exception that
+// kills the process, so no payload may move before sizes are known to agree.
+// Every exception gloo throws on the calling thread is caught here and
+// returned as a Status.
 #ifndef SHARDKIT_RUNTIME_COMM_GLOO_BACKEND_H_
 #define SHARDKIT_RUNTIME_COMM_GLOO_BACKEND_H_
 
@@ -59,7 +64,8 @@ struct GlooOptions {
   std::string hostname;
   // Rendezvous timeout, and the default for Gloo's own operations.
   Duration timeout = kDefaultTimeout;
-  // Exchange and compare each call's fingerprint before running it.
+  // Kept for source compatibility: fingerprints are now always exchanged and
+  // compared before a collective runs (see above), whatever this says.
   bool check_desync = false;
 };
 

@@ -10,6 +10,9 @@
 // "[rank R] ". If a rank exits with a non-zero code or a signal, the launcher
 // sends SIGTERM to the others (SIGKILL after --kill_grace_s), and exits with
 // that rank's code (128 + signal for a signal). If all exit 0, it exits 0.
+// Ranks die with the launcher (PR_SET_PDEATHSIG): killing the launcher, even
+// with SIGKILL, leaves no orphans training on. Ranks start with SIGPIPE's
+// default action, as under torchrun (the launcher itself ignores it).
 // --master_port=0 picks a free port (single node only). Under `bazel run`,
 // PROGRAM and the ranks' working directory are the caller's, not runfiles'.
 //
@@ -18,6 +21,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -160,6 +164,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   const int world = flags.nproc_per_node * flags.nnodes;
+  const pid_t launcher = ::getpid();
   std::vector<pid_t> pids;
   std::vector<Output> outputs;
   for (int local = 0; local < flags.nproc_per_node; ++local) {
@@ -170,6 +175,11 @@ int main(int argc, char** argv) {
     if (pid < 0) Usage(std::string("fork failed: ") + std::strerror(errno));
     if (pid == 0) {
       ::setpgid(0, 0);  // its own process group, so stopping it stops its children too
+      // Dies with the launcher: a killed launcher (SIGKILL, OOM) must not
+      // leave its ranks training as orphans. Kept across exec. If the
+      // launcher died before this line, the rank never starts.
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher) ::_exit(128 + SIGKILL);
+      ::signal(SIGPIPE, SIG_DFL);  // the launcher's own SIG_IGN is not the rank's business
       ::dup2(out_pipe[1], 1);
       ::dup2(err_pipe[1], 2);
       ::close(out_pipe[0]);

@@ -48,7 +48,10 @@ uint64_t Mix(uint64_t h, uint64_t v) {
 std::string Collective::Describe() const {
   std::ostringstream os;
   os << CollectiveName(kind) << " #" << seq;
-  if (kind == CollectiveKind::kBarrier) return os.str();
+  if (kind == CollectiveKind::kBarrier) {
+    if (!label.empty()) os << " [" << label << "]";
+    return os.str();
+  }
   os << " (";
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (i > 0) os << ", ";
@@ -63,6 +66,7 @@ std::string Collective::Describe() const {
     os << ", " << ReduceOpName(op);
   }
   os << ")";
+  if (!label.empty()) os << " [" << label << "]";
   return os.str();
 }
 
@@ -215,8 +219,14 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::Submit(Collective c, Stream& strea
   }
   std::lock_guard<std::mutex> lock(launch_mu_);
   c.seq = next_seq_;
+  if (flight_recorder_ != nullptr) flight_recorder_->Enqueued(c);
+  const uint64_t seq = c.seq;
   StatusOr<std::shared_ptr<Work>> work = Launch(std::move(c), stream);
-  if (work.ok()) ++next_seq_;
+  if (work.ok()) {
+    ++next_seq_;
+  } else if (flight_recorder_ != nullptr) {
+    flight_recorder_->Ended(seq, work.status());
+  }
   return work;
 }
 
@@ -234,6 +244,7 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::all_gather_coalesced(
   c.inputs = inputs;
   c.outputs = outputs;
   c.timeout = opts.timeout;
+  c.label = opts.label;
   return Submit(std::move(c), stream);
 }
 
@@ -249,6 +260,7 @@ Collective Reduction(CollectiveKind kind, const std::vector<Tensor>& inputs,
   c.pre_scale = opts.pre_scale;
   c.post_scale = opts.post_scale;
   c.timeout = opts.timeout;
+  c.label = opts.label;
   return c;
 }
 }  // namespace
@@ -288,6 +300,7 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::broadcast_coalesced(
   c.outputs = tensors;
   c.root = opts.root;
   c.timeout = opts.timeout;
+  c.label = opts.label;
   return Submit(std::move(c), stream);
 }
 
@@ -296,6 +309,7 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::barrier(Stream& stream,
   Collective c;
   c.kind = CollectiveKind::kBarrier;
   c.timeout = opts.timeout;
+  c.label = opts.label;
   return Submit(std::move(c), stream);
 }
 

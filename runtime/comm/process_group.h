@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/comm/flight_recorder.h"
 #include "runtime/comm/work.h"
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
@@ -67,6 +68,9 @@ const char* ReduceOpName(ReduceOp op);
 struct CollectiveOptions {
   // How long the collective waits for its peers before failing.
   Duration timeout = kDefaultTimeout;
+  // The caller's words for what this collective is for ("unit 'h.3'
+  // forward"): shown in errors and the flight recorder. Optional.
+  std::string label;
 };
 
 struct ReduceOptions {
@@ -77,11 +81,13 @@ struct ReduceOptions {
   // Multiplies the result after the sum (and after AVG's division).
   float post_scale = 1.0f;
   Duration timeout = kDefaultTimeout;
+  std::string label;  // as CollectiveOptions::label
 };
 
 struct BroadcastOptions {
   int root = 0;
   Duration timeout = kDefaultTimeout;
+  std::string label;  // as CollectiveOptions::label
 };
 
 // One validated collective call as a backend receives it. For all_reduce and
@@ -96,8 +102,9 @@ struct Collective {
   float post_scale = 1.0f;
   int root = 0;
   Duration timeout = kDefaultTimeout;
+  std::string label;  // the caller's, from the options
 
-  // "reduce_scatter #4 (bf16[4096] -> bf16[1024])" — for errors and traces.
+  // "reduce_scatter #4 (bf16[4096] -> bf16[1024]) [label]" — for errors and traces.
   std::string Describe() const;
   // Bytes this rank sends or receives as nccl-tests count them (the all_gather
   // output, the reduce_scatter input, the all_reduce/broadcast buffer).
@@ -184,6 +191,10 @@ class ProcessGroup {
   virtual StatusOr<std::unique_ptr<ProcessGroup>> NewGroup(const std::vector<int>& ranks,
                                                            Duration timeout = kDefaultTimeout) = 0;
 
+  // This rank's record of its recent collectives (flight_recorder.h), or
+  // null for a backend that keeps none. Valid while the group lives.
+  FlightRecorder* flight_recorder() const { return flight_recorder_.get(); }
+
  protected:
   ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
 
@@ -199,6 +210,10 @@ class ProcessGroup {
 
   // InvalidArgument naming the group ("local group rank 1 of 4: ...").
   Status Invalid(const std::string& what) const;
+
+  // Backends that record their collectives set this once, in their
+  // constructor; Submit then records every launch in it.
+  std::shared_ptr<FlightRecorder> flight_recorder_;
 
  private:
   StatusOr<std::shared_ptr<Work>> Submit(Collective c, Stream& stream);

@@ -374,6 +374,7 @@ StatusOr<std::vector<Tensor>> FullyShardedModel::PreForward(int unit) {
   if (std::find(forward_order_.begin(), forward_order_.end(), unit) != forward_order_.end()) {
     last_forward_order_ = std::move(forward_order_);  // a new forward pass begins
     forward_order_.clear();
+    all_gather_log_.clear();  // the log covers one step, so it never grows with training
   }
   forward_order_.push_back(unit);
   TraceSpan span("pre_forward " + units_[unit].name, "fsdp", rank(), 0);

@@ -210,7 +210,9 @@ class FullyShardedModel final : public DataParallelModel {
   const Tensor& grad_shard(int unit) const { return flat_[unit].grad; }
   // Execution order recorded by the last forward.
   const std::vector<int>& forward_order() const { return forward_order_; }
-  // Unit indices in the order their all-gathers were issued (for tests).
+  // Unit indices in the order their all-gathers were issued since the
+  // current forward pass began (cleared when a new one begins, so it stays
+  // bounded by one step's all-gathers however long training runs).
   const std::vector<int>& all_gather_log() const { return all_gather_log_; }
   void ClearAllGatherLog() { all_gather_log_.clear(); }
   const FsdpCounters& counters() const { return counters_; }

@@ -6,8 +6,18 @@
 //   gloo_worker exit_mid_collective  the last rank exits (code 0) in the middle
 //                                    of an all_gather; the others must fail
 //                                    with Unavailable/DeadlineExceeded in time
+//   gloo_worker exit_mid_collective_sigpipe
+//                                    the same with SIGPIPE's default action (a rank
+//                                    not started by our launcher, e.g. by torchrun):
+//                                    no survivor may die of SIGPIPE
 //   gloo_worker crash                rank 1 exits with code 3; the others sleep
 //                                    (no communication) until the launcher stops them
+//   gloo_worker disagree <kind>      rank 0 and rank 1 make calls that differ in
+//                                    <kind> (see Disagree); both must return an
+//                                    error (never crash) and the group must still
+//                                    be destroyable
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -140,14 +150,70 @@ int Crash(ProcessGroup& pg) {
   std::_Exit(0);  // skip the final barrier: this line must never be reached in the test
 }
 
+// Rank 0 and rank 1 call collectives that disagree in one way. Issue 14,
+// item 1: gloo's I/O thread enforced message sizes with an exception nobody
+// could catch, killing the receiving rank (SIGABRT) in 9 of 19 such kinds.
+int Disagree(ProcessGroup& pg, const std::string& kind) {
+  const int rank = pg.rank();
+  auto stream = testing::MakeStream(0, "comm");
+  const CollectiveOptions co{std::chrono::seconds(5)};
+  ReduceOptions ro;
+  ro.timeout = co.timeout;
+  BroadcastOptions bo;
+  bo.timeout = co.timeout;
+  const bool odd = rank % 2 == 1;
+  auto tensor = [&](DType dt, int64_t n) { return testing::MakeTensor(0, dt, n); };
+  const int world = pg.size();
+  StatusOr<std::shared_ptr<Work>> w = InternalError("unknown kind '" + kind + "'");
+  if (kind == "all_gather_size") {
+    const int64_t n = odd ? 4096 : 100;
+    w = pg.all_gather(tensor(DType::kF32, n * world), tensor(DType::kF32, n), *stream, co);
+  } else if (kind == "all_gather_dtype") {
+    const DType dt = odd ? DType::kF32 : DType::kBF16;
+    w = pg.all_gather(tensor(dt, 1000 * world), tensor(dt, 1000), *stream, co);
+  } else if (kind == "reduce_scatter_size") {
+    const int64_t n = odd ? 5000 : 50;
+    w = pg.reduce_scatter(tensor(DType::kF32, n), tensor(DType::kF32, n * world), *stream, ro);
+  } else if (kind == "all_reduce_size") {
+    w = pg.all_reduce(tensor(DType::kF32, odd ? 10000 : 10), *stream, ro);
+  } else if (kind == "broadcast_size") {
+    w = pg.broadcast(tensor(DType::kF32, odd ? 10000 : 10), *stream, bo);
+  } else if (kind == "broadcast_root") {
+    bo.root = odd ? 1 : 0;
+    w = pg.broadcast(tensor(DType::kF32, 100), *stream, bo);
+  } else if (kind == "kind") {  // one rank steps (all_gather) while the other evaluates (all_reduce)
+    w = odd ? pg.all_reduce(tensor(DType::kF32, 3000), *stream, ro)
+            : pg.all_gather(tensor(DType::kF32, 100 * world), tensor(DType::kF32, 100), *stream, co);
+  } else if (kind == "coalesced_count") {
+    std::vector<Tensor> outs = {tensor(DType::kF32, 64 * world)}, ins = {tensor(DType::kF32, 64)};
+    if (odd) {
+      outs.push_back(tensor(DType::kF32, 4096 * world));
+      ins.push_back(tensor(DType::kF32, 4096));
+    }
+    w = pg.all_gather_coalesced(outs, ins, *stream, co);
+  }
+  Status s = w.ok() ? (*w)->wait(std::chrono::seconds(30)) : w.status();
+  if (s.ok()) return Fail(rank, "the disagreeing call '" + kind + "' succeeded");
+  if (s.code() != StatusCode::kInvalidArgument && s.code() != StatusCode::kDeadlineExceeded &&
+      s.code() != StatusCode::kUnavailable) {
+    return Fail(rank, "unexpected error for '" + kind + "': " + s.ToString());
+  }
+  std::printf("rank %d: disagreement reported: %s\n", rank, s.ToString().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 }  // namespace sk::comm
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: gloo_worker collectives|exit_mid_collective|crash\n");
+  if (argc < 2 || (std::string(argv[1]) == "disagree") != (argc == 3) || argc > 3) {
+    std::fprintf(stderr, "usage: gloo_worker collectives|exit_mid_collective|crash|disagree <kind>\n");
     return 2;
   }
+  std::string mode = argv[1];
+  // Our launcher ignores SIGPIPE for its ranks; torchrun does not.
+  if (mode == "exit_mid_collective_sigpipe") ::signal(SIGPIPE, SIG_DFL);
   sk::comm::GlooOptions options;
   options.timeout = std::chrono::seconds(30);
   auto pg = sk::comm::GlooProcessGroup::CreateFromEnvironment(options);
@@ -155,13 +221,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot form the group: %s\n", pg.status().ToString().c_str());
     return 1;
   }
-  std::string mode = argv[1];
   int rc = 2;
   if (mode == "collectives") rc = sk::comm::Collectives(**pg);
-  if (mode == "exit_mid_collective") {
+  if (mode == "exit_mid_collective" || mode == "exit_mid_collective_sigpipe") {
     rc = sk::comm::ExitMidCollective(**pg);
   }
   if (mode == "crash") rc = sk::comm::Crash(**pg);
+  if (mode == "disagree") rc = sk::comm::Disagree(**pg, argv[2]);
   std::fflush(stdout);
   return rc;
 }

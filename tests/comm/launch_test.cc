@@ -1,9 +1,13 @@
 // The launcher and the gloo backend with real processes on loopback.
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -61,12 +65,93 @@ TEST(Launch, RankExitingMidCollectiveMakesTheOthersFailInTime) {
   EXPECT_TRUE(Has(r.output, "[rank 1] rank 1 failed as expected")) << r.output;
 }
 
+// Issue 14, item 2: with SIGPIPE's default action (ranks started by another
+// launcher), survivors of a peer that died mid-collective still fail with a
+// Status. Before, gloo's write to the dead socket killed 3 of 30 survivors;
+// each trial here is a fresh chance for that race.
+TEST(Launch, SurvivorsOfADeadPeerNeverDieOfSigpipe) {
+  for (int trial = 0; trial < 5; ++trial) {
+    Result r = RunLauncher(std::string("--nproc_per_node=3 ") + kWorker + " exit_mid_collective_sigpipe");
+    ASSERT_EQ(r.exit_code, 0) << "trial " << trial << "\n" << r.output;
+    EXPECT_FALSE(Has(r.output, "signal 13")) << r.output;
+    EXPECT_TRUE(Has(r.output, "[rank 0] rank 0 failed as expected")) << r.output;
+    EXPECT_TRUE(Has(r.output, "[rank 1] rank 1 failed as expected")) << r.output;
+  }
+}
+
 TEST(Launch, ACrashedRankStopsTheOthersAndTheLauncherFails) {
   Result r = RunLauncher(std::string("--nproc_per_node=3 --kill_grace_s=2 ") + kWorker + " crash");
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_TRUE(Has(r.output, "launch: rank 1 exited with code 3; stopping the other ranks")) << r.output;
   EXPECT_FALSE(Has(r.output, "was not stopped by the launcher")) << r.output;
   EXPECT_LT(r.seconds, 60.0);
+}
+
+// Issue 14, item 1: ranks whose calls disagree get an error; none dies.
+class LaunchDisagree : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LaunchDisagree, EveryRankReturnsAnErrorAndNoneCrashes) {
+  Result r = RunLauncher(std::string("--nproc_per_node=2 --kill_grace_s=2 ") + kWorker + " disagree " + GetParam());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Has(r.output, "[rank 0] rank 0: disagreement reported")) << r.output;
+  EXPECT_TRUE(Has(r.output, "[rank 1] rank 1: disagreement reported")) << r.output;
+  EXPECT_LT(r.seconds, 40.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, LaunchDisagree,
+                         ::testing::Values("all_gather_size", "all_gather_dtype", "reduce_scatter_size",
+                                           "all_reduce_size", "broadcast_size", "broadcast_root", "kind",
+                                           "coalesced_count"));
+
+// Issue 14, item 10: ranks must die with their launcher, even one killed
+// with SIGKILL (which it cannot catch to stop them).
+TEST(Launch, RanksDieWhenTheLauncherIsKilled) {
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    ::dup2(out[1], 1);
+    ::close(out[0]);
+    ::close(out[1]);
+    ::execl(kLaunch, kLaunch, "--nproc_per_node=2", "/bin/sh", "-c", "echo pid $$; exec sleep 120",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  // Read "[rank R] pid P" for both ranks.
+  std::vector<pid_t> ranks;
+  std::string text;
+  FILE* f = ::fdopen(out[0], "r");
+  char line[256];
+  while (ranks.size() < 2 && std::fgets(line, sizeof line, f) != nullptr) {
+    text += line;
+    int r = 0, p = 0;
+    if (std::sscanf(line, "[rank %d] pid %d", &r, &p) == 2) ranks.push_back(p);
+  }
+  ASSERT_EQ(ranks.size(), 2u) << text;
+  ASSERT_EQ(::kill(launcher, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
+  // Each rank is gone (or a zombie of init's) within a few seconds.
+  auto alive = [](pid_t p) {
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/stat", p);
+    FILE* s = std::fopen(path, "r");
+    if (s == nullptr) return false;
+    char state = '?';
+    int ignored = std::fscanf(s, "%*d %*s %c", &state);
+    std::fclose(s);
+    return ignored == 1 && state != 'Z' && state != 'X';
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((alive(ranks[0]) || alive(ranks[1])) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_FALSE(alive(ranks[0])) << "rank 0 (pid " << ranks[0] << ") outlived its launcher";
+  EXPECT_FALSE(alive(ranks[1])) << "rank 1 (pid " << ranks[1] << ") outlived its launcher";
+  for (pid_t p : ranks) ::kill(p, SIGKILL);  // never leave one behind
+  std::fclose(f);
 }
 
 TEST(Launch, EnvironmentAndPrefixes) {

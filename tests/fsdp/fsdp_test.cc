@@ -213,6 +213,25 @@ TEST(FsdpTest, AllGatherLimitZeroIsRejectedAndMinusOneMeansNoLimit) {
   }
 }
 
+// Issue 14, item 12: the all-gather log used to grow by every all-gather
+// forever (a leak of ~32 bytes per step per rank). It now covers one step.
+TEST(FsdpTest, AllGatherLogStaysBoundedOverManySteps) {
+  auto model = Tiny();
+  const size_t units = model->units().size();
+  RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+    CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+    auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, Options());
+    size_t first_step = 0;
+    for (int step = 0; step < 50; ++step) {
+      ASSERT_TRUE(model->ForwardBackward(MakeBatch(step, rank, 1), *fsdp, fsdp->activation_allocator()).ok());
+      if (step == 0) first_step = fsdp->all_gather_log().size();
+      // Forward and backward gather each unit at most once per step.
+      EXPECT_LE(fsdp->all_gather_log().size(), 2 * units) << "step " << step;
+    }
+    EXPECT_EQ(fsdp->all_gather_log().size(), first_step);
+  });
+}
+
 TEST(FsdpTest, RateLimiterBoundsUnshardedParametersInFlight) {
   ModelOptions mo;
   GptConfig cfg = testing::TinyGpt();

@@ -261,7 +261,8 @@ typedef struct sk_gloo_options {
   const char* hostname;
   /* Rendezvous and collective timeout in milliseconds; 0 = 300000. */
   int64_t timeout_ms;
-  /* Nonzero: compare every collective's call across ranks before running it. */
+  /* Ignored (kept for layout): every collective's call is compared across
+     ranks before it runs, always. */
   int32_t check_desync;
   /* As in sk_process_group_create_local; NULL for none. */
   const char* network_model;

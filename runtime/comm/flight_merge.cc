@@ -1,0 +1,200 @@
+// flight_merge: reads the flight-recorder dumps of every rank (flight_recorder.h)
+// and says who is behind and where.
+//
+//   flight_merge DIR_OR_FILE...
+//
+// For each group found: which ranks dumped (a rank without a dump is dead,
+// hung, or was not given SHARDKIT_FLIGHT_RECORDER_DIR), the last collective
+// every dumped rank completed, then the first one that did not complete
+// everywhere with each rank's state in it (running for how long, failed with
+// what, or never issued), the first call that differs between ranks (a
+// desync), and a verdict naming the ranks that are behind. Exit code 0 when
+// the dumps were read (whatever they say), 2 on usage or read errors.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/file_io.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct Entry {
+  int64_t seq = 0;
+  std::string call, label, state, error;
+  int64_t enqueued_us = 0, started_us = 0, ended_us = 0;
+};
+
+struct RankDump {
+  int rank = 0;
+  int64_t dumped_at_us = 0;
+  std::string reason;
+  std::map<int64_t, Entry> entries;  // by seq
+  int64_t last_issued() const { return entries.empty() ? -1 : entries.rbegin()->first; }
+  int64_t last_completed() const {
+    int64_t c = -1;
+    for (const auto& [seq, e] : entries) {
+      if (e.state == "completed") c = std::max(c, seq);
+    }
+    return c;
+  }
+};
+
+struct Group {
+  std::string backend;
+  int size = 0;
+  std::map<int, RankDump> ranks;
+};
+
+constexpr int64_t kMaxDumpBytes = 64 << 20;
+
+bool ReadDump(const std::string& path, std::map<std::string, Group>* groups) {
+  sk::StatusOr<std::string> text = sk::ReadFileBounded(path, kMaxDumpBytes, "flight recorder dump");
+  if (!text.ok()) {
+    std::fprintf(stderr, "flight_merge: %s\n", text.status().ToString().c_str());
+    return false;
+  }
+  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "shardkit.flight_recorder" ||
+      !j.contains("entries") || !j["entries"].is_array() || !j["rank"].is_number_integer() ||
+      !j["size"].is_number_integer() || !j["group"].is_string()) {
+    std::fprintf(stderr, "flight_merge: '%s' is not a flight recorder dump\n", path.c_str());
+    return false;
+  }
+  Group& g = (*groups)[j["group"].get<std::string>()];
+  g.backend = j.value("backend", "");
+  g.size = j["size"].get<int>();
+  RankDump d;
+  d.rank = j["rank"].get<int>();
+  d.dumped_at_us = j.value("dumped_at_us", int64_t{0});
+  d.reason = j.value("reason", "");
+  for (const json& je : j["entries"]) {
+    if (!je.is_object() || !je.contains("seq") || !je["seq"].is_number_integer()) continue;
+    Entry e;
+    e.seq = je["seq"].get<int64_t>();
+    e.call = je.value("call", "");
+    e.label = je.value("label", "");
+    e.state = je.value("state", "");
+    e.error = je.value("error", "");
+    e.enqueued_us = je.value("enqueued_us", int64_t{0});
+    e.started_us = je.value("started_us", int64_t{0});
+    e.ended_us = je.value("ended_us", int64_t{0});
+    d.entries[e.seq] = e;
+  }
+  g.ranks[d.rank] = std::move(d);
+  return true;
+}
+
+// "all_gather #4 (f32, 1 -> 2)" without the "#4": calls compared across ranks.
+std::string CallShape(const std::string& call) {
+  size_t hash = call.find(" #");
+  if (hash == std::string::npos) return call;
+  size_t end = call.find(' ', hash + 2);
+  return call.substr(0, hash) + (end == std::string::npos ? "" : call.substr(end));
+}
+
+std::string Ranks(const std::vector<int>& r) {
+  std::string s;
+  for (size_t i = 0; i < r.size(); ++i) s += (i ? "," : "") + std::to_string(r[i]);
+  return s;
+}
+
+std::string Describe(const Entry& e) {
+  std::string s = e.call;
+  if (!e.label.empty()) s += " [" + e.label + "]";
+  return s;
+}
+
+void Report(const std::string& name, const Group& g) {
+  std::printf("group '%s' (%s, %d ranks): dumps from ranks ", name.c_str(), g.backend.c_str(), g.size);
+  std::vector<int> dumped, missing;
+  for (int r = 0; r < g.size; ++r) (g.ranks.count(r) ? dumped : missing).push_back(r);
+  std::printf("%s", Ranks(dumped).c_str());
+  if (!missing.empty()) std::printf("; no dump from ranks %s (dead, hung, or not dumping)", Ranks(missing).c_str());
+  std::printf("\n");
+
+  int64_t common = INT64_MAX, newest = -1;
+  for (const auto& [r, d] : g.ranks) {
+    common = std::min(common, d.last_completed());
+    newest = std::max(newest, d.last_issued());
+  }
+  if (g.ranks.empty()) return;
+  if (common >= 0) std::printf("  every dumped rank completed collectives through #%lld\n", (long long)common);
+  const int64_t open = common + 1;
+  std::set<int> behind(missing.begin(), missing.end());
+  if (open <= newest) {
+    std::printf("  first collective not completed everywhere: #%lld\n", (long long)open);
+    for (const auto& [r, d] : g.ranks) {
+      auto it = d.entries.find(open);
+      if (it == d.entries.end()) {
+        std::printf("    rank %d: never issued it (last issued #%lld)\n", r, (long long)d.last_issued());
+        behind.insert(r);
+        continue;
+      }
+      const Entry& e = it->second;
+      std::printf("    rank %d: %s, %s", r, Describe(e).c_str(), e.state.c_str());
+      const int64_t from = e.started_us ? e.started_us : e.enqueued_us;
+      const int64_t to = e.ended_us ? e.ended_us : d.dumped_at_us;
+      if (from > 0 && to >= from) std::printf(" for %.1f s", (to - from) / 1e6);
+      if (!e.error.empty()) std::printf(": %s", e.error.c_str());
+      std::printf("\n");
+    }
+  } else {
+    std::printf("  every dumped rank completed everything it issued\n");
+  }
+  // The first sequence number whose calls differ between ranks.
+  std::map<int64_t, std::map<std::string, std::vector<int>>> calls;
+  for (const auto& [r, d] : g.ranks) {
+    for (const auto& [seq, e] : d.entries) calls[seq][CallShape(e.call)].push_back(r);
+  }
+  for (const auto& [seq, by_call] : calls) {
+    if (by_call.size() < 2) continue;
+    std::printf("  desync at #%lld:", (long long)seq);
+    for (const auto& [call, ranks] : by_call) std::printf(" ranks %s called %s;", Ranks(ranks).c_str(), call.c_str());
+    std::printf("\n");
+    break;
+  }
+  if (behind.empty()) {
+    std::printf("  verdict: no rank is behind\n");
+  } else {
+    std::printf("  verdict: behind: ranks %s\n", Ranks(std::vector<int>(behind.begin(), behind.end())).c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: flight_merge DIR_OR_FILE...\n");
+    return 2;
+  }
+  std::map<std::string, Group> groups;
+  bool ok = true;
+  for (int i = 1; i < argc; ++i) {
+    std::error_code ec;
+    if (fs::is_directory(argv[i], ec)) {
+      std::vector<std::string> files;
+      for (const auto& e : fs::directory_iterator(argv[i], ec)) {
+        if (e.path().extension() == ".json") files.push_back(e.path().string());
+      }
+      std::sort(files.begin(), files.end());
+      for (const std::string& f : files) ok = ReadDump(f, &groups) && ok;
+    } else {
+      ok = ReadDump(argv[i], &groups) && ok;
+    }
+  }
+  if (groups.empty()) {
+    std::fprintf(stderr, "flight_merge: no dumps found\n");
+    return 2;
+  }
+  for (const auto& [name, g] : groups) Report(name, g);
+  return ok ? 0 : 2;
+}
