@@ -1,0 +1,221 @@
+// SimProcessGroup: collectives on virtual time, priced by the topology and
+// sharing the simulated GPU's links; Work semantics as on real backends.
+#include "runtime/sim/sim_process_group.h"
+
+#include <gtest/gtest.h>
+
+#include "runtime/comm/device_mesh.h"
+#include "runtime/device/device.h"
+#include "runtime/sim/profile.h"
+#include "runtime/sim/sim_device.h"
+
+namespace sk::sim {
+namespace {
+
+using comm::CollectiveKind;
+using comm::DeviceMesh;
+using comm::LinkAlgorithm;
+using comm::LinkProtocol;
+using comm::ProcessGroup;
+using comm::Work;
+
+constexpr double kUs = 1e-6;
+constexpr double kLaunch = 5 * kUs;
+
+comm::NetworkProfile A100() {
+  auto p = LoadProfile("a100-80g");
+  CHECK(p.ok()) << p.status();
+  auto n = ParseNetworkProfile(p->network);
+  CHECK(n.ok()) << n.status();
+  n->name = "a100-80g";
+  return *n;
+}
+
+// Each test its own device index (devices are process-wide), indices above
+// those of sim_device_test.
+SimDevice* Fresh(int index) {
+  StatusOr<SimDevice*> d = SimDevice::Get(100 + index);
+  CHECK(d.ok()) << d.status();
+  SimDeviceSpec spec;
+  spec.name = "a100-80g";
+  spec.launch_overhead_s = kLaunch;
+  CHECK(d.value()->Configure(spec).ok());
+  d.value()->ResetClocks();
+  return *d;
+}
+
+std::unique_ptr<Stream> MakeStream(SimDevice* d, const char* name) {
+  return std::move(d->CreateStream(name)).value();
+}
+
+// A sim tensor: a virtual address, no data.
+Tensor SimTensor(SimDevice* d, int64_t numel) {
+  void* p = d->RawAllocate(numel * 4).value();
+  return Tensor::Wrap(p, DType::kF32, Shape({numel}), d->id()).value();
+}
+
+std::unique_ptr<SimProcessGroup> World(int n) {
+  auto g = SimProcessGroup::Create(A100(), n);
+  CHECK(g.ok()) << g.status();
+  return std::move(g).value();
+}
+
+double EndOf(const Work& w) { return static_cast<const SimEvent&>(w.event()).time_s(); }
+
+std::shared_ptr<Work> Ok(StatusOr<std::shared_ptr<Work>> w) {
+  EXPECT_TRUE(w.ok()) << w.status();
+  return w.ok() ? *w : nullptr;
+}
+
+TEST(SimProcessGroup, RingAllReduceInsideANodeTakesTheClosedForm) {
+  SimDevice* d = Fresh(1);
+  auto world = World(8);
+  EXPECT_EQ(world->backend_name(), "sim");
+  EXPECT_EQ(world->label(), "sim (a100-80g: 8 ranks on 1 node (8 per node))");
+  auto s = MakeStream(d, "comm");
+  const int64_t numel = int64_t{64} << 20;  // 256 MiB of f32
+  Tensor t = SimTensor(d, numel);
+  auto work = Ok(world->all_reduce(t, *s));
+  // Ring/Simple over NVLink (12 links x 20 GB/s): 2(n-1) = 14 steps of
+  // 3.4 us after 8.4 us, and 2(n-1)/n of the bytes at 240 GB/s.
+  const double closed_form = (8.4 + 14 * 3.4) * kUs + 2.0 * 7 / 8 * numel * 4 / 240e9;
+  EXPECT_NEAR(EndOf(*work), kLaunch + closed_form, 1e-12);
+  EXPECT_NE(work->description().find("ring/simple"), std::string::npos) << work->description();
+  // The host ran ahead; waiting brings it to the collective's end.
+  EXPECT_FALSE(work->is_completed());
+  EXPECT_NEAR(d->HostClock(), kLaunch, 1e-12);
+  ASSERT_TRUE(work->wait(std::chrono::milliseconds(1000)).ok());
+  EXPECT_TRUE(work->is_completed());
+  EXPECT_NEAR(d->HostClock(), kLaunch + closed_form, 1e-12);
+}
+
+TEST(SimProcessGroup, CrossingNodesIsSlowerThanStayingInside) {
+  SimDevice* d = Fresh(2);
+  auto s = MakeStream(d, "comm");
+  const int64_t shard = int64_t{16} << 20;
+  double busbw[2];
+  int i = 0;
+  for (int n : {8, 16}) {
+    auto world = World(n);
+    Tensor in = SimTensor(d, shard);
+    Tensor out = SimTensor(d, shard * n);
+    const double start = d->HostClock();
+    auto work = Ok(world->all_gather(out, in, *s));
+    ASSERT_TRUE(work->wait().ok());
+    const double seconds = EndOf(*work) - start - kLaunch;
+    busbw[i++] = out.nbytes() * comm::BusBandwidthFactor(CollectiveKind::kAllGather, n) / seconds;
+  }
+  // NVLink's 240 GB/s inside a node; across two, the node's 8 x 25 GB/s NICs.
+  EXPECT_GT(busbw[0], 230e9);
+  EXPECT_LT(busbw[0], 240e9);
+  EXPECT_GT(busbw[1], 190e9);
+  EXPECT_LT(busbw[1], 200e9);
+}
+
+TEST(SimProcessGroup, HybridMeshShardsOverNvlinkAndReplicatesOverTheNics) {
+  SimDevice* d = Fresh(3);
+  auto world = World(64);
+  auto mesh = DeviceMesh::Create(*world, /*replicate=*/8, /*shard=*/8);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  auto& shard = static_cast<SimProcessGroup&>((*mesh)->shard_group());
+  auto& replica = static_cast<SimProcessGroup&>((*mesh)->replicate_group());
+  EXPECT_EQ(shard.placement().nodes, 1);
+  EXPECT_EQ(shard.placement().ranks, 8);
+  EXPECT_EQ(replica.placement().nodes, 8);
+  EXPECT_EQ(replica.placement().min_ranks_per_node, 1);
+  EXPECT_EQ(replica.positions(), (std::vector<int>{0, 8, 16, 24, 32, 40, 48, 56}));
+  auto gather_stream = MakeStream(d, "all_gather");
+  auto reduce_stream = MakeStream(d, "all_reduce");
+  const int64_t n = int64_t{32} << 20;
+  Tensor in = SimTensor(d, n);
+  Tensor out = SimTensor(d, 8 * n);
+  Tensor grad = SimTensor(d, n);
+  auto ag = Ok(shard.all_gather(out, in, *gather_stream));
+  auto ar = Ok(replica.all_reduce(grad, *reduce_stream));
+  auto ag_plan = shard.Plan(CollectiveKind::kAllGather, out.nbytes());
+  auto ar_plan = replica.Plan(CollectiveKind::kAllReduce, grad.nbytes());
+  // One GPU per node in the replica group: its share of the node's NICs is one NIC.
+  ASSERT_EQ(ar_plan->protocol, LinkProtocol::kSimple);
+  EXPECT_DOUBLE_EQ(ar_plan->bus_bytes_per_s, 25e9);
+  EXPECT_DOUBLE_EQ(ag_plan->bus_bytes_per_s, 240e9);
+  // Different links: neither slows the other (launched 5 us apart).
+  EXPECT_NEAR(EndOf(*ag), kLaunch + ag_plan->seconds(), 1e-12);
+  EXPECT_NEAR(EndOf(*ar), 2 * kLaunch + ar_plan->seconds(), 1e-12);
+}
+
+TEST(SimProcessGroup, ConcurrentCollectivesShareALinkAndStreamsWaitOnTheirWork) {
+  SimDevice* d = Fresh(4);
+  auto world = World(8);
+  auto gather_stream = MakeStream(d, "all_gather");
+  auto reduce_stream = MakeStream(d, "reduce_scatter");
+  auto compute = MakeStream(d, "compute");
+  const int64_t n = int64_t{32} << 20;
+  Tensor in = SimTensor(d, n), out = SimTensor(d, 8 * n);
+  Tensor grads = SimTensor(d, 8 * n), shard = SimTensor(d, n);
+  auto ag = Ok(world->all_gather(out, in, *gather_stream));
+  auto rs = Ok(world->reduce_scatter(shard, grads, *reduce_stream));
+  auto plan = world->Plan(CollectiveKind::kAllGather, out.nbytes());
+  ASSERT_EQ(plan->algorithm, LinkAlgorithm::kRing);
+  const double transfer = plan->bus_bytes / plan->bus_bytes_per_s;
+  EXPECT_NEAR(EndOf(*ag), kLaunch + plan->seconds(), 1e-12);
+  // The reduce-scatter (same bytes on the link) waits for the link: the two
+  // together take as long as the link needs to carry both.
+  EXPECT_NEAR(EndOf(*rs), EndOf(*ag) + transfer, 1e-9);
+  // FSDP's pattern: compute waits on the reduce-scatter's event, not the host.
+  ASSERT_TRUE(compute->WaitEvent(rs->event()).ok());
+  ASSERT_TRUE(d->EnqueueSpan(*compute, "optimizer", 1e-3).ok());
+  EXPECT_NEAR(d->StreamClock(*compute), EndOf(*rs) + 1e-3, 1e-12);
+  EXPECT_LT(d->HostClock(), EndOf(*ag));
+}
+
+TEST(SimProcessGroup, TheSameScheduleTwiceGivesTheSameTimes) {
+  SimDevice* d = Fresh(5);
+  auto run = [&] {
+    d->ResetClocks();
+    auto world = World(128);
+    auto mesh = DeviceMesh::Create(*world, 16, 8);
+    CHECK(mesh.ok());
+    auto a = MakeStream(d, "a");
+    auto b = MakeStream(d, "b");
+    std::vector<double> ends;
+    for (int i = 0; i < 20; ++i) {
+      const int64_t n = (int64_t{1} << 16) * (1 + i % 5);
+      Tensor in = SimTensor(d, n), out = SimTensor(d, 8 * n);
+      auto ag = Ok((*mesh)->shard_group().all_gather(out, in, *a));
+      auto ar = Ok((*mesh)->replicate_group().all_reduce(in, *b));
+      auto wr = Ok(world->all_reduce(out, i % 2 ? *a : *b));
+      ends.push_back(EndOf(*ag));
+      ends.push_back(EndOf(*ar));
+      ends.push_back(EndOf(*wr));
+    }
+    return ends;
+  };
+  EXPECT_EQ(run(), run());
+}
+
+TEST(SimProcessGroup, BadInputIsRefusedWithItsReason) {
+  SimDevice* d = Fresh(6);
+  EXPECT_EQ(SimProcessGroup::Create(A100(), 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SimProcessGroup::Create(A100(), 4, 4).status().code(), StatusCode::kInvalidArgument);
+  comm::NetworkProfile bad = A100();
+  bad.nic_gbps = 0;
+  EXPECT_EQ(SimProcessGroup::Create(bad, 4).status().code(), StatusCode::kInvalidArgument);
+  auto world = World(16);
+  // A sub-group must contain the calling rank.
+  EXPECT_EQ(world->NewGroup({1, 2}).status().code(), StatusCode::kInvalidArgument);
+  // A CPU stream is not a sim stream.
+  auto cpu = Device::Get(DeviceId::Cpu(0));
+  ASSERT_TRUE(cpu.ok());
+  auto cpu_stream = std::move((*cpu)->CreateStream("cpu")).value();
+  float x = 0;
+  Tensor host = Tensor::Wrap(&x, DType::kF32, Shape({1})).value();
+  auto on_cpu = world->all_reduce(host, *cpu_stream);
+  EXPECT_EQ(on_cpu.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(on_cpu.status().message().find("sim streams only"), std::string::npos) << on_cpu.status();
+  // The shared validation still applies: a CPU tensor on a sim stream.
+  auto s = MakeStream(d, "comm");
+  EXPECT_EQ(world->all_reduce(host, *s).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sk::sim
