@@ -29,6 +29,7 @@
 #include "runtime/nn/data.h"
 #include "runtime/nn/kernels.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 
 namespace sk {
@@ -242,7 +243,7 @@ void BM_TrainStep(benchmark::State& state, const char* name, int64_t batch, int6
       state.SkipWithError(loss.status().ToString().c_str());
       return;
     }
-    if (!sgd->Step(refs).ok()) {
+    if (!sgd->Step(ops::HostContext(), refs).ok()) {
       state.SkipWithError("sgd failed");
       return;
     }

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <set>
 
 #include "runtime/core/trace.h"
 #include "runtime/nn/init.h"
+#include "runtime/ops/ops.h"
 
 namespace sk {
 
@@ -93,6 +93,7 @@ Status DistributedDataParallel::Init() {
   SK_ASSIGN_OR_RETURN(reduce_stream_, device->CreateStream("reduce" + tag));
   SK_ASSIGN_OR_RETURN(compute_stream_, device->CreateStream("compute" + tag));
   compute_allocator_ = std::make_unique<StreamAllocator>(allocator_, compute_stream_.get());
+  ctx_ = ops::OpContext{device, compute_stream_.get(), compute_allocator_.get()};
 
   // Bucket assignment, in the order gradients become final.
   where_.resize(units_.size());
@@ -122,8 +123,8 @@ Status DistributedDataParallel::Init() {
     b.units_pending = static_cast<int>(b.units.size());
     SK_ASSIGN_OR_RETURN(b.params, compute_allocator_->Empty(DType::kF32, Shape{b.numel}));
     SK_ASSIGN_OR_RETURN(b.grads, compute_allocator_->Empty(DType::kF32, Shape{b.numel}));
-    std::memset(b.params.data(), 0, b.params.nbytes());
-    std::memset(b.grads.data(), 0, b.grads.nbytes());
+    SK_RETURN_IF_ERROR(ops::Fill(ctx_, b.params, 0.f));
+    SK_RETURN_IF_ERROR(ops::Fill(ctx_, b.grads, 0.f));
     // The reduce stream reads and writes the gradients in place.
     SK_RETURN_IF_ERROR(allocator_->RecordStream(*b.grads.storage(), reduce_stream_.get()));
     if (options_.compute_dtype != DType::kF32) {
@@ -134,10 +135,11 @@ Status DistributedDataParallel::Init() {
     for (size_t i = 0; i < units_[u].params.size(); ++i) {
       const ParamSpec& spec = units_[u].params[i];
       const Location& at = where_[u][i];
-      SK_RETURN_IF_ERROR(InitializeSlice(spec.init, options_.seed,
-                                         ParamIdFromName(FullParamName(units_[u], spec)), 0,
-                                         spec.shape.numel(),
-                                         buckets_[at.bucket].params.data_as<float>() + at.offset));
+      SK_ASSIGN_OR_RETURN(Tensor view, buckets_[at.bucket].params.View(
+                                           static_cast<size_t>(at.offset) * sizeof(float),
+                                           DType::kF32, Shape{spec.shape.numel()}));
+      SK_RETURN_IF_ERROR(ops::InitPhilox(ctx_, spec.init, options_.seed,
+                                         ParamIdFromName(FullParamName(units_[u], spec)), 0, view));
     }
   }
   SK_RETURN_IF_ERROR(RefreshComputeCopies());
@@ -148,8 +150,7 @@ Status DistributedDataParallel::Init() {
 Status DistributedDataParallel::RefreshComputeCopies() {
   for (Bucket& b : buckets_) {
     if (!b.compute.defined()) continue;
-    SK_RETURN_IF_ERROR(ConvertElements(b.params.data(), DType::kF32, b.compute.data(),
-                                       b.compute.dtype(), static_cast<size_t>(b.numel)));
+    SK_RETURN_IF_ERROR(ops::Cast(ctx_, b.params, b.compute));
   }
   return OkStatus();
 }
@@ -317,7 +318,7 @@ Status DistributedDataParallel::Fail(Status s) {
   reduce_stream_->ClearError();
   for (Bucket& b : buckets_) {
     b.units_pending = static_cast<int>(b.units.size());
-    std::memset(b.grads.data(), 0, b.grads.nbytes());
+    ops::Fill(ctx_, b.grads, 0.f).IgnoreError();  // valid operands, idle streams: cannot fail
   }
   std::fill(state_.begin(), state_.end(), UnitState::kIdle);
   return s;
@@ -355,9 +356,9 @@ StatusOr<double> DistributedDataParallel::ClipGradNorm(double max_norm, NormType
   std::vector<Tensor> grads;
   for (const Bucket& b : buckets_) grads.push_back(b.grads);
   // Padding is zero and changes neither norm.
-  SK_ASSIGN_OR_RETURN(double partial, LocalGradNormPartial(grads, type));
+  SK_ASSIGN_OR_RETURN(double partial, LocalGradNormPartial(ctx_, grads, type));
   const double norm = FinishGradNorm(partial, type);
-  if (max_norm > 0) SK_RETURN_IF_ERROR(ClipGradientsToNorm(grads, norm, max_norm).status());
+  if (max_norm > 0) SK_RETURN_IF_ERROR(ClipGradientsToNorm(ctx_, grads, norm, max_norm).status());
   return norm;
 }
 
@@ -367,7 +368,7 @@ Status DistributedDataParallel::OptimizerStep(Optimizer& optimizer) {
   for (int b = 0; b < num_buckets(); ++b) {
     refs.push_back(ShardRef{b, buckets_[b].params, buckets_[b].grads});
   }
-  SK_RETURN_IF_ERROR(optimizer.Step(refs));
+  SK_RETURN_IF_ERROR(optimizer.Step(ctx_, refs));
   // A forward-only pass may have left units forward-done: the step ends it.
   std::fill(state_.begin(), state_.end(), UnitState::kIdle);
   return RefreshComputeCopies();
@@ -379,7 +380,7 @@ void DistributedDataParallel::ZeroGrad() {
     Fail(s).IgnoreError();  // zeroes the gradients too
     return;
   }
-  for (Bucket& b : buckets_) std::memset(b.grads.data(), 0, b.grads.nbytes());
+  for (Bucket& b : buckets_) ops::Fill(ctx_, b.grads, 0.f).IgnoreError();  // cannot fail
 }
 
 }  // namespace sk

@@ -34,6 +34,11 @@
 // bucket is still being reduced (a second backward without FinishBackward)
 // waits for that reduction first.
 //
+// Data goes through the op layer (runtime/ops) on the compute stream's
+// context: Fill and InitPhilox at creation, Cast into the compute-dtype copies,
+// Fill to zero gradients, SumOfSquares/MaxAbs and Scale for clipping and the
+// optimizer's fused updates; the averaging is the all-reduce's pre/post scale.
+//
 // Averaging. The all-reduce pre-divides by p and post-divides by N/p, with p
 // chosen as PyTorch FSDP chooses its gradient_predivide_factor (the largest
 // power of two with N % p == 0 and N / p > p), so DDP and FSDP average the
@@ -68,6 +73,7 @@
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/model.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/ops/backend.h"
 
 namespace sk {
 
@@ -200,6 +206,7 @@ class DistributedDataParallel final : public DataParallelModel {
   DdpOptions options_;
   std::unique_ptr<Stream> reduce_stream_, compute_stream_;
   std::unique_ptr<StreamAllocator> compute_allocator_;
+  ops::OpContext ctx_;  // the compute stream's (set by Init)
   std::vector<Bucket> buckets_;
   std::vector<std::vector<Location>> where_;  // [unit][param]
   std::vector<UnitState> state_;

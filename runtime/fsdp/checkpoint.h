@@ -45,8 +45,11 @@
 // naming the unit or parameter when the checkpoint is of another model or
 // optimizer, Unavailable for I/O failures while saving.
 //
-// Limits: master shards and optimizer state are read through host pointers
-// (CPU devices, or cpu_offload); a GPU build must stage them through the host.
+// Data: master shards and optimizer state are staged through host tensors
+// with the op layer's Copy on the model's compute stream (then synchronised),
+// and file bytes are copied or widened into staging with Copy/Cast on
+// ops::HostContext(), so the same code serves every device kind. The rank
+// agreement's short status messages travel in host tensors of their own.
 //
 // Thread safety: one call per rank at a time, on the rank's model thread.
 #ifndef SHARDKIT_RUNTIME_FSDP_CHECKPOINT_H_

@@ -1,6 +1,31 @@
 #include "runtime/fsdp/checkpoint_internal.h"
 
+#include "runtime/ops/ops.h"
+
 namespace sk::checkpoint_internal {
+
+StatusOr<Tensor> Slice(const Tensor& t, int64_t offset, int64_t n) {
+  SK_ASSIGN_OR_RETURN(Tensor flat, t.Reshape(Shape{t.numel()}));
+  return flat.View(static_cast<size_t>(offset) * DTypeSize(t.dtype()), t.dtype(), Shape{n});
+}
+
+StatusOr<Tensor> HostZeros(int64_t n) {
+  SK_ASSIGN_OR_RETURN(Tensor t, HostAllocator::Default().Empty(DType::kF32, Shape{n}));
+  SK_RETURN_IF_ERROR(ops::Fill(ops::HostContext(), t, 0.f));
+  return t;
+}
+
+Status CopyToHost(const FullyShardedModel& f, const Tensor& src, const Tensor& dst) {
+  const ops::OpContext& ctx = f.op_context();
+  SK_RETURN_IF_ERROR(ops::Copy(ctx, src, dst));
+  return ctx.stream->Synchronize(f.options().timeout).WithContext("copying to the host");
+}
+
+StatusOr<Tensor> ToHost(const FullyShardedModel& f, const Tensor& src) {
+  SK_ASSIGN_OR_RETURN(Tensor t, HostAllocator::Default().Empty(src.dtype(), src.shape()));
+  SK_RETURN_IF_ERROR(CopyToHost(f, src, t));
+  return t;
+}
 
 std::string MasterName(int unit) { return "units." + std::to_string(unit) + ".master"; }
 std::string OptimName(int unit, const std::string& state) {
@@ -62,19 +87,12 @@ bool IsWriter(FullyShardedModel& f) {
 Status Commit(const TrainingState& state, LoadedShards& loaded) {
   FullyShardedModel& f = *state.fsdp;
   for (int u = 0; u < f.num_units(); ++u) {
-    SK_RETURN_IF_ERROR(
-        f.LoadMasterShard(u, loaded.master[u].data(), static_cast<int64_t>(loaded.master[u].size()))
-            .WithContext("committing a loaded checkpoint"));
+    SK_RETURN_IF_ERROR(f.LoadMasterShard(u, loaded.master[u]).WithContext("committing a loaded checkpoint"));
   }
   if (loaded.has_optimizer && state.optimizer != nullptr) {
     for (int u = 0; u < f.num_units(); ++u) {
       const int64_t n = f.layout(u).shard_numel();
-      std::vector<Tensor> tensors;
-      for (auto& v : loaded.optim[u]) {
-        SK_ASSIGN_OR_RETURN(Tensor t, Tensor::Wrap(v.data(), DType::kF32, Shape{n}));
-        tensors.push_back(std::move(t));
-      }
-      SK_RETURN_IF_ERROR(state.optimizer->LoadState(u, n, loaded.optimizer_step[u], tensors)
+      SK_RETURN_IF_ERROR(state.optimizer->LoadState(f.op_context(), u, n, loaded.optimizer_step[u], loaded.optim[u])
                              .WithContext("committing a loaded checkpoint (the model is partly restored)"));
     }
   }

@@ -31,12 +31,27 @@ Status ValidateState(const TrainingState& state, const char* call);
 // True on the ranks that write files: replica 0 of each shard group.
 bool IsWriter(FullyShardedModel& f);
 
+// Host staging. Checkpoint files are host bytes: every value a checkpoint
+// reads or writes passes through host tensors. Copies between them and the
+// model's device use the model's op context (FullyShardedModel::op_context);
+// copies and casts between file bytes and staging use ops::HostContext().
+
+// The elements [offset, offset + n) of a tensor, flattened (a view).
+StatusOr<Tensor> Slice(const Tensor& t, int64_t offset, int64_t n);
+// A zeroed host f32 tensor of n elements.
+StatusOr<Tensor> HostZeros(int64_t n);
+// Copies `src` (the model's device or the host) into `dst` (host) with the
+// model's op context and waits for the copy.
+Status CopyToHost(const FullyShardedModel& f, const Tensor& src, const Tensor& dst);
+// A host copy of `src` (the model's device or the host).
+StatusOr<Tensor> ToHost(const FullyShardedModel& f, const Tensor& src);
+
 // Everything a load brings in, in this rank's new shard space, before it
 // touches the live model.
 struct LoadedShards {
-  std::vector<std::vector<float>> master;  // [unit][shard elem]
+  std::vector<Tensor> master;  // [unit]: host f32[shard]
   bool has_optimizer = false;
-  std::vector<std::vector<std::vector<float>>> optim;  // [unit][state][shard elem]
+  std::vector<std::vector<Tensor>> optim;  // [unit][state]: host f32[shard]
   std::vector<int64_t> optimizer_step;                 // [unit]
   int64_t step = 0;
 };

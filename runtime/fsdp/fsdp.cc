@@ -3,17 +3,35 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
+#include <functional>
 #include <set>
 
 #include "runtime/core/trace.h"
 #include "runtime/nn/init.h"
+#include "runtime/ops/ops.h"
 
 namespace sk {
 
 namespace {
 
 int64_t Bytes(const Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
+
+// Issues `op` with ctx on ctx.stream, from the thread that drives the model.
+// CPU ops run on the thread that plays their stream, so on cpu the op runs
+// in a closure on the stream's worker, in order with the collectives there;
+// other kinds (cuda enqueues, sim prices) take it from this thread directly.
+// The closure keeps what `op` captured alive until it has run.
+Status OnStream(const ops::OpContext& ctx, std::function<Status(const ops::OpContext&)> op) {
+  if (ctx.device->id().is_cpu()) {
+    return ctx.stream->Enqueue([ctx, op = std::move(op)]() { return op(ctx); });
+  }
+  return op(ctx);
+}
+
+// The elements [offset, offset + n) of a 1-D tensor of `t`'s dtype.
+StatusOr<Tensor> Slice(const Tensor& t, int64_t offset, int64_t n) {
+  return t.View(static_cast<size_t>(offset) * DTypeSize(t.dtype()), t.dtype(), Shape{n});
+}
 
 }  // namespace
 
@@ -212,6 +230,9 @@ Status FullyShardedModel::Init() {
   activation_allocator_ = std::make_unique<StreamAllocator>(allocator_, compute_stream_.get());
   ag_allocator_ = std::make_unique<StreamAllocator>(allocator_, ag_stream_.get());
   rs_allocator_ = std::make_unique<StreamAllocator>(allocator_, rs_stream_.get());
+  compute_ctx_ = ops::OpContext{device, compute_stream_.get(), activation_allocator_.get()};
+  ag_ctx_ = ops::OpContext{device, ag_stream_.get(), ag_allocator_.get()};
+  rs_ctx_ = ops::OpContext{device, rs_stream_.get(), rs_allocator_.get()};
   Allocator& shard_alloc = options_.cpu_offload ? *offload_ : *activation_allocator_;
 
   const int shard_rank = shard_group_->rank();
@@ -223,15 +244,15 @@ Status FullyShardedModel::Init() {
     const FlatParamLayout& layout = flat_[u].layout;
     SK_ASSIGN_OR_RETURN(flat_[u].master, shard_alloc.Empty(DType::kF32, Shape{layout.shard_numel()}));
     SK_ASSIGN_OR_RETURN(flat_[u].grad, shard_alloc.Empty(DType::kF32, Shape{layout.shard_numel()}));
-    float* master = flat_[u].master.data_as<float>();
-    std::memset(master, 0, flat_[u].master.nbytes());
-    std::memset(flat_[u].grad.data(), 0, flat_[u].grad.nbytes());
+    SK_RETURN_IF_ERROR(ops::Fill(compute_ctx_, flat_[u].master, 0.f));
+    SK_RETURN_IF_ERROR(ops::Fill(compute_ctx_, flat_[u].grad, 0.f));
     // Deferred initialisation: only this rank's slices are ever computed.
     for (const auto& s : layout.ShardSlices(shard_rank)) {
       const ParamSpec& spec = units_[u].params[s.param];
-      SK_RETURN_IF_ERROR(InitializeSlice(spec.init, options_.seed,
+      SK_ASSIGN_OR_RETURN(Tensor slice, Slice(flat_[u].master, s.shard_offset, s.param_end - s.param_begin));
+      SK_RETURN_IF_ERROR(ops::InitPhilox(compute_ctx_, spec.init, options_.seed,
                                          ParamIdFromName(FullParamName(units_[u], spec)),
-                                         s.param_begin, s.param_end, master + s.shard_offset));
+                                         s.param_begin, slice));
     }
   }
   if (ParamsPersistent()) {
@@ -287,8 +308,8 @@ Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
   // Cast (and, with offload, copy in) the master shard on the all-gather
   // stream, in stream order before the collective reads it.
   Tensor master = f.master;
-  SK_RETURN_IF_ERROR(ag_stream_->Enqueue([master, input, dt, shard]() {
-    return ConvertElements(master.data(), DType::kF32, input.data(), dt, static_cast<size_t>(shard));
+  SK_RETURN_IF_ERROR(OnStream(ag_ctx_, [master, input](const ops::OpContext& c) {
+    return ops::Cast(c, master, input);
   }));
   comm::CollectiveOptions co;
   co.timeout = options_.timeout;
@@ -360,7 +381,8 @@ Status FullyShardedModel::Fail(Status s) {
       f.gather_work.reset();
     }
     f.full_grad = Tensor();
-    std::memset(f.grad.data(), 0, f.grad.nbytes());
+    // The streams are idle now: zeroing on the compute context cannot race.
+    ops::Fill(compute_ctx_, f.grad, 0.f).IgnoreError();  // valid operands: cannot fail
   }
   return s;
 }
@@ -426,7 +448,8 @@ StatusOr<UnitBackwardBuffers> FullyShardedModel::PreBackward(int unit) {
   if (!f.full_grad.defined()) {
     StatusOr<Tensor> g = activation_allocator_->Empty(gdt, Shape{f.layout.padded_numel()});
     if (!g.ok()) return Fail(g.status());
-    std::memset(g->data(), 0, g->nbytes());
+    Status z = ops::Fill(compute_ctx_, *g, 0.f);
+    if (!z.ok()) return Fail(z);
     f.full_grad = std::move(*g);
   }
   for (const auto& p : f.layout.params()) {
@@ -485,8 +508,8 @@ Status FullyShardedModel::ReduceGradients(int unit) {
   if (rdt != gdt) {
     SK_ASSIGN_OR_RETURN(input, rs_allocator_->Empty(rdt, Shape{padded}));
     Tensor in = input;
-    SK_RETURN_IF_ERROR(rs_stream_->Enqueue([full_grad, in, gdt, rdt, padded]() {
-      return ConvertElements(full_grad.data(), gdt, in.data(), rdt, static_cast<size_t>(padded));
+    SK_RETURN_IF_ERROR(OnStream(rs_ctx_, [full_grad, in](const ops::OpContext& c) {
+      return ops::Cast(c, full_grad, in);
     }));
   }
   std::shared_ptr<comm::Work> last;
@@ -499,9 +522,8 @@ Status FullyShardedModel::ReduceGradients(int unit) {
       // The persistent full gradient is zeroed after its reduction: reduce a copy.
       SK_ASSIGN_OR_RETURN(reduced, rs_allocator_->Empty(rdt, Shape{padded}));
       Tensor dst = reduced;
-      SK_RETURN_IF_ERROR(rs_stream_->Enqueue([dst, input]() {
-        std::memcpy(dst.data(), input.data(), input.nbytes());
-        return OkStatus();
+      SK_RETURN_IF_ERROR(OnStream(rs_ctx_, [dst, input](const ops::OpContext& c) {
+        return ops::Copy(c, input, dst);
       }));
     } else {
       reduced = input;
@@ -538,24 +560,16 @@ Status FullyShardedModel::ReduceGradients(int unit) {
       counters_.replica_bytes += Bytes(reduced);
     }
   }
-  // Accumulate into the f32 gradient shard, in stream order after the reduction.
+  // Accumulate into the f32 gradient shard (widening from reduce_dtype), in
+  // stream order after the reduction.
   Tensor grad = f.grad;
-  SK_RETURN_IF_ERROR(rs_stream_->Enqueue([grad, reduced, rdt, shard]() {
-    float* g = grad.data_as<float>();
-    const void* src = reduced.data();
-    if (rdt == DType::kF32) {
-      const float* s = static_cast<const float*>(src);
-      for (int64_t i = 0; i < shard; ++i) g[i] += s[i];
-    } else {
-      for (int64_t i = 0; i < shard; ++i) g[i] += LoadAsFloat(src, rdt, static_cast<size_t>(i));
-    }
-    return OkStatus();
+  SK_RETURN_IF_ERROR(OnStream(rs_ctx_, [grad, reduced](const ops::OpContext& c) {
+    return ops::Axpy(c, 1.f, reduced, grad);
   }));
   if (ParamsPersistent()) {
     // SHARD_OPTIM and NO_SHARD keep their full gradient: clear it once read.
-    SK_RETURN_IF_ERROR(rs_stream_->Enqueue([full_grad]() {
-      std::memset(full_grad.data(), 0, full_grad.nbytes());
-      return OkStatus();
+    SK_RETURN_IF_ERROR(OnStream(rs_ctx_, [full_grad](const ops::OpContext& c) {
+      return ops::Fill(c, full_grad, 0.f);
     }));
   } else {
     f.full_grad = Tensor();  // the reduce stream's closures keep it alive until read
@@ -591,7 +605,7 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
   SK_RETURN_IF_ERROR(FinishBackward());
   std::vector<Tensor> grads;
   for (const FlatUnit& f : flat_) grads.push_back(f.grad);
-  SK_ASSIGN_OR_RETURN(double partial, LocalGradNormPartial(grads, type));
+  SK_ASSIGN_OR_RETURN(double partial, LocalGradNormPartial(compute_ctx_, grads, type));
   // Replicas hold identical shards: combine over the shard group only.
   comm::ProcessGroup& g = *shard_group_;
   double combined = partial;
@@ -601,18 +615,19 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
     SK_ASSIGN_OR_RETURN(Tensor mine, activation_allocator_->Empty(DType::kF32, Shape{1}));
     SK_ASSIGN_OR_RETURN(Tensor all, activation_allocator_->Empty(DType::kF32, Shape{g.size()}));
     // Send the partial as f32: its relative error (1e-7) is far below any use.
-    mine.data_as<float>()[0] = static_cast<float>(partial);
+    SK_RETURN_IF_ERROR(ops::Fill(compute_ctx_, mine, static_cast<float>(partial)));
     SK_ASSIGN_OR_RETURN(auto w, g.all_gather(all, mine, *compute_stream_, co));
     SK_RETURN_IF_ERROR(w->wait(options_.timeout).WithContext("clip_grad_norm"));
     combined = 0;
     for (int i = 0; i < g.size(); ++i) {
-      double v = all.data_as<float>()[i];
+      SK_ASSIGN_OR_RETURN(Tensor one, Slice(all, i, 1));
+      SK_ASSIGN_OR_RETURN(double v, ops::ReadScalar(compute_ctx_, one));
       combined = type == NormType::kL2 ? combined + v : std::max(combined, v);
     }
   }
   double norm = FinishGradNorm(combined, type);
   if (max_norm > 0) {
-    SK_RETURN_IF_ERROR(ClipGradientsToNorm(grads, norm, max_norm).status());
+    SK_RETURN_IF_ERROR(ClipGradientsToNorm(compute_ctx_, grads, norm, max_norm).status());
   }
   return norm;
 }
@@ -623,7 +638,7 @@ Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
   for (int u = 0; u < num_units(); ++u) {
     refs.push_back(ShardRef{u, flat_[u].master, flat_[u].grad});
   }
-  SK_RETURN_IF_ERROR(optimizer.Step(refs));
+  SK_RETURN_IF_ERROR(optimizer.Step(compute_ctx_, refs));
   if (ParamsPersistent()) {
     // The full parameters are stale: gather the updated shards.
     for (int u = 0; u < num_units(); ++u) {
@@ -646,11 +661,12 @@ Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
 
 void FullyShardedModel::ZeroGrad() {
   WaitPendingReductions().IgnoreError();
+  // Valid operands on an idle reduce stream: these fills cannot fail.
   for (FlatUnit& f : flat_) {
-    std::memset(f.grad.data(), 0, f.grad.nbytes());
+    ops::Fill(compute_ctx_, f.grad, 0.f).IgnoreError();
     if (f.full_grad.defined()) {
       if (ParamsPersistent()) {
-        std::memset(f.full_grad.data(), 0, f.full_grad.nbytes());
+        ops::Fill(compute_ctx_, f.full_grad, 0.f).IgnoreError();
       } else {
         f.full_grad = Tensor();
       }
@@ -667,16 +683,23 @@ StatusOr<Tensor> FullyShardedModel::GatherFullParam(int unit, int param) {
   }
   const int64_t shard = f.layout.shard_numel();
   SK_ASSIGN_OR_RETURN(Tensor full, ag_allocator_->Empty(DType::kF32, Shape{f.layout.padded_numel()}));
-  SK_ASSIGN_OR_RETURN(Tensor input, full.View(static_cast<size_t>(shard_group_->rank() * shard) * 4,
-                                              DType::kF32, Shape{shard}));
-  std::memcpy(input.data(), f.master.data(), f.master.nbytes());
+  SK_ASSIGN_OR_RETURN(Tensor input, Slice(full, shard_group_->rank() * shard, shard));
+  const auto& p = f.layout.params()[param];
+  SK_ASSIGN_OR_RETURN(Tensor out, HostAllocator::Default().Empty(DType::kF32, p.shape));
+  SK_ASSIGN_OR_RETURN(Tensor src, full.View(static_cast<size_t>(p.offset) * 4, DType::kF32, p.shape));
+  // Copy in, gather and copy out to the host, all in all-gather stream order.
+  Tensor master = f.master;
+  SK_RETURN_IF_ERROR(OnStream(ag_ctx_, [master, input](const ops::OpContext& c) {
+    return ops::Copy(c, master, input);
+  }));
   comm::CollectiveOptions co;
   co.timeout = options_.timeout;
   SK_ASSIGN_OR_RETURN(auto w, shard_group_->all_gather(full, input, *ag_stream_, co));
+  SK_RETURN_IF_ERROR(OnStream(ag_ctx_, [src, out](const ops::OpContext& c) {
+    return ops::Copy(c, src, out);
+  }));
   SK_RETURN_IF_ERROR(w->wait(options_.timeout));
-  const auto& p = f.layout.params()[param];
-  SK_ASSIGN_OR_RETURN(Tensor out, HostAllocator::Default().Empty(DType::kF32, p.shape));
-  std::memcpy(out.data(), full.data_as<float>() + p.offset, out.nbytes());
+  SK_RETURN_IF_ERROR(ag_stream_->Synchronize(options_.timeout).WithContext("GatherFullParam"));
   return out;
 }
 
@@ -694,10 +717,12 @@ Status FullyShardedModel::LoadFullParams(int unit, const std::vector<Tensor>& pa
                                   specs[i].shape.ToString() + ", got " + params[i].ToString());
     }
   }
-  float* master = f.master.data_as<float>();
   for (const auto& s : f.layout.ShardSlices(shard_group_->rank())) {
-    std::memcpy(master + s.shard_offset, params[s.param].data_as<float>() + s.param_begin,
-                static_cast<size_t>(s.param_end - s.param_begin) * 4);
+    const int64_t n = s.param_end - s.param_begin;
+    SK_ASSIGN_OR_RETURN(Tensor flat, params[s.param].Reshape(Shape{params[s.param].numel()}));
+    SK_ASSIGN_OR_RETURN(Tensor src, Slice(flat, s.param_begin, n));
+    SK_ASSIGN_OR_RETURN(Tensor dst, Slice(f.master, s.shard_offset, n));
+    SK_RETURN_IF_ERROR(ops::Copy(compute_ctx_, src, dst));
   }
   if (ParamsPersistent()) {
     SK_RETURN_IF_ERROR(Regather(unit));
@@ -705,15 +730,14 @@ Status FullyShardedModel::LoadFullParams(int unit, const std::vector<Tensor>& pa
   return OkStatus();
 }
 
-Status FullyShardedModel::LoadMasterShard(int unit, const float* data, int64_t n) {
+Status FullyShardedModel::LoadMasterShard(int unit, const Tensor& shard) {
   SK_RETURN_IF_ERROR(CheckUnit(unit, "LoadMasterShard"));
   FlatUnit& f = flat_[unit];
-  if (n != f.layout.shard_numel() || (n > 0 && data == nullptr)) {
-    return InvalidArgumentError("master shard of unit '" + units_[unit].name + "' has " +
-                                std::to_string(f.layout.shard_numel()) + " elements, got " +
-                                std::to_string(n));
+  if (!shard.defined() || shard.dtype() != DType::kF32 || shard.numel() != f.layout.shard_numel()) {
+    return InvalidArgumentError("master shard of unit '" + units_[unit].name + "' is f32[" +
+                                std::to_string(f.layout.shard_numel()) + "], got " + shard.ToString());
   }
-  std::memcpy(f.master.data(), data, static_cast<size_t>(n) * 4);
+  SK_RETURN_IF_ERROR(ops::Copy(compute_ctx_, shard, f.master).WithContext("LoadMasterShard"));
   if (ParamsPersistent()) {
     SK_RETURN_IF_ERROR(Regather(unit));
   }

@@ -44,6 +44,19 @@
 // that run-ahead, and "off" (0) prefetches every remaining unit at once,
 // which reproduces the over-allocation. A unit needed now is always gathered.
 //
+// Data. FSDP touches tensor data only through the op layer (runtime/ops), each
+// op naming the stream it belongs to: on the all-gather stream the cast of the
+// master shard into the gathered buffer (Cast, f32 -> param_dtype); on the
+// reduce stream the cast of the full gradient to reduce_dtype (Cast), the
+// copy a persistent full gradient is reduced from (Copy), the accumulation of
+// the reduced shard into the f32 gradient shard (Axpy, widening) and the
+// zeroing of the persistent full gradient (Fill); on the compute stream
+// initialisation (Fill, InitPhilox), zeroing gradients (Fill), the grad-norm
+// partials (SumOfSquares/MaxAbs, ReadScalar), clipping (Scale) and the
+// optimizer's fused updates. On cpu an op for the all-gather or reduce stream
+// runs in a closure on that stream's worker (the CPU execution contract);
+// cuda enqueues and the simulator prices it on that stream.
+//
 // Mixed precision. param_dtype is what the model computes in (the gathered
 // flat parameter's dtype); reduce_dtype is what gradients are communicated in;
 // master shards, gradient shards and optimizer state are always f32.
@@ -74,6 +87,7 @@
 #include "runtime/fsdp/flat_param.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/model.h"
+#include "runtime/ops/backend.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/data_parallel.h"
 
@@ -221,16 +235,21 @@ class FullyShardedModel final : public DataParallelModel {
   }
   void ResetCounters() { counters_ = FsdpCounters(); }
 
-  // The full f32 value of parameter `param` of `unit` (collective over the
-  // shard group: every member calls it).
+  // The full f32 value of parameter `param` of `unit`, in host memory
+  // (collective over the shard group: every member calls it).
   StatusOr<Tensor> GatherFullParam(int unit, int param);
   // Overwrites the master shards from full f32 parameters (one per
-  // ParamSpec), keeping only this rank's slices. InvalidArgument on shape
+  // ParamSpec; host memory or this model's device), keeping only this rank's
+  // slices. InvalidArgument on shape
   // mismatch; nothing changes then.
   Status LoadFullParams(int unit, const std::vector<Tensor>& params);
-  // Overwrites the master shard of `unit` directly (checkpoint loading at the
-  // same layout). InvalidArgument on size mismatch.
-  Status LoadMasterShard(int unit, const float* data, int64_t n);
+  // Overwrites the master shard of `unit` from `shard` (f32[shard_numel], host
+  // memory or this model's device; checkpoint loading). InvalidArgument on a
+  // dtype or size mismatch; nothing changes then.
+  Status LoadMasterShard(int unit, const Tensor& shard);
+  // The op context of the compute stream (the calling thread on cpu): what
+  // checkpoints copy master shards and optimizer state with.
+  const ops::OpContext& op_context() const { return compute_ctx_; }
   // Shard group and replicate group of this rank (for checkpoints and tests).
   comm::ProcessGroup& shard_group() { return *shard_group_; }
   comm::ProcessGroup* replicate_group() { return replicate_group_.get(); }
@@ -287,6 +306,8 @@ class FullyShardedModel final : public DataParallelModel {
   std::unique_ptr<StreamAllocator> activation_allocator_;
   std::unique_ptr<StreamAllocator> ag_allocator_;
   std::unique_ptr<StreamAllocator> rs_allocator_;
+  // Op contexts of the three streams (set by Init).
+  ops::OpContext compute_ctx_, ag_ctx_, rs_ctx_;
   std::vector<FlatUnit> flat_;
   bool gradient_sync_ = true;
   float pre_scale_ = 1.f, post_scale_ = 1.f;

@@ -13,6 +13,7 @@
 #include "runtime/fsdp/checkpoint_internal.h"
 #include "runtime/fsdp/rank_agreement.h"
 #include "runtime/fsdp/safetensors.h"
+#include "runtime/ops/ops.h"
 
 // Full state dicts: SaveFullStateDict and LoadFullStateDict (see
 // checkpoint.h).
@@ -22,6 +23,9 @@ namespace sk {
 namespace {
 
 using checkpoint_internal::Commit;
+using checkpoint_internal::CopyToHost;
+using checkpoint_internal::HostZeros;
+using checkpoint_internal::Slice;
 using checkpoint_internal::JoinNames;
 using checkpoint_internal::LoadedShards;
 using checkpoint_internal::OptimizerKindName;
@@ -30,31 +34,20 @@ using checkpoint_internal::ValidateState;
 constexpr char kFullStateDictKind[] = "full_state_dict";
 
 
-StatusOr<std::vector<float>> WidenToF32(const SafeTensorsFile& sf, const std::string& name, const Shape& want,
-                                        const std::string& path, const std::string& what) {
+// The tensor `name` as a host f32 tensor, widened exactly from bf16/f16.
+StatusOr<Tensor> WidenToF32(const SafeTensorsFile& sf, const std::string& name, const Shape& want,
+                            const std::string& path, const std::string& what) {
   SK_ASSIGN_OR_RETURN(SafeTensorsFile::Info info, sf.info(name));
   if (info.shape != want) {
     return InvalidArgumentError(what + " '" + name + "' has shape " + info.shape.ToString() + " in '" + path +
                                 "' but " + want.ToString() + " in the model");
   }
-  SK_ASSIGN_OR_RETURN(const void* data, sf.data(name));
-  const size_t n = static_cast<size_t>(want.numel());
-  std::vector<float> out(n);
-  switch (info.dtype) {
-    case DType::kF32:
-      if (n > 0) std::memcpy(out.data(), data, n * sizeof(float));
-      break;
-    case DType::kBF16:
-      for (size_t i = 0; i < n; ++i) out[i] = BF16ToFloat(static_cast<const BF16*>(data)[i]);
-      break;
-    case DType::kF16:
-      for (size_t i = 0; i < n; ++i) out[i] = F16ToFloat(static_cast<const F16*>(data)[i]);
-      break;
-    case DType::kI32:
-    case DType::kF64:
-    case DType::kInvalid:
-      return InvalidArgumentError(what + " '" + name + "' in '" + path + "' has an invalid dtype");
+  if (info.dtype != DType::kF32 && info.dtype != DType::kBF16 && info.dtype != DType::kF16) {
+    return InvalidArgumentError(what + " '" + name + "' in '" + path + "' has an invalid dtype");
   }
+  SK_ASSIGN_OR_RETURN(Tensor src, sf.HostView(name));
+  SK_ASSIGN_OR_RETURN(Tensor out, HostAllocator::Default().Empty(DType::kF32, want));
+  SK_RETURN_IF_ERROR(ops::Cast(ops::HostContext(), src, out));
   return out;
 }
 
@@ -111,23 +104,27 @@ Status ReadFullStateDict(const std::string& path, const TrainingState& state, Lo
   for (int u = 0; u < f.num_units(); ++u) {
     const FlatParamLayout& l = f.layout(u);
     const auto slices = l.ShardSlices(shard_rank);
-    out->master[u].assign(static_cast<size_t>(l.shard_numel()), 0.f);
+    SK_ASSIGN_OR_RETURN(out->master[u], HostZeros(l.shard_numel()));
     int64_t ostep = 0;
     if (file_has_optim) SK_RETURN_IF_ERROR(parse_int("shardkit.optimizer.step." + std::to_string(u), &ostep));
     out->optimizer_step[u] = ostep;
     if (out->has_optimizer) {
-      out->optim[u].assign(file_states.size(), std::vector<float>(static_cast<size_t>(l.shard_numel()), 0.f));
+      for (size_t i = 0; i < file_states.size(); ++i) {
+        SK_ASSIGN_OR_RETURN(Tensor t, HostZeros(l.shard_numel()));
+        out->optim[u].push_back(std::move(t));
+      }
     }
     // Reads `name` (the full tensor of parameter p) into this rank's slices of `dst`.
-    auto take = [&](const std::string& name, int p, const std::string& what,
-                    std::vector<float>& dst) -> Status {
+    auto take = [&](const std::string& name, int p, const std::string& what, const Tensor& dst) -> Status {
       if (!sf.contains(name)) {
         return InvalidArgumentError(what + " '" + name + "' is missing from '" + path + "'");
       }
-      SK_ASSIGN_OR_RETURN(std::vector<float> full, WidenToF32(sf, name, l.params()[p].shape, path, what));
+      SK_ASSIGN_OR_RETURN(Tensor full, WidenToF32(sf, name, l.params()[p].shape, path, what));
       for (const auto& s : slices) {
         if (s.param != p) continue;
-        std::copy(full.begin() + s.param_begin, full.begin() + s.param_end, dst.begin() + s.shard_offset);
+        SK_ASSIGN_OR_RETURN(Tensor from, Slice(full, s.param_begin, s.param_end - s.param_begin));
+        SK_ASSIGN_OR_RETURN(Tensor to, Slice(dst, s.shard_offset, s.param_end - s.param_begin));
+        SK_RETURN_IF_ERROR(ops::Copy(ops::HostContext(), from, to));
       }
       return OkStatus();
     };
@@ -153,14 +150,14 @@ Status ReadFullStateDict(const std::string& path, const TrainingState& state, Lo
   return OkStatus();
 }
 
-// All-gathers a flat shard of `f`'s unit `unit` (f32, shard_numel elements)
-// into a full flat buffer.
-StatusOr<Tensor> GatherFlat(FullyShardedModel& f, Stream& stream, int unit, const float* shard) {
+// All-gathers a flat shard of `f`'s unit `unit` (f32, shard_numel elements,
+// on the model's device or the host) into a full flat host buffer.
+StatusOr<Tensor> GatherFlat(FullyShardedModel& f, Stream& stream, int unit, const Tensor& shard) {
   const FlatParamLayout& l = f.layout(unit);
   Allocator& host = HostAllocator::Default();
   SK_ASSIGN_OR_RETURN(Tensor in, host.Empty(DType::kF32, Shape{l.shard_numel()}));
   SK_ASSIGN_OR_RETURN(Tensor out, host.Empty(DType::kF32, Shape{l.padded_numel()}));
-  if (in.nbytes() > 0) std::memcpy(in.data(), shard, in.nbytes());
+  SK_RETURN_IF_ERROR(CopyToHost(f, shard, in));
   comm::CollectiveOptions co;
   co.timeout = f.options().timeout;
   SK_ASSIGN_OR_RETURN(auto work, f.shard_group().all_gather(out, in, stream, co));
@@ -201,7 +198,7 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& state, in
     }
   };
   for (int u = 0; u < f.num_units(); ++u) {
-    SK_ASSIGN_OR_RETURN(Tensor flat, GatherFlat(f, *stream, u, f.master_shard(u).data_as<float>()));
+    SK_ASSIGN_OR_RETURN(Tensor flat, GatherFlat(f, *stream, u, f.master_shard(u)));
     if (root) {
       add(flat, u, "");
       flats.push_back(std::move(flat));
@@ -211,17 +208,15 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& state, in
     meta["shardkit.optimizer.step." + std::to_string(u)] = std::to_string(ostep);
     if (ostep == 0) continue;
     for (const std::string& name : state_names) {
-      std::vector<float> zeros;
-      const float* shard = nullptr;
+      Tensor shard;
       StatusOr<Tensor> t = state.optimizer->State(u, name);
-      if (t.ok() && t->numel() == f.layout(u).shard_numel()) {
-        shard = t->data_as<float>();
+      if (t.ok() && t->dtype() == DType::kF32 && t->numel() == f.layout(u).shard_numel()) {
+        shard = *t;
       } else {
         if (local.ok()) {
           local = t.ok() ? InternalError("optimizer state '" + name + "' has the wrong size") : t.status();
         }
-        zeros.assign(static_cast<size_t>(f.layout(u).shard_numel()), 0.f);
-        shard = zeros.data();
+        SK_ASSIGN_OR_RETURN(shard, HostZeros(f.layout(u).shard_numel()));
       }
       SK_ASSIGN_OR_RETURN(Tensor oflat, GatherFlat(f, *stream, u, shard));
       if (root) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/file_io.h"
+#include "runtime/ops/ops.h"
 
 namespace sk {
 
@@ -225,10 +226,17 @@ StatusOr<const void*> SafeTensorsFile::data(const std::string& name) const {
   return static_cast<const void*>(bytes_.data() + data_start_ + i.offset);
 }
 
-StatusOr<Tensor> SafeTensorsFile::Load(const std::string& name, Allocator& allocator) const {
+StatusOr<Tensor> SafeTensorsFile::HostView(const std::string& name) const {
   SK_ASSIGN_OR_RETURN(Info i, info(name));
-  SK_ASSIGN_OR_RETURN(Tensor t, allocator.Empty(i.dtype, i.shape));
-  if (i.nbytes > 0) std::memcpy(t.data(), bytes_.data() + data_start_ + i.offset, i.nbytes);
+  char* data = const_cast<char*>(bytes_.data()) + data_start_ + i.offset;
+  return Tensor::Wrap(data, i.dtype, i.shape);
+}
+
+StatusOr<Tensor> SafeTensorsFile::Load(const std::string& name, const ops::OpContext& ctx) const {
+  if (ctx.alloc == nullptr) return InvalidArgumentError("SafeTensorsFile::Load: the op context has no allocator");
+  SK_ASSIGN_OR_RETURN(Tensor src, HostView(name));
+  SK_ASSIGN_OR_RETURN(Tensor t, ctx.alloc->Empty(src.dtype(), src.shape()));
+  SK_RETURN_IF_ERROR(ops::Copy(ctx, src, t).WithContext("loading '" + name + "' from '" + path_ + "'"));
   return t;
 }
 

@@ -27,6 +27,7 @@
 #include "runtime/core/shape.h"
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
+#include "runtime/ops/backend.h"
 
 namespace sk {
 
@@ -70,8 +71,12 @@ class SafeTensorsFile {
   StatusOr<Info> info(const std::string& name) const;
   // Pointer to the tensor's bytes inside this object (valid while it lives).
   StatusOr<const void*> data(const std::string& name) const;
-  // A copy of the tensor in new storage from `allocator`.
-  StatusOr<Tensor> Load(const std::string& name, Allocator& allocator) const;
+  // A host tensor viewing the tensor's bytes inside this object (valid while
+  // it lives; read only). NotFound if absent.
+  StatusOr<Tensor> HostView(const std::string& name) const;
+  // A copy of the tensor in new storage from ctx.alloc (on ctx's device),
+  // made with the Copy op on ctx (ops::HostContext() for host memory).
+  StatusOr<Tensor> Load(const std::string& name, const ops::OpContext& ctx) const;
 
  private:
   std::string path_;

@@ -17,6 +17,7 @@
 #include "runtime/fsdp/checkpoint_internal.h"
 #include "runtime/fsdp/rank_agreement.h"
 #include "runtime/fsdp/safetensors.h"
+#include "runtime/ops/ops.h"
 
 // Sharded checkpoints: SaveShardedCheckpoint and LoadShardedCheckpoint (see
 // checkpoint.h for the layout on disk, resharding and atomicity).
@@ -27,6 +28,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using checkpoint_internal::Commit;
+using checkpoint_internal::HostZeros;
+using checkpoint_internal::Slice;
+using checkpoint_internal::ToHost;
 using checkpoint_internal::IsWriter;
 using checkpoint_internal::JoinNames;
 using checkpoint_internal::LoadedShards;
@@ -181,8 +185,11 @@ Status ReadShards(const std::string& dir, const CheckpointIndex& ix, const Train
   for (int u = 0; u < num_units; ++u) {
     const int64_t s = f.layout(u).shard_numel();
     begin[u] = new_rank * s;
-    out->master[u].assign(static_cast<size_t>(s), 0.f);
-    out->optim[u].assign(num_states, std::vector<float>(static_cast<size_t>(s), 0.f));
+    SK_ASSIGN_OR_RETURN(out->master[u], HostZeros(s));
+    for (size_t i = 0; i < num_states; ++i) {
+      SK_ASSIGN_OR_RETURN(Tensor t, HostZeros(s));
+      out->optim[u].push_back(std::move(t));
+    }
     out->optimizer_step[u] = ix.units[u].optimizer_step;
   }
   for (const auto& file : ix.files) {
@@ -213,7 +220,7 @@ Status ReadShards(const std::string& dir, const CheckpointIndex& ix, const Train
                            ix.checkpoint_id + "')");
     }
     // Copies flat elements [lo, hi) of tensor `name` (old shard k) into `dst`.
-    auto copy = [&](int u, const std::string& name, std::vector<float>& dst) -> Status {
+    auto copy = [&](int u, const std::string& name, const Tensor& dst) -> Status {
       const int64_t old_s = ix.units[u].shard_numel;
       StatusOr<SafeTensorsFile::Info> info = sf.info(name);
       if (!info.ok()) return DataLossError("checkpoint file '" + path + "' lacks tensor '" + name + "'");
@@ -225,10 +232,10 @@ Status ReadShards(const std::string& dir, const CheckpointIndex& ix, const Train
       const int64_t lo = std::max(begin[u], k * old_s);
       const int64_t hi = std::min(begin[u] + f.layout(u).shard_numel(), (k + 1) * old_s);
       if (lo >= hi) return OkStatus();
-      SK_ASSIGN_OR_RETURN(const void* data, sf.data(name));
-      std::memcpy(dst.data() + (lo - begin[u]), static_cast<const float*>(data) + (lo - k * old_s),
-                  static_cast<size_t>(hi - lo) * sizeof(float));
-      return OkStatus();
+      SK_ASSIGN_OR_RETURN(Tensor file_shard, sf.HostView(name));
+      SK_ASSIGN_OR_RETURN(Tensor from, Slice(file_shard, lo - k * old_s, hi - lo));
+      SK_ASSIGN_OR_RETURN(Tensor to, Slice(dst, lo - begin[u], hi - lo));
+      return ops::Copy(ops::HostContext(), from, to);
     };
     for (int u = 0; u < num_units; ++u) {
       SK_RETURN_IF_ERROR(copy(u, MasterName(u), out->master[u]));
@@ -272,10 +279,12 @@ Status WriteRankFile(const std::string& tmp, const TrainingState& state, const s
   FullyShardedModel& f = *state.fsdp;
   const int shard_rank = f.shard_group().rank();
   std::vector<SafeTensorsEntry> entries;
-  std::vector<Tensor> keep;  // optimizer state tensors stay alive until written
+  std::vector<Tensor> keep;  // host copies, alive until written
   for (int u = 0; u < f.num_units(); ++u) {
     const int64_t n = f.layout(u).shard_numel();
-    entries.push_back({MasterName(u), DType::kF32, Shape{n}, f.master_shard(u).data()});
+    SK_ASSIGN_OR_RETURN(Tensor master, ToHost(f, f.master_shard(u)));
+    entries.push_back({MasterName(u), DType::kF32, Shape{n}, master.data()});
+    keep.push_back(std::move(master));
     if (state.optimizer != nullptr && state.optimizer->step_count(u) > 0) {
       for (const std::string& name : state.optimizer->StateNames()) {
         SK_ASSIGN_OR_RETURN(Tensor t, state.optimizer->State(u, name));
@@ -283,8 +292,9 @@ Status WriteRankFile(const std::string& tmp, const TrainingState& state, const s
           return InternalError("optimizer state '" + name + "' of unit " + std::to_string(u) + " is " +
                                t.ToString() + ", expected f32[" + std::to_string(n) + "]");
         }
-        entries.push_back({OptimName(u, name), DType::kF32, Shape{n}, t.data()});
-        keep.push_back(std::move(t));
+        SK_ASSIGN_OR_RETURN(Tensor host, ToHost(f, t));
+        entries.push_back({OptimName(u, name), DType::kF32, Shape{n}, host.data()});
+        keep.push_back(std::move(host));
       }
     }
   }

@@ -17,6 +17,7 @@
 #include "runtime/nn/data.h"
 #include "runtime/nn/kernels.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 
 DEFINE_string(model, "gpt-1m", "named model config (see //runtime/nn:model_table)");
@@ -84,7 +85,7 @@ Status Run() {
     }
     params->ZeroGrad();
     SK_ASSIGN_OR_RETURN(float loss, model->ForwardBackward(batch, *params, HostAllocator::Default()));
-    SK_RETURN_IF_ERROR(adam->Step(refs));
+    SK_RETURN_IF_ERROR(adam->Step(ops::HostContext(), refs));
     if ((step + 1) % FLAGS_log_every == 0 || step == 0 || step + 1 == FLAGS_steps) {
       double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       double tokens = static_cast<double>(step + 1) * batch.num_target_tokens();

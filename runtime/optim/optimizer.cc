@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-
-#include "runtime/ops/update_rules.h"
+#include "runtime/ops/ops.h"
 
 namespace sk {
 
@@ -61,7 +59,7 @@ std::vector<std::string> Optimizer::StateNames() const {
   return {"exp_avg", "exp_avg_sq"};
 }
 
-StatusOr<Optimizer::Slot*> Optimizer::GetOrCreateSlot(int slot, int64_t n) {
+StatusOr<Optimizer::Slot*> Optimizer::GetOrCreateSlot(const ops::OpContext& ctx, int slot, int64_t n) {
   auto it = slots_.find(slot);
   if (it != slots_.end()) {
     if (it->second.n != n) {
@@ -75,7 +73,7 @@ StatusOr<Optimizer::Slot*> Optimizer::GetOrCreateSlot(int slot, int64_t n) {
   s.n = n;
   for (size_t i = 0; i < StateNames().size(); ++i) {
     SK_ASSIGN_OR_RETURN(Tensor t, allocator_->Empty(DType::kF32, Shape{n}));
-    if (t.nbytes() > 0) std::memset(t.data(), 0, t.nbytes());
+    SK_RETURN_IF_ERROR(ops::Fill(ctx, t, 0.f));
     s.state.push_back(std::move(t));
   }
   return &slots_.emplace(slot, std::move(s)).first->second;
@@ -92,9 +90,13 @@ StatusOr<std::vector<ShardRef>> ShardRefsFor(const std::vector<Tensor>& params,
   return refs;
 }
 
-Status Optimizer::Step(const std::vector<ShardRef>& shards) {
+Status Optimizer::Step(const ops::OpContext& ctx, const std::vector<ShardRef>& shards) {
   // Validate everything and create all state before touching any parameter, so
   // an error leaves parameters and state as they were.
+  if (ctx.device == nullptr || ctx.alloc == nullptr) {
+    return InvalidArgumentError("optimizer step: the op context needs a device and an allocator");
+  }
+  const DeviceKind kind = ctx.device->id().kind;
   for (size_t i = 0; i < shards.size(); ++i) {
     const ShardRef& r = shards[i];
     const std::string what = "optimizer slot " + std::to_string(r.slot);
@@ -104,6 +106,11 @@ Status Optimizer::Step(const std::vector<ShardRef>& shards) {
     if (r.param.dtype() != DType::kF32 || r.grad.dtype() != DType::kF32) {
       return InvalidArgumentError(what + ": parameter and gradient must be f32, got " +
                                   r.param.ToString() + " and " + r.grad.ToString());
+    }
+    if (r.param.device().kind != kind || r.grad.device().kind != kind) {
+      return InvalidArgumentError(what + ": parameter " + r.param.ToString() + " and gradient " +
+                                  r.grad.ToString() + " must be on the step's device kind (" +
+                                  ctx.device->id().ToString() + ")");
     }
     if (r.param.numel() != r.grad.numel()) {
       return InvalidArgumentError(what + ": parameter " + r.param.ToString() + " and gradient " +
@@ -120,22 +127,18 @@ Status Optimizer::Step(const std::vector<ShardRef>& shards) {
   }
   std::vector<Slot*> slots;
   for (const ShardRef& r : shards) {
-    SK_ASSIGN_OR_RETURN(Slot * s, GetOrCreateSlot(r.slot, r.param.numel()));
+    SK_ASSIGN_OR_RETURN(Slot * s, GetOrCreateSlot(ctx, r.slot, r.param.numel()));
     slots.push_back(s);
   }
   for (size_t i = 0; i < shards.size(); ++i) {
     const ShardRef& r = shards[i];
     Slot& s = *slots[i];
     ++s.step;
-    float* param = r.param.data_as<float>();
-    const float* grad = r.grad.data_as<float>();
-    const int64_t n = r.param.numel();
     if (options_.kind == OptimizerKind::kSgd) {
       SgdHyper h{options_.lr, options_.momentum, options_.dampening, options_.weight_decay,
                  options_.nesterov, s.step == 1};
-      float scratch = 0.f;
-      float* buf = s.state.empty() ? nullptr : s.state[0].data_as<float>();
-      for (int64_t k = 0; k < n; ++k) SgdUpdate(param[k], grad[k], buf ? buf[k] : scratch, h);
+      SK_RETURN_IF_ERROR(
+          ops::SgdUpdate(ctx, h, r.param, r.grad, s.state.empty() ? Tensor() : s.state[0]));
     } else {
       double t = static_cast<double>(s.step);
       AdamHyper h{options_.lr,
@@ -146,9 +149,7 @@ Status Optimizer::Step(const std::vector<ShardRef>& shards) {
                   options_.kind == OptimizerKind::kAdamW,
                   static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), t)),
                   static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(options_.beta2), t)))};
-      float* m = s.state[0].data_as<float>();
-      float* v = s.state[1].data_as<float>();
-      for (int64_t k = 0; k < n; ++k) AdamUpdate(param[k], grad[k], m[k], v[k], h);
+      SK_RETURN_IF_ERROR(ops::AdamUpdate(ctx, h, r.param, r.grad, s.state[0], s.state[1]));
     }
   }
   return OkStatus();
@@ -169,7 +170,8 @@ StatusOr<Tensor> Optimizer::State(int slot, const std::string& name) const {
   return NotFoundError("optimizer has no state named '" + name + "'");
 }
 
-Status Optimizer::LoadState(int slot, int64_t n, int64_t step, const std::vector<Tensor>& state) {
+Status Optimizer::LoadState(const ops::OpContext& ctx, int slot, int64_t n, int64_t step,
+                            const std::vector<Tensor>& state) {
   std::vector<std::string> names = StateNames();
   if (state.size() != names.size()) {
     return InvalidArgumentError("optimizer state for slot " + std::to_string(slot) + " has " +
@@ -189,7 +191,7 @@ Status Optimizer::LoadState(int slot, int64_t n, int64_t step, const std::vector
   s.step = step;
   for (size_t i = 0; i < state.size(); ++i) {
     SK_ASSIGN_OR_RETURN(Tensor t, allocator_->Empty(DType::kF32, Shape{n}));
-    if (t.nbytes() > 0) std::memcpy(t.data(), state[i].data(), t.nbytes());
+    SK_RETURN_IF_ERROR(ops::Copy(ctx, state[i], t));
     s.state.push_back(std::move(t));
   }
   slots_[slot] = std::move(s);
@@ -218,37 +220,33 @@ Status CheckGrads(const std::vector<Tensor>& grads, const char* what) {
 
 }  // namespace
 
-StatusOr<double> LocalGradNormPartial(const std::vector<Tensor>& grads, NormType type) {
+StatusOr<double> LocalGradNormPartial(const ops::OpContext& ctx, const std::vector<Tensor>& grads,
+                                      NormType type) {
   SK_RETURN_IF_ERROR(CheckGrads(grads, "gradient norm"));
-  double acc = 0.0;
+  if (ctx.alloc == nullptr) return InvalidArgumentError("gradient norm: the op context has no allocator");
+  // One f64 accumulator for all tensors, so the sum runs in element order
+  // across them exactly as one loop would. Zeroed by a copy from the host.
+  double zero = 0.0;
+  SK_ASSIGN_OR_RETURN(Tensor host_zero, Tensor::Wrap(&zero, DType::kF64, Shape{1}));
+  SK_ASSIGN_OR_RETURN(Tensor acc, ctx.alloc->Empty(DType::kF64, Shape{1}));
+  SK_RETURN_IF_ERROR(ops::Copy(ctx, host_zero, acc));
   for (const Tensor& t : grads) {
-    const float* g = t.data_as<float>();
-    for (int64_t k = 0; k < t.numel(); ++k) {
-      double x = g[k];
-      if (type == NormType::kL2) {
-        acc += x * x;
-      } else {
-        acc = std::max(acc, std::fabs(x));
-      }
-    }
+    SK_RETURN_IF_ERROR(type == NormType::kL2 ? ops::SumOfSquares(ctx, t, acc) : ops::MaxAbs(ctx, t, acc));
   }
-  return acc;
+  return ops::ReadScalar(ctx, acc);
 }
 
 double FinishGradNorm(double combined_partial, NormType type) {
   return type == NormType::kL2 ? std::sqrt(combined_partial) : combined_partial;
 }
 
-StatusOr<float> ClipGradientsToNorm(const std::vector<Tensor>& grads, double total_norm,
-                                    double max_norm) {
+StatusOr<float> ClipGradientsToNorm(const ops::OpContext& ctx, const std::vector<Tensor>& grads,
+                                    double total_norm, double max_norm) {
   SK_RETURN_IF_ERROR(CheckGrads(grads, "gradient clipping"));
   double coef = max_norm / (total_norm + 1e-6);
   if (coef >= 1.0) return 1.f;
   float c = static_cast<float>(coef);
-  for (const Tensor& t : grads) {
-    float* g = t.data_as<float>();
-    for (int64_t k = 0; k < t.numel(); ++k) g[k] *= c;
-  }
+  for (const Tensor& t : grads) SK_RETURN_IF_ERROR(ops::Scale(ctx, t, c));
   return c;
 }
 

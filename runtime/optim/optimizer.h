@@ -1,6 +1,12 @@
 // Sharded optimizers: SGD (momentum, dampening, Nesterov, weight decay), Adam
 // and AdamW, stepping on the local shards of flat parameters.
 //
+// Everything here touches tensor data only through the op layer
+// (runtime/ops): each call takes the OpContext (device, stream, allocator) its
+// ops run with, so a step runs on CPU, is enqueued on a CUDA stream or is
+// priced by the simulator with the same code. The update rules themselves are
+// the fused ops SgdUpdate/AdamUpdate (runtime/ops/update_rules.h).
+//
 // An optimizer keeps its state per parameter slot (one slot per flat-parameter
 // shard, identified by a small integer the caller chooses) in f32 tensors from
 // the allocator it was given, so optimizer memory counts in the allocator's
@@ -20,6 +26,7 @@
 #include "runtime/core/allocator.h"
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
+#include "runtime/ops/backend.h"
 
 namespace sk {
 
@@ -76,12 +83,13 @@ class Optimizer {
   // Changes the learning rate for later steps (schedules).
   void set_lr(float lr) { options_.lr = lr; }
 
-  // Updates every shard. A slot's size is fixed by its first step:
+  // Updates every shard with the fused update ops on ctx (state tensors come
+  // from the optimizer's allocator, on ctx's device). A slot's size is fixed by its first step:
   // InvalidArgument if it changes, if a tensor is undefined or not f32, if a
   // parameter and its gradient differ in element count, or a slot appears
   // twice; nothing is touched when an error is returned. ResourceExhausted if
   // state cannot be allocated.
-  Status Step(const std::vector<ShardRef>& shards);
+  Status Step(const ops::OpContext& ctx, const std::vector<ShardRef>& shards);
 
   // Steps taken by `slot` (0 if never stepped).
   int64_t step_count(int slot) const;
@@ -92,8 +100,10 @@ class Optimizer {
   // The state tensor `name` of `slot`; NotFound if the slot has not stepped.
   StatusOr<Tensor> State(int slot, const std::string& name) const;
   // Restores a slot (checkpoint loading): `state` holds one f32 tensor per
-  // StateNames() entry, each of `n` elements. InvalidArgument on mismatch.
-  Status LoadState(int slot, int64_t n, int64_t step, const std::vector<Tensor>& state);
+  // StateNames() entry, each of `n` elements (host memory or ctx's device),
+  // copied with ctx. InvalidArgument on mismatch; the slot is unchanged then.
+  Status LoadState(const ops::OpContext& ctx, int slot, int64_t n, int64_t step,
+                   const std::vector<Tensor>& state);
   // Bytes of optimizer state currently held.
   size_t StateBytes() const;
 
@@ -105,7 +115,7 @@ class Optimizer {
   };
   Optimizer(const OptimizerOptions& options, Allocator* allocator)
       : options_(options), allocator_(allocator) {}
-  StatusOr<Slot*> GetOrCreateSlot(int slot, int64_t n);
+  StatusOr<Slot*> GetOrCreateSlot(const ops::OpContext& ctx, int slot, int64_t n);
 
   OptimizerOptions options_;
   Allocator* allocator_;
@@ -119,16 +129,20 @@ class Optimizer {
 // Padding elements of flat shards are zero and change neither.
 enum class NormType : int { kL2 = 2, kInf = 0 };
 
-// The local partial of the gradient norm over f32 gradient tensors (double
-// accumulation, in order). InvalidArgument for an undefined or non-f32 tensor.
-StatusOr<double> LocalGradNormPartial(const std::vector<Tensor>& grads, NormType type);
+// The local partial of the gradient norm over f32 gradient tensors: the
+// SumOfSquares / MaxAbs ops into one f64 accumulator (from ctx.alloc), in
+// order, read back with ops::ReadScalar (NaN on a device kind that does not
+// execute). InvalidArgument for an undefined or non-f32 tensor.
+StatusOr<double> LocalGradNormPartial(const ops::OpContext& ctx, const std::vector<Tensor>& grads,
+                                      NormType type);
 // The norm from the combined partial.
 double FinishGradNorm(double combined_partial, NormType type);
 // Scales f32 gradients by max_norm / (norm + 1e-6) when norm > max_norm
-// (torch's clip_grad_norm_); returns the factor applied (1 when not clipped).
-// InvalidArgument for an undefined or non-f32 tensor (nothing is scaled then).
-StatusOr<float> ClipGradientsToNorm(const std::vector<Tensor>& grads, double total_norm,
-                                    double max_norm);
+// (torch's clip_grad_norm_) with the Scale op on ctx; returns the factor
+// applied (1 when not clipped). InvalidArgument for an undefined or non-f32
+// tensor (nothing is scaled then).
+StatusOr<float> ClipGradientsToNorm(const ops::OpContext& ctx, const std::vector<Tensor>& grads,
+                                    double total_norm, double max_norm);
 
 }  // namespace sk
 

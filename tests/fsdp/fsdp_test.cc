@@ -49,6 +49,52 @@ TEST(FsdpTest, DeferredInitShardsEqualSlicesOfAFullInitBitForBit) {
   });
 }
 
+// The copies in and out of master shards (ops::Copy on the model's streams):
+// a full parameter loaded on every rank comes back from GatherFullParam bit
+// for bit, LoadMasterShard takes a host tensor, and bad input changes nothing.
+TEST(FsdpTest, LoadAndGatherFullParamsRoundTripThroughTheMasterShards) {
+  auto model = Tiny();
+  RunRanks(3, [&](int rank, comm::ProcessGroup* world) {
+    CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+    auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, Options(ShardingStrategy::kShardOptim));
+    const int u = 1;
+    const auto& specs = fsdp->layout(u).params();
+    std::vector<Tensor> params;
+    for (size_t p = 0; p < specs.size(); ++p) {
+      Tensor t = *HostAllocator::Default().Empty(DType::kF32, specs[p].shape);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = static_cast<float>(p * 1000 + i) * 0.5f;
+      params.push_back(t);
+    }
+    ASSERT_TRUE(fsdp->LoadFullParams(u, params).ok());
+    for (size_t p = 0; p < specs.size(); ++p) {
+      StatusOr<Tensor> got = fsdp->GatherFullParam(u, static_cast<int>(p));
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->shape(), specs[p].shape);
+      EXPECT_EQ(0, std::memcmp(got->data(), params[p].data(), params[p].nbytes())) << "param " << p;
+    }
+    // Wrong dtype or size: InvalidArgument naming the unit, the shard unchanged.
+    const int64_t n = fsdp->layout(u).shard_numel();
+    std::vector<float> before(fsdp->master_shard(u).data_as<float>(),
+                              fsdp->master_shard(u).data_as<float>() + n);
+    Tensor short_shard = *HostAllocator::Default().Empty(DType::kF32, Shape{n - 1});
+    Tensor bf16_shard = *HostAllocator::Default().Empty(DType::kBF16, Shape{n});
+    Status s = fsdp->LoadMasterShard(u, short_shard);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(model->units()[u].name), std::string::npos) << s;
+    EXPECT_EQ(fsdp->LoadMasterShard(u, bf16_shard).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(fsdp->LoadMasterShard(u, Tensor()).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(0, std::memcmp(fsdp->master_shard(u).data(), before.data(), n * sizeof(float)));
+    // A host shard is copied in, and the persistent full parameter follows.
+    Tensor ones = *HostAllocator::Default().Empty(DType::kF32, Shape{n});
+    for (int64_t i = 0; i < n; ++i) ones.data_as<float>()[i] = 1.f;
+    ASSERT_TRUE(fsdp->LoadMasterShard(u, ones).ok());
+    EXPECT_EQ(0, std::memcmp(fsdp->master_shard(u).data(), ones.data(), n * sizeof(float)));
+    StatusOr<Tensor> first = fsdp->GatherFullParam(u, 0);
+    ASSERT_TRUE(first.ok());
+    EXPECT_EQ(first->data_as<float>()[0], 1.f);
+  });
+}
+
 // M micro-batches with gradient sync off for all but the last equal one
 // batch M times larger (mean losses, so each micro-batch's loss is scaled 1/M
 // by comparing against the mean of the micro-batch means).

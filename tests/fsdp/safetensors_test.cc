@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iterator>
 
+#include "runtime/ops/ops.h"
+
 namespace sk {
 namespace {
 
@@ -44,11 +46,18 @@ TEST(SafeTensorsTest, RoundTripsTensorsAndMetadata) {
   auto info = *f->info("layer.weight");
   EXPECT_EQ(info.dtype, DType::kF32);
   EXPECT_EQ(info.shape, (Shape{2, 3}));
-  Tensor w = *f->Load("layer.weight", HostAllocator::Default());
+  Tensor w = *f->Load("layer.weight", ops::HostContext());
   EXPECT_EQ(0, std::memcmp(w.data(), s.w.data(), 24));
-  Tensor h = *f->Load("layer.bias_bf16", HostAllocator::Default());
+  Tensor h = *f->Load("layer.bias_bf16", ops::HostContext());
   EXPECT_EQ(0, std::memcmp(h.data(), s.h.data(), 6));
-  EXPECT_EQ(f->Load("empty", HostAllocator::Default())->numel(), 0);
+  EXPECT_EQ(f->Load("empty", ops::HostContext())->numel(), 0);
+  // HostView: the file's own bytes, no copy.
+  Tensor v = *f->HostView("layer.bias_bf16");
+  EXPECT_EQ(v.dtype(), DType::kBF16);
+  EXPECT_EQ(v.shape(), (Shape{3}));
+  EXPECT_EQ(0, std::memcmp(v.data(), s.h.data(), 6));
+  EXPECT_EQ(f->HostView("missing").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(f->Load("missing", ops::HostContext()).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(f->info("missing").status().code(), StatusCode::kNotFound);
   std::remove(path.c_str());
 }

@@ -9,6 +9,7 @@
 
 #include "runtime/nn/kernels.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 
 namespace sk {
@@ -148,7 +149,7 @@ float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int ste
     CHECK(l.ok()) << l.status();
     loss = *l;
     if (losses) losses->push_back(loss);
-    CHECK(adam->Step(refs).ok());
+    CHECK(adam->Step(ops::HostContext(), refs).ok());
   }
   return loss;
 }

@@ -10,6 +10,7 @@
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
 #include "runtime/nn/kernels.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 
 namespace sk {
@@ -75,17 +76,17 @@ TEST(Optimizer, SgdAndAdamMoveAgainstTheGradient) {
   o.kind = OptimizerKind::kSgd;
   o.lr = 0.5f;
   auto sgd = *Optimizer::Create(o, &HostAllocator::Default());
-  ASSERT_TRUE(sgd->Step(*refs).ok());
+  ASSERT_TRUE(sgd->Step(ops::HostContext(), *refs).ok());
   EXPECT_FLOAT_EQ(params[2].data_as<float>()[0], before - 0.5f);
   o.kind = OptimizerKind::kAdam;
   o.lr = 0.1f;
   auto adam = *Optimizer::Create(o, &HostAllocator::Default());
-  ASSERT_TRUE(adam->Step(*refs).ok());
+  ASSERT_TRUE(adam->Step(ops::HostContext(), *refs).ok());
   // Adam's first step moves each element by lr (bias-corrected m/sqrt(v) = 1).
   EXPECT_NEAR(params[2].data_as<float>()[0], before - 0.5f - 0.1f, 1e-6f);
   // A slot whose size changes, and lists of different lengths, are refused.
   ASSERT_NE(params[0].numel(), params[1].numel());
-  EXPECT_EQ(adam->Step({{0, params[1], grads[1]}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(adam->Step(ops::HostContext(), {{0, params[1], grads[1]}}).code(), StatusCode::kInvalidArgument);
   std::vector<Tensor> fewer(params.begin(), params.begin() + 1);
   EXPECT_EQ(ShardRefsFor(params, fewer).status().code(), StatusCode::kInvalidArgument);
 }

@@ -14,6 +14,7 @@
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 
 namespace sk {
@@ -186,7 +187,7 @@ TEST(ShardedHooks, TrainingWithShardedHooksEqualsPlainTrainingOnTheGlobalBatch) 
       sharded.ReduceScatter();
       sharded.SgdOnShards(lr);
       // Plain: the summed gradient of the two halves, averaged like the ranks'.
-      ASSERT_TRUE(sgd->Step(refs).ok());
+      ASSERT_TRUE(sgd->Step(ops::HostContext(), refs).ok());
     }
     std::vector<float> a = sharded.FullParameters(), b = Flatten((*plain)->all_params());
     ASSERT_EQ(a.size(), b.size());

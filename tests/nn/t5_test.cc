@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 
 namespace sk {
@@ -133,7 +134,7 @@ float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int ste
     auto l = m.ForwardBackward(batch, p, HostAllocator::Default());
     CHECK(l.ok()) << l.status();
     loss = *l;
-    CHECK(adam->Step(refs).ok());
+    CHECK(adam->Step(ops::HostContext(), refs).ok());
   }
   return loss;
 }

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <random>
 
+#include "runtime/ops/ops.h"
+
 namespace sk {
 namespace {
 
@@ -74,7 +76,7 @@ OptRun RunOptimizer(const OptimizerOptions& o, const std::vector<float>& init,
       refs.push_back({static_cast<int>(s), F32(run.params, offset, split[s]), F32(g, offset, split[s])});
       offset += split[s];
     }
-    EXPECT_TRUE((*opt)->Step(refs).ok());
+    EXPECT_TRUE((*opt)->Step(ops::HostContext(), refs).ok());
   }
   return run;
 }
@@ -177,24 +179,40 @@ TEST(OptimizerTest, BadStepLeavesParametersAndStateUntouched) {
   HostAllocator alloc;
   auto opt = *Optimizer::Create(OptimizerOptions{}, &alloc);
   std::vector<float> p(4, 1.f), g(4, 1.f);
-  ASSERT_TRUE(opt->Step({{0, F32(p, 0, 4), F32(g, 0, 4)}}).ok());
+  ASSERT_TRUE(opt->Step(ops::HostContext(), {{0, F32(p, 0, 4), F32(g, 0, 4)}}).ok());
   std::vector<float> after = p;
   // Second shard has a size mismatch for slot 0: nothing must change.
   std::vector<float> p1(3, 1.f), g1(3, 1.f);
-  Status s = opt->Step({{1, F32(p1, 0, 3), F32(g1, 0, 3)}, {0, F32(p, 0, 3), F32(g, 0, 3)}});
+  Status s = opt->Step(ops::HostContext(), {{1, F32(p1, 0, 3), F32(g1, 0, 3)}, {0, F32(p, 0, 3), F32(g, 0, 3)}});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(p, after);
   EXPECT_EQ(p1, std::vector<float>(3, 1.f));
   EXPECT_EQ(opt->step_count(0), 1);
   EXPECT_EQ(opt->step_count(1), 0);
-  EXPECT_EQ(opt->Step({{2, Tensor(), F32(g, 0, 4)}}).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(opt->Step({{2, F32(p, 0, 4), F32(g, 0, 3)}}).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(opt->Step({{0, F32(p, 0, 4), F32(g, 0, 4)}, {0, F32(p, 0, 4), F32(g, 0, 4)}}).code(),
+  EXPECT_EQ(opt->Step(ops::HostContext(), {{2, Tensor(), F32(g, 0, 4)}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt->Step(ops::HostContext(), {{2, F32(p, 0, 4), F32(g, 0, 3)}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt->Step(ops::HostContext(), {{0, F32(p, 0, 4), F32(g, 0, 4)}, {0, F32(p, 0, 4), F32(g, 0, 4)}}).code(),
             StatusCode::kInvalidArgument);
   std::vector<uint16_t> half(4, 0);
   Tensor bf16 = *Tensor::Wrap(half.data(), DType::kBF16, Shape{4});
-  EXPECT_EQ(opt->Step({{2, bf16, F32(g, 0, 4)}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt->Step(ops::HostContext(), {{2, bf16, F32(g, 0, 4)}}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(p, after);
+}
+
+// The step's tensors must live where its op context runs (the fused update
+// ops execute there); a context without a device or allocator is refused.
+TEST(OptimizerTest, StepRefusesTensorsOffTheContextsDeviceAndAnEmptyContext) {
+  HostAllocator alloc;
+  auto opt = *Optimizer::Create(OptimizerOptions{}, &alloc);
+  std::vector<float> p(4, 1.f), g(4, 1.f);
+  Tensor on_gpu = *Tensor::Wrap(g.data(), DType::kF32, Shape{4}, DeviceId::Cuda(0));
+  Status s = opt->Step(ops::HostContext(), {{0, F32(p, 0, 4), on_gpu}});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("device"), std::string::npos) << s;
+  EXPECT_EQ(opt->Step(ops::OpContext{}, {{0, F32(p, 0, 4), F32(g, 0, 4)}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(p, std::vector<float>(4, 1.f));
+  EXPECT_EQ(opt->step_count(0), 0);
 }
 
 TEST(OptimizerTest, StateRoundTripsThroughLoadState) {
@@ -205,16 +223,16 @@ TEST(OptimizerTest, StateRoundTripsThroughLoadState) {
   auto init = RandomVector(kN, 20);
   auto g1 = RandomVector(kN, 21), g2 = RandomVector(kN, 22);
   std::vector<float> pa = init;
-  ASSERT_TRUE(a->Step({{0, F32(pa, 0, kN), F32(g1, 0, kN)}}).ok());
+  ASSERT_TRUE(a->Step(ops::HostContext(), {{0, F32(pa, 0, kN), F32(g1, 0, kN)}}).ok());
   std::vector<Tensor> state;
   for (const std::string& name : a->StateNames()) state.push_back(*a->State(0, name));
-  ASSERT_TRUE(b->LoadState(0, kN, a->step_count(0), state).ok());
+  ASSERT_TRUE(b->LoadState(ops::HostContext(), 0, kN, a->step_count(0), state).ok());
   std::vector<float> pb = pa;
-  ASSERT_TRUE(a->Step({{0, F32(pa, 0, kN), F32(g2, 0, kN)}}).ok());
-  ASSERT_TRUE(b->Step({{0, F32(pb, 0, kN), F32(g2, 0, kN)}}).ok());
+  ASSERT_TRUE(a->Step(ops::HostContext(), {{0, F32(pa, 0, kN), F32(g2, 0, kN)}}).ok());
+  ASSERT_TRUE(b->Step(ops::HostContext(), {{0, F32(pb, 0, kN), F32(g2, 0, kN)}}).ok());
   EXPECT_EQ(pa, pb);
   EXPECT_EQ(a->StateBytes(), 2u * kN * sizeof(float));
-  EXPECT_EQ(b->LoadState(0, kN, 1, {state[0]}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->LoadState(ops::HostContext(), 0, kN, 1, {state[0]}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(a->State(9, "exp_avg").status().code(), StatusCode::kNotFound);
 }
 
@@ -225,23 +243,23 @@ TEST(ClipGradNormTest, PartialsFromShardsCombineToTheUnshardedNorm) {
     full_sq += double(x) * x;
     full_max = std::max(full_max, std::fabs(double(x)));
   }
-  double l2 = *LocalGradNormPartial({F32(g, 0, 40)}, NormType::kL2) +
-              *LocalGradNormPartial({F32(g, 40, kN - 40)}, NormType::kL2);
-  double inf = std::max(*LocalGradNormPartial({F32(g, 0, 40)}, NormType::kInf),
-                        *LocalGradNormPartial({F32(g, 40, kN - 40)}, NormType::kInf));
+  double l2 = *LocalGradNormPartial(ops::HostContext(), {F32(g, 0, 40)}, NormType::kL2) +
+              *LocalGradNormPartial(ops::HostContext(), {F32(g, 40, kN - 40)}, NormType::kL2);
+  double inf = std::max(*LocalGradNormPartial(ops::HostContext(), {F32(g, 0, 40)}, NormType::kInf),
+                        *LocalGradNormPartial(ops::HostContext(), {F32(g, 40, kN - 40)}, NormType::kInf));
   EXPECT_NEAR(FinishGradNorm(l2, NormType::kL2), std::sqrt(full_sq), 1e-9);
   EXPECT_EQ(FinishGradNorm(inf, NormType::kInf), full_max);
 }
 
 TEST(ClipGradNormTest, ScalesOnlyWhenAboveMaxNorm) {
   std::vector<float> g = {3.f, 4.f};
-  EXPECT_EQ(*ClipGradientsToNorm({F32(g, 0, 2)}, 5.0, 10.0), 1.f);
+  EXPECT_EQ(*ClipGradientsToNorm(ops::HostContext(), {F32(g, 0, 2)}, 5.0, 10.0), 1.f);
   EXPECT_EQ(g[0], 3.f);
-  float c = *ClipGradientsToNorm({F32(g, 0, 2)}, 5.0, 1.0);
+  float c = *ClipGradientsToNorm(ops::HostContext(), {F32(g, 0, 2)}, 5.0, 1.0);
   EXPECT_NEAR(c, 0.2f, 1e-6);
   EXPECT_NEAR(std::hypot(g[0], g[1]), 1.0, 1e-5);
-  EXPECT_EQ(ClipGradientsToNorm({Tensor()}, 5.0, 1.0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(LocalGradNormPartial({Tensor()}, NormType::kL2).status().code(),
+  EXPECT_EQ(ClipGradientsToNorm(ops::HostContext(), {Tensor()}, 5.0, 1.0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LocalGradNormPartial(ops::HostContext(), {Tensor()}, NormType::kL2).status().code(),
             StatusCode::kInvalidArgument);
 }
 
@@ -258,7 +276,7 @@ TEST(OptimizerTest, ShardRefsForStepsEveryParameterTensor) {
   Tensor tga = *Tensor::Wrap(ga.data(), DType::kF32, Shape{2, 3});
   auto refs = ShardRefsFor({ta, F32(b, 0, 2)}, {tga, F32(gb, 0, 2)});
   ASSERT_TRUE(refs.ok());
-  ASSERT_TRUE(opt->Step(*refs).ok());
+  ASSERT_TRUE(opt->Step(ops::HostContext(), *refs).ok());
   EXPECT_EQ(a, std::vector<float>(6, 0.5f));
   EXPECT_EQ(b, std::vector<float>(2, 0.f));
   EXPECT_EQ(opt->step_count(1), 1);

@@ -15,6 +15,7 @@
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/gpt.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 
 namespace sk::testing {
@@ -76,10 +77,10 @@ inline ReferenceRun RunReference(const GptModel& model, int steps, int global_ro
     out.losses.push_back(*loss);
     std::vector<Tensor> ps = owned->all_params(), gs = owned->all_grads();
     if (clip > 0) {
-      double norm = FinishGradNorm(*LocalGradNormPartial(gs, NormType::kL2), NormType::kL2);
-      EXPECT_TRUE(ClipGradientsToNorm(gs, norm, clip).ok());
+      double norm = FinishGradNorm(*LocalGradNormPartial(ops::HostContext(), gs, NormType::kL2), NormType::kL2);
+      EXPECT_TRUE(ClipGradientsToNorm(ops::HostContext(), gs, norm, clip).ok());
     }
-    EXPECT_TRUE(opt->Step(*ShardRefsFor(ps, gs)).ok());
+    EXPECT_TRUE(opt->Step(ops::HostContext(), *ShardRefsFor(ps, gs)).ok());
   }
   for (int u = 0; u < owned->num_units(); ++u) {
     out.params.emplace_back();
