@@ -20,8 +20,13 @@
 // these are the constants and reasons of PyTorch's CUDA caching allocator.
 //
 // Best fit, splitting, coalescing. Each pool is an ordered set of free blocks
-// keyed by (stream, size, address); a request takes the smallest free block of
-// its stream that is large enough (lower_bound). If the block is larger than
+// keyed by (stream, size, segment, address); a request takes the smallest free
+// block of its stream that is large enough (lower_bound). Among blocks of
+// equal size the oldest segment wins, and within a segment the lowest
+// address: the choice never depends on where the device put a segment (what
+// malloc returned, or a simulated device's fake addresses), so the same
+// requests give the same books on every run and every device kind. PyTorch
+// breaks the tie by address alone. If the block is larger than
 // needed it is split: always in the small pool (remainder >= kMinBlockSize),
 // and in the large pool only when the remainder exceeds kSmallSize, since a
 // sliver of a large block is better given away whole than left to fragment
@@ -129,6 +134,7 @@ struct CachingAllocator::Block {
 
   char* ptr = nullptr;
   size_t size = 0;
+  uint64_t segment_seq = 0;  // creation order of the block's segment
   int64_t stream_id = 0;
   bool small = false;
   State state = State::kFree;
@@ -141,6 +147,7 @@ struct CachingAllocator::Block {
 bool CachingAllocator::BlockOrder::operator()(const Block* a, const Block* b) const {
   if (a->stream_id != b->stream_id) return a->stream_id < b->stream_id;
   if (a->size != b->size) return a->size < b->size;
+  if (a->segment_seq != b->segment_seq) return a->segment_seq < b->segment_seq;
   return std::less<const char*>()(a->ptr, b->ptr);
 }
 
@@ -356,6 +363,7 @@ StatusOr<CachingAllocator::Block*> CachingAllocator::AllocateSegment(size_t bloc
   Block* block = NewBlock();
   block->ptr = static_cast<char*>(ptr);
   block->size = segment_size;
+  block->segment_seq = ++segments_created_;
   block->stream_id = stream_id;
   block->small = small;
   block->state = Block::State::kFree;
@@ -369,6 +377,7 @@ CachingAllocator::Block* CachingAllocator::CarveTop(Block* block, size_t size) {
   Block* top = NewBlock();
   top->ptr = block->ptr + block->size - size;
   top->size = size;
+  top->segment_seq = block->segment_seq;
   top->stream_id = block->stream_id;
   top->small = block->small;
   top->state = Block::State::kFree;
