@@ -1,0 +1,108 @@
+#include "runtime/sim/sim_ops.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "runtime/ops/backend.h"
+
+namespace sk::sim {
+
+namespace {
+
+struct DeviceState {
+  std::shared_ptr<const ComputeProfile> compute;
+  std::shared_ptr<const std::function<double(double, double)>> adjust;
+};
+
+class SimOpBackend final : public ops::OpBackend {
+ public:
+  const char* name() const override { return "sim"; }
+  bool executes() const override { return false; }
+
+  Status Account(const ops::OpContext& ctx, const ops::OpCost& cost) override {
+    if (ctx.stream == nullptr) {
+      return InvalidArgumentError(std::string(cost.name) + " on a sim device needs a stream");
+    }
+    SK_ASSIGN_OR_RETURN(SimDevice * device, SimDevice::For(*ctx.stream));
+    DeviceState state = Get(device->id().index);
+    if (state.compute == nullptr) {
+      return FailedPreconditionError(std::string(cost.name) + " on " + device->id().ToString() +
+                                     ": the device has no profile (sim::SetUpSimDevice)");
+    }
+    const double seconds = OpSeconds(*state.compute, cost);
+    auto price = [&](double start) {
+      return state.adjust != nullptr ? (*state.adjust)(start, seconds) : seconds;
+    };
+    SK_ASSIGN_OR_RETURN(SimSpan span, device->EnqueueSpan(*ctx.stream, cost.name, price,
+                                                          {.launch = true, .category = "compute"}));
+    if (std::strcmp(cost.name, "read_scalar") == 0) device->WaitHostUntil(span.end_s);
+    return OkStatus();
+  }
+
+  void Set(int index, DeviceState state) {
+    std::lock_guard<std::mutex> lock(mu_);
+    states_[index] = std::move(state);
+  }
+  void SetAdjust(int index, std::function<double(double, double)> adjust) {
+    std::lock_guard<std::mutex> lock(mu_);
+    states_[index].adjust =
+        adjust ? std::make_shared<const std::function<double(double, double)>>(std::move(adjust))
+               : nullptr;
+  }
+  DeviceState Get(int index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = states_.find(index);
+    return it == states_.end() ? DeviceState{} : it->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, DeviceState> states_;
+};
+
+SimOpBackend& Backend() {
+  static SimOpBackend* backend = [] {
+    auto* b = new SimOpBackend;  // lives for the process: op calls may come at exit
+    ops::RegisterOpBackend(DeviceKind::kSim, b);
+    return b;
+  }();
+  return *backend;
+}
+
+}  // namespace
+
+double OpSeconds(const ComputeProfile& p, const ops::OpCost& cost) {
+  const double bytes = cost.bytes_read + cost.bytes_written;
+  switch (cost.cls) {
+    case ops::OpClass::kGemm:
+      return GemmSeconds(p, cost.m, cost.n, cost.k, cost.batch, cost.dtype, cost.flops, bytes);
+    case ops::OpClass::kAttention: {
+      if (p.op_rates.count(cost.name) != 0) return KernelSeconds(p, cost.name, cost.flops, bytes);
+      auto peak = p.gemm_peak_flops.find(cost.dtype);
+      const double rate = (peak != p.gemm_peak_flops.end() ? peak->second
+                                                             : p.gemm_peak_flops.at(DType::kF32)) *
+                          p.gemm_efficiency;
+      const double memory = p.memory_bandwidth > 0 ? bytes / p.memory_bandwidth : 0;
+      return std::max(cost.flops / rate, memory) + p.kernel_overhead_s;
+    }
+    default:
+      return KernelSeconds(p, cost.name, cost.flops, bytes);
+  }
+}
+
+StatusOr<SimDevice*> SetUpSimDevice(int index, const SimProfile& profile) {
+  SimOpBackend& backend = Backend();
+  SK_ASSIGN_OR_RETURN(SimDevice * device, SimDevice::Get(index));
+  SK_RETURN_IF_ERROR(device->Configure(profile.device));
+  device->ResetClocks();
+  backend.Set(index, DeviceState{std::make_shared<const ComputeProfile>(profile.compute), nullptr});
+  return device;
+}
+
+void SetComputeAdjustment(int index, std::function<double(double, double)> adjust) {
+  Backend().SetAdjust(index, std::move(adjust));
+}
+
+}  // namespace sk::sim

@@ -1,0 +1,116 @@
+// The sim op backend (runtime/sim/sim_ops.h): ops dispatched on sim tensors
+// execute nothing and land on the stream's virtual clock at their price.
+#include "runtime/sim/sim_ops.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "runtime/memory/caching_allocator.h"
+#include "runtime/ops/ops.h"
+
+namespace sk::sim {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+class SimOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StatusOr<SimProfile> p = LoadProfile("a100-80g");
+    ASSERT_TRUE(p.ok()) << p.status();
+    profile_ = *p;
+    StatusOr<SimDevice*> d = SetUpSimDevice(40, profile_);
+    ASSERT_TRUE(d.ok()) << d.status();
+    device_ = *d;
+    stream_ = std::move(device_->CreateStream("compute")).value();
+    caching_ = std::make_unique<CachingAllocator>(device_);
+    alloc_ = std::make_unique<StreamAllocator>(caching_.get(), stream_.get());
+    ctx_ = ops::OpContext{device_, stream_.get(), alloc_.get()};
+  }
+  void TearDown() override {
+    alloc_.reset();
+    caching_.reset();
+  }
+  Tensor Empty(DType t, Shape s) { return alloc_->Empty(t, std::move(s)).value(); }
+
+  SimProfile profile_;
+  SimDevice* device_ = nullptr;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<CachingAllocator> caching_;
+  std::unique_ptr<StreamAllocator> alloc_;
+  ops::OpContext ctx_;
+};
+
+TEST_F(SimOpsTest, GemmLandsOnTheStreamAtItsPrice) {
+  const int64_t m = 4096, n = 4096, k = 4096;
+  Tensor a = Empty(DType::kBF16, Shape({m, k}));
+  Tensor b = Empty(DType::kBF16, Shape({k, n}));
+  Tensor c = Empty(DType::kF32, Shape({m, n}));
+  EXPECT_TRUE(SimDevice::IsSimAddress(a.data()));
+  device_->set_record_spans(true);
+  ops::GemmParams p;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  ASSERT_TRUE(ops::Gemm(ctx_, p, {a, 0, k, 0}, {b, 0, n, 0}, {c, 0, n, 0}).ok());
+  const double expected = OpSeconds(profile_.compute, ops::GemmCost(m, n, k, 1, DType::kBF16, false));
+  const double launch = profile_.device.launch_overhead_s;
+  EXPECT_NEAR(device_->StreamClock(*stream_), launch + expected, 1e-12);
+  EXPECT_NEAR(device_->HostClock(), launch, 1e-12);  // the host ran ahead
+  ASSERT_EQ(device_->spans().size(), 1u);
+  EXPECT_EQ(device_->spans()[0].name, "gemm");
+  // Roughly what an A100 takes for this bf16 GEMM: 2*4096^3 flops at ~250 TFLOP/s.
+  EXPECT_GT(expected, 0.4e-3);
+  EXPECT_LT(expected, 0.7e-3);
+}
+
+TEST_F(SimOpsTest, ReadScalarIsNaNAndSynchronisesTheHost) {
+  Tensor x = Empty(DType::kF32, Shape({1 << 20}));
+  Tensor acc = Empty(DType::kF32, Shape({1}));
+  ASSERT_TRUE(ops::Fill(ctx_, acc, 0.0f).ok());
+  ASSERT_TRUE(ops::SumOfSquares(ctx_, x, acc).ok());
+  EXPECT_LT(device_->HostClock(), device_->StreamClock(*stream_));
+  StatusOr<double> v = ops::ReadScalar(ctx_, acc);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(std::isnan(*v));
+  EXPECT_DOUBLE_EQ(device_->HostClock(), device_->StreamClock(*stream_));
+}
+
+TEST_F(SimOpsTest, ElementwiseOpsAreBandwidthBound) {
+  const int64_t n = 64 << 20;
+  Tensor x = Empty(DType::kF32, Shape({n}));
+  Tensor y = Empty(DType::kF32, Shape({n}));
+  const double before = device_->StreamClock(*stream_);
+  ASSERT_TRUE(ops::Axpy(ctx_, 2.0f, x, y).ok());
+  const double took = device_->StreamClock(*stream_) - before;
+  // Reads x and y, writes y: 3 * 256 MiB at ~1.8 TB/s.
+  EXPECT_NEAR(took - profile_.device.launch_overhead_s,
+              3.0 * n * 4 / profile_.compute.memory_bandwidth + profile_.compute.kernel_overhead_s,
+              1e-9);
+}
+
+TEST_F(SimOpsTest, AnUnconfiguredSimDeviceIsRefused) {
+  SimDevice* bare = SimDevice::Get(41).value();
+  auto s = std::move(bare->CreateStream("s")).value();
+  CachingAllocator caching(bare);
+  StreamAllocator alloc(&caching, s.get());
+  Tensor x = alloc.Empty(DType::kF32, Shape({16})).value();
+  ASSERT_EQ(SetUpSimDevice(40, profile_).status().code(), StatusCode::kOk);  // registers the backend
+  Status st = ops::Fill({bare, s.get(), &alloc}, x, 1.0f);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("sim:41"), std::string::npos) << st;
+}
+
+TEST_F(SimOpsTest, ComputeAdjustmentStretchesOps) {
+  Tensor x = Empty(DType::kF32, Shape({1 << 20}));
+  SetComputeAdjustment(40, [](double, double seconds) { return 2 * seconds; });
+  const double before = device_->StreamClock(*stream_);
+  ASSERT_TRUE(ops::Scale(ctx_, x, 0.5f).ok());
+  const double took = device_->StreamClock(*stream_) - before - profile_.device.launch_overhead_s;
+  SetComputeAdjustment(40, nullptr);
+  EXPECT_NEAR(took, 2 * OpSeconds(profile_.compute, ops::ScaleCost(1 << 20, DType::kF32)), 1e-12);
+}
+
+}  // namespace
+}  // namespace sk::sim
