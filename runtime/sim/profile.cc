@@ -175,20 +175,28 @@ StatusOr<ComputeProfile> ParseCompute(const Reader& r, const nlohmann::json& doc
     const nlohmann::json& map = (*rates)["value"];
     if (!map.is_object()) return r.Error(p + "op_rates", "\"value\" must map op names to rates");
     for (auto it = map.begin(); it != map.end(); ++it) {
+      const std::string path = p + "op_rates." + it.key();
       const nlohmann::json& e = it.value();
+      const Status bad = r.Error(path, "must be {\"per\": \"byte\"|\"flop\", \"points\": "
+                                       "[[work > 0, rate > 0], ...]} with increasing work");
+      if (!e.is_object() || !e.contains("per") || !e["per"].is_string() ||
+          !e.contains("points") || !e["points"].is_array() || e["points"].empty()) {
+        return bad;
+      }
       OpRate rate;
-      if (e.is_object() && e.contains("gbps") && e["gbps"].is_number()) {
-        rate.bytes_per_s = e["gbps"].get<double>() * kGB;
+      const std::string per = e["per"].get<std::string>();
+      if (per != "byte" && per != "flop") return bad;
+      rate.per_flop = per == "flop";
+      for (const nlohmann::json& pt : e["points"]) {
+        if (!pt.is_array() || pt.size() != 2 || !pt[0].is_number() || !pt[1].is_number()) return bad;
+        const double work = pt[0].get<double>(), per_s = pt[1].get<double>();
+        if (!(work > 0) || !(per_s > 0) || !std::isfinite(work) || !std::isfinite(per_s) ||
+            (!rate.points.empty() && work <= rate.points.back().first)) {
+          return bad;
+        }
+        rate.points.emplace_back(work, per_s);
       }
-      if (e.is_object() && e.contains("gflops") && e["gflops"].is_number()) {
-        rate.flops_per_s = e["gflops"].get<double>() * 1e9;
-      }
-      if (!(rate.bytes_per_s > 0 || rate.flops_per_s > 0) || rate.bytes_per_s < 0 ||
-          rate.flops_per_s < 0 || !std::isfinite(rate.bytes_per_s) ||
-          !std::isfinite(rate.flops_per_s)) {
-        return r.Error(p + "op_rates." + it.key(), "needs \"gbps\" and/or \"gflops\" > 0");
-      }
-      out.op_rates.emplace(it.key(), rate);
+      out.op_rates.emplace(it.key(), std::move(rate));
     }
   }
   return out;
@@ -358,15 +366,27 @@ double GemmSeconds(const ComputeProfile& p, int64_t m, int64_t n, int64_t k, int
 }
 
 double KernelSeconds(const ComputeProfile& p, std::string_view name, double flops, double bytes) {
-  double bw = p.memory_bandwidth;
-  double fl = p.vector_flops;
   auto it = p.op_rates.find(name);
   if (it != p.op_rates.end()) {
-    bw = it->second.bytes_per_s;
-    fl = it->second.flops_per_s;
+    const OpRate& r = it->second;
+    const double work = r.per_flop ? flops : bytes;
+    if (!(work > 0)) return p.kernel_overhead_s;
+    double rate;
+    const auto& pts = r.points;
+    if (work <= pts.front().first) {
+      rate = pts.front().second;
+    } else if (work >= pts.back().first) {
+      rate = pts.back().second;
+    } else {
+      auto up = std::upper_bound(pts.begin(), pts.end(), std::make_pair(work, 0.0));
+      auto lo = std::prev(up);
+      const double f = std::log(work / lo->first) / std::log(up->first / lo->first);
+      rate = std::exp((1 - f) * std::log(lo->second) + f * std::log(up->second));
+    }
+    return std::max(p.kernel_overhead_s, work / rate);
   }
-  const double memory = bw > 0 ? bytes / bw : 0;
-  const double compute = fl > 0 ? flops / fl : 0;
+  const double memory = p.memory_bandwidth > 0 ? bytes / p.memory_bandwidth : 0;
+  const double compute = p.vector_flops > 0 ? flops / p.vector_flops : 0;
   return std::max(memory, compute) + p.kernel_overhead_s;
 }
 

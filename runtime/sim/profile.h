@@ -16,7 +16,8 @@
 //                  vector_tflops, memory_bandwidth_gbps, memory_efficiency,
 //                  kernel_overhead_us,
 //                  optional: gemm_table [{m, n, k, dtype, gflops}],
-//                            op_rates {op name: {gbps, gflops}} },
+//                            op_rates {op name: {per: "byte"|"flop",
+//                                                points: [[work, work/s], ...]}} },
 //     "network": { ... }   (parsed by topology.h's ParseNetworkProfile)
 //   }
 //
@@ -35,8 +36,10 @@
 //     the rate is interpolated log-linearly in (log m, log n, log k) over the
 //     measured grid (clamped at its edges) and includes the call's overhead.
 //   Other ops: time = max(bytes / bandwidth, flops / vector_peak)
-//              + kernel_overhead,
-//     with a measured per-op rate from op_rates where the profile has one.
+//              + kernel_overhead;
+//     where op_rates measured the op: time = max(kernel_overhead,
+//     work / rate(work)), the rate interpolated log-log between the measured
+//     sizes (clamped at the ends), work = bytes (or flops for per_flop ops).
 //
 // Thread safety: profiles are values; the functions are pure.
 #ifndef SHARDKIT_RUNTIME_SIM_PROFILE_H_
@@ -74,11 +77,12 @@ struct GemmPoint {
   double flops_per_s = 0;
 };
 
-// A measured rate for one op name (cpu-local): the op takes
-// max(bytes / bytes_per_s, flops / flops_per_s) (0 = that term is absent).
+// Measured rates of one op name by size (cpu-local): at `work` bytes (or
+// flops, for per_flop ops such as attention) the op ran at `rate` work per
+// second, all overheads of the call included. Points sorted by work.
 struct OpRate {
-  double bytes_per_s = 0;
-  double flops_per_s = 0;
+  bool per_flop = false;
+  std::vector<std::pair<double, double>> points;  // (work, work per second)
 };
 
 struct ComputeProfile {
@@ -99,7 +103,7 @@ struct ComputeProfile {
   double memory_bandwidth = 0;
   // Fixed device time of every kernel.
   double kernel_overhead_s = 0;
-  // Measured per-op rates by op name, overriding the roofline.
+  // Measured per-op rates by op name, replacing the roofline for that op.
   std::map<std::string, OpRate, std::less<>> op_rates;
 };
 

@@ -79,7 +79,9 @@ double OpSeconds(const ComputeProfile& p, const ops::OpCost& cost) {
     case ops::OpClass::kGemm:
       return GemmSeconds(p, cost.m, cost.n, cost.k, cost.batch, cost.dtype, cost.flops, bytes);
     case ops::OpClass::kAttention: {
-      if (p.op_rates.count(cost.name) != 0) return KernelSeconds(p, cost.name, cost.flops, bytes);
+      if (p.op_rates.count(std::string_view(cost.name)) != 0) {
+        return KernelSeconds(p, cost.name, cost.flops, bytes);
+      }
       auto peak = p.gemm_peak_flops.find(cost.dtype);
       const double rate = (peak != p.gemm_peak_flops.end() ? peak->second
                                                              : p.gemm_peak_flops.at(DType::kF32)) *

@@ -171,8 +171,26 @@ TEST(PricingTest, OtherKernelsAreBandwidthOrFlopBound) {
   ComputeProfile p = Tiled();
   EXPECT_NEAR(KernelSeconds(p, "copy", 0, 1e9), 1e9 / (2039e9 * 0.9) + 2e-6, 1e-15);
   EXPECT_NEAR(KernelSeconds(p, "gelu_fwd", 1e12, 1e6), 1e12 / 19.5e12 + 2e-6, 1e-15);
-  p.op_rates["gelu_fwd"] = OpRate{1e9, 0};
-  EXPECT_NEAR(KernelSeconds(p, "gelu_fwd", 1e12, 1e6), 1e-3 + 2e-6, 1e-15);
+  // A measured op: rates by size, interpolated log-log, overhead as a floor.
+  p.op_rates["gelu_fwd"] = OpRate{false, {{1e3, 1e8}, {1e7, 1e10}}};
+  EXPECT_NEAR(KernelSeconds(p, "gelu_fwd", 1e12, 1e7), 1e-3, 1e-15);
+  EXPECT_NEAR(KernelSeconds(p, "gelu_fwd", 1e12, 1e5), 1e5 / 1e9, 1e-15);  // midpoint: 1e9 B/s
+  EXPECT_NEAR(KernelSeconds(p, "gelu_fwd", 1e12, 1e9), 1e9 / 1e10, 1e-15);  // clamped rate
+  EXPECT_NEAR(KernelSeconds(p, "gelu_fwd", 1e12, 10), 2e-6, 1e-15);        // overhead floor
+  p.op_rates["attention_fwd"] = OpRate{true, {{1e6, 1e9}}};
+  EXPECT_NEAR(KernelSeconds(p, "attention_fwd", 1e9, 1.0), 1.0, 1e-12);
+}
+
+TEST(ProfileTest, OpRatesAreChecked) {
+  nlohmann::json doc = MinimalProfile();
+  doc["compute"]["op_rates"] = Sourced({{"gelu_fwd", {{"per", "byte"}, {"points", {{1e3, 1e8}, {1e2, 1e9}}}}}});
+  Status s = ParseProfile(doc, "test").status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("compute.op_rates.gelu_fwd"), std::string::npos) << s;
+  doc["compute"]["op_rates"] = Sourced({{"gelu_fwd", {{"per", "flop"}, {"points", {{1e3, 1e8}, {1e4, 1e9}}}}}});
+  StatusOr<SimProfile> ok = ParseProfile(doc, "test");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->compute.op_rates.at("gelu_fwd").per_flop);
 }
 
 TEST(PricingTest, MeasuredTableInterpolatesInLogSpace) {
