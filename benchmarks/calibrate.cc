@@ -1,0 +1,358 @@
+// //benchmarks:calibrate — measures this machine through the CPU op backend and
+// writes the cpu-local simulator profile (runtime/sim/profile.h's format,
+// every number's source "measured by //benchmarks:calibrate on <cpu>, <date>").
+//
+//   ./bazelw run -c opt //benchmarks:calibrate -- \
+//       --out=$PWD/runtime/sim/profiles/cpu-local.json [--threads=1]
+//
+// What it measures, all through ops:: on cpu:0 (the code a CPU run executes):
+//   - GEMM rate on a grid of shapes (m, k in 16..1024, n in 16..4096) for f32
+//     and bf16 inputs: the cpu-local gemm_table;
+//   - every other op's rate at four sizes (cache-resident to DRAM-sized), by
+//     bytes (by flops for attention): the op_rates table;
+//   - the fixed cost of an op call (a one-element fill): kernel_overhead;
+//   - the copy rate at the largest size: memory bandwidth and host link;
+//   - RawAllocate/RawFree of a 20 MiB segment: raw alloc/free costs.
+// Each number is the median of several timed batches, each batch >= 2 ms.
+// On a shared machine the numbers move with the load: rerun on a quiet one.
+#include <sys/utsname.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gflags/gflags.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/allocator.h"
+#include "runtime/device/device.h"
+#include "runtime/ops/cost.h"
+#include "runtime/ops/cpu/kernels.h"
+#include "runtime/ops/ops.h"
+
+DEFINE_string(out, "", "where to write the profile (default: print it)");
+DEFINE_string(name, "cpu-local", "the profile's name");
+DEFINE_int32(threads, 1, "GEMM/OpenMP threads per rank the profile describes");
+DEFINE_double(budget_ms, 60, "measuring time per shape, milliseconds");
+
+namespace sk {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Median seconds of one call of `fn`, from batches of >= 2 ms within the budget.
+double Measure(const std::function<void()>& fn) {
+  fn();  // warm-up: caches, oneDNN primitive creation, page faults
+  int per_batch = 1;
+  for (;;) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < per_batch; ++i) fn();
+    const double s = Seconds(t0, Clock::now());
+    if (s >= 2e-3 || per_batch >= (1 << 20)) break;
+    per_batch *= 4;
+  }
+  std::vector<double> samples;
+  const auto deadline = Clock::now() + std::chrono::duration<double, std::milli>(FLAGS_budget_ms);
+  while (samples.size() < 3 || (Clock::now() < deadline && samples.size() < 50)) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < per_batch; ++i) fn();
+    samples.push_back(Seconds(t0, Clock::now()) / per_batch);
+  }
+  std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+  return samples[samples.size() / 2];
+}
+
+void Must(const Status& s, const char* what) {
+  CHECK(s.ok()) << what << ": " << s;
+}
+
+Tensor Make(DType t, Shape shape, float fill = 0.5f) {
+  StatusOr<Tensor> x = HostAllocator::Default().Empty(t, std::move(shape));
+  CHECK(x.ok()) << x.status();
+  if (t == DType::kF32 || t == DType::kBF16 || t == DType::kF16) {
+    Must(ops::Fill(ops::HostContext(), *x, fill), "fill");
+  }
+  return *x;
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  struct utsname u;
+  return uname(&u) == 0 ? std::string(u.machine) : "unknown CPU";
+}
+
+double MemTotalBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemTotal:") return kb * 1024;
+  }
+  return 0;
+}
+
+nlohmann::json Sourced(nlohmann::json value, const std::string& source) {
+  return {{"value", std::move(value)}, {"source", source}};
+}
+
+// One op's rate table: `run(n)` performs the op at size class n and returns
+// its cost; the rate is the cost's bytes (or flops) over the measured time.
+struct OpTable {
+  std::string name;
+  bool per_flop = false;
+  std::vector<std::pair<double, double>> points;
+};
+
+void AddPoint(std::vector<OpTable>& tables, const ops::OpCost& cost, double seconds,
+              bool per_flop) {
+  const double work = per_flop ? cost.flops : cost.bytes_read + cost.bytes_written;
+  auto it = std::find_if(tables.begin(), tables.end(),
+                         [&](const OpTable& t) { return t.name == cost.name; });
+  if (it == tables.end()) {
+    tables.push_back(OpTable{cost.name, per_flop, {}});
+    it = std::prev(tables.end());
+  }
+  if (work <= 0 || seconds <= 0) return;
+  if (!it->points.empty() && work <= it->points.back().first) return;  // keep increasing
+  it->points.emplace_back(work, work / seconds);
+}
+
+int Main() {
+  Must(SetGemmThreads(FLAGS_threads), "threads");
+  const ops::OpContext ctx = ops::HostContext();
+  char date[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  const std::string source = "measured by //benchmarks:calibrate on " + CpuModel() + " (" +
+                             std::to_string(FLAGS_threads) + " GEMM thread(s)), " + date;
+  std::fprintf(stderr, "calibrating: %s\n", source.c_str());
+
+  // ---- GEMM grid.
+  nlohmann::json gemm_table = nlohmann::json::array();
+  double peak[2] = {0, 0};
+  const DType dtypes[2] = {DType::kF32, DType::kBF16};
+  const int64_t mk_axis[] = {16, 64, 256, 1024};
+  const int64_t n_axis[] = {16, 64, 256, 1024, 4096};
+  for (int d = 0; d < 2; ++d) {
+    for (int64_t m : mk_axis) {
+      for (int64_t n : n_axis) {
+        for (int64_t k : mk_axis) {
+          Tensor a = Make(dtypes[d], Shape({m, k}));
+          Tensor b = Make(dtypes[d], Shape({k, n}));
+          Tensor c = Make(DType::kF32, Shape({m, n}));
+          ops::GemmParams p;
+          p.m = m;
+          p.n = n;
+          p.k = k;
+          const double s = Measure([&] {
+            Must(ops::Gemm(ctx, p, {a, 0, k, 0}, {b, 0, n, 0}, {c, 0, n, 0}), "gemm");
+          });
+          const double flops = 2.0 * m * n * k;
+          peak[d] = std::max(peak[d], flops / s);
+          gemm_table.push_back({{"m", m}, {"n", n}, {"k", k},
+                                {"dtype", std::string(DTypeName(dtypes[d]))},
+                                {"gflops", flops / s / 1e9}});
+        }
+      }
+      std::fprintf(stderr, "  gemm %s m=%lld done\n", std::string(DTypeName(dtypes[d])).c_str(),
+                   static_cast<long long>(m));
+    }
+  }
+
+  // ---- Per-op rates by size.
+  std::vector<OpTable> tables;
+  const int64_t sizes[] = {4096, 65536, 1 << 20, 16 << 20};  // elements
+  const int64_t cols = 256;
+  for (int64_t n : sizes) {
+    const int64_t rows = n / cols;
+    Tensor x = Make(DType::kF32, Shape({n}));
+    Tensor y = Make(DType::kF32, Shape({n}));
+    Tensor z = Make(DType::kF32, Shape({n}));
+    Tensor h = Make(DType::kBF16, Shape({n}));
+    Tensor x2 = Make(DType::kF32, Shape({rows, cols}));
+    Tensor y2 = Make(DType::kF32, Shape({rows, cols}));
+    Tensor z2 = Make(DType::kF32, Shape({rows, cols}));
+    Tensor bias = Make(DType::kF32, Shape({cols}));
+    Tensor dbias = Make(DType::kF32, Shape({cols}));
+    Tensor gamma = Make(DType::kF32, Shape({cols}), 1.0f);
+    Tensor mean = Make(DType::kF32, Shape({rows}));
+    Tensor rstd = Make(DType::kF32, Shape({rows}), 1.0f);
+    Tensor acc = Make(DType::kF32, Shape({1}));
+    Tensor m1 = Make(DType::kF32, Shape({n}), 0.0f);
+    Tensor m2 = Make(DType::kF32, Shape({n}), 0.0f);
+    auto time = [&](const ops::OpCost& cost, const std::function<Status()>& fn,
+                    bool per_flop = false) {
+      AddPoint(tables, cost, Measure([&] { Must(fn(), cost.name); }), per_flop);
+    };
+    time(ops::CopyCost(n, DType::kF32), [&] { return ops::Copy(ctx, x, y); });
+    time(ops::CastCost(n, DType::kF32, DType::kBF16), [&] { return ops::Cast(ctx, x, h); });
+    time(ops::RoundToDTypeCost(n), [&] { return ops::RoundToDType(ctx, y, DType::kBF16); });
+    time(ops::ScaleCost(n, DType::kF32), [&] { return ops::Scale(ctx, y, 1.0f); });
+    time(ops::AxpyCost(n, DType::kF32, DType::kF32), [&] { return ops::Axpy(ctx, 0.0f, x, y); });
+    time(ops::FillCost(n, DType::kF32), [&] { return ops::Fill(ctx, z, 0.5f); });
+    time(ops::InitCost(n, DType::kF32), [&] {
+      return ops::InitPhilox(ctx, ops::Initializer::Normal(0, 0.02f), 1, 2, 0, z);
+    });
+    time(ops::BroadcastRowsCost(rows, cols), [&] { return ops::BroadcastRows(ctx, bias, y2); });
+    time(ops::BiasAddCost(rows, cols), [&] { return ops::BiasAdd(ctx, bias, y2); });
+    time(ops::BiasGradCost(rows, cols), [&] { return ops::BiasGrad(ctx, x2, dbias); });
+    time(ops::GeluForwardCost(n), [&] { return ops::GeluForward(ctx, x, y); });
+    time(ops::GeluBackwardCost(n), [&] { return ops::GeluBackward(ctx, x, y, z); });
+    time(ops::LayerNormForwardCost(rows, cols),
+         [&] { return ops::LayerNormForward(ctx, x2, gamma, bias, y2, mean, rstd); });
+    time(ops::LayerNormBackwardCost(rows, cols), [&] {
+      return ops::LayerNormBackward(ctx, x2, gamma, y2, mean, rstd, z2, dbias, bias);
+    });
+    time(ops::SumOfSquaresCost(n, DType::kF32), [&] { return ops::SumOfSquares(ctx, x, acc); });
+    time(ops::MaxAbsCost(n, DType::kF32), [&] { return ops::MaxAbs(ctx, x, acc); });
+    ops::AdamHyper adam{1e-9f, 0.9f, 0.999f, 1e-8f, 0.0f, true, 0.1f, 0.03f};
+    time(ops::AdamUpdateCost(n, true), [&] { return ops::AdamUpdate(ctx, adam, z, x, m1, m2); });
+    adam.decoupled = false;
+    time(ops::AdamUpdateCost(n, false), [&] { return ops::AdamUpdate(ctx, adam, z, x, m1, m2); });
+    ops::SgdHyper sgd{1e-9f, 0.0f, 0.0f, 0.0f, false, false};
+    time(ops::SgdUpdateCost(n, false), [&] { return ops::SgdUpdate(ctx, sgd, z, x, Tensor()); });
+    // Embedding: `rows` ids into a table of 4096 rows of `cols`.
+    {
+      Tensor table = Make(DType::kF32, Shape({4096, cols}));
+      Tensor dtable = Make(DType::kF32, Shape({4096, cols}));
+      Tensor ids = HostAllocator::Default().Zeros(DType::kI32, Shape({rows})).value();
+      time(ops::EmbeddingForwardCost(rows, cols),
+           [&] { return ops::EmbeddingForward(ctx, table, ids, y2); });
+      time(ops::EmbeddingBackwardCost(rows, cols),
+           [&] { return ops::EmbeddingBackward(ctx, ids, x2, dtable); });
+      // Cross-entropy over a vocabulary of `cols`.
+      Tensor loss = Make(DType::kF32, Shape({1}));
+      time(ops::CrossEntropyForwardCost(rows, cols),
+           [&] { return ops::CrossEntropyForward(ctx, x2, ids, loss); });
+      time(ops::CrossEntropyBackwardCost(rows, cols),
+           [&] { return ops::CrossEntropyBackward(ctx, x2, ids, z2); });
+    }
+    std::fprintf(stderr, "  ops at %lld elements done\n", static_cast<long long>(n));
+  }
+  // Attention, by flops: 4 heads of 64, causal, sequences of 32..256.
+  for (int64_t seq : {32, 64, 128, 256}) {
+    ops::AttentionShape s{2, 4, seq, seq, 64, true};
+    const int64_t rows = s.batch * seq, width = s.heads * s.head_dim;
+    Tensor qkv = Make(DType::kF32, Shape({rows, 3 * width}), 0.01f);
+    Tensor dqkv = Make(DType::kF32, Shape({rows, 3 * width}));
+    Tensor probs = Make(DType::kF32, Shape({s.batch * s.heads * seq * seq}));
+    Tensor out = Make(DType::kF32, Shape({rows, width}));
+    Tensor dout = Make(DType::kF32, Shape({rows, width}), 0.01f);
+    const int64_t ld = 3 * width;
+    ops::MatrixRef q{qkv, 0, ld, 0}, k{qkv, width, ld, 0}, v{qkv, 2 * width, ld, 0};
+    ops::MatrixRef dq{dqkv, 0, ld, 0}, dk{dqkv, width, ld, 0}, dv{dqkv, 2 * width, ld, 0};
+    AddPoint(tables, ops::AttentionForwardCost(s.batch, s.heads, seq, seq, s.head_dim),
+             Measure([&] {
+               Must(ops::AttentionForward(ctx, s, q, k, v, probs, {out, 0, width, 0}), "attn");
+             }),
+             true);
+    AddPoint(tables, ops::AttentionBackwardCost(s.batch, s.heads, seq, seq, s.head_dim),
+             Measure([&] {
+               Must(ops::AttentionBackward(ctx, s, q, k, v, probs, {dout, 0, width, 0}, dq, dk,
+                                           dv),
+                    "attn bwd");
+             }),
+             true);
+  }
+
+  // ---- Fixed costs.
+  Tensor one = Make(DType::kF32, Shape({1}));
+  const double overhead = Measure([&] { Must(ops::Fill(ctx, one, 1.0f), "fill"); });
+  Device* cpu = Device::Get(DeviceId::Cpu()).value();
+  const size_t seg = size_t{20} << 20;
+  std::vector<void*> held;
+  const double alloc_s = Measure([&] {
+    held.push_back(cpu->RawAllocate(seg).value());
+    if (held.size() >= 64) {
+      for (void* p : held) cpu->RawFree(p, seg);
+      held.clear();
+    }
+  });
+  for (void* p : held) cpu->RawFree(p, seg);
+  held.clear();
+  const double free_s = Measure([&] { cpu->RawFree(cpu->RawAllocate(seg).value(), seg); }) -
+                        alloc_s;
+  double copy_rate = 0;
+  for (const OpTable& t : tables) {
+    if (t.name == "copy" && !t.points.empty()) copy_rate = t.points.back().second;
+  }
+  double vector_flops = 0;
+  for (const OpTable& t : tables) {
+    if (t.name == "gelu_fwd" && !t.points.empty()) {
+      // bytes/s -> flops/s of the same runs (14 flops per 8 bytes).
+      vector_flops = t.points.back().second / 8.0 * ops::kGeluForwardFlops;
+    }
+  }
+
+  nlohmann::json rates = nlohmann::json::object();
+  for (const OpTable& t : tables) {
+    nlohmann::json pts = nlohmann::json::array();
+    for (const auto& [work, rate] : t.points) pts.push_back({work, rate});
+    rates[t.name] = {{"per", t.per_flop ? "flop" : "byte"}, {"points", pts}};
+  }
+  const std::string no_launch =
+      "CPU ops run synchronously on the calling thread: there is no separate launch (the call's "
+      "whole cost is in kernel_overhead_us and the measured rates)";
+  nlohmann::json doc = {
+      {"name", FLAGS_name},
+      {"description", "This machine's CPU as a simulated device (" + source +
+                          "). Regenerate with ./bazelw run -c opt //benchmarks:calibrate -- "
+                          "--out=$PWD/runtime/sim/profiles/" + FLAGS_name + ".json"},
+      {"device",
+       {{"memory_bytes", Sourced(MemTotalBytes(), source + " (/proc/meminfo MemTotal)")},
+        {"launch_overhead_us", Sourced(0.0, no_launch)},
+        {"raw_alloc_us", Sourced(std::max(0.0, alloc_s) * 1e6, source + " (RawAllocate of 20 MiB)")},
+        {"raw_free_us", Sourced(std::max(0.0, free_s) * 1e6, source + " (RawFree of 20 MiB)")},
+        {"host_link_gbps", Sourced(copy_rate / 2 / 1e9, source + " (copy op, 64 MiB: host memory is the device memory)")}}},
+      {"compute",
+       {{"sm_count", Sourced(1, "not used: GEMMs are priced from the measured gemm_table")},
+        {"gemm_peak_tflops",
+         {{"f32", Sourced(peak[0] / 1e12, source + " (best of the gemm_table)")},
+          {"bf16", Sourced(peak[1] / 1e12, source + " (best of the gemm_table)")}}},
+        {"gemm_efficiency", Sourced(1.0, "the measured table already is the achieved rate")},
+        {"gemm_table", Sourced(gemm_table, source)},
+        {"vector_tflops", Sourced(vector_flops / 1e12, source + " (gelu_fwd at 16M elements)")},
+        {"memory_bandwidth_gbps",
+         Sourced(copy_rate / 1e9, source + " (copy op at 16M f32: bytes read + written per second)")},
+        {"memory_efficiency", Sourced(1.0, "the measured rate already is the achieved rate")},
+        {"kernel_overhead_us", Sourced(overhead * 1e6, source + " (a one-element fill through ops::)")},
+        {"op_rates", Sourced(rates, source)}}}};
+  const std::string text = doc.dump(1) + "\n";
+  if (FLAGS_out.empty()) {
+    std::fputs(text.c_str(), stdout);
+    return 0;
+  }
+  std::ofstream out(FLAGS_out);
+  out << text;
+  if (!out) {
+    std::fprintf(stderr, "cannot write %s\n", FLAGS_out.c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "wrote %s\n", FLAGS_out.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace sk
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  return sk::Main();
+}
