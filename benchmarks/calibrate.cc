@@ -2,7 +2,7 @@
 // writes the cpu-local simulator profile (runtime/sim/profile.h's format,
 // every number's source "measured by //benchmarks:calibrate on <cpu>, <date>").
 //
-//   ./bazelw run -c opt //benchmarks:calibrate -- \
+//   ./bazelw run -c opt //benchmarks:calibrate --
 //       --out=$PWD/runtime/sim/profiles/cpu-local.json [--threads=1]
 //
 // What it measures, all through ops:: on cpu:0 (the code a CPU run executes):
@@ -194,7 +194,7 @@ int Main() {
     Tensor gamma = Make(DType::kF32, Shape({cols}), 1.0f);
     Tensor mean = Make(DType::kF32, Shape({rows}));
     Tensor rstd = Make(DType::kF32, Shape({rows}), 1.0f);
-    Tensor acc = Make(DType::kF32, Shape({1}));
+    Tensor acc = Make(DType::kF64, Shape({1}));
     Tensor m1 = Make(DType::kF32, Shape({n}), 0.0f);
     Tensor m2 = Make(DType::kF32, Shape({n}), 0.0f);
     auto time = [&](const ops::OpCost& cost, const std::function<Status()>& fn,
@@ -208,7 +208,7 @@ int Main() {
     time(ops::AxpyCost(n, DType::kF32, DType::kF32), [&] { return ops::Axpy(ctx, 0.0f, x, y); });
     time(ops::FillCost(n, DType::kF32), [&] { return ops::Fill(ctx, z, 0.5f); });
     time(ops::InitCost(n, DType::kF32), [&] {
-      return ops::InitPhilox(ctx, ops::Initializer::Normal(0, 0.02f), 1, 2, 0, z);
+      return ops::InitPhilox(ctx, Initializer::Normal(0, 0.02f), 1, 2, 0, z);
     });
     time(ops::BroadcastRowsCost(rows, cols), [&] { return ops::BroadcastRows(ctx, bias, y2); });
     time(ops::BiasAddCost(rows, cols), [&] { return ops::BiasAdd(ctx, bias, y2); });
@@ -222,11 +222,11 @@ int Main() {
     });
     time(ops::SumOfSquaresCost(n, DType::kF32), [&] { return ops::SumOfSquares(ctx, x, acc); });
     time(ops::MaxAbsCost(n, DType::kF32), [&] { return ops::MaxAbs(ctx, x, acc); });
-    ops::AdamHyper adam{1e-9f, 0.9f, 0.999f, 1e-8f, 0.0f, true, 0.1f, 0.03f};
+    AdamHyper adam{1e-9f, 0.9f, 0.999f, 1e-8f, 0.0f, true, 0.1f, 0.03f};
     time(ops::AdamUpdateCost(n, true), [&] { return ops::AdamUpdate(ctx, adam, z, x, m1, m2); });
     adam.decoupled = false;
     time(ops::AdamUpdateCost(n, false), [&] { return ops::AdamUpdate(ctx, adam, z, x, m1, m2); });
-    ops::SgdHyper sgd{1e-9f, 0.0f, 0.0f, 0.0f, false, false};
+    SgdHyper sgd{1e-9f, 0.0f, 0.0f, 0.0f, false, false};
     time(ops::SgdUpdateCost(n, false), [&] { return ops::SgdUpdate(ctx, sgd, z, x, Tensor()); });
     // Embedding: `rows` ids into a table of 4096 rows of `cols`.
     {
