@@ -13,9 +13,12 @@
 //   - the fixed cost of an op call (a one-element fill): kernel_overhead;
 //   - the copy rate at the largest size: memory bandwidth and host link;
 //   - RawAllocate/RawFree of a 20 MiB segment: raw alloc/free costs.
-// Each number is the median of several timed batches, each batch >= 2 ms.
-// On a shared machine the numbers move with the load: rerun on a quiet one.
+// Each number is the median of several timed batches, each batch >= 2 ms of
+// process CPU time (not wall time, so that other work on a shared machine
+// does not inflate it; with one compute thread the two agree on an idle
+// machine). The profile therefore predicts CPU seconds of one rank's thread.
 #include <sys/utsname.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,29 +46,31 @@ DEFINE_double(budget_ms, 60, "measuring time per shape, milliseconds");
 namespace sk {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
+// CPU seconds of this process: on a machine shared with other work, the time
+// the measured code actually ran (equal to wall time on an idle machine when
+// one thread computes, which is what the profile describes).
+double CpuNow() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
-// Median seconds of one call of `fn`, from batches of >= 2 ms within the budget.
+// Median CPU seconds of one call of `fn`, from batches of >= 2 ms within the budget.
 double Measure(const std::function<void()>& fn) {
   fn();  // warm-up: caches, oneDNN primitive creation, page faults
   int per_batch = 1;
   for (;;) {
-    auto t0 = Clock::now();
+    const double t0 = CpuNow();
     for (int i = 0; i < per_batch; ++i) fn();
-    const double s = Seconds(t0, Clock::now());
-    if (s >= 2e-3 || per_batch >= (1 << 20)) break;
+    if (CpuNow() - t0 >= 2e-3 || per_batch >= (1 << 20)) break;
     per_batch *= 4;
   }
   std::vector<double> samples;
-  const auto deadline = Clock::now() + std::chrono::duration<double, std::milli>(FLAGS_budget_ms);
-  while (samples.size() < 3 || (Clock::now() < deadline && samples.size() < 50)) {
-    auto t0 = Clock::now();
+  const double deadline = CpuNow() + FLAGS_budget_ms * 1e-3;
+  while (samples.size() < 3 || (CpuNow() < deadline && samples.size() < 50)) {
+    const double t0 = CpuNow();
     for (int i = 0; i < per_batch; ++i) fn();
-    samples.push_back(Seconds(t0, Clock::now()) / per_batch);
+    samples.push_back((CpuNow() - t0) / per_batch);
   }
   std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
   return samples[samples.size() / 2];
