@@ -13,6 +13,8 @@
 //   - the fixed cost of an op call (a one-element fill): kernel_overhead;
 //   - the copy rate at the largest size: memory bandwidth and host link;
 //   - RawAllocate/RawFree of a 20 MiB segment: raw alloc/free costs.
+// Then it prices held-out shapes (off the grid) with the new profile and
+// prints predicted / measured for each: a check of the interpolation.
 // Each number is the median of several timed batches, each batch >= 2 ms of
 // process CPU time (not wall time, so that other work on a shared machine
 // does not inflate it; with one compute thread the two agree on an idle
@@ -21,6 +23,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -37,6 +40,8 @@
 #include "runtime/ops/cost.h"
 #include "runtime/ops/cpu/kernels.h"
 #include "runtime/ops/ops.h"
+#include "runtime/sim/profile.h"
+#include "runtime/sim/sim_ops.h"
 
 DEFINE_string(out, "", "where to write the profile (default: print it)");
 DEFINE_string(name, "cpu-local", "the profile's name");
@@ -339,6 +344,48 @@ int Main() {
         {"memory_efficiency", Sourced(1.0, "the measured rate already is the achieved rate")},
         {"kernel_overhead_us", Sourced(overhead * 1e6, source + " (a one-element fill through ops::)")},
         {"op_rates", Sourced(rates, source)}}}};
+  // Held-out check: shapes and sizes off the measured grid, predicted by the
+  // new profile (sim::OpSeconds) against a fresh measurement.
+  StatusOr<sim::SimProfile> parsed = sim::ParseProfile(doc, FLAGS_name);
+  CHECK(parsed.ok()) << parsed.status();
+  std::fprintf(stderr, "held-out check (predicted / measured CPU seconds):\n");
+  double worst = 1;
+  auto check = [&](const ops::OpCost& cost, const std::function<Status()>& fn) {
+    const double measured = Measure([&] { Must(fn(), cost.name); });
+    const double predicted = sim::OpSeconds(parsed->compute, cost);
+    const double ratio = predicted / measured;
+    worst = std::max(worst, std::max(ratio, 1 / ratio));
+    std::fprintf(stderr, "  %-16s %10.1f us predicted %10.1f us measured  ratio %.2f\n", cost.name,
+                 predicted * 1e6, measured * 1e6, ratio);
+  };
+  for (auto [m, n, k] : {std::array<int64_t, 3>{100, 300, 700}, {512, 2048, 128},
+                         {48, 768, 192}, {2000, 96, 500}}) {
+    Tensor a = Make(DType::kF32, Shape({m, k}));
+    Tensor b = Make(DType::kF32, Shape({k, n}));
+    Tensor c = Make(DType::kF32, Shape({m, n}));
+    ops::GemmParams p;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    check(ops::GemmCost(m, n, k, 1, DType::kF32, false),
+          [&] { return ops::Gemm(ctx, p, {a, 0, k, 0}, {b, 0, n, 0}, {c, 0, n, 0}); });
+  }
+  for (int64_t n : {int64_t{3} << 18, int64_t{5} << 20}) {
+    Tensor x = Make(DType::kF32, Shape({n}));
+    Tensor y = Make(DType::kF32, Shape({n}));
+    check(ops::GeluForwardCost(n), [&] { return ops::GeluForward(ctx, x, y); });
+    check(ops::AxpyCost(n, DType::kF32, DType::kF32), [&] { return ops::Axpy(ctx, 0.0f, x, y); });
+    Tensor x2 = Make(DType::kF32, Shape({n / 256, 256}));
+    Tensor y2 = Make(DType::kF32, Shape({n / 256, 256}));
+    Tensor gamma = Make(DType::kF32, Shape({256}), 1.0f);
+    Tensor beta = Make(DType::kF32, Shape({256}));
+    Tensor mean = Make(DType::kF32, Shape({n / 256}));
+    Tensor rstd = Make(DType::kF32, Shape({n / 256}));
+    check(ops::LayerNormForwardCost(n / 256, 256),
+          [&] { return ops::LayerNormForward(ctx, x2, gamma, beta, y2, mean, rstd); });
+  }
+  std::fprintf(stderr, "worst held-out ratio: %.2f\n", worst);
+
   const std::string text = doc.dump(1) + "\n";
   if (FLAGS_out.empty()) {
     std::fputs(text.c_str(), stdout);
