@@ -26,7 +26,11 @@ def _nvcc_objects_impl(ctx):
         args = ctx.actions.args()
         args.add("-c", src)
         args.add("-o", out)
-        args.add_all(["-std=c++20", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr"])
+        # -fmad=false: no product and sum are fused into an FMA where the host
+        # compiler (baseline x86-64, no FMA) rounds them apart, so the
+        # SK_HOST_DEVICE arithmetic gives the CPU's bits on the GPU too.
+        args.add_all(["-std=c++20", "-O3", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+                      "-fmad=false"])
         args.add_all(["-I.", "-I" + ctx.bin_dir.path, "-isystem", "/usr/local/cuda/include"])
         args.add_all(["-I" + i for i in includes + quote_includes])
         args.add_all(["-gencode=arch=compute_%s,code=sm_%s" % (a, a) for a in ctx.attr.archs])

@@ -48,37 +48,8 @@ Status ValidateInitializer(const Initializer& init) {
                               std::to_string(static_cast<int>(init.kind)));
 }
 
-namespace {
-
-// A double in (0, 1] from 53 random bits.
-double OpenUnit53(uint32_t hi, uint32_t lo) {
-  uint64_t bits = (static_cast<uint64_t>(hi) << 21) ^ (lo >> 11);
-  bits &= (uint64_t{1} << 53) - 1;
-  return (static_cast<double>(bits) + 1.0) * 0x1.0p-53;
-}
-
-}  // namespace
-
 float InitValue(const Initializer& init, uint64_t seed, uint64_t param_id, uint64_t index) {
-  switch (init.kind) {
-    case InitKind::kZeros: return 0.0f;
-    case InitKind::kOnes: return 1.0f;
-    case InitKind::kNormal:
-    case InitKind::kUniform: break;
-  }
-  Philox4x32Result r =
-      Philox4x32(static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
-                 static_cast<uint32_t>(param_id), static_cast<uint32_t>(param_id >> 32),
-                 static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  if (init.kind == InitKind::kUniform) {
-    double u = OpenUnit53(r.v[0], r.v[1]) - 0x1.0p-53;  // [0, 1)
-    return static_cast<float>(init.a + (static_cast<double>(init.b) - init.a) * u);
-  }
-  // Box-Muller in double: one normal per element from two 53-bit uniforms.
-  double u1 = OpenUnit53(r.v[0], r.v[1]);
-  double u2 = OpenUnit53(r.v[2], r.v[3]);
-  double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-  return static_cast<float>(init.a + static_cast<double>(init.b) * z);
+  return InitValueAt(init.kind, init.a, init.b, seed, param_id, index);
 }
 
 Status InitializeSlice(const Initializer& init, uint64_t seed, uint64_t param_id, int64_t begin,

@@ -15,6 +15,7 @@
 #ifndef SHARDKIT_RUNTIME_OPS_INIT_H_
 #define SHARDKIT_RUNTIME_OPS_INIT_H_
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -84,6 +85,37 @@ struct Initializer {
 // InvalidArgument for an unknown kind, a negative or non-finite standard
 // deviation, or an empty/inverted uniform range.
 Status ValidateInitializer(const Initializer& init);
+
+// A double in (0, 1] from 53 random bits.
+SK_HOST_DEVICE SK_INLINE double OpenUnit53(uint32_t hi, uint32_t lo) {
+  uint64_t bits = (static_cast<uint64_t>(hi) << 21) ^ (lo >> 11);
+  bits &= (uint64_t{1} << 53) - 1;
+  return (static_cast<double>(bits) + 1.0) * 0x1.0p-53;
+}
+
+// Element `index` of the parameter `param_id` under `seed`, as f32: the one
+// definition the CPU (InitValue) and the CUDA kernel (runtime/ops/cuda) run.
+// Uniform: a + (b - a) u with u in [0, 1); normal: Box-Muller in double from
+// two 53-bit uniforms. (The device's double log and cos may differ from
+// glibc's in the last place, which changes the f32 result only when that
+// lands on a rounding boundary.)
+SK_HOST_DEVICE SK_INLINE float InitValueAt(InitKind kind, float a, float b, uint64_t seed,
+                                           uint64_t param_id, uint64_t index) {
+  if (kind == InitKind::kZeros) return 0.0f;
+  if (kind == InitKind::kOnes) return 1.0f;
+  Philox4x32Result r =
+      Philox4x32(static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
+                 static_cast<uint32_t>(param_id), static_cast<uint32_t>(param_id >> 32),
+                 static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  if (kind == InitKind::kUniform) {
+    double u = OpenUnit53(r.v[0], r.v[1]) - 0x1.0p-53;  // [0, 1)
+    return static_cast<float>(a + (static_cast<double>(b) - a) * u);
+  }
+  double u1 = OpenUnit53(r.v[0], r.v[1]);
+  double u2 = OpenUnit53(r.v[2], r.v[3]);
+  double z = sqrt(-2.0 * log(u1)) * cos(2.0 * 3.14159265358979323846 * u2);
+  return static_cast<float>(a + static_cast<double>(b) * z);
+}
 
 // Element `index` of the parameter `param_id` under `seed`, as f32.
 float InitValue(const Initializer& init, uint64_t seed, uint64_t param_id, uint64_t index);

@@ -7,6 +7,9 @@
 #include <string>
 
 #include "runtime/ops/cpu/cpu_backend.h"
+#if defined(SHARDKIT_WITH_CUDA)
+#include "runtime/ops/cuda/cuda_backend.h"
+#endif
 
 namespace sk::ops {
 
@@ -21,6 +24,9 @@ std::array<std::atomic<OpBackend*>, kMaxKinds>& Table() {
     auto* t = new std::array<std::atomic<OpBackend*>, kMaxKinds>();
     for (auto& e : *t) e.store(nullptr);
     (*t)[static_cast<size_t>(DeviceKind::kCpu)].store(CpuOpBackend());
+#if defined(SHARDKIT_WITH_CUDA)
+    (*t)[static_cast<size_t>(DeviceKind::kCuda)].store(CudaOpBackend());
+#endif
     return t;
   }();
   return *table;

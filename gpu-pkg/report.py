@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Writes report.md from a run.sh output directory: per test binary the
+GoogleTest counts (passed, failed, skipped with the skip reasons), and per
+benchmark binary its numbers (every counter Google Benchmark recorded)."""
+import glob
+import json
+import os
+import sys
+
+
+def tests_section(out):
+    lines = ["## Tests", "", "| binary | exit | passed | failed | skipped | skip reasons |",
+             "|---|---|---|---|---|---|"]
+    failures = []
+    for rc_path in sorted(glob.glob(os.path.join(out, "tests", "*.rc"))):
+        name = os.path.basename(rc_path)[:-3]
+        rc = open(rc_path).read().strip()
+        passed = failed = skipped = 0
+        reasons = set()
+        try:
+            data = json.load(open(os.path.join(out, "tests", name + ".json")))
+            for suite in data.get("testsuites", []):
+                for t in suite.get("testsuite", []):
+                    if t.get("result") == "SKIPPED" or t.get("status") == "NOTRUN":
+                        skipped += 1
+                        for f in t.get("skipped", []) if isinstance(t.get("skipped"), list) else []:
+                            reasons.add(f.get("message", "").strip().splitlines()[-1][:80])
+                    elif t.get("failures"):
+                        failed += 1
+                        failures.append("%s.%s: %s" % (suite["name"], t["name"],
+                                                       t["failures"][0]["failure"][:400]))
+                    else:
+                        passed += 1
+        except (OSError, ValueError):
+            reasons.add("no JSON (crashed or did not start; see %s.log)" % name)
+        lines.append("| %s | %s | %d | %d | %d | %s |" % (name, rc, passed, failed, skipped,
+                                                         "; ".join(sorted(reasons))))
+    if failures:
+        lines += ["", "### Failures", ""] + ["- " + f for f in failures]
+    return lines
+
+
+def bench_section(out):
+    lines = ["## Benchmarks", ""]
+    for rc_path in sorted(glob.glob(os.path.join(out, "bench", "*.rc"))):
+        name = os.path.basename(rc_path)[:-3]
+        rc = open(rc_path).read().strip()
+        lines.append("### %s (exit %s)" % (name, rc))
+        lines.append("")
+        try:
+            data = json.load(open(os.path.join(out, "bench", name + ".json")))
+        except (OSError, ValueError):
+            lines += ["no JSON output; see bench/%s.log" % name, ""]
+            continue
+        rows = data.get("benchmarks", [])
+        keys = []
+        for b in rows:
+            for k, v in b.items():
+                if isinstance(v, (int, float)) and k not in keys and k not in (
+                        "family_index", "per_family_instance_index", "repetitions",
+                        "repetition_index", "threads", "iterations"):
+                    keys.append(k)
+        lines.append("| benchmark | " + " | ".join(keys) + " |")
+        lines.append("|---|" + "---|" * len(keys))
+        for b in rows:
+            cells = []
+            for k in keys:
+                v = b.get(k)
+                cells.append("" if v is None else ("%.4g" % v if isinstance(v, float) else str(v)))
+            msg = b.get("error_message") or b.get("skip_message") or ""
+            lines.append("| %s%s | %s |" % (b.get("name", "?"), (" (" + msg + ")") if msg else "",
+                                           " | ".join(cells)))
+        lines.append("")
+    return lines
+
+
+def main():
+    out = sys.argv[1]
+    env = open(os.path.join(out, "environment.txt")).read() if os.path.exists(
+        os.path.join(out, "environment.txt")) else ""
+    lines = ["# shardkit GPU suite report", "", "```", env.strip(), "```", ""]
+    lines += tests_section(out) + [""] + bench_section(out)
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Runs the packed GPU suite (built by tools/gpu/package.sh) in one call and
+# writes a report. On the GPU machine:
+#
+#   gpu-pkg/run.sh                 # report into $OUT if set, else gpu-pkg/report
+#
+# Every test binary runs (GoogleTest JSON per binary), then every benchmark
+# (Google Benchmark JSON), then report.py writes report.md: tests passed /
+# failed / skipped per binary, and the benchmarks' numbers. Without a GPU the
+# tests skip and the report says so, which is how the package is checked on
+# the development machine.
+#
+# Libraries: the package's lib/ first (started through the packed loader, so
+# the host's glibc does not matter), then the host's CUDA libraries (cuBLAS,
+# cuBLASLt, NCCL of CUDA 13) found under $CUDA_HOME, /usr/local/cuda*, or a
+# Python environment's nvidia-* wheels (PyTorch's), then the driver.
+# SK_GPU_SYSTEM_LOADER=1 starts the binaries with the host's own loader.
+set -uo pipefail
+PKG=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-$PKG/report}
+mkdir -p "$OUT/tests" "$OUT/bench"
+TEST_TIMEOUT=${SK_GPU_TEST_TIMEOUT:-900}
+
+# Directories holding the CUDA libraries the package leaves out.
+cuda_dirs=()
+add_dir() { [[ -d "$1" ]] && cuda_dirs+=("$1"); }
+for d in "${CUDA_HOME:-}/lib64" /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
+         /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -n "$d" ]] && compgen -G "$d/libcublasLt.so.13*" >/dev/null && add_dir "$d"
+done
+for py in python3 python; do
+  command -v "$py" >/dev/null || continue
+  while read -r d; do add_dir "$d"; done < <("$py" - <<'PY' 2>/dev/null
+import glob, os, site, sys
+roots = set(site.getsitepackages() + [site.getusersitepackages()] + sys.path)
+for r in roots:
+    for d in glob.glob(os.path.join(r, "nvidia", "*", "lib")) + glob.glob(os.path.join(r, "nvidia", "cu13", "lib")):
+        if glob.glob(os.path.join(d, "libcublas*.so.13*")) or glob.glob(os.path.join(d, "libnccl.so.2*")):
+            print(d)
+PY
+)
+  break
+done
+driver_dir=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF; exit}' | xargs -r dirname)
+[[ -n "$driver_dir" ]] && cuda_dirs+=("$driver_dir")
+LIBPATH=$PKG/lib
+for d in "${cuda_dirs[@]}"; do LIBPATH+=":$d"; done
+
+if [[ "${SK_GPU_SYSTEM_LOADER:-0}" == 1 ]]; then
+  launch=(env "LD_LIBRARY_PATH=$LIBPATH")
+else
+  launch=("$PKG/lib/ld-linux-x86-64.so.2" --library-path "$LIBPATH")
+fi
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "host: $(uname -n) $(uname -r)"
+  echo "library path: $LIBPATH"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  else
+    echo "nvidia-smi: not found (no GPU driver on this machine)"
+  fi
+} > "$OUT/environment.txt" 2>&1
+cp "$PKG/MANIFEST" "$OUT/MANIFEST" 2>/dev/null
+
+for bin in "$PKG"/bin/*; do
+  name=$(basename "$bin")
+  case "$name" in
+    *_test)
+      echo "run: $name"
+      timeout "$TEST_TIMEOUT" "${launch[@]}" "$bin" --gtest_output="json:$OUT/tests/$name.json" \
+        > "$OUT/tests/$name.log" 2>&1
+      echo "$?" > "$OUT/tests/$name.rc"
+      ;;
+    *)
+      echo "bench: $name"
+      timeout "$TEST_TIMEOUT" "${launch[@]}" "$bin" --benchmark_out="$OUT/bench/$name.json" \
+        --benchmark_out_format=json > "$OUT/bench/$name.log" 2>&1
+      echo "$?" > "$OUT/bench/$name.rc"
+      ;;
+  esac
+done
+
+if command -v python3 >/dev/null; then
+  python3 "$PKG/report.py" "$OUT" && echo "report: $OUT/report.md"
+else
+  echo "report: no python3 here; raw results are in $OUT" >&2
+fi
+# Exit status: 0 when every test binary passed (skips count as passes).
+failed=0
+for rc in "$OUT"/tests/*.rc; do [[ "$(cat "$rc")" == 0 ]] || failed=1; done
+exit $failed
