@@ -26,11 +26,14 @@ LIMIT_MIB=48  # leaves room under the 64 MiB carry limit
 # Binaries of the GPU suite: label -> name in bin/. Every test skips cleanly
 # without a GPU, so run.sh can also be tried here.
 TESTS=(
+  //tests/ops:conformance_test
+  //tests/ops:init_test
   //tests/comm:local_cuda_test
   //tests/comm:nccl_test
   //tests/comm:local_stream_ordered_test
 )
 BENCHES=(
+  //benchmarks:gpu_gemm
 )
 
 echo "package: building ${#TESTS[@]} tests and ${#BENCHES[@]} benchmarks with --config=cuda -c opt"

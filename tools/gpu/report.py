@@ -47,7 +47,22 @@ def tests_section(out):
     return lines
 
 
-def bench_section(out):
+# Dense (no sparsity) datasheet peaks in TFLOP/s: (f32 on CUDA cores,
+# bf16/f16 on tensor cores with f32 accumulation). Sources: NVIDIA H100
+# datasheet (SXM5: 67 / 989.4; PCIe: 51 / 756), H200 datasheet (same SXM
+# compute as H100), A100 datasheet (19.5 / 312).
+PEAKS = [("H100 PCIe", 51.0, 756.0), ("H100", 67.0, 989.4), ("H200", 67.0, 989.4),
+         ("A100", 19.5, 312.0)]
+
+
+def peak_for(env, label):
+    for name, f32, tensor in PEAKS:
+        if name in env:
+            return f32 if label == "f32" else tensor
+    return None
+
+
+def bench_section(out, env=""):
     lines = ["## Benchmarks", ""]
     for rc_path in sorted(glob.glob(os.path.join(out, "bench", "*.rc"))):
         name = os.path.basename(rc_path)[:-3]
@@ -67,13 +82,18 @@ def bench_section(out):
                         "family_index", "per_family_instance_index", "repetitions",
                         "repetition_index", "threads", "iterations"):
                     keys.append(k)
-        lines.append("| benchmark | " + " | ".join(keys) + " |")
-        lines.append("|---|" + "---|" * len(keys))
+        with_peak = "TFLOP/s" in keys
+        lines.append("| benchmark | " + " | ".join(keys) + (" | of peak |" if with_peak else " |"))
+        lines.append("|---|" + "---|" * (len(keys) + (1 if with_peak else 0)))
         for b in rows:
             cells = []
             for k in keys:
                 v = b.get(k)
                 cells.append("" if v is None else ("%.4g" % v if isinstance(v, float) else str(v)))
+            if with_peak:
+                peak = peak_for(env, b.get("label", ""))
+                tf = b.get("TFLOP/s")
+                cells.append("%.1f%%" % (100.0 * tf / peak) if peak and tf else "")
             msg = b.get("error_message") or b.get("skip_message") or ""
             lines.append("| %s%s | %s |" % (b.get("name", "?"), (" (" + msg + ")") if msg else "",
                                            " | ".join(cells)))
@@ -86,7 +106,7 @@ def main():
     env = open(os.path.join(out, "environment.txt")).read() if os.path.exists(
         os.path.join(out, "environment.txt")) else ""
     lines = ["# shardkit GPU suite report", "", "```", env.strip(), "```", ""]
-    lines += tests_section(out) + [""] + bench_section(out)
+    lines += tests_section(out) + [""] + bench_section(out, env)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
