@@ -287,8 +287,11 @@ class CpuBackend final : public OpBackend {
     return OkStatus();
   }
 
-  Status SgdUpdate(const OpContext&, const SgdHyper& h, const Tensor& param, const Tensor& grad,
+  Status SgdUpdate(const OpContext&, const SgdHyper& hyper, const Tensor& param, const Tensor& grad,
                    const Tensor& momentum) override {
+    // A local copy: the float stores below could alias a referenced struct's
+    // float fields, which would force reloads and block vectorisation.
+    const SgdHyper h = hyper;
     const int64_t n = param.numel();
     float* p = F(param);
     const float* g = F(grad);
@@ -302,8 +305,9 @@ class CpuBackend final : public OpBackend {
     return OkStatus();
   }
 
-  Status AdamUpdate(const OpContext&, const AdamHyper& h, const Tensor& param, const Tensor& grad,
+  Status AdamUpdate(const OpContext&, const AdamHyper& hyper, const Tensor& param, const Tensor& grad,
                     const Tensor& exp_avg, const Tensor& exp_avg_sq) override {
+    const AdamHyper h = hyper;  // local: see SgdUpdate
     const int64_t n = param.numel();
     float* p = F(param);
     const float* g = F(grad);
