@@ -117,4 +117,31 @@ StatusOr<std::string> ReadFileBounded(const std::string& path, int64_t max_bytes
   return out;
 }
 
+Status CheckJsonNesting(std::string_view text, int max_depth, const std::string& what) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      if (ch == '\\') {
+        ++i;  // skip the escaped character
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > max_depth) {
+        return DataLossError(what + ": JSON nested deeper than " + std::to_string(max_depth) +
+                             " levels (at byte " + std::to_string(i) + "): corrupt or not ours");
+      }
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace sk

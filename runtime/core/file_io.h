@@ -58,6 +58,13 @@ std::string ParentDirectory(const std::string& path);
 StatusOr<std::string> ReadFileBounded(const std::string& path, int64_t max_bytes,
                                       const std::string& what = "file");
 
+// Bounds the nesting of JSON text before anyone parses or walks it
+// (nlohmann's dump and comparisons recurse: a file of 10^6 '[' overflows
+// the stack). DataLoss naming `what` if brackets nest deeper than
+// `max_depth`; OK otherwise (the text may still be invalid JSON). Brackets
+// inside strings do not count. Linear time, no allocation.
+Status CheckJsonNesting(std::string_view text, int max_depth, const std::string& what);
+
 }  // namespace sk
 
 #endif  // SHARDKIT_RUNTIME_CORE_FILE_IO_H_

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/core/file_io.h"
 #include "runtime/fsdp/checkpoint_internal.h"
 #include "runtime/fsdp/safetensors.h"
 
@@ -22,6 +23,10 @@ constexpr char kIndexFormat[] = "shardkit.sharded_checkpoint";
 // CRC-32 of the index's compact JSON without this key: a flipped digit in a
 // step or size would otherwise still parse.
 constexpr char kIndexCrcKey[] = "index_crc32";
+// Bounds on what is read from disk: an index of a 10^4-unit model with 100
+// parameters each is ~100 MB of JSON below this; our format nests 5 deep.
+constexpr int64_t kMaxIndexBytes = int64_t{256} << 20;
+constexpr int kMaxIndexNesting = 16;
 
 std::string RankFileName(int shard_rank) { return CheckpointRankFileName(shard_rank); }
 
@@ -72,7 +77,8 @@ json IndexToJson(const CheckpointIndex& ix, const OptimizerOptions* opt) {
   j["units"] = units;
   json files = json::array();
   for (const auto& f : ix.files)
-    files.push_back({{"name", f.name}, {"shard_rank", f.shard_rank}, {"bytes", f.bytes}});
+    files.push_back({{"name", f.name}, {"shard_rank", f.shard_rank}, {"bytes", f.bytes},
+                     {"header_crc32", f.header_crc32}});
   j["files"] = files;
   return j;
 }
@@ -120,8 +126,9 @@ class JsonReader {
 };
 
 StatusOr<CheckpointIndex> ParseIndex(const std::string& path, const std::string& text) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   JsonReader r("'" + path + "'");
+  SK_RETURN_IF_ERROR(CheckJsonNesting(text, kMaxIndexNesting, "'" + path + "'"));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return r.Error("not valid JSON (corrupt or truncated)");
   SK_ASSIGN_OR_RETURN(int64_t crc, r.Int(j, kIndexCrcKey, "index"));
   if (crc != IndexCrc(j)) {
@@ -213,6 +220,10 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& path, const std::string&
     SK_ASSIGN_OR_RETURN(f.name, r.Str((*files)[k], "name", ctx));
     SK_ASSIGN_OR_RETURN(int64_t shard_rank, r.Int((*files)[k], "shard_rank", ctx));
     SK_ASSIGN_OR_RETURN(f.bytes, r.Int((*files)[k], "bytes", ctx));
+    if ((*files)[k].is_object() && (*files)[k].contains("header_crc32")) {
+      SK_ASSIGN_OR_RETURN(f.header_crc32, r.Int((*files)[k], "header_crc32", ctx));
+      if (f.header_crc32 > 0xffffffffll) return r.Error(ctx + ".header_crc32 is not a CRC-32");
+    }
     // Only our own names: an index can never point outside its directory.
     if (shard_rank != static_cast<int64_t>(k) || f.name != RankFileName(static_cast<int>(k))) {
       return r.Error(ctx + " is '" + f.name + "' for shard rank " + std::to_string(shard_rank) +
@@ -246,16 +257,8 @@ std::string SerializeCheckpointIndex(const CheckpointIndex& ix, const OptimizerO
 
 StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& dir_in) {
   const std::string path = StripTrailingSlashes(dir_in) + "/" + kCheckpointIndexName;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) return NotFoundError("checkpoint index '" + path + "' does not exist");
-    return UnavailableError("cannot read '" + path + "'");
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseIndex(path, ss.str());
+  SK_ASSIGN_OR_RETURN(std::string text, ReadFileBounded(path, kMaxIndexBytes, "checkpoint index"));
+  return ParseIndex(path, text);
 }
-
 
 }  // namespace sk

@@ -7,7 +7,7 @@
 //   "step", "optimizer": null | {"kind", "state_names": [...], "lr", ...},
 //   "units": [{"name", "unpadded_numel", "padded_numel", "shard_numel",
 //              "optimizer_step", "params": [{"name", "shape", "offset", "numel"}]}],
-//   "files": [{"name", "shard_rank", "bytes"}],
+//   "files": [{"name", "shard_rank", "bytes", "header_crc32"}],
 //   "index_crc32"}
 // "index_crc32" is the CRC-32 of the compact JSON without that key, so a
 // flipped digit in a step or a size is DataLoss rather than a silent change.
@@ -51,6 +51,11 @@ struct CheckpointIndex {
     std::string name;  // "rank-00003.safetensors", relative to the directory
     int shard_rank = 0;
     int64_t bytes = 0;
+    // CRC-32 of the file's safetensors header (length prefix and JSON), which
+    // holds every tensor's CRC-32, its shard rank and the checkpoint id: binds
+    // the file's whole content to the index. -1 in indexes written before it
+    // was recorded (then only size, id and shard rank are checked).
+    int64_t header_crc32 = -1;
   };
   int format_version = kCheckpointFormatVersion;
   std::string checkpoint_id;
@@ -67,7 +72,9 @@ struct CheckpointIndex {
 };
 
 // Reads and validates `dir`/index.json alone (no model needed). NotFound if
-// absent, DataLoss if malformed or inconsistent.
+// absent, DataLoss if malformed, inconsistent or nested deeper than our
+// format ever is, ResourceExhausted if larger than 256 MiB (a path pointing
+// at an endless file such as /dev/zero is read no further than that).
 StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& dir);
 
 

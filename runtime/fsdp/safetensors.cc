@@ -102,6 +102,27 @@ Status WriteSafeTensors(const std::string& path, const std::vector<SafeTensorsEn
   return WriteFileDurably(path, pieces);
 }
 
+uint32_t SafeTensorsFile::header_crc32() const { return Crc32(bytes_.data(), data_start_); }
+
+StatusOr<uint32_t> SafeTensorsHeaderCrc32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return NotFoundError("checkpoint file '" + path + "' does not exist");
+    return UnavailableError("cannot open '" + path + "'");
+  }
+  std::string bytes(8, '\0');
+  if (!in.read(bytes.data(), 8)) return DataLossError("'" + path + "': shorter than a safetensors header");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  if (n > (uint64_t{100} << 20)) return DataLossError("'" + path + "': header length " + std::to_string(n) + " is implausible");
+  bytes.resize(8 + n);
+  if (n > 0 && !in.read(bytes.data() + 8, static_cast<std::streamsize>(n))) {
+    return DataLossError("'" + path + "': truncated header");
+  }
+  return Crc32(bytes.data(), bytes.size());
+}
+
 StatusOr<SafeTensorsFile> SafeTensorsFile::Read(const std::string& path) {
   SafeTensorsFile f;
   f.path_ = path;
@@ -129,6 +150,9 @@ StatusOr<SafeTensorsFile> SafeTensorsFile::Read(const std::string& path) {
                          std::to_string(f.bytes_.size()) + " bytes): truncated or not safetensors");
   }
   f.data_start_ = 8 + static_cast<size_t>(n);
+  // Our headers nest 3 deep; bound it before the parser and its users recurse.
+  SK_RETURN_IF_ERROR(CheckJsonNesting(std::string_view(f.bytes_.data() + 8, static_cast<size_t>(n)), 16,
+                                      "'" + path + "' header"));
   nlohmann::json header = nlohmann::json::parse(f.bytes_.begin() + 8, f.bytes_.begin() + 8 + n,
                                                 nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {

@@ -77,6 +77,9 @@ class SafeTensorsFile {
   // A copy of the tensor in new storage from ctx.alloc (on ctx's device),
   // made with the Copy op on ctx (ops::HostContext() for host memory).
   StatusOr<Tensor> Load(const std::string& name, const ops::OpContext& ctx) const;
+  // CRC-32 of the header: the 8-byte length and the JSON (which holds every
+  // tensor's CRC-32 and the metadata), so it stands for the whole file.
+  uint32_t header_crc32() const;
 
  private:
   std::string path_;
@@ -86,6 +89,10 @@ class SafeTensorsFile {
   std::map<std::string, Info> infos_;
   std::map<std::string, std::string> metadata_;
 };
+
+// SafeTensorsFile::header_crc32() of the file at `path`, reading only its
+// header. NotFound, or DataLoss if it is not safetensors.
+StatusOr<uint32_t> SafeTensorsHeaderCrc32(const std::string& path);
 
 // zlib's CRC-32 of `n` bytes.
 uint32_t Crc32(const void* data, size_t n);

@@ -219,6 +219,20 @@ Status ReadShards(const std::string& dir, const CheckpointIndex& ix, const Train
                            (id == sf.metadata().end() ? std::string("none") : id->second) + "', index '" +
                            ix.checkpoint_id + "')");
     }
+    // Bind the file to its place: two rank files swapped, or one copied over
+    // another, have the right size and id but another shard's weights.
+    auto shard = sf.metadata().find("shard_rank");
+    if (shard == sf.metadata().end() || shard->second != std::to_string(k)) {
+      return DataLossError("checkpoint file '" + path + "' holds shard rank " +
+                           (shard == sf.metadata().end() ? std::string("(none)") : shard->second) +
+                           ", the index lists it as shard rank " + std::to_string(k) +
+                           " (files swapped or copied over each other)");
+    }
+    if (file.header_crc32 >= 0 && sf.header_crc32() != static_cast<uint32_t>(file.header_crc32)) {
+      return DataLossError("checkpoint file '" + path + "' does not match the index (header CRC-32 " +
+                           std::to_string(sf.header_crc32()) + ", the index says " +
+                           std::to_string(file.header_crc32) + "): replaced after the checkpoint was written");
+    }
     // Copies flat elements [lo, hi) of tensor `name` (old shard k) into `dst`.
     auto copy = [&](int u, const std::string& name, const Tensor& dst) -> Status {
       const int64_t old_s = ix.units[u].shard_numel;
@@ -324,6 +338,8 @@ Status WriteIndex(const std::string& tmp, const TrainingState& state, const std:
                               " is not visible to rank 0 (is the directory on a shared filesystem?)");
     }
     file.bytes = static_cast<int64_t>(st.st_size);
+    SK_ASSIGN_OR_RETURN(uint32_t crc, SafeTensorsHeaderCrc32(path));
+    file.header_crc32 = crc;
     ix.files.push_back(std::move(file));
   }
   return WriteFileDurably(tmp + "/" + kCheckpointIndexName,

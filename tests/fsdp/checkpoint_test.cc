@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -456,6 +457,51 @@ TEST_F(CheckpointTest, FileFromAnotherCheckpointIsDataLoss) {
                 fs::copy_options::overwrite_existing);
   ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(a, r.state).status(); },
                            StatusCode::kDataLoss, "another checkpoint");
+}
+
+// Issue 14, item 6: rank files of one checkpoint swapped, or one copied over
+// another, used to load OK with another shard's weights.
+TEST_F(CheckpointTest, SwappedOrCopiedRankFilesAreDataLossNotWrongWeights) {
+  const std::string dir = TempDir("swapped") + "/ckpt";
+  SaveAtStep3(dir);
+  const std::string a = dir + "/rank-00001.safetensors", b = dir + "/rank-00002.safetensors";
+  fs::rename(a, dir + "/x");
+  fs::rename(b, a);
+  fs::rename(dir + "/x", b);
+  ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(dir, r.state).status(); },
+                           StatusCode::kDataLoss, "holds shard rank 2, the index lists it as shard rank 1");
+  const std::string c = TempDir("copied") + "/ckpt";
+  SaveAtStep3(c);
+  fs::copy_file(c + "/rank-00000.safetensors", c + "/rank-00003.safetensors", fs::copy_options::overwrite_existing);
+  ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(c, r.state).status(); },
+                           StatusCode::kDataLoss, "rank-00003.safetensors' holds shard rank 0");
+}
+
+// A rank file rewritten with valid checksums, the same size, id and shard
+// rank but other values: only the index's header CRC can tell.
+TEST_F(CheckpointTest, RankFileRewrittenWithOtherValuesFailsTheIndexChecksum) {
+  const std::string dir = TempDir("rewritten") + "/ckpt";
+  SaveAtStep3(dir);
+  const std::string path = dir + "/rank-00001.safetensors";
+  StatusOr<SafeTensorsFile> f = SafeTensorsFile::Read(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::vector<std::vector<char>> copies;
+  std::vector<SafeTensorsEntry> entries;
+  for (const std::string& name : f->names()) {
+    SafeTensorsFile::Info info = *f->info(name);
+    const char* data = static_cast<const char*>(*f->data(name));
+    copies.emplace_back(data, data + info.nbytes);
+    if (info.nbytes >= sizeof(float)) {
+      float v;
+      std::memcpy(&v, copies.back().data(), sizeof v);
+      v += 1.0f;
+      std::memcpy(copies.back().data(), &v, sizeof v);
+    }
+    entries.push_back({name, info.dtype, info.shape, copies.back().data()});
+  }
+  ASSERT_TRUE(WriteSafeTensors(path, entries, f->metadata()).ok());
+  ExpectLoadFailsUntouched([&](RankState& r) { return LoadShardedCheckpoint(dir, r.state).status(); },
+                           StatusCode::kDataLoss, "does not match the index");
 }
 
 TEST_F(CheckpointTest, CheckpointOfAnotherModelIsInvalidArgumentNamingTheParameter) {
