@@ -157,6 +157,9 @@ template <typename T> constexpr size_t kFirstVersionSize = sizeof(T);
 // 0.1.0's sk_trainer_options ended at data_tokens; 0.2.0 appended parallelism.
 template <> constexpr size_t kFirstVersionSize<sk_trainer_options> =
     offsetof(sk_trainer_options, parallelism);
+// 0.2.0's sk_step_metrics ended at bytes_communicated; 0.3.0 appended global_loss.
+template <> constexpr size_t kFirstVersionSize<sk_step_metrics> =
+    offsetof(sk_step_metrics, global_loss);
 
 // Copies a caller's option struct into `out` (zeroed, then the caller's
 // bytes up to min(struct_size, sizeof)); `in` NULL leaves all defaults.

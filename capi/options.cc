@@ -131,6 +131,7 @@ sk_step_metrics ToStepMetrics(const sk::StepMetrics& m, int rank) {
   c.alloc_retries = m.alloc_retries;
   c.ooms = m.ooms;
   c.bytes_communicated = m.bytes_communicated;
+  c.global_loss = m.global_loss;
   return c;
 }
 

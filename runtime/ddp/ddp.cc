@@ -362,6 +362,13 @@ StatusOr<double> DistributedDataParallel::ClipGradNorm(double max_norm, NormType
   return norm;
 }
 
+Status DistributedDataParallel::ScaleGradients(float factor) {
+  SK_RETURN_IF_ERROR(FinishBackward());
+  std::vector<Tensor> grads;
+  for (const Bucket& b : buckets_) grads.push_back(b.grads);
+  return sk::ScaleGradients(ctx_, grads, factor);
+}
+
 Status DistributedDataParallel::OptimizerStep(Optimizer& optimizer) {
   SK_RETURN_IF_ERROR(FinishBackward());
   std::vector<ShardRef> refs;

@@ -150,6 +150,7 @@ class DistributedDataParallel final : public DataParallelModel {
   // collective. Calls FinishBackward first.
   StatusOr<double> ClipGradNorm(double max_norm, NormType type = NormType::kL2) override;
   // Steps every bucket (slot = bucket index), then refreshes the bf16 copies.
+  Status ScaleGradients(float factor) override;
   Status OptimizerStep(Optimizer& optimizer) override;
   void ZeroGrad() override;
 

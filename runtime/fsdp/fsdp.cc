@@ -632,6 +632,13 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
   return norm;
 }
 
+Status FullyShardedModel::ScaleGradients(float factor) {
+  SK_RETURN_IF_ERROR(FinishBackward());
+  std::vector<Tensor> grads;
+  for (const FlatUnit& f : flat_) grads.push_back(f.grad);
+  return sk::ScaleGradients(compute_ctx_, grads, factor);
+}
+
 Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
   SK_RETURN_IF_ERROR(FinishBackward());
   std::vector<ShardRef> refs;

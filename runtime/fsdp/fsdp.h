@@ -209,6 +209,7 @@ class FullyShardedModel final : public DataParallelModel {
   StatusOr<double> ClipGradNorm(double max_norm, NormType type = NormType::kL2) override;
   // Steps `optimizer` on every unit's master shard (slot = unit index), then,
   // for SHARD_OPTIM and NO_SHARD, refreshes the persistent full parameters.
+  Status ScaleGradients(float factor) override;
   Status OptimizerStep(Optimizer& optimizer) override;
   // Zeroes the gradient shards (and accumulated no_sync gradients).
   void ZeroGrad() override;

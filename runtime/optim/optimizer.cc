@@ -250,4 +250,11 @@ StatusOr<float> ClipGradientsToNorm(const ops::OpContext& ctx, const std::vector
   return c;
 }
 
+Status ScaleGradients(const ops::OpContext& ctx, const std::vector<Tensor>& grads, float factor) {
+  if (!std::isfinite(factor)) return InvalidArgumentError("gradient scale factor must be finite");
+  SK_RETURN_IF_ERROR(CheckGrads(grads, "gradient scaling"));
+  for (const Tensor& t : grads) SK_RETURN_IF_ERROR(ops::Scale(ctx, t, factor));
+  return OkStatus();
+}
+
 }  // namespace sk

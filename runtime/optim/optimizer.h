@@ -143,6 +143,10 @@ double FinishGradNorm(double combined_partial, NormType type);
 // tensor (nothing is scaled then).
 StatusOr<float> ClipGradientsToNorm(const ops::OpContext& ctx, const std::vector<Tensor>& grads,
                                     double total_norm, double max_norm);
+// Multiplies f32 gradients by `factor` (gradient accumulation's 1/M) with
+// the Scale op on ctx. InvalidArgument for a non-finite factor or an
+// undefined or non-f32 tensor (nothing is scaled then).
+Status ScaleGradients(const ops::OpContext& ctx, const std::vector<Tensor>& grads, float factor);
 
 }  // namespace sk
 

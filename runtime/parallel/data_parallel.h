@@ -50,6 +50,10 @@ class DataParallelModel : public UnitHooks {
   // The global gradient norm; with max_norm > 0 scales the gradients so it is
   // at most max_norm. InvalidArgument for a negative or non-finite max_norm.
   virtual StatusOr<double> ClipGradNorm(double max_norm, NormType type = NormType::kL2) = 0;
+  // FinishBackward, then multiplies this rank's gradients by `factor`
+  // (the Trainer's 1/M over M accumulated micro-batches). Not collective.
+  // InvalidArgument for a non-finite factor.
+  virtual Status ScaleGradients(float factor) = 0;
   // FinishBackward, then one optimizer step on this rank's parameters.
   virtual Status OptimizerStep(Optimizer& optimizer) = 0;
   // Zeroes gradients (waiting for reductions in flight first).

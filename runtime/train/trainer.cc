@@ -8,6 +8,7 @@
 
 #include "runtime/fsdp/checkpoint.h"
 #include "runtime/train/engine.h"
+#include "runtime/comm/work.h"
 
 namespace sk {
 
@@ -75,6 +76,8 @@ Status Trainer::Init() {
     gemm_threads_ = std::max(1, cores / sharing);
   }
   SK_ASSIGN_OR_RETURN(allocator_, CreateRankAllocator(world_->rank(), options_.memory_cap_bytes));
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(world_->rank())));
+  SK_ASSIGN_OR_RETURN(metrics_stream_, device->CreateStream("metrics"));
 
   const int64_t vocab = config_.family == ModelFamily::kGpt ? config_.gpt.vocab_size : config_.t5.vocab_size;
   if (options_.data_path.empty()) {
@@ -117,6 +120,18 @@ StatusOr<TokenBatch> Trainer::BatchFor(int64_t step, int micro) const {
                             index, world_->rank(), world_->size());
 }
 
+StatusOr<float> Trainer::GlobalMean(float loss) {
+  if (world_->size() == 1) return loss;
+  SK_ASSIGN_OR_RETURN(Tensor t, HostAllocator::Default().Empty(DType::kF32, Shape{1}));
+  t.data_as<float>()[0] = loss;
+  comm::ReduceOptions ro;
+  ro.op = comm::ReduceOp::kAvg;
+  ro.timeout = options_.fsdp.timeout;
+  SK_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w, world_->all_reduce(t, *metrics_stream_, ro));
+  SK_RETURN_IF_ERROR(w->wait(options_.fsdp.timeout).WithContext("averaging the loss over ranks"));
+  return t.data_as<float>()[0];
+}
+
 Status Trainer::UseGemmThreads() const { return SetGemmThreads(gemm_threads_); }
 
 StatusOr<StepMetrics> Trainer::Step() {
@@ -137,6 +152,13 @@ StatusOr<StepMetrics> Trainer::Step() {
     loss_sum += *loss;
   }
   SK_RETURN_IF_ERROR(engine_->FinishBackward());
+  // The micro-batches' gradients were summed; the reported loss is their
+  // mean. Make the gradient that of the reported loss, as PyTorch's
+  // (loss / M).backward() does: grad_norm, clipping and the learning rate
+  // then mean the same for every M.
+  if (options_.grad_accum_steps > 1) {
+    SK_RETURN_IF_ERROR(engine_->ScaleGradients(1.f / static_cast<float>(options_.grad_accum_steps)));
+  }
   SK_ASSIGN_OR_RETURN(double norm, engine_->ClipGradNorm(options_.clip_grad_norm));
   SK_RETURN_IF_ERROR(engine_->OptimizerStep(*optimizer_));
   const double seconds =
@@ -146,6 +168,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   StepMetrics m;
   m.step = step_;
   m.loss = static_cast<float>(loss_sum / options_.grad_accum_steps);
+  SK_ASSIGN_OR_RETURN(m.global_loss, GlobalMean(m.loss));
   m.grad_norm = norm;
   m.step_seconds = seconds;
   const double tokens = static_cast<double>(options_.batch_size) * options_.seq_len *

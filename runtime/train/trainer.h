@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runtime/comm/process_group.h"
+#include "runtime/device/device.h"
 #include "runtime/ddp/ddp.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/memory/caching_allocator.h"
@@ -42,7 +43,10 @@ struct TrainerOptions {
   FsdpOptions fsdp;
   OptimizerOptions optimizer;
   // Sequences per rank per micro-batch, and micro-batches per step (gradient
-  // accumulation with no_sync for all but the last).
+  // accumulation with no_sync for all but the last). The step's loss is the
+  // mean over its M micro-batches and the gradient is that loss's gradient
+  // (the micro-batches' sum divided by M, PyTorch's (loss / M).backward()),
+  // so M micro-batches of B step exactly as one batch of M * B.
   int64_t batch_size = 2;
   int grad_accum_steps = 1;
   // 0: the configuration's default sequence lengths.
@@ -75,7 +79,8 @@ Status ValidateTrainerOptions(const TrainerOptions& options);
 
 struct StepMetrics {
   int64_t step = 0;             // steps completed, including this one
-  float loss = 0;               // mean over this rank's micro-batches
+  float loss = 0;               // this rank's: the mean over its micro-batches
+  float global_loss = 0;        // the global batch's: the mean of loss over all ranks
   double grad_norm = 0;         // total L2 norm before clipping
   double step_seconds = 0;
   double tokens_per_second = 0;     // this rank's
@@ -125,12 +130,16 @@ class Trainer {
   Status SaveCheckpoint(const std::string& dir);
   // Restores a checkpoint saved at any world size and strategy, including
   // the step counter (so BatchFor continues the data where it stopped).
-  // Collective; on error nothing changes.
+  // To continue the same run at another world size keep the global batch
+  // (batch_size * grad_accum_steps * world size). Collective; on error
+  // nothing changes.
   Status LoadCheckpoint(const std::string& dir);
 
  private:
   Trainer(const TrainerOptions& options, comm::ProcessGroup* world);
   Status Init();
+  // The mean of `loss` over all ranks. Collective.
+  StatusOr<float> GlobalMean(float loss);
   // Applies the GEMM thread count to the calling thread.
   Status UseGemmThreads() const;
 
@@ -143,6 +152,8 @@ class Trainer {
   std::unique_ptr<DistributedDataParallel> ddp_;
   DataParallelModel* engine_ = nullptr;
   std::unique_ptr<Optimizer> optimizer_;
+  // Averages the step's loss over ranks (StepMetrics::global_loss).
+  std::unique_ptr<Stream> metrics_stream_;
   std::vector<int32_t> tokens_;
   int64_t step_ = 0;
   int gemm_threads_ = 1;

@@ -450,6 +450,9 @@ TEST(CapiLocalSession, EqualsTrainersDrivenOnCallerThreadsBitForBit) {
     ASSERT_OK(sk_local_session_metrics(s, 1, &m1));
     EXPECT_EQ(m0.rank, 0);
     EXPECT_EQ(m1.rank, 1);
+    // loss is each rank's own; global_loss the global batch's, on every rank.
+    EXPECT_FLOAT_EQ(m0.global_loss, (m0.loss + m1.loss) / 2);
+    EXPECT_EQ(m0.global_loss, m1.global_loss);
     session.losses[0].push_back(m0.loss);
     session.losses[1].push_back(m1.loss);
   }

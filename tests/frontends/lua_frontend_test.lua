@@ -26,8 +26,8 @@ local function expect_error(code_name, text, fn, ...)
 end
 
 test("version is the library's", function()
-  assert(sk.version() == "0.2.0", sk.version())
-  assert(sk.version_number() == 2000, sk.version_number())
+  assert(sk.version() == "0.3.0", sk.version())
+  assert(sk.version_number() == 3000, sk.version_number())
 end)
 
 test("errors carry code, name and the library's message", function()

@@ -2,10 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <thread>
 
 #include "runtime/comm/local_backend.h"
+#include "runtime/nn/configs.h"
+#include "runtime/nn/owned_parameters.h"
+#include "runtime/optim/optimizer.h"
 
 namespace sk {
 namespace {
@@ -56,6 +61,82 @@ TEST(TrainerTest, TrainingReducesLossAndReportsMetrics) {
     EXPECT_GT(m.grad_norm, 0);
     EXPECT_EQ(m.ooms, 0);
   });
+}
+
+// grad_accum_steps = M: the gradient is that of the reported (mean) loss, as
+// PyTorch's (loss / M).backward() makes it. Two ranks x two micro-batches of
+// 2 sequences step exactly like one unsharded SGD step on those 8 sequences
+// at once (summing the micro-batches instead would step twice as far).
+TEST(TrainerTest, AccumulatedMicroBatchesStepLikeOneBatchMTimesLarger) {
+  constexpr int kWorld = 2, kMicro = 2;
+  TrainerOptions o = Tiny();
+  o.batch_size = 2;
+  o.grad_accum_steps = kMicro;
+  o.optimizer.kind = OptimizerKind::kSgd;
+  o.optimizer.lr = 0.5f;
+  o.fsdp.seed = 11;
+  std::vector<TokenBatch> micro(kWorld * kMicro);
+  std::vector<float> losses(kWorld), global_losses(kWorld);
+  std::vector<std::vector<std::vector<float>>> params;  // rank 0's [unit][param][elem]
+  RunRanks(kWorld, [&](int rank, comm::ProcessGroup* world) {
+    auto t = Trainer::Create(o, world);
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (int m = 0; m < kMicro; ++m) micro[rank * kMicro + m] = *(*t)->BatchFor(0, m);
+    StatusOr<StepMetrics> r = (*t)->Step();
+    ASSERT_TRUE(r.ok()) << r.status();
+    losses[rank] = r->loss;
+    global_losses[rank] = r->global_loss;
+    const auto& units = (*t)->model().units();
+    std::vector<std::vector<std::vector<float>>> mine;
+    for (size_t u = 0; u < units.size(); ++u) {
+      mine.emplace_back();
+      for (size_t p = 0; p < units[u].params.size(); ++p) {
+        StatusOr<Tensor> full = (*t)->fsdp()->GatherFullParam(static_cast<int>(u), static_cast<int>(p));
+        ASSERT_TRUE(full.ok()) << full.status();
+        mine.back().emplace_back(full->data_as<float>(), full->data_as<float>() + full->numel());
+      }
+    }
+    if (rank == 0) params = std::move(mine);
+  });
+  ASSERT_FALSE(params.empty());
+
+  // The reference: one unsharded rank, one batch of all 8 sequences.
+  TokenBatch all = micro[0];
+  for (size_t i = 1; i < micro.size(); ++i) {
+    all.inputs.insert(all.inputs.end(), micro[i].inputs.begin(), micro[i].inputs.end());
+    all.targets.insert(all.targets.end(), micro[i].targets.begin(), micro[i].targets.end());
+    all.batch_size += micro[i].batch_size;
+  }
+  auto model = *CreateModel(o.model);
+  auto owned = *OwnedParameters::Create(model->units(), o.fsdp.seed);
+  auto opt = *Optimizer::Create(o.optimizer, &HostAllocator::Default());
+  owned->ZeroGrad();
+  StatusOr<float> loss = model->ForwardBackward(all, *owned, HostAllocator::Default());
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  ASSERT_TRUE(opt->Step(*ShardRefsFor(owned->all_params(), owned->all_grads())).ok());
+
+  EXPECT_NEAR((losses[0] + losses[1]) / 2, *loss, 1e-5 * *loss);
+  // global_loss is the global batch's loss on every rank; loss is the rank's own.
+  EXPECT_NE(losses[0], losses[1]);
+  for (float g : global_losses) EXPECT_NEAR(g, *loss, 1e-5 * *loss);
+  double max_diff = 0, max_update = 0;
+  for (int u = 0; u < owned->num_units(); ++u) {
+    for (size_t p = 0; p < params[u].size(); ++p) {
+      const Tensor& want = owned->param(u, static_cast<int>(p));
+      ASSERT_EQ(static_cast<int64_t>(params[u][p].size()), want.numel());
+      for (int64_t k = 0; k < want.numel(); ++k) {
+        max_diff = std::max(max_diff, std::fabs(double{params[u][p][k]} - want.data_as<float>()[k]));
+      }
+    }
+  }
+  // Parameters agree far more closely than the step moved them.
+  for (const Tensor& g : owned->all_grads()) {
+    for (int64_t k = 0; k < g.numel(); ++k) {
+      max_update = std::max(max_update, std::fabs(double{o.optimizer.lr} * g.data_as<float>()[k]));
+    }
+  }
+  EXPECT_GT(max_update, 1e-3);
+  EXPECT_LT(max_diff, 1e-6 + 1e-3 * max_update) << "largest update " << max_update;
 }
 
 TEST(TrainerTest, MemoryCapGivesResourceExhaustedAndTheTrainerStaysUsable) {

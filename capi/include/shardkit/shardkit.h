@@ -71,6 +71,9 @@
  *  DDP (sk_trainer_options.parallelism, .ddp_bucket_bytes), sharded
  *  checkpoints (sk_trainer_save_checkpoint, sk_trainer_load_checkpoint and
  *  the local session's pair) and the memory estimator (sk_estimate_memory).
+ *  0.3.0 changed what grad_accum_steps > 1 steps by (the gradient of the
+ *  mean loss, no longer the micro-batches' sum: see sk_trainer_options) and
+ *  appended sk_step_metrics.global_loss.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -103,11 +106,11 @@
 #endif
 
 #define SK_VERSION_MAJOR 0
-#define SK_VERSION_MINOR 2
+#define SK_VERSION_MINOR 3
 #define SK_VERSION_PATCH 0
 /* MAJOR * 1000000 + MINOR * 1000 + PATCH, as SQLITE_VERSION_NUMBER. */
 #define SK_VERSION_NUMBER (SK_VERSION_MAJOR * 1000000 + SK_VERSION_MINOR * 1000 + SK_VERSION_PATCH)
-#define SK_VERSION_STRING "0.2.0"
+#define SK_VERSION_STRING "0.3.0"
 
 #ifdef __cplusplus
 extern "C" {
@@ -151,7 +154,7 @@ SK_EXPORT const char* sk_last_error_message(void);
 /* Version                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* The loaded library's SK_VERSION_STRING ("0.2.0"). A static string. Thread-safe. */
+/* The loaded library's SK_VERSION_STRING ("0.3.0"). A static string. Thread-safe. */
 SK_EXPORT const char* sk_version(void);
 /* The loaded library's SK_VERSION_NUMBER. Thread-safe. */
 SK_EXPORT int32_t sk_version_number(void);
@@ -374,7 +377,12 @@ typedef struct sk_trainer_options {
   const sk_fsdp_options* fsdp;           /* NULL = defaults (FULL_SHARD) */
   const sk_optimizer_options* optimizer; /* NULL = defaults (AdamW, lr 1e-3) */
   int64_t batch_size;        /* sequences per rank per micro-batch; 0 = 2 */
-  int32_t grad_accum_steps;  /* micro-batches per step; 0 = 1 */
+  /* Micro-batches per step; 0 = 1. The step's loss is their mean and its
+   * gradient is that loss's gradient (the micro-batches' sum divided by M,
+   * PyTorch's (loss / M).backward()), so grad_norm, clip_grad_norm and the
+   * learning rate mean the same for every M: M micro-batches of B sequences
+   * step as one batch of M * B. (Before 0.3.0 the gradients were summed.) */
+  int32_t grad_accum_steps;
   int64_t seq_len;           /* 0 = the config's */
   int64_t source_len;        /* encoder-decoder only; 0 = the config's */
   double clip_grad_norm;     /* clip the total norm to this; 0 = no clipping */
@@ -401,7 +409,7 @@ typedef struct sk_step_metrics {
   size_t struct_size;              /* set by the caller (SK_STEP_METRICS_INIT) */
   int64_t step;                    /* steps completed, including this one */
   int32_t rank;
-  float loss;                      /* mean over this rank's micro-batches */
+  float loss;                      /* THIS RANK's loss: the mean over its micro-batches */
   double grad_norm;                /* total L2 norm before clipping */
   double step_seconds;
   double tokens_per_second;        /* this rank's */
@@ -414,9 +422,12 @@ typedef struct sk_step_metrics {
   int64_t alloc_retries;           /* cumulative */
   int64_t ooms;                    /* cumulative */
   int64_t bytes_communicated;      /* this step, as nccl-tests count bytes */
+  /* 0.3.0: the global batch's loss, the mean of `loss` over all ranks (the
+   * same on every rank). A caller's struct from 0.2.0 ends before it. */
+  float global_loss;
 } sk_step_metrics;
 
-#define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0}
+#define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0.0f}
 
 /* Creates this rank's trainer. Collective over `group`: every rank calls it
  * with the same options. The trainer keeps `group` alive. Parameters are
@@ -455,7 +466,9 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_model_num_parameters(const char* model, in
  * shard rank (f32 master shards and optimizer state) and an index.json
  * written last. It holds the model, the optimizer state and the step count,
  * and loads at any world size and sharding strategy (the shards are re-cut
- * on load). */
+ * on load). To continue the same run at another world size, keep the global
+ * batch (batch_size * grad_accum_steps * world size): the step count and the
+ * learning rate refer to it, and the data continues by step. */
 
 /* Writes this trainer's checkpoint to `dir` (created, or replaced if it
  * already holds a checkpoint: the new one is written beside it and swapped in
@@ -540,8 +553,12 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_create(const sk_trainer_opti
 SK_EXPORT void sk_local_session_destroy(sk_local_session* session);
 
 /* One step on every rank (concurrently); returns when all are done.
- * `out_rank0` (may be NULL) receives rank 0's metrics; the others through
- * sk_local_session_metrics. On failure, the lowest failing rank's error. */
+ * `out_rank0` (may be NULL) receives rank 0's metrics: its `loss` is rank
+ * 0's (the mean over rank 0's micro-batches), `global_loss` the whole
+ * step's (the mean over all ranks: the loss of the global batch, what a
+ * single-process run on the same data reports). The other ranks' metrics
+ * through sk_local_session_metrics. On failure, the lowest failing rank's
+ * error. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_step(sk_local_session* session,
                                                          sk_step_metrics* out_rank0);
 /* The metrics of `rank`'s last step (FAILED_PRECONDITION before the first
@@ -766,7 +783,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metric
                  offsetof(sk_step_metrics, peak_allocated_bytes) == 64 && offsetof(sk_step_metrics, peak_reserved_bytes) == 72 &&
                  offsetof(sk_step_metrics, allocated_bytes) == 80 && offsetof(sk_step_metrics, reserved_bytes) == 88 &&
                  offsetof(sk_step_metrics, alloc_retries) == 96 && offsetof(sk_step_metrics, ooms) == 104 &&
-                 offsetof(sk_step_metrics, bytes_communicated) == 112 && sizeof(sk_step_metrics) == 120,
+                 offsetof(sk_step_metrics, bytes_communicated) == 112 &&
+                 offsetof(sk_step_metrics, global_loss) == 120 && sizeof(sk_step_metrics) == 128,
                  "sk_step_metrics layout");
 SK_LAYOUT_ASSERT(offsetof(sk_memory_estimate, parameters) == 8 && offsetof(sk_memory_estimate, master_bytes) == 16 &&
                  offsetof(sk_memory_estimate, grad_shard_bytes) == 24 &&

@@ -94,7 +94,7 @@ fn opt_ptr(s: &Option<CString>) -> *const c_char {
     s.as_ref().map_or(ptr::null(), |c| c.as_ptr())
 }
 
-/// The loaded library's version ("0.2.0").
+/// The loaded library's version ("0.3.0").
 pub fn version() -> String {
     unsafe { CStr::from_ptr(sys::sk_version()) }.to_string_lossy().into_owned()
 }

@@ -177,6 +177,7 @@ pub struct sk_step_metrics {
     pub alloc_retries: i64,
     pub ooms: i64,
     pub bytes_communicated: i64,
+    pub global_loss: f32,
 }
 
 #[repr(C)]

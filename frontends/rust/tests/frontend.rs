@@ -12,8 +12,8 @@ fn tiny() -> TrainerOptions {
 
 #[test]
 fn version_is_the_librarys() {
-    assert_eq!(shardkit::version(), "0.2.0");
-    assert_eq!(shardkit::version_number(), 2000);
+    assert_eq!(shardkit::version(), "0.3.0");
+    assert_eq!(shardkit::version_number(), 3000);
 }
 
 #[test]

@@ -218,7 +218,7 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
                              data_seed, data_tokens, parallelism, ddp_bucket_bytes }
         sk_step_metrics { struct_size, step, rank, loss, grad_norm, step_seconds, tokens_per_second, model_tflops_per_rank,
                           hardware_tflops_per_rank, peak_allocated_bytes, peak_reserved_bytes, allocated_bytes,
-                          reserved_bytes, alloc_retries, ooms, bytes_communicated }
+                          reserved_bytes, alloc_retries, ooms, bytes_communicated, global_loss }
         sk_memory_estimate { struct_size, parameters, master_bytes, grad_shard_bytes, optimizer_bytes,
                              persistent_bytes, unsharded_bytes, activation_bytes, peak_bytes }
         sk_param_spec { struct_size, name, ndim, shape, dtype, init, init_a, init_b }
