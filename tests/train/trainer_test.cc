@@ -10,6 +10,7 @@
 #include "runtime/comm/local_backend.h"
 #include "runtime/nn/configs.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 
 namespace sk {
@@ -113,7 +114,7 @@ TEST(TrainerTest, AccumulatedMicroBatchesStepLikeOneBatchMTimesLarger) {
   owned->ZeroGrad();
   StatusOr<float> loss = model->ForwardBackward(all, *owned, HostAllocator::Default());
   ASSERT_TRUE(loss.ok()) << loss.status();
-  ASSERT_TRUE(opt->Step(*ShardRefsFor(owned->all_params(), owned->all_grads())).ok());
+  ASSERT_TRUE(opt->Step(ops::HostContext(), *ShardRefsFor(owned->all_params(), owned->all_grads())).ok());
 
   EXPECT_NEAR((losses[0] + losses[1]) / 2, *loss, 1e-5 * *loss);
   // global_loss is the global batch's loss on every rank; loss is the rank's own.
