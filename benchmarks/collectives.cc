@@ -43,6 +43,7 @@
 #include <gflags/gflags.h>
 #include <nlohmann/json.hpp>
 
+#include "benchmarks/inject.h"
 #include "runtime/comm/gloo_backend.h"
 #include "runtime/comm/local_backend.h"
 #include "runtime/comm/network_model.h"
@@ -237,14 +238,19 @@ Row Measure(Ranks& ranks, const std::string& backend, const std::string& op, siz
     if (op == "all_reduce") return OrDie(pg.all_reduce(big[r], s), op);
     Die("unknown op '" + op + "'");
   };
+  // SK_BENCH_INJECT=collectives:N (track.py --self_test): each iteration issues
+  // the collective N times, one after another.
+  const int repeats = sk::bench::InjectedRepeats("collectives");
   std::vector<double> times;
   for (int it = 0; it < FLAGS_warmup + FLAGS_iters; ++it) {
     auto t0 = Clock::now();
-    std::vector<std::shared_ptr<Work>> works;
-    for (int r = 0; r < n; ++r) works.push_back(issue(r));
-    for (auto& w : works) {
-      Status s = w->wait(std::chrono::minutes(5));
-      if (!s.ok()) Die(s.ToString());
+    for (int rep = 0; rep < repeats; ++rep) {
+      std::vector<std::shared_ptr<Work>> works;
+      for (int r = 0; r < n; ++r) works.push_back(issue(r));
+      for (auto& w : works) {
+        Status s = w->wait(std::chrono::minutes(5));
+        if (!s.ok()) Die(s.ToString());
+      }
     }
     if (it >= FLAGS_warmup) times.push_back(Seconds(Clock::now() - t0));
   }

@@ -24,6 +24,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "benchmarks/inject.h"
 #include "runtime/comm/local_backend.h"
 #include "runtime/train/trainer.h"
 
@@ -79,11 +80,17 @@ void BM_Step(benchmark::State& state, Setup setup, Parallelism parallelism, Shar
   Result result;
   std::vector<double> seconds(kWorld);
   std::vector<int64_t> peak(kWorld);
+  // SK_BENCH_INJECT=fsdp_step:N (track.py --self_test): N FSDP steps per iteration.
+  const int repeats = parallelism == Parallelism::kFsdp ? bench::InjectedRepeats("fsdp_step") : 1;
   for (auto _ : state) {
     s = on_all([&](int r) -> Status {
-      SK_ASSIGN_OR_RETURN(StepMetrics m, trainers[r]->Step());
-      seconds[r] = m.step_seconds;
-      peak[r] = m.peak_allocated_bytes;
+      seconds[r] = 0;
+      peak[r] = 0;
+      for (int i = 0; i < repeats; ++i) {
+        SK_ASSIGN_OR_RETURN(StepMetrics m, trainers[r]->Step());
+        seconds[r] += m.step_seconds;
+        peak[r] = std::max(peak[r], m.peak_allocated_bytes);
+      }
       return OkStatus();
     });
     if (!s.ok()) {
