@@ -35,7 +35,7 @@
 #include <memory>
 #include <new>
 #include <string>
-#include <thread>
+#include <tuple>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -184,8 +184,16 @@ void BM_AdamW(benchmark::State& state) {
   Fill(g0, 7, 0.001f);
   Fill(p1, 11, 0.01f);
   Fill(g1, 5, 0.001f);
-  const std::vector<ShardRef> shards = {{0, p0.data(), g0.data(), static_cast<int64_t>(p0.size())},
-                                        {1, p1.data(), g1.data(), static_cast<int64_t>(p1.size())}};
+  std::vector<ShardRef> shards;
+  for (auto [slot, p, g] : {std::tuple{0, &p0, &g0}, std::tuple{1, &p1, &g1}}) {
+    auto param = Tensor::Wrap(p->data(), DType::kF32, Shape({static_cast<int64_t>(p->size())}));
+    auto grad = Tensor::Wrap(g->data(), DType::kF32, Shape({static_cast<int64_t>(g->size())}));
+    if (!param.ok() || !grad.ok()) {
+      state.SkipWithError((!param.ok() ? param.status() : grad.status()).ToString().c_str());
+      return;
+    }
+    shards.push_back({slot, *param, *grad});
+  }
   Status status;
   Counted(state, [&] {
     Status s = (*opt)->Step(shards);
@@ -271,13 +279,7 @@ void BM_TrainStep(benchmark::State& state, const char* model, int64_t batch, int
   std::vector<std::unique_ptr<Trainer>> trainers(kWorld);
   std::vector<Status> errors(kWorld);
   auto on_all = [&](const std::function<Status(int)>& fn) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kWorld; ++r) threads.emplace_back([&, r] { errors[r] = fn(r); });
-    for (auto& t : threads) t.join();
-    for (const Status& s : errors) {
-      if (!s.ok()) return s;
-    }
-    return OkStatus();
+    return comm::RunRankThreads(kWorld, fn, &errors);
   };
   TrainerOptions o;
   o.model = model;

@@ -19,10 +19,10 @@ of every metric name):
                 reduce_scatter and all_reduce at world 2; one training step
                 of gpt-tiny at world 2 under FSDP FULL_SHARD and under DDP.
                 Counted over every thread of the process. Back to back, and
-                under a load average of 13 from other jobs, the same binary
-                gave counts within 0.05% of each other (kernels: identical);
-                a fresh build or allocation history can move a kernel ~1%
-                (alignment). Fails at >= +5%: 100x the run-to-run spread, 4x
+                under a load average of 13-16 from other jobs, the same binary
+                gave counts within 0.15% of each other (kernels: identical);
+                a rebuild or a change of allocation history moved a kernel ~1%
+                (alignment). Fails at >= +5%: 30x the run-to-run spread, 4x
                 the layout effect, and a doubling is +100%.
   memory        Peak allocated and peak reserved bytes of the caching
                 allocator over one step (max over ranks) of gpt-tiny and
