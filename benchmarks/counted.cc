@@ -51,11 +51,11 @@
 namespace sk {
 namespace {
 
-// Runs `work` once untimed, then once inside callgrind's instrumented region,
-// dumped under the benchmark's name.
 // The name of the running benchmark (this Google Benchmark has no State::name).
 thread_local std::string g_name;
 
+// Runs `work` once untimed, then once inside callgrind's instrumented region,
+// dumped under the benchmark's name.
 void Counted(benchmark::State& state, const std::function<void()>& work) {
   work();
   const std::string name = g_name;

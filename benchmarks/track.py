@@ -77,14 +77,15 @@ MEMORY_THRESHOLD = 0.10
 # The simulator's predictions are exact functions of the code: any change of
 # FSDP's schedule, prefetch or limiter moves them. Gate them tightly.
 SIM_THRESHOLD = 0.01
-# Wall-clock thresholds by (kind, metric-name prefix), from back-to-back runs of
-# the quick form on the 2-core development machine under a load average of
-# ~13 from other jobs (min of 3 repetitions each): largest move seen x 1.5.
-#   fsdp_step time ratios: moved up to +242% in earlier audits;
-#   allocator cached/raw: +209% (issue 12); collectives memcpy/busbw: +30%;
-#   memory (peak ratios, peak reserved near the cap): 8%.
-WALL_THRESHOLDS = [("memory", "", 0.20), ("time", "wall/fsdp_step/", 3.60),
-                   ("time", "wall/allocator/", 3.20), ("time", "", 1.00)]
+# Wall-clock thresholds by (kind, metric-name prefix): the largest move seen
+# between back-to-back runs x 1.5. Three --quick runs on the 2-core
+# development machine under a load average of 13-18 from other jobs (min of 3
+# repetitions each): allocator cached/raw moved up to +254%, collectives
+# memcpy/busbw +208%, FSDP/DDP time +34% (+242% in an earlier audit), memory
+# ratios and peak reserved 0.3% (8% in an earlier audit). Kernels (full form
+# only; not re-measured here): an earlier audit saw peak/GEMM move 10x.
+WALL_THRESHOLDS = [("memory", "", 0.20), ("time", "wall/fsdp_step/", 3.60), ("time", "wall/allocator/", 3.80),
+                   ("time", "wall/collectives/", 3.10), ("time", "wall/kernels/", 13.5), ("time", "", 1.00)]
 # Each wall-clock benchmark runs this many times and the fastest counts.
 REPETITIONS = 3
 
@@ -463,11 +464,19 @@ def main():
     quick = args.quick or args.self_test
     baseline = args.baseline or os.path.join(ROOT, "benchmarks", "baseline", ("quick" if quick else "full") + ".json")
 
+    bazel = args.bazel or (os.path.join(ROOT, "bazelw") if os.path.exists(os.path.join(ROOT, "bazelw")) else "bazel")
     if not args.no_build:
-        bazel = args.bazel or (os.path.join(ROOT, "bazelw") if os.path.exists(os.path.join(ROOT, "bazelw")) else "bazel")
         targets = TARGETS + ([SIM_TARGET] if os.path.exists(os.path.join(ROOT, "benchmarks", SIM_TARGET + ".cc")) else [])
         subprocess.run([bazel, "build", "-c", "opt"] + ["//benchmarks:" + t for t in targets], cwd=ROOT, check=True)
-    bin_dir = os.path.join(ROOT, "bazel-bin", "benchmarks")
+    # The -c opt output folder itself: bazel-bin follows whichever configuration
+    # built last (a --config=asan test run repoints it).
+    try:
+        bin_dir = os.path.join(subprocess.run([bazel, "info", "-c", "opt", "bazel-bin"], cwd=ROOT, check=True,
+                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode().strip(),
+                               "benchmarks")
+    except (OSError, subprocess.CalledProcessError) as e:
+        log("bazel info -c opt bazel-bin failed:", e)
+        return 2
     if not args.update_baseline and not os.path.exists(baseline):
         log("no baseline at %s; run with --update_baseline" % baseline)
         return 2
