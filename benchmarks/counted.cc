@@ -15,9 +15,10 @@
 // (time is meaningless under valgrind; track.py does not read it there).
 //
 // Workloads (all through the current code's entry points):
-//   kernels/...      runtime/nn kernels on one thread: GEMM (OpenBLAS and
-//                    oneDNN), Linear forward+backward, LayerNorm, GELU,
-//                    causal attention, and an AdamW step (runtime/optim);
+//   kernels/...      the CPU backend's kernels (runtime/ops/cpu) on one
+//                    thread: GEMM (OpenBLAS and oneDNN), Linear forward and
+//                    backward, LayerNorm, GELU, causal attention, and an
+//                    AdamW step (runtime/optim);
 //   collectives/...  local backend, world 2, one 1 MiB all_gather,
 //                    reduce_scatter and all_reduce, 4 rounds each;
 //   fsdp_step/...    one optimizer step of a Trainer at world 2 (local
@@ -44,7 +45,7 @@
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/allocator.h"
 #include "runtime/device/device.h"
-#include "runtime/nn/kernels.h"
+#include "runtime/ops/cpu/kernels.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/train/trainer.h"
 
@@ -162,9 +163,9 @@ void BM_Attention(benchmark::State& state) {
   Fill(v, 7, 0.1f);
   Fill(dout, 5, 0.01f);
   Counted(state, [&] {
-    AttentionForward(s, q.data(), width, k.data(), v.data(), width, probs.data(), out.data(), width);
-    AttentionBackward(s, q.data(), width, k.data(), v.data(), width, probs.data(), dout.data(), width, dq.data(),
-                      dk.data(), dv.data(), width, scratch.data());
+    AttentionForward(s, q.data(), width, k.data(), width, v.data(), width, probs.data(), out.data(), width);
+    AttentionBackward(s, q.data(), width, k.data(), width, v.data(), width, probs.data(), dout.data(), width,
+                      dq.data(), width, dk.data(), width, dv.data(), width, scratch.data());
     benchmark::DoNotOptimize(dq.data());
   });
 }

@@ -364,7 +364,7 @@ def threshold(name, kind, quick, time_threshold=None):
 
 def gate(baseline, metrics, families, quick, time_threshold=None, verbose=True):
     """Compares `metrics` (of `families`) with the baseline file; returns
-    (regressions, warnings, notes) as lists of lines."""
+    (regressions, warnings, notes) as lists of lines and {name: change}."""
     with open(baseline) as f:
         base = json.load(f)
     kinds = {b["name"]: b.get("kind", "time") for b in base["benchmarks"] if family(b["name"]) in families}
@@ -396,7 +396,7 @@ def gate(baseline, metrics, families, quick, time_threshold=None, verbose=True):
         regressions.append("%s: missing from this run" % m)
     for m in sorted(n for n in metrics if family(n) in families and n not in kinds):
         notes.append("%s: not in the baseline (not compared; --update_baseline adds it)" % m)
-    return regressions, warnings, notes
+    return regressions, warnings, notes, changes
 
 
 def report(regressions, warnings, notes, families, quick):
@@ -425,7 +425,7 @@ def self_test(bin_dir, baseline):
         label = "SK_BENCH_INJECT=" + inject if inject else "unchanged run %d of 5" % (i - 1)
         log("self-test:", label)
         metrics = measure(bin_dir, families, quick=True, inject=inject)
-        regressions, _, _ = gate(baseline, metrics, families, quick=True, verbose=False)
+        regressions, _, _, changes = gate(baseline, metrics, families, quick=True, verbose=False)
         if must_fail:
             ok = any(r.startswith(must_fail + ":") for r in regressions)
         else:
@@ -434,6 +434,11 @@ def self_test(bin_dir, baseline):
         print("track.py: self-test %-34s gate %s, expected %s%s" %
               (label, "FAIL" if regressions else "PASS", "FAIL on " + must_fail if must_fail else "PASS",
                "" if ok else "  <-- WRONG"))
+        for fam in families:
+            moves = [(abs(c), n) for n, c in changes.items() if family(n) == fam]
+            if moves:
+                print("track.py:      largest %s change: %+.3f%% (%s)" %
+                      (fam, 100 * changes[max(moves)[1]], max(moves)[1]))
         for r in regressions[:10]:
             print("track.py:     ", r)
         if len(regressions) > 10:
@@ -503,7 +508,7 @@ def main():
             "(%d metrics measured, %d in all)" % (len(metrics), len(doc["benchmarks"])))
         return 0
     try:
-        regressions, warnings, notes = gate(baseline, metrics, families, quick, args.time_threshold)
+        regressions, warnings, notes, _ = gate(baseline, metrics, families, quick, args.time_threshold)
     except RuntimeError as e:
         log(e)
         return 2
