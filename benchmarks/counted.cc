@@ -46,6 +46,7 @@
 #include "runtime/core/allocator.h"
 #include "runtime/device/device.h"
 #include "runtime/ops/cpu/kernels.h"
+#include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/train/trainer.h"
 
@@ -197,7 +198,7 @@ void BM_AdamW(benchmark::State& state) {
   }
   Status status;
   Counted(state, [&] {
-    Status s = (*opt)->Step(shards);
+    Status s = (*opt)->Step(ops::HostContext(), shards);
     if (status.ok()) status = s;
   });
   if (!status.ok()) state.SkipWithError(status.ToString().c_str());
