@@ -1,4 +1,4 @@
-// Kernel and model-step micro-benchmarks for runtime/nn.
+// Kernel, op and model-step micro-benchmarks (runtime/ops, runtime/nn).
 //
 //   bazel run -c opt //benchmarks:kernels
 //
@@ -6,7 +6,9 @@
 //    chains on every core, AVX-512 where the CPU has it, else AVX2), the
 //    denominator of every "of peak" figure below. Measured, not a datasheet.
 // 2. GEMM GFLOP/s for OpenBLAS and oneDNN at square and model-shaped sizes.
-// 3. A training step (forward + backward + SGD) of gpt-1m, gpt-10m (with and
+// 3. Ops through the op layer (runtime/ops) at gpt-10m shapes: achieved
+//    GFLOP/s and GB/s from each op's declared cost (runtime/ops/cost.h).
+// 4. A training step (forward + backward + SGD) of gpt-1m, gpt-10m (with and
 //    without activation checkpointing) and t5-10m: tokens/s and model-FLOPs
 //    utilisation (MFU = model FLOPs / time / peak).
 //
@@ -27,8 +29,8 @@
 
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
-#include "runtime/nn/kernels.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/ops/cpu/kernels.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 
@@ -202,6 +204,140 @@ BENCHMARK(BM_GemmBF16)
     ->ArgNames({"m", "n", "k"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// ---- Ops through the op layer ------------------------------------------------
+//
+// Each op called through runtime/ops (validation, cost, the CPU backend) on
+// model-shaped operands; GFLOP/s and GB/s come from the op's declared cost
+// (runtime/ops/cost.h), the same numbers the simulator prices.
+
+Tensor HostF32(int64_t n, float v = 0.5f) {
+  Tensor t = *HostAllocator::Default().Empty(DType::kF32, Shape{n});
+  std::fill(t.data_as<float>(), t.data_as<float>() + n, v);
+  return t;
+}
+
+void SetCostCounters(benchmark::State& state, const ops::OpCost& cost) {
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(cost.flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] =
+      benchmark::Counter((cost.bytes_read + cost.bytes_written) / 1e9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(cost.name);
+}
+
+template <typename Fn>
+void RunOp(benchmark::State& state, const ops::OpCost& cost, Fn op) {
+  Status first = op();
+  if (!first.ok()) {
+    state.SkipWithError(first.ToString().c_str());
+    return;
+  }
+  for (auto _ : state) {
+    Status s = op();
+    benchmark::DoNotOptimize(s);
+  }
+  SetCostCounters(state, cost);
+}
+
+void BM_OpGemm(benchmark::State& state) {
+  const DType t = state.range(0) == 0 ? DType::kF32 : DType::kBF16;
+  const int64_t m = state.range(1), n = state.range(2), k = state.range(3);
+  const ops::OpContext ctx = ops::HostContext();
+  Tensor a = *HostAllocator::Default().Empty(t, Shape{m * k});
+  Tensor b = *HostAllocator::Default().Empty(t, Shape{k * n});
+  if (!ops::Fill(ctx, a, 0.5f).ok() || !ops::Fill(ctx, b, 0.25f).ok()) return;
+  Tensor c = HostF32(m * n);
+  ops::GemmParams p;
+  p.m = m, p.n = n, p.k = k;
+  RunOp(state, ops::GemmCost(m, n, k, 1, t, false),
+        [&] { return ops::Gemm(ctx, p, {a, 0, k}, {b, 0, n}, {c, 0, n}); });
+}
+BENCHMARK(BM_OpGemm)
+    ->Args({0, 2048, 1536, 384})
+    ->Args({0, 2048, 384, 1536})
+    ->Args({1, 2048, 1536, 384})
+    ->ArgNames({"bf16", "m", "n", "k"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// gpt-10m shapes: 2048 rows (8 x 256 tokens), d_model 384, d_ff 1536, 6 heads.
+constexpr int64_t kRows = 2048, kC = 384, kFf = 1536, kHeads = 6, kBatch = 8, kSeq = 256;
+
+void BM_OpLayerNorm(benchmark::State& state) {
+  const ops::OpContext ctx = ops::HostContext();
+  Tensor x = HostF32(kRows * kC), y = HostF32(kRows * kC), g = HostF32(kC), m = HostF32(kRows),
+         r = HostF32(kRows), dx = HostF32(kRows * kC), dg = HostF32(kC), db = HostF32(kC);
+  if (state.range(0) == 0) {
+    RunOp(state, ops::LayerNormForwardCost(kRows, kC),
+          [&] { return ops::LayerNormForward(ctx, x, g, g, y, m, r); });
+  } else {
+    RunOp(state, ops::LayerNormBackwardCost(kRows, kC),
+          [&] { return ops::LayerNormBackward(ctx, x, g, y, m, r, dx, dg, db); });
+  }
+}
+BENCHMARK(BM_OpLayerNorm)->Arg(0)->Arg(1)->ArgName("bwd")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_OpGelu(benchmark::State& state) {
+  const ops::OpContext ctx = ops::HostContext();
+  Tensor x = HostF32(kRows * kFf), y = HostF32(kRows * kFf);
+  if (state.range(0) == 0) {
+    RunOp(state, ops::GeluForwardCost(kRows * kFf), [&] { return ops::GeluForward(ctx, x, y); });
+  } else {
+    RunOp(state, ops::GeluBackwardCost(kRows * kFf),
+          [&] { return ops::GeluBackward(ctx, x, y, y); });
+  }
+}
+BENCHMARK(BM_OpGelu)->Arg(0)->Arg(1)->ArgName("bwd")->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_OpAttention(benchmark::State& state) {
+  const ops::OpContext ctx = ops::HostContext();
+  ops::AttentionShape s{kBatch, kHeads, kSeq, kSeq, kC / kHeads, true};
+  Tensor qkv = HostF32(kRows * 3 * kC, 0.01f), probs = HostF32(kBatch * kHeads * kSeq * kSeq),
+         att = HostF32(kRows * kC), dqkv = HostF32(kRows * 3 * kC);
+  ops::MatrixRef q{qkv, 0, 3 * kC}, k{qkv, kC, 3 * kC}, v{qkv, 2 * kC, 3 * kC};
+  if (state.range(0) == 0) {
+    RunOp(state, ops::AttentionForwardCost(kBatch, kHeads, kSeq, kSeq, kC / kHeads),
+          [&] { return ops::AttentionForward(ctx, s, q, k, v, probs, {att, 0, kC}); });
+  } else {
+    if (!ops::AttentionForward(ctx, s, q, k, v, probs, {att, 0, kC}).ok()) return;
+    RunOp(state, ops::AttentionBackwardCost(kBatch, kHeads, kSeq, kSeq, kC / kHeads), [&] {
+      return ops::AttentionBackward(ctx, s, q, k, v, probs, {att, 0, kC}, {dqkv, 0, 3 * kC},
+                                    {dqkv, kC, 3 * kC}, {dqkv, 2 * kC, 3 * kC});
+    });
+  }
+}
+BENCHMARK(BM_OpAttention)->Arg(0)->Arg(1)->ArgName("bwd")->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_OpCrossEntropy(benchmark::State& state) {
+  const ops::OpContext ctx = ops::HostContext();
+  const int64_t vocab = 8192;
+  Tensor logits = HostF32(kRows * vocab, 0.1f), loss = HostF32(1);
+  Tensor targets = *HostAllocator::Default().Empty(DType::kI32, Shape{kRows});
+  for (int64_t i = 0; i < kRows; ++i) targets.data_as<int32_t>()[i] = static_cast<int32_t>(i % vocab);
+  RunOp(state, ops::CrossEntropyForwardCost(kRows, vocab),
+        [&] { return ops::CrossEntropyForward(ctx, logits, targets, loss); });
+}
+BENCHMARK(BM_OpCrossEntropy)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_OpAdamW(benchmark::State& state) {
+  const ops::OpContext ctx = ops::HostContext();
+  const int64_t n = int64_t{1} << 22;
+  Tensor p = HostF32(n), g = HostF32(n, 0.01f), m = HostF32(n, 0.0f), v = HostF32(n, 0.0f);
+  AdamHyper h{1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, true, 0.1f, 0.03f};
+  RunOp(state, ops::AdamUpdateCost(n, true),
+        [&] { return ops::AdamUpdate(ctx, h, p, g, m, v); });
+}
+BENCHMARK(BM_OpAdamW)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_OpCast(benchmark::State& state) {
+  const ops::OpContext ctx = ops::HostContext();
+  const int64_t n = int64_t{1} << 22;
+  Tensor src = HostF32(n, 1.25f);
+  Tensor dst = *HostAllocator::Default().Empty(DType::kBF16, Shape{n});
+  RunOp(state, ops::CastCost(n, DType::kF32, DType::kBF16), [&] { return ops::Cast(ctx, src, dst); });
+}
+BENCHMARK(BM_OpCast)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // One training step (forward + backward + SGD) of a named model on a
 // synthetic batch: tokens/s and model-FLOPs utilisation. MFU counts model

@@ -1,17 +1,14 @@
 #include "runtime/nn/gpt.h"
 
 #include <cmath>
-#include <cstring>
-
-#include "runtime/nn/kernels.h"
 
 namespace sk {
 
 using nn_internal::BlockDims;
 using nn_internal::BlockSaved;
-using nn_internal::F;
 using nn_internal::HeadSaved;
 using nn_internal::NewF32;
+using nn_internal::Prefix;
 using nn_internal::Positive;
 using nn_internal::ValidateComputeDType;
 using nn_internal::ValidateWidthAndVocab;
@@ -88,6 +85,7 @@ StatusOr<float> GptModel::Forward(const TokenBatch& batch, UnitHooks& hooks,
 StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
                               bool backward) const {
   SK_RETURN_IF_ERROR(ValidateBatch(batch));
+  SK_ASSIGN_OR_RETURN(const ops::OpContext ctx, nn_internal::MakeContext(hooks, alloc));
   const int64_t L = config_.n_layer;
   const int64_t T = batch.seq_len;
   const int64_t n = batch.batch_size * T;
@@ -103,24 +101,28 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   dims.d_ff = config_.ff();
   dims.storage = act;
 
+  SK_ASSIGN_OR_RETURN(Tensor inputs, nn_internal::TokensToDevice(ctx, batch.inputs));
+  SK_ASSIGN_OR_RETURN(Tensor targets, nn_internal::TokensToDevice(ctx, batch.targets));
   // xs[l] is block l's input; xs[L] feeds the head.
   std::vector<Tensor> xs(static_cast<size_t>(L + 1));
   std::vector<BlockSaved> saved(static_cast<size_t>(L));
-  UnitScope scope(hooks, units_, alloc);
+  UnitScope scope(hooks, units_, ctx);
 
-  {  // Embedding.
+  {  // Embedding: token rows plus the first T positions, per sequence.
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(0));
-    SK_ASSIGN_OR_RETURN(xs[0], NewF32(alloc, n * c));
-    EmbeddingForward(p[0], batch.inputs.data(), n, c, F(xs[0]));
-    for (int64_t b = 0; b < batch.batch_size; ++b) AddInPlace(F(xs[0]) + b * T * c, p[1], T * c);
-    RoundToDTypeInPlace(F(xs[0]), n * c, act);
+    const Tensor& wte = p[0];  // [V, C]
+    const Tensor& wpe = p[1];  // [max_seq, C]
+    SK_ASSIGN_OR_RETURN(xs[0], NewF32(ctx, n * c));
+    SK_RETURN_IF_ERROR(ops::EmbeddingForward(ctx, wte, inputs, xs[0]));
+    SK_RETURN_IF_ERROR(ops::BiasAdd(ctx, Prefix(wpe, T * c), xs[0]));
+    SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, xs[0], act));
     SK_RETURN_IF_ERROR(scope.PostForward(0));
   }
   for (int64_t l = 0; l < L; ++l) {
     const int u = static_cast<int>(l + 1);
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(u));
     BlockSaved s;
-    SK_RETURN_IF_ERROR(block_.Forward(dims, p, F(xs[l]), nullptr, alloc, &s));
+    SK_RETURN_IF_ERROR(block_.Forward(ctx, dims, p, xs[l], Tensor(), &s));
     xs[l + 1] = s.subs.back().out;
     if (!ckpt && backward) saved[l] = std::move(s);
     SK_RETURN_IF_ERROR(scope.PostForward(u));
@@ -130,29 +132,28 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   float loss = 0.0f;
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
-    SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(p, F(xs[L]), batch.targets.data(), n, c,
-                                                       config_.vocab_size, act, backward, alloc,
-                                                       &head));
+    SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(ctx, p, xs[L], targets, n, c,
+                                                       config_.vocab_size, act, backward, &head));
     SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
   if (!backward) return loss;
 
-  SK_ASSIGN_OR_RETURN(Tensor dx, NewF32(alloc, n * c));
+  SK_ASSIGN_OR_RETURN(Tensor dx, NewF32(ctx, n * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
-    SK_RETURN_IF_ERROR(nn_internal::HeadBackward(b.p, b.g, F(xs[L]), head, n, c,
-                                                 config_.vocab_size, act, F(dx), alloc));
+    SK_RETURN_IF_ERROR(nn_internal::HeadBackward(ctx, b.p, b.g, xs[L], head, n, c,
+                                                 config_.vocab_size, act, dx));
     head = HeadSaved();
     xs[L] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
   }
-  SK_ASSIGN_OR_RETURN(Tensor dnext, NewF32(alloc, n * c));
+  SK_ASSIGN_OR_RETURN(Tensor dnext, NewF32(ctx, n * c));
   for (int64_t l = L - 1; l >= 0; --l) {
     const int u = static_cast<int>(l + 1);
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(u));
-    if (ckpt) SK_RETURN_IF_ERROR(block_.Forward(dims, b.p, F(xs[l]), nullptr, alloc, &saved[l]));
-    SK_RETURN_IF_ERROR(block_.Backward(dims, b.p, b.g, F(xs[l]), nullptr, saved[l], F(dx),
-                                       F(dnext), nullptr, alloc));
+    if (ckpt) SK_RETURN_IF_ERROR(block_.Forward(ctx, dims, b.p, xs[l], Tensor(), &saved[l]));
+    SK_RETURN_IF_ERROR(
+        block_.Backward(ctx, dims, b.p, b.g, xs[l], Tensor(), saved[l], dx, dnext, Tensor()));
     saved[l] = BlockSaved();
     if (l > 0) xs[l] = Tensor();
     std::swap(dx, dnext);
@@ -160,8 +161,10 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   }
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackwardGradientsOnly(0));
-    EmbeddingBackward(batch.inputs.data(), F(dx), n, c, b.g[0]);
-    for (int64_t bi = 0; bi < batch.batch_size; ++bi) AddInPlace(b.g[1], F(dx) + bi * T * c, T * c);
+    const Tensor& dwte = b.g[0];  // [V, C]
+    const Tensor& dwpe = b.g[1];  // [max_seq, C]
+    SK_RETURN_IF_ERROR(ops::EmbeddingBackward(ctx, inputs, dx, dwte));
+    SK_RETURN_IF_ERROR(ops::BiasGrad(ctx, dx, Prefix(dwpe, T * c)));
     SK_RETURN_IF_ERROR(scope.PostBackward(0, &b));
   }
   return loss;
@@ -196,9 +199,11 @@ int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const int64_t block_params = act != DType::kF32 ? units_[1].numel() : 0;
   const int64_t head_params = act != DType::kF32 ? units_.back().numel() : 0;
   const int64_t saved = block_.SavedFloats(d);
-  // Kept through the forward: the embedding output and, per block, either
+  // Kept through the forward: the token ids and targets on the device (i32,
+  // one float each) and the loss, the embedding output and, per block, either
   // everything backward needs or (checkpointing) only the block output.
-  const int64_t kept = n * c + L * (options_.activation_checkpointing ? n * c : saved);
+  const int64_t kept =
+      2 * n + 1 + n * c + L * (options_.activation_checkpointing ? n * c : saved);
   // Head backward: its saved LayerNorm (+ mean, rstd), dlogits, dx and dln.
   const int64_t head = kept + n * c + 2 * n + n * config_.vocab_size + 2 * n * c + head_params;
   // Last block's backward: dx, dnext, its temporaries, and with

@@ -20,7 +20,12 @@
 // recorded execution order FSDP prefetches by.
 //
 // Activations and temporaries come from the Allocator passed to each call, so
-// a caching allocator's statistics and cap cover them.
+// a caching allocator's statistics and cap cover them. Every computation is an
+// op (runtime/ops/ops.h) on the allocator's device, ordered on the hooks'
+// compute_stream(): the models never read tensor data on the host, so they run
+// on every device kind with an op backend (cpu, cuda, the simulator). Token
+// ids reach the device through the copy op; the loss comes back through
+// ops::ReadScalar (NaN on a device that does not execute).
 //
 // Thread safety: a Model is immutable after construction; concurrent calls
 // with distinct hooks and allocators are safe.
@@ -36,8 +41,9 @@
 #include "runtime/core/shape.h"
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
+#include "runtime/device/device.h"
 #include "runtime/nn/init.h"
-#include "runtime/nn/kernels.h"  // kIgnoreTarget
+#include "runtime/ops/backend.h"  // kIgnoreTarget
 
 namespace sk {
 
@@ -70,13 +76,19 @@ struct UnitBackwardBuffers {
   std::vector<Tensor> grads;
 };
 
+using ops::kIgnoreTarget;
+
 // Implemented by FSDP, DDP and OwnedParameters. Parameter tensors must be
-// host tensors of f32, bf16 or f16 with the ParamSpec's shape, valid until
-// the matching Post call; gradient tensors are f32, bf16 or f16, and
-// the model only adds into them (never reads them otherwise, never zeroes).
+// tensors of f32, bf16 or f16 with the ParamSpec's shape on the device of the
+// allocator passed to the model (its kind is checked), valid until the
+// matching Post call; gradient tensors likewise, and the model only adds
+// into them (never reads them otherwise, never zeroes).
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;
+  // The stream the model's ops run on (the owner's compute stream). nullptr:
+  // the calling thread, which is allowed on cpu only. Default nullptr.
+  virtual Stream* compute_stream() { return nullptr; }
   // Before unit `unit` computes forward: its parameters, one per ParamSpec.
   virtual StatusOr<std::vector<Tensor>> PreForward(int unit) = 0;
   // The unit's forward is done; its parameter tensors are no longer used.

@@ -1,6 +1,5 @@
 #include "runtime/nn/owned_parameters.h"
 
-#include <cstring>
 
 namespace sk {
 
@@ -16,14 +15,17 @@ StatusOr<std::unique_ptr<OwnedParameters>> OwnedParameters::Create(
                                 std::string(DTypeName(compute_dtype)));
   }
   std::unique_ptr<OwnedParameters> o(new OwnedParameters(units, compute_dtype, alloc));
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(alloc.device()));
+  o->ctx_ = ops::OpContext{device, nullptr, &alloc};
   for (const UnitSpec& u : units) {
     std::vector<Tensor> ps, gs;
     for (const ParamSpec& spec : u.params) {
       SK_ASSIGN_OR_RETURN(Tensor p, alloc.Empty(DType::kF32, spec.shape));
-      SK_RETURN_IF_ERROR(InitializeTensorSlice(spec.init, seed,
-                                               ParamIdFromName(FullParamName(u, spec)), 0, p)
+      SK_RETURN_IF_ERROR(ops::InitPhilox(o->ctx_, spec.init, seed,
+                                         ParamIdFromName(FullParamName(u, spec)), 0, p)
                              .WithContext("initialising '" + FullParamName(u, spec) + "'"));
-      SK_ASSIGN_OR_RETURN(Tensor g, alloc.Zeros(DType::kF32, spec.shape));
+      SK_ASSIGN_OR_RETURN(Tensor g, alloc.Empty(DType::kF32, spec.shape));
+      SK_RETURN_IF_ERROR(ops::Fill(o->ctx_, g, 0.0f));
       ps.push_back(std::move(p));
       gs.push_back(std::move(g));
     }
@@ -54,8 +56,7 @@ StatusOr<std::vector<Tensor>> OwnedParameters::ComputeCopies(int unit) {
   std::vector<Tensor> out;
   for (const Tensor& p : params_[unit]) {
     SK_ASSIGN_OR_RETURN(Tensor c, alloc_.Empty(compute_dtype_, p.shape()));
-    SK_RETURN_IF_ERROR(ConvertElements(p.data(), DType::kF32, c.data(), compute_dtype_,
-                                       static_cast<size_t>(p.numel())));
+    SK_RETURN_IF_ERROR(ops::Cast(ctx_, p, c));
     out.push_back(std::move(c));
   }
   return out;
@@ -93,7 +94,8 @@ const Tensor& OwnedParameters::grad(int unit, int index) const {
 void OwnedParameters::ZeroGrad() {
   for (auto& unit : grads_) {
     for (Tensor& g : unit) {
-      if (g.nbytes() > 0) std::memset(g.data(), 0, g.nbytes());
+      Status s = ops::Fill(ctx_, g, 0.0f);
+      CHECK(s.ok()) << s.ToString();  // our own tensors: an error is a bug
     }
   }
 }

@@ -20,6 +20,7 @@
 
 #include "runtime/core/allocator.h"
 #include "runtime/nn/model.h"
+#include "runtime/ops/ops.h"
 
 namespace sk {
 
@@ -58,6 +59,10 @@ class OwnedParameters final : public UnitHooks {
   enum class UnitState { kIdle, kForward, kBackward };
   OwnedParameters(std::vector<UnitSpec> units, DType compute_dtype, Allocator& alloc);
   Status Transition(int unit, UnitState from, UnitState to, const char* call);
+
+  // Initialisation, compute copies and ZeroGrad run as ops on the
+  // allocator's device, on the calling thread's stream (none: cpu).
+  ops::OpContext ctx_;
   StatusOr<std::vector<Tensor>> ComputeCopies(int unit);
 
   std::vector<UnitSpec> units_;

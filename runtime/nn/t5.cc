@@ -2,17 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-
-#include "runtime/nn/kernels.h"
 
 namespace sk {
 
 using nn_internal::BlockDims;
 using nn_internal::BlockSaved;
-using nn_internal::F;
 using nn_internal::HeadSaved;
 using nn_internal::NewF32;
+using nn_internal::Prefix;
 using nn_internal::Positive;
 using nn_internal::ValidateComputeDType;
 using nn_internal::ValidateWidthAndVocab;
@@ -20,6 +17,23 @@ using nn_internal::SublayerKind;
 using nn_internal::UnitGrads;
 using nn_internal::UnitParams;
 using nn_internal::UnitScope;
+
+namespace {
+
+// The embedding unit's tensors (or their gradients) by name, in spec order.
+struct EmbedTensors {
+  Tensor enc_tok;  // enc_wte [V, C]
+  Tensor dec_tok;  // dec_wte [V, C]
+  Tensor enc_pos;  // enc_wpe [max_source_len, C]
+  Tensor dec_pos;  // dec_wpe [max_target_len, C]
+};
+
+template <typename Src>
+EmbedTensors BindEmbed(const Src& src) {
+  return EmbedTensors{src[0], src[1], src[2], src[3]};
+}
+
+}  // namespace
 
 Status T5Config::Validate() const {
   SK_RETURN_IF_ERROR(Positive(vocab_size, name, "vocab_size"));
@@ -134,7 +148,11 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   dd.seq = T;
   dd.enc_seq = S;
 
-  UnitScope scope(hooks, units_, alloc);
+  SK_ASSIGN_OR_RETURN(const ops::OpContext ctx, nn_internal::MakeContext(hooks, alloc));
+  SK_ASSIGN_OR_RETURN(Tensor source, nn_internal::TokensToDevice(ctx, batch.source));
+  SK_ASSIGN_OR_RETURN(Tensor inputs, nn_internal::TokensToDevice(ctx, batch.inputs));
+  SK_ASSIGN_OR_RETURN(Tensor targets, nn_internal::TokensToDevice(ctx, batch.targets));
+  UnitScope scope(hooks, units_, ctx);
   std::vector<Tensor> xe(static_cast<size_t>(E + 1));  // encoder block inputs; xe[E] -> enc_norm
   std::vector<Tensor> xd(static_cast<size_t>(D + 1));  // decoder block inputs; xd[D] -> head
   std::vector<BlockSaved> es(static_cast<size_t>(E)), ds(static_cast<size_t>(D));
@@ -142,39 +160,40 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
 
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(0));
-    SK_ASSIGN_OR_RETURN(xe[0], NewF32(alloc, ne * c));
-    SK_ASSIGN_OR_RETURN(xd[0], NewF32(alloc, nd * c));
-    EmbeddingForward(p[0], batch.source.data(), ne, c, F(xe[0]));
-    EmbeddingForward(p[1], batch.inputs.data(), nd, c, F(xd[0]));
-    for (int64_t b = 0; b < B; ++b) {
-      AddInPlace(F(xe[0]) + b * S * c, p[2], S * c);
-      AddInPlace(F(xd[0]) + b * T * c, p[3], T * c);
-    }
-    RoundToDTypeInPlace(F(xe[0]), ne * c, act);
-    RoundToDTypeInPlace(F(xd[0]), nd * c, act);
+    const EmbedTensors e = BindEmbed(p);
+    SK_ASSIGN_OR_RETURN(xe[0], NewF32(ctx, ne * c));
+    SK_ASSIGN_OR_RETURN(xd[0], NewF32(ctx, nd * c));
+    SK_RETURN_IF_ERROR(ops::EmbeddingForward(ctx, e.enc_tok, source, xe[0]));
+    SK_RETURN_IF_ERROR(ops::EmbeddingForward(ctx, e.dec_tok, inputs, xd[0]));
+    SK_RETURN_IF_ERROR(ops::BiasAdd(ctx, Prefix(e.enc_pos, S * c), xe[0]));
+    SK_RETURN_IF_ERROR(ops::BiasAdd(ctx, Prefix(e.dec_pos, T * c), xd[0]));
+    SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, xe[0], act));
+    SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, xd[0], act));
     SK_RETURN_IF_ERROR(scope.PostForward(0));
   }
   for (int64_t l = 0; l < E; ++l) {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(enc_unit(l)));
     BlockSaved s;
-    SK_RETURN_IF_ERROR(encoder_block_.Forward(ed, p, F(xe[l]), nullptr, alloc, &s));
+    SK_RETURN_IF_ERROR(encoder_block_.Forward(ctx, ed, p, xe[l], Tensor(), &s));
     xe[l + 1] = s.subs.back().out;
     if (!ckpt && backward) es[l] = std::move(s);
     SK_RETURN_IF_ERROR(scope.PostForward(enc_unit(l)));
   }
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(enc_norm_unit));
-    SK_ASSIGN_OR_RETURN(enc_out, NewF32(alloc, ne * c));
-    SK_ASSIGN_OR_RETURN(enc_mean, NewF32(alloc, ne));
-    SK_ASSIGN_OR_RETURN(enc_rstd, NewF32(alloc, ne));
-    LayerNormForward(F(xe[E]), p[0], p[1], ne, c, F(enc_out), F(enc_mean), F(enc_rstd));
-    RoundToDTypeInPlace(F(enc_out), ne * c, act);
+    const Tensor& ln_g = p[0];  // [C]
+    const Tensor& ln_b = p[1];  // [C]
+    SK_ASSIGN_OR_RETURN(enc_out, NewF32(ctx, ne * c));
+    SK_ASSIGN_OR_RETURN(enc_mean, NewF32(ctx, ne));
+    SK_ASSIGN_OR_RETURN(enc_rstd, NewF32(ctx, ne));
+    SK_RETURN_IF_ERROR(ops::LayerNormForward(ctx, xe[E], ln_g, ln_b, enc_out, enc_mean, enc_rstd));
+    SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, enc_out, act));
     SK_RETURN_IF_ERROR(scope.PostForward(enc_norm_unit));
   }
   for (int64_t l = 0; l < D; ++l) {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(dec_unit(l)));
     BlockSaved s;
-    SK_RETURN_IF_ERROR(decoder_block_.Forward(dd, p, F(xd[l]), F(enc_out), alloc, &s));
+    SK_RETURN_IF_ERROR(decoder_block_.Forward(ctx, dd, p, xd[l], enc_out, &s));
     xd[l + 1] = s.subs.back().out;
     if (!ckpt && backward) ds[l] = std::move(s);
     SK_RETURN_IF_ERROR(scope.PostForward(dec_unit(l)));
@@ -183,20 +202,19 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   float loss = 0.0f;
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
-    SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(p, F(xd[D]), batch.targets.data(), nd, c,
-                                                       config_.vocab_size, act, backward, alloc,
-                                                       &head));
+    SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(ctx, p, xd[D], targets, nd, c,
+                                                       config_.vocab_size, act, backward, &head));
     SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
   if (!backward) return loss;
 
-  SK_ASSIGN_OR_RETURN(Tensor dx, NewF32(alloc, nd * c));
-  SK_ASSIGN_OR_RETURN(Tensor dnext, NewF32(alloc, nd * c));
-  SK_ASSIGN_OR_RETURN(Tensor denc, nn_internal::ZerosF32(alloc, ne * c));
+  SK_ASSIGN_OR_RETURN(Tensor dx, NewF32(ctx, nd * c));
+  SK_ASSIGN_OR_RETURN(Tensor dnext, NewF32(ctx, nd * c));
+  SK_ASSIGN_OR_RETURN(Tensor denc, nn_internal::ZerosF32(ctx, ne * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
-    SK_RETURN_IF_ERROR(nn_internal::HeadBackward(b.p, b.g, F(xd[D]), head, nd, c,
-                                                 config_.vocab_size, act, F(dx), alloc));
+    SK_RETURN_IF_ERROR(nn_internal::HeadBackward(ctx, b.p, b.g, xd[D], head, nd, c,
+                                                 config_.vocab_size, act, dx));
     head = HeadSaved();
     xd[D] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
@@ -204,25 +222,25 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   for (int64_t l = D - 1; l >= 0; --l) {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(dec_unit(l)));
     if (ckpt) {
-      SK_RETURN_IF_ERROR(decoder_block_.Forward(dd, b.p, F(xd[l]), F(enc_out), alloc, &ds[l]));
+      SK_RETURN_IF_ERROR(decoder_block_.Forward(ctx, dd, b.p, xd[l], enc_out, &ds[l]));
     }
-    SK_RETURN_IF_ERROR(decoder_block_.Backward(dd, b.p, b.g, F(xd[l]), F(enc_out), ds[l], F(dx),
-                                               F(dnext), F(denc), alloc));
+    SK_RETURN_IF_ERROR(
+        decoder_block_.Backward(ctx, dd, b.p, b.g, xd[l], enc_out, ds[l], dx, dnext, denc));
     ds[l] = BlockSaved();
     xd[l] = Tensor();
     std::swap(dx, dnext);
     SK_RETURN_IF_ERROR(scope.PostBackward(dec_unit(l), &b));
   }
   Tensor ddec_embed = dx;  // gradient of the decoder's input embedding
-  SK_ASSIGN_OR_RETURN(Tensor ex, NewF32(alloc, ne * c));
-  SK_ASSIGN_OR_RETURN(Tensor enext, NewF32(alloc, ne * c));
+  SK_ASSIGN_OR_RETURN(Tensor ex, NewF32(ctx, ne * c));
+  SK_ASSIGN_OR_RETURN(Tensor enext, NewF32(ctx, ne * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(enc_norm_unit));
-    RoundToDTypeInPlace(F(denc), ne * c, act);
-    std::memset(ex.data(), 0, ex.nbytes());
-    LayerNormBackward(F(xe[E]), b.p[0], F(denc), F(enc_mean), F(enc_rstd), ne, c, F(ex), b.g[0],
-                      b.g[1]);
-    RoundToDTypeInPlace(F(ex), ne * c, act);
+    SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, denc, act));
+    SK_RETURN_IF_ERROR(ops::Fill(ctx, ex, 0.0f));
+    SK_RETURN_IF_ERROR(ops::LayerNormBackward(ctx, xe[E], b.p[0], denc, enc_mean, enc_rstd, ex,
+                                              b.g[0], b.g[1]));
+    SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, ex, act));
     enc_out = Tensor();
     denc = Tensor();
     dnext = Tensor();
@@ -231,9 +249,9 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   }
   for (int64_t l = E - 1; l >= 0; --l) {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(enc_unit(l)));
-    if (ckpt) SK_RETURN_IF_ERROR(encoder_block_.Forward(ed, b.p, F(xe[l]), nullptr, alloc, &es[l]));
-    SK_RETURN_IF_ERROR(encoder_block_.Backward(ed, b.p, b.g, F(xe[l]), nullptr, es[l], F(ex),
-                                               F(enext), nullptr, alloc));
+    if (ckpt) SK_RETURN_IF_ERROR(encoder_block_.Forward(ctx, ed, b.p, xe[l], Tensor(), &es[l]));
+    SK_RETURN_IF_ERROR(
+        encoder_block_.Backward(ctx, ed, b.p, b.g, xe[l], Tensor(), es[l], ex, enext, Tensor()));
     es[l] = BlockSaved();
     xe[l] = Tensor();
     std::swap(ex, enext);
@@ -241,12 +259,11 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   }
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackwardGradientsOnly(0));
-    EmbeddingBackward(batch.source.data(), F(ex), ne, c, b.g[0]);
-    EmbeddingBackward(batch.inputs.data(), F(ddec_embed), nd, c, b.g[1]);
-    for (int64_t bi = 0; bi < B; ++bi) {
-      AddInPlace(b.g[2], F(ex) + bi * S * c, S * c);
-      AddInPlace(b.g[3], F(ddec_embed) + bi * T * c, T * c);
-    }
+    const EmbedTensors g = BindEmbed(b.g);
+    SK_RETURN_IF_ERROR(ops::EmbeddingBackward(ctx, source, ex, g.enc_tok));
+    SK_RETURN_IF_ERROR(ops::EmbeddingBackward(ctx, inputs, ddec_embed, g.dec_tok));
+    SK_RETURN_IF_ERROR(ops::BiasGrad(ctx, ex, Prefix(g.enc_pos, S * c)));
+    SK_RETURN_IF_ERROR(ops::BiasGrad(ctx, ddec_embed, Prefix(g.dec_pos, T * c)));
     SK_RETURN_IF_ERROR(scope.PostBackward(0, &b));
   }
   return loss;
@@ -290,9 +307,11 @@ int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const int64_t head_params = act != DType::kF32 ? units_.back().numel() : 0;
   const int64_t enc_saved = encoder_block_.SavedFloats(ed);
   const int64_t dec_saved = decoder_block_.SavedFloats(dd);
-  // Kept through the forward: embeddings, block activations (or outputs),
-  // the encoder output with its LayerNorm statistics.
-  const int64_t enc_kept = ne * c + E * (ckpt ? ne * c : enc_saved) + ne * c + 2 * ne;
+  // Kept through the forward: the token ids (source, inputs, targets: i32,
+  // one float each) and the loss, embeddings, block activations (or
+  // outputs), the encoder output with its LayerNorm statistics.
+  const int64_t enc_kept =
+      ne + 2 * nd + 1 + ne * c + E * (ckpt ? ne * c : enc_saved) + ne * c + 2 * ne;
   const int64_t dec_kept = nd * c + D * (ckpt ? nd * c : dec_saved);
   // Backward buffers allocated before the head: dx, dnext, denc.
   const int64_t grads = 2 * nd * c + ne * c;

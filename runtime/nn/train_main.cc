@@ -15,7 +15,7 @@
 
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
-#include "runtime/nn/kernels.h"
+#include "runtime/ops/cpu/cpu_backend.h"
 #include "runtime/nn/owned_parameters.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
@@ -39,7 +39,7 @@ namespace sk {
 namespace {
 
 Status Run() {
-  if (FLAGS_gemm_threads != 0) SK_RETURN_IF_ERROR(SetGemmThreads(FLAGS_gemm_threads));
+  if (FLAGS_gemm_threads != 0) SK_RETURN_IF_ERROR(ops::SetCpuGemmThreads(FLAGS_gemm_threads));
   SK_ASSIGN_OR_RETURN(NamedModelConfig cfg, FindModelConfig(FLAGS_model));
   ModelOptions options;
   options.compute_dtype = FLAGS_bf16 ? DType::kBF16 : DType::kF32;

@@ -4,23 +4,42 @@
 #include <cstring>
 #include <limits>
 
-#include "runtime/nn/kernels.h"
 
 namespace sk {
 namespace nn_internal {
 
-StatusOr<Tensor> NewF32(Allocator& alloc, int64_t numel) {
-  return alloc.Empty(DType::kF32, Shape{numel});
+StatusOr<ops::OpContext> MakeContext(UnitHooks& hooks, Allocator& alloc) {
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(alloc.device()));
+  return ops::OpContext{device, hooks.compute_stream(), &alloc};
 }
 
-StatusOr<Tensor> ZerosF32(Allocator& alloc, int64_t numel) {
-  SK_ASSIGN_OR_RETURN(Tensor t, NewF32(alloc, numel));
-  if (numel > 0) std::memset(t.data(), 0, t.nbytes());
+StatusOr<Tensor> NewF32(const ops::OpContext& ctx, int64_t numel) {
+  return ctx.alloc->Empty(DType::kF32, Shape{numel});
+}
+
+StatusOr<Tensor> ZerosF32(const ops::OpContext& ctx, int64_t numel) {
+  SK_ASSIGN_OR_RETURN(Tensor t, NewF32(ctx, numel));
+  SK_RETURN_IF_ERROR(ops::Fill(ctx, t, 0.0f));
   return t;
 }
 
+Tensor Prefix(const Tensor& t, int64_t numel) {
+  auto v = t.View(0, DType::kF32, Shape{numel});
+  CHECK(v.ok()) << v.status().ToString();
+  return *v;
+}
+
+StatusOr<Tensor> TokensToDevice(const ops::OpContext& ctx, const std::vector<int32_t>& ids) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  SK_ASSIGN_OR_RETURN(Tensor host, Tensor::Wrap(const_cast<int32_t*>(ids.data()), DType::kI32,
+                                                Shape{n}, DeviceId::Cpu()));
+  SK_ASSIGN_OR_RETURN(Tensor dev, ctx.alloc->Empty(DType::kI32, Shape{n}));
+  SK_RETURN_IF_ERROR(ops::Copy(ctx, host, dev));
+  return dev;
+}
+
 Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tensors,
-                           const char* what) {
+                           const char* what, DeviceKind kind) {
   if (tensors.size() != unit.params.size()) {
     return InvalidArgumentError(std::string(what) + " of unit '" + unit.name + "' has " +
                                 std::to_string(tensors.size()) + " tensors, the unit has " +
@@ -31,7 +50,10 @@ Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tens
     const std::string where =
         std::string(what) + " tensor for '" + FullParamName(unit, unit.params[i]) + "'";
     if (!t.defined()) return InvalidArgumentError(where + " is undefined");
-    if (!t.device().is_cpu()) return InvalidArgumentError(where + " is not in host memory");
+    if (t.device().kind != kind) {
+      return InvalidArgumentError(where + " is on " + t.device().ToString() +
+                                  ", not on the model's device");
+    }
     if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16) {
       return InvalidArgumentError(where + " has dtype " + std::string(DTypeName(t.dtype())) +
                                   ", expected f32, bf16 or f16");
@@ -44,48 +66,45 @@ Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tens
   return OkStatus();
 }
 
-StatusOr<UnitParams> UnitParams::Make(const UnitSpec& unit, const std::vector<Tensor>& tensors,
-                                      Allocator& alloc) {
-  SK_RETURN_IF_ERROR(ValidateUnitTensors(unit, tensors, "parameter"));
+StatusOr<UnitParams> UnitParams::Make(const ops::OpContext& ctx, const UnitSpec& unit,
+                                      const std::vector<Tensor>& tensors) {
+  SK_RETURN_IF_ERROR(ValidateUnitTensors(unit, tensors, "parameter", ctx.device->id().kind));
   UnitParams p;
   for (const Tensor& t : tensors) {
     if (t.dtype() == DType::kF32) {
-      p.ptrs_.push_back(t.data_as<float>());
+      p.tensors_.push_back(t);
       continue;
     }
-    SK_ASSIGN_OR_RETURN(Tensor wide, NewF32(alloc, t.numel()));
-    WidenToF32(t.data(), t.dtype(), t.numel(), F(wide));
-    p.ptrs_.push_back(F(wide));
-    p.keep_.push_back(std::move(wide));
+    SK_ASSIGN_OR_RETURN(Tensor wide, ctx.alloc->Empty(DType::kF32, t.shape()));
+    SK_RETURN_IF_ERROR(ops::Cast(ctx, t, wide));
+    p.tensors_.push_back(std::move(wide));
   }
   return p;
 }
 
-StatusOr<UnitGrads> UnitGrads::Make(const UnitSpec& unit, const std::vector<Tensor>& tensors,
-                                    Allocator& alloc) {
-  SK_RETURN_IF_ERROR(ValidateUnitTensors(unit, tensors, "gradient"));
+StatusOr<UnitGrads> UnitGrads::Make(const ops::OpContext& ctx, const UnitSpec& unit,
+                                    const std::vector<Tensor>& tensors) {
+  SK_RETURN_IF_ERROR(ValidateUnitTensors(unit, tensors, "gradient", ctx.device->id().kind));
   UnitGrads g;
   for (const Tensor& t : tensors) {
     g.targets_.push_back(t);
     if (t.dtype() == DType::kF32) {
-      g.scratch_.emplace_back();
-      g.ptrs_.push_back(t.data_as<float>());
+      g.sinks_.push_back(t);
       continue;
     }
-    SK_ASSIGN_OR_RETURN(Tensor s, ZerosF32(alloc, t.numel()));
-    g.ptrs_.push_back(F(s));
-    g.scratch_.push_back(std::move(s));
+    SK_ASSIGN_OR_RETURN(Tensor s, ctx.alloc->Empty(DType::kF32, t.shape()));
+    SK_RETURN_IF_ERROR(ops::Fill(ctx, s, 0.0f));
+    g.sinks_.push_back(std::move(s));
   }
   return g;
 }
 
-void UnitGrads::Flush() {
+Status UnitGrads::Flush(const ops::OpContext& ctx) {
   for (size_t i = 0; i < targets_.size(); ++i) {
-    if (!scratch_[i].defined()) continue;
-    AccumulateFromF32(F(scratch_[i]), scratch_[i].numel(), targets_[i].data(),
-                      targets_[i].dtype());
-    std::memset(scratch_[i].data(), 0, scratch_[i].nbytes());
+    if (targets_[i].dtype() == DType::kF32) continue;
+    SK_RETURN_IF_ERROR(ops::Axpy(ctx, 1.0f, sinks_[i], targets_[i]));
   }
+  return OkStatus();
 }
 
 Status UnitScope::Named(const Status& s, int u, const char* phase) const {
@@ -95,7 +114,7 @@ Status UnitScope::Named(const Status& s, int u, const char* phase) const {
 StatusOr<UnitParams> UnitScope::PreForward(int u) {
   auto pt = hooks_.PreForward(u);
   if (!pt.ok()) return Named(pt.status(), u, "PreForward");
-  return UnitParams::Make(units_[u], *pt, alloc_);
+  return UnitParams::Make(ctx_, units_[u], *pt);
 }
 
 Status UnitScope::PostForward(int u) { return Named(hooks_.PostForward(u), u, "PostForward"); }
@@ -103,21 +122,22 @@ Status UnitScope::PostForward(int u) { return Named(hooks_.PostForward(u), u, "P
 StatusOr<UnitScope::Backward> UnitScope::PreBackward(int u) {
   auto bufs = hooks_.PreBackward(u);
   if (!bufs.ok()) return Named(bufs.status(), u, "PreBackward");
-  SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(units_[u], bufs->params, alloc_));
-  SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[u], bufs->grads, alloc_));
+  SK_ASSIGN_OR_RETURN(UnitParams p, UnitParams::Make(ctx_, units_[u], bufs->params));
+  SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(ctx_, units_[u], bufs->grads));
   return Backward{std::move(p), std::move(g)};
 }
 
 StatusOr<UnitScope::Backward> UnitScope::PreBackwardGradientsOnly(int u) {
   auto bufs = hooks_.PreBackward(u);
   if (!bufs.ok()) return Named(bufs.status(), u, "PreBackward");
-  SK_RETURN_IF_ERROR(ValidateUnitTensors(units_[u], bufs->params, "parameter"));
-  SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(units_[u], bufs->grads, alloc_));
+  SK_RETURN_IF_ERROR(
+      ValidateUnitTensors(units_[u], bufs->params, "parameter", ctx_.device->id().kind));
+  SK_ASSIGN_OR_RETURN(UnitGrads g, UnitGrads::Make(ctx_, units_[u], bufs->grads));
   return Backward{UnitParams(), std::move(g)};
 }
 
 Status UnitScope::PostBackward(int u, Backward* b) {
-  b->g.Flush();
+  SK_RETURN_IF_ERROR(Named(b->g.Flush(ctx_), u, "PostBackward"));
   return Named(hooks_.PostBackward(u), u, "PostBackward");
 }
 
@@ -166,125 +186,194 @@ const char* SublayerPrefix(SublayerKind kind) {
   return "";
 }
 
-void MaybeRound(const BlockDims& d, const Tensor& t) {
-  RoundToDTypeInPlace(F(t), t.numel(), d.storage);
+using ops::GemmParams;
+using ops::MatrixRef;
+using ops::OpContext;
+
+Status Round(const OpContext& ctx, const BlockDims& d, const Tensor& t) {
+  return ops::RoundToDType(ctx, t, d.storage);
 }
 
-Status SublayerForward(SublayerKind kind, const BlockDims& d, const float* const* p,
-                       const float* x, const float* enc, Allocator& alloc, SublayerSaved* s) {
-  const int64_t n = d.batch * d.seq;
-  const int64_t c = d.d_model;
-  SK_ASSIGN_OR_RETURN(s->ln, NewF32(alloc, n * c));
-  SK_ASSIGN_OR_RETURN(s->mean, NewF32(alloc, n));
-  SK_ASSIGN_OR_RETURN(s->rstd, NewF32(alloc, n));
-  SK_ASSIGN_OR_RETURN(s->out, NewF32(alloc, n * c));
-  LayerNormForward(x, p[0], p[1], n, c, F(s->ln), F(s->mean), F(s->rstd));
-  MaybeRound(d, s->ln);
-  const float* proj_w = nullptr;
-  const float* proj_b = nullptr;
-  const float* proj_in = nullptr;
-  int64_t proj_in_dim = c;
-  if (kind == SublayerKind::kMlp) {
-    SK_ASSIGN_OR_RETURN(s->a, NewF32(alloc, n * d.d_ff));
-    SK_ASSIGN_OR_RETURN(s->b, NewF32(alloc, n * d.d_ff));
-    LinearForward(F(s->ln), p[2], p[3], n, c, d.d_ff, F(s->a));
-    MaybeRound(d, s->a);
-    GeluForward(F(s->a), n * d.d_ff, F(s->b));
-    MaybeRound(d, s->b);
-    proj_w = p[4];
-    proj_b = p[5];
-    proj_in = F(s->b);
-    proj_in_dim = d.d_ff;
-  } else {
-    AttentionShape as;
-    as.batch = d.batch;
-    as.heads = d.heads;
-    as.q_len = d.seq;
-    as.head_dim = c / d.heads;
-    SK_ASSIGN_OR_RETURN(s->att, NewF32(alloc, n * c));
-    if (kind == SublayerKind::kCrossAttention) {
-      const int64_t ne = d.batch * d.enc_seq;
-      as.kv_len = d.enc_seq;
-      SK_ASSIGN_OR_RETURN(s->a, NewF32(alloc, n * c));
-      SK_ASSIGN_OR_RETURN(s->b, NewF32(alloc, ne * 2 * c));
-      SK_ASSIGN_OR_RETURN(s->probs, NewF32(alloc, d.batch * d.heads * d.seq * d.enc_seq));
-      LinearForward(F(s->ln), p[2], p[3], n, c, c, F(s->a));
-      LinearForward(enc, p[4], p[5], ne, c, 2 * c, F(s->b));
-      MaybeRound(d, s->a);
-      MaybeRound(d, s->b);
-      AttentionForward(as, F(s->a), c, F(s->b), 2 * c, F(s->b) + c, 2 * c, F(s->probs), F(s->att),
-                       c);
-      proj_w = p[6];
-      proj_b = p[7];
-    } else {
-      as.kv_len = d.seq;
-      as.causal = kind == SublayerKind::kCausalSelfAttention;
-      SK_ASSIGN_OR_RETURN(s->a, NewF32(alloc, n * 3 * c));
-      SK_ASSIGN_OR_RETURN(s->probs, NewF32(alloc, d.batch * d.heads * d.seq * d.seq));
-      LinearForward(F(s->ln), p[2], p[3], n, c, 3 * c, F(s->a));
-      MaybeRound(d, s->a);
-      const float* qkv = F(s->a);
-      AttentionForward(as, qkv, 3 * c, qkv + c, 3 * c, qkv + 2 * c, 3 * c, F(s->probs), F(s->att),
-                       c);
-      proj_w = p[4];
-      proj_b = p[5];
-    }
-    MaybeRound(d, s->att);
-    proj_in = F(s->att);
+// y[rows, out] = x[rows, in] w[in, out] (+ bias[out]): the bias is written
+// into y first and the product added with beta = 1.
+Status Linear(const OpContext& ctx, const Tensor& x, const Tensor& w, const Tensor& bias,
+              int64_t rows, int64_t in, int64_t out, const Tensor& y) {
+  GemmParams p;
+  p.m = rows, p.n = out, p.k = in;
+  if (bias.defined()) {
+    SK_RETURN_IF_ERROR(ops::BroadcastRows(ctx, bias, y));
+    p.beta = 1.0f;
   }
-  LinearForward(proj_in, proj_w, proj_b, n, proj_in_dim, c, F(s->out));
-  AddInPlace(F(s->out), x, n * c);
-  MaybeRound(d, s->out);
+  return ops::Gemm(ctx, p, MatrixRef{x, 0, in}, MatrixRef{w, 0, out}, MatrixRef{y, 0, out});
+}
+
+// Given dy[rows, out]: dw += x^T dy, dbias += column sums of dy (if defined),
+// and dx = dy w^T, overwritten or (accumulate_dx) added (if defined).
+Status LinearBackward(const OpContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dy,
+                      int64_t rows, int64_t in, int64_t out, const Tensor& dx, bool accumulate_dx,
+                      const Tensor& dw, const Tensor& dbias) {
+  if (dx.defined()) {
+    GemmParams p;
+    p.trans_b = true;
+    p.m = rows, p.n = in, p.k = out;
+    p.beta = accumulate_dx ? 1.0f : 0.0f;
+    SK_RETURN_IF_ERROR(
+        ops::Gemm(ctx, p, MatrixRef{dy, 0, out}, MatrixRef{w, 0, out}, MatrixRef{dx, 0, in}));
+  }
+  GemmParams p;
+  p.trans_a = true;
+  p.m = in, p.n = out, p.k = rows;
+  p.beta = 1.0f;
+  SK_RETURN_IF_ERROR(
+      ops::Gemm(ctx, p, MatrixRef{x, 0, in}, MatrixRef{dy, 0, out}, MatrixRef{dw, 0, out}));
+  if (dbias.defined()) SK_RETURN_IF_ERROR(ops::BiasGrad(ctx, dy, dbias));
   return OkStatus();
 }
 
-Status SublayerBackward(SublayerKind kind, const BlockDims& d, const float* const* p,
-                        float* const* g, const float* x, const float* enc, const SublayerSaved& s,
-                        const float* dy, float* dx, float* denc, Allocator& alloc) {
+ops::AttentionShape AttnShape(SublayerKind kind, const BlockDims& d) {
+  ops::AttentionShape as;
+  as.batch = d.batch;
+  as.heads = d.heads;
+  as.q_len = d.seq;
+  as.head_dim = d.d_model / d.heads;
+  as.kv_len = kind == SublayerKind::kCrossAttention ? d.enc_seq : d.seq;
+  as.causal = kind == SublayerKind::kCausalSelfAttention;
+  return as;
+}
+
+// The sublayer's tensors in spec order from src[offset...] (params or grads).
+template <typename Src>
+SublayerTensors Bind(SublayerKind kind, const Src& src, size_t o) {
+  SublayerTensors t;
+  t.ln_g = src[o];
+  t.ln_b = src[o + 1];
+  switch (kind) {
+    case SublayerKind::kSelfAttention:
+    case SublayerKind::kCausalSelfAttention:
+      t.qkv_w = src[o + 2];
+      t.qkv_b = src[o + 3];
+      t.proj_w = src[o + 4];
+      t.proj_b = src[o + 5];
+      break;
+    case SublayerKind::kCrossAttention:
+      t.q_w = src[o + 2];
+      t.q_b = src[o + 3];
+      t.kv_w = src[o + 4];
+      t.kv_b = src[o + 5];
+      t.proj_w = src[o + 6];
+      t.proj_b = src[o + 7];
+      break;
+    case SublayerKind::kMlp:
+      t.fc_w = src[o + 2];
+      t.fc_b = src[o + 3];
+      t.proj_w = src[o + 4];
+      t.proj_b = src[o + 5];
+      break;
+  }
+  return t;
+}
+
+Status SublayerForward(const OpContext& ctx, SublayerKind kind, const BlockDims& d,
+                       const SublayerTensors& p, const Tensor& x, const Tensor& enc,
+                       SublayerActivations* s) {
   const int64_t n = d.batch * d.seq;
   const int64_t c = d.d_model;
-  SK_ASSIGN_OR_RETURN(Tensor dln, NewF32(alloc, n * c));
+  SK_ASSIGN_OR_RETURN(s->ln, NewF32(ctx, n * c));
+  SK_ASSIGN_OR_RETURN(s->ln_mean, NewF32(ctx, n));
+  SK_ASSIGN_OR_RETURN(s->ln_rstd, NewF32(ctx, n));
+  SK_ASSIGN_OR_RETURN(s->out, NewF32(ctx, n * c));
+  SK_RETURN_IF_ERROR(ops::LayerNormForward(ctx, x, p.ln_g, p.ln_b, s->ln, s->ln_mean, s->ln_rstd));
+  SK_RETURN_IF_ERROR(Round(ctx, d, s->ln));
+  Tensor proj_in;
+  int64_t proj_in_dim = c;
   if (kind == SublayerKind::kMlp) {
-    SK_ASSIGN_OR_RETURN(Tensor dh, NewF32(alloc, n * d.d_ff));
-    LinearBackward(F(s.b), p[4], dy, n, d.d_ff, c, F(dh), false, g[4], g[5]);
-    GeluBackward(F(s.a), F(dh), n * d.d_ff, F(dh));
-    LinearBackward(F(s.ln), p[2], F(dh), n, c, d.d_ff, F(dln), false, g[2], g[3]);
+    SK_ASSIGN_OR_RETURN(s->fc, NewF32(ctx, n * d.d_ff));
+    SK_ASSIGN_OR_RETURN(s->gelu, NewF32(ctx, n * d.d_ff));
+    SK_RETURN_IF_ERROR(Linear(ctx, s->ln, p.fc_w, p.fc_b, n, c, d.d_ff, s->fc));
+    SK_RETURN_IF_ERROR(Round(ctx, d, s->fc));
+    SK_RETURN_IF_ERROR(ops::GeluForward(ctx, s->fc, s->gelu));
+    SK_RETURN_IF_ERROR(Round(ctx, d, s->gelu));
+    proj_in = s->gelu;
+    proj_in_dim = d.d_ff;
   } else {
-    AttentionShape as;
-    as.batch = d.batch;
-    as.heads = d.heads;
-    as.q_len = d.seq;
-    as.head_dim = c / d.heads;
-    SK_ASSIGN_OR_RETURN(Tensor datt, NewF32(alloc, n * c));
+    const ops::AttentionShape as = AttnShape(kind, d);
+    SK_ASSIGN_OR_RETURN(s->att, NewF32(ctx, n * c));
     if (kind == SublayerKind::kCrossAttention) {
       const int64_t ne = d.batch * d.enc_seq;
-      as.kv_len = d.enc_seq;
-      LinearBackward(F(s.att), p[6], dy, n, c, c, F(datt), false, g[6], g[7]);
-      SK_ASSIGN_OR_RETURN(Tensor dq, NewF32(alloc, n * c));
-      SK_ASSIGN_OR_RETURN(Tensor dkv, NewF32(alloc, ne * 2 * c));
-      SK_ASSIGN_OR_RETURN(Tensor scratch, NewF32(alloc, d.seq * d.enc_seq));
-      AttentionBackward(as, F(s.a), c, F(s.b), 2 * c, F(s.b) + c, 2 * c, F(s.probs), F(datt), c,
-                        F(dq), c, F(dkv), 2 * c, F(dkv) + c, 2 * c, F(scratch));
-      LinearBackward(enc, p[4], F(dkv), ne, c, 2 * c, denc, true, g[4], g[5]);
-      LinearBackward(F(s.ln), p[2], F(dq), n, c, c, F(dln), false, g[2], g[3]);
+      SK_ASSIGN_OR_RETURN(s->q, NewF32(ctx, n * c));
+      SK_ASSIGN_OR_RETURN(s->kv, NewF32(ctx, ne * 2 * c));
+      SK_ASSIGN_OR_RETURN(s->probs, NewF32(ctx, d.batch * d.heads * d.seq * d.enc_seq));
+      SK_RETURN_IF_ERROR(Linear(ctx, s->ln, p.q_w, p.q_b, n, c, c, s->q));
+      SK_RETURN_IF_ERROR(Linear(ctx, enc, p.kv_w, p.kv_b, ne, c, 2 * c, s->kv));
+      SK_RETURN_IF_ERROR(Round(ctx, d, s->q));
+      SK_RETURN_IF_ERROR(Round(ctx, d, s->kv));
+      SK_RETURN_IF_ERROR(ops::AttentionForward(ctx, as, MatrixRef{s->q, 0, c},
+                                               MatrixRef{s->kv, 0, 2 * c},
+                                               MatrixRef{s->kv, c, 2 * c}, s->probs,
+                                               MatrixRef{s->att, 0, c}));
     } else {
-      as.kv_len = d.seq;
-      as.causal = kind == SublayerKind::kCausalSelfAttention;
-      LinearBackward(F(s.att), p[4], dy, n, c, c, F(datt), false, g[4], g[5]);
-      SK_ASSIGN_OR_RETURN(Tensor dqkv, NewF32(alloc, n * 3 * c));
-      SK_ASSIGN_OR_RETURN(Tensor scratch, NewF32(alloc, d.seq * d.seq));
-      const float* qkv = F(s.a);
-      float* dq = F(dqkv);
-      AttentionBackward(as, qkv, 3 * c, qkv + c, 3 * c, qkv + 2 * c, 3 * c, F(s.probs), F(datt), c,
-                        dq, 3 * c, dq + c, 3 * c, dq + 2 * c, 3 * c, F(scratch));
-      LinearBackward(F(s.ln), p[2], F(dqkv), n, c, 3 * c, F(dln), false, g[2], g[3]);
+      SK_ASSIGN_OR_RETURN(s->qkv, NewF32(ctx, n * 3 * c));
+      SK_ASSIGN_OR_RETURN(s->probs, NewF32(ctx, d.batch * d.heads * d.seq * d.seq));
+      SK_RETURN_IF_ERROR(Linear(ctx, s->ln, p.qkv_w, p.qkv_b, n, c, 3 * c, s->qkv));
+      SK_RETURN_IF_ERROR(Round(ctx, d, s->qkv));
+      SK_RETURN_IF_ERROR(ops::AttentionForward(
+          ctx, as, MatrixRef{s->qkv, 0, 3 * c}, MatrixRef{s->qkv, c, 3 * c},
+          MatrixRef{s->qkv, 2 * c, 3 * c}, s->probs, MatrixRef{s->att, 0, c}));
+    }
+    SK_RETURN_IF_ERROR(Round(ctx, d, s->att));
+    proj_in = s->att;
+  }
+  SK_RETURN_IF_ERROR(Linear(ctx, proj_in, p.proj_w, p.proj_b, n, proj_in_dim, c, s->out));
+  SK_RETURN_IF_ERROR(ops::Axpy(ctx, 1.0f, x, s->out));  // the residual
+  return Round(ctx, d, s->out);
+}
+
+// dx = dy (the residual) + the LayerNorm branch's input gradient; dx may be dy.
+Status SublayerBackward(const OpContext& ctx, SublayerKind kind, const BlockDims& d,
+                        const SublayerTensors& p, const SublayerTensors& g, const Tensor& x,
+                        const Tensor& enc, const SublayerActivations& s, const Tensor& dy,
+                        const Tensor& dx, const Tensor& denc) {
+  const int64_t n = d.batch * d.seq;
+  const int64_t c = d.d_model;
+  SK_ASSIGN_OR_RETURN(Tensor dln, NewF32(ctx, n * c));
+  if (kind == SublayerKind::kMlp) {
+    SK_ASSIGN_OR_RETURN(Tensor dh, NewF32(ctx, n * d.d_ff));
+    SK_RETURN_IF_ERROR(
+        LinearBackward(ctx, s.gelu, p.proj_w, dy, n, d.d_ff, c, dh, false, g.proj_w, g.proj_b));
+    SK_RETURN_IF_ERROR(ops::GeluBackward(ctx, s.fc, dh, dh));
+    SK_RETURN_IF_ERROR(
+        LinearBackward(ctx, s.ln, p.fc_w, dh, n, c, d.d_ff, dln, false, g.fc_w, g.fc_b));
+  } else {
+    const ops::AttentionShape as = AttnShape(kind, d);
+    SK_ASSIGN_OR_RETURN(Tensor datt, NewF32(ctx, n * c));
+    SK_RETURN_IF_ERROR(
+        LinearBackward(ctx, s.att, p.proj_w, dy, n, c, c, datt, false, g.proj_w, g.proj_b));
+    if (kind == SublayerKind::kCrossAttention) {
+      const int64_t ne = d.batch * d.enc_seq;
+      SK_ASSIGN_OR_RETURN(Tensor dq, NewF32(ctx, n * c));
+      SK_ASSIGN_OR_RETURN(Tensor dkv, NewF32(ctx, ne * 2 * c));
+      SK_RETURN_IF_ERROR(ops::AttentionBackward(
+          ctx, as, MatrixRef{s.q, 0, c}, MatrixRef{s.kv, 0, 2 * c}, MatrixRef{s.kv, c, 2 * c},
+          s.probs, MatrixRef{datt, 0, c}, MatrixRef{dq, 0, c}, MatrixRef{dkv, 0, 2 * c},
+          MatrixRef{dkv, c, 2 * c}));
+      SK_RETURN_IF_ERROR(
+          LinearBackward(ctx, enc, p.kv_w, dkv, ne, c, 2 * c, denc, true, g.kv_w, g.kv_b));
+      SK_RETURN_IF_ERROR(LinearBackward(ctx, s.ln, p.q_w, dq, n, c, c, dln, false, g.q_w, g.q_b));
+    } else {
+      SK_ASSIGN_OR_RETURN(Tensor dqkv, NewF32(ctx, n * 3 * c));
+      SK_RETURN_IF_ERROR(ops::AttentionBackward(
+          ctx, as, MatrixRef{s.qkv, 0, 3 * c}, MatrixRef{s.qkv, c, 3 * c},
+          MatrixRef{s.qkv, 2 * c, 3 * c}, s.probs, MatrixRef{datt, 0, c},
+          MatrixRef{dqkv, 0, 3 * c}, MatrixRef{dqkv, c, 3 * c}, MatrixRef{dqkv, 2 * c, 3 * c}));
+      SK_RETURN_IF_ERROR(
+          LinearBackward(ctx, s.ln, p.qkv_w, dqkv, n, c, 3 * c, dln, false, g.qkv_w, g.qkv_b));
     }
   }
   // The residual passes dy through; LayerNorm's backward adds its part.
-  if (dx != dy) std::memcpy(dx, dy, sizeof(float) * n * c);
-  LayerNormBackward(x, p[0], F(dln), F(s.mean), F(s.rstd), n, c, dx, g[0], g[1]);
-  RoundToDTypeInPlace(dx, n * c, d.storage);
-  return OkStatus();
+  SK_RETURN_IF_ERROR(ops::Copy(ctx, dy, dx));
+  SK_RETURN_IF_ERROR(
+      ops::LayerNormBackward(ctx, x, p.ln_g, dln, s.ln_mean, s.ln_rstd, dx, g.ln_g, g.ln_b));
+  return Round(ctx, d, dx);
 }
 
 }  // namespace
@@ -296,48 +385,37 @@ void TransformerBlock::AppendSpecs(int64_t d_model, int64_t d_ff, float std, flo
   }
 }
 
-Status TransformerBlock::Forward(const BlockDims& d, const UnitParams& p, const float* x,
-                                 const float* enc, Allocator& alloc, BlockSaved* saved) const {
-  saved->subs.assign(kinds_.size(), SublayerSaved{});
+Status TransformerBlock::Forward(const OpContext& ctx, const BlockDims& d, const UnitParams& p,
+                                 const Tensor& x, const Tensor& enc, BlockSaved* saved) const {
+  saved->subs.assign(kinds_.size(), SublayerActivations{});
   size_t offset = 0;
-  std::vector<const float*> ptrs;
-  const float* in = x;
+  Tensor in = x;
   for (size_t i = 0; i < kinds_.size(); ++i) {
-    ptrs.clear();
-    for (size_t j = 0; j < SublayerParamCount(kinds_[i]); ++j) ptrs.push_back(p[offset + j]);
-    SK_RETURN_IF_ERROR(
-        SublayerForward(kinds_[i], d, ptrs.data(), in, enc, alloc, &saved->subs[i]));
-    in = F(saved->subs[i].out);
+    SK_RETURN_IF_ERROR(SublayerForward(ctx, kinds_[i], d, Bind(kinds_[i], p, offset), in, enc,
+                                       &saved->subs[i]));
+    in = saved->subs[i].out;
     offset += SublayerParamCount(kinds_[i]);
   }
   return OkStatus();
 }
 
-Status TransformerBlock::Backward(const BlockDims& d, const UnitParams& p, const UnitGrads& g,
-                                  const float* x, const float* enc, const BlockSaved& saved,
-                                  const float* dy, float* dx, float* denc,
-                                  Allocator& alloc) const {
+Status TransformerBlock::Backward(const OpContext& ctx, const BlockDims& d, const UnitParams& p,
+                                  const UnitGrads& g, const Tensor& x, const Tensor& enc,
+                                  const BlockSaved& saved, const Tensor& dy, const Tensor& dx,
+                                  const Tensor& denc) const {
   const int64_t nc = d.batch * d.seq * d.d_model;
-  SK_ASSIGN_OR_RETURN(Tensor dcur, NewF32(alloc, nc));
-  std::memcpy(F(dcur), dy, sizeof(float) * nc);
+  SK_ASSIGN_OR_RETURN(Tensor dcur, NewF32(ctx, nc));
+  SK_RETURN_IF_ERROR(ops::Copy(ctx, dy, dcur));
   size_t offset = 0;
   for (SublayerKind k : kinds_) offset += SublayerParamCount(k);
-  std::vector<const float*> ptrs;
-  std::vector<float*> gptrs;
   for (size_t i = kinds_.size(); i-- > 0;) {
     offset -= SublayerParamCount(kinds_[i]);
-    ptrs.clear();
-    gptrs.clear();
-    for (size_t j = 0; j < SublayerParamCount(kinds_[i]); ++j) {
-      ptrs.push_back(p[offset + j]);
-      gptrs.push_back(g[offset + j]);
-    }
-    const float* in = i == 0 ? x : F(saved.subs[i - 1].out);
-    SK_RETURN_IF_ERROR(SublayerBackward(kinds_[i], d, ptrs.data(), gptrs.data(), in, enc,
-                                        saved.subs[i], F(dcur), F(dcur), denc, alloc));
+    const Tensor& in = i == 0 ? x : saved.subs[i - 1].out;
+    SK_RETURN_IF_ERROR(SublayerBackward(ctx, kinds_[i], d, Bind(kinds_[i], p, offset),
+                                        Bind(kinds_[i], g, offset), in, enc, saved.subs[i], dcur,
+                                        dcur, denc));
   }
-  std::memcpy(dx, F(dcur), sizeof(float) * nc);
-  return OkStatus();
+  return ops::Copy(ctx, dcur, dx);
 }
 
 int64_t TransformerBlock::SavedFloats(const BlockDims& d) const {
@@ -415,38 +493,42 @@ void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, std::vector<Para
   out->push_back(ParamSpec{"lm_head.w", Shape{d_model, vocab}, Initializer::Normal(0.0f, std)});
 }
 
-StatusOr<float> HeadForward(const UnitParams& p, const float* x, const int32_t* targets,
-                            int64_t rows, int64_t d_model, int64_t vocab, DType storage,
-                            bool want_grad, Allocator& alloc, HeadSaved* saved) {
-  SK_ASSIGN_OR_RETURN(saved->ln, NewF32(alloc, rows * d_model));
-  SK_ASSIGN_OR_RETURN(saved->mean, NewF32(alloc, rows));
-  SK_ASSIGN_OR_RETURN(saved->rstd, NewF32(alloc, rows));
-  LayerNormForward(x, p[0], p[1], rows, d_model, F(saved->ln), F(saved->mean), F(saved->rstd));
-  RoundToDTypeInPlace(F(saved->ln), rows * d_model, storage);
-  SK_ASSIGN_OR_RETURN(Tensor logits, NewF32(alloc, rows * vocab));
-  LinearForward(F(saved->ln), p[2], nullptr, rows, d_model, vocab, F(logits));
-  RoundToDTypeInPlace(F(logits), rows * vocab, storage);
-  int64_t count = 0;
-  float loss = CrossEntropyForward(F(logits), targets, rows, vocab, &count);
+StatusOr<float> HeadForward(const OpContext& ctx, const UnitParams& p, const Tensor& x,
+                            const Tensor& targets, int64_t rows, int64_t d_model, int64_t vocab,
+                            DType storage, bool want_grad, HeadSaved* saved) {
+  const HeadTensors h{p[0], p[1], p[2]};
+  SK_ASSIGN_OR_RETURN(saved->ln, NewF32(ctx, rows * d_model));
+  SK_ASSIGN_OR_RETURN(saved->ln_mean, NewF32(ctx, rows));
+  SK_ASSIGN_OR_RETURN(saved->ln_rstd, NewF32(ctx, rows));
+  SK_RETURN_IF_ERROR(
+      ops::LayerNormForward(ctx, x, h.ln_g, h.ln_b, saved->ln, saved->ln_mean, saved->ln_rstd));
+  SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, saved->ln, storage));
+  SK_ASSIGN_OR_RETURN(Tensor logits, NewF32(ctx, rows * vocab));
+  SK_RETURN_IF_ERROR(Linear(ctx, saved->ln, h.lm_head_w, Tensor(), rows, d_model, vocab, logits));
+  SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, logits, storage));
+  SK_ASSIGN_OR_RETURN(Tensor loss, ctx.alloc->Empty(DType::kF32, Shape{1}));
+  SK_RETURN_IF_ERROR(ops::CrossEntropyForward(ctx, logits, targets, loss));
   if (want_grad) {
     // The gradient overwrites the logits: they are not needed afterwards.
-    float scale = count == 0 ? 0.0f : 1.0f / static_cast<float>(count);
-    CrossEntropyBackward(F(logits), targets, rows, vocab, scale, F(logits));
+    SK_RETURN_IF_ERROR(ops::CrossEntropyBackward(ctx, logits, targets, logits));
     saved->dlogits = std::move(logits);
   }
-  return loss;
+  SK_ASSIGN_OR_RETURN(double value, ops::ReadScalar(ctx, loss));
+  return static_cast<float>(value);
 }
 
-Status HeadBackward(const UnitParams& p, const UnitGrads& g, const float* x,
-                    const HeadSaved& saved, int64_t rows, int64_t d_model, int64_t vocab,
-                    DType storage, float* dx, Allocator& alloc) {
-  SK_ASSIGN_OR_RETURN(Tensor dln, NewF32(alloc, rows * d_model));
-  LinearBackward(F(saved.ln), p[2], F(saved.dlogits), rows, d_model, vocab, F(dln), false, g[2],
-                 nullptr);
-  std::memset(dx, 0, sizeof(float) * rows * d_model);
-  LayerNormBackward(x, p[0], F(dln), F(saved.mean), F(saved.rstd), rows, d_model, dx, g[0], g[1]);
-  RoundToDTypeInPlace(dx, rows * d_model, storage);
-  return OkStatus();
+Status HeadBackward(const OpContext& ctx, const UnitParams& p, const UnitGrads& g,
+                    const Tensor& x, const HeadSaved& saved, int64_t rows, int64_t d_model,
+                    int64_t vocab, DType storage, const Tensor& dx) {
+  const HeadTensors h{p[0], p[1], p[2]};
+  const HeadTensors dh{g[0], g[1], g[2]};
+  SK_ASSIGN_OR_RETURN(Tensor dln, NewF32(ctx, rows * d_model));
+  SK_RETURN_IF_ERROR(LinearBackward(ctx, saved.ln, h.lm_head_w, saved.dlogits, rows, d_model,
+                                    vocab, dln, false, dh.lm_head_w, Tensor()));
+  SK_RETURN_IF_ERROR(ops::Fill(ctx, dx, 0.0f));
+  SK_RETURN_IF_ERROR(ops::LayerNormBackward(ctx, x, h.ln_g, dln, saved.ln_mean, saved.ln_rstd, dx,
+                                            dh.ln_g, dh.ln_b));
+  return ops::RoundToDType(ctx, dx, storage);
 }
 
 Status CheckProduct(int64_t rows, int64_t cols, const char* what) {

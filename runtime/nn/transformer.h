@@ -4,7 +4,9 @@
 // (x + f(LN(x))): self-attention (causal or not), cross-attention to an
 // encoder output, and a GELU MLP. Each sublayer owns a fixed run of
 // consecutive parameters in its unit (see AppendSublayerSpecs), so a block's
-// parameters are the concatenation of its sublayers'.
+// parameters are the concatenation of its sublayers', named by
+// SublayerTensors. Everything computes through ops (runtime/ops/ops.h): no
+// code here reads tensor data, so the models run on any device kind.
 #ifndef SHARDKIT_RUNTIME_NN_TRANSFORMER_H_
 #define SHARDKIT_RUNTIME_NN_TRANSFORMER_H_
 
@@ -15,52 +17,67 @@
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
 #include "runtime/nn/model.h"
+#include "runtime/ops/ops.h"
 
 namespace sk {
 namespace nn_internal {
 
-// An f32 tensor from `alloc`, uninitialised or zeroed.
-StatusOr<Tensor> NewF32(Allocator& alloc, int64_t numel);
-StatusOr<Tensor> ZerosF32(Allocator& alloc, int64_t numel);
-inline float* F(const Tensor& t) { return t.data_as<float>(); }
+// The op context of one model call: the device of `alloc`, the hooks
+// owner's compute stream, and `alloc` for activations and temporaries.
+// Unavailable when the device cannot be had.
+StatusOr<ops::OpContext> MakeContext(UnitHooks& hooks, Allocator& alloc);
 
-// A unit's parameters as f32 pointers: f32 tensors are used in place, bf16
-// and f16 ones are widened (exactly) into scratch from the allocator.
+// An f32 tensor [numel] from ctx.alloc, uninitialised or zeroed (fill op).
+StatusOr<Tensor> NewF32(const ops::OpContext& ctx, int64_t numel);
+StatusOr<Tensor> ZerosF32(const ops::OpContext& ctx, int64_t numel);
+
+// The first `numel` elements of f32 tensor t, as [numel] (a CHECKed view:
+// the callers' sizes come from validated batches).
+Tensor Prefix(const Tensor& t, int64_t numel);
+
+// `ids` (validated host token ids) in an i32 tensor on ctx's device, moved
+// there by the copy op.
+StatusOr<Tensor> TokensToDevice(const ops::OpContext& ctx, const std::vector<int32_t>& ids);
+
+// A unit's parameters as f32 tensors: f32 tensors are used in place, bf16
+// and f16 ones are cast (exactly) into f32 tensors of the same shape from
+// ctx.alloc.
 class UnitParams {
  public:
   // InvalidArgument naming the unit and parameter when `tensors` does not
-  // match the specs (count, shape, dtype f32/bf16/f16, host memory).
-  static StatusOr<UnitParams> Make(const UnitSpec& unit, const std::vector<Tensor>& tensors,
-                                   Allocator& alloc);
-  const float* operator[](size_t i) const { return ptrs_[i]; }
+  // match the specs (count, shape, dtype f32/bf16/f16, ctx's device kind).
+  static StatusOr<UnitParams> Make(const ops::OpContext& ctx, const UnitSpec& unit,
+                                   const std::vector<Tensor>& tensors);
+  const Tensor& operator[](size_t i) const { return tensors_[i]; }
+  size_t size() const { return tensors_.size(); }
 
  private:
-  std::vector<Tensor> keep_;
-  std::vector<const float*> ptrs_;
+  std::vector<Tensor> tensors_;
 };
 
-// A unit's gradient sinks as f32 pointers: f32 targets are accumulated into
-// directly; bf16/f16 targets get zeroed f32 scratch that Flush() adds into them.
+// A unit's gradient sinks as f32 tensors: f32 targets are accumulated into
+// directly; bf16/f16 targets get zeroed f32 scratch of the same shape that
+// Flush() adds into them (axpy, rounding to the target's dtype).
 class UnitGrads {
  public:
-  static StatusOr<UnitGrads> Make(const UnitSpec& unit, const std::vector<Tensor>& tensors,
-                                  Allocator& alloc);
-  float* operator[](size_t i) const { return ptrs_[i]; }
+  static StatusOr<UnitGrads> Make(const ops::OpContext& ctx, const UnitSpec& unit,
+                                  const std::vector<Tensor>& tensors);
+  const Tensor& operator[](size_t i) const { return sinks_[i]; }
+  size_t size() const { return sinks_.size(); }
   // Adds scratch into bf16/f16 targets. Call once, after the unit's backward.
-  void Flush();
+  Status Flush(const ops::OpContext& ctx);
 
  private:
   std::vector<Tensor> targets_;
-  std::vector<Tensor> scratch_;
-  std::vector<float*> ptrs_;
+  std::vector<Tensor> sinks_;  // the target itself (f32) or its f32 scratch
 };
 
 // Drives the hook protocol for one unit and names the unit in every error
 // ("PreBackward of unit 'h.1': ...").
 class UnitScope {
  public:
-  UnitScope(UnitHooks& hooks, const std::vector<UnitSpec>& units, Allocator& alloc)
-      : hooks_(hooks), units_(units), alloc_(alloc) {}
+  UnitScope(UnitHooks& hooks, const std::vector<UnitSpec>& units, const ops::OpContext& ctx)
+      : hooks_(hooks), units_(units), ctx_(ctx) {}
 
   StatusOr<UnitParams> PreForward(int u);
   Status PostForward(int u);
@@ -80,12 +97,13 @@ class UnitScope {
   Status Named(const Status& s, int u, const char* phase) const;
   UnitHooks& hooks_;
   const std::vector<UnitSpec>& units_;
-  Allocator& alloc_;
+  ops::OpContext ctx_;
 };
 
-// Checks the tensors a hook returned against the unit's specs.
+// Checks the tensors a hook returned against the unit's specs; they must be
+// on a device of kind `kind`.
 Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tensors,
-                           const char* what);
+                           const char* what, DeviceKind kind);
 
 enum class SublayerKind { kSelfAttention, kCausalSelfAttention, kCrossAttention, kMlp };
 
@@ -107,14 +125,41 @@ struct BlockDims {
   DType storage = DType::kF32;  // activations are rounded to this dtype
 };
 
-// What a sublayer keeps for its backward; `out` is its output (the next
-// sublayer's input).
-struct SublayerSaved {
-  Tensor ln, mean, rstd, a, b, probs, att, out;
+// One sublayer's parameters by name (or their gradients: the same layout).
+// Which fields a kind uses (C = d_model, F = d_ff):
+//   every kind:        ln_g [C], ln_b [C]
+//   self-attention:    qkv_w [C, 3C], qkv_b [3C], proj_w [C, C], proj_b [C]
+//   cross-attention:   q_w [C, C], q_b [C], kv_w [C, 2C], kv_b [2C], proj_w [C, C], proj_b [C]
+//   MLP:               fc_w [C, F], fc_b [F], proj_w [F, C], proj_b [C]
+// Unused fields stay undefined. Spec order (AppendSublayerSpecs) is the
+// order of the fields above.
+struct SublayerTensors {
+  Tensor ln_g, ln_b;
+  Tensor qkv_w, qkv_b;
+  Tensor q_w, q_b, kv_w, kv_b;
+  Tensor fc_w, fc_b;
+  Tensor proj_w, proj_b;
+};
+
+// What a sublayer's forward keeps for its backward (N = batch * seq rows,
+// Ne = batch * enc_seq encoder rows, H heads, T = seq, Te = enc_seq). Fields
+// a kind does not use stay undefined.
+struct SublayerActivations {
+  Tensor ln;       // [N, C] LayerNorm output (the projections' input)
+  Tensor ln_mean;  // [N]
+  Tensor ln_rstd;  // [N]
+  Tensor qkv;      // self-attention: [N, 3C] fused q, k, v
+  Tensor q;        // cross-attention: [N, C] queries
+  Tensor kv;       // cross-attention: [Ne, 2C] fused keys and values of the encoder output
+  Tensor probs;    // attention: [B, H, T, T] (self) or [B, H, T, Te] (cross) softmax
+  Tensor att;      // attention: [N, C] heads' outputs, the output projection's input
+  Tensor fc;       // MLP: [N, F] pre-GELU
+  Tensor gelu;     // MLP: [N, F] post-GELU, the output projection's input
+  Tensor out;      // [N, C] the residual output: the next sublayer's input
 };
 
 struct BlockSaved {
-  std::vector<SublayerSaved> subs;
+  std::vector<SublayerActivations> subs;
 };
 
 class TransformerBlock {
@@ -127,16 +172,17 @@ class TransformerBlock {
                    std::vector<ParamSpec>* out) const;
 
   // Runs the block on x [batch*seq, d_model]; the output is saved->subs.back().out.
-  // enc is the encoder output [batch*enc_seq, d_model] for cross-attention.
-  Status Forward(const BlockDims& d, const UnitParams& p, const float* x, const float* enc,
-                 Allocator& alloc, BlockSaved* saved) const;
+  // enc is the encoder output [batch*enc_seq, d_model] for cross-attention
+  // (undefined otherwise).
+  Status Forward(const ops::OpContext& ctx, const BlockDims& d, const UnitParams& p,
+                 const Tensor& x, const Tensor& enc, BlockSaved* saved) const;
 
   // Given dy for the block output, overwrites dx [batch*seq, d_model] with the
   // input gradient, adds the encoder-output gradient into denc (if any
   // cross-attention) and parameter gradients into g.
-  Status Backward(const BlockDims& d, const UnitParams& p, const UnitGrads& g, const float* x,
-                  const float* enc, const BlockSaved& saved, const float* dy, float* dx,
-                  float* denc, Allocator& alloc) const;
+  Status Backward(const ops::OpContext& ctx, const BlockDims& d, const UnitParams& p,
+                  const UnitGrads& g, const Tensor& x, const Tensor& enc, const BlockSaved& saved,
+                  const Tensor& dy, const Tensor& dx, const Tensor& denc) const;
 
   // Floats a Forward keeps in `saved` (what backward needs).
   int64_t SavedFloats(const BlockDims& d) const;
@@ -155,20 +201,30 @@ class TransformerBlock {
 // bias, softmax cross-entropy. Parameters in order: ln.g, ln.b, lm_head.w.
 void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, std::vector<ParamSpec>* out);
 
-struct HeadSaved {
-  Tensor ln, mean, rstd, dlogits;
+// The head's parameters by name: ln_g [C], ln_b [C], lm_head_w [C, V].
+struct HeadTensors {
+  Tensor ln_g, ln_b, lm_head_w;
 };
 
-// Loss of x [rows, d_model] against targets [rows]. With want_grad, also
-// stores dL/dlogits of the mean loss in saved->dlogits for HeadBackward.
-StatusOr<float> HeadForward(const UnitParams& p, const float* x, const int32_t* targets,
-                            int64_t rows, int64_t d_model, int64_t vocab, DType storage,
-                            bool want_grad, Allocator& alloc, HeadSaved* saved);
+// What the head keeps for its backward (N rows, V vocabulary).
+struct HeadSaved {
+  Tensor ln;       // [N, C] final LayerNorm output
+  Tensor ln_mean;  // [N]
+  Tensor ln_rstd;  // [N]
+  Tensor dlogits;  // [N, V] dL/dlogits of the mean loss (written over the logits)
+};
+
+// Loss of x [rows, d_model] against targets [rows] (i32 on ctx's device),
+// read back with ReadScalar (NaN on a device that does not execute). With
+// want_grad, also stores dL/dlogits of the mean loss in saved->dlogits.
+StatusOr<float> HeadForward(const ops::OpContext& ctx, const UnitParams& p, const Tensor& x,
+                            const Tensor& targets, int64_t rows, int64_t d_model, int64_t vocab,
+                            DType storage, bool want_grad, HeadSaved* saved);
 
 // Overwrites dx [rows, d_model]; adds parameter gradients into g.
-Status HeadBackward(const UnitParams& p, const UnitGrads& g, const float* x,
-                    const HeadSaved& saved, int64_t rows, int64_t d_model, int64_t vocab,
-                    DType storage, float* dx, Allocator& alloc);
+Status HeadBackward(const ops::OpContext& ctx, const UnitParams& p, const UnitGrads& g,
+                    const Tensor& x, const HeadSaved& saved, int64_t rows, int64_t d_model,
+                    int64_t vocab, DType storage, const Tensor& dx);
 
 // InvalidArgument unless rows * cols fits int64 (both already positive).
 Status CheckProduct(int64_t rows, int64_t cols, const char* what);

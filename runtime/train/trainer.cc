@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "runtime/nn/kernels.h"
+#include "runtime/ops/cpu/cpu_backend.h"
 
 #include "runtime/fsdp/checkpoint.h"
 #include "runtime/train/engine.h"
@@ -132,7 +132,7 @@ StatusOr<float> Trainer::GlobalMean(float loss) {
   return t.data_as<float>()[0];
 }
 
-Status Trainer::UseGemmThreads() const { return SetGemmThreads(gemm_threads_); }
+Status Trainer::UseGemmThreads() const { return ops::SetCpuGemmThreads(gemm_threads_); }
 
 StatusOr<StepMetrics> Trainer::Step() {
   SK_RETURN_IF_ERROR(UseGemmThreads());

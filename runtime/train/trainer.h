@@ -58,7 +58,7 @@ struct TrainerOptions {
   // GEMM threads of this rank's compute; 0 = the machine's cores divided by
   // the ranks sharing it (all ranks for the local backend, LOCAL_WORLD_SIZE
   // for process ranks), at least 1. Oversubscribed OpenMP teams spin against
-  // each other (runtime/nn/kernels.h: SetGemmThreads).
+  // each other (runtime/ops/cpu/cpu_backend.h: SetCpuGemmThreads).
   int gemm_threads = 0;
   // DDP's gradient bucket size; 0 = its default (25 MiB).
   int64_t ddp_bucket_bytes = 0;

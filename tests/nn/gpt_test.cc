@@ -7,7 +7,6 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/nn/kernels.h"
 #include "runtime/nn/owned_parameters.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"

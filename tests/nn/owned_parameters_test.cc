@@ -9,7 +9,7 @@
 
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
-#include "runtime/nn/kernels.h"
+#include "runtime/ops/cpu/cpu_backend.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
 
@@ -152,7 +152,7 @@ TEST(ModelThreads, ConcurrentStepsOnOneModelMatchSequentialSteps) {
   std::vector<TokenBatch> batches;
   for (int r = 0; r < 2; ++r) batches.push_back(*LanguageModelBatch(*stream, 2, 16, 1, 0, r, 2));
   auto run = [&](int r, std::vector<float>* grads) {
-    ASSERT_TRUE(SetGemmThreads(1).ok());
+    ASSERT_TRUE(ops::SetCpuGemmThreads(1).ok());
     auto params = OwnedParameters::Create((*model)->units(), 9);
     ASSERT_TRUE(params.ok());
     HostAllocator alloc;

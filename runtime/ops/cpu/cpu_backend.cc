@@ -328,6 +328,10 @@ class CpuBackend final : public OpBackend {
 
 }  // namespace
 
+Status SetCpuGemmThreads(int n) { return SetGemmThreads(n); }
+
+int CpuGemmThreads() { return GemmThreads(); }
+
 OpBackend* CpuOpBackend() {
   static CpuBackend* backend = new CpuBackend();
   return backend;

@@ -17,6 +17,16 @@ namespace sk::ops {
 // The process-wide CPU backend (never destroyed).
 OpBackend* CpuOpBackend();
 
+// Sets how many threads a CPU GEMM issued from the calling thread may use:
+// oneDNN's OpenMP team of this thread (an OpenMP setting of the calling
+// thread) and OpenBLAS's pool (process-wide). InvalidArgument unless n >= 1.
+// Ranks that run as threads of one process should each use cores / ranks:
+// idle OpenMP workers spin, and oversubscribed teams spin against each other.
+Status SetCpuGemmThreads(int n);
+
+// The thread count CPU GEMMs from the calling thread use now.
+int CpuGemmThreads();
+
 }  // namespace sk::ops
 
 #endif  // SHARDKIT_RUNTIME_OPS_CPU_CPU_BACKEND_H_
