@@ -188,6 +188,36 @@ class LocalRendezvous {
     }
     cv_.notify_all();
   }
+  // After this rank arrived (lock held): waits for every rank until `deadline`,
+  // then compares their call fingerprints. On any failure (a peer's abort, the
+  // ranks that did not arrive named, a desync) this rank leaves the slot and the
+  // status is returned; OK means every rank is here with the same call, and the
+  // slot's calls are immutable from then on. Every rank reaches the same verdict
+  // and nobody has touched anyone's buffers.
+  Status AwaitArrivals(std::unique_lock<std::mutex>& lock, const Collective& c, Slot& slot, int n,
+                       Clock::time_point deadline) {
+    bool all_here = WaitUntil(lock, deadline, [&] { return slot.arrived == n || slot.aborted; });
+    if (!slot.aborted && !all_here) {
+      std::vector<int> missing;
+      for (int r = 0; r < n; ++r) {
+        if (!slot.arrived_flags[r]) missing.push_back(r);
+      }
+      Abort(slot, DeadlineExceededError(Who(c) + ": ranks " + RankList(missing) +
+                                        " did not arrive within " +
+                                        std::to_string(c.timeout.count()) + " ms"));
+    }
+    if (slot.aborted) {
+      Status s = slot.failure;
+      Leave(c.seq, slot);
+      return s;
+    }
+    std::vector<CallFingerprint> prints;
+    for (const RankCall& call : slot.calls) prints.push_back(call.fingerprint);
+    Status desync = CompareFingerprints(prints, "local group of " + std::to_string(n));
+    if (!desync.ok()) Leave(c.seq, slot);
+    return desync;
+  }
+
   void Leave(uint64_t seq, Slot& slot) {
     if (++slot.left == size_) slots_.erase(seq);
   }
@@ -257,29 +287,9 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
   ++slot.arrived;
   if (!local_failure.ok()) Abort(slot, local_failure);
   cv_.notify_all();
-  bool all_here = WaitUntil(lock, deadline, [&] { return slot.arrived == n || slot.aborted; });
-  if (!slot.aborted && !all_here) {
-    std::vector<int> missing;
-    for (int r = 0; r < n; ++r) {
-      if (!slot.arrived_flags[r]) missing.push_back(r);
-    }
-    Abort(slot, DeadlineExceededError(Who(c) + ": ranks " + RankList(missing) +
-                                      " did not arrive within " +
-                                      std::to_string(c.timeout.count()) + " ms"));
-  }
-  if (slot.aborted) {
-    Status s = slot.failure;
-    Leave(c.seq, slot);
-    return s;
-  }
-  // Every rank has arrived: the calls are immutable from here on.
-  std::vector<CallFingerprint> prints;
-  for (const RankCall& call : slot.calls) prints.push_back(call.fingerprint);
-  Status desync = CompareFingerprints(prints, "local group of " + std::to_string(n));
-  if (!desync.ok()) {
-    // Every rank reaches the same verdict; nobody touched anyone's buffers.
-    Leave(c.seq, slot);
-    return desync;
+  {
+    Status arrived = AwaitArrivals(lock, c, slot, n, deadline);
+    if (!arrived.ok()) return arrived;
   }
   const std::vector<RankCall>& calls = slot.calls;
   lock.unlock();
@@ -439,27 +449,9 @@ Status LocalRendezvous::RunOrdered(int rank, const Collective& c, Stream& stream
     Abort(slot, local_failure.WithContext("rank " + std::to_string(rank)));
   }
   cv_.notify_all();
-  bool all_here = WaitUntil(lock, deadline, [&] { return slot.arrived == n || slot.aborted; });
-  if (!slot.aborted && !all_here) {
-    std::vector<int> missing;
-    for (int r = 0; r < n; ++r) {
-      if (!slot.arrived_flags[r]) missing.push_back(r);
-    }
-    Abort(slot, DeadlineExceededError(Who(c) + ": ranks " + RankList(missing) +
-                                      " did not arrive within " +
-                                      std::to_string(c.timeout.count()) + " ms"));
-  }
-  if (slot.aborted) {
-    Status s = slot.failure;
-    Leave(c.seq, slot);
-    return s;
-  }
-  std::vector<CallFingerprint> prints;
-  for (const RankCall& call : slot.calls) prints.push_back(call.fingerprint);
-  Status desync = CompareFingerprints(prints, "local group of " + std::to_string(n));
-  if (!desync.ok()) {
-    Leave(c.seq, slot);
-    return desync;
+  {
+    Status arrived = AwaitArrivals(lock, c, slot, n, deadline);
+    if (!arrived.ok()) return arrived;
   }
   const std::vector<RankCall>& calls = slot.calls;  // immutable from here on
   std::vector<std::shared_ptr<Event>> readies = slot.events[kReady];
