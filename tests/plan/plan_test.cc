@@ -1,0 +1,289 @@
+// The planner's candidate space, ranking, recommendation and formats, with
+// the simulator replaced by a function of the candidate (PlanWith's
+// parameter). The production path (Plan, plan_sim_test) calls the simulator.
+#include "runtime/plan/plan.h"
+
+#include <map>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace sk::plan {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+PlanRequest Request(int gpus = 8) {
+  PlanRequest r;
+  r.model = "t5-611m";
+  r.gpus = gpus;
+  r.gpus_per_node = 8;
+  r.batch_size = 8;
+  return r;
+}
+
+// A stand-in whose numbers depend on the configuration in known ways: DDP
+// needs 100 GiB, checkpointing halves memory and costs 30% time, offload
+// costs 50% time, bf16 halves time; prefetch PRE is fastest.
+StatusOr<CandidateMetrics> Model(const PlanRequest&, const Candidate& c, const std::string&) {
+  CandidateMetrics m;
+  double t = 1.0;
+  int64_t mem = 40 * kGiB;
+  if (c.parallelism == Parallelism::kDdp) mem = 100 * kGiB;
+  if (c.fsdp.strategy == ShardingStrategy::kNoShard) mem = 90 * kGiB;
+  if (c.activation_checkpointing) {
+    mem /= 2;
+    t *= 1.3;
+  }
+  if (c.fsdp.cpu_offload) t *= 1.5;
+  if (c.fsdp.mixed_precision.param_dtype == DType::kBF16) t *= 0.5;
+  if (c.fsdp.backward_prefetch == BackwardPrefetch::kNone) t *= 1.2;
+  if (c.fsdp.backward_prefetch == BackwardPrefetch::kBackwardPost) t *= 1.1;
+  m.peak_allocated_bytes = mem;
+  m.peak_reserved_bytes = mem + kGiB;
+  if (mem > 80 * kGiB) {
+    m.out_of_memory = true;
+    m.required_bytes = mem;
+    m.oom_detail = "cap";
+  }
+  m.step_seconds = t;
+  m.tflops_per_gpu = 100 / t;
+  m.mfu = m.tflops_per_gpu / 312;
+  return m;
+}
+
+TEST(PlanTest, EnumerationPrunesCombinationsThatCannotDiffer) {
+  auto cands = EnumerateCandidates(Request());
+  ASSERT_TRUE(cands.ok()) << cands.status();
+  std::set<std::string> labels;
+  std::map<std::string, int> per_strategy;
+  for (size_t i = 0; i < cands->size(); ++i) {
+    const Candidate& c = (*cands)[i];
+    EXPECT_EQ(c.index, static_cast<int>(i));
+    EXPECT_TRUE(labels.insert(c.Label()).second) << "duplicate " << c.Label();
+    per_strategy[c.StrategyName()]++;
+    EXPECT_TRUE(ValidateFsdpOptions(c.fsdp, 8).ok()) << c.Label();
+    const ShardingStrategy s = c.fsdp.strategy;
+    if (c.parallelism == Parallelism::kDdp) {
+      EXPECT_FALSE(c.fsdp.cpu_offload);
+      continue;
+    }
+    // Only the strategies that gather in backward vary the backward prefetch.
+    if (s != ShardingStrategy::kFullShard && s != ShardingStrategy::kHybridShard) {
+      EXPECT_EQ(c.fsdp.backward_prefetch, BackwardPrefetch::kBackwardPre) << c.Label();
+    }
+    if (s == ShardingStrategy::kShardOptim || s == ShardingStrategy::kNoShard) {
+      EXPECT_FALSE(c.fsdp.forward_prefetch) << c.Label();
+      EXPECT_EQ(c.fsdp.all_gather_limit, 2) << c.Label();
+    }
+    if (s == ShardingStrategy::kHybridShard || s == ShardingStrategy::kHybridShardGradOp) {
+      // 8 GPUs on one node: F in {2, 4}.
+      EXPECT_TRUE(c.fsdp.shard_group_size == 2 || c.fsdp.shard_group_size == 4) << c.Label();
+    } else {
+      EXPECT_EQ(c.fsdp.shard_group_size, 0);
+    }
+  }
+  // DDP: 2 dtypes (bf16 and bf16/f32 are one DDP run) x 2 checkpointing.
+  EXPECT_EQ(per_strategy["DDP"], 4);
+  // FULL_SHARD per (dtype, ckpt, offload): PRE/POST x fwd on/off x 4 limits
+  // + NONE with forward prefetch x 4 limits + NONE without = 21.
+  EXPECT_EQ(per_strategy["FULL_SHARD"], 3 * 2 * 2 * 21);
+  // SHARD_GRAD_OP: forward prefetch off (1) or on x 4 limits = 5.
+  EXPECT_EQ(per_strategy["SHARD_GRAD_OP"], 3 * 2 * 2 * 5);
+  EXPECT_EQ(per_strategy["SHARD_OPTIM"], 3 * 2 * 2);
+  EXPECT_EQ(per_strategy["NO_SHARD"], 3 * 2 * 2);
+  EXPECT_EQ(per_strategy["HYBRID_SHARD"], 2 * 3 * 2 * 2 * 21);
+  EXPECT_EQ(per_strategy["HYBRID_SHARD_GRAD_OP"], 2 * 3 * 2 * 2 * 5);
+}
+
+TEST(PlanTest, HybridFactorsArePowersOfTwoOrTheNodeSize) {
+  PlanRequest r = Request(24);
+  r.gpus_per_node = 6;
+  r.space.strategies = {"HYBRID_SHARD"};
+  r.space.dtypes = {MixedPrecisionPolicy{}};
+  r.space.activation_checkpointing = {false};
+  r.space.cpu_offload = {false};
+  r.space.backward_prefetch = {BackwardPrefetch::kNone};
+  r.space.forward_prefetch = {false};
+  auto cands = EnumerateCandidates(r);
+  ASSERT_TRUE(cands.ok()) << cands.status();
+  std::vector<int> fs;
+  for (const Candidate& c : *cands) fs.push_back(c.fsdp.shard_group_size);
+  EXPECT_EQ(fs, (std::vector<int>{2, 4, 6, 8}));
+  // One GPU: no hybrid factor exists, so no hybrid candidate.
+  r = Request(1);
+  r.space.strategies = {"HYBRID_SHARD", "HYBRID_SHARD_GRAD_OP"};
+  cands = EnumerateCandidates(r);
+  ASSERT_TRUE(cands.ok());
+  EXPECT_TRUE(cands->empty());
+}
+
+TEST(PlanTest, RestrictionsNarrowTheSpace) {
+  PlanRequest r = Request();
+  auto strategies = ParseStrategyList("ddp, full_shard");
+  ASSERT_TRUE(strategies.ok());
+  r.space.strategies = *strategies;
+  auto dtypes = ParseDTypeList("bf16/f32");
+  ASSERT_TRUE(dtypes.ok());
+  r.space.dtypes = *dtypes;
+  r.space.activation_checkpointing = {true};
+  r.space.cpu_offload = {false};
+  r.space.rate_limits = {kNoAllGatherLimit};
+  auto cands = EnumerateCandidates(r);
+  ASSERT_TRUE(cands.ok()) << cands.status();
+  // DDP bf16 ckpt; FULL_SHARD: PRE/POST x fwd on/off + NONE fwd + NONE = 6.
+  ASSERT_EQ(cands->size(), 7u);
+  EXPECT_EQ((*cands)[0].Label(), "DDP ckpt bf16");
+  EXPECT_EQ((*cands)[1].Label(), "FULL_SHARD bwd=PRE limit=off ckpt bf16/f32");
+}
+
+TEST(PlanTest, BadRequestsNameTheField) {
+  auto expect_error = [](PlanRequest r, const std::string& needle,
+                         StatusCode code = StatusCode::kInvalidArgument) {
+    auto c = EnumerateCandidates(r);
+    ASSERT_FALSE(c.ok()) << needle;
+    EXPECT_EQ(c.status().code(), code);
+    EXPECT_NE(c.status().message().find(needle), std::string::npos) << c.status();
+  };
+  PlanRequest r = Request();
+  r.model = "t5-12b";
+  expect_error(r, "t5-12b", StatusCode::kNotFound);
+  r = Request(12);
+  r.gpus_per_node = 8;
+  expect_error(r, "gpus_per_node");
+  r = Request(0);
+  expect_error(r, "gpus");
+  r = Request();
+  r.batch_size = 0;
+  expect_error(r, "batch_size");
+  r = Request();
+  r.space.strategies = {"ZERO4"};
+  expect_error(r, "ZERO4");
+  r = Request();
+  r.space.shard_group_sizes = {3};
+  expect_error(r, "shard_group_sizes");
+  r = Request();
+  r.space.rate_limits = {0};
+  expect_error(r, "rate_limits");
+  r = Request();
+  r.steps = 0;
+  expect_error(r, "steps");
+  EXPECT_FALSE(ParseStrategyList("FULL_SHARD,ZERO9").ok());
+  EXPECT_FALSE(ParseDTypeList("bf16/f8").ok());
+  EXPECT_FALSE(ParseDTypeList("").ok());
+}
+
+TEST(PlanTest, RanksFitsByTimeThenOutOfMemoryByNeed) {
+  PlanRequest r = Request();
+  auto plan = PlanWith(r, "a100-80g", 80 * kGiB, Model);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const auto& res = plan->results;
+  ASSERT_FALSE(res.empty());
+  ASSERT_EQ(plan->recommended, 0);
+  // The fastest that fits under the stand-in: bf16, no checkpointing, no
+  // offload, prefetch not NONE/POST: 0.5 s.
+  EXPECT_DOUBLE_EQ(res[0].metrics.step_seconds, 0.5);
+  EXPECT_EQ(res[0].candidate.fsdp.mixed_precision.param_dtype, DType::kBF16);
+  bool seen_oom = false;
+  for (size_t i = 1; i < res.size(); ++i) {
+    const auto& a = res[i - 1];
+    const auto& b = res[i];
+    if (b.fits()) {
+      ASSERT_TRUE(a.fits());
+      ASSERT_LE(a.metrics.step_seconds, b.metrics.step_seconds);
+      if (a.metrics.step_seconds == b.metrics.step_seconds &&
+          a.metrics.peak_reserved_bytes == b.metrics.peak_reserved_bytes) {
+        ASSERT_LT(a.candidate.index, b.candidate.index);  // enumeration order breaks ties
+      }
+    } else {
+      seen_oom = true;
+      ASSERT_TRUE(b.metrics.out_of_memory);
+      if (!a.fits()) {
+        ASSERT_LE(a.metrics.required_bytes, b.metrics.required_bytes);
+      }
+    }
+  }
+  EXPECT_TRUE(seen_oom);
+  // DDP without checkpointing (100 GiB) is out of memory, so it ranks after
+  // NO_SHARD (90 GiB) and after everything that fits.
+  EXPECT_EQ(res.back().candidate.StrategyName(), "DDP");
+  EXPECT_TRUE(res.back().metrics.out_of_memory);
+  EXPECT_NE(plan->recommendation.find(res[0].candidate.Label()), std::string::npos);
+}
+
+TEST(PlanTest, NothingFitsNamesTheSmallestPeak) {
+  PlanRequest r = Request();
+  r.space.strategies = {"DDP", "NO_SHARD"};
+  r.space.activation_checkpointing = {false};
+  auto plan = PlanWith(r, "a100-80g", 80 * kGiB, Model);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->recommended, -1);
+  EXPECT_EQ(plan->recommendation.find("nothing fits in 80.00 GiB per GPU; the smallest peak is NO_SHARD"), 0u)
+      << plan->recommendation;
+  const std::string table = FormatTable(*plan);
+  EXPECT_EQ(table.find("recommended:"), std::string::npos);
+  EXPECT_NE(table.find("OOM"), std::string::npos);
+}
+
+TEST(PlanTest, FailuresAreRecordedAndRankLast) {
+  PlanRequest r = Request();
+  r.space.strategies = {"FULL_SHARD"};
+  auto failing = [](const PlanRequest& q, const Candidate& c, const std::string& t) -> StatusOr<CandidateMetrics> {
+    if (c.fsdp.cpu_offload) return UnimplementedError("offload is not simulated");
+    return Model(q, c, t);
+  };
+  auto plan = PlanWith(r, "a100-80g", 80 * kGiB, failing);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->recommended, 0);
+  EXPECT_FALSE(plan->results.back().status.ok());
+  EXPECT_TRUE(plan->results.back().candidate.fsdp.cpu_offload);
+  EXPECT_NE(FormatTable(*plan).find("offload is not simulated"), std::string::npos);
+}
+
+TEST(PlanTest, TraceSimulatesTheRecommendationOnceMore) {
+  PlanRequest r = Request();
+  r.space.strategies = {"FULL_SHARD"};
+  r.trace_path = "/tmp/x.json";
+  std::vector<std::string> traced;
+  auto sim = [&](const PlanRequest& q, const Candidate& c, const std::string& t) {
+    if (!t.empty()) traced.push_back(c.Label() + "|" + t);
+    return Model(q, c, t);
+  };
+  auto plan = PlanWith(r, "a100-80g", 80 * kGiB, sim);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(traced.size(), 1u);
+  EXPECT_EQ(traced[0], plan->results[0].candidate.Label() + "|/tmp/x.json");
+}
+
+TEST(PlanTest, TableShowsTheBestOfEveryStrategyAndJsonParses) {
+  PlanRequest r = Request();
+  auto plan = PlanWith(r, "a100-80g", 80 * kGiB, Model);
+  ASSERT_TRUE(plan.ok());
+  const std::string table = FormatTable(*plan, 5);
+  EXPECT_NE(table.find("simulated, profile a100-80g"), std::string::npos) << table;
+  EXPECT_NE(table.find("t5-611m on 8 GPUs (1 node x 8), batch 8 per GPU"), std::string::npos) << table;
+  for (const char* s : {"DDP", "SHARD_GRAD_OP", "SHARD_OPTIM", "NO_SHARD", "HYBRID_SHARD ",
+                        "HYBRID_SHARD_GRAD_OP"}) {
+    EXPECT_NE(table.find(s), std::string::npos) << s << "\n" << table;
+  }
+  EXPECT_NE(table.find("recommended: "), std::string::npos);
+  auto j = nlohmann::json::parse(FormatJson(*plan));
+  EXPECT_EQ(j["profile"], "a100-80g");
+  EXPECT_TRUE(j["simulated"].get<bool>());
+  ASSERT_EQ(j["candidates"].size(), plan->results.size());
+  EXPECT_EQ(j["candidates"][0]["label"], plan->results[0].candidate.Label());
+  EXPECT_EQ(j["recommended"], 0);
+}
+
+TEST(PlanTest, SamePlanTwiceIsByteIdentical) {
+  PlanRequest r = Request();
+  auto a = PlanWith(r, "a100-80g", 80 * kGiB, Model);
+  auto b = PlanWith(r, "a100-80g", 80 * kGiB, Model);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(FormatTable(*a), FormatTable(*b));
+  EXPECT_EQ(FormatJson(*a), FormatJson(*b));
+}
+
+}  // namespace
+}  // namespace sk::plan
