@@ -133,7 +133,9 @@ class DistributedDataParallel final : public DataParallelModel {
   // Waits (up to the timeout) for reductions still in flight.
   ~DistributedDataParallel() override;
 
-  // UnitHooks, driven by Model::ForwardBackward / Forward.
+  // UnitHooks, driven by Model::ForwardBackward / Forward. The model's ops
+  // run on DDP's compute stream (on cpu: still the calling thread).
+  Stream* compute_stream() override { return compute_stream_.get(); }
   StatusOr<std::vector<Tensor>> PreForward(int unit) override;
   Status PostForward(int unit) override;
   StatusOr<UnitBackwardBuffers> PreBackward(int unit) override;

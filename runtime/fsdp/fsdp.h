@@ -20,9 +20,10 @@
 // counter-based initialiser (deferred initialisation: the full unit never
 // exists on any rank). The optimizer steps on master shards only.
 //
-// Streams. Per rank there are three CPU streams: "all-gather", "reduce" and
-// "compute". The model computes on the calling thread, which plays the
-// compute stream (its allocations are owned by "compute"). All-gathers run on
+// Streams. Per rank there are three streams of the allocator's device:
+// "all-gather", "reduce" and "compute". The model's ops run on the compute
+// stream (compute_stream()); on cpu the calling thread plays it (its
+// allocations are owned by "compute"), on cuda and sim they are enqueued. All-gathers run on
 // the all-gather stream and are waited for (Work::wait) just before a unit
 // computes, so a prefetched all-gather overlaps the previous unit's compute.
 // Reduce-scatters run on the reduce stream behind the backward pass; the
@@ -186,7 +187,9 @@ class FullyShardedModel final : public DataParallelModel {
       const FsdpOptions& options, Allocator* offload_allocator = nullptr);
   ~FullyShardedModel() override;
 
-  // UnitHooks, driven by Model::ForwardBackward / Forward.
+  // UnitHooks, driven by Model::ForwardBackward / Forward. The model's ops
+  // run on FSDP's compute stream (on cpu: still the calling thread).
+  Stream* compute_stream() override { return compute_stream_.get(); }
   StatusOr<std::vector<Tensor>> PreForward(int unit) override;
   Status PostForward(int unit) override;
   StatusOr<UnitBackwardBuffers> PreBackward(int unit) override;

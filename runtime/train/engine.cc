@@ -1,18 +1,140 @@
 #include "runtime/train/engine.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
 
 #include "runtime/device/device.h"
+#include "runtime/sim/profile.h"
+#include "runtime/sim/sim_device.h"
+#include "runtime/sim/sim_ops.h"
+#include "runtime/sim/sim_process_group.h"
+#include "runtime/sim/topology.h"
 
 namespace sk {
 
-StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(int rank, size_t capacity_bytes) {
-  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(rank)));
+const char* DeviceKindName(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
+    case DeviceKind::kSim:
+      return "sim";
+  }
+  return "unknown";
+}
+
+StatusOr<DeviceKind> ParseDeviceKind(const std::string& name) {
+  if (name == "cpu") return DeviceKind::kCpu;
+  if (name == "cuda") return DeviceKind::kCuda;
+  if (name == "sim") return DeviceKind::kSim;
+  return InvalidArgumentError("unknown device kind '" + name + "' (cpu, cuda or sim)");
+}
+
+Status ValidateDeviceOptions(const DeviceOptions& o) {
+  if (o.kind != DeviceKind::kCpu && o.kind != DeviceKind::kCuda && o.kind != DeviceKind::kSim) {
+    return InvalidArgumentError("device.kind: unknown device kind " +
+                                std::to_string(static_cast<int>(o.kind)) + " (cpu, cuda or sim)");
+  }
+  if (o.index < -1) {
+    return InvalidArgumentError("device.index must be >= 0, or -1 for the rank's device (got " +
+                                std::to_string(o.index) + ")");
+  }
+  if (o.kind == DeviceKind::kSim) {
+    if (o.sim_profile.empty()) {
+      return InvalidArgumentError("device.sim_profile is empty (a built-in profile name such as "
+                                  "a100-80g, or a .json profile path)");
+    }
+    if (o.sim_world_size < 0) {
+      return InvalidArgumentError("device.sim_world_size must be >= 0 (0 = 1), got " +
+                                  std::to_string(o.sim_world_size));
+    }
+    if (o.sim_gpus_per_node < 0) {
+      return InvalidArgumentError("device.sim_gpus_per_node must be >= 0 (0 = the profile's), got " +
+                                  std::to_string(o.sim_gpus_per_node));
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<Device*> ResolveRankDevice(const DeviceOptions& o, int rank) {
+  SK_RETURN_IF_ERROR(ValidateDeviceOptions(o));
+  switch (o.kind) {
+    case DeviceKind::kCuda: {
+      int index = o.index;
+      if (index < 0) {
+        const int gpus = Device::CudaDeviceCount();
+        if (gpus == 0) {
+          // Device::Get names a build without CUDA; otherwise say no GPU is visible.
+          SK_RETURN_IF_ERROR(Device::Get(DeviceId::Cuda(0)).status());
+          return UnavailableError("device kind cuda for rank " + std::to_string(rank) +
+                                  ": no CUDA device is visible");
+        }
+        index = rank % gpus;
+      }
+      return Device::Get(DeviceId::Cuda(index));
+    }
+    case DeviceKind::kSim: {
+      SK_ASSIGN_OR_RETURN(sim::SimProfile profile, sim::LoadProfile(o.sim_profile));
+      SK_ASSIGN_OR_RETURN(sim::SimDevice * device,
+                          sim::SetUpSimDevice(o.index < 0 ? 0 : o.index, profile));
+      return device;
+    }
+    default:
+      return Device::Get(DeviceId::Cpu(o.index < 0 ? rank : o.index));
+  }
+}
+
+StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions& o) {
+  SK_RETURN_IF_ERROR(ValidateDeviceOptions(o));
+  if (o.kind != DeviceKind::kSim) {
+    return InvalidArgumentError(std::string("a simulated world needs device kind sim, not ") +
+                                DeviceKindName(o.kind));
+  }
+  SK_ASSIGN_OR_RETURN(sim::SimProfile profile, sim::LoadProfile(o.sim_profile));
+  if (profile.network.is_null()) {
+    return InvalidArgumentError("sim profile '" + profile.name +
+                                "' has no network section: it cannot simulate a process group");
+  }
+  SK_ASSIGN_OR_RETURN(comm::NetworkProfile network, sim::ParseNetworkProfile(profile.network));
+  network.name = profile.name;
+  if (o.sim_gpus_per_node > 0) network.gpus_per_node = o.sim_gpus_per_node;
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<sim::SimProcessGroup> world,
+                      sim::SimProcessGroup::Create(network, std::max(1, o.sim_world_size)));
+  return std::unique_ptr<comm::ProcessGroup>(std::move(world));
+}
+
+Status CheckWorldForDevice(const DeviceOptions& o, const comm::ProcessGroup& world) {
+  const bool sim_world = world.backend_name() == "sim";
+  if (o.kind == DeviceKind::kSim && !sim_world) {
+    return InvalidArgumentError("device kind sim needs a simulated process group (its tensors hold "
+                                "no data), not the '" + world.backend_name() +
+                                "' backend: pass none and set device.sim_world_size");
+  }
+  if (o.kind != DeviceKind::kSim && sim_world) {
+    return InvalidArgumentError(std::string("a simulated process group needs device kind sim, not ") +
+                                DeviceKindName(o.kind));
+  }
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(Device* device,
+                                                                size_t capacity_bytes) {
+  if (device == nullptr) return InvalidArgumentError("CreateRankAllocator: no device");
   CachingAllocator::Options options;
   options.capacity_bytes = capacity_bytes;
+  if (capacity_bytes == 0 && device->id().is_sim()) {
+    SK_ASSIGN_OR_RETURN(sim::SimDevice * sim, sim::SimDevice::Get(device->id().index));
+    options.capacity_bytes = sim->spec().memory_bytes;
+  }
   return std::make_unique<CachingAllocator>(device, options);
+}
+
+StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(int rank, size_t capacity_bytes) {
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(rank)));
+  return CreateRankAllocator(device, capacity_bytes);
 }
 
 StatusOr<std::unique_ptr<Optimizer>> CreateEngineOptimizer(const OptimizerOptions& options,
@@ -27,14 +149,27 @@ StatusOr<std::unique_ptr<Optimizer>> CreateEngineOptimizer(const OptimizerOption
 StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> units,
                                                          comm::ProcessGroup* world,
                                                          const FsdpEngineOptions& options) {
-  if (world == nullptr) return InvalidArgumentError("FsdpEngine needs a process group");
+  SK_RETURN_IF_ERROR(ValidateDeviceOptions(options.device));
+  if (world == nullptr && options.device.kind != DeviceKind::kSim) {
+    return InvalidArgumentError("FsdpEngine needs a process group");
+  }
   if (units.empty()) return InvalidArgumentError("the model spec has no units");
   for (const UnitSpec& u : units) {
     if (u.params.empty()) return InvalidArgumentError("unit '" + u.name + "' has no parameters");
   }
   std::unique_ptr<FsdpEngine> e(new FsdpEngine());
+  if (world == nullptr) {
+    SK_ASSIGN_OR_RETURN(e->owned_world_, CreateSimWorld(options.device));
+    world = e->owned_world_.get();
+  }
+  SK_RETURN_IF_ERROR(CheckWorldForDevice(options.device, *world));
+  if (options.device.kind == DeviceKind::kSim && options.fsdp.cpu_offload) {
+    return UnimplementedError("cpu_offload on a sim device: the offloaded shards would need host "
+                              "memory with data (not simulated yet)");
+  }
   e->units_ = std::move(units);
-  SK_ASSIGN_OR_RETURN(e->allocator_, CreateRankAllocator(world->rank(), options.memory_cap_bytes));
+  SK_ASSIGN_OR_RETURN(Device * device, ResolveRankDevice(options.device, world->rank()));
+  SK_ASSIGN_OR_RETURN(e->allocator_, CreateRankAllocator(device, options.memory_cap_bytes));
   SK_ASSIGN_OR_RETURN(e->fsdp_, FullyShardedModel::Create(e->units_, world, e->allocator_.get(),
                                                           options.fsdp));
   SK_ASSIGN_OR_RETURN(e->optimizer_, CreateEngineOptimizer(options.optimizer, *e->fsdp_,
@@ -149,6 +284,10 @@ Status FsdpEngine::ReadParam(int unit, int param, float* out, int64_t count) {
                                 units_[unit].name + "." + spec.name + "' of shape " +
                                 spec.shape.ToString() + " (" + std::to_string(spec.shape.numel()) +
                                 " elements)");
+  }
+  if (allocator_->device().is_sim()) {
+    return FailedPreconditionError("ReadParam on " + allocator_->device().ToString() +
+                                   ": a simulated device's tensors hold no data");
   }
   SK_ASSIGN_OR_RETURN(Tensor full, fsdp_->GatherFullParam(unit, param));
   std::memcpy(out, full.data(), static_cast<size_t>(count) * sizeof(float));

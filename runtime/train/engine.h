@@ -1,13 +1,14 @@
 // FsdpEngine: FSDP over units a caller describes and computes itself (the C
 // ABI's low-level API). It owns what one rank needs around a
-// FullyShardedModel: the rank's capped caching allocator on device cpu:rank,
+// FullyShardedModel: the rank's capped caching allocator on its device
+// (cpu:rank by default; FsdpEngineOptions::device),
 // the sharded optimizer (its state on the host under cpu_offload, else in
 // FSDP's allocator), and the parameter and gradient views it has handed out,
 // which it releases before the matching Post call so that FSDP can free the
 // gathered buffers.
 //
-// The helpers below are the one place a rank's allocator and optimizer are
-// built; the Trainer uses them too.
+// The helpers below are the one place a rank's device, allocator and
+// optimizer are built; the Trainer uses them too.
 //
 // Thread safety: one thread per FsdpEngine (each rank drives its own).
 #ifndef SHARDKIT_RUNTIME_TRAIN_ENGINE_H_
@@ -15,11 +16,14 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "runtime/comm/process_group.h"
+#include "runtime/core/device_kind.h"
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
+#include "runtime/device/device.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/model.h"
@@ -28,8 +32,55 @@
 
 namespace sk {
 
-// The caching allocator of rank `rank`'s device (cpu:rank), reserving at most
-// `capacity_bytes` (0 = unlimited). Errors come from Device::Get.
+// Which device a rank computes on. The C ABI's sk_device_options mirror it.
+struct DeviceOptions {
+  // kCpu (the default), kCuda or kSim.
+  DeviceKind kind = DeviceKind::kCpu;
+  // The device index; -1 = the rank's: cpu:rank, cuda:(rank modulo the GPUs
+  // visible), sim:0 (one simulated rank stands for all).
+  int index = -1;
+  // --- kSim only (ignored otherwise) ---
+  // A built-in profile name ("a100-80g", "h100-80g", "cpu-local") or the
+  // path of a profile file ending in .json (runtime/sim/profile.h).
+  std::string sim_profile = "a100-80g";
+  // Ranks of the simulated cluster when the caller passes no process group
+  // (the simulated world is then created from the profile); 0 = 1.
+  int sim_world_size = 0;
+  // GPUs per node of the simulated cluster; 0 = the profile's.
+  int sim_gpus_per_node = 0;
+};
+
+// "cpu", "cuda", "sim"; and the inverse (InvalidArgument naming the value).
+const char* DeviceKindName(DeviceKind kind);
+StatusOr<DeviceKind> ParseDeviceKind(const std::string& name);
+
+// InvalidArgument naming the field: an unknown kind, index < -1, negative
+// sim sizes, an empty sim_profile for kSim.
+Status ValidateDeviceOptions(const DeviceOptions& options);
+
+// The device rank `rank` computes on. cpu: always available. cuda:
+// Unavailable when shardkit was built without CUDA or no GPU is visible.
+// sim: loads the profile (NotFound / InvalidArgument from the loader), then
+// configures sim:index with it and resets its clocks (sim::SetUpSimDevice):
+// one Trainer or engine uses a sim device at a time.
+StatusOr<Device*> ResolveRankDevice(const DeviceOptions& options, int rank);
+
+// For kSim: the simulated world, a process group of sim_world_size ranks on
+// the profile's cluster (gpus_per_node overridden when > 0) that moves no
+// data. InvalidArgument for other kinds; loader errors as above.
+StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions& options);
+
+// InvalidArgument unless `world` suits the device: a sim device needs a sim
+// process group ("sim" backend: its collectives move no data), and a sim
+// process group needs a sim device.
+Status CheckWorldForDevice(const DeviceOptions& options, const comm::ProcessGroup& world);
+
+// The caching allocator of `device`, reserving at most `capacity_bytes`
+// (0 = unlimited; on a sim device 0 means the profile's memory, the
+// simulated GPU's capacity).
+StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(Device* device,
+                                                                size_t capacity_bytes);
+// The caching allocator of cpu:rank (CreateRankAllocator above).
 StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(int rank, size_t capacity_bytes);
 
 // An optimizer whose state lives beside the engine's shards: on the host
@@ -42,16 +93,21 @@ StatusOr<std::unique_ptr<Optimizer>> CreateEngineOptimizer(const OptimizerOption
 struct FsdpEngineOptions {
   FsdpOptions fsdp;
   OptimizerOptions optimizer;
-  // Per-rank device memory cap in bytes; 0 = unlimited.
+  // Per-rank device memory cap in bytes; 0 = unlimited (sim: the profile's).
   size_t memory_cap_bytes = 0;
+  // The rank's device (cpu:rank by default). On sim, parameter and gradient
+  // views have shapes and no data (ReadParam is Unimplemented there).
+  DeviceOptions device;
 };
 
 class FsdpEngine {
  public:
   // Collective over `world` (every rank calls it with the same units and
   // options). InvalidArgument when there are no units, a unit has no
-  // parameters, or FSDP or the optimizer reject their options. `world` must
-  // outlive the engine.
+  // parameters, or FSDP, the device or the optimizer reject their options.
+  // On sim, `world` may be null: the engine then creates and owns the
+  // simulated world (CreateSimWorld). Otherwise `world` must outlive the
+  // engine.
   static StatusOr<std::unique_ptr<FsdpEngine>> Create(std::vector<UnitSpec> units,
                                                       comm::ProcessGroup* world,
                                                       const FsdpEngineOptions& options);
@@ -90,7 +146,8 @@ class FsdpEngine {
   void ZeroGrad() { fsdp_->ZeroGrad(); }
 
   // Copies the full f32 parameter into out[0..count). Collective.
-  // InvalidArgument when count is not the parameter's element count.
+  // InvalidArgument when count is not the parameter's element count;
+  // FailedPrecondition on a sim device (its tensors hold no data).
   Status ReadParam(int unit, int param, float* out, int64_t count);
 
   FullyShardedModel& fsdp() { return *fsdp_; }
@@ -110,6 +167,7 @@ class FsdpEngine {
   // buffers first, then the optimizer (its state may live in FSDP's
   // allocator), FSDP, and last the allocator.
   std::vector<UnitSpec> units_;
+  std::unique_ptr<comm::ProcessGroup> owned_world_;  // the simulated world, when created here
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<FullyShardedModel> fsdp_;
   std::unique_ptr<Optimizer> optimizer_;

@@ -1,6 +1,8 @@
 #include "runtime/train/trainer.h"
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <thread>
 
@@ -9,6 +11,10 @@
 #include "runtime/fsdp/checkpoint.h"
 #include "runtime/train/engine.h"
 #include "runtime/comm/work.h"
+#include "runtime/sim/sim_device.h"
+#include "runtime/sim/sim_ops.h"
+#include "runtime/sim/sim_process_group.h"
+#include "runtime/sim/topology.h"
 
 namespace sk {
 
@@ -30,6 +36,7 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
   if (o.data_tokens < 0) return InvalidArgumentError("data_tokens must be >= 0");
   if (o.gemm_threads < 0) return InvalidArgumentError("gemm_threads must be >= 0 (0 = automatic)");
   if (!(o.clip_grad_norm >= 0)) return InvalidArgumentError("clip_grad_norm must be >= 0");
+  SK_RETURN_IF_ERROR(ValidateDeviceOptions(o.device));
   SK_RETURN_IF_ERROR(ValidateOptimizerOptions(o.optimizer));
   return OkStatus();
 }
@@ -38,6 +45,9 @@ Trainer::Trainer(const TrainerOptions& options, comm::ProcessGroup* world)
     : options_(options), world_(world) {}
 
 Trainer::~Trainer() {
+  if (sim_device_ != nullptr && adjusts_compute_) {
+    sim::SetComputeAdjustment(sim_device_->id().index, nullptr);
+  }
   // The engine's streams hold buffers of the allocator: destroy it first.
   optimizer_.reset();
   engine_ = nullptr;
@@ -46,12 +56,37 @@ Trainer::~Trainer() {
 }
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
-                                                   comm::ProcessGroup* world) {
-  if (world == nullptr) return InvalidArgumentError("Trainer needs a process group");
+                                                   comm::ProcessGroup* world,
+                                                   MemoryStats* memory_on_error) {
   SK_RETURN_IF_ERROR(ValidateTrainerOptions(options));
+  const bool sim = options.device.kind == DeviceKind::kSim;
+  if (world == nullptr && !sim) return InvalidArgumentError("Trainer needs a process group");
+  if (sim && options.parallelism != Parallelism::kDdp && options.fsdp.cpu_offload) {
+    return UnimplementedError("cpu_offload on a sim device: the offloaded shards would need host "
+                              "memory with data (not simulated yet)");
+  }
+  std::unique_ptr<comm::ProcessGroup> owned;
+  if (world == nullptr) {
+    SK_ASSIGN_OR_RETURN(owned, CreateSimWorld(options.device));
+    world = owned.get();
+  }
+  SK_RETURN_IF_ERROR(CheckWorldForDevice(options.device, *world));
   SK_RETURN_IF_ERROR(ValidateFsdpOptions(options.fsdp, world->size()));
   std::unique_ptr<Trainer> t(new Trainer(options, world));
-  SK_RETURN_IF_ERROR(t->Init());
+  t->owned_world_ = std::move(owned);
+  Status s = t->Init();
+  if (!s.ok()) {
+    if (memory_on_error != nullptr && t->allocator_ != nullptr) {
+      // Release what the failed set-up holds first: its buffers return to
+      // the cache, the peaks stay.
+      t->optimizer_.reset();
+      t->engine_ = nullptr;
+      t->fsdp_.reset();
+      t->ddp_.reset();
+      *memory_on_error = t->allocator_->stats();
+    }
+    return s;
+  }
   return t;
 }
 
@@ -75,9 +110,25 @@ Status Trainer::Init() {
     }
     gemm_threads_ = std::max(1, cores / sharing);
   }
-  SK_ASSIGN_OR_RETURN(allocator_, CreateRankAllocator(world_->rank(), options_.memory_cap_bytes));
-  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(world_->rank())));
-  SK_ASSIGN_OR_RETURN(metrics_stream_, device->CreateStream("metrics"));
+  SK_ASSIGN_OR_RETURN(device_, ResolveRankDevice(options_.device, world_->rank()));
+  if (device_->id().is_sim()) {
+    SK_ASSIGN_OR_RETURN(sim_device_, sim::SimDevice::Get(device_->id().index));
+  }
+  if (auto* sim_world = dynamic_cast<sim::SimProcessGroup*>(world_); sim_world != nullptr) {
+    // Communication kernels hold SMs: compute slows by the profile's factor
+    // (network.compute_slowdown_while_communicating, with its source there)
+    // for the fraction of an op's time that some collective runs.
+    const double factor = sim_world->profile().compute_slowdown_while_communicating;
+    if (factor > 1) {
+      sim::LinkSchedule* links = &sim_world->links();
+      sim::SetComputeAdjustment(device_->id().index, [links, factor](double start, double seconds) {
+        return seconds * (1 + (factor - 1) * links->BusyFraction(start, start + seconds));
+      });
+      adjusts_compute_ = true;
+    }
+  }
+  SK_ASSIGN_OR_RETURN(allocator_, CreateRankAllocator(device_, options_.memory_cap_bytes));
+  SK_ASSIGN_OR_RETURN(metrics_stream_, device_->CreateStream("metrics"));
 
   const int64_t vocab = config_.family == ModelFamily::kGpt ? config_.gpt.vocab_size : config_.t5.vocab_size;
   if (options_.data_path.empty()) {
@@ -122,6 +173,8 @@ StatusOr<TokenBatch> Trainer::BatchFor(int64_t step, int micro) const {
 
 StatusOr<float> Trainer::GlobalMean(float loss) {
   if (world_->size() == 1) return loss;
+  // Simulated ranks have no loss to average.
+  if (sim_device_ != nullptr) return std::numeric_limits<float>::quiet_NaN();
   SK_ASSIGN_OR_RETURN(Tensor t, HostAllocator::Default().Empty(DType::kF32, Shape{1}));
   t.data_as<float>()[0] = loss;
   comm::ReduceOptions ro;
@@ -139,6 +192,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   allocator_->ResetPeakStats();
   const int64_t bytes_before = engine_->bytes_communicated();
   const auto t0 = std::chrono::steady_clock::now();
+  const double sim_t0 = sim_device_ != nullptr ? sim_device_->HostClock() : 0;
   engine_->ZeroGrad();
   double loss_sum = 0;
   for (int m = 0; m < options_.grad_accum_steps; ++m) {
@@ -161,11 +215,18 @@ StatusOr<StepMetrics> Trainer::Step() {
   }
   SK_ASSIGN_OR_RETURN(double norm, engine_->ClipGradNorm(options_.clip_grad_norm));
   SK_RETURN_IF_ERROR(engine_->OptimizerStep(*optimizer_));
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (sim_device_ != nullptr) {
+    // The step ends when the device has run everything it was given (as a
+    // benchmark's torch.cuda.synchronize()): virtual seconds from the host's
+    // start of the step.
+    sim_device_->WaitHostUntil(sim_device_->Horizon());
+    seconds = sim_device_->HostClock() - sim_t0;
+  }
   ++step_;
 
   StepMetrics m;
+  m.simulated = sim_device_ != nullptr;
   m.step = step_;
   m.loss = static_cast<float>(loss_sum / options_.grad_accum_steps);
   SK_ASSIGN_OR_RETURN(m.global_loss, GlobalMean(m.loss));
@@ -194,13 +255,17 @@ constexpr char kNoDdpCheckpoints[] =
     "checkpoints are written by FSDP trainers; this trainer uses the DDP baseline "
     "(FSDP's NO_SHARD replicates like DDP and can be checkpointed)";
 
+constexpr char kNoSimCheckpoints[] = "checkpoints need tensor data; a sim device's tensors hold none";
+
 Status Trainer::SaveCheckpoint(const std::string& dir) {
+  if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
   if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
   TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
   return SaveShardedCheckpoint(dir, state, step_);
 }
 
 Status Trainer::LoadCheckpoint(const std::string& dir) {
+  if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
   if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
   TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
   SK_ASSIGN_OR_RETURN(step_, LoadShardedCheckpoint(dir, state));

@@ -5,9 +5,19 @@
 // harnesses drive.
 //
 // One Trainer per rank. Ranks are the ranks of `world`; rank r computes on
-// device cpu:r with its own caching allocator (capped at memory_cap_bytes to
-// emulate a device of that size), so N local ranks in one process each have
-// their own memory statistics, exactly as N GPUs would.
+// the device TrainerOptions::device selects (cpu:r by default) with its own
+// caching allocator (capped at memory_cap_bytes to emulate a device of that
+// size), so N local ranks in one process each have their own memory
+// statistics, exactly as N GPUs would.
+//
+// On the simulator (device.kind = kSim, docs/simulator.md "Running a model on
+// sim") the same model, FSDP/DDP, allocator and optimizer code runs on sim:0
+// against virtual time and virtual memory: one simulated rank of a
+// SimProcessGroup of device.sim_world_size ranks stands for all. Parameters
+// are never materialised (initialisation is priced, not computed), the
+// allocator is the real CachingAllocator at the profile's capacity, and a
+// step's time is virtual. Values read back (loss, grad norm) are NaN and
+// StepMetrics::simulated says so.
 //
 // Thread safety: one thread per Trainer.
 #ifndef SHARDKIT_RUNTIME_TRAIN_TRAINER_H_
@@ -26,8 +36,13 @@
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/train/engine.h"
 
 namespace sk {
+
+namespace sim {
+class SimDevice;
+}  // namespace sim
 
 // Values are part of the C ABI: never renumbered; 0 means "default" (FSDP).
 enum class Parallelism : int {
@@ -62,8 +77,11 @@ struct TrainerOptions {
   int gemm_threads = 0;
   // DDP's gradient bucket size; 0 = its default (25 MiB).
   int64_t ddp_bucket_bytes = 0;
-  // Per-rank device memory cap in bytes; 0 = unlimited.
+  // Per-rank device memory cap in bytes; 0 = unlimited (on sim: the
+  // profile's device memory).
   size_t memory_cap_bytes = 0;
+  // The device each rank computes on (cpu:rank by default; engine.h).
+  DeviceOptions device;
   // Training data: a token file (uint16/uint32 little-endian) or, when empty,
   // a synthetic stream from data_seed.
   std::string data_path;
@@ -93,14 +111,24 @@ struct StepMetrics {
   int64_t alloc_retries = 0;         // cumulative
   int64_t ooms = 0;                  // cumulative
   int64_t bytes_communicated = 0;    // this step, nccl-tests bytes
+  // True on a sim device: step_seconds and the rates are virtual time, loss,
+  // global_loss and grad_norm are NaN (nothing was computed).
+  bool simulated = false;
 };
 
 class Trainer {
  public:
   // Collective over `world` (every rank calls it with the same options).
-  // `world` must outlive the trainer.
+  // `world` must outlive the trainer. With device.kind = kSim, `world` may be
+  // null: the trainer then creates and owns the simulated world
+  // (CreateSimWorld); a non-sim world is InvalidArgument there, as is a sim
+  // world with another device kind. cpu_offload on sim is Unimplemented.
+  // When set-up fails after the rank's allocator exists (ResourceExhausted
+  // while sharding, say) and `memory_on_error` is not null, it receives the
+  // allocator's statistics at the failure (peaks included).
   static StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
-                                                   comm::ProcessGroup* world);
+                                                   comm::ProcessGroup* world,
+                                                   MemoryStats* memory_on_error = nullptr);
   ~Trainer();
 
   // One optimizer step over grad_accum_steps micro-batches. Collective.
@@ -113,6 +141,13 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   const Model& model() const { return *model_; }
   int64_t steps() const { return step_; }
+  // The rank's device (sim:0 on the simulator).
+  Device& device() { return *device_; }
+  // The simulated device, or null unless device.kind = kSim.
+  sim::SimDevice* sim_device() { return sim_device_; }
+  // The process group the trainer runs over (the simulated world when it
+  // created one).
+  comm::ProcessGroup& world() { return *world_; }
   int rank() const { return world_->rank(); }
   int world_size() const { return world_->size(); }
   CachingAllocator& allocator() { return *allocator_; }
@@ -125,7 +160,7 @@ class Trainer {
   StatusOr<TokenBatch> BatchFor(int64_t step, int micro) const;
 
   // Sharded checkpoint of the model, optimizer state and step counter
-  // (runtime/fsdp/checkpoint.h). Collective. A failed save leaves the
+  // (runtime/fsdp/checkpoint.h). Collective. FailedPrecondition on sim. A failed save leaves the
   // previous checkpoint in `dir` intact.
   Status SaveCheckpoint(const std::string& dir);
   // Restores a checkpoint saved at any world size and strategy, including
@@ -144,7 +179,11 @@ class Trainer {
   Status UseGemmThreads() const;
 
   TrainerOptions options_;
+  std::unique_ptr<comm::ProcessGroup> owned_world_;  // the simulated world, when created here
   comm::ProcessGroup* world_;
+  Device* device_ = nullptr;
+  sim::SimDevice* sim_device_ = nullptr;
+  bool adjusts_compute_ = false;  // installed sim::SetComputeAdjustment
   std::unique_ptr<Model> model_;
   NamedModelConfig config_;
   std::unique_ptr<CachingAllocator> allocator_;
