@@ -1,6 +1,8 @@
 // ABI support: the handle registry, errors, status codes, version, parsing.
 #include "capi/abi.h"
 
+#include <cctype>
+
 #include "runtime/core/dtype.h"
 
 #define SK_SAME_CODE(c, k) \
@@ -31,6 +33,9 @@ static_assert(SK_BACKWARD_PREFETCH_POST == static_cast<int>(sk::BackwardPrefetch
 static_assert(SK_OPTIMIZER_ADAMW == static_cast<int>(sk::OptimizerKind::kAdamW));
 static_assert(SK_DTYPE_F16 == static_cast<int>(sk::DType::kF16));
 static_assert(SK_INIT_UNIFORM == static_cast<int>(sk::InitKind::kUniform));
+static_assert(SK_WEIGHT_LAYOUT_SHARDKIT == static_cast<int>(sk::WeightLayout::kShardkit) &&
+              SK_WEIGHT_LAYOUT_TORCH == static_cast<int>(sk::WeightLayout::kTorch) &&
+              SK_WEIGHT_LAYOUT_HF_GPT2 == static_cast<int>(sk::WeightLayout::kHfGpt2));
 static_assert(SK_PARALLELISM_FSDP == static_cast<int>(sk::Parallelism::kFsdp));
 static_assert(SK_PARALLELISM_DDP == static_cast<int>(sk::Parallelism::kDdp));
 
@@ -152,6 +157,18 @@ SK_EXPORT sk_status_t sk_parse_dtype(const char* name, sk_dtype_t* out) {
   SK_CHECK(CheckOut(out, "out"));
   SK_ASSIGN_OR_FAIL(sk::DType d, sk::ParseDType(name));
   *out = static_cast<sk_dtype_t>(d);
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_parse_weight_layout(const char* name, sk_weight_layout_t* out) {
+  SK_API_BEGIN
+  SK_CHECK(CheckString(name, "name"));
+  SK_CHECK(CheckOut(out, "out"));
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  SK_ASSIGN_OR_FAIL(sk::WeightLayout l, sk::ParseWeightLayout(lower));
+  *out = static_cast<sk_weight_layout_t>(l);
   return SK_STATUS_OK;
   SK_API_END
 }

@@ -34,6 +34,7 @@
 #include "runtime/core/status.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/fsdp/memory_estimator.h"
+#include "runtime/fsdp/weight_layout.h"
 #include "runtime/nn/model.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/train/engine.h"
@@ -228,6 +229,8 @@ StatusOr<OptimizerOptions> ToOptimizerOptions(const sk_optimizer_options* in);
 StatusOr<TrainerOptions> ToTrainerOptions(const sk_trainer_options* in);
 sk_memory_estimate ToMemoryEstimate(const MemoryEstimate& e);
 sk_step_metrics ToStepMetrics(const StepMetrics& m, int rank);
+// SK_WEIGHT_LAYOUT_DEFAULT is the shardkit layout.
+StatusOr<WeightLayout> ToWeightLayout(sk_weight_layout_t layout);
 
 // --- process_group.cc ---------------------------------------------------------
 

@@ -38,6 +38,19 @@ sk::StatusOr<const sk::Tensor*> InAbiTerms(sk::StatusOr<const sk::Tensor*> r, co
 
 using namespace sk::capi;  // NOLINT: the entry points below are this file's only code
 
+namespace {
+
+// The four unit hooks differ only in the FsdpEngine method they call.
+sk_status_t UnitHook(sk_engine* engine, int32_t unit, sk::Status (sk::FsdpEngine::*hook)(int)) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(((*engine->engine).*hook)(unit));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+}  // namespace
+
 extern "C" {
 
 // --- model spec --------------------------------------------------------------
@@ -164,35 +177,19 @@ SK_EXPORT sk_status_t sk_engine_num_units(const sk_engine* engine, int32_t* out_
 }
 
 SK_EXPORT sk_status_t sk_engine_pre_forward(sk_engine* engine, int32_t unit) {
-  SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
-  SK_CHECK(engine->engine->PreForward(unit));
-  return SK_STATUS_OK;
-  SK_API_END
+  return UnitHook(engine, unit, &sk::FsdpEngine::PreForward);
 }
 
 SK_EXPORT sk_status_t sk_engine_post_forward(sk_engine* engine, int32_t unit) {
-  SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
-  SK_CHECK(engine->engine->PostForward(unit));
-  return SK_STATUS_OK;
-  SK_API_END
+  return UnitHook(engine, unit, &sk::FsdpEngine::PostForward);
 }
 
 SK_EXPORT sk_status_t sk_engine_pre_backward(sk_engine* engine, int32_t unit) {
-  SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
-  SK_CHECK(engine->engine->PreBackward(unit));
-  return SK_STATUS_OK;
-  SK_API_END
+  return UnitHook(engine, unit, &sk::FsdpEngine::PreBackward);
 }
 
 SK_EXPORT sk_status_t sk_engine_post_backward(sk_engine* engine, int32_t unit) {
-  SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
-  SK_CHECK(engine->engine->PostBackward(unit));
-  return SK_STATUS_OK;
-  SK_API_END
+  return UnitHook(engine, unit, &sk::FsdpEngine::PostBackward);
 }
 
 SK_EXPORT sk_status_t sk_engine_param(sk_engine* engine, int32_t unit, int32_t param,
@@ -268,6 +265,28 @@ SK_EXPORT sk_status_t sk_engine_read_param(sk_engine* engine, int32_t unit, int3
   SK_API_BEGIN
   SK_CHECK(CheckHandle(engine, "engine"));
   SK_CHECK(engine->engine->ReadParam(unit, param, out, count));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_save_state_dict(sk_engine* engine, const char* path,
+                                                sk_weight_layout_t layout) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckString(path, "path"));
+  SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
+  SK_CHECK(engine->engine->SaveFullStateDict(path, l));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_load_state_dict(sk_engine* engine, const char* path,
+                                                sk_weight_layout_t layout) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckString(path, "path"));
+  SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
+  SK_CHECK(engine->engine->LoadFullStateDict(path, l));
   return SK_STATUS_OK;
   SK_API_END
 }

@@ -112,6 +112,12 @@ sk_memory_estimate ToMemoryEstimate(const sk::MemoryEstimate& e) {
   return c;
 }
 
+StatusOr<sk::WeightLayout> ToWeightLayout(sk_weight_layout_t layout) {
+  SK_RETURN_IF_ERROR(CheckEnum(layout, SK_WEIGHT_LAYOUT_HF_GPT2, "layout"));
+  if (layout == SK_WEIGHT_LAYOUT_DEFAULT) return sk::WeightLayout::kShardkit;
+  return static_cast<sk::WeightLayout>(layout);
+}
+
 sk_step_metrics ToStepMetrics(const sk::StepMetrics& m, int rank) {
   sk_step_metrics c;
   std::memset(&c, 0, sizeof(c));

@@ -8,6 +8,18 @@
 using namespace sk::capi;  // NOLINT: the entry points below are this file's only code
 using sk::Status;
 
+namespace {
+
+// Runs fn(rank, trainer) on every rank of the session, each on its own
+// thread (collectives need them all at once); the lowest failing rank's error.
+template <typename Fn>
+Status OnEveryRank(sk_local_session* session, Fn fn) {
+  const int n = static_cast<int>(session->trainers.size());
+  return sk::comm::RunRankThreads(n, [&](int r) -> Status { return fn(r, *session->trainers[r]); });
+}
+
+}  // namespace
+
 extern "C" {
 
 // --- trainer -----------------------------------------------------------------
@@ -91,6 +103,29 @@ SK_EXPORT sk_status_t sk_trainer_load_checkpoint(sk_trainer* trainer, const char
   SK_API_END
 }
 
+SK_EXPORT sk_status_t sk_trainer_save_state_dict(sk_trainer* trainer, const char* path,
+                                                 sk_weight_layout_t layout) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_CHECK(CheckString(path, "path"));
+  SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
+  SK_CHECK(trainer->trainer->SaveFullStateDict(path, l));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_trainer_load_state_dict(sk_trainer* trainer, const char* path,
+                                                 sk_weight_layout_t layout, int64_t* out_step) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_CHECK(CheckString(path, "path"));
+  SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
+  SK_CHECK(trainer->trainer->LoadFullStateDict(path, l));
+  if (out_step != nullptr) *out_step = trainer->trainer->steps();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
 SK_EXPORT sk_status_t sk_estimate_memory(const sk_trainer_options* options, int32_t world_size,
                                          sk_memory_estimate* out) {
   SK_API_BEGIN
@@ -147,10 +182,9 @@ SK_EXPORT sk_status_t sk_local_session_step(sk_local_session* session, sk_step_m
   SK_API_BEGIN
   SK_CHECK(CheckHandle(session, "session"));
   if (out_rank0 != nullptr) SK_CHECK(CheckOutStruct(out_rank0, "out_rank0"));
-  const int n = static_cast<int>(session->trainers.size());
-  std::vector<sk::StepMetrics> metrics(static_cast<size_t>(n));
-  SK_CHECK(sk::comm::RunRankThreads(n, [&](int r) -> Status {
-    SK_ASSIGN_OR_RETURN(metrics[r], session->trainers[r]->Step());
+  std::vector<sk::StepMetrics> metrics(session->trainers.size());
+  SK_CHECK(OnEveryRank(session, [&](int r, sk::Trainer& t) -> Status {
+    SK_ASSIGN_OR_RETURN(metrics[r], t.Step());
     return sk::OkStatus();
   }));
   session->last_metrics = std::move(metrics);
@@ -184,8 +218,8 @@ SK_EXPORT sk_status_t sk_local_session_evaluate(sk_local_session* session, int32
   SK_CHECK(CheckOut(out_loss, "out_loss"));
   const int n = static_cast<int>(session->trainers.size());
   std::vector<float> losses(static_cast<size_t>(n));
-  SK_CHECK(sk::comm::RunRankThreads(n, [&](int r) -> Status {
-    SK_ASSIGN_OR_RETURN(losses[r], session->trainers[r]->Evaluate(batches));
+  SK_CHECK(OnEveryRank(session, [&](int r, sk::Trainer& t) -> Status {
+    SK_ASSIGN_OR_RETURN(losses[r], t.Evaluate(batches));
     return sk::OkStatus();
   }));
   double sum = 0;
@@ -210,8 +244,7 @@ SK_EXPORT sk_status_t sk_local_session_save_checkpoint(sk_local_session* session
   SK_CHECK(CheckHandle(session, "session"));
   SK_CHECK(CheckString(dir, "dir"));
   const std::string path = dir;
-  const int n = static_cast<int>(session->trainers.size());
-  SK_CHECK(sk::comm::RunRankThreads(n, [&](int r) { return session->trainers[r]->SaveCheckpoint(path); }));
+  SK_CHECK(OnEveryRank(session, [&](int, sk::Trainer& t) { return t.SaveCheckpoint(path); }));
   return SK_STATUS_OK;
   SK_API_END
 }
@@ -222,8 +255,32 @@ SK_EXPORT sk_status_t sk_local_session_load_checkpoint(sk_local_session* session
   SK_CHECK(CheckHandle(session, "session"));
   SK_CHECK(CheckString(dir, "dir"));
   const std::string path = dir;
-  const int n = static_cast<int>(session->trainers.size());
-  SK_CHECK(sk::comm::RunRankThreads(n, [&](int r) { return session->trainers[r]->LoadCheckpoint(path); }));
+  SK_CHECK(OnEveryRank(session, [&](int, sk::Trainer& t) { return t.LoadCheckpoint(path); }));
+  if (out_step != nullptr) *out_step = session->trainers[0]->steps();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_local_session_save_state_dict(sk_local_session* session, const char* path,
+                                                       sk_weight_layout_t layout) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(session, "session"));
+  SK_CHECK(CheckString(path, "path"));
+  SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
+  const std::string p = path;
+  SK_CHECK(OnEveryRank(session, [&](int, sk::Trainer& t) { return t.SaveFullStateDict(p, l); }));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_local_session_load_state_dict(sk_local_session* session, const char* path,
+                                                       sk_weight_layout_t layout, int64_t* out_step) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(session, "session"));
+  SK_CHECK(CheckString(path, "path"));
+  SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
+  const std::string p = path;
+  SK_CHECK(OnEveryRank(session, [&](int, sk::Trainer& t) { return t.LoadFullStateDict(p, l); }));
   if (out_step != nullptr) *out_step = session->trainers[0]->steps();
   return SK_STATUS_OK;
   SK_API_END

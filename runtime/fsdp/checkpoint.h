@@ -63,6 +63,7 @@
 #include "runtime/core/status.h"
 #include "runtime/fsdp/checkpoint_index.h"
 #include "runtime/fsdp/fsdp.h"
+#include "runtime/fsdp/weight_layout.h"
 #include "runtime/nn/model.h"
 #include "runtime/optim/optimizer.h"
 
@@ -101,20 +102,35 @@ Status SaveShardedCheckpoint(const std::string& dir, const TrainingState& state,
 // such). Collective.
 StatusOr<int64_t> LoadShardedCheckpoint(const std::string& dir, const TrainingState& state);
 
-// Gathers every parameter in full and writes one safetensors file at `path`
-// (world rank 0 writes) with tensors "<unit>.<param>" (f32, the parameter's
-// shape), readable by any safetensors tool. With an optimizer, its state is
-// included in full as "optimizer.<state>.<unit>.<param>" with per-unit step
-// counts in the metadata, so training resumes exactly. Collective.
-Status SaveFullStateDict(const std::string& path, const TrainingState& state, int64_t step);
+struct FullStateDictOptions {
+  // The layout of the file's names and tensors (weight_layout.h). Only the
+  // shardkit layout holds optimizer state and the step; the others are
+  // weights only.
+  WeightLayout layout = WeightLayout::kShardkit;
+};
 
-// Loads a full state dict (every rank reads the file and keeps its slices).
-// Every model parameter must be present with its shape (f32, or bf16/f16,
-// widened exactly); a tensor that is not a model parameter or optimizer state
-// is InvalidArgument naming it. Optimizer state is restored when the file
-// has it and `state.optimizer` is set. Returns the recorded step (0 for files
-// from other tools). Collective; nothing changes on error.
-StatusOr<int64_t> LoadFullStateDict(const std::string& path, const TrainingState& state);
+// Gathers every parameter in full and writes one safetensors file at `path`
+// (world rank 0 writes, durably: WriteFileDurably) with tensors
+// "<unit>.<param>" (f32, the parameter's shape), readable by any safetensors
+// tool. With an optimizer, its state is included in full as
+// "optimizer.<state>.<unit>.<param>" with per-unit step counts in the
+// metadata, so training resumes exactly. In another layout the weights are
+// converted on rank 0 (ConvertWeights) and the optimizer is left out.
+// InvalidArgument for an invalid layout or one that has no name for a
+// parameter (hf-gpt2 and a T5 model). Collective.
+Status SaveFullStateDict(const std::string& path, const TrainingState& state, int64_t step,
+                         const FullStateDictOptions& options = {});
+
+// Loads a full state dict (every rank reads the file, converts it from
+// options.layout, and keeps its slices). Every model parameter must be
+// present with its shape (f32, or bf16/f16, widened exactly); a tensor that
+// is not a model parameter or optimizer state is InvalidArgument naming it
+// (in another layout, by both names; shape mismatches name both shapes).
+// Optimizer state is restored when the file has it and `state.optimizer` is
+// set. Returns the recorded step (0 for files from other tools). Collective;
+// nothing changes on error.
+StatusOr<int64_t> LoadFullStateDict(const std::string& path, const TrainingState& state,
+                                    const FullStateDictOptions& options = {});
 
 }  // namespace sk
 

@@ -13,6 +13,7 @@
 #include "runtime/fsdp/checkpoint_internal.h"
 #include "runtime/fsdp/rank_agreement.h"
 #include "runtime/fsdp/safetensors.h"
+#include "runtime/fsdp/weight_layout.h"
 #include "runtime/ops/ops.h"
 
 // Full state dicts: SaveFullStateDict and LoadFullStateDict (see
@@ -35,15 +36,16 @@ constexpr char kFullStateDictKind[] = "full_state_dict";
 
 
 // The tensor `name` as a host f32 tensor, widened exactly from bf16/f16.
+// `shown` is how errors name it (with its name in the file's layout).
 StatusOr<Tensor> WidenToF32(const SafeTensorsFile& sf, const std::string& name, const Shape& want,
-                            const std::string& path, const std::string& what) {
+                            const std::string& path, const std::string& what, const std::string& shown) {
   SK_ASSIGN_OR_RETURN(SafeTensorsFile::Info info, sf.info(name));
   if (info.shape != want) {
-    return InvalidArgumentError(what + " '" + name + "' has shape " + info.shape.ToString() + " in '" + path +
+    return InvalidArgumentError(what + " " + shown + " has shape " + info.shape.ToString() + " in '" + path +
                                 "' but " + want.ToString() + " in the model");
   }
   if (info.dtype != DType::kF32 && info.dtype != DType::kBF16 && info.dtype != DType::kF16) {
-    return InvalidArgumentError(what + " '" + name + "' in '" + path + "' has an invalid dtype");
+    return InvalidArgumentError(what + " " + shown + " in '" + path + "' has an invalid dtype");
   }
   SK_ASSIGN_OR_RETURN(Tensor src, sf.HostView(name));
   SK_ASSIGN_OR_RETURN(Tensor out, HostAllocator::Default().Empty(DType::kF32, want));
@@ -55,11 +57,32 @@ std::string FullOptimName(const std::string& state_name, const std::string& para
   return "optimizer." + state_name + "." + param;
 }
 
-// Builds this rank's shards from a full state dict file.
-Status ReadFullStateDict(const std::string& path, const TrainingState& state, LoadedShards* out) {
+// "'<name>'", and in another layout also the name the file holds it under.
+std::string Shown(const std::string& name, WeightLayout layout) {
+  std::string s = "'" + name + "'";
+  if (layout == WeightLayout::kShardkit) return s;
+  StatusOr<std::string> theirs = LayoutName(name, layout);
+  if (theirs.ok() && *theirs != name) s += " (" + std::string(WeightLayoutName(layout)) + " '" + *theirs + "')";
+  if (layout == WeightLayout::kTorch && name.size() > 2 && name.compare(name.size() - 2, 2, ".w") == 0) {
+    s += " (torch layout: stored [out, in])";
+  }
+  return s;
+}
+
+// Builds this rank's shards from a full state dict file in `layout`.
+Status ReadFullStateDict(const std::string& path, WeightLayout layout, const TrainingState& state,
+                         LoadedShards* out) {
   FullyShardedModel& f = *state.fsdp;
   const auto& units = *state.units;
-  SK_ASSIGN_OR_RETURN(SafeTensorsFile sf, SafeTensorsFile::Read(path));
+  SK_ASSIGN_OR_RETURN(SafeTensorsFile file, SafeTensorsFile::Read(path));
+  if (layout != WeightLayout::kShardkit) {
+    StatusOr<SafeTensorsFile> converted = ConvertWeights(file, layout, WeightLayout::kShardkit);
+    if (!converted.ok()) {
+      return converted.status().WithContext("reading '" + path + "' as " + WeightLayoutName(layout));
+    }
+    file = std::move(*converted);
+  }
+  const SafeTensorsFile& sf = file;
   const auto& meta = sf.metadata();
   auto get = [&](const std::string& key) -> std::string {
     auto it = meta.find(key);
@@ -117,9 +140,9 @@ Status ReadFullStateDict(const std::string& path, const TrainingState& state, Lo
     // Reads `name` (the full tensor of parameter p) into this rank's slices of `dst`.
     auto take = [&](const std::string& name, int p, const std::string& what, const Tensor& dst) -> Status {
       if (!sf.contains(name)) {
-        return InvalidArgumentError(what + " '" + name + "' is missing from '" + path + "'");
+        return InvalidArgumentError(what + " " + Shown(name, layout) + " is missing from '" + path + "'");
       }
-      SK_ASSIGN_OR_RETURN(Tensor full, WidenToF32(sf, name, l.params()[p].shape, path, what));
+      SK_ASSIGN_OR_RETURN(Tensor full, WidenToF32(sf, name, l.params()[p].shape, path, what, Shown(name, layout)));
       for (const auto& s : slices) {
         if (s.param != p) continue;
         SK_ASSIGN_OR_RETURN(Tensor from, Slice(full, s.param_begin, s.param_end - s.param_begin));
@@ -144,7 +167,8 @@ Status ReadFullStateDict(const std::string& path, const TrainingState& state, Lo
   }
   for (const std::string& name : sf.names()) {
     if (expected.count(name) == 0) {
-      return InvalidArgumentError("tensor '" + name + "' in '" + path + "' is not a parameter of this model");
+      return InvalidArgumentError("tensor " + Shown(name, layout) + " in '" + path +
+                                  "' is not a parameter of this model");
     }
   }
   return OkStatus();
@@ -167,8 +191,14 @@ StatusOr<Tensor> GatherFlat(FullyShardedModel& f, Stream& stream, int unit, cons
 
 }  // namespace
 
-Status SaveFullStateDict(const std::string& path, const TrainingState& state, int64_t step) {
-  SK_RETURN_IF_ERROR(ValidateState(state, "SaveFullStateDict"));
+Status SaveFullStateDict(const std::string& path, const TrainingState& given, int64_t step,
+                         const FullStateDictOptions& options) {
+  SK_RETURN_IF_ERROR(ValidateState(given, "SaveFullStateDict"));
+  SK_RETURN_IF_ERROR(ParseWeightLayout(WeightLayoutName(options.layout)).status());
+  const bool native = options.layout == WeightLayout::kShardkit;
+  // Other layouts hold weights only.
+  TrainingState state = given;
+  if (!native) state.optimizer = nullptr;
   if (step < 0) return InvalidArgumentError("SaveFullStateDict: negative step " + std::to_string(step));
   FullyShardedModel& f = *state.fsdp;
   const auto& units = *state.units;
@@ -232,15 +262,22 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& state, in
     meta["shardkit.optimizer.state_names"] = joined;
   }
   SK_RETURN_IF_ERROR(sync->Agree(local));
-  return sync->Agree(root ? WriteSafeTensors(path, entries, meta) : OkStatus())
-      .WithContext("saving full state dict '" + path + "'");
+  auto write = [&]() -> Status {
+    if (native) return WriteSafeTensors(path, entries, meta);
+    SK_ASSIGN_OR_RETURN(SafeTensorsFile mine, SafeTensorsFile::FromEntries(entries, meta));
+    SK_ASSIGN_OR_RETURN(SafeTensorsFile theirs, ConvertWeights(mine, WeightLayout::kShardkit, options.layout));
+    return theirs.Write(path);
+  };
+  return sync->Agree(root ? write() : OkStatus()).WithContext("saving full state dict '" + path + "'");
 }
 
-StatusOr<int64_t> LoadFullStateDict(const std::string& path, const TrainingState& state) {
+StatusOr<int64_t> LoadFullStateDict(const std::string& path, const TrainingState& state,
+                                    const FullStateDictOptions& options) {
   SK_RETURN_IF_ERROR(ValidateState(state, "LoadFullStateDict"));
+  SK_RETURN_IF_ERROR(ParseWeightLayout(WeightLayoutName(options.layout)).status());
   SK_ASSIGN_OR_RETURN(auto sync, RankAgreement::Create(*state.fsdp));
   LoadedShards loaded;
-  SK_RETURN_IF_ERROR(sync->Agree(ReadFullStateDict(path, state, &loaded))
+  SK_RETURN_IF_ERROR(sync->Agree(ReadFullStateDict(path, options.layout, state, &loaded))
                          .WithContext("loading full state dict '" + path + "' (nothing was changed)"));
   SK_RETURN_IF_ERROR(sync->Agree(Commit(state, loaded)));
   return loaded.step;

@@ -56,8 +56,12 @@ uint32_t Crc32(const void* data, size_t n) {
   return static_cast<uint32_t>(crc);
 }
 
-Status WriteSafeTensors(const std::string& path, const std::vector<SafeTensorsEntry>& entries,
-                        const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The 8-byte length and the JSON header of a file holding `entries` and
+// `metadata` (see WriteSafeTensors for the checks).
+StatusOr<std::string> SerializeHeader(const std::vector<SafeTensorsEntry>& entries,
+                                      const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   nlohmann::json meta = nlohmann::json::object();
   for (const auto& [k, v] : metadata) {
@@ -66,7 +70,7 @@ Status WriteSafeTensors(const std::string& path, const std::vector<SafeTensorsEn
     }
     meta[k] = v;
   }
-  meta[kFormatKey] = "shardkit";
+  if (!meta.contains(kFormatKey)) meta[kFormatKey] = "shardkit";
   std::set<std::string> seen;
   uint64_t offset = 0;
   for (const SafeTensorsEntry& e : entries) {
@@ -76,6 +80,10 @@ Status WriteSafeTensors(const std::string& path, const std::vector<SafeTensorsEn
     }
     if (!seen.insert(e.name).second) return InvalidArgumentError("duplicate tensor name '" + e.name + "'");
     SK_RETURN_IF_ERROR(ValidateDType(e.dtype).WithContext("tensor '" + e.name + "'"));
+    if (SafeTensorsDTypeName(e.dtype).empty()) {
+      return InvalidArgumentError("tensor '" + e.name + "' has dtype " + std::string(DTypeName(e.dtype)) +
+                                  ", which shardkit does not write (F32, BF16, F16)");
+    }
     uint64_t nbytes = static_cast<uint64_t>(e.shape.numel()) * DTypeSize(e.dtype);
     if (nbytes > 0 && e.data == nullptr) {
       return InvalidArgumentError("tensor '" + e.name + "' has a null data pointer");
@@ -91,15 +99,46 @@ Status WriteSafeTensors(const std::string& path, const std::vector<SafeTensorsEn
   // Pad with spaces so the data section starts 8-byte aligned (as the
   // reference implementation does).
   while ((json.size() + 8) % 8 != 0) json.push_back(' ');
-  uint64_t n = json.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  const uint64_t n = json.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<unsigned char>(n >> (8 * i)));
+  return out + json;
+}
 
-  std::vector<ByteSpan> pieces = {{len, sizeof len}, {json.data(), json.size()}};
+}  // namespace
+
+Status WriteSafeTensors(const std::string& path, const std::vector<SafeTensorsEntry>& entries,
+                        const std::map<std::string, std::string>& metadata) {
+  SK_ASSIGN_OR_RETURN(const std::string header, SerializeHeader(entries, metadata));
+  std::vector<ByteSpan> pieces = {{header.data(), header.size()}};
   for (const SafeTensorsEntry& e : entries) {
     pieces.push_back({e.data, static_cast<size_t>(e.shape.numel()) * DTypeSize(e.dtype)});
   }
   return WriteFileDurably(path, pieces);
+}
+
+StatusOr<SafeTensorsFile> SafeTensorsFile::FromEntries(const std::vector<SafeTensorsEntry>& entries,
+                                                       const std::map<std::string, std::string>& metadata) {
+  SK_ASSIGN_OR_RETURN(const std::string header, SerializeHeader(entries, metadata));
+  std::vector<char> bytes(header.begin(), header.end());
+  for (const SafeTensorsEntry& e : entries) {
+    const char* p = static_cast<const char*>(e.data);
+    bytes.insert(bytes.end(), p, p + static_cast<size_t>(e.shape.numel()) * DTypeSize(e.dtype));
+  }
+  return Parse("(in memory)", std::move(bytes));
+}
+
+std::vector<SafeTensorsEntry> SafeTensorsFile::Entries() const {
+  std::vector<SafeTensorsEntry> out;
+  for (const std::string& name : names_) {
+    const Info& i = infos_.at(name);
+    out.push_back({name, i.dtype, i.shape, bytes_.data() + data_start_ + i.offset});
+  }
+  return out;
+}
+
+Status SafeTensorsFile::Write(const std::string& path) const {
+  return WriteSafeTensors(path, Entries(), metadata_);
 }
 
 uint32_t SafeTensorsFile::header_crc32() const { return Crc32(bytes_.data(), data_start_); }
@@ -124,8 +163,7 @@ StatusOr<uint32_t> SafeTensorsHeaderCrc32(const std::string& path) {
 }
 
 StatusOr<SafeTensorsFile> SafeTensorsFile::Read(const std::string& path) {
-  SafeTensorsFile f;
-  f.path_ = path;
+  std::vector<char> bytes;
   {
     std::ifstream in(path, std::ios::binary | std::ios::ate);
     if (!in) {
@@ -135,9 +173,16 @@ StatusOr<SafeTensorsFile> SafeTensorsFile::Read(const std::string& path) {
     }
     std::streamsize size = in.tellg();
     in.seekg(0);
-    f.bytes_.resize(static_cast<size_t>(size));
-    if (size > 0 && !in.read(f.bytes_.data(), size)) return UnavailableError("cannot read '" + path + "'");
+    bytes.resize(static_cast<size_t>(size));
+    if (size > 0 && !in.read(bytes.data(), size)) return UnavailableError("cannot read '" + path + "'");
   }
+  return Parse(path, std::move(bytes));
+}
+
+StatusOr<SafeTensorsFile> SafeTensorsFile::Parse(const std::string& path, std::vector<char> bytes) {
+  SafeTensorsFile f;
+  f.path_ = path;
+  f.bytes_ = std::move(bytes);
   const std::string where = "'" + path + "': ";
   if (f.bytes_.size() < 8) {
     return DataLossError(where + "truncated: " + std::to_string(f.bytes_.size()) +

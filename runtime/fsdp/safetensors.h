@@ -6,7 +6,8 @@
 // data section) plus an optional "__metadata__" string map, then the raw
 // little-endian data. Other tools read our files as they are.
 //
-// shardkit adds, inside __metadata__: "format": "shardkit", and for each
+// shardkit adds, inside __metadata__: "format": "shardkit" (unless the caller
+// names another format, e.g. "pt" for files meant for PyTorch tools), and for each
 // tensor "crc32.<name>" (zlib's CRC-32 of its bytes, decimal), so a flipped bit
 // is reported as DataLoss naming the tensor. Files without checksums (written
 // by other tools) are read without verification.
@@ -39,9 +40,10 @@ struct SafeTensorsEntry {
   const void* data;
 };
 
-// Writes `entries` and `metadata` to `path` atomically. InvalidArgument for an
-// empty or duplicate name, a name starting with "__", an invalid dtype or a null
-// data pointer with elements; Unavailable for I/O failures (the previous file
+// Writes `entries` and `metadata` to `path` atomically. `metadata` may set
+// "format" (default "shardkit"). InvalidArgument for an empty or duplicate
+// name, a name starting with "__", a dtype other than F32/BF16/F16, a
+// "crc32." metadata key, or a null data pointer with elements; Unavailable for I/O failures (the previous file
 // at `path`, if any, is left intact).
 Status WriteSafeTensors(const std::string& path, const std::vector<SafeTensorsEntry>& entries,
                         const std::map<std::string, std::string>& metadata = {});
@@ -61,6 +63,15 @@ class SafeTensorsFile {
   // of range or overlap, sizes disagree with shapes, or a checksum fails;
   // InvalidArgument for a dtype shardkit does not compute in.
   static StatusOr<SafeTensorsFile> Read(const std::string& path);
+  // The file WriteSafeTensors(entries, metadata) would write, held in memory
+  // (the entries' bytes are copied). Errors as WriteSafeTensors.
+  static StatusOr<SafeTensorsFile> FromEntries(const std::vector<SafeTensorsEntry>& entries,
+                                               const std::map<std::string, std::string>& metadata = {});
+  // Writes these tensors (in file order) and metadata to `path` with
+  // WriteSafeTensors (fresh checksums). Errors as WriteSafeTensors.
+  Status Write(const std::string& path) const;
+  // The tensors in file order, pointing into this object (valid while it lives).
+  std::vector<SafeTensorsEntry> Entries() const;
 
   // User metadata (shardkit's own "crc32.*" keys are excluded).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -82,6 +93,9 @@ class SafeTensorsFile {
   uint32_t header_crc32() const;
 
  private:
+  // Validates `bytes` (a whole file; `path` names it in errors).
+  static StatusOr<SafeTensorsFile> Parse(const std::string& path, std::vector<char> bytes);
+
   std::string path_;
   std::vector<char> bytes_;
   size_t data_start_ = 0;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "runtime/device/device.h"
+#include "runtime/fsdp/checkpoint.h"
 #include "runtime/sim/profile.h"
 #include "runtime/sim/sim_device.h"
 #include "runtime/sim/sim_ops.h"
@@ -292,6 +293,32 @@ Status FsdpEngine::ReadParam(int unit, int param, float* out, int64_t count) {
   SK_ASSIGN_OR_RETURN(Tensor full, fsdp_->GatherFullParam(unit, param));
   std::memcpy(out, full.data(), static_cast<size_t>(count) * sizeof(float));
   return OkStatus();
+}
+
+Status FsdpEngine::CheckIdle(const char* what) const {
+  for (int u = 0; u < num_units(); ++u) {
+    if (!params_[u].empty() || !grads_[u].empty()) {
+      return FailedPreconditionError(std::string(what) + " while unit '" + units_[u].name +
+                                     "' is between a Pre call and its Post call");
+    }
+  }
+  return OkStatus();
+}
+
+Status FsdpEngine::SaveFullStateDict(const std::string& path, WeightLayout layout) {
+  SK_RETURN_IF_ERROR(CheckIdle("SaveFullStateDict"));
+  TrainingState state{"engine", &units_, fsdp_.get(), optimizer_.get()};
+  FullStateDictOptions o;
+  o.layout = layout;
+  return sk::SaveFullStateDict(path, state, /*step=*/0, o);
+}
+
+Status FsdpEngine::LoadFullStateDict(const std::string& path, WeightLayout layout) {
+  SK_RETURN_IF_ERROR(CheckIdle("LoadFullStateDict"));
+  TrainingState state{"engine", &units_, fsdp_.get(), optimizer_.get()};
+  FullStateDictOptions o;
+  o.layout = layout;
+  return sk::LoadFullStateDict(path, state, o).status();
 }
 
 }  // namespace sk

@@ -25,6 +25,7 @@
 #include "runtime/core/tensor.h"
 #include "runtime/device/device.h"
 #include "runtime/fsdp/fsdp.h"
+#include "runtime/fsdp/weight_layout.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/model.h"
 #include "runtime/optim/optimizer.h"
@@ -150,6 +151,16 @@ class FsdpEngine {
   // FailedPrecondition on a sim device (its tensors hold no data).
   Status ReadParam(int unit, int param, float* out, int64_t count);
 
+  // A full state dict of the units (runtime/fsdp/checkpoint.h): every
+  // parameter in full as "<unit>.<param>" in `layout`, and in the shardkit
+  // layout the optimizer state. Rank 0 writes. Collective; FailedPrecondition
+  // while a unit is between a Pre call and its Post call.
+  Status SaveFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
+  // Loads one (any world size and strategy); optimizer state is restored when
+  // the file has it. Collective; FailedPrecondition as above; on error
+  // nothing changes.
+  Status LoadFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
+
   FullyShardedModel& fsdp() { return *fsdp_; }
   Optimizer& optimizer() { return *optimizer_; }
   CachingAllocator& allocator() { return *allocator_; }
@@ -160,6 +171,8 @@ class FsdpEngine {
   Status CheckParam(int unit, int param) const;
   void ReleaseViews(int unit);
   void ReleaseAllViews();
+  // FailedPrecondition naming the first unit that holds views.
+  Status CheckIdle(const char* what) const;
   // A hook's result: any failure but FailedPrecondition releases every view.
   Status HookResult(Status s);
 

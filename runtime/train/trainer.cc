@@ -272,6 +272,25 @@ Status Trainer::LoadCheckpoint(const std::string& dir) {
   return OkStatus();
 }
 
+Status Trainer::SaveFullStateDict(const std::string& path, WeightLayout layout) {
+  if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
+  if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
+  TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
+  FullStateDictOptions o;
+  o.layout = layout;
+  return sk::SaveFullStateDict(path, state, step_, o);
+}
+
+Status Trainer::LoadFullStateDict(const std::string& path, WeightLayout layout) {
+  if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
+  if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
+  TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
+  FullStateDictOptions o;
+  o.layout = layout;
+  SK_ASSIGN_OR_RETURN(step_, sk::LoadFullStateDict(path, state, o));
+  return OkStatus();
+}
+
 StatusOr<float> Trainer::Evaluate(int batches) {
   if (batches < 1) return InvalidArgumentError("Evaluate needs at least one batch");
   SK_RETURN_IF_ERROR(UseGemmThreads());

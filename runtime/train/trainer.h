@@ -32,6 +32,7 @@
 #include "runtime/device/device.h"
 #include "runtime/ddp/ddp.h"
 #include "runtime/fsdp/fsdp.h"
+#include "runtime/fsdp/weight_layout.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
@@ -169,6 +170,18 @@ class Trainer {
   // (batch_size * grad_accum_steps * world size). Collective; on error
   // nothing changes.
   Status LoadCheckpoint(const std::string& dir);
+
+  // A full state dict: one safetensors file at `path` (rank 0 writes it
+  // durably) with every parameter in full, in `layout` (weight_layout.h); in
+  // the shardkit layout also the optimizer state and the step counter, so a
+  // load resumes exactly. Collective. Errors as SaveFullStateDict
+  // (runtime/fsdp/checkpoint.h); Unimplemented under kDdp.
+  Status SaveFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
+  // Loads a full state dict in `layout` at any world size and strategy, and
+  // sets steps() to the step it records (0 for weights from other tools).
+  // Optimizer state is restored when the file has it (else left as it is).
+  // Collective; on error nothing changes.
+  Status LoadFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
 
  private:
   Trainer(const TrainerOptions& options, comm::ProcessGroup* world);

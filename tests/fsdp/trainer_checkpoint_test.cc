@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -98,6 +99,69 @@ TEST(TrainerCheckpointTest, ResumedAtWorld2And1ContinuesTheUninterruptedLosses) 
           << "world " << world << ", step " << kSaveStep + i << ": got " << got[i] << ", want " << want;
     }
   }
+}
+
+TEST(TrainerCheckpointTest, FullStateDictResumesWithTheSavingRunsLosses) {
+  const std::vector<float> uninterrupted = Train(2, 7, 0, kTotalSteps, {}, {});
+  const std::string path = TempDir("full") + "/model.safetensors";
+  Train(2, 7, 0, kSaveStep, {}, [&](Trainer& t) {
+    Status s = t.SaveFullStateDict(path);
+    ASSERT_TRUE(s.ok()) << s;
+  });
+  std::vector<float> got = Train(1, 8, kSaveStep, kTotalSteps,
+                                 [&](Trainer& t) {
+                                   Status s = t.LoadFullStateDict(path);
+                                   ASSERT_TRUE(s.ok()) << s;
+                                 },
+                                 {});
+  ASSERT_EQ(got.size(), static_cast<size_t>(kTotalSteps - kSaveStep));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float want = uninterrupted[kSaveStep + i];
+    EXPECT_LE(std::fabs(got[i] - want), 1e-5 * std::max(1.f, std::fabs(want)))
+        << "step " << kSaveStep + i << ": got " << got[i] << ", want " << want;
+  }
+}
+
+TEST(TrainerCheckpointTest, BadFullStateDictsAreClearErrorsAndChangeNothing) {
+  const std::string dir = TempDir("bad-full");
+  const std::string good = dir + "/good.safetensors";
+  Train(2, 7, 0, 1, {}, [&](Trainer& t) { ASSERT_TRUE(t.SaveFullStateDict(good).ok()); });
+  // A flipped byte in the last tensor's data.
+  const std::string corrupt = dir + "/corrupt.safetensors";
+  std::filesystem::copy_file(good, corrupt);
+  {
+    std::fstream f(corrupt, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x5a');
+  }
+  Train(2, 9, 0, 1, {}, [&](Trainer& t) {
+    const float before = *t.Evaluate(1);
+    Status s = t.LoadFullStateDict(dir + "/missing.safetensors");
+    EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+    s = t.LoadFullStateDict(corrupt);
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("checksum"), std::string::npos) << s;
+    s = t.LoadFullStateDict(good, static_cast<WeightLayout>(7));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(*t.Evaluate(1), before);
+    EXPECT_EQ(t.steps(), 1);
+  });
+  // Another model's file: named parameter, both shapes.
+  std::mutex mu;
+  Status other;
+  RunRanks(1, [&](int, comm::ProcessGroup* g) {
+    TrainerOptions o = Options(1, 7);
+    o.model = "gpt-1m";
+    o.data_tokens = 0;
+    auto t = Trainer::Create(o, g);
+    ASSERT_TRUE(t.ok()) << t.status();
+    std::lock_guard<std::mutex> lock(mu);
+    other = (*t)->LoadFullStateDict(good);
+  });
+  EXPECT_EQ(other.code(), StatusCode::kInvalidArgument) << other;
+  EXPECT_NE(other.message().find("embed.wte"), std::string::npos) << other;
+  EXPECT_NE(other.message().find("[64, 32]"), std::string::npos) << other;
+  EXPECT_NE(other.message().find("[256, 128]"), std::string::npos) << other;
 }
 
 TEST(TrainerCheckpointTest, LoadingAMissingCheckpointIsNotFoundAndKeepsTheStep) {

@@ -73,7 +73,9 @@
  *  the local session's pair) and the memory estimator (sk_estimate_memory).
  *  0.3.0 changed what grad_accum_steps > 1 steps by (the gradient of the
  *  mean loss, no longer the micro-batches' sum: see sk_trainer_options) and
- *  appended sk_step_metrics.global_loss.
+ *  appended sk_step_metrics.global_loss. 0.4.0 appended full state dicts
+ *  in shardkit's, PyTorch's and Hugging Face GPT-2's layouts
+ *  (sk_*_save_state_dict, sk_*_load_state_dict, sk_weight_layout_t).
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -106,11 +108,11 @@
 #endif
 
 #define SK_VERSION_MAJOR 0
-#define SK_VERSION_MINOR 3
+#define SK_VERSION_MINOR 4
 #define SK_VERSION_PATCH 0
 /* MAJOR * 1000000 + MINOR * 1000 + PATCH, as SQLITE_VERSION_NUMBER. */
 #define SK_VERSION_NUMBER (SK_VERSION_MAJOR * 1000000 + SK_VERSION_MINOR * 1000 + SK_VERSION_PATCH)
-#define SK_VERSION_STRING "0.3.0"
+#define SK_VERSION_STRING "0.4.0"
 
 #ifdef __cplusplus
 extern "C" {
@@ -154,7 +156,7 @@ SK_EXPORT const char* sk_last_error_message(void);
 /* Version                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* The loaded library's SK_VERSION_STRING ("0.3.0"). A static string. Thread-safe. */
+/* The loaded library's SK_VERSION_STRING ("0.4.0"). A static string. Thread-safe. */
 SK_EXPORT const char* sk_version(void);
 /* The loaded library's SK_VERSION_NUMBER. Thread-safe. */
 SK_EXPORT int32_t sk_version_number(void);
@@ -216,6 +218,17 @@ typedef SK_ENUM(sk_parallelism_t) {
                                  gradients all-reduced in buckets */
 } sk_parallelism_t;
 
+/* The names and tensor layout of a state dict file (0.4.0). */
+typedef SK_ENUM(sk_weight_layout_t) {
+  SK_WEIGHT_LAYOUT_DEFAULT = 0,  /* SHARDKIT */
+  SK_WEIGHT_LAYOUT_SHARDKIT = 1, /* "<unit>.<param>", matmul weights [in, out];
+                                    with optimizer state and step */
+  SK_WEIGHT_LAYOUT_TORCH = 2,    /* the same names, matmul weights ("*.w")
+                                    [out, in] as torch.nn.Linear; weights only */
+  SK_WEIGHT_LAYOUT_HF_GPT2 = 3   /* Hugging Face GPT2LMHeadModel names and
+                                    layout (GPT models only); weights only */
+} sk_weight_layout_t;
+
 /* Thread-safe. On success stores the value named by `name` ("FULL_SHARD" or
  * "full_shard", ...) in *out. INVALID_ARGUMENT listing the known names. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_parse_sharding_strategy(const char* name,
@@ -225,6 +238,8 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_parse_backward_prefetch(const char* name,
                                                               sk_backward_prefetch_t* out);
 /* "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16"/"half". Thread-safe. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_parse_dtype(const char* name, sk_dtype_t* out);
+/* "shardkit", "torch", "hf-gpt2" (any case). Thread-safe. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_parse_weight_layout(const char* name, sk_weight_layout_t* out);
 
 /* ------------------------------------------------------------------------ */
 /* Process groups                                                            */
@@ -496,6 +511,35 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_save_checkpoint(sk_trainer* traine
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_load_checkpoint(sk_trainer* trainer, const char* dir,
                                                               int64_t* out_step);
 
+/* Full state dicts (0.4.0). One safetensors file holding every parameter in
+ * full under its own name (docs/checkpoints.md), readable by any safetensors
+ * tool. In the SHARDKIT layout it also holds the optimizer state and the
+ * step count, so loading it resumes training exactly, at any world size and
+ * sharding strategy; the TORCH and HF_GPT2 layouts hold weights only, in the
+ * names and layout those tools use (HF_GPT2: transformers' GPT-2, with the
+ * LM head tied to wte when they are equal). */
+
+/* Gathers the model and writes it to the file `path` (rank 0 writes it
+ * atomically and durably: a failed save leaves any previous file intact).
+ * Collective: every rank passes the same arguments; an error on one rank is
+ * returned on every rank. Errors: INVALID_ARGUMENT for a NULL path, an
+ * unknown layout, or a layout without names for this model (HF_GPT2 and a
+ * T5 model); UNIMPLEMENTED for a DDP trainer; UNAVAILABLE for I/O failures. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_save_state_dict(sk_trainer* trainer, const char* path,
+                                                              sk_weight_layout_t layout);
+/* Loads the file `path`, in `layout`, into this trainer: parameters, and
+ * where the file has them (SHARDKIT) the optimizer state and step count;
+ * `out_step` (may be NULL) receives the trainer's step count afterwards (0
+ * for weights from other tools). Collective. Everything is read, converted
+ * and checked on every rank before anything changes: on any error the
+ * trainer is as it was. Errors: NOT_FOUND for a missing file; DATA_LOSS for
+ * a corrupt or truncated one; INVALID_ARGUMENT for a NULL path, an unknown
+ * layout, or a file of another model (naming the tensor, in both layouts'
+ * names, and both shapes); UNIMPLEMENTED for a DDP trainer. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_load_state_dict(sk_trainer* trainer, const char* path,
+                                                              sk_weight_layout_t layout,
+                                                              int64_t* out_step);
+
 /* The memory estimator's prediction for one rank (bytes unless named
  * otherwise). */
 typedef struct sk_memory_estimate {
@@ -583,6 +627,17 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_save_checkpoint(sk_local_ses
  * session. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_load_checkpoint(sk_local_session* session,
                                                                     const char* dir,
+                                                                    int64_t* out_step);
+/* sk_trainer_save_state_dict on every rank (one file of the whole session).
+ * Errors as sk_trainer_save_state_dict (the lowest failing rank's). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_save_state_dict(sk_local_session* session,
+                                                                    const char* path,
+                                                                    sk_weight_layout_t layout);
+/* sk_trainer_load_state_dict on every rank; on error no rank changed.
+ * `out_step` (may be NULL) as there. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_load_state_dict(sk_local_session* session,
+                                                                    const char* path,
+                                                                    sk_weight_layout_t layout,
                                                                     int64_t* out_step);
 
 /* ------------------------------------------------------------------------ */
@@ -727,6 +782,17 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_zero_grad(sk_engine* engine);
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_read_param(sk_engine* engine, int32_t unit,
                                                         int32_t param, float* out, int64_t count);
 
+/* Full state dicts of the engine's units (see sk_trainer_save_state_dict):
+ * tensors "<unit>.<param>"; in the SHARDKIT layout with the optimizer state.
+ * The TORCH layout transposes 2-D parameters whose name ends in ".w";
+ * HF_GPT2 applies to units named as shardkit's GPT names them. Collective;
+ * FAILED_PRECONDITION while a unit is between a pre_ call and its post_
+ * call; on a failed load nothing changed. Errors otherwise as the trainer's. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_save_state_dict(sk_engine* engine, const char* path,
+                                                             sk_weight_layout_t layout);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_load_state_dict(sk_engine* engine, const char* path,
+                                                             sk_weight_layout_t layout);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
@@ -744,7 +810,7 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_read_param(sk_engine* engine, int32
 SK_LAYOUT_ASSERT(sizeof(sk_status_t) == 4 && sizeof(sk_dtype_t) == 4 &&
                  sizeof(sk_sharding_strategy_t) == 4 && sizeof(sk_init_kind_t) == 4 &&
                  sizeof(sk_optimizer_kind_t) == 4 && sizeof(sk_backward_prefetch_t) == 4 &&
-                 sizeof(sk_parallelism_t) == 4,
+                 sizeof(sk_parallelism_t) == 4 && sizeof(sk_weight_layout_t) == 4,
                  "enums are 32-bit");
 SK_LAYOUT_ASSERT(offsetof(sk_gloo_options, rank) == 8 && offsetof(sk_gloo_options, world_size) == 12 &&
                  offsetof(sk_gloo_options, master_addr) == 16 && offsetof(sk_gloo_options, master_port) == 24 &&
