@@ -47,6 +47,7 @@ constexpr char kLmHead[] = "head.lm_head.w";
 constexpr char kWte[] = "embed.wte";
 constexpr char kOptimPrefix[] = "optimizer.";
 constexpr char kOptimMetaPrefix[] = "shardkit.optimizer.";
+constexpr char kStepKey[] = "shardkit.step";
 
 bool StartsWith(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 bool EndsWith(const std::string& s, const char* p) {
@@ -364,7 +365,8 @@ StatusOr<SafeTensorsFile> ConvertWeights(const SafeTensorsFile& in, WeightLayout
   std::map<std::string, std::string> meta;
   for (const auto& [k, v] : in.metadata()) {
     if (k == "format") continue;
-    if (from != to && StartsWith(k, kOptimMetaPrefix)) continue;
+    // Another layout holds weights only: no optimizer state, no step.
+    if (from != to && (StartsWith(k, kOptimMetaPrefix) || k == kStepKey)) continue;
     meta[k] = v;
   }
   // Through the shardkit layout: from -> shardkit -> to.

@@ -83,7 +83,8 @@ struct ConvertOptions {
 // ("format" becomes "shardkit" or "pt"). Errors (InvalidArgument) name the
 // tensor: one the target layout has no name for, a transpose of a tensor
 // that is not 2-D, split q/k/v projections that disagree (naming both
-// shapes), optimizer state (see ConvertOptions).
+// shapes), optimizer state (see ConvertOptions). Between two different
+// layouts the step ("shardkit.step") is not carried: the result is weights.
 StatusOr<SafeTensorsFile> ConvertWeights(const SafeTensorsFile& in, WeightLayout from, WeightLayout to,
                                          const ConvertOptions& options = {});
 

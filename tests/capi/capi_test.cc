@@ -45,7 +45,6 @@ sk_trainer_options TinyTrainer(const sk_fsdp_options* fsdp = nullptr,
   o.fsdp = fsdp;
   o.optimizer = opt;
   o.data_tokens = 64;
-  o.data_seed = 7;
   return o;
 }
 
@@ -119,6 +118,15 @@ TEST(CapiParse, AcceptsEveryDocumentedSpelling) {
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_parse_dtype(nullptr, &d));
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_parse_dtype("f32", nullptr));
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_parse_backward_prefetch("", &p));
+  sk_weight_layout_t l;
+  ASSERT_OK(sk_parse_weight_layout("HF-GPT2", &l));
+  EXPECT_EQ(l, SK_WEIGHT_LAYOUT_HF_GPT2);
+  ASSERT_OK(sk_parse_weight_layout("torch", &l));
+  EXPECT_EQ(l, SK_WEIGHT_LAYOUT_TORCH);
+  ASSERT_OK(sk_parse_weight_layout("shardkit", &l));
+  EXPECT_EQ(l, SK_WEIGHT_LAYOUT_SHARDKIT);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_parse_weight_layout("gpt2", &l));
+  EXPECT_ERROR_MENTIONS("hf-gpt2");
 }
 
 // --- handles -----------------------------------------------------------------
@@ -808,6 +816,143 @@ TEST(CapiCheckpoint, MissingOrCorruptCheckpointsAreReportedAndChangeNothing) {
   std::filesystem::remove_all(dir);
 }
 
+// --- full state dicts --------------------------------------------------------------
+
+float SessionEvaluate(sk_local_session* s) {
+  float loss = -1;
+  EXPECT_EQ(sk_local_session_evaluate(s, 2, &loss), SK_STATUS_OK) << LastError();
+  return loss;
+}
+
+TEST(CapiStateDict, SessionResumesFromItsFileWithTheSavingRunsLosses) {
+  const std::string dir = TempDir("state_dict");
+  const std::string file = dir + "/model.safetensors", hf = dir + "/gpt2.safetensors";
+  sk_trainer_options o = TinyTrainer();  // AdamW: its state is in the file too
+  sk_local_session* s = nullptr;
+  ASSERT_OK(sk_local_session_create(&o, 2, nullptr, &s));
+  for (int step = 0; step < 2; ++step) ASSERT_OK(sk_local_session_step(s, nullptr));
+  ASSERT_OK(sk_local_session_save_state_dict(s, file.c_str(), SK_WEIGHT_LAYOUT_DEFAULT));
+  ASSERT_OK(sk_local_session_save_state_dict(s, hf.c_str(), SK_WEIGHT_LAYOUT_HF_GPT2));
+  const float weights_loss = SessionEvaluate(s);
+  std::vector<float> expected;
+  for (int step = 0; step < 3; ++step) {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    ASSERT_OK(sk_local_session_step(s, &m));
+    expected.push_back(m.global_loss);
+  }
+  sk_local_session_destroy(s);
+
+  // Another initialisation, then the file: the same run, bit for bit.
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.seed = 99;
+  sk_trainer_options other = TinyTrainer(&f);
+  sk_local_session* back = nullptr;
+  ASSERT_OK(sk_local_session_create(&other, 2, nullptr, &back));
+  int64_t step = -1;
+  ASSERT_OK(sk_local_session_load_state_dict(back, file.c_str(), SK_WEIGHT_LAYOUT_SHARDKIT, &step));
+  EXPECT_EQ(step, 2);
+  EXPECT_EQ(SessionEvaluate(back), weights_loss);
+  for (int i = 0; i < 3; ++i) {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    ASSERT_OK(sk_local_session_step(back, &m));
+    EXPECT_EQ(m.step, 3 + i);
+    EXPECT_EQ(m.global_loss, expected[i]) << i;
+  }
+  // The Hugging Face export holds the same weights (no optimizer, step 0).
+  ASSERT_OK(sk_local_session_load_state_dict(back, hf.c_str(), SK_WEIGHT_LAYOUT_HF_GPT2, &step));
+  EXPECT_EQ(step, 0);
+  EXPECT_EQ(SessionEvaluate(back), weights_loss);
+  sk_local_session_destroy(back);
+
+  // One caller-driven trainer reads the same file.
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  ASSERT_OK(sk_trainer_load_state_dict(t, file.c_str(), SK_WEIGHT_LAYOUT_DEFAULT, &step));
+  EXPECT_EQ(step, 2);
+  ASSERT_OK(sk_trainer_save_state_dict(t, (dir + "/again.safetensors").c_str(), SK_WEIGHT_LAYOUT_TORCH));
+  sk_trainer_destroy(t);
+  sk_process_group_destroy(g);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CapiStateDict, BadPathsFilesModelsAndLayoutsAreClearErrorsAndChangeNothing) {
+  const std::string dir = TempDir("state_dict_bad");
+  const std::string good = dir + "/good.safetensors";
+  sk_trainer_options o = TinyTrainer();
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  ASSERT_OK(sk_trainer_step(t, nullptr));
+  ASSERT_OK(sk_trainer_save_state_dict(t, good.c_str(), SK_WEIGHT_LAYOUT_SHARDKIT));
+  ASSERT_OK(sk_trainer_step(t, nullptr));
+  float before = 0, after = 0;
+  ASSERT_OK(sk_trainer_evaluate(t, 1, &before));
+  int64_t step = -1;
+
+  EXPECT_STATUS(SK_STATUS_NOT_FOUND,
+                sk_trainer_load_state_dict(t, (dir + "/missing").c_str(), SK_WEIGHT_LAYOUT_DEFAULT, &step));
+  EXPECT_ERROR_MENTIONS("missing");
+  const std::string garbled = dir + "/garbled.safetensors";
+  std::filesystem::copy_file(good, garbled);
+  {
+    std::fstream f(garbled, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  EXPECT_STATUS(SK_STATUS_DATA_LOSS, sk_trainer_load_state_dict(t, garbled.c_str(), SK_WEIGHT_LAYOUT_DEFAULT, &step));
+  EXPECT_ERROR_MENTIONS("checksum");
+  const std::string truncated = dir + "/truncated.safetensors";
+  std::filesystem::copy_file(good, truncated);
+  std::filesystem::resize_file(truncated, std::filesystem::file_size(good) / 2);
+  EXPECT_STATUS(SK_STATUS_DATA_LOSS, sk_trainer_load_state_dict(t, truncated.c_str(), SK_WEIGHT_LAYOUT_DEFAULT, &step));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT,
+                sk_trainer_load_state_dict(t, good.c_str(), static_cast<sk_weight_layout_t>(9), &step));
+  EXPECT_ERROR_MENTIONS("layout");
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_load_state_dict(t, nullptr, SK_WEIGHT_LAYOUT_DEFAULT, &step));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_save_state_dict(t, nullptr, SK_WEIGHT_LAYOUT_DEFAULT));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_save_state_dict(nullptr, good.c_str(), SK_WEIGHT_LAYOUT_DEFAULT));
+  // Our own names read as Hugging Face's are not GPT-2 tensors.
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_load_state_dict(t, good.c_str(), SK_WEIGHT_LAYOUT_HF_GPT2, &step));
+  EXPECT_ERROR_MENTIONS("embed.wte");
+
+  // Another model's file names the parameter and both shapes.
+  sk_trainer_options bigger = TinyTrainer();
+  bigger.model = "gpt-1m";
+  bigger.data_tokens = 0;
+  sk_trainer* other = nullptr;
+  ASSERT_OK(sk_trainer_create(&bigger, g, &other));
+  const std::string other_file = dir + "/other.safetensors";
+  ASSERT_OK(sk_trainer_save_state_dict(other, other_file.c_str(), SK_WEIGHT_LAYOUT_HF_GPT2));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT,
+                sk_trainer_load_state_dict(t, other_file.c_str(), SK_WEIGHT_LAYOUT_HF_GPT2, &step));
+  EXPECT_ERROR_MENTIONS("transformer.wte.weight");
+  EXPECT_ERROR_MENTIONS("[256, 128]");
+  EXPECT_ERROR_MENTIONS("[64, 32]");
+  sk_trainer_destroy(other);
+  // T5 has no GPT-2 names.
+  sk_trainer_options t5 = TinyTrainer();
+  t5.model = "t5-tiny";
+  t5.data_tokens = 0;
+  ASSERT_OK(sk_trainer_create(&t5, g, &other));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT,
+                sk_trainer_save_state_dict(other, (dir + "/t5.safetensors").c_str(), SK_WEIGHT_LAYOUT_HF_GPT2));
+  EXPECT_ERROR_MENTIONS("has no hf-gpt2 name");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/t5.safetensors"));
+  sk_trainer_destroy(other);
+
+  EXPECT_EQ(step, -1);  // failures leave out-parameters alone
+  ASSERT_OK(sk_trainer_evaluate(t, 1, &after));
+  EXPECT_EQ(after, before);
+  ASSERT_OK(sk_trainer_load_state_dict(t, good.c_str(), SK_WEIGHT_LAYOUT_DEFAULT, &step));
+  EXPECT_EQ(step, 1);
+  sk_trainer_destroy(t);
+  sk_process_group_destroy(g);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CapiCheckpoint, LocalSessionReportsTheLowestFailingRankAndBadArguments) {
   sk_trainer_options o = TinyTrainer();
   sk_local_session* s = nullptr;
@@ -1066,6 +1211,38 @@ TEST_F(CapiEngineTest, ReadParamChecksCountAndMatchesGatheredValues) {
   EXPECT_EQ(units, 1);
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_clip_grad_norm(engine_, -1.0, nullptr));
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_clip_grad_norm(engine_, NAN, nullptr));
+}
+
+TEST_F(CapiEngineTest, StateDictRestoresParametersAndIsRefusedMidUnit) {
+  const std::string dir = TempDir("engine_state_dict");
+  const std::string file = dir + "/engine.safetensors";
+  std::vector<float> saved(4), now(4);
+  ASSERT_OK(sk_engine_read_param(engine_, 0, 0, saved.data(), 4));
+  ASSERT_OK(sk_engine_save_state_dict(engine_, file.c_str(), SK_WEIGHT_LAYOUT_DEFAULT));
+  // One step with a gradient of ones moves the parameters.
+  ASSERT_OK(sk_engine_pre_forward(engine_, 0));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION,
+                sk_engine_save_state_dict(engine_, file.c_str(), SK_WEIGHT_LAYOUT_DEFAULT));
+  EXPECT_ERROR_MENTIONS("'linear'");
+  ASSERT_OK(sk_engine_post_forward(engine_, 0));
+  ASSERT_OK(sk_engine_pre_backward(engine_, 0));
+  sk_tensor_view gv = SK_TENSOR_VIEW_INIT;
+  ASSERT_OK(sk_engine_grad(engine_, 0, 0, &gv));
+  for (int64_t i = 0; i < gv.numel; ++i) static_cast<float*>(gv.data)[i] += 1.0f;
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION,
+                sk_engine_load_state_dict(engine_, file.c_str(), SK_WEIGHT_LAYOUT_DEFAULT));
+  ASSERT_OK(sk_engine_post_backward(engine_, 0));
+  ASSERT_OK(sk_engine_finish_backward(engine_));
+  ASSERT_OK(sk_engine_optimizer_step(engine_));
+  ASSERT_OK(sk_engine_read_param(engine_, 0, 0, now.data(), 4));
+  EXPECT_NE(now, saved);
+  ASSERT_OK(sk_engine_load_state_dict(engine_, file.c_str(), SK_WEIGHT_LAYOUT_DEFAULT));
+  ASSERT_OK(sk_engine_read_param(engine_, 0, 0, now.data(), 4));
+  EXPECT_EQ(now, saved);
+  // The torch layout of these names is the same file ("w" is not a matmul weight name).
+  EXPECT_STATUS(SK_STATUS_NOT_FOUND, sk_engine_load_state_dict(engine_, (dir + "/none").c_str(), SK_WEIGHT_LAYOUT_TORCH));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_load_state_dict(engine_, nullptr, SK_WEIGHT_LAYOUT_DEFAULT));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(CapiEngineTest, NoSyncBackwardsAccumulateUntilTheSyncedOne) {
