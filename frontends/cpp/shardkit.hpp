@@ -194,6 +194,16 @@ class Trainer : public detail::Owner<sk_trainer, sk_trainer_destroy> {
     Check(sk_trainer_load_checkpoint(get(), dir.c_str(), &step));
     return step;
   }
+  // One safetensors file in `layout` (sk_trainer_save_state_dict). Collective.
+  void SaveStateDict(const std::string& path, sk_weight_layout_t layout = SK_WEIGHT_LAYOUT_SHARDKIT) {
+    Check(sk_trainer_save_state_dict(get(), path.c_str(), layout));
+  }
+  // Collective; returns the step count afterwards. On error nothing changed.
+  int64_t LoadStateDict(const std::string& path, sk_weight_layout_t layout = SK_WEIGHT_LAYOUT_SHARDKIT) {
+    int64_t step = 0;
+    Check(sk_trainer_load_state_dict(get(), path.c_str(), layout, &step));
+    return step;
+  }
 
  private:
   static sk_trainer* Create(const sk_trainer_options& options, sk_process_group* group) {
@@ -238,6 +248,15 @@ class LocalSession : public detail::Owner<sk_local_session, sk_local_session_des
   int64_t LoadCheckpoint(const std::string& dir) {
     int64_t step = 0;
     Check(sk_local_session_load_checkpoint(get(), dir.c_str(), &step));
+    return step;
+  }
+  void SaveStateDict(const std::string& path, sk_weight_layout_t layout = SK_WEIGHT_LAYOUT_SHARDKIT) {
+    Check(sk_local_session_save_state_dict(get(), path.c_str(), layout));
+  }
+  // Returns the step count afterwards; on error no rank changed.
+  int64_t LoadStateDict(const std::string& path, sk_weight_layout_t layout = SK_WEIGHT_LAYOUT_SHARDKIT) {
+    int64_t step = 0;
+    Check(sk_local_session_load_state_dict(get(), path.c_str(), layout, &step));
     return step;
   }
 
@@ -337,6 +356,13 @@ class Engine : public detail::Owner<sk_engine, sk_engine_destroy> {
   }
   void OptimizerStep() { Check(sk_engine_optimizer_step(get())); }
   void ZeroGrad() { Check(sk_engine_zero_grad(get())); }
+  // Full state dicts of the units (sk_engine_save_state_dict). Collective.
+  void SaveStateDict(const std::string& path, sk_weight_layout_t layout = SK_WEIGHT_LAYOUT_SHARDKIT) {
+    Check(sk_engine_save_state_dict(get(), path.c_str(), layout));
+  }
+  void LoadStateDict(const std::string& path, sk_weight_layout_t layout = SK_WEIGHT_LAYOUT_SHARDKIT) {
+    Check(sk_engine_load_state_dict(get(), path.c_str(), layout));
+  }
   std::vector<float> ReadParam(int32_t unit, int32_t param, int64_t numel) {
     std::vector<float> out(static_cast<size_t>(numel > 0 ? numel : 0));
     Check(sk_engine_read_param(get(), unit, param, out.data(), numel));

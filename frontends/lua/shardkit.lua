@@ -210,13 +210,32 @@ function M.estimate_memory(options, world_size)
   return t
 end
 
--- Checkpoint methods shared by trainers and local sessions: save(dir), and
--- load(dir) returning the restored step count.
-local function checkpoint_methods(save, load, methods)
-  methods.save_checkpoint = function(self, dir) check(save(self.h, dir)) end
+-- A layout name ("shardkit", "torch", "hf-gpt2"; nil = shardkit) as its
+-- sk_weight_layout_t.
+local function weight_layout(name)
+  if name == nil then return lib.SK_WEIGHT_LAYOUT_DEFAULT end
+  local out = ffi.new("sk_weight_layout_t[1]")
+  check(lib.sk_parse_weight_layout(name, out))
+  return out[0]
+end
+
+-- Checkpoint methods shared by trainers and local sessions (`prefix` names
+-- their C functions): save_checkpoint(dir), load_checkpoint(dir) returning the
+-- restored step count, save_state_dict(path[, layout]) and
+-- load_state_dict(path[, layout]) returning the step count afterwards.
+local function checkpoint_methods(prefix, methods)
+  methods.save_checkpoint = function(self, dir) check(lib[prefix .. "_save_checkpoint"](self.h, dir)) end
   methods.load_checkpoint = function(self, dir)
     local out = ffi.new("int64_t[1]")
-    check(load(self.h, dir, out))
+    check(lib[prefix .. "_load_checkpoint"](self.h, dir, out))
+    return tonumber(out[0])
+  end
+  methods.save_state_dict = function(self, path, layout)
+    check(lib[prefix .. "_save_state_dict"](self.h, path, weight_layout(layout)))
+  end
+  methods.load_state_dict = function(self, path, layout)
+    local out = ffi.new("int64_t[1]")
+    check(lib[prefix .. "_load_state_dict"](self.h, path, weight_layout(layout), out))
     return tonumber(out[0])
   end
   return methods
@@ -224,7 +243,7 @@ end
 
 -- Trainer.
 local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy,
-                            checkpoint_methods(lib.sk_trainer_save_checkpoint, lib.sk_trainer_load_checkpoint, {
+                            checkpoint_methods("sk_trainer", {
   step = function(self)
     local m = new_metrics()
     check(lib.sk_trainer_step(self.h, m))
@@ -253,8 +272,7 @@ end
 
 -- Local session: N ranks on library threads behind one handle.
 local LocalSession = handle_type("sk_local_session", lib.sk_local_session_destroy,
-                                 checkpoint_methods(lib.sk_local_session_save_checkpoint,
-                                                    lib.sk_local_session_load_checkpoint, {
+                                 checkpoint_methods("sk_local_session", {
   -- One step on every rank; returns rank 0's metrics as a table.
   step = function(self)
     local m = new_metrics()
@@ -360,6 +378,13 @@ local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
   end,
   optimizer_step = function(self) check(lib.sk_engine_optimizer_step(self.h)) end,
   zero_grad = function(self) check(lib.sk_engine_zero_grad(self.h)) end,
+  -- Full state dicts of the units; layout as for trainers (nil = shardkit).
+  save_state_dict = function(self, path, layout)
+    check(lib.sk_engine_save_state_dict(self.h, path, weight_layout(layout)))
+  end,
+  load_state_dict = function(self, path, layout)
+    check(lib.sk_engine_load_state_dict(self.h, path, weight_layout(layout)))
+  end,
   -- The full parameter as a Lua array of numbers.
   read_param = function(self, unit, param, numel)
     local buf = ffi.new("float[?]", math.max(numel, 1))

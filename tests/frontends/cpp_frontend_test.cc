@@ -100,6 +100,30 @@ TEST(CppFrontend, CheckpointsResumeASessionAndFailuresThrow) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(CppFrontend, StateDictsResumeASessionAndImportHuggingFaceLayout) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string base = std::string(tmp != nullptr ? tmp : "/tmp") + "/cpp_frontend_sd";
+  shardkit::LocalSession session(Tiny(), 2);
+  session.Step();
+  session.SaveStateDict(base + ".safetensors");
+  session.SaveStateDict(base + "-hf.safetensors", SK_WEIGHT_LAYOUT_HF_GPT2);
+  const float weights = session.Evaluate(1);
+  const float next = session.Step().loss;
+  shardkit::LocalSession resumed(Tiny(), 2);
+  EXPECT_EQ(resumed.LoadStateDict(base + ".safetensors"), 1);
+  EXPECT_EQ(resumed.Step().loss, next);
+  EXPECT_EQ(resumed.LoadStateDict(base + "-hf.safetensors", SK_WEIGHT_LAYOUT_HF_GPT2), 0);
+  EXPECT_EQ(resumed.Evaluate(1), weights);
+  try {
+    resumed.LoadStateDict(base + ".safetensors", SK_WEIGHT_LAYOUT_HF_GPT2);
+    FAIL() << "expected an Error";
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_INVALID_ARGUMENT);
+  }
+  std::filesystem::remove(base + ".safetensors");
+  std::filesystem::remove(base + "-hf.safetensors");
+}
+
 TEST(CppFrontend, DdpTrainerStepsAndTheEstimatorCoversIt) {
   sk_trainer_options o = Tiny();
   o.parallelism = SK_PARALLELISM_DDP;

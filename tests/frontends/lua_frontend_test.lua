@@ -26,8 +26,8 @@ local function expect_error(code_name, text, fn, ...)
 end
 
 test("version is the library's", function()
-  assert(sk.version() == "0.3.0", sk.version())
-  assert(sk.version_number() == 3000, sk.version_number())
+  assert(sk.version() == "0.4.0", sk.version())
+  assert(sk.version_number() == 4000, sk.version_number())
 end)
 
 test("errors carry code, name and the library's message", function()
@@ -93,6 +93,28 @@ test("a session checkpoint resumes the run; a missing one is NOT_FOUND", functio
   resumed:close()
   t:close()
   os.execute("rm -rf '" .. dir .. "'")
+end)
+
+test("state dicts resume a session and import Hugging Face GPT-2 layout", function()
+  local base = (os.getenv("TEST_TMPDIR") or "/tmp") .. "/lua_frontend_sd"
+  local options = {model = "gpt-tiny", data_tokens = 64}
+  local s = sk.local_session(options, 2)
+  s:step()
+  s:save_state_dict(base .. ".safetensors")
+  s:save_state_dict(base .. "-hf.safetensors", "hf-gpt2")
+  local weights = s:evaluate(1)
+  local next_loss = s:step().loss
+  local resumed = sk.local_session(options, 2)
+  assert(resumed:load_state_dict(base .. "-hf.safetensors", "hf-gpt2") == 0)
+  assert(resumed:evaluate(1) == weights)
+  assert(resumed:load_state_dict(base .. ".safetensors") == 1)
+  assert(resumed:step().loss == next_loss)
+  expect_error("INVALID_ARGUMENT", "embed.wte", resumed.load_state_dict, resumed, base .. ".safetensors", "hf-gpt2")
+  expect_error("INVALID_ARGUMENT", "hf-gpt2", resumed.load_state_dict, resumed, base .. ".safetensors", "gpt2")
+  s:close()
+  resumed:close()
+  os.remove(base .. ".safetensors")
+  os.remove(base .. "-hf.safetensors")
 end)
 
 test("DDP by name, and the memory estimate", function()

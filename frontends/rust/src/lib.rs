@@ -64,6 +64,27 @@ impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// The names and tensor layout of a state dict file (sk_weight_layout_t).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// shardkit's own names and [in, out] matmul weights, with optimizer state and step.
+    Shardkit,
+    /// The same names, matmul weights [out, in] as torch.nn.Linear; weights only.
+    Torch,
+    /// Hugging Face GPT2LMHeadModel names and layout; weights only.
+    HfGpt2,
+}
+
+impl WeightLayout {
+    fn raw(self) -> sys::sk_weight_layout_t {
+        match self {
+            WeightLayout::Shardkit => sys::SK_WEIGHT_LAYOUT_SHARDKIT,
+            WeightLayout::Torch => sys::SK_WEIGHT_LAYOUT_TORCH,
+            WeightLayout::HfGpt2 => sys::SK_WEIGHT_LAYOUT_HF_GPT2,
+        }
+    }
+}
+
 /// `Ok(())` for SK_STATUS_OK, else this thread's last error.
 fn check(code: sys::sk_status_t) -> Result<()> {
     if code == sys::SK_STATUS_OK {
@@ -94,7 +115,7 @@ fn opt_ptr(s: &Option<CString>) -> *const c_char {
     s.as_ref().map_or(ptr::null(), |c| c.as_ptr())
 }
 
-/// The loaded library's version ("0.3.0").
+/// The loaded library's version ("0.4.0").
 pub fn version() -> String {
     unsafe { CStr::from_ptr(sys::sk_version()) }.to_string_lossy().into_owned()
 }
@@ -379,6 +400,19 @@ impl Trainer {
         check(unsafe { sys::sk_trainer_load_checkpoint(self.raw, dir.as_ptr(), &mut step) })?;
         Ok(step)
     }
+    /// Writes one safetensors file of the whole model in `layout` (collective).
+    pub fn save_state_dict(&mut self, path: impl AsRef<Path>, layout: WeightLayout) -> Result<()> {
+        let path = path_cstring(path.as_ref())?;
+        check(unsafe { sys::sk_trainer_save_state_dict(self.raw, path.as_ptr(), layout.raw()) })
+    }
+    /// Loads a state dict file in `layout` (collective); the step count
+    /// afterwards. On error the trainer is unchanged.
+    pub fn load_state_dict(&mut self, path: impl AsRef<Path>, layout: WeightLayout) -> Result<i64> {
+        let path = path_cstring(path.as_ref())?;
+        let mut step = 0;
+        check(unsafe { sys::sk_trainer_load_state_dict(self.raw, path.as_ptr(), layout.raw(), &mut step) })?;
+        Ok(step)
+    }
 }
 
 impl Drop for Trainer {
@@ -436,6 +470,19 @@ impl LocalSession {
         let dir = path_cstring(dir.as_ref())?;
         let mut step = 0;
         check(unsafe { sys::sk_local_session_load_checkpoint(self.raw, dir.as_ptr(), &mut step) })?;
+        Ok(step)
+    }
+    /// One safetensors file of the whole session's model in `layout`.
+    pub fn save_state_dict(&mut self, path: impl AsRef<Path>, layout: WeightLayout) -> Result<()> {
+        let path = path_cstring(path.as_ref())?;
+        check(unsafe { sys::sk_local_session_save_state_dict(self.raw, path.as_ptr(), layout.raw()) })
+    }
+    /// Loads a state dict file on every rank; the step count afterwards. On
+    /// error no rank changed.
+    pub fn load_state_dict(&mut self, path: impl AsRef<Path>, layout: WeightLayout) -> Result<i64> {
+        let path = path_cstring(path.as_ref())?;
+        let mut step = 0;
+        check(unsafe { sys::sk_local_session_load_state_dict(self.raw, path.as_ptr(), layout.raw(), &mut step) })?;
         Ok(step)
     }
 }
@@ -592,6 +639,16 @@ impl Engine {
     }
     pub fn zero_grad(&mut self) -> Result<()> {
         check(unsafe { sys::sk_engine_zero_grad(self.raw) })
+    }
+    /// One safetensors file of the units' parameters (collective).
+    pub fn save_state_dict(&mut self, path: impl AsRef<Path>, layout: WeightLayout) -> Result<()> {
+        let path = path_cstring(path.as_ref())?;
+        check(unsafe { sys::sk_engine_save_state_dict(self.raw, path.as_ptr(), layout.raw()) })
+    }
+    /// Loads a state dict file (collective); on error nothing changed.
+    pub fn load_state_dict(&mut self, path: impl AsRef<Path>, layout: WeightLayout) -> Result<()> {
+        let path = path_cstring(path.as_ref())?;
+        check(unsafe { sys::sk_engine_load_state_dict(self.raw, path.as_ptr(), layout.raw()) })
     }
     /// The full f32 value of a parameter of `numel` elements (collective).
     pub fn read_param(&mut self, unit: i32, param: i32, numel: usize) -> Result<Vec<f32>> {

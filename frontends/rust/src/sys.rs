@@ -62,6 +62,12 @@ pub const SK_PARALLELISM_DEFAULT: sk_parallelism_t = 0;
 pub const SK_PARALLELISM_FSDP: sk_parallelism_t = 1;
 pub const SK_PARALLELISM_DDP: sk_parallelism_t = 2;
 
+pub type sk_weight_layout_t = i32;
+pub const SK_WEIGHT_LAYOUT_DEFAULT: sk_weight_layout_t = 0;
+pub const SK_WEIGHT_LAYOUT_SHARDKIT: sk_weight_layout_t = 1;
+pub const SK_WEIGHT_LAYOUT_TORCH: sk_weight_layout_t = 2;
+pub const SK_WEIGHT_LAYOUT_HF_GPT2: sk_weight_layout_t = 3;
+
 pub const SK_MAX_DIMS: i32 = 8;
 
 #[repr(C)]
@@ -236,6 +242,7 @@ extern "C" {
     pub fn sk_parse_sharding_strategy(name: *const c_char, out: *mut sk_sharding_strategy_t) -> sk_status_t;
     pub fn sk_parse_backward_prefetch(name: *const c_char, out: *mut sk_backward_prefetch_t) -> sk_status_t;
     pub fn sk_parse_dtype(name: *const c_char, out: *mut sk_dtype_t) -> sk_status_t;
+    pub fn sk_parse_weight_layout(name: *const c_char, out: *mut sk_weight_layout_t) -> sk_status_t;
 
     pub fn sk_process_group_create_local(
         world_size: i32,
@@ -269,6 +276,17 @@ extern "C" {
     pub fn sk_model_num_parameters(model: *const c_char, out_count: *mut i64) -> sk_status_t;
     pub fn sk_trainer_save_checkpoint(trainer: *mut sk_trainer, dir: *const c_char) -> sk_status_t;
     pub fn sk_trainer_load_checkpoint(trainer: *mut sk_trainer, dir: *const c_char, out_step: *mut i64) -> sk_status_t;
+    pub fn sk_trainer_save_state_dict(
+        trainer: *mut sk_trainer,
+        path: *const c_char,
+        layout: sk_weight_layout_t,
+    ) -> sk_status_t;
+    pub fn sk_trainer_load_state_dict(
+        trainer: *mut sk_trainer,
+        path: *const c_char,
+        layout: sk_weight_layout_t,
+        out_step: *mut i64,
+    ) -> sk_status_t;
     pub fn sk_estimate_memory(
         options: *const sk_trainer_options,
         world_size: i32,
@@ -294,6 +312,17 @@ extern "C" {
     pub fn sk_local_session_load_checkpoint(
         session: *mut sk_local_session,
         dir: *const c_char,
+        out_step: *mut i64,
+    ) -> sk_status_t;
+    pub fn sk_local_session_save_state_dict(
+        session: *mut sk_local_session,
+        path: *const c_char,
+        layout: sk_weight_layout_t,
+    ) -> sk_status_t;
+    pub fn sk_local_session_load_state_dict(
+        session: *mut sk_local_session,
+        path: *const c_char,
+        layout: sk_weight_layout_t,
         out_step: *mut i64,
     ) -> sk_status_t;
 
@@ -333,4 +362,6 @@ extern "C" {
         out: *mut f32,
         count: i64,
     ) -> sk_status_t;
+    pub fn sk_engine_save_state_dict(engine: *mut sk_engine, path: *const c_char, layout: sk_weight_layout_t) -> sk_status_t;
+    pub fn sk_engine_load_state_dict(engine: *mut sk_engine, path: *const c_char, layout: sk_weight_layout_t) -> sk_status_t;
 }

@@ -3,7 +3,7 @@
 //! as Results instead of unwinding through C.
 use shardkit::{
     run_local_ranks, sys, Engine, EngineOptions, Group, LocalSession, ModelSpec, OptimizerOptions, ParamSpec,
-    ProcessGroup, Trainer, TrainerOptions,
+    ProcessGroup, Trainer, TrainerOptions, WeightLayout,
 };
 
 fn tiny() -> TrainerOptions {
@@ -12,8 +12,8 @@ fn tiny() -> TrainerOptions {
 
 #[test]
 fn version_is_the_librarys() {
-    assert_eq!(shardkit::version(), "0.3.0");
-    assert_eq!(shardkit::version_number(), 3000);
+    assert_eq!(shardkit::version(), "0.4.0");
+    assert_eq!(shardkit::version_number(), 4000);
 }
 
 #[test]
@@ -75,6 +75,32 @@ fn checkpoints_resume_a_session_and_report_failures() {
     let e = trainer.load_checkpoint(dir.join("missing")).unwrap_err();
     assert_eq!(e.code, sys::SK_STATUS_NOT_FOUND, "{}", e);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn state_dicts_resume_a_session_and_import_hugging_face_layout() {
+    let base = std::env::var_os("TEST_TMPDIR").map_or_else(std::env::temp_dir, std::path::PathBuf::from);
+    let file = base.join(format!("rust_frontend_sd_{}.safetensors", std::process::id()));
+    let hf = base.join(format!("rust_frontend_sd_{}-hf.safetensors", std::process::id()));
+    let mut session = LocalSession::new(&tiny(), 2, None).unwrap();
+    session.step().unwrap();
+    session.save_state_dict(&file, WeightLayout::Shardkit).unwrap();
+    session.save_state_dict(&hf, WeightLayout::HfGpt2).unwrap();
+    let weights = session.evaluate(1).unwrap();
+    let next = session.step().unwrap().loss;
+    let mut resumed = LocalSession::new(&tiny(), 2, None).unwrap();
+    assert_eq!(resumed.load_state_dict(&hf, WeightLayout::HfGpt2).unwrap(), 0);
+    assert_eq!(resumed.evaluate(1).unwrap(), weights);
+    assert_eq!(resumed.load_state_dict(&file, WeightLayout::Shardkit).unwrap(), 1);
+    assert_eq!(resumed.step().unwrap().loss, next);
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let mut trainer = Trainer::new(&tiny(), &groups[0]).unwrap();
+    assert_eq!(trainer.load_state_dict(&hf, WeightLayout::HfGpt2).unwrap(), 0);
+    let e = trainer.load_state_dict(&file, WeightLayout::HfGpt2).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+    assert!(e.message.contains("embed.wte"), "{}", e);
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(&hf);
 }
 
 #[test]
