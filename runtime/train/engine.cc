@@ -296,6 +296,9 @@ Status FsdpEngine::ReadParam(int unit, int param, float* out, int64_t count) {
 }
 
 Status FsdpEngine::CheckIdle(const char* what) const {
+  if (allocator_->device().kind == DeviceKind::kSim) {
+    return FailedPreconditionError(std::string(what) + ": a sim device's tensors hold no data");
+  }
   for (int u = 0; u < num_units(); ++u) {
     if (!params_[u].empty() || !grads_[u].empty()) {
       return FailedPreconditionError(std::string(what) + " while unit '" + units_[u].name +

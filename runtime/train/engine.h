@@ -154,7 +154,7 @@ class FsdpEngine {
   // A full state dict of the units (runtime/fsdp/checkpoint.h): every
   // parameter in full as "<unit>.<param>" in `layout`, and in the shardkit
   // layout the optimizer state. Rank 0 writes. Collective; FailedPrecondition
-  // while a unit is between a Pre call and its Post call.
+  // while a unit is between a Pre call and its Post call, and on a sim device.
   Status SaveFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
   // Loads one (any world size and strategy); optimizer state is restored when
   // the file has it. Collective; FailedPrecondition as above; on error

@@ -175,7 +175,8 @@ class Trainer {
   // durably) with every parameter in full, in `layout` (weight_layout.h); in
   // the shardkit layout also the optimizer state and the step counter, so a
   // load resumes exactly. Collective. Errors as SaveFullStateDict
-  // (runtime/fsdp/checkpoint.h); Unimplemented under kDdp.
+  // (runtime/fsdp/checkpoint.h); Unimplemented under kDdp, FailedPrecondition
+  // on a sim device.
   Status SaveFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
   // Loads a full state dict in `layout` at any world size and strategy, and
   // sets steps() to the step it records (0 for weights from other tools).
