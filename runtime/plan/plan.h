@@ -189,6 +189,21 @@ void RankResults(std::vector<CandidateResult>* results);
 StatusOr<PlanResult> PlanWith(const PlanRequest& request, const std::string& profile_name,
                               int64_t device_memory_bytes, const SimulateFn& simulate);
 
+// The production simulator of one candidate: SimulateTraining
+// (runtime/train/sim_run.h) of the request's model on a simulated world of
+// request.gpus ranks (request.gpus_per_node per node) with the request's
+// profile, warmup and measured steps. For an out-of-memory candidate,
+// required_bytes is the memory estimator's peak (runtime/fsdp/
+// memory_estimator.h) when it exceeds what the simulation reached, so that
+// configurations that do not fit rank by how far off they are. Errors: the
+// simulator's (Unimplemented for CPU offload on sim, say).
+StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& request, const Candidate& candidate,
+                                             const std::string& trace_path);
+
+// The plan: PlanWith(request, the profile's name and memory, SimulateCandidate).
+// Errors: InvalidArgument/NotFound for the request or the profile.
+StatusOr<PlanResult> Plan(const PlanRequest& request);
+
 // The ranked table: a header naming the model, cluster, batch and "simulated,
 // profile <name>", the first `top` rows (0: all), the best candidate of every
 // strategy not among them, and the recommendation.

@@ -1,0 +1,72 @@
+// The planner's production path: every candidate through SimulateTraining.
+#include <algorithm>
+
+#include "runtime/fsdp/memory_estimator.h"
+#include "runtime/nn/configs.h"
+#include "runtime/plan/plan.h"
+#include "runtime/sim/profile.h"
+#include "runtime/train/sim_run.h"
+
+namespace sk::plan {
+
+StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candidate& c,
+                                             const std::string& trace_path) {
+  SimRunOptions o;
+  TrainerOptions& t = o.trainer;
+  t.model = r.model;
+  t.parallelism = c.parallelism;
+  t.fsdp = c.fsdp;
+  t.optimizer = r.optimizer;
+  t.batch_size = r.batch_size;
+  t.seq_len = r.seq_len;
+  t.source_len = r.source_len;
+  t.activation_checkpointing = c.activation_checkpointing;
+  t.device.kind = DeviceKind::kSim;
+  t.device.sim_profile = r.profile;
+  t.device.sim_world_size = r.gpus;
+  t.device.sim_gpus_per_node = r.gpus_per_node;
+  o.warmup_steps = r.warmup_steps;
+  o.steps = r.steps;
+  o.trace_path = trace_path;
+  SK_ASSIGN_OR_RETURN(SimStepReport s, SimulateTraining(o));
+  CandidateMetrics m;
+  m.step_seconds = s.step_seconds;
+  m.peak_allocated_bytes = static_cast<int64_t>(s.peak_allocated_bytes);
+  m.peak_reserved_bytes = static_cast<int64_t>(s.peak_reserved_bytes);
+  m.alloc_retries = s.alloc_retries;
+  m.out_of_memory = s.out_of_memory;
+  m.oom_detail = s.oom_detail;
+  m.tflops_per_gpu = s.tflops_per_gpu;
+  m.mfu = s.mfu;
+  m.exposed_comm_seconds = s.exposed_comm_seconds;
+  if (m.out_of_memory) {
+    MemoryEstimateRequest e;
+    SK_ASSIGN_OR_RETURN(e.model, FindModelConfig(r.model));
+    e.fsdp = c.fsdp;
+    if (c.fsdp.strategy == ShardingStrategy::kHybridShard ||
+        c.fsdp.strategy == ShardingStrategy::kHybridShardGradOp) {
+      e.fsdp.shard_group_size = c.fsdp.shard_group_size;
+    }
+    e.optimizer = r.optimizer;
+    e.world_size = r.gpus;
+    e.batch_size = r.batch_size;
+    e.seq_len = r.seq_len;
+    e.source_len = r.source_len;
+    e.activation_checkpointing = c.activation_checkpointing;
+    e.ddp = c.parallelism == Parallelism::kDdp;
+    StatusOr<MemoryEstimate> est = EstimatePeakMemory(e);
+    if (est.ok()) {
+      m.required_bytes = std::max(est->peak_bytes, std::max(m.peak_allocated_bytes, m.peak_reserved_bytes));
+    }
+  }
+  return m;
+}
+
+StatusOr<PlanResult> Plan(const PlanRequest& request) {
+  SK_RETURN_IF_ERROR(ValidatePlanRequest(request));
+  SK_ASSIGN_OR_RETURN(sim::SimProfile profile, sim::LoadProfile(request.profile));
+  return PlanWith(request, profile.name, static_cast<int64_t>(profile.device.memory_bytes),
+                  SimulateCandidate);
+}
+
+}  // namespace sk::plan
