@@ -1,6 +1,6 @@
 // The planner's command line (docs/planner.md):
 //
-//   bazel run //tools:plan -- --model=t5-11b --gpus=512 --gpus_per_node=8 \
+//   bazel run //tools:plan -- --model=t5-11b --gpus=512 --gpus_per_node=8
 //       --profile=a100-80g --batch=8 [--json] [--trace=FILE] [--top=N]
 //
 // simulates one training step of every candidate configuration on the sim
