@@ -14,7 +14,7 @@
 // The files: abi.cc (this support, status, version, parsing),
 // options.cc (the option and result structs), process_group.cc,
 // trainer.cc (trainer, memory estimate, local session), engine.cc (model
-// spec and the low-level engine).
+// spec and the low-level engine), plan.cc (the planner).
 #ifndef SHARDKIT_CAPI_ABI_H_
 #define SHARDKIT_CAPI_ABI_H_
 

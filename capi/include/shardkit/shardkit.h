@@ -641,6 +641,108 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_load_state_dict(sk_local_ses
                                                                     int64_t* out_step);
 
 /* ------------------------------------------------------------------------ */
+/* The planner: which configuration, simulated before launch                 */
+/* ------------------------------------------------------------------------ */
+
+/* What to plan (docs/planner.md). The planner simulates one training step of
+ * every candidate configuration (DDP and the six FSDP strategies, the hybrid
+ * shard-group size, backward/forward prefetch, the rate limit, activation
+ * checkpointing, CPU offload, param/reduce dtypes) on the simulator with a
+ * hardware profile, and ranks them: those that fit by step time, then those
+ * out of memory by the memory they need. Nothing runs on a real device. */
+typedef struct sk_plan_request {
+  size_t struct_size;
+  const char* model;         /* a named config ("t5-11b", "gpt-175b"); required */
+  const char* profile;       /* "a100-80g", "h100-80g", "cpu-local" or a .json path;
+                                NULL = "a100-80g" */
+  int32_t gpus;              /* GPUs in the simulated cluster; 0 = 8 */
+  int32_t gpus_per_node;     /* 0 = 8 */
+  int64_t batch_size;        /* sequences per GPU per step; 0 = 1 */
+  int64_t seq_len;           /* 0 = the model's */
+  int64_t source_len;        /* encoder-decoder; 0 = the model's */
+  /* Restrictions of the candidate space, comma-separated; NULL or "" = the
+   * whole dimension. strategies: "DDP,FULL_SHARD,SHARD_GRAD_OP,SHARD_OPTIM,
+   * NO_SHARD,HYBRID_SHARD,HYBRID_SHARD_GRAD_OP"; dtypes: param[/reduce]
+   * pairs, "f32,bf16,bf16/f32". */
+  const char* strategies;
+  const char* dtypes;
+  /* 0 = both, 1 = off only, 2 = on only. */
+  int32_t activation_checkpointing;
+  int32_t cpu_offload;
+  /* When not NULL, a Chrome trace (JSON, virtual time) of the recommended
+   * configuration's simulated step is written to this path. */
+  const char* trace_path;
+} sk_plan_request;
+
+#define SK_PLAN_REQUEST_INIT {sizeof(sk_plan_request), NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, NULL}
+
+/* One ranked candidate (sk_plan_result_candidate copies it out). Strings are
+ * owned by the result and valid until sk_plan_result_free. */
+typedef struct sk_plan_candidate {
+  size_t struct_size;     /* set by the caller (SK_PLAN_CANDIDATE_INIT) */
+  const char* label;      /* "FULL_SHARD bwd=PRE limit=2 ckpt bf16" */
+  sk_parallelism_t parallelism;
+  sk_sharding_strategy_t strategy;           /* FSDP's (unset for DDP) */
+  int32_t shard_group_size;                  /* hybrid strategies; else 0 */
+  sk_backward_prefetch_t backward_prefetch;
+  int32_t forward_prefetch;
+  int32_t rate_limit;                        /* all_gather_limit; -1 = off */
+  int32_t activation_checkpointing;
+  int32_t cpu_offload;
+  sk_dtype_t param_dtype;
+  sk_dtype_t reduce_dtype;
+  int32_t fits;           /* simulated without error and within memory */
+  int32_t out_of_memory;
+  const char* error;      /* why the simulation failed otherwise; NULL if it did not */
+  int64_t peak_allocated_bytes;  /* per GPU */
+  int64_t peak_reserved_bytes;
+  int64_t alloc_retries;
+  int64_t required_bytes;        /* out of memory: the memory it needs (estimate); else 0 */
+  double step_seconds;           /* simulated; 0 when it did not fit */
+  double tflops_per_gpu;
+  double mfu;
+  double exposed_comm_seconds;
+} sk_plan_candidate;
+
+#define SK_PLAN_CANDIDATE_INIT {sizeof(sk_plan_candidate), NULL, SK_PARALLELISM_DEFAULT, SK_SHARDING_DEFAULT, 0, \
+                                SK_BACKWARD_PREFETCH_DEFAULT, 0, 0, 0, 0, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, 0, 0, \
+                                NULL, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0}
+
+/* A plan, allocated by sk_plan and released by sk_plan_result_free. The
+ * library sets struct_size to the size it allocated (fields are only ever
+ * appended: read only those your header declares). Strings have the
+ * lifetime of the result. */
+typedef struct sk_plan_result {
+  size_t struct_size;
+  const char* profile;            /* the profile's name as loaded */
+  int64_t device_memory_bytes;    /* memory per GPU of the profile */
+  int32_t num_candidates;
+  int32_t recommended;            /* index of the recommendation (0), or -1: nothing fits */
+  const char* recommendation;     /* one sentence */
+  const char* table;              /* the ranked table as //tools:plan prints it (20 rows
+                                     and the best of every other strategy) */
+  const char* json;               /* every candidate, ranked, as JSON */
+} sk_plan_result;
+
+/* Simulates every candidate and ranks them into a new result in
+ * *out_result. The same request gives byte-identical table and JSON.
+ * Returns when done (GPT-175B on 512 GPUs takes seconds). Errors:
+ * INVALID_ARGUMENT for a bad request (naming the field), NOT_FOUND for an
+ * unknown model or profile. A candidate that fails to simulate is part of
+ * the result (its `error`), not an error of the call. Thread-safe with
+ * respect to other sk_plan calls only when neither writes a trace; it uses
+ * the simulated device sim:0, so it must not run concurrently with a
+ * simulated trainer. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_plan(const sk_plan_request* request, sk_plan_result** out_result);
+/* Candidate `index` (0 = the best; OUT_OF_RANGE beyond num_candidates) into
+ * *out (its struct_size set by the caller; only the fields it has room for
+ * are written). Thread-safe. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_plan_result_candidate(const sk_plan_result* result, int32_t index,
+                                                            sk_plan_candidate* out);
+/* Releases a result and its strings. Accepts NULL. */
+SK_EXPORT void sk_plan_result_free(sk_plan_result* result);
+
+/* ------------------------------------------------------------------------ */
 /* Low level: a model the caller computes                                    */
 /* ------------------------------------------------------------------------ */
 
@@ -870,6 +972,32 @@ SK_LAYOUT_ASSERT(offsetof(sk_engine_options, fsdp) == 8 && offsetof(sk_engine_op
 SK_LAYOUT_ASSERT(offsetof(sk_tensor_view, data) == 8 && offsetof(sk_tensor_view, dtype) == 16 &&
                  offsetof(sk_tensor_view, ndim) == 20 && offsetof(sk_tensor_view, shape) == 24 &&
                  offsetof(sk_tensor_view, numel) == 32 && sizeof(sk_tensor_view) == 40, "sk_tensor_view layout");
+SK_LAYOUT_ASSERT(offsetof(sk_plan_request, model) == 8 && offsetof(sk_plan_request, profile) == 16 &&
+                 offsetof(sk_plan_request, gpus) == 24 && offsetof(sk_plan_request, gpus_per_node) == 28 &&
+                 offsetof(sk_plan_request, batch_size) == 32 && offsetof(sk_plan_request, seq_len) == 40 &&
+                 offsetof(sk_plan_request, source_len) == 48 && offsetof(sk_plan_request, strategies) == 56 &&
+                 offsetof(sk_plan_request, dtypes) == 64 &&
+                 offsetof(sk_plan_request, activation_checkpointing) == 72 &&
+                 offsetof(sk_plan_request, cpu_offload) == 76 && offsetof(sk_plan_request, trace_path) == 80 &&
+                 sizeof(sk_plan_request) == 88, "sk_plan_request layout");
+SK_LAYOUT_ASSERT(offsetof(sk_plan_candidate, label) == 8 && offsetof(sk_plan_candidate, parallelism) == 16 &&
+                 offsetof(sk_plan_candidate, strategy) == 20 && offsetof(sk_plan_candidate, shard_group_size) == 24 &&
+                 offsetof(sk_plan_candidate, backward_prefetch) == 28 &&
+                 offsetof(sk_plan_candidate, forward_prefetch) == 32 && offsetof(sk_plan_candidate, rate_limit) == 36 &&
+                 offsetof(sk_plan_candidate, activation_checkpointing) == 40 &&
+                 offsetof(sk_plan_candidate, cpu_offload) == 44 && offsetof(sk_plan_candidate, param_dtype) == 48 &&
+                 offsetof(sk_plan_candidate, reduce_dtype) == 52 && offsetof(sk_plan_candidate, fits) == 56 &&
+                 offsetof(sk_plan_candidate, out_of_memory) == 60 && offsetof(sk_plan_candidate, error) == 64 &&
+                 offsetof(sk_plan_candidate, peak_allocated_bytes) == 72 &&
+                 offsetof(sk_plan_candidate, peak_reserved_bytes) == 80 &&
+                 offsetof(sk_plan_candidate, alloc_retries) == 88 && offsetof(sk_plan_candidate, required_bytes) == 96 &&
+                 offsetof(sk_plan_candidate, step_seconds) == 104 && offsetof(sk_plan_candidate, tflops_per_gpu) == 112 &&
+                 offsetof(sk_plan_candidate, mfu) == 120 && offsetof(sk_plan_candidate, exposed_comm_seconds) == 128 &&
+                 sizeof(sk_plan_candidate) == 136, "sk_plan_candidate layout");
+SK_LAYOUT_ASSERT(offsetof(sk_plan_result, profile) == 8 && offsetof(sk_plan_result, device_memory_bytes) == 16 &&
+                 offsetof(sk_plan_result, num_candidates) == 24 && offsetof(sk_plan_result, recommended) == 28 &&
+                 offsetof(sk_plan_result, recommendation) == 32 && offsetof(sk_plan_result, table) == 40 &&
+                 offsetof(sk_plan_result, json) == 48 && sizeof(sk_plan_result) == 56, "sk_plan_result layout");
 #endif /* LP64 */
 #endif /* SK_NO_LAYOUT_ASSERTS */
 

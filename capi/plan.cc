@@ -1,0 +1,173 @@
+// The planner (sk_plan): the request translated to runtime/plan's, the
+// result copied into library-owned C structs.
+#include "capi/abi.h"
+
+#include "runtime/plan/plan.h"
+
+using namespace sk::capi;  // NOLINT: the entry points below are this file's only code
+
+namespace {
+
+// What sk_plan allocates: the C struct the caller sees and everything its
+// pointers point into. Results are looked up by the address of `c`.
+struct PlanResultOwner {
+  sk_plan_result c;
+  std::string profile, recommendation, table, json;
+  std::vector<sk_plan_candidate> candidates;
+  std::vector<std::string> labels, errors;
+};
+
+std::mutex g_results_mu;
+std::unordered_map<const sk_plan_result*, std::unique_ptr<PlanResultOwner>>& Results() {
+  static auto* m = new std::unordered_map<const sk_plan_result*, std::unique_ptr<PlanResultOwner>>();
+  return *m;
+}
+
+const PlanResultOwner* FindResult(const sk_plan_result* r) {
+  std::lock_guard<std::mutex> lock(g_results_mu);
+  auto it = Results().find(r);
+  return it == Results().end() ? nullptr : it->second.get();
+}
+
+sk::StatusOr<std::vector<bool>> Both(int32_t v, const char* field) {
+  switch (v) {
+    case 0: return std::vector<bool>{};
+    case 1: return std::vector<bool>{false};
+    case 2: return std::vector<bool>{true};
+    default:
+      return sk::InvalidArgumentError(std::string("sk_plan_request.") + field + " must be 0 (both), 1 (off) or 2 (on), not " +
+                                      std::to_string(v));
+  }
+}
+
+sk::StatusOr<sk::plan::PlanRequest> ToPlanRequest(const sk_plan_request* in) {
+  if (in == nullptr) return sk::InvalidArgumentError("request is NULL (use SK_PLAN_REQUEST_INIT)");
+  sk_plan_request c;
+  SK_RETURN_IF_ERROR(ReadStruct(in, "sk_plan_request", &c));
+  if (c.model == nullptr) return sk::InvalidArgumentError("sk_plan_request.model is NULL (a model name is required)");
+  sk::plan::PlanRequest r;
+  r.model = c.model;
+  if (c.profile != nullptr) r.profile = c.profile;
+  if (c.gpus != 0) r.gpus = c.gpus;
+  if (c.gpus_per_node != 0) r.gpus_per_node = c.gpus_per_node;
+  if (c.batch_size != 0) r.batch_size = c.batch_size;
+  r.seq_len = c.seq_len;
+  r.source_len = c.source_len;
+  if (c.strategies != nullptr && c.strategies[0] != '\0') {
+    SK_ASSIGN_OR_RETURN(r.space.strategies, sk::plan::ParseStrategyList(c.strategies));
+  }
+  if (c.dtypes != nullptr && c.dtypes[0] != '\0') {
+    SK_ASSIGN_OR_RETURN(r.space.dtypes, sk::plan::ParseDTypeList(c.dtypes));
+  }
+  SK_ASSIGN_OR_RETURN(r.space.activation_checkpointing, Both(c.activation_checkpointing, "activation_checkpointing"));
+  SK_ASSIGN_OR_RETURN(r.space.cpu_offload, Both(c.cpu_offload, "cpu_offload"));
+  if (c.trace_path != nullptr) r.trace_path = c.trace_path;
+  return r;
+}
+
+}  // namespace
+
+extern "C" {
+
+SK_EXPORT sk_status_t sk_plan(const sk_plan_request* request, sk_plan_result** out_result) {
+  SK_API_BEGIN
+  SK_CHECK(CheckOut(out_result, "out_result"));
+  SK_ASSIGN_OR_FAIL(sk::plan::PlanRequest r, ToPlanRequest(request));
+  SK_ASSIGN_OR_FAIL(sk::plan::PlanResult plan, sk::plan::Plan(r));
+  auto owner = std::make_unique<PlanResultOwner>();
+  owner->profile = plan.profile_name;
+  owner->recommendation = plan.recommendation;
+  owner->table = sk::plan::FormatTable(plan, 20);
+  owner->json = sk::plan::FormatJson(plan);
+  const size_t n = plan.results.size();
+  owner->labels.resize(n);
+  owner->errors.resize(n);
+  owner->candidates.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const sk::plan::CandidateResult& cr = plan.results[i];
+    const sk::plan::Candidate& k = cr.candidate;
+    const sk::plan::CandidateMetrics& m = cr.metrics;
+    owner->labels[i] = k.Label();
+    if (!cr.status.ok()) owner->errors[i] = cr.status.ToString();
+    sk_plan_candidate& c = owner->candidates[i];
+    std::memset(&c, 0, sizeof(c));
+    c.struct_size = sizeof(c);
+    c.label = owner->labels[i].c_str();
+    c.parallelism = k.parallelism == sk::Parallelism::kDdp ? SK_PARALLELISM_DDP : SK_PARALLELISM_FSDP;
+    c.strategy = k.parallelism == sk::Parallelism::kDdp ? SK_SHARDING_DEFAULT
+                                                         : static_cast<sk_sharding_strategy_t>(k.fsdp.strategy);
+    c.shard_group_size = k.fsdp.shard_group_size;
+    c.backward_prefetch = static_cast<sk_backward_prefetch_t>(k.fsdp.backward_prefetch);
+    c.forward_prefetch = k.fsdp.forward_prefetch ? 1 : 0;
+    c.rate_limit = k.fsdp.all_gather_limit;
+    c.activation_checkpointing = k.activation_checkpointing ? 1 : 0;
+    c.cpu_offload = k.fsdp.cpu_offload ? 1 : 0;
+    c.param_dtype = static_cast<sk_dtype_t>(k.fsdp.mixed_precision.param_dtype);
+    c.reduce_dtype = static_cast<sk_dtype_t>(
+        k.fsdp.mixed_precision.reduce_dtype.value_or(k.fsdp.mixed_precision.param_dtype));
+    c.fits = cr.fits() ? 1 : 0;
+    c.out_of_memory = m.out_of_memory ? 1 : 0;
+    c.error = cr.status.ok() ? nullptr : owner->errors[i].c_str();
+    c.peak_allocated_bytes = m.peak_allocated_bytes;
+    c.peak_reserved_bytes = m.peak_reserved_bytes;
+    c.alloc_retries = m.alloc_retries;
+    c.required_bytes = m.required_bytes;
+    c.step_seconds = m.step_seconds;
+    c.tflops_per_gpu = m.tflops_per_gpu;
+    c.mfu = m.mfu;
+    c.exposed_comm_seconds = m.exposed_comm_seconds;
+  }
+  sk_plan_result& c = owner->c;
+  std::memset(&c, 0, sizeof(c));
+  c.struct_size = sizeof(c);
+  c.profile = owner->profile.c_str();
+  c.device_memory_bytes = plan.device_memory_bytes;
+  c.num_candidates = static_cast<int32_t>(n);
+  c.recommended = plan.recommended;
+  c.recommendation = owner->recommendation.c_str();
+  c.table = owner->table.c_str();
+  c.json = owner->json.c_str();
+  sk_plan_result* out = &owner->c;
+  {
+    std::lock_guard<std::mutex> lock(g_results_mu);
+    Results()[out] = std::move(owner);
+  }
+  *out_result = out;
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_plan_result_candidate(const sk_plan_result* result, int32_t index,
+                                               sk_plan_candidate* out) {
+  SK_API_BEGIN
+  if (result == nullptr) return Fail(SK_STATUS_INVALID_ARGUMENT, "result is NULL (expected an sk_plan_result)");
+  SK_CHECK(CheckOutStruct(out, "out"));
+  const PlanResultOwner* owner = FindResult(result);
+  if (owner == nullptr) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT, "result is not a live sk_plan_result (freed, or not from sk_plan)");
+  }
+  const int32_t n = static_cast<int32_t>(owner->candidates.size());
+  if (index < 0 || index >= n) {
+    return Fail(SK_STATUS_OUT_OF_RANGE,
+                "candidate " + std::to_string(index) + " out of range (the plan has " + std::to_string(n) + ")");
+  }
+  WriteStruct(out, owner->candidates[static_cast<size_t>(index)]);
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT void sk_plan_result_free(sk_plan_result* result) {
+  SK_API_VOID_BEGIN
+  if (result == nullptr) return;
+  std::unique_ptr<PlanResultOwner> owner;
+  {
+    std::lock_guard<std::mutex> lock(g_results_mu);
+    auto it = Results().find(result);
+    if (it == Results().end()) return;  // freed twice, or never ours: nothing safe to free
+    owner = std::move(it->second);
+    Results().erase(it);
+  }
+  SK_API_VOID_END
+}
+
+}  // extern "C"
