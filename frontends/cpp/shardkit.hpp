@@ -165,6 +165,40 @@ inline sk_memory_estimate EstimateMemory(const sk_trainer_options& options, int3
   return e;
 }
 
+// A plan (sk_plan): every candidate configuration simulated and ranked.
+// Owns the sk_plan_result; candidates and strings are valid while it lives.
+//   sk_plan_request r = SK_PLAN_REQUEST_INIT;
+//   r.model = "t5-11b"; r.gpus = 512; r.batch_size = 8;
+//   shardkit::Plan plan(r);
+//   std::cout << plan.Table();
+class Plan : public detail::Owner<sk_plan_result, sk_plan_result_free> {
+ public:
+  explicit Plan(const sk_plan_request& request) : Owner(Create(request)) {}
+
+  // The result as the library wrote it (profile, memory, counts, strings).
+  const sk_plan_result& result() const noexcept { return *get(); }
+  int32_t NumCandidates() const noexcept { return get()->num_candidates; }
+  // Index of the recommendation (0), or -1 when nothing fits.
+  int32_t Recommended() const noexcept { return get()->recommended; }
+  std::string Recommendation() const { return get()->recommendation; }
+  std::string Table() const { return get()->table; }
+  std::string Json() const { return get()->json; }
+  // Candidate `index` in ranked order (0 = the best); its strings live as
+  // long as this Plan.
+  sk_plan_candidate Candidate(int32_t index) const {
+    sk_plan_candidate c = SK_PLAN_CANDIDATE_INIT;
+    Check(sk_plan_result_candidate(get(), index, &c));
+    return c;
+  }
+
+ private:
+  static sk_plan_result* Create(const sk_plan_request& request) {
+    sk_plan_result* r = nullptr;
+    Check(sk_plan(&request, &r));
+    return r;
+  }
+};
+
 // One rank's trainer (sk_trainer).
 class Trainer : public detail::Owner<sk_trainer, sk_trainer_destroy> {
  public:

@@ -404,6 +404,60 @@ function M.engine(spec, group, options)
   return Engine(out[0])
 end
 
+-- The planner (sk_plan). `request` is sk_plan_request as a table (model,
+-- profile, gpus, gpus_per_node, batch_size, seq_len, source_len, strategies,
+-- dtypes, trace_path); activation_checkpointing and cpu_offload take "both",
+-- "off" or "on" (or the C values 0/1/2). Returns a plain table: profile,
+-- device_memory_bytes, recommended (1-based index into candidates, or nil when
+-- nothing fits), recommendation, table, json, and candidates in ranked order,
+-- each with the fields of sk_plan_candidate (label and error as strings,
+-- enums as numbers, fits/out_of_memory/... as booleans).
+local both_off_on = {both = 0, off = 1, on = 2}
+local candidate_numbers = {
+  "parallelism", "strategy", "shard_group_size", "backward_prefetch", "rate_limit",
+  "param_dtype", "reduce_dtype", "peak_allocated_bytes", "peak_reserved_bytes",
+  "alloc_retries", "required_bytes", "step_seconds", "tflops_per_gpu", "mfu",
+  "exposed_comm_seconds",
+}
+local candidate_flags = {"forward_prefetch", "activation_checkpointing", "cpu_offload", "fits", "out_of_memory"}
+function M.plan(request)
+  local t = {}
+  for k, v in pairs(request or {}) do
+    if (k == "activation_checkpointing" or k == "cpu_offload") and type(v) == "string" then
+      if both_off_on[v] == nil then
+        invalid_argument(k .. " must be 'both', 'off' or 'on', not '" .. v .. "'", 2)
+      end
+      v = both_off_on[v]
+    end
+    t[k] = v
+  end
+  local anchors = {}
+  local r = to_struct("sk_plan_request", t, anchors)
+  local out = ffi.new("sk_plan_result*[1]")
+  check(lib.sk_plan(r, out))
+  local res = ffi.gc(out[0], lib.sk_plan_result_free)
+  local plan = {
+    profile = ffi.string(res.profile),
+    device_memory_bytes = tonumber(res.device_memory_bytes),
+    recommended = res.recommended >= 0 and res.recommended + 1 or nil,
+    recommendation = ffi.string(res.recommendation),
+    table = ffi.string(res.table),
+    json = ffi.string(res.json),
+    candidates = {},
+  }
+  local c = ffi.new("sk_plan_candidate")
+  for i = 0, res.num_candidates - 1 do
+    c.struct_size = ffi.sizeof(c)
+    check(lib.sk_plan_result_candidate(res, i, c))
+    local e = {label = ffi.string(c.label), error = c.error ~= nil and ffi.string(c.error) or nil}
+    for _, k in ipairs(candidate_numbers) do e[k] = tonumber(c[k]) end
+    for _, k in ipairs(candidate_flags) do e[k] = c[k] ~= 0 end
+    plan.candidates[i + 1] = e
+  end
+  lib.sk_plan_result_free(ffi.gc(res, nil))
+  return plan
+end
+
 -- A number rounded to f32 (as C's (float)x), and back to a Lua number.
 function M.to_f32(x)
   return tonumber(ffi.new("float[1]", x)[0])

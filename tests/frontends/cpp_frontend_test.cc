@@ -180,3 +180,44 @@ TEST(CppFrontend, EngineViewsAreTypedAndLifecycleErrorsThrow) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CppFrontend, PlanRanksCandidatesAndOwnsTheResult) {
+  sk_plan_request r = SK_PLAN_REQUEST_INIT;
+  r.model = "gpt-1m";
+  r.gpus = 8;
+  r.batch_size = 4;
+  r.strategies = "DDP,SHARD_GRAD_OP";
+  r.dtypes = "bf16";
+  r.activation_checkpointing = 1;
+  r.cpu_offload = 1;
+  shardkit::Plan plan(r);
+  // DDP, and SHARD_GRAD_OP without or with forward prefetch at 4 limits.
+  ASSERT_EQ(plan.NumCandidates(), 6);
+  EXPECT_EQ(plan.Recommended(), 0);
+  EXPECT_STREQ(plan.result().profile, "a100-80g");
+  EXPECT_NE(plan.Table().find("simulated, profile a100-80g"), std::string::npos);
+  const sk_plan_candidate best = plan.Candidate(0);
+  EXPECT_EQ(best.fits, 1);
+  EXPECT_NE(plan.Recommendation().find(best.label), std::string::npos);
+  EXPECT_LE(best.step_seconds, plan.Candidate(5).step_seconds);
+  try {
+    plan.Candidate(6);
+    FAIL() << "expected an error";
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_OUT_OF_RANGE);
+  }
+  shardkit::Plan moved = std::move(plan);
+  EXPECT_EQ(moved.NumCandidates(), 6);
+  r.model = "no-such-model";
+  try {
+    shardkit::Plan bad(r);
+    FAIL() << "expected an error";
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_NOT_FOUND);
+    EXPECT_NE(e.message().find("no-such-model"), std::string::npos);
+  }
+}
+
+}  // namespace

@@ -160,5 +160,25 @@ test("engine lifecycle errors and views", function()
   e:close()
 end)
 
+test("plan ranks simulated candidates into plain tables", function()
+  local plan = sk.plan{model = "gpt-1m", gpus = 8, batch_size = 4, strategies = "DDP,SHARD_OPTIM",
+                       dtypes = "bf16", activation_checkpointing = "off", cpu_offload = "off"}
+  assert(plan.profile == "a100-80g", plan.profile)
+  assert(#plan.candidates == 2, #plan.candidates)
+  assert(plan.recommended == 1)
+  local best = plan.candidates[1]
+  assert(best.fits == true and best.out_of_memory == false and best.error == nil)
+  assert(best.step_seconds > 0 and best.step_seconds <= plan.candidates[2].step_seconds)
+  assert(plan.recommendation:find(best.label, 1, true), plan.recommendation)
+  assert(plan.table:find("simulated, profile a100-80g", 1, true))
+  local labels = {plan.candidates[1].label, plan.candidates[2].label}
+  table.sort(labels)
+  assert(labels[1] == "DDP bf16" and labels[2] == "SHARD_OPTIM bf16", labels[1] .. " " .. labels[2])
+  expect_error("INVALID_ARGUMENT", "ZERO4", sk.plan, {model = "gpt-1m", strategies = "ZERO4"})
+  expect_error("INVALID_ARGUMENT", "activation_checkpointing", sk.plan,
+               {model = "gpt-1m", activation_checkpointing = "sometimes"})
+  expect_error("NOT_FOUND", "gpt-9z", sk.plan, {model = "gpt-9z"})
+end)
+
 print(string.format("%d passed, %d failed", passed, failures))
 os.exit(failures == 0 and 0 or 1)
