@@ -28,7 +28,7 @@ use std::marker::PhantomData;
 use std::os::raw::{c_char, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::Mutex;
 
@@ -161,6 +161,153 @@ pub fn estimate_memory(options: &TrainerOptions, world_size: i32) -> Result<Memo
     let mut e = MemoryEstimate { struct_size: std::mem::size_of::<MemoryEstimate>(), ..Default::default() };
     check(options.with_raw(|o| unsafe { sys::sk_estimate_memory(o, world_size, &mut e) })?)?;
     Ok(e)
+}
+
+/// What to plan (`sk_plan_request`): zero and `None` fields take the
+/// library's defaults (profile "a100-80g", 8 GPUs, 8 per node, batch 1, the
+/// model's sequence lengths, the whole candidate space).
+/// `activation_checkpointing` and `cpu_offload`: 0 both, 1 off only, 2 on only.
+#[derive(Clone, Debug, Default)]
+pub struct PlanRequest {
+    pub model: String,
+    pub profile: Option<String>,
+    pub gpus: i32,
+    pub gpus_per_node: i32,
+    pub batch_size: i64,
+    pub seq_len: i64,
+    pub source_len: i64,
+    /// Comma-separated: "DDP,FULL_SHARD,..." (`None`: all).
+    pub strategies: Option<String>,
+    /// Comma-separated param[/reduce] dtypes: "f32,bf16,bf16/f32" (`None`: all).
+    pub dtypes: Option<String>,
+    pub activation_checkpointing: i32,
+    pub cpu_offload: i32,
+    /// Chrome trace of the recommended configuration's simulated step.
+    pub trace_path: Option<PathBuf>,
+}
+
+/// One ranked candidate of a [`Plan`] (`sk_plan_candidate`, owned).
+#[derive(Clone, Debug)]
+pub struct PlanCandidate {
+    pub label: String,
+    /// Why the simulation failed, other than memory.
+    pub error: Option<String>,
+    pub parallelism: sys::sk_parallelism_t,
+    pub strategy: sys::sk_sharding_strategy_t,
+    pub shard_group_size: i32,
+    pub backward_prefetch: sys::sk_backward_prefetch_t,
+    pub forward_prefetch: bool,
+    pub rate_limit: i32,
+    pub activation_checkpointing: bool,
+    pub cpu_offload: bool,
+    pub param_dtype: sys::sk_dtype_t,
+    pub reduce_dtype: sys::sk_dtype_t,
+    pub fits: bool,
+    pub out_of_memory: bool,
+    pub peak_allocated_bytes: i64,
+    pub peak_reserved_bytes: i64,
+    pub alloc_retries: i64,
+    pub required_bytes: i64,
+    pub step_seconds: f64,
+    pub tflops_per_gpu: f64,
+    pub mfu: f64,
+    pub exposed_comm_seconds: f64,
+}
+
+/// A plan (`sk_plan`), copied out of the library's result.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub profile: String,
+    pub device_memory_bytes: i64,
+    /// Index of the recommendation in `candidates` (0), or `None`: nothing fits.
+    pub recommended: Option<usize>,
+    pub recommendation: String,
+    pub table: String,
+    pub json: String,
+    /// Ranked: the fastest that fits first.
+    pub candidates: Vec<PlanCandidate>,
+}
+
+fn owned_str(p: *const c_char) -> String {
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Simulates every candidate configuration of `request` and ranks them
+/// (`sk_plan`); runs nothing on a real device.
+pub fn plan(request: &PlanRequest) -> Result<Plan> {
+    let model = cstring(&request.model, "model")?;
+    let profile = opt_cstring(request.profile.as_deref(), "profile")?;
+    let strategies = opt_cstring(request.strategies.as_deref(), "strategies")?;
+    let dtypes = opt_cstring(request.dtypes.as_deref(), "dtypes")?;
+    let trace = match &request.trace_path {
+        Some(p) => Some(path_cstring(p)?),
+        None => None,
+    };
+    let r = sys::sk_plan_request {
+        struct_size: std::mem::size_of::<sys::sk_plan_request>(),
+        model: model.as_ptr(),
+        profile: opt_ptr(&profile),
+        gpus: request.gpus,
+        gpus_per_node: request.gpus_per_node,
+        batch_size: request.batch_size,
+        seq_len: request.seq_len,
+        source_len: request.source_len,
+        strategies: opt_ptr(&strategies),
+        dtypes: opt_ptr(&dtypes),
+        activation_checkpointing: request.activation_checkpointing,
+        cpu_offload: request.cpu_offload,
+        trace_path: opt_ptr(&trace),
+    };
+    let mut raw: *mut sys::sk_plan_result = std::ptr::null_mut();
+    check(unsafe { sys::sk_plan(&r, &mut raw) })?;
+    // Freed on every path below, errors included.
+    struct Free(*mut sys::sk_plan_result);
+    impl Drop for Free {
+        fn drop(&mut self) {
+            unsafe { sys::sk_plan_result_free(self.0) }
+        }
+    }
+    let owner = Free(raw);
+    let res = unsafe { &*owner.0 };
+    let mut candidates = Vec::with_capacity(res.num_candidates.max(0) as usize);
+    for i in 0..res.num_candidates {
+        let mut c: sys::sk_plan_candidate = unsafe { std::mem::zeroed() };
+        c.struct_size = std::mem::size_of::<sys::sk_plan_candidate>();
+        check(unsafe { sys::sk_plan_result_candidate(owner.0, i, &mut c) })?;
+        candidates.push(PlanCandidate {
+            label: owned_str(c.label),
+            error: if c.error.is_null() { None } else { Some(owned_str(c.error)) },
+            parallelism: c.parallelism,
+            strategy: c.strategy,
+            shard_group_size: c.shard_group_size,
+            backward_prefetch: c.backward_prefetch,
+            forward_prefetch: c.forward_prefetch != 0,
+            rate_limit: c.rate_limit,
+            activation_checkpointing: c.activation_checkpointing != 0,
+            cpu_offload: c.cpu_offload != 0,
+            param_dtype: c.param_dtype,
+            reduce_dtype: c.reduce_dtype,
+            fits: c.fits != 0,
+            out_of_memory: c.out_of_memory != 0,
+            peak_allocated_bytes: c.peak_allocated_bytes,
+            peak_reserved_bytes: c.peak_reserved_bytes,
+            alloc_retries: c.alloc_retries,
+            required_bytes: c.required_bytes,
+            step_seconds: c.step_seconds,
+            tflops_per_gpu: c.tflops_per_gpu,
+            mfu: c.mfu,
+            exposed_comm_seconds: c.exposed_comm_seconds,
+        });
+    }
+    Ok(Plan {
+        profile: owned_str(res.profile),
+        device_memory_bytes: res.device_memory_bytes,
+        recommended: if res.recommended >= 0 { Some(res.recommended as usize) } else { None },
+        recommendation: owned_str(res.recommendation),
+        table: owned_str(res.table),
+        json: owned_str(res.json),
+        candidates,
+    })
 }
 
 /// Parameters of a named model config.

@@ -233,6 +233,65 @@ pub struct sk_tensor_view {
     pub numel: i64,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_plan_request {
+    pub struct_size: usize,
+    pub model: *const c_char,
+    pub profile: *const c_char,
+    pub gpus: i32,
+    pub gpus_per_node: i32,
+    pub batch_size: i64,
+    pub seq_len: i64,
+    pub source_len: i64,
+    pub strategies: *const c_char,
+    pub dtypes: *const c_char,
+    pub activation_checkpointing: i32,
+    pub cpu_offload: i32,
+    pub trace_path: *const c_char,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_plan_candidate {
+    pub struct_size: usize,
+    pub label: *const c_char,
+    pub parallelism: sk_parallelism_t,
+    pub strategy: sk_sharding_strategy_t,
+    pub shard_group_size: i32,
+    pub backward_prefetch: sk_backward_prefetch_t,
+    pub forward_prefetch: i32,
+    pub rate_limit: i32,
+    pub activation_checkpointing: i32,
+    pub cpu_offload: i32,
+    pub param_dtype: sk_dtype_t,
+    pub reduce_dtype: sk_dtype_t,
+    pub fits: i32,
+    pub out_of_memory: i32,
+    pub error: *const c_char,
+    pub peak_allocated_bytes: i64,
+    pub peak_reserved_bytes: i64,
+    pub alloc_retries: i64,
+    pub required_bytes: i64,
+    pub step_seconds: f64,
+    pub tflops_per_gpu: f64,
+    pub mfu: f64,
+    pub exposed_comm_seconds: f64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_plan_result {
+    pub struct_size: usize,
+    pub profile: *const c_char,
+    pub device_memory_bytes: i64,
+    pub num_candidates: i32,
+    pub recommended: i32,
+    pub recommendation: *const c_char,
+    pub table: *const c_char,
+    pub json: *const c_char,
+}
+
 extern "C" {
     pub fn sk_status_name(code: sk_status_t) -> *const c_char;
     pub fn sk_last_error_message() -> *const c_char;
@@ -292,6 +351,14 @@ extern "C" {
         world_size: i32,
         out: *mut sk_memory_estimate,
     ) -> sk_status_t;
+
+    pub fn sk_plan(request: *const sk_plan_request, out_result: *mut *mut sk_plan_result) -> sk_status_t;
+    pub fn sk_plan_result_candidate(
+        result: *const sk_plan_result,
+        index: i32,
+        out: *mut sk_plan_candidate,
+    ) -> sk_status_t;
+    pub fn sk_plan_result_free(result: *mut sk_plan_result);
 
     pub fn sk_local_session_create(
         options: *const sk_trainer_options,

@@ -206,3 +206,35 @@ fn engine_lifecycle_errors_are_results() {
     engine.post_forward(u).unwrap();
     assert_eq!(engine.read_param(u, 0, 5).unwrap_err().code, sys::SK_STATUS_INVALID_ARGUMENT);
 }
+
+#[test]
+fn plan_ranks_simulated_candidates() {
+    let request = shardkit::PlanRequest {
+        model: "gpt-1m".to_string(),
+        gpus: 8,
+        batch_size: 4,
+        strategies: Some("DDP,NO_SHARD".to_string()),
+        dtypes: Some("bf16".to_string()),
+        activation_checkpointing: 1,
+        cpu_offload: 1,
+        ..Default::default()
+    };
+    let plan = shardkit::plan(&request).unwrap();
+    assert_eq!(plan.profile, "a100-80g");
+    assert_eq!(plan.candidates.len(), 2);
+    assert_eq!(plan.recommended, Some(0));
+    let best = &plan.candidates[0];
+    assert!(best.fits && !best.out_of_memory && best.error.is_none(), "{:?}", best);
+    assert!(best.step_seconds > 0.0 && best.step_seconds <= plan.candidates[1].step_seconds);
+    assert!(plan.recommendation.contains(&best.label), "{}", plan.recommendation);
+    assert!(plan.table.contains("simulated, profile a100-80g"), "{}", plan.table);
+    let mut labels: Vec<&str> = plan.candidates.iter().map(|c| c.label.as_str()).collect();
+    labels.sort();
+    assert_eq!(labels, vec!["DDP bf16", "NO_SHARD bf16"]);
+    let e = shardkit::plan(&shardkit::PlanRequest { strategies: Some("ZERO4".to_string()), ..request.clone() })
+        .unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
+    assert!(e.message.contains("ZERO4"), "{}", e);
+    let e = shardkit::plan(&shardkit::PlanRequest { model: "gpt-9z".to_string(), ..request }).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_NOT_FOUND);
+}

@@ -221,6 +221,14 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
                           reserved_bytes, alloc_retries, ooms, bytes_communicated, global_loss }
         sk_memory_estimate { struct_size, parameters, master_bytes, grad_shard_bytes, optimizer_bytes,
                              persistent_bytes, unsharded_bytes, activation_bytes, peak_bytes }
+        sk_plan_request { struct_size, model, profile, gpus, gpus_per_node, batch_size, seq_len, source_len, strategies,
+                          dtypes, activation_checkpointing, cpu_offload, trace_path }
+        sk_plan_candidate { struct_size, label, parallelism, strategy, shard_group_size, backward_prefetch,
+                            forward_prefetch, rate_limit, activation_checkpointing, cpu_offload, param_dtype,
+                            reduce_dtype, fits, out_of_memory, error, peak_allocated_bytes, peak_reserved_bytes,
+                            alloc_retries, required_bytes, step_seconds, tflops_per_gpu, mfu, exposed_comm_seconds }
+        sk_plan_result { struct_size, profile, device_memory_bytes, num_candidates, recommended, recommendation, table,
+                         json }
         sk_param_spec { struct_size, name, ndim, shape, dtype, init, init_a, init_b }
         sk_engine_options { struct_size, fsdp, optimizer, memory_cap_bytes }
         sk_tensor_view { struct_size, data, dtype, ndim, shape, numel }
