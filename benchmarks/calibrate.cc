@@ -12,7 +12,12 @@
 //     bytes (by flops for attention): the op_rates table;
 //   - the fixed cost of an op call (a one-element fill): kernel_overhead;
 //   - the copy rate at the largest size: memory bandwidth and host link;
-//   - RawAllocate/RawFree of a 20 MiB segment: raw alloc/free costs.
+//   - RawAllocate/RawFree of a 20 MiB segment: raw alloc/free costs;
+//   - the local backend's all_gather between two ranks (threads) at 4 KiB and
+//     64 MiB: the latency and bandwidth of the "network" section, so that a
+//     world of local ranks on this machine can be simulated (the ring model
+//     of runtime/comm/topology.h with these two numbers; wall time, the
+//     fastest of several runs, since a collective waits for its peer).
 // Then it prices held-out shapes (off the grid) with the new profile and
 // prints predicted / measured for each: a check of the interpolation.
 // Each number is the median of several timed batches, each batch >= 2 ms of
@@ -35,6 +40,7 @@
 #include <gflags/gflags.h>
 #include <nlohmann/json.hpp>
 
+#include "runtime/comm/local_backend.h"
 #include "runtime/core/allocator.h"
 #include "runtime/device/device.h"
 #include "runtime/ops/cost.h"
@@ -142,6 +148,38 @@ void AddPoint(std::vector<OpTable>& tables, const ops::OpCost& cost, double seco
   if (work <= 0 || seconds <= 0) return;
   if (!it->points.empty() && work <= it->points.back().first) return;  // keep increasing
   it->points.emplace_back(work, work / seconds);
+}
+
+// Wall seconds of one 2-rank all_gather of `bytes` (output) on the local
+// backend: the fastest of `iters` runs, issued for both ranks from this
+// thread (the local backend is stream-ordered) and waited for.
+double LocalAllGatherSeconds(int64_t bytes, int iters) {
+  auto groups = comm::LocalProcessGroup::Create(2);
+  Must(groups.status(), "local group");
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<Tensor> out(2);
+  const int64_t total = bytes / 4 / 2 * 2;
+  for (int r = 0; r < 2; ++r) {
+    Device* device = Device::Get(DeviceId::Cpu(r)).value();
+    streams.push_back(device->CreateStream("comm").value());
+    HostAllocator alloc(DeviceId::Cpu(r));
+    out[r] = alloc.Zeros(DType::kF32, Shape({total})).value();
+  }
+  double best = 1e30;
+  for (int it = 0; it < iters + 1; ++it) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::shared_ptr<comm::Work>> works;
+    for (int r = 0; r < 2; ++r) {
+      Tensor mine = out[r].View(r * (total / 2) * 4, DType::kF32, Shape({total / 2})).value();
+      auto w = (*groups)[r]->all_gather(out[r], mine, *streams[r]);
+      Must(w.status(), "all_gather");
+      works.push_back(*w);
+    }
+    for (auto& w : works) Must(w->wait(std::chrono::minutes(1)), "all_gather wait");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (it > 0) best = std::min(best, s);  // the first run is the warm-up
+  }
+  return best;
 }
 
 int Main() {
@@ -311,6 +349,51 @@ int Main() {
     }
   }
 
+  // ---- The local backend between two ranks: the ring model's latency and
+  // bandwidth (all_gather of 2 ranks: one step, half the output crosses).
+  const int64_t small_bytes = 4 << 10, large_bytes = 64 << 20;
+  const double small_s = LocalAllGatherSeconds(small_bytes, 50);
+  const double large_s = LocalAllGatherSeconds(large_bytes, 5);
+  const double latency_s = small_s;
+  const double comm_rate = 0.5 * large_bytes / std::max(1e-9, large_s - latency_s);  // bytes/s
+  std::fprintf(stderr, "local all_gather, 2 ranks: %.1f us at 4 KiB, %.2f GB/s at 64 MiB\n",
+               small_s * 1e6, comm_rate / 1e9);
+  const std::string net_source = source + " (local backend all_gather between 2 rank threads, fastest of several runs)";
+  auto disabled = [](const std::string& why) {
+    return nlohmann::json{{"enabled", false}, {"source", why}};
+  };
+  const std::string only_ring =
+      "the local backend has one algorithm: each rank copies its peers' chunks through shared memory, "
+      "described by the simple protocol's measured latency and bandwidth (the same numbers for ring and "
+      "tree: with one node the tree is a chain, which moves the same bytes)";
+  const nlohmann::json measured_pair = {
+      {"base_latency_us", Sourced(latency_s * 1e6, net_source + ", 4 KiB output")},
+      {"intra_step_latency_us", Sourced(0.0, "included in base_latency_us (2 ranks: one step)")},
+      {"inter_step_latency_us", Sourced(0.0, "not used: one node")},
+      {"bandwidth_fraction", Sourced(1.0, "the measured rate already is the achieved rate")}};
+  nlohmann::json network = {
+      {"note", "This machine's local backend (threads of one process, shared memory) as a one-node "
+               "network: ranks are threads, the 'NVLink' is the shared-memory copy path measured by "
+               "//benchmarks:calibrate; there are no NICs (several nodes cannot be simulated)."},
+      {"gpus_per_node", Sourced(2, "the local ranks of one process on this machine (the calibration's 2)")},
+      {"nvlink",
+       {{"links_per_gpu", Sourced(1, "one shared-memory copy path per rank")},
+        {"link_bandwidth_gbps", Sourced(comm_rate / 1e9, net_source + ", 64 MiB output, after the 4 KiB latency")}}},
+      {"nic",
+       {{"per_node", Sourced(1, "not used: one node")},
+        {"bandwidth_gbps", Sourced(comm_rate / 1e9, "not used: one node (set to the local copy rate)")},
+        {"efficiency", Sourced(1.0, "not used: one node")}}},
+      {"algorithms",
+       {{"ring",
+         {{"simple", measured_pair},
+          {"ll", disabled(only_ring)},
+          {"ll128", disabled(only_ring)}}},
+        {"tree",
+         {{"simple", measured_pair}, {"ll", disabled(only_ring)}, {"ll128", disabled(only_ring)}}}}},
+      {"compute_slowdown_while_communicating",
+       Sourced(1.0, "assumption: not measured (a collective's copies run on its stream's thread; whether they "
+                    "slow the compute threads depends on free cores)")}};
+
   nlohmann::json rates = nlohmann::json::object();
   for (const OpTable& t : tables) {
     nlohmann::json pts = nlohmann::json::array();
@@ -343,7 +426,8 @@ int Main() {
          Sourced(copy_rate / 1e9, source + " (copy op at 16M f32: bytes read + written per second)")},
         {"memory_efficiency", Sourced(1.0, "the measured rate already is the achieved rate")},
         {"kernel_overhead_us", Sourced(overhead * 1e6, source + " (a one-element fill through ops::)")},
-        {"op_rates", Sourced(rates, source)}}}};
+        {"op_rates", Sourced(rates, source)}}},
+      {"network", network}};
   // Held-out check: shapes and sizes off the measured grid, predicted by the
   // new profile (sim::OpSeconds) against a fresh measurement.
   StatusOr<sim::SimProfile> parsed = sim::ParseProfile(doc, FLAGS_name);

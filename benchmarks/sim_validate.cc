@@ -1,0 +1,210 @@
+// Does the simulator predict this machine? The CPU validation of issue 11
+// (docs/planner.md, "How far to trust it"): with the cpu-local profile that
+// //benchmarks:calibrate measured here from microbenchmarks only, the sim
+// predicts the step time of real CPU training runs, which this program then
+// measures:
+//
+//   ./bazelw run -c opt //benchmarks:sim_validate [-- --steps=5 --profile=cpu-local]
+//
+// Configurations: gpt-1m, gpt-10m, t5-10m x world 1 and 2 (local backend,
+// one rank per thread, one GEMM thread per rank) x DDP and FULL_SHARD. Every
+// configuration's trainers are built first; then the measured steps
+// alternate between configurations (round r runs one step of each), so
+// that a change in the machine's load spreads over all of them. Reported per
+// configuration: the median over --steps of the step's wall time (the
+// slowest rank's), the median process CPU seconds per rank, the predicted
+// (simulated, virtual) step time, and predicted / measured. The load average
+// is printed before and after: on a shared machine wall time includes other
+// people's work, CPU time does not (but misses waits).
+//
+// Nothing here feeds back into the profile: the profile is an input, the
+// measured step times are the held-out check.
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gflags/gflags.h>
+
+#include "runtime/comm/local_backend.h"
+#include "runtime/core/status.h"
+#include "runtime/train/sim_run.h"
+#include "runtime/train/trainer.h"
+
+DEFINE_int32(steps, 5, "measured steps per configuration (medians); >= 1");
+DEFINE_string(profile, "cpu-local", "the simulator's profile (calibrated on this machine)");
+DEFINE_string(models, "gpt-1m,gpt-10m,t5-10m", "comma-separated model configs");
+DEFINE_string(worlds, "1,2", "comma-separated world sizes (local ranks)");
+
+namespace sk {
+namespace {
+
+struct Config {
+  std::string model;
+  int world = 1;
+  Parallelism parallelism = Parallelism::kFsdp;
+  std::unique_ptr<std::vector<std::shared_ptr<comm::ProcessGroup>>> groups;
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  std::vector<double> wall, cpu;
+  double predicted = 0;
+  std::string error;
+
+  std::string Name() const {
+    return model + " world " + std::to_string(world) + " " +
+           (parallelism == Parallelism::kDdp ? "DDP" : "FULL_SHARD");
+  }
+  TrainerOptions Options() const {
+    TrainerOptions o;
+    o.model = model;
+    o.parallelism = parallelism;
+    o.fsdp.strategy = ShardingStrategy::kFullShard;
+    o.gemm_threads = 1;  // the calibration's: one GEMM thread per rank
+    return o;
+  }
+};
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+std::string LoadAverage() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  f >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Status Predict(Config& c) {
+  SimRunOptions s;
+  s.trainer = c.Options();
+  s.trainer.device.kind = DeviceKind::kSim;
+  s.trainer.device.sim_profile = FLAGS_profile;
+  s.trainer.device.sim_world_size = c.world;
+  s.trainer.device.sim_gpus_per_node = c.world;
+  s.warmup_steps = 1;
+  s.steps = 1;
+  SK_ASSIGN_OR_RETURN(SimStepReport r, SimulateTraining(s));
+  if (r.out_of_memory) return ResourceExhaustedError("simulated out of memory: " + r.oom_detail);
+  c.predicted = r.step_seconds;
+  return OkStatus();
+}
+
+Status Build(Config& c) {
+  SK_ASSIGN_OR_RETURN(auto groups, comm::LocalProcessGroup::Create(c.world));
+  c.groups = std::make_unique<std::vector<std::shared_ptr<comm::ProcessGroup>>>();
+  for (auto& g : groups) c.groups->push_back(std::move(g));
+  c.trainers.resize(c.world);
+  const TrainerOptions o = c.Options();
+  return comm::RunRankThreads(c.world, [&](int r) -> Status {
+    SK_ASSIGN_OR_RETURN(c.trainers[r], Trainer::Create(o, (*c.groups)[r].get()));
+    return c.trainers[r]->Step().status();  // warm-up: caches, optimizer state
+  });
+}
+
+Status Measure(Config& c) {
+  std::vector<double> seconds(c.world);
+  const double cpu0 = ProcessCpuSeconds();
+  SK_RETURN_IF_ERROR(comm::RunRankThreads(c.world, [&](int r) -> Status {
+    SK_ASSIGN_OR_RETURN(StepMetrics m, c.trainers[r]->Step());
+    seconds[r] = m.step_seconds;
+    return OkStatus();
+  }));
+  c.cpu.push_back((ProcessCpuSeconds() - cpu0) / c.world);
+  c.wall.push_back(*std::max_element(seconds.begin(), seconds.end()));
+  return OkStatus();
+}
+
+int Main() {
+  if (FLAGS_steps < 1) {
+    std::fprintf(stderr, "--steps must be >= 1\n");
+    return 2;
+  }
+  std::vector<Config> configs;
+  for (const std::string& m : Split(FLAGS_models)) {
+    for (const std::string& w : Split(FLAGS_worlds)) {
+      for (Parallelism p : {Parallelism::kDdp, Parallelism::kFsdp}) {
+        Config c;
+        c.model = m;
+        c.world = std::atoi(w.c_str());
+        c.parallelism = p;
+        configs.push_back(std::move(c));
+      }
+    }
+  }
+  std::printf("sim_validate: profile %s, %d measured steps per configuration (medians), alternating\n",
+              FLAGS_profile.c_str(), FLAGS_steps);
+  std::printf("load average before: %s\n", LoadAverage().c_str());
+  for (Config& c : configs) {
+    Status s = Predict(c);
+    if (s.ok()) s = Build(c);
+    if (!s.ok()) c.error = s.ToString();
+  }
+  for (int step = 0; step < FLAGS_steps; ++step) {
+    for (Config& c : configs) {
+      if (!c.error.empty()) continue;
+      Status s = Measure(c);
+      if (!s.ok()) c.error = s.ToString();
+    }
+  }
+  std::printf("load average after:  %s\n\n", LoadAverage().c_str());
+  std::printf("%-28s %12s %12s %12s %10s %10s\n", "configuration", "measured s", "cpu s/rank", "predicted s",
+              "pred/meas", "pred/cpu");
+  int within = 0, within_cpu = 0, rows = 0;
+  for (Config& c : configs) {
+    if (!c.error.empty()) {
+      std::printf("%-28s error: %s\n", c.Name().c_str(), c.error.c_str());
+      continue;
+    }
+    const double wall = Median(c.wall), cpu = Median(c.cpu);
+    const double ratio = c.predicted / wall;
+    ++rows;
+    if (ratio >= 0.85 && ratio <= 1.15) ++within;
+    const double ratio_cpu = c.predicted / cpu;
+    if (ratio_cpu >= 0.85 && ratio_cpu <= 1.15) ++within_cpu;
+    std::printf("%-28s %12.4f %12.4f %12.4f %10.3f %10.3f\n", c.Name().c_str(), wall, cpu, c.predicted, ratio,
+                c.predicted / cpu);
+  }
+  std::printf("\n%d of %d configurations within +-15%% of the measured wall time, %d of the CPU time per rank\n",
+              within, rows, within_cpu);
+  for (Config& c : configs) {
+    if (c.trainers.empty()) continue;
+    comm::RunRankThreads(c.world, [&](int r) {
+      c.trainers[r].reset();
+      return OkStatus();
+    }).IgnoreError();
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace sk
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  return sk::Main();
+}
