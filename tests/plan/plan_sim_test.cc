@@ -1,0 +1,87 @@
+// The planner's production path: every candidate through SimulateTraining.
+#include <gtest/gtest.h>
+
+#include "runtime/plan/plan.h"
+
+namespace sk::plan {
+namespace {
+
+PlanRequest Small() {
+  PlanRequest r;
+  r.model = "gpt-1m";
+  r.gpus = 16;
+  r.gpus_per_node = 8;
+  r.batch_size = 4;
+  r.space.strategies = {"DDP", "FULL_SHARD", "HYBRID_SHARD", "SHARD_OPTIM"};
+  MixedPrecisionPolicy bf16;
+  bf16.param_dtype = DType::kBF16;
+  r.space.dtypes = {bf16};
+  r.space.activation_checkpointing = {false};
+  r.space.cpu_offload = {false};
+  r.space.forward_prefetch = {false};
+  r.space.rate_limits = {2};
+  return r;
+}
+
+TEST(PlanSimTest, SimulatesEveryCandidateAndIsByteIdenticalTwice) {
+  auto a = Plan(Small());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->profile_name, "a100-80g");
+  // DDP, SHARD_OPTIM, FULL_SHARD x {PRE, POST, NONE}, HYBRID_SHARD F in {2, 4, 8} x 3.
+  ASSERT_EQ(a->results.size(), 14u);
+  ASSERT_EQ(a->recommended, 0);
+  for (const CandidateResult& c : a->results) {
+    EXPECT_TRUE(c.fits()) << c.candidate.Label() << ": " << c.status;
+    EXPECT_GT(c.metrics.step_seconds, 0) << c.candidate.Label();
+    EXPECT_GT(c.metrics.peak_allocated_bytes, 0) << c.candidate.Label();
+  }
+  // One simulated rank: DDP holds the full model's states, FULL_SHARD 1/16.
+  const CandidateResult* ddp = nullptr;
+  const CandidateResult* full = nullptr;
+  for (const CandidateResult& c : a->results) {
+    if (c.candidate.Label() == "DDP bf16") ddp = &c;
+    if (c.candidate.Label() == "FULL_SHARD bwd=PRE limit=2 bf16") full = &c;
+  }
+  ASSERT_TRUE(ddp != nullptr && full != nullptr);
+  EXPECT_GT(ddp->metrics.peak_allocated_bytes, full->metrics.peak_allocated_bytes);
+  auto b = Plan(Small());
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(FormatTable(*a), FormatTable(*b));
+  EXPECT_EQ(FormatJson(*a), FormatJson(*b));
+}
+
+TEST(PlanSimTest, OutOfMemoryIsAResultWithTheEstimatedNeed) {
+  PlanRequest r;
+  r.model = "gpt-175b";
+  r.gpus = 8;
+  r.space.strategies = {"DDP", "NO_SHARD"};
+  MixedPrecisionPolicy bf16;
+  bf16.param_dtype = DType::kBF16;
+  r.space.dtypes = {bf16};
+  r.space.activation_checkpointing = {true};
+  r.space.cpu_offload = {false};
+  auto p = Plan(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->results.size(), 2u);
+  EXPECT_EQ(p->recommended, -1);
+  for (const CandidateResult& c : p->results) {
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    EXPECT_TRUE(c.metrics.out_of_memory) << c.candidate.Label();
+    EXPECT_FALSE(c.metrics.oom_detail.empty());
+    // 175e9 f32 master parameters alone are 700 GB.
+    EXPECT_GT(c.metrics.required_bytes, int64_t{600} << 30) << c.candidate.Label();
+  }
+  EXPECT_EQ(p->recommendation.rfind("nothing fits in 80.00 GiB per GPU; the smallest peak is ", 0), 0u)
+      << p->recommendation;
+}
+
+TEST(PlanSimTest, UnknownProfileIsNotFound) {
+  PlanRequest r = Small();
+  r.profile = "tpu-v9";
+  auto p = Plan(r);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace sk::plan
