@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
-#include <thread>
 
 #include "runtime/comm/gloo_backend.h"
+#include "runtime/comm/local_backend.h"
 #include "runtime/comm/store.h"
 
 #include "runtime/fsdp/fsdp.h"
@@ -30,23 +30,25 @@ void RunGlooRanks(int world, const std::function<void(int, comm::ProcessGroup*)>
   auto server = comm::TcpStore::Create("127.0.0.1", 0, /*serve=*/true, std::chrono::seconds(30));
   ASSERT_TRUE(server.ok()) << server.status();
   std::vector<std::unique_ptr<comm::ProcessGroup>> groups(world);
-  auto on_all = [&](const std::function<void(int)>& fn) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { fn(r); });
-    for (auto& t : threads) t.join();
-  };
-  on_all([&](int r) {
-    auto client = comm::TcpStore::Create("127.0.0.1", (*server)->port(), false, std::chrono::seconds(30));
-    ASSERT_TRUE(client.ok()) << client.status();
-    auto g = comm::GlooProcessGroup::Create(std::shared_ptr<comm::Store>(std::move(client).value()),
-                                            "fsdp", r, world);
-    ASSERT_TRUE(g.ok()) << g.status();
-    groups[r] = std::move(g).value();
+  Status formed = comm::RunRankThreads(world, [&](int r) -> Status {
+    SK_ASSIGN_OR_RETURN(auto client, comm::TcpStore::Create("127.0.0.1", (*server)->port(), false,
+                                                            std::chrono::seconds(30)));
+    SK_ASSIGN_OR_RETURN(groups[r], comm::GlooProcessGroup::Create(
+                                       std::shared_ptr<comm::Store>(std::move(client)), "fsdp", r, world));
+    return OkStatus();
   });
-  on_all([&](int r) {
-    if (groups[r]) body(r, groups[r].get());
+  ASSERT_TRUE(formed.ok()) << formed;
+  Status ran = comm::RunRankThreads(world, [&](int r) {
+    body(r, groups[r].get());
+    return OkStatus();
   });
-  on_all([&](int r) { groups[r].reset(); });  // final barriers run together
+  EXPECT_TRUE(ran.ok()) << ran;
+  // Final barriers run together.
+  Status closed = comm::RunRankThreads(world, [&](int r) {
+    groups[r].reset();
+    return OkStatus();
+  });
+  EXPECT_TRUE(closed.ok()) << closed;
 }
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {

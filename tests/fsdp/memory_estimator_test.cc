@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
-#include <thread>
 
 #include "runtime/comm/local_backend.h"
 #include "runtime/train/trainer.h"
@@ -61,20 +60,15 @@ TEST_P(MemoryEstimatorTest, MeasuredPeakIsWithinTenPercentOfTheEstimate) {
   StatusOr<MemoryEstimate> est = EstimatePeakMemory(req);
   ASSERT_TRUE(est.ok()) << est.status();
 
-  auto groups = *comm::LocalProcessGroup::Create(kWorld);
   std::vector<int64_t> peaks(kWorld);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kWorld; ++r) {
-    threads.emplace_back([&, r] {
-      auto t = Trainer::Create(o, groups[r].get());
-      ASSERT_TRUE(t.ok()) << t.status();
-      ASSERT_TRUE((*t)->Step().ok());  // creates optimizer state
-      StatusOr<StepMetrics> m = (*t)->Step();
-      ASSERT_TRUE(m.ok()) << m.status();
-      peaks[r] = m->peak_allocated_bytes;
-    });
-  }
-  for (auto& th : threads) th.join();
+  Status ran = comm::RunLocalRanks(kWorld, [&](int r, comm::ProcessGroup* g) -> Status {
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(o, g));
+    SK_RETURN_IF_ERROR(t->Step().status());  // creates optimizer state
+    SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
+    peaks[r] = m.peak_allocated_bytes;
+    return OkStatus();
+  });
+  ASSERT_TRUE(ran.ok()) << ran;
   const int64_t measured = *std::max_element(peaks.begin(), peaks.end());
   const double ratio = static_cast<double>(measured) / static_cast<double>(est->peak_bytes);
   EXPECT_GT(ratio, 0.9) << est->ToString() << "; measured " << measured;
