@@ -222,7 +222,7 @@ SK_EXPORT sk_status_t sk_engine_grad(sk_engine* engine, int32_t unit, int32_t pa
 SK_EXPORT sk_status_t sk_engine_set_gradient_sync(sk_engine* engine, int32_t enabled) {
   SK_API_BEGIN
   SK_CHECK(CheckHandle(engine, "engine"));
-  engine->engine->set_gradient_sync(enabled != 0);
+  SK_CHECK(engine->engine->set_gradient_sync(enabled != 0));
   return SK_STATUS_OK;
   SK_API_END
 }
@@ -255,7 +255,7 @@ SK_EXPORT sk_status_t sk_engine_optimizer_step(sk_engine* engine) {
 SK_EXPORT sk_status_t sk_engine_zero_grad(sk_engine* engine) {
   SK_API_BEGIN
   SK_CHECK(CheckHandle(engine, "engine"));
-  engine->engine->ZeroGrad();
+  SK_CHECK(engine->engine->ZeroGrad());
   return SK_STATUS_OK;
   SK_API_END
 }

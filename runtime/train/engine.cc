@@ -177,6 +177,7 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
                                                            options.fsdp.cpu_offload));
   e->params_.resize(e->units_.size());
   e->grads_.resize(e->units_.size());
+  e->windows_.assign(e->units_.size(), Window::kNone);
   return e;
 }
 
@@ -213,8 +214,36 @@ void FsdpEngine::ReleaseAllViews() {
 // any other failure abandons the step (every unit back to idle, unsharded
 // buffers dropped), so every view is void then and its buffers are released.
 Status FsdpEngine::HookResult(Status s) {
-  if (!s.ok() && s.code() != StatusCode::kFailedPrecondition) ReleaseAllViews();
+  if (!s.ok() && s.code() != StatusCode::kFailedPrecondition) {
+    ReleaseAllViews();
+    windows_.assign(units_.size(), Window::kNone);
+    phase_ = Phase::kIdle;  // FSDP abandoned the step and zeroed the gradients
+  }
   return s;
+}
+
+const char* FsdpEngine::PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kIdle:
+      return "no backward since the last optimizer step or ZeroGrad";
+    case Phase::kBackward:
+      return "after a backward, before FinishBackward";
+    case Phase::kFinished:
+      return "after FinishBackward";
+  }
+  return "?";
+}
+
+Status FsdpEngine::CheckNoOpenWindow(const char* call) const {
+  for (int u = 0; u < num_units(); ++u) {
+    if (windows_[u] == Window::kNone) continue;
+    const bool fwd = windows_[u] == Window::kForward;
+    const std::string id = std::to_string(u);
+    return FailedPreconditionError(std::string(call) + " while unit '" + units_[u].name + "' (" + id +
+                                   ") is between " + (fwd ? "PreForward and PostForward" : "PreBackward and PostBackward") +
+                                   ": expected " + (fwd ? "PostForward(" : "PostBackward(") + id + ") first");
+  }
+  return OkStatus();
 }
 
 Status FsdpEngine::PreForward(int unit) {
@@ -222,12 +251,15 @@ Status FsdpEngine::PreForward(int unit) {
   StatusOr<std::vector<Tensor>> params = fsdp_->PreForward(unit);
   if (!params.ok()) return HookResult(params.status());
   params_[unit] = std::move(params).value();
+  windows_[unit] = Window::kForward;
   return OkStatus();
 }
 
 Status FsdpEngine::PostForward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
+  if (windows_[unit] != Window::kForward) return HookResult(fsdp_->PostForward(unit));  // FSDP names the state
   ReleaseViews(unit);
+  windows_[unit] = Window::kNone;
   return HookResult(fsdp_->PostForward(unit));
 }
 
@@ -237,13 +269,61 @@ Status FsdpEngine::PreBackward(int unit) {
   if (!buffers.ok()) return HookResult(buffers.status());
   params_[unit] = std::move(buffers->params);
   grads_[unit] = std::move(buffers->grads);
+  windows_[unit] = Window::kBackward;
   return OkStatus();
 }
 
 Status FsdpEngine::PostBackward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
+  if (windows_[unit] != Window::kBackward) return HookResult(fsdp_->PostBackward(unit));  // FSDP names the state
   ReleaseViews(unit);
+  windows_[unit] = Window::kNone;
+  phase_ = Phase::kBackward;
   return HookResult(fsdp_->PostBackward(unit));
+}
+
+Status FsdpEngine::set_gradient_sync(bool enabled) {
+  SK_RETURN_IF_ERROR(CheckNoOpenWindow("set_gradient_sync"));
+  fsdp_->set_gradient_sync(enabled);
+  return OkStatus();
+}
+
+Status FsdpEngine::FinishBackward() {
+  SK_RETURN_IF_ERROR(CheckNoOpenWindow("FinishBackward"));
+  if (phase_ != Phase::kBackward) {
+    return FailedPreconditionError(std::string("FinishBackward ") + PhaseName(phase_) +
+                                   ": expected a backward pass (PreBackward .. PostBackward of the "
+                                   "units) first");
+  }
+  Status s = fsdp_->FinishBackward();
+  // A failed reduction abandoned the step (FSDP zeroed the gradients).
+  phase_ = s.ok() ? Phase::kFinished : Phase::kIdle;
+  return s;
+}
+
+Status FsdpEngine::OptimizerStep() {
+  SK_RETURN_IF_ERROR(CheckNoOpenWindow("OptimizerStep"));
+  if (phase_ != Phase::kFinished) {
+    return FailedPreconditionError(std::string("OptimizerStep ") + PhaseName(phase_) + ": expected " +
+                                   (phase_ == Phase::kIdle ? "a backward pass and FinishBackward"
+                                                           : "FinishBackward") +
+                                   " first");
+  }
+  Status s = fsdp_->OptimizerStep(*optimizer_);
+  if (s.ok()) phase_ = Phase::kIdle;
+  return s;
+}
+
+Status FsdpEngine::ZeroGrad() {
+  SK_RETURN_IF_ERROR(CheckNoOpenWindow("ZeroGrad"));
+  if (phase_ == Phase::kBackward) {
+    return FailedPreconditionError(std::string("ZeroGrad ") + PhaseName(phase_) +
+                                   " (gradient reductions may be in flight): expected FinishBackward "
+                                   "first");
+  }
+  fsdp_->ZeroGrad();
+  phase_ = Phase::kIdle;
+  return OkStatus();
 }
 
 StatusOr<const Tensor*> FsdpEngine::Param(int unit, int param) const {
@@ -272,6 +352,13 @@ StatusOr<const Tensor*> FsdpEngine::Grad(int unit, int param) const {
 StatusOr<double> FsdpEngine::ClipGradNorm(double max_norm) {
   if (!(max_norm >= 0)) {
     return InvalidArgumentError("max_norm must be >= 0 (0 = compute the norm only)");
+  }
+  SK_RETURN_IF_ERROR(CheckNoOpenWindow("ClipGradNorm"));
+  if (phase_ != Phase::kFinished) {
+    return FailedPreconditionError(std::string("ClipGradNorm ") + PhaseName(phase_) + ": expected " +
+                                   (phase_ == Phase::kIdle ? "a backward pass and FinishBackward"
+                                                           : "FinishBackward") +
+                                   " first");
   }
   return fsdp_->ClipGradNorm(max_norm);
 }

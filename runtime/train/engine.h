@@ -117,6 +117,26 @@ class FsdpEngine {
   const std::vector<UnitSpec>& units() const { return units_; }
   int num_units() const { return static_cast<int>(units_.size()); }
 
+  // The order of calls in one step (a small state machine over FSDP's
+  // per-unit states):
+  //
+  //   ZeroGrad?  { PreForward(u) .. PostForward(u) }*   -- forward, any units
+  //              { PreBackward(u) .. PostBackward(u) }* -- backward
+  //   (more micro-batches: forward/backward again, set_gradient_sync)
+  //   FinishBackward  ClipGradNorm*  OptimizerStep
+  //
+  // Every call out of order is FailedPrecondition naming the call made and
+  // the call expected ("ZeroGrad while unit 'fc' (0) is between PreBackward
+  // and PostBackward: expected PostBackward(0) first") and changes nothing.
+  // In particular: ZeroGrad, FinishBackward, ClipGradNorm, OptimizerStep and
+  // set_gradient_sync with a unit between its Pre and Post call; ZeroGrad
+  // between a PostBackward and FinishBackward (reductions in flight);
+  // FinishBackward with no backward since the last step or FinishBackward;
+  // ClipGradNorm and OptimizerStep before FinishBackward.
+  // The hooks themselves follow FSDP's per-unit states (PostForward needs
+  // PreForward, PreBackward needs PostForward, ...); forward-only passes
+  // (evaluation) may run in any phase.
+
   // The hooks of FullyShardedModel (runtime/fsdp/fsdp.h), for unit `unit`.
   // OutOfRange for a unit index outside [0, num_units). Pre calls keep the
   // views they return until the matching Post call, which releases them
@@ -139,12 +159,15 @@ class FsdpEngine {
   StatusOr<const Tensor*> Grad(int unit, int param) const;
 
   // FullyShardedModel's step: collective except set_gradient_sync/ZeroGrad.
-  void set_gradient_sync(bool enabled) { fsdp_->set_gradient_sync(enabled); }
-  Status FinishBackward() { return fsdp_->FinishBackward(); }
-  // InvalidArgument unless max_norm >= 0 (0 = compute the norm only).
+  // Each is FailedPrecondition when out of order (see above) and then
+  // changes nothing.
+  Status set_gradient_sync(bool enabled);
+  Status FinishBackward();
+  // InvalidArgument unless max_norm >= 0 (0 = compute the norm only),
+  // checked before the order.
   StatusOr<double> ClipGradNorm(double max_norm);
-  Status OptimizerStep() { return fsdp_->OptimizerStep(*optimizer_); }
-  void ZeroGrad() { fsdp_->ZeroGrad(); }
+  Status OptimizerStep();
+  Status ZeroGrad();
 
   // Copies the full f32 parameter into out[0..count). Collective.
   // InvalidArgument when count is not the parameter's element count;
@@ -173,8 +196,21 @@ class FsdpEngine {
   void ReleaseAllViews();
   // FailedPrecondition naming the first unit that holds views.
   Status CheckIdle(const char* what) const;
-  // A hook's result: any failure but FailedPrecondition releases every view.
+  // A hook's result: any failure but FailedPrecondition releases every view
+  // and resets the step (FSDP abandoned it).
   Status HookResult(Status s);
+  // FailedPrecondition naming `call` and the Post call that must come first
+  // when any unit is between its Pre and Post call; OK otherwise.
+  Status CheckNoOpenWindow(const char* call) const;
+
+  // Where the step is. kIdle: no backward since the last OptimizerStep,
+  // ZeroGrad or abandoned step. kBackward: a PostBackward ran (reductions may
+  // be in flight) and FinishBackward has not. kFinished: FinishBackward ran
+  // since the last backward.
+  enum class Phase { kIdle, kBackward, kFinished };
+  static const char* PhaseName(Phase p);
+  // The call a unit's open window expects next.
+  enum class Window { kNone, kForward, kBackward };
 
   // Declaration order is destruction order reversed: views release their
   // buffers first, then the optimizer (its state may live in FSDP's
@@ -186,6 +222,8 @@ class FsdpEngine {
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<std::vector<Tensor>> params_;
   std::vector<std::vector<Tensor>> grads_;
+  Phase phase_ = Phase::kIdle;
+  std::vector<Window> windows_;  // per unit
 };
 
 }  // namespace sk

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -1191,6 +1192,54 @@ TEST_F(CapiEngineTest, CallsOutOfOrderAreFailedPreconditionNamingUnitAndState) {
   ASSERT_OK(sk_engine_pre_backward(engine_, 0));
   ASSERT_OK(sk_engine_post_backward(engine_, 0));
   ASSERT_OK(sk_engine_finish_backward(engine_));
+}
+
+// Issue 14, item 3: `pre_backward; zero_grad; post_backward` returned OK and
+// then segfaulted; `optimizer_step` before any backward stepped. In a child
+// process (the engine made there), so a crash fails this test only.
+TEST(CapiEngine, StepCallsOutOfOrderAreFailedPreconditionNotACrash) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 0;
+    auto expect = [&](sk_status_t want, sk_status_t got, const char* mention, int fail) {
+      if (got != want) code = code ? code : fail;
+      if (mention != nullptr && std::string(sk_last_error_message()).find(mention) == std::string::npos) {
+        code = code ? code : 100 + fail;
+      }
+    };
+    sk_process_group* g = nullptr;
+    sk_engine* e = nullptr;
+    sk_model_spec* spec = LinearSpec();
+    if (sk_process_group_create_local(1, nullptr, &g) != SK_STATUS_OK ||
+        sk_engine_create(spec, g, nullptr, &e) != SK_STATUS_OK) {
+      ::_exit(90);
+    }
+    expect(SK_STATUS_FAILED_PRECONDITION, sk_engine_optimizer_step(e), "expected a backward pass", 1);
+    expect(SK_STATUS_FAILED_PRECONDITION, sk_engine_finish_backward(e), "expected a backward pass", 2);
+    expect(SK_STATUS_OK, sk_engine_pre_forward(e, 0), nullptr, 3);
+    expect(SK_STATUS_FAILED_PRECONDITION, sk_engine_zero_grad(e), "expected PostForward(0)", 4);
+    expect(SK_STATUS_OK, sk_engine_post_forward(e, 0), nullptr, 5);
+    expect(SK_STATUS_FAILED_PRECONDITION, sk_engine_post_forward(e, 0), "expected", 6);  // twice
+    expect(SK_STATUS_OK, sk_engine_pre_backward(e, 0), nullptr, 7);
+    expect(SK_STATUS_FAILED_PRECONDITION, sk_engine_zero_grad(e), "expected PostBackward(0)", 8);
+    sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+    expect(SK_STATUS_OK, sk_engine_grad(e, 0, 0, &v), nullptr, 9);  // still valid
+    expect(SK_STATUS_OK, sk_engine_post_backward(e, 0), nullptr, 10);
+    expect(SK_STATUS_FAILED_PRECONDITION, sk_engine_optimizer_step(e), "expected FinishBackward", 11);
+    expect(SK_STATUS_FAILED_PRECONDITION, sk_engine_zero_grad(e), "expected FinishBackward", 12);
+    expect(SK_STATUS_OK, sk_engine_finish_backward(e), nullptr, 13);
+    expect(SK_STATUS_OK, sk_engine_optimizer_step(e), nullptr, 14);
+    expect(SK_STATUS_FAILED_PRECONDITION, sk_engine_optimizer_step(e), "expected a backward pass", 15);
+    expect(SK_STATUS_OK, sk_engine_zero_grad(e), nullptr, 16);
+    sk_engine_destroy(e);
+    sk_model_spec_destroy(spec);
+    sk_process_group_destroy(g);
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the first failed expectation (100+: its message)";
 }
 
 TEST_F(CapiEngineTest, ReadParamChecksCountAndMatchesGatheredValues) {

@@ -829,8 +829,15 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_num_units(const sk_engine* engine,
  *             for the units in forward order;
  *   backward: pre_backward(u), compute, add gradients into sk_engine_grad(u, *),
  *             post_backward(u) for the units in reverse order;
- * then sk_engine_finish_backward. A call out of order is FAILED_PRECONDITION
- * naming the unit and its state, and changes nothing. Any other failure (a
+ * then sk_engine_finish_backward, sk_engine_clip_grad_norm (optional) and
+ * sk_engine_optimizer_step; sk_engine_zero_grad before the next step. A call
+ * out of order is FAILED_PRECONDITION naming the call made and the one
+ * expected, and changes nothing: a hook out of its unit's order; zero_grad,
+ * set_gradient_sync, finish_backward, clip_grad_norm or optimizer_step while
+ * a unit is between its pre_ and post_ call; zero_grad between a
+ * post_backward and finish_backward; finish_backward with no backward since
+ * the last one; clip_grad_norm and optimizer_step before finish_backward.
+ * Any other failure (a
  * peer timing out, the memory cap) abandons the step: every unit back to
  * idle, every view invalid, the step's gradients zeroed, master parameters
  * and optimizer state untouched.
