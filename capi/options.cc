@@ -7,6 +7,10 @@ namespace sk::capi {
 
 StatusOr<sk::Duration> TimeoutFrom(int64_t ms, const char* field) {
   if (ms < 0) return sk::InvalidArgumentError(std::string(field) + " must be >= 0 (0 = default)");
+  if (ms > sk::kMaxTimeout.count()) {
+    return sk::InvalidArgumentError(std::string(field) + " = " + std::to_string(ms) + " exceeds the maximum of " +
+                                    std::to_string(sk::kMaxTimeout.count()) + " ms (7 days)");
+  }
   return ms == 0 ? sk::kDefaultTimeout : sk::Duration(ms);
 }
 

@@ -413,6 +413,10 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(std::shared
                                 " is not in a group of size " + std::to_string(size));
   }
   if (options.timeout.count() <= 0) return InvalidArgumentError("gloo group: non-positive timeout");
+  if (options.timeout > kMaxTimeout) {
+    return InvalidArgumentError("gloo group: timeout " + std::to_string(options.timeout.count()) +
+                                " ms exceeds the maximum of " + std::to_string(kMaxTimeout.count()) + " ms");
+  }
   if (options.hostname.empty()) options.hostname = "127.0.0.1";
   auto scoped = std::make_shared<PrefixStore>(prefix + "/", store);
   std::shared_ptr<gloo::rendezvous::Context> context;

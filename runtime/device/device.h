@@ -42,6 +42,10 @@ using Duration = std::chrono::milliseconds;
 // slow collective on a loaded machine, short enough that a dead peer is
 // reported within minutes instead of never.
 inline constexpr Duration kDefaultTimeout{300'000};
+// The longest timeout accepted anywhere (7 days): deadlines are now() +
+// timeout on a steady clock, which a larger value would overflow (a
+// timeout of INT64_MAX ms made every collective time out at once).
+inline constexpr Duration kMaxTimeout{7LL * 24 * 3600 * 1000};
 
 class Stream;
 

@@ -128,6 +128,10 @@ Status ValidateFsdpOptions(const FsdpOptions& o, int world) {
     return InvalidArgumentError("gradient_predivide_factor must be finite and >= 0 (0 = automatic)");
   }
   if (o.timeout.count() <= 0) return InvalidArgumentError("timeout must be positive");
+  if (o.timeout > kMaxTimeout) {
+    return InvalidArgumentError("timeout " + std::to_string(o.timeout.count()) + " ms exceeds the maximum of " +
+                                std::to_string(kMaxTimeout.count()) + " ms (7 days)");
+  }
   return OkStatus();
 }
 

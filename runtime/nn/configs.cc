@@ -1,5 +1,7 @@
 #include "runtime/nn/configs.h"
 
+#include <algorithm>
+
 namespace sk {
 namespace {
 
@@ -83,6 +85,36 @@ StatusOr<NamedModelConfig> FindModelConfig(const std::string& name) {
     known += (known.empty() ? "" : ", ") + c.name;
   }
   return NotFoundError("no model config named '" + name + "'; known: " + known);
+}
+
+Status CheckStepSizeFits(const NamedModelConfig& c, int64_t batch_size, int64_t seq_len,
+                         int64_t source_len) {
+  if (batch_size < 1) return InvalidArgumentError("batch_size must be >= 1");
+  if (seq_len < 0 || source_len < 0) return InvalidArgumentError("sequence lengths must be >= 0");
+  const int64_t s = std::max<int64_t>({seq_len > 0 ? seq_len : c.seq_len,
+                                       source_len > 0 ? source_len : c.source_len, 1});
+  const bool gpt = c.family == ModelFamily::kGpt;
+  const int64_t layers = gpt ? c.gpt.n_layer : c.t5.n_encoder_layers + c.t5.n_decoder_layers;
+  const int64_t heads = gpt ? c.gpt.n_head : c.t5.n_head;
+  const int64_t d = gpt ? c.gpt.d_model : c.t5.d_model;
+  const int64_t ff = gpt ? c.gpt.ff() : c.t5.d_ff;
+  const int64_t vocab = gpt ? c.gpt.vocab_size : c.t5.vocab_size;
+  // Floats per token per layer, generously: every sublayer's saved and
+  // temporary tensors (a few d_model and d_ff vectors), its attention
+  // scores (heads x s per token), and the head's logits (vocab).
+  int64_t per_token = 0, tokens = 0, floats = 0, bytes = 0;
+  bool overflow = __builtin_mul_overflow(heads, 4 * s, &per_token);
+  overflow |= __builtin_add_overflow(per_token, 64 * d + 8 * ff + 4 * vocab + 16, &per_token);
+  overflow |= __builtin_mul_overflow(batch_size, s, &tokens);
+  overflow |= __builtin_mul_overflow(tokens, per_token, &floats);
+  overflow |= __builtin_mul_overflow(floats, layers + 4, &floats);
+  overflow |= __builtin_mul_overflow(floats, int64_t{4}, &bytes);
+  if (overflow || bytes > (int64_t{1} << 62)) {
+    return InvalidArgumentError("batch_size " + std::to_string(batch_size) + " x sequence length " +
+                                std::to_string(s) + " of model '" + c.name +
+                                "' is too large: its activation memory does not fit in 64-bit byte counts");
+  }
+  return OkStatus();
 }
 
 StatusOr<std::unique_ptr<Model>> CreateModel(const NamedModelConfig& config,

@@ -39,6 +39,16 @@ const std::vector<NamedModelConfig>& ModelConfigs();
 // NotFound listing the known names when `name` is not one of them.
 StatusOr<NamedModelConfig> FindModelConfig(const std::string& name);
 
+// InvalidArgument naming batch_size and the sequence lengths when a step of
+// `batch_size` sequences of `seq_len` (and `source_len` encoder) tokens is too
+// large to size: every byte count derived from it (activations, token
+// buffers, the memory estimate) is int64, and a bound that dominates them all
+// is computed here with checked arithmetic and must stay below 2^62 (a
+// huge batch x seq used to wrap around to a small memory estimate).
+// Lengths of 0 mean the configuration's defaults.
+Status CheckStepSizeFits(const NamedModelConfig& config, int64_t batch_size, int64_t seq_len,
+                         int64_t source_len);
+
 // Builds the model of a named configuration (no parameter memory is
 // allocated: only the unit specs).
 StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,

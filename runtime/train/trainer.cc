@@ -19,7 +19,7 @@
 namespace sk {
 
 Status ValidateTrainerOptions(const TrainerOptions& o) {
-  SK_RETURN_IF_ERROR(FindModelConfig(o.model).status());
+  SK_ASSIGN_OR_RETURN(NamedModelConfig config, FindModelConfig(o.model));
   switch (o.parallelism) {
     case Parallelism::kDefault:
     case Parallelism::kFsdp:
@@ -35,9 +35,13 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
   if (o.seq_len < 0 || o.source_len < 0) return InvalidArgumentError("sequence lengths must be >= 0");
   if (o.data_tokens < 0) return InvalidArgumentError("data_tokens must be >= 0");
   if (o.gemm_threads < 0) return InvalidArgumentError("gemm_threads must be >= 0 (0 = automatic)");
-  if (!(o.clip_grad_norm >= 0)) return InvalidArgumentError("clip_grad_norm must be >= 0");
+  if (!(o.clip_grad_norm >= 0) || !std::isfinite(o.clip_grad_norm)) {
+    return InvalidArgumentError("clip_grad_norm must be finite and >= 0 (0 = do not clip), got " +
+                                std::to_string(o.clip_grad_norm));
+  }
   SK_RETURN_IF_ERROR(ValidateDeviceOptions(o.device));
   SK_RETURN_IF_ERROR(ValidateOptimizerOptions(o.optimizer));
+  SK_RETURN_IF_ERROR(CheckStepSizeFits(config, o.batch_size, o.seq_len, o.source_len));
   return OkStatus();
 }
 

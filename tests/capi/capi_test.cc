@@ -516,6 +516,37 @@ TEST(CapiLocalSession, BadOptionsFailEveryRankBeforeAnyCollective) {
   EXPECT_EQ(s, nullptr);
 }
 
+// Issue 14, item 8: accepted at create, then failing every step (or wrong).
+TEST(CapiLocalSession, OptionsThatWouldFailEveryStepAreRejectedAtCreate) {
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.timeout_ms = INT64_MAX;  // every collective timed out at once
+  sk_trainer_options o = TinyTrainer(&f);
+  sk_local_session* s = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 2, nullptr, &s));
+  EXPECT_ERROR_MENTIONS("sk_fsdp_options.timeout_ms");
+  o = TinyTrainer();
+  o.clip_grad_norm = INFINITY;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 2, nullptr, &s));
+  EXPECT_ERROR_MENTIONS("clip_grad_norm");
+  o.clip_grad_norm = NAN;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 2, nullptr, &s));
+  o = TinyTrainer();
+  o.batch_size = int64_t{1} << 40;
+  o.seq_len = 64;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 2, nullptr, &s));
+  EXPECT_ERROR_MENTIONS("batch_size");
+  EXPECT_EQ(s, nullptr);
+  sk_gloo_options g = SK_GLOO_OPTIONS_INIT;
+  g.rank = 0;
+  g.world_size = 1;
+  g.master_addr = "127.0.0.1";
+  g.timeout_ms = INT64_MAX;
+  sk_process_group* pg = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_gloo(&g, &pg));
+  EXPECT_ERROR_MENTIONS("sk_gloo_options.timeout_ms");
+  EXPECT_EQ(pg, nullptr);
+}
+
 // --- DDP -----------------------------------------------------------------------
 
 // A fresh directory under the test's temporary directory.

@@ -105,6 +105,28 @@ TEST(MemoryEstimatorBadInputTest, RejectsBadRequests) {
   EXPECT_EQ(EstimatePeakMemory(req).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Issue 14, item 8: a huge batch x seq wrapped around int64 and came back as
+// a few hundred KB; now it is InvalidArgument naming batch_size. Just below
+// the bound the estimate is large and grows with the batch.
+TEST(MemoryEstimatorBadInputTest, HugeBatchTimesSeqIsInvalidArgumentNotAWrappedEstimate) {
+  MemoryEstimateRequest req;
+  req.model = *FindModelConfig("gpt-1m");
+  req.world_size = 2;
+  req.seq_len = 256;
+  req.batch_size = int64_t{1} << 40;
+  StatusOr<MemoryEstimate> e = EstimatePeakMemory(req);
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << (e.ok() ? e->ToString() : "");
+  EXPECT_NE(std::string(e.status().message()).find("batch_size"), std::string::npos) << e.status();
+  req.batch_size = int64_t{1} << 24;
+  StatusOr<MemoryEstimate> big = EstimatePeakMemory(req);
+  ASSERT_TRUE(big.ok()) << big.status();
+  req.batch_size = int64_t{1} << 20;
+  StatusOr<MemoryEstimate> smaller = EstimatePeakMemory(req);
+  ASSERT_TRUE(smaller.ok()) << smaller.status();
+  EXPECT_GT(big->activation_bytes, 8 * smaller->activation_bytes);
+  EXPECT_GT(big->peak_bytes, int64_t{1} << 40);
+}
+
 TEST(MemoryEstimatorPaperScaleTest, ShardingDividesModelStatesByTheWorldSize) {
   MemoryEstimateRequest req;
   req.model = *FindModelConfig("t5-11b");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -174,6 +175,30 @@ TEST(TrainerTest, BadOptionsNameTheField) {
     o.data_path = "/nonexistent/tokens.bin";
     EXPECT_EQ(Trainer::Create(o, world).status().code(), StatusCode::kNotFound);
     EXPECT_EQ(Trainer::Create(Tiny(), nullptr).status().code(), StatusCode::kInvalidArgument);
+  });
+}
+
+// Issue 14, item 8: options that were accepted and then failed every step.
+TEST(TrainerTest, OptionsThatWouldFailEveryStepAreInvalidArgumentAtCreate) {
+  RunRanks(1, [](int, comm::ProcessGroup* world) {
+    TrainerOptions o = Tiny();
+    o.fsdp.timeout = Duration(INT64_MAX);
+    Status s = Trainer::Create(o, world).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message()).find("timeout"), std::string::npos) << s;
+    o = Tiny();
+    o.clip_grad_norm = std::numeric_limits<double>::infinity();
+    s = Trainer::Create(o, world).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message()).find("clip_grad_norm"), std::string::npos) << s;
+    o = Tiny();
+    o.batch_size = int64_t{1} << 50;
+    s = Trainer::Create(o, world).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message()).find("batch_size"), std::string::npos) << s;
+    o = Tiny();
+    o.fsdp.timeout = kMaxTimeout;  // the bound itself is fine
+    EXPECT_TRUE(Trainer::Create(o, world).ok());
   });
 }
 

@@ -277,7 +277,8 @@ typedef struct sk_gloo_options {
    * host's name; with explicit rank/world_size, 127.0.0.1 (set it for a
    * group that spans hosts). */
   const char* hostname;
-  /* Rendezvous and collective timeout in milliseconds; 0 = 300000. */
+  /* Rendezvous and collective timeout in milliseconds; 0 = 300000; at most
+   * 604800000 (7 days): INVALID_ARGUMENT beyond. */
   int64_t timeout_ms;
   /* Ignored (kept for layout): every collective's call is compared across
      ranks before it runs, always. */
@@ -355,7 +356,8 @@ typedef struct sk_fsdp_options {
   float gradient_predivide_factor;
   /* Seed of the parameter initialiser (0 is a valid seed). */
   uint64_t seed;
-  /* Timeout of every collective in milliseconds; 0 = 300000. */
+  /* Timeout of every collective in milliseconds; 0 = 300000; at most
+   * 604800000 (7 days): INVALID_ARGUMENT beyond. */
   int64_t timeout_ms;
 } sk_fsdp_options;
 
