@@ -74,10 +74,42 @@ constexpr uint8_t kSlotPrefix = 0xa5;
 
 uint8_t* Bytes(const void* p) { return static_cast<uint8_t*>(const_cast<void*>(p)); }
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
-  return os.str();
+
+// Before Gloo's rendezvous (which asserts on a size mismatch in its own
+// words, or waits for ranks that will never come): every rank publishes the
+// group size it was created with; rank 0 reads every rank's, the others read
+// rank 0's. InvalidArgument naming both ranks and sizes on a mismatch;
+// DeadlineExceeded naming the ranks that did not join within `timeout`.
+Status AgreeOnGroupSize(Store& store, const std::string& group, int rank, int size, Duration timeout) {
+  auto key = [](int r) { return "group_size/" + std::to_string(r); };
+  SK_RETURN_IF_ERROR(store.Set(key(rank), std::to_string(size)));
+  const auto deadline = Clock::now() + timeout;
+  std::vector<int> peers;
+  if (rank == 0) {
+    for (int r = 1; r < size; ++r) peers.push_back(r);
+  } else {
+    peers.push_back(0);
+  }
+  std::vector<int> missing;
+  for (int peer : peers) {
+    auto left = std::max(Duration(1), std::chrono::duration_cast<Duration>(deadline - Clock::now()));
+    StatusOr<std::string> v = store.Get(key(peer), missing.empty() ? left : Duration(200));
+    if (!v.ok()) {
+      if (v.status().code() != StatusCode::kDeadlineExceeded) return v.status();
+      missing.push_back(peer);
+      continue;
+    }
+    if (*v != std::to_string(size)) {
+      return InvalidArgumentError("gloo group '" + group + "': world size mismatch: rank " + std::to_string(rank) +
+                                  " (this rank) was created with world size " + std::to_string(size) +
+                                  ", rank " + std::to_string(peer) + " with world size " + *v);
+    }
+  }
+  if (!missing.empty()) {
+    return DeadlineExceededError("gloo group '" + group + "' of size " + std::to_string(size) + ": " +
+                                 NameRanks(missing) + " did not join within " + std::to_string(timeout.count()) + " ms");
+  }
+  return OkStatus();
 }
 
 }  // namespace
@@ -87,9 +119,10 @@ std::string RankList(const std::vector<int>& ranks) {
 // closure is still queued when it dies.
 class GlooState {
  public:
-  GlooState(std::shared_ptr<gloo::rendezvous::Context> context, std::shared_ptr<FlightRecorder> recorder)
+  GlooState(std::shared_ptr<gloo::rendezvous::Context> context, std::shared_ptr<FlightRecorder> recorder,
+            std::vector<int> global_ranks)
       : context_(std::move(context)), recorder_(std::move(recorder)), rank_(context_->rank),
-        size_(context_->size) {}
+        size_(context_->size), global_ranks_(std::move(global_ranks)) {}
 
   void NoteLaunched() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -241,7 +274,12 @@ class GlooState {
         if (!done[r]) missing.push_back(r);
       }
       Status s = FromGlooException(std::runtime_error(cause), "gloo");
-      const std::string who = std::string(missing.size() == 1 ? "rank " : "ranks ") + RankList(missing);
+      std::string who = NameRanks(missing);
+      if (global_ranks_.size() == static_cast<size_t>(size_)) {
+        std::vector<int> global;
+        for (int r : missing) global.push_back(global_ranks_[r]);
+        if (global != missing) who += " (world " + NameRanks(global) + ")";
+      }
       const std::string what = recv ? who + " did not arrive"
                                     : "sending to " + who + " did not complete";
       return Status(s.code(), what + " (peer ranks of this group; " + cause + ")");
@@ -358,6 +396,8 @@ class GlooState {
   const std::shared_ptr<FlightRecorder> recorder_;
   const int rank_;
   const int size_;
+  // The world rank of each rank of this group (errors name both).
+  const std::vector<int> global_ranks_;
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t executed_ = 0;  // sequence number allowed to run next
@@ -407,6 +447,15 @@ StatusOr<DistributedEnv> DistributedEnv::FromEnvironment() {
 StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(std::shared_ptr<Store> store,
                                                                      std::string prefix, int rank,
                                                                      int size, GlooOptions options) {
+  std::vector<int> identity;
+  for (int r = 0; r < size; ++r) identity.push_back(r);
+  return Make(std::move(store), std::move(prefix), rank, size, std::move(options), std::move(identity));
+}
+
+StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Make(std::shared_ptr<Store> store,
+                                                                   std::string prefix, int rank, int size,
+                                                                   GlooOptions options,
+                                                                   std::vector<int> global_ranks) {
   if (store == nullptr) return InvalidArgumentError("gloo group needs a store");
   if (size < 1 || rank < 0 || rank >= size) {
     return InvalidArgumentError("gloo group: rank " + std::to_string(rank) +
@@ -419,6 +468,7 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(std::shared
   }
   if (options.hostname.empty()) options.hostname = "127.0.0.1";
   auto scoped = std::make_shared<PrefixStore>(prefix + "/", store);
+  SK_RETURN_IF_ERROR(AgreeOnGroupSize(*scoped, prefix, rank, size, options.timeout));
   std::shared_ptr<gloo::rendezvous::Context> context;
   try {
     ScopedSigpipeBlock no_sigpipe;  // gloo's I/O thread, created here, inherits it
@@ -437,10 +487,10 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(std::shared
                             " forming group '" + prefix + "': gloo threw a non-standard exception");
   }
   auto recorder = std::make_shared<FlightRecorder>("gloo", prefix, rank, size);
-  auto state = std::make_shared<GlooState>(std::move(context), recorder);
+  auto state = std::make_shared<GlooState>(std::move(context), recorder, global_ranks);
   auto group = std::unique_ptr<GlooProcessGroup>(
       new GlooProcessGroup(rank, size, std::move(state), std::move(store), std::move(prefix),
-                           std::move(options)));
+                           std::move(options), std::move(global_ranks)));
   group->flight_recorder_ = std::move(recorder);
   return group;
 }
@@ -469,9 +519,9 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::CreateFromEnvironm
 
 GlooProcessGroup::GlooProcessGroup(int rank, int size, std::shared_ptr<GlooState> state,
                                    std::shared_ptr<Store> store, std::string prefix,
-                                   GlooOptions options)
+                                   GlooOptions options, std::vector<int> global_ranks)
     : ProcessGroup(rank, size), state_(std::move(state)), store_(std::move(store)),
-      prefix_(std::move(prefix)), options_(std::move(options)) {}
+      prefix_(std::move(prefix)), options_(std::move(options)), global_ranks_(std::move(global_ranks)) {}
 
 GlooProcessGroup::~GlooProcessGroup() { state_->Shutdown(options_.timeout); }
 
@@ -487,9 +537,11 @@ StatusOr<std::unique_ptr<ProcessGroup>> GlooProcessGroup::NewGroup(const std::ve
   int sub_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank()) - ranks.begin());
   GlooOptions options = options_;
   options.timeout = timeout;
+  std::vector<int> global;
+  for (int r : ranks) global.push_back(global_ranks_[r]);
   SK_ASSIGN_OR_RETURN(std::unique_ptr<GlooProcessGroup> group,
-                      Create(store_, prefix_ + "/sub[" + key + "]#" + std::to_string(occurrence),
-                             sub_rank, static_cast<int>(ranks.size()), options));
+                      Make(store_, prefix_ + "/sub[" + key + "]#" + std::to_string(occurrence),
+                           sub_rank, static_cast<int>(ranks.size()), options, std::move(global)));
   return std::unique_ptr<ProcessGroup>(std::move(group));
 }
 

@@ -114,12 +114,18 @@ class GlooProcessGroup final : public ProcessGroup {
 
  private:
   GlooProcessGroup(int rank, int size, std::shared_ptr<GlooState> state,
-                   std::shared_ptr<Store> store, std::string prefix, GlooOptions options);
+                   std::shared_ptr<Store> store, std::string prefix, GlooOptions options,
+                   std::vector<int> global_ranks);
+  // Create, for a group whose rank r is world rank global_ranks[r].
+  static StatusOr<std::unique_ptr<GlooProcessGroup>> Make(std::shared_ptr<Store> store, std::string prefix,
+                                                          int rank, int size, GlooOptions options,
+                                                          std::vector<int> global_ranks);
 
   std::shared_ptr<GlooState> state_;
   std::shared_ptr<Store> store_;
   const std::string prefix_;
   const GlooOptions options_;
+  const std::vector<int> global_ranks_;  // of this group's ranks
   std::mutex new_group_mu_;
   std::map<std::string, int> new_group_counts_;
 };

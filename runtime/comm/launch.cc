@@ -10,6 +10,10 @@
 // "[rank R] ". If a rank exits with a non-zero code or a signal, the launcher
 // sends SIGTERM to the others (SIGKILL after --kill_grace_s), and exits with
 // that rank's code (128 + signal for a signal). If all exit 0, it exits 0.
+// When the rank that failed first was only waiting for another (a hung
+// peer: its error says "rank 2 did not arrive"), the report names the rank
+// at fault too: the ranks the failed rank's last output names as not
+// arriving, and any rank of this node that is stopped (SIGSTOP, a debugger).
 // Ranks die with the launcher (PR_SET_PDEATHSIG): killing the launcher, even
 // with SIGKILL, leaves no orphans training on. Ranks start with SIGPIPE's
 // default action, as under torchrun (the launcher itself ignores it).
@@ -26,11 +30,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -91,7 +98,10 @@ struct Output {
   int rank;
   FILE* sink;
   std::string partial;
+  std::deque<std::string> recent;  // the last kRecentLines lines
 };
+
+constexpr size_t kRecentLines = 32;
 
 void Emit(Output& o, const char* data, size_t len) {
   o.partial.append(data, len);
@@ -99,6 +109,8 @@ void Emit(Output& o, const char* data, size_t len) {
   for (size_t nl; (nl = o.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
     std::fprintf(o.sink, "[rank %d] %.*s\n", o.rank, static_cast<int>(nl - start),
                  o.partial.data() + start);
+    o.recent.emplace_back(o.partial, start, nl - start);
+    if (o.recent.size() > kRecentLines) o.recent.pop_front();
   }
   o.partial.erase(0, start);
   std::fflush(o.sink);
@@ -110,6 +122,67 @@ void FlushPartial(Output& o) {
     o.partial.clear();
     std::fflush(o.sink);
   }
+}
+
+// The world ranks a rank's error names as missing: "rank 2 did not arrive",
+// "ranks 1,3 did not arrive", "rank 1 (world rank 2) did not arrive",
+// "ranks 2 did not join" (the names our backends use; world ranks preferred).
+std::set<int> NamedAsMissing(const std::deque<std::string>& lines) {
+  std::set<int> ranks;
+  auto numbers_after = [](const std::string& s, size_t at) {
+    std::set<int> out;
+    size_t p = at;
+    while (p < s.size() && (std::isdigit(static_cast<unsigned char>(s[p])) || s[p] == ',')) {
+      if (std::isdigit(static_cast<unsigned char>(s[p]))) {
+        out.insert(std::atoi(s.c_str() + p));
+        while (p < s.size() && std::isdigit(static_cast<unsigned char>(s[p]))) ++p;
+      } else {
+        ++p;
+      }
+    }
+    return out;
+  };
+  for (const std::string& line : lines) {
+    for (const char* verb : {" did not arrive", " did not join"}) {
+      for (size_t at = line.find(verb); at != std::string::npos; at = line.find(verb, at + 1)) {
+        const std::string head = line.substr(0, at);
+        // "... (world rank[s] N,M)" just before the verb.
+        size_t world = head.rfind("(world rank");
+        size_t plain = head.rfind("rank");
+        size_t from = std::string::npos;
+        if (world != std::string::npos && head.back() == ')') {
+          from = world + std::strlen("(world rank");
+        } else if (plain != std::string::npos) {
+          from = plain + std::strlen("rank");
+        }
+        if (from == std::string::npos) continue;
+        if (from < head.size() && head[from] == 's') ++from;
+        if (from < head.size() && head[from] == ' ') ++from;
+        for (int r : numbers_after(head, from)) ranks.insert(r);
+      }
+    }
+  }
+  return ranks;
+}
+
+// 'T' (stopped: SIGSTOP, a debugger) or 't' (traced) in /proc/PID/stat.
+bool IsStopped(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;
+  char buf[512] = {};
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  const char* paren = std::strrchr(buf, ')');  // the command name may hold spaces
+  if (n == 0 || paren == nullptr || paren[1] != ' ') return false;
+  return paren[2] == 'T' || paren[2] == 't';
+}
+
+std::string Join(const std::set<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
 }
 
 }  // namespace
@@ -267,9 +340,38 @@ int main(int argc, char** argv) {
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (code != 0 && !stopping) {
         exit_code = code;
-        stop_others("rank " + std::to_string(it->second) +
-                    (WIFEXITED(status) ? " exited with code " + std::to_string(code)
-                                       : " was killed by signal " + std::to_string(WTERMSIG(status))));
+        std::string why = "rank " + std::to_string(it->second) +
+                          (WIFEXITED(status) ? " exited with code " + std::to_string(code)
+                                             : " was killed by signal " + std::to_string(WTERMSIG(status)));
+        // After a hang the first rank to fail is usually a healthy one that
+        // timed out waiting: name the rank at fault, from what the failed
+        // rank's error says did not arrive and which ranks of this node are
+        // stopped.
+        for (Output& o : outputs) {
+          if (o.rank == it->second) FlushPartial(o);
+        }
+        std::set<int> named;
+        for (const Output& o : outputs) {
+          if (o.rank == it->second) {
+            for (int r : NamedAsMissing(o.recent)) named.insert(r);
+          }
+        }
+        std::set<int> stopped;
+        for (size_t s = 0; s < pids.size(); ++s) {
+          if (running[s] && IsStopped(pids[s])) stopped.insert(rank_of[pids[s]]);
+        }
+        std::set<int> fault(named);
+        fault.insert(stopped.begin(), stopped.end());
+        fault.erase(it->second);
+        if (!fault.empty()) {
+          why += ", but the rank" + std::string(fault.size() == 1 ? " at fault is rank " : "s at fault are ranks ") +
+                 Join(fault) + " (";
+          if (!named.empty()) why += "named as not arriving by rank " + std::to_string(it->second);
+          if (!named.empty() && !stopped.empty()) why += "; ";
+          if (!stopped.empty()) why += "stopped on this node: " + Join(stopped);
+          why += ")";
+        }
+        stop_others(why);
       }
     }
     if (g_interrupted != 0 && !stopping) {

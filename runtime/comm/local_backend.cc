@@ -28,13 +28,6 @@ size_t ChunkBegin(size_t count, int parts, int i) {
   return count / parts * i + std::min<size_t>(count % parts, i);
 }
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
-  os << "]";
-  return os.str();
-}
 
 // Stream-ordered mode: a new event recorded on `stream` now.
 Status RecordNewEvent(Device& device, Stream& stream, std::shared_ptr<Event>* out) {
@@ -202,7 +195,7 @@ class LocalRendezvous {
       for (int r = 0; r < n; ++r) {
         if (!slot.arrived_flags[r]) missing.push_back(r);
       }
-      Abort(slot, DeadlineExceededError(Who(c) + ": ranks " + RankList(missing) +
+      Abort(slot, DeadlineExceededError(Who(c) + ": " + NameRanks(missing) +
                                         " did not arrive within " +
                                         std::to_string(c.timeout.count()) + " ms"));
     }
@@ -406,7 +399,7 @@ Status LocalRendezvous::OrderedBarrier(int rank, const Collective& c, Slot& slot
     for (int r = 0; r < n; ++r) {
       if (slot.events[phase][r] == nullptr) missing.push_back(r);
     }
-    Abort(slot, DeadlineExceededError(Who(c) + ": ranks " + RankList(missing) + " did not " +
+    Abort(slot, DeadlineExceededError(Who(c) + ": " + NameRanks(missing) + " did not " +
                                       kPhaseName[phase] + " within " +
                                       std::to_string(c.timeout.count()) + " ms"));
   }
@@ -606,20 +599,56 @@ Status RunRankThreads(int world_size, const std::function<Status(int rank)>& bod
   std::vector<Status> results(static_cast<size_t>(world_size));
   std::vector<std::thread> threads;
   threads.reserve(results.size());
+  // No rank starts its body until every rank's thread exists: a rank that
+  // ran while another could not be created would wait for it in its first
+  // collective until the timeout.
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool decided = false, go = false;
+  Status start_failure;
   for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        results[r] = body(r);
-      } catch (const std::bad_alloc&) {
-        results[r] = ResourceExhaustedError("out of host memory (std::bad_alloc)");
-      } catch (const std::exception& e) {
-        results[r] = InternalError(std::string("unexpected C++ exception: ") + e.what());
-      } catch (...) {
-        results[r] = InternalError("unexpected C++ exception");
-      }
-    });
+    try {
+      threads.emplace_back([&, r] {
+        {
+          std::unique_lock<std::mutex> lock(gate_mu);
+          gate_cv.wait(lock, [&] { return decided; });
+          if (!go) {
+            results[r] = AbortedError("not run: another rank's thread could not be created");
+            return;
+          }
+        }
+        try {
+          results[r] = body(r);
+        } catch (const std::bad_alloc&) {
+          results[r] = ResourceExhaustedError("out of host memory (std::bad_alloc)");
+        } catch (const std::exception& e) {
+          results[r] = InternalError(std::string("unexpected C++ exception: ") + e.what());
+        } catch (...) {
+          results[r] = InternalError("unexpected C++ exception");
+        }
+      });
+    } catch (const std::exception& e) {  // std::system_error (EAGAIN), std::bad_alloc
+      start_failure = ResourceExhaustedError("could not create the thread of rank " + std::to_string(r) +
+                                             " of " + std::to_string(world_size) + " (" + e.what() +
+                                             "); none of the " + std::to_string(threads.size()) +
+                                             " ranks started ran");
+      break;
+    }
   }
+  {
+    std::lock_guard<std::mutex> lock(gate_mu);
+    decided = true;
+    go = start_failure.ok();
+  }
+  gate_cv.notify_all();
   for (auto& t : threads) t.join();
+  if (!start_failure.ok()) {
+    if (per_rank != nullptr) {
+      for (int r = static_cast<int>(threads.size()); r < world_size; ++r) results[r] = start_failure;
+      *per_rank = std::move(results);
+    }
+    return start_failure;
+  }
   Status first = OkStatus();
   for (int r = 0; r < world_size; ++r) {
     if (!results[r].ok()) {

@@ -108,7 +108,11 @@ class LocalProcessGroup final : public ProcessGroup {
 };
 
 // Runs body(rank) for rank 0..world_size-1, each on a new thread, and
-// returns when every one has returned. A C++ exception escaping body becomes
+// returns when every one has returned. Bodies start only once every thread
+// exists: when one cannot be created (the process or user is out of
+// threads), no body runs, the threads already created are joined, and the
+// result is ResourceExhausted naming the rank (never std::terminate). A C++
+// exception escaping body becomes
 // that rank's error (ResourceExhausted for std::bad_alloc, Internal
 // otherwise). Returns OK when every rank returned OK, otherwise the lowest
 // failing rank's status with "rank R" as context; when `per_rank` is not

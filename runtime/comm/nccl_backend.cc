@@ -53,12 +53,6 @@ ncclDataType_t NcclType(DType t) {
   return ncclFloat32;  // validated by ProcessGroup before we get here
 }
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 }  // namespace
 
 // One non-blocking communicator and the scratch a barrier reduces.

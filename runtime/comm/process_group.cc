@@ -125,6 +125,16 @@ std::string CallFingerprint::ToString() const {
   return os.str();
 }
 
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::string NameRanks(const std::vector<int>& ranks) {
+  return (ranks.size() == 1 ? "rank " : "ranks ") + RankList(ranks);
+}
+
 Status CompareFingerprints(const std::vector<CallFingerprint>& per_rank, const std::string& who) {
   for (size_t r = 1; r < per_rank.size(); ++r) {
     if (!per_rank[r].Matches(per_rank[0])) {

@@ -131,6 +131,11 @@ struct CallFingerprint {
   std::string ToString() const;
 };
 
+// "2" or "0,1,3": ranks in messages (and the key of a group's rank list).
+std::string RankList(const std::vector<int>& ranks);
+// "rank 2" or "ranks 0,1,3".
+std::string NameRanks(const std::vector<int>& ranks);
+
 // InvalidArgument naming both ranks' calls for the first rank whose
 // fingerprint differs from rank 0's (or from the lowest rank that differs),
 // OK if all agree. `who` labels the group in the message.

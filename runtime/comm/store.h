@@ -32,8 +32,9 @@ class Store {
   // Sets `key` to `value`, replacing any previous value.
   virtual Status Set(const std::string& key, const std::string& value) = 0;
   // The value of `key`, waiting until some rank has set it.
-  // DeadlineExceeded naming the key after `timeout`; Unavailable if the
-  // store cannot be reached.
+  // DeadlineExceeded naming the key after `timeout` (not later: a server
+  // that does not answer counts against the same timeout); Unavailable if
+  // the store cannot be reached.
   virtual StatusOr<std::string> Get(const std::string& key, Duration timeout) = 0;
   // Adds `delta` to the integer at `key` (absent = 0) and returns the sum.
   virtual StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
@@ -67,6 +68,9 @@ class TcpStore final : public Store {
   // may start after its clients). With `serve` the store is also served from
   // this process on `port` (all interfaces); port 0 picks a free port,
   // reported by port(). Unavailable if the server cannot be started or reached.
+  // `timeout` also bounds each Set and Add (their reply). A request whose
+  // reply does not come in time leaves the connection unusable: later
+  // requests are Unavailable (make a new TcpStore).
   static StatusOr<std::unique_ptr<TcpStore>> Create(const std::string& host, int port, bool serve,
                                                     Duration timeout = kDefaultTimeout);
   ~TcpStore() override;
@@ -77,13 +81,14 @@ class TcpStore final : public Store {
   int port() const { return port_; }
 
  private:
-  TcpStore(int fd, int port, std::unique_ptr<TcpStoreServer> server);
+  TcpStore(int fd, int port, std::unique_ptr<TcpStoreServer> server, Duration timeout);
   StatusOr<std::string> Request(uint8_t op, const std::string& key, const std::string& value,
                                 Duration timeout);
 
   std::mutex mu_;  // one request at a time on fd_
-  int fd_;
+  int fd_;         // -1 once abandoned
   const int port_;
+  const Duration timeout_;
   std::unique_ptr<TcpStoreServer> server_;
 };
 

@@ -25,8 +25,10 @@ using Clock = std::chrono::steady_clock;
 enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3 };
 enum Reply : uint8_t { kOk = 0, kTimeout = 1 };
 
-// How long a reply may lag behind the server-side wait it reports on.
-constexpr Duration kReplySlack{10'000};
+// The server ends a Get's wait this much before the client's deadline, so
+// that its "not set" reply arrives in time and the client waits exactly its
+// timeout (it used to wait a fixed 10 s more for the reply).
+Duration ReplyMargin(Duration timeout) { return std::min(Duration(100), timeout / 2); }
 
 std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
@@ -231,6 +233,10 @@ StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const std::string& host, in
     return InvalidArgumentError("store port " + std::to_string(port) + " is not a TCP port");
   }
   if (!serve && port == 0) return InvalidArgumentError("a store client needs a port, got 0");
+  if (timeout.count() <= 0 || timeout > kMaxTimeout) {
+    return InvalidArgumentError("store timeout " + std::to_string(timeout.count()) + " ms is not in (0, " +
+                                std::to_string(kMaxTimeout.count()) + "]");
+  }
   std::unique_ptr<TcpStoreServer> server;
   if (serve) {
     SK_ASSIGN_OR_RETURN(server, TcpStoreServer::Start(port));
@@ -254,7 +260,7 @@ StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const std::string& host, in
         ::freeaddrinfo(res);
         int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        return std::unique_ptr<TcpStore>(new TcpStore(fd, port, std::move(server)));
+        return std::unique_ptr<TcpStore>(new TcpStore(fd, port, std::move(server), timeout));
       }
       last_error = Errno("connect");
       ::close(fd);
@@ -269,25 +275,41 @@ StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const std::string& host, in
   }
 }
 
-TcpStore::TcpStore(int fd, int port, std::unique_ptr<TcpStoreServer> server)
-    : fd_(fd), port_(port), server_(std::move(server)) {}
+TcpStore::TcpStore(int fd, int port, std::unique_ptr<TcpStoreServer> server, Duration timeout)
+    : fd_(fd), port_(port), timeout_(timeout), server_(std::move(server)) {}
 
 TcpStore::~TcpStore() {
-  ::close(fd_);
+  if (fd_ >= 0) ::close(fd_);
   server_.reset();
 }
 
 StatusOr<std::string> TcpStore::Request(uint8_t op, const std::string& key,
                                         const std::string& value, Duration timeout) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ < 0) {
+    return UnavailableError("store: the connection to port " + std::to_string(port_) +
+                            " was abandoned after an earlier request got no reply in time");
+  }
   if (!SendAll(fd_, &op, 1) || !SendString(fd_, key) || !SendString(fd_, value)) {
     return UnavailableError("store: connection to port " + std::to_string(port_) + " lost");
   }
-  const auto deadline = Clock::now() + timeout + kReplySlack;
+  const auto deadline = Clock::now() + timeout;
   uint8_t reply = 0;
   std::string out;
-  SK_RETURN_IF_ERROR(RecvAll(fd_, &reply, 1, deadline));
-  SK_RETURN_IF_ERROR(RecvString(fd_, &out, deadline));
+  Status got = RecvAll(fd_, &reply, 1, deadline);
+  if (got.ok()) got = RecvString(fd_, &out, deadline);
+  if (!got.ok()) {
+    // A reply may still arrive and would answer the next request: this
+    // connection is out of step for good.
+    ::close(fd_);
+    fd_ = -1;
+    if (got.code() == StatusCode::kDeadlineExceeded) {
+      return DeadlineExceededError("store: no reply from the server on port " + std::to_string(port_) +
+                                   " within " + std::to_string(timeout.count()) + " ms (key '" + key +
+                                   "'; is rank 0 alive?)");
+    }
+    return got;
+  }
   if (reply == kTimeout) {
     return DeadlineExceededError("store: key '" + key + "' was not set within " +
                                  std::to_string(timeout.count()) + " ms");
@@ -296,11 +318,15 @@ StatusOr<std::string> TcpStore::Request(uint8_t op, const std::string& key,
 }
 
 Status TcpStore::Set(const std::string& key, const std::string& value) {
-  return Request(kSet, key, value, Duration(0)).status();
+  return Request(kSet, key, value, timeout_).status();
 }
 
 StatusOr<std::string> TcpStore::Get(const std::string& key, Duration timeout) {
-  int64_t ms = timeout.count();
+  if (timeout.count() < 0 || timeout > kMaxTimeout) {
+    return InvalidArgumentError("store: Get timeout " + std::to_string(timeout.count()) + " ms is not in [0, " +
+                                std::to_string(kMaxTimeout.count()) + "]");
+  }
+  int64_t ms = (timeout - ReplyMargin(timeout)).count();
   return Request(kGet, key, std::string(reinterpret_cast<const char*>(&ms), sizeof(ms)), timeout);
 }
 
@@ -308,7 +334,7 @@ StatusOr<int64_t> TcpStore::Add(const std::string& key, int64_t delta) {
   SK_ASSIGN_OR_RETURN(std::string out,
                       Request(kAdd, key,
                               std::string(reinterpret_cast<const char*>(&delta), sizeof(delta)),
-                              Duration(0)));
+                              timeout_));
   int64_t v = 0;
   if (out.size() != sizeof(v)) return InternalError("store: malformed add reply");
   std::memcpy(&v, out.data(), sizeof(v));

@@ -39,8 +39,11 @@ class Work {
   bool is_completed() const;
 
   // Blocks until completed, then returns status(). DeadlineExceeded naming the
-  // collective if it has not completed within `timeout`; the collective keeps
-  // running and the Work may be waited on again.
+  // collective if it has not completed within `timeout` plus a grace of
+  // min(timeout / 4, 2 s) in which the collective's own outcome is still
+  // taken (its timeout started later, when it began running, and its error
+  // names the ranks that did not arrive); the collective keeps running and
+  // the Work may be waited on again.
   Status wait(Duration timeout = kDefaultTimeout) const;
 
   // OK while running or after success; the collective's error once it failed.

@@ -1,6 +1,8 @@
 #include "runtime/train/trainer.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <cstdlib>
@@ -45,6 +47,125 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
   return OkStatus();
 }
 
+namespace {
+
+// The options every rank must share, each as (field, exact value).
+std::vector<std::pair<std::string, std::string>> SharedFields(const TrainerOptions& o) {
+  auto num = [](double v) {
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    return std::string(buf);
+  };
+  auto i = [](int64_t v) { return std::to_string(v); };
+  const FsdpOptions& f = o.fsdp;
+  const MixedPrecisionPolicy& mp = f.mixed_precision;
+  const OptimizerOptions& opt = o.optimizer;
+  const bool ddp = o.parallelism == Parallelism::kDdp;
+  std::vector<std::pair<std::string, std::string>> v = {
+      {"model", o.model},
+      {"parallelism", ddp ? "DDP" : "FSDP"},
+      {"fsdp.strategy", ShardingStrategyName(f.strategy)},
+      {"fsdp.shard_group_size", i(f.shard_group_size)},
+      {"fsdp.backward_prefetch", BackwardPrefetchName(f.backward_prefetch)},
+      {"fsdp.forward_prefetch", i(f.forward_prefetch)},
+      {"fsdp.all_gather_limit", i(f.all_gather_limit)},
+      {"fsdp.mixed_precision.param_dtype", std::string(DTypeName(mp.param_dtype))},
+      {"fsdp.mixed_precision.reduce_dtype", mp.reduce_dtype ? std::string(DTypeName(*mp.reduce_dtype)) : "unset"},
+      {"fsdp.mixed_precision.buffer_dtype", mp.buffer_dtype ? std::string(DTypeName(*mp.buffer_dtype)) : "unset"},
+      {"fsdp.cpu_offload", i(f.cpu_offload)},
+      {"fsdp.gradient_predivide_factor", num(f.gradient_predivide_factor)},
+      {"fsdp.seed", std::to_string(f.seed)},
+      {"optimizer.kind", i(static_cast<int>(opt.kind))},
+      {"optimizer.lr", num(opt.lr)},
+      {"optimizer.momentum", num(opt.momentum)},
+      {"optimizer.dampening", num(opt.dampening)},
+      {"optimizer.nesterov", i(opt.nesterov)},
+      {"optimizer.beta1", num(opt.beta1)},
+      {"optimizer.beta2", num(opt.beta2)},
+      {"optimizer.eps", num(opt.eps)},
+      {"optimizer.weight_decay", num(opt.weight_decay)},
+      {"batch_size", i(o.batch_size)},
+      {"grad_accum_steps", i(o.grad_accum_steps)},
+      {"seq_len", i(o.seq_len)},
+      {"source_len", i(o.source_len)},
+      {"clip_grad_norm", num(o.clip_grad_norm)},
+      {"activation_checkpointing", i(o.activation_checkpointing)},
+      {"ddp_bucket_bytes", i(o.ddp_bucket_bytes)},
+      {"data_path", o.data_path},
+      {"data_width", i(static_cast<int>(o.data_width))},
+      {"data_seed", std::to_string(o.data_seed)},
+      {"data_tokens", i(o.data_tokens)},
+  };
+  return v;
+}
+
+// Each field's value in a fixed slot of kSlot bytes; a longer value keeps its
+// head and a hash of the whole, so different values never compare equal by
+// truncation (in practice).
+constexpr size_t kSlot = 64;
+void PutSlot(const std::string& value, char* slot) {
+  std::string v = value;
+  if (v.size() >= kSlot) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : value) h = (h ^ c) * 1099511628211ull;
+    char tail[24];
+    std::snprintf(tail, sizeof(tail), "...#%016llx", static_cast<unsigned long long>(h));
+    v = value.substr(0, kSlot - 1 - std::strlen(tail)) + tail;
+  }
+  std::memset(slot, 0, kSlot);
+  std::memcpy(slot, v.data(), v.size());
+}
+
+}  // namespace
+
+Status AgreeOnTrainerOptions(const TrainerOptions& options, const Status& local_validity,
+                             comm::ProcessGroup* world) {
+  if (world == nullptr) return InvalidArgumentError("Trainer needs a process group");
+  const int n = world->size();
+  const std::vector<std::pair<std::string, std::string>> fields = SharedFields(options);
+  // One slot per field, then one for this rank's verdict on its own options.
+  const size_t bytes = (fields.size() + 1) * kSlot;
+  if (n == 1) return local_validity;
+  HostAllocator& host = HostAllocator::Default();
+  // Bytes carried in an f32 tensor (collectives move f32 and 16-bit floats;
+  // an all-gather copies them unchanged).
+  SK_ASSIGN_OR_RETURN(Tensor mine, host.Empty(DType::kF32, Shape{static_cast<int64_t>(bytes / 4)}));
+  SK_ASSIGN_OR_RETURN(Tensor all, host.Empty(DType::kF32, Shape{static_cast<int64_t>(n * bytes / 4)}));
+  char* p = static_cast<char*>(mine.data());
+  for (size_t k = 0; k < fields.size(); ++k) PutSlot(fields[k].second, p + k * kSlot);
+  PutSlot(local_validity.ok() ? "ok" : "invalid", p + fields.size() * kSlot);
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(world->rank())));
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device->CreateStream("trainer options"));
+  comm::CollectiveOptions co;
+  // The timeout may be what is wrong with the options: then the default.
+  co.timeout = options.fsdp.timeout.count() > 0 && options.fsdp.timeout <= kMaxTimeout ? options.fsdp.timeout
+                                                                                        : kDefaultTimeout;
+  SK_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w, world->all_gather(all, mine, *stream, co));
+  SK_RETURN_IF_ERROR(w->wait(co.timeout).WithContext("agreeing on the trainer options across ranks"));
+  const char* base = static_cast<const char*>(all.data());
+  auto slot = [&](int r, size_t k) { return std::string(base + r * bytes + k * kSlot); };
+  // Every rank reaches the same verdict: the first field (in the order
+  // above) where some rank differs from rank 0, naming the lowest such rank.
+  for (size_t k = 0; k < fields.size(); ++k) {
+    for (int r = 1; r < n; ++r) {
+      if (slot(r, k) != slot(0, k)) {
+        return InvalidArgumentError("trainer options differ across ranks: " + fields[k].first + " is " +
+                                    slot(0, k) + " on rank 0 but " + slot(r, k) + " on rank " +
+                                    std::to_string(r) + " (every rank must create its trainer with the "
+                                    "same options)");
+      }
+    }
+  }
+  if (!local_validity.ok()) return local_validity;
+  for (int r = 0; r < n; ++r) {
+    if (slot(r, fields.size()) != "ok") {
+      return InvalidArgumentError("rank " + std::to_string(r) +
+                                  " rejected the trainer options (its own error says why)");
+    }
+  }
+  return OkStatus();
+}
+
 Trainer::Trainer(const TrainerOptions& options, comm::ProcessGroup* world)
     : options_(options), world_(world) {}
 
@@ -62,9 +183,17 @@ Trainer::~Trainer() {
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
                                                    comm::ProcessGroup* world,
                                                    MemoryStats* memory_on_error) {
-  SK_RETURN_IF_ERROR(ValidateTrainerOptions(options));
+  Status valid = ValidateTrainerOptions(options);
   const bool sim = options.device.kind == DeviceKind::kSim;
   if (world == nullptr && !sim) return InvalidArgumentError("Trainer needs a process group");
+  // Ranks of CPU worlds (local, gloo) agree on their options before anything
+  // else collective. A simulated world's ranks share one set of options.
+  if (!sim && options.device.kind == DeviceKind::kCpu &&
+      (world->backend_name() == "local" || world->backend_name() == "gloo")) {
+    if (valid.ok()) valid = ValidateFsdpOptions(options.fsdp, world->size());
+    SK_RETURN_IF_ERROR(AgreeOnTrainerOptions(options, valid, world));
+  }
+  SK_RETURN_IF_ERROR(valid);
   if (sim && options.parallelism != Parallelism::kDdp && options.fsdp.cpu_offload) {
     return UnimplementedError("cpu_offload on a sim device: the offloaded shards would need host "
                               "memory with data (not simulated yet)");

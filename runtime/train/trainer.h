@@ -96,6 +96,21 @@ struct TrainerOptions {
 // InvalidArgument naming the field.
 Status ValidateTrainerOptions(const TrainerOptions& options);
 
+// Collective over `world` (one all-gather of about 2 KiB): every rank's
+// options must agree on everything that shapes the collectives or the
+// training (model, parallelism, strategy, dtypes, prefetch, optimizer and its
+// hyperparameters, per-rank batch, sequence lengths, accumulation, clipping,
+// seeds, data). Fails on every rank alike with InvalidArgument naming the
+// first field that differs and both ranks' values ("fsdp.strategy is
+// FULL_SHARD on rank 0 but NO_SHARD on rank 1"); then, when
+// `local_validity` (this rank's own validation) failed, with it; then,
+// naming the rank, when another rank's failed. Options that may differ per
+// rank: memory_cap_bytes, gemm_threads, timeouts. Used by Trainer::Create
+// before anything else collective, so ranks created inconsistently (FSDP on
+// one, DDP on another) fail at once instead of after the collective timeout.
+Status AgreeOnTrainerOptions(const TrainerOptions& options, const Status& local_validity,
+                             comm::ProcessGroup* world);
+
 struct StepMetrics {
   int64_t step = 0;             // steps completed, including this one
   float loss = 0;               // this rank's: the mean over its micro-batches
@@ -119,7 +134,9 @@ struct StepMetrics {
 
 class Trainer {
  public:
-  // Collective over `world` (every rank calls it with the same options).
+  // Collective over `world` (every rank calls it with the same options: on
+  // CPU worlds, local and gloo, AgreeOnTrainerOptions checks that first, and
+  // every rank fails alike otherwise).
   // `world` must outlive the trainer. With device.kind = kSim, `world` may be
   // null: the trainer then creates and owns the simulated world
   // (CreateSimWorld); a non-sim world is InvalidArgument there, as is a sim

@@ -3,6 +3,9 @@
 // on one context per world size (many collectives in a row), plus faults.
 #include "runtime/comm/gloo_backend.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -241,6 +244,58 @@ TEST(TcpStore, UnreachableStoreIsDeadlineExceeded) {
   EXPECT_EQ(client.status().code(), StatusCode::kDeadlineExceeded) << client.status();
   EXPECT_EQ(TcpStore::Create("127.0.0.1", 70000, false, 1s).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// Issue 14, item 11: a Get from a server that never answers (a listening
+// socket nobody serves: a hung rank 0) waited its timeout plus a fixed 10 s.
+// Now it waits its timeout; the connection is then unusable, and says so.
+TEST(TcpStore, AGetFromAServerThatDoesNotAnswerWaitsExactlyItsTimeout) {
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  auto client = TcpStore::Create("127.0.0.1", ntohs(addr.sin_port), false, 2s);
+  ASSERT_TRUE(client.ok()) << client.status();  // the kernel accepts the connection
+  const auto start = std::chrono::steady_clock::now();
+  auto v = (*client)->Get("key", 1s);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(v.status().code(), StatusCode::kDeadlineExceeded) << v.status();
+  EXPECT_TRUE(Contains(v.status(), "within 1000 ms")) << v.status();
+  EXPECT_GE(waited, 1s);
+  EXPECT_LT(waited, 6s);  // was 11 s
+  Status next = (*client)->Set("k", "v");
+  EXPECT_EQ(next.code(), StatusCode::kUnavailable) << next;
+  ::close(listener);
+}
+
+// Issue 14, item 11: ranks created with different world sizes fail at
+// creation in our words, naming both sizes (gloo asserted, or waited).
+TEST(GlooProcessGroup, AWorldSizeMismatchIsNamedWithBothSizes) {
+  auto server = TcpStore::Create("127.0.0.1", 0, true, 5s);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<Status> results(2);
+  const int sizes[2] = {2, 3};
+  testing::RunRanks(2, [&](int r) {
+    auto client = TcpStore::Create("127.0.0.1", port, false, 5s);
+    ASSERT_TRUE(client.ok()) << client.status();
+    GlooOptions o;
+    o.timeout = 3s;
+    results[r] = GlooProcessGroup::Create(std::shared_ptr<Store>(std::move(client).value()), "mismatch", r,
+                                          sizes[r], o)
+                     .status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), StatusCode::kInvalidArgument) << results[r];
+    EXPECT_TRUE(Contains(results[r], "world size mismatch")) << results[r];
+    EXPECT_TRUE(Contains(results[r], "world size 2")) << results[r];
+    EXPECT_TRUE(Contains(results[r], "world size 3")) << results[r];
+  }
 }
 
 TEST(DistributedEnv, ReadsTorchrunVariablesAndNamesWhatIsMissing) {

@@ -12,6 +12,8 @@
 //                                    no survivor may die of SIGPIPE
 //   gloo_worker crash                rank 1 exits with code 3; the others sleep
 //                                    (no communication) until the launcher stops them
+//   gloo_worker hang                 the last rank stops itself (SIGSTOP); the
+//                                    others time out in an all_gather and exit 1
 //   gloo_worker disagree <kind>      rank 0 and rank 1 make calls that differ in
 //                                    <kind> (see Disagree); both must return an
 //                                    error (never crash) and the group must still
@@ -150,6 +152,32 @@ int Crash(ProcessGroup& pg) {
   std::_Exit(0);  // skip the final barrier: this line must never be reached in the test
 }
 
+// The last rank stops itself (SIGSTOP: a hung peer) after the first
+// barrier; the others' next all_gather times out, they print the error and
+// exit 1. Issue 14, item 9: the launcher then blamed rank 0 (the first to
+// exit), a healthy rank; it must name the stopped one.
+int Hang(ProcessGroup& pg) {
+  auto stream = testing::MakeStream(0, "comm");
+  auto b = pg.barrier(*stream, CollectiveOptions{30s});
+  if (!b.ok() || !(*b)->wait(30s).ok()) return Fail(pg.rank(), "first barrier");
+  if (pg.rank() == pg.size() - 1) {
+    std::printf("rank %d stopping itself\n", pg.rank());
+    std::fflush(stdout);
+    ::raise(SIGSTOP);
+    std::_Exit(0);  // SIGCONT: leave without the final barrier
+  }
+  // Rank 0 fails first (a shorter timeout), as the first healthy rank to
+  // time out would.
+  const auto timeout = pg.rank() == 0 ? 1500ms : 4000ms;
+  Tensor in = testing::MakeTensor(0, DType::kF32, 4);
+  Tensor out = testing::MakeTensor(0, DType::kF32, 4 * pg.size());
+  auto w = pg.all_gather(out, in, *stream, CollectiveOptions{timeout});
+  Status s = w.ok() ? (*w)->wait(30s) : w.status();
+  std::printf("rank %d: %s\n", pg.rank(), s.ToString().c_str());
+  std::fflush(stdout);
+  std::_Exit(s.ok() ? 0 : 1);
+}
+
 // Rank 0 and rank 1 call collectives that disagree in one way. Issue 14,
 // item 1: gloo's I/O thread enforced message sizes with an exception nobody
 // could catch, killing the receiving rank (SIGABRT) in 9 of 19 such kinds.
@@ -208,7 +236,7 @@ int Disagree(ProcessGroup& pg, const std::string& kind) {
 
 int main(int argc, char** argv) {
   if (argc < 2 || (std::string(argv[1]) == "disagree") != (argc == 3) || argc > 3) {
-    std::fprintf(stderr, "usage: gloo_worker collectives|exit_mid_collective|crash|disagree <kind>\n");
+    std::fprintf(stderr, "usage: gloo_worker collectives|exit_mid_collective|crash|hang|disagree <kind>\n");
     return 2;
   }
   std::string mode = argv[1];
@@ -227,6 +255,7 @@ int main(int argc, char** argv) {
     rc = sk::comm::ExitMidCollective(**pg);
   }
   if (mode == "crash") rc = sk::comm::Crash(**pg);
+  if (mode == "hang") rc = sk::comm::Hang(**pg);
   if (mode == "disagree") rc = sk::comm::Disagree(**pg, argv[2]);
   std::fflush(stdout);
   return rc;

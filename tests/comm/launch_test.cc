@@ -87,6 +87,18 @@ TEST(Launch, ACrashedRankStopsTheOthersAndTheLauncherFails) {
   EXPECT_LT(r.seconds, 60.0);
 }
 
+// Issue 14, item 9: after a hang the first rank to exit is a healthy one that
+// timed out; the launcher must name the hung (here: SIGSTOPped) rank.
+TEST(Launch, AfterAHangTheLauncherNamesTheHungRankNotTheFirstToExit) {
+  Result r = RunLauncher(std::string("--nproc_per_node=3 --kill_grace_s=1 ") + kWorker + " hang");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.output, "[rank 2] rank 2 stopping itself")) << r.output;
+  EXPECT_TRUE(Has(r.output, "launch: rank 0 exited with code 1, but the rank at fault is rank 2 (")) << r.output;
+  EXPECT_TRUE(Has(r.output, "named as not arriving by rank 0")) << r.output;
+  EXPECT_TRUE(Has(r.output, "stopped on this node: 2")) << r.output;
+  EXPECT_LT(r.seconds, 60.0);
+}
+
 // Issue 14, item 1: ranks whose calls disagree get an error; none dies.
 class LaunchDisagree : public ::testing::TestWithParam<const char*> {};
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -199,6 +200,54 @@ TEST(TrainerTest, OptionsThatWouldFailEveryStepAreInvalidArgumentAtCreate) {
     o = Tiny();
     o.fsdp.timeout = kMaxTimeout;  // the bound itself is fine
     EXPECT_TRUE(Trainer::Create(o, world).ok());
+  });
+}
+
+// Issue 14, item 7: ranks whose options differ in ways that leave the
+// collectives identical trained without error, and FSDP on one rank with
+// DDP on another waited out the collective timeout. Creation now agrees on
+// the options: every rank fails at once, naming the field and both values.
+TEST(TrainerTest, RanksWhoseOptionsDifferFailAtCreateNamingTheFieldAndBothValues) {
+  struct Case {
+    std::function<void(TrainerOptions&)> rank1;
+    std::string mentions;
+  };
+  const std::vector<Case> cases = {
+      {[](TrainerOptions& o) { o.batch_size = 2; }, "batch_size is 4 on rank 0 but 2 on rank 1"},
+      {[](TrainerOptions& o) { o.seq_len = 16; }, "seq_len is 0 on rank 0 but 16 on rank 1"},
+      {[](TrainerOptions& o) { o.clip_grad_norm = 1; }, "clip_grad_norm is 0 on rank 0 but 1 on rank 1"},
+      {[](TrainerOptions& o) { o.optimizer.kind = OptimizerKind::kSgd; }, "optimizer.kind"},
+      {[](TrainerOptions& o) { o.optimizer.lr = 1e-3f; }, "optimizer.lr"},
+      {[](TrainerOptions& o) { o.optimizer.weight_decay = 0.1f; }, "optimizer.weight_decay"},
+      {[](TrainerOptions& o) { o.fsdp.seed = 7; }, "fsdp.seed is 0 on rank 0 but 7 on rank 1"},
+      {[](TrainerOptions& o) { o.fsdp.strategy = ShardingStrategy::kNoShard; },
+       "fsdp.strategy is FULL_SHARD on rank 0 but NO_SHARD on rank 1"},
+      {[](TrainerOptions& o) { o.parallelism = Parallelism::kDdp; },
+       "parallelism is FSDP on rank 0 but DDP on rank 1"},
+      {[](TrainerOptions& o) { o.fsdp.mixed_precision.param_dtype = DType::kBF16; },
+       "fsdp.mixed_precision.param_dtype"},
+      {[](TrainerOptions& o) { o.model = "gpt-1m"; }, "model is gpt-tiny on rank 0 but gpt-1m on rank 1"},
+      {[](TrainerOptions& o) { o.data_seed = 2; }, "data_seed is 1 on rank 0 but 2 on rank 1"},
+  };
+  for (const Case& c : cases) {
+    std::vector<Status> results(2);
+    RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+      TrainerOptions o = Tiny();
+      if (rank == 1) c.rank1(o);
+      results[rank] = Trainer::Create(o, world).status();
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(results[r].code(), StatusCode::kInvalidArgument) << c.mentions << ": " << results[r];
+      EXPECT_NE(std::string(results[r].message()).find(c.mentions), std::string::npos) << results[r];
+    }
+  }
+  // What may differ per rank does not fail.
+  RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+    TrainerOptions o = Tiny();
+    o.memory_cap_bytes = rank == 0 ? 0 : size_t{1} << 30;
+    o.gemm_threads = rank + 1;
+    auto t = Trainer::Create(o, world);
+    EXPECT_TRUE(t.ok()) << t.status();
   });
 }
 
