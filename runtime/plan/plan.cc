@@ -421,9 +421,26 @@ std::string FormatTable(const PlanResult& result, int top) {
   for (const CandidateResult& c : result.results) {
     (c.fits() ? fits : Class(c) == 1 ? ooms : failed)++;
   }
-  std::snprintf(line, sizeof(line), "%zu candidates: %d fit, %d out of memory, %d failed\n\n",
+  std::snprintf(line, sizeof(line), "%zu candidates: %d fit, %d out of memory, %d failed\n",
                 result.results.size(), fits, ooms, failed);
   out += line;
+  // Why candidates failed: each distinct error once, with how many it hit.
+  std::vector<std::pair<std::string, int>> reasons;
+  for (const CandidateResult& c : result.results) {
+    if (c.status.ok()) continue;
+    const std::string why = c.status.ToString();
+    auto it = std::find_if(reasons.begin(), reasons.end(), [&](const auto& r) { return r.first == why; });
+    if (it == reasons.end()) {
+      reasons.emplace_back(why, 1);
+    } else {
+      it->second++;
+    }
+  }
+  for (const auto& [why, n] : reasons) {
+    std::snprintf(line, sizeof(line), "  failed (%d): %s\n", n, why.c_str());
+    out += line;
+  }
+  out += "\n";
   std::snprintf(line, sizeof(line), "%4s  %-52s %-4s %9s %9s %7s %9s %8s %6s %9s\n", "rank", "configuration",
                 "fits", "alloc GiB", "rsrvd GiB", "retries", "step s", "TFLOPS", "MFU %", "exposed s");
   out += line;
