@@ -482,6 +482,26 @@ std::string FormatTable(const PlanResult& result, int top) {
     }
     row(i);
   }
+  // Every strategy's verdict: how many of its candidates fit, ran out of
+  // memory or failed, and its fastest step.
+  out += "\n";
+  std::snprintf(line, sizeof(line), "%-22s %5s %5s %7s %12s\n", "strategy", "fit", "OOM", "failed",
+                "best step s");
+  out += line;
+  for (const std::string& name : AllStrategies()) {
+    int f = 0, o = 0, e = 0;
+    double best = -1;
+    for (const CandidateResult& c : result.results) {
+      if (c.candidate.StrategyName() != name) continue;
+      const int k = Class(c);
+      (k == 0 ? f : k == 1 ? o : e)++;
+      if (k == 0 && (best < 0 || c.metrics.step_seconds < best)) best = c.metrics.step_seconds;
+    }
+    if (f + o + e == 0) continue;
+    std::snprintf(line, sizeof(line), "%-22s %5d %5d %7d %12s\n", name.c_str(), f, o, e,
+                  best < 0 ? "-" : Fixed(best, 3).c_str());
+    out += line;
+  }
   out += "\n";
   out += result.recommended >= 0 ? "recommended: " : "";
   out += result.recommendation + "\n";

@@ -205,8 +205,10 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& request, const C
 StatusOr<PlanResult> Plan(const PlanRequest& request);
 
 // The ranked table: a header naming the model, cluster, batch and "simulated,
-// profile <name>", the first `top` rows (0: all), the best candidate of every
-// strategy not among them, and the recommendation.
+// profile <name>", the counts (and each distinct failure), the first `top`
+// rows (0: all), the best candidate of every strategy not among them, a
+// per-strategy summary (fit / out of memory / failed, fastest step), and the
+// recommendation.
 std::string FormatTable(const PlanResult& result, int top = 0);
 // The whole result as JSON (every candidate, ranked), with stable key order
 // and fixed number formatting.

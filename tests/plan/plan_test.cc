@@ -3,7 +3,9 @@
 // parameter). The production path (Plan, plan_sim_test) calls the simulator.
 #include "runtime/plan/plan.h"
 
+#include <iterator>
 #include <map>
+#include <sstream>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -268,6 +270,20 @@ TEST(PlanTest, TableShowsTheBestOfEveryStrategyAndJsonParses) {
     EXPECT_NE(table.find(s), std::string::npos) << s << "\n" << table;
   }
   EXPECT_NE(table.find("recommended: "), std::string::npos);
+  // The per-strategy summary: DDP fits only with checkpointing (50 GiB under
+  // the stand-in), out of memory without (100 GiB); its fastest is bf16 ckpt.
+  std::istringstream lines(table);
+  std::string line;
+  bool found = false;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::vector<std::string> f{std::istream_iterator<std::string>(fields), {}};
+    if (f.size() == 5 && f[0] == "DDP") {
+      EXPECT_EQ(f, (std::vector<std::string>{"DDP", "2", "2", "0", "0.650"})) << line;
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found) << table;
   auto j = nlohmann::json::parse(FormatJson(*plan));
   EXPECT_EQ(j["profile"], "a100-80g");
   EXPECT_TRUE(j["simulated"].get<bool>());
