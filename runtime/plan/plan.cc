@@ -441,23 +441,23 @@ std::string FormatTable(const PlanResult& result, int top) {
     out += line;
   }
   out += "\n";
-  std::snprintf(line, sizeof(line), "%4s  %-52s %-4s %9s %9s %7s %9s %8s %6s %9s\n", "rank", "configuration",
+  std::snprintf(line, sizeof(line), "%4s  %-56s %-4s %9s %9s %7s %9s %8s %6s %9s\n", "rank", "configuration",
                 "fits", "alloc GiB", "rsrvd GiB", "retries", "step s", "TFLOPS", "MFU %", "exposed s");
   out += line;
   auto row = [&](size_t i) {
     const CandidateResult& c = result.results[i];
     const CandidateMetrics& m = c.metrics;
     if (!c.status.ok()) {
-      std::snprintf(line, sizeof(line), "%4zu  %-52s %-4s %s\n", i + 1, c.candidate.Label().c_str(), "err",
+      std::snprintf(line, sizeof(line), "%4zu  %-56s %-4s %s\n", i + 1, c.candidate.Label().c_str(), "err",
                     c.status.ToString().c_str());
     } else if (m.out_of_memory) {
       std::string needed = m.required_bytes > 0 ? "needs " + Gib(m.required_bytes) + " GiB" : "";
-      std::snprintf(line, sizeof(line), "%4zu  %-52s %-4s %9s %9s %7" PRId64 " %9s %8s %6s %9s  %s\n", i + 1,
+      std::snprintf(line, sizeof(line), "%4zu  %-56s %-4s %9s %9s %7" PRId64 " %9s %8s %6s %9s  %s\n", i + 1,
                     c.candidate.Label().c_str(), "OOM", Gib(m.peak_allocated_bytes).c_str(),
                     Gib(m.peak_reserved_bytes).c_str(), m.alloc_retries, "-", "-", "-", "-",
                     needed.c_str());
     } else {
-      std::snprintf(line, sizeof(line), "%4zu  %-52s %-4s %9s %9s %7" PRId64 " %9s %8s %6s %9s\n", i + 1,
+      std::snprintf(line, sizeof(line), "%4zu  %-56s %-4s %9s %9s %7" PRId64 " %9s %8s %6s %9s\n", i + 1,
                     c.candidate.Label().c_str(), "yes", Gib(m.peak_allocated_bytes).c_str(),
                     Gib(m.peak_reserved_bytes).c_str(), m.alloc_retries, Fixed(m.step_seconds, 3).c_str(),
                     Fixed(m.tflops_per_gpu, 1).c_str(), Fixed(100 * m.mfu, 1).c_str(),
