@@ -75,7 +75,8 @@
  *  mean loss, no longer the micro-batches' sum: see sk_trainer_options) and
  *  appended sk_step_metrics.global_loss. 0.4.0 appended full state dicts
  *  in shardkit's, PyTorch's and Hugging Face GPT-2's layouts
- *  (sk_*_save_state_dict, sk_*_load_state_dict, sk_weight_layout_t).
+ *  (sk_*_save_state_dict, sk_*_load_state_dict, sk_weight_layout_t) and
+ *  the planner (sk_plan, sk_plan_result_candidate, sk_plan_result_free).
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
