@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# //tools:plan as a user runs it: the same request twice prints the same
+# bytes (table and JSON), the header says what was simulated, --trace writes
+# a trace, and bad flags fail with a message naming them (exit 2).
+set -euo pipefail
+plan="$1"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+args=(--model=gpt-1m --gpus=16 --gpus_per_node=8 --profile=a100-80g --batch=2
+      --strategies=DDP,FULL_SHARD,HYBRID_SHARD --dtypes=bf16 --checkpointing=off --offload=off
+      --forward_prefetch=off --rate_limits=2)
+"$plan" "${args[@]}" > "$tmp/a.txt" 2> "$tmp/a.err"
+"$plan" "${args[@]}" > "$tmp/b.txt" 2> /dev/null
+cmp "$tmp/a.txt" "$tmp/b.txt" || { echo "FAIL: two runs of the same plan differ" >&2; exit 1; }
+grep -q "gpt-1m on 16 GPUs (2 nodes x 8), batch 2 per GPU; simulated, profile a100-80g" "$tmp/a.txt" ||
+  { cat "$tmp/a.txt"; echo "FAIL: header" >&2; exit 1; }
+grep -q "^recommended: " "$tmp/a.txt" || { echo "FAIL: no recommendation" >&2; exit 1; }
+grep -q "^planned .* candidates in" "$tmp/a.err" || { echo "FAIL: no timing on stderr" >&2; exit 1; }
+"$plan" "${args[@]}" --json > "$tmp/a.json" 2> /dev/null
+"$plan" "${args[@]}" --json > "$tmp/b.json" 2> /dev/null
+cmp "$tmp/a.json" "$tmp/b.json" || { echo "FAIL: two JSON runs differ" >&2; exit 1; }
+grep -q '"simulated": true' "$tmp/a.json" || { echo "FAIL: JSON" >&2; exit 1; }
+"$plan" "${args[@]}" --trace="$tmp/trace.json" > /dev/null 2>&1
+[[ -s "$tmp/trace.json" ]] || { echo "FAIL: no trace written" >&2; exit 1; }
+expect_bad() {
+  local what="$1"; shift
+  set +e
+  "$plan" "$@" > /dev/null 2> "$tmp/err.txt"
+  local rc=$?
+  set -e
+  [[ $rc -eq 2 ]] || { echo "FAIL: $* exited $rc, expected 2" >&2; exit 1; }
+  grep -q -- "$what" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: message lacks '$what'" >&2; exit 1; }
+}
+expect_bad "--model is required" --gpus=8
+expect_bad "ZERO4" --model=gpt-1m --strategies=ZERO4
+expect_bad "rate_limits" --model=gpt-1m --rate_limits=two
+expect_bad "gpus_per_node" --model=gpt-1m --gpus=12 --gpus_per_node=8
+expect_bad "no-such-model" --model=no-such-model
+echo PASS
