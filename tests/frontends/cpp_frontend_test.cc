@@ -124,6 +124,24 @@ TEST(CppFrontend, StateDictsResumeASessionAndImportHuggingFaceLayout) {
   std::filesystem::remove(base + "-hf.safetensors");
 }
 
+TEST(CppFrontend, EngineStateDictsRoundTripThroughTheTorchLayout) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/cpp_frontend_engine.safetensors";
+  auto groups = shardkit::ProcessGroup::Local(1);
+  shardkit::ModelSpec drawn, zeros;
+  drawn.AddParam(drawn.AddUnit("layer"), "w", {2, 3}, SK_INIT_NORMAL, 0.0f, 1.0f);
+  zeros.AddParam(zeros.AddUnit("layer"), "w", {2, 3});
+  shardkit::Engine from(drawn, groups[0].get());
+  const std::vector<float> w = from.ReadParam(0, 0, 6);
+  from.SaveStateDict(path, SK_WEIGHT_LAYOUT_TORCH);  // "layer.w" stored [3, 2]
+  shardkit::Engine to(zeros, groups[0].get());
+  EXPECT_THROW(to.LoadStateDict(path, SK_WEIGHT_LAYOUT_SHARDKIT), shardkit::Error);  // [3, 2] is not [2, 3]
+  EXPECT_EQ(to.ReadParam(0, 0, 6), std::vector<float>(6, 0.0f));
+  to.LoadStateDict(path, SK_WEIGHT_LAYOUT_TORCH);
+  EXPECT_EQ(to.ReadParam(0, 0, 6), w);
+  std::filesystem::remove(path);
+}
+
 TEST(CppFrontend, DdpTrainerStepsAndTheEstimatorCoversIt) {
   sk_trainer_options o = Tiny();
   o.parallelism = SK_PARALLELISM_DDP;
