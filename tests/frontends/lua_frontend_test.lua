@@ -157,6 +157,18 @@ test("engine lifecycle errors and views", function()
   local full = e:read_param(u, 0, 6)
   assert(full[1] == 0.5, full[1])
   expect_error("INVALID_ARGUMENT", "count", e.read_param, e, u, 0, 5)
+  -- State dicts: saved after the step, restored after another.
+  local path = (os.getenv("TEST_TMPDIR") or "/tmp") .. "/lua_frontend_engine.safetensors"
+  e:save_state_dict(path, "torch")
+  e:pre_forward(u); e:post_forward(u); e:pre_backward(u)
+  gw = e:grad(u, 0)
+  for i = 0, 5 do gw[i] = gw[i] + 1.0 end
+  e:post_backward(u); e:finish_backward(); e:optimizer_step()
+  assert(e:read_param(u, 0, 6)[1] ~= 0.5)
+  expect_error("INVALID_ARGUMENT", "[3, 2]", e.load_state_dict, e, path)  -- stored [out, in]
+  e:load_state_dict(path, "torch")
+  assert(e:read_param(u, 0, 6)[1] == 0.5)
+  os.remove(path)
   e:close()
 end)
 

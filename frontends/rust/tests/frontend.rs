@@ -205,6 +205,20 @@ fn engine_lifecycle_errors_are_results() {
     assert_eq!(engine.param(u, 1).unwrap_err().code, sys::SK_STATUS_OUT_OF_RANGE);
     engine.post_forward(u).unwrap();
     assert_eq!(engine.read_param(u, 0, 5).unwrap_err().code, sys::SK_STATUS_INVALID_ARGUMENT);
+    // State dicts: the ones come back after the parameter is overwritten by another file.
+    let base = std::env::var_os("TEST_TMPDIR").map_or_else(std::env::temp_dir, std::path::PathBuf::from);
+    let ones = base.join(format!("rust_frontend_engine_{}.safetensors", std::process::id()));
+    engine.save_state_dict(&ones, WeightLayout::Shardkit).unwrap();
+    let mut zeros_spec = ModelSpec::new().unwrap();
+    let z = zeros_spec.add_unit("layer").unwrap();
+    zeros_spec.add_param(z, &ParamSpec { name: "w", shape: &[2, 3], init: 0, init_a: 0.0, init_b: 0.0 }).unwrap();
+    let mut zeros = Engine::new(&zeros_spec, &groups[0], &EngineOptions::default()).unwrap();
+    assert_eq!(zeros.read_param(z, 0, 6).unwrap(), vec![0.0f32; 6]);
+    let e = zeros.load_state_dict(&ones, WeightLayout::HfGpt2).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+    zeros.load_state_dict(&ones, WeightLayout::Shardkit).unwrap();
+    assert_eq!(zeros.read_param(z, 0, 6).unwrap(), vec![1.0f32; 6]);
+    let _ = std::fs::remove_file(&ones);
 }
 
 #[test]
