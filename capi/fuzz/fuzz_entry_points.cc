@@ -1,8 +1,9 @@
 // Random bytes into every entry point that parses caller input: names
 // (strategy, prefetch, dtype, model), network-model specs, option structs
 // (any struct_size, any field values; also through the memory estimator),
-// model specs (names, shapes, initialisers) and checkpoint directories (a
-// fuzzed index.json and shard file loaded into a trainer). Every call must
+// model specs (names, shapes, initialisers), checkpoint directories (a
+// fuzzed index.json and shard file loaded into a trainer) and state dict
+// files in every layout. Every call must
 // return a status; a crash, hang, leak or sanitizer report is a bug.
 //
 // LLVMFuzzerTestOneInput is libFuzzer's entry: build it with clang's
@@ -230,16 +231,45 @@ void FuzzCheckpoint(Bytes& in) {
   std::filesystem::remove_all(dir, ec);
 }
 
+// A fuzzed state dict file (everything after the layout byte) loaded into a
+// gpt-tiny trainer in a fuzzed layout (0..3, and 4: unknown).
+// corpus/state_dict_gpt_tiny is a real one in the shardkit layout.
+void FuzzStateDict(Bytes& in) {
+  const auto layout = static_cast<sk_weight_layout_t>(in.U8() % 5);
+  const std::string file = in.Rest();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path path = std::filesystem::path(tmp != nullptr ? tmp : "/tmp") /
+                                     ("shardkit_fuzz_sd_" + std::to_string(getpid()) + ".safetensors");
+  std::ofstream(path, std::ios::binary) << file;
+  sk_trainer_options options = SK_TRAINER_OPTIONS_INIT;
+  options.model = "gpt-tiny";
+  options.data_tokens = 64;
+  options.memory_cap_bytes = kCapBytes;
+  sk_process_group* g = nullptr;
+  if (sk_process_group_create_local(1, nullptr, &g) == SK_STATUS_OK) {
+    sk_trainer* trainer = nullptr;
+    if (sk_trainer_create(&options, g, &trainer) == SK_STATUS_OK) {
+      int64_t step = 0;
+      Ignore(sk_trainer_load_state_dict(trainer, path.c_str(), layout, &step));
+      sk_trainer_destroy(trainer);
+    }
+    sk_process_group_destroy(g);
+  }
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes in(data, size);
-  switch (in.U8() % 5) {
+  switch (in.U8() % 6) {
     case 0: FuzzNames(in); break;
     case 1: FuzzNetworkModel(in); break;
     case 2: FuzzTrainerOptions(in); break;
     case 3: FuzzModelSpec(in); break;
     case 4: FuzzCheckpoint(in); break;
+    case 5: FuzzStateDict(in); break;
   }
   return 0;
 }

@@ -53,6 +53,12 @@ StatusOr<Tensor> WidenToF32(const SafeTensorsFile& sf, const std::string& name, 
   return out;
 }
 
+Status ValidateLayout(WeightLayout layout) {
+  if (ParseWeightLayout(WeightLayoutName(layout)).ok()) return OkStatus();
+  return InvalidArgumentError("invalid weight layout " + std::to_string(static_cast<int>(layout)) +
+                              " (shardkit, torch, hf-gpt2)");
+}
+
 std::string FullOptimName(const std::string& state_name, const std::string& param) {
   return "optimizer." + state_name + "." + param;
 }
@@ -194,7 +200,7 @@ StatusOr<Tensor> GatherFlat(FullyShardedModel& f, Stream& stream, int unit, cons
 Status SaveFullStateDict(const std::string& path, const TrainingState& given, int64_t step,
                          const FullStateDictOptions& options) {
   SK_RETURN_IF_ERROR(ValidateState(given, "SaveFullStateDict"));
-  SK_RETURN_IF_ERROR(ParseWeightLayout(WeightLayoutName(options.layout)).status());
+  SK_RETURN_IF_ERROR(ValidateLayout(options.layout));
   const bool native = options.layout == WeightLayout::kShardkit;
   // Other layouts hold weights only.
   TrainingState state = given;
@@ -274,7 +280,7 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& given, in
 StatusOr<int64_t> LoadFullStateDict(const std::string& path, const TrainingState& state,
                                     const FullStateDictOptions& options) {
   SK_RETURN_IF_ERROR(ValidateState(state, "LoadFullStateDict"));
-  SK_RETURN_IF_ERROR(ParseWeightLayout(WeightLayoutName(options.layout)).status());
+  SK_RETURN_IF_ERROR(ValidateLayout(options.layout));
   SK_ASSIGN_OR_RETURN(auto sync, RankAgreement::Create(*state.fsdp));
   LoadedShards loaded;
   SK_RETURN_IF_ERROR(sync->Agree(ReadFullStateDict(path, options.layout, state, &loaded))
