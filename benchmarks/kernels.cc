@@ -15,8 +15,6 @@
 // SK_BENCH_THREADS=n runs everything on n threads (both BLAS libraries are
 // told so, and "peak" is the n-thread peak); the default is every core.
 // Per-thread numbers (n = 1) are the robust ones on a shared machine.
-#include <immintrin.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -27,6 +25,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "benchmarks/peak.h"
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
 #include "runtime/nn/owned_parameters.h"
@@ -37,80 +36,14 @@
 namespace sk {
 namespace {
 
-constexpr int kChains = 16;  // independent FMA chains: enough to cover FMA latency x ports
-
-__attribute__((target("avx512f"))) double FmaLoopAvx512(int64_t iters) {
-  __m512 acc[kChains];
-  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
-  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iters; ++it) {
-    // Unrolled so that the chains live in registers, not in the acc[] array.
-#pragma GCC unroll 16
-    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  }
-  __m512 s = acc[0];
-  for (int i = 1; i < kChains; ++i) s = _mm512_add_ps(s, acc[i]);
-  benchmark::DoNotOptimize(s);
-  return 2.0 * 16 * kChains * static_cast<double>(iters);
-}
-
-__attribute__((target("avx2,fma"))) double FmaLoopAvx2(int64_t iters) {
-  __m256 acc[kChains];
-  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-  }
-  __m256 s = acc[0];
-  for (int i = 1; i < kChains; ++i) s = _mm256_add_ps(s, acc[i]);
-  benchmark::DoNotOptimize(s);
-  return 2.0 * 8 * kChains * static_cast<double>(iters);
-}
-
-bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
-
-double CpuSeconds(clockid_t clock) {
-  timespec ts;
-  clock_gettime(clock, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
+using bench::CpuSeconds;
+using bench::PeakResult;
 
 // CPU seconds of the whole process: on a machine shared with other jobs,
 // flops per CPU-second is the throughput of the cores we actually got.
 double ProcessCpuSeconds() { return CpuSeconds(CLOCK_PROCESS_CPUTIME_ID); }
 
-struct PeakResult {
-  double wall = 0.0;        // FLOP/s of all threads together, wall clock
-  double per_thread = 0.0;  // FLOP per CPU-second of one thread
-};
-
-// `threads` threads each run the FMA loop; best of 5 for each figure.
-PeakResult MeasurePeak(int threads) {
-  const int64_t iters = 20'000'000;
-  PeakResult best;
-  for (int rep = 0; rep < 5; ++rep) {
-    std::vector<double> flops(threads), cpu(threads);
-    auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        double c0 = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
-        flops[t] = HasAvx512() ? FmaLoopAvx512(iters) : FmaLoopAvx2(iters);
-        cpu[t] = CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - c0;
-      });
-    }
-    for (auto& th : pool) th.join();
-    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double total = 0;
-    for (int t = 0; t < threads; ++t) {
-      total += flops[t];
-      best.per_thread = std::max(best.per_thread, flops[t] / cpu[t]);
-    }
-    best.wall = std::max(best.wall, total / sec);
-  }
-  return best;
-}
+PeakResult MeasurePeak(int threads) { return bench::MeasureFmaPeak(threads); }
 
 // SK_BENCH_THREADS, or every core.
 int BenchThreads() {
@@ -131,7 +64,7 @@ void BM_PeakFma(benchmark::State& state) {
   for (auto _ : state) peak = MeasurePeak(threads);
   state.counters["GFLOP/s"] = peak.wall / 1e9;
   state.counters["GFLOP/cpu_s"] = peak.per_thread / 1e9;
-  state.SetLabel(HasAvx512() ? "avx512 fma" : "avx2 fma");
+  state.SetLabel(peak.isa);
 }
 BENCHMARK(BM_PeakFma)->Arg(1)->Arg(2)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
