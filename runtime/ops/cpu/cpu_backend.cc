@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/ops/cpu/kernels.h"
+#include "runtime/ops/cpu/simd.h"
 
 namespace sk::ops {
 
@@ -92,8 +93,7 @@ class CpuBackend final : public OpBackend {
   Status Scale(const OpContext&, const Tensor& x, float alpha) override {
     const int64_t n = x.numel();
     if (x.dtype() == DType::kF32) {
-      float* p = F(x);
-      for (int64_t i = 0; i < n; ++i) p[i] *= alpha;
+      simd::ScaleInPlace(F(x), alpha, n);
       return OkStatus();
     }
     for (int64_t i = 0; i < n; ++i) {
@@ -112,8 +112,7 @@ class CpuBackend final : public OpBackend {
         return OkStatus();
       }
       if (y.dtype() == DType::kF32) {
-        float* ys = F(y);
-        for (int64_t i = 0; i < n; ++i) ys[i] += alpha * xs[i];
+        simd::Axpy(alpha, xs, F(y), n);
         return OkStatus();
       }
     }
@@ -260,11 +259,7 @@ class CpuBackend final : public OpBackend {
     double a = *acc.data_as<double>();
     const int64_t n = x.numel();
     if (x.dtype() == DType::kF32) {
-      const float* p = F(x);
-      for (int64_t i = 0; i < n; ++i) {
-        double v = p[i];
-        a += v * v;
-      }
+      a = simd::SumOfSquares(F(x), n, a);
     } else {
       for (int64_t i = 0; i < n; ++i) {
         double v = LoadAsFloat(x.data(), x.dtype(), i);
@@ -289,31 +284,14 @@ class CpuBackend final : public OpBackend {
 
   Status SgdUpdate(const OpContext&, const SgdHyper& hyper, const Tensor& param, const Tensor& grad,
                    const Tensor& momentum) override {
-    // A local copy: the float stores below could alias a referenced struct's
-    // float fields, which would force reloads and block vectorisation.
-    const SgdHyper h = hyper;
-    const int64_t n = param.numel();
-    float* p = F(param);
-    const float* g = F(grad);
-    if (h.momentum == 0.0f) {
-      float scratch = 0.0f;
-      for (int64_t i = 0; i < n; ++i) sk::SgdUpdate(p[i], g[i], scratch, h);
-      return OkStatus();
-    }
-    float* buf = F(momentum);
-    for (int64_t i = 0; i < n; ++i) sk::SgdUpdate(p[i], g[i], buf[i], h);
+    simd::SgdUpdate(hyper, F(param), F(grad), hyper.momentum == 0.0f ? nullptr : F(momentum),
+                    param.numel());
     return OkStatus();
   }
 
   Status AdamUpdate(const OpContext&, const AdamHyper& hyper, const Tensor& param, const Tensor& grad,
                     const Tensor& exp_avg, const Tensor& exp_avg_sq) override {
-    const AdamHyper h = hyper;  // local: see SgdUpdate
-    const int64_t n = param.numel();
-    float* p = F(param);
-    const float* g = F(grad);
-    float* m = F(exp_avg);
-    float* v = F(exp_avg_sq);
-    for (int64_t i = 0; i < n; ++i) sk::AdamUpdate(p[i], g[i], m[i], v[i], h);
+    simd::AdamUpdate(hyper, F(param), F(grad), F(exp_avg), F(exp_avg_sq), param.numel());
     return OkStatus();
   }
 

@@ -1,6 +1,6 @@
 // The CPU op backend: the kernels of runtime/ops/cpu/kernels.h behind the
 // OpBackend table (oneDNN GEMM, with OpenBLAS selectable for measurement; the
-// bf16 GEMM on oneDNN's matmul; plain loops for everything else).
+// bf16 GEMM on oneDNN's matmul; loops, vectorised for AVX-512 or AVX2 at run time, for the rest: cpu/simd.h).
 //
 // Execution: every op runs synchronously on the calling thread (backend.h).
 // Account() does nothing. Registered for DeviceKind::kCpu by //runtime/ops.

@@ -12,6 +12,7 @@
 
 #include <glog/logging.h>
 
+#include "runtime/ops/cpu/simd.h"
 #include "runtime/ops/math.h"
 
 namespace sk {
@@ -185,47 +186,38 @@ void LinearBackward(const float* x, const float* w, const float* dy, int64_t row
   }
   Gemm(true, false, in, out, rows, 1.0f, x, in, dy, out, 1.0f, dw, out);
   if (dbias != nullptr) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = dy + r * out;
-      for (int64_t j = 0; j < out; ++j) dbias[j] += row[j];
-    }
+    for (int64_t r = 0; r < rows; ++r) simd::AddInPlace(dbias, dy + r * out, out);
   }
 }
 
 void LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
                       int64_t cols, float* y, float* mean, float* rstd) {
-  for (int64_t r = 0; r < rows; ++r) {
-    nn_math::LayerNormRowForward(x + r * cols, gamma, beta, cols, y + r * cols, mean + r,
-                                 rstd + r);
-  }
+  simd::LayerNormForward(x, gamma, beta, rows, cols, y, mean, rstd);
 }
 
 void LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
                        const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
                        float* dbeta) {
-  for (int64_t r = 0; r < rows; ++r) {
-    nn_math::LayerNormRowBackward(x + r * cols, gamma, dy + r * cols, mean[r], rstd[r], cols,
-                                  dx + r * cols, dgamma, dbeta);
-  }
+  simd::LayerNormBackward(x, gamma, dy, mean, rstd, rows, cols, dx, dgamma, dbeta);
 }
 
 void GeluForward(const float* x, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = nn_math::GeluTanh(x[i]);
+  simd::GeluForward(x, n, y);
 }
 
 void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) {
-  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * nn_math::GeluTanhGrad(x[i]);
+  simd::GeluBackward(x, dy, n, dx);
 }
 
 void SoftmaxForward(const float* x, int64_t rows, int64_t cols, float* y) {
   if (y != x) std::memcpy(y, x, sizeof(float) * rows * cols);
-  for (int64_t r = 0; r < rows; ++r) nn_math::SoftmaxRowInPlace(y + r * cols, cols, cols);
+  for (int64_t r = 0; r < rows; ++r) simd::SoftmaxRowInPlace(y + r * cols, cols, cols);
 }
 
 void SoftmaxBackward(const float* y, const float* dy, int64_t rows, int64_t cols, float* dx) {
   if (dx != dy) std::memcpy(dx, dy, sizeof(float) * rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
-    nn_math::SoftmaxRowBackwardInPlace(y + r * cols, dx + r * cols, cols, 1.0f);
+    simd::SoftmaxRowBackwardInPlace(y + r * cols, dx + r * cols, cols, 1.0f);
   }
 }
 
@@ -244,7 +236,7 @@ void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, cons
       Gemm(false, true, s.q_len, s.kv_len, s.head_dim, scale, qh, ldq, kh, ldk, 0.0f, p,
            s.kv_len);
       for (int64_t i = 0; i < s.q_len; ++i) {
-        nn_math::SoftmaxRowInPlace(p + i * s.kv_len, s.kv_len, s.causal ? i + 1 : s.kv_len);
+        simd::SoftmaxRowInPlace(p + i * s.kv_len, s.kv_len, s.causal ? i + 1 : s.kv_len);
       }
       Gemm(false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, p, s.kv_len, vh, ldv, 0.0f, oh,
            ldo);
@@ -276,7 +268,7 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
            lddv);
       // dS = scale * P (dP - rowdot(P, dP)); masked entries have P = 0.
       for (int64_t i = 0; i < s.q_len; ++i) {
-        nn_math::SoftmaxRowBackwardInPlace(p + i * s.kv_len, ds + i * s.kv_len, s.kv_len, scale);
+        simd::SoftmaxRowBackwardInPlace(p + i * s.kv_len, ds + i * s.kv_len, s.kv_len, scale);
       }
       // dQ = dS K; dK = dS^T Q.
       Gemm(false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds, s.kv_len, kh, ldk, 0.0f, dqh,
@@ -297,9 +289,7 @@ void EmbeddingForward(const float* table, const int32_t* ids, int64_t count, int
 void EmbeddingBackward(const int32_t* ids, const float* dout, int64_t count, int64_t dim,
                        float* dtable) {
   for (int64_t n = 0; n < count; ++n) {
-    float* row = dtable + static_cast<int64_t>(ids[n]) * dim;
-    const float* g = dout + n * dim;
-    for (int64_t j = 0; j < dim; ++j) row[j] += g[j];
+    simd::AddInPlace(dtable + static_cast<int64_t>(ids[n]) * dim, dout + n * dim, dim);
   }
 }
 
@@ -309,7 +299,7 @@ float CrossEntropyForward(const float* logits, const int32_t* targets, int64_t r
   int64_t counted = 0;
   for (int64_t r = 0; r < rows; ++r) {
     if (targets[r] == kIgnoreTarget) continue;
-    sum += nn_math::CrossEntropyRow(logits + r * vocab, vocab, targets[r]);
+    sum += simd::CrossEntropyRow(logits + r * vocab, vocab, targets[r]);
     ++counted;
   }
   *count = counted;
@@ -323,14 +313,12 @@ void CrossEntropyBackward(const float* logits, const int32_t* targets, int64_t r
       std::memset(dlogits + r * vocab, 0, sizeof(float) * vocab);
       continue;
     }
-    nn_math::CrossEntropyRowBackward(logits + r * vocab, vocab, targets[r], scale,
-                                     dlogits + r * vocab);
+    simd::CrossEntropyRowBackward(logits + r * vocab, vocab, targets[r], scale,
+                                  dlogits + r * vocab);
   }
 }
 
-void AddInPlace(float* x, const float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
-}
+void AddInPlace(float* x, const float* y, int64_t n) { simd::AddInPlace(x, y, n); }
 
 void RoundToBF16InPlace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = BF16ToFloat(FloatToBF16(x[i]));

@@ -1,0 +1,347 @@
+#include "runtime/ops/cpu/simd.h"
+
+#include <immintrin.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include <glog/logging.h>
+
+#include "runtime/ops/math.h"
+
+// GCC 12 reports the _mm512_undefined_ps() inside its own AVX-512 intrinsics
+// (avx512fintrin.h) as uninitialised once they are inlined here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace sk::simd {
+
+// ---- AVX-512 ------------------------------------------------------------------
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx2,fma")
+namespace avx512 {
+
+struct V {
+  using R = __m512;
+  static constexpr int kLanes = 16;
+  static __mmask16 Mask(int64_t c) { return static_cast<__mmask16>((1u << c) - 1u); }
+  static R Load(const float* p) { return _mm512_loadu_ps(p); }
+  static R LoadN(const float* p, int64_t c) { return _mm512_maskz_loadu_ps(Mask(c), p); }
+  static void Store(float* p, R v) { _mm512_storeu_ps(p, v); }
+  static void StoreN(float* p, R v, int64_t c) { _mm512_mask_storeu_ps(p, Mask(c), v); }
+  static R Set(float x) { return _mm512_set1_ps(x); }
+  static R Zero() { return _mm512_setzero_ps(); }
+  static R Add(R a, R b) { return _mm512_add_ps(a, b); }
+  static R Sub(R a, R b) { return _mm512_sub_ps(a, b); }
+  static R Mul(R a, R b) { return _mm512_mul_ps(a, b); }
+  static R Div(R a, R b) { return _mm512_div_ps(a, b); }
+  static R Sqrt(R a) { return _mm512_sqrt_ps(a); }
+  static R Max(R a, R b) { return _mm512_max_ps(a, b); }
+  static R MaskTail(R v, int64_t c) { return c == kLanes ? v : _mm512_maskz_mov_ps(Mask(c), v); }
+  static float SumLanes(R v) { return _mm512_reduce_add_ps(v); }
+  static float MaxLanes(R v) { return _mm512_reduce_max_ps(v); }
+  // e^x: x = n ln2 + r, |r| <= ln2 / 2; Cephes' degree-6 polynomial for e^r
+  // (~2 ulp), scaled by 2^n with scalef (which overflows to inf and underflows
+  // to 0 like expf). NaN stays NaN (min/max return their second operand).
+  static R Exp(R x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
+    R n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    R r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    R p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+  }
+  static double SumOfSquares(const float* x, int64_t n, double acc) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      __m512d v0 = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+      __m512d v1 = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+      a0 = _mm512_add_pd(a0, _mm512_mul_pd(v0, v0));
+      a1 = _mm512_add_pd(a1, _mm512_mul_pd(v1, v1));
+    }
+    double tail = 0.0;
+    for (; i < n; ++i) tail += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    return acc + (_mm512_reduce_add_pd(_mm512_add_pd(a0, a1)) + tail);
+  }
+};
+
+#include "runtime/ops/cpu/simd_loops.inc"
+
+}  // namespace avx512
+#pragma GCC pop_options
+
+// ---- AVX2 + FMA ---------------------------------------------------------------
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+
+struct V {
+  using R = __m256;
+  static constexpr int kLanes = 8;
+  static __m256i Mask(int64_t c) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(c)),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static R Load(const float* p) { return _mm256_loadu_ps(p); }
+  static R LoadN(const float* p, int64_t c) { return _mm256_maskload_ps(p, Mask(c)); }
+  static void Store(float* p, R v) { _mm256_storeu_ps(p, v); }
+  static void StoreN(float* p, R v, int64_t c) { _mm256_maskstore_ps(p, Mask(c), v); }
+  static R Set(float x) { return _mm256_set1_ps(x); }
+  static R Zero() { return _mm256_setzero_ps(); }
+  static R Add(R a, R b) { return _mm256_add_ps(a, b); }
+  static R Sub(R a, R b) { return _mm256_sub_ps(a, b); }
+  static R Mul(R a, R b) { return _mm256_mul_ps(a, b); }
+  static R Div(R a, R b) { return _mm256_div_ps(a, b); }
+  static R Sqrt(R a) { return _mm256_sqrt_ps(a); }
+  static R Max(R a, R b) { return _mm256_max_ps(a, b); }
+  static R MaskTail(R v, int64_t c) {
+    return c == kLanes ? v : _mm256_and_ps(v, _mm256_castsi256_ps(Mask(c)));
+  }
+  static float SumLanes(R v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float MaxLanes(R v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // e^x as in avx512::V::Exp; 2^n built in the exponent field, so x is
+  // clamped to [-87.34, 88.37] (n in [-126, 127]) and the results beyond
+  // expf's range set to 0 and inf afterwards.
+  static R Exp(R x) {
+    const R lo = _mm256_set1_ps(-87.3365448f), hi = _mm256_set1_ps(88.3762626f);
+    R xc = _mm256_max_ps(lo, _mm256_min_ps(hi, x));
+    R n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    R r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    R p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    R y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    y = _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y);
+    return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY),
+                            _mm256_cmp_ps(x, _mm256_set1_ps(88.7228394f), _CMP_GT_OQ));
+  }
+  static double SumOfSquares(const float* x, int64_t n, double acc) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      __m256d v0 = _mm256_cvtps_pd(_mm_loadu_ps(x + i));
+      __m256d v1 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+      a0 = _mm256_add_pd(a0, _mm256_mul_pd(v0, v0));
+      a1 = _mm256_add_pd(a1, _mm256_mul_pd(v1, v1));
+    }
+    double tail = 0.0;
+    for (; i < n; ++i) tail += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    __m256d s = _mm256_add_pd(a0, a1);
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return acc + (_mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))) + tail);
+  }
+};
+
+#include "runtime/ops/cpu/simd_loops.inc"
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+// ---- Scalar: the reference loops of math.h and update_rules.h -----------------
+
+namespace scalar {
+
+void GeluForward(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = nn_math::GeluTanh(x[i]);
+}
+void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * nn_math::GeluTanhGrad(x[i]);
+}
+void AdamUpdate(const AdamHyper& hyper, float* p, const float* g, float* m, float* v, int64_t n) {
+  // A local copy: the float stores below could alias a referenced struct's
+  // float fields, which would force reloads and block vectorisation.
+  const AdamHyper h = hyper;
+  for (int64_t i = 0; i < n; ++i) sk::AdamUpdate(p[i], g[i], m[i], v[i], h);
+}
+void SgdUpdate(const SgdHyper& hyper, float* p, const float* g, float* buf, int64_t n) {
+  const SgdHyper h = hyper;  // local: see AdamUpdate
+  if (h.momentum == 0.0f) {
+    float scratch = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sk::SgdUpdate(p[i], g[i], scratch, h);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) sk::SgdUpdate(p[i], g[i], buf[i], h);
+}
+void AddInPlace(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+void Axpy(float alpha, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+void ScaleInPlace(float* x, float alpha, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
+}
+double SumOfSquares(const float* x, int64_t n, double acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    double v = x[i];
+    acc += v * v;
+  }
+  return acc;
+}
+void LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
+                      int64_t cols, float* y, float* mean, float* rstd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    nn_math::LayerNormRowForward(x + r * cols, gamma, beta, cols, y + r * cols, mean + r, rstd + r);
+  }
+}
+void LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
+                       const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
+                       float* dbeta) {
+  for (int64_t r = 0; r < rows; ++r) {
+    nn_math::LayerNormRowBackward(x + r * cols, gamma, dy + r * cols, mean[r], rstd[r], cols,
+                                  dx + r * cols, dgamma, dbeta);
+  }
+}
+void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid) {
+  nn_math::SoftmaxRowInPlace(row, cols, valid);
+}
+void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols, float scale) {
+  nn_math::SoftmaxRowBackwardInPlace(p, dp, cols, scale);
+}
+float CrossEntropyRow(const float* logits, int64_t cols, int32_t target) {
+  return nn_math::CrossEntropyRow(logits, cols, target);
+}
+void CrossEntropyRowBackward(const float* logits, int64_t cols, int32_t target, float scale,
+                             float* dlogits) {
+  nn_math::CrossEntropyRowBackward(logits, cols, target, scale, dlogits);
+}
+
+}  // namespace scalar
+
+// ---- Selection ------------------------------------------------------------------
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+Isa BestIsa() {
+  static const Isa best = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return Isa::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+    return Isa::kScalar;
+  }();
+  return best;
+}
+
+namespace {
+
+Isa Clamp(Isa isa) { return static_cast<int>(isa) < static_cast<int>(BestIsa()) ? isa : BestIsa(); }
+
+std::atomic<int>& Active() {
+  static std::atomic<int> active([] {
+    Isa isa = BestIsa();
+    if (const char* env = std::getenv("SK_CPU_ISA")) {
+      if (std::strcmp(env, "scalar") == 0) {
+        isa = Isa::kScalar;
+      } else if (std::strcmp(env, "avx2") == 0) {
+        isa = Isa::kAvx2;
+      } else if (std::strcmp(env, "avx512") == 0) {
+        isa = Isa::kAvx512;
+      } else {
+        LOG(WARNING) << "SK_CPU_ISA=" << env << " is not scalar, avx2 or avx512; ignored";
+      }
+    }
+    return static_cast<int>(Clamp(isa));
+  }());
+  return active;
+}
+
+}  // namespace
+
+Isa ActiveIsa() { return static_cast<Isa>(Active().load(std::memory_order_relaxed)); }
+
+Isa SetIsa(Isa isa) {
+  return static_cast<Isa>(Active().exchange(static_cast<int>(Clamp(isa))));
+}
+
+#define SK_SIMD_DISPATCH(fn, ...)                          \
+  switch (ActiveIsa()) {                                   \
+    case Isa::kAvx512: return avx512::fn(__VA_ARGS__);     \
+    case Isa::kAvx2: return avx2::fn(__VA_ARGS__);         \
+    case Isa::kScalar: break;                              \
+  }                                                        \
+  return scalar::fn(__VA_ARGS__)
+
+void GeluForward(const float* x, int64_t n, float* y) { SK_SIMD_DISPATCH(GeluForward, x, n, y); }
+void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) {
+  SK_SIMD_DISPATCH(GeluBackward, x, dy, n, dx);
+}
+void AdamUpdate(const AdamHyper& h, float* param, const float* grad, float* exp_avg,
+                float* exp_avg_sq, int64_t n) {
+  SK_SIMD_DISPATCH(AdamUpdate, h, param, grad, exp_avg, exp_avg_sq, n);
+}
+void SgdUpdate(const SgdHyper& h, float* param, const float* grad, float* momentum, int64_t n) {
+  SK_SIMD_DISPATCH(SgdUpdate, h, param, grad, momentum, n);
+}
+void AddInPlace(float* x, const float* y, int64_t n) { SK_SIMD_DISPATCH(AddInPlace, x, y, n); }
+void Axpy(float alpha, const float* x, float* y, int64_t n) { SK_SIMD_DISPATCH(Axpy, alpha, x, y, n); }
+void ScaleInPlace(float* x, float alpha, int64_t n) { SK_SIMD_DISPATCH(ScaleInPlace, x, alpha, n); }
+double SumOfSquares(const float* x, int64_t n, double acc) {
+  switch (ActiveIsa()) {
+    case Isa::kAvx512: return avx512::V::SumOfSquares(x, n, acc);
+    case Isa::kAvx2: return avx2::V::SumOfSquares(x, n, acc);
+    case Isa::kScalar: break;
+  }
+  return scalar::SumOfSquares(x, n, acc);
+}
+void LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
+                      int64_t cols, float* y, float* mean, float* rstd) {
+  SK_SIMD_DISPATCH(LayerNormForward, x, gamma, beta, rows, cols, y, mean, rstd);
+}
+void LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
+                       const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
+                       float* dbeta) {
+  SK_SIMD_DISPATCH(LayerNormBackward, x, gamma, dy, mean, rstd, rows, cols, dx, dgamma, dbeta);
+}
+void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid) {
+  SK_SIMD_DISPATCH(SoftmaxRowInPlace, row, cols, valid);
+}
+void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols, float scale) {
+  SK_SIMD_DISPATCH(SoftmaxRowBackwardInPlace, p, dp, cols, scale);
+}
+float CrossEntropyRow(const float* logits, int64_t cols, int32_t target) {
+  SK_SIMD_DISPATCH(CrossEntropyRow, logits, cols, target);
+}
+void CrossEntropyRowBackward(const float* logits, int64_t cols, int32_t target, float scale,
+                             float* dlogits) {
+  SK_SIMD_DISPATCH(CrossEntropyRowBackward, logits, cols, target, scale, dlogits);
+}
+
+#undef SK_SIMD_DISPATCH
+
+}  // namespace sk::simd

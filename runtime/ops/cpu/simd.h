@@ -1,0 +1,83 @@
+// Vectorised loops of the CPU backend (runtime/ops/cpu/kernels.cc), compiled
+// for AVX-512 and for AVX2 + FMA beside the portable scalar loops, and chosen
+// at run time from the CPU (so one binary runs on any x86-64). Internal to
+// runtime/ops/cpu.
+//
+// Results against the scalar loops (runtime/ops/math.h, update_rules.h):
+// - elementwise ops without exp (AdamW/Adam/SGD updates, adds) keep the order
+//   of arithmetic and round alike: bit-identical on every ISA;
+// - exp-based ops (GELU, softmax, cross-entropy) use a vector exp (Cephes'
+//   polynomial, ~2 ulp) instead of glibc's expf (~0.5 ulp);
+// - row reductions (LayerNorm, softmax, cross-entropy sums, sum of squares)
+//   add in lanes, then across lanes: a different summation order.
+// Those two kinds differ from the scalar loops by a few ulp; the conformance
+// tests compare every ISA with f64 references (tests/ops/cpu_kernels_test.cc).
+//
+// Thread safety: every function is thread-compatible; SetIsa is a process-wide
+// setting for tests and benchmarks, not to be called while kernels run.
+#ifndef SHARDKIT_RUNTIME_OPS_CPU_SIMD_H_
+#define SHARDKIT_RUNTIME_OPS_CPU_SIMD_H_
+
+#include <cstdint>
+
+#include "runtime/ops/update_rules.h"
+
+namespace sk::simd {
+
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// "scalar", "avx2", "avx512".
+const char* IsaName(Isa isa);
+
+// The best ISA this CPU runs (AVX-512 needs avx512f+dq, AVX2 needs avx2+fma).
+Isa BestIsa();
+
+// The ISA the kernels use now: BestIsa() at start-up, lowered by the
+// environment variable SK_CPU_ISA=scalar|avx2|avx512 (never raised above
+// BestIsa(); an unknown value is ignored with a warning).
+Isa ActiveIsa();
+
+// Makes the kernels use min(isa, BestIsa()) and returns the ISA in use
+// before. For tests and benchmarks that compare paths.
+Isa SetIsa(Isa isa);
+
+// Each function below runs the active ISA's loop; the scalar loop is the
+// reference arithmetic of math.h / update_rules.h.
+
+// y = gelu_tanh(x) (y may alias x); dx = dy * gelu_tanh'(x) (dx may alias dy).
+void GeluForward(const float* x, int64_t n, float* y);
+void GeluBackward(const float* x, const float* dy, int64_t n, float* dx);
+
+// The per-element rules of update_rules.h over n elements (momentum unused
+// when h.momentum == 0).
+void AdamUpdate(const AdamHyper& h, float* param, const float* grad, float* exp_avg,
+                float* exp_avg_sq, int64_t n);
+void SgdUpdate(const SgdHyper& h, float* param, const float* grad, float* momentum, int64_t n);
+
+// x += y; y += alpha x; x *= alpha (elementwise, bit-identical on every ISA).
+void AddInPlace(float* x, const float* y, int64_t n);
+void Axpy(float alpha, const float* x, float* y, int64_t n);
+void ScaleInPlace(float* x, float alpha, int64_t n);
+
+// Sum of x[i]^2 accumulated in f64, added to acc.
+double SumOfSquares(const float* x, int64_t n, double acc);
+
+// LayerNorm over rows (runtime/ops/cpu/kernels.h's contract).
+void LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
+                      int64_t cols, float* y, float* mean, float* rstd);
+void LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
+                       const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
+                       float* dbeta);
+
+// math.h's SoftmaxRowInPlace and SoftmaxRowBackwardInPlace.
+void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid);
+void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols, float scale);
+
+// math.h's CrossEntropyRow and CrossEntropyRowBackward.
+float CrossEntropyRow(const float* logits, int64_t cols, int32_t target);
+void CrossEntropyRowBackward(const float* logits, int64_t cols, int32_t target, float scale,
+                             float* dlogits);
+
+}  // namespace sk::simd
+
+#endif  // SHARDKIT_RUNTIME_OPS_CPU_SIMD_H_

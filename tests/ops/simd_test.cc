@@ -1,0 +1,334 @@
+// The vectorised loops (runtime/ops/cpu/simd.h) on every ISA this CPU runs:
+// - elementwise ops without exp (optimizer updates, adds, scaling) must be
+//   bit-identical to the scalar loops of update_rules.h / math.h;
+// - GELU, LayerNorm, softmax, cross-entropy and the sum of squares use a
+//   vector exp and/or another summation order, so they are compared with f64
+//   references within stated tolerances (the scalar loop must meet the same);
+// - special values (0, +-inf, NaN, saturating GELU arguments) behave as expf's.
+// Lengths cover every tail (1 .. 2 vectors + 1) and a long row.
+#include "runtime/ops/cpu/simd.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace sk::simd {
+namespace {
+
+std::vector<Isa> Isas() {
+  std::vector<Isa> out = {Isa::kScalar};
+  if (static_cast<int>(BestIsa()) >= static_cast<int>(Isa::kAvx2)) out.push_back(Isa::kAvx2);
+  if (BestIsa() == Isa::kAvx512) out.push_back(Isa::kAvx512);
+  return out;
+}
+
+// Runs the test body once per ISA and restores the active one.
+class OnIsa {
+ public:
+  explicit OnIsa(Isa isa) : before_(SetIsa(isa)) {}
+  ~OnIsa() { SetIsa(before_); }
+
+ private:
+  Isa before_;
+};
+
+const std::vector<int64_t> kLengths = {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 100, 384, 1031};
+
+std::vector<float> Random(int64_t n, uint32_t seed, float lo, float hi) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(SameBits(got[i], want[i])) << what << "[" << i << "]: " << got[i] << " vs " << want[i];
+  }
+}
+
+void ExpectClose(double got, double want, double rel, double abs, const std::string& what) {
+  EXPECT_LE(std::fabs(got - want), abs + rel * std::fabs(want)) << what << ": " << got << " vs " << want;
+}
+
+TEST(Simd, SetIsaClampsToTheBestAndReturnsThePrevious) {
+  const Isa before = ActiveIsa();
+  EXPECT_EQ(SetIsa(Isa::kScalar), before);
+  EXPECT_EQ(ActiveIsa(), Isa::kScalar);
+  SetIsa(Isa::kAvx512);
+  EXPECT_EQ(ActiveIsa(), BestIsa());
+  SetIsa(before);
+  EXPECT_STREQ(IsaName(Isa::kAvx2), "avx2");
+}
+
+TEST(Simd, OptimizerUpdatesAreBitIdenticalToTheScalarRules) {
+  AdamHyper adamw{1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, true, 0.19f, 0.0447f};
+  AdamHyper adam_l2 = adamw;
+  adam_l2.decoupled = false;
+  AdamHyper adam_plain = adamw;
+  adam_plain.weight_decay = 0;
+  for (int64_t n : kLengths) {
+    const auto p0 = Random(n, 1, -1, 1), g = Random(n, 2, -0.1f, 0.1f), m0 = Random(n, 3, -0.01f, 0.01f),
+               v0 = Random(n, 4, 0, 1e-4f);
+    for (const AdamHyper& h : {adamw, adam_l2, adam_plain}) {
+      std::vector<float> p_ref = p0, m_ref = m0, v_ref = v0;
+      for (int64_t i = 0; i < n; ++i) sk::AdamUpdate(p_ref[i], g[i], m_ref[i], v_ref[i], h);
+      for (Isa isa : Isas()) {
+        OnIsa on(isa);
+        std::vector<float> p = p0, m = m0, v = v0;
+        AdamUpdate(h, p.data(), g.data(), m.data(), v.data(), n);
+        const std::string what = std::string("adam ") + IsaName(isa) + " n=" + std::to_string(n);
+        ExpectSameBits(p, p_ref, what + " param");
+        ExpectSameBits(m, m_ref, what + " exp_avg");
+        ExpectSameBits(v, v_ref, what + " exp_avg_sq");
+      }
+    }
+    for (SgdHyper h : {SgdHyper{0.1f, 0.9f, 0.1f, 0.01f, true, false}, SgdHyper{0.1f, 0.9f, 0.0f, 0.0f, false, true},
+                       SgdHyper{0.05f, 0.0f, 0.0f, 0.01f, false, false}}) {
+      std::vector<float> p_ref = p0, b_ref = m0;
+      for (int64_t i = 0; i < n; ++i) {
+        float scratch = 0;
+        sk::SgdUpdate(p_ref[i], g[i], h.momentum == 0 ? scratch : b_ref[i], h);
+      }
+      for (Isa isa : Isas()) {
+        OnIsa on(isa);
+        std::vector<float> p = p0, b = m0;
+        SgdUpdate(h, p.data(), g.data(), h.momentum == 0 ? nullptr : b.data(), n);
+        const std::string what = std::string("sgd ") + IsaName(isa) + " n=" + std::to_string(n);
+        ExpectSameBits(p, p_ref, what + " param");
+        ExpectSameBits(b, b_ref, what + " momentum");
+      }
+    }
+  }
+}
+
+TEST(Simd, AddsAndScalingAreBitIdenticalToTheScalarLoops) {
+  for (int64_t n : kLengths) {
+    const auto x0 = Random(n, 5, -3, 3), y0 = Random(n, 6, -3, 3);
+    std::vector<float> add = x0, axpy = y0, scale = x0;
+    for (int64_t i = 0; i < n; ++i) {
+      add[i] += y0[i];
+      axpy[i] += 0.37f * x0[i];
+      scale[i] *= -1.7f;
+    }
+    for (Isa isa : Isas()) {
+      OnIsa on(isa);
+      std::vector<float> a = x0, b = y0, c = x0;
+      AddInPlace(a.data(), y0.data(), n);
+      Axpy(0.37f, x0.data(), b.data(), n);
+      ScaleInPlace(c.data(), -1.7f, n);
+      const std::string what = std::string(IsaName(isa)) + " n=" + std::to_string(n);
+      ExpectSameBits(a, add, "add " + what);
+      ExpectSameBits(b, axpy, "axpy " + what);
+      ExpectSameBits(c, scale, "scale " + what);
+    }
+  }
+}
+
+double GeluRef(double x) {
+  const double k0 = std::sqrt(2.0 / M_PI), k1 = 0.044715;
+  return 0.5 * x * (1.0 + std::tanh(k0 * (x + k1 * x * x * x)));
+}
+
+double GeluGradRef(double x) {
+  const double k0 = std::sqrt(2.0 / M_PI), k1 = 0.044715;
+  const double t = std::tanh(k0 * (x + k1 * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k0 * (1.0 + 3.0 * k1 * x * x);
+}
+
+// Vector exp (~2 ulp) instead of expf: GELU within 2e-6 relative of the f64
+// reference on every ISA, plus the absolute error of tanh via exp near -1
+// (1 + t cancels: ~1.2e-7, times 0.5 |x|) that the scalar loop has as well.
+TEST(Simd, GeluMatchesDoubleReferenceOnEveryIsa) {
+  for (int64_t n : kLengths) {
+    auto x = Random(n, 7, -8, 8);
+    x[0] = 0.0f;
+    if (n > 2) x[1] = 30.0f, x[2] = -30.0f;  // saturated tanh: exactly x and -0
+    const auto dy = Random(n, 8, -1, 1);
+    for (Isa isa : Isas()) {
+      OnIsa on(isa);
+      std::vector<float> y(n), dx(n);
+      GeluForward(x.data(), n, y.data());
+      GeluBackward(x.data(), dy.data(), n, dx.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const std::string what = std::string("gelu ") + IsaName(isa) + " x=" + std::to_string(x[i]);
+        const double cancel = 1.2e-7 * (1.0 + std::fabs(x[i]));
+        ExpectClose(y[i], GeluRef(x[i]), 2e-6, cancel, what);
+        ExpectClose(dx[i], dy[i] * GeluGradRef(x[i]), 2e-6, 2 * cancel * (1.0 + x[i] * x[i]), what + " grad");
+      }
+      if (n > 2) {
+        EXPECT_EQ(y[1], 30.0f) << IsaName(isa);
+        EXPECT_EQ(y[2], 0.0f) << IsaName(isa);
+      }
+    }
+  }
+}
+
+TEST(Simd, GeluPropagatesNanAndSaturatesAtInfinity) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x = {std::nanf(""), inf, -inf, 100.0f, -100.0f, 1e-30f, 0.5f, -0.5f, 3.0f};
+  for (Isa isa : Isas()) {
+    OnIsa on(isa);
+    std::vector<float> y(x.size());
+    GeluForward(x.data(), static_cast<int64_t>(x.size()), y.data());
+    EXPECT_TRUE(std::isnan(y[0])) << IsaName(isa);
+    EXPECT_EQ(y[1], inf) << IsaName(isa);
+    EXPECT_EQ(y[3], 100.0f) << IsaName(isa);
+    EXPECT_EQ(y[4], 0.0f) << IsaName(isa);
+  }
+}
+
+// Softmax over `valid` entries of a row: sums in lanes and a vector exp.
+TEST(Simd, SoftmaxRowsMatchDoubleReferenceAndZeroTheMaskedTail) {
+  for (int64_t cols : kLengths) {
+    for (int64_t valid : {int64_t{1}, (cols + 1) / 2, cols}) {
+      const auto row0 = Random(cols, 9 + cols, -12, 12), dp0 = Random(cols, 10, -1, 1);
+      double m = row0[0], sum = 0;
+      for (int64_t j = 0; j < valid; ++j) m = std::max(m, static_cast<double>(row0[j]));
+      for (int64_t j = 0; j < valid; ++j) sum += std::exp(row0[j] - m);
+      std::vector<double> p(cols, 0.0);
+      for (int64_t j = 0; j < valid; ++j) p[j] = std::exp(row0[j] - m) / sum;
+      double dot = 0;
+      for (int64_t j = 0; j < cols; ++j) dot += p[j] * dp0[j];
+      for (Isa isa : Isas()) {
+        OnIsa on(isa);
+        std::vector<float> row = row0;
+        SoftmaxRowInPlace(row.data(), cols, valid);
+        std::vector<float> dp = dp0;
+        SoftmaxRowBackwardInPlace(row.data(), dp.data(), cols, 0.5f);
+        for (int64_t j = 0; j < cols; ++j) {
+          const std::string what = std::string("softmax ") + IsaName(isa) + " cols=" + std::to_string(cols) +
+                                   " valid=" + std::to_string(valid) + " j=" + std::to_string(j);
+          ExpectClose(row[j], p[j], 1e-5, 1e-9, what);
+          if (j >= valid) {
+            EXPECT_EQ(row[j], 0.0f) << what;
+          }
+          ExpectClose(dp[j], 0.5 * p[j] * (dp0[j] - dot), 1e-4, 1e-7, what + " bwd");
+        }
+      }
+    }
+  }
+}
+
+TEST(Simd, CrossEntropyRowsMatchDoubleReference) {
+  for (int64_t cols : kLengths) {
+    const auto logits = Random(cols, 11 + cols, -20, 20);
+    const int32_t target = static_cast<int32_t>(cols / 3);
+    double m = logits[0], sum = 0;
+    for (float l : logits) m = std::max(m, static_cast<double>(l));
+    for (float l : logits) sum += std::exp(l - m);
+    const double loss = std::log(sum) + m - logits[target];
+    for (Isa isa : Isas()) {
+      OnIsa on(isa);
+      const std::string what = std::string("cross-entropy ") + IsaName(isa) + " cols=" + std::to_string(cols);
+      ExpectClose(CrossEntropyRow(logits.data(), cols, target), loss, 1e-5, 1e-5, what);
+      std::vector<float> d(cols);
+      CrossEntropyRowBackward(logits.data(), cols, target, 0.25f, d.data());
+      for (int64_t j = 0; j < cols; ++j) {
+        const double want = 0.25 * (std::exp(logits[j] - m) / sum - (j == target ? 1.0 : 0.0));
+        ExpectClose(d[j], want, 1e-5, 1e-9, what + " d[" + std::to_string(j) + "]");
+      }
+    }
+  }
+}
+
+TEST(Simd, CrossEntropyOfNanLogitsIsNan) {
+  std::vector<float> logits(40, 0.5f);
+  logits[21] = std::nanf("");
+  for (Isa isa : Isas()) {
+    OnIsa on(isa);
+    EXPECT_TRUE(std::isnan(CrossEntropyRow(logits.data(), 40, 3))) << IsaName(isa);
+  }
+}
+
+// LayerNorm: the row sums add in lanes; dgamma/dbeta accumulate row by row
+// as in the scalar loop.
+TEST(Simd, LayerNormMatchesDoubleReference) {
+  for (int64_t cols : kLengths) {
+    const int64_t rows = 3;
+    const auto x = Random(rows * cols, 12, -2, 3), gamma = Random(cols, 13, 0.5f, 1.5f),
+               beta = Random(cols, 14, -0.5f, 0.5f), dy = Random(rows * cols, 15, -1, 1),
+               dx0 = Random(rows * cols, 16, -0.1f, 0.1f);
+    std::vector<double> y_ref(rows * cols), dx_ref(rows * cols), dg_ref(cols, 0.0), db_ref(cols, 0.0);
+    std::vector<double> rstd_ref(rows), mean_ref(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x.data() + r * cols;
+      double mean = 0, var = 0;
+      for (int64_t j = 0; j < cols; ++j) mean += xr[j];
+      mean /= cols;
+      for (int64_t j = 0; j < cols; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+      var /= cols;
+      const double rstd = 1.0 / std::sqrt(var + 1e-5);
+      mean_ref[r] = mean;
+      rstd_ref[r] = rstd;
+      double sg = 0, sgx = 0;
+      for (int64_t j = 0; j < cols; ++j) {
+        const double xhat = (xr[j] - mean) * rstd, g = dy[r * cols + j] * gamma[j];
+        y_ref[r * cols + j] = xhat * gamma[j] + beta[j];
+        sg += g;
+        sgx += g * xhat;
+        dg_ref[j] += dy[r * cols + j] * xhat;
+        db_ref[j] += dy[r * cols + j];
+      }
+      for (int64_t j = 0; j < cols; ++j) {
+        const double xhat = (xr[j] - mean) * rstd, g = dy[r * cols + j] * gamma[j];
+        dx_ref[r * cols + j] = dx0[r * cols + j] + rstd * (g - sg / cols - xhat * sgx / cols);
+      }
+    }
+    for (Isa isa : Isas()) {
+      OnIsa on(isa);
+      std::vector<float> y(rows * cols), mean(rows), rstd(rows), dx = dx0, dg(cols, 0.0f), db(cols, 0.0f);
+      LayerNormForward(x.data(), gamma.data(), beta.data(), rows, cols, y.data(), mean.data(), rstd.data());
+      LayerNormBackward(x.data(), gamma.data(), dy.data(), mean.data(), rstd.data(), rows, cols, dx.data(),
+                        dg.data(), db.data());
+      const std::string what = std::string("layernorm ") + IsaName(isa) + " cols=" + std::to_string(cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        ExpectClose(mean[r], mean_ref[r], 1e-5, 1e-6, what + " mean");
+        ExpectClose(rstd[r], rstd_ref[r], 1e-5, 0, what + " rstd");
+      }
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        ExpectClose(y[i], y_ref[i], 1e-5, 1e-5, what + " y");
+        ExpectClose(dx[i], dx_ref[i], 1e-4, 1e-5, what + " dx");
+      }
+      for (int64_t j = 0; j < cols; ++j) {
+        ExpectClose(dg[j], dg_ref[j], 1e-5, 1e-6, what + " dgamma");
+        ExpectClose(db[j], db_ref[j], 1e-6, 1e-6, what + " dbeta");
+      }
+      // Null parameter gradients are allowed (a LayerNorm without affine grads).
+      std::vector<float> dx2 = dx0;
+      LayerNormBackward(x.data(), gamma.data(), dy.data(), mean.data(), rstd.data(), rows, cols, dx2.data(),
+                        nullptr, nullptr);
+      ExpectSameBits(dx2, dx, what + " dx without dgamma/dbeta");
+    }
+  }
+}
+
+TEST(Simd, SumOfSquaresMatchesLongDoubleAndAddsToTheAccumulator) {
+  for (int64_t n : kLengths) {
+    const auto x = Random(n, 17, -2, 2);
+    long double want = 1.5L;
+    for (float v : x) want += static_cast<long double>(v) * v;
+    for (Isa isa : Isas()) {
+      OnIsa on(isa);
+      ExpectClose(SumOfSquares(x.data(), n, 1.5), static_cast<double>(want), 1e-14, 0,
+                  std::string("sum of squares ") + IsaName(isa) + " n=" + std::to_string(n));
+    }
+  }
+  for (Isa isa : Isas()) {
+    OnIsa on(isa);
+    EXPECT_EQ(SumOfSquares(nullptr, 0, 2.0), 2.0) << IsaName(isa);
+  }
+}
+
+}  // namespace
+}  // namespace sk::simd
