@@ -13,9 +13,10 @@ namespace {
 
 constexpr int kChains = 16;  // independent FMA chains: enough to cover FMA latency x ports
 
+// Keeps the sums observable (the loops would otherwise be dead code).
 template <typename V>
 void Keep(const V& v) {
-  asm volatile("" : : "x"(v) : "memory");
+  asm volatile("" : : "r"(&v) : "memory");
 }
 
 __attribute__((target("avx512f"))) double FmaLoopAvx512(int64_t iters) {
