@@ -56,6 +56,10 @@ std::vector<NamedModelConfig> BuildConfigs() {
   // benchmark).
   v.push_back(Gpt("gpt-deep-20m", 1024, 128, 24, 8, 256, false, "deep and narrow: model-state-bound memory"));
   v.push_back(Gpt("gpt-150m", 32768, 512, 14, 12, 768, false, "GPT-2-small width; slow on CPU"));
+  // GPT-2 small's shape (openai-community/gpt2), so its weights load with
+  // the hf-gpt2 layout (runtime/fsdp/weight_layout.h); the LM head is a
+  // parameter of its own (GPT-2 ties it to wte: the import copies wte).
+  v.push_back(Gpt("gpt2-small", 50257, 1024, 12, 12, 768, false, "GPT-2 small's shape: loads Hugging Face GPT-2 weights"));
   v.push_back(T5("t5-tiny", 64, 16, 16, 2, 2, 32, 64, false, "unit tests"));
   v.push_back(T5("t5-10m", 1024, 128, 128, 4, 4, 256, 1024, false, "CPU encoder-decoder"));
   v.push_back(T5("t5-60m", 8192, 256, 128, 6, 8, 512, 2048, false, "CPU encoder-decoder, larger"));

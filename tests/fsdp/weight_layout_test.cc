@@ -20,6 +20,7 @@
 
 #include "runtime/comm/local_backend.h"
 #include "runtime/fsdp/safetensors.h"
+#include "runtime/nn/configs.h"
 #include "runtime/train/trainer.h"
 
 namespace sk {
@@ -277,6 +278,48 @@ TEST(WeightLayoutTest, ErrorsNameTheTensor) {
   EXPECT_FALSE(ParseWeightLayout("hf").ok());
   EXPECT_EQ(*ParseWeightLayout("hf-gpt2"), WeightLayout::kHfGpt2);
   EXPECT_EQ(*LayoutName("h.3.mlp.fc.b", WeightLayout::kHfGpt2), "transformer.h.3.mlp.c_fc.bias");
+}
+
+// GPT-2 small as Hugging Face holds it (GPT2Config(): vocab 50257,
+// n_positions 1024, n_embd 768, n_layer 12, Conv1D weights [in, out]): every
+// parameter of the gpt2-small config has a name there and the same shape, so
+// the real weights load (the file itself is 500 MB: not downloaded here).
+TEST(WeightLayoutTest, Gpt2SmallConfigMatchesHuggingFaceGpt2Shapes) {
+  std::map<std::string, Shape> hf = {
+      {"transformer.wte.weight", Shape{50257, 768}}, {"transformer.wpe.weight", Shape{1024, 768}},
+      {"transformer.ln_f.weight", Shape{768}},      {"transformer.ln_f.bias", Shape{768}},
+      {"lm_head.weight", Shape{50257, 768}}};
+  for (int l = 0; l < 12; ++l) {
+    const std::string h = "transformer.h." + std::to_string(l) + ".";
+    for (const char* ln : {"ln_1", "ln_2"}) {
+      hf[h + ln + ".weight"] = Shape{768};
+      hf[h + ln + ".bias"] = Shape{768};
+    }
+    hf[h + "attn.c_attn.weight"] = Shape{768, 2304};
+    hf[h + "attn.c_attn.bias"] = Shape{2304};
+    hf[h + "attn.c_proj.weight"] = Shape{768, 768};
+    hf[h + "attn.c_proj.bias"] = Shape{768};
+    hf[h + "mlp.c_fc.weight"] = Shape{768, 3072};
+    hf[h + "mlp.c_fc.bias"] = Shape{3072};
+    hf[h + "mlp.c_proj.weight"] = Shape{3072, 768};
+    hf[h + "mlp.c_proj.bias"] = Shape{768};
+  }
+  StatusOr<std::unique_ptr<Model>> model = CreateModel(std::string("gpt2-small"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  size_t seen = 0;
+  for (const UnitSpec& u : (*model)->units()) {
+    for (const ParamSpec& p : u.params) {
+      const std::string mine = u.name + "." + p.name;
+      StatusOr<std::string> theirs = LayoutName(mine, WeightLayout::kHfGpt2);
+      ASSERT_TRUE(theirs.ok()) << theirs.status();
+      ASSERT_TRUE(hf.count(*theirs)) << mine << " -> " << *theirs;
+      Shape want = hf[*theirs];
+      if (*theirs == "lm_head.weight") want = Shape{want.dim(1), want.dim(0)};  // nn.Linear [out, in]
+      EXPECT_EQ(p.shape, want) << mine << " " << p.shape.ToString() << " vs " << *theirs << " " << want.ToString();
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, hf.size());
 }
 
 // ---- Through a trainer ------------------------------------------------------
