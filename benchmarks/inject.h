@@ -5,7 +5,9 @@
 //
 // and repeats the named work that many times inside its measured region, so
 // both the instructions it executes and its time really multiply. Names:
-//   fsdp_step    each FSDP training step (DDP steps are not repeated);
+//   fsdp_step    each FSDP training step (DDP steps are not repeated); in
+//                //benchmarks:sim_track, each simulated FSDP step's forward
+//                and backward (that many micro-batches per step);
 //   collectives  each collective a collectives benchmark issues.
 // Unset or empty: nothing is repeated. Nothing in runtime/ reads it.
 #ifndef SHARDKIT_BENCHMARKS_INJECT_H_

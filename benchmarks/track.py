@@ -38,9 +38,17 @@ of every metric name):
                 rate) and the allocator's peak reserved near its cap. Reported
                 always; gated only in the full form, with thresholds derived
                 from back-to-back variance (WALL_THRESHOLDS). --quick warns.
-  sim           The simulator's predicted step time and peak memory for a
-                fixed set of configurations: the hook for issue 11 (see
-                measure_sim). Empty until the simulator lands.
+  sim           The simulator's predicted step time and peak reserved
+                memory (virtual time, simulated allocator) of the fixed
+                configurations of //benchmarks:sim_track: gpt-10m, t5-10m and
+                gpt-1m at world 8 on a100-80g under FULL_SHARD, SHARD_GRAD_OP,
+                DDP, HYBRID_SHARD (16 = 2 x 8) and FULL_SHARD at 16; gpt-10m
+                without backward prefetch, with BACKWARD_POST, with forward
+                prefetch, without the limiter; t5-611m and t5-11b at 8 and
+                gpt-175b at 128 (with and without prefetch). Exact run to run
+                and under any load; fails at >= +1%. A configuration that
+                errors (say, runs out of simulated memory) is missing, which
+                fails.
 
 A change is current / baseline - 1 (compare.py's relative change of
 real_time; every metric is "lower is better") and a metric fails when its
@@ -52,7 +60,10 @@ or valgrind failed.
 the benchmark binaries repeat each FSDP step, or each collective, twice inside
 their measured region (the real code runs twice: instructions and time
 double); each such run must fail the gate, and five unchanged runs must all
-pass. It runs the families that gate in --quick (instructions, memory).
+pass. It runs the families that gate in --quick (instructions, memory,
+sim); fsdp_step:2 must fail both an FSDP step's instructions and a simulated
+FSDP configuration's step time (sim_track then runs each FSDP step's forward
+and backward twice).
 """
 import argparse
 import glob
@@ -70,7 +81,7 @@ VALGRIND = "valgrind"
 TARGETS = ["counted", "allocator", "collectives", "kernels", "fsdp_step"]
 FAMILIES = ["instructions", "memory", "wall", "sim"]
 # Families whose thresholds gate in --quick (and so in --self_test).
-QUICK_GATING = ["instructions", "memory"]
+QUICK_GATING = ["instructions", "memory", "sim"]
 
 INSTRUCTIONS_THRESHOLD = 0.05
 MEMORY_THRESHOLD = 0.10
@@ -100,11 +111,9 @@ MEMORY_FILTER = "fsdp_step"
 COUNTED_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "OPENBLAS_CORETYPE": "Haswell",
                "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
-# Hook for issue 11: configurations whose simulated step time and peak memory
-# become gated metrics sim/<config>/{step_seconds,peak_bytes}.
-SIM_TARGET = "sim_track"  # //benchmarks:sim_track, once the simulator lands
-SIM_CONFIGS = ["t5-611m/FULL_SHARD/a100-80g/8", "t5-11b/FULL_SHARD/a100-80g/8",
-               "gpt-175b/FULL_SHARD/a100-80g/128"]
+# //benchmarks:sim_track: every configuration it prints becomes the gated
+# metrics sim/<config>/{step_seconds,peak_bytes}.
+SIM_TARGET = "sim_track"
 
 
 def log(*args):
@@ -278,24 +287,21 @@ def measure_wall(bin_dir, quick, inject):
     return metrics
 
 
-def measure_sim(bin_dir):
-    """Family 'sim' (issue 11's hook). Once //benchmarks:sim_track exists it is
-    built with the other targets and run here; it must print Google Benchmark
-    JSON with one benchmark per SIM_CONFIGS entry (named like it) carrying the
-    counters predicted_step_seconds and predicted_peak_bytes, which become the
-    gated metrics sim/<config>/step_seconds and sim/<config>/peak_bytes
-    (SIM_THRESHOLD). Until then the family is empty and the run says so."""
+def measure_sim(bin_dir, inject=None):
+    """Family 'sim': runs //benchmarks:sim_track (Google Benchmark JSON, one
+    benchmark per simulated configuration carrying the counters
+    predicted_step_seconds and predicted_peak_bytes), which become the gated
+    metrics sim/<config>/step_seconds and sim/<config>/peak_bytes
+    (SIM_THRESHOLD). A configuration that reports an error (simulated out of
+    memory, say) yields no metric, so the gate names it missing."""
     binary = os.path.join(bin_dir, SIM_TARGET)
-    if not os.path.exists(os.path.join(ROOT, "benchmarks", SIM_TARGET + ".cc")):
-        log("sim: not measured: no simulator on this tree yet (issue 11; see measure_sim)")
-        return {}
-    runs = by_name(run_json([binary, "--benchmark_format=json",
-                             "--benchmark_filter=" + "|".join(re.escape(c) for c in SIM_CONFIGS)], bench_env(None)))
+    doc = run_json([binary, "--benchmark_format=json"], bench_env(inject))
     metrics = {}
-    for config in SIM_CONFIGS:
-        b = next((b for n, b in runs.items() if workload(n) == config), None)
-        if b is None:
-            raise ValueError("sim: no result for configuration " + config)
+    for b in doc.get("benchmarks", []):
+        config = workload(b.get("run_name", b["name"]))
+        if b.get("error_occurred"):
+            log("sim: %s: %s" % (config, b.get("error_message", "error")))
+            continue
         metrics["sim/%s/step_seconds" % config] = (b["predicted_step_seconds"], "sim")
         metrics["sim/%s/peak_bytes" % config] = (b["predicted_peak_bytes"], "sim")
     return metrics
@@ -310,7 +316,7 @@ def measure(bin_dir, families, quick, inject=None):
     if "wall" in families:
         metrics.update(measure_wall(bin_dir, quick, inject))
     if "sim" in families:
-        metrics.update(measure_sim(bin_dir))
+        metrics.update(measure_sim(bin_dir, inject))
     return metrics
 
 
@@ -418,8 +424,9 @@ def self_test(bin_dir, baseline):
     workloads they slowed; (c) five unchanged runs must all pass."""
     families = QUICK_GATING
     # (injection, None when the gate must pass, else a metric that must fail)
-    cases = [("fsdp_step:2", "instructions/fsdp_step/gpt-tiny/FULL_SHARD"),
-             ("collectives:2", "instructions/collectives/local/world:2/all_gather")] + [(None, None)] * 5
+    cases = [("fsdp_step:2", ["instructions/fsdp_step/gpt-tiny/FULL_SHARD",
+                              "sim/gpt-10m/FULL_SHARD/a100-80g/8/step_seconds"]),
+             ("collectives:2", ["instructions/collectives/local/world:2/all_gather"])] + [(None, None)] * 5
     results = []
     for i, (inject, must_fail) in enumerate(cases):
         label = "SK_BENCH_INJECT=" + inject if inject else "unchanged run %d of 5" % (i - 1)
@@ -427,12 +434,12 @@ def self_test(bin_dir, baseline):
         metrics = measure(bin_dir, families, quick=True, inject=inject)
         regressions, _, _, changes = gate(baseline, metrics, families, quick=True, verbose=False)
         if must_fail:
-            ok = any(r.startswith(must_fail + ":") for r in regressions)
+            ok = all(any(r.startswith(m + ":") for r in regressions) for m in must_fail)
         else:
             ok = not regressions
         results.append(ok)
         print("track.py: self-test %-34s gate %s, expected %s%s" %
-              (label, "FAIL" if regressions else "PASS", "FAIL on " + must_fail if must_fail else "PASS",
+              (label, "FAIL" if regressions else "PASS", "FAIL on " + " and ".join(must_fail) if must_fail else "PASS",
                "" if ok else "  <-- WRONG"))
         for fam in families:
             moves = [(abs(c), n) for n, c in changes.items() if family(n) == fam]
@@ -471,7 +478,7 @@ def main():
 
     bazel = args.bazel or (os.path.join(ROOT, "bazelw") if os.path.exists(os.path.join(ROOT, "bazelw")) else "bazel")
     if not args.no_build:
-        targets = TARGETS + ([SIM_TARGET] if os.path.exists(os.path.join(ROOT, "benchmarks", SIM_TARGET + ".cc")) else [])
+        targets = TARGETS + [SIM_TARGET]
         subprocess.run([bazel, "build", "-c", "opt"] + ["//benchmarks:" + t for t in targets], cwd=ROOT, check=True)
     # The -c opt output folder itself: bazel-bin follows whichever configuration
     # built last (a --config=asan test run repoints it).
