@@ -379,6 +379,54 @@ TEST(WeightLayoutTest, ImportedGpt2ComputesTheNativeForwardAndExportsTheSameByte
   ExpectSameTensors(hf.File(), *exported);
 }
 
+// A bf16 GPT-2 file (as many Hugging Face checkpoints are stored): the
+// converter keeps bf16 bytes, and a trainer widens them exactly, computing
+// the same forward pass as from the same values stored in f32.
+TEST(WeightLayoutTest, Bf16Gpt2FilesConvertAsBf16AndLoadWidenedExactly) {
+  const Tensors f32 = HfGpt2();
+  std::vector<std::vector<uint16_t>> halves;
+  std::vector<std::vector<float>> widened;
+  std::vector<SafeTensorsEntry> bf16_entries, f32_entries;
+  for (const SafeTensorsEntry& e : f32.Entries()) {
+    const std::vector<float>& v = f32[e.name];
+    std::vector<uint16_t> h(v.size());
+    std::vector<float> w(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &v[i], 4);
+      h[i] = static_cast<uint16_t>(bits >> 16);  // truncation: any bf16 value will do
+      bits = static_cast<uint32_t>(h[i]) << 16;
+      std::memcpy(&w[i], &bits, 4);
+    }
+    halves.push_back(std::move(h));
+    widened.push_back(std::move(w));
+    bf16_entries.push_back({e.name, DType::kBF16, e.shape, halves.back().data()});
+    f32_entries.push_back({e.name, DType::kF32, e.shape, widened.back().data()});
+  }
+  StatusOr<SafeTensorsFile> bf16 = SafeTensorsFile::FromEntries(bf16_entries, {{"format", "pt"}});
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  StatusOr<SafeTensorsFile> mine = ConvertWeights(*bf16, WeightLayout::kHfGpt2, WeightLayout::kShardkit);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->info("head.lm_head.w")->dtype, DType::kBF16);
+  StatusOr<SafeTensorsFile> back = ConvertWeights(*mine, WeightLayout::kShardkit, WeightLayout::kHfGpt2);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameTensors(*bf16, *back);
+
+  const std::string bf16_path = TempPath("bf16.safetensors"), f32_path = TempPath("widened.safetensors");
+  ASSERT_TRUE(WriteSafeTensors(bf16_path, bf16_entries).ok());
+  ASSERT_TRUE(WriteSafeTensors(f32_path, f32_entries).ok());
+  float from_bf16 = 0, from_f32 = 0;
+  WithTrainers(1, [&](int, Trainer& t) {
+    Status s = t.LoadFullStateDict(bf16_path, WeightLayout::kHfGpt2);
+    ASSERT_TRUE(s.ok()) << s;
+    from_bf16 = *t.Evaluate(1);
+    s = t.LoadFullStateDict(f32_path, WeightLayout::kHfGpt2);
+    ASSERT_TRUE(s.ok()) << s;
+    from_f32 = *t.Evaluate(1);
+  });
+  EXPECT_EQ(from_bf16, from_f32);
+}
+
 TEST(WeightLayoutTest, MismatchedModelIsAnErrorNamingBothNamesAndShapesAndChangesNothing) {
   Tensors wide = HfGpt2();
   Tensors bad;
