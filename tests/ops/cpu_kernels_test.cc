@@ -5,10 +5,12 @@
 #include "runtime/ops/cpu/kernels.h"
 
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -223,6 +225,21 @@ TEST(Kernels, Bf16GemmAccumulatesInF32ForEveryTransposition) {
   }
 }
 
+// The CPU backend sends bf16 GEMMs to oneDNN's bf16 matmul only with bf16
+// dot-product hardware, as the kernel flags in /proc/cpuinfo show it.
+TEST(Kernels, NativeBf16GemmFollowsTheCpuFlags) {
+  std::ifstream in("/proc/cpuinfo");
+  if (!in) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::string line;
+  bool bf16 = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    bf16 = line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
+    break;
+  }
+  EXPECT_EQ(NativeBf16Gemm(), bf16);
+}
+
 TEST(Kernels, LinearBackwardMatchesFiniteDifferences) {
   const int64_t rows = 3, in = 4, out = 5;
   Vec x = Random(rows * in, 10), w = Random(in * out, 11), b = Random(out, 12),
@@ -321,6 +338,41 @@ TEST(Kernels, NonCausalSelfAttentionBackwardMatchesFiniteDifferences) {
 TEST(Kernels, CrossAttentionWithDifferentLengthsMatchesFiniteDifferences) {
   AttentionShape s{2, 3, 3, 5, 2, false};
   CheckAttention(s, 80);
+}
+
+// Causal attention runs in blocks of 64 query rows that see only the keys
+// up to their diagonal: 150 positions give two full blocks and a ragged one.
+// Forward against the f64 reference; backward as directional derivatives
+// (the gradient's dot product with a random direction against a central
+// difference of the f64 loss along it: one check per input, all elements).
+TEST(Kernels, BlockedCausalAttentionMatchesReferenceAcrossQueryBlocks) {
+  const AttentionShape s{2, 2, 150, 150, 8, true};
+  const int64_t c = s.heads * s.head_dim, n = s.batch * s.q_len * c;
+  Vec q = Random(n, 100), k = Random(n, 101), v = Random(n, 102), dout = Random(n, 103);
+  auto qf = ToF32(q), kf = ToF32(k), vf = ToF32(v), dof = ToF32(dout);
+  std::vector<float> probs(s.batch * s.heads * s.q_len * s.kv_len, -1.0f), out(n);
+  AttentionForward(s, qf.data(), c, kf.data(), c, vf.data(), c, probs.data(), out.data(), c);
+  ExpectForward("out", out, AttentionRef(q, k, v, s));
+  for (int64_t i = 0; i < s.q_len; ++i) {
+    for (int64_t j = i + 1; j < s.kv_len; ++j) ASSERT_EQ(probs[i * s.kv_len + j], 0.0f) << i << "," << j;
+  }
+  std::vector<float> dq(n, 7.0f), dk(n, 7.0f), dv(n, 7.0f), scratch(s.q_len * s.kv_len);
+  AttentionBackward(s, qf.data(), c, kf.data(), c, vf.data(), c, probs.data(), dof.data(), c, dq.data(), c,
+                    dk.data(), c, dv.data(), c, scratch.data());
+  const Vec dir = Random(n, 104);
+  for (auto [name, x, grad] : {std::tuple{"dq", &q, &dq}, std::tuple{"dk", &k, &dk}, std::tuple{"dv", &v, &dv}}) {
+    const double eps = 1e-5;
+    Vec saved = *x;
+    for (int64_t i = 0; i < n; ++i) (*x)[i] = saved[i] + eps * dir[i];
+    const double lp = Dot(AttentionRef(q, k, v, s), dout);
+    for (int64_t i = 0; i < n; ++i) (*x)[i] = saved[i] - eps * dir[i];
+    const double lm = Dot(AttentionRef(q, k, v, s), dout);
+    *x = saved;
+    double analytic = 0;
+    for (int64_t i = 0; i < n; ++i) analytic += (*grad)[i] * dir[i];
+    const double fd = (lp - lm) / (2 * eps);
+    EXPECT_NEAR(analytic, fd, 1e-3 * std::max(1.0, std::fabs(fd))) << name;
+  }
 }
 
 TEST(Kernels, CausalAttentionIgnoresFutureKeys) {

@@ -54,7 +54,11 @@ class CpuBackend final : public OpBackend {
       }
       return OkStatus();
     }
-    if (t == DType::kBF16 && p.alpha == 1.0f && (p.beta == 0.0f || p.beta == 1.0f)) {
+    // bf16 through oneDNN's bf16 matmul only where the CPU has bf16
+    // dot-product instructions (NativeBf16Gemm); otherwise widening and the
+    // f32 GEMM below is faster and gives the same numbers up to summation order.
+    if (t == DType::kBF16 && NativeBf16Gemm() && p.alpha == 1.0f &&
+        (p.beta == 0.0f || p.beta == 1.0f)) {
       const BF16* ab = a.t.data_as<BF16>() + a.offset;
       const BF16* bb = b.t.data_as<BF16>() + b.offset;
       for (int64_t i = 0; i < p.batch; ++i) {
@@ -63,7 +67,8 @@ class CpuBackend final : public OpBackend {
       }
       return OkStatus();
     }
-    // Other 16-bit cases: widen exactly to f32 and use the f32 GEMM.
+    // Other 16-bit cases (and bf16 without bf16 hardware): widen exactly to
+    // f32 and use the f32 GEMM.
     const int64_t ar = p.trans_a ? p.k : p.m, ac = p.trans_a ? p.m : p.k;
     const int64_t br = p.trans_b ? p.n : p.k, bc = p.trans_b ? p.k : p.n;
     std::vector<float> wa = Widen(a, ar, ac, p.batch);

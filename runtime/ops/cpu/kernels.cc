@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -169,6 +170,15 @@ void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
   SK_DNNL_CHECK(dnnl_memory_destroy(cm));
 }
 
+bool NativeBf16Gemm() {
+  static const bool native = [] {
+    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+    return (isa & bf16) == bf16;
+  }();
+  return native;
+}
+
 void LinearForward(const float* x, const float* w, const float* bias, int64_t rows, int64_t in,
                    int64_t out, float* y) {
   float beta = 0.0f;
@@ -221,11 +231,24 @@ void SoftmaxBackward(const float* y, const float* dy, int64_t rows, int64_t cols
   }
 }
 
+namespace {
+
+// Causal attention works on blocks of this many query rows: block [q0, q1)
+// attends to keys [0, q1) only, so the score GEMMs skip the masked upper
+// triangle beyond the diagonal blocks (at T = 256: 62.5% of the full T x T
+// work). Non-causal attention is one block.
+constexpr int64_t kCausalQueryBlock = 64;
+
+int64_t QueryBlock(const AttentionShape& s) { return s.causal ? kCausalQueryBlock : s.q_len; }
+
+}  // namespace
+
 void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
                       int64_t ldk, const float* v, int64_t ldv, float* probs, float* out,
                       int64_t ldo) {
   CHECK(!s.causal || s.q_len == s.kv_len) << "causal attention needs q_len == kv_len";
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const int64_t block = QueryBlock(s);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const float* qh = q + b * s.q_len * ldq + h * s.head_dim;
@@ -233,13 +256,20 @@ void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, cons
       const float* vh = v + b * s.kv_len * ldv + h * s.head_dim;
       float* p = probs + (b * s.heads + h) * s.q_len * s.kv_len;
       float* oh = out + b * s.q_len * ldo + h * s.head_dim;
-      Gemm(false, true, s.q_len, s.kv_len, s.head_dim, scale, qh, ldq, kh, ldk, 0.0f, p,
-           s.kv_len);
-      for (int64_t i = 0; i < s.q_len; ++i) {
-        simd::SoftmaxRowInPlace(p + i * s.kv_len, s.kv_len, s.causal ? i + 1 : s.kv_len);
+      for (int64_t q0 = 0; q0 < s.q_len; q0 += block) {
+        const int64_t rows = std::min(block, s.q_len - q0);
+        const int64_t keys = s.causal ? q0 + rows : s.kv_len;
+        float* pb = p + q0 * s.kv_len;
+        // S = scale Q K^T over the keys this block sees; softmax writes the
+        // whole row (0 past the causal limit), which backward reads.
+        Gemm(false, true, rows, keys, s.head_dim, scale, qh + q0 * ldq, ldq, kh, ldk, 0.0f, pb,
+             s.kv_len);
+        for (int64_t i = q0; i < q0 + rows; ++i) {
+          simd::SoftmaxRowInPlace(p + i * s.kv_len, s.kv_len, s.causal ? i + 1 : s.kv_len);
+        }
+        Gemm(false, false, rows, s.head_dim, keys, 1.0f, pb, s.kv_len, vh, ldv, 0.0f,
+             oh + q0 * ldo, ldo);
       }
-      Gemm(false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, p, s.kv_len, vh, ldv, 0.0f, oh,
-           ldo);
     }
   }
 }
@@ -249,6 +279,7 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
                        const float* dout, int64_t ldo, float* dq, int64_t lddq, float* dk,
                        int64_t lddk, float* dv, int64_t lddv, float* scratch) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const int64_t block = QueryBlock(s);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t col = h * s.head_dim;
@@ -260,21 +291,36 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
       float* dqh = dq + b * s.q_len * lddq + col;
       float* dkh = dk + b * s.kv_len * lddk + col;
       float* dvh = dv + b * s.kv_len * lddv + col;
-      float* ds = scratch;
-      // dP = dO V^T; dV = P^T dO.
-      Gemm(false, true, s.q_len, s.kv_len, s.head_dim, 1.0f, doh, ldo, vh, ldv, 0.0f, ds,
-           s.kv_len);
-      Gemm(true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, p, s.kv_len, doh, ldo, 0.0f, dvh,
-           lddv);
-      // dS = scale * P (dP - rowdot(P, dP)); masked entries have P = 0.
-      for (int64_t i = 0; i < s.q_len; ++i) {
-        simd::SoftmaxRowBackwardInPlace(p + i * s.kv_len, ds + i * s.kv_len, s.kv_len, scale);
+      for (int64_t q0 = 0; q0 < s.q_len; q0 += block) {
+        const int64_t rows = std::min(block, s.q_len - q0);
+        const int64_t keys = s.causal ? q0 + rows : s.kv_len;
+        const float* pb = p + q0 * s.kv_len;
+        const float* dob = doh + q0 * ldo;
+        float* ds = scratch + q0 * s.kv_len;
+        // dX[0, keys) += A^T B for A = this block's [rows, keys] slice of P
+        // or dS and B its rows of dO or Q. Key rows [old, keys) are reached
+        // for the first time (causal: the diagonal block; otherwise all of
+        // them), so they are overwritten; earlier key rows accumulate.
+        const int64_t old = s.causal ? q0 : 0;
+        auto key_rows = [&](const float* a, const float* bm, int64_t ldb, float* dst, int64_t ld) {
+          if (old > 0) {
+            Gemm(true, false, old, s.head_dim, rows, 1.0f, a, s.kv_len, bm, ldb, 1.0f, dst, ld);
+          }
+          Gemm(true, false, keys - old, s.head_dim, rows, 1.0f, a + old, s.kv_len, bm, ldb, 0.0f,
+               dst + old * ld, ld);
+        };
+        // dP = dO V^T; dV += P^T dO.
+        Gemm(false, true, rows, keys, s.head_dim, 1.0f, dob, ldo, vh, ldv, 0.0f, ds, s.kv_len);
+        key_rows(pb, dob, ldo, dvh, lddv);
+        // dS = scale * P (dP - rowdot(P, dP)); masked entries have P = 0.
+        for (int64_t i = 0; i < rows; ++i) {
+          simd::SoftmaxRowBackwardInPlace(pb + i * s.kv_len, ds + i * s.kv_len, keys, scale);
+        }
+        // dQ = dS K; dK += dS^T Q.
+        Gemm(false, false, rows, s.head_dim, keys, 1.0f, ds, s.kv_len, kh, ldk, 0.0f,
+             dqh + q0 * lddq, lddq);
+        key_rows(ds, qh + q0 * ldq, ldq, dkh, lddk);
       }
-      // dQ = dS K; dK = dS^T Q.
-      Gemm(false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds, s.kv_len, kh, ldk, 0.0f, dqh,
-           lddq);
-      Gemm(true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, ds, s.kv_len, qh, ldq, 0.0f, dkh,
-           lddk);
     }
   }
 }

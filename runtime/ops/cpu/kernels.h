@@ -68,6 +68,14 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
               int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 
+// True when oneDNN runs bf16 GEMMs on bf16 dot-product hardware here
+// (avx512_core_bf16 or AMX, as oneDNN detects it at run time; DNNL_MAX_CPU_ISA
+// can lower it). Without it oneDNN's bf16 matmul converts in software and
+// was ~4x slower per CPU-second than the f32 GEMM on our AVX-512 machine
+// without avx512_bf16 (benchmarks/kernels.cc, BM_GemmBF16 vs BM_Gemm), so the
+// CPU backend then widens bf16 operands to f32 and uses Gemm. Thread-safe.
+bool NativeBf16Gemm();
+
 // y[rows, out] = x[rows, in] w[in, out] + bias[out] (bias may be null).
 void LinearForward(const float* x, const float* w, const float* bias, int64_t rows, int64_t in,
                    int64_t out, float* y);
