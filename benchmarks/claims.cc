@@ -46,10 +46,31 @@ std::vector<std::string> Distinct(const Table& t, const std::string& column) {
   return out;
 }
 
+// What each measured row rests on (issue 12: say when the setup guarantees
+// the outcome).
+std::string Evidence(const std::string& id) {
+  if (id == "fsdp_matches_ddp") return "measured (wall clock, one run per configuration)";
+  if (id == "ddp_ooms_fsdp_trains") {
+    return "by construction (the cap is chosen between DDP's and FSDP's peaks); the peak ratio is measured";
+  }
+  if (id == "backward_prefetch_18pct") {
+    return "by construction (the network model is calibrated so that full overlap gives 18%); "
+           "the achieved overlap is measured";
+  }
+  if (id == "limiter_near_cap") return "measured (retries, peak reserved; the cap is the harness's)";
+  if (id == "limiter_small_effect") return "measured (wall clock, one run per configuration)";
+  if (id == "hybrid_cross_host_traffic") {
+    return "by construction (the bytes the collectives declare, against the formula they implement)";
+  }
+  if (id == "hybrid_memory_for_speed") return "by construction (the link speed is set so the cross-host link dominates)";
+  return "measured";
+}
+
 Row Claim(const std::string& id, const std::string& paper, const std::string& ours,
           const std::string& verdict, const std::string& judged_by) {
   Row r;
   r.Set("claim", id);
+  r.Set("evidence", Evidence(id));
   r.Set("paper", paper);
   r.Set("ours", ours);
   r.Set("verdict", verdict);
@@ -59,7 +80,9 @@ Row Claim(const std::string& id, const std::string& paper, const std::string& ou
 
 Row SpeedParity(const Table* t) {
   const std::string paper = "T5-611M and T5-2.28B train as fast under FSDP as under DDP";
-  const std::string rule = "FULL_SHARD/DDP median step time on every model DDP fits (f32): agrees <= 1.10, partly <= 1.50";
+  const std::string rule =
+      "FULL_SHARD/DDP step time on every model DDP fits (f32), two-sided: agrees within 10% of 1, partly "
+      "within 50%";
   if (t == nullptr) return Claim("fsdp_matches_ddp", paper, "", "not run", rule);
   std::string ours;
   double worst = 0;
@@ -69,14 +92,14 @@ Row SpeedParity(const Table* t) {
     const Row* fsdp = FindRow(*t, {{"model", model}, {"strategy", "FULL_SHARD"}, {"dtype", "f32"}});
     if (ddp == nullptr || fsdp == nullptr || !Ok(*ddp) || !Ok(*fsdp)) continue;
     double ratio = fsdp->Number("step_ms") / ddp->Number("step_ms");
-    worst = std::max(worst, ratio);
+    worst = std::max(worst, std::fabs(ratio - 1));
     ++pairs;
     ours += (ours.empty() ? "" : "; ") + model + " " + Fixed(ratio, 2) + "x";
   }
   if (pairs == 0) return Claim("fsdp_matches_ddp", paper, "no model where both ran", "not run", rule);
   ours = "FULL_SHARD/DDP step time: " + ours;
   return Claim("fsdp_matches_ddp", paper, ours,
-               worst <= 1.10 ? "agrees" : (worst <= 1.50 ? "partly" : "disagrees"), rule);
+               worst <= 0.10 ? "agrees" : (worst <= 0.50 ? "partly" : "disagrees"), rule);
 }
 
 Row MemoryScaling(const Table* t) {
@@ -272,13 +295,6 @@ Table EvaluateClaims(const std::map<std::string, const Table*>& tables, int worl
   claims.Add(LimiterFarFromCap(limiter));
   claims.Add(HybridTraffic(Get(tables, "hybrid"), world));
   claims.Add(HybridSpeed(Get(tables, "hybrid")));
-  claims.Add(Claim("gpt175b_tflops", "GPT-175B reaches 173-186 TFLOPS per A100 (55-60% of peak)",
-                   "model TFLOPS per rank are in every table, but 4 ranks share 2 CPU cores, so there "
-                   "is no per-device peak to compare with",
-                   "not measured", "needs one accelerator per rank"));
-  claims.Add(Claim("scaling_128_512", "linear scaling 128->512 GPUs (GPT-175B); T5-11B loses 7% TFLOPS/GPU from 8 to 512",
-                   "world size is 4 threads on 2 cores: adding ranks adds no compute",
-                   "not measured", "needs more devices than this machine has"));
   return claims;
 }
 

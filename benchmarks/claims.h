@@ -8,7 +8,10 @@
 //   disagrees   opposite direction, or no effect where the paper has one;
 //   not run     the harness that measures it did not run (or every
 //               configuration it needs failed);
-//   not measured  the claim needs hardware this machine does not have.
+// Each row's "evidence" says what it rests on: measured, or by construction
+// where the harness's setup (a chosen cap, a calibrated link) guarantees the
+// direction. The paper-scale claims (GPT-175B TFLOPS, scaling to 512 GPUs)
+// are rows of the simulated table (benchmarks/sim_claims.h).
 // Bands are wide on purpose: a scaled model on shared CPU cores reproduces
 // directions and rough sizes, not the paper's digits.
 //
