@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "runtime/ops/cpu/cpu_backend.h"
+#include "runtime/ops/ops.h"
 
 #include "runtime/fsdp/checkpoint.h"
 #include "runtime/train/engine.h"
@@ -308,11 +309,25 @@ StatusOr<float> Trainer::GlobalMean(float loss) {
   if (world_->size() == 1) return loss;
   // Simulated ranks have no loss to average.
   if (sim_device_ != nullptr) return std::numeric_limits<float>::quiet_NaN();
-  SK_ASSIGN_OR_RETURN(Tensor t, HostAllocator::Default().Empty(DType::kF32, Shape{1}));
-  t.data_as<float>()[0] = loss;
   comm::ReduceOptions ro;
   ro.op = comm::ReduceOp::kAvg;
   ro.timeout = options_.fsdp.timeout;
+  if (!device_->id().is_cpu()) {
+    // A GPU's collectives move device memory (NCCL, and the local backend's
+    // device-to-device copies and reduction kernel): the loss goes through a
+    // one-element tensor on this rank's device, written and read back in the
+    // metrics stream's order.
+    StreamAllocator alloc(allocator_.get(), metrics_stream_.get());
+    ops::OpContext ctx{device_, metrics_stream_.get(), &alloc};
+    SK_ASSIGN_OR_RETURN(Tensor d, alloc.Empty(DType::kF32, Shape{1}));
+    SK_RETURN_IF_ERROR(ops::Fill(ctx, d, loss));
+    SK_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w, world_->all_reduce(d, *metrics_stream_, ro));
+    SK_RETURN_IF_ERROR(w->wait(options_.fsdp.timeout).WithContext("averaging the loss over ranks"));
+    SK_ASSIGN_OR_RETURN(double mean, ops::ReadScalar(ctx, d));
+    return static_cast<float>(mean);
+  }
+  SK_ASSIGN_OR_RETURN(Tensor t, HostAllocator::Default().Empty(DType::kF32, Shape{1}));
+  t.data_as<float>()[0] = loss;
   SK_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w, world_->all_reduce(t, *metrics_stream_, ro));
   SK_RETURN_IF_ERROR(w->wait(options_.fsdp.timeout).WithContext("averaging the loss over ranks"));
   return t.data_as<float>()[0];
@@ -348,6 +363,18 @@ StatusOr<StepMetrics> Trainer::Step() {
   }
   SK_ASSIGN_OR_RETURN(double norm, engine_->ClipGradNorm(options_.clip_grad_norm));
   SK_RETURN_IF_ERROR(engine_->OptimizerStep(*optimizer_));
+  if (!device_->id().is_cpu() && sim_device_ == nullptr) {
+    // On a GPU the update is only enqueued: the step ends when the device has
+    // run it (as torch.cuda.synchronize() in a benchmark), so step_seconds is
+    // the device's time and the caller may read parameters, checkpoint or
+    // gather on other streams without racing the update.
+    Stream* compute = engine_->compute_stream();
+    if (compute != nullptr) {
+      SK_RETURN_IF_ERROR(compute->Synchronize(options_.fsdp.timeout)
+                             .WithContext("step " + std::to_string(step_ + 1) + " on rank " +
+                                          std::to_string(world_->rank()) + ": waiting for the device"));
+    }
+  }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (sim_device_ != nullptr) {
     // The step ends when the device has run everything it was given (as a

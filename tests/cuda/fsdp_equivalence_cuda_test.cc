@@ -1,0 +1,191 @@
+// The FSDP equivalence proof on a GPU: gpt-tiny and t5-tiny trained for five
+// steps through Trainer with TrainerOptions::device = cuda:0, every sharding
+// strategy and the DDP baseline at world 1, 2 and 4 (hybrid at 4 = 2x2), the
+// ranks being threads on ONE GPU over the local backend's stream-ordered
+// mode, end with the losses and parameters of the same run on the CPU.
+//
+// Tolerance (f32 everywhere): cuBLAS sums a GEMM's k products in another
+// order (and blocking) than the CPU GEMM, and the device's expf/logf/tanhf
+// differ from glibc's in the last place; each op's result then differs by a
+// few ulps (~1e-6 relative for these k <= 128), and five steps carry that
+// through forward, backward and the update. The optimizer is SGD so the
+// parameter difference stays lr times the gradient difference (Adam's first
+// steps move every element by ~lr whatever its gradient's size, so a ulp
+// change in a near-zero gradient could flip a whole lr step). Bounds:
+// losses 1e-4 relative, parameters 1e-5 absolute + 1e-4 relative: about 100x
+// the expected drift, far below any real bug (a missing reduction or a stale
+// shard changes values by percent).
+//
+// Skips (GTEST_SKIP with the reason) in a build without --config=cuda and
+// when no GPU is visible; tools/gpu/package.sh packs it for the GPU machine.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/local_backend.h"
+#include "runtime/ops/ops.h"
+#include "runtime/train/trainer.h"
+
+namespace sk {
+namespace {
+
+struct Case {
+  const char* model;
+  bool ddp;
+  ShardingStrategy strategy;  // FSDP only
+  int world;
+  int shard_group;  // hybrid only
+};
+
+constexpr int kSteps = 5;
+
+struct RunResult {
+  std::vector<std::vector<float>> losses;  // [rank][step], global loss
+  // [rank][unit][param] -> f32 values on the host
+  std::vector<std::vector<std::vector<std::vector<float>>>> params;
+};
+
+TrainerOptions OptionsFor(const Case& c, DeviceKind kind) {
+  TrainerOptions o;
+  o.model = c.model;
+  o.batch_size = 2;
+  o.data_tokens = 256;
+  o.parallelism = c.ddp ? Parallelism::kDdp : Parallelism::kFsdp;
+  o.fsdp.strategy = c.strategy;
+  o.fsdp.shard_group_size = c.shard_group;
+  o.fsdp.seed = 1234;
+  o.fsdp.timeout = Duration(120'000);
+  o.optimizer.kind = OptimizerKind::kSgd;
+  o.optimizer.lr = 0.1f;
+  o.device.kind = kind;
+  // Every rank on the first GPU (ranks as threads on one device), whatever
+  // the number of GPUs visible; CPU ranks on cpu:rank.
+  o.device.index = kind == DeviceKind::kCuda ? 0 : -1;
+  return o;
+}
+
+// The f32 values of `t` (host or device memory) on the host.
+StatusOr<std::vector<float>> ToHost(Trainer& trainer, const Tensor& t) {
+  std::vector<float> out(t.numel());
+  if (t.numel() == 0) return out;
+  SK_ASSIGN_OR_RETURN(Tensor host, HostAllocator::Default().Empty(DType::kF32, Shape{t.numel()}));
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, trainer.device().CreateStream("test readback"));
+  StreamAllocator alloc(&trainer.allocator(), stream.get());
+  ops::OpContext ctx{&trainer.device(), stream.get(), &alloc};
+  SK_ASSIGN_OR_RETURN(Tensor src, t.View(0, DType::kF32, Shape{t.numel()}));
+  SK_RETURN_IF_ERROR(ops::Copy(ctx, src, host));
+  SK_RETURN_IF_ERROR(stream->Synchronize(Duration(60'000)));
+  const float* p = host.data_as<float>();
+  out.assign(p, p + t.numel());
+  return out;
+}
+
+RunResult Train(const Case& c, DeviceKind kind) {
+  RunResult res;
+  res.losses.resize(c.world);
+  res.params.resize(c.world);
+  std::mutex mu;
+  Status s = comm::RunLocalRanks(c.world, [&](int rank, comm::ProcessGroup* world) -> Status {
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(OptionsFor(c, kind), world));
+    std::vector<float> losses;
+    for (int step = 0; step < kSteps; ++step) {
+      SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
+      losses.push_back(m.global_loss);
+    }
+    std::vector<std::vector<std::vector<float>>> params;
+    const auto& units = t->model().units();
+    for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+      params.emplace_back();
+      for (int p = 0; p < static_cast<int>(units[u].params.size()); ++p) {
+        Tensor value;
+        if (t->fsdp() != nullptr) {
+          // Collective over the shard group; returns host memory.
+          SK_ASSIGN_OR_RETURN(value, t->fsdp()->GatherFullParam(u, p));
+        } else {
+          value = t->ddp()->param(u, p);  // the rank's device
+        }
+        SK_ASSIGN_OR_RETURN(std::vector<float> host, ToHost(*t, value));
+        params.back().push_back(std::move(host));
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    res.losses[rank] = std::move(losses);
+    res.params[rank] = std::move(params);
+    return OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << DeviceKindName(kind) << " run: " << s;
+  return res;
+}
+
+std::string Name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string s = c.model;
+  for (char& ch : s) {
+    if (ch == '-') ch = '_';
+  }
+  s += "_";
+  s += c.ddp ? "DDP" : ShardingStrategyName(c.strategy);
+  s += "_world" + std::to_string(c.world);
+  if (c.shard_group) s += "_group" + std::to_string(c.shard_group);
+  return s;
+}
+
+class FsdpEquivalenceCudaTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FsdpEquivalenceCudaTest, LossesAndParametersMatchTheCpuRun) {
+  StatusOr<Device*> gpu = Device::Get(DeviceId::Cuda(0));
+  if (!gpu.ok()) GTEST_SKIP() << "no CUDA device: " << gpu.status().message();
+  if (Device::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const Case c = GetParam();
+  RunResult cpu = Train(c, DeviceKind::kCpu);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  RunResult cuda = Train(c, DeviceKind::kCuda);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  for (int r = 0; r < c.world; ++r) {
+    ASSERT_EQ(cuda.losses[r].size(), static_cast<size_t>(kSteps));
+    for (int s = 0; s < kSteps; ++s) {
+      const float want = cpu.losses[r][s], got = cuda.losses[r][s];
+      ASSERT_TRUE(std::isfinite(got)) << "rank " << r << " step " << s + 1 << " loss " << got;
+      EXPECT_LE(std::fabs(got - want), 1e-4 * std::fabs(want))
+          << "rank " << r << " loss at step " << s + 1 << ": cuda " << got << ", cpu " << want;
+    }
+    ASSERT_EQ(cuda.params[r].size(), cpu.params[r].size());
+    for (size_t u = 0; u < cpu.params[r].size(); ++u) {
+      ASSERT_EQ(cuda.params[r][u].size(), cpu.params[r][u].size());
+      for (size_t p = 0; p < cpu.params[r][u].size(); ++p) {
+        const std::vector<float>& want = cpu.params[r][u][p];
+        const std::vector<float>& got = cuda.params[r][u][p];
+        ASSERT_EQ(got.size(), want.size()) << "unit " << u << " param " << p;
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_LE(std::fabs(got[i] - want[i]), 1e-5 + 1e-4 * std::fabs(want[i]))
+              << "rank " << r << " unit " << u << " param " << p << " [" << i << "]: cuda " << got[i]
+              << ", cpu " << want[i];
+        }
+      }
+    }
+  }
+}
+
+std::vector<Case> AllCases() {
+  std::vector<Case> v;
+  for (const char* model : {"gpt-tiny", "t5-tiny"}) {
+    for (int world : {1, 2, 4}) {
+      for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                 ShardingStrategy::kShardOptim, ShardingStrategy::kNoShard}) {
+        v.push_back(Case{model, false, s, world, 0});
+      }
+      v.push_back(Case{model, true, ShardingStrategy::kFullShard, world, 0});
+    }
+    v.push_back(Case{model, false, ShardingStrategy::kHybridShard, 4, 2});
+    v.push_back(Case{model, false, ShardingStrategy::kHybridShardGradOp, 4, 2});
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(StrategiesOnOneGpu, FsdpEquivalenceCudaTest, ::testing::ValuesIn(AllCases()), Name);
+
+}  // namespace
+}  // namespace sk
