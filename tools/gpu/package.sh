@@ -32,6 +32,7 @@ TESTS=(
   //tests/comm:local_cuda_test
   //tests/comm:nccl_test
   //tests/comm:local_stream_ordered_test
+  //tests/cuda:fsdp_equivalence_cuda_test
 )
 BENCHES=(
   //benchmarks:gpu_gemm
