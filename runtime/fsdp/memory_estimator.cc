@@ -111,6 +111,9 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
     // at most one reduction in flight), and the reduction's shard buffer.
     e.unsharded_bytes = params_alive + 2 * Blocks(largest * pd) + Blocks(largest / f * pd);
   }
+  // A 16-bit full gradient is accumulated by the model through f32 sinks of
+  // the unit's size (runtime/nn UnitGrads), alive during that unit's backward.
+  if (pd != 4) e.unsharded_bytes += F32(largest);
   // The model counts its own activations and temporaries (runtime/nn).
   e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te);
   e.peak_bytes = e.master_bytes + e.grad_shard_bytes + e.optimizer_bytes + e.persistent_bytes +

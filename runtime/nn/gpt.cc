@@ -7,7 +7,6 @@ namespace sk {
 using nn_internal::BlockDims;
 using nn_internal::BlockSaved;
 using nn_internal::HeadSaved;
-using nn_internal::NewF32;
 using nn_internal::Prefix;
 using nn_internal::Positive;
 using nn_internal::ValidateComputeDType;
@@ -112,10 +111,9 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(0));
     const Tensor& wte = p[0];  // [V, C]
     const Tensor& wpe = p[1];  // [max_seq, C]
-    SK_ASSIGN_OR_RETURN(xs[0], NewF32(ctx, n * c));
+    SK_ASSIGN_OR_RETURN(xs[0], nn_internal::NewAct(ctx, act, n * c));
     SK_RETURN_IF_ERROR(ops::EmbeddingForward(ctx, wte, inputs, xs[0]));
     SK_RETURN_IF_ERROR(ops::BiasAdd(ctx, Prefix(wpe, T * c), xs[0]));
-    SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, xs[0], act));
     SK_RETURN_IF_ERROR(scope.PostForward(0));
   }
   for (int64_t l = 0; l < L; ++l) {
@@ -138,7 +136,7 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   }
   if (!backward) return loss;
 
-  SK_ASSIGN_OR_RETURN(Tensor dx, NewF32(ctx, n * c));
+  SK_ASSIGN_OR_RETURN(Tensor dx, nn_internal::NewAct(ctx, act, n * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
     SK_RETURN_IF_ERROR(nn_internal::HeadBackward(ctx, b.p, b.g, xs[L], head, n, c,
@@ -147,7 +145,7 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
     xs[L] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
   }
-  SK_ASSIGN_OR_RETURN(Tensor dnext, NewF32(ctx, n * c));
+  SK_ASSIGN_OR_RETURN(Tensor dnext, nn_internal::NewAct(ctx, act, n * c));
   for (int64_t l = L - 1; l >= 0; --l) {
     const int u = static_cast<int>(l + 1);
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(u));
@@ -194,24 +192,28 @@ int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   d.d_model = config_.d_model;
   d.heads = config_.n_head;
   d.d_ff = config_.ff();
+  d.storage = options_.compute_dtype;
   const int64_t n = batch_size * seq_len, c = config_.d_model, L = config_.n_layer;
-  const DType act = options_.compute_dtype;
-  const int64_t block_params = act != DType::kF32 ? units_[1].numel() : 0;
-  const int64_t head_params = act != DType::kF32 ? units_.back().numel() : 0;
-  const int64_t saved = block_.SavedFloats(d);
-  // Kept through the forward: the token ids and targets on the device (i32,
-  // one float each) and the loss, the embedding output and, per block, either
-  // everything backward needs or (checkpointing) only the block output.
+  // Activations and their gradients are in the compute dtype (a bytes per
+  // element); ids, targets, the loss and LayerNorm statistics are 4 bytes.
+  const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
+  const int64_t saved = block_.SavedBytes(d);
+  // (Parameters are used in place: no copies. 16-bit gradient buffers get
+  // f32 sinks of a unit's size during its backward (UnitGrads); whoever hands
+  // out such buffers counts them: FSDP's memory estimator does.)
+  // Kept through the forward: the token ids and targets on the device and
+  // the loss, the embedding output and, per block, either everything
+  // backward needs or (checkpointing) only the block output.
   const int64_t kept =
-      2 * n + 1 + n * c + L * (options_.activation_checkpointing ? n * c : saved);
+      4 * (2 * n + 1) + a * n * c + L * (options_.activation_checkpointing ? a * n * c : saved);
   // Head backward: its saved LayerNorm (+ mean, rstd), dlogits, dx and dln.
-  const int64_t head = kept + n * c + 2 * n + n * config_.vocab_size + 2 * n * c + head_params;
+  const int64_t head = kept + a * n * c + 4 * 2 * n + a * n * config_.vocab_size + 2 * a * n * c;
   // Last block's backward: dx, dnext, its temporaries, and with
   // checkpointing the recomputed activations of that block.
   // (With checkpointing the head's input, the last block output, is gone by then.)
-  const int64_t block = kept + 2 * n * c + block_.BackwardTempFloats(d) + block_params +
-                        (options_.activation_checkpointing ? saved - n * c : 0);
-  return 4 * std::max(head, block);
+  const int64_t block = kept + 2 * a * n * c + block_.BackwardTempBytes(d) +
+                        (options_.activation_checkpointing ? saved - a * n * c : 0);
+  return std::max(head, block);
 }
 
 }  // namespace sk

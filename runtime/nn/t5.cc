@@ -8,6 +8,7 @@ namespace sk {
 using nn_internal::BlockDims;
 using nn_internal::BlockSaved;
 using nn_internal::HeadSaved;
+using nn_internal::NewAct;
 using nn_internal::NewF32;
 using nn_internal::Prefix;
 using nn_internal::Positive;
@@ -161,14 +162,12 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(0));
     const EmbedTensors e = BindEmbed(p);
-    SK_ASSIGN_OR_RETURN(xe[0], NewF32(ctx, ne * c));
-    SK_ASSIGN_OR_RETURN(xd[0], NewF32(ctx, nd * c));
+    SK_ASSIGN_OR_RETURN(xe[0], NewAct(ctx, act, ne * c));
+    SK_ASSIGN_OR_RETURN(xd[0], NewAct(ctx, act, nd * c));
     SK_RETURN_IF_ERROR(ops::EmbeddingForward(ctx, e.enc_tok, source, xe[0]));
     SK_RETURN_IF_ERROR(ops::EmbeddingForward(ctx, e.dec_tok, inputs, xd[0]));
     SK_RETURN_IF_ERROR(ops::BiasAdd(ctx, Prefix(e.enc_pos, S * c), xe[0]));
     SK_RETURN_IF_ERROR(ops::BiasAdd(ctx, Prefix(e.dec_pos, T * c), xd[0]));
-    SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, xe[0], act));
-    SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, xd[0], act));
     SK_RETURN_IF_ERROR(scope.PostForward(0));
   }
   for (int64_t l = 0; l < E; ++l) {
@@ -183,11 +182,10 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(enc_norm_unit));
     const Tensor& ln_g = p[0];  // [C]
     const Tensor& ln_b = p[1];  // [C]
-    SK_ASSIGN_OR_RETURN(enc_out, NewF32(ctx, ne * c));
+    SK_ASSIGN_OR_RETURN(enc_out, NewAct(ctx, act, ne * c));
     SK_ASSIGN_OR_RETURN(enc_mean, NewF32(ctx, ne));
     SK_ASSIGN_OR_RETURN(enc_rstd, NewF32(ctx, ne));
     SK_RETURN_IF_ERROR(ops::LayerNormForward(ctx, xe[E], ln_g, ln_b, enc_out, enc_mean, enc_rstd));
-    SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, enc_out, act));
     SK_RETURN_IF_ERROR(scope.PostForward(enc_norm_unit));
   }
   for (int64_t l = 0; l < D; ++l) {
@@ -208,8 +206,8 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   }
   if (!backward) return loss;
 
-  SK_ASSIGN_OR_RETURN(Tensor dx, NewF32(ctx, nd * c));
-  SK_ASSIGN_OR_RETURN(Tensor dnext, NewF32(ctx, nd * c));
+  SK_ASSIGN_OR_RETURN(Tensor dx, NewAct(ctx, act, nd * c));
+  SK_ASSIGN_OR_RETURN(Tensor dnext, NewAct(ctx, act, nd * c));
   SK_ASSIGN_OR_RETURN(Tensor denc, nn_internal::ZerosF32(ctx, ne * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
@@ -232,15 +230,14 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     SK_RETURN_IF_ERROR(scope.PostBackward(dec_unit(l), &b));
   }
   Tensor ddec_embed = dx;  // gradient of the decoder's input embedding
-  SK_ASSIGN_OR_RETURN(Tensor ex, NewF32(ctx, ne * c));
-  SK_ASSIGN_OR_RETURN(Tensor enext, NewF32(ctx, ne * c));
+  SK_ASSIGN_OR_RETURN(Tensor ex, NewAct(ctx, act, ne * c));
+  SK_ASSIGN_OR_RETURN(Tensor enext, NewAct(ctx, act, ne * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(enc_norm_unit));
     SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, denc, act));
     SK_RETURN_IF_ERROR(ops::Fill(ctx, ex, 0.0f));
     SK_RETURN_IF_ERROR(ops::LayerNormBackward(ctx, xe[E], b.p[0], denc, enc_mean, enc_rstd, ex,
                                               b.g[0], b.g[1]));
-    SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, ex, act));
     enc_out = Tensor();
     denc = Tensor();
     dnext = Tensor();
@@ -295,36 +292,39 @@ int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   ed.d_model = config_.d_model;
   ed.heads = config_.n_head;
   ed.d_ff = config_.d_ff;
+  ed.storage = options_.compute_dtype;
   BlockDims dd = ed;
   dd.seq = seq_len;
   dd.enc_seq = source_len;
   const int64_t ne = batch_size * source_len, nd = batch_size * seq_len, c = config_.d_model;
   const int64_t E = config_.n_encoder_layers, D = config_.n_decoder_layers;
   const bool ckpt = options_.activation_checkpointing;
-  const DType act = options_.compute_dtype;
-  const int64_t enc_params = act != DType::kF32 ? units_[1].numel() : 0;
-  const int64_t dec_params = act != DType::kF32 ? units_[E + 2].numel() : 0;
-  const int64_t head_params = act != DType::kF32 ? units_.back().numel() : 0;
-  const int64_t enc_saved = encoder_block_.SavedFloats(ed);
-  const int64_t dec_saved = decoder_block_.SavedFloats(dd);
-  // Kept through the forward: the token ids (source, inputs, targets: i32,
-  // one float each) and the loss, embeddings, block activations (or
-  // outputs), the encoder output with its LayerNorm statistics.
-  const int64_t enc_kept =
-      ne + 2 * nd + 1 + ne * c + E * (ckpt ? ne * c : enc_saved) + ne * c + 2 * ne;
-  const int64_t dec_kept = nd * c + D * (ckpt ? nd * c : dec_saved);
-  // Backward buffers allocated before the head: dx, dnext, denc.
-  const int64_t grads = 2 * nd * c + ne * c;
-  const int64_t head = enc_kept + dec_kept + grads + nd * c + 2 * nd +
-                       nd * config_.vocab_size + nd * c + head_params;
-  const int64_t dec = enc_kept + dec_kept - (ckpt ? nd * c : 0) + grads +
-                      decoder_block_.BackwardTempFloats(dd) + dec_params +
-                      (ckpt ? dec_saved : 0);
+  // Activations and their gradients in the compute dtype (a bytes); ids,
+  // the loss, LayerNorm statistics and the encoder-output gradient f32.
+  const int64_t a = static_cast<int64_t>(DTypeSize(ed.storage));
+  const int64_t enc_saved = encoder_block_.SavedBytes(ed);
+  // (Parameters are used in place: no copies. 16-bit gradient buffers get
+  // f32 sinks of a unit's size during its backward (UnitGrads); whoever hands
+  // out such buffers counts them: FSDP's memory estimator does.)
+  const int64_t dec_saved = decoder_block_.SavedBytes(dd);
+  // Kept through the forward: the token ids (source, inputs, targets) and
+  // the loss, embeddings, block activations (or outputs), the encoder output
+  // with its LayerNorm statistics.
+  const int64_t enc_kept = 4 * (ne + 2 * nd + 1) + a * ne * c +
+                           E * (ckpt ? a * ne * c : enc_saved) + a * ne * c + 4 * 2 * ne;
+  const int64_t dec_kept = a * nd * c + D * (ckpt ? a * nd * c : dec_saved);
+  // Backward buffers allocated before the head: dx, dnext, denc (f32).
+  const int64_t grads = 2 * a * nd * c + 4 * ne * c;
+  const int64_t head = enc_kept + dec_kept + grads + a * nd * c + 4 * 2 * nd +
+                       a * nd * config_.vocab_size + a * nd * c;
+  const int64_t dec = enc_kept + dec_kept - (ckpt ? a * nd * c : 0) + grads +
+                      decoder_block_.BackwardTempBytes(dd) + (ckpt ? dec_saved : 0);
   // Encoder backward: the decoder is gone except the decoder-embedding
   // gradient; ex and enext; the last encoder block's temporaries.
-  const int64_t enc = (enc_kept - ne * c - (ckpt ? ne * c : 0)) + nd * c + 2 * ne * c +
-                      encoder_block_.BackwardTempFloats(ed) + enc_params + (ckpt ? enc_saved : 0);
-  return 4 * std::max({head, dec, enc});
+  const int64_t enc = (enc_kept - a * ne * c - (ckpt ? a * ne * c : 0)) + a * nd * c +
+                      2 * a * ne * c + encoder_block_.BackwardTempBytes(ed) +
+                      (ckpt ? enc_saved : 0);
+  return std::max({head, dec, enc});
 }
 
 }  // namespace sk

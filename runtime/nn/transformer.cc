@@ -17,6 +17,10 @@ StatusOr<Tensor> NewF32(const ops::OpContext& ctx, int64_t numel) {
   return ctx.alloc->Empty(DType::kF32, Shape{numel});
 }
 
+StatusOr<Tensor> NewAct(const ops::OpContext& ctx, DType t, int64_t numel) {
+  return ctx.alloc->Empty(t, Shape{numel});
+}
+
 StatusOr<Tensor> ZerosF32(const ops::OpContext& ctx, int64_t numel) {
   SK_ASSIGN_OR_RETURN(Tensor t, NewF32(ctx, numel));
   SK_RETURN_IF_ERROR(ops::Fill(ctx, t, 0.0f));
@@ -24,7 +28,7 @@ StatusOr<Tensor> ZerosF32(const ops::OpContext& ctx, int64_t numel) {
 }
 
 Tensor Prefix(const Tensor& t, int64_t numel) {
-  auto v = t.View(0, DType::kF32, Shape{numel});
+  auto v = t.View(0, t.dtype(), Shape{numel});
   CHECK(v.ok()) << v.status().ToString();
   return *v;
 }
@@ -70,15 +74,7 @@ StatusOr<UnitParams> UnitParams::Make(const ops::OpContext& ctx, const UnitSpec&
                                       const std::vector<Tensor>& tensors) {
   SK_RETURN_IF_ERROR(ValidateUnitTensors(unit, tensors, "parameter", ctx.device->id().kind));
   UnitParams p;
-  for (const Tensor& t : tensors) {
-    if (t.dtype() == DType::kF32) {
-      p.tensors_.push_back(t);
-      continue;
-    }
-    SK_ASSIGN_OR_RETURN(Tensor wide, ctx.alloc->Empty(DType::kF32, t.shape()));
-    SK_RETURN_IF_ERROR(ops::Cast(ctx, t, wide));
-    p.tensors_.push_back(std::move(wide));
-  }
+  p.tensors_ = tensors;
   return p;
 }
 
@@ -190,14 +186,22 @@ using ops::GemmParams;
 using ops::MatrixRef;
 using ops::OpContext;
 
-Status Round(const OpContext& ctx, const BlockDims& d, const Tensor& t) {
-  return ops::RoundToDType(ctx, t, d.storage);
+// w itself when it has dtype t; otherwise a copy cast to t from ctx.alloc
+// (weights whose dtype differs from the activations', e.g. f32 parameters
+// under a 16-bit compute dtype: a GEMM takes A and B of one dtype).
+StatusOr<Tensor> InDType(const OpContext& ctx, const Tensor& w, DType t) {
+  if (w.dtype() == t) return w;
+  SK_ASSIGN_OR_RETURN(Tensor c, ctx.alloc->Empty(t, w.shape()));
+  SK_RETURN_IF_ERROR(ops::Cast(ctx, w, c));
+  return c;
 }
 
 // y[rows, out] = x[rows, in] w[in, out] (+ bias[out]): the bias is written
-// into y first and the product added with beta = 1.
-Status Linear(const OpContext& ctx, const Tensor& x, const Tensor& w, const Tensor& bias,
+// into y first and the product added with beta = 1, accumulated in f32 and
+// rounded once when y is 16-bit.
+Status Linear(const OpContext& ctx, const Tensor& x, const Tensor& w_in, const Tensor& bias,
               int64_t rows, int64_t in, int64_t out, const Tensor& y) {
+  SK_ASSIGN_OR_RETURN(Tensor w, InDType(ctx, w_in, x.dtype()));
   GemmParams p;
   p.m = rows, p.n = out, p.k = in;
   if (bias.defined()) {
@@ -209,10 +213,11 @@ Status Linear(const OpContext& ctx, const Tensor& x, const Tensor& w, const Tens
 
 // Given dy[rows, out]: dw += x^T dy, dbias += column sums of dy (if defined),
 // and dx = dy w^T, overwritten or (accumulate_dx) added (if defined).
-Status LinearBackward(const OpContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dy,
+Status LinearBackward(const OpContext& ctx, const Tensor& x, const Tensor& w_in, const Tensor& dy,
                       int64_t rows, int64_t in, int64_t out, const Tensor& dx, bool accumulate_dx,
                       const Tensor& dw, const Tensor& dbias) {
   if (dx.defined()) {
+    SK_ASSIGN_OR_RETURN(Tensor w, InDType(ctx, w_in, dy.dtype()));
     GemmParams p;
     p.trans_b = true;
     p.m = rows, p.n = in, p.k = out;
@@ -273,71 +278,79 @@ SublayerTensors Bind(SublayerKind kind, const Src& src, size_t o) {
   return t;
 }
 
+// Activations (and, in backward, their gradients) are tensors of d.storage,
+// the compute dtype: every op reads them exactly, computes in f32 and rounds
+// its 16-bit outputs once, as PyTorch's autocast does. LayerNorm statistics
+// and attention probabilities stay f32.
 Status SublayerForward(const OpContext& ctx, SublayerKind kind, const BlockDims& d,
                        const SublayerTensors& p, const Tensor& x, const Tensor& enc,
                        SublayerActivations* s) {
   const int64_t n = d.batch * d.seq;
   const int64_t c = d.d_model;
-  SK_ASSIGN_OR_RETURN(s->ln, NewF32(ctx, n * c));
+  const DType t = d.storage;
+  SK_ASSIGN_OR_RETURN(s->ln, NewAct(ctx, t, n * c));
   SK_ASSIGN_OR_RETURN(s->ln_mean, NewF32(ctx, n));
   SK_ASSIGN_OR_RETURN(s->ln_rstd, NewF32(ctx, n));
-  SK_ASSIGN_OR_RETURN(s->out, NewF32(ctx, n * c));
+  SK_ASSIGN_OR_RETURN(s->out, NewAct(ctx, t, n * c));
   SK_RETURN_IF_ERROR(ops::LayerNormForward(ctx, x, p.ln_g, p.ln_b, s->ln, s->ln_mean, s->ln_rstd));
-  SK_RETURN_IF_ERROR(Round(ctx, d, s->ln));
   Tensor proj_in;
   int64_t proj_in_dim = c;
   if (kind == SublayerKind::kMlp) {
-    SK_ASSIGN_OR_RETURN(s->fc, NewF32(ctx, n * d.d_ff));
-    SK_ASSIGN_OR_RETURN(s->gelu, NewF32(ctx, n * d.d_ff));
+    SK_ASSIGN_OR_RETURN(s->fc, NewAct(ctx, t, n * d.d_ff));
+    SK_ASSIGN_OR_RETURN(s->gelu, NewAct(ctx, t, n * d.d_ff));
     SK_RETURN_IF_ERROR(Linear(ctx, s->ln, p.fc_w, p.fc_b, n, c, d.d_ff, s->fc));
-    SK_RETURN_IF_ERROR(Round(ctx, d, s->fc));
     SK_RETURN_IF_ERROR(ops::GeluForward(ctx, s->fc, s->gelu));
-    SK_RETURN_IF_ERROR(Round(ctx, d, s->gelu));
     proj_in = s->gelu;
     proj_in_dim = d.d_ff;
   } else {
     const ops::AttentionShape as = AttnShape(kind, d);
-    SK_ASSIGN_OR_RETURN(s->att, NewF32(ctx, n * c));
+    SK_ASSIGN_OR_RETURN(s->att, NewAct(ctx, t, n * c));
     if (kind == SublayerKind::kCrossAttention) {
       const int64_t ne = d.batch * d.enc_seq;
-      SK_ASSIGN_OR_RETURN(s->q, NewF32(ctx, n * c));
-      SK_ASSIGN_OR_RETURN(s->kv, NewF32(ctx, ne * 2 * c));
+      SK_ASSIGN_OR_RETURN(s->q, NewAct(ctx, t, n * c));
+      SK_ASSIGN_OR_RETURN(s->kv, NewAct(ctx, t, ne * 2 * c));
       SK_ASSIGN_OR_RETURN(s->probs, NewF32(ctx, d.batch * d.heads * d.seq * d.enc_seq));
       SK_RETURN_IF_ERROR(Linear(ctx, s->ln, p.q_w, p.q_b, n, c, c, s->q));
       SK_RETURN_IF_ERROR(Linear(ctx, enc, p.kv_w, p.kv_b, ne, c, 2 * c, s->kv));
-      SK_RETURN_IF_ERROR(Round(ctx, d, s->q));
-      SK_RETURN_IF_ERROR(Round(ctx, d, s->kv));
       SK_RETURN_IF_ERROR(ops::AttentionForward(ctx, as, MatrixRef{s->q, 0, c},
                                                MatrixRef{s->kv, 0, 2 * c},
                                                MatrixRef{s->kv, c, 2 * c}, s->probs,
                                                MatrixRef{s->att, 0, c}));
     } else {
-      SK_ASSIGN_OR_RETURN(s->qkv, NewF32(ctx, n * 3 * c));
+      SK_ASSIGN_OR_RETURN(s->qkv, NewAct(ctx, t, n * 3 * c));
       SK_ASSIGN_OR_RETURN(s->probs, NewF32(ctx, d.batch * d.heads * d.seq * d.seq));
       SK_RETURN_IF_ERROR(Linear(ctx, s->ln, p.qkv_w, p.qkv_b, n, c, 3 * c, s->qkv));
-      SK_RETURN_IF_ERROR(Round(ctx, d, s->qkv));
       SK_RETURN_IF_ERROR(ops::AttentionForward(
           ctx, as, MatrixRef{s->qkv, 0, 3 * c}, MatrixRef{s->qkv, c, 3 * c},
           MatrixRef{s->qkv, 2 * c, 3 * c}, s->probs, MatrixRef{s->att, 0, c}));
     }
-    SK_RETURN_IF_ERROR(Round(ctx, d, s->att));
     proj_in = s->att;
   }
-  SK_RETURN_IF_ERROR(Linear(ctx, proj_in, p.proj_w, p.proj_b, n, proj_in_dim, c, s->out));
-  SK_RETURN_IF_ERROR(ops::Axpy(ctx, 1.0f, x, s->out));  // the residual
-  return Round(ctx, d, s->out);
+  if (t == DType::kF32) {
+    SK_RETURN_IF_ERROR(Linear(ctx, proj_in, p.proj_w, p.proj_b, n, proj_in_dim, c, s->out));
+    return ops::Axpy(ctx, 1.0f, x, s->out);  // the residual
+  }
+  // 16-bit: the projection and the residual add in f32, rounded once into out
+  // (a fused epilogue; the f32 sum lives only until the cast).
+  SK_ASSIGN_OR_RETURN(Tensor sum, NewF32(ctx, n * c));
+  SK_RETURN_IF_ERROR(Linear(ctx, proj_in, p.proj_w, p.proj_b, n, proj_in_dim, c, sum));
+  SK_RETURN_IF_ERROR(ops::Axpy(ctx, 1.0f, x, sum));
+  return ops::Cast(ctx, sum, s->out);
 }
 
-// dx = dy (the residual) + the LayerNorm branch's input gradient; dx may be dy.
+// dx = dy (the residual) + the LayerNorm branch's input gradient; dx may be
+// dy. Gradients of activations are in the compute dtype (d.storage), as
+// autograd keeps them under autocast; parameter gradients go to f32 sinks.
 Status SublayerBackward(const OpContext& ctx, SublayerKind kind, const BlockDims& d,
                         const SublayerTensors& p, const SublayerTensors& g, const Tensor& x,
                         const Tensor& enc, const SublayerActivations& s, const Tensor& dy,
                         const Tensor& dx, const Tensor& denc) {
   const int64_t n = d.batch * d.seq;
   const int64_t c = d.d_model;
-  SK_ASSIGN_OR_RETURN(Tensor dln, NewF32(ctx, n * c));
+  const DType t = d.storage;
+  SK_ASSIGN_OR_RETURN(Tensor dln, NewAct(ctx, t, n * c));
   if (kind == SublayerKind::kMlp) {
-    SK_ASSIGN_OR_RETURN(Tensor dh, NewF32(ctx, n * d.d_ff));
+    SK_ASSIGN_OR_RETURN(Tensor dh, NewAct(ctx, t, n * d.d_ff));
     SK_RETURN_IF_ERROR(
         LinearBackward(ctx, s.gelu, p.proj_w, dy, n, d.d_ff, c, dh, false, g.proj_w, g.proj_b));
     SK_RETURN_IF_ERROR(ops::GeluBackward(ctx, s.fc, dh, dh));
@@ -345,13 +358,13 @@ Status SublayerBackward(const OpContext& ctx, SublayerKind kind, const BlockDims
         LinearBackward(ctx, s.ln, p.fc_w, dh, n, c, d.d_ff, dln, false, g.fc_w, g.fc_b));
   } else {
     const ops::AttentionShape as = AttnShape(kind, d);
-    SK_ASSIGN_OR_RETURN(Tensor datt, NewF32(ctx, n * c));
+    SK_ASSIGN_OR_RETURN(Tensor datt, NewAct(ctx, t, n * c));
     SK_RETURN_IF_ERROR(
         LinearBackward(ctx, s.att, p.proj_w, dy, n, c, c, datt, false, g.proj_w, g.proj_b));
     if (kind == SublayerKind::kCrossAttention) {
       const int64_t ne = d.batch * d.enc_seq;
-      SK_ASSIGN_OR_RETURN(Tensor dq, NewF32(ctx, n * c));
-      SK_ASSIGN_OR_RETURN(Tensor dkv, NewF32(ctx, ne * 2 * c));
+      SK_ASSIGN_OR_RETURN(Tensor dq, NewAct(ctx, t, n * c));
+      SK_ASSIGN_OR_RETURN(Tensor dkv, NewAct(ctx, t, ne * 2 * c));
       SK_RETURN_IF_ERROR(ops::AttentionBackward(
           ctx, as, MatrixRef{s.q, 0, c}, MatrixRef{s.kv, 0, 2 * c}, MatrixRef{s.kv, c, 2 * c},
           s.probs, MatrixRef{datt, 0, c}, MatrixRef{dq, 0, c}, MatrixRef{dkv, 0, 2 * c},
@@ -360,7 +373,7 @@ Status SublayerBackward(const OpContext& ctx, SublayerKind kind, const BlockDims
           LinearBackward(ctx, enc, p.kv_w, dkv, ne, c, 2 * c, denc, true, g.kv_w, g.kv_b));
       SK_RETURN_IF_ERROR(LinearBackward(ctx, s.ln, p.q_w, dq, n, c, c, dln, false, g.q_w, g.q_b));
     } else {
-      SK_ASSIGN_OR_RETURN(Tensor dqkv, NewF32(ctx, n * 3 * c));
+      SK_ASSIGN_OR_RETURN(Tensor dqkv, NewAct(ctx, t, n * 3 * c));
       SK_RETURN_IF_ERROR(ops::AttentionBackward(
           ctx, as, MatrixRef{s.qkv, 0, 3 * c}, MatrixRef{s.qkv, c, 3 * c},
           MatrixRef{s.qkv, 2 * c, 3 * c}, s.probs, MatrixRef{datt, 0, c},
@@ -369,11 +382,10 @@ Status SublayerBackward(const OpContext& ctx, SublayerKind kind, const BlockDims
           LinearBackward(ctx, s.ln, p.qkv_w, dqkv, n, c, 3 * c, dln, false, g.qkv_w, g.qkv_b));
     }
   }
-  // The residual passes dy through; LayerNorm's backward adds its part.
+  // The residual passes dy through; LayerNorm's backward adds its part (a
+  // 16-bit dx is rounded once, after the add).
   SK_RETURN_IF_ERROR(ops::Copy(ctx, dy, dx));
-  SK_RETURN_IF_ERROR(
-      ops::LayerNormBackward(ctx, x, p.ln_g, dln, s.ln_mean, s.ln_rstd, dx, g.ln_g, g.ln_b));
-  return Round(ctx, d, dx);
+  return ops::LayerNormBackward(ctx, x, p.ln_g, dln, s.ln_mean, s.ln_rstd, dx, g.ln_g, g.ln_b);
 }
 
 }  // namespace
@@ -404,7 +416,7 @@ Status TransformerBlock::Backward(const OpContext& ctx, const BlockDims& d, cons
                                   const BlockSaved& saved, const Tensor& dy, const Tensor& dx,
                                   const Tensor& denc) const {
   const int64_t nc = d.batch * d.seq * d.d_model;
-  SK_ASSIGN_OR_RETURN(Tensor dcur, NewF32(ctx, nc));
+  SK_ASSIGN_OR_RETURN(Tensor dcur, NewAct(ctx, d.storage, nc));
   SK_RETURN_IF_ERROR(ops::Copy(ctx, dy, dcur));
   size_t offset = 0;
   for (SublayerKind k : kinds_) offset += SublayerParamCount(k);
@@ -418,47 +430,51 @@ Status TransformerBlock::Backward(const OpContext& ctx, const BlockDims& d, cons
   return ops::Copy(ctx, dcur, dx);
 }
 
-int64_t TransformerBlock::SavedFloats(const BlockDims& d) const {
+int64_t TransformerBlock::SavedBytes(const BlockDims& d) const {
   const int64_t n = d.batch * d.seq, ne = d.batch * d.enc_seq, c = d.d_model;
-  int64_t f = 0;
+  const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
+  int64_t b = 0;
   for (SublayerKind k : kinds_) {
-    f += 2 * n * c + 2 * n;  // ln, out; mean, rstd
+    b += a * 2 * n * c + 4 * 2 * n;  // ln, out; mean, rstd (f32)
     switch (k) {
       case SublayerKind::kSelfAttention:
       case SublayerKind::kCausalSelfAttention:
-        f += 3 * n * c + d.batch * d.heads * d.seq * d.seq + n * c;  // qkv, probs, att
+        // qkv, att; probs (f32)
+        b += a * (3 * n * c + n * c) + 4 * d.batch * d.heads * d.seq * d.seq;
         break;
       case SublayerKind::kCrossAttention:
-        f += n * c + 2 * ne * c + d.batch * d.heads * d.seq * d.enc_seq + n * c;  // q, kv, probs, att
+        // q, kv, att; probs (f32)
+        b += a * (n * c + 2 * ne * c + n * c) + 4 * d.batch * d.heads * d.seq * d.enc_seq;
         break;
       case SublayerKind::kMlp:
-        f += 2 * n * d.d_ff;  // pre- and post-GELU
+        b += a * 2 * n * d.d_ff;  // pre- and post-GELU
         break;
     }
   }
-  return f;
+  return b;
 }
 
-int64_t TransformerBlock::BackwardTempFloats(const BlockDims& d) const {
+int64_t TransformerBlock::BackwardTempBytes(const BlockDims& d) const {
   const int64_t n = d.batch * d.seq, ne = d.batch * d.enc_seq, c = d.d_model;
+  const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
   int64_t most = 0;
   for (SublayerKind k : kinds_) {
-    int64_t f = n * c;  // dln
+    int64_t f = a * n * c;  // dln
     switch (k) {
       case SublayerKind::kSelfAttention:
       case SublayerKind::kCausalSelfAttention:
-        f += n * c + 3 * n * c + d.seq * d.seq;  // datt, dqkv, scratch
+        f += a * (n * c + 3 * n * c) + 4 * d.seq * d.seq;  // datt, dqkv; scratch (f32)
         break;
       case SublayerKind::kCrossAttention:
-        f += n * c + n * c + 2 * ne * c + d.seq * d.enc_seq;  // datt, dq, dkv, scratch
+        f += a * (n * c + n * c + 2 * ne * c) + 4 * d.seq * d.enc_seq;  // datt, dq, dkv; scratch
         break;
       case SublayerKind::kMlp:
-        f += n * d.d_ff;  // dh
+        f += a * n * d.d_ff;  // dh
         break;
     }
     most = std::max(most, f);
   }
-  return n * c + most;  // + the running gradient dcur
+  return a * n * c + most;  // + the running gradient dcur
 }
 
 double TransformerBlock::ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t enc_seq,
@@ -497,15 +513,14 @@ StatusOr<float> HeadForward(const OpContext& ctx, const UnitParams& p, const Ten
                             const Tensor& targets, int64_t rows, int64_t d_model, int64_t vocab,
                             DType storage, bool want_grad, HeadSaved* saved) {
   const HeadTensors h{p[0], p[1], p[2]};
-  SK_ASSIGN_OR_RETURN(saved->ln, NewF32(ctx, rows * d_model));
+  SK_ASSIGN_OR_RETURN(saved->ln, NewAct(ctx, storage, rows * d_model));
   SK_ASSIGN_OR_RETURN(saved->ln_mean, NewF32(ctx, rows));
   SK_ASSIGN_OR_RETURN(saved->ln_rstd, NewF32(ctx, rows));
   SK_RETURN_IF_ERROR(
       ops::LayerNormForward(ctx, x, h.ln_g, h.ln_b, saved->ln, saved->ln_mean, saved->ln_rstd));
-  SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, saved->ln, storage));
-  SK_ASSIGN_OR_RETURN(Tensor logits, NewF32(ctx, rows * vocab));
+  // Logits in the compute dtype; the loss reads them exactly and sums in f64.
+  SK_ASSIGN_OR_RETURN(Tensor logits, NewAct(ctx, storage, rows * vocab));
   SK_RETURN_IF_ERROR(Linear(ctx, saved->ln, h.lm_head_w, Tensor(), rows, d_model, vocab, logits));
-  SK_RETURN_IF_ERROR(ops::RoundToDType(ctx, logits, storage));
   SK_ASSIGN_OR_RETURN(Tensor loss, ctx.alloc->Empty(DType::kF32, Shape{1}));
   SK_RETURN_IF_ERROR(ops::CrossEntropyForward(ctx, logits, targets, loss));
   if (want_grad) {
@@ -522,13 +537,12 @@ Status HeadBackward(const OpContext& ctx, const UnitParams& p, const UnitGrads& 
                     int64_t vocab, DType storage, const Tensor& dx) {
   const HeadTensors h{p[0], p[1], p[2]};
   const HeadTensors dh{g[0], g[1], g[2]};
-  SK_ASSIGN_OR_RETURN(Tensor dln, NewF32(ctx, rows * d_model));
+  SK_ASSIGN_OR_RETURN(Tensor dln, NewAct(ctx, storage, rows * d_model));
   SK_RETURN_IF_ERROR(LinearBackward(ctx, saved.ln, h.lm_head_w, saved.dlogits, rows, d_model,
                                     vocab, dln, false, dh.lm_head_w, Tensor()));
   SK_RETURN_IF_ERROR(ops::Fill(ctx, dx, 0.0f));
-  SK_RETURN_IF_ERROR(ops::LayerNormBackward(ctx, x, h.ln_g, dln, saved.ln_mean, saved.ln_rstd, dx,
-                                            dh.ln_g, dh.ln_b));
-  return ops::RoundToDType(ctx, dx, storage);
+  return ops::LayerNormBackward(ctx, x, h.ln_g, dln, saved.ln_mean, saved.ln_rstd, dx, dh.ln_g,
+                                dh.ln_b);
 }
 
 Status CheckProduct(int64_t rows, int64_t cols, const char* what) {

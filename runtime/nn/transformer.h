@@ -29,9 +29,11 @@ StatusOr<ops::OpContext> MakeContext(UnitHooks& hooks, Allocator& alloc);
 
 // An f32 tensor [numel] from ctx.alloc, uninitialised or zeroed (fill op).
 StatusOr<Tensor> NewF32(const ops::OpContext& ctx, int64_t numel);
+// An activation tensor [numel] of dtype t (the compute dtype), uninitialised.
+StatusOr<Tensor> NewAct(const ops::OpContext& ctx, DType t, int64_t numel);
 StatusOr<Tensor> ZerosF32(const ops::OpContext& ctx, int64_t numel);
 
-// The first `numel` elements of f32 tensor t, as [numel] (a CHECKed view:
+// The first `numel` elements of tensor t, as [numel] (a CHECKed view:
 // the callers' sizes come from validated batches).
 Tensor Prefix(const Tensor& t, int64_t numel);
 
@@ -39,9 +41,10 @@ Tensor Prefix(const Tensor& t, int64_t numel);
 // there by the copy op.
 StatusOr<Tensor> TokensToDevice(const ops::OpContext& ctx, const std::vector<int32_t>& ids);
 
-// A unit's parameters as f32 tensors: f32 tensors are used in place, bf16
-// and f16 ones are cast (exactly) into f32 tensors of the same shape from
-// ctx.alloc.
+// A unit's parameters, used in place in whatever float dtype the hooks gave
+// them (FSDP: param_dtype; DDP: the compute dtype): no copies. The ops read
+// any float dtype; a GEMM weight whose dtype differs from its activations'
+// is cast for that GEMM (transformer.cc: InDType).
 class UnitParams {
  public:
   // InvalidArgument naming the unit and parameter when `tensors` does not
@@ -122,7 +125,7 @@ struct BlockDims {
   int64_t d_model = 0;
   int64_t heads = 0;
   int64_t d_ff = 0;
-  DType storage = DType::kF32;  // activations are rounded to this dtype
+  DType storage = DType::kF32;  // the compute dtype: activations and their gradients
 };
 
 // One sublayer's parameters by name (or their gradients: the same layout).
@@ -184,10 +187,11 @@ class TransformerBlock {
                   const UnitGrads& g, const Tensor& x, const Tensor& enc, const BlockSaved& saved,
                   const Tensor& dy, const Tensor& dx, const Tensor& denc) const;
 
-  // Floats a Forward keeps in `saved` (what backward needs).
-  int64_t SavedFloats(const BlockDims& d) const;
-  // Most floats a Backward allocates at once beyond `saved`, its dy and dx.
-  int64_t BackwardTempFloats(const BlockDims& d) const;
+  // Bytes a Forward keeps in `saved` (what backward needs): activations at
+  // d.storage's size, LayerNorm statistics and attention probabilities f32.
+  int64_t SavedBytes(const BlockDims& d) const;
+  // Most bytes a Backward allocates at once beyond `saved`, its dy and dx.
+  int64_t BackwardTempBytes(const BlockDims& d) const;
 
   // Multiply-adds per block invocation in matmuls (x2 for flops), forward only.
   double ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t enc_seq, int64_t d_model,

@@ -15,6 +15,7 @@ Status OpBackend::Gemm(const OpContext&, const GemmParams&, const MatrixRef&, co
                        const MatrixRef&) {
   return NotImplemented("gemm");
 }
+bool OpBackend::GemmStores16Bit(const GemmParams&) const { return false; }
 Status OpBackend::Copy(const OpContext&, const Tensor&, const Tensor&) {
   return NotImplemented("copy");
 }

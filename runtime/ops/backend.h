@@ -108,6 +108,11 @@ class OpBackend {
 
   virtual Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
                       const MatrixRef& b, const MatrixRef& c);
+  // Whether Gemm(p, ...) stores a C in A's 16-bit dtype itself (f32
+  // accumulation, one rounding). When false (the default) the dispatcher
+  // hands Gemm an f32 C and rounds it into the caller's C. Every other op's
+  // 16-bit operands are always staged through f32 by the dispatcher (ops.h).
+  virtual bool GemmStores16Bit(const GemmParams& p) const;
   virtual Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst);
   virtual Status Cast(const OpContext& ctx, const Tensor& src, const Tensor& dst);
   virtual Status RoundToDType(const OpContext& ctx, const Tensor& x, DType t);

@@ -40,11 +40,13 @@ std::string_view OpClassName(OpClass c) {
   return "unknown";
 }
 
-OpCost GemmCost(int64_t m, int64_t n, int64_t k, int64_t batch, DType ab, bool reads_c) {
+OpCost GemmCost(int64_t m, int64_t n, int64_t k, int64_t batch, DType ab, bool reads_c,
+                DType c_dtype) {
   const double per = D(m) * D(n);
+  const double sc = Sz(c_dtype);
   OpCost c = Make("gemm", OpClass::kGemm, 2.0 * per * D(k) * D(batch),
-                  D(batch) * ((D(m) * D(k) + D(k) * D(n)) * Sz(ab) + (reads_c ? per * kF32 : 0.0)),
-                  D(batch) * per * kF32, ab);
+                  D(batch) * ((D(m) * D(k) + D(k) * D(n)) * Sz(ab) + (reads_c ? per * sc : 0.0)),
+                  D(batch) * per * sc, ab);
   c.m = m;
   c.n = n;
   c.k = k;
@@ -80,83 +82,89 @@ OpCost InitCost(int64_t n, DType t) {
   return Make("init_philox", OpClass::kInit, 0, 0, D(n) * Sz(t), t);
 }
 
-OpCost BroadcastRowsCost(int64_t rows, int64_t cols) {
-  return Make("broadcast_rows", OpClass::kCopy, 0, D(cols) * kF32, D(rows) * D(cols) * kF32);
+OpCost BroadcastRowsCost(int64_t rows, int64_t cols, DType dst) {
+  return Make("broadcast_rows", OpClass::kCopy, 0, D(cols) * kF32, D(rows) * D(cols) * Sz(dst),
+              dst);
 }
 
-OpCost BiasAddCost(int64_t rows, int64_t cols) {
-  return Make("bias_add", OpClass::kElementwise, D(rows) * D(cols),
-              (D(rows) * D(cols) + D(cols)) * kF32, D(rows) * D(cols) * kF32);
+OpCost BiasAddCost(int64_t rows, int64_t cols, DType y) {
+  const double e = D(rows) * D(cols);
+  return Make("bias_add", OpClass::kElementwise, e, e * Sz(y) + D(cols) * kF32, e * Sz(y), y);
 }
 
-OpCost BiasGradCost(int64_t rows, int64_t cols) {
-  return Make("bias_grad", OpClass::kReduction, D(rows) * D(cols),
-              (D(rows) * D(cols) + D(cols)) * kF32, D(cols) * kF32);
+OpCost BiasGradCost(int64_t rows, int64_t cols, DType dy) {
+  const double e = D(rows) * D(cols);
+  return Make("bias_grad", OpClass::kReduction, e, e * Sz(dy) + D(cols) * kF32, D(cols) * kF32,
+              dy);
 }
 
-OpCost GeluForwardCost(int64_t n) {
-  return Make("gelu_fwd", OpClass::kElementwise, kGeluForwardFlops * D(n), D(n) * kF32,
-              D(n) * kF32);
+OpCost GeluForwardCost(int64_t n, DType x, DType y) {
+  return Make("gelu_fwd", OpClass::kElementwise, kGeluForwardFlops * D(n), D(n) * Sz(x),
+              D(n) * Sz(y), x);
 }
 
-OpCost GeluBackwardCost(int64_t n) {
-  return Make("gelu_bwd", OpClass::kElementwise, kGeluBackwardFlops * D(n), 2.0 * D(n) * kF32,
-              D(n) * kF32);
+OpCost GeluBackwardCost(int64_t n, DType x, DType dx) {
+  // Reads x and dy (dx's dtype), writes dx.
+  return Make("gelu_bwd", OpClass::kElementwise, kGeluBackwardFlops * D(n),
+              D(n) * (Sz(x) + Sz(dx)), D(n) * Sz(dx), x);
 }
 
-OpCost LayerNormForwardCost(int64_t rows, int64_t cols) {
+OpCost LayerNormForwardCost(int64_t rows, int64_t cols, DType x, DType y) {
   const double e = D(rows) * D(cols);
   return Make("layer_norm_fwd", OpClass::kNormalization, kLayerNormForwardFlops * e,
-              (e + 2.0 * D(cols)) * kF32, (e + 2.0 * D(rows)) * kF32);
+              e * Sz(x) + 2.0 * D(cols) * kF32, e * Sz(y) + 2.0 * D(rows) * kF32, x);
 }
 
-OpCost LayerNormBackwardCost(int64_t rows, int64_t cols) {
+OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, DType x, DType dx) {
   const double e = D(rows) * D(cols);
-  // Reads x, dy, dx (accumulated), gamma, dgamma, dbeta, mean, rstd; writes
-  // dx, dgamma, dbeta.
+  // Reads x, dy and dx (accumulated; dy in dx's dtype), gamma, dgamma, dbeta,
+  // mean, rstd; writes dx, dgamma, dbeta.
   return Make("layer_norm_bwd", OpClass::kNormalization, kLayerNormBackwardFlops * e,
-              (3.0 * e + 3.0 * D(cols) + 2.0 * D(rows)) * kF32, (e + 2.0 * D(cols)) * kF32);
+              e * (Sz(x) + 2.0 * Sz(dx)) + (3.0 * D(cols) + 2.0 * D(rows)) * kF32,
+              e * Sz(dx) + 2.0 * D(cols) * kF32, x);
 }
 
 OpCost AttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                            int64_t head_dim) {
+                            int64_t head_dim, DType t) {
   const double bh = D(batch) * D(heads);
   const double scores = bh * D(q_len) * D(kv_len);
   const double flops = 2.0 * 2.0 * scores * D(head_dim) + kSoftmaxFlops * scores;
-  const double read = bh * (D(q_len) + 2.0 * D(kv_len)) * D(head_dim) * kF32;
-  const double written = (scores + bh * D(q_len) * D(head_dim)) * kF32;
-  return Make("attention_fwd", OpClass::kAttention, flops, read, written);
+  const double read = bh * (D(q_len) + 2.0 * D(kv_len)) * D(head_dim) * Sz(t);
+  const double written = scores * kF32 + bh * D(q_len) * D(head_dim) * Sz(t);
+  return Make("attention_fwd", OpClass::kAttention, flops, read, written, t);
 }
 
 OpCost AttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                             int64_t head_dim) {
+                             int64_t head_dim, DType t) {
   const double bh = D(batch) * D(heads);
   const double scores = bh * D(q_len) * D(kv_len);
   const double flops = 4.0 * 2.0 * scores * D(head_dim) + kSoftmaxBackwardFlops * scores;
   // Reads q, k, v, probs and dout; writes dq, dk, dv.
   const double qkv = bh * (D(q_len) + 2.0 * D(kv_len)) * D(head_dim);
-  const double read = (qkv + scores + bh * D(q_len) * D(head_dim)) * kF32;
-  return Make("attention_bwd", OpClass::kAttention, flops, read, qkv * kF32);
+  const double read = (qkv + bh * D(q_len) * D(head_dim)) * Sz(t) + scores * kF32;
+  return Make("attention_bwd", OpClass::kAttention, flops, read, qkv * Sz(t), t);
 }
 
-OpCost EmbeddingForwardCost(int64_t count, int64_t dim) {
+OpCost EmbeddingForwardCost(int64_t count, int64_t dim, DType table, DType out) {
   return Make("embedding_fwd", OpClass::kEmbedding, 0,
-              D(count) * kI32 + D(count) * D(dim) * kF32, D(count) * D(dim) * kF32);
+              D(count) * kI32 + D(count) * D(dim) * Sz(table), D(count) * D(dim) * Sz(out), out);
 }
 
-OpCost EmbeddingBackwardCost(int64_t count, int64_t dim) {
+OpCost EmbeddingBackwardCost(int64_t count, int64_t dim, DType dout) {
   return Make("embedding_bwd", OpClass::kEmbedding, D(count) * D(dim),
-              D(count) * kI32 + 2.0 * D(count) * D(dim) * kF32, D(count) * D(dim) * kF32);
+              D(count) * kI32 + D(count) * D(dim) * (Sz(dout) + kF32), D(count) * D(dim) * kF32,
+              dout);
 }
 
-OpCost CrossEntropyForwardCost(int64_t rows, int64_t vocab) {
+OpCost CrossEntropyForwardCost(int64_t rows, int64_t vocab, DType logits) {
   return Make("cross_entropy_fwd", OpClass::kLoss, kCrossEntropyFlops * D(rows) * D(vocab),
-              D(rows) * D(vocab) * kF32 + D(rows) * kI32, kF32);
+              D(rows) * D(vocab) * Sz(logits) + D(rows) * kI32, kF32, logits);
 }
 
-OpCost CrossEntropyBackwardCost(int64_t rows, int64_t vocab) {
+OpCost CrossEntropyBackwardCost(int64_t rows, int64_t vocab, DType logits, DType dlogits) {
   return Make("cross_entropy_bwd", OpClass::kLoss, kCrossEntropyFlops * D(rows) * D(vocab),
-              D(rows) * D(vocab) * kF32 + D(rows) * kI32, D(rows) * D(vocab) * kF32);
+              D(rows) * D(vocab) * Sz(logits) + D(rows) * kI32, D(rows) * D(vocab) * Sz(dlogits),
+              logits);
 }
 
 OpCost SumOfSquaresCost(int64_t n, DType t) {

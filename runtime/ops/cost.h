@@ -69,8 +69,10 @@ inline constexpr double kAdamFlops = 16; // decay, two moments, sqrt, divide, st
 // element counts; `ab`/`x`/`y` name the dtypes of the operands.
 
 // C[batch][m, n] = alpha op(A) op(B) + beta C: 2 m n k flops per matrix; A and
-// B read once at `ab`'s size, C (f32) written, and read too when beta != 0.
-OpCost GemmCost(int64_t m, int64_t n, int64_t k, int64_t batch, DType ab, bool reads_c);
+// B read once at `ab`'s size, C written at `c`'s size (f32, or `ab` when the
+// product is stored rounded), and read too when beta != 0.
+OpCost GemmCost(int64_t m, int64_t n, int64_t k, int64_t batch, DType ab, bool reads_c,
+                DType c = DType::kF32);
 OpCost CopyCost(int64_t n, DType t);
 OpCost CastCost(int64_t n, DType from, DType to);
 OpCost RoundToDTypeCost(int64_t n);
@@ -78,22 +80,30 @@ OpCost ScaleCost(int64_t n, DType t);
 OpCost AxpyCost(int64_t n, DType x, DType y);
 OpCost FillCost(int64_t n, DType t);
 OpCost InitCost(int64_t n, DType t);
-OpCost BroadcastRowsCost(int64_t rows, int64_t cols);
-OpCost BiasAddCost(int64_t rows, int64_t cols);
-OpCost BiasGradCost(int64_t rows, int64_t cols);
-OpCost GeluForwardCost(int64_t n);
-OpCost GeluBackwardCost(int64_t n);
-OpCost LayerNormForwardCost(int64_t rows, int64_t cols);
-OpCost LayerNormBackwardCost(int64_t rows, int64_t cols);
+// The activation-shaped operands ([rows, cols], x, y, dy, dx, q/k/v/out,
+// logits) are counted at the dtypes given (f32 by default); the small ones
+// (bias, gamma, beta, mean, rstd, probs, loss, parameter gradients) at f32.
+OpCost BroadcastRowsCost(int64_t rows, int64_t cols, DType dst = DType::kF32);
+OpCost BiasAddCost(int64_t rows, int64_t cols, DType y = DType::kF32);
+OpCost BiasGradCost(int64_t rows, int64_t cols, DType dy = DType::kF32);
+OpCost GeluForwardCost(int64_t n, DType x = DType::kF32, DType y = DType::kF32);
+OpCost GeluBackwardCost(int64_t n, DType x = DType::kF32, DType dx = DType::kF32);
+OpCost LayerNormForwardCost(int64_t rows, int64_t cols, DType x = DType::kF32,
+                            DType y = DType::kF32);
+OpCost LayerNormBackwardCost(int64_t rows, int64_t cols, DType x = DType::kF32,
+                             DType dx = DType::kF32);
 // Per head and sequence: two GEMMs forward (scores, values), four backward.
+// q, k, v, out and their gradients in `t`; probs f32.
 OpCost AttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                            int64_t head_dim);
+                            int64_t head_dim, DType t = DType::kF32);
 OpCost AttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                             int64_t head_dim);
-OpCost EmbeddingForwardCost(int64_t count, int64_t dim);
-OpCost EmbeddingBackwardCost(int64_t count, int64_t dim);
-OpCost CrossEntropyForwardCost(int64_t rows, int64_t vocab);
-OpCost CrossEntropyBackwardCost(int64_t rows, int64_t vocab);
+                             int64_t head_dim, DType t = DType::kF32);
+OpCost EmbeddingForwardCost(int64_t count, int64_t dim, DType table = DType::kF32,
+                            DType out = DType::kF32);
+OpCost EmbeddingBackwardCost(int64_t count, int64_t dim, DType dout = DType::kF32);
+OpCost CrossEntropyForwardCost(int64_t rows, int64_t vocab, DType logits = DType::kF32);
+OpCost CrossEntropyBackwardCost(int64_t rows, int64_t vocab, DType logits = DType::kF32,
+                                DType dlogits = DType::kF32);
 OpCost SumOfSquaresCost(int64_t n, DType t);
 OpCost MaxAbsCost(int64_t n, DType t);
 OpCost SgdUpdateCost(int64_t n, bool has_momentum);

@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "runtime/ops/cpu/cpu_backend.h"
 #if defined(SHARDKIT_WITH_CUDA)
@@ -158,6 +159,88 @@ Status Dispatch(OpBackend* b, const OpContext& ctx, const OpCost& cost, Fn run) 
   return run();
 }
 
+// Runs ops on 16-bit operands through a backend whose kernels read and
+// write f32 only (every backend's elementwise kernels today): each 16-bit
+// operand is widened exactly into an f32 temporary (In, InOut), the backend
+// runs on the temporaries, and Finish() narrows the written ones back,
+// rounding once to nearest even: the same numbers a kernel computing in f32
+// and storing 16-bit values would give. f32 operands are passed through
+// untouched, so f32 calls run exactly as before. Operands that are the same
+// tensor share one temporary (in-place ops, q/k/v views of one buffer).
+// Temporaries: host memory on cpu (emulation scratch a 16-bit kernel would
+// not need, kept out of ctx.alloc's statistics so a cpu run's memory is what
+// the simulator, which executes nothing, accounts); ctx.alloc elsewhere.
+// The widening and narrowing are not accounted: the op's cost is priced
+// once, at its operands' real dtypes.
+class F32Staging {
+ public:
+  F32Staging(OpBackend* be, const OpContext& ctx) : be_(be), ctx_(ctx) {}
+
+  StatusOr<Tensor> In(const Tensor& t) { return Stage(t, true, false); }
+  StatusOr<Tensor> Out(const Tensor& t) { return Stage(t, false, true); }
+  StatusOr<Tensor> InOut(const Tensor& t) { return Stage(t, true, true); }
+  StatusOr<MatrixRef> In(const MatrixRef& m) { return Stage(m, true, false); }
+  StatusOr<MatrixRef> Out(const MatrixRef& m) { return Stage(m, false, true); }
+  StatusOr<MatrixRef> InOut(const MatrixRef& m) { return Stage(m, true, true); }
+
+  // Narrows every written temporary into its tensor.
+  Status Finish() {
+    for (const Entry& e : entries_) {
+      if (e.write) SK_RETURN_IF_ERROR(be_->Cast(ctx_, e.wide, e.orig));
+    }
+    return OkStatus();
+  }
+
+ private:
+  struct Entry {
+    Tensor orig, wide;
+    bool read = false, write = false;
+  };
+
+  StatusOr<Tensor> Stage(const Tensor& t, bool read, bool write) {
+    if (!t.defined() || t.dtype() == DType::kF32 || t.numel() == 0) return t;
+    for (Entry& e : entries_) {
+      if (!Same(e.orig, t)) continue;
+      if (read && !e.read) {
+        SK_RETURN_IF_ERROR(be_->Cast(ctx_, e.orig, e.wide));
+        e.read = true;
+      }
+      e.write = e.write || write;
+      return e.wide;
+    }
+    Allocator* a = ctx_.device->id().kind == DeviceKind::kCpu ? &HostAllocator::Default()
+                                                             : ctx_.alloc;
+    Entry e;
+    e.orig = t;
+    SK_ASSIGN_OR_RETURN(e.wide, a->Empty(DType::kF32, t.shape()));
+    if (read) SK_RETURN_IF_ERROR(be_->Cast(ctx_, t, e.wide));
+    e.read = read;
+    e.write = write;
+    entries_.push_back(e);
+    return e.wide;
+  }
+
+  // A matrix may cover only part of its tensor, and Finish() narrows the
+  // whole tensor back: written matrices are widened first so the elements
+  // outside them come back unchanged.
+  StatusOr<MatrixRef> Stage(const MatrixRef& m, bool read, bool write) {
+    SK_ASSIGN_OR_RETURN(Tensor w, Stage(m.t, read || write, write));
+    return MatrixRef{w, m.offset, m.ld, m.batch_stride};
+  }
+
+  OpBackend* be_;
+  OpContext ctx_;
+  std::vector<Entry> entries_;
+};
+
+// Runs fn(staging) and narrows its outputs.
+template <typename Fn>
+Status Staged(OpBackend* be, const OpContext& ctx, Fn fn) {
+  F32Staging s(be, ctx);
+  SK_RETURN_IF_ERROR(fn(s));
+  return s.Finish();
+}
+
 // rows = x / cols when cols divides it (cols > 0).
 Status RowsOf(const char* op, const char* what, int64_t total, int64_t cols, int64_t* rows) {
   if (cols <= 0) {
@@ -187,10 +270,14 @@ Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const
   }
   SK_RETURN_IF_ERROR(CheckTensor(op, "A", ctx, a.t));
   SK_RETURN_IF_ERROR(CheckTensor(op, "B", ctx, b.t));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "C", ctx, c.t, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "C", ctx, c.t));
   if (a.t.dtype() != b.t.dtype()) {
     return Bad(op, "A is " + std::string(DTypeName(a.t.dtype())) + " but B is " +
                        std::string(DTypeName(b.t.dtype())));
+  }
+  if (c.t.dtype() != DType::kF32 && c.t.dtype() != a.t.dtype()) {
+    return Bad(op, "C is " + std::string(DTypeName(c.t.dtype())) + ", expected f32 or A's " +
+                       std::string(DTypeName(a.t.dtype())));
   }
   SK_RETURN_IF_ERROR(CheckMatrix(op, "A", a, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k, p.batch));
   SK_RETURN_IF_ERROR(CheckMatrix(op, "B", b, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, p.batch));
@@ -198,8 +285,18 @@ Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const
   if (p.m > 0 && p.n > 0 && p.batch > 0 && (Overlap(c.t, a.t) || Overlap(c.t, b.t))) {
     return Bad(op, "C overlaps A or B");
   }
-  return Dispatch(be, ctx, GemmCost(p.m, p.n, p.k, p.batch, a.t.dtype(), p.beta != 0.0f),
-                  [&] { return be->Gemm(ctx, p, a, b, c); });
+  return Dispatch(be, ctx,
+                  GemmCost(p.m, p.n, p.k, p.batch, a.t.dtype(), p.beta != 0.0f, c.t.dtype()),
+                  [&] {
+                    if (c.t.dtype() == DType::kF32 || be->GemmStores16Bit(p)) {
+                      return be->Gemm(ctx, p, a, b, c);
+                    }
+                    // A 16-bit C: accumulated in f32, rounded once when stored.
+                    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+                      SK_ASSIGN_OR_RETURN(MatrixRef wc, p.beta != 0.0f ? st.InOut(c) : st.Out(c));
+                      return be->Gemm(ctx, p, a, b, wc);
+                    });
+                  });
 }
 
 // ---- Data movement ------------------------------------------------------------
@@ -287,36 +384,52 @@ Status InitPhilox(const OpContext& ctx, const Initializer& init, uint64_t seed, 
 Status BroadcastRows(const OpContext& ctx, const Tensor& src, const Tensor& dst) {
   const char* op = "broadcast_rows";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "src", ctx, src, {DType::kF32}));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dst", ctx, dst, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "src", ctx, src));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dst", ctx, dst));
   int64_t rows = 0;
   SK_RETURN_IF_ERROR(RowsOf(op, "dst", dst.numel(), src.numel(), &rows));
   if (Overlap(src, dst)) return Bad(op, "src and dst overlap");
-  return Dispatch(be, ctx, BroadcastRowsCost(rows, src.numel()),
-                  [&] { return be->BroadcastRows(ctx, src, dst); });
+  return Dispatch(be, ctx, BroadcastRowsCost(rows, src.numel(), dst.dtype()), [&] {
+    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor s, st.In(src));
+      SK_ASSIGN_OR_RETURN(Tensor d, st.Out(dst));
+      return be->BroadcastRows(ctx, s, d);
+    });
+  });
 }
 
 Status BiasAdd(const OpContext& ctx, const Tensor& bias, const Tensor& y) {
   const char* op = "bias_add";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "bias", ctx, bias, {DType::kF32}));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "bias", ctx, bias));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y));
   int64_t rows = 0;
   SK_RETURN_IF_ERROR(RowsOf(op, "y", y.numel(), bias.numel(), &rows));
   if (Overlap(bias, y)) return Bad(op, "bias and y overlap");
-  return Dispatch(be, ctx, BiasAddCost(rows, bias.numel()), [&] { return be->BiasAdd(ctx, bias, y); });
+  return Dispatch(be, ctx, BiasAddCost(rows, bias.numel(), y.dtype()), [&] {
+    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor b, st.In(bias));
+      SK_ASSIGN_OR_RETURN(Tensor w, st.InOut(y));
+      return be->BiasAdd(ctx, b, w);
+    });
+  });
 }
 
 Status BiasGrad(const OpContext& ctx, const Tensor& dy, const Tensor& dbias) {
   const char* op = "bias_grad";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dy", ctx, dy, {DType::kF32}));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dbias", ctx, dbias, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dy", ctx, dy));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dbias", ctx, dbias));
   int64_t rows = 0;
   SK_RETURN_IF_ERROR(RowsOf(op, "dy", dy.numel(), dbias.numel(), &rows));
   if (Overlap(dy, dbias)) return Bad(op, "dy and dbias overlap");
-  return Dispatch(be, ctx, BiasGradCost(rows, dbias.numel()),
-                  [&] { return be->BiasGrad(ctx, dy, dbias); });
+  return Dispatch(be, ctx, BiasGradCost(rows, dbias.numel(), dy.dtype()), [&] {
+    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor d, st.In(dy));
+      SK_ASSIGN_OR_RETURN(Tensor g, st.InOut(dbias));
+      return be->BiasGrad(ctx, d, g);
+    });
+  });
 }
 
 // ---- Activations and normalisation -----------------------------------------------
@@ -324,24 +437,38 @@ Status BiasGrad(const OpContext& ctx, const Tensor& dy, const Tensor& dbias) {
 Status GeluForward(const OpContext& ctx, const Tensor& x, const Tensor& y) {
   const char* op = "gelu_fwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x, {DType::kF32}));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y));
   SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
-  if (!Same(x, y) && Overlap(x, y)) return Bad(op, "x and y overlap");
-  return Dispatch(be, ctx, GeluForwardCost(x.numel()), [&] { return be->GeluForward(ctx, x, y); });
+  if (Same(x, y) ? x.dtype() != y.dtype() : Overlap(x, y)) return Bad(op, "x and y overlap");
+  return Dispatch(be, ctx, GeluForwardCost(x.numel(), x.dtype(), y.dtype()), [&] {
+    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+      SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
+      return be->GeluForward(ctx, wx, wy);
+    });
+  });
 }
 
 Status GeluBackward(const OpContext& ctx, const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const char* op = "gelu_bwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x, {DType::kF32}));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dy", ctx, dy, {DType::kF32}));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dx", ctx, dx, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dy", ctx, dy));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dx", ctx, dx));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dy", dy, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dx", dx, x.numel()));
-  if (Overlap(dx, x) || (!Same(dx, dy) && Overlap(dx, dy))) return Bad(op, "dx overlaps an input");
-  return Dispatch(be, ctx, GeluBackwardCost(x.numel()),
-                  [&] { return be->GeluBackward(ctx, x, dy, dx); });
+  if (Overlap(dx, x) || (Same(dx, dy) ? dx.dtype() != dy.dtype() : Overlap(dx, dy))) {
+    return Bad(op, "dx overlaps an input");
+  }
+  return Dispatch(be, ctx, GeluBackwardCost(x.numel(), x.dtype(), dx.dtype()), [&] {
+    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+      SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
+      SK_ASSIGN_OR_RETURN(Tensor wdx, st.Out(dx));
+      return be->GeluBackward(ctx, wx, wdy, wdx);
+    });
+  });
 }
 
 Status LayerNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
@@ -350,9 +477,11 @@ Status LayerNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gam
   const char* op = "layer_norm_fwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
   for (auto [what, t] : {std::pair<const char*, const Tensor*>{"x", &x}, {"gamma", &gamma},
-                         {"beta", &beta}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}}) {
-    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t, {DType::kF32}));
+                         {"beta", &beta}, {"y", &y}}) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t));
   }
+  SK_RETURN_IF_ERROR(CheckTensor(op, "mean", ctx, mean, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "rstd", ctx, rstd, {DType::kF32}));
   const int64_t cols = gamma.numel();
   if (cols == 0) return Bad(op, "gamma is empty");
   int64_t rows = 0;
@@ -366,8 +495,15 @@ Status LayerNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gam
       if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
     }
   }
-  return Dispatch(be, ctx, LayerNormForwardCost(rows, cols),
-                  [&] { return be->LayerNormForward(ctx, x, gamma, beta, y, mean, rstd); });
+  return Dispatch(be, ctx, LayerNormForwardCost(rows, cols, x.dtype(), y.dtype()), [&] {
+    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
+      SK_ASSIGN_OR_RETURN(Tensor wb, st.In(beta));
+      SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
+      return be->LayerNormForward(ctx, wx, wg, wb, wy, mean, rstd);
+    });
+  });
 }
 
 Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
@@ -376,10 +512,11 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
   const char* op = "layer_norm_bwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
   for (auto [what, t] : {std::pair<const char*, const Tensor*>{"x", &x}, {"gamma", &gamma},
-                         {"dy", &dy}, {"mean", &mean}, {"rstd", &rstd}, {"dx", &dx},
-                         {"dgamma", &dgamma}, {"dbeta", &dbeta}}) {
-    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t, {DType::kF32}));
+                         {"dy", &dy}, {"dx", &dx}, {"dgamma", &dgamma}, {"dbeta", &dbeta}}) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t));
   }
+  SK_RETURN_IF_ERROR(CheckTensor(op, "mean", ctx, mean, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "rstd", ctx, rstd, {DType::kF32}));
   const int64_t cols = gamma.numel();
   if (cols == 0) return Bad(op, "gamma is empty");
   int64_t rows = 0;
@@ -395,8 +532,16 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
       if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
     }
   }
-  return Dispatch(be, ctx, LayerNormBackwardCost(rows, cols), [&] {
-    return be->LayerNormBackward(ctx, x, gamma, dy, mean, rstd, dx, dgamma, dbeta);
+  return Dispatch(be, ctx, LayerNormBackwardCost(rows, cols, x.dtype(), dx.dtype()), [&] {
+    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
+      SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
+      SK_ASSIGN_OR_RETURN(Tensor wdx, st.InOut(dx));
+      SK_ASSIGN_OR_RETURN(Tensor wdg, st.InOut(dgamma));
+      SK_ASSIGN_OR_RETURN(Tensor wdb, st.InOut(dbeta));
+      return be->LayerNormBackward(ctx, wx, wg, wdy, mean, rstd, wdx, wdg, wdb);
+    });
   });
 }
 
@@ -419,11 +564,11 @@ Status CheckAttention(const char* op, const OpContext& ctx, const AttentionShape
   if (s.q_len > 0 && s.kv_len == 0) return Bad(op, "queries without keys (kv_len = 0)");
   const int64_t cols = s.heads * s.head_dim;
   for (auto [what, m] : q_rows) {
-    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t, {DType::kF32}));
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t));
     SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.q_len, cols, 1));
   }
   for (auto [what, m] : kv_rows) {
-    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t, {DType::kF32}));
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t));
     SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.kv_len, cols, 1));
   }
   SK_RETURN_IF_ERROR(CheckTensor(op, "probs", ctx, probs, {DType::kF32}));
@@ -442,8 +587,17 @@ Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const Mat
   for (const Tensor* i : {&q.t, &k.t, &v.t}) {
     if (Overlap(*i, out.t) || Overlap(*i, probs)) return Bad(op, "an output overlaps an input");
   }
-  return Dispatch(be, ctx, AttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim),
-                  [&] { return be->AttentionForward(ctx, s, q, k, v, probs, out); });
+  return Dispatch(be, ctx,
+                  AttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, q.t.dtype()),
+                  [&] {
+                    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+                      SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
+                      SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
+                      SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
+                      SK_ASSIGN_OR_RETURN(MatrixRef wo, st.Out(out));
+                      return be->AttentionForward(ctx, s, wq, wk, wv, probs, wo);
+                    });
+                  });
 }
 
 Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
@@ -459,8 +613,20 @@ Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const Ma
       if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
     }
   }
-  return Dispatch(be, ctx, AttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim),
-                  [&] { return be->AttentionBackward(ctx, s, q, k, v, probs, dout, dq, dk, dv); });
+  return Dispatch(
+      be, ctx, AttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, q.t.dtype()),
+      [&] {
+        return Staged(be, ctx, [&](F32Staging& st) -> Status {
+          SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
+          SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
+          SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
+          SK_ASSIGN_OR_RETURN(MatrixRef wdo, st.In(dout));
+          SK_ASSIGN_OR_RETURN(MatrixRef wdq, st.Out(dq));
+          SK_ASSIGN_OR_RETURN(MatrixRef wdk, st.Out(dk));
+          SK_ASSIGN_OR_RETURN(MatrixRef wdv, st.Out(dv));
+          return be->AttentionBackward(ctx, s, wq, wk, wv, probs, wdo, wdq, wdk, wdv);
+        });
+      });
 }
 
 // ---- Embedding and loss -----------------------------------------------------------
@@ -469,15 +635,20 @@ Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor&
                         const Tensor& out) {
   const char* op = "embedding_fwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "table", ctx, table, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "table", ctx, table));
   SK_RETURN_IF_ERROR(CheckTensor(op, "ids", ctx, ids, {DType::kI32}));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "out", ctx, out, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "out", ctx, out));
   if (table.shape().rank() != 2) return Bad(op, "table must be [vocab, dim], got " + table.ToString());
   const int64_t dim = table.shape().dim(1);
   SK_RETURN_IF_ERROR(CheckNumel(op, "out", out, ids.numel() * dim));
   if (Overlap(out, table)) return Bad(op, "out overlaps table");
-  return Dispatch(be, ctx, EmbeddingForwardCost(ids.numel(), dim),
-                  [&] { return be->EmbeddingForward(ctx, table, ids, out); });
+  return Dispatch(be, ctx, EmbeddingForwardCost(ids.numel(), dim, table.dtype(), out.dtype()), [&] {
+    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wt, st.In(table));
+      SK_ASSIGN_OR_RETURN(Tensor wo, st.Out(out));
+      return be->EmbeddingForward(ctx, wt, ids, wo);
+    });
+  });
 }
 
 Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& dout,
@@ -485,7 +656,7 @@ Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& 
   const char* op = "embedding_bwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
   SK_RETURN_IF_ERROR(CheckTensor(op, "ids", ctx, ids, {DType::kI32}));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dout", ctx, dout, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dout", ctx, dout));
   SK_RETURN_IF_ERROR(CheckTensor(op, "dtable", ctx, dtable, {DType::kF32}));
   if (dtable.shape().rank() != 2) {
     return Bad(op, "dtable must be [vocab, dim], got " + dtable.ToString());
@@ -493,15 +664,19 @@ Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& 
   const int64_t dim = dtable.shape().dim(1);
   SK_RETURN_IF_ERROR(CheckNumel(op, "dout", dout, ids.numel() * dim));
   if (Overlap(dout, dtable)) return Bad(op, "dout overlaps dtable");
-  return Dispatch(be, ctx, EmbeddingBackwardCost(ids.numel(), dim),
-                  [&] { return be->EmbeddingBackward(ctx, ids, dout, dtable); });
+  return Dispatch(be, ctx, EmbeddingBackwardCost(ids.numel(), dim, dout.dtype()), [&] {
+    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wd, st.In(dout));
+      return be->EmbeddingBackward(ctx, ids, wd, dtable);
+    });
+  });
 }
 
 namespace {
 
 Status CheckLoss(const char* op, const OpContext& ctx, const Tensor& logits, const Tensor& targets,
                  int64_t* vocab) {
-  SK_RETURN_IF_ERROR(CheckTensor(op, "logits", ctx, logits, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "logits", ctx, logits));
   SK_RETURN_IF_ERROR(CheckTensor(op, "targets", ctx, targets, {DType::kI32}));
   SK_RETURN_IF_ERROR(RowsOf(op, "logits", logits.numel(), targets.numel(), vocab));
   if (targets.numel() > 0 && *vocab == 0) return Bad(op, "logits have no columns");
@@ -519,8 +694,12 @@ Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits, const Ten
   SK_RETURN_IF_ERROR(CheckTensor(op, "loss", ctx, loss, {DType::kF32}));
   SK_RETURN_IF_ERROR(CheckNumel(op, "loss", loss, 1));
   if (Overlap(loss, logits)) return Bad(op, "loss overlaps logits");
-  return Dispatch(be, ctx, CrossEntropyForwardCost(targets.numel(), vocab),
-                  [&] { return be->CrossEntropyForward(ctx, logits, targets, loss); });
+  return Dispatch(be, ctx, CrossEntropyForwardCost(targets.numel(), vocab, logits.dtype()), [&] {
+    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wl, st.In(logits));
+      return be->CrossEntropyForward(ctx, wl, targets, loss);
+    });
+  });
 }
 
 Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
@@ -529,11 +708,20 @@ Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Te
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
   int64_t vocab = 0;
   SK_RETURN_IF_ERROR(CheckLoss(op, ctx, logits, targets, &vocab));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dlogits", ctx, dlogits, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "dlogits", ctx, dlogits));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dlogits", dlogits, logits.numel()));
-  if (!Same(logits, dlogits) && Overlap(logits, dlogits)) return Bad(op, "dlogits overlaps logits");
-  return Dispatch(be, ctx, CrossEntropyBackwardCost(targets.numel(), vocab),
-                  [&] { return be->CrossEntropyBackward(ctx, logits, targets, dlogits); });
+  if (Same(logits, dlogits) ? logits.dtype() != dlogits.dtype() : Overlap(logits, dlogits)) {
+    return Bad(op, "dlogits overlaps logits");
+  }
+  return Dispatch(be, ctx,
+                  CrossEntropyBackwardCost(targets.numel(), vocab, logits.dtype(), dlogits.dtype()),
+                  [&] {
+                    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+                      SK_ASSIGN_OR_RETURN(Tensor wl, st.In(logits));
+                      SK_ASSIGN_OR_RETURN(Tensor wd, st.Out(dlogits));
+                      return be->CrossEntropyBackward(ctx, wl, targets, wd);
+                    });
+                  });
 }
 
 // ---- Reductions ---------------------------------------------------------------------

@@ -16,8 +16,18 @@
 //   overwritten. Unless an op says so, outputs must not overlap inputs.
 // - Float tensors are f32 unless an op says it accepts bf16/f16; arithmetic
 //   is f32 (reductions that say so: f64); 16-bit results round to nearest
-//   even. Token ids and targets are i32 tensors; accumulators for values the
-//   host reads (grad-norm partials) are f64 tensors of one element.
+//   even, once, when stored. Token ids and targets are i32 tensors;
+//   accumulators for values the host reads (grad-norm partials) are f64
+//   tensors of one element.
+// - "Compute-dtype operands": the activation-shaped operands of the model ops
+//   (bias, GELU, LayerNorm, attention, embedding, cross-entropy) may each be
+//   f32, bf16 or f16, independently unless the op says otherwise; the op
+//   reads them exactly, computes in f32 and rounds each 16-bit output once.
+//   LayerNorm statistics, attention probabilities, the loss and the
+//   embedding table's gradient stay f32. An in-place pair (y may be x) must
+//   then have one dtype. Backends without 16-bit kernels for an op run it on
+//   exact f32 copies made by the dispatcher (ops.cc: F32Staging), so every
+//   backend gives the same numbers.
 // - Shapes: ops read only element counts, never ranks, except where a
 //   parameter says which dimension it uses; a [rows, cols] operand is any
 //   tensor of rows * cols elements.
@@ -44,9 +54,12 @@ OpContext HostContext();
 // ---- GEMM -----------------------------------------------------------------
 
 // C = alpha op(A) op(B) + beta C over p.batch matrices (backend.h: GemmParams,
-// MatrixRef). A and B: f32, bf16 or f16, the same dtype; C: f32, accumulated
-// in f32. beta == 0 overwrites C without reading it. C must not overlap A or
-// B. Every matrix must fit its tensor. m, n or k may be 0 (k == 0: C = beta C).
+// MatrixRef). A and B: f32, bf16 or f16, the same dtype; the products are
+// accumulated in f32 (with beta C read exactly). C: f32, or A's dtype, then
+// the f32 result is rounded once (nearest even) when stored: PyTorch's
+// autocast matmul with cuBLAS's CUBLAS_COMPUTE_32F. beta == 0 overwrites C
+// without reading it. C must not overlap A or B. Every matrix must fit its
+// tensor. m, n or k may be 0 (k == 0: C = beta C).
 Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
             const MatrixRef& c);
 
@@ -87,31 +100,35 @@ Status InitPhilox(const OpContext& ctx, const Initializer& init, uint64_t seed,
 // ---- Bias -------------------------------------------------------------------
 
 // dst [rows, cols] = src [cols] in every row (cols = src.numel(); the bias of
-// a linear layer written before a beta = 1 GEMM adds the product).
+// a linear layer written before a beta = 1 GEMM adds the product). Any
+// float dtypes (compute-dtype operands).
 Status BroadcastRows(const OpContext& ctx, const Tensor& src, const Tensor& dst);
 
-// y [rows, cols] += bias [cols] in every row (cols = bias.numel()).
+// y [rows, cols] += bias [cols] in every row (cols = bias.numel()); any
+// float dtypes.
 Status BiasAdd(const OpContext& ctx, const Tensor& bias, const Tensor& y);
 
 // dbias [cols] += the column sums of dy [rows, cols], row by row in order.
-// Accumulates.
+// Accumulates. Any float dtypes (dbias normally f32).
 Status BiasGrad(const OpContext& ctx, const Tensor& dy, const Tensor& dbias);
 
 // ---- Activations and normalisation -----------------------------------------
 
-// y = gelu_tanh(x) elementwise; y may be x.
+// y = gelu_tanh(x) elementwise; y may be x. Compute-dtype operands.
 Status GeluForward(const OpContext& ctx, const Tensor& x, const Tensor& y);
-// dx = dy * gelu_tanh'(x), overwritten; dx may be dy.
+// dx = dy * gelu_tanh'(x), overwritten; dx may be dy. Compute-dtype operands.
 Status GeluBackward(const OpContext& ctx, const Tensor& x, const Tensor& dy, const Tensor& dx);
 
 // Per row of x [rows, cols] (cols = gamma.numel(), rows = x.numel() / cols):
 // y = (x - mean) * rstd * gamma + beta, with the row's mean and
-// rstd = 1/sqrt(var + 1e-5) stored in mean [rows] and rstd [rows].
+// rstd = 1/sqrt(var + 1e-5) stored in mean [rows] and rstd [rows] (f32).
+// x, gamma, beta, y: compute-dtype operands.
 Status LayerNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
                         const Tensor& beta, const Tensor& y, const Tensor& mean,
                         const Tensor& rstd);
 // Accumulates the input gradient into dx and the parameter gradients into
-// dgamma and dbeta, from dy and forward's mean/rstd.
+// dgamma and dbeta, from dy and forward's mean/rstd (f32). The others:
+// compute-dtype operands (a 16-bit dx is read, added to and rounded once).
 Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
                          const Tensor& dy, const Tensor& mean, const Tensor& rstd,
                          const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);
@@ -121,7 +138,8 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
 // Scaled dot-product attention (backend.h: AttentionShape). q, k, v, out are
 // views with their own row strides (rows: batch*q_len for q/out, batch*kv_len
 // for k/v; heads*head_dim columns). Writes probs [batch, heads, q_len,
-// kv_len] (kept for backward; masked entries 0) and out. head_dim > 0.
+// kv_len] (f32, kept for backward; masked entries 0) and out. head_dim > 0.
+// q, k, v, out (and backward's dout, dq, dk, dv): compute-dtype operands.
 Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                         const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                         const MatrixRef& out);
@@ -136,21 +154,25 @@ Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const Ma
 
 // out [count, dim] = rows ids[i] of table [vocab, dim] (table rank 2; ids i32
 // with count elements, each in [0, vocab): not checked on the device, the
-// caller validates ids before copying them there).
+// caller validates ids before copying them there). table and out: any float
+// dtypes (a row of a 16-bit table is exact in an f32 out).
 Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,
                         const Tensor& out);
-// dtable[ids[i], :] += dout[i, :], in order of i. Accumulates.
+// dtable[ids[i], :] += dout[i, :], in order of i. Accumulates. dout: any
+// float dtype; dtable: f32.
 Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& dout,
                          const Tensor& dtable);
 
 // loss (f32, one element) = the mean over rows whose target is not
 // kIgnoreTarget of -log softmax(logits[row])[target]; 0 when no row counts.
-// logits [rows, vocab] with rows = targets.numel() (i32). Summed in f64.
+// logits [rows, vocab] (any float dtype, read exactly) with rows =
+// targets.numel() (i32). Summed in f64; loss f32.
 Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
                            const Tensor& loss);
 // dlogits = (softmax(logits) - onehot(target)) / count per counted row, 0 on
 // ignored rows (count: rows that count); the gradient of the mean loss.
-// dlogits may be logits (computed in place).
+// dlogits may be logits (computed in place, then of one dtype); a 16-bit
+// dlogits is rounded once.
 Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
                             const Tensor& dlogits);
 

@@ -177,6 +177,8 @@ TEST_P(Conformance, Gemm) {
   const Case cases[] = {{1, 1, 1, 1}, {7, 13, 17, 1}, {33, 5, 19, 2}, {3, 0, 4, 1},
                         {0, 3, 4, 1}, {5, 6, 0, 1},  {17, 31, 1, 3}};
   for (DType t : kFloats) {
+   // C in f32, and (16-bit A/B) in A's dtype: accumulated in f32, rounded once.
+   for (DType ct : {DType::kF32, t}) {
     for (const Case& cs : cases) {
       for (int tr = 0; tr < 4; ++tr) {
         for (float beta : {0.0f, 1.0f, 0.5f}) {
@@ -194,8 +196,8 @@ TEST_P(Conformance, Gemm) {
             const int64_t sa = ar * lda + 5, sb = br * ldb + 2, sc = p.m * ldc + 1;
             Vec a = R(Random(static_cast<size_t>(sa * p.batch + 4), 1), t);
             Vec b = R(Random(static_cast<size_t>(sb * p.batch + 3), 2), t);
-            Vec c = R(Random(static_cast<size_t>(sc * p.batch + 1), 3), DType::kF32);
-            MatrixRef ma{Up(a, t), 4, lda, sa}, mb{Up(b, t), 3, ldb, sb}, mc{Up(c, DType::kF32), 1, ldc, sc};
+            Vec c = R(Random(static_cast<size_t>(sc * p.batch + 1), 3), ct);
+            MatrixRef ma{Up(a, t), 4, lda, sa}, mb{Up(b, t), 3, ldb, sb}, mc{Up(c, ct), 1, ldc, sc};
             Status s = Gemm(ctx(), p, ma, mb, mc);
             ASSERT_TRUE(s.ok()) << s.ToString();
             Vec want = c;
@@ -210,18 +212,25 @@ TEST_P(Conformance, Gemm) {
                   }
                   double& cv = want[1 + bi * sc + i * ldc + j];
                   cv = alpha * acc + (beta == 0.0f ? 0.0 : beta * cv);
+                  if (ct != DType::kF32) cv = R(cv, ct);
                 }
               }
             }
-            ExpectNear(("gemm " + std::string(DTypeName(t)) + " m=" + std::to_string(p.m) +
+            // A 16-bit C: the f32 sum may round to the neighbouring value, one
+            // unit in the last place (at most 2 Ulp() relative in a binade).
+            const double rel = ct == DType::kF32 ? SumTol(p.k) : 2 * Ulp(ct) + SumTol(p.k);
+            ExpectNear(("gemm " + std::string(DTypeName(t)) + " -> " + std::string(DTypeName(ct)) +
+                        " m=" + std::to_string(p.m) +
                         " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) + " tr=" +
                         std::to_string(tr) + " beta=" + std::to_string(beta))
                            .c_str(),
-                       Down(mc.t), want, SumTol(p.k), 1e-6);
+                       Down(mc.t), want, rel, 1e-6);
           }
         }
       }
     }
+    if (t == DType::kF32) break;  // one pass for f32 A/B
+   }
   }
 }
 
@@ -738,6 +747,131 @@ TEST_P(Conformance, ReadScalarEveryDType) {
             StatusCode::kInvalidArgument);
 }
 
+// ---- Compute-dtype operands -------------------------------------------------------------
+
+// Every model op on bf16/f16 activation operands gives exactly what the same
+// op gives on f32 tensors holding the same (16-bit) values, with each 16-bit
+// output rounded once: the op contract's "computes in f32, rounds once".
+// f32-only operands (statistics, probs, loss, dtable) are compared as they are.
+TEST_P(Conformance, ModelOpsOn16BitOperandsAreTheF32OpRoundedOnce) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const std::string dt(DTypeName(t));
+    // The 16-bit result, and the f32 result rounded to t.
+    auto Same = [&](const char* what, const Tensor& got16, const Tensor& got32) {
+      EXPECT_EQ(Down(got16), R(Down(got32), got16.dtype())) << what << " " << dt;
+    };
+    const int64_t rows = 13, cols = 33;
+    const size_t e = rows * cols;
+    const Vec x = R(Random(e, 40, -3, 3), t), dy = R(Random(e, 41), t), y0 = R(Random(e, 42), t);
+    const Vec bias = R(Random(cols, 43), t), gamma = R(Random(cols, 44), t);
+
+    {  // bias_add, broadcast_rows, bias_grad (dbias f32)
+      Tensor y16 = Up(y0, t), y32 = Up(y0, DType::kF32);
+      ASSERT_TRUE(BiasAdd(ctx(), Up(bias, t), y16).ok());
+      ASSERT_TRUE(BiasAdd(ctx(), Up(bias, DType::kF32), y32).ok());
+      Same("bias_add", y16, y32);
+      ASSERT_TRUE(BroadcastRows(ctx(), Up(bias, t), y16).ok());
+      const Vec bc = Down(y16);
+      for (size_t i = 0; i < e; ++i) ASSERT_EQ(bc[i], bias[i % cols]) << "broadcast_rows " << dt;
+      Tensor g16 = Up(bias, DType::kF32), g32 = Up(bias, DType::kF32);
+      ASSERT_TRUE(BiasGrad(ctx(), Up(dy, t), g16).ok());
+      ASSERT_TRUE(BiasGrad(ctx(), Up(dy, DType::kF32), g32).ok());
+      EXPECT_EQ(Down(g16), Down(g32)) << "bias_grad " << dt;
+    }
+    {  // gelu forward and backward (in place)
+      Tensor y16 = Up(Vec(e, 0), t), y32 = Up(Vec(e, 0), DType::kF32);
+      ASSERT_TRUE(GeluForward(ctx(), Up(x, t), y16).ok());
+      ASSERT_TRUE(GeluForward(ctx(), Up(x, DType::kF32), y32).ok());
+      Same("gelu_fwd", y16, y32);
+      Tensor d16 = Up(dy, t), d32 = Up(dy, DType::kF32);
+      ASSERT_TRUE(GeluBackward(ctx(), Up(x, t), d16, d16).ok());
+      ASSERT_TRUE(GeluBackward(ctx(), Up(x, DType::kF32), d32, d32).ok());
+      Same("gelu_bwd", d16, d32);
+    }
+    {  // layer norm forward and backward (dx accumulated; statistics f32)
+      Tensor y16 = Up(Vec(e, 0), t), y32 = Up(Vec(e, 0), DType::kF32);
+      Tensor m16 = Up(Vec(rows, 0), DType::kF32), r16 = Up(Vec(rows, 0), DType::kF32);
+      Tensor m32 = Up(Vec(rows, 0), DType::kF32), r32 = Up(Vec(rows, 0), DType::kF32);
+      ASSERT_TRUE(LayerNormForward(ctx(), Up(x, t), Up(gamma, t), Up(bias, t), y16, m16, r16).ok());
+      ASSERT_TRUE(LayerNormForward(ctx(), Up(x, DType::kF32), Up(gamma, DType::kF32),
+                                   Up(bias, DType::kF32), y32, m32, r32)
+                      .ok());
+      Same("layer_norm_fwd y", y16, y32);
+      EXPECT_EQ(Down(m16), Down(m32));
+      EXPECT_EQ(Down(r16), Down(r32));
+      Tensor dx16 = Up(y0, t), dx32 = Up(y0, DType::kF32);
+      Tensor dg16 = Up(bias, DType::kF32), dg32 = Up(bias, DType::kF32);
+      Tensor db16 = Up(gamma, DType::kF32), db32 = Up(gamma, DType::kF32);
+      ASSERT_TRUE(LayerNormBackward(ctx(), Up(x, t), Up(gamma, t), Up(dy, t), m16, r16, dx16,
+                                    dg16, db16)
+                      .ok());
+      ASSERT_TRUE(LayerNormBackward(ctx(), Up(x, DType::kF32), Up(gamma, DType::kF32),
+                                    Up(dy, DType::kF32), m32, r32, dx32, dg32, db32)
+                      .ok());
+      Same("layer_norm_bwd dx", dx16, dx32);
+      EXPECT_EQ(Down(dg16), Down(dg32)) << "layer_norm_bwd dgamma " << dt;
+      EXPECT_EQ(Down(db16), Down(db32)) << "layer_norm_bwd dbeta " << dt;
+    }
+    {  // attention over fused q/k/v views of one 16-bit buffer
+      const AttentionShape as{2, 3, 5, 5, 4, true};
+      const int64_t c = as.heads * as.head_dim, n = as.batch * as.q_len;
+      const Vec qkv = R(Random(n * 3 * c, 45), t), dout = R(Random(n * c, 46), t);
+      Tensor b16 = Up(qkv, t), b32 = Up(qkv, DType::kF32);
+      const int64_t np = as.batch * as.heads * as.q_len * as.kv_len;
+      Tensor p16 = Up(Vec(np, 0), DType::kF32), p32 = Up(Vec(np, 0), DType::kF32);
+      Tensor o16 = Up(Vec(n * c, 0), t), o32 = Up(Vec(n * c, 0), DType::kF32);
+      ASSERT_TRUE(AttentionForward(ctx(), as, {b16, 0, 3 * c}, {b16, c, 3 * c}, {b16, 2 * c, 3 * c},
+                                   p16, {o16, 0, c})
+                      .ok());
+      ASSERT_TRUE(AttentionForward(ctx(), as, {b32, 0, 3 * c}, {b32, c, 3 * c}, {b32, 2 * c, 3 * c},
+                                   p32, {o32, 0, c})
+                      .ok());
+      Same("attention_fwd out", o16, o32);
+      EXPECT_EQ(Down(p16), Down(p32)) << "attention_fwd probs " << dt;
+      Tensor d16 = Up(Vec(n * 3 * c, 0), t), d32 = Up(Vec(n * 3 * c, 0), DType::kF32);
+      ASSERT_TRUE(AttentionBackward(ctx(), as, {b16, 0, 3 * c}, {b16, c, 3 * c},
+                                    {b16, 2 * c, 3 * c}, p16, {Up(dout, t), 0, c}, {d16, 0, 3 * c},
+                                    {d16, c, 3 * c}, {d16, 2 * c, 3 * c})
+                      .ok());
+      ASSERT_TRUE(AttentionBackward(ctx(), as, {b32, 0, 3 * c}, {b32, c, 3 * c},
+                                    {b32, 2 * c, 3 * c}, p32, {Up(dout, DType::kF32), 0, c},
+                                    {d32, 0, 3 * c}, {d32, c, 3 * c}, {d32, 2 * c, 3 * c})
+                      .ok());
+      Same("attention_bwd dqkv", d16, d32);
+    }
+    {  // embedding: a 16-bit table into a 16-bit out; dout 16-bit into an f32 dtable
+      const int64_t vocab = 7, dim = 5;
+      const Vec table = R(Random(vocab * dim, 47), t), ids{3, 0, 6, 3};
+      Tensor tab16 = Up(table, t, Shape{vocab, dim}), tab32 = Up(table, DType::kF32, Shape{vocab, dim});
+      Tensor ti = Up(ids, DType::kI32);
+      Tensor o16 = Up(Vec(4 * dim, 0), t), o32 = Up(Vec(4 * dim, 0), DType::kF32);
+      ASSERT_TRUE(EmbeddingForward(ctx(), tab16, ti, o16).ok());
+      ASSERT_TRUE(EmbeddingForward(ctx(), tab32, ti, o32).ok());
+      Same("embedding_fwd", o16, o32);
+      const Vec dout = R(Random(4 * dim, 48), t);
+      Tensor g16 = Up(table, DType::kF32, Shape{vocab, dim}), g32 = Up(table, DType::kF32, Shape{vocab, dim});
+      ASSERT_TRUE(EmbeddingBackward(ctx(), ti, Up(dout, t), g16).ok());
+      ASSERT_TRUE(EmbeddingBackward(ctx(), ti, Up(dout, DType::kF32), g32).ok());
+      EXPECT_EQ(Down(g16), Down(g32)) << "embedding_bwd " << dt;
+    }
+    {  // cross-entropy: 16-bit logits, f32 loss; backward in place, rounded once
+      const int64_t vocab = 11;
+      const Vec logits = R(Random(rows * vocab, 49, -4, 4), t);
+      Vec targets(rows);
+      for (int64_t i = 0; i < rows; ++i) targets[i] = i % 4 == 0 ? kIgnoreTarget : (i * 5) % vocab;
+      Tensor tt = Up(targets, DType::kI32);
+      Tensor l16 = Up(logits, t), l32 = Up(logits, DType::kF32);
+      Tensor s16 = Up(Vec{0}, DType::kF32), s32 = Up(Vec{0}, DType::kF32);
+      ASSERT_TRUE(CrossEntropyForward(ctx(), l16, tt, s16).ok());
+      ASSERT_TRUE(CrossEntropyForward(ctx(), l32, tt, s32).ok());
+      EXPECT_EQ(Down(s16), Down(s32)) << "cross_entropy_fwd " << dt;
+      ASSERT_TRUE(CrossEntropyBackward(ctx(), l16, tt, l16).ok());
+      ASSERT_TRUE(CrossEntropyBackward(ctx(), l32, tt, l32).ok());
+      Same("cross_entropy_bwd", l16, l32);
+    }
+  }
+}
+
 TEST_P(Conformance, BadArgumentsAreInvalidArgumentAndWriteNothing) {
   Tensor x = Up(Vec{1, 2, 3, 4, 5, 6}, DType::kF32), g = Up(Vec{1, 1, 1, 1}, DType::kF32);
   Tensor y = Up(Vec(6, 9.0), DType::kF32), m = Up(Vec(2, 9.0), DType::kF32),
@@ -757,7 +891,7 @@ TEST_P(Conformance, BadArgumentsAreInvalidArgumentAndWriteNothing) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);  // mixed A/B dtypes
   s = Gemm(ctx(), p, {Up(Vec(8, 1), DType::kF32), 0, 4}, {Up(Vec(12, 1), DType::kF32), 0, 3},
            {Up(Vec(6, 1), DType::kBF16), 0, 3});
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);  // C must be f32
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);  // C must be f32 or A's dtype
   EXPECT_EQ(Down(y), Vec(6, 9.0));
 
   EXPECT_EQ(Copy(ctx(), x, m).code(), StatusCode::kInvalidArgument);

@@ -70,10 +70,12 @@ StatusOr<cublasHandle_t> Handle(int device) {
 // the transposition flags stay.
 Status GemmStrided(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                    float alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
-                   int64_t ldb, int64_t stride_b, DType ab, float beta, float* c, int64_t ldc,
-                   int64_t stride_c, int64_t batch) {
+                   int64_t ldb, int64_t stride_b, DType ab, float beta, void* c_ptr, DType ct,
+                   int64_t ldc, int64_t stride_c, int64_t batch) {
   if (m == 0 || n == 0 || batch == 0) return OkStatus();
   if (k == 0) {  // C = beta C (cuBLAS leaves empty products to the caller)
+    CHECK(ct == DType::kF32) << "gemm: a 16-bit C with k = 0 is staged by the dispatcher";
+    float* c = static_cast<float*>(c_ptr);
     for (int64_t i = 0; i < batch; ++i) {
       float* ci = c + i * stride_c;
       if (beta == 0.0f) {
@@ -91,8 +93,8 @@ Status GemmStrided(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n,
   if (st == CUBLAS_STATUS_SUCCESS) {
     st = cublasGemmStridedBatchedEx_64(
         h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-        CudaType(ab), ldb, stride_b, a, CudaType(ab), lda, stride_a, &beta, c, CUDA_R_32F, ldc,
-        stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        CudaType(ab), ldb, stride_b, a, CudaType(ab), lda, stride_a, &beta, c_ptr, CudaType(ct),
+        ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   }
   if (st != CUBLAS_STATUS_SUCCESS) {
     return InternalError("gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" +
@@ -107,12 +109,16 @@ class CudaBackend final : public OpBackend {
   const char* name() const override { return "cuda"; }
   bool executes() const override { return true; }
 
+  // cuBLAS stores a bf16/f16 C itself (CUBLAS_COMPUTE_32F: f32 accumulation,
+  // one rounding); only the empty product (k = 0) goes through f32 staging.
+  bool GemmStores16Bit(const GemmParams& p) const override { return p.k > 0; }
+
   Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
               const MatrixRef& c) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "gemm"));
     return GemmStrided(ctx, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, Ptr(a.t, a.offset), a.ld,
                        a.batch_stride, Ptr(b.t, b.offset), b.ld, b.batch_stride, a.t.dtype(),
-                       p.beta, At(c), c.ld, c.batch_stride, p.batch);
+                       p.beta, Ptr(c.t, c.offset), c.t.dtype(), c.ld, c.batch_stride, p.batch);
   }
 
   Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst) override {
@@ -238,7 +244,7 @@ class CudaBackend final : public OpBackend {
       SK_RETURN_IF_ERROR(GemmStrided(ctx, false, true, s.q_len, s.kv_len, s.head_dim, scale,
                                      At(q) + b * s.q_len * q.ld, q.ld, s.head_dim,
                                      At(k) + b * s.kv_len * k.ld, k.ld, s.head_dim, DType::kF32,
-                                     0.0f, p, s.kv_len, pq, s.heads));
+                                     0.0f, p, DType::kF32, s.kv_len, pq, s.heads));
     }
     SK_CUDA_OP("attention_fwd", cuda::SoftmaxRows(F(probs), s.batch * s.heads * s.q_len, s.kv_len,
                                                   s.causal, s.q_len, S(ctx)));
@@ -246,7 +252,7 @@ class CudaBackend final : public OpBackend {
       const float* p = F(probs) + b * s.heads * pq;
       SK_RETURN_IF_ERROR(GemmStrided(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, p,
                                      s.kv_len, pq, At(v) + b * s.kv_len * v.ld, v.ld, s.head_dim,
-                                     DType::kF32, 0.0f, At(out) + b * s.q_len * out.ld, out.ld,
+                                     DType::kF32, 0.0f, At(out) + b * s.q_len * out.ld, DType::kF32, out.ld,
                                      s.head_dim, s.heads));
     }
     return OkStatus();
@@ -279,18 +285,18 @@ class CudaBackend final : public OpBackend {
       const float* dob = At(dout) + b * s.q_len * dout.ld;
       SK_RETURN_IF_ERROR(GemmStrided(ctx, false, true, s.q_len, s.kv_len, s.head_dim, 1.0f, dob,
                                      dout.ld, s.head_dim, vb, v.ld, s.head_dim, DType::kF32, 0.0f,
-                                     ds, s.kv_len, pq, s.heads));
+                                     ds, DType::kF32, s.kv_len, pq, s.heads));
       SK_RETURN_IF_ERROR(GemmStrided(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, p,
                                      s.kv_len, pq, dob, dout.ld, s.head_dim, DType::kF32, 0.0f,
-                                     At(dv) + b * s.kv_len * dv.ld, dv.ld, s.head_dim, s.heads));
+                                     At(dv) + b * s.kv_len * dv.ld, DType::kF32, dv.ld, s.head_dim, s.heads));
       SK_CUDA_OP("attention_bwd",
                  cuda::SoftmaxBackwardRows(p, ds, s.heads * s.q_len, s.kv_len, scale, S(ctx)));
       SK_RETURN_IF_ERROR(GemmStrided(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds,
                                      s.kv_len, pq, kb, k.ld, s.head_dim, DType::kF32, 0.0f,
-                                     At(dq) + b * s.q_len * dq.ld, dq.ld, s.head_dim, s.heads));
+                                     At(dq) + b * s.q_len * dq.ld, DType::kF32, dq.ld, s.head_dim, s.heads));
       SK_RETURN_IF_ERROR(GemmStrided(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, ds,
                                      s.kv_len, pq, qb, q.ld, s.head_dim, DType::kF32, 0.0f,
-                                     At(dk) + b * s.kv_len * dk.ld, dk.ld, s.head_dim, s.heads));
+                                     At(dk) + b * s.kv_len * dk.ld, DType::kF32, dk.ld, s.head_dim, s.heads));
     }
     return OkStatus();
   }
