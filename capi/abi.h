@@ -161,6 +161,9 @@ template <> constexpr size_t kFirstVersionSize<sk_trainer_options> =
 // 0.2.0's sk_step_metrics ended at bytes_communicated; 0.3.0 appended global_loss.
 template <> constexpr size_t kFirstVersionSize<sk_step_metrics> =
     offsetof(sk_step_metrics, global_loss);
+// 0.3.0's sk_engine_options ended at memory_cap_bytes; 0.4.0 appended device.
+template <> constexpr size_t kFirstVersionSize<sk_engine_options> =
+    offsetof(sk_engine_options, device);
 
 // Copies a caller's option struct into `out` (zeroed, then the caller's
 // bytes up to min(struct_size, sizeof)); `in` NULL leaves all defaults.
@@ -227,6 +230,7 @@ StatusOr<Duration> TimeoutFrom(int64_t ms, const char* field);
 StatusOr<FsdpOptions> ToFsdpOptions(const sk_fsdp_options* in);
 StatusOr<OptimizerOptions> ToOptimizerOptions(const sk_optimizer_options* in);
 StatusOr<TrainerOptions> ToTrainerOptions(const sk_trainer_options* in);
+StatusOr<DeviceOptions> ToDeviceOptions(const sk_device_options* in);
 sk_memory_estimate ToMemoryEstimate(const MemoryEstimate& e);
 sk_step_metrics ToStepMetrics(const StepMetrics& m, int rank);
 // SK_WEIGHT_LAYOUT_DEFAULT is the shardkit layout.

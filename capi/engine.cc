@@ -145,7 +145,6 @@ SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_gro
                                        const sk_engine_options* options, sk_engine** out_engine) {
   SK_API_BEGIN
   SK_CHECK(CheckHandle(spec, "spec"));
-  SK_CHECK(CheckHandle(group, "group"));
   SK_CHECK(CheckOut(out_engine, "out_engine"));
   sk_engine_options c;
   SK_CHECK(ReadStruct(options, "sk_engine_options", &c));
@@ -153,8 +152,11 @@ SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_gro
   SK_ASSIGN_OR_FAIL(o.fsdp, ToFsdpOptions(c.fsdp));
   SK_ASSIGN_OR_FAIL(o.optimizer, ToOptimizerOptions(c.optimizer));
   o.memory_cap_bytes = static_cast<size_t>(c.memory_cap_bytes);
+  SK_ASSIGN_OR_FAIL(o.device, ToDeviceOptions(c.device));
+  // The simulator may simulate its own world (group NULL).
+  if (group != nullptr || o.device.kind != sk::DeviceKind::kSim) SK_CHECK(CheckHandle(group, "group"));
   auto h = std::make_unique<sk_engine>();
-  h->group = group->group;
+  if (group != nullptr) h->group = group->group;
   SK_ASSIGN_OR_FAIL(h->engine, sk::FsdpEngine::Create(spec->units, h->group.get(), o));
   *out_engine = Register(std::move(h));
   return SK_STATUS_OK;

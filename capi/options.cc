@@ -66,6 +66,27 @@ StatusOr<sk::OptimizerOptions> ToOptimizerOptions(const sk_optimizer_options* in
   return o;
 }
 
+StatusOr<sk::DeviceOptions> ToDeviceOptions(const sk_device_options* in) {
+  sk_device_options c;
+  SK_RETURN_IF_ERROR(ReadStruct(in, "sk_device_options", &c));
+  SK_RETURN_IF_ERROR(CheckEnum(c.kind, SK_DEVICE_SIM, "sk_device_options.kind"));
+  sk::DeviceOptions o;
+  if (c.kind != SK_DEVICE_DEFAULT) o.kind = static_cast<sk::DeviceKind>(c.kind);
+  if (c.use_index != 0) {
+    if (c.index < 0) {
+      return sk::InvalidArgumentError("sk_device_options.index must be >= 0 when use_index is set, not " +
+                                      std::to_string(c.index));
+    }
+    o.index = c.index;
+  }
+  if (c.sim_profile != nullptr) o.sim_profile = c.sim_profile;
+  o.sim_world_size = c.sim_world_size;
+  o.sim_gpus_per_node = c.sim_gpus_per_node;
+  o.launch_blocking = c.launch_blocking != 0;
+  SK_RETURN_IF_ERROR(sk::ValidateDeviceOptions(o).WithContext("sk_device_options"));
+  return o;
+}
+
 StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in) {
   if (in == nullptr) return sk::InvalidArgumentError("options is NULL (use SK_TRAINER_OPTIONS_INIT)");
   sk_trainer_options c;
@@ -98,6 +119,7 @@ StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in) {
     return sk::InvalidArgumentError("sk_trainer_options.ddp_bucket_bytes must be >= 0 (0 = 25 MiB)");
   }
   o.ddp_bucket_bytes = c.ddp_bucket_bytes;
+  SK_ASSIGN_OR_RETURN(o.device, ToDeviceOptions(c.device));
   return o;
 }
 
@@ -142,6 +164,7 @@ sk_step_metrics ToStepMetrics(const sk::StepMetrics& m, int rank) {
   c.ooms = m.ooms;
   c.bytes_communicated = m.bytes_communicated;
   c.global_loss = m.global_loss;
+  c.simulated = m.simulated ? 1 : 0;
   return c;
 }
 

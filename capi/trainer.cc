@@ -27,11 +27,12 @@ extern "C" {
 SK_EXPORT sk_status_t sk_trainer_create(const sk_trainer_options* options, sk_process_group* group,
                                         sk_trainer** out_trainer) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(group, "group"));
   SK_CHECK(CheckOut(out_trainer, "out_trainer"));
   SK_ASSIGN_OR_FAIL(sk::TrainerOptions o, ToTrainerOptions(options));
+  // The simulator may simulate its own world (group NULL).
+  if (group != nullptr || o.device.kind != sk::DeviceKind::kSim) SK_CHECK(CheckHandle(group, "group"));
   auto h = std::make_unique<sk_trainer>();
-  h->group = group->group;
+  if (group != nullptr) h->group = group->group;
   SK_ASSIGN_OR_FAIL(h->trainer, sk::Trainer::Create(o, h->group.get()));
   *out_trainer = Register(std::move(h));
   return SK_STATUS_OK;

@@ -12,14 +12,15 @@ namespace {
 std::atomic<int64_t> g_next_stream_id{1};
 }  // namespace
 
-CpuStream::CpuStream(DeviceId device, std::string name, Duration wait_timeout)
+CpuStream::CpuStream(DeviceId device, std::string name, Duration wait_timeout, bool blocking)
     : device_(device), id_(g_next_stream_id.fetch_add(1)), name_(std::move(name)),
-      wait_timeout_ms_(wait_timeout.count()) {
+      blocking_(blocking), wait_timeout_ms_(wait_timeout.count()) {
   TraceRecorder::Global().NameTrack(device_.index, id_, name_);
-  worker_ = std::thread([this] { Run(); });
+  if (!blocking_) worker_ = std::thread([this] { Run(); });
 }
 
 CpuStream::~CpuStream() {
+  if (blocking_) return;  // no worker; nothing is ever queued
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -47,6 +48,19 @@ void CpuStream::Run() {
 
 Status CpuStream::Enqueue(std::function<Status()> fn) {
   if (!fn) return InvalidArgumentError("Enqueue of an empty function on stream " + name_);
+  if (blocking_) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++enqueued_;
+    }
+    Status s = fn();
+    fn = nullptr;  // captures released before completion is published, as Run does
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok() && error_.ok()) error_ = std::move(s);
+    ++completed_;
+    done_cv_.notify_all();
+    return OkStatus();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(fn));
@@ -169,7 +183,8 @@ StatusOr<double> CpuEvent::ElapsedMillis(const Event& end) const {
 }
 
 StatusOr<std::unique_ptr<Stream>> CpuDevice::CreateStream(std::string_view name) {
-  return std::unique_ptr<Stream>(new CpuStream(id_, std::string(name), kDefaultTimeout));
+  return std::unique_ptr<Stream>(
+      new CpuStream(id_, std::string(name), kDefaultTimeout, launch_blocking_.load()));
 }
 
 StatusOr<std::unique_ptr<Event>> CpuDevice::CreateEvent(bool enable_timing) {

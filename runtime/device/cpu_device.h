@@ -4,6 +4,13 @@
 // describe it: `enqueued` (closures accepted) and `completed` (closures run);
 // Synchronize waits for `completed` to reach the `enqueued` seen at the call.
 //
+// Launch blocking (CUDA_LAUNCH_BLOCKING=1's analogue, CpuDevice::
+// set_launch_blocking): a stream created while it is on has no worker; each
+// closure runs inside Enqueue on the calling thread, so work is complete when
+// Enqueue returns, events fire as they are recorded and nothing overlaps. The
+// schedule is then program order alone: deterministic, for debugging and for
+// comparing memory with the simulator byte for byte.
+//
 // A CpuEvent is a completion counter shared with the closures that complete
 // it: Record() bumps the event's generation and enqueues a marker closure that
 // publishes that generation (and, with timing, the time) when the stream
@@ -27,7 +34,8 @@ class CpuDevice;
 
 class CpuStream final : public Stream {
  public:
-  CpuStream(DeviceId device, std::string name, Duration wait_timeout);
+  // `blocking`: launch blocking (file comment), no worker thread.
+  CpuStream(DeviceId device, std::string name, Duration wait_timeout, bool blocking = false);
   // Runs everything already enqueued, then stops the worker.
   ~CpuStream() override;
 
@@ -50,6 +58,7 @@ class CpuStream final : public Stream {
   const DeviceId device_;
   const int64_t id_;
   const std::string name_;
+  const bool blocking_;
   std::atomic<int64_t> wait_timeout_ms_;
 
   mutable std::mutex mu_;
@@ -98,8 +107,14 @@ class CpuDevice final : public Device {
   void RawFree(void* ptr, size_t bytes) override;
   Status CopyAsync(void* dst, const void* src, size_t bytes, Stream& stream) override;
 
+  // Streams created from now on are launch blocking (file comment) or not
+  // (the default). Streams that exist keep their mode. Thread-safe.
+  void set_launch_blocking(bool on) { launch_blocking_.store(on); }
+  bool launch_blocking() const { return launch_blocking_.load(); }
+
  private:
   const DeviceId id_;
+  std::atomic<bool> launch_blocking_{false};
 };
 
 }  // namespace sk

@@ -463,10 +463,10 @@ int64_t TransformerBlock::BackwardTempBytes(const BlockDims& d) const {
     switch (k) {
       case SublayerKind::kSelfAttention:
       case SublayerKind::kCausalSelfAttention:
-        f += a * (n * c + 3 * n * c) + 4 * d.seq * d.seq;  // datt, dqkv; scratch (f32)
+        f += a * (n * c + 3 * n * c) + 4 * d.heads * d.seq * d.seq;  // datt, dqkv; scratch (f32, per head)
         break;
       case SublayerKind::kCrossAttention:
-        f += a * (n * c + n * c + 2 * ne * c) + 4 * d.seq * d.enc_seq;  // datt, dq, dkv; scratch
+        f += a * (n * c + n * c + 2 * ne * c) + 4 * d.heads * d.seq * d.enc_seq;  // datt, dq, dkv; scratch
         break;
       case SublayerKind::kMlp:
         f += a * n * d.d_ff;  // dh

@@ -66,7 +66,7 @@ Status OpBackend::AttentionForward(const OpContext&, const AttentionShape&, cons
 Status OpBackend::AttentionBackward(const OpContext&, const AttentionShape&, const MatrixRef&,
                                     const MatrixRef&, const MatrixRef&, const Tensor&,
                                     const MatrixRef&, const MatrixRef&, const MatrixRef&,
-                                    const MatrixRef&) {
+                                    const MatrixRef&, const Tensor&) {
   return NotImplemented("attention_bwd");
 }
 Status OpBackend::EmbeddingForward(const OpContext&, const Tensor&, const Tensor&, const Tensor&) {

@@ -136,11 +136,14 @@ class OpBackend {
   virtual Status AttentionForward(const OpContext& ctx, const AttentionShape& s,
                                   const MatrixRef& q, const MatrixRef& k, const MatrixRef& v,
                                   const Tensor& probs, const MatrixRef& out);
+  // `scratch`: the op's workspace, f32[AttentionBackwardScratchElements(s)]
+  // from ctx.alloc, allocated by the dispatcher so that every backend (the
+  // simulator included) holds the same bytes; its contents are undefined.
   virtual Status AttentionBackward(const OpContext& ctx, const AttentionShape& s,
                                    const MatrixRef& q, const MatrixRef& k, const MatrixRef& v,
                                    const Tensor& probs, const MatrixRef& dout,
                                    const MatrixRef& dq, const MatrixRef& dk,
-                                   const MatrixRef& dv);
+                                   const MatrixRef& dv, const Tensor& scratch);
   virtual Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,
                                   const Tensor& out);
   virtual Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& dout,

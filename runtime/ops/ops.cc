@@ -600,6 +600,11 @@ Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const Mat
                   });
 }
 
+int64_t AttentionBackwardScratchElements(const AttentionShape& s) {
+  if (s.batch == 0 || s.heads == 0 || s.q_len == 0) return 0;
+  return s.heads * s.q_len * s.kv_len;
+}
+
 Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                          const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                          const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
@@ -613,6 +618,12 @@ Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const Ma
       if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
     }
   }
+  // The workspace comes from ctx.alloc here, for every backend alike, so
+  // the simulator's memory is the executing backends' (and is counted).
+  Tensor scratch;
+  if (const int64_t n = AttentionBackwardScratchElements(s); n > 0) {
+    SK_ASSIGN_OR_RETURN(scratch, ctx.alloc->Empty(DType::kF32, Shape{n}));
+  }
   return Dispatch(
       be, ctx, AttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, q.t.dtype()),
       [&] {
@@ -624,7 +635,7 @@ Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const Ma
           SK_ASSIGN_OR_RETURN(MatrixRef wdq, st.Out(dq));
           SK_ASSIGN_OR_RETURN(MatrixRef wdk, st.Out(dk));
           SK_ASSIGN_OR_RETURN(MatrixRef wdv, st.Out(dv));
-          return be->AttentionBackward(ctx, s, wq, wk, wv, probs, wdo, wdq, wdk, wdv);
+          return be->AttentionBackward(ctx, s, wq, wk, wv, probs, wdo, wdq, wdk, wdv, scratch);
         });
       });
 }

@@ -143,8 +143,11 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
 Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                         const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                         const MatrixRef& out);
-// Overwrites dq, dk, dv from dout and forward's probs. Needs q_len * kv_len
-// f32 of scratch from ctx.alloc.
+// Overwrites dq, dk, dv from dout and forward's probs. Takes a workspace of
+// AttentionBackwardScratchElements(s) f32 from ctx.alloc for the call's
+// duration (one sequence's score gradients, as a GPU kernel needs them), on
+// every device kind alike.
+int64_t AttentionBackwardScratchElements(const AttentionShape& s);
 Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                          const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                          const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,

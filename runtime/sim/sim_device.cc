@@ -346,7 +346,19 @@ StatusOr<SimSpan> SimDevice::EnqueueSpan(Stream& stream, std::string_view name,
                                 " was priced at " + std::to_string(duration) +
                                 " s; a price must be finite and >= 0");
   }
-  return PlaceLocked(*s, name, duration, options);
+  const SimSpan span = PlaceLocked(*s, name, duration, options);
+  if (launch_blocking_ && options.launch) HostWaitLocked(span.end_s, "launch blocking");
+  return span;
+}
+
+void SimDevice::set_launch_blocking(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  launch_blocking_ = on;
+}
+
+bool SimDevice::launch_blocking() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return launch_blocking_;
 }
 
 SimSpan SimDevice::PlaceLocked(SimStream& stream, std::string_view name, double duration_s,

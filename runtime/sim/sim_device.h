@@ -237,6 +237,13 @@ class SimDevice final : public Device {
                                 const std::function<double(double start_s)>& price,
                                 const SpanOptions& options = {});
 
+  // Launch blocking (CUDA_LAUNCH_BLOCKING=1): when on, the host waits for
+  // every launched span to end before going on, so nothing overlaps and
+  // events have passed when the host next looks. Off by default; kept across
+  // ResetClocks and Configure.
+  void set_launch_blocking(bool on);
+  bool launch_blocking() const;
+
   // The calling thread's host clock (seconds).
   double HostClock() const;
   // The host spends `seconds` (>= 0) of its own time (host-side work that is
@@ -294,6 +301,7 @@ class SimDevice final : public Device {
   mutable std::unordered_map<std::thread::id, HostState> hosts_;
   int64_t next_host_track_ = 0;
   bool record_spans_ = false;
+  bool launch_blocking_ = false;
   std::vector<SpanRecord> span_log_;
   std::map<uintptr_t, size_t> raw_blocks_;  // address -> bytes
   size_t raw_in_use_ = 0;

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "runtime/device/cpu_device.h"
 #include "runtime/device/device.h"
 #include "runtime/fsdp/checkpoint.h"
 #include "runtime/sim/profile.h"
@@ -42,6 +43,10 @@ Status ValidateDeviceOptions(const DeviceOptions& o) {
   if (o.index < -1) {
     return InvalidArgumentError("device.index must be >= 0, or -1 for the rank's device (got " +
                                 std::to_string(o.index) + ")");
+  }
+  if (o.kind == DeviceKind::kCuda && o.launch_blocking) {
+    return InvalidArgumentError("device.launch_blocking on cuda: set CUDA_LAUNCH_BLOCKING=1 in the "
+                                "environment instead");
   }
   if (o.kind == DeviceKind::kSim) {
     if (o.sim_profile.empty()) {
@@ -81,10 +86,14 @@ StatusOr<Device*> ResolveRankDevice(const DeviceOptions& o, int rank) {
       SK_ASSIGN_OR_RETURN(sim::SimProfile profile, sim::LoadProfile(o.sim_profile));
       SK_ASSIGN_OR_RETURN(sim::SimDevice * device,
                           sim::SetUpSimDevice(o.index < 0 ? 0 : o.index, profile));
+      device->set_launch_blocking(o.launch_blocking);
       return device;
     }
-    default:
-      return Device::Get(DeviceId::Cpu(o.index < 0 ? rank : o.index));
+    default: {
+      SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(o.index < 0 ? rank : o.index)));
+      static_cast<CpuDevice*>(device)->set_launch_blocking(o.launch_blocking);
+      return device;
+    }
   }
 }
 

@@ -40,6 +40,13 @@ struct DeviceOptions {
   // The device index; -1 = the rank's: cpu:rank, cuda:(rank modulo the GPUs
   // visible), sim:0 (one simulated rank stands for all).
   int index = -1;
+  // Launch blocking (CUDA_LAUNCH_BLOCKING=1's analogue): every launched op,
+  // copy and collective completes before the host goes on, so nothing
+  // overlaps. cpu: the rank's streams run closures inline
+  // (CpuDevice::set_launch_blocking); sim: the host waits for every span.
+  // Deterministic memory: a cpu run and its simulation then reserve the same
+  // bytes. cuda: InvalidArgument (set CUDA_LAUNCH_BLOCKING=1 instead).
+  bool launch_blocking = false;
   // --- kSim only (ignored otherwise) ---
   // A built-in profile name ("a100-80g", "h100-80g", "cpu-local") or the
   // path of a profile file ending in .json (runtime/sim/profile.h).
@@ -63,7 +70,9 @@ Status ValidateDeviceOptions(const DeviceOptions& options);
 // Unavailable when shardkit was built without CUDA or no GPU is visible.
 // sim: loads the profile (NotFound / InvalidArgument from the loader), then
 // configures sim:index with it and resets its clocks (sim::SetUpSimDevice):
-// one Trainer or engine uses a sim device at a time.
+// one Trainer or engine uses a sim device at a time. Sets the device's launch
+// blocking mode to options.launch_blocking (cpu, sim): streams created after
+// the call get it.
 StatusOr<Device*> ResolveRankDevice(const DeviceOptions& options, int rank);
 
 // For kSim: the simulated world, a process group of sim_world_size ranks on

@@ -34,6 +34,9 @@ int main(void) {
   sk_engine_options e = SK_ENGINE_OPTIONS_INIT;
   sk_tensor_view v = SK_TENSOR_VIEW_INIT;
   sk_memory_estimate me = SK_MEMORY_ESTIMATE_INIT;
+  sk_device_options d = SK_DEVICE_OPTIONS_INIT;
+  EXPECT(d.struct_size == sizeof d && zero_after_size(&d, sizeof d));
+  EXPECT(d.kind == SK_DEVICE_DEFAULT && t.device == NULL && e.device == NULL);
   EXPECT(g.struct_size == sizeof g && zero_after_size(&g, sizeof g));
   EXPECT(f.struct_size == sizeof f && zero_after_size(&f, sizeof f));
   EXPECT(o.struct_size == sizeof o && zero_after_size(&o, sizeof o));

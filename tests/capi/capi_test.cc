@@ -1477,4 +1477,113 @@ TEST(CapiEngineRanks, TwoRankFullShardRegressionConvergesWithIdenticalParameters
   EXPECT_NEAR(run.w[0], 2.0f, 0.2f);
 }
 
+// --- the simulator through the ABI (0.4.0) --------------------------------------
+
+TEST(CapiSim, TrainerOnTheSimulatorSimulatesItsOwnWorld) {
+  sk_device_options d = SK_DEVICE_OPTIONS_INIT;
+  d.kind = SK_DEVICE_SIM;
+  d.sim_profile = "a100-80g";
+  d.sim_world_size = 16;
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.param_dtype = SK_DTYPE_BF16;
+  sk_trainer_options o = TinyTrainer(&f);
+  o.model = "gpt-1m";
+  o.device = &d;
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, nullptr, &t));
+  sk_step_metrics m = SK_STEP_METRICS_INIT;
+  ASSERT_OK(sk_trainer_step(t, &m));
+  EXPECT_EQ(m.simulated, 1);
+  EXPECT_TRUE(std::isnan(m.loss));
+  EXPECT_TRUE(std::isnan(m.grad_norm));
+  EXPECT_GT(m.step_seconds, 0);
+  EXPECT_GT(m.peak_reserved_bytes, 0);
+  EXPECT_GT(m.bytes_communicated, 0);
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_trainer_save_checkpoint(t, "/nonexistent/ckpt"));
+  sk_trainer_destroy(t);
+
+  // A real group cannot carry the simulator's tensors.
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  t = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("simulated process group");
+  EXPECT_EQ(t, nullptr);
+  sk_process_group_destroy(g);
+  // Without a group, only the simulator is accepted.
+  o.device = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, nullptr, &t));
+}
+
+TEST(CapiSim, BadDeviceOptionsNameTheField) {
+  sk_device_options d = SK_DEVICE_OPTIONS_INIT;
+  sk_trainer_options o = TinyTrainer();
+  o.device = &d;
+  sk_trainer* t = nullptr;
+  d.kind = static_cast<sk_device_kind_t>(9);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, nullptr, &t));
+  EXPECT_ERROR_MENTIONS("sk_device_options.kind");
+  d.kind = SK_DEVICE_SIM;
+  d.sim_world_size = -2;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, nullptr, &t));
+  EXPECT_ERROR_MENTIONS("sim_world_size");
+  d.sim_world_size = 2;
+  d.use_index = 1;
+  d.index = -1;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, nullptr, &t));
+  EXPECT_ERROR_MENTIONS("index");
+  d.use_index = 0;
+  d.sim_profile = "no-such-profile";
+  EXPECT_NE(sk_trainer_create(&o, nullptr, &t), SK_STATUS_OK);
+  EXPECT_EQ(t, nullptr);
+  // cuda without a GPU (or without CUDA): UNAVAILABLE, named.
+  d = SK_DEVICE_OPTIONS_INIT;
+  d.kind = SK_DEVICE_CUDA;
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_status_t st = sk_trainer_create(&o, g, &t);
+  if (st != SK_STATUS_OK) {
+    EXPECT_EQ(st, SK_STATUS_UNAVAILABLE) << LastError();
+    EXPECT_ERROR_MENTIONS("cuda");
+  }
+  sk_trainer_destroy(t);
+  sk_process_group_destroy(g);
+}
+
+TEST(CapiSim, EngineViewsOnTheSimulatorHaveShapesAndNoData) {
+  sk_device_options d = SK_DEVICE_OPTIONS_INIT;
+  d.kind = SK_DEVICE_SIM;
+  d.sim_world_size = 8;
+  sk_engine_options o = SK_ENGINE_OPTIONS_INIT;
+  o.device = &d;
+  sk_model_spec* spec = LinearSpec();
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, nullptr, &o, &e));
+  ASSERT_OK(sk_engine_pre_forward(e, 0));
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  ASSERT_OK(sk_engine_param(e, 0, 0, &v));
+  EXPECT_NE(v.data, nullptr);
+  EXPECT_GT(v.numel, 0);
+  ASSERT_OK(sk_engine_post_forward(e, 0));
+  std::vector<float> out(static_cast<size_t>(v.numel));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_read_param(e, 0, 0, out.data(), v.numel));
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+}
+
+TEST(CapiSim, EngineOptionsOfTheFirstHeaderAreAccepted) {
+  // 0.3.0's sk_engine_options ended before `device`.
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_engine_options o = SK_ENGINE_OPTIONS_INIT;
+  o.struct_size = offsetof(sk_engine_options, device);
+  EXPECT_EQ(o.struct_size, 32u);
+  sk_model_spec* spec = LinearSpec();
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, &o, &e));
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
 }  // namespace

@@ -75,8 +75,12 @@
  *  mean loss, no longer the micro-batches' sum: see sk_trainer_options) and
  *  appended sk_step_metrics.global_loss. 0.4.0 appended full state dicts
  *  in shardkit's, PyTorch's and Hugging Face GPT-2's layouts
- *  (sk_*_save_state_dict, sk_*_load_state_dict, sk_weight_layout_t) and
- *  the planner (sk_plan, sk_plan_result_candidate, sk_plan_result_free).
+ *  (sk_*_save_state_dict, sk_*_load_state_dict, sk_weight_layout_t), the
+ *  planner (sk_plan, sk_plan_result_candidate, sk_plan_result_free) and
+ *  device selection (sk_device_options: cpu, cuda or the simulator, as
+ *  sk_trainer_options.device and sk_engine_options.device) with
+ *  sk_step_metrics.simulated; sk_trainer_create and sk_engine_create accept
+ *  a NULL group on the simulator.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -380,6 +384,46 @@ typedef struct sk_optimizer_options {
 #define SK_OPTIMIZER_OPTIONS_INIT {sizeof(sk_optimizer_options), SK_OPTIMIZER_DEFAULT, 0.0f, 0.0f, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}
 
 /* ------------------------------------------------------------------------ */
+/* Devices (0.4.0)                                                           */
+/* ------------------------------------------------------------------------ */
+
+typedef SK_ENUM(sk_device_kind_t) {
+  SK_DEVICE_DEFAULT = 0, /* cpu */
+  SK_DEVICE_CPU = 1,
+  /* A GPU: UNAVAILABLE when the library was built without CUDA or no GPU is
+   * visible. */
+  SK_DEVICE_CUDA = 2,
+  /* The simulator (docs/simulator.md): the same trainer, FSDP, DDP,
+   * allocator and optimizer code on virtual time and virtual memory of a
+   * hardware profile; one simulated rank stands for a cluster of
+   * sim_world_size GPUs. Tensors hold no data: losses and norms are NaN
+   * (sk_step_metrics.simulated is set), checkpoints are FAILED_PRECONDITION,
+   * cpu_offload is UNIMPLEMENTED. */
+  SK_DEVICE_SIM = 3
+} sk_device_kind_t;
+
+/* Which device a rank computes on. */
+typedef struct sk_device_options {
+  size_t struct_size;
+  sk_device_kind_t kind;    /* 0 = cpu */
+  /* Nonzero: use device `index`; zero: the rank's device (cpu:rank,
+   * cuda:(rank modulo the visible GPUs), sim:0). */
+  int32_t use_index;
+  int32_t index;
+  /* SIM only: a built-in profile ("a100-80g", "h100-80g", "cpu-local") or
+   * the path of a .json profile; NULL = "a100-80g". */
+  const char* sim_profile;
+  int32_t sim_world_size;    /* SIM: ranks of the simulated cluster; 0 = 1 */
+  int32_t sim_gpus_per_node; /* SIM: 0 = the profile's */
+  /* Nonzero: every launched op, copy and collective completes before the
+   * host goes on (CUDA_LAUNCH_BLOCKING=1's analogue; cpu and sim; on cuda
+   * INVALID_ARGUMENT: set the environment variable instead). */
+  int32_t launch_blocking;
+} sk_device_options;
+
+#define SK_DEVICE_OPTIONS_INIT {sizeof(sk_device_options), SK_DEVICE_DEFAULT, 0, 0, NULL, 0, 0, 0}
+
+/* ------------------------------------------------------------------------ */
 /* High level: trainer                                                       */
 /* ------------------------------------------------------------------------ */
 
@@ -418,9 +462,12 @@ typedef struct sk_trainer_options {
    * timeout_ms) still apply. */
   sk_parallelism_t parallelism;
   int64_t ddp_bucket_bytes;  /* DDP's gradient bucket size; 0 = 25 MiB */
+  /* Appended in 0.4.0: the rank's device; NULL = cpu:rank. On SIM,
+   * memory_cap_bytes 0 means the profile's device memory. */
+  const sk_device_options* device;
 } sk_trainer_options;
 
-#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0}
+#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0, NULL}
 
 /* What one step measured on one rank. */
 typedef struct sk_step_metrics {
@@ -443,16 +490,23 @@ typedef struct sk_step_metrics {
   /* 0.3.0: the global batch's loss, the mean of `loss` over all ranks (the
    * same on every rank). A caller's struct from 0.2.0 ends before it. */
   float global_loss;
+  /* 0.4.0: nonzero on the simulator: step_seconds and the rates are virtual
+   * time, loss, global_loss and grad_norm are NaN (nothing was computed). */
+  int32_t simulated;
 } sk_step_metrics;
 
-#define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0.0f}
+#define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0}
 
 /* Creates this rank's trainer. Collective over `group`: every rank calls it
  * with the same options. The trainer keeps `group` alive. Parameters are
  * initialised shard by shard (deferred initialisation: the full model never
  * exists on one rank). Errors: INVALID_ARGUMENT naming the bad option;
  * NOT_FOUND for an unknown model (listing the known ones) or data file;
- * RESOURCE_EXHAUSTED if the memory cap is too small for the model state. */
+ * RESOURCE_EXHAUSTED if the memory cap is too small for the model state.
+ * On SK_DEVICE_SIM `group` may be NULL: the trainer then simulates a world
+ * of device->sim_world_size ranks itself (a real group is INVALID_ARGUMENT
+ * there: its collectives would move data the simulator does not have, so a
+ * local session cannot run on the simulator). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_create(const sk_trainer_options* options,
                                                      sk_process_group* group,
                                                      sk_trainer** out_trainer);
@@ -794,14 +848,20 @@ typedef struct sk_engine_options {
   const sk_fsdp_options* fsdp;           /* NULL = defaults (FULL_SHARD) */
   const sk_optimizer_options* optimizer; /* NULL = defaults (AdamW, lr 1e-3) */
   uint64_t memory_cap_bytes;             /* per-rank cap; 0 = unlimited */
+  /* Appended in 0.4.0: the rank's device; NULL = cpu:rank. */
+  const sk_device_options* device;
 } sk_engine_options;
 
-#define SK_ENGINE_OPTIONS_INIT {sizeof(sk_engine_options), NULL, NULL, 0}
+#define SK_ENGINE_OPTIONS_INIT {sizeof(sk_engine_options), NULL, NULL, 0, NULL}
 
 /* A view of a buffer owned by an engine. */
 typedef struct sk_tensor_view {
   size_t struct_size;     /* set by the caller (SK_TENSOR_VIEW_INIT) */
-  void* data;             /* host memory, dense row-major */
+  /* Dense row-major. cpu: host memory. cuda: a device pointer (read it with
+   * CUDA on the engine's device, after the engine's work is complete). sim:
+   * an address of the simulator's virtual memory with nothing behind it:
+   * never dereference it (shape, dtype and numel are real). */
+  void* data;
   sk_dtype_t dtype;       /* f32 unless sk_fsdp_options asked for bf16/f16 */
   int32_t ndim;
   const int64_t* shape;   /* ndim entries; has the lifetime of the engine */
@@ -815,7 +875,9 @@ typedef struct sk_tensor_view {
  * every rank passes the same spec and options. Each rank materialises only
  * its f32 master shard of every unit, from the initialisers. The engine keeps
  * `group` alive. Errors: INVALID_ARGUMENT for bad options or an empty spec;
- * RESOURCE_EXHAUSTED if the memory cap is too small. */
+ * RESOURCE_EXHAUSTED if the memory cap is too small. On SK_DEVICE_SIM
+ * `group` may be NULL (as for sk_trainer_create) and nothing is
+ * initialised: the initialisers are priced, not run. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_create(const sk_model_spec* spec,
                                                     sk_process_group* group,
                                                     const sk_engine_options* options,
@@ -890,7 +952,8 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_zero_grad(sk_engine* engine);
 
 /* Copies the full f32 value of parameter `param` of `unit` into out[0..count)
  * (count must equal its element count: INVALID_ARGUMENT otherwise).
- * Collective over the shard group. */
+ * Collective over the shard group. FAILED_PRECONDITION on SK_DEVICE_SIM
+ * (there is no value). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_read_param(sk_engine* engine, int32_t unit,
                                                         int32_t param, float* out, int64_t count);
 
@@ -922,7 +985,8 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_load_state_dict(sk_engine* engine, 
 SK_LAYOUT_ASSERT(sizeof(sk_status_t) == 4 && sizeof(sk_dtype_t) == 4 &&
                  sizeof(sk_sharding_strategy_t) == 4 && sizeof(sk_init_kind_t) == 4 &&
                  sizeof(sk_optimizer_kind_t) == 4 && sizeof(sk_backward_prefetch_t) == 4 &&
-                 sizeof(sk_parallelism_t) == 4 && sizeof(sk_weight_layout_t) == 4,
+                 sizeof(sk_parallelism_t) == 4 && sizeof(sk_weight_layout_t) == 4 &&
+                 sizeof(sk_device_kind_t) == 4,
                  "enums are 32-bit");
 SK_LAYOUT_ASSERT(offsetof(sk_gloo_options, rank) == 8 && offsetof(sk_gloo_options, world_size) == 12 &&
                  offsetof(sk_gloo_options, master_addr) == 16 && offsetof(sk_gloo_options, master_port) == 24 &&
@@ -951,7 +1015,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_trainer_options, model) == 8 && offsetof(sk_trainer
                  offsetof(sk_trainer_options, data_token_bytes) == 96 && offsetof(sk_trainer_options, data_seed) == 104 &&
                  offsetof(sk_trainer_options, data_tokens) == 112 &&
                  offsetof(sk_trainer_options, parallelism) == 120 &&
-                 offsetof(sk_trainer_options, ddp_bucket_bytes) == 128 && sizeof(sk_trainer_options) == 136,
+                 offsetof(sk_trainer_options, ddp_bucket_bytes) == 128 &&
+                 offsetof(sk_trainer_options, device) == 136 && sizeof(sk_trainer_options) == 144,
                  "sk_trainer_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metrics, rank) == 16 &&
                  offsetof(sk_step_metrics, loss) == 20 && offsetof(sk_step_metrics, grad_norm) == 24 &&
@@ -962,7 +1027,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metric
                  offsetof(sk_step_metrics, allocated_bytes) == 80 && offsetof(sk_step_metrics, reserved_bytes) == 88 &&
                  offsetof(sk_step_metrics, alloc_retries) == 96 && offsetof(sk_step_metrics, ooms) == 104 &&
                  offsetof(sk_step_metrics, bytes_communicated) == 112 &&
-                 offsetof(sk_step_metrics, global_loss) == 120 && sizeof(sk_step_metrics) == 128,
+                 offsetof(sk_step_metrics, global_loss) == 120 && offsetof(sk_step_metrics, simulated) == 124 &&
+                 sizeof(sk_step_metrics) == 128,
                  "sk_step_metrics layout");
 SK_LAYOUT_ASSERT(offsetof(sk_memory_estimate, parameters) == 8 && offsetof(sk_memory_estimate, master_bytes) == 16 &&
                  offsetof(sk_memory_estimate, grad_shard_bytes) == 24 &&
@@ -977,8 +1043,15 @@ SK_LAYOUT_ASSERT(offsetof(sk_param_spec, name) == 8 && offsetof(sk_param_spec, n
                  offsetof(sk_param_spec, init) == 36 && offsetof(sk_param_spec, init_a) == 40 &&
                  offsetof(sk_param_spec, init_b) == 44 && sizeof(sk_param_spec) == 48, "sk_param_spec layout");
 SK_LAYOUT_ASSERT(offsetof(sk_engine_options, fsdp) == 8 && offsetof(sk_engine_options, optimizer) == 16 &&
-                 offsetof(sk_engine_options, memory_cap_bytes) == 24 && sizeof(sk_engine_options) == 32,
+                 offsetof(sk_engine_options, memory_cap_bytes) == 24 && offsetof(sk_engine_options, device) == 32 &&
+                 sizeof(sk_engine_options) == 40,
                  "sk_engine_options layout");
+SK_LAYOUT_ASSERT(offsetof(sk_device_options, kind) == 8 && offsetof(sk_device_options, use_index) == 12 &&
+                 offsetof(sk_device_options, index) == 16 && offsetof(sk_device_options, sim_profile) == 24 &&
+                 offsetof(sk_device_options, sim_world_size) == 32 &&
+                 offsetof(sk_device_options, sim_gpus_per_node) == 36 &&
+                 offsetof(sk_device_options, launch_blocking) == 40 && sizeof(sk_device_options) == 48,
+                 "sk_device_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_tensor_view, data) == 8 && offsetof(sk_tensor_view, dtype) == 16 &&
                  offsetof(sk_tensor_view, ndim) == 20 && offsetof(sk_tensor_view, shape) == 24 &&
                  offsetof(sk_tensor_view, numel) == 32 && sizeof(sk_tensor_view) == 40, "sk_tensor_view layout");

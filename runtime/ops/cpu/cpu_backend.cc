@@ -207,7 +207,7 @@ class CpuBackend final : public OpBackend {
   Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                            const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                            const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
-                           const MatrixRef& dv) override {
+                           const MatrixRef& dv, const Tensor& scratch) override {
     if (s.batch == 0 || s.heads == 0) return OkStatus();
     if (s.q_len == 0) {
       // No query attends: the key and value gradients are zero.
@@ -218,7 +218,7 @@ class CpuBackend final : public OpBackend {
       }
       return OkStatus();
     }
-    SK_ASSIGN_OR_RETURN(Tensor scratch, ctx.alloc->Empty(DType::kF32, Shape{s.q_len * s.kv_len}));
+    // One head's score gradients at a time: the first q_len * kv_len of it.
     sk::AttentionBackward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, F(probs), At(dout), dout.ld,
                           At(dq), dq.ld, At(dk), dk.ld, At(dv), dv.ld, F(scratch));
     return OkStatus();

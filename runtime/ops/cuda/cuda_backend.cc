@@ -260,11 +260,11 @@ class CudaBackend final : public OpBackend {
 
   // dP = dO V^T and dV = P^T dO; dS = scale P (dP - rowdot(P, dP)) in place
   // (masked entries have P = 0); dQ = dS K, dK = dS^T Q. One sequence's
-  // score gradients (heads x q_len x kv_len f32) are scratch from ctx.alloc.
+  // score gradients (heads x q_len x kv_len f32) are the op's scratch.
   Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                            const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                            const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
-                           const MatrixRef& dv) override {
+                           const MatrixRef& dv, const Tensor& scratch) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "attention_bwd"));
     if (s.batch == 0 || s.heads == 0) return OkStatus();
     const int64_t width = s.heads * s.head_dim;
@@ -275,8 +275,7 @@ class CudaBackend final : public OpBackend {
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
     const int64_t pq = s.q_len * s.kv_len;
-    SK_ASSIGN_OR_RETURN(Tensor scratch, ctx.alloc->Empty(DType::kF32, Shape{s.heads * pq}));
-    float* ds = F(scratch);
+    float* ds = F(scratch);  // heads * pq: AttentionBackwardScratchElements
     for (int64_t b = 0; b < s.batch; ++b) {
       const float* p = F(probs) + b * s.heads * pq;
       const float* qb = At(q) + b * s.q_len * q.ld;

@@ -1,0 +1,155 @@
+// Memory is exact: the simulator runs the same Trainer, FSDP/DDP and
+// CachingAllocator code over the same sizes as a real CPU run, so its peak
+// allocated and reserved bytes per step equal the real run's, byte for byte
+// (issue 11). Real runs: local backend, world 1, 2 and 4; the sim runs one
+// simulated rank of a world of the same size and is compared with rank 0.
+//
+// Both run launch blocking (DeviceOptions::launch_blocking, CUDA_LAUNCH_
+// BLOCKING's analogue): the caching allocator hands a freed block to another
+// stream only once that stream's recorded event has passed, and frees what a
+// queued closure or collective still holds only when it has run, so with
+// overlap the peaks depend on how far each stream's work has got at each
+// allocation. On CPU threads that is the OS scheduler's choice (track.py saw
+// rank 0's allocated peak move 3.3% between runs of one binary); on the sim
+// it is the profile's timing. Launch blocking makes the schedule program
+// order on both sides, so what remains to compare is exactly the claim: the
+// same allocator asked for the same sizes in the same order.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/local_backend.h"
+#include "runtime/train/trainer.h"
+
+namespace sk {
+namespace {
+
+constexpr int kSteps = 2;
+
+struct Peaks {
+  int64_t allocated = 0;
+  int64_t reserved = 0;
+  bool operator==(const Peaks& o) const { return allocated == o.allocated && reserved == o.reserved; }
+};
+
+std::ostream& operator<<(std::ostream& os, const Peaks& p) {
+  return os << "{allocated " << p.allocated << ", reserved " << p.reserved << "}";
+}
+
+struct Config {
+  std::string model;
+  Parallelism parallelism;
+  ShardingStrategy strategy;
+};
+
+std::string Name(const Config& c) {
+  return c.model + " " +
+         (c.parallelism == Parallelism::kDdp ? "DDP" : ShardingStrategyName(c.strategy));
+}
+
+TrainerOptions Options(const Config& c, int world) {
+  TrainerOptions o;
+  o.model = c.model;
+  o.parallelism = c.parallelism;
+  o.fsdp.strategy = c.strategy;
+  o.fsdp.shard_group_size = world >= 2 ? world / 2 : 1;
+  o.fsdp.timeout = Duration(120'000);
+  o.batch_size = 1;
+  o.seq_len = 32;
+  o.source_len = c.model.rfind("t5", 0) == 0 ? 32 : 0;
+  o.gemm_threads = 1;
+  // Both sides launch blocking: the schedule is program order alone (see
+  // the file comment).
+  o.device.launch_blocking = true;
+  return o;
+}
+
+// Rank 0's peaks per step of a real CPU run.
+std::vector<Peaks> RealPeaks(const Config& c, int world) {
+  std::vector<Peaks> out;
+  std::mutex mu;
+  Status s = comm::RunLocalRanks(world, [&](int rank, comm::ProcessGroup* g) -> Status {
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(Options(c, world), g));
+    for (int step = 0; step < kSteps; ++step) {
+      SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
+      if (rank == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        out.push_back({m.peak_allocated_bytes, m.peak_reserved_bytes});
+      }
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+std::vector<Peaks> SimPeaks(const Config& c, int world) {
+  TrainerOptions o = Options(c, world);
+  o.device.kind = DeviceKind::kSim;
+  o.device.sim_profile = "a100-80g";  // memory does not depend on the profile below its capacity
+  o.device.sim_world_size = world;
+  o.device.sim_gpus_per_node = world;
+  std::vector<Peaks> out;
+  auto t = Trainer::Create(o, nullptr);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return out;
+  for (int step = 0; step < kSteps; ++step) {
+    StatusOr<StepMetrics> m = (*t)->Step();
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) break;
+    out.push_back({m->peak_allocated_bytes, m->peak_reserved_bytes});
+  }
+  return out;
+}
+
+// Every strategy and DDP, or (subset) FULL_SHARD, HYBRID_SHARD and DDP.
+std::vector<Config> Configs(const std::string& model, bool subset = false) {
+  std::vector<Config> v;
+  for (ShardingStrategy s :
+       {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kShardOptim,
+        ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard,
+        ShardingStrategy::kHybridShardGradOp}) {
+    if (subset && s != ShardingStrategy::kFullShard && s != ShardingStrategy::kHybridShard) continue;
+    v.push_back({model, Parallelism::kFsdp, s});
+  }
+  v.push_back({model, Parallelism::kDdp, ShardingStrategy::kFullShard});
+  return v;
+}
+
+// Sanitizers slow the real runs 5-20x: under them the test keeps world 1
+// and 2 of the small models (the code paths are the same).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+void ExpectExact(const std::string& model, const std::vector<int>& worlds, bool subset = false) {
+  for (int world : worlds) {
+    if (kSanitized && world > 2) continue;
+    for (const Config& c : Configs(model, subset)) {
+      SCOPED_TRACE(Name(c) + " at world " + std::to_string(world));
+      std::vector<Peaks> real = RealPeaks(c, world);
+      std::vector<Peaks> sim = SimPeaks(c, world);
+      ASSERT_EQ(real.size(), static_cast<size_t>(kSteps));
+      EXPECT_EQ(sim, real);
+    }
+  }
+}
+
+TEST(MemoryExactTest, Gpt1m) { ExpectExact("gpt-1m", {1, 2, 4}); }
+TEST(MemoryExactTest, T5_10m) { ExpectExact("t5-10m", {1, 2, 4}); }
+// gpt-10m: every configuration at world 1 and 2; at world 4 FULL_SHARD,
+// HYBRID_SHARD and DDP (the full set at world 4 passed too, in one run of
+// 2026-11-23 with batch 2 x 64 tokens, but takes minutes on 2 shared cores).
+TEST(MemoryExactTest, Gpt10m) {
+  if (kSanitized) GTEST_SKIP() << "gpt-10m's real runs are too slow under sanitizers";
+  ExpectExact("gpt-10m", {1, 2});
+  ExpectExact("gpt-10m", {4}, /*subset=*/true);
+}
+
+}  // namespace
+}  // namespace sk
