@@ -109,7 +109,22 @@ void FuzzNetworkModel(Bytes& in) {
   }
 }
 
+// Fuzzed device options (or NULL), with pointers and sizes from us: a
+// profile name from a short list or fuzzed, a simulated world of at most
+// 1023 ranks.
+sk_device_options* FuzzDevice(Bytes& in, FuzzStruct<sk_device_options>& d, std::string& profile) {
+  sk_device_options* device = d.Make(in);
+  const uint8_t pick = in.U8() % 4;
+  profile = pick == 0 ? "a100-80g" : pick == 1 ? "h100-80g" : in.String(12);
+  device->sim_profile = in.U8() % 2 ? profile.c_str() : nullptr;
+  device->sim_world_size = device->sim_world_size % 1024;
+  device->sim_gpus_per_node = device->sim_gpus_per_node % 16;
+  return in.U8() % 2 ? device : nullptr;
+}
+
 void FuzzTrainerOptions(Bytes& in) {
+  FuzzStruct<sk_device_options> d;
+  std::string profile;
   FuzzStruct<sk_fsdp_options> f;
   FuzzStruct<sk_optimizer_options> o;
   FuzzStruct<sk_trainer_options> t;
@@ -129,13 +144,15 @@ void FuzzTrainerOptions(Bytes& in) {
   options->source_len = options->source_len % 9;
   options->data_tokens = options->data_tokens % 256;
   options->ddp_bucket_bytes = options->ddp_bucket_bytes % (1 << 20);
+  options->device = FuzzDevice(in, d, profile);
   fsdp->timeout_ms = 2000;  // a world of one never waits, but bound it anyway
   sk_memory_estimate estimate = SK_MEMORY_ESTIMATE_INIT;
   Ignore(sk_estimate_memory(options, static_cast<int8_t>(in.U8()), &estimate));
   sk_process_group* g = nullptr;
   if (sk_process_group_create_local(1, nullptr, &g) != SK_STATUS_OK) return;
   sk_trainer* trainer = nullptr;
-  if (sk_trainer_create(options, g, &trainer) == SK_STATUS_OK) {
+  // The simulator simulates its own world when given no group.
+  if (sk_trainer_create(options, in.U8() % 4 == 0 ? nullptr : g, &trainer) == SK_STATUS_OK) {
     sk_step_metrics m = SK_STEP_METRICS_INIT;
     Ignore(sk_trainer_step(trainer, &m));
     sk_trainer_destroy(trainer);
@@ -172,6 +189,9 @@ void FuzzModelSpec(Bytes& in) {
   options->fsdp = in.U8() % 2 ? fsdp : nullptr;
   options->optimizer = nullptr;
   options->memory_cap_bytes = kCapBytes;
+  FuzzStruct<sk_device_options> d;
+  std::string profile;
+  options->device = FuzzDevice(in, d, profile);
   sk_process_group* g = nullptr;
   if (sk_process_group_create_local(1, nullptr, &g) == SK_STATUS_OK) {
     sk_engine* engine = nullptr;

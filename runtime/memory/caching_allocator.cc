@@ -660,10 +660,9 @@ Status CachingAllocator::CheckInvariants() const {
 }
 
 void CachingAllocator::TraceRetry(double start_us, size_t request) {
-  if (!retry_track_named_) {
-    retry_track_named_ = true;
-    trace_.NameTrack(device_id_.index, kRetryTraceTrack, "allocator retries");
-  }
+  // Named with every traced retry (retries are rare): a trace started after
+  // an earlier retry still names the track.
+  if (trace_.enabled()) trace_.NameTrack(device_id_.index, kRetryTraceTrack, "allocator retries");
   trace_.Complete("alloc retry (" + FormatBytes(static_cast<int64_t>(request)) + ")", "memory",
                   device_id_.index, kRetryTraceTrack, start_us,
                   device_->TraceNowMicros() - start_us);

@@ -223,7 +223,6 @@ class CachingAllocator {
   std::vector<PendingFree> pending_;
   std::vector<std::shared_ptr<Event>> spare_events_;
   MemoryStats stats_;
-  bool retry_track_named_ = false;
   uint64_t segments_created_ = 0;  // numbers segments for the pools' order
 };
 

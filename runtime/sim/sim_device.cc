@@ -351,6 +351,16 @@ StatusOr<SimSpan> SimDevice::EnqueueSpan(Stream& stream, std::string_view name,
   return span;
 }
 
+void SimDevice::NameTraceTracks() {
+  if (!trace_.enabled()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const SimStream* s : streams_) trace_.NameTrack(id_.index, s->id_, s->name_);
+  for (const auto& [thread, host] : hosts_) {
+    trace_.NameTrack(id_.index, host.track,
+                     "host thread " + std::to_string(host.track - kHostTrackBase));
+  }
+}
+
 void SimDevice::set_launch_blocking(bool on) {
   std::lock_guard<std::mutex> lock(mu_);
   launch_blocking_ = on;

@@ -266,6 +266,11 @@ class SimDevice final : public Device {
   std::vector<SpanRecord> SpansOverlapping(std::string_view category, double start_s,
                                            double end_s) const;
 
+  // Emits the trace names of this device's streams and host threads again,
+  // for a trace started after they were created (TraceRecorder::Start drops
+  // earlier names). No-op while the recorder is off.
+  void NameTraceTracks();
+
   // Raw memory held now, and RawAllocate/RawFree calls so far.
   size_t raw_bytes_in_use() const;
   int64_t raw_alloc_count() const;

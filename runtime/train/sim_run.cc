@@ -118,7 +118,11 @@ StatusOr<SimStepReport> SimulateTraining(const SimRunOptions& options) {
     const bool traced = !options.trace_path.empty() && step + 1 == total;
     const int64_t retries_before = trainer->allocator().stats().num_alloc_retries;
     device->set_record_spans(measured);
-    if (traced) TraceRecorder::Global().Start();
+    if (traced) {
+      TraceRecorder::Global().Start();
+      device->NameTraceTracks();
+      TraceRecorder::Global().NameProcess(device->id().index, "simulated GPU (" + profile.name + ")");
+    }
     StatusOr<StepMetrics> m = trainer->Step();
     if (traced) TraceRecorder::Global().Stop();
     const MemoryStats mem = trainer->allocator().stats();

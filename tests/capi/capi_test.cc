@@ -1488,6 +1488,7 @@ TEST(CapiSim, TrainerOnTheSimulatorSimulatesItsOwnWorld) {
   f.param_dtype = SK_DTYPE_BF16;
   sk_trainer_options o = TinyTrainer(&f);
   o.model = "gpt-1m";
+  o.data_tokens = 0;  // the default stream: gpt-1m windows are 129 tokens
   o.device = &d;
   sk_trainer* t = nullptr;
   ASSERT_OK(sk_trainer_create(&o, nullptr, &t));
