@@ -119,8 +119,8 @@ std::vector<Config> Configs(const std::string& model, bool subset = false) {
   return v;
 }
 
-// Sanitizers slow the real runs 5-20x: under them the test keeps world 1
-// and 2 of the small models (the code paths are the same).
+// Sanitizers slow the real runs 5-20x: under them the test keeps gpt-1m at
+// world 1 and 2 (the code paths are the same).
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kSanitized = true;
 #else
@@ -141,7 +141,10 @@ void ExpectExact(const std::string& model, const std::vector<int>& worlds, bool 
 }
 
 TEST(MemoryExactTest, Gpt1m) { ExpectExact("gpt-1m", {1, 2, 4}); }
-TEST(MemoryExactTest, T5_10m) { ExpectExact("t5-10m", {1, 2, 4}); }
+TEST(MemoryExactTest, T5_10m) {
+  if (kSanitized) GTEST_SKIP() << "t5-10m's real runs are too slow under sanitizers";
+  ExpectExact("t5-10m", {1, 2, 4});
+}
 // gpt-10m: every configuration at world 1 and 2; at world 4 FULL_SHARD,
 // HYBRID_SHARD and DDP (the full set at world 4 passed too, in one run of
 // 2026-11-23 with batch 2 x 64 tokens, but takes minutes on 2 shared cores).

@@ -499,6 +499,7 @@ impl TrainerOptions {
             data_tokens: self.data_tokens,
             parallelism: self.parallelism,
             ddp_bucket_bytes: self.ddp_bucket_bytes,
+            device: ptr::null(),
         };
         Ok(f(&raw))
     }
@@ -734,6 +735,7 @@ impl Engine {
             fsdp: &options.fsdp,
             optimizer: &options.optimizer,
             memory_cap_bytes: options.memory_cap_bytes,
+            device: ptr::null(),
         };
         let mut raw = ptr::null_mut();
         check(unsafe { sys::sk_engine_create(spec.raw, group.as_ptr(), &raw_options, &mut raw) })?;

@@ -62,6 +62,12 @@ pub const SK_PARALLELISM_DEFAULT: sk_parallelism_t = 0;
 pub const SK_PARALLELISM_FSDP: sk_parallelism_t = 1;
 pub const SK_PARALLELISM_DDP: sk_parallelism_t = 2;
 
+pub type sk_device_kind_t = i32;
+pub const SK_DEVICE_DEFAULT: sk_device_kind_t = 0;
+pub const SK_DEVICE_CPU: sk_device_kind_t = 1;
+pub const SK_DEVICE_CUDA: sk_device_kind_t = 2;
+pub const SK_DEVICE_SIM: sk_device_kind_t = 3;
+
 pub type sk_weight_layout_t = i32;
 pub const SK_WEIGHT_LAYOUT_DEFAULT: sk_weight_layout_t = 0;
 pub const SK_WEIGHT_LAYOUT_SHARDKIT: sk_weight_layout_t = 1;
@@ -162,6 +168,20 @@ pub struct sk_trainer_options {
     pub data_tokens: i64,
     pub parallelism: sk_parallelism_t,
     pub ddp_bucket_bytes: i64,
+    pub device: *const sk_device_options,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_device_options {
+    pub struct_size: usize,
+    pub kind: sk_device_kind_t,
+    pub use_index: i32,
+    pub index: i32,
+    pub sim_profile: *const c_char,
+    pub sim_world_size: i32,
+    pub sim_gpus_per_node: i32,
+    pub launch_blocking: i32,
 }
 
 #[repr(C)]
@@ -184,6 +204,7 @@ pub struct sk_step_metrics {
     pub ooms: i64,
     pub bytes_communicated: i64,
     pub global_loss: f32,
+    pub simulated: i32,
 }
 
 #[repr(C)]
@@ -220,6 +241,7 @@ pub struct sk_engine_options {
     pub fsdp: *const sk_fsdp_options,
     pub optimizer: *const sk_optimizer_options,
     pub memory_cap_bytes: u64,
+    pub device: *const sk_device_options,
 }
 
 #[repr(C)]

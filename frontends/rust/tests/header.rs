@@ -215,10 +215,12 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_optimizer_options { struct_size, kind, lr, momentum, dampening, nesterov, beta1, beta2, eps, weight_decay }
         sk_trainer_options { struct_size, model, fsdp, optimizer, batch_size, grad_accum_steps, seq_len, source_len,
                              clip_grad_norm, activation_checkpointing, memory_cap_bytes, data_path, data_token_bytes,
-                             data_seed, data_tokens, parallelism, ddp_bucket_bytes }
+                             data_seed, data_tokens, parallelism, ddp_bucket_bytes, device }
+        sk_device_options { struct_size, kind, use_index, index, sim_profile, sim_world_size, sim_gpus_per_node,
+                            launch_blocking }
         sk_step_metrics { struct_size, step, rank, loss, grad_norm, step_seconds, tokens_per_second, model_tflops_per_rank,
                           hardware_tflops_per_rank, peak_allocated_bytes, peak_reserved_bytes, allocated_bytes,
-                          reserved_bytes, alloc_retries, ooms, bytes_communicated, global_loss }
+                          reserved_bytes, alloc_retries, ooms, bytes_communicated, global_loss, simulated }
         sk_memory_estimate { struct_size, parameters, master_bytes, grad_shard_bytes, optimizer_bytes,
                              persistent_bytes, unsharded_bytes, activation_bytes, peak_bytes }
         sk_plan_request { struct_size, model, profile, gpus, gpus_per_node, batch_size, seq_len, source_len, strategies,
@@ -230,7 +232,7 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_plan_result { struct_size, profile, device_memory_bytes, num_candidates, recommended, recommendation, table,
                          json }
         sk_param_spec { struct_size, name, ndim, shape, dtype, init, init_a, init_b }
-        sk_engine_options { struct_size, fsdp, optimizer, memory_cap_bytes }
+        sk_engine_options { struct_size, fsdp, optimizer, memory_cap_bytes, device }
         sk_tensor_view { struct_size, data, dtype, ndim, shape, numel }
     };
     // The header's own layout asserts: offsetof(T, f) == N, sizeof(T) == N.
