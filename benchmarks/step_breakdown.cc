@@ -146,8 +146,8 @@ class TimingBackend final : public ops::OpBackend {
                            const ops::MatrixRef& q, const ops::MatrixRef& k,
                            const ops::MatrixRef& v, const Tensor& p, const ops::MatrixRef& dout,
                            const ops::MatrixRef& dq, const ops::MatrixRef& dk,
-                           const ops::MatrixRef& dv) override {
-    SK_TIMED(inner_->AttentionBackward(c, s, q, k, v, p, dout, dq, dk, dv));
+                           const ops::MatrixRef& dv, const Tensor& scratch) override {
+    SK_TIMED(inner_->AttentionBackward(c, s, q, k, v, p, dout, dq, dk, dv, scratch));
   }
   Status EmbeddingForward(const ops::OpContext& c, const Tensor& t, const Tensor& ids,
                           const Tensor& o) override {
