@@ -155,8 +155,7 @@ constexpr const char* kSimTrust =
     "'How far to trust it'; 2026-11-22 23:37 UTC, load average 9.4-12.9 on 2 cores) predicted gpt-1m, "
     "gpt-10m and t5-10m steps (world 1 and 2, DDP and FULL_SHARD) at 0.84-1.10x the measured CPU time per "
     "rank (11 of 12 within 15%) and 0.12-0.36x the wall time (the loaded machine). The GPU profiles are not "
-    "validated on hardware; bf16 models run (and are priced) as f32 GEMMs (docs/planner.md, known gaps), "
-    "which caps MFU against the bf16 peak.";
+    "validated on hardware. The rows run in bf16 mixed precision, as the paper did.";
 
 std::string Wrapped(const std::string& text, size_t width, const std::string& indent) {
   std::string out, line;
