@@ -3,8 +3,11 @@
 //
 // Every function here is SK_HOST_DEVICE and free of allocation and library
 // calls other than <cmath>, so host tests exercise exactly the arithmetic a
-// GPU runs. Row functions operate on one contiguous row of `cols` floats; the
-// CPU loops over rows, a CUDA kernel gives each row to one thread.
+// GPU runs. Row functions operate on one contiguous row of `cols` floats and
+// are what the CPU's scalar loops run. The CUDA kernels split a row across a
+// warp or a block (their sums then run in another, fixed order), so each row
+// function is built from per-element helpers below that both call: the
+// arithmetic on each element is the same code on both.
 #ifndef SHARDKIT_RUNTIME_OPS_MATH_H_
 #define SHARDKIT_RUNTIME_OPS_MATH_H_
 
@@ -44,6 +47,28 @@ SK_HOST_DEVICE SK_INLINE float GeluTanhGrad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 
+// 1/sqrt(var + eps), from a row's population variance.
+SK_HOST_DEVICE SK_INLINE float LayerNormRstd(float var) { return 1.0f / sqrtf(var + kLayerNormEps); }
+
+// The normalised element xhat = (x - mean) rstd.
+SK_HOST_DEVICE SK_INLINE float LayerNormXhat(float x, float mean, float rstd) {
+  return (x - mean) * rstd;
+}
+
+// One output element: xhat gamma + beta.
+SK_HOST_DEVICE SK_INLINE float LayerNormOut(float x, float mean, float rstd, float gamma,
+                                            float beta) {
+  return LayerNormXhat(x, mean, rstd) * gamma + beta;
+}
+
+// One element of the input gradient (before it is added to dx), given the
+// row's mean(dy gamma) and mean(dy gamma xhat):
+// rstd (dy gamma - mean_g - xhat mean_g_xhat).
+SK_HOST_DEVICE SK_INLINE float LayerNormGradIn(float xhat, float dy, float gamma, float rstd,
+                                               float mean_g, float mean_g_xhat) {
+  return rstd * (dy * gamma - mean_g - xhat * mean_g_xhat);
+}
+
 // y = LayerNorm(x) * gamma + beta over one row; stores the row's mean and
 // 1/sqrt(var + eps) (population variance) for the backward pass.
 SK_HOST_DEVICE SK_INLINE void LayerNormRowForward(const float* x, const float* gamma,
@@ -58,8 +83,8 @@ SK_HOST_DEVICE SK_INLINE void LayerNormRowForward(const float* x, const float* g
     var += d * d;
   }
   var /= static_cast<float>(cols);
-  float rstd = 1.0f / sqrtf(var + kLayerNormEps);
-  for (int64_t j = 0; j < cols; ++j) y[j] = (x[j] - mean) * rstd * gamma[j] + beta[j];
+  float rstd = LayerNormRstd(var);
+  for (int64_t j = 0; j < cols; ++j) y[j] = LayerNormOut(x[j], mean, rstd, gamma[j], beta[j]);
   *mean_out = mean;
   *rstd_out = rstd;
 }
@@ -75,7 +100,7 @@ SK_HOST_DEVICE SK_INLINE void LayerNormRowBackward(const float* x, const float* 
   float sum_g = 0.0f;
   float sum_g_xhat = 0.0f;
   for (int64_t j = 0; j < cols; ++j) {
-    float xhat = (x[j] - mean) * rstd;
+    float xhat = LayerNormXhat(x[j], mean, rstd);
     float g = dy[j] * gamma[j];
     sum_g += g;
     sum_g_xhat += g * xhat;
@@ -86,8 +111,8 @@ SK_HOST_DEVICE SK_INLINE void LayerNormRowBackward(const float* x, const float* 
   float mean_g = sum_g * inv_n;
   float mean_g_xhat = sum_g_xhat * inv_n;
   for (int64_t j = 0; j < cols; ++j) {
-    float xhat = (x[j] - mean) * rstd;
-    dx[j] += rstd * (dy[j] * gamma[j] - mean_g - xhat * mean_g_xhat);
+    dx[j] += LayerNormGradIn(LayerNormXhat(x[j], mean, rstd), dy[j], gamma[j], rstd, mean_g,
+                             mean_g_xhat);
   }
 }
 
@@ -106,13 +131,32 @@ SK_HOST_DEVICE SK_INLINE void SoftmaxRowInPlace(float* row, int64_t cols, int64_
   for (int64_t j = valid; j < cols; ++j) row[j] = 0.0f;
 }
 
+// One element of softmax's backward: scale * p (dp - dot), dot = <p, dp>.
+SK_HOST_DEVICE SK_INLINE float SoftmaxGradElement(float p, float dp, float dot, float scale) {
+  return scale * p * (dp - dot);
+}
+
 // Given p = softmax(s) and dp = dL/dp for one row, overwrites dp with
 // scale * dL/ds = scale * p (dp - <p, dp>).
 SK_HOST_DEVICE SK_INLINE void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols,
                                                         float scale) {
   float dot = 0.0f;
   for (int64_t j = 0; j < cols; ++j) dot += p[j] * dp[j];
-  for (int64_t j = 0; j < cols; ++j) dp[j] = scale * p[j] * (dp[j] - dot);
+  for (int64_t j = 0; j < cols; ++j) dp[j] = SoftmaxGradElement(p[j], dp[j], dot, scale);
+}
+
+// A row's loss from its max m, sum of e^(logit - m) and target logit:
+// log(sum) + m - logit_target.
+SK_HOST_DEVICE SK_INLINE float CrossEntropyFromStats(float m, float sum, float target_logit) {
+  return logf(sum) + m - target_logit;
+}
+
+// One element of the loss gradient from e = e^(logit - m) and
+// inv = scale / sum: e inv, less scale at the target.
+SK_HOST_DEVICE SK_INLINE float CrossEntropyGradElement(float e, float inv, bool is_target,
+                                                       float scale) {
+  const float v = e * inv;
+  return is_target ? v - scale : v;
 }
 
 // -log softmax(logits)[target] for one row, computed stably in f32.
@@ -121,7 +165,7 @@ SK_HOST_DEVICE SK_INLINE float CrossEntropyRow(const float* logits, int64_t cols
   for (int64_t j = 1; j < cols; ++j) m = logits[j] > m ? logits[j] : m;
   float sum = 0.0f;
   for (int64_t j = 0; j < cols; ++j) sum += expf(logits[j] - m);
-  return logf(sum) + m - logits[target];
+  return CrossEntropyFromStats(m, sum, logits[target]);
 }
 
 // dlogits = scale * (softmax(logits) - onehot(target)) for one row.
@@ -136,8 +180,9 @@ SK_HOST_DEVICE SK_INLINE void CrossEntropyRowBackward(const float* logits, int64
     sum += dlogits[j];
   }
   float inv = scale / sum;
-  for (int64_t j = 0; j < cols; ++j) dlogits[j] *= inv;
-  dlogits[target] -= scale;
+  for (int64_t j = 0; j < cols; ++j) {
+    dlogits[j] = CrossEntropyGradElement(dlogits[j], inv, j == target, scale);
+  }
 }
 
 }  // namespace nn_math

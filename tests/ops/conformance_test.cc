@@ -17,9 +17,11 @@
 //   1e-5 relative plus 1e-6 absolute (f32 exp/sqrt).
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -167,6 +169,22 @@ double SumTol(int64_t terms) { return std::max(1e-5, 2e-6 * std::sqrt(static_cas
 
 const DType kFloats[] = {DType::kF32, DType::kBF16, DType::kF16};
 const int64_t kSizes[] = {0, 1, 7, 13, 17, 33};
+
+// (rows, cols) pairs: every kSizes row count with every one of `cols`, then
+// `extra`. The extras reach the CUDA kernels' other launch branches
+// (runtime/ops/cuda/kernels.cu): rows longer than 1024 columns go to a block
+// of 256 threads instead of a warp; a row kernel's grid stops at 1024 blocks
+// (8192 rows of a warp each, 1024 rows of a block each) and strides over the
+// rest; column sums run in chunks of 128 rows and tiles of 128 columns.
+std::vector<std::pair<int64_t, int64_t>> RowShapes(
+    std::initializer_list<int64_t> cols, std::initializer_list<std::pair<int64_t, int64_t>> extra) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t r : kSizes) {
+    for (int64_t c : cols) out.emplace_back(r, c);
+  }
+  out.insert(out.end(), extra.begin(), extra.end());
+  return out;
+}
 
 // ---- GEMM -------------------------------------------------------------------
 
@@ -366,8 +384,9 @@ TEST_P(Conformance, InitPhiloxSlicesMatchTheFullParameter) {
 // ---- Bias -------------------------------------------------------------------------
 
 TEST_P(Conformance, BiasOps) {
-  for (int64_t rows : kSizes) {
-    for (int64_t cols : {1, 7, 33}) {
+  // 300 rows: three row chunks, the last partial; 130 columns: two column tiles.
+  for (auto [rows, cols] : RowShapes({1, 7, 33}, {{300, 130}, {129, 1}})) {
+    {
       Vec bias = R(Random(static_cast<size_t>(cols), 11), DType::kF32);
       Vec y = R(Random(static_cast<size_t>(rows * cols), 12), DType::kF32);
       Tensor tb = Up(bias, DType::kF32), ty = Up(y, DType::kF32);
@@ -416,8 +435,10 @@ TEST_P(Conformance, Gelu) {
 }
 
 TEST_P(Conformance, LayerNorm) {
-  for (int64_t rows : kSizes) {
-    for (int64_t cols : {1, 7, 33}) {
+  // 1100 columns: a block per row (1030 rows: more than the grid); 8200 x 7:
+  // more warp rows than the grid; 300 x 130: chunked parameter gradients.
+  for (auto [rows, cols] : RowShapes({1, 7, 33}, {{300, 130}, {3, 1100}, {1030, 1100}, {8200, 7}})) {
+    {
       const size_t e = static_cast<size_t>(rows * cols);
       Vec x = R(Random(e, 16, -2, 3), DType::kF32), g = R(Random(cols, 17), DType::kF32),
           b = R(Random(cols, 18), DType::kF32), dy = R(Random(e, 19), DType::kF32);
@@ -546,6 +567,12 @@ TEST_P(Conformance, Attention) {
       {1, 1, 1, 1, 1, true},   {2, 3, 7, 7, 5, true},  {2, 2, 13, 13, 3, false},
       {3, 1, 5, 17, 4, false}, {1, 2, 17, 1, 2, false}, {2, 2, 0, 3, 2, false},
       {0, 2, 4, 4, 2, true},
+      // The CUDA softmax kernels' other branches: 8400 rows of 12 (more warp
+      // rows than the grid; masked and not), rows of 1030 and 1100 columns (a
+      // block per row; causal: masked tails longer than the block; 1100 rows:
+      // more than the grid).
+      {1, 700, 12, 12, 2, true}, {2, 350, 12, 9, 2, false}, {2, 1, 3, 1030, 2, false},
+      {1, 1, 1100, 1100, 2, true},
   };
   for (const AttentionShape& s : shapes) {
     const int64_t c = s.heads * s.head_dim;
@@ -585,8 +612,10 @@ TEST_P(Conformance, Attention) {
 // ---- Embedding and loss ---------------------------------------------------------------
 
 TEST_P(Conformance, Embedding) {
-  for (int64_t count : kSizes) {
-    for (int64_t dim : {1, 5, 33}) {
+  // 1000 ids over a vocab of 11: long runs of one id; 300 columns: two
+  // column tiles of the CUDA kernel.
+  for (auto [count, dim] : RowShapes({1, 5, 33, 300}, {{1000, 300}, {1000, 1}})) {
+    {
       const int64_t vocab = 11;
       Vec table = R(Random(vocab * dim, 40), DType::kF32);
       Vec ids(static_cast<size_t>(count));
@@ -606,14 +635,20 @@ TEST_P(Conformance, Embedding) {
       for (int64_t i = 0; i < count; ++i) {
         for (int64_t j = 0; j < dim; ++j) wd[ids[i] * dim + j] += dout[i * dim + j];
       }
-      ExpectNear("embedding_bwd", Down(tt), wd, 1e-6, 1e-7);
+      // f32 rounding grows with the number of tokens added into one row.
+      std::vector<int64_t> per_id(vocab, 0);
+      int64_t most = 0;
+      for (double id : ids) most = std::max(most, ++per_id[static_cast<size_t>(id)]);
+      ExpectNear("embedding_bwd", Down(tt), wd, 1e-6, 2e-7 * static_cast<double>(most + 1));
     }
   }
 }
 
 TEST_P(Conformance, CrossEntropy) {
-  for (int64_t rows : kSizes) {
-    for (int64_t vocab : {1, 7, 33}) {
+  // Vocab 1100: a block per row (1030 rows: more than the grid); 8200 x 7:
+  // more warp rows than the grid; the mean over more rows than its 256 threads.
+  for (auto [rows, vocab] : RowShapes({1, 7, 33}, {{3, 1100}, {1030, 1100}, {8200, 7}})) {
+    {
       for (int ignore_mode = 0; ignore_mode < 3; ++ignore_mode) {  // none, some, all
         Vec logits = R(Random(static_cast<size_t>(rows * vocab), 50, -4, 4), DType::kF32);
         Vec targets(static_cast<size_t>(rows));

@@ -188,8 +188,11 @@ class CudaBackend final : public OpBackend {
   Status BiasGrad(const OpContext& ctx, const Tensor& dy, const Tensor& dbias) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "bias_grad"));
     const int64_t cols = dbias.numel();
-    if (cols == 0) return OkStatus();
-    SK_CUDA_OP("bias_grad", cuda::BiasGrad(F(dy), dy.numel() / cols, cols, F(dbias), S(ctx)));
+    if (cols == 0 || dy.numel() == 0) return OkStatus();
+    const int64_t rows = dy.numel() / cols;
+    SK_ASSIGN_OR_RETURN(Tensor partials,
+                        ctx.alloc->Empty(DType::kF32, Shape{cuda::ColumnChunks(rows) * cols}));
+    SK_CUDA_OP("bias_grad", cuda::BiasGrad(F(dy), rows, cols, F(dbias), F(partials), S(ctx)));
     return OkStatus();
   }
 
@@ -222,10 +225,13 @@ class CudaBackend final : public OpBackend {
                            const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "layer_norm_bwd"));
     const int64_t cols = gamma.numel();
-    if (cols == 0) return OkStatus();
+    if (cols == 0 || x.numel() == 0) return OkStatus();
+    const int64_t rows = x.numel() / cols;
+    SK_ASSIGN_OR_RETURN(Tensor partials, ctx.alloc->Empty(DType::kF32,
+                                                          Shape{2 * cuda::ColumnChunks(rows) * cols}));
     SK_CUDA_OP("layer_norm_bwd",
-               cuda::LayerNormBackward(F(x), F(gamma), F(dy), F(mean), F(rstd), x.numel() / cols,
-                                       cols, F(dx), F(dgamma), F(dbeta), S(ctx)));
+               cuda::LayerNormBackward(F(x), F(gamma), F(dy), F(mean), F(rstd), rows, cols, F(dx),
+                                       F(dgamma), F(dbeta), F(partials), S(ctx)));
     return OkStatus();
   }
 
@@ -311,8 +317,22 @@ class CudaBackend final : public OpBackend {
   Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& dout,
                            const Tensor& dtable) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "embedding_bwd"));
-    SK_CUDA_OP("embedding_bwd", cuda::EmbeddingBackward(Ptr<int32_t>(ids), F(dout), ids.numel(),
-                                                        dtable.shape().dim(1), F(dtable), S(ctx)));
+    const int64_t count = ids.numel(), dim = dtable.shape().dim(1);
+    if (count == 0 || dim == 0) return OkStatus();
+    if (count > cuda::kMaxEmbeddingBackwardIds) {
+      return InvalidArgumentError("embedding_bwd on CUDA: " + std::to_string(count) +
+                                  " ids, more than the " +
+                                  std::to_string(cuda::kMaxEmbeddingBackwardIds) + " it supports");
+    }
+    size_t bytes = 0;
+    SK_CUDA_OP("embedding_bwd", cuda::EmbeddingBackwardScratchBytes(count, &bytes));
+    // Sorted ids and positions plus CUB's temporaries, as f64 for 8-byte units.
+    SK_ASSIGN_OR_RETURN(Tensor scratch, ctx.alloc->Empty(DType::kF64,
+                                                         Shape{static_cast<int64_t>((bytes + 7) / 8)}));
+    SK_CUDA_OP("embedding_bwd",
+               cuda::EmbeddingBackward(Ptr<int32_t>(ids), F(dout), count, dim,
+                                       dtable.shape().dim(0), F(dtable), scratch.data(),
+                                       scratch.nbytes(), S(ctx)));
     return OkStatus();
   }
 

@@ -41,17 +41,32 @@ int InitPhilox(const Initializer& init, uint64_t seed, uint64_t param_id, int64_
 
 int BroadcastRows(const float* src, int64_t cols, float* dst, int64_t rows, void* stream);
 int BiasAdd(const float* bias, int64_t cols, float* y, int64_t rows, void* stream);
-// dbias[j] += dy[0][j] + dy[1][j] + ... in row order (the CPU's order).
-int BiasGrad(const float* dy, int64_t rows, int64_t cols, float* dbias, void* stream);
+
+// The column reductions (BiasGrad, LayerNormBackward's dgamma and dbeta) sum
+// each column over chunks of kColumnChunkRows rows into f32 partials, then
+// the partials in chunk order: deterministic, not the CPU's row order.
+inline constexpr int64_t kColumnChunkRows = 128;
+constexpr int64_t ColumnChunks(int64_t rows) {
+  return (rows + kColumnChunkRows - 1) / kColumnChunkRows;
+}
+
+// dbias[j] += (the sum of dy[., j] over rows, chunked as above). `partials`
+// is scratch of ColumnChunks(rows) * cols floats, used on `stream`.
+int BiasGrad(const float* dy, int64_t rows, int64_t cols, float* dbias, float* partials,
+             void* stream);
 
 int GeluForward(const float* x, int64_t n, float* y, void* stream);
 int GeluBackward(const float* x, const float* dy, int64_t n, float* dx, void* stream);
+// The per-row kernels (LayerNorm, softmax, cross-entropy) give a row of at
+// most 1024 columns to one warp and a longer row to one block of 256
+// threads; row sums and maxima combine in a fixed tree. y may be x.
 int LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
                      int64_t cols, float* y, float* mean, float* rstd, void* stream);
-// dx, dgamma, dbeta += gradients (dgamma/dbeta summed over rows in order).
+// dx, dgamma, dbeta += gradients (dgamma/dbeta: the column reduction above);
+// `partials` is scratch of 2 * ColumnChunks(rows) * cols floats.
 int LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
                       const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
-                      float* dbeta, void* stream);
+                      float* dbeta, float* partials, void* stream);
 
 // Row softmax in place over `rows` rows of `cols`; with causal, row r keeps
 // its first (r % block_rows) + 1 entries and the rest become 0.
@@ -63,16 +78,30 @@ int SoftmaxBackwardRows(const float* p, float* dp, int64_t rows, int64_t cols, f
 
 int EmbeddingForward(const float* table, const int32_t* ids, int64_t count, int64_t dim,
                      float* out, void* stream);
-// dtable[ids[i]] += dout[i] in order of i (one thread per column: deterministic).
+// EmbeddingBackward takes at most this many ids (positions are i32).
+inline constexpr int64_t kMaxEmbeddingBackwardIds = 2147483647;
+// *bytes = the scratch EmbeddingBackward needs for `count` ids (0 for none);
+// returns a cudaError_t (cudaErrorInvalidValue above kMaxEmbeddingBackwardIds).
+int EmbeddingBackwardScratchBytes(int64_t count, size_t* bytes);
+// dtable [vocab, dim] row ids[i] += dout[i] for every i, each element's terms
+// added in order of i (the CPU's order and bits): the ids are stably sorted
+// (CUB radix sort) and one block per distinct id adds its tokens. Ids outside
+// [0, vocab) are skipped (the op's caller validates them). `scratch`: at
+// least EmbeddingBackwardScratchBytes(count) bytes, 256-byte aligned.
 int EmbeddingBackward(const int32_t* ids, const float* dout, int64_t count, int64_t dim,
-                      float* dtable, void* stream);
+                      int64_t vocab, float* dtable, void* scratch, size_t scratch_bytes,
+                      void* stream);
 
-// loss[0] = mean over counted rows of the row losses, summed in f64 in row
-// order; row_loss is scratch of `rows` floats.
+// loss[0] = mean over counted rows of the row losses, summed in f64 in a
+// fixed order (one block: strided per-thread sums, then a tree); row_loss is
+// scratch of `rows` floats. A target outside [0, vocab) other than
+// kIgnoreTarget gives a NaN row loss (the dispatcher cannot check device
+// targets; nothing is read out of bounds).
 int CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                         float* row_loss, float* loss, void* stream);
-// dlogits = (softmax - onehot) / count per counted row, 0 on ignored rows;
-// count_scratch is one int64 of scratch. dlogits may be logits.
+// dlogits = (softmax - onehot) / count per counted row, 0 on ignored rows
+// (NaN on rows with an out-of-range target); count_scratch is one int64 of
+// scratch. dlogits may be logits.
 int CrossEntropyBackward(const float* logits, const int32_t* targets, int64_t rows,
                          int64_t vocab, float* dlogits, int64_t* count_scratch, void* stream);
 
