@@ -108,8 +108,9 @@ Status BroadcastRows(const OpContext& ctx, const Tensor& src, const Tensor& dst)
 // float dtypes.
 Status BiasAdd(const OpContext& ctx, const Tensor& bias, const Tensor& y);
 
-// dbias [cols] += the column sums of dy [rows, cols], row by row in order.
-// Accumulates. Any float dtypes (dbias normally f32).
+// dbias [cols] += the column sums of dy [rows, cols], in an order fixed by
+// the backend and the shape (deterministic; CPU: row by row; CUDA: chunks of
+// rows, docs/cuda.md). Accumulates. Any float dtypes (dbias normally f32).
 Status BiasGrad(const OpContext& ctx, const Tensor& dy, const Tensor& dbias);
 
 // ---- Activations and normalisation -----------------------------------------
