@@ -294,6 +294,14 @@ int FullyShardedModel::UnshardedAlive() const {
   return alive;
 }
 
+Status FullyShardedModel::WaitForCompute(Stream& waiter) {
+  Device& device = *compute_ctx_.device;
+  if (device.id().is_cpu()) return OkStatus();
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> event, device.CreateEvent(false));
+  SK_RETURN_IF_ERROR(event->Record(*compute_stream_));
+  return waiter.WaitEvent(*event);
+}
+
 Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
   FlatUnit& f = flat_[unit];
   if (f.full.defined()) {
@@ -306,7 +314,16 @@ Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
   }
   const DType dt = options_.mixed_precision.param_dtype;
   const int64_t shard = f.layout.shard_numel();
+  if (masters_written_) {
+    SK_RETURN_IF_ERROR(WaitForCompute(*ag_stream_));
+    masters_written_ = false;
+  }
   SK_ASSIGN_OR_RETURN(Tensor full, ag_allocator_->Empty(dt, Shape{f.layout.padded_numel()}));
+  if (!compute_ctx_.device->id().is_cpu()) {
+    // The compute stream reads it: its block returns to the all-gather
+    // stream's pool only once that reading is done (record_stream).
+    SK_RETURN_IF_ERROR(allocator_->RecordStream(*full.storage(), compute_stream_.get()));
+  }
   const size_t offset = static_cast<size_t>(shard_group_->rank() * shard) * DTypeSize(dt);
   SK_ASSIGN_OR_RETURN(Tensor input, full.View(offset, dt, Shape{shard}));
   // Cast (and, with offload, copy in) the master shard on the all-gather
@@ -478,6 +495,9 @@ Status FullyShardedModel::PostBackward(int unit) {
     }
   }
   if (gradient_sync_) {
+    // The reduce stream reads the gradients the compute stream is producing.
+    Status w = WaitForCompute(*rs_stream_);
+    if (!w.ok()) return Fail(w);
     // At most one reduction in flight: the previous unit's reduce-scatter
     // overlapped this unit's gradient compute; waiting for it here bounds the
     // full gradients alive to two (this unit's and the one being reduced), so
@@ -650,6 +670,7 @@ Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
     refs.push_back(ShardRef{u, flat_[u].master, flat_[u].grad});
   }
   SK_RETURN_IF_ERROR(optimizer.Step(compute_ctx_, refs));
+  masters_written_ = true;
   if (ParamsPersistent()) {
     // The full parameters are stale: gather the updated shards.
     for (int u = 0; u < num_units(); ++u) {
@@ -698,7 +719,9 @@ StatusOr<Tensor> FullyShardedModel::GatherFullParam(int unit, int param) {
   const auto& p = f.layout.params()[param];
   SK_ASSIGN_OR_RETURN(Tensor out, HostAllocator::Default().Empty(DType::kF32, p.shape));
   SK_ASSIGN_OR_RETURN(Tensor src, full.View(static_cast<size_t>(p.offset) * 4, DType::kF32, p.shape));
-  // Copy in, gather and copy out to the host, all in all-gather stream order.
+  // Copy in, gather and copy out to the host, all in all-gather stream order,
+  // after every update of the master shard enqueued so far.
+  SK_RETURN_IF_ERROR(WaitForCompute(*ag_stream_));
   Tensor master = f.master;
   SK_RETURN_IF_ERROR(OnStream(ag_ctx_, [master, input](const ops::OpContext& c) {
     return ops::Copy(c, master, input);
@@ -735,6 +758,7 @@ Status FullyShardedModel::LoadFullParams(int unit, const std::vector<Tensor>& pa
     SK_ASSIGN_OR_RETURN(Tensor dst, Slice(f.master, s.shard_offset, n));
     SK_RETURN_IF_ERROR(ops::Copy(compute_ctx_, src, dst));
   }
+  masters_written_ = true;
   if (ParamsPersistent()) {
     SK_RETURN_IF_ERROR(Regather(unit));
   }
@@ -749,6 +773,7 @@ Status FullyShardedModel::LoadMasterShard(int unit, const Tensor& shard) {
                                 std::to_string(f.layout.shard_numel()) + "], got " + shard.ToString());
   }
   SK_RETURN_IF_ERROR(ops::Copy(compute_ctx_, shard, f.master).WithContext("LoadMasterShard"));
+  masters_written_ = true;
   if (ParamsPersistent()) {
     SK_RETURN_IF_ERROR(Regather(unit));
   }

@@ -310,10 +310,20 @@ class FullyShardedModel final : public DataParallelModel {
   std::unique_ptr<StreamAllocator> activation_allocator_;
   std::unique_ptr<StreamAllocator> ag_allocator_;
   std::unique_ptr<StreamAllocator> rs_allocator_;
+  // Work enqueued on `waiter` from now on runs after everything enqueued on
+  // the compute stream so far (PyTorch's waiter.wait_stream(current)).
+  // Nothing to do on cpu, whose compute stream is the driving thread.
+  Status WaitForCompute(Stream& waiter);
   // Op contexts of the three streams (set by Init).
   ops::OpContext compute_ctx_, ag_ctx_, rs_ctx_;
   std::vector<FlatUnit> flat_;
   bool gradient_sync_ = true;
+  // Set whenever the compute stream writes master shards (initialisation,
+  // the optimizer step, loading): the next all-gather's stream first waits
+  // for the compute stream, so it reads the written values. Only then: an
+  // all-gather issued during forward or backward must overlap the compute
+  // already enqueued, as PyTorch FSDP's unshard stream does.
+  bool masters_written_ = true;
   float pre_scale_ = 1.f, post_scale_ = 1.f;
   std::vector<int> forward_order_, last_forward_order_;
   std::vector<int> all_gather_log_;

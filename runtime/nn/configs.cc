@@ -59,6 +59,12 @@ std::vector<NamedModelConfig> BuildConfigs() {
   // GPT-2 small's shape (openai-community/gpt2), so its weights load with
   // the hf-gpt2 layout (runtime/fsdp/weight_layout.h); the LM head is a
   // parameter of its own (GPT-2 ties it to wte: the import copies wte).
+  // GPT-3 XL's shape (Brown et al. 2020, "Language Models are Few-Shot
+  // Learners", table 2.1: 24 layers, d_model 2048, 16 heads of 128, context
+  // 2048; GPT-2's 50257-token vocabulary): the 1B-class model of the GPU
+  // suite (//benchmarks:gpu_train). Sequence 1024 here: the composed CUDA
+  // attention keeps heads x T x T probabilities per layer.
+  v.push_back(Gpt("gpt-1.3b", 50257, 1024, 24, 16, 2048, true, "GPT-3 XL's shape: the 1B-class GPU benchmark model"));
   v.push_back(Gpt("gpt2-small", 50257, 1024, 12, 12, 768, false, "GPT-2 small's shape: loads Hugging Face GPT-2 weights"));
   v.push_back(T5("t5-tiny", 64, 16, 16, 2, 2, 32, 64, false, "unit tests"));
   v.push_back(T5("t5-10m", 1024, 128, 128, 4, 4, 256, 1024, false, "CPU encoder-decoder"));

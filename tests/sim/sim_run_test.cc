@@ -5,6 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/comm/local_backend.h"
 #include "runtime/sim/sim_device.h"
@@ -189,6 +197,88 @@ TEST(SimulateTrainingTest, PrefetchHidesCommunication) {
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_GT(none->exposed_comm_seconds, pre->exposed_comm_seconds);
   EXPECT_GT(none->step_seconds, pre->step_seconds);
+}
+
+// Stream order as on a GPU: a gradient's reduction waits for the compute that
+// produces it (FSDP's reduce stream waits for the compute stream, as PyTorch's
+// post-backward stream does), so the step's last reduction cannot start before
+// the backward pass's last compute span has ended, however far the host runs
+// ahead; and the optimizer, which reads the reduced gradients, starts after
+// every reduction. Both for FSDP and for DDP's bucket all-reduces.
+TEST(SimulateTrainingTest, ReductionsWaitForTheComputeThatProducesTheirGradients) {
+  for (Parallelism p : {Parallelism::kFsdp, Parallelism::kDdp}) {
+    const std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
+                             "/order_" + std::to_string(static_cast<int>(p)) + ".json";
+    // Compute-bound (GEMMs of milliseconds, launches of microseconds), so
+    // the host runs ahead of the compute stream: a reduction issued without
+    // waiting for it would start early (gpt-10m is launch-bound: the host
+    // never runs ahead there, and the order would hold by accident).
+    SimRunOptions r = RunOf("gpt-1.3b", 8);
+    r.trainer.parallelism = p;
+    r.trainer.fsdp.mixed_precision.param_dtype = DType::kBF16;
+    r.trace_path = path;
+    StatusOr<SimStepReport> rep = SimulateTraining(r);
+    ASSERT_TRUE(rep.ok()) << rep.status();
+    std::ifstream f(path);
+    nlohmann::json doc = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(doc.is_discarded()) << path;
+    std::map<int64_t, std::string> tracks;
+    for (const auto& e : doc["traceEvents"]) {
+      if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name") {
+        tracks[e["tid"].get<int64_t>()] = e["args"]["name"].get<std::string>();
+      }
+    }
+    struct Span {
+      std::string name;
+      double start, end;
+    };
+    std::vector<Span> compute, reduce;
+    for (const auto& e : doc["traceEvents"]) {
+      if (e.value("ph", "") != "X" || !tracks.count(e["tid"].get<int64_t>())) continue;
+      const std::string& track = tracks[e["tid"].get<int64_t>()];
+      const double ts = e["ts"].get<double>();
+      Span s{e.value("name", ""), ts, ts + e["dur"].get<double>()};
+      if (track.rfind("compute", 0) == 0) compute.push_back(s);
+      if (track.rfind("reduce", 0) == 0) reduce.push_back(s);
+    }
+    ASSERT_FALSE(compute.empty());
+    ASSERT_FALSE(reduce.empty()) << "no reduction in the trace";
+    // The optimizer's first update span; everything computed before it is
+    // the forward and backward pass.
+    double optimizer_start = -1;
+    for (const Span& s : compute) {
+      if (s.name.find("_update") != std::string::npos &&
+          (optimizer_start < 0 || s.start < optimizer_start)) {
+        optimizer_start = s.start;
+      }
+    }
+    ASSERT_GE(optimizer_start, 0) << "no optimizer span in the trace";
+    // The backward pass's last gradient op (the embedding's backward, its
+    // bias and norm gradients); the gradient-norm and optimizer spans that
+    // follow read reduced gradients and come after the reductions.
+    auto is_gradient_op = [](const std::string& n) {
+      auto ends = [&](const char* suffix) {
+        const size_t k = std::strlen(suffix);
+        return n.size() >= k && n.compare(n.size() - k, k, suffix) == 0;
+      };
+      return ends("_bwd") || ends("_grad");
+    };
+    double backward_end = 0, last_reduce_start = 0, last_reduce_end = 0;
+    for (const Span& s : compute) {
+      if (s.end <= optimizer_start && is_gradient_op(s.name)) backward_end = std::max(backward_end, s.end);
+    }
+    ASSERT_GT(backward_end, 0) << "no backward op in the trace";
+    for (const Span& s : reduce) {
+      if (s.start > optimizer_start) continue;  // the next step's, if any
+      last_reduce_start = std::max(last_reduce_start, s.start);
+      last_reduce_end = std::max(last_reduce_end, s.end);
+    }
+    const char* what = p == Parallelism::kDdp ? "DDP" : "FSDP";
+    EXPECT_GE(last_reduce_start, backward_end * (1 - 1e-12))
+        << what << ": the last reduction started at " << last_reduce_start << " us, before the backward pass's "
+        << "compute ended at " << backward_end << " us";
+    EXPECT_GE(optimizer_start, last_reduce_end * (1 - 1e-12)) << what;
+  }
 }
 
 TEST(SimulateTrainingTest, OutOfMemoryIsAResult) {

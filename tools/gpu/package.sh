@@ -36,6 +36,7 @@ TESTS=(
 )
 BENCHES=(
   //benchmarks:gpu_gemm
+  //benchmarks:gpu_train
 )
 
 echo "package: building ${#TESTS[@]} tests and ${#BENCHES[@]} benchmarks with --config=cuda -c opt"
@@ -52,7 +53,9 @@ for label in "${TESTS[@]}" "${BENCHES[@]}"; do
   name=${rel##*:}
   cp -L "$path" "$PKG/bin/$name"
   chmod u+w "$PKG/bin/$name"
-  strip --strip-unneeded "$PKG/bin/$name"
+  # Debug info out, the symbol table kept: a hung binary's stacks (run.sh
+  # attaches cuda-gdb) then name its functions.
+  strip --strip-debug "$PKG/bin/$name"
   binaries+=("$path")  # ldd'd in place: Bazel's solib RPATHs resolve there
 done
 

@@ -64,19 +64,44 @@ fi
 } > "$OUT/environment.txt" 2>&1
 cp "$PKG/MANIFEST" "$OUT/MANIFEST" 2>/dev/null
 
+# Runs "$@" with its output in $LOG, killed after $TEST_TIMEOUT seconds; a
+# program still running then gets its threads' stacks appended to $LOG first
+# (cuda-gdb, on the GPU machine, attaches to programs without GPU code too),
+# so a hang names where it waits. The exit status is timeout(1)'s: 124.
+run_bounded() {
+  "$@" > "$LOG" 2>&1 &
+  local pid=$! waited=0
+  while kill -0 "$pid" 2>/dev/null && ((waited < TEST_TIMEOUT)); do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "run.sh: still running after ${TEST_TIMEOUT} s: stacks follow, then it is killed" >> "$LOG"
+    for dbg in cuda-gdb gdb; do
+      if command -v "$dbg" >/dev/null; then
+        timeout 60 "$dbg" -p "$pid" -batch -ex "thread apply all bt 30" >> "$LOG" 2>&1
+        break
+      fi
+    done
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    return 124
+  fi
+  wait "$pid"
+}
+
 for bin in "$PKG"/bin/*; do
   name=$(basename "$bin")
   case "$name" in
     *_test)
       echo "run: $name"
-      timeout "$TEST_TIMEOUT" "${launch[@]}" "$bin" --gtest_output="json:$OUT/tests/$name.json" \
-        > "$OUT/tests/$name.log" 2>&1
+      LOG="$OUT/tests/$name.log" run_bounded "${launch[@]}" "$bin" --gtest_output="json:$OUT/tests/$name.json"
       echo "$?" > "$OUT/tests/$name.rc"
       ;;
     *)
       echo "bench: $name"
-      timeout "$TEST_TIMEOUT" "${launch[@]}" "$bin" --benchmark_out="$OUT/bench/$name.json" \
-        --benchmark_out_format=json > "$OUT/bench/$name.log" 2>&1
+      LOG="$OUT/bench/$name.log" run_bounded "${launch[@]}" "$bin" --benchmark_out="$OUT/bench/$name.json" \
+        --benchmark_out_format=json ${SK_GPU_BENCH_ARGS:-}
       echo "$?" > "$OUT/bench/$name.rc"
       ;;
   esac

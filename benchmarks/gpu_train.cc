@@ -1,0 +1,216 @@
+// Training steps on a GPU through Trainer (the code every frontend runs):
+// step time, model TFLOP/s, MFU against the device's dense bf16 peak, peak
+// memory, and the simulator's prediction for the same configuration with the
+// h100-80g profile (predicted / measured), for
+//
+//   - gpt-150m and gpt-1.3b (GPT-3 XL's shape) on one GPU, bf16 mixed
+//     precision, FULL_SHARD versus DDP (world 1: the same arithmetic, FSDP's
+//     machinery against DDP's), plus f32 and activation checkpointing rows;
+//   - gpt-150m with two ranks as threads on the one GPU (the `local`
+//     backend's device-to-device collectives): FULL_SHARD with backward
+//     prefetch BACKWARD_PRE versus none, and DDP.
+//
+// Each configuration is one Google Benchmark: its trainers are created, run
+// --warmup steps, then every iteration is one optimizer step timed by
+// Trainer (Step() waits for the compute stream: device time, as
+// torch.cuda.synchronize() in a PyTorch benchmark); the trainers are
+// destroyed before the next configuration so each starts with an empty
+// device. Without a GPU every benchmark reports "no CUDA device". Part of the
+// GPU suite (tools/gpu); nothing here is a test.
+//
+//   ./bazelw run --config=cuda -c opt //benchmarks:gpu_train
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "runtime/comm/local_backend.h"
+#include "runtime/core/status.h"
+#include "runtime/train/sim_run.h"
+#include "runtime/train/trainer.h"
+
+namespace sk {
+namespace {
+
+constexpr int kWarmup = 2;
+// NVIDIA H100 SXM datasheet: BF16 tensor core 989 TFLOPS dense (the
+// h100-80g profile's figure); an H100 PCIe is 756.
+constexpr double kH100DenseBf16Tflops = 989.0;
+
+struct Row {
+  const char* model;
+  int world;
+  Parallelism parallelism;
+  bool bf16;
+  BackwardPrefetch prefetch;
+  bool checkpointing;
+  int64_t batch;
+};
+
+TrainerOptions OptionsFor(const Row& row) {
+  TrainerOptions o;
+  o.model = row.model;
+  o.parallelism = row.parallelism;
+  o.fsdp.strategy = ShardingStrategy::kFullShard;
+  o.fsdp.backward_prefetch = row.prefetch;
+  if (row.bf16) {
+    o.fsdp.mixed_precision.param_dtype = DType::kBF16;
+    o.fsdp.mixed_precision.reduce_dtype = DType::kF32;
+  }
+  o.activation_checkpointing = row.checkpointing;
+  o.batch_size = row.batch;
+  o.optimizer.kind = OptimizerKind::kAdamW;
+  o.device.kind = DeviceKind::kCuda;
+  o.device.index = 0;
+  return o;
+}
+
+// The simulator's h100-80g prediction of the same step (world 1 only: the
+// simulator models one GPU per rank, not ranks sharing one).
+double Predict(const Row& row, std::string* error) {
+  if (row.world != 1) return NAN;
+  SimRunOptions s;
+  s.trainer = OptionsFor(row);
+  s.trainer.device = DeviceOptions{};
+  s.trainer.device.kind = DeviceKind::kSim;
+  s.trainer.device.sim_profile = "h100-80g";
+  s.trainer.device.sim_world_size = 1;
+  s.trainer.device.sim_gpus_per_node = 1;
+  s.warmup_steps = 1;
+  s.steps = 1;
+  StatusOr<SimStepReport> r = SimulateTraining(s);
+  if (!r.ok()) {
+    *error = r.status().ToString();
+    return NAN;
+  }
+  return r->step_seconds;
+}
+
+void BM_Train(benchmark::State& state, Row row) {
+  if (Device::CudaDeviceCount() == 0) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  std::string sim_error;
+  const double predicted = Predict(row, &sim_error);
+
+  auto groups_or = comm::LocalProcessGroup::Create(row.world);
+  if (!groups_or.ok()) {
+    state.SkipWithError(groups_or.status().ToString().c_str());
+    return;
+  }
+  std::vector<std::shared_ptr<comm::ProcessGroup>> groups;
+  for (auto& g : *groups_or) groups.push_back(std::move(g));
+  std::vector<std::unique_ptr<Trainer>> trainers(row.world);
+  const TrainerOptions options = OptionsFor(row);
+  std::vector<StepMetrics> metrics(row.world);
+  auto step_all = [&]() {
+    return comm::RunRankThreads(row.world, [&](int r) -> Status {
+      SK_ASSIGN_OR_RETURN(metrics[r], trainers[r]->Step());
+      return OkStatus();
+    });
+  };
+  Status s = comm::RunRankThreads(row.world, [&](int r) -> Status {
+    SK_ASSIGN_OR_RETURN(trainers[r], Trainer::Create(options, groups[r].get()));
+    return OkStatus();
+  });
+  for (int i = 0; i < kWarmup && s.ok(); ++i) s = step_all();
+  if (!s.ok()) {
+    state.SkipWithError(s.ToString().c_str());
+    return;
+  }
+  double model_tflops = 0, peak_alloc = 0, peak_reserved = 0, loss = 0;
+  std::vector<double> times;
+  for (auto _ : state) {
+    s = step_all();
+    if (!s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      break;
+    }
+    double slowest = 0, tflops = 0;
+    for (const StepMetrics& m : metrics) {
+      slowest = std::max(slowest, m.step_seconds);
+      tflops += m.model_tflops_per_rank;  // ranks share the one GPU: their sum
+      peak_alloc = std::max(peak_alloc, double(m.peak_allocated_bytes));
+      peak_reserved = std::max(peak_reserved, double(m.peak_reserved_bytes));
+    }
+    loss = metrics[0].global_loss;
+    times.push_back(slowest);
+    model_tflops = tflops;  // the last step's; scaled to the median time below
+    state.SetIterationTime(slowest);
+  }
+  if (s.ok() && !times.empty()) {
+    std::vector<double> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    // Model FLOPs per step are fixed, so TFLOP/s at the median time follows
+    // from the last step's rate and time.
+    const double tflops_median = model_tflops * times.back() / median;
+    state.counters["median_s"] = median;
+    state.counters["model_TFLOPs"] = tflops_median;
+    state.counters["MFU_pct"] = 100.0 * tflops_median / kH100DenseBf16Tflops;
+    state.counters["peak_alloc_GiB"] = peak_alloc / (1 << 30);
+    state.counters["peak_reserved_GiB"] = peak_reserved / (1 << 30);
+    state.counters["loss"] = loss;
+    if (!std::isnan(predicted)) {
+      state.counters["sim_h100_s"] = predicted;
+      state.counters["sim_over_meas"] = predicted / median;
+    }
+  }
+  std::string label = std::string(row.model) + " w" + std::to_string(row.world) + " " +
+                      (row.parallelism == Parallelism::kDdp ? "DDP" : "FULL_SHARD") +
+                      (row.bf16 ? " bf16" : " f32") +
+                      (row.parallelism == Parallelism::kFsdp && row.prefetch == BackwardPrefetch::kNone
+                           ? " no-prefetch"
+                           : "") +
+                      (row.checkpointing ? " ckpt" : "") + " batch " + std::to_string(row.batch);
+  if (!sim_error.empty()) label += " (sim: " + sim_error + ")";
+  state.SetLabel(label);
+  comm::RunRankThreads(row.world, [&](int r) {
+    trainers[r].reset();
+    return OkStatus();
+  }).IgnoreError();
+}
+
+constexpr auto kFsdp = Parallelism::kFsdp;
+constexpr auto kDdp = Parallelism::kDdp;
+constexpr auto kPre = BackwardPrefetch::kBackwardPre;
+constexpr auto kNone = BackwardPrefetch::kNone;
+
+void Register() {
+  const Row rows[] = {
+      {"gpt-150m", 1, kFsdp, true, kPre, false, 8},
+      {"gpt-150m", 1, kDdp, true, kPre, false, 8},
+      {"gpt-150m", 1, kFsdp, false, kPre, false, 8},
+      {"gpt-1.3b", 1, kFsdp, true, kPre, false, 8},
+      {"gpt-1.3b", 1, kDdp, true, kPre, false, 8},
+      {"gpt-1.3b", 1, kFsdp, true, kPre, true, 8},
+      {"gpt-150m", 2, kFsdp, true, kPre, false, 4},
+      {"gpt-150m", 2, kFsdp, true, kNone, false, 4},
+      {"gpt-150m", 2, kDdp, true, kPre, false, 4},
+  };
+  for (const Row& row : rows) {
+    std::string name = std::string("BM_Train/") + row.model + "/w" + std::to_string(row.world) + "/" +
+                       (row.parallelism == kDdp ? "ddp" : "fsdp") + (row.bf16 ? "/bf16" : "/f32") +
+                       (row.parallelism == kFsdp && row.prefetch == kNone ? "/noprefetch" : "") +
+                       (row.checkpointing ? "/ckpt" : "");
+    benchmark::RegisterBenchmark(name.c_str(), BM_Train, row)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(10);
+  }
+}
+
+}  // namespace
+}  // namespace sk
+
+int main(int argc, char** argv) {
+  sk::Register();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
