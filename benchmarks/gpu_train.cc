@@ -15,12 +15,14 @@
 // Trainer (Step() waits for the compute stream: device time, as
 // torch.cuda.synchronize() in a PyTorch benchmark); the trainers are
 // destroyed before the next configuration so each starts with an empty
-// device. Without a GPU every benchmark reports "no CUDA device". Part of the
+// device. Without a GPU every benchmark reports "no CUDA device". Environment:
+// SK_GPU_TRAIN_STEPS = timed steps (default 10). Part of the
 // GPU suite (tools/gpu); nothing here is a test.
 //
 //   ./bazelw run --config=cuda -c opt //benchmarks:gpu_train
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +38,14 @@ namespace sk {
 namespace {
 
 constexpr int kWarmup = 2;
+
+// Timed steps per configuration: 10, or SK_GPU_TRAIN_STEPS (>= 1; a profiler
+// such as ncu replays every kernel, so a profiled run wants 1).
+int TimedSteps() {
+  const char* env = std::getenv("SK_GPU_TRAIN_STEPS");
+  const int n = env != nullptr ? std::atoi(env) : 10;
+  return n >= 1 ? n : 10;
+}
 // NVIDIA H100 SXM datasheet: BF16 tensor core 989 TFLOPS dense (the
 // h100-80g profile's figure); an H100 PCIe is 756.
 constexpr double kH100DenseBf16Tflops = 989.0;
@@ -200,7 +210,7 @@ void Register() {
     benchmark::RegisterBenchmark(name.c_str(), BM_Train, row)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond)
-        ->Iterations(10);
+        ->Iterations(TimedSteps());
   }
 }
 
