@@ -4,7 +4,10 @@
 // releases its handle in the destructor; every failing call throws
 // shardkit::Error carrying the sk_status_t and the library's message. There
 // is no logic here that the C API does not have; option structs are the C
-// structs themselves (initialise them with their SK_*_INIT macros).
+// structs themselves (initialise them with their SK_*_INIT macros), except
+// the device, which shardkit::Device owns (with its profile string):
+//   shardkit::Trainer gpu(options, shardkit::Device::Cuda(0), group);
+//   shardkit::Trainer sim(options, shardkit::Device::Sim("a100-80g", 512));
 //
 // Thread safety and lifetimes are the C API's (see shardkit.h): one thread
 // per object, objects keep their process group alive.
@@ -13,6 +16,7 @@
 #ifndef SHARDKIT_FRONTENDS_CPP_SHARDKIT_HPP_
 #define SHARDKIT_FRONTENDS_CPP_SHARDKIT_HPP_
 
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -151,6 +155,122 @@ inline void RunLocalRanks(int32_t world_size,
   Check(code);
 }
 
+// Which device a rank computes on: a value that owns an sk_device_options and
+// the profile string it points to (copies and moves keep their own). The C
+// API validates it when a trainer, session or engine is created; this class
+// checks nothing itself.
+//   shardkit::Device::Cuda(0)                              cuda:0
+//   shardkit::Device::Sim("a100-80g", 512).GpusPerNode(8)  512 simulated GPUs
+// Thread-safety: a const Device may be shared; modifying one is not
+// thread-safe.
+class Device {
+ public:
+  // cpu:rank, as a NULL sk_*_options.device.
+  Device() = default;
+  Device(const Device& other) : raw_(other.raw_), profile_(other.profile_) { Repoint(); }
+  Device(Device&& other) noexcept : raw_(other.raw_), profile_(std::move(other.profile_)) { Repoint(); }
+  Device& operator=(const Device& other) {
+    if (this != &other) {
+      raw_ = other.raw_;
+      profile_ = other.profile_;
+      Repoint();
+    }
+    return *this;
+  }
+  Device& operator=(Device&& other) noexcept {
+    if (this != &other) {
+      raw_ = other.raw_;
+      profile_ = std::move(other.profile_);
+      Repoint();
+    }
+    return *this;
+  }
+  ~Device() = default;
+
+  // cpu:rank.
+  static Device Cpu() { return Of(SK_DEVICE_CPU); }
+  // cpu:index.
+  static Device Cpu(int32_t index) { return Of(SK_DEVICE_CPU).Index(index); }
+  // cuda:(rank modulo the visible GPUs). UNAVAILABLE at creation where the
+  // library was built without CUDA or no GPU is visible.
+  static Device Cuda() { return Of(SK_DEVICE_CUDA); }
+  // cuda:index.
+  static Device Cuda(int32_t index) { return Of(SK_DEVICE_CUDA).Index(index); }
+  // The simulator (docs/simulator.md): one simulated rank standing for
+  // `world_size` GPUs (0 = 1) of `profile` ("a100-80g", "h100-80g",
+  // "cpu-local" or a .json path), on sim:0. Losses and norms are NaN,
+  // sk_step_metrics.simulated is set. Create trainers and engines on it
+  // without a process group: the C API then simulates the world.
+  static Device Sim(std::string profile, int32_t world_size) {
+    Device d = Of(SK_DEVICE_SIM);
+    d.profile_ = std::move(profile);
+    d.raw_.sim_world_size = world_size;
+    d.Repoint();
+    return d;
+  }
+
+  // Setters, chainable on lvalues and temporaries:
+  // Device::index of the kind (use_index = 1).
+  Device& Index(int32_t index) & {
+    raw_.use_index = 1;
+    raw_.index = index;
+    return *this;
+  }
+  Device&& Index(int32_t index) && { return std::move(Index(index)); }
+  // SIM: GPUs per node of the simulated cluster (0 = the profile's).
+  Device& GpusPerNode(int32_t n) & {
+    raw_.sim_gpus_per_node = n;
+    return *this;
+  }
+  Device&& GpusPerNode(int32_t n) && { return std::move(GpusPerNode(n)); }
+  // cpu and sim: every op completes before the host goes on (the C API
+  // refuses it on cuda: set CUDA_LAUNCH_BLOCKING=1 instead).
+  Device& LaunchBlocking(bool on = true) & {
+    raw_.launch_blocking = on ? 1 : 0;
+    return *this;
+  }
+  Device&& LaunchBlocking(bool on = true) && { return std::move(LaunchBlocking(on)); }
+
+  sk_device_kind_t kind() const noexcept { return raw_.kind; }
+  // The C struct; valid while this Device lives and is not modified.
+  const sk_device_options* get() const noexcept { return &raw_; }
+
+  // `options` with .device pointing at this Device (valid while it lives);
+  // a struct_size from a header older than 0.4.0 grows to include it.
+  sk_trainer_options Apply(sk_trainer_options options) const noexcept { return With(options); }
+  sk_engine_options Apply(sk_engine_options options) const noexcept { return With(options); }
+
+ private:
+  static Device Of(sk_device_kind_t kind) {
+    Device d;
+    d.raw_.kind = kind;
+    return d;
+  }
+  template <typename Options>
+  Options With(Options options) const noexcept {
+    options.device = &raw_;
+    if (options.struct_size < sizeof(Options)) options.struct_size = sizeof(Options);
+    return options;
+  }
+  void Repoint() noexcept { raw_.sim_profile = raw_.kind == SK_DEVICE_SIM ? profile_.c_str() : nullptr; }
+
+  sk_device_options raw_ = SK_DEVICE_OPTIONS_INIT;
+  std::string profile_;
+};
+
+namespace detail {
+
+// The kind of device `options->device` names (cpu when there is none).
+inline sk_device_kind_t DeviceKindOf(const sk_engine_options* options) noexcept {
+  if (options == nullptr || options->struct_size < offsetof(sk_engine_options, device) + sizeof(options->device) ||
+      options->device == nullptr) {
+    return SK_DEVICE_CPU;
+  }
+  return options->device->kind;
+}
+
+}  // namespace detail
+
 inline int64_t ModelNumParameters(const std::string& model) {
   int64_t n = 0;
   Check(sk_model_num_parameters(model.c_str(), &n));
@@ -204,6 +324,11 @@ class Trainer : public detail::Owner<sk_trainer, sk_trainer_destroy> {
  public:
   // Collective over `group`; the trainer keeps the group alive.
   Trainer(const sk_trainer_options& options, sk_process_group* group) : Owner(Create(options, group)) {}
+  // The same on `device` (replacing options.device). On Device::Sim pass no
+  // group: the trainer simulates a world of the device's world_size ranks
+  // (a real group is INVALID_ARGUMENT there).
+  Trainer(const sk_trainer_options& options, const Device& device, sk_process_group* group = nullptr)
+      : Owner(Create(device.Apply(options), group)) {}
 
   sk_step_metrics Step() {
     sk_step_metrics m = SK_STEP_METRICS_INIT;
@@ -253,6 +378,12 @@ class LocalSession : public detail::Owner<sk_local_session, sk_local_session_des
   LocalSession(const sk_trainer_options& options, int32_t world_size,
                const char* network_model = nullptr)
       : Owner(Create(options, world_size, network_model)) {}
+  // Every rank on `device` (replacing options.device): cpu or cuda. A local
+  // group cannot carry the simulator's tensors: Device::Sim is the C API's
+  // INVALID_ARGUMENT (use a Trainer without a group).
+  LocalSession(const sk_trainer_options& options, const Device& device, int32_t world_size,
+               const char* network_model = nullptr)
+      : Owner(Create(device.Apply(options), world_size, network_model)) {}
 
   // One step on every rank; returns rank 0's metrics.
   sk_step_metrics Step() {
@@ -342,12 +473,20 @@ class ModelSpec : public detail::Owner<sk_model_spec, sk_model_spec_destroy> {
 // A view of an engine-owned buffer; valid as long as the C API says.
 struct TensorView {
   sk_tensor_view view;
+  // The engine's device: cpu views are host memory, cuda views device memory.
+  sk_device_kind_t device = SK_DEVICE_CPU;
 
   int64_t numel() const { return view.numel; }
   sk_dtype_t dtype() const { return view.dtype; }
   std::vector<int64_t> shape() const { return std::vector<int64_t>(view.shape, view.shape + view.ndim); }
-  // The data as f32; Error(INVALID_ARGUMENT) if the buffer is another dtype.
+  // The data as f32 (on cuda a device pointer); Error(INVALID_ARGUMENT) if
+  // the buffer is another dtype, Error(FAILED_PRECONDITION) on the simulator
+  // (its views have shapes and no data).
   float* f32() const {
+    if (device == SK_DEVICE_SIM) {
+      throw Error(SK_STATUS_FAILED_PRECONDITION,
+                  "a simulated engine's buffers have no data (the view's shape and dtype are real)");
+    }
     if (view.dtype != SK_DTYPE_F32) {
       throw Error(SK_STATUS_INVALID_ARGUMENT, "buffer dtype is not f32 (param_dtype/reduce_dtype)");
     }
@@ -360,7 +499,13 @@ class Engine : public detail::Owner<sk_engine, sk_engine_destroy> {
  public:
   // Collective over `group`; the engine copies the spec and keeps the group alive.
   Engine(const ModelSpec& spec, sk_process_group* group, const sk_engine_options* options = nullptr)
-      : Owner(Create(spec, group, options)) {}
+      : Owner(Create(spec, group, options)), device_(detail::DeviceKindOf(options)) {}
+  // The same on `device` (replacing options->device). On Device::Sim pass no
+  // group: the engine simulates its own world; its initialisers are priced,
+  // not run, and its views have shapes but no data.
+  Engine(const ModelSpec& spec, const Device& device, sk_process_group* group = nullptr,
+         const sk_engine_options* options = nullptr)
+      : Owner(CreateOn(spec, group, options, device)), device_(device.kind()) {}
 
   int32_t NumUnits() const {
     int32_t n = 0;
@@ -372,15 +517,17 @@ class Engine : public detail::Owner<sk_engine, sk_engine_destroy> {
   void PreBackward(int32_t unit) { Check(sk_engine_pre_backward(get(), unit)); }
   void PostBackward(int32_t unit) { Check(sk_engine_post_backward(get(), unit)); }
   TensorView Param(int32_t unit, int32_t param) {
-    TensorView v{SK_TENSOR_VIEW_INIT};
+    TensorView v{SK_TENSOR_VIEW_INIT, device_};
     Check(sk_engine_param(get(), unit, param, &v.view));
     return v;
   }
   TensorView Grad(int32_t unit, int32_t param) {
-    TensorView v{SK_TENSOR_VIEW_INIT};
+    TensorView v{SK_TENSOR_VIEW_INIT, device_};
     Check(sk_engine_grad(get(), unit, param, &v.view));
     return v;
   }
+  // The device kind the engine was created on.
+  sk_device_kind_t device_kind() const noexcept { return device_; }
   void SetGradientSync(bool enabled) { Check(sk_engine_set_gradient_sync(get(), enabled ? 1 : 0)); }
   void FinishBackward() { Check(sk_engine_finish_backward(get())); }
   double ClipGradNorm(double max_norm) {
@@ -410,6 +557,15 @@ class Engine : public detail::Owner<sk_engine, sk_engine_destroy> {
     Check(sk_engine_create(spec.get(), group, options, &e));
     return e;
   }
+  static sk_engine* CreateOn(const ModelSpec& spec, sk_process_group* group, const sk_engine_options* options,
+                             const Device& device) {
+    sk_engine_options o = SK_ENGINE_OPTIONS_INIT;
+    if (options != nullptr) o = *options;
+    o = device.Apply(o);
+    return Create(spec, group, &o);
+  }
+
+  sk_device_kind_t device_ = SK_DEVICE_CPU;
 };
 
 }  // namespace shardkit

@@ -3,8 +3,10 @@
 // rank callbacks that come back to the caller instead of crossing the ABI.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
@@ -17,6 +19,8 @@ static_assert(!std::is_copy_constructible_v<shardkit::Trainer>);
 static_assert(!std::is_copy_assignable_v<shardkit::Engine>);
 static_assert(std::is_nothrow_move_constructible_v<shardkit::ProcessGroup>);
 static_assert(std::is_nothrow_move_assignable_v<shardkit::ModelSpec>);
+static_assert(std::is_nothrow_move_constructible_v<shardkit::Device>);
+static_assert(std::is_copy_constructible_v<shardkit::Device>);
 
 sk_trainer_options Tiny() {
   sk_trainer_options o = SK_TRAINER_OPTIONS_INIT;
@@ -236,6 +240,155 @@ TEST(CppFrontend, PlanRanksCandidatesAndOwnsTheResult) {
     EXPECT_EQ(e.code(), SK_STATUS_NOT_FOUND);
     EXPECT_NE(e.message().find("no-such-model"), std::string::npos);
   }
+}
+
+}  // namespace
+
+// --- devices: shardkit::Device over sk_device_options --------------------------
+
+namespace {
+
+// Runs `make` and returns the shardkit::Error it throws (FAILs if none).
+template <typename F>
+shardkit::Error ErrorOf(F make) {
+  try {
+    make();
+  } catch (const shardkit::Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected a shardkit::Error";
+  return shardkit::Error(SK_STATUS_OK, "");
+}
+
+TEST(CppFrontendDevice, ValuesFillTheCStructAndOwnTheirProfile) {
+  const shardkit::Device cuda = shardkit::Device::Cuda(1);
+  EXPECT_EQ(cuda.kind(), SK_DEVICE_CUDA);
+  EXPECT_EQ(cuda.get()->use_index, 1);
+  EXPECT_EQ(cuda.get()->index, 1);
+  EXPECT_EQ(cuda.get()->sim_profile, nullptr);
+  EXPECT_EQ(shardkit::Device::Cuda().get()->use_index, 0);
+  EXPECT_EQ(shardkit::Device().kind(), SK_DEVICE_DEFAULT);
+  EXPECT_EQ(shardkit::Device::Cpu().LaunchBlocking().get()->launch_blocking, 1);
+
+  // Copies and moves point at their own string: the source is freed before
+  // the trainers read theirs (ASan would see a dangling profile).
+  auto source = std::make_unique<shardkit::Device>(shardkit::Device::Sim("a100-80g", 8).GpusPerNode(4));
+  EXPECT_EQ(source->get()->sim_world_size, 8);
+  EXPECT_EQ(source->get()->sim_gpus_per_node, 4);
+  shardkit::Device copy = *source;
+  shardkit::Device moved = std::move(*source);
+  shardkit::Device assigned;
+  assigned = copy;
+  source.reset();
+  for (const shardkit::Device* d : {&copy, &moved, &assigned}) {
+    EXPECT_EQ(d->kind(), SK_DEVICE_SIM);
+    EXPECT_STREQ(d->get()->sim_profile, "a100-80g");
+    EXPECT_EQ(d->get()->sim_gpus_per_node, 4);
+    shardkit::Trainer t(Tiny(), *d);
+    EXPECT_EQ(t.Step().simulated, 1);
+  }
+  EXPECT_NE(copy.get()->sim_profile, moved.get()->sim_profile);
+
+  // Apply sets .device and leaves the rest; an older struct_size grows.
+  sk_trainer_options old = Tiny();
+  old.struct_size = offsetof(sk_trainer_options, device);
+  const sk_trainer_options applied = copy.Apply(old);
+  EXPECT_EQ(applied.device, copy.get());
+  EXPECT_EQ(applied.struct_size, sizeof(sk_trainer_options));
+  EXPECT_STREQ(applied.model, "gpt-tiny");
+}
+
+TEST(CppFrontendDevice, ASimulatedTrainerMakesItsOwnWorld) {
+  shardkit::Trainer trainer(Tiny(), shardkit::Device::Sim("a100-80g", 8));
+  EXPECT_EQ(trainer.NumParameters(), shardkit::ModelNumParameters("gpt-tiny"));
+  for (int64_t step = 1; step <= 3; ++step) {
+    const sk_step_metrics m = trainer.Step();
+    EXPECT_EQ(m.step, step);
+    EXPECT_EQ(m.simulated, 1);
+    EXPECT_TRUE(std::isnan(m.loss)) << m.loss;
+    EXPECT_TRUE(std::isnan(m.global_loss)) << m.global_loss;
+    EXPECT_TRUE(std::isnan(m.grad_norm)) << m.grad_norm;
+    EXPECT_GT(m.step_seconds, 0.0);
+    EXPECT_GT(m.bytes_communicated, 0);  // the 8 simulated ranks' collectives
+  }
+  EXPECT_EQ(ErrorOf([&] { trainer.SaveCheckpoint("/nonexistent/ckpt"); }).code(), SK_STATUS_FAILED_PRECONDITION);
+
+  // A real group cannot carry the simulator's tensors, so neither can a session.
+  auto groups = shardkit::ProcessGroup::Local(1);
+  const shardkit::Device sim = shardkit::Device::Sim("a100-80g", 8);
+  shardkit::Error e = ErrorOf([&] { shardkit::Trainer t(Tiny(), sim, groups[0].get()); });
+  EXPECT_EQ(e.code(), SK_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(e.message().find("simulated process group"), std::string::npos) << e.message();
+  EXPECT_EQ(ErrorOf([&] { shardkit::LocalSession s(Tiny(), sim, 1); }).code(), SK_STATUS_INVALID_ARGUMENT);
+  // Without a group only the simulator is accepted.
+  EXPECT_EQ(ErrorOf([&] { shardkit::Trainer t(Tiny(), shardkit::Device::Cpu()); }).code(),
+            SK_STATUS_INVALID_ARGUMENT);
+}
+
+TEST(CppFrontendDevice, BadDevicesAreTheCApisErrors) {
+  auto groups = shardkit::ProcessGroup::Local(1);
+  struct Case {
+    shardkit::Device device;
+    bool group;
+    sk_status_t code;
+    const char* mentions;
+  };
+  const Case cases[] = {
+      {shardkit::Device::Sim("", 8), false, SK_STATUS_INVALID_ARGUMENT, "sim_profile"},
+      {shardkit::Device::Sim("a100-80g", -2), false, SK_STATUS_INVALID_ARGUMENT, "sim_world_size"},
+      {shardkit::Device::Sim("a100-80g", 8).GpusPerNode(-1), false, SK_STATUS_INVALID_ARGUMENT, "sim_gpus_per_node"},
+      {shardkit::Device::Sim("no-such-profile", 8), false, SK_STATUS_NOT_FOUND, "no-such-profile"},
+      {shardkit::Device::Cpu(-1), true, SK_STATUS_INVALID_ARGUMENT, "index"},
+      {shardkit::Device::Cuda().LaunchBlocking(), true, SK_STATUS_INVALID_ARGUMENT, "CUDA_LAUNCH_BLOCKING"},
+  };
+  for (const Case& c : cases) {
+    const shardkit::Error e =
+        ErrorOf([&] { shardkit::Trainer t(Tiny(), c.device, c.group ? groups[0].get() : nullptr); });
+    EXPECT_EQ(e.code(), c.code) << e.what();
+    EXPECT_NE(e.message().find(c.mentions), std::string::npos) << e.message();
+  }
+}
+
+TEST(CppFrontendDevice, CudaIsUnavailableWithoutAGpuAndTrainsWithOne) {
+  auto groups = shardkit::ProcessGroup::Local(1);
+  try {
+    shardkit::Trainer t(Tiny(), shardkit::Device::Cuda(0), groups[0].get());
+    const sk_step_metrics m = t.Step();  // a GPU is visible: it trains
+    EXPECT_EQ(m.simulated, 0);
+    EXPECT_TRUE(std::isfinite(m.loss));
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_UNAVAILABLE) << e.what();
+    EXPECT_NE(e.message().find("cuda"), std::string::npos) << e.message();
+  }
+  try {
+    shardkit::LocalSession s(Tiny(), shardkit::Device::Cuda(), 2);
+    EXPECT_TRUE(std::isfinite(s.Step().global_loss));
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_UNAVAILABLE) << e.what();
+    EXPECT_NE(e.message().find("cuda"), std::string::npos) << e.message();
+  }
+}
+
+TEST(CppFrontendDevice, ASimulatedEngineHasViewsWithoutData) {
+  shardkit::ModelSpec spec;
+  const int32_t u = spec.AddUnit("layer");
+  spec.AddParam(u, "w", {2, 3}, SK_INIT_NORMAL, 0.0f, 1.0f);
+  sk_engine_options o = SK_ENGINE_OPTIONS_INIT;
+  o.memory_cap_bytes = 1 << 20;
+  shardkit::Engine engine(spec, shardkit::Device::Sim("a100-80g", 8), nullptr, &o);
+  EXPECT_EQ(engine.device_kind(), SK_DEVICE_SIM);
+  engine.PreForward(u);
+  const shardkit::TensorView w = engine.Param(u, 0);
+  EXPECT_EQ(w.shape(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(w.numel(), 6);
+  EXPECT_EQ(ErrorOf([&] { w.f32(); }).code(), SK_STATUS_FAILED_PRECONDITION);
+  engine.PostForward(u);
+  EXPECT_EQ(ErrorOf([&] { engine.ReadParam(u, 0, 6); }).code(), SK_STATUS_FAILED_PRECONDITION);
+  // The same device through raw options.
+  const shardkit::Device sim = shardkit::Device::Sim("a100-80g", 8);
+  o.device = sim.get();
+  shardkit::Engine raw(spec, nullptr, &o);
+  EXPECT_EQ(raw.device_kind(), SK_DEVICE_SIM);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ fn main() -> Result<(), shardkit::Error> {
     let options = EngineOptions {
         fsdp: FsdpOptions { seed: 42, ..Default::default() },
         optimizer: OptimizerOptions { kind: sys::SK_OPTIMIZER_SGD, lr: 0.05, ..Default::default() },
-        memory_cap_bytes: 0,
+        ..Default::default()
     };
     let mut engine = Engine::new(&spec, &groups[0], &options)?;
     drop(spec);

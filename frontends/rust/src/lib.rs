@@ -450,6 +450,130 @@ where
     status
 }
 
+// --- devices -----------------------------------------------------------------
+
+/// Which device a rank computes on (`sk_device_options`, 0.4.0). The library
+/// validates it when a trainer, session or engine is created: a bad value is
+/// that call's `Err`, with the library's message naming the field.
+///
+/// ```no_run
+/// use shardkit::{Device, Trainer, TrainerOptions};
+/// // Train on cuda:0 (UNAVAILABLE where no GPU is visible).
+/// let gpu = TrainerOptions { device: Some(Device::cuda(0)), ..Default::default() };
+/// // Simulate 512 A100-80G GPUs, 8 per node: the trainer makes its own world.
+/// let sim = TrainerOptions {
+///     model: Some("gpt-175b".into()),
+///     device: Some(Device::Sim {
+///         profile: "a100-80g".into(),
+///         world_size: 512,
+///         gpus_per_node: 8,
+///         index: None,
+///         launch_blocking: false,
+///     }),
+///     ..Default::default()
+/// };
+/// let mut trainer = Trainer::simulated(&sim)?;
+/// let m = trainer.step()?; // m.simulated != 0, m.loss is NaN, m.step_seconds virtual
+/// # Ok::<(), shardkit::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// The host. `index`: `None` = cpu:rank. `launch_blocking`: every op
+    /// completes before the host goes on (CUDA_LAUNCH_BLOCKING's analogue).
+    Cpu { index: Option<i32>, launch_blocking: bool },
+    /// A GPU. `index`: `None` = cuda:(rank modulo the visible GPUs). The
+    /// library refuses launch blocking here (set CUDA_LAUNCH_BLOCKING=1
+    /// instead). UNAVAILABLE when the library was built without CUDA or no
+    /// GPU is visible.
+    Cuda { index: Option<i32> },
+    /// The simulator (docs/simulator.md): one simulated rank stands for a
+    /// cluster of `world_size` GPUs (0 = 1) of hardware `profile` (a built-in
+    /// name, "a100-80g", "h100-80g", "cpu-local", or a .json path), with
+    /// `gpus_per_node` per node (0 = the profile's). Tensors hold no data:
+    /// losses and norms are NaN and `StepMetrics::simulated` is set. Create
+    /// trainers and engines on it with [`Trainer::simulated`] and
+    /// [`Engine::simulated`] (no process group). `index`: the simulated
+    /// device, `None` = sim:0; one trainer or plan per sim device at a time.
+    Sim { profile: String, world_size: i32, gpus_per_node: i32, index: Option<i32>, launch_blocking: bool },
+}
+
+impl Default for Device {
+    /// cpu:rank, what `None` selects too.
+    fn default() -> Self {
+        Device::cpu()
+    }
+}
+
+impl Device {
+    /// cpu:rank.
+    pub fn cpu() -> Device {
+        Device::Cpu { index: None, launch_blocking: false }
+    }
+    /// cuda:`index`.
+    pub fn cuda(index: i32) -> Device {
+        Device::Cuda { index: Some(index) }
+    }
+    /// `world_size` simulated GPUs of `profile`, the profile's GPUs per node,
+    /// on sim:0.
+    pub fn sim(profile: &str, world_size: i32) -> Device {
+        Device::Sim { profile: profile.to_string(), world_size, gpus_per_node: 0, index: None, launch_blocking: false }
+    }
+
+    fn kind(&self) -> sys::sk_device_kind_t {
+        match self {
+            Device::Cpu { .. } => sys::SK_DEVICE_CPU,
+            Device::Cuda { .. } => sys::SK_DEVICE_CUDA,
+            Device::Sim { .. } => sys::SK_DEVICE_SIM,
+        }
+    }
+
+    /// The C struct and the profile string it points into (moving the
+    /// `RawDevice` does not move the string's bytes).
+    fn to_raw(&self) -> Result<RawDevice> {
+        let mut raw = sys::sk_device_options {
+            struct_size: std::mem::size_of::<sys::sk_device_options>(),
+            kind: self.kind(),
+            use_index: 0,
+            index: 0,
+            sim_profile: ptr::null(),
+            sim_world_size: 0,
+            sim_gpus_per_node: 0,
+            launch_blocking: 0,
+        };
+        let mut profile = None;
+        let index = match self {
+            Device::Cpu { index, launch_blocking } => {
+                raw.launch_blocking = *launch_blocking as i32;
+                *index
+            }
+            Device::Cuda { index } => *index,
+            Device::Sim { profile: p, world_size, gpus_per_node, index, launch_blocking } => {
+                let c = cstring(p, "sim profile")?;
+                raw.sim_profile = c.as_ptr();
+                profile = Some(c);
+                raw.sim_world_size = *world_size;
+                raw.sim_gpus_per_node = *gpus_per_node;
+                raw.launch_blocking = *launch_blocking as i32;
+                *index
+            }
+        };
+        if let Some(i) = index {
+            raw.use_index = 1;
+            raw.index = i;
+        }
+        Ok(RawDevice { raw, _profile: profile })
+    }
+}
+
+struct RawDevice {
+    raw: sys::sk_device_options,
+    _profile: Option<CString>,
+}
+
+fn opt_raw_device(d: &Option<RawDevice>) -> *const sys::sk_device_options {
+    d.as_ref().map_or(ptr::null(), |d| &d.raw)
+}
+
 // --- high level --------------------------------------------------------------
 
 /// `sk_trainer_options` with owned strings. Zero/None fields mean "default".
@@ -474,6 +598,9 @@ pub struct TrainerOptions {
     pub parallelism: sys::sk_parallelism_t,
     /// DDP's gradient bucket size; 0 = 25 MiB.
     pub ddp_bucket_bytes: i64,
+    /// The rank's device; `None` = cpu:rank (and no device struct is passed,
+    /// so libraries older than 0.4.0 accept the options).
+    pub device: Option<Device>,
 }
 
 impl TrainerOptions {
@@ -481,6 +608,7 @@ impl TrainerOptions {
     fn with_raw<R>(&self, f: impl FnOnce(&sys::sk_trainer_options) -> R) -> Result<R> {
         let model = opt_cstring(self.model.as_deref(), "model")?;
         let data_path = opt_cstring(self.data_path.as_deref(), "data_path")?;
+        let device = self.device.as_ref().map(Device::to_raw).transpose()?;
         let raw = sys::sk_trainer_options {
             struct_size: std::mem::size_of::<sys::sk_trainer_options>(),
             model: opt_ptr(&model),
@@ -499,7 +627,7 @@ impl TrainerOptions {
             data_tokens: self.data_tokens,
             parallelism: self.parallelism,
             ddp_bucket_bytes: self.ddp_bucket_bytes,
-            device: ptr::null(),
+            device: opt_raw_device(&device),
         };
         Ok(f(&raw))
     }
@@ -514,10 +642,21 @@ pub struct Trainer {
 unsafe impl Send for Trainer {}
 
 impl Trainer {
-    /// Collective over `group`; the trainer keeps the group alive.
+    /// Collective over `group`; the trainer keeps the group alive. On
+    /// [`Device::Sim`] use [`Trainer::simulated`]: a real group is
+    /// INVALID_ARGUMENT there.
     pub fn new(options: &TrainerOptions, group: &dyn Group) -> Result<Trainer> {
+        Trainer::create(options, group.as_ptr())
+    }
+    /// A trainer on [`Device::Sim`] that simulates its own world of the
+    /// device's `world_size` ranks (no process group; not collective).
+    /// INVALID_ARGUMENT from the library for any other device.
+    pub fn simulated(options: &TrainerOptions) -> Result<Trainer> {
+        Trainer::create(options, ptr::null_mut())
+    }
+    fn create(options: &TrainerOptions, group: *mut sys::sk_process_group) -> Result<Trainer> {
         let mut raw = ptr::null_mut();
-        check(options.with_raw(|o| unsafe { sys::sk_trainer_create(o, group.as_ptr(), &mut raw) })?)?;
+        check(options.with_raw(|o| unsafe { sys::sk_trainer_create(o, group, &mut raw) })?)?;
         Ok(Trainer { raw })
     }
     pub fn step(&mut self) -> Result<StepMetrics> {
@@ -578,6 +717,10 @@ pub struct LocalSession {
 unsafe impl Send for LocalSession {}
 
 impl LocalSession {
+    /// `world_size` ranks on library threads, each on `options.device`
+    /// (cpu or cuda: a local session's group cannot carry the simulator's
+    /// tensors, so [`Device::Sim`] is the library's INVALID_ARGUMENT; use
+    /// [`Trainer::simulated`]).
     pub fn new(options: &TrainerOptions, world_size: i32, network_model: Option<&str>) -> Result<LocalSession> {
         let network = opt_cstring(network_model, "network_model")?;
         let mut raw = ptr::null_mut();
@@ -708,6 +851,10 @@ pub struct EngineOptions {
     pub fsdp: FsdpOptions,
     pub optimizer: OptimizerOptions,
     pub memory_cap_bytes: u64,
+    /// The rank's device; `None` = cpu:rank. Off the CPU the views are not
+    /// host memory: [`Engine::param`] and [`Engine::grad`] refuse them
+    /// (use [`Engine::param_view`]).
+    pub device: Option<Device>,
 }
 
 /// One rank's FSDP engine over a caller-computed model. Parameter and
@@ -716,6 +863,8 @@ pub struct EngineOptions {
 #[derive(Debug)]
 pub struct Engine {
     raw: *mut sys::sk_engine,
+    /// Where the views point: slices are made only of host memory.
+    device: sys::sk_device_kind_t,
 }
 
 unsafe impl Send for Engine {}
@@ -730,16 +879,27 @@ fn f32_slice<'a>(v: &sys::sk_tensor_view) -> Result<&'a mut [f32]> {
 impl Engine {
     /// Collective over `group`; the engine copies the spec and keeps the group alive.
     pub fn new(spec: &ModelSpec, group: &dyn Group, options: &EngineOptions) -> Result<Engine> {
+        Engine::create(spec, group.as_ptr(), options)
+    }
+    /// An engine on [`Device::Sim`] that simulates its own world (no process
+    /// group): the initialisers are priced, not run, and the views have
+    /// shapes but no data. INVALID_ARGUMENT from the library for any other
+    /// device.
+    pub fn simulated(spec: &ModelSpec, options: &EngineOptions) -> Result<Engine> {
+        Engine::create(spec, ptr::null_mut(), options)
+    }
+    fn create(spec: &ModelSpec, group: *mut sys::sk_process_group, options: &EngineOptions) -> Result<Engine> {
+        let device = options.device.as_ref().map(Device::to_raw).transpose()?;
         let raw_options = sys::sk_engine_options {
             struct_size: std::mem::size_of::<sys::sk_engine_options>(),
             fsdp: &options.fsdp,
             optimizer: &options.optimizer,
             memory_cap_bytes: options.memory_cap_bytes,
-            device: ptr::null(),
+            device: opt_raw_device(&device),
         };
         let mut raw = ptr::null_mut();
-        check(unsafe { sys::sk_engine_create(spec.raw, group.as_ptr(), &raw_options, &mut raw) })?;
-        Ok(Engine { raw })
+        check(unsafe { sys::sk_engine_create(spec.raw, group, &raw_options, &mut raw) })?;
+        Ok(Engine { raw, device: device.map_or(sys::SK_DEVICE_CPU, |d| d.raw.kind) })
     }
     pub fn num_units(&self) -> Result<i32> {
         let mut n = 0;
@@ -762,15 +922,22 @@ impl Engine {
     pub fn param_view(&self, unit: i32, param: i32) -> Result<sys::sk_tensor_view> {
         self.view(sys::sk_engine_param, unit, param)
     }
-    /// A gathered parameter as f32 (read only).
+    /// A gathered parameter as f32 (read only). FAILED_PRECONDITION off the
+    /// CPU (the view is device or simulated memory: use `param_view`).
     pub fn param(&self, unit: i32, param: i32) -> Result<&[f32]> {
         let v = self.param_view(unit, param)?;
+        self.check_host("param")?;
         Ok(f32_slice(&v)?)
     }
-    /// A gradient buffer to add this step's gradient into.
+    /// A gradient buffer to add this step's gradient into; as `param`, CPU only.
     pub fn grad(&mut self, unit: i32, param: i32) -> Result<&mut [f32]> {
         let v = self.view(sys::sk_engine_grad, unit, param)?;
+        self.check_host("grad")?;
         f32_slice(&v)
+    }
+    /// The raw view of a gradient buffer (on every device).
+    pub fn grad_view(&mut self, unit: i32, param: i32) -> Result<sys::sk_tensor_view> {
+        self.view(sys::sk_engine_grad, unit, param)
     }
     pub fn set_gradient_sync(&mut self, enabled: bool) -> Result<()> {
         check(unsafe { sys::sk_engine_set_gradient_sync(self.raw, enabled as i32) })
@@ -804,6 +971,18 @@ impl Engine {
         let mut out = vec![0.0f32; numel];
         check(unsafe { sys::sk_engine_read_param(self.raw, unit, param, out.as_mut_ptr(), numel as i64) })?;
         Ok(out)
+    }
+
+    fn check_host(&self, what: &str) -> Result<()> {
+        let on = match self.device {
+            sys::SK_DEVICE_CUDA => "cuda (device memory)",
+            sys::SK_DEVICE_SIM => "the simulator (no data behind it)",
+            _ => return Ok(()),
+        };
+        Err(Error {
+            code: sys::SK_STATUS_FAILED_PRECONDITION,
+            message: format!("Engine::{}: the buffer is on {}, not host memory; use the raw {}_view", what, on, what),
+        })
     }
 
     fn view(

@@ -2,7 +2,7 @@
 //! that release in Drop, and rank callbacks whose errors and panics come back
 //! as Results instead of unwinding through C.
 use shardkit::{
-    run_local_ranks, sys, Engine, EngineOptions, Group, LocalSession, ModelSpec, OptimizerOptions, ParamSpec,
+    run_local_ranks, sys, Device, Engine, EngineOptions, Group, LocalSession, ModelSpec, OptimizerOptions, ParamSpec,
     ProcessGroup, Trainer, TrainerOptions, WeightLayout,
 };
 
@@ -251,4 +251,141 @@ fn plan_ranks_simulated_candidates() {
     assert!(e.message.contains("ZERO4"), "{}", e);
     let e = shardkit::plan(&shardkit::PlanRequest { model: "gpt-9z".to_string(), ..request }).unwrap_err();
     assert_eq!(e.code, sys::SK_STATUS_NOT_FOUND);
+}
+
+// --- devices ---------------------------------------------------------------------
+// cargo runs tests on concurrent threads, and one simulated device runs one
+// trainer, engine or plan at a time (plan uses sim:0): each test below that
+// simulates takes its own sim device index.
+
+/// 8 simulated A100-80G GPUs on sim:`index`.
+fn a100s(index: i32) -> Device {
+    Device::Sim { profile: "a100-80g".to_string(), world_size: 8, gpus_per_node: 0, index: Some(index), launch_blocking: false }
+}
+
+#[test]
+fn a_simulated_trainer_makes_its_own_world() {
+    let options = TrainerOptions { device: Some(a100s(1)), ..tiny() };
+    let mut trainer = Trainer::simulated(&options).unwrap();
+    assert_eq!(trainer.num_parameters().unwrap(), shardkit::model_num_parameters("gpt-tiny").unwrap());
+    for step in 1..=3 {
+        let m = trainer.step().unwrap();
+        assert_eq!(m.step, step);
+        assert_eq!(m.simulated, 1, "{:?}", m);
+        assert!(m.loss.is_nan() && m.global_loss.is_nan() && m.grad_norm.is_nan(), "{:?}", m);
+        assert!(m.step_seconds > 0.0, "{:?}", m);
+        assert!(m.bytes_communicated > 0, "{:?}", m);
+    }
+    let e = trainer.save_checkpoint("/nonexistent/ckpt").unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_FAILED_PRECONDITION, "{}", e);
+    drop(trainer);
+    // A real group cannot carry the simulator's tensors, so neither can a session.
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let e = Trainer::new(&options, &groups[0]).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+    assert!(e.message.contains("simulated process group"), "{}", e);
+    let e = LocalSession::new(&options, 1, None).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+    // Without a group only the simulator is accepted.
+    let e = Trainer::simulated(&tiny()).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+    let e = Trainer::simulated(&TrainerOptions { device: Some(Device::cpu()), ..tiny() }).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+}
+
+#[test]
+fn bad_devices_are_the_librarys_errors() {
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let sim = |profile: &str, world_size: i32, gpus_per_node: i32| Device::Sim {
+        profile: profile.to_string(),
+        world_size,
+        gpus_per_node,
+        index: Some(2),
+        launch_blocking: false,
+    };
+    let simulated = [
+        (sim("", 8, 0), sys::SK_STATUS_INVALID_ARGUMENT, "sim_profile"),
+        (sim("a100-80g", -2, 0), sys::SK_STATUS_INVALID_ARGUMENT, "sim_world_size"),
+        (sim("a100-80g", 8, -1), sys::SK_STATUS_INVALID_ARGUMENT, "sim_gpus_per_node"),
+        (sim("no-such-profile", 8, 0), sys::SK_STATUS_NOT_FOUND, "no-such-profile"),
+        (sim("a100\0", 8, 0), sys::SK_STATUS_INVALID_ARGUMENT, "NUL"),
+    ];
+    for (device, code, mentions) in simulated {
+        let e = Trainer::simulated(&TrainerOptions { device: Some(device.clone()), ..tiny() }).unwrap_err();
+        assert_eq!(e.code, code, "{:?}: {}", device, e);
+        assert!(e.message.contains(mentions), "{:?}: {}", device, e);
+    }
+    let grouped = [
+        (Device::Cpu { index: Some(-1), launch_blocking: false }, "index"),
+        (
+            Device::Sim {
+                profile: "a100-80g".to_string(),
+                world_size: 8,
+                gpus_per_node: 0,
+                index: Some(-3),
+                launch_blocking: false,
+            },
+            "index",
+        ),
+    ];
+    for (device, mentions) in grouped {
+        let e = Trainer::new(&TrainerOptions { device: Some(device.clone()), ..tiny() }, &groups[0]).unwrap_err();
+        assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{:?}: {}", device, e);
+        assert!(e.message.contains(mentions), "{:?}: {}", device, e);
+    }
+    // The estimator validates the device as trainer creation does.
+    let e = shardkit::estimate_memory(&TrainerOptions { device: Some(sim("", 8, 0)), ..tiny() }, 1).unwrap_err();
+    assert!(e.message.contains("sim_profile"), "{}", e);
+}
+
+#[test]
+fn cuda_is_unavailable_without_a_gpu_and_trains_with_one() {
+    let groups = ProcessGroup::local(1, None).unwrap();
+    match Trainer::new(&TrainerOptions { device: Some(Device::cuda(0)), ..tiny() }, &groups[0]) {
+        Ok(mut trainer) => {
+            let m = trainer.step().unwrap();
+            assert!(m.simulated == 0 && m.loss.is_finite(), "{:?}", m);
+        }
+        Err(e) => {
+            assert_eq!(e.code, sys::SK_STATUS_UNAVAILABLE, "{}", e);
+            assert!(e.message.contains("cuda"), "{}", e);
+        }
+    }
+    match LocalSession::new(&TrainerOptions { device: Some(Device::Cuda { index: None }), ..tiny() }, 2, None) {
+        Ok(mut session) => assert!(session.step().unwrap().global_loss.is_finite()),
+        Err(e) => {
+            assert_eq!(e.code, sys::SK_STATUS_UNAVAILABLE, "{}", e);
+            assert!(e.message.contains("cuda"), "{}", e);
+        }
+    }
+}
+
+#[test]
+fn a_simulated_engine_has_views_without_data() {
+    let mut spec = ModelSpec::new().unwrap();
+    let u = spec.add_unit("layer").unwrap();
+    spec.add_param(u, &ParamSpec { name: "w", shape: &[2, 3], init: sys::SK_INIT_NORMAL, init_a: 0.0, init_b: 1.0 })
+        .unwrap();
+    let options = EngineOptions { device: Some(a100s(3)), ..Default::default() };
+    let mut engine = Engine::simulated(&spec, &options).unwrap();
+    engine.pre_forward(u).unwrap();
+    let v = engine.param_view(u, 0).unwrap();
+    assert_eq!(v.numel, 6);
+    assert_eq!(unsafe { std::slice::from_raw_parts(v.shape, v.ndim as usize) }, &[2, 3]);
+    // No slice of simulated memory is ever made.
+    let e = engine.param(u, 0).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_FAILED_PRECONDITION, "{}", e);
+    assert!(e.message.contains("simulator"), "{}", e);
+    engine.post_forward(u).unwrap();
+    engine.pre_backward(u).unwrap();
+    assert_eq!(engine.grad_view(u, 0).unwrap().numel, 6);
+    assert_eq!(engine.grad(u, 0).unwrap_err().code, sys::SK_STATUS_FAILED_PRECONDITION);
+    engine.post_backward(u).unwrap();
+    engine.finish_backward().unwrap();
+    engine.optimizer_step().unwrap();
+    assert_eq!(engine.read_param(u, 0, 6).unwrap_err().code, sys::SK_STATUS_FAILED_PRECONDITION);
+    // A real group is refused, and a group-less engine needs the simulator.
+    let groups = ProcessGroup::local(1, None).unwrap();
+    assert_eq!(Engine::new(&spec, &groups[0], &options).unwrap_err().code, sys::SK_STATUS_INVALID_ARGUMENT);
+    assert_eq!(Engine::simulated(&spec, &EngineOptions::default()).unwrap_err().code, sys::SK_STATUS_INVALID_ARGUMENT);
 }
