@@ -13,6 +13,15 @@
 -- * Options are plain tables whose keys are the C struct's field names;
 --   enum fields take the C value or a name ("FULL_SHARD", "sgd", "normal"),
 --   flags take booleans, nested option structs are nested tables.
+-- * The device (sk_device_options) is `device = {kind = "cuda", index = 0}`,
+--   `device = {kind = "sim", profile = "a100-80g", world_size = 512,
+--   gpus_per_node = 8}`, or a string "cpu", "cuda", "cuda:0", "sim"
+--   (sk_device_options' own field names work too). The library validates it
+--   when a trainer, session or engine is created. On the simulator, create
+--   trainers and engines without a group: sk.trainer(options).
+-- * Option structs, their strings and nested structs are kept reachable
+--   from a module table until the C call returns (a local holding them may
+--   be dead for the JIT before the call, and C pointers do not keep cdata).
 -- * Unit and parameter indices are the C API's (0-based), as returned by
 --   add_unit/add_param.
 -- * The library is loaded from $SHARDKIT_LIB if set; else from the path
@@ -59,6 +68,9 @@ function M.version_number() return tonumber(lib.sk_version_number()) end
 local function invalid_argument(message, level)
   error(setmetatable({code = 3, name = "INVALID_ARGUMENT", message = message}, Error), level)
 end
+local function failed_precondition(message, level)
+  error(setmetatable({code = 9, name = "FAILED_PRECONDITION", message = message}, Error), level)
+end
 local function enum_by_prefix(prefix, ctype)
   return function(v, field)
     local out = ffi.new(ctype .. "[1]")
@@ -87,9 +99,41 @@ local enum_fields = {
   init = enum_by_prefix("SK_INIT_", "sk_init_kind_t"),
   parallelism = enum_by_prefix("SK_PARALLELISM_", "sk_parallelism_t"),
 }
+-- Enum fields whose name means another enum in one struct.
+local device_kind = enum_by_prefix("SK_DEVICE_", "sk_device_kind_t")
+local struct_enum_fields = {
+  sk_device_options = {kind = function(v) return device_kind(v, "device kind") end},
+}
 
--- Fields that point to nested option structs.
-local nested_fields = {fsdp = "sk_fsdp_options", optimizer = "sk_optimizer_options"}
+-- A device as the table of sk_device_options fields: "cuda:0" and "sim" are
+-- {kind = ...[, index = ...]}; index sets use_index; profile, world_size and
+-- gpus_per_node are the sim_* fields.
+local device_aliases = {profile = "sim_profile", world_size = "sim_world_size",
+                        gpus_per_node = "sim_gpus_per_node"}
+local function device_fields(d)
+  if type(d) == "string" then
+    local kind, index = d:match("^([%a_]+):(%d+)$")
+    d = kind and {kind = kind, index = tonumber(index)} or {kind = d}
+  end
+  if type(d) ~= "table" then
+    invalid_argument("device must be a table or a string such as 'cuda:0', not a " .. type(d), 5)
+  end
+  local t = {}
+  for k, v in pairs(d) do
+    if k == "index" then
+      t.use_index, t.index = 1, v
+    else
+      t[device_aliases[k] or k] = v
+    end
+  end
+  return t
+end
+
+-- Fields that point to nested option structs, and how a field's Lua value
+-- becomes that struct's table.
+local nested_fields = {fsdp = "sk_fsdp_options", optimizer = "sk_optimizer_options",
+                       device = "sk_device_options"}
+local nested_tables = {device = device_fields}
 
 -- A new `ctype` struct from table `t` (nil: NULL). Strings and nested
 -- structs are kept alive in `anchors` for as long as the caller holds it.
@@ -98,11 +142,13 @@ local function to_struct(ctype, t, anchors)
   local s = ffi.new(ctype)
   s.struct_size = ffi.sizeof(ctype)
   anchors[#anchors + 1] = s
+  local enums = struct_enum_fields[ctype] or enum_fields
   for k, v in pairs(t) do
     if nested_fields[k] then
+      if nested_tables[k] then v = nested_tables[k](v) end
       v = to_struct(nested_fields[k], v, anchors)
-    elseif type(v) == "string" and enum_fields[k] then
-      v = enum_fields[k](v, k)
+    elseif type(v) == "string" and (enums[k] or enum_fields[k]) then
+      v = (enums[k] or enum_fields[k])(v, k)
     elseif type(v) == "string" then
       anchors[#anchors + 1] = v
     elseif type(v) == "boolean" then
@@ -113,15 +159,24 @@ local function to_struct(ctype, t, anchors)
   return s
 end
 
+-- `anchors` stays reachable from here between pin and unpin: around each C
+-- call that reads option structs (unpin before check() raises).
+local pinned = {}
+local function pin(anchors) pinned[anchors] = true end
+local function unpin(anchors) pinned[anchors] = nil end
+
 local metric_fields = {
   "step", "rank", "loss", "grad_norm", "step_seconds", "tokens_per_second",
   "model_tflops_per_rank", "hardware_tflops_per_rank", "peak_allocated_bytes",
   "peak_reserved_bytes", "allocated_bytes", "reserved_bytes", "alloc_retries", "ooms",
-  "bytes_communicated",
+  "bytes_communicated", "global_loss",
 }
+-- The metrics as numbers; `simulated` a boolean (on the simulator loss,
+-- global_loss and grad_norm are NaN and times are virtual).
 local function metrics_table(m)
   local t = {}
   for _, k in ipairs(metric_fields) do t[k] = tonumber(m[k]) end
+  t.simulated = m.simulated ~= 0
   return t
 end
 local function new_metrics()
@@ -132,10 +187,11 @@ end
 
 -- Handles --------------------------------------------------------------------
 
--- Declares a boxed handle type: `struct { T* h; }` with methods, whose __gc
--- and :close() destroy the handle once (idempotent) and leave h NULL.
-local function handle_type(name, destroy, methods)
-  local box = "struct sk_lua_" .. name .. " { " .. name .. "* h; }"
+-- Declares a boxed handle type: `struct { T* h; <extra> }` with methods,
+-- whose __gc and :close() destroy the handle once (idempotent) and leave h
+-- NULL.
+local function handle_type(name, destroy, methods, extra)
+  local box = "struct sk_lua_" .. name .. " { " .. name .. "* h; " .. (extra or "") .. " }"
   ffi.cdef(box .. ";")
   local function close(self)
     if self.h ~= nil then
@@ -183,7 +239,10 @@ function M.gloo_group(options)
   local anchors = {}
   local o = to_struct("sk_gloo_options", options, anchors)
   local out = ffi.new("sk_process_group*[1]")
-  check(lib.sk_process_group_create_gloo(o, out))
+  pin(anchors)
+  local code = lib.sk_process_group_create_gloo(o, out)
+  unpin(anchors)
+  check(code)
   return ProcessGroup(out[0])
 end
 
@@ -204,7 +263,10 @@ function M.estimate_memory(options, world_size)
   local o = to_struct("sk_trainer_options", options or {}, anchors)
   local e = ffi.new("sk_memory_estimate")
   e.struct_size = ffi.sizeof(e)
-  check(lib.sk_estimate_memory(o, world_size, e))
+  pin(anchors)
+  local code = lib.sk_estimate_memory(o, world_size, e)
+  unpin(anchors)
+  check(code)
   local t = {}
   for _, k in ipairs(estimate_fields) do t[k] = tonumber(e[k]) end
   return t
@@ -261,12 +323,18 @@ local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy,
   end,
 }))
 
--- options: sk_trainer_options as a table (fsdp/optimizer as nested tables).
+-- options: sk_trainer_options as a table (fsdp/optimizer/device as nested
+-- tables). Collective over `group`. On a sim device pass no group: the
+-- trainer simulates a world of device.world_size ranks (a real group is
+-- INVALID_ARGUMENT there; without a group only sim is accepted).
 function M.trainer(options, group)
   local anchors = {}
   local o = to_struct("sk_trainer_options", options or {}, anchors)
   local out = ffi.new("sk_trainer*[1]")
-  check(lib.sk_trainer_create(o, group.h, out))
+  pin(anchors)
+  local code = lib.sk_trainer_create(o, group and group.h or nil, out)
+  unpin(anchors)
+  check(code)
   return Trainer(out[0])
 end
 
@@ -296,11 +364,16 @@ local LocalSession = handle_type("sk_local_session", lib.sk_local_session_destro
   end,
 }))
 
+-- Every rank on options.device (cpu or cuda: a local group cannot carry the
+-- simulator's tensors, so sim is the library's INVALID_ARGUMENT).
 function M.local_session(options, world_size, network_model)
   local anchors = {}
   local o = to_struct("sk_trainer_options", options or {}, anchors)
   local out = ffi.new("sk_local_session*[1]")
-  check(lib.sk_local_session_create(o, world_size, network_model, out))
+  pin(anchors)
+  local code = lib.sk_local_session_create(o, world_size, network_model, out)
+  unpin(anchors)
+  check(code)
   return LocalSession(out[0])
 end
 
@@ -322,10 +395,14 @@ local ModelSpec = handle_type("sk_model_spec", lib.sk_model_spec_destroy, {
     local p = to_struct("sk_param_spec", fields, anchors)
     local shape = param.shape or {}
     local dims = ffi.new("int64_t[?]", math.max(#shape, 1), shape)
+    anchors[#anchors + 1] = dims
     p.ndim = #shape
     p.shape = dims
     local out = ffi.new("int32_t[1]")
-    check(lib.sk_model_spec_add_param(self.h, unit, p, out))
+    pin(anchors)
+    local code = lib.sk_model_spec_add_param(self.h, unit, p, out)
+    unpin(anchors)
+    check(code)
     return out[0]
   end,
 })
@@ -343,8 +420,16 @@ local function view(fn, engine, unit, param)
   check(fn(engine.h, unit, param, v))
   return v
 end
--- The view's data as float* (error unless f32), and its element count.
-local function f32(v)
+-- The view's data as float* (error unless f32 and host memory), and its
+-- element count.
+local off_host = {[tonumber(lib.SK_DEVICE_CUDA)] = "cuda (device memory)",
+                  [tonumber(lib.SK_DEVICE_SIM)] = "the simulator (no data behind it)"}
+local function f32(v, engine, what)
+  local where = off_host[tonumber(engine.device)]
+  if where then
+    failed_precondition(string.format("engine:%s: the buffer is on %s, not host memory; use %s_view",
+                                      what, where, what), 3)
+  end
   if v.dtype ~= lib.SK_DTYPE_F32 then
     invalid_argument("buffer dtype is not f32 (param_dtype/reduce_dtype)", 3)
   end
@@ -365,8 +450,11 @@ local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
   param_view = function(self, unit, param) return view(lib.sk_engine_param, self, unit, param) end,
   grad_view = function(self, unit, param) return view(lib.sk_engine_grad, self, unit, param) end,
   -- float* and element count (valid until the matching post_* call).
-  param = function(self, unit, param) return f32(view(lib.sk_engine_param, self, unit, param)) end,
-  grad = function(self, unit, param) return f32(view(lib.sk_engine_grad, self, unit, param)) end,
+  -- Host memory only: FAILED_PRECONDITION on cuda and sim (use the views).
+  param = function(self, unit, param) return f32(view(lib.sk_engine_param, self, unit, param), self, "param") end,
+  grad = function(self, unit, param) return f32(view(lib.sk_engine_grad, self, unit, param), self, "grad") end,
+  -- The sk_device_kind_t the engine was created on.
+  device_kind = function(self) return tonumber(self.device) end,
   set_gradient_sync = function(self, enabled)
     check(lib.sk_engine_set_gradient_sync(self.h, enabled and 1 or 0))
   end,
@@ -393,15 +481,21 @@ local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
     for i = 0, numel - 1 do out[i + 1] = buf[i] end
     return out
   end,
-})
+}, "int32_t device;")
 
--- options: sk_engine_options as a table (fsdp/optimizer nested).
+-- options: sk_engine_options as a table (fsdp/optimizer/device nested).
+-- Collective over `group`; on a sim device pass group nil (the engine
+-- simulates its own world; its views have shapes and no data).
 function M.engine(spec, group, options)
   local anchors = {}
   local o = to_struct("sk_engine_options", options, anchors)
   local out = ffi.new("sk_engine*[1]")
-  check(lib.sk_engine_create(spec.h, group.h, o, out))
-  return Engine(out[0])
+  local device = (o ~= nil and o.device ~= nil) and o.device.kind or lib.SK_DEVICE_CPU
+  pin(anchors)
+  local code = lib.sk_engine_create(spec.h, group and group.h or nil, o, out)
+  unpin(anchors)
+  check(code)
+  return Engine(out[0], device)
 end
 
 -- The planner (sk_plan). `request` is sk_plan_request as a table (model,
@@ -434,7 +528,10 @@ function M.plan(request)
   local anchors = {}
   local r = to_struct("sk_plan_request", t, anchors)
   local out = ffi.new("sk_plan_result*[1]")
-  check(lib.sk_plan(r, out))
+  pin(anchors)
+  local code = lib.sk_plan(r, out)
+  unpin(anchors)
+  check(code)
   local res = ffi.gc(out[0], lib.sk_plan_result_free)
   local plan = {
     profile = ffi.string(res.profile),

@@ -192,5 +192,103 @@ test("plan ranks simulated candidates into plain tables", function()
   expect_error("NOT_FOUND", "gpt-9z", sk.plan, {model = "gpt-9z"})
 end)
 
+-- Devices ------------------------------------------------------------------------
+
+local function tiny(device) return {model = "gpt-tiny", data_tokens = 64, device = device} end
+local a100s = {kind = "sim", profile = "a100-80g", world_size = 8}
+
+test("a simulated trainer makes its own world", function()
+  local t = sk.trainer(tiny(a100s))
+  assert(t:num_parameters() == sk.model_num_parameters("gpt-tiny"))
+  for step = 1, 3 do
+    local m = t:step()
+    assert(m.step == step, m.step)
+    assert(m.simulated == true, "not simulated")
+    assert(m.loss ~= m.loss and m.global_loss ~= m.global_loss and m.grad_norm ~= m.grad_norm,
+           "losses are not NaN: " .. tostring(m.loss))
+    assert(m.step_seconds > 0 and m.bytes_communicated > 0, m.step_seconds)
+  end
+  expect_error("FAILED_PRECONDITION", nil, t.save_checkpoint, t, "/nonexistent/ckpt")
+  t:close()
+  -- The C field names work too, and a GPUs-per-node split.
+  local t2 = sk.trainer(tiny({kind = "SIM", sim_profile = "h100-80g", sim_world_size = 16, gpus_per_node = 4,
+                              launch_blocking = true}))
+  assert(t2:step().simulated == true)
+  t2:close()
+  -- A real group cannot carry the simulator's tensors, so neither can a session.
+  expect_error("INVALID_ARGUMENT", "simulated process group", sk.trainer, tiny(a100s), sk.local_groups(1)[1])
+  expect_error("INVALID_ARGUMENT", nil, sk.local_session, tiny(a100s), 1)
+  -- Without a group only the simulator is accepted.
+  expect_error("INVALID_ARGUMENT", nil, sk.trainer, tiny("cpu"))
+end)
+
+test("bad devices are the library's errors", function()
+  expect_error("INVALID_ARGUMENT", "'tpu'", sk.trainer, tiny({kind = "tpu"}))
+  expect_error("INVALID_ARGUMENT", "'tpu'", sk.trainer, tiny("tpu:0"))
+  expect_error("NOT_FOUND", "no-such-profile", sk.trainer,
+               tiny({kind = "sim", profile = "no-such-profile", world_size = 8}))
+  expect_error("INVALID_ARGUMENT", "sim_profile", sk.trainer, tiny({kind = "sim", profile = ""}))
+  expect_error("INVALID_ARGUMENT", "sim_world_size", sk.trainer, tiny({kind = "sim", world_size = -2}))
+  expect_error("INVALID_ARGUMENT", "index", sk.trainer, tiny({kind = "cpu", index = -1}), sk.local_groups(1)[1])
+  expect_error("INVALID_ARGUMENT", "CUDA_LAUNCH_BLOCKING", sk.trainer,
+               tiny({kind = "cuda", launch_blocking = true}), sk.local_groups(1)[1])
+  expect_error("INVALID_ARGUMENT", "device must be", sk.trainer, tiny(3))
+  expect_error(nil, "colour", sk.trainer, tiny({kind = "sim", colour = "red"}))
+  -- The estimator validates the device as trainer creation does.
+  expect_error("INVALID_ARGUMENT", "sim_profile", sk.estimate_memory, tiny({kind = "sim", profile = ""}), 1)
+end)
+
+test("cuda is unavailable without a GPU and trains with one", function()
+  for _, device in ipairs({{kind = "cuda", index = 0}, "cuda:0", "cuda"}) do
+    local ok, t = pcall(sk.trainer, tiny(device), sk.local_groups(1)[1])
+    if ok then
+      local m = t:step()
+      assert(m.simulated == false and m.loss == m.loss, "a GPU trainer's loss is NaN")
+      t:close()
+    else
+      assert(type(t) == "table" and t.name == "UNAVAILABLE", tostring(t))
+      assert(t.message:find("cuda", 1, true), tostring(t))
+    end
+  end
+  local ok, s = pcall(sk.local_session, tiny("cuda"), 2)
+  if ok then
+    assert(s:step().global_loss == s:step().global_loss)
+    s:close()
+  else
+    assert(type(s) == "table" and s.name == "UNAVAILABLE" and s.message:find("cuda", 1, true), tostring(s))
+  end
+end)
+
+test("a simulated engine has views without data", function()
+  local spec = sk.model_spec()
+  local u = spec:add_unit("layer")
+  spec:add_param(u, {name = "w", shape = {2, 3}, init = "normal", init_a = 0, init_b = 1})
+  local e = sk.engine(spec, nil, {device = a100s})
+  assert(e:device_kind() == tonumber(sk.lib.SK_DEVICE_SIM))
+  e:pre_forward(u)
+  local v = e:param_view(u, 0)
+  assert(v.numel == 6 and v.ndim == 2 and v.shape[0] == 2 and v.shape[1] == 3)
+  expect_error("FAILED_PRECONDITION", "simulator", e.param, e, u, 0)
+  e:post_forward(u)
+  e:pre_backward(u)
+  assert(e:grad_view(u, 0).numel == 6)
+  expect_error("FAILED_PRECONDITION", "grad_view", e.grad, e, u, 0)
+  e:post_backward(u)
+  e:finish_backward()
+  e:optimizer_step()
+  expect_error("FAILED_PRECONDITION", nil, e.read_param, e, u, 0, 6)
+  e:close()
+  expect_error("INVALID_ARGUMENT", nil, sk.engine, spec, sk.local_groups(1)[1], {device = a100s})
+  expect_error("INVALID_ARGUMENT", nil, sk.engine, spec, nil, {})
+  -- A cpu engine's buffers are host memory.
+  local cpu = sk.engine(spec, sk.local_groups(1)[1], {device = "cpu"})
+  assert(cpu:device_kind() == tonumber(sk.lib.SK_DEVICE_CPU))
+  cpu:pre_forward(u)
+  local w, n = cpu:param(u, 0)
+  assert(n == 6 and w[0] == w[0])
+  cpu:post_forward(u)
+  cpu:close()
+end)
+
 print(string.format("%d passed, %d failed", passed, failures))
 os.exit(failures == 0 and 0 or 1)
