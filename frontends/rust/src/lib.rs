@@ -7,7 +7,8 @@
 //! * [`Error`] / [`Result`]: every status code becomes a `Result`, carrying
 //!   the library's message;
 //! * safe owners ([`ProcessGroup`], [`Trainer`], [`LocalSession`],
-//!   [`ModelSpec`], [`Engine`]) that release their handle in `Drop`.
+//!   [`ModelSpec`], [`Engine`]) that release their handle in `Drop`, and
+//!   [`Device`] (cpu, cuda or the simulator) for their options.
 //!
 //! Semantics (lifetimes, threads, collectives) are the C API's; see
 //! `shardkit.h`. Owners are `Send` (a handle may move to another thread) but
