@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -351,21 +352,35 @@ TEST(CppFrontendDevice, BadDevicesAreTheCApisErrors) {
 
 TEST(CppFrontendDevice, CudaIsUnavailableWithoutAGpuAndTrainsWithOne) {
   auto groups = shardkit::ProcessGroup::Local(1);
+  // Which branch ran is in the log (and the test XML/JSON as "cuda_trainer",
+  // "cuda_session").
   try {
     shardkit::Trainer t(Tiny(), shardkit::Device::Cuda(0), groups[0].get());
     const sk_step_metrics m = t.Step();  // a GPU is visible: it trains
     EXPECT_EQ(m.simulated, 0);
     EXPECT_TRUE(std::isfinite(m.loss));
+    const std::string what = "trained a step on cuda:0, loss " + std::to_string(m.loss);
+    std::printf("cuda trainer: %s\n", what.c_str());
+    RecordProperty("cuda_trainer", what);
   } catch (const shardkit::Error& e) {
     EXPECT_EQ(e.code(), SK_STATUS_UNAVAILABLE) << e.what();
     EXPECT_NE(e.message().find("cuda"), std::string::npos) << e.message();
+    std::printf("cuda trainer: %s\n", e.what());
+    RecordProperty("cuda_trainer", e.what());
   }
   try {
     shardkit::LocalSession s(Tiny(), shardkit::Device::Cuda(), 2);
-    EXPECT_TRUE(std::isfinite(s.Step().global_loss));
+    const sk_step_metrics m = s.Step();
+    EXPECT_EQ(m.simulated, 0);
+    EXPECT_TRUE(std::isfinite(m.global_loss));
+    const std::string what = "2 ranks trained a step, global loss " + std::to_string(m.global_loss);
+    std::printf("cuda session: %s\n", what.c_str());
+    RecordProperty("cuda_session", what);
   } catch (const shardkit::Error& e) {
     EXPECT_EQ(e.code(), SK_STATUS_UNAVAILABLE) << e.what();
     EXPECT_NE(e.message().find("cuda"), std::string::npos) << e.message();
+    std::printf("cuda session: %s\n", e.what());
+    RecordProperty("cuda_session", e.what());
   }
 }
 
