@@ -5,6 +5,7 @@
 #include "runtime/ops/cpu/kernels.h"
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -221,6 +222,58 @@ TEST(Kernels, Bf16GemmAccumulatesInF32ForEveryTransposition) {
       GemmBF16(ta, tb, m, n, k, as.data(), ta ? m : k, bs.data(), tb ? k : n, true, c.data(), n);
       for (double& w : want) w *= 2;
       ExpectForward("bf16 gemm accumulate", c, want);
+    }
+  }
+}
+
+// Ranks as threads run the same cached bf16 matmul primitives at once (two
+// FSDP ranks' weight gradients, same shapes). Every thread's result must be
+// the bits one thread alone computes: oneDNN's default (library) scratchpad
+// is shared by all primitives and must not be used by two executions at
+// once, so the primitives take a scratchpad of the calling thread's. Shapes
+// with few output elements and long sums (weight gradients), where oneDNN
+// splits the sum over its threads into scratchpad partials, and transposed
+// operands, which it packs into scratchpad, are the ones a shared
+// scratchpad corrupts.
+TEST(Kernels, Bf16GemmFromSeveralThreadsAtOnceGivesOneThreadsBits) {
+  struct Shape {
+    bool ta, tb;
+    int64_t m, n, k;
+  };
+  const std::vector<Shape> shapes = {
+      {true, false, 16, 16, 8192}, {true, false, 64, 48, 2048}, {false, true, 96, 80, 512},
+      {false, false, 128, 128, 256}};
+  constexpr int kThreads = 4, kRepeats = 20;
+  for (const Shape& sh : shapes) {
+    // Per thread its own operands (different values, same shape).
+    std::vector<std::vector<BF16>> as(kThreads), bs(kThreads);
+    std::vector<std::vector<float>> want(kThreads);
+    for (int t = 0; t < kThreads; ++t) {
+      Vec a = Random(sh.m * sh.k, 300 + t), b = Random(sh.k * sh.n, 400 + t);
+      for (double x : a) as[t].push_back(FloatToBF16(static_cast<float>(x)));
+      for (double x : b) bs[t].push_back(FloatToBF16(static_cast<float>(x)));
+      want[t].assign(sh.m * sh.n, 0.0f);
+      GemmBF16(sh.ta, sh.tb, sh.m, sh.n, sh.k, as[t].data(), sh.ta ? sh.m : sh.k, bs[t].data(),
+               sh.tb ? sh.k : sh.n, false, want[t].data(), sh.n);
+    }
+    std::vector<int> wrong(kThreads, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::vector<float> c(sh.m * sh.n);
+        for (int r = 0; r < kRepeats; ++r) {
+          GemmBF16(sh.ta, sh.tb, sh.m, sh.n, sh.k, as[t].data(), sh.ta ? sh.m : sh.k,
+                   bs[t].data(), sh.tb ? sh.k : sh.n, false, c.data(), sh.n);
+          if (std::memcmp(c.data(), want[t].data(), c.size() * sizeof(float)) != 0) ++wrong[t];
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < kThreads; ++t) {
+      EXPECT_EQ(wrong[t], 0) << "thread " << t << ": " << wrong[t] << " of " << kRepeats
+                             << " concurrent bf16 GEMMs (" << (sh.ta ? "T" : "N") << (sh.tb ? "T" : "N")
+                             << " " << sh.m << "x" << sh.n << "x" << sh.k
+                             << ") differ from the single-threaded result";
     }
   }
 }

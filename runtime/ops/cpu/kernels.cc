@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include <glog/logging.h>
 
@@ -85,14 +86,16 @@ dnnl_engine_t CpuEngine() {
   return engine;
 }
 
-// One oneDNN stream per calling thread (streams are not thread-safe).
+// One oneDNN stream per calling thread (streams are not thread-safe),
+// destroyed when the thread exits (ranks run as threads that come and go).
 dnnl_stream_t ThreadStream() {
-  thread_local dnnl_stream_t stream = [] {
-    dnnl_stream_t s = nullptr;
-    SK_DNNL_CHECK(dnnl_stream_create(&s, CpuEngine(), dnnl_stream_default_flags));
-    return s;
-  }();
-  return stream;
+  struct Holder {
+    dnnl_stream_t stream = nullptr;
+    Holder() { SK_DNNL_CHECK(dnnl_stream_create(&stream, CpuEngine(), dnnl_stream_default_flags)); }
+    ~Holder() { dnnl_stream_destroy(stream); }
+  };
+  thread_local Holder holder;
+  return holder.stream;
 }
 
 // Row-major strides of the logical [rows, cols] matrix stored with leading
@@ -107,10 +110,19 @@ using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int
 struct MatmulPrimitive {
   dnnl_primitive_t primitive = nullptr;
   dnnl_memory_desc_t a, b, c;
+  dnnl_memory_desc_t scratchpad;  // what one execution needs (may be empty)
+  size_t scratchpad_bytes = 0;
 };
 
 // Builds (once per shape) the bf16 x bf16 -> f32 matmul primitive. Cached
-// for the life of the process: models use a handful of shapes.
+// for the life of the process: models use a handful of shapes. The cache is
+// shared by every thread (ranks run as threads), so the primitive takes its
+// scratchpad from the caller at each execution (user scratchpad mode). In
+// oneDNN's default library mode every primitive shares one scratchpad and a
+// primitive must run on the thread that created it: two ranks' GEMMs at once
+// then write each other's packed operands and partial sums (found on an H100
+// host, whose CPU has AMX: the CPU reference of the bf16 equivalence test
+// changed from run to run).
 const MatmulPrimitive& GetMatmul(const MatmulKey& key) {
   static std::mutex mu;
   static auto* cache = new std::map<MatmulKey, MatmulPrimitive>();
@@ -130,6 +142,7 @@ const MatmulPrimitive& GetMatmul(const MatmulKey& key) {
   SK_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &mp.a, &mp.b, nullptr, &mp.c));
   dnnl_primitive_attr_t attr = nullptr;
   SK_DNNL_CHECK(dnnl_primitive_attr_create(&attr));
+  SK_DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
   if (accumulate) {
     dnnl_post_ops_t post_ops = nullptr;
     SK_DNNL_CHECK(dnnl_post_ops_create(&post_ops));
@@ -139,6 +152,11 @@ const MatmulPrimitive& GetMatmul(const MatmulKey& key) {
   }
   dnnl_primitive_desc_t pd = nullptr;
   SK_DNNL_CHECK(dnnl_primitive_desc_create(&pd, &desc, attr, CpuEngine(), nullptr));
+  const dnnl_memory_desc_t* scratch = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  if (scratch != nullptr) {
+    mp.scratchpad = *scratch;
+    mp.scratchpad_bytes = dnnl_memory_desc_get_size(scratch);
+  }
   SK_DNNL_CHECK(dnnl_primitive_create(&mp.primitive, pd));
   SK_DNNL_CHECK(dnnl_primitive_desc_destroy(pd));
   SK_DNNL_CHECK(dnnl_primitive_attr_destroy(attr));
@@ -158,16 +176,30 @@ void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
   }
   const MatmulPrimitive& mp =
       GetMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate});
-  dnnl_memory_t am = nullptr, bm = nullptr, cm = nullptr;
+  dnnl_memory_t am = nullptr, bm = nullptr, cm = nullptr, sm = nullptr;
   SK_DNNL_CHECK(dnnl_memory_create(&am, &mp.a, CpuEngine(), const_cast<BF16*>(a)));
   SK_DNNL_CHECK(dnnl_memory_create(&bm, &mp.b, CpuEngine(), const_cast<BF16*>(b)));
   SK_DNNL_CHECK(dnnl_memory_create(&cm, &mp.c, CpuEngine(), c));
-  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
-  SK_DNNL_CHECK(dnnl_primitive_execute(mp.primitive, ThreadStream(), 3, args));
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {}};
+  int nargs = 3;
+  if (mp.scratchpad_bytes > 0) {
+    // The calling thread's scratchpad, grown to the largest need seen and
+    // page-aligned as oneDNN's own is; one execution at a time per thread
+    // (the stream is waited for below).
+    constexpr size_t kAlign = 4096;
+    thread_local std::vector<char> scratch;
+    if (scratch.size() < mp.scratchpad_bytes + kAlign) scratch.resize(mp.scratchpad_bytes + kAlign);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(scratch.data());
+    void* aligned = reinterpret_cast<void*>((base + kAlign - 1) / kAlign * kAlign);
+    SK_DNNL_CHECK(dnnl_memory_create(&sm, &mp.scratchpad, CpuEngine(), aligned));
+    args[nargs++] = {DNNL_ARG_SCRATCHPAD, sm};
+  }
+  SK_DNNL_CHECK(dnnl_primitive_execute(mp.primitive, ThreadStream(), nargs, args));
   SK_DNNL_CHECK(dnnl_stream_wait(ThreadStream()));
   SK_DNNL_CHECK(dnnl_memory_destroy(am));
   SK_DNNL_CHECK(dnnl_memory_destroy(bm));
   SK_DNNL_CHECK(dnnl_memory_destroy(cm));
+  if (sm != nullptr) SK_DNNL_CHECK(dnnl_memory_destroy(sm));
 }
 
 bool NativeBf16Gemm() {

@@ -64,7 +64,8 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 // uses the CPU's AVX512-BF16 (or AMX) instructions where it has them. Same
 // row-major conventions as Gemm. The f32 Gemm of bf16-valued inputs gives
 // the same numbers up to summation order; this is the fast path.
-// Primitives are cached per shape; safe to call from several threads.
+// Primitives are cached per shape and take the calling thread's scratchpad
+// (oneDNN's user scratchpad mode): safe to call from several threads at once.
 void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
               int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 
