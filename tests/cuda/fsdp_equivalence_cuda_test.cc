@@ -18,13 +18,16 @@
 //
 // bf16 mixed-precision cases (FULL_SHARD at world 1 and 2, SHARD_GRAD_OP and
 // DDP at 2) compare the losses within 2% and each parameter's five-step
-// update as a vector within 5% (see the check).
+// update as a vector within 25% (see the check), and run the GPU training
+// twice: the two GPU runs must give the same bits.
 //
 // Skips (GTEST_SKIP with the reason) in a build without --config=cuda and
 // when no GPU is visible; tools/gpu/package.sh packs it for the GPU machine.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -165,6 +168,34 @@ TEST_P(FsdpEquivalenceCudaTest, LossesAndParametersMatchTheCpuRun) {
   ASSERT_FALSE(::testing::Test::HasFailure());
   RunResult cuda = Train(c, DeviceKind::kCuda);
   ASSERT_FALSE(::testing::Test::HasFailure());
+  if (c.bf16) {
+    // Run to run, the GPU must repeat itself: every op and collective here
+    // has a fixed order, so a difference is a race, not rounding.
+    RunResult again = Train(c, DeviceKind::kCuda);
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    for (int r = 0; r < c.world; ++r) {
+      for (size_t u = 0; u < cuda.params[r].size(); ++u) {
+        for (size_t p = 0; p < cuda.params[r][u].size(); ++p) {
+          const std::vector<float>& a = cuda.params[r][u][p];
+          const std::vector<float>& b = again.params[r][u][p];
+          ASSERT_EQ(a.size(), b.size());
+          double diff = 0, norm = 0;
+          size_t differ = 0;
+          for (size_t i = 0; i < a.size(); ++i) {
+            const double d1 = double(a[i]) - cuda.initial[r][u][p][i];
+            const double d2 = double(b[i]) - again.initial[r][u][p][i];
+            diff += (d1 - d2) * (d1 - d2);
+            norm += d1 * d1;
+            differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+          }
+          EXPECT_EQ(differ, 0u) << "rank " << r << " unit " << u << " param " << p
+                                << ": two GPU runs differ in " << differ << " of " << a.size()
+                                << " elements; update difference " << std::sqrt(diff)
+                                << " vs its norm " << std::sqrt(norm);
+        }
+      }
+    }
+  }
   // f32: ~100x the expected drift (see the top), element by element.
   // bf16: both devices round every activation and gradient to bf16 (8 bits
   // of mantissa), and a one-ulp difference in an f32 GEMM result can round
@@ -172,9 +203,18 @@ TEST_P(FsdpEquivalenceCudaTest, LossesAndParametersMatchTheCpuRun) {
   // cancellation then differs by more than its own size in a few elements,
   // so elementwise bounds would be set by the worst element. Instead each
   // parameter's *update* over the five steps (final minus initial) is
-  // compared as a vector: |d_cuda - d_cpu| <= 5% |d_cpu| (L2). A stale shard,
-  // a missing or doubled reduction or a wrong cast changes whole updates by
-  // tens of percent or more.
+  // compared as a vector: |d_cuda - d_cpu| <= 25% |d_cpu| (L2). Where 25%
+  // comes from: on the H100, with a deterministic CPU reference, the
+  // largest legitimate difference was 12.0% (t5-tiny FULL_SHARD and
+  // SHARD_GRAD_OP at world 2; gpt-tiny <= 0.6%), the same on two runs; on
+  // the CPU alone a few-ulp change of f32 arithmetic (scalar vs vector
+  // loops) moves bf16 updates by up to 2%. A doubled reduction moves them
+  // by 93%, half of one (a missing peer's share at world 2) by 52-78%, a
+  // stale shard (no update) by 100% (//tests/train:bf16_determinism_test
+  // measures these and checks them against this bound). 25% is about the
+  // geometric mean of 12% and 52%: 2x from each.
+  const double update_rel = 0.25;
+  double worst_update = 0;  // bf16: the largest |d_cuda - d_cpu| / |d_cpu|
   const double loss_rel = c.bf16 ? 2e-2 : 1e-4;
   for (int r = 0; r < c.world; ++r) {
     ASSERT_EQ(cuda.losses[r].size(), static_cast<size_t>(kSteps));
@@ -212,12 +252,14 @@ TEST_P(FsdpEquivalenceCudaTest, LossesAndParametersMatchTheCpuRun) {
           diff += (d_cuda - d_cpu) * (d_cuda - d_cpu);
           norm += d_cpu * d_cpu;
         }
-        EXPECT_LE(std::sqrt(diff), 0.05 * std::sqrt(norm) + 1e-7)
+        if (norm > 0) worst_update = std::max(worst_update, std::sqrt(diff / norm));
+        EXPECT_LE(std::sqrt(diff), update_rel * std::sqrt(norm) + 1e-7)
             << "rank " << r << " unit " << u << " param " << p << ": the update's L2 difference "
             << std::sqrt(diff) << " vs its norm " << std::sqrt(norm);
       }
     }
   }
+  if (c.bf16) std::printf("bf16 worst update difference vs the cpu: %.4g\n", worst_update);
 }
 
 std::vector<Case> AllCases() {
