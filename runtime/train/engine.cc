@@ -163,6 +163,9 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
   if (world == nullptr && options.device.kind != DeviceKind::kSim) {
     return InvalidArgumentError("FsdpEngine needs a process group");
   }
+  if (options.device.kind == DeviceKind::kCuda && options.fsdp.cpu_offload) {
+    return UnimplementedError(kCudaOffloadUnimplemented);
+  }
   if (units.empty()) return InvalidArgumentError("the model spec has no units");
   for (const UnitSpec& u : units) {
     if (u.params.empty()) return InvalidArgumentError("unit '" + u.name + "' has no parameters");

@@ -34,6 +34,14 @@
 namespace sk {
 
 // Which device a rank computes on. The C ABI's sk_device_options mirror it.
+// FSDP's cpu_offload on a CUDA device is refused with this message
+// (UNIMPLEMENTED): its shards would live in pageable host memory that the
+// device's kernels cannot read; it needs pinned shards, the optimizer on the
+// host and asynchronous copies (docs/cuda.md).
+inline constexpr char kCudaOffloadUnimplemented[] =
+    "cpu_offload on a cuda device is not implemented yet: the offloaded shards would need pinned host "
+    "memory, a host-side optimizer step and asynchronous copies";
+
 struct DeviceOptions {
   // kCpu (the default), kCuda or kSim.
   DeviceKind kind = DeviceKind::kCpu;

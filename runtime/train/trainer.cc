@@ -199,6 +199,10 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
     return UnimplementedError("cpu_offload on a sim device: the offloaded shards would need host "
                               "memory with data (not simulated yet)");
   }
+  if (options.device.kind == DeviceKind::kCuda && options.parallelism != Parallelism::kDdp &&
+      options.fsdp.cpu_offload) {
+    return UnimplementedError(kCudaOffloadUnimplemented);
+  }
   std::unique_ptr<comm::ProcessGroup> owned;
   if (world == nullptr) {
     SK_ASSIGN_OR_RETURN(owned, CreateSimWorld(options.device));

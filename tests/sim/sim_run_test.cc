@@ -147,6 +147,26 @@ TEST(SimTrainerTest, CudaWithoutGpuIsUnavailable) {
   EXPECT_EQ(ResolveRankDevice(d, 0).status().code(), StatusCode::kUnavailable);
 }
 
+// FSDP's CPU offload is not implemented on CUDA: refused before any device
+// is touched (so on any machine), naming what is missing; DDP has no offload.
+TEST(SimTrainerTest, CpuOffloadOnCudaIsUnimplemented) {
+  TrainerOptions o;
+  o.model = "gpt-tiny";
+  o.device.kind = DeviceKind::kCuda;
+  o.fsdp.cpu_offload = true;
+  auto groups = comm::LocalProcessGroup::Create(1);
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(o, (*groups)[0].get());
+  EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented) << t.status();
+  EXPECT_NE(t.status().message().find("cpu_offload on a cuda device"), std::string::npos) << t.status();
+
+  FsdpEngineOptions e;
+  e.device.kind = DeviceKind::kCuda;
+  e.fsdp.cpu_offload = true;
+  StatusOr<std::unique_ptr<FsdpEngine>> engine = FsdpEngine::Create({}, (*groups)[0].get(), e);
+  EXPECT_EQ(engine.status().code(), StatusCode::kUnimplemented) << engine.status();
+}
+
 SimRunOptions RunOf(const std::string& model, int world) {
   SimRunOptions r;
   r.trainer = SimOptions(model, world);
