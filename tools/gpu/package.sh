@@ -38,6 +38,7 @@ TESTS=(
   # equivalence cases; the development machines have none.
   //tests/ops:cpu_kernels_test
   //tests/train:bf16_determinism_test
+  //tests/frontends:cpp_frontend_test
 )
 BENCHES=(
   //benchmarks:gpu_gemm
