@@ -285,9 +285,7 @@ Status DistributedDataParallel::IssueAllReduce(int bucket) {
   if (!ctx_.device->id().is_cpu()) {
     // The reduce stream reads the bucket the compute stream has been filling
     // (on cpu the compute stream is this thread: nothing is pending).
-    SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> ready, ctx_.device->CreateEvent(false));
-    SK_RETURN_IF_ERROR(ready->Record(*ctx_.stream));
-    SK_RETURN_IF_ERROR(reduce_stream_->WaitEvent(*ready));
+    SK_RETURN_IF_ERROR(ctx_.device->WaitStream(*reduce_stream_, *ctx_.stream));
   }
   SK_ASSIGN_OR_RETURN(b.reduction, world_->all_reduce(b.grads, *reduce_stream_, ro));
   ++counters_.all_reduces;

@@ -34,6 +34,12 @@ void Device::FreePinnedHost(void* ptr) {
 #endif
 }
 
+Status Device::WaitStream(Stream& waiter, Stream& producer) {
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> event, CreateEvent(false));
+  SK_RETURN_IF_ERROR(event->Record(producer));
+  return waiter.WaitEvent(*event);
+}
+
 int Device::CudaDeviceCount() {
 #if defined(SHARDKIT_WITH_CUDA)
   return CudaDeviceCountImpl();

@@ -132,6 +132,12 @@ class Device {
   // A new event; timing costs a clock read per completion on CPU.
   virtual StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing = false) = 0;
 
+  // Work enqueued on `waiter` from now on runs after everything enqueued on
+  // `producer` so far (PyTorch's waiter.wait_stream(producer)): an event
+  // recorded on `producer` that `waiter` waits for; the host does not block.
+  // Both streams must be this device's.
+  Status WaitStream(Stream& waiter, Stream& producer);
+
   // Raw device memory for the caching allocator: 64-byte aligned host memory
   // on CPU, cudaMalloc on CUDA. ResourceExhausted when the device refuses.
   virtual StatusOr<void*> RawAllocate(size_t bytes) = 0;

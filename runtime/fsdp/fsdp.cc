@@ -297,9 +297,7 @@ int FullyShardedModel::UnshardedAlive() const {
 Status FullyShardedModel::WaitForCompute(Stream& waiter) {
   Device& device = *compute_ctx_.device;
   if (device.id().is_cpu()) return OkStatus();
-  SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> event, device.CreateEvent(false));
-  SK_RETURN_IF_ERROR(event->Record(*compute_stream_));
-  return waiter.WaitEvent(*event);
+  return device.WaitStream(waiter, *compute_stream_);
 }
 
 Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
