@@ -191,6 +191,16 @@ struct BlockRows {
   }
 };
 
+// The maximum of row[0, n) over group G: each thread takes its strided
+// elements in order, then G::Reduce's fixed tree (the softmax and
+// cross-entropy kernels' first pass).
+template <typename G>
+__device__ __forceinline__ float GroupRowMax(const float* row, int64_t n, float* shared) {
+  float m = -INFINITY;
+  for (int64_t j = G::Rank(); j < n; j += G::kSize) m = MaxOp()(m, row[j]);
+  return G::Reduce(m, MaxOp(), shared);
+}
+
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
     LayerNormKernel(const float* x, const float* gamma, const float* beta, int64_t rows,
@@ -258,9 +268,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     float* row = x + r * cols;
     const int64_t valid = causal ? ((r % block_rows) + 1 < cols ? (r % block_rows) + 1 : cols) : cols;
-    float m = -INFINITY;
-    for (int64_t j = G::Rank(); j < valid; j += G::kSize) m = MaxOp()(m, row[j]);
-    m = G::Reduce(m, MaxOp(), shared);
+    const float m = GroupRowMax<G>(row, valid, shared);
     float s = 0.0f;
     for (int64_t j = G::Rank(); j < valid; j += G::kSize) {
       const float e = expf(row[j] - m);
@@ -302,9 +310,7 @@ __global__ void __launch_bounds__(kThreads)
       continue;
     }
     const float* lr = logits + r * vocab;
-    float m = -INFINITY;
-    for (int64_t j = G::Rank(); j < vocab; j += G::kSize) m = MaxOp()(m, lr[j]);
-    m = G::Reduce(m, MaxOp(), shared);
+    const float m = GroupRowMax<G>(lr, vocab, shared);
     float s = 0.0f;
     for (int64_t j = G::Rank(); j < vocab; j += G::kSize) s += expf(lr[j] - m);
     s = G::Reduce(s, AddOp(), shared);
@@ -330,9 +336,7 @@ __global__ void __launch_bounds__(kThreads)
       continue;
     }
     const float* lr = logits + r * vocab;
-    float m = -INFINITY;
-    for (int64_t j = G::Rank(); j < vocab; j += G::kSize) m = MaxOp()(m, lr[j]);
-    m = G::Reduce(m, MaxOp(), shared);
+    const float m = GroupRowMax<G>(lr, vocab, shared);
     float s = 0.0f;
     for (int64_t j = G::Rank(); j < vocab; j += G::kSize) {
       const float e = expf(lr[j] - m);
