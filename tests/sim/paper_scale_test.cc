@@ -12,14 +12,14 @@
 
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <set>
 #include <sstream>
+#include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
+#include <vector>
 
 #include "runtime/train/sim_run.h"
+#include "tests/sim/trace_spans.h"
 
 namespace sk {
 namespace {
@@ -119,48 +119,24 @@ TEST(PaperScaleTest, TraceShowsTracksAndOverlap) {
   ASSERT_TRUE(rep.ok()) << rep.status();
   ASSERT_FALSE(rep->out_of_memory) << rep->oom_detail;
 
-  std::ifstream f(path);
-  ASSERT_TRUE(f.good()) << path;
-  nlohmann::json doc = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-  ASSERT_FALSE(doc.is_discarded()) << "the trace is not JSON";
-  ASSERT_TRUE(doc.contains("traceEvents"));
-  std::map<int64_t, std::string> track_names;
-  std::map<std::string, std::vector<std::pair<double, double>>> spans;  // by track name
-  std::set<std::string> categories;
-  for (const auto& e : doc["traceEvents"]) {
-    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name") {
-      track_names[e["tid"].get<int64_t>()] = e["args"]["name"].get<std::string>();
-    }
-  }
-  for (const auto& e : doc["traceEvents"]) {
-    if (e.value("ph", "") != "X") continue;
-    categories.insert(e.value("cat", ""));
-    auto it = track_names.find(e["tid"].get<int64_t>());
-    if (it == track_names.end()) continue;
-    const double ts = e["ts"].get<double>();
-    spans[it->second].emplace_back(ts, ts + e["dur"].get<double>());
-  }
-  auto track = [&](const std::string& prefix) -> const std::vector<std::pair<double, double>>* {
-    for (const auto& [name, v] : spans) {
-      if (name.rfind(prefix, 0) == 0) return &v;
-    }
-    return nullptr;
-  };
-  const auto* compute = track("compute");
-  const auto* gather = track("all-gather");
-  const auto* reduce = track("reduce");
-  const auto* host = track("host thread");
-  ASSERT_NE(compute, nullptr);
-  ASSERT_NE(gather, nullptr);
-  ASSERT_NE(reduce, nullptr);
-  ASSERT_NE(host, nullptr);
+  std::optional<sim_trace::Trace> trace = sim_trace::ReadTrace(path);
+  ASSERT_TRUE(trace.has_value()) << path << " is missing or not a JSON trace";
+  const std::vector<sim_trace::TraceSpan> compute_spans = trace->Track("compute");
+  const std::vector<sim_trace::TraceSpan> gather_spans = trace->Track("all-gather");
+  const std::vector<sim_trace::TraceSpan> reduce_spans = trace->Track("reduce");
+  const std::vector<sim_trace::TraceSpan> host_spans = trace->Track("host thread");
+  const std::set<std::string> categories(trace->categories.begin(), trace->categories.end());
+  ASSERT_FALSE(compute_spans.empty());
+  ASSERT_FALSE(gather_spans.empty());
+  ASSERT_FALSE(reduce_spans.empty());
+  ASSERT_FALSE(host_spans.empty());
   EXPECT_TRUE(categories.count("comm")) ;
   EXPECT_TRUE(categories.count("compute"));
   // Overlap: some all-gather span intersects some compute span.
   bool overlap = false;
-  for (const auto& g : *gather) {
-    for (const auto& c : *compute) {
-      if (g.first < c.second && c.first < g.second) {
+  for (const auto& g : gather_spans) {
+    for (const auto& c : compute_spans) {
+      if (g.start_us < c.end_us && c.start_us < g.end_us) {
         overlap = true;
         break;
       }
@@ -168,8 +144,8 @@ TEST(PaperScaleTest, TraceShowsTracksAndOverlap) {
     if (overlap) break;
   }
   EXPECT_TRUE(overlap) << "no all-gather overlaps compute in the trace";
-  std::printf("trace: %zu compute, %zu all-gather, %zu reduce spans; %s\n", compute->size(),
-              gather->size(), reduce->size(), path.c_str());
+  std::printf("trace: %zu compute, %zu all-gather, %zu reduce spans; %s\n", compute_spans.size(),
+              gather_spans.size(), reduce_spans.size(), path.c_str());
 }
 
 }  // namespace

@@ -7,17 +7,16 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 
 #include "runtime/comm/local_backend.h"
 #include "runtime/sim/sim_device.h"
 #include "runtime/train/engine.h"
 #include "runtime/train/trainer.h"
+#include "tests/sim/trace_spans.h"
 
 namespace sk {
 namespace {
@@ -239,37 +238,19 @@ TEST(SimulateTrainingTest, ReductionsWaitForTheComputeThatProducesTheirGradients
     r.trace_path = path;
     StatusOr<SimStepReport> rep = SimulateTraining(r);
     ASSERT_TRUE(rep.ok()) << rep.status();
-    std::ifstream f(path);
-    nlohmann::json doc = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-    ASSERT_FALSE(doc.is_discarded()) << path;
-    std::map<int64_t, std::string> tracks;
-    for (const auto& e : doc["traceEvents"]) {
-      if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name") {
-        tracks[e["tid"].get<int64_t>()] = e["args"]["name"].get<std::string>();
-      }
-    }
-    struct Span {
-      std::string name;
-      double start, end;
-    };
-    std::vector<Span> compute, reduce;
-    for (const auto& e : doc["traceEvents"]) {
-      if (e.value("ph", "") != "X" || !tracks.count(e["tid"].get<int64_t>())) continue;
-      const std::string& track = tracks[e["tid"].get<int64_t>()];
-      const double ts = e["ts"].get<double>();
-      Span s{e.value("name", ""), ts, ts + e["dur"].get<double>()};
-      if (track.rfind("compute", 0) == 0) compute.push_back(s);
-      if (track.rfind("reduce", 0) == 0) reduce.push_back(s);
-    }
+    std::optional<sim_trace::Trace> trace = sim_trace::ReadTrace(path);
+    ASSERT_TRUE(trace.has_value()) << path;
+    const std::vector<sim_trace::TraceSpan> compute = trace->Track("compute");
+    const std::vector<sim_trace::TraceSpan> reduce = trace->Track("reduce");
     ASSERT_FALSE(compute.empty());
     ASSERT_FALSE(reduce.empty()) << "no reduction in the trace";
     // The optimizer's first update span; everything computed before it is
     // the forward and backward pass.
     double optimizer_start = -1;
-    for (const Span& s : compute) {
+    for (const sim_trace::TraceSpan& s : compute) {
       if (s.name.find("_update") != std::string::npos &&
-          (optimizer_start < 0 || s.start < optimizer_start)) {
-        optimizer_start = s.start;
+          (optimizer_start < 0 || s.start_us < optimizer_start)) {
+        optimizer_start = s.start_us;
       }
     }
     ASSERT_GE(optimizer_start, 0) << "no optimizer span in the trace";
@@ -284,14 +265,14 @@ TEST(SimulateTrainingTest, ReductionsWaitForTheComputeThatProducesTheirGradients
       return ends("_bwd") || ends("_grad");
     };
     double backward_end = 0, last_reduce_start = 0, last_reduce_end = 0;
-    for (const Span& s : compute) {
-      if (s.end <= optimizer_start && is_gradient_op(s.name)) backward_end = std::max(backward_end, s.end);
+    for (const sim_trace::TraceSpan& s : compute) {
+      if (s.end_us <= optimizer_start && is_gradient_op(s.name)) backward_end = std::max(backward_end, s.end_us);
     }
     ASSERT_GT(backward_end, 0) << "no backward op in the trace";
-    for (const Span& s : reduce) {
-      if (s.start > optimizer_start) continue;  // the next step's, if any
-      last_reduce_start = std::max(last_reduce_start, s.start);
-      last_reduce_end = std::max(last_reduce_end, s.end);
+    for (const sim_trace::TraceSpan& s : reduce) {
+      if (s.start_us > optimizer_start) continue;  // the next step's, if any
+      last_reduce_start = std::max(last_reduce_start, s.start_us);
+      last_reduce_end = std::max(last_reduce_end, s.end_us);
     }
     const char* what = p == Parallelism::kDdp ? "DDP" : "FSDP";
     EXPECT_GE(last_reduce_start, backward_end * (1 - 1e-12))
