@@ -18,6 +18,15 @@
 
 namespace sk::simd {
 
+// Cephes' expf, shared by the vector Exp of every ISA: x = n ln2 + r with
+// ln2 split so that n * kLn2Hi is exact, then a degree-6 polynomial in r.
+namespace exp_poly {
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace exp_poly
+
 // ---- AVX-512 ------------------------------------------------------------------
 
 #pragma GCC push_options
@@ -48,16 +57,16 @@ struct V {
   // to 0 like expf). NaN stays NaN (min/max return their second operand).
   static R Exp(R x) {
     x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
-    R n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    R n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(exp_poly::kLog2e)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    R r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    R p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    R r = _mm512_fnmadd_ps(n, _mm512_set1_ps(exp_poly::kLn2Hi), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(exp_poly::kLn2Lo), r);
+    R p = _mm512_set1_ps(exp_poly::kP[0]);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_poly::kP[1]));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_poly::kP[2]));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_poly::kP[3]));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_poly::kP[4]));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_poly::kP[5]));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
   }
@@ -127,16 +136,16 @@ struct V {
   static R Exp(R x) {
     const R lo = _mm256_set1_ps(-87.3365448f), hi = _mm256_set1_ps(88.3762626f);
     R xc = _mm256_max_ps(lo, _mm256_min_ps(hi, x));
-    R n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+    R n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(exp_poly::kLog2e)),
                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    R r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    R p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    R r = _mm256_fnmadd_ps(n, _mm256_set1_ps(exp_poly::kLn2Hi), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(exp_poly::kLn2Lo), r);
+    R p = _mm256_set1_ps(exp_poly::kP[0]);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_poly::kP[1]));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_poly::kP[2]));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_poly::kP[3]));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_poly::kP[4]));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_poly::kP[5]));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     R y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
