@@ -4,7 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <vector>
+
+#include "benchmarks/verdict.h"
 
 namespace sk::bench {
 
@@ -46,69 +49,129 @@ std::vector<std::string> Distinct(const Table& t, const std::string& column) {
   return out;
 }
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A verdict needs this many paired rounds (the issue's >= 3 repetitions);
+// fewer is inconclusive.
+constexpr int kMinRounds = 3;
+
+// A row's repetition medians (rep_ms), or its step_ms as one value when it
+// has none (a row run once).
+std::vector<double> Reps(const Row& r) {
+  std::vector<double> v = ParseList(r.Text("rep_ms"));
+  if (v.empty() && r.Find("step_ms") != nullptr) v.push_back(r.Number("step_ms"));
+  return v;
+}
+
+// Per round, numerator's step time / denominator's.
+Spread TimeRatio(const Row& numerator, const Row& denominator) {
+  return PairedRatios(Reps(numerator), Reps(denominator));
+}
+
+Verdict JudgeRounds(const Spread& s, const Bands& b) {
+  return s.n < kMinRounds ? Verdict::kInconclusive : Judge(s, b);
+}
+
+// "1.13x [0.95..1.20]" or "+3.0% [-2.1%..+8.0%]"; "(n rounds)" when fewer
+// than a verdict needs.
+std::string Ratio(const Spread& s) {
+  std::string out = Fixed(s.median, 2) + "x [" + Fixed(s.lo, 2) + ".." + Fixed(s.hi, 2) + "]";
+  return s.n < kMinRounds ? out + " (" + std::to_string(s.n) + " rounds: too few)" : out;
+}
+std::string Change(const Spread& s) {
+  std::string out = Percent(s.median) + " [" + Percent(s.lo) + ".." + Percent(s.hi) + "]";
+  return s.n < kMinRounds ? out + " (" + std::to_string(s.n) + " rounds: too few)" : out;
+}
+
+// How a timed comparison was measured, from one of its rows.
+std::string Timed(const Row* r) {
+  const std::string reps = r != nullptr ? r->Text("reps") : "", steps = r != nullptr ? r->Text("steps") : "";
+  return "measured (wall clock; " + (reps.empty() ? std::string("?") : reps) + " alternating repetitions x " +
+         (steps.empty() ? std::string("?") : steps) +
+         " timed steps per variant; [min..max] over the paired rounds)";
+}
+
 // What each measured row rests on (issue 12: say when the setup guarantees
-// the outcome).
-std::string Evidence(const std::string& id) {
-  if (id == "fsdp_matches_ddp") return "measured (wall clock, one run per configuration)";
+// the outcome). `sample`: a row of the comparison, for its repetitions.
+std::string Evidence(const std::string& id, const Row* sample) {
+  if (id == "fsdp_matches_ddp" || id == "limiter_small_effect" || id == "prefetch_null_control") {
+    return Timed(sample);
+  }
   if (id == "ddp_ooms_fsdp_trains") {
     return "by construction (the cap is chosen between DDP's and FSDP's peaks); the peak ratio is measured";
   }
   if (id == "backward_prefetch_18pct") {
     return "by construction (the network model is calibrated so that full overlap gives 18%); "
-           "the achieved overlap is measured";
+           "the achieved overlap is " + Timed(sample);
   }
-  if (id == "limiter_near_cap") return "measured (retries, peak reserved; the cap is the harness's)";
-  if (id == "limiter_small_effect") return "measured (wall clock, one run per configuration)";
+  if (id == "limiter_near_cap") {
+    return "measured (OOM, retries and peak reserved are counts; the cap is the harness's); step time " +
+           Timed(sample);
+  }
   if (id == "hybrid_cross_host_traffic") {
     return "by construction (the bytes the collectives declare, against the formula they implement)";
   }
-  if (id == "hybrid_memory_for_speed") return "by construction (the link speed is set so the cross-host link dominates)";
+  if (id == "hybrid_memory_for_speed") {
+    return "by construction (the link speed is set so the cross-host link dominates); speed " + Timed(sample);
+  }
   return "measured";
 }
 
-Row Claim(const std::string& id, const std::string& paper, const std::string& ours,
-          const std::string& verdict, const std::string& judged_by) {
+Row Claim(const std::string& id, const Row* sample, const std::string& paper, const std::string& ours,
+          const std::string& rel_error, const std::string& verdict, const std::string& judged_by) {
   Row r;
   r.Set("claim", id);
-  r.Set("evidence", Evidence(id));
+  r.Set("evidence", Evidence(id, sample));
   r.Set("paper", paper);
   r.Set("ours", ours);
+  r.Set("rel_error", rel_error);
   r.Set("verdict", verdict);
   r.Set("judged_by", judged_by);
   return r;
 }
 
+Row NotRun(const std::string& id, const std::string& paper, const std::string& ours, const std::string& rule) {
+  return Claim(id, nullptr, paper, ours, "-", "not run", rule);
+}
+
+const std::string kSpreadRule =
+    "; a verdict only when the whole [min..max] of >= 3 paired rounds lies in one band, inconclusive when it "
+    "straddles an edge";
+
 Row SpeedParity(const Table* t) {
-  const std::string paper = "T5-611M and T5-2.28B train as fast under FSDP as under DDP";
+  const std::string id = "fsdp_matches_ddp";
+  const std::string paper = "T5-611M and T5-2.28B train as fast under FSDP as under DDP (ratio 1.00)";
   const std::string rule =
-      "FULL_SHARD/DDP step time on every model DDP fits (f32), two-sided: agrees within 10% of 1, partly "
-      "within 50%";
-  if (t == nullptr) return Claim("fsdp_matches_ddp", paper, "", "not run", rule);
-  std::string ours;
-  double worst = 0;
-  int pairs = 0;
+      "FULL_SHARD/DDP step time per round on every model DDP fits (f32): agrees within 0.90..1.10, partly "
+      "within 0.50..1.50, disagrees beyond" + kSpreadRule;
+  if (t == nullptr) return NotRun(id, paper, "", rule);
+  std::string ours, error;
+  std::vector<Verdict> verdicts;
+  const Row* sample = nullptr;
   for (const std::string& model : Distinct(*t, "model")) {
     const Row* ddp = FindRow(*t, {{"model", model}, {"strategy", "DDP"}, {"dtype", "f32"}});
     const Row* fsdp = FindRow(*t, {{"model", model}, {"strategy", "FULL_SHARD"}, {"dtype", "f32"}});
     if (ddp == nullptr || fsdp == nullptr || !Ok(*ddp) || !Ok(*fsdp)) continue;
-    double ratio = fsdp->Number("step_ms") / ddp->Number("step_ms");
-    worst = std::max(worst, std::fabs(ratio - 1));
-    ++pairs;
-    ours += (ours.empty() ? "" : "; ") + model + " " + Fixed(ratio, 2) + "x";
+    sample = fsdp;
+    const Spread ratio = TimeRatio(*fsdp, *ddp);
+    const Verdict v = JudgeRounds(ratio, {0.90, 1.10, 0.50, 1.50});
+    verdicts.push_back(v);
+    ours += (ours.empty() ? "" : "; ") + model + " " + Ratio(ratio) + " " + VerdictName(v);
+    error += (error.empty() ? "" : "; ") + model + " " + Percent(ratio.median - 1);
   }
-  if (pairs == 0) return Claim("fsdp_matches_ddp", paper, "no model where both ran", "not run", rule);
-  ours = "FULL_SHARD/DDP step time: " + ours;
-  return Claim("fsdp_matches_ddp", paper, ours,
-               worst <= 0.10 ? "agrees" : (worst <= 0.50 ? "partly" : "disagrees"), rule);
+  if (verdicts.empty()) return NotRun(id, paper, "no model where both ran", rule);
+  return Claim(id, sample, paper, "FULL_SHARD/DDP step time: " + ours, error, VerdictName(Combine(verdicts)),
+               rule);
 }
 
 Row MemoryScaling(const Table* t) {
+  const std::string id = "ddp_ooms_fsdp_trains";
   const std::string paper = "above 2.28B DDP runs out of memory, FSDP trains T5-11B";
   const std::string rule =
       "agrees: DDP OOMs on some model under the cap and FULL_SHARD trains every model (the cap "
       "is chosen between the two peaks, so the peak ratio is the measured part); partly: no "
       "DDP OOM but FULL_SHARD's peak is lower; disagrees: FULL_SHARD OOMs where DDP does not";
-  if (t == nullptr) return Claim("ddp_ooms_fsdp_trains", paper, "", "not run", rule);
+  if (t == nullptr) return NotRun(id, paper, "", rule);
   std::string ours, ooms;
   bool fsdp_all = true, any_ddp_oom = false, fsdp_lower = false, fsdp_worse = false;
   for (const std::string& model : Distinct(*t, "model")) {
@@ -140,102 +203,134 @@ Row MemoryScaling(const Table* t) {
                         : (any_ddp_oom && fsdp_all) ? "agrees"
                         : fsdp_lower               ? "partly"
                                                    : "disagrees";
-  return Claim("ddp_ooms_fsdp_trains", paper, text, verdict, rule);
+  return Claim(id, nullptr, paper, text, "- (OOM or not: no number to compare)", verdict, rule);
+}
+
+// The prefetch rows behind the calibrated link ("calibrated") or without a
+// network model ("off").
+const Row* Mode(const Table& t, const std::string& mode, const std::string& network) {
+  return FindRow(t, {{"mode", mode}, {"network_model", network}});
 }
 
 Row Prefetch(const Table* t) {
+  const std::string id = "backward_prefetch_18pct";
   const std::string paper = "backward prefetch speeds GPT-175B up by about 18%";
   const std::string rule =
-      "speedup of BACKWARD_PRE over no prefetch, network model calibrated to the paper's ratio: "
-      "agrees 9%..36% (half to twice), partly > 2% outside that band, disagrees <= 2%";
-  if (t == nullptr) return Claim("backward_prefetch_18pct", paper, "", "not run", rule);
-  const Row* none = FindRow(*t, {{"mode", "none"}});
-  const Row* pre = FindRow(*t, {{"mode", "BACKWARD_PRE"}});
-  if (none == nullptr || pre == nullptr || !Ok(*none) || !Ok(*pre)) {
-    return Claim("backward_prefetch_18pct", paper, "a mode failed", "not run", rule);
-  }
-  const double base = none->Number("step_ms");
+      "speedup of BACKWARD_PRE over no prefetch per round, network model calibrated to the paper's ratio: "
+      "agrees 9%..36% (half to twice), partly above 2% outside that band, disagrees <= 2%" + kSpreadRule;
+  if (t == nullptr) return NotRun(id, paper, "", rule);
+  const Row* none = Mode(*t, "none", "calibrated");
+  const Row* pre = Mode(*t, "BACKWARD_PRE", "calibrated");
+  if (none == nullptr || pre == nullptr || !Ok(*none) || !Ok(*pre)) return NotRun(id, paper, "a mode failed", rule);
   std::string ours;
   for (const Row& r : t->rows()) {
-    if (!Ok(r) || r.Text("mode") == "none") continue;
-    ours += (ours.empty() ? "" : ", ") + r.Text("mode") + " " + Percent(base / r.Number("step_ms") - 1);
+    if (!Ok(r) || r.Text("mode") == "none" || r.Text("network_model") != "calibrated") continue;
+    ours += (ours.empty() ? "" : ", ") + r.Text("mode") + " " + Change(Shifted(TimeRatio(*none, r), -1));
   }
-  const double speedup = base / pre->Number("step_ms") - 1;
-  std::string verdict = speedup >= 0.09 && speedup <= 0.36 ? "agrees"
-                        : speedup > 0.02                 ? "partly"
-                                                         : "disagrees";
-  return Claim("backward_prefetch_18pct", paper,
-               "speedup over no prefetch (" + pre->Text("model") + "): " + ours, verdict, rule);
+  const Spread speedup = Shifted(TimeRatio(*none, *pre), -1);
+  const Verdict v = JudgeRounds(speedup, {0.09, 0.36, 0.02, kInf});
+  const Row* null_none = Mode(*t, "none", "off");
+  const Row* null_pre = Mode(*t, "BACKWARD_PRE", "off");
+  if (null_none != nullptr && null_pre != nullptr && Ok(*null_none) && Ok(*null_pre)) {
+    ours += "; null control (no network model): BACKWARD_PRE " + Change(Shifted(TimeRatio(*null_none, *null_pre), -1));
+  }
+  return Claim(id, pre, paper, "speedup over no prefetch (" + pre->Text("model") + "): " + ours,
+               Percent((speedup.median - 0.18) / 0.18) + " (BACKWARD_PRE's median vs 18%)", VerdictName(v), rule);
+}
+
+Row PrefetchNullControl(const Table* t) {
+  const std::string id = "prefetch_null_control";
+  const std::string paper =
+      "(control, not a paper figure) with no communication to hide, prefetch can only add its overhead: no gain";
+  const std::string rule =
+      "speedup of BACKWARD_PRE over no prefetch per round with no network model: agrees <= +2% (an overhead "
+      "or nothing), disagrees above (a gain where none is possible: the measurement is biased)" + kSpreadRule;
+  if (t == nullptr) return NotRun(id, paper, "", rule);
+  const Row* none = Mode(*t, "none", "off");
+  const Row* pre = Mode(*t, "BACKWARD_PRE", "off");
+  if (none == nullptr || pre == nullptr || !Ok(*none) || !Ok(*pre)) {
+    return NotRun(id, paper, "the null-control runs are missing or failed", rule);
+  }
+  const Spread speedup = Shifted(TimeRatio(*none, *pre), -1);
+  const Verdict v = JudgeRounds(speedup, {-kInf, 0.02, -kInf, 0.02});
+  return Claim(id, pre, paper,
+               "BACKWARD_PRE vs none, no network model (" + pre->Text("model") + "): " + Change(speedup) +
+                   " speedup (overhead " + Percent(-speedup.median) + ")",
+               "- (the expectation is a sign, not a number)", VerdictName(v), rule);
 }
 
 Row LimiterNearCap(const Table* t) {
+  const std::string id = "limiter_near_cap";
   const std::string paper = "the rate limiter speeds T5-11B up to 5x (allocator retries without it)";
   const std::string rule =
-      "near the cap, limit 0 (off) vs limit 2: agrees if off is >= 2x slower or OOMs while 2 "
-      "trains; partly if off has more alloc retries or is >= 1.1x slower; disagrees otherwise";
-  if (t == nullptr) return Claim("limiter_near_cap", paper, "", "not run", rule);
+      "near the cap, limit 0 (off) vs limit 2: agrees if off OOMs while 2 trains, or off's step time per "
+      "round is >= 2x; partly 1.1x..2x, or more alloc retries without the limiter where the time does not "
+      "decide; disagrees below 1.1x" + kSpreadRule;
+  if (t == nullptr) return NotRun(id, paper, "", rule);
   const Row* off = FindRow(*t, {{"setting", "near cap"}, {"limit", "0"}});
   const Row* on = FindRow(*t, {{"setting", "near cap"}, {"limit", "2"}});
   if (off == nullptr || on == nullptr || !Ok(*on)) {
-    return Claim("limiter_near_cap", paper, "near-cap runs missing or limit 2 failed", "not run", rule);
+    return NotRun(id, paper, "near-cap runs missing or limit 2 failed", rule);
   }
   const double retries_off = off->Number("alloc_retries"), retries_on = on->Number("alloc_retries");
   std::string ours = off->Text("model") + " under a " + on->Text("memory_cap_mib") + " MiB cap: ";
   if (!Ok(*off)) {
     ours += "off " + off->Text("status") + " (" + Fixed(retries_off, 0) + " retries), limit 2 trains (" +
             Fixed(retries_on, 0) + " retries)";
-    return Claim("limiter_near_cap", paper, ours, off->Text("status") == "OOM" ? "agrees" : "not run",
-                 rule);
+    return Claim(id, on, paper, ours, "- (OOM: no speed to compare)",
+                 off->Text("status") == "OOM" ? "agrees" : "not run", rule);
   }
-  const double slowdown = off->Number("step_ms") / on->Number("step_ms");
-  ours += "off/limit-2 step time " + Fixed(slowdown, 2) + "x, alloc retries " + Fixed(retries_off, 0) +
-          " vs " + Fixed(retries_on, 0) + ", peak reserved " + off->Text("peak_reserved_mib") + " vs " +
+  const Spread slowdown = TimeRatio(*off, *on);
+  Verdict v = JudgeRounds(slowdown, {2, kInf, 1.1, kInf});
+  if ((v == Verdict::kDisagrees || v == Verdict::kInconclusive) && retries_off > retries_on) v = Verdict::kPartly;
+  ours += "off/limit-2 step time " + Ratio(slowdown) + ", alloc retries " + Fixed(retries_off, 0) + " vs " +
+          Fixed(retries_on, 0) + ", peak reserved " + off->Text("peak_reserved_mib") + " vs " +
           on->Text("peak_reserved_mib") + " MiB";
-  std::string verdict = slowdown >= 2 ? "agrees"
-                        : (retries_off > retries_on || slowdown >= 1.1) ? "partly"
-                                                                         : "disagrees";
-  return Claim("limiter_near_cap", paper, ours, verdict, rule);
+  return Claim(id, on, paper, ours, Percent(slowdown.median / 5 - 1) + " (vs up to 5x)", VerdictName(v), rule);
 }
 
 Row LimiterFarFromCap(const Table* t) {
+  const std::string id = "limiter_small_effect";
   const std::string paper = "the limiter gains nothing on RegNet-9B and costs about 5% on DeepViT-8B";
   const std::string rule =
-      "uncapped, limit 2 vs off step time on every model: agrees if within 10% (no large effect "
-      "either way), partly within 25%, disagrees beyond";
-  if (t == nullptr) return Claim("limiter_small_effect", paper, "", "not run", rule);
+      "uncapped, the limiter's speedup (off's step time / limit 2's, per round) on every model: agrees within "
+      "-10%..+10% (no large effect either way), partly within -25%..+25%, disagrees beyond" + kSpreadRule;
+  if (t == nullptr) return NotRun(id, paper, "", rule);
   std::string ours;
-  double worst = 0;
-  int pairs = 0;
+  std::vector<Verdict> verdicts;
+  const Row* sample = nullptr;
   for (const std::string& model : Distinct(*t, "model")) {
     const Row* off = FindRow(*t, {{"model", model}, {"setting", "uncapped"}, {"limit", "0"}});
     const Row* on = FindRow(*t, {{"model", model}, {"setting", "uncapped"}, {"limit", "2"}});
     if (off == nullptr || on == nullptr || !Ok(*off) || !Ok(*on)) continue;
-    const double change = off->Number("step_ms") / on->Number("step_ms") - 1;  // limiter's speedup
-    worst = std::max(worst, std::fabs(change));
-    ++pairs;
-    ours += (ours.empty() ? "" : "; ") + model + " limit 2 vs off " + Percent(change) +
-            " speed, peak reserved " + on->Text("peak_reserved_mib") + " vs " +
+    sample = on;
+    const Spread change = Shifted(TimeRatio(*off, *on), -1);  // the limiter's speedup
+    const Verdict v = JudgeRounds(change, {-0.10, 0.10, -0.25, 0.25});
+    verdicts.push_back(v);
+    ours += (ours.empty() ? "" : "; ") + model + " limit 2 vs off " + Change(change) + " speed " +
+            VerdictName(v) + ", peak reserved " + on->Text("peak_reserved_mib") + " vs " +
             off->Text("peak_reserved_mib") + " MiB";
   }
-  if (pairs == 0) return Claim("limiter_small_effect", paper, "", "not run", rule);
-  return Claim("limiter_small_effect", paper, ours,
-               worst <= 0.10 ? "agrees" : (worst <= 0.25 ? "partly" : "disagrees"), rule);
+  if (verdicts.empty()) return NotRun(id, paper, "", rule);
+  return Claim(id, sample, paper, ours, "- (the paper's 0% and -5% are other models)",
+               VerdictName(Combine(verdicts)), rule);
 }
 
 Row HybridTraffic(const Table* t, int world) {
+  const std::string id = "hybrid_cross_host_traffic";
   const std::string paper =
       "cross-host traffic per rank: hybrid 2M(W-1)/(GW) < full replication 2M(W-1)/W < full "
       "sharding 3M(W-1)/W";
   const std::string rule =
       "measured cross-host bytes per rank (M = f32 parameter bytes): agrees if the order holds and "
       "FULL_SHARD and NO_SHARD are within 10% of their formulas; partly if only the order holds";
-  if (t == nullptr) return Claim("hybrid_cross_host_traffic", paper, "", "not run", rule);
+  if (t == nullptr) return NotRun(id, paper, "", rule);
   const Row* full = FindRow(*t, {{"strategy", "FULL_SHARD"}});
   const Row* hybrid = FindRow(*t, {{"strategy", "HYBRID_SHARD"}});
   const Row* none = FindRow(*t, {{"strategy", "NO_SHARD"}});
   if (full == nullptr || hybrid == nullptr || none == nullptr || !Ok(*full) || !Ok(*hybrid) ||
       !Ok(*none)) {
-    return Claim("hybrid_cross_host_traffic", paper, "a strategy failed", "not run", rule);
+    return NotRun(id, paper, "a strategy failed", rule);
   }
   const double m = full->Number("params_m") * 1e6 * 4 / (1 << 20);  // MiB
   const double w = world, g = hybrid->Number("shard_group_size");
@@ -251,35 +346,42 @@ Row HybridTraffic(const Table* t, int world) {
                      Fixed(2 * (m / g) * (w / g - 1) / (w / g), 1) + ")";
   const bool order = c_hybrid < c_none && c_none < c_full;
   const bool sizes = std::fabs(c_full / f_full - 1) <= 0.10 && std::fabs(c_none / f_none - 1) <= 0.10;
-  return Claim("hybrid_cross_host_traffic", paper, ours,
+  return Claim(id, nullptr, paper, ours,
+               "FULL_SHARD " + Percent(c_full / f_full - 1) + ", NO_SHARD " + Percent(c_none / f_none - 1) +
+                   ", HYBRID_SHARD " + Percent(c_hybrid / f_hybrid - 1),
                order && sizes ? "agrees" : (order ? "partly" : "disagrees"), rule);
 }
 
 Row HybridSpeed(const Table* t) {
+  const std::string id = "hybrid_memory_for_speed";
   const std::string paper =
       "hybrid sharding trades memory for speed when the cross-host link is slow (sharding "
       "factor between 1 and W)";
   const std::string rule =
-      "slow inter-host link: agrees if HYBRID_SHARD is faster than FULL_SHARD and its peak memory "
-      "lies between FULL_SHARD's and NO_SHARD's; partly if one of the two holds";
-  if (t == nullptr) return Claim("hybrid_memory_for_speed", paper, "", "not run", rule);
+      "slow inter-host link: speed = FULL_SHARD's step time / HYBRID_SHARD's per round, faster if >= 1; "
+      "memory: HYBRID_SHARD's peak between FULL_SHARD's and NO_SHARD's. agrees if both hold, partly if one "
+      "holds and the other fails, disagrees if both fail; inconclusive when the speed's [min..max] straddles "
+      "1 (the memory part is exact)";
+  if (t == nullptr) return NotRun(id, paper, "", rule);
   const Row* full = FindRow(*t, {{"strategy", "FULL_SHARD"}});
   const Row* hybrid = FindRow(*t, {{"strategy", "HYBRID_SHARD"}});
   const Row* none = FindRow(*t, {{"strategy", "NO_SHARD"}});
   if (full == nullptr || hybrid == nullptr || none == nullptr || !Ok(*full) || !Ok(*hybrid) ||
       !Ok(*none)) {
-    return Claim("hybrid_memory_for_speed", paper, "a strategy failed", "not run", rule);
+    return NotRun(id, paper, "a strategy failed", rule);
   }
-  const double speed = full->Number("step_ms") / hybrid->Number("step_ms");
+  const Spread speed = TimeRatio(*full, *hybrid);
+  const Verdict fast = JudgeRounds(speed, {1.0, kInf, 1.0, kInf});
   const double mf = full->Number("peak_alloc_mib"), mh = hybrid->Number("peak_alloc_mib"),
                mn = none->Number("peak_alloc_mib");
-  const bool faster = speed > 1, between = mf < mh && mh < mn;
-  std::string ours = "HYBRID_SHARD " + Fixed(speed, 2) + "x the speed of FULL_SHARD (NO_SHARD " +
-                     Fixed(full->Number("step_ms") / none->Number("step_ms"), 2) +
-                     "x); peak allocated FULL_SHARD " + Fixed(mf, 1) + ", HYBRID " + Fixed(mh, 1) +
-                     ", NO_SHARD " + Fixed(mn, 1) + " MiB";
-  return Claim("hybrid_memory_for_speed", paper, ours,
-               faster && between ? "agrees" : (faster || between ? "partly" : "disagrees"), rule);
+  const bool between = mf < mh && mh < mn;
+  std::string ours = "HYBRID_SHARD " + Ratio(speed) + " the speed of FULL_SHARD (NO_SHARD " +
+                     Ratio(TimeRatio(*full, *none)) + "); peak allocated FULL_SHARD " + Fixed(mf, 1) +
+                     ", HYBRID " + Fixed(mh, 1) + ", NO_SHARD " + Fixed(mn, 1) + " MiB";
+  Verdict v = Verdict::kInconclusive;
+  if (fast == Verdict::kAgrees) v = between ? Verdict::kAgrees : Verdict::kPartly;
+  if (fast == Verdict::kDisagrees) v = between ? Verdict::kPartly : Verdict::kDisagrees;
+  return Claim(id, hybrid, paper, ours, "- (the paper states a direction, not a number)", VerdictName(v), rule);
 }
 
 }  // namespace
@@ -290,6 +392,7 @@ Table EvaluateClaims(const std::map<std::string, const Table*>& tables, int worl
   claims.Add(SpeedParity(ddp));
   claims.Add(MemoryScaling(ddp));
   claims.Add(Prefetch(Get(tables, "prefetch")));
+  claims.Add(PrefetchNullControl(Get(tables, "prefetch")));
   const Table* limiter = Get(tables, "rate_limiter");
   claims.Add(LimiterNearCap(limiter));
   claims.Add(LimiterFarFromCap(limiter));

@@ -4,16 +4,25 @@
 //   ddp_vs_fsdp   models x {DDP, NO_SHARD, SHARD_OPTIM, SHARD_GRAD_OP,
 //                 FULL_SHARD, HYBRID_SHARD} x {f32, bf16}, under a per-rank
 //                 memory cap (the paper's 80 GB device) that DDP exceeds on
-//                 the larger models.
+//                 the larger models; DDP and FULL_SHARD in f32 compared
+//                 (repeated, alternating), the rest one run each.
 //   prefetch      FULL_SHARD with no prefetch, BACKWARD_POST, BACKWARD_PRE and
 //                 BACKWARD_PRE + forward prefetch, behind a network model whose
 //                 bandwidth is calibrated to a chosen communication/compute
-//                 ratio; one Chrome trace per mode.
+//                 ratio (one Chrome trace per mode); then the null control:
+//                 none vs BACKWARD_PRE with no network model (rows with
+//                 network_model "off").
 //   rate_limiter  all_gather_limit 0 (off), 1, 2, 4 across models, plus one
 //                 model under a cap just above its limited peak, where the
 //                 unlimited run is pushed into allocator retries.
 //   hybrid        FULL_SHARD, HYBRID_SHARD (2 x 2 mesh) and NO_SHARD at world 4
 //                 on two "hosts" joined by a slow link (host_network.h).
+//
+// Compared variants run alternately (see comparison_steps); their rows carry
+// reps, steps and rep_ms (each repetition's median step time, ms, in round
+// order, ";"-separated) and step_ms / step_ms_min / step_ms_max are the
+// median, min and max of those repetition medians. Rows run once carry
+// reps 1 and step_ms_min/max over their steps.
 //
 // Every experiment takes its knobs from ExperimentOptions (the harness flags)
 // and reports progress; it never fails as a whole: a configuration that
@@ -46,10 +55,14 @@ struct ExperimentOptions {
   int64_t batch_size = 1;
   // prefetch: modelled all-gather time of one pass / measured step time.
   double comm_ratio = 0.22;
-  // Timed steps of the prefetch and hybrid configurations: their effects are
-  // 5-20%, the size of one step's noise on a shared machine, and a step of
-  // the ~10M models is cheap, so they take more samples than the sweep.
-  int comparison_steps = 10;
+  // Timed comparisons (DDP vs FULL_SHARD in f32, the prefetch modes and
+  // their null control, the limiter's limits, the hybrid strategies): their
+  // effects are 5-20%, the size of one step's noise on a shared machine, so
+  // each variant runs `reps` times with `comparison_steps` timed steps,
+  // alternating the variants (verdict.h: AlternatingOrder), and the claims
+  // are judged on the spread of the repetitions.
+  int comparison_steps = 5;
+  int reps = 3;
   std::string prefetch_model;
   // rate_limiter
   std::vector<int> limits;

@@ -27,7 +27,11 @@ DEFINE_bool(quick, false, "small models and few configurations (about 2 minutes 
 DEFINE_int32(world, 4, "ranks (threads)");
 DEFINE_int32(steps, 0, "timed steps per configuration (0: 3, or 2 with --quick)");
 DEFINE_int32(warmup, 1, "untimed warm-up steps per configuration");
-DEFINE_int32(comparison_steps, 0, "timed steps of the prefetch and hybrid modes (0: 10, or 3 with --quick)");
+DEFINE_int32(comparison_steps, 0,
+             "timed steps of each repetition of a compared configuration (DDP vs FULL_SHARD f32, prefetch "
+             "modes, limiter limits, hybrid strategies; 0: 5)");
+DEFINE_int32(reps, 0,
+             "repetitions of each compared configuration, alternating the variants (0: 3; verdicts need 3)");
 DEFINE_string(models, "", "ddp_vs_fsdp: comma-separated model names (default per mode)");
 DEFINE_string(strategies, "", "ddp_vs_fsdp: DDP and/or FSDP strategies (default all six)");
 DEFINE_string(dtypes, "", "ddp_vs_fsdp: f32 and/or bf16 (default both)");
@@ -72,6 +76,7 @@ ExperimentOptions OptionsFromFlags() {
   if (FLAGS_steps > 0) o.steps = FLAGS_steps;
   o.warmup_steps = FLAGS_warmup;
   if (FLAGS_comparison_steps > 0) o.comparison_steps = FLAGS_comparison_steps;
+  if (FLAGS_reps > 0) o.reps = FLAGS_reps;
   if (Set("models")) o.models = Split(FLAGS_models);
   if (Set("strategies")) o.strategies = Split(FLAGS_strategies);
   if (Set("dtypes")) o.dtypes = Split(FLAGS_dtypes);
