@@ -144,6 +144,11 @@ Status DistributedDataParallel::Init() {
   }
   SK_RETURN_IF_ERROR(RefreshComputeCopies());
   TraceRecorder::Global().NameProcess(world_->rank(), "rank " + std::to_string(world_->rank()));
+  // The hooks' spans (track 0; stream tracks start at 1) in wall-clock time:
+  // not on the simulator, whose tracks run in virtual time.
+  if (!allocator_->device().is_sim()) {
+    TraceRecorder::Global().NameTrack(world_->rank(), 0, "DDP hooks (rank " + std::to_string(world_->rank()) + ")");
+  }
   return OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/trace.h"
 #include "runtime/ops/cpu/cpu_backend.h"
 #if defined(SHARDKIT_WITH_CUDA)
 #include "runtime/ops/cuda/cuda_backend.h"
@@ -151,11 +152,20 @@ bool Same(const Tensor& a, const Tensor& b) {
          a.nbytes() == b.nbytes();
 }
 
-// Accounts, then runs `run` on executing backends.
+// Accounts, then runs `run` on executing backends. On cpu, where the op runs
+// on the calling thread (the thread that plays ctx.stream), a Chrome trace
+// being recorded gets the op as a span on its stream's track, as the
+// simulator's Account() records it in virtual time; CUDA ops are enqueued,
+// so a host-side span would time the launch, not the kernel, and is not
+// recorded. Off the trace: one relaxed atomic load.
 template <typename Fn>
 Status Dispatch(OpBackend* b, const OpContext& ctx, const OpCost& cost, Fn run) {
   SK_RETURN_IF_ERROR(b->Account(ctx, cost));
   if (!b->executes()) return OkStatus();
+  if (TraceRecorder::Global().enabled() && ctx.stream != nullptr && ctx.stream->device().is_cpu()) {
+    TraceSpan span(cost.name, "compute", ctx.stream->device().index, ctx.stream->id());
+    return run();
+  }
   return run();
 }
 
