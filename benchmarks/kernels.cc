@@ -287,7 +287,7 @@ void BM_TrainStep(benchmark::State& state, const char* name, int64_t batch, int6
   auto model = CreateModel(*cfg, options);
   const bool t5 = cfg->family == ModelFamily::kT5;
   auto params = OwnedParameters::Create((*model)->units(), 1);
-  auto stream = SyntheticTokenStream(1, t5 ? cfg->t5.vocab_size : cfg->gpt.vocab_size, 100000);
+  auto stream = SyntheticTokenStream(1, BatchIdSpace(*cfg), 100000);
   if (!model.ok() || !params.ok() || !stream.ok()) {
     state.SkipWithError("setup failed");
     return;

@@ -44,6 +44,128 @@ NamedModelConfig T5(const std::string& name, int64_t vocab, int64_t src, int64_t
   return c;
 }
 
+
+// A RegNet (Radosavovic et al. 2020, "Designing Network Design Spaces",
+// CVPR): a 3x3 stride-2 stem of `stem` channels, then four stages of X
+// blocks (bottleneck ratio 1: 1x1 conv, 3x3 group conv of group width
+// `group_width` with the stage's stride 2 in its first block, 1x1 conv,
+// residual with a 1x1 projection where the shape changes), global average
+// pooling and a linear classifier. Images image x image x 3.
+UnitTableConfig RegNet(const std::string& name, int64_t image, int64_t classes, int64_t stem,
+                       const std::vector<int64_t>& depths, const std::vector<int64_t>& widths,
+                       int64_t group_width, const std::string& source) {
+  UnitTableConfig t;
+  t.name = name;
+  t.image_size = image;
+  t.num_classes = classes;
+  t.source = source;
+  auto conv = [](const std::string& n, int64_t cin, int64_t cout, int64_t k, int64_t s, int64_t g,
+                 bool gelu) {
+    ConvLayerSpec l;
+    l.name = n;
+    l.in_channels = cin;
+    l.out_channels = cout;
+    l.kernel = k;
+    l.stride = s;
+    l.groups = g;
+    l.gelu = gelu;
+    return l;
+  };
+  TableUnit u;
+  u.name = "stem";
+  u.kind = TableUnitKind::kConv;
+  u.in_h = u.in_w = image;
+  u.convs = {conv("conv", 3, stem, 3, 2, 1, true)};
+  t.units.push_back(u);
+  int64_t hw = (image + 2 - 3) / 2 + 1, cin = stem;
+  for (size_t s = 0; s < depths.size(); ++s) {
+    const int64_t w = widths[s];
+    for (int64_t b = 0; b < depths[s]; ++b) {
+      const int64_t stride = b == 0 ? 2 : 1;
+      TableUnit x;
+      x.name = "s" + std::to_string(s + 1) + ".b" + std::to_string(b);
+      x.kind = TableUnitKind::kConv;
+      x.in_h = x.in_w = hw;
+      x.convs = {conv("a", cin, w, 1, 1, 1, true), conv("b", w, w, 3, stride, w / group_width, true),
+                 conv("c", w, w, 1, 1, 1, false)};
+      if (stride != 1 || cin != w) {
+        x.residual = Residual::kProjection;
+        x.projection = conv("proj", cin, w, 1, stride, 1, false);
+      } else {
+        x.residual = Residual::kIdentity;
+      }
+      t.units.push_back(x);
+      hw = (hw - 1) / stride + 1;
+      cin = w;
+    }
+  }
+  TableUnit head;
+  head.name = "head";
+  head.kind = TableUnitKind::kClassifier;
+  head.in_h = head.in_w = hw;
+  head.width = cin;
+  t.units.push_back(head);
+  return t;
+}
+
+// A ViT-style stack (Dosovitskiy et al. 2021) as DeepViT (Zhou et al.
+// 2021, "DeepViT: Towards Deeper Vision Transformer") builds it: a
+// patch x patch stride-patch patch embedding with a learned position
+// embedding, `depth` pre-LayerNorm blocks of width d with `heads` heads and
+// an MLP of d_ff, a final LayerNorm, mean pooling and a linear classifier.
+UnitTableConfig DeepVit(const std::string& name, int64_t image, int64_t classes, int64_t patch,
+                        int64_t depth, int64_t d, int64_t heads, int64_t d_ff,
+                        const std::string& source) {
+  UnitTableConfig t;
+  t.name = name;
+  t.image_size = image;
+  t.num_classes = classes;
+  t.source = source;
+  const int64_t grid = image / patch;
+  TableUnit embed;
+  embed.name = "patch_embed";
+  embed.kind = TableUnitKind::kConv;
+  embed.in_h = embed.in_w = image;
+  ConvLayerSpec l;
+  l.name = "proj";
+  l.in_channels = 3;
+  l.out_channels = d;
+  l.kernel = patch;
+  l.stride = patch;
+  embed.convs = {l};
+  embed.position_bias = true;
+  t.units.push_back(embed);
+  for (int64_t i = 0; i < depth; ++i) {
+    TableUnit b;
+    b.name = "blocks." + std::to_string(i);
+    b.kind = TableUnitKind::kTransformer;
+    b.in_h = b.in_w = grid;
+    b.width = d;
+    b.heads = heads;
+    b.d_ff = d_ff;
+    t.units.push_back(b);
+  }
+  TableUnit head;
+  head.name = "head";
+  head.kind = TableUnitKind::kClassifier;
+  head.in_h = head.in_w = grid;
+  head.width = d;
+  head.layer_norm = true;
+  t.units.push_back(head);
+  return t;
+}
+
+NamedModelConfig Table(UnitTableConfig table, bool gpu, const std::string& description) {
+  NamedModelConfig c;
+  c.name = table.name;
+  c.family = ModelFamily::kUnitTable;
+  c.table = std::move(table);
+  c.seq_len = 1;  // one image per batch entry
+  c.gpu_scale = gpu;
+  c.description = description;
+  return c;
+}
+
 std::vector<NamedModelConfig> BuildConfigs() {
   std::vector<NamedModelConfig> v;
   // Scaled configurations for one small CPU machine.
@@ -92,6 +214,34 @@ std::vector<NamedModelConfig> BuildConfigs() {
   v.push_back(T5("t5-2.28b", 32128, 512, 512, 24, 32, 2048, 4416, true, "paper's T5-2.28B"));
   v.push_back(T5("t5-11b", 32128, 512, 512, 24, 64, 4096, 14848, true, "paper's T5-11B"));
   v.push_back(Gpt("gpt-175b", 50257, 2048, 96, 96, 12288, true, "paper's GPT-175B (GPT-3)"));
+  // Unit tables for tests: every layer kind (stem, strided and identity
+  // residual blocks, group convolutions; patch embedding, attention
+  // blocks, LayerNorm classifier) at sizes a CPU runs in milliseconds.
+  v.push_back(Table(RegNet("regnet-tiny", 16, 10, 8, {1, 2}, {16, 32}, 8, "unit tests"), false,
+                    "unit tests: RegNet layer kinds"));
+  v.push_back(Table(DeepVit("deepvit-tiny", 16, 10, 4, 2, 32, 2, 64, "unit tests"), false,
+                    "unit tests: ViT layer kinds"));
+  // The paper's vision models (Zhao et al. 2023, section 7.3: the rate
+  // limiter on RegNet-9B and DeepViT-8B). The paper gives only names and
+  // sizes; the shapes are ours, from the published design spaces:
+  //   RegNet-9B: torchvision's regnet_y_128gf (RegNetY-128GF, the
+  //     SEER model's shape; Radosavovic et al. 2020 design space) has depths
+  //     [2, 7, 17, 1], widths [528, 1056, 2904, 7392], group width 264 and a
+  //     32-channel stem. Scaled 4x in width (widths [2112, 4224, 11616,
+  //     29568], group width 1056: still multiples of the group width, as the
+  //     design space quantises them) with X blocks (no squeeze-excitation):
+  //     8.88 B parameters (docs/architecture.md prints it). ImageNet's
+  //     224x224 images and 1000 classes.
+  //   DeepViT-8B: DeepViT's deepest configuration has 32 blocks (Zhou et
+  //     al. 2021, table 1); patch 16 on 224x224 images (196 tokens) and an
+  //     MLP ratio of 4 as ViT (Dosovitskiy et al. 2021); width 4608 (36 heads
+  //     of 128) puts it at 8.16 B parameters. Width and head count are ours.
+  v.push_back(Table(RegNet("regnet-9b", 224, 1000, 32, {2, 7, 17, 1}, {2112, 4224, 11616, 29568}, 1056,
+                           "regnet_y_128gf's depths and stem, 4x its widths and group width; X blocks"),
+                    true, "paper's RegNet-9B (unit table)"));
+  v.push_back(Table(DeepVit("deepvit-8b", 224, 1000, 16, 32, 4608, 36, 4 * 4608,
+                            "DeepViT's 32 blocks, ViT-style patch 16 and MLP ratio 4; width for 8B"),
+                    true, "paper's DeepViT-8B (unit table)"));
   return v;
 }
 
@@ -101,6 +251,15 @@ const std::vector<NamedModelConfig>& ModelConfigs() {
   static const std::vector<NamedModelConfig>* configs =
       new std::vector<NamedModelConfig>(BuildConfigs());
   return *configs;
+}
+
+int64_t BatchIdSpace(const NamedModelConfig& c) {
+  switch (c.family) {
+    case ModelFamily::kGpt: return c.gpt.vocab_size;
+    case ModelFamily::kT5: return c.t5.vocab_size;
+    case ModelFamily::kUnitTable: return c.table.num_classes;
+  }
+  return 0;
 }
 
 StatusOr<NamedModelConfig> FindModelConfig(const std::string& name) {
@@ -116,6 +275,35 @@ Status CheckStepSizeFits(const NamedModelConfig& c, int64_t batch_size, int64_t 
                          int64_t source_len) {
   if (batch_size < 1) return InvalidArgumentError("batch_size must be >= 1");
   if (seq_len < 0 || source_len < 0) return InvalidArgumentError("sequence lengths must be >= 0");
+  if (c.family == ModelFamily::kUnitTable) {
+    if (seq_len > 1 || source_len > 0) {
+      return InvalidArgumentError("model '" + c.name + "' takes one image per batch entry: seq_len must be 1 "
+                                  "(or 0 for the default) and source_len 0");
+    }
+    // Bytes per image, generously: every unit's output, kept and temporary
+    // copies of it, and its largest im2col patch matrix (taps x input).
+    int64_t per_image = 0, bytes = 0;
+    bool overflow = false;
+    int64_t h = c.table.image_size, w = c.table.image_size, ch = c.table.image_channels;
+    for (const TableUnit& u : c.table.units) {
+      int64_t most = ch;
+      for (const ConvLayerSpec& l : u.convs) {
+        const int64_t oh = (h + 2 * l.pad() - l.kernel) / l.stride + 1, ow = (w + 2 * l.pad() - l.kernel) / l.stride + 1;
+        most = std::max({most, l.kernel * l.kernel * l.in_channels, l.out_channels});
+        h = oh, w = ow, ch = l.out_channels;
+      }
+      most = std::max({most, u.width, u.d_ff, u.heads * u.in_h * u.in_w});
+      int64_t unit = 0;
+      overflow |= __builtin_mul_overflow(h * w + u.in_h * u.in_w + 1, most, &unit);
+      overflow |= __builtin_add_overflow(per_image, 16 * unit, &per_image);
+    }
+    overflow |= __builtin_mul_overflow(per_image, batch_size, &bytes);
+    if (overflow || bytes > (int64_t{1} << 62)) {
+      return InvalidArgumentError("batch_size " + std::to_string(batch_size) + " of model '" + c.name +
+                                  "' is too large: its activation memory does not fit in 64-bit byte counts");
+    }
+    return OkStatus();
+  }
   const int64_t s = std::max<int64_t>({seq_len > 0 ? seq_len : c.seq_len,
                                        source_len > 0 ? source_len : c.source_len, 1});
   const bool gpt = c.family == ModelFamily::kGpt;
@@ -146,6 +334,10 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const NamedModelConfig& config,
                                              const ModelOptions& options) {
   if (config.family == ModelFamily::kGpt) {
     SK_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> m, GptModel::Create(config.gpt, options));
+    return std::unique_ptr<Model>(std::move(m));
+  }
+  if (config.family == ModelFamily::kUnitTable) {
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<UnitTableModel> m, UnitTableModel::Create(config.table, options));
     return std::unique_ptr<Model>(std::move(m));
   }
   SK_ASSIGN_OR_RETURN(std::unique_ptr<T5Model> m, T5Model::Create(config.t5, options));

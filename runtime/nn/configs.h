@@ -15,16 +15,20 @@
 #include "runtime/nn/gpt.h"
 #include "runtime/nn/model.h"
 #include "runtime/nn/t5.h"
+#include "runtime/nn/unit_table.h"
 
 namespace sk {
 
-enum class ModelFamily : uint8_t { kGpt = 1, kT5 = 2 };
+// kUnitTable: a network described as a table of units (unit_table.h): the
+// paper's RegNet-9B and DeepViT-8B, which have no hand-written model.
+enum class ModelFamily : uint8_t { kGpt = 1, kT5 = 2, kUnitTable = 3 };
 
 struct NamedModelConfig {
   std::string name;
   ModelFamily family = ModelFamily::kGpt;
   GptConfig gpt;  // when family == kGpt
   T5Config t5;    // when family == kT5
+  UnitTableConfig table;  // when family == kUnitTable
   // The sequence lengths a training step uses by default (decoder / encoder).
   int64_t seq_len = 0;
   int64_t source_len = 0;
@@ -32,6 +36,10 @@ struct NamedModelConfig {
   bool gpu_scale = false;
   std::string description;
 };
+
+// The size of the id space the model's batches draw from: the vocabulary
+// (GPT, T5) or the number of classes (unit tables: image ids and labels).
+int64_t BatchIdSpace(const NamedModelConfig& config);
 
 // Every named configuration, small to large.
 const std::vector<NamedModelConfig>& ModelConfigs();

@@ -1,7 +1,8 @@
 // Prints the named model configurations as a Markdown table: parameters,
 // model FLOPs per (decoder) token of a training step at the default sequence
 // lengths, and hardware FLOPs with activation checkpointing. For T5 the
-// encoder's work is included in the per-decoder-token figure. docs/architecture.md carries its output.
+// encoder's work is included in the per-decoder-token figure; unit tables
+// (images) give GFLOP per image. docs/architecture.md carries its output.
 #include <cstdio>
 
 #include "runtime/nn/configs.h"
@@ -19,6 +20,15 @@ int main() {
       return 1;
     }
     sk::StepFlops f = (*m)->Flops(1, c.seq_len, c.source_len);
+    if (c.family == sk::ModelFamily::kUnitTable) {
+      // Per image: the table has no token sequence; "layers" counts units.
+      std::printf("| %s | unit table | %zu units | - | - | - | %lld classes | image %lld | %.4g M | %.4g | %.4g |\n",
+                  c.name.c_str(), c.table.units.size(), static_cast<long long>(c.table.num_classes),
+                  static_cast<long long>(c.table.image_size),
+                  static_cast<double>((*m)->num_parameters()) / 1e6, f.model_flops / 1e9,
+                  f.hardware_flops / 1e9);
+      continue;
+    }
     const double tokens = static_cast<double>(c.seq_len);
     const bool gpt = c.family == sk::ModelFamily::kGpt;
     char layers[32];

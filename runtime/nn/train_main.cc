@@ -46,7 +46,7 @@ Status Run() {
   options.activation_checkpointing = FLAGS_checkpointing;
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(cfg, options));
   const bool t5 = cfg.family == ModelFamily::kT5;
-  const int64_t vocab = t5 ? cfg.t5.vocab_size : cfg.gpt.vocab_size;
+  const int64_t vocab = BatchIdSpace(cfg);
   const int64_t seq = FLAGS_seq_len > 0 ? FLAGS_seq_len : cfg.seq_len;
   const int64_t src = t5 ? (FLAGS_source_len > 0 ? FLAGS_source_len : cfg.source_len) : 0;
   std::vector<int32_t> stream;

@@ -268,7 +268,7 @@ Status Trainer::Init() {
   SK_ASSIGN_OR_RETURN(allocator_, CreateRankAllocator(device_, options_.memory_cap_bytes));
   SK_ASSIGN_OR_RETURN(metrics_stream_, device_->CreateStream("metrics"));
 
-  const int64_t vocab = config_.family == ModelFamily::kGpt ? config_.gpt.vocab_size : config_.t5.vocab_size;
+  const int64_t vocab = BatchIdSpace(config_);
   if (options_.data_path.empty()) {
     int64_t length = options_.data_tokens > 0
                          ? options_.data_tokens
