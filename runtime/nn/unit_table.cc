@@ -834,40 +834,69 @@ int64_t UnitTableModel::PeakActivationBytes(int64_t batch_size, int64_t /*seq_le
       bwd_temp[u] = a * B * t.width + (t.layer_norm ? a * rows * t.width : 0);
       continue;
     }
-    int64_t h = t.in_h, w = t.in_w;
-    auto conv_temps = [&](const ConvGeom& c, bool in_padded) {
-      const int64_t in_bytes = a * (c.in_rows() + (in_padded ? 1 : 0)) * c.cin;
-      if (c.direct()) {
-        bwd_temp[u] = std::max(bwd_temp[u], in_bytes);
-        return;
-      }
-      ids.emplace(c.key(), 4 * c.g * c.m() * c.taps());
-      const int64_t patches = a * c.m() * c.taps() * c.cin;
-      fwd_temp[u] = std::max(fwd_temp[u], patches);
-      const int64_t scratch = a == 4 ? 0 : 4 * (c.in_rows() + (in_padded ? 1 : 0)) * c.cin;
-      bwd_temp[u] = std::max(bwd_temp[u], in_bytes + 2 * patches + scratch);
-    };
+    // Walk the convolutions in Run's allocation order. Forward: each
+    // layer's output (and GELU output), with its patch matrix alive during
+    // the GEMM. Backward (on top of everything saved, the unit's output
+    // gradient dy and input gradient dx): the residual sum's gradient, then
+    // per layer (last first) the gradient of its output (the previous
+    // iteration's input gradient), its input gradient, and its patch
+    // matrix (or patch gradient, the same size, with an f32 col2im sum for
+    // 16-bit activations).
     const size_t n = t.convs.size();
+    std::vector<ConvGeom> geoms;
+    std::vector<bool> padded;
+    int64_t h = t.in_h, w = t.in_w;
     for (size_t i = 0; i < n; ++i) {
-      const ConvGeom c = Geom(t.convs[i], B, h, w);
-      const bool in_padded = i == 0 ? u == 0 : t.convs[i].pad() > 0;
-      conv_temps(c, in_padded);
+      geoms.push_back(Geom(t.convs[i], B, h, w));
+      padded.push_back(i == 0 ? u == 0 : t.convs[i].pad() > 0);
+      h = geoms.back().out_h;
+      w = geoms.back().out_w;
+    }
+    auto patches = [&](const ConvGeom& c) { return c.direct() ? 0 : a * c.g * c.m() * c.kg(); };
+    auto in_bytes = [&](size_t i) {
+      const ConvGeom& c = geoms[i];
+      return a * (c.in_rows() + (padded[i] ? 1 : 0)) * c.cin;
+    };
+    auto scratch = [&](size_t i) {
+      const ConvGeom& c = geoms[i];
+      return c.direct() || a == 4 ? 0 : 4 * (c.in_rows() + (padded[i] ? 1 : 0)) * c.cin;
+    };
+    for (const ConvGeom& c : geoms) {
+      if (!c.direct()) ids.emplace(c.key(), 4 * c.g * c.m() * c.taps());
+    }
+    const bool proj = t.residual == Residual::kProjection;
+    const ConvGeom pg = proj ? Geom(t.projection, B, t.in_h, t.in_w) : ConvGeom();
+    if (proj && !pg.direct()) ids.emplace(pg.key(), 4 * pg.g * pg.m() * pg.taps());
+    int64_t acc = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const ConvGeom& c = geoms[i];
       const bool last = i + 1 == n;
-      const bool next_pads = !last && t.convs[i + 1].pad() > 0;
-      const int64_t bytes = a * (c.m() + (next_pads ? 1 : 0)) * c.cout;
       if (last && t.residual != Residual::kNone) {
-        saved[u] += bytes * (t.gelu_after_sum ? 2 : 1);
-      } else {
-        saved[u] += bytes * (t.convs[i].gelu ? 2 : 1);
+        const int64_t sum = a * c.m() * c.cout;
+        fwd_temp[u] = std::max({fwd_temp[u], acc + sum + (proj ? patches(pg) : 0), acc + sum + patches(c)});
+        acc += sum * (t.gelu_after_sum ? 2 : 1);
+        break;
       }
-      h = c.out_h;
-      w = c.out_w;
+      const bool next_pads = !last && t.convs[i + 1].pad() > 0;
+      const int64_t y = a * (c.m() + (next_pads ? 1 : 0)) * c.cout;
+      fwd_temp[u] = std::max(fwd_temp[u], acc + y + patches(c));
+      acc += y * (t.convs[i].gelu ? 2 : 1);
     }
-    if (t.residual == Residual::kProjection) conv_temps(Geom(t.projection, B, t.in_h, t.in_w), false);
-    // The last layer's output gradient, when a GELU backward makes one.
-    if ((t.residual != Residual::kNone && t.gelu_after_sum) || (t.residual == Residual::kNone && t.convs.back().gelu)) {
-      bwd_temp[u] += out[u];
+    saved[u] = acc;
+    fwd_temp[u] -= saved[u];  // the part on top of what the unit keeps
+    const bool makes_dsum =
+        (t.residual != Residual::kNone && t.gelu_after_sum) || (t.residual == Residual::kNone && t.convs.back().gelu);
+    const int64_t dsum = makes_dsum ? out[u] : 0;
+    int64_t dout = 0;  // the gradient of layer i's output beyond dy and dsum
+    for (size_t i = n; i-- > 0;) {
+      const ConvGeom& c = geoms[i];
+      const bool input_grad = i > 0 || u > 0;
+      const int64_t din = i > 0 ? in_bytes(i) : 0;  // dx (i == 0) is counted outside
+      const int64_t work = input_grad ? patches(c) + scratch(i) : patches(c);
+      bwd_temp[u] = std::max(bwd_temp[u], dsum + dout + din + work);
+      dout = din;
     }
+    if (proj && u > 0) bwd_temp[u] = std::max(bwd_temp[u], dsum + dout + patches(pg) + scratch(0));
   }
   int64_t id_bytes = 0;
   for (const auto& kv : ids) id_bytes += kv.second;
