@@ -138,6 +138,17 @@ std::vector<SimConfig> Configs() {
   add(gpt);
   gpt.variant = "no_prefetch";
   add(gpt);
+  // The unit-table vision models (convolutions as gathers and grouped
+  // GEMMs; ViT blocks), with and without the rate limiter, at the claims
+  // table's setting (8 GPUs, 8 images per GPU).
+  for (const char* model : {"regnet-9b", "deepvit-8b"}) {
+    SimConfig c;
+    c.model = model;
+    c.batch_size = 8;
+    add(c);
+    c.variant = "no_limit";
+    add(c);
+  }
   return v;
 }
 

@@ -45,7 +45,9 @@ of every metric name):
                 DDP, HYBRID_SHARD (16 = 2 x 8) and FULL_SHARD at 16; gpt-10m
                 without backward prefetch, with BACKWARD_POST, with forward
                 prefetch, without the limiter; t5-611m and t5-11b at 8 and
-                gpt-175b at 128 (with and without prefetch). Exact run to run
+                gpt-175b at 128 (with and without prefetch); the unit-table
+                regnet-9b and deepvit-8b at 8 (8 images per GPU, with and
+                without the limiter). Exact run to run
                 and under any load; fails at >= +1%. A configuration that
                 errors (say, runs out of simulated memory) is missing, which
                 fails.
