@@ -75,6 +75,42 @@ TEST(PlanSimTest, OutOfMemoryIsAResultWithTheEstimatedNeed) {
       << p->recommendation;
 }
 
+// The paper's vision models are unit tables (runtime/nn/unit_table.h): they
+// plan like any named model. On 8 A100-80G DDP's full model states (16
+// bytes per parameter: ~140 GB) cannot fit; FULL_SHARD does.
+TEST(PlanSimTest, PaperVisionModelsPlanAsUnitTables) {
+  for (const char* model : {"regnet-9b", "deepvit-8b"}) {
+    PlanRequest r;
+    r.model = model;
+    r.gpus = 8;
+    r.batch_size = 8;
+    r.space.strategies = {"DDP", "FULL_SHARD"};
+    MixedPrecisionPolicy bf16;
+    bf16.param_dtype = DType::kBF16;
+    r.space.dtypes = {bf16};
+    r.space.activation_checkpointing = {false};
+    r.space.cpu_offload = {false};
+    r.space.forward_prefetch = {false};
+    r.space.rate_limits = {2};
+    auto p = Plan(r);
+    ASSERT_TRUE(p.ok()) << model << ": " << p.status();
+    ASSERT_EQ(p->results.size(), 4u) << model;  // DDP, FULL_SHARD x {PRE, POST, NONE}
+    ASSERT_GE(p->recommended, 0) << model;
+    for (const CandidateResult& c : p->results) {
+      ASSERT_TRUE(c.status.ok()) << model << " " << c.candidate.Label() << ": " << c.status;
+      if (c.candidate.Label() == "DDP bf16") {
+        EXPECT_TRUE(c.metrics.out_of_memory) << model;
+        EXPECT_GT(c.metrics.required_bytes, int64_t{128} << 30) << model;
+      } else {
+        EXPECT_TRUE(c.fits()) << model << " " << c.candidate.Label();
+        EXPECT_GT(c.metrics.tflops_per_gpu, 0) << model;
+      }
+    }
+    EXPECT_NE(p->results[static_cast<size_t>(p->recommended)].candidate.Label().find("FULL_SHARD"),
+              std::string::npos);
+  }
+}
+
 TEST(PlanSimTest, UnknownProfileIsNotFound) {
   PlanRequest r = Small();
   r.profile = "tpu-v9";

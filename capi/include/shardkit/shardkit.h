@@ -434,6 +434,8 @@ typedef struct sk_trainer sk_trainer;
 typedef struct sk_trainer_options {
   size_t struct_size;
   /* A named model config ("gpt-tiny", "gpt-1m", "gpt-10m", "t5-tiny", ...;
+   * the image models "regnet-tiny", "deepvit-tiny", "regnet-9b",
+   * "deepvit-8b" take one image per batch entry, seq_len 1;
    * sk_model_num_parameters tells whether a name exists). NULL = "gpt-tiny". */
   const char* model;
   const sk_fsdp_options* fsdp;           /* NULL = defaults (FULL_SHARD) */
