@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 
 #include "runtime/nn/init.h"
 
@@ -61,11 +62,35 @@ StatusOr<std::vector<int32_t>> SyntheticTokenStream(uint64_t seed, int64_t vocab
     return InvalidArgumentError("vocab must be in [1, 2^31), got " + std::to_string(vocab));
   }
   if (length < 0) return InvalidArgumentError("length must be >= 0, got " + std::to_string(length));
+  // The stream is a pure function of its arguments, and callers that build
+  // many trainers (the planner: thousands of simulated candidates) ask for
+  // the same one each time: the last stream is kept and copied out (a copy
+  // is a memcpy; drawing is one Philox per token).
+  struct Last {
+    std::mutex mu;
+    uint64_t seed = 0;
+    int64_t vocab = 0;
+    std::vector<int32_t> tokens;
+    bool valid = false;
+  };
+  static Last* last = new Last;  // never destroyed: trainers may be built at exit
+  {
+    std::lock_guard<std::mutex> lock(last->mu);
+    if (last->valid && last->seed == seed && last->vocab == vocab &&
+        static_cast<int64_t>(last->tokens.size()) == length) {
+      return last->tokens;
+    }
+  }
   std::vector<int32_t> out(static_cast<size_t>(length));
   for (int64_t i = 0; i < length; ++i) {
     out[i] = static_cast<int32_t>(Below(Draw(seed, static_cast<uint64_t>(i), 0, 0),
                                         static_cast<uint64_t>(vocab)));
   }
+  std::lock_guard<std::mutex> lock(last->mu);
+  last->seed = seed;
+  last->vocab = vocab;
+  last->tokens = out;
+  last->valid = true;
   return out;
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 namespace sk::sim {
@@ -253,9 +255,21 @@ StatusOr<SimProfile> LoadProfile(std::string_view name_or_path) {
     return NotFoundError("no profile named '" + key + "' (built in: " + known +
                          "; or give a path ending in .json)");
   }
+  // Built-in profiles are constants: each is parsed once per process and
+  // copied out after (the planner loads one per simulated candidate).
+  static std::mutex* mu = new std::mutex;
+  static auto* parsed = new std::map<std::string, SimProfile>;  // never destroyed
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    auto hit = parsed->find(key);
+    if (hit != parsed->end()) return hit->second;
+  }
   nlohmann::json doc = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return InternalError("built-in profile " + key + " is not valid JSON");
-  return ParseProfile(doc, "builtin:" + key);
+  SK_ASSIGN_OR_RETURN(SimProfile profile, ParseProfile(doc, "builtin:" + key));
+  std::lock_guard<std::mutex> lock(*mu);
+  parsed->emplace(key, profile);
+  return profile;
 }
 
 // ---------------------------------------------------------------- pricing
