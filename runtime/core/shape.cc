@@ -1,13 +1,48 @@
 #include "runtime/core/shape.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace sk {
 
-Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::vector<int64_t>(dims)) {}
+namespace {
 
-Shape::Shape(std::vector<int64_t> dims) : dims_(std::move(dims)) {
-  for (int64_t d : dims_) CHECK_GE(d, 0) << "negative dimension in " << ToString();
+template <typename It>
+void CheckDims(It begin, It end) {
+  for (It it = begin; it != end; ++it) {
+    if (*it < 0) {
+      std::string dims = "[";
+      for (It j = begin; j != end; ++j) dims += (j == begin ? "" : ", ") + std::to_string(*j);
+      CHECK_GE(*it, 0) << "negative dimension in " << dims << "]";
+    }
+  }
+}
+
+}  // namespace
+
+Shape::Shape(std::initializer_list<int64_t> dims) : rank_(static_cast<int>(dims.size())) {
+  CheckDims(dims.begin(), dims.end());
+  if (rank_ <= kInlineRank) {
+    std::copy(dims.begin(), dims.end(), inline_.begin());
+  } else {
+    heap_.assign(dims.begin(), dims.end());
+  }
+  for (int64_t d : dims) numel_ *= d;
+}
+
+Shape::Shape(std::vector<int64_t> dims) : rank_(static_cast<int>(dims.size())) {
+  CheckDims(dims.begin(), dims.end());
+  for (int64_t d : dims) numel_ *= d;
+  if (rank_ <= kInlineRank) {
+    std::copy(dims.begin(), dims.end(), inline_.begin());
+  } else {
+    heap_ = std::move(dims);
+  }
+}
+
+int64_t Shape::dim(int i) const {
+  CHECK(i >= 0 && i < rank_) << "dimension " << i << " of a rank-" << rank_ << " shape";
+  return dims()[static_cast<size_t>(i)];
 }
 
 StatusOr<Shape> Shape::Make(std::vector<int64_t> dims) {
@@ -27,27 +62,23 @@ StatusOr<Shape> Shape::Make(std::vector<int64_t> dims) {
   return Shape(std::move(dims));
 }
 
-int64_t Shape::numel() const {
-  int64_t n = 1;
-  for (int64_t d : dims_) n *= d;
-  return n;
-}
-
 std::vector<int64_t> Shape::ContiguousStrides() const {
-  std::vector<int64_t> strides(dims_.size());
+  std::span<const int64_t> d = dims();
+  std::vector<int64_t> strides(d.size());
   int64_t s = 1;
-  for (size_t i = dims_.size(); i-- > 0;) {
+  for (size_t i = d.size(); i-- > 0;) {
     strides[i] = s;
-    s *= dims_[i];
+    s *= d[i];
   }
   return strides;
 }
 
 std::string Shape::ToString() const {
   std::string out = "[";
-  for (size_t i = 0; i < dims_.size(); ++i) {
+  std::span<const int64_t> d = dims();
+  for (size_t i = 0; i < d.size(); ++i) {
     if (i) out += ", ";
-    out += std::to_string(dims_[i]);
+    out += std::to_string(d[i]);
   }
   return out + "]";
 }

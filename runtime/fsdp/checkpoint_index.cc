@@ -69,7 +69,7 @@ json IndexToJson(const CheckpointIndex& ix, const OptimizerOptions* opt) {
     json params = json::array();
     for (const auto& p : u.params) {
       params.push_back(
-          {{"name", p.name}, {"shape", p.shape.dims()}, {"offset", p.offset}, {"numel", p.numel}});
+          {{"name", p.name}, {"shape", p.shape.ToVector()}, {"offset", p.offset}, {"numel", p.numel}});
     }
     ju["params"] = params;
     units.push_back(ju);

@@ -89,7 +89,7 @@ StatusOr<std::string> SerializeHeader(const std::vector<SafeTensorsEntry>& entri
       return InvalidArgumentError("tensor '" + e.name + "' has a null data pointer");
     }
     header[e.name] = {{"dtype", SafeTensorsDTypeName(e.dtype)},
-                      {"shape", e.shape.dims()},
+                      {"shape", e.shape.ToVector()},
                       {"data_offsets", {offset, offset + nbytes}}};
     meta[kCrcPrefix + e.name] = std::to_string(Crc32(e.data, nbytes));
     offset += nbytes;

@@ -165,7 +165,7 @@ TEST(WeightLayoutTest, GptModelFilesWithoutPrefixAndWithMaskBuffersRead) {
   const Tensors full = HfGpt2();
   for (const SafeTensorsEntry& e : full.Entries()) {
     std::vector<float> v(full[e.name]);
-    t.AddValues(e.name.substr(std::strlen("transformer.")), e.shape.dims(), std::move(v));
+    t.AddValues(e.name.substr(std::strlen("transformer.")), e.shape.ToVector(), std::move(v));
   }
   t.Add("h.0.attn.bias", {1, 1, kPos, kPos}, 99);
   t.Add("h.1.attn.masked_bias", {}, 98);
@@ -183,7 +183,7 @@ TEST(WeightLayoutTest, SplitQkvInLinearLayoutFusesIntoCAttn) {
     const std::string& n = e.name;
     const size_t at = n.find("attn.c_attn.");
     if (at == std::string::npos) {
-      split.AddValues(n, e.shape.dims(), fused[n]);
+      split.AddValues(n, e.shape.ToVector(), fused[n]);
       continue;
     }
     const std::string h = n.substr(0, at);
@@ -214,7 +214,7 @@ TEST(WeightLayoutTest, SplitQkvMismatchNamesBothTensorsAndShapes) {
   Tensors t = HfGpt2();
   Tensors split;
   for (const SafeTensorsEntry& e : t.Entries()) {
-    if (e.name.find("h.0.attn.c_attn") == std::string::npos) split.AddValues(e.name, e.shape.dims(), t[e.name]);
+    if (e.name.find("h.0.attn.c_attn") == std::string::npos) split.AddValues(e.name, e.shape.ToVector(), t[e.name]);
   }
   split.Add("transformer.h.0.attn.q_proj.weight", {kD, kD}, 1);
   split.Add("transformer.h.0.attn.k_proj.weight", {kD, kD + 1}, 2);
@@ -434,7 +434,7 @@ TEST(WeightLayoutTest, MismatchedModelIsAnErrorNamingBothNamesAndShapesAndChange
     if (e.name == "transformer.h.1.mlp.c_fc.weight") {
       bad.Add(e.name, {kD, kFf + 8}, 5);
     } else {
-      bad.AddValues(e.name, e.shape.dims(), wide[e.name]);
+      bad.AddValues(e.name, e.shape.ToVector(), wide[e.name]);
     }
   }
   const std::string path = TempPath("bad.safetensors");
