@@ -19,35 +19,12 @@
 #include <vector>
 
 #include "shardkit/shardkit.h"
+#include "tests/capi/capi_test_util.h"
 
 namespace {
 
-std::string LastError() { return sk_last_error_message(); }
-
-#define EXPECT_STATUS(code, call)                                              \
-  do {                                                                         \
-    sk_status_t st_ = (call);                                                  \
-    EXPECT_EQ(st_, code) << #call << ": " << sk_status_name(st_) << ": "       \
-                         << sk_last_error_message();                           \
-  } while (0)
-#define ASSERT_OK(call)                                                        \
-  do {                                                                         \
-    sk_status_t st_ = (call);                                                  \
-    ASSERT_EQ(st_, SK_STATUS_OK) << #call << ": " << sk_status_name(st_) << ": " \
-                                 << sk_last_error_message();                   \
-  } while (0)
-#define EXPECT_ERROR_MENTIONS(text) \
-  EXPECT_NE(LastError().find(text), std::string::npos) << "message: " << LastError()
-
-sk_trainer_options TinyTrainer(const sk_fsdp_options* fsdp = nullptr,
-                               const sk_optimizer_options* opt = nullptr) {
-  sk_trainer_options o = SK_TRAINER_OPTIONS_INIT;
-  o.model = "gpt-tiny";
-  o.fsdp = fsdp;
-  o.optimizer = opt;
-  o.data_tokens = 64;
-  return o;
-}
+using sk_capi_test::LastError;
+using sk_capi_test::TinyTrainer;
 
 // A TCP port nothing listens on right now (the kernel's choice).
 int FreePort() {
@@ -1585,40 +1562,6 @@ TEST(CapiSim, EngineOptionsOfTheFirstHeaderAreAccepted) {
   sk_engine_destroy(e);
   sk_model_spec_destroy(spec);
   sk_process_group_destroy(g);
-}
-
-// The unit-table models (the paper's RegNet and DeepViT shapes at test
-// size) train through the ABI by name like GPT: images per batch entry,
-// seq_len 1 (the default); another seq_len is refused naming it.
-// Last in the file: these runs leave threads in the process (gpt-tiny's do
-// not; most likely oneDNN's OpenMP pool, started by larger GEMMs), and under
-// tsan CapiEngine's fork test dies forking a process that has them (seen on
-// 2026-11-23; gtest runs suites in file order).
-TEST(CapiUnitTableModels, TrainByName) {
-  for (const char* model : {"regnet-tiny", "deepvit-tiny"}) {
-    sk_process_group* g = nullptr;
-    ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
-    sk_trainer_options o = TinyTrainer();
-    o.model = model;
-    o.batch_size = 2;
-    sk_trainer* t = nullptr;
-    ASSERT_OK(sk_trainer_create(&o, g, &t));
-    int64_t n = 0, want = 0;
-    ASSERT_OK(sk_trainer_num_parameters(t, &n));
-    ASSERT_OK(sk_model_num_parameters(model, &want));
-    EXPECT_EQ(n, want) << model;
-    for (int s = 0; s < 2; ++s) {
-      sk_step_metrics m = SK_STEP_METRICS_INIT;
-      ASSERT_OK(sk_trainer_step(t, &m));
-      EXPECT_TRUE(std::isfinite(m.loss)) << model;
-      EXPECT_GT(m.peak_allocated_bytes, 0) << model;
-    }
-    sk_trainer_destroy(t);
-    o.seq_len = 4;
-    EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
-    EXPECT_ERROR_MENTIONS("seq_len");
-    sk_process_group_destroy(g);
-  }
 }
 
 }  // namespace
