@@ -3,7 +3,7 @@
 //
 //   ./bazelw run -c opt //benchmarks:step_breakdown --
 //       [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] [--world=2]
-//       [--batch=8] [--steps=3] [--optimizer=adamw]
+//       [--batch=8] [--steps=3] [--optimizer=adamw] [--gemm_shapes]
 //
 // Each configuration trains `world` ranks as threads of this process (local
 // backend, one GEMM thread per rank when the ranks fill the cores: Trainer's
@@ -13,7 +13,8 @@
 // (CLOCK_THREAD_CPUTIME_ID: robust to other jobs on a shared machine) and the
 // op's declared FLOPs (runtime/ops/cost.h) to the op's name. Attention's GEMMs
 // run inside the attention op and are charged to it; "gemm" is the Linear
-// layers and the LM head.
+// layers and the LM head; --gemm_shapes splits it into one row per shape
+// ("gemm MxNxK" and N/T for op(A), op(B)), so a slow shape is visible.
 //
 // Printed per configuration: the step's wall time and process CPU time, the
 // model-FLOPs utilisation (model FLOPs over process CPU-seconds against one
@@ -69,6 +70,8 @@ class TimingBackend final : public ops::OpBackend {
   }
 
   void SetEnabled(bool on) { enabled_.store(on); }
+  // Charges each GEMM shape to its own row instead of one "gemm" row.
+  void SetGemmShapes(bool on) { gemm_shapes_ = on; }
   std::map<std::string, OpStats> TakeStats() {
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(stats_, {});
@@ -86,7 +89,17 @@ class TimingBackend final : public ops::OpBackend {
 
   Status Gemm(const ops::OpContext& c, const ops::GemmParams& p, const ops::MatrixRef& a,
               const ops::MatrixRef& b, const ops::MatrixRef& m) override {
-    SK_TIMED(inner_->Gemm(c, p, a, b, m));
+    if (!gemm_shapes_) SK_TIMED(inner_->Gemm(c, p, a, b, m));
+    // One row per shape: "gemm MxNxK NT" (op(A) transposed or not, op(B)).
+    char name[96];
+    std::snprintf(name, sizeof(name), "gemm %lldx%lldx%lld %c%c", static_cast<long long>(p.m),
+                  static_cast<long long>(p.n), static_cast<long long>(p.k), p.trans_a ? 'T' : 'N',
+                  p.trans_b ? 'T' : 'N');
+    const double flops = current_flops_;
+    const double t0 = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
+    Status result = inner_->Gemm(c, p, a, b, m);
+    Record(name, flops, CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - t0);
+    return result;
   }
   Status Copy(const ops::OpContext& c, const Tensor& s, const Tensor& d) override {
     SK_TIMED(inner_->Copy(c, s, d));
@@ -185,7 +198,7 @@ class TimingBackend final : public ops::OpBackend {
 #undef SK_TIMED
 
  private:
-  void Record(const char* name, double flops, double cpu_s) {
+  void Record(const std::string& name, double flops, double cpu_s) {
     if (!enabled_.load(std::memory_order_relaxed)) return;
     std::lock_guard<std::mutex> lock(mu_);
     OpStats& s = stats_[name];
@@ -196,6 +209,7 @@ class TimingBackend final : public ops::OpBackend {
 
   ops::OpBackend* inner_;
   std::atomic<bool> enabled_{false};
+  bool gemm_shapes_ = false;  // set before any rank runs
   std::mutex mu_;
   std::map<std::string, OpStats> stats_;
   static thread_local const char* current_name_;
@@ -207,7 +221,7 @@ thread_local double TimingBackend::current_flops_ = 0;
 
 // The reporting groups.
 const char* Group(const std::string& op) {
-  if (op == "gemm") return "GEMM";
+  if (op.rfind("gemm", 0) == 0) return "GEMM";
   if (op.rfind("attention", 0) == 0) return "attention";
   if (op.rfind("layer_norm", 0) == 0) return "LayerNorm";
   if (op.rfind("gelu", 0) == 0) return "GELU";
@@ -235,6 +249,7 @@ struct Flags {
   int64_t batch = 8;
   int steps = 3;
   std::string optimizer = "adamw";
+  bool gemm_shapes = false;
 };
 
 Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
@@ -318,11 +333,11 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
   auto print = [&](const std::string& label, const OpStats& s) {
     const double ms = 1e3 * s.cpu_s / f.steps;
     const double rate = s.cpu_s > 0 ? s.flops / s.cpu_s : 0;
-    std::printf("  %-22s %8.1f %10.2f %7.1f%% %9.1f %7.1f%%\n", label.c_str(),
+    std::printf("  %-26s %8.1f %10.2f %7.1f%% %9.1f %7.1f%%\n", label.c_str(),
                 static_cast<double>(s.calls) / f.steps, ms, 100.0 * s.cpu_s / f.steps / cpu, rate / 1e9,
                 100.0 * rate / peak.per_thread);
   };
-  std::printf("  %-22s %8s %10s %8s %9s %8s\n", "op", "calls", "CPU ms", "of step", "GFLOP/s", "of peak");
+  std::printf("  %-26s %8s %10s %8s %9s %8s\n", "op", "calls", "CPU ms", "of step", "GFLOP/s", "of peak");
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.s.cpu_s > b.s.cpu_s; });
   for (const Row& r : rows) print(r.name, r.s);
   OpStats rest;
@@ -357,10 +372,12 @@ int Main(int argc, char** argv) {
       f.steps = std::atoi(v);
     } else if (const char* v = value("--optimizer=")) {
       f.optimizer = v;
+    } else if (a == "--gemm_shapes") {
+      f.gemm_shapes = true;
     } else {
       std::fprintf(stderr,
                    "usage: step_breakdown [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] "
-                   "[--world=2] [--batch=8] [--steps=3] [--optimizer=adamw|sgd]\n");
+                   "[--world=2] [--batch=8] [--steps=3] [--optimizer=adamw|sgd] [--gemm_shapes]\n");
       return a == "--help" ? 0 : 1;
     }
   }
@@ -373,6 +390,7 @@ int Main(int argc, char** argv) {
   std::printf("f32 FMA peak (%s): %.1f GFLOP per CPU-second of one thread, %.1f GFLOP/s on %d threads\n",
               peak.isa, peak.per_thread / 1e9, peak.wall / 1e9, std::min(f.world, cores));
   auto* timing = new TimingBackend(ops::CpuOpBackend());  // outlives every op: never freed
+  timing->SetGemmShapes(f.gemm_shapes);
   ops::RegisterOpBackend(DeviceKind::kCpu, timing);
   for (const std::string& model : f.models) {
     for (const std::string& mode : f.modes) {
