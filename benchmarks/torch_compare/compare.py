@@ -37,10 +37,12 @@ import ctypes
 import json
 import os
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 # The named configs of runtime/nn/configs.cc this tool knows (vocab, sequence,
@@ -391,6 +393,16 @@ def main():
             sys.exit("unknown model %s (known: %s)" % (m, ", ".join(MODELS)))
     if not os.path.exists(args.lib):
         sys.exit("%s not found: ./bazelw build -c opt //capi:libshardkit.so" % args.lib)
+    # bazel-bin follows the last build's configuration: a `bazel test` while
+    # this runs would swap an unoptimised library in under the workers. Refuse
+    # a non-opt build and load a private copy taken now.
+    real = os.path.realpath(args.lib)
+    if "fastbuild" in real or "-dbg" in real:
+        sys.exit("%s is not an optimised build (%s): ./bazelw build -c opt //capi:libshardkit.so"
+                 % (args.lib, real))
+    copy_dir = tempfile.mkdtemp(prefix="sk_compare_")
+    args.lib = shutil.copy2(real, os.path.join(copy_dir, "libshardkit.so"))
+    print("shardkit library: %s (copied to %s)" % (real, args.lib))
     if any(f == "torch" for f, _ in configs):
         probe = subprocess.run([args.torch_python, "-c", "import torch; print(torch.__version__)"],
                                capture_output=True, text=True)
