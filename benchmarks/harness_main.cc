@@ -288,10 +288,12 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
   // The paper-scale rows, on the simulator (only in the full paper harness).
   std::optional<Table> simulated;
   if (harness == "paper" && !FLAGS_sim_profile.empty()) {
-    StatusOr<Table> t = SimulatedClaims(FLAGS_sim_profile);
+    Table points("claims_simulated_points");
+    StatusOr<Table> t = SimulatedClaims(FLAGS_sim_profile, &points);
     if (t.ok()) {
       simulated = std::move(*t);
       s = simulated->WriteFiles(out);
+      if (s.ok()) s = points.WriteFiles(out);  // plot.py draws the paper-scale figures from it
       if (!s.ok()) std::fprintf(stderr, "%s: %s\n", harness.c_str(), s.ToString().c_str());
     } else {
       std::fprintf(stderr, "%s: simulated claims: %s\n", harness.c_str(), t.status().ToString().c_str());

@@ -252,6 +252,72 @@ def plot_hybrid(plt, out, rows):
     return fig
 
 
+def plot_simulated(plt, out, rows):
+    """The paper's figures at the paper's scale, simulated: one panel per figure
+    (claims_simulated_points.csv, written by sim_claims.cc), the paper's value
+    a black star beside each simulated bar, the device's capacity red dashes
+    on the memory panels."""
+    if not rows:
+        return None
+    capacity, profile = None, ""
+    for r in rows:
+        if r["figure"] == "capacity":
+            capacity, profile = num(r, "value"), r["x"]
+    panels = [("parity", "FSDP vs DDP (8 GPUs)"), ("prefetch", "backward prefetch, GPT-175B on 128 GPUs"),
+              ("limiter", "rate limiter: off / limit-2 step time (8 GPUs)"),
+              ("limiter_memory", "rate limiter: peak reserved per GPU"),
+              ("gpt175b_scaling", "GPT-175B TFLOPS per GPU"), ("t5_11b_scaling", "T5-11B scaling"),
+              ("hybrid", "HYBRID_SHARD vs FULL_SHARD (64 GPUs)"), ("hybrid_memory", "peak reserved per GPU")]
+    panels = [(f, t) for f, t in panels if any(r["figure"] == f for r in rows)]
+    if not panels:
+        return None
+    cols = 2
+    nrows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(11, 3.2 * nrows), squeeze=False)
+    for i, (figure, title) in enumerate(panels):
+        ax = axes[i // cols][i % cols]
+        sub = [r for r in rows if r["figure"] == figure]
+        series = []
+        for r in sub:
+            if r["series"] not in series:
+                series.append(r["series"])
+        xs = []
+        for r in sub:
+            if r["x"] not in xs:
+                xs.append(r["x"])
+        width = 0.8 / len(series)
+        starred = False
+        for j, name in enumerate(series):
+            for r in sub:
+                if r["series"] != name:
+                    continue
+                x = xs.index(r["x"]) + (j - (len(series) - 1) / 2) * width
+                v = num(r, "value")
+                ax.bar([x], [v], width=width * 0.9, color="C%d" % j, label=name if r is next(
+                    q for q in sub if q["series"] == name) else None)
+                ax.text(x, v, " %.3g" % v, ha="center", va="bottom", fontsize=6)
+                p = num(r, "paper")
+                if p is not None:
+                    ax.plot([x], [p], label=None if starred else "paper", **PAPER)
+                    starred = True
+        if figure.endswith("memory") and capacity is not None:
+            ax.axhline(capacity, color="red", linestyle="--", linewidth=1, label="device capacity")
+        if figure in ("parity", "limiter", "hybrid"):
+            ax.axhline(1, color="black", linewidth=0.6)
+        if figure == "prefetch":
+            ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_xticks(range(len(xs)))
+        ax.set_xticklabels(xs, fontsize=7)
+        ax.set_title(title, fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.legend(fontsize=6)
+    for i in range(len(panels), nrows * cols):
+        axes[i // cols][i % cols].axis("off")
+    fig.suptitle("simulated at the paper's scale%s: bars ours, stars the paper's" %
+                 (" (" + profile + ")" if profile else ""), fontsize=9)
+    return fig
+
+
 def main(argv):
     if len(argv) != 2:
         print("usage: plot.py OUT_DIR", file=sys.stderr)
@@ -266,8 +332,9 @@ def main(argv):
         return 3
     written = []
     for name, fn in [("ddp_vs_fsdp", plot_ddp_vs_fsdp), ("prefetch", plot_prefetch),
-                     ("rate_limiter", plot_rate_limiter), ("hybrid", plot_hybrid)]:
-        fig = fn(plt, out, read(out, name))
+                     ("rate_limiter", plot_rate_limiter), ("hybrid", plot_hybrid),
+                     ("claims_simulated", plot_simulated)]:
+        fig = fn(plt, out, read(out, name + ("_points" if name == "claims_simulated" else "")))
         if fig is None:
             continue
         fig.tight_layout()

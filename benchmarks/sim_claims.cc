@@ -5,6 +5,7 @@
 #include <string>
 
 #include "runtime/fsdp/fsdp.h"
+#include "runtime/sim/profile.h"
 #include "runtime/train/sim_run.h"
 #include "runtime/train/trainer.h"
 
@@ -81,6 +82,26 @@ Row Claim(const std::string& id, const std::string& evidence, const std::string&
   return r;
 }
 
+// One plotted value of a paper figure: `paper` is the paper's value at the
+// same point (NaN where the paper gives none).
+void Point(Table* points, const std::string& figure, const std::string& series, const std::string& x,
+           double value, double paper = std::nan("")) {
+  if (points == nullptr) return;
+  Row r;
+  r.Set("figure", figure);
+  r.Set("series", series);
+  r.Set("x", x);
+  r.Set("value", value, 4);
+  if (std::isfinite(paper)) {
+    r.Set("paper", paper, 4);
+  } else {
+    r.Set("paper", "");
+  }
+  points->Add(std::move(r));
+}
+
+double GibOf(size_t bytes) { return bytes / double(1ull << 30); }
+
 std::string Band(double error, double agree, double partly) {
   const double e = std::fabs(error);
   return e <= agree ? "agrees" : (e <= partly ? "partly" : "disagrees");
@@ -88,9 +109,15 @@ std::string Band(double error, double agree, double partly) {
 
 }  // namespace
 
-StatusOr<Table> SimulatedClaims(const std::string& profile) {
+StatusOr<Table> SimulatedClaims(const std::string& profile, Table* points) {
   Table t("claims_simulated");
   const std::string ev = "simulated (" + profile + ")";
+  if (points != nullptr) {
+    *points = Table("claims_simulated_points");
+    // The device capacity the memory panels are drawn against.
+    SK_ASSIGN_OR_RETURN(sim::SimProfile p, sim::LoadProfile(profile));
+    Point(points, "capacity", "device memory GiB", p.name, GibOf(p.device.memory_bytes));
+  }
 
   // FSDP vs DDP speed on the T5 models DDP fits (paper: parity).
   for (const char* model : {"t5-611m", "t5-2.28b"}) {
@@ -107,6 +134,7 @@ StatusOr<Table> SimulatedClaims(const std::string& profile) {
       continue;
     }
     const double ratio = fsdp.tflops_per_gpu / ddp.tflops_per_gpu;
+    Point(points, "parity", "FULL_SHARD/DDP TFLOPS per GPU", model, ratio, 1.0);
     t.Add(Claim(std::string("fsdp_ddp_parity_") + model, ev, "FSDP as fast as DDP (ratio 1.00)",
                 "FULL_SHARD/DDP " + Fixed(ratio, 3) + "x: FULL_SHARD " + Describe(fsdp) + "; DDP " + Describe(ddp),
                 Signed(ratio - 1), Band(ratio - 1, 0.10, 0.25), rule));
@@ -160,6 +188,15 @@ StatusOr<Table> SimulatedClaims(const std::string& profile) {
         return r.out_of_memory ? std::string("out of memory") : Signed(none.step_seconds / r.step_seconds - 1);
       };
       const std::string v = sp >= 0.09 && sp <= 0.36 ? "agrees" : (sp > 0.02 ? "partly" : "disagrees");
+      Point(points, "prefetch", "speedup over no prefetch (%)", "BACKWARD_PRE", sp * 100, 18);
+      if (!post.out_of_memory) {
+        Point(points, "prefetch", "speedup over no prefetch (%)", "BACKWARD_POST",
+              (none.step_seconds / post.step_seconds - 1) * 100);
+      }
+      if (!fwd.out_of_memory) {
+        Point(points, "prefetch", "speedup over no prefetch (%)", "BACKWARD_PRE + forward",
+              (none.step_seconds / fwd.step_seconds - 1) * 100);
+      }
       t.Add(Claim("backward_prefetch_gpt175b", ev, "+18% (BACKWARD_PRE over none)",
                   "speedup over none: BACKWARD_PRE " + Signed(sp) + ", BACKWARD_POST " + speedup(post) +
                       ", BACKWARD_PRE + forward prefetch " + speedup(fwd) + "; exposed comm none " +
@@ -182,6 +219,7 @@ StatusOr<Table> SimulatedClaims(const std::string& profile) {
       ours = "limiter off runs out of memory; limit 2 trains: " + Describe(on);
     } else if (!on.out_of_memory && !off.out_of_memory) {
       const double speedup = off.step_seconds / on.step_seconds;
+      Point(points, "limiter", "off/limit-2 step time", "t5-11b", speedup, 5.0);
       verdict = speedup >= 2.5 ? "agrees" : (speedup > 1.1 ? "partly" : "disagrees");
       ours = "limit 2 " + Fixed(speedup, 2) + "x faster than off: limit 2 " + Describe(on) + "; off " + Describe(off);
       err = Signed((speedup - 5) / 5);
@@ -189,6 +227,8 @@ StatusOr<Table> SimulatedClaims(const std::string& profile) {
       verdict = "disagrees";
       ours = "limit 2 " + Describe(on) + "; off " + Describe(off);
     }
+    Point(points, "limiter_memory", "peak reserved GiB, limit 2", "t5-11b", GibOf(on.peak_reserved_bytes));
+    Point(points, "limiter_memory", "peak reserved GiB, off", "t5-11b", GibOf(off.peak_reserved_bytes));
     t.Add(Claim("rate_limiter_t5_11b", ev, "up to 5x faster with the limiter (retries without it)", ours, err, verdict,
                 "8 GPUs, batch 2/GPU, all_gather_limit 2 vs off: agrees >= 2.5x, partly > 1.1x or when off runs "
                 "out of memory (the paper saw retries, not a failure)"));
@@ -213,7 +253,13 @@ StatusOr<Table> SimulatedClaims(const std::string& profile) {
       SK_ASSIGN_OR_RETURN(SimStepReport off, Run(profile, s));
       Effect e;
       e.ok = !on.out_of_memory && !off.out_of_memory;
-      if (e.ok) e.speedup = off.step_seconds / on.step_seconds - 1;
+      if (e.ok) {
+        e.speedup = off.step_seconds / on.step_seconds - 1;
+        Point(points, "limiter", "off/limit-2 step time", model, e.speedup + 1,
+              std::string(model) == "regnet-9b" ? 1.0 : 0.95);
+      }
+      Point(points, "limiter_memory", "peak reserved GiB, limit 2", model, GibOf(on.peak_reserved_bytes));
+      Point(points, "limiter_memory", "peak reserved GiB, off", model, GibOf(off.peak_reserved_bytes));
       e.text = std::string(model) + ": limiter " + (e.ok ? Signed(e.speedup) : std::string("n/a")) +
                " (limit 2 " + Describe(on) + "; off " + Describe(off) + ")";
       return e;
@@ -262,6 +308,10 @@ StatusOr<Table> SimulatedClaims(const std::string& profile) {
       oom = oom || r.out_of_memory;
       ours += (ours.empty() ? "" : "; ") + std::to_string(world) + " GPUs " + Describe(r);
       if (world == 128) first = r.tflops_per_gpu;
+      // The paper: 173-186 TFLOPS/GPU over 128-512 GPUs; its midpoint.
+      if (!r.out_of_memory) {
+        Point(points, "gpt175b_scaling", "TFLOPS per GPU", std::to_string(world), r.tflops_per_gpu, 179.5);
+      }
       last = r.tflops_per_gpu;
     }
     const double err = (last - 179.5) / 179.5;
@@ -286,6 +336,8 @@ StatusOr<Table> SimulatedClaims(const std::string& profile) {
     std::string ours = "8 GPUs " + Describe(r8) + "; 512 GPUs " + Describe(r512);
     if (!r8.out_of_memory && !r512.out_of_memory) {
       const double change = r512.tflops_per_gpu / r8.tflops_per_gpu - 1;
+      Point(points, "t5_11b_scaling", "TFLOPS per GPU relative to 8 GPUs", "8", 1.0, 1.0);
+      Point(points, "t5_11b_scaling", "TFLOPS per GPU relative to 8 GPUs", "512", 1 + change, 0.93);
       ours = "TFLOPS/GPU 8->512 " + Signed(change) + ": " + ours;
       err = Signed((change + 0.07) / 0.07);
       verdict = change < -0.02 && change > -0.20 ? "agrees" : (change < 0 ? "partly" : "disagrees");
@@ -307,6 +359,9 @@ StatusOr<Table> SimulatedClaims(const std::string& profile) {
     std::string verdict = "disagrees", err = "-";
     if (!full.out_of_memory && !hybrid.out_of_memory) {
       const double speed = full.step_seconds / hybrid.step_seconds;
+      Point(points, "hybrid", "speed relative to FULL_SHARD", "HYBRID_SHARD (8 per group)", speed);
+      Point(points, "hybrid_memory", "peak reserved GiB", "FULL_SHARD", GibOf(full.peak_reserved_bytes));
+      Point(points, "hybrid_memory", "peak reserved GiB", "HYBRID_SHARD (8 per group)", GibOf(hybrid.peak_reserved_bytes));
       const bool more_memory = hybrid.peak_reserved_bytes > full.peak_reserved_bytes;
       ours = "HYBRID_SHARD " + Fixed(speed, 3) + "x FULL_SHARD's speed: " + ours;
       verdict = speed > 1.01 && more_memory ? "agrees" : (speed > 1.0 || more_memory ? "partly" : "disagrees");
