@@ -267,7 +267,8 @@ def plot_simulated(plt, out, rows):
               ("limiter", "rate limiter: off / limit-2 step time (8 GPUs)"),
               ("limiter_memory", "rate limiter: peak reserved per GPU"),
               ("gpt175b_scaling", "GPT-175B TFLOPS per GPU"), ("t5_11b_scaling", "T5-11B scaling"),
-              ("hybrid", "HYBRID_SHARD vs FULL_SHARD (64 GPUs)"), ("hybrid_memory", "peak reserved per GPU")]
+              ("hybrid", "HYBRID_SHARD vs FULL_SHARD (64 GPUs)"), ("hybrid_memory", "peak reserved per GPU"),
+              ("hybrid_traffic", "cross-node traffic per GPU per step")]
     panels = [(f, t) for f, t in panels if any(r["figure"] == f for r in rows)]
     if not panels:
         return None

@@ -32,7 +32,7 @@ namespace sk::bench {
 // With `points`, it is also set to the table "claims_simulated_points": the
 // numbers behind the rows for plot.py, one row per plotted value with columns
 // figure (parity, prefetch, limiter, limiter_memory, gpt175b_scaling,
-// t5_11b_scaling, hybrid, hybrid_memory), series, x, value and paper (the
+// t5_11b_scaling, hybrid, hybrid_memory, hybrid_traffic), series, x, value and paper (the
 // paper's value at that point, empty where it gives none; for the limiter on
 // T5-11B its "up to 5x", on GPT-175B the midpoint of 173-186). Out-of-memory
 // runs give no point. Deterministic like the rows.

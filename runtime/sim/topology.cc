@@ -167,6 +167,7 @@ LinkSchedule::Booking LinkSchedule::Book(const comm::CollectivePlan& plan, doubl
   Booking b;
   b.start_s = start_s;
   b.alone_s = plan.seconds();
+  if (plan.network_use_per_byte_s > 0) network_bus_bytes_ += plan.bus_bytes;
   const double uses[kLinks] = {plan.nvlink_use_per_byte_s, plan.network_use_per_byte_s};
   double t = start_s + plan.latency_s;
   double remaining = plan.bus_bytes;
@@ -256,9 +257,15 @@ void LinkSchedule::ForgetBefore(double t_s) {
   }
 }
 
+double LinkSchedule::network_bus_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return network_bus_bytes_;
+}
+
 void LinkSchedule::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   for (Usage* u : {&usage_[0], &usage_[1], &busy_}) u->clear();
+  network_bus_bytes_ = 0;
 }
 
 }  // namespace sk::sim

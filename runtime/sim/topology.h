@@ -85,6 +85,11 @@ class LinkSchedule {
   // it (the simulator's clocks only move forward). Keeps memory bounded.
   void ForgetBefore(double t_s);
 
+  // Bus bytes of every booking whose group spans nodes (its plan uses the
+  // network), since the last Clear(): what this GPU's share of its node's
+  // NICs carried. ForgetBefore keeps it.
+  double network_bus_bytes() const;
+
   // Forgets everything (a new simulation, clocks back at 0).
   void Clear();
 
@@ -100,6 +105,7 @@ class LinkSchedule {
 
   mutable std::mutex mu_;
   Usage usage_[kLinks];
+  double network_bus_bytes_ = 0;
   Usage busy_;  // number of collectives running
 };
 

@@ -7,6 +7,7 @@
 #include "runtime/core/trace.h"
 #include "runtime/sim/profile.h"
 #include "runtime/sim/sim_device.h"
+#include "runtime/sim/sim_process_group.h"
 
 namespace sk {
 namespace {
@@ -112,8 +113,11 @@ StatusOr<SimStepReport> SimulateTraining(const SimRunOptions& options) {
   report.model_flops_per_step = flops.model_flops * to.grad_accum_steps;
 
   const int total = options.warmup_steps + options.steps;
-  double seconds = 0, busy = 0, exposed = 0;
+  double seconds = 0, busy = 0, exposed = 0, cross_node = 0;
+  auto* sim_world = dynamic_cast<sim::SimProcessGroup*>(&trainer->world());
+  auto network_bytes = [&] { return sim_world != nullptr ? sim_world->links().network_bus_bytes() : 0.0; };
   for (int step = 0; step < total; ++step) {
+    const double network_before = network_bytes();
     const bool measured = step >= options.warmup_steps;
     const bool traced = !options.trace_path.empty() && step + 1 == total;
     const int64_t retries_before = trainer->allocator().stats().num_alloc_retries;
@@ -140,6 +144,7 @@ StatusOr<SimStepReport> SimulateTraining(const SimRunOptions& options) {
     FillMemory(mem, report);
     report.alloc_retries += mem.num_alloc_retries - retries_before;
     seconds += m->step_seconds;
+    cross_node += network_bytes() - network_before;
     const StepTimes t = Analyse(device->spans(), compute_id);
     busy += t.compute_busy;
     exposed += t.exposed_comm;
@@ -150,6 +155,7 @@ StatusOr<SimStepReport> SimulateTraining(const SimRunOptions& options) {
   report.step_seconds = seconds / options.steps;
   report.compute_busy_seconds = busy / options.steps;
   report.exposed_comm_seconds = exposed / options.steps;
+  report.cross_node_bytes = cross_node / options.steps;
   if (report.step_seconds > 0) {
     report.tflops_per_gpu = report.model_flops_per_step / report.step_seconds / 1e12;
   }

@@ -67,6 +67,10 @@ struct SimStepReport {
   // "comm" spans minus its intersection with the compute stream's spans).
   double compute_busy_seconds = 0;
   double exposed_comm_seconds = 0;
+  // Mean per step: the bus bytes of the collectives whose group spans nodes
+  // (sim::LinkSchedule::network_bus_bytes: what this GPU's share of its
+  // node's NICs carries); 0 when every group stays inside a node.
+  double cross_node_bytes = 0;
   std::string profile_name;
 };
 

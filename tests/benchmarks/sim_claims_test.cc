@@ -91,7 +91,7 @@ TEST_F(SimClaimsTest, PlotPointsCoverEveryFigureAndMatchTheRows) {
     }
   }
   for (const char* f : {"capacity", "parity", "prefetch", "limiter", "limiter_memory", "gpt175b_scaling",
-                        "t5_11b_scaling", "hybrid", "hybrid_memory"}) {
+                        "t5_11b_scaling", "hybrid", "hybrid_memory", "hybrid_traffic"}) {
     EXPECT_TRUE(figures.count(f)) << "no points for figure " << f;
   }
   EXPECT_GE(with_paper, 8);

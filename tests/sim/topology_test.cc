@@ -136,6 +136,27 @@ TEST(LinkSchedule, CollectivesOnDifferentLinksDoNotSlowEachOther) {
   EXPECT_DOUBLE_EQ(b.end_s, replica.seconds());
 }
 
+// Cross-node traffic: only bookings whose group spans nodes count, with
+// their bus bytes (a ring all-reduce over 8 nodes moves 2 * 7/8 of its
+// bytes); forgetting old bookings keeps the count, Clear resets it.
+TEST(LinkSchedule, NetworkBusBytesCountOnlyGroupsThatSpanNodes) {
+  LinkSchedule links;
+  const NetworkProfile p = A100();
+  const CollectivePlan shard = RingPlan(p, CollectiveKind::kAllGather, 1 << 30, *GroupPlacement::Packed(8, 8));
+  const CollectivePlan replica =
+      RingPlan(p, CollectiveKind::kAllReduce, 1 << 28, *GroupPlacement::Of({3, 11, 19, 27, 35, 43, 51, 59}, 8));
+  links.Book(shard, 0.0);
+  EXPECT_EQ(links.network_bus_bytes(), 0.0);
+  auto b = links.Book(replica, 0.0);
+  EXPECT_DOUBLE_EQ(links.network_bus_bytes(), replica.bus_bytes);
+  EXPECT_DOUBLE_EQ(replica.bus_bytes, 2.0 * 7 / 8 * (1 << 28));
+  links.ForgetBefore(b.end_s);
+  links.Book(replica, b.end_s);
+  EXPECT_DOUBLE_EQ(links.network_bus_bytes(), 2 * replica.bus_bytes);
+  links.Clear();
+  EXPECT_EQ(links.network_bus_bytes(), 0.0);
+}
+
 TEST(LinkSchedule, ANetworkBoundCollectiveLeavesTheRestOfNvlink) {
   LinkSchedule links;
   const NetworkProfile p = A100();
