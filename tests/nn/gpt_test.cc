@@ -10,6 +10,7 @@
 #include "runtime/nn/owned_parameters.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
+#include "tests/nn/gradient_check.h"
 
 namespace sk {
 namespace {
@@ -112,26 +113,8 @@ TEST(Gpt, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
   }
   TokenBatch batch = RandomBatch(2, 6, 32, 9);
   ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
-  auto params = p->all_params();
-  auto grads = p->all_grads();
-  int checked = 0;
-  for (size_t t = 0; t < params.size(); ++t) {
-    float* d = params[t].data_as<float>();
-    for (int64_t i : {int64_t{0}, params[t].numel() / 2, params[t].numel() - 1}) {
-      const float saved = d[i];
-      const float eps = 1e-2f;
-      d[i] = saved + eps;
-      double lp = *m->Forward(batch, *p, HostAllocator::Default());
-      d[i] = saved - eps;
-      double lm = *m->Forward(batch, *p, HostAllocator::Default());
-      d[i] = saved;
-      double fd = (lp - lm) / (2.0 * eps);
-      double g = grads[t].data_as<float>()[i];
-      EXPECT_NEAR(g, fd, 2e-3 + 0.03 * std::fabs(fd)) << "tensor " << t << " element " << i;
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, static_cast<int>(3 * params.size()));
+  const int checked = ExpectGradientsMatchCentralDifferences(*m, *p, batch, "gpt");
+  EXPECT_EQ(checked, static_cast<int>(3 * p->all_params().size()));
 }
 
 float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int steps, float lr,

@@ -9,6 +9,7 @@
 #include "runtime/nn/owned_parameters.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
+#include "tests/nn/gradient_check.h"
 
 namespace sk {
 namespace {
@@ -103,23 +104,7 @@ TEST(T5, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
   TokenBatch batch = ReverseBatch(2, 4, 24, 9);
   batch.source_len = 4;
   ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
-  auto params = p->all_params();
-  auto grads = p->all_grads();
-  for (size_t t = 0; t < params.size(); ++t) {
-    float* d = params[t].data_as<float>();
-    for (int64_t i : {int64_t{0}, params[t].numel() / 2, params[t].numel() - 1}) {
-      const float saved = d[i];
-      const float eps = 1e-2f;
-      d[i] = saved + eps;
-      double lp = *m->Forward(batch, *p, HostAllocator::Default());
-      d[i] = saved - eps;
-      double lm = *m->Forward(batch, *p, HostAllocator::Default());
-      d[i] = saved;
-      double fd = (lp - lm) / (2.0 * eps);
-      EXPECT_NEAR(grads[t].data_as<float>()[i], fd, 2e-3 + 0.03 * std::fabs(fd))
-          << "tensor " << t << " element " << i;
-    }
-  }
+  ExpectGradientsMatchCentralDifferences(*m, *p, batch, "t5");
 }
 
 float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int steps, float lr) {

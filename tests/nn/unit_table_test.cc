@@ -8,6 +8,7 @@
 #include "runtime/nn/configs.h"
 #include "runtime/nn/owned_parameters.h"
 #include "runtime/ops/ops.h"
+#include "tests/nn/gradient_check.h"
 
 namespace sk {
 namespace {
@@ -114,23 +115,7 @@ TEST(UnitTable, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
     }
     const TokenBatch batch = Images({1, 7}, {2, 9});
     ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
-    auto params = p->all_params();
-    auto grads = p->all_grads();
-    for (size_t t = 0; t < params.size(); ++t) {
-      float* d = params[t].data_as<float>();
-      for (int64_t i : {int64_t{0}, params[t].numel() / 2, params[t].numel() - 1}) {
-        const float saved = d[i];
-        const float eps = 1e-2f;
-        d[i] = saved + eps;
-        const double lp = *m->Forward(batch, *p, HostAllocator::Default());
-        d[i] = saved - eps;
-        const double lm = *m->Forward(batch, *p, HostAllocator::Default());
-        d[i] = saved;
-        const double fd = (lp - lm) / (2.0 * eps);
-        EXPECT_NEAR(grads[t].data_as<float>()[i], fd, 2e-3 + 0.03 * std::fabs(fd))
-            << m->units()[0].name << " tensor " << t << " element " << i;
-      }
-    }
+    ExpectGradientsMatchCentralDifferences(*m, *p, batch, m->units()[0].name);
   }
 }
 
