@@ -289,13 +289,14 @@ def plot_simulated(plt, out, rows):
         width = 0.8 / len(series)
         starred = False
         for j, name in enumerate(series):
+            label = name  # on the series' first bar only
             for r in sub:
                 if r["series"] != name:
                     continue
                 x = xs.index(r["x"]) + (j - (len(series) - 1) / 2) * width
                 v = num(r, "value")
-                ax.bar([x], [v], width=width * 0.9, color="C%d" % j, label=name if r is next(
-                    q for q in sub if q["series"] == name) else None)
+                ax.bar([x], [v], width=width * 0.9, color="C%d" % j, label=label)
+                label = None
                 ax.text(x, v, " %.3g" % v, ha="center", va="bottom", fontsize=6)
                 p = num(r, "paper")
                 if p is not None:
