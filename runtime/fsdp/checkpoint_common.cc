@@ -16,8 +16,11 @@ StatusOr<Tensor> HostZeros(int64_t n) {
 }
 
 Status CopyToHost(const FullyShardedModel& f, const Tensor& src, const Tensor& dst) {
-  const ops::OpContext& ctx = f.op_context();
+  // Master shards and optimizer state live where the shards' context is
+  // (the host with cpu_offload; its stream may be null: the calling thread).
+  const ops::OpContext& ctx = f.shard_context();
   SK_RETURN_IF_ERROR(ops::Copy(ctx, src, dst));
+  if (ctx.stream == nullptr) return OkStatus();
   return ctx.stream->Synchronize(f.options().timeout).WithContext("copying to the host");
 }
 
@@ -92,7 +95,7 @@ Status Commit(const TrainingState& state, LoadedShards& loaded) {
   if (loaded.has_optimizer && state.optimizer != nullptr) {
     for (int u = 0; u < f.num_units(); ++u) {
       const int64_t n = f.layout(u).shard_numel();
-      SK_RETURN_IF_ERROR(state.optimizer->LoadState(f.op_context(), u, n, loaded.optimizer_step[u], loaded.optim[u])
+      SK_RETURN_IF_ERROR(state.optimizer->LoadState(f.shard_context(), u, n, loaded.optimizer_step[u], loaded.optim[u])
                              .WithContext("committing a loaded checkpoint (the model is partly restored)"));
     }
   }

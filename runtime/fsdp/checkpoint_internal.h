@@ -33,15 +33,17 @@ bool IsWriter(FullyShardedModel& f);
 
 // Host staging. Checkpoint files are host bytes: every value a checkpoint
 // reads or writes passes through host tensors. Copies between them and the
-// model's device use the model's op context (FullyShardedModel::op_context);
+// master shards / optimizer state use the shards' op context
+// (FullyShardedModel::shard_context: the host's with cpu_offload);
 // copies and casts between file bytes and staging use ops::HostContext().
 
 // The elements [offset, offset + n) of a tensor, flattened (a view).
 StatusOr<Tensor> Slice(const Tensor& t, int64_t offset, int64_t n);
 // A zeroed host f32 tensor of n elements.
 StatusOr<Tensor> HostZeros(int64_t n);
-// Copies `src` (the model's device or the host) into `dst` (host) with the
-// model's op context and waits for the copy.
+// Copies `src` (a master shard or optimizer state: the model's device, or
+// the host with cpu_offload) into `dst` (host) with the shards' op context
+// and waits for the copy.
 Status CopyToHost(const FullyShardedModel& f, const Tensor& src, const Tensor& dst);
 // A host copy of `src` (the model's device or the host).
 StatusOr<Tensor> ToHost(const FullyShardedModel& f, const Tensor& src);

@@ -137,21 +137,22 @@ Status ValidateFsdpOptions(const FsdpOptions& o, int world) {
 
 FullyShardedModel::FullyShardedModel(std::vector<UnitSpec> units, comm::ProcessGroup* world,
                                      CachingAllocator* allocator, Allocator* offload,
-                                     const FsdpOptions& options)
+                                     Stream* host_stream, const FsdpOptions& options)
     : units_(std::move(units)), world_(world), allocator_(allocator), offload_(offload),
-      options_(options) {}
+      host_stream_(host_stream), options_(options) {}
 
 FullyShardedModel::~FullyShardedModel() {
   // Outstanding reductions hold buffers from our allocators: let them finish.
   for (auto& w : pending_reductions_) w->wait(options_.timeout).IgnoreError();
   if (rs_stream_) rs_stream_->Synchronize(options_.timeout).IgnoreError();
   if (ag_stream_) ag_stream_->Synchronize(options_.timeout).IgnoreError();
+  if (host_stream_) host_stream_->Synchronize(options_.timeout).IgnoreError();
   flat_.clear();
 }
 
 StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
     const std::vector<UnitSpec>& units, comm::ProcessGroup* world, CachingAllocator* allocator,
-    const FsdpOptions& options, Allocator* offload_allocator) {
+    const FsdpOptions& options, Allocator* offload_allocator, Stream* host_stream) {
   if (world == nullptr) return InvalidArgumentError("FSDP needs a process group");
   if (allocator == nullptr) return InvalidArgumentError("FSDP needs a caching allocator");
   SK_RETURN_IF_ERROR(ValidateFsdpOptions(options, world->size()));
@@ -174,8 +175,20 @@ StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
   if (o.strategy == ShardingStrategy::kDefault) o.strategy = ShardingStrategy::kFullShard;
   if (o.backward_prefetch == BackwardPrefetch::kDefault) o.backward_prefetch = BackwardPrefetch::kBackwardPre;
   if (offload_allocator == nullptr) offload_allocator = &HostAllocator::Default();
-  std::unique_ptr<FullyShardedModel> m(
-      new FullyShardedModel(units, world, allocator, offload_allocator, o));
+  if (o.cpu_offload) {
+    const DeviceId host = offload_allocator->device();
+    if (host_stream == nullptr && !host.is_cpu()) {
+      return InvalidArgumentError("cpu_offload with an offload allocator on " + host.ToString() +
+                                  " needs a host stream (host ops there are not run by the calling thread)");
+    }
+    if (host_stream != nullptr && host_stream->device() != host) {
+      return InvalidArgumentError("cpu_offload: the host stream '" + host_stream->name() + "' is on " +
+                                  host_stream->device().ToString() + ", the offload allocator on " +
+                                  host.ToString());
+    }
+  }
+  std::unique_ptr<FullyShardedModel> m(new FullyShardedModel(
+      units, world, allocator, offload_allocator, o.cpu_offload ? host_stream : nullptr, o));
   SK_RETURN_IF_ERROR(m->Init());
   return m;
 }
@@ -237,7 +250,15 @@ Status FullyShardedModel::Init() {
   compute_ctx_ = ops::OpContext{device, compute_stream_.get(), activation_allocator_.get()};
   ag_ctx_ = ops::OpContext{device, ag_stream_.get(), ag_allocator_.get()};
   rs_ctx_ = ops::OpContext{device, rs_stream_.get(), rs_allocator_.get()};
+  if (options_.cpu_offload) {
+    SK_ASSIGN_OR_RETURN(Device * host, Device::Get(offload_->device()));
+    // Host temporaries (the grad-norm accumulator) from pageable memory on a
+    // real host: one cudaHostAlloc per temporary would cost milliseconds.
+    Allocator* temporaries = offload_->device().is_cpu() ? &HostAllocator::Default() : offload_;
+    host_ctx_ = ops::OpContext{host, host_stream_, temporaries};
+  }
   Allocator& shard_alloc = options_.cpu_offload ? *offload_ : *activation_allocator_;
+  const ops::OpContext& shard_ctx = shard_context();
 
   const int shard_rank = shard_group_->rank();
   flat_.resize(units_.size());
@@ -248,16 +269,22 @@ Status FullyShardedModel::Init() {
     const FlatParamLayout& layout = flat_[u].layout;
     SK_ASSIGN_OR_RETURN(flat_[u].master, shard_alloc.Empty(DType::kF32, Shape{layout.shard_numel()}));
     SK_ASSIGN_OR_RETURN(flat_[u].grad, shard_alloc.Empty(DType::kF32, Shape{layout.shard_numel()}));
-    SK_RETURN_IF_ERROR(ops::Fill(compute_ctx_, flat_[u].master, 0.f));
-    SK_RETURN_IF_ERROR(ops::Fill(compute_ctx_, flat_[u].grad, 0.f));
+    SK_RETURN_IF_ERROR(ops::Fill(shard_ctx, flat_[u].master, 0.f));
+    SK_RETURN_IF_ERROR(ops::Fill(shard_ctx, flat_[u].grad, 0.f));
     // Deferred initialisation: only this rank's slices are ever computed.
     for (const auto& s : layout.ShardSlices(shard_rank)) {
       const ParamSpec& spec = units_[u].params[s.param];
       SK_ASSIGN_OR_RETURN(Tensor slice, Slice(flat_[u].master, s.shard_offset, s.param_end - s.param_begin));
-      SK_RETURN_IF_ERROR(ops::InitPhilox(compute_ctx_, spec.init, options_.seed,
+      SK_RETURN_IF_ERROR(ops::InitPhilox(shard_ctx, spec.init, options_.seed,
                                          ParamIdFromName(FullParamName(units_[u], spec)),
                                          s.param_begin, slice));
     }
+  }
+  if (options_.cpu_offload) {
+    int64_t largest = 0;
+    for (const FlatUnit& f : flat_) largest = std::max(largest, f.layout.shard_numel());
+    const DType rdt = options_.mixed_precision.reduce_dtype.value_or(GradDType());
+    SK_ASSIGN_OR_RETURN(grad_staging_, offload_->Empty(rdt, Shape{largest}));
   }
   if (ParamsPersistent()) {
     for (int u = 0; u < num_units(); ++u) SK_RETURN_IF_ERROR(Regather(u));
@@ -302,7 +329,75 @@ int FullyShardedModel::UnshardedAlive() const {
 Status FullyShardedModel::WaitForCompute(Stream& waiter) {
   Device& device = *compute_ctx_.device;
   if (device.id().is_cpu()) return OkStatus();
-  return device.WaitStream(waiter, *compute_stream_);
+  SK_RETURN_IF_ERROR(device.WaitStream(waiter, *compute_stream_));
+  // A host stream on the device (sim) orders the host's writes the same way.
+  if (host_stream_ != nullptr && host_stream_->device() == device.id()) {
+    SK_RETURN_IF_ERROR(device.WaitStream(waiter, *host_stream_));
+  }
+  return OkStatus();
+}
+
+Status FullyShardedModel::CopyMasterIn(const FlatUnit& f, const Tensor& input) {
+  Device& device = *ag_ctx_.device;
+  const Tensor master = f.master;
+  if (input.dtype() == DType::kF32) {
+    return device.CopyAsync(input.data(), master.data(), master.nbytes(), *ag_stream_)
+        .WithContext("copying the master shard to the device");
+  }
+  // Stream-ordered on the all-gather stream's pool: free for reuse once the
+  // cast, enqueued after the copy on the same stream, has read it.
+  SK_ASSIGN_OR_RETURN(Tensor staged, ag_allocator_->Empty(DType::kF32, master.shape()));
+  SK_RETURN_IF_ERROR(device.CopyAsync(staged.data(), master.data(), master.nbytes(), *ag_stream_)
+                         .WithContext("copying the master shard to the device"));
+  return OnStream(ag_ctx_, [staged, input](const ops::OpContext& c) {
+    return ops::Cast(c, staged, input);
+  });
+}
+
+Status FullyShardedModel::AccumulateReduced(const FlatUnit& f, const Tensor& reduced) {
+  Tensor grad = f.grad;
+  if (!options_.cpu_offload) {
+    return OnStream(rs_ctx_, [grad, reduced](const ops::OpContext& c) {
+      return ops::Axpy(c, 1.f, reduced, grad);
+    });
+  }
+  SK_ASSIGN_OR_RETURN(Tensor staged, Slice(grad_staging_, 0, reduced.numel()));
+  SK_RETURN_IF_ERROR(rs_ctx_.device->CopyAsync(staged.data(), reduced.data(), reduced.nbytes(), *rs_stream_)
+                         .WithContext("copying the reduced gradient shard to the host"));
+  if (host_stream_ == nullptr) {
+    // The host accumulates when the reduce stream reaches this point (a
+    // closure on the stream: its worker on cpu, a driver thread on cuda).
+    ops::OpContext host = host_ctx_;
+    if (rs_ctx_.device->id().is_cpu()) {
+      // As every cpu closure: `reduced` lives until the stream has read it.
+      return rs_stream_->Enqueue([host, staged, grad, reduced]() {
+        return ops::Axpy(host, 1.f, staged, grad);
+      });
+    }
+    // cuda: `reduced` is the reduce stream's (stream-ordered reuse), and a
+    // driver-thread closure must not free device memory (no CUDA calls there).
+    return rs_stream_->Enqueue([host, staged, grad]() { return ops::Axpy(host, 1.f, staged, grad); });
+  }
+  // A host stream (sim): it waits for the copy, then accumulates.
+  SK_RETURN_IF_ERROR(host_ctx_.device->WaitStream(*host_stream_, *rs_stream_));
+  return ops::Axpy(host_ctx_, 1.f, staged, grad);
+}
+
+Status FullyShardedModel::QuiesceMasterReaders() {
+  if (!options_.cpu_offload) return OkStatus();
+  return ag_stream_->Synchronize(options_.timeout)
+      .WithContext("waiting for the all-gather stream before the host writes master shards");
+}
+
+Status FullyShardedModel::WriteMaster(const Tensor& src, const Tensor& dst) {
+  if (!options_.cpu_offload) return ops::Copy(compute_ctx_, src, dst);
+  SK_RETURN_IF_ERROR(QuiesceMasterReaders());
+  if (src.device().is_cpu() || src.device().kind == host_ctx_.device->id().kind) {
+    return ops::Copy(host_ctx_, src, dst);
+  }
+  // A device tensor into host memory: copied by the compute stream, waited for.
+  SK_RETURN_IF_ERROR(ops::Copy(compute_ctx_, src, dst));
+  return compute_stream_->Synchronize(options_.timeout).WithContext("copying into a master shard");
 }
 
 Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
@@ -329,12 +424,16 @@ Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
   }
   const size_t offset = static_cast<size_t>(shard_group_->rank() * shard) * DTypeSize(dt);
   SK_ASSIGN_OR_RETURN(Tensor input, full.View(offset, dt, Shape{shard}));
-  // Cast (and, with offload, copy in) the master shard on the all-gather
-  // stream, in stream order before the collective reads it.
-  Tensor master = f.master;
-  SK_RETURN_IF_ERROR(OnStream(ag_ctx_, [master, input](const ops::OpContext& c) {
-    return ops::Cast(c, master, input);
-  }));
+  // Cast (with offload: copy in, then cast) the master shard on the
+  // all-gather stream, in stream order before the collective reads it.
+  if (options_.cpu_offload) {
+    SK_RETURN_IF_ERROR(CopyMasterIn(f, input));
+  } else {
+    Tensor master = f.master;
+    SK_RETURN_IF_ERROR(OnStream(ag_ctx_, [master, input](const ops::OpContext& c) {
+      return ops::Cast(c, master, input);
+    }));
+  }
   comm::CollectiveOptions co;
   co.timeout = options_.timeout;
   SK_ASSIGN_OR_RETURN(f.gather_work, shard_group_->all_gather(full, input, *ag_stream_, co));
@@ -394,8 +493,10 @@ Status FullyShardedModel::Fail(Status s) {
   pending_reductions_.clear();
   rs_stream_->Synchronize(options_.timeout).IgnoreError();
   ag_stream_->Synchronize(options_.timeout).IgnoreError();
+  if (host_stream_ != nullptr) host_stream_->Synchronize(options_.timeout).IgnoreError();
   rs_stream_->ClearError();
   ag_stream_->ClearError();
+  if (host_stream_ != nullptr) host_stream_->ClearError();
   for (int u = 0; u < num_units(); ++u) {
     FlatUnit& f = flat_[u];
     f.state = UnitState::kIdle;
@@ -405,8 +506,8 @@ Status FullyShardedModel::Fail(Status s) {
       f.gather_work.reset();
     }
     f.full_grad = Tensor();
-    // The streams are idle now: zeroing on the compute context cannot race.
-    ops::Fill(compute_ctx_, f.grad, 0.f).IgnoreError();  // valid operands: cannot fail
+    // The streams are idle now: zeroing on the shards' context cannot race.
+    ops::Fill(shard_context(), f.grad, 0.f).IgnoreError();  // valid operands: cannot fail
   }
   return s;
 }
@@ -588,11 +689,8 @@ Status FullyShardedModel::ReduceGradients(int unit) {
     }
   }
   // Accumulate into the f32 gradient shard (widening from reduce_dtype), in
-  // stream order after the reduction.
-  Tensor grad = f.grad;
-  SK_RETURN_IF_ERROR(OnStream(rs_ctx_, [grad, reduced](const ops::OpContext& c) {
-    return ops::Axpy(c, 1.f, reduced, grad);
-  }));
+  // stream order after the reduction (on the host with offload).
+  SK_RETURN_IF_ERROR(AccumulateReduced(f, reduced));
   if (ParamsPersistent()) {
     // SHARD_OPTIM and NO_SHARD keep their full gradient: clear it once read.
     SK_RETURN_IF_ERROR(OnStream(rs_ctx_, [full_grad](const ops::OpContext& c) {
@@ -609,6 +707,11 @@ Status FullyShardedModel::WaitPendingReductions() {
   SK_RETURN_IF_ERROR(WaitPendingReductionWork());
   Status s = rs_stream_->Synchronize(options_.timeout);
   if (!s.ok()) return s.WithContext("reduce stream");
+  if (host_stream_ != nullptr) {
+    // The host accumulations wait for the reduce stream on the host stream.
+    s = host_stream_->Synchronize(options_.timeout);
+    if (!s.ok()) return s.WithContext("host stream");
+  }
   return OkStatus();
 }
 
@@ -632,7 +735,7 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
   SK_RETURN_IF_ERROR(FinishBackward());
   std::vector<Tensor> grads;
   for (const FlatUnit& f : flat_) grads.push_back(f.grad);
-  SK_ASSIGN_OR_RETURN(double partial, LocalGradNormPartial(compute_ctx_, grads, type));
+  SK_ASSIGN_OR_RETURN(double partial, LocalGradNormPartial(shard_context(), grads, type));
   // Replicas hold identical shards: combine over the shard group only.
   comm::ProcessGroup& g = *shard_group_;
   double combined = partial;
@@ -654,7 +757,7 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
   }
   double norm = FinishGradNorm(combined, type);
   if (max_norm > 0) {
-    SK_RETURN_IF_ERROR(ClipGradientsToNorm(compute_ctx_, grads, norm, max_norm).status());
+    SK_RETURN_IF_ERROR(ClipGradientsToNorm(shard_context(), grads, norm, max_norm).status());
   }
   return norm;
 }
@@ -663,7 +766,7 @@ Status FullyShardedModel::ScaleGradients(float factor) {
   SK_RETURN_IF_ERROR(FinishBackward());
   std::vector<Tensor> grads;
   for (const FlatUnit& f : flat_) grads.push_back(f.grad);
-  return sk::ScaleGradients(compute_ctx_, grads, factor);
+  return sk::ScaleGradients(shard_context(), grads, factor);
 }
 
 Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
@@ -672,7 +775,13 @@ Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
   for (int u = 0; u < num_units(); ++u) {
     refs.push_back(ShardRef{u, flat_[u].master, flat_[u].grad});
   }
-  SK_RETURN_IF_ERROR(optimizer.Step(compute_ctx_, refs));
+  SK_RETURN_IF_ERROR(QuiesceMasterReaders());
+  SK_RETURN_IF_ERROR(optimizer.Step(shard_context(), refs));
+  if (host_stream_ != nullptr) {
+    // The host steps synchronously (the driving thread runs the optimizer):
+    // on a host stream (sim), the caller waits for it.
+    SK_RETURN_IF_ERROR(host_stream_->Synchronize(options_.timeout).WithContext("host optimizer step"));
+  }
   masters_written_ = true;
   if (ParamsPersistent()) {
     // The full parameters are stale: gather the updated shards.
@@ -698,7 +807,7 @@ void FullyShardedModel::ZeroGrad() {
   WaitPendingReductions().IgnoreError();
   // Valid operands on an idle reduce stream: these fills cannot fail.
   for (FlatUnit& f : flat_) {
-    ops::Fill(compute_ctx_, f.grad, 0.f).IgnoreError();
+    ops::Fill(shard_context(), f.grad, 0.f).IgnoreError();
     if (f.full_grad.defined()) {
       if (ParamsPersistent()) {
         ops::Fill(compute_ctx_, f.full_grad, 0.f).IgnoreError();
@@ -726,9 +835,13 @@ StatusOr<Tensor> FullyShardedModel::GatherFullParam(int unit, int param) {
   // after every update of the master shard enqueued so far.
   SK_RETURN_IF_ERROR(WaitForCompute(*ag_stream_));
   Tensor master = f.master;
-  SK_RETURN_IF_ERROR(OnStream(ag_ctx_, [master, input](const ops::OpContext& c) {
-    return ops::Copy(c, master, input);
-  }));
+  if (options_.cpu_offload) {
+    SK_RETURN_IF_ERROR(ag_ctx_.device->CopyAsync(input.data(), master.data(), master.nbytes(), *ag_stream_));
+  } else {
+    SK_RETURN_IF_ERROR(OnStream(ag_ctx_, [master, input](const ops::OpContext& c) {
+      return ops::Copy(c, master, input);
+    }));
+  }
   comm::CollectiveOptions co;
   co.timeout = options_.timeout;
   SK_ASSIGN_OR_RETURN(auto w, shard_group_->all_gather(full, input, *ag_stream_, co));
@@ -759,7 +872,7 @@ Status FullyShardedModel::LoadFullParams(int unit, const std::vector<Tensor>& pa
     SK_ASSIGN_OR_RETURN(Tensor flat, params[s.param].Reshape(Shape{params[s.param].numel()}));
     SK_ASSIGN_OR_RETURN(Tensor src, Slice(flat, s.param_begin, n));
     SK_ASSIGN_OR_RETURN(Tensor dst, Slice(f.master, s.shard_offset, n));
-    SK_RETURN_IF_ERROR(ops::Copy(compute_ctx_, src, dst));
+    SK_RETURN_IF_ERROR(WriteMaster(src, dst));
   }
   masters_written_ = true;
   if (ParamsPersistent()) {
@@ -775,7 +888,7 @@ Status FullyShardedModel::LoadMasterShard(int unit, const Tensor& shard) {
     return InvalidArgumentError("master shard of unit '" + units_[unit].name + "' is f32[" +
                                 std::to_string(f.layout.shard_numel()) + "], got " + shard.ToString());
   }
-  SK_RETURN_IF_ERROR(ops::Copy(compute_ctx_, shard, f.master).WithContext("LoadMasterShard"));
+  SK_RETURN_IF_ERROR(WriteMaster(shard, f.master).WithContext("LoadMasterShard"));
   masters_written_ = true;
   if (ParamsPersistent()) {
     SK_RETURN_IF_ERROR(Regather(unit));

@@ -58,6 +58,26 @@
 // runs in a closure on that stream's worker (the CPU execution contract);
 // cuda enqueues and the simulator prices it on that stream.
 //
+// CPU offload (cpu_offload). Master shards, gradient shards and (through
+// the caller's optimizer allocator) optimizer state live in host memory
+// from the offload allocator, and every op on them runs on the host op
+// context (shard_context(): the host's device, the offload allocator, and
+// the host stream given to Create, or the calling thread when there is
+// none). The all-gather copies the f32 master shard host->device on the
+// all-gather stream (Device::CopyAsync: asynchronous from pinned memory on
+// cuda) into a device f32 buffer and casts it there (the copy lands in the
+// gathered buffer directly when param_dtype is f32). After the reduction the
+// reduce stream copies the reduced shard device->host into a host staging
+// buffer, and the accumulation into the f32 gradient shard runs on the host
+// in stream order after that copy: a closure on the reduce stream (cpu,
+// cuda: cudaLaunchHostFunc), or, with a host stream (sim), an op on the host
+// stream made to wait for the reduce stream. Grad-norm, clipping, scaling,
+// zeroing and the optimizer step run on the host context once the reduce
+// stream has drained; before the host writes master shards (optimizer step,
+// loading) the all-gather stream is synchronised, so no copy still reads
+// them. On cpu host and device are the same memory and the copies are plain
+// copies: the same code path, with f32 results bit-identical to no offload.
+//
 // Mixed precision. param_dtype is what the model computes in (the gathered
 // flat parameter's dtype); reduce_dtype is what gradients are communicated in;
 // master shards, gradient shards and optimizer state are always f32.
@@ -180,11 +200,18 @@ class FullyShardedModel final : public DataParallelModel {
   // rank calls it with the same units and options. `allocator` holds the
   // device memory (gathered params, gradients, activations through
   // activation_allocator()); `offload_allocator` holds master/grad shards
-  // with cpu_offload (HostAllocator::Default() when null). Both must outlive
-  // the model, as must `world`.
+  // and the host staging buffer with cpu_offload (HostAllocator::Default()
+  // when null; PinnedHostAllocator on cuda; the simulator's virtual host
+  // memory on sim). Host ops run on the offload allocator's device, on
+  // `host_stream` when given (required when that device is not a cpu: the
+  // simulator prices host ops there), else on the calling thread.
+  // InvalidArgument when a non-cpu host has no stream, or the host stream is
+  // not on the offload allocator's device. Allocators, the host stream and
+  // `world` must outlive the model.
   static StatusOr<std::unique_ptr<FullyShardedModel>> Create(
       const std::vector<UnitSpec>& units, comm::ProcessGroup* world, CachingAllocator* allocator,
-      const FsdpOptions& options, Allocator* offload_allocator = nullptr);
+      const FsdpOptions& options, Allocator* offload_allocator = nullptr,
+      Stream* host_stream = nullptr);
   ~FullyShardedModel() override;
 
   // UnitHooks, driven by Model::ForwardBackward / Forward. The model's ops
@@ -254,6 +281,11 @@ class FullyShardedModel final : public DataParallelModel {
   // The op context of the compute stream (the calling thread on cpu): what
   // checkpoints copy master shards and optimizer state with.
   const ops::OpContext& op_context() const { return compute_ctx_; }
+  // The op context of the master and gradient shards and of the optimizer
+  // step: the host context with cpu_offload (its stream may be null: the
+  // calling thread), else op_context(). What checkpoints copy master shards
+  // and optimizer state with, and what an optimizer's LoadState takes.
+  const ops::OpContext& shard_context() const { return options_.cpu_offload ? host_ctx_ : compute_ctx_; }
   // Shard group and replicate group of this rank (for checkpoints and tests).
   comm::ProcessGroup& shard_group() { return *shard_group_; }
   comm::ProcessGroup* replicate_group() { return replicate_group_.get(); }
@@ -274,7 +306,22 @@ class FullyShardedModel final : public DataParallelModel {
   };
 
   FullyShardedModel(std::vector<UnitSpec> units, comm::ProcessGroup* world,
-                    CachingAllocator* allocator, Allocator* offload, const FsdpOptions& options);
+                    CachingAllocator* allocator, Allocator* offload, Stream* host_stream,
+                    const FsdpOptions& options);
+  // cpu_offload: writes the f32 master shard of `f` into `input` (the
+  // all-gather's slice of the gathered buffer) on the all-gather stream:
+  // host->device copy, then the cast to param_dtype on the device.
+  Status CopyMasterIn(const FlatUnit& f, const Tensor& input);
+  // Adds `reduced` (this rank's reduced shard, on the device, reduce dtype)
+  // into f.grad in reduce-stream order: without offload an Axpy on the
+  // reduce stream; with it a device->host copy and the host accumulation.
+  Status AccumulateReduced(const FlatUnit& f, const Tensor& reduced);
+  // Copies `src` (host memory or this model's device) into a master shard
+  // (or a slice of one), in order before the next all-gather reads it.
+  Status WriteMaster(const Tensor& src, const Tensor& dst);
+  // With cpu_offload, before the host writes master shards: waits until no
+  // host->device copy still reads them. A no-op without offload.
+  Status QuiesceMasterReaders();
   Status Init();
   bool ParamsPersistent() const;   // SHARD_OPTIM, NO_SHARD: full params never freed
   bool ReshardAfterForward() const;
@@ -302,6 +349,7 @@ class FullyShardedModel final : public DataParallelModel {
   comm::ProcessGroup* world_;
   CachingAllocator* allocator_;
   Allocator* offload_;
+  Stream* host_stream_;  // may be null (host ops on the calling thread)
   FsdpOptions options_;
   int shard_size_ = 1;
   std::unique_ptr<comm::ProcessGroup> shard_group_;
@@ -316,6 +364,12 @@ class FullyShardedModel final : public DataParallelModel {
   Status WaitForCompute(Stream& waiter);
   // Op contexts of the three streams (set by Init).
   ops::OpContext compute_ctx_, ag_ctx_, rs_ctx_;
+  // cpu_offload: the host's op context (offload allocator, host_stream_) and
+  // the host buffer reduced shards are copied into before their host
+  // accumulation (reduce dtype, the largest shard; one suffices: copies and
+  // accumulations run in reduce-stream order).
+  ops::OpContext host_ctx_;
+  Tensor grad_staging_;
   std::vector<FlatUnit> flat_;
   bool gradient_sync_ = true;
   // Set whenever the compute stream writes master shards (initialisation,

@@ -8,6 +8,7 @@
 #include "runtime/device/cpu_device.h"
 #include "runtime/device/device.h"
 #include "runtime/fsdp/checkpoint.h"
+#include "runtime/memory/pinned_host_allocator.h"
 #include "runtime/sim/profile.h"
 #include "runtime/sim/sim_device.h"
 #include "runtime/sim/sim_ops.h"
@@ -147,12 +148,30 @@ StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(int rank, size_t
   return CreateRankAllocator(device, capacity_bytes);
 }
 
+StatusOr<std::unique_ptr<OffloadHost>> CreateOffloadHost(Device* device) {
+  if (device == nullptr) return InvalidArgumentError("CreateOffloadHost: no device");
+  auto h = std::make_unique<OffloadHost>();
+  switch (device->id().kind) {
+    case DeviceKind::kCpu:
+      h->shards = h->optimizer_state = &HostAllocator::Default();
+      break;
+    case DeviceKind::kCuda:
+      h->owned_allocator = std::make_unique<PinnedHostAllocator>();
+      h->shards = h->owned_allocator.get();
+      h->optimizer_state = &HostAllocator::Default();
+      break;
+    case DeviceKind::kSim:
+      return UnimplementedError("cpu_offload on a sim device: the offloaded shards would need host "
+                                "memory with data (not simulated yet)");
+  }
+  return h;
+}
+
 StatusOr<std::unique_ptr<Optimizer>> CreateEngineOptimizer(const OptimizerOptions& options,
                                                            DataParallelModel& engine,
-                                                           bool cpu_offload) {
+                                                           Allocator* offload_state) {
   // With CPU offload the optimizer steps on the host, beside the shards.
-  Allocator* state = cpu_offload ? static_cast<Allocator*>(&HostAllocator::Default())
-                                 : &engine.activation_allocator();
+  Allocator* state = offload_state != nullptr ? offload_state : &engine.activation_allocator();
   return Optimizer::Create(options, state);
 }
 
@@ -162,9 +181,6 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
   SK_RETURN_IF_ERROR(ValidateDeviceOptions(options.device));
   if (world == nullptr && options.device.kind != DeviceKind::kSim) {
     return InvalidArgumentError("FsdpEngine needs a process group");
-  }
-  if (options.device.kind == DeviceKind::kCuda && options.fsdp.cpu_offload) {
-    return UnimplementedError(kCudaOffloadUnimplemented);
   }
   if (units.empty()) return InvalidArgumentError("the model spec has no units");
   for (const UnitSpec& u : units) {
@@ -176,17 +192,19 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
     world = e->owned_world_.get();
   }
   SK_RETURN_IF_ERROR(CheckWorldForDevice(options.device, *world));
-  if (options.device.kind == DeviceKind::kSim && options.fsdp.cpu_offload) {
-    return UnimplementedError("cpu_offload on a sim device: the offloaded shards would need host "
-                              "memory with data (not simulated yet)");
-  }
   e->units_ = std::move(units);
   SK_ASSIGN_OR_RETURN(Device * device, ResolveRankDevice(options.device, world->rank()));
   SK_ASSIGN_OR_RETURN(e->allocator_, CreateRankAllocator(device, options.memory_cap_bytes));
-  SK_ASSIGN_OR_RETURN(e->fsdp_, FullyShardedModel::Create(e->units_, world, e->allocator_.get(),
-                                                          options.fsdp));
+  if (options.fsdp.cpu_offload) {
+    SK_ASSIGN_OR_RETURN(e->offload_, CreateOffloadHost(device));
+  }
+  SK_ASSIGN_OR_RETURN(e->fsdp_, FullyShardedModel::Create(
+                                    e->units_, world, e->allocator_.get(), options.fsdp,
+                                    e->offload_ ? e->offload_->shards : nullptr,
+                                    e->offload_ ? e->offload_->stream : nullptr));
   SK_ASSIGN_OR_RETURN(e->optimizer_, CreateEngineOptimizer(options.optimizer, *e->fsdp_,
-                                                           options.fsdp.cpu_offload));
+                                                           e->offload_ ? e->offload_->optimizer_state
+                                                                       : nullptr));
   e->params_.resize(e->units_.size());
   e->grads_.resize(e->units_.size());
   e->windows_.assign(e->units_.size(), Window::kNone);

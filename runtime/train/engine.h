@@ -34,14 +34,6 @@
 namespace sk {
 
 // Which device a rank computes on. The C ABI's sk_device_options mirror it.
-// FSDP's cpu_offload on a CUDA device is refused with this message
-// (UNIMPLEMENTED): its shards would live in pageable host memory that the
-// device's kernels cannot read; it needs pinned shards, the optimizer on the
-// host and asynchronous copies (docs/cuda.md).
-inline constexpr char kCudaOffloadUnimplemented[] =
-    "cpu_offload on a cuda device is not implemented yet: the offloaded shards would need pinned host "
-    "memory, a host-side optimizer step and asynchronous copies";
-
 struct DeviceOptions {
   // kCpu (the default), kCuda or kSim.
   DeviceKind kind = DeviceKind::kCpu;
@@ -101,12 +93,36 @@ StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(Device* device,
 // The caching allocator of cpu:rank (CreateRankAllocator above).
 StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(int rank, size_t capacity_bytes);
 
-// An optimizer whose state lives beside the engine's shards: on the host
-// when `cpu_offload`, else in the engine's device allocator. InvalidArgument
-// from ValidateOptimizerOptions. `engine` must outlive the optimizer.
+// Where a rank's offloaded FSDP state lives (FsdpOptions::cpu_offload):
+// `shards` holds master and gradient shards (FullyShardedModel's offload
+// allocator), `optimizer_state` the optimizer's state, and host ops run on
+// `stream` (null: the calling thread). Per device kind:
+//   cpu:  both HostAllocator::Default(); no stream (host == device).
+//   cuda: shards in PinnedHostAllocator (asynchronous copies), optimizer
+//         state in HostAllocator::Default() (the host alone reads it).
+//   sim:  both in the simulated host memory of the device's profile
+//         (sim::SimHostAllocator, its capacity the profile's host memory per
+//         GPU) and a host stream on the device (host ops priced at the
+//         profile's host rates).
+// Must outlive the FSDP model and optimizer that use it.
+struct OffloadHost {
+  Allocator* shards = nullptr;
+  Allocator* optimizer_state = nullptr;
+  Stream* stream = nullptr;
+  std::unique_ptr<Allocator> owned_allocator;
+  std::unique_ptr<Stream> owned_stream;
+};
+// The offload host of `device` (above). Errors from the sim device.
+StatusOr<std::unique_ptr<OffloadHost>> CreateOffloadHost(Device* device);
+
+// An optimizer whose state lives beside the engine's shards: in
+// `offload_state` when given (cpu_offload: OffloadHost::optimizer_state),
+// else in the engine's device allocator. InvalidArgument from
+// ValidateOptimizerOptions. `engine` (and `offload_state`) must outlive the
+// optimizer.
 StatusOr<std::unique_ptr<Optimizer>> CreateEngineOptimizer(const OptimizerOptions& options,
                                                            DataParallelModel& engine,
-                                                           bool cpu_offload);
+                                                           Allocator* offload_state = nullptr);
 
 struct FsdpEngineOptions {
   FsdpOptions fsdp;
@@ -235,6 +251,7 @@ class FsdpEngine {
   std::vector<UnitSpec> units_;
   std::unique_ptr<comm::ProcessGroup> owned_world_;  // the simulated world, when created here
   std::unique_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<OffloadHost> offload_;  // with cpu_offload
   std::unique_ptr<FullyShardedModel> fsdp_;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<std::vector<Tensor>> params_;

@@ -199,10 +199,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
     return UnimplementedError("cpu_offload on a sim device: the offloaded shards would need host "
                               "memory with data (not simulated yet)");
   }
-  if (options.device.kind == DeviceKind::kCuda && options.parallelism != Parallelism::kDdp &&
-      options.fsdp.cpu_offload) {
-    return UnimplementedError(kCudaOffloadUnimplemented);
-  }
   std::unique_ptr<comm::ProcessGroup> owned;
   if (world == nullptr) {
     SK_ASSIGN_OR_RETURN(owned, CreateSimWorld(options.device));
@@ -290,12 +286,17 @@ Status Trainer::Init() {
                                                                allocator_.get(), d));
     engine_ = ddp_.get();
   } else {
-    SK_ASSIGN_OR_RETURN(fsdp_, FullyShardedModel::Create(model_->units(), world_,
-                                                         allocator_.get(), options_.fsdp));
+    if (options_.fsdp.cpu_offload) {
+      SK_ASSIGN_OR_RETURN(offload_, CreateOffloadHost(device_));
+    }
+    SK_ASSIGN_OR_RETURN(fsdp_, FullyShardedModel::Create(model_->units(), world_, allocator_.get(),
+                                                         options_.fsdp,
+                                                         offload_ ? offload_->shards : nullptr,
+                                                         offload_ ? offload_->stream : nullptr));
     engine_ = fsdp_.get();
   }
-  const bool offload = options_.parallelism != Parallelism::kDdp && options_.fsdp.cpu_offload;
-  SK_ASSIGN_OR_RETURN(optimizer_, CreateEngineOptimizer(options_.optimizer, *engine_, offload));
+  SK_ASSIGN_OR_RETURN(optimizer_, CreateEngineOptimizer(options_.optimizer, *engine_,
+                                                        offload_ ? offload_->optimizer_state : nullptr));
   return OkStatus();
 }
 

@@ -218,6 +218,7 @@ class Trainer {
   std::unique_ptr<Model> model_;
   NamedModelConfig config_;
   std::unique_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<OffloadHost> offload_;  // FSDP with cpu_offload
   std::unique_ptr<FullyShardedModel> fsdp_;
   std::unique_ptr<DistributedDataParallel> ddp_;
   DataParallelModel* engine_ = nullptr;

@@ -21,6 +21,14 @@
 // update as a vector within 25% (see the check), and run the GPU training
 // twice: the two GPU runs must give the same bits.
 //
+// CPU offload cases (FULL_SHARD and SHARD_GRAD_OP at world 1 and 2, f32 and
+// bf16 FULL_SHARD at 2, both models) run both devices with cpu_offload: on
+// the GPU the master and gradient shards are pinned host memory, copied
+// host->device on the all-gather stream and device->host on the reduce
+// stream, and the optimizer steps on the CPU; on the CPU offload is
+// bit-identical to no offload (//tests/fsdp:fsdp_test), so the reference is
+// the same and the bounds above apply unchanged.
+//
 // Skips (GTEST_SKIP with the reason) in a build without --config=cuda and
 // when no GPU is visible; tools/gpu/package.sh packs it for the GPU machine.
 #include <gtest/gtest.h>
@@ -46,6 +54,7 @@ struct Case {
   int world;
   int shard_group;  // hybrid only
   bool bf16 = false;  // bf16 mixed precision (param_dtype bf16, reduce f32)
+  bool offload = false;  // FSDP cpu_offload (on both devices)
 };
 
 constexpr int kSteps = 5;
@@ -67,6 +76,7 @@ TrainerOptions OptionsFor(const Case& c, DeviceKind kind) {
   o.fsdp.shard_group_size = c.shard_group;
   o.fsdp.seed = 1234;
   o.fsdp.timeout = Duration(120'000);
+  o.fsdp.cpu_offload = c.offload;
   o.optimizer.kind = OptimizerKind::kSgd;
   o.optimizer.lr = 0.1f;
   if (c.bf16) {
@@ -104,6 +114,13 @@ RunResult Train(const Case& c, DeviceKind kind) {
   std::mutex mu;
   Status s = comm::RunLocalRanks(c.world, [&](int rank, comm::ProcessGroup* world) -> Status {
     SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(OptionsFor(c, kind), world));
+    if (c.offload) {
+      // Offloaded: the shards are host memory and the optimizer steps there.
+      const Tensor& master = t->fsdp()->master_shard(0);
+      if (!master.device().is_cpu() || !t->fsdp()->shard_context().device->id().is_cpu()) {
+        return InternalError("cpu_offload: master shard " + master.ToString() + " is not in host memory");
+      }
+    }
     auto read_params = [&]() -> StatusOr<std::vector<std::vector<std::vector<float>>>> {
       std::vector<std::vector<std::vector<float>>> params;
       const auto& units = t->model().units();
@@ -154,6 +171,7 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
   s += "_world" + std::to_string(c.world);
   if (c.shard_group) s += "_group" + std::to_string(c.shard_group);
   if (c.bf16) s += "_bf16";
+  if (c.offload) s += "_offload";
   return s;
 }
 
@@ -279,6 +297,13 @@ std::vector<Case> AllCases() {
     v.push_back(Case{model, false, ShardingStrategy::kFullShard, 2, 0, true});
     v.push_back(Case{model, false, ShardingStrategy::kShardGradOp, 2, 0, true});
     v.push_back(Case{model, true, ShardingStrategy::kFullShard, 2, 0, true});
+    // CPU offload: pinned host shards, H2D/D2H copies, the optimizer on the host.
+    for (int world : {1, 2}) {
+      for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+        v.push_back(Case{model, false, s, world, 0, false, true});
+      }
+    }
+    v.push_back(Case{model, false, ShardingStrategy::kFullShard, 2, 0, true, true});
   }
   return v;
 }

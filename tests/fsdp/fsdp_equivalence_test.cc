@@ -23,6 +23,7 @@ struct Case {
   int world;
   int shard_group;  // hybrid only
   bool gloo = false;
+  bool offload = false;  // cpu_offload: shards and the optimizer on the host
 };
 
 // Gloo over loopback TCP, ranks as threads, rendezvous through a TcpStore.
@@ -56,6 +57,7 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
   s += "_world" + std::to_string(info.param.world);
   if (info.param.shard_group) s += "_group" + std::to_string(info.param.shard_group);
   if (info.param.gloo) s += "_gloo";
+  if (info.param.offload) s += "_offload";
   return s;
 }
 
@@ -81,6 +83,7 @@ TEST_P(FsdpEquivalenceTest, LossesAndParametersMatchOneUnshardedRank) {
     o.shard_group_size = c.shard_group;
     o.seed = kSeed;
     o.timeout = Duration(60'000);
+    o.cpu_offload = c.offload;
     auto fsdp = FullyShardedModel::Create(model->units(), world, &alloc, o);
     ASSERT_TRUE(fsdp.ok()) << fsdp.status();
     auto opt = *Optimizer::Create(testing::TestOptimizer(), &HostAllocator::Default());
@@ -137,7 +140,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ShardingStrategy::kHybridShardGradOp, 4, 2},
                       Case{ShardingStrategy::kFullShard, 2, 0, true},
                       Case{ShardingStrategy::kShardOptim, 2, 0, true},
-                      Case{ShardingStrategy::kHybridShard, 4, 2, true}),
+                      Case{ShardingStrategy::kHybridShard, 4, 2, true},
+                      Case{ShardingStrategy::kFullShard, 2, 0, false, true},
+                      Case{ShardingStrategy::kShardGradOp, 2, 0, false, true},
+                      Case{ShardingStrategy::kShardOptim, 2, 0, false, true},
+                      Case{ShardingStrategy::kNoShard, 2, 0, false, true},
+                      Case{ShardingStrategy::kHybridShard, 4, 2, false, true}),
     Name);
 
 }  // namespace

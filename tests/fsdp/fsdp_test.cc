@@ -394,6 +394,83 @@ TEST(FsdpTest, CpuOffloadKeepsShardsOutOfTheDeviceAllocator) {
   EXPECT_LT(reserved[1], reserved[0]);
 }
 
+// Offload moves the shards and the optimizer step to the host context
+// (host->device copies on the all-gather stream, device->host copies and
+// the host accumulation on the reduce stream). On cpu the copies are exact,
+// so with bf16 compute, bf16 reduction, gradient accumulation (no_sync) and
+// clipping the master shards, optimizer state and gradient norms are
+// bit-identical to the run without offload, for every strategy.
+TEST(FsdpTest, CpuOffloadIsBitIdenticalToNoOffloadOnCpu) {
+  auto model = Tiny(DType::kBF16);
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                    ShardingStrategy::kShardOptim, ShardingStrategy::kNoShard}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    std::vector<std::vector<float>> masters(2), state(2);
+    std::vector<double> norms[2];
+    for (int run = 0; run < 2; ++run) {
+      std::mutex mu;
+      RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+        CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+        HostAllocator host;
+        FsdpOptions o = Options(strategy);
+        o.mixed_precision.param_dtype = DType::kBF16;
+        o.mixed_precision.reduce_dtype = DType::kBF16;
+        o.cpu_offload = run == 1;
+        auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, o, &host);
+        auto opt = *Optimizer::Create(testing::TestOptimizer(), &host);
+        for (int step = 0; step < 3; ++step) {
+          fsdp->ZeroGrad();
+          fsdp->set_gradient_sync(false);
+          ASSERT_TRUE(model->ForwardBackward(MakeBatch(2 * step, rank, 1), *fsdp, fsdp->activation_allocator()).ok());
+          fsdp->set_gradient_sync(true);
+          ASSERT_TRUE(model->ForwardBackward(MakeBatch(2 * step + 1, rank, 1), *fsdp, fsdp->activation_allocator()).ok());
+          StatusOr<double> norm = fsdp->ClipGradNorm(0.05);
+          ASSERT_TRUE(norm.ok()) << norm.status();
+          ASSERT_TRUE(fsdp->OptimizerStep(*opt).ok());
+          if (rank == 0) norms[run].push_back(*norm);
+        }
+        if (run == 1) {
+          // The shards and the optimizer state are host memory, outside the
+          // device allocator, and the shards' context is the host's.
+          EXPECT_TRUE(fsdp->master_shard(0).device().is_cpu());
+          EXPECT_EQ(fsdp->shard_context().alloc, &HostAllocator::Default());
+          EXPECT_EQ(fsdp->shard_context().stream, nullptr);
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        if (rank != 0) return;
+        for (int u = 0; u < fsdp->num_units(); ++u) {
+          const Tensor& m = fsdp->master_shard(u);
+          masters[run].insert(masters[run].end(), m.data_as<float>(), m.data_as<float>() + m.numel());
+          for (const std::string& name : opt->StateNames()) {
+            Tensor t = *opt->State(u, name);
+            state[run].insert(state[run].end(), t.data_as<float>(), t.data_as<float>() + t.numel());
+          }
+        }
+      });
+    }
+    ASSERT_FALSE(masters[0].empty());
+    EXPECT_EQ(masters[0], masters[1]);
+    EXPECT_EQ(state[0], state[1]);
+    EXPECT_EQ(norms[0], norms[1]);
+  }
+}
+
+// A host stream for offloaded ops must be on the offload allocator's device,
+// and a host that is not a cpu needs one: both are rejected at wrap time.
+TEST(FsdpTest, CpuOffloadHostStreamMustMatchTheOffloadAllocator) {
+  auto model = Tiny();
+  RunRanks(1, [&](int rank, comm::ProcessGroup* world) {
+    CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+    FsdpOptions o = Options();
+    o.cpu_offload = true;
+    HostAllocator elsewhere(DeviceId::Cpu(7));
+    auto stream = *(*Device::Get(DeviceId::Cpu(rank + 3)))->CreateStream("host");
+    auto bad = FullyShardedModel::Create(model->units(), world, &alloc, o, &elsewhere, stream.get());
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status();
+    EXPECT_NE(bad.status().message().find("host stream"), std::string::npos) << bad.status();
+  });
+}
+
 TEST(FsdpTest, TiedParametersAndBadOptionsAreRejectedAtWrapTime) {
   auto model = Tiny();
   std::vector<UnitSpec> units = model->units();
