@@ -8,7 +8,10 @@
 //     machinery against DDP's), plus f32 and activation checkpointing rows;
 //   - gpt-150m with two ranks as threads on the one GPU (the `local`
 //     backend's device-to-device collectives): FULL_SHARD with backward
-//     prefetch BACKWARD_PRE versus none, and DDP.
+//     prefetch BACKWARD_PRE versus none, and DDP;
+//   - FSDP's CPU offload (gpt-150m and gpt-1.3b, FULL_SHARD bf16, one GPU):
+//     master/gradient shards pinned on the host, the optimizer on the CPU;
+//     compare step time and peak device memory with the rows without it.
 //
 // Each configuration is one Google Benchmark: its trainers are created, run
 // --warmup steps, then every iteration is one optimizer step timed by
@@ -58,6 +61,7 @@ struct Row {
   BackwardPrefetch prefetch;
   bool checkpointing;
   int64_t batch;
+  bool offload = false;  // FSDP cpu_offload
 };
 
 TrainerOptions OptionsFor(const Row& row) {
@@ -71,6 +75,7 @@ TrainerOptions OptionsFor(const Row& row) {
     o.fsdp.mixed_precision.reduce_dtype = DType::kF32;
   }
   o.activation_checkpointing = row.checkpointing;
+  o.fsdp.cpu_offload = row.offload;
   o.batch_size = row.batch;
   o.optimizer.kind = OptimizerKind::kAdamW;
   o.device.kind = DeviceKind::kCuda;
@@ -176,7 +181,8 @@ void BM_Train(benchmark::State& state, Row row) {
                       (row.parallelism == Parallelism::kFsdp && row.prefetch == BackwardPrefetch::kNone
                            ? " no-prefetch"
                            : "") +
-                      (row.checkpointing ? " ckpt" : "") + " batch " + std::to_string(row.batch);
+                      (row.checkpointing ? " ckpt" : "") + (row.offload ? " cpu-offload" : "") +
+                      " batch " + std::to_string(row.batch);
   if (!sim_error.empty()) label += " (sim: " + sim_error + ")";
   state.SetLabel(label);
   comm::RunRankThreads(row.world, [&](int r) {
@@ -201,12 +207,14 @@ void Register() {
       {"gpt-150m", 2, kFsdp, true, kPre, false, 4},
       {"gpt-150m", 2, kFsdp, true, kNone, false, 4},
       {"gpt-150m", 2, kDdp, true, kPre, false, 4},
+      {"gpt-150m", 1, kFsdp, true, kPre, false, 8, /*offload=*/true},
+      {"gpt-1.3b", 1, kFsdp, true, kPre, false, 8, /*offload=*/true},
   };
   for (const Row& row : rows) {
     std::string name = std::string("BM_Train/") + row.model + "/w" + std::to_string(row.world) + "/" +
                        (row.parallelism == kDdp ? "ddp" : "fsdp") + (row.bf16 ? "/bf16" : "/f32") +
                        (row.parallelism == kFsdp && row.prefetch == kNone ? "/noprefetch" : "") +
-                       (row.checkpointing ? "/ckpt" : "");
+                       (row.checkpointing ? "/ckpt" : "") + (row.offload ? "/offload" : "");
     benchmark::RegisterBenchmark(name.c_str(), BM_Train, row)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond)
