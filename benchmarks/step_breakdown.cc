@@ -3,7 +3,7 @@
 //
 //   ./bazelw run -c opt //benchmarks:step_breakdown --
 //       [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] [--world=2]
-//       [--batch=8] [--steps=3] [--optimizer=adamw] [--gemm_shapes]
+//       [--batch=8] [--steps=3] [--optimizer=adamw] [--param_dtype=f32|bf16] [--gemm_shapes]
 //
 // Each configuration trains `world` ranks as threads of this process (local
 // backend, one GEMM thread per rank when the ranks fill the cores: Trainer's
@@ -250,6 +250,7 @@ struct Flags {
   int steps = 3;
   std::string optimizer = "adamw";
   bool gemm_shapes = false;
+  DType param_dtype = DType::kF32;
 };
 
 Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
@@ -272,6 +273,11 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
   } else {
     return InvalidArgumentError("--optimizer: adamw or sgd, got '" + f.optimizer + "'");
   }
+  // Mixed precision as gpu_train's: the model computes in param_dtype, the
+  // reduction and the master weights stay f32 (DDP reads the FSDP options'
+  // mixed precision too).
+  o.fsdp.mixed_precision.param_dtype = f.param_dtype;
+  o.fsdp.mixed_precision.reduce_dtype = DType::kF32;
   SK_ASSIGN_OR_RETURN(auto groups, comm::LocalProcessGroup::Create(f.world));
   std::vector<std::unique_ptr<Trainer>> trainers(f.world);
   std::vector<StepMetrics> metrics(f.world);
@@ -308,9 +314,9 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
 
   double load[3] = {0, 0, 0};
   if (getloadavg(load, 3) < 0) load[0] = -1;
-  std::printf("\n== %s %s world %d, batch %lld/rank, %s, %d measured steps (load average %.2f) ==\n",
+  std::printf("\n== %s %s world %d, batch %lld/rank, %s, %s compute, %d measured steps (load average %.2f) ==\n",
               model.c_str(), mode.c_str(), f.world, static_cast<long long>(f.batch), f.optimizer.c_str(),
-              f.steps, load[0]);
+              std::string(DTypeName(f.param_dtype)).c_str(), f.steps, load[0]);
   std::printf("step: %.1f ms wall, %.1f ms process CPU; model %.2f GFLOP/step; "
               "cpu_MFU %.1f%% (model FLOP per CPU-s / one thread's peak), wall MFU %.1f%% (/ %d threads' peak)\n",
               1e3 * wall, 1e3 * cpu, model_flops / 1e9, 100.0 * model_flops / cpu / peak.per_thread,
@@ -372,12 +378,20 @@ int Main(int argc, char** argv) {
       f.steps = std::atoi(v);
     } else if (const char* v = value("--optimizer=")) {
       f.optimizer = v;
+    } else if (const char* v = value("--param_dtype=")) {
+      StatusOr<DType> d = ParseDType(v);
+      if (!d.ok()) {
+        std::fprintf(stderr, "step_breakdown: --param_dtype: %s\n", d.status().ToString().c_str());
+        return 1;
+      }
+      f.param_dtype = *d;
     } else if (a == "--gemm_shapes") {
       f.gemm_shapes = true;
     } else {
       std::fprintf(stderr,
                    "usage: step_breakdown [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] "
-                   "[--world=2] [--batch=8] [--steps=3] [--optimizer=adamw|sgd] [--gemm_shapes]\n");
+                   "[--world=2] [--batch=8] [--steps=3] [--optimizer=adamw|sgd] [--param_dtype=f32|bf16] "
+                   "[--gemm_shapes]\n");
       return a == "--help" ? 0 : 1;
     }
   }

@@ -44,26 +44,76 @@ BENCHES=(
   //benchmarks:gpu_gemm
   //benchmarks:gpu_train
 )
+# CPU tools packed into extra/ for measurements on the GPU host's 16 cores
+# (AMX and avx512_bf16, which the development machines lack); run.sh does not
+# run them: the device call names what it wants, e.g.
+#   gpu-pkg/extra.sh step_breakdown --models=gpt-10m --param_dtype=bf16
+EXTRAS=(
+  //benchmarks:step_breakdown
+)
+
+# The C ABI library and the Lua frontend's generated cdef, for the frontends'
+# tests (below).
+FRONTEND_TARGETS=(//capi:libshardkit.so //frontends/lua:shardkit_cdef)
 
 echo "package: building ${#TESTS[@]} tests and ${#BENCHES[@]} benchmarks with --config=cuda -c opt"
-./bazelw build --config=cuda -c opt "${TESTS[@]}" "${BENCHES[@]}"
+./bazelw build --config=cuda -c opt "${TESTS[@]}" "${BENCHES[@]}" "${EXTRAS[@]}" "${FRONTEND_TARGETS[@]}"
 BIN_DIR=$(./bazelw info --config=cuda -c opt bazel-bin 2>/dev/null)
 
 rm -rf "$PKG"
 mkdir -p "$PKG/bin" "$PKG/lib"
 binaries=()
-for label in "${TESTS[@]}" "${BENCHES[@]}"; do
-  rel=${label#//}
-  path="$BIN_DIR/${rel/://}"
-  [[ -x "$path" ]] || { echo "package: $label did not produce $path" >&2; exit 1; }
-  name=${rel##*:}
-  cp -L "$path" "$PKG/bin/$name"
-  chmod u+w "$PKG/bin/$name"
+mkdir -p "$PKG/extra"
+pack() {  # pack LABEL DIR
+  local rel=${1#//}
+  local path="$BIN_DIR/${rel/://}"
+  [[ -x "$path" ]] || { echo "package: $1 did not produce $path" >&2; exit 1; }
+  local name=${rel##*:}
+  cp -L "$path" "$PKG/$2/$name"
+  chmod u+w "$PKG/$2/$name"
   # Debug info out, the symbol table kept: a hung binary's stacks (run.sh
   # attaches cuda-gdb) then name its functions.
-  strip --strip-debug "$PKG/bin/$name"
+  strip --strip-debug "$PKG/$2/$name"
   binaries+=("$path")  # ldd'd in place: Bazel's solib RPATHs resolve there
-done
+}
+for label in "${TESTS[@]}" "${BENCHES[@]}"; do pack "$label" bin; done
+for label in "${EXTRAS[@]}"; do pack "$label" extra; done
+
+# The frontends on the GPU: the Rust crate's test binaries (cargo test
+# --no-run here, linked against the CUDA build of libshardkit.so) and the Lua
+# frontend with its test under LuaJIT (Debian's luajit links only glibc). The
+# GPU machine has neither cargo nor LuaJIT; run.sh runs both there against
+# the packed lib/libshardkit.so, and their CUDA tests train on the GPU.
+mkdir -p "$PKG/frontends/rust" "$PKG/frontends/lua"
+PKG_ABS=$(cd "$PKG" && pwd)
+cp -L "$BIN_DIR/capi/libshardkit.so" "$PKG/lib/libshardkit.so"
+chmod u+w "$PKG/lib/libshardkit.so"
+binaries+=("$BIN_DIR/capi/libshardkit.so")
+cp frontends/lua/shardkit.lua "$BIN_DIR/frontends/lua/shardkit_cdef.lua" \
+   tests/frontends/lua_frontend_test.lua "$PKG/frontends/lua/"
+cp -L "$(command -v luajit)" "$PKG/frontends/lua/luajit"
+(
+  export TEST_TMPDIR
+  TEST_TMPDIR=$(mktemp -d)
+  trap 'rm -rf "$TEST_TMPDIR"' EXIT
+  source tests/frontends/cargo_env.sh
+  export SHARDKIT_LIB_DIR="$BIN_DIR/capi"
+  cd "$CRATE_DIR"
+  "$CARGO" test --offline --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])
+' > "$TEST_TMPDIR/rust_tests"
+  [[ -s "$TEST_TMPDIR/rust_tests" ]] || { echo "package: cargo built no Rust test binary" >&2; exit 1; }
+  while read -r name exe; do
+    cp "$exe" "$PKG_ABS/frontends/rust/$name"
+    strip --strip-debug "$PKG_ABS/frontends/rust/$name"
+  done < "$TEST_TMPDIR/rust_tests"
+)
+cp capi/include/shardkit/shardkit.h "$PKG/frontends/rust/"
 
 # Shared libraries, by the paths this machine resolves them to.
 skip_re='^(libcuda\.|libnvidia-|libcublas|libcublasLt|libnccl|libcudnn)'
@@ -85,8 +135,8 @@ done
 loader=$(ldd "${binaries[0]}" | awk '/ld-linux/ {print ($3 ? $3 : $1)}' | head -1)
 cp -L "$loader" "$PKG/lib/ld-linux-x86-64.so.2"
 
-cp tools/gpu/run.sh tools/gpu/report.py "$PKG/"
-chmod +x "$PKG/run.sh"
+cp tools/gpu/run.sh tools/gpu/extra.sh tools/gpu/libpath.sh tools/gpu/report.py "$PKG/"
+chmod +x "$PKG/run.sh" "$PKG/extra.sh"
 {
   echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
   echo "built: $(date -u +%FT%TZ) on $(uname -n) with $(/usr/local/cuda/bin/nvcc --version | tail -1)"

@@ -21,30 +21,7 @@ OUT=${OUT:-$PKG/report}
 mkdir -p "$OUT/tests" "$OUT/bench"
 TEST_TIMEOUT=${SK_GPU_TEST_TIMEOUT:-900}
 
-# Directories holding the CUDA libraries the package leaves out.
-cuda_dirs=()
-add_dir() { [[ -d "$1" ]] && cuda_dirs+=("$1"); }
-for d in "${CUDA_HOME:-}/lib64" /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
-         /usr/local/cuda/targets/x86_64-linux/lib; do
-  [[ -n "$d" ]] && compgen -G "$d/libcublasLt.so.13*" >/dev/null && add_dir "$d"
-done
-for py in python3 python; do
-  command -v "$py" >/dev/null || continue
-  while read -r d; do add_dir "$d"; done < <("$py" - <<'PY' 2>/dev/null
-import glob, os, site, sys
-roots = set(site.getsitepackages() + [site.getusersitepackages()] + sys.path)
-for r in roots:
-    for d in glob.glob(os.path.join(r, "nvidia", "*", "lib")) + glob.glob(os.path.join(r, "nvidia", "cu13", "lib")):
-        if glob.glob(os.path.join(d, "libcublas*.so.13*")) or glob.glob(os.path.join(d, "libnccl.so.2*")):
-            print(d)
-PY
-)
-  break
-done
-driver_dir=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF; exit}' | xargs -r dirname)
-[[ -n "$driver_dir" ]] && cuda_dirs+=("$driver_dir")
-LIBPATH=$PKG/lib
-for d in "${cuda_dirs[@]}"; do LIBPATH+=":$d"; done
+source "$PKG/libpath.sh"  # sets LIBPATH
 
 if [[ "${SK_GPU_SYSTEM_LOADER:-0}" == 1 ]]; then
   launch=(env "LD_LIBRARY_PATH=$LIBPATH")
@@ -106,6 +83,27 @@ for bin in "$PKG"/bin/*; do
       ;;
   esac
 done
+
+# The frontends' tests (their own harnesses, not GoogleTest: report.py reads
+# the summary lines). Rust: the crate's test binaries against the packed
+# libshardkit.so. Lua: LuaJIT with the frontend, its generated cdef and the
+# test script from the package.
+for bin in "$PKG"/frontends/rust/*; do
+  name=$(basename "$bin")
+  [[ -x "$bin" && "$name" != *.h ]] || continue
+  echo "run: rust $name"
+  LOG="$OUT/tests/rust_$name.log" SHARDKIT_HEADER="$PKG/frontends/rust/shardkit.h" \
+    run_bounded "${launch[@]}" "$bin" --test-threads=1
+  echo "$?" > "$OUT/tests/rust_$name.rc"
+done
+if [[ -x "$PKG/frontends/lua/luajit" ]]; then
+  echo "run: lua lua_frontend_test"
+  (cd "$PKG/frontends/lua" &&
+    LOG="$OUT/tests/lua_frontend_test.log" SHARDKIT_LIB="$PKG/lib/libshardkit.so" \
+      LUA_PATH="$PKG/frontends/lua/?.lua;;" \
+      run_bounded "${launch[@]}" ./luajit lua_frontend_test.lua)
+  echo "$?" > "$OUT/tests/lua_frontend_test.rc"
+fi
 
 if command -v python3 >/dev/null; then
   python3 "$PKG/report.py" "$OUT" && echo "report: $OUT/report.md"
