@@ -16,6 +16,7 @@ Status OpBackend::Gemm(const OpContext&, const GemmParams&, const MatrixRef&, co
   return NotImplemented("gemm");
 }
 bool OpBackend::GemmStores16Bit(const GemmParams&) const { return false; }
+bool OpBackend::Native16Bit(std::string_view) const { return false; }
 Status OpBackend::Copy(const OpContext&, const Tensor&, const Tensor&) {
   return NotImplemented("copy");
 }

@@ -28,6 +28,7 @@
 #define SHARDKIT_RUNTIME_OPS_BACKEND_H_
 
 #include <cstdint>
+#include <string_view>
 
 #include "runtime/core/allocator.h"
 #include "runtime/core/device_kind.h"
@@ -110,9 +111,22 @@ class OpBackend {
                       const MatrixRef& b, const MatrixRef& c);
   // Whether Gemm(p, ...) stores a C in A's 16-bit dtype itself (f32
   // accumulation, one rounding). When false (the default) the dispatcher
-  // hands Gemm an f32 C and rounds it into the caller's C. Every other op's
-  // 16-bit operands are always staged through f32 by the dispatcher (ops.h).
+  // hands Gemm an f32 C and rounds it into the caller's C.
   virtual bool GemmStores16Bit(const GemmParams& p) const;
+  // Whether this backend's method for the op named `op` (its OpCost name:
+  // "bias_add", "gelu_fwd", "layer_norm_bwd", "attention_fwd", ...) reads
+  // and writes bf16/f16 compute-dtype operands itself. When false (the
+  // default) the dispatcher widens every 16-bit operand of that op into an
+  // f32 temporary and narrows the written ones back (ops.cc: F32Staging),
+  // so the method sees f32 tensors only. When true the method receives the
+  // caller's tensors in their own dtypes, any mix of f32/bf16/f16 the op
+  // accepts, and must give what the staged op gives: each operand read
+  // exactly, f32 arithmetic, each 16-bit output rounded once -- except for
+  // attention, which is handed 16-bit operands only when q, k, v, out (and
+  // backward's dout, dq, dk, dv) all share one 16-bit dtype (other mixes
+  // are staged) and may round where its backend's header says. Default:
+  // false for every op. Must not depend on anything but `op`.
+  virtual bool Native16Bit(std::string_view op) const;
   virtual Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst);
   virtual Status Cast(const OpContext& ctx, const Tensor& src, const Tensor& dst);
   virtual Status RoundToDType(const OpContext& ctx, const Tensor& x, DType t);

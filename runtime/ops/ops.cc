@@ -169,8 +169,8 @@ Status Dispatch(OpBackend* b, const OpContext& ctx, const OpCost& cost, Fn run) 
   return run();
 }
 
-// Runs ops on 16-bit operands through a backend whose kernels read and
-// write f32 only (every backend's elementwise kernels today): each 16-bit
+// Runs ops on 16-bit operands through a backend whose kernels for the op
+// read and write f32 only (OpBackend::Native16Bit false): each 16-bit
 // operand is widened exactly into an f32 temporary (In, InOut), the backend
 // runs on the temporaries, and Finish() narrows the written ones back,
 // rounding once to nearest even: the same numbers a kernel computing in f32
@@ -181,10 +181,13 @@ Status Dispatch(OpBackend* b, const OpContext& ctx, const OpCost& cost, Fn run) 
 // not need, kept out of ctx.alloc's statistics so a cpu run's memory is what
 // the simulator, which executes nothing, accounts); ctx.alloc elsewhere.
 // The widening and narrowing are not accounted: the op's cost is priced
-// once, at its operands' real dtypes.
+// once, at its operands' real dtypes. A staging made with `native` (the
+// backend handles the op's 16-bit operands itself) passes every operand
+// through untouched and Finish() does nothing.
 class F32Staging {
  public:
-  F32Staging(OpBackend* be, const OpContext& ctx) : be_(be), ctx_(ctx) {}
+  F32Staging(OpBackend* be, const OpContext& ctx, bool native = false)
+      : be_(be), ctx_(ctx), native_(native) {}
 
   StatusOr<Tensor> In(const Tensor& t) { return Stage(t, true, false); }
   StatusOr<Tensor> Out(const Tensor& t) { return Stage(t, false, true); }
@@ -208,7 +211,7 @@ class F32Staging {
   };
 
   StatusOr<Tensor> Stage(const Tensor& t, bool read, bool write) {
-    if (!t.defined() || t.dtype() == DType::kF32 || t.numel() == 0) return t;
+    if (native_ || !t.defined() || t.dtype() == DType::kF32 || t.numel() == 0) return t;
     for (Entry& e : entries_) {
       if (!Same(e.orig, t)) continue;
       if (read && !e.read) {
@@ -240,15 +243,27 @@ class F32Staging {
 
   OpBackend* be_;
   OpContext ctx_;
+  bool native_ = false;
   std::vector<Entry> entries_;
 };
 
-// Runs fn(staging) and narrows its outputs.
+// Runs fn(staging) and narrows its outputs; `native`: the backend reads and
+// writes the op's 16-bit operands itself (nothing is staged).
 template <typename Fn>
-Status Staged(OpBackend* be, const OpContext& ctx, Fn fn) {
-  F32Staging s(be, ctx);
+Status Staged(OpBackend* be, const OpContext& ctx, bool native, Fn fn) {
+  F32Staging s(be, ctx, native);
   SK_RETURN_IF_ERROR(fn(s));
   return s.Finish();
+}
+
+// Whether every tensor of `ts` has the one 16-bit dtype of the first.
+bool AllOne16BitDType(std::initializer_list<const Tensor*> ts) {
+  const DType t = (*ts.begin())->dtype();
+  if (t != DType::kBF16 && t != DType::kF16) return false;
+  for (const Tensor* x : ts) {
+    if (x->dtype() != t) return false;
+  }
+  return true;
 }
 
 // rows = x / cols when cols divides it (cols > 0).
@@ -302,7 +317,7 @@ Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const
                       return be->Gemm(ctx, p, a, b, c);
                     }
                     // A 16-bit C: accumulated in f32, rounded once when stored.
-                    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+                    return Staged(be, ctx, false, [&](F32Staging& st) -> Status {
                       SK_ASSIGN_OR_RETURN(MatrixRef wc, p.beta != 0.0f ? st.InOut(c) : st.Out(c));
                       return be->Gemm(ctx, p, a, b, wc);
                     });
@@ -400,7 +415,7 @@ Status BroadcastRows(const OpContext& ctx, const Tensor& src, const Tensor& dst)
   SK_RETURN_IF_ERROR(RowsOf(op, "dst", dst.numel(), src.numel(), &rows));
   if (Overlap(src, dst)) return Bad(op, "src and dst overlap");
   return Dispatch(be, ctx, BroadcastRowsCost(rows, src.numel(), dst.dtype()), [&] {
-    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
       SK_ASSIGN_OR_RETURN(Tensor s, st.In(src));
       SK_ASSIGN_OR_RETURN(Tensor d, st.Out(dst));
       return be->BroadcastRows(ctx, s, d);
@@ -417,7 +432,7 @@ Status BiasAdd(const OpContext& ctx, const Tensor& bias, const Tensor& y) {
   SK_RETURN_IF_ERROR(RowsOf(op, "y", y.numel(), bias.numel(), &rows));
   if (Overlap(bias, y)) return Bad(op, "bias and y overlap");
   return Dispatch(be, ctx, BiasAddCost(rows, bias.numel(), y.dtype()), [&] {
-    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
       SK_ASSIGN_OR_RETURN(Tensor b, st.In(bias));
       SK_ASSIGN_OR_RETURN(Tensor w, st.InOut(y));
       return be->BiasAdd(ctx, b, w);
@@ -434,7 +449,7 @@ Status BiasGrad(const OpContext& ctx, const Tensor& dy, const Tensor& dbias) {
   SK_RETURN_IF_ERROR(RowsOf(op, "dy", dy.numel(), dbias.numel(), &rows));
   if (Overlap(dy, dbias)) return Bad(op, "dy and dbias overlap");
   return Dispatch(be, ctx, BiasGradCost(rows, dbias.numel(), dy.dtype()), [&] {
-    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
       SK_ASSIGN_OR_RETURN(Tensor d, st.In(dy));
       SK_ASSIGN_OR_RETURN(Tensor g, st.InOut(dbias));
       return be->BiasGrad(ctx, d, g);
@@ -452,7 +467,7 @@ Status GeluForward(const OpContext& ctx, const Tensor& x, const Tensor& y) {
   SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
   if (Same(x, y) ? x.dtype() != y.dtype() : Overlap(x, y)) return Bad(op, "x and y overlap");
   return Dispatch(be, ctx, GeluForwardCost(x.numel(), x.dtype(), y.dtype()), [&] {
-    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
       SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
       SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
       return be->GeluForward(ctx, wx, wy);
@@ -472,7 +487,7 @@ Status GeluBackward(const OpContext& ctx, const Tensor& x, const Tensor& dy, con
     return Bad(op, "dx overlaps an input");
   }
   return Dispatch(be, ctx, GeluBackwardCost(x.numel(), x.dtype(), dx.dtype()), [&] {
-    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
       SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
       SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
       SK_ASSIGN_OR_RETURN(Tensor wdx, st.Out(dx));
@@ -506,7 +521,7 @@ Status LayerNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gam
     }
   }
   return Dispatch(be, ctx, LayerNormForwardCost(rows, cols, x.dtype(), y.dtype()), [&] {
-    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
       SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
       SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
       SK_ASSIGN_OR_RETURN(Tensor wb, st.In(beta));
@@ -543,7 +558,7 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
     }
   }
   return Dispatch(be, ctx, LayerNormBackwardCost(rows, cols, x.dtype(), dx.dtype()), [&] {
-    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
       SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
       SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
       SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
@@ -600,7 +615,9 @@ Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const Mat
   return Dispatch(be, ctx,
                   AttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, q.t.dtype()),
                   [&] {
-                    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+                    const bool native = be->Native16Bit(op) &&
+                                        AllOne16BitDType({&q.t, &k.t, &v.t, &out.t});
+                    return Staged(be, ctx, native, [&](F32Staging& st) -> Status {
                       SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
                       SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
                       SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
@@ -637,7 +654,10 @@ Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const Ma
   return Dispatch(
       be, ctx, AttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, q.t.dtype()),
       [&] {
-        return Staged(be, ctx, [&](F32Staging& st) -> Status {
+        const bool native =
+            be->Native16Bit(op) &&
+            AllOne16BitDType({&q.t, &k.t, &v.t, &dout.t, &dq.t, &dk.t, &dv.t});
+        return Staged(be, ctx, native, [&](F32Staging& st) -> Status {
           SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
           SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
           SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
@@ -664,7 +684,7 @@ Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor&
   SK_RETURN_IF_ERROR(CheckNumel(op, "out", out, ids.numel() * dim));
   if (Overlap(out, table)) return Bad(op, "out overlaps table");
   return Dispatch(be, ctx, EmbeddingForwardCost(ids.numel(), dim, table.dtype(), out.dtype()), [&] {
-    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
       SK_ASSIGN_OR_RETURN(Tensor wt, st.In(table));
       SK_ASSIGN_OR_RETURN(Tensor wo, st.Out(out));
       return be->EmbeddingForward(ctx, wt, ids, wo);
@@ -686,7 +706,7 @@ Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& 
   SK_RETURN_IF_ERROR(CheckNumel(op, "dout", dout, ids.numel() * dim));
   if (Overlap(dout, dtable)) return Bad(op, "dout overlaps dtable");
   return Dispatch(be, ctx, EmbeddingBackwardCost(ids.numel(), dim, dout.dtype()), [&] {
-    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
       SK_ASSIGN_OR_RETURN(Tensor wd, st.In(dout));
       return be->EmbeddingBackward(ctx, ids, wd, dtable);
     });
@@ -716,7 +736,7 @@ Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits, const Ten
   SK_RETURN_IF_ERROR(CheckNumel(op, "loss", loss, 1));
   if (Overlap(loss, logits)) return Bad(op, "loss overlaps logits");
   return Dispatch(be, ctx, CrossEntropyForwardCost(targets.numel(), vocab, logits.dtype()), [&] {
-    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
       SK_ASSIGN_OR_RETURN(Tensor wl, st.In(logits));
       return be->CrossEntropyForward(ctx, wl, targets, loss);
     });
@@ -737,7 +757,7 @@ Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Te
   return Dispatch(be, ctx,
                   CrossEntropyBackwardCost(targets.numel(), vocab, logits.dtype(), dlogits.dtype()),
                   [&] {
-                    return Staged(be, ctx, [&](F32Staging& st) -> Status {
+                    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
                       SK_ASSIGN_OR_RETURN(Tensor wl, st.In(logits));
                       SK_ASSIGN_OR_RETURN(Tensor wd, st.Out(dlogits));
                       return be->CrossEntropyBackward(ctx, wl, targets, wd);

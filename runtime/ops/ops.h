@@ -26,8 +26,11 @@
 //   LayerNorm statistics, attention probabilities, the loss and the
 //   embedding table's gradient stay f32. An in-place pair (y may be x) must
 //   then have one dtype. Backends without 16-bit kernels for an op run it on
-//   exact f32 copies made by the dispatcher (ops.cc: F32Staging), so every
-//   backend gives the same numbers.
+//   exact f32 copies made by the dispatcher (ops.cc: F32Staging); backends
+//   with them (OpBackend::Native16Bit; CUDA) read and round the same way, so
+//   every backend gives the same numbers up to f32 summation order -- except
+//   attention on 16-bit operands, which a backend may run on 16-bit GEMM
+//   operands (see AttentionForward).
 // - Shapes: ops read only element counts, never ranks, except where a
 //   parameter says which dimension it uses; a [rows, cols] operand is any
 //   tensor of rows * cols elements.
@@ -141,6 +144,13 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
 // for k/v; heads*head_dim columns). Writes probs [batch, heads, q_len,
 // kv_len] (f32, kept for backward; masked entries 0) and out. head_dim > 0.
 // q, k, v, out (and backward's dout, dq, dk, dv): compute-dtype operands.
+// When they all share one 16-bit dtype, a backend may round the
+// probabilities to it before P V and P^T dO, and the score gradients before
+// dS K and dS^T Q, as tensor-core attention does (the CUDA backend:
+// cuda_backend.h); scores, the softmax, probs and dP stay f32. Each such
+// rounding moves a result by at most the unit roundoff times the sum of its
+// terms' magnitudes (//tests/ops:conformance_test bounds it). The CPU
+// backend computes 16-bit attention in f32 and rounds only the outputs.
 Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                         const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                         const MatrixRef& out);

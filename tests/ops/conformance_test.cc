@@ -312,6 +312,31 @@ TEST_P(Conformance, CastAllPairsRoundsToNearestEven) {
   }
   Tensor e1 = Up(Vec{}, DType::kF32), e2 = Up(Vec{}, DType::kBF16);
   EXPECT_TRUE(Cast(ctx(), e1, e2).ok());
+  // Longer casts with a tail (CUDA: eight elements per thread, 16-byte
+  // loads when both ends are 16-byte aligned), and views starting one
+  // element in (unaligned: element by element). The same bits either way.
+  Vec w = Random(1003, 7, -300, 300);
+  for (DType from : kFloats) {
+    for (DType to : kFloats) {
+      Vec in = R(w, from);
+      Tensor src = Up(in, from), dst = Up(Vec(in.size(), 0.0), to);
+      ASSERT_TRUE(Cast(ctx(), src, dst).ok());
+      EXPECT_EQ(Down(dst), R(in, to)) << DTypeName(from) << "->" << DTypeName(to) << " n=1003";
+      const int64_t n = static_cast<int64_t>(in.size()) - 2;
+      auto sv = src.View(DTypeSize(from), from, Shape{n});
+      Tensor dbuf = Up(Vec(in.size(), 0.0), to);
+      auto dv = dbuf.View(DTypeSize(to), to, Shape{n});
+      ASSERT_TRUE(sv.ok() && dv.ok());
+      ASSERT_TRUE(Cast(ctx(), *sv, *dv).ok());
+      Vec got = Down(dbuf);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[i + 1], R(in[i + 1], to)) << DTypeName(from) << "->" << DTypeName(to)
+                                                << " at offset 1, element " << i;
+      }
+      EXPECT_EQ(got[0], 0.0);
+      EXPECT_EQ(got[in.size() - 1], 0.0);
+    }
+  }
 }
 
 TEST_P(Conformance, RoundToDType) {
@@ -489,11 +514,18 @@ TEST_P(Conformance, LayerNorm) {
 
 struct AttnRef {
   Vec probs, out, dq, dk, dv;
+  // Bounds on what rounding the 16-bit GEMM operands P and dS adds to each
+  // element (zero when `u` and `eta` are): out, dv: sum over the terms of
+  // (u P + eta) |V| or |dO|; dq, dk: (u |dS| + eta) |K| or |Q|.
+  Vec out_err, dq_err, dk_err, dv_err;
 };
 
-// q/k/v/dout are dense [rows, heads*hd] here.
+// q/k/v/dout are dense [rows, heads*hd] here. `u`: the unit roundoff of a
+// 16-bit type that P and dS are rounded to before they meet V, dO, K and Q
+// (relative error <= u for normal values); `eta`: its absolute error below
+// the normal range (half the smallest subnormal).
 AttnRef AttentionReference(const AttentionShape& s, const Vec& q, const Vec& k, const Vec& v,
-                           const Vec& dout) {
+                           const Vec& dout, double u = 0, double eta = 0) {
   const int64_t c = s.heads * s.head_dim;
   AttnRef r;
   r.probs.assign(static_cast<size_t>(s.batch * s.heads * s.q_len * s.kv_len), 0.0);
@@ -501,6 +533,10 @@ AttnRef AttentionReference(const AttentionShape& s, const Vec& q, const Vec& k, 
   r.dq.assign(r.out.size(), 0.0);
   r.dk.assign(static_cast<size_t>(s.batch * s.kv_len * c), 0.0);
   r.dv.assign(r.dk.size(), 0.0);
+  r.out_err.assign(r.out.size(), 0.0);
+  r.dq_err.assign(r.out.size(), 0.0);
+  r.dk_err.assign(r.dk.size(), 0.0);
+  r.dv_err.assign(r.dk.size(), 0.0);
   const double scale = 1 / std::sqrt(static_cast<double>(s.head_dim));
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
@@ -508,6 +544,8 @@ AttnRef AttentionReference(const AttentionShape& s, const Vec& q, const Vec& k, 
       auto K = [&](int64_t j, int64_t d) { return k[(b * s.kv_len + j) * c + h * s.head_dim + d]; };
       auto V = [&](int64_t j, int64_t d) { return v[(b * s.kv_len + j) * c + h * s.head_dim + d]; };
       auto DO = [&](int64_t i, int64_t d) { return dout[(b * s.q_len + i) * c + h * s.head_dim + d]; };
+      auto QRow = [&](int64_t i, int64_t d) { return (b * s.q_len + i) * c + h * s.head_dim + d; };
+      auto KRow = [&](int64_t j, int64_t d) { return (b * s.kv_len + j) * c + h * s.head_dim + d; };
       for (int64_t i = 0; i < s.q_len; ++i) {
         const int64_t valid = s.causal ? i + 1 : s.kv_len;
         Vec p(static_cast<size_t>(s.kv_len), 0.0);
@@ -526,24 +564,47 @@ AttnRef AttentionReference(const AttentionShape& s, const Vec& q, const Vec& k, 
         Vec dp(static_cast<size_t>(s.kv_len), 0.0);
         double pdp = 0;
         for (int64_t j = 0; j < s.kv_len; ++j) {
+          const double pe = j < valid ? u * p[j] + eta : 0.0;  // masked P is an exact 0
           for (int64_t d = 0; d < s.head_dim; ++d) {
-            r.out[(b * s.q_len + i) * c + h * s.head_dim + d] += p[j] * V(j, d);
+            r.out[QRow(i, d)] += p[j] * V(j, d);
+            r.out_err[QRow(i, d)] += pe * std::fabs(V(j, d));
             dp[j] += DO(i, d) * V(j, d);
-            r.dv[(b * s.kv_len + j) * c + h * s.head_dim + d] += p[j] * DO(i, d);
+            r.dv[KRow(j, d)] += p[j] * DO(i, d);
+            r.dv_err[KRow(j, d)] += pe * std::fabs(DO(i, d));
           }
           pdp += p[j] * dp[j];
         }
         for (int64_t j = 0; j < s.kv_len; ++j) {
           const double ds = scale * p[j] * (dp[j] - pdp);
+          const double dse = j < valid ? u * std::fabs(ds) + eta : 0.0;
           for (int64_t d = 0; d < s.head_dim; ++d) {
-            r.dq[(b * s.q_len + i) * c + h * s.head_dim + d] += ds * K(j, d);
-            r.dk[(b * s.kv_len + j) * c + h * s.head_dim + d] += ds * Q(i, d);
+            r.dq[QRow(i, d)] += ds * K(j, d);
+            r.dq_err[QRow(i, d)] += dse * std::fabs(K(j, d));
+            r.dk[KRow(j, d)] += ds * Q(i, d);
+            r.dk_err[KRow(j, d)] += dse * std::fabs(Q(i, d));
           }
         }
       }
     }
   }
   return r;
+}
+
+// got against want where each element may also carry a 16-bit operand's
+// rounding `err[i]` and, stored in a 16-bit type of unit roundoff u, its own
+// rounding once: |round(x) - want| <= u |x| + |x - want| <= u |want| +
+// (1 + u) E, with E = err[i] plus the f32 tolerance of ExpectNear (rel
+// against max(|want|, 1e-3 of the largest), plus abs).
+void ExpectWithin(const char* what, const Vec& got, const Vec& want, const Vec& err, double u,
+                  double rel, double abs) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = err[i] + rel * std::max(std::fabs(want[i]), 1e-3 * scale) + abs;
+    const double tol = u * std::fabs(want[i]) + (1 + u) * e;
+    ASSERT_NEAR(got[i], want[i], tol) << what << " element " << i << " of " << got.size();
+  }
 }
 
 // Places dense [rows, c] data at column `col` of a [rows, ld] buffer.
@@ -562,6 +623,14 @@ Vec Extract(const Vec& buf, int64_t rows, int64_t c, int64_t ld, int64_t col) {
   return out;
 }
 
+// Every dtype: f32, and q, k, v, out, dout, dq, dk, dv all bf16 or all f16
+// (probs f32). A backend may run 16-bit attention on 16-bit GEMM operands
+// (CUDA: tensor cores), rounding P before P V and P^T dO and dS before dS K
+// and dS^T Q (runtime/ops/cuda/cuda_backend.h); the reference bounds what
+// that rounding can add per element (AttnRef's *_err), on top of the f32
+// tolerances, and each 16-bit output's own rounding (ExpectWithin). A
+// backend that stages 16-bit attention through f32 (the CPU) adds nothing
+// and meets the same bound.
 TEST_P(Conformance, Attention) {
   const AttentionShape shapes[] = {
       {1, 1, 1, 1, 1, true},   {2, 3, 7, 7, 5, true},  {2, 2, 13, 13, 3, false},
@@ -574,38 +643,49 @@ TEST_P(Conformance, Attention) {
       {1, 700, 12, 12, 2, true}, {2, 350, 12, 9, 2, false}, {2, 1, 3, 1030, 2, false},
       {1, 1, 1100, 1100, 2, true},
   };
-  for (const AttentionShape& s : shapes) {
+  for (DType t : kFloats) {
+   // Unit roundoff of t and half its smallest subnormal (P and dS below
+   // f16's normal range round with an absolute error of at most that).
+   const double u = t == DType::kF32 ? 0.0 : Ulp(t);
+   const double eta = t == DType::kF16 ? std::ldexp(1.0, -25) : 0.0;
+   for (const AttentionShape& s : shapes) {
     const int64_t c = s.heads * s.head_dim;
     const int64_t nq = s.batch * s.q_len, nk = s.batch * s.kv_len;
-    Vec q = R(Random(nq * c, 30), DType::kF32), k = R(Random(nk * c, 31), DType::kF32),
-        v = R(Random(nk * c, 32), DType::kF32), dout = R(Random(nq * c, 33), DType::kF32);
-    AttnRef want = AttentionReference(s, q, k, v, dout);
+    Vec q = R(Random(nq * c, 30), t), k = R(Random(nk * c, 31), t),
+        v = R(Random(nk * c, 32), t), dout = R(Random(nq * c, 33), t);
+    AttnRef want = AttentionReference(s, q, k, v, dout, u, eta);
     // q in a fused [nq, 3c] buffer (self-attention style); k and v fused in [nk, 2c].
-    Tensor qb = Up(Embed(q, nq, c, 3 * c, c), DType::kF32);
+    Tensor qb = Up(Embed(q, nq, c, 3 * c, c), t);
     Vec kvv = Embed(k, nk, c, 2 * c, 0);
     Vec vv = Embed(v, nk, c, 2 * c, c);
     for (size_t i = 0; i < kvv.size(); ++i) kvv[i] += vv[i];
-    Tensor kvb = Up(kvv, DType::kF32);
+    Tensor kvb = Up(kvv, t);
     Tensor probs = Up(Vec(want.probs.size(), -1.0), DType::kF32);
-    Tensor out = Up(Vec(static_cast<size_t>(nq * (c + 1)), 0.0), DType::kF32);
+    Tensor out = Up(Vec(static_cast<size_t>(nq * (c + 1)), 0.0), t);
     MatrixRef mq{qb, c, 3 * c}, mk{kvb, 0, 2 * c}, mv{kvb, c, 2 * c}, mo{out, 0, c + 1};
     Status st = AttentionForward(ctx(), s, mq, mk, mv, probs, mo);
     ASSERT_TRUE(st.ok()) << st.ToString();
-    const std::string name = "attention b=" + std::to_string(s.batch) + " q=" +
-                             std::to_string(s.q_len) + " kv=" + std::to_string(s.kv_len);
+    const std::string name = "attention " + std::string(DTypeName(t)) + " b=" +
+                             std::to_string(s.batch) + " q=" + std::to_string(s.q_len) +
+                             " kv=" + std::to_string(s.kv_len);
     ExpectNear((name + " probs").c_str(), Down(probs), want.probs, 1e-5, 1e-6);
-    ExpectNear((name + " out").c_str(), Extract(Down(out), nq, c, c + 1, 0), want.out, 1e-5, 1e-6);
+    ExpectWithin((name + " out").c_str(), Extract(Down(out), nq, c, c + 1, 0), want.out,
+                 want.out_err, u, 1e-5, 1e-6);
 
-    Tensor dob = Up(dout, DType::kF32);
-    Tensor dqb = Up(Vec(static_cast<size_t>(nq * 3 * c), 0.0), DType::kF32);
-    Tensor dkvb = Up(Vec(static_cast<size_t>(nk * 2 * c), 7.0), DType::kF32);
+    Tensor dob = Up(dout, t);
+    Tensor dqb = Up(Vec(static_cast<size_t>(nq * 3 * c), 0.0), t);
+    Tensor dkvb = Up(Vec(static_cast<size_t>(nk * 2 * c), 7.0), t);
     st = AttentionBackward(ctx(), s, mq, mk, mv, probs, {dob, 0, c}, {dqb, 0, 3 * c},
                            {dkvb, 0, 2 * c}, {dkvb, c, 2 * c});
     ASSERT_TRUE(st.ok()) << st.ToString();
     Vec dq = Down(dqb), dkv = Down(dkvb);
-    ExpectNear((name + " dq").c_str(), Extract(dq, nq, c, 3 * c, 0), want.dq, 1e-4, 1e-6);
-    ExpectNear((name + " dk").c_str(), Extract(dkv, nk, c, 2 * c, 0), want.dk, 1e-4, 1e-6);
-    ExpectNear((name + " dv").c_str(), Extract(dkv, nk, c, 2 * c, c), want.dv, 1e-4, 1e-6);
+    ExpectWithin((name + " dq").c_str(), Extract(dq, nq, c, 3 * c, 0), want.dq, want.dq_err, u,
+                 1e-4, 1e-6);
+    ExpectWithin((name + " dk").c_str(), Extract(dkv, nk, c, 2 * c, 0), want.dk, want.dk_err, u,
+                 1e-4, 1e-6);
+    ExpectWithin((name + " dv").c_str(), Extract(dkv, nk, c, 2 * c, c), want.dv, want.dv_err, u,
+                 1e-4, 1e-6);
+   }
   }
 }
 
@@ -788,14 +868,22 @@ TEST_P(Conformance, ReadScalarEveryDType) {
 // op gives on f32 tensors holding the same (16-bit) values, with each 16-bit
 // output rounded once: the op contract's "computes in f32, rounds once".
 // f32-only operands (statistics, probs, loss, dtable) are compared as they are.
+// Three shapes: 13 x 33; 300 x 130 (column sums over three row chunks and
+// two column tiles on CUDA); 3 x 1100 (a block per row on CUDA), so a
+// backend's native 16-bit kernels are checked on each of its launch paths.
+// Attention is exact this way only on a backend that stages it through f32;
+// one that runs it on 16-bit GEMM operands (Native16Bit("attention_fwd"))
+// rounds P and dS as its header says, which the Attention test bounds.
 TEST_P(Conformance, ModelOpsOn16BitOperandsAreTheF32OpRoundedOnce) {
+  const bool native_attention = BackendFor(GetParam())->Native16Bit("attention_fwd");
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{13, 33}, {300, 130}, {3, 1100}}) {
   for (DType t : {DType::kBF16, DType::kF16}) {
-    const std::string dt(DTypeName(t));
+    const std::string dt =
+        std::string(DTypeName(t)) + " " + std::to_string(rows) + "x" + std::to_string(cols);
     // The 16-bit result, and the f32 result rounded to t.
     auto Same = [&](const char* what, const Tensor& got16, const Tensor& got32) {
       EXPECT_EQ(Down(got16), R(Down(got32), got16.dtype())) << what << " " << dt;
     };
-    const int64_t rows = 13, cols = 33;
     const size_t e = rows * cols;
     const Vec x = R(Random(e, 40, -3, 3), t), dy = R(Random(e, 41), t), y0 = R(Random(e, 42), t);
     const Vec bias = R(Random(cols, 43), t), gamma = R(Random(cols, 44), t);
@@ -847,7 +935,7 @@ TEST_P(Conformance, ModelOpsOn16BitOperandsAreTheF32OpRoundedOnce) {
       EXPECT_EQ(Down(dg16), Down(dg32)) << "layer_norm_bwd dgamma " << dt;
       EXPECT_EQ(Down(db16), Down(db32)) << "layer_norm_bwd dbeta " << dt;
     }
-    {  // attention over fused q/k/v views of one 16-bit buffer
+    if (!native_attention) {  // attention over fused q/k/v views of one 16-bit buffer
       const AttentionShape as{2, 3, 5, 5, 4, true};
       const int64_t c = as.heads * as.head_dim, n = as.batch * as.q_len;
       const Vec qkv = R(Random(n * 3 * c, 45), t), dout = R(Random(n * c, 46), t);
@@ -875,7 +963,7 @@ TEST_P(Conformance, ModelOpsOn16BitOperandsAreTheF32OpRoundedOnce) {
       Same("attention_bwd dqkv", d16, d32);
     }
     {  // embedding: a 16-bit table into a 16-bit out; dout 16-bit into an f32 dtable
-      const int64_t vocab = 7, dim = 5;
+      const int64_t vocab = 7, dim = cols;
       const Vec table = R(Random(vocab * dim, 47), t), ids{3, 0, 6, 3};
       Tensor tab16 = Up(table, t, Shape{vocab, dim}), tab32 = Up(table, DType::kF32, Shape{vocab, dim});
       Tensor ti = Up(ids, DType::kI32);
@@ -890,7 +978,7 @@ TEST_P(Conformance, ModelOpsOn16BitOperandsAreTheF32OpRoundedOnce) {
       EXPECT_EQ(Down(g16), Down(g32)) << "embedding_bwd " << dt;
     }
     {  // cross-entropy: 16-bit logits, f32 loss; backward in place, rounded once
-      const int64_t vocab = 11;
+      const int64_t vocab = cols;
       const Vec logits = R(Random(rows * vocab, 49, -4, 4), t);
       Vec targets(rows);
       for (int64_t i = 0; i < rows; ++i) targets[i] = i % 4 == 0 ? kIgnoreTarget : (i * 5) % vocab;
@@ -904,6 +992,44 @@ TEST_P(Conformance, ModelOpsOn16BitOperandsAreTheF32OpRoundedOnce) {
       ASSERT_TRUE(CrossEntropyBackward(ctx(), l32, tt, l32).ok());
       Same("cross_entropy_bwd", l16, l32);
     }
+    {  // mixed dtypes: an f32 operand beside 16-bit ones, and 16-bit in, f32 out
+      Tensor y16 = Up(y0, t), y32 = Up(y0, DType::kF32);
+      ASSERT_TRUE(BiasAdd(ctx(), Up(bias, DType::kF32), y16).ok());
+      ASSERT_TRUE(BiasAdd(ctx(), Up(bias, DType::kF32), y32).ok());
+      Same("bias_add f32 bias", y16, y32);
+      Tensor g16 = Up(bias, t), g32 = Up(bias, DType::kF32);  // a 16-bit dbias
+      ASSERT_TRUE(BiasGrad(ctx(), Up(dy, t), g16).ok());
+      ASSERT_TRUE(BiasGrad(ctx(), Up(dy, DType::kF32), g32).ok());
+      Same("bias_grad 16-bit dbias", g16, g32);
+      Tensor gy = Up(Vec(e, 0), DType::kF32), gy32 = Up(Vec(e, 0), DType::kF32);
+      ASSERT_TRUE(GeluForward(ctx(), Up(x, t), gy).ok());
+      ASSERT_TRUE(GeluForward(ctx(), Up(x, DType::kF32), gy32).ok());
+      EXPECT_EQ(Down(gy), Down(gy32)) << "gelu_fwd 16-bit x, f32 y " << dt;
+      Tensor gd = Up(Vec(e, 0), t), gd32 = Up(Vec(e, 0), DType::kF32);
+      ASSERT_TRUE(GeluBackward(ctx(), Up(x, DType::kF32), Up(dy, t), gd).ok());
+      ASSERT_TRUE(GeluBackward(ctx(), Up(x, DType::kF32), Up(dy, DType::kF32), gd32).ok());
+      Same("gelu_bwd f32 x", gd, gd32);
+      Tensor ly = Up(Vec(e, 0), DType::kF32), ly32 = Up(Vec(e, 0), DType::kF32);
+      Tensor m1 = Up(Vec(rows, 0), DType::kF32), r1 = Up(Vec(rows, 0), DType::kF32);
+      Tensor m2 = Up(Vec(rows, 0), DType::kF32), r2 = Up(Vec(rows, 0), DType::kF32);
+      ASSERT_TRUE(LayerNormForward(ctx(), Up(x, t), Up(gamma, DType::kF32), Up(bias, DType::kF32),
+                                   ly, m1, r1)
+                      .ok());
+      ASSERT_TRUE(LayerNormForward(ctx(), Up(x, DType::kF32), Up(gamma, DType::kF32),
+                                   Up(bias, DType::kF32), ly32, m2, r2)
+                      .ok());
+      EXPECT_EQ(Down(ly), Down(ly32)) << "layer_norm_fwd 16-bit x, f32 y " << dt;
+      const int64_t vocab = cols;
+      const Vec logits = R(Random(rows * vocab, 50, -4, 4), t);
+      Vec targets(rows);
+      for (int64_t i = 0; i < rows; ++i) targets[i] = (i * 3) % vocab;
+      Tensor tt = Up(targets, DType::kI32);
+      Tensor d32 = Up(Vec(rows * vocab, 0), DType::kF32), l32 = Up(logits, DType::kF32);
+      ASSERT_TRUE(CrossEntropyBackward(ctx(), Up(logits, t), tt, d32).ok());
+      ASSERT_TRUE(CrossEntropyBackward(ctx(), l32, tt, l32).ok());
+      EXPECT_EQ(Down(d32), Down(l32)) << "cross_entropy_bwd 16-bit logits, f32 dlogits " << dt;
+    }
+  }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <string_view>
 
 #include "runtime/ops/cuda/kernels.h"
 
@@ -33,7 +34,9 @@ T* Ptr(const Tensor& t, int64_t offset = 0) {
   return reinterpret_cast<T*>(static_cast<char*>(t.data()) + offset * DTypeSize(t.dtype()));
 }
 float* F(const Tensor& t) { return Ptr<float>(t); }
-float* At(const MatrixRef& m) { return Ptr<float>(m.t, m.offset); }
+// A tensor as a kernel operand of its own dtype.
+cuda::Buf B(const Tensor& t) { return cuda::Buf{t.data(), t.dtype()}; }
+cuda::CBuf C(const Tensor& t) { return cuda::CBuf{t.data(), t.dtype()}; }
 
 cudaDataType CudaType(DType t) {
   switch (t) {
@@ -79,7 +82,7 @@ Status GemmStrided(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n,
     for (int64_t i = 0; i < batch; ++i) {
       float* ci = c + i * stride_c;
       if (beta == 0.0f) {
-        SK_CUDA_OP("gemm", cuda::FillMatrix(ci, m, n, ldc, 0.0f, S(ctx)));
+        SK_CUDA_OP("gemm", cuda::FillMatrix(cuda::Buf{ci, DType::kF32}, m, n, ldc, 0.0f, S(ctx)));
       } else if (beta != 1.0f) {
         for (int64_t r = 0; r < m; ++r) {
           SK_CUDA_OP("gemm", cuda::Scale(ci + r * ldc, DType::kF32, n, beta, S(ctx)));
@@ -112,6 +115,21 @@ class CudaBackend final : public OpBackend {
   // cuBLAS stores a bf16/f16 C itself (CUBLAS_COMPUTE_32F: f32 accumulation,
   // one rounding); only the empty product (k = 0) goes through f32 staging.
   bool GemmStores16Bit(const GemmParams& p) const override { return p.k > 0; }
+
+  // Every model op reads and writes its 16-bit operands itself (kernels.h:
+  // Buf); attention runs its GEMMs on 16-bit operands (tensor cores) and
+  // rounds where cuda_backend.h says.
+  bool Native16Bit(std::string_view op) const override {
+    static constexpr std::string_view kNative[] = {
+        "broadcast_rows", "bias_add",      "bias_grad",         "gelu_fwd",
+        "gelu_bwd",       "layer_norm_fwd", "layer_norm_bwd",   "attention_fwd",
+        "attention_bwd",  "embedding_fwd",  "embedding_bwd",    "cross_entropy_fwd",
+        "cross_entropy_bwd"};
+    for (std::string_view n : kNative) {
+      if (n == op) return true;
+    }
+    return false;
+  }
 
   Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
               const MatrixRef& c) override {
@@ -173,7 +191,7 @@ class CudaBackend final : public OpBackend {
     SK_RETURN_IF_ERROR(Enter(ctx, "broadcast_rows"));
     const int64_t cols = src.numel();
     if (cols == 0) return OkStatus();
-    SK_CUDA_OP("broadcast_rows", cuda::BroadcastRows(F(src), cols, F(dst), dst.numel() / cols, S(ctx)));
+    SK_CUDA_OP("broadcast_rows", cuda::BroadcastRows(C(src), cols, B(dst), dst.numel() / cols, S(ctx)));
     return OkStatus();
   }
 
@@ -181,7 +199,7 @@ class CudaBackend final : public OpBackend {
     SK_RETURN_IF_ERROR(Enter(ctx, "bias_add"));
     const int64_t cols = bias.numel();
     if (cols == 0) return OkStatus();
-    SK_CUDA_OP("bias_add", cuda::BiasAdd(F(bias), cols, F(y), y.numel() / cols, S(ctx)));
+    SK_CUDA_OP("bias_add", cuda::BiasAdd(C(bias), cols, B(y), y.numel() / cols, S(ctx)));
     return OkStatus();
   }
 
@@ -192,20 +210,20 @@ class CudaBackend final : public OpBackend {
     const int64_t rows = dy.numel() / cols;
     SK_ASSIGN_OR_RETURN(Tensor partials,
                         ctx.alloc->Empty(DType::kF32, Shape{cuda::ColumnChunks(rows) * cols}));
-    SK_CUDA_OP("bias_grad", cuda::BiasGrad(F(dy), rows, cols, F(dbias), F(partials), S(ctx)));
+    SK_CUDA_OP("bias_grad", cuda::BiasGrad(C(dy), rows, cols, B(dbias), F(partials), S(ctx)));
     return OkStatus();
   }
 
   Status GeluForward(const OpContext& ctx, const Tensor& x, const Tensor& y) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "gelu_fwd"));
-    SK_CUDA_OP("gelu_fwd", cuda::GeluForward(F(x), x.numel(), F(y), S(ctx)));
+    SK_CUDA_OP("gelu_fwd", cuda::GeluForward(C(x), x.numel(), B(y), S(ctx)));
     return OkStatus();
   }
 
   Status GeluBackward(const OpContext& ctx, const Tensor& x, const Tensor& dy,
                       const Tensor& dx) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "gelu_bwd"));
-    SK_CUDA_OP("gelu_bwd", cuda::GeluBackward(F(x), F(dy), x.numel(), F(dx), S(ctx)));
+    SK_CUDA_OP("gelu_bwd", cuda::GeluBackward(C(x), C(dy), x.numel(), B(dx), S(ctx)));
     return OkStatus();
   }
 
@@ -215,8 +233,8 @@ class CudaBackend final : public OpBackend {
     SK_RETURN_IF_ERROR(Enter(ctx, "layer_norm_fwd"));
     const int64_t cols = gamma.numel();
     if (cols == 0) return OkStatus();
-    SK_CUDA_OP("layer_norm_fwd", cuda::LayerNormForward(F(x), F(gamma), F(beta), x.numel() / cols,
-                                                        cols, F(y), F(mean), F(rstd), S(ctx)));
+    SK_CUDA_OP("layer_norm_fwd", cuda::LayerNormForward(C(x), C(gamma), C(beta), x.numel() / cols,
+                                                        cols, B(y), F(mean), F(rstd), S(ctx)));
     return OkStatus();
   }
 
@@ -230,78 +248,123 @@ class CudaBackend final : public OpBackend {
     SK_ASSIGN_OR_RETURN(Tensor partials, ctx.alloc->Empty(DType::kF32,
                                                           Shape{2 * cuda::ColumnChunks(rows) * cols}));
     SK_CUDA_OP("layer_norm_bwd",
-               cuda::LayerNormBackward(F(x), F(gamma), F(dy), F(mean), F(rstd), rows, cols, F(dx),
-                                       F(dgamma), F(dbeta), F(partials), S(ctx)));
+               cuda::LayerNormBackward(C(x), C(gamma), C(dy), F(mean), F(rstd), rows, cols, B(dx),
+                                       B(dgamma), B(dbeta), F(partials), S(ctx)));
     return OkStatus();
   }
 
-  // Composed: per sequence b, S = scale Q K^T over all heads as one strided
-  // batched GEMM (head h's columns start at h * head_dim), the masked row
-  // softmax in place, then out = P V.
+  // Composed, in the dtype t of q, k, v and out (f32, or one 16-bit dtype:
+  // the dispatcher stages every other mix to f32). Per sequence b,
+  // S = scale Q K^T over all heads as one strided batched GEMM (head h's
+  // columns start at h * head_dim) into probs (f32 accumulation and
+  // output); the masked row softmax in place (f32), which for 16-bit t also
+  // stores P rounded to t in a temporary; then out = P V, with P in t (a
+  // tensor-core GEMM for 16-bit t, f32 accumulation, out rounded once).
   Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                           const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                           const MatrixRef& out) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "attention_fwd"));
     if (s.batch == 0 || s.heads == 0 || s.q_len == 0) return OkStatus();
+    const DType t = q.t.dtype();
+    CHECK(k.t.dtype() == t && v.t.dtype() == t && out.t.dtype() == t)
+        << "attention_fwd: the dispatcher hands the CUDA backend one dtype for q, k, v and out";
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
     const int64_t pq = s.q_len * s.kv_len;  // one head's probabilities
-    for (int64_t b = 0; b < s.batch; ++b) {
-      float* p = F(probs) + b * s.heads * pq;
-      SK_RETURN_IF_ERROR(GemmStrided(ctx, false, true, s.q_len, s.kv_len, s.head_dim, scale,
-                                     At(q) + b * s.q_len * q.ld, q.ld, s.head_dim,
-                                     At(k) + b * s.kv_len * k.ld, k.ld, s.head_dim, DType::kF32,
-                                     0.0f, p, DType::kF32, s.kv_len, pq, s.heads));
+    Tensor p16;                             // P rounded to t (16-bit t only)
+    if (t != DType::kF32) {
+      SK_ASSIGN_OR_RETURN(p16, ctx.alloc->Empty(t, Shape{s.batch * s.heads * pq}));
     }
-    SK_CUDA_OP("attention_fwd", cuda::SoftmaxRows(F(probs), s.batch * s.heads * s.q_len, s.kv_len,
-                                                  s.causal, s.q_len, S(ctx)));
     for (int64_t b = 0; b < s.batch; ++b) {
-      const float* p = F(probs) + b * s.heads * pq;
-      SK_RETURN_IF_ERROR(GemmStrided(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, p,
-                                     s.kv_len, pq, At(v) + b * s.kv_len * v.ld, v.ld, s.head_dim,
-                                     DType::kF32, 0.0f, At(out) + b * s.q_len * out.ld, DType::kF32, out.ld,
+      SK_RETURN_IF_ERROR(GemmStrided(ctx, false, true, s.q_len, s.kv_len, s.head_dim, scale,
+                                     Ptr(q.t, q.offset + b * s.q_len * q.ld), q.ld, s.head_dim,
+                                     Ptr(k.t, k.offset + b * s.kv_len * k.ld), k.ld, s.head_dim, t,
+                                     0.0f, F(probs) + b * s.heads * pq, DType::kF32, s.kv_len, pq,
+                                     s.heads));
+    }
+    SK_CUDA_OP("attention_fwd",
+               cuda::SoftmaxRows(F(probs), s.batch * s.heads * s.q_len, s.kv_len, s.causal, s.q_len,
+                                 p16.defined() ? B(p16) : cuda::Buf{}, S(ctx)));
+    const Tensor& p = p16.defined() ? p16 : probs;  // in t
+    for (int64_t b = 0; b < s.batch; ++b) {
+      SK_RETURN_IF_ERROR(GemmStrided(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f,
+                                     Ptr(p, b * s.heads * pq), s.kv_len, pq,
+                                     Ptr(v.t, v.offset + b * s.kv_len * v.ld), v.ld, s.head_dim, t,
+                                     0.0f, Ptr(out.t, out.offset + b * s.q_len * out.ld), t, out.ld,
                                      s.head_dim, s.heads));
     }
     return OkStatus();
   }
 
-  // dP = dO V^T and dV = P^T dO; dS = scale P (dP - rowdot(P, dP)) in place
-  // (masked entries have P = 0); dQ = dS K, dK = dS^T Q. One sequence's
-  // score gradients (heads x q_len x kv_len f32) are the op's scratch.
+  // In the dtype t of every operand but probs (as forward). Per sequence:
+  // dP = dO V^T (f32, into the scratch); dS = scale P (dP - rowdot(P, dP))
+  // from the f32 P and dP (masked entries have P = 0); dV = P^T dO,
+  // dQ = dS K, dK = dS^T Q. f32 t: dS overwrites dP in the scratch and the
+  // GEMMs read the f32 P and dS. 16-bit t: the softmax backward stores dS
+  // and P rounded to t in two temporaries of one sequence's size, and the
+  // three GEMMs run on them on tensor cores (f32 accumulation, outputs
+  // rounded once). Temporaries are reused by the next sequence in stream
+  // order.
   Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                            const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                            const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
                            const MatrixRef& dv, const Tensor& scratch) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "attention_bwd"));
     if (s.batch == 0 || s.heads == 0) return OkStatus();
+    const DType t = q.t.dtype();
+    for (const MatrixRef* m : {&k, &v, &dout, &dq, &dk, &dv}) {
+      CHECK(m->t.dtype() == t) << "attention_bwd: the dispatcher hands the CUDA backend one dtype "
+                                  "for q, k, v, dout, dq, dk and dv";
+    }
     const int64_t width = s.heads * s.head_dim;
     if (s.q_len == 0) {  // no query attends: the key and value gradients are zero
-      SK_CUDA_OP("attention_bwd", cuda::FillMatrix(At(dk), s.batch * s.kv_len, width, dk.ld, 0.0f, S(ctx)));
-      SK_CUDA_OP("attention_bwd", cuda::FillMatrix(At(dv), s.batch * s.kv_len, width, dv.ld, 0.0f, S(ctx)));
+      SK_CUDA_OP("attention_bwd", cuda::FillMatrix(cuda::Buf{Ptr(dk.t, dk.offset), t},
+                                                   s.batch * s.kv_len, width, dk.ld, 0.0f, S(ctx)));
+      SK_CUDA_OP("attention_bwd", cuda::FillMatrix(cuda::Buf{Ptr(dv.t, dv.offset), t},
+                                                   s.batch * s.kv_len, width, dv.ld, 0.0f, S(ctx)));
       return OkStatus();
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
     const int64_t pq = s.q_len * s.kv_len;
-    float* ds = F(scratch);  // heads * pq: AttentionBackwardScratchElements
+    float* dp = F(scratch);  // heads * pq: AttentionBackwardScratchElements
+    const bool half = t != DType::kF32;
+    Tensor ds16, p16;  // one sequence's dS and P rounded to t (16-bit t only)
+    if (half) {
+      SK_ASSIGN_OR_RETURN(ds16, ctx.alloc->Empty(t, Shape{s.heads * pq}));
+      SK_ASSIGN_OR_RETURN(p16, ctx.alloc->Empty(t, Shape{s.heads * pq}));
+    }
     for (int64_t b = 0; b < s.batch; ++b) {
-      const float* p = F(probs) + b * s.heads * pq;
-      const float* qb = At(q) + b * s.q_len * q.ld;
-      const float* kb = At(k) + b * s.kv_len * k.ld;
-      const float* vb = At(v) + b * s.kv_len * v.ld;
-      const float* dob = At(dout) + b * s.q_len * dout.ld;
+      const float* pb = F(probs) + b * s.heads * pq;
+      const void* qb = Ptr(q.t, q.offset + b * s.q_len * q.ld);
+      const void* kb = Ptr(k.t, k.offset + b * s.kv_len * k.ld);
+      const void* vb = Ptr(v.t, v.offset + b * s.kv_len * v.ld);
+      const void* dob = Ptr(dout.t, dout.offset + b * s.q_len * dout.ld);
+      void* dqb = Ptr(dq.t, dq.offset + b * s.q_len * dq.ld);
+      void* dkb = Ptr(dk.t, dk.offset + b * s.kv_len * dk.ld);
+      void* dvb = Ptr(dv.t, dv.offset + b * s.kv_len * dv.ld);
       SK_RETURN_IF_ERROR(GemmStrided(ctx, false, true, s.q_len, s.kv_len, s.head_dim, 1.0f, dob,
-                                     dout.ld, s.head_dim, vb, v.ld, s.head_dim, DType::kF32, 0.0f,
-                                     ds, DType::kF32, s.kv_len, pq, s.heads));
-      SK_RETURN_IF_ERROR(GemmStrided(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, p,
-                                     s.kv_len, pq, dob, dout.ld, s.head_dim, DType::kF32, 0.0f,
-                                     At(dv) + b * s.kv_len * dv.ld, DType::kF32, dv.ld, s.head_dim, s.heads));
-      SK_CUDA_OP("attention_bwd",
-                 cuda::SoftmaxBackwardRows(p, ds, s.heads * s.q_len, s.kv_len, scale, S(ctx)));
-      SK_RETURN_IF_ERROR(GemmStrided(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds,
-                                     s.kv_len, pq, kb, k.ld, s.head_dim, DType::kF32, 0.0f,
-                                     At(dq) + b * s.q_len * dq.ld, DType::kF32, dq.ld, s.head_dim, s.heads));
-      SK_RETURN_IF_ERROR(GemmStrided(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, ds,
-                                     s.kv_len, pq, qb, q.ld, s.head_dim, DType::kF32, 0.0f,
-                                     At(dk) + b * s.kv_len * dk.ld, DType::kF32, dk.ld, s.head_dim, s.heads));
+                                     dout.ld, s.head_dim, vb, v.ld, s.head_dim, t, 0.0f, dp,
+                                     DType::kF32, s.kv_len, pq, s.heads));
+      // P and dS as the GEMMs read them (dtype t).
+      const void* p_t = pb;
+      const void* ds_t = dp;
+      if (half) {
+        SK_CUDA_OP("attention_bwd", cuda::SoftmaxBackwardRows(pb, dp, s.heads * s.q_len, s.kv_len,
+                                                              scale, B(ds16), p16.data(), S(ctx)));
+        p_t = p16.data();
+        ds_t = ds16.data();
+      } else {
+        SK_CUDA_OP("attention_bwd", cuda::SoftmaxBackwardRows(pb, dp, s.heads * s.q_len, s.kv_len,
+                                                              scale, cuda::Buf{}, nullptr, S(ctx)));
+      }
+      SK_RETURN_IF_ERROR(GemmStrided(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, p_t,
+                                     s.kv_len, pq, dob, dout.ld, s.head_dim, t, 0.0f, dvb, t, dv.ld,
+                                     s.head_dim, s.heads));
+      SK_RETURN_IF_ERROR(GemmStrided(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds_t,
+                                     s.kv_len, pq, kb, k.ld, s.head_dim, t, 0.0f, dqb, t, dq.ld,
+                                     s.head_dim, s.heads));
+      SK_RETURN_IF_ERROR(GemmStrided(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, ds_t,
+                                     s.kv_len, pq, qb, q.ld, s.head_dim, t, 0.0f, dkb, t, dk.ld,
+                                     s.head_dim, s.heads));
     }
     return OkStatus();
   }
@@ -309,8 +372,8 @@ class CudaBackend final : public OpBackend {
   Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,
                           const Tensor& out) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "embedding_fwd"));
-    SK_CUDA_OP("embedding_fwd", cuda::EmbeddingForward(F(table), Ptr<int32_t>(ids), ids.numel(),
-                                                       table.shape().dim(1), F(out), S(ctx)));
+    SK_CUDA_OP("embedding_fwd", cuda::EmbeddingForward(C(table), Ptr<int32_t>(ids), ids.numel(),
+                                                       table.shape().dim(1), B(out), S(ctx)));
     return OkStatus();
   }
 
@@ -330,7 +393,7 @@ class CudaBackend final : public OpBackend {
     SK_ASSIGN_OR_RETURN(Tensor scratch, ctx.alloc->Empty(DType::kF64,
                                                          Shape{static_cast<int64_t>((bytes + 7) / 8)}));
     SK_CUDA_OP("embedding_bwd",
-               cuda::EmbeddingBackward(Ptr<int32_t>(ids), F(dout), count, dim,
+               cuda::EmbeddingBackward(Ptr<int32_t>(ids), C(dout), count, dim,
                                        dtable.shape().dim(0), F(dtable), scratch.data(),
                                        scratch.nbytes(), S(ctx)));
     return OkStatus();
@@ -343,7 +406,7 @@ class CudaBackend final : public OpBackend {
     const int64_t vocab = rows == 0 ? 0 : logits.numel() / rows;
     SK_ASSIGN_OR_RETURN(Tensor row_loss, ctx.alloc->Empty(DType::kF32, Shape{rows}));
     SK_CUDA_OP("cross_entropy_fwd",
-               cuda::CrossEntropyForward(F(logits), Ptr<int32_t>(targets), rows, vocab,
+               cuda::CrossEntropyForward(C(logits), Ptr<int32_t>(targets), rows, vocab,
                                          F(row_loss), F(loss), S(ctx)));
     return OkStatus();
   }
@@ -355,8 +418,8 @@ class CudaBackend final : public OpBackend {
     if (rows == 0) return OkStatus();
     SK_ASSIGN_OR_RETURN(Tensor count, ctx.alloc->Empty(DType::kF64, Shape{1}));
     SK_CUDA_OP("cross_entropy_bwd",
-               cuda::CrossEntropyBackward(F(logits), Ptr<int32_t>(targets), rows,
-                                          logits.numel() / rows, F(dlogits),
+               cuda::CrossEntropyBackward(C(logits), Ptr<int32_t>(targets), rows,
+                                          logits.numel() / rows, B(dlogits),
                                           Ptr<int64_t>(count), S(ctx)));
     return OkStatus();
   }

@@ -6,6 +6,20 @@
 // inputs with f32 accumulation and output, on tensor cores); attention is
 // composed from batched GEMMs and row softmax kernels; the other ops are the
 // kernels of kernels.cu around the CPU backend's SK_HOST_DEVICE arithmetic.
+//
+// 16-bit operands (Native16Bit: every model op): the kernels read bf16/f16
+// operands directly, compute in f32 and round each 16-bit output once --
+// the numbers the dispatcher's f32 staging gave, without its casts.
+// Attention with q, k, v, out (dout, dq, dk, dv) all in one 16-bit dtype t
+// runs every GEMM on t operands (tensor cores, f32 accumulation): scores
+// S = scale Q K^T and dP = dO V^T are f32, the softmax and its backward run
+// in f32 on them (probs stays f32, as ops.h requires), and P is rounded to t
+// before out = P V and dV = P^T dO, dS = scale P (dP - <P, dP>) before
+// dQ = dS K and dK = dS^T Q; outputs are rounded once. The CPU backend
+// keeps P and dS in f32 (it rounds only the outputs): these two roundings
+// are where the two backends' 16-bit attention differ, by at most t's unit
+// roundoff times the sum of the magnitudes of the terms that meet a rounded
+// P or dS (FlashAttention rounds P the same way).
 // ReadScalar synchronises ctx.stream and copies the value to the host.
 // Temporaries (cross-entropy's row losses, attention's score gradients, the
 // reductions' partials) come from ctx.alloc, which must be stream-ordered on

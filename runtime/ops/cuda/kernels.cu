@@ -49,9 +49,50 @@ __device__ __forceinline__ void StoreF(void* p, DType t, int64_t i, float v) {
   }
 }
 
-__global__ void CastKernel(const void* src, DType st, void* dst, DType dt, int64_t n) {
-  int64_t i = Index();
-  if (i < n) StoreF(dst, dt, i, LoadF(src, st, i));
+// Typed loads and stores through f32 (core/dtype.h's conversions: round to
+// nearest even, the CPU's bits).
+__device__ __forceinline__ float ToF(float v) { return v; }
+__device__ __forceinline__ float ToF(BF16 v) { return BF16ToFloat(v); }
+__device__ __forceinline__ float ToF(F16 v) { return F16ToFloat(v); }
+template <typename T>
+__device__ __forceinline__ T FromF(float v);
+template <>
+__device__ __forceinline__ float FromF<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ BF16 FromF<BF16>(float v) { return FloatToBF16(v); }
+template <>
+__device__ __forceinline__ F16 FromF<F16>(float v) { return FloatToF16(v); }
+
+// kCastVec elements per thread. With `vec` (both pointers 16-byte aligned,
+// checked by the launcher) a thread whose kCastVec elements all exist moves
+// them as 16-byte loads and stores (one for 16-bit data, two for f32);
+// otherwise, and for the tail of n, element by element. Each element is one
+// conversion of its own input, so the path taken does not change a bit.
+constexpr int kCastVec = 8;
+
+template <typename From, typename To>
+__global__ void CastKernel(const From* __restrict__ src, To* __restrict__ dst, int64_t n,
+                           bool vec) {
+  const int64_t base = Index() * kCastVec;
+  if (base >= n) return;
+  if (vec && base + kCastVec <= n) {
+    static_assert(kCastVec * sizeof(BF16) == sizeof(uint4), "8 16-bit elements are 16 bytes");
+    alignas(16) From in[kCastVec];
+    alignas(16) To out[kCastVec];
+    constexpr int kInWords = kCastVec * sizeof(From) / sizeof(uint4);
+    constexpr int kOutWords = kCastVec * sizeof(To) / sizeof(uint4);
+    const uint4* s4 = reinterpret_cast<const uint4*>(src + base);
+#pragma unroll
+    for (int w = 0; w < kInWords; ++w) reinterpret_cast<uint4*>(in)[w] = s4[w];
+#pragma unroll
+    for (int e = 0; e < kCastVec; ++e) out[e] = FromF<To>(ToF(in[e]));
+    uint4* d4 = reinterpret_cast<uint4*>(dst + base);
+#pragma unroll
+    for (int w = 0; w < kOutWords; ++w) d4[w] = reinterpret_cast<const uint4*>(out)[w];
+    return;
+  }
+  const int64_t end = base + kCastVec < n ? base + kCastVec : n;
+  for (int64_t i = base; i < end; ++i) dst[i] = FromF<To>(ToF(src[i]));
 }
 
 __global__ void RoundKernel(float* x, int64_t n, DType t) {
@@ -78,9 +119,10 @@ __global__ void FillKernel(void* x, DType t, int64_t n, float value) {
   if (i < n) StoreF(x, t, i, value);
 }
 
-__global__ void FillMatrixKernel(float* x, int64_t rows, int64_t cols, int64_t ld, float value) {
+__global__ void FillMatrixKernel(void* x, DType t, int64_t rows, int64_t cols, int64_t ld,
+                                 float value) {
   int64_t i = Index();
-  if (i < rows * cols) x[(i / cols) * ld + i % cols] = value;
+  if (i < rows * cols) StoreF(x, t, (i / cols) * ld + i % cols, value);
 }
 
 __global__ void InitKernel(InitKind kind, float a, float b, uint64_t seed, uint64_t param_id,
@@ -91,30 +133,44 @@ __global__ void InitKernel(InitKind kind, float a, float b, uint64_t seed, uint6
   }
 }
 
-__global__ void BroadcastRowsKernel(const float* src, int64_t cols, float* dst, int64_t rows) {
+// The model ops' kernels take each compute-dtype operand as a pointer and
+// its dtype (f32, bf16 or f16, independently): LoadF reads an element
+// exactly as f32, the arithmetic is f32, StoreF rounds a 16-bit result once
+// (nearest even). So a 16-bit call gives the bits the f32 kernel gives on
+// exact f32 copies of its operands, rounded once: what the dispatcher's f32
+// staging gave, without the copies.
+
+__global__ void BroadcastRowsKernel(const void* src, DType st, int64_t cols, void* dst, DType dt,
+                                    int64_t rows) {
   int64_t i = Index();
-  if (i < rows * cols) dst[i] = src[i % cols];
+  if (i < rows * cols) StoreF(dst, dt, i, LoadF(src, st, i % cols));
 }
 
-__global__ void BiasAddKernel(const float* bias, int64_t cols, float* y, int64_t rows) {
+__global__ void BiasAddKernel(const void* bias, DType bt, int64_t cols, void* y, DType yt,
+                              int64_t rows) {
   int64_t i = Index();
-  if (i < rows * cols) y[i] += bias[i % cols];
+  if (i < rows * cols) StoreF(y, yt, i, LoadF(y, yt, i) + LoadF(bias, bt, i % cols));
 }
 
-__global__ void GeluKernel(const float* x, int64_t n, float* y) {
+// y may be x (one dtype then): each thread reads its element before writing it.
+__global__ void GeluKernel(const void* x, DType xt, int64_t n, void* y, DType yt) {
   int64_t i = Index();
-  if (i < n) y[i] = nn_math::GeluTanh(x[i]);
+  if (i < n) StoreF(y, yt, i, nn_math::GeluTanh(LoadF(x, xt, i)));
 }
 
-__global__ void GeluGradKernel(const float* x, const float* dy, int64_t n, float* dx) {
+// dx may be dy (one dtype then).
+__global__ void GeluGradKernel(const void* x, DType xt, const void* dy, DType dyt, int64_t n,
+                               void* dx, DType dxt) {
   int64_t i = Index();
-  if (i < n) dx[i] = dy[i] * nn_math::GeluTanhGrad(x[i]);
+  if (i < n) StoreF(dx, dxt, i, LoadF(dy, dyt, i) * nn_math::GeluTanhGrad(LoadF(x, xt, i)));
 }
 
-__global__ void EmbeddingKernel(const float* table, const int32_t* ids, int64_t count,
-                                int64_t dim, float* out) {
+__global__ void EmbeddingKernel(const void* table, DType tt, const int32_t* ids, int64_t count,
+                                int64_t dim, void* out, DType ot) {
   int64_t i = Index();
-  if (i < count * dim) out[i] = table[static_cast<int64_t>(ids[i / dim]) * dim + i % dim];
+  if (i < count * dim) {
+    StoreF(out, ot, i, LoadF(table, tt, static_cast<int64_t>(ids[i / dim]) * dim + i % dim));
+  }
 }
 
 // ---- Per-row kernels -------------------------------------------------------
@@ -191,36 +247,39 @@ struct BlockRows {
   }
 };
 
-// The maximum of row[0, n) over group G: each thread takes its strided
-// elements in order, then G::Reduce's fixed tree (the softmax and
-// cross-entropy kernels' first pass).
+// The maximum of the n elements of x (dtype t) from element `row` on, over
+// group G: each thread takes its strided elements in order, then G::Reduce's
+// fixed tree (the softmax and cross-entropy kernels' first pass).
 template <typename G>
-__device__ __forceinline__ float GroupRowMax(const float* row, int64_t n, float* shared) {
+__device__ __forceinline__ float GroupRowMax(const void* x, DType t, int64_t row, int64_t n,
+                                             float* shared) {
   float m = -INFINITY;
-  for (int64_t j = G::Rank(); j < n; j += G::kSize) m = MaxOp()(m, row[j]);
+  for (int64_t j = G::Rank(); j < n; j += G::kSize) m = MaxOp()(m, LoadF(x, t, row + j));
   return G::Reduce(m, MaxOp(), shared);
 }
 
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
-    LayerNormKernel(const float* x, const float* gamma, const float* beta, int64_t rows,
-                    int64_t cols, float* y, float* mean_out, float* rstd_out) {
+    LayerNormKernel(const void* x, DType xt, const void* gamma, DType gt, const void* beta,
+                    DType bt, int64_t rows, int64_t cols, void* y, DType yt, float* mean_out,
+                    float* rstd_out) {
   __shared__ float shared[kWarpsPerBlock];
   const float n = static_cast<float>(cols);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
-    const float* xr = x + r * cols;
-    float* yr = y + r * cols;
+    const int64_t o = r * cols;
     float s = 0.0f;
-    for (int64_t j = G::Rank(); j < cols; j += G::kSize) s += xr[j];
+    for (int64_t j = G::Rank(); j < cols; j += G::kSize) s += LoadF(x, xt, o + j);
     const float mean = G::Reduce(s, AddOp(), shared) / n;
     float v = 0.0f;
     for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      const float d = xr[j] - mean;
+      const float d = LoadF(x, xt, o + j) - mean;
       v += d * d;
     }
     const float rstd = nn_math::LayerNormRstd(G::Reduce(v, AddOp(), shared) / n);
     for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      yr[j] = nn_math::LayerNormOut(xr[j], mean, rstd, gamma[j], beta[j]);
+      StoreF(y, yt, o + j,
+             nn_math::LayerNormOut(LoadF(x, xt, o + j), mean, rstd, LoadF(gamma, gt, j),
+                                   LoadF(beta, bt, j)));
     }
     if (G::Rank() == 0) {
       mean_out[r] = mean;
@@ -229,46 +288,50 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The input gradient per row (accumulated into dx); the parameter gradients
-// are the column reduction below.
+// The input gradient per row (accumulated into dx: read, added to, rounded
+// once); the parameter gradients are the column reduction below.
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
-    LayerNormGradRowsKernel(const float* x, const float* gamma, const float* dy,
-                            const float* mean, const float* rstd, int64_t rows, int64_t cols,
-                            float* dx) {
+    LayerNormGradRowsKernel(const void* x, DType xt, const void* gamma, DType gt, const void* dy,
+                            DType dyt, const float* mean, const float* rstd, int64_t rows,
+                            int64_t cols, void* dx, DType dxt) {
   __shared__ float shared[kWarpsPerBlock];
   const float inv_n = 1.0f / static_cast<float>(cols);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
-    const float* xr = x + r * cols;
-    const float* dyr = dy + r * cols;
-    float* dxr = dx + r * cols;
+    const int64_t o = r * cols;
     const float mu = mean[r], rs = rstd[r];
     float sg = 0.0f, sgx = 0.0f;
     for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      const float xhat = nn_math::LayerNormXhat(xr[j], mu, rs);
-      const float g = dyr[j] * gamma[j];
+      const float xhat = nn_math::LayerNormXhat(LoadF(x, xt, o + j), mu, rs);
+      const float g = LoadF(dy, dyt, o + j) * LoadF(gamma, gt, j);
       sg += g;
       sgx += g * xhat;
     }
     const float mean_g = G::Reduce(sg, AddOp(), shared) * inv_n;
     const float mean_g_xhat = G::Reduce(sgx, AddOp(), shared) * inv_n;
     for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      dxr[j] += nn_math::LayerNormGradIn(nn_math::LayerNormXhat(xr[j], mu, rs), dyr[j], gamma[j],
-                                         rs, mean_g, mean_g_xhat);
+      const float in = nn_math::LayerNormGradIn(nn_math::LayerNormXhat(LoadF(x, xt, o + j), mu, rs),
+                                                LoadF(dy, dyt, o + j), LoadF(gamma, gt, j), rs,
+                                                mean_g, mean_g_xhat);
+      StoreF(dx, dxt, o + j, LoadF(dx, dxt, o + j) + in);
     }
   }
 }
 
 // Row r keeps its first `valid` entries (causal: (r % block_rows) + 1) and
-// sets the rest to 0, as nn_math::SoftmaxRowInPlace.
+// sets the rest to 0, as nn_math::SoftmaxRowInPlace. x is f32 (attention's
+// probabilities); with p16 (not null) each final probability is also stored
+// rounded to p16's dtype pt at the same index (the operand of a 16-bit
+// tensor-core GEMM).
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
-    SoftmaxKernel(float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows) {
+    SoftmaxKernel(float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows,
+                  void* p16, DType pt) {
   __shared__ float shared[kWarpsPerBlock];
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     float* row = x + r * cols;
     const int64_t valid = causal ? ((r % block_rows) + 1 < cols ? (r % block_rows) + 1 : cols) : cols;
-    const float m = GroupRowMax<G>(row, valid, shared);
+    const float m = GroupRowMax<G>(x, DType::kF32, r * cols, valid, shared);
     float s = 0.0f;
     for (int64_t j = G::Rank(); j < valid; j += G::kSize) {
       const float e = expf(row[j] - m);
@@ -276,13 +339,23 @@ __global__ void __launch_bounds__(kThreads)
       s += e;
     }
     const float inv = 1.0f / G::Reduce(s, AddOp(), shared);
-    for (int64_t j = G::Rank(); j < cols; j += G::kSize) row[j] = j < valid ? row[j] * inv : 0.0f;
+    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
+      const float p = j < valid ? row[j] * inv : 0.0f;
+      row[j] = p;
+      if (p16 != nullptr) StoreF(p16, pt, r * cols + j, p);
+    }
   }
 }
 
+// Softmax's backward per row from the f32 probabilities p and their f32
+// gradient dp: ds = scale p (dp - <p, dp>). Without ds16: ds overwrites dp
+// (f32). With ds16 (not null): dp is only read; ds is stored rounded to
+// ds16's dtype t, and p rounded to t into p16, both at the same index (the
+// 16-bit operands of attention backward's tensor-core GEMMs).
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
-    SoftmaxGradKernel(const float* p, float* dp, int64_t rows, int64_t cols, float scale) {
+    SoftmaxGradKernel(const float* p, float* dp, int64_t rows, int64_t cols, float scale,
+                      void* ds16, void* p16, DType t) {
   __shared__ float shared[kWarpsPerBlock];
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     const float* pr = p + r * cols;
@@ -291,7 +364,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t j = G::Rank(); j < cols; j += G::kSize) d += pr[j] * dr[j];
     const float dot = G::Reduce(d, AddOp(), shared);
     for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      dr[j] = nn_math::SoftmaxGradElement(pr[j], dr[j], dot, scale);
+      const float ds = nn_math::SoftmaxGradElement(pr[j], dr[j], dot, scale);
+      if (ds16 == nullptr) {
+        dr[j] = ds;
+      } else {
+        StoreF(ds16, t, r * cols + j, ds);
+        StoreF(p16, t, r * cols + j, pr[j]);
+      }
     }
   }
 }
@@ -300,7 +379,7 @@ __global__ void __launch_bounds__(kThreads)
 // op's contract excludes it; nothing is read out of bounds).
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
-    CrossEntropyRowsKernel(const float* logits, const int32_t* targets, int64_t rows,
+    CrossEntropyRowsKernel(const void* logits, DType lt, const int32_t* targets, int64_t rows,
                            int64_t vocab, float* row_loss) {
   __shared__ float shared[kWarpsPerBlock];
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
@@ -309,43 +388,42 @@ __global__ void __launch_bounds__(kThreads)
       if (G::Rank() == 0) row_loss[r] = t == kIgnoreTarget ? 0.0f : NAN;
       continue;
     }
-    const float* lr = logits + r * vocab;
-    const float m = GroupRowMax<G>(lr, vocab, shared);
+    const int64_t o = r * vocab;
+    const float m = GroupRowMax<G>(logits, lt, o, vocab, shared);
     float s = 0.0f;
-    for (int64_t j = G::Rank(); j < vocab; j += G::kSize) s += expf(lr[j] - m);
+    for (int64_t j = G::Rank(); j < vocab; j += G::kSize) s += expf(LoadF(logits, lt, o + j) - m);
     s = G::Reduce(s, AddOp(), shared);
-    if (G::Rank() == 0) row_loss[r] = nn_math::CrossEntropyFromStats(m, s, lr[t]);
+    if (G::Rank() == 0) row_loss[r] = nn_math::CrossEntropyFromStats(m, s, LoadF(logits, lt, o + t));
   }
 }
 
-// dlogits (may be logits) per row: scale (softmax - onehot), scale = 1 /
-// *count; zeros on ignored rows, NaN on rows whose target is outside
-// [0, vocab).
+// dlogits (may be logits, of one dtype then) per row: scale (softmax -
+// onehot), scale = 1 / *count; zeros on ignored rows, NaN on rows whose
+// target is outside [0, vocab). The sum pass writes nothing; the last pass
+// recomputes each e = expf(logit - m) (the same bits) from the logit the
+// thread itself reads before overwriting it, so a 16-bit dlogits is rounded
+// once and the in-place form is safe.
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
-    CrossEntropyGradKernel(const float* logits, const int32_t* targets, int64_t rows,
-                           int64_t vocab, const int64_t* count, float* dlogits) {
+    CrossEntropyGradKernel(const void* logits, DType lt, const int32_t* targets, int64_t rows,
+                           int64_t vocab, const int64_t* count, void* dlogits, DType dt) {
   __shared__ float shared[kWarpsPerBlock];
   const float scale = *count == 0 ? 0.0f : 1.0f / static_cast<float>(*count);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     const int32_t t = targets[r];
-    float* dr = dlogits + r * vocab;
+    const int64_t o = r * vocab;
     if (t == kIgnoreTarget || t < 0 || t >= vocab) {  // the same branch for the whole group
       const float fill = t == kIgnoreTarget ? 0.0f : NAN;
-      for (int64_t j = G::Rank(); j < vocab; j += G::kSize) dr[j] = fill;
+      for (int64_t j = G::Rank(); j < vocab; j += G::kSize) StoreF(dlogits, dt, o + j, fill);
       continue;
     }
-    const float* lr = logits + r * vocab;
-    const float m = GroupRowMax<G>(lr, vocab, shared);
+    const float m = GroupRowMax<G>(logits, lt, o, vocab, shared);
     float s = 0.0f;
-    for (int64_t j = G::Rank(); j < vocab; j += G::kSize) {
-      const float e = expf(lr[j] - m);
-      dr[j] = e;  // the element this thread read: safe in place
-      s += e;
-    }
+    for (int64_t j = G::Rank(); j < vocab; j += G::kSize) s += expf(LoadF(logits, lt, o + j) - m);
     const float inv = scale / G::Reduce(s, AddOp(), shared);
     for (int64_t j = G::Rank(); j < vocab; j += G::kSize) {
-      dr[j] = nn_math::CrossEntropyGradElement(dr[j], inv, j == t, scale);
+      const float e = expf(LoadF(logits, lt, o + j) - m);
+      StoreF(dlogits, dt, o + j, nn_math::CrossEntropyGradElement(e, inv, j == t, scale));
     }
   }
 }
@@ -414,7 +492,8 @@ dim3 ColumnGrid(int64_t rows, int64_t cols) {
 }
 
 __global__ void __launch_bounds__(kColumnTile)
-    BiasGradPartialsKernel(const float* dy, int64_t rows, int64_t cols, float* partials) {
+    BiasGradPartialsKernel(const void* dy, DType dyt, int64_t rows, int64_t cols,
+                           float* partials) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(kColumnTile) + threadIdx.x;
   if (j >= cols) return;
   const int64_t chunks = ColumnChunks(rows);
@@ -422,7 +501,7 @@ __global__ void __launch_bounds__(kColumnTile)
     const int64_t end = (c + 1) * kColumnChunkRows < rows ? (c + 1) * kColumnChunkRows : rows;
     float acc = 0.0f;
 #pragma unroll 8
-    for (int64_t r = c * kColumnChunkRows; r < end; ++r) acc += dy[r * cols + j];
+    for (int64_t r = c * kColumnChunkRows; r < end; ++r) acc += LoadF(dy, dyt, r * cols + j);
     partials[c * cols + j] = acc;
   }
 }
@@ -431,9 +510,9 @@ __global__ void __launch_bounds__(kColumnTile)
 // partials[(chunks + chunk) * cols + j]; dgamma's terms are dy * xhat as in
 // nn_math::LayerNormRowBackward.
 __global__ void __launch_bounds__(kColumnTile)
-    LayerNormGradParamsPartialsKernel(const float* x, const float* dy, const float* mean,
-                                      const float* rstd, int64_t rows, int64_t cols,
-                                      float* partials) {
+    LayerNormGradParamsPartialsKernel(const void* x, DType xt, const void* dy, DType dyt,
+                                      const float* mean, const float* rstd, int64_t rows,
+                                      int64_t cols, float* partials) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(kColumnTile) + threadIdx.x;
   if (j >= cols) return;
   const int64_t chunks = ColumnChunks(rows);
@@ -442,8 +521,8 @@ __global__ void __launch_bounds__(kColumnTile)
     float dg = 0.0f, db = 0.0f;
 #pragma unroll 4
     for (int64_t r = c * kColumnChunkRows; r < end; ++r) {
-      const float g = dy[r * cols + j];
-      dg += g * nn_math::LayerNormXhat(x[r * cols + j], mean[r], rstd[r]);
+      const float g = LoadF(dy, dyt, r * cols + j);
+      dg += g * nn_math::LayerNormXhat(LoadF(x, xt, r * cols + j), mean[r], rstd[r]);
       db += g;
     }
     partials[c * cols + j] = dg;
@@ -451,12 +530,14 @@ __global__ void __launch_bounds__(kColumnTile)
   }
 }
 
-__global__ void ColumnSumKernel(const float* partials, int64_t chunks, int64_t cols, float* out) {
+// out (dtype ot) += the chunk sum, rounded once.
+__global__ void ColumnSumKernel(const float* partials, int64_t chunks, int64_t cols, void* out,
+                                DType ot) {
   const int64_t j = Index();
   if (j >= cols) return;
   float acc = 0.0f;
   for (int64_t c = 0; c < chunks; ++c) acc += partials[c * cols + j];
-  out[j] += acc;
+  StoreF(out, ot, j, LoadF(out, ot, j) + acc);
 }
 
 // ---- Embedding backward: sort by id, then one block per id -----------------
@@ -479,7 +560,8 @@ constexpr int64_t kMaxEmbeddingRunBlocks = 1 << 20;
 
 __global__ void __launch_bounds__(kThreads)
     EmbeddingGradRunsKernel(const uint32_t* sorted_ids, const int32_t* positions, int64_t count,
-                            int64_t dim, int64_t vocab, const float* dout, float* dtable) {
+                            int64_t dim, int64_t vocab, const void* dout, DType dt,
+                            float* dtable) {
   for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
     const uint32_t id = sorted_ids[i];
     if (i > 0 && sorted_ids[i - 1] == id) continue;  // inside a run another block owns
@@ -491,7 +573,9 @@ __global__ void __launch_bounds__(kThreads)
          j += static_cast<int64_t>(gridDim.y) * kThreads) {
       float acc = row[j];
 #pragma unroll 4
-      for (int64_t k = i; k < end; ++k) acc += dout[static_cast<int64_t>(positions[k]) * dim + j];
+      for (int64_t k = i; k < end; ++k) {
+        acc += LoadF(dout, dt, static_cast<int64_t>(positions[k]) * dim + j);
+      }
       row[j] = acc;
     }
   }
@@ -542,6 +626,25 @@ __global__ void AdamKernel(AdamHyper h, float* param, const float* grad, float* 
 
 }  // namespace
 
+// Calls fn(From{}, To{}) with the element types of the float dtypes a and b
+// (f32 / BF16 / F16) and returns the launch's error.
+template <typename Fn>
+int LaunchTyped2(DType a, DType b, Fn fn) {
+  auto with_b = [&](auto from) {
+    switch (b) {
+      case DType::kBF16: fn(from, BF16{}); break;
+      case DType::kF16: fn(from, F16{}); break;
+      default: fn(from, 0.0f); break;
+    }
+  };
+  switch (a) {
+    case DType::kBF16: with_b(BF16{}); break;
+    case DType::kF16: with_b(F16{}); break;
+    default: with_b(0.0f); break;
+  }
+  return Launched();
+}
+
 #define SK_LAUNCH(n, kernel, ...)                              \
   do {                                                         \
     if ((n) <= 0) return 0;                                    \
@@ -580,7 +683,16 @@ int Cast(const void* src, DType st, void* dst, DType dt, int64_t n, void* stream
     return static_cast<int>(
         cudaMemcpyAsync(dst, src, n * DTypeSize(st), cudaMemcpyDeviceToDevice, S(stream)));
   }
-  SK_LAUNCH(n, CastKernel, src, st, dst, dt, n);
+  if (n <= 0) return 0;
+  const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const unsigned blocks = Blocks((n + kCastVec - 1) / kCastVec);
+  return LaunchTyped2(st, dt, [&](auto from, auto to) {
+    using From = decltype(from);
+    using To = decltype(to);
+    CastKernel<From, To><<<blocks, kThreads, 0, S(stream)>>>(static_cast<const From*>(src),
+                                                            static_cast<To*>(dst), n, vec);
+  });
 }
 int RoundToDType(float* x, int64_t n, DType t, void* stream) {
   if (t == DType::kF32) return 0;
@@ -595,72 +707,77 @@ int Axpy(float alpha, const void* x, DType xt, void* y, DType yt, int64_t n, voi
 int Fill(void* x, DType dt, int64_t n, float value, void* stream) {
   SK_LAUNCH(n, FillKernel, x, dt, n, value);
 }
-int FillMatrix(float* x, int64_t rows, int64_t cols, int64_t ld, float value, void* stream) {
-  SK_LAUNCH(rows * cols, FillMatrixKernel, x, rows, cols, ld, value);
+int FillMatrix(Buf x, int64_t rows, int64_t cols, int64_t ld, float value, void* stream) {
+  SK_LAUNCH(rows * cols, FillMatrixKernel, x.data, x.dtype, rows, cols, ld, value);
 }
 int InitPhilox(const Initializer& init, uint64_t seed, uint64_t param_id, int64_t begin, void* out,
                DType dt, int64_t n, void* stream) {
   SK_LAUNCH(n, InitKernel, init.kind, init.a, init.b, seed, param_id, begin, out, dt, n);
 }
-int BroadcastRows(const float* src, int64_t cols, float* dst, int64_t rows, void* stream) {
-  SK_LAUNCH(rows * cols, BroadcastRowsKernel, src, cols, dst, rows);
+int BroadcastRows(CBuf src, int64_t cols, Buf dst, int64_t rows, void* stream) {
+  SK_LAUNCH(rows * cols, BroadcastRowsKernel, src.data, src.dtype, cols, dst.data, dst.dtype, rows);
 }
-int BiasAdd(const float* bias, int64_t cols, float* y, int64_t rows, void* stream) {
-  SK_LAUNCH(rows * cols, BiasAddKernel, bias, cols, y, rows);
+int BiasAdd(CBuf bias, int64_t cols, Buf y, int64_t rows, void* stream) {
+  SK_LAUNCH(rows * cols, BiasAddKernel, bias.data, bias.dtype, cols, y.data, y.dtype, rows);
 }
-int BiasGrad(const float* dy, int64_t rows, int64_t cols, float* dbias, float* partials,
-             void* stream) {
+int BiasGrad(CBuf dy, int64_t rows, int64_t cols, Buf dbias, float* partials, void* stream) {
   if (rows <= 0 || cols <= 0) return 0;
-  BiasGradPartialsKernel<<<ColumnGrid(rows, cols), kColumnTile, 0, S(stream)>>>(dy, rows, cols,
-                                                                               partials);
+  BiasGradPartialsKernel<<<ColumnGrid(rows, cols), kColumnTile, 0, S(stream)>>>(
+      dy.data, dy.dtype, rows, cols, partials);
   const int err = Launched();
   if (err != 0) return err;
-  SK_LAUNCH(cols, ColumnSumKernel, partials, ColumnChunks(rows), cols, dbias);
+  SK_LAUNCH(cols, ColumnSumKernel, partials, ColumnChunks(rows), cols, dbias.data, dbias.dtype);
 }
-int GeluForward(const float* x, int64_t n, float* y, void* stream) {
-  SK_LAUNCH(n, GeluKernel, x, n, y);
+int GeluForward(CBuf x, int64_t n, Buf y, void* stream) {
+  SK_LAUNCH(n, GeluKernel, x.data, x.dtype, n, y.data, y.dtype);
 }
-int GeluBackward(const float* x, const float* dy, int64_t n, float* dx, void* stream) {
-  SK_LAUNCH(n, GeluGradKernel, x, dy, n, dx);
+int GeluBackward(CBuf x, CBuf dy, int64_t n, Buf dx, void* stream) {
+  SK_LAUNCH(n, GeluGradKernel, x.data, x.dtype, dy.data, dy.dtype, n, dx.data, dx.dtype);
 }
-int LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
-                     int64_t cols, float* y, float* mean, float* rstd, void* stream) {
+int LayerNormForward(CBuf x, CBuf gamma, CBuf beta, int64_t rows, int64_t cols, Buf y,
+                     float* mean, float* rstd, void* stream) {
   if (rows <= 0 || cols <= 0) return 0;
-  SK_ENQUEUE_ROWS(rows, cols, LayerNormKernel, x, gamma, beta, rows, cols, y, mean, rstd);
+  SK_ENQUEUE_ROWS(rows, cols, LayerNormKernel, x.data, x.dtype, gamma.data, gamma.dtype, beta.data,
+                  beta.dtype, rows, cols, y.data, y.dtype, mean, rstd);
   return Launched();
 }
-int LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
-                      const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
-                      float* dbeta, float* partials, void* stream) {
+int LayerNormBackward(CBuf x, CBuf gamma, CBuf dy, const float* mean, const float* rstd,
+                      int64_t rows, int64_t cols, Buf dx, Buf dgamma, Buf dbeta, float* partials,
+                      void* stream) {
   if (rows <= 0 || cols <= 0) return 0;
-  SK_ENQUEUE_ROWS(rows, cols, LayerNormGradRowsKernel, x, gamma, dy, mean, rstd, rows, cols, dx);
+  SK_ENQUEUE_ROWS(rows, cols, LayerNormGradRowsKernel, x.data, x.dtype, gamma.data, gamma.dtype,
+                  dy.data, dy.dtype, mean, rstd, rows, cols, dx.data, dx.dtype);
   int err = Launched();
   if (err != 0) return err;
   LayerNormGradParamsPartialsKernel<<<ColumnGrid(rows, cols), kColumnTile, 0, S(stream)>>>(
-      x, dy, mean, rstd, rows, cols, partials);
+      x.data, x.dtype, dy.data, dy.dtype, mean, rstd, rows, cols, partials);
   err = Launched();
   if (err != 0) return err;
   const int64_t chunks = ColumnChunks(rows);
-  ColumnSumKernel<<<Blocks(cols), kThreads, 0, S(stream)>>>(partials, chunks, cols, dgamma);
+  ColumnSumKernel<<<Blocks(cols), kThreads, 0, S(stream)>>>(partials, chunks, cols, dgamma.data,
+                                                            dgamma.dtype);
   err = Launched();
   if (err != 0) return err;
-  SK_LAUNCH(cols, ColumnSumKernel, partials + chunks * cols, chunks, cols, dbeta);
+  SK_LAUNCH(cols, ColumnSumKernel, partials + chunks * cols, chunks, cols, dbeta.data, dbeta.dtype);
 }
-int SoftmaxRows(float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows,
+int SoftmaxRows(float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows, Buf p16,
                 void* stream) {
   if (rows <= 0 || cols <= 0) return 0;
-  SK_ENQUEUE_ROWS(rows, cols, SoftmaxKernel, x, rows, cols, causal, block_rows > 0 ? block_rows : 1);
+  SK_ENQUEUE_ROWS(rows, cols, SoftmaxKernel, x, rows, cols, causal, block_rows > 0 ? block_rows : 1,
+                  p16.data, p16.dtype);
   return Launched();
 }
 int SoftmaxBackwardRows(const float* p, float* dp, int64_t rows, int64_t cols, float scale,
-                        void* stream) {
+                        Buf ds16, void* p16, void* stream) {
   if (rows <= 0 || cols <= 0) return 0;
-  SK_ENQUEUE_ROWS(rows, cols, SoftmaxGradKernel, p, dp, rows, cols, scale);
+  SK_ENQUEUE_ROWS(rows, cols, SoftmaxGradKernel, p, dp, rows, cols, scale, ds16.data, p16,
+                  ds16.dtype);
   return Launched();
 }
-int EmbeddingForward(const float* table, const int32_t* ids, int64_t count, int64_t dim,
-                     float* out, void* stream) {
-  SK_LAUNCH(count * dim, EmbeddingKernel, table, ids, count, dim, out);
+int EmbeddingForward(CBuf table, const int32_t* ids, int64_t count, int64_t dim, Buf out,
+                     void* stream) {
+  SK_LAUNCH(count * dim, EmbeddingKernel, table.data, table.dtype, ids, count, dim, out.data,
+            out.dtype);
 }
 int EmbeddingBackwardScratchBytes(int64_t count, size_t* bytes) {
   *bytes = 0;
@@ -675,7 +792,7 @@ int EmbeddingBackwardScratchBytes(int64_t count, size_t* bytes) {
   *bytes = 3 * Align256(static_cast<size_t>(count) * 4) + sort_bytes;
   return 0;
 }
-int EmbeddingBackward(const int32_t* ids, const float* dout, int64_t count, int64_t dim,
+int EmbeddingBackward(const int32_t* ids, CBuf dout, int64_t count, int64_t dim,
                       int64_t vocab, float* dtable, void* scratch, size_t scratch_bytes,
                       void* stream) {
   if (count <= 0 || dim <= 0) return 0;
@@ -699,27 +816,29 @@ int EmbeddingBackward(const int32_t* ids, const float* dout, int64_t count, int6
   const dim3 grid(static_cast<unsigned>(count < kMaxEmbeddingRunBlocks ? count : kMaxEmbeddingRunBlocks),
                   static_cast<unsigned>(tiles < 65535 ? tiles : 65535));
   EmbeddingGradRunsKernel<<<grid, kThreads, 0, S(stream)>>>(sorted_ids, sorted_positions, count,
-                                                            dim, vocab, dout, dtable);
+                                                            dim, vocab, dout.data, dout.dtype,
+                                                            dtable);
   return Launched();
 }
-int CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+int CrossEntropyForward(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
                         float* row_loss, float* loss, void* stream) {
   if (rows > 0) {  // vocab 0 (rejected by the dispatcher) writes NaN row losses
-    SK_ENQUEUE_ROWS(rows, vocab, CrossEntropyRowsKernel, logits, targets, rows, vocab, row_loss);
+    SK_ENQUEUE_ROWS(rows, vocab, CrossEntropyRowsKernel, logits.data, logits.dtype, targets, rows,
+                    vocab, row_loss);
     const int err = Launched();
     if (err != 0) return err;
   }
   CrossEntropyMeanKernel<<<1, kThreads, 0, S(stream)>>>(row_loss, targets, rows, loss);
   return Launched();
 }
-int CrossEntropyBackward(const float* logits, const int32_t* targets, int64_t rows,
-                         int64_t vocab, float* dlogits, int64_t* count_scratch, void* stream) {
+int CrossEntropyBackward(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                         Buf dlogits, int64_t* count_scratch, void* stream) {
   if (rows <= 0 || vocab <= 0) return 0;
   CountTargetsKernel<<<1, kThreads, 0, S(stream)>>>(targets, rows, count_scratch);
   const int err = Launched();
   if (err != 0) return err;
-  SK_ENQUEUE_ROWS(rows, vocab, CrossEntropyGradKernel, logits, targets, rows, vocab, count_scratch,
-                  dlogits);
+  SK_ENQUEUE_ROWS(rows, vocab, CrossEntropyGradKernel, logits.data, logits.dtype, targets, rows,
+                  vocab, count_scratch, dlogits.data, dlogits.dtype);
   return Launched();
 }
 int SumOfSquares(const void* x, DType dt, int64_t n, double* partials, double* acc, void* stream) {

@@ -23,7 +23,24 @@
 
 namespace sk::ops::cuda {
 
+// A device buffer and the dtype of its elements (f32, bf16 or f16). The
+// model ops take each compute-dtype operand (ops.h) this way, in any mix of
+// dtypes: each element is read exactly as f32, the arithmetic is f32, and a
+// 16-bit output is rounded once (nearest even) when stored -- the bits the
+// f32 kernel gives on exact f32 copies of the operands, rounded once.
+struct Buf {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+struct CBuf {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
 // dst (dt) = src (st) element by element through f32 (same type: a copy).
+// Eight elements per thread, as 16-byte loads and stores when both pointers
+// are 16-byte aligned (element by element otherwise and for the tail); the
+// bits do not depend on the path.
 int Cast(const void* src, DType st, void* dst, DType dt, int64_t n, void* stream);
 // x (f32) = x rounded to `t` and widened back.
 int RoundToDType(float* x, int64_t n, DType t, void* stream);
@@ -33,14 +50,14 @@ int Scale(void* x, DType dt, int64_t n, float alpha, void* stream);
 int Axpy(float alpha, const void* x, DType xt, void* y, DType yt, int64_t n, void* stream);
 // x (dt) = value rounded to dt.
 int Fill(void* x, DType dt, int64_t n, float value, void* stream);
-// Elements rows x cols of a strided f32 matrix = value.
-int FillMatrix(float* x, int64_t rows, int64_t cols, int64_t ld, float value, void* stream);
+// Elements rows x cols of a strided matrix (x.dtype) = value rounded to it.
+int FillMatrix(Buf x, int64_t rows, int64_t cols, int64_t ld, float value, void* stream);
 // out (dt) = InitValue(init, seed, param_id, begin + i) rounded to dt.
 int InitPhilox(const Initializer& init, uint64_t seed, uint64_t param_id, int64_t begin, void* out,
                DType dt, int64_t n, void* stream);
 
-int BroadcastRows(const float* src, int64_t cols, float* dst, int64_t rows, void* stream);
-int BiasAdd(const float* bias, int64_t cols, float* y, int64_t rows, void* stream);
+int BroadcastRows(CBuf src, int64_t cols, Buf dst, int64_t rows, void* stream);
+int BiasAdd(CBuf bias, int64_t cols, Buf y, int64_t rows, void* stream);
 
 // The column reductions (BiasGrad, LayerNormBackward's dgamma and dbeta) sum
 // each column over chunks of kColumnChunkRows rows into f32 partials, then
@@ -50,34 +67,40 @@ constexpr int64_t ColumnChunks(int64_t rows) {
   return (rows + kColumnChunkRows - 1) / kColumnChunkRows;
 }
 
-// dbias[j] += (the sum of dy[., j] over rows, chunked as above). `partials`
-// is scratch of ColumnChunks(rows) * cols floats, used on `stream`.
-int BiasGrad(const float* dy, int64_t rows, int64_t cols, float* dbias, float* partials,
-             void* stream);
+// dbias[j] += (the sum of dy[., j] over rows, chunked as above, in f32;
+// rounded once into a 16-bit dbias). `partials` is scratch of
+// ColumnChunks(rows) * cols floats, used on `stream`.
+int BiasGrad(CBuf dy, int64_t rows, int64_t cols, Buf dbias, float* partials, void* stream);
 
-int GeluForward(const float* x, int64_t n, float* y, void* stream);
-int GeluBackward(const float* x, const float* dy, int64_t n, float* dx, void* stream);
+// y may be x, dx may be dy (then of one dtype).
+int GeluForward(CBuf x, int64_t n, Buf y, void* stream);
+int GeluBackward(CBuf x, CBuf dy, int64_t n, Buf dx, void* stream);
 // The per-row kernels (LayerNorm, softmax, cross-entropy) give a row of at
 // most 1024 columns to one warp and a longer row to one block of 256
 // threads; row sums and maxima combine in a fixed tree. y may be x.
-int LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
-                     int64_t cols, float* y, float* mean, float* rstd, void* stream);
+int LayerNormForward(CBuf x, CBuf gamma, CBuf beta, int64_t rows, int64_t cols, Buf y,
+                     float* mean, float* rstd, void* stream);
 // dx, dgamma, dbeta += gradients (dgamma/dbeta: the column reduction above);
 // `partials` is scratch of 2 * ColumnChunks(rows) * cols floats.
-int LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
-                      const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
-                      float* dbeta, float* partials, void* stream);
+int LayerNormBackward(CBuf x, CBuf gamma, CBuf dy, const float* mean, const float* rstd,
+                      int64_t rows, int64_t cols, Buf dx, Buf dgamma, Buf dbeta, float* partials,
+                      void* stream);
 
-// Row softmax in place over `rows` rows of `cols`; with causal, row r keeps
-// its first (r % block_rows) + 1 entries and the rest become 0.
-int SoftmaxRows(float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows,
+// Row softmax of f32 x in place over `rows` rows of `cols`; with causal, row
+// r keeps its first (r % block_rows) + 1 entries and the rest become 0. With
+// p16.data (not null), each probability is also stored rounded to p16.dtype
+// (16-bit) at the same index of p16.
+int SoftmaxRows(float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows, Buf p16,
                 void* stream);
-// dp = scale * p * (dp - <p, dp>) per row, in place.
+// ds = scale * p * (dp - <p, dp>) per row (p, dp f32). Without ds16.data: ds
+// overwrites dp. With it: dp is only read, ds is stored rounded to
+// ds16.dtype (16-bit) in ds16 and p rounded to the same dtype in p16 (same
+// layout as p).
 int SoftmaxBackwardRows(const float* p, float* dp, int64_t rows, int64_t cols, float scale,
-                        void* stream);
+                        Buf ds16, void* p16, void* stream);
 
-int EmbeddingForward(const float* table, const int32_t* ids, int64_t count, int64_t dim,
-                     float* out, void* stream);
+int EmbeddingForward(CBuf table, const int32_t* ids, int64_t count, int64_t dim, Buf out,
+                     void* stream);
 // EmbeddingBackward takes at most this many ids (positions are i32).
 inline constexpr int64_t kMaxEmbeddingBackwardIds = 2147483647;
 // *bytes = the scratch EmbeddingBackward needs for `count` ids (0 for none);
@@ -88,7 +111,7 @@ int EmbeddingBackwardScratchBytes(int64_t count, size_t* bytes);
 // (CUB radix sort) and one block per distinct id adds its tokens. Ids outside
 // [0, vocab) are skipped (the op's caller validates them). `scratch`: at
 // least EmbeddingBackwardScratchBytes(count) bytes, 256-byte aligned.
-int EmbeddingBackward(const int32_t* ids, const float* dout, int64_t count, int64_t dim,
+int EmbeddingBackward(const int32_t* ids, CBuf dout, int64_t count, int64_t dim,
                       int64_t vocab, float* dtable, void* scratch, size_t scratch_bytes,
                       void* stream);
 
@@ -97,13 +120,13 @@ int EmbeddingBackward(const int32_t* ids, const float* dout, int64_t count, int6
 // scratch of `rows` floats. A target outside [0, vocab) other than
 // kIgnoreTarget gives a NaN row loss (the dispatcher cannot check device
 // targets; nothing is read out of bounds).
-int CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+int CrossEntropyForward(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
                         float* row_loss, float* loss, void* stream);
 // dlogits = (softmax - onehot) / count per counted row, 0 on ignored rows
 // (NaN on rows with an out-of-range target); count_scratch is one int64 of
-// scratch. dlogits may be logits.
-int CrossEntropyBackward(const float* logits, const int32_t* targets, int64_t rows,
-                         int64_t vocab, float* dlogits, int64_t* count_scratch, void* stream);
+// scratch. dlogits may be logits (of one dtype then).
+int CrossEntropyBackward(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                         Buf dlogits, int64_t* count_scratch, void* stream);
 
 // Partial f64 results per block into `partials` (kReduceBlocks doubles), then
 // acc[0] += (SumOfSquares) or = max(acc, ·) (MaxAbs) of them in block order.
