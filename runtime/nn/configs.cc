@@ -263,6 +263,10 @@ int64_t BatchIdSpace(const NamedModelConfig& c) {
 }
 
 StatusOr<NamedModelConfig> FindModelConfig(const std::string& name) {
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) {
+    SK_ASSIGN_OR_RETURN(UnitTableConfig table, LoadUnitTable(name));
+    return Table(std::move(table), false, "unit table from " + name);
+  }
   std::string known;
   for (const NamedModelConfig& c : ModelConfigs()) {
     if (c.name == name) return c;

@@ -16,6 +16,7 @@
 #include "runtime/nn/model.h"
 #include "runtime/nn/t5.h"
 #include "runtime/nn/unit_table.h"
+#include "runtime/nn/unit_table_json.h"
 
 namespace sk {
 
@@ -44,7 +45,10 @@ int64_t BatchIdSpace(const NamedModelConfig& config);
 // Every named configuration, small to large.
 const std::vector<NamedModelConfig>& ModelConfigs();
 
-// NotFound listing the known names when `name` is not one of them.
+// The named configuration, or, when `name` ends in ".json", the unit table
+// in that file (runtime/nn/unit_table_json.h: a user's own network; its
+// errors name the file, the unit and the field). NotFound listing the known
+// names when `name` is neither.
 StatusOr<NamedModelConfig> FindModelConfig(const std::string& name);
 
 // InvalidArgument naming batch_size and the sequence lengths when a step of

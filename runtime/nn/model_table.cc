@@ -3,11 +3,35 @@
 // lengths, and hardware FLOPs with activation checkpointing. For T5 the
 // encoder's work is included in the per-decoder-token figure; unit tables
 // (images) give GFLOP per image. docs/architecture.md carries its output.
+//
+//   model_table                      the Markdown table
+//   model_table --dump_table=NAME    the unit table NAME as JSON (the format
+//                                    of runtime/nn/unit_table_json.h), a
+//                                    starting point for one's own
 #include <cstdio>
+#include <cstring>
+#include <string>
 
 #include "runtime/nn/configs.h"
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc == 2 && std::strncmp(argv[1], "--dump_table=", 13) == 0) {
+    auto c = sk::FindModelConfig(argv[1] + 13);
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    if (c->family != sk::ModelFamily::kUnitTable) {
+      std::fprintf(stderr, "%s is not a unit table (GPT and T5 are named configurations)\n", argv[1] + 13);
+      return 1;
+    }
+    std::fputs(sk::UnitTableToJson(c->table).c_str(), stdout);
+    return 0;
+  }
+  if (argc > 1) {
+    std::fprintf(stderr, "usage: model_table [--dump_table=NAME]\n");
+    return 1;
+  }
   std::printf("| name | family | layers | d_model | heads | d_ff | vocab | seq (src/tgt) | parameters | "
               "model GFLOP/token | hardware GFLOP/token (ckpt) |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 #include "shardkit/shardkit.h"
 #include "tests/capi/capi_test_util.h"
@@ -43,6 +46,53 @@ TEST(CapiUnitTableModels, TrainByName) {
     EXPECT_ERROR_MENTIONS("seq_len");
     sk_process_group_destroy(g);
   }
+}
+
+// A network of one's own, described as a unit-table JSON file, trains
+// through the ABI where a model name goes; a malformed file is
+// INVALID_ARGUMENT naming the file and the field, and nothing is created.
+TEST(CapiUnitTableModels, TrainFromAJsonFile) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp ? tmp : "/tmp";
+  const std::string good = dir + "/small-cnn.json", bad = dir + "/bad-cnn.json";
+  const std::string text = R"({"name": "small-cnn", "image_size": 8, "num_classes": 4,
+    "units": [
+      {"name": "stem", "kind": "conv", "in_h": 8, "in_w": 8,
+       "convs": [{"name": "stem.conv", "in_channels": 3, "out_channels": 8, "kernel": 3, "stride": 2,
+                  "gelu": true}]},
+      {"name": "block", "kind": "conv", "in_h": 4, "in_w": 4, "residual": "identity",
+       "convs": [{"name": "block.a", "in_channels": 8, "out_channels": 8, "kernel": 1, "gelu": true},
+                 {"name": "block.b", "in_channels": 8, "out_channels": 8, "kernel": 3}]},
+      {"name": "head", "kind": "classifier", "in_h": 4, "in_w": 4, "width": 8}]})";
+  std::ofstream(good) << text;
+  std::string broken = text;
+  broken.replace(broken.find("\"kernel\": 3}"), 12, "\"kernal\": 3}");
+  std::ofstream(bad) << broken;
+
+  // stem 3*3*3*8 + 8, block 8*8 + 8 + 3*3*8*8 + 8, head 8*4 + 4.
+  int64_t n = 0;
+  ASSERT_OK(sk_model_num_parameters(good.c_str(), &n));
+  EXPECT_EQ(n, 216 + 8 + 64 + 8 + 576 + 8 + 32 + 4);
+
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer_options o = TinyTrainer();
+  o.model = good.c_str();
+  o.batch_size = 2;
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  sk_step_metrics m = SK_STEP_METRICS_INIT;
+  ASSERT_OK(sk_trainer_step(t, &m));
+  EXPECT_TRUE(std::isfinite(m.loss));
+  sk_trainer_destroy(t);
+
+  o.model = bad.c_str();
+  t = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_EQ(t, nullptr);
+  EXPECT_ERROR_MENTIONS("bad-cnn.json");
+  EXPECT_ERROR_MENTIONS("kernal");
+  sk_process_group_destroy(g);
 }
 
 }  // namespace

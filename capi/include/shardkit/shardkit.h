@@ -436,7 +436,10 @@ typedef struct sk_trainer_options {
   /* A named model config ("gpt-tiny", "gpt-1m", "gpt-10m", "t5-tiny", ...;
    * the image models "regnet-tiny", "deepvit-tiny", "regnet-9b",
    * "deepvit-8b" take one image per batch entry, seq_len 1;
-   * sk_model_num_parameters tells whether a name exists). NULL = "gpt-tiny". */
+   * sk_model_num_parameters tells whether a name exists), or the path of a
+   * unit-table JSON file (ending in ".json": a network of one's own described
+   * unit by unit; format in docs/architecture.md, "Unit tables as JSON").
+   * NULL = "gpt-tiny". */
   const char* model;
   const sk_fsdp_options* fsdp;           /* NULL = defaults (FULL_SHARD) */
   const sk_optimizer_options* optimizer; /* NULL = defaults (AdamW, lr 1e-3) */
@@ -711,7 +714,8 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_load_state_dict(sk_local_ses
  * out of memory by the memory they need. Nothing runs on a real device. */
 typedef struct sk_plan_request {
   size_t struct_size;
-  const char* model;         /* a named config ("t5-11b", "gpt-175b"); required */
+  const char* model;         /* a named config ("t5-11b", "gpt-175b") or a unit-table
+                                .json path; required */
   const char* profile;       /* "a100-80g", "h100-80g", "cpu-local" or a .json path;
                                 NULL = "a100-80g" */
   int32_t gpus;              /* GPUs in the simulated cluster; 0 = 8 */
