@@ -362,6 +362,11 @@ TEST_P(Conformance, ScaleAxpyFill) {
 
       ASSERT_TRUE(Fill(ctx(), tx, 0.1f).ok());
       for (double v : Down(tx)) EXPECT_EQ(v, R(0.1, t));
+      // Zero (CUDA: a memset) and negative zero (a kernel) keep their signs.
+      ASSERT_TRUE(Fill(ctx(), tx, 0.0f).ok());
+      for (double v : Down(tx)) EXPECT_TRUE(v == 0.0 && !std::signbit(v)) << DTypeName(t) << " " << v;
+      ASSERT_TRUE(Fill(ctx(), tx, -0.0f).ok());
+      for (double v : Down(tx)) EXPECT_TRUE(v == 0.0 && std::signbit(v)) << DTypeName(t) << " " << v;
     }
   }
   // Axpy across every dtype pair (accumulating f32 gradients into 16-bit).

@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -107,6 +108,59 @@ Status GemmStrided(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n,
   return OkStatus();
 }
 
+// Row-major C = alpha op(A) op(B) for the seqs x heads matrices (s, h) at
+// X + s * x_seq + h * x_head elements (X = A, B, C; beta = 0): attention's
+// per-(sequence, head) GEMMs in one cuBLAS call. When each operand's
+// sequence stride is heads times its head stride (or seqs == 1) that is one
+// strided batched GEMM; otherwise the matrices' addresses go into device
+// pointer arrays (cuda::BatchPointers, scratch from ctx.alloc, freed in
+// stream order after the GEMM) for cublasGemmBatchedEx. k > 0.
+Status GemmSeqHeads(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                    float alpha, const void* a, int64_t lda, int64_t a_seq, int64_t a_head,
+                    const void* b, int64_t ldb, int64_t b_seq, int64_t b_head, DType ab, void* c,
+                    DType ct, int64_t ldc, int64_t c_seq, int64_t c_head, int64_t seqs,
+                    int64_t heads) {
+  if (m == 0 || n == 0 || seqs == 0 || heads == 0) return OkStatus();
+  CHECK_GT(k, 0) << "attention GEMMs have k > 0";
+  if (seqs == 1 ||
+      (a_seq == heads * a_head && b_seq == heads * b_head && c_seq == heads * c_head)) {
+    return GemmStrided(ctx, ta, tb, m, n, k, alpha, a, lda, a_head, b, ldb, b_head, ab, 0.0f, c,
+                       ct, ldc, c_head, seqs * heads);
+  }
+  const int64_t count = seqs * heads;
+  // 3 * count pointers in 8-byte slots: A's, B's, C's.
+  SK_ASSIGN_OR_RETURN(Tensor ptrs, ctx.alloc->Empty(DType::kF64, Shape{3 * count}));
+  const void** p = static_cast<const void**>(ptrs.data());
+  const int64_t ea = static_cast<int64_t>(DTypeSize(ab)), ec = static_cast<int64_t>(DTypeSize(ct));
+  SK_CUDA_OP("gemm", cuda::BatchPointers(a, a_seq * ea, a_head * ea, b, b_seq * ea, b_head * ea, c,
+                                         c_seq * ec, c_head * ec, seqs, heads, p, S(ctx)));
+  SK_ASSIGN_OR_RETURN(cublasHandle_t h, Handle(ctx.device->id().index));
+  const float beta = 0.0f;
+  cublasStatus_t st = cublasSetStream(h, static_cast<cudaStream_t>(S(ctx)));
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    // Column-major C^T = op(B)^T op(A)^T, as GemmStrided: B's pointers first.
+    st = cublasGemmBatchedEx_64(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                n, m, k, &alpha, p + count, CudaType(ab), ldb, p, CudaType(ab), lda,
+                                &beta, const_cast<void* const*>(p + 2 * count), CudaType(ct), ldc,
+                                count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  }
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    return InternalError("gemm " + std::to_string(seqs) + "x" + std::to_string(heads) + " x " +
+                         std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                         " (" + std::string(DTypeName(ab)) + "): cublasGemmBatchedEx: " +
+                         cublasGetStatusString(st));
+  }
+  return OkStatus();
+}
+
+// Sequences per batched GEMM in attention backward: as many as keep the
+// group's f32 score gradients within 2^26 elements (256 MiB; with 16-bit
+// operands, as much again for their rounded dS and P), at least one.
+int64_t BackwardGroup(const AttentionShape& s) {
+  const int64_t per_seq = s.heads * s.q_len * s.kv_len;
+  return std::clamp<int64_t>((int64_t{1} << 26) / per_seq, 1, s.batch);
+}
+
 class CudaBackend final : public OpBackend {
  public:
   const char* name() const override { return "cuda"; }
@@ -175,6 +229,11 @@ class CudaBackend final : public OpBackend {
 
   Status Fill(const OpContext& ctx, const Tensor& x, float value) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "fill"));
+    if (value == 0.0f && !std::signbit(value)) {  // +0 is all-zero bits in f32, bf16 and f16
+      if (x.nbytes() == 0) return OkStatus();
+      SK_CUDA_OP("fill", cudaMemsetAsync(x.data(), 0, x.nbytes(), static_cast<cudaStream_t>(S(ctx))));
+      return OkStatus();
+    }
     SK_CUDA_OP("fill", cuda::Fill(x.data(), x.dtype(), x.numel(), value, S(ctx)));
     return OkStatus();
   }
@@ -254,12 +313,13 @@ class CudaBackend final : public OpBackend {
   }
 
   // Composed, in the dtype t of q, k, v and out (f32, or one 16-bit dtype:
-  // the dispatcher stages every other mix to f32). Per sequence b,
-  // S = scale Q K^T over all heads as one strided batched GEMM (head h's
+  // the dispatcher stages every other mix to f32). S = scale Q K^T for
+  // every (sequence, head) as one batched GEMM (GemmSeqHeads; head h's
   // columns start at h * head_dim) into probs (f32 accumulation and
   // output); the masked row softmax in place (f32), which for 16-bit t also
-  // stores P rounded to t in a temporary; then out = P V, with P in t (a
-  // tensor-core GEMM for 16-bit t, f32 accumulation, out rounded once).
+  // stores P rounded to t in a temporary of the whole batch; then out = P V
+  // as one batched GEMM, with P in t (tensor cores for 16-bit t, f32
+  // accumulation, out rounded once).
   Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                           const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                           const MatrixRef& out) override {
@@ -274,36 +334,32 @@ class CudaBackend final : public OpBackend {
     if (t != DType::kF32) {
       SK_ASSIGN_OR_RETURN(p16, ctx.alloc->Empty(t, Shape{s.batch * s.heads * pq}));
     }
-    for (int64_t b = 0; b < s.batch; ++b) {
-      SK_RETURN_IF_ERROR(GemmStrided(ctx, false, true, s.q_len, s.kv_len, s.head_dim, scale,
-                                     Ptr(q.t, q.offset + b * s.q_len * q.ld), q.ld, s.head_dim,
-                                     Ptr(k.t, k.offset + b * s.kv_len * k.ld), k.ld, s.head_dim, t,
-                                     0.0f, F(probs) + b * s.heads * pq, DType::kF32, s.kv_len, pq,
-                                     s.heads));
-    }
+    const int64_t hpq = s.heads * pq;  // one sequence's probabilities
+    SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, false, true, s.q_len, s.kv_len, s.head_dim, scale,
+                                    Ptr(q.t, q.offset), q.ld, s.q_len * q.ld, s.head_dim,
+                                    Ptr(k.t, k.offset), k.ld, s.kv_len * k.ld, s.head_dim, t,
+                                    probs.data(), DType::kF32, s.kv_len, hpq, pq, s.batch,
+                                    s.heads));
     SK_CUDA_OP("attention_fwd",
                cuda::SoftmaxRows(F(probs), s.batch * s.heads * s.q_len, s.kv_len, s.causal, s.q_len,
                                  p16.defined() ? B(p16) : cuda::Buf{}, S(ctx)));
     const Tensor& p = p16.defined() ? p16 : probs;  // in t
-    for (int64_t b = 0; b < s.batch; ++b) {
-      SK_RETURN_IF_ERROR(GemmStrided(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f,
-                                     Ptr(p, b * s.heads * pq), s.kv_len, pq,
-                                     Ptr(v.t, v.offset + b * s.kv_len * v.ld), v.ld, s.head_dim, t,
-                                     0.0f, Ptr(out.t, out.offset + b * s.q_len * out.ld), t, out.ld,
-                                     s.head_dim, s.heads));
-    }
-    return OkStatus();
+    return GemmSeqHeads(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, p.data(),
+                        s.kv_len, hpq, pq, Ptr(v.t, v.offset), v.ld, s.kv_len * v.ld, s.head_dim,
+                        t, Ptr(out.t, out.offset), t, out.ld, s.q_len * out.ld, s.head_dim,
+                        s.batch, s.heads);
   }
 
-  // In the dtype t of every operand but probs (as forward). Per sequence:
-  // dP = dO V^T (f32, into the scratch); dS = scale P (dP - rowdot(P, dP))
-  // from the f32 P and dP (masked entries have P = 0); dV = P^T dO,
-  // dQ = dS K, dK = dS^T Q. f32 t: dS overwrites dP in the scratch and the
+  // In the dtype t of every operand but probs (as forward), for groups of
+  // BackwardGroup(s) sequences, each step one batched GEMM over the group's
+  // (sequence, head) pairs: dP = dO V^T (f32); dS = scale P (dP -
+  // rowdot(P, dP)) from the f32 P and dP (masked entries have P = 0);
+  // dV = P^T dO, dQ = dS K, dK = dS^T Q. f32 t: dS overwrites dP and the
   // GEMMs read the f32 P and dS. 16-bit t: the softmax backward stores dS
-  // and P rounded to t in two temporaries of one sequence's size, and the
-  // three GEMMs run on them on tensor cores (f32 accumulation, outputs
-  // rounded once). Temporaries are reused by the next sequence in stream
-  // order.
+  // and P rounded to t in two temporaries, and the three GEMMs run on them
+  // on tensor cores (f32 accumulation, outputs rounded once). dP lives in
+  // the op's scratch for a group of one sequence, else in a temporary of the
+  // group's size; temporaries are reused by the next group in stream order.
   Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                            const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                            const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
@@ -324,16 +380,21 @@ class CudaBackend final : public OpBackend {
       return OkStatus();
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-    const int64_t pq = s.q_len * s.kv_len;
-    float* dp = F(scratch);  // heads * pq: AttentionBackwardScratchElements
-    const bool half = t != DType::kF32;
-    Tensor ds16, p16;  // one sequence's dS and P rounded to t (16-bit t only)
-    if (half) {
-      SK_ASSIGN_OR_RETURN(ds16, ctx.alloc->Empty(t, Shape{s.heads * pq}));
-      SK_ASSIGN_OR_RETURN(p16, ctx.alloc->Empty(t, Shape{s.heads * pq}));
+    const int64_t pq = s.q_len * s.kv_len, hpq = s.heads * pq;
+    const int64_t group = BackwardGroup(s);
+    Tensor dp = scratch;  // heads * pq: AttentionBackwardScratchElements
+    if (group > 1) {
+      SK_ASSIGN_OR_RETURN(dp, ctx.alloc->Empty(DType::kF32, Shape{group * hpq}));
     }
-    for (int64_t b = 0; b < s.batch; ++b) {
-      const float* pb = F(probs) + b * s.heads * pq;
+    const bool half = t != DType::kF32;
+    Tensor ds16, p16;  // the group's dS and P rounded to t (16-bit t only)
+    if (half) {
+      SK_ASSIGN_OR_RETURN(ds16, ctx.alloc->Empty(t, Shape{group * hpq}));
+      SK_ASSIGN_OR_RETURN(p16, ctx.alloc->Empty(t, Shape{group * hpq}));
+    }
+    for (int64_t b = 0; b < s.batch; b += group) {
+      const int64_t g = std::min(group, s.batch - b);  // sequences b .. b + g - 1
+      const float* pb = F(probs) + b * hpq;
       const void* qb = Ptr(q.t, q.offset + b * s.q_len * q.ld);
       const void* kb = Ptr(k.t, k.offset + b * s.kv_len * k.ld);
       const void* vb = Ptr(v.t, v.offset + b * s.kv_len * v.ld);
@@ -341,30 +402,34 @@ class CudaBackend final : public OpBackend {
       void* dqb = Ptr(dq.t, dq.offset + b * s.q_len * dq.ld);
       void* dkb = Ptr(dk.t, dk.offset + b * s.kv_len * dk.ld);
       void* dvb = Ptr(dv.t, dv.offset + b * s.kv_len * dv.ld);
-      SK_RETURN_IF_ERROR(GemmStrided(ctx, false, true, s.q_len, s.kv_len, s.head_dim, 1.0f, dob,
-                                     dout.ld, s.head_dim, vb, v.ld, s.head_dim, t, 0.0f, dp,
-                                     DType::kF32, s.kv_len, pq, s.heads));
+      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, false, true, s.q_len, s.kv_len, s.head_dim, 1.0f, dob,
+                                      dout.ld, s.q_len * dout.ld, s.head_dim, vb, v.ld,
+                                      s.kv_len * v.ld, s.head_dim, t, F(dp), DType::kF32,
+                                      s.kv_len, hpq, pq, g, s.heads));
       // P and dS as the GEMMs read them (dtype t).
       const void* p_t = pb;
-      const void* ds_t = dp;
+      const void* ds_t = F(dp);
       if (half) {
-        SK_CUDA_OP("attention_bwd", cuda::SoftmaxBackwardRows(pb, dp, s.heads * s.q_len, s.kv_len,
-                                                              scale, B(ds16), p16.data(), S(ctx)));
+        SK_CUDA_OP("attention_bwd",
+                   cuda::SoftmaxBackwardRows(pb, F(dp), g * s.heads * s.q_len, s.kv_len, scale,
+                                             B(ds16), p16.data(), S(ctx)));
         p_t = p16.data();
         ds_t = ds16.data();
       } else {
-        SK_CUDA_OP("attention_bwd", cuda::SoftmaxBackwardRows(pb, dp, s.heads * s.q_len, s.kv_len,
-                                                              scale, cuda::Buf{}, nullptr, S(ctx)));
+        SK_CUDA_OP("attention_bwd",
+                   cuda::SoftmaxBackwardRows(pb, F(dp), g * s.heads * s.q_len, s.kv_len, scale,
+                                             cuda::Buf{}, nullptr, S(ctx)));
       }
-      SK_RETURN_IF_ERROR(GemmStrided(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, p_t,
-                                     s.kv_len, pq, dob, dout.ld, s.head_dim, t, 0.0f, dvb, t, dv.ld,
-                                     s.head_dim, s.heads));
-      SK_RETURN_IF_ERROR(GemmStrided(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds_t,
-                                     s.kv_len, pq, kb, k.ld, s.head_dim, t, 0.0f, dqb, t, dq.ld,
-                                     s.head_dim, s.heads));
-      SK_RETURN_IF_ERROR(GemmStrided(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, ds_t,
-                                     s.kv_len, pq, qb, q.ld, s.head_dim, t, 0.0f, dkb, t, dk.ld,
-                                     s.head_dim, s.heads));
+      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, p_t,
+                                      s.kv_len, hpq, pq, dob, dout.ld, s.q_len * dout.ld,
+                                      s.head_dim, t, dvb, t, dv.ld, s.kv_len * dv.ld, s.head_dim,
+                                      g, s.heads));
+      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds_t,
+                                      s.kv_len, hpq, pq, kb, k.ld, s.kv_len * k.ld, s.head_dim, t,
+                                      dqb, t, dq.ld, s.q_len * dq.ld, s.head_dim, g, s.heads));
+      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, ds_t,
+                                      s.kv_len, hpq, pq, qb, q.ld, s.q_len * q.ld, s.head_dim, t,
+                                      dkb, t, dk.ld, s.kv_len * dk.ld, s.head_dim, g, s.heads));
     }
     return OkStatus();
   }

@@ -125,6 +125,19 @@ __global__ void FillMatrixKernel(void* x, DType t, int64_t rows, int64_t cols, i
   if (i < rows * cols) StoreF(x, t, (i / cols) * ld + i % cols, value);
 }
 
+__global__ void BatchPointersKernel(const char* a, int64_t a_seq, int64_t a_head, const char* b,
+                                    int64_t b_seq, int64_t b_head, const char* c, int64_t c_seq,
+                                    int64_t c_head, int64_t seqs, int64_t heads,
+                                    const void** out) {
+  const int64_t n = seqs * heads;
+  const int64_t i = Index();
+  if (i >= n) return;
+  const int64_t s = i / heads, h = i % heads;
+  out[i] = a + s * a_seq + h * a_head;
+  out[n + i] = b + s * b_seq + h * b_head;
+  out[2 * n + i] = c + s * c_seq + h * c_head;
+}
+
 __global__ void InitKernel(InitKind kind, float a, float b, uint64_t seed, uint64_t param_id,
                            int64_t begin, void* out, DType t, int64_t n) {
   int64_t i = Index();
@@ -709,6 +722,13 @@ int Fill(void* x, DType dt, int64_t n, float value, void* stream) {
 }
 int FillMatrix(Buf x, int64_t rows, int64_t cols, int64_t ld, float value, void* stream) {
   SK_LAUNCH(rows * cols, FillMatrixKernel, x.data, x.dtype, rows, cols, ld, value);
+}
+int BatchPointers(const void* a, int64_t a_seq, int64_t a_head, const void* b, int64_t b_seq,
+                  int64_t b_head, const void* c, int64_t c_seq, int64_t c_head, int64_t seqs,
+                  int64_t heads, const void** out, void* stream) {
+  SK_LAUNCH(seqs * heads, BatchPointersKernel, static_cast<const char*>(a), a_seq, a_head,
+            static_cast<const char*>(b), b_seq, b_head, static_cast<const char*>(c), c_seq,
+            c_head, seqs, heads, out);
 }
 int InitPhilox(const Initializer& init, uint64_t seed, uint64_t param_id, int64_t begin, void* out,
                DType dt, int64_t n, void* stream) {

@@ -86,6 +86,15 @@ int LayerNormBackward(CBuf x, CBuf gamma, CBuf dy, const float* mean, const floa
                       int64_t rows, int64_t cols, Buf dx, Buf dgamma, Buf dbeta, float* partials,
                       void* stream);
 
+// out[i], out[n + i], out[2n + i] (n = seqs * heads, i = s * heads + h) =
+// a + s * a_seq + h * a_head, the same for b and c (byte offsets): the
+// pointer arrays of a batched GEMM over the (sequence, head) pairs of
+// attention, whose operands have one stride between heads and another
+// between sequences.
+int BatchPointers(const void* a, int64_t a_seq, int64_t a_head, const void* b, int64_t b_seq,
+                  int64_t b_head, const void* c, int64_t c_seq, int64_t c_head, int64_t seqs,
+                  int64_t heads, const void** out, void* stream);
+
 // Row softmax of f32 x in place over `rows` rows of `cols`; with causal, row
 // r keeps its first (r % block_rows) + 1 entries and the rest become 0. With
 // p16.data (not null), each probability is also stored rounded to p16.dtype
