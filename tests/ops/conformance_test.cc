@@ -28,6 +28,7 @@
 
 #include "runtime/core/allocator.h"
 #include "runtime/memory/caching_allocator.h"
+#include "runtime/ops/cpu/cpu_backend.h"
 #include "runtime/ops/ops.h"
 
 namespace sk::ops {
@@ -1089,6 +1090,54 @@ TEST_P(Conformance, BadArgumentsAreInvalidArgumentAndWriteNothing) {
 INSTANTIATE_TEST_SUITE_P(Kinds, Conformance,
                          ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda),
                          [](const auto& info) { return KindName(info.param); });
+
+// The CPU backend splits large optimizer updates across its intra-op
+// threads (FSDP's CPU offload runs AdamW over whole models on the host).
+// Elementwise: every split must give one thread's bits, including the
+// masked vector tail and a length no split divides.
+TEST(CpuBackend, LargeOptimizerUpdatesOnSeveralThreadsKeepOneThreadsBits) {
+  auto dev = Device::Get(DeviceId::Cpu(0));
+  ASSERT_TRUE(dev.ok());
+  HostAllocator alloc;
+  OpContext ctx{*dev, nullptr, &alloc};
+  const int64_t n = (int64_t{3} << 20) + 1021;  // four parts of >= 2^20 would not fit: three do
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> p0(n), g(n), m0(n), v0(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p0[i] = normal(rng);
+    g[i] = normal(rng);
+    m0[i] = 0.1f * normal(rng);
+    v0[i] = std::fabs(0.01f * normal(rng));
+  }
+  auto tensor = [&](const std::vector<float>& v) {
+    auto t = alloc.Empty(DType::kF32, Shape{n});
+    EXPECT_TRUE(t.ok());
+    std::memcpy(t->data(), v.data(), n * sizeof(float));
+    return *t;
+  };
+  const AdamHyper adam{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, true, 1.f - 0.9f * 0.9f,
+                       std::sqrt(1.f - 0.999f * 0.999f)};
+  const SgdHyper sgd{1e-2f, 0.9f, 0.f, 1e-4f, true, false};
+  std::vector<std::vector<float>> results[2];
+  for (int threads : {1, 4}) {
+    ASSERT_TRUE(SetCpuGemmThreads(threads).ok());
+    Tensor p = tensor(p0), grad = tensor(g), m = tensor(m0), v = tensor(v0);
+    ASSERT_TRUE(AdamUpdate(ctx, adam, p, grad, m, v).ok());
+    Tensor q = tensor(p0), mom = tensor(m0);
+    ASSERT_TRUE(SgdUpdate(ctx, sgd, q, grad, mom).ok());
+    auto& r = results[threads == 1 ? 0 : 1];
+    for (const Tensor* t : {&p, &m, &v, &q, &mom}) {
+      r.emplace_back(t->data_as<float>(), t->data_as<float>() + n);
+    }
+  }
+  ASSERT_TRUE(SetCpuGemmThreads(1).ok());
+  const char* names[] = {"adam param", "adam exp_avg", "adam exp_avg_sq", "sgd param", "sgd momentum"};
+  for (int k = 0; k < 5; ++k) {
+    EXPECT_EQ(std::memcmp(results[0][k].data(), results[1][k].data(), n * sizeof(float)), 0) << names[k];
+  }
+  EXPECT_NE(std::memcmp(results[0][0].data(), p0.data(), n * sizeof(float)), 0);  // it did update
+}
 
 }  // namespace
 }  // namespace sk::ops

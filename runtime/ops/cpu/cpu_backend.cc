@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "runtime/ops/cpu/kernels.h"
@@ -11,6 +13,38 @@
 namespace sk::ops {
 
 namespace {
+
+// Runs fn(begin, end) over [0, n) split across up to GemmThreads() threads
+// (the intra-op thread count: cores / local ranks, so one rank per core
+// stays on one thread) when each part gets at least kMinPerThread
+// elements: the optimizer updates over a large flat shard are memory-bound
+// and one thread reaches a fraction of the socket's bandwidth (FSDP's CPU
+// offload runs AdamW over the whole model on the host). Elementwise with no
+// cross-element arithmetic and masked vector tails, so the bits are those of
+// one call for any split. The calling thread takes the first part; if a
+// thread cannot be started its part runs here.
+template <typename Fn>
+void SplitElementwise(int64_t n, const Fn& fn) {
+  constexpr int64_t kMinPerThread = int64_t{1} << 20;
+  constexpr int64_t kAlign = 1024;
+  const int64_t parts = std::min<int64_t>(GemmThreads(), n / kMinPerThread);
+  if (parts <= 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  const int64_t chunk = ((n + parts - 1) / parts + kAlign - 1) / kAlign * kAlign;
+  std::vector<std::thread> helpers;
+  for (int64_t b = chunk; b < n; b += chunk) {
+    const int64_t e = std::min(n, b + chunk);
+    try {
+      helpers.emplace_back([&fn, b, e] { fn(b, e); });
+    } catch (const std::system_error&) {
+      fn(b, e);
+    }
+  }
+  fn(int64_t{0}, std::min(n, chunk));
+  for (std::thread& t : helpers) t.join();
+}
 
 float* F(const Tensor& t) { return t.data_as<float>(); }
 float* At(const MatrixRef& m) { return m.t.data_as<float>() + m.offset; }
@@ -289,14 +323,24 @@ class CpuBackend final : public OpBackend {
 
   Status SgdUpdate(const OpContext&, const SgdHyper& hyper, const Tensor& param, const Tensor& grad,
                    const Tensor& momentum) override {
-    simd::SgdUpdate(hyper, F(param), F(grad), hyper.momentum == 0.0f ? nullptr : F(momentum),
-                    param.numel());
+    float* p = F(param);
+    const float* g = F(grad);
+    float* m = hyper.momentum == 0.0f ? nullptr : F(momentum);
+    SplitElementwise(param.numel(), [&](int64_t b, int64_t e) {
+      simd::SgdUpdate(hyper, p + b, g + b, m ? m + b : nullptr, e - b);
+    });
     return OkStatus();
   }
 
   Status AdamUpdate(const OpContext&, const AdamHyper& hyper, const Tensor& param, const Tensor& grad,
                     const Tensor& exp_avg, const Tensor& exp_avg_sq) override {
-    simd::AdamUpdate(hyper, F(param), F(grad), F(exp_avg), F(exp_avg_sq), param.numel());
+    float* p = F(param);
+    const float* g = F(grad);
+    float* m = F(exp_avg);
+    float* v = F(exp_avg_sq);
+    SplitElementwise(param.numel(), [&](int64_t b, int64_t e) {
+      simd::AdamUpdate(hyper, p + b, g + b, m + b, v + b, e - b);
+    });
     return OkStatus();
   }
 
