@@ -29,12 +29,19 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <cmath>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <gflags/gflags.h>
@@ -45,14 +52,34 @@
 #include "runtime/device/device.h"
 #include "runtime/ops/cost.h"
 #include "runtime/ops/cpu/kernels.h"
+#include "runtime/ops/op_timing.h"
 #include "runtime/ops/ops.h"
 #include "runtime/sim/profile.h"
 #include "runtime/sim/sim_ops.h"
+#include "runtime/train/sim_run.h"
+#include "runtime/train/trainer.h"
 
 DEFINE_string(out, "", "where to write the profile (default: print it)");
 DEFINE_string(name, "cpu-local", "the profile's name");
 DEFINE_int32(threads, 1, "GEMM/OpenMP threads per rank the profile describes");
 DEFINE_double(budget_ms, 60, "measuring time per shape, milliseconds");
+DEFINE_string(in_step, "gpt-deep-20m:2,gpt-50m:1,t5-tiny:16",
+              "calibration runs inside training steps, model:batch comma list (world 1, DDP and "
+              "FULL_SHARD each): their ops' in-step times correct the hot-loop rates. Must not be "
+              "the configurations //benchmarks:sim_validate checks. Empty: hot loops only");
+DEFINE_string(held_out, "t5-60m:1",
+              "training runs measured and predicted with the new profile but not used to build it "
+              "(model:batch comma list, world 1, DDP and FULL_SHARD)");
+DEFINE_string(clock, "cpu",
+              "the in-step runs' clock: cpu (each op's thread CPU time, the step's process CPU time: "
+              "robust to other work on the machine, and what the hot loops measure) or wall (steady "
+              "clock: only on an otherwise idle machine)");
+DEFINE_int32(in_step_steps, 4, "measured steps per in-step run (after 2 warm-up steps)");
+DEFINE_string(save_hot, "", "also write the hot-loop profile (before the in-step corrections) here");
+DEFINE_string(hot_from, "",
+              "take the hot-loop tables from this file (written by --save_hot on this machine) instead "
+              "of measuring them again");
+DEFINE_string(report, "", "also write a markdown report of the calibration here");
 
 namespace sk {
 namespace {
@@ -182,16 +209,208 @@ double LocalAllGatherSeconds(int64_t bytes, int iters) {
   return best;
 }
 
-int Main() {
-  Must(SetGemmThreads(FLAGS_threads), "threads");
-  const ops::OpContext ctx = ops::HostContext();
-  char date[32];
-  std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
-  const std::string source = "measured by //benchmarks:calibrate on " + CpuModel() + " (" +
-                             std::to_string(FLAGS_threads) + " GEMM thread(s)), " + date;
-  std::fprintf(stderr, "calibrating: %s\n", source.c_str());
+// ---- Inside training steps -------------------------------------------------
 
+// Collects every op a real run executes (op_timing.h).
+class StepRecorder final : public ops::OpTimingObserver {
+ public:
+  struct Sample {
+    ops::OpCost cost;
+    double seconds = 0;
+    // The thread's time between the end of its previous op and this op's
+    // start (host work between ops), on the same clock; < 0 for a thread's
+    // first op.
+    double gap = -1;
+  };
+  explicit StepRecorder(Clock clock) : clock_(clock) {}
+  Clock clock() const override { return clock_; }
+  void OnOp(const ops::OpCost& cost, double seconds) override {
+    thread_local double last_end = -1;
+    thread_local const StepRecorder* last_recorder = nullptr;
+    thread_local uint64_t last_epoch = 0;
+    const double now = clock_ == Clock::kThreadCpu ? ThreadCpuNow() : WallNow();
+    double gap = -1;
+    const uint64_t epoch = epoch_.load();
+    if (last_recorder == this && last_epoch == epoch && last_end >= 0) gap = now - seconds - last_end;
+    last_end = now;
+    last_recorder = this;
+    last_epoch = epoch;
+    std::lock_guard<std::mutex> lock(mu_);
+    samples_.push_back({cost, seconds, gap});
+  }
+  // Starts a new step: gaps do not reach across it.
+  void NewStep() { epoch_.fetch_add(1); }
+  std::vector<Sample> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(samples_, {});
+  }
+
+ private:
+  static double ThreadCpuNow() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+  }
+  static double WallNow() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  const Clock clock_;
+  std::atomic<uint64_t> epoch_{0};
+  std::mutex mu_;
+  std::vector<Sample> samples_;
+};
+
+struct RunSpec {
+  std::string model;
+  int64_t batch = 1;
+  Parallelism parallelism = Parallelism::kFsdp;
+  bool held_out = false;
+
+  std::string Name() const {
+    return model + " batch " + std::to_string(batch) + " world 1 " +
+           (parallelism == Parallelism::kDdp ? "DDP" : "FULL_SHARD");
+  }
+  TrainerOptions Options() const {
+    TrainerOptions o;
+    o.model = model;
+    o.batch_size = batch;
+    o.parallelism = parallelism;
+    o.fsdp.strategy = ShardingStrategy::kFullShard;
+    o.gemm_threads = FLAGS_threads;
+    return o;
+  }
+};
+
+struct RunResult {
+  RunSpec spec;
+  std::vector<double> step_s;                  // per measured step
+  std::vector<StepRecorder::Sample> samples;   // every op of the measured steps
+  double op_s = 0;                             // sum of the samples' seconds
+  double gap_s = 0;                            // sum of their gaps (host work between ops)
+  int64_t ops = 0;
+  double predicted_s = 0;                      // the new profile's, on sim
+  std::string error;
+};
+
+std::vector<RunSpec> ParseRuns(const std::string& list, bool held_out) {
+  std::vector<RunSpec> out;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    RunSpec r;
+    const auto colon = item.find(':');
+    r.model = item.substr(0, colon);
+    if (colon != std::string::npos) r.batch = std::max<int64_t>(1, std::atoll(item.c_str() + colon + 1));
+    r.held_out = held_out;
+    for (Parallelism p : {Parallelism::kDdp, Parallelism::kFsdp}) {
+      r.parallelism = p;
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Trains `r` for real on cpu:0 (a local world of one rank): 2 warm-up steps,
+// then FLAGS_in_step_steps measured ones with every op timed.
+Status RunInStep(RunResult& r, StepRecorder& recorder) {
+  SK_ASSIGN_OR_RETURN(auto groups, comm::LocalProcessGroup::Create(1));
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(r.spec.Options(), groups[0].get()));
+  for (int i = 0; i < 2; ++i) SK_RETURN_IF_ERROR(trainer->Step().status());
+  recorder.Take();
+  ops::SetOpTimingObserver(&recorder);
+  Status status = OkStatus();
+  const bool cpu_clock = recorder.clock() == ops::OpTimingObserver::Clock::kThreadCpu;
+  for (int i = 0; i < FLAGS_in_step_steps && status.ok(); ++i) {
+    recorder.NewStep();
+    const double cpu0 = CpuNow();
+    StatusOr<StepMetrics> m = trainer->Step();
+    const double cpu1 = CpuNow();
+    if (!m.ok()) {
+      status = m.status();
+      break;
+    }
+    r.step_s.push_back(cpu_clock ? cpu1 - cpu0 : m->step_seconds);
+  }
+  ops::SetOpTimingObserver(nullptr);
+  SK_RETURN_IF_ERROR(status);
+  r.samples = recorder.Take();
+  for (const auto& smp : r.samples) {
+    r.op_s += smp.seconds;
+    r.gap_s += std::max(0.0, smp.gap);
+  }
+  r.ops = static_cast<int64_t>(r.samples.size());
+  return OkStatus();
+}
+
+// The in-step time of an op class over its hot-loop price, as a function of
+// the op's work (bytes, or flops for GEMMs and per-flop ops): bins of a
+// factor of 4 in work, each the ratio of summed times (so long ops weigh
+// more), interpolated linearly in log(work) between the bins' mean log work
+// and clamped at the ends.
+struct Correction {
+  struct Bin {
+    double sum_log_work = 0, measured = 0, predicted = 0;
+    int64_t count = 0;
+  };
+  std::map<int, Bin> bins;
+  std::vector<std::pair<double, double>> curve;  // (log work, factor)
+
+  void Add(double work, double measured, double predicted) {
+    Bin& b = bins[static_cast<int>(std::floor(std::log2(std::max(work, 1.0)) / 2))];
+    b.sum_log_work += std::log(std::max(work, 1.0));
+    b.measured += measured;
+    b.predicted += predicted;
+    ++b.count;
+  }
+  void Finish() {
+    curve.clear();
+    for (const auto& [k, b] : bins) {
+      if (b.count < 3 || !(b.predicted > 0)) continue;  // too few to trust
+      curve.emplace_back(b.sum_log_work / b.count, b.measured / b.predicted);
+    }
+  }
+  bool empty() const { return curve.empty(); }
+  double At(double work) const {
+    if (curve.empty()) return 1;
+    const double x = std::log(std::max(work, 1.0));
+    if (x <= curve.front().first) return curve.front().second;
+    if (x >= curve.back().first) return curve.back().second;
+    for (size_t i = 1; i < curve.size(); ++i) {
+      if (x <= curve[i].first) {
+        const double f = (x - curve[i - 1].first) / (curve[i].first - curve[i - 1].first);
+        return (1 - f) * curve[i - 1].second + f * curve[i].second;
+      }
+    }
+    return curve.back().second;
+  }
+};
+
+std::string LoadAverage() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  f >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+// The key and work of an op for the correction tables.
+std::string ClassOf(const ops::OpCost& c) { return c.cls == ops::OpClass::kGemm ? "gemm" : c.name; }
+double WorkOf(const ops::OpCost& c, const sim::ComputeProfile& hot) {
+  if (c.cls == ops::OpClass::kGemm) return c.flops;
+  auto it = hot.op_rates.find(std::string_view(c.name));
+  const bool per_flop = it != hot.op_rates.end() ? it->second.per_flop : c.cls == ops::OpClass::kAttention;
+  return per_flop ? c.flops : c.bytes_read + c.bytes_written;
+}
+
+// The hot-loop measurements (the file comment's list) as a profile document.
+nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& source) {
   // ---- GEMM grid.
   nlohmann::json gemm_table = nlohmann::json::array();
   double peak[2] = {0, 0};
@@ -403,7 +622,7 @@ int Main() {
   const std::string no_launch =
       "CPU ops run synchronously on the calling thread: there is no separate launch (the call's "
       "whole cost is in kernel_overhead_us and the measured rates)";
-  nlohmann::json doc = {
+  return {
       {"name", FLAGS_name},
       {"description", "This machine's CPU as a simulated device (" + source +
                           "). Regenerate with ./bazelw run -c opt //benchmarks:calibrate -- "
@@ -428,19 +647,63 @@ int Main() {
         {"kernel_overhead_us", Sourced(overhead * 1e6, source + " (a one-element fill through ops::)")},
         {"op_rates", Sourced(rates, source)}}},
       {"network", network}};
-  // Held-out check: shapes and sizes off the measured grid, predicted by the
-  // new profile (sim::OpSeconds) against a fresh measurement.
+}
+
+int Main() {
+  if (FLAGS_clock != "cpu" && FLAGS_clock != "wall") {
+    std::fprintf(stderr, "--clock must be cpu or wall\n");
+    return 2;
+  }
+  Must(SetGemmThreads(FLAGS_threads), "threads");
+  const ops::OpContext ctx = ops::HostContext();
+  char date[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  const std::string source = "measured by //benchmarks:calibrate on " + CpuModel() + " (" +
+                             std::to_string(FLAGS_threads) + " GEMM thread(s)), " + date;
+  std::fprintf(stderr, "calibrating: %s\n", source.c_str());
+
+  nlohmann::json doc;
+  if (FLAGS_hot_from.empty()) {
+    doc = MeasureHotLoops(ctx, source);
+    if (!FLAGS_save_hot.empty()) {
+      std::ofstream out(FLAGS_save_hot);
+      out << doc.dump(1) << "\n";
+    }
+  } else {
+    std::ifstream in(FLAGS_hot_from);
+    doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const bool corrected = !doc.is_discarded() && doc.contains("compute") &&
+                           doc["compute"].contains("gemm_table") &&
+                           doc["compute"]["gemm_table"].value("source", "").find("in-step") != std::string::npos;
+    if (doc.is_discarded() || !doc.contains("compute") || corrected) {
+      std::fprintf(stderr, "--hot_from=%s is not a hot-loop profile written by --save_hot\n",
+                   FLAGS_hot_from.c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "hot-loop tables from %s\n", FLAGS_hot_from.c_str());
+  }
+  // Held-out check of the hot-loop tables: shapes and sizes off the measured
+  // grid, predicted by the hot-loop profile (sim::OpSeconds) against a fresh
+  // measurement. It checks the interpolation, not training.
   StatusOr<sim::SimProfile> parsed = sim::ParseProfile(doc, FLAGS_name);
   CHECK(parsed.ok()) << parsed.status();
-  std::fprintf(stderr, "held-out check (predicted / measured CPU seconds):\n");
+  std::string report_hot;
+  std::fprintf(stderr, "held-out check of the hot-loop tables (predicted / measured CPU seconds):\n");
   double worst = 1;
   auto check = [&](const ops::OpCost& cost, const std::function<Status()>& fn) {
     const double measured = Measure([&] { Must(fn(), cost.name); });
     const double predicted = sim::OpSeconds(parsed->compute, cost);
     const double ratio = predicted / measured;
     worst = std::max(worst, std::max(ratio, 1 / ratio));
-    std::fprintf(stderr, "  %-16s %10.1f us predicted %10.1f us measured  ratio %.2f\n", cost.name,
-                 predicted * 1e6, measured * 1e6, ratio);
+    char line[256];
+    std::snprintf(line, sizeof(line), "  %-16s %10.1f us predicted %10.1f us measured  ratio %.2f\n",
+                  cost.name, predicted * 1e6, measured * 1e6, ratio);
+    std::fputs(line, stderr);
+    std::snprintf(line, sizeof(line), "| %s | %.0f | %.1f | %.1f | %.2f |\n", cost.name,
+                  cost.cls == ops::OpClass::kGemm ? cost.flops : cost.bytes_read + cost.bytes_written,
+                  predicted * 1e6, measured * 1e6, ratio);
+    report_hot += line;
   };
   for (auto [m, n, k] : {std::array<int64_t, 3>{100, 300, 700}, {512, 2048, 128},
                          {48, 768, 192}, {2000, 96, 500}}) {
@@ -468,20 +731,201 @@ int Main() {
     check(ops::LayerNormForwardCost(n / 256, 256),
           [&] { return ops::LayerNormForward(ctx, x2, gamma, beta, y2, mean, rstd); });
   }
-  std::fprintf(stderr, "worst held-out ratio: %.2f\n", worst);
+  std::fprintf(stderr, "worst held-out ratio of the hot-loop tables: %.2f\n", worst);
+
+  // ---- Inside training steps: the same ops as a step runs them (caches,
+  // allocator and dispatcher in a step's state), timed one by one
+  // (op_timing.h) in real training runs of calibration models that are not
+  // the configurations //benchmarks:sim_validate checks. An op's in-step
+  // time is its run plus the host work since its thread's previous op ended
+  // (a synchronous CPU op waits for it). For each op class (GEMM by flops;
+  // every other op by its name and size), in-step time over the hot-loop
+  // price divides the hot-loop rates; ops the hot loops did not measure get
+  // tables of their in-step rates. Held-out runs are measured the same way
+  // but used only to check the result.
+  const sim::ComputeProfile& hot = parsed->compute;
+  const std::string load_before = LoadAverage();
+  std::vector<RunResult> runs;
+  for (const RunSpec& spec : ParseRuns(FLAGS_in_step, false)) runs.push_back(RunResult{spec});
+  for (const RunSpec& spec : ParseRuns(FLAGS_held_out, true)) runs.push_back(RunResult{spec});
+  {
+    StepRecorder recorder(FLAGS_clock == "cpu" ? ops::OpTimingObserver::Clock::kThreadCpu
+                                               : ops::OpTimingObserver::Clock::kWall);
+    for (RunResult& r : runs) {
+      Status st = RunInStep(r, recorder);
+      if (!st.ok()) r.error = st.ToString();
+      std::fprintf(stderr, "  in-step %-36s %s: median step %.4f s, ops %.4f s (%lld ops)%s\n",
+                   r.spec.Name().c_str(), r.spec.held_out ? "held out" : "fit", Median(r.step_s),
+                   r.op_s / std::max<size_t>(1, r.step_s.size()),
+                   static_cast<long long>(r.ops / std::max<int64_t>(1, r.step_s.size())),
+                   r.error.empty() ? "" : (" error: " + r.error).c_str());
+    }
+  }
+  std::map<std::string, Correction> corr;
+  std::map<std::string, std::map<int, std::pair<double, double>>> direct;  // class -> bin -> (work, s)
+  double gap_s = 0, other_s = 0;
+  int64_t gap_ops = 0;
+  std::string fit_names;
+  for (const RunResult& r : runs) {
+    if (r.spec.held_out || !r.error.empty()) continue;
+    fit_names += (fit_names.empty() ? "" : ", ") + r.spec.Name();
+    for (const auto& smp : r.samples) {
+      const std::string key = ClassOf(smp.cost);
+      const double work = WorkOf(smp.cost, hot);
+      // The op's time in the step: its run plus the host work since the
+      // thread's previous op ended (the dispatcher's checks, allocation,
+      // the caller's bookkeeping), which a synchronous CPU op waits for.
+      const double in_step = smp.seconds + std::max(0.0, smp.gap);
+      corr[key].Add(work, in_step, sim::OpSeconds(hot, smp.cost));
+      auto& d = direct[key][static_cast<int>(std::floor(std::log2(std::max(work, 1.0)) / 2))];
+      d.first += work;
+      d.second += in_step;
+      gap_s += std::max(0.0, smp.gap);
+      gap_ops += smp.gap >= 0;
+    }
+    double steps = 0;
+    for (double t : r.step_s) steps += t;
+    other_s += steps - r.op_s - r.gap_s;
+  }
+  for (auto& [k, c] : corr) c.Finish();
+  const double gap_per_op = gap_ops > 0 ? gap_s / gap_ops : 0.0;
+  std::string report_corr;
+  if (!corr.empty()) {
+    const std::string in_step_source =
+        source + ": hot-loop rate divided by the in-step correction (the op class's time inside "
+                 "training steps over its hot-loop price, by size) measured in " + fit_names;
+    auto scale = [&](const std::string& key, double work) {
+      auto it = corr.find(key);
+      return it == corr.end() ? 1.0 : it->second.At(work);
+    };
+    nlohmann::json& table = doc["compute"]["gemm_table"];
+    for (auto& e : table["value"]) {
+      const double flops = 2.0 * e["m"].get<double>() * e["n"].get<double>() * e["k"].get<double>();
+      e["gflops"] = e["gflops"].get<double>() / scale("gemm", flops);
+    }
+    table["source"] = in_step_source + " (f32 steps: bf16 entries take the f32 correction)";
+    nlohmann::json& op_rates = doc["compute"]["op_rates"];
+    for (auto it = op_rates["value"].begin(); it != op_rates["value"].end(); ++it) {
+      if (corr.count(it.key()) == 0 || corr.at(it.key()).empty()) continue;
+      for (auto& pt : it.value()["points"]) pt[1] = pt[1].get<double>() / scale(it.key(), pt[0].get<double>());
+    }
+    for (const auto& [key, bins] : direct) {
+      if (key == "gemm" || op_rates["value"].contains(key)) continue;
+      nlohmann::json pts = nlohmann::json::array();
+      for (const auto& [bin, ws] : bins) {
+        if (ws.first > 0 && ws.second > 0) pts.push_back({ws.first, ws.first / ws.second});
+      }
+      if (pts.empty()) continue;
+      // Bins of summed work: the work axis grows with the bin, as the loader requires.
+      op_rates["value"][key] = {{"per", hot.op_rates.count(key) ? "flop" : "byte"}, {"points", pts}};
+    }
+    op_rates["source"] = in_step_source +
+                         " (ops the hot loops did not measure: their in-step rates, summed work over "
+                         "summed time per size bin; ops the steps did not run: hot-loop rates)";
+    for (const auto& [key, c] : corr) {
+      for (const auto& [bin, b] : c.bins) {
+        char line[256];
+        std::snprintf(line, sizeof(line), "| %s | %.3g | %lld | %.1f | %.1f | %.2f |\n", key.c_str(),
+                      std::exp(b.sum_log_work / std::max<int64_t>(1, b.count)),
+                      static_cast<long long>(b.count), b.measured * 1e6, b.predicted * 1e6,
+                      b.predicted > 0 ? b.measured / b.predicted : 0.0);
+        report_corr += line;
+      }
+    }
+    std::fprintf(stderr,
+                 "in-step: %.2f us of host work before each op (included in the op's in-step time); "
+                 "%.4f s of the fitting runs' steps outside the timed threads' ops and gaps\n",
+                 gap_per_op * 1e6, other_s);
+  }
 
   const std::string text = doc.dump(1) + "\n";
-  if (FLAGS_out.empty()) {
-    std::fputs(text.c_str(), stdout);
-    return 0;
+  const std::string path = FLAGS_out.empty() ? "/tmp/sk_calibrate_profile.json" : FLAGS_out;
+  {
+    std::ofstream out(path);
+    out << text;
+    if (!out) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      return 1;
+    }
   }
-  std::ofstream out(FLAGS_out);
-  out << text;
-  if (!out) {
-    std::fprintf(stderr, "cannot write %s\n", FLAGS_out.c_str());
-    return 1;
+  if (FLAGS_out.empty()) std::fputs(text.c_str(), stdout);
+  else std::fprintf(stderr, "wrote %s\n", FLAGS_out.c_str());
+
+  // The calibration runs and the held-out runs predicted with the new
+  // profile (the simulator, world 1) against their measured median step.
+  std::string report_runs;
+  int held_in = 0, held_total = 0;
+  for (RunResult& r : runs) {
+    if (!r.error.empty()) {
+      report_runs += "| " + r.spec.Name() + " | error: " + r.error + " |\n";
+      continue;
+    }
+    SimRunOptions so;
+    so.trainer = r.spec.Options();
+    so.trainer.device.kind = DeviceKind::kSim;
+    so.trainer.device.sim_profile = path;
+    so.trainer.device.sim_world_size = 1;
+    so.trainer.device.sim_gpus_per_node = 1;
+    so.warmup_steps = 1;
+    so.steps = 1;
+    StatusOr<SimStepReport> rep = SimulateTraining(so);
+    if (!rep.ok()) {
+      report_runs += "| " + r.spec.Name() + " | simulation error: " + rep.status().ToString() + " |\n";
+      continue;
+    }
+    r.predicted_s = rep->step_seconds;
+    const double measured = Median(r.step_s);
+    const double ratio = r.predicted_s / measured;
+    if (r.spec.held_out) {
+      ++held_total;
+      if (ratio >= 0.85 && ratio <= 1.15) ++held_in;
+    }
+    char line[512];
+    std::snprintf(line, sizeof(line), "| %s | %s | %.4f | %.0f%% | %.4f | %.3f |\n", r.spec.Name().c_str(),
+                  r.spec.held_out ? "held out" : "fit", measured,
+                  100 * (r.op_s + r.gap_s) / std::max(1e-12, measured * r.step_s.size()), r.predicted_s, ratio);
+    report_runs += line;
+    std::fprintf(stderr, "  %-36s %-8s measured %.4f s predicted %.4f s ratio %.3f\n", r.spec.Name().c_str(),
+                 r.spec.held_out ? "held out" : "fit", measured, r.predicted_s, ratio);
   }
-  std::fprintf(stderr, "wrote %s\n", FLAGS_out.c_str());
+  const std::string load_after = LoadAverage();
+  std::fprintf(stderr, "held-out training runs within +-15%%: %d of %d (load average %s before the runs, %s after)\n",
+               held_in, held_total, load_before.c_str(), load_after.c_str());
+
+  if (!FLAGS_report.empty()) {
+    std::ofstream rep(FLAGS_report);
+    rep << "# cpu-local calibration\n\n"
+        << "Profile: `" << path << "` (" << FLAGS_name << "). " << source << ".\n"
+        << "Host: " << CpuModel() << ", " << std::thread::hardware_concurrency()
+        << " hardware threads; load average " << load_before << " before the training runs, "
+        << load_after << " after. Clock of the training runs: " << FLAGS_clock << ".\n\n"
+        << "What was measured: hot loops through `ops::` (GEMM grid, every op at four sizes, a "
+           "one-element op's fixed cost, raw allocation, the local backend's all_gather); then real "
+           "training steps (world 1, DDP and FULL_SHARD, " << FLAGS_in_step_steps
+        << " measured steps after 2 warm-up steps each) with every op timed as it ran. Fitting runs: "
+        << (fit_names.empty() ? "none" : fit_names)
+        << ". Their ops' in-step time over the hot-loop price, per op class and size, divides the "
+           "hot-loop rates. An op's in-step time is its run plus the host work since its thread's "
+           "previous op ended (mean " << gap_per_op * 1e6 << " us per op in the fitting runs); the "
+           "fitting runs spent " << other_s << " s in total outside both (other threads' CPU time: "
+           "the local backend's collectives, stream threads; on the cpu clock the measured step "
+           "includes it). Held-out runs are measured alike and only predicted.\n\n"
+        << "## Training runs: measured vs predicted (the new profile on the simulator, world 1)\n\n"
+        << "| run | role | measured median step s | in ops and the host work between them | predicted s | predicted / measured |\n"
+        << "|---|---|---|---|---|---|\n" << report_runs
+        << "\nHeld-out runs within +-15%: " << held_in << " of " << held_total << ".\n\n"
+        << "## In-step correction per op class (fitting runs)\n\n"
+        << "| class | typical work (bytes; GEMM and attention: flops) | ops | in-step us | hot-loop us | "
+           "in-step / hot |\n|---|---|---|---|---|---|\n" << report_corr
+        << "\n## Hot-loop held-out check (off-grid shapes; checks the interpolation only)\n\n"
+        << "| op | work | predicted us | measured us | ratio |\n|---|---|---|---|---|\n" << report_hot
+        << "\nWorst hot-loop held-out ratio: " << worst << "\n";
+    if (!rep) {
+      std::fprintf(stderr, "cannot write %s\n", FLAGS_report.c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "wrote %s\n", FLAGS_report.c_str());
+  }
   return 0;
 }
 

@@ -5,6 +5,13 @@
 // measures:
 //
 //   ./bazelw run -c opt //benchmarks:sim_validate [-- --steps=5 --profile=cpu-local]
+//   sim_validate --profile=/path/cpu-local.json --report=validate.md --csv=validate.csv
+//
+// --profile takes a built-in name or a .json path: on another machine, run
+// //benchmarks:calibrate --out=PATH there first and validate with that file
+// (the GPU package's run.sh does both). --report writes the table as
+// markdown with the machine, the profile's source and the load averages;
+// --csv one row per configuration.
 //
 // Configurations: gpt-1m, gpt-10m, t5-10m x world 1 and 2 (local backend,
 // one rank per thread, one GEMM thread per rank) x DDP and FULL_SHARD. Every
@@ -25,13 +32,16 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gflags/gflags.h>
 
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/status.h"
+#include "runtime/sim/profile.h"
 #include "runtime/train/sim_run.h"
 #include "runtime/train/trainer.h"
 
@@ -39,6 +49,8 @@ DEFINE_int32(steps, 5, "measured steps per configuration (medians); >= 1");
 DEFINE_string(profile, "cpu-local", "the simulator's profile (calibrated on this machine)");
 DEFINE_string(models, "gpt-1m,gpt-10m,t5-10m", "comma-separated model configs");
 DEFINE_string(worlds, "1,2", "comma-separated world sizes (local ranks)");
+DEFINE_string(report, "", "also write the results as markdown here");
+DEFINE_string(csv, "", "also write the results as CSV here");
 
 namespace sk {
 namespace {
@@ -90,6 +102,18 @@ std::string LoadAverage() {
   std::string a, b, c;
   f >> a >> b >> c;
   return a + " " + b + " " + c;
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
 }
 
 double Median(std::vector<double> v) {
@@ -158,7 +182,12 @@ int Main() {
   }
   std::printf("sim_validate: profile %s, %d measured steps per configuration (medians), alternating\n",
               FLAGS_profile.c_str(), FLAGS_steps);
-  std::printf("load average before: %s\n", LoadAverage().c_str());
+  const std::string load_before = LoadAverage();
+  std::printf("load average before: %s\n", load_before.c_str());
+  std::string profile_source = "(the profile did not load)";
+  if (StatusOr<sim::SimProfile> p = sim::LoadProfile(FLAGS_profile); p.ok()) {
+    profile_source = p->description;
+  }
   for (Config& c : configs) {
     Status s = Predict(c);
     if (s.ok()) s = Build(c);
@@ -171,13 +200,26 @@ int Main() {
       if (!s.ok()) c.error = s.ToString();
     }
   }
-  std::printf("load average after:  %s\n\n", LoadAverage().c_str());
+  const std::string load_after = LoadAverage();
+  std::printf("load average after:  %s\n\n", load_after.c_str());
+  std::ostringstream md, csv;
+  md << "| configuration | measured wall s | CPU s per rank | predicted s | predicted / wall | "
+        "predicted / CPU |\n|---|---|---|---|---|---|\n";
+  csv << "model,world,parallelism,measured_wall_s,cpu_s_per_rank,predicted_s,pred_over_wall,pred_over_cpu,"
+         "error\n";
   std::printf("%-28s %12s %12s %12s %10s %10s\n", "configuration", "measured s", "cpu s/rank", "predicted s",
               "pred/meas", "pred/cpu");
   int within = 0, within_cpu = 0, rows = 0;
   for (Config& c : configs) {
+    const char* par = c.parallelism == Parallelism::kDdp ? "DDP" : "FULL_SHARD";
     if (!c.error.empty()) {
       std::printf("%-28s error: %s\n", c.Name().c_str(), c.error.c_str());
+      md << "| " << c.Name() << " | error: " << c.error << " | | | | |\n";
+      std::string e = c.error;
+      for (char& ch : e) {
+        if (ch == ',' || ch == '\n') ch = ' ';
+      }
+      csv << c.model << "," << c.world << "," << par << ",,,,,," << e << "\n";
       continue;
     }
     const double wall = Median(c.wall), cpu = Median(c.cpu);
@@ -188,9 +230,37 @@ int Main() {
     if (ratio_cpu >= 0.85 && ratio_cpu <= 1.15) ++within_cpu;
     std::printf("%-28s %12.4f %12.4f %12.4f %10.3f %10.3f\n", c.Name().c_str(), wall, cpu, c.predicted, ratio,
                 c.predicted / cpu);
+    char row[512];
+    std::snprintf(row, sizeof(row), "| %s | %.4f | %.4f | %.4f | %.3f | %.3f |\n", c.Name().c_str(), wall, cpu,
+                  c.predicted, ratio, ratio_cpu);
+    md << row;
+    std::snprintf(row, sizeof(row), "%s,%d,%s,%.6f,%.6f,%.6f,%.4f,%.4f,\n", c.model.c_str(), c.world, par, wall, cpu,
+                  c.predicted, ratio, ratio_cpu);
+    csv << row;
   }
   std::printf("\n%d of %d configurations within +-15%% of the measured wall time, %d of the CPU time per rank\n",
               within, rows, within_cpu);
+  if (!FLAGS_report.empty()) {
+    std::ofstream out(FLAGS_report);
+    out << "# Simulator validation on this machine's CPU\n\n"
+        << "Each configuration ran for real (local backend, one thread per rank, one GEMM thread per rank; "
+        << FLAGS_steps << " measured steps after a warm-up step, medians, configurations alternating step "
+           "by step) and on the simulator with the profile `" << FLAGS_profile << "` (" << profile_source
+        << "). Measured wall s: the slowest rank's step; CPU s per rank: the process's CPU time over the "
+           "step divided by the ranks (excludes time not scheduled, and waits). The issue's target is "
+           "predicted / wall within 0.85-1.15 on the machine the profile was measured on, when it is "
+           "otherwise idle.\n\n"
+        << "Host: " << CpuModel() << ", " << std::thread::hardware_concurrency()
+        << " hardware threads; load average " << load_before << " before, " << load_after << " after.\n\n"
+        << md.str() << "\n" << within << " of " << rows << " configurations within +-15% of the measured wall "
+        << "time, " << within_cpu << " of the CPU time per rank.\n";
+    if (!out) std::fprintf(stderr, "cannot write %s\n", FLAGS_report.c_str());
+  }
+  if (!FLAGS_csv.empty()) {
+    std::ofstream out(FLAGS_csv);
+    out << csv.str();
+    if (!out) std::fprintf(stderr, "cannot write %s\n", FLAGS_csv.c_str());
+  }
   for (Config& c : configs) {
     if (c.trainers.empty()) continue;
     comm::RunRankThreads(c.world, [&](int r) {

@@ -1,7 +1,10 @@
 #include "runtime/ops/ops.h"
 
+#include <time.h>
+
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -9,6 +12,7 @@
 
 #include "runtime/core/trace.h"
 #include "runtime/ops/cpu/cpu_backend.h"
+#include "runtime/ops/op_timing.h"
 #if defined(SHARDKIT_WITH_CUDA)
 #include "runtime/ops/cuda/cuda_backend.h"
 #endif
@@ -20,6 +24,9 @@ namespace sk::ops {
 namespace {
 
 constexpr size_t kMaxKinds = 16;
+
+// op_timing.h's observer; null when none.
+std::atomic<OpTimingObserver*> g_timing_observer{nullptr};
 
 std::array<std::atomic<OpBackend*>, kMaxKinds>& Table() {
   static auto* table = [] {
@@ -35,6 +42,10 @@ std::array<std::atomic<OpBackend*>, kMaxKinds>& Table() {
 }
 
 }  // namespace
+
+void SetOpTimingObserver(OpTimingObserver* observer) {
+  g_timing_observer.store(observer, std::memory_order_release);
+}
 
 void RegisterOpBackend(DeviceKind kind, OpBackend* backend) {
   size_t i = static_cast<size_t>(kind);
@@ -158,10 +169,37 @@ bool Same(const Tensor& a, const Tensor& b) {
 // simulator's Account() records it in virtual time; CUDA ops are enqueued,
 // so a host-side span would time the launch, not the kernel, and is not
 // recorded. Off the trace: one relaxed atomic load.
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+// Runs `run`, reporting its time on the observer's clock (op_timing.h).
+template <typename Fn>
+Status Timed(OpTimingObserver* observer, const OpCost& cost, Fn run) {
+  if (observer->clock() == OpTimingObserver::Clock::kThreadCpu) {
+    const double t0 = ThreadCpuSeconds();
+    Status s = run();
+    const double seconds = ThreadCpuSeconds() - t0;
+    if (s.ok()) observer->OnOp(cost, seconds);
+    return s;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = run();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (s.ok()) observer->OnOp(cost, seconds);
+  return s;
+}
+
 template <typename Fn>
 Status Dispatch(OpBackend* b, const OpContext& ctx, const OpCost& cost, Fn run) {
   SK_RETURN_IF_ERROR(b->Account(ctx, cost));
   if (!b->executes()) return OkStatus();
+  if (OpTimingObserver* observer = g_timing_observer.load(std::memory_order_acquire);
+      observer != nullptr && ctx.device != nullptr && ctx.device->id().kind == DeviceKind::kCpu) {
+    return Timed(observer, cost, run);
+  }
   if (TraceRecorder::Global().enabled() && ctx.stream != nullptr && ctx.stream->device().is_cpu()) {
     TraceSpan span(cost.name, "compute", ctx.stream->device().index, ctx.stream->id());
     return run();

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/ops/op_timing.h"
 #include "runtime/ops/ops.h"
 
 namespace sk::ops {
@@ -153,6 +154,44 @@ TEST_F(DispatchTest, DefaultBackendMethodsAreUnimplemented) {
   EXPECT_NE(s.message().find("fill is not implemented by the partial op backend"),
             std::string::npos)
       << s.ToString();
+}
+
+// Records what the timing observer reports (op_timing.h).
+class Recorder final : public OpTimingObserver {
+ public:
+  void OnOp(const OpCost& cost, double seconds) override {
+    names.push_back(cost.name);
+    bytes.push_back(cost.bytes_read + cost.bytes_written);
+    times.push_back(seconds);
+  }
+  std::vector<std::string> names;
+  std::vector<double> bytes, times;
+};
+
+TEST_F(DispatchTest, TimingObserverSeesExecutedCpuOpsOnly) {
+  const OpContext host = HostContext();
+  Tensor x = *HostAllocator::Default().Empty(DType::kF32, Shape{1000});
+  Tensor y = *HostAllocator::Default().Zeros(DType::kF32, Shape{1000});
+  Recorder rec;
+  SetOpTimingObserver(&rec);
+  ASSERT_TRUE(Fill(host, x, 1.0f).ok());
+  ASSERT_TRUE(Axpy(host, 2.0f, x, y).ok());
+  // Rejected before it runs: not reported.
+  EXPECT_FALSE(Axpy(host, 1.0f, x, *HostAllocator::Default().Empty(DType::kF32, Shape{5})).ok());
+  // A non-executing backend's op is priced, never run: not reported.
+  ASSERT_TRUE(Fill(ctx(), T(DType::kF32, Shape{4}), 0.0f).ok());
+  SetOpTimingObserver(nullptr);
+  ASSERT_TRUE(Fill(host, x, 3.0f).ok());  // removed: not reported
+
+  ASSERT_EQ(rec.names.size(), 2u);
+  EXPECT_EQ(rec.names[0], "fill");
+  EXPECT_EQ(rec.names[1], "axpy");
+  EXPECT_DOUBLE_EQ(rec.bytes[1], AxpyCost(1000, DType::kF32, DType::kF32).bytes_read +
+                                     AxpyCost(1000, DType::kF32, DType::kF32).bytes_written);
+  for (double t : rec.times) EXPECT_GE(t, 0.0);
+  // Timing does not change what runs.
+  EXPECT_EQ(static_cast<const float*>(y.data())[999], 2.0f);
+  EXPECT_EQ(static_cast<const float*>(x.data())[999], 3.0f);
 }
 
 // ---- Cost formulas ------------------------------------------------------------

@@ -11,6 +11,8 @@
 # too big) and run `tar xf gpu-pkg.tar.xz && gpu-pkg/run.sh` there
 # (docs/cuda.md). What goes in:
 #   bin/   the test and benchmark binaries, stripped;
+#   cpu/   the simulator's CPU calibration and validation (CPU programs:
+#          run.sh runs calibrate, then sim_validate with the fresh profile);
 #   lib/   their shared libraries from `ldd` here (Debian's libstdc++, glibc and
 #          its loader, glog, gflags, gloo, oneDNN, OpenBLAS, gtest, benchmark,
 #          libcudart...), so the binaries run on a machine not provisioned
@@ -51,19 +53,28 @@ BENCHES=(
 EXTRAS=(
   //benchmarks:step_breakdown
 )
+# CPU programs with their own flags, which run.sh runs after the suite (not
+# Google Benchmark): the simulator's cpu-local calibration and its validation
+# against real CPU training (docs/planner.md, "How far to trust it"), for the
+# GPU host's idle many-core CPU.
+CPU_BENCHES=(
+  //benchmarks:calibrate
+  //benchmarks:sim_validate
+)
 
 # The C ABI library and the Lua frontend's generated cdef, for the frontends'
 # tests (below).
 FRONTEND_TARGETS=(//capi:libshardkit.so //frontends/lua:shardkit_cdef)
 
 echo "package: building ${#TESTS[@]} tests and ${#BENCHES[@]} benchmarks with --config=cuda -c opt"
-./bazelw build --config=cuda -c opt "${TESTS[@]}" "${BENCHES[@]}" "${EXTRAS[@]}" "${FRONTEND_TARGETS[@]}"
+./bazelw build --config=cuda -c opt "${TESTS[@]}" "${BENCHES[@]}" "${EXTRAS[@]}" "${CPU_BENCHES[@]}" \
+  "${FRONTEND_TARGETS[@]}"
 BIN_DIR=$(./bazelw info --config=cuda -c opt bazel-bin 2>/dev/null)
 
 rm -rf "$PKG"
 mkdir -p "$PKG/bin" "$PKG/lib"
 binaries=()
-mkdir -p "$PKG/extra"
+mkdir -p "$PKG/extra" "$PKG/cpu"
 pack() {  # pack LABEL DIR
   local rel=${1#//}
   local path="$BIN_DIR/${rel/://}"
@@ -78,6 +89,7 @@ pack() {  # pack LABEL DIR
 }
 for label in "${TESTS[@]}" "${BENCHES[@]}"; do pack "$label" bin; done
 for label in "${EXTRAS[@]}"; do pack "$label" extra; done
+for label in "${CPU_BENCHES[@]}"; do pack "$label" cpu; done
 
 # The frontends on the GPU: the Rust crate's test binaries (cargo test
 # --no-run here, linked against the CUDA build of libshardkit.so) and the Lua

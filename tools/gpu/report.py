@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes report.md from a run.sh output directory: per test binary the
-GoogleTest counts (passed, failed, skipped with the skip reasons), and per
-benchmark binary its numbers (every counter Google Benchmark recorded)."""
+GoogleTest counts (passed, failed, skipped with the skip reasons), per
+benchmark binary its numbers (every counter Google Benchmark recorded), and
+the simulator's CPU calibration and validation reports (sim/*.md)."""
 import glob
 import json
 import os
@@ -124,12 +125,31 @@ def bench_section(out, env=""):
     return lines
 
 
+def sim_section(out):
+    """The markdown calibrate and sim_validate wrote, with their exit codes."""
+    lines = []
+    for name in ("calibrate", "sim_validate"):
+        rc_path = os.path.join(out, "sim", name + ".rc")
+        if not os.path.exists(rc_path):
+            continue
+        rc = open(rc_path).read().strip()
+        md = os.path.join(out, "sim", name + ".md")
+        if os.path.exists(md):
+            text = open(md).read().strip().splitlines()
+            # One level down: the programs' titles become sections here.
+            lines += [("#" + l if l.startswith("#") else l) for l in text]
+            lines += ["", "(exit %s; log: sim/%s.log)" % (rc, name), ""]
+        else:
+            lines += ["## %s (exit %s)" % (name, rc), "", "no report; see sim/%s.log" % name, ""]
+    return lines
+
+
 def main():
     out = sys.argv[1]
     env = open(os.path.join(out, "environment.txt")).read() if os.path.exists(
         os.path.join(out, "environment.txt")) else ""
     lines = ["# shardkit GPU suite report", "", "```", env.strip(), "```", ""]
-    lines += tests_section(out) + [""] + bench_section(out, env)
+    lines += tests_section(out) + [""] + bench_section(out, env) + sim_section(out)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 

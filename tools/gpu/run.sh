@@ -5,10 +5,18 @@
 #   gpu-pkg/run.sh                 # report into $OUT if set, else gpu-pkg/report
 #
 # Every test binary runs (GoogleTest JSON per binary), then every benchmark
-# (Google Benchmark JSON), then report.py writes report.md: tests passed /
-# failed / skipped per binary, and the benchmarks' numbers. Without a GPU the
-# tests skip and the report says so, which is how the package is checked on
-# the development machine.
+# (Google Benchmark JSON), the frontends' tests, then the simulator's CPU
+# check: cpu/calibrate measures this machine into $OUT/sim/cpu-local.json and
+# cpu/sim_validate runs real CPU training against the simulator with that
+# profile ($OUT/sim/calibrate.md, sim_validate.md, sim_validate.csv); then
+# report.py writes report.md: tests passed / failed / skipped per binary, the
+# benchmarks' numbers and the simulator's reports. Without a GPU the tests
+# skip and the report says so, which is how the package is checked on the
+# development machine.
+#
+# SK_GPU_SUITE=gpu runs only the tests and benchmarks, SK_GPU_SUITE=cpu-sim
+# only the calibration and validation (minutes of single-threaded timing:
+# run it when nothing else runs on the machine); default: all.
 #
 # Libraries: the package's lib/ first (started through the packed loader, so
 # the host's glibc does not matter), then the host's CUDA libraries (cuBLAS,
@@ -67,7 +75,9 @@ run_bounded() {
   wait "$pid"
 }
 
+SUITE=${SK_GPU_SUITE:-all}
 for bin in "$PKG"/bin/*; do
+  [[ "$SUITE" == cpu-sim ]] && break
   name=$(basename "$bin")
   case "$name" in
     *_test)
@@ -89,6 +99,7 @@ done
 # libshardkit.so. Lua: LuaJIT with the frontend, its generated cdef and the
 # test script from the package.
 for bin in "$PKG"/frontends/rust/*; do
+  [[ "$SUITE" == cpu-sim ]] && break
   name=$(basename "$bin")
   [[ -x "$bin" && "$name" != *.h ]] || continue
   echo "run: rust $name"
@@ -96,7 +107,7 @@ for bin in "$PKG"/frontends/rust/*; do
     run_bounded "${launch[@]}" "$bin" --test-threads=1
   echo "$?" > "$OUT/tests/rust_$name.rc"
 done
-if [[ -x "$PKG/frontends/lua/luajit" ]]; then
+if [[ "$SUITE" != cpu-sim && -x "$PKG/frontends/lua/luajit" ]]; then
   echo "run: lua lua_frontend_test"
   (cd "$PKG/frontends/lua" &&
     LOG="$OUT/tests/lua_frontend_test.log" SHARDKIT_LIB="$PKG/lib/libshardkit.so" \
@@ -105,12 +116,33 @@ if [[ -x "$PKG/frontends/lua/luajit" ]]; then
   echo "$?" > "$OUT/tests/lua_frontend_test.rc"
 fi
 
+# The simulator's CPU check: one rank thread per core, one GEMM thread per
+# rank (the programs' defaults); calibrate first, then validate with the
+# profile it wrote.
+if [[ "$SUITE" != gpu && -x "$PKG/cpu/calibrate" ]]; then
+  mkdir -p "$OUT/sim"
+  echo "cpu-sim: calibrate"
+  LOG="$OUT/sim/calibrate.log" run_bounded "${launch[@]}" "$PKG/cpu/calibrate" \
+    --out="$OUT/sim/cpu-local.json" --save_hot="$OUT/sim/cpu-local-hot.json" \
+    --report="$OUT/sim/calibrate.md" ${SK_GPU_CALIBRATE_ARGS:-}
+  echo "$?" > "$OUT/sim/calibrate.rc"
+  if [[ -s "$OUT/sim/cpu-local.json" ]]; then
+    echo "cpu-sim: sim_validate"
+    LOG="$OUT/sim/sim_validate.log" run_bounded "${launch[@]}" "$PKG/cpu/sim_validate" \
+      --profile="$OUT/sim/cpu-local.json" --report="$OUT/sim/sim_validate.md" \
+      --csv="$OUT/sim/sim_validate.csv" ${SK_GPU_VALIDATE_ARGS:-}
+    echo "$?" > "$OUT/sim/sim_validate.rc"
+  fi
+fi
+
 if command -v python3 >/dev/null; then
   python3 "$PKG/report.py" "$OUT" && echo "report: $OUT/report.md"
 else
   echo "report: no python3 here; raw results are in $OUT" >&2
 fi
-# Exit status: 0 when every test binary passed (skips count as passes).
+# Exit status: 0 when every test binary passed (skips count as passes) and
+# the simulator's programs, when they ran, exited 0.
 failed=0
-for rc in "$OUT"/tests/*.rc; do [[ "$(cat "$rc")" == 0 ]] || failed=1; done
+shopt -s nullglob
+for rc in "$OUT"/tests/*.rc "$OUT"/sim/*.rc; do [[ "$(cat "$rc")" == 0 ]] || failed=1; done
 exit $failed

@@ -1,0 +1,45 @@
+// Timing of the CPU backend's ops as a real run executes them: what the
+// simulator's cpu-local calibration (//benchmarks:calibrate) measures inside
+// training steps, so that op rates come from the state a step leaves the
+// caches, allocator and dispatcher in rather than from hot loops.
+//
+// While an observer is installed, every op that executes on a cpu device
+// reports, after its kernel returns, its declared cost (cost.h) and the
+// seconds of the backend's run on the observer's clock (wall time, or the
+// running thread's CPU time, which excludes time the thread was not
+// scheduled on a machine shared with other work): the kernel, plus F32Staging's
+// widening and narrowing for 16-bit operands; not the dispatcher's
+// validation and accounting, which are host work around the op. Ops that
+// fail validation, and ops on other device kinds, are not reported.
+//
+// Off (no observer): one relaxed atomic load per op.
+//
+// Thread safety: SetOpTimingObserver may be called from any thread.
+// OnOp is called on the thread that ran the op, concurrently from several
+// threads when several run ops (rank threads); it must be thread-safe and
+// must not call ops. An observer must stay alive until it has been removed
+// and no op that could have seen it is still running.
+#ifndef SHARDKIT_RUNTIME_OPS_OP_TIMING_H_
+#define SHARDKIT_RUNTIME_OPS_OP_TIMING_H_
+
+#include "runtime/ops/cost.h"
+
+namespace sk::ops {
+
+class OpTimingObserver {
+ public:
+  enum class Clock { kWall, kThreadCpu };
+  virtual ~OpTimingObserver() = default;
+  // The clock `seconds` is read from; asked once per op.
+  virtual Clock clock() const { return Clock::kWall; }
+  // `cost` as the dispatcher priced the op; `seconds` its run's time.
+  virtual void OnOp(const OpCost& cost, double seconds) = 0;
+};
+
+// Installs `observer` (not owned) for every thread; nullptr removes it.
+// Replaces any observer installed before.
+void SetOpTimingObserver(OpTimingObserver* observer);
+
+}  // namespace sk::ops
+
+#endif  // SHARDKIT_RUNTIME_OPS_OP_TIMING_H_
