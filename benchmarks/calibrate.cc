@@ -3,7 +3,8 @@
 // every number's source "measured by //benchmarks:calibrate on <cpu>, <date>").
 //
 //   ./bazelw run -c opt //benchmarks:calibrate --
-//       --out=$PWD/runtime/sim/profiles/cpu-local.json [--threads=1]
+//       --out=$PWD/runtime/sim/profiles/cpu-local.json [--threads=1] [--report=calibrate.md]
+//   (or the binary alone, e.g. the GPU package's cpu/calibrate --out=PATH)
 //
 // What it measures, all through ops:: on cpu:0 (the code a CPU run executes):
 //   - GEMM rate on a grid of shapes (m, k in 16..1024, n in 16..4096) for f32
@@ -18,8 +19,24 @@
 //     world of local ranks on this machine can be simulated (the ring model
 //     of runtime/comm/topology.h with these two numbers; wall time, the
 //     fastest of several runs, since a collective waits for its peer).
-// Then it prices held-out shapes (off the grid) with the new profile and
+// Then it prices held-out shapes (off the grid) with the hot-loop tables and
 // prints predicted / measured for each: a check of the interpolation.
+//
+// Hot loops run faster than the same ops inside a training step (caches,
+// allocation, the host work between ops), so it then trains calibration
+// models for real (--in_step: models and batches that //benchmarks:
+// sim_validate does not check; world 1, DDP and FULL_SHARD) with every op
+// timed as it runs (ops::SetOpTimingObserver). An op's in-step time is its
+// run plus the host work since its thread's previous op ended. Per op class
+// (GEMMs by flops, every other op by name and size, bins of 4x) the in-step
+// time over the hot-loop price divides the hot-loop rates, so the tables
+// keep their shape dependence and take the level a step sees. Nothing is
+// fitted to sim_validate's step times. Held-out runs (--held_out) are
+// trained and timed the same way and only predicted, with the new profile
+// on the simulator; --report writes all of it as markdown.
+// --clock=cpu (default) times with thread/process CPU time, robust to
+// other work on the machine; on an idle machine it equals wall time for
+// one compute thread.
 // Each number is the median of several timed batches, each batch >= 2 ms of
 // process CPU time (not wall time, so that other work on a shared machine
 // does not inflate it; with one compute thread the two agree on an idle
@@ -654,6 +671,17 @@ int Main() {
     std::fprintf(stderr, "--clock must be cpu or wall\n");
     return 2;
   }
+  // The held-out check of issue 11 must stay held out: its configurations
+  // cannot calibrate.
+  for (const RunSpec& r : ParseRuns(FLAGS_in_step, false)) {
+    for (const char* checked : {"gpt-1m", "gpt-10m", "t5-10m"}) {
+      if (r.model == checked) {
+        std::fprintf(stderr, "--in_step: %s is a model //benchmarks:sim_validate checks; calibrate with "
+                             "other models\n", checked);
+        return 2;
+      }
+    }
+  }
   Must(SetGemmThreads(FLAGS_threads), "threads");
   const ops::OpContext ctx = ops::HostContext();
   char date[32];
@@ -819,6 +847,8 @@ int Main() {
       // Bins of summed work: the work axis grows with the bin, as the loader requires.
       op_rates["value"][key] = {{"per", hot.op_rates.count(key) ? "flop" : "byte"}, {"points", pts}};
     }
+    doc["description"] = doc["description"].get<std::string>() +
+                         ". Op rates corrected inside training steps of " + fit_names + ".";
     op_rates["source"] = in_step_source +
                          " (ops the hot loops did not measure: their in-step rates, summed work over "
                          "summed time per size bin; ops the steps did not run: hot-loop rates)";
