@@ -55,6 +55,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -419,11 +420,15 @@ std::string LoadAverage() {
 
 // The key and work of an op for the correction tables.
 std::string ClassOf(const ops::OpCost& c) { return c.cls == ops::OpClass::kGemm ? "gemm" : c.name; }
-double WorkOf(const ops::OpCost& c, const sim::ComputeProfile& hot) {
-  if (c.cls == ops::OpClass::kGemm) return c.flops;
+// Whether the class's work is flops (GEMMs, and the ops the hot loops rate
+// per flop: attention) rather than bytes.
+bool PerFlop(const ops::OpCost& c, const sim::ComputeProfile& hot) {
+  if (c.cls == ops::OpClass::kGemm) return true;
   auto it = hot.op_rates.find(std::string_view(c.name));
-  const bool per_flop = it != hot.op_rates.end() ? it->second.per_flop : c.cls == ops::OpClass::kAttention;
-  return per_flop ? c.flops : c.bytes_read + c.bytes_written;
+  return it != hot.op_rates.end() ? it->second.per_flop : c.cls == ops::OpClass::kAttention;
+}
+double WorkOf(const ops::OpCost& c, const sim::ComputeProfile& hot) {
+  return PerFlop(c, hot) ? c.flops : c.bytes_read + c.bytes_written;
 }
 
 // The hot-loop measurements (the file comment's list) as a profile document.
@@ -791,6 +796,7 @@ int Main() {
   }
   std::map<std::string, Correction> corr;
   std::map<std::string, std::map<int, std::pair<double, double>>> direct;  // class -> bin -> (work, s)
+  std::set<std::string> per_flop_keys;  // classes whose work is flops
   double gap_s = 0, other_s = 0;
   int64_t gap_ops = 0;
   std::string fit_names;
@@ -800,6 +806,7 @@ int Main() {
     for (const auto& smp : r.samples) {
       const std::string key = ClassOf(smp.cost);
       const double work = WorkOf(smp.cost, hot);
+      if (PerFlop(smp.cost, hot)) per_flop_keys.insert(key);
       // The op's time in the step: its run plus the host work since the
       // thread's previous op ended (the dispatcher's checks, allocation,
       // the caller's bookkeeping), which a synchronous CPU op waits for.
@@ -845,7 +852,7 @@ int Main() {
       }
       if (pts.empty()) continue;
       // Bins of summed work: the work axis grows with the bin, as the loader requires.
-      op_rates["value"][key] = {{"per", hot.op_rates.count(key) ? "flop" : "byte"}, {"points", pts}};
+      op_rates["value"][key] = {{"per", per_flop_keys.count(key) ? "flop" : "byte"}, {"points", pts}};
     }
     doc["description"] = doc["description"].get<std::string>() +
                          ". Op rates corrected inside training steps of " + fit_names + ".";
