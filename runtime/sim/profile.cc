@@ -204,6 +204,24 @@ StatusOr<ComputeProfile> ParseCompute(const Reader& r, const nlohmann::json& doc
   return out;
 }
 
+// The optional "host" section: memory into `spec`, rates into a profile.
+StatusOr<ComputeProfile> ParseHost(const Reader& r, const nlohmann::json& h, SimDeviceSpec& spec) {
+  if (!h.is_object()) return r.Error("host", "must be an object");
+  const std::string p = "host.";
+  SK_ASSIGN_OR_RETURN(double memory, r.Number(h, "memory_bytes", p, 1, 1e18));
+  SK_ASSIGN_OR_RETURN(double bw, r.Number(h, "memory_bandwidth_gbps", p, 1e-3, 1e7));
+  SK_ASSIGN_OR_RETURN(double bw_eff, r.Number(h, "memory_efficiency", p, 1e-3, 1));
+  SK_ASSIGN_OR_RETURN(double vector, r.Number(h, "vector_tflops", p, 1e-9, 1e6));
+  SK_ASSIGN_OR_RETURN(double overhead, r.Number(h, "op_overhead_us", p, 0, 1e6));
+  spec.host_memory_bytes = static_cast<size_t>(memory);
+  ComputeProfile out;
+  out.vector_flops = vector * 1e12;
+  out.gemm_peak_flops[DType::kF32] = out.vector_flops;  // no GEMMs run on the host
+  out.memory_bandwidth = bw * kGB * bw_eff;
+  out.kernel_overhead_s = overhead * kUs;
+  return out;
+}
+
 }  // namespace
 
 StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view origin) {
@@ -222,6 +240,9 @@ StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view or
   SK_ASSIGN_OR_RETURN(out.compute, ParseCompute(r, doc));
   out.device.memory_bandwidth_bytes_per_s = out.compute.memory_bandwidth;
   if (doc.contains("network")) out.network = doc["network"];
+  if (doc.contains("host")) {
+    SK_ASSIGN_OR_RETURN(out.host, ParseHost(r, doc["host"], out.device));
+  }
   SK_RETURN_IF_ERROR(out.device.Validate());
   return out;
 }

@@ -19,6 +19,10 @@
 //                            op_rates {op name: {per: "byte"|"flop",
 //                                                points: [[work, work/s], ...]}} },
 //     "network": { ... }   (parsed by topology.h's ParseNetworkProfile)
+//     optional "host": { memory_bytes, memory_bandwidth_gbps,
+//                        memory_efficiency, vector_tflops, op_overhead_us }
+//                 (per GPU: the node's host memory, bandwidth and CPU FLOP/s
+//                 over its GPUs; what FSDP's CPU offload runs on)
 //   }
 //
 // Pricing (docs/simulator.md has the derivation):
@@ -47,6 +51,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -112,6 +117,11 @@ struct SimProfile {
   std::string description;
   SimDeviceSpec device;
   ComputeProfile compute;
+  // The host's rates per GPU ("host" section; device.host_memory_bytes is
+  // its memory): host ops are priced with KernelSeconds over these
+  // (memory_bandwidth = rate x efficiency, vector_flops, kernel_overhead_s =
+  // the per-op overhead). Unset when the profile has no host section.
+  std::optional<ComputeProfile> host;
   // The "network" section as written, for topology.h's ParseNetworkProfile
   // (null when the profile has none: a single device).
   nlohmann::json network;

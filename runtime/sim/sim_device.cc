@@ -15,6 +15,10 @@ namespace {
 constexpr uintptr_t kAddressBase = uintptr_t{1} << 56;
 constexpr uintptr_t kAddressAlignment = 512;
 std::atomic<uintptr_t> g_next_address{kAddressBase};
+// Virtual host memory (SimHostAllocator): a range of its own, far above the
+// device range, so CopyAsync can tell host from device.
+constexpr uintptr_t kHostAddressBase = uintptr_t{1} << 57;
+std::atomic<uintptr_t> g_next_host_address{kHostAddressBase};
 
 // Sim stream ids, apart from the CPU streams' small ids (trace tracks and
 // the allocator's per-stream pools key on them).
@@ -49,8 +53,8 @@ Status SimDeviceSpec::Validate() const {
 
 // ---------------------------------------------------------------- SimStream
 
-SimStream::SimStream(SimDevice* device, std::string name)
-    : device_(device), id_(g_next_stream_id.fetch_add(1)), name_(std::move(name)) {
+SimStream::SimStream(SimDevice* device, std::string name, bool host)
+    : device_(device), id_(g_next_stream_id.fetch_add(1)), name_(std::move(name)), host_(host) {
   device_->trace_.NameTrack(device_->id_.index, id_, name_);
   std::lock_guard<std::mutex> lock(device_->mu_);
   device_->streams_.insert(this);
@@ -226,6 +230,10 @@ StatusOr<std::unique_ptr<Stream>> SimDevice::CreateStream(std::string_view name)
   return std::unique_ptr<Stream>(new SimStream(this, std::string(name)));
 }
 
+StatusOr<std::unique_ptr<Stream>> SimDevice::CreateHostStream(std::string_view name) {
+  return std::unique_ptr<Stream>(new SimStream(this, std::string(name), /*host=*/true));
+}
+
 StatusOr<std::unique_ptr<Event>> SimDevice::CreateEvent(bool enable_timing) {
   return std::unique_ptr<Event>(new SimEvent(this, enable_timing));
 }
@@ -274,6 +282,47 @@ void SimDevice::RawFree(void* ptr, size_t bytes) {
     trace_.Complete("raw free " + Bytes(bytes), "memory", id_.index, host.track, start * kMicros,
                     spec_.raw_free_s * kMicros);
   }
+}
+
+StatusOr<std::shared_ptr<Storage>> SimHostAllocator::AllocateBytes(size_t nbytes) {
+  const size_t rounded =
+      std::max<size_t>(kAddressAlignment, (nbytes + kAddressAlignment - 1) / kAddressAlignment *
+                                              kAddressAlignment);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (nbytes > (size_t{1} << 52) || (capacity_ != 0 && in_use_ + nbytes > capacity_)) {
+      return ResourceExhaustedError("host memory of " + device_.ToString() + ": cannot allocate " +
+                                    Bytes(nbytes) + " for offloaded state; " + Bytes(in_use_) + " of " +
+                                    (capacity_ == 0 ? std::string("unlimited") : Bytes(capacity_)) +
+                                    " (the profile's host memory per GPU) are in use");
+    }
+    in_use_ += nbytes;
+    peak_ = std::max(peak_, in_use_);
+  }
+  void* p = reinterpret_cast<void*>(g_next_host_address.fetch_add(rounded));
+  // The handle carries the size: Release gives it back.
+  return std::make_shared<Storage>(p, nbytes, device_, this, reinterpret_cast<void*>(nbytes), &Release);
+}
+
+void SimHostAllocator::Release(void* owner, void* handle) noexcept {
+  auto* self = static_cast<SimHostAllocator*>(owner);
+  std::lock_guard<std::mutex> lock(self->mu_);
+  self->in_use_ -= reinterpret_cast<size_t>(handle);
+}
+
+size_t SimHostAllocator::bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_use_;
+}
+
+size_t SimHostAllocator::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+bool SimHostAllocator::IsHostAddress(const void* ptr) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
+  return a >= kHostAddressBase && a < g_next_host_address.load();
 }
 
 bool SimDevice::IsSimAddress(const void* ptr) {

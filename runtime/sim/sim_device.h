@@ -38,6 +38,18 @@
 //   host clock is restored (the host did not wait for fn). A non-OK status
 //   becomes the stream's sticky error, as on CPU.
 //
+//   Host streams. CreateHostStream makes a stream that stands for host CPU
+//   work (FSDP's CPU offload: the host accumulation of gradients, the
+//   optimizer step): the sim op backend prices ops on it with the profile's
+//   host rates, and its spans are not launched (no launch overhead; they
+//   start at max(stream clock, host clock, awaited events)). It is ordered
+//   against the device's streams with events like any stream.
+//
+//   Host memory. SimHostAllocator (below) hands out virtual host addresses
+//   (from 2^57, never mapped, not IsSimAddress) up to the profile's host
+//   memory per GPU, outside RawAllocate's accounting: CopyAsync between them
+//   and device memory is priced as a host<->device copy (host_link).
+//
 //   Memory. RawAllocate hands out 512-byte-aligned virtual addresses in a
 //   range no process maps (from 2^56 up): never dereference them. At most
 //   spec.memory_bytes may be held at once (ResourceExhausted beyond). Each
@@ -79,6 +91,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/core/allocator.h"
 #include "runtime/device/device.h"
 
 namespace sk::sim {
@@ -100,6 +113,9 @@ struct SimDeviceSpec {
   double memory_bandwidth_bytes_per_s = 0;
   // Host<->device copies move bytes at this rate (PCIe; 0: no time).
   double host_link_bytes_per_s = 0;
+  // Host memory per simulated GPU for offloaded state (the node's memory
+  // over its GPUs; 0: the profile models no host, and offload is refused).
+  size_t host_memory_bytes = 0;
 
   // InvalidArgument naming the first negative or non-finite field.
   Status Validate() const;
@@ -134,8 +150,10 @@ class SimDevice;
 
 class SimStream final : public Stream {
  public:
-  SimStream(SimDevice* device, std::string name);
+  SimStream(SimDevice* device, std::string name, bool host = false);
   ~SimStream() override;
+  // True for a host stream (SimDevice::CreateHostStream).
+  bool host() const { return host_; }
 
   DeviceId device() const override;
   int64_t id() const override { return id_; }
@@ -158,6 +176,7 @@ class SimStream final : public Stream {
   SimDevice* const device_;
   const int64_t id_;
   const std::string name_;
+  const bool host_;
   // Guarded by the device's mutex.
   double clock_ = 0;
   Status error_;
@@ -215,6 +234,8 @@ class SimDevice final : public Device {
   // --- Device ---
   DeviceId id() const override { return id_; }
   StatusOr<std::unique_ptr<Stream>> CreateStream(std::string_view name) override;
+  // A host stream (file comment): host CPU work on this device's clocks.
+  StatusOr<std::unique_ptr<Stream>> CreateHostStream(std::string_view name);
   StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing = false) override;
   StatusOr<void*> RawAllocate(size_t bytes) override;
   void RawFree(void* ptr, size_t bytes) override;
@@ -312,6 +333,35 @@ class SimDevice final : public Device {
   size_t raw_in_use_ = 0;
   int64_t raw_allocs_ = 0;
   int64_t raw_frees_ = 0;
+};
+
+// Virtual host memory of a simulated GPU's host (FSDP's CPU offload): an
+// Allocator on the sim device's id (so ops on its tensors are priced by the
+// sim backend) whose addresses are host addresses (file comment), at most
+// `capacity_bytes` held at once (ResourceExhausted beyond, naming the sizes;
+// 0 = unlimited). It must outlive its storages.
+//
+// Thread safety: may be called from any thread.
+class SimHostAllocator final : public Allocator {
+ public:
+  SimHostAllocator(DeviceId device, size_t capacity_bytes)
+      : device_(device), capacity_(capacity_bytes) {}
+  DeviceId device() const override { return device_; }
+  StatusOr<std::shared_ptr<Storage>> AllocateBytes(size_t nbytes) override;
+  size_t capacity_bytes() const { return capacity_; }
+  // Bytes held now, and the most held at once.
+  size_t bytes_in_use() const;
+  size_t peak_bytes() const;
+  // True if `ptr` lies in memory handed out by some SimHostAllocator.
+  static bool IsHostAddress(const void* ptr);
+
+ private:
+  static void Release(void* owner, void* handle) noexcept;
+  const DeviceId device_;
+  const size_t capacity_;
+  mutable std::mutex mu_;
+  size_t in_use_ = 0;
+  size_t peak_ = 0;
 };
 
 }  // namespace sk::sim

@@ -14,6 +14,8 @@ namespace {
 struct DeviceState {
   std::shared_ptr<const ComputeProfile> compute;
   std::shared_ptr<const std::function<double(double, double)>> adjust;
+  // The profile's host rates (null: the profile has no host section).
+  std::shared_ptr<const ComputeProfile> host;
 };
 
 class SimOpBackend final : public ops::OpBackend {
@@ -30,6 +32,18 @@ class SimOpBackend final : public ops::OpBackend {
     if (state.compute == nullptr) {
       return FailedPreconditionError(std::string(cost.name) + " on " + device->id().ToString() +
                                      ": the device has no profile (sim::SetUpSimDevice)");
+    }
+    if (static_cast<const SimStream*>(ctx.stream)->host()) {
+      // Host CPU work (offloaded state): host rates, not launched, and not
+      // slowed by collectives (they hold GPU SMs, not host cores).
+      if (state.host == nullptr) {
+        return FailedPreconditionError(std::string(cost.name) + " on the host of " + device->id().ToString() +
+                                       ": the profile '" + device->spec().name + "' has no host section");
+      }
+      SK_ASSIGN_OR_RETURN(SimSpan span, device->EnqueueSpan(*ctx.stream, cost.name, OpSeconds(*state.host, cost),
+                                                            {.launch = false, .category = "host"}));
+      if (std::strcmp(cost.name, "read_scalar") == 0) device->WaitHostUntil(span.end_s);
+      return OkStatus();
     }
     const double seconds = OpSeconds(*state.compute, cost);
     auto price = [&](double start) {
@@ -99,7 +113,9 @@ StatusOr<SimDevice*> SetUpSimDevice(int index, const SimProfile& profile) {
   SK_ASSIGN_OR_RETURN(SimDevice * device, SimDevice::Get(index));
   SK_RETURN_IF_ERROR(device->Configure(profile.device));
   device->ResetClocks();
-  backend.Set(index, DeviceState{std::make_shared<const ComputeProfile>(profile.compute), nullptr});
+  backend.Set(index, DeviceState{std::make_shared<const ComputeProfile>(profile.compute), nullptr,
+                                 profile.host ? std::make_shared<const ComputeProfile>(*profile.host)
+                                              : nullptr});
   return device;
 }
 

@@ -9,6 +9,11 @@
 // host waits for the stream to reach it (as loss.item() synchronises on a
 // GPU) and the value is NaN, which callers label "simulated".
 //
+// Ops on a host stream (SimDevice::CreateHostStream: FSDP's offloaded state)
+// are priced with the profile's host rates (SimProfile::host) instead, as
+// unlaunched spans on the "host" track; FailedPrecondition when the profile
+// has no host section.
+//
 // Setup: SetUpSimDevice(index, profile) configures sim:index (memory,
 // launch and raw allocation costs) and its compute pricing, and registers
 // this backend for DeviceKind::kSim. Ops on a sim device that was never set

@@ -160,9 +160,20 @@ StatusOr<std::unique_ptr<OffloadHost>> CreateOffloadHost(Device* device) {
       h->shards = h->owned_allocator.get();
       h->optimizer_state = &HostAllocator::Default();
       break;
-    case DeviceKind::kSim:
-      return UnimplementedError("cpu_offload on a sim device: the offloaded shards would need host "
-                                "memory with data (not simulated yet)");
+    case DeviceKind::kSim: {
+      SK_ASSIGN_OR_RETURN(sim::SimDevice * sim, sim::SimDevice::Get(device->id().index));
+      const sim::SimDeviceSpec spec = sim->spec();
+      if (spec.host_memory_bytes == 0) {
+        return FailedPreconditionError("cpu_offload on " + device->id().ToString() + ": the profile '" +
+                                       spec.name + "' has no host section (host memory and rates "
+                                       "for the offloaded state)");
+      }
+      h->owned_allocator = std::make_unique<sim::SimHostAllocator>(device->id(), spec.host_memory_bytes);
+      h->shards = h->optimizer_state = h->owned_allocator.get();
+      SK_ASSIGN_OR_RETURN(h->owned_stream, sim->CreateHostStream("host (offload)"));
+      h->stream = h->owned_stream.get();
+      break;
+    }
   }
   return h;
 }

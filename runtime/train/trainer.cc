@@ -195,10 +195,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
     SK_RETURN_IF_ERROR(AgreeOnTrainerOptions(options, valid, world));
   }
   SK_RETURN_IF_ERROR(valid);
-  if (sim && options.parallelism != Parallelism::kDdp && options.fsdp.cpu_offload) {
-    return UnimplementedError("cpu_offload on a sim device: the offloaded shards would need host "
-                              "memory with data (not simulated yet)");
-  }
   std::unique_ptr<comm::ProcessGroup> owned;
   if (world == nullptr) {
     SK_ASSIGN_OR_RETURN(owned, CreateSimWorld(options.device));

@@ -140,7 +140,8 @@ class Trainer {
   // `world` must outlive the trainer. With device.kind = kSim, `world` may be
   // null: the trainer then creates and owns the simulated world
   // (CreateSimWorld); a non-sim world is InvalidArgument there, as is a sim
-  // world with another device kind. cpu_offload on sim is Unimplemented.
+  // world with another device kind. cpu_offload on sim needs a profile with a
+  // host section (FailedPrecondition otherwise: cpu-local has none).
   // When set-up fails after the rank's allocator exists (ResourceExhausted
   // while sharding, say) and `memory_on_error` is not null, it receives the
   // allocator's statistics at the failure (peaks included).

@@ -111,6 +111,43 @@ TEST(PlanSimTest, PaperVisionModelsPlanAsUnitTables) {
   }
 }
 
+// CPU offload is a real candidate dimension: t5-11b's model states on 2
+// A100-80G (16 bytes per parameter over 2 GPUs: ~90 GB each) do not fit on
+// the device, and with offload (the states in the host's 256 GiB per GPU)
+// they do, at a longer step than an on-device run would take.
+TEST(PlanSimTest, CpuOffloadFitsWhatTheDeviceCannotHold) {
+  PlanRequest r;
+  r.model = "t5-11b";
+  r.gpus = 2;
+  r.batch_size = 1;
+  r.space.strategies = {"FULL_SHARD"};
+  MixedPrecisionPolicy bf16;
+  bf16.param_dtype = DType::kBF16;
+  r.space.dtypes = {bf16};
+  r.space.activation_checkpointing = {true};
+  r.space.cpu_offload = {false, true};
+  r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
+  r.space.forward_prefetch = {false};
+  r.space.rate_limits = {2};
+  auto p = Plan(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->results.size(), 2u);
+  const CandidateResult* on_device = nullptr;
+  const CandidateResult* offload = nullptr;
+  for (const CandidateResult& c : p->results) {
+    ASSERT_TRUE(c.status.ok()) << c.candidate.Label() << ": " << c.status;
+    (c.candidate.fsdp.cpu_offload ? offload : on_device) = &c;
+  }
+  ASSERT_TRUE(on_device != nullptr && offload != nullptr);
+  EXPECT_TRUE(on_device->metrics.out_of_memory);
+  EXPECT_TRUE(offload->fits()) << offload->metrics.oom_detail;
+  EXPECT_GT(offload->metrics.step_seconds, 0);
+  ASSERT_GE(p->recommended, 0);
+  EXPECT_TRUE(p->results[static_cast<size_t>(p->recommended)].candidate.fsdp.cpu_offload);
+  EXPECT_NE(p->results[static_cast<size_t>(p->recommended)].candidate.Label().find("offload"),
+            std::string::npos);
+}
+
 TEST(PlanSimTest, UnknownProfileIsNotFound) {
   PlanRequest r = Small();
   r.profile = "tpu-v9";

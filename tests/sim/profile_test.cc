@@ -48,6 +48,39 @@ TEST(ProfileTest, ParsesUnitsIntoSeconds) {
   EXPECT_TRUE(p->network.is_null());
 }
 
+// The optional host section (CPU offload): memory per GPU into the device
+// spec, rates into SimProfile::host; each number needs its source; the
+// built-in GPU profiles carry one, cpu-local does not.
+TEST(ProfileTest, HostSectionIsOptionalAndSourced) {
+  nlohmann::json doc = MinimalProfile();
+  StatusOr<SimProfile> none = ParseProfile(doc, "test");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->host.has_value());
+  EXPECT_EQ(none->device.host_memory_bytes, 0u);
+  auto num = [](double v) { return nlohmann::json{{"value", v}, {"source", "test"}}; };
+  doc["host"] = {{"memory_bytes", num(1 << 30)}, {"memory_bandwidth_gbps", num(50)},
+                 {"memory_efficiency", num(0.5)}, {"vector_tflops", num(2)},
+                 {"op_overhead_us", num(7)}};
+  StatusOr<SimProfile> p = ParseProfile(doc, "test");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->host.has_value());
+  EXPECT_EQ(p->device.host_memory_bytes, size_t{1} << 30);
+  EXPECT_DOUBLE_EQ(p->host->memory_bandwidth, 25e9);
+  EXPECT_DOUBLE_EQ(p->host->vector_flops, 2e12);
+  EXPECT_DOUBLE_EQ(p->host->kernel_overhead_s, 7e-6);
+  doc["host"]["vector_tflops"].erase("source");
+  Status s = ParseProfile(doc, "test").status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("host.vector_tflops"), std::string::npos) << s;
+  for (const char* name : {"a100-80g", "h100-80g"}) {
+    StatusOr<SimProfile> b = LoadProfile(name);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(b->host.has_value()) << name;
+    EXPECT_EQ(b->device.host_memory_bytes, size_t{256} << 30) << name;  // 2 TiB over 8 GPUs
+  }
+  EXPECT_FALSE(LoadProfile("cpu-local")->host.has_value());
+}
+
 TEST(ProfileTest, EveryNumberNeedsASource) {
   nlohmann::json doc = MinimalProfile();
   doc["compute"]["gemm_efficiency"].erase("source");

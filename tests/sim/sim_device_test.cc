@@ -363,5 +363,50 @@ TEST(SimDeviceTest, TraceIsOnVirtualTime) {
   EXPECT_DOUBLE_EQ(d->TraceNowMicros(), 2e6);
 }
 
+// Virtual host memory: its own address range (not device memory), capped
+// at the capacity with a clear error, returned when its storage dies;
+// copies between it and device memory are priced over the host link in
+// either direction, and a host stream's spans are not launched.
+TEST(SimDeviceTest, HostMemoryIsVirtualCappedAndCopiedOverTheHostLink) {
+  SimDevice* d = SimDevice::Get(46).value();
+  SimDeviceSpec spec;
+  spec.name = "host-test";
+  spec.launch_overhead_s = 5e-6;
+  spec.host_link_bytes_per_s = 1e9;
+  spec.host_memory_bytes = 1 << 20;
+  ASSERT_TRUE(d->Configure(spec).ok());
+  d->ResetClocks();
+  SimHostAllocator host(d->id(), spec.host_memory_bytes);
+  {
+    StatusOr<std::shared_ptr<Storage>> a = host.AllocateBytes(768 << 10);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_TRUE(SimHostAllocator::IsHostAddress((*a)->data()));
+    EXPECT_FALSE(SimDevice::IsSimAddress((*a)->data()));
+    EXPECT_EQ((*a)->device(), d->id());
+    EXPECT_EQ(host.bytes_in_use(), size_t{768} << 10);
+    StatusOr<std::shared_ptr<Storage>> b = host.AllocateBytes(512 << 10);
+    EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(b.status().message().find("host memory"), std::string::npos) << b.status();
+    EXPECT_EQ(d->raw_bytes_in_use(), 0u);  // not device memory
+
+    void* dev = d->RawAllocate(1 << 20).value();
+    auto s = std::move(d->CreateStream("copy")).value();
+    const double t0 = d->StreamClock(*s);
+    ASSERT_TRUE(d->CopyAsync(dev, (*a)->data(), 1000000, *s).ok());  // h2d
+    ASSERT_TRUE(d->CopyAsync((*a)->data(), dev, 1000000, *s).ok());  // d2h
+    EXPECT_NEAR(d->StreamClock(*s) - t0, 2 * 1e-3 + spec.launch_overhead_s, 1e-12);
+    d->RawFree(dev, 1 << 20);
+
+    auto h = std::move(d->CreateHostStream("host")).value();
+    EXPECT_TRUE(static_cast<SimStream*>(h.get())->host());
+    const double host_clock = d->HostClock();
+    SimSpan span = d->EnqueueSpan(*h, "host op", 0.5, {.launch = false, .category = "host"}).value();
+    EXPECT_EQ(span.start_s, host_clock);
+    EXPECT_EQ(d->HostClock(), host_clock);
+  }
+  EXPECT_EQ(host.bytes_in_use(), 0u);
+  EXPECT_EQ(host.peak_bytes(), size_t{768} << 10);
+}
+
 }  // namespace
 }  // namespace sk::sim

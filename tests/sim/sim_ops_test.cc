@@ -115,5 +115,35 @@ TEST_F(SimOpsTest, ComputeAdjustmentStretchesOps) {
   EXPECT_NEAR(took, 2 * OpSeconds(profile_.compute, ops::ScaleCost(1 << 20, DType::kF32)), 1e-12);
 }
 
+// Ops on a host stream (CPU offload's host work) are priced with the
+// profile's host rates, as unlaunched spans: the host pays no launch, the
+// span starts at the host clock, and the device's comm slowdown does not
+// apply. A profile without a host section refuses them, naming it.
+TEST_F(SimOpsTest, HostStreamOpsUseTheHostRates) {
+  ASSERT_TRUE(profile_.host.has_value());
+  auto host_stream = std::move(device_->CreateHostStream("host")).value();
+  SimHostAllocator host_memory(device_->id(), 0);
+  ops::OpContext host{device_, host_stream.get(), &host_memory};
+  const int64_t n = 16 << 20;
+  Tensor x = host_memory.Empty(DType::kF32, Shape({n})).value();
+  Tensor y = host_memory.Empty(DType::kF32, Shape({n})).value();
+  SetComputeAdjustment(40, [](double, double seconds) { return 3 * seconds; });
+  const double before = device_->HostClock();
+  ASSERT_TRUE(ops::Axpy(host, 2.0f, x, y).ok());
+  SetComputeAdjustment(40, nullptr);
+  EXPECT_EQ(device_->HostClock(), before);  // not launched: the host did not pay
+  const double took = device_->StreamClock(*host_stream) - before;
+  EXPECT_NEAR(took, 3.0 * n * 4 / profile_.host->memory_bandwidth + profile_.host->kernel_overhead_s, 1e-12);
+  EXPECT_GT(took, 10 * OpSeconds(profile_.compute, ops::AxpyCost(n, DType::kF32, DType::kF32)));
+
+  SimProfile no_host = profile_;
+  no_host.host.reset();
+  ASSERT_TRUE(SetUpSimDevice(40, no_host).ok());
+  Status st = ops::Fill(host, x, 0.f);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("no host section"), std::string::npos) << st;
+  ASSERT_TRUE(SetUpSimDevice(40, profile_).ok());
+}
+
 }  // namespace
 }  // namespace sk::sim

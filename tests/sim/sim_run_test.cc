@@ -127,9 +127,13 @@ TEST(SimTrainerTest, BadDeviceOptionsAreNamed) {
   o.device.index = 0;
   o.device.kind = static_cast<DeviceKind>(9);
   EXPECT_EQ(ValidateTrainerOptions(o).code(), StatusCode::kInvalidArgument);
+  // cpu_offload needs a profile with a host section: cpu-local has none.
   o = SimOptions("gpt-tiny", 2);
   o.fsdp.cpu_offload = true;
-  EXPECT_EQ(Trainer::Create(o, nullptr).status().code(), StatusCode::kUnimplemented);
+  o.device.sim_profile = "cpu-local";
+  Status refused = Trainer::Create(o, nullptr).status();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("host section"), std::string::npos) << refused;
   EXPECT_TRUE(ParseDeviceKind("sim").ok());
   EXPECT_EQ(ParseDeviceKind("tpu").status().code(), StatusCode::kInvalidArgument);
 }
@@ -297,6 +301,51 @@ TEST(SimulateTrainingTest, OutOfMemoryIsAResult) {
   EXPECT_GT(rep->peak_reserved_bytes, 0);
   EXPECT_LE(rep->peak_reserved_bytes, size_t{4} << 20);
   EXPECT_EQ(rep->step_seconds, 0);
+}
+
+// CPU offload on the simulator (the FSDP paper's section 3 trade-off): the
+// master and gradient shards and the optimizer state move to the host, so
+// the device holds less; each step then copies the shards host->device and
+// the reduced gradients back over PCIe and steps the optimizer at host
+// memory bandwidth, so it takes longer. The host work is on its own track,
+// and the optimizer's update runs there, after the last reduction.
+TEST(SimulateTrainingTest, CpuOffloadTradesDeviceMemoryForStepTime) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
+                           "/offload.json";
+  SimRunOptions r = RunOf("gpt-1.3b", 8);
+  r.trainer.fsdp.mixed_precision.param_dtype = DType::kBF16;
+  StatusOr<SimStepReport> on_device = SimulateTraining(r);
+  r.trainer.fsdp.cpu_offload = true;
+  r.trace_path = path;
+  StatusOr<SimStepReport> offload = SimulateTraining(r);
+  ASSERT_TRUE(on_device.ok()) << on_device.status();
+  ASSERT_TRUE(offload.ok()) << offload.status();
+  ASSERT_FALSE(offload->out_of_memory) << offload->oom_detail;
+  // gpt-1.3b over 8 GPUs: ~163M parameters per shard; master, gradient and
+  // two Adam moments are 16 bytes each, ~2.6 GB off the device.
+  EXPECT_LT(offload->peak_allocated_bytes + (size_t{2} << 30), on_device->peak_allocated_bytes);
+  EXPECT_GT(offload->step_seconds, on_device->step_seconds);
+  std::optional<sim_trace::Trace> trace = sim_trace::ReadTrace(path);
+  ASSERT_TRUE(trace.has_value()) << path;
+  const std::vector<sim_trace::TraceSpan> host = trace->Track("host (offload)");
+  ASSERT_FALSE(host.empty()) << "no host track in the trace";
+  double host_update_start = -1, last_reduce_end = 0;
+  for (const sim_trace::TraceSpan& s : host) {
+    if (s.name.find("_update") != std::string::npos && host_update_start < 0) host_update_start = s.start_us;
+  }
+  ASSERT_GE(host_update_start, 0) << "the optimizer did not run on the host";
+  for (const sim_trace::TraceSpan& s : trace->Track("compute")) {
+    EXPECT_EQ(s.name.find("_update"), std::string::npos) << "an optimizer update on the device";
+  }
+  for (const sim_trace::TraceSpan& s : trace->Track("reduce")) {
+    if (s.start_us < host_update_start) last_reduce_end = std::max(last_reduce_end, s.end_us);
+  }
+  EXPECT_GE(host_update_start, last_reduce_end * (1 - 1e-12));
+  // Deterministic.
+  StatusOr<SimStepReport> again = SimulateTraining(r);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->step_seconds, offload->step_seconds);
+  EXPECT_EQ(again->peak_allocated_bytes, offload->peak_allocated_bytes);
 }
 
 TEST(SimulateTrainingTest, RefusesWhatCannotRun) {

@@ -398,7 +398,8 @@ typedef SK_ENUM(sk_device_kind_t) {
    * hardware profile; one simulated rank stands for a cluster of
    * sim_world_size GPUs. Tensors hold no data: losses and norms are NaN
    * (sk_step_metrics.simulated is set), checkpoints are FAILED_PRECONDITION,
-   * cpu_offload is UNIMPLEMENTED. */
+   * cpu_offload runs on the profile's simulated host (FAILED_PRECONDITION
+   * for a profile without one: cpu-local). */
   SK_DEVICE_SIM = 3
 } sk_device_kind_t;
 
