@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -49,18 +50,101 @@ void SplitElementwise(int64_t n, const Fn& fn) {
 float* F(const Tensor& t) { return t.data_as<float>(); }
 float* At(const MatrixRef& m) { return m.t.data_as<float>() + m.offset; }
 
-// The matrix `m` of rows x cols (of any float dtype) widened into a
-// contiguous f32 buffer, batch by batch.
-std::vector<float> Widen(const MatrixRef& m, int64_t rows, int64_t cols, int64_t batch) {
-  std::vector<float> out(static_cast<size_t>(rows * cols * batch));
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < rows; ++i) {
-      const size_t src = static_cast<size_t>(m.offset + b * m.batch_stride + i * m.ld);
-      float* dst = out.data() + (b * rows + i) * cols;
-      for (int64_t j = 0; j < cols; ++j) dst[j] = LoadAsFloat(m.t.data(), m.t.dtype(), src + j);
-    }
+bool IsF32(const Tensor& t) { return t.dtype() == DType::kF32; }
+
+// Element i of t's buffer, for any dtype.
+void* Elem(const Tensor& t, int64_t i) {
+  return static_cast<char*>(t.data()) + i * static_cast<int64_t>(DTypeSize(t.dtype()));
+}
+
+// n elements of dtype t at src widened exactly into f32 (vectorised for bf16).
+void ToF32(const void* src, DType t, int64_t n, float* dst) {
+  if (t == DType::kBF16) {
+    simd::WidenBf16(static_cast<const BF16*>(src), n, dst);
+  } else {
+    WidenToF32(src, t, n, dst);
   }
-  return out;
+}
+
+// n f32 values stored into dtype t at dst, rounded to nearest even once.
+void FromF32(const float* src, int64_t n, void* dst, DType t) {
+  switch (t) {
+    case DType::kF32: std::memcpy(dst, src, sizeof(float) * n); return;
+    case DType::kBF16: simd::NarrowToBf16(src, n, static_cast<BF16*>(dst)); return;
+    default:
+      for (int64_t i = 0; i < n; ++i) StoreFromFloat(dst, t, i, src[i]);
+  }
+}
+
+// The calling thread's f32 scratch buffers (one per slot, grown to the
+// largest size asked for and kept): the f32 rows and chunks that 16-bit
+// operands are widened into and narrowed from, small enough to stay in
+// cache, instead of whole-tensor f32 copies.
+constexpr int kScratchSlots = 8;
+// A 16-bit GEMM result is computed in f32 blocks of at most this many
+// elements (whole rows; 4 MiB).
+constexpr int64_t kGemmBlockElements = int64_t{1} << 20;
+float* Scratch(int slot, int64_t n) {
+  thread_local std::vector<float> bufs[kScratchSlots];
+  std::vector<float>& b = bufs[slot];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+// Elements [i, i + n) of t as f32: t's own memory when f32, otherwise
+// widened into `buf` (which then holds them).
+float* InF32(const Tensor& t, int64_t i, int64_t n, float* buf) {
+  if (IsF32(t)) return F(t) + i;
+  ToF32(Elem(t, i), t.dtype(), n, buf);
+  return buf;
+}
+// Where an f32 result for elements [i, i + n) of t goes: t itself when f32,
+// otherwise `buf`, narrowed into t by OutDone.
+float* OutF32(const Tensor& t, int64_t i, float* buf) { return IsF32(t) ? F(t) + i : buf; }
+void OutDone(const Tensor& t, int64_t i, int64_t n, const float* buf) {
+  if (!IsF32(t)) FromF32(buf, n, Elem(t, i), t.dtype());
+}
+
+// Elementwise ops on 16-bit operands run over chunks of this many elements
+// (three f32 chunks fit in L1).
+constexpr int64_t kChunk = 2048;
+
+// Runs body(i, c) over [0, n) in chunks of at most kChunk.
+template <typename Body>
+void ForChunks(int64_t n, Body body) {
+  for (int64_t i = 0; i < n; i += kChunk) body(i, std::min(kChunk, n - i));
+}
+
+// Rows [row0, row0 + rows) of the cols-wide matrix m (batch index 0) as a
+// row-major f32 block: m's memory when f32 (row stride m.ld), otherwise
+// widened into buf (row stride cols). Returns the pointer and sets *ld.
+const float* MatIn(const MatrixRef& m, int64_t row0, int64_t rows, int64_t cols, float* buf,
+                   int64_t* ld) {
+  if (IsF32(m.t)) {
+    *ld = m.ld;
+    return At(m) + row0 * m.ld;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    ToF32(Elem(m.t, m.offset + (row0 + r) * m.ld), m.t.dtype(), cols, buf + r * cols);
+  }
+  *ld = cols;
+  return buf;
+}
+// The f32 destination of rows [row0, row0 + rows) of m, as MatIn (buf not
+// read); MatDone narrows buf's rows into m when m is 16-bit.
+float* MatOut(const MatrixRef& m, int64_t row0, float* buf, int64_t cols, int64_t* ld) {
+  if (IsF32(m.t)) {
+    *ld = m.ld;
+    return At(m) + row0 * m.ld;
+  }
+  *ld = cols;
+  return buf;
+}
+void MatDone(const MatrixRef& m, int64_t row0, int64_t rows, int64_t cols, const float* buf) {
+  if (IsF32(m.t)) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    FromF32(buf + r * cols, cols, Elem(m.t, m.offset + (row0 + r) * m.ld), m.t.dtype());
+  }
 }
 
 class CpuBackend final : public OpBackend {
@@ -68,20 +152,42 @@ class CpuBackend final : public OpBackend {
   const char* name() const override { return "cpu"; }
   bool executes() const override { return true; }
 
+  // A 16-bit C is stored here (f32 accumulation, rounded once): no f32
+  // staging of the whole C by the dispatcher. For k = 0 (C = beta C) the
+  // dispatcher stages a 16-bit C.
+  bool GemmStores16Bit(const GemmParams& p) const override { return p.k > 0; }
+  // Every model op takes its 16-bit operands itself (bf16 conversions
+  // vectorised, f16 through core/dtype.h's scalar ones), computing exactly
+  // what the dispatcher's staging would: see the block comment below.
+  bool Native16Bit(std::string_view op) const override {
+    static constexpr std::string_view kNative[] = {
+        "broadcast_rows", "bias_add",       "bias_grad",      "gelu_fwd",
+        "gelu_bwd",       "layer_norm_fwd", "layer_norm_bwd", "attention_fwd",
+        "attention_bwd",  "embedding_fwd",  "embedding_bwd",  "cross_entropy_fwd",
+        "cross_entropy_bwd"};
+    for (std::string_view n : kNative) {
+      if (n == op) return true;
+    }
+    return false;
+  }
+
   Status Gemm(const OpContext&, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
               const MatrixRef& c) override {
     if (p.m == 0 || p.n == 0 || p.batch == 0) return OkStatus();
     if (p.k == 0) {  // C = beta C; the libraries disagree about empty products.
+      float* buf = Scratch(0, p.n);
       for (int64_t i = 0; i < p.batch; ++i) {
         for (int64_t r = 0; r < p.m; ++r) {
-          float* row = At(c) + i * c.batch_stride + r * c.ld;
+          const int64_t o = c.offset + i * c.batch_stride + r * c.ld;
+          float* row = InF32(c.t, o, p.n, buf);
           for (int64_t j = 0; j < p.n; ++j) row[j] = p.beta == 0.0f ? 0.0f : p.beta * row[j];
+          OutDone(c.t, o, p.n, row);
         }
       }
       return OkStatus();
     }
     const DType t = a.t.dtype();
-    if (t == DType::kF32) {
+    if (t == DType::kF32 && IsF32(c.t)) {
       for (int64_t i = 0; i < p.batch; ++i) {
         sk::Gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, At(a) + i * a.batch_stride, a.ld,
                  At(b) + i * b.batch_stride, b.ld, p.beta, At(c) + i * c.batch_stride, c.ld);
@@ -90,26 +196,57 @@ class CpuBackend final : public OpBackend {
     }
     // bf16 through oneDNN's bf16 matmul only where the CPU has bf16
     // dot-product instructions (NativeBf16Gemm); otherwise widening and the
-    // f32 GEMM below is faster and gives the same numbers up to summation order.
-    if (t == DType::kBF16 && NativeBf16Gemm() && p.alpha == 1.0f &&
-        (p.beta == 0.0f || p.beta == 1.0f)) {
-      const BF16* ab = a.t.data_as<BF16>() + a.offset;
-      const BF16* bb = b.t.data_as<BF16>() + b.offset;
-      for (int64_t i = 0; i < p.batch; ++i) {
-        GemmBF16(p.trans_a, p.trans_b, p.m, p.n, p.k, ab + i * a.batch_stride, a.ld,
-                 bb + i * b.batch_stride, b.ld, p.beta == 1.0f, At(c) + i * c.batch_stride, c.ld);
-      }
-      return OkStatus();
-    }
-    // Other 16-bit cases (and bf16 without bf16 hardware): widen exactly to
-    // f32 and use the f32 GEMM.
-    const int64_t ar = p.trans_a ? p.k : p.m, ac = p.trans_a ? p.m : p.k;
+    // f32 GEMM is faster and gives the same numbers up to summation order.
+    const bool native = t == DType::kBF16 && NativeBf16Gemm() && p.alpha == 1.0f &&
+                        (p.beta == 0.0f || p.beta == 1.0f);
     const int64_t br = p.trans_b ? p.n : p.k, bc = p.trans_b ? p.k : p.n;
-    std::vector<float> wa = Widen(a, ar, ac, p.batch);
-    std::vector<float> wb = Widen(b, br, bc, p.batch);
+    // A 16-bit C is computed in f32 rows of the calling thread's scratch
+    // (beta C widened into them first) and rounded once into C, in blocks
+    // of rows that bound the scratch.
+    const bool c16 = !IsF32(c.t);
+    const int64_t block =
+        c16 ? std::max<int64_t>(1, std::min(p.m, kGemmBlockElements / p.n)) : p.m;
+    float* wc = c16 ? Scratch(0, block * p.n) : nullptr;
     for (int64_t i = 0; i < p.batch; ++i) {
-      sk::Gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, wa.data() + i * ar * ac, ac,
-               wb.data() + i * br * bc, bc, p.beta, At(c) + i * c.batch_stride, c.ld);
+      const MatrixRef ai{a.t, a.offset + i * a.batch_stride, a.ld, 0};
+      const MatrixRef bi{b.t, b.offset + i * b.batch_stride, b.ld, 0};
+      const MatrixRef ci{c.t, c.offset + i * c.batch_stride, c.ld, 0};
+      // B as f32 (widened once per matrix) unless the GEMM reads it as it is.
+      int64_t ldb = b.ld;
+      const float* wb = nullptr;
+      if (!native) wb = MatIn(bi, 0, br, bc, Scratch(1, br * bc), &ldb);
+      for (int64_t r0 = 0; r0 < p.m; r0 += block) {
+        const int64_t rows = std::min(block, p.m - r0);
+        int64_t ldc = c.ld;
+        float* cp = MatOut(ci, r0, wc, p.n, &ldc);
+        if (c16 && p.beta != 0.0f) {
+          for (int64_t r = 0; r < rows; ++r) {
+            ToF32(Elem(c.t, ci.offset + (r0 + r) * c.ld), c.t.dtype(), p.n, wc + r * p.n);
+          }
+        }
+        // Rows [r0, r0 + rows) of op(A): rows of A, or columns when transposed.
+        const int64_t a_off = p.trans_a ? r0 : r0 * a.ld;
+        if (native) {
+          const BF16* ab = a.t.data_as<BF16>() + ai.offset + a_off;
+          const BF16* bb = b.t.data_as<BF16>() + bi.offset;
+          GemmBF16(p.trans_a, p.trans_b, rows, p.n, p.k, ab, a.ld, bb, b.ld, p.beta == 1.0f, cp,
+                   ldc);
+        } else if (t == DType::kF32) {
+          sk::Gemm(p.trans_a, p.trans_b, rows, p.n, p.k, p.alpha, At(ai) + a_off, a.ld, wb, ldb,
+                   p.beta, cp, ldc);
+        } else {
+          // Other 16-bit cases (and bf16 without bf16 hardware): A widened
+          // exactly to f32 (the block's rows) and the f32 GEMM.
+          const int64_t abr = p.trans_a ? p.k : rows, abc = p.trans_a ? rows : p.k;
+          float* wa = Scratch(2, abr * abc);
+          for (int64_t r = 0; r < abr; ++r) {
+            ToF32(Elem(a.t, ai.offset + a_off + r * a.ld), t, abc, wa + r * abc);
+          }
+          sk::Gemm(p.trans_a, p.trans_b, rows, p.n, p.k, p.alpha, wa, abc, wb, ldb, p.beta, cp,
+                   ldc);
+        }
+        MatDone(ci, r0, rows, p.n, wc);
+      }
     }
     return OkStatus();
   }
@@ -120,6 +257,15 @@ class CpuBackend final : public OpBackend {
   }
 
   Status Cast(const OpContext&, const Tensor& src, const Tensor& dst) override {
+    const int64_t n = src.numel();
+    if (src.dtype() == DType::kBF16 && IsF32(dst)) {
+      simd::WidenBf16(src.data_as<BF16>(), n, F(dst));
+      return OkStatus();
+    }
+    if (IsF32(src) && dst.dtype() == DType::kBF16) {
+      simd::NarrowToBf16(F(src), n, dst.data_as<BF16>());
+      return OkStatus();
+    }
     return ConvertElements(src.data(), src.dtype(), dst.data(), dst.dtype(),
                            static_cast<size_t>(src.numel()));
   }
@@ -133,6 +279,15 @@ class CpuBackend final : public OpBackend {
     const int64_t n = x.numel();
     if (x.dtype() == DType::kF32) {
       simd::ScaleInPlace(F(x), alpha, n);
+      return OkStatus();
+    }
+    if (x.dtype() == DType::kBF16) {
+      alignas(64) float buf[kChunk];
+      ForChunks(n, [&](int64_t i, int64_t c) {
+        float* v = InF32(x, i, c, buf);
+        simd::ScaleInPlace(v, alpha, c);
+        OutDone(x, i, c, v);
+      });
       return OkStatus();
     }
     for (int64_t i = 0; i < n; ++i) {
@@ -154,6 +309,22 @@ class CpuBackend final : public OpBackend {
         simd::Axpy(alpha, xs, F(y), n);
         return OkStatus();
       }
+    }
+    if (x.dtype() != DType::kF16 && y.dtype() != DType::kF16) {
+      // f32 and bf16 mixes, in f32 chunks: y + alpha x (alpha = 1: y + x),
+      // rounded once, as the scalar loop below.
+      alignas(64) float bx[kChunk], by[kChunk];
+      ForChunks(n, [&](int64_t i, int64_t c) {
+        const float* xs = InF32(x, i, c, bx);
+        float* ys = InF32(y, i, c, by);
+        if (alpha == 1.0f) {
+          simd::AddInPlace(ys, xs, c);
+        } else {
+          simd::Axpy(alpha, xs, ys, c);
+        }
+        OutDone(y, i, c, ys);
+      });
+      return OkStatus();
     }
     for (int64_t i = 0; i < n; ++i) {
       float v = LoadAsFloat(y.data(), y.dtype(), i) + alpha * LoadAsFloat(x.data(), x.dtype(), i);
@@ -178,11 +349,27 @@ class CpuBackend final : public OpBackend {
     return InitializeTensorSlice(init, seed, param_id, begin, out);
   }
 
+  // The model ops below take f32, bf16 and f16 operands in any mix
+  // (Native16Bit): 16-bit operands are widened a row or a chunk at a time
+  // into the calling thread's f32 scratch (vectorised, exact), the f32 loop
+  // runs on it, and 16-bit outputs are rounded once when stored back. Per
+  // row and per chunk the arithmetic is the f32 path's, so the results are
+  // the f32 op's on widened copies, rounded once: what the dispatcher's
+  // whole-tensor staging gave, bit for bit.
+
   Status BroadcastRows(const OpContext&, const Tensor& src, const Tensor& dst) override {
     const int64_t cols = src.numel();
     if (cols == 0) return OkStatus();
     const int64_t rows = dst.numel() / cols;
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(F(dst) + r * cols, F(src), sizeof(float) * cols);
+    if (IsF32(src) && IsF32(dst)) {
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(F(dst) + r * cols, F(src), sizeof(float) * cols);
+      return OkStatus();
+    }
+    // src converted once into dst's dtype, then copied into every row.
+    const size_t row_bytes = DTypeSize(dst.dtype()) * static_cast<size_t>(cols);
+    std::vector<char> row(row_bytes);
+    FromF32(InF32(src, 0, cols, Scratch(0, cols)), cols, row.data(), dst.dtype());
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(Elem(dst, r * cols), row.data(), row_bytes);
     return OkStatus();
   }
 
@@ -190,7 +377,13 @@ class CpuBackend final : public OpBackend {
     const int64_t cols = bias.numel();
     if (cols == 0) return OkStatus();
     const int64_t rows = y.numel() / cols;
-    for (int64_t r = 0; r < rows; ++r) AddInPlace(F(y) + r * cols, F(bias), cols);
+    const float* b = InF32(bias, 0, cols, Scratch(0, cols));
+    float* buf = Scratch(1, cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* yr = InF32(y, r * cols, cols, buf);
+      AddInPlace(yr, b, cols);
+      OutDone(y, r * cols, cols, yr);
+    }
     return OkStatus();
   }
 
@@ -198,18 +391,42 @@ class CpuBackend final : public OpBackend {
     const int64_t cols = dbias.numel();
     if (cols == 0) return OkStatus();
     const int64_t rows = dy.numel() / cols;
-    for (int64_t r = 0; r < rows; ++r) AddInPlace(F(dbias), F(dy) + r * cols, cols);
+    // dbias accumulates in f32 over every row and is rounded once.
+    float* acc = InF32(dbias, 0, cols, Scratch(0, cols));
+    float* buf = Scratch(1, cols);
+    for (int64_t r = 0; r < rows; ++r) AddInPlace(acc, InF32(dy, r * cols, cols, buf), cols);
+    OutDone(dbias, 0, cols, acc);
     return OkStatus();
   }
 
   Status GeluForward(const OpContext&, const Tensor& x, const Tensor& y) override {
-    sk::GeluForward(F(x), x.numel(), F(y));
+    if (IsF32(x) && IsF32(y)) {
+      sk::GeluForward(F(x), x.numel(), F(y));
+      return OkStatus();
+    }
+    alignas(64) float bx[kChunk], by[kChunk];
+    ForChunks(x.numel(), [&](int64_t i, int64_t c) {
+      float* ys = OutF32(y, i, by);
+      sk::GeluForward(InF32(x, i, c, bx), c, ys);
+      OutDone(y, i, c, ys);
+    });
     return OkStatus();
   }
 
   Status GeluBackward(const OpContext&, const Tensor& x, const Tensor& dy,
                       const Tensor& dx) override {
-    sk::GeluBackward(F(x), F(dy), x.numel(), F(dx));
+    if (IsF32(x) && IsF32(dy) && IsF32(dx)) {
+      sk::GeluBackward(F(x), F(dy), x.numel(), F(dx));
+      return OkStatus();
+    }
+    alignas(64) float bx[kChunk], bdy[kChunk], bdx[kChunk];
+    ForChunks(x.numel(), [&](int64_t i, int64_t c) {
+      const float* xs = InF32(x, i, c, bx);
+      const float* dys = InF32(dy, i, c, bdy);
+      float* dxs = OutF32(dx, i, bdx);
+      sk::GeluBackward(xs, dys, c, dxs);
+      OutDone(dx, i, c, dxs);
+    });
     return OkStatus();
   }
 
@@ -217,7 +434,21 @@ class CpuBackend final : public OpBackend {
                           const Tensor& beta, const Tensor& y, const Tensor& mean,
                           const Tensor& rstd) override {
     const int64_t cols = gamma.numel();
-    sk::LayerNormForward(F(x), F(gamma), F(beta), x.numel() / cols, cols, F(y), F(mean), F(rstd));
+    const int64_t rows = x.numel() / cols;
+    if (IsF32(x) && IsF32(gamma) && IsF32(beta) && IsF32(y)) {
+      sk::LayerNormForward(F(x), F(gamma), F(beta), rows, cols, F(y), F(mean), F(rstd));
+      return OkStatus();
+    }
+    const float* g = InF32(gamma, 0, cols, Scratch(0, cols));
+    const float* b = InF32(beta, 0, cols, Scratch(1, cols));
+    float* bx = Scratch(2, cols);
+    float* by = Scratch(3, cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* yr = OutF32(y, r * cols, by);
+      sk::LayerNormForward(InF32(x, r * cols, cols, bx), g, b, 1, cols, yr, F(mean) + r,
+                           F(rstd) + r);
+      OutDone(y, r * cols, cols, yr);
+    }
     return OkStatus();
   }
 
@@ -225,8 +456,28 @@ class CpuBackend final : public OpBackend {
                            const Tensor& dy, const Tensor& mean, const Tensor& rstd,
                            const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) override {
     const int64_t cols = gamma.numel();
-    sk::LayerNormBackward(F(x), F(gamma), F(dy), F(mean), F(rstd), x.numel() / cols, cols, F(dx),
-                          F(dgamma), F(dbeta));
+    const int64_t rows = x.numel() / cols;
+    if (IsF32(x) && IsF32(gamma) && IsF32(dy) && IsF32(dx) && IsF32(dgamma) && IsF32(dbeta)) {
+      sk::LayerNormBackward(F(x), F(gamma), F(dy), F(mean), F(rstd), rows, cols, F(dx),
+                            F(dgamma), F(dbeta));
+      return OkStatus();
+    }
+    const float* g = InF32(gamma, 0, cols, Scratch(0, cols));
+    // dgamma and dbeta accumulate in f32 over every row, rounded once.
+    float* dg = InF32(dgamma, 0, cols, Scratch(1, cols));
+    float* db = InF32(dbeta, 0, cols, Scratch(2, cols));
+    float* bx = Scratch(3, cols);
+    float* bdy = Scratch(4, cols);
+    float* bdx = Scratch(5, cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t o = r * cols;
+      float* dxr = InF32(dx, o, cols, bdx);
+      sk::LayerNormBackward(InF32(x, o, cols, bx), g, InF32(dy, o, cols, bdy), F(mean) + r,
+                            F(rstd) + r, 1, cols, dxr, dg, db);
+      OutDone(dx, o, cols, dxr);
+    }
+    OutDone(dgamma, 0, cols, dg);
+    OutDone(dbeta, 0, cols, db);
     return OkStatus();
   }
 
@@ -234,7 +485,29 @@ class CpuBackend final : public OpBackend {
                           const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                           const MatrixRef& out) override {
     if (s.batch == 0 || s.heads == 0 || s.q_len == 0) return OkStatus();
-    sk::AttentionForward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, F(probs), At(out), out.ld);
+    if (IsF32(q.t) && IsF32(k.t) && IsF32(v.t) && IsF32(out.t)) {
+      sk::AttentionForward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, F(probs), At(out), out.ld);
+      return OkStatus();
+    }
+    // One sequence at a time (the f32 kernel's outer loop), its 16-bit
+    // operands widened into f32 blocks.
+    const int64_t cols = s.heads * s.head_dim;
+    AttentionShape one = s;
+    one.batch = 1;
+    float* bq = Scratch(0, s.q_len * cols);
+    float* bk = Scratch(1, s.kv_len * cols);
+    float* bv = Scratch(2, s.kv_len * cols);
+    float* bo = Scratch(3, s.q_len * cols);
+    for (int64_t b = 0; b < s.batch; ++b) {
+      int64_t lq, lk, lv, lo;
+      const float* qp = MatIn(q, b * s.q_len, s.q_len, cols, bq, &lq);
+      const float* kp = MatIn(k, b * s.kv_len, s.kv_len, cols, bk, &lk);
+      const float* vp = MatIn(v, b * s.kv_len, s.kv_len, cols, bv, &lv);
+      float* op = MatOut(out, b * s.q_len, bo, cols, &lo);
+      sk::AttentionForward(one, qp, lq, kp, lk, vp, lv,
+                           F(probs) + b * s.heads * s.q_len * s.kv_len, op, lo);
+      MatDone(out, b * s.q_len, s.q_len, cols, op);
+    }
     return OkStatus();
   }
 
@@ -243,32 +516,95 @@ class CpuBackend final : public OpBackend {
                            const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
                            const MatrixRef& dv, const Tensor& scratch) override {
     if (s.batch == 0 || s.heads == 0) return OkStatus();
-    if (s.q_len == 0) {
-      // No query attends: the key and value gradients are zero.
-      for (const MatrixRef* m : {&dk, &dv}) {
-        for (int64_t r = 0; r < s.batch * s.kv_len; ++r) {
-          std::memset(At(*m) + r * m->ld, 0, sizeof(float) * s.heads * s.head_dim);
+    const int64_t cols = s.heads * s.head_dim;
+    const bool all_f32 = IsF32(q.t) && IsF32(k.t) && IsF32(v.t) && IsF32(dout.t) &&
+                         IsF32(dq.t) && IsF32(dk.t) && IsF32(dv.t);
+    if (all_f32) {
+      if (s.q_len == 0) {
+        // No query attends: the key and value gradients are zero.
+        for (const MatrixRef* m : {&dk, &dv}) {
+          for (int64_t r = 0; r < s.batch * s.kv_len; ++r) {
+            std::memset(At(*m) + r * m->ld, 0, sizeof(float) * cols);
+          }
         }
+        return OkStatus();
       }
+      // One head's score gradients at a time: the first q_len * kv_len of it.
+      sk::AttentionBackward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, F(probs), At(dout), dout.ld,
+                            At(dq), dq.ld, At(dk), dk.ld, At(dv), dv.ld, F(scratch));
       return OkStatus();
     }
-    // One head's score gradients at a time: the first q_len * kv_len of it.
-    sk::AttentionBackward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, F(probs), At(dout), dout.ld,
-                          At(dq), dq.ld, At(dk), dk.ld, At(dv), dv.ld, F(scratch));
+    // One sequence at a time, as AttentionForward.
+    AttentionShape one = s;
+    one.batch = 1;
+    float* bq = Scratch(0, s.q_len * cols);
+    float* bk = Scratch(1, s.kv_len * cols);
+    float* bv = Scratch(2, s.kv_len * cols);
+    float* bdo = Scratch(3, s.q_len * cols);
+    float* bdq = Scratch(4, s.q_len * cols);
+    float* bdk = Scratch(5, s.kv_len * cols);
+    float* bdv = Scratch(6, s.kv_len * cols);
+    for (int64_t b = 0; b < s.batch; ++b) {
+      const int64_t q0 = b * s.q_len, k0 = b * s.kv_len;
+      int64_t lq, lk, lv, ldo, ldq, ldk, ldv;
+      float* dkp = MatOut(dk, k0, bdk, cols, &ldk);
+      float* dvp = MatOut(dv, k0, bdv, cols, &ldv);
+      if (s.q_len == 0) {
+        for (int64_t r = 0; r < s.kv_len; ++r) {
+          std::memset(dkp + r * ldk, 0, sizeof(float) * cols);
+          std::memset(dvp + r * ldv, 0, sizeof(float) * cols);
+        }
+      } else {
+        const float* qp = MatIn(q, q0, s.q_len, cols, bq, &lq);
+        const float* kp = MatIn(k, k0, s.kv_len, cols, bk, &lk);
+        const float* vp = MatIn(v, k0, s.kv_len, cols, bv, &lv);
+        const float* dop = MatIn(dout, q0, s.q_len, cols, bdo, &ldo);
+        float* dqp = MatOut(dq, q0, bdq, cols, &ldq);
+        sk::AttentionBackward(one, qp, lq, kp, lk, vp, lv,
+                              F(probs) + b * s.heads * s.q_len * s.kv_len, dop, ldo, dqp, ldq,
+                              dkp, ldk, dvp, ldv, F(scratch));
+        MatDone(dq, q0, s.q_len, cols, dqp);
+      }
+      MatDone(dk, k0, s.kv_len, cols, dkp);
+      MatDone(dv, k0, s.kv_len, cols, dvp);
+    }
     return OkStatus();
   }
 
   Status EmbeddingForward(const OpContext&, const Tensor& table, const Tensor& ids,
                           const Tensor& out) override {
-    sk::EmbeddingForward(F(table), ids.data_as<int32_t>(), ids.numel(), table.shape().dim(1),
-                         F(out));
+    const int64_t dim = table.shape().dim(1);
+    if (table.dtype() == out.dtype()) {
+      // A row copied as it is: exact in any dtype.
+      const size_t row_bytes = DTypeSize(out.dtype()) * static_cast<size_t>(dim);
+      const int32_t* id = ids.data_as<int32_t>();
+      for (int64_t n = 0; n < ids.numel(); ++n) {
+        std::memcpy(Elem(out, n * dim), Elem(table, static_cast<int64_t>(id[n]) * dim), row_bytes);
+      }
+      return OkStatus();
+    }
+    float* buf = Scratch(0, dim);
+    const int32_t* id = ids.data_as<int32_t>();
+    for (int64_t n = 0; n < ids.numel(); ++n) {
+      FromF32(InF32(table, static_cast<int64_t>(id[n]) * dim, dim, buf), dim, Elem(out, n * dim),
+              out.dtype());
+    }
     return OkStatus();
   }
 
   Status EmbeddingBackward(const OpContext&, const Tensor& ids, const Tensor& dout,
                            const Tensor& dtable) override {
-    sk::EmbeddingBackward(ids.data_as<int32_t>(), F(dout), ids.numel(), dtable.shape().dim(1),
-                          F(dtable));
+    const int64_t dim = dtable.shape().dim(1);
+    if (IsF32(dout)) {
+      sk::EmbeddingBackward(ids.data_as<int32_t>(), F(dout), ids.numel(), dim, F(dtable));
+      return OkStatus();
+    }
+    float* buf = Scratch(0, dim);
+    const int32_t* id = ids.data_as<int32_t>();
+    for (int64_t n = 0; n < ids.numel(); ++n) {
+      AddInPlace(F(dtable) + static_cast<int64_t>(id[n]) * dim, InF32(dout, n * dim, dim, buf),
+                 dim);
+    }
     return OkStatus();
   }
 
@@ -277,7 +613,20 @@ class CpuBackend final : public OpBackend {
     const int64_t rows = targets.numel();
     const int64_t vocab = rows == 0 ? 0 : logits.numel() / rows;
     int64_t count = 0;
-    *F(loss) = sk::CrossEntropyForward(F(logits), targets.data_as<int32_t>(), rows, vocab, &count);
+    if (IsF32(logits)) {
+      *F(loss) = sk::CrossEntropyForward(F(logits), targets.data_as<int32_t>(), rows, vocab, &count);
+      return OkStatus();
+    }
+    // kernels.cc's CrossEntropyForward, a widened row at a time.
+    const int32_t* t = targets.data_as<int32_t>();
+    float* buf = Scratch(0, vocab);
+    double sum = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (t[r] == kIgnoreTarget) continue;
+      sum += simd::CrossEntropyRow(InF32(logits, r * vocab, vocab, buf), vocab, t[r]);
+      ++count;
+    }
+    *F(loss) = count == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(count));
     return OkStatus();
   }
 
@@ -290,7 +639,23 @@ class CpuBackend final : public OpBackend {
     int64_t count = 0;
     for (int64_t r = 0; r < rows; ++r) count += t[r] != kIgnoreTarget;
     const float scale = count == 0 ? 0.0f : 1.0f / static_cast<float>(count);
-    sk::CrossEntropyBackward(F(logits), t, rows, vocab, scale, F(dlogits));
+    if (IsF32(logits) && IsF32(dlogits)) {
+      sk::CrossEntropyBackward(F(logits), t, rows, vocab, scale, F(dlogits));
+      return OkStatus();
+    }
+    // A widened row at a time; the f32 row loop runs in place on it when
+    // dlogits is 16-bit (logits may be dlogits).
+    float* buf = Scratch(0, vocab);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t o = r * vocab;
+      float* d = OutF32(dlogits, o, buf);
+      if (t[r] == kIgnoreTarget) {
+        std::memset(d, 0, sizeof(float) * vocab);
+      } else {
+        simd::CrossEntropyRowBackward(InF32(logits, o, vocab, buf), vocab, t[r], scale, d);
+      }
+      OutDone(dlogits, o, vocab, d);
+    }
     return OkStatus();
   }
 

@@ -87,6 +87,51 @@ struct V {
 
 #include "runtime/ops/cpu/simd_loops.inc"
 
+// bf16 <-> f32, 16 lanes. Widening is a 16-bit shift (exact). Narrowing is
+// FloatToBF16's integer sequence (round to nearest even; NaN quietened with
+// its sign and top payload kept), not avx512_bf16's vcvtneps2bf16, which
+// flushes subnormal inputs and results to zero: the same bits as the scalar
+// conversion on every CPU. Tails go through a 16-element buffer (no
+// avx512bw masked 16-bit loads needed).
+inline __m512 WidenBf16x16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m256i NarrowBf16x16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(
+      _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+void WidenBf16(const uint16_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(dst + i,
+                     WidenBf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+  if (i < n) {
+    alignas(32) uint16_t tail[16] = {};
+    std::memcpy(tail, src + i, sizeof(uint16_t) * (n - i));
+    _mm512_mask_storeu_ps(dst + i, V::Mask(n - i),
+                          WidenBf16x16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tail))));
+  }
+}
+void NarrowBf16(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), NarrowBf16x16(_mm512_loadu_ps(src + i)));
+  }
+  if (i < n) {
+    alignas(32) uint16_t tail[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tail),
+                       NarrowBf16x16(_mm512_maskz_loadu_ps(V::Mask(n - i), src + i)));
+    std::memcpy(dst + i, tail, sizeof(uint16_t) * (n - i));
+  }
+}
+
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -172,12 +217,61 @@ struct V {
 
 #include "runtime/ops/cpu/simd_loops.inc"
 
+// bf16 <-> f32, 8 lanes, as avx512's.
+inline __m256 WidenBf16x8(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m128i NarrowBf16x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
+  const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);  // each lane <= 0xffff
+  // packus works within 128-bit halves: [r0..3 r0..3 | r4..7 r4..7]; gather
+  // quadwords 0 and 2.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  return _mm256_castsi256_si128(packed);
+}
+void WidenBf16(const uint16_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i,
+                     WidenBf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+  if (i < n) {
+    alignas(16) uint16_t tail[8] = {};
+    std::memcpy(tail, src + i, sizeof(uint16_t) * (n - i));
+    V::StoreN(dst + i, WidenBf16x8(_mm_load_si128(reinterpret_cast<const __m128i*>(tail))), n - i);
+  }
+}
+void NarrowBf16(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), NarrowBf16x8(_mm256_loadu_ps(src + i)));
+  }
+  if (i < n) {
+    alignas(16) uint16_t tail[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(tail), NarrowBf16x8(V::LoadN(src + i, n - i)));
+    std::memcpy(dst + i, tail, sizeof(uint16_t) * (n - i));
+  }
+}
+
 }  // namespace avx2
 #pragma GCC pop_options
 
 // ---- Scalar: the reference loops of math.h and update_rules.h -----------------
 
 namespace scalar {
+
+void WidenBf16(const uint16_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(BF16{src[i]});
+}
+void NarrowBf16(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBF16(src[i]).bits;
+}
 
 void GeluForward(const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = nn_math::GeluTanh(x[i]);
@@ -349,6 +443,13 @@ float CrossEntropyRow(const float* logits, int64_t cols, int32_t target) {
 void CrossEntropyRowBackward(const float* logits, int64_t cols, int32_t target, float scale,
                              float* dlogits) {
   SK_SIMD_DISPATCH(CrossEntropyRowBackward, logits, cols, target, scale, dlogits);
+}
+
+void WidenBf16(const BF16* src, int64_t n, float* dst) {
+  SK_SIMD_DISPATCH(WidenBf16, reinterpret_cast<const uint16_t*>(src), n, dst);
+}
+void NarrowToBf16(const float* src, int64_t n, BF16* dst) {
+  SK_SIMD_DISPATCH(NarrowBf16, src, n, reinterpret_cast<uint16_t*>(dst));
 }
 
 #undef SK_SIMD_DISPATCH

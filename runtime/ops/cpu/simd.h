@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "runtime/core/dtype.h"
 #include "runtime/ops/update_rules.h"
 
 namespace sk::simd {
@@ -77,6 +78,13 @@ void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols, float sc
 float CrossEntropyRow(const float* logits, int64_t cols, int32_t target);
 void CrossEntropyRowBackward(const float* logits, int64_t cols, int32_t target, float scale,
                              float* dlogits);
+
+// bf16 <-> f32 over n elements, bit-identical to core/dtype.h's BF16ToFloat
+// and FloatToBF16 (round to nearest even, NaN kept quiet) on every ISA.
+// The AVX-512 and AVX2 loops use integer shifts, not avx512_bf16's
+// vcvtneps2bf16 (which flushes subnormals to zero). dst must not overlap src.
+void WidenBf16(const BF16* src, int64_t n, float* dst);
+void NarrowToBf16(const float* src, int64_t n, BF16* dst);
 
 }  // namespace sk::simd
 
