@@ -1039,6 +1039,143 @@ TEST_P(Conformance, ModelOpsOn16BitOperandsAreTheF32OpRoundedOnce) {
   }
 }
 
+// The same contract for bf16 operands mixed with f32 ones, rows and
+// vectors longer than the CPU backend's f32 chunks (2048 elements) and bf16
+// views starting at odd element offsets, with every tail length 1..31 of a
+// 16-lane vector: each 16-bit output is the f32 op's result on the widened
+// values, rounded once (bit for bit).
+TEST_P(Conformance, Bf16MixesLongRowsAndOddViewsAreTheF32OpRoundedOnce) {
+  const DType b16 = DType::kBF16, f32 = DType::kF32;
+  // A [n] view of dtype t starting `off` elements into a fresh tensor.
+  auto ViewOf = [&](const Vec& v, DType t, int64_t off) {
+    Vec padded(static_cast<size_t>(off), 0.0);
+    padded.insert(padded.end(), v.begin(), v.end());
+    padded.push_back(0.0);
+    Tensor base = Up(padded, t);
+    auto view = base.View(static_cast<size_t>(off) * DTypeSize(t), t,
+                          Shape{static_cast<int64_t>(v.size())});
+    EXPECT_TRUE(view.ok()) << view.status().ToString();
+    return *view;
+  };
+  auto Same = [&](const std::string& what, const Tensor& got, const Vec& f32_result) {
+    const Vec g = Down(got);
+    const Vec want = R(f32_result, got.dtype());
+    ASSERT_EQ(g.size(), want.size()) << what;
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], want[i]) << what << " element " << i;
+  };
+  std::vector<int64_t> lengths;
+  for (int64_t n = 1; n <= 31; ++n) lengths.push_back(n);
+  lengths.push_back(2 * 2048 + 16 + 5);
+  for (int64_t n : lengths) {
+    const std::string ns = " n=" + std::to_string(n);
+    const size_t e = static_cast<size_t>(n);
+    const Vec x = R(Random(e, 60 + n, -4, 4), b16), dy = R(Random(e, 61 + n), b16);
+    const Vec yf = Random(e, 62 + n);  // f32 values, not bf16-representable
+    {  // gelu: bf16 view -> f32, f32 -> bf16 view, in place on a bf16 view
+      Tensor y32 = Up(Vec(e, 0), f32), ref = Up(Vec(e, 0), f32);
+      ASSERT_TRUE(GeluForward(ctx(), ViewOf(x, b16, 1), y32).ok());
+      ASSERT_TRUE(GeluForward(ctx(), Up(x, f32), ref).ok());
+      Same("gelu_fwd bf16->f32" + ns, y32, Down(ref));
+      Tensor y16 = ViewOf(Vec(e, 0), b16, 3), ref2 = Up(Vec(e, 0), f32);
+      ASSERT_TRUE(GeluForward(ctx(), Up(yf, f32), y16).ok());
+      ASSERT_TRUE(GeluForward(ctx(), Up(yf, f32), ref2).ok());
+      Same("gelu_fwd f32->bf16" + ns, y16, Down(ref2));
+      Tensor d16 = ViewOf(dy, b16, 1), d32 = Up(dy, f32);
+      ASSERT_TRUE(GeluBackward(ctx(), ViewOf(x, b16, 2), d16, d16).ok());
+      ASSERT_TRUE(GeluBackward(ctx(), Up(x, f32), d32, d32).ok());
+      Same("gelu_bwd in place" + ns, d16, Down(d32));
+    }
+    for (float alpha : {1.0f, -0.37f}) {  // axpy in every f32/bf16 mix; scale
+      const std::string as = ns + " alpha=" + std::to_string(alpha);
+      for (DType xt : {f32, b16}) {
+        for (DType yt : {f32, b16}) {
+          if (xt == f32 && yt == f32) continue;
+          const Vec xv = R(yf, xt), yv = R(dy, yt);
+          Tensor y = ViewOf(yv, yt, 1), ref = Up(yv, f32);
+          ASSERT_TRUE(Axpy(ctx(), alpha, ViewOf(xv, xt, 3), y).ok());
+          ASSERT_TRUE(Axpy(ctx(), alpha, Up(xv, f32), ref).ok());
+          Same("axpy " + std::string(DTypeName(xt)) + "->" + std::string(DTypeName(yt)) + as, y,
+               Down(ref));
+        }
+      }
+      Tensor s16 = ViewOf(x, b16, 1), s32 = Up(x, f32);
+      ASSERT_TRUE(Scale(ctx(), s16, alpha).ok());
+      ASSERT_TRUE(Scale(ctx(), s32, alpha).ok());
+      Same("scale" + as, s16, Down(s32));
+    }
+    {  // cast both ways
+      Tensor c16 = ViewOf(Vec(e, 0), b16, 1), back = Up(Vec(e, 0), f32);
+      ASSERT_TRUE(Cast(ctx(), Up(yf, f32), c16).ok());
+      Same("cast f32->bf16" + ns, c16, yf);
+      ASSERT_TRUE(Cast(ctx(), c16, back).ok());
+      Same("cast bf16->f32" + ns, back, R(yf, b16));
+    }
+    {  // rows of n columns: bias ops, LayerNorm (bf16 and f32 parameters mixed)
+      const int64_t rows = 3;
+      const size_t m = rows * e;
+      const Vec xm = R(Random(m, 63 + n, -3, 3), b16), dym = R(Random(m, 64 + n), b16);
+      const Vec g = R(Random(e, 65 + n), b16), b = R(Random(e, 66 + n), b16);
+      Tensor y16 = ViewOf(dym, b16, 1), y32 = Up(dym, f32);
+      ASSERT_TRUE(BiasAdd(ctx(), Up(yf, f32), y16).ok());
+      ASSERT_TRUE(BiasAdd(ctx(), Up(yf, f32), y32).ok());
+      Same("bias_add f32 bias, bf16 y" + ns, y16, Down(y32));
+      Tensor bc16 = ViewOf(Vec(m, 0), b16, 1);
+      ASSERT_TRUE(BroadcastRows(ctx(), Up(yf, f32), bc16).ok());
+      Vec rep;
+      for (int64_t r = 0; r < rows; ++r) rep.insert(rep.end(), yf.begin(), yf.end());
+      Same("broadcast_rows f32->bf16" + ns, bc16, rep);
+      Tensor db16 = ViewOf(b, b16, 1), db32 = Up(b, f32);
+      ASSERT_TRUE(BiasGrad(ctx(), ViewOf(dym, b16, 2), db16).ok());
+      ASSERT_TRUE(BiasGrad(ctx(), Up(dym, f32), db32).ok());
+      Same("bias_grad into bf16 dbias (rounded once)" + ns, db16, Down(db32));
+
+      Tensor ly16 = ViewOf(Vec(m, 0), b16, 1), ly32 = Up(Vec(m, 0), f32);
+      Tensor mean16 = Up(Vec(rows, 0), f32), rstd16 = Up(Vec(rows, 0), f32);
+      Tensor mean32 = Up(Vec(rows, 0), f32), rstd32 = Up(Vec(rows, 0), f32);
+      ASSERT_TRUE(LayerNormForward(ctx(), ViewOf(xm, b16, 3), Up(g, f32), ViewOf(b, b16, 1), ly16,
+                                   mean16, rstd16)
+                      .ok());
+      ASSERT_TRUE(
+          LayerNormForward(ctx(), Up(xm, f32), Up(g, f32), Up(b, f32), ly32, mean32, rstd32).ok());
+      Same("layer_norm_fwd y" + ns, ly16, Down(ly32));
+      Same("layer_norm_fwd mean" + ns, mean16, Down(mean32));
+      Same("layer_norm_fwd rstd" + ns, rstd16, Down(rstd32));
+      Tensor dx16 = ViewOf(xm, b16, 1), dx32 = Up(xm, f32);
+      Tensor dg16 = ViewOf(g, b16, 1), dg32 = Up(g, f32);  // a bf16 dgamma: rounded once
+      Tensor dbt = Up(b, f32), dbt32 = Up(b, f32);
+      ASSERT_TRUE(LayerNormBackward(ctx(), ViewOf(xm, b16, 1), ViewOf(g, b16, 2),
+                                    ViewOf(dym, b16, 3), mean16, rstd16, dx16, dg16, dbt)
+                      .ok());
+      ASSERT_TRUE(LayerNormBackward(ctx(), Up(xm, f32), Up(g, f32), Up(dym, f32), mean32, rstd32,
+                                    dx32, dg32, dbt32)
+                      .ok());
+      Same("layer_norm_bwd dx" + ns, dx16, Down(dx32));
+      Same("layer_norm_bwd dgamma" + ns, dg16, Down(dg32));
+      Same("layer_norm_bwd dbeta" + ns, dbt, Down(dbt32));
+
+      // cross-entropy over a vocabulary of n: bf16 logits into f32 dlogits
+      const Vec tg{0, static_cast<double>(n - 1), static_cast<double>(kIgnoreTarget)};
+      Tensor tt = Up(tg, DType::kI32);
+      Tensor l16 = ViewOf(xm, b16, 1), dl32 = Up(Vec(m, 0), f32), dlr = Up(Vec(m, 0), f32);
+      ASSERT_TRUE(CrossEntropyBackward(ctx(), l16, tt, dl32).ok());
+      ASSERT_TRUE(CrossEntropyBackward(ctx(), Up(xm, f32), tt, dlr).ok());
+      Same("cross_entropy_bwd bf16 logits, f32 dlogits" + ns, dl32, Down(dlr));
+    }
+  }
+  if (GetParam() != DeviceKind::kCpu) return;
+  // A bf16 C larger than the CPU backend's f32 block of 2^20 elements (two
+  // blocks of rows), accumulated onto (beta = 1): the bf16 GEMM into an f32
+  // C, rounded once. k = 3 keeps each element's sum order fixed.
+  GemmParams p;
+  p.m = 520, p.n = 2100, p.k = 3, p.beta = 1.0f;
+  const Vec a = R(Random(p.m * p.k, 70), b16), b = R(Random(p.k * p.n, 71), b16);
+  const Vec c = R(Random(p.m * p.n, 72), b16);
+  Tensor c16 = Up(c, b16), c32 = Up(c, f32);
+  ASSERT_TRUE(Gemm(ctx(), p, {Up(a, b16), 0, p.k}, {Up(b, b16), 0, p.n}, {c16, 0, p.n}).ok());
+  ASSERT_TRUE(Gemm(ctx(), p, {Up(a, b16), 0, p.k}, {Up(b, b16), 0, p.n}, {c32, 0, p.n}).ok());
+  Same("gemm bf16 C in blocks", c16, Down(c32));
+}
+
 TEST_P(Conformance, BadArgumentsAreInvalidArgumentAndWriteNothing) {
   Tensor x = Up(Vec{1, 2, 3, 4, 5, 6}, DType::kF32), g = Up(Vec{1, 1, 1, 1}, DType::kF32);
   Tensor y = Up(Vec(6, 9.0), DType::kF32), m = Up(Vec(2, 9.0), DType::kF32),

@@ -330,5 +330,66 @@ TEST(Simd, SumOfSquaresMatchesLongDoubleAndAddsToTheAccumulator) {
   }
 }
 
+// bf16 <-> f32 on every ISA gives core/dtype.h's scalar conversions bit for
+// bit: every bf16 pattern widens exactly; narrowing rounds to nearest even,
+// ties included, keeps subnormals (no flush to zero), overflows to infinity
+// and keeps NaNs quiet with their sign. Every tail length 1..33 at every
+// element offset 0..3 (unaligned), and nothing is written past the end.
+TEST(Simd, Bf16ConversionsAreTheScalarOnesBitForBit) {
+  std::vector<BF16> all(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i].bits = static_cast<uint16_t>(i);
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  };
+  auto from_bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  // Narrowing inputs: random values, every bf16 value, the ties and their
+  // neighbours around a few of them, subnormals, the overflow boundary, NaNs.
+  std::vector<float> in = Random(4000, 23, -1e3f, 1e3f);
+  for (const BF16& b : all) in.push_back(BF16ToFloat(b));
+  for (uint32_t hi : {0x3f80u, 0x3f81u, 0x0001u, 0x007fu, 0x8040u, 0x7f7fu, 0xff7fu}) {
+    for (uint32_t lo : {0x7fffu, 0x8000u, 0x8001u, 0x0001u, 0xffffu}) in.push_back(from_bits(hi << 16 | lo));
+  }
+  for (uint32_t u : {0x00000001u, 0x00400000u, 0x807fffffu, 0x7f7fffffu, 0x7f800000u, 0xff800000u,
+                     0x7fc00000u, 0xffc00001u, 0x7f800001u, 0xff812345u, 0x7fffffffu}) {
+    in.push_back(from_bits(u));
+  }
+  for (Isa isa : Isas()) {
+    OnIsa on(isa);
+    const std::string name = IsaName(isa);
+    std::vector<float> wide(all.size());
+    WidenBf16(all.data(), static_cast<int64_t>(all.size()), wide.data());
+    for (size_t i = 0; i < all.size(); ++i) {
+      ASSERT_EQ(bits(wide[i]), bits(BF16ToFloat(all[i]))) << name << " widen " << i;
+    }
+    std::vector<BF16> narrow(in.size());
+    NarrowToBf16(in.data(), static_cast<int64_t>(in.size()), narrow.data());
+    for (size_t i = 0; i < in.size(); ++i) {
+      ASSERT_EQ(narrow[i].bits, FloatToBF16(in[i]).bits)
+          << name << " narrow " << in[i] << " (bits " << std::hex << bits(in[i]) << ")";
+    }
+    for (int64_t off = 0; off < 4; ++off) {
+      for (int64_t n = 1; n <= 33; ++n) {
+        const std::string what = name + " offset " + std::to_string(off) + " n=" + std::to_string(n);
+        std::vector<float> f(off + n + 1, -7.0f);
+        WidenBf16(all.data() + 0x3f00 + off, n, f.data() + off);
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(bits(f[off + i]), bits(BF16ToFloat(all[0x3f00 + off + i]))) << what;
+        }
+        ASSERT_EQ(f[off + n], -7.0f) << what << ": widen wrote past the end";
+        std::vector<BF16> h(off + n + 1, BF16{0x1234});
+        NarrowToBf16(in.data() + off, n, h.data() + off);
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h[off + i].bits, FloatToBF16(in[off + i]).bits) << what;
+        ASSERT_EQ(h[off + n].bits, 0x1234) << what << ": narrow wrote past the end";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sk::simd
