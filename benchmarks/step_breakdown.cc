@@ -72,6 +72,13 @@ class TimingBackend final : public ops::OpBackend {
     return inner_->Account(ctx, cost);
   }
 
+  // What the dispatcher asks the backend about 16-bit operands: the inner
+  // backend's answers, so ops are staged (or not) as without the decorator.
+  bool GemmStores16Bit(const ops::GemmParams& p) const override {
+    return inner_->GemmStores16Bit(p);
+  }
+  bool Computes16Bit(DType t) const override { return inner_->Computes16Bit(t); }
+
   void SetEnabled(bool on) { enabled_.store(on); }
   // Charges each GEMM shape to its own row instead of one "gemm" row.
   void SetGemmShapes(bool on) { gemm_shapes_ = on; }
