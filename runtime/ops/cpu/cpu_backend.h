@@ -2,11 +2,20 @@
 // OpBackend table (oneDNN GEMM, with OpenBLAS selectable for measurement; the
 // bf16 GEMM on oneDNN's matmul; loops, vectorised for AVX-512 or AVX2 at run time, for the rest: cpu/simd.h).
 //
+// bf16 operands are computed here (Computes16Bit, GemmStores16Bit): widened
+// a row, a chunk or a sequence at a time into f32 scratch of the calling
+// thread, the f32 loop run on it, bf16 outputs rounded once: the f32 op's
+// results on the widened values, bit for bit (docs/ops.md). f16 operands are
+// staged by the dispatcher.
+//
 // Execution: every op runs synchronously on the calling thread (backend.h).
 // Account() does nothing. Registered for DeviceKind::kCpu by //runtime/ops.
 //
-// Thread safety: stateless apart from the GEMM libraries' thread settings and
-// oneDNN's per-shape primitive cache (mutex-guarded); safe from any thread.
+// Thread safety: stateless apart from the GEMM libraries' thread settings,
+// oneDNN's per-shape primitive cache (mutex-guarded) and each thread's own
+// f32 scratch (thread_local, kept for the thread's life: a few rows, one
+// sequence's q/k/v, and at most 2^20 elements of a bf16 GEMM's C plus a
+// widened B where the CPU has no bf16 GEMM); safe from any thread.
 #ifndef SHARDKIT_RUNTIME_OPS_CPU_CPU_BACKEND_H_
 #define SHARDKIT_RUNTIME_OPS_CPU_CPU_BACKEND_H_
 
