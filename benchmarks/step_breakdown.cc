@@ -37,6 +37,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -77,7 +78,7 @@ class TimingBackend final : public ops::OpBackend {
   bool GemmStores16Bit(const ops::GemmParams& p) const override {
     return inner_->GemmStores16Bit(p);
   }
-  bool Computes16Bit(DType t) const override { return inner_->Computes16Bit(t); }
+  bool Native16Bit(std::string_view op) const override { return inner_->Native16Bit(op); }
 
   void SetEnabled(bool on) { enabled_.store(on); }
   // Charges each GEMM shape to its own row instead of one "gemm" row.

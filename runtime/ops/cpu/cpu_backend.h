@@ -2,11 +2,11 @@
 // OpBackend table (oneDNN GEMM, with OpenBLAS selectable for measurement; the
 // bf16 GEMM on oneDNN's matmul; loops, vectorised for AVX-512 or AVX2 at run time, for the rest: cpu/simd.h).
 //
-// bf16 operands are computed here (Computes16Bit, GemmStores16Bit): widened
+// 16-bit operands are computed here (Native16Bit, GemmStores16Bit): widened
 // a row, a chunk or a sequence at a time into f32 scratch of the calling
-// thread, the f32 loop run on it, bf16 outputs rounded once: the f32 op's
-// results on the widened values, bit for bit (docs/ops.md). f16 operands are
-// staged by the dispatcher.
+// thread (bf16 vectorised, f16 scalar), the f32 loop run on it, 16-bit
+// outputs rounded once: the f32 op's results on the widened values, bit for
+// bit (docs/ops.md).
 //
 // Execution: every op runs synchronously on the calling thread (backend.h).
 // Account() does nothing. Registered for DeviceKind::kCpu by //runtime/ops.
