@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
@@ -110,11 +111,14 @@ Status GemmStrided(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n,
 
 // Row-major C = alpha op(A) op(B) for the seqs x heads matrices (s, h) at
 // X + s * x_seq + h * x_head elements (X = A, B, C; beta = 0): attention's
-// per-(sequence, head) GEMMs in one cuBLAS call. When each operand's
-// sequence stride is heads times its head stride (or seqs == 1) that is one
-// strided batched GEMM; otherwise the matrices' addresses go into device
+// per-(sequence, head) GEMMs. When each operand's sequence stride is heads
+// times its head stride (or seqs == 1) that is one strided batched GEMM.
+// Otherwise, when every matrix starts 16-byte aligned (cuBLAS may assume
+// that of the matrices a pointer array names, as its batched GEMMs with
+// tensor-core math do: it cannot check them), the addresses go into device
 // pointer arrays (cuda::BatchPointers, scratch from ctx.alloc, freed in
-// stream order after the GEMM) for cublasGemmBatchedEx. k > 0.
+// stream order after the GEMM) for one cublasGemmBatchedEx; else one
+// strided batched GEMM per sequence (which cuBLAS checks itself). k > 0.
 Status GemmSeqHeads(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                     float alpha, const void* a, int64_t lda, int64_t a_seq, int64_t a_head,
                     const void* b, int64_t ldb, int64_t b_seq, int64_t b_head, DType ab, void* c,
@@ -127,11 +131,26 @@ Status GemmSeqHeads(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n
     return GemmStrided(ctx, ta, tb, m, n, k, alpha, a, lda, a_head, b, ldb, b_head, ab, 0.0f, c,
                        ct, ldc, c_head, seqs * heads);
   }
+  const int64_t ea = static_cast<int64_t>(DTypeSize(ab)), ec = static_cast<int64_t>(DTypeSize(ct));
+  auto aligned = [](const void* base, int64_t seq_bytes, int64_t head_bytes) {
+    return reinterpret_cast<uintptr_t>(base) % 16 == 0 && seq_bytes % 16 == 0 &&
+           head_bytes % 16 == 0;
+  };
+  if (!aligned(a, a_seq * ea, a_head * ea) || !aligned(b, b_seq * ea, b_head * ea) ||
+      !aligned(c, c_seq * ec, c_head * ec)) {
+    for (int64_t i = 0; i < seqs; ++i) {
+      SK_RETURN_IF_ERROR(GemmStrided(ctx, ta, tb, m, n, k, alpha,
+                                     static_cast<const char*>(a) + i * a_seq * ea, lda, a_head,
+                                     static_cast<const char*>(b) + i * b_seq * ea, ldb, b_head, ab,
+                                     0.0f, static_cast<char*>(c) + i * c_seq * ec, ct, ldc, c_head,
+                                     heads));
+    }
+    return OkStatus();
+  }
   const int64_t count = seqs * heads;
   // 3 * count pointers in 8-byte slots: A's, B's, C's.
   SK_ASSIGN_OR_RETURN(Tensor ptrs, ctx.alloc->Empty(DType::kF64, Shape{3 * count}));
   const void** p = static_cast<const void**>(ptrs.data());
-  const int64_t ea = static_cast<int64_t>(DTypeSize(ab)), ec = static_cast<int64_t>(DTypeSize(ct));
   SK_CUDA_OP("gemm", cuda::BatchPointers(a, a_seq * ea, a_head * ea, b, b_seq * ea, b_head * ea, c,
                                          c_seq * ec, c_head * ec, seqs, heads, p, S(ctx)));
   SK_ASSIGN_OR_RETURN(cublasHandle_t h, Handle(ctx.device->id().index));
