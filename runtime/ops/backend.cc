@@ -17,6 +17,18 @@ Status OpBackend::Gemm(const OpContext&, const GemmParams&, const MatrixRef&, co
 }
 bool OpBackend::GemmStores16Bit(const GemmParams&) const { return false; }
 bool OpBackend::Native16Bit(std::string_view) const { return false; }
+
+bool OpBackend::IsStagedModelOp(std::string_view op) {
+  static constexpr std::string_view kModelOps[] = {
+      "broadcast_rows", "bias_add",       "bias_grad",      "gelu_fwd",
+      "gelu_bwd",       "layer_norm_fwd", "layer_norm_bwd", "attention_fwd",
+      "attention_bwd",  "embedding_fwd",  "embedding_bwd",  "cross_entropy_fwd",
+      "cross_entropy_bwd"};
+  for (std::string_view n : kModelOps) {
+    if (n == op) return true;
+  }
+  return false;
+}
 Status OpBackend::Copy(const OpContext&, const Tensor&, const Tensor&) {
   return NotImplemented("copy");
 }

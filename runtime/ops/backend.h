@@ -127,6 +127,11 @@ class OpBackend {
   // are staged) and may round where its backend's header says. Default:
   // false for every op. Must not depend on anything but `op`.
   virtual bool Native16Bit(std::string_view op) const;
+  // True for every op the dispatcher stages when a backend's Native16Bit
+  // says false (the model ops: broadcast_rows, bias, GELU, LayerNorm,
+  // attention, embedding, cross-entropy, forward and backward): a backend
+  // that takes all of their 16-bit operands itself returns this.
+  static bool IsStagedModelOp(std::string_view op);
   virtual Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst);
   virtual Status Cast(const OpContext& ctx, const Tensor& src, const Tensor& dst);
   virtual Status RoundToDType(const OpContext& ctx, const Tensor& x, DType t);

@@ -159,17 +159,7 @@ class CpuBackend final : public OpBackend {
   // Every model op takes its 16-bit operands itself (bf16 conversions
   // vectorised, f16 through core/dtype.h's scalar ones), computing exactly
   // what the dispatcher's staging would: see the block comment below.
-  bool Native16Bit(std::string_view op) const override {
-    static constexpr std::string_view kNative[] = {
-        "broadcast_rows", "bias_add",       "bias_grad",      "gelu_fwd",
-        "gelu_bwd",       "layer_norm_fwd", "layer_norm_bwd", "attention_fwd",
-        "attention_bwd",  "embedding_fwd",  "embedding_bwd",  "cross_entropy_fwd",
-        "cross_entropy_bwd"};
-    for (std::string_view n : kNative) {
-      if (n == op) return true;
-    }
-    return false;
-  }
+  bool Native16Bit(std::string_view op) const override { return IsStagedModelOp(op); }
 
   Status Gemm(const OpContext&, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
               const MatrixRef& c) override {

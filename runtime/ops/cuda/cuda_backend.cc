@@ -192,17 +192,7 @@ class CudaBackend final : public OpBackend {
   // Every model op reads and writes its 16-bit operands itself (kernels.h:
   // Buf); attention runs its GEMMs on 16-bit operands (tensor cores) and
   // rounds where cuda_backend.h says.
-  bool Native16Bit(std::string_view op) const override {
-    static constexpr std::string_view kNative[] = {
-        "broadcast_rows", "bias_add",      "bias_grad",         "gelu_fwd",
-        "gelu_bwd",       "layer_norm_fwd", "layer_norm_bwd",   "attention_fwd",
-        "attention_bwd",  "embedding_fwd",  "embedding_bwd",    "cross_entropy_fwd",
-        "cross_entropy_bwd"};
-    for (std::string_view n : kNative) {
-      if (n == op) return true;
-    }
-    return false;
-  }
+  bool Native16Bit(std::string_view op) const override { return IsStagedModelOp(op); }
 
   Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
               const MatrixRef& c) override {
