@@ -41,7 +41,6 @@
 // process CPU time (not wall time, so that other work on a shared machine
 // does not inflate it; with one compute thread the two agree on an idle
 // machine). The profile therefore predicts CPU seconds of one rank's thread.
-#include <sys/utsname.h>
 #include <time.h>
 
 #include <algorithm>
@@ -65,6 +64,7 @@
 #include <gflags/gflags.h>
 #include <nlohmann/json.hpp>
 
+#include "benchmarks/host_info.h"
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/allocator.h"
 #include "runtime/device/device.h"
@@ -101,6 +101,9 @@ DEFINE_string(report, "", "also write a markdown report of the calibration here"
 
 namespace sk {
 namespace {
+
+using bench::CpuModel;
+using bench::LoadAverage;
 
 // CPU seconds of this process: on a machine shared with other work, the time
 // the measured code actually ran (equal to wall time on an idle machine when
@@ -143,19 +146,6 @@ Tensor Make(DType t, Shape shape, float fill = 0.5f) {
     Must(ops::Fill(ops::HostContext(), *x, fill), "fill");
   }
   return *x;
-}
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  struct utsname u;
-  return uname(&u) == 0 ? std::string(u.machine) : "unknown CPU";
 }
 
 double MemTotalBytes() {
@@ -410,13 +400,6 @@ struct Correction {
     return curve.back().second;
   }
 };
-
-std::string LoadAverage() {
-  std::ifstream f("/proc/loadavg");
-  std::string a, b, c;
-  f >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
 
 // The key and work of an op for the correction tables.
 std::string ClassOf(const ops::OpCost& c) { return c.cls == ops::OpClass::kGemm ? "gemm" : c.name; }

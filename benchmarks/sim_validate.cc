@@ -39,6 +39,7 @@
 
 #include <gflags/gflags.h>
 
+#include "benchmarks/host_info.h"
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/status.h"
 #include "runtime/sim/profile.h"
@@ -54,6 +55,9 @@ DEFINE_string(csv, "", "also write the results as CSV here");
 
 namespace sk {
 namespace {
+
+using bench::CpuModel;
+using bench::LoadAverage;
 
 struct Config {
   std::string model;
@@ -95,25 +99,6 @@ double ProcessCpuSeconds() {
   timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-std::string LoadAverage() {
-  std::ifstream f("/proc/loadavg");
-  std::string a, b, c;
-  f >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown CPU";
 }
 
 double Median(std::vector<double> v) {
