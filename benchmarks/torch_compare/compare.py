@@ -161,6 +161,10 @@ def shardkit_worker(args, rank, world, port):
     fsdp = SkFsdpOptions()
     fsdp.struct_size = ctypes.sizeof(SkFsdpOptions)
     fsdp.strategy = 1  # SK_SHARDING_FULL_SHARD
+    # Compute precision: bf16 gathers and computes in bf16 (f32 master
+    # weights, optimizer and gradient reduction as in f32): SK_DTYPE_BF16 = 2.
+    fsdp.param_dtype = 2 if args.dtype == "bf16" else 1
+    fsdp.reduce_dtype = 1  # gradients reduced in f32, as autocast's are
     opt = SkOptimizerOptions(ctypes.sizeof(SkOptimizerOptions), 3, LR, 0.0, 0.0, 0,
                              BETAS[0], BETAS[1], EPS, WEIGHT_DECAY)  # 3 = SK_OPTIMIZER_ADAMW
     o = SkTrainerOptions()
@@ -276,11 +280,16 @@ def torch_worker(args, rank, world, port):
     gen = torch.Generator().manual_seed(1 + rank)
     losses = []
 
+    # bf16: CPU autocast (torch.autocast("cpu", torch.bfloat16)): matmuls and
+    # attention in bf16 on f32 parameters, the optimizer in f32.
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+
     def step():
         tokens = torch.randint(0, vocab, (args.batch, seq + 1), generator=gen)
         inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         opt.zero_grad(set_to_none=True)
-        loss = model(inputs, targets)
+        with autocast():
+            loss = model(inputs, targets)
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
@@ -336,7 +345,7 @@ def run_config(args, framework, mode, model, world):
         python = args.torch_python if framework == "torch" else sys.executable
         cmd = [python, os.path.abspath(__file__), "--worker", "--framework=" + framework,
                "--mode=" + mode, "--model=" + model, "--batch=%d" % args.batch,
-               "--seq=%d" % args.seq, "--steps=%d" % args.steps, "--warmup=%d" % args.warmup,
+               "--seq=%d" % args.seq, "--dtype=" + args.dtype, "--steps=%d" % args.steps, "--warmup=%d" % args.warmup,
                "--lib=" + args.lib]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
@@ -370,6 +379,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8, help="sequences per rank")
     ap.add_argument("--seq", type=int, default=0, help="0 = the model's sequence length")
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                    help="compute precision: bf16 = shardkit param_dtype bf16, "
+                         "PyTorch CPU autocast to bf16 (both: f32 master weights and AdamW)")
     ap.add_argument("--lib", default="bazel-bin/capi/libshardkit.so")
     ap.add_argument("--torch_python", default=sys.executable,
                     help="interpreter of the venv that has torch")
@@ -453,7 +465,8 @@ def print_table(runs, models, worlds, configs, args):
 
     pairs = {"DDP": ["DDP"], "FULL_SHARD": ["FSDP1", "FSDP2"]}
     print("\n%d interleaved repetitions x median of %d timed steps (after %d warm-up), batch %d "
-          "per rank; ms per step" % (args.reps, args.steps, args.warmup, args.batch))
+          "per rank, %s compute; ms per step" % (args.reps, args.steps, args.warmup, args.batch,
+                                                  args.dtype))
     print("| model (params sk / torch) | world | config | step ms (spread) | CPU ms/rank (spread) "
           "| peak RSS MiB | shardkit/torch step | shardkit/torch CPU |")
     print("|---|---|---|---|---|---|---|---|")
