@@ -74,6 +74,10 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   const bool keep_after_forward = st == ShardingStrategy::kShardGradOp ||
                                   st == ShardingStrategy::kHybridShardGradOp;
   const int64_t pd = static_cast<int64_t>(DTypeSize(r.fsdp.mixed_precision.param_dtype));
+  // The reduction's dtype (FullyShardedModel::ReduceGradients: reduce_dtype,
+  // else the gradients' dtype, which is param_dtype).
+  const int64_t rd = static_cast<int64_t>(
+      DTypeSize(r.fsdp.mixed_precision.reduce_dtype.value_or(r.fsdp.mixed_precision.param_dtype)));
   const int64_t state_per_elem = StateBytesPerElement(opt);
 
   MemoryEstimate e;
@@ -95,21 +99,46 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   // gradients, the next unit prefetched, the previous gradient reducing).
   const int units = static_cast<int>(padded.size());
   const int64_t largest = *std::max_element(padded.begin(), padded.end());
+  // The reducing unit's buffers on the device (FSDP keeps at most one
+  // reduction in flight; FullyShardedModel::ReduceGradients): its full
+  // gradient in the reduce dtype (a cast when that differs from param_dtype:
+  // the param_dtype original is released once the cast has read it), and
+  // the reduce-scatter's output shard; NO_SHARD's "shard" is the whole
+  // gradient, and it reduces a copy of its persistent full gradient when no
+  // cast made one. With offload the reduced shard goes from there to host
+  // memory, not to a device buffer.
+  int64_t reducing = 0;
+  if (f > 1) reducing += Blocks(largest / f * rd);
+  if (persistent) {
+    if (rd != pd || f == 1) reducing += Blocks(largest * rd);
+  }
   if (!persistent) {
     int64_t params_alive = 0;
+    int prefetched = 0;  // gathers issued and not yet waited for at the peak
     if (keep_after_forward) {
       for (int64_t p : padded) params_alive += Blocks(p * pd);
     } else {
       int limit = r.fsdp.all_gather_limit == kNoAllGatherLimit ? units : r.fsdp.all_gather_limit;
       bool prefetch = r.fsdp.backward_prefetch != BackwardPrefetch::kNone;
       int alive = prefetch ? std::min(limit, units) : 1;
+      prefetched = alive - 1;
       std::vector<int64_t> sorted(padded);
       std::sort(sorted.rbegin(), sorted.rend());
       for (int i = 0; i < alive; ++i) params_alive += Blocks(sorted[i] * pd);
     }
-    // Two full gradients (the unit computing and the one reducing: FSDP keeps
-    // at most one reduction in flight), and the reduction's shard buffer.
-    e.unsharded_bytes = params_alive + 2 * Blocks(largest * pd) + Blocks(largest / f * pd);
+    // Two full gradients (the unit computing, in param_dtype, and the one
+    // reducing, in the reduce dtype) and the reduction's shard.
+    e.unsharded_bytes = params_alive + Blocks(largest * pd) + Blocks(largest * rd) + reducing;
+    // CPU offload with a 16-bit param_dtype: an all-gather copies the host's
+    // f32 master shard into a device buffer of the shard's size, then casts
+    // it into the gathered buffer (FullyShardedModel::CopyMasterIn); that
+    // buffer lives until the cast has run on the all-gather stream, so every
+    // prefetched unit's may still be alive while the head unit computes.
+    // (SHARD_GRAD_OP gathers only in forward; the persistent strategies at
+    // set-up and after the optimizer step; f32 copies straight into place.)
+    if (r.fsdp.cpu_offload && pd != 4) e.unsharded_bytes += prefetched * F32(largest / f);
+  } else {
+    e.unsharded_bytes = reducing;
   }
   // A 16-bit full gradient is accumulated by the model through f32 sinks of
   // the unit's size (runtime/nn UnitGrads), alive during that unit's backward.

@@ -1,4 +1,6 @@
-// The estimator against the caching allocator's measured peak, per strategy.
+// The estimator against the caching allocator's measured peak, per strategy,
+// dtype and CPU offload: never below it (the planner reads the estimate as
+// what a configuration needs), and within 10% above it (15% with offload).
 #include "runtime/fsdp/memory_estimator.h"
 
 #include <gtest/gtest.h>
@@ -19,12 +21,16 @@ struct Case {
   bool ckpt;
   int64_t batch;
   int64_t seq;
+  bool offload = false;  // FSDP cpu_offload
+  // reduce_dtype f32 under a 16-bit param_dtype (the paper's bf16/f32).
+  bool f32_reduce = false;
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   std::string s = std::string(info.param.model) + "_" +
                   (info.param.ddp ? "DDP" : ShardingStrategyName(info.param.strategy)) + "_" +
-                  std::string(DTypeName(info.param.dtype)) + (info.param.ckpt ? "_ckpt" : "");
+                  std::string(DTypeName(info.param.dtype)) + (info.param.f32_reduce ? "_f32reduce" : "") +
+                  (info.param.ckpt ? "_ckpt" : "") + (info.param.offload ? "_offload" : "");
   for (char& ch : s) {
     if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
@@ -35,7 +41,7 @@ class MemoryEstimatorTest : public ::testing::TestWithParam<Case> {};
 
 constexpr int kWorld = 4;
 
-TEST_P(MemoryEstimatorTest, MeasuredPeakIsWithinTenPercentOfTheEstimate) {
+TEST_P(MemoryEstimatorTest, EstimateCoversTheMeasuredPeakWithinTenPercent) {
   const Case c = GetParam();
   TrainerOptions o;
   o.model = c.model;
@@ -45,6 +51,8 @@ TEST_P(MemoryEstimatorTest, MeasuredPeakIsWithinTenPercentOfTheEstimate) {
   o.fsdp.strategy = c.strategy;
   o.parallelism = c.ddp ? Parallelism::kDdp : Parallelism::kFsdp;
   o.fsdp.mixed_precision.param_dtype = c.dtype;
+  if (c.f32_reduce) o.fsdp.mixed_precision.reduce_dtype = DType::kF32;
+  o.fsdp.cpu_offload = c.offload;
   if (c.strategy == ShardingStrategy::kHybridShard) o.fsdp.shard_group_size = 2;
   o.fsdp.timeout = Duration(120'000);
 
@@ -71,8 +79,13 @@ TEST_P(MemoryEstimatorTest, MeasuredPeakIsWithinTenPercentOfTheEstimate) {
   ASSERT_TRUE(ran.ok()) << ran;
   const int64_t measured = *std::max_element(peaks.begin(), peaks.end());
   const double ratio = static_cast<double>(measured) / static_cast<double>(est->peak_bytes);
-  EXPECT_GT(ratio, 0.9) << est->ToString() << "; measured " << measured;
-  EXPECT_LT(ratio, 1.1) << est->ToString() << "; measured " << measured;
+  // Never short: the estimate counts every buffer that can be alive at the
+  // peak, whichever way the streams' work interleaves.
+  EXPECT_LE(measured, est->peak_bytes) << est->ToString() << "; measured " << measured;
+  // With offload the model states leave the device, so the in-flight
+  // buffers the estimate assumes all alive at once (a second full gradient
+  // reducing, a prefetched unit) are a larger share of what remains.
+  EXPECT_GT(ratio, c.offload ? 0.85 : 0.9) << est->ToString() << "; measured " << measured;
   std::printf("%s: estimate %lld, measured %lld (ratio %.3f): %s\n", Name({c, 0}).c_str(),
               static_cast<long long>(est->peak_bytes), static_cast<long long>(measured), ratio,
               est->ToString().c_str());
@@ -89,7 +102,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, true, 2, 64},
                       Case{"t5-tiny", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 16},
                       Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kBF16, false, 2, 64}),
+                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kBF16, false, 2, 64},
+                      // bf16 with an f32 reduction (the paper's mixed precision).
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, false, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kShardOptim, DType::kBF16, false, 2, 64, false, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kBF16, false, 2, 64, false, true},
+                      // CPU offload: the model states on the host.
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 64, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, true, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kShardGradOp, DType::kBF16, false, 2, 64, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kBF16, false, 2, 64, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kF32, false, 2, 64, true}),
     Name);
 
 TEST(MemoryEstimatorBadInputTest, RejectsBadRequests) {
