@@ -164,6 +164,10 @@ template <> constexpr size_t kFirstVersionSize<sk_step_metrics> =
 // 0.3.0's sk_engine_options ended at memory_cap_bytes; 0.4.0 appended device.
 template <> constexpr size_t kFirstVersionSize<sk_engine_options> =
     offsetof(sk_engine_options, device);
+// 0.4.0's first sk_plan_candidate ended at exposed_comm_seconds; then
+// peak_host_bytes was appended.
+template <> constexpr size_t kFirstVersionSize<sk_plan_candidate> =
+    offsetof(sk_plan_candidate, peak_host_bytes);
 
 // Copies a caller's option struct into `out` (zeroed, then the caller's
 // bytes up to min(struct_size, sizeof)); `in` NULL leaves all defaults.

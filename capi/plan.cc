@@ -116,6 +116,7 @@ SK_EXPORT sk_status_t sk_plan(const sk_plan_request* request, sk_plan_result** o
     c.tflops_per_gpu = m.tflops_per_gpu;
     c.mfu = m.mfu;
     c.exposed_comm_seconds = m.exposed_comm_seconds;
+    c.peak_host_bytes = m.peak_host_bytes;
   }
   sk_plan_result& c = owner->c;
   std::memset(&c, 0, sizeof(c));

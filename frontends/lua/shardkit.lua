@@ -511,7 +511,7 @@ local candidate_numbers = {
   "parallelism", "strategy", "shard_group_size", "backward_prefetch", "rate_limit",
   "param_dtype", "reduce_dtype", "peak_allocated_bytes", "peak_reserved_bytes",
   "alloc_retries", "required_bytes", "step_seconds", "tflops_per_gpu", "mfu",
-  "exposed_comm_seconds",
+  "exposed_comm_seconds", "peak_host_bytes",
 }
 local candidate_flags = {"forward_prefetch", "activation_checkpointing", "cpu_offload", "fits", "out_of_memory"}
 function M.plan(request)

@@ -379,6 +379,9 @@ StatusOr<PlanResult> PlanWith(const PlanRequest& request, const std::string& pro
                             " s/step, " + Fixed(best.metrics.tflops_per_gpu, 1) + " TFLOPS/GPU (MFU " +
                             Fixed(100 * best.metrics.mfu, 1) + "%), peak reserved " +
                             Gib(best.metrics.peak_reserved_bytes) + " of " + gib;
+    if (best.candidate.fsdp.cpu_offload) {
+      result.recommendation += ", host " + Gib(best.metrics.peak_host_bytes) + " GiB per GPU";
+    }
     if (!request.trace_path.empty()) {
       StatusOr<CandidateMetrics> traced = simulate(request, best.candidate, request.trace_path);
       if (!traced.ok()) {
@@ -441,25 +444,29 @@ std::string FormatTable(const PlanResult& result, int top) {
     out += line;
   }
   out += "\n";
-  std::snprintf(line, sizeof(line), "%4s  %-56s %-4s %9s %9s %7s %9s %8s %6s %9s\n", "rank", "configuration",
-                "fits", "alloc GiB", "rsrvd GiB", "retries", "step s", "TFLOPS", "MFU %", "exposed s");
+  std::snprintf(line, sizeof(line), "%4s  %-56s %-4s %9s %9s %8s %7s %9s %8s %6s %9s\n", "rank",
+                "configuration", "fits", "alloc GiB", "rsrvd GiB", "host GiB", "retries", "step s", "TFLOPS",
+                "MFU %", "exposed s");
   out += line;
   auto row = [&](size_t i) {
     const CandidateResult& c = result.results[i];
     const CandidateMetrics& m = c.metrics;
+    // Host memory per GPU: what CPU offload keeps there; "-" without offload.
+    const std::string host = c.candidate.fsdp.cpu_offload ? Gib(m.peak_host_bytes) : "-";
     if (!c.status.ok()) {
       std::snprintf(line, sizeof(line), "%4zu  %-56s %-4s %s\n", i + 1, c.candidate.Label().c_str(), "err",
                     c.status.ToString().c_str());
     } else if (m.out_of_memory) {
       std::string needed = m.required_bytes > 0 ? "needs " + Gib(m.required_bytes) + " GiB" : "";
-      std::snprintf(line, sizeof(line), "%4zu  %-56s %-4s %9s %9s %7" PRId64 " %9s %8s %6s %9s  %s\n", i + 1,
-                    c.candidate.Label().c_str(), "OOM", Gib(m.peak_allocated_bytes).c_str(),
-                    Gib(m.peak_reserved_bytes).c_str(), m.alloc_retries, "-", "-", "-", "-",
+      std::snprintf(line, sizeof(line), "%4zu  %-56s %-4s %9s %9s %8s %7" PRId64 " %9s %8s %6s %9s  %s\n",
+                    i + 1, c.candidate.Label().c_str(), "OOM", Gib(m.peak_allocated_bytes).c_str(),
+                    Gib(m.peak_reserved_bytes).c_str(), host.c_str(), m.alloc_retries, "-", "-", "-", "-",
                     needed.c_str());
     } else {
-      std::snprintf(line, sizeof(line), "%4zu  %-56s %-4s %9s %9s %7" PRId64 " %9s %8s %6s %9s\n", i + 1,
+      std::snprintf(line, sizeof(line), "%4zu  %-56s %-4s %9s %9s %8s %7" PRId64 " %9s %8s %6s %9s\n", i + 1,
                     c.candidate.Label().c_str(), "yes", Gib(m.peak_allocated_bytes).c_str(),
-                    Gib(m.peak_reserved_bytes).c_str(), m.alloc_retries, Fixed(m.step_seconds, 3).c_str(),
+                    Gib(m.peak_reserved_bytes).c_str(), host.c_str(), m.alloc_retries,
+                    Fixed(m.step_seconds, 3).c_str(),
                     Fixed(m.tflops_per_gpu, 1).c_str(), Fixed(100 * m.mfu, 1).c_str(),
                     Fixed(m.exposed_comm_seconds, 3).c_str());
     }
@@ -547,6 +554,7 @@ std::string FormatJson(const PlanResult& result) {
     o += ", \"required_bytes\": " + std::to_string(m.required_bytes);
     o += ", \"peak_allocated_bytes\": " + std::to_string(m.peak_allocated_bytes);
     o += ", \"peak_reserved_bytes\": " + std::to_string(m.peak_reserved_bytes);
+    o += ", \"peak_host_bytes\": " + std::to_string(m.peak_host_bytes);
     o += ", \"alloc_retries\": " + std::to_string(m.alloc_retries);
     o += ", \"step_seconds\": " + Fixed(m.step_seconds, 9);
     o += ", \"tflops_per_gpu\": " + Fixed(m.tflops_per_gpu, 6);

@@ -79,6 +79,10 @@ struct CandidateMetrics {
   double step_seconds = 0;
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
+  // Peak simulated host memory per GPU (SimStepReport::peak_host_bytes):
+  // CPU offload's master and gradient shards, optimizer state and
+  // temporaries; 0 without offload.
+  int64_t peak_host_bytes = 0;
   int64_t alloc_retries = 0;
   bool out_of_memory = false;
   // What did not fit (the allocator's message) when out_of_memory.

@@ -33,6 +33,7 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
   m.step_seconds = s.step_seconds;
   m.peak_allocated_bytes = static_cast<int64_t>(s.peak_allocated_bytes);
   m.peak_reserved_bytes = static_cast<int64_t>(s.peak_reserved_bytes);
+  m.peak_host_bytes = static_cast<int64_t>(s.peak_host_bytes);
   m.alloc_retries = s.alloc_retries;
   m.out_of_memory = s.out_of_memory;
   m.oom_detail = s.oom_detail;

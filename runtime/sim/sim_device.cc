@@ -320,6 +320,11 @@ size_t SimHostAllocator::peak_bytes() const {
   return peak_;
 }
 
+void SimHostAllocator::ResetPeak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_ = in_use_;
+}
+
 bool SimHostAllocator::IsHostAddress(const void* ptr) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(ptr);
   return a >= kHostAddressBase && a < g_next_host_address.load();

@@ -349,9 +349,13 @@ class SimHostAllocator final : public Allocator {
   DeviceId device() const override { return device_; }
   StatusOr<std::shared_ptr<Storage>> AllocateBytes(size_t nbytes) override;
   size_t capacity_bytes() const { return capacity_; }
-  // Bytes held now, and the most held at once.
+  // Bytes held now (the sizes asked for, not rounded: nothing is cached, so
+  // allocated and reserved are the same), and the most held at once since
+  // construction or the last ResetPeak.
   size_t bytes_in_use() const;
   size_t peak_bytes() const;
+  // Starts a new peak from the bytes held now (a step's peak, say).
+  void ResetPeak();
   // True if `ptr` lies in memory handed out by some SimHostAllocator.
   static bool IsHostAddress(const void* ptr);
 

@@ -112,6 +112,16 @@ StatusOr<SimStepReport> SimulateTraining(const SimRunOptions& options) {
                                                  trainer->options().source_len);
   report.model_flops_per_step = flops.model_flops * to.grad_accum_steps;
 
+  // The simulated host memory of cpu_offload (null without it).
+  sim::SimHostAllocator* host = nullptr;
+  if (OffloadHost* offload = trainer->offload_host()) {
+    host = dynamic_cast<sim::SimHostAllocator*>(offload->owned_allocator.get());
+    if (host == nullptr) return InternalError("cpu_offload on sim without simulated host memory");
+  }
+  auto fill_host = [&] {
+    if (host != nullptr) report.peak_host_bytes = std::max(report.peak_host_bytes, host->peak_bytes());
+  };
+
   const int total = options.warmup_steps + options.steps;
   double seconds = 0, busy = 0, exposed = 0, cross_node = 0;
   auto* sim_world = dynamic_cast<sim::SimProcessGroup*>(&trainer->world());
@@ -121,6 +131,7 @@ StatusOr<SimStepReport> SimulateTraining(const SimRunOptions& options) {
     const bool measured = step >= options.warmup_steps;
     const bool traced = !options.trace_path.empty() && step + 1 == total;
     const int64_t retries_before = trainer->allocator().stats().num_alloc_retries;
+    if (host != nullptr) host->ResetPeak();
     device->set_record_spans(measured);
     if (traced) {
       TraceRecorder::Global().Start();
@@ -137,11 +148,13 @@ StatusOr<SimStepReport> SimulateTraining(const SimRunOptions& options) {
       report.oom_detail = "in step " + std::to_string(step + 1) + ": " +
                           std::string(m.status().message());
       FillMemory(mem, report);
+      fill_host();
       report.alloc_retries += mem.num_alloc_retries - retries_before;
       return report;
     }
     if (!measured) continue;
     FillMemory(mem, report);
+    fill_host();
     report.alloc_retries += mem.num_alloc_retries - retries_before;
     seconds += m->step_seconds;
     cross_node += network_bytes() - network_before;

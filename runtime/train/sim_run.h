@@ -51,6 +51,15 @@ struct SimStepReport {
   // Peaks over the measured steps (the allocator's, per GPU).
   size_t peak_allocated_bytes = 0;
   size_t peak_reserved_bytes = 0;
+  // Peak bytes of the simulated host memory per GPU over the measured steps:
+  // with FSDP's cpu_offload, what the code puts there (master and gradient
+  // shards in f32, the reduced-gradient staging buffer, the optimizer's
+  // state, the host's temporaries such as the grad-norm accumulator); 0
+  // without offload (nothing else is placed in simulated host memory). Host
+  // memory is not cached (sim::SimHostAllocator), so this is both allocated
+  // and reserved. On an out-of-memory result, the peak reached by then (0
+  // when set-up failed).
+  size_t peak_host_bytes = 0;
   // Alloc retries (free cached segments, synchronise, retry) per measured
   // step, summed over the measured steps.
   int64_t alloc_retries = 0;

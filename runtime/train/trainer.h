@@ -164,6 +164,9 @@ class Trainer {
   Device& device() { return *device_; }
   // The simulated device, or null unless device.kind = kSim.
   sim::SimDevice* sim_device() { return sim_device_; }
+  // Where FSDP's cpu_offload keeps the rank's offloaded state
+  // (runtime/train/engine.h), or null without offload (and under kDdp).
+  OffloadHost* offload_host() { return offload_.get(); }
   // The process group the trainer runs over (the simulated world when it
   // created one).
   comm::ProcessGroup& world() { return *world_; }

@@ -1,6 +1,7 @@
 // sk_plan as a caller sees it: through libshardkit.so and shardkit.h only.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -79,6 +80,54 @@ TEST(CapiPlanTest, RanksCandidatesAndRecommendsTheFastestThatFits) {
   EXPECT_STREQ(plan->table, again->table);
   EXPECT_STREQ(plan->json, again->json);
   sk_plan_result_free(again);
+  sk_plan_result_free(plan);
+}
+
+// peak_host_bytes: CPU offload's state in the simulated host memory per
+// GPU, the same for every offloaded candidate of one model and sharding
+// (prefetch does not move it), 0 without offload; in the JSON too. A caller
+// built before the field was appended (struct_size 136) still gets the
+// fields it knows and nothing past them.
+TEST(CapiPlanTest, OffloadedCandidatesReportTheirHostMemory) {
+  sk_plan_request r = SmallRequest();
+  r.strategies = "FULL_SHARD";
+  r.cpu_offload = 0;  // both
+  sk_plan_result* plan = nullptr;
+  ASSERT_OK(sk_plan(&r, &plan));
+  int64_t host = -1;
+  int offloaded = 0, on_device = 0;
+  for (int i = 0; i < plan->num_candidates; ++i) {
+    sk_plan_candidate c = SK_PLAN_CANDIDATE_INIT;
+    ASSERT_OK(sk_plan_result_candidate(plan, i, &c));
+    ASSERT_EQ(c.fits, 1) << c.label;
+    if (c.cpu_offload) {
+      ++offloaded;
+      EXPECT_GT(c.peak_host_bytes, 0) << c.label;
+      if (host < 0) host = c.peak_host_bytes;
+      EXPECT_EQ(c.peak_host_bytes, host) << c.label;
+    } else {
+      ++on_device;
+      EXPECT_EQ(c.peak_host_bytes, 0) << c.label;
+    }
+  }
+  EXPECT_GT(offloaded, 0);
+  EXPECT_GT(on_device, 0);
+  EXPECT_NE(std::string(plan->json).find("\"peak_host_bytes\": " + std::to_string(host)), std::string::npos);
+  EXPECT_NE(std::string(plan->table).find("host GiB"), std::string::npos) << plan->table;
+
+  struct {
+    sk_plan_candidate c;
+    unsigned char after[16];
+  } old;
+  std::memset(&old, 0xAB, sizeof(old));
+  old.c.struct_size = offsetof(sk_plan_candidate, peak_host_bytes);
+  ASSERT_EQ(old.c.struct_size, 136u);
+  ASSERT_OK(sk_plan_result_candidate(plan, 0, &old.c));
+  EXPECT_GT(old.c.step_seconds, 0);
+  const auto* tail = reinterpret_cast<const unsigned char*>(&old.c) + old.c.struct_size;
+  for (size_t i = 0; i < sizeof(sk_plan_candidate) - 136 + sizeof(old.after); ++i) {
+    EXPECT_EQ(tail[i], 0xAB) << "byte " << 136 + i << " written past the caller's struct_size";
+  }
   sk_plan_result_free(plan);
 }
 

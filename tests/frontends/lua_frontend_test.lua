@@ -186,6 +186,11 @@ test("plan ranks simulated candidates into plain tables", function()
   local labels = {plan.candidates[1].label, plan.candidates[2].label}
   table.sort(labels)
   assert(labels[1] == "DDP bf16" and labels[2] == "SHARD_OPTIM bf16", labels[1] .. " " .. labels[2])
+  assert(best.peak_host_bytes == 0, best.peak_host_bytes)  -- no offload: nothing on the host
+  local offload = sk.plan{model = "gpt-1m", gpus = 8, batch_size = 4, strategies = "NO_SHARD",
+                          dtypes = "bf16", activation_checkpointing = "off", cpu_offload = "on"}
+  assert(#offload.candidates == 1 and offload.candidates[1].cpu_offload == true)
+  assert(offload.candidates[1].peak_host_bytes > 0, offload.candidates[1].peak_host_bytes)
   expect_error("INVALID_ARGUMENT", "ZERO4", sk.plan, {model = "gpt-1m", strategies = "ZERO4"})
   expect_error("INVALID_ARGUMENT", "activation_checkpointing", sk.plan,
                {model = "gpt-1m", activation_checkpointing = "sometimes"})

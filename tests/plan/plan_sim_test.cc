@@ -1,6 +1,7 @@
 // The planner's production path: every candidate through SimulateTraining.
 #include <gtest/gtest.h>
 
+#include "runtime/nn/configs.h"
 #include "runtime/plan/plan.h"
 
 namespace sk::plan {
@@ -146,6 +147,14 @@ TEST(PlanSimTest, CpuOffloadFitsWhatTheDeviceCannotHold) {
   EXPECT_TRUE(p->results[static_cast<size_t>(p->recommended)].candidate.fsdp.cpu_offload);
   EXPECT_NE(p->results[static_cast<size_t>(p->recommended)].candidate.Label().find("offload"),
             std::string::npos);
+  // Where the states went: the host holds the f32 master and gradient
+  // shards and AdamW's two moments, 16 bytes per parameter over 2 GPUs, in
+  // the profile's 256 GiB per GPU; the on-device run put nothing there.
+  const double params = static_cast<double>((*CreateModel("t5-11b", ModelOptions{}))->num_parameters());
+  EXPECT_GT(static_cast<double>(offload->metrics.peak_host_bytes), 0.95 * 16 * params / 2);
+  EXPECT_LT(offload->metrics.peak_host_bytes, int64_t{256} << 30);
+  EXPECT_EQ(on_device->metrics.peak_host_bytes, 0);
+  EXPECT_NE(p->recommendation.find(", host "), std::string::npos) << p->recommendation;
 }
 
 TEST(PlanSimTest, UnknownProfileIsNotFound) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,8 @@
 
 
 #include "runtime/comm/local_backend.h"
+#include "runtime/fsdp/flat_param.h"
+#include "runtime/nn/configs.h"
 #include "runtime/sim/sim_device.h"
 #include "runtime/train/engine.h"
 #include "runtime/train/trainer.h"
@@ -346,6 +349,64 @@ TEST(SimulateTrainingTest, CpuOffloadTradesDeviceMemoryForStepTime) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->step_seconds, offload->step_seconds);
   EXPECT_EQ(again->peak_allocated_bytes, offload->peak_allocated_bytes);
+}
+
+// The report's host peak is what CPU offload puts in the simulated host
+// memory, per GPU, to the byte: FSDP's f32 master and gradient shards of
+// every unit, its staging buffer for a reduced gradient shard (the largest
+// shard, in the reduce dtype), AdamW's two f32 moments per shard, and the
+// gradient norm's f64 accumulator (a host temporary of every step, clipping
+// or not). Without
+// offload nothing is placed there: 0. Device figures do not change with the
+// report's new field (the same run twice gives the same peaks).
+TEST(SimulateTrainingTest, HostPeakIsWhatOffloadPutsOnTheHost) {
+  struct Config {
+    ShardingStrategy strategy;
+    DType param;
+    std::optional<DType> reduce;
+    double clip;
+  };
+  for (const Config& c : {Config{ShardingStrategy::kFullShard, DType::kBF16, std::nullopt, 0},
+                          Config{ShardingStrategy::kFullShard, DType::kBF16, DType::kF32, 1.0},
+                          Config{ShardingStrategy::kShardGradOp, DType::kF32, std::nullopt, 0},
+                          Config{ShardingStrategy::kNoShard, DType::kBF16, std::nullopt, 0}}) {
+    SimRunOptions r = RunOf("gpt-1m", 8);
+    r.trainer.fsdp.strategy = c.strategy;
+    r.trainer.fsdp.mixed_precision.param_dtype = c.param;
+    r.trainer.fsdp.mixed_precision.reduce_dtype = c.reduce;
+    r.trainer.clip_grad_norm = c.clip;
+    const int f = c.strategy == ShardingStrategy::kNoShard ? 1 : 8;
+    SCOPED_TRACE(std::string(ShardingStrategyName(c.strategy)) + " " + std::string(DTypeName(c.param)) +
+                 (c.reduce ? "/" + std::string(DTypeName(*c.reduce)) : "") + (c.clip > 0 ? " clip" : ""));
+    StatusOr<SimStepReport> on_device = SimulateTraining(r);
+    ASSERT_TRUE(on_device.ok()) << on_device.status();
+    EXPECT_EQ(on_device->peak_host_bytes, 0u);
+
+    r.trainer.fsdp.cpu_offload = true;
+    StatusOr<SimStepReport> offload = SimulateTraining(r);
+    ASSERT_TRUE(offload.ok()) << offload.status();
+    ASSERT_FALSE(offload->out_of_memory) << offload->oom_detail;
+    StatusOr<std::unique_ptr<Model>> model = CreateModel(*FindModelConfig("gpt-1m"), ModelOptions{});
+    ASSERT_TRUE(model.ok()) << model.status();
+    size_t shards = 0, largest = 0;
+    for (const UnitSpec& u : (*model)->units()) {
+      std::vector<std::pair<std::string, Shape>> ps;
+      for (const ParamSpec& p : u.params) ps.emplace_back(p.name, p.shape);
+      StatusOr<FlatParamLayout> layout = FlatParamLayout::Make(ps, f);
+      ASSERT_TRUE(layout.ok()) << layout.status();
+      shards += static_cast<size_t>(layout->shard_numel());
+      largest = std::max(largest, static_cast<size_t>(layout->shard_numel()));
+    }
+    const size_t master = 4 * shards, grad = 4 * shards, adam = 2 * 4 * shards;
+    const size_t staging = largest * DTypeSize(c.reduce.value_or(c.param));
+    const size_t norm = sizeof(double);  // every step measures the norm (StepMetrics::grad_norm)
+    EXPECT_EQ(offload->peak_host_bytes, master + grad + staging + adam + norm);
+
+    StatusOr<SimStepReport> again = SimulateTraining(r);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->peak_host_bytes, offload->peak_host_bytes);
+    EXPECT_EQ(again->peak_reserved_bytes, offload->peak_reserved_bytes);
+  }
 }
 
 TEST(SimulateTrainingTest, RefusesWhatCannotRun) {

@@ -766,11 +766,17 @@ typedef struct sk_plan_candidate {
   double tflops_per_gpu;
   double mfu;
   double exposed_comm_seconds;
+  /* Appended after 0.4.0's first planner (whose struct ended at
+   * exposed_comm_seconds: that struct_size, 136, is still accepted and gets
+   * the fields before this one). Peak simulated host memory per GPU: what
+   * CPU offload keeps there (f32 master and gradient shards, optimizer
+   * state, host temporaries); 0 without offload. */
+  int64_t peak_host_bytes;
 } sk_plan_candidate;
 
 #define SK_PLAN_CANDIDATE_INIT {sizeof(sk_plan_candidate), NULL, SK_PARALLELISM_DEFAULT, SK_SHARDING_DEFAULT, 0, \
                                 SK_BACKWARD_PREFETCH_DEFAULT, 0, 0, 0, 0, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, 0, 0, \
-                                NULL, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0}
+                                NULL, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0}
 
 /* A plan, allocated by sk_plan and released by sk_plan_result_free. The
  * library sets struct_size to the size it allocated (fields are only ever
@@ -1083,7 +1089,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_plan_candidate, label) == 8 && offsetof(sk_plan_can
                  offsetof(sk_plan_candidate, alloc_retries) == 88 && offsetof(sk_plan_candidate, required_bytes) == 96 &&
                  offsetof(sk_plan_candidate, step_seconds) == 104 && offsetof(sk_plan_candidate, tflops_per_gpu) == 112 &&
                  offsetof(sk_plan_candidate, mfu) == 120 && offsetof(sk_plan_candidate, exposed_comm_seconds) == 128 &&
-                 sizeof(sk_plan_candidate) == 136, "sk_plan_candidate layout");
+                 offsetof(sk_plan_candidate, peak_host_bytes) == 136 &&
+                 sizeof(sk_plan_candidate) == 144, "sk_plan_candidate layout");
 SK_LAYOUT_ASSERT(offsetof(sk_plan_result, profile) == 8 && offsetof(sk_plan_result, device_memory_bytes) == 16 &&
                  offsetof(sk_plan_result, num_candidates) == 24 && offsetof(sk_plan_result, recommended) == 28 &&
                  offsetof(sk_plan_result, recommendation) == 32 && offsetof(sk_plan_result, table) == 40 &&

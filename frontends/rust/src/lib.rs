@@ -213,6 +213,10 @@ pub struct PlanCandidate {
     pub tflops_per_gpu: f64,
     pub mfu: f64,
     pub exposed_comm_seconds: f64,
+    /// Peak simulated host memory per GPU: what CPU offload keeps there
+    /// (f32 master and gradient shards, optimizer state, host temporaries);
+    /// 0 without offload.
+    pub peak_host_bytes: i64,
 }
 
 /// A plan (`sk_plan`), copied out of the library's result.
@@ -298,6 +302,7 @@ pub fn plan(request: &PlanRequest) -> Result<Plan> {
             tflops_per_gpu: c.tflops_per_gpu,
             mfu: c.mfu,
             exposed_comm_seconds: c.exposed_comm_seconds,
+            peak_host_bytes: c.peak_host_bytes,
         });
     }
     Ok(Plan {

@@ -299,6 +299,7 @@ pub struct sk_plan_candidate {
     pub tflops_per_gpu: f64,
     pub mfu: f64,
     pub exposed_comm_seconds: f64,
+    pub peak_host_bytes: i64,
 }
 
 #[repr(C)]

@@ -245,6 +245,16 @@ fn plan_ranks_simulated_candidates() {
     let mut labels: Vec<&str> = plan.candidates.iter().map(|c| c.label.as_str()).collect();
     labels.sort();
     assert_eq!(labels, vec!["DDP bf16", "NO_SHARD bf16"]);
+    // No offload: nothing in the simulated host memory; with it, the shards and optimizer state.
+    assert!(plan.candidates.iter().all(|c| c.peak_host_bytes == 0));
+    let offload = shardkit::plan(&shardkit::PlanRequest {
+        strategies: Some("NO_SHARD".to_string()),
+        cpu_offload: 2,
+        ..request.clone()
+    })
+    .unwrap();
+    assert_eq!(offload.candidates.len(), 1);
+    assert!(offload.candidates[0].cpu_offload && offload.candidates[0].peak_host_bytes > 0, "{:?}", offload.candidates[0]);
     let e = shardkit::plan(&shardkit::PlanRequest { strategies: Some("ZERO4".to_string()), ..request.clone() })
         .unwrap_err();
     assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);

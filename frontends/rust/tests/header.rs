@@ -228,7 +228,8 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_plan_candidate { struct_size, label, parallelism, strategy, shard_group_size, backward_prefetch,
                             forward_prefetch, rate_limit, activation_checkpointing, cpu_offload, param_dtype,
                             reduce_dtype, fits, out_of_memory, error, peak_allocated_bytes, peak_reserved_bytes,
-                            alloc_retries, required_bytes, step_seconds, tflops_per_gpu, mfu, exposed_comm_seconds }
+                            alloc_retries, required_bytes, step_seconds, tflops_per_gpu, mfu, exposed_comm_seconds,
+                            peak_host_bytes }
         sk_plan_result { struct_size, profile, device_memory_bytes, num_candidates, recommended, recommendation, table,
                          json }
         sk_param_spec { struct_size, name, ndim, shape, dtype, init, init_a, init_b }
