@@ -30,6 +30,6 @@ done
 wait
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address -Icapi/include \
   capi/fuzz/fuzz_entry_points.cc "${objs[@]}" \
-  -L/usr/lib -lgloo -lglog -lgflags -lopenblas -ldnnl -lz -lpthread \
+  -L/usr/lib -lgloo -lglog -lgflags -lxsmm -lopenblas -ldnnl -lz -lpthread \
   -o "$out/fuzz_entry_points"
 echo "built $out/fuzz_entry_points from ${#srcs[@]} sources"

@@ -220,6 +220,27 @@ TEST(Simd, SoftmaxRowsMatchDoubleReferenceAndZeroTheMaskedTail) {
   }
 }
 
+// Attention's softmax takes the 1/sqrt(d) scale inside the exp pass; it must
+// give the bits of scaling the row first and then taking the softmax, on
+// every ISA (the max commutes with a positive scale under rounding).
+TEST(Simd, ScaledSoftmaxRowIsScalingFirstBitForBit) {
+  for (int64_t cols : kLengths) {
+    for (float scale : {1.0f, 0.125f, 0.17677669f, 0.111803398f, 3.0f}) {
+      const int64_t valid = (cols + 2) / 3;
+      const auto row0 = Random(cols, 90 + cols, -30, 30);
+      for (Isa isa : Isas()) {
+        OnIsa on(isa);
+        std::vector<float> fused = row0, first = row0;
+        SoftmaxRowInPlace(fused.data(), cols, valid, scale);
+        ScaleInPlace(first.data(), scale, valid);
+        SoftmaxRowInPlace(first.data(), cols, valid);
+        ExpectSameBits(fused, first, std::string("scaled softmax ") + IsaName(isa) + " cols=" +
+                                         std::to_string(cols) + " scale=" + std::to_string(scale));
+      }
+    }
+  }
+}
+
 TEST(Simd, CrossEntropyRowsMatchDoubleReference) {
   for (int64_t cols : kLengths) {
     const auto logits = Random(cols, 11 + cols, -20, 20);

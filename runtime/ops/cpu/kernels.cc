@@ -1,6 +1,7 @@
 #include "runtime/ops/cpu/kernels.h"
 
 #include <cblas.h>
+#include <libxsmm.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
@@ -265,13 +266,94 @@ void SoftmaxBackward(const float* y, const float* dy, int64_t rows, int64_t cols
 
 namespace {
 
-// Causal attention works on blocks of this many query rows: block [q0, q1)
-// attends to keys [0, q1) only, so the score GEMMs skip the masked upper
-// triangle beyond the diagonal blocks (at T = 256: 62.5% of the full T x T
-// work). Non-causal attention is one block.
-constexpr int64_t kCausalQueryBlock = 64;
+// A row-major C[m, n] = op(A)[m, k] B[k, n], overwritten or accumulated, on
+// the small shapes of attention: LIBXSMM's JIT kernel for the column-major
+// product C^T = B^T op(A)^T (a row-major matrix read column-major is its
+// transpose), so op(A) = A^T is LIBXSMM's TRANS_B; LIBXSMM 1.17 has no
+// TRANS_A kernels, so op(B) is never transposed here (callers transpose
+// such an operand into scratch). LIBXSMM caches the generated code per shape
+// for the life of the process and dispatch is thread-safe; a shape it
+// declines (dispatch returns null) runs Gemm instead. The kernels run on the
+// calling thread only, so the results do not depend on the thread count.
+class SmallGemm {
+ public:
+  SmallGemm(bool trans_a, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+            bool accumulate)
+      : trans_a_(trans_a), m_(m), n_(n), k_(k), lda_(lda), ldb_(ldb), ldc_(ldc),
+        accumulate_(accumulate) {
+    constexpr int64_t kMaxInt = std::numeric_limits<libxsmm_blasint>::max();
+    if (m <= 0 || n <= 0 || k <= 0 ||
+        std::max({m, n, k, lda, ldb, ldc}) > kMaxInt) {
+      return;
+    }
+    const libxsmm_blasint xm = static_cast<libxsmm_blasint>(n);
+    const libxsmm_blasint xn = static_cast<libxsmm_blasint>(m);
+    const libxsmm_blasint xk = static_cast<libxsmm_blasint>(k);
+    const libxsmm_blasint xlda = static_cast<libxsmm_blasint>(ldb);
+    const libxsmm_blasint xldb = static_cast<libxsmm_blasint>(lda);
+    const libxsmm_blasint xldc = static_cast<libxsmm_blasint>(ldc);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const int flags = trans_a ? LIBXSMM_GEMM_FLAG_TRANS_B : LIBXSMM_GEMM_FLAG_NONE;
+    const int prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
+    fn_ = libxsmm_smmdispatch(xm, xn, xk, &xlda, &xldb, &xldc, &alpha, &beta, &flags, &prefetch);
+  }
 
-int64_t QueryBlock(const AttentionShape& s) { return s.causal ? kCausalQueryBlock : s.q_len; }
+  void operator()(const float* a, const float* b, float* c) const {
+    if (fn_ != nullptr) {
+      fn_(b, a, c);
+    } else {
+      Gemm(trans_a_, false, m_, n_, k_, 1.0f, a, lda_, b, ldb_, accumulate_ ? 1.0f : 0.0f, c,
+           ldc_);
+    }
+  }
+
+ private:
+  bool trans_a_;
+  int64_t m_, n_, k_, lda_, ldb_, ldc_;
+  bool accumulate_;
+  libxsmm_smmfunction fn_ = nullptr;
+};
+
+// dst[cols, rows] (row stride rows) = src[rows, cols]^T (row stride ld):
+// LIBXSMM's transpose (column-major: a cols x rows matrix into rows x cols).
+void TransposeInto(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  libxsmm_otrans(dst, src, sizeof(float), static_cast<libxsmm_blasint>(cols),
+                 static_cast<libxsmm_blasint>(rows), static_cast<libxsmm_blasint>(ld),
+                 static_cast<libxsmm_blasint>(rows));
+}
+
+// Zeroes rows x cols floats at row stride ld.
+void ZeroRows(float* x, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) std::memset(x + r * ld, 0, sizeof(float) * cols);
+}
+
+// Attention works on blocks of this many query rows. Causal block [q0, q1)
+// attends to keys [0, q1) only, so the GEMMs skip the masked triangle beyond
+// the diagonal blocks (at T = 128: 62.5% of the full T x T work; T = 256:
+// 56%). Rows x keys of scores (32 x 256 floats: 32 KiB) stay in L1/L2 between
+// the score GEMM, the softmax and the P V GEMM.
+constexpr int64_t kQueryBlock = 32;
+
+// One query block: rows [q0, q0 + rows) seeing keys [0, keys).
+struct QueryBlock {
+  int64_t q0, rows, keys;
+};
+
+std::vector<QueryBlock> QueryBlocks(const AttentionShape& s) {
+  std::vector<QueryBlock> blocks;
+  for (int64_t q0 = 0; q0 < s.q_len; q0 += kQueryBlock) {
+    const int64_t rows = std::min(kQueryBlock, s.q_len - q0);
+    blocks.push_back({q0, rows, s.causal ? q0 + rows : s.kv_len});
+  }
+  return blocks;
+}
+
+// The calling thread's scratch of at least n floats (ranks run as threads).
+float* ThreadScratch(int64_t n) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < n) scratch.resize(n);
+  return scratch.data();
+}
 
 }  // namespace
 
@@ -280,27 +362,35 @@ void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, cons
                       int64_t ldo) {
   CHECK(!s.causal || s.q_len == s.kv_len) << "causal attention needs q_len == kv_len";
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  const int64_t block = QueryBlock(s);
+  const int64_t d = s.head_dim, kv = s.kv_len;
+  const std::vector<QueryBlock> blocks = QueryBlocks(s);
+  // Per block: S = Q K^T as Q times K^T copied out per head (kt, d x kv),
+  // and O = P V; dispatched once per call, run for every (batch, head).
+  std::vector<SmallGemm> scores, pv;
+  for (const QueryBlock& qb : blocks) {
+    scores.emplace_back(false, qb.rows, qb.keys, d, ldq, kv, kv, false);
+    pv.emplace_back(false, qb.rows, d, qb.keys, kv, ldv, ldo, false);
+  }
+  float* kt = ThreadScratch(d * kv);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
-      const float* qh = q + b * s.q_len * ldq + h * s.head_dim;
-      const float* kh = k + b * s.kv_len * ldk + h * s.head_dim;
-      const float* vh = v + b * s.kv_len * ldv + h * s.head_dim;
-      float* p = probs + (b * s.heads + h) * s.q_len * s.kv_len;
-      float* oh = out + b * s.q_len * ldo + h * s.head_dim;
-      for (int64_t q0 = 0; q0 < s.q_len; q0 += block) {
-        const int64_t rows = std::min(block, s.q_len - q0);
-        const int64_t keys = s.causal ? q0 + rows : s.kv_len;
-        float* pb = p + q0 * s.kv_len;
-        // S = scale Q K^T over the keys this block sees; softmax writes the
-        // whole row (0 past the causal limit), which backward reads.
-        Gemm(false, true, rows, keys, s.head_dim, scale, qh + q0 * ldq, ldq, kh, ldk, 0.0f, pb,
-             s.kv_len);
-        for (int64_t i = q0; i < q0 + rows; ++i) {
-          simd::SoftmaxRowInPlace(p + i * s.kv_len, s.kv_len, s.causal ? i + 1 : s.kv_len);
+      const float* qh = q + b * s.q_len * ldq + h * d;
+      const float* kh = k + b * kv * ldk + h * d;
+      const float* vh = v + b * kv * ldv + h * d;
+      float* p = probs + (b * s.heads + h) * s.q_len * kv;
+      float* oh = out + b * s.q_len * ldo + h * d;
+      TransposeInto(kh, kv, d, ldk, kt);
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        const QueryBlock& qb = blocks[i];
+        float* pb = p + qb.q0 * kv;
+        // Unscaled scores over the keys this block sees; the softmax scales
+        // them and writes the whole row (0 past the causal limit), which
+        // backward reads.
+        scores[i](qh + qb.q0 * ldq, kt, pb);
+        for (int64_t r = qb.q0; r < qb.q0 + qb.rows; ++r) {
+          simd::SoftmaxRowInPlace(p + r * kv, kv, s.causal ? r + 1 : kv, scale);
         }
-        Gemm(false, false, rows, s.head_dim, keys, 1.0f, pb, s.kv_len, vh, ldv, 0.0f,
-             oh + q0 * ldo, ldo);
+        pv[i](pb, vh, oh + qb.q0 * ldo);
       }
     }
   }
@@ -311,47 +401,46 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
                        const float* dout, int64_t ldo, float* dq, int64_t lddq, float* dk,
                        int64_t lddk, float* dv, int64_t lddv, float* scratch) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  const int64_t block = QueryBlock(s);
+  const int64_t d = s.head_dim, kv = s.kv_len;
+  const std::vector<QueryBlock> blocks = QueryBlocks(s);
+  // Per block, with ds = the block's [rows, keys] of dP, then dS, in the
+  // first rows of scratch: dP = dO V^T (V^T copied out per head), dV += P^T
+  // dO, dQ = dS K, dK += dS^T Q. dK and dV start at 0 per head and
+  // accumulate over the blocks.
+  std::vector<SmallGemm> dp_g, dv_g, dq_g, dk_g;
+  for (const QueryBlock& qb : blocks) {
+    dp_g.emplace_back(false, qb.rows, qb.keys, d, ldo, kv, kv, false);
+    dv_g.emplace_back(true, qb.keys, d, qb.rows, kv, ldo, lddv, true);
+    dq_g.emplace_back(false, qb.rows, d, qb.keys, kv, ldk, lddq, false);
+    dk_g.emplace_back(true, qb.keys, d, qb.rows, kv, ldq, lddk, true);
+  }
+  float* vt = ThreadScratch(d * kv);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t col = h * s.head_dim;
+      const int64_t col = h * d;
       const float* qh = q + b * s.q_len * ldq + col;
-      const float* kh = k + b * s.kv_len * ldk + col;
-      const float* vh = v + b * s.kv_len * ldv + col;
-      const float* p = probs + (b * s.heads + h) * s.q_len * s.kv_len;
+      const float* kh = k + b * kv * ldk + col;
+      const float* vh = v + b * kv * ldv + col;
+      const float* p = probs + (b * s.heads + h) * s.q_len * kv;
       const float* doh = dout + b * s.q_len * ldo + col;
       float* dqh = dq + b * s.q_len * lddq + col;
-      float* dkh = dk + b * s.kv_len * lddk + col;
-      float* dvh = dv + b * s.kv_len * lddv + col;
-      for (int64_t q0 = 0; q0 < s.q_len; q0 += block) {
-        const int64_t rows = std::min(block, s.q_len - q0);
-        const int64_t keys = s.causal ? q0 + rows : s.kv_len;
-        const float* pb = p + q0 * s.kv_len;
-        const float* dob = doh + q0 * ldo;
-        float* ds = scratch + q0 * s.kv_len;
-        // dX[0, keys) += A^T B for A = this block's [rows, keys] slice of P
-        // or dS and B its rows of dO or Q. Key rows [old, keys) are reached
-        // for the first time (causal: the diagonal block; otherwise all of
-        // them), so they are overwritten; earlier key rows accumulate.
-        const int64_t old = s.causal ? q0 : 0;
-        auto key_rows = [&](const float* a, const float* bm, int64_t ldb, float* dst, int64_t ld) {
-          if (old > 0) {
-            Gemm(true, false, old, s.head_dim, rows, 1.0f, a, s.kv_len, bm, ldb, 1.0f, dst, ld);
-          }
-          Gemm(true, false, keys - old, s.head_dim, rows, 1.0f, a + old, s.kv_len, bm, ldb, 0.0f,
-               dst + old * ld, ld);
-        };
-        // dP = dO V^T; dV += P^T dO.
-        Gemm(false, true, rows, keys, s.head_dim, 1.0f, dob, ldo, vh, ldv, 0.0f, ds, s.kv_len);
-        key_rows(pb, dob, ldo, dvh, lddv);
+      float* dkh = dk + b * kv * lddk + col;
+      float* dvh = dv + b * kv * lddv + col;
+      TransposeInto(vh, kv, d, ldv, vt);
+      ZeroRows(dkh, kv, d, lddk);
+      ZeroRows(dvh, kv, d, lddv);
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        const QueryBlock& qb = blocks[i];
+        const float* pb = p + qb.q0 * kv;
+        const float* dob = doh + qb.q0 * ldo;
+        dp_g[i](dob, vt, scratch);
+        dv_g[i](pb, dob, dvh);
         // dS = scale * P (dP - rowdot(P, dP)); masked entries have P = 0.
-        for (int64_t i = 0; i < rows; ++i) {
-          simd::SoftmaxRowBackwardInPlace(pb + i * s.kv_len, ds + i * s.kv_len, keys, scale);
+        for (int64_t r = 0; r < qb.rows; ++r) {
+          simd::SoftmaxRowBackwardInPlace(pb + r * kv, scratch + r * kv, qb.keys, scale);
         }
-        // dQ = dS K; dK += dS^T Q.
-        Gemm(false, false, rows, s.head_dim, keys, 1.0f, ds, s.kv_len, kh, ldk, 0.0f,
-             dqh + q0 * lddq, lddq);
-        key_rows(ds, qh + q0 * ldq, ldq, dkh, lddk);
+        dq_g[i](scratch, kh, dqh + qb.q0 * lddq);
+        dk_g[i](scratch, qh + qb.q0 * ldq, dkh);
       }
     }
   }

@@ -324,7 +324,8 @@ void LayerNormBackward(const float* x, const float* gamma, const float* dy, cons
                                   dx + r * cols, dgamma, dbeta);
   }
 }
-void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid) {
+void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid, float scale) {
+  if (scale != 1.0f) ScaleInPlace(row, scale, valid);
   nn_math::SoftmaxRowInPlace(row, cols, valid);
 }
 void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols, float scale) {
@@ -431,8 +432,8 @@ void LayerNormBackward(const float* x, const float* gamma, const float* dy, cons
                        float* dbeta) {
   SK_SIMD_DISPATCH(LayerNormBackward, x, gamma, dy, mean, rstd, rows, cols, dx, dgamma, dbeta);
 }
-void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid) {
-  SK_SIMD_DISPATCH(SoftmaxRowInPlace, row, cols, valid);
+void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid, float scale) {
+  SK_SIMD_DISPATCH(SoftmaxRowInPlace, row, cols, valid, scale);
 }
 void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols, float scale) {
   SK_SIMD_DISPATCH(SoftmaxRowBackwardInPlace, p, dp, cols, scale);

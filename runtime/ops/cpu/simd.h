@@ -70,8 +70,10 @@ void LayerNormBackward(const float* x, const float* gamma, const float* dy, cons
                        const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
                        float* dbeta);
 
-// math.h's SoftmaxRowInPlace and SoftmaxRowBackwardInPlace.
-void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid);
+// math.h's SoftmaxRowInPlace of scale * row[0, valid) (scale > 0; the
+// scale costs nothing extra: the same bits as scaling the row first, on
+// every ISA) and SoftmaxRowBackwardInPlace.
+void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid, float scale = 1.0f);
 void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols, float scale);
 
 // math.h's CrossEntropyRow and CrossEntropyRowBackward.
