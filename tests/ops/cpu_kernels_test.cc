@@ -4,6 +4,8 @@
 // L = sum(y * w) with a fixed random w, so dL/dy = w is fed to the backward.
 #include "runtime/ops/cpu/kernels.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -15,6 +17,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "runtime/ops/cpu/simd.h"
 
 namespace sk {
 namespace {
@@ -393,8 +397,8 @@ TEST(Kernels, CrossAttentionWithDifferentLengthsMatchesFiniteDifferences) {
   CheckAttention(s, 80);
 }
 
-// Causal attention runs in blocks of 64 query rows that see only the keys
-// up to their diagonal: 150 positions give two full blocks and a ragged one.
+// Causal attention runs in blocks of 32 query rows that see only the keys
+// up to their diagonal: 150 positions give four full blocks and a ragged one.
 // Forward against the f64 reference; backward as directional derivatives
 // (the gradient's dot product with a random direction against a central
 // difference of the f64 loss along it: one check per input, all elements).
@@ -425,6 +429,219 @@ TEST(Kernels, BlockedCausalAttentionMatchesReferenceAcrossQueryBlocks) {
     for (int64_t i = 0; i < n; ++i) analytic += (*grad)[i] * dir[i];
     const double fd = (lp - lm) / (2 * eps);
     EXPECT_NEAR(analytic, fd, 1e-3 * std::max(1.0, std::fabs(fd))) << name;
+  }
+}
+
+// Attention's forward and backward in double, with each result's magnitude
+// (the sum of its terms' absolute values, propagated through the softmax and
+// its gradient) for a rounding bound. q [B*Tq, H*D], k, v [B*Tk, H*D], dout
+// like q; all packed (row stride H*D).
+struct AttnExact {
+  Vec probs, out, dq, dk, dv;                   // values
+  Vec probs_mag, out_mag, dq_mag, dk_mag, dv_mag;  // magnitudes
+};
+
+AttnExact AttentionExact(const AttentionShape& s, const Vec& q, const Vec& k, const Vec& v,
+                         const Vec& dout) {
+  const int64_t c = s.heads * s.head_dim, D = s.head_dim, Tq = s.q_len, Tk = s.kv_len;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  AttnExact r;
+  r.probs.assign(s.batch * s.heads * Tq * Tk, 0.0);
+  r.probs_mag = r.probs;
+  r.out.assign(s.batch * Tq * c, 0.0);
+  r.out_mag = r.dq = r.dq_mag = r.out;
+  r.dk.assign(s.batch * Tk * c, 0.0);
+  r.dk_mag = r.dv = r.dv_mag = r.dk;
+  auto Q = [&](int64_t b, int64_t i, int64_t h, int64_t e) { return (b * Tq + i) * c + h * D + e; };
+  auto K = [&](int64_t b, int64_t j, int64_t h, int64_t e) { return (b * Tk + j) * c + h * D + e; };
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t base = (b * s.heads + h) * Tq * Tk;
+      Vec p(Tq * Tk, 0.0), smag(Tq * Tk, 0.0), dp(Tq * Tk, 0.0), dpmag(Tq * Tk, 0.0),
+          ds(Tq * Tk, 0.0), dsmag(Tq * Tk, 0.0);
+      for (int64_t i = 0; i < Tq; ++i) {
+        const int64_t valid = s.causal ? i + 1 : Tk;
+        double m = -1e300, z = 0;
+        for (int64_t j = 0; j < valid; ++j) {
+          double dot = 0, mag = 0;
+          for (int64_t e = 0; e < D; ++e) {
+            dot += q[Q(b, i, h, e)] * k[K(b, j, h, e)];
+            mag += std::fabs(q[Q(b, i, h, e)] * k[K(b, j, h, e)]);
+          }
+          p[i * Tk + j] = dot * scale;
+          smag[i * Tk + j] = mag * scale;
+          m = std::max(m, p[i * Tk + j]);
+        }
+        for (int64_t j = 0; j < valid; ++j) z += (p[i * Tk + j] = std::exp(p[i * Tk + j] - m));
+        double rowdot = 0, rowdot_mag = 0;
+        for (int64_t j = 0; j < valid; ++j) {
+          p[i * Tk + j] /= z;
+          for (int64_t e = 0; e < D; ++e) {
+            dp[i * Tk + j] += dout[Q(b, i, h, e)] * v[K(b, j, h, e)];
+            dpmag[i * Tk + j] += std::fabs(dout[Q(b, i, h, e)] * v[K(b, j, h, e)]);
+          }
+          rowdot += p[i * Tk + j] * dp[i * Tk + j];
+          rowdot_mag += p[i * Tk + j] * dpmag[i * Tk + j];
+        }
+        for (int64_t j = 0; j < valid; ++j) {
+          const double pij = p[i * Tk + j];
+          // A score's absolute error e moves p by about p * 2e (its own and
+          // the max's); the row's sum and the exp add relative errors.
+          r.probs[base + i * Tk + j] = pij;
+          r.probs_mag[base + i * Tk + j] = pij * (2 * smag[i * Tk + j] + 1.0);
+          ds[i * Tk + j] = scale * pij * (dp[i * Tk + j] - rowdot);
+          dsmag[i * Tk + j] = scale * pij * (dpmag[i * Tk + j] + rowdot_mag);
+        }
+      }
+      for (int64_t i = 0; i < Tq; ++i) {
+        for (int64_t j = 0; j < Tk; ++j) {
+          for (int64_t e = 0; e < D; ++e) {
+            const double pij = p[i * Tk + j], dsij = ds[i * Tk + j];
+            r.out[Q(b, i, h, e)] += pij * v[K(b, j, h, e)];
+            r.out_mag[Q(b, i, h, e)] += std::fabs(pij * v[K(b, j, h, e)]);
+            r.dv[K(b, j, h, e)] += pij * dout[Q(b, i, h, e)];
+            r.dv_mag[K(b, j, h, e)] += std::fabs(pij * dout[Q(b, i, h, e)]);
+            r.dq[Q(b, i, h, e)] += dsij * k[K(b, j, h, e)];
+            r.dq_mag[Q(b, i, h, e)] += dsmag[i * Tk + j] * std::fabs(k[K(b, j, h, e)]);
+            r.dk[K(b, j, h, e)] += dsij * q[Q(b, i, h, e)];
+            r.dk_mag[K(b, j, h, e)] += dsmag[i * Tk + j] * std::fabs(q[Q(b, i, h, e)]);
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// The attention kernels on awkward shapes against AttentionExact: head
+// dims that are no multiple of a vector (24, 40, 80, 1), lengths that are no
+// multiple of the 32-row query block, cross attention, batch > 1; q, k, v
+// interleaved in one buffer with padding columns and dq, dk, dv likewise
+// (row strides larger than heads * head_dim, as fused projections pass
+// them), outputs pre-filled with garbage (they must be overwritten) and the
+// padding checked untouched; on every ISA the vector loops offer.
+// Tolerance: f32 rounding of length-n sums is at most n u times the sum of
+// the terms' magnitudes (u = 2^-24), with n the longest reduction (kv + d)
+// and a factor 8 for the vector exp (~2 ulp) and the softmax's steps.
+TEST(Kernels, AttentionMatchesExactReferenceOnAwkwardShapesStridesAndIsas) {
+  const AttentionShape shapes[] = {
+      {3, 2, 70, 70, 24, true},  {2, 3, 45, 45, 40, true},  {2, 2, 37, 53, 80, false},
+      {1, 2, 64, 64, 32, false}, {2, 1, 33, 33, 1, true},   {1, 3, 129, 129, 16, true},
+  };
+  std::vector<simd::Isa> isas = {simd::Isa::kScalar};
+  if (static_cast<int>(simd::BestIsa()) >= static_cast<int>(simd::Isa::kAvx2)) {
+    isas.push_back(simd::Isa::kAvx2);
+  }
+  if (simd::BestIsa() == simd::Isa::kAvx512) isas.push_back(simd::Isa::kAvx512);
+  const double u = std::ldexp(1.0, -24);
+  uint32_t seed = 300;
+  for (const AttentionShape& s : shapes) {
+    const int64_t c = s.heads * s.head_dim, pad = 5, ld = 3 * c + pad, ldo = c + 3;
+    const int64_t nq = s.batch * s.q_len, nk = s.batch * s.kv_len;
+    Vec q = Random(nq * c, seed++), k = Random(nk * c, seed++), v = Random(nk * c, seed++),
+        dout = Random(nq * c, seed++);
+    const AttnExact want = AttentionExact(s, q, k, v, dout);
+    const double tol = 8 * static_cast<double>(s.kv_len + s.head_dim) * u;
+    // Inputs: q in columns [0, c) of an [nq, ld] buffer, k and v in [c, 2c)
+    // and [2c, 3c) of an [nk, ld] one; padding holds a sentinel.
+    constexpr float kSentinel = -1234.5f;
+    std::vector<float> qbuf(nq * ld, kSentinel), kvbuf(nk * ld, kSentinel), dobuf(nq * ldo, kSentinel);
+    for (int64_t r = 0; r < nq; ++r) {
+      for (int64_t j = 0; j < c; ++j) {
+        qbuf[r * ld + j] = static_cast<float>(q[r * c + j]);
+        dobuf[r * ldo + j] = static_cast<float>(dout[r * c + j]);
+      }
+    }
+    for (int64_t r = 0; r < nk; ++r) {
+      for (int64_t j = 0; j < c; ++j) {
+        kvbuf[r * ld + c + j] = static_cast<float>(k[r * c + j]);
+        kvbuf[r * ld + 2 * c + j] = static_cast<float>(v[r * c + j]);
+      }
+    }
+    for (simd::Isa isa : isas) {
+      const simd::Isa before = simd::SetIsa(isa);
+      const std::string what = std::string(simd::IsaName(isa)) + " B" + std::to_string(s.batch) +
+                               " H" + std::to_string(s.heads) + " Tq" + std::to_string(s.q_len) +
+                               " Tk" + std::to_string(s.kv_len) + " D" + std::to_string(s.head_dim) +
+                               (s.causal ? " causal" : "");
+      std::vector<float> probs(want.probs.size(), 7.0f), out(nq * ldo, kSentinel);
+      for (int64_t r = 0; r < nq; ++r) {
+        for (int64_t j = 0; j < c; ++j) out[r * ldo + j] = 7.0f;
+      }
+      AttentionForward(s, qbuf.data(), ld, kvbuf.data() + c, ld, kvbuf.data() + 2 * c, ld,
+                       probs.data(), out.data(), ldo);
+      for (size_t i = 0; i < probs.size(); ++i) {
+        if (want.probs[i] == 0.0) {
+          ASSERT_EQ(probs[i], 0.0f) << what << " masked probs[" << i << "]";
+        } else {
+          ASSERT_NEAR(probs[i], want.probs[i], tol * want.probs_mag[i]) << what << " probs[" << i << "]";
+        }
+      }
+      // dq, dk, dv: columns [0, c), [c, 2c), [2c, 3c) of one [rows, ld]
+      // buffer per length (q rows and kv rows), garbage before the call.
+      std::vector<float> dqbuf(nq * ld, kSentinel), dkvbuf(nk * ld, kSentinel);
+      for (int64_t r = 0; r < nq; ++r) {
+        for (int64_t j = 0; j < c; ++j) dqbuf[r * ld + j] = 7.0f;
+      }
+      for (int64_t r = 0; r < nk; ++r) {
+        for (int64_t j = c; j < 3 * c; ++j) dkvbuf[r * ld + j] = 7.0f;
+      }
+      std::vector<float> scratch(s.q_len * s.kv_len);
+      AttentionBackward(s, qbuf.data(), ld, kvbuf.data() + c, ld, kvbuf.data() + 2 * c, ld,
+                        probs.data(), dobuf.data(), ldo, dqbuf.data(), ld, dkvbuf.data() + c, ld,
+                        dkvbuf.data() + 2 * c, ld, scratch.data());
+      auto check = [&](const char* name, const std::vector<float>& buf, int64_t stride, int64_t offset,
+                       int64_t rows, const Vec& value, const Vec& mag, int64_t first_pad,
+                       int64_t last_pad) {
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t j = 0; j < c; ++j) {
+            const double got = buf[r * stride + offset + j], w = value[r * c + j];
+            ASSERT_NEAR(got, w, tol * mag[r * c + j] + 1e-30) << what << " " << name << "[" << r << "," << j << "]";
+          }
+          for (int64_t j = first_pad; j < last_pad; ++j) {
+            ASSERT_EQ(buf[r * stride + j], kSentinel) << what << " " << name << " padding [" << r << "," << j << "]";
+          }
+        }
+      };
+      check("out", out, ldo, 0, nq, want.out, want.out_mag, c, ldo);
+      check("dq", dqbuf, ld, 0, nq, want.dq, want.dq_mag, c, ld);
+      check("dk", dkvbuf, ld, c, nk, want.dk, want.dk_mag, 3 * c, ld);
+      check("dv", dkvbuf, ld, 2 * c, nk, want.dv, want.dv_mag, 3 * c, ld);
+      simd::SetIsa(before);
+    }
+  }
+}
+
+// The kernels run on the calling thread only: results from several threads
+// at once (ranks are threads) are one thread's bits.
+TEST(Kernels, AttentionFromSeveralThreadsAtOnceGivesOneThreadsBits) {
+  const AttentionShape s{2, 4, 96, 96, 32, true};
+  const int64_t c = s.heads * s.head_dim, n = s.batch * s.q_len * c;
+  const auto q = ToF32(Random(n, 500)), k = ToF32(Random(n, 501)), v = ToF32(Random(n, 502)),
+             dout = ToF32(Random(n, 503));
+  struct Result {
+    std::vector<float> probs, out, dq, dk, dv;
+  };
+  auto run = [&] {
+    Result r{std::vector<float>(s.batch * s.heads * s.q_len * s.kv_len), std::vector<float>(n),
+             std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+    std::vector<float> scratch(s.q_len * s.kv_len);
+    AttentionForward(s, q.data(), c, k.data(), c, v.data(), c, r.probs.data(), r.out.data(), c);
+    AttentionBackward(s, q.data(), c, k.data(), c, v.data(), c, r.probs.data(), dout.data(), c,
+                      r.dq.data(), c, r.dk.data(), c, r.dv.data(), c, scratch.data());
+    return r;
+  };
+  const Result alone = run();
+  std::vector<Result> results(3);
+  std::vector<std::thread> threads;
+  for (Result& r : results) threads.emplace_back([&r, &run] { r = run(); });
+  for (std::thread& t : threads) t.join();
+  for (const Result& r : results) {
+    EXPECT_EQ(std::memcmp(r.probs.data(), alone.probs.data(), sizeof(float) * r.probs.size()), 0);
+    EXPECT_EQ(std::memcmp(r.out.data(), alone.out.data(), sizeof(float) * n), 0);
+    EXPECT_EQ(std::memcmp(r.dq.data(), alone.dq.data(), sizeof(float) * n), 0);
+    EXPECT_EQ(std::memcmp(r.dk.data(), alone.dk.data(), sizeof(float) * n), 0);
+    EXPECT_EQ(std::memcmp(r.dv.data(), alone.dv.data(), sizeof(float) * n), 0);
   }
 }
 

@@ -8,6 +8,7 @@
 // Lengths cover every tail (1 .. 2 vectors + 1) and a long row.
 #include "runtime/ops/cpu/simd.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -236,6 +237,35 @@ TEST(Simd, ScaledSoftmaxRowIsScalingFirstBitForBit) {
         SoftmaxRowInPlace(first.data(), cols, valid);
         ExpectSameBits(fused, first, std::string("scaled softmax ") + IsaName(isa) + " cols=" +
                                          std::to_string(cols) + " scale=" + std::to_string(scale));
+      }
+    }
+  }
+}
+
+// Attention's block softmax (forward and backward over many rows at a row
+// stride, causal or not) is the row functions' arithmetic bit for bit.
+TEST(Simd, SoftmaxRowBlocksAreTheRowFunctionsBitForBit) {
+  for (int64_t cols : {int64_t{1}, int64_t{17}, int64_t{64}, int64_t{150}}) {
+    for (bool causal : {false, true}) {
+      const int64_t rows = 70, ld = cols + 3, valid = causal ? 1 : cols;
+      const auto x0 = Random(rows * ld, 70 + cols, -20, 20), dp0 = Random(rows * ld, 71, -1, 1);
+      for (Isa isa : Isas()) {
+        OnIsa on(isa);
+        const std::string what = std::string(IsaName(isa)) + " cols=" + std::to_string(cols) +
+                                 (causal ? " causal" : "");
+        std::vector<float> block = x0, rowwise = x0;
+        SoftmaxRowsInPlace(block.data(), rows, cols, ld, valid, causal, 0.125f);
+        for (int64_t r = 0; r < rows; ++r) {
+          SoftmaxRowInPlace(rowwise.data() + r * ld, cols, std::min(cols, valid + (causal ? r : 0)),
+                            0.125f);
+        }
+        ExpectSameBits(block, rowwise, "softmax rows " + what);
+        std::vector<float> dblock = dp0, drow = dp0;
+        SoftmaxRowsBackwardInPlace(block.data(), ld, dblock.data(), ld, rows, cols, 0.5f);
+        for (int64_t r = 0; r < rows; ++r) {
+          SoftmaxRowBackwardInPlace(block.data() + r * ld, drow.data() + r * ld, cols, 0.5f);
+        }
+        ExpectSameBits(dblock, drow, "softmax rows backward " + what);
       }
     }
   }

@@ -322,16 +322,23 @@ void TransposeInto(const float* src, int64_t rows, int64_t cols, int64_t ld, flo
                  static_cast<libxsmm_blasint>(rows));
 }
 
-// Zeroes rows x cols floats at row stride ld.
-void ZeroRows(float* x, int64_t rows, int64_t cols, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) std::memset(x + r * ld, 0, sizeof(float) * cols);
+// dst[rows, cols] (row stride cols) = src[rows, cols] (row stride ld), or
+// back when unpacking: a head's columns of a [tokens, heads * head_dim]
+// operand made contiguous. The heads' rows lie heads * head_dim floats
+// apart, a multiple of 1 KiB in the models we train, so a head's rows fall
+// into a handful of L1 sets and evict each other inside a GEMM (gpt-deep-20m:
+// 3 KiB apart, 8 of 64 sets); packed, they use every set.
+void PackRows(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, src + r * ld, sizeof(float) * cols);
+}
+void UnpackRows(const float* src, int64_t rows, int64_t cols, float* dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld, src + r * cols, sizeof(float) * cols);
 }
 
 // Attention works on blocks of this many query rows. Causal block [q0, q1)
 // attends to keys [0, q1) only, so the GEMMs skip the masked triangle beyond
 // the diagonal blocks (at T = 128: 62.5% of the full T x T work; T = 256:
-// 56%). Rows x keys of scores (32 x 256 floats: 32 KiB) stay in L1/L2 between
-// the score GEMM, the softmax and the P V GEMM.
+// 56%).
 constexpr int64_t kQueryBlock = 32;
 
 // One query block: rows [q0, q0 + rows) seeing keys [0, keys).
@@ -347,6 +354,28 @@ std::vector<QueryBlock> QueryBlocks(const AttentionShape& s) {
   }
   return blocks;
 }
+
+// dX[0, keys) of one head += A^T B for A = a block's [rows, keys] of P or
+// dS (row stride kv) and B its rows of dO or Q (row stride ldb): key rows
+// [0, first) accumulate, rows [first, keys) are overwritten.
+class KeyRowsGemm {
+ public:
+  KeyRowsGemm(const QueryBlock& qb, int64_t first, int64_t d, int64_t kv, int64_t ldb,
+              int64_t ldc)
+      : first_(first),
+        ldc_(ldc),
+        acc_(true, first, d, qb.rows, kv, ldb, ldc, true),
+        fresh_(true, qb.keys - first, d, qb.rows, kv, ldb, ldc, false) {}
+
+  void operator()(const float* a, const float* b, float* c) const {
+    acc_(a, b, c);
+    fresh_(a + first_, b, c + first_ * ldc_);
+  }
+
+ private:
+  int64_t first_, ldc_;
+  SmallGemm acc_, fresh_;
+};
 
 // The calling thread's scratch of at least n floats (ranks run as threads).
 float* ThreadScratch(int64_t n) {
@@ -364,33 +393,33 @@ void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, cons
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const int64_t d = s.head_dim, kv = s.kv_len;
   const std::vector<QueryBlock> blocks = QueryBlocks(s);
-  // Per block: S = Q K^T as Q times K^T copied out per head (kt, d x kv),
-  // and O = P V; dispatched once per call, run for every (batch, head).
+  // Per head, packed: qc [q_len, d], kt = K^T [d, kv], vc [kv, d]. Per
+  // block: S = Q K^T into probs, the softmax there, O = P V; the kernels are
+  // dispatched once per call and run for every (batch, head).
   std::vector<SmallGemm> scores, pv;
   for (const QueryBlock& qb : blocks) {
-    scores.emplace_back(false, qb.rows, qb.keys, d, ldq, kv, kv, false);
-    pv.emplace_back(false, qb.rows, d, qb.keys, kv, ldv, ldo, false);
+    scores.emplace_back(false, qb.rows, qb.keys, d, d, kv, kv, false);
+    pv.emplace_back(false, qb.rows, d, qb.keys, kv, d, ldo, false);
   }
-  float* kt = ThreadScratch(d * kv);
+  float* qc = ThreadScratch(d * (s.q_len + 2 * kv));
+  float* kt = qc + d * s.q_len;
+  float* vc = kt + d * kv;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
-      const float* qh = q + b * s.q_len * ldq + h * d;
-      const float* kh = k + b * kv * ldk + h * d;
-      const float* vh = v + b * kv * ldv + h * d;
       float* p = probs + (b * s.heads + h) * s.q_len * kv;
       float* oh = out + b * s.q_len * ldo + h * d;
-      TransposeInto(kh, kv, d, ldk, kt);
+      PackRows(q + b * s.q_len * ldq + h * d, s.q_len, d, ldq, qc);
+      TransposeInto(k + b * kv * ldk + h * d, kv, d, ldk, kt);
+      PackRows(v + b * kv * ldv + h * d, kv, d, ldv, vc);
       for (size_t i = 0; i < blocks.size(); ++i) {
         const QueryBlock& qb = blocks[i];
         float* pb = p + qb.q0 * kv;
         // Unscaled scores over the keys this block sees; the softmax scales
         // them and writes the whole row (0 past the causal limit), which
         // backward reads.
-        scores[i](qh + qb.q0 * ldq, kt, pb);
-        for (int64_t r = qb.q0; r < qb.q0 + qb.rows; ++r) {
-          simd::SoftmaxRowInPlace(p + r * kv, kv, s.causal ? r + 1 : kv, scale);
-        }
-        pv[i](pb, vh, oh + qb.q0 * ldo);
+        scores[i](qc + qb.q0 * d, kt, pb);
+        simd::SoftmaxRowsInPlace(pb, qb.rows, kv, kv, s.causal ? qb.q0 + 1 : kv, s.causal, scale);
+        pv[i](pb, vc, oh + qb.q0 * ldo);
       }
     }
   }
@@ -403,45 +432,51 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const int64_t d = s.head_dim, kv = s.kv_len;
   const std::vector<QueryBlock> blocks = QueryBlocks(s);
-  // Per block, with ds = the block's [rows, keys] of dP, then dS, in the
-  // first rows of scratch: dP = dO V^T (V^T copied out per head), dV += P^T
-  // dO, dQ = dS K, dK += dS^T Q. dK and dV start at 0 per head and
-  // accumulate over the blocks.
-  std::vector<SmallGemm> dp_g, dv_g, dq_g, dk_g;
-  for (const QueryBlock& qb : blocks) {
-    dp_g.emplace_back(false, qb.rows, qb.keys, d, ldo, kv, kv, false);
-    dv_g.emplace_back(true, qb.keys, d, qb.rows, kv, ldo, lddv, true);
-    dq_g.emplace_back(false, qb.rows, d, qb.keys, kv, ldk, lddq, false);
-    dk_g.emplace_back(true, qb.keys, d, qb.rows, kv, ldq, lddk, true);
+  // Per head, packed: qc and doc [q_len, d], kc [kv, d], vt = V^T [d, kv],
+  // and dK, dV accumulated in dkc, dvc [kv, d], unpacked at the end. Per
+  // block, with ds = the block's [rows, keys] of dP, then dS, in the first
+  // rows of scratch: dP = dO V^T, dV += P^T dO, dQ = dS K, dK += dS^T Q. Key
+  // rows [first, keys) of dK and dV are reached for the first time in block
+  // i (causal: its diagonal; otherwise all of them in block 0) and are
+  // overwritten; earlier ones accumulate.
+  std::vector<SmallGemm> dp_g, dq_g;
+  std::vector<KeyRowsGemm> dv_g, dk_g;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const QueryBlock& qb = blocks[i];
+    const int64_t first = s.causal ? qb.q0 : (i == 0 ? 0 : qb.keys);
+    dp_g.emplace_back(false, qb.rows, qb.keys, d, d, kv, kv, false);
+    dq_g.emplace_back(false, qb.rows, d, qb.keys, kv, d, lddq, false);
+    dv_g.push_back(KeyRowsGemm(qb, first, d, kv, d, d));
+    dk_g.push_back(KeyRowsGemm(qb, first, d, kv, d, d));
   }
-  float* vt = ThreadScratch(d * kv);
+  float* qc = ThreadScratch(d * (2 * s.q_len + 4 * kv));
+  float* doc = qc + d * s.q_len;
+  float* kc = doc + d * s.q_len;
+  float* vt = kc + d * kv;
+  float* dkc = vt + d * kv;
+  float* dvc = dkc + d * kv;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t col = h * d;
-      const float* qh = q + b * s.q_len * ldq + col;
-      const float* kh = k + b * kv * ldk + col;
-      const float* vh = v + b * kv * ldv + col;
       const float* p = probs + (b * s.heads + h) * s.q_len * kv;
-      const float* doh = dout + b * s.q_len * ldo + col;
       float* dqh = dq + b * s.q_len * lddq + col;
-      float* dkh = dk + b * kv * lddk + col;
-      float* dvh = dv + b * kv * lddv + col;
-      TransposeInto(vh, kv, d, ldv, vt);
-      ZeroRows(dkh, kv, d, lddk);
-      ZeroRows(dvh, kv, d, lddv);
+      PackRows(q + b * s.q_len * ldq + col, s.q_len, d, ldq, qc);
+      PackRows(dout + b * s.q_len * ldo + col, s.q_len, d, ldo, doc);
+      PackRows(k + b * kv * ldk + col, kv, d, ldk, kc);
+      TransposeInto(v + b * kv * ldv + col, kv, d, ldv, vt);
       for (size_t i = 0; i < blocks.size(); ++i) {
         const QueryBlock& qb = blocks[i];
         const float* pb = p + qb.q0 * kv;
-        const float* dob = doh + qb.q0 * ldo;
+        const float* dob = doc + qb.q0 * d;
         dp_g[i](dob, vt, scratch);
-        dv_g[i](pb, dob, dvh);
+        dv_g[i](pb, dob, dvc);
         // dS = scale * P (dP - rowdot(P, dP)); masked entries have P = 0.
-        for (int64_t r = 0; r < qb.rows; ++r) {
-          simd::SoftmaxRowBackwardInPlace(pb + r * kv, scratch + r * kv, qb.keys, scale);
-        }
-        dq_g[i](scratch, kh, dqh + qb.q0 * lddq);
-        dk_g[i](scratch, qh + qb.q0 * ldq, dkh);
+        simd::SoftmaxRowsBackwardInPlace(pb, kv, scratch, kv, qb.rows, qb.keys, scale);
+        dq_g[i](scratch, kc, dqh + qb.q0 * lddq);
+        dk_g[i](scratch, qc + qb.q0 * d, dkc);
       }
+      UnpackRows(dkc, kv, d, dk + b * kv * lddk + col, lddk);
+      UnpackRows(dvc, kv, d, dv + b * kv * lddv + col, lddv);
     }
   }
 }

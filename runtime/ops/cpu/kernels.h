@@ -13,7 +13,8 @@
 // Backward functions ACCUMULATE into parameter gradients (+=) so that FSDP's
 // unsharded gradient buffers and gradient accumulation work unchanged; input
 // gradients are documented per function. Every function is thread-compatible
-// (no shared state besides the BLAS library's own thread pool).
+// (no shared state besides the BLAS library's own thread pool and LIBXSMM's
+// thread-safe cache of generated kernels).
 #ifndef SHARDKIT_RUNTIME_OPS_CPU_KERNELS_H_
 #define SHARDKIT_RUNTIME_OPS_CPU_KERNELS_H_
 
@@ -111,12 +112,20 @@ void SoftmaxBackward(const float* y, const float* dy, int64_t rows, int64_t cols
 // stride (fused projections pass pointers into one buffer).
 using ops::AttentionShape;
 
-// Writes probs [batch, heads, q_len, kv_len] (kept for backward) and out.
+// Both passes work per (sequence, head) on the head's columns copied into
+// contiguous per-thread scratch (K and V transposed where a GEMM needs
+// them), in blocks of 32 query rows that see only the keys up to their
+// diagonal when causal; the per-head GEMMs are LIBXSMM's JIT small-GEMM
+// kernels, single-threaded, so results do not depend on the thread count.
+
+// Writes probs [batch, heads, q_len, kv_len] (kept for backward; masked
+// entries 0) and out.
 void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
                       int64_t ldk, const float* v, int64_t ldv, float* probs, float* out,
                       int64_t ldo);
 
-// Overwrites dq, dk and dv from dout. scratch holds q_len * kv_len floats.
+// Overwrites dq, dk and dv from dout and forward's probs. scratch holds
+// q_len * kv_len floats (the first min(q_len, 32) * kv_len are used).
 void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
                        int64_t ldk, const float* v, int64_t ldv, const float* probs,
                        const float* dout, int64_t ldo, float* dq, int64_t lddq, float* dk,

@@ -331,6 +331,19 @@ void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid, float scale) {
 void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols, float scale) {
   nn_math::SoftmaxRowBackwardInPlace(p, dp, cols, scale);
 }
+void SoftmaxRowsInPlace(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t valid,
+                        bool causal, float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t v = valid + (causal ? r : 0);
+    SoftmaxRowInPlace(x + r * ld, cols, v < cols ? v : cols, scale);
+  }
+}
+void SoftmaxRowsBackwardInPlace(const float* p, int64_t ldp, float* dp, int64_t lddp,
+                                int64_t rows, int64_t cols, float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    nn_math::SoftmaxRowBackwardInPlace(p + r * ldp, dp + r * lddp, cols, scale);
+  }
+}
 float CrossEntropyRow(const float* logits, int64_t cols, int32_t target) {
   return nn_math::CrossEntropyRow(logits, cols, target);
 }
@@ -437,6 +450,14 @@ void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid, float scale) {
 }
 void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols, float scale) {
   SK_SIMD_DISPATCH(SoftmaxRowBackwardInPlace, p, dp, cols, scale);
+}
+void SoftmaxRowsInPlace(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t valid,
+                        bool causal, float scale) {
+  SK_SIMD_DISPATCH(SoftmaxRowsInPlace, x, rows, cols, ld, valid, causal, scale);
+}
+void SoftmaxRowsBackwardInPlace(const float* p, int64_t ldp, float* dp, int64_t lddp,
+                                int64_t rows, int64_t cols, float scale) {
+  SK_SIMD_DISPATCH(SoftmaxRowsBackwardInPlace, p, ldp, dp, lddp, rows, cols, scale);
 }
 float CrossEntropyRow(const float* logits, int64_t cols, int32_t target) {
   SK_SIMD_DISPATCH(CrossEntropyRow, logits, cols, target);

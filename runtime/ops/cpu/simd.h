@@ -76,6 +76,17 @@ void LayerNormBackward(const float* x, const float* gamma, const float* dy, cons
 void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid, float scale = 1.0f);
 void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols, float scale);
 
+// The two above over a block of rows: row r of x (row stride ld) is
+// SoftmaxRowInPlace(x + r ld, cols, min(cols, valid + (causal ? r : 0)),
+// scale) (valid >= 1), and row r of dp (stride lddp) is
+// SoftmaxRowBackwardInPlace(p + r ldp, dp + r lddp, cols, scale), bit for
+// bit; the vector loops run each pass over many rows so that the rows'
+// reductions overlap (attention's query blocks).
+void SoftmaxRowsInPlace(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t valid,
+                        bool causal, float scale);
+void SoftmaxRowsBackwardInPlace(const float* p, int64_t ldp, float* dp, int64_t lddp,
+                                int64_t rows, int64_t cols, float scale);
+
 // math.h's CrossEntropyRow and CrossEntropyRowBackward.
 float CrossEntropyRow(const float* logits, int64_t cols, int32_t target);
 void CrossEntropyRowBackward(const float* logits, int64_t cols, int32_t target, float scale,
