@@ -515,7 +515,8 @@ AttnExact AttentionExact(const AttentionShape& s, const Vec& q, const Vec& k, co
 
 // The attention kernels on awkward shapes against AttentionExact: head
 // dims that are no multiple of a vector (24, 40, 80, 1), lengths that are no
-// multiple of the 32-row query block, cross attention, batch > 1; q, k, v
+// multiple of the 32-row query block, cross attention, batch > 1, heads
+// split into groups; q, k, v
 // interleaved in one buffer with padding columns and dq, dk, dv likewise
 // (row strides larger than heads * head_dim, as fused projections pass
 // them), outputs pre-filled with garbage (they must be overwritten) and the
@@ -527,6 +528,9 @@ TEST(Kernels, AttentionMatchesExactReferenceOnAwkwardShapesStridesAndIsas) {
   const AttentionShape shapes[] = {
       {3, 2, 70, 70, 24, true},  {2, 3, 45, 45, 40, true},  {2, 2, 37, 53, 80, false},
       {1, 2, 64, 64, 32, false}, {2, 1, 33, 33, 1, true},   {1, 3, 129, 129, 16, true},
+      // Backward splits these heads 2 + 1 (a group's copies stay within the
+      // per-thread scratch budget of 1 Mi floats).
+      {1, 3, 70, 70, 1024, true},
   };
   std::vector<simd::Isa> isas = {simd::Isa::kScalar};
   if (static_cast<int>(simd::BestIsa()) >= static_cast<int>(simd::Isa::kAvx2)) {

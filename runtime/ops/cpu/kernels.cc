@@ -322,17 +322,28 @@ void TransposeInto(const float* src, int64_t rows, int64_t cols, int64_t ld, flo
                  static_cast<libxsmm_blasint>(rows));
 }
 
-// dst[rows, cols] (row stride cols) = src[rows, cols] (row stride ld), or
-// back when unpacking: a head's columns of a [tokens, heads * head_dim]
-// operand made contiguous. The heads' rows lie heads * head_dim floats
-// apart, a multiple of 1 KiB in the models we train, so a head's rows fall
-// into a handful of L1 sets and evict each other inside a GEMM (gpt-deep-20m:
-// 3 KiB apart, 8 of 64 sets); packed, they use every set.
-void PackRows(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, src + r * ld, sizeof(float) * cols);
+// Splits a sequence's [tokens, heads * d] operand (row stride ld) into
+// per-head contiguous [tokens, d] matrices, dst + h * tokens * d, or joins
+// them back. Token rows are read or written whole, one after the other
+// (streams the hardware prefetchers follow); the heads' columns of one
+// row lie heads * d floats apart, so reading a head's rows directly would
+// miss on every row and put them into a few L1 sets (gpt-deep-20m: 3 KiB
+// apart, 8 of 64 sets), where a GEMM's operands evict each other.
+void SplitHeads(const float* src, int64_t tokens, int64_t heads, int64_t d, int64_t ld,
+                float* dst) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(dst + (h * tokens + t) * d, src + t * ld + h * d, sizeof(float) * d);
+    }
+  }
 }
-void UnpackRows(const float* src, int64_t rows, int64_t cols, float* dst, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld, src + r * cols, sizeof(float) * cols);
+void JoinHeads(const float* src, int64_t tokens, int64_t heads, int64_t d, float* dst,
+               int64_t ld) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(dst + t * ld + h * d, src + (h * tokens + t) * d, sizeof(float) * d);
+    }
+  }
 }
 
 // Attention works on blocks of this many query rows. Causal block [q0, q1)
@@ -377,6 +388,14 @@ class KeyRowsGemm {
   SmallGemm acc_, fresh_;
 };
 
+// How many heads to split out of a sequence at a time: all of them unless
+// their copies (floats_per_head each) would exceed 1 Mi floats (4 MiB) of
+// scratch per thread; at least one.
+int64_t HeadGroup(int64_t heads, int64_t floats_per_head) {
+  constexpr int64_t kBudget = int64_t{1} << 20;
+  return std::max<int64_t>(1, std::min(heads, kBudget / std::max<int64_t>(1, floats_per_head)));
+}
+
 // The calling thread's scratch of at least n floats (ranks run as threads).
 float* ThreadScratch(int64_t n) {
   thread_local std::vector<float> scratch;
@@ -393,34 +412,47 @@ void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, cons
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const int64_t d = s.head_dim, kv = s.kv_len;
   const std::vector<QueryBlock> blocks = QueryBlocks(s);
-  // Per head, packed: qc [q_len, d], kt = K^T [d, kv], vc [kv, d]. Per
-  // block: S = Q K^T into probs, the softmax there, O = P V; the kernels are
-  // dispatched once per call and run for every (batch, head).
+  // Per sequence and group of heads (HeadGroup), split into heads: qs, os
+  // [group, q_len, d], ks, vs [group, kv, d]; per head, kt = K^T [d, kv]. Per block: S = Q K^T into
+  // probs, the softmax there, O = P V; the kernels are dispatched once per
+  // call and run for every (batch, head).
   std::vector<SmallGemm> scores, pv;
   for (const QueryBlock& qb : blocks) {
     scores.emplace_back(false, qb.rows, qb.keys, d, d, kv, kv, false);
-    pv.emplace_back(false, qb.rows, d, qb.keys, kv, d, ldo, false);
+    pv.emplace_back(false, qb.rows, d, qb.keys, kv, d, d, false);
   }
-  float* qc = ThreadScratch(d * (s.q_len + 2 * kv));
-  float* kt = qc + d * s.q_len;
-  float* vc = kt + d * kv;
+  const int64_t group = HeadGroup(s.heads, 2 * s.q_len * d + 2 * kv * d);
+  const int64_t hq = group * s.q_len * d, hk = group * kv * d;
+  float* qs = ThreadScratch(2 * hq + 2 * hk + d * kv);
+  float* os = qs + hq;
+  float* ks = os + hq;
+  float* vs = ks + hk;
+  float* kt = vs + hk;
   for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      float* p = probs + (b * s.heads + h) * s.q_len * kv;
-      float* oh = out + b * s.q_len * ldo + h * d;
-      PackRows(q + b * s.q_len * ldq + h * d, s.q_len, d, ldq, qc);
-      TransposeInto(k + b * kv * ldk + h * d, kv, d, ldk, kt);
-      PackRows(v + b * kv * ldv + h * d, kv, d, ldv, vc);
-      for (size_t i = 0; i < blocks.size(); ++i) {
-        const QueryBlock& qb = blocks[i];
-        float* pb = p + qb.q0 * kv;
-        // Unscaled scores over the keys this block sees; the softmax scales
-        // them and writes the whole row (0 past the causal limit), which
-        // backward reads.
-        scores[i](qc + qb.q0 * d, kt, pb);
-        simd::SoftmaxRowsInPlace(pb, qb.rows, kv, kv, s.causal ? qb.q0 + 1 : kv, s.causal, scale);
-        pv[i](pb, vc, oh + qb.q0 * ldo);
+    for (int64_t h0 = 0; h0 < s.heads; h0 += group) {
+      const int64_t g = std::min(group, s.heads - h0), col = h0 * d;
+      SplitHeads(q + b * s.q_len * ldq + col, s.q_len, g, d, ldq, qs);
+      SplitHeads(k + b * kv * ldk + col, kv, g, d, ldk, ks);
+      SplitHeads(v + b * kv * ldv + col, kv, g, d, ldv, vs);
+      for (int64_t h = 0; h < g; ++h) {
+        float* p = probs + (b * s.heads + h0 + h) * s.q_len * kv;
+        const float* qh = qs + h * s.q_len * d;
+        const float* vh = vs + h * kv * d;
+        float* oh = os + h * s.q_len * d;
+        TransposeInto(ks + h * kv * d, kv, d, d, kt);
+        for (size_t i = 0; i < blocks.size(); ++i) {
+          const QueryBlock& qb = blocks[i];
+          float* pb = p + qb.q0 * kv;
+          // Unscaled scores over the keys this block sees; the softmax
+          // scales them and writes the whole row (0 past the causal limit),
+          // which backward reads.
+          scores[i](qh + qb.q0 * d, kt, pb);
+          simd::SoftmaxRowsInPlace(pb, qb.rows, kv, kv, s.causal ? qb.q0 + 1 : kv, s.causal,
+                                   scale);
+          pv[i](pb, vh, oh + qb.q0 * d);
+        }
       }
+      JoinHeads(os, s.q_len, g, d, out + b * s.q_len * ldo + col, ldo);
     }
   }
 }
@@ -432,12 +464,13 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const int64_t d = s.head_dim, kv = s.kv_len;
   const std::vector<QueryBlock> blocks = QueryBlocks(s);
-  // Per head, packed: qc and doc [q_len, d], kc [kv, d], vt = V^T [d, kv],
-  // and dK, dV accumulated in dkc, dvc [kv, d], unpacked at the end. Per
-  // block, with ds = the block's [rows, keys] of dP, then dS, in the first
-  // rows of scratch: dP = dO V^T, dV += P^T dO, dQ = dS K, dK += dS^T Q. Key
-  // rows [first, keys) of dK and dV are reached for the first time in block
-  // i (causal: its diagonal; otherwise all of them in block 0) and are
+  // Per sequence and group of heads (HeadGroup), split into heads: qs,
+  // dos, dqs [group, q_len, d], ks, vs, dks, dvs [group, kv, d]; per head,
+  // vt = V^T [d, kv]. Per block, with
+  // ds = the block's [rows, keys] of dP, then dS, in the first rows of
+  // scratch: dP = dO V^T, dV += P^T dO, dQ = dS K, dK += dS^T Q. Key rows
+  // [first, keys) of dK and dV are reached for the first time in block i
+  // (causal: its diagonal; otherwise all of them in block 0) and are
   // overwritten; earlier ones accumulate.
   std::vector<SmallGemm> dp_g, dq_g;
   std::vector<KeyRowsGemm> dv_g, dk_g;
@@ -445,38 +478,51 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
     const QueryBlock& qb = blocks[i];
     const int64_t first = s.causal ? qb.q0 : (i == 0 ? 0 : qb.keys);
     dp_g.emplace_back(false, qb.rows, qb.keys, d, d, kv, kv, false);
-    dq_g.emplace_back(false, qb.rows, d, qb.keys, kv, d, lddq, false);
+    dq_g.emplace_back(false, qb.rows, d, qb.keys, kv, d, d, false);
     dv_g.push_back(KeyRowsGemm(qb, first, d, kv, d, d));
     dk_g.push_back(KeyRowsGemm(qb, first, d, kv, d, d));
   }
-  float* qc = ThreadScratch(d * (2 * s.q_len + 4 * kv));
-  float* doc = qc + d * s.q_len;
-  float* kc = doc + d * s.q_len;
-  float* vt = kc + d * kv;
-  float* dkc = vt + d * kv;
-  float* dvc = dkc + d * kv;
+  const int64_t group = HeadGroup(s.heads, 3 * s.q_len * d + 4 * kv * d);
+  const int64_t hq = group * s.q_len * d, hk = group * kv * d;
+  float* qs = ThreadScratch(3 * hq + 4 * hk + d * kv);
+  float* dos = qs + hq;
+  float* dqs = dos + hq;
+  float* ks = dqs + hq;
+  float* vs = ks + hk;
+  float* dks = vs + hk;
+  float* dvs = dks + hk;
+  float* vt = dvs + hk;
   for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t col = h * d;
-      const float* p = probs + (b * s.heads + h) * s.q_len * kv;
-      float* dqh = dq + b * s.q_len * lddq + col;
-      PackRows(q + b * s.q_len * ldq + col, s.q_len, d, ldq, qc);
-      PackRows(dout + b * s.q_len * ldo + col, s.q_len, d, ldo, doc);
-      PackRows(k + b * kv * ldk + col, kv, d, ldk, kc);
-      TransposeInto(v + b * kv * ldv + col, kv, d, ldv, vt);
-      for (size_t i = 0; i < blocks.size(); ++i) {
-        const QueryBlock& qb = blocks[i];
-        const float* pb = p + qb.q0 * kv;
-        const float* dob = doc + qb.q0 * d;
-        dp_g[i](dob, vt, scratch);
-        dv_g[i](pb, dob, dvc);
-        // dS = scale * P (dP - rowdot(P, dP)); masked entries have P = 0.
-        simd::SoftmaxRowsBackwardInPlace(pb, kv, scratch, kv, qb.rows, qb.keys, scale);
-        dq_g[i](scratch, kc, dqh + qb.q0 * lddq);
-        dk_g[i](scratch, qc + qb.q0 * d, dkc);
+    for (int64_t h0 = 0; h0 < s.heads; h0 += group) {
+      const int64_t g = std::min(group, s.heads - h0), col = h0 * d;
+      SplitHeads(q + b * s.q_len * ldq + col, s.q_len, g, d, ldq, qs);
+      SplitHeads(dout + b * s.q_len * ldo + col, s.q_len, g, d, ldo, dos);
+      SplitHeads(k + b * kv * ldk + col, kv, g, d, ldk, ks);
+      SplitHeads(v + b * kv * ldv + col, kv, g, d, ldv, vs);
+      for (int64_t h = 0; h < g; ++h) {
+        const float* p = probs + (b * s.heads + h0 + h) * s.q_len * kv;
+        const float* qh = qs + h * s.q_len * d;
+        const float* doh = dos + h * s.q_len * d;
+        const float* kh = ks + h * kv * d;
+        float* dqh = dqs + h * s.q_len * d;
+        float* dkh = dks + h * kv * d;
+        float* dvh = dvs + h * kv * d;
+        TransposeInto(vs + h * kv * d, kv, d, d, vt);
+        for (size_t i = 0; i < blocks.size(); ++i) {
+          const QueryBlock& qb = blocks[i];
+          const float* pb = p + qb.q0 * kv;
+          const float* dob = doh + qb.q0 * d;
+          dp_g[i](dob, vt, scratch);
+          dv_g[i](pb, dob, dvh);
+          // dS = scale * P (dP - rowdot(P, dP)); masked entries have P = 0.
+          simd::SoftmaxRowsBackwardInPlace(pb, kv, scratch, kv, qb.rows, qb.keys, scale);
+          dq_g[i](scratch, kh, dqh + qb.q0 * d);
+          dk_g[i](scratch, qh + qb.q0 * d, dkh);
+        }
       }
-      UnpackRows(dkc, kv, d, dk + b * kv * lddk + col, lddk);
-      UnpackRows(dvc, kv, d, dv + b * kv * lddv + col, lddv);
+      JoinHeads(dqs, s.q_len, g, d, dq + b * s.q_len * lddq + col, lddq);
+      JoinHeads(dks, kv, g, d, dk + b * kv * lddk + col, lddk);
+      JoinHeads(dvs, kv, g, d, dv + b * kv * lddv + col, lddv);
     }
   }
 }
