@@ -532,11 +532,6 @@ TEST(Kernels, AttentionMatchesExactReferenceOnAwkwardShapesStridesAndIsas) {
       // per-thread scratch budget of 1 Mi floats).
       {1, 3, 70, 70, 1024, true},
   };
-  std::vector<simd::Isa> isas = {simd::Isa::kScalar};
-  if (static_cast<int>(simd::BestIsa()) >= static_cast<int>(simd::Isa::kAvx2)) {
-    isas.push_back(simd::Isa::kAvx2);
-  }
-  if (simd::BestIsa() == simd::Isa::kAvx512) isas.push_back(simd::Isa::kAvx512);
   const double u = std::ldexp(1.0, -24);
   uint32_t seed = 300;
   for (const AttentionShape& s : shapes) {
@@ -562,7 +557,7 @@ TEST(Kernels, AttentionMatchesExactReferenceOnAwkwardShapesStridesAndIsas) {
         kvbuf[r * ld + 2 * c + j] = static_cast<float>(v[r * c + j]);
       }
     }
-    for (simd::Isa isa : isas) {
+    for (simd::Isa isa : simd::RunnableIsas()) {
       const simd::Isa before = simd::SetIsa(isa);
       const std::string what = std::string(simd::IsaName(isa)) + " B" + std::to_string(s.batch) +
                                " H" + std::to_string(s.heads) + " Tq" + std::to_string(s.q_len) +

@@ -21,13 +21,6 @@
 namespace sk::simd {
 namespace {
 
-std::vector<Isa> Isas() {
-  std::vector<Isa> out = {Isa::kScalar};
-  if (static_cast<int>(BestIsa()) >= static_cast<int>(Isa::kAvx2)) out.push_back(Isa::kAvx2);
-  if (BestIsa() == Isa::kAvx512) out.push_back(Isa::kAvx512);
-  return out;
-}
-
 // Runs the test body once per ISA and restores the active one.
 class OnIsa {
  public:
@@ -84,7 +77,7 @@ TEST(Simd, OptimizerUpdatesAreBitIdenticalToTheScalarRules) {
     for (const AdamHyper& h : {adamw, adam_l2, adam_plain}) {
       std::vector<float> p_ref = p0, m_ref = m0, v_ref = v0;
       for (int64_t i = 0; i < n; ++i) sk::AdamUpdate(p_ref[i], g[i], m_ref[i], v_ref[i], h);
-      for (Isa isa : Isas()) {
+      for (Isa isa : RunnableIsas()) {
         OnIsa on(isa);
         std::vector<float> p = p0, m = m0, v = v0;
         AdamUpdate(h, p.data(), g.data(), m.data(), v.data(), n);
@@ -101,7 +94,7 @@ TEST(Simd, OptimizerUpdatesAreBitIdenticalToTheScalarRules) {
         float scratch = 0;
         sk::SgdUpdate(p_ref[i], g[i], h.momentum == 0 ? scratch : b_ref[i], h);
       }
-      for (Isa isa : Isas()) {
+      for (Isa isa : RunnableIsas()) {
         OnIsa on(isa);
         std::vector<float> p = p0, b = m0;
         SgdUpdate(h, p.data(), g.data(), h.momentum == 0 ? nullptr : b.data(), n);
@@ -122,7 +115,7 @@ TEST(Simd, AddsAndScalingAreBitIdenticalToTheScalarLoops) {
       axpy[i] += 0.37f * x0[i];
       scale[i] *= -1.7f;
     }
-    for (Isa isa : Isas()) {
+    for (Isa isa : RunnableIsas()) {
       OnIsa on(isa);
       std::vector<float> a = x0, b = y0, c = x0;
       AddInPlace(a.data(), y0.data(), n);
@@ -156,7 +149,7 @@ TEST(Simd, GeluMatchesDoubleReferenceOnEveryIsa) {
     x[0] = 0.0f;
     if (n > 2) x[1] = 30.0f, x[2] = -30.0f;  // saturated tanh: exactly x and -0
     const auto dy = Random(n, 8, -1, 1);
-    for (Isa isa : Isas()) {
+    for (Isa isa : RunnableIsas()) {
       OnIsa on(isa);
       std::vector<float> y(n), dx(n);
       GeluForward(x.data(), n, y.data());
@@ -178,7 +171,7 @@ TEST(Simd, GeluMatchesDoubleReferenceOnEveryIsa) {
 TEST(Simd, GeluPropagatesNanAndSaturatesAtInfinity) {
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> x = {std::nanf(""), inf, -inf, 100.0f, -100.0f, 1e-30f, 0.5f, -0.5f, 3.0f};
-  for (Isa isa : Isas()) {
+  for (Isa isa : RunnableIsas()) {
     OnIsa on(isa);
     std::vector<float> y(x.size());
     GeluForward(x.data(), static_cast<int64_t>(x.size()), y.data());
@@ -201,7 +194,7 @@ TEST(Simd, SoftmaxRowsMatchDoubleReferenceAndZeroTheMaskedTail) {
       for (int64_t j = 0; j < valid; ++j) p[j] = std::exp(row0[j] - m) / sum;
       double dot = 0;
       for (int64_t j = 0; j < cols; ++j) dot += p[j] * dp0[j];
-      for (Isa isa : Isas()) {
+      for (Isa isa : RunnableIsas()) {
         OnIsa on(isa);
         std::vector<float> row = row0;
         SoftmaxRowInPlace(row.data(), cols, valid);
@@ -229,7 +222,7 @@ TEST(Simd, ScaledSoftmaxRowIsScalingFirstBitForBit) {
     for (float scale : {1.0f, 0.125f, 0.17677669f, 0.111803398f, 3.0f}) {
       const int64_t valid = (cols + 2) / 3;
       const auto row0 = Random(cols, 90 + cols, -30, 30);
-      for (Isa isa : Isas()) {
+      for (Isa isa : RunnableIsas()) {
         OnIsa on(isa);
         std::vector<float> fused = row0, first = row0;
         SoftmaxRowInPlace(fused.data(), cols, valid, scale);
@@ -249,7 +242,7 @@ TEST(Simd, SoftmaxRowBlocksAreTheRowFunctionsBitForBit) {
     for (bool causal : {false, true}) {
       const int64_t rows = 70, ld = cols + 3, valid = causal ? 1 : cols;
       const auto x0 = Random(rows * ld, 70 + cols, -20, 20), dp0 = Random(rows * ld, 71, -1, 1);
-      for (Isa isa : Isas()) {
+      for (Isa isa : RunnableIsas()) {
         OnIsa on(isa);
         const std::string what = std::string(IsaName(isa)) + " cols=" + std::to_string(cols) +
                                  (causal ? " causal" : "");
@@ -279,7 +272,7 @@ TEST(Simd, CrossEntropyRowsMatchDoubleReference) {
     for (float l : logits) m = std::max(m, static_cast<double>(l));
     for (float l : logits) sum += std::exp(l - m);
     const double loss = std::log(sum) + m - logits[target];
-    for (Isa isa : Isas()) {
+    for (Isa isa : RunnableIsas()) {
       OnIsa on(isa);
       const std::string what = std::string("cross-entropy ") + IsaName(isa) + " cols=" + std::to_string(cols);
       ExpectClose(CrossEntropyRow(logits.data(), cols, target), loss, 1e-5, 1e-5, what);
@@ -296,7 +289,7 @@ TEST(Simd, CrossEntropyRowsMatchDoubleReference) {
 TEST(Simd, CrossEntropyOfNanLogitsIsNan) {
   std::vector<float> logits(40, 0.5f);
   logits[21] = std::nanf("");
-  for (Isa isa : Isas()) {
+  for (Isa isa : RunnableIsas()) {
     OnIsa on(isa);
     EXPECT_TRUE(std::isnan(CrossEntropyRow(logits.data(), 40, 3))) << IsaName(isa);
   }
@@ -336,7 +329,7 @@ TEST(Simd, LayerNormMatchesDoubleReference) {
         dx_ref[r * cols + j] = dx0[r * cols + j] + rstd * (g - sg / cols - xhat * sgx / cols);
       }
     }
-    for (Isa isa : Isas()) {
+    for (Isa isa : RunnableIsas()) {
       OnIsa on(isa);
       std::vector<float> y(rows * cols), mean(rows), rstd(rows), dx = dx0, dg(cols, 0.0f), db(cols, 0.0f);
       LayerNormForward(x.data(), gamma.data(), beta.data(), rows, cols, y.data(), mean.data(), rstd.data());
@@ -369,13 +362,13 @@ TEST(Simd, SumOfSquaresMatchesLongDoubleAndAddsToTheAccumulator) {
     const auto x = Random(n, 17, -2, 2);
     long double want = 1.5L;
     for (float v : x) want += static_cast<long double>(v) * v;
-    for (Isa isa : Isas()) {
+    for (Isa isa : RunnableIsas()) {
       OnIsa on(isa);
       ExpectClose(SumOfSquares(x.data(), n, 1.5), static_cast<double>(want), 1e-14, 0,
                   std::string("sum of squares ") + IsaName(isa) + " n=" + std::to_string(n));
     }
   }
-  for (Isa isa : Isas()) {
+  for (Isa isa : RunnableIsas()) {
     OnIsa on(isa);
     EXPECT_EQ(SumOfSquares(nullptr, 0, 2.0), 2.0) << IsaName(isa);
   }
@@ -410,7 +403,7 @@ TEST(Simd, Bf16ConversionsAreTheScalarOnesBitForBit) {
                      0x7fc00000u, 0xffc00001u, 0x7f800001u, 0xff812345u, 0x7fffffffu}) {
     in.push_back(from_bits(u));
   }
-  for (Isa isa : Isas()) {
+  for (Isa isa : RunnableIsas()) {
     OnIsa on(isa);
     const std::string name = IsaName(isa);
     std::vector<float> wide(all.size());

@@ -471,16 +471,16 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
   // scratch: dP = dO V^T, dV += P^T dO, dQ = dS K, dK += dS^T Q. Key rows
   // [first, keys) of dK and dV are reached for the first time in block i
   // (causal: its diagonal; otherwise all of them in block 0) and are
-  // overwritten; earlier ones accumulate.
+  // overwritten; earlier ones accumulate. dV and dK have the same shapes:
+  // one key_rows kernel pair per block serves both.
   std::vector<SmallGemm> dp_g, dq_g;
-  std::vector<KeyRowsGemm> dv_g, dk_g;
+  std::vector<KeyRowsGemm> key_rows;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const QueryBlock& qb = blocks[i];
     const int64_t first = s.causal ? qb.q0 : (i == 0 ? 0 : qb.keys);
     dp_g.emplace_back(false, qb.rows, qb.keys, d, d, kv, kv, false);
     dq_g.emplace_back(false, qb.rows, d, qb.keys, kv, d, d, false);
-    dv_g.push_back(KeyRowsGemm(qb, first, d, kv, d, d));
-    dk_g.push_back(KeyRowsGemm(qb, first, d, kv, d, d));
+    key_rows.push_back(KeyRowsGemm(qb, first, d, kv, d, d));
   }
   const int64_t group = HeadGroup(s.heads, 3 * s.q_len * d + 4 * kv * d);
   const int64_t hq = group * s.q_len * d, hk = group * kv * d;
@@ -513,11 +513,11 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
           const float* pb = p + qb.q0 * kv;
           const float* dob = doh + qb.q0 * d;
           dp_g[i](dob, vt, scratch);
-          dv_g[i](pb, dob, dvh);
+          key_rows[i](pb, dob, dvh);
           // dS = scale * P (dP - rowdot(P, dP)); masked entries have P = 0.
           simd::SoftmaxRowsBackwardInPlace(pb, kv, scratch, kv, qb.rows, qb.keys, scale);
           dq_g[i](scratch, kh, dqh + qb.q0 * d);
-          dk_g[i](scratch, qh + qb.q0 * d, dkh);
+          key_rows[i](scratch, qh + qb.q0 * d, dkh);
         }
       }
       JoinHeads(dqs, s.q_len, g, d, dq + b * s.q_len * lddq + col, lddq);

@@ -406,6 +406,12 @@ Isa SetIsa(Isa isa) {
   return static_cast<Isa>(Active().exchange(static_cast<int>(Clamp(isa))));
 }
 
+std::vector<Isa> RunnableIsas() {
+  std::vector<Isa> out;
+  for (int i = 0; i <= static_cast<int>(BestIsa()); ++i) out.push_back(static_cast<Isa>(i));
+  return out;
+}
+
 #define SK_SIMD_DISPATCH(fn, ...)                          \
   switch (ActiveIsa()) {                                   \
     case Isa::kAvx512: return avx512::fn(__VA_ARGS__);     \

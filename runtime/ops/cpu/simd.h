@@ -19,6 +19,7 @@
 #define SHARDKIT_RUNTIME_OPS_CPU_SIMD_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "runtime/core/dtype.h"
 #include "runtime/ops/update_rules.h"
@@ -41,6 +42,10 @@ Isa ActiveIsa();
 // Makes the kernels use min(isa, BestIsa()) and returns the ISA in use
 // before. For tests and benchmarks that compare paths.
 Isa SetIsa(Isa isa);
+
+// Every ISA this CPU runs, scalar first and BestIsa() last: the values
+// SetIsa takes without lowering them. For tests that run each path.
+std::vector<Isa> RunnableIsas();
 
 // Each function below runs the active ISA's loop; the scalar loop is the
 // reference arithmetic of math.h / update_rules.h.
