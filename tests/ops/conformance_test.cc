@@ -1282,5 +1282,73 @@ TEST(CpuBackend, LargeOptimizerUpdatesOnSeveralThreadsKeepOneThreadsBits) {
   EXPECT_NE(std::memcmp(results[0][0].data(), p0.data(), n * sizeof(float)), 0);  // it did update
 }
 
+// Attention spreads over the CPU backend's intra-op threads: ranges of
+// sequences, or one sequence's heads cut into ranges when there are fewer
+// sequences than threads. Each unit runs the kernel as the whole call does,
+// so every split must give one thread's bits, forward and backward, for f32
+// and for 16-bit operands (those split by sequence only).
+TEST(CpuBackend, AttentionOnSeveralThreadsKeepsOneThreadsBits) {
+  auto dev = Device::Get(DeviceId::Cpu(0));
+  ASSERT_TRUE(dev.ok());
+  HostAllocator alloc;
+  OpContext ctx{*dev, nullptr, &alloc};
+  struct Case {
+    AttentionShape s;
+    DType t;
+  };
+  // Work per part is at least 2^22 multiply-adds: the shapes are large
+  // enough for 3 and 8 parts.
+  const Case cases[] = {
+      {{1, 5, 256, 256, 32, true}, DType::kF32},    // one sequence: heads in ranges
+      {{2, 5, 256, 256, 32, true}, DType::kF32},    // 8 threads: 4 ranges of <= 2 heads per sequence
+      {{5, 4, 128, 128, 64, true}, DType::kF32},    // sequences in ranges (5 over 3 parts)
+      {{3, 3, 96, 160, 48, false}, DType::kF32},    // cross attention, ragged lengths
+      {{5, 4, 128, 128, 64, true}, DType::kBF16},   // 16-bit: sequence ranges
+      {{1, 6, 256, 256, 64, true}, DType::kBF16},   // 16-bit, one sequence: one part
+  };
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (const Case& c : cases) {
+    const AttentionShape& s = c.s;
+    const int64_t cols = s.heads * s.head_dim, qn = s.batch * s.q_len * cols,
+                  kn = s.batch * s.kv_len * cols;
+    auto filled = [&](int64_t n) {
+      auto t = alloc.Empty(c.t, Shape{n});
+      EXPECT_TRUE(t.ok());
+      for (int64_t i = 0; i < n; ++i) StoreFromFloat(t->data(), c.t, i, normal(rng));
+      return *t;
+    };
+    Tensor q = filled(qn), k = filled(kn), v = filled(kn), dout = filled(qn);
+    std::vector<std::vector<char>> results[2];
+    for (int threads : {1, 3, 8}) {
+      ASSERT_TRUE(SetCpuGemmThreads(threads).ok());
+      Tensor probs = *alloc.Empty(DType::kF32, Shape{s.batch * s.heads * s.q_len * s.kv_len});
+      Tensor out = filled(qn), dq = filled(qn), dk = filled(kn), dv = filled(kn);
+      ASSERT_TRUE(AttentionForward(ctx, s, {q, 0, cols}, {k, 0, cols}, {v, 0, cols}, probs,
+                                   {out, 0, cols}).ok());
+      ASSERT_TRUE(AttentionBackward(ctx, s, {q, 0, cols}, {k, 0, cols}, {v, 0, cols}, probs,
+                                    {dout, 0, cols}, {dq, 0, cols}, {dk, 0, cols}, {dv, 0, cols})
+                      .ok());
+      std::vector<std::vector<char>> r;
+      for (const Tensor* t : {&probs, &out, &dq, &dk, &dv}) {
+        const char* b = static_cast<const char*>(t->data());
+        r.emplace_back(b, b + t->numel() * DTypeSize(t->dtype()));
+      }
+      if (threads == 1) {
+        results[0] = std::move(r);
+      } else {
+        const char* names[] = {"probs", "out", "dq", "dk", "dv"};
+        for (int i = 0; i < 5; ++i) {
+          EXPECT_TRUE(r[i] == results[0][i])
+              << names[i] << " on " << threads << " threads differs from one thread's: batch "
+              << s.batch << " heads " << s.heads << " q_len " << s.q_len << " kv_len " << s.kv_len
+              << " dtype " << DTypeName(c.t);
+        }
+      }
+    }
+    ASSERT_TRUE(SetCpuGemmThreads(1).ok());
+  }
+}
+
 }  // namespace
 }  // namespace sk::ops

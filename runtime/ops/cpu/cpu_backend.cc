@@ -15,6 +15,49 @@ namespace sk::ops {
 
 namespace {
 
+// The sanitizer builds run parts on std::threads: ThreadSanitizer does not
+// see libgomp's synchronisation (libgomp is not instrumented), so OpenMP
+// regions would report races that are not there.
+#if defined(__SANITIZE_THREAD__)
+#define SK_CPU_PARTS_ON_STD_THREADS 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SK_CPU_PARTS_ON_STD_THREADS 1
+#endif
+#endif
+
+// Runs fn(p) for every part p in [0, parts) and returns when all have run.
+// Part 0 runs on the calling thread. The others run on the calling
+// thread's OpenMP team, the threads oneDNN's GEMMs run on: they stay alive
+// between calls (their thread-local scratch with them) and, right after a
+// GEMM, are still spinning for work. Threads of our own would have to take
+// the core from a spinning OpenMP thread: measured on 2 cores after a
+// 2-thread GEMM, causal attention on two std::threads per call ran no
+// faster than on one (gpt-10m shapes 10.4 against 10.3 ms forward). fn
+// must not throw.
+template <typename Fn>
+void RunParts(int64_t parts, const Fn& fn) {
+  if (parts <= 1) {
+    fn(int64_t{0});
+    return;
+  }
+#if defined(SK_CPU_PARTS_ON_STD_THREADS)
+  std::vector<std::thread> helpers;
+  for (int64_t p = 1; p < parts; ++p) {
+    try {
+      helpers.emplace_back([&fn, p] { fn(p); });
+    } catch (const std::system_error&) {
+      fn(p);  // a part whose thread cannot be started runs here
+    }
+  }
+  fn(int64_t{0});
+  for (std::thread& t : helpers) t.join();
+#else
+#pragma omp parallel for num_threads(static_cast<int>(parts)) schedule(static, 1)
+  for (int64_t p = 0; p < parts; ++p) fn(p);
+#endif
+}
+
 // Runs fn(begin, end) over [0, n) split across up to GemmThreads() threads
 // (the intra-op thread count: cores / local ranks, so one rank per core
 // stays on one thread) when each part gets at least kMinPerThread
@@ -22,8 +65,7 @@ namespace {
 // and one thread reaches a fraction of the socket's bandwidth (FSDP's CPU
 // offload runs AdamW over the whole model on the host). Elementwise with no
 // cross-element arithmetic and masked vector tails, so the bits are those of
-// one call for any split. The calling thread takes the first part; if a
-// thread cannot be started its part runs here.
+// one call for any split.
 template <typename Fn>
 void SplitElementwise(int64_t n, const Fn& fn) {
   constexpr int64_t kMinPerThread = int64_t{1} << 20;
@@ -34,17 +76,67 @@ void SplitElementwise(int64_t n, const Fn& fn) {
     return;
   }
   const int64_t chunk = ((n + parts - 1) / parts + kAlign - 1) / kAlign * kAlign;
-  std::vector<std::thread> helpers;
-  for (int64_t b = chunk; b < n; b += chunk) {
-    const int64_t e = std::min(n, b + chunk);
-    try {
-      helpers.emplace_back([&fn, b, e] { fn(b, e); });
-    } catch (const std::system_error&) {
-      fn(b, e);
+  RunParts((n + chunk - 1) / chunk,
+           [&fn, n, chunk](int64_t p) { fn(p * chunk, std::min(n, (p + 1) * chunk)); });
+}
+
+// How attention spreads over the intra-op threads: into units of one
+// sequence range and one head range, each computed by the kernel exactly as
+// the whole call computes it (per sequence and head: the same copies, GEMMs
+// and softmax), so the bits do not depend on the split. With at least as
+// many sequences as parts, a unit is a range of sequences with all their
+// heads; otherwise each sequence's heads are cut into head_chunks ranges
+// (a unit is then one sequence). Each part gets at least kMinWork
+// multiply-adds of the scores and P V (thread start-up and scratch
+// first-touch are tens of microseconds), so small calls and one thread per
+// rank (ranks filling the cores) run as one part on the calling thread.
+struct AttentionSplit {
+  int64_t parts = 1;
+  int64_t units = 1;        // parts take contiguous ranges of units
+  int64_t head_chunks = 1;  // > 1: a unit is (sequence, head range)
+  int64_t heads_per_chunk = 0;
+
+  // Sequences [b0, b0 + nb) and heads [h0, h0 + nh) of unit u.
+  void Unit(const AttentionShape& s, int64_t u, int64_t* b0, int64_t* nb, int64_t* h0,
+            int64_t* nh) const {
+    if (head_chunks > 1) {
+      *b0 = u / head_chunks;
+      *nb = 1;
+      *h0 = (u % head_chunks) * heads_per_chunk;
+      *nh = std::min(heads_per_chunk, s.heads - *h0);
+    } else {
+      *b0 = u * s.batch / units;
+      *nb = (u + 1) * s.batch / units - *b0;
+      *h0 = 0;
+      *nh = s.heads;
     }
   }
-  fn(int64_t{0}, std::min(n, chunk));
-  for (std::thread& t : helpers) t.join();
+};
+
+AttentionSplit SplitAttention(const AttentionShape& s, bool heads_may_split) {
+  constexpr int64_t kMinWork = int64_t{1} << 22;
+  AttentionSplit a;
+  const int64_t work = 2 * s.batch * s.heads * s.q_len * s.kv_len * s.head_dim;
+  const int64_t most = heads_may_split ? s.batch * s.heads : s.batch;
+  a.parts = std::max<int64_t>(1, std::min({static_cast<int64_t>(GemmThreads()), most, work / kMinWork}));
+  if (a.parts <= s.batch) {
+    a.units = a.parts;
+    return a;
+  }
+  const int64_t want = (a.parts + s.batch - 1) / s.batch;  // head ranges per sequence
+  a.heads_per_chunk = (s.heads + want - 1) / want;
+  a.head_chunks = (s.heads + a.heads_per_chunk - 1) / a.heads_per_chunk;
+  a.units = s.batch * a.head_chunks;
+  a.parts = std::min(a.parts, a.units);
+  return a;
+}
+
+// Runs fn(unit) for every unit of the split, parts in parallel.
+template <typename Fn>
+void RunAttentionSplit(const AttentionSplit& a, const Fn& fn) {
+  RunParts(a.parts, [&a, &fn](int64_t p) {
+    for (int64_t u = p * a.units / a.parts; u < (p + 1) * a.units / a.parts; ++u) fn(u);
+  });
 }
 
 float* F(const Tensor& t) { return t.data_as<float>(); }
@@ -475,40 +567,60 @@ class CpuBackend final : public OpBackend {
                           const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                           const MatrixRef& out) override {
     if (s.batch == 0 || s.heads == 0 || s.q_len == 0) return OkStatus();
+    const int64_t d = s.head_dim, pq = s.q_len * s.kv_len;
     if (IsF32(q.t) && IsF32(k.t) && IsF32(v.t) && IsF32(out.t)) {
-      sk::AttentionForward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, F(probs), At(out), out.ld);
+      const AttentionSplit split = SplitAttention(s, /*heads_may_split=*/true);
+      RunAttentionSplit(split, [&](int64_t u) {
+        int64_t b0, nb, h0, nh;
+        split.Unit(s, u, &b0, &nb, &h0, &nh);
+        AttentionShape part = s;
+        part.batch = nb;
+        part.heads = nh;
+        const int64_t qr = b0 * s.q_len, kr = b0 * s.kv_len, c = h0 * d;
+        sk::AttentionForward(part, At(q) + qr * q.ld + c, q.ld, At(k) + kr * k.ld + c, k.ld,
+                             At(v) + kr * v.ld + c, v.ld, F(probs) + (b0 * s.heads + h0) * pq,
+                             At(out) + qr * out.ld + c, out.ld);
+      });
       return OkStatus();
     }
     // One sequence at a time (the f32 kernel's outer loop), its 16-bit
-    // operands widened into f32 blocks.
-    const int64_t cols = s.heads * s.head_dim;
+    // operands widened into f32 blocks of the running thread's scratch;
+    // ranges of sequences in parallel.
+    const int64_t cols = s.heads * d;
     AttentionShape one = s;
     one.batch = 1;
-    float* bq = Scratch(0, s.q_len * cols);
-    float* bk = Scratch(1, s.kv_len * cols);
-    float* bv = Scratch(2, s.kv_len * cols);
-    float* bo = Scratch(3, s.q_len * cols);
-    for (int64_t b = 0; b < s.batch; ++b) {
-      int64_t lq, lk, lv, lo;
-      const float* qp = MatIn(q, b * s.q_len, s.q_len, cols, bq, &lq);
-      const float* kp = MatIn(k, b * s.kv_len, s.kv_len, cols, bk, &lk);
-      const float* vp = MatIn(v, b * s.kv_len, s.kv_len, cols, bv, &lv);
-      float* op = MatOut(out, b * s.q_len, bo, cols, &lo);
-      sk::AttentionForward(one, qp, lq, kp, lk, vp, lv,
-                           F(probs) + b * s.heads * s.q_len * s.kv_len, op, lo);
-      MatDone(out, b * s.q_len, s.q_len, cols, op);
-    }
+    const AttentionSplit split = SplitAttention(s, /*heads_may_split=*/false);
+    RunAttentionSplit(split, [&](int64_t u) {
+      int64_t b0, nb, h0, nh;
+      split.Unit(s, u, &b0, &nb, &h0, &nh);
+      float* bq = Scratch(0, s.q_len * cols);
+      float* bk = Scratch(1, s.kv_len * cols);
+      float* bv = Scratch(2, s.kv_len * cols);
+      float* bo = Scratch(3, s.q_len * cols);
+      for (int64_t b = b0; b < b0 + nb; ++b) {
+        int64_t lq, lk, lv, lo;
+        const float* qp = MatIn(q, b * s.q_len, s.q_len, cols, bq, &lq);
+        const float* kp = MatIn(k, b * s.kv_len, s.kv_len, cols, bk, &lk);
+        const float* vp = MatIn(v, b * s.kv_len, s.kv_len, cols, bv, &lv);
+        float* op = MatOut(out, b * s.q_len, bo, cols, &lo);
+        sk::AttentionForward(one, qp, lq, kp, lk, vp, lv, F(probs) + b * s.heads * pq, op, lo);
+        MatDone(out, b * s.q_len, s.q_len, cols, op);
+      }
+    });
     return OkStatus();
   }
 
-  Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+  Status AttentionBackward(const OpContext&, const AttentionShape& s, const MatrixRef& q,
                            const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                            const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
                            const MatrixRef& dv, const Tensor& scratch) override {
     if (s.batch == 0 || s.heads == 0) return OkStatus();
-    const int64_t cols = s.heads * s.head_dim;
+    const int64_t d = s.head_dim, cols = s.heads * d, pq = s.q_len * s.kv_len;
     const bool all_f32 = IsF32(q.t) && IsF32(k.t) && IsF32(v.t) && IsF32(dout.t) &&
                          IsF32(dq.t) && IsF32(dk.t) && IsF32(dv.t);
+    // The kernel's score-gradient scratch: the op's workspace on the calling
+    // thread (part 0), a thread's own on the others.
+    auto score_scratch = [&](int64_t part) { return part == 0 ? F(scratch) : Scratch(7, pq); };
     if (all_f32) {
       if (s.q_len == 0) {
         // No query attends: the key and value gradients are zero.
@@ -519,45 +631,65 @@ class CpuBackend final : public OpBackend {
         }
         return OkStatus();
       }
-      // One head's score gradients at a time: the first q_len * kv_len of it.
-      sk::AttentionBackward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, F(probs), At(dout), dout.ld,
-                            At(dq), dq.ld, At(dk), dk.ld, At(dv), dv.ld, F(scratch));
+      const AttentionSplit split = SplitAttention(s, /*heads_may_split=*/true);
+      RunParts(split.parts, [&](int64_t p) {
+        float* ds = score_scratch(p);
+        for (int64_t u = p * split.units / split.parts; u < (p + 1) * split.units / split.parts; ++u) {
+          int64_t b0, nb, h0, nh;
+          split.Unit(s, u, &b0, &nb, &h0, &nh);
+          AttentionShape part = s;
+          part.batch = nb;
+          part.heads = nh;
+          const int64_t qr = b0 * s.q_len, kr = b0 * s.kv_len, c = h0 * d;
+          sk::AttentionBackward(part, At(q) + qr * q.ld + c, q.ld, At(k) + kr * k.ld + c, k.ld,
+                                At(v) + kr * v.ld + c, v.ld, F(probs) + (b0 * s.heads + h0) * pq,
+                                At(dout) + qr * dout.ld + c, dout.ld, At(dq) + qr * dq.ld + c, dq.ld,
+                                At(dk) + kr * dk.ld + c, dk.ld, At(dv) + kr * dv.ld + c, dv.ld, ds);
+        }
+      });
       return OkStatus();
     }
     // One sequence at a time, as AttentionForward.
     AttentionShape one = s;
     one.batch = 1;
-    float* bq = Scratch(0, s.q_len * cols);
-    float* bk = Scratch(1, s.kv_len * cols);
-    float* bv = Scratch(2, s.kv_len * cols);
-    float* bdo = Scratch(3, s.q_len * cols);
-    float* bdq = Scratch(4, s.q_len * cols);
-    float* bdk = Scratch(5, s.kv_len * cols);
-    float* bdv = Scratch(6, s.kv_len * cols);
-    for (int64_t b = 0; b < s.batch; ++b) {
-      const int64_t q0 = b * s.q_len, k0 = b * s.kv_len;
-      int64_t lq, lk, lv, ldo, ldq, ldk, ldv;
-      float* dkp = MatOut(dk, k0, bdk, cols, &ldk);
-      float* dvp = MatOut(dv, k0, bdv, cols, &ldv);
-      if (s.q_len == 0) {
-        for (int64_t r = 0; r < s.kv_len; ++r) {
-          std::memset(dkp + r * ldk, 0, sizeof(float) * cols);
-          std::memset(dvp + r * ldv, 0, sizeof(float) * cols);
+    const AttentionSplit split = SplitAttention(s, /*heads_may_split=*/false);
+    RunParts(split.parts, [&](int64_t p) {
+      float* ds = score_scratch(p);
+      float* bq = Scratch(0, s.q_len * cols);
+      float* bk = Scratch(1, s.kv_len * cols);
+      float* bv = Scratch(2, s.kv_len * cols);
+      float* bdo = Scratch(3, s.q_len * cols);
+      float* bdq = Scratch(4, s.q_len * cols);
+      float* bdk = Scratch(5, s.kv_len * cols);
+      float* bdv = Scratch(6, s.kv_len * cols);
+      for (int64_t u = p * split.units / split.parts; u < (p + 1) * split.units / split.parts; ++u) {
+        int64_t b0, nb, h0, nh;
+        split.Unit(s, u, &b0, &nb, &h0, &nh);
+        for (int64_t b = b0; b < b0 + nb; ++b) {
+          const int64_t q0 = b * s.q_len, k0 = b * s.kv_len;
+          int64_t lq, lk, lv, ldo, ldq, ldk, ldv;
+          float* dkp = MatOut(dk, k0, bdk, cols, &ldk);
+          float* dvp = MatOut(dv, k0, bdv, cols, &ldv);
+          if (s.q_len == 0) {
+            for (int64_t r = 0; r < s.kv_len; ++r) {
+              std::memset(dkp + r * ldk, 0, sizeof(float) * cols);
+              std::memset(dvp + r * ldv, 0, sizeof(float) * cols);
+            }
+          } else {
+            const float* qp = MatIn(q, q0, s.q_len, cols, bq, &lq);
+            const float* kp = MatIn(k, k0, s.kv_len, cols, bk, &lk);
+            const float* vp = MatIn(v, k0, s.kv_len, cols, bv, &lv);
+            const float* dop = MatIn(dout, q0, s.q_len, cols, bdo, &ldo);
+            float* dqp = MatOut(dq, q0, bdq, cols, &ldq);
+            sk::AttentionBackward(one, qp, lq, kp, lk, vp, lv, F(probs) + b * s.heads * pq, dop,
+                                  ldo, dqp, ldq, dkp, ldk, dvp, ldv, ds);
+            MatDone(dq, q0, s.q_len, cols, dqp);
+          }
+          MatDone(dk, k0, s.kv_len, cols, dkp);
+          MatDone(dv, k0, s.kv_len, cols, dvp);
         }
-      } else {
-        const float* qp = MatIn(q, q0, s.q_len, cols, bq, &lq);
-        const float* kp = MatIn(k, k0, s.kv_len, cols, bk, &lk);
-        const float* vp = MatIn(v, k0, s.kv_len, cols, bv, &lv);
-        const float* dop = MatIn(dout, q0, s.q_len, cols, bdo, &ldo);
-        float* dqp = MatOut(dq, q0, bdq, cols, &ldq);
-        sk::AttentionBackward(one, qp, lq, kp, lk, vp, lv,
-                              F(probs) + b * s.heads * s.q_len * s.kv_len, dop, ldo, dqp, ldq,
-                              dkp, ldk, dvp, ldv, F(scratch));
-        MatDone(dq, q0, s.q_len, cols, dqp);
       }
-      MatDone(dk, k0, s.kv_len, cols, dkp);
-      MatDone(dv, k0, s.kv_len, cols, dvp);
-    }
+    });
     return OkStatus();
   }
 
