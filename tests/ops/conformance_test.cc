@@ -1282,6 +1282,58 @@ TEST(CpuBackend, LargeOptimizerUpdatesOnSeveralThreadsKeepOneThreadsBits) {
   EXPECT_NE(std::memcmp(results[0][0].data(), p0.data(), n * sizeof(float)), 0);  // it did update
 }
 
+// The per-element and per-row passes split over the CPU backend's intra-op
+// threads (GELU, LayerNorm forward, a bias broadcast, the bias gradient by
+// columns): any cut must give one thread's bits. Lengths no vector or part
+// divides.
+TEST(CpuBackend, ModelPassesOnSeveralThreadsKeepOneThreadsBits) {
+  auto dev = Device::Get(DeviceId::Cpu(0));
+  ASSERT_TRUE(dev.ok());
+  HostAllocator alloc;
+  OpContext ctx{*dev, nullptr, &alloc};
+  const int64_t rows = 1031, cols = 389;  // 401,059 elements: 3 and 6 parts of >= 2^16
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto filled = [&](int64_t n) {
+    auto t = alloc.Empty(DType::kF32, Shape{n});
+    EXPECT_TRUE(t.ok());
+    for (int64_t i = 0; i < n; ++i) t->data_as<float>()[i] = normal(rng);
+    return *t;
+  };
+  Tensor x = filled(rows * cols), dy = filled(rows * cols), gamma = filled(cols),
+         beta = filled(cols), bias = filled(cols), dbias0 = filled(cols);
+  auto bytes = [](const Tensor& t) {
+    const char* b = static_cast<const char*>(t.data());
+    return std::vector<char>(b, b + t.numel() * DTypeSize(t.dtype()));
+  };
+  std::vector<std::vector<char>> want;
+  for (int threads : {1, 3, 6}) {
+    ASSERT_TRUE(SetCpuGemmThreads(threads).ok());
+    Tensor y = filled(rows * cols), dx = filled(rows * cols), ln = filled(rows * cols),
+           mean = filled(rows), rstd = filled(rows), wide = filled(rows * cols),
+           dbias = filled(cols);
+    std::memcpy(dbias.data(), dbias0.data(), cols * sizeof(float));
+    ASSERT_TRUE(GeluForward(ctx, x, y).ok());
+    ASSERT_TRUE(GeluBackward(ctx, x, dy, dx).ok());
+    ASSERT_TRUE(LayerNormForward(ctx, x, gamma, beta, ln,
+                                 mean, rstd).ok());
+    ASSERT_TRUE(BroadcastRows(ctx, bias, wide).ok());
+    ASSERT_TRUE(BiasGrad(ctx, dy, dbias).ok());
+    std::vector<std::vector<char>> got;
+    for (const Tensor* t : {&y, &dx, &ln, &mean, &rstd, &wide, &dbias}) got.push_back(bytes(*t));
+    if (threads == 1) {
+      want = std::move(got);
+      continue;
+    }
+    const char* names[] = {"gelu", "gelu_bwd", "layer_norm y", "mean", "rstd", "broadcast_rows",
+                           "bias_grad"};
+    for (int i = 0; i < 7; ++i) {
+      EXPECT_TRUE(got[i] == want[i]) << names[i] << " on " << threads << " threads";
+    }
+  }
+  ASSERT_TRUE(SetCpuGemmThreads(1).ok());
+}
+
 // Attention spreads over the CPU backend's intra-op threads: ranges of
 // sequences, or one sequence's heads cut into ranges when there are fewer
 // sequences than threads. Each unit runs the kernel as the whole call does,

@@ -60,25 +60,36 @@ void RunParts(int64_t parts, const Fn& fn) {
 
 // Runs fn(begin, end) over [0, n) split across up to GemmThreads() threads
 // (the intra-op thread count: cores / local ranks, so one rank per core
-// stays on one thread) when each part gets at least kMinPerThread
-// elements: the optimizer updates over a large flat shard are memory-bound
-// and one thread reaches a fraction of the socket's bandwidth (FSDP's CPU
-// offload runs AdamW over the whole model on the host). Elementwise with no
-// cross-element arithmetic and masked vector tails, so the bits are those of
-// one call for any split.
+// stays on one thread), each part at least min_per_part long and, but for
+// the last, a multiple of align. For work whose bits do not depend on where
+// [0, n) is cut: elementwise loops (masked vector tails: align keeps the
+// cuts on whole vectors) and independent rows or columns.
 template <typename Fn>
-void SplitElementwise(int64_t n, const Fn& fn) {
-  constexpr int64_t kMinPerThread = int64_t{1} << 20;
-  constexpr int64_t kAlign = 1024;
-  const int64_t parts = std::min<int64_t>(GemmThreads(), n / kMinPerThread);
+void SplitRange(int64_t n, int64_t min_per_part, int64_t align, const Fn& fn) {
+  const int64_t parts = std::min<int64_t>(GemmThreads(), n / std::max<int64_t>(1, min_per_part));
   if (parts <= 1) {
     fn(int64_t{0}, n);
     return;
   }
-  const int64_t chunk = ((n + parts - 1) / parts + kAlign - 1) / kAlign * kAlign;
+  const int64_t chunk = ((n + parts - 1) / parts + align - 1) / align * align;
   RunParts((n + chunk - 1) / chunk,
            [&fn, n, chunk](int64_t p) { fn(p * chunk, std::min(n, (p + 1) * chunk)); });
 }
+
+// The optimizer updates over a large flat shard are memory-bound and one
+// thread reaches a fraction of the socket's bandwidth (FSDP's CPU offload
+// runs AdamW over the whole model on the host): parts of at least 2^20.
+template <typename Fn>
+void SplitElementwise(int64_t n, const Fn& fn) {
+  SplitRange(n, int64_t{1} << 20, 1024, fn);
+}
+
+// The model's per-element and per-row passes (GELU, LayerNorm forward, a
+// bias broadcast or gradient) in parts of at least 2^16 elements, whole
+// vectors: they run a few microseconds per part, well above an OpenMP
+// dispatch to a team that is awake.
+constexpr int64_t kMinPassPart = int64_t{1} << 16;
+constexpr int64_t kVectorAlign = 16;
 
 // How attention spreads over the intra-op threads: into units of one
 // sequence range and one head range, each computed by the kernel exactly as
@@ -444,7 +455,9 @@ class CpuBackend final : public OpBackend {
     if (cols == 0) return OkStatus();
     const int64_t rows = dst.numel() / cols;
     if (IsF32(src) && IsF32(dst)) {
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(F(dst) + r * cols, F(src), sizeof(float) * cols);
+      SplitRange(rows, std::max<int64_t>(1, kMinPassPart / cols), 1, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) std::memcpy(F(dst) + r * cols, F(src), sizeof(float) * cols);
+      });
       return OkStatus();
     }
     // src converted once into dst's dtype, then copied into every row.
@@ -473,6 +486,15 @@ class CpuBackend final : public OpBackend {
     const int64_t cols = dbias.numel();
     if (cols == 0) return OkStatus();
     const int64_t rows = dy.numel() / cols;
+    if (IsF32(dy) && IsF32(dbias)) {
+      // Each column sums its rows in order whatever the cut: ranges of
+      // columns in parallel (whole vectors).
+      SplitRange(cols, std::max<int64_t>(kVectorAlign, kMinPassPart / std::max<int64_t>(1, rows)),
+                 kVectorAlign, [&](int64_t b, int64_t e) {
+                   for (int64_t r = 0; r < rows; ++r) AddInPlace(F(dbias) + b, F(dy) + r * cols + b, e - b);
+                 });
+      return OkStatus();
+    }
     // dbias accumulates in f32 over every row and is rounded once.
     float* acc = InF32(dbias, 0, cols, Scratch(0, cols));
     float* buf = Scratch(1, cols);
@@ -483,7 +505,8 @@ class CpuBackend final : public OpBackend {
 
   Status GeluForward(const OpContext&, const Tensor& x, const Tensor& y) override {
     if (IsF32(x) && IsF32(y)) {
-      sk::GeluForward(F(x), x.numel(), F(y));
+      SplitRange(x.numel(), kMinPassPart, kVectorAlign,
+                 [&](int64_t b, int64_t e) { sk::GeluForward(F(x) + b, e - b, F(y) + b); });
       return OkStatus();
     }
     alignas(64) float bx[kChunk], by[kChunk];
@@ -498,7 +521,9 @@ class CpuBackend final : public OpBackend {
   Status GeluBackward(const OpContext&, const Tensor& x, const Tensor& dy,
                       const Tensor& dx) override {
     if (IsF32(x) && IsF32(dy) && IsF32(dx)) {
-      sk::GeluBackward(F(x), F(dy), x.numel(), F(dx));
+      SplitRange(x.numel(), kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
+        sk::GeluBackward(F(x) + b, F(dy) + b, e - b, F(dx) + b);
+      });
       return OkStatus();
     }
     alignas(64) float bx[kChunk], bdy[kChunk], bdx[kChunk];
@@ -518,7 +543,12 @@ class CpuBackend final : public OpBackend {
     const int64_t cols = gamma.numel();
     const int64_t rows = x.numel() / cols;
     if (IsF32(x) && IsF32(gamma) && IsF32(beta) && IsF32(y)) {
-      sk::LayerNormForward(F(x), F(gamma), F(beta), rows, cols, F(y), F(mean), F(rstd));
+      // Rows are independent: ranges of them in parallel.
+      SplitRange(rows, std::max<int64_t>(1, kMinPassPart / std::max<int64_t>(1, cols)), 1,
+                 [&](int64_t b, int64_t e) {
+                   sk::LayerNormForward(F(x) + b * cols, F(gamma), F(beta), e - b, cols,
+                                        F(y) + b * cols, F(mean) + b, F(rstd) + b);
+                 });
       return OkStatus();
     }
     const float* g = InF32(gamma, 0, cols, Scratch(0, cols));
