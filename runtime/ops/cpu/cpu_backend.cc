@@ -98,29 +98,36 @@ constexpr int64_t kVectorAlign = 16;
 // many sequences as parts, a unit is a range of sequences with all their
 // heads; otherwise each sequence's heads are cut into head_chunks ranges
 // (a unit is then one sequence). Each part gets at least kMinWork
-// multiply-adds of the scores and P V (thread start-up and scratch
-// first-touch are tens of microseconds), so small calls and one thread per
-// rank (ranks filling the cores) run as one part on the calling thread.
+// multiply-adds of the scores and P V (an OpenMP dispatch and the parts'
+// scratch are not free), so small calls and one thread per rank (ranks
+// filling the cores) run as one part on the calling thread.
+
+// One unit: sequences [b0, b0 + shape.batch) and heads [h0, h0 +
+// shape.heads) of the call, shape being the call's shape cut down to them.
+struct AttentionUnit {
+  AttentionShape shape;
+  int64_t b0 = 0, h0 = 0;
+};
+
 struct AttentionSplit {
   int64_t parts = 1;
   int64_t units = 1;        // parts take contiguous ranges of units
   int64_t head_chunks = 1;  // > 1: a unit is (sequence, head range)
   int64_t heads_per_chunk = 0;
 
-  // Sequences [b0, b0 + nb) and heads [h0, h0 + nh) of unit u.
-  void Unit(const AttentionShape& s, int64_t u, int64_t* b0, int64_t* nb, int64_t* h0,
-            int64_t* nh) const {
+  // Unit u of a call of shape s.
+  AttentionUnit Unit(const AttentionShape& s, int64_t u) const {
+    AttentionUnit a{s};
     if (head_chunks > 1) {
-      *b0 = u / head_chunks;
-      *nb = 1;
-      *h0 = (u % head_chunks) * heads_per_chunk;
-      *nh = std::min(heads_per_chunk, s.heads - *h0);
+      a.b0 = u / head_chunks;
+      a.h0 = (u % head_chunks) * heads_per_chunk;
+      a.shape.batch = 1;
+      a.shape.heads = std::min(heads_per_chunk, s.heads - a.h0);
     } else {
-      *b0 = u * s.batch / units;
-      *nb = (u + 1) * s.batch / units - *b0;
-      *h0 = 0;
-      *nh = s.heads;
+      a.b0 = u * s.batch / units;
+      a.shape.batch = (u + 1) * s.batch / units - a.b0;
     }
+    return a;
   }
 };
 
@@ -142,16 +149,29 @@ AttentionSplit SplitAttention(const AttentionShape& s, bool heads_may_split) {
   return a;
 }
 
-// Runs fn(unit) for every unit of the split, parts in parallel.
+// Runs fn(part, unit) for every unit of the split of a call of shape s,
+// parts in parallel.
 template <typename Fn>
-void RunAttentionSplit(const AttentionSplit& a, const Fn& fn) {
-  RunParts(a.parts, [&a, &fn](int64_t p) {
-    for (int64_t u = p * a.units / a.parts; u < (p + 1) * a.units / a.parts; ++u) fn(u);
+void RunAttentionSplit(const AttentionSplit& a, const AttentionShape& s, const Fn& fn) {
+  RunParts(a.parts, [&a, &s, &fn](int64_t p) {
+    for (int64_t u = p * a.units / a.parts; u < (p + 1) * a.units / a.parts; ++u) {
+      fn(p, a.Unit(s, u));
+    }
   });
 }
 
 float* F(const Tensor& t) { return t.data_as<float>(); }
 float* At(const MatrixRef& m) { return m.t.data_as<float>() + m.offset; }
+
+// Unit a's block of an f32 attention operand of len rows per sequence
+// (q_len for q, out and their gradients; kv_len for k, v and theirs).
+float* UnitAt(const MatrixRef& m, const AttentionUnit& a, int64_t len) {
+  return At(m) + a.b0 * len * m.ld + a.h0 * a.shape.head_dim;
+}
+// Unit a's first probs row: probs is [batch, heads, q_len, kv_len].
+float* UnitProbs(const Tensor& probs, const AttentionShape& s, const AttentionUnit& a) {
+  return F(probs) + (a.b0 * s.heads + a.h0) * s.q_len * s.kv_len;
+}
 
 bool IsF32(const Tensor& t) { return t.dtype() == DType::kF32; }
 
@@ -600,16 +620,11 @@ class CpuBackend final : public OpBackend {
     const int64_t d = s.head_dim, pq = s.q_len * s.kv_len;
     if (IsF32(q.t) && IsF32(k.t) && IsF32(v.t) && IsF32(out.t)) {
       const AttentionSplit split = SplitAttention(s, /*heads_may_split=*/true);
-      RunAttentionSplit(split, [&](int64_t u) {
-        int64_t b0, nb, h0, nh;
-        split.Unit(s, u, &b0, &nb, &h0, &nh);
-        AttentionShape part = s;
-        part.batch = nb;
-        part.heads = nh;
-        const int64_t qr = b0 * s.q_len, kr = b0 * s.kv_len, c = h0 * d;
-        sk::AttentionForward(part, At(q) + qr * q.ld + c, q.ld, At(k) + kr * k.ld + c, k.ld,
-                             At(v) + kr * v.ld + c, v.ld, F(probs) + (b0 * s.heads + h0) * pq,
-                             At(out) + qr * out.ld + c, out.ld);
+      RunAttentionSplit(split, s, [&](int64_t, const AttentionUnit& a) {
+        const int64_t tq = s.q_len, tk = s.kv_len;
+        sk::AttentionForward(a.shape, UnitAt(q, a, tq), q.ld, UnitAt(k, a, tk), k.ld,
+                             UnitAt(v, a, tk), v.ld, UnitProbs(probs, s, a), UnitAt(out, a, tq),
+                             out.ld);
       });
       return OkStatus();
     }
@@ -620,14 +635,12 @@ class CpuBackend final : public OpBackend {
     AttentionShape one = s;
     one.batch = 1;
     const AttentionSplit split = SplitAttention(s, /*heads_may_split=*/false);
-    RunAttentionSplit(split, [&](int64_t u) {
-      int64_t b0, nb, h0, nh;
-      split.Unit(s, u, &b0, &nb, &h0, &nh);
+    RunAttentionSplit(split, s, [&](int64_t, const AttentionUnit& a) {
       float* bq = Scratch(0, s.q_len * cols);
       float* bk = Scratch(1, s.kv_len * cols);
       float* bv = Scratch(2, s.kv_len * cols);
       float* bo = Scratch(3, s.q_len * cols);
-      for (int64_t b = b0; b < b0 + nb; ++b) {
+      for (int64_t b = a.b0; b < a.b0 + a.shape.batch; ++b) {
         int64_t lq, lk, lv, lo;
         const float* qp = MatIn(q, b * s.q_len, s.q_len, cols, bq, &lq);
         const float* kp = MatIn(k, b * s.kv_len, s.kv_len, cols, bk, &lk);
@@ -662,20 +675,12 @@ class CpuBackend final : public OpBackend {
         return OkStatus();
       }
       const AttentionSplit split = SplitAttention(s, /*heads_may_split=*/true);
-      RunParts(split.parts, [&](int64_t p) {
-        float* ds = score_scratch(p);
-        for (int64_t u = p * split.units / split.parts; u < (p + 1) * split.units / split.parts; ++u) {
-          int64_t b0, nb, h0, nh;
-          split.Unit(s, u, &b0, &nb, &h0, &nh);
-          AttentionShape part = s;
-          part.batch = nb;
-          part.heads = nh;
-          const int64_t qr = b0 * s.q_len, kr = b0 * s.kv_len, c = h0 * d;
-          sk::AttentionBackward(part, At(q) + qr * q.ld + c, q.ld, At(k) + kr * k.ld + c, k.ld,
-                                At(v) + kr * v.ld + c, v.ld, F(probs) + (b0 * s.heads + h0) * pq,
-                                At(dout) + qr * dout.ld + c, dout.ld, At(dq) + qr * dq.ld + c, dq.ld,
-                                At(dk) + kr * dk.ld + c, dk.ld, At(dv) + kr * dv.ld + c, dv.ld, ds);
-        }
+      RunAttentionSplit(split, s, [&](int64_t p, const AttentionUnit& a) {
+        const int64_t tq = s.q_len, tk = s.kv_len;
+        sk::AttentionBackward(a.shape, UnitAt(q, a, tq), q.ld, UnitAt(k, a, tk), k.ld,
+                              UnitAt(v, a, tk), v.ld, UnitProbs(probs, s, a), UnitAt(dout, a, tq),
+                              dout.ld, UnitAt(dq, a, tq), dq.ld, UnitAt(dk, a, tk), dk.ld,
+                              UnitAt(dv, a, tk), dv.ld, score_scratch(p));
       });
       return OkStatus();
     }
@@ -683,7 +688,7 @@ class CpuBackend final : public OpBackend {
     AttentionShape one = s;
     one.batch = 1;
     const AttentionSplit split = SplitAttention(s, /*heads_may_split=*/false);
-    RunParts(split.parts, [&](int64_t p) {
+    RunAttentionSplit(split, s, [&](int64_t p, const AttentionUnit& a) {
       float* ds = score_scratch(p);
       float* bq = Scratch(0, s.q_len * cols);
       float* bk = Scratch(1, s.kv_len * cols);
@@ -692,32 +697,28 @@ class CpuBackend final : public OpBackend {
       float* bdq = Scratch(4, s.q_len * cols);
       float* bdk = Scratch(5, s.kv_len * cols);
       float* bdv = Scratch(6, s.kv_len * cols);
-      for (int64_t u = p * split.units / split.parts; u < (p + 1) * split.units / split.parts; ++u) {
-        int64_t b0, nb, h0, nh;
-        split.Unit(s, u, &b0, &nb, &h0, &nh);
-        for (int64_t b = b0; b < b0 + nb; ++b) {
-          const int64_t q0 = b * s.q_len, k0 = b * s.kv_len;
-          int64_t lq, lk, lv, ldo, ldq, ldk, ldv;
-          float* dkp = MatOut(dk, k0, bdk, cols, &ldk);
-          float* dvp = MatOut(dv, k0, bdv, cols, &ldv);
-          if (s.q_len == 0) {
-            for (int64_t r = 0; r < s.kv_len; ++r) {
-              std::memset(dkp + r * ldk, 0, sizeof(float) * cols);
-              std::memset(dvp + r * ldv, 0, sizeof(float) * cols);
-            }
-          } else {
-            const float* qp = MatIn(q, q0, s.q_len, cols, bq, &lq);
-            const float* kp = MatIn(k, k0, s.kv_len, cols, bk, &lk);
-            const float* vp = MatIn(v, k0, s.kv_len, cols, bv, &lv);
-            const float* dop = MatIn(dout, q0, s.q_len, cols, bdo, &ldo);
-            float* dqp = MatOut(dq, q0, bdq, cols, &ldq);
-            sk::AttentionBackward(one, qp, lq, kp, lk, vp, lv, F(probs) + b * s.heads * pq, dop,
-                                  ldo, dqp, ldq, dkp, ldk, dvp, ldv, ds);
-            MatDone(dq, q0, s.q_len, cols, dqp);
+      for (int64_t b = a.b0; b < a.b0 + a.shape.batch; ++b) {
+        const int64_t q0 = b * s.q_len, k0 = b * s.kv_len;
+        int64_t lq, lk, lv, ldo, ldq, ldk, ldv;
+        float* dkp = MatOut(dk, k0, bdk, cols, &ldk);
+        float* dvp = MatOut(dv, k0, bdv, cols, &ldv);
+        if (s.q_len == 0) {
+          for (int64_t r = 0; r < s.kv_len; ++r) {
+            std::memset(dkp + r * ldk, 0, sizeof(float) * cols);
+            std::memset(dvp + r * ldv, 0, sizeof(float) * cols);
           }
-          MatDone(dk, k0, s.kv_len, cols, dkp);
-          MatDone(dv, k0, s.kv_len, cols, dvp);
+        } else {
+          const float* qp = MatIn(q, q0, s.q_len, cols, bq, &lq);
+          const float* kp = MatIn(k, k0, s.kv_len, cols, bk, &lk);
+          const float* vp = MatIn(v, k0, s.kv_len, cols, bv, &lv);
+          const float* dop = MatIn(dout, q0, s.q_len, cols, bdo, &ldo);
+          float* dqp = MatOut(dq, q0, bdq, cols, &ldq);
+          sk::AttentionBackward(one, qp, lq, kp, lk, vp, lv, F(probs) + b * s.heads * pq, dop,
+                                ldo, dqp, ldq, dkp, ldk, dvp, ldv, ds);
+          MatDone(dq, q0, s.q_len, cols, dqp);
         }
+        MatDone(dk, k0, s.kv_len, cols, dkp);
+        MatDone(dv, k0, s.kv_len, cols, dvp);
       }
     });
     return OkStatus();
