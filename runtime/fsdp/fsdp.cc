@@ -143,7 +143,9 @@ FullyShardedModel::FullyShardedModel(std::vector<UnitSpec> units, comm::ProcessG
 
 FullyShardedModel::~FullyShardedModel() {
   // Outstanding reductions hold buffers from our allocators: let them finish.
-  for (auto& w : pending_reductions_) w->wait(options_.timeout).IgnoreError();
+  for (auto& r : pending_reductions_) {
+    if (r.work) r.work->wait(options_.timeout).IgnoreError();
+  }
   if (rs_stream_) rs_stream_->Synchronize(options_.timeout).IgnoreError();
   if (ag_stream_) ag_stream_->Synchronize(options_.timeout).IgnoreError();
   if (host_stream_) host_stream_->Synchronize(options_.timeout).IgnoreError();
@@ -489,7 +491,9 @@ Status FullyShardedModel::Prefetch(const std::vector<int>& candidates) {
 }
 
 Status FullyShardedModel::Fail(Status s) {
-  for (auto& w : pending_reductions_) w->wait(options_.timeout).IgnoreError();
+  for (auto& r : pending_reductions_) {
+    if (r.work) r.work->wait(options_.timeout).IgnoreError();
+  }
   pending_reductions_.clear();
   rs_stream_->Synchronize(options_.timeout).IgnoreError();
   ag_stream_->Synchronize(options_.timeout).IgnoreError();
@@ -615,10 +619,17 @@ Status FullyShardedModel::PostBackward(int unit) {
 
 Status FullyShardedModel::WaitPendingReductionWork() {
   while (!pending_reductions_.empty()) {
-    std::shared_ptr<comm::Work> w = pending_reductions_.front();
+    PendingReduction r = std::move(pending_reductions_.front());
     pending_reductions_.pop_front();
-    Status s = w->wait(options_.timeout);
-    if (!s.ok()) return s.WithContext("gradient reduction");
+    if (r.work) {
+      Status s = r.work->wait(options_.timeout);
+      if (!s.ok()) return s.WithContext("gradient reduction");
+    }
+    // The collective is done; the accumulation after it may not be, and its
+    // closure still holds the reduced shard (and the full gradient until the
+    // collective's closure is released).
+    Status s = r.done->Synchronize(options_.timeout);
+    if (!s.ok()) return s.WithContext("accumulating a reduced gradient shard on the reduce stream");
   }
   return OkStatus();
 }
@@ -699,7 +710,9 @@ Status FullyShardedModel::ReduceGradients(int unit) {
   } else {
     f.full_grad = Tensor();  // the reduce stream's closures keep it alive until read
   }
-  if (last) pending_reductions_.push_back(std::move(last));
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> done, rs_ctx_.device->CreateEvent());
+  SK_RETURN_IF_ERROR(done->Record(*rs_stream_));
+  pending_reductions_.push_back(PendingReduction{std::move(last), std::move(done)});
   return OkStatus();
 }
 

@@ -381,7 +381,18 @@ class FullyShardedModel final : public DataParallelModel {
   float pre_scale_ = 1.f, post_scale_ = 1.f;
   std::vector<int> forward_order_, last_forward_order_;
   std::vector<int> all_gather_log_;
-  std::deque<std::shared_ptr<comm::Work>> pending_reductions_;
+  // A unit's reduction in flight: its collective (waited for first, so a
+  // failed or timed-out peer is reported as the collective) and an event the
+  // reduce stream records after the reduced shard has been accumulated. On
+  // CPU the stream releases a closure's buffers before it completes it, so
+  // once the event has passed, the unit's full gradient and reduced shard are
+  // no longer held by any closure: waiting for both bounds what a reduction
+  // keeps alive to one unit's buffers (the memory estimator relies on it).
+  struct PendingReduction {
+    std::shared_ptr<comm::Work> work;  // may be null (NO_SHARD without replicas)
+    std::shared_ptr<Event> done;
+  };
+  std::deque<PendingReduction> pending_reductions_;
   FsdpCounters counters_;
 };
 
