@@ -150,6 +150,14 @@ Tensor HostF32(int64_t n, float v = 0.5f) {
   return t;
 }
 
+// A host tensor of `n` elements of dtype `t`, every element `v` (rounded).
+Tensor Host(DType t, int64_t n, float v = 0.5f) {
+  if (t == DType::kF32) return HostF32(n, v);
+  Tensor t16 = *HostAllocator::Default().Empty(t, Shape{n});
+  std::fill(t16.data_as<BF16>(), t16.data_as<BF16>() + n, FloatToBF16(v));
+  return t16;
+}
+
 void SetCostCounters(benchmark::State& state, const ops::OpCost& cost) {
   state.counters["GFLOP/s"] =
       benchmark::Counter(cost.flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
@@ -211,17 +219,24 @@ void BM_OpLayerNorm(benchmark::State& state) {
 }
 BENCHMARK(BM_OpLayerNorm)->Arg(0)->Arg(1)->ArgName("bwd")->UseRealTime()->Unit(benchmark::kMicrosecond);
 
+// bf16 = 1: activations in bf16, as under param_dtype = bf16 (the op widens
+// to f32, computes and rounds once).
 void BM_OpGelu(benchmark::State& state) {
   const ops::OpContext ctx = ops::HostContext();
-  Tensor x = HostF32(kRows * kFf), y = HostF32(kRows * kFf);
+  const DType t = state.range(1) ? DType::kBF16 : DType::kF32;
+  Tensor x = Host(t, kRows * kFf), y = Host(t, kRows * kFf), dx = Host(t, kRows * kFf);
   if (state.range(0) == 0) {
-    RunOp(state, ops::GeluForwardCost(kRows * kFf), [&] { return ops::GeluForward(ctx, x, y); });
+    RunOp(state, ops::GeluForwardCost(kRows * kFf, t, t), [&] { return ops::GeluForward(ctx, x, y); });
   } else {
-    RunOp(state, ops::GeluBackwardCost(kRows * kFf),
-          [&] { return ops::GeluBackward(ctx, x, y, y); });
+    RunOp(state, ops::GeluBackwardCost(kRows * kFf, t, t),
+          [&] { return ops::GeluBackward(ctx, x, y, dx); });
   }
 }
-BENCHMARK(BM_OpGelu)->Arg(0)->Arg(1)->ArgName("bwd")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_OpGelu)
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->ArgNames({"bwd", "bf16"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_OpAttention(benchmark::State& state) {
   const ops::OpContext ctx = ops::HostContext();

@@ -182,6 +182,42 @@ TEST(Simd, GeluPropagatesNanAndSaturatesAtInfinity) {
   }
 }
 
+// The bf16 GELU converts in registers; it must give exactly what widening,
+// the f32 loop and narrowing give, on every ISA, every tail, special values
+// (NaN, infinities, subnormals, saturation) and dx aliasing dy.
+TEST(Simd, Bf16GeluIsWidenF32GeluNarrowBitForBit) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> special = {std::nanf(""), inf, -inf, 100.0f, -100.0f, 1e-39f, -1e-39f,
+                                      0.0f, -0.0f, 30.0f, -30.0f, 1e-30f, 0.5f, -3.0f};
+  for (int64_t n : kLengths) {
+    std::vector<float> xf = Random(n, 11, -8, 8), dyf = Random(n, 12, -2, 2);
+    for (int64_t i = 0; i < n && i < static_cast<int64_t>(special.size()); ++i) {
+      xf[i] = special[i];
+      dyf[n - 1 - i] = special[i];
+    }
+    std::vector<BF16> x(n), dy(n);
+    NarrowToBf16(xf.data(), n, x.data());
+    NarrowToBf16(dyf.data(), n, dy.data());
+    for (Isa isa : RunnableIsas()) {
+      OnIsa on(isa);
+      std::vector<float> wx(n), wdy(n), wy(n), wdx(n);
+      WidenBf16(x.data(), n, wx.data());
+      WidenBf16(dy.data(), n, wdy.data());
+      GeluForward(wx.data(), n, wy.data());
+      GeluBackward(wx.data(), wdy.data(), n, wdx.data());
+      std::vector<BF16> want_y(n), want_dx(n), y(n), dx = dy;
+      NarrowToBf16(wy.data(), n, want_y.data());
+      NarrowToBf16(wdx.data(), n, want_dx.data());
+      GeluForwardBf16(x.data(), n, y.data());
+      GeluBackwardBf16(x.data(), dx.data(), n, dx.data());  // dx aliases dy
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(y[i].bits, want_y[i].bits) << IsaName(isa) << " n=" << n << " y[" << i << "]";
+        ASSERT_EQ(dx[i].bits, want_dx[i].bits) << IsaName(isa) << " n=" << n << " dx[" << i << "]";
+      }
+    }
+  }
+}
+
 // Softmax over `valid` entries of a row: sums in lanes and a vector exp.
 TEST(Simd, SoftmaxRowsMatchDoubleReferenceAndZeroTheMaskedTail) {
   for (int64_t cols : kLengths) {

@@ -529,6 +529,14 @@ class CpuBackend final : public OpBackend {
                  [&](int64_t b, int64_t e) { sk::GeluForward(F(x) + b, e - b, F(y) + b); });
       return OkStatus();
     }
+    if (x.dtype() == DType::kBF16 && y.dtype() == DType::kBF16) {
+      // Converted in registers: the chunked path's bits without its f32 copies.
+      const BF16* xb = x.data_as<BF16>();
+      BF16* yb = y.data_as<BF16>();
+      SplitRange(x.numel(), kMinPassPart, kVectorAlign,
+                 [&](int64_t b, int64_t e) { simd::GeluForwardBf16(xb + b, e - b, yb + b); });
+      return OkStatus();
+    }
     alignas(64) float bx[kChunk], by[kChunk];
     ForChunks(x.numel(), [&](int64_t i, int64_t c) {
       float* ys = OutF32(y, i, by);
@@ -543,6 +551,15 @@ class CpuBackend final : public OpBackend {
     if (IsF32(x) && IsF32(dy) && IsF32(dx)) {
       SplitRange(x.numel(), kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
         sk::GeluBackward(F(x) + b, F(dy) + b, e - b, F(dx) + b);
+      });
+      return OkStatus();
+    }
+    if (x.dtype() == DType::kBF16 && dy.dtype() == DType::kBF16 && dx.dtype() == DType::kBF16) {
+      const BF16* xb = x.data_as<BF16>();
+      const BF16* dyb = dy.data_as<BF16>();
+      BF16* dxb = dx.data_as<BF16>();
+      SplitRange(x.numel(), kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
+        simd::GeluBackwardBf16(xb + b, dyb + b, e - b, dxb + b);
       });
       return OkStatus();
     }

@@ -132,6 +132,50 @@ void NarrowBf16(const float* src, int64_t n, uint16_t* dst) {
   }
 }
 
+// bf16 GELU: the f32 loop's arithmetic on widened lanes, each result
+// narrowed in the register (no f32 copy of the operands in memory): the bits
+// of WidenBf16, GeluForward/GeluBackward and NarrowBf16 in sequence.
+inline R LdBf16(const uint16_t* p, int64_t c) {
+  if (c == 16) return WidenBf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  alignas(32) uint16_t tail[16] = {};
+  std::memcpy(tail, p, sizeof(uint16_t) * c);
+  return WidenBf16x16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tail)));
+}
+inline void StBf16(uint16_t* p, R v, int64_t c) {
+  if (c == 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), NarrowBf16x16(v));
+    return;
+  }
+  alignas(32) uint16_t tail[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(tail), NarrowBf16x16(v));
+  std::memcpy(p, tail, sizeof(uint16_t) * c);
+}
+// Whole vectors in a loop of their own, then one tail (the tail buffers
+// kept out of the main loop).
+void GeluForwardBf16(const uint16_t* x, int64_t n, uint16_t* y) {
+  int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    const R a = GeluForwardV(LdBf16(x + i, L)), b = GeluForwardV(LdBf16(x + i + L, L));
+    StBf16(y + i, a, L);
+    StBf16(y + i + L, b, L);
+  }
+  for (; i + L <= n; i += L) StBf16(y + i, GeluForwardV(LdBf16(x + i, L)), L);
+  if (i < n) StBf16(y + i, GeluForwardV(LdBf16(x + i, n - i)), n - i);
+}
+void GeluBackwardBf16(const uint16_t* x, const uint16_t* dy, int64_t n, uint16_t* dx) {
+  int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    const R a = GeluBackwardV(LdBf16(x + i, L), LdBf16(dy + i, L));
+    const R b = GeluBackwardV(LdBf16(x + i + L, L), LdBf16(dy + i + L, L));
+    StBf16(dx + i, a, L);
+    StBf16(dx + i + L, b, L);
+  }
+  for (; i + L <= n; i += L) {
+    StBf16(dx + i, GeluBackwardV(LdBf16(x + i, L), LdBf16(dy + i, L)), L);
+  }
+  if (i < n) StBf16(dx + i, GeluBackwardV(LdBf16(x + i, n - i), LdBf16(dy + i, n - i)), n - i);
+}
+
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -259,6 +303,48 @@ void NarrowBf16(const float* src, int64_t n, uint16_t* dst) {
   }
 }
 
+// bf16 GELU, as avx512's.
+inline R LdBf16(const uint16_t* p, int64_t c) {
+  if (c == 8) return WidenBf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  alignas(16) uint16_t tail[8] = {};
+  std::memcpy(tail, p, sizeof(uint16_t) * c);
+  return WidenBf16x8(_mm_load_si128(reinterpret_cast<const __m128i*>(tail)));
+}
+inline void StBf16(uint16_t* p, R v, int64_t c) {
+  if (c == 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), NarrowBf16x8(v));
+    return;
+  }
+  alignas(16) uint16_t tail[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(tail), NarrowBf16x8(v));
+  std::memcpy(p, tail, sizeof(uint16_t) * c);
+}
+// Whole vectors in a loop of their own, then one tail (the tail buffers
+// kept out of the main loop).
+void GeluForwardBf16(const uint16_t* x, int64_t n, uint16_t* y) {
+  int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    const R a = GeluForwardV(LdBf16(x + i, L)), b = GeluForwardV(LdBf16(x + i + L, L));
+    StBf16(y + i, a, L);
+    StBf16(y + i + L, b, L);
+  }
+  for (; i + L <= n; i += L) StBf16(y + i, GeluForwardV(LdBf16(x + i, L)), L);
+  if (i < n) StBf16(y + i, GeluForwardV(LdBf16(x + i, n - i)), n - i);
+}
+void GeluBackwardBf16(const uint16_t* x, const uint16_t* dy, int64_t n, uint16_t* dx) {
+  int64_t i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    const R a = GeluBackwardV(LdBf16(x + i, L), LdBf16(dy + i, L));
+    const R b = GeluBackwardV(LdBf16(x + i + L, L), LdBf16(dy + i + L, L));
+    StBf16(dx + i, a, L);
+    StBf16(dx + i + L, b, L);
+  }
+  for (; i + L <= n; i += L) {
+    StBf16(dx + i, GeluBackwardV(LdBf16(x + i, L), LdBf16(dy + i, L)), L);
+  }
+  if (i < n) StBf16(dx + i, GeluBackwardV(LdBf16(x + i, n - i), LdBf16(dy + i, n - i)), n - i);
+}
+
 }  // namespace avx2
 #pragma GCC pop_options
 
@@ -266,6 +352,17 @@ void NarrowBf16(const float* src, int64_t n, uint16_t* dst) {
 
 namespace scalar {
 
+void GeluForwardBf16(const uint16_t* x, int64_t n, uint16_t* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = FloatToBF16(nn_math::GeluTanh(BF16ToFloat(BF16{x[i]}))).bits;
+  }
+}
+void GeluBackwardBf16(const uint16_t* x, const uint16_t* dy, int64_t n, uint16_t* dx) {
+  for (int64_t i = 0; i < n; ++i) {
+    dx[i] = FloatToBF16(BF16ToFloat(BF16{dy[i]}) * nn_math::GeluTanhGrad(BF16ToFloat(BF16{x[i]})))
+                .bits;
+  }
+}
 void WidenBf16(const uint16_t* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToFloat(BF16{src[i]});
 }
@@ -473,6 +570,14 @@ void CrossEntropyRowBackward(const float* logits, int64_t cols, int32_t target, 
   SK_SIMD_DISPATCH(CrossEntropyRowBackward, logits, cols, target, scale, dlogits);
 }
 
+void GeluForwardBf16(const BF16* x, int64_t n, BF16* y) {
+  SK_SIMD_DISPATCH(GeluForwardBf16, reinterpret_cast<const uint16_t*>(x), n,
+                   reinterpret_cast<uint16_t*>(y));
+}
+void GeluBackwardBf16(const BF16* x, const BF16* dy, int64_t n, BF16* dx) {
+  SK_SIMD_DISPATCH(GeluBackwardBf16, reinterpret_cast<const uint16_t*>(x),
+                   reinterpret_cast<const uint16_t*>(dy), n, reinterpret_cast<uint16_t*>(dx));
+}
 void WidenBf16(const BF16* src, int64_t n, float* dst) {
   SK_SIMD_DISPATCH(WidenBf16, reinterpret_cast<const uint16_t*>(src), n, dst);
 }

@@ -104,6 +104,13 @@ void CrossEntropyRowBackward(const float* logits, int64_t cols, int32_t target, 
 void WidenBf16(const BF16* src, int64_t n, float* dst);
 void NarrowToBf16(const float* src, int64_t n, BF16* dst);
 
+// GELU on bf16 tensors: exactly NarrowToBf16(GeluForward(WidenBf16(x))) (and
+// the backward's dx = round(dy * gelu'(x))), bit for bit on every ISA, with
+// the conversions done in registers instead of through f32 copies (y may
+// alias x; dx may alias dy or x).
+void GeluForwardBf16(const BF16* x, int64_t n, BF16* y);
+void GeluBackwardBf16(const BF16* x, const BF16* dy, int64_t n, BF16* dx);
+
 }  // namespace sk::simd
 
 #endif  // SHARDKIT_RUNTIME_OPS_CPU_SIMD_H_
