@@ -230,6 +230,47 @@ TEST(Kernels, Bf16GemmAccumulatesInF32ForEveryTransposition) {
   }
 }
 
+// C in bf16: what the f32-C GEMM gives, rounded once to bf16 (within one
+// bf16 unit: the primitive may sum in another order), accumulating into the
+// widened C when asked, for every transposition, with a padded ldc whose
+// padding stays untouched.
+TEST(Kernels, Bf16GemmIntoBf16CIsTheF32ResultRoundedOnce) {
+  const int64_t m = 19, n = 23, k = 37, ldc = n + 5;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      Vec a = Random(m * k, 210), b = Random(k * n, 211), c0 = Random(m * n, 212);
+      std::vector<BF16> as(a.size()), bs(b.size());
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t p = 0; p < k; ++p) as[ta ? p * m + i : i * k + p] = FloatToBF16(static_cast<float>(a[i * k + p]));
+      for (int64_t p = 0; p < k; ++p)
+        for (int64_t j = 0; j < n; ++j) bs[tb ? j * k + p : p * n + j] = FloatToBF16(static_cast<float>(b[p * n + j]));
+      for (bool acc : {false, true}) {
+        const BF16 pad = FloatToBF16(7.0f);
+        std::vector<BF16> c16(m * ldc, pad);
+        std::vector<float> c32(m * n);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            c16[i * ldc + j] = FloatToBF16(static_cast<float>(c0[i * n + j]));
+            c32[i * n + j] = BF16ToFloat(c16[i * ldc + j]);
+          }
+        }
+        GemmBF16(ta, tb, m, n, k, as.data(), ta ? m : k, bs.data(), tb ? k : n, acc, c32.data(), n);
+        GemmBF16(ta, tb, m, n, k, as.data(), ta ? m : k, bs.data(), tb ? k : n, acc, c16.data(), ldc);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            const float got = BF16ToFloat(c16[i * ldc + j]), want = c32[i * n + j];
+            // One bf16 unit in the last place of the larger magnitude.
+            const float ulp = std::ldexp(1.0f, std::ilogb(std::max(std::fabs(got), std::fabs(want))) - 7);
+            ASSERT_LE(std::fabs(got - want), ulp) << "ta " << ta << " tb " << tb << " acc " << acc
+                                                  << " [" << i << "," << j << "]";
+          }
+          for (int64_t j = n; j < ldc; ++j) ASSERT_EQ(c16[i * ldc + j].bits, pad.bits) << "padding";
+        }
+      }
+    }
+  }
+}
+
 // Ranks as threads run the same cached bf16 matmul primitives at once (two
 // FSDP ranks' weight gradients, same shapes). Every thread's result must be
 // the bits one thread alone computes: oneDNN's default (library) scratchpad

@@ -312,6 +312,18 @@ class CpuBackend final : public OpBackend {
     // f32 GEMM is faster and gives the same numbers up to summation order.
     const bool native = t == DType::kBF16 && NativeBf16Gemm() && p.alpha == 1.0f &&
                         (p.beta == 0.0f || p.beta == 1.0f);
+    if (native && c.t.dtype() == DType::kBF16) {
+      // oneDNN accumulates in f32 and rounds into the bf16 C itself: no f32
+      // copy of C through memory (for the forward and input-gradient GEMMs,
+      // whose C is an activation, that copy cost more than the packing).
+      for (int64_t i = 0; i < p.batch; ++i) {
+        GemmBF16(p.trans_a, p.trans_b, p.m, p.n, p.k,
+                 a.t.data_as<BF16>() + a.offset + i * a.batch_stride, a.ld,
+                 b.t.data_as<BF16>() + b.offset + i * b.batch_stride, b.ld, p.beta == 1.0f,
+                 c.t.data_as<BF16>() + c.offset + i * c.batch_stride, c.ld);
+      }
+      return OkStatus();
+    }
     const int64_t br = p.trans_b ? p.n : p.k, bc = p.trans_b ? p.k : p.n;
     // A 16-bit C is computed in f32 rows of the calling thread's scratch
     // (beta C widened into them first) and rounded once into C, in blocks

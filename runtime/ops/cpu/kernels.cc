@@ -106,7 +106,9 @@ void Strides(bool trans, int64_t ld, dnnl_dims_t strides) {
   strides[1] = trans ? ld : 1;
 }
 
-using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+// trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, C in bf16 (else f32).
+using MatmulKey =
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
 
 struct MatmulPrimitive {
   dnnl_primitive_t primitive = nullptr;
@@ -115,7 +117,9 @@ struct MatmulPrimitive {
   size_t scratchpad_bytes = 0;
 };
 
-// Builds (once per shape) the bf16 x bf16 -> f32 matmul primitive. Cached
+// Builds (once per shape) the bf16 x bf16 -> f32 (or -> bf16: f32
+// accumulation, C widened into it when accumulating, one rounding) matmul
+// primitive. Cached
 // for the life of the process: models use a handful of shapes. The cache is
 // shared by every thread (ranks run as threads), so the primitive takes its
 // scratchpad from the caller at each execution (user scratchpad mode). In
@@ -130,7 +134,7 @@ const MatmulPrimitive& GetMatmul(const MatmulKey& key) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
-  auto [ta, tb, m, n, k, lda, ldb, ldc, accumulate] = key;
+  auto [ta, tb, m, n, k, lda, ldb, ldc, accumulate, c_bf16] = key;
   MatmulPrimitive mp;
   dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
   dnnl_dims_t a_strides, b_strides, c_strides = {ldc, 1};
@@ -138,7 +142,8 @@ const MatmulPrimitive& GetMatmul(const MatmulKey& key) {
   Strides(tb, ldb, b_strides);
   SK_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&mp.a, 2, a_dims, dnnl_bf16, a_strides));
   SK_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&mp.b, 2, b_dims, dnnl_bf16, b_strides));
-  SK_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&mp.c, 2, c_dims, dnnl_f32, c_strides));
+  SK_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&mp.c, 2, c_dims, c_bf16 ? dnnl_bf16 : dnnl_f32,
+                                                c_strides));
   dnnl_matmul_desc_t desc;
   SK_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &mp.a, &mp.b, nullptr, &mp.c));
   dnnl_primitive_attr_t attr = nullptr;
@@ -164,19 +169,9 @@ const MatmulPrimitive& GetMatmul(const MatmulKey& key) {
   return cache->emplace(key, mp).first->second;
 }
 
-}  // namespace
-
-void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
-              int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (!accumulate) {
-      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
-    }
-    return;
-  }
-  const MatmulPrimitive& mp =
-      GetMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate});
+// Runs the cached primitive of `key` on a, b and c (f32 or bf16 as the key says).
+void ExecuteMatmul(const MatmulKey& key, const BF16* a, const BF16* b, void* c) {
+  const MatmulPrimitive& mp = GetMatmul(key);
   dnnl_memory_t am = nullptr, bm = nullptr, cm = nullptr, sm = nullptr;
   SK_DNNL_CHECK(dnnl_memory_create(&am, &mp.a, CpuEngine(), const_cast<BF16*>(a)));
   SK_DNNL_CHECK(dnnl_memory_create(&bm, &mp.b, CpuEngine(), const_cast<BF16*>(b)));
@@ -201,6 +196,32 @@ void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
   SK_DNNL_CHECK(dnnl_memory_destroy(bm));
   SK_DNNL_CHECK(dnnl_memory_destroy(cm));
   if (sm != nullptr) SK_DNNL_CHECK(dnnl_memory_destroy(sm));
+}
+
+}  // namespace
+
+void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+              int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate) {
+      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
+    }
+    return;
+  }
+  ExecuteMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, false}, a, b, c);
+}
+
+void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+              int64_t lda, const BF16* b, int64_t ldb, bool accumulate, BF16* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate) {
+      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(BF16) * n);
+    }
+    return;
+  }
+  ExecuteMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, true}, a, b, c);
 }
 
 bool NativeBf16Gemm() {

@@ -69,6 +69,13 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 // (oneDNN's user scratchpad mode): safe to call from several threads at once.
 void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
               int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
+// The same with C in bf16: products accumulated in f32 (C widened and added
+// when accumulating), rounded once to bf16 as oneDNN stores C, so a
+// bf16 result needs no f32 copy of C in memory. oneDNN rounds to nearest
+// even; on bf16 hardware its conversion flushes subnormal results
+// (|x| < 2^-126) to zero, where simd::NarrowToBf16 keeps them.
+void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+              int64_t lda, const BF16* b, int64_t ldb, bool accumulate, BF16* c, int64_t ldc);
 
 // True when oneDNN runs bf16 GEMMs on bf16 dot-product hardware here
 // (avx512_core_bf16 or AMX, as oneDNN detects it at run time; DNNL_MAX_CPU_ISA
