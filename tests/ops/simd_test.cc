@@ -210,9 +210,19 @@ TEST(Simd, Bf16GeluIsWidenF32GeluNarrowBitForBit) {
       NarrowToBf16(wdx.data(), n, want_dx.data());
       GeluForwardBf16(x.data(), n, y.data());
       GeluBackwardBf16(x.data(), dx.data(), n, dx.data());  // dx aliases dy
+      // A NaN's sign and payload from two NaN operands (dy NaN times a NaN
+      // derivative) depend on the order the compiler gives a product, in
+      // either path (seen under -O1): any NaN there; every other result bit
+      // for bit.
+      auto is_nan = [](BF16 h) { return (h.bits & 0x7f80) == 0x7f80 && (h.bits & 0x007f) != 0; };
+      auto same = [&](BF16 got, BF16 want) {
+        return is_nan(want) ? is_nan(got) : got.bits == want.bits;
+      };
       for (int64_t i = 0; i < n; ++i) {
-        ASSERT_EQ(y[i].bits, want_y[i].bits) << IsaName(isa) << " n=" << n << " y[" << i << "]";
-        ASSERT_EQ(dx[i].bits, want_dx[i].bits) << IsaName(isa) << " n=" << n << " dx[" << i << "]";
+        ASSERT_TRUE(same(y[i], want_y[i]))
+            << IsaName(isa) << " n=" << n << " y[" << i << "]: " << y[i].bits << " vs " << want_y[i].bits;
+        ASSERT_TRUE(same(dx[i], want_dx[i]))
+            << IsaName(isa) << " n=" << n << " dx[" << i << "]: " << dx[i].bits << " vs " << want_dx[i].bits;
       }
     }
   }
