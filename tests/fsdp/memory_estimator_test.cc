@@ -43,80 +43,19 @@ class MemoryEstimatorTest : public ::testing::TestWithParam<Case> {};
 
 constexpr int kWorld = 4;
 
-TEST_P(MemoryEstimatorTest, EstimateCoversTheMeasuredPeakWithinTenPercent) {
-  const Case c = GetParam();
-  TrainerOptions o;
-  o.model = c.model;
-  o.batch_size = c.batch;
-  o.seq_len = c.seq;
-  o.activation_checkpointing = c.ckpt;
-  o.fsdp.strategy = c.strategy;
-  o.parallelism = c.ddp ? Parallelism::kDdp : Parallelism::kFsdp;
-  o.fsdp.mixed_precision.param_dtype = c.dtype;
-  if (c.f32_reduce) o.fsdp.mixed_precision.reduce_dtype = DType::kF32;
-  o.fsdp.cpu_offload = c.offload;
-  if (c.strategy == ShardingStrategy::kHybridShard) o.fsdp.shard_group_size = 2;
-  o.fsdp.timeout = Duration(120'000);
-
+// The estimate for what `o` trains at world kWorld.
+StatusOr<MemoryEstimate> EstimateFor(const TrainerOptions& o) {
   MemoryEstimateRequest req;
-  req.model = *FindModelConfig(c.model);
+  req.model = *FindModelConfig(o.model);
   req.fsdp = o.fsdp;
   req.optimizer = o.optimizer;
   req.world_size = kWorld;
-  req.batch_size = c.batch;
-  req.seq_len = c.seq;
-  req.activation_checkpointing = c.ckpt;
-  req.ddp = c.ddp;
-  StatusOr<MemoryEstimate> est = EstimatePeakMemory(req);
-  ASSERT_TRUE(est.ok()) << est.status();
-
-  std::vector<int64_t> peaks(kWorld);
-  Status ran = comm::RunLocalRanks(kWorld, [&](int r, comm::ProcessGroup* g) -> Status {
-    SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(o, g));
-    SK_RETURN_IF_ERROR(t->Step().status());  // creates optimizer state
-    SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
-    peaks[r] = m.peak_allocated_bytes;
-    return OkStatus();
-  });
-  ASSERT_TRUE(ran.ok()) << ran;
-  const int64_t measured = *std::max_element(peaks.begin(), peaks.end());
-  const double ratio = static_cast<double>(measured) / static_cast<double>(est->peak_bytes);
-  // Never short: the estimate counts every buffer that can be alive at the
-  // peak, whichever way the streams' work interleaves.
-  EXPECT_LE(measured, est->peak_bytes) << est->ToString() << "; measured " << measured;
-  // With offload the model states leave the device, so the in-flight
-  // buffers the estimate assumes all alive at once (a second full gradient
-  // reducing, a prefetched unit) are a larger share of what remains.
-  EXPECT_GT(ratio, c.offload ? 0.85 : 0.9) << est->ToString() << "; measured " << measured;
-  std::printf("%s: estimate %lld, measured %lld (ratio %.3f): %s\n", Name({c, 0}).c_str(),
-              static_cast<long long>(est->peak_bytes), static_cast<long long>(measured), ratio,
-              est->ToString().c_str());
+  req.batch_size = o.batch_size;
+  req.seq_len = o.seq_len;
+  req.activation_checkpointing = o.activation_checkpointing;
+  req.ddp = o.parallelism == Parallelism::kDdp;
+  return EstimatePeakMemory(req);
 }
-
-INSTANTIATE_TEST_SUITE_P(
-    Strategies, MemoryEstimatorTest,
-    ::testing::Values(Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", false, ShardingStrategy::kShardGradOp, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", false, ShardingStrategy::kShardOptim, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", false, ShardingStrategy::kHybridShard, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64},
-                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, true, 2, 64},
-                      Case{"t5-tiny", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 16},
-                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kBF16, false, 2, 64},
-                      // bf16 with an f32 reduction (the paper's mixed precision).
-                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, false, true},
-                      Case{"gpt-1m", false, ShardingStrategy::kShardOptim, DType::kBF16, false, 2, 64, false, true},
-                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kBF16, false, 2, 64, false, true},
-                      // CPU offload: the model states on the host.
-                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 64, true},
-                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, true},
-                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, true, true},
-                      Case{"gpt-1m", false, ShardingStrategy::kShardGradOp, DType::kBF16, false, 2, 64, true},
-                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kBF16, false, 2, 64, true},
-                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kF32, false, 2, 64, true}),
-    Name);
 
 // A process group whose reduce stream stays busy after each reduce-scatter:
 // the collective's Work completes, then the stream sleeps before the work
@@ -163,6 +102,81 @@ class SlowReduceStreamGroup final : public comm::ProcessGroup {
   std::unique_ptr<comm::ProcessGroup> owned_;
 };
 
+// The largest rank's peak allocated bytes in the second step of `o` at
+// world kWorld (the first creates the optimizer state), each rank's group
+// behind a SlowReduceStreamGroup when `slow_reduce`.
+StatusOr<int64_t> MeasuredPeak(const TrainerOptions& o, bool slow_reduce) {
+  std::vector<int64_t> peaks(kWorld);
+  SK_RETURN_IF_ERROR(comm::RunLocalRanks(kWorld, [&](int r, comm::ProcessGroup* g) -> Status {
+    SlowReduceStreamGroup slow(g);
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t,
+                        Trainer::Create(o, slow_reduce ? &slow : g));
+    SK_RETURN_IF_ERROR(t->Step().status());
+    SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
+    peaks[r] = m.peak_allocated_bytes;
+    return OkStatus();
+  }));
+  return *std::max_element(peaks.begin(), peaks.end());
+}
+
+TEST_P(MemoryEstimatorTest, EstimateCoversTheMeasuredPeakWithinTenPercent) {
+  const Case c = GetParam();
+  TrainerOptions o;
+  o.model = c.model;
+  o.batch_size = c.batch;
+  o.seq_len = c.seq;
+  o.activation_checkpointing = c.ckpt;
+  o.fsdp.strategy = c.strategy;
+  o.parallelism = c.ddp ? Parallelism::kDdp : Parallelism::kFsdp;
+  o.fsdp.mixed_precision.param_dtype = c.dtype;
+  if (c.f32_reduce) o.fsdp.mixed_precision.reduce_dtype = DType::kF32;
+  o.fsdp.cpu_offload = c.offload;
+  if (c.strategy == ShardingStrategy::kHybridShard) o.fsdp.shard_group_size = 2;
+  o.fsdp.timeout = Duration(120'000);
+
+  StatusOr<MemoryEstimate> est = EstimateFor(o);
+  ASSERT_TRUE(est.ok()) << est.status();
+  StatusOr<int64_t> peak = MeasuredPeak(o, /*slow_reduce=*/false);
+  ASSERT_TRUE(peak.ok()) << peak.status();
+  const int64_t measured = *peak;
+  const double ratio = static_cast<double>(measured) / static_cast<double>(est->peak_bytes);
+  // Never short: the estimate counts every buffer that can be alive at the
+  // peak, whichever way the streams' work interleaves.
+  EXPECT_LE(measured, est->peak_bytes) << est->ToString() << "; measured " << measured;
+  // With offload the model states leave the device, so the in-flight
+  // buffers the estimate assumes all alive at once (a second full gradient
+  // reducing, a prefetched unit) are a larger share of what remains.
+  EXPECT_GT(ratio, c.offload ? 0.85 : 0.9) << est->ToString() << "; measured " << measured;
+  std::printf("%s: estimate %lld, measured %lld (ratio %.3f): %s\n", Name({c, 0}).c_str(),
+              static_cast<long long>(est->peak_bytes), static_cast<long long>(measured), ratio,
+              est->ToString().c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, MemoryEstimatorTest,
+    ::testing::Values(Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kShardGradOp, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kShardOptim, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kHybridShard, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64},
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, true, 2, 64},
+                      Case{"t5-tiny", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 16},
+                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kBF16, false, 2, 64},
+                      // bf16 with an f32 reduction (the paper's mixed precision).
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, false, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kShardOptim, DType::kBF16, false, 2, 64, false, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kBF16, false, 2, 64, false, true},
+                      // CPU offload: the model states on the host.
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 64, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, true, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kShardGradOp, DType::kBF16, false, 2, 64, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kBF16, false, 2, 64, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kF32, false, 2, 64, true}),
+    Name);
+
 // FSDP keeps one unit's reduction in flight: before a unit reduces, the
 // previous reduction is finished on the reduce stream, its shard accumulated
 // and its buffers released, not only its collective completed. With a reduce
@@ -178,27 +192,11 @@ TEST(MemoryEstimatorSlowReduceTest, EstimateCoversThePeakWhenTheReduceStreamLags
     o.activation_checkpointing = ckpt;
     o.fsdp.strategy = ShardingStrategy::kFullShard;
     o.fsdp.timeout = Duration(120'000);
-    MemoryEstimateRequest req;
-    req.model = *FindModelConfig(o.model);
-    req.fsdp = o.fsdp;
-    req.optimizer = o.optimizer;
-    req.world_size = kWorld;
-    req.batch_size = o.batch_size;
-    req.seq_len = o.seq_len;
-    req.activation_checkpointing = ckpt;
-    StatusOr<MemoryEstimate> est = EstimatePeakMemory(req);
+    StatusOr<MemoryEstimate> est = EstimateFor(o);
     ASSERT_TRUE(est.ok()) << est.status();
-    std::vector<int64_t> peaks(kWorld);
-    Status ran = comm::RunLocalRanks(kWorld, [&](int r, comm::ProcessGroup* g) -> Status {
-      SlowReduceStreamGroup slow(g);
-      SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(o, &slow));
-      SK_RETURN_IF_ERROR(t->Step().status());
-      SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
-      peaks[r] = m.peak_allocated_bytes;
-      return OkStatus();
-    });
-    ASSERT_TRUE(ran.ok()) << ran;
-    const int64_t measured = *std::max_element(peaks.begin(), peaks.end());
+    StatusOr<int64_t> peak = MeasuredPeak(o, /*slow_reduce=*/true);
+    ASSERT_TRUE(peak.ok()) << peak.status();
+    const int64_t measured = *peak;
     EXPECT_LE(measured, est->peak_bytes) << (ckpt ? "ckpt: " : "") << est->ToString() << "; measured " << measured;
   }
 }

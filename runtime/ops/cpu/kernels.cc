@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <tuple>
 #include <vector>
 
@@ -200,28 +201,33 @@ void ExecuteMatmul(const MatmulKey& key, const BF16* a, const BF16* b, void* c) 
 
 }  // namespace
 
-void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
-              int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+namespace {
+
+// Both GemmBF16s: C of element type Out (f32 or bf16).
+template <typename Out>
+void GemmBF16Into(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+                  int64_t lda, const BF16* b, int64_t ldb, bool accumulate, Out* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (!accumulate) {
-      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
+      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(Out) * n);
     }
     return;
   }
-  ExecuteMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, false}, a, b, c);
+  const bool c_bf16 = std::is_same_v<Out, BF16>;
+  ExecuteMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, c_bf16}, a, b, c);
+}
+
+}  // namespace
+
+void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+              int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  GemmBF16Into(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
 
 void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
               int64_t lda, const BF16* b, int64_t ldb, bool accumulate, BF16* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (!accumulate) {
-      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(BF16) * n);
-    }
-    return;
-  }
-  ExecuteMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, true}, a, b, c);
+  GemmBF16Into(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
 
 bool NativeBf16Gemm() {

@@ -91,8 +91,8 @@ struct V {
 // FloatToBF16's integer sequence (round to nearest even; NaN quietened with
 // its sign and top payload kept), not avx512_bf16's vcvtneps2bf16, which
 // flushes subnormal inputs and results to zero: the same bits as the scalar
-// conversion on every CPU. Tails go through a 16-element buffer (no
-// avx512bw masked 16-bit loads needed).
+// conversion on every CPU. LoadBf16/StoreBf16 convert one vector; the loops
+// over arrays are simd_bf16_loops.inc's.
 inline __m512 WidenBf16x16(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
@@ -106,75 +106,14 @@ inline __m256i NarrowBf16x16(__m512 v) {
   const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
-void WidenBf16(const uint16_t* src, int64_t n, float* dst) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm512_storeu_ps(dst + i,
-                     WidenBf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
-  }
-  if (i < n) {
-    alignas(32) uint16_t tail[16] = {};
-    std::memcpy(tail, src + i, sizeof(uint16_t) * (n - i));
-    _mm512_mask_storeu_ps(dst + i, V::Mask(n - i),
-                          WidenBf16x16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tail))));
-  }
+inline R LoadBf16(const uint16_t* p) {
+  return WidenBf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-void NarrowBf16(const float* src, int64_t n, uint16_t* dst) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), NarrowBf16x16(_mm512_loadu_ps(src + i)));
-  }
-  if (i < n) {
-    alignas(32) uint16_t tail[16];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(tail),
-                       NarrowBf16x16(_mm512_maskz_loadu_ps(V::Mask(n - i), src + i)));
-    std::memcpy(dst + i, tail, sizeof(uint16_t) * (n - i));
-  }
+inline void StoreBf16(uint16_t* p, R v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), NarrowBf16x16(v));
 }
 
-// bf16 GELU: the f32 loop's arithmetic on widened lanes, each result
-// narrowed in the register (no f32 copy of the operands in memory): the bits
-// of WidenBf16, GeluForward/GeluBackward and NarrowBf16 in sequence.
-inline R LdBf16(const uint16_t* p, int64_t c) {
-  if (c == 16) return WidenBf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  alignas(32) uint16_t tail[16] = {};
-  std::memcpy(tail, p, sizeof(uint16_t) * c);
-  return WidenBf16x16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tail)));
-}
-inline void StBf16(uint16_t* p, R v, int64_t c) {
-  if (c == 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), NarrowBf16x16(v));
-    return;
-  }
-  alignas(32) uint16_t tail[16];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(tail), NarrowBf16x16(v));
-  std::memcpy(p, tail, sizeof(uint16_t) * c);
-}
-// Whole vectors in a loop of their own, then one tail (the tail buffers
-// kept out of the main loop).
-void GeluForwardBf16(const uint16_t* x, int64_t n, uint16_t* y) {
-  int64_t i = 0;
-  for (; i + 2 * L <= n; i += 2 * L) {
-    const R a = GeluForwardV(LdBf16(x + i, L)), b = GeluForwardV(LdBf16(x + i + L, L));
-    StBf16(y + i, a, L);
-    StBf16(y + i + L, b, L);
-  }
-  for (; i + L <= n; i += L) StBf16(y + i, GeluForwardV(LdBf16(x + i, L)), L);
-  if (i < n) StBf16(y + i, GeluForwardV(LdBf16(x + i, n - i)), n - i);
-}
-void GeluBackwardBf16(const uint16_t* x, const uint16_t* dy, int64_t n, uint16_t* dx) {
-  int64_t i = 0;
-  for (; i + 2 * L <= n; i += 2 * L) {
-    const R a = GeluBackwardV(LdBf16(x + i, L), LdBf16(dy + i, L));
-    const R b = GeluBackwardV(LdBf16(x + i + L, L), LdBf16(dy + i + L, L));
-    StBf16(dx + i, a, L);
-    StBf16(dx + i + L, b, L);
-  }
-  for (; i + L <= n; i += L) {
-    StBf16(dx + i, GeluBackwardV(LdBf16(x + i, L), LdBf16(dy + i, L)), L);
-  }
-  if (i < n) StBf16(dx + i, GeluBackwardV(LdBf16(x + i, n - i), LdBf16(dy + i, n - i)), n - i);
-}
+#include "runtime/ops/cpu/simd_bf16_loops.inc"
 
 }  // namespace avx512
 #pragma GCC pop_options
@@ -279,71 +218,14 @@ inline __m128i NarrowBf16x8(__m256 v) {
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
   return _mm256_castsi256_si128(packed);
 }
-void WidenBf16(const uint16_t* src, int64_t n, float* dst) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(dst + i,
-                     WidenBf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-  }
-  if (i < n) {
-    alignas(16) uint16_t tail[8] = {};
-    std::memcpy(tail, src + i, sizeof(uint16_t) * (n - i));
-    V::StoreN(dst + i, WidenBf16x8(_mm_load_si128(reinterpret_cast<const __m128i*>(tail))), n - i);
-  }
+inline R LoadBf16(const uint16_t* p) {
+  return WidenBf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-void NarrowBf16(const float* src, int64_t n, uint16_t* dst) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), NarrowBf16x8(_mm256_loadu_ps(src + i)));
-  }
-  if (i < n) {
-    alignas(16) uint16_t tail[8];
-    _mm_store_si128(reinterpret_cast<__m128i*>(tail), NarrowBf16x8(V::LoadN(src + i, n - i)));
-    std::memcpy(dst + i, tail, sizeof(uint16_t) * (n - i));
-  }
+inline void StoreBf16(uint16_t* p, R v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), NarrowBf16x8(v));
 }
 
-// bf16 GELU, as avx512's.
-inline R LdBf16(const uint16_t* p, int64_t c) {
-  if (c == 8) return WidenBf16x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  alignas(16) uint16_t tail[8] = {};
-  std::memcpy(tail, p, sizeof(uint16_t) * c);
-  return WidenBf16x8(_mm_load_si128(reinterpret_cast<const __m128i*>(tail)));
-}
-inline void StBf16(uint16_t* p, R v, int64_t c) {
-  if (c == 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), NarrowBf16x8(v));
-    return;
-  }
-  alignas(16) uint16_t tail[8];
-  _mm_store_si128(reinterpret_cast<__m128i*>(tail), NarrowBf16x8(v));
-  std::memcpy(p, tail, sizeof(uint16_t) * c);
-}
-// Whole vectors in a loop of their own, then one tail (the tail buffers
-// kept out of the main loop).
-void GeluForwardBf16(const uint16_t* x, int64_t n, uint16_t* y) {
-  int64_t i = 0;
-  for (; i + 2 * L <= n; i += 2 * L) {
-    const R a = GeluForwardV(LdBf16(x + i, L)), b = GeluForwardV(LdBf16(x + i + L, L));
-    StBf16(y + i, a, L);
-    StBf16(y + i + L, b, L);
-  }
-  for (; i + L <= n; i += L) StBf16(y + i, GeluForwardV(LdBf16(x + i, L)), L);
-  if (i < n) StBf16(y + i, GeluForwardV(LdBf16(x + i, n - i)), n - i);
-}
-void GeluBackwardBf16(const uint16_t* x, const uint16_t* dy, int64_t n, uint16_t* dx) {
-  int64_t i = 0;
-  for (; i + 2 * L <= n; i += 2 * L) {
-    const R a = GeluBackwardV(LdBf16(x + i, L), LdBf16(dy + i, L));
-    const R b = GeluBackwardV(LdBf16(x + i + L, L), LdBf16(dy + i + L, L));
-    StBf16(dx + i, a, L);
-    StBf16(dx + i + L, b, L);
-  }
-  for (; i + L <= n; i += L) {
-    StBf16(dx + i, GeluBackwardV(LdBf16(x + i, L), LdBf16(dy + i, L)), L);
-  }
-  if (i < n) StBf16(dx + i, GeluBackwardV(LdBf16(x + i, n - i), LdBf16(dy + i, n - i)), n - i);
-}
+#include "runtime/ops/cpu/simd_bf16_loops.inc"
 
 }  // namespace avx2
 #pragma GCC pop_options
