@@ -287,6 +287,19 @@ void BM_OpCast(benchmark::State& state) {
 }
 BENCHMARK(BM_OpCast)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// y += x with an f32 x into an f32 (0) or bf16 (1) y: the model's flush of
+// its f32 gradient sinks into a 16-bit full gradient, 4M elements.
+void BM_OpAxpy(benchmark::State& state) {
+  const ops::OpContext ctx = ops::HostContext();
+  const int64_t n = int64_t{1} << 22;
+  const DType yt = state.range(0) ? DType::kBF16 : DType::kF32;
+  Tensor x = HostF32(n, 1e-3f);
+  Tensor y = *HostAllocator::Default().Empty(yt, Shape{n});
+  CHECK(ops::Fill(ctx, y, 1.0f).ok());
+  RunOp(state, ops::AxpyCost(n, DType::kF32, yt), [&] { return ops::Axpy(ctx, 1.0f, x, y); });
+}
+BENCHMARK(BM_OpAxpy)->Arg(0)->Arg(1)->ArgName("bf16")->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // One training step (forward + backward + SGD) of a named model on a
 // synthetic batch: tokens/s and model-FLOPs utilisation. MFU counts model
 // FLOPs only; with checkpointing the recomputed forward is not credited.

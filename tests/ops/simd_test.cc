@@ -228,6 +228,42 @@ TEST(Simd, Bf16GeluIsWidenF32GeluNarrowBitForBit) {
   }
 }
 
+// The bf16 accumulation (a 16-bit gradient's flush) converts in registers;
+// it must give exactly the scalar widen-add-round, including NaN, overflow
+// to infinity, subnormal sums, cancellation to zero and every tail length.
+TEST(Simd, Bf16AccumulateIsWidenAddNarrowBitForBit) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> special = {std::nanf(""), inf, -inf, 3e38f, -3e38f, 1e-39f, -1e-39f,
+                                      0.0f, -0.0f, 1.0f, -1.0f, 1e-30f};
+  for (int64_t n : kLengths) {
+    std::vector<float> src = Random(n, 21, -4, 4), d0 = Random(n, 22, -4, 4);
+    for (int64_t i = 0; i < n && i < static_cast<int64_t>(special.size()); ++i) {
+      src[i] = special[i];
+      d0[n - 1 - i] = special[i];
+    }
+    if (n > 2) d0[1] = -inf;  // src[1] is inf: inf + -inf is NaN
+    std::vector<BF16> dst0(n);
+    NarrowToBf16(d0.data(), n, dst0.data());
+    std::vector<BF16> want(n);
+    for (int64_t i = 0; i < n; ++i) want[i] = FloatToBF16(BF16ToFloat(dst0[i]) + src[i]);
+    for (Isa isa : RunnableIsas()) {
+      OnIsa on(isa);
+      std::vector<BF16> got = dst0;
+      AccumulateBf16(src.data(), n, got.data());
+      // NaN plus NaN (n = 1) returns one operand's payload, and the
+      // compiler may order a scalar add either way: any NaN there.
+      auto is_nan = [](BF16 h) { return (h.bits & 0x7f80) == 0x7f80 && (h.bits & 0x007f) != 0; };
+      for (int64_t i = 0; i < n; ++i) {
+        if (is_nan(want[i])) {
+          ASSERT_TRUE(is_nan(got[i])) << IsaName(isa) << " n=" << n << " [" << i << "]";
+        } else {
+          ASSERT_EQ(got[i].bits, want[i].bits) << IsaName(isa) << " n=" << n << " [" << i << "]";
+        }
+      }
+    }
+  }
+}
+
 // Softmax over `valid` entries of a row: sums in lanes and a vector exp.
 TEST(Simd, SoftmaxRowsMatchDoubleReferenceAndZeroTheMaskedTail) {
   for (int64_t cols : kLengths) {

@@ -636,11 +636,9 @@ void AccumulateFromF32(const float* src, int64_t n, void* dst, DType t) {
     case DType::kF32:
       AddInPlace(static_cast<float*>(dst), src, n);
       return;
-    case DType::kBF16: {
-      BF16* d = static_cast<BF16*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = FloatToBF16(BF16ToFloat(d[i]) + src[i]);
+    case DType::kBF16:
+      simd::AccumulateBf16(src, n, static_cast<BF16*>(dst));
       return;
-    }
     case DType::kF16: {
       F16* d = static_cast<F16*>(dst);
       for (int64_t i = 0; i < n; ++i) d[i] = FloatToF16(F16ToFloat(d[i]) + src[i]);

@@ -251,6 +251,9 @@ void WidenBf16(const uint16_t* src, int64_t n, float* dst) {
 void NarrowBf16(const float* src, int64_t n, uint16_t* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBF16(src[i]).bits;
 }
+void AccumulateBf16(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBF16(BF16ToFloat(BF16{dst[i]}) + src[i]).bits;
+}
 
 void GeluForward(const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = nn_math::GeluTanh(x[i]);
@@ -465,6 +468,10 @@ void WidenBf16(const BF16* src, int64_t n, float* dst) {
 }
 void NarrowToBf16(const float* src, int64_t n, BF16* dst) {
   SK_SIMD_DISPATCH(NarrowBf16, src, n, reinterpret_cast<uint16_t*>(dst));
+}
+
+void AccumulateBf16(const float* src, int64_t n, BF16* dst) {
+  SK_SIMD_DISPATCH(AccumulateBf16, src, n, reinterpret_cast<uint16_t*>(dst));
 }
 
 #undef SK_SIMD_DISPATCH

@@ -111,6 +111,11 @@ void NarrowToBf16(const float* src, int64_t n, BF16* dst);
 void GeluForwardBf16(const BF16* x, int64_t n, BF16* y);
 void GeluBackwardBf16(const BF16* x, const BF16* dy, int64_t n, BF16* dx);
 
+// dst[i] = round(dst[i] + src[i]) for a bf16 dst: exactly WidenBf16, an f32
+// add and NarrowToBf16, with the conversions in registers (the model's
+// flush of its f32 gradient sinks into a 16-bit full gradient).
+void AccumulateBf16(const float* src, int64_t n, BF16* dst);
+
 }  // namespace sk::simd
 
 #endif  // SHARDKIT_RUNTIME_OPS_CPU_SIMD_H_
