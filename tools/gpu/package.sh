@@ -147,8 +147,12 @@ done
 loader=$(ldd "${binaries[0]}" | awk '/ld-linux/ {print ($3 ? $3 : $1)}' | head -1)
 cp -L "$loader" "$PKG/lib/ld-linux-x86-64.so.2"
 
-cp tools/gpu/run.sh tools/gpu/extra.sh tools/gpu/libpath.sh tools/gpu/report.py "$PKG/"
-chmod +x "$PKG/run.sh" "$PKG/extra.sh"
+cp tools/gpu/run.sh tools/gpu/extra.sh tools/gpu/libpath.sh tools/gpu/report.py \
+  tools/gpu/torch_compare.sh "$PKG/"
+chmod +x "$PKG/run.sh" "$PKG/extra.sh" "$PKG/torch_compare.sh"
+# The optional PyTorch comparison, for a host whose Python has torch
+# (torch_compare.sh runs it against lib/libshardkit.so).
+cp benchmarks/torch_compare/compare.py "$PKG/extra/compare.py"
 {
   echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
   echo "built: $(date -u +%FT%TZ) on $(uname -n) with $(/usr/local/cuda/bin/nvcc --version | tail -1)"
