@@ -21,7 +21,8 @@
 DEFINE_string(model, "", "model config name (t5-611m, t5-2.28b, t5-11b, gpt-175b, ...)");
 DEFINE_int32(gpus, 8, "GPUs in the simulated cluster");
 DEFINE_int32(gpus_per_node, 8, "GPUs per node");
-DEFINE_string(profile, "a100-80g", "hardware profile: a100-80g, h100-80g, cpu-local, or a .json path");
+DEFINE_string(profile, "a100-80g",
+              "hardware profile: a100-80g, h100-80g, h200-141g, cpu-local, or a .json path");
 DEFINE_int64(batch, 1, "sequences per GPU per step");
 DEFINE_int64(seq_len, 0, "decoder sequence length (0 = the model's)");
 DEFINE_int64(source_len, 0, "encoder sequence length (0 = the model's)");

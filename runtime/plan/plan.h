@@ -125,7 +125,7 @@ struct PlanRequest {
   // A name from ModelConfigs() ("t5-11b", "gpt-175b", ...).
   std::string model;
   // The simulated cluster: GPUs in all, GPUs per node, and the hardware
-  // profile (runtime/sim/profiles: "a100-80g", "h100-80g", "cpu-local", or a
+  // profile (runtime/sim/profiles: "a100-80g", "h100-80g", "h200-141g", "cpu-local", or a
   // path ending in .json).
   int gpus = 8;
   int gpus_per_node = 8;

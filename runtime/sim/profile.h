@@ -134,7 +134,7 @@ StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view or
 // Reads and parses the file at `path`. NotFound if it cannot be read;
 // InvalidArgument for malformed JSON (with the parser's message) or content.
 StatusOr<SimProfile> LoadProfileFile(const std::string& path);
-// A profile by name: one compiled into the library ("a100-80g", "h100-80g",
+// A profile by name: one compiled into the library ("a100-80g", "h100-80g", "h200-141g",
 // "cpu-local"), or, when `name_or_path` ends in ".json", that file.
 // NotFound listing the built-in names otherwise.
 StatusOr<SimProfile> LoadProfile(std::string_view name_or_path);

@@ -48,7 +48,7 @@ struct DeviceOptions {
   // bytes. cuda: InvalidArgument (set CUDA_LAUNCH_BLOCKING=1 instead).
   bool launch_blocking = false;
   // --- kSim only (ignored otherwise) ---
-  // A built-in profile name ("a100-80g", "h100-80g", "cpu-local") or the
+  // A built-in profile name ("a100-80g", "h100-80g", "h200-141g", "cpu-local") or the
   // path of a profile file ending in .json (runtime/sim/profile.h).
   std::string sim_profile = "a100-80g";
   // Ranks of the simulated cluster when the caller passes no process group

@@ -72,13 +72,47 @@ TEST(ProfileTest, HostSectionIsOptionalAndSourced) {
   Status s = ParseProfile(doc, "test").status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("host.vector_tflops"), std::string::npos) << s;
-  for (const char* name : {"a100-80g", "h100-80g"}) {
+  for (const char* name : {"a100-80g", "h100-80g", "h200-141g"}) {
     StatusOr<SimProfile> b = LoadProfile(name);
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_TRUE(b->host.has_value()) << name;
     EXPECT_EQ(b->device.host_memory_bytes, size_t{256} << 30) << name;  // 2 TiB over 8 GPUs
   }
   EXPECT_FALSE(LoadProfile("cpu-local")->host.has_value());
+}
+
+// h200-141g is h100-80g's GH100 with 141 GB of HBM3e at 4.8 TB/s: the same
+// compute, network and host; only device memory and its bandwidth differ.
+TEST(ProfileTest, H200IsTheH100ChipWithMoreAndFasterMemory) {
+  StatusOr<SimProfile> h100 = LoadProfile("h100-80g");
+  StatusOr<SimProfile> h200 = LoadProfile("h200-141g");
+  ASSERT_TRUE(h100.ok()) << h100.status();
+  ASSERT_TRUE(h200.ok()) << h200.status();
+  EXPECT_EQ(h200->name, "h200-141g");
+  EXPECT_EQ(h200->device.memory_bytes, size_t{143771} << 20);  // nvidia-smi on an H200
+  EXPECT_DOUBLE_EQ(h200->compute.memory_bandwidth / h100->compute.memory_bandwidth, 4800.0 / 3350.0);
+  EXPECT_EQ(h200->compute.sm_count, h100->compute.sm_count);
+  EXPECT_EQ(h200->compute.gemm_peak_flops, h100->compute.gemm_peak_flops);
+  EXPECT_DOUBLE_EQ(h200->compute.gemm_efficiency, h100->compute.gemm_efficiency);
+  EXPECT_DOUBLE_EQ(h200->compute.vector_flops, h100->compute.vector_flops);
+  EXPECT_EQ(h200->device.host_memory_bytes, h100->device.host_memory_bytes);
+  ASSERT_TRUE(h200->host.has_value() && h100->host.has_value());
+  EXPECT_DOUBLE_EQ(h200->host->memory_bandwidth, h100->host->memory_bandwidth);
+  // The network section differs only in its sources' wording.
+  auto values = [](const nlohmann::json& j) {
+    nlohmann::json flat = j.flatten();
+    for (auto it = flat.begin(); it != flat.end();) {
+      const std::string& k = it.key();
+      const bool source = k.size() >= 7 && k.compare(k.size() - 7, 7, "/source") == 0;
+      if (source || k == "/note") {
+        it = flat.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return flat;
+  };
+  EXPECT_EQ(values(h200->network), values(h100->network));
 }
 
 TEST(ProfileTest, EveryNumberNeedsASource) {

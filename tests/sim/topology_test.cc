@@ -32,7 +32,7 @@ NetworkProfile A100() {
 }
 
 TEST(NetworkProfile, CheckedInProfilesParseWithASourceForEveryNumber) {
-  for (const char* name : {"a100-80g", "h100-80g"}) {
+  for (const char* name : {"a100-80g", "h100-80g", "h200-141g"}) {
     auto p = ParseNetworkProfile(NetworkSection(name));
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->gpus_per_node, 8);

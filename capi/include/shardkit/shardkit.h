@@ -411,7 +411,7 @@ typedef struct sk_device_options {
    * cuda:(rank modulo the visible GPUs), sim:0). */
   int32_t use_index;
   int32_t index;
-  /* SIM only: a built-in profile ("a100-80g", "h100-80g", "cpu-local") or
+  /* SIM only: a built-in profile ("a100-80g", "h100-80g", "h200-141g", "cpu-local") or
    * the path of a .json profile; NULL = "a100-80g". */
   const char* sim_profile;
   int32_t sim_world_size;    /* SIM: ranks of the simulated cluster; 0 = 1 */
@@ -717,7 +717,7 @@ typedef struct sk_plan_request {
   size_t struct_size;
   const char* model;         /* a named config ("t5-11b", "gpt-175b") or a unit-table
                                 .json path; required */
-  const char* profile;       /* "a100-80g", "h100-80g", "cpu-local" or a .json path;
+  const char* profile;       /* "a100-80g", "h100-80g", "h200-141g", "cpu-local" or a .json path;
                                 NULL = "a100-80g" */
   int32_t gpus;              /* GPUs in the simulated cluster; 0 = 8 */
   int32_t gpus_per_node;     /* 0 = 8 */

@@ -494,7 +494,7 @@ pub enum Device {
     Cuda { index: Option<i32> },
     /// The simulator (docs/simulator.md): one simulated rank stands for a
     /// cluster of `world_size` GPUs (0 = 1) of hardware `profile` (a built-in
-    /// name, "a100-80g", "h100-80g", "cpu-local", or a .json path), with
+    /// name, "a100-80g", "h100-80g", "h200-141g", "cpu-local", or a .json path), with
     /// `gpus_per_node` per node (0 = the profile's). Tensors hold no data:
     /// losses and norms are NaN and `StepMetrics::simulated` is set. Create
     /// trainers and engines on it with [`Trainer::simulated`] and
