@@ -1,7 +1,8 @@
 // Training steps on a GPU through Trainer (the code every frontend runs):
 // step time, model TFLOP/s, MFU against the device's dense bf16 peak, peak
 // memory, and the simulator's prediction for the same configuration with the
-// h100-80g profile (predicted / measured), for
+// profile SK_GPU_TRAIN_SIM_PROFILE names (default h100-80g; tools/gpu/run.sh
+// picks h200-141g on an H200), as predicted / measured, for
 //
 //   - gpt-150m and gpt-1.3b (GPT-3 XL's shape) on one GPU, bf16 mixed
 //     precision, FULL_SHARD versus DDP (world 1: the same arithmetic, FSDP's
@@ -83,15 +84,21 @@ TrainerOptions OptionsFor(const Row& row) {
   return o;
 }
 
-// The simulator's h100-80g prediction of the same step (world 1 only: the
-// simulator models one GPU per rank, not ranks sharing one).
+// The simulated card: SK_GPU_TRAIN_SIM_PROFILE, default h100-80g.
+std::string SimProfileName() {
+  const char* env = std::getenv("SK_GPU_TRAIN_SIM_PROFILE");
+  return env != nullptr && *env != '\0' ? env : "h100-80g";
+}
+
+// The simulator's prediction of the same step on SimProfileName() (world 1
+// only: the simulator models one GPU per rank, not ranks sharing one).
 double Predict(const Row& row, std::string* error) {
   if (row.world != 1) return NAN;
   SimRunOptions s;
   s.trainer = OptionsFor(row);
   s.trainer.device = DeviceOptions{};
   s.trainer.device.kind = DeviceKind::kSim;
-  s.trainer.device.sim_profile = "h100-80g";
+  s.trainer.device.sim_profile = SimProfileName();
   s.trainer.device.sim_world_size = 1;
   s.trainer.device.sim_gpus_per_node = 1;
   s.warmup_steps = 1;
@@ -171,7 +178,7 @@ void BM_Train(benchmark::State& state, Row row) {
     state.counters["peak_reserved_GiB"] = peak_reserved / (1 << 30);
     state.counters["loss"] = loss;
     if (!std::isnan(predicted)) {
-      state.counters["sim_h100_s"] = predicted;
+      state.counters["sim_s"] = predicted;  // on the label's sim profile
       state.counters["sim_over_meas"] = predicted / median;
     }
   }
@@ -183,6 +190,7 @@ void BM_Train(benchmark::State& state, Row row) {
                            : "") +
                       (row.checkpointing ? " ckpt" : "") + (row.offload ? " cpu-offload" : "") +
                       " batch " + std::to_string(row.batch);
+  if (row.world == 1) label += " sim " + SimProfileName();
   if (!sim_error.empty()) label += " (sim: " + sim_error + ")";
   state.SetLabel(label);
   comm::RunRankThreads(row.world, [&](int r) {

@@ -49,6 +49,17 @@ fi
 } > "$OUT/environment.txt" 2>&1
 cp "$PKG/MANIFEST" "$OUT/MANIFEST" 2>/dev/null
 
+# gpu_train's simulator column prices the same step on the profile of the
+# card it runs on (an explicit SK_GPU_TRAIN_SIM_PROFILE wins; other cards:
+# gpu_train's default, h100-80g).
+if [[ -z "${SK_GPU_TRAIN_SIM_PROFILE:-}" ]] && command -v nvidia-smi >/dev/null; then
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H200*) export SK_GPU_TRAIN_SIM_PROFILE=h200-141g ;;
+    *H100*) export SK_GPU_TRAIN_SIM_PROFILE=h100-80g ;;
+    *A100*80GB*) export SK_GPU_TRAIN_SIM_PROFILE=a100-80g ;;
+  esac
+fi
+
 # Runs "$@" with its output in $LOG, killed after $TEST_TIMEOUT seconds; a
 # program still running then gets its threads' stacks appended to $LOG first
 # (cuda-gdb, on the GPU machine, attaches to programs without GPU code too),
