@@ -205,7 +205,17 @@ bool FullyShardedModel::ReshardAfterForward() const {
          options_.strategy == ShardingStrategy::kHybridShard;
 }
 
-DType FullyShardedModel::GradDType() const { return options_.mixed_precision.param_dtype; }
+DType FullyShardedModel::FullGradDType() const {
+  const DType pd = options_.mixed_precision.param_dtype;
+  return options_.f32_unsharded_gradients && pd != DType::kF32 && gradient_sync_ &&
+                 !ParamsPersistent()
+             ? DType::kF32
+             : pd;
+}
+
+DType FullyShardedModel::ReduceDType() const {
+  return options_.mixed_precision.reduce_dtype.value_or(options_.mixed_precision.param_dtype);
+}
 
 Status FullyShardedModel::Init() {
   const int n = world_->size();
@@ -285,7 +295,7 @@ Status FullyShardedModel::Init() {
   if (options_.cpu_offload) {
     int64_t largest = 0;
     for (const FlatUnit& f : flat_) largest = std::max(largest, f.layout.shard_numel());
-    const DType rdt = options_.mixed_precision.reduce_dtype.value_or(GradDType());
+    const DType rdt = ReduceDType();
     SK_ASSIGN_OR_RETURN(grad_staging_, offload_->Empty(rdt, Shape{largest}));
   }
   if (ParamsPersistent()) {
@@ -573,14 +583,15 @@ StatusOr<UnitBackwardBuffers> FullyShardedModel::PreBackward(int unit) {
   StatusOr<std::vector<Tensor>> views = WaitAndViews(unit, f.full);
   if (!views.ok()) return Fail(views.status());
   buffers.params = std::move(*views);
-  const DType gdt = GradDType();
   if (!f.full_grad.defined()) {
-    StatusOr<Tensor> g = activation_allocator_->Empty(gdt, Shape{f.layout.padded_numel()});
+    StatusOr<Tensor> g = activation_allocator_->Empty(FullGradDType(), Shape{f.layout.padded_numel()});
     if (!g.ok()) return Fail(g.status());
     Status z = ops::Fill(compute_ctx_, *g, 0.f);
     if (!z.ok()) return Fail(z);
     f.full_grad = std::move(*g);
   }
+  // A full gradient kept from a no_sync backward keeps its dtype.
+  const DType gdt = f.full_grad.dtype();
   for (const auto& p : f.layout.params()) {
     StatusOr<Tensor> v = f.full_grad.View(static_cast<size_t>(p.offset) * DTypeSize(gdt), gdt, p.shape);
     if (!v.ok()) return Fail(v.status());
@@ -603,14 +614,15 @@ Status FullyShardedModel::PostBackward(int unit) {
     }
   }
   if (gradient_sync_) {
-    // The reduce stream reads the gradients the compute stream is producing.
-    Status w = WaitForCompute(*rs_stream_);
-    if (!w.ok()) return Fail(w);
     // At most one reduction in flight: the previous unit's reduce-scatter
     // overlapped this unit's gradient compute; waiting for it here bounds the
     // full gradients alive to two (this unit's and the one being reduced), so
-    // a slow reduce stream cannot pile them up.
+    // a slow reduce stream cannot pile them up. Before the narrowing below,
+    // so that its copy is not alive beside the previous reduction's buffers.
     Status s = WaitPendingReductionWork();
+    if (s.ok()) s = NarrowFullGradient(unit);
+    // The reduce stream reads the gradients the compute stream has produced.
+    if (s.ok()) s = WaitForCompute(*rs_stream_);
     if (s.ok()) s = ReduceGradients(unit);
     if (!s.ok()) return Fail(s);
   }
@@ -634,10 +646,23 @@ Status FullyShardedModel::WaitPendingReductionWork() {
   return OkStatus();
 }
 
+Status FullyShardedModel::NarrowFullGradient(int unit) {
+  FlatUnit& f = flat_[unit];
+  const DType rdt = ReduceDType();
+  if (!f.full_grad.defined() || f.full_grad.dtype() != DType::kF32 || rdt == DType::kF32 ||
+      ParamsPersistent()) {
+    return OkStatus();
+  }
+  SK_ASSIGN_OR_RETURN(Tensor narrow, activation_allocator_->Empty(rdt, f.full_grad.shape()));
+  SK_RETURN_IF_ERROR(ops::Cast(compute_ctx_, f.full_grad, narrow));
+  f.full_grad = std::move(narrow);  // the f32 gradient is free for the next unit
+  return OkStatus();
+}
+
 Status FullyShardedModel::ReduceGradients(int unit) {
   FlatUnit& f = flat_[unit];
-  const DType gdt = GradDType();
-  const DType rdt = options_.mixed_precision.reduce_dtype.value_or(gdt);
+  const DType gdt = f.full_grad.dtype();
+  const DType rdt = ReduceDType();
   const int64_t shard = f.layout.shard_numel();
   const int64_t padded = f.layout.padded_numel();
   Tensor full_grad = f.full_grad;

@@ -79,8 +79,19 @@
 // copies: the same code path, with f32 results bit-identical to no offload.
 //
 // Mixed precision. param_dtype is what the model computes in (the gathered
-// flat parameter's dtype); reduce_dtype is what gradients are communicated in;
-// master shards, gradient shards and optimizer state are always f32.
+// flat parameter's dtype); reduce_dtype is what gradients are communicated in
+// (default: param_dtype); master shards, gradient shards and optimizer state
+// are always f32. With f32_unsharded_gradients (the Trainer's setting), a
+// unit's unsharded gradient is f32 when it is reduced right after its
+// backward (a 16-bit param_dtype, gradient sync on, a strategy that frees
+// it: FULL_SHARD, SHARD_GRAD_OP, the hybrids): the model accumulates
+// into it directly, and PostBackward rounds it once into reduce_dtype on the
+// compute stream and frees it before the reduction is issued. Otherwise
+// (the option off, persistent full gradients, no_sync accumulation) it is in
+// param_dtype, and the Trainer's model accumulates each backward in f32 sinks
+// it rounds into it (runtime/nn UnitGrads). Both round each backward's sum
+// once, to the same bits; the f32 form needs 4 bytes per element of the unit
+// during its backward instead of 2 + 4, and no zeroing and flush of sinks.
 // Gradients are pre-divided by a factor p and post-divided by N/p (p chosen
 // as PyTorch does: the largest power of two with p * p < N dividing N) so
 // low-precision sums do not overflow.
@@ -175,6 +186,12 @@ struct FsdpOptions {
   uint64_t seed = 0;
   // Timeout of every collective and wait.
   Duration timeout = kDefaultTimeout;
+  // With a 16-bit param_dtype: hand the model f32 unsharded gradient buffers
+  // for units reduced right after their backward (see "Mixed precision"
+  // above). Off, gradient buffers are in param_dtype, the C ABI engine's
+  // documented contract (sk_engine_grad); the Trainer, whose model
+  // accumulates 16-bit gradients in f32 anyway, turns it on.
+  bool f32_unsharded_gradients = false;
 };
 
 // InvalidArgument naming the field.
@@ -325,7 +342,13 @@ class FullyShardedModel final : public DataParallelModel {
   Status Init();
   bool ParamsPersistent() const;   // SHARD_OPTIM, NO_SHARD: full params never freed
   bool ReshardAfterForward() const;
-  DType GradDType() const;
+  // The dtype of `unit`'s unsharded gradient when PreBackward allocates it
+  // (see "Mixed precision" above), and the dtype gradients are reduced in.
+  DType FullGradDType() const;
+  DType ReduceDType() const;
+  // With an f32 full gradient and a 16-bit reduce dtype: rounds it into a
+  // reduce-dtype copy on the compute stream and drops the f32 one.
+  Status NarrowFullGradient(int unit);
   Status Expect(int unit, UnitState want, const char* call) const;
   Status CheckUnit(int unit, const char* call) const;
   // Issues the all-gather of `unit` unless it is gathered or in flight.

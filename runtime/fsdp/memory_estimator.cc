@@ -126,9 +126,12 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
       std::sort(sorted.rbegin(), sorted.rend());
       for (int i = 0; i < alive; ++i) params_alive += Blocks(sorted[i] * pd);
     }
-    // Two full gradients (the unit computing, in param_dtype, and the one
-    // reducing, in the reduce dtype) and the reduction's shard.
-    e.unsharded_bytes = params_alive + Blocks(largest * pd) + Blocks(largest * rd) + reducing;
+    // Two full gradients (the unit computing, in f32 for any param_dtype: the
+    // Trainer sets FsdpOptions::f32_unsharded_gradients, whatever the
+    // request's options say; and the one reducing, in the reduce
+    // dtype, which PostBackward rounds the f32 one into after the previous
+    // reduction has finished) and the reduction's shard.
+    e.unsharded_bytes = params_alive + F32(largest) + Blocks(largest * rd) + reducing;
     // CPU offload with a 16-bit param_dtype: an all-gather copies the host's
     // f32 master shard into a device buffer of the shard's size, then casts
     // it into the gathered buffer (FullyShardedModel::CopyMasterIn); that
@@ -140,9 +143,10 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   } else {
     e.unsharded_bytes = reducing;
   }
-  // A 16-bit full gradient is accumulated by the model through f32 sinks of
-  // the unit's size (runtime/nn UnitGrads), alive during that unit's backward.
-  if (pd != 4) e.unsharded_bytes += F32(largest);
+  // A 16-bit (persistent) full gradient is accumulated by the model through
+  // f32 sinks of the unit's size (runtime/nn UnitGrads), alive during that
+  // unit's backward.
+  if (persistent && pd != 4) e.unsharded_bytes += F32(largest);
   // The model counts its own activations and temporaries (runtime/nn).
   e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te);
   e.peak_bytes = e.master_bytes + e.grad_shard_bytes + e.optimizer_bytes + e.persistent_bytes +

@@ -1,5 +1,6 @@
 // Memory estimator: the peak bytes one rank's device allocator will hold in a
-// training step, predicted from the model, strategy, world size, dtypes,
+// Trainer's training step (runtime/train: FSDP with f32 unsharded gradients),
+// predicted from the model, strategy, world size, dtypes,
 // optimizer and batch, without running anything.
 //
 //   peak = model states (master shards, gradient shards, optimizer state,

@@ -285,8 +285,12 @@ Status Trainer::Init() {
     if (options_.fsdp.cpu_offload) {
       SK_ASSIGN_OR_RETURN(offload_, CreateOffloadHost(device_));
     }
+    // The model accumulates 16-bit gradients in f32: let it do so in FSDP's
+    // unsharded gradient itself (fsdp.h, "Mixed precision").
+    FsdpOptions fo = options_.fsdp;
+    fo.f32_unsharded_gradients = true;
     SK_ASSIGN_OR_RETURN(fsdp_, FullyShardedModel::Create(model_->units(), world_, allocator_.get(),
-                                                         options_.fsdp,
+                                                         fo,
                                                          offload_ ? offload_->shards : nullptr,
                                                          offload_ ? offload_->stream : nullptr));
     engine_ = fsdp_.get();
