@@ -90,8 +90,11 @@
 // (the option off, persistent full gradients, no_sync accumulation) it is in
 // param_dtype, and the Trainer's model accumulates each backward in f32 sinks
 // it rounds into it (runtime/nn UnitGrads). Both round each backward's sum
-// once, to the same bits; the f32 form needs 4 bytes per element of the unit
-// during its backward instead of 2 + 4, and no zeroing and flush of sinks.
+// once, to the same bits, when reduce_dtype is 16-bit; with reduce_dtype f32
+// the f32 form reduces the sum unrounded (the other rounds it to param_dtype
+// and widens it back). The f32 form needs 4 bytes per element of the unit
+// during its backward instead of 2 + 4, and no zeroing and flush of sinks
+// (tests/fsdp/fsdp_equivalence_test.cc, F32UnshardedGradientsTest).
 // Gradients are pre-divided by a factor p and post-divided by N/p (p chosen
 // as PyTorch does: the largest power of two with p * p < N dividing N) so
 // low-precision sums do not overflow.
