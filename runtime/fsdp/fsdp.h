@@ -84,16 +84,18 @@
 // are always f32. With f32_unsharded_gradients (the Trainer's setting), a
 // unit's unsharded gradient is f32 when it is reduced right after its
 // backward (a 16-bit param_dtype, gradient sync on, a strategy that frees
-// it: FULL_SHARD, SHARD_GRAD_OP, the hybrids): the model accumulates
-// into it directly, and PostBackward rounds it once into reduce_dtype on the
-// compute stream and frees it before the reduction is issued. Otherwise
-// (the option off, persistent full gradients, no_sync accumulation) it is in
-// param_dtype, and the Trainer's model accumulates each backward in f32 sinks
-// it rounds into it (runtime/nn UnitGrads). Both round each backward's sum
-// once, to the same bits, when reduce_dtype is 16-bit; with reduce_dtype f32
-// the f32 form reduces the sum unrounded (the other rounds it to param_dtype
-// and widens it back). The f32 form needs 4 bytes per element of the unit
-// during its backward instead of 2 + 4, and no zeroing and flush of sinks
+// it: FULL_SHARD, SHARD_GRAD_OP, the hybrids): the model accumulates into it
+// directly. Otherwise (the option off, persistent full gradients, no_sync
+// accumulation) it is in param_dtype, and the Trainer's model accumulates
+// each backward in f32 sinks it rounds into it (runtime/nn UnitGrads). Any
+// f32 gradient of a unit that frees it (so also an f32 param_dtype's) with
+// a 16-bit reduce_dtype is rounded once into reduce_dtype by PostBackward on
+// the compute stream and freed before the reduction is issued. Both forms
+// round each backward's sum once, to the same bits, when reduce_dtype is
+// 16-bit; with reduce_dtype f32 the f32 form reduces the sum unrounded (the
+// other rounds it to param_dtype and widens it back). The f32 form needs 4
+// bytes per element of the unit during its backward instead of 2 + 4, and
+// no zeroing and flush of sinks
 // (tests/fsdp/fsdp_equivalence_test.cc, F32UnshardedGradientsTest).
 // Gradients are pre-divided by a factor p and post-divided by N/p (p chosen
 // as PyTorch does: the largest power of two with p * p < N dividing N) so

@@ -67,6 +67,16 @@ constexpr int kSteps = 5;
 constexpr int kRowsPerRank = 2;
 constexpr uint64_t kSeed = 1234;
 
+// The options every run here shares: the strategy, the seed and a timeout.
+FsdpOptions Options(ShardingStrategy strategy, int shard_group) {
+  FsdpOptions o;
+  o.strategy = strategy;
+  o.shard_group_size = shard_group;
+  o.seed = kSeed;
+  o.timeout = Duration(60'000);
+  return o;
+}
+
 TEST_P(FsdpEquivalenceTest, LossesAndParametersMatchOneUnshardedRank) {
   const Case c = GetParam();
   auto model = *GptModel::Create(testing::TinyGpt());
@@ -78,11 +88,7 @@ TEST_P(FsdpEquivalenceTest, LossesAndParametersMatchOneUnshardedRank) {
   auto run = c.gloo ? RunGlooRanks : testing::RunRanks;
   run(c.world, [&](int rank, comm::ProcessGroup* world) {
     CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
-    FsdpOptions o;
-    o.strategy = c.strategy;
-    o.shard_group_size = c.shard_group;
-    o.seed = kSeed;
-    o.timeout = Duration(60'000);
+    FsdpOptions o = Options(c.strategy, c.shard_group);
     o.cpu_offload = c.offload;
     auto fsdp = FullyShardedModel::Create(model->units(), world, &alloc, o);
     ASSERT_TRUE(fsdp.ok()) << fsdp.status();
@@ -172,11 +178,7 @@ TEST_P(F32UnshardedGradientsTest, SameBitsAsParamDtypeGradients) {
     std::mutex mu;
     testing::RunRanks(c.world, [&](int rank, comm::ProcessGroup* world) {
       CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
-      FsdpOptions o;
-      o.strategy = c.strategy;
-      o.shard_group_size = c.shard_group;
-      o.seed = kSeed;
-      o.timeout = Duration(60'000);
+      FsdpOptions o = Options(c.strategy, c.shard_group);
       o.mixed_precision.param_dtype = DType::kBF16;
       if (c.reduce_f32) o.mixed_precision.reduce_dtype = DType::kF32;
       o.f32_unsharded_gradients = f32_grads;

@@ -199,10 +199,6 @@ void ExecuteMatmul(const MatmulKey& key, const BF16* a, const BF16* b, void* c) 
   if (sm != nullptr) SK_DNNL_CHECK(dnnl_memory_destroy(sm));
 }
 
-}  // namespace
-
-namespace {
-
 // Both GemmBF16s: C of element type Out (f32 or bf16).
 template <typename Out>
 void GemmBF16Into(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
