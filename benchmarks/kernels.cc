@@ -238,24 +238,34 @@ BENCHMARK(BM_OpGelu)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 
+// dtype: 0 f32; 1 bf16 operands on bf16 dot products (kernels.h:
+// AttentionForwardBF16; where NativeBf16Attention() is false it runs the
+// widened path as 2 does); 2 bf16 operands widened into f32 blocks (the path
+// before the bf16 kernels, and the one without AVX512-BF16).
 void BM_OpAttention(benchmark::State& state) {
   const ops::OpContext ctx = ops::HostContext();
+  const DType t = state.range(1) == 0 ? DType::kF32 : DType::kBF16;
+  const bool native = SetNativeBf16Attention(state.range(1) != 2);
   ops::AttentionShape s{kBatch, kHeads, kSeq, kSeq, kC / kHeads, true};
-  Tensor qkv = HostF32(kRows * 3 * kC, 0.01f), probs = HostF32(kBatch * kHeads * kSeq * kSeq),
-         att = HostF32(kRows * kC), dqkv = HostF32(kRows * 3 * kC);
+  Tensor qkv = Host(t, kRows * 3 * kC, 0.01f), probs = HostF32(kBatch * kHeads * kSeq * kSeq),
+         att = Host(t, kRows * kC), dqkv = Host(t, kRows * 3 * kC);
   ops::MatrixRef q{qkv, 0, 3 * kC}, k{qkv, kC, 3 * kC}, v{qkv, 2 * kC, 3 * kC};
   if (state.range(0) == 0) {
     RunOp(state, ops::AttentionForwardCost(kBatch, kHeads, kSeq, kSeq, kC / kHeads),
           [&] { return ops::AttentionForward(ctx, s, q, k, v, probs, {att, 0, kC}); });
-  } else {
-    if (!ops::AttentionForward(ctx, s, q, k, v, probs, {att, 0, kC}).ok()) return;
+  } else if (ops::AttentionForward(ctx, s, q, k, v, probs, {att, 0, kC}).ok()) {
     RunOp(state, ops::AttentionBackwardCost(kBatch, kHeads, kSeq, kSeq, kC / kHeads), [&] {
       return ops::AttentionBackward(ctx, s, q, k, v, probs, {att, 0, kC}, {dqkv, 0, 3 * kC},
                                     {dqkv, kC, 3 * kC}, {dqkv, 2 * kC, 3 * kC});
     });
   }
+  SetNativeBf16Attention(native);
 }
-BENCHMARK(BM_OpAttention)->Arg(0)->Arg(1)->ArgName("bwd")->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_OpAttention)
+    ->ArgsProduct({{0, 1}, {0, 1, 2}})
+    ->ArgNames({"bwd", "dtype"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 void BM_OpCrossEntropy(benchmark::State& state) {
   const ops::OpContext ctx = ops::HostContext();

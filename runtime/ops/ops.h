@@ -150,7 +150,10 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
 // cuda_backend.h); scores, the softmax, probs and dP stay f32. Each such
 // rounding moves a result by at most the unit roundoff times the sum of its
 // terms' magnitudes (//tests/ops:conformance_test bounds it). The CPU
-// backend computes 16-bit attention in f32 and rounds only the outputs.
+// backend rounds P (not the score gradients) in bf16 where the CPU has
+// AVX512-BF16 (its bf16 dot-product kernels: runtime/ops/cpu/kernels.h);
+// otherwise, and for f16, it computes 16-bit attention in f32 and rounds
+// only the outputs.
 Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                         const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                         const MatrixRef& out);

@@ -634,9 +634,11 @@ Vec Extract(const Vec& buf, int64_t rows, int64_t c, int64_t ld, int64_t col) {
 // (CUDA: tensor cores), rounding P before P V and P^T dO and dS before dS K
 // and dS^T Q (runtime/ops/cuda/cuda_backend.h); the reference bounds what
 // that rounding can add per element (AttnRef's *_err), on top of the f32
-// tolerances, and each 16-bit output's own rounding (ExpectWithin). A
-// backend that stages 16-bit attention through f32 (the CPU) adds nothing
-// and meets the same bound.
+// tolerances, and each 16-bit output's own rounding (ExpectWithin). The CPU
+// rounds P (not dS) in bf16 on AVX512-BF16 (its bf16 dot-product kernels,
+// which need an even head_dim: the shapes here have both); in f16, and in
+// bf16 without that hardware, it stages attention through f32, which adds
+// nothing; both meet the same bound.
 TEST_P(Conformance, Attention) {
   const AttentionShape shapes[] = {
       {1, 1, 1, 1, 1, true},   {2, 3, 7, 7, 5, true},  {2, 2, 13, 13, 3, false},
@@ -1338,7 +1340,8 @@ TEST(CpuBackend, ModelPassesOnSeveralThreadsKeepOneThreadsBits) {
 // sequences, or one sequence's heads cut into ranges when there are fewer
 // sequences than threads. Each unit runs the kernel as the whole call does,
 // so every split must give one thread's bits, forward and backward, for f32
-// and for 16-bit operands (those split by sequence only).
+// and for 16-bit operands (bf16 on bf16 dot products splits as f32 does;
+// operands widened to f32 split by sequence only).
 TEST(CpuBackend, AttentionOnSeveralThreadsKeepsOneThreadsBits) {
   auto dev = Device::Get(DeviceId::Cpu(0));
   ASSERT_TRUE(dev.ok());
@@ -1356,7 +1359,7 @@ TEST(CpuBackend, AttentionOnSeveralThreadsKeepsOneThreadsBits) {
       {{5, 4, 128, 128, 64, true}, DType::kF32},    // sequences in ranges (5 over 3 parts)
       {{3, 3, 96, 160, 48, false}, DType::kF32},    // cross attention, ragged lengths
       {{5, 4, 128, 128, 64, true}, DType::kBF16},   // 16-bit: sequence ranges
-      {{1, 6, 256, 256, 64, true}, DType::kBF16},   // 16-bit, one sequence: one part
+      {{1, 6, 256, 256, 64, true}, DType::kBF16},   // one sequence: heads (widened: one part)
   };
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.f, 1.f);

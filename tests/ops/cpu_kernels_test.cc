@@ -652,6 +652,122 @@ TEST(Kernels, AttentionMatchesExactReferenceOnAwkwardShapesStridesAndIsas) {
   }
 }
 
+// The bf16 attention kernels (bf16 dot products; kernels.h) against
+// AttentionExact on bf16 inputs: lengths that are no multiple of the query
+// block and odd (the VNNI pairs' zero padding), head dims from 2 to 80, cross
+// attention, fused strides with padding. Bound per element: the f32
+// tolerance of the f32 test, plus for out and dV what rounding P to bf16
+// may add (u16 times the magnitude, the sum of |P V| or |P dO|; dQ and dK
+// get no such term: dS stays f32), plus the output's own rounding
+// (u16 |want|). Outputs are pre-filled and must be
+// overwritten; padding must stay untouched. Where the kernels cannot run
+// (odd head_dim, an odd stride of the operand read in 32-bit pairs, or no
+// AVX512-BF16 here) they return false having written nothing.
+TEST(Kernels, Bf16AttentionRoundsOnlyPAndDsAndEachOutputOnce) {
+  struct Case {
+    AttentionShape s;
+    int64_t pad;  // extra columns per row of the fused buffers
+  };
+  const Case cases[] = {
+      {{3, 2, 70, 70, 24, true}, 6},  {{2, 3, 45, 45, 40, true}, 2},
+      {{2, 2, 37, 53, 80, false}, 4}, {{1, 2, 64, 64, 32, false}, 0},
+      {{2, 1, 33, 33, 2, true}, 2},   {{1, 3, 129, 129, 16, true}, 8},
+      {{1, 1, 1, 1, 2, true}, 2},     {{2, 2, 5, 17, 64, false}, 2},
+      // Declined: odd head_dim; odd stride (k and v read in 32-bit pairs).
+      {{1, 2, 9, 9, 3, true}, 2},     {{1, 2, 9, 9, 4, true}, 1},
+  };
+  const bool native = NativeBf16Attention();
+  const double u = std::ldexp(1.0, -24), u16 = std::ldexp(1.0, -8);
+  const uint16_t kSentinel = FloatToBF16(-1232.0f).bits;
+  uint32_t seed = 700;
+  for (const Case& cs : cases) {
+    const AttentionShape& s = cs.s;
+    const int64_t c = s.heads * s.head_dim, ld = 3 * c + cs.pad, ldo = c + cs.pad;
+    const int64_t nq = s.batch * s.q_len, nk = s.batch * s.kv_len;
+    auto rounded = [&](int64_t n) {
+      Vec x = Random(n, seed++);
+      for (double& e : x) e = BF16ToFloat(FloatToBF16(static_cast<float>(e)));
+      return x;
+    };
+    const Vec q = rounded(nq * c), k = rounded(nk * c), v = rounded(nk * c), dout = rounded(nq * c);
+    const bool runs = native && s.head_dim % 2 == 0 && ld % 2 == 0;
+    const std::string what = "B" + std::to_string(s.batch) + " H" + std::to_string(s.heads) +
+                             " Tq" + std::to_string(s.q_len) + " Tk" + std::to_string(s.kv_len) +
+                             " D" + std::to_string(s.head_dim) + " ld " + std::to_string(ld);
+    // q in columns [0, c) of an [nq, ld] buffer, k and v in [c, 2c) and
+    // [2c, 3c) of an [nk, ld] one, dout [nq, ldo]; the rest sentinels.
+    auto filled = [&](int64_t rows, int64_t stride) {
+      return std::vector<BF16>(static_cast<size_t>(rows * stride), BF16{kSentinel});
+    };
+    std::vector<BF16> qbuf = filled(nq, ld), kvbuf = filled(nk, ld), dobuf = filled(nq, ldo);
+    auto place = [](std::vector<BF16>& buf, int64_t stride, int64_t col, const Vec& x,
+                    int64_t rows, int64_t cols) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < cols; ++j) {
+          buf[r * stride + col + j] = FloatToBF16(static_cast<float>(x[r * cols + j]));
+        }
+      }
+    };
+    place(qbuf, ld, 0, q, nq, c);
+    place(kvbuf, ld, c, k, nk, c);
+    place(kvbuf, ld, 2 * c, v, nk, c);
+    place(dobuf, ldo, 0, dout, nq, c);
+    std::vector<float> probs(static_cast<size_t>(s.batch * s.heads * s.q_len * s.kv_len), 7.0f);
+    std::vector<BF16> out = filled(nq, ldo), dqbuf = filled(nq, ld), dkvbuf = filled(nk, ld);
+    ASSERT_EQ(AttentionForwardBF16(s, qbuf.data(), ld, kvbuf.data() + c, ld, kvbuf.data() + 2 * c,
+                                   ld, probs.data(), out.data(), ldo),
+              runs)
+        << what;
+    std::vector<float> scratch(static_cast<size_t>(s.q_len * s.kv_len));
+    ASSERT_EQ(AttentionBackwardBF16(s, qbuf.data(), ld, kvbuf.data() + c, ld, kvbuf.data() + 2 * c,
+                                    ld, probs.data(), dobuf.data(), ldo, dqbuf.data(), ld,
+                                    dkvbuf.data() + c, ld, dkvbuf.data() + 2 * c, ld,
+                                    scratch.data()),
+              runs)
+        << what;
+    if (!runs) {
+      for (const auto* buf : {&out, &dqbuf, &dkvbuf}) {
+        for (BF16 x : *buf) ASSERT_EQ(x.bits, kSentinel) << what << ": declined but wrote";
+      }
+      for (float p : probs) ASSERT_EQ(p, 7.0f) << what << ": declined but wrote probs";
+      continue;
+    }
+    const AttnExact want = AttentionExact(s, q, k, v, dout);
+    const double tol = 8 * static_cast<double>(s.kv_len + s.head_dim) * u;
+    for (size_t i = 0; i < probs.size(); ++i) {
+      if (want.probs[i] == 0.0) {
+        ASSERT_EQ(probs[i], 0.0f) << what << " masked probs[" << i << "]";
+      } else {
+        ASSERT_NEAR(probs[i], want.probs[i], tol * want.probs_mag[i]) << what << " probs[" << i << "]";
+      }
+    }
+    // Each output's columns against the bound; columns [first_pad,
+    // last_pad) of its buffer (padding) still sentinels.
+    auto check = [&](const char* name, const std::vector<BF16>& buf, int64_t stride, int64_t col,
+                     int64_t rows, const Vec& value, const Vec& mag, bool rounded_p,
+                     int64_t first_pad, int64_t last_pad) {
+      const double operand = rounded_p ? u16 : 0.0;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < c; ++j) {
+          const double w = value[r * c + j], m = mag[r * c + j];
+          const double bound = u16 * std::fabs(w) + (1 + u16) * (tol + operand) * m + 1e-30;
+          ASSERT_NEAR(BF16ToFloat(buf[r * stride + col + j]), w, bound)
+              << what << " " << name << "[" << r << "," << j << "]";
+        }
+        for (int64_t j = first_pad; j < last_pad; ++j) {
+          ASSERT_EQ(buf[r * stride + j].bits, kSentinel)
+              << what << " " << name << " padding [" << r << "," << j << "]";
+        }
+      }
+    };
+    check("out", out, ldo, 0, nq, want.out, want.out_mag, true, c, ldo);
+    check("dq", dqbuf, ld, 0, nq, want.dq, want.dq_mag, false, c, ld);
+    check("dk", dkvbuf, ld, c, nk, want.dk, want.dk_mag, false, 0, c);
+    check("dv", dkvbuf, ld, 2 * c, nk, want.dv, want.dv_mag, true, 3 * c, ld);
+  }
+  if (!native) GTEST_SKIP() << "no AVX512-BF16 here: only the declining cases ran";
+}
+
 // The kernels run on the calling thread only: results from several threads
 // at once (ranks are threads) are one thread's bits.
 TEST(Kernels, AttentionFromSeveralThreadsAtOnceGivesOneThreadsBits) {

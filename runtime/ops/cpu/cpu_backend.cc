@@ -1,6 +1,8 @@
 #include "runtime/ops/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <atomic>
+#include <initializer_list>
 #include <cmath>
 #include <cstring>
 #include <string_view>
@@ -174,6 +176,14 @@ float* UnitProbs(const Tensor& probs, const AttentionShape& s, const AttentionUn
 }
 
 bool IsF32(const Tensor& t) { return t.dtype() == DType::kF32; }
+bool AllBF16(std::initializer_list<const MatrixRef*> ms) {
+  return std::all_of(ms.begin(), ms.end(),
+                     [](const MatrixRef* m) { return m->t.dtype() == DType::kBF16; });
+}
+// Unit a's block of a bf16 attention operand, as UnitAt.
+BF16* UnitBF16(const MatrixRef& m, const AttentionUnit& a, int64_t len) {
+  return m.t.data_as<BF16>() + m.offset + a.b0 * len * m.ld + a.h0 * a.shape.head_dim;
+}
 
 // Element i of t's buffer, for any dtype.
 void* Elem(const Tensor& t, int64_t i) {
@@ -657,6 +667,22 @@ class CpuBackend final : public OpBackend {
       });
       return OkStatus();
     }
+    if (AllBF16({&q, &k, &v, &out}) && NativeBf16Attention()) {
+      // bf16 GEMM operands (kernels.h: AttentionForwardBF16), split as the
+      // f32 kernel; a shape the path declines (every unit alike) falls
+      // through to widening.
+      std::atomic<bool> declined{false};
+      const AttentionSplit split = SplitAttention(s, /*heads_may_split=*/true);
+      RunAttentionSplit(split, s, [&](int64_t, const AttentionUnit& a) {
+        const int64_t tq = s.q_len, tk = s.kv_len;
+        if (!sk::AttentionForwardBF16(a.shape, UnitBF16(q, a, tq), q.ld, UnitBF16(k, a, tk), k.ld,
+                                      UnitBF16(v, a, tk), v.ld, UnitProbs(probs, s, a),
+                                      UnitBF16(out, a, tq), out.ld)) {
+          declined = true;
+        }
+      });
+      if (!declined) return OkStatus();
+    }
     // One sequence at a time (the f32 kernel's outer loop), its 16-bit
     // operands widened into f32 blocks of the running thread's scratch;
     // ranges of sequences in parallel.
@@ -712,6 +738,21 @@ class CpuBackend final : public OpBackend {
                               UnitAt(dv, a, tk), dv.ld, score_scratch(p));
       });
       return OkStatus();
+    }
+    if (s.q_len > 0 && AllBF16({&q, &k, &v, &dout, &dq, &dk, &dv}) && NativeBf16Attention()) {
+      std::atomic<bool> declined{false};
+      const AttentionSplit split = SplitAttention(s, /*heads_may_split=*/true);
+      RunAttentionSplit(split, s, [&](int64_t p, const AttentionUnit& a) {
+        const int64_t tq = s.q_len, tk = s.kv_len;
+        if (!sk::AttentionBackwardBF16(a.shape, UnitBF16(q, a, tq), q.ld, UnitBF16(k, a, tk), k.ld,
+                                       UnitBF16(v, a, tk), v.ld, UnitProbs(probs, s, a),
+                                       UnitBF16(dout, a, tq), dout.ld, UnitBF16(dq, a, tq), dq.ld,
+                                       UnitBF16(dk, a, tk), dk.ld, UnitBF16(dv, a, tk), dv.ld,
+                                       score_scratch(p))) {
+          declined = true;
+        }
+      });
+      if (!declined) return OkStatus();
     }
     // One sequence at a time, as AttentionForward.
     AttentionShape one = s;

@@ -1,10 +1,12 @@
 #include "runtime/ops/cpu/kernels.h"
 
 #include <cblas.h>
+#include <immintrin.h>
 #include <libxsmm.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -548,6 +550,374 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
       JoinHeads(dvs, kv, g, d, dv + b * kv * lddv + col, lddv);
     }
   }
+}
+
+// ---- bf16 attention ----------------------------------------------------------
+
+namespace {
+
+// Row-major C[m, n] (f32) = A[m, k] B, or += when accumulate: A bf16
+// row-major (row stride lda), B bf16 in VNNI row pairs, element (kk, j) at
+// b[((kk / 2) * ldb + j) * 2 + kk % 2], k even. LIBXSMM's bf16 kernel for
+// the column-major C^T = B^T A^T, whose first operand B^T is then what
+// LIBXSMM calls a VNNI "A". ok() is false where LIBXSMM declines the shape.
+class SmallGemmBF16 {
+ public:
+  SmallGemmBF16(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+                bool accumulate) {
+    constexpr int64_t kMaxInt = std::numeric_limits<libxsmm_blasint>::max();
+    if (m <= 0 || n <= 0 || k <= 0 || k % 2 != 0 || std::max({m, n, k, lda, ldb, ldc}) > kMaxInt) {
+      return;
+    }
+    const libxsmm_blasint xm = static_cast<libxsmm_blasint>(n);
+    const libxsmm_blasint xn = static_cast<libxsmm_blasint>(m);
+    const libxsmm_blasint xk = static_cast<libxsmm_blasint>(k);
+    const libxsmm_blasint xlda = static_cast<libxsmm_blasint>(ldb);
+    const libxsmm_blasint xldb = static_cast<libxsmm_blasint>(lda);
+    const libxsmm_blasint xldc = static_cast<libxsmm_blasint>(ldc);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const int flags = LIBXSMM_GEMM_FLAG_VNNI_A;
+    const int prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
+    fn_ = libxsmm_bsmmdispatch(xm, xn, xk, &xlda, &xldb, &xldc, &alpha, &beta, &flags, &prefetch);
+  }
+
+  bool ok() const { return fn_ != nullptr; }
+  void operator()(const BF16* a, const BF16* b, float* c) const {
+    fn_(reinterpret_cast<const libxsmm_bfloat16*>(b), reinterpret_cast<const libxsmm_bfloat16*>(a),
+        c);
+  }
+
+ private:
+  libxsmm_bsmmfunction fn_ = nullptr;
+};
+
+int64_t RoundUpEven(int64_t n) { return n + (n & 1); }
+
+// TransposePairs reads 32-bit words: its source must be 4-byte aligned.
+bool Aligned4(const BF16* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
+
+const uint16_t* Bits(const BF16* p) { return reinterpret_cast<const uint16_t*>(p); }
+uint16_t* Bits(BF16* p) { return reinterpret_cast<uint16_t*>(p); }
+
+// The calling thread's bf16 scratch of at least n elements, one per slot.
+BF16* ThreadScratchBF16(int slot, int64_t n) {
+  thread_local std::vector<BF16> scratch[4];
+  std::vector<BF16>& b = scratch[slot];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+// The calling thread's f32 scratch beside ThreadScratch's, one per slot.
+float* ThreadScratchF32(int slot, int64_t n) {
+  thread_local std::vector<float> scratch[3];
+  std::vector<float>& b = scratch[slot];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+// The layout work around the bf16 GEMMs, in AVX-512 (BW, BF16) code: it
+// runs only where NativeBf16Attention() holds, and at head_dim 64 the
+// GEMMs do just 2 dot-product instructions per 16 elements of P, so
+// conversions and transposes written as scalar loops or LIBXSMM's generic
+// 16-bit transpose took about half of the backward's time.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+// GCC 12 reports the _mm512_undefined_epi32() inside its own intrinsics
+// (avx512fintrin.h) as uninitialised once they are inlined (as simd.cc).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// The first n lanes (none for n <= 0, all for n >= the lane count).
+__mmask32 Mask32(int64_t n) {
+  return n <= 0 ? __mmask32{0} : n >= 32 ? ~__mmask32{0} : (__mmask32{1} << n) - 1;
+}
+__mmask16 Mask16(int64_t n) {
+  return n <= 0 ? __mmask16{0} : n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+}
+
+// 16 f32 lanes of a and of b rounded to bf16 (vcvtne2ps2bf16: nearest even;
+// subnormal inputs and results become zero, as the dot-product instruction
+// reads them anyway): a's in elements 0-15, b's in 16-31.
+__m512i Bf16Of(__m512 a, __m512 b) { return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)); }
+
+// Index vectors for _mm512_permutex(2)var_epi16.
+__m512i Index16(int first, int step, int second_from) {
+  alignas(64) int16_t idx[32];
+  for (int i = 0; i < 32; ++i) {
+    idx[i] = static_cast<int16_t>(second_from < 0 ? first + step * i
+                                                   : (i % 2 == 0 ? first + i / 2
+                                                                 : second_from + i / 2));
+  }
+  return _mm512_load_si512(idx);
+}
+
+// Rows [0, rows) of an f32 block (row stride ld), columns [0, cols), rounded
+// into bf16 rows of stride ldo, column cols zeroed when cols is odd (the
+// even k the VNNI kernels take): attention's P and dS as a GEMM's A.
+void NarrowRowsPadded(const float* src, int64_t rows, int64_t cols, int64_t ld, BF16* dst,
+                      int64_t ldo) {
+  const int64_t cols2 = RoundUpEven(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = src + r * ld;
+    uint16_t* y = Bits(dst + r * ldo);
+    for (int64_t j = 0; j < cols2; j += 32) {
+      const __m512 a = _mm512_maskz_loadu_ps(Mask16(cols - j), x + j);
+      const __m512 b = _mm512_maskz_loadu_ps(Mask16(cols - j - 16), x + j + 16);
+      _mm512_mask_storeu_epi16(y + j, Mask32(cols2 - j), Bf16Of(a, b));
+    }
+  }
+}
+// The same rows as VNNI row pairs, [RoundUpEven(rows) / 2][ldo][2]:
+// element j of rows 2p and 2p + 1 side by side (an odd last row pairs
+// with zeros): P and dS as a GEMM's B.
+void NarrowRowPairs(const float* src, int64_t rows, int64_t cols, int64_t ld, BF16* dst,
+                    int64_t ldo) {
+  const __m512i interleave = Index16(0, 0, 16);  // a0 b0 a1 b1 ...
+  for (int64_t p = 0; 2 * p < rows; ++p) {
+    const float* r0 = src + 2 * p * ld;
+    const bool odd = 2 * p + 1 == rows;
+    uint16_t* y = Bits(dst + 2 * p * ldo);
+    for (int64_t j = 0; j < cols; j += 16) {
+      const __mmask16 m = Mask16(cols - j);
+      const __m512 a = _mm512_maskz_loadu_ps(m, r0 + j);
+      const __m512 b = odd ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, r0 + ld + j);
+      _mm512_mask_storeu_epi16(y + 2 * j, Mask32(2 * (cols - j)),
+                               _mm512_permutexvar_epi16(interleave, Bf16Of(a, b)));
+    }
+  }
+}
+// A bf16 [rows, cols] matrix (row stride ld) in VNNI row pairs,
+// [RoundUpEven(rows) / 2][cols][2] (an odd last row pairs with zeros).
+void PackRowPairs(const BF16* src, int64_t rows, int64_t cols, int64_t ld, BF16* dst) {
+  const __m512i lo = Index16(0, 0, 32), hi = Index16(16, 0, 48);
+  for (int64_t p = 0; 2 * p < rows; ++p) {
+    const uint16_t* r0 = Bits(src + 2 * p * ld);
+    const bool odd = 2 * p + 1 == rows;
+    uint16_t* y = Bits(dst + 2 * p * cols);
+    for (int64_t c = 0; c < cols; c += 32) {
+      const int64_t n = cols - c;
+      const __m512i a = _mm512_maskz_loadu_epi16(Mask32(n), r0 + c);
+      const __m512i b = odd ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi16(Mask32(n), r0 + ld + c);
+      _mm512_mask_storeu_epi16(y + 2 * c, Mask32(2 * n), _mm512_permutex2var_epi16(a, lo, b));
+      if (n > 16) {
+        _mm512_mask_storeu_epi16(y + 2 * c + 32, Mask32(2 * (n - 16)),
+                                 _mm512_permutex2var_epi16(a, hi, b));
+      }
+    }
+  }
+}
+// dst [d, ld_dst] = src^T for a bf16 row-major [rows, d] src (row stride
+// ld), columns [rows, ld_dst) zero. With d and ld even and src 4-byte
+// aligned: LIBXSMM's 32-bit transpose of the column pairs into words [d /
+// 2][rows] (scratch w), each word row then split into its low and high
+// halves, rows 2c and 2c + 1 (LIBXSMM's 16-bit transpose, the other case,
+// is ~5x slower).
+void TransposeBf16(const BF16* src, int64_t rows, int64_t d, int64_t ld, int64_t ld_dst,
+                   uint32_t* w, BF16* dst) {
+  uint16_t* out = Bits(dst);
+  if (d % 2 == 0 && ld % 2 == 0 && Aligned4(src)) {
+    libxsmm_otrans(w, src, 4, static_cast<libxsmm_blasint>(d / 2),
+                   static_cast<libxsmm_blasint>(rows), static_cast<libxsmm_blasint>(ld / 2),
+                   static_cast<libxsmm_blasint>(rows));
+    const __m512i even = Index16(0, 2, -1), odd = Index16(1, 2, -1);
+    for (int64_t c = 0; c < d / 2; ++c) {
+      const uint32_t* wr = w + c * rows;
+      uint16_t* y0 = out + 2 * c * ld_dst;
+      uint16_t* y1 = y0 + ld_dst;
+      for (int64_t t = 0; t < rows; t += 32) {
+        const int64_t n = rows - t;
+        const __m512i a = _mm512_maskz_loadu_epi32(Mask16(n), wr + t);
+        const __m512i b = _mm512_maskz_loadu_epi32(Mask16(n - 16), wr + t + 16);
+        _mm512_mask_storeu_epi16(y0 + t, Mask32(n), _mm512_permutex2var_epi16(a, even, b));
+        _mm512_mask_storeu_epi16(y1 + t, Mask32(n), _mm512_permutex2var_epi16(a, odd, b));
+      }
+    }
+  } else {
+    libxsmm_otrans(dst, src, 2, static_cast<libxsmm_blasint>(d),
+                   static_cast<libxsmm_blasint>(rows), static_cast<libxsmm_blasint>(ld),
+                   static_cast<libxsmm_blasint>(ld_dst));
+  }
+  for (int64_t c = 0; c < d; ++c) {
+    for (int64_t j = rows; j < ld_dst; ++j) out[c * ld_dst + j] = 0;
+  }
+}
+
+// A sequence's [tokens, g * d] bf16 columns (row stride ld) widened into g
+// contiguous f32 [tokens, d] matrices, dst + h * tokens * d, token rows
+// read whole as SplitHeads reads them.
+void WidenSplitHeads(const BF16* src, int64_t tokens, int64_t g, int64_t d, int64_t ld,
+                     float* dst) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const uint16_t* row = Bits(src + t * ld);
+    for (int64_t h = 0; h < g; ++h) {
+      const uint16_t* x = row + h * d;
+      float* o = dst + (h * tokens + t) * d;
+      for (int64_t j = 0; j < d; j += 16) {
+        const __mmask16 m = Mask16(d - j);
+        const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + j));
+        _mm512_mask_storeu_ps(o + j, m, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+      }
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+// B^T in VNNI pairs for a row-major [rows, d] matrix B (row stride ld, d and
+// ld even, B 4-byte aligned): the pair (B[j, 2c], B[j, 2c + 1]) is one
+// 32-bit word, and the words transposed, [d / 2][rows] (LIBXSMM's 32-bit
+// transpose).
+void TransposePairs(const BF16* src, int64_t rows, int64_t d, int64_t ld, BF16* dst) {
+  libxsmm_otrans(dst, src, 4, static_cast<libxsmm_blasint>(d / 2),
+                 static_cast<libxsmm_blasint>(rows), static_cast<libxsmm_blasint>(ld / 2),
+                 static_cast<libxsmm_blasint>(rows));
+}
+// Rows of an f32 [rows, d] block (row stride ld) rounded into bf16 rows of
+// stride ldo as NarrowToBf16 (the outputs: subnormals kept).
+void NarrowRows(const float* src, int64_t rows, int64_t d, int64_t ld, BF16* dst, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r) simd::NarrowToBf16(src + r * ld, d, dst + r * ldo);
+}
+
+std::atomic<bool> g_bf16_attention_on{true};
+
+bool Bf16AttentionHardware() {
+  static const bool native = [] {
+    __builtin_cpu_init();
+    return libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512_CPX &&
+           __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  }();
+  return native;
+}
+
+}  // namespace
+
+bool NativeBf16Attention() { return Bf16AttentionHardware() && g_bf16_attention_on.load(); }
+
+bool SetNativeBf16Attention(bool on) { return g_bf16_attention_on.exchange(on); }
+
+bool AttentionForwardBF16(const AttentionShape& s, const BF16* q, int64_t ldq, const BF16* k,
+                          int64_t ldk, const BF16* v, int64_t ldv, float* probs, BF16* out,
+                          int64_t ldo) {
+  CHECK(!s.causal || s.q_len == s.kv_len) << "causal attention needs q_len == kv_len";
+  const int64_t d = s.head_dim, kv = s.kv_len, kv2 = RoundUpEven(kv);
+  if (!NativeBf16Attention() || d % 2 != 0 || ldk % 2 != 0 || !Aligned4(k) || kv == 0) {
+    return false;
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const std::vector<QueryBlock> blocks = QueryBlocks(s);
+  // Per (sequence, head): kt = K^T in VNNI pairs [d / 2][kv][2], vp = V in
+  // row pairs [kv2 / 2][d][2], os the head's f32 output [q_len, d]. Per
+  // block: S = Q K^T into probs, the softmax there, P rounded into p16
+  // [rows, kv2] (an odd key count padded with a zero column that meets
+  // vp's zero row), O = P V.
+  std::vector<SmallGemmBF16> scores, pv;
+  for (const QueryBlock& qb : blocks) {
+    scores.emplace_back(qb.rows, qb.keys, d, ldq, kv, kv, false);
+    pv.emplace_back(qb.rows, d, RoundUpEven(qb.keys), kv2, d, d, false);
+    if (!scores.back().ok() || !pv.back().ok()) return false;
+  }
+  BF16* kt = ThreadScratchBF16(0, d * kv);
+  BF16* vp = ThreadScratchBF16(1, kv2 * d);
+  BF16* p16 = ThreadScratchBF16(2, kQueryBlock * kv2);
+  float* os = ThreadScratchF32(0, s.q_len * d);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t col = h * d;
+      const BF16* qh = q + b * s.q_len * ldq + col;
+      float* p = probs + (b * s.heads + h) * s.q_len * kv;
+      TransposePairs(k + b * kv * ldk + col, kv, d, ldk, kt);
+      PackRowPairs(v + b * kv * ldv + col, kv, d, ldv, vp);
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        const QueryBlock& qb = blocks[i];
+        float* pb = p + qb.q0 * kv;
+        scores[i](qh + qb.q0 * ldq, kt, pb);
+        simd::SoftmaxRowsInPlace(pb, qb.rows, kv, kv, s.causal ? qb.q0 + 1 : kv, s.causal,
+                                 scale);
+        NarrowRowsPadded(pb, qb.rows, qb.keys, kv, p16, kv2);
+        pv[i](p16, vp, os + qb.q0 * d);
+      }
+      NarrowRows(os, s.q_len, d, d, out + b * s.q_len * ldo + col, ldo);
+    }
+  }
+  return true;
+}
+
+bool AttentionBackwardBF16(const AttentionShape& s, const BF16* q, int64_t ldq, const BF16* k,
+                           int64_t ldk, const BF16* v, int64_t ldv, const float* probs,
+                           const BF16* dout, int64_t ldo, BF16* dq, int64_t lddq, BF16* dk,
+                           int64_t lddk, BF16* dv, int64_t lddv, float* scratch) {
+  const int64_t d = s.head_dim, kv = s.kv_len, tq = s.q_len, tq2 = RoundUpEven(tq);
+  if (!NativeBf16Attention() || d % 2 != 0 || ldv % 2 != 0 || !Aligned4(v) || kv == 0 ||
+      tq == 0) {
+    return false;
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const std::vector<QueryBlock> blocks = QueryBlocks(s);
+  // Per (sequence, head): vt = V^T in VNNI pairs [d / 2][kv][2], dot =
+  // dO^T [d, tq2] (zero column past an odd q_len), qf and kf the head's Q
+  // and K widened to f32 [len, d]; f32 dqh [q_len, d], dkh [kv, d] and dvt
+  // = dV^T [d, kv], the key gradients accumulated over the blocks from zero.
+  // Per block, in scratch's first rows: dP = dO V^T (bf16 operands); P
+  // rounded into row pairs, dV^T += dO^T P (bf16); dS from P and dP (f32);
+  // dQ = dS K and dK += dS^T Q in f32 (LIBXSMM's f32 kernels, as the f32
+  // kernel does).
+  std::vector<SmallGemmBF16> dp_g, dvt_g;
+  std::vector<SmallGemm> dq_g, dk_g;
+  for (const QueryBlock& qb : blocks) {
+    dp_g.emplace_back(qb.rows, qb.keys, d, ldo, kv, kv, false);
+    dvt_g.emplace_back(d, qb.keys, RoundUpEven(qb.rows), tq2, kv, kv, true);
+    if (!dp_g.back().ok() || !dvt_g.back().ok()) return false;
+    dq_g.emplace_back(false, qb.rows, d, qb.keys, kv, d, d, false);
+    dk_g.emplace_back(true, qb.keys, d, qb.rows, kv, d, d, true);
+  }
+  // Q and K are widened a group of heads at a time (HeadGroup), token rows
+  // read whole: qg [group, q_len, d], kg [group, kv, d].
+  const int64_t group = HeadGroup(s.heads, tq * d + kv * d);
+  BF16* vt = ThreadScratchBF16(0, d * kv);
+  BF16* dot = ThreadScratchBF16(1, d * tq2);
+  BF16* pairs = ThreadScratchBF16(2, kQueryBlock * kv);  // P's row pairs [16][kv][2]
+  uint32_t* w = reinterpret_cast<uint32_t*>(ThreadScratchBF16(3, tq * d));
+  float* qg = ThreadScratchF32(0, group * (tq + kv) * d + tq * d);
+  float* kg = qg + group * tq * d;
+  float* dqh = kg + group * kv * d;
+  float* dkh = ThreadScratchF32(1, 2 * d * kv);
+  float* dvt = dkh + d * kv;
+  float* kd = ThreadScratchF32(2, kv * d);  // dV transposed back
+  for (int64_t b = 0; b < s.batch; ++b) {
+   for (int64_t h0 = 0; h0 < s.heads; h0 += group) {
+    const int64_t g = std::min(group, s.heads - h0);
+    WidenSplitHeads(q + b * tq * ldq + h0 * d, tq, g, d, ldq, qg);
+    WidenSplitHeads(k + b * kv * ldk + h0 * d, kv, g, d, ldk, kg);
+    for (int64_t h = h0; h < h0 + g; ++h) {
+      const int64_t col = h * d;
+      const float* p = probs + (b * s.heads + h) * tq * kv;
+      const float* qf = qg + (h - h0) * tq * d;
+      const float* kf = kg + (h - h0) * kv * d;
+      const BF16* doh = dout + b * tq * ldo + col;
+      TransposePairs(v + b * kv * ldv + col, kv, d, ldv, vt);
+      TransposeBf16(doh, tq, d, ldo, tq2, w, dot);
+      std::fill(dkh, dkh + 2 * d * kv, 0.0f);
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        const QueryBlock& qb = blocks[i];
+        const float* pb = p + qb.q0 * kv;
+        dp_g[i](doh + qb.q0 * ldo, vt, scratch);
+        NarrowRowPairs(pb, qb.rows, qb.keys, kv, pairs, kv);
+        dvt_g[i](dot + qb.q0, pairs, dvt);
+        // dS = scale * P (dP - rowdot(P, dP)); masked entries have P = 0.
+        simd::SoftmaxRowsBackwardInPlace(pb, kv, scratch, kv, qb.rows, qb.keys, scale);
+        dq_g[i](scratch, kf, dqh + qb.q0 * d);
+        dk_g[i](scratch, qf + qb.q0 * d, dkh);
+      }
+      NarrowRows(dqh, tq, d, d, dq + b * tq * lddq + col, lddq);
+      NarrowRows(dkh, kv, d, d, dk + b * kv * lddk + col, lddk);
+      TransposeInto(dvt, d, kv, kv, kd);
+      NarrowRows(kd, kv, d, d, dv + b * kv * lddv + col, lddv);
+    }
+   }
+  }
+  return true;
 }
 
 void EmbeddingForward(const float* table, const int32_t* ids, int64_t count, int64_t dim,

@@ -138,6 +138,42 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
                        const float* dout, int64_t ldo, float* dq, int64_t lddq, float* dk,
                        int64_t lddk, float* dv, int64_t lddv, float* scratch);
 
+// Attention on bf16 q, k, v (and dout) with bf16 outputs, per (sequence,
+// head) and query block as above, with the GEMMs that meet P on bf16
+// operands: S = Q K^T, out = P V, dP = dO V^T and dV = P^T dO run on
+// LIBXSMM's JIT kernels for the AVX512-BF16 dot-product instruction
+// (vdpbf16ps, f32 accumulation), P rounded to bf16 before it meets V or dO
+// (the rounding ops.h allows; the CUDA backend does the same). S, dP, the
+// softmax, probs and its backward are f32, and dS stays f32: dQ = dS K and
+// dK = dS^T Q run on LIBXSMM's f32 kernels over the widened Q and K, as in
+// the f32 kernel. (Rounding dS too, as CUDA does, made the scalar-vs-vector
+// difference of //tests/train:bf16_determinism_test's t5-tiny bf16 updates
+// 12.7% against 1.2e-5 with P alone: dS = P (dP - <P, dP>) cancels, so
+// few-ulp differences flip its roundings.) Each output is rounded once.
+// The dot-product instruction treats subnormal bf16 inputs and f32 results
+// as zero (|x| < 2^-126). Results do not depend on the thread count. Needs
+// head_dim even and even row strides for K (forward) and V (backward),
+// which are read in 32-bit pairs; returns false, having written nothing,
+// where the path does not run (NativeBf16Attention() false, or a shape
+// LIBXSMM declines): the caller then widens to f32.
+//
+// NativeBf16Attention: true when LIBXSMM targets AVX512-BF16 here (its
+// "cpx" code, which Sapphire Rapids also runs; LIBXSMM_TARGET can lower
+// it) and SetNativeBf16Attention has not turned the path off.
+// SetNativeBf16Attention is for tests and benchmarks that compare the two
+// paths (never turns it on where the CPU lacks it); returns the setting
+// before. Process-wide; not to be called while kernels run.
+bool NativeBf16Attention();
+bool SetNativeBf16Attention(bool on);
+bool AttentionForwardBF16(const AttentionShape& s, const BF16* q, int64_t ldq, const BF16* k,
+                          int64_t ldk, const BF16* v, int64_t ldv, float* probs, BF16* out,
+                          int64_t ldo);
+// Overwrites dq, dk and dv (scratch: as AttentionBackward's).
+bool AttentionBackwardBF16(const AttentionShape& s, const BF16* q, int64_t ldq, const BF16* k,
+                           int64_t ldk, const BF16* v, int64_t ldv, const float* probs,
+                           const BF16* dout, int64_t ldo, BF16* dq, int64_t lddq, BF16* dk,
+                           int64_t lddk, BF16* dv, int64_t lddv, float* scratch);
+
 // out[n, :] = table[ids[n], :] for n < count; ids must be in [0, vocab).
 void EmbeddingForward(const float* table, const int32_t* ids, int64_t count, int64_t dim,
                       float* out);

@@ -15,11 +15,12 @@
 // S = scale Q K^T and dP = dO V^T are f32, the softmax and its backward run
 // in f32 on them (probs stays f32, as ops.h requires), and P is rounded to t
 // before out = P V and dV = P^T dO, dS = scale P (dP - <P, dP>) before
-// dQ = dS K and dK = dS^T Q; outputs are rounded once. The CPU backend
-// keeps P and dS in f32 (it rounds only the outputs): these two roundings
-// are where the two backends' 16-bit attention differ, by at most t's unit
-// roundoff times the sum of the magnitudes of the terms that meet a rounded
-// P or dS (FlashAttention rounds P the same way).
+// dQ = dS K and dK = dS^T Q; outputs are rounded once (FlashAttention
+// rounds P the same way). The CPU backend rounds P too in bf16 where it has
+// AVX512-BF16, but keeps dS in f32, and both in f32 elsewhere (and in
+// f16): the roundings only one backend does are where their 16-bit
+// attention differs, by at most t's unit roundoff times the sum of the
+// magnitudes of the terms that meet a rounded P or dS.
 // ReadScalar synchronises ctx.stream and copies the value to the host.
 // Temporaries (cross-entropy's row losses, attention's score gradients, the
 // reductions' partials) come from ctx.alloc, which must be stream-ordered on
