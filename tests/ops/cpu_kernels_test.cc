@@ -663,7 +663,7 @@ TEST(Kernels, AttentionMatchesExactReferenceOnAwkwardShapesStridesAndIsas) {
 // overwritten; padding must stay untouched. Where the kernels cannot run
 // (odd head_dim, an odd stride of the operand read in 32-bit pairs, or no
 // AVX512-BF16 here) they return false having written nothing.
-TEST(Kernels, Bf16AttentionRoundsOnlyPAndDsAndEachOutputOnce) {
+TEST(Kernels, Bf16AttentionRoundsOnlyPAndEachOutputOnce) {
   struct Case {
     AttentionShape s;
     int64_t pad;  // extra columns per row of the fused buffers
