@@ -59,10 +59,11 @@ TEST(Simd, SetIsaClampsToTheBestAndReturnsThePrevious) {
   const Isa before = ActiveIsa();
   EXPECT_EQ(SetIsa(Isa::kScalar), before);
   EXPECT_EQ(ActiveIsa(), Isa::kScalar);
-  SetIsa(Isa::kAvx512);
+  SetIsa(Isa::kAvx512Bf16);
   EXPECT_EQ(ActiveIsa(), BestIsa());
   SetIsa(before);
   EXPECT_STREQ(IsaName(Isa::kAvx2), "avx2");
+  EXPECT_STREQ(IsaName(Isa::kAvx512Bf16), "avx512_bf16");
 }
 
 TEST(Simd, OptimizerUpdatesAreBitIdenticalToTheScalarRules) {

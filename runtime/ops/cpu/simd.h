@@ -26,17 +26,21 @@
 
 namespace sk::simd {
 
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAvx512Bf16 is kAvx512 whose bf16 loops narrow with avx512_bf16's
+// vcvtneps2bf16 (one instruction for the integer rounding sequence) wherever
+// no lane is subnormal, the integer sequence otherwise: the same bits.
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
-// "scalar", "avx2", "avx512".
+// "scalar", "avx2", "avx512", "avx512_bf16".
 const char* IsaName(Isa isa);
 
-// The best ISA this CPU runs (AVX-512 needs avx512f+dq, AVX2 needs avx2+fma).
+// The best ISA this CPU runs (AVX-512 needs avx512f+dq, AVX2 needs avx2+fma,
+// avx512_bf16 also avx512bf16+bw+vl).
 Isa BestIsa();
 
 // The ISA the kernels use now: BestIsa() at start-up, lowered by the
-// environment variable SK_CPU_ISA=scalar|avx2|avx512 (never raised above
-// BestIsa(); an unknown value is ignored with a warning).
+// environment variable SK_CPU_ISA=scalar|avx2|avx512|avx512_bf16 (never
+// raised above BestIsa(); an unknown value is ignored with a warning).
 Isa ActiveIsa();
 
 // Makes the kernels use min(isa, BestIsa()) and returns the ISA in use
@@ -99,8 +103,10 @@ void CrossEntropyRowBackward(const float* logits, int64_t cols, int32_t target, 
 
 // bf16 <-> f32 over n elements, bit-identical to core/dtype.h's BF16ToFloat
 // and FloatToBF16 (round to nearest even, NaN kept quiet) on every ISA.
-// The AVX-512 and AVX2 loops use integer shifts, not avx512_bf16's
-// vcvtneps2bf16 (which flushes subnormals to zero). dst must not overlap src.
+// The AVX-512 and AVX2 loops use integer shifts; avx512_bf16's vcvtneps2bf16
+// gives the same bits except that it flushes subnormal inputs to zero, so the
+// kAvx512Bf16 loops use it only for vectors without a subnormal lane. dst
+// must not overlap src.
 void WidenBf16(const BF16* src, int64_t n, float* dst);
 void NarrowToBf16(const float* src, int64_t n, BF16* dst);
 
