@@ -4,6 +4,7 @@
 //   ./bazelw run -c opt //benchmarks:step_breakdown --
 //       [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] [--world=2]
 //       [--batch=8] [--steps=3] [--optimizer=adamw] [--param_dtype=f32|bf16] [--gemm_shapes]
+//       [--widen_bf16_attention]
 //
 // Each configuration trains `world` ranks as threads of this process (local
 // backend, one GEMM thread per rank when the ranks fill the cores: Trainer's
@@ -25,7 +26,10 @@
 // op: calls, CPU ms per step (summed over ranks), share of the step's process
 // CPU time, GFLOP per CPU-second and that as a fraction of one thread's peak.
 // "(not in ops)" is the rest of the process CPU time: collectives, FSDP/DDP
-// machinery, the framework and idle spinning.
+// machinery, the framework and idle spinning. --widen_bf16_attention runs
+// bf16 attention on operands widened to f32 (the path without AVX512-BF16)
+// instead of bf16 dot products (kernels.h: NativeBf16Attention), for an A/B
+// of that choice in one run; the header line says which path ran.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -45,6 +49,7 @@
 #include "runtime/comm/local_backend.h"
 #include "runtime/ops/backend.h"
 #include "runtime/ops/cpu/cpu_backend.h"
+#include "runtime/ops/cpu/kernels.h"
 #include "runtime/ops/ops.h"
 #include "runtime/train/trainer.h"
 
@@ -272,6 +277,7 @@ struct Flags {
   std::string optimizer = "adamw";
   bool gemm_shapes = false;
   DType param_dtype = DType::kF32;
+  bool widen_bf16_attention = false;
 };
 
 Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
@@ -335,9 +341,12 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
 
   double load[3] = {0, 0, 0};
   if (getloadavg(load, 3) < 0) load[0] = -1;
-  std::printf("\n== %s %s world %d, batch %lld/rank, %s, %s compute, %d measured steps (load average %.2f) ==\n",
+  const char* attention = f.param_dtype != DType::kBF16 ? ""
+                          : NativeBf16Attention()      ? ", bf16 attention on dot products"
+                                                       : ", bf16 attention widened to f32";
+  std::printf("\n== %s %s world %d, batch %lld/rank, %s, %s compute%s, %d measured steps (load average %.2f) ==\n",
               model.c_str(), mode.c_str(), f.world, static_cast<long long>(f.batch), f.optimizer.c_str(),
-              std::string(DTypeName(f.param_dtype)).c_str(), f.steps, load[0]);
+              std::string(DTypeName(f.param_dtype)).c_str(), attention, f.steps, load[0]);
   std::printf("step: %.1f ms wall, %.1f ms process CPU; model %.2f GFLOP/step; "
               "cpu_MFU %.1f%% (model FLOP per CPU-s / one thread's peak), wall MFU %.1f%% (/ %d threads' peak)\n",
               1e3 * wall, 1e3 * cpu, model_flops / 1e9, 100.0 * model_flops / cpu / peak.per_thread,
@@ -408,11 +417,13 @@ int Main(int argc, char** argv) {
       f.param_dtype = *d;
     } else if (a == "--gemm_shapes") {
       f.gemm_shapes = true;
+    } else if (a == "--widen_bf16_attention") {
+      f.widen_bf16_attention = true;
     } else {
       std::fprintf(stderr,
                    "usage: step_breakdown [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] "
                    "[--world=2] [--batch=8] [--steps=3] [--optimizer=adamw|sgd] [--param_dtype=f32|bf16] "
-                   "[--gemm_shapes]\n");
+                   "[--gemm_shapes] [--widen_bf16_attention]\n");
       return a == "--help" ? 0 : 1;
     }
   }
@@ -424,6 +435,7 @@ int Main(int argc, char** argv) {
   const bench::PeakResult peak = bench::MeasureFmaPeak(std::min(f.world, cores));
   std::printf("f32 FMA peak (%s): %.1f GFLOP per CPU-second of one thread, %.1f GFLOP/s on %d threads\n",
               peak.isa, peak.per_thread / 1e9, peak.wall / 1e9, std::min(f.world, cores));
+  if (f.widen_bf16_attention) SetNativeBf16Attention(false);
   auto* timing = new TimingBackend(ops::CpuOpBackend());  // outlives every op: never freed
   timing->SetGemmShapes(f.gemm_shapes);
   ops::RegisterOpBackend(DeviceKind::kCpu, timing);
