@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <initializer_list>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <string_view>
 #include <system_error>
 #include <thread>
