@@ -300,28 +300,37 @@ namespace {
 // for the life of the process and dispatch is thread-safe; a shape it
 // declines (dispatch returns null) runs Gemm instead. The kernels run on the
 // calling thread only, so the results do not depend on the thread count.
+// LIBXSMM's kernel (from `dispatch`: libxsmm_smmdispatch or
+// libxsmm_bsmmdispatch, which take the same arguments) for the row-major
+// C[m, n] = op(A) B (+ C when accumulate): the column-major C^T = B^T
+// op(A)^T, so LIBXSMM's m, n, lda, ldb are our n, m, ldb, lda. Null where a
+// size is out of LIBXSMM's range or it declines the shape.
+template <typename Dispatch>
+auto DispatchRowMajor(Dispatch dispatch, int64_t m, int64_t n, int64_t k, int64_t lda,
+                      int64_t ldb, int64_t ldc, bool accumulate, int flags)
+    -> decltype(dispatch(0, 0, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                         nullptr)) {
+  constexpr int64_t kMaxInt = std::numeric_limits<libxsmm_blasint>::max();
+  if (m <= 0 || n <= 0 || k <= 0 || std::max({m, n, k, lda, ldb, ldc}) > kMaxInt) return nullptr;
+  const libxsmm_blasint xm = static_cast<libxsmm_blasint>(n);
+  const libxsmm_blasint xn = static_cast<libxsmm_blasint>(m);
+  const libxsmm_blasint xk = static_cast<libxsmm_blasint>(k);
+  const libxsmm_blasint xlda = static_cast<libxsmm_blasint>(ldb);
+  const libxsmm_blasint xldb = static_cast<libxsmm_blasint>(lda);
+  const libxsmm_blasint xldc = static_cast<libxsmm_blasint>(ldc);
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const int prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
+  return dispatch(xm, xn, xk, &xlda, &xldb, &xldc, &alpha, &beta, &flags, &prefetch);
+}
+
 class SmallGemm {
  public:
   SmallGemm(bool trans_a, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
             bool accumulate)
       : trans_a_(trans_a), m_(m), n_(n), k_(k), lda_(lda), ldb_(ldb), ldc_(ldc),
-        accumulate_(accumulate) {
-    constexpr int64_t kMaxInt = std::numeric_limits<libxsmm_blasint>::max();
-    if (m <= 0 || n <= 0 || k <= 0 ||
-        std::max({m, n, k, lda, ldb, ldc}) > kMaxInt) {
-      return;
-    }
-    const libxsmm_blasint xm = static_cast<libxsmm_blasint>(n);
-    const libxsmm_blasint xn = static_cast<libxsmm_blasint>(m);
-    const libxsmm_blasint xk = static_cast<libxsmm_blasint>(k);
-    const libxsmm_blasint xlda = static_cast<libxsmm_blasint>(ldb);
-    const libxsmm_blasint xldb = static_cast<libxsmm_blasint>(lda);
-    const libxsmm_blasint xldc = static_cast<libxsmm_blasint>(ldc);
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    const int flags = trans_a ? LIBXSMM_GEMM_FLAG_TRANS_B : LIBXSMM_GEMM_FLAG_NONE;
-    const int prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
-    fn_ = libxsmm_smmdispatch(xm, xn, xk, &xlda, &xldb, &xldc, &alpha, &beta, &flags, &prefetch);
-  }
+        accumulate_(accumulate),
+        fn_(DispatchRowMajor(libxsmm_smmdispatch, m, n, k, lda, ldb, ldc, accumulate,
+                             trans_a ? LIBXSMM_GEMM_FLAG_TRANS_B : LIBXSMM_GEMM_FLAG_NONE)) {}
 
   void operator()(const float* a, const float* b, float* c) const {
     if (fn_ != nullptr) {
@@ -336,7 +345,7 @@ class SmallGemm {
   bool trans_a_;
   int64_t m_, n_, k_, lda_, ldb_, ldc_;
   bool accumulate_;
-  libxsmm_smmfunction fn_ = nullptr;
+  libxsmm_smmfunction fn_;
 };
 
 // dst[cols, rows] (row stride rows) = src[rows, cols]^T (row stride ld):
@@ -421,11 +430,16 @@ int64_t HeadGroup(int64_t heads, int64_t floats_per_head) {
   return std::max<int64_t>(1, std::min(heads, kBudget / std::max<int64_t>(1, floats_per_head)));
 }
 
-// The calling thread's scratch of at least n floats (ranks run as threads).
-float* ThreadScratch(int64_t n) {
-  thread_local std::vector<float> scratch;
-  if (static_cast<int64_t>(scratch.size()) < n) scratch.resize(n);
-  return scratch.data();
+// The calling thread's scratch of at least n elements of T in one of
+// kScratchSlots buffers per element type (ranks run as threads; a kernel
+// that needs several at once takes different slots).
+constexpr int kScratchSlots = 4;
+template <typename T>
+T* ThreadScratch(int slot, int64_t n) {
+  thread_local std::vector<T> scratch[kScratchSlots];
+  std::vector<T>& b = scratch[slot];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
+  return b.data();
 }
 
 }  // namespace
@@ -448,7 +462,7 @@ void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, cons
   }
   const int64_t group = HeadGroup(s.heads, 2 * s.q_len * d + 2 * kv * d);
   const int64_t hq = group * s.q_len * d, hk = group * kv * d;
-  float* qs = ThreadScratch(2 * hq + 2 * hk + d * kv);
+  float* qs = ThreadScratch<float>(0, 2 * hq + 2 * hk + d * kv);
   float* os = qs + hq;
   float* ks = os + hq;
   float* vs = ks + hk;
@@ -509,7 +523,7 @@ void AttentionBackward(const AttentionShape& s, const float* q, int64_t ldq, con
   }
   const int64_t group = HeadGroup(s.heads, 3 * s.q_len * d + 4 * kv * d);
   const int64_t hq = group * s.q_len * d, hk = group * kv * d;
-  float* qs = ThreadScratch(3 * hq + 4 * hk + d * kv);
+  float* qs = ThreadScratch<float>(0, 3 * hq + 4 * hk + d * kv);
   float* dos = qs + hq;
   float* dqs = dos + hq;
   float* ks = dqs + hq;
@@ -564,22 +578,10 @@ namespace {
 class SmallGemmBF16 {
  public:
   SmallGemmBF16(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
-                bool accumulate) {
-    constexpr int64_t kMaxInt = std::numeric_limits<libxsmm_blasint>::max();
-    if (m <= 0 || n <= 0 || k <= 0 || k % 2 != 0 || std::max({m, n, k, lda, ldb, ldc}) > kMaxInt) {
-      return;
-    }
-    const libxsmm_blasint xm = static_cast<libxsmm_blasint>(n);
-    const libxsmm_blasint xn = static_cast<libxsmm_blasint>(m);
-    const libxsmm_blasint xk = static_cast<libxsmm_blasint>(k);
-    const libxsmm_blasint xlda = static_cast<libxsmm_blasint>(ldb);
-    const libxsmm_blasint xldb = static_cast<libxsmm_blasint>(lda);
-    const libxsmm_blasint xldc = static_cast<libxsmm_blasint>(ldc);
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    const int flags = LIBXSMM_GEMM_FLAG_VNNI_A;
-    const int prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
-    fn_ = libxsmm_bsmmdispatch(xm, xn, xk, &xlda, &xldb, &xldc, &alpha, &beta, &flags, &prefetch);
-  }
+                bool accumulate)
+      : fn_(k % 2 != 0 ? nullptr
+                       : DispatchRowMajor(libxsmm_bsmmdispatch, m, n, k, lda, ldb, ldc,
+                                          accumulate, LIBXSMM_GEMM_FLAG_VNNI_A)) {}
 
   bool ok() const { return fn_ != nullptr; }
   void operator()(const BF16* a, const BF16* b, float* c) const {
@@ -588,7 +590,7 @@ class SmallGemmBF16 {
   }
 
  private:
-  libxsmm_bsmmfunction fn_ = nullptr;
+  libxsmm_bsmmfunction fn_;
 };
 
 int64_t RoundUpEven(int64_t n) { return n + (n & 1); }
@@ -599,19 +601,15 @@ bool Aligned4(const BF16* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
 const uint16_t* Bits(const BF16* p) { return reinterpret_cast<const uint16_t*>(p); }
 uint16_t* Bits(BF16* p) { return reinterpret_cast<uint16_t*>(p); }
 
-// The calling thread's bf16 scratch of at least n elements, one per slot.
-BF16* ThreadScratchBF16(int slot, int64_t n) {
-  thread_local std::vector<BF16> scratch[4];
-  std::vector<BF16>& b = scratch[slot];
-  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
-  return b.data();
-}
-// The calling thread's f32 scratch beside ThreadScratch's, one per slot.
-float* ThreadScratchF32(int slot, int64_t n) {
-  thread_local std::vector<float> scratch[3];
-  std::vector<float>& b = scratch[slot];
-  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
-  return b.data();
+
+// B^T in VNNI pairs for a row-major [rows, d] matrix B (row stride ld, d and
+// ld even, B 4-byte aligned): the pair (B[j, 2c], B[j, 2c + 1]) is one
+// 32-bit word, and the words transposed, [d / 2][rows] (LIBXSMM's 32-bit
+// transpose).
+void TransposePairs(const BF16* src, int64_t rows, int64_t d, int64_t ld, BF16* dst) {
+  libxsmm_otrans(dst, src, 4, static_cast<libxsmm_blasint>(d / 2),
+                 static_cast<libxsmm_blasint>(rows), static_cast<libxsmm_blasint>(ld / 2),
+                 static_cast<libxsmm_blasint>(rows));
 }
 
 // The layout work around the bf16 GEMMs, in AVX-512 (BW, BF16) code: it
@@ -709,19 +707,17 @@ void PackRowPairs(const BF16* src, int64_t rows, int64_t cols, int64_t ld, BF16*
 // dst [d, ld_dst] = src^T for a bf16 row-major [rows, d] src (row stride
 // ld), columns [rows, ld_dst) zero. With d and ld even and src 4-byte
 // aligned: LIBXSMM's 32-bit transpose of the column pairs into words [d /
-// 2][rows] (scratch w), each word row then split into its low and high
-// halves, rows 2c and 2c + 1 (LIBXSMM's 16-bit transpose, the other case,
-// is ~5x slower).
+// 2][rows] (TransposePairs into scratch w, rows * d elements), each word
+// row then split into its low and high halves, rows 2c and 2c + 1
+// (LIBXSMM's 16-bit transpose, the other case, is ~5x slower).
 void TransposeBf16(const BF16* src, int64_t rows, int64_t d, int64_t ld, int64_t ld_dst,
-                   uint32_t* w, BF16* dst) {
+                   BF16* w, BF16* dst) {
   uint16_t* out = Bits(dst);
   if (d % 2 == 0 && ld % 2 == 0 && Aligned4(src)) {
-    libxsmm_otrans(w, src, 4, static_cast<libxsmm_blasint>(d / 2),
-                   static_cast<libxsmm_blasint>(rows), static_cast<libxsmm_blasint>(ld / 2),
-                   static_cast<libxsmm_blasint>(rows));
+    TransposePairs(src, rows, d, ld, w);
     const __m512i even = Index16(0, 2, -1), odd = Index16(1, 2, -1);
     for (int64_t c = 0; c < d / 2; ++c) {
-      const uint32_t* wr = w + c * rows;
+      const uint32_t* wr = reinterpret_cast<const uint32_t*>(w) + c * rows;
       uint16_t* y0 = out + 2 * c * ld_dst;
       uint16_t* y1 = y0 + ld_dst;
       for (int64_t t = 0; t < rows; t += 32) {
@@ -764,15 +760,6 @@ void WidenSplitHeads(const BF16* src, int64_t tokens, int64_t g, int64_t d, int6
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
-// B^T in VNNI pairs for a row-major [rows, d] matrix B (row stride ld, d and
-// ld even, B 4-byte aligned): the pair (B[j, 2c], B[j, 2c + 1]) is one
-// 32-bit word, and the words transposed, [d / 2][rows] (LIBXSMM's 32-bit
-// transpose).
-void TransposePairs(const BF16* src, int64_t rows, int64_t d, int64_t ld, BF16* dst) {
-  libxsmm_otrans(dst, src, 4, static_cast<libxsmm_blasint>(d / 2),
-                 static_cast<libxsmm_blasint>(rows), static_cast<libxsmm_blasint>(ld / 2),
-                 static_cast<libxsmm_blasint>(rows));
-}
 // Rows of an f32 [rows, d] block (row stride ld) rounded into bf16 rows of
 // stride ldo as NarrowToBf16 (the outputs: subnormals kept).
 void NarrowRows(const float* src, int64_t rows, int64_t d, int64_t ld, BF16* dst, int64_t ldo) {
@@ -821,12 +808,12 @@ bool AttentionForwardBF16(const AttentionShape& s, const BF16* q, int64_t ldq, c
     pv.emplace_back(qb.rows, d, RoundUpEven(qb.keys), kv2, d, d, false);
     if (!scores.back().ok() || !pv.back().ok()) return false;
   }
-  BF16* kt = ThreadScratchBF16(0, d * kv);
-  BF16* vp = ThreadScratchBF16(1, kv2 * d);
-  BF16* p16 = ThreadScratchBF16(2, kQueryBlock * kv2);
+  BF16* kt = ThreadScratch<BF16>(0, d * kv);
+  BF16* vp = ThreadScratch<BF16>(1, kv2 * d);
+  BF16* p16 = ThreadScratch<BF16>(2, kQueryBlock * kv2);
   const int64_t group = HeadGroup(s.heads, s.q_len * d);
-  BF16* qg = ThreadScratchBF16(3, group * s.q_len * d);
-  float* os = ThreadScratchF32(0, s.q_len * d);
+  BF16* qg = ThreadScratch<BF16>(3, group * s.q_len * d);
+  float* os = ThreadScratch<float>(0, s.q_len * d);
   for (int64_t b = 0; b < s.batch; ++b) {
    for (int64_t h0 = 0; h0 < s.heads; h0 += group) {
     const int64_t g = std::min(group, s.heads - h0);
@@ -884,16 +871,16 @@ bool AttentionBackwardBF16(const AttentionShape& s, const BF16* q, int64_t ldq, 
   // Q and K are widened a group of heads at a time (HeadGroup), token rows
   // read whole: qg [group, q_len, d], kg [group, kv, d].
   const int64_t group = HeadGroup(s.heads, tq * d + kv * d);
-  BF16* vt = ThreadScratchBF16(0, d * kv);
-  BF16* dot = ThreadScratchBF16(1, d * tq2);
-  BF16* pairs = ThreadScratchBF16(2, kQueryBlock * kv);  // P's row pairs [16][kv][2]
-  uint32_t* w = reinterpret_cast<uint32_t*>(ThreadScratchBF16(3, tq * d));
-  float* qg = ThreadScratchF32(0, group * (tq + kv) * d + tq * d);
+  BF16* vt = ThreadScratch<BF16>(0, d * kv);
+  BF16* dot = ThreadScratch<BF16>(1, d * tq2);
+  BF16* pairs = ThreadScratch<BF16>(2, kQueryBlock * kv);  // P's row pairs [16][kv][2]
+  BF16* w = ThreadScratch<BF16>(3, tq * d);  // TransposeBf16's words
+  float* qg = ThreadScratch<float>(0, group * (tq + kv) * d + tq * d);
   float* kg = qg + group * tq * d;
   float* dqh = kg + group * kv * d;
-  float* dkh = ThreadScratchF32(1, 2 * d * kv);
+  float* dkh = ThreadScratch<float>(1, 2 * d * kv);
   float* dvt = dkh + d * kv;
-  float* kd = ThreadScratchF32(2, kv * d);  // dV transposed back
+  float* kd = ThreadScratch<float>(2, kv * d);  // dV transposed back
   for (int64_t b = 0; b < s.batch; ++b) {
    for (int64_t h0 = 0; h0 < s.heads; h0 += group) {
     const int64_t g = std::min(group, s.heads - h0);
