@@ -769,12 +769,10 @@ void NarrowRows(const float* src, int64_t rows, int64_t d, int64_t ld, BF16* dst
 std::atomic<bool> g_bf16_attention_on{true};
 
 bool Bf16AttentionHardware() {
-  static const bool native = [] {
-    __builtin_cpu_init();
-    return libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512_CPX &&
-           __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
-  }();
+  // The helpers above need avx512bf16 + bw + vl: what simd's avx512_bf16
+  // level needs (BestIsa, the CPU's; SK_CPU_ISA lowers only the loops).
+  static const bool native = libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512_CPX &&
+                             simd::BestIsa() == simd::Isa::kAvx512Bf16;
   return native;
 }
 
