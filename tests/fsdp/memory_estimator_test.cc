@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -102,9 +103,17 @@ class SlowReduceStreamGroup final : public comm::ProcessGroup {
   std::unique_ptr<comm::ProcessGroup> owned_;
 };
 
-// The largest rank's peak allocated bytes in the second step of `o` at
-// world kWorld (the first creates the optimizer state), each rank's group
-// behind a SlowReduceStreamGroup when `slow_reduce`.
+// Steps measured after the first (which creates the optimizer state). A
+// step's peak depends on how the streams' work happened to interleave (an
+// all-gather still in flight or already consumed when a reduction starts),
+// so one step can come out a buffer short of what the configuration reaches
+// (seen once under tsan in CI: 0.841 of the estimate against 0.875 in every
+// rerun). The steady-state peak is the largest over these steps.
+constexpr int kMeasuredSteps = 3;
+
+// The largest rank's steady-state peak allocated bytes for `o` at world
+// kWorld, each rank's group behind a SlowReduceStreamGroup when
+// `slow_reduce`.
 StatusOr<int64_t> MeasuredPeak(const TrainerOptions& o, bool slow_reduce) {
   std::vector<int64_t> peaks(kWorld);
   SK_RETURN_IF_ERROR(comm::RunLocalRanks(kWorld, [&](int r, comm::ProcessGroup* g) -> Status {
@@ -112,8 +121,10 @@ StatusOr<int64_t> MeasuredPeak(const TrainerOptions& o, bool slow_reduce) {
     SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t,
                         Trainer::Create(o, slow_reduce ? &slow : g));
     SK_RETURN_IF_ERROR(t->Step().status());
-    SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
-    peaks[r] = m.peak_allocated_bytes;
+    for (int s = 0; s < kMeasuredSteps; ++s) {
+      SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
+      peaks[r] = std::max(peaks[r], m.peak_allocated_bytes);
+    }
     return OkStatus();
   }));
   return *std::max_element(peaks.begin(), peaks.end());
