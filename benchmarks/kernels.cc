@@ -115,26 +115,72 @@ BENCHMARK(BM_Gemm)->Apply(GemmShapes)->ArgNames({"lib", "m", "n", "k"})->UseReal
 // FMA, so the fraction of the f32 peak can exceed 1.
 void BM_GemmBF16(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  // ta: A stored [k, m] and read transposed (a weight gradient, x^T dy);
+  // acc: C += A B (the gradient accumulates).
+  const bool ta = state.range(3) != 0, acc = state.range(4) != 0;
   std::vector<BF16> a(m * k), b(k * n);
   std::vector<float> c(m * n);
   for (size_t i = 0; i < a.size(); ++i) a[i] = FloatToBF16(static_cast<float>(i % 7) * 0.1f);
   for (size_t i = 0; i < b.size(); ++i) b[i] = FloatToBF16(static_cast<float>(i % 5) * 0.1f);
+  const int64_t lda = ta ? m : k;
   Peak();
-  GemmBF16(false, false, m, n, k, a.data(), k, b.data(), n, false, c.data(), n);  // builds the primitive
+  GemmBF16(ta, false, m, n, k, a.data(), lda, b.data(), n, acc, c.data(), n);  // builds the primitive
   const double cpu0 = ProcessCpuSeconds();
   for (auto _ : state) {
-    GemmBF16(false, false, m, n, k, a.data(), k, b.data(), n, false, c.data(), n);
+    GemmBF16(ta, false, m, n, k, a.data(), lda, b.data(), n, acc, c.data(), n);
     benchmark::ClobberMemory();
   }
   SetFlopCounters(state, 2.0 * m * n * k, ProcessCpuSeconds() - cpu0);
   state.SetLabel(NativeBf16Gemm() ? "onednn bf16 (bf16 hardware)" : "onednn bf16 (no bf16 hardware: converted)");
 }
 BENCHMARK(BM_GemmBF16)
-    ->Args({1024, 1024, 1024})
-    ->Args({2048, 2048, 2048})
-    ->Args({2048, 1536, 384})
-    ->Args({2048, 384, 1536})
-    ->ArgNames({"m", "n", "k"})
+    ->Args({1024, 1024, 1024, 0, 0})
+    ->Args({2048, 2048, 2048, 0, 0})
+    ->Args({2048, 1536, 384, 0, 0})
+    ->Args({2048, 384, 1536, 0, 0})
+    // gpt-deep-20m's weight gradients (rows 1024): A transposed, C accumulated.
+    ->Args({1024, 256, 1024, 1, 1})
+    ->Args({256, 1024, 1024, 1, 1})
+    ->Args({1024, 256, 1024, 0, 1})
+    ->Args({256, 1024, 1024, 0, 1})
+    ->ArgNames({"m", "n", "k", "ta", "acc"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// A linear layer's forward in bf16, y = x w + bias with y in bf16: fused:1
+// adds the bias inside oneDNN's matmul (GemmBF16Bias), fused:0 writes the
+// bias into y and accumulates the product onto it (two passes over y).
+// The same up to f32 summation order (cpu_kernels_test:
+// Bf16GemmBiasIsTheProductPlusTheBiasRoundedOnce).
+void BM_GemmBF16Bias(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool fused = state.range(3) != 0;
+  std::vector<BF16> a(m * k), b(k * n), bias(n), c(m * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = FloatToBF16(static_cast<float>(i % 7) * 0.1f);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = FloatToBF16(static_cast<float>(i % 5) * 0.1f);
+  for (int64_t j = 0; j < n; ++j) bias[j] = FloatToBF16(static_cast<float>(j % 3));
+  auto run = [&] {
+    if (fused) {
+      GemmBF16Bias(false, false, m, n, k, a.data(), k, b.data(), n, bias.data(), c.data(), n);
+    } else {
+      for (int64_t i = 0; i < m; ++i) std::memcpy(c.data() + i * n, bias.data(), sizeof(BF16) * n);
+      GemmBF16(false, false, m, n, k, a.data(), k, b.data(), n, true, c.data(), n);
+    }
+  };
+  Peak();
+  run();  // builds the primitive
+  const double cpu0 = ProcessCpuSeconds();
+  for (auto _ : state) {
+    run();
+    benchmark::ClobberMemory();
+  }
+  SetFlopCounters(state, 2.0 * m * n * k, ProcessCpuSeconds() - cpu0);
+}
+BENCHMARK(BM_GemmBF16Bias)
+    ->ArgsProduct({{1024}, {1024}, {256}, {0, 1}})  // gpt-deep-20m's first MLP layer
+    ->Args({2048, 1536, 384, 0})                     // gpt-10m's
+    ->Args({2048, 1536, 384, 1})
+    ->ArgNames({"m", "n", "k", "fused"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -242,28 +288,33 @@ BENCHMARK(BM_OpGelu)
 // AttentionForwardBF16; where NativeBf16Attention() is false it runs the
 // widened path as 2 does); 2 bf16 operands widened into f32 blocks (the path
 // before the bf16 kernels, and the one without AVX512-BF16).
+// model: 0 gpt-10m (6 heads of 64, sequence 256), 1 gpt-deep-20m (8 heads
+// of 32, sequence 128); batch 8 for both.
 void BM_OpAttention(benchmark::State& state) {
   const ops::OpContext ctx = ops::HostContext();
   const DType t = state.range(1) == 0 ? DType::kF32 : DType::kBF16;
   const bool native = SetNativeBf16Attention(state.range(1) != 2);
-  ops::AttentionShape s{kBatch, kHeads, kSeq, kSeq, kC / kHeads, true};
-  Tensor qkv = Host(t, kRows * 3 * kC, 0.01f), probs = HostF32(kBatch * kHeads * kSeq * kSeq),
-         att = Host(t, kRows * kC), dqkv = Host(t, kRows * 3 * kC);
-  ops::MatrixRef q{qkv, 0, 3 * kC}, k{qkv, kC, 3 * kC}, v{qkv, 2 * kC, 3 * kC};
+  const bool deep = state.range(2) != 0;
+  const int64_t heads = deep ? 8 : kHeads, seq = deep ? 128 : kSeq, c = deep ? 256 : kC;
+  const int64_t rows = kBatch * seq;
+  ops::AttentionShape s{kBatch, heads, seq, seq, c / heads, true};
+  Tensor qkv = Host(t, rows * 3 * c, 0.01f), probs = HostF32(kBatch * heads * seq * seq),
+         att = Host(t, rows * c), dqkv = Host(t, rows * 3 * c);
+  ops::MatrixRef q{qkv, 0, 3 * c}, k{qkv, c, 3 * c}, v{qkv, 2 * c, 3 * c};
   if (state.range(0) == 0) {
-    RunOp(state, ops::AttentionForwardCost(kBatch, kHeads, kSeq, kSeq, kC / kHeads),
-          [&] { return ops::AttentionForward(ctx, s, q, k, v, probs, {att, 0, kC}); });
-  } else if (ops::AttentionForward(ctx, s, q, k, v, probs, {att, 0, kC}).ok()) {
-    RunOp(state, ops::AttentionBackwardCost(kBatch, kHeads, kSeq, kSeq, kC / kHeads), [&] {
-      return ops::AttentionBackward(ctx, s, q, k, v, probs, {att, 0, kC}, {dqkv, 0, 3 * kC},
-                                    {dqkv, kC, 3 * kC}, {dqkv, 2 * kC, 3 * kC});
+    RunOp(state, ops::AttentionForwardCost(kBatch, heads, seq, seq, c / heads),
+          [&] { return ops::AttentionForward(ctx, s, q, k, v, probs, {att, 0, c}); });
+  } else if (ops::AttentionForward(ctx, s, q, k, v, probs, {att, 0, c}).ok()) {
+    RunOp(state, ops::AttentionBackwardCost(kBatch, heads, seq, seq, c / heads), [&] {
+      return ops::AttentionBackward(ctx, s, q, k, v, probs, {att, 0, c}, {dqkv, 0, 3 * c},
+                                    {dqkv, c, 3 * c}, {dqkv, 2 * c, 3 * c});
     });
   }
   SetNativeBf16Attention(native);
 }
 BENCHMARK(BM_OpAttention)
-    ->ArgsProduct({{0, 1}, {0, 1, 2}})
-    ->ArgNames({"bwd", "dtype"})
+    ->ArgsProduct({{0, 1}, {0, 1, 2}, {0, 1}})
+    ->ArgNames({"bwd", "dtype", "deep"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -4,7 +4,7 @@
 //   ./bazelw run -c opt //benchmarks:step_breakdown --
 //       [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] [--world=2]
 //       [--batch=8] [--steps=3] [--optimizer=adamw] [--param_dtype=f32|bf16] [--gemm_shapes]
-//       [--widen_bf16_attention]
+//       [--widen_bf16_attention] [--unfused_bias]
 //
 // Each configuration trains `world` ranks as threads of this process (local
 // backend, one GEMM thread per rank when the ranks fill the cores: Trainer's
@@ -30,6 +30,10 @@
 // bf16 attention on operands widened to f32 (the path without AVX512-BF16)
 // instead of bf16 dot products (kernels.h: NativeBf16Attention), for an A/B
 // of that choice in one run; the header line says which path ran.
+// --unfused_bias runs each linear layer's bias as its own op (written into
+// the output, the GEMM accumulating onto it: what a backend without a fused
+// bias runs) instead of inside the bf16 GEMM (ops.h: GemmBias), the A/B of
+// that choice; the header line says "bias unfused" when it is.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -69,6 +73,7 @@ struct OpStats {
 class TimingBackend final : public ops::OpBackend {
  public:
   explicit TimingBackend(ops::OpBackend* inner) : inner_(inner) {}
+  void SetUnfusedBias(bool on) { unfused_bias_ = on; }
   const char* name() const override { return inner_->name(); }
   bool executes() const override { return true; }
 
@@ -84,6 +89,9 @@ class TimingBackend final : public ops::OpBackend {
     return inner_->GemmStores16Bit(p);
   }
   bool Native16Bit(std::string_view op) const override { return inner_->Native16Bit(op); }
+  bool GemmAddsBias(const ops::GemmParams& p, DType ab, DType bias, DType c) const override {
+    return !unfused_bias_ && inner_->GemmAddsBias(p, ab, bias, c);
+  }
 
   void SetEnabled(bool on) { enabled_.store(on); }
   // Charges each GEMM shape to its own row instead of one "gemm" row.
@@ -91,6 +99,23 @@ class TimingBackend final : public ops::OpBackend {
   std::map<std::string, OpStats> TakeStats() {
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(stats_, {});
+  }
+
+  // A GEMM under "gemm", or with --gemm_shapes under one row per shape:
+  // "gemm MxNxK NT" (op(A) transposed or not, op(B)) and `suffix`.
+  template <typename Fn>
+  Status TimedGemm(const ops::GemmParams& p, const char* suffix, Fn run) {
+    char name[96];
+    if (gemm_shapes_) {
+      std::snprintf(name, sizeof(name), "gemm %lldx%lldx%lld %c%c%s", static_cast<long long>(p.m),
+                    static_cast<long long>(p.n), static_cast<long long>(p.k),
+                    p.trans_a ? 'T' : 'N', p.trans_b ? 'T' : 'N', suffix);
+    }
+    const double flops = current_flops_;
+    const double t0 = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
+    Status result = run();
+    Record(gemm_shapes_ ? name : current_name_, flops, CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - t0);
+    return result;
   }
 
 #define SK_TIMED(call)                                               \
@@ -105,17 +130,11 @@ class TimingBackend final : public ops::OpBackend {
 
   Status Gemm(const ops::OpContext& c, const ops::GemmParams& p, const ops::MatrixRef& a,
               const ops::MatrixRef& b, const ops::MatrixRef& m) override {
-    if (!gemm_shapes_) SK_TIMED(inner_->Gemm(c, p, a, b, m));
-    // One row per shape: "gemm MxNxK NT" (op(A) transposed or not, op(B)).
-    char name[96];
-    std::snprintf(name, sizeof(name), "gemm %lldx%lldx%lld %c%c", static_cast<long long>(p.m),
-                  static_cast<long long>(p.n), static_cast<long long>(p.k), p.trans_a ? 'T' : 'N',
-                  p.trans_b ? 'T' : 'N');
-    const double flops = current_flops_;
-    const double t0 = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
-    Status result = inner_->Gemm(c, p, a, b, m);
-    Record(name, flops, CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - t0);
-    return result;
+    return TimedGemm(p, "", [&] { return inner_->Gemm(c, p, a, b, m); });
+  }
+  Status GemmBias(const ops::OpContext& c, const ops::GemmParams& p, const ops::MatrixRef& a,
+                  const ops::MatrixRef& b, const Tensor& bias, const ops::MatrixRef& m) override {
+    return TimedGemm(p, " +bias", [&] { return inner_->GemmBias(c, p, a, b, bias, m); });
   }
   Status Copy(const ops::OpContext& c, const Tensor& s, const Tensor& d) override {
     SK_TIMED(inner_->Copy(c, s, d));
@@ -234,6 +253,7 @@ class TimingBackend final : public ops::OpBackend {
   ops::OpBackend* inner_;
   std::atomic<bool> enabled_{false};
   bool gemm_shapes_ = false;  // set before any rank runs
+  bool unfused_bias_ = false;  // set before any rank runs
   std::mutex mu_;
   std::map<std::string, OpStats> stats_;
   static thread_local const char* current_name_;
@@ -278,6 +298,7 @@ struct Flags {
   bool gemm_shapes = false;
   DType param_dtype = DType::kF32;
   bool widen_bf16_attention = false;
+  bool unfused_bias = false;
 };
 
 Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
@@ -344,9 +365,10 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
   const char* attention = f.param_dtype != DType::kBF16 ? ""
                           : NativeBf16Attention()      ? ", bf16 attention on dot products"
                                                        : ", bf16 attention widened to f32";
-  std::printf("\n== %s %s world %d, batch %lld/rank, %s, %s compute%s, %d measured steps (load average %.2f) ==\n",
+  const char* bias = f.unfused_bias ? ", bias unfused" : "";
+  std::printf("\n== %s %s world %d, batch %lld/rank, %s, %s compute%s%s, %d measured steps (load average %.2f) ==\n",
               model.c_str(), mode.c_str(), f.world, static_cast<long long>(f.batch), f.optimizer.c_str(),
-              std::string(DTypeName(f.param_dtype)).c_str(), attention, f.steps, load[0]);
+              std::string(DTypeName(f.param_dtype)).c_str(), attention, bias, f.steps, load[0]);
   std::printf("step: %.1f ms wall, %.1f ms process CPU; model %.2f GFLOP/step; "
               "cpu_MFU %.1f%% (model FLOP per CPU-s / one thread's peak), wall MFU %.1f%% (/ %d threads' peak)\n",
               1e3 * wall, 1e3 * cpu, model_flops / 1e9, 100.0 * model_flops / cpu / peak.per_thread,
@@ -419,11 +441,13 @@ int Main(int argc, char** argv) {
       f.gemm_shapes = true;
     } else if (a == "--widen_bf16_attention") {
       f.widen_bf16_attention = true;
+    } else if (a == "--unfused_bias") {
+      f.unfused_bias = true;
     } else {
       std::fprintf(stderr,
                    "usage: step_breakdown [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] "
                    "[--world=2] [--batch=8] [--steps=3] [--optimizer=adamw|sgd] [--param_dtype=f32|bf16] "
-                   "[--gemm_shapes] [--widen_bf16_attention]\n");
+                   "[--gemm_shapes] [--widen_bf16_attention] [--unfused_bias]\n");
       return a == "--help" ? 0 : 1;
     }
   }
@@ -438,6 +462,7 @@ int Main(int argc, char** argv) {
   if (f.widen_bf16_attention) SetNativeBf16Attention(false);
   auto* timing = new TimingBackend(ops::CpuOpBackend());  // outlives every op: never freed
   timing->SetGemmShapes(f.gemm_shapes);
+  timing->SetUnfusedBias(f.unfused_bias);
   ops::RegisterOpBackend(DeviceKind::kCpu, timing);
   for (const std::string& model : f.models) {
     for (const std::string& mode : f.modes) {

@@ -196,17 +196,18 @@ StatusOr<Tensor> InDType(const OpContext& ctx, const Tensor& w, DType t) {
   return c;
 }
 
-// y[rows, out] = x[rows, in] w[in, out] (+ bias[out]): the bias is written
-// into y first and the product added with beta = 1, accumulated in f32 and
-// rounded once when y is 16-bit.
+// y[rows, out] = x[rows, in] w[in, out] (+ bias[out]): the bias is added to
+// the product's f32 accumulation and rounded once with it when y is 16-bit
+// (ops::GemmBias: writing the bias into y and accumulating, up to f32
+// summation order).
 Status Linear(const OpContext& ctx, const Tensor& x, const Tensor& w_in, const Tensor& bias,
               int64_t rows, int64_t in, int64_t out, const Tensor& y) {
   SK_ASSIGN_OR_RETURN(Tensor w, InDType(ctx, w_in, x.dtype()));
   GemmParams p;
   p.m = rows, p.n = out, p.k = in;
   if (bias.defined()) {
-    SK_RETURN_IF_ERROR(ops::BroadcastRows(ctx, bias, y));
-    p.beta = 1.0f;
+    return ops::GemmBias(ctx, p, MatrixRef{x, 0, in}, MatrixRef{w, 0, out}, bias,
+                         MatrixRef{y, 0, out});
   }
   return ops::Gemm(ctx, p, MatrixRef{x, 0, in}, MatrixRef{w, 0, out}, MatrixRef{y, 0, out});
 }

@@ -580,11 +580,10 @@ Status ConvUnitBackward(Step& s, const TableUnit& u, const UnitParams& p, const 
 Status Linear(const OpContext& ctx, const Tensor& x, const Tensor& w_in, const Tensor& bias,
               int64_t rows, int64_t in, int64_t out, const Tensor& y) {
   SK_ASSIGN_OR_RETURN(Tensor w, InDType(ctx, w_in, x.dtype()));
-  SK_RETURN_IF_ERROR(ops::BroadcastRows(ctx, bias, y));
   GemmParams p;
   p.m = rows, p.n = out, p.k = in;
-  p.beta = 1.0f;
-  return ops::Gemm(ctx, p, MatrixRef{x, 0, in}, MatrixRef{w, 0, out}, MatrixRef{y, 0, out});
+  return ops::GemmBias(ctx, p, MatrixRef{x, 0, in}, MatrixRef{w, 0, out}, bias,
+                       MatrixRef{y, 0, out});
 }
 
 StatusOr<float> ClassifierForward(Step& s, const TableUnit& u, int64_t classes, const UnitParams& p,

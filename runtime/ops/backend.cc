@@ -16,6 +16,11 @@ Status OpBackend::Gemm(const OpContext&, const GemmParams&, const MatrixRef&, co
   return NotImplemented("gemm");
 }
 bool OpBackend::GemmStores16Bit(const GemmParams&) const { return false; }
+bool OpBackend::GemmAddsBias(const GemmParams&, DType, DType, DType) const { return false; }
+Status OpBackend::GemmBias(const OpContext&, const GemmParams&, const MatrixRef&, const MatrixRef&,
+                           const Tensor&, const MatrixRef&) {
+  return NotImplemented("gemm (with bias)");
+}
 bool OpBackend::Native16Bit(std::string_view) const { return false; }
 
 bool OpBackend::IsStagedModelOp(std::string_view op) {

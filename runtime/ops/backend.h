@@ -113,6 +113,14 @@ class OpBackend {
   // accumulation, one rounding). When false (the default) the dispatcher
   // hands Gemm an f32 C and rounds it into the caller's C.
   virtual bool GemmStores16Bit(const GemmParams& p) const;
+  // Whether GemmBias(p, ...) with these dtypes (A/B, bias, C) is one kernel
+  // here. When false (the default) the dispatcher runs ops::GemmBias as
+  // BroadcastRows then Gemm with beta = 1, pricing and executing two ops.
+  virtual bool GemmAddsBias(const GemmParams& p, DType ab, DType bias, DType c) const;
+  // C = alpha op(A) op(B) + bias (ops.h: GemmBias), called only where
+  // GemmAddsBias said true, with the caller's tensors.
+  virtual Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                          const MatrixRef& b, const Tensor& bias, const MatrixRef& c);
   // Whether this backend's method for the op named `op` (its OpCost name:
   // "bias_add", "gelu_fwd", "layer_norm_bwd", "attention_fwd", ...) reads
   // and writes bf16/f16 compute-dtype operands itself. When false (the

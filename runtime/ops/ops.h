@@ -66,6 +66,17 @@ OpContext HostContext();
 Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
             const MatrixRef& c);
 
+// C = alpha op(A) op(B) + bias, bias [n] (any float dtype) in every row of C:
+// a linear layer's forward. The numbers are those of BroadcastRows(bias, C)
+// followed by Gemm with beta = 1 up to f32 summation order (the bias rounded
+// to C's dtype is one more term of the f32 sum, C rounded once), which is
+// what runs on a backend that does not add the bias inside its GEMM
+// (OpBackend::GemmAddsBias); one that does (cpu, bf16 on bf16 hardware)
+// writes C once. Requires p.beta == 0, p.batch == 1, C's rows contiguous
+// (c.ld == n) and bias.numel() == n, not overlapping C.
+Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
+                const Tensor& bias, const MatrixRef& c);
+
 // ---- Data movement ----------------------------------------------------------
 
 // dst = src, same dtype and element count. One side may be host memory (cpu)

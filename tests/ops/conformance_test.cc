@@ -262,6 +262,100 @@ TEST_P(Conformance, GemmBetaZeroIgnoresNaNInC) {
   for (double v : Down(c)) EXPECT_EQ(v, 6.0);
 }
 
+// GemmBias: what BroadcastRows then Gemm with beta = 1 gives up to f32
+// summation order (the bias rounded to C's dtype, one more term of the f32
+// sum), whether or not the backend adds the bias inside its GEMM (cpu does
+// for bf16 on bf16 hardware), for every float dtype, C in f32 or A's dtype,
+// a bias in f32 or A's dtype, every transposition, alpha != 1, empty
+// dimensions and NaN in C beforehand (C is not read; nothing else written).
+TEST_P(Conformance, GemmBiasIsTheProductPlusTheBias) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  const Case cases[] = {{1, 1, 1}, {7, 13, 17}, {64, 48, 96}, {96, 256, 64}, {5, 6, 0}, {0, 3, 4}};
+  for (DType t : kFloats) {
+    for (DType ct : {DType::kF32, t}) {
+      for (DType bt : {DType::kF32, t}) {
+        for (const Case& cs : cases) {
+          for (int tr = 0; tr < 4; ++tr) {
+            for (float alpha : {1.0f, -0.75f}) {
+              GemmParams p;
+              p.trans_a = tr & 1;
+              p.trans_b = tr & 2;
+              p.m = cs.m, p.n = cs.n, p.k = cs.k;
+              p.alpha = alpha;
+              const int64_t lda = (p.trans_a ? p.m : p.k) + 3, ldb = (p.trans_b ? p.k : p.n) + 1;
+              const int64_t ar = p.trans_a ? p.k : p.m, br = p.trans_b ? p.n : p.k;
+              Vec a = R(Random(static_cast<size_t>(ar * lda + 4), 11), t);
+              Vec b = R(Random(static_cast<size_t>(br * ldb + 3), 12), t);
+              Vec bias = R(Random(static_cast<size_t>(p.n), 13), bt);
+              Tensor ta = Up(a, t), tb = Up(b, t), tbias = Up(bias, bt);
+              Tensor fused = Up(Vec(static_cast<size_t>(p.m * p.n + 2), std::nan("")), ct);
+              const std::string what = "gemm+bias " + std::string(DTypeName(t)) + " bias " +
+                                       std::string(DTypeName(bt)) + " -> " +
+                                       std::string(DTypeName(ct)) + " m=" + std::to_string(p.m) +
+                                       " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
+                                       " tr=" + std::to_string(tr) + " alpha=" + std::to_string(alpha);
+              Status s = GemmBias(ctx(), p, {ta, 4, lda}, {tb, 3, ldb}, tbias, {fused, 2, p.n});
+              ASSERT_TRUE(s.ok()) << what << ": " << s.ToString();
+              const Vec got = Down(fused);
+              // Against f64: an f32 sum of k products and the bias in any
+              // order is within (k + 2) u32 of the sum of magnitudes
+              // (Higham's gamma bound, rounding C's 16-bit bias included),
+              // then one rounding of a 16-bit C. Element-wise, so a result
+              // that cancels to near zero is not held to a relative bound.
+              for (size_t i = 0; i < 2; ++i) ASSERT_TRUE(std::isnan(got[i])) << what;
+              for (int64_t i = 0; i < p.m; ++i) {
+                for (int64_t j = 0; j < p.n; ++j) {
+                  double acc = 0, mag = 0;
+                  for (int64_t l = 0; l < p.k; ++l) {
+                    const double prod = a[4 + (p.trans_a ? l * lda + i : i * lda + l)] *
+                                        b[3 + (p.trans_b ? j * ldb + l : l * ldb + j)];
+                    acc += prod;
+                    mag += std::fabs(prod);
+                  }
+                  const double bias_c = R(bias[j], ct);
+                  const double exact = alpha * acc + bias_c;
+                  const double bound = (p.k + 2) * std::ldexp(1.0, -24) * (std::fabs(alpha) * mag + std::fabs(bias_c)) +
+                                       (ct == DType::kF32 ? 0.0 : Ulp(ct) * std::fabs(exact) * 1.01);
+                  ASSERT_NEAR(got[2 + i * p.n + j], exact, bound) << what << " [" << i << "," << j << "]";
+                }
+              }
+            }
+          }
+        }
+      }
+      if (t == DType::kF32) break;
+    }
+  }
+}
+
+TEST_P(Conformance, GemmBiasRejectsWhatItCannotAddAndWritesNothing) {
+  GemmParams p;
+  p.m = 2, p.n = 3, p.k = 4;
+  Tensor a = Up(Vec(8, 1.0), DType::kF32), b = Up(Vec(12, 1.0), DType::kF32);
+  Tensor bias = Up(Vec(3, 2.0), DType::kF32), c = Up(Vec(6, -1.0), DType::kF32);
+  auto expect_bad = [&](const GemmParams& q, const Tensor& bs, const MatrixRef& mc,
+                        const char* names) {
+    Status s = GemmBias(ctx(), q, {a, 0, 4}, {b, 0, 3}, bs, mc);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << names << ": " << s.ToString();
+    EXPECT_NE(s.message().find(names), std::string::npos) << s.ToString();
+    for (double v : Down(c)) ASSERT_EQ(v, -1.0) << names << ": C was written";
+  };
+  GemmParams q = p;
+  q.beta = 1.0f;
+  expect_bad(q, bias, {c, 0, 3}, "beta");
+  q = p;
+  q.batch = 2;
+  expect_bad(q, bias, {c, 0, 3}, "batch");
+  expect_bad(p, Up(Vec(4, 2.0), DType::kF32), {c, 0, 3}, "bias has 4 elements, expected n=3");
+  expect_bad(p, bias, {c, 0, 4}, "ld=4");
+  auto inside = c.View(0, DType::kF32, Shape{3});
+  ASSERT_TRUE(inside.ok());
+  expect_bad(p, *inside, {c, 0, 3}, "bias overlaps C");
+  expect_bad(p, Tensor(), {c, 0, 3}, "bias");
+}
+
 // ---- Data movement ------------------------------------------------------------
 
 TEST_P(Conformance, CopyWholeAndAtOffsets) {

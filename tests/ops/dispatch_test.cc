@@ -109,6 +109,22 @@ TEST_F(DispatchTest, NonExecutingBackendIsAccountedOnceAndNeverExecuted) {
   for (Stream* s : backend_.streams) EXPECT_EQ(s, &stream_);
 }
 
+// A backend that does not add a bias inside its GEMM (the simulator, CUDA)
+// is asked for the two ops GemmBias means, priced as they always were: the
+// bias written into C, then a GEMM that reads C.
+TEST_F(DispatchTest, GemmBiasIsTwoOpsOnABackendWithoutAFusedBias) {
+  Tensor x = T(DType::kBF16, Shape{64, 32}), w = T(DType::kBF16, Shape{32, 48}),
+         bias = T(DType::kBF16, Shape{48}), y = T(DType::kBF16, Shape{64, 48});
+  GemmParams p;
+  p.m = 64, p.n = 48, p.k = 32;
+  ASSERT_TRUE(GemmBias(ctx(), p, {x, 0, 32}, {w, 0, 48}, bias, {y, 0, 48}).ok());
+  ASSERT_EQ(backend_.costs.size(), 2u);
+  EXPECT_STREQ(backend_.costs[0].name, "broadcast_rows");
+  EXPECT_STREQ(backend_.costs[1].name, "gemm");
+  EXPECT_EQ(backend_.costs[1].bytes_read,
+            GemmCost(64, 48, 32, 1, DType::kBF16, /*reads_c=*/true, DType::kBF16).bytes_read);
+}
+
 TEST_F(DispatchTest, AccountErrorIsTheOpsResult) {
   backend_.fail_next = true;
   EXPECT_EQ(Fill(ctx(), T(DType::kF32, Shape{4}), 0.0f).code(), StatusCode::kInternal);

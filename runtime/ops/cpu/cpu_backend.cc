@@ -294,6 +294,28 @@ class CpuBackend final : public OpBackend {
   // what the dispatcher's staging would: see the block comment below.
   bool Native16Bit(std::string_view op) const override { return IsStagedModelOp(op); }
 
+  // A bf16 linear layer on bf16 hardware: the bias inside oneDNN's matmul
+  // (kernels.h: GemmBF16Bias; the two-op form up to f32 summation order), so the
+  // activation is written once, not broadcast into and read back. Elsewhere
+  // the dispatcher's two ops (f32 keeps its GEMM library and its bits).
+  bool GemmAddsBias(const GemmParams& p, DType ab, DType bias, DType c) const override {
+    return ab == DType::kBF16 && bias == DType::kBF16 && (c == DType::kBF16 || c == DType::kF32) &&
+           p.alpha == 1.0f && NativeBf16Gemm();
+  }
+  Status GemmBias(const OpContext&, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
+                  const Tensor& bias, const MatrixRef& c) override {
+    const BF16* ap = a.t.data_as<BF16>() + a.offset;
+    const BF16* bp = b.t.data_as<BF16>() + b.offset;
+    if (c.t.dtype() == DType::kF32) {
+      GemmBF16Bias(p.trans_a, p.trans_b, p.m, p.n, p.k, ap, a.ld, bp, b.ld, bias.data_as<BF16>(),
+                   c.t.data_as<float>() + c.offset, c.ld);
+    } else {
+      GemmBF16Bias(p.trans_a, p.trans_b, p.m, p.n, p.k, ap, a.ld, bp, b.ld, bias.data_as<BF16>(),
+                   c.t.data_as<BF16>() + c.offset, c.ld);
+    }
+    return OkStatus();
+  }
+
   Status Gemm(const OpContext&, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
               const MatrixRef& c) override {
     if (p.m == 0 || p.n == 0 || p.batch == 0) return OkStatus();

@@ -109,13 +109,14 @@ void Strides(bool trans, int64_t ld, dnnl_dims_t strides) {
   strides[1] = trans ? ld : 1;
 }
 
-// trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, C in bf16 (else f32).
+// trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, C in bf16 (else f32),
+// a bf16 bias row added.
 using MatmulKey =
-    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool>;
 
 struct MatmulPrimitive {
   dnnl_primitive_t primitive = nullptr;
-  dnnl_memory_desc_t a, b, c;
+  dnnl_memory_desc_t a, b, c, bias;
   dnnl_memory_desc_t scratchpad;  // what one execution needs (may be empty)
   size_t scratchpad_bytes = 0;
 };
@@ -137,7 +138,7 @@ const MatmulPrimitive& GetMatmul(const MatmulKey& key) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
-  auto [ta, tb, m, n, k, lda, ldb, ldc, accumulate, c_bf16] = key;
+  auto [ta, tb, m, n, k, lda, ldb, ldc, accumulate, c_bf16, with_bias] = key;
   MatmulPrimitive mp;
   dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
   dnnl_dims_t a_strides, b_strides, c_strides = {ldc, 1};
@@ -147,8 +148,10 @@ const MatmulPrimitive& GetMatmul(const MatmulKey& key) {
   SK_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&mp.b, 2, b_dims, dnnl_bf16, b_strides));
   SK_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&mp.c, 2, c_dims, c_bf16 ? dnnl_bf16 : dnnl_f32,
                                                 c_strides));
+  dnnl_dims_t bias_dims = {1, n};
+  if (with_bias) SK_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&mp.bias, 2, bias_dims, dnnl_bf16, dnnl_ab));
   dnnl_matmul_desc_t desc;
-  SK_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &mp.a, &mp.b, nullptr, &mp.c));
+  SK_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &mp.a, &mp.b, with_bias ? &mp.bias : nullptr, &mp.c));
   dnnl_primitive_attr_t attr = nullptr;
   SK_DNNL_CHECK(dnnl_primitive_attr_create(&attr));
   SK_DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
@@ -172,15 +175,21 @@ const MatmulPrimitive& GetMatmul(const MatmulKey& key) {
   return cache->emplace(key, mp).first->second;
 }
 
-// Runs the cached primitive of `key` on a, b and c (f32 or bf16 as the key says).
-void ExecuteMatmul(const MatmulKey& key, const BF16* a, const BF16* b, void* c) {
+// Runs the cached primitive of `key` on a, b and c (f32 or bf16 as the key
+// says), and bias where the key has one.
+void ExecuteMatmul(const MatmulKey& key, const BF16* a, const BF16* b, void* c,
+                   const BF16* bias = nullptr) {
   const MatmulPrimitive& mp = GetMatmul(key);
-  dnnl_memory_t am = nullptr, bm = nullptr, cm = nullptr, sm = nullptr;
+  dnnl_memory_t am = nullptr, bm = nullptr, cm = nullptr, sm = nullptr, biasm = nullptr;
   SK_DNNL_CHECK(dnnl_memory_create(&am, &mp.a, CpuEngine(), const_cast<BF16*>(a)));
   SK_DNNL_CHECK(dnnl_memory_create(&bm, &mp.b, CpuEngine(), const_cast<BF16*>(b)));
   SK_DNNL_CHECK(dnnl_memory_create(&cm, &mp.c, CpuEngine(), c));
-  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {}};
+  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {}, {}};
   int nargs = 3;
+  if (std::get<10>(key)) {
+    SK_DNNL_CHECK(dnnl_memory_create(&biasm, &mp.bias, CpuEngine(), const_cast<BF16*>(bias)));
+    args[nargs++] = {DNNL_ARG_BIAS, biasm};
+  }
   if (mp.scratchpad_bytes > 0) {
     // The calling thread's scratchpad, grown to the largest need seen and
     // page-aligned as oneDNN's own is; one execution at a time per thread
@@ -199,6 +208,7 @@ void ExecuteMatmul(const MatmulKey& key, const BF16* a, const BF16* b, void* c) 
   SK_DNNL_CHECK(dnnl_memory_destroy(bm));
   SK_DNNL_CHECK(dnnl_memory_destroy(cm));
   if (sm != nullptr) SK_DNNL_CHECK(dnnl_memory_destroy(sm));
+  if (biasm != nullptr) SK_DNNL_CHECK(dnnl_memory_destroy(biasm));
 }
 
 // Both GemmBF16s: C of element type Out (f32 or bf16).
@@ -213,7 +223,8 @@ void GemmBF16Into(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     return;
   }
   const bool c_bf16 = std::is_same_v<Out, BF16>;
-  ExecuteMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, c_bf16}, a, b, c);
+  ExecuteMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate, c_bf16, false}, a, b,
+                c);
 }
 
 }  // namespace
@@ -226,6 +237,43 @@ void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
 void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
               int64_t lda, const BF16* b, int64_t ldb, bool accumulate, BF16* c, int64_t ldc) {
   GemmBF16Into(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+}
+
+namespace {
+
+template <typename Out>
+void GemmBF16BiasInto(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+                      int64_t lda, const BF16* b, int64_t ldb, const BF16* bias, Out* c,
+                      int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        if constexpr (std::is_same_v<Out, BF16>) {
+          c[i * ldc + j] = bias[j];
+        } else {
+          c[i * ldc + j] = BF16ToFloat(bias[j]);
+        }
+      }
+    }
+    return;
+  }
+  ExecuteMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, false,
+                          std::is_same_v<Out, BF16>, true},
+                a, b, c, bias);
+}
+
+}  // namespace
+
+void GemmBF16Bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+                  int64_t lda, const BF16* b, int64_t ldb, const BF16* bias, BF16* c, int64_t ldc) {
+  GemmBF16BiasInto(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c, ldc);
+}
+
+void GemmBF16Bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+                  int64_t lda, const BF16* b, int64_t ldb, const BF16* bias, float* c,
+                  int64_t ldc) {
+  GemmBF16BiasInto(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c, ldc);
 }
 
 bool NativeBf16Gemm() {

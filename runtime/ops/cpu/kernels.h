@@ -77,6 +77,20 @@ void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
 void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
               int64_t lda, const BF16* b, int64_t ldb, bool accumulate, BF16* c, int64_t ldc);
 
+// C = op(A) op(B) + bias (bias: n values, added to every row), all bf16:
+// the bias joins the f32 accumulation and the sum is rounded once (oneDNN's
+// matmul bias, so C is written once: a linear layer's forward). The bits
+// are those of writing the bias into C and accumulating with GemmBF16 where
+// oneDNN does not block the sum over k; where it does (k >= 1024 here) the
+// bias joins the sum at another point: the same up to f32 summation order.
+void GemmBF16Bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+                  int64_t lda, const BF16* b, int64_t ldb, const BF16* bias, BF16* c, int64_t ldc);
+// The same with C in f32 (the bias widened exactly, nothing rounded but
+// the f32 sum): a 16-bit linear layer whose f32 output meets a residual.
+void GemmBF16Bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+                  int64_t lda, const BF16* b, int64_t ldb, const BF16* bias, float* c,
+                  int64_t ldc);
+
 // True when oneDNN runs bf16 GEMMs on bf16 dot-product hardware here
 // (avx512_core_bf16 or AMX, as oneDNN detects it at run time; DNNL_MAX_CPU_ISA
 // can lower it). Without it oneDNN's bf16 matmul converts in software and
