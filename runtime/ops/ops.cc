@@ -366,37 +366,45 @@ Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, c
                 const Tensor& bias, const MatrixRef& c) {
   const char* op = "gemm";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "bias", ctx, bias));
+  // Everything is checked before anything is written: the two-op form
+  // writes C before its GEMM would find a bad A or B.
+  if (p.m < 0 || p.n < 0 || p.k < 0) {
+    return Bad(op, "negative dimension m=" + N(p.m) + " n=" + N(p.n) + " k=" + N(p.k));
+  }
+  SK_RETURN_IF_ERROR(CheckTensor(op, "A", ctx, a.t));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "B", ctx, b.t));
   SK_RETURN_IF_ERROR(CheckTensor(op, "C", ctx, c.t));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "bias", ctx, bias));
   if (p.beta != 0.0f) return Bad(op, "a bias with beta=" + std::to_string(p.beta) + " (needs 0)");
   if (p.batch != 1) return Bad(op, "a bias with batch=" + N(p.batch) + " (needs 1)");
-  if (p.n < 0 || bias.numel() != p.n) {
+  if (bias.numel() != p.n) {
     return Bad(op, "bias has " + N(bias.numel()) + " elements, expected n=" + N(p.n));
   }
   if (c.ld != p.n) return Bad(op, "a bias with C's ld=" + N(c.ld) + " (needs n=" + N(p.n) + ")");
+  if (a.t.dtype() != b.t.dtype()) {
+    return Bad(op, "A is " + std::string(DTypeName(a.t.dtype())) + " but B is " +
+                       std::string(DTypeName(b.t.dtype())));
+  }
+  if (c.t.dtype() != DType::kF32 && c.t.dtype() != a.t.dtype()) {
+    return Bad(op, "C is " + std::string(DTypeName(c.t.dtype())) + ", expected f32 or A's " +
+                       std::string(DTypeName(a.t.dtype())));
+  }
+  SK_RETURN_IF_ERROR(CheckMatrix(op, "A", a, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k, 1));
+  SK_RETURN_IF_ERROR(CheckMatrix(op, "B", b, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, 1));
+  SK_RETURN_IF_ERROR(CheckMatrix(op, "C", c, p.m, p.n, 1));
+  if (p.m > 0 && p.n > 0 && (Overlap(c.t, a.t) || Overlap(c.t, b.t))) {
+    return Bad(op, "C overlaps A or B");
+  }
   if (Overlap(bias, c.t)) return Bad(op, "bias overlaps C");
+  if (p.m == 0 || p.n == 0) return OkStatus();
   if (!be->GemmAddsBias(p, a.t.dtype(), bias.dtype(), c.t.dtype())) {
     // Two ops: the bias written into C, the product accumulated onto it.
-    SK_RETURN_IF_ERROR(CheckMatrix(op, "C", c, p.m, p.n, 1));
     SK_ASSIGN_OR_RETURN(Tensor rows, c.t.View(static_cast<size_t>(c.offset) * DTypeSize(c.t.dtype()),
                                               c.t.dtype(), Shape{p.m * p.n}));
     SK_RETURN_IF_ERROR(BroadcastRows(ctx, bias, rows));
     GemmParams q = p;
     q.beta = 1.0f;
     return Gemm(ctx, q, a, b, c);
-  }
-  SK_RETURN_IF_ERROR(CheckTensor(op, "A", ctx, a.t));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "B", ctx, b.t));
-  if (a.t.dtype() != b.t.dtype()) {
-    return Bad(op, "A is " + std::string(DTypeName(a.t.dtype())) + " but B is " +
-                       std::string(DTypeName(b.t.dtype())));
-  }
-  if (p.m < 0 || p.k < 0) return Bad(op, "negative dimension m=" + N(p.m) + " k=" + N(p.k));
-  SK_RETURN_IF_ERROR(CheckMatrix(op, "A", a, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k, 1));
-  SK_RETURN_IF_ERROR(CheckMatrix(op, "B", b, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, 1));
-  SK_RETURN_IF_ERROR(CheckMatrix(op, "C", c, p.m, p.n, 1));
-  if (p.m > 0 && p.n > 0 && (Overlap(c.t, a.t) || Overlap(c.t, b.t))) {
-    return Bad(op, "C overlaps A or B");
   }
   OpCost cost = GemmCost(p.m, p.n, p.k, 1, a.t.dtype(), false, c.t.dtype());
   cost.bytes_read += static_cast<double>(p.n) * DTypeSize(bias.dtype());

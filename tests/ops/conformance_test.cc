@@ -272,7 +272,7 @@ TEST_P(Conformance, GemmBiasIsTheProductPlusTheBias) {
   struct Case {
     int64_t m, n, k;
   };
-  const Case cases[] = {{1, 1, 1}, {7, 13, 17}, {64, 48, 96}, {96, 256, 64}, {5, 6, 0}, {0, 3, 4}};
+  const Case cases[] = {{1, 1, 1}, {7, 13, 17}, {64, 48, 96}, {96, 256, 64}, {5, 6, 0}, {0, 3, 4}, {3, 0, 4}};
   for (DType t : kFloats) {
     for (DType ct : {DType::kF32, t}) {
       for (DType bt : {DType::kF32, t}) {
@@ -354,6 +354,15 @@ TEST_P(Conformance, GemmBiasRejectsWhatItCannotAddAndWritesNothing) {
   ASSERT_TRUE(inside.ok());
   expect_bad(p, *inside, {c, 0, 3}, "bias overlaps C");
   expect_bad(p, Tensor(), {c, 0, 3}, "bias");
+  // A bad A or B: C keeps what it held (the two-op form must not have
+  // written the bias into it first).
+  Status s = GemmBias(ctx(), p, {Up(Vec(8, 1.0), DType::kBF16), 0, 4}, {b, 0, 3}, bias, {c, 0, 3});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("A is bf16 but B is f32"), std::string::npos) << s.ToString();
+  s = GemmBias(ctx(), p, {a, 0, 4}, {Up(Vec(11, 1.0), DType::kF32), 0, 3}, bias, {c, 0, 3});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("B"), std::string::npos) << s.ToString();
+  for (double v : Down(c)) ASSERT_EQ(v, -1.0) << "C was written";
 }
 
 // ---- Data movement ------------------------------------------------------------
