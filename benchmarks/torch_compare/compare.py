@@ -165,6 +165,10 @@ def shardkit_worker(args, rank, world, port):
     # weights, optimizer and gradient reduction as in f32): SK_DTYPE_BF16 = 2.
     fsdp.param_dtype = 2 if args.dtype == "bf16" else 1
     fsdp.reduce_dtype = 1  # gradients reduced in f32, as autocast's are
+    # --forward_prefetch: the next unit's all-gather issued before this one's
+    # forward (PyTorch's FSDP1 forward_prefetch; FSDP2's
+    # set_modules_to_forward_prefetch). Off by default on both sides.
+    fsdp.forward_prefetch = 1 if args.forward_prefetch else 0
     opt = SkOptimizerOptions(ctypes.sizeof(SkOptimizerOptions), 3, LR, 0.0, 0.0, 0,
                              BETAS[0], BETAS[1], EPS, WEIGHT_DECAY)  # 3 = SK_OPTIMIZER_ADAMW
     o = SkTrainerOptions()
@@ -265,7 +269,8 @@ def torch_worker(args, rank, world, port):
         from torch.distributed.fsdp import ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                     auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"))
+                     auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
+                     forward_prefetch=args.forward_prefetch)
     elif args.mode == "FSDP2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -273,6 +278,9 @@ def torch_worker(args, rank, world, port):
         for blk in model.blocks:
             fully_shard(blk, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        if args.forward_prefetch:  # each block gathers the next one (the FSDP2 tutorial's form)
+            for cur, nxt in zip(model.blocks[:-1], model.blocks[1:]):
+                cur.set_modules_to_forward_prefetch([nxt])
     else:
         raise ValueError("unknown torch mode " + args.mode)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS,
@@ -346,7 +354,7 @@ def run_config(args, framework, mode, model, world):
         cmd = [python, os.path.abspath(__file__), "--worker", "--framework=" + framework,
                "--mode=" + mode, "--model=" + model, "--batch=%d" % args.batch,
                "--seq=%d" % args.seq, "--dtype=" + args.dtype, "--steps=%d" % args.steps, "--warmup=%d" % args.warmup,
-               "--lib=" + args.lib]
+               "--lib=" + args.lib] + (["--forward_prefetch"] if args.forward_prefetch else [])
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     results, errors = [], []
@@ -382,6 +390,10 @@ def main():
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
                     help="compute precision: bf16 = shardkit param_dtype bf16, "
                          "PyTorch CPU autocast to bf16 (both: f32 master weights and AdamW)")
+    ap.add_argument("--forward_prefetch", action="store_true",
+                    help="FULL_SHARD on both sides gathers the next unit before this one's "
+                         "forward (shardkit forward_prefetch, FSDP1 forward_prefetch=True, FSDP2 "
+                         "set_modules_to_forward_prefetch); default off, as both libraries default")
     ap.add_argument("--lib", default="bazel-bin/capi/libshardkit.so")
     ap.add_argument("--torch_python", default=sys.executable,
                     help="interpreter of the venv that has torch")
@@ -465,8 +477,9 @@ def print_table(runs, models, worlds, configs, args):
 
     pairs = {"DDP": ["DDP"], "FULL_SHARD": ["FSDP1", "FSDP2"]}
     print("\n%d interleaved repetitions x median of %d timed steps (after %d warm-up), batch %d "
-          "per rank, %s compute; ms per step" % (args.reps, args.steps, args.warmup, args.batch,
-                                                  args.dtype))
+          "per rank, %s compute%s; ms per step" % (args.reps, args.steps, args.warmup, args.batch,
+                                                    args.dtype,
+                                                    ", forward prefetch" if args.forward_prefetch else ""))
     print("| model (params sk / torch) | world | config | step ms (spread) | CPU ms/rank (spread) "
           "| peak RSS MiB | shardkit/torch step | shardkit/torch CPU |")
     print("|---|---|---|---|---|---|---|---|")
