@@ -4,8 +4,11 @@
 // not a tracked benchmark:
 //   ./bazelw run -c opt //benchmarks:linear_epilogue -- [--reps=4]
 //
-// A Linear forward today (runtime/nn/transformer.cc: Linear) writes the bias
-// into every row of y (BroadcastRows) and then runs sgemm with beta = 1. Per
+// An f32 Linear forward today (runtime/nn/transformer.cc: Linear, through
+// ops::GemmBias's two-op form) writes the bias into every row of y
+// (BroadcastRows) and then runs sgemm with beta = 1; a bf16 one on bf16
+// hardware adds the bias inside oneDNN's bf16 matmul instead (docs/ops.md:
+// GemmBias; its A/B is step_breakdown --unfused_bias). Per
 // forward shape of gpt-10m and gpt-deep-20m this times, on thread CPU time:
 //   bcast+sgemm   what shardkit does: BroadcastRows' row copies, then
 //                 sk::Gemm (dnnl_sgemm) with beta = 1 (the reference);
