@@ -68,6 +68,24 @@ void BM_PeakFma(benchmark::State& state) {
 }
 BENCHMARK(BM_PeakFma)->Arg(1)->Arg(2)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// The bf16 dot-product peak (vdpbf16ps chains; peak.h), in f32-equivalent
+// FLOPs: the ceiling of the bf16 GEMMs and attention on CPUs with
+// avx512_bf16 and no AMX. Skipped without avx512_bf16.
+void BM_PeakBf16Dot(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  PeakResult peak;
+  for (auto _ : state) peak = bench::MeasureBf16DotPeak(threads);
+  if (peak.per_thread == 0.0) {
+    state.SkipWithError("no avx512_bf16 on this CPU");
+    return;
+  }
+  state.counters["GFLOP/s"] = peak.wall / 1e9;
+  state.counters["GFLOP/cpu_s"] = peak.per_thread / 1e9;
+  state.counters["over_fma_peak"] = peak.per_thread / Peak().per_thread;
+  state.SetLabel(peak.isa);
+}
+BENCHMARK(BM_PeakBf16Dot)->Arg(1)->Arg(2)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // Sets the rate counters of a benchmark that did `flops` per iteration and
 // used `cpu_s` process CPU-seconds in total.
 void SetFlopCounters(benchmark::State& state, double flops, double cpu_s) {

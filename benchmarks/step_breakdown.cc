@@ -25,6 +25,8 @@
 // thread's peak, and over wall time against all threads' peak), then a row per
 // op: calls, CPU ms per step (summed over ranks), share of the step's process
 // CPU time, GFLOP per CPU-second and that as a fraction of one thread's peak.
+// bf16 runs also give the step's model FLOPs per CPU-second against the
+// measured bf16 dot-product peak (peak.h: MeasureBf16DotPeak).
 // "(not in ops)" is the rest of the process CPU time: collectives, FSDP/DDP
 // machinery, the framework and idle spinning. --widen_bf16_attention runs
 // bf16 attention on operands widened to f32 (the path without AVX512-BF16)
@@ -302,7 +304,8 @@ struct Flags {
 };
 
 Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
-              const std::string& mode, const bench::PeakResult& peak) {
+              const std::string& mode, const bench::PeakResult& peak,
+              const bench::PeakResult& bf16_peak) {
   TrainerOptions o;
   o.model = model;
   o.batch_size = f.batch;
@@ -373,6 +376,11 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
               "cpu_MFU %.1f%% (model FLOP per CPU-s / one thread's peak), wall MFU %.1f%% (/ %d threads' peak)\n",
               1e3 * wall, 1e3 * cpu, model_flops / 1e9, 100.0 * model_flops / cpu / peak.per_thread,
               100.0 * model_flops / wall / peak.wall, f.world);
+  if (f.param_dtype == DType::kBF16 && bf16_peak.per_thread > 0.0) {
+    std::printf("bf16: cpu_MFU %.1f%% of the bf16 dot-product peak (%.1f GFLOP per CPU-second, %s)\n",
+                100.0 * model_flops / cpu / bf16_peak.per_thread, bf16_peak.per_thread / 1e9,
+                bf16_peak.isa);
+  }
   struct Row {
     std::string name;
     OpStats s;
@@ -459,6 +467,14 @@ int Main(int argc, char** argv) {
   const bench::PeakResult peak = bench::MeasureFmaPeak(std::min(f.world, cores));
   std::printf("f32 FMA peak (%s): %.1f GFLOP per CPU-second of one thread, %.1f GFLOP/s on %d threads\n",
               peak.isa, peak.per_thread / 1e9, peak.wall / 1e9, std::min(f.world, cores));
+  // bf16 runs also report against the bf16 dot-product peak (twice the FMA
+  // peak where vdpbf16ps issues as often as an FMA; measured, not assumed).
+  const bench::PeakResult bf16_peak =
+      f.param_dtype == DType::kBF16 ? bench::MeasureBf16DotPeak(std::min(f.world, cores)) : bench::PeakResult{};
+  if (f.param_dtype == DType::kBF16) {
+    std::printf("bf16 dot-product peak (%s): %.1f GFLOP per CPU-second of one thread\n", bf16_peak.isa,
+                bf16_peak.per_thread / 1e9);
+  }
   if (f.widen_bf16_attention) SetNativeBf16Attention(false);
   auto* timing = new TimingBackend(ops::CpuOpBackend());  // outlives every op: never freed
   timing->SetGemmShapes(f.gemm_shapes);
@@ -466,7 +482,7 @@ int Main(int argc, char** argv) {
   ops::RegisterOpBackend(DeviceKind::kCpu, timing);
   for (const std::string& model : f.models) {
     for (const std::string& mode : f.modes) {
-      Status s = RunOne(*timing, f, model, mode, peak);
+      Status s = RunOne(*timing, f, model, mode, peak, bf16_peak);
       if (!s.ok()) {
         std::fprintf(stderr, "step_breakdown: %s %s: %s\n", model.c_str(), mode.c_str(), s.ToString().c_str());
         return 1;
