@@ -4,7 +4,7 @@
 //   ./bazelw run -c opt //benchmarks:step_breakdown --
 //       [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] [--world=2]
 //       [--batch=8] [--steps=3] [--optimizer=adamw] [--param_dtype=f32|bf16] [--gemm_shapes]
-//       [--widen_bf16_attention] [--unfused_bias]
+//       [--widen_bf16_attention] [--unfused_bias] [--forward_prefetch]
 //
 // Each configuration trains `world` ranks as threads of this process (local
 // backend, one GEMM thread per rank when the ranks fill the cores: Trainer's
@@ -36,6 +36,8 @@
 // the output, the GEMM accumulating onto it: what a backend without a fused
 // bias runs) instead of inside the bf16 GEMM (ops.h: GemmBias), the A/B of
 // that choice; the header line says "bias unfused" when it is.
+// --forward_prefetch turns on FSDP's forward prefetch (docs/fsdp.md) for the
+// FULL_SHARD runs.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -301,6 +303,7 @@ struct Flags {
   DType param_dtype = DType::kF32;
   bool widen_bf16_attention = false;
   bool unfused_bias = false;
+  bool forward_prefetch = false;
 };
 
 Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
@@ -329,6 +332,7 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
   // mixed precision too).
   o.fsdp.mixed_precision.param_dtype = f.param_dtype;
   o.fsdp.mixed_precision.reduce_dtype = DType::kF32;
+  o.fsdp.forward_prefetch = f.forward_prefetch;
   SK_ASSIGN_OR_RETURN(auto groups, comm::LocalProcessGroup::Create(f.world));
   std::vector<std::unique_ptr<Trainer>> trainers(f.world);
   std::vector<StepMetrics> metrics(f.world);
@@ -368,10 +372,11 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
   const char* attention = f.param_dtype != DType::kBF16 ? ""
                           : NativeBf16Attention()      ? ", bf16 attention on dot products"
                                                        : ", bf16 attention widened to f32";
-  const char* bias = f.unfused_bias ? ", bias unfused" : "";
+  const std::string bias = std::string(f.unfused_bias ? ", bias unfused" : "") +
+                           (f.forward_prefetch && mode != "DDP" ? ", forward prefetch" : "");
   std::printf("\n== %s %s world %d, batch %lld/rank, %s, %s compute%s%s, %d measured steps (load average %.2f) ==\n",
               model.c_str(), mode.c_str(), f.world, static_cast<long long>(f.batch), f.optimizer.c_str(),
-              std::string(DTypeName(f.param_dtype)).c_str(), attention, bias, f.steps, load[0]);
+              std::string(DTypeName(f.param_dtype)).c_str(), attention, bias.c_str(), f.steps, load[0]);
   std::printf("step: %.1f ms wall, %.1f ms process CPU; model %.2f GFLOP/step; "
               "cpu_MFU %.1f%% (model FLOP per CPU-s / one thread's peak), wall MFU %.1f%% (/ %d threads' peak)\n",
               1e3 * wall, 1e3 * cpu, model_flops / 1e9, 100.0 * model_flops / cpu / peak.per_thread,
@@ -451,11 +456,13 @@ int Main(int argc, char** argv) {
       f.widen_bf16_attention = true;
     } else if (a == "--unfused_bias") {
       f.unfused_bias = true;
+    } else if (a == "--forward_prefetch") {
+      f.forward_prefetch = true;
     } else {
       std::fprintf(stderr,
                    "usage: step_breakdown [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] "
                    "[--world=2] [--batch=8] [--steps=3] [--optimizer=adamw|sgd] [--param_dtype=f32|bf16] "
-                   "[--gemm_shapes] [--widen_bf16_attention] [--unfused_bias]\n");
+                   "[--gemm_shapes] [--widen_bf16_attention] [--unfused_bias] [--forward_prefetch]\n");
       return a == "--help" ? 0 : 1;
     }
   }
