@@ -323,10 +323,10 @@ Status RowsOf(const char* op, const char* what, int64_t total, int64_t cols, int
 
 // ---- GEMM -------------------------------------------------------------------
 
-Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
-            const MatrixRef& c) {
-  const char* op = "gemm";
-  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+// Gemm's and GemmBias's operands: dimensions, devices, dtypes, extents and
+// overlaps.
+Status CheckGemmOperands(const char* op, const OpContext& ctx, const GemmParams& p,
+                         const MatrixRef& a, const MatrixRef& b, const MatrixRef& c) {
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 0) {
     return Bad(op, "negative dimension m=" + N(p.m) + " n=" + N(p.n) + " k=" + N(p.k) +
                        " batch=" + N(p.batch));
@@ -348,6 +348,14 @@ Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const
   if (p.m > 0 && p.n > 0 && p.batch > 0 && (Overlap(c.t, a.t) || Overlap(c.t, b.t))) {
     return Bad(op, "C overlaps A or B");
   }
+  return OkStatus();
+}
+
+Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
+            const MatrixRef& c) {
+  const char* op = "gemm";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckGemmOperands(op, ctx, p, a, b, c));
   return Dispatch(be, ctx,
                   GemmCost(p.m, p.n, p.k, p.batch, a.t.dtype(), p.beta != 0.0f, c.t.dtype()),
                   [&] {
@@ -367,13 +375,9 @@ Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, c
   const char* op = "gemm";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
   // Everything is checked before anything is written: the two-op form
-  // writes C before its GEMM would find a bad A or B.
-  if (p.m < 0 || p.n < 0 || p.k < 0) {
-    return Bad(op, "negative dimension m=" + N(p.m) + " n=" + N(p.n) + " k=" + N(p.k));
-  }
-  SK_RETURN_IF_ERROR(CheckTensor(op, "A", ctx, a.t));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "B", ctx, b.t));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "C", ctx, c.t));
+  // writes C before its GEMM would find a bad A or B. The bias's own
+  // conditions first (C's ld among them, before C's extent is checked
+  // against it), then Gemm's.
   SK_RETURN_IF_ERROR(CheckTensor(op, "bias", ctx, bias));
   if (p.beta != 0.0f) return Bad(op, "a bias with beta=" + std::to_string(p.beta) + " (needs 0)");
   if (p.batch != 1) return Bad(op, "a bias with batch=" + N(p.batch) + " (needs 1)");
@@ -381,20 +385,7 @@ Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, c
     return Bad(op, "bias has " + N(bias.numel()) + " elements, expected n=" + N(p.n));
   }
   if (c.ld != p.n) return Bad(op, "a bias with C's ld=" + N(c.ld) + " (needs n=" + N(p.n) + ")");
-  if (a.t.dtype() != b.t.dtype()) {
-    return Bad(op, "A is " + std::string(DTypeName(a.t.dtype())) + " but B is " +
-                       std::string(DTypeName(b.t.dtype())));
-  }
-  if (c.t.dtype() != DType::kF32 && c.t.dtype() != a.t.dtype()) {
-    return Bad(op, "C is " + std::string(DTypeName(c.t.dtype())) + ", expected f32 or A's " +
-                       std::string(DTypeName(a.t.dtype())));
-  }
-  SK_RETURN_IF_ERROR(CheckMatrix(op, "A", a, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k, 1));
-  SK_RETURN_IF_ERROR(CheckMatrix(op, "B", b, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, 1));
-  SK_RETURN_IF_ERROR(CheckMatrix(op, "C", c, p.m, p.n, 1));
-  if (p.m > 0 && p.n > 0 && (Overlap(c.t, a.t) || Overlap(c.t, b.t))) {
-    return Bad(op, "C overlaps A or B");
-  }
+  SK_RETURN_IF_ERROR(CheckGemmOperands(op, ctx, p, a, b, c));
   if (Overlap(bias, c.t)) return Bad(op, "bias overlaps C");
   if (p.m == 0 || p.n == 0) return OkStatus();
   if (!be->GemmAddsBias(p, a.t.dtype(), bias.dtype(), c.t.dtype())) {
