@@ -498,6 +498,24 @@ TEST_P(Conformance, ScaleAxpyFill) {
       for (double v : Down(tx)) EXPECT_TRUE(v == 0.0 && std::signbit(v)) << DTypeName(t) << " " << v;
     }
   }
+  // Fills of many pages (the CPU backend copies its first 4 KiB forward):
+  // every element, including a ragged tail, and nothing past the end.
+  for (DType t : kFloats) {
+    for (int64_t n : {int64_t{2047}, int64_t{2048}, int64_t{4096 * 3 + 5}}) {
+      Tensor whole = Up(Vec(static_cast<size_t>(n) + 1, 2.0), t);
+      StatusOr<Tensor> x = whole.View(0, t, Shape{n});
+      ASSERT_TRUE(x.ok());
+      for (float value : {-1.5f, 0.0f, -0.0f, 3.0f}) {
+        ASSERT_TRUE(Fill(ctx(), *x, value).ok());
+        Vec got = Down(whole);
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_TRUE(got[i] == value && std::signbit(got[i]) == std::signbit(value))
+              << DTypeName(t) << " n=" << n << " value=" << value << " element " << i << " is " << got[i];
+        }
+        EXPECT_EQ(got[n], 2.0) << DTypeName(t) << " n=" << n << ": the element past the end changed";
+      }
+    }
+  }
   // Axpy across every dtype pair (accumulating f32 gradients into 16-bit).
   for (DType xt : kFloats) {
     for (DType yt : kFloats) {

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/ops/cpu/kernels.h"
@@ -490,15 +491,34 @@ class CpuBackend final : public OpBackend {
     return OkStatus();
   }
 
+  // Zero (the common case: gradient buffers) is memset, which glibc runs with
+  // wide and, for large buffers, non-temporal stores; any other value is
+  // written into the first 4 KiB and copied from there. The plain element loop
+  // this replaces stayed scalar at -O2 and ran at a sixth of memset's rate
+  // (step_breakdown: fill was 2.3% of a gpt-deep-20m FULL_SHARD bf16 step).
   Status Fill(const OpContext&, const Tensor& x, float value) override {
-    const int64_t n = x.numel();
+    const size_t n = static_cast<size_t>(x.numel());
     switch (x.dtype()) {
-      case DType::kF32: std::fill(F(x), F(x) + n, value); break;
-      case DType::kBF16: std::fill(x.data_as<BF16>(), x.data_as<BF16>() + n, FloatToBF16(value)); break;
-      case DType::kF16: std::fill(x.data_as<F16>(), x.data_as<F16>() + n, FloatToF16(value)); break;
+      case DType::kF32: FillPattern(F(x), n, value); break;
+      case DType::kBF16: FillPattern(x.data_as<BF16>(), n, FloatToBF16(value)); break;
+      case DType::kF16: FillPattern(x.data_as<F16>(), n, FloatToF16(value)); break;
       default: LOG(FATAL) << "fill: dtype not validated";
     }
     return OkStatus();
+  }
+
+  template <typename T>
+  static void FillPattern(T* p, size_t n, T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    unsigned char bytes[sizeof(T)];
+    std::memcpy(bytes, &v, sizeof(T));
+    if (std::all_of(bytes, bytes + sizeof(T), [](unsigned char b) { return b == 0; })) {
+      std::memset(p, 0, n * sizeof(T));
+      return;
+    }
+    const size_t head = std::min(n, size_t{4096} / sizeof(T));
+    std::fill(p, p + head, v);
+    for (size_t i = head; i < n; i += head) std::memcpy(p + i, p, sizeof(T) * std::min(head, n - i));
   }
 
   Status InitPhilox(const OpContext&, const Initializer& init, uint64_t seed, uint64_t param_id,
