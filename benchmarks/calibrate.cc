@@ -76,6 +76,7 @@
 #include "runtime/sim/sim_ops.h"
 #include "runtime/train/sim_run.h"
 #include "runtime/train/trainer.h"
+#include "tools/cli_flags.h"
 
 DEFINE_string(out, "", "where to write the profile (default: print it)");
 DEFINE_string(name, "cpu-local", "the profile's name");
@@ -953,6 +954,8 @@ int Main() {
 }  // namespace sk
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  sk::cli::ParseFlags(
+      "measures this machine and writes the cpu-local simulator profile: calibrate --out=PATH",
+      __FILE__, &argc, &argv);
   return sk::Main();
 }

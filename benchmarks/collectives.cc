@@ -50,6 +50,7 @@
 #include "runtime/comm/store.h"
 #include "runtime/core/allocator.h"
 #include "runtime/device/device.h"
+#include "tools/cli_flags.h"
 
 DEFINE_string(backends, "local,gloo", "comma-separated: local, gloo");
 DEFINE_string(ranks, "2,4", "comma-separated rank counts");
@@ -371,7 +372,6 @@ int Main() {
 }  // namespace sk::comm
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("collective bandwidth, nccl-tests style (see benchmarks/collectives.cc)");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  sk::cli::ParseFlags("collective bandwidth, nccl-tests style (see benchmarks/collectives.cc)", __FILE__, &argc, &argv);
   return sk::comm::Main();
 }

@@ -29,6 +29,7 @@
 #include "runtime/device/device.h"
 #include "runtime/core/allocator.h"
 #include "runtime/train/trainer.h"
+#include "tools/cli_flags.h"
 
 DEFINE_int32(iterations, 2000, "all_gathers of fingerprint size to time");
 DEFINE_int32(steps, 40, "gpt-tiny steps to time (after 5 warm-up steps)");
@@ -113,6 +114,8 @@ int Main() {
 }  // namespace sk
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  sk::cli::ParseFlags(
+      "what the gloo backend's always-on desync check costs per collective",
+      __FILE__, &argc, &argv);
   return sk::Main();
 }

@@ -19,6 +19,7 @@
 #include "benchmarks/progress.h"
 #include "benchmarks/report.h"
 #include "benchmarks/sim_claims.h"
+#include "tools/cli_flags.h"
 
 DEFINE_string(out, "",
               "output folder; default $BUILD_WORKSPACE_DIRECTORY/bench-out/<harness>-<time> under "
@@ -225,8 +226,7 @@ std::string Wrapped(const std::string& text, size_t width, const std::string& in
 
 int HarnessMain(const std::string& harness, const std::vector<std::string>& names, int argc,
                 char** argv) {
-  gflags::SetUsageMessage("reproduces the PyTorch FSDP paper's experiments at a scale one CPU machine runs");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  sk::cli::ParseFlags("reproduces the PyTorch FSDP paper's experiments at a scale one CPU machine runs", __FILE__, &argc, &argv);
   const auto t0 = std::chrono::steady_clock::now();
   const std::string load_start = LoadAverage(), started = UtcNow();
   std::string out = FLAGS_out;

@@ -25,6 +25,7 @@
 #include "runtime/sim/sim_device.h"
 #include "runtime/sim/sim_process_group.h"
 #include "runtime/sim/topology.h"
+#include "tools/cli_flags.h"
 
 DEFINE_string(profile, "a100-80g", "built-in profile name or a .json path");
 DEFINE_string(ranks, "8,128,512", "comma-separated world sizes");
@@ -137,6 +138,8 @@ int Main() {
 }  // namespace sk::sim
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  sk::cli::ParseFlags(
+      "simulated collective bandwidth, nccl-tests style: sim_collectives [--profile=h100-80g --ranks=16]",
+      __FILE__, &argc, &argv);
   return sk::sim::Main();
 }

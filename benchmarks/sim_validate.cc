@@ -45,6 +45,7 @@
 #include "runtime/sim/profile.h"
 #include "runtime/train/sim_run.h"
 #include "runtime/train/trainer.h"
+#include "tools/cli_flags.h"
 
 DEFINE_int32(steps, 5, "measured steps per configuration (medians); >= 1");
 DEFINE_string(profile, "cpu-local", "the simulator's profile (calibrated on this machine)");
@@ -260,6 +261,8 @@ int Main() {
 }  // namespace sk
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  sk::cli::ParseFlags(
+      "does the simulator predict this machine? sim_validate [--steps=5 --profile=cpu-local]",
+      __FILE__, &argc, &argv);
   return sk::Main();
 }

@@ -27,6 +27,7 @@
 #include "runtime/comm/local_backend.h"
 #include "runtime/comm/store.h"
 #include "runtime/train/trainer.h"
+#include "tools/cli_flags.h"
 
 DEFINE_int64(steps, 10000, "training steps");
 DEFINE_int64(every, 100, "sample RSS every this many steps");
@@ -116,6 +117,8 @@ int Main() {
 }  // namespace sk
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  sk::cli::ParseFlags(
+      "long gloo training run reporting RSS growth per step: soak --steps=10000 --every=100",
+      __FILE__, &argc, &argv);
   return sk::Main();
 }

@@ -17,6 +17,7 @@
 #include <gflags/gflags.h>
 
 #include "runtime/plan/plan.h"
+#include "tools/cli_flags.h"
 
 DEFINE_string(model, "", "model config name (t5-611m, t5-2.28b, t5-11b, gpt-175b, ...)");
 DEFINE_int32(gpus, 8, "GPUs in the simulated cluster");
@@ -129,8 +130,7 @@ sk::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("plan --model=NAME --gpus=N --gpus_per_node=G --profile=P --batch=B");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  sk::cli::ParseFlags("plan --model=NAME --gpus=N --gpus_per_node=G --profile=P --batch=B", __FILE__, &argc, &argv);
   sk::Status s = Run();
   if (!s.ok()) {
     std::fprintf(stderr, "plan: %s\n", s.ToString().c_str());

@@ -19,6 +19,7 @@
 #include "runtime/nn/owned_parameters.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
+#include "tools/cli_flags.h"
 
 DEFINE_string(model, "gpt-1m", "named model config (see //runtime/nn:model_table)");
 DEFINE_int32(steps, 100, "training steps");
@@ -101,7 +102,9 @@ Status Run() {
 }  // namespace sk
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  sk::cli::ParseFlags(
+      "trains a reference model on one process: train --model=gpt-1m --steps=200 [--data=tokens.bin]",
+      __FILE__, &argc, &argv);
   sk::Status s = sk::Run();
   if (!s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.ToString().c_str());

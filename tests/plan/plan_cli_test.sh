@@ -21,6 +21,13 @@ cmp "$tmp/a.json" "$tmp/b.json" || { echo "FAIL: two JSON runs differ" >&2; exit
 grep -q '"simulated": true' "$tmp/a.json" || { echo "FAIL: JSON" >&2; exit 1; }
 "$plan" "${args[@]}" --trace="$tmp/trace.json" > /dev/null 2>&1
 [[ -s "$tmp/trace.json" ]] || { echo "FAIL: no trace written" >&2; exit 1; }
+# --help lists the planner's flags under its usage line, not glog's.
+set +e
+"$plan" --help > "$tmp/help.txt" 2>&1
+set -e
+grep -q -- "-model (model config name" "$tmp/help.txt" || { cat "$tmp/help.txt"; echo "FAIL: --help lacks --model" >&2; exit 1; }
+grep -q "^plan: plan --model=NAME" "$tmp/help.txt" || { echo "FAIL: --help lacks the usage line" >&2; exit 1; }
+if grep -q "alsologtoemail" "$tmp/help.txt"; then echo "FAIL: --help lists glog's flags" >&2; exit 1; fi
 expect_bad() {
   local what="$1"; shift
   set +e

@@ -1,0 +1,47 @@
+#pragma once
+
+// Command-line parsing shared by shardkit's programs (the paper harnesses,
+// the planner, the benchmarks, the train example).
+//
+// gflags' --help lists every flag linked into the binary: glog's ~40
+// logging flags first, this program's own after them. Here --help (and
+// -help) lists only the flags defined in the calling program's source file,
+// under its usage line; --helpfull still lists everything.
+//
+//   int main(int argc, char** argv) {
+//     sk::cli::ParseFlags("what this program does", __FILE__, &argc, &argv);
+
+#include <gflags/gflags.h>
+
+#include <string>
+#include <string_view>
+
+namespace sk::cli {
+
+// The part of a source path gflags' --helpmatch compares against the file a
+// flag was defined in: "benchmarks/harness_main.cc" -> "/harness_main.".
+inline std::string HelpMatch(std::string_view source_file) {
+  const size_t slash = source_file.rfind('/');
+  std::string_view base = slash == std::string_view::npos ? source_file : source_file.substr(slash + 1);
+  const size_t dot = base.rfind('.');
+  if (dot != std::string_view::npos) base = base.substr(0, dot + 1);
+  return (slash == std::string_view::npos ? "" : "/") + std::string(base);
+}
+
+// SetUsageMessage(usage), --help narrowed to `source_file`'s flags, then
+// ParseCommandLineFlags (removing the flags it parsed from argv).
+inline void ParseFlags(const char* usage, const char* source_file, int* argc, char*** argv) {
+  static std::string usage_line;  // gflags keeps the pointer
+  usage_line = std::string(usage) + "\n(--help: this program's flags; --helpfull: every flag, glog's too)";
+  gflags::SetUsageMessage(usage_line);
+  static std::string narrowed;  // argv keeps pointing at it until exit
+  narrowed = "--helpmatch=" + HelpMatch(source_file);
+  for (int i = 1; i < *argc; ++i) {
+    const std::string_view a = (*argv)[i];
+    if (a == "--") break;
+    if (a == "--help" || a == "-help") (*argv)[i] = narrowed.data();
+  }
+  gflags::ParseCommandLineFlags(argc, argv, true);
+}
+
+}  // namespace sk::cli
