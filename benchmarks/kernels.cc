@@ -379,6 +379,33 @@ void BM_OpAxpy(benchmark::State& state) {
 }
 BENCHMARK(BM_OpAxpy)->Arg(0)->Arg(1)->ArgName("bf16")->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// A bias gradient: column sums of dy [kRows, n] (bf16 = 1: a bf16 dy, as
+// under param_dtype = bf16) into an f32 dbias; n = d_model or d_ff.
+void BM_OpBiasGrad(benchmark::State& state) {
+  const ops::OpContext ctx = ops::HostContext();
+  const DType t = state.range(0) ? DType::kBF16 : DType::kF32;
+  const int64_t n = state.range(1);
+  Tensor dy = Host(t, kRows * n, 0.25f);
+  Tensor db = HostF32(n);
+  RunOp(state, ops::BiasGradCost(kRows, n, t), [&] { return ops::BiasGrad(ctx, dy, db); });
+}
+BENCHMARK(BM_OpBiasGrad)
+    ->ArgsProduct({{0, 1}, {kC, kFf}})
+    ->ArgNames({"bf16", "n"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// Fill of 4M f32 elements with zero (0: a gradient buffer's clear) or a
+// non-zero value (1).
+void BM_OpFill(benchmark::State& state) {
+  const ops::OpContext ctx = ops::HostContext();
+  const int64_t n = int64_t{1} << 22;
+  Tensor x = HostF32(n);
+  const float v = state.range(0) ? 1.0f : 0.0f;
+  RunOp(state, ops::FillCost(n, DType::kF32), [&] { return ops::Fill(ctx, x, v); });
+}
+BENCHMARK(BM_OpFill)->Arg(0)->Arg(1)->ArgName("nonzero")->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // One training step (forward + backward + SGD) of a named model on a
 // synthetic batch: tokens/s and model-FLOPs utilisation. MFU counts model
 // FLOPs only; with checkpointing the recomputed forward is not credited.

@@ -265,6 +265,35 @@ TEST(Simd, Bf16AccumulateIsWidenAddNarrowBitForBit) {
   }
 }
 
+TEST(Simd, AddWidenedBf16IsWidenThenAddBitForBit) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> special = {inf, -inf, 3e38f, -3e38f, 1e-39f, -1e-39f,
+                                      0.0f, -0.0f, 1.0f, -1.0f, 1e-30f};
+  for (int64_t n : kLengths) {
+    std::vector<float> x32 = Random(n, 23, -4, 4), acc0 = Random(n, 24, -4, 4);
+    for (int64_t i = 0; i < n && i < static_cast<int64_t>(special.size()); ++i) {
+      x32[i] = special[i];
+      acc0[n - 1 - i] = special[i];
+    }
+    std::vector<BF16> x(n);
+    NarrowToBf16(x32.data(), n, x.data());
+    std::vector<float> want = acc0;
+    for (int64_t i = 0; i < n; ++i) want[i] += BF16ToFloat(x[i]);
+    for (Isa isa : RunnableIsas()) {
+      OnIsa on(isa);
+      std::vector<float> got = acc0;
+      AddWidenedBf16(got.data(), x.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        if (std::isnan(want[i])) {
+          ASSERT_TRUE(std::isnan(got[i])) << IsaName(isa) << " n=" << n << " [" << i << "]";
+        } else {
+          ASSERT_TRUE(SameBits(got[i], want[i])) << IsaName(isa) << " n=" << n << " [" << i << "]";
+        }
+      }
+    }
+  }
+}
+
 // Softmax over `valid` entries of a row: sums in lanes and a vector exp.
 TEST(Simd, SoftmaxRowsMatchDoubleReferenceAndZeroTheMaskedTail) {
   for (int64_t cols : kLengths) {

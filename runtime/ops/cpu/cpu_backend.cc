@@ -579,8 +579,15 @@ class CpuBackend final : public OpBackend {
                  });
       return OkStatus();
     }
-    // dbias accumulates in f32 over every row and is rounded once.
+    // dbias accumulates in f32 over every row and is rounded once; a bf16
+    // row is widened in registers as it is added.
     float* acc = InF32(dbias, 0, cols, Scratch(0, cols));
+    if (dy.dtype() == DType::kBF16) {
+      const BF16* d = dy.data_as<BF16>();
+      for (int64_t r = 0; r < rows; ++r) simd::AddWidenedBf16(acc, d + r * cols, cols);
+      OutDone(dbias, 0, cols, acc);
+      return OkStatus();
+    }
     float* buf = Scratch(1, cols);
     for (int64_t r = 0; r < rows; ++r) AddInPlace(acc, InF32(dy, r * cols, cols, buf), cols);
     OutDone(dbias, 0, cols, acc);

@@ -286,6 +286,9 @@ void NarrowBf16(const float* src, int64_t n, uint16_t* dst) {
 void AccumulateBf16(const float* src, int64_t n, uint16_t* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBF16(BF16ToFloat(BF16{dst[i]}) + src[i]).bits;
 }
+void AddWidenedBf16(float* acc, const uint16_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += BF16ToFloat(BF16{x[i]});
+}
 
 void GeluForward(const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = nn_math::GeluTanh(x[i]);
@@ -524,6 +527,9 @@ void NarrowToBf16(const float* src, int64_t n, BF16* dst) {
 
 void AccumulateBf16(const float* src, int64_t n, BF16* dst) {
   SK_SIMD_DISPATCH_BF16(AccumulateBf16, src, n, reinterpret_cast<uint16_t*>(dst));
+}
+void AddWidenedBf16(float* acc, const BF16* x, int64_t n) {
+  SK_SIMD_DISPATCH_BF16(AddWidenedBf16, acc, reinterpret_cast<const uint16_t*>(x), n);
 }
 
 #undef SK_SIMD_DISPATCH

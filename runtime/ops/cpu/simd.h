@@ -122,6 +122,10 @@ void GeluBackwardBf16(const BF16* x, const BF16* dy, int64_t n, BF16* dx);
 // flush of its f32 gradient sinks into a 16-bit full gradient).
 void AccumulateBf16(const float* src, int64_t n, BF16* dst);
 
+// acc[i] += x[i] widened, in f32: exactly WidenBf16 then AddInPlace, without
+// the f32 copy (a bias gradient's sum over the rows of a bf16 dy).
+void AddWidenedBf16(float* acc, const BF16* x, int64_t n);
+
 }  // namespace sk::simd
 
 #endif  // SHARDKIT_RUNTIME_OPS_CPU_SIMD_H_
