@@ -443,6 +443,7 @@ std::string FormatTable(const PlanResult& result, int top) {
     std::snprintf(line, sizeof(line), "  failed (%d): %s\n", n, why.c_str());
     out += line;
   }
+  for (const std::string& note : result.notes) out += "  " + note + "\n";
   out += "\n";
   std::snprintf(line, sizeof(line), "%4s  %-56s %-4s %9s %9s %8s %7s %9s %8s %6s %9s\n", "rank",
                 "configuration", "fits", "alloc GiB", "rsrvd GiB", "host GiB", "retries", "step s", "TFLOPS",
@@ -529,6 +530,9 @@ std::string FormatJson(const PlanResult& result) {
   o += "  \"source_len\": " + std::to_string(r.source_len) + ",\n";
   o += "  \"recommended\": " + std::to_string(result.recommended) + ",\n";
   o += "  \"recommendation\": " + JsonString(result.recommendation) + ",\n";
+  o += "  \"notes\": [";
+  for (size_t i = 0; i < result.notes.size(); ++i) o += (i ? ", " : "") + JsonString(result.notes[i]);
+  o += "],\n";
   o += "  \"candidates\": [";
   for (size_t i = 0; i < result.results.size(); ++i) {
     const CandidateResult& c = result.results[i];

@@ -180,6 +180,9 @@ struct PlanResult {
   std::string recommendation;
   // Memory per GPU of the profile, bytes.
   int64_t device_memory_bytes = 0;
+  // What the plan left out of its search by default, one sentence each
+  // (Plan: CPU offload when the profile has no host section to price it).
+  std::vector<std::string> notes;
 };
 
 // Sorts results into the planner's ranking (see the header comment).
@@ -205,6 +208,10 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& request, const C
                                              const std::string& trace_path);
 
 // The plan: PlanWith(request, the profile's name and memory, SimulateCandidate).
+// A profile without a "host" section cannot price CPU offload: unless the
+// request names cpu_offload values itself, the search keeps it off and
+// says so in notes (asking for offload there fails each such candidate
+// with FailedPrecondition naming the profile).
 // Errors: InvalidArgument/NotFound for the request or the profile.
 StatusOr<PlanResult> Plan(const PlanRequest& request);
 

@@ -66,8 +66,18 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
 StatusOr<PlanResult> Plan(const PlanRequest& request) {
   SK_RETURN_IF_ERROR(ValidatePlanRequest(request));
   SK_ASSIGN_OR_RETURN(sim::SimProfile profile, sim::LoadProfile(request.profile));
-  return PlanWith(request, profile.name, static_cast<int64_t>(profile.device.memory_bytes),
-                  SimulateCandidate);
+  PlanRequest searched = request;
+  std::string note;
+  if (!profile.host.has_value() && request.space.cpu_offload.empty()) {
+    searched.space.cpu_offload = {false};
+    note = "CPU offload not searched: the profile '" + profile.name +
+           "' has no host section to price the host's memory and rates";
+  }
+  SK_ASSIGN_OR_RETURN(PlanResult result,
+                      PlanWith(searched, profile.name,
+                               static_cast<int64_t>(profile.device.memory_bytes), SimulateCandidate));
+  if (!note.empty()) result.notes.push_back(note);
+  return result;
 }
 
 }  // namespace sk::plan

@@ -157,6 +157,47 @@ TEST(PlanSimTest, CpuOffloadFitsWhatTheDeviceCannotHold) {
   EXPECT_NE(p->recommendation.find(", host "), std::string::npos) << p->recommendation;
 }
 
+// cpu-local has no host section: by default the search leaves CPU offload
+// out and says so; asked for explicitly, offload fails naming the profile.
+TEST(PlanSimTest, AProfileWithoutAHostSectionSkipsOffloadUnlessAsked) {
+  PlanRequest r = Small();
+  r.profile = "cpu-local";
+  r.gpus = 2;
+  r.gpus_per_node = 2;
+  r.space.strategies = {"FULL_SHARD"};
+  r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
+  r.space.cpu_offload.clear();  // the default: off and on
+  auto p = Plan(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->results.size(), 1u);
+  EXPECT_TRUE(p->results[0].fits()) << p->results[0].status;
+  EXPECT_FALSE(p->results[0].candidate.fsdp.cpu_offload);
+  ASSERT_EQ(p->notes.size(), 1u);
+  EXPECT_NE(p->notes[0].find("CPU offload not searched"), std::string::npos) << p->notes[0];
+  EXPECT_NE(p->notes[0].find("cpu-local"), std::string::npos) << p->notes[0];
+  EXPECT_NE(FormatTable(*p).find("CPU offload not searched"), std::string::npos);
+  EXPECT_NE(FormatJson(*p).find("\"notes\": [\"CPU offload not searched"), std::string::npos);
+
+  r.space.cpu_offload = {false, true};
+  auto asked = Plan(r);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  ASSERT_EQ(asked->results.size(), 2u);
+  EXPECT_TRUE(asked->notes.empty());
+  for (const CandidateResult& c : asked->results) {
+    if (!c.candidate.fsdp.cpu_offload) continue;
+    EXPECT_EQ(c.status.code(), StatusCode::kFailedPrecondition) << c.status;
+    EXPECT_NE(c.status.message().find("no host section"), std::string::npos) << c.status;
+  }
+
+  // A profile with a host section searches offload by default, no note.
+  r.profile = "a100-80g";
+  r.space.cpu_offload.clear();
+  auto a100 = Plan(r);
+  ASSERT_TRUE(a100.ok()) << a100.status();
+  EXPECT_EQ(a100->results.size(), 2u);
+  EXPECT_TRUE(a100->notes.empty());
+}
+
 TEST(PlanSimTest, UnknownProfileIsNotFound) {
   PlanRequest r = Small();
   r.profile = "tpu-v9";
