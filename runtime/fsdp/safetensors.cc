@@ -254,7 +254,14 @@ StatusOr<SafeTensorsFile> SafeTensorsFile::Parse(const std::string& path, std::v
                            std::to_string(en) + ") lies outside the data section of " +
                            std::to_string(data_size) + " bytes (truncated?)");
     }
-    uint64_t nbytes = static_cast<uint64_t>(shape->numel()) * DTypeSize(dtype);
+    // numel < 2^63 and dtypes are at most 4 bytes: the product fits in 128
+    // bits, and one that does not fit in 64 can never match a range in the file.
+    const unsigned __int128 wide = static_cast<unsigned __int128>(shape->numel()) * DTypeSize(dtype);
+    const uint64_t nbytes = static_cast<uint64_t>(wide);
+    if (wide != nbytes) {
+      return DataLossError(where + "'" + name + "' has shape " + shape->ToString() + " of " +
+                           std::string(DTypeName(dtype)) + ", whose byte count overflows 64 bits");
+    }
     if (static_cast<uint64_t>(en - b) != nbytes) {
       return DataLossError(where + "'" + name + "' has " + std::to_string(en - b) + " bytes but shape " +
                            shape->ToString() + " of " + std::string(DTypeName(dtype)) + " needs " +

@@ -154,6 +154,24 @@ TEST(SafeTensorsTest, MalformedHeadersAreDataLoss) {
   std::remove(path.c_str());
 }
 
+// A shape whose byte count wraps around 2^64 (4 * (2^62 + 1) = 4 mod 2^64)
+// must not pass for a 4-byte tensor: views of it would read far past the file.
+TEST(SafeTensorsTest, ByteCountOverflowingUint64IsDataLoss) {
+  const std::string header =
+      R"({"a":{"dtype":"F32","shape":[4611686018427387905],"data_offsets":[0,4]}})";
+  std::vector<char> b(8, 0);
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(uint64_t(header.size()) >> (8 * i));
+  b.insert(b.end(), header.begin(), header.end());
+  b.resize(b.size() + 4, 0);
+  std::string path = TempPath("wrap.safetensors");
+  WriteBytes(path, b);
+  StatusOr<SafeTensorsFile> f = SafeTensorsFile::Read(path);
+  ASSERT_FALSE(f.ok()) << "accepted " << f->info("a")->shape.ToString() << " in 4 bytes";
+  EXPECT_EQ(f.status().code(), StatusCode::kDataLoss) << f.status();
+  EXPECT_NE(f.status().message().find("'a'"), std::string::npos) << f.status();
+  std::remove(path.c_str());
+}
+
 TEST(SafeTensorsTest, MissingFileIsNotFound) {
   EXPECT_EQ(SafeTensorsFile::Read(TempPath("nope.safetensors")).status().code(), StatusCode::kNotFound);
 }
