@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -166,14 +167,25 @@ StatusOr<SafeTensorsFile> SafeTensorsFile::Read(const std::string& path) {
   std::vector<char> bytes;
   {
     std::ifstream in(path, std::ios::binary | std::ios::ate);
+    struct stat st;
     if (!in) {
-      struct stat st;
       if (::stat(path.c_str(), &st) != 0) return NotFoundError("checkpoint file '" + path + "' does not exist");
       return UnavailableError("cannot open '" + path + "'");
     }
+    // A directory opens, and seeking to its end "sizes" it as -1 or 2^63 - 1
+    // (so do pipes and devices): only a regular file has a size to read.
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return InvalidArgumentError("'" + path + "' is not a regular file (a directory?), so not a safetensors file");
+    }
     std::streamsize size = in.tellg();
+    if (size < 0) return UnavailableError("cannot size '" + path + "'");
     in.seekg(0);
-    bytes.resize(static_cast<size_t>(size));
+    try {
+      bytes.resize(static_cast<size_t>(size));
+    } catch (const std::bad_alloc&) {
+      return ResourceExhaustedError("'" + path + "' is " + std::to_string(size) +
+                                    " bytes, more than the host memory can hold");
+    }
     if (size > 0 && !in.read(bytes.data(), size)) return UnavailableError("cannot read '" + path + "'");
   }
   return Parse(path, std::move(bytes));

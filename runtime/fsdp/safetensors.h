@@ -61,7 +61,9 @@ class SafeTensorsFile {
   // NotFound if the file does not exist; DataLoss naming the problem if it is
   // truncated, its header is not valid JSON or not safetensors, offsets are out
   // of range or overlap, sizes disagree with shapes, or a checksum fails;
-  // InvalidArgument for a dtype shardkit does not compute in.
+  // InvalidArgument for a dtype shardkit does not compute in, or for a path
+  // that is not a regular file (a directory); ResourceExhausted if the file
+  // does not fit in host memory.
   static StatusOr<SafeTensorsFile> Read(const std::string& path);
   // The file WriteSafeTensors(entries, metadata) would write, held in memory
   // (the entries' bytes are copied). Errors as WriteSafeTensors.

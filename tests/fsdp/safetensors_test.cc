@@ -172,6 +172,18 @@ TEST(SafeTensorsTest, ByteCountOverflowingUint64IsDataLoss) {
   std::remove(path.c_str());
 }
 
+// A directory (or anything else that is not a regular file) is an error
+// naming the path, not a crash: its "size" from seeking is -1 or 2^63 - 1.
+TEST(SafeTensorsTest, DirectoryIsInvalidArgumentNotACrash) {
+  const std::string dir = TempPath("a_directory.safetensors");
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  StatusOr<SafeTensorsFile> f = SafeTensorsFile::Read(dir);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument) << f.status();
+  EXPECT_NE(f.status().message().find(dir), std::string::npos) << f.status();
+  EXPECT_FALSE(SafeTensorsHeaderCrc32(dir).ok());
+}
+
 TEST(SafeTensorsTest, MissingFileIsNotFound) {
   EXPECT_EQ(SafeTensorsFile::Read(TempPath("nope.safetensors")).status().code(), StatusCode::kNotFound);
 }
