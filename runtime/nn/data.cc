@@ -96,7 +96,10 @@ StatusOr<std::vector<int32_t>> SyntheticTokenStream(uint64_t seed, int64_t vocab
 
 StatusOr<std::vector<int32_t>> ReadTokenFile(const std::string& path, TokenWidth width,
                                              int64_t vocab) {
-  if (vocab <= 0) return InvalidArgumentError("vocab must be positive");
+  // Tokens are int32: a larger vocabulary would let 0xffffffff through as -1.
+  if (vocab <= 0 || vocab > (int64_t{1} << 31) - 1) {
+    return InvalidArgumentError("vocab must be in [1, 2^31), got " + std::to_string(vocab));
+  }
   if (width != TokenWidth::kUint16 && width != TokenWidth::kUint32) {
     return InvalidArgumentError("token width must be 2 or 4 bytes");
   }

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,23 @@ TEST(Data, BadTokenFilesAreClearErrors) {
   r = ReadTokenFile(big, TokenWidth::kUint16, 100);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("token 1 is 200"), std::string::npos) << r.status();
+}
+
+// Tokens are int32: a vocabulary past 2^31 - 1 would let a uint32 token of
+// 0xffffffff through as -1 (an out-of-range embedding row), so it is refused.
+TEST(Data, VocabularyBeyondInt32IsInvalidArgument) {
+  std::string path = TempPath("wide.bin");
+  WriteBytes(path, {0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x80});
+  for (int64_t vocab : {int64_t{1} << 31, int64_t{1} << 32, (int64_t{1} << 32) + 5,
+                        std::numeric_limits<int64_t>::max()}) {
+    auto r = ReadTokenFile(path, TokenWidth::kUint32, vocab);
+    ASSERT_FALSE(r.ok()) << vocab << ": read token " << (*r)[0];
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("vocab"), std::string::npos) << r.status();
+  }
+  auto r = ReadTokenFile(path, TokenWidth::kUint32, (int64_t{1} << 31) - 1);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);  // 0xffffffff is outside it
+  EXPECT_NE(r.status().message().find("token 0 is 4294967295"), std::string::npos) << r.status();
 }
 
 TEST(Data, LanguageModelBatchTargetsAreInputsShiftedByOne) {
