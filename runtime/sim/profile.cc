@@ -19,6 +19,8 @@ namespace {
 constexpr double kUs = 1e-6;
 constexpr double kGB = 1e9;
 constexpr double kTera = 1e12;
+// The largest GEMM tile side (and K quantum) a profile may give.
+constexpr int64_t kMaxTile = 1000000;
 
 // Reads numbers written as {"value": x, "source": "..."}, naming the key
 // path of anything wrong.
@@ -131,13 +133,15 @@ StatusOr<ComputeProfile> ParseCompute(const Reader& r, const nlohmann::json& doc
       }
       GemmTile tile{t["m"].get<int64_t>(), t["n"].get<int64_t>(),
                     t["relative_efficiency"].get<double>()};
-      if (tile.m < 1 || tile.n < 1 || !(tile.relative_efficiency > 0) ||
-          tile.relative_efficiency > 1) {
-        return r.Error(p + "gemm_tiles", "a tile needs m, n >= 1 and relative_efficiency in (0, 1]");
+      // Bounded like gemm_k_quantum: pricing computes ceil(m / Tm) * Tm in int64.
+      if (tile.m < 1 || tile.n < 1 || tile.m > kMaxTile || tile.n > kMaxTile ||
+          !(tile.relative_efficiency > 0) || tile.relative_efficiency > 1) {
+        return r.Error(p + "gemm_tiles", "a tile needs m, n in [1, " + std::to_string(kMaxTile) +
+                                             "] and relative_efficiency in (0, 1]");
       }
       out.gemm_tiles.push_back(tile);
     }
-    SK_ASSIGN_OR_RETURN(double kq, r.Number(*c, "gemm_k_quantum", p, 1, 1e6));
+    SK_ASSIGN_OR_RETURN(double kq, r.Number(*c, "gemm_k_quantum", p, 1, kMaxTile));
     out.gemm_k_quantum = static_cast<int64_t>(kq);
   }
   if (c->contains("gemm_table")) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -258,6 +259,26 @@ TEST(ProfileTest, OpRatesAreChecked) {
   StatusOr<SimProfile> ok = ParseProfile(doc, "test");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_TRUE(ok->compute.op_rates.at("gelu_fwd").per_flop);
+}
+
+// A tile is a few hundred elements on a side; one of 2^63 - 1 made pricing
+// overflow int64 (ceil(m / Tm) computed as (m + Tm - 1) / Tm), so the loader
+// bounds tiles as it bounds gemm_k_quantum.
+TEST(ProfileTest, HugeGemmTilesAreRefused) {
+  for (int64_t huge : {std::numeric_limits<int64_t>::max(), int64_t{1} << 40}) {
+    for (const char* side : {"m", "n"}) {
+      nlohmann::json doc = MinimalProfile();
+      nlohmann::json tile = {{"m", 128}, {"n", 128}, {"relative_efficiency", 1.0}};
+      tile[side] = huge;
+      doc["compute"]["gemm_tiles"] = Sourced(nlohmann::json::array({tile}));
+      doc["compute"]["gemm_k_quantum"] = Sourced(32);
+      StatusOr<SimProfile> p = ParseProfile(doc, "test");
+      ASSERT_FALSE(p.ok()) << side << " = " << huge << ": efficiency "
+                           << GemmShapeEfficiency(p->compute, 1000, 1000, 1000, 1);
+      EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(p.status().message().find("compute.gemm_tiles"), std::string::npos) << p.status();
+    }
+  }
 }
 
 TEST(PricingTest, MeasuredTableInterpolatesInLogSpace) {
