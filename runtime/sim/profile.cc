@@ -7,6 +7,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "runtime/core/file_io.h"
+
 namespace sk::sim {
 
 namespace internal {
@@ -21,6 +23,8 @@ constexpr double kGB = 1e9;
 constexpr double kTera = 1e12;
 // The largest GEMM tile side (and K quantum) a profile may give.
 constexpr int64_t kMaxTile = 1000000;
+// How deep a profile file's JSON may nest (ours reach 7).
+constexpr int kMaxProfileNesting = 32;
 
 // Reads numbers written as {"value": x, "source": "..."}, naming the key
 // path of anything wrong.
@@ -256,6 +260,11 @@ StatusOr<SimProfile> LoadProfileFile(const std::string& path) {
   if (!in) return NotFoundError("cannot read profile file '" + path + "'");
   std::stringstream text;
   text << in.rdbuf();
+  // Profiles nest 7 deep; the "network" section is kept as JSON and copied,
+  // which recurses: bound the nesting before anything parses or copies it.
+  if (Status s = CheckJsonNesting(text.str(), kMaxProfileNesting, "profile " + path); !s.ok()) {
+    return InvalidArgumentError(std::string(s.message()));
+  }
   nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
     return InvalidArgumentError("profile " + path + ": not valid JSON");

@@ -8,9 +8,31 @@
 #include <limits>
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace sk::sim {
 namespace {
+
+// Runs `body` in a forked child (address space capped at 2 GiB where no
+// sanitizer needs more) and returns its exit code, or 128 + the signal that
+// killed it: a stack overflow or an exhausted heap fails the test instead of
+// killing the test binary.
+template <typename F>
+int InChild(F body) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    struct rlimit lim = {size_t{2} << 30, size_t{2} << 30};
+    ::setrlimit(RLIMIT_AS, &lim);
+#endif
+    ::_exit(body());
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
 nlohmann::json Sourced(nlohmann::json value) {
   return {{"value", std::move(value)}, {"source", "test"}};
@@ -182,6 +204,29 @@ TEST(ProfileTest, FilesAndBuiltins) {
   EXPECT_EQ(a100->device.memory_bytes, size_t{80} << 30);
   EXPECT_EQ(a100->compute.sm_count, 108);
   EXPECT_DOUBLE_EQ(a100->compute.gemm_peak_flops.at(DType::kBF16), 312e12);
+}
+
+// The "network" section is kept as parsed JSON and copied with the profile;
+// nlohmann copies recursively, so a section nested 10^6 deep overflowed the
+// stack. The file's nesting is bounded before it is parsed.
+TEST(ProfileTest, DeeplyNestedFileIsInvalidArgumentNotAStackOverflow) {
+  const std::string path = ::testing::TempDir() + "/deep_profile.json";
+  {
+    std::string text = MinimalProfile().dump();
+    text.pop_back();
+    std::ofstream(path) << text << ",\"network\":" << std::string(1000000, '[')
+                        << std::string(1000000, ']') << "}";
+  }
+  int rc = InChild([&] {
+    StatusOr<SimProfile> p = LoadProfile(path);
+    if (p.ok()) return 1;
+    if (p.status().code() != StatusCode::kInvalidArgument) return 2;
+    if (std::string(p.status().message()).find("nested deeper") == std::string::npos) return 3;
+    if (std::string(p.status().message()).find(path) == std::string::npos) return 4;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0) << "exit code (128 + signal if it crashed)";
+  std::remove(path.c_str());
 }
 
 ComputeProfile Tiled() {
