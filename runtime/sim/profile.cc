@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <mutex>
-#include <sstream>
 
 #include "runtime/core/file_io.h"
 
@@ -23,8 +21,10 @@ constexpr double kGB = 1e9;
 constexpr double kTera = 1e12;
 // The largest GEMM tile side (and K quantum) a profile may give.
 constexpr int64_t kMaxTile = 1000000;
-// How deep a profile file's JSON may nest (ours reach 7).
+// How deep a profile file's JSON may nest (ours reach 7), and how large it
+// may be (ours are under 64 KiB).
 constexpr int kMaxProfileNesting = 32;
+constexpr int64_t kMaxProfileBytes = int64_t{16} << 20;
 
 // Reads numbers written as {"value": x, "source": "..."}, naming the key
 // path of anything wrong.
@@ -256,16 +256,19 @@ StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view or
 }
 
 StatusOr<SimProfile> LoadProfileFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFoundError("cannot read profile file '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
+  // Bounded: a path naming an endless file (/dev/zero, a pipe) is an error,
+  // not an exhausted heap.
+  StatusOr<std::string> text = ReadFileBounded(path, kMaxProfileBytes, "profile file");
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kResourceExhausted) return text.status();
+    return NotFoundError(std::string(text.status().message()));  // names the path and the reason
+  }
   // Profiles nest 7 deep; the "network" section is kept as JSON and copied,
   // which recurses: bound the nesting before anything parses or copies it.
-  if (Status s = CheckJsonNesting(text.str(), kMaxProfileNesting, "profile " + path); !s.ok()) {
+  if (Status s = CheckJsonNesting(*text, kMaxProfileNesting, "profile " + path); !s.ok()) {
     return InvalidArgumentError(std::string(s.message()));
   }
-  nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json doc = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
     return InvalidArgumentError("profile " + path + ": not valid JSON");
   }

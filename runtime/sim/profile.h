@@ -132,8 +132,9 @@ struct SimProfile {
 // section, a number without a "source", or an out-of-range value.
 StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view origin);
 // Reads and parses the file at `path`. NotFound if it cannot be read;
-// InvalidArgument for malformed JSON (with the parser's message), JSON nested
-// deeper than a profile ever is, or content.
+// ResourceExhausted if it is larger than 16 MiB (an endless file such as
+// /dev/zero is read no further); InvalidArgument for malformed JSON (with the
+// parser's message), JSON nested deeper than a profile ever is, or content.
 StatusOr<SimProfile> LoadProfileFile(const std::string& path);
 // A profile by name: one compiled into the library ("a100-80g", "h100-80g", "h200-141g",
 // "cpu-local"), or, when `name_or_path` ends in ".json", that file.

@@ -229,6 +229,23 @@ TEST(ProfileTest, DeeplyNestedFileIsInvalidArgumentNotAStackOverflow) {
   std::remove(path.c_str());
 }
 
+// A profile path that names an endless file (here a symlink to /dev/zero)
+// is read no further than a bound, not until the heap runs out.
+TEST(ProfileTest, ProfilePointingAtAnEndlessFileIsResourceExhausted) {
+  const std::string path = ::testing::TempDir() + "/endless_profile.json";
+  std::remove(path.c_str());
+  ASSERT_EQ(::symlink("/dev/zero", path.c_str()), 0);
+  int rc = InChild([&] {
+    StatusOr<SimProfile> p = LoadProfile(path);
+    if (p.ok()) return 1;
+    if (p.status().code() != StatusCode::kResourceExhausted) return 2;
+    if (std::string(p.status().message()).find(path) == std::string::npos) return 3;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0) << "exit code (128 + signal if it crashed)";
+  std::remove(path.c_str());
+}
+
 ComputeProfile Tiled() {
   ComputeProfile p;
   p.sm_count = 108;
