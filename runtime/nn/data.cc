@@ -6,6 +6,9 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
+
+#include <sys/stat.h>
 
 #include "runtime/nn/init.h"
 
@@ -105,6 +108,11 @@ StatusOr<std::vector<int32_t>> ReadTokenFile(const std::string& path, TokenWidth
   }
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) return NotFoundError("cannot open token file '" + path + "': " + std::strerror(errno));
+  // A directory opens and "sizes" as 2^63 - 1; a pipe or device has no size.
+  struct stat st;
+  if (::fstat(::fileno(f.get()), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return InvalidArgumentError("token file '" + path + "' is not a regular file (a directory?)");
+  }
   if (std::fseek(f.get(), 0, SEEK_END) != 0) {
     return DataLossError("cannot seek in token file '" + path + "'");
   }
@@ -118,12 +126,19 @@ StatusOr<std::vector<int32_t>> ReadTokenFile(const std::string& path, TokenWidth
                          " bytes, not a multiple of the " + std::to_string(w) +
                          "-byte token width (truncated, or the wrong width?)");
   }
-  std::vector<unsigned char> bytes(static_cast<size_t>(size));
+  std::vector<unsigned char> bytes;
+  std::vector<int32_t> out;
+  try {
+    bytes.resize(static_cast<size_t>(size));
+    out.resize(bytes.size() / w);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError("token file '" + path + "' is " + std::to_string(size) +
+                                  " bytes: it and its tokens do not fit in host memory");
+  }
   if (std::fread(bytes.data(), 1, bytes.size(), f.get()) != bytes.size()) {
     return DataLossError("short read from token file '" + path + "'");
   }
-  const size_t n = bytes.size() / w;
-  std::vector<int32_t> out(n);
+  const size_t n = out.size();
   for (size_t i = 0; i < n; ++i) {
     uint64_t v = 0;
     for (size_t b = 0; b < w; ++b) v |= static_cast<uint64_t>(bytes[i * w + b]) << (8 * b);

@@ -29,7 +29,8 @@ enum class TokenWidth : uint8_t { kUint16 = 2, kUint32 = 4 };
 // layout, no header). Errors, each naming the file: NotFound if it cannot be
 // opened; DataLoss if its size is not a multiple of the width or a read
 // fails; InvalidArgument if it is empty or a token is >= vocab (naming the
-// token's index) or vocab is not in [1, 2^31).
+// token's index), vocab is not in [1, 2^31) or the path is not a regular
+// file (a directory, a pipe); ResourceExhausted if it does not fit in memory.
 StatusOr<std::vector<int32_t>> ReadTokenFile(const std::string& path, TokenWidth width,
                                              int64_t vocab);
 

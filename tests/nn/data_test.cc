@@ -94,6 +94,17 @@ TEST(Data, VocabularyBeyondInt32IsInvalidArgument) {
   EXPECT_NE(r.status().message().find("token 0 is 4294967295"), std::string::npos) << r.status();
 }
 
+// A directory opens with fopen and seeks to a "size" of 2^63 - 1; /dev/null
+// and a pipe are not files of tokens either.
+TEST(Data, APathThatIsNotARegularFileIsInvalidArgument) {
+  for (const std::string& path : {::testing::TempDir(), std::string("/dev/null")}) {
+    auto r = ReadTokenFile(path, TokenWidth::kUint16, 100);
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << path << ": " << r.status();
+    EXPECT_NE(r.status().message().find("not a regular file"), std::string::npos) << r.status();
+  }
+}
+
 TEST(Data, LanguageModelBatchTargetsAreInputsShiftedByOne) {
   auto stream = SyntheticTokenStream(1, 100, 500);
   ASSERT_TRUE(stream.ok());
