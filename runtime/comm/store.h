@@ -69,8 +69,15 @@ class TcpStore final : public Store {
   // this process on `port` (all interfaces); port 0 picks a free port,
   // reported by port(). Unavailable if the server cannot be started or reached.
   // `timeout` also bounds each Set and Add (their reply). A request whose
-  // reply does not come in time leaves the connection unusable: later
-  // requests are Unavailable (make a new TcpStore).
+  // reply does not come in time (or that the server does not take in time)
+  // leaves the connection unusable: later requests are Unavailable (make a
+  // new TcpStore). Add to a key set by Set (not an 8-byte counter), or one
+  // that would overflow int64, is InvalidArgument and changes nothing.
+  // Keys and values are each at most this long: a longer one is
+  // InvalidArgument, and a peer announcing a longer one is a protocol error
+  // (the server drops its connection; the client gets DataLoss).
+  static constexpr size_t kMaxBytes = size_t{256} << 20;
+
   static StatusOr<std::unique_ptr<TcpStore>> Create(const std::string& host, int port, bool serve,
                                                     Duration timeout = kDefaultTimeout);
   ~TcpStore() override;

@@ -2,15 +2,18 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -23,7 +26,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3 };
-enum Reply : uint8_t { kOk = 0, kTimeout = 1 };
+// kRejected: a well-formed request the server refuses (an Add to a value that
+// is not a counter, or one that overflows); the reply value says why.
+enum Reply : uint8_t { kOk = 0, kTimeout = 1, kRejected = 2 };
+
+// Strings arrive in chunks of at most this, so that a length prefix alone
+// (up to TcpStore::kMaxBytes) allocates nothing the peer has not sent.
+constexpr size_t kRecvChunk = size_t{1} << 20;
 
 // The server ends a Get's wait this much before the client's deadline, so
 // that its "not set" reply arrives in time and the client waits exactly its
@@ -32,17 +41,27 @@ Duration ReplyMargin(Duration timeout) { return std::min(Duration(100), timeout 
 
 std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
-// Sends all of `len` bytes. False if the peer went away.
-bool SendAll(int fd, const void* data, size_t len) {
+// Sends all of `len` bytes before `deadline` (a peer that stops reading
+// fills the socket buffer: the send must not block for ever). kOk, or an
+// error status.
+Status SendAll(int fd, const void* data, size_t len, Clock::time_point deadline) {
   const char* p = static_cast<const char*>(data);
   while (len > 0) {
-    ssize_t k = ::send(fd, p, len, MSG_NOSIGNAL);
+    ssize_t k = ::send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return DeadlineExceededError("store: the peer did not take the request in time");
+      pollfd pfd{fd, POLLOUT, 0};
+      int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+      if (r < 0 && errno != EINTR) return UnavailableError(Errno("store: poll"));
+      continue;
+    }
+    if (k <= 0) return UnavailableError(Errno("store: send"));
     p += k;
     len -= static_cast<size_t>(k);
   }
-  return true;
+  return OkStatus();
 }
 
 // Receives exactly `len` bytes before `deadline`. kOk, or an error status.
@@ -65,16 +84,61 @@ Status RecvAll(int fd, void* data, size_t len, Clock::time_point deadline) {
   return OkStatus();
 }
 
-bool SendString(int fd, const std::string& s) {
+// `s` must be at most TcpStore::kMaxBytes long (its length is sent in 4 bytes).
+Status SendString(int fd, const std::string& s, Clock::time_point deadline) {
   uint32_t len = static_cast<uint32_t>(s.size());
-  return SendAll(fd, &len, 4) && SendAll(fd, s.data(), s.size());
+  SK_RETURN_IF_ERROR(SendAll(fd, &len, 4, deadline));
+  return SendAll(fd, s.data(), s.size(), deadline);
 }
 
+// A length-prefixed string. DataLoss if the peer announces more than
+// TcpStore::kMaxBytes; memory grows only as the bytes arrive.
 Status RecvString(int fd, std::string* s, Clock::time_point deadline) {
   uint32_t len = 0;
   SK_RETURN_IF_ERROR(RecvAll(fd, &len, 4, deadline));
-  s->resize(len);
-  return RecvAll(fd, s->data(), len, deadline);
+  if (len > TcpStore::kMaxBytes) {
+    return DataLossError("store: the peer announced a " + std::to_string(len) +
+                         "-byte string, over the limit of " + std::to_string(TcpStore::kMaxBytes) +
+                         " bytes (not a TcpStore peer?)");
+  }
+  s->clear();
+  while (s->size() < len) {
+    const size_t have = s->size();
+    const size_t chunk = std::min<size_t>(len - have, kRecvChunk);
+    s->resize(have + chunk);
+    SK_RETURN_IF_ERROR(RecvAll(fd, s->data() + have, chunk, deadline));
+  }
+  return OkStatus();
+}
+
+// Connects `fd` to `addr` before `deadline` (a blocking connect to a host
+// that drops SYNs, or to a listener whose backlog is full, waits minutes).
+Status ConnectBefore(int fd, const sockaddr* addr, socklen_t addrlen, Clock::time_point deadline) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return UnavailableError(Errno("store: fcntl"));
+  }
+  if (::connect(fd, addr, addrlen) != 0) {
+    if (errno != EINPROGRESS) return UnavailableError(Errno("connect"));
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return DeadlineExceededError("connect: timed out");
+      pollfd pfd{fd, POLLOUT, 0};
+      int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return UnavailableError(Errno("store: poll"));
+      if (r > 0) break;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return UnavailableError(Errno("connect"));
+    if (err != 0) {
+      errno = err;
+      return UnavailableError(Errno("connect"));
+    }
+  }
+  if (::fcntl(fd, F_SETFL, flags) != 0) return UnavailableError(Errno("store: fcntl"));
+  return OkStatus();
 }
 
 }  // namespace
@@ -128,7 +192,7 @@ class TcpStoreServer {
     cv_.notify_all();
     ::shutdown(listen_fd_, SHUT_RDWR);
     accept_thread_.join();
-    for (auto& t : client_threads_) t.join();
+    for (auto& [id, t] : client_threads_) t.join();
     ::close(listen_fd_);
   }
 
@@ -143,13 +207,28 @@ class TcpStoreServer {
     for (;;) {
       pollfd pfd{listen_fd_, POLLIN, 0};
       int r = ::poll(&pfd, 1, 200);
+      std::vector<std::thread> finished;
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (stop_) return;
+        for (uint64_t id : finished_) {
+          auto it = client_threads_.find(id);
+          finished.push_back(std::move(it->second));
+          client_threads_.erase(it);
+        }
+        finished_.clear();
       }
+      // Joined as they end: an unjoined thread keeps its stack, and thousands
+      // of short connections would exhaust the process's memory map.
+      for (auto& t : finished) t.join();
       if (r <= 0) continue;
       int fd = ::accept(listen_fd_, nullptr, nullptr);
-      if (fd < 0) continue;
+      if (fd < 0) {
+        // Out of descriptors or memory: the pending connection stays queued
+        // and poll would report it at once; do not spin.
+        if (errno != EINTR && errno != ECONNABORTED) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       std::lock_guard<std::mutex> lock(mu_);
@@ -157,12 +236,21 @@ class TcpStoreServer {
         ::close(fd);
         return;
       }
+      const uint64_t id = next_id_++;
+      try {
+        client_threads_.emplace(id, std::thread([this, fd, id] { Serve(fd, id); }));
+      } catch (const std::system_error& e) {
+        // No thread for this client (the process is at its thread limit):
+        // it sees its connection closed; the server keeps serving the others.
+        LOG(WARNING) << "store server on port " << port_ << ": dropping a connection: " << e.what();
+        ::close(fd);
+        continue;
+      }
       clients_.push_back(fd);
-      client_threads_.emplace_back([this, fd] { Serve(fd); });
     }
   }
 
-  void Serve(int fd) {
+  void Serve(int fd, uint64_t id) {
     // A client may stay idle for a whole training run: requests have no deadline.
     const auto forever = Clock::time_point::max();
     for (;;) {
@@ -174,6 +262,9 @@ class TcpStoreServer {
       }
       uint8_t reply = kOk;
       std::string out;
+      if ((op == kGet || op == kAdd) && value.size() != sizeof(int64_t)) {
+        break;  // not our protocol (Get and Add carry 8 bytes): drop the connection
+      }
       std::unique_lock<std::mutex> lock(mu_);
       if (stop_) break;
       if (op == kSet) {
@@ -181,7 +272,10 @@ class TcpStoreServer {
         cv_.notify_all();
       } else if (op == kGet) {
         int64_t ms = 0;
-        if (value.size() == sizeof(ms)) std::memcpy(&ms, value.data(), sizeof(ms));
+        std::memcpy(&ms, value.data(), sizeof(ms));
+        // A client asks for at most kMaxTimeout; clamping keeps a foreign
+        // value from overflowing the clock arithmetic.
+        ms = std::clamp<int64_t>(ms, 0, kMaxTimeout.count());
         bool found = cv_.wait_for(lock, Duration(ms),
                                   [&] { return stop_ || data_.count(key) > 0; });
         if (found && data_.count(key) > 0) {
@@ -190,21 +284,30 @@ class TcpStoreServer {
           reply = kTimeout;
         }
       } else if (op == kAdd) {
-        int64_t delta = 0, current = 0;
-        if (value.size() == sizeof(delta)) std::memcpy(&delta, value.data(), sizeof(delta));
+        int64_t delta = 0, current = 0, sum = 0;
+        std::memcpy(&delta, value.data(), sizeof(delta));
         auto it = data_.find(key);
-        if (it != data_.end() && it->second.size() == sizeof(current)) {
-          std::memcpy(&current, it->second.data(), sizeof(current));
+        if (it != data_.end() && it->second.size() != sizeof(current)) {
+          reply = kRejected;
+          out = "it holds a " + std::to_string(it->second.size()) +
+                "-byte value set by Set, not a counter made by Add";
+        } else {
+          if (it != data_.end()) std::memcpy(&current, it->second.data(), sizeof(current));
+          if (__builtin_add_overflow(current, delta, &sum)) {
+            reply = kRejected;
+            out = "adding " + std::to_string(delta) + " to its value " + std::to_string(current) +
+                  " overflows a 64-bit integer";
+          } else {
+            out.assign(reinterpret_cast<const char*>(&sum), sizeof(sum));
+            data_[key] = out;
+            cv_.notify_all();
+          }
         }
-        current += delta;
-        out.assign(reinterpret_cast<const char*>(&current), sizeof(current));
-        data_[key] = out;
-        cv_.notify_all();
       } else {
         break;  // not our protocol: drop the connection
       }
       lock.unlock();
-      if (!SendAll(fd, &reply, 1) || !SendString(fd, out)) break;
+      if (!SendAll(fd, &reply, 1, forever).ok() || !SendString(fd, out, forever).ok()) break;
     }
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = clients_.begin(); it != clients_.end(); ++it) {
@@ -214,6 +317,7 @@ class TcpStoreServer {
       }
     }
     ::close(fd);
+    finished_.push_back(id);
   }
 
   const int listen_fd_;
@@ -224,7 +328,9 @@ class TcpStoreServer {
   std::map<std::string, std::string> data_;
   std::vector<int> clients_;
   std::thread accept_thread_;
-  std::vector<std::thread> client_threads_;
+  uint64_t next_id_ = 0;
+  std::map<uint64_t, std::thread> client_threads_;
+  std::vector<uint64_t> finished_;  // ids of client threads that have ended, to join
 };
 
 StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const std::string& host, int port, bool serve,
@@ -256,13 +362,14 @@ StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const std::string& host, in
     for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
       int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
       if (fd < 0) continue;
-      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      Status connected = ConnectBefore(fd, a->ai_addr, a->ai_addrlen, deadline);
+      if (connected.ok()) {
         ::freeaddrinfo(res);
         int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         return std::unique_ptr<TcpStore>(new TcpStore(fd, port, std::move(server), timeout));
       }
-      last_error = Errno("connect");
+      last_error = std::string(connected.message());
       ::close(fd);
     }
     ::freeaddrinfo(res);
@@ -285,18 +392,39 @@ TcpStore::~TcpStore() {
 
 StatusOr<std::string> TcpStore::Request(uint8_t op, const std::string& key,
                                         const std::string& value, Duration timeout) {
+  if (key.size() > kMaxBytes || value.size() > kMaxBytes) {
+    return InvalidArgumentError("store: a " + std::to_string(key.size()) + "-byte key with a " +
+                                std::to_string(value.size()) + "-byte value exceeds the limit of " +
+                                std::to_string(kMaxBytes) + " bytes for each");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (fd_ < 0) {
     return UnavailableError("store: the connection to port " + std::to_string(port_) +
-                            " was abandoned after an earlier request got no reply in time");
-  }
-  if (!SendAll(fd_, &op, 1) || !SendString(fd_, key) || !SendString(fd_, value)) {
-    return UnavailableError("store: connection to port " + std::to_string(port_) + " lost");
+                            " was abandoned after an earlier request failed or got no reply in time");
   }
   const auto deadline = Clock::now() + timeout;
+  Status sent = SendAll(fd_, &op, 1, deadline);
+  if (sent.ok()) sent = SendString(fd_, key, deadline);
+  if (sent.ok()) sent = SendString(fd_, value, deadline);
+  if (!sent.ok()) {
+    // Part of the request may be on its way: the connection is out of step.
+    ::close(fd_);
+    fd_ = -1;
+    if (sent.code() == StatusCode::kDeadlineExceeded) {
+      return DeadlineExceededError("store: the server on port " + std::to_string(port_) +
+                                   " did not take the request for key '" + key + "' within " +
+                                   std::to_string(timeout.count()) + " ms (is rank 0 alive?)");
+    }
+    return UnavailableError("store: connection to port " + std::to_string(port_) + " lost (" +
+                            std::string(sent.message()) + ")");
+  }
   uint8_t reply = 0;
   std::string out;
   Status got = RecvAll(fd_, &reply, 1, deadline);
+  if (got.ok() && reply != kOk && reply != kTimeout && reply != kRejected) {
+    got = DataLossError("store: the reply's status byte " + std::to_string(reply) +
+                        " is not one a TcpStore server sends (not a TcpStore server?)");
+  }
   if (got.ok()) got = RecvString(fd_, &out, deadline);
   if (!got.ok()) {
     // A reply may still arrive and would answer the next request: this
@@ -308,11 +436,14 @@ StatusOr<std::string> TcpStore::Request(uint8_t op, const std::string& key,
                                    " within " + std::to_string(timeout.count()) + " ms (key '" + key +
                                    "'; is rank 0 alive?)");
     }
-    return got;
+    return got.WithContext("store: request for key '" + key + "' to port " + std::to_string(port_));
   }
   if (reply == kTimeout) {
     return DeadlineExceededError("store: key '" + key + "' was not set within " +
                                  std::to_string(timeout.count()) + " ms");
+  }
+  if (reply == kRejected) {
+    return InvalidArgumentError("store: the server rejected the request for key '" + key + "': " + out);
   }
   return out;
 }
@@ -336,7 +467,10 @@ StatusOr<int64_t> TcpStore::Add(const std::string& key, int64_t delta) {
                               std::string(reinterpret_cast<const char*>(&delta), sizeof(delta)),
                               timeout_));
   int64_t v = 0;
-  if (out.size() != sizeof(v)) return InternalError("store: malformed add reply");
+  if (out.size() != sizeof(v)) {
+    return DataLossError("store: the server on port " + std::to_string(port_) + " answered an Add to key '" +
+                         key + "' with " + std::to_string(out.size()) + " bytes, not 8");
+  }
   std::memcpy(&v, out.data(), sizeof(v));
   return v;
 }

@@ -5,12 +5,17 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "tests/comm/conformance.h"
 #include "tests/comm/gloo_world.h"
@@ -271,6 +276,287 @@ TEST(TcpStore, AGetFromAServerThatDoesNotAnswerWaitsExactlyItsTimeout) {
   Status next = (*client)->Set("k", "v");
   EXPECT_EQ(next.code(), StatusCode::kUnavailable) << next;
   ::close(listener);
+}
+
+// A loopback listener nobody accepts from (a hung or foreign rank 0).
+int ListenOnLoopback(int backlog, int* port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(fd, backlog) != 0) {
+    return -1;
+  }
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
+// A raw connection to a loopback port (-1 on failure).
+int ConnectToLoopback(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void SendRaw(int fd, const void* data, size_t len) {
+  ASSERT_EQ(::send(fd, data, len, MSG_NOSIGNAL), static_cast<ssize_t>(len));
+}
+
+// True if the peer closes `fd` within `timeout` (reading and discarding).
+bool ClosedByPeerWithin(int fd, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buf[256];
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 50) <= 0) continue;
+    if (::recv(fd, buf, sizeof(buf), 0) <= 0) return true;
+  }
+  return false;
+}
+
+int64_t ProcessMiB(const char* field) {  // VmRSS, VmSize from /proc/self/status
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(field, 0) == 0) return std::atoll(line.c_str() + std::strlen(field) + 1) / 1024;
+  }
+  return -1;
+}
+
+// A length prefix was trusted: 0xffffffff made the server allocate (and
+// zero) 4 GiB per string before a byte of it arrived, so a few hostile
+// connections exhausted rank 0's memory. Now a prefix over kMaxBytes drops
+// the connection, memory grows only as bytes arrive, and well-behaved
+// clients are served throughout.
+TEST(TcpStore, AHugeLengthPrefixAllocatesNothingAndOtherClientsAreServed) {
+  auto server = TcpStore::Create("127.0.0.1", 0, true, 5s);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  auto client = TcpStore::Create("127.0.0.1", port, false, 5s);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const int64_t rss_before = ProcessMiB("VmRSS:");
+  for (uint32_t len : {0xffffffffu, 0x80000000u, static_cast<uint32_t>(TcpStore::kMaxBytes) + 1}) {
+    int fd = ConnectToLoopback(port);
+    ASSERT_GE(fd, 0);
+    const uint8_t op = 1;  // Set, with an absurd key length
+    SendRaw(fd, &op, 1);
+    SendRaw(fd, &len, 4);
+    SendRaw(fd, "abc", 3);
+    EXPECT_TRUE(ClosedByPeerWithin(fd, 3s)) << "length " << len;
+    ::close(fd);
+  }
+  // Within the limit but never sent: nothing is allocated for it.
+  std::vector<int> pending;
+  for (int i = 0; i < 4; ++i) {
+    int fd = ConnectToLoopback(port);
+    ASSERT_GE(fd, 0);
+    const uint8_t op = 1;
+    const uint32_t len = static_cast<uint32_t>(TcpStore::kMaxBytes);
+    SendRaw(fd, &op, 1);
+    SendRaw(fd, &len, 4);
+    SendRaw(fd, "abc", 3);
+    pending.push_back(fd);
+  }
+  ASSERT_TRUE((*client)->Set("k", "v").ok());
+  auto v = (*client)->Get("k", 2s);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "v");
+  EXPECT_LT(ProcessMiB("VmRSS:") - rss_before, 200);  // was 1 GiB (4 x 256 MiB zeroed)
+  for (int fd : pending) ::close(fd);
+  std::string too_long(TcpStore::kMaxBytes + 1, 'x');
+  Status s = (*client)->Set("big", too_long);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(Contains(s, "exceeds the limit")) << s;
+}
+
+// A reply from something that is not a TcpStore server: an unknown status
+// byte was taken as success, and a length prefix as an allocation size. Both
+// are DataLoss now, at once; the connection is abandoned.
+TEST(TcpStore, AGarbageReplyIsDataLossNotAValue) {
+  int port = 0;
+  int listener = ListenOnLoopback(4, &port);
+  ASSERT_GE(listener, 0);
+  std::thread fake([&] {
+    for (int i = 0; i < 2; ++i) {
+      int fd = ::accept(listener, nullptr, nullptr);
+      if (fd < 0) return;
+      char buf[64];
+      ::recv(fd, buf, sizeof(buf), 0);
+      const uint8_t reply = i == 0 ? 7 : 0;
+      const uint32_t len = i == 0 ? 2 : 0xfffffff0u;
+      ::send(fd, &reply, 1, MSG_NOSIGNAL);
+      ::send(fd, &len, 4, MSG_NOSIGNAL);
+      ::send(fd, "zz", 2, MSG_NOSIGNAL);
+      ClosedByPeerWithin(fd, 5s);
+      ::close(fd);
+    }
+  });
+  for (int i = 0; i < 2; ++i) {
+    auto client = TcpStore::Create("127.0.0.1", port, false, 5s);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const auto start = std::chrono::steady_clock::now();
+    auto v = (*client)->Get("key", 3s);
+    EXPECT_EQ(v.status().code(), StatusCode::kDataLoss) << (v.ok() ? *v : v.status().ToString());
+    EXPECT_TRUE(Contains(v.status(), "'key'")) << v.status();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+    EXPECT_EQ((*client)->Set("k", "v").code(), StatusCode::kUnavailable);
+  }
+  fake.join();
+  ::close(listener);
+}
+
+// Requests were sent with blocking sends and no deadline: a server that
+// stops reading (hung rank 0, full socket buffers) hung a Set for ever.
+TEST(TcpStore, ASetToAServerThatDoesNotReadFailsWithinItsTimeout) {
+  int port = 0;
+  int listener = ListenOnLoopback(4, &port);
+  ASSERT_GE(listener, 0);
+  auto client = TcpStore::Create("127.0.0.1", port, false, 1s);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::atomic<bool> done{false};
+  Status s;
+  std::chrono::steady_clock::duration took{};
+  std::thread setter([&] {
+    const auto start = std::chrono::steady_clock::now();
+    s = (*client)->Set("key", std::string(32 << 20, 'x'));  // more than the socket buffers hold
+    took = std::chrono::steady_clock::now() - start;
+    done = true;
+  });
+  for (int i = 0; i < 100 && !done; ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(done) << "Set still blocked after 5 s";
+  ::close(listener);  // resets the connection: unblocks a hung send
+  setter.join();
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(Contains(s, "'key'")) << s;
+  EXPECT_LT(took, 3s);
+  EXPECT_EQ((*client)->Set("k", "v").code(), StatusCode::kUnavailable);
+}
+
+// connect() had no deadline: a listener whose backlog is full (or a host
+// that drops SYNs) kept Create in the kernel's SYN retries for minutes.
+TEST(TcpStore, ConnectingToAFullBacklogFailsWithinTheTimeout) {
+  int port = 0;
+  int listener = ListenOnLoopback(0, &port);
+  ASSERT_GE(listener, 0);
+  std::vector<int> fillers;
+  for (int i = 0; i < 4; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    fillers.push_back(fd);
+  }
+  std::this_thread::sleep_for(100ms);
+  std::atomic<bool> done{false};
+  std::thread closer([&] {
+    for (int i = 0; i < 100 && !done; ++i) std::this_thread::sleep_for(50ms);
+    ::shutdown(listener, SHUT_RDWR);  // unblocks a hung connect, if any, at its next SYN
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto client = TcpStore::Create("127.0.0.1", port, false, 1s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  done = true;
+  closer.join();
+  EXPECT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), StatusCode::kDeadlineExceeded) << client.status();
+  EXPECT_LT(took, 3s);
+  for (int fd : fillers) ::close(fd);
+  ::close(listener);
+}
+
+// Add trusted whatever was at the key: a value set by Set counted as 0 and
+// was overwritten, and int64 overflow was undefined behaviour (it wrapped).
+// Both are InvalidArgument now and change nothing.
+TEST(TcpStore, AddRejectsOverflowAndNonCounterValuesAndChangesNothing) {
+  auto server = TcpStore::Create("127.0.0.1", 0, true, 5s);
+  ASSERT_TRUE(server.ok()) << server.status();
+  TcpStore& store = **server;
+  ASSERT_EQ(*store.Add("n", INT64_MAX), INT64_MAX);
+  auto over = store.Add("n", 1);
+  EXPECT_EQ(over.status().code(), StatusCode::kInvalidArgument) << over.status();
+  EXPECT_TRUE(Contains(over.status(), "overflows")) << over.status();
+  EXPECT_TRUE(Contains(over.status(), "'n'")) << over.status();
+  EXPECT_EQ(*store.Add("n", 0), INT64_MAX);
+  ASSERT_EQ(*store.Add("m", INT64_MIN), INT64_MIN);
+  EXPECT_EQ(store.Add("m", -1).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store.Set("s", "hello").ok());
+  auto not_counter = store.Add("s", 1);
+  EXPECT_EQ(not_counter.status().code(), StatusCode::kInvalidArgument) << not_counter.status();
+  EXPECT_TRUE(Contains(not_counter.status(), "not a counter")) << not_counter.status();
+  EXPECT_EQ(*store.Get("s", 1s), "hello");
+  EXPECT_EQ(*store.Add("n", -1), INT64_MAX - 1);  // the connection is still in step
+}
+
+// A Get's wait came from the wire unchecked: INT64_MAX ms overflowed the
+// clock arithmetic (undefined behaviour) and answered "not set" at once.
+// It is clamped now; the raw client is answered when the key is set.
+TEST(TcpStore, AForeignGetTimeoutIsClampedNotOverflowed) {
+  auto server = TcpStore::Create("127.0.0.1", 0, true, 5s);
+  ASSERT_TRUE(server.ok()) << server.status();
+  int fd = ConnectToLoopback((*server)->port());
+  ASSERT_GE(fd, 0);
+  const uint8_t op = 2;
+  const uint32_t key_len = 1, value_len = 8;
+  const int64_t ms = INT64_MAX;
+  SendRaw(fd, &op, 1);
+  SendRaw(fd, &key_len, 4);
+  SendRaw(fd, "x", 1);
+  SendRaw(fd, &value_len, 4);
+  SendRaw(fd, &ms, 8);
+  std::this_thread::sleep_for(200ms);
+  ASSERT_TRUE((*server)->Set("x", "set").ok());
+  std::string reply;  // status byte, 4-byte length, value
+  const auto deadline = std::chrono::steady_clock::now() + 2s;
+  while (reply.size() < 8 && std::chrono::steady_clock::now() < deadline) {
+    pollfd pfd{fd, POLLIN, 0};
+    if (::poll(&pfd, 1, 50) <= 0) continue;
+    char buf[16];
+    ssize_t k = ::recv(fd, buf, sizeof(buf), 0);
+    if (k <= 0) break;
+    reply.append(buf, static_cast<size_t>(k));
+  }
+  ASSERT_EQ(reply.size(), 8u);
+  EXPECT_EQ(reply[0], 0);  // kOk, not kTimeout
+  EXPECT_EQ(reply.substr(5), "set");
+  ::close(fd);
+}
+
+// Each connection's server thread was joined only when the server was
+// destroyed, keeping its stack: thousands of short connections (a port
+// scanner, a reconnecting client) grew rank 0 by 8 MiB each until thread
+// creation failed and the uncaught std::system_error aborted it.
+TEST(TcpStore, ShortConnectionsDoNotAccumulateServerThreads) {
+  auto server = TcpStore::Create("127.0.0.1", 0, true, 5s);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  auto churn = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      int fd = ConnectToLoopback(port);
+      ASSERT_GE(fd, 0);
+      ::close(fd);
+    }
+    std::this_thread::sleep_for(600ms);  // the server reaps ended threads every 200 ms
+  };
+  churn(20);
+  const int64_t before = ProcessMiB("VmSize:");
+  churn(300);
+  const int64_t grown = ProcessMiB("VmSize:") - before;
+  EXPECT_LT(grown, 300) << "MiB for 300 closed connections";  // was 2.4 GiB
+  auto client = TcpStore::Create("127.0.0.1", port, false, 5s);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ(*(*client)->Add("n", 1), 1);
 }
 
 // Issue 14, item 11: ranks created with different world sizes fail at
