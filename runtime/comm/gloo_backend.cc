@@ -80,7 +80,17 @@ uint8_t* Bytes(const void* p) { return static_cast<uint8_t*>(const_cast<void*>(p
 // group size it was created with; rank 0 reads every rank's, the others read
 // rank 0's. InvalidArgument naming both ranks and sizes on a mismatch;
 // DeadlineExceeded naming the ranks that did not join within `timeout`.
+// First, each rank claims its rank: a second process given the same rank
+// (a wrong RANK) fails here with InvalidArgument naming the rank, before it
+// publishes anything, instead of overwriting the first one's address in
+// Gloo's rendezvous ("Connection refused", or a peer waiting its timeout).
 Status AgreeOnGroupSize(Store& store, const std::string& group, int rank, int size, Duration timeout) {
+  SK_ASSIGN_OR_RETURN(int64_t claims, store.Add("rank_claims/" + std::to_string(rank), 1));
+  if (claims != 1) {
+    return InvalidArgumentError("gloo group '" + group + "' of size " + std::to_string(size) + ": rank " +
+                                std::to_string(rank) + " is claimed by more than one process (" +
+                                std::to_string(claims) + " so far): each process needs its own rank");
+  }
   auto key = [](int r) { return "group_size/" + std::to_string(r); };
   SK_RETURN_IF_ERROR(store.Set(key(rank), std::to_string(size)));
   const auto deadline = Clock::now() + timeout;

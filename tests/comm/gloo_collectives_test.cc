@@ -584,6 +584,42 @@ TEST(GlooProcessGroup, AWorldSizeMismatchIsNamedWithBothSizes) {
   }
 }
 
+// Two processes given the same rank: the later one overwrote the earlier
+// one's address in Gloo's rendezvous and failed with "Connection refused"
+// (or left a peer waiting its timeout), never naming the duplicate rank.
+// Now the duplicate fails at once, naming it, and the others form the group.
+TEST(GlooProcessGroup, TwoProcessesClaimingOneRankAreNamed) {
+  auto server = TcpStore::Create("127.0.0.1", 0, true, 5s);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  GlooOptions o;
+  o.timeout = 3s;
+  auto connect = [&] {
+    auto client = TcpStore::Create("127.0.0.1", port, false, 5s);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return std::shared_ptr<Store>(std::move(client).value());
+  };
+  // The first claimant of rank 1 is already in (its claim made), then the duplicate comes.
+  ASSERT_EQ(*connect()->Add("dup/rank_claims/1", 1), 1);
+  const auto start = std::chrono::steady_clock::now();
+  auto duplicate = GlooProcessGroup::Create(connect(), "dup", 1, 2, o);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  EXPECT_EQ(duplicate.status().code(), StatusCode::kInvalidArgument) << duplicate.status();
+  EXPECT_TRUE(Contains(duplicate.status(), "rank 1 is claimed by more than one process"))
+      << duplicate.status();
+  EXPECT_TRUE(Contains(duplicate.status(), "'dup'")) << duplicate.status();
+  // Two ranks racing for the same rank: exactly one of them is told so.
+  std::vector<Status> results(3);
+  const int ranks[3] = {0, 1, 1};
+  testing::RunRanks(3, [&](int i) {
+    results[i] = GlooProcessGroup::Create(connect(), "race", ranks[i], 2, o).status();
+  });
+  int named = 0;
+  for (const Status& s : results) named += Contains(s, "rank 1 is claimed by more than one process");
+  EXPECT_EQ(named, 1) << results[0] << " / " << results[1] << " / " << results[2];
+  EXPECT_TRUE(results[0].ok()) << results[0];
+}
+
 TEST(DistributedEnv, ReadsTorchrunVariablesAndNamesWhatIsMissing) {
   setenv("RANK", "1", 1);
   setenv("WORLD_SIZE", "4", 1);
