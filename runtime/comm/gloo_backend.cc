@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -424,11 +426,15 @@ StatusOr<DistributedEnv> DistributedEnv::FromEnvironment() {
       if (required) return InvalidArgumentError(std::string("environment variable ") + name + " is not set");
       return fallback;
     }
+    // Decimal digits only (strtol would also take " 1", "+1" and "-0"),
+    // at most 2^24: more ranks than any launcher starts, and a port fits.
+    constexpr long kMax = 1L << 24;
     char* end = nullptr;
-    long x = std::strtol(v, &end, 10);
-    if (*end != '\0' || x < 0 || x > 1 << 24) {
+    errno = 0;
+    const long x = std::isdigit(static_cast<unsigned char>(*v)) ? std::strtol(v, &end, 10) : -1;
+    if (x < 0 || *end != '\0' || errno == ERANGE || x > kMax) {
       return InvalidArgumentError(std::string("environment variable ") + name + "='" + v +
-                                  "' is not a non-negative integer");
+                                  "' is not an integer in [0, " + std::to_string(kMax) + "]");
     }
     return static_cast<int>(x);
   };
@@ -446,6 +452,16 @@ StatusOr<DistributedEnv> DistributedEnv::FromEnvironment() {
   if (env.world_size < 1 || env.rank >= env.world_size) {
     return InvalidArgumentError("RANK=" + std::to_string(env.rank) + " is not below WORLD_SIZE=" +
                                 std::to_string(env.world_size));
+  }
+  // Both set (as torchrun and our launcher set them): the local rank must be
+  // one of the node's. (LOCAL_WORLD_SIZE alone is also read as a thread
+  // budget, e.g. set to the core count: not checked against WORLD_SIZE.)
+  const char* local_rank = get("LOCAL_RANK");
+  if (local_rank != nullptr && *local_rank != '\0' &&
+      (env.local_world_size < 1 || env.local_rank >= env.local_world_size)) {
+    return InvalidArgumentError("LOCAL_RANK=" + std::to_string(env.local_rank) + " and LOCAL_WORLD_SIZE=" +
+                                std::to_string(env.local_world_size) +
+                                " do not fit: LOCAL_RANK must be below LOCAL_WORLD_SIZE");
   }
   if (env.master_port < 1 || env.master_port > 65535) {
     return InvalidArgumentError("MASTER_PORT=" + std::to_string(env.master_port) +

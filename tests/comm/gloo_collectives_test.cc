@@ -640,6 +640,32 @@ TEST(DistributedEnv, ReadsTorchrunVariablesAndNamesWhatIsMissing) {
   EXPECT_TRUE(Contains(DistributedEnv::FromEnvironment().status(), "RANK='x'"));
   unsetenv("RANK");
   EXPECT_TRUE(Contains(DistributedEnv::FromEnvironment().status(), "RANK is not set"));
+  // Digits only, within [0, 2^24], and the message says so.
+  for (const char* bad : {" 1", "+1", "-0", "-1", "1x", "16777217", "99999999999999999999"}) {
+    setenv("RANK", bad, 1);
+    Status s = DistributedEnv::FromEnvironment().status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(Contains(s, "is not an integer in [0, 16777216]")) << bad << ": " << s;
+  }
+  setenv("RANK", "1", 1);
+  // LOCAL_RANK below LOCAL_WORLD_SIZE, which is at most WORLD_SIZE.
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  setenv("LOCAL_RANK", "2", 1);
+  EXPECT_TRUE(Contains(DistributedEnv::FromEnvironment().status(), "LOCAL_RANK=2 and LOCAL_WORLD_SIZE=2 do not fit"));
+  setenv("LOCAL_WORLD_SIZE", "0", 1);
+  EXPECT_TRUE(Contains(DistributedEnv::FromEnvironment().status(), "LOCAL_WORLD_SIZE=0 do not fit"));
+  // LOCAL_WORLD_SIZE alone may exceed WORLD_SIZE (a thread budget: compare.py).
+  unsetenv("LOCAL_RANK");
+  setenv("LOCAL_WORLD_SIZE", "16", 1);
+  EXPECT_TRUE(DistributedEnv::FromEnvironment().ok());
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  auto local = DistributedEnv::FromEnvironment();
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(local->local_rank, 1);
+  EXPECT_EQ(local->local_world_size, 2);
+  unsetenv("LOCAL_RANK");
+  unsetenv("LOCAL_WORLD_SIZE");
 }
 
 }  // namespace
