@@ -11,6 +11,7 @@
 // desync), and a verdict naming the ranks that are behind. Exit code 0 when
 // the dumps were read (whatever they say), 2 on usage or read errors.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -55,40 +56,139 @@ struct Group {
 };
 
 constexpr int64_t kMaxDumpBytes = 64 << 20;
+// Largest group a dump may claim: Report lists every rank of it.
+constexpr int64_t kMaxGroupSize = 1 << 20;
+constexpr int kDumpVersion = 1;
 
-bool ReadDump(const std::string& path, std::map<std::string, Group>* groups) {
+// Field `key` of object `o` when it has the JSON type the format gives it
+// (missing fields keep `*out`); else a message naming the field.
+bool GetString(const json& o, const char* key, std::string* out, std::string* why) {
+  auto it = o.find(key);
+  if (it == o.end()) return true;
+  if (!it->is_string()) {
+    *why = std::string("field '") + key + "' is " + it->type_name() + ", not a string";
+    return false;
+  }
+  *out = it->get<std::string>();
+  return true;
+}
+
+// As GetString, for integers in [lo, hi].
+bool GetInt(const json& o, const char* key, int64_t lo, int64_t hi, int64_t* out, std::string* why) {
+  auto it = o.find(key);
+  if (it == o.end()) return true;
+  // Positive numbers parse as unsigned: compare them as such (no wrap).
+  const bool fits = it->is_number_unsigned()
+                        ? it->get<uint64_t>() <= static_cast<uint64_t>(hi) &&
+                              (lo <= 0 || it->get<uint64_t>() >= static_cast<uint64_t>(lo))
+                        : it->is_number_integer() && it->get<int64_t>() >= lo && it->get<int64_t>() <= hi;
+  if (!fits) {
+    *why = std::string("field '") + key + "' is " + it->dump() + ", not an integer";
+    if (lo != INT64_MIN || hi != INT64_MAX) *why += " in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    return false;
+  }
+  *out = it->get<int64_t>();
+  return true;
+}
+
+// The dump at `path`, or false with a message naming what is wrong with it.
+bool ParseDump(const std::string& path, std::string* group, std::string* backend, int* size, RankDump* d,
+               std::string* why) {
   sk::StatusOr<std::string> text = sk::ReadFileBounded(path, kMaxDumpBytes, "flight recorder dump");
   if (!text.ok()) {
-    std::fprintf(stderr, "flight_merge: %s\n", text.status().ToString().c_str());
+    *why = text.status().ToString();
     return false;
   }
-  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "shardkit.flight_recorder" ||
-      !j.contains("entries") || !j["entries"].is_array() || !j["rank"].is_number_integer() ||
-      !j["size"].is_number_integer() || !j["group"].is_string()) {
-    std::fprintf(stderr, "flight_merge: '%s' is not a flight recorder dump\n", path.c_str());
+  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    *why = "'" + path + "' is not a flight recorder dump (not a JSON object)";
     return false;
   }
-  Group& g = (*groups)[j["group"].get<std::string>()];
-  g.backend = j.value("backend", "");
-  g.size = j["size"].get<int>();
-  RankDump d;
-  d.rank = j["rank"].get<int>();
-  d.dumped_at_us = j.value("dumped_at_us", int64_t{0});
-  d.reason = j.value("reason", "");
-  for (const json& je : j["entries"]) {
-    if (!je.is_object() || !je.contains("seq") || !je["seq"].is_number_integer()) continue;
+  std::string format;
+  int64_t version = kDumpVersion, rank = -1, sz = -1;
+  std::string field;
+  const bool fields_ok = GetString(j, "format", &format, &field) && GetInt(j, "version", 0, INT64_MAX, &version, &field) &&
+                         GetString(j, "group", group, &field) && GetString(j, "backend", backend, &field) &&
+                         GetInt(j, "size", 1, kMaxGroupSize, &sz, &field) &&
+                         GetInt(j, "rank", 0, kMaxGroupSize - 1, &rank, &field) &&
+                         GetInt(j, "dumped_at_us", INT64_MIN, INT64_MAX, &d->dumped_at_us, &field) &&
+                         GetString(j, "reason", &d->reason, &field);
+  if (format != "shardkit.flight_recorder") {
+    *why = "'" + path + "' is not a flight recorder dump (no \"format\": \"shardkit.flight_recorder\")";
+    return false;
+  }
+  if (!fields_ok) {
+    *why = "flight recorder dump '" + path + "': " + field;
+    return false;
+  }
+  if (version != kDumpVersion) {
+    *why = "flight recorder dump '" + path + "' has version " + std::to_string(version) + "; this flight_merge reads version " +
+           std::to_string(kDumpVersion);
+    return false;
+  }
+  if (!j.contains("group") || !j.contains("size") || !j.contains("rank") || !j.contains("entries") ||
+      !j["entries"].is_array()) {
+    *why = "flight recorder dump '" + path + "' lacks one of group, size, rank and an entries array";
+    return false;
+  }
+  if (rank >= sz) {
+    *why = "flight recorder dump '" + path + "': rank " + std::to_string(rank) + " is not in [0, size " +
+           std::to_string(sz) + ")";
+    return false;
+  }
+  *size = static_cast<int>(sz);
+  d->rank = static_cast<int>(rank);
+  const json& entries = j["entries"];
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const json& je = entries[i];
     Entry e;
-    e.seq = je["seq"].get<int64_t>();
-    e.call = je.value("call", "");
-    e.label = je.value("label", "");
-    e.state = je.value("state", "");
-    e.error = je.value("error", "");
-    e.enqueued_us = je.value("enqueued_us", int64_t{0});
-    e.started_us = je.value("started_us", int64_t{0});
-    e.ended_us = je.value("ended_us", int64_t{0});
-    d.entries[e.seq] = e;
+    e.seq = -1;
+    const bool ok = je.is_object() && GetInt(je, "seq", 0, INT64_MAX - 1, &e.seq, &field) &&
+                    GetString(je, "call", &e.call, &field) && GetString(je, "label", &e.label, &field) &&
+                    GetString(je, "state", &e.state, &field) && GetString(je, "error", &e.error, &field) &&
+                    GetInt(je, "enqueued_us", INT64_MIN, INT64_MAX, &e.enqueued_us, &field) &&
+                    GetInt(je, "started_us", INT64_MIN, INT64_MAX, &e.started_us, &field) &&
+                    GetInt(je, "ended_us", INT64_MIN, INT64_MAX, &e.ended_us, &field);
+    if (!ok || e.seq < 0) {
+      *why = "flight recorder dump '" + path + "': entry " + std::to_string(i) + ": " +
+             (!je.is_object() ? std::string("not an object") : ok ? std::string("no 'seq'") : field);
+      return false;
+    }
+    if (!d->entries.emplace(e.seq, e).second) {
+      *why = "flight recorder dump '" + path + "': entry " + std::to_string(i) + " repeats seq " + std::to_string(e.seq);
+      return false;
+    }
   }
+  return true;
+}
+
+bool ReadDump(const std::string& path, std::map<std::string, Group>* groups) {
+  std::string name, backend, why;
+  int size = 0;
+  RankDump d;
+  if (!ParseDump(path, &name, &backend, &size, &d, &why)) {
+    std::fprintf(stderr, "flight_merge: %s\n", why.c_str());
+    return false;
+  }
+  auto it = groups->find(name);
+  if (it != groups->end()) {
+    const Group& g = it->second;
+    if (g.size != size || g.backend != backend) {
+      std::fprintf(stderr,
+                   "flight_merge: '%s' (rank %d) says group '%s' is %s with %d ranks, but an earlier dump says %s "
+                   "with %d ranks: dumps of different runs?\n",
+                   path.c_str(), d.rank, name.c_str(), backend.c_str(), size, g.backend.c_str(), g.size);
+      return false;
+    }
+    if (g.ranks.count(d.rank)) {
+      std::fprintf(stderr, "flight_merge: '%s': a second dump of rank %d of group '%s'\n", path.c_str(), d.rank,
+                   name.c_str());
+      return false;
+    }
+  }
+  Group& g = (*groups)[name];
+  g.backend = backend;
+  g.size = size;
   g.ranks[d.rank] = std::move(d);
   return true;
 }

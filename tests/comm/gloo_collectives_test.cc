@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -173,6 +174,49 @@ TEST(GlooProcessGroup, AMissingPeerIsNamedAndTheFlightRecorderSaysWhoIsBehind) {
       << report;
   EXPECT_NE(report.find("rank 2: never issued it (last issued #0)"), std::string::npos) << report;
   EXPECT_NE(report.find("verdict: behind: ranks 2"), std::string::npos) << report;
+}
+
+// flight_merge reads dumps a user points it at: a field of the wrong type, a
+// size or rank out of range, another format version, or dumps of one group
+// that disagree are each named (exit 2), never an abort or a loop over 2^31
+// ranks. A good dump next to them is still reported.
+TEST(FlightMerge, NamesWhatIsWrongWithEachBadDump) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/flight_bad." + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto dump = [](const std::string& group, const std::string& top, const std::string& entry) {
+    return "{\"format\": \"shardkit.flight_recorder\", \"version\": 1, \"group\": \"" + group +
+           "\", \"backend\": \"gloo\", " + top + ", \"entries\": [{\"seq\": 0, \"call\": \"barrier #0\", " + entry + "}]}";
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {dump("a", "\"rank\": 0, \"size\": 2, \"reason\": 5", "\"state\": \"completed\""), "field 'reason' is number, not a string"},
+      {dump("b", "\"rank\": 0, \"size\": 2", "\"state\": \"completed\", \"ended_us\": \"late\""),
+       "entry 0: field 'ended_us' is \"late\", not an integer"},
+      {dump("c", "\"rank\": 0, \"size\": -2147483649", "\"state\": \"completed\""), "field 'size' is -2147483649"},
+      {dump("d", "\"rank\": 3, \"size\": 2", "\"state\": \"completed\""), "rank 3 is not in [0, size 2)"},
+      {dump("e", "\"rank\": 0, \"size\": 2, \"version\": 2", "\"state\": \"completed\""), "has version 2"},
+      {dump("f", "\"rank\": 0, \"size\": 2", "\"seq\": 18446744073709551615"), "field 'seq' is 18446744073709551615"},
+      {dump("g", "\"rank\": 0, \"size\": 2", "\"state\": \"completed\""), ""},
+      {dump("g", "\"rank\": 1, \"size\": 3", "\"state\": \"completed\""), "an earlier dump says gloo with 2 ranks"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::ofstream(dir + "/d" + std::to_string(i) + ".json") << cases[i].first;
+  }
+  FILE* p = ::popen(("runtime/comm/flight_merge " + dir + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string report;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) report.append(buf, n);
+  const int status = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(status)) << report;
+  EXPECT_EQ(WEXITSTATUS(status), 2) << report;
+  for (const auto& [text, error] : cases) {
+    if (!error.empty()) {
+      EXPECT_NE(report.find(error), std::string::npos) << error << "\n" << report;
+    }
+  }
+  EXPECT_NE(report.find("group 'g' (gloo, 2 ranks): dumps from ranks 0;"), std::string::npos) << report;
 }
 
 TEST(FlightRecorder, KeepsTheLastCollectivesInFixedMemory) {
