@@ -106,6 +106,17 @@ StatusOr<std::unique_ptr<ProcessGroup>> NetworkModelProcessGroup::NewGroup(
 }
 
 StatusOr<std::shared_ptr<Work>> NetworkModelProcessGroup::Launch(Collective c, Stream& stream) {
+  // Parse takes any finite numbers, so an extreme model ("latency_us=1e300",
+  // "bandwidth_gbps=1e-320") can need more time than a steady_clock duration
+  // holds (about 292 years): converting it would overflow (undefined; in
+  // practice no delay at all). Refused before anything is issued.
+  constexpr double kMaxModelledSeconds = 1e9;
+  const double seconds = model_.Seconds(c.kind, c.nccl_bytes(), size());
+  if (!(seconds >= 0 && seconds <= kMaxModelledSeconds)) {
+    return InvalidArgumentError("network model (" + model_.ToString() + "): " + c.Describe() + " would take " +
+                                std::to_string(seconds) + " s, more than the " +
+                                std::to_string(static_cast<int64_t>(kMaxModelledSeconds)) + " s a model may delay");
+  }
   // When the collective starts on the stream (not when it was issued).
   auto start = std::make_shared<Clock::time_point>();
   SK_RETURN_IF_ERROR(stream.Enqueue([start]() -> Status {
@@ -134,7 +145,7 @@ StatusOr<std::shared_ptr<Work>> NetworkModelProcessGroup::Launch(Collective c, S
   }
   SK_RETURN_IF_ERROR(inner.status());
   const auto modelled = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(model_.Seconds(c.kind, c.nccl_bytes(), size())));
+      std::chrono::duration<double>(seconds));
   std::shared_ptr<Work> inner_work = std::move(inner).value();
   // The stream is busy until the modelled link would be done, as a real one is.
   return EnqueueOnStream(inner_work->description() + " [" + model_.ToString() + "]", stream,

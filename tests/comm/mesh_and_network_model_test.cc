@@ -133,6 +133,29 @@ TEST(NetworkModelProcessGroup, DataMovesAndCompletionWaitsForTheModel) {
   });
 }
 
+// Parse takes any finite number, so a model can need more time than a clock
+// duration holds: the collective is refused, naming the model, instead of an
+// overflowing conversion (which in practice completed at once).
+TEST(NetworkModelProcessGroup, AModelTooSlowForTheClockIsRefused) {
+  for (const char* spec : {"ring:latency_us=1e300", "tree:bandwidth_gbps=1e-320"}) {
+    auto model = LinkModel::Parse(spec);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto inner = LocalGroup(2);
+    std::vector<std::unique_ptr<NetworkModelProcessGroup>> groups;
+    for (auto& g : inner) groups.push_back(*NetworkModelProcessGroup::Wrap(std::move(g), *model));
+    RunRanks(2, [&](int r) {
+      auto stream = MakeStream(r, "comm");
+      Tensor in = MakeTensor(r, DType::kF32, 3);
+      Tensor out = MakeTensor(r, DType::kF32, 6);
+      auto work = groups[r]->all_gather(out, in, *stream);
+      ASSERT_FALSE(work.ok()) << spec;
+      EXPECT_EQ(work.status().code(), StatusCode::kInvalidArgument) << work.status();
+      EXPECT_NE(work.status().ToString().find("network model (" + model->ToString() + ")"), std::string::npos)
+          << work.status();
+    });
+  }
+}
+
 TEST(NetworkModelProcessGroup, MeshSubGroupsKeepTheModel) {
   auto inner = LocalGroup(4);
   std::vector<std::unique_ptr<ProcessGroup>> world;
