@@ -184,6 +184,26 @@ TEST(SafeTensorsTest, DirectoryIsInvalidArgumentNotACrash) {
   EXPECT_FALSE(SafeTensorsHeaderCrc32(dir).ok());
 }
 
+// Names and metadata become JSON, which is UTF-8: a name that is not is an
+// error naming it, not nlohmann's type_error escaping the library.
+TEST(SafeTensorsTest, ANameThatIsNotUtf8IsInvalidArgumentNotAnException) {
+  float x = 1.f;
+  const std::string bad = std::string("w\xff\xfe");
+  std::string path = TempPath("not_utf8.safetensors");
+  Status s = WriteSafeTensors(path, {{bad, DType::kF32, Shape{1}, &x}});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("is not valid UTF-8"), std::string::npos) << s;
+  EXPECT_FALSE(SafeTensorsFile::Read(path).ok());  // nothing was written
+  s = WriteSafeTensors(path, {{"w", DType::kF32, Shape{1}, &x}}, {{"note", bad}});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("metadata entry 'note'"), std::string::npos) << s;
+  StatusOr<SafeTensorsFile> f = SafeTensorsFile::FromEntries({{bad, DType::kF32, Shape{1}, &x}});
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument) << f.status();
+  // Valid multi-byte UTF-8 is a name like any other.
+  EXPECT_TRUE(WriteSafeTensors(path, {{"gewicht_\xc3\xa4", DType::kF32, Shape{1}, &x}}).ok());
+  std::remove(path.c_str());
+}
+
 TEST(SafeTensorsTest, MissingFileIsNotFound) {
   EXPECT_EQ(SafeTensorsFile::Read(TempPath("nope.safetensors")).status().code(), StatusCode::kNotFound);
 }
