@@ -1,6 +1,7 @@
 // The low level: model specs and the FSDP engine around caller-computed
 // units (runtime/train/engine.h does the work).
 #include "capi/abi.h"
+#include "runtime/core/file_io.h"
 
 namespace {
 
@@ -74,6 +75,10 @@ SK_EXPORT sk_status_t sk_model_spec_add_unit(sk_model_spec* spec, const char* na
   SK_CHECK(CheckHandle(spec, "spec"));
   SK_CHECK(CheckString(name, "name"));
   if (name[0] == '\0') return Fail(SK_STATUS_INVALID_ARGUMENT, "unit name is empty");
+  // Names go into checkpoint indexes and safetensors headers: JSON, UTF-8.
+  if (!sk::IsValidUtf8(name)) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT, "unit name '" + std::string(name) + "' is not valid UTF-8");
+  }
   for (const sk::UnitSpec& u : spec->units) {
     if (u.name == name) {
       return Fail(SK_STATUS_INVALID_ARGUMENT, "a unit named '" + u.name + "' already exists");
@@ -100,6 +105,10 @@ SK_EXPORT sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
     return Fail(SK_STATUS_INVALID_ARGUMENT, "sk_param_spec.name is NULL or empty (unit '" + u.name + "')");
   }
   const std::string name = c.name;
+  if (!sk::IsValidUtf8(name)) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT,
+                "sk_param_spec.name '" + name + "' (unit '" + u.name + "') is not valid UTF-8");
+  }
   for (const sk::ParamSpec& p : u.params) {
     if (p.name == name) {
       return Fail(SK_STATUS_INVALID_ARGUMENT,

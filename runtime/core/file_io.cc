@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <nlohmann/json.hpp>
+
 namespace sk {
 
 namespace {
@@ -142,6 +144,15 @@ Status CheckJsonNesting(std::string_view text, int max_depth, const std::string&
     }
   }
   return OkStatus();
+}
+
+bool IsValidUtf8(std::string_view s) {
+  try {
+    (void)nlohmann::json(std::string(s)).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
 }
 
 }  // namespace sk

@@ -65,6 +65,11 @@ StatusOr<std::string> ReadFileBounded(const std::string& path, int64_t max_bytes
 // inside strings do not count. Linear time, no allocation.
 Status CheckJsonNesting(std::string_view text, int max_depth, const std::string& what);
 
+// Whether `s` is valid UTF-8, as every string in JSON text must be (names
+// that go into checkpoint indexes, safetensors headers and traces): decided
+// by nlohmann's own encoder, which throws on anything else.
+bool IsValidUtf8(std::string_view s);
+
 }  // namespace sk
 
 #endif  // SHARDKIT_RUNTIME_CORE_FILE_IO_H_

@@ -96,28 +96,17 @@ StatusOr<std::string> SerializeHeader(const std::vector<SafeTensorsEntry>& entri
     offset += nbytes;
   }
   header["__metadata__"] = meta;
-  // JSON text is UTF-8: nlohmann throws on a name or metadata string that is
-  // not. Name the first such string instead of letting the exception out.
-  std::string json;
-  try {
-    json = header.dump();
-  } catch (const nlohmann::json::type_error&) {
-    auto utf8 = [](const std::string& s) {
-      try {
-        (void)nlohmann::json(s).dump();
-        return true;
-      } catch (const nlohmann::json::type_error&) {
-        return false;
-      }
-    };
-    for (const SafeTensorsEntry& e : entries) {
-      if (!utf8(e.name)) return InvalidArgumentError("tensor name '" + e.name + "' is not valid UTF-8");
-    }
-    for (const auto& [k, v] : metadata) {
-      if (!utf8(k) || !utf8(v)) return InvalidArgumentError("metadata entry '" + k + "' is not valid UTF-8");
-    }
-    return InvalidArgumentError("the safetensors header is not valid UTF-8");
+  // JSON text is UTF-8 (nlohmann's dump throws on anything else): name the
+  // string that is not.
+  for (const SafeTensorsEntry& e : entries) {
+    if (!IsValidUtf8(e.name)) return InvalidArgumentError("tensor name '" + e.name + "' is not valid UTF-8");
   }
+  for (const auto& [k, v] : metadata) {
+    if (!IsValidUtf8(k) || !IsValidUtf8(v)) {
+      return InvalidArgumentError("metadata entry '" + k + "' is not valid UTF-8");
+    }
+  }
+  std::string json = header.dump();
   // Pad with spaces so the data section starts 8-byte aligned (as the
   // reference implementation does).
   while ((json.size() + 8) % 8 != 0) json.push_back(' ');

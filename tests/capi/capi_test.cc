@@ -1105,6 +1105,13 @@ TEST(CapiModelSpec, BadParametersAreRejectedWithTheParameterNamed) {
   EXPECT_ERROR_MENTIONS("already");
   p.name = "";
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  // Names end up in checkpoint indexes and safetensors headers (JSON):
+  // bytes that are not UTF-8 are refused here, not an exception at save.
+  p.name = "w\xff";
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, &p, nullptr));
+  EXPECT_ERROR_MENTIONS("not valid UTF-8");
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_unit(spec, "unit\xc3", nullptr));
+  EXPECT_ERROR_MENTIONS("not valid UTF-8");
   p.name = "fine";
   EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_model_spec_add_param(spec, 1, &p, nullptr));
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_param(spec, 0, nullptr, nullptr));

@@ -825,7 +825,7 @@ typedef struct sk_model_spec sk_model_spec;
 
 typedef struct sk_param_spec {
   size_t struct_size;
-  const char* name;      /* unique within its unit; not empty */
+  const char* name;      /* unique within its unit; not empty; UTF-8 */
   int32_t ndim;          /* 0 (a scalar) .. SK_MAX_DIMS */
   const int64_t* shape;  /* ndim entries >= 0; may be NULL when ndim is 0 */
   sk_dtype_t dtype;      /* 0 or SK_DTYPE_F32: the master copy is always f32
@@ -841,7 +841,7 @@ typedef struct sk_param_spec {
 SK_EXPORT SK_NODISCARD sk_status_t sk_model_spec_create(sk_model_spec** out_spec);
 /* Accepts NULL. Engines created from the spec keep their own copy. */
 SK_EXPORT void sk_model_spec_destroy(sk_model_spec* spec);
-/* Appends a unit named `name` (unique, not empty); *out_unit (may be NULL)
+/* Appends a unit named `name` (unique, not empty, UTF-8); *out_unit (may be NULL)
  * receives its index, 0, 1, ... in call order. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_model_spec_add_unit(sk_model_spec* spec, const char* name,
                                                           int32_t* out_unit);
