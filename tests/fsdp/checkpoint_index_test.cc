@@ -3,8 +3,6 @@
 // overflowed the stack (SIGSEGV) and /dev/zero was read until memory ran out,
 // which must fail that case, not the whole test binary.
 #include <gtest/gtest.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -15,6 +13,7 @@
 #include "runtime/core/file_io.h"
 #include "runtime/fsdp/checkpoint_index.h"
 #include "runtime/fsdp/safetensors.h"
+#include "tests/util/child_process.h"
 
 namespace sk {
 namespace {
@@ -29,23 +28,7 @@ std::string TempDir(const std::string& name) {
   return d;
 }
 
-// Runs `body` in a child (with at most 2 GiB of address space, so an
-// unbounded read fails there fast instead of exhausting the machine) and
-// returns its exit code, or 128 + signal.
-template <typename F>
-int InChild(F body) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-    struct rlimit lim = {size_t{2} << 30, size_t{2} << 30};
-    ::setrlimit(RLIMIT_AS, &lim);
-#endif
-    ::_exit(body());
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using sk::testing::InChild;
 
 TEST(CheckpointIndexBounds, DeeplyNestedIndexIsDataLossNotAStackOverflow) {
   const std::string dir = TempDir("deep");

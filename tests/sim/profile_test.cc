@@ -8,31 +8,14 @@
 #include <limits>
 
 #include <gtest/gtest.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
+
+#include "tests/util/child_process.h"
 
 namespace sk::sim {
 namespace {
 
-// Runs `body` in a forked child (address space capped at 2 GiB where no
-// sanitizer needs more) and returns its exit code, or 128 + the signal that
-// killed it: a stack overflow or an exhausted heap fails the test instead of
-// killing the test binary.
-template <typename F>
-int InChild(F body) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-    struct rlimit lim = {size_t{2} << 30, size_t{2} << 30};
-    ::setrlimit(RLIMIT_AS, &lim);
-#endif
-    ::_exit(body());
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using sk::testing::InChild;
 
 nlohmann::json Sourced(nlohmann::json value) {
   return {{"value", std::move(value)}, {"source", "test"}};
