@@ -41,6 +41,22 @@ Duration ReplyMargin(Duration timeout) { return std::min(Duration(100), timeout 
 
 std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
+// Waits until `fd` is ready for `events` (POLLIN, POLLOUT), in polls of at
+// most a second. DeadlineExceeded(`late`) once `deadline` has passed (checked
+// before each poll, so also when the fd is ready then), Unavailable if poll
+// fails.
+Status WaitReady(int fd, short events, Clock::time_point deadline, const char* late) {
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return DeadlineExceededError(late);
+    pollfd pfd{fd, events, 0};
+    int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return UnavailableError(Errno("store: poll"));
+    if (r > 0) return OkStatus();
+  }
+}
+
 // Sends all of `len` bytes before `deadline` (a peer that stops reading
 // fills the socket buffer: the send must not block for ever). kOk, or an
 // error status.
@@ -50,11 +66,7 @@ Status SendAll(int fd, const void* data, size_t len, Clock::time_point deadline)
     ssize_t k = ::send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0) return DeadlineExceededError("store: the peer did not take the request in time");
-      pollfd pfd{fd, POLLOUT, 0};
-      int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-      if (r < 0 && errno != EINTR) return UnavailableError(Errno("store: poll"));
+      SK_RETURN_IF_ERROR(WaitReady(fd, POLLOUT, deadline, "store: the peer did not take the request in time"));
       continue;
     }
     if (k <= 0) return UnavailableError(Errno("store: send"));
@@ -68,13 +80,7 @@ Status SendAll(int fd, const void* data, size_t len, Clock::time_point deadline)
 Status RecvAll(int fd, void* data, size_t len, Clock::time_point deadline) {
   char* p = static_cast<char*>(data);
   while (len > 0) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return DeadlineExceededError("store: no reply in time");
-    pollfd pfd{fd, POLLIN, 0};
-    int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return UnavailableError(Errno("store: poll"));
-    if (r == 0) continue;
+    SK_RETURN_IF_ERROR(WaitReady(fd, POLLIN, deadline, "store: no reply in time"));
     ssize_t k = ::recv(fd, p, len, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) return UnavailableError("store: connection closed");
@@ -120,15 +126,7 @@ Status ConnectBefore(int fd, const sockaddr* addr, socklen_t addrlen, Clock::tim
   }
   if (::connect(fd, addr, addrlen) != 0) {
     if (errno != EINPROGRESS) return UnavailableError(Errno("connect"));
-    for (;;) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0) return DeadlineExceededError("connect: timed out");
-      pollfd pfd{fd, POLLOUT, 0};
-      int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) return UnavailableError(Errno("store: poll"));
-      if (r > 0) break;
-    }
+    SK_RETURN_IF_ERROR(WaitReady(fd, POLLOUT, deadline, "connect: timed out"));
     int err = 0;
     socklen_t len = sizeof(err);
     if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return UnavailableError(Errno("connect"));
