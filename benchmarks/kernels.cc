@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -82,7 +83,7 @@ void BM_PeakBf16Dot(benchmark::State& state) {
   state.counters["GFLOP/s"] = peak.wall / 1e9;
   state.counters["GFLOP/cpu_s"] = peak.per_thread / 1e9;
   state.counters["over_fma_peak"] = peak.per_thread / Peak().per_thread;
-  state.SetLabel(peak.isa);
+  state.SetLabel(std::string(peak.isa) + (bench::HasAmxBf16() ? " (AMX here: not the bf16 GEMMs' ceiling)" : ""));
 }
 BENCHMARK(BM_PeakBf16Dot)->Arg(1)->Arg(2)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 

@@ -110,6 +110,8 @@ PeakResult MeasureFmaPeak(int threads) {
   return MeasurePeak(threads, "avx2 fma", FmaLoopAvx2);
 }
 
+bool HasAmxBf16() { return __builtin_cpu_supports("amx-bf16"); }
+
 PeakResult MeasureBf16DotPeak(int threads) {
   if (!HasAvx512Bf16()) return PeakResult{0.0, 0.0, "none (no avx512_bf16)"};
   return MeasurePeak(threads, "avx512_bf16 vdpbf16ps", Bf16DotLoopAvx512);

@@ -27,6 +27,11 @@ PeakResult MeasureFmaPeak(int threads);
 // AMX CPUs oneDNN's bf16 GEMMs run on the tiles instead and can exceed it.
 PeakResult MeasureBf16DotPeak(int threads);
 
+// Whether this CPU has AMX with bf16 tiles (Sapphire Rapids and later), on
+// which oneDNN's bf16 GEMMs exceed MeasureBf16DotPeak: reports that quote
+// that peak say so next to it.
+bool HasAmxBf16();
+
 // The CPU seconds of `clock` (CLOCK_THREAD_CPUTIME_ID, CLOCK_PROCESS_CPUTIME_ID).
 double CpuSeconds(clockid_t clock);
 
