@@ -1,5 +1,6 @@
 #include "runtime/comm/network_model.h"
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -30,24 +31,36 @@ StatusOr<LinkModel> LinkModel::Parse(std::string_view spec) {
     std::string rest(spec.substr(spec.find(':') + 1));
     std::stringstream ss(rest);
     std::string item;
+    bool seen_latency = false, seen_bandwidth = false;
     while (std::getline(ss, item, ',')) {
       size_t eq = item.find('=');
       std::string key = item.substr(0, eq);
       std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
-      char* end = nullptr;
-      double v = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !std::isfinite(v)) {
+      // A plain decimal number: from_chars takes no sign '+', no leading
+      // space and no hex (strtod took all three), and must use every char.
+      double v = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v,
+                                             std::chars_format::general);
+      if (value.empty() || ec != std::errc() || end != value.data() + value.size() ||
+          !std::isfinite(v)) {
         return InvalidArgumentError("network model '" + std::string(spec) + "': '" + item +
-                                    "' is not KEY=NUMBER");
+                                    "' is not KEY=NUMBER (a decimal number)");
       }
-      if (key == "latency_us") {
-        m.latency_us = v;
-      } else if (key == "bandwidth_gbps") {
-        m.bandwidth_gbps = v;
-      } else {
+      bool* seen = key == "latency_us" ? &seen_latency : key == "bandwidth_gbps" ? &seen_bandwidth : nullptr;
+      if (seen == nullptr) {
         return InvalidArgumentError("network model '" + std::string(spec) + "': unknown key '" +
                                     key + "' (latency_us, bandwidth_gbps)");
       }
+      if (*seen) {
+        return InvalidArgumentError("network model '" + std::string(spec) + "': '" + key +
+                                    "' is given twice");
+      }
+      *seen = true;
+      (key == "latency_us" ? m.latency_us : m.bandwidth_gbps) = v;
+    }
+    if (rest.empty() || rest.back() == ',') {
+      return InvalidArgumentError("network model '" + std::string(spec) +
+                                  "': expected KEY=NUMBER after ':' and after every ','");
     }
   }
   if (m.latency_us < 0 || m.bandwidth_gbps <= 0) {

@@ -89,6 +89,22 @@ TEST(LinkModel, ParsesSpecsAndNamesMistakes) {
   EXPECT_EQ(LinkModel::Parse("ring:speed=3").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(LinkModel::Parse("ring:bandwidth_gbps=0").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(LinkModel::Parse("ring:latency_us=abc").status().code(), StatusCode::kInvalidArgument);
+  // Only plain decimal numbers, each key once, nothing empty: what strtod
+  // and a last-wins loop used to accept quietly.
+  for (const char* bad : {"ring:bandwidth_gbps=0x10", "ring:bandwidth_gbps=+5", "ring:bandwidth_gbps= 5",
+                          "ring:bandwidth_gbps=5 ", "ring:latency_us=inf", "ring:latency_us=nan",
+                          "ring:latency_us=1,latency_us=2", "ring:", "ring:latency_us=1,",
+                          "ring:,latency_us=1"}) {
+    auto r = LinkModel::Parse(bad);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  auto twice = LinkModel::Parse("tree:bandwidth_gbps=5,bandwidth_gbps=50");
+  EXPECT_NE(std::string(twice.status().message()).find("'bandwidth_gbps' is given twice"), std::string::npos)
+      << twice.status();
+  auto sci = LinkModel::Parse("ring:latency_us=1.5e1,bandwidth_gbps=2.5");
+  ASSERT_TRUE(sci.ok()) << sci.status();
+  EXPECT_EQ(sci->latency_us, 15);
+  EXPECT_EQ(sci->bandwidth_gbps, 2.5);
 }
 
 TEST(LinkModel, AlphaBetaFormulas) {
