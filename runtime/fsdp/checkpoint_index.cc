@@ -76,9 +76,11 @@ json IndexToJson(const CheckpointIndex& ix, const OptimizerOptions* opt) {
   }
   j["units"] = units;
   json files = json::array();
-  for (const auto& f : ix.files)
-    files.push_back({{"name", f.name}, {"shard_rank", f.shard_rank}, {"bytes", f.bytes},
-                     {"header_crc32", f.header_crc32}});
+  for (const auto& f : ix.files) {
+    json jf = {{"name", f.name}, {"shard_rank", f.shard_rank}, {"bytes", f.bytes}};
+    if (f.header_crc32 >= 0) jf["header_crc32"] = f.header_crc32;  // absent, as older indexes, when unknown
+    files.push_back(jf);
+  }
   j["files"] = files;
   return j;
 }

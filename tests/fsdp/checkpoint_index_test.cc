@@ -8,7 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/core/file_io.h"
 #include "runtime/fsdp/checkpoint_index.h"
@@ -81,6 +84,68 @@ TEST(CheckpointIndexBounds, DeeplyNestedSafetensorsHeaderIsDataLoss) {
 TEST(CheckpointIndexBounds, NestingCheckIgnoresBracketsInStrings) {
   EXPECT_TRUE(CheckJsonNesting(R"({"a": "[[[[[[[[[[\"[[[[", "b": [1, [2]]})", 3, "x").ok());
   EXPECT_EQ(CheckJsonNesting("[[[]]]", 2, "x").code(), StatusCode::kDataLoss);
+}
+
+
+// An index text with files[0].header_crc32 set to `crc` (or the key removed
+// when `crc` is absent), re-signed as the writer signs it: the CRC-32 of the
+// compact JSON without the "index_crc32" key.
+std::string WithHeaderCrc(const std::string& text, std::optional<int64_t> crc) {
+  nlohmann::json j = nlohmann::json::parse(text);
+  if (crc) {
+    j["files"][0]["header_crc32"] = *crc;
+  } else {
+    j["files"][0].erase("header_crc32");
+  }
+  j.erase("index_crc32");
+  const std::string compact = j.dump();
+  j["index_crc32"] = Crc32(compact.data(), compact.size());
+  return j.dump(1);
+}
+
+// header_crc32: absent in indexes written before it was recorded, which
+// still load (-1 in memory). Serialising such an index leaves the key out:
+// it wrote -1, which the reader rejects, so an index re-written from an old
+// one could not be read back. Outside [0, 2^32) is DataLoss naming the field.
+TEST(CheckpointIndexFields, HeaderCrcIsACrcOrAbsent) {
+  CheckpointIndex ix;
+  ix.checkpoint_id = "test-id";
+  ix.model = "gpt-tiny";
+  ix.world_size = 1;
+  ix.shard_group_size = 1;
+  ix.strategy = "FULL_SHARD";
+  CheckpointIndex::Unit u;
+  u.name = "unit0";
+  u.unpadded_numel = u.padded_numel = u.shard_numel = 4;
+  u.params.push_back({"w", Shape({2, 2}), 0, 4});
+  ix.units.push_back(u);
+  ix.files.push_back({CheckpointRankFileName(0), 0, 128, -1});
+  const std::string without = SerializeCheckpointIndex(ix, nullptr);
+  EXPECT_EQ(without.find("header_crc32"), std::string::npos) << without;
+  auto parsed = ParseCheckpointIndex("index.json", without);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->files[0].header_crc32, -1);
+
+  ix.files[0].header_crc32 = 0x1234abcd;
+  const std::string with = SerializeCheckpointIndex(ix, nullptr);
+  auto round = ParseCheckpointIndex("index.json", with);
+  ASSERT_TRUE(round.ok()) << round.status();
+  EXPECT_EQ(round->files[0].header_crc32, 0x1234abcd);
+
+  for (int64_t crc : {int64_t{0}, int64_t{0xffffffffll}}) {
+    auto r = ParseCheckpointIndex("index.json", WithHeaderCrc(with, crc));
+    ASSERT_TRUE(r.ok()) << crc << ": " << r.status();
+    EXPECT_EQ(r->files[0].header_crc32, crc);
+  }
+  auto absent = ParseCheckpointIndex("index.json", WithHeaderCrc(with, std::nullopt));
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_EQ(absent->files[0].header_crc32, -1);
+  for (int64_t crc : {int64_t{-1}, int64_t{-7}, int64_t{1} << 32}) {
+    auto r = ParseCheckpointIndex("index.json", WithHeaderCrc(with, crc));
+    ASSERT_FALSE(r.ok()) << crc;
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(std::string(r.status().message()).find("files[0].header_crc32"), std::string::npos) << r.status();
+  }
 }
 
 }  // namespace
