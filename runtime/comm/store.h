@@ -75,7 +75,10 @@ class TcpStore final : public Store {
   // that would overflow int64, is InvalidArgument and changes nothing.
   // Keys and values are each at most this long: a longer one is
   // InvalidArgument, and a peer announcing a longer one is a protocol error
-  // (the server drops its connection; the client gets DataLoss).
+  // (the server drops its connection; the client gets DataLoss). The server
+  // keeps at most half the process's soft descriptor limit (ulimit -n, at
+  // least 16) of connections open; one beyond it is closed at once and
+  // logged, and its client gets Unavailable or DataLoss.
   static constexpr size_t kMaxBytes = size_t{256} << 20;
 
   static StatusOr<std::unique_ptr<TcpStore>> Create(const std::string& host, int port, bool serve,

@@ -4,6 +4,7 @@
 #include <netinet/tcp.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -141,7 +142,8 @@ Status ConnectBefore(int fd, const sockaddr* addr, socklen_t addrlen, Clock::tim
 
 }  // namespace
 
-// Serves the key-value map: one thread accepts, one thread per client.
+// Serves the key-value map: one thread accepts, one thread per client, for
+// at most MaxClients() clients at a time.
 class TcpStoreServer {
  public:
   static StatusOr<std::unique_ptr<TcpStoreServer>> Start(int port) {
@@ -196,8 +198,19 @@ class TcpStoreServer {
 
   int port() const { return port_; }
 
+  // Half the process's soft descriptor limit (at least 16): each client holds
+  // a descriptor and a thread, and a peer opening idle connections without
+  // end must not take the descriptors the rest of the process (gloo's
+  // sockets, checkpoint files) needs. A connection beyond it is closed at
+  // once (its client sees the connection closed) and logged.
+  static size_t MaxClients() {
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return size_t{1} << 16;
+    return std::max<size_t>(16, static_cast<size_t>(lim.rlim_cur) / 2);
+  }
+
  private:
-  TcpStoreServer(int fd, int port) : listen_fd_(fd), port_(port) {
+  TcpStoreServer(int fd, int port) : listen_fd_(fd), port_(port), max_clients_(MaxClients()) {
     accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
 
@@ -233,6 +246,17 @@ class TcpStoreServer {
       if (stop_) {
         ::close(fd);
         return;
+      }
+      if (clients_.size() >= max_clients_) {
+        // Logged once per 1000 refusals: a flood must not flood the log too.
+        if (refused_++ % 1000 == 0) {
+          LOG(WARNING) << "store server on port " << port_ << ": refusing a connection: "
+                       << clients_.size() << " clients are connected, the limit (half the "
+                       << "process's descriptor limit, ulimit -n) is " << max_clients_ << "; "
+                       << refused_ << " refused so far";
+        }
+        ::close(fd);
+        continue;
       }
       const uint64_t id = next_id_++;
       try {
@@ -320,6 +344,8 @@ class TcpStoreServer {
 
   const int listen_fd_;
   const int port_;
+  const size_t max_clients_;
+  uint64_t refused_ = 0;  // connections closed for being over max_clients_ (under mu_)
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

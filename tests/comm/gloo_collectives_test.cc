@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -601,6 +602,69 @@ TEST(TcpStore, ShortConnectionsDoNotAccumulateServerThreads) {
   auto client = TcpStore::Create("127.0.0.1", port, false, 5s);
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_EQ(*(*client)->Add("n", 1), 1);
+}
+
+// Each connection held a descriptor and a thread without limit, so a peer
+// opening idle connections could take every descriptor of rank 0's process
+// (gloo's sockets, checkpoint files). The server now keeps at most half the
+// soft descriptor limit: the server runs in a child whose limit is 128 (so 64
+// clients, its own one among them); 70 idle connections from here leave the
+// first 63 open and the last 7 closed, a store client then fails instead of
+// hanging, and once idle ones go away a new client is served.
+TEST(TcpStore, ConnectionsBeyondHalfTheDescriptorLimitAreRefusedAndLaterServed) {
+  int port_pipe[2], done_pipe[2];
+  ASSERT_EQ(::pipe(port_pipe), 0);
+  ASSERT_EQ(::pipe(done_pipe), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(port_pipe[0]);
+    ::close(done_pipe[1]);
+    rlimit lim{};
+    ::getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = 128;
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) ::_exit(3);
+    auto server = TcpStore::Create("127.0.0.1", 0, true, 5s);
+    if (!server.ok()) ::_exit(2);
+    const int port = (*server)->port();
+    if (::write(port_pipe[1], &port, sizeof(port)) != sizeof(port)) ::_exit(4);
+    char c;
+    while (::read(done_pipe[0], &c, 1) > 0) {
+    }
+    server->reset();
+    ::_exit(0);
+  }
+  ::close(port_pipe[1]);
+  ::close(done_pipe[0]);
+  int port = 0;
+  ASSERT_EQ(::read(port_pipe[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  std::vector<int> idle;
+  for (int i = 0; i < 70; ++i) {
+    const int fd = ConnectToLoopback(port);
+    ASSERT_GE(fd, 0) << i;
+    idle.push_back(fd);
+  }
+  for (int i = 63; i < 70; ++i) EXPECT_TRUE(ClosedByPeerWithin(idle[i], 3s)) << "connection " << i;
+  for (int i = 0; i < 63; ++i) EXPECT_FALSE(ClosedByPeerWithin(idle[i], 10ms)) << "connection " << i;
+  auto refused = TcpStore::Create("127.0.0.1", port, false, 2s);
+  if (refused.ok()) {
+    EXPECT_FALSE((*refused)->Add("n", 1).ok());
+  }
+  for (int i = 0; i < 70; ++i) ::close(idle[i]);
+  std::this_thread::sleep_for(500ms);
+  auto client = TcpStore::Create("127.0.0.1", port, false, 5s);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto n = (*client)->Add("n", 1);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 1);
+  client->reset();
+  if (refused.ok()) {
+    refused->reset();
+  }
+  ::close(done_pipe[1]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ::close(port_pipe[0]);
 }
 
 // Issue 14, item 11: ranks created with different world sizes fail at
