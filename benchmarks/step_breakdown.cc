@@ -242,6 +242,9 @@ class TimingBackend final : public ops::OpBackend {
   StatusOr<double> ReadScalar(const ops::OpContext& c, const Tensor& t) override {
     SK_TIMED(inner_->ReadScalar(c, t));
   }
+  Status ReadValues(const ops::OpContext& c, const Tensor& t, double* out) override {
+    SK_TIMED(inner_->ReadValues(c, t, out));
+  }
 #undef SK_TIMED
 
  private:

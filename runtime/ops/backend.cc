@@ -119,5 +119,6 @@ Status OpBackend::AdamUpdate(const OpContext&, const AdamHyper& h, const Tensor&
 StatusOr<double> OpBackend::ReadScalar(const OpContext&, const Tensor&) {
   return NotImplemented("read_scalar");
 }
+Status OpBackend::ReadValues(const OpContext&, const Tensor&, double*) { return NotImplemented("read_values"); }
 
 }  // namespace sk::ops

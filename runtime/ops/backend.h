@@ -186,6 +186,8 @@ class OpBackend {
   virtual Status AdamUpdate(const OpContext& ctx, const AdamHyper& h, const Tensor& param,
                             const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq);
   virtual StatusOr<double> ReadScalar(const OpContext& ctx, const Tensor& t);
+  // out[0 .. t.numel()) = t's values (ops::ReadValues checked the arguments).
+  virtual Status ReadValues(const OpContext& ctx, const Tensor& t, double* out);
 
  protected:
   // Unimplemented("<op> is not implemented by the <name> op backend").

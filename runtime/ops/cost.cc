@@ -188,5 +188,8 @@ OpCost AdamUpdateCost(int64_t n, bool decoupled) {
 }
 
 OpCost ReadScalarCost(DType t) { return Make("read_scalar", OpClass::kCopy, 0, Sz(t), 0, t); }
+OpCost ReadValuesCost(DType t, int64_t n) {
+  return Make("read_values", OpClass::kCopy, 0, static_cast<double>(n) * Sz(t), 0, t);
+}
 
 }  // namespace sk::ops

@@ -110,6 +110,8 @@ OpCost SgdUpdateCost(int64_t n, bool has_momentum);
 // name "adam_update" or "adamw_update" (decoupled weight decay).
 OpCost AdamUpdateCost(int64_t n, bool decoupled);
 OpCost ReadScalarCost(DType t);
+// "read_values": n elements of t to the host.
+OpCost ReadValuesCost(DType t, int64_t n);
 
 }  // namespace sk::ops
 

@@ -918,4 +918,20 @@ StatusOr<double> ReadScalar(const OpContext& ctx, const Tensor& t) {
   return be->ReadScalar(ctx, t);
 }
 
+StatusOr<std::vector<double>> ReadValues(const OpContext& ctx, const Tensor& t) {
+  const char* op = "read_values";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "t", ctx, t,
+                                 {DType::kF32, DType::kBF16, DType::kF16, DType::kF64, DType::kI32}));
+  if (t.numel() < 1 || t.numel() > kMaxReadValues) {
+    return InvalidArgumentError(std::string(op) + ": t has " + std::to_string(t.numel()) +
+                                " elements; reads 1 to " + std::to_string(kMaxReadValues));
+  }
+  SK_RETURN_IF_ERROR(be->Account(ctx, ReadValuesCost(t.dtype(), t.numel())));
+  std::vector<double> out(static_cast<size_t>(t.numel()), std::numeric_limits<double>::quiet_NaN());
+  if (!be->executes()) return out;
+  SK_RETURN_IF_ERROR(be->ReadValues(ctx, t, out.data()));
+  return out;
+}
+
 }  // namespace sk::ops

@@ -43,6 +43,7 @@
 #define SHARDKIT_RUNTIME_OPS_OPS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
@@ -230,6 +231,15 @@ Status AdamUpdate(const OpContext& ctx, const AdamHyper& h, const Tensor& param,
 // cpu: read at once; cuda: synchronises ctx.stream and copies; sim: NaN
 // (callers label such values as simulated).
 StatusOr<double> ReadScalar(const OpContext& ctx, const Tensor& t);
+
+// The values of a tensor of 1 to kMaxReadValues elements (ReadScalar's
+// dtypes) on the host, in element order, with one synchronisation and one
+// copy: what a host needs of a few values per rank (FSDP's gradient-norm
+// partials of a shard group) without a round trip per value. cpu: read at
+// once; cuda: synchronises ctx.stream and copies; sim: NaNs, timed as one
+// read of numel elements.
+inline constexpr int64_t kMaxReadValues = int64_t{1} << 24;
+StatusOr<std::vector<double>> ReadValues(const OpContext& ctx, const Tensor& t);
 
 }  // namespace sk::ops
 

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "runtime/nn/configs.h"
+#include "runtime/sim/sim_process_group.h"
 
 namespace sk::plan {
 namespace {
@@ -211,6 +212,10 @@ StatusOr<std::vector<MixedPrecisionPolicy>> ParseDTypeList(const std::string& li
 Status ValidatePlanRequest(const PlanRequest& r) {
   SK_RETURN_IF_ERROR(FindModelConfig(r.model).status().WithContext("model"));
   if (r.gpus < 1) return InvalidArgumentError("gpus must be >= 1, not " + std::to_string(r.gpus));
+  if (r.gpus > sim::SimProcessGroup::kMaxWorldSize) {
+    return InvalidArgumentError("gpus must be at most " + std::to_string(sim::SimProcessGroup::kMaxWorldSize) +
+                                " (the simulator's largest world), not " + std::to_string(r.gpus));
+  }
   if (r.gpus_per_node < 1) {
     return InvalidArgumentError("gpus_per_node must be >= 1, not " + std::to_string(r.gpus_per_node));
   }

@@ -146,7 +146,8 @@ struct PlanRequest {
 };
 
 // NotFound for an unknown model (listing the known names); InvalidArgument
-// naming the field: an unknown strategy name, gpus < 1,
+// naming the field: an unknown strategy name, gpus < 1 or above
+// sim::SimProcessGroup::kMaxWorldSize (2^20),
 // gpus_per_node < 1 or not dividing gpus, batch_size < 1, negative lengths,
 // steps < 1, warmup_steps < 0, a restriction value that is not valid.
 Status ValidatePlanRequest(const PlanRequest& request);

@@ -11,6 +11,12 @@ namespace sk::sim {
 
 namespace {
 
+// Ops whose value the host reads (ops::ReadScalar, ops::ReadValues): the host
+// waits for them, as a device-to-host copy that the caller uses waits.
+bool ReadsToHost(const ops::OpCost& cost) {
+  return std::strcmp(cost.name, "read_scalar") == 0 || std::strcmp(cost.name, "read_values") == 0;
+}
+
 struct DeviceState {
   std::shared_ptr<const ComputeProfile> compute;
   std::shared_ptr<const std::function<double(double, double)>> adjust;
@@ -42,7 +48,7 @@ class SimOpBackend final : public ops::OpBackend {
       }
       SK_ASSIGN_OR_RETURN(SimSpan span, device->EnqueueSpan(*ctx.stream, cost.name, OpSeconds(*state.host, cost),
                                                             {.launch = false, .category = "host"}));
-      if (std::strcmp(cost.name, "read_scalar") == 0) device->WaitHostUntil(span.end_s);
+      if (ReadsToHost(cost)) device->WaitHostUntil(span.end_s);
       return OkStatus();
     }
     const double seconds = OpSeconds(*state.compute, cost);
@@ -51,7 +57,7 @@ class SimOpBackend final : public ops::OpBackend {
     };
     SK_ASSIGN_OR_RETURN(SimSpan span, device->EnqueueSpan(*ctx.stream, cost.name, price,
                                                           {.launch = true, .category = "compute"}));
-    if (std::strcmp(cost.name, "read_scalar") == 0) device->WaitHostUntil(span.end_s);
+    if (ReadsToHost(cost)) device->WaitHostUntil(span.end_s);
     return OkStatus();
   }
 

@@ -7,8 +7,9 @@ namespace sk::sim {
 StatusOr<std::unique_ptr<SimProcessGroup>> SimProcessGroup::Create(
     const comm::NetworkProfile& profile, int world_size, int rank) {
   SK_RETURN_IF_ERROR(profile.Validate());
-  if (world_size < 1) {
-    return InvalidArgumentError("sim process group of " + std::to_string(world_size) + " ranks");
+  if (world_size < 1 || world_size > kMaxWorldSize) {
+    return InvalidArgumentError("sim process group of " + std::to_string(world_size) + " ranks: a simulated world has 1 to " +
+                                std::to_string(kMaxWorldSize));
   }
   if (rank < 0 || rank >= world_size) {
     return InvalidArgumentError("sim process group: rank " + std::to_string(rank) +

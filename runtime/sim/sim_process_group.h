@@ -47,10 +47,15 @@ namespace sk::sim {
 
 class SimProcessGroup final : public comm::ProcessGroup {
  public:
+  // The most ranks a simulated world has: 2^20, beyond the largest clusters
+  // built. Groups list their ranks' positions, so memory and set-up time
+  // grow with the world; 2^20 ranks take ~20 ms per planned candidate.
+  static constexpr int kMaxWorldSize = 1 << 20;
+
   // The world's handle for `rank` (default 0; by symmetry any rank prices
   // the same) among `world_size` ranks on `profile`'s cluster.
-  // InvalidArgument if the profile is invalid, world_size < 1 or rank is
-  // outside [0, world_size).
+  // InvalidArgument if the profile is invalid, world_size is outside
+  // [1, kMaxWorldSize] or rank is outside [0, world_size).
   static StatusOr<std::unique_ptr<SimProcessGroup>> Create(const comm::NetworkProfile& profile,
                                                            int world_size, int rank = 0);
 

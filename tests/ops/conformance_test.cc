@@ -1022,6 +1022,27 @@ TEST_P(Conformance, ReadScalarEveryDType) {
             StatusCode::kInvalidArgument);
 }
 
+// ReadValues: every element of every ReadScalar dtype, in order, in one call;
+// a one-element tensor reads as ReadScalar does; numel 0 is InvalidArgument.
+TEST_P(Conformance, ReadValuesEveryDTypeInOrder) {
+  const Vec want = {-3.0, 0.5, 7.0, 0.0, 1024.0, -0.25, 2.0};
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64, DType::kI32}) {
+    Vec w = want;
+    if (t == DType::kI32) {
+      for (double& x : w) x = std::trunc(x);
+    }
+    auto v = ReadValues(ctx(), Up(w, t, Shape{static_cast<int64_t>(w.size())}));
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    ASSERT_EQ(v->size(), w.size()) << DTypeName(t);
+    for (size_t i = 0; i < w.size(); ++i) EXPECT_EQ((*v)[i], w[i]) << DTypeName(t) << " element " << i;
+    auto one = ReadValues(ctx(), Up(Vec{-3.0}, t, Shape{1}));
+    ASSERT_TRUE(one.ok()) << one.status().ToString();
+    EXPECT_EQ(*one, std::vector<double>{-3.0}) << DTypeName(t);
+  }
+  auto empty = ReadValues(ctx(), Up(Vec{}, DType::kF32, Shape{0}));
+  EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
+}
+
 // ---- Compute-dtype operands -------------------------------------------------------------
 
 // Every model op on bf16/f16 activation operands gives exactly what the same

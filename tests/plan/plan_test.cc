@@ -156,6 +156,10 @@ TEST(PlanTest, BadRequestsNameTheField) {
   expect_error(r, "gpus_per_node");
   r = Request(0);
   expect_error(r, "gpus");
+  // Above the simulator's largest world (2^20): refused at once, where a
+  // billion GPUs ran out of memory placing groups rank by rank.
+  r = Request(1 << 21);
+  expect_error(r, "gpus must be at most 1048576");
   r = Request();
   r.batch_size = 0;
   expect_error(r, "batch_size");

@@ -79,6 +79,24 @@ TEST_F(SimOpsTest, ReadScalarIsNaNAndSynchronisesTheHost) {
   EXPECT_DOUBLE_EQ(device_->HostClock(), device_->StreamClock(*stream_));
 }
 
+// One read of many values is one host synchronisation and one span, timed
+// by its bytes (FSDP's grad-norm partials of a shard group: it was one
+// read_scalar per rank).
+TEST_F(SimOpsTest, ReadValuesIsNaNsInOneSpanAndSynchronisesTheHost) {
+  Tensor x = Empty(DType::kF32, Shape({1 << 20}));
+  Tensor acc = Empty(DType::kF64, Shape({1}));
+  ASSERT_TRUE(ops::SumOfSquares(ctx_, x, acc).ok());
+  Tensor partials = Empty(DType::kF32, Shape({4096}));
+  const size_t spans = device_->spans().size();
+  StatusOr<std::vector<double>> v = ops::ReadValues(ctx_, partials);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_EQ(v->size(), 4096u);
+  for (double d : *v) EXPECT_TRUE(std::isnan(d));
+  EXPECT_DOUBLE_EQ(device_->HostClock(), device_->StreamClock(*stream_));
+  ASSERT_EQ(device_->spans().size(), spans + 1);
+  EXPECT_EQ(device_->spans().back().name, "read_values");
+}
+
 TEST_F(SimOpsTest, ElementwiseOpsAreBandwidthBound) {
   const int64_t n = 64 << 20;
   Tensor x = Empty(DType::kF32, Shape({n}));

@@ -196,6 +196,10 @@ TEST(SimProcessGroup, TheSameScheduleTwiceGivesTheSameTimes) {
 TEST(SimProcessGroup, BadInputIsRefusedWithItsReason) {
   SimDevice* d = Fresh(6);
   EXPECT_EQ(SimProcessGroup::Create(A100(), 0).status().code(), StatusCode::kInvalidArgument);
+  auto huge = SimProcessGroup::Create(A100(), SimProcessGroup::kMaxWorldSize + 1);
+  EXPECT_EQ(huge.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("1 to 1048576"), std::string::npos) << huge.status();
+  ASSERT_TRUE(SimProcessGroup::Create(A100(), SimProcessGroup::kMaxWorldSize).ok());
   EXPECT_EQ(SimProcessGroup::Create(A100(), 4, 4).status().code(), StatusCode::kInvalidArgument);
   comm::NetworkProfile bad = A100();
   bad.nic_gbps = 0;

@@ -988,6 +988,18 @@ class CpuBackend final : public OpBackend {
       default: return static_cast<double>(LoadAsFloat(t.data(), t.dtype(), 0));
     }
   }
+
+  Status ReadValues(const OpContext&, const Tensor& t, double* out) override {
+    const int64_t n = t.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      switch (t.dtype()) {
+        case DType::kF64: out[i] = t.data_as<double>()[i]; break;
+        case DType::kI32: out[i] = static_cast<double>(t.data_as<int32_t>()[i]); break;
+        default: out[i] = static_cast<double>(LoadAsFloat(t.data(), t.dtype(), i));
+      }
+    }
+    return OkStatus();
+  }
 };
 
 }  // namespace

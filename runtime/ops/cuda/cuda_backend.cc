@@ -564,6 +564,25 @@ class CudaBackend final : public OpBackend {
       default: return static_cast<double>(LoadAsFloat(bytes, t.dtype(), 0));
     }
   }
+
+  // As ReadScalar, for all of t's elements in one copy.
+  Status ReadValues(const OpContext& ctx, const Tensor& t, double* out) override {
+    SK_RETURN_IF_ERROR(Enter(ctx, "read_values"));
+    SK_RETURN_IF_ERROR(ctx.stream->Synchronize());
+    const int64_t n = t.numel();
+    std::vector<double> staging(static_cast<size_t>(n));  // 8-byte aligned, large enough for any dtype
+    SK_CUDA_OP("read_values", cudaMemcpy(staging.data(), t.data(), static_cast<size_t>(n) * DTypeSize(t.dtype()),
+                                         cudaMemcpyDeviceToHost));
+    const void* bytes = staging.data();
+    for (int64_t i = 0; i < n; ++i) {
+      switch (t.dtype()) {
+        case DType::kF64: out[i] = static_cast<const double*>(bytes)[i]; break;
+        case DType::kI32: out[i] = static_cast<double>(static_cast<const int32_t*>(bytes)[i]); break;
+        default: out[i] = static_cast<double>(LoadAsFloat(bytes, t.dtype(), i));
+      }
+    }
+    return OkStatus();
+  }
 };
 
 }  // namespace
