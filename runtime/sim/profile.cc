@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <mutex>
 
@@ -54,8 +55,14 @@ class Reader {
     if (!v.is_number()) return Error(path + key, "\"value\" is not a number");
     const double x = v.get<double>();
     if (!std::isfinite(x) || x < lo || x > hi) {
-      return Error(path + key, "value " + std::to_string(x) + " is outside [" +
-                                   std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      // %g: 1e-300 printed by to_string was "0.000000", and 1e300 three
+      // hundred digits.
+      auto g = [](double d) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%g", d);
+        return std::string(buf);
+      };
+      return Error(path + key, "value " + g(x) + " is outside [" + g(lo) + ", " + g(hi) + "]");
     }
     return x;
   }

@@ -149,6 +149,17 @@ TEST(ProfileTest, BadValuesAreNamed) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.key;
     EXPECT_NE(s.message().find(std::string(c.section) + "." + c.key), std::string::npos) << s;
   }
+  // Out-of-range values read back as given: 1e-300 printed as "0.000000"
+  // and 1e300 as three hundred digits.
+  for (double bad : {1e-300, 1e300}) {
+    nlohmann::json doc = MinimalProfile();
+    doc["compute"]["memory_bandwidth_gbps"] = Sourced(bad);
+    Status s = ParseProfile(doc, "test").status();
+    char want[96];
+    std::snprintf(want, sizeof(want), "value %g is outside [0.001, 1e+07]", bad);
+    EXPECT_NE(s.message().find(want), std::string::npos) << s;
+    EXPECT_LT(s.message().size(), 200u) << s;
+  }
   nlohmann::json doc = MinimalProfile();
   doc["compute"]["gemm_peak_tflops"]["f64x"] = Sourced(1);
   EXPECT_EQ(ParseProfile(doc, "test").status().code(), StatusCode::kInvalidArgument);
