@@ -309,31 +309,58 @@ BENCHMARK(BM_OpGelu)
 // before the bf16 kernels, and the one without AVX512-BF16).
 // model: 0 gpt-10m (6 heads of 64, sequence 256), 1 gpt-deep-20m (8 heads
 // of 32, sequence 128); batch 8 for both.
+// layers: how many layers' operands the calls rotate through (1: the same
+// buffers every call, warm in cache; the model's count: each call's q, k, v
+// and probs come from memory, as in a training step, where every layer's
+// probs are kept for backward).
 void BM_OpAttention(benchmark::State& state) {
   const ops::OpContext ctx = ops::HostContext();
   const DType t = state.range(1) == 0 ? DType::kF32 : DType::kBF16;
   const bool native = SetNativeBf16Attention(state.range(1) != 2);
   const bool deep = state.range(2) != 0;
+  const int64_t layers = state.range(3);
   const int64_t heads = deep ? 8 : kHeads, seq = deep ? 128 : kSeq, c = deep ? 256 : kC;
   const int64_t rows = kBatch * seq;
   ops::AttentionShape s{kBatch, heads, seq, seq, c / heads, true};
-  Tensor qkv = Host(t, rows * 3 * c, 0.01f), probs = HostF32(kBatch * heads * seq * seq),
-         att = Host(t, rows * c), dqkv = Host(t, rows * 3 * c);
-  ops::MatrixRef q{qkv, 0, 3 * c}, k{qkv, c, 3 * c}, v{qkv, 2 * c, 3 * c};
+  std::vector<Tensor> qkv, probs;
+  for (int64_t l = 0; l < layers; ++l) {
+    qkv.push_back(Host(t, rows * 3 * c, 0.01f));
+    probs.push_back(HostF32(kBatch * heads * seq * seq));
+  }
+  Tensor att = Host(t, rows * c), dqkv = Host(t, rows * 3 * c);
+  int64_t next = 0;
+  auto forward = [&](int64_t l) {
+    return ops::AttentionForward(ctx, s, {qkv[l], 0, 3 * c}, {qkv[l], c, 3 * c}, {qkv[l], 2 * c, 3 * c}, probs[l],
+                                 {att, 0, c});
+  };
   if (state.range(0) == 0) {
-    RunOp(state, ops::AttentionForwardCost(kBatch, heads, seq, seq, c / heads),
-          [&] { return ops::AttentionForward(ctx, s, q, k, v, probs, {att, 0, c}); });
-  } else if (ops::AttentionForward(ctx, s, q, k, v, probs, {att, 0, c}).ok()) {
-    RunOp(state, ops::AttentionBackwardCost(kBatch, heads, seq, seq, c / heads), [&] {
-      return ops::AttentionBackward(ctx, s, q, k, v, probs, {att, 0, c}, {dqkv, 0, 3 * c},
-                                    {dqkv, c, 3 * c}, {dqkv, 2 * c, 3 * c});
+    RunOp(state, ops::AttentionForwardCost(kBatch, heads, seq, seq, c / heads), [&] {
+      const int64_t l = next;
+      next = (next + 1) % layers;
+      return forward(l);
     });
+  } else {
+    bool ok = true;
+    for (int64_t l = 0; l < layers; ++l) ok = ok && forward(l).ok();
+    if (ok) {
+      RunOp(state, ops::AttentionBackwardCost(kBatch, heads, seq, seq, c / heads), [&] {
+        const int64_t l = next;
+        next = (next + 1) % layers;
+        return ops::AttentionBackward(ctx, s, {qkv[l], 0, 3 * c}, {qkv[l], c, 3 * c}, {qkv[l], 2 * c, 3 * c},
+                                      probs[l], {att, 0, c}, {dqkv, 0, 3 * c}, {dqkv, c, 3 * c},
+                                      {dqkv, 2 * c, 3 * c});
+      });
+    }
   }
   SetNativeBf16Attention(native);
 }
 BENCHMARK(BM_OpAttention)
-    ->ArgsProduct({{0, 1}, {0, 1, 2}, {0, 1}})
-    ->ArgNames({"bwd", "dtype", "deep"})
+    ->ArgsProduct({{0, 1}, {0, 1, 2}, {0, 1}, {1}})
+    ->Args({0, 1, 1, 24})
+    ->Args({1, 1, 1, 24})
+    ->Args({0, 1, 0, 6})
+    ->Args({1, 1, 0, 6})
+    ->ArgNames({"bwd", "dtype", "deep", "layers"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
