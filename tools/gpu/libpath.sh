@@ -2,6 +2,10 @@
 # lib/, then the host's CUDA libraries (cuBLAS, cuBLASLt, NCCL of CUDA 13)
 # found under $CUDA_HOME, /usr/local/cuda*, or a Python environment's nvidia-*
 # wheels (PyTorch's), then the driver's directory.
+# Sourced by hand (`PKG=... source gpu-pkg/libpath.sh` was needed; a bare
+# `source gpu-pkg/libpath.sh` stopped with "PKG: unbound variable" on the
+# H200 on 27 Nov): PKG defaults to this file's directory.
+PKG=${PKG:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 # Directories holding the CUDA libraries the package leaves out.
 cuda_dirs=()
 add_dir() { [[ -d "$1" ]] && cuda_dirs+=("$1"); }
