@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 
 #include <sys/stat.h>
 
@@ -44,6 +45,13 @@ Status CheckBatchArgs(const std::vector<int32_t>& stream, int64_t batch_size, in
                                 " tokens is shorter than one window of " + std::to_string(window));
   }
   return OkStatus();
+}
+
+// A batch whose token vectors the host cannot allocate: an error, not an
+// uncaught std::bad_alloc (CheckBatchArgs admits up to 2^40 tokens).
+Status BatchTooLarge(int64_t batch_size, int64_t window) {
+  return ResourceExhaustedError("batch of " + std::to_string(batch_size) + " x " + std::to_string(window) +
+                                " tokens does not fit in host memory");
 }
 
 // Stream-level salt so that batch positions and synthetic tokens never share counters.
@@ -160,8 +168,14 @@ StatusOr<TokenBatch> LanguageModelBatch(const std::vector<int32_t>& stream, int6
   TokenBatch b;
   b.batch_size = batch_size;
   b.seq_len = seq_len;
-  b.inputs.reserve(static_cast<size_t>(batch_size * seq_len));
-  b.targets.reserve(static_cast<size_t>(batch_size * seq_len));
+  try {
+    b.inputs.reserve(static_cast<size_t>(batch_size * seq_len));
+    b.targets.reserve(static_cast<size_t>(batch_size * seq_len));
+  } catch (const std::bad_alloc&) {
+    return BatchTooLarge(batch_size, seq_len);
+  } catch (const std::length_error&) {
+    return BatchTooLarge(batch_size, seq_len);
+  }
   for (int64_t r = 0; r < batch_size; ++r) {
     const int64_t start = WindowStart(stream, seq_len + 1, seed, step, rank * batch_size + r);
     const int32_t* w = stream.data() + start;
@@ -184,6 +198,15 @@ StatusOr<TokenBatch> ReversalBatch(const std::vector<int32_t>& stream, int64_t b
   b.batch_size = batch_size;
   b.seq_len = seq_len;
   b.source_len = source_len;
+  try {
+    b.source.reserve(static_cast<size_t>(batch_size * source_len));
+    b.targets.reserve(static_cast<size_t>(batch_size * seq_len));
+    b.inputs.reserve(static_cast<size_t>(batch_size * seq_len));
+  } catch (const std::bad_alloc&) {
+    return BatchTooLarge(batch_size, source_len);
+  } catch (const std::length_error&) {
+    return BatchTooLarge(batch_size, source_len);
+  }
   for (int64_t r = 0; r < batch_size; ++r) {
     const int64_t start = WindowStart(stream, source_len, seed, step, rank * batch_size + r);
     const int32_t* w = stream.data() + start;

@@ -30,7 +30,8 @@ DEFINE_double(lr, 1e-3, "Adam learning rate");
 DEFINE_uint64(seed, 1, "seed for initialisation and data");
 DEFINE_string(data, "", "token file (little-endian, no header); empty: synthetic tokens");
 DEFINE_int32(token_width, 2, "bytes per token in --data: 2 or 4");
-DEFINE_int64(synthetic_tokens, 4096, "length of the synthetic stream (small = memorisable)");
+DEFINE_int64(synthetic_tokens, 4096,
+             "length of the synthetic stream (small = memorisable); at most 2^26 (4 bytes a token, held twice)");
 DEFINE_bool(bf16, false, "bf16 compute");
 DEFINE_bool(checkpointing, false, "per-block activation checkpointing");
 DEFINE_int32(log_every, 10, "steps between log lines");
@@ -39,7 +40,36 @@ DEFINE_int32(gemm_threads, 0, "threads per GEMM (0: the OpenMP/OpenBLAS default)
 namespace sk {
 namespace {
 
+// The largest --synthetic_tokens: the stream is drawn into memory (4 bytes a
+// token) and a copy is cached, so 2^26 tokens is 512 MiB; more is refused
+// rather than growing toward tens of GB (1e9 took 28 s and 7.9 GB).
+constexpr int64_t kMaxSyntheticTokens = int64_t{1} << 26;
+
+// Flags the loop below divides by or counts with, checked before any work.
+Status ValidateFlags() {
+  if (FLAGS_steps < 0) return InvalidArgumentError("--steps must be >= 0, got " + std::to_string(FLAGS_steps));
+  if (FLAGS_log_every < 1) {
+    return InvalidArgumentError("--log_every must be >= 1, got " + std::to_string(FLAGS_log_every));
+  }
+  if (FLAGS_batch_size < 1) {
+    return InvalidArgumentError("--batch_size must be >= 1, got " + std::to_string(FLAGS_batch_size));
+  }
+  if (FLAGS_seq_len < 0 || FLAGS_source_len < 0) {
+    return InvalidArgumentError("--seq_len and --source_len must be >= 0 (0: the config's default)");
+  }
+  if (FLAGS_data.empty() && (FLAGS_synthetic_tokens < 0 || FLAGS_synthetic_tokens > kMaxSyntheticTokens)) {
+    return InvalidArgumentError("--synthetic_tokens must be in [0, " + std::to_string(kMaxSyntheticTokens) +
+                                "], got " + std::to_string(FLAGS_synthetic_tokens));
+  }
+  if (FLAGS_gemm_threads < 0) {
+    return InvalidArgumentError("--gemm_threads must be >= 0 (0: the default), got " +
+                                std::to_string(FLAGS_gemm_threads));
+  }
+  return OkStatus();
+}
+
 Status Run() {
+  SK_RETURN_IF_ERROR(ValidateFlags());
   if (FLAGS_gemm_threads != 0) SK_RETURN_IF_ERROR(ops::SetCpuGemmThreads(FLAGS_gemm_threads));
   SK_ASSIGN_OR_RETURN(NamedModelConfig cfg, FindModelConfig(FLAGS_model));
   ModelOptions options;

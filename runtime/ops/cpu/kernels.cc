@@ -44,7 +44,13 @@ int omp_get_max_threads(void);
 }
 
 Status SetGemmThreads(int n) {
-  if (n < 1) return InvalidArgumentError("GEMM thread count must be >= 1, got " + std::to_string(n));
+  // libgomp allocates its team up front: 2^31 threads asked it for 481 GB
+  // and exited the process from inside omp_set_num_threads' first region.
+  constexpr int kMaxGemmThreads = 1024;
+  if (n < 1 || n > kMaxGemmThreads) {
+    return InvalidArgumentError("GEMM thread count must be in [1, " + std::to_string(kMaxGemmThreads) + "], got " +
+                                std::to_string(n));
+  }
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
   return OkStatus();
