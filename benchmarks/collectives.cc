@@ -59,7 +59,8 @@ DEFINE_string(sizes, "65536,1048576,16777216,67108864", "comma-separated sizes i
 DEFINE_string(dtype, "f32", "f32, bf16 or f16");
 DEFINE_int32(warmup, 2, "untimed iterations per size");
 DEFINE_int32(iters, 5, "timed iterations per size");
-DEFINE_int64(memcpy_bytes, 64 << 20, "bytes per thread for the memcpy reference");
+DEFINE_int64(memcpy_bytes, 64 << 20,
+             "bytes per thread for the memcpy reference (2 x ranks x this at most 2 GiB)");
 DEFINE_string(network_model, "", "wrap every group in an alpha-beta link model, e.g. ring:latency_us=5,bandwidth_gbps=12.5");
 DEFINE_string(benchmark_format, "console", "console or json");
 
@@ -87,6 +88,24 @@ std::vector<std::string> Split(const std::string& s) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
+}
+
+// Limits on the flags, checked before anything is measured: each rank is a
+// thread with its own buffers, and the memcpy reference gives each of N
+// threads a source and a destination of --memcpy_bytes.
+constexpr uint64_t kMaxRanks = 256;
+constexpr uint64_t kMaxSizeBytes = uint64_t{1} << 40;
+constexpr int kMaxIterations = 1 << 20;
+constexpr uint64_t kMaxMemcpyReferenceBytes = uint64_t{2} << 30;  // all threads' buffers together
+
+// `s` as a decimal count in [lo, hi]: digits only, so "abc", "-1" and "1e9"
+// (which std::stoull read as garbage, 2^64 - 1 and 1) are refused.
+bool ParseCount(const std::string& s, uint64_t lo, uint64_t hi, uint64_t* out) {
+  if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  const uint64_t v = std::stoull(s);
+  if (v < lo || v > hi) return false;
+  *out = v;
+  return true;
 }
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -286,11 +305,44 @@ int Main() {
   if (FLAGS_benchmark_format != "console" && FLAGS_benchmark_format != "json") {
     Die("--benchmark_format must be console or json");
   }
-  if (FLAGS_iters < 1 || FLAGS_warmup < 0) Die("--iters must be >= 1 and --warmup >= 0");
+  if (FLAGS_iters < 1 || FLAGS_iters > kMaxIterations || FLAGS_warmup < 0 || FLAGS_warmup > kMaxIterations) {
+    Die("--iters must be in [1, " + std::to_string(kMaxIterations) + "] and --warmup in [0, " +
+        std::to_string(kMaxIterations) + "]");
+  }
   std::vector<int> rank_counts;
-  for (const std::string& r : Split(FLAGS_ranks)) rank_counts.push_back(std::stoi(r));
+  for (const std::string& r : Split(FLAGS_ranks)) {
+    uint64_t n = 0;
+    if (!ParseCount(r, 1, kMaxRanks, &n)) {
+      Die("--ranks: '" + r + "' is not a rank count in [1, " + std::to_string(kMaxRanks) + "]");
+    }
+    rank_counts.push_back(static_cast<int>(n));
+  }
+  if (rank_counts.empty()) Die("--ranks: no rank counts given");
   std::vector<size_t> sizes;
-  for (const std::string& s : Split(FLAGS_sizes)) sizes.push_back(std::stoull(s));
+  for (const std::string& s : Split(FLAGS_sizes)) {
+    uint64_t n = 0;
+    if (!ParseCount(s, 0, kMaxSizeBytes, &n)) {
+      Die("--sizes: '" + s + "' is not a byte count in [0, " + std::to_string(kMaxSizeBytes) + "] (digits only)");
+    }
+    sizes.push_back(static_cast<size_t>(n));
+  }
+  for (const std::string& b : Split(FLAGS_backends)) {
+    if (b != "local" && b != "gloo") Die("--backends: unknown backend '" + b + "' (local, gloo)");
+  }
+  for (const std::string& op : Split(FLAGS_ops)) {
+    if (op != "all_gather" && op != "reduce_scatter" && op != "all_reduce") {
+      Die("--ops: unknown collective '" + op + "' (all_gather, reduce_scatter, all_reduce)");
+    }
+  }
+  if (!FLAGS_network_model.empty()) (void)OrDie(LinkModel::Parse(FLAGS_network_model), "--network_model");
+  const int max_ranks = *std::max_element(rank_counts.begin(), rank_counts.end());
+  if (FLAGS_memcpy_bytes < 0 ||
+      2 * static_cast<uint64_t>(max_ranks) * static_cast<uint64_t>(FLAGS_memcpy_bytes) > kMaxMemcpyReferenceBytes) {
+    Die("--memcpy_bytes=" + std::to_string(FLAGS_memcpy_bytes) + " must be >= 0 and at most " +
+        std::to_string(kMaxMemcpyReferenceBytes / 2 / max_ranks) + " with --ranks up to " +
+        std::to_string(max_ranks) + " (the reference copies give every rank's thread a source and a "
+        "destination of that size: " + std::to_string(kMaxMemcpyReferenceBytes >> 20) + " MiB in all at most)");
+  }
   const bool console = FLAGS_benchmark_format == "console";
 
   json context;
