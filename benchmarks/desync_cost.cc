@@ -44,7 +44,22 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// Upper bounds of the flags: every timed all_gather and step keeps a sample.
+constexpr int kMaxIterations = 10'000'000;
+constexpr int kMaxSteps = 1'000'000;
+
 int Main() {
+  // --steps=0 divided by zero (SIGFPE); --iterations=2147483647 overflowed
+  // the loop bound (+100 warm-up) and printed a median of nothing.
+  if (FLAGS_iterations < 1 || FLAGS_iterations > kMaxIterations) {
+    std::fprintf(stderr, "desync_cost: --iterations must be in [1, %d], got %d\n", kMaxIterations,
+                 FLAGS_iterations);
+    return 2;
+  }
+  if (FLAGS_steps < 1 || FLAGS_steps > kMaxSteps) {
+    std::fprintf(stderr, "desync_cost: --steps must be in [1, %d], got %d\n", kMaxSteps, FLAGS_steps);
+    return 2;
+  }
   constexpr int kWorld = 2;
   auto server = comm::TcpStore::Create("127.0.0.1", 0, /*serve=*/true, std::chrono::seconds(30));
   if (!server.ok()) {
