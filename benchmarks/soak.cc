@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -45,8 +46,25 @@ int64_t RssBytes() {
 }
 
 int Main() {
-  if (FLAGS_steps < 2 * FLAGS_every || FLAGS_every < 1 || FLAGS_warmup < 0 || FLAGS_warmup >= FLAGS_steps) {
+  // FLAGS_every is compared by division: 2 * every overflowed for a huge
+  // --every, which then trained every step before failing.
+  if (FLAGS_every < 1 || FLAGS_steps / 2 < FLAGS_every || FLAGS_warmup < 0 || FLAGS_warmup >= FLAGS_steps) {
     std::fprintf(stderr, "soak: need steps >= 2 * every, every >= 1, 0 <= warmup < steps\n");
+    return 2;
+  }
+  // Samples are taken at multiples of --every; the slope needs two past the
+  // warm-up. Known now, not after training all the steps.
+  const int64_t samples_past_warmup = FLAGS_steps / FLAGS_every - FLAGS_warmup / FLAGS_every;
+  if (samples_past_warmup < 2) {
+    std::fprintf(stderr,
+                 "soak: --steps=%lld --every=%lld --warmup=%lld leave %lld RSS sample(s) past the warm-up; the "
+                 "slope needs two (lower --warmup or --every)\n",
+                 static_cast<long long>(FLAGS_steps), static_cast<long long>(FLAGS_every),
+                 static_cast<long long>(FLAGS_warmup), static_cast<long long>(samples_past_warmup));
+    return 2;
+  }
+  if (!std::isfinite(FLAGS_max_slope)) {
+    std::fprintf(stderr, "soak: --max_slope must be a finite number of bytes per step, got %g\n", FLAGS_max_slope);
     return 2;
   }
   constexpr int kWorld = 2;

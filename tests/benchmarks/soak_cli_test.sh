@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# //benchmarks:soak refuses flags that cannot give a slope before training
+# (exit 2): --every=2^63-1 overflowed the "steps >= 2 * every" check and
+# trained all --steps (over a minute) before failing; --steps=300 --every=100
+# --warmup=250 trained 300 steps to report "fewer than two samples";
+# --max_slope=nan made every run GROWING.
+set -euo pipefail
+bin="$1"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+expect_bad() {
+  local what="$1"; shift
+  set +e
+  timeout 10 "$bin" "$@" > "$tmp/out.txt" 2> "$tmp/err.txt"
+  local rc=$?
+  set -e
+  [[ $rc -eq 2 ]] || { cat "$tmp/err.txt"; echo "FAIL: $* exited $rc, expected 2" >&2; exit 1; }
+  grep -q -- "$what" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: $* message lacks '$what'" >&2; exit 1; }
+  if grep -q "^rss " "$tmp/out.txt"; then echo "FAIL: $* trained before refusing" >&2; exit 1; fi
+}
+expect_bad "need steps >= 2 \* every" --steps=10000 --every=9223372036854775807
+expect_bad "leave 1 RSS sample(s) past the warm-up" --steps=300 --every=100 --warmup=250
+expect_bad "--max_slope must be a finite number" --steps=20 --every=10 --warmup=0 --max_slope=nan
+"$bin" --steps=30 --every=10 --warmup=0 --max_slope=1e12 > "$tmp/ok.txt"
+grep -q "^soak: 30 steps of gpt-tiny.*FLAT" "$tmp/ok.txt" || { cat "$tmp/ok.txt"; echo "FAIL: no verdict" >&2; exit 1; }
+echo PASS
