@@ -226,8 +226,16 @@ Status ValidatePlanRequest(const PlanRequest& r) {
   if (r.profile.empty()) return InvalidArgumentError("profile is empty");
   if (r.batch_size < 1) return InvalidArgumentError("batch_size must be >= 1");
   if (r.seq_len < 0 || r.source_len < 0) return InvalidArgumentError("sequence lengths must be >= 0");
-  if (r.steps < 1) return InvalidArgumentError("steps must be >= 1");
-  if (r.warmup_steps < 0) return InvalidArgumentError("warmup_steps must be >= 0");
+  // Every candidate simulates warmup_steps + steps steps: 2^31 - 1 overflowed
+  // their sum (0 s/step recommended), 10^6 took over a minute a candidate.
+  if (r.steps < 1 || r.steps > kMaxPlanSteps) {
+    return InvalidArgumentError("steps must be in [1, " + std::to_string(kMaxPlanSteps) + "], not " +
+                                std::to_string(r.steps));
+  }
+  if (r.warmup_steps < 0 || r.warmup_steps > kMaxPlanSteps) {
+    return InvalidArgumentError("warmup_steps must be in [0, " + std::to_string(kMaxPlanSteps) + "], not " +
+                                std::to_string(r.warmup_steps));
+  }
   SK_RETURN_IF_ERROR(ValidateOptimizerOptions(r.optimizer).WithContext("optimizer"));
   const auto& all = AllStrategies();
   for (const std::string& s : r.space.strategies) {

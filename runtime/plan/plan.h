@@ -121,6 +121,10 @@ struct PlanSpace {
   std::vector<MixedPrecisionPolicy> dtypes;
 };
 
+// The most simulated steps (warm-up, and measured) a plan runs per candidate:
+// the planner's time grows with steps x candidates.
+constexpr int kMaxPlanSteps = 1000;
+
 struct PlanRequest {
   // A name from ModelConfigs() ("t5-11b", "gpt-175b", ...).
   std::string model;

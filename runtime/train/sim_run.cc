@@ -1,6 +1,7 @@
 #include "runtime/train/sim_run.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -86,6 +87,13 @@ StatusOr<SimStepReport> SimulateTraining(const SimRunOptions& options) {
   if (options.warmup_steps < 0) {
     return InvalidArgumentError("warmup_steps must be >= 0, got " +
                                 std::to_string(options.warmup_steps));
+  }
+  // warmup_steps + steps counts the loop below: an int overflow (steps
+  // 2^31 - 1) ran no step and reported 0 s/step as a result.
+  if (options.warmup_steps > std::numeric_limits<int>::max() - options.steps) {
+    return InvalidArgumentError("warmup_steps " + std::to_string(options.warmup_steps) + " + steps " +
+                                std::to_string(options.steps) + " exceeds " +
+                                std::to_string(std::numeric_limits<int>::max()));
   }
   SK_RETURN_IF_ERROR(ValidateTrainerOptions(to));
   SK_ASSIGN_OR_RETURN(sim::SimProfile profile, sim::LoadProfile(to.device.sim_profile));

@@ -42,4 +42,7 @@ expect_bad "ZERO4" --model=gpt-1m --strategies=ZERO4
 expect_bad "rate_limits" --model=gpt-1m --rate_limits=two
 expect_bad "gpus_per_node" --model=gpt-1m --gpus=12 --gpus_per_node=8
 expect_bad "no-such-model" --model=no-such-model
+# 2^31 - 1 steps recommended "0.000 s/step" in a hundredth of a second.
+expect_bad "steps must be in \[1, 1000\]" --model=gpt-1m --steps=2147483647
+expect_bad "warmup_steps must be in \[0, 1000\]" --model=gpt-1m --warmup_steps=2147483647
 echo PASS

@@ -175,6 +175,13 @@ TEST(PlanTest, BadRequestsNameTheField) {
   r = Request();
   r.steps = 0;
   expect_error(r, "steps");
+  // 2^31 - 1 steps overflowed warm-up + steps in the simulator: 0 s/step.
+  r = Request();
+  r.steps = 2147483647;
+  expect_error(r, "steps must be in [1, 1000]");
+  r = Request();
+  r.warmup_steps = 2147483647;
+  expect_error(r, "warmup_steps must be in [0, 1000]");
   EXPECT_FALSE(ParseStrategyList("FULL_SHARD,ZERO9").ok());
   EXPECT_FALSE(ParseDTypeList("bf16/f8").ok());
   EXPECT_FALSE(ParseDTypeList("").ok());

@@ -416,6 +416,10 @@ TEST(SimulateTrainingTest, RefusesWhatCannotRun) {
   r = RunOf("gpt-tiny", 2);
   r.warmup_steps = -1;
   EXPECT_EQ(SimulateTraining(r).status().code(), StatusCode::kInvalidArgument);
+  // warmup_steps + steps must not overflow: it ran no step and reported 0 s.
+  r = RunOf("gpt-tiny", 2);
+  r.steps = 2147483647;
+  EXPECT_EQ(SimulateTraining(r).status().code(), StatusCode::kInvalidArgument);
   r = RunOf("gpt-tiny", 2);
   r.trainer.device.kind = DeviceKind::kCpu;
   EXPECT_EQ(SimulateTraining(r).status().code(), StatusCode::kInvalidArgument);
