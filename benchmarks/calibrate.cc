@@ -68,6 +68,7 @@
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/allocator.h"
 #include "runtime/device/device.h"
+#include "runtime/nn/configs.h"
 #include "runtime/ops/cost.h"
 #include "runtime/ops/cpu/kernels.h"
 #include "runtime/ops/op_timing.h"
@@ -655,10 +656,58 @@ nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& sou
       {"network", network}};
 }
 
+// "MODEL[:BATCH],..." as --in_step/--held_out take it: every model named in
+// the model table and every batch a positive integer, or a message naming
+// the flag. Checked before the minutes of hot-loop measurement: a run that
+// fails later is left out of the fit, and a typo gave an uncorrected profile
+// and exit 0.
+std::string CheckRunList(const std::string& list, const char* flag) {
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    const auto colon = item.find(':');
+    const std::string model = item.substr(0, colon);
+    if (StatusOr<NamedModelConfig> c = FindModelConfig(model); !c.ok()) {
+      return std::string("--") + flag + ": " + c.status().ToString();
+    }
+    if (colon != std::string::npos) {
+      const std::string batch = item.substr(colon + 1);
+      if (batch.empty() || batch.size() > 9 || batch.find_first_not_of("0123456789") != std::string::npos ||
+          std::stol(batch) < 1) {
+        return std::string("--") + flag + ": batch '" + batch + "' of " + model +
+               " is not an integer in [1, 999999999]";
+      }
+    }
+  }
+  return "";
+}
+
 int Main() {
   if (FLAGS_clock != "cpu" && FLAGS_clock != "wall") {
     std::fprintf(stderr, "--clock must be cpu or wall\n");
     return 2;
+  }
+  // SetGemmThreads below CHECK-fails (abort) on what it refuses.
+  if (FLAGS_threads < 1 || FLAGS_threads > 1024) {
+    std::fprintf(stderr, "--threads must be in [1, 1024], got %d\n", FLAGS_threads);
+    return 2;
+  }
+  if (FLAGS_in_step_steps < 1) {
+    std::fprintf(stderr, "--in_step_steps must be >= 1, got %d\n", FLAGS_in_step_steps);
+    return 2;
+  }
+  if (!std::isfinite(FLAGS_budget_ms) || FLAGS_budget_ms < 0) {
+    std::fprintf(stderr, "--budget_ms must be a finite number >= 0, got %g\n", FLAGS_budget_ms);
+    return 2;
+  }
+  for (const auto& [list, flag] : {std::pair<std::string, const char*>{FLAGS_in_step, "in_step"},
+                                   std::pair<std::string, const char*>{FLAGS_held_out, "held_out"}}) {
+    const std::string why = CheckRunList(list, flag);
+    if (!why.empty()) {
+      std::fprintf(stderr, "%s\n", why.c_str());
+      return 2;
+    }
   }
   // The held-out check of issue 11 must stay held out: its configurations
   // cannot calibrate.
