@@ -102,15 +102,30 @@ struct Output {
 };
 
 constexpr size_t kRecentLines = 32;
+// The longest line kept whole: longer output without a newline (a progress
+// bar redrawn with '\r', a binary dump) is cut into lines of this many bytes,
+// each prefixed. Without the cut the launcher held all of it (a rank that
+// printed 300 MB without a newline grew the launcher to 510 MB).
+constexpr size_t kMaxLineBytes = 64 << 10;
 
 void Emit(Output& o, const char* data, size_t len) {
   o.partial.append(data, len);
   size_t start = 0;
-  for (size_t nl; (nl = o.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-    std::fprintf(o.sink, "[rank %d] %.*s\n", o.rank, static_cast<int>(nl - start),
-                 o.partial.data() + start);
-    o.recent.emplace_back(o.partial, start, nl - start);
+  auto line = [&](size_t end, size_t next) {
+    std::fprintf(o.sink, "[rank %d] %.*s\n", o.rank, static_cast<int>(end - start), o.partial.data() + start);
+    o.recent.emplace_back(o.partial, start, end - start);
     if (o.recent.size() > kRecentLines) o.recent.pop_front();
+    start = next;
+  };
+  while (true) {
+    const size_t nl = o.partial.find('\n', start);
+    if (nl != std::string::npos && nl - start <= kMaxLineBytes) {
+      line(nl, nl + 1);
+    } else if (o.partial.size() - start > kMaxLineBytes) {
+      line(start + kMaxLineBytes, start + kMaxLineBytes);
+    } else {
+      break;
+    }
   }
   o.partial.erase(0, start);
   std::fflush(o.sink);

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -174,6 +175,27 @@ TEST(Launch, EnvironmentAndPrefixes) {
   EXPECT_TRUE(Has(r.output, "[rank 2] 2/4/0/2/127.0.0.1:1234")) << r.output;
   EXPECT_TRUE(Has(r.output, "[rank 3] 3/4/1/2/127.0.0.1:1234")) << r.output;
   EXPECT_TRUE(Has(r.output, "[rank 3] partial")) << r.output;
+}
+
+// Output without a newline is passed on in prefixed lines of at most 64 KiB:
+// the launcher used to hold all of it (300 MB without a newline: 510 MB RSS).
+TEST(Launch, OutputWithoutNewlinesIsCutIntoBoundedLines) {
+  Result r = RunLauncher("--nproc_per_node=1 /bin/sh -c 'head -c 1000000 /dev/zero | tr \"\\\\000\" x'");
+  EXPECT_EQ(r.exit_code, 0) << r.output.substr(0, 200);
+  size_t lines = 0, xs = 0, longest = 0;
+  for (size_t at = 0; at < r.output.size();) {
+    size_t nl = r.output.find('\n', at);
+    if (nl == std::string::npos) nl = r.output.size();
+    const std::string l = r.output.substr(at, nl - at);
+    ASSERT_EQ(l.rfind("[rank 0] ", 0), 0u) << l.substr(0, 80);
+    xs += l.size() - 9;
+    longest = std::max(longest, l.size() - 9);
+    ++lines;
+    at = nl + 1;
+  }
+  EXPECT_EQ(xs, 1000000u);
+  EXPECT_LE(longest, 64u << 10);
+  EXPECT_GE(lines, 1000000u / (64u << 10));
 }
 
 TEST(Launch, BadUsageIsReported) {
