@@ -12,6 +12,7 @@
 // reduce_scatter input, all_reduce buffer; busbw = algbw x (n-1)/n, x 2(n-1)/n
 // for all_reduce). The world is packed onto nodes of the profile's
 // gpus_per_node; the algorithm column is NCCL's choice per the model.
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -57,10 +58,15 @@ std::vector<std::string> Split(const std::string& s) {
   return out;
 }
 
-int64_t ParseInt(const std::string& s, const char* flag) {
+// A positive integer at most `hi`; strtoll's clamp at 2^63 - 1 (ERANGE) is
+// refused too. --ranks=4294967304 used to run as 8 ranks (cast to int).
+int64_t ParseInt(const std::string& s, const char* flag, int64_t hi = INT64_MAX) {
   char* end = nullptr;
+  errno = 0;
   const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v <= 0) Die(std::string("--") + flag + ": '" + s + "' is not a positive integer");
+  if (s.empty() || *end != '\0' || errno == ERANGE || v <= 0 || v > hi) {
+    Die(std::string("--") + flag + ": '" + s + "' is not an integer in [1, " + std::to_string(hi) + "]");
+  }
   return v;
 }
 
@@ -95,7 +101,7 @@ int Main() {
   std::printf("%6s %6s %-15s %14s %12s %12s %12s  %s\n", "ranks", "nodes", "op", "bytes", "time_us",
               "algbw_GB/s", "busbw_GB/s", "algorithm");
   for (const std::string& r : Split(FLAGS_ranks)) {
-    const int ranks = static_cast<int>(ParseInt(r, "ranks"));
+    const int ranks = static_cast<int>(ParseInt(r, "ranks", SimProcessGroup::kMaxWorldSize));
     std::unique_ptr<SimProcessGroup> world =
         OrDie(SimProcessGroup::Create(network, ranks), "sim process group");
     for (const std::string& op : Split(FLAGS_ops)) {

@@ -154,13 +154,25 @@ int Main() {
     std::fprintf(stderr, "--steps must be >= 1\n");
     return 2;
   }
+  // Worlds are local ranks (threads of this process). atoi read "abc" as 0
+  // (every configuration failed, exit 0) and 4294967297 as 1.
+  constexpr int kMaxWorld = 1024;
+  std::vector<int> worlds;
+  for (const std::string& w : Split(FLAGS_worlds)) {
+    if (w.size() > 4 || w.find_first_not_of("0123456789") != std::string::npos || std::atoi(w.c_str()) < 1 ||
+        std::atoi(w.c_str()) > kMaxWorld) {
+      std::fprintf(stderr, "--worlds: '%s' is not a world size in [1, %d]\n", w.c_str(), kMaxWorld);
+      return 2;
+    }
+    worlds.push_back(std::atoi(w.c_str()));
+  }
   std::vector<Config> configs;
   for (const std::string& m : Split(FLAGS_models)) {
-    for (const std::string& w : Split(FLAGS_worlds)) {
+    for (int w : worlds) {
       for (Parallelism p : {Parallelism::kDdp, Parallelism::kFsdp}) {
         Config c;
         c.model = m;
-        c.world = std::atoi(w.c_str());
+        c.world = w;
         c.parallelism = p;
         configs.push_back(std::move(c));
       }
