@@ -4,13 +4,16 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <map>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include <gflags/gflags.h>
 
@@ -74,6 +77,38 @@ std::vector<std::string> Split(const std::string& s) {
 }
 
 bool Set(const char* flag) { return !gflags::GetCommandLineFlagInfoOrDie(flag).is_default; }
+
+// The numeric flags, checked before the output folder is made: --world=0
+// or -3 ran every configuration into an error row and exited 0; negative
+// counts were silently replaced by the defaults; --limits=abc read as 0 (off).
+std::string CheckFlags() {
+  constexpr int kMaxWorld = 1024;  // ranks are threads of this process
+  if (FLAGS_world < 1 || FLAGS_world > kMaxWorld) {
+    return "--world must be in [1, " + std::to_string(kMaxWorld) + "], got " + std::to_string(FLAGS_world);
+  }
+  if (FLAGS_warmup < 0) return "--warmup must be >= 0, got " + std::to_string(FLAGS_warmup);
+  const std::pair<const char*, int64_t> counts[] = {
+      {"steps", FLAGS_steps},          {"comparison_steps", FLAGS_comparison_steps},
+      {"reps", FLAGS_reps},            {"memory_cap_mib", FLAGS_memory_cap_mib},
+      {"seq_len", FLAGS_seq_len},      {"batch_size", FLAGS_batch_size}};
+  for (const auto& [name, v] : counts) {
+    if (v < 0) return std::string("--") + name + " must be >= 0 (0: the default), got " + std::to_string(v);
+  }
+  const std::pair<const char*, double> ratios[] = {{"comm_ratio", FLAGS_comm_ratio},
+                                                   {"inter_host_ratio", FLAGS_inter_host_ratio}};
+  for (const auto& [name, v] : ratios) {
+    if (!std::isfinite(v) || v < 0) {
+      return std::string("--") + name + " must be a finite number >= 0 (0: the default), got " +
+             std::to_string(v);
+    }
+  }
+  for (const std::string& l : Split(FLAGS_limits)) {
+    if (l.size() > 9 || l.find_first_not_of("0123456789") != std::string::npos) {
+      return "--limits: '" + l + "' is not an all_gather_limit (a non-negative integer, 0 = off)";
+    }
+  }
+  return "";
+}
 
 ExperimentOptions OptionsFromFlags() {
   ExperimentOptions o = DefaultExperimentOptions(FLAGS_quick);
@@ -227,6 +262,10 @@ std::string Wrapped(const std::string& text, size_t width, const std::string& in
 int HarnessMain(const std::string& harness, const std::vector<std::string>& names, int argc,
                 char** argv) {
   sk::cli::ParseFlags("reproduces the PyTorch FSDP paper's experiments at a scale one CPU machine runs", __FILE__, &argc, &argv);
+  if (const std::string why = CheckFlags(); !why.empty()) {
+    std::fprintf(stderr, "%s: %s\n", harness.c_str(), why.c_str());
+    return 2;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const std::string load_start = LoadAverage(), started = UtcNow();
   std::string out = FLAGS_out;
