@@ -58,6 +58,16 @@ Status FsyncPath(const std::string& path) {
 
 Status WriteFileDurably(const std::string& path, const std::vector<ByteSpan>& pieces) {
   if (path.empty()) return InvalidArgumentError("WriteFileDurably: empty path");
+  // The rename below replaces whatever `path` names. For a device, FIFO or
+  // socket (an output flag given /dev/null or /dev/full) that swapped the
+  // node for a regular file where the caller may (as root) create files in
+  // /dev; such a path is refused instead. Symlinks are followed for the check.
+  // (A directory is left to rename, which fails on it.)
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 &&
+      (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
+    return InvalidArgumentError("'" + path + "' is not a regular file (a device, FIFO or socket): not replacing it");
+  }
   const std::string tmp = TempNameFor(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return UnavailableError("cannot create '" + tmp + "': " + ErrnoText());

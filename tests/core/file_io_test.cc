@@ -69,6 +69,27 @@ TEST(FileIoTest, WriteFileDurablyFailureKeepsTheOldFileAndNamesThePath) {
   }
 }
 
+// A path naming a FIFO (or a device: /dev/null, /dev/full) is refused, not
+// replaced by a regular file through the rename: run as root, writing a
+// trace or a converted checkpoint to /dev/full used to swap the device node
+// for a regular file.
+TEST(FileIoTest, WriteFileDurablyRefusesToReplaceANonRegularFile) {
+  const std::string dir = TempDir("file_io_fifo");
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  Status s = WriteFileDurably(fifo, "x");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("is not a regular file"), std::string::npos) << s;
+  struct stat st;
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  // A symlink to a regular file is still replaced, as before.
+  const std::string target = dir + "/target", link = dir + "/link";
+  ASSERT_TRUE(WriteFileDurably(target, "old").ok());
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  EXPECT_TRUE(WriteFileDurably(link, "new").ok());
+}
+
 TEST(FileIoTest, ConcurrentWritersOfOnePathNeverShareATemporary) {
   const std::string dir = TempDir("durable_race");
   const std::string path = dir + "/f.bin";
