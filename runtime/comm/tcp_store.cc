@@ -48,8 +48,12 @@ std::string Errno(const char* what) { return std::string(what) + ": " + std::str
 // fails.
 Status WaitReady(int fd, short events, Clock::time_point deadline, const char* late) {
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return DeadlineExceededError(late);
+    const auto remaining = deadline - Clock::now();
+    if (remaining <= Clock::duration::zero()) return DeadlineExceededError(late);
+    // Rounded up: truncated, the last fraction of a millisecond read as 0 and
+    // the wait ended up to 1 ms before its deadline (a Get of 1 s gave up
+    // after 999.6 ms in CI).
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(remaining);
     pollfd pfd{fd, events, 0};
     int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
     if (r < 0 && errno == EINTR) continue;
