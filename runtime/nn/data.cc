@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "runtime/nn/init.h"
 
@@ -45,6 +46,15 @@ Status CheckBatchArgs(const std::vector<int32_t>& stream, int64_t batch_size, in
                                 " tokens is shorter than one window of " + std::to_string(window));
   }
   return OkStatus();
+}
+
+// Whether `bytes` is at most this machine's physical memory: a batch larger
+// than that is refused before it is allocated. (Sanitizer allocators abort
+// on a terabyte request instead of throwing std::bad_alloc.)
+bool WithinPhysicalMemory(double bytes) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return true;
+  return bytes <= static_cast<double>(pages) * static_cast<double>(page);
 }
 
 // A batch whose token vectors the host cannot allocate: an error, not an
@@ -168,6 +178,9 @@ StatusOr<TokenBatch> LanguageModelBatch(const std::vector<int32_t>& stream, int6
   TokenBatch b;
   b.batch_size = batch_size;
   b.seq_len = seq_len;
+  if (!WithinPhysicalMemory(2.0 * sizeof(int32_t) * static_cast<double>(batch_size) * static_cast<double>(seq_len))) {
+    return BatchTooLarge(batch_size, seq_len);
+  }
   try {
     b.inputs.reserve(static_cast<size_t>(batch_size * seq_len));
     b.targets.reserve(static_cast<size_t>(batch_size * seq_len));
@@ -198,6 +211,10 @@ StatusOr<TokenBatch> ReversalBatch(const std::vector<int32_t>& stream, int64_t b
   b.batch_size = batch_size;
   b.seq_len = seq_len;
   b.source_len = source_len;
+  if (!WithinPhysicalMemory(sizeof(int32_t) * static_cast<double>(batch_size) *
+                            (static_cast<double>(source_len) + 2.0 * static_cast<double>(seq_len)))) {
+    return BatchTooLarge(batch_size, source_len);
+  }
   try {
     b.source.reserve(static_cast<size_t>(batch_size * source_len));
     b.targets.reserve(static_cast<size_t>(batch_size * seq_len));
