@@ -238,6 +238,7 @@ int Main() {
   }
   std::printf("\n%d of %d configurations within +-15%% of the measured wall time, %d of the CPU time per rank\n",
               within, rows, within_cpu);
+  bool write_failed = false;  // a requested --report or --csv that cannot be written fails the run
   if (!FLAGS_report.empty()) {
     std::ofstream out(FLAGS_report);
     out << "# Simulator validation on this machine's CPU\n\n"
@@ -252,12 +253,18 @@ int Main() {
         << " hardware threads; load average " << load_before << " before, " << load_after << " after.\n\n"
         << md.str() << "\n" << within << " of " << rows << " configurations within +-15% of the measured wall "
         << "time, " << within_cpu << " of the CPU time per rank.\n";
-    if (!out) std::fprintf(stderr, "cannot write %s\n", FLAGS_report.c_str());
+    if (!out) {
+      std::fprintf(stderr, "sim_validate: cannot write --report=%s\n", FLAGS_report.c_str());
+      write_failed = true;
+    }
   }
   if (!FLAGS_csv.empty()) {
     std::ofstream out(FLAGS_csv);
     out << csv.str();
-    if (!out) std::fprintf(stderr, "cannot write %s\n", FLAGS_csv.c_str());
+    if (!out) {
+      std::fprintf(stderr, "sim_validate: cannot write --csv=%s\n", FLAGS_csv.c_str());
+      write_failed = true;
+    }
   }
   for (Config& c : configs) {
     if (c.trainers.empty()) continue;
@@ -266,7 +273,7 @@ int Main() {
       return OkStatus();
     }).IgnoreError();
   }
-  return 0;
+  return write_failed ? 1 : 0;
 }
 
 }  // namespace

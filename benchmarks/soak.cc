@@ -63,8 +63,11 @@ int Main() {
                  static_cast<long long>(FLAGS_warmup), static_cast<long long>(samples_past_warmup));
     return 2;
   }
-  if (!std::isfinite(FLAGS_max_slope)) {
-    std::fprintf(stderr, "soak: --max_slope must be a finite number of bytes per step, got %g\n", FLAGS_max_slope);
+  // A negative bound would call every run GROWING (and printed as a
+  // 300-digit number for -1e300).
+  if (!std::isfinite(FLAGS_max_slope) || FLAGS_max_slope < 0) {
+    std::fprintf(stderr, "soak: --max_slope must be a finite number of bytes per step >= 0, got %g\n",
+                 FLAGS_max_slope);
     return 2;
   }
   constexpr int kWorld = 2;

@@ -39,6 +39,8 @@
 // --forward_prefetch turns on FSDP's forward prefetch (docs/fsdp.md) for the
 // FULL_SHARD runs.
 #include <algorithm>
+#include <cerrno>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -428,6 +430,19 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
   return OkStatus();
 }
 
+// A whole decimal number in [lo, hi] (atoi read "4294967297" as 1 and
+// "abc" as 0), or an error naming the flag.
+StatusOr<int64_t> IntFlag(const char* name, const char* v, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::isdigit(static_cast<unsigned char>(*v)) ? std::strtoll(v, &end, 10) : -1;
+  if (end == nullptr || *end != '\0' || errno == ERANGE || x < lo || x > hi) {
+    return InvalidArgumentError(std::string("--") + name + "='" + v + "' is not a whole number in [" +
+                                std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return static_cast<int64_t>(x);
+}
+
 int Main(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
@@ -441,11 +456,26 @@ int Main(int argc, char** argv) {
     } else if (const char* v = value("--modes=")) {
       f.modes = Split(v);
     } else if (const char* v = value("--world=")) {
-      f.world = std::atoi(v);
+      StatusOr<int64_t> n = IntFlag("world", v, 1, 1024);
+      if (!n.ok()) {
+        std::fprintf(stderr, "step_breakdown: %s\n", n.status().ToString().c_str());
+        return 1;
+      }
+      f.world = static_cast<int>(*n);
     } else if (const char* v = value("--batch=")) {
-      f.batch = std::atoll(v);
+      StatusOr<int64_t> n = IntFlag("batch", v, 1, int64_t{1} << 20);
+      if (!n.ok()) {
+        std::fprintf(stderr, "step_breakdown: %s\n", n.status().ToString().c_str());
+        return 1;
+      }
+      f.batch = *n;
     } else if (const char* v = value("--steps=")) {
-      f.steps = std::atoi(v);
+      StatusOr<int64_t> n = IntFlag("steps", v, 1, 100000);
+      if (!n.ok()) {
+        std::fprintf(stderr, "step_breakdown: %s\n", n.status().ToString().c_str());
+        return 1;
+      }
+      f.steps = static_cast<int>(*n);
     } else if (const char* v = value("--optimizer=")) {
       f.optimizer = v;
     } else if (const char* v = value("--param_dtype=")) {

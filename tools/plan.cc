@@ -10,7 +10,9 @@
 // comma-separated list; empty = the whole dimension).
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,9 @@ sk::StatusOr<std::vector<int>> Ints(const std::string& s, const char* flag, bool
       int n = std::stoi(v, &used);
       if (used != v.size()) throw std::invalid_argument(v);
       out.push_back(n);
+    } catch (const std::out_of_range&) {
+      return sk::InvalidArgumentError(std::string("--") + flag + ": '" + v + "' is out of range (at most " +
+                                      std::to_string(std::numeric_limits<int>::max()) + ")");
     } catch (const std::exception&) {
       return sk::InvalidArgumentError(std::string("--") + flag + ": '" + v + "' is not a number");
     }

@@ -222,6 +222,7 @@ int main(int argc, char** argv) {
     } else if (name == "node_rank") {
       flags.node_rank = ParseInt(name, value, 0, 65535);
     } else if (name == "master_addr") {
+      if (value.empty()) Usage("--master_addr must name a host (got an empty value)");
       flags.master_addr = value;
     } else if (name == "master_port") {
       flags.master_port = ParseInt(name, value, 0, 65535);

@@ -25,4 +25,8 @@ grep -q "^     8      1 all_reduce  *65536 " "$tmp/ok.txt" || { cat "$tmp/ok.txt
 expect_bad 2 "--worlds: 'abc' is not a world size in \[1, 1024\]" "$sim_validate" --worlds=abc --models=gpt-1m --steps=1
 expect_bad 2 "--worlds: '4294967297' is not a world size" "$sim_validate" --worlds=4294967297 --models=gpt-1m --steps=1
 expect_bad 2 "--worlds: '0' is not a world size" "$sim_validate" --worlds=0 --models=gpt-1m --steps=1
+# A --csv or --report that cannot be written fails the run (it printed
+# "cannot write" and exited 0).
+expect_bad 1 "sim_validate: cannot write --csv=/nonexistent-dir/v.csv" \
+  "$sim_validate" --worlds=1 --models=gpt-1m --steps=1 --csv=/nonexistent-dir/v.csv
 echo PASS

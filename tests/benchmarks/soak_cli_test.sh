@@ -20,6 +20,8 @@ expect_bad() {
 expect_bad "need steps >= 2 \* every" --steps=10000 --every=9223372036854775807
 expect_bad "leave 1 RSS sample(s) past the warm-up" --steps=300 --every=100 --warmup=250
 expect_bad "--max_slope must be a finite number" --steps=20 --every=10 --warmup=0 --max_slope=nan
+# A negative bound called every run GROWING and printed as 300 digits.
+expect_bad "bytes per step >= 0, got -1e+300" --steps=20 --every=10 --warmup=0 --max_slope=-1e300
 "$bin" --steps=30 --every=10 --warmup=0 --max_slope=1e12 > "$tmp/ok.txt"
 grep -q "^soak: 30 steps of gpt-tiny.*FLAT" "$tmp/ok.txt" || { cat "$tmp/ok.txt"; echo "FAIL: no verdict" >&2; exit 1; }
 echo PASS

@@ -202,6 +202,11 @@ TEST(Launch, BadUsageIsReported) {
   Result r = RunLauncher("--nproc_per_node=0 /bin/true");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(Has(r.output, "--nproc_per_node=0 must be an integer")) << r.output;
+  // An empty --master_addr was taken as given (the ranks then failed to
+  // resolve ""); now it is a usage error naming the flag.
+  r = RunLauncher("--nproc_per_node=1 --master_addr= /bin/true");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(Has(r.output, "--master_addr must name a host")) << r.output;
   r = RunLauncher("--nproc_per_node=1 /nonexistent/program");
   EXPECT_EQ(r.exit_code, 127) << r.output;
   EXPECT_TRUE(Has(r.output, "cannot execute /nonexistent/program")) << r.output;

@@ -45,4 +45,6 @@ expect_bad "no-such-model" --model=no-such-model
 # 2^31 - 1 steps recommended "0.000 s/step" in a hundredth of a second.
 expect_bad "steps must be in \[1, 1000\]" --model=gpt-1m --steps=2147483647
 expect_bad "warmup_steps must be in \[0, 1000\]" --model=gpt-1m --warmup_steps=2147483647
+# Out of int's range is said so (it read "is not a number").
+expect_bad "'99999999999' is out of range" --model=gpt-1m --shard_group_sizes=99999999999
 echo PASS

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# //benchmarks:step_breakdown reads --world, --batch and --steps exactly:
+# atoi read --world=4294967297 as world 1 and --world=abc as 0; now each is
+# refused (exit 1) with the flag and its range, before anything is measured.
+set -euo pipefail
+bin="$1"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+expect_bad() {
+  local what="$1"; shift
+  set +e
+  timeout 30 "$bin" "$@" > "$tmp/out.txt" 2> "$tmp/err.txt"
+  local rc=$?
+  set -e
+  [[ $rc -eq 1 ]] || { cat "$tmp/err.txt"; echo "FAIL: $* exited $rc, expected 1" >&2; exit 1; }
+  grep -q -- "$what" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: $* message lacks '$what'" >&2; exit 1; }
+  if grep -q "FMA peak" "$tmp/out.txt"; then echo "FAIL: $* measured before refusing" >&2; exit 1; fi
+}
+expect_bad "--world='4294967297' is not a whole number in \[1, 1024\]" --world=4294967297
+expect_bad "--world='abc' is not a whole number" --world=abc
+expect_bad "--world='-2' is not a whole number" --world=-2
+expect_bad "--batch='0' is not a whole number in \[1, 1048576\]" --batch=0
+expect_bad "--steps='1x' is not a whole number" --steps=1x
+echo PASS
