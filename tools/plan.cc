@@ -121,6 +121,17 @@ sk::Status Run() {
     SK_ASSIGN_OR_RETURN(sp.dtypes, sk::plan::ParseDTypeList(FLAGS_dtypes));
   }
   const auto start = std::chrono::steady_clock::now();
+  // A line on stderr every 10 s once a plan runs that long (a million GPUs'
+  // default space takes about two minutes), so a long plan is not mistaken
+  // for a hang.
+  auto next_report = start + std::chrono::seconds(10);
+  r.progress = [&](size_t done, size_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_report) return;
+    next_report = now + std::chrono::seconds(10);
+    std::fprintf(stderr, "plan: simulated %zu of %zu candidates in %.0f s\n", done, total,
+                 std::chrono::duration<double>(now - start).count());
+  };
   SK_ASSIGN_OR_RETURN(sk::plan::PlanResult plan, sk::plan::Plan(r));
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -382,6 +382,7 @@ StatusOr<PlanResult> PlanWith(const PlanRequest& request, const std::string& pro
       cr.status = m.status();
     }
     result.results.push_back(std::move(cr));
+    if (request.progress) request.progress(result.results.size(), candidates.size());
   }
   RankResults(&result.results);
   const std::string gib = Gib(device_memory_bytes) + " GiB";

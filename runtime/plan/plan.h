@@ -147,6 +147,10 @@ struct PlanRequest {
   // When not empty, the recommended candidate is simulated once more with a
   // Chrome trace of its measured step written to this path.
   std::string trace_path;
+  // Called after each simulated candidate with (done, total), from the
+  // planning thread; empty: none. tools/plan reports progress on stderr with
+  // it when a plan runs long (2^20 GPUs: about two minutes).
+  std::function<void(size_t done, size_t total)> progress;
 };
 
 // NotFound for an unknown model (listing the known names); InvalidArgument

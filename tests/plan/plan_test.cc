@@ -187,6 +187,21 @@ TEST(PlanTest, BadRequestsNameTheField) {
   EXPECT_FALSE(ParseDTypeList("").ok());
 }
 
+// The progress callback sees every candidate once, in order, with the
+// total (tools/plan prints from it while a long plan runs).
+TEST(PlanTest, ProgressIsReportedAfterEachCandidate) {
+  PlanRequest r = Request();
+  std::vector<std::pair<size_t, size_t>> calls;
+  r.progress = [&](size_t done, size_t total) { calls.emplace_back(done, total); };
+  auto plan = PlanWith(r, "a100-80g", 80 * kGiB, Model);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(calls.size(), plan->results.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(calls[i].first, i + 1);
+    EXPECT_EQ(calls[i].second, plan->results.size());
+  }
+}
+
 TEST(PlanTest, RanksFitsByTimeThenOutOfMemoryByNeed) {
   PlanRequest r = Request();
   auto plan = PlanWith(r, "a100-80g", 80 * kGiB, Model);
