@@ -6,15 +6,9 @@
 set -euo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-expect_bad() {
-  local what="$1"; shift
-  set +e
-  timeout 10 "$bin" "$@" > /dev/null 2> "$tmp/err.txt"
-  local rc=$?
-  set -e
-  [[ $rc -eq 2 ]] || { cat "$tmp/err.txt"; echo "FAIL: $* exited $rc, expected 2" >&2; exit 1; }
-  grep -q -- "$what" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: $* message lacks '$what'" >&2; exit 1; }
-}
+source tests/util/expect_refusal.sh
+REFUSAL_TIMEOUT=10
+expect_bad() { local what="$1"; shift; expect_refusal 2 "$what" "$bin" "$@"; }
 expect_bad "--threads must be in \[1, 1024\], got 0" --threads=0
 expect_bad "--threads must be in \[1, 1024\], got 2147483647" --threads=2147483647
 expect_bad "--in_step: NOT_FOUND: no model config named 'nonexist'" --in_step=nonexist:1

@@ -8,15 +8,8 @@
 set -euo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-expect_bad() {
-  local what="$1"; shift
-  set +e
-  timeout 30 "$bin" "$@" > /dev/null 2> "$tmp/err.txt"
-  local rc=$?
-  set -e
-  [[ $rc -eq 1 ]] || { cat "$tmp/err.txt"; echo "FAIL: $* exited $rc, expected 1" >&2; exit 1; }
-  grep -q -- "$what" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: $* message lacks '$what'" >&2; exit 1; }
-}
+source tests/util/expect_refusal.sh
+expect_bad() { local what="$1"; shift; expect_refusal 1 "$what" "$bin" "$@"; }
 quick=(--backends=local --ops=all_reduce --sizes=4096 --memcpy_bytes=1024)
 expect_bad "--ranks: 'abc' is not a rank count" "${quick[@]}" --ranks=abc
 expect_bad "--ranks: '-1' is not a rank count" "${quick[@]}" --ranks=-1

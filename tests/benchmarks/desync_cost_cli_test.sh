@@ -6,15 +6,8 @@
 set -euo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-expect_bad() {
-  local what="$1"; shift
-  set +e
-  timeout 30 "$bin" "$@" > /dev/null 2> "$tmp/err.txt"
-  local rc=$?
-  set -e
-  [[ $rc -eq 2 ]] || { cat "$tmp/err.txt"; echo "FAIL: $* exited $rc, expected 2" >&2; exit 1; }
-  grep -q -- "$what" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: $* message lacks '$what'" >&2; exit 1; }
-}
+source tests/util/expect_refusal.sh
+expect_bad() { local what="$1"; shift; expect_refusal 2 "$what" "$bin" "$@"; }
 expect_bad "--steps must be in \[1, 1000000\], got 0" --steps=0 --iterations=10
 expect_bad "--steps must be in \[1, 1000000\], got -1" --steps=-1 --iterations=10
 expect_bad "--iterations must be in \[1, 10000000\], got -100" --iterations=-100 --steps=1

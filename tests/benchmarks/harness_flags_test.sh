@@ -6,15 +6,11 @@
 set -euo pipefail
 paper="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+source tests/util/expect_refusal.sh
 expect_bad() {
   local what="$1"; shift
   rm -rf "$tmp/out"
-  set +e
-  timeout 30 "$paper" --quick --plots=false --sim_profile= --out="$tmp/out" "$@" > /dev/null 2> "$tmp/err.txt"
-  local rc=$?
-  set -e
-  [[ $rc -eq 2 ]] || { cat "$tmp/err.txt"; echo "FAIL: $* exited $rc, expected 2" >&2; exit 1; }
-  grep -q -- "$what" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: $* message lacks '$what'" >&2; exit 1; }
+  expect_refusal 2 "$what" "$paper" --quick --plots=false --sim_profile= --out="$tmp/out" "$@"
   [[ ! -e "$tmp/out" ]] || { echo "FAIL: $* made the output folder" >&2; exit 1; }
 }
 expect_bad "paper: --world must be in \[1, 1024\], got 0" --world=0

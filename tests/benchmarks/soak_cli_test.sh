@@ -7,14 +7,11 @@
 set -euo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+source tests/util/expect_refusal.sh
+REFUSAL_TIMEOUT=10
 expect_bad() {
   local what="$1"; shift
-  set +e
-  timeout 10 "$bin" "$@" > "$tmp/out.txt" 2> "$tmp/err.txt"
-  local rc=$?
-  set -e
-  [[ $rc -eq 2 ]] || { cat "$tmp/err.txt"; echo "FAIL: $* exited $rc, expected 2" >&2; exit 1; }
-  grep -q -- "$what" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: $* message lacks '$what'" >&2; exit 1; }
+  expect_refusal 2 "$what" "$bin" "$@"
   if grep -q "^rss " "$tmp/out.txt"; then echo "FAIL: $* trained before refusing" >&2; exit 1; fi
 }
 expect_bad "need steps >= 2 \* every" --steps=10000 --every=9223372036854775807

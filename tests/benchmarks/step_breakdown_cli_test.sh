@@ -5,14 +5,10 @@
 set -euo pipefail
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+source tests/util/expect_refusal.sh
 expect_bad() {
   local what="$1"; shift
-  set +e
-  timeout 30 "$bin" "$@" > "$tmp/out.txt" 2> "$tmp/err.txt"
-  local rc=$?
-  set -e
-  [[ $rc -eq 1 ]] || { cat "$tmp/err.txt"; echo "FAIL: $* exited $rc, expected 1" >&2; exit 1; }
-  grep -q -- "$what" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: $* message lacks '$what'" >&2; exit 1; }
+  expect_refusal 1 "$what" "$bin" "$@"
   if grep -q "FMA peak" "$tmp/out.txt"; then echo "FAIL: $* measured before refusing" >&2; exit 1; fi
 }
 expect_bad "--world='4294967297' is not a whole number in \[1, 1024\]" --world=4294967297

@@ -7,15 +7,8 @@
 set -euo pipefail
 train="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-expect_bad() {
-  local what="$1"; shift
-  set +e
-  timeout 30 "$train" "$@" > /dev/null 2> "$tmp/err.txt"
-  local rc=$?
-  set -e
-  [[ $rc -eq 1 ]] || { cat "$tmp/err.txt"; echo "FAIL: $* exited $rc, expected 1" >&2; exit 1; }
-  grep -q -- "$what" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: $* message lacks '$what'" >&2; exit 1; }
-}
+source tests/util/expect_refusal.sh
+expect_bad() { local what="$1"; shift; expect_refusal 1 "$what" "$train" "$@"; }
 expect_bad "--log_every must be >= 1" --log_every=0 --steps=2
 expect_bad "--steps must be >= 0" --steps=-1
 expect_bad "--synthetic_tokens must be in \[0, 67108864\]" --synthetic_tokens=1000000000 --steps=1

@@ -5,6 +5,7 @@
 set -euo pipefail
 plan="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+source tests/util/expect_refusal.sh
 args=(--model=gpt-1m --gpus=16 --gpus_per_node=8 --profile=a100-80g --batch=2
       --strategies=DDP,FULL_SHARD,HYBRID_SHARD --dtypes=bf16 --checkpointing=off --offload=off
       --forward_prefetch=off --rate_limits=2)
@@ -28,15 +29,7 @@ set -e
 grep -q -- "-model (model config name" "$tmp/help.txt" || { cat "$tmp/help.txt"; echo "FAIL: --help lacks --model" >&2; exit 1; }
 grep -q "^plan: plan --model=NAME" "$tmp/help.txt" || { echo "FAIL: --help lacks the usage line" >&2; exit 1; }
 if grep -q "alsologtoemail" "$tmp/help.txt"; then echo "FAIL: --help lists glog's flags" >&2; exit 1; fi
-expect_bad() {
-  local what="$1"; shift
-  set +e
-  "$plan" "$@" > /dev/null 2> "$tmp/err.txt"
-  local rc=$?
-  set -e
-  [[ $rc -eq 2 ]] || { echo "FAIL: $* exited $rc, expected 2" >&2; exit 1; }
-  grep -q -- "$what" "$tmp/err.txt" || { cat "$tmp/err.txt"; echo "FAIL: message lacks '$what'" >&2; exit 1; }
-}
+expect_bad() { local what="$1"; shift; expect_refusal 2 "$what" "$plan" "$@"; }
 expect_bad "--model is required" --gpus=8
 expect_bad "ZERO4" --model=gpt-1m --strategies=ZERO4
 expect_bad "rate_limits" --model=gpt-1m --rate_limits=two
