@@ -98,16 +98,6 @@ constexpr uint64_t kMaxSizeBytes = uint64_t{1} << 40;
 constexpr int kMaxIterations = 1 << 20;
 constexpr uint64_t kMaxMemcpyReferenceBytes = uint64_t{2} << 30;  // all threads' buffers together
 
-// `s` as a decimal count in [lo, hi]: digits only, so "abc", "-1" and "1e9"
-// (which std::stoull read as garbage, 2^64 - 1 and 1) are refused.
-bool ParseCount(const std::string& s, uint64_t lo, uint64_t hi, uint64_t* out) {
-  if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos) return false;
-  const uint64_t v = std::stoull(s);
-  if (v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 double Median(std::vector<double> v) {
@@ -312,7 +302,7 @@ int Main() {
   std::vector<int> rank_counts;
   for (const std::string& r : Split(FLAGS_ranks)) {
     uint64_t n = 0;
-    if (!ParseCount(r, 1, kMaxRanks, &n)) {
+    if (!cli::ParseCount(r, 1, kMaxRanks, &n)) {
       Die("--ranks: '" + r + "' is not a rank count in [1, " + std::to_string(kMaxRanks) + "]");
     }
     rank_counts.push_back(static_cast<int>(n));
@@ -321,7 +311,7 @@ int Main() {
   std::vector<size_t> sizes;
   for (const std::string& s : Split(FLAGS_sizes)) {
     uint64_t n = 0;
-    if (!ParseCount(s, 0, kMaxSizeBytes, &n)) {
+    if (!cli::ParseCount(s, 0, kMaxSizeBytes, &n)) {
       Die("--sizes: '" + s + "' is not a byte count in [0, " + std::to_string(kMaxSizeBytes) + "] (digits only)");
     }
     sizes.push_back(static_cast<size_t>(n));

@@ -39,8 +39,6 @@
 // --forward_prefetch turns on FSDP's forward prefetch (docs/fsdp.md) for the
 // FULL_SHARD runs.
 #include <algorithm>
-#include <cerrno>
-#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -56,6 +54,7 @@
 #include <vector>
 
 #include "benchmarks/peak.h"
+#include "tools/cli_flags.h"
 #include "runtime/comm/local_backend.h"
 #include "runtime/ops/backend.h"
 #include "runtime/ops/cpu/cpu_backend.h"
@@ -433,10 +432,8 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
 // A whole decimal number in [lo, hi] (atoi read "4294967297" as 1 and
 // "abc" as 0), or an error naming the flag.
 StatusOr<int64_t> IntFlag(const char* name, const char* v, int64_t lo, int64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::isdigit(static_cast<unsigned char>(*v)) ? std::strtoll(v, &end, 10) : -1;
-  if (end == nullptr || *end != '\0' || errno == ERANGE || x < lo || x > hi) {
+  uint64_t x = 0;
+  if (!cli::ParseCount(v, static_cast<uint64_t>(lo), static_cast<uint64_t>(hi), &x)) {
     return InvalidArgumentError(std::string("--") + name + "='" + v + "' is not a whole number in [" +
                                 std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }

@@ -13,6 +13,7 @@
 
 #include <gflags/gflags.h>
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -42,6 +43,18 @@ inline void ParseFlags(const char* usage, const char* source_file, int* argc, ch
     if (a == "--help" || a == "-help") (*argv)[i] = narrowed.data();
   }
   gflags::ParseCommandLineFlags(argc, argv, true);
+}
+
+// `s` as a decimal count in [lo, hi]: digits only, so "abc", "-1", "1e9",
+// " 1" and "4294967297" for an int (which stoull/atoi read as garbage,
+// 2^64 - 1, 1 or 1, or truncated) are refused: false, *out untouched.
+inline bool ParseCount(std::string_view s, uint64_t lo, uint64_t hi, uint64_t* out) {
+  if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string_view::npos) return false;
+  uint64_t v = 0;
+  for (char c : s) v = v * 10 + static_cast<uint64_t>(c - '0');  // 19 digits fit
+  if (v < lo || v > hi) return false;
+  *out = v;
+  return true;
 }
 
 }  // namespace sk::cli
