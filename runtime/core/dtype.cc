@@ -50,6 +50,14 @@ float LoadAsFloat(const void* data, DType t, size_t i) {
   return 0.f;
 }
 
+double LoadAsDouble(const void* data, DType t, size_t i) {
+  switch (t) {
+    case DType::kF64: return static_cast<const double*>(data)[i];
+    case DType::kI32: return static_cast<double>(static_cast<const int32_t*>(data)[i]);
+    default: return static_cast<double>(LoadAsFloat(data, t, i));
+  }
+}
+
 void StoreFromFloat(void* data, DType t, size_t i, float v) {
   switch (t) {
     case DType::kF32: static_cast<float*>(data)[i] = v; return;

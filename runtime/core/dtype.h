@@ -152,6 +152,9 @@ Status ConvertElements(const void* src, DType src_type, void* dst, DType dst_typ
 
 // Reads element i of a buffer of type t as float.
 float LoadAsFloat(const void* data, DType t, size_t i);
+// Reads element i of a buffer of any type but kInvalid as double, exactly
+// (f64 and i32 too: what a host reads back of a device value).
+double LoadAsDouble(const void* data, DType t, size_t i);
 // Stores v into element i of a buffer of type t, rounding to nearest even.
 void StoreFromFloat(void* data, DType t, size_t i, float v);
 

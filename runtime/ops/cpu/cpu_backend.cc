@@ -982,22 +982,11 @@ class CpuBackend final : public OpBackend {
   }
 
   StatusOr<double> ReadScalar(const OpContext&, const Tensor& t) override {
-    switch (t.dtype()) {
-      case DType::kF64: return *t.data_as<double>();
-      case DType::kI32: return static_cast<double>(*t.data_as<int32_t>());
-      default: return static_cast<double>(LoadAsFloat(t.data(), t.dtype(), 0));
-    }
+    return LoadAsDouble(t.data(), t.dtype(), 0);
   }
 
   Status ReadValues(const OpContext&, const Tensor& t, double* out) override {
-    const int64_t n = t.numel();
-    for (int64_t i = 0; i < n; ++i) {
-      switch (t.dtype()) {
-        case DType::kF64: out[i] = t.data_as<double>()[i]; break;
-        case DType::kI32: out[i] = static_cast<double>(t.data_as<int32_t>()[i]); break;
-        default: out[i] = static_cast<double>(LoadAsFloat(t.data(), t.dtype(), i));
-      }
-    }
+    for (int64_t i = 0; i < t.numel(); ++i) out[i] = LoadAsDouble(t.data(), t.dtype(), static_cast<size_t>(i));
     return OkStatus();
   }
 };

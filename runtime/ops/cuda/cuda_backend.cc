@@ -552,35 +552,26 @@ class CudaBackend final : public OpBackend {
     return OkStatus();
   }
 
-  // Synchronises ctx.stream (the value must have been computed), then copies.
   StatusOr<double> ReadScalar(const OpContext& ctx, const Tensor& t) override {
-    SK_RETURN_IF_ERROR(Enter(ctx, "read_scalar"));
-    SK_RETURN_IF_ERROR(ctx.stream->Synchronize());
-    alignas(8) unsigned char bytes[8] = {};
-    SK_CUDA_OP("read_scalar", cudaMemcpy(bytes, t.data(), DTypeSize(t.dtype()), cudaMemcpyDeviceToHost));
-    switch (t.dtype()) {
-      case DType::kF64: return *reinterpret_cast<double*>(bytes);
-      case DType::kI32: return static_cast<double>(*reinterpret_cast<int32_t*>(bytes));
-      default: return static_cast<double>(LoadAsFloat(bytes, t.dtype(), 0));
-    }
+    double v = 0;
+    SK_RETURN_IF_ERROR(CopyToHost(ctx, t, &v, "read_scalar"));
+    return v;
   }
 
-  // As ReadScalar, for all of t's elements in one copy.
   Status ReadValues(const OpContext& ctx, const Tensor& t, double* out) override {
-    SK_RETURN_IF_ERROR(Enter(ctx, "read_values"));
+    return CopyToHost(ctx, t, out, "read_values");
+  }
+
+ private:
+  // Synchronises ctx.stream (the values must have been computed), then
+  // copies all of t in one cudaMemcpy and widens each element into out.
+  Status CopyToHost(const OpContext& ctx, const Tensor& t, double* out, const char* op) {
+    SK_RETURN_IF_ERROR(Enter(ctx, op));
     SK_RETURN_IF_ERROR(ctx.stream->Synchronize());
-    const int64_t n = t.numel();
-    std::vector<double> staging(static_cast<size_t>(n));  // 8-byte aligned, large enough for any dtype
-    SK_CUDA_OP("read_values", cudaMemcpy(staging.data(), t.data(), static_cast<size_t>(n) * DTypeSize(t.dtype()),
-                                         cudaMemcpyDeviceToHost));
-    const void* bytes = staging.data();
-    for (int64_t i = 0; i < n; ++i) {
-      switch (t.dtype()) {
-        case DType::kF64: out[i] = static_cast<const double*>(bytes)[i]; break;
-        case DType::kI32: out[i] = static_cast<double>(static_cast<const int32_t*>(bytes)[i]); break;
-        default: out[i] = static_cast<double>(LoadAsFloat(bytes, t.dtype(), i));
-      }
-    }
+    const size_t n = static_cast<size_t>(t.numel());
+    std::vector<double> staging(n);  // 8-byte aligned, large enough for any dtype
+    SK_CUDA_OP(op, cudaMemcpy(staging.data(), t.data(), n * DTypeSize(t.dtype()), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; ++i) out[i] = LoadAsDouble(staging.data(), t.dtype(), i);
     return OkStatus();
   }
 };
