@@ -410,11 +410,29 @@ def main():
         return worker_main(args)
 
     models = [m for m in args.models.split(",") if m]
-    worlds = [int(w) for w in args.worlds.split(",") if w]
-    configs = [tuple(c.split(":")) for c in args.configs.split(",") if c]
     for m in models:
         if m not in MODELS:
             sys.exit("unknown model %s (known: %s)" % (m, ", ".join(MODELS)))
+    worlds = []
+    for w in args.worlds.split(","):
+        if w and (not w.isdigit() or not 1 <= int(w) <= 1024):
+            sys.exit("--worlds: %r is not a world size from 1 to 1024" % w)
+        if w:
+            worlds.append(int(w))
+    configs = []
+    for c in args.configs.split(","):
+        if c and tuple(c.split(":")) not in CONFIGS:
+            sys.exit("--configs: unknown %r (known: %s)"
+                     % (c, ", ".join(f + ":" + m for f, m in CONFIGS)))
+        if c:
+            configs.append(tuple(c.split(":")))
+    for name in ("reps", "steps"):
+        if getattr(args, name) < 1:
+            sys.exit("--%s must be at least 1" % name)
+    if args.warmup < 0 or args.batch < 1 or args.seq < 0:
+        sys.exit("--warmup must be >= 0, --batch >= 1 and --seq >= 0")
+    if not models or not worlds or not configs:
+        sys.exit("--models, --worlds and --configs each need at least one entry")
     if not os.path.exists(args.lib):
         sys.exit("%s not found: ./bazelw build -c opt //capi:libshardkit.so" % args.lib)
     # bazel-bin follows the last build's configuration: a `bazel test` while
