@@ -368,17 +368,21 @@ class GlooState {
           const size_t padded = m * size_ * esize;
           const bool even = n % size_ == 0;
           SK_ASSIGN_OR_RETURN(auto recv, Scratch(0, padded));
-          SK_ASSIGN_OR_RETURN(auto chunk, Scratch(1, m * esize));
           std::shared_ptr<Storage> staging;
           void* buffer = out.data();
           if (!even) {
-            SK_ASSIGN_OR_RETURN(staging, Scratch(2, padded));
+            SK_ASSIGN_OR_RETURN(staging, Scratch(1, padded));
             std::memcpy(staging->data(), out.data(), n * esize);
             std::memset(static_cast<char*>(staging->data()) + n * esize, 0, padded - n * esize);
             buffer = staging->data();
           }
-          SK_RETURN_IF_ERROR(ReduceScatterShard(c, dtype, buffer, recv->data(), chunk->data(), m, tag));
-          SK_RETURN_IF_ERROR(AllGatherBytes(buffer, chunk->data(), m * esize, tag + 1, c.timeout));
+          // This rank's shard is reduced in place (ReduceInRankOrder reads a
+          // block before writing it; the exchange has sent the other shards
+          // and never sends this one), so the all-gather sends it from where
+          // it lies: no scratch copy of 1/N of the tensor, no memcpy of it.
+          void* mine = static_cast<char*>(buffer) + static_cast<size_t>(rank_) * m * esize;
+          SK_RETURN_IF_ERROR(ReduceScatterShard(c, dtype, buffer, recv->data(), mine, m, tag));
+          SK_RETURN_IF_ERROR(AllGatherBytes(buffer, mine, m * esize, tag + 1, c.timeout));
           if (!even) std::memcpy(out.data(), buffer, n * esize);
           break;
         }

@@ -41,7 +41,9 @@ TEST_P(GlooCollectiveTest, EveryOpAndDtypeMatchesSerialReferenceBitForBit) {
                               CollectiveKind::kAllReduce, CollectiveKind::kBroadcast,
                               CollectiveKind::kBarrier}) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-      for (int64_t n : {0, 1, 1001}) {
+      // 1001 divides by none of the world sizes (padded staging); 1008 by
+      // all of them (the all-reduce reduces this rank's shard in place).
+      for (int64_t n : {0, 1, 1001, 1008}) {
         testing::CheckOnAllRanks(world.groups, OpCase{kind, dtype, n, {}});
       }
     }
@@ -52,6 +54,7 @@ TEST_P(GlooCollectiveTest, EveryOpAndDtypeMatchesSerialReferenceBitForBit) {
   scaled.post_scale = 2.0f;
   testing::CheckOnAllRanks(world.groups, OpCase{CollectiveKind::kReduceScatter, DType::kBF16, 77, scaled});
   testing::CheckOnAllRanks(world.groups, OpCase{CollectiveKind::kAllReduce, DType::kF32, 77, scaled});
+  testing::CheckOnAllRanks(world.groups, OpCase{CollectiveKind::kAllReduce, DType::kBF16, 1008, scaled});
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCollectiveTest, ::testing::Values(1, 2, 3, 4, 8));
