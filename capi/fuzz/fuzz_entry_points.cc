@@ -3,7 +3,8 @@
 // (any struct_size, any field values; also through the memory estimator),
 // model specs (names, shapes, initialisers), checkpoint directories (a
 // fuzzed index.json and shard file loaded into a trainer) and state dict
-// files in every layout. Every call must
+// files in every layout, and plans (sk_plan) of fuzzed unit-table models
+// and simulator profiles. Every call must
 // return a status; a crash, hang, leak or sanitizer report is a bug.
 //
 // LLVMFuzzerTestOneInput is libFuzzer's entry: build it with clang's
@@ -279,17 +280,65 @@ void FuzzStateDict(Bytes& in) {
   std::filesystem::remove(path, ec);
 }
 
+// A fuzzed JSON file (16-bit length prefix) planned with sk_plan: as a
+// unit-table model (its path as the model) on a named profile, or as a
+// simulator profile for gpt-tiny; also counted by sk_model_num_parameters.
+// The rest of the request is fuzzed too, within bounds that keep one call
+// short: at most 16 simulated GPUs and one strategy and one dtype pair at a
+// time (a fuzzed list is taken as it is). corpus/plan_unit_table is the
+// small table of docs/architecture.md, corpus/plan_profile the a100-80g
+// profile.
+void FuzzPlan(Bytes& in) {
+  const uint8_t what = in.U8();
+  const size_t size = in.Value<uint16_t>();
+  const std::string json = in.Raw(size);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path path = std::filesystem::path(tmp != nullptr ? tmp : "/tmp") /
+                                     ("shardkit_fuzz_plan_" + std::to_string(getpid()) + ".json");
+  std::ofstream(path, std::ios::binary) << json;
+  const std::string file = path.string();
+  static const char* const kStrategies[] = {"DDP", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"};
+  static const char* const kDtypes[] = {"f32", "bf16", "bf16/f32"};
+  const bool as_profile = (what & 1) != 0;
+  sk_plan_request request = SK_PLAN_REQUEST_INIT;
+  request.model = as_profile ? "gpt-tiny" : file.c_str();
+  request.profile = as_profile ? file.c_str() : (what & 2) != 0 ? "cpu-local" : nullptr;
+  request.gpus = 1 + in.U8() % 16;
+  request.gpus_per_node = in.U8() % 9;
+  request.batch_size = in.U8() % 5;
+  if (in.U8() % 8 == 0) request.seq_len = in.Value<int64_t>();
+  if (in.U8() % 8 == 0) request.source_len = in.Value<int64_t>();
+  const std::string strategies = in.U8() % 4 == 0 ? in.String(24) : kStrategies[in.U8() % 4];
+  const std::string dtypes = in.U8() % 4 == 0 ? in.String(16) : kDtypes[in.U8() % 3];
+  request.strategies = strategies.c_str();
+  request.dtypes = dtypes.c_str();
+  request.activation_checkpointing = 1 + in.U8() % 2;
+  request.cpu_offload = in.U8() % 8 == 0 ? in.Value<int32_t>() : 1;
+  sk_plan_result* result = nullptr;
+  if (sk_plan(&request, &result) == SK_STATUS_OK) {
+    sk_plan_candidate c = SK_PLAN_CANDIDATE_INIT;
+    Ignore(sk_plan_result_candidate(result, 0, &c));
+    Ignore(sk_plan_result_candidate(result, result->num_candidates, &c));
+    sk_plan_result_free(result);
+  }
+  int64_t n = 0;
+  Ignore(sk_model_num_parameters(file.c_str(), &n));
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes in(data, size);
-  switch (in.U8() % 6) {
+  switch (in.U8() % 7) {
     case 0: FuzzNames(in); break;
     case 1: FuzzNetworkModel(in); break;
     case 2: FuzzTrainerOptions(in); break;
     case 3: FuzzModelSpec(in); break;
     case 4: FuzzCheckpoint(in); break;
     case 5: FuzzStateDict(in); break;
+    case 6: FuzzPlan(in); break;
   }
   return 0;
 }
