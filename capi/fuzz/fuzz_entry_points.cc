@@ -285,7 +285,8 @@ void FuzzStateDict(Bytes& in) {
 // simulator profile for gpt-tiny; also counted by sk_model_num_parameters.
 // The rest of the request is fuzzed too, within bounds that keep one call
 // short: at most 16 simulated GPUs and one strategy and one dtype pair at a
-// time (a fuzzed list is taken as it is). corpus/plan_unit_table is the
+// time (a fuzzed list is taken as it is). A table with bit 2 of the first
+// byte set also trains a step. corpus/plan_unit_table is the
 // small table of docs/architecture.md, corpus/plan_profile the a100-80g
 // profile.
 void FuzzPlan(Bytes& in) {
@@ -323,6 +324,24 @@ void FuzzPlan(Bytes& in) {
   }
   int64_t n = 0;
   Ignore(sk_model_num_parameters(file.c_str(), &n));
+  // Half the tables also train one step (the conv lowering, the gathers)
+  // under the memory cap, which bounds the parameters and activations.
+  if (!as_profile && (what & 4) != 0) {
+    sk_trainer_options options = SK_TRAINER_OPTIONS_INIT;
+    options.model = file.c_str();
+    options.batch_size = 1 + in.U8() % 2;
+    options.memory_cap_bytes = kCapBytes;
+    sk_process_group* g = nullptr;
+    if (sk_process_group_create_local(1, nullptr, &g) == SK_STATUS_OK) {
+      sk_trainer* trainer = nullptr;
+      if (sk_trainer_create(&options, g, &trainer) == SK_STATUS_OK) {
+        sk_step_metrics m = SK_STEP_METRICS_INIT;
+        Ignore(sk_trainer_step(trainer, &m));
+        sk_trainer_destroy(trainer);
+      }
+      sk_process_group_destroy(g);
+    }
+  }
   std::error_code ec;
   std::filesystem::remove(path, ec);
 }
