@@ -19,6 +19,7 @@
 #include <glog/logging.h>
 
 #include "runtime/ops/cpu/simd.h"
+#include "runtime/ops/cpu/isa_target.h"
 #include "runtime/ops/math.h"
 
 namespace sk {
@@ -671,8 +672,7 @@ void TransposePairs(const BF16* src, int64_t rows, int64_t d, int64_t ld, BF16* 
 // GEMMs do just 2 dot-product instructions per 16 elements of P, so
 // conversions and transposes written as scalar loops or LIBXSMM's generic
 // 16-bit transpose took about half of the backward's time.
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+SK_ISA_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512bf16")
 // GCC 12 reports the _mm512_undefined_epi32() inside its own intrinsics
 // (avx512fintrin.h) as uninitialised once they are inlined (as simd.cc).
 #pragma GCC diagnostic push
@@ -812,7 +812,7 @@ void WidenSplitHeads(const BF16* src, int64_t tokens, int64_t g, int64_t d, int6
 }
 
 #pragma GCC diagnostic pop
-#pragma GCC pop_options
+SK_ISA_TARGET_END
 
 // Rows of an f32 [rows, d] block (row stride ld) rounded into bf16 rows of
 // stride ldo as NarrowToBf16 (the outputs: subnormals kept).

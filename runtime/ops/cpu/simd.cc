@@ -9,6 +9,7 @@
 
 #include <glog/logging.h>
 
+#include "runtime/ops/cpu/isa_target.h"
 #include "runtime/ops/math.h"
 
 // GCC 12 reports the _mm512_undefined_ps() inside its own AVX-512 intrinsics
@@ -29,8 +30,7 @@ constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
 
 // ---- AVX-512 ------------------------------------------------------------------
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx2,fma")
+SK_ISA_TARGET_BEGIN("avx512f,avx512dq,avx2,fma")
 namespace avx512 {
 
 struct V {
@@ -116,7 +116,7 @@ inline void StoreBf16(uint16_t* p, R v) {
 #include "runtime/ops/cpu/simd_bf16_loops.inc"
 
 }  // namespace avx512
-#pragma GCC pop_options
+SK_ISA_TARGET_END
 
 // ---- AVX-512 with avx512_bf16 -------------------------------------------------
 // The AVX-512 loops, the bf16 ones compiled again with the hardware
@@ -126,8 +126,7 @@ inline void StoreBf16(uint16_t* p, R v) {
 // (fpclass) takes the integer sequence. gpt-10m's bf16 GELU spends more on
 // narrowing than on the f32 GELU it wraps otherwise.
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx2,fma,avx512bw,avx512vl,avx512bf16")
+SK_ISA_TARGET_BEGIN("avx512f,avx512dq,avx2,fma,avx512bw,avx512vl,avx512bf16")
 namespace avx512_bf16 {
 
 using avx512::V;
@@ -148,12 +147,11 @@ inline void StoreBf16(uint16_t* p, R v) {
 #include "runtime/ops/cpu/simd_bf16_loops.inc"
 
 }  // namespace avx512_bf16
-#pragma GCC pop_options
+SK_ISA_TARGET_END
 
 // ---- AVX2 + FMA ---------------------------------------------------------------
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
+SK_ISA_TARGET_BEGIN("avx2,fma")
 namespace avx2 {
 
 struct V {
@@ -260,7 +258,7 @@ inline void StoreBf16(uint16_t* p, R v) {
 #include "runtime/ops/cpu/simd_bf16_loops.inc"
 
 }  // namespace avx2
-#pragma GCC pop_options
+SK_ISA_TARGET_END
 
 // ---- Scalar: the reference loops of math.h and update_rules.h -----------------
 
