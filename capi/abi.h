@@ -154,19 +154,19 @@ sk_status_t Fail(sk_status_t code, const std::string& message);
 // The size of each struct in its first version: a caller's struct_size below
 // this cannot come from any header and is rejected. Appending a field never
 // changes these.
-template <typename T> constexpr size_t kFirstVersionSize = sizeof(T);
+template <typename T> inline constexpr size_t kFirstVersionSize = sizeof(T);
 // 0.1.0's sk_trainer_options ended at data_tokens; 0.2.0 appended parallelism.
-template <> constexpr size_t kFirstVersionSize<sk_trainer_options> =
+template <> inline constexpr size_t kFirstVersionSize<sk_trainer_options> =
     offsetof(sk_trainer_options, parallelism);
 // 0.2.0's sk_step_metrics ended at bytes_communicated; 0.3.0 appended global_loss.
-template <> constexpr size_t kFirstVersionSize<sk_step_metrics> =
+template <> inline constexpr size_t kFirstVersionSize<sk_step_metrics> =
     offsetof(sk_step_metrics, global_loss);
 // 0.3.0's sk_engine_options ended at memory_cap_bytes; 0.4.0 appended device.
-template <> constexpr size_t kFirstVersionSize<sk_engine_options> =
+template <> inline constexpr size_t kFirstVersionSize<sk_engine_options> =
     offsetof(sk_engine_options, device);
 // 0.4.0's first sk_plan_candidate ended at exposed_comm_seconds; then
 // peak_host_bytes was appended.
-template <> constexpr size_t kFirstVersionSize<sk_plan_candidate> =
+template <> inline constexpr size_t kFirstVersionSize<sk_plan_candidate> =
     offsetof(sk_plan_candidate, peak_host_bytes);
 
 // Copies a caller's option struct into `out` (zeroed, then the caller's
@@ -187,6 +187,15 @@ Status ReadStruct(const T* in, const char* name, T* out) {
     return sk::InvalidArgumentError(std::string(name) + ".struct_size is " + std::to_string(size) +
                                     ", not a struct size (at most " +
                                     std::to_string(kMaxStructSize) + ")");
+  }
+  // Every version of a struct ends on its alignment (struct_size is a
+  // size_t); any other size would end inside a field and copy part of it
+  // (a torn pointer, read as an address).
+  if (size % alignof(T) != 0) {
+    return sk::InvalidArgumentError(std::string(name) + ".struct_size is " + std::to_string(size) +
+                                    ", not the size of any version of the struct (a multiple of " +
+                                    std::to_string(alignof(T)) +
+                                    "): initialise it with its _INIT macro");
   }
   const auto* bytes = reinterpret_cast<const unsigned char*>(in);
   for (size_t i = sizeof(T); i < size; ++i) {
@@ -211,6 +220,13 @@ Status CheckOutStruct(const T* out, const char* name) {
                                     std::to_string(out->struct_size) + "; expected at least " +
                                     std::to_string(kFirstVersionSize<T>) +
                                     " (initialise it with its _INIT macro)");
+  }
+  if (out->struct_size % alignof(T) != 0) {  // as ReadStruct: it would end inside a field
+    return sk::InvalidArgumentError(std::string(name) + "->struct_size is " +
+                                    std::to_string(out->struct_size) +
+                                    ", not the size of any version of the struct (a multiple of " +
+                                    std::to_string(alignof(T)) +
+                                    "): initialise it with its _INIT macro");
   }
   return sk::OkStatus();
 }

@@ -257,6 +257,47 @@ TEST(CapiStructs, TooSmallStructSizeIsRejectedWithAHint) {
   sk_process_group_destroy(g);
 }
 
+// A struct_size between versions would end inside a field: the library
+// copied that far, so a pointer field came out torn (its low bytes only)
+// and was dereferenced (found by libFuzzer: a SEGV reading 0xaff0 through
+// sk_engine_options.device). Every version ends on the struct's alignment.
+TEST(CapiStructs, StructSizeInsideAFieldIsRejected) {
+  sk_device_options device = SK_DEVICE_OPTIONS_INIT;
+  sk_trainer_options o = TinyTrainer();
+  o.device = &device;
+  o.struct_size = offsetof(sk_trainer_options, device) + 3;
+  sk_memory_estimate e = SK_MEMORY_ESTIMATE_INIT;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(&o, 1, &e));
+  EXPECT_ERROR_MENTIONS("sk_trainer_options.struct_size is " +
+                        std::to_string(offsetof(sk_trainer_options, device) + 3));
+  EXPECT_ERROR_MENTIONS("not the size of any version");
+  o.struct_size = offsetof(sk_trainer_options, device);  // an older header's: fine
+  ASSERT_OK(sk_estimate_memory(&o, 1, &e));
+
+  sk_model_spec* spec = nullptr;
+  ASSERT_OK(sk_model_spec_create(&spec));
+  int32_t unit = -1;
+  ASSERT_OK(sk_model_spec_add_unit(spec, "u", &unit));
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.device = &device;
+  eo.struct_size = offsetof(sk_engine_options, device) + 2;
+  sk_engine* engine = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, &eo, &engine));
+  EXPECT_ERROR_MENTIONS("sk_engine_options.struct_size");
+  EXPECT_EQ(engine, nullptr);
+
+  // An output struct likewise (it would be written up to inside a field).
+  sk_memory_estimate torn = SK_MEMORY_ESTIMATE_INIT;
+  torn.struct_size = sizeof(torn) - 4;
+  o.struct_size = sizeof(o);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(&o, 1, &torn));
+  EXPECT_ERROR_MENTIONS("->struct_size is " + std::to_string(sizeof(torn) - 4));
+  sk_process_group_destroy(g);
+  sk_model_spec_destroy(spec);
+}
+
 // A struct from a newer header: more bytes than this library knows.
 struct NewerOptimizerOptions {
   sk_optimizer_options known;
