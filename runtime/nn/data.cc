@@ -4,10 +4,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <stdexcept>
+#include <utility>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -62,6 +64,24 @@ bool WithinPhysicalMemory(double bytes) {
 Status BatchTooLarge(int64_t batch_size, int64_t window) {
   return ResourceExhaustedError("batch of " + std::to_string(batch_size) + " x " + std::to_string(window) +
                                 " tokens does not fit in host memory");
+}
+
+// Reserves each vector's token count (CheckBatchArgs bounds the products):
+// BatchTooLarge when together they exceed physical memory or an allocation
+// fails.
+Status ReserveTokens(std::initializer_list<std::pair<std::vector<int32_t>*, int64_t>> parts,
+                     int64_t batch_size, int64_t window) {
+  double bytes = 0;
+  for (const auto& part : parts) bytes += sizeof(int32_t) * static_cast<double>(part.second);
+  if (!WithinPhysicalMemory(bytes)) return BatchTooLarge(batch_size, window);
+  try {
+    for (const auto& part : parts) part.first->reserve(static_cast<size_t>(part.second));
+  } catch (const std::bad_alloc&) {
+    return BatchTooLarge(batch_size, window);
+  } catch (const std::length_error&) {
+    return BatchTooLarge(batch_size, window);
+  }
+  return OkStatus();
 }
 
 // Stream-level salt so that batch positions and synthetic tokens never share counters.
@@ -178,17 +198,8 @@ StatusOr<TokenBatch> LanguageModelBatch(const std::vector<int32_t>& stream, int6
   TokenBatch b;
   b.batch_size = batch_size;
   b.seq_len = seq_len;
-  if (!WithinPhysicalMemory(2.0 * sizeof(int32_t) * static_cast<double>(batch_size) * static_cast<double>(seq_len))) {
-    return BatchTooLarge(batch_size, seq_len);
-  }
-  try {
-    b.inputs.reserve(static_cast<size_t>(batch_size * seq_len));
-    b.targets.reserve(static_cast<size_t>(batch_size * seq_len));
-  } catch (const std::bad_alloc&) {
-    return BatchTooLarge(batch_size, seq_len);
-  } catch (const std::length_error&) {
-    return BatchTooLarge(batch_size, seq_len);
-  }
+  SK_RETURN_IF_ERROR(ReserveTokens({{&b.inputs, batch_size * seq_len}, {&b.targets, batch_size * seq_len}},
+                                   batch_size, seq_len));
   for (int64_t r = 0; r < batch_size; ++r) {
     const int64_t start = WindowStart(stream, seq_len + 1, seed, step, rank * batch_size + r);
     const int32_t* w = stream.data() + start;
@@ -211,19 +222,10 @@ StatusOr<TokenBatch> ReversalBatch(const std::vector<int32_t>& stream, int64_t b
   b.batch_size = batch_size;
   b.seq_len = seq_len;
   b.source_len = source_len;
-  if (!WithinPhysicalMemory(sizeof(int32_t) * static_cast<double>(batch_size) *
-                            (static_cast<double>(source_len) + 2.0 * static_cast<double>(seq_len)))) {
-    return BatchTooLarge(batch_size, source_len);
-  }
-  try {
-    b.source.reserve(static_cast<size_t>(batch_size * source_len));
-    b.targets.reserve(static_cast<size_t>(batch_size * seq_len));
-    b.inputs.reserve(static_cast<size_t>(batch_size * seq_len));
-  } catch (const std::bad_alloc&) {
-    return BatchTooLarge(batch_size, source_len);
-  } catch (const std::length_error&) {
-    return BatchTooLarge(batch_size, source_len);
-  }
+  SK_RETURN_IF_ERROR(ReserveTokens({{&b.source, batch_size * source_len},
+                                    {&b.targets, batch_size * seq_len},
+                                    {&b.inputs, batch_size * seq_len}},
+                                   batch_size, source_len));
   for (int64_t r = 0; r < batch_size; ++r) {
     const int64_t start = WindowStart(stream, source_len, seed, step, rank * batch_size + r);
     const int32_t* w = stream.data() + start;

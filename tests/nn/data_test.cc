@@ -150,5 +150,19 @@ TEST(Data, ReversalBatchReversesTheSourceBehindBos) {
   EXPECT_EQ(ReversalBatch(*stream, 2, 4, 6, 0, 1, 0).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A batch within CheckBatchArgs' 2^40 tokens but beyond the host's memory
+// is ResourceExhausted before anything is allocated, for both batch kinds.
+TEST(Data, BatchesBeyondHostMemoryAreResourceExhausted) {
+  auto stream = SyntheticTokenStream(4, 50, 2048);
+  ASSERT_TRUE(stream.ok());
+  const int64_t huge = int64_t{1} << 30;  // x 1024 tokens x 4 bytes: 4 TiB per vector
+  auto lm = LanguageModelBatch(*stream, huge, 1023, 0, 0);
+  EXPECT_EQ(lm.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(lm.status().message()).find("does not fit in host memory"), std::string::npos);
+  auto rev = ReversalBatch(*stream, huge, 1024, 512, 0, 0, 0);
+  EXPECT_EQ(rev.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(rev.status().message()).find("does not fit in host memory"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace sk
