@@ -413,19 +413,16 @@ def main():
     for m in models:
         if m not in MODELS:
             sys.exit("unknown model %s (known: %s)" % (m, ", ".join(MODELS)))
-    worlds = []
-    for w in args.worlds.split(","):
-        if w and (not w.isdigit() or not 1 <= int(w) <= 1024):
+    worlds = [w for w in args.worlds.split(",") if w]
+    for w in worlds:
+        if not w.isdigit() or not 1 <= int(w) <= 1024:
             sys.exit("--worlds: %r is not a world size from 1 to 1024" % w)
-        if w:
-            worlds.append(int(w))
-    configs = []
-    for c in args.configs.split(","):
-        if c and tuple(c.split(":")) not in CONFIGS:
+    worlds = [int(w) for w in worlds]
+    configs = [tuple(c.split(":")) for c in args.configs.split(",") if c]
+    for c in configs:
+        if c not in CONFIGS:
             sys.exit("--configs: unknown %r (known: %s)"
-                     % (c, ", ".join(f + ":" + m for f, m in CONFIGS)))
-        if c:
-            configs.append(tuple(c.split(":")))
+                     % (":".join(c), ", ".join(f + ":" + m for f, m in CONFIGS)))
     for name in ("reps", "steps"):
         if getattr(args, name) < 1:
             sys.exit("--%s must be at least 1" % name)
