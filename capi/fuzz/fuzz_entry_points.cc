@@ -219,6 +219,14 @@ void FuzzModelSpec(Bytes& in) {
   sk_model_spec_destroy(spec);
 }
 
+// This process's scratch file or directory for one kind of fuzzed input,
+// in the test's temporary directory (or /tmp): shardkit_fuzz_<kind>_<pid><ext>.
+std::filesystem::path ScratchPath(const std::string& kind, const std::string& ext) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::filesystem::path(tmp != nullptr ? tmp : "/tmp") /
+         ("shardkit_fuzz_" + kind + "_" + std::to_string(getpid()) + ext);
+}
+
 // A checkpoint directory of a fuzzed index.json (length-prefixed, 16 bits)
 // and a fuzzed rank-00000.safetensors (the rest), loaded into a gpt-tiny
 // trainer. corpus/checkpoint_gpt_tiny is a real checkpoint in this layout.
@@ -226,9 +234,7 @@ void FuzzCheckpoint(Bytes& in) {
   const size_t index_size = in.Value<uint16_t>();
   const std::string index = in.Raw(index_size);
   const std::string shard = in.Rest();
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::filesystem::path dir = std::filesystem::path(tmp != nullptr ? tmp : "/tmp") /
-                                    ("shardkit_fuzz_ckpt_" + std::to_string(getpid()));
+  const std::filesystem::path dir = ScratchPath("ckpt", "");
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   std::filesystem::create_directories(dir, ec);
@@ -258,9 +264,7 @@ void FuzzCheckpoint(Bytes& in) {
 void FuzzStateDict(Bytes& in) {
   const auto layout = static_cast<sk_weight_layout_t>(in.U8() % 5);
   const std::string file = in.Rest();
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::filesystem::path path = std::filesystem::path(tmp != nullptr ? tmp : "/tmp") /
-                                     ("shardkit_fuzz_sd_" + std::to_string(getpid()) + ".safetensors");
+  const std::filesystem::path path = ScratchPath("sd", ".safetensors");
   std::ofstream(path, std::ios::binary) << file;
   sk_trainer_options options = SK_TRAINER_OPTIONS_INIT;
   options.model = "gpt-tiny";
@@ -293,9 +297,7 @@ void FuzzPlan(Bytes& in) {
   const uint8_t what = in.U8();
   const size_t size = in.Value<uint16_t>();
   const std::string json = in.Raw(size);
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::filesystem::path path = std::filesystem::path(tmp != nullptr ? tmp : "/tmp") /
-                                     ("shardkit_fuzz_plan_" + std::to_string(getpid()) + ".json");
+  const std::filesystem::path path = ScratchPath("plan", ".json");
   std::ofstream(path, std::ios::binary) << json;
   const std::string file = path.string();
   static const char* const kStrategies[] = {"DDP", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"};
