@@ -249,8 +249,12 @@ Status CheckString(const char* s, const char* arg);
 StatusOr<Duration> TimeoutFrom(int64_t ms, const char* field);
 StatusOr<FsdpOptions> ToFsdpOptions(const sk_fsdp_options* in);
 StatusOr<OptimizerOptions> ToOptimizerOptions(const sk_optimizer_options* in);
-StatusOr<TrainerOptions> ToTrainerOptions(const sk_trainer_options* in);
-StatusOr<DeviceOptions> ToDeviceOptions(const sk_device_options* in);
+// `group` (may be null): a device kind left at SK_DEVICE_DEFAULT becomes the
+// kind of the device the group is bound to (nccl: cuda), else cpu.
+StatusOr<TrainerOptions> ToTrainerOptions(const sk_trainer_options* in,
+                                          const sk::comm::ProcessGroup* group = nullptr);
+StatusOr<DeviceOptions> ToDeviceOptions(const sk_device_options* in,
+                                        const sk::comm::ProcessGroup* group = nullptr);
 sk_memory_estimate ToMemoryEstimate(const MemoryEstimate& e);
 sk_step_metrics ToStepMetrics(const StepMetrics& m, int rank);
 // SK_WEIGHT_LAYOUT_DEFAULT is the shardkit layout.

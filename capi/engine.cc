@@ -161,7 +161,8 @@ SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_gro
   SK_ASSIGN_OR_FAIL(o.fsdp, ToFsdpOptions(c.fsdp));
   SK_ASSIGN_OR_FAIL(o.optimizer, ToOptimizerOptions(c.optimizer));
   o.memory_cap_bytes = static_cast<size_t>(c.memory_cap_bytes);
-  SK_ASSIGN_OR_FAIL(o.device, ToDeviceOptions(c.device));
+  if (group != nullptr) SK_CHECK(CheckHandle(group, "group"));
+  SK_ASSIGN_OR_FAIL(o.device, ToDeviceOptions(c.device, group != nullptr ? group->group.get() : nullptr));
   // The simulator may simulate its own world (group NULL).
   if (group != nullptr || o.device.kind != sk::DeviceKind::kSim) SK_CHECK(CheckHandle(group, "group"));
   auto h = std::make_unique<sk_engine>();

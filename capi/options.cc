@@ -66,12 +66,17 @@ StatusOr<sk::OptimizerOptions> ToOptimizerOptions(const sk_optimizer_options* in
   return o;
 }
 
-StatusOr<sk::DeviceOptions> ToDeviceOptions(const sk_device_options* in) {
+StatusOr<sk::DeviceOptions> ToDeviceOptions(const sk_device_options* in,
+                                            const sk::comm::ProcessGroup* group) {
   sk_device_options c;
   SK_RETURN_IF_ERROR(ReadStruct(in, "sk_device_options", &c));
   SK_RETURN_IF_ERROR(CheckEnum(c.kind, SK_DEVICE_SIM, "sk_device_options.kind"));
   sk::DeviceOptions o;
-  if (c.kind != SK_DEVICE_DEFAULT) o.kind = static_cast<sk::DeviceKind>(c.kind);
+  if (c.kind != SK_DEVICE_DEFAULT) {
+    o.kind = static_cast<sk::DeviceKind>(c.kind);
+  } else if (group != nullptr && group->bound_device().has_value()) {
+    o.kind = group->bound_device()->kind;
+  }
   if (c.use_index != 0) {
     if (c.index < 0) {
       return sk::InvalidArgumentError("sk_device_options.index must be >= 0 when use_index is set, not " +
@@ -87,7 +92,8 @@ StatusOr<sk::DeviceOptions> ToDeviceOptions(const sk_device_options* in) {
   return o;
 }
 
-StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in) {
+StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in,
+                                              const sk::comm::ProcessGroup* group) {
   if (in == nullptr) return sk::InvalidArgumentError("options is NULL (use SK_TRAINER_OPTIONS_INIT)");
   sk_trainer_options c;
   SK_RETURN_IF_ERROR(ReadStruct(in, "sk_trainer_options", &c));
@@ -119,7 +125,7 @@ StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in) {
     return sk::InvalidArgumentError("sk_trainer_options.ddp_bucket_bytes must be >= 0 (0 = 25 MiB)");
   }
   o.ddp_bucket_bytes = c.ddp_bucket_bytes;
-  SK_ASSIGN_OR_RETURN(o.device, ToDeviceOptions(c.device));
+  SK_ASSIGN_OR_RETURN(o.device, ToDeviceOptions(c.device, group));
   return o;
 }
 

@@ -8,6 +8,9 @@
 #include "runtime/comm/local_backend.h"
 #include "runtime/comm/network_model.h"
 #include "runtime/comm/store.h"
+#ifdef SHARDKIT_WITH_CUDA
+#include "runtime/comm/nccl_backend.h"
+#endif
 
 namespace sk::capi {
 
@@ -110,6 +113,61 @@ SK_EXPORT sk_status_t sk_process_group_create_gloo(const sk_gloo_options* option
   }
   *out_group = Register(MakeGroupHandle(std::move(group)));
   return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_process_group_create_nccl(const sk_nccl_options* options,
+                                                   sk_process_group** out_group) {
+  SK_API_BEGIN
+  SK_CHECK(CheckOut(out_group, "out_group"));
+  sk_nccl_options c;
+  SK_CHECK(ReadStruct(options, "sk_nccl_options", &c));
+  sk::Duration timeout;
+  SK_ASSIGN_OR_FAIL(timeout, TimeoutFrom(c.timeout_ms, "sk_nccl_options.timeout_ms"));
+  if (c.use_device != 0 && c.device < 0) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT,
+                "sk_nccl_options.device must be >= 0 when use_device is set, not " + std::to_string(c.device));
+  }
+  if (c.world_size != 0) {
+    if (c.world_size < 0 || c.rank < 0 || c.rank >= c.world_size) {
+      return Fail(SK_STATUS_INVALID_ARGUMENT,
+                  "sk_nccl_options: rank " + std::to_string(c.rank) + " is not in [0, world_size " +
+                      std::to_string(c.world_size) + ")");
+    }
+    if (c.master_addr == nullptr || c.master_port <= 0 || c.master_port > 65535) {
+      return Fail(SK_STATUS_INVALID_ARGUMENT,
+                  "sk_nccl_options: master_addr and master_port (1..65535) are required when "
+                  "world_size is set");
+    }
+  }
+#ifndef SHARDKIT_WITH_CUDA
+  (void)timeout;
+  return Fail(SK_STATUS_UNAVAILABLE,
+              "sk_process_group_create_nccl: this libshardkit was built without CUDA (build it with "
+              "--config=cuda on a machine with CUDA 13 and NCCL in /usr/local/cuda); use "
+              "sk_process_group_create_gloo for CPU processes");
+#else
+  sk::comm::NcclOptions no;
+  no.timeout = timeout;
+  no.check_calls = c.skip_call_check == 0;
+  std::unique_ptr<sk::comm::ProcessGroup> group;
+  if (c.world_size == 0) {
+    SK_ASSIGN_OR_FAIL(group, sk::comm::NcclProcessGroup::CreateFromEnvironment(
+                                 no, c.use_device != 0 ? c.device : -1));
+  } else {
+    int device = c.device;
+    if (c.use_device == 0) {
+      SK_ASSIGN_OR_FAIL(device, sk::comm::DefaultCudaDeviceFromEnvironment());
+    }
+    SK_ASSIGN_OR_FAIL(std::unique_ptr<sk::comm::TcpStore> store,
+                      sk::comm::TcpStore::Create(c.master_addr, c.master_port, c.rank == 0, timeout));
+    SK_ASSIGN_OR_FAIL(group, sk::comm::NcclProcessGroup::Create(
+                                 std::shared_ptr<sk::comm::Store>(std::move(store)), "nccl_world", c.rank,
+                                 c.world_size, device, no));
+  }
+  *out_group = Register(MakeGroupHandle(std::move(group)));
+  return SK_STATUS_OK;
+#endif
   SK_API_END
 }
 

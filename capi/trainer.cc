@@ -28,7 +28,9 @@ SK_EXPORT sk_status_t sk_trainer_create(const sk_trainer_options* options, sk_pr
                                         sk_trainer** out_trainer) {
   SK_API_BEGIN
   SK_CHECK(CheckOut(out_trainer, "out_trainer"));
-  SK_ASSIGN_OR_FAIL(sk::TrainerOptions o, ToTrainerOptions(options));
+  if (group != nullptr) SK_CHECK(CheckHandle(group, "group"));
+  SK_ASSIGN_OR_FAIL(sk::TrainerOptions o,
+                    ToTrainerOptions(options, group != nullptr ? group->group.get() : nullptr));
   // The simulator may simulate its own world (group NULL).
   if (group != nullptr || o.device.kind != sk::DeviceKind::kSim) SK_CHECK(CheckHandle(group, "group"));
   auto h = std::make_unique<sk_trainer>();

@@ -102,6 +102,14 @@ class ProcessGroup : public detail::Owner<sk_process_group, sk_process_group_des
     Check(sk_process_group_create_gloo(options, &g));
     return ProcessGroup(g);
   }
+  // This process's rank of an nccl group on its GPU (options NULL: torchrun's
+  // environment, cuda:LOCAL_RANK). Throws Error(UNAVAILABLE) in a library
+  // built without CUDA.
+  static ProcessGroup Nccl(const sk_nccl_options* options = nullptr) {
+    sk_process_group* g = nullptr;
+    Check(sk_process_group_create_nccl(options, &g));
+    return ProcessGroup(g);
+  }
 
   int32_t rank() const { return Rank(get()); }
   int32_t size() const { return Size(get()); }

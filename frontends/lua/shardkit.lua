@@ -134,6 +134,8 @@ end
 local nested_fields = {fsdp = "sk_fsdp_options", optimizer = "sk_optimizer_options",
                        device = "sk_device_options"}
 local nested_tables = {device = device_fields}
+-- Structs whose field of such a name is a plain number (sk_nccl_options.device).
+local plain_fields = {sk_nccl_options = {device = true}}
 
 -- A new `ctype` struct from table `t` (nil: NULL). Strings and nested
 -- structs are kept alive in `anchors` for as long as the caller holds it.
@@ -143,8 +145,9 @@ local function to_struct(ctype, t, anchors)
   s.struct_size = ffi.sizeof(ctype)
   anchors[#anchors + 1] = s
   local enums = struct_enum_fields[ctype] or enum_fields
+  local plain = plain_fields[ctype] or {}
   for k, v in pairs(t) do
-    if nested_fields[k] then
+    if nested_fields[k] and not plain[k] then
       if nested_tables[k] then v = nested_tables[k](v) end
       v = to_struct(nested_fields[k], v, anchors)
     elseif type(v) == "string" and (enums[k] or enum_fields[k]) then
@@ -241,6 +244,30 @@ function M.gloo_group(options)
   local out = ffi.new("sk_process_group*[1]")
   pin(anchors)
   local code = lib.sk_process_group_create_gloo(o, out)
+  unpin(anchors)
+  check(code)
+  return ProcessGroup(out[0])
+end
+
+-- This process's rank of an nccl group on its GPU; options as
+-- sk_nccl_options (nil: all from torchrun's environment, cuda:LOCAL_RANK).
+-- Raises an UNAVAILABLE error in a library built without CUDA.
+-- `device` may be a GPU index or "cuda:N" (it sets use_device).
+function M.nccl_group(options)
+  local anchors = {}
+  if options ~= nil and options.device ~= nil then
+    local copy = {}
+    for k, v in pairs(options) do copy[k] = v end
+    local d = copy.device
+    if type(d) == "string" then d = tonumber(d:match("^cuda:(%d+)$")) or invalid_argument(
+      "device must be a GPU index or 'cuda:N', not '" .. copy.device .. "'", 2) end
+    copy.device, copy.use_device = d, 1
+    options = copy
+  end
+  local o = to_struct("sk_nccl_options", options, anchors)
+  local out = ffi.new("sk_process_group*[1]")
+  pin(anchors)
+  local code = lib.sk_process_group_create_nccl(o, out)
   unpin(anchors)
   check(code)
   return ProcessGroup(out[0])

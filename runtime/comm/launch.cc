@@ -2,7 +2,21 @@
 //
 //   bazel run //runtime/comm:launch -- --nproc_per_node=N [--nnodes=1]
 //       [--node_rank=0] [--master_addr=127.0.0.1] [--master_port=29500]
-//       [--kill_grace_s=5] PROGRAM [ARGS...]
+//       [--kill_grace_s=5] [--gpus=local|G0,G1,...] [--share_gpu=G]
+//       [--on_failure=stop|wait] PROGRAM [ARGS...]
+//   launch --help
+//
+// GPUs: by default local rank L uses cuda:L (what an nccl group and a cuda
+// trainer pick from LOCAL_RANK, as under torchrun). --gpus=G0,G1,... maps
+// local rank L to GPU G_L instead (one entry per local rank, or a single
+// entry for all), exported as SHARDKIT_CUDA_DEVICE. --share_gpu=G is for
+// tests on a machine with fewer GPUs than ranks: every rank uses cuda:G and
+// NCCL is told to accept several ranks on one GPU (a distinct NCCL_HOSTID
+// per rank, so NCCL up to 2.29 connects them as separate hosts over its
+// socket transport on loopback, and NCCL_MULTI_RANK_GPU_ENABLE=1 for 2.30
+// on); such runs prove correctness and failure handling, not speed.
+// --on_failure=wait keeps the other ranks running when one fails (to see
+// how the survivors detect it); the default stops them (below).
 //
 // Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 // MASTER_PORT (and GROUP_RANK = node rank). Every line a rank prints on
@@ -55,14 +69,26 @@ struct Flags {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   int kill_grace_s = 5;
+  std::vector<int> gpus;  // --gpus: GPU of each local rank (empty: LOCAL_RANK)
+  int share_gpu = -1;     // --share_gpu
+  bool wait_on_failure = false;
 };
+
+constexpr const char* kUsage =
+    "usage: launch --nproc_per_node=N [--nnodes=1] [--node_rank=0] [--master_addr=127.0.0.1]\n"
+    "              [--master_port=29500] [--kill_grace_s=5] [--gpus=local|G0,G1,...]\n"
+    "              [--share_gpu=G] [--on_failure=stop|wait] PROGRAM [ARGS...]\n"
+    "Starts N processes per node, one per rank, with torchrun's variables (RANK, WORLD_SIZE,\n"
+    "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK); prefixes each output\n"
+    "line with [rank R]; when a rank fails, stops the others and exits with its code.\n"
+    "  --master_port=0         a free port (single node)\n"
+    "  --gpus=G0,G1,...        local rank L uses cuda:G_L (SHARDKIT_CUDA_DEVICE); default cuda:LOCAL_RANK\n"
+    "  --share_gpu=G           tests: every rank on cuda:G, NCCL set up to allow it (docs/multi_gpu.md)\n"
+    "  --on_failure=wait       keep the other ranks running when one fails\n";
 
 [[noreturn]] void Usage(const std::string& error) {
   std::fprintf(stderr,
-               "launch: %s\nusage: launch --nproc_per_node=N [--nnodes=1] [--node_rank=0] "
-               "[--master_addr=127.0.0.1] [--master_port=29500] [--kill_grace_s=5] PROGRAM "
-               "[ARGS...]\n",
-               error.c_str());
+               "launch: %s\n%s", error.c_str(), kUsage);
   std::exit(2);
 }
 
@@ -212,6 +238,10 @@ int main(int argc, char** argv) {
       break;
     }
     if (arg.rfind("--", 0) != 0) break;
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
     size_t eq = arg.find('=');
     if (eq == std::string::npos) Usage("flag " + arg + " needs =VALUE");
     std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
@@ -228,6 +258,22 @@ int main(int argc, char** argv) {
       flags.master_port = ParseInt(name, value, 0, 65535);
     } else if (name == "kill_grace_s") {
       flags.kill_grace_s = ParseInt(name, value, 0, 3600);
+    } else if (name == "gpus") {
+      flags.gpus.clear();
+      if (value != "local") {
+        size_t start = 0;
+        while (start <= value.size()) {
+          size_t comma = value.find(',', start);
+          if (comma == std::string::npos) comma = value.size();
+          flags.gpus.push_back(ParseInt(name, value.substr(start, comma - start), 0, 65535));
+          start = comma + 1;
+        }
+      }
+    } else if (name == "share_gpu") {
+      flags.share_gpu = ParseInt(name, value, 0, 65535);
+    } else if (name == "on_failure") {
+      if (value != "stop" && value != "wait") Usage("--on_failure must be stop or wait, not " + value);
+      flags.wait_on_failure = value == "wait";
     } else {
       Usage("unknown flag --" + name);
     }
@@ -235,6 +281,12 @@ int main(int argc, char** argv) {
   if (flags.nproc_per_node < 1) Usage("--nproc_per_node is required");
   if (flags.node_rank >= flags.nnodes) Usage("--node_rank must be below --nnodes");
   if (i >= argc) Usage("no PROGRAM given");
+  if (!flags.gpus.empty() && flags.gpus.size() != 1 &&
+      static_cast<int>(flags.gpus.size()) != flags.nproc_per_node) {
+    Usage("--gpus lists " + std::to_string(flags.gpus.size()) + " GPUs for " +
+          std::to_string(flags.nproc_per_node) + " local ranks (give one per local rank, or one for all)");
+  }
+  if (!flags.gpus.empty() && flags.share_gpu >= 0) Usage("--gpus and --share_gpu exclude each other");
   if (flags.master_port == 0) {
     if (flags.nnodes != 1) Usage("--master_port=0 only works with --nnodes=1");
     flags.master_port = FreePort();
@@ -282,6 +334,20 @@ int main(int argc, char** argv) {
       setenv("GROUP_RANK", std::to_string(flags.node_rank).c_str(), 1);
       setenv("MASTER_ADDR", flags.master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(flags.master_port).c_str(), 1);
+      if (!flags.gpus.empty()) {
+        const int gpu = flags.gpus[flags.gpus.size() == 1 ? 0 : local];
+        setenv("SHARDKIT_CUDA_DEVICE", std::to_string(gpu).c_str(), 1);
+      } else if (flags.share_gpu >= 0) {
+        setenv("SHARDKIT_CUDA_DEVICE", std::to_string(flags.share_gpu).c_str(), 1);
+        // NCCL's host hash decides "same host"; distinct ones let ranks of
+        // one GPU connect as if on different hosts (socket transport).
+        const std::string host_id = "shardkit-" + std::to_string(flags.master_port) + "-node" +
+                                    std::to_string(flags.node_rank) + "-rank" + std::to_string(rank);
+        setenv("NCCL_HOSTID", host_id.c_str(), 1);
+        setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
+        setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+        setenv("NCCL_IB_DISABLE", "1", 0);
+      }
       ::execvp(program_args[0], program_args.data());
       std::fprintf(stderr, "launch: cannot execute %s: %s\n", program_args[0], std::strerror(errno));
       ::_exit(127);
@@ -354,7 +420,12 @@ int main(int argc, char** argv) {
       running[k] = false;
       if (--live == 0) drain_until = Clock::now() + kDrainAfterExit;
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (code != 0 && !stopping) {
+      if (code != 0 && !stopping && flags.wait_on_failure) {
+        if (exit_code == 0) exit_code = code;
+        std::fprintf(stderr, "launch: rank %d %s; the others keep running (--on_failure=wait)\n", it->second,
+                     WIFEXITED(status) ? ("exited with code " + std::to_string(code)).c_str()
+                                       : ("was killed by signal " + std::to_string(WTERMSIG(status))).c_str());
+      } else if (code != 0 && !stopping) {
         exit_code = code;
         std::string why = "rank " + std::to_string(it->second) +
                           (WIFEXITED(status) ? " exited with code " + std::to_string(code)

@@ -3,11 +3,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <cstdlib>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
 #include <thread>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "runtime/comm/flight_recorder.h"
 #include "runtime/comm/gloo_backend.h"  // DistributedEnv
 #include "runtime/core/dtype.h"
 
@@ -55,7 +61,9 @@ ncclDataType_t NcclType(DType t) {
 
 }  // namespace
 
-// One non-blocking communicator and the scratch a barrier reduces.
+// One non-blocking communicator and the scratch a barrier reduces. Every
+// use of the communicator holds mu_, so the watchdog's abort (another
+// thread) never races a call on it; after the abort every use fails.
 class NcclComm {
  public:
   static StatusOr<std::unique_ptr<NcclComm>> Init(const ncclUniqueId& id, int rank, int size,
@@ -73,13 +81,19 @@ class NcclComm {
 
   // A communicator that was never shut down (failed creation) is aborted.
   ~NcclComm() {
-    if (!closed_) Abort();
+    if (!closed_) Abort(UnavailableError("communicator destroyed"));
     if (barrier_scratch_ != nullptr) cudaFree(barrier_scratch_);
   }
 
-  ncclComm_t get() const { return comm_; }
   int device() const { return device_; }
   float* barrier_scratch() const { return static_cast<float*>(barrier_scratch_); }
+
+  // Runs fn(comm) under the lock; the abort's reason if aborted.
+  Status Use(const std::function<Status(ncclComm_t)>& fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return abort_reason_;
+    return fn(comm_);
+  }
 
   // Polls a non-blocking communicator until its last call is no longer in
   // progress; aborts it on timeout so nothing is left half-done.
@@ -87,28 +101,50 @@ class NcclComm {
     const auto deadline = Clock::now() + timeout;
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      SK_NCCL_RETURN(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+      Status polled = Use([&](ncclComm_t comm) -> Status {
+        SK_NCCL_RETURN(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError");
+        return OkStatus();
+      });
+      SK_RETURN_IF_ERROR(polled);
       if (state == ncclSuccess) return OkStatus();
       if (state != ncclInProgress) return NcclError(state, what);
       if (Clock::now() >= deadline) {
-        Abort();
-        return DeadlineExceededError("nccl " + what + " did not finish within " +
-                                     std::to_string(timeout.count()) + " ms; communicator aborted");
+        Status s = DeadlineExceededError("nccl " + what + " did not finish within " +
+                                         std::to_string(timeout.count()) + " ms; communicator aborted");
+        Abort(s);
+        return s;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
 
-  void Abort() {
+  // The asynchronous error state (ncclSuccess, ncclInProgress or an error).
+  ncclResult_t AsyncState() {
+    ncclResult_t state = ncclSuccess;
+    Status s = Use([&](ncclComm_t comm) -> Status {
+      SK_NCCL_RETURN(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError");
+      return OkStatus();
+    });
+    return s.ok() ? state : ncclInternalError;
+  }
+
+  // Aborts once; `reason` is what every later use returns.
+  void Abort(const Status& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     if (comm_ != nullptr && !aborted_) {
+      cudaSetDevice(device_);
       ncclCommAbort(comm_);
       aborted_ = true;
+      abort_reason_ = reason.ok() ? UnavailableError("nccl communicator was aborted") : reason;
     }
   }
   bool aborted() const {
     std::lock_guard<std::mutex> lock(mu_);
     return aborted_;
+  }
+  Status abort_reason() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return abort_reason_;
   }
 
   // Finalize (flushes outstanding work), then destroy; abort if it hangs.
@@ -116,12 +152,17 @@ class NcclComm {
     closed_ = true;
     cudaSetDevice(device_);
     if (aborted()) return;  // ncclCommAbort already released it
-    ncclResult_t r = ncclCommFinalize(comm_);
-    bool finalized = (r == ncclSuccess || r == ncclInProgress) && WaitReady(timeout, "finalize").ok();
-    if (finalized) {
+    Status fin = Use([&](ncclComm_t comm) -> Status {
+      SK_NCCL_RETURN(ncclCommFinalize(comm), "ncclCommFinalize");
+      return OkStatus();
+    });
+    if (fin.ok() && WaitReady(timeout, "finalize").ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
       ncclCommDestroy(comm_);
+      aborted_ = true;  // released: no later use
+      abort_reason_ = UnavailableError("nccl communicator was destroyed");
     } else {
-      Abort();  // no-op if WaitReady already aborted on its timeout
+      Abort(UnavailableError("nccl communicator finalize failed"));
     }
   }
 
@@ -133,17 +174,214 @@ class NcclComm {
   void* barrier_scratch_ = nullptr;
   mutable std::mutex mu_;
   bool aborted_ = false;
+  Status abort_reason_;
   bool closed_ = false;
 };
+
+// The group's watchdog thread: heartbeats in the store, and the enqueued
+// collectives' completion, timeouts and asynchronous NCCL errors (the
+// header says what it does about them).
+class NcclWatchdog {
+ public:
+  static constexpr int kHeartbeatMs = 500;
+
+  NcclWatchdog(NcclComm* comm, std::shared_ptr<Store> store, std::string prefix, int rank,
+               std::vector<int> global_ranks, FlightRecorder* recorder, std::string who)
+      : comm_(comm), store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank),
+        global_ranks_(std::move(global_ranks)), recorder_(recorder), who_(std::move(who)) {
+    Beat();
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~NcclWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void Track(uint64_t seq, std::shared_ptr<Work> work, Duration timeout) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back({seq, std::move(work), Clock::now() + timeout, timeout});
+  }
+
+  // The sticky error once the watchdog has failed the group; OK before.
+  Status error() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
+  // Ranks (world numbering) whose heartbeat stood still for 3 beats, or
+  // a sentence about the store when it cannot be read. Blocks ~1.6 s.
+  std::string StoppedRanks() {
+    const int n = static_cast<int>(global_ranks_.size());
+    auto read = [&](std::vector<std::string>* out) -> Status {
+      out->assign(n, "");
+      for (int r = 0; r < n; ++r) {
+        if (r == rank_) continue;
+        SK_ASSIGN_OR_RETURN((*out)[r], store_->Get(HeartbeatKey(r), Duration(2000)));
+      }
+      return OkStatus();
+    };
+    std::vector<std::string> before, after;
+    Status s = read(&before);
+    if (s.ok()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(3 * kHeartbeatMs + 100));
+      s = read(&after);
+    }
+    if (!s.ok()) {
+      return "the store (served by rank 0) cannot be read, so rank 0 is dead or hung (" +
+             std::string(s.message()) + ")";
+    }
+    std::vector<int> stopped;
+    for (int r = 0; r < n; ++r) {
+      if (r != rank_ && before[r] == after[r]) stopped.push_back(global_ranks_[r]);
+    }
+    if (stopped.empty()) return "";
+    return NameRanks(stopped) + (stopped.size() == 1 ? " is" : " are") +
+           " dead or hung (no heartbeat for " + std::to_string(3 * kHeartbeatMs) + " ms)";
+  }
+
+  // Whether peer `r`'s heartbeat has stood still for 3 beats, judged from
+  // the calls so far (each reads it once): for a caller waiting on r.
+  // A store that cannot be read says so, naming rank 0 (which serves it).
+  StatusOr<bool> PeerStopped(int r) {
+    StatusOr<std::string> got = store_->Get(HeartbeatKey(r), Duration(1000));
+    if (!got.ok() && got.status().code() == StatusCode::kDeadlineExceeded) return false;  // no beat yet
+    SK_RETURN_IF_ERROR(got.status());
+    const std::string& beat = *got;
+    std::lock_guard<std::mutex> lock(beat_mu_);
+    auto& [value, since] = last_beat_[r];
+    const auto now = Clock::now();
+    if (value != beat || since == Clock::time_point()) {
+      value = beat;
+      since = now;
+      return false;
+    }
+    return now - since >= std::chrono::milliseconds(3 * kHeartbeatMs);
+  }
+
+ private:
+  struct Pending {
+    uint64_t seq;
+    std::shared_ptr<Work> work;
+    Clock::time_point deadline;
+    Duration timeout;
+  };
+
+  std::string HeartbeatKey(int r) const { return prefix_ + "/heartbeat/" + std::to_string(r); }
+
+  void Beat() {
+    // A failing store is noticed by whoever reads it; a beat is best effort.
+    store_->Set(HeartbeatKey(rank_), std::to_string(beats_++)).IgnoreError();
+  }
+
+  void Run() {
+    auto next_beat = Clock::now() + std::chrono::milliseconds(kHeartbeatMs);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(pending_.empty() ? 50 : 1));
+      if (stop_) break;
+      if (Clock::now() >= next_beat) {
+        lock.unlock();
+        Beat();
+        lock.lock();
+        next_beat = Clock::now() + std::chrono::milliseconds(kHeartbeatMs);
+      }
+      if (!error_.ok()) continue;
+      // Completed collectives leave in order (one communicator: NCCL runs
+      // them in issue order).
+      while (!pending_.empty() && pending_.front().work->is_completed()) {
+        if (recorder_ != nullptr) recorder_->Ended(pending_.front().seq, OkStatus());
+        pending_.pop_front();
+      }
+      Status failure;
+      if (!pending_.empty()) {
+        const ncclResult_t state = comm_->AsyncState();
+        if (state != ncclSuccess && state != ncclInProgress) {
+          failure = UnavailableError(who_ + ": " + pending_.front().work->description() +
+                                     " failed: " + ncclGetErrorString(state) +
+                                     " (a peer died or its connection broke)");
+        } else if (Clock::now() >= pending_.front().deadline) {
+          failure = DeadlineExceededError(who_ + ": " + pending_.front().work->description() +
+                                          " did not complete within " +
+                                          std::to_string(pending_.front().timeout.count()) + " ms");
+        }
+      }
+      if (failure.ok()) continue;
+      lock.unlock();
+      const std::string culprits = StoppedRanks();
+      if (!culprits.empty()) failure = Status(failure.code(), std::string(failure.message()) + ": " + culprits);
+      failure = Status(failure.code(), std::string(failure.message()) + "; communicator aborted");
+      lock.lock();
+      error_ = failure;
+      for (Pending& p : pending_) {
+        p.work->SetStatus(failure);
+        if (recorder_ != nullptr) recorder_->Ended(p.seq, failure);
+      }
+      pending_.clear();
+      lock.unlock();
+      if (recorder_ != nullptr) recorder_->DumpOnError(failure);
+      comm_->Abort(failure);  // kernels stop; the streams drain
+      lock.lock();
+    }
+  }
+
+  NcclComm* comm_;
+  std::shared_ptr<Store> store_;
+  const std::string prefix_;
+  const int rank_;
+  const std::vector<int> global_ranks_;
+  FlightRecorder* recorder_;
+  const std::string who_;
+  int64_t beats_ = 0;
+  std::mutex beat_mu_;
+  std::map<int, std::pair<std::string, Clock::time_point>> last_beat_;  // PeerStopped's
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::deque<Pending> pending_;
+  Status error_;
+  std::thread thread_;
+};
+
+StatusOr<int> DefaultCudaDeviceFromEnvironment() {
+  for (const char* name : {"SHARDKIT_CUDA_DEVICE", "LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    char* end = nullptr;
+    long d = std::strtol(v, &end, 10);
+    if (*end != '\0' || d < 0 || d > 1 << 16) {
+      return InvalidArgumentError(std::string(name) + "='" + v + "' is not a device index");
+    }
+    return static_cast<int>(d);
+  }
+  return 0;
+}
 
 StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(std::shared_ptr<Store> store,
                                                                      std::string prefix, int rank,
                                                                      int size, int device_index,
                                                                      NcclOptions options) {
+  std::vector<int> global(size > 0 ? size : 0);
+  for (int r = 0; r < size; ++r) global[r] = r;
+  return Make(std::move(store), std::move(prefix), rank, size, device_index, options, std::move(global));
+}
+
+StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Make(std::shared_ptr<Store> store,
+                                                                   std::string prefix, int rank,
+                                                                   int size, int device_index,
+                                                                   NcclOptions options,
+                                                                   std::vector<int> global_ranks) {
   if (store == nullptr) return InvalidArgumentError("nccl group needs a store");
   if (size < 1 || rank < 0 || rank >= size) {
     return InvalidArgumentError("nccl group: rank " + std::to_string(rank) +
                                 " is not in a group of size " + std::to_string(size));
+  }
+  if (options.timeout.count() <= 0 || options.timeout > kMaxTimeout) {
+    return InvalidArgumentError("nccl group: timeout " + std::to_string(options.timeout.count()) +
+                                " ms is not in [1, " + std::to_string(kMaxTimeout.count()) + "]");
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || device_index < 0 || device_index >= devices) {
@@ -156,43 +394,65 @@ StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(std::shared
     SK_NCCL_RETURN(ncclGetUniqueId(&id), "ncclGetUniqueId");
     SK_RETURN_IF_ERROR(store->Set(key, std::string(reinterpret_cast<const char*>(&id), sizeof(id))));
   } else {
-    SK_ASSIGN_OR_RETURN(std::string bytes, store->Get(key, options.timeout));
+    StatusOr<std::string> got = store->Get(key, options.timeout);
+    if (!got.ok()) {
+      return got.status().WithContext("nccl group rank " + std::to_string(global_ranks[rank]) +
+                                      ": waiting for rank " + std::to_string(global_ranks[0]) +
+                                      "'s communicator id");
+    }
+    const std::string bytes = *got;
     if (bytes.size() != sizeof(id)) return InternalError("nccl group: malformed unique id in store");
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
   SK_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm,
                       NcclComm::Init(id, rank, size, device_index, options.timeout));
-  return std::unique_ptr<NcclProcessGroup>(new NcclProcessGroup(
-      rank, size, device_index, std::move(comm), std::move(store), std::move(prefix), options));
+  return std::unique_ptr<NcclProcessGroup>(new NcclProcessGroup(rank, size, device_index, std::move(comm),
+                                                                std::move(store), std::move(prefix),
+                                                                options, std::move(global_ranks)));
 }
 
 StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::CreateFromEnvironment(
-    NcclOptions options) {
+    NcclOptions options, int device_index) {
   SK_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnv::FromEnvironment());
+  if (device_index < 0) {
+    SK_ASSIGN_OR_RETURN(device_index, DefaultCudaDeviceFromEnvironment());
+  }
   SK_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store,
                       TcpStore::Create(env.master_addr, env.master_port, env.rank == 0,
                                        options.timeout));
   return Create(std::shared_ptr<Store>(std::move(store)), "nccl_world", env.rank, env.world_size,
-                env.local_rank, options);
+                device_index, options);
 }
 
 NcclProcessGroup::NcclProcessGroup(int rank, int size, int device_index,
                                    std::unique_ptr<NcclComm> comm, std::shared_ptr<Store> store,
-                                   std::string prefix, NcclOptions options)
+                                   std::string prefix, NcclOptions options,
+                                   std::vector<int> global_ranks)
     : ProcessGroup(rank, size), device_index_(device_index), comm_(std::move(comm)),
-      store_(std::move(store)), prefix_(std::move(prefix)), options_(options) {}
+      global_ranks_(std::move(global_ranks)), store_(std::move(store)), prefix_(std::move(prefix)),
+      options_(options) {
+  flight_recorder_ = std::make_shared<FlightRecorder>("nccl", prefix_, global_ranks_[rank], size);
+  watchdog_ = std::make_unique<NcclWatchdog>(
+      comm_.get(), store_, prefix_, rank, global_ranks_, flight_recorder_.get(),
+      "nccl group " + prefix_ + " rank " + std::to_string(global_ranks_[rank]));
+}
 
-NcclProcessGroup::~NcclProcessGroup() { comm_->Shutdown(options_.timeout); }
+NcclProcessGroup::~NcclProcessGroup() {
+  watchdog_.reset();
+  comm_->Shutdown(options_.timeout);
+}
+
+std::string NcclProcessGroup::GlobalRank(int r) const { return "rank " + std::to_string(global_ranks_[r]); }
 
 Status NcclProcessGroup::CheckAsyncError() const {
-  if (comm_->aborted()) return UnavailableError("nccl communicator was aborted");
-  ncclResult_t state = ncclSuccess;
-  SK_NCCL_RETURN(ncclCommGetAsyncError(comm_->get(), &state), "ncclCommGetAsyncError");
+  SK_RETURN_IF_ERROR(watchdog_->error());
+  if (comm_->aborted()) return comm_->abort_reason();
+  const ncclResult_t state = comm_->AsyncState();
   if (state != ncclSuccess && state != ncclInProgress) return NcclError(state, "nccl async error");
   return OkStatus();
 }
 
-void NcclProcessGroup::Abort() { comm_->Abort(); }
+void NcclProcessGroup::Abort() { comm_->Abort(UnavailableError("nccl communicator aborted by the caller")); }
 
 StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::NewGroup(const std::vector<int>& ranks,
                                                                    Duration timeout) {
@@ -206,10 +466,87 @@ StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::NewGroup(const std::ve
   int sub_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank()) - ranks.begin());
   NcclOptions options = options_;
   options.timeout = timeout;
+  std::vector<int> global;
+  for (int r : ranks) global.push_back(global_ranks_[r]);
   SK_ASSIGN_OR_RETURN(std::unique_ptr<NcclProcessGroup> group,
-                      Create(store_, prefix_ + "/sub[" + key + "]#" + std::to_string(occurrence),
-                             sub_rank, static_cast<int>(ranks.size()), device_index_, options));
+                      Make(store_, prefix_ + "/sub[" + key + "]#" + std::to_string(occurrence),
+                           sub_rank, static_cast<int>(ranks.size()), device_index_, options,
+                           std::move(global)));
   return std::unique_ptr<ProcessGroup>(std::move(group));
+}
+
+namespace {
+
+std::string EncodeCall(const CallFingerprint& fp) {
+  return std::string(reinterpret_cast<const char*>(&fp), sizeof(fp));
+}
+
+}  // namespace
+
+Status NcclProcessGroup::CheckCall(const Collective& c) {
+  const CallFingerprint mine = CallFingerprint::Of(c);
+  const std::string slot = "/call/" + std::to_string(c.seq % 2) + "/";
+  SK_RETURN_IF_ERROR(store_->Set(prefix_ + slot + std::to_string(rank()), EncodeCall(mine))
+                         .WithContext("publishing " + c.Describe()));
+  std::vector<CallFingerprint> all(size());
+  all[rank()] = mine;
+  const auto start = Clock::now();
+  const auto deadline = start + c.timeout;
+  std::vector<int> missing;
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank()) continue;
+    auto pause = std::chrono::microseconds(20);
+    auto next_liveness_check = start + std::chrono::seconds(2);
+    for (;;) {
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        missing.push_back(global_ranks_[r]);
+        break;
+      }
+      // A collective that already failed (the watchdog aborted the group)
+      // answers at once; so does a peer whose heartbeat stopped.
+      SK_RETURN_IF_ERROR(watchdog_->error());
+      if (now >= next_liveness_check) {
+        next_liveness_check = now + std::chrono::milliseconds(NcclWatchdog::kHeartbeatMs);
+        StatusOr<bool> stopped = watchdog_->PeerStopped(r);
+        if (!stopped.ok()) {
+          return UnavailableError("nccl group " + prefix_ + ": " + c.Describe() + " on " + GlobalRank(rank()) +
+                                  ": the store (served by rank 0) cannot be read, so rank 0 is dead or hung (" +
+                                  std::string(stopped.status().message()) + ")");
+        }
+        if (*stopped) {
+          return UnavailableError("nccl group " + prefix_ + ": " + c.Describe() + " on " + GlobalRank(rank()) +
+                                  ": " + GlobalRank(r) + " did not arrive: it is dead or hung (no heartbeat for " +
+                                  std::to_string(3 * NcclWatchdog::kHeartbeatMs) + " ms)");
+        }
+      }
+      const Duration left = std::chrono::duration_cast<Duration>(deadline - now);
+      StatusOr<std::string> got = store_->Get(prefix_ + slot + std::to_string(r), std::min(left, Duration(200)));
+      if (got.ok() && got->size() == sizeof(CallFingerprint)) {
+        CallFingerprint theirs;
+        std::memcpy(&theirs, got->data(), sizeof(theirs));
+        if (theirs.seq == c.seq) {
+          all[r] = theirs;
+          break;
+        }
+        if (theirs.seq > c.seq) {
+          return InternalError(GlobalRank(r) + " published call #" + std::to_string(theirs.seq) +
+                               " while " + GlobalRank(rank()) + " checks #" + std::to_string(c.seq));
+        }
+      } else if (!got.ok() && got.status().code() != StatusCode::kDeadlineExceeded) {
+        return got.status().WithContext("reading " + GlobalRank(r) + "'s call for " + c.Describe() +
+                                        " from the store (served by rank 0)");
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+  if (!missing.empty()) {
+    return DeadlineExceededError("nccl group " + prefix_ + ": " + c.Describe() + " on " + GlobalRank(rank()) +
+                                 ": " + NameRanks(missing) + " did not arrive within " +
+                                 std::to_string(c.timeout.count()) + " ms");
+  }
+  return CompareFingerprints(all, "nccl group " + prefix_ + " of " + std::to_string(size()));
 }
 
 StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Launch(Collective c, Stream& stream) {
@@ -218,9 +555,13 @@ StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Launch(Collective c, Stream& s
                    " cannot run on stream '" + stream.name() + "' of " + stream.device().ToString());
   }
   SK_RETURN_IF_ERROR(CheckAsyncError());
+  if (options_.check_calls && size() > 1) SK_RETURN_IF_ERROR(CheckCall(c));
   auto s = static_cast<cudaStream_t>(stream.native_handle());
-  ncclComm_t comm = comm_->get();
   SK_CUDA_RETURN_COMM(cudaSetDevice(device_index_), "cudaSetDevice");
+  const uint64_t seq = c.seq;
+  const Duration timeout = c.timeout;
+  // Enqueued under the communicator's lock (the watchdog may abort it).
+  Status enqueued = comm_->Use([&](ncclComm_t comm) -> Status {
 
   // One pre-multiplied sum per dtype folds pre_scale, post_scale and AVG.
   std::vector<ncclRedOp_t> custom_ops;
@@ -283,15 +624,19 @@ StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Launch(Collective c, Stream& s
   if (launched.ok() && end != ncclSuccess && end != ncclInProgress) {
     launched = NcclError(end, "ncclGroupEnd for " + c.Describe());
   }
-  if (launched.ok()) launched = comm_->WaitReady(options_.timeout, "enqueue of " + c.Describe());
   for (ncclRedOp_t op : custom_ops) ncclRedOpDestroy(op, comm);
-  SK_RETURN_IF_ERROR(launched);
+  return launched;
+  });
+  if (enqueued.ok()) enqueued = comm_->WaitReady(options_.timeout, "enqueue of " + c.Describe());
+  SK_RETURN_IF_ERROR(enqueued);
 
   SK_ASSIGN_OR_RETURN(Device * device, Device::Get(stream.device()));
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> event, device->CreateEvent());
-  auto work = std::make_shared<Work>("nccl rank " + std::to_string(rank()) + ": " + c.Describe(),
+  auto work = std::make_shared<Work>("nccl " + GlobalRank(rank()) + ": " + c.Describe(),
                                      std::move(event));
   SK_RETURN_IF_ERROR(work->mutable_event().Record(stream));
+  if (flight_recorder_ != nullptr) flight_recorder_->Started(seq);
+  watchdog_->Track(seq, work, timeout);
   return work;
 }
 

@@ -8,10 +8,34 @@
 // compute streams order themselves with WaitEvent as on CPU. Differences from
 // the CPU backends, all NCCL's: reductions use NCCL's own order and
 // arithmetic (bf16/f16 are not widened to f32 by us); pre_scale, post_scale
-// and AVG's 1/N are folded into one ncclRedOpCreatePreMulSum factor; there is
-// no desync check; a collective has no timeout of its own inside NCCL: a Work
-// that misses its wait() deadline can be cancelled with Abort(), which also
-// makes every later call fail.
+// and AVG's 1/N are folded into one ncclRedOpCreatePreMulSum factor.
+//
+// Failure semantics (the gloo backend's, on GPUs):
+//   - Call check: before a collective is enqueued, every rank publishes its
+//     CallFingerprint (kind, sequence number, dtypes, sizes, root) in the
+//     store and reads its peers' (two slots per rank, so a rank at most one
+//     call ahead never overwrites what a peer still has to read). A
+//     disagreement is InvalidArgument on every rank naming both ranks' calls
+//     (nothing was enqueued; the group stays usable); a peer that does not
+//     publish within the collective's timeout is DeadlineExceeded naming it.
+//     NcclOptions::check_calls = false skips the exchange (its cost, a store
+//     round trip per peer and call, is measured in docs/multi_gpu.md).
+//   - Watchdog: one thread per group polls the enqueued collectives' events
+//     and ncclCommGetAsyncError. A collective that outlives its timeout, or
+//     an asynchronous NCCL error (a peer that died mid-collective: its
+//     sockets close), aborts the communicator (ncclCommAbort: kernels stop,
+//     streams drain) after setting every pending Work's status, so waiting
+//     hosts and streams return; every later call fails with the same error.
+//     The error names the ranks that stopped: each rank's watchdog bumps a
+//     heartbeat in the store every kHeartbeatMs, and the ranks whose
+//     heartbeat stood still (or whose store, rank 0's, is unreachable) are
+//     named dead or hung.
+//   - Flight recorder entries as on gloo (enqueued, started = enqueued on
+//     the GPU, ended), dumped on the first failure when
+//     SHARDKIT_FLIGHT_RECORDER_DIR is set.
+//
+// Host tensors on the group's CUDA stream are staged through device memory
+// by ProcessGroup (process_group.h), for checkpoints and rank agreement.
 //
 // Thread safety: as ProcessGroup. Communicators are non-blocking
 // (ncclConfig_t.blocking = 0), so creation and teardown are bounded by the
@@ -19,6 +43,7 @@
 #ifndef SHARDKIT_RUNTIME_COMM_NCCL_BACKEND_H_
 #define SHARDKIT_RUNTIME_COMM_NCCL_BACKEND_H_
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,11 +56,19 @@
 namespace sk::comm {
 
 struct NcclOptions {
-  // Bounds communicator creation, each enqueue, and teardown.
+  // Bounds communicator creation, each enqueue, the call check, and teardown.
   Duration timeout = kDefaultTimeout;
+  // Compare every collective's fingerprint across ranks before enqueueing it.
+  bool check_calls = true;
 };
 
+// The GPU a process-group rank uses when the caller does not say: the
+// environment's SHARDKIT_CUDA_DEVICE (set by the launcher's --gpus mapping),
+// else LOCAL_RANK, else 0. InvalidArgument naming a malformed variable.
+StatusOr<int> DefaultCudaDeviceFromEnvironment();
+
 class NcclComm;
+class NcclWatchdog;
 
 class NcclProcessGroup final : public ProcessGroup {
  public:
@@ -44,11 +77,15 @@ class NcclProcessGroup final : public ProcessGroup {
   static StatusOr<std::unique_ptr<NcclProcessGroup>> Create(std::shared_ptr<Store> store,
                                                           std::string prefix, int rank, int size,
                                                           int device_index, NcclOptions options = {});
-  // The world group from torchrun's variables; the device is cuda:LOCAL_RANK.
-  static StatusOr<std::unique_ptr<NcclProcessGroup>> CreateFromEnvironment(NcclOptions options = {});
+  // The world group from torchrun's variables; device_index < 0: the
+  // device DefaultCudaDeviceFromEnvironment() names (cuda:LOCAL_RANK).
+  static StatusOr<std::unique_ptr<NcclProcessGroup>> CreateFromEnvironment(NcclOptions options = {},
+                                                                         int device_index = -1);
   ~NcclProcessGroup() override;
 
   std::string backend_name() const override { return "nccl"; }
+  int device_index() const { return device_index_; }
+  std::optional<DeviceId> bound_device() const override { return DeviceId::Cuda(device_index_); }
   StatusOr<std::unique_ptr<ProcessGroup>> NewGroup(const std::vector<int>& ranks,
                                                    Duration timeout = kDefaultTimeout) override;
 
@@ -63,10 +100,21 @@ class NcclProcessGroup final : public ProcessGroup {
 
  private:
   NcclProcessGroup(int rank, int size, int device_index, std::unique_ptr<NcclComm> comm,
-                   std::shared_ptr<Store> store, std::string prefix, NcclOptions options);
+                   std::shared_ptr<Store> store, std::string prefix, NcclOptions options,
+                   std::vector<int> global_ranks);
+  static StatusOr<std::unique_ptr<NcclProcessGroup>> Make(std::shared_ptr<Store> store,
+                                                          std::string prefix, int rank, int size,
+                                                          int device_index, NcclOptions options,
+                                                          std::vector<int> global_ranks);
+  // The store exchange of CallFingerprint described above.
+  Status CheckCall(const Collective& c);
+  // "rank 2" in world numbering.
+  std::string GlobalRank(int r) const;
 
   const int device_index_;
   std::unique_ptr<NcclComm> comm_;
+  const std::vector<int> global_ranks_;
+  std::unique_ptr<NcclWatchdog> watchdog_;
   std::shared_ptr<Store> store_;
   const std::string prefix_;
   const NcclOptions options_;

@@ -1,5 +1,6 @@
 #include "runtime/comm/process_group.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -163,7 +164,70 @@ Status ProcessGroup::ValidateTensor(const Tensor& t, const char* role, size_t in
   return OkStatus();
 }
 
+StatusOr<std::shared_ptr<Work>> ProcessGroup::SubmitStagedFromHost(Collective c, Stream& stream) {
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(stream.device()));
+  // Device buffers: freed once the copies back are complete; left allocated
+  // (a bounded leak) when the collective did not complete, since a kernel may
+  // still write them.
+  struct Buffers {
+    Device* device;
+    std::vector<std::pair<void*, size_t>> raw;
+    bool release = false;
+    ~Buffers() {
+      if (!release) return;
+      for (auto& [p, n] : raw) device->RawFree(p, n);
+    }
+  } buffers{device, {}};
+  auto stage = [&](const Tensor& t) -> StatusOr<Tensor> {
+    const size_t n = std::max<size_t>(t.nbytes(), 16);
+    SK_ASSIGN_OR_RETURN(void* p, device->RawAllocate(n));
+    buffers.raw.emplace_back(p, n);
+    return Tensor(Storage::Wrap(p, n, stream.device()), t.dtype(), t.shape());
+  };
+  Collective staged = c;
+  for (size_t i = 0; i < c.outputs.size(); ++i) {
+    const Tensor& out = c.outputs[i];
+    const Tensor& in = c.inputs[i];
+    if (!out.device().is_cpu() || !in.device().is_cpu()) {
+      return Invalid(std::string(CollectiveName(c.kind)) + " mixes host and device tensors on stream '" +
+                     stream.name() + "' of " + stream.device().ToString());
+    }
+    SK_ASSIGN_OR_RETURN(staged.outputs[i], stage(out));
+    const char* ob = static_cast<const char*>(out.data());
+    const char* ib = static_cast<const char*>(in.data());
+    if (ib >= ob && ib + in.nbytes() <= ob + out.nbytes()) {
+      // In place (all_gather's own chunk, all_reduce, broadcast): the same
+      // relation between the staged buffers.
+      SK_ASSIGN_OR_RETURN(staged.inputs[i],
+                          staged.outputs[i].View(static_cast<size_t>(ib - ob), in.dtype(), in.shape()));
+    } else {
+      SK_ASSIGN_OR_RETURN(staged.inputs[i], stage(in));
+    }
+    if (in.nbytes() > 0) {
+      SK_RETURN_IF_ERROR(device->CopyAsync(staged.inputs[i].data(), in.data(), in.nbytes(), stream));
+    }
+  }
+  const Duration timeout = c.timeout;
+  const std::vector<Tensor> staged_outputs = staged.outputs;
+  SK_ASSIGN_OR_RETURN(std::shared_ptr<Work> w, Submit(std::move(staged), stream));
+  SK_RETURN_IF_ERROR(w->wait(timeout));
+  for (size_t i = 0; i < c.outputs.size(); ++i) {
+    if (c.outputs[i].nbytes() == 0) continue;
+    SK_RETURN_IF_ERROR(device->CopyAsync(c.outputs[i].data(), staged_outputs[i].data(),
+                                         c.outputs[i].nbytes(), stream));
+  }
+  SK_RETURN_IF_ERROR(stream.Synchronize(timeout).WithContext("copying a collective's result to the host"));
+  buffers.release = true;
+  return w;
+}
+
 StatusOr<std::shared_ptr<Work>> ProcessGroup::Submit(Collective c, Stream& stream) {
+  if (stream.device().is_cuda()) {
+    bool host = false;
+    for (const Tensor& t : c.outputs) host |= t.defined() && t.device().is_cpu();
+    for (const Tensor& t : c.inputs) host |= t.defined() && t.device().is_cpu();
+    if (host) return SubmitStagedFromHost(std::move(c), stream);
+  }
   if (c.timeout.count() <= 0) {
     return Invalid(std::string(CollectiveName(c.kind)) + " with a non-positive timeout (" +
                    std::to_string(c.timeout.count()) + " ms)");

@@ -37,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,10 @@ class ProcessGroup {
   // What produced the numbers (shown by benchmarks): the backend name, plus
   // any wrapper such as the network model.
   virtual std::string label() const { return backend_name(); }
+  // The one device whose memory and streams this group's collectives use,
+  // for backends bound to one (nccl: its cuda:N); none for backends that
+  // run on any device of the right kind (local, gloo, sim).
+  virtual std::optional<DeviceId> bound_device() const { return std::nullopt; }
 
   // output[i*n : (i+1)*n] = rank i's input, n = input.numel(). `input` may be
   // exactly this rank's chunk of `output` (in place); any other overlap is
@@ -222,6 +227,11 @@ class ProcessGroup {
 
  private:
   StatusOr<std::shared_ptr<Work>> Submit(Collective c, Stream& stream);
+  // Host tensors on a GPU stream (checkpoints, rank agreement, the trainer's
+  // option check: small or rare calls that read the result on the host at
+  // once): the tensors are copied to device memory, the collective runs
+  // there, the outputs are copied back, and the call returns completed.
+  StatusOr<std::shared_ptr<Work>> SubmitStagedFromHost(Collective c, Stream& stream);
   Status ValidateTensor(const Tensor& t, const char* role, size_t index, const Stream& stream) const;
 
   const int rank_;

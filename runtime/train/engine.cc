@@ -66,6 +66,14 @@ Status ValidateDeviceOptions(const DeviceOptions& o) {
   return OkStatus();
 }
 
+StatusOr<Device*> ResolveRankDevice(const DeviceOptions& given, const comm::ProcessGroup& world) {
+  DeviceOptions o = given;
+  if (std::optional<DeviceId> bound = world.bound_device(); bound && o.kind == bound->kind && o.index < 0) {
+    o.index = bound->index;
+  }
+  return ResolveRankDevice(o, world.rank());
+}
+
 StatusOr<Device*> ResolveRankDevice(const DeviceOptions& o, int rank) {
   SK_RETURN_IF_ERROR(ValidateDeviceOptions(o));
   switch (o.kind) {
@@ -127,6 +135,18 @@ Status CheckWorldForDevice(const DeviceOptions& o, const comm::ProcessGroup& wor
   if (o.kind != DeviceKind::kSim && sim_world) {
     return InvalidArgumentError(std::string("a simulated process group needs device kind sim, not ") +
                                 DeviceKindName(o.kind));
+  }
+  if (std::optional<DeviceId> bound = world.bound_device()) {
+    if (o.kind != bound->kind) {
+      return InvalidArgumentError("the '" + world.backend_name() + "' process group runs on " + bound->ToString() +
+                                  ", not on device kind " + DeviceKindName(o.kind) + ": set device kind " +
+                                  DeviceKindName(bound->kind) + " (its index defaults to the group's)");
+    }
+    if (o.index >= 0 && o.index != bound->index) {
+      return InvalidArgumentError("device index " + std::to_string(o.index) + " differs from the '" +
+                                  world.backend_name() + "' process group's device " + bound->ToString() +
+                                  " (leave the index unset to use the group's)");
+    }
   }
   return OkStatus();
 }
@@ -204,7 +224,7 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
   }
   SK_RETURN_IF_ERROR(CheckWorldForDevice(options.device, *world));
   e->units_ = std::move(units);
-  SK_ASSIGN_OR_RETURN(Device * device, ResolveRankDevice(options.device, world->rank()));
+  SK_ASSIGN_OR_RETURN(Device * device, ResolveRankDevice(options.device, *world));
   SK_ASSIGN_OR_RETURN(e->allocator_, CreateRankAllocator(device, options.memory_cap_bytes));
   if (options.fsdp.cpu_offload) {
     SK_ASSIGN_OR_RETURN(e->offload_, CreateOffloadHost(device));

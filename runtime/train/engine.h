@@ -74,6 +74,10 @@ Status ValidateDeviceOptions(const DeviceOptions& options);
 // blocking mode to options.launch_blocking (cpu, sim): streams created after
 // the call get it.
 StatusOr<Device*> ResolveRankDevice(const DeviceOptions& options, int rank);
+// As above for rank world.rank(); a world bound to one device (nccl:
+// world.bound_device()) gives a rank of that kind its device when
+// options.index is -1.
+StatusOr<Device*> ResolveRankDevice(const DeviceOptions& options, const comm::ProcessGroup& world);
 
 // For kSim: the simulated world, a process group of sim_world_size ranks on
 // the profile's cluster (gpus_per_node overridden when > 0) that moves no
@@ -82,7 +86,8 @@ StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions
 
 // InvalidArgument unless `world` suits the device: a sim device needs a sim
 // process group ("sim" backend: its collectives move no data), and a sim
-// process group needs a sim device.
+// process group needs a sim device; a group bound to a device (nccl) needs
+// that device's kind, and that index when options.index is set.
 Status CheckWorldForDevice(const DeviceOptions& options, const comm::ProcessGroup& world);
 
 // The caching allocator of `device`, reserving at most `capacity_bytes`

@@ -135,7 +135,10 @@ Status AgreeOnTrainerOptions(const TrainerOptions& options, const Status& local_
   char* p = static_cast<char*>(mine.data());
   for (size_t k = 0; k < fields.size(); ++k) PutSlot(fields[k].second, p + k * kSlot);
   PutSlot(local_validity.ok() ? "ok" : "invalid", p + fields.size() * kSlot);
-  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(world->rank())));
+  // On the group's own device when it has one (nccl: host tensors on its
+  // stream are staged through device memory by the group).
+  SK_ASSIGN_OR_RETURN(Device * device,
+                      Device::Get(world->bound_device().value_or(DeviceId::Cpu(world->rank()))));
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device->CreateStream("trainer options"));
   comm::CollectiveOptions co;
   // The timeout may be what is wrong with the options: then the default.
@@ -187,10 +190,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
   Status valid = ValidateTrainerOptions(options);
   const bool sim = options.device.kind == DeviceKind::kSim;
   if (world == nullptr && !sim) return InvalidArgumentError("Trainer needs a process group");
-  // Ranks of CPU worlds (local, gloo) agree on their options before anything
-  // else collective. A simulated world's ranks share one set of options.
-  if (!sim && options.device.kind == DeviceKind::kCpu &&
-      (world->backend_name() == "local" || world->backend_name() == "gloo")) {
+  // Ranks of CPU worlds (local, gloo) and of groups bound to a device
+  // (nccl) agree on their options before anything else collective. A simulated world's ranks share one set of options.
+  if (!sim && ((options.device.kind == DeviceKind::kCpu &&
+                (world->backend_name() == "local" || world->backend_name() == "gloo")) ||
+               world->bound_device().has_value())) {
     if (valid.ok()) valid = ValidateFsdpOptions(options.fsdp, world->size());
     SK_RETURN_IF_ERROR(AgreeOnTrainerOptions(options, valid, world));
   }
@@ -240,7 +244,7 @@ Status Trainer::Init() {
     }
     gemm_threads_ = std::max(1, cores / sharing);
   }
-  SK_ASSIGN_OR_RETURN(device_, ResolveRankDevice(options_.device, world_->rank()));
+  SK_ASSIGN_OR_RETURN(device_, ResolveRankDevice(options_.device, *world_));
   if (device_->id().is_sim()) {
     SK_ASSIGN_OR_RETURN(sim_device_, sim::SimDevice::Get(device_->id().index));
   }

@@ -206,6 +206,42 @@ TEST(CapiProcessGroup, GlooGroupOfOneFormsOverLoopback) {
   sk_process_group_destroy(g);
 }
 
+TEST(CapiProcessGroup, NcclOptionsAreCheckedAndABuildWithoutCudaSaysSo) {
+  sk_process_group* g = nullptr;
+  sk_nccl_options o = SK_NCCL_OPTIONS_INIT;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_nccl(&o, nullptr));
+  o.world_size = 2;
+  o.rank = 2;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_nccl(&o, &g));
+  EXPECT_ERROR_MENTIONS("rank 2");
+  o.rank = 0;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_nccl(&o, &g));
+  EXPECT_ERROR_MENTIONS("master_addr");
+  o.use_device = 1;
+  o.device = -1;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_nccl(&o, &g));
+  EXPECT_ERROR_MENTIONS("sk_nccl_options.device");
+  o = SK_NCCL_OPTIONS_INIT;
+  o.timeout_ms = -5;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_nccl(&o, &g));
+  EXPECT_ERROR_MENTIONS("sk_nccl_options.timeout_ms");
+  o.struct_size = 12;  // ends inside a field
+  o.timeout_ms = 0;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_create_nccl(&o, &g));
+  EXPECT_EQ(g, nullptr);
+#ifndef SHARDKIT_WITH_CUDA
+  // Valid options: a library without CUDA names what is missing.
+  o = SK_NCCL_OPTIONS_INIT;
+  o.world_size = 1;
+  o.master_addr = "127.0.0.1";
+  o.master_port = 29999;
+  EXPECT_STATUS(SK_STATUS_UNAVAILABLE, sk_process_group_create_nccl(&o, &g));
+  EXPECT_ERROR_MENTIONS("built without CUDA");
+  EXPECT_STATUS(SK_STATUS_UNAVAILABLE, sk_process_group_create_nccl(nullptr, &g));
+  EXPECT_EQ(g, nullptr);
+#endif
+}
+
 TEST(CapiRunLocalRanks, ReturnsTheLowestFailingRankWithItsMessage) {
   auto fn = [](int32_t rank, sk_process_group* group, void*) -> sk_status_t {
     if (rank == 0) return SK_STATUS_OK;

@@ -41,6 +41,78 @@ Result RunLauncher(const std::string& args) {
 
 bool Has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
+TEST(Launch, HelpPrintsUsageAndExitsZero) {
+  Result r = RunLauncher("--help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Has(r.output, "usage: launch --nproc_per_node=N")) << r.output;
+  EXPECT_TRUE(Has(r.output, "--share_gpu=G")) << r.output;
+}
+
+// Each rank prints the variables that pick and share its GPU.
+constexpr char kPrintGpuEnv[] =
+    "/bin/sh -c 'echo rank=$RANK local=$LOCAL_RANK dev=${SHARDKIT_CUDA_DEVICE:-unset} "
+    "host=${NCCL_HOSTID:-unset} ifname=${NCCL_SOCKET_IFNAME:-unset}'";
+
+TEST(Launch, GpusByDefaultFollowTheLocalRank) {
+  Result r = RunLauncher(std::string("--nproc_per_node=2 ") + kPrintGpuEnv);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // Nothing set: programs use cuda:LOCAL_RANK, as under torchrun.
+  EXPECT_TRUE(Has(r.output, "[rank 0] rank=0 local=0 dev=unset host=unset")) << r.output;
+  EXPECT_TRUE(Has(r.output, "[rank 1] rank=1 local=1 dev=unset host=unset")) << r.output;
+}
+
+TEST(Launch, GpusFlagMapsEachLocalRank) {
+  Result r = RunLauncher(std::string("--nproc_per_node=2 --gpus=3,5 ") + kPrintGpuEnv);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Has(r.output, "[rank 0] rank=0 local=0 dev=3 host=unset")) << r.output;
+  EXPECT_TRUE(Has(r.output, "[rank 1] rank=1 local=1 dev=5 host=unset")) << r.output;
+  r = RunLauncher(std::string("--nproc_per_node=2 --gpus=7 ") + kPrintGpuEnv);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Has(r.output, "[rank 1] rank=1 local=1 dev=7")) << r.output;
+}
+
+TEST(Launch, GpusFlagMustFitTheLocalRanks) {
+  Result r = RunLauncher(std::string("--nproc_per_node=2 --gpus=0,1,2 ") + kPrintGpuEnv);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(Has(r.output, "--gpus lists 3 GPUs for 2 local ranks")) << r.output;
+  r = RunLauncher(std::string("--nproc_per_node=2 --gpus=0,x ") + kPrintGpuEnv);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = RunLauncher(std::string("--nproc_per_node=2 --gpus=0 --share_gpu=0 ") + kPrintGpuEnv);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(Has(r.output, "exclude each other")) << r.output;
+}
+
+TEST(Launch, ShareGpuGivesEveryRankTheGpuAndItsOwnNcclHostId) {
+  Result r = RunLauncher(std::string("--nproc_per_node=3 --share_gpu=0 ") + kPrintGpuEnv);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> hosts;
+  for (int k = 0; k < 3; ++k) {
+    const std::string head = "[rank " + std::to_string(k) + "] rank=" + std::to_string(k) + " local=" +
+                             std::to_string(k) + " dev=0 host=";
+    size_t at = r.output.find(head);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    size_t end = r.output.find(' ', at + head.size());
+    hosts.push_back(r.output.substr(at + head.size(), end - at - head.size()));
+    EXPECT_TRUE(Has(r.output.substr(end, 20), "ifname=lo")) << r.output;
+  }
+  std::sort(hosts.begin(), hosts.end());
+  EXPECT_EQ(std::unique(hosts.begin(), hosts.end()), hosts.end()) << "NCCL_HOSTID repeats: " << r.output;
+}
+
+TEST(Launch, OnFailureWaitLetsTheOtherRanksFinish) {
+  const std::string program =
+      "/bin/sh -c 'if [ $RANK = 1 ]; then exit 3; fi; sleep 1; echo rank $RANK still here'";
+  Result r = RunLauncher("--nproc_per_node=2 --on_failure=wait " + program);
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(Has(r.output, "[rank 0] rank 0 still here")) << r.output;
+  EXPECT_TRUE(Has(r.output, "the others keep running")) << r.output;
+  r = RunLauncher("--nproc_per_node=2 " + program);  // the default stops them
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_FALSE(Has(r.output, "still here")) << r.output;
+  r = RunLauncher("--nproc_per_node=2 --on_failure=later " + program);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
 TEST(Launch, TwoGlooRanksRunEveryCollective) {
   Result r = RunLauncher(std::string("--nproc_per_node=2 ") + kWorker + " collectives");
   EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -50,6 +50,32 @@ TEST(CppFrontend, ErrorsCarryTheCodeAndTheLibraryMessage) {
   }
 }
 
+TEST(CppFrontend, NcclGroupsCheckTheirOptionsAndSayWhatIsMissing) {
+  sk_nccl_options o = SK_NCCL_OPTIONS_INIT;
+  o.use_device = 1;
+  o.device = -1;
+  try {
+    shardkit::ProcessGroup::Nccl(&o);
+    FAIL() << "expected an Error";
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(e.message().find("sk_nccl_options.device"), std::string::npos) << e.message();
+  }
+  unsetenv("RANK");
+  try {
+    shardkit::ProcessGroup::Nccl();
+    FAIL() << "expected an Error";
+  } catch (const shardkit::Error& e) {
+    // Without CUDA the library says so; with it, the missing variable.
+    if (e.code() == SK_STATUS_UNAVAILABLE) {
+      EXPECT_NE(e.message().find("built without CUDA"), std::string::npos) << e.message();
+    } else {
+      EXPECT_EQ(e.code(), SK_STATUS_INVALID_ARGUMENT) << e.message();
+      EXPECT_NE(e.message().find("RANK"), std::string::npos) << e.message();
+    }
+  }
+}
+
 TEST(CppFrontend, MovedFromOwnersAreEmptyAndMoveAssignReleasesTheOld) {
   auto groups = shardkit::ProcessGroup::Local(2);
   ASSERT_EQ(groups.size(), 2u);

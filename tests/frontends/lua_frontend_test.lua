@@ -26,14 +26,28 @@ local function expect_error(code_name, text, fn, ...)
 end
 
 test("version is the library's", function()
-  assert(sk.version() == "0.4.0", sk.version())
-  assert(sk.version_number() == 4000, sk.version_number())
+  assert(sk.version() == "0.5.0", sk.version())
+  assert(sk.version_number() == 5000, sk.version_number())
 end)
 
 test("errors carry code, name and the library's message", function()
   local err = expect_error("NOT_FOUND", "gpt-nonexistent", sk.model_num_parameters, "gpt-nonexistent")
   assert(err.code == 5)
   expect_error("INVALID_ARGUMENT", "world_size", sk.local_groups, 0)
+end)
+
+test("nccl groups check their options and say what is missing", function()
+  expect_error("INVALID_ARGUMENT", "sk_nccl_options.device", sk.nccl_group, {device = -1})
+  expect_error("INVALID_ARGUMENT", "cuda:N", sk.nccl_group, {device = "gpu0"})
+  -- Outside a launcher: without CUDA the library says so; with CUDA it
+  -- names the first missing variable (the test runs without RANK).
+  local ok, err = pcall(sk.nccl_group)
+  assert(not ok)
+  if err.name == "UNAVAILABLE" then
+    assert(tostring(err):find("built without CUDA", 1, true), tostring(err))
+  else
+    assert(err.name == "INVALID_ARGUMENT" and tostring(err):find("RANK", 1, true), tostring(err))
+  end
 end)
 
 test("enum names go through the library's parsers", function()

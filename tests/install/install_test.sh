@@ -66,6 +66,13 @@ export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 [[ "$(pkg-config --modversion shardkit)" == "$version" ]] || fail "pkg-config says $(pkg-config --modversion shardkit), header $version"
 pkg-config --libs --static shardkit | grep -q -- '-lgloo' || fail "shardkit.pc lists no private dependencies"
 [[ -f "$prefix/include/shardkit/shardkit.hpp" ]] || fail "no shardkit.hpp"
+# The launcher: installed, runnable, and --help is usage with exit 0.
+[[ -x "$prefix/bin/launch" ]] || fail "no bin/launch"
+"$prefix/bin/launch" --help > "$work/launch_help.txt" 2>&1 || fail "launch --help exited non-zero"
+grep -q "usage: launch --nproc_per_node=N" "$work/launch_help.txt" || fail "launch --help printed no usage"
+"$prefix/bin/launch" --nproc_per_node=2 --master_port=0 /bin/sh -c 'echo rank $RANK of $WORLD_SIZE' \
+  > "$work/launch_run.txt" 2>&1 || fail "installed launch failed to run two ranks"
+grep -q "\[rank 1\] rank 1 of 2" "$work/launch_run.txt" || fail "installed launch: $(cat "$work/launch_run.txt")"
 # The C binary found the installed library through its rpath, not by luck.
 objdump -p "$work/train" | grep -q "NEEDED *libshardkit.so.$(ver MAJOR)" || fail "train does not need libshardkit.so.MAJOR"
 objdump -p "$work/train" | grep -qE "(RPATH|RUNPATH) *$prefix/lib" || fail "train has no rpath to the prefix"

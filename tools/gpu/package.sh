@@ -62,19 +62,27 @@ CPU_BENCHES=(
   //benchmarks:sim_validate
 )
 
+# The multi-GPU suite (nccl_suite.sh): the launcher and the programs it
+# starts, one process per rank, packed into mp/ (run.sh does not run them).
+MULTI_PROCESS=(
+  //runtime/comm:launch
+  //tests/cuda:nccl_train_check
+  //examples/c:train_gpt_nccl
+)
+
 # The C ABI library and the Lua frontend's generated cdef, for the frontends'
 # tests (below).
 FRONTEND_TARGETS=(//capi:libshardkit.so //frontends/lua:shardkit_cdef)
 
 echo "package: building ${#TESTS[@]} tests and ${#BENCHES[@]} benchmarks with --config=cuda -c opt"
 ./bazelw build --config=cuda -c opt "${TESTS[@]}" "${BENCHES[@]}" "${EXTRAS[@]}" "${CPU_BENCHES[@]}" \
-  "${FRONTEND_TARGETS[@]}"
+  "${MULTI_PROCESS[@]}" "${FRONTEND_TARGETS[@]}"
 BIN_DIR=$(./bazelw info --config=cuda -c opt bazel-bin 2>/dev/null)
 
 rm -rf "$PKG"
 mkdir -p "$PKG/bin" "$PKG/lib"
 binaries=()
-mkdir -p "$PKG/extra" "$PKG/cpu"
+mkdir -p "$PKG/extra" "$PKG/cpu" "$PKG/mp"
 pack() {  # pack LABEL DIR
   local rel=${1#//}
   local path="$BIN_DIR/${rel/://}"
@@ -90,6 +98,7 @@ pack() {  # pack LABEL DIR
 for label in "${TESTS[@]}" "${BENCHES[@]}"; do pack "$label" bin; done
 for label in "${EXTRAS[@]}"; do pack "$label" extra; done
 for label in "${CPU_BENCHES[@]}"; do pack "$label" cpu; done
+for label in "${MULTI_PROCESS[@]}"; do pack "$label" mp; done
 
 # The frontends on the GPU: the Rust crate's test binaries (cargo test
 # --no-run here, linked against the CUDA build of libshardkit.so) and the Lua
@@ -148,8 +157,8 @@ loader=$(ldd "${binaries[0]}" | awk '/ld-linux/ {print ($3 ? $3 : $1)}' | head -
 cp -L "$loader" "$PKG/lib/ld-linux-x86-64.so.2"
 
 cp tools/gpu/run.sh tools/gpu/extra.sh tools/gpu/libpath.sh tools/gpu/report.py \
-  tools/gpu/torch_compare.sh "$PKG/"
-chmod +x "$PKG/run.sh" "$PKG/extra.sh" "$PKG/torch_compare.sh"
+  tools/gpu/torch_compare.sh tools/gpu/nccl_suite.sh tools/gpu/probe.sh "$PKG/"
+chmod +x "$PKG/run.sh" "$PKG/extra.sh" "$PKG/torch_compare.sh" "$PKG/nccl_suite.sh" "$PKG/probe.sh"
 # The optional PyTorch comparison, for a host whose Python has torch
 # (torch_compare.sh runs it against lib/libshardkit.so).
 cp benchmarks/torch_compare/compare.py "$PKG/extra/compare.py"

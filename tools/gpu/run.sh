@@ -14,6 +14,8 @@
 # skip and the report says so, which is how the package is checked on the
 # development machine.
 #
+# SK_GPU_SKIP_BENCH=1 skips the benchmarks (tools/gpu/device_run.sh runs
+# them alone on the GPU after the tests).
 # SK_GPU_SUITE=gpu runs only the tests and benchmarks, SK_GPU_SUITE=cpu-sim
 # only the calibration and validation (minutes of single-threaded timing:
 # run it when nothing else runs on the machine); default: all.
@@ -97,6 +99,7 @@ for bin in "$PKG"/bin/*; do
       echo "$?" > "$OUT/tests/$name.rc"
       ;;
     *)
+      [[ "${SK_GPU_SKIP_BENCH:-0}" == 1 ]] && continue
       echo "bench: $name"
       LOG="$OUT/bench/$name.log" run_bounded "${launch[@]}" "$bin" --benchmark_out="$OUT/bench/$name.json" \
         --benchmark_out_format=json ${SK_GPU_BENCH_ARGS:-}

@@ -8,6 +8,7 @@
 #     shardkit_install.lua (where the module finds the library)
 #   share/shardkit/rust/ (the crate's sources: Cargo.toml, build.rs, src, examples)
 #   share/shardkit/examples/ (the C, C++ and Lua examples)
+#   bin/launch (one process per rank with torchrun's variables; docs/multi_gpu.md)
 #
 #   bazel run //:install -- --prefix=DIR [--destdir=STAGING]
 #
@@ -56,7 +57,8 @@ lib=capi/libshardkit.so.0
 lua=frontends/lua/shardkit.lua
 cdef=frontends/lua/shardkit_cdef.lua
 pc_in=tools/install/shardkit.pc.in
-for f in "$header" "$hpp" "$lib" "$lua" "$cdef" "$pc_in"; do
+launcher=runtime/comm/launch
+for f in "$header" "$hpp" "$lib" "$lua" "$cdef" "$pc_in" "$launcher"; do
   [[ -e "$f" ]] || { echo "install: $f missing from the runfiles in $PWD" >&2; exit 1; }
 done
 
@@ -78,11 +80,12 @@ put() {
   cp -L "$2" "$3"
   chmod "$1" "$3"
 }
-mkdir -p "$root/include/shardkit" "$root/lib/pkgconfig" "$root/share/lua/5.1" \
+mkdir -p "$root/include/shardkit" "$root/lib/pkgconfig" "$root/share/lua/5.1" "$root/bin" \
          "$root/share/shardkit/rust" "$root/share/shardkit/examples"
 put 644 "$header" "$root/include/shardkit/shardkit.h"
 put 644 "$hpp" "$root/include/shardkit/shardkit.hpp"
 put 755 "$lib" "$root/lib/libshardkit.so.$version"
+put 755 "$launcher" "$root/bin/launch"
 ln -sfn "libshardkit.so.$version" "$root/lib/libshardkit.so.$major"
 ln -sfn "libshardkit.so.$major" "$root/lib/libshardkit.so"
 sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" "$pc_in" > "$root/lib/pkgconfig/shardkit.pc"
@@ -106,3 +109,4 @@ echo "  library     $prefix/lib/libshardkit.so.$version (SONAME libshardkit.so.$
 echo "  pkg-config  $prefix/lib/pkgconfig/shardkit.pc"
 echo "  Lua         $prefix/share/lua/5.1/shardkit.lua"
 echo "  Rust crate  $prefix/share/shardkit/rust/"
+echo "  launcher    $prefix/bin/launch"

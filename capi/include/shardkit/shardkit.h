@@ -113,11 +113,11 @@
 #endif
 
 #define SK_VERSION_MAJOR 0
-#define SK_VERSION_MINOR 4
+#define SK_VERSION_MINOR 5
 #define SK_VERSION_PATCH 0
 /* MAJOR * 1000000 + MINOR * 1000 + PATCH, as SQLITE_VERSION_NUMBER. */
 #define SK_VERSION_NUMBER (SK_VERSION_MAJOR * 1000000 + SK_VERSION_MINOR * 1000 + SK_VERSION_PATCH)
-#define SK_VERSION_STRING "0.4.0"
+#define SK_VERSION_STRING "0.5.0"
 
 #ifdef __cplusplus
 extern "C" {
@@ -161,7 +161,7 @@ SK_EXPORT const char* sk_last_error_message(void);
 /* Version                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* The loaded library's SK_VERSION_STRING ("0.4.0"). A static string. Thread-safe. */
+/* The loaded library's SK_VERSION_STRING ("0.5.0"). A static string. Thread-safe. */
 SK_EXPORT const char* sk_version(void);
 /* The loaded library's SK_VERSION_NUMBER. Thread-safe. */
 SK_EXPORT int32_t sk_version_number(void);
@@ -303,6 +303,48 @@ typedef struct sk_gloo_options {
 SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_create_gloo(const sk_gloo_options* options,
                                                                 sk_process_group** out_group);
 
+/* 0.5.0: an `nccl` group: ranks are processes, one GPU each (several may
+ * share one GPU for tests: docs/multi_gpu.md); collectives move device
+ * memory with NVIDIA NCCL, bootstrapped through the same store as gloo. */
+typedef struct sk_nccl_options {
+  size_t struct_size;
+  /* As in sk_gloo_options: when world_size is 0, rank, world_size,
+   * master_addr and master_port come from RANK, WORLD_SIZE, MASTER_ADDR,
+   * MASTER_PORT (what `launch`, torchrun and Slurm wrappers set). */
+  int32_t rank;
+  int32_t world_size;
+  const char* master_addr; /* rank 0 serves the rendezvous store on master_port */
+  int32_t master_port;
+  /* Nonzero: this rank's GPU is cuda:`device`. Zero: SHARDKIT_CUDA_DEVICE
+   * (set by `launch --gpus`), else LOCAL_RANK, else 0. */
+  int32_t use_device;
+  int32_t device;
+  /* Rendezvous and collective timeout in milliseconds; 0 = 300000; at most
+   * 604800000 (7 days): INVALID_ARGUMENT beyond. A collective that does not
+   * complete in time aborts the communicator; the error names the ranks
+   * that stopped. */
+  int64_t timeout_ms;
+  /* Nonzero: do not compare each collective's call across ranks before it
+   * runs (saves one store round trip per peer and call; a rank that issues
+   * a different collective then hangs until the timeout instead of failing
+   * at once with both calls named). */
+  int32_t skip_call_check;
+} sk_nccl_options;
+
+#define SK_NCCL_OPTIONS_INIT {sizeof(sk_nccl_options), 0, 0, NULL, 0, 0, 0, 0, 0}
+
+/* Creates this process's rank of an `nccl` group on its GPU. `options` may
+ * be NULL: all from the environment. Collective: blocks until every rank has
+ * joined or the timeout passes (DEADLINE_EXCEEDED naming what it waited
+ * for). Trainers and engines created over it compute on the group's GPU
+ * (sk_device_options kind 0 or SK_DEVICE_CUDA; another kind or index is
+ * INVALID_ARGUMENT). Errors: UNAVAILABLE in a library built without CUDA
+ * (saying so), or when the GPU is not visible; INVALID_ARGUMENT naming a
+ * missing or malformed environment variable or option. The label is
+ * "nccl". Thread-safe. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_create_nccl(const sk_nccl_options* options,
+                                                                sk_process_group** out_group);
+
 /* Releases the caller's reference; objects created from the group keep it
  * alive until they are destroyed. For gloo, the last release drains this
  * rank's collectives and runs a final barrier (bounded by the timeout).
@@ -388,7 +430,7 @@ typedef struct sk_optimizer_options {
 /* ------------------------------------------------------------------------ */
 
 typedef SK_ENUM(sk_device_kind_t) {
-  SK_DEVICE_DEFAULT = 0, /* cpu */
+  SK_DEVICE_DEFAULT = 0, /* cpu; on an nccl group (0.5.0), the group's GPU */
   SK_DEVICE_CPU = 1,
   /* A GPU: UNAVAILABLE when the library was built without CUDA or no GPU is
    * visible. */
@@ -1006,6 +1048,11 @@ SK_LAYOUT_ASSERT(offsetof(sk_gloo_options, rank) == 8 && offsetof(sk_gloo_option
                  offsetof(sk_gloo_options, hostname) == 32 && offsetof(sk_gloo_options, timeout_ms) == 40 &&
                  offsetof(sk_gloo_options, check_desync) == 48 && offsetof(sk_gloo_options, network_model) == 56 &&
                  sizeof(sk_gloo_options) == 64, "sk_gloo_options layout");
+SK_LAYOUT_ASSERT(offsetof(sk_nccl_options, rank) == 8 && offsetof(sk_nccl_options, world_size) == 12 &&
+                 offsetof(sk_nccl_options, master_addr) == 16 && offsetof(sk_nccl_options, master_port) == 24 &&
+                 offsetof(sk_nccl_options, use_device) == 28 && offsetof(sk_nccl_options, device) == 32 &&
+                 offsetof(sk_nccl_options, timeout_ms) == 40 && offsetof(sk_nccl_options, skip_call_check) == 48 &&
+                 sizeof(sk_nccl_options) == 56, "sk_nccl_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_fsdp_options, strategy) == 8 && offsetof(sk_fsdp_options, shard_group_size) == 12 &&
                  offsetof(sk_fsdp_options, backward_prefetch) == 16 && offsetof(sk_fsdp_options, forward_prefetch) == 20 &&
                  offsetof(sk_fsdp_options, all_gather_limit) == 24 && offsetof(sk_fsdp_options, param_dtype) == 28 &&

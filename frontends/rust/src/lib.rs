@@ -372,6 +372,32 @@ impl ProcessGroup {
         check(unsafe { sys::sk_process_group_create_gloo(ptr::null(), &mut raw) })?;
         Ok(ProcessGroup { raw })
     }
+
+    /// This process's rank of an nccl group on its GPU, from torchrun's
+    /// environment (the GPU: `SHARDKIT_CUDA_DEVICE`, else `LOCAL_RANK`).
+    /// `Unavailable` in a library built without CUDA.
+    pub fn nccl_from_env() -> Result<ProcessGroup> {
+        Self::nccl_with(None, None)
+    }
+
+    /// As [`ProcessGroup::nccl_from_env`], with this rank's GPU and the
+    /// timeout (milliseconds) given instead of their defaults.
+    pub fn nccl_with(device: Option<i32>, timeout_ms: Option<i64>) -> Result<ProcessGroup> {
+        let options = sys::sk_nccl_options {
+            struct_size: std::mem::size_of::<sys::sk_nccl_options>(),
+            rank: 0,
+            world_size: 0,
+            master_addr: ptr::null(),
+            master_port: 0,
+            use_device: device.is_some() as i32,
+            device: device.unwrap_or(0),
+            timeout_ms: timeout_ms.unwrap_or(0),
+            skip_call_check: 0,
+        };
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::sk_process_group_create_nccl(&options, &mut raw) })?;
+        Ok(ProcessGroup { raw })
+    }
 }
 
 impl Group for ProcessGroup {

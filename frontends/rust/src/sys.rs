@@ -117,6 +117,20 @@ pub struct sk_gloo_options {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+pub struct sk_nccl_options {
+    pub struct_size: usize,
+    pub rank: i32,
+    pub world_size: i32,
+    pub master_addr: *const c_char,
+    pub master_port: i32,
+    pub use_device: i32,
+    pub device: i32,
+    pub timeout_ms: i64,
+    pub skip_call_check: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct sk_fsdp_options {
     pub struct_size: usize,
     pub strategy: sk_sharding_strategy_t,
@@ -333,6 +347,10 @@ extern "C" {
     ) -> sk_status_t;
     pub fn sk_process_group_create_gloo(
         options: *const sk_gloo_options,
+        out_group: *mut *mut sk_process_group,
+    ) -> sk_status_t;
+    pub fn sk_process_group_create_nccl(
+        options: *const sk_nccl_options,
         out_group: *mut *mut sk_process_group,
     ) -> sk_status_t;
     pub fn sk_process_group_destroy(group: *mut sk_process_group);

@@ -12,8 +12,8 @@ fn tiny() -> TrainerOptions {
 
 #[test]
 fn version_is_the_librarys() {
-    assert_eq!(shardkit::version(), "0.4.0");
-    assert_eq!(shardkit::version_number(), 4000);
+    assert_eq!(shardkit::version(), "0.5.0");
+    assert_eq!(shardkit::version_number(), 5000);
 }
 
 #[test]
@@ -28,6 +28,22 @@ fn errors_carry_code_name_and_message() {
     let e = shardkit::model_num_parameters("nul\0inside").unwrap_err();
     assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
     assert!(ProcessGroup::local(0, None).is_err());
+}
+
+#[test]
+fn nccl_groups_check_their_options_and_say_what_is_missing() {
+    let e = ProcessGroup::nccl_with(Some(-1), None).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
+    assert!(e.message.contains("sk_nccl_options.device"), "{}", e);
+    // Outside a launcher: a library without CUDA says so; one with CUDA
+    // names the first missing variable (tests run without RANK).
+    let e = ProcessGroup::nccl_from_env().unwrap_err();
+    if e.code == sys::SK_STATUS_UNAVAILABLE {
+        assert!(e.message.contains("built without CUDA"), "{}", e);
+    } else {
+        assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+        assert!(e.message.contains("RANK"), "{}", e);
+    }
 }
 
 #[test]

@@ -210,6 +210,7 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
     let h = drop_preprocessor(&strip_comments(&text));
     let rust = layout! {
         sk_gloo_options { struct_size, rank, world_size, master_addr, master_port, hostname, timeout_ms, check_desync, network_model }
+        sk_nccl_options { struct_size, rank, world_size, master_addr, master_port, use_device, device, timeout_ms, skip_call_check }
         sk_fsdp_options { struct_size, strategy, shard_group_size, backward_prefetch, forward_prefetch, all_gather_limit,
                           param_dtype, reduce_dtype, buffer_dtype, cpu_offload, gradient_predivide_factor, seed, timeout_ms }
         sk_optimizer_options { struct_size, kind, lr, momentum, dampening, nesterov, beta1, beta2, eps, weight_decay }

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The one prepared call for a lent GPU machine: everything the open GPU
+# issues need proven, inside a time budget, results under $OUT.
+#
+#   tools/gpu/device_run.sh [PACKAGE.tar.xz]     # default: gpu-pkg.tar.xz at the repository root
+#
+# Order (each phase bounded; a phase that runs out of time is cut and says so):
+#   0. versions: the GPU, driver, the NCCL and cuDNN the binaries load;
+#   1. in parallel: the multi-GPU suite (nccl_suite.sh: NCCL ranks sharing
+#      the GPU; mostly host-bound) and the single-process GPU tests
+#      (run.sh's test binaries: conformance, equivalence, stream interop);
+#   2. alone on the GPU: the PyTorch side-by-side (gpu_vs_torch.sh), then
+#      gpu_train's step breakdown with the fused paths on and off.
+# SK_DEVICE_PHASES=1,2 picks phases (a retry runs only what failed).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ARCHIVE=${1:-$ROOT/gpu-pkg.tar.xz}
+OUT=${OUT:-$ROOT/device-out}
+PHASES=${SK_DEVICE_PHASES:-0,1,2}
+mkdir -p "$OUT"
+T0=$SECONDS
+stamp() { echo "[$((SECONDS - T0)) s] $*"; }
+
+WORK=$(mktemp -d /tmp/skgpu.XXXXXX)
+tar -xJf "$ARCHIVE" -C "$WORK" || { echo "device_run: cannot unpack $ARCHIVE" >&2; exit 1; }
+PKG=$WORK/gpu-pkg
+cp "$PKG/MANIFEST" "$OUT/MANIFEST"
+stamp "unpacked $(head -1 "$PKG/MANIFEST")"
+
+if [[ ",$PHASES," == *",0,"* ]]; then
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    source "$PKG/libpath.sh"
+    echo "LIBPATH=$LIBPATH"
+    for d in ${LIBPATH//:/ }; do ls "$d" 2>/dev/null | grep -E '^lib(nccl|cudnn)\.so' | sed "s|^|$d/|"; done
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version())' 2>&1
+  } > "$OUT/versions.txt" 2>&1
+  stamp "versions"; cat "$OUT/versions.txt"
+fi
+
+if [[ ",$PHASES," == *",1,"* ]]; then
+  ( OUT=$OUT timeout -k 10 ${SK_NCCL_BUDGET:-240} "$PKG/nccl_suite.sh" > "$OUT/nccl_suite.log" 2>&1
+    echo "nccl_suite exit $?" >> "$OUT/phases.txt" ) &
+  nccl_pid=$!
+  ( OUT=$OUT SK_GPU_SUITE=gpu SK_GPU_TEST_TIMEOUT=${SK_TEST_BUDGET:-200} SK_GPU_SKIP_BENCH=1 \
+      timeout -k 10 ${SK_TESTS_BUDGET:-260} "$PKG/run.sh" > "$OUT/run_tests.log" 2>&1
+    echo "run.sh tests exit $?" >> "$OUT/phases.txt" ) &
+  tests_pid=$!
+  wait "$nccl_pid" "$tests_pid"
+  stamp "phase 1 done"; cat "$OUT/phases.txt"; cat "$OUT/nccl/summary.txt" 2>/dev/null | tail -40
+fi
+
+if [[ ",$PHASES," == *",2,"* ]]; then
+  if [[ -x "$PKG/gpu_vs_torch.sh" ]]; then
+    OUT=$OUT timeout -k 10 ${SK_TORCH_BUDGET:-220} "$PKG/gpu_vs_torch.sh" > "$OUT/gpu_vs_torch.log" 2>&1
+    echo "gpu_vs_torch exit $?" >> "$OUT/phases.txt"
+    stamp "side-by-side done"; tail -30 "$OUT/gpu_vs_torch.log"
+  fi
+fi
+stamp "end"
