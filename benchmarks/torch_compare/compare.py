@@ -45,14 +45,9 @@ import sys
 import tempfile
 import time
 
-# The named configs of runtime/nn/configs.cc this tool knows (vocab, sequence,
-# layers, heads, d_model; d_ff = 4 d_model).
-MODELS = {
-    "gpt-tiny": (64, 16, 2, 2, 32),
-    "gpt-1m": (256, 128, 4, 4, 128),
-    "gpt-10m": (1024, 256, 6, 6, 384),
-    "gpt-deep-20m": (1024, 128, 24, 8, 256),
-}
+from sk_abi import (SK_PARALLELISM_DDP, SK_PARALLELISM_FSDP, SkGlooOptions, SkTrainerOptions,
+                    adamw_options, fsdp_options, load_shardkit, new_step_metrics, sk_check)
+from torch_gpt import MODELS, build_gpt
 
 CONFIGS = [
     ("shardkit", "DDP"),
@@ -66,87 +61,8 @@ LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
 
 
 # --------------------------------------------------------------------------
-# shardkit through the C ABI (capi/include/shardkit/shardkit.h)
+# shardkit through the C ABI (sk_abi.py beside this file)
 # --------------------------------------------------------------------------
-
-class SkGlooOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("rank", ctypes.c_int32),
-                ("world_size", ctypes.c_int32), ("master_addr", ctypes.c_char_p),
-                ("master_port", ctypes.c_int32), ("hostname", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int64), ("check_desync", ctypes.c_int32),
-                ("network_model", ctypes.c_char_p)]
-
-
-class SkFsdpOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("strategy", ctypes.c_int32),
-                ("shard_group_size", ctypes.c_int32), ("backward_prefetch", ctypes.c_int32),
-                ("forward_prefetch", ctypes.c_int32), ("all_gather_limit", ctypes.c_int32),
-                ("param_dtype", ctypes.c_int32), ("reduce_dtype", ctypes.c_int32),
-                ("buffer_dtype", ctypes.c_int32), ("cpu_offload", ctypes.c_int32),
-                ("gradient_predivide_factor", ctypes.c_float), ("seed", ctypes.c_uint64),
-                ("timeout_ms", ctypes.c_int64)]
-
-
-class SkOptimizerOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("kind", ctypes.c_int32),
-                ("lr", ctypes.c_float), ("momentum", ctypes.c_float),
-                ("dampening", ctypes.c_float), ("nesterov", ctypes.c_int32),
-                ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("eps", ctypes.c_float),
-                ("weight_decay", ctypes.c_float)]
-
-
-class SkTrainerOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("model", ctypes.c_char_p),
-                ("fsdp", ctypes.POINTER(SkFsdpOptions)),
-                ("optimizer", ctypes.POINTER(SkOptimizerOptions)),
-                ("batch_size", ctypes.c_int64), ("grad_accum_steps", ctypes.c_int32),
-                ("seq_len", ctypes.c_int64), ("source_len", ctypes.c_int64),
-                ("clip_grad_norm", ctypes.c_double), ("activation_checkpointing", ctypes.c_int32),
-                ("memory_cap_bytes", ctypes.c_uint64), ("data_path", ctypes.c_char_p),
-                ("data_token_bytes", ctypes.c_int32), ("data_seed", ctypes.c_uint64),
-                ("data_tokens", ctypes.c_int64), ("parallelism", ctypes.c_int32),
-                ("ddp_bucket_bytes", ctypes.c_int64), ("device", ctypes.c_void_p)]
-
-
-class SkStepMetrics(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("step", ctypes.c_int64),
-                ("rank", ctypes.c_int32), ("loss", ctypes.c_float),
-                ("grad_norm", ctypes.c_double), ("step_seconds", ctypes.c_double),
-                ("tokens_per_second", ctypes.c_double), ("model_tflops_per_rank", ctypes.c_double),
-                ("hardware_tflops_per_rank", ctypes.c_double),
-                ("peak_allocated_bytes", ctypes.c_int64), ("peak_reserved_bytes", ctypes.c_int64),
-                ("allocated_bytes", ctypes.c_int64), ("reserved_bytes", ctypes.c_int64),
-                ("alloc_retries", ctypes.c_int64), ("ooms", ctypes.c_int64),
-                ("bytes_communicated", ctypes.c_int64), ("global_loss", ctypes.c_float),
-                ("simulated", ctypes.c_int32)]
-
-
-# Sizes the header asserts (SK_LAYOUT_ASSERT): a mismatch means this file and
-# the library disagree, so refuse rather than pass garbage.
-for _s, _n in ((SkGlooOptions, 64), (SkFsdpOptions, 64), (SkOptimizerOptions, 48),
-               (SkTrainerOptions, 144), (SkStepMetrics, 128)):
-    assert ctypes.sizeof(_s) == _n, (_s.__name__, ctypes.sizeof(_s), _n)
-
-
-def load_shardkit(path):
-    lib = ctypes.CDLL(path)
-    lib.sk_last_error_message.restype = ctypes.c_char_p
-    lib.sk_process_group_create_gloo.argtypes = [ctypes.POINTER(SkGlooOptions),
-                                                 ctypes.POINTER(ctypes.c_void_p)]
-    lib.sk_trainer_create.argtypes = [ctypes.POINTER(SkTrainerOptions), ctypes.c_void_p,
-                                      ctypes.POINTER(ctypes.c_void_p)]
-    lib.sk_trainer_step.argtypes = [ctypes.c_void_p, ctypes.POINTER(SkStepMetrics)]
-    lib.sk_trainer_destroy.argtypes = [ctypes.c_void_p]
-    lib.sk_process_group_destroy.argtypes = [ctypes.c_void_p]
-    lib.sk_model_num_parameters.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]
-    return lib
-
-
-def sk_check(lib, status, what):
-    if status != 0:
-        raise RuntimeError("shardkit %s: status %d: %s" %
-                           (what, status, lib.sk_last_error_message().decode()))
-
 
 def shardkit_worker(args, rank, world, port):
     lib = load_shardkit(args.lib)
@@ -158,19 +74,13 @@ def shardkit_worker(args, rank, world, port):
     group = ctypes.c_void_p()
     sk_check(lib, lib.sk_process_group_create_gloo(ctypes.byref(gloo), ctypes.byref(group)),
              "sk_process_group_create_gloo")
-    fsdp = SkFsdpOptions()
-    fsdp.struct_size = ctypes.sizeof(SkFsdpOptions)
-    fsdp.strategy = 1  # SK_SHARDING_FULL_SHARD
     # Compute precision: bf16 gathers and computes in bf16 (f32 master
-    # weights, optimizer and gradient reduction as in f32): SK_DTYPE_BF16 = 2.
-    fsdp.param_dtype = 2 if args.dtype == "bf16" else 1
-    fsdp.reduce_dtype = 1  # gradients reduced in f32, as autocast's are
-    # --forward_prefetch: the next unit's all-gather issued before this one's
-    # forward (PyTorch's FSDP1 forward_prefetch; FSDP2's
-    # set_modules_to_forward_prefetch). Off by default on both sides.
-    fsdp.forward_prefetch = 1 if args.forward_prefetch else 0
-    opt = SkOptimizerOptions(ctypes.sizeof(SkOptimizerOptions), 3, LR, 0.0, 0.0, 0,
-                             BETAS[0], BETAS[1], EPS, WEIGHT_DECAY)  # 3 = SK_OPTIMIZER_ADAMW
+    # weights, optimizer and gradient reduction as in f32). --forward_prefetch:
+    # the next unit's all-gather issued before this one's forward (PyTorch's
+    # FSDP1 forward_prefetch; FSDP2's set_modules_to_forward_prefetch). Off by
+    # default on both sides.
+    fsdp = fsdp_options(args.dtype, args.forward_prefetch)
+    opt = adamw_options(LR, BETAS, EPS, WEIGHT_DECAY)
     o = SkTrainerOptions()
     o.struct_size = ctypes.sizeof(SkTrainerOptions)
     o.model = args.model.encode()
@@ -179,12 +89,11 @@ def shardkit_worker(args, rank, world, port):
     o.batch_size = args.batch
     o.seq_len = args.seq or 0
     o.data_seed = 1  # the same on every rank: the trainer gives each rank its own batches
-    o.parallelism = 2 if args.mode == "DDP" else 1  # SK_PARALLELISM_DDP / _FSDP
+    o.parallelism = SK_PARALLELISM_DDP if args.mode == "DDP" else SK_PARALLELISM_FSDP
     trainer = ctypes.c_void_p()
     sk_check(lib, lib.sk_trainer_create(ctypes.byref(o), group, ctypes.byref(trainer)),
              "sk_trainer_create")
-    metrics = SkStepMetrics()
-    metrics.struct_size = ctypes.sizeof(SkStepMetrics)
+    metrics = new_step_metrics()
     losses = []
 
     def step():
@@ -206,61 +115,14 @@ def torch_worker(args, rank, world, port):
     import torch
     import torch.distributed as dist
     import torch.nn as nn
-    import torch.nn.functional as F
 
     torch.set_num_threads(1)
     torch.manual_seed(1234)  # the same initial model on every rank (DDP checks it)
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
                             rank=rank, world_size=world)
-    vocab, max_seq, layers, heads, d = MODELS[args.model]
+    vocab, max_seq = MODELS[args.model][:2]
     seq = args.seq or max_seq
-
-    class Block(nn.Module):
-        """Pre-LN block: x + proj(attn(ln(x))), x + proj(gelu(fc(ln(x))))."""
-
-        def __init__(self):
-            super().__init__()
-            self.ln1 = nn.LayerNorm(d, eps=1e-5)
-            self.qkv = nn.Linear(d, 3 * d)
-            self.attn_proj = nn.Linear(d, d)
-            self.ln2 = nn.LayerNorm(d, eps=1e-5)
-            self.fc = nn.Linear(d, 4 * d)
-            self.mlp_proj = nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            b, t, c = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-            q, k, v = (z.view(b, t, heads, c // heads).transpose(1, 2) for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.attn_proj(y.transpose(1, 2).reshape(b, t, c))
-            return x + self.mlp_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-    class Gpt(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte = nn.Embedding(vocab, d)
-            self.wpe = nn.Embedding(max_seq, d)
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
-            self.ln_f = nn.LayerNorm(d, eps=1e-5)
-            self.lm_head = nn.Linear(d, vocab, bias=False)
-            for name, p in self.named_parameters():  # shardkit's initialisers
-                if name.endswith("bias"):
-                    nn.init.zeros_(p)
-                elif p.dim() == 1:
-                    nn.init.ones_(p)
-                else:
-                    std = 0.02 / (2 * layers) ** 0.5 if "proj.weight" in name else 0.02
-                    nn.init.normal_(p, 0.0, std)
-
-        def forward(self, idx, targets):
-            t = idx.shape[1]
-            x = self.wte(idx) + self.wpe(torch.arange(t))
-            for blk in self.blocks:
-                x = blk(x)
-            logits = self.lm_head(self.ln_f(x))
-            return F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
-
-    model = Gpt()
+    model = build_gpt(args.model)
     parameters = sum(p.numel() for p in model.parameters())
     if args.mode == "DDP":
         model = nn.parallel.DistributedDataParallel(model)
@@ -269,7 +131,7 @@ def torch_worker(args, rank, world, port):
         from torch.distributed.fsdp import ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                     auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
+                     auto_wrap_policy=ModuleWrapPolicy({type(model.blocks[0])}), device_id=torch.device("cpu"),
                      forward_prefetch=args.forward_prefetch)
     elif args.mode == "FSDP2":
         from torch.distributed.device_mesh import init_device_mesh

@@ -17,7 +17,9 @@
 #          its loader, glog, gflags, gloo, oneDNN, OpenBLAS, gtest, benchmark,
 #          libcudart...), so the binaries run on a machine not provisioned
 #          from Debian: run.sh starts each through the packed loader;
-#   run.sh, MANIFEST (the commit, the build, every file's size).
+#   run.sh, MANIFEST (the commit, the build, every file's size);
+#   gpu_vs_torch.sh (shardkit against PyTorch FSDP2 on the GPU) and
+#   torch_compare.sh (the same on the CPU), with their Python in extra/.
 # Left out on purpose: the driver (libcuda, libnvidia-*: the GPU machine's
 # own must be used), and cuBLAS/cuBLASLt/NCCL/cuDNN (hundreds of MiB; the GPU
 # machine has the CUDA libraries, and run.sh finds them there).
@@ -157,11 +159,15 @@ loader=$(ldd "${binaries[0]}" | awk '/ld-linux/ {print ($3 ? $3 : $1)}' | head -
 cp -L "$loader" "$PKG/lib/ld-linux-x86-64.so.2"
 
 cp tools/gpu/run.sh tools/gpu/extra.sh tools/gpu/libpath.sh tools/gpu/report.py \
-  tools/gpu/torch_compare.sh tools/gpu/nccl_suite.sh tools/gpu/probe.sh "$PKG/"
-chmod +x "$PKG/run.sh" "$PKG/extra.sh" "$PKG/torch_compare.sh" "$PKG/nccl_suite.sh" "$PKG/probe.sh"
-# The optional PyTorch comparison, for a host whose Python has torch
-# (torch_compare.sh runs it against lib/libshardkit.so).
-cp benchmarks/torch_compare/compare.py "$PKG/extra/compare.py"
+  tools/gpu/torch_env.sh tools/gpu/torch_compare.sh tools/gpu/gpu_vs_torch.sh tools/gpu/nccl_suite.sh \
+  tools/gpu/probe.sh "$PKG/"
+chmod +x "$PKG/run.sh" "$PKG/extra.sh" "$PKG/torch_compare.sh" "$PKG/gpu_vs_torch.sh" "$PKG/nccl_suite.sh" \
+  "$PKG/probe.sh"
+# The optional PyTorch comparisons, for a host whose Python has torch, with
+# their shared helpers (the C ABI through ctypes, the GPT in PyTorch):
+# torch_compare.sh runs compare.py on the CPU, gpu_vs_torch.sh runs
+# gpu_vs_torch.py on the GPU, both against lib/libshardkit.so.
+cp benchmarks/torch_compare/{compare,gpu_vs_torch,sk_abi,torch_gpt}.py "$PKG/extra/"
 {
   echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
   echo "built: $(date -u +%FT%TZ) on $(uname -n) with $(/usr/local/cuda/bin/nvcc --version | tail -1)"
