@@ -177,6 +177,11 @@ Tensor DistributedDataParallel::param(int unit, int index) const {
                                          spec.shape);
 }
 
+Status DistributedDataParallel::Synchronize(Duration timeout) const {
+  SK_RETURN_IF_ERROR(compute_stream_->Synchronize(timeout).WithContext("DDP compute stream"));
+  return reduce_stream_->Synchronize(timeout).WithContext("DDP reduce stream");
+}
+
 Tensor DistributedDataParallel::grad(int unit, int index) const {
   const ParamSpec& spec = units_.at(static_cast<size_t>(unit)).params.at(static_cast<size_t>(index));
   const Location& at = where_[unit][index];

@@ -165,9 +165,14 @@ class DistributedDataParallel final : public DataParallelModel {
   // The bucket holding parameter `param` of `unit`; CHECKs the indices.
   int bucket_of(int unit, int param) const { return where_.at(unit).at(param).bucket; }
   // Views of the f32 master parameter / gradient of (unit, param); CHECKs
-  // the indices.
+  // the indices. On a GPU they are written asynchronously (initialisation,
+  // reductions, the optimizer on DDP's streams): call Synchronize() before
+  // reading them from the host or another stream.
   Tensor param(int unit, int param) const;
   Tensor grad(int unit, int param) const;
+  // Waits until everything DDP has enqueued on its compute and reduce
+  // streams has run (DeadlineExceeded after `timeout`).
+  Status Synchronize(Duration timeout) const;
   const DdpCounters& counters() const { return counters_; }
   int64_t bytes_communicated() const override { return counters_.all_reduce_bytes; }
   void ResetCounters() { counters_ = DdpCounters(); }

@@ -132,7 +132,11 @@ RunResult Train(const Case& c, DeviceKind kind) {
             // Collective over the shard group; returns host memory.
             SK_ASSIGN_OR_RETURN(value, t->fsdp()->GatherFullParam(u, p));
           } else {
-            value = t->ddp()->param(u, p);  // the rank's device
+            // The rank's device, written asynchronously on DDP's streams
+            // (its initialisation too: a fresh trainer's params race
+            // without this wait, which NCCL's timing exposed).
+            SK_RETURN_IF_ERROR(t->ddp()->Synchronize(Duration(60'000)));
+            value = t->ddp()->param(u, p);
           }
           SK_ASSIGN_OR_RETURN(std::vector<float> host, ToHost(*t, value));
           params.back().push_back(std::move(host));

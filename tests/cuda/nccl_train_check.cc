@@ -174,6 +174,8 @@ StatusOr<Params> ReadParams(Trainer& t) {
       if (t.fsdp() != nullptr) {
         SK_ASSIGN_OR_RETURN(value, t.fsdp()->GatherFullParam(u, p));  // collective; host memory
       } else {
+        // Written asynchronously on DDP's streams (its initialisation too).
+        SK_RETURN_IF_ERROR(t.ddp()->Synchronize(Duration(60'000)));
         value = t.ddp()->param(u, p);
       }
       SK_ASSIGN_OR_RETURN(std::vector<float> host, ToHost(t, value));
@@ -423,9 +425,11 @@ int Main(int argc, char** argv) {
       const auto start = Clock::now();
       StatusOr<StepMetrics> m = (*t)->Step();
       if (!m.ok()) {
-        std::printf("rank %d: ERROR at step %lld after %.2f s in the step: %s\n", rank,
+        const double epoch =
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+        std::printf("rank %d: ERROR at step %lld after %.2f s in the step (at epoch %.3f): %s\n", rank,
                     static_cast<long long>(step), std::chrono::duration<double>(Clock::now() - start).count(),
-                    m.status().ToString().c_str());
+                    epoch, m.status().ToString().c_str());
         std::fflush(stdout);
         // The process stays usable: a second step fails at once, cleanly.
         const auto again = Clock::now();

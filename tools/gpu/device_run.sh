@@ -11,7 +11,9 @@
 #      (run.sh's test binaries: conformance, equivalence, stream interop);
 #   2. alone on the GPU: the PyTorch side-by-side (gpu_vs_torch.sh), then
 #      gpu_train's step breakdown with the fused paths on and off.
-# SK_DEVICE_PHASES=1,2 picks phases (a retry runs only what failed).
+# SK_DEVICE_PHASES=1,2 picks phases (a retry runs only what failed);
+# SK_NCCL_BUDGET, SK_TESTS_BUDGET, SK_TORCH_BUDGET bound the phases in
+# seconds; SK_TORCH_ARGS passes flags to gpu_vs_torch (--quick --models ...).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 ARCHIVE=${1:-$ROOT/gpu-pkg.tar.xz}
@@ -52,9 +54,19 @@ fi
 
 if [[ ",$PHASES," == *",2,"* ]]; then
   if [[ -x "$PKG/gpu_vs_torch.sh" ]]; then
-    OUT=$OUT timeout -k 10 ${SK_TORCH_BUDGET:-220} "$PKG/gpu_vs_torch.sh" > "$OUT/gpu_vs_torch.log" 2>&1
+    budget=${SK_TORCH_BUDGET:-220}
+    # shellcheck disable=SC2086  # SK_TORCH_ARGS is a list of flags
+    OUT=$OUT timeout -k 10 "$budget" "$PKG/gpu_vs_torch.sh" --deadline $((budget - 20)) ${SK_TORCH_ARGS:-} \
+      > "$OUT/gpu_vs_torch.log" 2>&1
     echo "gpu_vs_torch exit $?" >> "$OUT/phases.txt"
     stamp "side-by-side done"; tail -30 "$OUT/gpu_vs_torch.log"
   fi
 fi
-stamp "end"
+cp "$OUT/nccl/summary.txt" "$OUT/nccl_summary.txt" 2>/dev/null
+# The device tool returns only a few files: everything goes into one
+# archive (checkpoints left out), with the tables beside it.
+tar czf "$WORK/results.tgz" -C "$OUT" --exclude=./nccl/ckpt . 2>/dev/null
+find "$OUT" -mindepth 1 -maxdepth 1 ! -name gpu_vs_torch.md ! -name gpu_vs_torch.json ! -name report.md \
+  ! -name nccl_summary.txt -exec rm -rf {} +
+mv "$WORK/results.tgz" "$OUT/results.tgz"
+stamp "end: $OUT/results.tgz"
