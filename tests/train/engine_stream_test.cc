@@ -113,7 +113,9 @@ StatusOr<RunResult> Train(Protocol protocol, ShardingStrategy strategy) {
         SK_RETURN_IF_ERROR(engine->PostForward(u));
       }
       // Three delayed kernels are still queued: the hooks did not wait.
-      if (stream && stream->Query()) result.forward_hooks_returned_before_the_stream_ran = false;
+      if (rank == 0 && stream && stream->Query()) {
+        result.forward_hooks_returned_before_the_stream_ran = false;
+      }
       for (int u = kUnits - 1; u >= 0; --u) {
         SK_RETURN_IF_ERROR(engine->PreBackward(u));
         SK_ASSIGN_OR_RETURN(const Tensor* w, engine->Param(u, 0));
