@@ -80,7 +80,11 @@
  *  device selection (sk_device_options: cpu, cuda or the simulator, as
  *  sk_trainer_options.device and sk_engine_options.device) with
  *  sk_step_metrics.simulated; sk_trainer_create and sk_engine_create accept
- *  a NULL group on the simulator.
+ *  a NULL group on the simulator. Issue 31 appends caller streams for the
+ *  engine's stream-ordered hooks (sk_stream, sk_stream_create,
+ *  sk_stream_wrap_cuda, sk_stream_enqueue, sk_stream_synchronize,
+ *  sk_stream_destroy, sk_engine_set_stream, sk_engine_options.cuda_stream);
+ *  the version number they ship under is set when the issue's work is merged.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
