@@ -71,6 +71,11 @@ struct sk_engine {
   std::unique_ptr<sk::FsdpEngine> engine;
 };
 
+struct sk_stream {
+  // Shared with every engine that uses it (they keep it alive).
+  std::shared_ptr<sk::Stream> stream;
+};
+
 namespace sk::capi {
 
 // 65536: far above any struct this header will ever declare, small enough
@@ -80,7 +85,7 @@ constexpr size_t kMaxStructSize = 65536;
 // This thread's last error message (sk_last_error_message).
 extern thread_local std::string t_last_error;
 
-enum class HandleKind { kProcessGroup, kTrainer, kLocalSession, kModelSpec, kEngine };
+enum class HandleKind { kProcessGroup, kTrainer, kLocalSession, kModelSpec, kEngine, kStream };
 
 template <typename T> struct HandleTraits;
 template <> struct HandleTraits<sk_process_group> {
@@ -102,6 +107,10 @@ template <> struct HandleTraits<sk_model_spec> {
 template <> struct HandleTraits<sk_engine> {
   static constexpr HandleKind kKind = HandleKind::kEngine;
   static constexpr const char* kName = "sk_engine";
+};
+template <> struct HandleTraits<sk_stream> {
+  static constexpr HandleKind kKind = HandleKind::kStream;
+  static constexpr const char* kName = "sk_stream";
 };
 
 class HandleRegistry { public:

@@ -50,9 +50,102 @@ sk_status_t UnitHook(sk_engine* engine, int32_t unit, sk::Status (sk::FsdpEngine
   SK_API_END
 }
 
+// The device of `engine`, for its caller streams.
+sk::StatusOr<sk::Device*> EngineDevice(sk_engine* engine) {
+  const sk::DeviceId id = engine->engine->allocator().device();
+  if (id.is_sim()) {
+    return sk::InvalidArgumentError("caller streams on " + id.ToString() +
+                                    ": the simulator prices its own streams (use a cpu or cuda engine)");
+  }
+  return sk::Device::Get(id);
+}
+
+// The caller's cudaStream_t as a Stream of the device rank `rank` resolves
+// to under `device` (the engine's, before the engine exists).
+sk::StatusOr<std::shared_ptr<sk::Stream>> WrapCudaStream(const sk::DeviceOptions& device, int rank,
+                                                         void* cuda_stream) {
+  SK_ASSIGN_OR_RETURN(sk::Device * d, sk::ResolveRankDevice(device, rank));
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<sk::Stream> s, d->WrapNativeStream(cuda_stream, "caller"));
+  return std::shared_ptr<sk::Stream>(std::move(s));
+}
+
 }  // namespace
 
 extern "C" {
+
+// --- caller streams ----------------------------------------------------------
+
+SK_EXPORT sk_status_t sk_stream_create(sk_engine* engine, sk_stream** out_stream) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOut(out_stream, "out_stream"));
+  SK_ASSIGN_OR_FAIL(sk::Device * device, EngineDevice(engine));
+  SK_ASSIGN_OR_FAIL(std::unique_ptr<sk::Stream> s, device->CreateStream("caller"));
+  auto h = std::make_unique<sk_stream>();
+  h->stream = std::move(s);
+  *out_stream = Register(std::move(h));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_stream_wrap_cuda(sk_engine* engine, void* cuda_stream, sk_stream** out_stream) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOut(out_stream, "out_stream"));
+  SK_ASSIGN_OR_FAIL(sk::Device * device, EngineDevice(engine));
+  if (!device->id().is_cuda()) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT,
+                "sk_stream_wrap_cuda on a " + device->id().ToString() +
+                    " engine: a cudaStream_t needs a cuda engine (sk_stream_create makes a cpu "
+                    "engine's stream)");
+  }
+  if (cuda_stream == nullptr) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT,
+                "cuda_stream is NULL (the legacy default stream, which synchronises with every "
+                "other stream): pass a stream from cudaStreamCreate");
+  }
+  SK_ASSIGN_OR_FAIL(std::unique_ptr<sk::Stream> s, device->WrapNativeStream(cuda_stream, "caller"));
+  auto h = std::make_unique<sk_stream>();
+  h->stream = std::move(s);
+  *out_stream = Register(std::move(h));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_stream_enqueue(sk_stream* stream, sk_stream_fn fn, void* user_data) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(stream, "stream"));
+  if (fn == nullptr) return Fail(SK_STATUS_INVALID_ARGUMENT, "fn is NULL (expected a function to enqueue)");
+  SK_CHECK(stream->stream->Enqueue([fn, user_data]() {
+    fn(user_data);
+    return sk::OkStatus();
+  }));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_stream_synchronize(sk_stream* stream) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(stream, "stream"));
+  SK_CHECK(stream->stream->Synchronize());
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT void sk_stream_destroy(sk_stream* stream) {
+  SK_API_VOID_BEGIN
+  Destroy(stream);
+  SK_API_VOID_END
+}
+
+SK_EXPORT sk_status_t sk_engine_set_stream(sk_engine* engine, sk_stream* stream) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  if (stream != nullptr) SK_CHECK(CheckHandle(stream, "stream"));
+  SK_CHECK(engine->engine->SetStream(stream != nullptr ? stream->stream : nullptr));
+  return SK_STATUS_OK;
+  SK_API_END
+}
 
 // --- model spec --------------------------------------------------------------
 
@@ -167,6 +260,17 @@ SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_gro
   if (group != nullptr || o.device.kind != sk::DeviceKind::kSim) SK_CHECK(CheckHandle(group, "group"));
   auto h = std::make_unique<sk_engine>();
   if (group != nullptr) h->group = group->group;
+  if (c.cuda_stream != nullptr) {
+    if (o.device.kind != sk::DeviceKind::kCuda) {
+      return Fail(SK_STATUS_INVALID_ARGUMENT,
+                  std::string("sk_engine_options.cuda_stream is set on a ") +
+                      sk::DeviceKindName(o.device.kind) +
+                      " engine: a cudaStream_t needs device kind cuda (cpu engines take a stream "
+                      "from sk_stream_create through sk_engine_set_stream)");
+    }
+    SK_ASSIGN_OR_FAIL(o.stream, WrapCudaStream(o.device, h->group ? h->group->rank() : 0,
+                                               c.cuda_stream));
+  }
   SK_ASSIGN_OR_FAIL(h->engine, sk::FsdpEngine::Create(spec->units, h->group.get(), o));
   *out_engine = Register(std::move(h));
   return SK_STATUS_OK;

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -503,6 +504,48 @@ struct TensorView {
 };
 
 // One rank's FSDP engine over a caller-computed model (sk_engine).
+// A caller stream of an engine's device (sk_stream_create): the caller's
+// work queue that the engine's hooks order themselves against once
+// Engine::SetStream names it. On cpu its Enqueue'd functions are the
+// caller's kernels, run in order on the stream's worker thread.
+class Stream : public detail::Owner<sk_stream, sk_stream_destroy> {
+ public:
+  using Owner::Owner;
+  // A new stream on the device of `engine` (an Engine's get()).
+  explicit Stream(sk_engine* engine) : Owner(CreateOn(engine)) {}
+  // Wraps the caller's cudaStream_t (not owned; it must outlive the engine).
+  static Stream WrapCuda(sk_engine* engine, void* cuda_stream) {
+    sk_stream* s = nullptr;
+    Check(sk_stream_wrap_cuda(engine, cuda_stream, &s));
+    return Stream(s);
+  }
+  // Enqueues `fn` after everything enqueued before it; returns when
+  // enqueued. `fn` runs on the stream's thread (cuda: a driver thread, where
+  // it must not call CUDA) and must not throw: an exception there ends the
+  // process (std::terminate), as no caller is left to receive it.
+  void Enqueue(std::function<void()> fn) {
+    auto* boxed = new std::function<void()>(std::move(fn));
+    const sk_status_t s = sk_stream_enqueue(get(), &Run, boxed);
+    if (s != SK_STATUS_OK) {
+      delete boxed;
+      Check(s);
+    }
+  }
+  // Blocks until everything enqueued so far has run.
+  void Synchronize() { Check(sk_stream_synchronize(get())); }
+
+ private:
+  static sk_stream* CreateOn(sk_engine* engine) {
+    sk_stream* s = nullptr;
+    Check(sk_stream_create(engine, &s));
+    return s;
+  }
+  static void Run(void* p) noexcept {
+    std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(p));
+    (*fn)();
+  }
+};
+
 class Engine : public detail::Owner<sk_engine, sk_engine_destroy> {
  public:
   // Collective over `group`; the engine copies the spec and keeps the group alive.
@@ -537,6 +580,11 @@ class Engine : public detail::Owner<sk_engine, sk_engine_destroy> {
   // The device kind the engine was created on.
   sk_device_kind_t device_kind() const noexcept { return device_; }
   void SetGradientSync(bool enabled) { Check(sk_engine_set_gradient_sync(get(), enabled ? 1 : 0)); }
+  // Stream-ordered hooks on `stream` from the next call on
+  // (sk_engine_set_stream); the engine keeps the stream alive.
+  void SetStream(const Stream& stream) { Check(sk_engine_set_stream(get(), stream.get())); }
+  // Back to the synchronous protocol.
+  void ClearStream() { Check(sk_engine_set_stream(get(), nullptr)); }
   void FinishBackward() { Check(sk_engine_finish_backward(get())); }
   double ClipGradNorm(double max_norm) {
     double norm = 0;

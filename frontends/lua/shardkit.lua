@@ -485,6 +485,12 @@ local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
   set_gradient_sync = function(self, enabled)
     check(lib.sk_engine_set_gradient_sync(self.h, enabled and 1 or 0))
   end,
+  -- Stream-ordered hooks on `stream` (from M.stream or M.wrap_cuda_stream)
+  -- from the next call on; nil: the synchronous protocol. The engine keeps
+  -- the stream alive.
+  set_stream = function(self, stream)
+    check(lib.sk_engine_set_stream(self.h, stream and stream.h or nil))
+  end,
   finish_backward = function(self) check(lib.sk_engine_finish_backward(self.h)) end,
   clip_grad_norm = function(self, max_norm)
     local out = ffi.new("double[1]")
@@ -523,6 +529,40 @@ function M.engine(spec, group, options)
   unpin(anchors)
   check(code)
   return Engine(out[0], device)
+end
+
+-- Caller streams (sk_stream): the caller's in-order work queue on an
+-- engine's device, which the engine's hooks order themselves against once
+-- engine:set_stream names it (see shardkit.h, "Caller streams").
+local Stream = handle_type("sk_stream", lib.sk_stream_destroy, {
+  -- Enqueues fn(user_data) after the stream's earlier work. `fn` must be a C
+  -- function (a cdata sk_stream_fn from a C library): it runs on the
+  -- stream's thread, where no Lua callback may run.
+  enqueue = function(self, fn, user_data)
+    if type(fn) ~= "cdata" then
+      invalid_argument("stream:enqueue needs a C function (sk_stream_fn cdata), not a " .. type(fn) ..
+                       ": the stream runs it on another thread, where Lua cannot run", 2)
+    end
+    check(lib.sk_stream_enqueue(self.h, fn, user_data))
+  end,
+  -- Blocks until everything enqueued so far has run.
+  synchronize = function(self) check(lib.sk_stream_synchronize(self.h)) end,
+})
+
+-- A new stream on the device of `engine` (cpu: a worker thread; cuda: a
+-- stream the handle owns).
+function M.stream(engine)
+  local out = ffi.new("sk_stream*[1]")
+  check(lib.sk_stream_create(engine.h, out))
+  return Stream(out[0])
+end
+
+-- Wraps the caller's cudaStream_t (a pointer cdata; not owned: it must
+-- outlive the engine).
+function M.wrap_cuda_stream(engine, cuda_stream)
+  local out = ffi.new("sk_stream*[1]")
+  check(lib.sk_stream_wrap_cuda(engine.h, cuda_stream, out))
+  return Stream(out[0])
 end
 
 -- The planner (sk_plan). `request` is sk_plan_request as a table (model,

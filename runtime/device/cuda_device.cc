@@ -74,10 +74,12 @@ class CudaEvent final : public Event {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(DeviceId device, cudaStream_t stream, std::string name)
+  // `owned`: destroyed with this object (else a caller's stream, wrapped).
+  CudaStream(DeviceId device, cudaStream_t stream, std::string name, bool owned = true)
       : device_(device), stream_(stream), id_(g_next_cuda_stream_id.fetch_add(1)),
-        name_(std::move(name)) {}
+        name_(std::move(name)), owned_(owned) {}
   ~CudaStream() override {
+    if (!owned_) return;
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
@@ -153,6 +155,7 @@ class CudaStream final : public Stream {
   cudaStream_t stream_;
   int64_t id_;
   std::string name_;
+  bool owned_;
   mutable std::mutex mu_;
   Status error_;
 };
@@ -177,6 +180,26 @@ class CudaDevice final : public Device {
     cudaStream_t s;
     SK_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return std::unique_ptr<Stream>(new CudaStream(id_, s, std::string(name)));
+  }
+  StatusOr<std::unique_ptr<Stream>> WrapNativeStream(void* native, std::string_view name) override {
+    if (native == nullptr) {
+      return InvalidArgumentError("a NULL cudaStream_t (the legacy default stream, which "
+                                  "synchronises with every other stream): pass a stream created "
+                                  "with cudaStreamCreate");
+    }
+    int device = -1;
+    cudaError_t err = cudaStreamGetDevice(static_cast<cudaStream_t>(native), &device);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return InvalidArgumentError(std::string("not a usable cudaStream_t (cudaStreamGetDevice: ") +
+                                  cudaGetErrorName(err) + ")");
+    }
+    if (device != id_.index) {
+      return InvalidArgumentError("the cudaStream_t is on cuda:" + std::to_string(device) +
+                                  ", not on " + id_.ToString());
+    }
+    return std::unique_ptr<Stream>(
+        new CudaStream(id_, static_cast<cudaStream_t>(native), std::string(name), /*owned=*/false));
   }
   StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing) override {
     SK_CUDA_RETURN(cudaSetDevice(id_.index));

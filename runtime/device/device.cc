@@ -34,6 +34,12 @@ void Device::FreePinnedHost(void* ptr) {
 #endif
 }
 
+StatusOr<std::unique_ptr<Stream>> Device::WrapNativeStream(void* /*native*/, std::string_view name) {
+  return InvalidArgumentError("stream '" + std::string(name) + "': " + id().ToString() +
+                              " has no native streams to wrap (a caller stream there is one "
+                              "this device creates: CreateStream)");
+}
+
 Status Device::WaitStream(Stream& waiter, Stream& producer) {
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> event, CreateEvent(false));
   SK_RETURN_IF_ERROR(event->Record(producer));

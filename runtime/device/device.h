@@ -129,6 +129,12 @@ class Device {
 
   // A new stream. `name` labels it in traces and errors.
   virtual StatusOr<std::unique_ptr<Stream>> CreateStream(std::string_view name) = 0;
+  // A Stream over a native stream someone else owns (a cudaStream_t on
+  // CUDA: the caller's, for stream-ordered engine hooks). The Stream does
+  // not destroy or synchronise it when it dies; the native stream must
+  // outlive it. InvalidArgument for a null handle, a stream of another
+  // device, and on devices without native streams (cpu, sim).
+  virtual StatusOr<std::unique_ptr<Stream>> WrapNativeStream(void* native, std::string_view name);
   // A new event; timing costs a clock read per completion on CPU.
   virtual StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing = false) = 0;
 

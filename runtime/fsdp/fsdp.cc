@@ -475,6 +475,37 @@ StatusOr<std::vector<Tensor>> FullyShardedModel::WaitAndViews(int unit, const Te
   return views;
 }
 
+StatusOr<std::vector<Tensor>> FullyShardedModel::HandOutParams(int unit) {
+  FlatUnit& f = flat_[unit];
+  if (caller_stream_ == nullptr) return WaitAndViews(unit, f.full);
+  SK_RETURN_IF_ERROR(CheckCallerGathers(/*block=*/false));
+  if (f.gather_work) {
+    // The caller's kernels read the views after the all-gather, in stream
+    // order; its outcome is checked once it has completed.
+    SK_RETURN_IF_ERROR(caller_stream_->WaitEvent(f.gather_work->event()));
+    caller_gathers_.emplace_back(unit, std::move(f.gather_work));
+    f.gather_work.reset();
+  }
+  // Freed (PostForward, PostBackward, a refresh), the block is reused only
+  // once the caller's stream has read it (record_stream).
+  SK_RETURN_IF_ERROR(allocator_->RecordStream(*f.full.storage(), caller_stream_));
+  return WaitAndViews(unit, f.full);  // nothing left to wait for: the views
+}
+
+Status FullyShardedModel::CheckCallerGathers(bool block) {
+  for (auto it = caller_gathers_.begin(); it != caller_gathers_.end();) {
+    if (!block && !it->second->is_completed()) {
+      ++it;
+      continue;
+    }
+    Status s = it->second->wait(options_.timeout);
+    const int unit = it->first;
+    it = caller_gathers_.erase(it);
+    if (!s.ok()) return s.WithContext("all-gather of unit '" + units_[unit].name + "'");
+  }
+  return OkStatus();
+}
+
 Status FullyShardedModel::Regather(int unit) {
   flat_[unit].full = Tensor();
   SK_RETURN_IF_ERROR(IssueAllGather(unit, false));
@@ -505,6 +536,7 @@ Status FullyShardedModel::Fail(Status s) {
     if (r.work) r.work->wait(options_.timeout).IgnoreError();
   }
   pending_reductions_.clear();
+  caller_gathers_.clear();
   rs_stream_->Synchronize(options_.timeout).IgnoreError();
   ag_stream_->Synchronize(options_.timeout).IgnoreError();
   if (host_stream_ != nullptr) host_stream_->Synchronize(options_.timeout).IgnoreError();
@@ -548,7 +580,7 @@ StatusOr<std::vector<Tensor>> FullyShardedModel::PreForward(int unit) {
       if (!s.ok()) return Fail(s);
     }
   }
-  StatusOr<std::vector<Tensor>> views = WaitAndViews(unit, f.full);
+  StatusOr<std::vector<Tensor>> views = HandOutParams(unit);
   if (!views.ok()) return Fail(views.status());
   f.state = UnitState::kForward;
   return views;
@@ -580,15 +612,20 @@ StatusOr<UnitBackwardBuffers> FullyShardedModel::PreBackward(int unit) {
     }
   }
   UnitBackwardBuffers buffers;
-  StatusOr<std::vector<Tensor>> views = WaitAndViews(unit, f.full);
+  StatusOr<std::vector<Tensor>> views = HandOutParams(unit);
   if (!views.ok()) return Fail(views.status());
   buffers.params = std::move(*views);
-  if (!f.full_grad.defined()) {
+  const bool kept_grad = f.full_grad.defined();
+  if (!kept_grad) {
     StatusOr<Tensor> g = activation_allocator_->Empty(FullGradDType(), Shape{f.layout.padded_numel()});
     if (!g.ok()) return Fail(g.status());
     Status z = ops::Fill(compute_ctx_, *g, 0.f);
     if (!z.ok()) return Fail(z);
     f.full_grad = std::move(*g);
+  }
+  if (caller_stream_ != nullptr) {
+    s = OrderCallerBeforeGradients(f.full_grad, kept_grad);
+    if (!s.ok()) return Fail(s);
   }
   // A full gradient kept from a no_sync backward keeps its dtype.
   const DType gdt = f.full_grad.dtype();
@@ -620,7 +657,14 @@ Status FullyShardedModel::PostBackward(int unit) {
     // a slow reduce stream cannot pile them up. Before the narrowing below,
     // so that its copy is not alive beside the previous reduction's buffers.
     Status s = WaitPendingReductionWork();
-    if (s.ok()) s = NarrowFullGradient(unit);
+    if (caller_stream_ != nullptr) {
+      // The reduce stream reads the gradients once the caller's stream has
+      // written them (an event recorded on it now); the rounding to
+      // reduce_dtype then happens there too (ReduceGradients).
+      if (s.ok()) s = compute_ctx_.device->WaitStream(*rs_stream_, *caller_stream_);
+    } else if (s.ok()) {
+      s = NarrowFullGradient(unit);
+    }
     // The reduce stream reads the gradients the compute stream has produced.
     if (s.ok()) s = WaitForCompute(*rs_stream_);
     if (s.ok()) s = ReduceGradients(unit);
@@ -644,6 +688,17 @@ Status FullyShardedModel::WaitPendingReductionWork() {
     if (!s.ok()) return s.WithContext("accumulating a reduced gradient shard on the reduce stream");
   }
   return OkStatus();
+}
+
+Status FullyShardedModel::OrderCallerBeforeGradients(const Tensor& full_grad, bool kept) {
+  Device& device = *compute_ctx_.device;
+  // A kept gradient buffer (no_sync, or the persistent strategies') may
+  // still be read or zeroed by the reduce stream.
+  if (kept) SK_RETURN_IF_ERROR(device.WaitStream(*caller_stream_, *rs_stream_));
+  // cuda, sim: the zeroing of a new one is on the compute stream (on cpu the
+  // calling thread has done it).
+  if (!device.id().is_cpu()) SK_RETURN_IF_ERROR(device.WaitStream(*caller_stream_, *compute_stream_));
+  return allocator_->RecordStream(*full_grad.storage(), caller_stream_);
 }
 
 Status FullyShardedModel::NarrowFullGradient(int unit) {
@@ -761,6 +816,7 @@ Status FullyShardedModel::FinishBackward() {
     }
   }
   Status s = WaitPendingReductions();
+  if (s.ok()) s = CheckCallerGathers(/*block=*/true);
   if (!s.ok()) return Fail(s);
   return OkStatus();
 }
@@ -845,12 +901,17 @@ void FullyShardedModel::ZeroGrad() {
   // Valid operands on an idle reduce stream: these fills cannot fail.
   for (FlatUnit& f : flat_) {
     ops::Fill(shard_context(), f.grad, 0.f).IgnoreError();
-    if (f.full_grad.defined()) {
-      if (ParamsPersistent()) {
-        ops::Fill(compute_ctx_, f.full_grad, 0.f).IgnoreError();
-      } else {
-        f.full_grad = Tensor();
-      }
+    if (!f.full_grad.defined()) continue;
+    if (!ParamsPersistent()) {
+      f.full_grad = Tensor();  // recorded on a caller stream: reused after it
+    } else if (caller_stream_ != nullptr) {
+      // The caller's stream may still write it: zero it in that order, on
+      // the reduce stream (which the next backward's caller stream waits for).
+      Tensor g = f.full_grad;
+      compute_ctx_.device->WaitStream(*rs_stream_, *caller_stream_).IgnoreError();
+      OnStream(rs_ctx_, [g](const ops::OpContext& c) { return ops::Fill(c, g, 0.f); }).IgnoreError();
+    } else {
+      ops::Fill(compute_ctx_, f.full_grad, 0.f).IgnoreError();
     }
   }
 }

@@ -116,6 +116,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/comm/process_group.h"
@@ -247,6 +248,27 @@ class FullyShardedModel final : public DataParallelModel {
   // The allocator to pass to the model for activations (the compute stream's).
   Allocator& activation_allocator() override { return *activation_allocator_; }
 
+  // Stream-ordered hooks (the FSDP engine's caller stream). With a stream
+  // set (null: none, the synchronous protocol above), the hooks called from
+  // now on order the caller's work on `stream`, a stream of the allocator's
+  // device, against FSDP's streams without blocking the host on it:
+  //   PreForward/PreBackward make `stream` wait for the unit's all-gather (an
+  //     event, not Work::wait) and record the gathered buffer (and, in
+  //     PreBackward, the gradient buffer) onto `stream`, so the allocator
+  //     reuses them only once `stream` has passed the point of their free;
+  //     on cuda and sim `stream` also waits for the compute stream (the
+  //     zeroing of the gradient buffer);
+  //   PostBackward makes the reduce stream wait for an event recorded on
+  //     `stream` before it reads the gradient buffer (and rounds it to
+  //     reduce_dtype there: NarrowFullGradient would read it on the compute
+  //     stream), and a kept gradient buffer (no_sync, SHARD_OPTIM,
+  //     NO_SHARD) is handed out again only after the reduce stream's work.
+  // An all-gather's outcome is then checked without blocking at the next
+  // hook that finds it complete, and waited for by FinishBackward. `stream`
+  // must outlive the model (and the allocator's blocks recorded on it).
+  void set_caller_stream(Stream* stream) { caller_stream_ = stream; }
+  Stream* caller_stream() const { return caller_stream_; }
+
   // Gradient synchronisation for the following backward passes (no_sync when
   // false): gradients accumulate unsharded and locally until a backward with
   // sync enabled reduces the total.
@@ -354,12 +376,22 @@ class FullyShardedModel final : public DataParallelModel {
   // With an f32 full gradient and a 16-bit reduce dtype: rounds it into a
   // reduce-dtype copy on the compute stream and drops the f32 one.
   Status NarrowFullGradient(int unit);
+  // PreBackward with a caller stream: orders it after whatever FSDP still
+  // does to `full_grad` (kept: the reduce stream's reading and zeroing) and
+  // records the buffer onto it.
+  Status OrderCallerBeforeGradients(const Tensor& full_grad, bool kept);
   Status Expect(int unit, UnitState want, const char* call) const;
   Status CheckUnit(int unit, const char* call) const;
   // Issues the all-gather of `unit` unless it is gathered or in flight.
   Status IssueAllGather(int unit, bool prefetch);
   // Waits for `unit`'s all-gather and returns its parameter views.
   StatusOr<std::vector<Tensor>> WaitAndViews(int unit, const Tensor& full);
+  // The hooks' form of WaitAndViews: with a caller stream, orders that
+  // stream after the all-gather instead of waiting on the host.
+  StatusOr<std::vector<Tensor>> HandOutParams(int unit);
+  // Reports the first failed all-gather among those the caller stream was
+  // made to wait for: those complete now (block = false), or all of them.
+  Status CheckCallerGathers(bool block);
   // Drops `unit`'s unsharded parameter and gathers it again from the
   // master shards, waiting for it (persistent strategies after a change).
   Status Regather(int unit);
@@ -421,6 +453,9 @@ class FullyShardedModel final : public DataParallelModel {
     std::shared_ptr<Event> done;
   };
   std::deque<PendingReduction> pending_reductions_;
+  Stream* caller_stream_ = nullptr;
+  // All-gathers a caller stream waits for by event, not yet checked.
+  std::vector<std::pair<int, std::shared_ptr<comm::Work>>> caller_gathers_;
   FsdpCounters counters_;
 };
 

@@ -239,7 +239,29 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
   e->params_.resize(e->units_.size());
   e->grads_.resize(e->units_.size());
   e->windows_.assign(e->units_.size(), Window::kNone);
+  e->window_streams_.assign(e->units_.size(), nullptr);
+  if (options.stream) SK_RETURN_IF_ERROR(e->SetStream(options.stream));
   return e;
+}
+
+Status FsdpEngine::SetStream(std::shared_ptr<Stream> stream) {
+  if (stream) {
+    const DeviceId device = allocator_->device();
+    if (device.is_sim()) {
+      return InvalidArgumentError("a caller stream on " + device.ToString() +
+                                  ": the simulator prices its own streams; use cpu or cuda");
+    }
+    if (stream->device() != device) {
+      return InvalidArgumentError("the caller stream '" + stream->name() + "' is on " +
+                                  stream->device().ToString() + ", the engine on " +
+                                  device.ToString() + ": pass a stream of the engine's device");
+    }
+    if (std::find(streams_used_.begin(), streams_used_.end(), stream) == streams_used_.end()) {
+      streams_used_.push_back(stream);
+    }
+  }
+  stream_ = std::move(stream);
+  return OkStatus();
 }
 
 FsdpEngine::~FsdpEngine() = default;
@@ -309,15 +331,18 @@ Status FsdpEngine::CheckNoOpenWindow(const char* call) const {
 
 Status FsdpEngine::PreForward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
+  UseStream(stream_.get());
   StatusOr<std::vector<Tensor>> params = fsdp_->PreForward(unit);
   if (!params.ok()) return HookResult(params.status());
   params_[unit] = std::move(params).value();
   windows_[unit] = Window::kForward;
+  window_streams_[unit] = stream_.get();
   return OkStatus();
 }
 
 Status FsdpEngine::PostForward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
+  UseStream(windows_[unit] == Window::kForward ? window_streams_[unit] : stream_.get());
   if (windows_[unit] != Window::kForward) return HookResult(fsdp_->PostForward(unit));  // FSDP names the state
   ReleaseViews(unit);
   windows_[unit] = Window::kNone;
@@ -326,16 +351,19 @@ Status FsdpEngine::PostForward(int unit) {
 
 Status FsdpEngine::PreBackward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
+  UseStream(stream_.get());
   StatusOr<UnitBackwardBuffers> buffers = fsdp_->PreBackward(unit);
   if (!buffers.ok()) return HookResult(buffers.status());
   params_[unit] = std::move(buffers->params);
   grads_[unit] = std::move(buffers->grads);
   windows_[unit] = Window::kBackward;
+  window_streams_[unit] = stream_.get();
   return OkStatus();
 }
 
 Status FsdpEngine::PostBackward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
+  UseStream(windows_[unit] == Window::kBackward ? window_streams_[unit] : stream_.get());
   if (windows_[unit] != Window::kBackward) return HookResult(fsdp_->PostBackward(unit));  // FSDP names the state
   ReleaseViews(unit);
   windows_[unit] = Window::kNone;
@@ -356,6 +384,7 @@ Status FsdpEngine::FinishBackward() {
                                    ": expected a backward pass (PreBackward .. PostBackward of the "
                                    "units) first");
   }
+  UseStream(stream_.get());
   Status s = fsdp_->FinishBackward();
   // A failed reduction abandoned the step (FSDP zeroed the gradients).
   phase_ = s.ok() ? Phase::kFinished : Phase::kIdle;
@@ -370,6 +399,7 @@ Status FsdpEngine::OptimizerStep() {
                                                            : "FinishBackward") +
                                    " first");
   }
+  UseStream(stream_.get());
   Status s = fsdp_->OptimizerStep(*optimizer_);
   if (s.ok()) phase_ = Phase::kIdle;
   return s;
@@ -382,6 +412,7 @@ Status FsdpEngine::ZeroGrad() {
                                    " (gradient reductions may be in flight): expected FinishBackward "
                                    "first");
   }
+  UseStream(stream_.get());
   fsdp_->ZeroGrad();
   phase_ = Phase::kIdle;
   return OkStatus();
@@ -421,6 +452,7 @@ StatusOr<double> FsdpEngine::ClipGradNorm(double max_norm) {
                                                            : "FinishBackward") +
                                    " first");
   }
+  UseStream(stream_.get());
   return fsdp_->ClipGradNorm(max_norm);
 }
 

@@ -137,6 +137,9 @@ struct FsdpEngineOptions {
   // The rank's device (cpu:rank by default). On sim, parameter and gradient
   // views have shapes and no data (ReadParam is Unimplemented there).
   DeviceOptions device;
+  // The caller's stream (see "Caller streams" at FsdpEngine::SetStream);
+  // null: the calling thread, the synchronous protocol.
+  std::shared_ptr<Stream> stream;
 };
 
 class FsdpEngine {
@@ -196,6 +199,31 @@ class FsdpEngine {
   // FailedPrecondition outside PreBackward..PostBackward.
   StatusOr<const Tensor*> Grad(int unit, int param) const;
 
+  // Caller streams. A caller that computes on its own stream S (a CUDA
+  // stream, or on cpu a CpuStream whose closures are its kernels) sets S
+  // here (or in FsdpEngineOptions::stream) and the hooks become
+  // stream-ordered, without a host wait on S:
+  //   PreForward(u), PreBackward(u): enqueue (or find) the gather, make S
+  //     wait for it (an event) and return at once; the views are valid for
+  //     work enqueued on S after the call.
+  //   PostForward(u): the gathered buffers are freed (or resharded) only
+  //     after the work enqueued on S before the call (record_stream).
+  //   PostBackward(u): the reduce stream waits for an event recorded on S
+  //     before it reads the gradient buffers; they and the parameters are
+  //     reused only after that work.
+  //   FinishBackward, ClipGradNorm, OptimizerStep: after the reductions,
+  //     which come after S's gradients. FinishBackward returns when the
+  //     reductions are done (the optimizer runs in the engine's order after
+  //     it); ClipGradNorm returns the norm, which has reached the host.
+  // Each Post call uses the stream its Pre call used. A stream set while a
+  // unit is between its Pre and Post calls applies from the next call.
+  // Null restores the synchronous protocol (views valid once the Pre call
+  // returns, gradients read at the Post call). InvalidArgument for a stream
+  // of another device than the engine's, or on a sim device. The engine
+  // keeps every stream it used alive until it is destroyed.
+  Status SetStream(std::shared_ptr<Stream> stream);
+  Stream* stream() const { return stream_.get(); }
+
   // FullyShardedModel's step: collective except set_gradient_sync/ZeroGrad.
   // Each is FailedPrecondition when out of order (see above) and then
   // changes nothing.
@@ -240,6 +268,9 @@ class FsdpEngine {
   // FailedPrecondition naming `call` and the Post call that must come first
   // when any unit is between its Pre and Post call; OK otherwise.
   Status CheckNoOpenWindow(const char* call) const;
+  // Points FSDP at the stream of a unit's open window (Post calls) or at the
+  // current one (other calls).
+  void UseStream(Stream* stream) { fsdp_->set_caller_stream(stream); }
 
   // Where the step is. kIdle: no backward since the last OptimizerStep,
   // ZeroGrad or abandoned step. kBackward: a PostBackward ran (reductions may
@@ -254,6 +285,10 @@ class FsdpEngine {
   // buffers first, then the optimizer (its state may live in FSDP's
   // allocator), FSDP, and last the allocator.
   std::vector<UnitSpec> units_;
+  // Every caller stream used (the allocator's blocks may wait for them):
+  // destroyed after the allocator.
+  std::vector<std::shared_ptr<Stream>> streams_used_;
+  std::shared_ptr<Stream> stream_;
   std::unique_ptr<comm::ProcessGroup> owned_world_;  // the simulated world, when created here
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<OffloadHost> offload_;  // with cpu_offload
@@ -263,6 +298,7 @@ class FsdpEngine {
   std::vector<std::vector<Tensor>> grads_;
   Phase phase_ = Phase::kIdle;
   std::vector<Window> windows_;  // per unit
+  std::vector<Stream*> window_streams_;  // per unit: the stream its Pre call used
 };
 
 }  // namespace sk

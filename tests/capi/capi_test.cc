@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
@@ -1646,6 +1647,131 @@ TEST(CapiSim, EngineOptionsOfTheFirstHeaderAreAccepted) {
   sk_engine_destroy(e);
   sk_model_spec_destroy(spec);
   sk_process_group_destroy(g);
+}
+
+// --- caller streams (stream-ordered hooks) ----------------------------------
+
+// The C kernels of one step of LinearSpec's unit on a caller stream: each
+// sleeps first, so an engine that does not wait for the stream reads or
+// reuses the buffers too early.
+struct StreamKernel {
+  const float* w = nullptr;
+  float* grad_w = nullptr;
+  float saved[4] = {0, 0, 0, 0};
+};
+void DelayedForward(void* p) {
+  auto* k = static_cast<StreamKernel*>(p);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  for (int i = 0; i < 4; ++i) k->saved[i] = 2.0f * k->w[i];
+}
+void DelayedBackward(void* p) {
+  auto* k = static_cast<StreamKernel*>(p);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  for (int i = 0; i < 4; ++i) k->grad_w[i] += k->saved[i] + 1.0f;
+}
+
+// Two steps of LinearSpec with the kernels above, on `stream` (NULL: run
+// inline, the synchronous protocol); returns w.
+std::vector<float> StepWithKernels(bool on_stream) {
+  std::vector<float> w(4, 0.0f);
+  sk_process_group* g = nullptr;
+  EXPECT_EQ(sk_process_group_create_local(1, nullptr, &g), SK_STATUS_OK);
+  sk_model_spec* spec = LinearSpec();
+  sk_engine* e = nullptr;
+  EXPECT_EQ(sk_engine_create(spec, g, nullptr, &e), SK_STATUS_OK);
+  sk_stream* s = nullptr;
+  if (on_stream) {
+    EXPECT_EQ(sk_stream_create(e, &s), SK_STATUS_OK);
+    EXPECT_EQ(sk_engine_set_stream(e, s), SK_STATUS_OK);
+  }
+  StreamKernel k;
+  auto run = [&](void (*fn)(void*)) {
+    if (on_stream) {
+      EXPECT_EQ(sk_stream_enqueue(s, fn, &k), SK_STATUS_OK);
+    } else {
+      fn(&k);
+    }
+  };
+  for (int step = 0; step < 2; ++step) {
+    sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+    EXPECT_EQ(sk_engine_pre_forward(e, 0), SK_STATUS_OK);
+    EXPECT_EQ(sk_engine_param(e, 0, 0, &v), SK_STATUS_OK);
+    k.w = static_cast<const float*>(v.data);
+    run(DelayedForward);
+    EXPECT_EQ(sk_engine_post_forward(e, 0), SK_STATUS_OK);
+    EXPECT_EQ(sk_engine_pre_backward(e, 0), SK_STATUS_OK);
+    EXPECT_EQ(sk_engine_grad(e, 0, 0, &v), SK_STATUS_OK);
+    k.grad_w = static_cast<float*>(v.data);
+    run(DelayedBackward);
+    EXPECT_EQ(sk_engine_post_backward(e, 0), SK_STATUS_OK);
+    EXPECT_EQ(sk_engine_finish_backward(e), SK_STATUS_OK);
+    EXPECT_EQ(sk_engine_optimizer_step(e), SK_STATUS_OK);
+    EXPECT_EQ(sk_engine_zero_grad(e), SK_STATUS_OK);
+  }
+  sk_stream_destroy(s);  // before the engine: it keeps the stream alive
+  EXPECT_EQ(sk_engine_read_param(e, 0, 0, w.data(), 4), SK_STATUS_OK);
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+  return w;
+}
+
+TEST(CapiEngineStream, DelayedKernelsOnACallerStreamGiveTheSynchronousResult) {
+  const std::vector<float> sync = StepWithKernels(false);
+  const std::vector<float> streamed = StepWithKernels(true);
+  ASSERT_EQ(sync.size(), streamed.size());
+  EXPECT_EQ(std::memcmp(sync.data(), streamed.data(), sync.size() * sizeof(float)), 0)
+      << sync[0] << " vs " << streamed[0];
+}
+
+TEST_F(CapiEngineTest, CallerStreamArgumentsAreCheckedWithClearErrors) {
+  sk_stream* s = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_stream_create(nullptr, &s));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_stream_create(engine_, nullptr));
+  int fake_cuda_stream = 0;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_stream_wrap_cuda(engine_, &fake_cuda_stream, &s));
+  EXPECT_ERROR_MENTIONS("needs a cuda engine");
+  ASSERT_OK(sk_stream_create(engine_, &s));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_stream_enqueue(s, nullptr, nullptr));
+  EXPECT_ERROR_MENTIONS("fn is NULL");
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_stream_enqueue(nullptr, DelayedForward, nullptr));
+  ASSERT_OK(sk_stream_synchronize(s));
+  ASSERT_OK(sk_engine_set_stream(engine_, s));
+  ASSERT_OK(sk_engine_set_stream(engine_, nullptr));  // back to the synchronous protocol
+  sk_stream_destroy(s);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_set_stream(engine_, s));
+  EXPECT_ERROR_MENTIONS("not a live sk_stream");
+  sk_stream_destroy(nullptr);
+
+  // A stream of another device (an engine on cpu:3) is refused, naming both.
+  sk_device_options d = SK_DEVICE_OPTIONS_INIT;
+  d.use_index = 1;
+  d.index = 3;
+  sk_engine_options o = SK_ENGINE_OPTIONS_INIT;
+  o.device = &d;
+  sk_model_spec* spec = LinearSpec();
+  sk_engine* other = nullptr;
+  ASSERT_OK(sk_engine_create(spec, group_, &o, &other));
+  sk_stream* elsewhere = nullptr;
+  ASSERT_OK(sk_stream_create(other, &elsewhere));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_set_stream(engine_, elsewhere));
+  EXPECT_ERROR_MENTIONS("cpu:3");
+  EXPECT_ERROR_MENTIONS("cpu:0");
+  sk_stream_destroy(elsewhere);
+  sk_engine_destroy(other);
+
+  // A cudaStream_t in the options of a cpu engine.
+  sk_engine_options with_cuda = SK_ENGINE_OPTIONS_INIT;
+  with_cuda.cuda_stream = &fake_cuda_stream;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, group_, &with_cuda, &other));
+  EXPECT_ERROR_MENTIONS("cuda_stream");
+  // 0.4.0's struct ended before cuda_stream: still accepted.
+  sk_engine_options v040 = SK_ENGINE_OPTIONS_INIT;
+  v040.struct_size = offsetof(sk_engine_options, cuda_stream);
+  EXPECT_EQ(v040.struct_size, 40u);
+  ASSERT_OK(sk_engine_create(spec, group_, &v040, &other));
+  sk_engine_destroy(other);
+  sk_model_spec_destroy(spec);
 }
 
 }  // namespace

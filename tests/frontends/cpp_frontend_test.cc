@@ -3,13 +3,16 @@
 // rank callbacks that come back to the caller instead of crossing the ABI.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 #include <type_traits>
 
 #include "shardkit/shardkit.hpp"
@@ -226,6 +229,57 @@ TEST(CppFrontend, EngineViewsAreTypedAndLifecycleErrorsThrow) {
   engine.PostForward(u);
   EXPECT_EQ(engine.ReadParam(u, 0, 6), std::vector<float>(6, 1.0f));
   EXPECT_THROW(engine.ReadParam(u, 0, 5), shardkit::Error);
+}
+
+// One step whose kernels are closures on a caller stream, each delayed: the
+// same parameters as the synchronous protocol, bit for bit.
+std::vector<float> StepOnStream(bool on_stream) {
+  shardkit::ModelSpec spec;
+  const int32_t u = spec.AddUnit("layer");
+  spec.AddParam(u, "w", {8}, SK_INIT_ONES);
+  auto groups = shardkit::ProcessGroup::Local(1);
+  shardkit::Engine engine(spec, groups[0].get());
+  shardkit::Stream stream(engine.get());
+  if (on_stream) engine.SetStream(stream);
+  auto launch = [&](std::function<void()> kernel) {
+    if (!on_stream) return kernel();
+    stream.Enqueue([kernel] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      kernel();
+    });
+  };
+  auto saved = std::make_shared<std::vector<float>>(8);
+  engine.PreForward(u);
+  const float* w = engine.Param(u, 0).f32();
+  launch([saved, w] {
+    for (int i = 0; i < 8; ++i) (*saved)[i] = 3.0f * w[i] + static_cast<float>(i);
+  });
+  engine.PostForward(u);
+  engine.PreBackward(u);
+  float* g = static_cast<float*>(engine.Grad(u, 0).view.data);
+  launch([saved, g] {
+    for (int i = 0; i < 8; ++i) g[i] += (*saved)[i];
+  });
+  engine.PostBackward(u);
+  engine.FinishBackward();
+  engine.OptimizerStep();
+  return engine.ReadParam(u, 0, 8);
+}
+
+TEST(CppFrontend, EngineHooksOnACallerStreamMatchTheSynchronousProtocol) {
+  EXPECT_EQ(StepOnStream(true), StepOnStream(false));
+  shardkit::ModelSpec spec;
+  spec.AddParam(spec.AddUnit("layer"), "w", {2}, SK_INIT_ONES);
+  auto groups = shardkit::ProcessGroup::Local(1);
+  shardkit::Engine engine(spec, groups[0].get());
+  int not_a_cuda_stream = 0;
+  try {
+    shardkit::Stream::WrapCuda(engine.get(), &not_a_cuda_stream);
+    FAIL() << "expected an Error";
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_INVALID_ARGUMENT);
+  }
+  engine.ClearStream();
 }
 
 }  // namespace

@@ -186,6 +186,41 @@ test("engine lifecycle errors and views", function()
   e:close()
 end)
 
+test("engine hooks on a caller stream", function()
+  -- A host caller on a stream: the views are valid for the stream's work, so
+  -- the host synchronises the stream before it touches them itself.
+  local function step(on_stream)
+    local spec = sk.model_spec()
+    local u = spec:add_unit("layer")
+    spec:add_param(u, {name = "w", shape = {4}, init = "normal", init_b = 1.0})
+    local e = sk.engine(spec, sk.local_groups(1)[1], {optimizer = {kind = "sgd", lr = 0.5}})
+    local s = sk.stream(e)
+    if on_stream then e:set_stream(s) end
+    e:pre_forward(u)
+    s:synchronize()
+    local w = e:param(u, 0)
+    local saved = {}
+    for i = 0, 3 do saved[i] = w[i] end
+    e:post_forward(u)
+    e:pre_backward(u)
+    s:synchronize()
+    local gw = e:grad(u, 0)
+    for i = 0, 3 do gw[i] = gw[i] + 2 * saved[i] end
+    e:post_backward(u)
+    e:finish_backward()
+    e:optimizer_step()
+    local out = e:read_param(u, 0, 4)
+    expect_error("INVALID_ARGUMENT", "C function", s.enqueue, s, function() end)
+    expect_error("INVALID_ARGUMENT", "cuda engine", sk.wrap_cuda_stream, e, nil)
+    e:set_stream(nil)
+    s:close()
+    e:close()
+    return out
+  end
+  local streamed, sync = step(true), step(false)
+  for i = 1, 4 do assert(streamed[i] == sync[i], i) end
+end)
+
 test("plan ranks simulated candidates into plain tables", function()
   local plan = sk.plan{model = "gpt-1m", gpus = 8, batch_size = 4, strategies = "DDP,SHARD_OPTIM",
                        dtypes = "bf16", activation_checkpointing = "off", cpu_offload = "off"}

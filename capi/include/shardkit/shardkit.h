@@ -80,7 +80,11 @@
  *  device selection (sk_device_options: cpu, cuda or the simulator, as
  *  sk_trainer_options.device and sk_engine_options.device) with
  *  sk_step_metrics.simulated; sk_trainer_create and sk_engine_create accept
- *  a NULL group on the simulator.
+ *  a NULL group on the simulator. Issue 31 appends caller streams for the
+ *  engine's stream-ordered hooks (sk_stream, sk_stream_create,
+ *  sk_stream_wrap_cuda, sk_stream_enqueue, sk_stream_synchronize,
+ *  sk_stream_destroy, sk_engine_set_stream, sk_engine_options.cuda_stream);
+ *  the version number they ship under is set when the issue's work is merged.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -898,6 +902,15 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_model_spec_add_param(sk_model_spec* spec, 
 /* One rank's FSDP engine over a caller-computed model. */
 typedef struct sk_engine sk_engine;
 
+/* A caller stream: an in-order queue of the caller's work on the engine's
+ * device, which the engine's hooks order themselves against without
+ * blocking the host (sk_engine_set_stream). On a CUDA engine it is a
+ * cudaStream_t: one the engine creates (sk_stream_create) or the caller's own
+ * (sk_stream_wrap_cuda). On a CPU engine it is a worker thread that runs the
+ * functions given to sk_stream_enqueue in order: the caller's "kernels".
+ * Appended in 0.5.0 (stream-ordered hooks). */
+typedef struct sk_stream sk_stream;
+
 typedef struct sk_engine_options {
   size_t struct_size;
   const sk_fsdp_options* fsdp;           /* NULL = defaults (FULL_SHARD) */
@@ -905,15 +918,24 @@ typedef struct sk_engine_options {
   uint64_t memory_cap_bytes;             /* per-rank cap; 0 = unlimited */
   /* Appended in 0.4.0: the rank's device; NULL = cpu:rank. */
   const sk_device_options* device;
+  /* Appended in 0.5.0: the caller's cudaStream_t on the engine's CUDA
+   * device, the engine's caller stream from creation (as
+   * sk_stream_wrap_cuda then sk_engine_set_stream). NULL = none: the
+   * synchronous protocol. INVALID_ARGUMENT on a cpu or sim engine (use
+   * sk_stream_create and sk_engine_set_stream there) or for a stream of
+   * another GPU. Must outlive the engine. */
+  void* cuda_stream;
 } sk_engine_options;
 
-#define SK_ENGINE_OPTIONS_INIT {sizeof(sk_engine_options), NULL, NULL, 0, NULL}
+#define SK_ENGINE_OPTIONS_INIT {sizeof(sk_engine_options), NULL, NULL, 0, NULL, NULL}
 
 /* A view of a buffer owned by an engine. */
 typedef struct sk_tensor_view {
   size_t struct_size;     /* set by the caller (SK_TENSOR_VIEW_INIT) */
   /* Dense row-major. cpu: host memory. cuda: a device pointer (read it with
-   * CUDA on the engine's device, after the engine's work is complete). sim:
+   * CUDA on the engine's device, after the engine's work is complete; with a
+   * caller stream, in work enqueued on that stream after the pre_ call:
+   * sk_engine_set_stream). sim:
    * an address of the simulator's virtual memory with nothing behind it:
    * never dereference it (shape, dtype and numel are real). */
   void* data;
@@ -1012,6 +1034,58 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_zero_grad(sk_engine* engine);
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_read_param(sk_engine* engine, int32_t unit,
                                                         int32_t param, float* out, int64_t count);
 
+/* --- Caller streams: stream-ordered hooks ---------------------------------
+ *
+ * With no caller stream (the default) the hooks are synchronous: views are
+ * valid once pre_forward/pre_backward return, and post_backward reads the
+ * gradients when it is called, so a CUDA caller must synchronise its stream
+ * before each post_ call. With a caller stream S set, the hooks are
+ * stream-ordered and never wait on the host for S:
+ *   pre_forward(u), pre_backward(u): enqueue (or find) the unit's all-gather,
+ *     make S wait for it (an event) and return at once. The views are valid
+ *     for work enqueued on S after the call (until post_ as before).
+ *   post_forward(u): the engine frees or reshards the unit's gathered
+ *     buffers only after the work enqueued on S before the call.
+ *   post_backward(u): the reduction waits for an event recorded on S now
+ *     before it reads the gradient buffers; buffers are reused only after it.
+ *   finish_backward, clip_grad_norm, optimizer_step: ordered after the
+ *     reductions (themselves after S's gradients). finish_backward returns
+ *     when the reductions are done; clip_grad_norm's norm reaches the host.
+ *     S need not be synchronised around them: the next pre_ call orders S
+ *     after the updated parameters' gather.
+ * Each post_ call uses the stream its pre_ call used. An all-gather that
+ * fails (a peer times out) fails the next hook that finds it complete, or
+ * finish_backward. */
+
+/* A new stream on the engine's device: cpu, a worker thread; cuda, a
+ * non-blocking CUDA stream owned by the returned handle. INVALID_ARGUMENT on a
+ * sim engine. Keeps nothing alive; the engine keeps a stream it uses alive
+ * (sk_stream_destroy may come first). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_stream_create(sk_engine* engine, sk_stream** out_stream);
+/* Wraps the caller's cudaStream_t (not owned: never destroyed or synchronised
+ * by shardkit; it must outlive the engine and the handle). INVALID_ARGUMENT
+ * for NULL (the legacy default stream, which synchronises with every other
+ * stream), a stream of another GPU than the engine's, or a cpu/sim engine;
+ * UNAVAILABLE in a build without CUDA. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_stream_wrap_cuda(sk_engine* engine, void* cuda_stream,
+                                                       sk_stream** out_stream);
+/* Enqueues fn(user_data) on the stream after everything enqueued before it;
+ * returns when enqueued. cpu: fn runs on the stream's worker thread; cuda:
+ * on a driver thread (cudaLaunchHostFunc), and must not call CUDA.
+ * INVALID_ARGUMENT for a NULL fn. Thread-safe. */
+typedef void (*sk_stream_fn)(void* user_data);
+SK_EXPORT SK_NODISCARD sk_status_t sk_stream_enqueue(sk_stream* stream, sk_stream_fn fn, void* user_data);
+/* Blocks until everything enqueued on the stream so far has run
+ * (DEADLINE_EXCEEDED after 300 s). Thread-safe. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_stream_synchronize(sk_stream* stream);
+/* Accepts NULL. An engine that used the stream keeps it alive. */
+SK_EXPORT void sk_stream_destroy(sk_stream* stream);
+/* Makes `stream` the engine's caller stream for the calls that follow (the
+ * protocol above); NULL restores the synchronous protocol. Per call: set a
+ * stream before a pre_ call and its post_ call follows it. INVALID_ARGUMENT for
+ * a stream of another device than the engine's. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_set_stream(sk_engine* engine, sk_stream* stream);
+
 /* Full state dicts of the engine's units (see sk_trainer_save_state_dict):
  * tensors "<unit>.<param>"; in the SHARDKIT layout with the optimizer state.
  * The TORCH layout transposes 2-D parameters whose name ends in ".w";
@@ -1104,7 +1178,7 @@ SK_LAYOUT_ASSERT(offsetof(sk_param_spec, name) == 8 && offsetof(sk_param_spec, n
                  offsetof(sk_param_spec, init_b) == 44 && sizeof(sk_param_spec) == 48, "sk_param_spec layout");
 SK_LAYOUT_ASSERT(offsetof(sk_engine_options, fsdp) == 8 && offsetof(sk_engine_options, optimizer) == 16 &&
                  offsetof(sk_engine_options, memory_cap_bytes) == 24 && offsetof(sk_engine_options, device) == 32 &&
-                 sizeof(sk_engine_options) == 40,
+                 offsetof(sk_engine_options, cuda_stream) == 40 && sizeof(sk_engine_options) == 48,
                  "sk_engine_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_device_options, kind) == 8 && offsetof(sk_device_options, use_index) == 12 &&
                  offsetof(sk_device_options, index) == 16 && offsetof(sk_device_options, sim_profile) == 24 &&

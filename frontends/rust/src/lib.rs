@@ -887,6 +887,73 @@ pub struct EngineOptions {
     /// host memory: [`Engine::param`] and [`Engine::grad`] refuse them
     /// (use [`Engine::param_view`]).
     pub device: Option<Device>,
+    /// The caller's `cudaStream_t` on the engine's CUDA device: the engine's
+    /// caller stream from creation (see [`Stream`]); `None` = synchronous
+    /// hooks. It must outlive the engine.
+    pub cuda_stream: Option<ptr::NonNull<c_void>>,
+}
+
+/// A caller stream (`sk_stream`): the caller's in-order work queue on the
+/// engine's device. Once [`Engine::set_stream`] names it, the hooks are
+/// stream-ordered: `pre_forward`/`pre_backward` make the stream wait for the
+/// gather and return at once, and the engine frees or reduces a unit's
+/// buffers only after the work enqueued on the stream before the matching
+/// `post_` call. On cpu the closures given to [`Stream::enqueue`] are the
+/// caller's kernels, run in order on the stream's worker thread.
+#[derive(Debug)]
+pub struct Stream {
+    raw: *mut sys::sk_stream,
+}
+
+unsafe impl Send for Stream {}
+unsafe impl Sync for Stream {}
+
+unsafe extern "C" fn run_boxed_closure(user_data: *mut c_void) {
+    let f = unsafe { Box::from_raw(user_data as *mut Box<dyn FnOnce() + Send>) };
+    // A panic must not unwind into C: it is caught here and the process
+    // aborts, as no caller is left to receive it.
+    if catch_unwind(AssertUnwindSafe(move || f())).is_err() {
+        std::process::abort();
+    }
+}
+
+impl Stream {
+    /// A new stream on the device of `engine` (cpu: a worker thread; cuda:
+    /// a stream this handle owns).
+    pub fn new(engine: &Engine) -> Result<Stream> {
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::sk_stream_create(engine.raw, &mut raw) })?;
+        Ok(Stream { raw })
+    }
+    /// Wraps the caller's `cudaStream_t` (not owned; it must outlive the
+    /// engine). INVALID_ARGUMENT off a cuda engine or for another GPU's stream.
+    pub fn wrap_cuda(engine: &Engine, cuda_stream: *mut c_void) -> Result<Stream> {
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::sk_stream_wrap_cuda(engine.raw, cuda_stream, &mut raw) })?;
+        Ok(Stream { raw })
+    }
+    /// Enqueues `f` after everything enqueued before it; returns once
+    /// enqueued. On cuda `f` runs on a driver thread and must not call CUDA.
+    /// A panic in `f` aborts the process.
+    pub fn enqueue<F: FnOnce() + Send + 'static>(&self, f: F) -> Result<()> {
+        let boxed: Box<Box<dyn FnOnce() + Send>> = Box::new(Box::new(f));
+        let user_data = Box::into_raw(boxed) as *mut c_void;
+        let status = unsafe { sys::sk_stream_enqueue(self.raw, Some(run_boxed_closure), user_data) };
+        if status != sys::SK_STATUS_OK {
+            drop(unsafe { Box::from_raw(user_data as *mut Box<dyn FnOnce() + Send>) });
+        }
+        check(status)
+    }
+    /// Blocks until everything enqueued so far has run.
+    pub fn synchronize(&self) -> Result<()> {
+        check(unsafe { sys::sk_stream_synchronize(self.raw) })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        unsafe { sys::sk_stream_destroy(self.raw) }
+    }
 }
 
 /// One rank's FSDP engine over a caller-computed model. Parameter and
@@ -928,6 +995,7 @@ impl Engine {
             optimizer: &options.optimizer,
             memory_cap_bytes: options.memory_cap_bytes,
             device: opt_raw_device(&device),
+            cuda_stream: options.cuda_stream.map_or(ptr::null_mut(), |p| p.as_ptr()),
         };
         let mut raw = ptr::null_mut();
         check(unsafe { sys::sk_engine_create(spec.raw, group, &raw_options, &mut raw) })?;
@@ -970,6 +1038,11 @@ impl Engine {
     /// The raw view of a gradient buffer (on every device).
     pub fn grad_view(&mut self, unit: i32, param: i32) -> Result<sys::sk_tensor_view> {
         self.view(sys::sk_engine_grad, unit, param)
+    }
+    /// Stream-ordered hooks on `stream` from the next call on (`None`: the
+    /// synchronous protocol). The engine keeps the stream alive.
+    pub fn set_stream(&mut self, stream: Option<&Stream>) -> Result<()> {
+        check(unsafe { sys::sk_engine_set_stream(self.raw, stream.map_or(ptr::null_mut(), |s| s.raw)) })
     }
     pub fn set_gradient_sync(&mut self, enabled: bool) -> Result<()> {
         check(unsafe { sys::sk_engine_set_gradient_sync(self.raw, enabled as i32) })

@@ -96,6 +96,12 @@ pub struct sk_model_spec {
 pub struct sk_engine {
     _private: [u8; 0],
 }
+#[repr(C)]
+pub struct sk_stream {
+    _private: [u8; 0],
+}
+
+pub type sk_stream_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
 
 pub type sk_rank_fn = Option<
     unsafe extern "C" fn(rank: i32, group: *mut sk_process_group, user_data: *mut c_void) -> sk_status_t,
@@ -256,6 +262,7 @@ pub struct sk_engine_options {
     pub optimizer: *const sk_optimizer_options,
     pub memory_cap_bytes: u64,
     pub device: *const sk_device_options,
+    pub cuda_stream: *mut c_void,
 }
 
 #[repr(C)]
@@ -459,6 +466,12 @@ extern "C" {
     pub fn sk_engine_param(engine: *mut sk_engine, unit: i32, param: i32, out_view: *mut sk_tensor_view) -> sk_status_t;
     pub fn sk_engine_grad(engine: *mut sk_engine, unit: i32, param: i32, out_view: *mut sk_tensor_view) -> sk_status_t;
     pub fn sk_engine_set_gradient_sync(engine: *mut sk_engine, enabled: i32) -> sk_status_t;
+    pub fn sk_stream_create(engine: *mut sk_engine, out_stream: *mut *mut sk_stream) -> sk_status_t;
+    pub fn sk_stream_wrap_cuda(engine: *mut sk_engine, cuda_stream: *mut c_void, out_stream: *mut *mut sk_stream) -> sk_status_t;
+    pub fn sk_stream_enqueue(stream: *mut sk_stream, fn_: sk_stream_fn, user_data: *mut c_void) -> sk_status_t;
+    pub fn sk_stream_synchronize(stream: *mut sk_stream) -> sk_status_t;
+    pub fn sk_stream_destroy(stream: *mut sk_stream);
+    pub fn sk_engine_set_stream(engine: *mut sk_engine, stream: *mut sk_stream) -> sk_status_t;
     pub fn sk_engine_finish_backward(engine: *mut sk_engine) -> sk_status_t;
     pub fn sk_engine_clip_grad_norm(engine: *mut sk_engine, max_norm: f64, out_norm: *mut f64) -> sk_status_t;
     pub fn sk_engine_optimizer_step(engine: *mut sk_engine) -> sk_status_t;

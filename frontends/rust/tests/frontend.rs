@@ -3,7 +3,7 @@
 //! as Results instead of unwinding through C.
 use shardkit::{
     run_local_ranks, sys, Device, Engine, EngineOptions, Group, LocalSession, ModelSpec, OptimizerOptions, ParamSpec,
-    ProcessGroup, Trainer, TrainerOptions, WeightLayout,
+    ProcessGroup, Stream, Trainer, TrainerOptions, WeightLayout,
 };
 
 fn tiny() -> TrainerOptions {
@@ -414,4 +414,75 @@ fn a_simulated_engine_has_views_without_data() {
     let groups = ProcessGroup::local(1, None).unwrap();
     assert_eq!(Engine::new(&spec, &groups[0], &options).unwrap_err().code, sys::SK_STATUS_INVALID_ARGUMENT);
     assert_eq!(Engine::simulated(&spec, &EngineOptions::default()).unwrap_err().code, sys::SK_STATUS_INVALID_ARGUMENT);
+}
+
+/// Raw views handed to a closure on the caller's stream (the caller's
+/// "kernel"): valid for work enqueued there until the matching post_ call.
+struct SendPtr<T>(*mut T);
+unsafe impl<T> Send for SendPtr<T> {}
+
+/// One step whose kernels are delayed closures on a caller stream, or run
+/// inline (the synchronous protocol); returns the parameter.
+fn step_with_kernels(on_stream: bool) -> Vec<f32> {
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let mut spec = ModelSpec::new().unwrap();
+    let u = spec.add_unit("layer").unwrap();
+    spec.add_param(u, &ParamSpec { name: "w", shape: &[8], init: sys::SK_INIT_NORMAL, init_a: 0.0, init_b: 1.0 }).unwrap();
+    let mut engine = Engine::new(&spec, &groups[0], &EngineOptions::default()).unwrap();
+    let stream = Stream::new(&engine).unwrap();
+    if on_stream {
+        engine.set_stream(Some(&stream)).unwrap();
+    }
+    let launch = |kernel: Box<dyn FnOnce() + Send>| {
+        if on_stream {
+            stream
+                .enqueue(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(30));
+                    kernel()
+                })
+                .unwrap();
+        } else {
+            kernel();
+        }
+    };
+    let saved = std::sync::Arc::new(std::sync::Mutex::new(vec![0.0f32; 8]));
+    engine.pre_forward(u).unwrap();
+    let w = SendPtr(engine.param_view(u, 0).unwrap().data as *mut f32);
+    let s = saved.clone();
+    launch(Box::new(move || {
+        let w = w;
+        let mut s = s.lock().unwrap();
+        for i in 0..8 {
+            s[i] = 2.0 * unsafe { *w.0.add(i) } + i as f32;
+        }
+    }));
+    engine.post_forward(u).unwrap();
+    engine.pre_backward(u).unwrap();
+    let g = SendPtr(engine.grad_view(u, 0).unwrap().data as *mut f32);
+    let s = saved.clone();
+    launch(Box::new(move || {
+        let g = g;
+        let s = s.lock().unwrap();
+        for i in 0..8 {
+            unsafe { *g.0.add(i) += s[i] };
+        }
+    }));
+    engine.post_backward(u).unwrap();
+    engine.finish_backward().unwrap();
+    engine.optimizer_step().unwrap();
+    engine.read_param(u, 0, 8).unwrap()
+}
+
+#[test]
+fn engine_hooks_on_a_caller_stream_match_the_synchronous_protocol() {
+    assert_eq!(step_with_kernels(true), step_with_kernels(false));
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let mut spec = ModelSpec::new().unwrap();
+    let u = spec.add_unit("layer").unwrap();
+    spec.add_param(u, &ParamSpec { name: "w", shape: &[2], init: sys::SK_INIT_ONES, init_a: 0.0, init_b: 0.0 }).unwrap();
+    let mut engine = Engine::new(&spec, &groups[0], &EngineOptions::default()).unwrap();
+    let e = Stream::wrap_cuda(&engine, std::ptr::null_mut()).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
+    assert!(e.message.contains("cuda engine"), "{}", e);
+    engine.set_stream(None).unwrap();
 }

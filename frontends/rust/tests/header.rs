@@ -234,7 +234,7 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_plan_result { struct_size, profile, device_memory_bytes, num_candidates, recommended, recommendation, table,
                          json }
         sk_param_spec { struct_size, name, ndim, shape, dtype, init, init_a, init_b }
-        sk_engine_options { struct_size, fsdp, optimizer, memory_cap_bytes, device }
+        sk_engine_options { struct_size, fsdp, optimizer, memory_cap_bytes, device, cuda_stream }
         sk_tensor_view { struct_size, data, dtype, ndim, shape, numel }
     };
     // The header's own layout asserts: offsetof(T, f) == N, sizeof(T) == N.
