@@ -271,6 +271,23 @@ class NcclWatchdog {
   };
 
   std::string HeartbeatKey(int r) const { return prefix_ + "/heartbeat/" + std::to_string(r); }
+  // One failure record per world (sub-groups share their world's prefix).
+  std::string FailureKey() const { return prefix_.substr(0, prefix_.find("/sub[")) + "/failure"; }
+
+  // The culprit sentence some rank published, or "" (none yet, or the store
+  // cannot be read: then this rank's own checks decide).
+  std::string PublishedFailure() {
+    // Adding 0 reads the claim counter without waiting (a Get of an absent
+    // key would hold the store connection for its whole timeout).
+    StatusOr<int64_t> claims = store_->Add(FailureKey() + "_claims", 0);
+    if (!claims.ok() || *claims == 0) return "";
+    StatusOr<std::string> got = store_->Get(FailureKey(), Duration(2000));
+    return got.ok() ? *got : "";
+  }
+  void Publish(const std::string& culprits) {
+    StatusOr<int64_t> claim = store_->Add(FailureKey() + "_claims", 1);
+    if (claim.ok() && *claim == 1) store_->Set(FailureKey(), culprits).IgnoreError();
+  }
 
   void Beat() {
     // A failing store is noticed by whoever reads it; a beat is best effort.
@@ -283,9 +300,11 @@ class NcclWatchdog {
     while (!stop_) {
       cv_.wait_for(lock, std::chrono::milliseconds(pending_.empty() ? 50 : 1));
       if (stop_) break;
+      std::string published;  // a failure another rank found (see PublishedFailure)
       if (Clock::now() >= next_beat) {
         lock.unlock();
         Beat();
+        published = PublishedFailure();
         lock.lock();
         next_beat = Clock::now() + std::chrono::milliseconds(kHeartbeatMs);
       }
@@ -297,7 +316,15 @@ class NcclWatchdog {
         pending_.pop_front();
       }
       Status failure;
-      if (!pending_.empty()) {
+      if (!published.empty()) {
+        // Another rank of this world found a dead peer: fail at once with
+        // its finding instead of waiting for the NCCL error to cascade here
+        // (by then the failed ranks may have exited, and their silence
+        // would be blamed on them).
+        failure = UnavailableError(
+            who_ + ": " + (pending_.empty() ? std::string("the group") : pending_.front().work->description()) +
+            " cannot complete: " + published);
+      } else if (!pending_.empty()) {
         const ncclResult_t state = comm_->AsyncState();
         if (state != ncclSuccess && state != ncclInProgress) {
           failure = UnavailableError(who_ + ": " + pending_.front().work->description() +
@@ -311,8 +338,19 @@ class NcclWatchdog {
       }
       if (failure.ok()) continue;
       lock.unlock();
-      const std::string culprits = StoppedRanks();
-      if (!culprits.empty()) failure = Status(failure.code(), std::string(failure.message()) + ": " + culprits);
+      if (published.empty()) {
+        // The first rank to find the culprits publishes them; later ones
+        // (the NCCL error reaches ranks one after another) take its finding.
+        std::string culprits = PublishedFailure();
+        if (culprits.empty()) {
+          culprits = StoppedRanks();
+          if (!culprits.empty()) {
+            culprits += " (found by rank " + std::to_string(global_ranks_[rank_]) + ")";
+            Publish(culprits);
+          }
+        }
+        if (!culprits.empty()) failure = Status(failure.code(), std::string(failure.message()) + ": " + culprits);
+      }
       failure = Status(failure.code(), std::string(failure.message()) + "; communicator aborted");
       lock.lock();
       error_ = failure;

@@ -2,11 +2,11 @@
 // rank, checked against the same training over gloo on the CPU in the same
 // processes. Run under the launcher (several ranks may share one GPU):
 //
-//   launch --nproc_per_node=4 --share_gpu=0 --master_port=0 \
+//   launch --nproc_per_node=4 --share_gpu=0 --master_port=0
 //       nccl_train_check [--cases=all|NAME,...] [--steps=5]
 //   launch --nproc_per_node=4 ... nccl_train_check --save=DIR     # train 3 steps, save
 //   launch --nproc_per_node=2 ... nccl_train_check --resume=DIR   # resume at another world
-//   launch --nproc_per_node=4 --on_failure=wait ... nccl_train_check --train_forever \
+//   launch --nproc_per_node=4 --on_failure=wait ... nccl_train_check --train_forever
 //       --timeout_ms=20000 --pid_dir=DIR                          # for kill -9 of a rank
 //
 // Each rank builds one TcpStore (rank 0 serves it on MASTER_PORT) and two
@@ -46,6 +46,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+#ifdef SHARDKIT_WITH_CUDA  // the checks below need a GPU build
 struct Case {
   std::string name;
   std::string model = "gpt-tiny";
@@ -255,6 +256,8 @@ std::string Compare(const Case& c, const Run& cpu, const Run& gpu, double* worst
   *worst_out = worst;
   return "";
 }
+
+#endif  // SHARDKIT_WITH_CUDA
 
 struct Flags {
   std::string cases = "all";
