@@ -212,6 +212,21 @@ Status Linear(const OpContext& ctx, const Tensor& x, const Tensor& w_in, const T
   return ops::Gemm(ctx, p, MatrixRef{x, 0, in}, MatrixRef{w, 0, out}, MatrixRef{y, 0, out});
 }
 
+// y[rows, out] = x[rows, in] w[in, out] + bias[out] + residual[rows, out]:
+// a sublayer's output projection and its residual connection, summed in f32
+// and rounded once into a 16-bit y (ops::GemmBiasResidual: one GEMM where the
+// backend fuses the residual as its beta = 1 term; else GemmBias, Axpy and
+// Cast through an f32 temporary).
+Status LinearResidual(const OpContext& ctx, const Tensor& x, const Tensor& w_in,
+                      const Tensor& bias, const Tensor& residual, int64_t rows, int64_t in,
+                      int64_t out, const Tensor& y) {
+  SK_ASSIGN_OR_RETURN(Tensor w, InDType(ctx, w_in, x.dtype()));
+  GemmParams p;
+  p.m = rows, p.n = out, p.k = in;
+  return ops::GemmBiasResidual(ctx, p, MatrixRef{x, 0, in}, MatrixRef{w, 0, out}, bias, residual,
+                               MatrixRef{y, 0, out});
+}
+
 // Given dy[rows, out]: dw += x^T dy, dbias += column sums of dy (if defined),
 // and dx = dy w^T, overwritten or (accumulate_dx) added (if defined).
 Status LinearBackward(const OpContext& ctx, const Tensor& x, const Tensor& w_in, const Tensor& dy,
@@ -327,16 +342,8 @@ Status SublayerForward(const OpContext& ctx, SublayerKind kind, const BlockDims&
     }
     proj_in = s->att;
   }
-  if (t == DType::kF32) {
-    SK_RETURN_IF_ERROR(Linear(ctx, proj_in, p.proj_w, p.proj_b, n, proj_in_dim, c, s->out));
-    return ops::Axpy(ctx, 1.0f, x, s->out);  // the residual
-  }
-  // 16-bit: the projection and the residual add in f32, rounded once into out
-  // (a fused epilogue; the f32 sum lives only until the cast).
-  SK_ASSIGN_OR_RETURN(Tensor sum, NewF32(ctx, n * c));
-  SK_RETURN_IF_ERROR(Linear(ctx, proj_in, p.proj_w, p.proj_b, n, proj_in_dim, c, sum));
-  SK_RETURN_IF_ERROR(ops::Axpy(ctx, 1.0f, x, sum));
-  return ops::Cast(ctx, sum, s->out);
+  // The projection and the residual add in f32, rounded once into a 16-bit out.
+  return LinearResidual(ctx, proj_in, p.proj_w, p.proj_b, x, n, proj_in_dim, c, s->out);
 }
 
 // dx = dy (the residual) + the LayerNorm branch's input gradient; dx may be
