@@ -423,19 +423,20 @@ Status TransformerBlock::Backward(const OpContext& ctx, const BlockDims& d, cons
                                   const UnitGrads& g, const Tensor& x, const Tensor& enc,
                                   const BlockSaved& saved, const Tensor& dy, const Tensor& dx,
                                   const Tensor& denc) const {
-  const int64_t nc = d.batch * d.seq * d.d_model;
-  SK_ASSIGN_OR_RETURN(Tensor dcur, NewAct(ctx, d.storage, nc));
-  SK_RETURN_IF_ERROR(ops::Copy(ctx, dy, dcur));
+  // The running gradient lives in dx: the last sublayer's backward copies dy
+  // there (its residual) and each sublayer before it works in place, so no
+  // pass copies it in or out.
   size_t offset = 0;
   for (SublayerKind k : kinds_) offset += SublayerParamCount(k);
   for (size_t i = kinds_.size(); i-- > 0;) {
     offset -= SublayerParamCount(kinds_[i]);
     const Tensor& in = i == 0 ? x : saved.subs[i - 1].out;
+    const Tensor& dout = i + 1 == kinds_.size() ? dy : dx;
     SK_RETURN_IF_ERROR(SublayerBackward(ctx, kinds_[i], d, Bind(kinds_[i], p, offset),
-                                        Bind(kinds_[i], g, offset), in, enc, saved.subs[i], dcur,
-                                        dcur, denc));
+                                        Bind(kinds_[i], g, offset), in, enc, saved.subs[i], dout,
+                                        dx, denc));
   }
-  return ops::Copy(ctx, dcur, dx);
+  return OkStatus();
 }
 
 int64_t TransformerBlock::SavedBytes(const BlockDims& d) const {
@@ -482,7 +483,7 @@ int64_t TransformerBlock::BackwardTempBytes(const BlockDims& d) const {
     }
     most = std::max(most, f);
   }
-  return a * n * c + most;  // + the running gradient dcur
+  return most;  // (the running gradient is dx)
 }
 
 double TransformerBlock::ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t enc_seq,
