@@ -192,13 +192,31 @@ Status Timed(OpTimingObserver* observer, const OpCost& cost, Fn run) {
   return s;
 }
 
+// Runs `run` between two timing events on ctx.stream and reports the
+// device time between them (op_timing.h: kDeviceEvents).
+template <typename Fn>
+Status TimedOnDevice(OpTimingObserver* observer, const OpContext& ctx, const OpCost& cost, Fn run) {
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> start, ctx.device->CreateEvent(/*enable_timing=*/true));
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> end, ctx.device->CreateEvent(/*enable_timing=*/true));
+  SK_RETURN_IF_ERROR(start->Record(*ctx.stream));
+  SK_RETURN_IF_ERROR(run());
+  SK_RETURN_IF_ERROR(end->Record(*ctx.stream));
+  SK_RETURN_IF_ERROR(end->Synchronize());
+  SK_ASSIGN_OR_RETURN(double ms, start->ElapsedMillis(*end));
+  observer->OnOp(cost, ms * 1e-3);
+  return OkStatus();
+}
+
 template <typename Fn>
 Status Dispatch(OpBackend* b, const OpContext& ctx, const OpCost& cost, Fn run) {
   SK_RETURN_IF_ERROR(b->Account(ctx, cost));
   if (!b->executes()) return OkStatus();
   if (OpTimingObserver* observer = g_timing_observer.load(std::memory_order_acquire);
-      observer != nullptr && ctx.device != nullptr && ctx.device->id().kind == DeviceKind::kCpu) {
-    return Timed(observer, cost, run);
+      observer != nullptr && ctx.device != nullptr) {
+    if (ctx.device->id().kind == DeviceKind::kCpu) return Timed(observer, cost, run);
+    if (observer->clock() == OpTimingObserver::Clock::kDeviceEvents && ctx.stream != nullptr) {
+      return TimedOnDevice(observer, ctx, cost, run);
+    }
   }
   if (TraceRecorder::Global().enabled() && ctx.stream != nullptr && ctx.stream->device().is_cpu()) {
     TraceSpan span(cost.name, "compute", ctx.stream->device().index, ctx.stream->id());

@@ -148,8 +148,8 @@ loader=$(ldd "${binaries[0]}" | awk '/ld-linux/ {print ($3 ? $3 : $1)}' | head -
 cp -L "$loader" "$PKG/lib/ld-linux-x86-64.so.2"
 
 cp tools/gpu/run.sh tools/gpu/extra.sh tools/gpu/libpath.sh tools/gpu/report.py \
-  tools/gpu/torch_compare.sh "$PKG/"
-chmod +x "$PKG/run.sh" "$PKG/extra.sh" "$PKG/torch_compare.sh"
+  tools/gpu/torch_compare.sh tools/gpu/epilogue_ab.sh "$PKG/"
+chmod +x "$PKG/run.sh" "$PKG/extra.sh" "$PKG/torch_compare.sh" "$PKG/epilogue_ab.sh"
 # The optional PyTorch comparison, for a host whose Python has torch
 # (torch_compare.sh runs it against lib/libshardkit.so).
 cp benchmarks/torch_compare/compare.py "$PKG/extra/compare.py"
