@@ -17,7 +17,8 @@
 // observer whose clock is kDeviceEvents: the dispatcher records a timing
 // Event on ctx.stream before and after the backend's method, waits for the
 // second and reports the time between them -- the op's kernels (and the
-// copies and memsets it enqueues) on the device. The host then waits for
+// copies and memsets it enqueues) on the device. (Such an observer gets cpu
+// ops on the wall clock.) The host then waits for
 // every op, so a step timed this way is slower than one that is not; the
 // per-op times are what a breakdown wants. Ops without a stream are not
 // reported.
