@@ -5,7 +5,7 @@
 # fused (the default), unfused (SK_CUDA_FUSED_EPILOGUES=0), then fused
 # again, so drift between runs shows beside the difference.
 #
-#   gpu-pkg/epilogue_ab.sh ['BENCHMARK_FILTER']   # default 'w1/(fsdp|ddp)/bf16$'
+#   gpu-pkg/epilogue_ab.sh ['BENCHMARK_FILTER']   # default 'w1/(fsdp|ddp)/bf16/iter'
 #
 # Writes $OUT/epilogue_ab/{fused,unfused,fused_again}.txt (gpu_train's
 # console table and each row's breakdown), or under gpu-pkg/report without
@@ -15,7 +15,7 @@ PKG=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$PKG/report}
 dir="$OUT/epilogue_ab"
 mkdir -p "$dir"
-filter=${1:-'w1/(fsdp|ddp)/bf16$'}
+filter=${1:-'w1/(fsdp|ddp)/bf16/iter'}
 source "$PKG/libpath.sh"  # sets LIBPATH
 launch=("$PKG/lib/ld-linux-x86-64.so.2" --library-path "$LIBPATH")
 status=0
