@@ -20,21 +20,32 @@
 // torch.cuda.synchronize() in a PyTorch benchmark); the trainers are
 // destroyed before the next configuration so each starts with an empty
 // device. Without a GPU every benchmark reports "no CUDA device". Environment:
-// SK_GPU_TRAIN_STEPS = timed steps (default 10). Part of the
-// GPU suite (tools/gpu); nothing here is a test.
+// SK_GPU_TRAIN_STEPS = timed steps (default 10); SK_GPU_TRAIN_OP_BREAKDOWN=1
+// runs one more step after the timed ones with every op timed on the device
+// by CUDA events (op_timing.h: kDeviceEvents; the host waits for each op, so
+// that step is not one of the timed ones) and prints, per op name, its calls,
+// device milliseconds and share of the step's op time (the A/B of
+// SK_CUDA_FUSED_EPILOGUES=0 against the default is two such runs;
+// docs/cuda.md). Part of the GPU suite (tools/gpu); nothing here is a test.
 //
 //   ./bazelw run --config=cuda -c opt //benchmarks:gpu_train
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
 
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/status.h"
+#include "runtime/ops/op_timing.h"
 #include "runtime/train/sim_run.h"
 #include "runtime/train/trainer.h"
 
@@ -50,6 +61,53 @@ int TimedSteps() {
   const int n = env != nullptr ? std::atoi(env) : 10;
   return n >= 1 ? n : 10;
 }
+// SK_GPU_TRAIN_OP_BREAKDOWN=1: time one extra step per op (see the top).
+bool OpBreakdown() {
+  const char* env = std::getenv("SK_GPU_TRAIN_OP_BREAKDOWN");
+  return env != nullptr && std::string_view(env) == "1";
+}
+
+// Device time per op name over one step, from every rank thread.
+class OpBreakdownRecorder final : public ops::OpTimingObserver {
+ public:
+  Clock clock() const override { return Clock::kDeviceEvents; }
+  void OnOp(const ops::OpCost& cost, double seconds) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry& e = ops_[cost.name];
+    ++e.calls;
+    e.seconds += seconds;
+    e.bytes += cost.bytes_read + cost.bytes_written;
+  }
+  // One line per op, most time first, under a header naming the row.
+  void Print(const std::string& row) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    double total = 0;
+    for (const auto& [name, e] : ops_) total += e.seconds;
+    std::vector<std::pair<std::string, Entry>> sorted(ops_.begin(), ops_.end());
+    std::sort(sorted.begin(), sorted.end(),
+              [](const auto& x, const auto& y) { return x.second.seconds > y.second.seconds; });
+    std::printf("op breakdown, %s: %.3f ms of op time in one step (device events per op)\n",
+                row.c_str(), total * 1e3);
+    std::printf("  %-22s %7s %10s %7s %9s\n", "op", "calls", "ms", "share", "GB/s");
+    for (const auto& [name, e] : sorted) {
+      std::printf("  %-22s %7lld %10.3f %6.1f%% %9.1f\n", name.c_str(),
+                  static_cast<long long>(e.calls), e.seconds * 1e3,
+                  total > 0 ? 100.0 * e.seconds / total : 0.0,
+                  e.seconds > 0 ? e.bytes / e.seconds * 1e-9 : 0.0);
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  struct Entry {
+    int64_t calls = 0;
+    double seconds = 0;
+    double bytes = 0;
+  };
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> ops_;
+};
+
 // NVIDIA H100 SXM datasheet: BF16 tensor core 989 TFLOPS dense (the
 // h100-80g profile's figure); an H100 PCIe is 756.
 constexpr double kH100DenseBf16Tflops = 989.0;
@@ -164,6 +222,14 @@ void BM_Train(benchmark::State& state, Row row) {
     model_tflops = tflops;  // the last step's; scaled to the median time below
     state.SetIterationTime(slowest);
   }
+  std::unique_ptr<OpBreakdownRecorder> breakdown;
+  if (s.ok() && OpBreakdown()) {
+    breakdown = std::make_unique<OpBreakdownRecorder>();
+    ops::SetOpTimingObserver(breakdown.get());
+    s = step_all();
+    ops::SetOpTimingObserver(nullptr);
+    if (!s.ok()) state.SkipWithError(s.ToString().c_str());
+  }
   if (s.ok() && !times.empty()) {
     std::vector<double> sorted = times;
     std::sort(sorted.begin(), sorted.end());
@@ -193,6 +259,7 @@ void BM_Train(benchmark::State& state, Row row) {
   if (row.world == 1) label += " sim " + SimProfileName();
   if (!sim_error.empty()) label += " (sim: " + sim_error + ")";
   state.SetLabel(label);
+  if (breakdown && s.ok()) breakdown->Print(label);
   comm::RunRankThreads(row.world, [&](int r) {
     trainers[r].reset();
     return OkStatus();

@@ -212,6 +212,21 @@ Status Linear(const OpContext& ctx, const Tensor& x, const Tensor& w_in, const T
   return ops::Gemm(ctx, p, MatrixRef{x, 0, in}, MatrixRef{w, 0, out}, MatrixRef{y, 0, out});
 }
 
+// y[rows, out] = x[rows, in] w[in, out] + bias[out] + residual[rows, out]:
+// a sublayer's output projection and its residual connection, summed in f32
+// and rounded once into a 16-bit y (ops::GemmBiasResidual: one GEMM where the
+// backend fuses the residual as its beta = 1 term; else GemmBias, Axpy and
+// Cast through an f32 temporary).
+Status LinearResidual(const OpContext& ctx, const Tensor& x, const Tensor& w_in,
+                      const Tensor& bias, const Tensor& residual, int64_t rows, int64_t in,
+                      int64_t out, const Tensor& y) {
+  SK_ASSIGN_OR_RETURN(Tensor w, InDType(ctx, w_in, x.dtype()));
+  GemmParams p;
+  p.m = rows, p.n = out, p.k = in;
+  return ops::GemmBiasResidual(ctx, p, MatrixRef{x, 0, in}, MatrixRef{w, 0, out}, bias, residual,
+                               MatrixRef{y, 0, out});
+}
+
 // Given dy[rows, out]: dw += x^T dy, dbias += column sums of dy (if defined),
 // and dx = dy w^T, overwritten or (accumulate_dx) added (if defined).
 Status LinearBackward(const OpContext& ctx, const Tensor& x, const Tensor& w_in, const Tensor& dy,
@@ -327,16 +342,8 @@ Status SublayerForward(const OpContext& ctx, SublayerKind kind, const BlockDims&
     }
     proj_in = s->att;
   }
-  if (t == DType::kF32) {
-    SK_RETURN_IF_ERROR(Linear(ctx, proj_in, p.proj_w, p.proj_b, n, proj_in_dim, c, s->out));
-    return ops::Axpy(ctx, 1.0f, x, s->out);  // the residual
-  }
-  // 16-bit: the projection and the residual add in f32, rounded once into out
-  // (a fused epilogue; the f32 sum lives only until the cast).
-  SK_ASSIGN_OR_RETURN(Tensor sum, NewF32(ctx, n * c));
-  SK_RETURN_IF_ERROR(Linear(ctx, proj_in, p.proj_w, p.proj_b, n, proj_in_dim, c, sum));
-  SK_RETURN_IF_ERROR(ops::Axpy(ctx, 1.0f, x, sum));
-  return ops::Cast(ctx, sum, s->out);
+  // The projection and the residual add in f32, rounded once into a 16-bit out.
+  return LinearResidual(ctx, proj_in, p.proj_w, p.proj_b, x, n, proj_in_dim, c, s->out);
 }
 
 // dx = dy (the residual) + the LayerNorm branch's input gradient; dx may be
@@ -416,19 +423,20 @@ Status TransformerBlock::Backward(const OpContext& ctx, const BlockDims& d, cons
                                   const UnitGrads& g, const Tensor& x, const Tensor& enc,
                                   const BlockSaved& saved, const Tensor& dy, const Tensor& dx,
                                   const Tensor& denc) const {
-  const int64_t nc = d.batch * d.seq * d.d_model;
-  SK_ASSIGN_OR_RETURN(Tensor dcur, NewAct(ctx, d.storage, nc));
-  SK_RETURN_IF_ERROR(ops::Copy(ctx, dy, dcur));
+  // The running gradient lives in dx: the last sublayer's backward copies dy
+  // there (its residual) and each sublayer before it works in place, so no
+  // pass copies it in or out.
   size_t offset = 0;
   for (SublayerKind k : kinds_) offset += SublayerParamCount(k);
   for (size_t i = kinds_.size(); i-- > 0;) {
     offset -= SublayerParamCount(kinds_[i]);
     const Tensor& in = i == 0 ? x : saved.subs[i - 1].out;
+    const Tensor& dout = i + 1 == kinds_.size() ? dy : dx;
     SK_RETURN_IF_ERROR(SublayerBackward(ctx, kinds_[i], d, Bind(kinds_[i], p, offset),
-                                        Bind(kinds_[i], g, offset), in, enc, saved.subs[i], dcur,
-                                        dcur, denc));
+                                        Bind(kinds_[i], g, offset), in, enc, saved.subs[i], dout,
+                                        dx, denc));
   }
-  return ops::Copy(ctx, dcur, dx);
+  return OkStatus();
 }
 
 int64_t TransformerBlock::SavedBytes(const BlockDims& d) const {
@@ -475,7 +483,7 @@ int64_t TransformerBlock::BackwardTempBytes(const BlockDims& d) const {
     }
     most = std::max(most, f);
   }
-  return a * n * c + most;  // + the running gradient dcur
+  return most;  // (the running gradient is dx)
 }
 
 double TransformerBlock::ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t enc_seq,

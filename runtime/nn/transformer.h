@@ -182,7 +182,8 @@ class TransformerBlock {
 
   // Given dy for the block output, overwrites dx [batch*seq, d_model] with the
   // input gradient, adds the encoder-output gradient into denc (if any
-  // cross-attention) and parameter gradients into g.
+  // cross-attention) and parameter gradients into g. dx may be dy; otherwise
+  // they must not overlap.
   Status Backward(const ops::OpContext& ctx, const BlockDims& d, const UnitParams& p,
                   const UnitGrads& g, const Tensor& x, const Tensor& enc, const BlockSaved& saved,
                   const Tensor& dy, const Tensor& dx, const Tensor& denc) const;

@@ -21,6 +21,14 @@ Status OpBackend::GemmBias(const OpContext&, const GemmParams&, const MatrixRef&
                            const Tensor&, const MatrixRef&) {
   return NotImplemented("gemm (with bias)");
 }
+bool OpBackend::GemmAddsResidual(const GemmParams&, DType, DType, DType, DType) const {
+  return false;
+}
+Status OpBackend::GemmBiasResidual(const OpContext&, const GemmParams&, const MatrixRef&,
+                                   const MatrixRef&, const Tensor&, const Tensor&,
+                                   const MatrixRef&) {
+  return NotImplemented("gemm (with bias and residual)");
+}
 bool OpBackend::Native16Bit(std::string_view) const { return false; }
 
 bool OpBackend::IsStagedModelOp(std::string_view op) {

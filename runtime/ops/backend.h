@@ -121,6 +121,18 @@ class OpBackend {
   // GemmAddsBias said true, with the caller's tensors.
   virtual Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
                           const MatrixRef& b, const Tensor& bias, const MatrixRef& c);
+  // Whether GemmBiasResidual(p, ...) with these dtypes (A/B, bias, residual,
+  // C) is one kernel here. When false (the default) the dispatcher runs
+  // ops::GemmBiasResidual as the ops it is defined by (GemmBias, Axpy and,
+  // for a 16-bit C, Cast through an f32 temporary), pricing and executing
+  // each.
+  virtual bool GemmAddsResidual(const GemmParams& p, DType ab, DType bias, DType residual,
+                                DType c) const;
+  // C = alpha op(A) op(B) + bias + residual (ops.h: GemmBiasResidual),
+  // called only where GemmAddsResidual said true, with the caller's tensors.
+  virtual Status GemmBiasResidual(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                                  const MatrixRef& b, const Tensor& bias, const Tensor& residual,
+                                  const MatrixRef& c);
   // Whether this backend's method for the op named `op` (its OpCost name:
   // "bias_add", "gelu_fwd", "layer_norm_bwd", "attention_fwd", ...) reads
   // and writes bf16/f16 compute-dtype operands itself. When false (the

@@ -1,7 +1,8 @@
-// Timing of the CPU backend's ops as a real run executes them: what the
-// simulator's cpu-local calibration (//benchmarks:calibrate) measures inside
-// training steps, so that op rates come from the state a step leaves the
-// caches, allocator and dispatcher in rather than from hot loops.
+// Timing of the ops as a real run executes them: what the simulator's
+// cpu-local calibration (//benchmarks:calibrate) measures inside training
+// steps, so that op rates come from the state a step leaves the caches,
+// allocator and dispatcher in rather than from hot loops, and the per-op
+// kernel time of a GPU step (//benchmarks:gpu_train's breakdown).
 //
 // While an observer is installed, every op that executes on a cpu device
 // reports, after its kernel returns, its declared cost (cost.h) and the
@@ -10,7 +11,17 @@
 // scheduled on a machine shared with other work): the kernel, plus F32Staging's
 // widening and narrowing for 16-bit operands; not the dispatcher's
 // validation and accounting, which are host work around the op. Ops that
-// fail validation, and ops on other device kinds, are not reported.
+// fail validation are not reported.
+//
+// Ops on other executing device kinds (cuda) are reported only to an
+// observer whose clock is kDeviceEvents: the dispatcher records a timing
+// Event on ctx.stream before and after the backend's method, waits for the
+// second and reports the time between them -- the op's kernels (and the
+// copies and memsets it enqueues) on the device. (Such an observer gets cpu
+// ops on the wall clock.) The host then waits for
+// every op, so a step timed this way is slower than one that is not; the
+// per-op times are what a breakdown wants. Ops without a stream are not
+// reported.
 //
 // Off (no observer): one relaxed atomic load per op.
 //
@@ -28,7 +39,7 @@ namespace sk::ops {
 
 class OpTimingObserver {
  public:
-  enum class Clock { kWall, kThreadCpu };
+  enum class Clock { kWall, kThreadCpu, kDeviceEvents };
   virtual ~OpTimingObserver() = default;
   // The clock `seconds` is read from; asked once per op.
   virtual Clock clock() const { return Clock::kWall; }

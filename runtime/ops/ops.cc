@@ -192,13 +192,31 @@ Status Timed(OpTimingObserver* observer, const OpCost& cost, Fn run) {
   return s;
 }
 
+// Runs `run` between two timing events on ctx.stream and reports the
+// device time between them (op_timing.h: kDeviceEvents).
+template <typename Fn>
+Status TimedOnDevice(OpTimingObserver* observer, const OpContext& ctx, const OpCost& cost, Fn run) {
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> start, ctx.device->CreateEvent(/*enable_timing=*/true));
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> end, ctx.device->CreateEvent(/*enable_timing=*/true));
+  SK_RETURN_IF_ERROR(start->Record(*ctx.stream));
+  SK_RETURN_IF_ERROR(run());
+  SK_RETURN_IF_ERROR(end->Record(*ctx.stream));
+  SK_RETURN_IF_ERROR(end->Synchronize());
+  SK_ASSIGN_OR_RETURN(double ms, start->ElapsedMillis(*end));
+  observer->OnOp(cost, ms * 1e-3);
+  return OkStatus();
+}
+
 template <typename Fn>
 Status Dispatch(OpBackend* b, const OpContext& ctx, const OpCost& cost, Fn run) {
   SK_RETURN_IF_ERROR(b->Account(ctx, cost));
   if (!b->executes()) return OkStatus();
   if (OpTimingObserver* observer = g_timing_observer.load(std::memory_order_acquire);
-      observer != nullptr && ctx.device != nullptr && ctx.device->id().kind == DeviceKind::kCpu) {
-    return Timed(observer, cost, run);
+      observer != nullptr && ctx.device != nullptr) {
+    if (ctx.device->id().kind == DeviceKind::kCpu) return Timed(observer, cost, run);
+    if (observer->clock() == OpTimingObserver::Clock::kDeviceEvents && ctx.stream != nullptr) {
+      return TimedOnDevice(observer, ctx, cost, run);
+    }
   }
   if (TraceRecorder::Global().enabled() && ctx.stream != nullptr && ctx.stream->device().is_cpu()) {
     TraceSpan span(cost.name, "compute", ctx.stream->device().index, ctx.stream->id());
@@ -370,14 +388,12 @@ Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const
                   });
 }
 
-Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
-                const Tensor& bias, const MatrixRef& c) {
-  const char* op = "gemm";
-  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  // Everything is checked before anything is written: the two-op form
-  // writes C before its GEMM would find a bad A or B. The bias's own
-  // conditions first (C's ld among them, before C's extent is checked
-  // against it), then Gemm's.
+// GemmBias's operands (and GemmBiasResidual's but the residual). The
+// bias's own conditions first (C's ld among them, before C's extent is
+// checked against it), then Gemm's.
+Status CheckGemmBiasOperands(const char* op, const OpContext& ctx, const GemmParams& p,
+                             const MatrixRef& a, const MatrixRef& b, const Tensor& bias,
+                             const MatrixRef& c) {
   SK_RETURN_IF_ERROR(CheckTensor(op, "bias", ctx, bias));
   if (p.beta != 0.0f) return Bad(op, "a bias with beta=" + std::to_string(p.beta) + " (needs 0)");
   if (p.batch != 1) return Bad(op, "a bias with batch=" + N(p.batch) + " (needs 1)");
@@ -387,6 +403,16 @@ Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, c
   if (c.ld != p.n) return Bad(op, "a bias with C's ld=" + N(c.ld) + " (needs n=" + N(p.n) + ")");
   SK_RETURN_IF_ERROR(CheckGemmOperands(op, ctx, p, a, b, c));
   if (Overlap(bias, c.t)) return Bad(op, "bias overlaps C");
+  return OkStatus();
+}
+
+Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
+                const Tensor& bias, const MatrixRef& c) {
+  const char* op = "gemm";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  // Everything is checked before anything is written: the two-op form
+  // writes C before its GEMM would find a bad A or B.
+  SK_RETURN_IF_ERROR(CheckGemmBiasOperands(op, ctx, p, a, b, bias, c));
   if (p.m == 0 || p.n == 0) return OkStatus();
   if (!be->GemmAddsBias(p, a.t.dtype(), bias.dtype(), c.t.dtype())) {
     // Two ops: the bias written into C, the product accumulated onto it.
@@ -400,6 +426,41 @@ Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, c
   OpCost cost = GemmCost(p.m, p.n, p.k, 1, a.t.dtype(), false, c.t.dtype());
   cost.bytes_read += static_cast<double>(p.n) * DTypeSize(bias.dtype());
   return Dispatch(be, ctx, cost, [&] { return be->GemmBias(ctx, p, a, b, bias, c); });
+}
+
+Status GemmBiasResidual(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                        const MatrixRef& b, const Tensor& bias, const Tensor& residual,
+                        const MatrixRef& c) {
+  const char* op = "gemm";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckGemmBiasOperands(op, ctx, p, a, b, bias, c));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "residual", ctx, residual));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "residual", residual, p.m * p.n));
+  if (Overlap(residual, c.t)) return Bad(op, "residual overlaps C");
+  if (p.m == 0 || p.n == 0) return OkStatus();
+  SK_ASSIGN_OR_RETURN(Tensor rows, c.t.View(static_cast<size_t>(c.offset) * DTypeSize(c.t.dtype()),
+                                            c.t.dtype(), Shape{p.m * p.n}));
+  if (!be->GemmAddsResidual(p, a.t.dtype(), bias.dtype(), residual.dtype(), c.t.dtype())) {
+    // The ops that define it: the linear layer in f32, the residual added
+    // in f32, one rounding of a 16-bit C.
+    if (c.t.dtype() == DType::kF32) {
+      SK_RETURN_IF_ERROR(GemmBias(ctx, p, a, b, bias, c));
+      return Axpy(ctx, 1.0f, residual, rows);
+    }
+    SK_ASSIGN_OR_RETURN(Tensor sum, ctx.alloc->Empty(DType::kF32, Shape{p.m * p.n}));
+    SK_RETURN_IF_ERROR(GemmBias(ctx, p, a, b, bias, MatrixRef{sum, 0, p.n}));
+    SK_RETURN_IF_ERROR(Axpy(ctx, 1.0f, residual, sum));
+    return Cast(ctx, sum, rows);
+  }
+  // One GEMM whose beta = 1 term is the residual: C is written once.
+  OpCost cost = GemmCost(p.m, p.n, p.k, 1, a.t.dtype(), true, c.t.dtype());
+  cost.name = "gemm_bias_residual";
+  cost.bytes_read += static_cast<double>(p.n) * DTypeSize(bias.dtype());
+  if (residual.dtype() != c.t.dtype()) {
+    cost.bytes_read += static_cast<double>(p.m * p.n) *
+                       (static_cast<double>(DTypeSize(residual.dtype())) - DTypeSize(c.t.dtype()));
+  }
+  return Dispatch(be, ctx, cost, [&] { return be->GemmBiasResidual(ctx, p, a, b, bias, residual, c); });
 }
 
 // ---- Data movement ------------------------------------------------------------

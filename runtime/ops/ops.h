@@ -78,6 +78,20 @@ Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const
 Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
                 const Tensor& bias, const MatrixRef& c);
 
+// C = alpha op(A) op(B) + bias + residual, bias [n] in every row and
+// residual [m, n] (any float dtypes, m * n elements, rows contiguous as C's):
+// a linear layer's forward followed by a residual connection. The numbers
+// are those of GemmBias into an f32 [m, n], Axpy(1, residual) onto it and,
+// for a 16-bit C, one rounding into C (with an f32 C: GemmBias into C, then
+// the Axpy), which is what runs on a backend that does not fuse them
+// (OpBackend::GemmAddsResidual); one that does (cuda: a cuBLASLt epilogue,
+// docs/cuda.md) reads the residual as its GEMM's beta = 1 term and writes C
+// once, the same numbers up to f32 summation order. Requires what GemmBias
+// requires; residual must not overlap C.
+Status GemmBiasResidual(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                        const MatrixRef& b, const Tensor& bias, const Tensor& residual,
+                        const MatrixRef& c);
+
 // ---- Data movement ----------------------------------------------------------
 
 // dst = src, same dtype and element count. One side may be host memory (cpu)

@@ -390,6 +390,94 @@ TEST_P(Conformance, GemmBiasRejectsWhatItCannotAddAndWritesNothing) {
   for (double v : Down(c)) ASSERT_EQ(v, -1.0) << "C was written";
 }
 
+// GemmBiasResidual: the linear layer plus the residual, summed in f32 and
+// rounded once into a 16-bit C, whether the backend runs GemmBias, Axpy and
+// Cast (cpu) or one GEMM with the residual as its beta = 1 term (cuda with a
+// bias and residual of C's dtype), for every float dtype, C, bias and
+// residual in f32 or A's dtype, every transposition and alpha != 1; C held
+// NaN beforehand (not read), and the rows around it are not written.
+TEST_P(Conformance, GemmBiasResidualIsTheProductPlusTheBiasPlusTheResidual) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  const Case cases[] = {{1, 1, 1}, {7, 13, 17}, {96, 256, 64}, {5, 6, 0}, {0, 3, 4}};
+  for (DType t : kFloats) {
+    for (DType ct : {DType::kF32, t}) {
+      for (DType bt : {DType::kF32, t}) {
+        for (DType rt : {DType::kF32, t}) {
+          for (const Case& cs : cases) {
+            for (int tr = 0; tr < 4; ++tr) {
+              GemmParams p;
+              p.trans_a = tr & 1;
+              p.trans_b = tr & 2;
+              p.m = cs.m, p.n = cs.n, p.k = cs.k;
+              p.alpha = tr == 3 ? -0.75f : 1.0f;
+              const int64_t lda = (p.trans_a ? p.m : p.k) + 3, ldb = (p.trans_b ? p.k : p.n) + 1;
+              const int64_t ar = p.trans_a ? p.k : p.m, br = p.trans_b ? p.n : p.k;
+              Vec a = R(Random(static_cast<size_t>(ar * lda + 4), 21), t);
+              Vec b = R(Random(static_cast<size_t>(br * ldb + 3), 22), t);
+              Vec bias = R(Random(static_cast<size_t>(p.n), 23), bt);
+              Vec res = R(Random(static_cast<size_t>(p.m * p.n), 24, -2.0, 2.0), rt);
+              Tensor fused = Up(Vec(static_cast<size_t>(p.m * p.n + 3), std::nan("")), ct);
+              const std::string what =
+                  "gemm+bias+residual " + std::string(DTypeName(t)) + " bias " +
+                  std::string(DTypeName(bt)) + " residual " + std::string(DTypeName(rt)) + " -> " +
+                  std::string(DTypeName(ct)) + " m=" + std::to_string(p.m) + " n=" +
+                  std::to_string(p.n) + " k=" + std::to_string(p.k) + " tr=" + std::to_string(tr);
+              Status s = GemmBiasResidual(ctx(), p, {Up(a, t), 4, lda}, {Up(b, t), 3, ldb},
+                                          Up(bias, bt), Up(res, rt), {fused, 2, p.n});
+              ASSERT_TRUE(s.ok()) << what << ": " << s.ToString();
+              const Vec got = Down(fused);
+              for (size_t i : {size_t{0}, size_t{1}, got.size() - 1}) {
+                ASSERT_TRUE(std::isnan(got[i])) << what << ": element " << i << " was written";
+              }
+              // An f32 sum of k products, the bias and the residual in any
+              // order (k + 3) u32 of the sum of magnitudes (Higham's gamma
+              // bound), then one rounding of a 16-bit C.
+              for (int64_t i = 0; i < p.m; ++i) {
+                for (int64_t j = 0; j < p.n; ++j) {
+                  double acc = 0, mag = 0;
+                  for (int64_t l = 0; l < p.k; ++l) {
+                    const double prod = a[4 + (p.trans_a ? l * lda + i : i * lda + l)] *
+                                        b[3 + (p.trans_b ? j * ldb + l : l * ldb + j)];
+                    acc += prod;
+                    mag += std::fabs(prod);
+                  }
+                  const double r = res[i * p.n + j];
+                  const double exact = p.alpha * acc + bias[j] + r;
+                  const double bound =
+                      (p.k + 3) * std::ldexp(1.0, -24) *
+                          (std::fabs(p.alpha) * mag + std::fabs(bias[j]) + std::fabs(r)) +
+                      (ct == DType::kF32 ? 0.0 : Ulp(ct) * std::fabs(exact) * 1.01);
+                  ASSERT_NEAR(got[2 + i * p.n + j], exact, bound)
+                      << what << " [" << i << "," << j << "]";
+                }
+              }
+            }
+          }
+        }
+      }
+      if (t == DType::kF32) break;
+    }
+  }
+}
+
+TEST_P(Conformance, GemmBiasResidualRejectsAMisfitResidualAndWritesNothing) {
+  GemmParams p;
+  p.m = 2, p.n = 3, p.k = 4;
+  Tensor a = Up(Vec(8, 1.0), DType::kF32), b = Up(Vec(12, 1.0), DType::kF32);
+  Tensor bias = Up(Vec(3, 2.0), DType::kF32), c = Up(Vec(6, -1.0), DType::kF32);
+  auto expect_bad = [&](const Tensor& residual, const char* names) {
+    Status s = GemmBiasResidual(ctx(), p, {a, 0, 4}, {b, 0, 3}, bias, residual, {c, 0, 3});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << names << ": " << s.ToString();
+    EXPECT_NE(s.message().find(names), std::string::npos) << s.ToString();
+    for (double v : Down(c)) ASSERT_EQ(v, -1.0) << names << ": C was written";
+  };
+  expect_bad(Up(Vec(5, 1.0), DType::kF32), "residual");
+  expect_bad(c, "residual overlaps C");
+  expect_bad(Tensor(), "residual");
+}
+
 // ---- Data movement ------------------------------------------------------------
 
 TEST_P(Conformance, CopyWholeAndAtOffsets) {

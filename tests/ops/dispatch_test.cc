@@ -64,9 +64,13 @@ class PricingBackend final : public OpBackend {
     streams.push_back(ctx.stream);
     return fail_next ? InternalError("refused") : OkStatus();
   }
+  bool GemmAddsResidual(const GemmParams&, DType, DType, DType, DType) const override {
+    return fuses_residual;
+  }
   std::vector<OpCost> costs;
   std::vector<Stream*> streams;
   bool fail_next = false;
+  bool fuses_residual = false;
 };
 
 class DispatchTest : public ::testing::Test {
@@ -123,6 +127,52 @@ TEST_F(DispatchTest, GemmBiasIsTwoOpsOnABackendWithoutAFusedBias) {
   EXPECT_STREQ(backend_.costs[1].name, "gemm");
   EXPECT_EQ(backend_.costs[1].bytes_read,
             GemmCost(64, 48, 32, 1, DType::kBF16, /*reads_c=*/true, DType::kBF16).bytes_read);
+}
+
+// Without a fused residual (the simulator, cpu) GemmBiasResidual is the ops
+// that define it, each priced as always: the linear layer into an f32
+// temporary, the residual added, the cast into a 16-bit C; into an f32 C
+// the linear layer and the add.
+TEST_F(DispatchTest, GemmBiasResidualIsItsOpsOnABackendWithoutAFusedResidual) {
+  Tensor x = T(DType::kBF16, Shape{64, 32}), w = T(DType::kBF16, Shape{32, 48}),
+         bias = T(DType::kBF16, Shape{48}), res = T(DType::kBF16, Shape{64, 48});
+  GemmParams p;
+  p.m = 64, p.n = 48, p.k = 32;
+  ASSERT_TRUE(GemmBiasResidual(ctx(), p, {x, 0, 32}, {w, 0, 48}, bias, res,
+                               {T(DType::kBF16, Shape{64, 48}), 0, 48})
+                  .ok());
+  ASSERT_EQ(backend_.costs.size(), 4u);
+  EXPECT_STREQ(backend_.costs[0].name, "broadcast_rows");
+  EXPECT_STREQ(backend_.costs[1].name, "gemm");
+  EXPECT_STREQ(backend_.costs[2].name, "axpy");
+  EXPECT_STREQ(backend_.costs[3].name, "cast");
+  backend_.costs.clear();
+  ASSERT_TRUE(GemmBiasResidual(ctx(), p, {x, 0, 32}, {w, 0, 48}, bias, res,
+                               {T(DType::kF32, Shape{64, 48}), 0, 48})
+                  .ok());
+  ASSERT_EQ(backend_.costs.size(), 3u);
+  EXPECT_STREQ(backend_.costs[2].name, "axpy");
+}
+
+// A backend that fuses it (cuda) is asked for one GEMM that reads the
+// residual as its C and the bias, and writes C once.
+TEST_F(DispatchTest, GemmBiasResidualIsOneGemmOnABackendThatFusesIt) {
+  backend_.fuses_residual = true;
+  Tensor x = T(DType::kBF16, Shape{64, 32}), w = T(DType::kBF16, Shape{32, 48}),
+         bias = T(DType::kBF16, Shape{48}), res = T(DType::kBF16, Shape{64, 48});
+  GemmParams p;
+  p.m = 64, p.n = 48, p.k = 32;
+  ASSERT_TRUE(GemmBiasResidual(ctx(), p, {x, 0, 32}, {w, 0, 48}, bias, res,
+                               {T(DType::kBF16, Shape{64, 48}), 0, 48})
+                  .ok());
+  ASSERT_EQ(backend_.costs.size(), 1u);
+  const OpCost& c = backend_.costs[0];
+  EXPECT_STREQ(c.name, "gemm_bias_residual");
+  EXPECT_EQ(c.cls, OpClass::kGemm);
+  const OpCost gemm = GemmCost(64, 48, 32, 1, DType::kBF16, /*reads_c=*/true, DType::kBF16);
+  EXPECT_EQ(c.flops, gemm.flops);
+  EXPECT_EQ(c.bytes_read, gemm.bytes_read + 48 * 2);
+  EXPECT_EQ(c.bytes_written, gemm.bytes_written);
 }
 
 TEST_F(DispatchTest, AccountErrorIsTheOpsResult) {

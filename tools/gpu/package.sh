@@ -161,9 +161,9 @@ cp -L "$loader" "$PKG/lib/ld-linux-x86-64.so.2"
 
 cp tools/gpu/run.sh tools/gpu/extra.sh tools/gpu/libpath.sh tools/gpu/report.py \
   tools/gpu/torch_env.sh tools/gpu/torch_compare.sh tools/gpu/gpu_vs_torch.sh tools/gpu/nccl_suite.sh \
-  tools/gpu/probe.sh "$PKG/"
+  tools/gpu/probe.sh tools/gpu/epilogue_ab.sh "$PKG/"
 chmod +x "$PKG/run.sh" "$PKG/extra.sh" "$PKG/torch_compare.sh" "$PKG/gpu_vs_torch.sh" "$PKG/nccl_suite.sh" \
-  "$PKG/probe.sh"
+  "$PKG/probe.sh" "$PKG/epilogue_ab.sh"
 # The optional PyTorch comparisons, for a host whose Python has torch, with
 # their shared helpers (the C ABI through ctypes, the GPT in PyTorch):
 # torch_compare.sh runs compare.py on the CPU, gpu_vs_torch.sh runs

@@ -1,5 +1,6 @@
 #include "runtime/ops/cuda/cuda_backend.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -10,6 +11,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #include "runtime/ops/cuda/kernels.h"
 
@@ -58,6 +60,28 @@ Status Enter(const OpContext& ctx, const char* op) {
   return OkStatus();
 }
 
+// SK_CUBLAS_REDUCED_PRECISION_REDUCTION=1 (read once): see Handle().
+bool AllowReducedPrecisionReduction() {
+  static const bool allow = [] {
+    const char* v = std::getenv("SK_CUBLAS_REDUCED_PRECISION_REDUCTION");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  return allow;
+}
+
+// SK_CUDA_FUSED_EPILOGUES (read once): unset or anything but "0" runs
+// GemmBias and GemmBiasResidual with 16-bit operands as one cuBLASLt GEMM
+// whose epilogue adds the bias (and whose beta = 1 term is the residual);
+// "0" restores the ops they are defined by (BroadcastRows then a GEMM with
+// beta = 1; GemmBias, Axpy and Cast), so one GPU run can compare both.
+bool FusedEpilogues() {
+  static const bool on = [] {
+    const char* v = std::getenv("SK_CUDA_FUSED_EPILOGUES");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
 StatusOr<cublasHandle_t> Handle(int device) {
   thread_local std::map<int, cublasHandle_t> handles;
   auto it = handles.find(device);
@@ -74,9 +98,7 @@ StatusOr<cublasHandle_t> Handle(int device) {
   // so reductions stay in the compute type, unless
   // SK_CUBLAS_REDUCED_PRECISION_REDUCTION=1 allows them (PyTorch's
   // allow_bf16_reduced_precision_reduction; for measuring what it buys).
-  const char* reduced = std::getenv("SK_CUBLAS_REDUCED_PRECISION_REDUCTION");
-  const bool allow_reduced = reduced != nullptr && std::string_view(reduced) == "1";
-  st = cublasSetMathMode(h, allow_reduced ? CUBLAS_DEFAULT_MATH
+  st = cublasSetMathMode(h, AllowReducedPrecisionReduction() ? CUBLAS_DEFAULT_MATH
                                           : CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
   if (st != CUBLAS_STATUS_SUCCESS) {
     cublasDestroy(h);
@@ -121,6 +143,141 @@ Status GemmStrided(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n,
     return InternalError("gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" +
                          std::to_string(k) + " (" + std::string(DTypeName(ab)) +
                          "): cublasGemmStridedBatchedEx: " + cublasGetStatusString(st));
+  }
+  return OkStatus();
+}
+
+StatusOr<cublasLtHandle_t> LtHandle(int device) {
+  thread_local std::map<int, cublasLtHandle_t> handles;
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  cublasLtHandle_t h = nullptr;
+  cublasStatus_t st = cublasLtCreate(&h);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    return UnavailableError(std::string("cublasLtCreate failed: ") + cublasGetStatusString(st));
+  }
+  handles[device] = h;  // lives as long as the thread, as Handle()'s
+  return h;
+}
+
+// cuBLASLt's workspace per fused GEMM, from ctx.alloc (cuBLAS's own default
+// on Hopper is 32 MiB; the heuristic ranks algorithms that fit this).
+constexpr size_t kLtWorkspaceBytes = size_t{8} << 20;
+
+// The largest power of two (at most 256) that divides p's address: what
+// cuBLASLt's heuristic must be told, so it does not pick an algorithm that
+// assumes more.
+uint32_t Alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
+// One fused GEMM's shape, dtypes and alignments: the key of the
+// per-thread cache of cuBLASLt's chosen algorithm.
+using LtKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
+                         bool, uint32_t, uint32_t, uint32_t, uint32_t>;
+
+// Row-major D = alpha op(A) op(B) + bias [n] in every row (+ residual R,
+// D's shape and dtype, when r is not null) as one cuBLASLt matmul with the
+// BIAS epilogue: column-major D^T = op(B)^T op(A)^T + R^T, as GemmStrided,
+// so the bias runs along the column-major rows. bias has D's dtype (what
+// the epilogue reads). f32 accumulation, the bias and R added in f32, D
+// rounded once; split-K reductions in f32 unless
+// SK_CUBLAS_REDUCED_PRECISION_REDUCTION=1 (Handle()). Stores false in *ran
+// and enqueues nothing when cuBLASLt offers no algorithm for it (or the
+// bias is not 16-byte aligned). k > 0.
+Status LtGemmBias(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                  float alpha, const void* a, int64_t lda, const void* b, int64_t ldb, DType ab,
+                  const void* bias, const void* r, void* d, DType dt, bool* ran) {
+  *ran = false;
+  // cuBLASLt reads the bias vector with vector loads; parameters' views are
+  // 16-byte aligned (flat parameters align each one), anything else is not
+  // handed to it.
+  if (reinterpret_cast<uintptr_t>(bias) % 16 != 0) return OkStatus();
+  SK_ASSIGN_OR_RETURN(cublasLtHandle_t h, LtHandle(ctx.device->id().index));
+  const cudaDataType abt = CudaType(ab), ct = CudaType(dt);
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  auto release = [&] {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+  };
+  const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // column-major A is our B
+  const cublasOperation_t opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  const uint32_t reduction = AllowReducedPrecisionReduction()
+                                 ? CUBLASLT_REDUCTION_SCHEME_MASK
+                                 : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  const uint64_t ws_bytes = kLtWorkspaceBytes;
+  const uint32_t al_a = Alignment(b), al_b = Alignment(a), al_c = Alignment(r ? r : d),
+                 al_d = Alignment(d);
+  cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* v, size_t size) {
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(op, attr, v, size);
+  };
+  set(CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
+  set(CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
+  set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+  set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    st = cublasLtMatrixLayoutCreate(&la, abt, tb ? k : n, tb ? n : k, ldb);
+  }
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    st = cublasLtMatrixLayoutCreate(&lb, abt, ta ? m : k, ta ? k : m, lda);
+  }
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutCreate(&lc, ct, n, m, n);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceCreate(&pref);
+  auto pset = [&](cublasLtMatmulPreferenceAttributes_t attr, const void* v, size_t size) {
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, v, size);
+  };
+  pset(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+  pset(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof(reduction));
+  pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
+  pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
+  pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
+  pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
+  // The heuristic's answer per shape, dtypes and alignments, asked once per
+  // thread (it costs more host time than the launch).
+  thread_local std::map<LtKey, std::pair<bool, cublasLtMatmulAlgo_t>> algos;
+  const LtKey key{ctx.device->id().index, ta, tb, m, n, k, lda, ldb, static_cast<int>(ab),
+                  static_cast<int>(dt), r != nullptr, al_a, al_b, al_c, al_d};
+  auto found = algos.find(key);
+  if (st == CUBLAS_STATUS_SUCCESS && found == algos.end()) {
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, lc, pref, 1, &result, &count);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) st = CUBLAS_STATUS_SUCCESS, count = 0;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      found = algos.emplace(key, std::make_pair(count > 0, result.algo)).first;
+    }
+  }
+  if (st == CUBLAS_STATUS_SUCCESS && found->second.first) {
+    auto ws = ctx.alloc->Empty(DType::kF32, Shape{static_cast<int64_t>(kLtWorkspaceBytes / 4)});
+    if (!ws.ok()) {
+      release();
+      return ws.status();
+    }
+    const float beta = r != nullptr ? 1.0f : 0.0f;
+    st = cublasLtMatmul(h, op, &alpha, b, la, a, lb, &beta, r != nullptr ? r : d, lc, d, lc,
+                        &found->second.second, ws->data(), kLtWorkspaceBytes,
+                        static_cast<cudaStream_t>(S(ctx)));
+    if (st == CUBLAS_STATUS_SUCCESS) *ran = true;
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // the caller runs the unfused ops
+      found->second.first = false;
+      st = CUBLAS_STATUS_SUCCESS;
+    }
+  }
+  release();
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    return InternalError("gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                         std::to_string(k) + " (" + std::string(DTypeName(ab)) +
+                         ", bias epilogue): cuBLASLt: " + cublasGetStatusString(st));
   }
   return OkStatus();
 }
@@ -216,6 +373,58 @@ class CudaBackend final : public OpBackend {
     return GemmStrided(ctx, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, Ptr(a.t, a.offset), a.ld,
                        a.batch_stride, Ptr(b.t, b.offset), b.ld, b.batch_stride, a.t.dtype(),
                        p.beta, Ptr(c.t, c.offset), c.t.dtype(), c.ld, c.batch_stride, p.batch);
+  }
+
+  // GemmBias and GemmBiasResidual with 16-bit operands, a bias (and
+  // residual) of C's dtype: one cuBLASLt GEMM (LtGemmBias) unless
+  // SK_CUDA_FUSED_EPILOGUES=0. Where cuBLASLt offers no algorithm the same
+  // ops run as the dispatcher would compose them.
+  bool GemmAddsBias(const GemmParams& p, DType ab, DType bias, DType c) const override {
+    return FusedEpilogues() && ab != DType::kF32 && bias == c && p.k > 0;
+  }
+  bool GemmAddsResidual(const GemmParams& p, DType ab, DType bias, DType residual,
+                        DType c) const override {
+    return GemmAddsBias(p, ab, bias, c) && residual == c;
+  }
+
+  Status GemmBias(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
+                  const Tensor& bias, const MatrixRef& c) override {
+    SK_RETURN_IF_ERROR(Enter(ctx, "gemm"));
+    bool ran = false;
+    SK_RETURN_IF_ERROR(LtGemmBias(ctx, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha,
+                                  Ptr(a.t, a.offset), a.ld, Ptr(b.t, b.offset), b.ld, a.t.dtype(),
+                                  bias.data(), nullptr, Ptr(c.t, c.offset), c.t.dtype(), &ran));
+    if (ran) return OkStatus();
+    cuda::Buf rows{Ptr(c.t, c.offset), c.t.dtype()};
+    SK_CUDA_OP("gemm", cuda::BroadcastRows(C(bias), p.n, rows, p.m, S(ctx)));
+    return GemmStrided(ctx, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, Ptr(a.t, a.offset), a.ld,
+                       0, Ptr(b.t, b.offset), b.ld, 0, a.t.dtype(), 1.0f, rows.data, c.t.dtype(),
+                       c.ld, 0, 1);
+  }
+
+  Status GemmBiasResidual(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                          const MatrixRef& b, const Tensor& bias, const Tensor& residual,
+                          const MatrixRef& c) override {
+    SK_RETURN_IF_ERROR(Enter(ctx, "gemm"));
+    bool ran = false;
+    SK_RETURN_IF_ERROR(LtGemmBias(ctx, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha,
+                                  Ptr(a.t, a.offset), a.ld, Ptr(b.t, b.offset), b.ld, a.t.dtype(),
+                                  bias.data(), residual.data(), Ptr(c.t, c.offset), c.t.dtype(),
+                                  &ran));
+    if (ran) return OkStatus();
+    // The composition: the linear layer into f32, the residual added, one
+    // rounding into C.
+    const int64_t mn = p.m * p.n;
+    SK_ASSIGN_OR_RETURN(Tensor sum, ctx.alloc->Empty(DType::kF32, Shape{mn}));
+    SK_CUDA_OP("gemm", cuda::BroadcastRows(C(bias), p.n, B(sum), p.m, S(ctx)));
+    SK_RETURN_IF_ERROR(GemmStrided(ctx, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha,
+                                   Ptr(a.t, a.offset), a.ld, 0, Ptr(b.t, b.offset), b.ld, 0,
+                                   a.t.dtype(), 1.0f, sum.data(), DType::kF32, p.n, 0, 1));
+    SK_CUDA_OP("gemm", cuda::Axpy(1.0f, residual.data(), residual.dtype(), sum.data(), DType::kF32,
+                                  mn, S(ctx)));
+    SK_CUDA_OP("gemm", cuda::Cast(sum.data(), DType::kF32, Ptr(c.t, c.offset), c.t.dtype(), mn,
+                                  S(ctx)));
+    return OkStatus();
   }
 
   Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst) override {
