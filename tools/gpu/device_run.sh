@@ -61,6 +61,15 @@ if [[ ",$PHASES," == *",2,"* ]]; then
     echo "gpu_vs_torch exit $?" >> "$OUT/phases.txt"
     stamp "side-by-side done"; tail -30 "$OUT/gpu_vs_torch.log"
   fi
+  if [[ -n "${SK_AB_FILTER:-}" && -x "$PKG/epilogue_ab.sh" ]]; then
+    # The fused CUDA epilogues against the old path (SK_CUDA_FUSED_EPILOGUES=0),
+    # with the per-op device-time breakdown.
+    OUT=$OUT SK_GPU_TRAIN_STEPS=${SK_GPU_TRAIN_STEPS:-5} SK_AB_RUNS=${SK_AB_RUNS:-fused:1 unfused:0} \
+      timeout -k 10 ${SK_AB_BUDGET:-90} "$PKG/epilogue_ab.sh" "$SK_AB_FILTER" > "$OUT/epilogue_ab.log" 2>&1
+    echo "epilogue_ab exit $?" >> "$OUT/phases.txt"
+    stamp "epilogue A/B done"
+    grep -h -E "BM_Train|ms/step|MFU" "$OUT"/epilogue_ab/*.txt 2>/dev/null | head -20
+  fi
 fi
 cp "$OUT/nccl/summary.txt" "$OUT/nccl_summary.txt" 2>/dev/null
 # The device tool returns only a few files: everything goes into one

@@ -19,7 +19,8 @@ filter=${1:-'w1/(fsdp|ddp)/bf16/iter'}
 source "$PKG/libpath.sh"  # sets LIBPATH
 launch=("$PKG/lib/ld-linux-x86-64.so.2" --library-path "$LIBPATH")
 status=0
-for run in fused:1 unfused:0 fused_again:1; do
+# SK_AB_RUNS: the runs, as NAME:SWITCH words (default all three).
+for run in ${SK_AB_RUNS:-fused:1 unfused:0 fused_again:1}; do
   name=${run%%:*}
   echo "epilogue_ab: $name (SK_CUDA_FUSED_EPILOGUES=${run##*:})"
   SK_CUDA_FUSED_EPILOGUES=${run##*:} SK_GPU_TRAIN_OP_BREAKDOWN=1 \

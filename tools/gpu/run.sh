@@ -14,6 +14,8 @@
 # skip and the report says so, which is how the package is checked on the
 # development machine.
 #
+# SK_GPU_TESTS='conformance_test|nccl_test' runs only the test and benchmark
+# binaries whose names match (and not the frontends' tests).
 # SK_GPU_SKIP_BENCH=1 skips the benchmarks (tools/gpu/device_run.sh runs
 # them alone on the GPU after the tests).
 # SK_GPU_SUITE=gpu runs only the tests and benchmarks, SK_GPU_SUITE=cpu-sim
@@ -92,6 +94,7 @@ SUITE=${SK_GPU_SUITE:-all}
 for bin in "$PKG"/bin/*; do
   [[ "$SUITE" == cpu-sim ]] && break
   name=$(basename "$bin")
+  if [[ -n "${SK_GPU_TESTS:-}" && ! "$name" =~ ^(${SK_GPU_TESTS})$ ]]; then continue; fi
   case "$name" in
     *_test)
       echo "run: $name"
@@ -113,7 +116,7 @@ done
 # libshardkit.so. Lua: LuaJIT with the frontend, its generated cdef and the
 # test script from the package.
 for bin in "$PKG"/frontends/rust/*; do
-  [[ "$SUITE" == cpu-sim ]] && break
+  [[ "$SUITE" == cpu-sim || -n "${SK_GPU_TESTS:-}" ]] && break
   name=$(basename "$bin")
   [[ -x "$bin" && "$name" != *.h ]] || continue
   echo "run: rust $name"
@@ -121,7 +124,7 @@ for bin in "$PKG"/frontends/rust/*; do
     run_bounded "${launch[@]}" "$bin" --test-threads=1
   echo "$?" > "$OUT/tests/rust_$name.rc"
 done
-if [[ "$SUITE" != cpu-sim && -x "$PKG/frontends/lua/luajit" ]]; then
+if [[ "$SUITE" != cpu-sim && -z "${SK_GPU_TESTS:-}" && -x "$PKG/frontends/lua/luajit" ]]; then
   echo "run: lua lua_frontend_test"
   (cd "$PKG/frontends/lua" &&
     LOG="$OUT/tests/lua_frontend_test.log" SHARDKIT_LIB="$PKG/lib/libshardkit.so" \
