@@ -138,7 +138,9 @@ class OpBackend {
   // True for every op the dispatcher stages when a backend's Native16Bit
   // says false (the model ops: broadcast_rows, bias, GELU, LayerNorm,
   // attention, embedding, cross-entropy, forward and backward): a backend
-  // that takes all of their 16-bit operands itself returns this.
+  // that takes all of their 16-bit operands itself returns this. The
+  // linear-memory attention (flash_attention_fwd/bwd) is staged too but is
+  // not in this list: a backend opts into its 16-bit operands by name.
   static bool IsStagedModelOp(std::string_view op);
   virtual Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst);
   virtual Status Cast(const OpContext& ctx, const Tensor& src, const Tensor& dst);
@@ -171,6 +173,17 @@ class OpBackend {
                                    const Tensor& probs, const MatrixRef& dout,
                                    const MatrixRef& dq, const MatrixRef& dk,
                                    const MatrixRef& dv, const Tensor& scratch);
+  virtual Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s,
+                                       const MatrixRef& q, const MatrixRef& k, const MatrixRef& v,
+                                       const MatrixRef& out, const Tensor& lse);
+  // `workspace`: f32[FlashAttentionBackwardWorkspaceElements(s)] from
+  // ctx.alloc (the dispatcher's, as for AttentionBackward); contents undefined.
+  virtual Status FlashAttentionBackward(const OpContext& ctx, const AttentionShape& s,
+                                        const MatrixRef& q, const MatrixRef& k,
+                                        const MatrixRef& v, const MatrixRef& out,
+                                        const MatrixRef& dout, const Tensor& lse,
+                                        const MatrixRef& dq, const MatrixRef& dk,
+                                        const MatrixRef& dv, const Tensor& workspace);
   virtual Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,
                                   const Tensor& out);
   virtual Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& dout,
