@@ -173,6 +173,12 @@ class OpBackend {
                                    const Tensor& probs, const MatrixRef& dout,
                                    const MatrixRef& dq, const MatrixRef& dk,
                                    const MatrixRef& dv, const Tensor& scratch);
+  // Whether FlashAttentionForward/Backward on `s` in dtype t (q, k, v, out
+  // all t; row strides and starts 16-byte aligned) runs as one fused kernel
+  // here rather than through a temporary of the probabilities. Default:
+  // false (the CPU and the simulator run the blocked op itself: linear
+  // memory, but no faster than their composed attention).
+  virtual bool FusesFlashAttention(const AttentionShape& s, DType t) const;
   virtual Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s,
                                        const MatrixRef& q, const MatrixRef& k, const MatrixRef& v,
                                        const MatrixRef& out, const Tensor& lse);

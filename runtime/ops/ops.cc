@@ -809,6 +809,12 @@ Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, cons
                   });
 }
 
+bool FlashAttentionFused(const OpContext& ctx, const AttentionShape& s, DType t) {
+  if (ctx.device == nullptr) return false;
+  const OpBackend* be = BackendFor(ctx.device->id().kind);
+  return be != nullptr && be->FusesFlashAttention(s, t);
+}
+
 int64_t FlashAttentionBackwardWorkspaceElements(const AttentionShape& s) {
   return s.batch * s.heads * s.q_len * (s.head_dim + 1);
 }

@@ -196,6 +196,11 @@ Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const Ma
 Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                              const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
                              const Tensor& lse);
+// Whether ctx's backend runs the op on `s` in dtype t (every operand t,
+// 16-byte aligned rows) as a fused kernel (OpBackend::FusesFlashAttention):
+// what a model asks before choosing it over AttentionForward. False when
+// ctx has no backend.
+bool FlashAttentionFused(const OpContext& ctx, const AttentionShape& s, DType t);
 // The backward's workspace in f32 elements, taken from ctx.alloc by the
 // dispatcher for the call on every device kind (so the simulator counts
 // it): delta [batch, heads, q_len] = rowsum(dO o O) and an f32 dQ

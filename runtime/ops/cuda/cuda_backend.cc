@@ -391,6 +391,14 @@ class CudaBackend final : public OpBackend {
     return ComposedBackward(ctx, s, q, k, v, probs, dout, dq, dk, dv, scratch);
   }
 
+  // cuDNN's fused SDPA takes the shape and dtype and libcudnn.so.9 loads
+  // (sdpa_plan.h, cudnn_attention.h); a graph that then fails to build or
+  // run still falls back, logged.
+  bool FusesFlashAttention(const AttentionShape& s, DType t) const override {
+    const int64_t ld = s.heads * s.head_dim;
+    return cuda::SdpaSupports(s, t, {{ld, 0}}).ok() && cuda::CudnnAvailable().ok();
+  }
+
   // Linear-memory attention: cuDNN's fused SDPA (cudnn_attention.h) where
   // SdpaSupports accepts the call and cuDNN builds and runs its graph;
   // otherwise the composed attention above with the probabilities in a
