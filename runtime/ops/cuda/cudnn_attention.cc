@@ -150,11 +150,12 @@ StatusOr<std::shared_ptr<Graph>> Build(const SdpaPlan& p, cudnnHandle_t h) {
   return g;
 }
 
-// Built graphs by device and plan key; failures are cached too, so an
-// unsupported shape is tried once.
+// Built graphs by handle (so by thread and device: a plan is built on a
+// handle and executed only with it) and plan key; failures are cached too,
+// so an unsupported shape is tried once per handle.
 struct Cache {
   std::mutex mu;
-  std::map<std::pair<int, std::string>, StatusOr<std::shared_ptr<Graph>>> graphs;
+  std::map<std::pair<cudnnHandle_t, std::string>, StatusOr<std::shared_ptr<Graph>>> graphs;
 };
 Cache& Graphs() {
   static Cache* cache = new Cache;  // lives for the process: ops may run at exit
@@ -175,7 +176,7 @@ Status Execute(const OpContext& ctx, const SdpaPlan& p, std::unordered_map<int64
   }
   Cache& cache = Graphs();
   std::lock_guard<std::mutex> lock(cache.mu);
-  auto key = std::make_pair(device, p.CacheKey());
+  auto key = std::make_pair(h, p.CacheKey());
   auto it = cache.graphs.find(key);
   if (it == cache.graphs.end()) it = cache.graphs.emplace(key, Build(p, h)).first;
   if (!it->second.ok()) return it->second.status();

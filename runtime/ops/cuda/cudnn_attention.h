@@ -7,8 +7,9 @@
 //   NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING), from the library path: a
 //   binary starts without cuDNN, and a machine without it gets an error
 //   here, never an abort. SK_CUDNN_ATTENTION=0 turns the path off.
-// - Graphs are built once per SdpaPlan::CacheKey() and device (heuristics
-//   mode A, the first plan that builds) and cached for the process.
+// - Graphs are built once per SdpaPlan::CacheKey() and cuDNN handle (so per
+//   thread and device; heuristics mode A, the first plan that builds) and
+//   cached for the process.
 // - One cudnnHandle_t per thread and device (as the cuBLAS handles),
 //   bound to ctx.stream before each execution.
 // - Workspace: `workspace` when it is large enough (the op layer's declared
