@@ -262,6 +262,16 @@ ops::AttentionShape AttnShape(SublayerKind kind, const BlockDims& d) {
   return as;
 }
 
+// Whether self-attention runs as the linear-memory op (ops.h:
+// FlashAttentionForward), keeping a log-sum-exp per row instead of the
+// [B, H, T, T] probabilities: in bf16/f16 where the backend runs it fused
+// (CUDA: cuDNN's SDPA for the shape). Elsewhere the composed op stays: the
+// CPU's composed kernels are faster than its plain blocked version, and
+// the simulator's memory then matches the CPU runs'.
+bool LinearMemoryAttention(const OpContext& ctx, const ops::AttentionShape& as, DType t) {
+  return t != DType::kF32 && ops::FlashAttentionFused(ctx, as, t);
+}
+
 // The sublayer's tensors in spec order from src[offset...] (params or grads).
 template <typename Src>
 SublayerTensors Bind(SublayerKind kind, const Src& src, size_t o) {
@@ -334,11 +344,21 @@ Status SublayerForward(const OpContext& ctx, SublayerKind kind, const BlockDims&
                                                MatrixRef{s->att, 0, c}));
     } else {
       SK_ASSIGN_OR_RETURN(s->qkv, NewAct(ctx, t, n * 3 * c));
-      SK_ASSIGN_OR_RETURN(s->probs, NewF32(ctx, d.batch * d.heads * d.seq * d.seq));
+      const bool linear = LinearMemoryAttention(ctx, as, t);
+      if (linear) {
+        SK_ASSIGN_OR_RETURN(s->lse, NewF32(ctx, d.batch * d.heads * d.seq));
+      } else {
+        SK_ASSIGN_OR_RETURN(s->probs, NewF32(ctx, d.batch * d.heads * d.seq * d.seq));
+      }
       SK_RETURN_IF_ERROR(Linear(ctx, s->ln, p.qkv_w, p.qkv_b, n, c, 3 * c, s->qkv));
-      SK_RETURN_IF_ERROR(ops::AttentionForward(
-          ctx, as, MatrixRef{s->qkv, 0, 3 * c}, MatrixRef{s->qkv, c, 3 * c},
-          MatrixRef{s->qkv, 2 * c, 3 * c}, s->probs, MatrixRef{s->att, 0, c}));
+      const MatrixRef q{s->qkv, 0, 3 * c}, k{s->qkv, c, 3 * c}, v{s->qkv, 2 * c, 3 * c};
+      if (linear) {
+        SK_RETURN_IF_ERROR(
+            ops::FlashAttentionForward(ctx, as, q, k, v, MatrixRef{s->att, 0, c}, s->lse));
+      } else {
+        SK_RETURN_IF_ERROR(
+            ops::AttentionForward(ctx, as, q, k, v, s->probs, MatrixRef{s->att, 0, c}));
+      }
     }
     proj_in = s->att;
   }
@@ -382,10 +402,15 @@ Status SublayerBackward(const OpContext& ctx, SublayerKind kind, const BlockDims
       SK_RETURN_IF_ERROR(LinearBackward(ctx, s.ln, p.q_w, dq, n, c, c, dln, false, g.q_w, g.q_b));
     } else {
       SK_ASSIGN_OR_RETURN(Tensor dqkv, NewAct(ctx, t, n * 3 * c));
-      SK_RETURN_IF_ERROR(ops::AttentionBackward(
-          ctx, as, MatrixRef{s.qkv, 0, 3 * c}, MatrixRef{s.qkv, c, 3 * c},
-          MatrixRef{s.qkv, 2 * c, 3 * c}, s.probs, MatrixRef{datt, 0, c},
-          MatrixRef{dqkv, 0, 3 * c}, MatrixRef{dqkv, c, 3 * c}, MatrixRef{dqkv, 2 * c, 3 * c}));
+      const MatrixRef q{s.qkv, 0, 3 * c}, k{s.qkv, c, 3 * c}, v{s.qkv, 2 * c, 3 * c};
+      const MatrixRef dq{dqkv, 0, 3 * c}, dk{dqkv, c, 3 * c}, dv{dqkv, 2 * c, 3 * c};
+      if (s.lse.defined()) {  // forward ran in linear memory
+        SK_RETURN_IF_ERROR(ops::FlashAttentionBackward(ctx, as, q, k, v, MatrixRef{s.att, 0, c},
+                                                       MatrixRef{datt, 0, c}, s.lse, dq, dk, dv));
+      } else {
+        SK_RETURN_IF_ERROR(
+            ops::AttentionBackward(ctx, as, q, k, v, s.probs, MatrixRef{datt, 0, c}, dq, dk, dv));
+      }
       SK_RETURN_IF_ERROR(
           LinearBackward(ctx, s.ln, p.qkv_w, dqkv, n, c, 3 * c, dln, false, g.qkv_w, g.qkv_b));
     }

@@ -155,6 +155,8 @@ struct SublayerActivations {
   Tensor q;        // cross-attention: [N, C] queries
   Tensor kv;       // cross-attention: [Ne, 2C] fused keys and values of the encoder output
   Tensor probs;    // attention: [B, H, T, T] (self) or [B, H, T, Te] (cross) softmax
+  Tensor lse;      // self-attention in linear memory, instead of probs: [B, H, T] f32
+                   // log-sum-exp per query row (transformer.cc: LinearMemoryAttention)
   Tensor att;      // attention: [N, C] heads' outputs, the output projection's input
   Tensor fc;       // MLP: [N, F] pre-GELU
   Tensor gelu;     // MLP: [N, F] post-GELU, the output projection's input
@@ -190,6 +192,8 @@ class TransformerBlock {
 
   // Bytes a Forward keeps in `saved` (what backward needs): activations at
   // d.storage's size, LayerNorm statistics and attention probabilities f32.
+  // Counts the composed attention's probabilities everywhere: an upper
+  // bound where self-attention runs in linear memory (CUDA, bf16/f16).
   int64_t SavedBytes(const BlockDims& d) const;
   // Most bytes a Backward allocates at once beyond `saved`, its dy and dx.
   int64_t BackwardTempBytes(const BlockDims& d) const;

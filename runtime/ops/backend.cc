@@ -95,6 +95,19 @@ Status OpBackend::AttentionBackward(const OpContext&, const AttentionShape&, con
                                     const MatrixRef&, const Tensor&) {
   return NotImplemented("attention_bwd");
 }
+bool OpBackend::FusesFlashAttention(const AttentionShape&, DType) const { return false; }
+Status OpBackend::FlashAttentionForward(const OpContext&, const AttentionShape&,
+                                        const MatrixRef&, const MatrixRef&, const MatrixRef&,
+                                        const MatrixRef&, const Tensor&) {
+  return NotImplemented("flash_attention_fwd");
+}
+Status OpBackend::FlashAttentionBackward(const OpContext&, const AttentionShape&,
+                                         const MatrixRef&, const MatrixRef&, const MatrixRef&,
+                                         const MatrixRef&, const MatrixRef&, const Tensor&,
+                                         const MatrixRef&, const MatrixRef&, const MatrixRef&,
+                                         const Tensor&) {
+  return NotImplemented("flash_attention_bwd");
+}
 Status OpBackend::EmbeddingForward(const OpContext&, const Tensor&, const Tensor&, const Tensor&) {
   return NotImplemented("embedding_fwd");
 }

@@ -150,7 +150,9 @@ class OpBackend {
   // True for every op the dispatcher stages when a backend's Native16Bit
   // says false (the model ops: broadcast_rows, bias, GELU, LayerNorm,
   // attention, embedding, cross-entropy, forward and backward): a backend
-  // that takes all of their 16-bit operands itself returns this.
+  // that takes all of their 16-bit operands itself returns this. The
+  // linear-memory attention (flash_attention_fwd/bwd) is staged too but is
+  // not in this list: a backend opts into its 16-bit operands by name.
   static bool IsStagedModelOp(std::string_view op);
   virtual Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst);
   virtual Status Cast(const OpContext& ctx, const Tensor& src, const Tensor& dst);
@@ -183,6 +185,23 @@ class OpBackend {
                                    const Tensor& probs, const MatrixRef& dout,
                                    const MatrixRef& dq, const MatrixRef& dk,
                                    const MatrixRef& dv, const Tensor& scratch);
+  // Whether FlashAttentionForward/Backward on `s` in dtype t (q, k, v, out
+  // all t; row strides and starts 16-byte aligned) runs as one fused kernel
+  // here rather than through a temporary of the probabilities. Default:
+  // false (the CPU and the simulator run the blocked op itself: linear
+  // memory, but no faster than their composed attention).
+  virtual bool FusesFlashAttention(const AttentionShape& s, DType t) const;
+  virtual Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s,
+                                       const MatrixRef& q, const MatrixRef& k, const MatrixRef& v,
+                                       const MatrixRef& out, const Tensor& lse);
+  // `workspace`: f32[FlashAttentionBackwardWorkspaceElements(s)] from
+  // ctx.alloc (the dispatcher's, as for AttentionBackward); contents undefined.
+  virtual Status FlashAttentionBackward(const OpContext& ctx, const AttentionShape& s,
+                                        const MatrixRef& q, const MatrixRef& k,
+                                        const MatrixRef& v, const MatrixRef& out,
+                                        const MatrixRef& dout, const Tensor& lse,
+                                        const MatrixRef& dq, const MatrixRef& dk,
+                                        const MatrixRef& dv, const Tensor& workspace);
   virtual Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,
                                   const Tensor& out);
   virtual Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& dout,

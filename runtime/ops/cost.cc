@@ -145,6 +145,38 @@ OpCost AttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_
   return Make("attention_bwd", OpClass::kAttention, flops, read, qkv * Sz(t), t);
 }
 
+double FlashAttentionScorePairs(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
+                                bool causal) {
+  const double per_head = causal ? D(q_len) * (D(q_len) + 1.0) / 2.0 : D(q_len) * D(kv_len);
+  return D(batch) * D(heads) * per_head;
+}
+
+OpCost FlashAttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
+                                 int64_t head_dim, bool causal, DType t) {
+  const double bh = D(batch) * D(heads);
+  const double pairs = FlashAttentionScorePairs(batch, heads, q_len, kv_len, causal);
+  const double flops = 2.0 * 2.0 * pairs * D(head_dim) + kSoftmaxFlops * pairs;
+  const double read = bh * (D(q_len) + 2.0 * D(kv_len)) * D(head_dim) * Sz(t);
+  const double written = bh * D(q_len) * (D(head_dim) * Sz(t) + kF32);
+  return Make("flash_attention_fwd", OpClass::kAttention, flops, read, written, t);
+}
+
+OpCost FlashAttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
+                                  int64_t head_dim, bool causal, DType t) {
+  const double bh = D(batch) * D(heads);
+  const double pairs = FlashAttentionScorePairs(batch, heads, q_len, kv_len, causal);
+  // S recomputed, P = exp(S - lse), dS = P (dP - delta): 3 per pair beyond
+  // the softmax's backward; delta = rowsum(dO o O): 2 per query element.
+  const double flops = 5.0 * 2.0 * pairs * D(head_dim) +
+                       (kSoftmaxBackwardFlops + 3.0) * pairs + 2.0 * bh * D(q_len) * D(head_dim);
+  const double qkv = bh * (D(q_len) + 2.0 * D(kv_len)) * D(head_dim);
+  const double q_rows = bh * D(q_len) * D(head_dim);
+  const double workspace = bh * D(q_len) * (D(head_dim) + 1.0) * kF32;  // dQ accumulator, delta
+  const double read = (qkv + 2.0 * q_rows) * Sz(t) + bh * D(q_len) * kF32 + workspace;
+  const double written = qkv * Sz(t) + workspace;
+  return Make("flash_attention_bwd", OpClass::kAttention, flops, read, written, t);
+}
+
 OpCost EmbeddingForwardCost(int64_t count, int64_t dim, DType table, DType out) {
   return Make("embedding_fwd", OpClass::kEmbedding, 0,
               D(count) * kI32 + D(count) * D(dim) * Sz(table), D(count) * D(dim) * Sz(out), out);

@@ -98,6 +98,20 @@ OpCost AttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t
                             int64_t head_dim, DType t = DType::kF32);
 OpCost AttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
                              int64_t head_dim, DType t = DType::kF32);
+// Attention in linear memory (ops.h: FlashAttentionForward/Backward). Only
+// the score pairs a query attends count (causal: q_len (q_len + 1) / 2 per
+// head; the kernels skip masked blocks). Forward: S = Q K^T and P V (2
+// GEMMs) and the online softmax; reads q, k, v (t), writes out (t) and lse
+// (f32). Backward recomputes S and P from q, k and lse, then dP = dO V^T,
+// dV = P^T dO, dQ = dS K, dK = dS^T Q (5 GEMMs); reads q, k, v, out, dout
+// (t) and lse, writes dq, dk, dv (t); its f32 workspace (ops.h) is
+// written and read once.
+double FlashAttentionScorePairs(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
+                                bool causal);
+OpCost FlashAttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
+                                 int64_t head_dim, bool causal, DType t = DType::kF32);
+OpCost FlashAttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
+                                  int64_t head_dim, bool causal, DType t = DType::kF32);
 OpCost EmbeddingForwardCost(int64_t count, int64_t dim, DType table = DType::kF32,
                             DType out = DType::kF32);
 OpCost EmbeddingBackwardCost(int64_t count, int64_t dim, DType dout = DType::kF32);

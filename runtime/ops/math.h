@@ -131,6 +131,18 @@ SK_HOST_DEVICE SK_INLINE void SoftmaxRowInPlace(float* row, int64_t cols, int64_
   for (int64_t j = valid; j < cols; ++j) row[j] = 0.0f;
 }
 
+// log sum_j e^(row[j]) over the first `valid` (> 0) entries, as m + log of
+// the sum of e^(row[j] - m), m the largest: the log-sum-exp the linear-memory
+// attention keeps per query row (the CUDA backend's composed fallback
+// computes it from the scores before the softmax overwrites them).
+SK_HOST_DEVICE SK_INLINE float RowLogSumExp(const float* row, int64_t valid) {
+  float m = row[0];
+  for (int64_t j = 1; j < valid; ++j) m = row[j] > m ? row[j] : m;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < valid; ++j) sum += expf(row[j] - m);
+  return m + logf(sum);
+}
+
 // One element of softmax's backward: scale * p (dp - dot), dot = <p, dp>.
 SK_HOST_DEVICE SK_INLINE float SoftmaxGradElement(float p, float dp, float dot, float scale) {
   return scale * p * (dp - dot);

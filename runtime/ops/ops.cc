@@ -809,6 +809,120 @@ Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const Ma
       });
 }
 
+// ---- Attention in linear memory ----------------------------------------------------
+
+namespace {
+
+// The views of AttentionForward's checks (probs aside) and lse
+// [batch, heads, q_len] f32.
+Status CheckFlashAttention(const char* op, const OpContext& ctx, const AttentionShape& s,
+                           std::initializer_list<std::pair<const char*, const MatrixRef*>> q_rows,
+                           std::initializer_list<std::pair<const char*, const MatrixRef*>> kv_rows,
+                           const Tensor& lse) {
+  if (s.batch < 0 || s.heads < 0 || s.q_len < 0 || s.kv_len < 0 || s.head_dim <= 0) {
+    return Bad(op, "bad shape: batch=" + N(s.batch) + " heads=" + N(s.heads) + " q_len=" +
+                       N(s.q_len) + " kv_len=" + N(s.kv_len) + " head_dim=" + N(s.head_dim));
+  }
+  if (s.causal && s.q_len != s.kv_len) {
+    return Bad(op, "causal attention needs q_len == kv_len, got " + N(s.q_len) + " and " +
+                       N(s.kv_len));
+  }
+  if (s.q_len > 0 && s.kv_len == 0) return Bad(op, "queries without keys (kv_len = 0)");
+  const int64_t cols = s.heads * s.head_dim;
+  for (auto [what, m] : q_rows) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t));
+    SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.q_len, cols, 1));
+  }
+  for (auto [what, m] : kv_rows) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t));
+    SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.kv_len, cols, 1));
+  }
+  SK_RETURN_IF_ERROR(CheckTensor(op, "lse", ctx, lse, {DType::kF32}));
+  return CheckNumel(op, "lse", lse, s.batch * s.heads * s.q_len);
+}
+
+}  // namespace
+
+Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                             const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
+                             const Tensor& lse) {
+  const char* op = "flash_attention_fwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(
+      CheckFlashAttention(op, ctx, s, {{"q", &q}, {"out", &out}}, {{"k", &k}, {"v", &v}}, lse));
+  for (const Tensor* i : {&q.t, &k.t, &v.t}) {
+    if (Overlap(*i, out.t) || Overlap(*i, lse)) return Bad(op, "an output overlaps an input");
+  }
+  if (Overlap(out.t, lse)) return Bad(op, "out overlaps lse");
+  return Dispatch(be, ctx,
+                  FlashAttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim,
+                                            s.causal, q.t.dtype()),
+                  [&] {
+                    const bool native = be->Native16Bit(op) &&
+                                        AllOne16BitDType({&q.t, &k.t, &v.t, &out.t});
+                    return Staged(be, ctx, native, [&](F32Staging& st) -> Status {
+                      SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
+                      SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
+                      SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
+                      SK_ASSIGN_OR_RETURN(MatrixRef wo, st.Out(out));
+                      return be->FlashAttentionForward(ctx, s, wq, wk, wv, wo, lse);
+                    });
+                  });
+}
+
+bool FlashAttentionFused(const OpContext& ctx, const AttentionShape& s, DType t) {
+  if (ctx.device == nullptr) return false;
+  const OpBackend* be = BackendFor(ctx.device->id().kind);
+  return be != nullptr && be->FusesFlashAttention(s, t);
+}
+
+int64_t FlashAttentionBackwardWorkspaceElements(const AttentionShape& s) {
+  return s.batch * s.heads * s.q_len * (s.head_dim + 1);
+}
+
+Status FlashAttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                              const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
+                              const MatrixRef& dout, const Tensor& lse, const MatrixRef& dq,
+                              const MatrixRef& dk, const MatrixRef& dv) {
+  const char* op = "flash_attention_bwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckFlashAttention(
+      op, ctx, s, {{"q", &q}, {"out", &out}, {"dout", &dout}, {"dq", &dq}},
+      {{"k", &k}, {"v", &v}, {"dk", &dk}, {"dv", &dv}}, lse));
+  for (const Tensor* o : {&dq.t, &dk.t, &dv.t}) {
+    for (const Tensor* i : {&q.t, &k.t, &v.t, &out.t, &dout.t, &lse}) {
+      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
+    }
+  }
+  // From ctx.alloc for every backend alike, so the simulator's memory is
+  // the executing backends'.
+  Tensor workspace;
+  if (const int64_t n = FlashAttentionBackwardWorkspaceElements(s); n > 0) {
+    SK_ASSIGN_OR_RETURN(workspace, ctx.alloc->Empty(DType::kF32, Shape{n}));
+  }
+  return Dispatch(
+      be, ctx,
+      FlashAttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, s.causal,
+                                 q.t.dtype()),
+      [&] {
+        const bool native =
+            be->Native16Bit(op) &&
+            AllOne16BitDType({&q.t, &k.t, &v.t, &out.t, &dout.t, &dq.t, &dk.t, &dv.t});
+        return Staged(be, ctx, native, [&](F32Staging& st) -> Status {
+          SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
+          SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
+          SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
+          SK_ASSIGN_OR_RETURN(MatrixRef wo, st.In(out));
+          SK_ASSIGN_OR_RETURN(MatrixRef wdo, st.In(dout));
+          SK_ASSIGN_OR_RETURN(MatrixRef wdq, st.Out(dq));
+          SK_ASSIGN_OR_RETURN(MatrixRef wdk, st.Out(dk));
+          SK_ASSIGN_OR_RETURN(MatrixRef wdv, st.Out(dv));
+          return be->FlashAttentionBackward(ctx, s, wq, wk, wv, wo, wdo, lse, wdq, wdk, wdv,
+                                            workspace);
+        });
+      });
+}
+
 // ---- Embedding and loss -----------------------------------------------------------
 
 Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,

@@ -193,6 +193,41 @@ Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const Ma
                          const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
                          const MatrixRef& dv);
 
+// ---- Attention in linear memory (FlashAttention-2) ---------------------------
+
+// Scaled dot-product attention that keeps no probabilities: the shapes,
+// views, masking and operand dtypes of AttentionForward (one 16-bit dtype
+// for q, k, v, out lets a backend run on 16-bit GEMM operands, rounding P
+// and dS as there; other mixes are staged through f32). Writes out and
+// lse [batch, heads, q_len] (f32), lse[b, h, i] = log sum_j exp(scale
+// q_i . k_j) over the keys query i attends (natural log, scale =
+// 1/sqrt(head_dim)): what backward needs to recompute the probabilities.
+// Memory is linear in the sequence length: no [q_len, kv_len] tensor is
+// allocated (cpu: blocks of queries and keys with a running max and sum
+// per row; cuda: cuDNN's fused SDPA where it supports the call, else the
+// composed attention with a temporary of the probabilities, logged once:
+// cuda_backend.h). lse must not overlap an input.
+Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                             const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
+                             const Tensor& lse);
+// Whether ctx's backend runs the op on `s` in dtype t (every operand t,
+// 16-byte aligned rows) as a fused kernel (OpBackend::FusesFlashAttention):
+// what a model asks before choosing it over AttentionForward. False when
+// ctx has no backend.
+bool FlashAttentionFused(const OpContext& ctx, const AttentionShape& s, DType t);
+// The backward's workspace in f32 elements, taken from ctx.alloc by the
+// dispatcher for the call on every device kind (so the simulator counts
+// it): delta [batch, heads, q_len] = rowsum(dO o O) and an f32 dQ
+// accumulator [batch, heads, q_len, head_dim], as FlashAttention-2 and
+// cuDNN's SDPA backward use them.
+int64_t FlashAttentionBackwardWorkspaceElements(const AttentionShape& s);
+// Overwrites dq, dk, dv from forward's out and lse (and q, k, v, dout),
+// recomputing the probabilities block by block.
+Status FlashAttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                              const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
+                              const MatrixRef& dout, const Tensor& lse, const MatrixRef& dq,
+                              const MatrixRef& dk, const MatrixRef& dv);
+
 // ---- Embedding and loss -----------------------------------------------------
 
 // out [count, dim] = rows ids[i] of table [vocab, dim] (table rank 2; ids i32

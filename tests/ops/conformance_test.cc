@@ -937,6 +937,177 @@ TEST_P(Conformance, Attention) {
   }
 }
 
+// ---- Attention in linear memory ------------------------------------------------------
+
+// lse[b, h, i] = log sum_j exp(scale q_i . k_j) over the keys query i attends.
+Vec LseReference(const AttentionShape& s, const Vec& q, const Vec& k) {
+  const int64_t c = s.heads * s.head_dim;
+  const double scale = 1 / std::sqrt(static_cast<double>(s.head_dim));
+  Vec lse(static_cast<size_t>(s.batch * s.heads * s.q_len));
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      for (int64_t i = 0; i < s.q_len; ++i) {
+        const int64_t valid = s.causal ? i + 1 : s.kv_len;
+        Vec sc(static_cast<size_t>(valid));
+        double m = -1e300, sum = 0;
+        for (int64_t j = 0; j < valid; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < s.head_dim; ++d) {
+            dot += q[(b * s.q_len + i) * c + h * s.head_dim + d] *
+                   k[(b * s.kv_len + j) * c + h * s.head_dim + d];
+          }
+          m = std::max(m, sc[j] = dot * scale);
+        }
+        for (int64_t j = 0; j < valid; ++j) sum += std::exp(sc[j] - m);
+        lse[(b * s.heads + h) * s.q_len + i] = m + std::log(sum);
+      }
+    }
+  }
+  return lse;
+}
+
+// The linear-memory op against the same f64 reference as Attention, plus
+// lse. In one 16-bit dtype a backend may round P and dS for its GEMMs as
+// Attention does (cuDNN's fused SDPA on CUDA) and, recomputing, compute
+// delta = rowsum(dO o O) from the 16-bit out: each dS then moves by P
+// times delta's error, at most u sum_d |dO| |O| per row, which the bounds
+// below add to dq and dk. P, dS and delta are bounded at 2u for the
+// exp2-based softmax of fused kernels (a few f32 ulps on top of u). The
+// CPU stages 16-bit operands through f32, which meets the bound with room.
+// Shapes: the Attention test's (odd head dims, cross lengths, empty ones),
+// plus head dims 64 and 128 with lengths past one key block (64), causal
+// and not: the shapes a model hands cuDNN.
+TEST_P(Conformance, FlashAttention) {
+  const AttentionShape shapes[] = {
+      {1, 1, 1, 1, 1, true},    {2, 3, 7, 7, 5, true},   {2, 2, 13, 13, 3, false},
+      {3, 1, 5, 17, 4, false},  {1, 2, 17, 1, 2, false}, {2, 2, 0, 3, 2, false},
+      {0, 2, 4, 4, 2, true},    {3, 2, 8, 8, 8, true},   {2, 3, 4, 12, 8, false},
+      {2, 2, 130, 130, 64, true}, {1, 2, 96, 150, 64, false}, {2, 1, 200, 200, 128, true},
+      {1, 2, 64, 64, 128, false},
+  };
+  for (DType t : kFloats) {
+    const double u = t == DType::kF32 ? 0.0 : 2 * Ulp(t);
+    const double eta = t == DType::kF16 ? std::ldexp(1.0, -24) : 0.0;
+    for (const AttentionShape& s : shapes) {
+      const int64_t c = s.heads * s.head_dim;
+      const int64_t nq = s.batch * s.q_len, nk = s.batch * s.kv_len;
+      Vec q = R(Random(nq * c, 60), t), k = R(Random(nk * c, 61), t),
+          v = R(Random(nk * c, 62), t), dout = R(Random(nq * c, 63), t);
+      AttnRef want = AttentionReference(s, q, k, v, dout, u, eta);
+      const Vec lse_want = LseReference(s, q, k);
+      // delta's error from a 16-bit out, carried into dq and dk.
+      const double scale = 1 / std::sqrt(static_cast<double>(s.head_dim));
+      for (int64_t b = 0; b < s.batch && u > 0; ++b) {
+        for (int64_t h = 0; h < s.heads; ++h) {
+          for (int64_t i = 0; i < s.q_len; ++i) {
+            const int64_t qi = (b * s.q_len + i) * c + h * s.head_dim;
+            double de = 0;
+            for (int64_t d = 0; d < s.head_dim; ++d) {
+              de += std::fabs(dout[qi + d]) * std::fabs(want.out[qi + d]);
+            }
+            de *= u;
+            for (int64_t j = 0; j < s.kv_len; ++j) {
+              const double p =
+                  want.probs[((b * s.heads + h) * s.q_len + i) * s.kv_len + j] * scale * de;
+              const int64_t kj = (b * s.kv_len + j) * c + h * s.head_dim;
+              for (int64_t d = 0; d < s.head_dim; ++d) {
+                want.dq_err[qi + d] += p * std::fabs(k[kj + d]);
+                want.dk_err[kj + d] += p * std::fabs(q[qi + d]);
+              }
+            }
+          }
+        }
+      }
+      // q, k, v as one fused [rows, 3c] buffer when the lengths agree (a
+      // model's qkv), else q alone and k, v fused in [nk, 2c].
+      const bool fused = s.q_len == s.kv_len;
+      Tensor qb, kvb;
+      MatrixRef mq, mk, mv;
+      if (fused) {
+        Vec all = Embed(q, nq, c, 3 * c, 0), kk = Embed(k, nk, c, 3 * c, c),
+            vv = Embed(v, nk, c, 3 * c, 2 * c);
+        for (size_t i = 0; i < all.size(); ++i) all[i] += kk[i] + vv[i];
+        qb = Up(all, t);
+        mq = {qb, 0, 3 * c}, mk = {qb, c, 3 * c}, mv = {qb, 2 * c, 3 * c};
+      } else {
+        qb = Up(q, t);
+        Vec kk = Embed(k, nk, c, 2 * c, 0), vv = Embed(v, nk, c, 2 * c, c);
+        for (size_t i = 0; i < kk.size(); ++i) kk[i] += vv[i];
+        kvb = Up(kk, t);
+        mq = {qb, 0, c}, mk = {kvb, 0, 2 * c}, mv = {kvb, c, 2 * c};
+      }
+      Tensor out = Up(Vec(static_cast<size_t>(nq * c), 0.0), t);
+      Tensor lse = Up(Vec(lse_want.size(), -1.0), DType::kF32);
+      Status st = FlashAttentionForward(ctx(), s, mq, mk, mv, {out, 0, c}, lse);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      const std::string name = "flash attention " + std::string(DTypeName(t)) + " b=" +
+                               std::to_string(s.batch) + " h=" + std::to_string(s.heads) +
+                               " q=" + std::to_string(s.q_len) + " kv=" +
+                               std::to_string(s.kv_len) + " d=" + std::to_string(s.head_dim) +
+                               (s.causal ? " causal" : "");
+      ExpectNear((name + " lse").c_str(), Down(lse), lse_want, 1e-5 + u, 1e-5);
+      ExpectWithin((name + " out").c_str(), Down(out), want.out, want.out_err, u, 1e-5, 1e-6);
+
+      // Backward from the out it wrote (a 16-bit out is what a model keeps).
+      Tensor dob = Up(dout, t);
+      Tensor dqb = Up(Vec(static_cast<size_t>(nq * c), 0.0), t);
+      Tensor dkvb = Up(Vec(static_cast<size_t>(nk * 2 * c), 7.0), t);
+      st = FlashAttentionBackward(ctx(), s, mq, mk, mv, {out, 0, c}, {dob, 0, c}, lse,
+                                  {dqb, 0, c}, {dkvb, 0, 2 * c}, {dkvb, c, 2 * c});
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      Vec dkv = Down(dkvb);
+      ExpectWithin((name + " dq").c_str(), Down(dqb), want.dq, want.dq_err, u, 1e-4, 1e-6);
+      ExpectWithin((name + " dk").c_str(), Extract(dkv, nk, c, 2 * c, 0), want.dk, want.dk_err,
+                   u, 1e-4, 1e-6);
+      ExpectWithin((name + " dv").c_str(), Extract(dkv, nk, c, 2 * c, c), want.dv, want.dv_err,
+                   u, 1e-4, 1e-6);
+    }
+  }
+}
+
+// The op allocates nothing of size q_len x kv_len: forward takes no memory
+// from ctx.alloc beyond its outputs, backward exactly its declared
+// workspace (so the simulator, which allocates the same, counts it).
+// Counts the bytes requested through it.
+class RequestCounter final : public Allocator {
+ public:
+  explicit RequestCounter(Allocator* base) : base_(base) {}
+  DeviceId device() const override { return base_->device(); }
+  StatusOr<std::shared_ptr<Storage>> AllocateBytes(size_t nbytes) override {
+    requested_ += static_cast<int64_t>(nbytes);
+    return base_->AllocateBytes(nbytes);
+  }
+  int64_t requested_bytes() const { return requested_; }
+
+ private:
+  Allocator* base_;
+  int64_t requested_ = 0;
+};
+
+TEST_P(Conformance, FlashAttentionMemoryIsLinearInTheSequence) {
+  if (GetParam() != DeviceKind::kCpu) GTEST_SKIP() << "counts the CPU backend's allocations";
+  const AttentionShape s{1, 2, 256, 256, 16, true};
+  const int64_t c = s.heads * s.head_dim, n = s.batch * s.q_len;
+  RequestCounter counting(&HostAllocator::Default());
+  OpContext cx = ctx();
+  cx.alloc = &counting;
+  Tensor qkv = Up(Random(n * 3 * c, 70), DType::kF32);
+  Tensor out = Up(Vec(static_cast<size_t>(n * c), 0.0), DType::kF32);
+  Tensor lse = Up(Vec(static_cast<size_t>(s.batch * s.heads * s.q_len), 0.0), DType::kF32);
+  Tensor dout = Up(Random(n * c, 71), DType::kF32);
+  Tensor dqkv = Up(Vec(static_cast<size_t>(n * 3 * c), 0.0), DType::kF32);
+  ASSERT_TRUE(FlashAttentionForward(cx, s, {qkv, 0, 3 * c}, {qkv, c, 3 * c}, {qkv, 2 * c, 3 * c},
+                                    {out, 0, c}, lse)
+                  .ok());
+  EXPECT_EQ(counting.requested_bytes(), 0);
+  ASSERT_TRUE(FlashAttentionBackward(cx, s, {qkv, 0, 3 * c}, {qkv, c, 3 * c},
+                                     {qkv, 2 * c, 3 * c}, {out, 0, c}, {dout, 0, c}, lse,
+                                     {dqkv, 0, 3 * c}, {dqkv, c, 3 * c}, {dqkv, 2 * c, 3 * c})
+                  .ok());
+  EXPECT_EQ(counting.requested_bytes(), 4 * FlashAttentionBackwardWorkspaceElements(s));
+  EXPECT_LT(counting.requested_bytes(), 4 * s.q_len * s.kv_len);
+}
+
 // ---- Embedding and loss ---------------------------------------------------------------
 
 TEST_P(Conformance, Embedding) {

@@ -32,6 +32,7 @@ LIMIT_MIB=48  # leaves room under the 64 MiB carry limit
 # without a GPU, so run.sh can also be tried here.
 TESTS=(
   //tests/ops:conformance_test
+  //tests/ops:sdpa_plan_test
   //tests/ops:init_test
   //tests/comm:local_cuda_test
   //tests/comm:nccl_test

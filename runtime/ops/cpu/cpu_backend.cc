@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/ops/cpu/flash_attention.h"
 #include "runtime/ops/cpu/kernels.h"
 #include "runtime/ops/cpu/simd.h"
 
@@ -840,6 +841,26 @@ class CpuBackend final : public OpBackend {
         MatDone(dv, k0, s.kv_len, cols, dvp);
       }
     });
+    return OkStatus();
+  }
+
+  // Linear-memory attention (cpu/flash_attention.h), f32 only: the
+  // dispatcher stages 16-bit operands (Native16Bit says false for it).
+  Status FlashAttentionForward(const OpContext&, const AttentionShape& s, const MatrixRef& q,
+                               const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
+                               const Tensor& lse) override {
+    sk::FlashAttentionForward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld, F(lse));
+    return OkStatus();
+  }
+
+  Status FlashAttentionBackward(const OpContext&, const AttentionShape& s, const MatrixRef& q,
+                                const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
+                                const MatrixRef& dout, const Tensor& lse, const MatrixRef& dq,
+                                const MatrixRef& dk, const MatrixRef& dv,
+                                const Tensor& workspace) override {
+    sk::FlashAttentionBackward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld,
+                               At(dout), dout.ld, F(lse), At(dq), dq.ld, At(dk), dk.ld, At(dv),
+                               dv.ld, workspace.defined() ? F(workspace) : nullptr);
     return OkStatus();
   }
 

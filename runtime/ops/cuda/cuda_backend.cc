@@ -9,11 +9,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
 
+#include "runtime/ops/cuda/cudnn_attention.h"
 #include "runtime/ops/cuda/kernels.h"
+#include "runtime/ops/cuda/sdpa_plan.h"
 
 namespace sk::ops {
 
@@ -353,6 +357,28 @@ int64_t BackwardGroup(const AttentionShape& s) {
   return std::clamp<int64_t>((int64_t{1} << 26) / per_seq, 1, s.batch);
 }
 
+// A view as sdpa_plan.h's checks see it: row stride, start alignment.
+cuda::SdpaOperand Operand(const MatrixRef& m) {
+  return cuda::SdpaOperand{
+      m.ld, static_cast<int64_t>(reinterpret_cast<uintptr_t>(Ptr(m.t, m.offset)) %
+                                 cuda::kSdpaAlignmentBytes)};
+}
+
+// Logs, once per op and reason, that a linear-memory attention call runs
+// composed (its probabilities in a temporary) and why.
+void LogComposedFallback(const char* op, const AttentionShape& s, DType t, const Status& why) {
+  static std::mutex mu;
+  static std::set<std::string>* seen = new std::set<std::string>;
+  const std::string key = std::string(op) + ": " + why.ToString();
+  std::lock_guard<std::mutex> lock(mu);
+  if (!seen->insert(key).second) return;
+  LOG(WARNING) << op << " on CUDA runs the composed attention (probabilities in a temporary of "
+               << s.batch * s.heads * s.q_len * s.kv_len * 4 << " bytes), not cuDNN's fused SDPA: "
+               << why.ToString() << " [first call: batch " << s.batch << ", heads " << s.heads
+               << ", q_len " << s.q_len << ", kv_len " << s.kv_len << ", head_dim " << s.head_dim
+               << ", " << DTypeName(t) << (s.causal ? ", causal" : "") << "; logged once per reason]";
+}
+
 class CudaBackend final : public OpBackend {
  public:
   const char* name() const override { return "cuda"; }
@@ -365,7 +391,10 @@ class CudaBackend final : public OpBackend {
   // Every model op reads and writes its 16-bit operands itself (kernels.h:
   // Buf); attention runs its GEMMs on 16-bit operands (tensor cores) and
   // rounds where cuda_backend.h says.
-  bool Native16Bit(std::string_view op) const override { return IsStagedModelOp(op); }
+  // The linear-memory attention too: cuDNN's SDPA takes one 16-bit dtype.
+  bool Native16Bit(std::string_view op) const override {
+    return IsStagedModelOp(op) || op == "flash_attention_fwd" || op == "flash_attention_bwd";
+  }
 
   Status Gemm(const OpContext& ctx, const GemmParams& p, const MatrixRef& a, const MatrixRef& b,
               const MatrixRef& c) override {
@@ -546,42 +575,11 @@ class CudaBackend final : public OpBackend {
     return OkStatus();
   }
 
-  // Composed, in the dtype t of q, k, v and out (f32, or one 16-bit dtype:
-  // the dispatcher stages every other mix to f32). S = scale Q K^T for
-  // every (sequence, head) as one batched GEMM (GemmSeqHeads; head h's
-  // columns start at h * head_dim) into probs (f32 accumulation and
-  // output); the masked row softmax in place (f32), which for 16-bit t also
-  // stores P rounded to t in a temporary of the whole batch; then out = P V
-  // as one batched GEMM, with P in t (tensor cores for 16-bit t, f32
-  // accumulation, out rounded once).
   Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                           const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                           const MatrixRef& out) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "attention_fwd"));
-    if (s.batch == 0 || s.heads == 0 || s.q_len == 0) return OkStatus();
-    const DType t = q.t.dtype();
-    CHECK(k.t.dtype() == t && v.t.dtype() == t && out.t.dtype() == t)
-        << "attention_fwd: the dispatcher hands the CUDA backend one dtype for q, k, v and out";
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-    const int64_t pq = s.q_len * s.kv_len;  // one head's probabilities
-    Tensor p16;                             // P rounded to t (16-bit t only)
-    if (t != DType::kF32) {
-      SK_ASSIGN_OR_RETURN(p16, ctx.alloc->Empty(t, Shape{s.batch * s.heads * pq}));
-    }
-    const int64_t hpq = s.heads * pq;  // one sequence's probabilities
-    SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, false, true, s.q_len, s.kv_len, s.head_dim, scale,
-                                    Ptr(q.t, q.offset), q.ld, s.q_len * q.ld, s.head_dim,
-                                    Ptr(k.t, k.offset), k.ld, s.kv_len * k.ld, s.head_dim, t,
-                                    probs.data(), DType::kF32, s.kv_len, hpq, pq, s.batch,
-                                    s.heads));
-    SK_CUDA_OP("attention_fwd",
-               cuda::SoftmaxRows(F(probs), s.batch * s.heads * s.q_len, s.kv_len, s.causal, s.q_len,
-                                 p16.defined() ? B(p16) : cuda::Buf{}, S(ctx)));
-    const Tensor& p = p16.defined() ? p16 : probs;  // in t
-    return GemmSeqHeads(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, p.data(),
-                        s.kv_len, hpq, pq, Ptr(v.t, v.offset), v.ld, s.kv_len * v.ld, s.head_dim,
-                        t, Ptr(out.t, out.offset), t, out.ld, s.q_len * out.ld, s.head_dim,
-                        s.batch, s.heads);
+    return ComposedForward(ctx, s, q, k, v, probs, out, nullptr);
   }
 
   // In the dtype t of every operand but probs (as forward), for groups of
@@ -599,73 +597,76 @@ class CudaBackend final : public OpBackend {
                            const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
                            const MatrixRef& dv, const Tensor& scratch) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "attention_bwd"));
+    return ComposedBackward(ctx, s, q, k, v, probs, dout, dq, dk, dv, scratch);
+  }
+
+  // cuDNN's fused SDPA takes the shape and dtype and libcudnn.so.9 loads
+  // (sdpa_plan.h, cudnn_attention.h); a graph that then fails to build or
+  // run still falls back, logged.
+  bool FusesFlashAttention(const AttentionShape& s, DType t) const override {
+    const int64_t ld = s.heads * s.head_dim;
+    return cuda::SdpaSupports(s, t, {{ld, 0}}).ok() && cuda::CudnnAvailable().ok();
+  }
+
+  // Linear-memory attention: cuDNN's fused SDPA (cudnn_attention.h) where
+  // SdpaSupports accepts the call and cuDNN builds and runs its graph;
+  // otherwise the composed attention above with the probabilities in a
+  // temporary of the call (memory quadratic in the sequence for that call
+  // only), logged once per reason. The log-sum-exp comes from the scores
+  // before the softmax (RowLogSumExp).
+  Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                               const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
+                               const Tensor& lse) override {
+    const char* op = "flash_attention_fwd";
+    SK_RETURN_IF_ERROR(Enter(ctx, op));
+    if (s.batch == 0 || s.heads == 0 || s.q_len == 0) return OkStatus();
+    const DType t = q.t.dtype();
+    Status fused = cuda::SdpaSupports(s, t, {Operand(q), Operand(k), Operand(v), Operand(out)});
+    if (fused.ok()) {
+      fused = cuda::CudnnSdpaForward(ctx, cuda::MakeSdpaForwardPlan(s, t, {q.ld, k.ld, v.ld, out.ld}),
+                                     Ptr(q.t, q.offset), Ptr(k.t, k.offset), Ptr(v.t, v.offset),
+                                     Ptr(out.t, out.offset), F(lse));
+      if (fused.ok()) return OkStatus();
+    }
+    LogComposedFallback(op, s, t, fused);
+    SK_ASSIGN_OR_RETURN(Tensor probs,
+                        ctx.alloc->Empty(DType::kF32, Shape{s.batch * s.heads * s.q_len * s.kv_len}));
+    return ComposedForward(ctx, s, q, k, v, probs, out, F(lse));
+  }
+
+  // As forward: cuDNN's SDPA backward (the op's declared workspace is its
+  // dQ accumulator and delta), else the composed backward on probabilities
+  // recomputed into a temporary (the scores GEMM and softmax of forward).
+  Status FlashAttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                                const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
+                                const MatrixRef& dout, const Tensor& lse, const MatrixRef& dq,
+                                const MatrixRef& dk, const MatrixRef& dv,
+                                const Tensor& workspace) override {
+    const char* op = "flash_attention_bwd";
+    SK_RETURN_IF_ERROR(Enter(ctx, op));
     if (s.batch == 0 || s.heads == 0) return OkStatus();
     const DType t = q.t.dtype();
-    for (const MatrixRef* m : {&k, &v, &dout, &dq, &dk, &dv}) {
-      CHECK(m->t.dtype() == t) << "attention_bwd: the dispatcher hands the CUDA backend one dtype "
-                                  "for q, k, v, dout, dq, dk and dv";
+    Status fused = cuda::SdpaSupports(s, t, {Operand(q), Operand(k), Operand(v), Operand(out),
+                                             Operand(dout), Operand(dq), Operand(dk), Operand(dv)});
+    if (fused.ok()) {
+      fused = cuda::CudnnSdpaBackward(
+          ctx,
+          cuda::MakeSdpaBackwardPlan(s, t, {q.ld, k.ld, v.ld, out.ld, dout.ld, dq.ld, dk.ld, dv.ld}),
+          Ptr(q.t, q.offset), Ptr(k.t, k.offset), Ptr(v.t, v.offset), Ptr(out.t, out.offset),
+          Ptr(dout.t, dout.offset), F(lse), Ptr(dq.t, dq.offset), Ptr(dk.t, dk.offset),
+          Ptr(dv.t, dv.offset), workspace);
+      if (fused.ok()) return OkStatus();
     }
-    const int64_t width = s.heads * s.head_dim;
-    if (s.q_len == 0) {  // no query attends: the key and value gradients are zero
-      SK_CUDA_OP("attention_bwd", cuda::FillMatrix(cuda::Buf{Ptr(dk.t, dk.offset), t},
-                                                   s.batch * s.kv_len, width, dk.ld, 0.0f, S(ctx)));
-      SK_CUDA_OP("attention_bwd", cuda::FillMatrix(cuda::Buf{Ptr(dv.t, dv.offset), t},
-                                                   s.batch * s.kv_len, width, dv.ld, 0.0f, S(ctx)));
-      return OkStatus();
+    LogComposedFallback(op, s, t, fused);
+    Tensor probs, scratch;
+    if (s.q_len > 0) {
+      SK_ASSIGN_OR_RETURN(probs, ctx.alloc->Empty(DType::kF32,
+                                                  Shape{s.batch * s.heads * s.q_len * s.kv_len}));
+      SK_RETURN_IF_ERROR(Probabilities(ctx, s, q, k, probs));
+      SK_ASSIGN_OR_RETURN(scratch,
+                          ctx.alloc->Empty(DType::kF32, Shape{s.heads * s.q_len * s.kv_len}));
     }
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-    const int64_t pq = s.q_len * s.kv_len, hpq = s.heads * pq;
-    const int64_t group = BackwardGroup(s);
-    Tensor dp = scratch;  // heads * pq: AttentionBackwardScratchElements
-    if (group > 1) {
-      SK_ASSIGN_OR_RETURN(dp, ctx.alloc->Empty(DType::kF32, Shape{group * hpq}));
-    }
-    const bool half = t != DType::kF32;
-    Tensor ds16, p16;  // the group's dS and P rounded to t (16-bit t only)
-    if (half) {
-      SK_ASSIGN_OR_RETURN(ds16, ctx.alloc->Empty(t, Shape{group * hpq}));
-      SK_ASSIGN_OR_RETURN(p16, ctx.alloc->Empty(t, Shape{group * hpq}));
-    }
-    for (int64_t b = 0; b < s.batch; b += group) {
-      const int64_t g = std::min(group, s.batch - b);  // sequences b .. b + g - 1
-      const float* pb = F(probs) + b * hpq;
-      const void* qb = Ptr(q.t, q.offset + b * s.q_len * q.ld);
-      const void* kb = Ptr(k.t, k.offset + b * s.kv_len * k.ld);
-      const void* vb = Ptr(v.t, v.offset + b * s.kv_len * v.ld);
-      const void* dob = Ptr(dout.t, dout.offset + b * s.q_len * dout.ld);
-      void* dqb = Ptr(dq.t, dq.offset + b * s.q_len * dq.ld);
-      void* dkb = Ptr(dk.t, dk.offset + b * s.kv_len * dk.ld);
-      void* dvb = Ptr(dv.t, dv.offset + b * s.kv_len * dv.ld);
-      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, false, true, s.q_len, s.kv_len, s.head_dim, 1.0f, dob,
-                                      dout.ld, s.q_len * dout.ld, s.head_dim, vb, v.ld,
-                                      s.kv_len * v.ld, s.head_dim, t, F(dp), DType::kF32,
-                                      s.kv_len, hpq, pq, g, s.heads));
-      // P and dS as the GEMMs read them (dtype t).
-      const void* p_t = pb;
-      const void* ds_t = F(dp);
-      if (half) {
-        SK_CUDA_OP("attention_bwd",
-                   cuda::SoftmaxBackwardRows(pb, F(dp), g * s.heads * s.q_len, s.kv_len, scale,
-                                             B(ds16), p16.data(), S(ctx)));
-        p_t = p16.data();
-        ds_t = ds16.data();
-      } else {
-        SK_CUDA_OP("attention_bwd",
-                   cuda::SoftmaxBackwardRows(pb, F(dp), g * s.heads * s.q_len, s.kv_len, scale,
-                                             cuda::Buf{}, nullptr, S(ctx)));
-      }
-      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, p_t,
-                                      s.kv_len, hpq, pq, dob, dout.ld, s.q_len * dout.ld,
-                                      s.head_dim, t, dvb, t, dv.ld, s.kv_len * dv.ld, s.head_dim,
-                                      g, s.heads));
-      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds_t,
-                                      s.kv_len, hpq, pq, kb, k.ld, s.kv_len * k.ld, s.head_dim, t,
-                                      dqb, t, dq.ld, s.q_len * dq.ld, s.head_dim, g, s.heads));
-      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, ds_t,
-                                      s.kv_len, hpq, pq, qb, q.ld, s.q_len * q.ld, s.head_dim, t,
-                                      dkb, t, dk.ld, s.kv_len * dk.ld, s.head_dim, g, s.heads));
-    }
-    return OkStatus();
+    return ComposedBackward(ctx, s, q, k, v, probs, dout, dq, dk, dv, scratch);
   }
 
   Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,
@@ -772,6 +773,140 @@ class CudaBackend final : public OpBackend {
   }
 
  private:
+  // Composed, in the dtype t of q, k, v and out (f32, or one 16-bit dtype:
+  // the dispatcher stages every other mix to f32). S = scale Q K^T for
+  // every (sequence, head) as one batched GEMM (GemmSeqHeads; head h's
+  // columns start at h * head_dim) into probs (f32 accumulation and
+  // output); the masked row softmax in place (f32), which for 16-bit t also
+  // stores P rounded to t in a temporary of the whole batch; then out = P V
+  // as one batched GEMM, with P in t (tensor cores for 16-bit t, f32
+  // accumulation, out rounded once).
+  // With lse (f32 [batch * heads * q_len]) also the log-sum-exp of each
+  // row's scores, taken before the softmax overwrites them.
+  Status ComposedForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                         const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
+                         const MatrixRef& out, float* lse) {
+    if (s.batch == 0 || s.heads == 0 || s.q_len == 0) return OkStatus();
+    const DType t = q.t.dtype();
+    CHECK(k.t.dtype() == t && v.t.dtype() == t && out.t.dtype() == t)
+        << "attention_fwd: the dispatcher hands the CUDA backend one dtype for q, k, v and out";
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    const int64_t pq = s.q_len * s.kv_len;  // one head's probabilities
+    Tensor p16;                             // P rounded to t (16-bit t only)
+    if (t != DType::kF32) {
+      SK_ASSIGN_OR_RETURN(p16, ctx.alloc->Empty(t, Shape{s.batch * s.heads * pq}));
+    }
+    const int64_t hpq = s.heads * pq;  // one sequence's probabilities
+    SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, false, true, s.q_len, s.kv_len, s.head_dim, scale,
+                                    Ptr(q.t, q.offset), q.ld, s.q_len * q.ld, s.head_dim,
+                                    Ptr(k.t, k.offset), k.ld, s.kv_len * k.ld, s.head_dim, t,
+                                    probs.data(), DType::kF32, s.kv_len, hpq, pq, s.batch,
+                                    s.heads));
+    if (lse != nullptr) {
+      SK_CUDA_OP("flash_attention_fwd",
+                 cuda::RowLogSumExp(F(probs), s.batch * s.heads * s.q_len, s.kv_len, s.causal,
+                                    s.q_len, lse, S(ctx)));
+    }
+    SK_CUDA_OP("attention_fwd",
+               cuda::SoftmaxRows(F(probs), s.batch * s.heads * s.q_len, s.kv_len, s.causal, s.q_len,
+                                 p16.defined() ? B(p16) : cuda::Buf{}, S(ctx)));
+    const Tensor& p = p16.defined() ? p16 : probs;  // in t
+    return GemmSeqHeads(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, p.data(),
+                        s.kv_len, hpq, pq, Ptr(v.t, v.offset), v.ld, s.kv_len * v.ld, s.head_dim,
+                        t, Ptr(out.t, out.offset), t, out.ld, s.q_len * out.ld, s.head_dim,
+                        s.batch, s.heads);
+  }
+
+  Status ComposedBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                          const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
+                          const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
+                          const MatrixRef& dv, const Tensor& scratch) {
+    if (s.batch == 0 || s.heads == 0) return OkStatus();
+    const DType t = q.t.dtype();
+    for (const MatrixRef* m : {&k, &v, &dout, &dq, &dk, &dv}) {
+      CHECK(m->t.dtype() == t) << "attention_bwd: the dispatcher hands the CUDA backend one dtype "
+                                  "for q, k, v, dout, dq, dk and dv";
+    }
+    const int64_t width = s.heads * s.head_dim;
+    if (s.q_len == 0) {  // no query attends: the key and value gradients are zero
+      SK_CUDA_OP("attention_bwd", cuda::FillMatrix(cuda::Buf{Ptr(dk.t, dk.offset), t},
+                                                   s.batch * s.kv_len, width, dk.ld, 0.0f, S(ctx)));
+      SK_CUDA_OP("attention_bwd", cuda::FillMatrix(cuda::Buf{Ptr(dv.t, dv.offset), t},
+                                                   s.batch * s.kv_len, width, dv.ld, 0.0f, S(ctx)));
+      return OkStatus();
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    const int64_t pq = s.q_len * s.kv_len, hpq = s.heads * pq;
+    const int64_t group = BackwardGroup(s);
+    Tensor dp = scratch;  // heads * pq: AttentionBackwardScratchElements
+    if (group > 1) {
+      SK_ASSIGN_OR_RETURN(dp, ctx.alloc->Empty(DType::kF32, Shape{group * hpq}));
+    }
+    const bool half = t != DType::kF32;
+    Tensor ds16, p16;  // the group's dS and P rounded to t (16-bit t only)
+    if (half) {
+      SK_ASSIGN_OR_RETURN(ds16, ctx.alloc->Empty(t, Shape{group * hpq}));
+      SK_ASSIGN_OR_RETURN(p16, ctx.alloc->Empty(t, Shape{group * hpq}));
+    }
+    for (int64_t b = 0; b < s.batch; b += group) {
+      const int64_t g = std::min(group, s.batch - b);  // sequences b .. b + g - 1
+      const float* pb = F(probs) + b * hpq;
+      const void* qb = Ptr(q.t, q.offset + b * s.q_len * q.ld);
+      const void* kb = Ptr(k.t, k.offset + b * s.kv_len * k.ld);
+      const void* vb = Ptr(v.t, v.offset + b * s.kv_len * v.ld);
+      const void* dob = Ptr(dout.t, dout.offset + b * s.q_len * dout.ld);
+      void* dqb = Ptr(dq.t, dq.offset + b * s.q_len * dq.ld);
+      void* dkb = Ptr(dk.t, dk.offset + b * s.kv_len * dk.ld);
+      void* dvb = Ptr(dv.t, dv.offset + b * s.kv_len * dv.ld);
+      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, false, true, s.q_len, s.kv_len, s.head_dim, 1.0f, dob,
+                                      dout.ld, s.q_len * dout.ld, s.head_dim, vb, v.ld,
+                                      s.kv_len * v.ld, s.head_dim, t, F(dp), DType::kF32,
+                                      s.kv_len, hpq, pq, g, s.heads));
+      // P and dS as the GEMMs read them (dtype t).
+      const void* p_t = pb;
+      const void* ds_t = F(dp);
+      if (half) {
+        SK_CUDA_OP("attention_bwd",
+                   cuda::SoftmaxBackwardRows(pb, F(dp), g * s.heads * s.q_len, s.kv_len, scale,
+                                             B(ds16), p16.data(), S(ctx)));
+        p_t = p16.data();
+        ds_t = ds16.data();
+      } else {
+        SK_CUDA_OP("attention_bwd",
+                   cuda::SoftmaxBackwardRows(pb, F(dp), g * s.heads * s.q_len, s.kv_len, scale,
+                                             cuda::Buf{}, nullptr, S(ctx)));
+      }
+      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, p_t,
+                                      s.kv_len, hpq, pq, dob, dout.ld, s.q_len * dout.ld,
+                                      s.head_dim, t, dvb, t, dv.ld, s.kv_len * dv.ld, s.head_dim,
+                                      g, s.heads));
+      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, ds_t,
+                                      s.kv_len, hpq, pq, kb, k.ld, s.kv_len * k.ld, s.head_dim, t,
+                                      dqb, t, dq.ld, s.q_len * dq.ld, s.head_dim, g, s.heads));
+      SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, true, false, s.kv_len, s.head_dim, s.q_len, 1.0f, ds_t,
+                                      s.kv_len, hpq, pq, qb, q.ld, s.q_len * q.ld, s.head_dim, t,
+                                      dkb, t, dk.ld, s.kv_len * dk.ld, s.head_dim, g, s.heads));
+    }
+    return OkStatus();
+  }
+
+  // probs = softmax(scale Q K^T), masked: forward's first two steps.
+  Status Probabilities(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
+                       const MatrixRef& k, const Tensor& probs) {
+    const DType t = q.t.dtype();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    const int64_t pq = s.q_len * s.kv_len, hpq = s.heads * pq;
+    SK_RETURN_IF_ERROR(GemmSeqHeads(ctx, false, true, s.q_len, s.kv_len, s.head_dim, scale,
+                                    Ptr(q.t, q.offset), q.ld, s.q_len * q.ld, s.head_dim,
+                                    Ptr(k.t, k.offset), k.ld, s.kv_len * k.ld, s.head_dim, t,
+                                    probs.data(), DType::kF32, s.kv_len, hpq, pq, s.batch,
+                                    s.heads));
+    SK_CUDA_OP("flash_attention_bwd",
+               cuda::SoftmaxRows(F(probs), s.batch * s.heads * s.q_len, s.kv_len, s.causal,
+                                 s.q_len, cuda::Buf{}, S(ctx)));
+    return OkStatus();
+  }
+
   // Synchronises ctx.stream (the values must have been computed), then
   // copies all of t in one cudaMemcpy and widens each element into out.
   Status CopyToHost(const OpContext& ctx, const Tensor& t, double* out, const char* op) {

@@ -658,6 +658,13 @@ int LaunchTyped2(DType a, DType b, Fn fn) {
   return Launched();
 }
 
+// lse[r] = the log-sum-exp of row r's unmasked scores (thread per row).
+__global__ void RowLogSumExpKernel(const float* x, int64_t rows, int64_t cols, bool causal,
+                                   int64_t block_rows, float* lse) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r < rows) lse[r] = nn_math::RowLogSumExp(x + r * cols, causal ? r % block_rows + 1 : cols);
+}
+
 #define SK_LAUNCH(n, kernel, ...)                              \
   do {                                                         \
     if ((n) <= 0) return 0;                                    \
@@ -884,6 +891,12 @@ int SgdUpdate(const SgdHyper& h, float* param, const float* grad, float* momentu
 int AdamUpdate(const AdamHyper& h, float* param, const float* grad, float* exp_avg,
                float* exp_avg_sq, int64_t n, void* stream) {
   SK_LAUNCH(n, AdamKernel, h, param, grad, exp_avg, exp_avg_sq, n);
+}
+
+int RowLogSumExp(const float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows,
+                 float* lse, void* stream) {
+  if (cols <= 0) return 0;
+  SK_LAUNCH(rows, RowLogSumExpKernel, x, rows, cols, causal, block_rows > 0 ? block_rows : 1, lse);
 }
 
 }  // namespace sk::ops::cuda

@@ -101,6 +101,10 @@ int BatchPointers(const void* a, int64_t a_seq, int64_t a_head, const void* b, i
 // (16-bit) at the same index of p16.
 int SoftmaxRows(float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows, Buf p16,
                 void* stream);
+// lse[r] = log sum_j e^(x[r, j]) over row r's unmasked columns (causal: the
+// first r % block_rows + 1, as SoftmaxRows keeps), x [rows, cols] f32 scores.
+int RowLogSumExp(const float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows,
+                 float* lse, void* stream);
 // ds = scale * p * (dp - <p, dp>) per row (p, dp f32). Without ds16.data: ds
 // overwrites dp. With it: dp is only read, ds is stored rounded to
 // ds16.dtype (16-bit) in ds16 and p rounded to the same dtype in p16 (same
