@@ -38,7 +38,12 @@
 #include "runtime/ops/ops.h"
 #include "runtime/train/trainer.h"
 #ifdef SHARDKIT_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include <thread>
+
 #include "runtime/comm/nccl_backend.h"
+#include "runtime/train/engine.h"
 #endif
 
 namespace sk {
@@ -255,6 +260,101 @@ std::string Compare(const Case& c, const Run& cpu, const Run& gpu, double* worst
   }
   *worst_out = worst;
   return "";
+}
+
+// The low-level engine over the group, driven the way a framework drives it:
+// three units of one parameter, the caller's "kernels" copy the gathered
+// parameter into a buffer of its own in forward and that buffer into the
+// gradient in backward (on a CUDA stream of the caller's, made late on
+// purpose, with the engine's stream-ordered hooks; on the CPU with memcpy).
+// Two SGD steps; this rank's parameters after them.
+constexpr int kEngineUnits = 3;
+constexpr int64_t kEngineWidth = 1 << 14;
+
+std::vector<UnitSpec> EngineUnits() {
+  std::vector<UnitSpec> units;
+  for (int u = 0; u < kEngineUnits; ++u) {
+    UnitSpec unit;
+    unit.name = "layer" + std::to_string(u);
+    ParamSpec w;
+    w.name = "w";
+    w.shape = Shape{kEngineWidth};
+    w.init = Initializer{InitKind::kNormal, 0.0f, 1.0f};
+    unit.params.push_back(w);
+    units.push_back(unit);
+  }
+  return units;
+}
+
+void CUDART_CB LateOnStream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }
+
+StatusOr<std::vector<std::vector<float>>> TrainEngine(comm::ProcessGroup* world, bool gpu, Duration timeout) {
+  FsdpEngineOptions options;
+  options.device.kind = gpu ? DeviceKind::kCuda : DeviceKind::kCpu;
+  options.fsdp.timeout = timeout;
+  options.optimizer.kind = OptimizerKind::kSgd;
+  options.optimizer.lr = 0.25f;
+  cudaStream_t native = nullptr;
+  const size_t bytes = kEngineWidth * sizeof(float);
+  std::vector<void*> saved(kEngineUnits, nullptr);
+  if (gpu) {
+    if (cudaStreamCreateWithFlags(&native, cudaStreamNonBlocking) != cudaSuccess) {
+      return InternalError("cudaStreamCreate failed");
+    }
+    SK_ASSIGN_OR_RETURN(Device * dev, Device::Get(*world->bound_device()));
+    SK_ASSIGN_OR_RETURN(options.stream, dev->WrapNativeStream(native, "caller"));
+    for (void*& p : saved) {
+      if (cudaMalloc(&p, bytes) != cudaSuccess) return InternalError("cudaMalloc failed");
+    }
+  } else {
+    for (void*& p : saved) p = std::malloc(bytes);
+  }
+  auto copy = [&](void* dst, const void* src) -> Status {
+    if (!gpu) {
+      std::memcpy(dst, src, bytes);
+      return OkStatus();
+    }
+    if (cudaLaunchHostFunc(native, LateOnStream, nullptr) != cudaSuccess ||
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, native) != cudaSuccess) {
+      return InternalError("enqueueing the caller's copy failed");
+    }
+    return OkStatus();
+  };
+  std::vector<std::vector<float>> params(kEngineUnits, std::vector<float>(kEngineWidth));
+  Status s;
+  {
+    auto engine = FsdpEngine::Create(EngineUnits(), world, options);
+    s = engine.status();
+    for (int step = 0; s.ok() && step < 2; ++step) {
+      s = (*engine)->ZeroGrad();
+      for (int u = 0; s.ok() && u < kEngineUnits; ++u) {
+        s = (*engine)->PreForward(u);
+        StatusOr<const Tensor*> w = s.ok() ? (*engine)->Param(u, 0) : StatusOr<const Tensor*>(s);
+        s = w.status();
+        if (s.ok()) s = copy(saved[u], (*w)->data());
+        if (s.ok()) s = (*engine)->PostForward(u);
+      }
+      for (int u = kEngineUnits - 1; s.ok() && u >= 0; --u) {
+        s = (*engine)->PreBackward(u);
+        StatusOr<const Tensor*> g = s.ok() ? (*engine)->Grad(u, 0) : StatusOr<const Tensor*>(s);
+        s = g.status();
+        if (s.ok()) s = copy((*g)->data(), saved[u]);
+        if (s.ok()) s = (*engine)->PostBackward(u);
+      }
+      if (s.ok()) s = (*engine)->FinishBackward();
+      if (s.ok()) s = (*engine)->OptimizerStep();
+    }
+    for (int u = 0; s.ok() && u < kEngineUnits; ++u) s = (*engine)->ReadParam(u, 0, params[u].data(), kEngineWidth);
+  }
+  if (gpu) {
+    cudaStreamSynchronize(native);
+    for (void* p : saved) cudaFree(p);
+    cudaStreamDestroy(native);
+  } else {
+    for (void* p : saved) std::free(p);
+  }
+  SK_RETURN_IF_ERROR(s);
+  return params;
 }
 
 #endif  // SHARDKIT_WITH_CUDA
@@ -527,6 +627,35 @@ int Main(int argc, char** argv) {
         err = Compare(c, *cpu, *gpu, &worst);
       }
       report(c.name + "_world" + std::to_string(world), err, worst,
+             std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    if (f.cases == "all" || ("," + f.cases + ",").find(",engine_caller_stream,") != std::string::npos) {
+      // The engine as a framework drives it: NCCL with the caller's CUDA
+      // stream (stream-ordered hooks) against gloo on the CPU.
+      const auto start = Clock::now();
+      StatusOr<std::vector<std::vector<float>>> cpu = TrainEngine(gloo->get(), false, timeout);
+      StatusOr<std::vector<std::vector<float>>> gpu =
+          cpu.ok() ? TrainEngine(nccl->get(), true, timeout) : cpu.status();
+      std::string err;
+      double worst = 0;
+      if (!cpu.ok()) {
+        err = "gloo engine: " + cpu.status().ToString();
+      } else if (!gpu.ok()) {
+        err = "nccl engine: " + gpu.status().ToString();
+      } else {
+        for (int u = 0; u < kEngineUnits && err.empty(); ++u) {
+          for (int64_t i = 0; i < kEngineWidth; ++i) {
+            const double d = std::fabs(double((*gpu)[u][i]) - (*cpu)[u][i]);
+            worst = std::max(worst, d);
+            if (!(d <= 1e-6 + 1e-6 * std::fabs((*cpu)[u][i]))) {
+              err = "unit " + std::to_string(u) + " [" + std::to_string(i) + "]: nccl " +
+                    std::to_string((*gpu)[u][i]) + ", gloo " + std::to_string((*cpu)[u][i]);
+              break;
+            }
+          }
+        }
+      }
+      report("engine_caller_stream_world" + std::to_string(world), err, worst,
              std::chrono::duration<double>(Clock::now() - start).count());
     }
   }

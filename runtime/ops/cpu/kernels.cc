@@ -218,6 +218,51 @@ void ExecuteMatmul(const MatmulKey& key, const BF16* a, const BF16* b, void* c,
   if (biasm != nullptr) SK_DNNL_CHECK(dnnl_memory_destroy(biasm));
 }
 
+// Without bf16 dot-product hardware oneDNN has no bf16 matmul (on an
+// AVX2-only CPU primitive creation fails "unimplemented"): the operands are
+// widened to f32 (exact), multiplied by the f32 GEMM, the bias row added in
+// f32, and C rounded once, the arithmetic the native path does up to
+// summation order.
+template <typename Out>
+void WidenedBf16Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
+                     int64_t lda, const BF16* b, int64_t ldb, const BF16* bias, bool accumulate, Out* c,
+                     int64_t ldc) {
+  const int64_t a_rows = trans_a ? k : m, b_rows = trans_b ? n : k;
+  const int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+  std::vector<float> af(static_cast<size_t>(a_rows * a_cols)), bf(static_cast<size_t>(b_rows * b_cols));
+  for (int64_t r = 0; r < a_rows; ++r) {
+    for (int64_t j = 0; j < a_cols; ++j) af[r * a_cols + j] = BF16ToFloat(a[r * lda + j]);
+  }
+  for (int64_t r = 0; r < b_rows; ++r) {
+    for (int64_t j = 0; j < b_cols; ++j) bf[r * b_cols + j] = BF16ToFloat(b[r * ldb + j]);
+  }
+  std::vector<float> cf(static_cast<size_t>(m * n), 0.0f);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float init = 0.0f;
+      if (accumulate) {
+        if constexpr (std::is_same_v<Out, BF16>) {
+          init = BF16ToFloat(c[i * ldc + j]);
+        } else {
+          init = c[i * ldc + j];
+        }
+      }
+      if (bias != nullptr) init += BF16ToFloat(bias[j]);
+      cf[i * n + j] = init;
+    }
+  }
+  Gemm(trans_a, trans_b, m, n, k, 1.0f, af.data(), a_cols, bf.data(), b_cols, 1.0f, cf.data(), n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      if constexpr (std::is_same_v<Out, BF16>) {
+        c[i * ldc + j] = FloatToBF16(cf[i * n + j]);
+      } else {
+        c[i * ldc + j] = cf[i * n + j];
+      }
+    }
+  }
+}
+
 // Both GemmBF16s: C of element type Out (f32 or bf16).
 template <typename Out>
 void GemmBF16Into(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
@@ -227,6 +272,10 @@ void GemmBF16Into(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     if (!accumulate) {
       for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(Out) * n);
     }
+    return;
+  }
+  if (!NativeBf16Gemm()) {
+    WidenedBf16Gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, nullptr, accumulate, c, ldc);
     return;
   }
   const bool c_bf16 = std::is_same_v<Out, BF16>;
@@ -263,6 +312,10 @@ void GemmBF16BiasInto(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
         }
       }
     }
+    return;
+  }
+  if (!NativeBf16Gemm()) {
+    WidenedBf16Gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, false, c, ldc);
     return;
   }
   ExecuteMatmul(MatmulKey{trans_a, trans_b, m, n, k, lda, ldb, ldc, false,

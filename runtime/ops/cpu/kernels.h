@@ -67,6 +67,8 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 // the same numbers up to summation order; this is the fast path.
 // Primitives are cached per shape and take the calling thread's scratchpad
 // (oneDNN's user scratchpad mode): safe to call from several threads at once.
+// Without such hardware (NativeBf16Gemm() false: oneDNN then has no bf16
+// matmul) the operands are widened and the f32 Gemm runs instead.
 void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
               int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 // The same with C in bf16: products accumulated in f32 (C widened and added
