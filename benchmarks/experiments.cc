@@ -81,10 +81,6 @@ void AddResult(Row& row, const RunResult& r) {
   if (!r.ok && !r.oom) row.Set("error", r.error);
 }
 
-bool IsHybrid(ShardingStrategy s) {
-  return s == ShardingStrategy::kHybridShard || s == ShardingStrategy::kHybridShardGradOp;
-}
-
 // Runs every spec `reps` times in AlternatingOrder (verdict.h), so a drift in
 // the machine's load hits every variant alike. A variant that failed (out of
 // memory) is not run again. runs[v] holds variant v's runs in round order;

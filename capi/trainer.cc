@@ -139,6 +139,8 @@ SK_EXPORT sk_status_t sk_estimate_memory(const sk_trainer_options* options, int3
   r.ddp = o.parallelism == sk::Parallelism::kDdp;
   SK_ASSIGN_OR_FAIL(r.model, sk::FindModelConfig(o.model));
   r.fsdp = o.fsdp;
+  // The node size the trainers of this process would shard a hybrid within.
+  if (r.fsdp.ranks_per_node == 0) r.fsdp.ranks_per_node = sk::LocalWorldSizeFromEnvironment();
   r.optimizer = o.optimizer;
   r.world_size = world_size;
   r.batch_size = o.batch_size;

@@ -35,32 +35,6 @@ StatusOr<Tensor> Slice(const Tensor& t, int64_t offset, int64_t n) {
 
 }  // namespace
 
-const char* ShardingStrategyName(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::kDefault:
-    case ShardingStrategy::kFullShard: return "FULL_SHARD";
-    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
-    case ShardingStrategy::kShardOptim: return "SHARD_OPTIM";
-    case ShardingStrategy::kNoShard: return "NO_SHARD";
-    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
-    case ShardingStrategy::kHybridShardGradOp: return "HYBRID_SHARD_GRAD_OP";
-  }
-  return "UNKNOWN";
-}
-
-StatusOr<ShardingStrategy> ParseShardingStrategy(const std::string& name) {
-  std::string n;
-  for (char c : name) n.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
-  for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
-                             ShardingStrategy::kShardOptim, ShardingStrategy::kNoShard,
-                             ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardGradOp}) {
-    if (n == ShardingStrategyName(s)) return s;
-  }
-  return InvalidArgumentError("unknown sharding strategy '" + name +
-                              "' (FULL_SHARD, SHARD_GRAD_OP, SHARD_OPTIM, NO_SHARD, HYBRID_SHARD, "
-                              "HYBRID_SHARD_GRAD_OP)");
-}
-
 const char* BackwardPrefetchName(BackwardPrefetch p) {
   switch (p) {
     case BackwardPrefetch::kNone: return "NONE";
@@ -83,20 +57,7 @@ StatusOr<BackwardPrefetch> ParseBackwardPrefetch(const std::string& name) {
 }
 
 Status ValidateFsdpOptions(const FsdpOptions& o, int world) {
-  if (world < 1) return InvalidArgumentError("world size must be >= 1");
-  switch (o.strategy) {
-    case ShardingStrategy::kDefault:
-    case ShardingStrategy::kFullShard:
-    case ShardingStrategy::kShardGradOp:
-    case ShardingStrategy::kShardOptim:
-    case ShardingStrategy::kNoShard:
-    case ShardingStrategy::kHybridShard:
-    case ShardingStrategy::kHybridShardGradOp:
-      break;
-    default:
-      return InvalidArgumentError("unknown sharding strategy value " +
-                                  std::to_string(static_cast<int>(o.strategy)));
-  }
+  SK_RETURN_IF_ERROR(ResolveSharding(o.strategy, o.shard_group_size, world, o.ranks_per_node).status());
   switch (o.backward_prefetch) {
     case BackwardPrefetch::kDefault:
     case BackwardPrefetch::kNone:
@@ -106,11 +67,6 @@ Status ValidateFsdpOptions(const FsdpOptions& o, int world) {
     default:
       return InvalidArgumentError("unknown backward prefetch value " +
                                   std::to_string(static_cast<int>(o.backward_prefetch)));
-  }
-  if (o.shard_group_size < 0) return InvalidArgumentError("shard_group_size must be >= 0");
-  if (o.shard_group_size > 0 && world % o.shard_group_size != 0) {
-    return InvalidArgumentError("shard_group_size " + std::to_string(o.shard_group_size) +
-                                " does not divide the world size " + std::to_string(world));
   }
   if (o.all_gather_limit < 1 && o.all_gather_limit != kNoAllGatherLimit) {
     return InvalidArgumentError("all_gather_limit must be >= 1, or kNoAllGatherLimit (-1) for no limit; not " +
@@ -195,15 +151,9 @@ StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
   return m;
 }
 
-bool FullyShardedModel::ParamsPersistent() const {
-  return options_.strategy == ShardingStrategy::kShardOptim ||
-         options_.strategy == ShardingStrategy::kNoShard;
-}
+bool FullyShardedModel::ParamsPersistent() const { return sharding_.policy.keep_unsharded; }
 
-bool FullyShardedModel::ReshardAfterForward() const {
-  return options_.strategy == ShardingStrategy::kFullShard ||
-         options_.strategy == ShardingStrategy::kHybridShard;
-}
+bool FullyShardedModel::ReshardAfterForward() const { return sharding_.policy.reshard_after_forward; }
 
 DType FullyShardedModel::FullGradDType() const {
   const DType pd = options_.mixed_precision.param_dtype;
@@ -220,31 +170,14 @@ DType FullyShardedModel::ReduceDType() const {
 Status FullyShardedModel::Init() {
   const int n = world_->size();
   const int r = world_->rank();
-  switch (options_.strategy) {
-    case ShardingStrategy::kNoShard:
-      shard_size_ = 1;
-      break;
-    case ShardingStrategy::kHybridShard:
-    case ShardingStrategy::kHybridShardGradOp: {
-      int f = options_.shard_group_size;
-      if (f == 0) {
-        const char* env = std::getenv("LOCAL_WORLD_SIZE");
-        f = env ? std::atoi(env) : n;
-        if (f <= 0 || n % f != 0) f = n;
-      }
-      shard_size_ = f;
-      break;
-    }
-    default:
-      shard_size_ = n;
-  }
-  const int base = r / shard_size_ * shard_size_;
-  std::vector<int> shard_ranks, replica_ranks;
-  for (int i = 0; i < shard_size_; ++i) shard_ranks.push_back(base + i);
-  for (int i = r % shard_size_; i < n; i += shard_size_) replica_ranks.push_back(i);
-  SK_ASSIGN_OR_RETURN(shard_group_, world_->NewGroup(shard_ranks, options_.timeout));
-  if (replica_ranks.size() > 1) {
-    SK_ASSIGN_OR_RETURN(replicate_group_, world_->NewGroup(replica_ranks, options_.timeout));
+  SK_ASSIGN_OR_RETURN(sharding_, ResolveSharding(options_.strategy, options_.shard_group_size, n,
+                                                 options_.ranks_per_node));
+  // Collective over the world, in the same order on every rank: the shard
+  // group, then (when there are replicas) the replicate group.
+  SK_ASSIGN_OR_RETURN(shard_group_, world_->NewGroup(sharding_.ShardGroupRanks(r), options_.timeout));
+  if (sharding_.replicate_size() > 1) {
+    SK_ASSIGN_OR_RETURN(replicate_group_,
+                        world_->NewGroup(sharding_.ReplicateGroupRanks(r), options_.timeout));
   }
   float p = options_.gradient_predivide_factor > 0 ? options_.gradient_predivide_factor
                                                    : AutoGradientPredivideFactor(n);
@@ -277,7 +210,7 @@ Status FullyShardedModel::Init() {
   for (size_t u = 0; u < units_.size(); ++u) {
     std::vector<std::pair<std::string, Shape>> params;
     for (const ParamSpec& p : units_[u].params) params.emplace_back(p.name, p.shape);
-    SK_ASSIGN_OR_RETURN(flat_[u].layout, FlatParamLayout::Make(params, shard_size_));
+    SK_ASSIGN_OR_RETURN(flat_[u].layout, FlatParamLayout::Make(params, sharding_.shard_size()));
     const FlatParamLayout& layout = flat_[u].layout;
     SK_ASSIGN_OR_RETURN(flat_[u].master, shard_alloc.Empty(DType::kF32, Shape{layout.shard_numel()}));
     SK_ASSIGN_OR_RETURN(flat_[u].grad, shard_alloc.Empty(DType::kF32, Shape{layout.shard_numel()}));
@@ -733,7 +666,7 @@ Status FullyShardedModel::ReduceGradients(int unit) {
   }
   std::shared_ptr<comm::Work> last;
   Tensor reduced;
-  if (shard_size_ == 1) {
+  if (sharding_.shard_size() == 1) {
     // NO_SHARD: the "shard" is the whole flat parameter; only replicas reduce.
     if (rdt == gdt && !ParamsPersistent()) {
       reduced = input;

@@ -128,19 +128,9 @@
 #include "runtime/ops/backend.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/data_parallel.h"
+#include "runtime/parallel/sharding_plan.h"
 
 namespace sk {
-
-// Values are part of the C ABI: never renumbered; 0 means "default".
-enum class ShardingStrategy : int {
-  kDefault = 0,  // FULL_SHARD
-  kFullShard = 1,
-  kShardGradOp = 2,
-  kShardOptim = 3,
-  kNoShard = 4,
-  kHybridShard = 5,
-  kHybridShardGradOp = 6,
-};
 
 enum class BackwardPrefetch : int {
   kDefault = 0,  // BACKWARD_PRE
@@ -149,9 +139,7 @@ enum class BackwardPrefetch : int {
   kBackwardPost = 3,
 };
 
-// "FULL_SHARD", ...; and the inverse (accepts the lower-case forms too).
-const char* ShardingStrategyName(ShardingStrategy s);
-StatusOr<ShardingStrategy> ParseShardingStrategy(const std::string& name);
+// "BACKWARD_PRE", ...; and the inverse (accepts the lower-case forms too).
 const char* BackwardPrefetchName(BackwardPrefetch p);
 StatusOr<BackwardPrefetch> ParseBackwardPrefetch(const std::string& name);
 
@@ -174,8 +162,14 @@ inline constexpr int kNoAllGatherLimit = -1;
 struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   // Ranks per shard group for the hybrid strategies (must divide the world
-  // size; 0 = LOCAL_WORLD_SIZE from the environment, else the world size).
+  // size; 0 = the ranks per node, below).
   int shard_group_size = 0;
+  // Ranks per node, where the hybrids without shard_group_size shard; 0 =
+  // one node holds the world. Set by the launch edge (the Trainer and the
+  // engine: LOCAL_WORLD_SIZE, or a simulated cluster's GPUs per node); FSDP
+  // reads no environment. ResolveSharding (runtime/parallel/sharding_plan.h)
+  // decides the groups from these fields.
+  int ranks_per_node = 0;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   bool forward_prefetch = false;
   // The rate limiter: most unsharded flat parameters alive at once (>= 1),
@@ -291,7 +285,9 @@ class FullyShardedModel final : public DataParallelModel {
   const FsdpOptions& options() const { return options_; }
   int rank() const { return world_->rank(); }
   int world_size() const { return world_->size(); }
-  int shard_group_size() const { return shard_size_; }
+  int shard_group_size() const { return sharding_.shard_size(); }
+  // The resolved strategy: this model's mesh and reshard policy.
+  const ShardingPlan& sharding() const { return sharding_; }
   int num_units() const { return static_cast<int>(units_.size()); }
   const FlatParamLayout& layout(int unit) const { return flat_[unit].layout; }
   // The unit's f32 master shard and gradient shard on this rank.
@@ -411,7 +407,7 @@ class FullyShardedModel final : public DataParallelModel {
   Allocator* offload_;
   Stream* host_stream_;  // may be null (host ops on the calling thread)
   FsdpOptions options_;
-  int shard_size_ = 1;
+  ShardingPlan sharding_;
   std::unique_ptr<comm::ProcessGroup> shard_group_;
   std::unique_ptr<comm::ProcessGroup> replicate_group_;  // null when there is one replica
   std::unique_ptr<Stream> ag_stream_, rs_stream_, compute_stream_;

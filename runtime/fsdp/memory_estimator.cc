@@ -62,17 +62,13 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
                    e.activation_bytes;
     return e;
   }
-  ShardingStrategy st = r.fsdp.strategy == ShardingStrategy::kDefault ? ShardingStrategy::kFullShard
-                                                                        : r.fsdp.strategy;
-  int f = r.world_size;
-  if (st == ShardingStrategy::kNoShard) f = 1;
-  if ((st == ShardingStrategy::kHybridShard || st == ShardingStrategy::kHybridShardGradOp) &&
-      r.fsdp.shard_group_size > 0) {
-    f = r.fsdp.shard_group_size;
-  }
-  const bool persistent = st == ShardingStrategy::kShardOptim || st == ShardingStrategy::kNoShard;
-  const bool keep_after_forward = st == ShardingStrategy::kShardGradOp ||
-                                  st == ShardingStrategy::kHybridShardGradOp;
+  // The same mesh and reshard policy FSDP builds its groups and shards from.
+  SK_ASSIGN_OR_RETURN(const ShardingPlan sharding,
+                      ResolveSharding(r.fsdp.strategy, r.fsdp.shard_group_size, r.world_size,
+                                      r.fsdp.ranks_per_node));
+  const int f = sharding.shard_size();
+  const bool persistent = sharding.policy.keep_unsharded;
+  const bool keep_after_forward = !sharding.policy.reshard_after_forward;
   const int64_t pd = static_cast<int64_t>(DTypeSize(r.fsdp.mixed_precision.param_dtype));
   // The reduction's dtype (FullyShardedModel::ReduceGradients: reduce_dtype,
   // else the gradients' dtype, which is param_dtype).

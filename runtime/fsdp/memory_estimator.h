@@ -32,6 +32,9 @@ namespace sk {
 
 struct MemoryEstimateRequest {
   NamedModelConfig model;
+  // Sharded as FSDP shards it: ResolveSharding of fsdp.strategy,
+  // fsdp.shard_group_size, world_size and fsdp.ranks_per_node (set it as
+  // the Trainer does: RanksPerNode in runtime/train/engine.h).
   FsdpOptions fsdp;
   OptimizerOptions optimizer;
   int world_size = 1;

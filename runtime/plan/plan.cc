@@ -47,18 +47,10 @@ std::vector<std::string> SplitList(const std::string& list) {
   return out;
 }
 
-bool IsHybrid(ShardingStrategy s) {
-  return s == ShardingStrategy::kHybridShard || s == ShardingStrategy::kHybridShardGradOp;
-}
-// Strategies that all-gather parameters again in backward.
-bool GathersInBackward(ShardingStrategy s) {
-  return s == ShardingStrategy::kFullShard || s == ShardingStrategy::kHybridShard;
-}
-// Strategies that all-gather parameters in forward (every step).
-bool GathersInForward(ShardingStrategy s) {
-  return s == ShardingStrategy::kFullShard || s == ShardingStrategy::kShardGradOp ||
-         s == ShardingStrategy::kHybridShard || s == ShardingStrategy::kHybridShardGradOp;
-}
+// What a strategy gathers, from the policy FSDP itself runs
+// (runtime/parallel/sharding_plan.h).
+bool GathersInBackward(ShardingStrategy s) { return ReshardPolicyFor(s).gathers_in_backward(); }
+bool GathersInForward(ShardingStrategy s) { return ReshardPolicyFor(s).gathers_in_forward(); }
 
 DType ReduceDType(const MixedPrecisionPolicy& mp) {
   return mp.reduce_dtype.value_or(mp.param_dtype);

@@ -44,10 +44,8 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
     MemoryEstimateRequest e;
     SK_ASSIGN_OR_RETURN(e.model, FindModelConfig(r.model));
     e.fsdp = c.fsdp;
-    if (c.fsdp.strategy == ShardingStrategy::kHybridShard ||
-        c.fsdp.strategy == ShardingStrategy::kHybridShardGradOp) {
-      e.fsdp.shard_group_size = c.fsdp.shard_group_size;
-    }
+    // The simulated ranks' node size, as the Trainer resolves it on sim.
+    e.fsdp.ranks_per_node = r.gpus_per_node;
     e.optimizer = r.optimizer;
     e.world_size = r.gpus;
     e.batch_size = r.batch_size;

@@ -1,6 +1,7 @@
 #include "runtime/train/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -125,6 +126,18 @@ StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions
   return std::unique_ptr<comm::ProcessGroup>(std::move(world));
 }
 
+int LocalWorldSizeFromEnvironment() {
+  const char* env = std::getenv("LOCAL_WORLD_SIZE");
+  return env != nullptr ? std::max(0, std::atoi(env)) : 0;
+}
+
+int RanksPerNode(const comm::ProcessGroup& world) {
+  if (auto* sim_world = dynamic_cast<const sim::SimProcessGroup*>(&world); sim_world != nullptr) {
+    return sim_world->profile().gpus_per_node;
+  }
+  return LocalWorldSizeFromEnvironment();
+}
+
 Status CheckWorldForDevice(const DeviceOptions& o, const comm::ProcessGroup& world) {
   const bool sim_world = world.backend_name() == "sim";
   if (o.kind == DeviceKind::kSim && !sim_world) {
@@ -229,8 +242,10 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
   if (options.fsdp.cpu_offload) {
     SK_ASSIGN_OR_RETURN(e->offload_, CreateOffloadHost(device));
   }
+  FsdpOptions fsdp = options.fsdp;
+  if (fsdp.ranks_per_node == 0) fsdp.ranks_per_node = RanksPerNode(*world);
   SK_ASSIGN_OR_RETURN(e->fsdp_, FullyShardedModel::Create(
-                                    e->units_, world, e->allocator_.get(), options.fsdp,
+                                    e->units_, world, e->allocator_.get(), fsdp,
                                     e->offload_ ? e->offload_->shards : nullptr,
                                     e->offload_ ? e->offload_->stream : nullptr));
   SK_ASSIGN_OR_RETURN(e->optimizer_, CreateEngineOptimizer(options.optimizer, *e->fsdp_,

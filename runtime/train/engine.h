@@ -84,6 +84,15 @@ StatusOr<Device*> ResolveRankDevice(const DeviceOptions& options, const comm::Pr
 // data. InvalidArgument for other kinds; loader errors as above.
 StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions& options);
 
+// LOCAL_WORLD_SIZE (the ranks of this node, as launchers set it) when it is
+// a positive integer, else 0. Read at the launch edge only: the Trainer,
+// the engine and the C ABI's estimate pass it on (FsdpOptions::ranks_per_node,
+// GEMM threads); the runtime below them reads no environment.
+int LocalWorldSizeFromEnvironment();
+// The ranks per node of `world` (FsdpOptions::ranks_per_node): a simulated
+// world's GPUs per node, else LocalWorldSizeFromEnvironment().
+int RanksPerNode(const comm::ProcessGroup& world);
+
 // InvalidArgument unless `world` suits the device: a sim device needs a sim
 // process group ("sim" backend: its collectives move no data), and a sim
 // process group needs a sim device; a group bound to a device (nccl) needs

@@ -239,8 +239,8 @@ Status Trainer::Init() {
     int sharing = 1;
     if (world_->backend_name() == "local") {
       sharing = world_->size();
-    } else if (const char* env = std::getenv("LOCAL_WORLD_SIZE")) {
-      sharing = std::max(1, std::atoi(env));
+    } else {
+      sharing = std::max(1, LocalWorldSizeFromEnvironment());
     }
     gemm_threads_ = std::max(1, cores / sharing);
   }
@@ -293,6 +293,7 @@ Status Trainer::Init() {
     // unsharded gradient itself (fsdp.h, "Mixed precision").
     FsdpOptions fo = options_.fsdp;
     fo.f32_unsharded_gradients = true;
+    if (fo.ranks_per_node == 0) fo.ranks_per_node = RanksPerNode(*world_);
     SK_ASSIGN_OR_RETURN(fsdp_, FullyShardedModel::Create(model_->units(), world_, allocator_.get(),
                                                          fo,
                                                          offload_ ? offload_->shards : nullptr,

@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "runtime/comm/local_backend.h"
@@ -44,11 +47,13 @@ class MemoryEstimatorTest : public ::testing::TestWithParam<Case> {};
 
 constexpr int kWorld = 4;
 
-// The estimate for what `o` trains at world kWorld.
+// The estimate for what `o` trains at world kWorld (on the local backend:
+// the node size the Trainer reads, as the C ABI's estimate does).
 StatusOr<MemoryEstimate> EstimateFor(const TrainerOptions& o) {
   MemoryEstimateRequest req;
   req.model = *FindModelConfig(o.model);
   req.fsdp = o.fsdp;
+  if (req.fsdp.ranks_per_node == 0) req.fsdp.ranks_per_node = LocalWorldSizeFromEnvironment();
   req.optimizer = o.optimizer;
   req.world_size = kWorld;
   req.batch_size = o.batch_size;
@@ -210,6 +215,72 @@ TEST(MemoryEstimatorSlowReduceTest, EstimateCoversThePeakWhenTheReduceStreamLags
     const int64_t measured = *peak;
     EXPECT_LE(measured, est->peak_bytes) << (ckpt ? "ckpt: " : "") << est->ToString() << "; measured " << measured;
   }
+}
+
+// Sets an environment variable for the scope, restoring the previous state.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+int64_t Blocks512(int64_t bytes) { return (bytes + 511) / 512 * 512; }
+
+// Issue 36, item 1: HYBRID_SHARD without shard_group_size shards within a
+// node (LOCAL_WORLD_SIZE ranks), but the estimator assumed the world size:
+// at world 4 with 2 ranks per node it counted quarter shards where FSDP
+// allocated halves, and estimated below the measured peak. Both now resolve
+// the one ShardingPlan.
+TEST(MemoryEstimatorHybridTest, HybridWithoutShardGroupSizeShardsWithinTheNodeAsFsdpDoes) {
+  ScopedEnv node("LOCAL_WORLD_SIZE", "2");
+  TrainerOptions o;
+  o.model = "gpt-1m";
+  o.batch_size = 2;
+  o.seq_len = 64;
+  o.fsdp.strategy = ShardingStrategy::kHybridShard;
+  o.fsdp.shard_group_size = 0;
+  o.fsdp.timeout = Duration(120'000);
+  StatusOr<MemoryEstimate> est = EstimateFor(o);
+  ASSERT_TRUE(est.ok()) << est.status();
+
+  std::vector<int> shard_group_sizes(kWorld);
+  std::vector<int64_t> master_bytes(kWorld), peaks(kWorld);
+  Status run = comm::RunLocalRanks(kWorld, [&](int r, comm::ProcessGroup* g) -> Status {
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(o, g));
+    shard_group_sizes[r] = t->fsdp()->shard_group_size();
+    for (int u = 0; u < t->fsdp()->num_units(); ++u) {
+      master_bytes[r] += Blocks512(static_cast<int64_t>(t->fsdp()->master_shard(u).nbytes()));
+    }
+    SK_RETURN_IF_ERROR(t->Step().status());
+    for (int s = 0; s < kMeasuredSteps; ++s) {
+      SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
+      peaks[r] = std::max(peaks[r], m.peak_allocated_bytes);
+    }
+    return OkStatus();
+  });
+  ASSERT_TRUE(run.ok()) << run;
+  const int64_t measured = *std::max_element(peaks.begin(), peaks.end());
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(shard_group_sizes[r], 2) << "rank " << r;
+    // The model states are exact: the estimator's shards are FSDP's.
+    EXPECT_EQ(est->master_bytes, master_bytes[r]) << "rank " << r << ": " << est->ToString();
+  }
+  EXPECT_LE(measured, est->peak_bytes) << est->ToString() << "; measured " << measured;
+  EXPECT_GT(static_cast<double>(measured) / static_cast<double>(est->peak_bytes), 0.9)
+      << est->ToString() << "; measured " << measured;
 }
 
 TEST(MemoryEstimatorBadInputTest, RejectsBadRequests) {

@@ -99,6 +99,35 @@ TEST(PlanTest, EnumerationPrunesCombinationsThatCannotDiffer) {
   EXPECT_EQ(per_strategy["HYBRID_SHARD_GRAD_OP"], 2 * 3 * 2 * 2 * 5);
 }
 
+// The planner describes each candidate by the same ShardingPlan FSDP builds
+// its groups from (runtime/parallel/sharding_plan.h): a hybrid's F is its
+// shard group, and backward prefetch is varied exactly where the policy
+// gathers again in backward.
+TEST(PlanTest, CandidatesAreLabelledByTheShardingPlanFsdpResolves) {
+  PlanRequest r = Request();
+  r.gpus_per_node = 4;
+  auto cands = EnumerateCandidates(r);
+  ASSERT_TRUE(cands.ok()) << cands.status();
+  for (const Candidate& c : *cands) {
+    if (c.parallelism == Parallelism::kDdp) continue;
+    StatusOr<ShardingPlan> p =
+        ResolveSharding(c.fsdp.strategy, c.fsdp.shard_group_size, r.gpus, r.gpus_per_node);
+    ASSERT_TRUE(p.ok()) << c.Label() << ": " << p.status();
+    const std::string label = c.Label();
+    if (IsHybrid(c.fsdp.strategy)) {
+      EXPECT_NE(label.find(" F=" + std::to_string(p->shard_size()) + " "), std::string::npos) << label;
+      EXPECT_GT(p->replicate_size(), 1) << label;
+      EXPECT_GT(p->shard_size(), 1) << label;
+    } else {
+      EXPECT_EQ(p->shard_size(), c.fsdp.strategy == ShardingStrategy::kNoShard ? 1 : r.gpus) << label;
+    }
+    EXPECT_EQ(label.find(" bwd=") != std::string::npos, p->policy.gathers_in_backward()) << label;
+    if (!p->policy.gathers_in_forward()) {
+      EXPECT_EQ(label.find(" limit="), std::string::npos) << label;
+    }
+  }
+}
+
 TEST(PlanTest, HybridFactorsArePowersOfTwoOrTheNodeSize) {
   PlanRequest r = Request(24);
   r.gpus_per_node = 6;

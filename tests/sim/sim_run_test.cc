@@ -15,6 +15,7 @@
 
 #include "runtime/comm/local_backend.h"
 #include "runtime/fsdp/flat_param.h"
+#include "runtime/fsdp/memory_estimator.h"
 #include "runtime/nn/configs.h"
 #include "runtime/sim/sim_device.h"
 #include "runtime/train/engine.h"
@@ -89,6 +90,41 @@ TEST(SimTrainerTest, EveryStrategyStepsGptAndT5) {
       }
     }
   }
+}
+
+// Issue 36, item 1: on a simulated cluster a hybrid without
+// shard_group_size shards within a simulated node (the profile's GPUs per
+// node, 2 here), and the memory estimate the planner makes for it
+// (SimulateCandidate: ranks_per_node = gpus_per_node) counts the same
+// shards. FSDP used to read the host's LOCAL_WORLD_SIZE instead (unset:
+// shard over all 8).
+TEST(SimTrainerTest, HybridWithoutShardGroupSizeShardsWithinASimulatedNode) {
+  TrainerOptions o = SimOptions("gpt-1m", 8);
+  o.device.sim_gpus_per_node = 2;
+  o.fsdp.strategy = ShardingStrategy::kHybridShard;
+  o.fsdp.shard_group_size = 0;
+  auto t = Trainer::Create(o, nullptr);
+  ASSERT_TRUE(t.ok()) << t.status();
+  FullyShardedModel& fsdp = *(*t)->fsdp();
+  EXPECT_EQ(fsdp.shard_group_size(), 2);
+  EXPECT_EQ(fsdp.sharding().replicate_size(), 4);
+  EXPECT_EQ(fsdp.shard_group().size(), 2);
+  ASSERT_NE(fsdp.replicate_group(), nullptr);
+  EXPECT_EQ(fsdp.replicate_group()->size(), 4);
+
+  MemoryEstimateRequest req;
+  req.model = *FindModelConfig("gpt-1m");
+  req.fsdp = o.fsdp;
+  req.fsdp.ranks_per_node = 2;
+  req.world_size = 8;
+  req.batch_size = o.batch_size;
+  StatusOr<MemoryEstimate> est = EstimatePeakMemory(req);
+  ASSERT_TRUE(est.ok()) << est.status();
+  int64_t master = 0;
+  for (int u = 0; u < fsdp.num_units(); ++u) {
+    master += (static_cast<int64_t>(fsdp.master_shard(u).nbytes()) + 511) / 512 * 512;
+  }
+  EXPECT_EQ(est->master_bytes, master) << est->ToString();
 }
 
 TEST(SimTrainerTest, DeviceAndWorldMustMatch) {

@@ -387,7 +387,9 @@ typedef struct sk_fsdp_options {
   size_t struct_size;
   sk_sharding_strategy_t strategy;
   /* Ranks per shard group for the hybrid strategies; must divide the world
-   * size. 0 = LOCAL_WORLD_SIZE from the environment, else the world size. */
+   * size. 0 = the ranks per node: LOCAL_WORLD_SIZE from the environment (on
+   * a simulated world its GPUs per node), which must then divide the world
+   * size when below it; unset, the world size (docs/fsdp.md). */
   int32_t shard_group_size;
   sk_backward_prefetch_t backward_prefetch;
   /* Nonzero: prefetch the next unit's all-gather during forward. */
