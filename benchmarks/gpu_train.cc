@@ -25,7 +25,7 @@
 // by CUDA events (op_timing.h: kDeviceEvents; the host waits for each op, so
 // that step is not one of the timed ones) and prints, per op name, its calls,
 // device milliseconds and share of the step's op time (the A/B of
-// SK_CUDA_FUSED_EPILOGUES=0 against the default is two such runs;
+// SK_CUDA_FUSED_EPILOGUES=1 against the default is two such runs;
 // docs/cuda.md). Part of the GPU suite (tools/gpu); nothing here is a test.
 //
 //   ./bazelw run --config=cuda -c opt //benchmarks:gpu_train

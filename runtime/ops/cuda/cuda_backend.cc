@@ -73,15 +73,17 @@ bool AllowReducedPrecisionReduction() {
   return allow;
 }
 
-// SK_CUDA_FUSED_EPILOGUES (read once): unset or anything but "0" runs
-// GemmBias and GemmBiasResidual with 16-bit operands as one cuBLASLt GEMM
-// whose epilogue adds the bias (and whose beta = 1 term is the residual);
-// "0" restores the ops they are defined by (BroadcastRows then a GEMM with
-// beta = 1; GemmBias, Axpy and Cast), so one GPU run can compare both.
+// SK_CUDA_FUSED_EPILOGUES (read once): "1" runs GemmBias and
+// GemmBiasResidual with 16-bit operands as one cuBLASLt GEMM whose epilogue
+// adds the bias (and whose beta = 1 term is the residual); unset or
+// anything else runs the ops they are defined by (BroadcastRows then a GEMM
+// with beta = 1; GemmBias, Axpy and Cast). Off by default: on the H200 (27
+// Nov) the fused bf16 results missed the conformance bound of one rounding
+// (1.1x and 1.6x of it; docs/cuda.md).
 bool FusedEpilogues() {
   static const bool on = [] {
     const char* v = std::getenv("SK_CUDA_FUSED_EPILOGUES");
-    return v == nullptr || std::string_view(v) != "0";
+    return v != nullptr && std::string_view(v) == "1";
   }();
   return on;
 }
