@@ -15,6 +15,7 @@
 
 #include "runtime/comm/flight_recorder.h"
 #include "runtime/comm/gloo_backend.h"  // DistributedEnv
+#include "runtime/comm/heartbeat.h"
 #include "runtime/core/dtype.h"
 
 namespace sk::comm {
@@ -188,8 +189,8 @@ class NcclWatchdog {
   NcclWatchdog(NcclComm* comm, std::shared_ptr<Store> store, std::string prefix, int rank,
                std::vector<int> global_ranks, FlightRecorder* recorder, std::string who)
       : comm_(comm), store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank),
-        global_ranks_(std::move(global_ranks)), recorder_(recorder), who_(std::move(who)) {
-    Beat();
+        global_ranks_(std::move(global_ranks)), recorder_(recorder), who_(std::move(who)),
+        heartbeat_(store_, prefix_, rank_, std::chrono::milliseconds(kHeartbeatMs)) {
     thread_ = std::thread([this] { Run(); });
   }
   ~NcclWatchdog() {
@@ -212,55 +213,24 @@ class NcclWatchdog {
     return error_;
   }
 
-  // Ranks (world numbering) whose heartbeat stood still for 3 beats, or
+  // Ranks (world numbering) whose heartbeat stood still (heartbeat.h), or
   // a sentence about the store when it cannot be read. Blocks ~1.6 s.
   std::string StoppedRanks() {
-    const int n = static_cast<int>(global_ranks_.size());
-    auto read = [&](std::vector<std::string>* out) -> Status {
-      out->assign(n, "");
-      for (int r = 0; r < n; ++r) {
-        if (r == rank_) continue;
-        SK_ASSIGN_OR_RETURN((*out)[r], store_->Get(HeartbeatKey(r), Duration(2000)));
-      }
-      return OkStatus();
-    };
-    std::vector<std::string> before, after;
-    Status s = read(&before);
-    if (s.ok()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(3 * kHeartbeatMs + 100));
-      s = read(&after);
+    std::vector<int> peers;
+    for (int r = 0; r < static_cast<int>(global_ranks_.size()); ++r) {
+      if (r != rank_) peers.push_back(r);
     }
-    if (!s.ok()) {
-      return "the store (served by rank 0) cannot be read, so rank 0 is dead or hung (" +
-             std::string(s.message()) + ")";
-    }
-    std::vector<int> stopped;
-    for (int r = 0; r < n; ++r) {
-      if (r != rank_ && before[r] == after[r]) stopped.push_back(global_ranks_[r]);
-    }
-    if (stopped.empty()) return "";
-    return NameRanks(stopped) + (stopped.size() == 1 ? " is" : " are") +
-           " dead or hung (no heartbeat for " + std::to_string(3 * kHeartbeatMs) + " ms)";
+    StatusOr<std::vector<int>> stopped = heartbeat_.StoppedPeers(peers);
+    if (!stopped.ok()) return std::string(stopped.status().message());
+    if (stopped->empty()) return "";
+    std::vector<int> global;
+    for (int r : *stopped) global.push_back(global_ranks_[r]);
+    return NameRanks(global) + (global.size() == 1 ? " is" : " are") + " dead or hung (no heartbeat for " +
+           std::to_string(heartbeat_.silence().count()) + " ms)";
   }
 
-  // Whether peer `r`'s heartbeat has stood still for 3 beats, judged from
-  // the calls so far (each reads it once): for a caller waiting on r.
-  // A store that cannot be read says so, naming rank 0 (which serves it).
-  StatusOr<bool> PeerStopped(int r) {
-    StatusOr<std::string> got = store_->Get(HeartbeatKey(r), Duration(1000));
-    if (!got.ok() && got.status().code() == StatusCode::kDeadlineExceeded) return false;  // no beat yet
-    SK_RETURN_IF_ERROR(got.status());
-    const std::string& beat = *got;
-    std::lock_guard<std::mutex> lock(beat_mu_);
-    auto& [value, since] = last_beat_[r];
-    const auto now = Clock::now();
-    if (value != beat || since == Clock::time_point()) {
-      value = beat;
-      since = now;
-      return false;
-    }
-    return now - since >= std::chrono::milliseconds(3 * kHeartbeatMs);
-  }
+  // For a caller waiting on peer `r` (Heartbeat::PeerStopped).
+  StatusOr<bool> PeerStopped(int r) { return heartbeat_.PeerStopped(r); }
 
  private:
   struct Pending {
@@ -270,7 +240,6 @@ class NcclWatchdog {
     Duration timeout;
   };
 
-  std::string HeartbeatKey(int r) const { return prefix_ + "/heartbeat/" + std::to_string(r); }
   // One failure record per world (sub-groups share their world's prefix).
   std::string FailureKey() const { return prefix_.substr(0, prefix_.find("/sub[")) + "/failure"; }
 
@@ -289,11 +258,6 @@ class NcclWatchdog {
     if (claim.ok() && *claim == 1) store_->Set(FailureKey(), culprits).IgnoreError();
   }
 
-  void Beat() {
-    // A failing store is noticed by whoever reads it; a beat is best effort.
-    store_->Set(HeartbeatKey(rank_), std::to_string(beats_++)).IgnoreError();
-  }
-
   void Run() {
     auto next_beat = Clock::now() + std::chrono::milliseconds(kHeartbeatMs);
     std::unique_lock<std::mutex> lock(mu_);
@@ -303,7 +267,6 @@ class NcclWatchdog {
       std::string published;  // a failure another rank found (see PublishedFailure)
       if (Clock::now() >= next_beat) {
         lock.unlock();
-        Beat();
         published = PublishedFailure();
         lock.lock();
         next_beat = Clock::now() + std::chrono::milliseconds(kHeartbeatMs);
@@ -373,9 +336,9 @@ class NcclWatchdog {
   const std::vector<int> global_ranks_;
   FlightRecorder* recorder_;
   const std::string who_;
-  int64_t beats_ = 0;
-  std::mutex beat_mu_;
-  std::map<int, std::pair<std::string, Clock::time_point>> last_beat_;  // PeerStopped's
+  // Beats on a thread of its own: this watchdog's thread sleeps while it
+  // checks its peers, and must not look dead to them meanwhile.
+  Heartbeat heartbeat_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -549,8 +512,7 @@ Status NcclProcessGroup::CheckCall(const Collective& c) {
         StatusOr<bool> stopped = watchdog_->PeerStopped(r);
         if (!stopped.ok()) {
           return UnavailableError("nccl group " + prefix_ + ": " + c.Describe() + " on " + GlobalRank(rank()) +
-                                  ": the store (served by rank 0) cannot be read, so rank 0 is dead or hung (" +
-                                  std::string(stopped.status().message()) + ")");
+                                  ": " + std::string(stopped.status().message()));
         }
         if (*stopped) {
           return UnavailableError("nccl group " + prefix_ + ": " + c.Describe() + " on " + GlobalRank(rank()) +

@@ -1,0 +1,82 @@
+// Heartbeat: liveness of a group's ranks through its Store, for naming the
+// rank that died or hung (the nccl backend's watchdog and call check).
+//
+// Each rank's Heartbeat bumps a counter under `prefix`/heartbeat/<rank>
+// every `interval` on a thread of its own, so a rank that is busy or blocked
+// elsewhere (its watchdog checking its peers, a long host wait, a slow
+// step) keeps beating; only a process that died, was stopped (SIGSTOP, a
+// debugger) or cannot reach the store falls silent. A peer is "stopped"
+// once its counter has stood still for kMissedBeats intervals.
+//
+// On the H200 (27 Nov 2026) the beat ran on the watchdog's own thread, which
+// sleeps while it checks its peers: two survivors checking at once saw each
+// other fall silent and named each other as dead beside the rank that was
+// killed. //tests/comm:heartbeat_test reproduces that case.
+//
+// Thread safety: every method may be called from any thread.
+#ifndef SHARDKIT_RUNTIME_COMM_HEARTBEAT_H_
+#define SHARDKIT_RUNTIME_COMM_HEARTBEAT_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "runtime/comm/store.h"
+#include "runtime/core/status.h"
+
+namespace sk::comm {
+
+class Heartbeat {
+ public:
+  static constexpr int kMissedBeats = 3;
+
+  // Starts beating at once (the first beat is set before this returns).
+  Heartbeat(std::shared_ptr<Store> store, std::string prefix, int rank,
+            Duration interval = Duration(500));
+  ~Heartbeat();  // stops beating
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  Duration interval() const { return interval_; }
+  // How long a peer must stay silent to count as stopped.
+  Duration silence() const { return interval_ * kMissedBeats; }
+
+  // The ranks of `peers` whose beat did not change over silence() plus a
+  // margin; blocks that long (reads each peer twice). Unavailable naming the
+  // store (served by rank 0) when it cannot be read. A peer that never beat
+  // counts as stopped.
+  StatusOr<std::vector<int>> StoppedPeers(const std::vector<int>& peers);
+
+  // For a caller that polls while it waits on peer `r`: whether r's beat has
+  // stood still for silence(), judged from this rank's calls so far (each
+  // reads r's beat once; the first call starts the clock). Unavailable when
+  // the store cannot be read.
+  StatusOr<bool> PeerStopped(int r);
+
+ private:
+  std::string Key(int r) const { return prefix_ + "/heartbeat/" + std::to_string(r); }
+  // r's beat, or "" when r has never beaten (absent key).
+  StatusOr<std::string> Read(int r);
+  void Run();
+
+  const std::shared_ptr<Store> store_;
+  const std::string prefix_;
+  const int rank_;
+  const Duration interval_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  int64_t beats_ = 0;
+  std::map<int, std::pair<std::string, std::chrono::steady_clock::time_point>> seen_;  // PeerStopped's
+  std::thread thread_;
+};
+
+}  // namespace sk::comm
+
+#endif  // SHARDKIT_RUNTIME_COMM_HEARTBEAT_H_
