@@ -26,10 +26,12 @@
 //     sockets close), aborts the communicator (ncclCommAbort: kernels stop,
 //     streams drain) after setting every pending Work's status, so waiting
 //     hosts and streams return; every later call fails with the same error.
-//     The error names the ranks that stopped: each rank's watchdog bumps a
-//     heartbeat in the store every kHeartbeatMs, and the ranks whose
-//     heartbeat stood still (or whose store, rank 0's, is unreachable) are
-//     named dead or hung.
+//     The error names the ranks that stopped: each rank beats in the store
+//     from a thread of its own (heartbeat.h), and the ranks whose heartbeat
+//     stood still (or the store's server, rank 0, when it is unreachable)
+//     are named dead or hung. The first rank to name them publishes that in
+//     the store, and the other ranks' watchdogs, which look for it every
+//     beat, fail at once with the same finding.
 //   - Flight recorder entries as on gloo (enqueued, started = enqueued on
 //     the GPU, ended), dumped on the first failure when
 //     SHARDKIT_FLIGHT_RECORDER_DIR is set.
