@@ -713,10 +713,10 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
 
 namespace {
 
-Status CheckAttention(const char* op, const OpContext& ctx, const AttentionShape& s,
-                      std::initializer_list<std::pair<const char*, const MatrixRef*>> q_rows,
-                      std::initializer_list<std::pair<const char*, const MatrixRef*>> kv_rows,
-                      const Tensor& probs) {
+// The shape and the q/k/v-shaped views every attention op takes.
+Status CheckAttentionViews(const char* op, const OpContext& ctx, const AttentionShape& s,
+                           std::initializer_list<std::pair<const char*, const MatrixRef*>> q_rows,
+                           std::initializer_list<std::pair<const char*, const MatrixRef*>> kv_rows) {
   if (s.batch < 0 || s.heads < 0 || s.q_len < 0 || s.kv_len < 0 || s.head_dim <= 0) {
     return Bad(op, "bad shape: batch=" + N(s.batch) + " heads=" + N(s.heads) + " q_len=" +
                        N(s.q_len) + " kv_len=" + N(s.kv_len) + " head_dim=" + N(s.head_dim));
@@ -735,6 +735,14 @@ Status CheckAttention(const char* op, const OpContext& ctx, const AttentionShape
     SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t));
     SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.kv_len, cols, 1));
   }
+  return OkStatus();
+}
+
+Status CheckAttention(const char* op, const OpContext& ctx, const AttentionShape& s,
+                      std::initializer_list<std::pair<const char*, const MatrixRef*>> q_rows,
+                      std::initializer_list<std::pair<const char*, const MatrixRef*>> kv_rows,
+                      const Tensor& probs) {
+  SK_RETURN_IF_ERROR(CheckAttentionViews(op, ctx, s, q_rows, kv_rows));
   SK_RETURN_IF_ERROR(CheckTensor(op, "probs", ctx, probs, {DType::kF32}));
   return CheckNumel(op, "probs", probs, s.batch * s.heads * s.q_len * s.kv_len);
 }
@@ -819,24 +827,7 @@ Status CheckFlashAttention(const char* op, const OpContext& ctx, const Attention
                            std::initializer_list<std::pair<const char*, const MatrixRef*>> q_rows,
                            std::initializer_list<std::pair<const char*, const MatrixRef*>> kv_rows,
                            const Tensor& lse) {
-  if (s.batch < 0 || s.heads < 0 || s.q_len < 0 || s.kv_len < 0 || s.head_dim <= 0) {
-    return Bad(op, "bad shape: batch=" + N(s.batch) + " heads=" + N(s.heads) + " q_len=" +
-                       N(s.q_len) + " kv_len=" + N(s.kv_len) + " head_dim=" + N(s.head_dim));
-  }
-  if (s.causal && s.q_len != s.kv_len) {
-    return Bad(op, "causal attention needs q_len == kv_len, got " + N(s.q_len) + " and " +
-                       N(s.kv_len));
-  }
-  if (s.q_len > 0 && s.kv_len == 0) return Bad(op, "queries without keys (kv_len = 0)");
-  const int64_t cols = s.heads * s.head_dim;
-  for (auto [what, m] : q_rows) {
-    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t));
-    SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.q_len, cols, 1));
-  }
-  for (auto [what, m] : kv_rows) {
-    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t));
-    SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.kv_len, cols, 1));
-  }
+  SK_RETURN_IF_ERROR(CheckAttentionViews(op, ctx, s, q_rows, kv_rows));
   SK_RETURN_IF_ERROR(CheckTensor(op, "lse", ctx, lse, {DType::kF32}));
   return CheckNumel(op, "lse", lse, s.batch * s.heads * s.q_len);
 }
