@@ -24,6 +24,7 @@
 #include "runtime/comm/local_backend.h"
 #include "runtime/device/device.h"
 #include "runtime/train/engine.h"
+#include "tests/util/vector_units.h"
 
 #if defined(SHARDKIT_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -46,20 +47,6 @@ constexpr int kSteps = 2;
 
 void CUDART_CB SleepOnStream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
 
-std::vector<UnitSpec> Units() {
-  std::vector<UnitSpec> units;
-  for (int u = 0; u < kUnits; ++u) {
-    UnitSpec unit;
-    unit.name = "layer" + std::to_string(u);
-    ParamSpec w;
-    w.name = "w";
-    w.shape = Shape{kWidth};
-    w.init = Initializer{InitKind::kNormal, 0.0f, 1.0f};
-    unit.params.push_back(w);
-    units.push_back(unit);
-  }
-  return units;
-}
 
 // Rank 0's parameters after kSteps steps.
 StatusOr<std::vector<std::vector<float>>> Train(bool caller_stream) {
@@ -83,7 +70,8 @@ StatusOr<std::vector<std::vector<float>>> Train(bool caller_stream) {
     for (float*& p : saved) CUDA_OK(cudaMalloc(&p, kWidth * sizeof(float)));
     const size_t bytes = kWidth * sizeof(float);
     {
-      SK_ASSIGN_OR_RETURN(std::unique_ptr<FsdpEngine> engine, FsdpEngine::Create(Units(), world, options));
+      SK_ASSIGN_OR_RETURN(std::unique_ptr<FsdpEngine> engine,
+                          FsdpEngine::Create(VectorUnits(kUnits, kWidth), world, options));
       // A caller kernel: late on purpose on the caller's stream, or
       // completed before the next hook (the synchronous protocol).
       auto copy = [&](void* dst, const void* src) -> Status {

@@ -44,6 +44,7 @@
 
 #include "runtime/comm/nccl_backend.h"
 #include "runtime/train/engine.h"
+#include "tests/util/vector_units.h"
 #endif
 
 namespace sk {
@@ -271,20 +272,6 @@ std::string Compare(const Case& c, const Run& cpu, const Run& gpu, double* worst
 constexpr int kEngineUnits = 3;
 constexpr int64_t kEngineWidth = 1 << 14;
 
-std::vector<UnitSpec> EngineUnits() {
-  std::vector<UnitSpec> units;
-  for (int u = 0; u < kEngineUnits; ++u) {
-    UnitSpec unit;
-    unit.name = "layer" + std::to_string(u);
-    ParamSpec w;
-    w.name = "w";
-    w.shape = Shape{kEngineWidth};
-    w.init = Initializer{InitKind::kNormal, 0.0f, 1.0f};
-    unit.params.push_back(w);
-    units.push_back(unit);
-  }
-  return units;
-}
 
 void CUDART_CB LateOnStream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }
 
@@ -323,7 +310,7 @@ StatusOr<std::vector<std::vector<float>>> TrainEngine(comm::ProcessGroup* world,
   std::vector<std::vector<float>> params(kEngineUnits, std::vector<float>(kEngineWidth));
   Status s;
   {
-    auto engine = FsdpEngine::Create(EngineUnits(), world, options);
+    auto engine = FsdpEngine::Create(VectorUnits(kEngineUnits, kEngineWidth), world, options);
     s = engine.status();
     for (int step = 0; s.ok() && step < 2; ++step) {
       s = (*engine)->ZeroGrad();

@@ -6,6 +6,7 @@
 // computed this way equals the synchronous protocol bit for bit (f32, local
 // backend, 2 ranks as threads).
 #include "runtime/train/engine.h"
+#include "tests/util/vector_units.h"
 
 #include <gtest/gtest.h>
 
@@ -31,20 +32,6 @@ constexpr int kSteps = 2;
 // wait for the caller's stream reads or overwrites too early.
 constexpr auto kKernelDelay = std::chrono::milliseconds(30);
 
-std::vector<UnitSpec> Units() {
-  std::vector<UnitSpec> units;
-  for (int u = 0; u < kUnits; ++u) {
-    UnitSpec unit;
-    unit.name = "layer" + std::to_string(u);
-    ParamSpec w;
-    w.name = "w";
-    w.shape = Shape{kWidth};
-    w.init = Initializer{InitKind::kNormal, 0.0f, 1.0f};
-    unit.params.push_back(w);
-    units.push_back(unit);
-  }
-  return units;
-}
 
 // The caller's model: forward saves (rank + 1) * w of each unit; backward
 // adds saved + 0.5 * w + rank into the gradient, so every value read in
@@ -88,7 +75,7 @@ StatusOr<RunResult> Train(Protocol protocol, ShardingStrategy strategy) {
       options.stream = stream;
     }
     SK_ASSIGN_OR_RETURN(std::unique_ptr<FsdpEngine> engine,
-                        FsdpEngine::Create(Units(), world, options));
+                        FsdpEngine::Create(VectorUnits(kUnits, kWidth), world, options));
     auto model = std::make_shared<CallerModel>();
     model->rank = rank;
     // A caller kernel: on the caller's stream after a delay, or at once.
@@ -170,7 +157,7 @@ INSTANTIATE_TEST_SUITE_P(Strategies, EngineCallerStreamTest,
 TEST(EngineCallerStream, AStreamOfAnotherDeviceIsAnInvalidArgumentNamingBoth) {
   Status s = comm::RunLocalRanks(1, [](int, comm::ProcessGroup* world) -> Status {
     SK_ASSIGN_OR_RETURN(std::unique_ptr<FsdpEngine> engine,
-                        FsdpEngine::Create(Units(), world, FsdpEngineOptions()));
+                        FsdpEngine::Create(VectorUnits(kUnits, kWidth), world, FsdpEngineOptions()));
     SK_ASSIGN_OR_RETURN(Device * other, Device::Get(DeviceId::Cpu(7)));
     SK_ASSIGN_OR_RETURN(std::unique_ptr<Stream> foreign, other->CreateStream("elsewhere"));
     Status r = engine->SetStream(std::move(foreign));
