@@ -10,36 +10,11 @@
 #include "runtime/nn/owned_parameters.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
+#include "tests/nn/gpt_test_model.h"
 #include "tests/nn/gradient_check.h"
 
 namespace sk {
 namespace {
-
-GptConfig Tiny() {
-  GptConfig c;
-  c.name = "gpt-test";
-  c.vocab_size = 32;
-  c.max_seq_len = 8;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.d_model = 16;
-  return c;
-}
-
-TokenBatch RandomBatch(int64_t b, int64_t t, int64_t vocab, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab) - 1);
-  TokenBatch batch;
-  batch.batch_size = b;
-  batch.seq_len = t;
-  for (int64_t i = 0; i < b; ++i) {
-    std::vector<int32_t> s(t + 1);
-    for (auto& x : s) x = tok(gen);
-    batch.inputs.insert(batch.inputs.end(), s.begin(), s.end() - 1);
-    batch.targets.insert(batch.targets.end(), s.begin() + 1, s.end());
-  }
-  return batch;
-}
 
 std::unique_ptr<GptModel> MakeModel(const GptConfig& c, ModelOptions o = {}) {
   auto m = GptModel::Create(c, o);
