@@ -393,7 +393,7 @@ StatusOr<SimSpan> SimDevice::EnqueueSpan(Stream& stream, std::string_view name,
   std::lock_guard<std::mutex> lock(mu_);
   double& host = HostClockLocked();
   if (options.launch) host += spec_.launch_overhead_s;
-  const double start = std::max(s->clock_, host);
+  const double start = std::max({s->clock_, host, options.not_before_s});
   const double duration = price(start);
   if (!FiniteNonNegative(duration)) {
     return InvalidArgumentError("span '" + std::string(name) + "' on " + id_.ToString() +
@@ -427,7 +427,7 @@ bool SimDevice::launch_blocking() const {
 
 SimSpan SimDevice::PlaceLocked(SimStream& stream, std::string_view name, double duration_s,
                                const SpanOptions& options) {
-  const double start = std::max(stream.clock_, HostClockLocked());
+  const double start = std::max({stream.clock_, HostClockLocked(), options.not_before_s});
   const SimSpan span{start, start + duration_s};
   stream.clock_ = span.end_s;
   if (trace_.enabled()) {

@@ -134,6 +134,10 @@ struct SpanOptions {
   // The trace category and the category SpansOverlapping filters on:
   // "compute", "comm", "copy", ...
   std::string_view category = "compute";
+  // The span starts no earlier than this (seconds): for a collective, when
+  // the previous collective of its communicator ends (NCCL runs one
+  // communicator's operations one after another: sim_process_group.h).
+  double not_before_s = 0;
 };
 
 // One span as recorded for analysis (when span recording is on).

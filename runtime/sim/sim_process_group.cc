@@ -1,8 +1,18 @@
 #include "runtime/sim/sim_process_group.h"
 
+#include <atomic>
+
 #include "runtime/sim/sim_device.h"
 
 namespace sk::sim {
+namespace {
+
+uint64_t NextCommunicatorId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<SimProcessGroup>> SimProcessGroup::Create(
     const comm::NetworkProfile& profile, int world_size, int rank) {
@@ -31,7 +41,8 @@ SimProcessGroup::SimProcessGroup(std::shared_ptr<const comm::NetworkProfile> pro
       profile_(std::move(profile)),
       positions_(std::move(positions)),
       placement_(placement),
-      links_(std::move(links)) {}
+      links_(std::move(links)),
+      communicator_id_(NextCommunicatorId()) {}
 
 std::string SimProcessGroup::label() const {
   return "sim (" + profile_->name + ": " + placement_.ToString() + ")";
@@ -68,16 +79,19 @@ StatusOr<std::shared_ptr<comm::Work>> SimProcessGroup::Launch(comm::Collective c
   const std::string description = c.Describe() + " on sim rank " + std::to_string(rank()) +
                                   " of " + std::to_string(size()) + " [" + plan.ToString() + "]";
   LinkSchedule* links = links_.get();
+  std::lock_guard<std::mutex> issue(issue_mu_);
   // The price sees where the span starts, so the booking shares the links
-  // with whatever is in flight then.
-  SK_RETURN_IF_ERROR((*device)
-                         ->EnqueueSpan(
-                             stream, span_name,
-                             [links, &plan](double start_s) {
-                               return links->Book(plan, start_s).end_s - start_s;
-                             },
-                             {/*launch=*/true, /*category=*/"comm"})
-                         .status());
+  // with whatever is in flight then; it starts after this communicator's
+  // previous collective (file comment).
+  SK_ASSIGN_OR_RETURN(SimSpan span,
+                      (*device)->EnqueueSpan(
+                          stream, span_name,
+                          [links, &plan](double start_s) {
+                            return links->Book(plan, start_s).end_s - start_s;
+                          },
+                          {/*launch=*/true, /*category=*/"comm",
+                           /*not_before_s=*/links->CommunicatorFreeAt(communicator_id_)}));
+  links->SetCommunicatorFreeAt(communicator_id_, span.end_s);
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> event, (*device)->CreateEvent());
   SK_RETURN_IF_ERROR(event->Record(stream));
   return std::make_shared<comm::Work>(description, std::move(event));

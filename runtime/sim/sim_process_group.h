@@ -14,14 +14,24 @@
 //     share NVLink and the NICs,
 //   - becomes one launched span of virtual time on the caller's sim stream
 //     (SimDevice::EnqueueSpan, category "comm"), starting when the stream,
-//     the host launch and the events the stream waits for allow,
+//     the host launch and the events the stream waits for allow, and not
+//     before the group's previous collective has ended: a group is one NCCL
+//     communicator, and NCCL runs a communicator's operations one after
+//     another in the order issued, whichever streams they were issued on
+//     (it orders them on the communicator's own internal stream; NCCL's
+//     user guide, "Using multiple NCCL communicators concurrently", and
+//     ProcessGroupNCCL, which gives each group one NCCL stream per device).
+//     So an all-gather issued behind a reduce-scatter on the same group
+//     waits for it even on another stream (why the order in which FSDP
+//     issues prefetches matters on real hardware),
 //   - returns a Work whose event is recorded on the stream right after the
 //     span: Work::wait moves the host clock to the span's end, other streams
 //     can WaitEvent on it, is_completed compares with the host clock.
 // Tensors keep their (absent) data: a sim tensor has none.
 //
 // Sub-groups (NewGroup, and so DeviceMesh's shard and replicate groups) are
-// SimProcessGroups over the named ranks' cluster positions, sharing the
+// SimProcessGroups over the named ranks' cluster positions (each its own
+// communicator, whose collectives may overlap the parent's), sharing the
 // parent's LinkSchedule: FSDP's shard group inside a node is priced on
 // NVLink, its replica group across nodes on the NICs, and the two compete
 // only for the links they both use.
@@ -91,6 +101,11 @@ class SimProcessGroup final : public comm::ProcessGroup {
   const std::vector<int> positions_;
   const comm::GroupPlacement placement_;
   const std::shared_ptr<LinkSchedule> links_;
+  // This group's communicator in links_ (SetCommunicatorFreeAt).
+  const uint64_t communicator_id_;
+  // Held from reading the communicator's free time to booking the next
+  // collective, so calls from several threads queue in the order issued.
+  std::mutex issue_mu_;
 };
 
 }  // namespace sk::sim

@@ -266,6 +266,19 @@ void LinkSchedule::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   for (Usage* u : {&usage_[0], &usage_[1], &busy_}) u->clear();
   network_bus_bytes_ = 0;
+  communicator_free_at_.clear();
+}
+
+double LinkSchedule::CommunicatorFreeAt(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = communicator_free_at_.find(id);
+  return it == communicator_free_at_.end() ? 0.0 : it->second;
+}
+
+void LinkSchedule::SetCommunicatorFreeAt(uint64_t id, double end_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  double& at = communicator_free_at_[id];
+  at = std::max(at, end_s);
 }
 
 }  // namespace sk::sim

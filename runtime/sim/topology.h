@@ -39,6 +39,7 @@
 #ifndef SHARDKIT_RUNTIME_SIM_TOPOLOGY_H_
 #define SHARDKIT_RUNTIME_SIM_TOPOLOGY_H_
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
@@ -93,6 +94,13 @@ class LinkSchedule {
   // Forgets everything (a new simulation, clocks back at 0).
   void Clear();
 
+  // When the last collective booked on communicator `id` ends (0 if none
+  // since Clear): NCCL runs one communicator's collectives one after
+  // another in the order issued, whatever streams they are on, so the next
+  // one starts no earlier. ForgetBefore keeps these.
+  double CommunicatorFreeAt(uint64_t id) const;
+  void SetCommunicatorFreeAt(uint64_t id, double end_s);
+
  private:
   // Usage of each link over time: a step function, value from each key's
   // time up to the next key's. Link 0 = NVLink, 1 = network.
@@ -107,6 +115,7 @@ class LinkSchedule {
   Usage usage_[kLinks];
   double network_bus_bytes_ = 0;
   Usage busy_;  // number of collectives running
+  std::map<uint64_t, double> communicator_free_at_;
 };
 
 }  // namespace sk::sim

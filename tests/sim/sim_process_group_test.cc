@@ -146,6 +146,10 @@ TEST(SimProcessGroup, HybridMeshShardsOverNvlinkAndReplicatesOverTheNics) {
 TEST(SimProcessGroup, ConcurrentCollectivesShareALinkAndStreamsWaitOnTheirWork) {
   SimDevice* d = Fresh(4);
   auto world = World(8);
+  // A second communicator over the same ranks: its collectives may run
+  // beside the world's (one communicator's may not: next test).
+  auto other = world->NewGroup({0, 1, 2, 3, 4, 5, 6, 7});
+  ASSERT_TRUE(other.ok()) << other.status();
   auto gather_stream = MakeStream(d, "all_gather");
   auto reduce_stream = MakeStream(d, "reduce_scatter");
   auto compute = MakeStream(d, "compute");
@@ -153,7 +157,7 @@ TEST(SimProcessGroup, ConcurrentCollectivesShareALinkAndStreamsWaitOnTheirWork) 
   Tensor in = SimTensor(d, n), out = SimTensor(d, 8 * n);
   Tensor grads = SimTensor(d, 8 * n), shard = SimTensor(d, n);
   auto ag = Ok(world->all_gather(out, in, *gather_stream));
-  auto rs = Ok(world->reduce_scatter(shard, grads, *reduce_stream));
+  auto rs = Ok((*other)->reduce_scatter(shard, grads, *reduce_stream));
   auto plan = world->Plan(CollectiveKind::kAllGather, out.nbytes());
   ASSERT_EQ(plan->algorithm, LinkAlgorithm::kRing);
   const double transfer = plan->bus_bytes / plan->bus_bytes_per_s;
@@ -166,6 +170,30 @@ TEST(SimProcessGroup, ConcurrentCollectivesShareALinkAndStreamsWaitOnTheirWork) 
   ASSERT_TRUE(d->EnqueueSpan(*compute, "optimizer", 1e-3).ok());
   EXPECT_NEAR(d->StreamClock(*compute), EndOf(*rs) + 1e-3, 1e-12);
   EXPECT_LT(d->HostClock(), EndOf(*ag));
+}
+
+TEST(SimProcessGroup, OneCommunicatorRunsItsCollectivesInIssueOrderAcrossStreams) {
+  SimDevice* d = Fresh(7);
+  auto world = World(8);
+  auto a = MakeStream(d, "a");
+  auto b = MakeStream(d, "b");
+  const int64_t n = int64_t{1} << 20;
+  Tensor big_in = SimTensor(d, 16 * n), big_out = SimTensor(d, 128 * n);
+  Tensor small = SimTensor(d, n);
+  // A long all-gather on stream a, then a small all-reduce on idle stream b:
+  // NCCL runs the second after the first (one communicator), not beside it.
+  auto ag = Ok(world->all_gather(big_out, big_in, *a));
+  auto ar = Ok(world->all_reduce(small, *b));
+  auto small_plan = world->Plan(CollectiveKind::kAllReduce, small.nbytes());
+  ASSERT_TRUE(small_plan.ok());
+  EXPECT_NEAR(EndOf(*ar), EndOf(*ag) + small_plan->seconds(), 1e-9);
+  // Stream b waited for its collective: its clock is the all-reduce's end.
+  EXPECT_NEAR(d->StreamClock(*b), EndOf(*ar), 1e-12);
+  // A new simulation forgets the communicator's queue with the links.
+  d->ResetClocks();
+  world->links().Clear();
+  auto again = Ok(world->all_reduce(small, *b));
+  EXPECT_NEAR(EndOf(*again), kLaunch + small_plan->seconds(), 1e-12);
 }
 
 TEST(SimProcessGroup, TheSameScheduleTwiceGivesTheSameTimes) {
