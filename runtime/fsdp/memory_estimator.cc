@@ -78,6 +78,12 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
 
   MemoryEstimate e;
   std::vector<int64_t> padded;
+  // Units owning a parameter another unit uses (counted once, with them).
+  SK_ASSIGN_OR_RETURN(std::vector<std::vector<ParamRef>> tied, ResolveTiedParams(model->units()));
+  std::vector<bool> tied_owner(model->units().size(), false);
+  for (const auto& refs : tied) {
+    for (const ParamRef& t : refs) tied_owner[t.unit] = true;
+  }
   for (const UnitSpec& u : model->units()) {
     std::vector<std::pair<std::string, Shape>> ps;
     for (const ParamSpec& p : u.params) ps.emplace_back(p.name, p.shape);
@@ -136,6 +142,15 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
     // (SHARD_GRAD_OP gathers only in forward; the persistent strategies at
     // set-up and after the optimizer step; f32 copies straight into place.)
     if (r.fsdp.cpu_offload && pd != 4) e.unsharded_bytes += prefetched * F32(largest / f);
+    // A tied parameter's owner (GPT-2's embedding) is gathered again while
+    // the unit that borrows it (the head) computes, and its full gradient
+    // (f32, as every unit's here) is made then and lives until the owner's
+    // own backward reduces it (FullyShardedModel, "Tied parameters").
+    for (size_t u = 0; u < padded.size(); ++u) {
+      if (!tied_owner[u]) continue;
+      if (!keep_after_forward) e.unsharded_bytes += Blocks(padded[u] * pd);
+      e.unsharded_bytes += F32(padded[u]);
+    }
   } else {
     e.unsharded_bytes = reducing;
   }
