@@ -1,5 +1,7 @@
 #include "runtime/nn/configs.h"
 
+#include "runtime/nn/hf_config.h"
+
 #include <algorithm>
 
 namespace sk {
@@ -275,6 +277,7 @@ StatusOr<NamedModelConfig> FindModelConfig(const std::string& name) {
     SK_ASSIGN_OR_RETURN(UnitTableConfig table, LoadUnitTable(name));
     return Table(std::move(table), false, "unit table from " + name);
   }
+  if (IsHfModelDirectory(name)) return ReadHfConfig(name);
   std::string known;
   for (const NamedModelConfig& c : ModelConfigs()) {
     if (c.name == name) return c;
