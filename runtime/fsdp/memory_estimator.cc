@@ -116,6 +116,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   }
   if (!persistent) {
     int64_t params_alive = 0;
+    int64_t smallest_counted = 0;  // the smallest unit counted in params_alive
     int prefetched = 0;  // gathers issued and not yet waited for at the peak
     if (keep_after_forward) {
       for (int64_t p : padded) params_alive += Blocks(p * pd);
@@ -127,6 +128,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
       std::vector<int64_t> sorted(padded);
       std::sort(sorted.rbegin(), sorted.rend());
       for (int i = 0; i < alive; ++i) params_alive += Blocks(sorted[i] * pd);
+      smallest_counted = sorted[alive - 1];
     }
     // Two full gradients (the unit computing, in f32 for any param_dtype: the
     // Trainer sets FsdpOptions::f32_unsharded_gradients, whatever the
@@ -143,12 +145,13 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
     // set-up and after the optimizer step; f32 copies straight into place.)
     if (r.fsdp.cpu_offload && pd != 4) e.unsharded_bytes += prefetched * F32(largest / f);
     // A tied parameter's owner (GPT-2's embedding) is gathered again while
-    // the unit that borrows it (the head) computes, and its full gradient
-    // (f32, as every unit's here) is made then and lives until the owner's
-    // own backward reduces it (FullyShardedModel, "Tied parameters").
+    // the unit that borrows it (the head) computes (counted already when it
+    // is among the largest units above), and its full gradient (f32, as
+    // every unit's here) is made then and lives until the owner's own
+    // backward reduces it (FullyShardedModel, "Tied parameters").
     for (size_t u = 0; u < padded.size(); ++u) {
       if (!tied_owner[u]) continue;
-      if (!keep_after_forward) e.unsharded_bytes += Blocks(padded[u] * pd);
+      if (!keep_after_forward && padded[u] < smallest_counted) e.unsharded_bytes += Blocks(padded[u] * pd);
       e.unsharded_bytes += F32(padded[u]);
     }
   } else {
