@@ -7,14 +7,14 @@ namespace {
 
 using sk::Status;
 
-sk_tensor_view ViewOf(const sk::Tensor& t, const sk::ParamSpec& spec) {
+sk_tensor_view ViewOf(const sk::Tensor& t, const sk::Shape& shape) {
   sk_tensor_view v;
   std::memset(&v, 0, sizeof(v));
   v.struct_size = sizeof(v);
   v.data = t.data();
   v.dtype = static_cast<sk_dtype_t>(t.dtype());
-  v.ndim = spec.shape.rank();
-  v.shape = spec.shape.dims().data();
+  v.ndim = shape.rank();
+  v.shape = shape.dims().data();
   v.numel = t.numel();
   return v;
 }
@@ -208,6 +208,11 @@ SK_EXPORT sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
                   "unit '" + u.name + "' already has a parameter named '" + name + "'");
     }
   }
+  if (!u.tied.empty()) {
+    return Fail(SK_STATUS_FAILED_PRECONDITION,
+                "unit '" + u.name + "' already has tied parameters, which are numbered after its own: add '" +
+                    name + "' before them");
+  }
   const std::string where = "parameter '" + u.name + "." + name + "': ";
   if (c.ndim < 0 || c.ndim > SK_MAX_DIMS) {
     return Fail(SK_STATUS_INVALID_ARGUMENT, where + "ndim " + std::to_string(c.ndim) +
@@ -237,6 +242,40 @@ SK_EXPORT sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
   if (!valid.ok()) return Fail(valid.WithContext(where + "initializer"));
   u.params.push_back(std::move(p));
   if (out_param != nullptr) *out_param = static_cast<int32_t>(u.params.size() - 1);
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_model_spec_add_tied_param(sk_model_spec* spec, int32_t unit, const char* name,
+                                                   int32_t owner_unit, int32_t owner_param, int32_t* out_param) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(spec, "spec"));
+  SK_CHECK(CheckSpecUnit(spec->units, unit));
+  SK_CHECK(CheckSpecUnit(spec->units, owner_unit));
+  SK_CHECK(CheckString(name, "name"));
+  sk::UnitSpec& u = spec->units[unit];
+  const std::string n = name;
+  if (n.empty() || !sk::IsValidUtf8(n)) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT, "tied parameter name of unit '" + u.name + "' is empty or not UTF-8");
+  }
+  const sk::UnitSpec& owner = spec->units[owner_unit];
+  if (owner_param < 0 || static_cast<size_t>(owner_param) >= owner.params.size()) {
+    return Fail(SK_STATUS_OUT_OF_RANGE, "owner parameter " + std::to_string(owner_param) + " out of range (unit '" +
+                                            owner.name + "' has " + std::to_string(owner.params.size()) +
+                                            " parameters of its own)");
+  }
+  if (owner_unit >= unit) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT, "tied parameter '" + u.name + "." + n + "': its owner unit '" +
+                                                owner.name + "' must come before unit '" + u.name + "'");
+  }
+  for (size_t i = 0; i < u.num_tensors(); ++i) {
+    if (sk::UnitTensorName(u, i) == u.name + "." + n) {
+      return Fail(SK_STATUS_INVALID_ARGUMENT, "unit '" + u.name + "' already has a parameter named '" + n + "'");
+    }
+  }
+  const sk::ParamSpec& p = owner.params[owner_param];
+  u.tied.push_back(sk::TiedParamSpec{n, sk::FullParamName(owner, p), p.shape});
+  if (out_param != nullptr) *out_param = static_cast<int32_t>(u.num_tensors() - 1);
   return SK_STATUS_OK;
   SK_API_END
 }
@@ -317,7 +356,7 @@ SK_EXPORT sk_status_t sk_engine_param(sk_engine* engine, int32_t unit, int32_t p
                     InAbiTerms(engine->engine->Param(unit, param),
                                "sk_engine_pre_forward .. sk_engine_post_forward, "
                                "sk_engine_pre_backward .. sk_engine_post_backward"));
-  WriteStruct(out_view, ViewOf(*t, engine->engine->units()[unit].params[param]));
+  WriteStruct(out_view, ViewOf(*t, sk::UnitTensorShape(engine->engine->units()[unit], static_cast<size_t>(param))));
   return SK_STATUS_OK;
   SK_API_END
 }
@@ -330,7 +369,7 @@ SK_EXPORT sk_status_t sk_engine_grad(sk_engine* engine, int32_t unit, int32_t pa
   SK_ASSIGN_OR_FAIL(const sk::Tensor* t,
                     InAbiTerms(engine->engine->Grad(unit, param),
                                "sk_engine_pre_backward .. sk_engine_post_backward"));
-  WriteStruct(out_view, ViewOf(*t, engine->engine->units()[unit].params[param]));
+  WriteStruct(out_view, ViewOf(*t, sk::UnitTensorShape(engine->engine->units()[unit], static_cast<size_t>(param))));
   return SK_STATUS_OK;
   SK_API_END
 }

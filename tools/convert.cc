@@ -4,9 +4,20 @@
 //   bazel run //tools:convert -- --from=hf-gpt2 gpt2.safetensors mine.safetensors
 //   bazel run //tools:convert -- --to=hf-gpt2 mine.safetensors gpt2.safetensors
 //
+//   bazel run //tools:convert -- --from=hf-gpt2 path/to/gpt2-dir mine.safetensors
+//   bazel run //tools:convert -- --to=hf-gpt2 --model=gpt2-small mine.safetensors out-dir/
+//
 // --from and --to default to shardkit. Optimizer state (shardkit full state
 // dicts) exists only in the shardkit layout: --weights_only leaves it out,
-// otherwise converting such a file is an error. Relative paths are taken
+// otherwise converting such a file is an error.
+// Hugging Face model directories (runtime/fsdp/hf_checkpoint.h): with
+// --from=hf-gpt2 an input directory is read whole (config.json and
+// model.safetensors or its sharded files) and checked against config.json;
+// with --to=hf-gpt2 an output that is a directory or ends in '/' gets
+// config.json and the weights, sharded into files of at most
+// --max_shard_mb MiB when given. Its shape comes from --model (a named
+// configuration or another Hugging Face directory), or from the input
+// directory. Relative paths are taken
 // from the directory `bazel run` was started in. The output is written
 // atomically (a failed conversion leaves any existing file as it was).
 // Exit status: 0 done, 1 a conversion error (printed), 2 bad usage.
@@ -16,20 +27,32 @@
 #include <vector>
 
 #include "runtime/core/status.h"
+#include "runtime/fsdp/hf_checkpoint.h"
 #include "runtime/fsdp/safetensors.h"
 #include "runtime/fsdp/weight_layout.h"
+#include "runtime/nn/configs.h"
+#include "runtime/nn/hf_config.h"
+
+#include <sys/stat.h>
 
 namespace {
 
 constexpr char kUsage[] =
-    "usage: convert [--from=LAYOUT] [--to=LAYOUT] [--weights_only] IN.safetensors OUT.safetensors\n"
-    "  LAYOUT: shardkit (default), torch, hf-gpt2\n";
+    "usage: convert [--from=LAYOUT] [--to=LAYOUT] [--weights_only] [--model=NAME] [--max_shard_mb=N] IN OUT\n"
+    "  LAYOUT: shardkit (default), torch, hf-gpt2\n"
+    "  IN, OUT: safetensors files; with hf-gpt2 also Hugging Face model directories\n"
+    "           (an OUT directory: an existing one or a path ending in '/')\n";
 
 // `path` relative to where `bazel run` was invoked (BUILD_WORKING_DIRECTORY).
 std::string FromCaller(const std::string& path) {
   const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");
   if (path.empty() || path[0] == '/' || cwd == nullptr) return path;
   return std::string(cwd) + "/" + path;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 int Usage(const std::string& why) {
@@ -42,6 +65,8 @@ int Usage(const std::string& why) {
 int main(int argc, char** argv) {
   sk::WeightLayout from = sk::WeightLayout::kShardkit, to = sk::WeightLayout::kShardkit;
   sk::ConvertOptions options;
+  std::string model;
+  long long max_shard_bytes = 0;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -56,6 +81,13 @@ int main(int argc, char** argv) {
       (is_from ? from : to) = *l;
     } else if (a == "--weights_only") {
       options.drop_optimizer_state = true;
+    } else if (a.rfind("--model=", 0) == 0) {
+      model = a.substr(8);
+    } else if (a.rfind("--max_shard_mb=", 0) == 0) {
+      char* end = nullptr;
+      const long long mb = std::strtoll(a.c_str() + 15, &end, 10);
+      if (end == a.c_str() + 15 || *end != '\0' || mb < 1) return Usage("--max_shard_mb must be a positive integer");
+      max_shard_bytes = mb << 20;
     } else if (a.rfind("--", 0) == 0) {
       return Usage("unknown flag '" + a + "'");
     } else {
@@ -64,6 +96,46 @@ int main(int argc, char** argv) {
   }
   if (files.size() != 2) return Usage("expected an input and an output file");
   const std::string in = FromCaller(files[0]), out = FromCaller(files[1]);
+  const bool in_dir = from == sk::WeightLayout::kHfGpt2 && IsDirectory(in);
+  const bool out_dir = to == sk::WeightLayout::kHfGpt2 && (IsDirectory(out) || out.back() == '/');
+  if (in_dir || out_dir) {
+    // Through shardkit's layout, checked against the model's shape.
+    sk::StatusOr<sk::SafeTensorsFile> weights = sk::InvalidArgumentError("no input");
+    sk::StatusOr<sk::NamedModelConfig> config = sk::InvalidArgumentError(
+        "writing a Hugging Face directory needs the model's shape: --model=NAME (a named configuration or a "
+        "Hugging Face directory)");
+    if (!model.empty()) config = sk::FindModelConfig(FromCaller(model));
+    if (in_dir) {
+      sk::StatusOr<sk::HfModel> hf = sk::ReadHfModelDir(in);
+      if (hf.ok()) {
+        if (model.empty()) config = hf->config;
+        weights = std::move(hf->weights);
+      } else {
+        weights = hf.status();
+      }
+    } else {
+      sk::StatusOr<sk::SafeTensorsFile> file = sk::SafeTensorsFile::Read(in);
+      weights = file.ok() ? sk::ConvertWeights(*file, from, sk::WeightLayout::kShardkit, options) : file.status();
+    }
+    sk::Status s = weights.status();
+    if (s.ok() && out_dir) {
+      s = config.status();
+      sk::HfWriteOptions wo;
+      wo.max_shard_bytes = max_shard_bytes;
+      if (s.ok()) s = sk::WriteHfModelDir(out, *config, *weights, wo);
+    } else if (s.ok()) {
+      sk::StatusOr<sk::SafeTensorsFile> converted =
+          sk::ConvertWeights(*weights, sk::WeightLayout::kShardkit, to, options);
+      s = converted.ok() ? converted->Write(out) : converted.status();
+    }
+    if (!s.ok()) {
+      std::fprintf(stderr, "convert: %s -> %s: %s\n", in.c_str(), out.c_str(), s.ToString().c_str());
+      return 1;
+    }
+    std::printf("%s (%s) -> %s (%s): %zu tensors\n", in.c_str(), sk::WeightLayoutName(from), out.c_str(),
+                sk::WeightLayoutName(to), weights->names().size());
+    return 0;
+  }
   sk::StatusOr<sk::SafeTensorsFile> file = sk::SafeTensorsFile::Read(in);
   if (!file.ok()) {
     std::fprintf(stderr, "convert: %s\n", file.status().ToString().c_str());

@@ -458,6 +458,13 @@ class ModelSpec : public detail::Owner<sk_model_spec, sk_model_spec_destroy> {
     Check(sk_model_spec_add_param(get(), unit, &param, &p));
     return p;
   }
+  // `unit` also uses parameter `owner_param` of the earlier `owner_unit`
+  // (sk_model_spec_add_tied_param); returns its index in `unit`.
+  int32_t AddTiedParam(int32_t unit, const std::string& name, int32_t owner_unit, int32_t owner_param) {
+    int32_t p = 0;
+    Check(sk_model_spec_add_tied_param(get(), unit, name.c_str(), owner_unit, owner_param, &p));
+    return p;
+  }
   // An f32 parameter of `shape` drawn by `init` (a, b as sk_param_spec's).
   int32_t AddParam(int32_t unit, const std::string& name, const std::vector<int64_t>& shape,
                    sk_init_kind_t init = SK_INIT_ZEROS, float a = 0.0f, float b = 0.0f) {

@@ -432,6 +432,14 @@ local ModelSpec = handle_type("sk_model_spec", lib.sk_model_spec_destroy, {
     check(code)
     return out[0]
   end,
+  -- `unit` also uses parameter `owner_param` of the earlier unit
+  -- `owner_unit` (a tied parameter, sk_model_spec_add_tied_param); returns
+  -- its index within `unit`, after the unit's own parameters.
+  add_tied_param = function(self, unit, name, owner_unit, owner_param)
+    local out = ffi.new("int32_t[1]")
+    check(lib.sk_model_spec_add_tied_param(self.h, unit, name, owner_unit, owner_param, out))
+    return out[0]
+  end,
 })
 
 function M.model_spec()

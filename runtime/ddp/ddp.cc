@@ -61,22 +61,20 @@ StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::Crea
   if (allocator == nullptr) return InvalidArgumentError("DDP needs a caching allocator");
   SK_RETURN_IF_ERROR(ValidateDdpOptions(options));
   if (units.empty()) return InvalidArgumentError("DDP needs at least one unit");
-  std::set<std::string> names;
   for (const UnitSpec& u : units) {
     if (u.name.empty()) return InvalidArgumentError("a unit has an empty name");
     for (const ParamSpec& p : u.params) {
       const std::string full = FullParamName(u, p);
       if (p.name.empty()) return InvalidArgumentError("unit '" + u.name + "' has a parameter with an empty name");
       SK_RETURN_IF_ERROR(ValidateInitializer(p.init).WithContext("parameter '" + full + "'"));
-      // Two units naming one parameter would train two independent copies.
-      if (!names.insert(full).second) {
-        return InvalidArgumentError("parameter '" + full + "' appears twice (tied parameters are not "
-                                    "supported: untie them or put them in one unit)");
-      }
     }
   }
+  // Each parameter is declared once (two declarations would train two
+  // copies); a unit that uses another's parameter declares it as tied.
+  SK_ASSIGN_OR_RETURN(std::vector<std::vector<ParamRef>> tied, ResolveTiedParams(units));
   std::unique_ptr<DistributedDataParallel> d(
       new DistributedDataParallel(units, world, allocator, options));
+  d->tied_ = std::move(tied);
   SK_RETURN_IF_ERROR(d->Init());
   return d;
 }
@@ -219,6 +217,14 @@ StatusOr<std::vector<Tensor>> DistributedDataParallel::ParamViews(int unit) cons
                                            units_[unit].params[i].shape));
     views.push_back(std::move(v));
   }
+  for (const ParamRef& t : tied_[unit]) {
+    const Location& at = where_[t.unit][t.param];
+    const Bucket& b = buckets_[at.bucket];
+    const Tensor& src = dt == DType::kF32 ? b.params : b.compute;
+    SK_ASSIGN_OR_RETURN(Tensor v, src.View(static_cast<size_t>(at.offset) * DTypeSize(dt), dt,
+                                           units_[t.unit].params[t.param].shape));
+    views.push_back(std::move(v));
+  }
   return views;
 }
 
@@ -250,6 +256,10 @@ StatusOr<UnitBackwardBuffers> DistributedDataParallel::PreBackward(int unit) {
     Status s = WaitReduction(where_[unit][i].bucket);
     if (!s.ok()) return Fail(s);
   }
+  for (const ParamRef& t : tied_[unit]) {
+    Status s = WaitReduction(where_[t.unit][t.param].bucket);
+    if (!s.ok()) return Fail(s);
+  }
   UnitBackwardBuffers buffers;
   StatusOr<std::vector<Tensor>> views = ParamViews(unit);
   if (!views.ok()) return views.status();
@@ -257,6 +267,9 @@ StatusOr<UnitBackwardBuffers> DistributedDataParallel::PreBackward(int unit) {
   for (size_t i = 0; i < units_[unit].params.size(); ++i) {
     buffers.grads.push_back(grad(unit, static_cast<int>(i)));
   }
+  // A tied parameter's gradient is its owner's: the owner's bucket is
+  // reduced after the owner's own backward, which comes later.
+  for (const ParamRef& t : tied_[unit]) buffers.grads.push_back(grad(t.unit, t.param));
   state_[unit] = UnitState::kBackward;
   return buffers;
 }

@@ -46,6 +46,10 @@
 // with sync off (no_sync) a backward only adds locally, and the next synced
 // backward averages the accumulated total.
 //
+// Tied parameters (UnitSpec::tied) live in their owner's bucket only; the
+// using unit gets views of the owner's parameter and gradient, so both uses
+// add into one gradient, reduced once when the owner's bucket is final.
+//
 // Mixed precision. With compute_dtype bf16 each bucket also keeps a bf16
 // copy of its parameters, made at creation and after every optimizer step,
 // which the model computes with; gradients, the master parameters and
@@ -217,6 +221,7 @@ class DistributedDataParallel final : public DataParallelModel {
   ops::OpContext ctx_;  // the compute stream's (set by Init)
   std::vector<Bucket> buckets_;
   std::vector<std::vector<Location>> where_;  // [unit][param]
+  std::vector<std::vector<ParamRef>> tied_;   // [unit]: owners of its tied parameters
   std::vector<UnitState> state_;
   bool gradient_sync_ = true;
   float pre_scale_ = 1.f, post_scale_ = 1.f;

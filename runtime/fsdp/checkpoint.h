@@ -116,6 +116,11 @@ struct FullStateDictOptions {
 // "optimizer.<state>.<unit>.<param>" with per-unit step counts in the
 // metadata, so training resumes exactly. In another layout the weights are
 // converted on rank 0 (ConvertWeights) and the optimizer is left out.
+// In the hf-gpt2 layout a `path` that is a directory or ends in '/' gets a
+// Hugging Face model directory (hf_checkpoint.h: config.json for the model
+// FindModelConfig(state.model_name) names, model.safetensors), which
+// transformers' from_pretrained loads. A tied head (a unit with the tied
+// parameter head.lm_head.w, GPT-2's) is stored once, as wte.
 // InvalidArgument for an invalid layout or one that has no name for a
 // parameter (hf-gpt2 and a T5 model). Collective.
 Status SaveFullStateDict(const std::string& path, const TrainingState& state, int64_t step,
@@ -127,8 +132,10 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& state, in
 // is not a model parameter or optimizer state is InvalidArgument naming it
 // (in another layout, by both names; shape mismatches name both shapes).
 // Optimizer state is restored when the file has it and `state.optimizer` is
-// set. Returns the recorded step (0 for files from other tools). Collective;
-// nothing changes on error.
+// set. In a layout other than shardkit's, a `path` that is a directory is a
+// Hugging Face model directory (model.safetensors, or the sharded files and
+// their index: ReadHfWeights). Returns the recorded step (0 for files from
+// other tools). Collective; nothing changes on error.
 StatusOr<int64_t> LoadFullStateDict(const std::string& path, const TrainingState& state,
                                     const FullStateDictOptions& options = {});
 

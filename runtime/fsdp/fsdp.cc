@@ -115,20 +115,15 @@ StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
   if (allocator == nullptr) return InvalidArgumentError("FSDP needs a caching allocator");
   SK_RETURN_IF_ERROR(ValidateFsdpOptions(options, world->size()));
   if (units.empty()) return InvalidArgumentError("FSDP needs at least one unit");
-  // Tied parameters (one tensor in two units) cannot live in two flat
-  // parameters; reject them instead of training two copies silently.
-  std::set<std::string> names;
   for (const UnitSpec& u : units) {
     if (u.name.empty()) return InvalidArgumentError("a unit has an empty name");
     for (const ParamSpec& p : u.params) {
       SK_RETURN_IF_ERROR(ValidateInitializer(p.init).WithContext("parameter '" + FullParamName(u, p) + "'"));
-      if (!names.insert(FullParamName(u, p)).second) {
-        return InvalidArgumentError("parameter '" + FullParamName(u, p) +
-                                    "' appears in two units (tied parameters are not supported: "
-                                    "untie them or put them in one unit)");
-      }
     }
   }
+  // A parameter lives in its owner's flat parameter only; units that use it
+  // too (tied) borrow the owner's gathered buffer and gradient.
+  SK_ASSIGN_OR_RETURN(std::vector<std::vector<ParamRef>> tied, ResolveTiedParams(units));
   FsdpOptions o = options;
   if (o.strategy == ShardingStrategy::kDefault) o.strategy = ShardingStrategy::kFullShard;
   if (o.backward_prefetch == BackwardPrefetch::kDefault) o.backward_prefetch = BackwardPrefetch::kBackwardPre;
@@ -147,6 +142,14 @@ StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
   }
   std::unique_ptr<FullyShardedModel> m(new FullyShardedModel(
       units, world, allocator, offload_allocator, o.cpu_offload ? host_stream : nullptr, o));
+  m->tied_ = std::move(tied);
+  for (const auto& refs : m->tied_) {
+    std::vector<int> owners;
+    for (const ParamRef& r : refs) {
+      if (std::find(owners.begin(), owners.end(), r.unit) == owners.end()) owners.push_back(r.unit);
+    }
+    m->tied_owners_.push_back(std::move(owners));
+  }
   SK_RETURN_IF_ERROR(m->Init());
   return m;
 }
@@ -491,6 +494,58 @@ Status FullyShardedModel::Fail(Status s) {
   return s;
 }
 
+Status FullyShardedModel::GatherTiedOwners(int unit, const char* call) {
+  for (int o : tied_owners_[unit]) {
+    if (flat_[o].state != UnitState::kForwardDone) {
+      return FailedPreconditionError(std::string(call) + " of unit '" + units_[unit].name +
+                                     "' uses tied parameters of unit '" + units_[o].name + "', which is in state '" +
+                                     UnitStateName(flat_[o].state) + "' (expected '" +
+                                     UnitStateName(UnitState::kForwardDone) + "': it runs first)");
+    }
+    SK_RETURN_IF_ERROR(IssueAllGather(o, false));
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<Tensor>> FullyShardedModel::AppendTiedParams(int unit, std::vector<Tensor> views) {
+  for (const ParamRef& t : tied_[unit]) {
+    SK_ASSIGN_OR_RETURN(std::vector<Tensor> owner, HandOutParams(t.unit));
+    views.push_back(std::move(owner[t.param]));
+  }
+  return views;
+}
+
+Status FullyShardedModel::AppendTiedGradients(int unit, std::vector<Tensor>* grads) {
+  for (int o : tied_owners_[unit]) {
+    FlatUnit& owner = flat_[o];
+    const bool kept = owner.full_grad.defined();
+    if (!kept) {
+      // The owner's unsharded gradient, made now and kept until the owner's
+      // own backward has added to it and PostBackward reduces the sum.
+      SK_ASSIGN_OR_RETURN(owner.full_grad,
+                          activation_allocator_->Empty(FullGradDType(), Shape{owner.layout.padded_numel()}));
+      SK_RETURN_IF_ERROR(ops::Fill(compute_ctx_, owner.full_grad, 0.f));
+    }
+    if (caller_stream_ != nullptr) SK_RETURN_IF_ERROR(OrderCallerBeforeGradients(owner.full_grad, kept));
+  }
+  for (const ParamRef& t : tied_[unit]) {
+    const FlatUnit& owner = flat_[t.unit];
+    const DType gdt = owner.full_grad.dtype();
+    const auto& p = owner.layout.params()[t.param];
+    SK_ASSIGN_OR_RETURN(Tensor v, owner.full_grad.View(static_cast<size_t>(p.offset) * DTypeSize(gdt), gdt, p.shape));
+    grads->push_back(std::move(v));
+  }
+  return OkStatus();
+}
+
+void FullyShardedModel::ReleaseTiedOwners(int unit) {
+  for (int o : tied_owners_[unit]) {
+    flat_[o].in_flight = false;
+    // Resharded after its own forward: gathered for this use only.
+    if (ReshardAfterForward()) Free(o);
+  }
+}
+
 StatusOr<std::vector<Tensor>> FullyShardedModel::PreForward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit, "PreForward"));
   FlatUnit& f = flat_[unit];
@@ -505,6 +560,7 @@ StatusOr<std::vector<Tensor>> FullyShardedModel::PreForward(int unit) {
   forward_order_.push_back(unit);
   TraceSpan span("pre_forward " + units_[unit].name, "fsdp", rank(), 0);
   Status s = IssueAllGather(unit, false);
+  if (s.ok()) s = GatherTiedOwners(unit, "PreForward");
   if (!s.ok()) return Fail(s);
   if (options_.forward_prefetch && !last_forward_order_.empty()) {
     auto it = std::find(last_forward_order_.begin(), last_forward_order_.end(), unit);
@@ -514,6 +570,7 @@ StatusOr<std::vector<Tensor>> FullyShardedModel::PreForward(int unit) {
     }
   }
   StatusOr<std::vector<Tensor>> views = HandOutParams(unit);
+  if (views.ok()) views = AppendTiedParams(unit, std::move(*views));
   if (!views.ok()) return Fail(views.status());
   f.state = UnitState::kForward;
   return views;
@@ -524,6 +581,7 @@ Status FullyShardedModel::PostForward(int unit) {
   SK_RETURN_IF_ERROR(Expect(unit, UnitState::kForward, "PostForward"));
   flat_[unit].in_flight = false;
   if (ReshardAfterForward()) Free(unit);
+  ReleaseTiedOwners(unit);
   flat_[unit].state = UnitState::kForwardDone;
   return OkStatus();
 }
@@ -534,6 +592,7 @@ StatusOr<UnitBackwardBuffers> FullyShardedModel::PreBackward(int unit) {
   FlatUnit& f = flat_[unit];
   TraceSpan span("pre_backward " + units_[unit].name, "fsdp", rank(), 0);
   Status s = IssueAllGather(unit, false);
+  if (s.ok()) s = GatherTiedOwners(unit, "PreBackward");
   if (!s.ok()) return Fail(s);
   f.state = UnitState::kBackward;  // in use: counts as in flight from here
   if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre) {
@@ -546,6 +605,7 @@ StatusOr<UnitBackwardBuffers> FullyShardedModel::PreBackward(int unit) {
   }
   UnitBackwardBuffers buffers;
   StatusOr<std::vector<Tensor>> views = HandOutParams(unit);
+  if (views.ok()) views = AppendTiedParams(unit, std::move(*views));
   if (!views.ok()) return Fail(views.status());
   buffers.params = std::move(*views);
   const bool kept_grad = f.full_grad.defined();
@@ -567,6 +627,8 @@ StatusOr<UnitBackwardBuffers> FullyShardedModel::PreBackward(int unit) {
     if (!v.ok()) return Fail(v.status());
     buffers.grads.push_back(std::move(*v));
   }
+  s = AppendTiedGradients(unit, &buffers.grads);
+  if (!s.ok()) return Fail(s);
   return buffers;
 }
 
@@ -576,6 +638,7 @@ Status FullyShardedModel::PostBackward(int unit) {
   TraceSpan span("post_backward " + units_[unit].name, "fsdp", rank(), 0);
   flat_[unit].state = UnitState::kIdle;
   Free(unit);
+  ReleaseTiedOwners(unit);
   if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost) {
     auto it = std::find(forward_order_.begin(), forward_order_.end(), unit);
     if (it != forward_order_.end()) {

@@ -101,6 +101,25 @@
 // as PyTorch does: the largest power of two with p * p < N dividing N) so
 // low-precision sums do not overflow.
 //
+// Tied parameters (UnitSpec::tied, e.g. GPT-2's head reading embed.wte).
+// A parameter lives in its owner's flat parameter only: it is sharded,
+// initialised, optimised, clipped and checkpointed once. A unit that uses it
+// too gathers the owner's flat parameter for each use: in its PreForward and
+// PreBackward the owner is all-gathered again (or found still gathered:
+// SHARD_GRAD_OP and the persistent strategies keep it) and the tied views
+// point into it; its PostForward and PostBackward free it again where the
+// strategy frees after forward. Its PreBackward also makes the owner's
+// unsharded gradient (zeroed) and hands out views into it, so the using
+// unit adds its gradient where the owner's own backward adds later; the
+// owner's PostBackward reduces the sum, once, as for any unit (the owner
+// comes earlier in execution order, hence later in backward). The owner's
+// unsharded gradient therefore lives from the user's backward to its own:
+// for GPT-2 the embedding's, vocab x d, through the whole backward
+// (PyTorch FSDP's alternative, one unit holding both, keeps the head's
+// parameters gathered as long). No-sync accumulation, mixed precision,
+// offload and caller streams apply unchanged: the borrowed buffers are the
+// owner's.
+//
 // Errors. Every call out of order is FailedPrecondition naming the unit and
 // its state. A failing collective fails the hook that waited for it; the step
 // is then abandoned: every unit returns to idle, unsharded buffers are freed,
@@ -377,6 +396,15 @@ class FullyShardedModel final : public DataParallelModel {
   // records the buffer onto it.
   Status OrderCallerBeforeGradients(const Tensor& full_grad, bool kept);
   Status Expect(int unit, UnitState want, const char* call) const;
+  // Tied parameters (see above): gathers the owners of `unit`'s tied
+  // parameters (FailedPrecondition unless each has finished its forward);
+  // appends their views to `views`; makes the owners' unsharded gradients
+  // and appends views into them; drops the owners' gathered buffers again
+  // where the strategy reshards after forward.
+  Status GatherTiedOwners(int unit, const char* call);
+  StatusOr<std::vector<Tensor>> AppendTiedParams(int unit, std::vector<Tensor> views);
+  Status AppendTiedGradients(int unit, std::vector<Tensor>* grads);
+  void ReleaseTiedOwners(int unit);
   Status CheckUnit(int unit, const char* call) const;
   // Issues the all-gather of `unit` unless it is gathered or in flight.
   Status IssueAllGather(int unit, bool prefetch);
@@ -402,6 +430,8 @@ class FullyShardedModel final : public DataParallelModel {
   Status WaitPendingReductions();
 
   std::vector<UnitSpec> units_;
+  std::vector<std::vector<ParamRef>> tied_;   // per unit: owners of its tied parameters
+  std::vector<std::vector<int>> tied_owners_; // per unit: the distinct owner units
   comm::ProcessGroup* world_;
   CachingAllocator* allocator_;
   Allocator* offload_;

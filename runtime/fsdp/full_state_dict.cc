@@ -8,9 +8,12 @@
 #include <set>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #include "runtime/core/allocator.h"
 #include "runtime/device/device.h"
 #include "runtime/fsdp/checkpoint_internal.h"
+#include "runtime/fsdp/hf_checkpoint.h"
 #include "runtime/fsdp/rank_agreement.h"
 #include "runtime/fsdp/safetensors.h"
 #include "runtime/fsdp/weight_layout.h"
@@ -75,14 +78,35 @@ std::string Shown(const std::string& name, WeightLayout layout) {
   return s;
 }
 
+// Conversion options for the model `units` describe: a head tied to the
+// embedding (GPT-2) is stored once both ways; otherwise the file decides.
+ConvertOptions ConvertOptionsForUnits(const std::vector<UnitSpec>& units) {
+  ConvertOptions o;
+  for (const UnitSpec& u : units) {
+    for (const TiedParamSpec& t : u.tied) {
+      if (u.name + "." + t.name == "head.lm_head.w") o.tied_lm_head = true;
+    }
+  }
+  return o;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 // Builds this rank's shards from a full state dict file in `layout`.
 Status ReadFullStateDict(const std::string& path, WeightLayout layout, const TrainingState& state,
                          LoadedShards* out) {
   FullyShardedModel& f = *state.fsdp;
   const auto& units = *state.units;
-  SK_ASSIGN_OR_RETURN(SafeTensorsFile file, SafeTensorsFile::Read(path));
+  // In another tool's layout, a directory is a Hugging Face model directory
+  // (its config.json is the caller's business: the model is given).
+  const bool hf_dir = layout != WeightLayout::kShardkit && IsDirectory(path);
+  SK_ASSIGN_OR_RETURN(SafeTensorsFile file, hf_dir ? ReadHfWeights(path) : SafeTensorsFile::Read(path));
   if (layout != WeightLayout::kShardkit) {
-    StatusOr<SafeTensorsFile> converted = ConvertWeights(file, layout, WeightLayout::kShardkit);
+    StatusOr<SafeTensorsFile> converted =
+        ConvertWeights(file, layout, WeightLayout::kShardkit, ConvertOptionsForUnits(units));
     if (!converted.ok()) {
       return converted.status().WithContext("reading '" + path + "' as " + WeightLayoutName(layout));
     }
@@ -271,7 +295,16 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& given, in
   auto write = [&]() -> Status {
     if (native) return WriteSafeTensors(path, entries, meta);
     SK_ASSIGN_OR_RETURN(SafeTensorsFile mine, SafeTensorsFile::FromEntries(entries, meta));
-    SK_ASSIGN_OR_RETURN(SafeTensorsFile theirs, ConvertWeights(mine, WeightLayout::kShardkit, options.layout));
+    if (IsDirectory(path) || path.back() == '/') {
+      // A Hugging Face model directory: config.json needs the model's shape.
+      StatusOr<NamedModelConfig> config = FindModelConfig(state.model_name);
+      if (!config.ok()) {
+        return config.status().WithContext("writing a Hugging Face directory needs the model's configuration");
+      }
+      return WriteHfModelDir(path, *config, mine);
+    }
+    SK_ASSIGN_OR_RETURN(SafeTensorsFile theirs, ConvertWeights(mine, WeightLayout::kShardkit, options.layout,
+                                                               ConvertOptionsForUnits(*state.units)));
     return theirs.Write(path);
   };
   return sync->Agree(root ? write() : OkStatus()).WithContext("saving full state dict '" + path + "'");

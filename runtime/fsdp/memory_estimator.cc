@@ -78,6 +78,12 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
 
   MemoryEstimate e;
   std::vector<int64_t> padded;
+  // Units owning a parameter another unit uses (counted once, with them).
+  SK_ASSIGN_OR_RETURN(std::vector<std::vector<ParamRef>> tied, ResolveTiedParams(model->units()));
+  std::vector<bool> tied_owner(model->units().size(), false);
+  for (const auto& refs : tied) {
+    for (const ParamRef& t : refs) tied_owner[t.unit] = true;
+  }
   for (const UnitSpec& u : model->units()) {
     std::vector<std::pair<std::string, Shape>> ps;
     for (const ParamSpec& p : u.params) ps.emplace_back(p.name, p.shape);
@@ -110,6 +116,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   }
   if (!persistent) {
     int64_t params_alive = 0;
+    int64_t smallest_counted = 0;  // the smallest unit counted in params_alive
     int prefetched = 0;  // gathers issued and not yet waited for at the peak
     if (keep_after_forward) {
       for (int64_t p : padded) params_alive += Blocks(p * pd);
@@ -121,6 +128,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
       std::vector<int64_t> sorted(padded);
       std::sort(sorted.rbegin(), sorted.rend());
       for (int i = 0; i < alive; ++i) params_alive += Blocks(sorted[i] * pd);
+      smallest_counted = sorted[alive - 1];
     }
     // Two full gradients (the unit computing, in f32 for any param_dtype: the
     // Trainer sets FsdpOptions::f32_unsharded_gradients, whatever the
@@ -136,6 +144,16 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
     // (SHARD_GRAD_OP gathers only in forward; the persistent strategies at
     // set-up and after the optimizer step; f32 copies straight into place.)
     if (r.fsdp.cpu_offload && pd != 4) e.unsharded_bytes += prefetched * F32(largest / f);
+    // A tied parameter's owner (GPT-2's embedding) is gathered again while
+    // the unit that borrows it (the head) computes (counted already when it
+    // is among the largest units above), and its full gradient (f32, as
+    // every unit's here) is made then and lives until the owner's own
+    // backward reduces it (FullyShardedModel, "Tied parameters").
+    for (size_t u = 0; u < padded.size(); ++u) {
+      if (!tied_owner[u]) continue;
+      if (!keep_after_forward && padded[u] < smallest_counted) e.unsharded_bytes += Blocks(padded[u] * pd);
+      e.unsharded_bytes += F32(padded[u]);
+    }
   } else {
     e.unsharded_bytes = reducing;
   }

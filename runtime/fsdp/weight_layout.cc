@@ -241,7 +241,7 @@ Status TransposeMatmulWeights(const std::vector<Item>& in, const char* why, std:
   return OkStatus();
 }
 
-Status HfGpt2ToShardkit(const std::vector<Item>& in, std::vector<Item>* out) {
+Status HfGpt2ToShardkit(const std::vector<Item>& in, std::optional<bool> tied, std::vector<Item>* out) {
   const Item* lm_head = nullptr;
   const Item* wte = nullptr;
   std::map<std::string, std::map<std::string, Item>> split;  // block -> part -> tensor
@@ -283,6 +283,23 @@ Status HfGpt2ToShardkit(const std::vector<Item>& in, std::vector<Item>* out) {
     }
   }
   for (const auto& [block, parts] : split) SK_RETURN_IF_ERROR(FuseQkv(block, parts, out));
+  if (tied.has_value() && *tied) {
+    // The model's head is wte itself: a file's head must be that, or absent.
+    if (lm_head != nullptr) {
+      const bool same = wte != nullptr && wte->dtype == lm_head->dtype && wte->shape == lm_head->shape &&
+                        std::memcmp(wte->data, lm_head->data, wte->nbytes()) == 0;
+      if (!same) {
+        return InvalidArgumentError("tensor '" + std::string(kHfLmHead) +
+                                    "' differs from wte, but the model ties its head to wte "
+                                    "(tie_word_embeddings): it cannot hold a head of its own");
+      }
+    }
+    return OkStatus();
+  }
+  if (tied.has_value() && lm_head == nullptr) {
+    return InvalidArgumentError("tensor '" + std::string(kHfLmHead) +
+                                "' is missing, and the model's head is not tied to wte (tie_word_embeddings false)");
+  }
   if (lm_head != nullptr) {
     SK_ASSIGN_OR_RETURN(Item t, Transposed(*lm_head, kLmHead, "the LM head ([vocab, d] -> [d, vocab])"));
     out->push_back(std::move(t));
@@ -293,7 +310,7 @@ Status HfGpt2ToShardkit(const std::vector<Item>& in, std::vector<Item>* out) {
   return OkStatus();
 }
 
-Status ShardkitToHfGpt2(const std::vector<Item>& in, std::vector<Item>* out) {
+Status ShardkitToHfGpt2(const std::vector<Item>& in, std::optional<bool> tied, std::vector<Item>* out) {
   const Item* wte = nullptr;
   for (const Item& it : in) {
     if (it.name == kWte) wte = &it;
@@ -309,10 +326,14 @@ Status ShardkitToHfGpt2(const std::vector<Item>& in, std::vector<Item>* out) {
       out->push_back(Renamed(it, *name));
       continue;
     }
+    if (tied.has_value() && *tied) {
+      return InvalidArgumentError("tensor '" + it.name +
+                                  "' is an LM head of its own, but the model ties its head to wte");
+    }
     SK_ASSIGN_OR_RETURN(Item t, Transposed(it, *name, "the LM head ([d, vocab] -> [vocab, d])"));
-    const bool tied = wte != nullptr && wte->dtype == t.dtype && wte->shape == t.shape &&
+    const bool same = wte != nullptr && wte->dtype == t.dtype && wte->shape == t.shape &&
                       std::memcmp(wte->data, t.data, t.nbytes()) == 0;
-    if (!tied) out->push_back(std::move(t));
+    if (!same || tied.has_value()) out->push_back(std::move(t));
   }
   return OkStatus();
 }
@@ -376,7 +397,7 @@ StatusOr<SafeTensorsFile> ConvertWeights(const SafeTensorsFile& in, WeightLayout
     case WeightLayout::kTorch:
       SK_RETURN_IF_ERROR(TransposeMatmulWeights(items, "an nn.Linear weight [out, in]", &mid));
       break;
-    case WeightLayout::kHfGpt2: SK_RETURN_IF_ERROR(HfGpt2ToShardkit(items, &mid)); break;
+    case WeightLayout::kHfGpt2: SK_RETURN_IF_ERROR(HfGpt2ToShardkit(items, options.tied_lm_head, &mid)); break;
   }
   std::vector<Item> result;
   switch (to) {
@@ -384,7 +405,7 @@ StatusOr<SafeTensorsFile> ConvertWeights(const SafeTensorsFile& in, WeightLayout
     case WeightLayout::kTorch:
       SK_RETURN_IF_ERROR(TransposeMatmulWeights(mid, "a matmul weight [in, out]", &result));
       break;
-    case WeightLayout::kHfGpt2: SK_RETURN_IF_ERROR(ShardkitToHfGpt2(mid, &result)); break;
+    case WeightLayout::kHfGpt2: SK_RETURN_IF_ERROR(ShardkitToHfGpt2(mid, options.tied_lm_head, &result)); break;
   }
   meta["format"] = to == WeightLayout::kShardkit ? "shardkit" : "pt";
   std::vector<SafeTensorsEntry> entries;

@@ -48,6 +48,7 @@
 #ifndef SHARDKIT_RUNTIME_FSDP_WEIGHT_LAYOUT_H_
 #define SHARDKIT_RUNTIME_FSDP_WEIGHT_LAYOUT_H_
 
+#include <optional>
 #include <string>
 
 #include "runtime/core/status.h"
@@ -75,6 +76,17 @@ StatusOr<std::string> LayoutName(const std::string& shardkit_name, WeightLayout 
 struct ConvertOptions {
   // Leave optimizer state (and its metadata) out instead of failing.
   bool drop_optimizer_state = false;
+  // hf-gpt2 only: whether the model's LM head is tied to wte (a GPT with
+  // tie_word_embeddings, whose state dicts have no head.lm_head.w). Unset:
+  // decided by the file, as above (reading: a head of its own, the file's or
+  // wte's transpose; writing: lm_head.weight left out when it equals wte).
+  // true: reading makes no head.lm_head.w, and an lm_head.weight in the file
+  // must equal wte bit for bit (InvalidArgument otherwise: the model cannot
+  // hold a different head); writing requires that there is no
+  // head.lm_head.w. false: reading needs lm_head.weight (InvalidArgument
+  // naming it when absent: an untied head is not wte), writing always
+  // writes it.
+  std::optional<bool> tied_lm_head;
 };
 
 // The tensors of `in` (in layout `from`) in layout `to`, in memory. Tensors

@@ -1,5 +1,7 @@
 #include "runtime/nn/configs.h"
 
+#include "runtime/nn/hf_config.h"
+
 #include <algorithm>
 
 namespace sk {
@@ -178,16 +180,24 @@ std::vector<NamedModelConfig> BuildConfigs() {
   // benchmark).
   v.push_back(Gpt("gpt-deep-20m", 1024, 128, 24, 8, 256, false, "deep and narrow: model-state-bound memory"));
   v.push_back(Gpt("gpt-150m", 32768, 512, 14, 12, 768, false, "GPT-2-small width; slow on CPU"));
-  // GPT-2 small's shape (openai-community/gpt2), so its weights load with
-  // the hf-gpt2 layout (runtime/fsdp/weight_layout.h); the LM head is a
-  // parameter of its own (GPT-2 ties it to wte: the import copies wte).
   // GPT-3 XL's shape (Brown et al. 2020, "Language Models are Few-Shot
   // Learners", table 2.1: 24 layers, d_model 2048, 16 heads of 128, context
   // 2048; GPT-2's 50257-token vocabulary): the 1B-class model of the GPU
   // suite (//benchmarks:gpu_train). Sequence 1024 here: the composed CUDA
   // attention keeps heads x T x T probabilities per layer.
   v.push_back(Gpt("gpt-1.3b", 50257, 1024, 24, 16, 2048, true, "GPT-3 XL's shape: the 1B-class GPU benchmark model"));
-  v.push_back(Gpt("gpt2-small", 50257, 1024, 12, 12, 768, false, "GPT-2 small's shape: loads Hugging Face GPT-2 weights"));
+  // GPT-2's four sizes (Radford et al. 2019, table 2; the config.json of
+  // openai-community/gpt2, gpt2-medium, gpt2-large, gpt2-xl: vocabulary
+  // 50257, context 1024, tie_word_embeddings true), so Hugging Face's
+  // weights load (runtime/fsdp/hf_checkpoint.h): 124M, 355M, 774M, 1558M
+  // parameters, the LM head tied to wte as in GPT-2.
+  for (NamedModelConfig c : {Gpt("gpt2-small", 50257, 1024, 12, 12, 768, false, "GPT-2 small (124M): loads Hugging Face's gpt2"),
+                             Gpt("gpt2-medium", 50257, 1024, 24, 16, 1024, true, "GPT-2 medium (355M)"),
+                             Gpt("gpt2-large", 50257, 1024, 36, 20, 1280, true, "GPT-2 large (774M)"),
+                             Gpt("gpt2-xl", 50257, 1024, 48, 25, 1600, true, "GPT-2 XL (1558M)")}) {
+    c.gpt.tie_word_embeddings = true;
+    v.push_back(std::move(c));
+  }
   v.push_back(T5("t5-tiny", 64, 16, 16, 2, 2, 32, 64, false, "unit tests"));
   v.push_back(T5("t5-10m", 1024, 128, 128, 4, 4, 256, 1024, false, "CPU encoder-decoder"));
   v.push_back(T5("t5-60m", 8192, 256, 128, 6, 8, 512, 2048, false, "CPU encoder-decoder, larger"));
@@ -267,6 +277,7 @@ StatusOr<NamedModelConfig> FindModelConfig(const std::string& name) {
     SK_ASSIGN_OR_RETURN(UnitTableConfig table, LoadUnitTable(name));
     return Table(std::move(table), false, "unit table from " + name);
   }
+  if (IsHfModelDirectory(name)) return ReadHfConfig(name);
   std::string known;
   for (const NamedModelConfig& c : ModelConfigs()) {
     if (c.name == name) return c;

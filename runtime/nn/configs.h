@@ -47,7 +47,9 @@ const std::vector<NamedModelConfig>& ModelConfigs();
 
 // The named configuration, or, when `name` ends in ".json", the unit table
 // in that file (runtime/nn/unit_table_json.h: a user's own network; its
-// errors name the file, the unit and the field). NotFound listing the known
+// errors name the file, the unit and the field), or, when `name` is a
+// directory holding a config.json, that Hugging Face model's shape
+// (runtime/nn/hf_config.h). NotFound listing the known
 // names when `name` is neither.
 StatusOr<NamedModelConfig> FindModelConfig(const std::string& name);
 

@@ -50,7 +50,8 @@ GptModel::GptModel(const GptConfig& config, const ModelOptions& options)
     units_.push_back(std::move(u));
   }
   UnitSpec head{"head", {}};
-  nn_internal::AppendHeadSpecs(d, config.vocab_size, std, &head.params);
+  nn_internal::AppendHeadSpecs(d, config.vocab_size, std,
+                               config.tie_word_embeddings ? "embed.wte" : "", &head);
   units_.push_back(std::move(head));
 }
 
@@ -131,7 +132,8 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
     SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(ctx, p, xs[L], targets, n, c,
-                                                       config_.vocab_size, act, backward, &head));
+                                                       config_.vocab_size, act, backward, &head,
+                                                       config_.tie_word_embeddings));
     SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
   if (!backward) return loss;
@@ -140,7 +142,8 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
     SK_RETURN_IF_ERROR(nn_internal::HeadBackward(ctx, b.p, b.g, xs[L], head, n, c,
-                                                 config_.vocab_size, act, dx));
+                                                 config_.vocab_size, act, dx,
+                                                 config_.tie_word_embeddings));
     head = HeadSaved();
     xs[L] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));

@@ -1,15 +1,16 @@
 // A GPT-style decoder (minGPT / GPT-2 shape): token + learned position
 // embeddings, n_layer pre-LayerNorm blocks of causal self-attention and a
-// GELU MLP (d_ff = 4 d_model by default), a final LayerNorm and an untied LM
-// head.
+// GELU MLP (d_ff = 4 d_model by default), a final LayerNorm and an LM head,
+// untied or (tie_word_embeddings, as GPT-2) tied to the token embedding.
 //
 // Units, in execution order:
 //   0            "embed"   wte [vocab, d], wpe [max_seq_len, d]
 //   1..n_layer   "h.<i>"   attn.{ln.g, ln.b, qkv.w, qkv.b, proj.w, proj.b},
 //                          mlp.{ln.g, ln.b, fc.w, fc.b, proj.w, proj.b}
-//   n_layer + 1  "head"    ln.g, ln.b, lm_head.w [d, vocab]
-// The LM head is not tied to wte so that no parameter is shared between
-// units (FSDP flattens each unit on its own). Initialisation follows GPT-2:
+//   n_layer + 1  "head"    ln.g, ln.b, lm_head.w [d, vocab]; tied: no lm_head.w
+//                          of its own, embed.wte as a tied parameter
+//                          (UnitSpec::tied, model.h), logits = x wte^T
+// Initialisation follows GPT-2:
 // normal(0, 0.02), residual output projections normal(0, 0.02 / sqrt(2 L)).
 #ifndef SHARDKIT_RUNTIME_NN_GPT_H_
 #define SHARDKIT_RUNTIME_NN_GPT_H_
@@ -31,6 +32,9 @@ struct GptConfig {
   int64_t n_head = 0;
   int64_t d_model = 0;
   int64_t d_ff = 0;  // 0 means 4 * d_model
+  // The LM head is the token embedding (GPT-2's weight tying): one
+  // parameter, embed.wte, used by the embed and head units.
+  bool tie_word_embeddings = false;
 
   // InvalidArgument naming the field when a size is not positive, d_model is
   // not a multiple of n_head, or the vocabulary does not fit int32 ids.

@@ -1,5 +1,8 @@
 #include "runtime/nn/model.h"
 
+#include <map>
+#include <set>
+
 namespace sk {
 
 int64_t UnitSpec::numel() const {
@@ -12,10 +15,62 @@ std::string FullParamName(const UnitSpec& unit, const ParamSpec& param) {
   return unit.name + "." + param.name;
 }
 
+std::string UnitTensorName(const UnitSpec& unit, size_t i) {
+  if (i < unit.params.size()) return FullParamName(unit, unit.params[i]);
+  return unit.name + "." + unit.tied.at(i - unit.params.size()).name;
+}
+
+const Shape& UnitTensorShape(const UnitSpec& unit, size_t i) {
+  if (i < unit.params.size()) return unit.params[i].shape;
+  return unit.tied.at(i - unit.params.size()).shape;
+}
+
 int64_t CountParameters(const std::vector<UnitSpec>& units) {
   int64_t n = 0;
   for (const UnitSpec& u : units) n += u.numel();
   return n;
+}
+
+StatusOr<std::vector<std::vector<ParamRef>>> ResolveTiedParams(const std::vector<UnitSpec>& units) {
+  std::map<std::string, ParamRef> owned;
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (size_t i = 0; i < units[u].params.size(); ++i) {
+      const std::string full = FullParamName(units[u], units[u].params[i]);
+      if (!owned.emplace(full, ParamRef{static_cast<int>(u), static_cast<int>(i)}).second) {
+        return InvalidArgumentError("parameter '" + full +
+                                    "' is declared by two units: a parameter used by several units is "
+                                    "owned by the first and declared as tied (UnitSpec::tied) by the others");
+      }
+    }
+  }
+  std::vector<std::vector<ParamRef>> refs(units.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::set<std::string> names;
+    for (const ParamSpec& p : units[u].params) names.insert(p.name);
+    for (const TiedParamSpec& t : units[u].tied) {
+      const std::string where = "tied parameter '" + units[u].name + "." + t.name + "'";
+      if (t.name.empty()) {
+        return InvalidArgumentError("unit '" + units[u].name + "' has a tied parameter with an empty name");
+      }
+      if (!names.insert(t.name).second) return InvalidArgumentError(where + " repeats a name of its unit");
+      auto it = owned.find(t.owner);
+      if (it == owned.end()) {
+        return InvalidArgumentError(where + " names owner '" + t.owner + "', which no unit declares");
+      }
+      if (it->second.unit >= static_cast<int>(u)) {
+        return InvalidArgumentError(where + ": its owner '" + t.owner + "' is in unit '" +
+                                    units[it->second.unit].name +
+                                    "', which does not run before it (the owner must be an earlier unit)");
+      }
+      const Shape& owner_shape = units[it->second.unit].params[it->second.param].shape;
+      if (owner_shape != t.shape) {
+        return InvalidArgumentError(where + " has shape " + t.shape.ToString() + ", its owner '" + t.owner +
+                                    "' " + owner_shape.ToString());
+      }
+      refs[u].push_back(it->second);
+    }
+  }
+  return refs;
 }
 
 }  // namespace sk

@@ -55,16 +55,52 @@ struct ParamSpec {
   Initializer init;
 };
 
+// A parameter that a unit uses but an EARLIER unit owns: a tied parameter,
+// as GPT-2's output head reads the token embedding ("embed.wte"). It is one
+// parameter: initialised, sharded, optimised, checkpointed and counted once,
+// as its owner's. The using unit sees it as an extra tensor after its own
+// (see UnitHooks), so the unit's forward and backward read it and add their
+// gradient into it like any of their own parameters; the owner's gradient
+// is then the sum of both uses. The owner must come first in execution
+// order, so its gradient is final only after the later unit's backward has
+// added to it (ResolveTiedParams checks this).
+struct TiedParamSpec {
+  std::string name;   // within the using unit ("lm_head.w"): messages only
+  std::string owner;  // the owner's full name, "<unit>.<param>" ("embed.wte")
+  Shape shape;        // must equal the owner's shape
+};
+
 struct UnitSpec {
   std::string name;
-  std::vector<ParamSpec> params;
+  std::vector<ParamSpec> params;       // owned by this unit
+  std::vector<TiedParamSpec> tied;     // owned by earlier units, used here too
 
-  // Total elements over params.
+  // Total elements over params (tied parameters count with their owner).
   int64_t numel() const;
+  // params.size() + tied.size(): the tensors the hooks hand this unit.
+  size_t num_tensors() const { return params.size() + tied.size(); }
 };
+
+// Where a tied parameter lives: parameter `param` of unit `unit`.
+struct ParamRef {
+  int unit = -1;
+  int param = -1;
+};
+
+// For each unit, the owner of each of its tied parameters (same order as
+// UnitSpec::tied). InvalidArgument naming the unit and parameter when an
+// owner does not exist, is not in an earlier unit, or has another shape,
+// when a name is empty or repeated within its unit, or when two units
+// declare the same owned full name.
+StatusOr<std::vector<std::vector<ParamRef>>> ResolveTiedParams(const std::vector<UnitSpec>& units);
 
 // "<unit>.<param>": the name checkpoints and initialisation use.
 std::string FullParamName(const UnitSpec& unit, const ParamSpec& param);
+
+// Tensor `i` of the tensors the hooks hand `unit` (i < unit.num_tensors()):
+// its own parameters, then its tied ones. "<unit>.<name>" and the shape.
+std::string UnitTensorName(const UnitSpec& unit, size_t i);
+const Shape& UnitTensorShape(const UnitSpec& unit, size_t i);
 
 // Elements over all units.
 int64_t CountParameters(const std::vector<UnitSpec>& units);
@@ -83,6 +119,12 @@ using ops::kIgnoreTarget;
 // allocator passed to the model (its kind is checked), valid until the
 // matching Post call; gradient tensors likewise, and the model only adds
 // into them (never reads them otherwise, never zeroes).
+// A unit with tied parameters gets UnitSpec::num_tensors() tensors: its own
+// (params order), then one per UnitSpec::tied entry holding the owner's
+// current value, and as gradients buffers whose additions reach the owner's
+// gradient (the owner's own buffer, or one the hooks add into it before the
+// owner's gradient is final). The owner is not otherwise in use meanwhile:
+// the hooks gather it for this use and release it after.
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;

@@ -14,7 +14,9 @@ StatusOr<std::unique_ptr<OwnedParameters>> OwnedParameters::Create(
     return InvalidArgumentError("OwnedParameters: compute dtype must be f32, bf16 or f16, got " +
                                 std::string(DTypeName(compute_dtype)));
   }
+  SK_ASSIGN_OR_RETURN(auto tied, ResolveTiedParams(units));
   std::unique_ptr<OwnedParameters> o(new OwnedParameters(units, compute_dtype, alloc));
+  o->tied_ = std::move(tied);
   SK_ASSIGN_OR_RETURN(Device * device, Device::Get(alloc.device()));
   o->ctx_ = ops::OpContext{device, nullptr, &alloc};
   for (const UnitSpec& u : units) {
@@ -52,9 +54,11 @@ Status OwnedParameters::Transition(int unit, UnitState from, UnitState to, const
 }
 
 StatusOr<std::vector<Tensor>> OwnedParameters::ComputeCopies(int unit) {
-  if (compute_dtype_ == DType::kF32) return params_[unit];
+  std::vector<Tensor> masters = params_[unit];
+  for (const ParamRef& t : tied_[unit]) masters.push_back(params_[t.unit][t.param]);
+  if (compute_dtype_ == DType::kF32) return masters;
   std::vector<Tensor> out;
-  for (const Tensor& p : params_[unit]) {
+  for (const Tensor& p : masters) {
     SK_ASSIGN_OR_RETURN(Tensor c, alloc_.Empty(compute_dtype_, p.shape()));
     SK_RETURN_IF_ERROR(ops::Cast(ctx_, p, c));
     out.push_back(std::move(c));
@@ -76,6 +80,7 @@ StatusOr<UnitBackwardBuffers> OwnedParameters::PreBackward(int unit) {
   UnitBackwardBuffers b;
   SK_ASSIGN_OR_RETURN(b.params, ComputeCopies(unit));
   b.grads = grads_[unit];
+  for (const ParamRef& t : tied_[unit]) b.grads.push_back(grads_[t.unit][t.param]);
   return b;
 }
 

@@ -6,6 +6,10 @@
 // parameters, made at each PreForward/PreBackward, as FSDP's mixed precision
 // does after its all-gather; gradients are always accumulated in f32.
 //
+// A tied parameter (UnitSpec::tied) is its owner's tensor: the using unit
+// gets the owner's parameter (or its compute copy) and the owner's f32
+// gradient, so both uses add into one gradient.
+//
 // It also checks the hook protocol: every call must follow the order that
 // model.h specifies, otherwise the call returns FailedPrecondition naming the
 // unit and its state. Tests use this to prove models drive the hooks right.
@@ -70,6 +74,7 @@ class OwnedParameters final : public UnitHooks {
   Allocator& alloc_;
   std::vector<std::vector<Tensor>> params_;
   std::vector<std::vector<Tensor>> grads_;
+  std::vector<std::vector<ParamRef>> tied_;  // per unit: owners of its tied parameters
   std::vector<UnitState> state_;
   std::vector<std::string> call_log_;
 };

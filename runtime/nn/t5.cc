@@ -85,7 +85,7 @@ T5Model::T5Model(const T5Config& config, const ModelOptions& options)
     units_.push_back(std::move(u));
   }
   UnitSpec head{"head", {}};
-  nn_internal::AppendHeadSpecs(d, config.vocab_size, std, &head.params);
+  nn_internal::AppendHeadSpecs(d, config.vocab_size, std, "", &head);
   units_.push_back(std::move(head));
 }
 

@@ -44,15 +44,17 @@ StatusOr<Tensor> TokensToDevice(const ops::OpContext& ctx, const std::vector<int
 
 Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tensors,
                            const char* what, DeviceKind kind) {
-  if (tensors.size() != unit.params.size()) {
+  if (tensors.size() != unit.num_tensors()) {
     return InvalidArgumentError(std::string(what) + " of unit '" + unit.name + "' has " +
                                 std::to_string(tensors.size()) + " tensors, the unit has " +
-                                std::to_string(unit.params.size()) + " parameters");
+                                std::to_string(unit.params.size()) + " parameters" +
+                                (unit.tied.empty() ? std::string()
+                                                   : " and " + std::to_string(unit.tied.size()) + " tied"));
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    const std::string where =
-        std::string(what) + " tensor for '" + FullParamName(unit, unit.params[i]) + "'";
+    const Shape& shape = UnitTensorShape(unit, i);
+    const std::string where = std::string(what) + " tensor for '" + UnitTensorName(unit, i) + "'";
     if (!t.defined()) return InvalidArgumentError(where + " is undefined");
     if (t.device().kind != kind) {
       return InvalidArgumentError(where + " is on " + t.device().ToString() +
@@ -62,9 +64,9 @@ Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tens
       return InvalidArgumentError(where + " has dtype " + std::string(DTypeName(t.dtype())) +
                                   ", expected f32, bf16 or f16");
     }
-    if (t.shape() != unit.params[i].shape) {
+    if (t.shape() != shape) {
       return InvalidArgumentError(where + " has shape " + t.shape().ToString() + ", expected " +
-                                  unit.params[i].shape.ToString());
+                                  shape.ToString());
     }
   }
   return OkStatus();
@@ -537,15 +539,52 @@ double TransformerBlock::ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t 
   return f;
 }
 
-void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, std::vector<ParamSpec>* out) {
-  out->push_back(ParamSpec{"ln.g", Shape{d_model}, Initializer::Ones()});
-  out->push_back(ParamSpec{"ln.b", Shape{d_model}, Initializer::Zeros()});
-  out->push_back(ParamSpec{"lm_head.w", Shape{d_model, vocab}, Initializer::Normal(0.0f, std)});
+void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, const std::string& tied_owner,
+                     UnitSpec* head) {
+  head->params.push_back(ParamSpec{"ln.g", Shape{d_model}, Initializer::Ones()});
+  head->params.push_back(ParamSpec{"ln.b", Shape{d_model}, Initializer::Zeros()});
+  if (tied_owner.empty()) {
+    head->params.push_back(ParamSpec{"lm_head.w", Shape{d_model, vocab}, Initializer::Normal(0.0f, std)});
+  } else {
+    head->tied.push_back(TiedParamSpec{"lm_head.w", tied_owner, Shape{vocab, d_model}});
+  }
 }
+
+namespace {
+
+// logits[rows, vocab] = ln[rows, C] w^T for a tied head's w = wte [vocab, C].
+Status TiedHeadForward(const OpContext& ctx, const Tensor& ln, const Tensor& wte_in, int64_t rows,
+                       int64_t d_model, int64_t vocab, const Tensor& logits) {
+  SK_ASSIGN_OR_RETURN(Tensor wte, InDType(ctx, wte_in, ln.dtype()));
+  GemmParams p;
+  p.trans_b = true;
+  p.m = rows, p.n = vocab, p.k = d_model;
+  return ops::Gemm(ctx, p, MatrixRef{ln, 0, d_model}, MatrixRef{wte, 0, d_model},
+                   MatrixRef{logits, 0, vocab});
+}
+
+// dln = dlogits wte (overwritten), dwte += dlogits^T ln.
+Status TiedHeadBackward(const OpContext& ctx, const Tensor& ln, const Tensor& wte_in,
+                        const Tensor& dlogits, int64_t rows, int64_t d_model, int64_t vocab,
+                        const Tensor& dln, const Tensor& dwte) {
+  SK_ASSIGN_OR_RETURN(Tensor wte, InDType(ctx, wte_in, dlogits.dtype()));
+  GemmParams p;
+  p.m = rows, p.n = d_model, p.k = vocab;
+  SK_RETURN_IF_ERROR(ops::Gemm(ctx, p, MatrixRef{dlogits, 0, vocab}, MatrixRef{wte, 0, d_model},
+                               MatrixRef{dln, 0, d_model}));
+  GemmParams q;
+  q.trans_a = true;
+  q.m = vocab, q.n = d_model, q.k = rows;
+  q.beta = 1.0f;
+  return ops::Gemm(ctx, q, MatrixRef{dlogits, 0, vocab}, MatrixRef{ln, 0, d_model},
+                   MatrixRef{dwte, 0, d_model});
+}
+
+}  // namespace
 
 StatusOr<float> HeadForward(const OpContext& ctx, const UnitParams& p, const Tensor& x,
                             const Tensor& targets, int64_t rows, int64_t d_model, int64_t vocab,
-                            DType storage, bool want_grad, HeadSaved* saved) {
+                            DType storage, bool want_grad, HeadSaved* saved, bool tied) {
   const HeadTensors h{p[0], p[1], p[2]};
   SK_ASSIGN_OR_RETURN(saved->ln, NewAct(ctx, storage, rows * d_model));
   SK_ASSIGN_OR_RETURN(saved->ln_mean, NewF32(ctx, rows));
@@ -554,7 +593,11 @@ StatusOr<float> HeadForward(const OpContext& ctx, const UnitParams& p, const Ten
       ops::LayerNormForward(ctx, x, h.ln_g, h.ln_b, saved->ln, saved->ln_mean, saved->ln_rstd));
   // Logits in the compute dtype; the loss reads them exactly and sums in f64.
   SK_ASSIGN_OR_RETURN(Tensor logits, NewAct(ctx, storage, rows * vocab));
-  SK_RETURN_IF_ERROR(Linear(ctx, saved->ln, h.lm_head_w, Tensor(), rows, d_model, vocab, logits));
+  if (tied) {
+    SK_RETURN_IF_ERROR(TiedHeadForward(ctx, saved->ln, h.lm_head_w, rows, d_model, vocab, logits));
+  } else {
+    SK_RETURN_IF_ERROR(Linear(ctx, saved->ln, h.lm_head_w, Tensor(), rows, d_model, vocab, logits));
+  }
   SK_ASSIGN_OR_RETURN(Tensor loss, ctx.alloc->Empty(DType::kF32, Shape{1}));
   SK_RETURN_IF_ERROR(ops::CrossEntropyForward(ctx, logits, targets, loss));
   if (want_grad) {
@@ -568,12 +611,17 @@ StatusOr<float> HeadForward(const OpContext& ctx, const UnitParams& p, const Ten
 
 Status HeadBackward(const OpContext& ctx, const UnitParams& p, const UnitGrads& g,
                     const Tensor& x, const HeadSaved& saved, int64_t rows, int64_t d_model,
-                    int64_t vocab, DType storage, const Tensor& dx) {
+                    int64_t vocab, DType storage, const Tensor& dx, bool tied) {
   const HeadTensors h{p[0], p[1], p[2]};
   const HeadTensors dh{g[0], g[1], g[2]};
   SK_ASSIGN_OR_RETURN(Tensor dln, NewAct(ctx, storage, rows * d_model));
-  SK_RETURN_IF_ERROR(LinearBackward(ctx, saved.ln, h.lm_head_w, saved.dlogits, rows, d_model,
-                                    vocab, dln, false, dh.lm_head_w, Tensor()));
+  if (tied) {
+    SK_RETURN_IF_ERROR(TiedHeadBackward(ctx, saved.ln, h.lm_head_w, saved.dlogits, rows, d_model,
+                                        vocab, dln, dh.lm_head_w));
+  } else {
+    SK_RETURN_IF_ERROR(LinearBackward(ctx, saved.ln, h.lm_head_w, saved.dlogits, rows, d_model,
+                                      vocab, dln, false, dh.lm_head_w, Tensor()));
+  }
   SK_RETURN_IF_ERROR(ops::Fill(ctx, dx, 0.0f));
   return ops::LayerNormBackward(ctx, x, h.ln_g, dln, saved.ln_mean, saved.ln_rstd, dx, dh.ln_g,
                                 dh.ln_b);

@@ -208,9 +208,14 @@ class TransformerBlock {
 
 // The output head: final LayerNorm, LM projection [d_model, vocab] without
 // bias, softmax cross-entropy. Parameters in order: ln.g, ln.b, lm_head.w.
-void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, std::vector<ParamSpec>* out);
+// With a non-empty `tied_owner` (the full name of the token embedding
+// [vocab, d_model]), lm_head.w is that parameter, tied (UnitSpec::tied), and
+// the logits are x wte^T.
+void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, const std::string& tied_owner,
+                     UnitSpec* head);
 
-// The head's parameters by name: ln_g [C], ln_b [C], lm_head_w [C, V].
+// The head's parameters by name: ln_g [C], ln_b [C], lm_head_w [C, V]
+// (tied: the token embedding [V, C]).
 struct HeadTensors {
   Tensor ln_g, ln_b, lm_head_w;
 };
@@ -228,12 +233,12 @@ struct HeadSaved {
 // want_grad, also stores dL/dlogits of the mean loss in saved->dlogits.
 StatusOr<float> HeadForward(const ops::OpContext& ctx, const UnitParams& p, const Tensor& x,
                             const Tensor& targets, int64_t rows, int64_t d_model, int64_t vocab,
-                            DType storage, bool want_grad, HeadSaved* saved);
+                            DType storage, bool want_grad, HeadSaved* saved, bool tied = false);
 
 // Overwrites dx [rows, d_model]; adds parameter gradients into g.
 Status HeadBackward(const ops::OpContext& ctx, const UnitParams& p, const UnitGrads& g,
                     const Tensor& x, const HeadSaved& saved, int64_t rows, int64_t d_model,
-                    int64_t vocab, DType storage, const Tensor& dx);
+                    int64_t vocab, DType storage, const Tensor& dx, bool tied = false);
 
 // InvalidArgument unless rows * cols fits int64 (both already positive).
 Status CheckProduct(int64_t rows, int64_t cols, const char* what);

@@ -292,9 +292,11 @@ Status FsdpEngine::CheckUnit(int unit) const {
 Status FsdpEngine::CheckParam(int unit, int param) const {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
   const UnitSpec& u = units_[unit];
-  if (param < 0 || static_cast<size_t>(param) >= u.params.size()) {
+  if (param < 0 || static_cast<size_t>(param) >= u.num_tensors()) {
     return OutOfRangeError("parameter " + std::to_string(param) + " out of range (unit '" + u.name +
-                           "' has " + std::to_string(u.params.size()) + " parameters)");
+                           "' has " + std::to_string(u.params.size()) + " parameters" +
+                           (u.tied.empty() ? std::string() : " and " + std::to_string(u.tied.size()) + " tied") +
+                           ")");
   }
   return OkStatus();
 }
@@ -474,6 +476,12 @@ StatusOr<double> FsdpEngine::ClipGradNorm(double max_norm) {
 Status FsdpEngine::ReadParam(int unit, int param, float* out, int64_t count) {
   SK_RETURN_IF_ERROR(CheckParam(unit, param));
   if (out == nullptr) return InvalidArgumentError("out is NULL");
+  if (static_cast<size_t>(param) >= units_[unit].params.size()) {
+    // A tied parameter: its owner's value.
+    SK_ASSIGN_OR_RETURN(auto tied, ResolveTiedParams(units_));
+    const ParamRef owner = tied[unit][param - units_[unit].params.size()];
+    return ReadParam(owner.unit, owner.param, out, count);
+  }
   const ParamSpec& spec = units_[unit].params[param];
   if (count != spec.shape.numel()) {
     return InvalidArgumentError("count " + std::to_string(count) + " does not match parameter '" +

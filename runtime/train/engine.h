@@ -244,7 +244,8 @@ class FsdpEngine {
   Status OptimizerStep();
   Status ZeroGrad();
 
-  // Copies the full f32 parameter into out[0..count). Collective.
+  // Copies the full f32 parameter into out[0..count) (a tied parameter's
+  // owner's value). Collective.
   // InvalidArgument when count is not the parameter's element count;
   // FailedPrecondition on a sim device (its tensors hold no data).
   Status ReadParam(int unit, int param, float* out, int64_t count);

@@ -1434,6 +1434,84 @@ TEST(CapiEngine, MixedPrecisionViewsReportTheirDtype) {
   sk_process_group_destroy(g);
 }
 
+// A tied parameter through the C ABI: unit "head" uses unit "embed"'s w.
+// Its view is the owner's value, its gradient buffer is summed with the
+// owner's own before the reduction, and it is one parameter (read through
+// either unit). One SGD step with lr 1 then moves w by the sum of both
+// gradients.
+TEST(CapiEngine, TiedParameterIsGatheredForEachUseAndItsGradientsSum) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = nullptr;
+  ASSERT_OK(sk_model_spec_create(&spec));
+  int32_t embed = -1, head = -1, idx = -1;
+  ASSERT_OK(sk_model_spec_add_unit(spec, "embed", &embed));
+  ASSERT_OK(sk_model_spec_add_unit(spec, "head", &head));
+  static const int64_t kW[1] = {3}, kB[1] = {2};
+  sk_param_spec w = SK_PARAM_SPEC_INIT;
+  w.name = "w";
+  w.ndim = 1;
+  w.shape = kW;
+  w.init = SK_INIT_ONES;
+  ASSERT_OK(sk_model_spec_add_param(spec, embed, &w, nullptr));
+  sk_param_spec b = SK_PARAM_SPEC_INIT;
+  b.name = "b";
+  b.ndim = 1;
+  b.shape = kB;
+  ASSERT_OK(sk_model_spec_add_param(spec, head, &b, nullptr));
+  // Bad ties first: a later owner, an unknown owner parameter, a repeated name.
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_tied_param(spec, embed, "x", head, 0, nullptr));
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_model_spec_add_tied_param(spec, head, "x", embed, 5, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_model_spec_add_tied_param(spec, head, "b", embed, 0, nullptr));
+  ASSERT_OK(sk_model_spec_add_tied_param(spec, head, "w_tied", embed, 0, &idx));
+  EXPECT_EQ(idx, 1);  // after the unit's own parameter
+  sk_param_spec c = b;
+  c.name = "c";
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_model_spec_add_param(spec, head, &c, nullptr));
+
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  opt.kind = SK_OPTIMIZER_SGD;
+  opt.lr = 1.0f;
+  sk_engine_options o = SK_ENGINE_OPTIONS_INIT;
+  o.optimizer = &opt;
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, &o, &e));
+  int32_t units = 0;
+  ASSERT_OK(sk_engine_num_units(e, &units));
+  EXPECT_EQ(units, 2);
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  for (int32_t u : {embed, head}) {
+    ASSERT_OK(sk_engine_pre_forward(e, u));
+    ASSERT_OK(sk_engine_post_forward(e, u));
+  }
+  // Backward: the head adds 1, 2, 3 into w's gradient, the embedding 10, 20, 30.
+  ASSERT_OK(sk_engine_pre_backward(e, head));
+  ASSERT_OK(sk_engine_param(e, head, idx, &v));
+  ASSERT_EQ(v.numel, 3);
+  ASSERT_EQ(v.ndim, 1);
+  EXPECT_EQ(v.shape[0], 3);
+  EXPECT_EQ(static_cast<const float*>(v.data)[2], 1.0f);  // the owner's value
+  ASSERT_OK(sk_engine_grad(e, head, idx, &v));
+  for (int i = 0; i < 3; ++i) static_cast<float*>(v.data)[i] += static_cast<float>(i + 1);
+  ASSERT_OK(sk_engine_post_backward(e, head));
+  ASSERT_OK(sk_engine_pre_backward(e, embed));
+  ASSERT_OK(sk_engine_grad(e, embed, 0, &v));
+  for (int i = 0; i < 3; ++i) static_cast<float*>(v.data)[i] += 10.0f * static_cast<float>(i + 1);
+  ASSERT_OK(sk_engine_post_backward(e, embed));
+  ASSERT_OK(sk_engine_finish_backward(e));
+  ASSERT_OK(sk_engine_optimizer_step(e));
+  float got[3], via_head[3];
+  ASSERT_OK(sk_engine_read_param(e, embed, 0, got, 3));
+  ASSERT_OK(sk_engine_read_param(e, head, idx, via_head, 3));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FLOAT_EQ(got[i], 1.0f - 11.0f * static_cast<float>(i + 1)) << i;
+    EXPECT_EQ(via_head[i], got[i]);
+  }
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
 // The gradient buffer is in param_dtype whatever reduce_dtype says: the model
 // adds its gradient in the compute dtype; reduce_dtype is only communicated.
 TEST(CapiEngine, GradientViewIsInParamDtypeNotReduceDtype) {

@@ -471,16 +471,16 @@ TEST(FsdpTest, CpuOffloadHostStreamMustMatchTheOffloadAllocator) {
   });
 }
 
-TEST(FsdpTest, TiedParametersAndBadOptionsAreRejectedAtWrapTime) {
+TEST(FsdpTest, ParametersDeclaredTwiceAndBadOptionsAreRejectedAtWrapTime) {
   auto model = Tiny();
   std::vector<UnitSpec> units = model->units();
   units[1].name = units[0].name;
   units[1].params = units[0].params;
   RunRanks(1, [&](int rank, comm::ProcessGroup* world) {
     CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
-    auto tied = FullyShardedModel::Create(units, world, &alloc, Options());
-    EXPECT_EQ(tied.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(tied.status().message().find("tied"), std::string::npos) << tied.status();
+    auto twice = FullyShardedModel::Create(units, world, &alloc, Options());
+    EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(twice.status().message().find("declared by two units"), std::string::npos) << twice.status();
     FsdpOptions o = Options();
     o.strategy = static_cast<ShardingStrategy>(77);
     EXPECT_EQ(FullyShardedModel::Create(model->units(), world, &alloc, o).status().code(),

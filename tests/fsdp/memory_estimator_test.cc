@@ -190,7 +190,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, true, true},
                       Case{"gpt-1m", false, ShardingStrategy::kShardGradOp, DType::kBF16, false, 2, 64, true},
                       Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kBF16, false, 2, 64, true},
-                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kF32, false, 2, 64, true}),
+                      Case{"gpt-1m", false, ShardingStrategy::kNoShard, DType::kF32, false, 2, 64, true},
+                      // A tied head (GPT-2's, from a Hugging Face directory):
+                      // the embedding counted once, plus its gathered copy and
+                      // full gradient while the head borrows it.
+                      Case{"tests/fsdp/testdata/hf/gpt2-tiny", false, ShardingStrategy::kFullShard, DType::kF32,
+                           false, 4, 32},
+                      Case{"tests/fsdp/testdata/hf/gpt2-tiny", false, ShardingStrategy::kShardGradOp, DType::kBF16,
+                           false, 2, 32}),
     Name);
 
 // FSDP keeps one unit's reduction in flight: before a unit reduces, the

@@ -281,14 +281,15 @@ TEST(WeightLayoutTest, ErrorsNameTheTensor) {
 }
 
 // GPT-2 small as Hugging Face holds it (GPT2Config(): vocab 50257,
-// n_positions 1024, n_embd 768, n_layer 12, Conv1D weights [in, out]): every
-// parameter of the gpt2-small config has a name there and the same shape, so
-// the real weights load (the file itself is 500 MB: not downloaded here).
+// n_positions 1024, n_embd 768, n_layer 12, Conv1D weights [in, out], the
+// head tied to wte and so not in the file): every parameter of the
+// gpt2-small config has a name there and the same shape, and its head is
+// wte, so the real weights load (the file itself is 500 MB: not downloaded
+// here).
 TEST(WeightLayoutTest, Gpt2SmallConfigMatchesHuggingFaceGpt2Shapes) {
   std::map<std::string, Shape> hf = {
       {"transformer.wte.weight", Shape{50257, 768}}, {"transformer.wpe.weight", Shape{1024, 768}},
-      {"transformer.ln_f.weight", Shape{768}},      {"transformer.ln_f.bias", Shape{768}},
-      {"lm_head.weight", Shape{50257, 768}}};
+      {"transformer.ln_f.weight", Shape{768}},      {"transformer.ln_f.bias", Shape{768}}};
   for (int l = 0; l < 12; ++l) {
     const std::string h = "transformer.h." + std::to_string(l) + ".";
     for (const char* ln : {"ln_1", "ln_2"}) {
@@ -313,13 +314,15 @@ TEST(WeightLayoutTest, Gpt2SmallConfigMatchesHuggingFaceGpt2Shapes) {
       StatusOr<std::string> theirs = LayoutName(mine, WeightLayout::kHfGpt2);
       ASSERT_TRUE(theirs.ok()) << theirs.status();
       ASSERT_TRUE(hf.count(*theirs)) << mine << " -> " << *theirs;
-      Shape want = hf[*theirs];
-      if (*theirs == "lm_head.weight") want = Shape{want.dim(1), want.dim(0)};  // nn.Linear [out, in]
+      const Shape want = hf[*theirs];
       EXPECT_EQ(p.shape, want) << mine << " " << p.shape.ToString() << " vs " << *theirs << " " << want.ToString();
       ++seen;
     }
   }
   EXPECT_EQ(seen, hf.size());
+  const UnitSpec& head = (*model)->units().back();
+  ASSERT_EQ(head.tied.size(), 1u);
+  EXPECT_EQ(head.tied[0].owner, "embed.wte");
 }
 
 // ---- Through a trainer ------------------------------------------------------

@@ -27,6 +27,21 @@ TEST(Configs, PaperSizedConfigsHaveThePapersParameterCounts) {
   near("gpt-175b", 175.0);
 }
 
+// GPT-2's four sizes tie the head to the token embedding, so their counts are
+// Hugging Face's exactly (GPT2LMHeadModel.num_parameters()).
+TEST(Configs, Gpt2ConfigsAreTiedWithHuggingFacesParameterCounts) {
+  for (const auto& [name, count] : std::vector<std::pair<std::string, int64_t>>{
+           {"gpt2-small", 124439808}, {"gpt2-medium", 354823168},
+           {"gpt2-large", 774030080}, {"gpt2-xl", 1557611200}}) {
+    StatusOr<NamedModelConfig> c = FindModelConfig(name);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(c->gpt.tie_word_embeddings) << name;
+    auto m = CreateModel(*c);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->num_parameters(), count) << name;
+  }
+}
+
 TEST(Configs, Gpt175bFlopsPerTokenAreSixPsiPlusAttention) {
   auto m = CreateModel("gpt-175b");
   ASSERT_TRUE(m.ok());

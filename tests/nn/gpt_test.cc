@@ -365,5 +365,84 @@ TEST(Gpt, ModelFlopsAreSixPsiPerTokenPlusAttention) {
   EXPECT_DOUBLE_EQ(m->Flops(3, 8, 0).model_flops, tokens * (6 * psi_matmul + 12 * L * T * C));
 }
 
+// GPT-2's weight tying: the head has no matrix of its own; it reads the
+// token embedding, which is counted once.
+TEST(Gpt, TiedHeadUsesTheEmbeddingAndCountsItOnce) {
+  GptConfig c = Tiny();
+  c.tie_word_embeddings = true;
+  auto tied = MakeModel(c);
+  auto untied = MakeModel(Tiny());
+  const UnitSpec& head = tied->units().back();
+  ASSERT_EQ(head.params.size(), 2u);
+  ASSERT_EQ(head.tied.size(), 1u);
+  EXPECT_EQ(head.tied[0].name, "lm_head.w");
+  EXPECT_EQ(head.tied[0].owner, "embed.wte");
+  EXPECT_EQ(head.tied[0].shape, Shape({32, 16}));
+  EXPECT_EQ(tied->num_parameters() + 16 * 32, untied->num_parameters());
+  EXPECT_TRUE(ResolveTiedParams(tied->units()).ok());
+}
+
+// The tied model is the untied one with lm_head.w = wte^T: the same loss,
+// the same gradients everywhere else, and as the embedding's gradient the
+// sum of both uses', dwte + dlm_head^T.
+TEST(Gpt, TiedGradientIsTheSumOfTheEmbeddingAndHeadGradients) {
+  GptConfig c = Tiny();
+  c.tie_word_embeddings = true;
+  auto tied = MakeModel(c);
+  auto untied = MakeModel(Tiny());
+  auto pt = MakeParams(*tied, 5);
+  auto pu = MakeParams(*untied, 5);
+  const int head = static_cast<int>(untied->units().size()) - 1;
+  // Same seed and names: every shared parameter starts equal; the head's
+  // matrix is set to the transposed embedding.
+  const Tensor& wte = pt->param(0, 0);
+  const Tensor& lm = pu->param(head, 2);
+  for (int64_t v = 0; v < 32; ++v) {
+    for (int64_t d = 0; d < 16; ++d) lm.data_as<float>()[d * 32 + v] = wte.data_as<float>()[v * 16 + d];
+  }
+  const TokenBatch batch = RandomBatch(3, 8, 32, 11);
+  auto lt = tied->ForwardBackward(batch, *pt, HostAllocator::Default());
+  auto lu = untied->ForwardBackward(batch, *pu, HostAllocator::Default());
+  ASSERT_TRUE(lt.ok() && lu.ok());
+  EXPECT_NEAR(*lt, *lu, 1e-6 * std::fabs(*lu));
+  const float* gt = pt->grad(0, 0).data_as<float>();
+  const float* ge = pu->grad(0, 0).data_as<float>();
+  const float* gh = pu->grad(head, 2).data_as<float>();
+  double max_head = 0;
+  for (int64_t v = 0; v < 32; ++v) {
+    for (int64_t d = 0; d < 16; ++d) {
+      const double want = ge[v * 16 + d] + gh[d * 32 + v];
+      max_head = std::max(max_head, std::fabs(static_cast<double>(gh[d * 32 + v])));
+      EXPECT_NEAR(gt[v * 16 + d], want, 1e-6 + 1e-5 * std::fabs(want)) << "wte[" << v << ", " << d << "]";
+    }
+  }
+  EXPECT_GT(max_head, 1e-3);  // the head's share is not negligible
+  for (size_t u = 1; u < tied->units().size(); ++u) {
+    for (size_t i = 0; i < tied->units()[u].params.size(); ++i) {
+      const Tensor& a = pt->grad(static_cast<int>(u), static_cast<int>(i));
+      const Tensor& b = pu->grad(static_cast<int>(u), static_cast<int>(i));
+      for (int64_t k = 0; k < a.numel(); ++k) {
+        ASSERT_NEAR(a.data_as<float>()[k], b.data_as<float>()[k], 1e-6 + 1e-5 * std::fabs(b.data_as<float>()[k]))
+            << FullParamName(tied->units()[u], tied->units()[u].params[i]) << "[" << k << "]";
+      }
+    }
+  }
+}
+
+TEST(Gpt, TiedModelGradientsMatchFiniteDifferencesOfTheLoss) {
+  GptConfig c = Tiny();
+  c.tie_word_embeddings = true;
+  auto m = MakeModel(c);
+  auto p = MakeParams(*m, 5);
+  for (const Tensor& t : p->all_params()) {
+    float* d = t.data_as<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] += 0.1f * std::sin(1.0f + 0.37f * i);
+  }
+  TokenBatch batch = RandomBatch(2, 6, 32, 9);
+  ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
+  EXPECT_EQ(ExpectGradientsMatchCentralDifferences(*m, *p, batch, "tied gpt"),
+            static_cast<int>(3 * p->all_params().size()));
+}
+
 }  // namespace
 }  // namespace sk

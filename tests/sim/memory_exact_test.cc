@@ -148,6 +148,12 @@ void ExpectExact(const std::string& model, const std::vector<int>& worlds, bool 
 }
 
 TEST(MemoryExactTest, Gpt1m) { ExpectExact("gpt-1m", {1, 2, 4}); }
+// A tied head (GPT-2's, from a Hugging Face directory): the simulator runs
+// the same gathers of the borrowed embedding and keeps its full gradient as
+// long, so its peaks are the real run's under every strategy and DDP.
+TEST(MemoryExactTest, TiedGpt2FromAHuggingFaceDirectory) {
+  ExpectExact("tests/fsdp/testdata/hf/gpt2-tiny", {1, 2});
+}
 // CPU offload: master and gradient shards, the gradient staging buffer and
 // the optimizer state leave the device allocator on both sides (host memory
 // on cpu, the simulated host on sim); what stays on the device (gathered

@@ -85,6 +85,8 @@
  *  sk_stream_wrap_cuda, sk_stream_enqueue, sk_stream_synchronize,
  *  sk_stream_destroy, sk_engine_set_stream, sk_engine_options.cuda_stream);
  *  the version number they ship under is set when the issue's work is merged.
+ *  Issue 33 appends tied parameters in the low-level model spec
+ *  (sk_model_spec_add_tied_param), under the same rule.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -900,6 +902,23 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_model_spec_add_unit(sk_model_spec* spec, c
 SK_EXPORT SK_NODISCARD sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
                                                            const sk_param_spec* param,
                                                            int32_t* out_param);
+/* Issue 33: declares that unit `unit` also uses parameter `owner_param` of
+ * the earlier unit `owner_unit` (a tied parameter: GPT-2's output head and
+ * token embedding). It stays ONE parameter, the owner's: initialised,
+ * sharded, optimised and checkpointed once. In `unit` it is parameter
+ * *out_param (may be NULL), numbered after the unit's own parameters (add
+ * those first: sk_model_spec_add_param on a unit with tied parameters is
+ * FAILED_PRECONDITION). Between pre_forward/pre_backward and the matching
+ * post call of `unit`, sk_engine_param gives the owner's gathered value and
+ * sk_engine_grad a buffer whose additions are summed with the owner's own
+ * gradient before the owner's reduction; the engine gathers the owner again
+ * for each such use. The owner must come first in execution order
+ * (owner_unit < unit, else INVALID_ARGUMENT) and have finished its forward
+ * when `unit` runs. OUT_OF_RANGE for an unknown unit or owner parameter;
+ * INVALID_ARGUMENT for an empty, non-UTF-8 or repeated name. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_model_spec_add_tied_param(sk_model_spec* spec, int32_t unit,
+                                                                const char* name, int32_t owner_unit,
+                                                                int32_t owner_param, int32_t* out_param);
 
 /* One rank's FSDP engine over a caller-computed model. */
 typedef struct sk_engine sk_engine;

@@ -869,6 +869,17 @@ impl ModelSpec {
         check(unsafe { sys::sk_model_spec_add_param(self.raw, unit, &raw, &mut p) })?;
         Ok(p)
     }
+    /// Declares that `unit` also uses parameter `owner_param` of the earlier
+    /// unit `owner_unit` (a tied parameter, `sk_model_spec_add_tied_param`);
+    /// returns its index within `unit`, after the unit's own parameters.
+    pub fn add_tied_param(&mut self, unit: i32, name: &str, owner_unit: i32, owner_param: i32) -> Result<i32> {
+        let name = cstring(name, "tied parameter name")?;
+        let mut p = 0;
+        check(unsafe {
+            sys::sk_model_spec_add_tied_param(self.raw, unit, name.as_ptr(), owner_unit, owner_param, &mut p)
+        })?;
+        Ok(p)
+    }
 }
 
 impl Drop for ModelSpec {

@@ -450,6 +450,14 @@ extern "C" {
         param: *const sk_param_spec,
         out_param: *mut i32,
     ) -> sk_status_t;
+    pub fn sk_model_spec_add_tied_param(
+        spec: *mut sk_model_spec,
+        unit: i32,
+        name: *const c_char,
+        owner_unit: i32,
+        owner_param: i32,
+        out_param: *mut i32,
+    ) -> sk_status_t;
 
     pub fn sk_engine_create(
         spec: *const sk_model_spec,

@@ -164,6 +164,19 @@ fn rank_errors_and_panics_come_back_as_results() {
     assert!(e.message.contains("rank 2 panicked: rank two is unhappy"), "{}", e);
 }
 
+/// A tied parameter is numbered after the unit's own and bad ties are errors.
+#[test]
+fn tied_parameter_is_declared_after_the_units_own() -> shardkit::Result<()> {
+    let mut spec = ModelSpec::new()?;
+    let embed = spec.add_unit("embed")?;
+    let head = spec.add_unit("head")?;
+    spec.add_param(embed, &ParamSpec { name: "w", shape: &[3], init: sys::SK_INIT_ONES, init_a: 0.0, init_b: 0.0 })?;
+    spec.add_param(head, &ParamSpec { name: "b", shape: &[2], init: sys::SK_INIT_ZEROS, init_a: 0.0, init_b: 0.0 })?;
+    assert!(spec.add_tied_param(embed, "x", head, 0).is_err());
+    assert_eq!(spec.add_tied_param(head, "w", embed, 0)?, 1);
+    Ok(())
+}
+
 /// y = 2x - 1 on two ranks, each with half the batch: both ranks end with
 /// the same parameters, close to the truth.
 #[test]

@@ -1,0 +1,81 @@
+// Hugging Face model directories in and out: what transformers'
+// from_pretrained reads and save_pretrained writes.
+//
+//   <dir>/config.json                      the shape (runtime/nn/hf_config.h)
+//   <dir>/model.safetensors                the weights, in one file, or
+//   <dir>/model.safetensors.index.json     {"weight_map": {tensor: file}} and
+//   <dir>/model-0000k-of-0000n.safetensors the files it names (sharded)
+//
+// The tensors carry the architecture's names and layout (weight_layout.h:
+// hf-gpt2 for GPT2LMHeadModel); reading converts them to shardkit's layout
+// and checks them against the model config.json describes: every parameter
+// present with its shape, nothing else (the attention-mask buffers of older
+// GPT-2 files are skipped). A tied head (tie_word_embeddings) is stored once,
+// as wte, both ways; a file that also holds lm_head.weight must hold wte's
+// bytes there.
+//
+// Errors name the file and the tensor: NotFound for a missing config.json,
+// weights file or shard the index lists; InvalidArgument for an unknown
+// architecture, a missing config key, a tensor missing or of another shape
+// than the config implies, a tensor the model does not have, an index that
+// lists a tensor its file lacks; DataLoss for a corrupt file (as
+// SafeTensorsFile::Read). Never an abort.
+//
+// Thread safety: the functions are thread-safe; concurrent writes to one
+// directory are not.
+#ifndef SHARDKIT_RUNTIME_FSDP_HF_CHECKPOINT_H_
+#define SHARDKIT_RUNTIME_FSDP_HF_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/core/status.h"
+#include "runtime/fsdp/safetensors.h"
+#include "runtime/fsdp/weight_layout.h"
+#include "runtime/nn/configs.h"
+
+namespace sk {
+
+// The weight layout of `config`'s Hugging Face architecture (kHfGpt2 for a
+// GPT). InvalidArgument for a family without one.
+StatusOr<WeightLayout> HfWeightLayout(const NamedModelConfig& config);
+
+// Every tensor of the directory's weights (model.safetensors, or the index
+// and its shards), under the file's names and in its dtypes, in one
+// in-memory file. Errors as above.
+StatusOr<SafeTensorsFile> ReadHfWeights(const std::string& dir);
+
+// A Hugging Face model directory read into shardkit's terms.
+struct HfModel {
+  NamedModelConfig config;   // from config.json (its name is the directory)
+  SafeTensorsFile weights;   // shardkit layout: "<unit>.<param>", in the file's dtypes
+};
+
+// Reads `dir` (config.json and the weights), converts the weights to the
+// shardkit layout and checks them against the model (above).
+StatusOr<HfModel> ReadHfModelDir(const std::string& dir);
+
+// The tensors of `weights` (shardkit layout, the same names as the model of
+// `config` has, f32/bf16/f16) converted to `config`'s Hugging Face layout and
+// checked against the model like a read. `where` names them in errors.
+StatusOr<SafeTensorsFile> ToHfWeights(const NamedModelConfig& config, const SafeTensorsFile& weights,
+                                      const std::string& where);
+
+struct HfWriteOptions {
+  // Most bytes of tensor data per file; 0 = one model.safetensors. Larger:
+  // model-0000k-of-0000n.safetensors files of at most that much (a tensor
+  // larger than it gets a file of its own) and model.safetensors.index.json.
+  int64_t max_shard_bytes = 0;
+};
+
+// Writes `dir` (created if needed; files of an earlier save there are
+// replaced, each written durably): config.json for `config` and `weights`
+// (shardkit layout) in its Hugging Face layout, "format": "pt" as
+// transformers writes it. The head of a tied model is not written (it is
+// wte); an untied head always is.
+Status WriteHfModelDir(const std::string& dir, const NamedModelConfig& config, const SafeTensorsFile& weights,
+                       const HfWriteOptions& options = {});
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_FSDP_HF_CHECKPOINT_H_

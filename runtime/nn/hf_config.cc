@@ -1,0 +1,198 @@
+#include "runtime/nn/hf_config.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/core/file_io.h"
+
+namespace sk {
+namespace {
+
+using nlohmann::json;
+
+constexpr int64_t kMaxConfigBytes = 4 << 20;
+
+// The keys of one config.json, every error naming the file and the key.
+class Keys {
+ public:
+  Keys(const json& j, std::string file) : j_(j), file_(std::move(file)) {}
+
+  Status Bad(const std::string& key, const std::string& why) const {
+    return InvalidArgumentError("'" + file_ + "': key '" + key + "' " + why);
+  }
+  // A required positive integer.
+  Status Int(const char* key, int64_t* out) const {
+    auto it = j_.find(key);
+    if (it == j_.end()) return Bad(key, "is missing");
+    if (!it->is_number_integer() || it->get<int64_t>() <= 0) {
+      return Bad(key, "must be a positive integer, not " + it->dump());
+    }
+    *out = it->get<int64_t>();
+    return OkStatus();
+  }
+  // An optional positive integer; null or absent leaves *out.
+  Status OptionalInt(const char* key, int64_t* out) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return OkStatus();
+    return Int(key, out);
+  }
+  Status Bool(const char* key, bool* out) const {
+    auto it = j_.find(key);
+    if (it == j_.end()) return OkStatus();
+    if (!it->is_boolean()) return Bad(key, "must be true or false, not " + it->dump());
+    *out = it->get<bool>();
+    return OkStatus();
+  }
+  // When present, the key must have one of `allowed` (what shardkit computes).
+  Status Expect(const char* key, const std::vector<json>& allowed, const char* meaning) const {
+    auto it = j_.find(key);
+    if (it == j_.end()) return OkStatus();
+    for (const json& a : allowed) {
+      if (*it == a || (it->is_number() && a.is_number() &&
+                       std::fabs(it->get<double>() - a.get<double>()) <= 1e-12 * std::fabs(a.get<double>()))) {
+        return OkStatus();
+      }
+    }
+    return Bad(key, "is " + it->dump() + ", but shardkit's model computes " + meaning);
+  }
+
+ private:
+  const json& j_;
+  std::string file_;
+};
+
+StatusOr<NamedModelConfig> Gpt2FromConfig(const json& j, const std::string& file) {
+  Keys k(j, file);
+  NamedModelConfig c;
+  c.family = ModelFamily::kGpt;
+  GptConfig& g = c.gpt;
+  g.tie_word_embeddings = true;  // GPT2Config's default
+  SK_RETURN_IF_ERROR(k.Int("vocab_size", &g.vocab_size));
+  SK_RETURN_IF_ERROR(k.Int("n_positions", &g.max_seq_len));
+  SK_RETURN_IF_ERROR(k.Int("n_layer", &g.n_layer));
+  SK_RETURN_IF_ERROR(k.Int("n_head", &g.n_head));
+  SK_RETURN_IF_ERROR(k.Int("n_embd", &g.d_model));
+  SK_RETURN_IF_ERROR(k.OptionalInt("n_inner", &g.d_ff));
+  SK_RETURN_IF_ERROR(k.Bool("tie_word_embeddings", &g.tie_word_embeddings));
+  SK_RETURN_IF_ERROR(k.Expect("activation_function", {"gelu_new", "gelu_pytorch_tanh"},
+                              "GELU's tanh approximation (gelu_new)"));
+  SK_RETURN_IF_ERROR(k.Expect("layer_norm_epsilon", {1e-5}, "LayerNorm with eps 1e-5"));
+  SK_RETURN_IF_ERROR(k.Expect("scale_attn_weights", {true}, "attention scaled by 1/sqrt(head_dim)"));
+  SK_RETURN_IF_ERROR(k.Expect("scale_attn_by_inverse_layer_idx", {false}, "no per-layer attention scale"));
+  SK_RETURN_IF_ERROR(k.Expect("reorder_and_upcast_attn", {false}, "plain attention"));
+  SK_RETURN_IF_ERROR(k.Expect("add_cross_attention", {false}, "no cross-attention"));
+  c.seq_len = g.max_seq_len;
+  return c;
+}
+
+json Gpt2ToConfig(const NamedModelConfig& c) {
+  const GptConfig& g = c.gpt;
+  json j;
+  j["architectures"] = {"GPT2LMHeadModel"};
+  j["model_type"] = "gpt2";
+  j["vocab_size"] = g.vocab_size;
+  j["n_positions"] = g.max_seq_len;
+  j["n_ctx"] = g.max_seq_len;
+  j["n_layer"] = g.n_layer;
+  j["n_head"] = g.n_head;
+  j["n_embd"] = g.d_model;
+  j["n_inner"] = g.d_ff > 0 ? json(g.d_ff) : json(nullptr);
+  j["activation_function"] = "gelu_new";
+  j["layer_norm_epsilon"] = 1e-5;
+  j["resid_pdrop"] = 0.0;
+  j["embd_pdrop"] = 0.0;
+  j["attn_pdrop"] = 0.0;
+  j["scale_attn_weights"] = true;
+  j["tie_word_embeddings"] = g.tie_word_embeddings;
+  j["torch_dtype"] = "float32";
+  return j;
+}
+
+// One architecture: its names in config.json, its family, its key mapping.
+struct HfArchitecture {
+  const char* architecture;
+  const char* model_type;
+  ModelFamily family;
+  StatusOr<NamedModelConfig> (*from_config)(const json&, const std::string& file);
+  json (*to_config)(const NamedModelConfig&);
+};
+
+// The table. LlamaForCausalLM / "llama" joins it with the Llama model
+// (names in tests/fsdp/testdata/hf/README.md).
+const HfArchitecture kArchitectures[] = {
+    {"GPT2LMHeadModel", "gpt2", ModelFamily::kGpt, Gpt2FromConfig, Gpt2ToConfig},
+};
+
+std::string KnownNames() {
+  std::string s;
+  for (const HfArchitecture& a : kArchitectures) s += (s.empty() ? "" : ", ") + std::string(a.architecture);
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> HfArchitectures() {
+  std::vector<std::string> v;
+  for (const HfArchitecture& a : kArchitectures) v.push_back(a.architecture);
+  return v;
+}
+
+bool IsHfModelDirectory(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  return ::stat((path + "/config.json").c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+StatusOr<NamedModelConfig> ParseHfConfig(const std::string& text, const std::string& file) {
+  SK_RETURN_IF_ERROR(CheckJsonNesting(text, 32, file));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return DataLossError("'" + file + "' is not a JSON object");
+  std::string arch, type;
+  auto archs = j.find("architectures");
+  if (archs != j.end() && archs->is_array() && !archs->empty() && (*archs)[0].is_string()) {
+    arch = (*archs)[0].get<std::string>();
+  }
+  auto mt = j.find("model_type");
+  if (mt != j.end() && mt->is_string()) type = mt->get<std::string>();
+  for (const HfArchitecture& a : kArchitectures) {
+    // "architectures" decides; without it, "model_type".
+    if (arch.empty() ? type == a.model_type : arch == a.architecture) {
+      SK_ASSIGN_OR_RETURN(NamedModelConfig c, a.from_config(j, file));
+      SK_RETURN_IF_ERROR(c.gpt.Validate().WithContext("'" + file + "'"));
+      return c;
+    }
+  }
+  return InvalidArgumentError("'" + file + "': architecture '" + (arch.empty() ? type : arch) +
+                              "' (key '" + (arch.empty() ? "model_type" : "architectures") +
+                              "') is not one shardkit reads; known: " + KnownNames());
+}
+
+StatusOr<NamedModelConfig> ReadHfConfig(const std::string& dir) {
+  const std::string file = dir + "/config.json";
+  SK_ASSIGN_OR_RETURN(std::string text, ReadFileBounded(file, kMaxConfigBytes, "Hugging Face config.json"));
+  SK_ASSIGN_OR_RETURN(NamedModelConfig c, ParseHfConfig(text, file));
+  c.name = dir;
+  c.gpt.name = dir;
+  c.description = "Hugging Face model directory " + dir;
+  return c;
+}
+
+StatusOr<std::string> HfArchitectureOf(const NamedModelConfig& config) {
+  for (const HfArchitecture& a : kArchitectures) {
+    if (a.family == config.family) return std::string(a.architecture);
+  }
+  return InvalidArgumentError("model '" + config.name + "' has no Hugging Face architecture (known: " +
+                              KnownNames() + ")");
+}
+
+StatusOr<std::string> HfConfigJson(const NamedModelConfig& config) {
+  for (const HfArchitecture& a : kArchitectures) {
+    if (a.family == config.family) return a.to_config(config).dump(2) + "\n";
+  }
+  return HfArchitectureOf(config).status();
+}
+
+}  // namespace sk

@@ -1,0 +1,29 @@
+#!/bin/bash
+# //tools:convert with Hugging Face directories: transformers' sharded
+# GPT-2 directory -> a shardkit file -> a directory of ours (sharded) -> a
+# shardkit file again gives the same bytes; a directory without config.json
+# is an error naming it (exit 1), and writing a directory needs --model.
+set -euo pipefail
+convert="$1"
+fixture="tests/fsdp/testdata/hf/gpt2-tiny"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+
+"$convert" --from=hf-gpt2 "$fixture-sharded" "$tmp/a.safetensors"
+"$convert" --from=shardkit --to=hf-gpt2 --model="$fixture" --max_shard_mb=1 "$tmp/a.safetensors" "$tmp/ours/"
+test -f "$tmp/ours/config.json"
+test -f "$tmp/ours/model.safetensors.index.json"
+grep -q '"tie_word_embeddings": true' "$tmp/ours/config.json"
+grep -q '"GPT2LMHeadModel"' "$tmp/ours/config.json"
+"$convert" --from=hf-gpt2 "$tmp/ours" "$tmp/b.safetensors"
+cmp "$tmp/a.safetensors" "$tmp/b.safetensors"
+
+mkdir -p "$tmp/empty"
+if "$convert" --from=hf-gpt2 "$tmp/empty" "$tmp/c.safetensors" 2> "$tmp/err"; then
+  echo "converting a directory without config.json succeeded"; exit 1
+fi
+grep -q "config.json" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+if "$convert" --to=hf-gpt2 "$tmp/a.safetensors" "$tmp/nomodel/" 2> "$tmp/err"; then
+  echo "writing a directory without --model succeeded"; exit 1
+fi
+grep -q -- "--model" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+echo "PASS"
