@@ -182,6 +182,8 @@ const char* SublayerPrefix(SublayerKind kind) {
   return "";
 }
 
+}  // namespace
+
 using ops::GemmParams;
 using ops::MatrixRef;
 using ops::OpContext;
@@ -250,6 +252,8 @@ Status LinearBackward(const OpContext& ctx, const Tensor& x, const Tensor& w_in,
   if (dbias.defined()) SK_RETURN_IF_ERROR(ops::BiasGrad(ctx, dy, dbias));
   return OkStatus();
 }
+
+namespace {
 
 ops::AttentionShape AttnShape(SublayerKind kind, const BlockDims& d) {
   ops::AttentionShape as;
