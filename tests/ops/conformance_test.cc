@@ -2065,5 +2065,57 @@ TEST(CpuBackend, AttentionOnSeveralThreadsKeepsOneThreadsBits) {
   }
 }
 
+// The linear-memory attention spreads its units (a sequence and a key/value
+// head with its query heads) over the intra-op threads; every split gives
+// one thread's bits, forward and backward, with and without grouping.
+TEST(CpuBackend, FlashAttentionOnSeveralThreadsKeepsOneThreadsBits) {
+  auto dev = Device::Get(DeviceId::Cpu(0));
+  ASSERT_TRUE(dev.ok());
+  HostAllocator alloc;
+  OpContext ctx{*dev, nullptr, &alloc};
+  AttentionShape mha{1, 5, 200, 200, 32, true};
+  AttentionShape gqa{3, 4, 130, 130, 16, true};
+  gqa.kv_heads = 2;
+  AttentionShape cross{2, 3, 70, 150, 8, false};
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (const AttentionShape& s : {mha, gqa, cross}) {
+    const int64_t cols = s.heads * s.head_dim, kcols = s.KvHeads() * s.head_dim;
+    const int64_t qn = s.batch * s.q_len * cols, kn = s.batch * s.kv_len * kcols;
+    auto filled = [&](int64_t n) {
+      Tensor t = *alloc.Empty(DType::kF32, Shape{n});
+      for (int64_t i = 0; i < n; ++i) t.data_as<float>()[i] = normal(rng);
+      return t;
+    };
+    Tensor q = filled(qn), k = filled(kn), v = filled(kn), dout = filled(qn);
+    std::vector<std::vector<float>> first;
+    for (int threads : {1, 2, 5}) {
+      ASSERT_TRUE(SetCpuGemmThreads(threads).ok());
+      Tensor lse = filled(s.batch * s.heads * s.q_len);
+      Tensor out = filled(qn), dq = filled(qn), dk = filled(kn), dv = filled(kn);
+      ASSERT_TRUE(FlashAttentionForward(ctx, s, {q, 0, cols}, {k, 0, kcols}, {v, 0, kcols},
+                                        {out, 0, cols}, lse).ok());
+      ASSERT_TRUE(FlashAttentionBackward(ctx, s, {q, 0, cols}, {k, 0, kcols}, {v, 0, kcols},
+                                         {out, 0, cols}, {dout, 0, cols}, lse, {dq, 0, cols},
+                                         {dk, 0, kcols}, {dv, 0, kcols}).ok());
+      std::vector<std::vector<float>> r;
+      for (const Tensor* t : {&lse, &out, &dq, &dk, &dv}) {
+        r.emplace_back(t->data_as<float>(), t->data_as<float>() + t->numel());
+      }
+      if (threads == 1) {
+        first = std::move(r);
+        continue;
+      }
+      const char* names[] = {"lse", "out", "dq", "dk", "dv"};
+      for (int i = 0; i < 5; ++i) {
+        EXPECT_TRUE(r[i] == first[i]) << names[i] << " on " << threads
+                                      << " threads differs from one thread's: heads " << s.heads
+                                      << " kv_heads " << s.KvHeads();
+      }
+    }
+  }
+  ASSERT_TRUE(SetCpuGemmThreads(1).ok());
+}
+
 }  // namespace
 }  // namespace sk::ops

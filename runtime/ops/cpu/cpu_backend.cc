@@ -165,6 +165,14 @@ void RunAttentionSplit(const AttentionSplit& a, const AttentionShape& s, const F
   });
 }
 
+// The linear-memory attention's units (flash_attention.h: a sequence and a
+// key/value head with its query heads) in contiguous ranges over the
+// intra-op threads; each unit's bits do not depend on the split.
+template <typename Fn>
+void SplitFlashUnits(const AttentionShape& s, const Fn& fn) {
+  SplitRange(FlashAttentionUnits(s), 1, 1, fn);
+}
+
 float* F(const Tensor& t) { return t.data_as<float>(); }
 float* At(const MatrixRef& m) { return m.t.data_as<float>() + m.offset; }
 
@@ -947,7 +955,10 @@ class CpuBackend final : public OpBackend {
   Status FlashAttentionForward(const OpContext&, const AttentionShape& s, const MatrixRef& q,
                                const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
                                const Tensor& lse) override {
-    sk::FlashAttentionForward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld, F(lse));
+    SplitFlashUnits(s, [&](int64_t b, int64_t e) {
+      sk::FlashAttentionForward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld, F(lse),
+                                b, e);
+    });
     return OkStatus();
   }
 
@@ -956,9 +967,11 @@ class CpuBackend final : public OpBackend {
                                 const MatrixRef& dout, const Tensor& lse, const MatrixRef& dq,
                                 const MatrixRef& dk, const MatrixRef& dv,
                                 const Tensor& workspace) override {
-    sk::FlashAttentionBackward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld,
-                               At(dout), dout.ld, F(lse), At(dq), dq.ld, At(dk), dk.ld, At(dv),
-                               dv.ld, workspace.defined() ? F(workspace) : nullptr);
+    SplitFlashUnits(s, [&](int64_t b, int64_t e) {
+      sk::FlashAttentionBackward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld,
+                                 At(dout), dout.ld, F(lse), At(dq), dq.ld, At(dk), dk.ld, At(dv),
+                                 dv.ld, workspace.defined() ? F(workspace) : nullptr, b, e);
+    });
     return OkStatus();
   }
 
