@@ -364,6 +364,47 @@ BENCHMARK(BM_OpAttention)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+// Causal self-attention at long sequences, f32, one sequence of 6 heads of
+// 64 (gpt-10m's width): the composed attention (probabilities kept, blocked
+// over queries) against the linear-memory one (FlashAttention-2: blocks of
+// queries and keys, an online softmax, backward recomputing P). flash: 0
+// composed, 1 linear-memory; bwd: 0 forward, 1 backward (after one forward).
+void BM_AttentionLongSequence(benchmark::State& state) {
+  const ops::OpContext ctx = ops::HostContext();
+  const bool flash = state.range(0) != 0, bwd = state.range(1) != 0;
+  const int64_t seq = state.range(2), heads = 6, d = 64, c = heads * d;
+  ops::AttentionShape s{1, heads, seq, seq, d, true};
+  Tensor qkv = Host(DType::kF32, seq * 3 * c, 0.01f), att = HostF32(seq * c);
+  Tensor dout = Host(DType::kF32, seq * c, 0.02f), dqkv = HostF32(seq * 3 * c);
+  Tensor probs = flash ? Tensor() : HostF32(heads * seq * seq);
+  Tensor lse = HostF32(heads * seq);
+  using ops::MatrixRef;
+  const MatrixRef q{qkv, 0, 3 * c}, k{qkv, c, 3 * c}, v{qkv, 2 * c, 3 * c}, o{att, 0, c};
+  const MatrixRef dq{dqkv, 0, 3 * c}, dk{dqkv, c, 3 * c}, dv{dqkv, 2 * c, 3 * c};
+  auto forward = [&] {
+    return flash ? ops::FlashAttentionForward(ctx, s, q, k, v, o, lse)
+                 : ops::AttentionForward(ctx, s, q, k, v, probs, o);
+  };
+  const ops::OpCost cost = flash ? (bwd ? ops::FlashAttentionBackwardCost(1, heads, seq, seq, d, true)
+                                        : ops::FlashAttentionForwardCost(1, heads, seq, seq, d, true))
+                                 : (bwd ? ops::AttentionBackwardCost(1, heads, seq, seq, d)
+                                        : ops::AttentionForwardCost(1, heads, seq, seq, d));
+  if (!bwd) {
+    RunOp(state, cost, forward);
+    return;
+  }
+  if (!forward().ok()) return;
+  RunOp(state, cost, [&] {
+    return flash ? ops::FlashAttentionBackward(ctx, s, q, k, v, o, {dout, 0, c}, lse, dq, dk, dv)
+                 : ops::AttentionBackward(ctx, s, q, k, v, probs, {dout, 0, c}, dq, dk, dv);
+  });
+}
+BENCHMARK(BM_AttentionLongSequence)
+    ->ArgsProduct({{0, 1}, {0, 1}, {1024, 2048}})
+    ->ArgNames({"flash", "bwd", "seq"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 void BM_OpCrossEntropy(benchmark::State& state) {
   const ops::OpContext ctx = ops::HostContext();
   const int64_t vocab = 8192;

@@ -46,6 +46,36 @@ NamedModelConfig T5(const std::string& name, int64_t vocab, int64_t src, int64_t
   return c;
 }
 
+// A Llama-family decoder with d_ff the SwiGLU's hidden width and kv_heads
+// key/value heads (grouped-query attention when fewer than heads).
+struct LlamaShape {
+  int64_t vocab, seq, layers, heads, kv_heads, d_model, d_ff;
+  float rope_theta = 10000.0f;
+  float rms_norm_eps = 1e-5f;
+  bool qkv_bias = false;
+};
+
+NamedModelConfig Llama(const std::string& name, const LlamaShape& s, bool gpu,
+                       const std::string& description) {
+  NamedModelConfig c;
+  c.name = name;
+  c.family = ModelFamily::kLlama;
+  c.llama.name = name;
+  c.llama.vocab_size = s.vocab;
+  c.llama.max_seq_len = s.seq;
+  c.llama.n_layer = s.layers;
+  c.llama.n_head = s.heads;
+  c.llama.n_kv_head = s.kv_heads;
+  c.llama.d_model = s.d_model;
+  c.llama.d_ff = s.d_ff;
+  c.llama.rope_theta = s.rope_theta;
+  c.llama.rms_norm_eps = s.rms_norm_eps;
+  c.llama.qkv_bias = s.qkv_bias;
+  c.seq_len = s.seq;
+  c.gpu_scale = gpu;
+  c.description = description;
+  return c;
+}
 
 // A RegNet (Radosavovic et al. 2020, "Designing Network Design Spaces",
 // CVPR): a 3x3 stride-2 stem of `stem` channels, then four stages of X
@@ -198,6 +228,13 @@ std::vector<NamedModelConfig> BuildConfigs() {
     c.gpt.tie_word_embeddings = true;
     v.push_back(std::move(c));
   }
+  // Llama-family decoders (llama.h). The tiny ones exercise grouped-query
+  // attention (2 query heads per key/value head; qwen2-tiny: 4, and Qwen2's
+  // q/k/v biases); llama-10m is gpt-10m's CPU size.
+  v.push_back(Llama("llama-tiny", {64, 32, 2, 4, 2, 32, 64}, false, "unit tests: GQA, RoPE, SwiGLU"));
+  v.push_back(Llama("qwen2-tiny", {64, 32, 2, 4, 1, 32, 48, 1e6f, 1e-6f, true}, false,
+                    "unit tests: Qwen2's q/k/v biases, one kv head"));
+  v.push_back(Llama("llama-10m", {1024, 256, 6, 6, 2, 384, 1024}, false, "CPU Llama-family decoder"));
   v.push_back(T5("t5-tiny", 64, 16, 16, 2, 2, 32, 64, false, "unit tests"));
   v.push_back(T5("t5-10m", 1024, 128, 128, 4, 4, 256, 1024, false, "CPU encoder-decoder"));
   v.push_back(T5("t5-60m", 8192, 256, 128, 6, 8, 512, 2048, false, "CPU encoder-decoder, larger"));
@@ -224,6 +261,24 @@ std::vector<NamedModelConfig> BuildConfigs() {
   v.push_back(T5("t5-2.28b", 32128, 512, 512, 24, 32, 2048, 4416, true, "paper's T5-2.28B"));
   v.push_back(T5("t5-11b", 32128, 512, 512, 24, 64, 4096, 14848, true, "paper's T5-11B"));
   v.push_back(Gpt("gpt-175b", 50257, 2048, 96, 96, 12288, true, "paper's GPT-175B (GPT-3)"));
+  // Published Llama-family shapes (the models' Hugging Face config.json:
+  // vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+  // num_attention_heads, num_key_value_heads, rope_theta, rms_norm_eps).
+  // Sequence lengths are the training lengths one plans for (8192 for Llama
+  // 3, as Meta trained it; 4096 for the fine-tuning shapes), not the
+  // models' maximum positions. The LM head is untied everywhere (tied
+  // parameters do not exist yet): Llama 3 8B/70B are untied originally and
+  // count as published (8.03 B, 70.55 B); Qwen2-0.5B and Llama 3.2 1B tie
+  // theirs, so they count one vocab x d_model matrix more than published
+  // (494 M -> 630 M; 1.236 B -> 1.498 B).
+  v.push_back(Llama("qwen2-0.5b", {151936, 4096, 24, 14, 2, 896, 4864, 1e6f, 1e-6f, true}, true,
+                    "Qwen2-0.5B's shape, head untied: a fine-tuning-size model"));
+  v.push_back(Llama("llama3.2-1b", {128256, 4096, 16, 32, 8, 2048, 8192, 500000.0f}, true,
+                    "Llama 3.2 1B's shape, head untied"));
+  v.push_back(Llama("llama3-8b", {128256, 8192, 32, 32, 8, 4096, 14336, 500000.0f}, true,
+                    "Llama 3 8B"));
+  v.push_back(Llama("llama3-70b", {128256, 8192, 80, 64, 8, 8192, 28672, 500000.0f}, true,
+                    "Llama 3 70B"));
   // Unit tables for tests: every layer kind (stem, strided and identity
   // residual blocks, group convolutions; patch embedding, attention
   // blocks, LayerNorm classifier) at sizes a CPU runs in milliseconds.
@@ -263,9 +318,20 @@ const std::vector<NamedModelConfig>& ModelConfigs() {
   return *configs;
 }
 
+const char* ModelFamilyName(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kGpt: return "gpt";
+    case ModelFamily::kT5: return "t5";
+    case ModelFamily::kUnitTable: return "unit table";
+    case ModelFamily::kLlama: return "llama";
+  }
+  return "unknown";
+}
+
 int64_t BatchIdSpace(const NamedModelConfig& c) {
   switch (c.family) {
     case ModelFamily::kGpt: return c.gpt.vocab_size;
+    case ModelFamily::kLlama: return c.llama.vocab_size;
     case ModelFamily::kT5: return c.t5.vocab_size;
     case ModelFamily::kUnitTable: return c.table.num_classes;
   }
@@ -321,12 +387,15 @@ Status CheckStepSizeFits(const NamedModelConfig& c, int64_t batch_size, int64_t 
   }
   const int64_t s = std::max<int64_t>({seq_len > 0 ? seq_len : c.seq_len,
                                        source_len > 0 ? source_len : c.source_len, 1});
-  const bool gpt = c.family == ModelFamily::kGpt;
-  const int64_t layers = gpt ? c.gpt.n_layer : c.t5.n_encoder_layers + c.t5.n_decoder_layers;
-  const int64_t heads = gpt ? c.gpt.n_head : c.t5.n_head;
-  const int64_t d = gpt ? c.gpt.d_model : c.t5.d_model;
-  const int64_t ff = gpt ? c.gpt.ff() : c.t5.d_ff;
-  const int64_t vocab = gpt ? c.gpt.vocab_size : c.t5.vocab_size;
+  int64_t layers = c.t5.n_encoder_layers + c.t5.n_decoder_layers, heads = c.t5.n_head,
+          d = c.t5.d_model, ff = c.t5.d_ff, vocab = c.t5.vocab_size;
+  if (c.family == ModelFamily::kGpt) {
+    layers = c.gpt.n_layer, heads = c.gpt.n_head, d = c.gpt.d_model, ff = c.gpt.ff(),
+    vocab = c.gpt.vocab_size;
+  } else if (c.family == ModelFamily::kLlama) {
+    layers = c.llama.n_layer, heads = c.llama.n_head, d = c.llama.d_model, ff = c.llama.d_ff,
+    vocab = c.llama.vocab_size;
+  }
   // Floats per token per layer, generously: every sublayer's saved and
   // temporary tensors (a few d_model and d_ff vectors), its attention
   // scores (heads x s per token), and the head's logits (vocab).
@@ -353,6 +422,10 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const NamedModelConfig& config,
   }
   if (config.family == ModelFamily::kUnitTable) {
     SK_ASSIGN_OR_RETURN(std::unique_ptr<UnitTableModel> m, UnitTableModel::Create(config.table, options));
+    return std::unique_ptr<Model>(std::move(m));
+  }
+  if (config.family == ModelFamily::kLlama) {
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, LlamaModel::Create(config.llama, options));
     return std::unique_ptr<Model>(std::move(m));
   }
   SK_ASSIGN_OR_RETURN(std::unique_ptr<T5Model> m, T5Model::Create(config.t5, options));

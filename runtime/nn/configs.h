@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/nn/gpt.h"
+#include "runtime/nn/llama.h"
 #include "runtime/nn/model.h"
 #include "runtime/nn/t5.h"
 #include "runtime/nn/unit_table.h"
@@ -22,7 +23,11 @@ namespace sk {
 
 // kUnitTable: a network described as a table of units (unit_table.h): the
 // paper's RegNet-9B and DeepViT-8B, which have no hand-written model.
-enum class ModelFamily : uint8_t { kGpt = 1, kT5 = 2, kUnitTable = 3 };
+// kLlama: Llama-family decoders (llama.h: RMSNorm, RoPE, GQA, SwiGLU).
+enum class ModelFamily : uint8_t { kGpt = 1, kT5 = 2, kUnitTable = 3, kLlama = 4 };
+
+// "gpt", "t5", "unit table", "llama".
+const char* ModelFamilyName(ModelFamily family);
 
 struct NamedModelConfig {
   std::string name;
@@ -30,6 +35,7 @@ struct NamedModelConfig {
   GptConfig gpt;  // when family == kGpt
   T5Config t5;    // when family == kT5
   UnitTableConfig table;  // when family == kUnitTable
+  LlamaConfig llama;      // when family == kLlama
   // The sequence lengths a training step uses by default (decoder / encoder).
   int64_t seq_len = 0;
   int64_t source_len = 0;
@@ -39,7 +45,7 @@ struct NamedModelConfig {
 };
 
 // The size of the id space the model's batches draw from: the vocabulary
-// (GPT, T5) or the number of classes (unit tables: image ids and labels).
+// (GPT, T5, Llama) or the number of classes (unit tables: image ids and labels).
 int64_t BatchIdSpace(const NamedModelConfig& config);
 
 // Every named configuration, small to large.

@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (c->family != sk::ModelFamily::kUnitTable) {
-      std::fprintf(stderr, "%s is not a unit table (GPT and T5 are named configurations)\n", argv[1] + 13);
+      std::fprintf(stderr, "%s is not a unit table (GPT, T5 and Llama are named configurations)\n", argv[1] + 13);
       return 1;
     }
     std::fputs(sk::UnitTableToJson(c->table).c_str(), stdout);
@@ -54,27 +54,35 @@ int main(int argc, char** argv) {
       continue;
     }
     const double tokens = static_cast<double>(c.seq_len);
-    const bool gpt = c.family == sk::ModelFamily::kGpt;
+    const bool t5 = c.family == sk::ModelFamily::kT5;
+    const bool llama = c.family == sk::ModelFamily::kLlama;
     char layers[32];
-    if (gpt) {
-      std::snprintf(layers, sizeof(layers), "%lld", static_cast<long long>(c.gpt.n_layer));
-    } else {
+    long long d = c.t5.d_model, ff = c.t5.d_ff, vocab = c.t5.vocab_size;
+    char heads[32];
+    std::snprintf(heads, sizeof(heads), "%lld", static_cast<long long>(c.t5.n_head));
+    if (t5) {
       std::snprintf(layers, sizeof(layers), "%lld+%lld", static_cast<long long>(c.t5.n_encoder_layers),
                     static_cast<long long>(c.t5.n_decoder_layers));
+    } else if (llama) {
+      std::snprintf(layers, sizeof(layers), "%lld", static_cast<long long>(c.llama.n_layer));
+      // Query heads / key-value heads (grouped-query attention).
+      std::snprintf(heads, sizeof(heads), "%lld/%lld", static_cast<long long>(c.llama.n_head),
+                    static_cast<long long>(c.llama.kv_heads()));
+      d = c.llama.d_model, ff = c.llama.d_ff, vocab = c.llama.vocab_size;
+    } else {
+      std::snprintf(layers, sizeof(layers), "%lld", static_cast<long long>(c.gpt.n_layer));
+      std::snprintf(heads, sizeof(heads), "%lld", static_cast<long long>(c.gpt.n_head));
+      d = c.gpt.d_model, ff = c.gpt.ff(), vocab = c.gpt.vocab_size;
     }
-    long long d = gpt ? c.gpt.d_model : c.t5.d_model;
-    long long heads = gpt ? c.gpt.n_head : c.t5.n_head;
-    long long ff = gpt ? c.gpt.ff() : c.t5.d_ff;
-    long long vocab = gpt ? c.gpt.vocab_size : c.t5.vocab_size;
     char seq[64];
-    if (gpt) {
+    if (!t5) {
       std::snprintf(seq, sizeof(seq), "%lld", static_cast<long long>(c.seq_len));
     } else {
       std::snprintf(seq, sizeof(seq), "%lld/%lld", static_cast<long long>(c.source_len),
                     static_cast<long long>(c.seq_len));
     }
-    std::printf("| %s | %s | %s | %lld | %lld | %lld | %lld | %s | %.4g M | %.4g | %.4g |\n",
-                c.name.c_str(), gpt ? "gpt" : "t5", layers, d, heads, ff,
+    std::printf("| %s | %s | %s | %lld | %s | %lld | %lld | %s | %.4g M | %.4g | %.4g |\n",
+                c.name.c_str(), sk::ModelFamilyName(c.family), layers, d, heads, ff,
                 vocab, seq, static_cast<double>((*m)->num_parameters()) / 1e6,
                 f.model_flops / tokens / 1e9, f.hardware_flops / tokens / 1e9);
   }

@@ -184,6 +184,8 @@ const char* SublayerPrefix(SublayerKind kind) {
   return "";
 }
 
+}  // namespace
+
 using ops::GemmParams;
 using ops::MatrixRef;
 using ops::OpContext;
@@ -252,6 +254,8 @@ Status LinearBackward(const OpContext& ctx, const Tensor& x, const Tensor& w_in,
   if (dbias.defined()) SK_RETURN_IF_ERROR(ops::BiasGrad(ctx, dy, dbias));
   return OkStatus();
 }
+
+namespace {
 
 ops::AttentionShape AttnShape(SublayerKind kind, const BlockDims& d) {
   ops::AttentionShape as;

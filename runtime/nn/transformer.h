@@ -128,6 +128,27 @@ struct BlockDims {
   DType storage = DType::kF32;  // the compute dtype: activations and their gradients
 };
 
+// w itself when it has dtype t; otherwise a copy cast to t from ctx.alloc
+// (a GEMM takes A and B of one dtype).
+StatusOr<Tensor> InDType(const ops::OpContext& ctx, const Tensor& w, DType t);
+
+// y[rows, out] = x[rows, in] w[in, out] (+ bias[out] when defined), the
+// bias added to the f32 accumulation (ops::GemmBias).
+Status Linear(const ops::OpContext& ctx, const Tensor& x, const Tensor& w, const Tensor& bias,
+              int64_t rows, int64_t in, int64_t out, const Tensor& y);
+
+// y[rows, out] = x[rows, in] w[in, out] + bias[out] + residual[rows, out],
+// summed in f32 and rounded once (ops::GemmBiasResidual).
+Status LinearResidual(const ops::OpContext& ctx, const Tensor& x, const Tensor& w,
+                      const Tensor& bias, const Tensor& residual, int64_t rows, int64_t in,
+                      int64_t out, const Tensor& y);
+
+// Given dy[rows, out]: dw += x^T dy, dbias += column sums of dy (if defined),
+// and dx = dy w^T, overwritten or (accumulate_dx) added (if defined).
+Status LinearBackward(const ops::OpContext& ctx, const Tensor& x, const Tensor& w,
+                      const Tensor& dy, int64_t rows, int64_t in, int64_t out, const Tensor& dx,
+                      bool accumulate_dx, const Tensor& dw, const Tensor& dbias);
+
 // One sublayer's parameters by name (or their gradients: the same layout).
 // Which fields a kind uses (C = d_model, F = d_ff):
 //   every kind:        ln_g [C], ln_b [C]

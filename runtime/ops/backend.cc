@@ -36,7 +36,8 @@ bool OpBackend::IsStagedModelOp(std::string_view op) {
       "broadcast_rows", "bias_add",       "bias_grad",      "gelu_fwd",
       "gelu_bwd",       "layer_norm_fwd", "layer_norm_bwd", "attention_fwd",
       "attention_bwd",  "embedding_fwd",  "embedding_bwd",  "cross_entropy_fwd",
-      "cross_entropy_bwd"};
+      "cross_entropy_bwd", "rms_norm_fwd",  "rms_norm_bwd",   "rope_fwd",
+      "rope_bwd",       "swiglu_fwd",     "swiglu_bwd"};
   for (std::string_view n : kModelOps) {
     if (n == op) return true;
   }
@@ -68,6 +69,25 @@ Status OpBackend::BiasAdd(const OpContext&, const Tensor&, const Tensor&) {
 }
 Status OpBackend::BiasGrad(const OpContext&, const Tensor&, const Tensor&) {
   return NotImplemented("bias_grad");
+}
+Status OpBackend::RmsNormForward(const OpContext&, const Tensor&, const Tensor&, float,
+                                 const Tensor&, const Tensor&) {
+  return NotImplemented("rms_norm_fwd");
+}
+Status OpBackend::RmsNormBackward(const OpContext&, const Tensor&, const Tensor&, const Tensor&,
+                                  const Tensor&, const Tensor&, const Tensor&) {
+  return NotImplemented("rms_norm_bwd");
+}
+Status OpBackend::Rope(const OpContext&, const Tensor&, int64_t, int64_t, int64_t, float,
+                       bool inverse, const Tensor&) {
+  return NotImplemented(inverse ? "rope_bwd" : "rope_fwd");
+}
+Status OpBackend::SwiGluForward(const OpContext&, const Tensor&, const Tensor&, const Tensor&) {
+  return NotImplemented("swiglu_fwd");
+}
+Status OpBackend::SwiGluBackward(const OpContext&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, const Tensor&) {
+  return NotImplemented("swiglu_bwd");
 }
 Status OpBackend::GeluForward(const OpContext&, const Tensor&, const Tensor&) {
   return NotImplemented("gelu_fwd");

@@ -79,8 +79,14 @@ struct GemmParams {
 
 // Multi-head scaled dot-product attention over `batch` sequences. q is
 // [batch * q_len, heads * head_dim] (head h in columns [h*head_dim,
-// (h+1)*head_dim)); k and v have kv_len rows per sequence. causal masks key
-// j > query i and requires q_len == kv_len.
+// (h+1)*head_dim)); k and v have kv_len rows per sequence and kv_heads()
+// heads. causal masks key j > query i and requires q_len == kv_len.
+//
+// Grouped-query attention (Ainslie et al. 2023; Llama 2 70B, Llama 3):
+// kv_heads > 0 and dividing heads gives k and v kv_heads heads, query head h
+// attending with key/value head h / (heads / kv_heads). Only the
+// linear-memory attention (FlashAttentionForward/Backward) takes it; the
+// composed AttentionForward/Backward require kv_heads() == heads.
 struct AttentionShape {
   int64_t batch = 0;
   int64_t heads = 0;
@@ -88,6 +94,11 @@ struct AttentionShape {
   int64_t kv_len = 0;
   int64_t head_dim = 0;
   bool causal = false;
+  int64_t kv_heads = 0;  // 0: heads (multi-head attention)
+
+  int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
+  // Query heads per key/value head (1 without grouping).
+  int64_t Group() const { return KvHeads() > 0 ? heads / KvHeads() : 1; }
 };
 
 // One virtual method per op (ops.h documents each). The defaults return
@@ -149,7 +160,8 @@ class OpBackend {
   virtual bool Native16Bit(std::string_view op) const;
   // True for every op the dispatcher stages when a backend's Native16Bit
   // says false (the model ops: broadcast_rows, bias, GELU, LayerNorm,
-  // attention, embedding, cross-entropy, forward and backward): a backend
+  // attention, embedding, cross-entropy, RMSNorm, RoPE, SwiGLU, forward and
+  // backward): a backend
   // that takes all of their 16-bit operands itself returns this. The
   // linear-memory attention (flash_attention_fwd/bwd) is staged too but is
   // not in this list: a backend opts into its 16-bit operands by name.
@@ -174,6 +186,18 @@ class OpBackend {
   virtual Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
                                    const Tensor& dy, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);
+  virtual Status RmsNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
+                                float eps, const Tensor& y, const Tensor& rstd);
+  virtual Status RmsNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
+                                 const Tensor& dy, const Tensor& rstd, const Tensor& dx,
+                                 const Tensor& dgamma);
+  // inverse: the backward (rotation by minus the angle).
+  virtual Status Rope(const OpContext& ctx, const Tensor& x, int64_t seq_len, int64_t heads,
+                      int64_t head_dim, float theta, bool inverse, const Tensor& y);
+  virtual Status SwiGluForward(const OpContext& ctx, const Tensor& gate, const Tensor& up,
+                               const Tensor& y);
+  virtual Status SwiGluBackward(const OpContext& ctx, const Tensor& gate, const Tensor& up,
+                                const Tensor& dy, const Tensor& dgate, const Tensor& dup);
   virtual Status AttentionForward(const OpContext& ctx, const AttentionShape& s,
                                   const MatrixRef& q, const MatrixRef& k, const MatrixRef& v,
                                   const Tensor& probs, const MatrixRef& out);

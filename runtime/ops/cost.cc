@@ -152,29 +152,62 @@ double FlashAttentionScorePairs(int64_t batch, int64_t heads, int64_t q_len, int
 }
 
 OpCost FlashAttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                                 int64_t head_dim, bool causal, DType t) {
+                                 int64_t head_dim, bool causal, DType t, int64_t kv_heads) {
   const double bh = D(batch) * D(heads);
+  const double bkv = D(batch) * D(kv_heads > 0 ? kv_heads : heads);
   const double pairs = FlashAttentionScorePairs(batch, heads, q_len, kv_len, causal);
   const double flops = 2.0 * 2.0 * pairs * D(head_dim) + kSoftmaxFlops * pairs;
-  const double read = bh * (D(q_len) + 2.0 * D(kv_len)) * D(head_dim) * Sz(t);
+  const double read = (bh * D(q_len) + 2.0 * bkv * D(kv_len)) * D(head_dim) * Sz(t);
   const double written = bh * D(q_len) * (D(head_dim) * Sz(t) + kF32);
   return Make("flash_attention_fwd", OpClass::kAttention, flops, read, written, t);
 }
 
 OpCost FlashAttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                                  int64_t head_dim, bool causal, DType t) {
+                                  int64_t head_dim, bool causal, DType t, int64_t kv_heads) {
   const double bh = D(batch) * D(heads);
+  const double bkv = D(batch) * D(kv_heads > 0 ? kv_heads : heads);
   const double pairs = FlashAttentionScorePairs(batch, heads, q_len, kv_len, causal);
   // S recomputed, P = exp(S - lse), dS = P (dP - delta): 3 per pair beyond
   // the softmax's backward; delta = rowsum(dO o O): 2 per query element.
   const double flops = 5.0 * 2.0 * pairs * D(head_dim) +
                        (kSoftmaxBackwardFlops + 3.0) * pairs + 2.0 * bh * D(q_len) * D(head_dim);
-  const double qkv = bh * (D(q_len) + 2.0 * D(kv_len)) * D(head_dim);
+  const double qkv = (bh * D(q_len) + 2.0 * bkv * D(kv_len)) * D(head_dim);
   const double q_rows = bh * D(q_len) * D(head_dim);
   const double workspace = bh * D(q_len) * (D(head_dim) + 1.0) * kF32;  // dQ accumulator, delta
   const double read = (qkv + 2.0 * q_rows) * Sz(t) + bh * D(q_len) * kF32 + workspace;
   const double written = qkv * Sz(t) + workspace;
   return Make("flash_attention_bwd", OpClass::kAttention, flops, read, written, t);
+}
+
+OpCost RmsNormForwardCost(int64_t rows, int64_t cols, DType x, DType y) {
+  const double e = D(rows) * D(cols);
+  return Make("rms_norm_fwd", OpClass::kNormalization, kRmsNormForwardFlops * e,
+              e * Sz(x) + D(cols) * kF32, e * Sz(y) + D(rows) * kF32, x);
+}
+
+OpCost RmsNormBackwardCost(int64_t rows, int64_t cols, DType x, DType dx) {
+  const double e = D(rows) * D(cols);
+  // Reads x, dy and dx (accumulated; dy in dx's dtype), gamma, dgamma, rstd;
+  // writes dx, dgamma.
+  return Make("rms_norm_bwd", OpClass::kNormalization, kRmsNormBackwardFlops * e,
+              e * (Sz(x) + 2.0 * Sz(dx)) + (2.0 * D(cols) + D(rows)) * kF32,
+              e * Sz(dx) + D(cols) * kF32, x);
+}
+
+OpCost RopeCost(int64_t n, DType x, DType y, bool backward) {
+  return Make(backward ? "rope_bwd" : "rope_fwd", OpClass::kElementwise, kRopeFlops * D(n),
+              D(n) * Sz(x), D(n) * Sz(y), x);
+}
+
+OpCost SwiGluForwardCost(int64_t n, DType x, DType y) {
+  return Make("swiglu_fwd", OpClass::kElementwise, kSwiGluForwardFlops * D(n),
+              2.0 * D(n) * Sz(x), D(n) * Sz(y), x);
+}
+
+OpCost SwiGluBackwardCost(int64_t n, DType x, DType dx) {
+  // Reads gate, up, dy; writes dgate, dup.
+  return Make("swiglu_bwd", OpClass::kElementwise, kSwiGluBackwardFlops * D(n),
+              D(n) * (2.0 * Sz(x) + Sz(dx)), 2.0 * D(n) * Sz(dx), x);
 }
 
 OpCost EmbeddingForwardCost(int64_t count, int64_t dim, DType table, DType out) {

@@ -62,6 +62,11 @@ inline constexpr double kLayerNormBackwardFlops = 14; // xhat, two row sums, dx,
 inline constexpr double kSoftmaxFlops = 5;            // max, exp, sum, scale (per score)
 inline constexpr double kSoftmaxBackwardFlops = 4;    // row dot, difference, two products
 inline constexpr double kCrossEntropyFlops = 4;       // max, exp, sum (+ log per row)
+inline constexpr double kRmsNormForwardFlops = 4;    // square-sum, normalise, scale
+inline constexpr double kRmsNormBackwardFlops = 8;   // xhat, row sum, dx, dgamma
+inline constexpr double kRopeFlops = 6;              // per element: its angle's cos/sin share, 2 products, a sum
+inline constexpr double kSwiGluForwardFlops = 5;     // sigmoid (exp, add, divide), two products
+inline constexpr double kSwiGluBackwardFlops = 10;   // sigmoid, silu', four products
 inline constexpr double kSgdFlops = 6;   // decay, momentum, Nesterov, step
 inline constexpr double kAdamFlops = 16; // decay, two moments, sqrt, divide, step
 
@@ -108,10 +113,23 @@ OpCost AttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_
 // written and read once.
 double FlashAttentionScorePairs(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
                                 bool causal);
+// kv_heads (0: heads) sizes k and v (grouped-query attention); the flops
+// are the query heads'.
 OpCost FlashAttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                                 int64_t head_dim, bool causal, DType t = DType::kF32);
+                                 int64_t head_dim, bool causal, DType t = DType::kF32,
+                                 int64_t kv_heads = 0);
 OpCost FlashAttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                                  int64_t head_dim, bool causal, DType t = DType::kF32);
+                                  int64_t head_dim, bool causal, DType t = DType::kF32,
+                                  int64_t kv_heads = 0);
+// RMSNorm over rows x cols (rstd f32); RoPE over n elements ("rope_fwd" or
+// "rope_bwd"); SwiGLU over n outputs (gate and up read, y written; backward
+// writes dgate and dup).
+OpCost RmsNormForwardCost(int64_t rows, int64_t cols, DType x = DType::kF32, DType y = DType::kF32);
+OpCost RmsNormBackwardCost(int64_t rows, int64_t cols, DType x = DType::kF32,
+                           DType dx = DType::kF32);
+OpCost RopeCost(int64_t n, DType x, DType y, bool backward);
+OpCost SwiGluForwardCost(int64_t n, DType x = DType::kF32, DType y = DType::kF32);
+OpCost SwiGluBackwardCost(int64_t n, DType x = DType::kF32, DType dx = DType::kF32);
 OpCost EmbeddingForwardCost(int64_t count, int64_t dim, DType table = DType::kF32,
                             DType out = DType::kF32);
 OpCost EmbeddingBackwardCost(int64_t count, int64_t dim, DType dout = DType::kF32);

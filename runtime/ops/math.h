@@ -197,6 +197,85 @@ SK_HOST_DEVICE SK_INLINE void CrossEntropyRowBackward(const float* logits, int64
   }
 }
 
+
+// ---- Llama-family elementwise and row arithmetic ----------------------------
+
+// silu(x) = x sigmoid(x) and its derivative sigmoid(x) (1 + x (1 - sigmoid(x))).
+SK_HOST_DEVICE SK_INLINE float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+SK_HOST_DEVICE SK_INLINE float Silu(float x) { return x * Sigmoid(x); }
+SK_HOST_DEVICE SK_INLINE float SiluGrad(float x) {
+  const float s = Sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+// RMSNorm (Zhang and Sennrich 2019; Llama): y = x rstd gamma with
+// rstd = 1/sqrt(mean(x^2) + eps), Hugging Face's LlamaRMSNorm in f32.
+SK_HOST_DEVICE SK_INLINE float RmsNormRstd(float mean_sq, float eps) {
+  return 1.0f / sqrtf(mean_sq + eps);
+}
+
+SK_HOST_DEVICE SK_INLINE void RmsNormRowForward(const float* x, const float* gamma, int64_t cols,
+                                                float eps, float* y, float* rstd_out) {
+  float sq = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) sq += x[j] * x[j];
+  const float rstd = RmsNormRstd(sq / static_cast<float>(cols), eps);
+  for (int64_t j = 0; j < cols; ++j) y[j] = x[j] * rstd * gamma[j];
+  *rstd_out = rstd;
+}
+
+// One element of RMSNorm's input gradient given the row's mean(dy gamma xhat):
+// rstd (dy gamma - xhat mean_g_xhat), xhat = x rstd.
+SK_HOST_DEVICE SK_INLINE float RmsNormGradIn(float x, float dy, float gamma, float rstd,
+                                             float mean_g_xhat) {
+  return rstd * (dy * gamma - x * rstd * mean_g_xhat);
+}
+
+// Backward of RmsNormRowForward for one row: dx and dgamma ACCUMULATED (+=).
+SK_HOST_DEVICE SK_INLINE void RmsNormRowBackward(const float* x, const float* gamma,
+                                                 const float* dy, float rstd, int64_t cols,
+                                                 float* dx, float* dgamma) {
+  float sum_g_xhat = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) {
+    const float xhat = x[j] * rstd;
+    sum_g_xhat += dy[j] * gamma[j] * xhat;
+    if (dgamma != nullptr) dgamma[j] += dy[j] * xhat;
+  }
+  const float mean_g_xhat = sum_g_xhat / static_cast<float>(cols);
+  for (int64_t j = 0; j < cols; ++j) dx[j] += RmsNormGradIn(x[j], dy[j], gamma[j], rstd, mean_g_xhat);
+}
+
+// Rotary position embedding in Hugging Face's rotate-half layout: within a
+// head of head_dim = 2 half, element i < half pairs with i + half and both
+// turn by the angle pos * theta^(-2i / head_dim), computed in f32 as
+// transformers' LlamaRotaryEmbedding does (inv_freq, then pos * inv_freq,
+// then cos and sin).
+SK_HOST_DEVICE SK_INLINE float RopeAngle(int64_t pos, int64_t i, int64_t head_dim, float theta) {
+  const float inv_freq =
+      1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  return static_cast<float>(pos) * inv_freq;
+}
+
+// One rotated pair: (a, b) = (x[i], x[i + half]) -> (a cos - b sin, b cos + a sin).
+// The backward is the rotation by -angle: pass sign = -1.
+SK_HOST_DEVICE SK_INLINE void RopePair(float a, float b, float angle, float sign, float* out_a,
+                                       float* out_b) {
+  const float c = cosf(angle), s = sign * sinf(angle);
+  *out_a = a * c - b * s;
+  *out_b = b * c + a * s;
+}
+
+// One head's row (head_dim contiguous floats) at position pos; y may be x.
+SK_HOST_DEVICE SK_INLINE void RopeHeadRow(const float* x, int64_t pos, int64_t head_dim,
+                                          float theta, float sign, float* y) {
+  const int64_t half = head_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    float a, b;
+    RopePair(x[i], x[i + half], RopeAngle(pos, i, head_dim, theta), sign, &a, &b);
+    y[i] = a;
+    y[i + half] = b;
+  }
+}
+
 }  // namespace nn_math
 }  // namespace sk
 

@@ -709,6 +709,169 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
   });
 }
 
+// ---- Llama-family ops ---------------------------------------------------------------
+
+Status RmsNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma, float eps,
+                      const Tensor& y, const Tensor& rstd) {
+  const char* op = "rms_norm_fwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  for (auto [what, t] :
+       {std::pair<const char*, const Tensor*>{"x", &x}, {"gamma", &gamma}, {"y", &y}}) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t));
+  }
+  SK_RETURN_IF_ERROR(CheckTensor(op, "rstd", ctx, rstd, {DType::kF32}));
+  if (!(eps > 0.0f)) return Bad(op, "eps must be positive, got " + std::to_string(eps));
+  const int64_t cols = gamma.numel();
+  if (cols == 0) return Bad(op, "gamma is empty");
+  int64_t rows = 0;
+  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "rstd", rstd, rows));
+  for (const Tensor* o : {&y, &rstd}) {
+    for (const Tensor* i : {&x, &gamma}) {
+      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
+    }
+  }
+  if (Overlap(y, rstd)) return Bad(op, "y overlaps rstd");
+  return Dispatch(be, ctx, RmsNormForwardCost(rows, cols, x.dtype(), y.dtype()), [&] {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
+      SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
+      return be->RmsNormForward(ctx, wx, wg, eps, wy, rstd);
+    });
+  });
+}
+
+Status RmsNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
+                       const Tensor& dy, const Tensor& rstd, const Tensor& dx,
+                       const Tensor& dgamma) {
+  const char* op = "rms_norm_bwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  for (auto [what, t] : {std::pair<const char*, const Tensor*>{"x", &x}, {"gamma", &gamma},
+                         {"dy", &dy}, {"dx", &dx}, {"dgamma", &dgamma}}) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t));
+  }
+  SK_RETURN_IF_ERROR(CheckTensor(op, "rstd", ctx, rstd, {DType::kF32}));
+  const int64_t cols = gamma.numel();
+  if (cols == 0) return Bad(op, "gamma is empty");
+  int64_t rows = 0;
+  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dy", dy, x.numel()));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dx", dx, x.numel()));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "rstd", rstd, rows));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "dgamma", dgamma, cols));
+  for (const Tensor* o : {&dx, &dgamma}) {
+    for (const Tensor* i : {&x, &gamma, &dy, &rstd}) {
+      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
+    }
+  }
+  if (Overlap(dx, dgamma)) return Bad(op, "dx overlaps dgamma");
+  return Dispatch(be, ctx, RmsNormBackwardCost(rows, cols, x.dtype(), dx.dtype()), [&] {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
+      SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
+      SK_ASSIGN_OR_RETURN(Tensor wdx, st.InOut(dx));
+      SK_ASSIGN_OR_RETURN(Tensor wdg, st.InOut(dgamma));
+      return be->RmsNormBackward(ctx, wx, wg, wdy, rstd, wdx, wdg);
+    });
+  });
+}
+
+namespace {
+
+// RopeForward and RopeBackward: x -> y rotated by plus or minus the angle.
+Status Rope(const char* op, const OpContext& ctx, const Tensor& x, int64_t seq_len,
+            int64_t heads, int64_t head_dim, float theta, bool inverse, const Tensor& y) {
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  const char* in = inverse ? "dy" : "x";
+  SK_RETURN_IF_ERROR(CheckTensor(op, in, ctx, x));
+  SK_RETURN_IF_ERROR(CheckTensor(op, inverse ? "dx" : "y", ctx, y));
+  if (seq_len <= 0) return Bad(op, "seq_len must be positive, got " + N(seq_len));
+  if (heads <= 0) return Bad(op, "heads must be positive, got " + N(heads));
+  if (head_dim <= 0 || head_dim % 2 != 0) {
+    return Bad(op, "head_dim must be positive and even, got " + N(head_dim));
+  }
+  if (!(theta > 0.0f)) return Bad(op, "theta must be positive, got " + std::to_string(theta));
+  if (heads > std::numeric_limits<int64_t>::max() / head_dim) {
+    return Bad(op, "heads=" + N(heads) + " x head_dim=" + N(head_dim) + " overflows int64");
+  }
+  int64_t rows = 0;
+  SK_RETURN_IF_ERROR(RowsOf(op, in, x.numel(), heads * head_dim, &rows));
+  if (rows % seq_len != 0) {
+    return Bad(op, std::string(in) + " has " + N(rows) + " rows, not a multiple of seq_len " +
+                       N(seq_len));
+  }
+  SK_RETURN_IF_ERROR(CheckNumel(op, inverse ? "dx" : "y", y, x.numel()));
+  if (Same(x, y) ? x.dtype() != y.dtype() : Overlap(x, y)) return Bad(op, "input and output overlap");
+  return Dispatch(be, ctx, RopeCost(x.numel(), x.dtype(), y.dtype(), inverse), [&] {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+      SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
+      return be->Rope(ctx, wx, seq_len, heads, head_dim, theta, inverse, wy);
+    });
+  });
+}
+
+}  // namespace
+
+Status RopeForward(const OpContext& ctx, const Tensor& x, int64_t seq_len, int64_t heads,
+                   int64_t head_dim, float theta, const Tensor& y) {
+  return Rope("rope_fwd", ctx, x, seq_len, heads, head_dim, theta, false, y);
+}
+
+Status RopeBackward(const OpContext& ctx, const Tensor& dy, int64_t seq_len, int64_t heads,
+                    int64_t head_dim, float theta, const Tensor& dx) {
+  return Rope("rope_bwd", ctx, dy, seq_len, heads, head_dim, theta, true, dx);
+}
+
+Status SwiGluForward(const OpContext& ctx, const Tensor& gate, const Tensor& up, const Tensor& y) {
+  const char* op = "swiglu_fwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "gate", ctx, gate));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "up", ctx, up));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "up", up, gate.numel()));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, gate.numel()));
+  if (Overlap(y, gate) || Overlap(y, up)) return Bad(op, "y overlaps an input");
+  return Dispatch(be, ctx, SwiGluForwardCost(gate.numel(), gate.dtype(), y.dtype()), [&] {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gate));
+      SK_ASSIGN_OR_RETURN(Tensor wu, st.In(up));
+      SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
+      return be->SwiGluForward(ctx, wg, wu, wy);
+    });
+  });
+}
+
+Status SwiGluBackward(const OpContext& ctx, const Tensor& gate, const Tensor& up,
+                      const Tensor& dy, const Tensor& dgate, const Tensor& dup) {
+  const char* op = "swiglu_bwd";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  for (auto [what, t] : {std::pair<const char*, const Tensor*>{"gate", &gate}, {"up", &up},
+                         {"dy", &dy}, {"dgate", &dgate}, {"dup", &dup}}) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t));
+    SK_RETURN_IF_ERROR(CheckNumel(op, what, *t, gate.numel()));
+  }
+  for (const Tensor* o : {&dgate, &dup}) {
+    for (const Tensor* i : {&gate, &up, &dy}) {
+      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
+    }
+  }
+  if (Overlap(dgate, dup)) return Bad(op, "dgate overlaps dup");
+  return Dispatch(be, ctx, SwiGluBackwardCost(gate.numel(), gate.dtype(), dgate.dtype()), [&] {
+    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
+      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gate));
+      SK_ASSIGN_OR_RETURN(Tensor wu, st.In(up));
+      SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
+      SK_ASSIGN_OR_RETURN(Tensor wdg, st.Out(dgate));
+      SK_ASSIGN_OR_RETURN(Tensor wdu, st.Out(dup));
+      return be->SwiGluBackward(ctx, wg, wu, wdy, wdg, wdu);
+    });
+  });
+}
+
 // ---- Attention ------------------------------------------------------------------
 
 namespace {
@@ -726,14 +889,18 @@ Status CheckAttentionViews(const char* op, const OpContext& ctx, const Attention
                        N(s.kv_len));
   }
   if (s.q_len > 0 && s.kv_len == 0) return Bad(op, "queries without keys (kv_len = 0)");
+  if (s.kv_heads < 0 || (s.kv_heads > 0 && s.heads % s.kv_heads != 0)) {
+    return Bad(op, "kv_heads=" + N(s.kv_heads) + " does not divide heads=" + N(s.heads));
+  }
   const int64_t cols = s.heads * s.head_dim;
+  const int64_t kv_cols = s.KvHeads() * s.head_dim;
   for (auto [what, m] : q_rows) {
     SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t));
     SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.q_len, cols, 1));
   }
   for (auto [what, m] : kv_rows) {
     SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, m->t));
-    SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.kv_len, cols, 1));
+    SK_RETURN_IF_ERROR(CheckMatrix(op, what, *m, s.batch * s.kv_len, kv_cols, 1));
   }
   return OkStatus();
 }
@@ -742,6 +909,10 @@ Status CheckAttention(const char* op, const OpContext& ctx, const AttentionShape
                       std::initializer_list<std::pair<const char*, const MatrixRef*>> q_rows,
                       std::initializer_list<std::pair<const char*, const MatrixRef*>> kv_rows,
                       const Tensor& probs) {
+  if (s.KvHeads() != s.heads) {
+    return Bad(op, "grouped-query attention (kv_heads=" + N(s.kv_heads) + ", heads=" +
+                       N(s.heads) + ") runs only in the linear-memory attention");
+  }
   SK_RETURN_IF_ERROR(CheckAttentionViews(op, ctx, s, q_rows, kv_rows));
   SK_RETURN_IF_ERROR(CheckTensor(op, "probs", ctx, probs, {DType::kF32}));
   return CheckNumel(op, "probs", probs, s.batch * s.heads * s.q_len * s.kv_len);
@@ -847,7 +1018,7 @@ Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, cons
   if (Overlap(out.t, lse)) return Bad(op, "out overlaps lse");
   return Dispatch(be, ctx,
                   FlashAttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim,
-                                            s.causal, q.t.dtype()),
+                                            s.causal, q.t.dtype(), s.kv_heads),
                   [&] {
                     const bool native = be->Native16Bit(op) &&
                                         AllOne16BitDType({&q.t, &k.t, &v.t, &out.t});
@@ -894,7 +1065,7 @@ Status FlashAttentionBackward(const OpContext& ctx, const AttentionShape& s, con
   return Dispatch(
       be, ctx,
       FlashAttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, s.causal,
-                                 q.t.dtype()),
+                                 q.t.dtype(), s.kv_heads),
       [&] {
         const bool native =
             be->Native16Bit(op) &&

@@ -163,9 +163,46 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
                          const Tensor& dy, const Tensor& mean, const Tensor& rstd,
                          const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);
 
+// ---- Llama-family ops: RMSNorm, rotary embeddings, SwiGLU --------------------
+
+// Per row of x [rows, cols] (cols = gamma.numel()): y = x rstd gamma with
+// rstd = 1/sqrt(mean(x^2) + eps) stored in rstd [rows] (f32): Llama's
+// RMSNorm (no mean, no bias). eps > 0 (Llama 1e-5, Qwen2 1e-6). x, gamma, y:
+// compute-dtype operands; y may not overlap x.
+Status RmsNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma, float eps,
+                      const Tensor& y, const Tensor& rstd);
+// Accumulates the input gradient into dx and gamma's into dgamma from dy and
+// forward's rstd (f32). Compute-dtype operands otherwise (a 16-bit dx is read,
+// added to and rounded once).
+Status RmsNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
+                       const Tensor& dy, const Tensor& rstd, const Tensor& dx,
+                       const Tensor& dgamma);
+
+// Rotary position embedding (Su et al. 2021) in Hugging Face's rotate-half
+// layout: x is [batch * seq_len, heads * head_dim] (head_dim even), a row's
+// position is row % seq_len, and in every head element i < head_dim / 2 and
+// element i + head_dim / 2 turn by pos * theta^(-2i / head_dim) (math.h:
+// RopeAngle, f32 as transformers computes it). y may be x (same dtype).
+// Compute-dtype operands. seq_len, heads > 0; theta > 0.
+Status RopeForward(const OpContext& ctx, const Tensor& x, int64_t seq_len, int64_t heads,
+                   int64_t head_dim, float theta, const Tensor& y);
+// dx = the rotation of dy by minus the angle (the transpose of forward's),
+// overwritten; dx may be dy (same dtype).
+Status RopeBackward(const OpContext& ctx, const Tensor& dy, int64_t seq_len, int64_t heads,
+                    int64_t head_dim, float theta, const Tensor& dx);
+
+// y = silu(gate) * up elementwise (Shazeer 2020's SwiGLU, Llama's MLP);
+// equal element counts; y may not overlap gate or up. Compute-dtype operands.
+Status SwiGluForward(const OpContext& ctx, const Tensor& gate, const Tensor& up, const Tensor& y);
+// dgate = dy up silu'(gate), dup = dy silu(gate), overwritten; neither may
+// overlap an input or the other. Compute-dtype operands.
+Status SwiGluBackward(const OpContext& ctx, const Tensor& gate, const Tensor& up,
+                      const Tensor& dy, const Tensor& dgate, const Tensor& dup);
+
 // ---- Attention --------------------------------------------------------------
 
-// Scaled dot-product attention (backend.h: AttentionShape). q, k, v, out are
+// Scaled dot-product attention (backend.h: AttentionShape; s.kv_heads must
+// be 0 or heads: grouped-query attention is FlashAttentionForward's). q, k, v, out are
 // views with their own row strides (rows: batch*q_len for q/out, batch*kv_len
 // for k/v; heads*head_dim columns). Writes probs [batch, heads, q_len,
 // kv_len] (f32, kept for backward; masked entries 0) and out. head_dim > 0.
@@ -195,8 +232,11 @@ Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const Ma
 
 // ---- Attention in linear memory (FlashAttention-2) ---------------------------
 
-// Scaled dot-product attention that keeps no probabilities: the shapes,
-// views, masking and operand dtypes of AttentionForward (one 16-bit dtype
+// Scaled dot-product attention that keeps no probabilities, with grouped
+// query heads when s.kv_heads says so (backend.h: AttentionShape; k, v, dk,
+// dv then have kv_heads * head_dim columns, and dk, dv sum the gradients
+// of a group's query heads): the shapes, views, masking and operand dtypes
+// of AttentionForward (one 16-bit dtype
 // for q, k, v, out lets a backend run on 16-bit GEMM operands, rounding P
 // and dS as there; other mixes are staged through f32). Writes out and
 // lse [batch, heads, q_len] (f32), lse[b, h, i] = log sum_j exp(scale

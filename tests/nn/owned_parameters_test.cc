@@ -180,7 +180,8 @@ TEST(ModelMemory, PeakActivationBytesIsWithinTenPercentOfTheMeasuredPeak) {
     int64_t batch, seq, source;
   };
   for (Case k : {Case{"gpt-tiny", 4, 16, 0}, Case{"gpt-tiny", 2, 7, 0}, Case{"t5-tiny", 3, 12, 16},
-                 Case{"t5-tiny", 2, 5, 16}, Case{"regnet-tiny", 4, 1, 0}, Case{"deepvit-tiny", 3, 1, 0}}) {
+                 Case{"t5-tiny", 2, 5, 16}, Case{"regnet-tiny", 4, 1, 0}, Case{"deepvit-tiny", 3, 1, 0},
+                 Case{"llama-tiny", 4, 16, 0}, Case{"qwen2-tiny", 2, 7, 0}}) {
     for (bool ckpt : {false, true}) {
       for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
         ModelOptions o;

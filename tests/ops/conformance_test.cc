@@ -21,6 +21,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -750,6 +751,144 @@ TEST_P(Conformance, LayerNorm) {
   }
 }
 
+// ---- Llama-family ops: RMSNorm, RoPE, SwiGLU -------------------------------------
+
+// RMSNorm in every dtype for x, y and dx (gamma and dgamma f32), against
+// f64 from the rounded inputs; 16-bit outputs within one rounding.
+TEST_P(Conformance, RmsNorm) {
+  for (DType t : kFloats) {
+    const double u = t == DType::kF32 ? 0.0 : 2 * Ulp(t);
+    for (auto [rows, cols] : RowShapes({1, 7, 33}, {{300, 130}, {3, 1100}, {1030, 1100}})) {
+      const size_t e = static_cast<size_t>(rows * cols);
+      const float eps = 1e-6f;
+      Vec x = R(Random(e, 116, -2, 3), t), g = R(Random(cols, 117), DType::kF32),
+          dy = R(Random(e, 119), t), dx0 = R(Random(e, 120), t),
+          dg0 = R(Random(cols, 121), DType::kF32);
+      Tensor tx = Up(x, t), tg = Up(g, DType::kF32), ty = Up(Vec(e, 0.0), t),
+             tr = Up(Vec(rows, 0.0), DType::kF32);
+      Status st = RmsNormForward(ctx(), tx, tg, eps, ty, tr);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      Vec y(e), dx = dx0, dg = dg0, rstd(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        const double* xr = &x[r * cols];
+        double sq = 0;
+        for (int64_t j = 0; j < cols; ++j) sq += xr[j] * xr[j];
+        const double rs = 1 / std::sqrt(sq / cols + eps);
+        rstd[r] = rs;
+        double sgx = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          const double xh = xr[j] * rs;
+          y[r * cols + j] = xh * g[j];
+          sgx += dy[r * cols + j] * g[j] * xh;
+          dg[j] += dy[r * cols + j] * xh;
+        }
+        for (int64_t j = 0; j < cols; ++j) {
+          dx[r * cols + j] += rs * (dy[r * cols + j] * g[j] - xr[j] * rs * sgx / cols);
+        }
+      }
+      const std::string name = "rms_norm " + std::string(DTypeName(t)) + " " +
+                               std::to_string(rows) + "x" + std::to_string(cols);
+      ExpectNear((name + " y").c_str(), Down(ty), y, 1e-5 + u, 1e-5);
+      ExpectNear((name + " rstd").c_str(), Down(tr), rstd, 1e-5, 1e-6);
+      Tensor tdy = Up(dy, t), tdx = Up(dx0, t), tdg = Up(dg0, DType::kF32);
+      st = RmsNormBackward(ctx(), tx, tg, tdy, tr, tdx, tdg);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ExpectNear((name + " dx").c_str(), Down(tdx), dx, 1e-4 + u, 1e-5);
+      ExpectNear((name + " dgamma").c_str(), Down(tdg), dg, 1e-4, 1e-5);
+    }
+  }
+  Tensor x = Up(Vec(6, 1.0), DType::kF32), g = Up(Vec(3, 1.0), DType::kF32);
+  Tensor y = Up(Vec(6, 0.0), DType::kF32), r = Up(Vec(2, 0.0), DType::kF32);
+  EXPECT_EQ(RmsNormForward(ctx(), x, g, 0.0f, y, r).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RmsNormForward(ctx(), x, Up(Vec(4, 1.0), DType::kF32), 1e-5f, y, r).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// The angle as transformers computes it (inv_freq, then pos * inv_freq, in
+// f32), its cosine and sine in f64.
+double RopeAngleRef(int64_t pos, int64_t i, int64_t hd, float theta) {
+  const float inv_freq =
+      1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(hd));
+  return static_cast<double>(static_cast<float>(pos) * inv_freq);
+}
+
+// RoPE forward against the rotate-half formula, backward as its exact
+// inverse (and transpose), in place and not, every dtype.
+TEST_P(Conformance, Rope) {
+  struct Case {
+    int64_t batch, seq, heads, hd;
+    float theta;
+  };
+  const Case cases[] = {{1, 1, 1, 2, 10000.0f}, {2, 7, 3, 8, 10000.0f}, {1, 130, 2, 64, 500000.0f},
+                        {3, 5, 1, 6, 1e6f}};
+  for (DType t : kFloats) {
+    const double u = t == DType::kF32 ? 0.0 : 2 * Ulp(t);
+    for (const Case& c : cases) {
+      const int64_t rows = c.batch * c.seq, width = c.heads * c.hd, half = c.hd / 2;
+      const size_t e = static_cast<size_t>(rows * width);
+      Vec x = R(Random(e, 130), t);
+      Vec want(e), inv(e);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < c.heads; ++h) {
+          for (int64_t i = 0; i < half; ++i) {
+            const int64_t o = r * width + h * c.hd + i;
+            const double a = RopeAngleRef(r % c.seq, i, c.hd, c.theta);
+            const double x1 = x[o], x2 = x[o + half];
+            want[o] = x1 * std::cos(a) - x2 * std::sin(a);
+            want[o + half] = x2 * std::cos(a) + x1 * std::sin(a);
+            inv[o] = x1 * std::cos(a) + x2 * std::sin(a);
+            inv[o + half] = x2 * std::cos(a) - x1 * std::sin(a);
+          }
+        }
+      }
+      const std::string name = "rope " + std::string(DTypeName(t)) + " seq " +
+                               std::to_string(c.seq) + " hd " + std::to_string(c.hd);
+      Tensor tx = Up(x, t), ty = Up(Vec(e, 0.0), t);
+      Status st = RopeForward(ctx(), tx, c.seq, c.heads, c.hd, c.theta, ty);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ExpectNear((name + " fwd").c_str(), Down(ty), want, 1e-5 + u, 1e-5 + u);
+      st = RopeBackward(ctx(), tx, c.seq, c.heads, c.hd, c.theta, tx);  // in place
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ExpectNear((name + " bwd").c_str(), Down(tx), inv, 1e-5 + u, 1e-5 + u);
+    }
+  }
+  Tensor x = Up(Vec(12, 1.0), DType::kF32), y = Up(Vec(12, 0.0), DType::kF32);
+  EXPECT_EQ(RopeForward(ctx(), x, 2, 2, 3, 10000.0f, y).code(), StatusCode::kInvalidArgument)
+      << "odd head_dim";
+  EXPECT_EQ(RopeForward(ctx(), x, 5, 1, 4, 10000.0f, y).code(), StatusCode::kInvalidArgument)
+      << "3 rows are not a multiple of seq_len 5";
+  EXPECT_EQ(RopeForward(ctx(), x, 3, 1, 4, -1.0f, y).code(), StatusCode::kInvalidArgument)
+      << "theta";
+}
+
+TEST_P(Conformance, SwiGlu) {
+  for (DType t : kFloats) {
+    const double u = t == DType::kF32 ? 0.0 : 2 * Ulp(t);
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{5000}}) {
+      const size_t e = static_cast<size_t>(n);
+      Vec g = R(Random(e, 140, -6, 6), t), up = R(Random(e, 141), t), dy = R(Random(e, 142), t);
+      Vec y(e), dg(e), du(e);
+      for (size_t i = 0; i < e; ++i) {
+        const double sig = 1 / (1 + std::exp(-g[i]));
+        y[i] = g[i] * sig * up[i];
+        dg[i] = dy[i] * up[i] * sig * (1 + g[i] * (1 - sig));
+        du[i] = dy[i] * g[i] * sig;
+      }
+      Tensor tg = Up(g, t), tu = Up(up, t), ty = Up(Vec(e, 0.0), t);
+      ASSERT_TRUE(SwiGluForward(ctx(), tg, tu, ty).ok());
+      const std::string name = "swiglu " + std::string(DTypeName(t)) + " n=" + std::to_string(n);
+      ExpectNear((name + " y").c_str(), Down(ty), y, 1e-5 + u, 1e-6);
+      Tensor tdy = Up(dy, t), tdg = Up(Vec(e, 0.0), t), tdu = Up(Vec(e, 0.0), t);
+      ASSERT_TRUE(SwiGluBackward(ctx(), tg, tu, tdy, tdg, tdu).ok());
+      ExpectNear((name + " dgate").c_str(), Down(tdg), dg, 1e-5 + u, 1e-6);
+      ExpectNear((name + " dup").c_str(), Down(tdu), du, 1e-5 + u, 1e-6);
+    }
+  }
+  Tensor a = Up(Vec(4, 1.0), DType::kF32), b = Up(Vec(5, 1.0), DType::kF32);
+  EXPECT_EQ(SwiGluForward(ctx(), a, b, Up(Vec(4, 0.0), DType::kF32)).code(),
+            StatusCode::kInvalidArgument);
+}
+
 // ---- Attention ---------------------------------------------------------------------
 
 struct AttnRef {
@@ -1063,6 +1202,101 @@ TEST_P(Conformance, FlashAttention) {
                    u, 1e-4, 1e-6);
     }
   }
+}
+
+// Grouped-query attention: kv_heads key/value heads, each shared by
+// heads / kv_heads query heads. The reference is multi-head attention on k
+// and v repeated per query head; dk and dv are the sums of the repeated
+// heads' gradients over each group. 16-bit: the f64 reference of the
+// rounded inputs within a few units of the output type.
+TEST_P(Conformance, FlashAttentionGroupedQueryHeads) {
+  std::vector<AttentionShape> shapes;
+  for (auto [b, h, kvh, q, kv, d, causal] :
+       std::initializer_list<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>>{
+           {2, 4, 2, 7, 7, 4, true}, {1, 6, 2, 70, 70, 8, true}, {2, 4, 1, 5, 9, 8, false},
+           {1, 8, 2, 130, 130, 64, true}, {2, 3, 3, 6, 6, 2, true}}) {
+    AttentionShape s;
+    s.batch = b, s.heads = h, s.kv_heads = kvh, s.q_len = q, s.kv_len = kv, s.head_dim = d;
+    s.causal = causal;
+    shapes.push_back(s);
+  }
+  for (DType t : kFloats) {
+    const double u = t == DType::kF32 ? 0.0 : 8 * Ulp(t);
+    for (const AttentionShape& s : shapes) {
+      const int64_t hd = s.head_dim, group = s.heads / s.KvHeads();
+      const int64_t c = s.heads * hd, kc = s.KvHeads() * hd;
+      const int64_t nq = s.batch * s.q_len, nk = s.batch * s.kv_len;
+      Vec q = R(Random(nq * c, 160), t), k = R(Random(nk * kc, 161), t),
+          v = R(Random(nk * kc, 162), t), dout = R(Random(nq * c, 163), t);
+      Vec kf(static_cast<size_t>(nk * c)), vf(kf.size());
+      for (int64_t r = 0; r < nk; ++r) {
+        for (int64_t h = 0; h < s.heads; ++h) {
+          for (int64_t d = 0; d < hd; ++d) {
+            kf[r * c + h * hd + d] = k[r * kc + (h / group) * hd + d];
+            vf[r * c + h * hd + d] = v[r * kc + (h / group) * hd + d];
+          }
+        }
+      }
+      AttentionShape mha = s;
+      mha.kv_heads = 0;
+      const AttnRef full = AttentionReference(mha, q, kf, vf, dout, 0.0, 0.0);
+      Vec dk(static_cast<size_t>(nk * kc), 0.0), dv(dk.size(), 0.0);
+      for (int64_t r = 0; r < nk; ++r) {
+        for (int64_t h = 0; h < s.heads; ++h) {
+          for (int64_t d = 0; d < hd; ++d) {
+            dk[r * kc + (h / group) * hd + d] += full.dk[r * c + h * hd + d];
+            dv[r * kc + (h / group) * hd + d] += full.dv[r * c + h * hd + d];
+          }
+        }
+      }
+      // k and v fused in one [nk, 2 kc] buffer, as a model may hold them.
+      Vec kv = Embed(k, nk, kc, 2 * kc, 0), vv = Embed(v, nk, kc, 2 * kc, kc);
+      for (size_t i = 0; i < kv.size(); ++i) kv[i] += vv[i];
+      Tensor qb = Up(q, t), kvb = Up(kv, t);
+      const MatrixRef mq{qb, 0, c}, mk{kvb, 0, 2 * kc}, mv{kvb, kc, 2 * kc};
+      Tensor out = Up(Vec(static_cast<size_t>(nq * c), 0.0), t);
+      Tensor lse = Up(Vec(static_cast<size_t>(s.batch * s.heads * s.q_len), 0.0), DType::kF32);
+      Status st = FlashAttentionForward(ctx(), s, mq, mk, mv, {out, 0, c}, lse);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      const std::string name = "gqa " + std::string(DTypeName(t)) + " h=" +
+                               std::to_string(s.heads) + " kv_heads=" +
+                               std::to_string(s.kv_heads) + " q=" + std::to_string(s.q_len) +
+                               " kv=" + std::to_string(s.kv_len) + (s.causal ? " causal" : "");
+      ExpectNear((name + " lse").c_str(), Down(lse), LseReference(mha, q, kf), 1e-5 + u, 1e-5);
+      ExpectNear((name + " out").c_str(), Down(out), full.out, 1e-5 + u, 1e-6 + u);
+      Tensor dob = Up(dout, t), dqb = Up(Vec(static_cast<size_t>(nq * c), 0.0), t);
+      Tensor dkvb = Up(Vec(static_cast<size_t>(nk * 2 * kc), 7.0), t);
+      st = FlashAttentionBackward(ctx(), s, mq, mk, mv, {out, 0, c}, {dob, 0, c}, lse,
+                                  {dqb, 0, c}, {dkvb, 0, 2 * kc}, {dkvb, kc, 2 * kc});
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      const Vec got_kv = Down(dkvb);
+      ExpectNear((name + " dq").c_str(), Down(dqb), full.dq, 1e-4 + u, 1e-5 + u);
+      ExpectNear((name + " dk").c_str(), Extract(got_kv, nk, kc, 2 * kc, 0), dk, 1e-4 + u,
+                 1e-5 + u);
+      ExpectNear((name + " dv").c_str(), Extract(got_kv, nk, kc, 2 * kc, kc), dv, 1e-4 + u,
+                 1e-5 + u);
+    }
+  }
+}
+
+// kv_heads must divide heads, and only the linear-memory attention takes a
+// grouped shape (the composed one keeps per-head probabilities of its own k).
+TEST_P(Conformance, GroupedQueryShapesAreCheckedAndComposedAttentionRefusesThem) {
+  AttentionShape s;
+  s.batch = 1, s.heads = 4, s.q_len = 3, s.kv_len = 3, s.head_dim = 2, s.causal = true;
+  s.kv_heads = 3;
+  Tensor q = Up(Random(3 * 8, 1), DType::kF32), kv = Up(Random(3 * 8, 2), DType::kF32);
+  Tensor out = Up(Vec(24, 0.0), DType::kF32), lse = Up(Vec(12, 0.0), DType::kF32);
+  Status st = FlashAttentionForward(ctx(), s, {q, 0, 8}, {kv, 0, 8}, {kv, 4, 8}, {out, 0, 8}, lse);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("kv_heads=3 does not divide heads=4"), std::string::npos) << st;
+  s.kv_heads = 2;
+  ASSERT_TRUE(
+      FlashAttentionForward(ctx(), s, {q, 0, 8}, {kv, 0, 8}, {kv, 4, 8}, {out, 0, 8}, lse).ok());
+  Tensor probs = Up(Vec(36, 0.0), DType::kF32);
+  st = AttentionForward(ctx(), s, {q, 0, 8}, {kv, 0, 8}, {kv, 4, 8}, probs, {out, 0, 8});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("grouped-query"), std::string::npos) << st;
 }
 
 // The op allocates nothing of size q_len x kv_len: forward takes no memory
@@ -1829,6 +2063,58 @@ TEST(CpuBackend, AttentionOnSeveralThreadsKeepsOneThreadsBits) {
     }
     ASSERT_TRUE(SetCpuGemmThreads(1).ok());
   }
+}
+
+// The linear-memory attention spreads its units (a sequence and a key/value
+// head with its query heads) over the intra-op threads; every split gives
+// one thread's bits, forward and backward, with and without grouping.
+TEST(CpuBackend, FlashAttentionOnSeveralThreadsKeepsOneThreadsBits) {
+  auto dev = Device::Get(DeviceId::Cpu(0));
+  ASSERT_TRUE(dev.ok());
+  HostAllocator alloc;
+  OpContext ctx{*dev, nullptr, &alloc};
+  AttentionShape mha{1, 5, 200, 200, 32, true};
+  AttentionShape gqa{3, 4, 130, 130, 16, true};
+  gqa.kv_heads = 2;
+  AttentionShape cross{2, 3, 70, 150, 8, false};
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (const AttentionShape& s : {mha, gqa, cross}) {
+    const int64_t cols = s.heads * s.head_dim, kcols = s.KvHeads() * s.head_dim;
+    const int64_t qn = s.batch * s.q_len * cols, kn = s.batch * s.kv_len * kcols;
+    auto filled = [&](int64_t n) {
+      Tensor t = *alloc.Empty(DType::kF32, Shape{n});
+      for (int64_t i = 0; i < n; ++i) t.data_as<float>()[i] = normal(rng);
+      return t;
+    };
+    Tensor q = filled(qn), k = filled(kn), v = filled(kn), dout = filled(qn);
+    std::vector<std::vector<float>> first;
+    for (int threads : {1, 2, 5}) {
+      ASSERT_TRUE(SetCpuGemmThreads(threads).ok());
+      Tensor lse = filled(s.batch * s.heads * s.q_len);
+      Tensor out = filled(qn), dq = filled(qn), dk = filled(kn), dv = filled(kn);
+      ASSERT_TRUE(FlashAttentionForward(ctx, s, {q, 0, cols}, {k, 0, kcols}, {v, 0, kcols},
+                                        {out, 0, cols}, lse).ok());
+      ASSERT_TRUE(FlashAttentionBackward(ctx, s, {q, 0, cols}, {k, 0, kcols}, {v, 0, kcols},
+                                         {out, 0, cols}, {dout, 0, cols}, lse, {dq, 0, cols},
+                                         {dk, 0, kcols}, {dv, 0, kcols}).ok());
+      std::vector<std::vector<float>> r;
+      for (const Tensor* t : {&lse, &out, &dq, &dk, &dv}) {
+        r.emplace_back(t->data_as<float>(), t->data_as<float>() + t->numel());
+      }
+      if (threads == 1) {
+        first = std::move(r);
+        continue;
+      }
+      const char* names[] = {"lse", "out", "dq", "dk", "dv"};
+      for (int i = 0; i < 5; ++i) {
+        EXPECT_TRUE(r[i] == first[i]) << names[i] << " on " << threads
+                                      << " threads differs from one thread's: heads " << s.heads
+                                      << " kv_heads " << s.KvHeads();
+      }
+    }
+  }
+  ASSERT_TRUE(SetCpuGemmThreads(1).ok());
 }
 
 }  // namespace

@@ -95,6 +95,41 @@ TEST(SdpaPlan, CacheKeySeparatesWhatNeedsAnotherGraph) {
   EXPECT_NE(base, MakeSdpaBackwardPlan(kGpt, DType::kBF16, ld8).CacheKey());
 }
 
+// Grouped-query attention (llama3-8b: 32 query heads, 8 key/value heads):
+// cuDNN reads k and v (and writes dk, dv) with kv_heads heads; q, out and
+// their gradients keep all heads; the cache tells the two shapes apart.
+TEST(SdpaPlan, GroupedQueryAttentionGivesKAndVTheirOwnHeadCount) {
+  AttentionShape s = kGpt;
+  s.kv_heads = 8;
+  const int64_t kc = 8 * 128;
+  const SdpaPlan p = MakeSdpaBackwardPlan(
+      s, DType::kBF16, {kC, 2 * kc, 2 * kc, kC, kC, kC, 2 * kc, 2 * kc});
+  EXPECT_EQ(p.q.dim, (std::array<int64_t, 4>{8, 32, 1024, 128}));
+  EXPECT_EQ(p.k.dim, (std::array<int64_t, 4>{8, 8, 1024, 128}));
+  EXPECT_EQ(p.v.stride, (std::array<int64_t, 4>{1024 * 2 * kc, 128, 2 * kc, 1}));
+  EXPECT_EQ(p.dk.dim[1], 8);
+  EXPECT_EQ(p.dq.dim[1], 32);
+  EXPECT_EQ(p.stats.dim, (std::array<int64_t, 4>{8, 32, 1024, 1}));
+  AttentionShape mha = s;
+  mha.kv_heads = 0;
+  EXPECT_NE(p.CacheKey(),
+            MakeSdpaBackwardPlan(mha, DType::kBF16, {kC, 2 * kc, 2 * kc, kC, kC, kC, 2 * kc, 2 * kc})
+                .CacheKey());
+}
+
+// Grouped k and v are read (and their gradients written) at kv_heads' size;
+// the flops stay the query heads'.
+TEST(FlashAttentionCost, GroupedQueryAttentionReadsFewerKeyAndValueBytes) {
+  const OpCost mha = FlashAttentionForwardCost(8, 32, 1024, 1024, 128, true, DType::kBF16);
+  const OpCost gqa = FlashAttentionForwardCost(8, 32, 1024, 1024, 128, true, DType::kBF16, 8);
+  const double rows = 8.0 * 32 * 1024;
+  EXPECT_DOUBLE_EQ(gqa.flops, mha.flops);
+  EXPECT_DOUBLE_EQ(gqa.bytes_read, rows * 128 * 2 + 2 * (rows / 4) * 128 * 2);
+  const OpCost mb = FlashAttentionBackwardCost(8, 32, 1024, 1024, 128, true, DType::kBF16);
+  const OpCost gb = FlashAttentionBackwardCost(8, 32, 1024, 1024, 128, true, DType::kBF16, 8);
+  EXPECT_DOUBLE_EQ(mb.bytes_written - gb.bytes_written, 2 * (rows - rows / 4) * 128 * 2);
+}
+
 // The op's declared cost and workspace (cost.h, ops.h), which the
 // simulator prices and allocates.
 TEST(FlashAttentionCost, CountsAttendedPairsAndTheWorkspace) {

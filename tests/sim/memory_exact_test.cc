@@ -188,6 +188,24 @@ TEST(MemoryExactTest, UnitTables) {
   ExpectExact("regnet-tiny", {1, 2});
   ExpectExact("deepvit-tiny", {1, 2});
 }
+// Llama-family decoders (RMSNorm, RoPE, grouped-query linear-memory
+// attention, SwiGLU; qwen2-tiny: q/k/v biases, one key/value head): every
+// strategy and DDP, and FULL_SHARD / SHARD_GRAD_OP with bf16 parameters.
+TEST(MemoryExactTest, LlamaFamily) {
+  ExpectExact("llama-tiny", {1, 2});
+  ExpectExact("qwen2-tiny", {1, 2}, /*subset=*/true);
+  for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+    for (int world : {1, 2}) {
+      Config c{"llama-tiny", Parallelism::kFsdp, s};
+      c.bf16 = true;
+      SCOPED_TRACE(Name(c) + " bf16 at world " + std::to_string(world));
+      std::vector<Peaks> real = RealPeaks(c, world);
+      std::vector<Peaks> sim = SimPeaks(c, world);
+      ASSERT_EQ(real.size(), static_cast<size_t>(kSteps));
+      EXPECT_EQ(sim, real);
+    }
+  }
+}
 TEST(MemoryExactTest, T5_10m) {
   if (kSanitized) GTEST_SKIP() << "t5-10m's real runs are too slow under sanitizers";
   ExpectExact("t5-10m", {1, 2, 4});

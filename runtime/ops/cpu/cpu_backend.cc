@@ -14,6 +14,7 @@
 #include "runtime/ops/cpu/flash_attention.h"
 #include "runtime/ops/cpu/kernels.h"
 #include "runtime/ops/cpu/simd.h"
+#include "runtime/ops/math.h"
 
 namespace sk::ops {
 
@@ -162,6 +163,14 @@ void RunAttentionSplit(const AttentionSplit& a, const AttentionShape& s, const F
       fn(p, a.Unit(s, u));
     }
   });
+}
+
+// The linear-memory attention's units (flash_attention.h: a sequence and a
+// key/value head with its query heads) in contiguous ranges over the
+// intra-op threads; each unit's bits do not depend on the split.
+template <typename Fn>
+void SplitFlashUnits(const AttentionShape& s, const Fn& fn) {
+  SplitRange(FlashAttentionUnits(s), 1, 1, fn);
 }
 
 float* F(const Tensor& t) { return t.data_as<float>(); }
@@ -702,6 +711,103 @@ class CpuBackend final : public OpBackend {
     return OkStatus();
   }
 
+  // The Llama-family ops: rows (or chunks) widened into f32 scratch when
+  // 16-bit, math.h's row functions, each 16-bit output rounded once. Rows
+  // are independent in forward (ranges of them in parallel); RMSNorm's
+  // backward sums dgamma over rows in row order on one thread.
+  Status RmsNormForward(const OpContext&, const Tensor& x, const Tensor& gamma, float eps,
+                        const Tensor& y, const Tensor& rstd) override {
+    const int64_t cols = gamma.numel();
+    const int64_t rows = x.numel() / cols;
+    SplitRange(rows, std::max<int64_t>(1, kMinPassPart / cols), 1, [&](int64_t b, int64_t e) {
+      const float* g = InF32(gamma, 0, cols, Scratch(0, cols));
+      float* bx = Scratch(1, cols);
+      float* by = Scratch(2, cols);
+      for (int64_t r = b; r < e; ++r) {
+        float* yr = OutF32(y, r * cols, by);
+        nn_math::RmsNormRowForward(InF32(x, r * cols, cols, bx), g, cols, eps, yr, F(rstd) + r);
+        OutDone(y, r * cols, cols, yr);
+      }
+    });
+    return OkStatus();
+  }
+
+  Status RmsNormBackward(const OpContext&, const Tensor& x, const Tensor& gamma, const Tensor& dy,
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma) override {
+    const int64_t cols = gamma.numel();
+    const int64_t rows = x.numel() / cols;
+    const float* g = InF32(gamma, 0, cols, Scratch(0, cols));
+    float* dg = InF32(dgamma, 0, cols, Scratch(1, cols));  // f32 over every row, rounded once
+    float* bx = Scratch(2, cols);
+    float* bdy = Scratch(3, cols);
+    float* bdx = Scratch(4, cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t o = r * cols;
+      float* dxr = InF32(dx, o, cols, bdx);
+      nn_math::RmsNormRowBackward(InF32(x, o, cols, bx), g, InF32(dy, o, cols, bdy), F(rstd)[r],
+                                  cols, dxr, dg);
+      OutDone(dx, o, cols, dxr);
+    }
+    OutDone(dgamma, 0, cols, dg);
+    return OkStatus();
+  }
+
+  Status Rope(const OpContext&, const Tensor& x, int64_t seq_len, int64_t heads,
+              int64_t head_dim, float theta, bool inverse, const Tensor& y) override {
+    // Head rows u of [rows, heads, head_dim]: row u / heads, at position
+    // (u / heads) % seq_len.
+    const float sign = inverse ? -1.0f : 1.0f;
+    SplitRange(x.numel() / head_dim, std::max<int64_t>(1, kMinPassPart / head_dim), 1,
+               [&](int64_t b, int64_t e) {
+                 float* bx = Scratch(0, head_dim);
+                 float* by = Scratch(1, head_dim);
+                 for (int64_t u = b; u < e; ++u) {
+                   const int64_t o = u * head_dim;
+                   float* yr = OutF32(y, o, by);
+                   nn_math::RopeHeadRow(InF32(x, o, head_dim, bx), (u / heads) % seq_len,
+                                        head_dim, theta, sign, yr);
+                   OutDone(y, o, head_dim, yr);
+                 }
+               });
+    return OkStatus();
+  }
+
+  Status SwiGluForward(const OpContext&, const Tensor& gate, const Tensor& up,
+                       const Tensor& y) override {
+    SplitRange(gate.numel(), kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; i += kChunk) {
+        const int64_t c = std::min(kChunk, e - i);
+        const float* g = InF32(gate, i, c, Scratch(0, c));
+        const float* u = InF32(up, i, c, Scratch(1, c));
+        float* yo = OutF32(y, i, Scratch(2, c));
+        for (int64_t j = 0; j < c; ++j) yo[j] = nn_math::Silu(g[j]) * u[j];
+        OutDone(y, i, c, yo);
+      }
+    });
+    return OkStatus();
+  }
+
+  Status SwiGluBackward(const OpContext&, const Tensor& gate, const Tensor& up, const Tensor& dy,
+                        const Tensor& dgate, const Tensor& dup) override {
+    SplitRange(gate.numel(), kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; i += kChunk) {
+        const int64_t c = std::min(kChunk, e - i);
+        const float* g = InF32(gate, i, c, Scratch(0, c));
+        const float* u = InF32(up, i, c, Scratch(1, c));
+        const float* d = InF32(dy, i, c, Scratch(2, c));
+        float* dg = OutF32(dgate, i, Scratch(3, c));
+        float* du = OutF32(dup, i, Scratch(4, c));
+        for (int64_t j = 0; j < c; ++j) {
+          dg[j] = d[j] * u[j] * nn_math::SiluGrad(g[j]);
+          du[j] = d[j] * nn_math::Silu(g[j]);
+        }
+        OutDone(dgate, i, c, dg);
+        OutDone(dup, i, c, du);
+      }
+    });
+    return OkStatus();
+  }
+
   Status AttentionForward(const OpContext&, const AttentionShape& s, const MatrixRef& q,
                           const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                           const MatrixRef& out) override {
@@ -849,7 +955,10 @@ class CpuBackend final : public OpBackend {
   Status FlashAttentionForward(const OpContext&, const AttentionShape& s, const MatrixRef& q,
                                const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
                                const Tensor& lse) override {
-    sk::FlashAttentionForward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld, F(lse));
+    SplitFlashUnits(s, [&](int64_t b, int64_t e) {
+      sk::FlashAttentionForward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld, F(lse),
+                                b, e);
+    });
     return OkStatus();
   }
 
@@ -858,9 +967,11 @@ class CpuBackend final : public OpBackend {
                                 const MatrixRef& dout, const Tensor& lse, const MatrixRef& dq,
                                 const MatrixRef& dk, const MatrixRef& dv,
                                 const Tensor& workspace) override {
-    sk::FlashAttentionBackward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld,
-                               At(dout), dout.ld, F(lse), At(dq), dq.ld, At(dk), dk.ld, At(dv),
-                               dv.ld, workspace.defined() ? F(workspace) : nullptr);
+    SplitFlashUnits(s, [&](int64_t b, int64_t e) {
+      sk::FlashAttentionBackward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld,
+                                 At(dout), dout.ld, F(lse), At(dq), dq.ld, At(dk), dk.ld, At(dv),
+                                 dv.ld, workspace.defined() ? F(workspace) : nullptr, b, e);
+    });
     return OkStatus();
   }
 

@@ -1,17 +1,26 @@
 // Attention in linear memory on the CPU, in f32 (ops.h:
 // FlashAttentionForward/Backward; the dispatcher stages 16-bit operands):
-// FlashAttention-2's blocking written plainly, for correctness over speed.
-// Forward walks key blocks of kFlashKeyBlock with a running max and sum per
-// query row and keeps only the output and lse; backward recomputes each
-// block's probabilities from q, k and lse. Nothing of size q_len x kv_len is
-// ever held: per (sequence, head) a block of scores and the f32 workspace
-// the op layer hands over.
+// FlashAttention-2 (Dao 2023) over blocks of kFlashQueryBlock queries and
+// kFlashKeyBlock keys, each block's scores and products on LIBXSMM's small
+// GEMMs (small_gemm.h) and its exponentials vectorised (simd.h). Forward
+// keeps a running max and sum per query row and writes only the output
+// and lse; backward recomputes each block's probabilities from q, k and
+// lse. Nothing of size q_len x kv_len is ever held: per unit, K^T (and V^T)
+// of one head, a block of scores and the f32 workspace the op layer hands
+// over.
 //
 // q and out are [batch * q_len, ld] row views with head h in columns
 // [h * head_dim, (h + 1) * head_dim); k, v likewise with kv_len rows per
-// sequence. lse is [batch, heads, q_len].
+// sequence and s.KvHeads() heads (grouped-query attention: query head h
+// reads key/value head h / s.Group()). lse is [batch, heads, q_len].
 //
-// Thread safety: pure functions of their arguments.
+// Work is split into units (sequence b, key/value head kh) = b *
+// s.KvHeads() + kh, each covering that head's group of query heads; a call
+// computes units [unit_begin, unit_end), so disjoint ranges may run on
+// several threads (their outputs, lse rows and workspace rows are
+// disjoint). Each unit's result does not depend on the split.
+//
+// Thread safety: pure functions of their arguments (per-thread scratch).
 #ifndef SHARDKIT_RUNTIME_OPS_CPU_FLASH_ATTENTION_H_
 #define SHARDKIT_RUNTIME_OPS_CPU_FLASH_ATTENTION_H_
 
@@ -21,12 +30,20 @@
 
 namespace sk {
 
-// Keys per block of the online softmax (and of backward's recomputation).
-inline constexpr int64_t kFlashKeyBlock = 64;
+// Queries and keys per block of the online softmax (and of backward's
+// recomputation).
+// 64 x 128: larger GEMMs than 64 x 64 (benchmarks/kernels.cc:
+// BM_AttentionLongSequence) at a causal diagonal that wastes at most one
+// key block's half per query block.
+inline constexpr int64_t kFlashQueryBlock = 64;
+inline constexpr int64_t kFlashKeyBlock = 128;
+
+// The number of units of s: batch * KvHeads().
+int64_t FlashAttentionUnits(const ops::AttentionShape& s);
 
 void FlashAttentionForward(const ops::AttentionShape& s, const float* q, int64_t ldq,
                            const float* k, int64_t ldk, const float* v, int64_t ldv, float* out,
-                           int64_t ldo, float* lse);
+                           int64_t ldo, float* lse, int64_t unit_begin, int64_t unit_end);
 
 // `workspace`: f32[ops::FlashAttentionBackwardWorkspaceElements(s)]: delta
 // [batch, heads, q_len] then the dQ accumulator [batch, heads, q_len,
@@ -35,7 +52,8 @@ void FlashAttentionBackward(const ops::AttentionShape& s, const float* q, int64_
                             const float* k, int64_t ldk, const float* v, int64_t ldv,
                             const float* out, int64_t ldo, const float* dout, int64_t lddo,
                             const float* lse, float* dq, int64_t lddq, float* dk, int64_t lddk,
-                            float* dv, int64_t lddv, float* workspace);
+                            float* dv, int64_t lddv, float* workspace, int64_t unit_begin,
+                            int64_t unit_end);
 
 }  // namespace sk
 

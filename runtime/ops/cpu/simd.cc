@@ -339,6 +339,19 @@ void LayerNormBackward(const float* x, const float* gamma, const float* dy, cons
                                   dx + r * cols, dgamma, dbeta);
   }
 }
+float ScaledExpShiftInPlace(float* row, int64_t n, float scale, float m) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    row[j] = expf(row[j] * scale - m);
+    sum += row[j];
+  }
+  return sum;
+}
+float MaxOfRow(const float* row, int64_t n) {
+  float m = row[0];
+  for (int64_t j = 1; j < n; ++j) m = row[j] > m ? row[j] : m;
+  return m;
+}
 void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid, float scale) {
   if (scale != 1.0f) ScaleInPlace(row, scale, valid);
   nn_math::SoftmaxRowInPlace(row, cols, valid);
@@ -486,6 +499,10 @@ void LayerNormBackward(const float* x, const float* gamma, const float* dy, cons
                        float* dbeta) {
   SK_SIMD_DISPATCH(LayerNormBackward, x, gamma, dy, mean, rstd, rows, cols, dx, dgamma, dbeta);
 }
+float ScaledExpShiftInPlace(float* row, int64_t n, float scale, float m) {
+  SK_SIMD_DISPATCH(ScaledExpShiftInPlace, row, n, scale, m);
+}
+float MaxOfRow(const float* row, int64_t n) { SK_SIMD_DISPATCH(MaxOfRow, row, n); }
 void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid, float scale) {
   SK_SIMD_DISPATCH(SoftmaxRowInPlace, row, cols, valid, scale);
 }

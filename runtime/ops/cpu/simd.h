@@ -79,6 +79,13 @@ void LayerNormBackward(const float* x, const float* gamma, const float* dy, cons
                        const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
                        float* dbeta);
 
+// row[j] = exp(scale row[j] - m) for j < n, in place; returns the f32 sum of
+// the results (lanes summed at the end on vector ISAs). The linear-memory
+// attention's online softmax and its backward's recomputed probabilities.
+float ScaledExpShiftInPlace(float* row, int64_t n, float scale, float m);
+// The maximum of row[0, n), n >= 1.
+float MaxOfRow(const float* row, int64_t n);
+
 // math.h's SoftmaxRowInPlace of scale * row[0, valid) (scale > 0; the
 // scale costs nothing extra: the same bits as scaling the row first, on
 // every ISA) and SoftmaxRowBackwardInPlace.

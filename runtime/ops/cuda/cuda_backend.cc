@@ -577,6 +577,54 @@ class CudaBackend final : public OpBackend {
     return OkStatus();
   }
 
+  Status RmsNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma, float eps,
+                        const Tensor& y, const Tensor& rstd) override {
+    SK_RETURN_IF_ERROR(Enter(ctx, "rms_norm_fwd"));
+    const int64_t cols = gamma.numel();
+    if (cols == 0 || x.numel() == 0) return OkStatus();
+    SK_CUDA_OP("rms_norm_fwd", cuda::RmsNormForward(C(x), C(gamma), x.numel() / cols, cols, eps,
+                                                    B(y), F(rstd), S(ctx)));
+    return OkStatus();
+  }
+
+  Status RmsNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
+                         const Tensor& dy, const Tensor& rstd, const Tensor& dx,
+                         const Tensor& dgamma) override {
+    SK_RETURN_IF_ERROR(Enter(ctx, "rms_norm_bwd"));
+    const int64_t cols = gamma.numel();
+    if (cols == 0 || x.numel() == 0) return OkStatus();
+    const int64_t rows = x.numel() / cols;
+    SK_ASSIGN_OR_RETURN(Tensor partials, ctx.alloc->Empty(DType::kF32,
+                                                          Shape{2 * cuda::ColumnChunks(rows) * cols}));
+    SK_CUDA_OP("rms_norm_bwd", cuda::RmsNormBackward(C(x), C(gamma), C(dy), F(rstd), rows, cols,
+                                                     B(dx), B(dgamma), F(partials), S(ctx)));
+    return OkStatus();
+  }
+
+  Status Rope(const OpContext& ctx, const Tensor& x, int64_t seq_len, int64_t heads,
+              int64_t head_dim, float theta, bool inverse, const Tensor& y) override {
+    const char* op = inverse ? "rope_bwd" : "rope_fwd";
+    SK_RETURN_IF_ERROR(Enter(ctx, op));
+    SK_CUDA_OP(op, cuda::Rope(C(x), x.numel(), seq_len, heads, head_dim, theta, inverse, B(y),
+                              S(ctx)));
+    return OkStatus();
+  }
+
+  Status SwiGluForward(const OpContext& ctx, const Tensor& gate, const Tensor& up,
+                       const Tensor& y) override {
+    SK_RETURN_IF_ERROR(Enter(ctx, "swiglu_fwd"));
+    SK_CUDA_OP("swiglu_fwd", cuda::SwiGluForward(C(gate), C(up), gate.numel(), B(y), S(ctx)));
+    return OkStatus();
+  }
+
+  Status SwiGluBackward(const OpContext& ctx, const Tensor& gate, const Tensor& up,
+                        const Tensor& dy, const Tensor& dgate, const Tensor& dup) override {
+    SK_RETURN_IF_ERROR(Enter(ctx, "swiglu_bwd"));
+    SK_CUDA_OP("swiglu_bwd", cuda::SwiGluBackward(C(gate), C(up), C(dy), gate.numel(), B(dgate),
+                                                  B(dup), S(ctx)));
+    return OkStatus();
+  }
+
   Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                           const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                           const MatrixRef& out) override {
@@ -633,7 +681,40 @@ class CudaBackend final : public OpBackend {
     LogComposedFallback(op, s, t, fused);
     SK_ASSIGN_OR_RETURN(Tensor probs,
                         ctx.alloc->Empty(DType::kF32, Shape{s.batch * s.heads * s.q_len * s.kv_len}));
-    return ComposedForward(ctx, s, q, k, v, probs, out, F(lse));
+    if (s.Group() == 1) return ComposedForward(ctx, s, q, k, v, probs, out, F(lse));
+    // Grouped-query attention composed: k and v repeated per query head.
+    SK_ASSIGN_OR_RETURN(MatrixRef k_full, RepeatKv(ctx, s, k, op));
+    SK_ASSIGN_OR_RETURN(MatrixRef v_full, RepeatKv(ctx, s, v, op));
+    return ComposedForward(ctx, Ungrouped(s), q, k_full, v_full, probs, out, F(lse));
+  }
+
+  // The multi-head shape of a grouped one (every query head its own k and v).
+  static AttentionShape Ungrouped(AttentionShape s) {
+    s.kv_heads = 0;
+    return s;
+  }
+
+  // A temporary [batch * kv_len, heads * head_dim] of m's dtype holding m's
+  // key/value heads repeated for their query heads (uninitialised when
+  // !fill: a gradient the composed backward writes).
+  StatusOr<MatrixRef> RepeatKv(const OpContext& ctx, const AttentionShape& s, const MatrixRef& m,
+                               const char* op, bool fill = true) {
+    const int64_t rows = s.batch * s.kv_len, cols = s.heads * s.head_dim;
+    SK_ASSIGN_OR_RETURN(Tensor full, ctx.alloc->Empty(m.t.dtype(), Shape{rows * cols}));
+    if (fill) {
+      SK_CUDA_OP(op, cuda::RepeatKvHeads(cuda::CBuf{Ptr(m.t, m.offset), m.t.dtype()}, m.ld, rows,
+                                         s.KvHeads(), s.Group(), s.head_dim, B(full), S(ctx)));
+    }
+    return MatrixRef{full, 0, cols};
+  }
+
+  // dst (a k-shaped gradient) = the sums over each group of full's heads.
+  Status SumKvGroups(const OpContext& ctx, const AttentionShape& s, const MatrixRef& full,
+                     const MatrixRef& dst, const char* op) {
+    SK_CUDA_OP(op, cuda::SumKvHeadGroups(C(full.t), s.batch * s.kv_len, s.KvHeads(), s.Group(),
+                                         s.head_dim, cuda::Buf{Ptr(dst.t, dst.offset), dst.t.dtype()},
+                                         dst.ld, S(ctx)));
+    return OkStatus();
   }
 
   // As forward: cuDNN's SDPA backward (the op's declared workspace is its
@@ -660,15 +741,29 @@ class CudaBackend final : public OpBackend {
       if (fused.ok()) return OkStatus();
     }
     LogComposedFallback(op, s, t, fused);
+    // Grouped-query attention composed: k and v repeated per query head, and
+    // the repeated heads' gradients summed per group afterwards.
+    const bool grouped = s.Group() > 1;
+    MatrixRef kf = k, vf = v, dkf = dk, dvf = dv;
+    if (grouped) {
+      SK_ASSIGN_OR_RETURN(kf, RepeatKv(ctx, s, k, op));
+      SK_ASSIGN_OR_RETURN(vf, RepeatKv(ctx, s, v, op));
+      SK_ASSIGN_OR_RETURN(dkf, RepeatKv(ctx, s, dk, op, /*fill=*/false));
+      SK_ASSIGN_OR_RETURN(dvf, RepeatKv(ctx, s, dv, op, /*fill=*/false));
+    }
+    const AttentionShape full = Ungrouped(s);
     Tensor probs, scratch;
     if (s.q_len > 0) {
       SK_ASSIGN_OR_RETURN(probs, ctx.alloc->Empty(DType::kF32,
                                                   Shape{s.batch * s.heads * s.q_len * s.kv_len}));
-      SK_RETURN_IF_ERROR(Probabilities(ctx, s, q, k, probs));
+      SK_RETURN_IF_ERROR(Probabilities(ctx, full, q, kf, probs));
       SK_ASSIGN_OR_RETURN(scratch,
                           ctx.alloc->Empty(DType::kF32, Shape{s.heads * s.q_len * s.kv_len}));
     }
-    return ComposedBackward(ctx, s, q, k, v, probs, dout, dq, dk, dv, scratch);
+    SK_RETURN_IF_ERROR(ComposedBackward(ctx, full, q, kf, vf, probs, dout, dq, dkf, dvf, scratch));
+    if (!grouped) return OkStatus();
+    SK_RETURN_IF_ERROR(SumKvGroups(ctx, s, dkf, dk, op));
+    return SumKvGroups(ctx, s, dvf, dv, op);
   }
 
   Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,

@@ -178,6 +178,73 @@ __global__ void GeluGradKernel(const void* x, DType xt, const void* dy, DType dy
   if (i < n) StoreF(dx, dxt, i, LoadF(dy, dyt, i) * nn_math::GeluTanhGrad(LoadF(x, xt, i)));
 }
 
+// ---- Llama-family elementwise kernels (math.h's arithmetic) ----------------
+
+__global__ void SwiGluKernel(const void* gate, DType gt, const void* up, DType ut, int64_t n,
+                             void* y, DType yt) {
+  int64_t i = Index();
+  if (i < n) StoreF(y, yt, i, nn_math::Silu(LoadF(gate, gt, i)) * LoadF(up, ut, i));
+}
+
+__global__ void SwiGluGradKernel(const void* gate, DType gt, const void* up, DType ut,
+                                 const void* dy, DType dyt, int64_t n, void* dgate, DType dgt,
+                                 void* dup, DType dut) {
+  int64_t i = Index();
+  if (i >= n) return;
+  const float g = LoadF(gate, gt, i), u = LoadF(up, ut, i), d = LoadF(dy, dyt, i);
+  StoreF(dgate, dgt, i, d * u * nn_math::SiluGrad(g));
+  StoreF(dup, dut, i, d * nn_math::Silu(g));
+}
+
+// One thread per rotated pair p of n / 2: head row u = p / half, element i =
+// p % half and i + half; y may be x (each thread reads its pair first).
+__global__ void RopeKernel(const void* x, DType xt, int64_t pairs, int64_t seq_len, int64_t heads,
+                           int64_t head_dim, float theta, float sign, void* y, DType yt) {
+  int64_t p = Index();
+  if (p >= pairs) return;
+  const int64_t half = head_dim / 2;
+  const int64_t u = p / half, i = p % half;
+  const int64_t o = u * head_dim + i;
+  float a, b;
+  nn_math::RopePair(LoadF(x, xt, o), LoadF(x, xt, o + half),
+                    nn_math::RopeAngle((u / heads) % seq_len, i, head_dim, theta), sign, &a, &b);
+  StoreF(y, yt, o, a);
+  StoreF(y, yt, o + half, b);
+}
+
+// Grouped-query attention's fallback: dst [rows, kv_heads * group * head_dim]
+// (dense) = each key/value head of src (row stride ld) repeated for its group
+// of query heads.
+__global__ void RepeatKvHeadsKernel(const void* src, DType st, int64_t ld, int64_t rows,
+                                    int64_t kv_heads, int64_t group, int64_t head_dim, void* dst,
+                                    DType dt) {
+  const int64_t cols = kv_heads * group * head_dim;
+  int64_t i = Index();
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, c = i % cols;
+  const int64_t h = c / head_dim, d = c % head_dim;
+  StoreF(dst, dt, i, LoadF(src, st, r * ld + (h / group) * head_dim + d));
+}
+
+// dst (row stride ld) = for each key/value head, the f32 sum over its group
+// of src's query-head columns (dense [rows, kv_heads * group * head_dim]) in
+// head order, rounded once.
+__global__ void SumKvHeadGroupsKernel(const void* src, DType st, int64_t rows, int64_t kv_heads,
+                                      int64_t group, int64_t head_dim, void* dst, DType dt,
+                                      int64_t ld) {
+  const int64_t cols = kv_heads * head_dim;
+  int64_t i = Index();
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, c = i % cols;
+  const int64_t kh = c / head_dim, d = c % head_dim;
+  const int64_t src_cols = cols * group;
+  float acc = 0.0f;
+  for (int64_t g = 0; g < group; ++g) {
+    acc += LoadF(src, st, r * src_cols + (kh * group + g) * head_dim + d);
+  }
+  StoreF(dst, dt, r * ld + c, acc);
+}
+
 __global__ void EmbeddingKernel(const void* table, DType tt, const int32_t* ids, int64_t count,
                                 int64_t dim, void* out, DType ot) {
   int64_t i = Index();
@@ -326,6 +393,53 @@ __global__ void __launch_bounds__(kThreads)
       const float in = nn_math::LayerNormGradIn(nn_math::LayerNormXhat(LoadF(x, xt, o + j), mu, rs),
                                                 LoadF(dy, dyt, o + j), LoadF(gamma, gt, j), rs,
                                                 mean_g, mean_g_xhat);
+      StoreF(dx, dxt, o + j, LoadF(dx, dxt, o + j) + in);
+    }
+  }
+}
+
+// RMSNorm per row: rstd from the mean square, y = x rstd gamma.
+template <typename G>
+__global__ void __launch_bounds__(kThreads)
+    RmsNormKernel(const void* x, DType xt, const void* gamma, DType gt, int64_t rows,
+                  int64_t cols, float eps, void* y, DType yt, float* rstd_out) {
+  __shared__ float shared[kWarpsPerBlock];
+  const float n = static_cast<float>(cols);
+  for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
+    const int64_t o = r * cols;
+    float sq = 0.0f;
+    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
+      const float v = LoadF(x, xt, o + j);
+      sq += v * v;
+    }
+    const float rstd = nn_math::RmsNormRstd(G::Reduce(sq, AddOp(), shared) / n, eps);
+    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
+      StoreF(y, yt, o + j, LoadF(x, xt, o + j) * rstd * LoadF(gamma, gt, j));
+    }
+    if (G::Rank() == 0) rstd_out[r] = rstd;
+  }
+}
+
+// RMSNorm's input gradient per row, accumulated into dx (read, added to,
+// rounded once); gamma's gradient is the column reduction below.
+template <typename G>
+__global__ void __launch_bounds__(kThreads)
+    RmsNormGradRowsKernel(const void* x, DType xt, const void* gamma, DType gt, const void* dy,
+                          DType dyt, const float* rstd, int64_t rows, int64_t cols, void* dx,
+                          DType dxt) {
+  __shared__ float shared[kWarpsPerBlock];
+  const float inv_n = 1.0f / static_cast<float>(cols);
+  for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
+    const int64_t o = r * cols;
+    const float rs = rstd[r];
+    float sgx = 0.0f;
+    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
+      sgx += LoadF(dy, dyt, o + j) * LoadF(gamma, gt, j) * LoadF(x, xt, o + j) * rs;
+    }
+    const float mean_g_xhat = G::Reduce(sgx, AddOp(), shared) * inv_n;
+    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
+      const float in = nn_math::RmsNormGradIn(LoadF(x, xt, o + j), LoadF(dy, dyt, o + j),
+                                              LoadF(gamma, gt, j), rs, mean_g_xhat);
       StoreF(dx, dxt, o + j, LoadF(dx, dxt, o + j) + in);
     }
   }
@@ -521,7 +635,7 @@ __global__ void __launch_bounds__(kColumnTile)
 
 // dgamma partials at partials[chunk * cols + j], dbeta partials at
 // partials[(chunks + chunk) * cols + j]; dgamma's terms are dy * xhat as in
-// nn_math::LayerNormRowBackward.
+// nn_math::LayerNormRowBackward. mean null: 0 (RMSNorm's xhat = x rstd).
 __global__ void __launch_bounds__(kColumnTile)
     LayerNormGradParamsPartialsKernel(const void* x, DType xt, const void* dy, DType dyt,
                                       const float* mean, const float* rstd, int64_t rows,
@@ -535,7 +649,8 @@ __global__ void __launch_bounds__(kColumnTile)
 #pragma unroll 4
     for (int64_t r = c * kColumnChunkRows; r < end; ++r) {
       const float g = LoadF(dy, dyt, r * cols + j);
-      dg += g * nn_math::LayerNormXhat(LoadF(x, xt, r * cols + j), mean[r], rstd[r]);
+      dg += g * nn_math::LayerNormXhat(LoadF(x, xt, r * cols + j),
+                                       mean != nullptr ? mean[r] : 0.0f, rstd[r]);
       db += g;
     }
     partials[c * cols + j] = dg;
@@ -760,6 +875,48 @@ int GeluForward(CBuf x, int64_t n, Buf y, void* stream) {
 }
 int GeluBackward(CBuf x, CBuf dy, int64_t n, Buf dx, void* stream) {
   SK_LAUNCH(n, GeluGradKernel, x.data, x.dtype, dy.data, dy.dtype, n, dx.data, dx.dtype);
+}
+int SwiGluForward(CBuf gate, CBuf up, int64_t n, Buf y, void* stream) {
+  SK_LAUNCH(n, SwiGluKernel, gate.data, gate.dtype, up.data, up.dtype, n, y.data, y.dtype);
+}
+int SwiGluBackward(CBuf gate, CBuf up, CBuf dy, int64_t n, Buf dgate, Buf dup, void* stream) {
+  SK_LAUNCH(n, SwiGluGradKernel, gate.data, gate.dtype, up.data, up.dtype, dy.data, dy.dtype, n,
+            dgate.data, dgate.dtype, dup.data, dup.dtype);
+}
+int Rope(CBuf x, int64_t n, int64_t seq_len, int64_t heads, int64_t head_dim, float theta,
+         bool inverse, Buf y, void* stream) {
+  SK_LAUNCH(n / 2, RopeKernel, x.data, x.dtype, n / 2, seq_len, heads, head_dim, theta,
+            inverse ? -1.0f : 1.0f, y.data, y.dtype);
+}
+int RepeatKvHeads(CBuf src, int64_t ld, int64_t rows, int64_t kv_heads, int64_t group,
+                  int64_t head_dim, Buf dst, void* stream) {
+  SK_LAUNCH(rows * kv_heads * group * head_dim, RepeatKvHeadsKernel, src.data, src.dtype, ld, rows,
+            kv_heads, group, head_dim, dst.data, dst.dtype);
+}
+int SumKvHeadGroups(CBuf src, int64_t rows, int64_t kv_heads, int64_t group, int64_t head_dim,
+                    Buf dst, int64_t ld, void* stream) {
+  SK_LAUNCH(rows * kv_heads * head_dim, SumKvHeadGroupsKernel, src.data, src.dtype, rows, kv_heads,
+            group, head_dim, dst.data, dst.dtype, ld);
+}
+int RmsNormForward(CBuf x, CBuf gamma, int64_t rows, int64_t cols, float eps, Buf y, float* rstd,
+                   void* stream) {
+  if (rows <= 0 || cols <= 0) return 0;
+  SK_ENQUEUE_ROWS(rows, cols, RmsNormKernel, x.data, x.dtype, gamma.data, gamma.dtype, rows, cols,
+                  eps, y.data, y.dtype, rstd);
+  return Launched();
+}
+int RmsNormBackward(CBuf x, CBuf gamma, CBuf dy, const float* rstd, int64_t rows, int64_t cols,
+                    Buf dx, Buf dgamma, float* partials, void* stream) {
+  if (rows <= 0 || cols <= 0) return 0;
+  SK_ENQUEUE_ROWS(rows, cols, RmsNormGradRowsKernel, x.data, x.dtype, gamma.data, gamma.dtype,
+                  dy.data, dy.dtype, rstd, rows, cols, dx.data, dx.dtype);
+  int err = Launched();
+  if (err != 0) return err;
+  LayerNormGradParamsPartialsKernel<<<ColumnGrid(rows, cols), kColumnTile, 0, S(stream)>>>(
+      x.data, x.dtype, dy.data, dy.dtype, nullptr, rstd, rows, cols, partials);
+  err = Launched();
+  if (err != 0) return err;
+  SK_LAUNCH(cols, ColumnSumKernel, partials, ColumnChunks(rows), cols, dgamma.data, dgamma.dtype);
 }
 int LayerNormForward(CBuf x, CBuf gamma, CBuf beta, int64_t rows, int64_t cols, Buf y,
                      float* mean, float* rstd, void* stream) {

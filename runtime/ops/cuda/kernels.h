@@ -86,6 +86,27 @@ int LayerNormBackward(CBuf x, CBuf gamma, CBuf dy, const float* mean, const floa
                       int64_t rows, int64_t cols, Buf dx, Buf dgamma, Buf dbeta, float* partials,
                       void* stream);
 
+// The Llama-family ops (ops.h), in any mix of dtypes as above.
+int RmsNormForward(CBuf x, CBuf gamma, int64_t rows, int64_t cols, float eps, Buf y, float* rstd,
+                   void* stream);
+// dx, dgamma += gradients; `partials` is scratch of 2 * ColumnChunks(rows) *
+// cols floats (LayerNorm's column reduction, its second half unused).
+int RmsNormBackward(CBuf x, CBuf gamma, CBuf dy, const float* rstd, int64_t rows, int64_t cols,
+                    Buf dx, Buf dgamma, float* partials, void* stream);
+// y may be x (one dtype then); n elements of [rows, heads, head_dim].
+int Rope(CBuf x, int64_t n, int64_t seq_len, int64_t heads, int64_t head_dim, float theta,
+         bool inverse, Buf y, void* stream);
+int SwiGluForward(CBuf gate, CBuf up, int64_t n, Buf y, void* stream);
+int SwiGluBackward(CBuf gate, CBuf up, CBuf dy, int64_t n, Buf dgate, Buf dup, void* stream);
+// Grouped-query attention on the composed path: dst (dense [rows, kv_heads
+// * group * head_dim]) = src's key/value heads (row stride ld) each repeated
+// group times; and back, dst (row stride ld) = the f32 sum of each group's
+// columns of src, rounded once.
+int RepeatKvHeads(CBuf src, int64_t ld, int64_t rows, int64_t kv_heads, int64_t group,
+                  int64_t head_dim, Buf dst, void* stream);
+int SumKvHeadGroups(CBuf src, int64_t rows, int64_t kv_heads, int64_t group, int64_t head_dim,
+                    Buf dst, int64_t ld, void* stream);
+
 // out[i], out[n + i], out[2n + i] (n = seqs * heads, i = s * heads + h) =
 // a + s * a_seq + h * a_head, the same for b and c (byte offsets): the
 // pointer arrays of a batched GEMM over the (sequence, head) pairs of

@@ -8,9 +8,11 @@ namespace sk::ops::cuda {
 
 namespace {
 
-SdpaTensorLayout Rows(const AttentionShape& s, int64_t len, int64_t ld) {
+// q-shaped operands have s.heads heads; k-shaped ones (kv) s.KvHeads():
+// cuDNN's SDPA takes grouped-query attention as K and V with fewer heads.
+SdpaTensorLayout Rows(const AttentionShape& s, int64_t len, int64_t ld, bool kv = false) {
   SdpaTensorLayout l;
-  l.dim = {s.batch, s.heads, len, s.head_dim};
+  l.dim = {s.batch, kv ? s.KvHeads() : s.heads, len, s.head_dim};
   l.stride = {len * ld, s.head_dim, ld, 1};
   return l;
 }
@@ -77,8 +79,8 @@ Status SdpaSupports(const AttentionShape& s, DType t, std::initializer_list<Sdpa
 SdpaPlan MakeSdpaForwardPlan(const AttentionShape& s, DType t, std::array<int64_t, 4> ld) {
   SdpaPlan p = Common(s, t, false);
   p.q = Rows(s, s.q_len, ld[0]);
-  p.k = Rows(s, s.kv_len, ld[1]);
-  p.v = Rows(s, s.kv_len, ld[2]);
+  p.k = Rows(s, s.kv_len, ld[1], true);
+  p.v = Rows(s, s.kv_len, ld[2], true);
   p.o = Rows(s, s.q_len, ld[3]);
   return p;
 }
@@ -86,13 +88,13 @@ SdpaPlan MakeSdpaForwardPlan(const AttentionShape& s, DType t, std::array<int64_
 SdpaPlan MakeSdpaBackwardPlan(const AttentionShape& s, DType t, std::array<int64_t, 8> ld) {
   SdpaPlan p = Common(s, t, true);
   p.q = Rows(s, s.q_len, ld[0]);
-  p.k = Rows(s, s.kv_len, ld[1]);
-  p.v = Rows(s, s.kv_len, ld[2]);
+  p.k = Rows(s, s.kv_len, ld[1], true);
+  p.v = Rows(s, s.kv_len, ld[2], true);
   p.o = Rows(s, s.q_len, ld[3]);
   p.dout = Rows(s, s.q_len, ld[4]);
   p.dq = Rows(s, s.q_len, ld[5]);
-  p.dk = Rows(s, s.kv_len, ld[6]);
-  p.dv = Rows(s, s.kv_len, ld[7]);
+  p.dk = Rows(s, s.kv_len, ld[6], true);
+  p.dv = Rows(s, s.kv_len, ld[7], true);
   return p;
 }
 

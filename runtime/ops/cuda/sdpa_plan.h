@@ -10,7 +10,8 @@
 // columns [h * head_dim, (h + 1) * head_dim), so as a [batch, heads, seq,
 // head_dim] tensor its strides are {q_len * ld, head_dim, ld, 1} (cuDNN's
 // "BSHD" layout with a row stride: a fused qkv buffer is read in place).
-// lse (cuDNN's Stats) is [batch, heads, q_len, 1], dense.
+// lse (cuDNN's Stats) is [batch, heads, q_len, 1], dense. k, v, dk and dv
+// have s.KvHeads() heads (grouped-query attention, as cuDNN takes it).
 //
 // Thread safety: pure functions.
 #ifndef SHARDKIT_RUNTIME_OPS_CUDA_SDPA_PLAN_H_

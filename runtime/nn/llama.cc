@@ -1,0 +1,473 @@
+#include "runtime/nn/llama.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace sk {
+
+using nn_internal::InDType;
+using nn_internal::Linear;
+using nn_internal::LinearBackward;
+using nn_internal::NewAct;
+using nn_internal::NewF32;
+using nn_internal::Positive;
+using nn_internal::UnitGrads;
+using nn_internal::UnitParams;
+using nn_internal::UnitScope;
+using ops::MatrixRef;
+using ops::OpContext;
+
+namespace {
+
+// Sizes of one block invocation (N = batch * seq rows).
+struct LlamaDims {
+  int64_t batch = 0, seq = 0;
+  int64_t d_model = 0, heads = 0, kv_heads = 0, head_dim = 0, d_ff = 0;
+  float theta = 0, eps = 0;
+  bool qkv_bias = false;
+  DType storage = DType::kF32;  // the compute dtype: activations and their gradients
+
+  int64_t rows() const { return batch * seq; }
+  int64_t q_width() const { return heads * head_dim; }
+  int64_t kv_width() const { return kv_heads * head_dim; }
+  ops::AttentionShape Attention() const {
+    ops::AttentionShape as;
+    as.batch = batch;
+    as.heads = heads;
+    as.kv_heads = kv_heads;
+    as.q_len = seq;
+    as.kv_len = seq;
+    as.head_dim = head_dim;
+    as.causal = true;
+    return as;
+  }
+};
+
+// One block's parameters by name (or their gradients: the same layout).
+// C = d_model, Q = heads * head_dim, K = kv_heads * head_dim, F = d_ff.
+struct LlamaBlockTensors {
+  Tensor input_norm_g;            // [C]
+  Tensor q_w, q_b;                // [C, Q], [Q] (q_b: qkv_bias only)
+  Tensor k_w, k_b;                // [C, K], [K]
+  Tensor v_w, v_b;                // [C, K], [K]
+  Tensor o_w;                     // [Q, C]
+  Tensor post_norm_g;             // [C]
+  Tensor gate_w, up_w, down_w;    // [C, F], [C, F], [F, C]
+};
+
+// What a block's forward keeps for its backward (N rows, B batch, H heads, T seq).
+struct LlamaBlockSaved {
+  Tensor h1, rstd1;   // [N, C] input RMSNorm output, [N] f32
+  Tensor q, k, v;     // [N, Q], [N, K], [N, K]; q and k after RoPE
+  Tensor att, lse;    // [N, Q] heads' outputs, [B, H, T] f32 log-sum-exp
+  Tensor x2;          // [N, C] after the attention residual
+  Tensor h2, rstd2;   // [N, C], [N] post-attention RMSNorm
+  Tensor gate, up;    // [N, F] the MLP's two projections
+  Tensor act;         // [N, F] silu(gate) * up, down_proj's input
+  Tensor out;         // [N, C] the block output
+};
+
+// The block's tensors in spec order (AppendBlockSpecs).
+template <typename Src>
+LlamaBlockTensors Bind(const Src& src, bool qkv_bias) {
+  LlamaBlockTensors t;
+  size_t i = 0;
+  t.input_norm_g = src[i++];
+  t.q_w = src[i++];
+  if (qkv_bias) t.q_b = src[i++];
+  t.k_w = src[i++];
+  if (qkv_bias) t.k_b = src[i++];
+  t.v_w = src[i++];
+  if (qkv_bias) t.v_b = src[i++];
+  t.o_w = src[i++];
+  t.post_norm_g = src[i++];
+  t.gate_w = src[i++];
+  t.up_w = src[i++];
+  t.down_w = src[i++];
+  return t;
+}
+
+void AppendBlockSpecs(const LlamaConfig& c, std::vector<ParamSpec>* out) {
+  const int64_t d = c.d_model, q = c.n_head * c.head_dim(), kv = c.kv_heads() * c.head_dim();
+  const Initializer w = Initializer::Normal(0.0f, 0.02f);
+  auto add = [&](const char* name, Shape shape, Initializer init) {
+    out->push_back(ParamSpec{name, std::move(shape), init});
+  };
+  add("input_layernorm.g", Shape{d}, Initializer::Ones());
+  add("self_attn.q_proj.w", Shape{d, q}, w);
+  if (c.qkv_bias) add("self_attn.q_proj.b", Shape{q}, Initializer::Zeros());
+  add("self_attn.k_proj.w", Shape{d, kv}, w);
+  if (c.qkv_bias) add("self_attn.k_proj.b", Shape{kv}, Initializer::Zeros());
+  add("self_attn.v_proj.w", Shape{d, kv}, w);
+  if (c.qkv_bias) add("self_attn.v_proj.b", Shape{kv}, Initializer::Zeros());
+  add("self_attn.o_proj.w", Shape{q, d}, w);
+  add("post_attention_layernorm.g", Shape{d}, Initializer::Ones());
+  add("mlp.gate_proj.w", Shape{d, c.d_ff}, w);
+  add("mlp.up_proj.w", Shape{d, c.d_ff}, w);
+  add("mlp.down_proj.w", Shape{c.d_ff, d}, w);
+}
+
+// y[rows, out] = residual + x[rows, in] w[in, out]: the residual copied into
+// y, then one GEMM with beta = 1 (f32 accumulation over the residual, a
+// 16-bit y rounded once).
+Status ResidualLinear(const OpContext& ctx, const Tensor& x, const Tensor& w_in,
+                      const Tensor& residual, int64_t rows, int64_t in, int64_t out,
+                      const Tensor& y) {
+  SK_ASSIGN_OR_RETURN(Tensor w, InDType(ctx, w_in, x.dtype()));
+  SK_RETURN_IF_ERROR(ops::Copy(ctx, residual, y));
+  ops::GemmParams p;
+  p.m = rows, p.n = out, p.k = in;
+  p.beta = 1.0f;
+  return ops::Gemm(ctx, p, MatrixRef{x, 0, in}, MatrixRef{w, 0, out}, MatrixRef{y, 0, out});
+}
+
+Status BlockForward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTensors& p,
+                    const Tensor& x, LlamaBlockSaved* s) {
+  const int64_t n = d.rows(), c = d.d_model, qw = d.q_width(), kw = d.kv_width(), f = d.d_ff;
+  const DType t = d.storage;
+  // Attention: x + o_proj(attention(rope(q), rope(k), v)) of RMSNorm(x).
+  SK_ASSIGN_OR_RETURN(s->h1, NewAct(ctx, t, n * c));
+  SK_ASSIGN_OR_RETURN(s->rstd1, NewF32(ctx, n));
+  SK_RETURN_IF_ERROR(ops::RmsNormForward(ctx, x, p.input_norm_g, d.eps, s->h1, s->rstd1));
+  SK_ASSIGN_OR_RETURN(s->q, NewAct(ctx, t, n * qw));
+  SK_ASSIGN_OR_RETURN(s->k, NewAct(ctx, t, n * kw));
+  SK_ASSIGN_OR_RETURN(s->v, NewAct(ctx, t, n * kw));
+  SK_RETURN_IF_ERROR(Linear(ctx, s->h1, p.q_w, p.q_b, n, c, qw, s->q));
+  SK_RETURN_IF_ERROR(Linear(ctx, s->h1, p.k_w, p.k_b, n, c, kw, s->k));
+  SK_RETURN_IF_ERROR(Linear(ctx, s->h1, p.v_w, p.v_b, n, c, kw, s->v));
+  SK_RETURN_IF_ERROR(ops::RopeForward(ctx, s->q, d.seq, d.heads, d.head_dim, d.theta, s->q));
+  SK_RETURN_IF_ERROR(ops::RopeForward(ctx, s->k, d.seq, d.kv_heads, d.head_dim, d.theta, s->k));
+  SK_ASSIGN_OR_RETURN(s->att, NewAct(ctx, t, n * qw));
+  SK_ASSIGN_OR_RETURN(s->lse, NewF32(ctx, d.batch * d.heads * d.seq));
+  SK_RETURN_IF_ERROR(ops::FlashAttentionForward(ctx, d.Attention(), MatrixRef{s->q, 0, qw},
+                                                MatrixRef{s->k, 0, kw}, MatrixRef{s->v, 0, kw},
+                                                MatrixRef{s->att, 0, qw}, s->lse));
+  SK_ASSIGN_OR_RETURN(s->x2, NewAct(ctx, t, n * c));
+  SK_RETURN_IF_ERROR(ResidualLinear(ctx, s->att, p.o_w, x, n, qw, c, s->x2));
+  // MLP: x2 + down_proj(silu(gate_proj(h2)) * up_proj(h2)), h2 = RMSNorm(x2).
+  SK_ASSIGN_OR_RETURN(s->h2, NewAct(ctx, t, n * c));
+  SK_ASSIGN_OR_RETURN(s->rstd2, NewF32(ctx, n));
+  SK_RETURN_IF_ERROR(ops::RmsNormForward(ctx, s->x2, p.post_norm_g, d.eps, s->h2, s->rstd2));
+  SK_ASSIGN_OR_RETURN(s->gate, NewAct(ctx, t, n * f));
+  SK_ASSIGN_OR_RETURN(s->up, NewAct(ctx, t, n * f));
+  SK_RETURN_IF_ERROR(Linear(ctx, s->h2, p.gate_w, Tensor(), n, c, f, s->gate));
+  SK_RETURN_IF_ERROR(Linear(ctx, s->h2, p.up_w, Tensor(), n, c, f, s->up));
+  SK_ASSIGN_OR_RETURN(s->act, NewAct(ctx, t, n * f));
+  SK_RETURN_IF_ERROR(ops::SwiGluForward(ctx, s->gate, s->up, s->act));
+  SK_ASSIGN_OR_RETURN(s->out, NewAct(ctx, t, n * c));
+  return ResidualLinear(ctx, s->act, p.down_w, s->x2, n, f, c, s->out);
+}
+
+// Given dy for the block output, overwrites dx with the input gradient and
+// adds parameter gradients into g. dx may be dy. The running gradient
+// lives in dx: dy (the MLP's residual) is copied there, each RMSNorm's
+// backward adds its branch.
+Status BlockBackward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTensors& p,
+                     const LlamaBlockTensors& g, const Tensor& x, const LlamaBlockSaved& s,
+                     const Tensor& dy, const Tensor& dx) {
+  const int64_t n = d.rows(), c = d.d_model, qw = d.q_width(), kw = d.kv_width(), f = d.d_ff;
+  const DType t = d.storage;
+  SK_ASSIGN_OR_RETURN(Tensor dh, NewAct(ctx, t, n * c));  // each RMSNorm's output gradient
+  {  // MLP
+    SK_ASSIGN_OR_RETURN(Tensor dact, NewAct(ctx, t, n * f));
+    SK_RETURN_IF_ERROR(LinearBackward(ctx, s.act, p.down_w, dy, n, f, c, dact, false, g.down_w,
+                                      Tensor()));
+    SK_ASSIGN_OR_RETURN(Tensor dgate, NewAct(ctx, t, n * f));
+    SK_ASSIGN_OR_RETURN(Tensor dup, NewAct(ctx, t, n * f));
+    SK_RETURN_IF_ERROR(ops::SwiGluBackward(ctx, s.gate, s.up, dact, dgate, dup));
+    dact = Tensor();
+    SK_RETURN_IF_ERROR(
+        LinearBackward(ctx, s.h2, p.gate_w, dgate, n, c, f, dh, false, g.gate_w, Tensor()));
+    SK_RETURN_IF_ERROR(
+        LinearBackward(ctx, s.h2, p.up_w, dup, n, c, f, dh, true, g.up_w, Tensor()));
+  }
+  if (dx.data() != dy.data()) SK_RETURN_IF_ERROR(ops::Copy(ctx, dy, dx));
+  SK_RETURN_IF_ERROR(ops::RmsNormBackward(ctx, s.x2, p.post_norm_g, dh, s.rstd2, dx, g.post_norm_g));
+  {  // Attention
+    SK_ASSIGN_OR_RETURN(Tensor datt, NewAct(ctx, t, n * qw));
+    SK_RETURN_IF_ERROR(
+        LinearBackward(ctx, s.att, p.o_w, dx, n, qw, c, datt, false, g.o_w, Tensor()));
+    SK_ASSIGN_OR_RETURN(Tensor dq, NewAct(ctx, t, n * qw));
+    SK_ASSIGN_OR_RETURN(Tensor dk, NewAct(ctx, t, n * kw));
+    SK_ASSIGN_OR_RETURN(Tensor dv, NewAct(ctx, t, n * kw));
+    SK_RETURN_IF_ERROR(ops::FlashAttentionBackward(
+        ctx, d.Attention(), MatrixRef{s.q, 0, qw}, MatrixRef{s.k, 0, kw}, MatrixRef{s.v, 0, kw},
+        MatrixRef{s.att, 0, qw}, MatrixRef{datt, 0, qw}, s.lse, MatrixRef{dq, 0, qw},
+        MatrixRef{dk, 0, kw}, MatrixRef{dv, 0, kw}));
+    datt = Tensor();
+    SK_RETURN_IF_ERROR(ops::RopeBackward(ctx, dq, d.seq, d.heads, d.head_dim, d.theta, dq));
+    SK_RETURN_IF_ERROR(ops::RopeBackward(ctx, dk, d.seq, d.kv_heads, d.head_dim, d.theta, dk));
+    SK_RETURN_IF_ERROR(LinearBackward(ctx, s.h1, p.q_w, dq, n, c, qw, dh, false, g.q_w, g.q_b));
+    SK_RETURN_IF_ERROR(LinearBackward(ctx, s.h1, p.k_w, dk, n, c, kw, dh, true, g.k_w, g.k_b));
+    SK_RETURN_IF_ERROR(LinearBackward(ctx, s.h1, p.v_w, dv, n, c, kw, dh, true, g.v_w, g.v_b));
+  }
+  return ops::RmsNormBackward(ctx, x, p.input_norm_g, dh, s.rstd1, dx, g.input_norm_g);
+}
+
+// Bytes a BlockForward keeps (LlamaBlockSaved) and the most a BlockBackward
+// allocates at once beyond them, its dy and dx.
+int64_t BlockSavedBytes(const LlamaDims& d) {
+  const int64_t n = d.rows(), a = static_cast<int64_t>(DTypeSize(d.storage));
+  return a * (4 * n * d.d_model + 2 * n * d.q_width() + 2 * n * d.kv_width() + 3 * n * d.d_ff) +
+         4 * 2 * n + 4 * d.batch * d.heads * d.seq;
+}
+
+int64_t BlockBackwardTempBytes(const LlamaDims& d) {
+  const int64_t n = d.rows(), a = static_cast<int64_t>(DTypeSize(d.storage));
+  const int64_t dh = a * n * d.d_model;
+  const int64_t mlp = dh + std::max(3 * a * n * d.d_ff, 2 * a * n * d.d_ff);
+  // datt, dq, dk, dv and flash attention's f32 workspace (ops.h).
+  const int64_t attention = dh + 2 * a * n * d.q_width() + 2 * a * n * d.kv_width() +
+                            4 * ops::FlashAttentionBackwardWorkspaceElements(d.Attention());
+  return std::max(mlp, attention);
+}
+
+double BlockForwardMatmulFlops(const LlamaDims& d) {
+  const double n = static_cast<double>(d.rows()), c = static_cast<double>(d.d_model);
+  const double q = static_cast<double>(d.q_width()), kv = static_cast<double>(d.kv_width());
+  // q, k, v and o projections; QK^T and PV over the full sequence (causal
+  // masking not discounted, the usual 12 L T d convention); the three MLP GEMMs.
+  return 2.0 * n * c * (2.0 * q + 2.0 * kv) + 2.0 * 2.0 * n * static_cast<double>(d.seq) * q +
+         3.0 * 2.0 * n * c * static_cast<double>(d.d_ff);
+}
+
+}  // namespace
+
+Status LlamaConfig::Validate() const {
+  SK_RETURN_IF_ERROR(Positive(vocab_size, name, "vocab_size"));
+  SK_RETURN_IF_ERROR(Positive(max_seq_len, name, "max_seq_len"));
+  SK_RETURN_IF_ERROR(Positive(n_layer, name, "n_layer"));
+  SK_RETURN_IF_ERROR(Positive(n_head, name, "n_head"));
+  SK_RETURN_IF_ERROR(Positive(d_model, name, "d_model"));
+  SK_RETURN_IF_ERROR(Positive(d_ff, name, "d_ff"));
+  if (n_kv_head < 0) {
+    return InvalidArgumentError("config '" + name + "': n_kv_head must be >= 0 (0: n_head), got " +
+                                std::to_string(n_kv_head));
+  }
+  SK_RETURN_IF_ERROR(nn_internal::ValidateWidthAndVocab(name, d_model, n_head, vocab_size));
+  if (head_dim() % 2 != 0) {
+    return InvalidArgumentError("config '" + name + "': head_dim " + std::to_string(head_dim()) +
+                                " (d_model / n_head) must be even for rotary embeddings");
+  }
+  if (n_head % kv_heads() != 0) {
+    return InvalidArgumentError("config '" + name + "': n_kv_head " + std::to_string(kv_heads()) +
+                                " does not divide n_head " + std::to_string(n_head));
+  }
+  if (!(rope_theta > 0.0f)) {
+    return InvalidArgumentError("config '" + name + "': rope_theta must be positive, got " +
+                                std::to_string(rope_theta));
+  }
+  if (!(rms_norm_eps > 0.0f)) {
+    return InvalidArgumentError("config '" + name + "': rms_norm_eps must be positive, got " +
+                                std::to_string(rms_norm_eps));
+  }
+  if (tie_embeddings) {
+    return InvalidArgumentError("config '" + name +
+                                "': tie_embeddings is not supported yet (no parameter is shared "
+                                "between units); use an untied head");
+  }
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& config,
+                                                         const ModelOptions& options) {
+  SK_RETURN_IF_ERROR(config.Validate());
+  SK_RETURN_IF_ERROR(nn_internal::ValidateComputeDType(options.compute_dtype));
+  return std::unique_ptr<LlamaModel>(new LlamaModel(config, options));
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options)
+    : config_(config), options_(options) {
+  const int64_t d = config.d_model;
+  UnitSpec embed{"embed", {}};
+  embed.params.push_back(
+      {"embed_tokens.w", Shape{config.vocab_size, d}, Initializer::Normal(0.0f, 0.02f)});
+  units_.push_back(std::move(embed));
+  for (int64_t l = 0; l < config.n_layer; ++l) {
+    UnitSpec u{"layers." + std::to_string(l), {}};
+    AppendBlockSpecs(config, &u.params);
+    units_.push_back(std::move(u));
+  }
+  UnitSpec head{"head", {}};
+  head.params.push_back({"norm.g", Shape{d}, Initializer::Ones()});
+  head.params.push_back(
+      {"lm_head.w", Shape{d, config.vocab_size}, Initializer::Normal(0.0f, 0.02f)});
+  units_.push_back(std::move(head));
+}
+
+Status LlamaModel::ValidateBatch(const TokenBatch& batch) const {
+  if (batch.batch_size <= 0) return InvalidArgumentError("batch.batch_size must be positive");
+  if (batch.seq_len <= 0 || batch.seq_len > config_.max_seq_len) {
+    return InvalidArgumentError("batch.seq_len " + std::to_string(batch.seq_len) +
+                                " is outside [1, " + std::to_string(config_.max_seq_len) +
+                                "] of model '" + config_.name + "'");
+  }
+  if (batch.source_len != 0 || !batch.source.empty()) {
+    return InvalidArgumentError("batch.source is set, but '" + config_.name +
+                                "' is a decoder-only model");
+  }
+  SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
+  const int64_t n = batch.batch_size * batch.seq_len;
+  SK_RETURN_IF_ERROR(
+      nn_internal::ValidateTokens(batch.inputs, n, config_.vocab_size, false, "inputs"));
+  return nn_internal::ValidateTokens(batch.targets, n, config_.vocab_size, true, "targets");
+}
+
+StatusOr<float> LlamaModel::ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
+                                            Allocator& alloc) const {
+  return Run(batch, hooks, alloc, /*backward=*/true);
+}
+
+StatusOr<float> LlamaModel::Forward(const TokenBatch& batch, UnitHooks& hooks,
+                                    Allocator& alloc) const {
+  return Run(batch, hooks, alloc, /*backward=*/false);
+}
+
+namespace {
+
+LlamaDims Dims(const LlamaConfig& c, DType storage, int64_t batch, int64_t seq) {
+  LlamaDims d;
+  d.batch = batch;
+  d.seq = seq;
+  d.d_model = c.d_model;
+  d.heads = c.n_head;
+  d.kv_heads = c.kv_heads();
+  d.head_dim = c.head_dim();
+  d.d_ff = c.d_ff;
+  d.theta = c.rope_theta;
+  d.eps = c.rms_norm_eps;
+  d.qkv_bias = c.qkv_bias;
+  d.storage = storage;
+  return d;
+}
+
+}  // namespace
+
+StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
+                                bool backward) const {
+  SK_RETURN_IF_ERROR(ValidateBatch(batch));
+  SK_ASSIGN_OR_RETURN(const OpContext ctx, nn_internal::MakeContext(hooks, alloc));
+  const int64_t L = config_.n_layer;
+  const int64_t n = batch.batch_size * batch.seq_len;
+  const int64_t c = config_.d_model, vocab = config_.vocab_size;
+  const DType act = options_.compute_dtype;
+  const bool ckpt = options_.activation_checkpointing;
+  const bool bias = config_.qkv_bias;
+  const int head_unit = static_cast<int>(L + 1);
+  const LlamaDims dims = Dims(config_, act, batch.batch_size, batch.seq_len);
+
+  SK_ASSIGN_OR_RETURN(Tensor inputs, nn_internal::TokensToDevice(ctx, batch.inputs));
+  SK_ASSIGN_OR_RETURN(Tensor targets, nn_internal::TokensToDevice(ctx, batch.targets));
+  // xs[l] is block l's input; xs[L] feeds the head.
+  std::vector<Tensor> xs(static_cast<size_t>(L + 1));
+  std::vector<LlamaBlockSaved> saved(static_cast<size_t>(L));
+  UnitScope scope(hooks, units_, ctx);
+
+  {  // Token embedding (no position embedding: RoPE rotates q and k).
+    SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(0));
+    SK_ASSIGN_OR_RETURN(xs[0], NewAct(ctx, act, n * c));
+    SK_RETURN_IF_ERROR(ops::EmbeddingForward(ctx, p[0], inputs, xs[0]));
+    SK_RETURN_IF_ERROR(scope.PostForward(0));
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    const int u = static_cast<int>(l + 1);
+    SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(u));
+    LlamaBlockSaved s;
+    SK_RETURN_IF_ERROR(BlockForward(ctx, dims, Bind(p, bias), xs[l], &s));
+    xs[l + 1] = s.out;
+    if (!ckpt && backward) saved[l] = std::move(s);
+    SK_RETURN_IF_ERROR(scope.PostForward(u));
+    if (!backward && l > 0) xs[l] = Tensor();
+  }
+  // Head: final RMSNorm, LM projection, cross-entropy.
+  Tensor head_h, head_rstd, dlogits;
+  float loss = 0.0f;
+  {
+    SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
+    const Tensor& norm_g = p[0];     // [C]
+    const Tensor& lm_head_w = p[1];  // [C, V]
+    SK_ASSIGN_OR_RETURN(head_h, NewAct(ctx, act, n * c));
+    SK_ASSIGN_OR_RETURN(head_rstd, NewF32(ctx, n));
+    SK_RETURN_IF_ERROR(ops::RmsNormForward(ctx, xs[L], norm_g, config_.rms_norm_eps, head_h,
+                                           head_rstd));
+    SK_ASSIGN_OR_RETURN(Tensor logits, NewAct(ctx, act, n * vocab));
+    SK_RETURN_IF_ERROR(Linear(ctx, head_h, lm_head_w, Tensor(), n, c, vocab, logits));
+    SK_ASSIGN_OR_RETURN(Tensor loss_t, ctx.alloc->Empty(DType::kF32, Shape{1}));
+    SK_RETURN_IF_ERROR(ops::CrossEntropyForward(ctx, logits, targets, loss_t));
+    if (backward) {
+      // The gradient overwrites the logits: they are not needed afterwards.
+      SK_RETURN_IF_ERROR(ops::CrossEntropyBackward(ctx, logits, targets, logits));
+      dlogits = std::move(logits);
+    }
+    SK_ASSIGN_OR_RETURN(double value, ops::ReadScalar(ctx, loss_t));
+    loss = static_cast<float>(value);
+    SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
+  }
+  if (!backward) return loss;
+
+  SK_ASSIGN_OR_RETURN(Tensor dx, NewAct(ctx, act, n * c));
+  {
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
+    SK_ASSIGN_OR_RETURN(Tensor dh, NewAct(ctx, act, n * c));
+    SK_RETURN_IF_ERROR(LinearBackward(ctx, head_h, b.p[1], dlogits, n, c, vocab, dh, false,
+                                      b.g[1], Tensor()));
+    dlogits = Tensor();
+    SK_RETURN_IF_ERROR(ops::Fill(ctx, dx, 0.0f));
+    SK_RETURN_IF_ERROR(ops::RmsNormBackward(ctx, xs[L], b.p[0], dh, head_rstd, dx, b.g[0]));
+    head_h = head_rstd = Tensor();
+    xs[L] = Tensor();
+    SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
+  }
+  SK_ASSIGN_OR_RETURN(Tensor dnext, NewAct(ctx, act, n * c));
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const int u = static_cast<int>(l + 1);
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(u));
+    const LlamaBlockTensors p = Bind(b.p, bias);
+    if (ckpt) SK_RETURN_IF_ERROR(BlockForward(ctx, dims, p, xs[l], &saved[l]));
+    SK_RETURN_IF_ERROR(BlockBackward(ctx, dims, p, Bind(b.g, bias), xs[l], saved[l], dx, dnext));
+    saved[l] = LlamaBlockSaved();
+    if (l > 0) xs[l] = Tensor();
+    std::swap(dx, dnext);
+    SK_RETURN_IF_ERROR(scope.PostBackward(u, &b));
+  }
+  {
+    SK_ASSIGN_OR_RETURN(auto b, scope.PreBackwardGradientsOnly(0));
+    SK_RETURN_IF_ERROR(ops::EmbeddingBackward(ctx, inputs, dx, b.g[0]));
+    SK_RETURN_IF_ERROR(scope.PostBackward(0, &b));
+  }
+  return loss;
+}
+
+StepFlops LlamaModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*source_len*/) const {
+  const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
+  const double block_fwd = BlockForwardMatmulFlops(d);
+  const double head_fwd = 2.0 * static_cast<double>(d.rows()) * config_.d_model * config_.vocab_size;
+  StepFlops f;
+  f.model_flops = 3.0 * (block_fwd * config_.n_layer + head_fwd);
+  f.hardware_flops =
+      f.model_flops + (options_.activation_checkpointing ? block_fwd * config_.n_layer : 0.0);
+  return f;
+}
+
+int64_t LlamaModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
+                                        int64_t /*source_len*/) const {
+  const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
+  const int64_t n = d.rows(), c = config_.d_model, L = config_.n_layer;
+  const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
+  const int64_t saved = BlockSavedBytes(d);
+  const bool ckpt = options_.activation_checkpointing;
+  // (Parameters are used in place; 16-bit gradient buffers' f32 sinks are
+  // counted by whoever hands them out, as for GPT.) Kept through the
+  // forward: token ids and targets, the loss, the embedding output and, per
+  // block, what its backward needs or (checkpointing) its output only.
+  const int64_t kept = 4 * (2 * n + 1) + a * n * c + L * (ckpt ? a * n * c : saved);
+  // Head backward: its RMSNorm output and rstd, dlogits, dx and dh.
+  const int64_t head = kept + a * n * c + 4 * n + a * n * config_.vocab_size + 2 * a * n * c;
+  // The last block's backward: dx, dnext, its temporaries and, with
+  // checkpointing, the recomputed block (whose output the kept count has).
+  const int64_t block =
+      kept + 2 * a * n * c + BlockBackwardTempBytes(d) + (ckpt ? saved - a * n * c : 0);
+  return std::max(head, block);
+}
+
+}  // namespace sk

@@ -1,0 +1,94 @@
+// A Llama-family decoder (Llama 2/3, Qwen2, Mistral without sliding
+// windows): token embedding, n_layer pre-RMSNorm blocks of grouped-query
+// causal self-attention with rotary position embeddings (Hugging Face's
+// rotate-half layout) and a SwiGLU MLP, a final RMSNorm and an LM head. No
+// biases, except q/k/v biases with qkv_bias (Qwen2). Attention runs in
+// linear memory on every device (ops.h: FlashAttentionForward, with
+// kv heads dividing the query heads).
+//
+// Units, in execution order (names close to transformers' LlamaForCausalLM,
+// "model.layers.<i>.self_attn.q_proj.weight" -> "layers.<i>" /
+// "self_attn.q_proj.w"; our linear weights are [in, out], the transpose of
+// torch.nn.Linear's [out, in]):
+//   0            "embed"       embed_tokens.w [vocab, d]
+//   1..n_layer   "layers.<i>"  input_layernorm.g [d],
+//                              self_attn.{q_proj.w [d, H hd], (q_proj.b [H hd]),
+//                                         k_proj.w [d, KV hd], (k_proj.b),
+//                                         v_proj.w [d, KV hd], (v_proj.b),
+//                                         o_proj.w [H hd, d]},
+//                              post_attention_layernorm.g [d],
+//                              mlp.{gate_proj.w [d, F], up_proj.w [d, F], down_proj.w [F, d]}
+//   n_layer + 1  "head"        norm.g [d], lm_head.w [d, vocab]
+// (H heads, KV kv heads, hd = d / H, F = d_ff.) The head is untied:
+// tie_embeddings must be false until tied parameters exist (issue 33,
+// item 4). Initialisation as transformers': linear weights and the
+// embedding normal(0, 0.02), biases zero, RMSNorm gains one.
+#ifndef SHARDKIT_RUNTIME_NN_LLAMA_H_
+#define SHARDKIT_RUNTIME_NN_LLAMA_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/nn/model.h"
+#include "runtime/nn/transformer.h"
+
+namespace sk {
+
+struct LlamaConfig {
+  std::string name = "llama";
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 0;
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_kv_head = 0;  // 0 means n_head (no grouping)
+  int64_t d_model = 0;
+  int64_t d_ff = 0;        // the SwiGLU's hidden width (intermediate_size)
+  float rope_theta = 10000.0f;
+  float rms_norm_eps = 1e-5f;
+  bool qkv_bias = false;        // Qwen2: biases on q, k and v
+  bool tie_embeddings = false;  // not supported yet: must be false
+
+  // InvalidArgument naming the field: sizes not positive, d_model not a
+  // multiple of n_head, an odd head_dim (RoPE rotates pairs), n_kv_head not
+  // dividing n_head, theta or eps not positive, a vocabulary beyond int32,
+  // or tie_embeddings set.
+  Status Validate() const;
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t head_dim() const { return d_model / n_head; }
+};
+
+class LlamaModel final : public Model {
+ public:
+  static StatusOr<std::unique_ptr<LlamaModel>> Create(const LlamaConfig& config,
+                                                      const ModelOptions& options = {});
+
+  const std::string& name() const override { return config_.name; }
+  const ModelOptions& options() const override { return options_; }
+  const std::vector<UnitSpec>& units() const override { return units_; }
+  const LlamaConfig& config() const { return config_; }
+
+  // inputs and targets [batch_size, seq_len] with 1 <= seq_len <= max_seq_len;
+  // no source.
+  Status ValidateBatch(const TokenBatch& batch) const override;
+  StatusOr<float> ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
+                                  Allocator& alloc) const override;
+  StatusOr<float> Forward(const TokenBatch& batch, UnitHooks& hooks,
+                          Allocator& alloc) const override;
+  StepFlops Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const override;
+  int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len,
+                              int64_t source_len) const override;
+
+ private:
+  LlamaModel(const LlamaConfig& config, const ModelOptions& options);
+  StatusOr<float> Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
+                      bool backward) const;
+
+  LlamaConfig config_;
+  ModelOptions options_;
+  std::vector<UnitSpec> units_;
+};
+
+}  // namespace sk
+
+#endif  // SHARDKIT_RUNTIME_NN_LLAMA_H_

@@ -1,0 +1,305 @@
+#include "runtime/nn/llama.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/nn/configs.h"
+#include "runtime/nn/owned_parameters.h"
+#include "runtime/ops/ops.h"
+#include "runtime/optim/optimizer.h"
+#include "tests/nn/gpt_test_model.h"
+#include "tests/nn/gradient_check.h"
+
+namespace sk {
+namespace {
+
+// 2 layers, d_model 16, 4 query heads of 4 sharing 2 key/value heads, a
+// SwiGLU of 24, vocabulary 32, sequences of up to 8.
+LlamaConfig TinyLlama() {
+  LlamaConfig c;
+  c.name = "llama-test";
+  c.vocab_size = 32;
+  c.max_seq_len = 8;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.d_model = 16;
+  c.d_ff = 24;
+  return c;
+}
+
+// Qwen2's variant: q/k/v biases, one key/value head for all four query heads.
+LlamaConfig TinyQwen2() {
+  LlamaConfig c = TinyLlama();
+  c.name = "qwen2-test";
+  c.n_kv_head = 1;
+  c.qkv_bias = true;
+  c.rope_theta = 1e6f;
+  c.rms_norm_eps = 1e-6f;
+  return c;
+}
+
+std::unique_ptr<LlamaModel> MakeModel(const LlamaConfig& c, ModelOptions o = {}) {
+  auto m = LlamaModel::Create(c, o);
+  CHECK(m.ok()) << m.status();
+  return std::move(m).value();
+}
+
+std::unique_ptr<OwnedParameters> MakeParams(const Model& m, uint64_t seed,
+                                            DType dt = DType::kF32) {
+  auto p = OwnedParameters::Create(m.units(), seed, dt);
+  CHECK(p.ok()) << p.status();
+  return std::move(p).value();
+}
+
+std::vector<float> Flatten(const std::vector<Tensor>& ts) {
+  std::vector<float> out;
+  for (const Tensor& t : ts) out.insert(out.end(), t.data_as<float>(), t.data_as<float>() + t.numel());
+  return out;
+}
+
+TEST(Llama, UnitsCarryHuggingFaceNamesAndGroupedShapes) {
+  auto m = MakeModel(TinyLlama());
+  const auto& u = m->units();
+  ASSERT_EQ(u.size(), 4u);
+  EXPECT_EQ(u[0].name, "embed");
+  EXPECT_EQ(u[0].params[0].name, "embed_tokens.w");
+  EXPECT_EQ(u[1].name, "layers.0");
+  EXPECT_EQ(u[3].name, "head");
+  std::vector<std::string> names;
+  for (const ParamSpec& p : u[1].params) names.push_back(p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "input_layernorm.g", "self_attn.q_proj.w", "self_attn.k_proj.w",
+                       "self_attn.v_proj.w", "self_attn.o_proj.w", "post_attention_layernorm.g",
+                       "mlp.gate_proj.w", "mlp.up_proj.w", "mlp.down_proj.w"}));
+  EXPECT_EQ(u[1].params[1].shape, Shape({16, 16}));  // q: 4 heads of 4
+  EXPECT_EQ(u[1].params[2].shape, Shape({16, 8}));   // k: 2 heads of 4
+  EXPECT_EQ(u[1].params[8].shape, Shape({24, 16}));
+  EXPECT_EQ(u[3].params[0].name, "norm.g");
+  EXPECT_EQ(u[3].params[1].name, "lm_head.w");
+  const int64_t block = 2 * 16 + 16 * 16 + 2 * 16 * 8 + 16 * 16 + 3 * 16 * 24;
+  EXPECT_EQ(m->num_parameters(), 32 * 16 + 2 * block + 16 + 16 * 32);
+  // Qwen2: biases after each of q, k, v.
+  auto q = MakeModel(TinyQwen2());
+  EXPECT_EQ(q->units()[1].params[2].name, "self_attn.q_proj.b");
+  EXPECT_EQ(q->units()[1].params[4].shape, Shape({4}));  // k_proj.b: one kv head of 4
+  EXPECT_EQ(q->num_parameters(),
+            32 * 16 + 2 * (2 * 16 + 16 * 16 + 16 + 2 * (16 * 4 + 4) + 16 * 16 + 3 * 16 * 24) +
+                16 + 16 * 32);
+}
+
+// The published sizes: Llama 3 8B has 8,030,261,248 parameters with its
+// untied head (Meta's model card: 8.03 B), 70B 70,553,706,496.
+TEST(Llama, NamedConfigsCountThePublishedParameters) {
+  auto m8 = CreateModel("llama3-8b");
+  ASSERT_TRUE(m8.ok()) << m8.status();
+  EXPECT_EQ((*m8)->num_parameters(), 8030261248);
+  auto m70 = CreateModel("llama3-70b");
+  ASSERT_TRUE(m70.ok()) << m70.status();
+  EXPECT_EQ((*m70)->num_parameters(), 70553706496);
+  // Qwen2-0.5B: 494,032,768 tied; untied here, one more 151936 x 896 matrix.
+  auto q = CreateModel("qwen2-0.5b");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ((*q)->num_parameters(), 494032768 + 151936 * 896);
+  for (const char* name : {"llama-tiny", "qwen2-tiny", "llama-10m", "llama3.2-1b"}) {
+    auto c = FindModelConfig(name);
+    ASSERT_TRUE(c.ok()) << name;
+    EXPECT_EQ(c->family, ModelFamily::kLlama) << name;
+    EXPECT_FALSE(c->llama.tie_embeddings) << name;
+    EXPECT_TRUE(CreateModel(*c).ok()) << name;
+  }
+}
+
+TEST(Llama, HooksRunForwardInUnitOrderAndBackwardInReverse) {
+  auto m = MakeModel(TinyLlama());
+  auto p = MakeParams(*m, 1);
+  auto loss = m->ForwardBackward(RandomBatch(2, 8, 32, 3), *p, HostAllocator::Default());
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  std::vector<std::string> want = {"PreForward(0)",  "PostForward(0)",  "PreForward(1)",
+                                   "PostForward(1)", "PreForward(2)",   "PostForward(2)",
+                                   "PreForward(3)",  "PostForward(3)",  "PreBackward(3)",
+                                   "PostBackward(3)", "PreBackward(2)", "PostBackward(2)",
+                                   "PreBackward(1)", "PostBackward(1)", "PreBackward(0)",
+                                   "PostBackward(0)"};
+  EXPECT_EQ(p->call_log(), want);
+}
+
+TEST(Llama, InitialLossIsNearLogVocab) {
+  auto m = MakeModel(TinyLlama());
+  auto p = MakeParams(*m, 1);
+  auto loss = m->Forward(RandomBatch(4, 8, 32, 3), *p, HostAllocator::Default());
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_NEAR(*loss, std::log(32.0f), 0.1f);
+}
+
+// Every parameter tensor's analytic gradient (RMSNorm, RoPE, grouped-query
+// linear-memory attention, SwiGLU, biases) at a few elements against
+// central differences of the loss.
+TEST(Llama, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
+  for (const LlamaConfig& c : {TinyLlama(), TinyQwen2()}) {
+    auto m = MakeModel(c);
+    auto p = MakeParams(*m, 5);
+    for (const Tensor& t : p->all_params()) {
+      float* d = t.data_as<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) d[i] += 0.1f * std::sin(1.0f + 0.37f * i);
+    }
+    TokenBatch batch = RandomBatch(2, 6, 32, 9);
+    ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
+    const int checked = ExpectGradientsMatchCentralDifferences(*m, *p, batch, c.name);
+    EXPECT_EQ(checked, static_cast<int>(3 * p->all_params().size()));
+  }
+}
+
+float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int steps, float lr,
+            std::vector<float>* losses = nullptr) {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdam;
+  o.lr = lr;
+  auto adam = *Optimizer::Create(o, &HostAllocator::Default());
+  auto refs = *ShardRefsFor(p.all_params(), p.all_grads());
+  float loss = 0;
+  for (int s = 0; s < steps; ++s) {
+    p.ZeroGrad();
+    auto l = m.ForwardBackward(batch, p, HostAllocator::Default());
+    CHECK(l.ok()) << l.status();
+    loss = *l;
+    if (losses) losses->push_back(loss);
+    CHECK(adam->Step(ops::HostContext(), refs).ok());
+  }
+  return loss;
+}
+
+TEST(Llama, TinyModelMemorisesAFixedBatch) {
+  auto m = MakeModel(TinyLlama());
+  auto p = MakeParams(*m, 11);
+  TokenBatch batch = RandomBatch(4, 8, 32, 12);
+  std::vector<float> losses;
+  Train(*m, *p, batch, 150, 1e-2f, &losses);
+  EXPECT_GT(losses.front(), 3.0f);
+  EXPECT_LT(losses.back(), 0.05f) << "first " << losses.front();
+}
+
+TEST(Llama, ActivationCheckpointingGivesIdenticalLossAndGradients) {
+  TokenBatch batch = RandomBatch(2, 8, 32, 14);
+  auto plain = MakeModel(TinyQwen2());
+  auto ckpt = MakeModel(TinyQwen2(), ModelOptions{DType::kF32, true});
+  auto pa = MakeParams(*plain, 3), pb = MakeParams(*ckpt, 3);
+  auto la = plain->ForwardBackward(batch, *pa, HostAllocator::Default());
+  auto lb = ckpt->ForwardBackward(batch, *pb, HostAllocator::Default());
+  ASSERT_TRUE(la.ok() && lb.ok());
+  EXPECT_EQ(*la, *lb);
+  EXPECT_EQ(Flatten(pa->all_grads()), Flatten(pb->all_grads()));
+  EXPECT_GT(ckpt->Flops(2, 8, 0).hardware_flops, ckpt->Flops(2, 8, 0).model_flops);
+  EXPECT_EQ(plain->Flops(2, 8, 0).hardware_flops, plain->Flops(2, 8, 0).model_flops);
+}
+
+// bf16 compute against f32, with GPT's documented tolerances: 2% on the
+// loss, 5% relative L2 on the gradient.
+TEST(Llama, Bf16ComputeStaysWithinToleranceOfF32) {
+  TokenBatch batch = RandomBatch(4, 8, 32, 15);
+  auto f32 = MakeModel(TinyLlama());
+  auto bf16 = MakeModel(TinyLlama(), ModelOptions{DType::kBF16, false});
+  auto pa = MakeParams(*f32, 4), pb = MakeParams(*bf16, 4, DType::kBF16);
+  auto la = f32->ForwardBackward(batch, *pa, HostAllocator::Default());
+  auto lb = bf16->ForwardBackward(batch, *pb, HostAllocator::Default());
+  ASSERT_TRUE(la.ok() && lb.ok()) << la.status() << lb.status();
+  EXPECT_NEAR(*lb, *la, 0.02f * *la);
+  EXPECT_NE(*lb, *la);
+  std::vector<float> ga = Flatten(pa->all_grads()), gb = Flatten(pb->all_grads());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ga.size(); ++i) {
+    num += (ga[i] - gb[i]) * (ga[i] - gb[i]);
+    den += ga[i] * ga[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 0.05);
+}
+
+// Causal: the loss at position 3 ignores later inputs, not earlier ones.
+TEST(Llama, LossAtAPositionIgnoresLaterInputs) {
+  auto m = MakeModel(TinyLlama());
+  auto p = MakeParams(*m, 2);
+  TokenBatch b = RandomBatch(1, 8, 32, 18);
+  for (int t = 0; t < 8; ++t) b.targets[t] = t == 3 ? b.targets[t] : kIgnoreTarget;
+  float base = *m->Forward(b, *p, HostAllocator::Default());
+  TokenBatch later = b;
+  later.inputs[5] = (later.inputs[5] + 1) % 32;
+  later.inputs[7] = (later.inputs[7] + 3) % 32;
+  EXPECT_EQ(*m->Forward(later, *p, HostAllocator::Default()), base);
+  TokenBatch earlier = b;
+  earlier.inputs[1] = (earlier.inputs[1] + 1) % 32;
+  EXPECT_NE(*m->Forward(earlier, *p, HostAllocator::Default()), base);
+}
+
+// Without position embeddings only RoPE tells positions apart: swapping two
+// earlier tokens changes the prediction at position 3 (a bag of tokens
+// would not), and so does rope_theta.
+TEST(Llama, RotaryEmbeddingsMakeTheModelSeeOrder) {
+  auto m = MakeModel(TinyLlama());
+  auto p = MakeParams(*m, 2);
+  for (const Tensor& t : p->all_params()) {
+    float* d = t.data_as<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] += 0.2f * std::sin(0.5f + 0.73f * i);
+  }
+  TokenBatch b = RandomBatch(1, 8, 32, 19);
+  b.inputs[0] = 1, b.inputs[1] = 2;
+  for (int t = 0; t < 8; ++t) b.targets[t] = t == 3 ? b.targets[t] : kIgnoreTarget;
+  const float base = *m->Forward(b, *p, HostAllocator::Default());
+  TokenBatch swapped = b;
+  std::swap(swapped.inputs[0], swapped.inputs[1]);
+  EXPECT_NE(*m->Forward(swapped, *p, HostAllocator::Default()), base);
+  LlamaConfig other = TinyLlama();
+  other.rope_theta = 100.0f;
+  EXPECT_NE(*MakeModel(other)->Forward(b, *p, HostAllocator::Default()), base);
+}
+
+TEST(Llama, BadConfigsAreInvalidArgumentNamingTheField) {
+  auto expect_bad = [](LlamaConfig c, const std::string& field) {
+    auto m = LlamaModel::Create(c);
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(m.status().message().find(field), std::string::npos) << m.status();
+  };
+  LlamaConfig c = TinyLlama();
+  c.n_kv_head = 3;
+  expect_bad(c, "n_kv_head");
+  c = TinyLlama();
+  c.n_kv_head = -1;
+  expect_bad(c, "n_kv_head");
+  c = TinyLlama();
+  c.d_model = 12;  // head_dim 3: RoPE rotates pairs
+  expect_bad(c, "head_dim");
+  c = TinyLlama();
+  c.d_ff = 0;
+  expect_bad(c, "d_ff");
+  c = TinyLlama();
+  c.rope_theta = 0.0f;
+  expect_bad(c, "rope_theta");
+  c = TinyLlama();
+  c.rms_norm_eps = -1.0f;
+  expect_bad(c, "rms_norm_eps");
+  c = TinyLlama();
+  c.tie_embeddings = true;
+  expect_bad(c, "tie_embeddings");
+  EXPECT_EQ(LlamaModel::Create(TinyLlama(), ModelOptions{DType::kInvalid, false}).status().code(),
+            StatusCode::kInvalidArgument);
+  auto m = MakeModel(TinyLlama());
+  auto p = MakeParams(*m, 1);
+  TokenBatch b = RandomBatch(1, 9, 32, 1);  // longer than max_seq_len 8
+  EXPECT_EQ(m->Forward(b, *p, HostAllocator::Default()).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// 6 Psi per token for the dense layers (q, k, v, o, gate, up, down and the
+// head) plus 12 L T (heads x head_dim) for attention.
+TEST(Llama, ModelFlopsAreSixPsiPerTokenPlusAttention) {
+  auto m = MakeModel(TinyLlama());
+  const double dense = static_cast<double>(m->num_parameters() - 32 * 16 - 2 * 2 * 16 - 16);
+  const double tokens = 2.0 * 8.0;
+  const double want = 6.0 * dense * tokens + 12.0 * 2 * 8 * 16 * tokens;
+  EXPECT_NEAR(m->Flops(2, 8, 0).model_flops, want, 1e-9 * want);
+}
+
+}  // namespace
+}  // namespace sk
