@@ -21,12 +21,16 @@
 #include "runtime/plan/plan.h"
 #include "tools/cli_flags.h"
 
-DEFINE_string(model, "", "model config name (t5-611m, t5-2.28b, t5-11b, gpt-175b, ...)");
+DEFINE_string(model, "",
+              "model config name (t5-11b, gpt-175b, llama3-8b, ...), a decoder by its shape "
+              "(decoder:layers=32,d_model=4096,heads=32,kv_heads=8,d_ff=14336,vocab=128256,seq=8192) "
+              "or a .json model file");
 DEFINE_int32(gpus, 8, "GPUs in the simulated cluster");
 DEFINE_int32(gpus_per_node, 8, "GPUs per node");
 DEFINE_string(profile, "a100-80g",
               "hardware profile: a100-80g, h100-80g, h200-141g, cpu-local, or a .json path");
-DEFINE_int64(batch, 1, "sequences per GPU per step");
+DEFINE_int64(batch, 1, "sequences per GPU per micro-batch");
+DEFINE_int32(grad_accum, 1, "micro-batches per step (gradient accumulation)");
 DEFINE_int64(seq_len, 0, "decoder sequence length (0 = the model's)");
 DEFINE_int64(source_len, 0, "encoder sequence length (0 = the model's)");
 DEFINE_bool(json, false, "print JSON instead of the table");
@@ -99,6 +103,7 @@ sk::Status Run() {
   r.gpus_per_node = FLAGS_gpus_per_node;
   r.profile = FLAGS_profile;
   r.batch_size = FLAGS_batch;
+  r.grad_accum_steps = FLAGS_grad_accum;
   r.seq_len = FLAGS_seq_len;
   r.source_len = FLAGS_source_len;
   r.warmup_steps = FLAGS_warmup_steps;

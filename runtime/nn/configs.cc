@@ -4,8 +4,14 @@
 
 #include <algorithm>
 
+#include "runtime/core/file_io.h"
+#include "runtime/nn/decoder_spec.h"
+
 namespace sk {
 namespace {
+
+// A model file (a decoder shape or a unit table) is a few kilobytes.
+constexpr int64_t kMaxModelFileBytes = 16 << 20;
 
 NamedModelConfig Gpt(const std::string& name, int64_t vocab, int64_t seq, int64_t layers,
                      int64_t heads, int64_t d_model, bool gpu, const std::string& description) {
@@ -339,8 +345,12 @@ int64_t BatchIdSpace(const NamedModelConfig& c) {
 }
 
 StatusOr<NamedModelConfig> FindModelConfig(const std::string& name) {
+  if (IsDecoderSpec(name)) return ParseDecoderSpec(name);
   if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) {
-    SK_ASSIGN_OR_RETURN(UnitTableConfig table, LoadUnitTable(name));
+    SK_ASSIGN_OR_RETURN(std::string text, ReadFileBounded(name, kMaxModelFileBytes, "model file"));
+    StatusOr<NamedModelConfig> decoder = DecoderFromJson(text, name);
+    if (decoder.ok() || decoder.status().code() != StatusCode::kNotFound) return decoder;
+    SK_ASSIGN_OR_RETURN(UnitTableConfig table, UnitTableFromJson(text, name));
     return Table(std::move(table), false, "unit table from " + name);
   }
   if (IsHfModelDirectory(name)) return ReadHfConfig(name);

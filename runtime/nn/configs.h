@@ -51,12 +51,14 @@ int64_t BatchIdSpace(const NamedModelConfig& config);
 // Every named configuration, small to large.
 const std::vector<NamedModelConfig>& ModelConfigs();
 
-// The named configuration, or, when `name` ends in ".json", the unit table
-// in that file (runtime/nn/unit_table_json.h: a user's own network; its
-// errors name the file, the unit and the field), or, when `name` is a
-// directory holding a config.json, that Hugging Face model's shape
-// (runtime/nn/hf_config.h). NotFound listing the known
-// names when `name` is neither.
+// The named configuration; or a decoder by its shape, inline
+// ("decoder:layers=32,d_model=4096,...") or in a .json file holding a
+// "decoder" object (runtime/nn/decoder_spec.h); or, for any other file
+// ending in ".json", the unit table in that file
+// (runtime/nn/unit_table_json.h: a user's own network); or, when `name` is
+// a directory holding a config.json, that Hugging Face model's shape
+// (runtime/nn/hf_config.h). Errors name the file, the unit or key and the
+// field. NotFound listing the known names when `name` is none of these.
 StatusOr<NamedModelConfig> FindModelConfig(const std::string& name);
 
 // InvalidArgument naming batch_size and the sequence lengths when a step of

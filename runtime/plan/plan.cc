@@ -217,6 +217,10 @@ Status ValidatePlanRequest(const PlanRequest& r) {
   }
   if (r.profile.empty()) return InvalidArgumentError("profile is empty");
   if (r.batch_size < 1) return InvalidArgumentError("batch_size must be >= 1");
+  if (r.grad_accum_steps < 1 || r.grad_accum_steps > kMaxPlanSteps) {
+    return InvalidArgumentError("grad_accum_steps must be in [1, " + std::to_string(kMaxPlanSteps) + "], not " +
+                                std::to_string(r.grad_accum_steps));
+  }
   if (r.seq_len < 0 || r.source_len < 0) return InvalidArgumentError("sequence lengths must be >= 0");
   // Every candidate simulates warmup_steps + steps steps: 2^31 - 1 overflowed
   // their sum (0 s/step recommended), 10^6 took over a minute a candidate.
@@ -422,9 +426,13 @@ std::string FormatTable(const PlanResult& result, int top) {
   const int nodes = std::max(1, r.gpus / r.gpus_per_node);
   std::snprintf(line, sizeof(line),
                 "shardkit plan: %s on %d GPUs (%d node%s x %d), batch %" PRId64
-                " per GPU; simulated, profile %s (%s GiB per GPU)\n",
+                " per GPU%s; simulated, profile %s (%s GiB per GPU)\n",
                 r.model.c_str(), r.gpus, nodes, nodes == 1 ? "" : "s", std::min(r.gpus, r.gpus_per_node),
-                r.batch_size, result.profile_name.c_str(), Gib(result.device_memory_bytes).c_str());
+                r.batch_size,
+                r.grad_accum_steps > 1
+                    ? (" x " + std::to_string(r.grad_accum_steps) + " micro-batches").c_str()
+                    : "",
+                result.profile_name.c_str(), Gib(result.device_memory_bytes).c_str());
   out += line;
   int fits = 0, ooms = 0, failed = 0;
   for (const CandidateResult& c : result.results) {
@@ -532,6 +540,7 @@ std::string FormatJson(const PlanResult& result) {
   o += "  \"gpus\": " + std::to_string(r.gpus) + ",\n";
   o += "  \"gpus_per_node\": " + std::to_string(r.gpus_per_node) + ",\n";
   o += "  \"batch_size\": " + std::to_string(r.batch_size) + ",\n";
+  o += "  \"grad_accum_steps\": " + std::to_string(r.grad_accum_steps) + ",\n";
   o += "  \"seq_len\": " + std::to_string(r.seq_len) + ",\n";
   o += "  \"source_len\": " + std::to_string(r.source_len) + ",\n";
   o += "  \"recommended\": " + std::to_string(result.recommended) + ",\n";

@@ -126,7 +126,9 @@ struct PlanSpace {
 constexpr int kMaxPlanSteps = 1000;
 
 struct PlanRequest {
-  // A name from ModelConfigs() ("t5-11b", "gpt-175b", ...).
+  // A name from ModelConfigs() ("t5-11b", "gpt-175b", ...), a decoder by
+  // its shape ("decoder:layers=32,...", runtime/nn/decoder_spec.h) or a
+  // .json model file (FindModelConfig).
   std::string model;
   // The simulated cluster: GPUs in all, GPUs per node, and the hardware
   // profile (runtime/sim/profiles: "a100-80g", "h100-80g", "h200-141g", "cpu-local", or a
@@ -134,8 +136,13 @@ struct PlanRequest {
   int gpus = 8;
   int gpus_per_node = 8;
   std::string profile = "a100-80g";
-  // Sequences per GPU per step; 0 sequence lengths = the model's defaults.
+  // Sequences per GPU per micro-batch; 0 sequence lengths = the model's
+  // defaults.
   int64_t batch_size = 1;
+  // Micro-batches per step (gradient accumulation, TrainerOptions): a step
+  // runs this many forward/backward passes, synchronising gradients after
+  // the last; peak memory is one micro-batch's, step time all of them.
+  int grad_accum_steps = 1;
   int64_t seq_len = 0;
   int64_t source_len = 0;
   OptimizerOptions optimizer;
@@ -156,7 +163,8 @@ struct PlanRequest {
 // NotFound for an unknown model (listing the known names); InvalidArgument
 // naming the field: an unknown strategy name, gpus < 1 or above
 // sim::SimProcessGroup::kMaxWorldSize (2^20),
-// gpus_per_node < 1 or not dividing gpus, batch_size < 1, negative lengths,
+// gpus_per_node < 1 or not dividing gpus, batch_size < 1, grad_accum_steps
+// outside [1, 1000], negative lengths,
 // steps < 1, warmup_steps < 0, a restriction value that is not valid.
 Status ValidatePlanRequest(const PlanRequest& request);
 

@@ -18,6 +18,7 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
   t.fsdp = c.fsdp;
   t.optimizer = r.optimizer;
   t.batch_size = r.batch_size;
+  t.grad_accum_steps = r.grad_accum_steps;
   t.seq_len = r.seq_len;
   t.source_len = r.source_len;
   t.activation_checkpointing = c.activation_checkpointing;

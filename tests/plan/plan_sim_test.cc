@@ -76,6 +76,87 @@ TEST(PlanSimTest, OutOfMemoryIsAResultWithTheEstimatedNeed) {
       << p->recommendation;
 }
 
+// Today's decoders by shape (issue 33's check): Llama 3 8B at sequence 8192,
+// batch 1, on 64 H100-80G (8 nodes) fits without whole-block activation
+// checkpointing: attention keeps a log-sum-exp per row, not the T x T
+// probabilities (32 layers x 32 heads x 8192^2 f32 would be 275 GB), and
+// the 128256-token head's logits are counted. The same shape by name and by
+// spec plans identically.
+TEST(PlanSimTest, Llama3_8bAtSequence8192FitsWithoutCheckpointing) {
+  PlanRequest r;
+  r.model = "decoder:name=llama3-8b,layers=32,d_model=4096,heads=32,kv_heads=8,d_ff=14336,"
+            "vocab=128256,seq=8192,rope_theta=500000";
+  r.gpus = 64;
+  r.gpus_per_node = 8;
+  r.profile = "h100-80g";
+  r.batch_size = 1;
+  r.seq_len = 8192;
+  r.space.strategies = {"FULL_SHARD", "DDP"};
+  r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
+  r.space.forward_prefetch = {false};
+  r.space.rate_limits = {2};
+  MixedPrecisionPolicy bf16;
+  bf16.param_dtype = DType::kBF16;
+  bf16.reduce_dtype = DType::kF32;
+  r.space.dtypes = {bf16};
+  r.space.activation_checkpointing = {false};
+  r.space.cpu_offload = {false};
+  auto p = Plan(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->results.size(), 2u);
+  const CandidateResult* full = nullptr;
+  const CandidateResult* ddp = nullptr;
+  for (const CandidateResult& c : p->results) {
+    ASSERT_TRUE(c.status.ok()) << c.candidate.Label() << ": " << c.status;
+    (c.candidate.parallelism == Parallelism::kDdp ? ddp : full) = &c;
+  }
+  ASSERT_TRUE(full != nullptr && ddp != nullptr);
+  EXPECT_TRUE(full->fits()) << full->metrics.oom_detail;
+  EXPECT_FALSE(full->candidate.activation_checkpointing);
+  // 16 bytes per parameter of DDP's model states alone are 128 GB.
+  EXPECT_TRUE(ddp->metrics.out_of_memory);
+  EXPECT_EQ(p->recommended, 0);
+  EXPECT_EQ(p->results[0].candidate.parallelism, Parallelism::kFsdp);
+  // The activations of a step, not model states, dominate FULL_SHARD's peak:
+  // above the 2 GB of 1/64 of the states, below the card.
+  EXPECT_GT(full->metrics.peak_allocated_bytes, int64_t{8} << 30);
+  EXPECT_LT(full->metrics.peak_reserved_bytes, int64_t{80} << 30);
+  // The named model plans the same.
+  PlanRequest named = r;
+  named.model = "llama3-8b";
+  auto q = Plan(named);
+  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_EQ(q->results.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(q->results[i].metrics.step_seconds, p->results[i].metrics.step_seconds);
+    EXPECT_EQ(q->results[i].metrics.peak_allocated_bytes, p->results[i].metrics.peak_allocated_bytes);
+  }
+}
+
+// Gradient accumulation: M micro-batches of B take about M times one
+// micro-batch's compute at one micro-batch's activation memory, where one
+// batch of M x B needs more memory.
+TEST(PlanSimTest, GradientAccumulationTradesTimeForMemory) {
+  PlanRequest r = Small();
+  r.space.strategies = {"FULL_SHARD"};
+  r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
+  auto one = Plan(r);
+  r.grad_accum_steps = 4;
+  auto four = Plan(r);
+  r.grad_accum_steps = 1;
+  r.batch_size *= 4;
+  auto big = Plan(r);
+  ASSERT_TRUE(one.ok() && four.ok() && big.ok());
+  const CandidateMetrics& m1 = one->results[0].metrics;
+  const CandidateMetrics& m4 = four->results[0].metrics;
+  const CandidateMetrics& mb = big->results[0].metrics;
+  EXPECT_GT(m4.step_seconds, 2.5 * m1.step_seconds);
+  EXPECT_LT(m4.peak_allocated_bytes, mb.peak_allocated_bytes);
+  EXPECT_NE(FormatTable(*four).find("batch 4 per GPU x 4 micro-batches"), std::string::npos)
+      << FormatTable(*four);
+  EXPECT_NE(FormatJson(*four).find("\"grad_accum_steps\": 4"), std::string::npos);
+}
+
 // The paper's vision models are unit tables (runtime/nn/unit_table.h): they
 // plan like any named model. On 8 A100-80G DDP's full model states (16
 // bytes per parameter: ~140 GB) cannot fit; FULL_SHARD does.

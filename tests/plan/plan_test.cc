@@ -202,6 +202,12 @@ TEST(PlanTest, BadRequestsNameTheField) {
   r.space.rate_limits = {0};
   expect_error(r, "rate_limits");
   r = Request();
+  r.grad_accum_steps = 0;
+  expect_error(r, "grad_accum_steps must be in [1, 1000]");
+  r = Request();
+  r.model = "decoder:layers=2,d_model=30,heads=4,d_ff=64,vocab=64,seq=32";
+  expect_error(r, "model");
+  r = Request();
   r.steps = 0;
   expect_error(r, "steps");
   // 2^31 - 1 steps overflowed warm-up + steps in the simulator: 0 s/step.

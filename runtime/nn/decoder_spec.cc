@@ -1,0 +1,261 @@
+#include "runtime/nn/decoder_spec.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace sk {
+namespace {
+
+// Values by key, each taken once; what is left over is an unknown key.
+class Keys {
+ public:
+  explicit Keys(std::string where) : where_(std::move(where)) {}
+
+  Status Add(const std::string& key, std::string value) {
+    if (key.empty()) return Bad("an empty key");
+    if (!values_.emplace(key, std::move(value)).second) return Bad("'" + key + "' is given twice");
+    return OkStatus();
+  }
+
+  bool Has(const std::string& key) const { return values_.count(key) > 0; }
+
+  // Required when `required`; otherwise *out keeps its default.
+  Status Int(const std::string& key, bool required, int64_t* out) {
+    const std::string* v = Take(key);
+    if (v == nullptr) return required ? Bad("'" + key + "' is required") : OkStatus();
+    int64_t x = 0;
+    const char* end = v->data() + v->size();
+    auto [p, ec] = std::from_chars(v->data(), end, x);
+    if (ec != std::errc() || p != end) return Bad("'" + key + "' is '" + *v + "', not an integer");
+    if (x <= 0) return Bad("'" + key + "' must be > 0 (is " + *v + ")");
+    *out = x;
+    return OkStatus();
+  }
+
+  Status Float(const std::string& key, float* out) {
+    const std::string* v = Take(key);
+    if (v == nullptr) return OkStatus();
+    char* end = nullptr;
+    const double x = std::strtod(v->c_str(), &end);
+    if (v->empty() || end != v->c_str() + v->size() || !std::isfinite(x)) {
+      return Bad("'" + key + "' is '" + *v + "', not a finite number");
+    }
+    if (x <= 0) return Bad("'" + key + "' must be > 0 (is " + *v + ")");
+    *out = static_cast<float>(x);
+    return OkStatus();
+  }
+
+  Status Bool(const std::string& key, bool* out) {
+    const std::string* v = Take(key);
+    if (v == nullptr) return OkStatus();
+    if (*v == "true" || *v == "1") {
+      *out = true;
+    } else if (*v == "false" || *v == "0") {
+      *out = false;
+    } else {
+      return Bad("'" + key + "' is '" + *v + "'; it takes true/false or 1/0");
+    }
+    return OkStatus();
+  }
+
+  Status String(const std::string& key, std::string* out) {
+    const std::string* v = Take(key);
+    if (v == nullptr) return OkStatus();
+    if (v->empty()) return Bad("'" + key + "' is empty");
+    *out = *v;
+    return OkStatus();
+  }
+
+  Status NoOthers() const {
+    for (const auto& [key, value] : values_) {
+      if (taken_.count(key) == 0) {
+        return Bad("unknown key '" + key +
+                   "' (known: layers, d_model, heads, kv_heads, d_ff, ffn, vocab, seq, tied, "
+                   "qkv_bias, rope_theta, norm_eps, name)");
+      }
+    }
+    return OkStatus();
+  }
+
+  Status Bad(const std::string& what) const {
+    return InvalidArgumentError(where_ + ": " + what);
+  }
+
+ private:
+  const std::string* Take(const std::string& key) {
+    taken_.insert(key);
+    auto it = values_.find(key);
+    return it == values_.end() ? nullptr : &it->second;
+  }
+
+  std::string where_;
+  std::map<std::string, std::string> values_;
+  std::set<std::string> taken_;
+};
+
+StatusOr<NamedModelConfig> Build(Keys& k, const std::string& where) {
+  std::string name = "decoder", ffn = "swiglu";
+  SK_RETURN_IF_ERROR(k.String("name", &name));
+  SK_RETURN_IF_ERROR(k.String("ffn", &ffn));
+  if (ffn != "swiglu" && ffn != "gelu") {
+    return k.Bad("'ffn' is '" + ffn + "'; it takes swiglu (Llama family) or gelu (GPT-2)");
+  }
+  int64_t layers = 0, d_model = 0, heads = 0, vocab = 0, seq = 0, d_ff = 0, kv_heads = 0;
+  SK_RETURN_IF_ERROR(k.Int("layers", true, &layers));
+  SK_RETURN_IF_ERROR(k.Int("d_model", true, &d_model));
+  SK_RETURN_IF_ERROR(k.Int("heads", true, &heads));
+  SK_RETURN_IF_ERROR(k.Int("vocab", true, &vocab));
+  SK_RETURN_IF_ERROR(k.Int("seq", true, &seq));
+  SK_RETURN_IF_ERROR(k.Int("d_ff", ffn == "swiglu", &d_ff));
+  bool tied = false;
+  SK_RETURN_IF_ERROR(k.Bool("tied", &tied));
+  NamedModelConfig c;
+  c.name = name;
+  c.seq_len = seq;
+  c.gpu_scale = true;  // a shape for the planner; small ones train anywhere
+  c.description = "decoder shape from " + where;
+  if (ffn == "gelu") {
+    for (const char* swiglu_only : {"kv_heads", "qkv_bias", "rope_theta", "norm_eps"}) {
+      if (k.Has(swiglu_only)) {
+        return k.Bad(std::string("'") + swiglu_only + "' applies to ffn=swiglu only (a GPT-2 block has " +
+                     "full multi-head attention, no RoPE, no RMSNorm)");
+      }
+    }
+    SK_RETURN_IF_ERROR(k.NoOthers());
+    c.family = ModelFamily::kGpt;
+    c.gpt.tie_word_embeddings = tied;
+    c.gpt.name = name;
+    c.gpt.vocab_size = vocab;
+    c.gpt.max_seq_len = seq;
+    c.gpt.n_layer = layers;
+    c.gpt.n_head = heads;
+    c.gpt.d_model = d_model;
+    c.gpt.d_ff = d_ff;
+    SK_RETURN_IF_ERROR(c.gpt.Validate().WithContext(where));
+    return c;
+  }
+  SK_RETURN_IF_ERROR(k.Int("kv_heads", false, &kv_heads));
+  c.family = ModelFamily::kLlama;
+  c.llama.name = name;
+  c.llama.vocab_size = vocab;
+  c.llama.max_seq_len = seq;
+  c.llama.n_layer = layers;
+  c.llama.n_head = heads;
+  c.llama.n_kv_head = kv_heads;
+  c.llama.d_model = d_model;
+  c.llama.d_ff = d_ff;
+  c.llama.tie_embeddings = tied;
+  SK_RETURN_IF_ERROR(k.Bool("qkv_bias", &c.llama.qkv_bias));
+  SK_RETURN_IF_ERROR(k.Float("rope_theta", &c.llama.rope_theta));
+  SK_RETURN_IF_ERROR(k.Float("norm_eps", &c.llama.rms_norm_eps));
+  SK_RETURN_IF_ERROR(k.NoOthers());
+  SK_RETURN_IF_ERROR(c.llama.Validate().WithContext(where));
+  return c;
+}
+
+std::string FloatText(float x) {
+  std::ostringstream o;
+  o.precision(9);
+  o << x;
+  return o.str();
+}
+
+}  // namespace
+
+bool IsDecoderSpec(const std::string& name) { return name.rfind(kDecoderSpecPrefix, 0) == 0; }
+
+StatusOr<NamedModelConfig> ParseDecoderSpec(const std::string& spec) {
+  if (!IsDecoderSpec(spec)) {
+    return InvalidArgumentError("decoder spec '" + spec + "' does not start with '" +
+                                kDecoderSpecPrefix + "'");
+  }
+  const std::string where = "decoder spec";
+  Keys k(where);
+  std::stringstream items(spec.substr(sizeof(kDecoderSpecPrefix) - 1));
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) return k.Bad("'" + item + "' is not key=value");
+    SK_RETURN_IF_ERROR(k.Add(item.substr(0, eq), item.substr(eq + 1)));
+  }
+  return Build(k, where);
+}
+
+StatusOr<NamedModelConfig> DecoderFromJson(const std::string& text, const std::string& where) {
+  using nlohmann::json;
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(where + ": not valid JSON: " + e.what());
+  }
+  if (!doc.is_object() || !doc.contains("decoder")) {
+    return NotFoundError(where + " has no \"decoder\" object");
+  }
+  const json& d = doc["decoder"];
+  if (doc.size() != 1) return InvalidArgumentError(where + ": a decoder file holds only \"decoder\"");
+  if (!d.is_object()) return InvalidArgumentError(where + ": \"decoder\" is not a JSON object");
+  Keys k(where);
+  for (auto it = d.begin(); it != d.end(); ++it) {
+    const json& v = it.value();
+    std::string text_value;
+    if (v.is_string()) {
+      text_value = v.get<std::string>();
+    } else if (v.is_boolean()) {
+      text_value = v.get<bool>() ? "true" : "false";
+    } else if (v.is_number()) {
+      text_value = v.dump();
+    } else {
+      return k.Bad("'" + it.key() + "' must be a number, a boolean or a string");
+    }
+    SK_RETURN_IF_ERROR(k.Add(it.key(), std::move(text_value)));
+  }
+  return Build(k, where);
+}
+
+StatusOr<std::string> DecoderSpecOf(const NamedModelConfig& c) {
+  std::string s = kDecoderSpecPrefix;
+  auto add = [&s](const std::string& key, const std::string& value) {
+    if (s.size() > sizeof(kDecoderSpecPrefix) - 1) s += ",";
+    s += key + "=" + value;
+  };
+  if (c.family == ModelFamily::kGpt) {
+    const GptConfig& g = c.gpt;
+    add("name", g.name);
+    add("ffn", "gelu");
+    add("layers", std::to_string(g.n_layer));
+    add("d_model", std::to_string(g.d_model));
+    add("heads", std::to_string(g.n_head));
+    add("d_ff", std::to_string(g.ff()));
+    add("vocab", std::to_string(g.vocab_size));
+    add("seq", std::to_string(g.max_seq_len));
+    add("tied", g.tie_word_embeddings ? "true" : "false");
+    return s;
+  }
+  if (c.family == ModelFamily::kLlama) {
+    const LlamaConfig& l = c.llama;
+    add("name", l.name);
+    add("ffn", "swiglu");
+    add("layers", std::to_string(l.n_layer));
+    add("d_model", std::to_string(l.d_model));
+    add("heads", std::to_string(l.n_head));
+    add("kv_heads", std::to_string(l.kv_heads()));
+    add("d_ff", std::to_string(l.d_ff));
+    add("vocab", std::to_string(l.vocab_size));
+    add("seq", std::to_string(l.max_seq_len));
+    add("tied", l.tie_embeddings ? "true" : "false");
+    add("qkv_bias", l.qkv_bias ? "true" : "false");
+    add("rope_theta", FloatText(l.rope_theta));
+    add("norm_eps", FloatText(l.rms_norm_eps));
+    return s;
+  }
+  return InvalidArgumentError("model '" + c.name + "' is not a decoder of the GPT or Llama family");
+}
+
+}  // namespace sk
