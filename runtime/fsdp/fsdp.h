@@ -289,6 +289,7 @@ class FullyShardedModel final : public DataParallelModel {
   // The resolved strategy: this model's mesh and reshard policy.
   const ShardingPlan& sharding() const { return sharding_; }
   int num_units() const { return static_cast<int>(units_.size()); }
+  const UnitSpec& unit(int u) const { return units_[u]; }
   const FlatParamLayout& layout(int unit) const { return flat_[unit].layout; }
   // The unit's f32 master shard and gradient shard on this rank.
   const Tensor& master_shard(int unit) const { return flat_[unit].master; }

@@ -1,6 +1,7 @@
 #include "runtime/train/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -216,7 +217,32 @@ StatusOr<std::unique_ptr<Optimizer>> CreateEngineOptimizer(const OptimizerOption
                                                            Allocator* offload_state) {
   // With CPU offload the optimizer steps on the host, beside the shards.
   Allocator* state = offload_state != nullptr ? offload_state : &engine.activation_allocator();
-  return Optimizer::Create(options, state);
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, Optimizer::Create(options, state));
+  if (options.param_groups.empty()) return optimizer;
+  auto* fsdp = dynamic_cast<FullyShardedModel*>(&engine);
+  if (fsdp == nullptr) {
+    return UnimplementedError("parameter groups need FSDP (the DDP baseline steps whole parameters "
+                              "without them)");
+  }
+  // Each parameter's slice of this rank's flat shard steps with its group's values.
+  for (int u = 0; u < fsdp->num_units(); ++u) {
+    const UnitSpec& unit = fsdp->unit(u);
+    std::vector<Optimizer::HyperSegment> segments;
+    for (const FlatParamLayout::ShardSlice& s : fsdp->layout(u).ShardSlices(fsdp->shard_group().rank())) {
+      const ParamSpec& p = unit.params[s.param];
+      const int g = SelectParamGroup(options.param_groups, unit.name, p.name, p.shape.rank());
+      if (g < 0) continue;
+      const ParamGroup& group = options.param_groups[g];
+      Optimizer::HyperSegment h;
+      h.begin = s.shard_offset;
+      h.end = s.shard_offset + (s.param_end - s.param_begin);
+      h.weight_decay = group.weight_decay >= 0 ? group.weight_decay : options.weight_decay;
+      h.lr_multiplier = group.lr_multiplier;
+      if (h.end > h.begin) segments.push_back(h);
+    }
+    SK_RETURN_IF_ERROR(optimizer->SetSegments(u, std::move(segments)));
+  }
+  return optimizer;
 }
 
 StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> units,
@@ -416,8 +442,19 @@ Status FsdpEngine::OptimizerStep() {
   }
   UseStream(stream_.get());
   Status s = fsdp_->OptimizerStep(*optimizer_);
-  if (s.ok()) phase_ = Phase::kIdle;
+  if (s.ok()) {
+    phase_ = Phase::kIdle;
+    ++steps_;
+  }
   return s;
+}
+
+Status FsdpEngine::set_lr(float lr) {
+  if (!std::isfinite(lr) || lr < 0) {
+    return InvalidArgumentError("learning rate must be finite and >= 0, not " + std::to_string(lr));
+  }
+  optimizer_->set_lr(lr);
+  return OkStatus();
 }
 
 Status FsdpEngine::ZeroGrad() {
@@ -508,7 +545,7 @@ Status FsdpEngine::SaveFullStateDict(const std::string& path, WeightLayout layou
   TrainingState state{"engine", &units_, fsdp_.get(), optimizer_.get()};
   FullStateDictOptions o;
   o.layout = layout;
-  return sk::SaveFullStateDict(path, state, /*step=*/0, o);
+  return sk::SaveFullStateDict(path, state, steps_, o);
 }
 
 Status FsdpEngine::LoadFullStateDict(const std::string& path, WeightLayout layout) {
@@ -516,7 +553,21 @@ Status FsdpEngine::LoadFullStateDict(const std::string& path, WeightLayout layou
   TrainingState state{"engine", &units_, fsdp_.get(), optimizer_.get()};
   FullStateDictOptions o;
   o.layout = layout;
-  return sk::LoadFullStateDict(path, state, o).status();
+  SK_ASSIGN_OR_RETURN(steps_, sk::LoadFullStateDict(path, state, o));
+  return OkStatus();
+}
+
+Status FsdpEngine::SaveCheckpoint(const std::string& dir) {
+  SK_RETURN_IF_ERROR(CheckIdle("SaveCheckpoint"));
+  TrainingState state{"engine", &units_, fsdp_.get(), optimizer_.get()};
+  return SaveShardedCheckpoint(dir, state, steps_);
+}
+
+Status FsdpEngine::LoadCheckpoint(const std::string& dir) {
+  SK_RETURN_IF_ERROR(CheckIdle("LoadCheckpoint"));
+  TrainingState state{"engine", &units_, fsdp_.get(), optimizer_.get()};
+  SK_ASSIGN_OR_RETURN(steps_, LoadShardedCheckpoint(dir, state));
+  return OkStatus();
 }
 
 }  // namespace sk

@@ -244,6 +244,14 @@ class FsdpEngine {
   Status OptimizerStep();
   Status ZeroGrad();
 
+  // The learning rate of the following OptimizerSteps (the optimizer
+  // options' lr until set). 0 is valid. InvalidArgument for a negative or
+  // non-finite rate; not collective (every rank should set the same rate).
+  Status set_lr(float lr);
+  float lr() const { return optimizer_->options().lr; }
+  // Optimizer steps taken (restored by checkpoints and state dicts).
+  int64_t steps() const { return steps_; }
+
   // Copies the full f32 parameter into out[0..count). Collective.
   // InvalidArgument when count is not the parameter's element count;
   // FailedPrecondition on a sim device (its tensors hold no data).
@@ -254,10 +262,20 @@ class FsdpEngine {
   // layout the optimizer state. Rank 0 writes. Collective; FailedPrecondition
   // while a unit is between a Pre call and its Post call, and on a sim device.
   Status SaveFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
-  // Loads one (any world size and strategy); optimizer state is restored when
-  // the file has it. Collective; FailedPrecondition as above; on error
+  // Loads one (any world size and strategy); optimizer state and steps() are
+  // restored when the file has them (the shardkit layout; other layouts set
+  // steps() to 0). Collective; FailedPrecondition as above; on error
   // nothing changes.
   Status LoadFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
+
+  // A sharded checkpoint in the trainer's format (runtime/fsdp/checkpoint.h:
+  // one file per shard rank and an index) with the optimizer state and
+  // steps(); it loads at any world size and strategy, into an engine over
+  // the same units (or a trainer of the same units). Collective;
+  // FailedPrecondition as for the state dicts; a failed save leaves the
+  // previous checkpoint in `dir`, a failed load changes nothing.
+  Status SaveCheckpoint(const std::string& dir);
+  Status LoadCheckpoint(const std::string& dir);
 
   FullyShardedModel& fsdp() { return *fsdp_; }
   Optimizer& optimizer() { return *optimizer_; }
@@ -306,6 +324,7 @@ class FsdpEngine {
   std::vector<std::vector<Tensor>> params_;
   std::vector<std::vector<Tensor>> grads_;
   Phase phase_ = Phase::kIdle;
+  int64_t steps_ = 0;
   std::vector<Window> windows_;  // per unit
   std::vector<Stream*> window_streams_;  // per unit: the stream its Pre call used
 };
