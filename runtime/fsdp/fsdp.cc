@@ -912,6 +912,33 @@ Status FullyShardedModel::LoadFullParams(int unit, const std::vector<Tensor>& pa
   return OkStatus();
 }
 
+Status FullyShardedModel::LoadFullParam(int unit, int param, const Tensor& value) {
+  SK_RETURN_IF_ERROR(CheckUnit(unit, "LoadFullParam"));
+  FlatUnit& f = flat_[unit];
+  const auto& specs = f.layout.params();
+  if (param < 0 || static_cast<size_t>(param) >= specs.size()) {
+    return OutOfRangeError("parameter " + std::to_string(param) + " out of range (unit '" + units_[unit].name +
+                           "' has " + std::to_string(specs.size()) + ")");
+  }
+  if (value.dtype() != DType::kF32 || value.numel() != specs[param].shape.numel()) {
+    return InvalidArgumentError("parameter '" + units_[unit].name + "." + specs[param].name + "' is f32" +
+                                specs[param].shape.ToString() + ", got " + value.ToString());
+  }
+  SK_ASSIGN_OR_RETURN(Tensor flat, value.Reshape(Shape{value.numel()}));
+  for (const auto& s : f.layout.ShardSlices(shard_group_->rank())) {
+    if (s.param != param) continue;
+    const int64_t n = s.param_end - s.param_begin;
+    SK_ASSIGN_OR_RETURN(Tensor src, Slice(flat, s.param_begin, n));
+    SK_ASSIGN_OR_RETURN(Tensor dst, Slice(f.master, s.shard_offset, n));
+    SK_RETURN_IF_ERROR(WriteMaster(src, dst));
+  }
+  masters_written_ = true;
+  if (ParamsPersistent()) {
+    SK_RETURN_IF_ERROR(Regather(unit));
+  }
+  return OkStatus();
+}
+
 Status FullyShardedModel::LoadMasterShard(int unit, const Tensor& shard) {
   SK_RETURN_IF_ERROR(CheckUnit(unit, "LoadMasterShard"));
   FlatUnit& f = flat_[unit];

@@ -315,6 +315,12 @@ class FullyShardedModel final : public DataParallelModel {
   // slices. InvalidArgument on shape
   // mismatch; nothing changes then.
   Status LoadFullParams(int unit, const std::vector<Tensor>& params);
+  // Overwrites parameter `param` of `unit` from its full f32 value (any
+  // shape of its element count; host memory or this model's device): each
+  // rank keeps its slice. Collective over the shard group for the strategies
+  // that keep full parameters (they regather the unit); every rank passes
+  // the same value. OutOfRange/InvalidArgument before anything changes.
+  Status LoadFullParam(int unit, int param, const Tensor& value);
   // Overwrites the master shard of `unit` from `shard` (f32[shard_numel], host
   // memory or this model's device; checkpoint loading). InvalidArgument on a
   // dtype or size mismatch; nothing changes then.

@@ -527,6 +527,19 @@ Status FsdpEngine::ReadParam(int unit, int param, float* out, int64_t count) {
   return OkStatus();
 }
 
+Status FsdpEngine::WriteParam(int unit, int param, const float* values, int64_t count) {
+  SK_RETURN_IF_ERROR(CheckParam(unit, param));
+  SK_RETURN_IF_ERROR(CheckIdle("WriteParam"));
+  const ParamSpec& p = units_[unit].params[param];
+  if (count != p.shape.numel()) {
+    return InvalidArgumentError("parameter '" + units_[unit].name + "." + p.name + "' has " +
+                                std::to_string(p.shape.numel()) + " elements, count is " + std::to_string(count));
+  }
+  if (values == nullptr && count > 0) return InvalidArgumentError("values is NULL");
+  SK_ASSIGN_OR_RETURN(Tensor t, Tensor::Wrap(const_cast<float*>(values), DType::kF32, Shape{count}));
+  return fsdp_->LoadFullParam(unit, param, t);
+}
+
 Status FsdpEngine::CheckIdle(const char* what) const {
   if (allocator_->device().kind == DeviceKind::kSim) {
     return FailedPreconditionError(std::string(what) + ": a sim device's tensors hold no data");

@@ -206,6 +206,12 @@ class FsdpEngine {
   // dtype; FSDP converts to reduce_dtype only to communicate), valid until
   // PostBackward.
   // FailedPrecondition outside PreBackward..PostBackward.
+  // What it holds: zeros in the first backward after ZeroGrad or after a
+  // backward with gradient sync on; after a backward with sync off
+  // (no_sync), the running sum of this rank's gradients since then: it IS
+  // the accumulation buffer (as torch's .grad under no_sync), so the caller
+  // must add, never assign. Chosen over zeroing per micro-batch because the
+  // latter needs a second full-size buffer per unit while accumulating.
   StatusOr<const Tensor*> Grad(int unit, int param) const;
 
   // Caller streams. A caller that computes on its own stream S (a CUDA
@@ -256,6 +262,15 @@ class FsdpEngine {
   // InvalidArgument when count is not the parameter's element count;
   // FailedPrecondition on a sim device (its tensors hold no data).
   Status ReadParam(int unit, int param, float* out, int64_t count);
+  // Sets the full f32 value of a parameter from values[0..count) (host
+  // memory; every rank passes the same values): each rank writes its slice
+  // of the master shard. Collective (the strategies that keep full
+  // parameters regather the unit). InvalidArgument when count is not the
+  // parameter's element count or values is null; FailedPrecondition while a
+  // unit is between a Pre and its Post call, and on a sim device. Optimizer
+  // state is kept (a framework initialising its weights calls it before the
+  // first step).
+  Status WriteParam(int unit, int param, const float* values, int64_t count);
 
   // A full state dict of the units (runtime/fsdp/checkpoint.h): every
   // parameter in full as "<unit>.<param>" in `layout`, and in the shardkit

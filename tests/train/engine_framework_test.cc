@@ -253,5 +253,36 @@ TEST(EngineNoSync, TheGradientViewHoldsTheRunningSumOfTheAccumulatedMicroBatches
   }
 }
 
+// Write a parameter: every strategy reads back what was written, the other
+// parameters keep their values, and training continues from it.
+TEST(EngineWriteParam, WrittenValuesAreReadBackOnEveryStrategy) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                    ShardingStrategy::kShardOptim, ShardingStrategy::kNoShard}) {
+    RunRanks(2, [&](int, comm::ProcessGroup* world) -> Status {
+      FsdpEngineOptions o = Sgd(0.5f, 0.f);
+      o.fsdp.strategy = strategy;
+      SK_ASSIGN_OR_RETURN(auto e, FsdpEngine::Create(SmallModel(), world, o));
+      SK_ASSIGN_OR_RETURN(auto before, ReadAll(*e));
+      const std::vector<float> w = {1, 2, 3, 4, 5, 6};
+      SK_RETURN_IF_ERROR(e->WriteParam(0, 0, w.data(), 6));
+      SK_ASSIGN_OR_RETURN(auto after, ReadAll(*e));
+      EXPECT_EQ(after[0], w) << ShardingStrategyName(strategy);
+      EXPECT_EQ(after[1], before[1]);
+      EXPECT_EQ(after[2], before[2]);
+      EXPECT_EQ(e->WriteParam(0, 0, w.data(), 5).code(), StatusCode::kInvalidArgument);
+      EXPECT_EQ(e->WriteParam(0, 0, nullptr, 6).code(), StatusCode::kInvalidArgument);
+      EXPECT_EQ(e->WriteParam(0, 7, w.data(), 6).code(), StatusCode::kOutOfRange);
+      SK_RETURN_IF_ERROR(e->PreForward(0));
+      Status inside = e->WriteParam(0, 0, w.data(), 6);
+      EXPECT_EQ(inside.code(), StatusCode::kFailedPrecondition) << inside;
+      SK_RETURN_IF_ERROR(e->PostForward(0));
+      SK_RETURN_IF_ERROR(Step(*e, [](float) { return 1.f; }));
+      SK_ASSIGN_OR_RETURN(auto stepped, ReadAll(*e));
+      for (size_t i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(stepped[0][i], w[i] - 0.5f);
+      return OkStatus();
+    });
+  }
+}
+
 }  // namespace
 }  // namespace sk
