@@ -385,6 +385,60 @@ SK_EXPORT sk_status_t sk_engine_read_param(sk_engine* engine, int32_t unit, int3
   SK_API_END
 }
 
+SK_EXPORT sk_status_t sk_engine_write_param(sk_engine* engine, int32_t unit, int32_t param, const float* values,
+                                            int64_t count) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->WriteParam(unit, param, values, count));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_set_lr(sk_engine* engine, float lr) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->set_lr(lr));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_get_lr(const sk_engine* engine, float* out_lr) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOut(out_lr, "out_lr"));
+  *out_lr = engine->engine->lr();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_steps(const sk_engine* engine, int64_t* out_steps) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOut(out_steps, "out_steps"));
+  *out_steps = engine->engine->steps();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_save_checkpoint(sk_engine* engine, const char* dir) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckString(dir, "dir"));
+  SK_CHECK(engine->engine->SaveCheckpoint(dir));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_load_checkpoint(sk_engine* engine, const char* dir, int64_t* out_step) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckString(dir, "dir"));
+  SK_CHECK(engine->engine->LoadCheckpoint(dir));
+  if (out_step != nullptr) *out_step = engine->engine->steps();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
 SK_EXPORT sk_status_t sk_engine_save_state_dict(sk_engine* engine, const char* path,
                                                 sk_weight_layout_t layout) {
   SK_API_BEGIN
