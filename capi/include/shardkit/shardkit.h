@@ -563,10 +563,6 @@ typedef struct sk_device_options {
 /* High level: trainer                                                       */
 /* ------------------------------------------------------------------------ */
 
-/* One rank's trainer: a named model, FSDP (or DDP) around it, an optimizer
- * and a deterministic data stream. */
-typedef struct sk_trainer sk_trainer;
-
 /* 0.6.0: learning-rate schedules. Step s (0-based) uses
  *   s < warmup_steps:  lr * (s + 1) / warmup_steps
  *   then CONSTANT:     lr
@@ -590,6 +586,10 @@ typedef struct sk_lr_schedule {
 } sk_lr_schedule;
 
 #define SK_LR_SCHEDULE_INIT {sizeof(sk_lr_schedule), SK_LR_SCHEDULE_DEFAULT, 0.0f, 0, 0}
+
+/* One rank's trainer: a named model, FSDP (or DDP) around it, an optimizer
+ * and a deterministic data stream. */
+typedef struct sk_trainer sk_trainer;
 
 typedef struct sk_trainer_options {
   size_t struct_size;
