@@ -642,6 +642,26 @@ class Engine : public detail::Owner<sk_engine, sk_engine_destroy> {
     Check(sk_engine_read_param(get(), unit, param, out.data(), numel));
     return out;
   }
+  // An update rule of your own (sk_engine_begin_custom_step): after
+  // FinishBackward, BeginCustomStep; update MasterShard(u) from GradShard(u)
+  // (state: OptimizerState(u, i)) for every unit; EndCustomStep.
+  void BeginCustomStep() { Check(sk_engine_begin_custom_step(get())); }
+  TensorView MasterShard(int32_t unit) {
+    TensorView v{SK_TENSOR_VIEW_INIT, device_};
+    Check(sk_engine_master_shard(get(), unit, &v.view));
+    return v;
+  }
+  TensorView GradShard(int32_t unit) {
+    TensorView v{SK_TENSOR_VIEW_INIT, device_};
+    Check(sk_engine_grad_shard(get(), unit, &v.view));
+    return v;
+  }
+  TensorView OptimizerState(int32_t unit, int32_t index) {
+    TensorView v{SK_TENSOR_VIEW_INIT, device_};
+    Check(sk_engine_optimizer_state(get(), unit, index, &v.view));
+    return v;
+  }
+  void EndCustomStep() { Check(sk_engine_end_custom_step(get())); }
   // Sets a parameter's full value (collective; every rank passes the same).
   void WriteParam(int32_t unit, int32_t param, const std::vector<float>& values) {
     Check(sk_engine_write_param(get(), unit, param, values.data(), static_cast<int64_t>(values.size())));

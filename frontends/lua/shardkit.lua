@@ -566,6 +566,30 @@ local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
   load_state_dict = function(self, path, layout)
     check(lib.sk_engine_load_state_dict(self.h, path, weight_layout(layout)))
   end,
+  -- An update rule of your own: after finish_backward, begin_custom_step;
+  -- master_shard(u), grad_shard(u), optimizer_state(u, i) are float* views
+  -- (and their length) of this rank's shards, host memory only; then
+  -- end_custom_step.
+  begin_custom_step = function(self) check(lib.sk_engine_begin_custom_step(self.h)) end,
+  master_shard = function(self, unit)
+    local v = ffi.new("sk_tensor_view")
+    v.struct_size = ffi.sizeof(v)
+    check(lib.sk_engine_master_shard(self.h, unit, v))
+    return f32(v, self, "master_shard")
+  end,
+  grad_shard = function(self, unit)
+    local v = ffi.new("sk_tensor_view")
+    v.struct_size = ffi.sizeof(v)
+    check(lib.sk_engine_grad_shard(self.h, unit, v))
+    return f32(v, self, "grad_shard")
+  end,
+  optimizer_state = function(self, unit, index)
+    local v = ffi.new("sk_tensor_view")
+    v.struct_size = ffi.sizeof(v)
+    check(lib.sk_engine_optimizer_state(self.h, unit, index, v))
+    return f32(v, self, "optimizer_state")
+  end,
+  end_custom_step = function(self) check(lib.sk_engine_end_custom_step(self.h)) end,
   -- Sets a parameter's full value from a Lua array (collective).
   write_param = function(self, unit, param, values)
     local n = #values

@@ -796,13 +796,21 @@ Status FullyShardedModel::ScaleGradients(float factor) {
 }
 
 Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
-  SK_RETURN_IF_ERROR(FinishBackward());
+  SK_RETURN_IF_ERROR(BeginMasterUpdate());
   std::vector<ShardRef> refs;
   for (int u = 0; u < num_units(); ++u) {
     refs.push_back(ShardRef{u, flat_[u].master, flat_[u].grad});
   }
-  SK_RETURN_IF_ERROR(QuiesceMasterReaders());
   SK_RETURN_IF_ERROR(optimizer.Step(shard_context(), refs));
+  return EndMasterUpdate();
+}
+
+Status FullyShardedModel::BeginMasterUpdate() {
+  SK_RETURN_IF_ERROR(FinishBackward());
+  return QuiesceMasterReaders();
+}
+
+Status FullyShardedModel::EndMasterUpdate() {
   if (host_stream_ != nullptr) {
     // The host steps synchronously (the driving thread runs the optimizer):
     // on a host stream (sim), the caller waits for it.

@@ -279,6 +279,14 @@ class FullyShardedModel final : public DataParallelModel {
   // for SHARD_OPTIM and NO_SHARD, refreshes the persistent full parameters.
   Status ScaleGradients(float factor) override;
   Status OptimizerStep(Optimizer& optimizer) override;
+  // OptimizerStep in two halves, for an update rule of the caller's own
+  // (FsdpEngine's custom step): BeginMasterUpdate finishes the backward and
+  // waits until nothing reads the master shards; the caller then updates
+  // master_shard(u) from grad_shard(u) in shard_context()'s order;
+  // EndMasterUpdate refreshes what FSDP keeps of the parameters (collective
+  // for SHARD_OPTIM and NO_SHARD, which regather).
+  Status BeginMasterUpdate();
+  Status EndMasterUpdate();
   // Zeroes the gradient shards (and accumulated no_sync gradients).
   void ZeroGrad() override;
 

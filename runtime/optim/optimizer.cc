@@ -213,6 +213,16 @@ Status Optimizer::SetSegments(int slot, std::vector<HyperSegment> segments) {
   return OkStatus();
 }
 
+StatusOr<const std::vector<Tensor>*> Optimizer::SlotState(const ops::OpContext& ctx, int slot, int64_t n) {
+  SK_ASSIGN_OR_RETURN(Slot * s, GetOrCreateSlot(ctx, slot, n));
+  return &s->state;
+}
+
+void Optimizer::CountStep(int slot) {
+  auto it = slots_.find(slot);
+  if (it != slots_.end()) ++it->second.step;
+}
+
 int64_t Optimizer::step_count(int slot) const {
   auto it = slots_.find(slot);
   return it == slots_.end() ? 0 : it->second.step;

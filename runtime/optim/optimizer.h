@@ -113,6 +113,16 @@ class Optimizer {
   // state cannot be allocated.
   Status Step(const ops::OpContext& ctx, const std::vector<ShardRef>& shards);
 
+  // The state tensors of `slot` in StateNames() order, created zeroed with
+  // `n` elements (from ctx) on first use: where an update rule of the
+  // caller's own keeps its state, so that checkpoints save it. The tensors
+  // live as long as the optimizer. InvalidArgument if the slot has another
+  // size; ResourceExhausted if state cannot be allocated.
+  StatusOr<const std::vector<Tensor>*> SlotState(const ops::OpContext& ctx, int slot, int64_t n);
+  // Counts one step of `slot` taken outside Step (a caller's own rule);
+  // nothing for a slot without state (SlotState creates it).
+  void CountStep(int slot);
+
   // Steps taken by `slot` (0 if never stepped).
   int64_t step_count(int slot) const;
   // Names of the per-element state tensors of this optimizer kind, in a fixed

@@ -359,6 +359,9 @@ const char* FsdpEngine::PhaseName(Phase p) {
 }
 
 Status FsdpEngine::CheckNoOpenWindow(const char* call) const {
+  if (custom_step_) {
+    return FailedPreconditionError(std::string(call) + " during a custom step: expected EndCustomStep first");
+  }
   for (int u = 0; u < num_units(); ++u) {
     if (windows_[u] == Window::kNone) continue;
     const bool fwd = windows_[u] == Window::kForward;
@@ -372,6 +375,9 @@ Status FsdpEngine::CheckNoOpenWindow(const char* call) const {
 
 Status FsdpEngine::PreForward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
+  if (custom_step_) {
+    return FailedPreconditionError("PreForward during a custom step: expected EndCustomStep first");
+  }
   UseStream(stream_.get());
   StatusOr<std::vector<Tensor>> params = fsdp_->PreForward(unit);
   if (!params.ok()) return HookResult(params.status());
@@ -392,6 +398,9 @@ Status FsdpEngine::PostForward(int unit) {
 
 Status FsdpEngine::PreBackward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
+  if (custom_step_) {
+    return FailedPreconditionError("PreBackward during a custom step: expected EndCustomStep first");
+  }
   UseStream(stream_.get());
   StatusOr<UnitBackwardBuffers> buffers = fsdp_->PreBackward(unit);
   if (!buffers.ok()) return HookResult(buffers.status());
@@ -447,6 +456,66 @@ Status FsdpEngine::OptimizerStep() {
     ++steps_;
   }
   return s;
+}
+
+Status FsdpEngine::BeginCustomStep() {
+  SK_RETURN_IF_ERROR(CheckNoOpenWindow("BeginCustomStep"));
+  if (phase_ != Phase::kFinished) {
+    return FailedPreconditionError(std::string("BeginCustomStep ") + PhaseName(phase_) + ": expected " +
+                                   (phase_ == Phase::kIdle ? "a backward pass and FinishBackward"
+                                                           : "FinishBackward") +
+                                   " first");
+  }
+  UseStream(stream_.get());
+  SK_RETURN_IF_ERROR(fsdp_->BeginMasterUpdate());
+  custom_step_ = true;
+  return OkStatus();
+}
+
+Status FsdpEngine::CheckCustomView(int unit, const char* what) const {
+  SK_RETURN_IF_ERROR(CheckUnit(unit));
+  if (!custom_step_) {
+    return FailedPreconditionError(std::string(what) + " outside a custom step: expected BeginCustomStep first");
+  }
+  return OkStatus();
+}
+
+StatusOr<const Tensor*> FsdpEngine::MasterShard(int unit) const {
+  SK_RETURN_IF_ERROR(CheckCustomView(unit, "MasterShard"));
+  return &fsdp_->master_shard(unit);
+}
+
+StatusOr<const Tensor*> FsdpEngine::GradShard(int unit) const {
+  SK_RETURN_IF_ERROR(CheckCustomView(unit, "GradShard"));
+  return &fsdp_->grad_shard(unit);
+}
+
+StatusOr<const Tensor*> FsdpEngine::OptimizerState(int unit, int index) {
+  SK_RETURN_IF_ERROR(CheckCustomView(unit, "OptimizerState"));
+  const std::vector<std::string> names = optimizer_->StateNames();
+  if (index < 0 || static_cast<size_t>(index) >= names.size()) {
+    return OutOfRangeError("optimizer state " + std::to_string(index) + " out of range: this optimizer keeps " +
+                           std::to_string(names.size()) +
+                           " state tensors per unit (SGD with momentum one, Adam and AdamW two)");
+  }
+  SK_ASSIGN_OR_RETURN(const std::vector<Tensor>* state,
+                      optimizer_->SlotState(fsdp_->shard_context(), unit, fsdp_->master_shard(unit).numel()));
+  return &(*state)[static_cast<size_t>(index)];
+}
+
+Status FsdpEngine::EndCustomStep() {
+  if (!custom_step_) return FailedPreconditionError("EndCustomStep: expected BeginCustomStep first");
+  UseStream(stream_.get());
+  Status s = fsdp_->EndMasterUpdate();
+  if (!s.ok()) return s;
+  for (int u = 0; u < num_units(); ++u) {
+    SK_RETURN_IF_ERROR(optimizer_->SlotState(fsdp_->shard_context(), u, fsdp_->master_shard(u).numel()).status());
+    optimizer_->CountStep(u);
+  }
+  custom_step_ = false;
+  phase_ = Phase::kIdle;
+  ++steps_;
+  return OkStatus();
 }
 
 Status FsdpEngine::set_lr(float lr) {

@@ -258,6 +258,30 @@ class FsdpEngine {
   // Optimizer steps taken (restored by checkpoints and state dicts).
   int64_t steps() const { return steps_; }
 
+  // An update rule of the caller's own, instead of OptimizerStep:
+  //   FinishBackward, ClipGradNorm?, BeginCustomStep,
+  //   for every unit: read GradShard(u), update MasterShard(u) in place
+  //   (and OptimizerState(u, i), the caller's per-element state),
+  //   EndCustomStep.
+  // The shards are this rank's f32 slices of each unit's flat parameter
+  // (padding included; the gradient is the mean over ranks, clipped if
+  // ClipGradNorm clipped). They are host memory on cpu (and with
+  // cpu_offload), device memory on cuda: the caller's device work on them
+  // must be complete before EndCustomStep. OptimizerState gives the built-in
+  // optimizer's state tensors of the unit's slot (its kind decides how many:
+  // Optimizer::StateNames(), e.g. one for SGD with momentum, two for Adam),
+  // zeroed on first use and saved by checkpoints. EndCustomStep refreshes
+  // what FSDP keeps of the parameters (collective for SHARD_OPTIM and
+  // NO_SHARD) and counts the step. FailedPrecondition: BeginCustomStep
+  // before FinishBackward or with a unit's window open; the views outside
+  // Begin..End; any other step call (hooks, OptimizerStep, ZeroGrad, ...)
+  // inside it. OutOfRange for bad indices.
+  Status BeginCustomStep();
+  StatusOr<const Tensor*> MasterShard(int unit) const;
+  StatusOr<const Tensor*> GradShard(int unit) const;
+  StatusOr<const Tensor*> OptimizerState(int unit, int index);
+  Status EndCustomStep();
+
   // Copies the full f32 parameter into out[0..count). Collective.
   // InvalidArgument when count is not the parameter's element count;
   // FailedPrecondition on a sim device (its tensors hold no data).
@@ -310,6 +334,8 @@ class FsdpEngine {
   // FailedPrecondition naming `call` and the Post call that must come first
   // when any unit is between its Pre and Post call; OK otherwise.
   Status CheckNoOpenWindow(const char* call) const;
+  // OutOfRange for a bad unit; FailedPrecondition outside a custom step.
+  Status CheckCustomView(int unit, const char* what) const;
   // Points FSDP at the stream of a unit's open window (Post calls) or at the
   // current one (other calls).
   void UseStream(Stream* stream) { fsdp_->set_caller_stream(stream); }
@@ -340,6 +366,7 @@ class FsdpEngine {
   std::vector<std::vector<Tensor>> grads_;
   Phase phase_ = Phase::kIdle;
   int64_t steps_ = 0;
+  bool custom_step_ = false;  // between BeginCustomStep and EndCustomStep
   std::vector<Window> windows_;  // per unit
   std::vector<Stream*> window_streams_;  // per unit: the stream its Pre call used
 };

@@ -329,4 +329,68 @@ sk_status_t TrainerLrRank(int32_t, sk_process_group* g, void*) {
 
 TEST(CapiFramework, TrainerGetAndSetLr) { ASSERT_OK(sk_run_local_ranks(1, nullptr, TrainerLrRank, nullptr)); }
 
+// Your own update rule through the ABI: p -= 0.25 * sign(m) with m the
+// running gradient kept in the optimizer's state (one tensor: SGD momentum).
+TEST(CapiFramework, CustomStepUpdatesTheMasterShardsFromTheGradientShards) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = SmallSpec();
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  opt.kind = SK_OPTIMIZER_SGD;
+  opt.momentum = 0.9f;
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.optimizer = &opt;
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, &eo, &e));
+  const std::vector<float> b0 = Read(e, 0, 1, 3);
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_begin_custom_step(e));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_master_shard(e, 0, &v));
+  EXPECT_ERROR_MENTIONS("BeginCustomStep");
+  // A backward whose gradient is 1 everywhere, then the custom rule.
+  ASSERT_OK(sk_engine_zero_grad(e));
+  for (int u = 0; u < 2; ++u) {
+    ASSERT_OK(sk_engine_pre_forward(e, u));
+    ASSERT_OK(sk_engine_post_forward(e, u));
+  }
+  for (int u = 1; u >= 0; --u) {
+    ASSERT_OK(sk_engine_pre_backward(e, u));
+    for (int p = 0; p < (u == 0 ? 2 : 1); ++p) {
+      sk_tensor_view gv = SK_TENSOR_VIEW_INIT;
+      ASSERT_OK(sk_engine_grad(e, u, p, &gv));
+      for (int64_t i = 0; i < gv.numel; ++i) static_cast<float*>(gv.data)[i] += 1.0f;
+    }
+    ASSERT_OK(sk_engine_post_backward(e, u));
+  }
+  ASSERT_OK(sk_engine_finish_backward(e));
+  ASSERT_OK(sk_engine_begin_custom_step(e));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_optimizer_step(e));
+  for (int u = 0; u < 2; ++u) {
+    sk_tensor_view mv = SK_TENSOR_VIEW_INIT, gv = SK_TENSOR_VIEW_INIT, sv = SK_TENSOR_VIEW_INIT;
+    ASSERT_OK(sk_engine_master_shard(e, u, &mv));
+    ASSERT_OK(sk_engine_grad_shard(e, u, &gv));
+    ASSERT_OK(sk_engine_optimizer_state(e, u, 0, &sv));
+    ASSERT_EQ(mv.numel, gv.numel);
+    ASSERT_EQ(mv.numel, sv.numel);
+    EXPECT_EQ(mv.ndim, 1);
+    for (int64_t i = 0; i < mv.numel; ++i) {
+      float& m = static_cast<float*>(sv.data)[i];
+      m = 0.9f * m + static_cast<const float*>(gv.data)[i];
+      static_cast<float*>(mv.data)[i] -= m > 0 ? 0.25f : 0.0f;  // padding: gradient 0, unchanged
+    }
+  }
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_engine_optimizer_state(e, 0, 1, &v));
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_engine_master_shard(e, 5, &v));
+  ASSERT_OK(sk_engine_end_custom_step(e));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_end_custom_step(e));
+  const std::vector<float> b1 = Read(e, 0, 1, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(b1[i], b0[i] - 0.25f);
+  int64_t steps = 0;
+  ASSERT_OK(sk_engine_steps(e, &steps));
+  EXPECT_EQ(steps, 1);
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
 }  // namespace

@@ -400,6 +400,20 @@ test("issue 34: learning rate, schedules, parameter groups, collectives, engine 
   g:barrier()
   expect_error("INVALID_ARGUMENT", "reduce op", g.all_reduce, g, {1}, "median")
   expect_error("OUT_OF_RANGE", "root", g.broadcast, g, {1}, 3)
+  -- An update rule of one's own on the shards.
+  e:set_lr(0.5)
+  e:zero_grad(); e:pre_forward(u); e:post_forward(u); e:pre_backward(u)
+  local gb = e:grad(u, 1)
+  for i = 0, 1 do gb[i] = gb[i] + 1 end
+  e:post_backward(u); e:finish_backward()
+  expect_error("FAILED_PRECONDITION", "BeginCustomStep", e.master_shard, e, u)
+  e:begin_custom_step()
+  local master, n = e:master_shard(u)
+  local grad = e:grad_shard(u)
+  for i = 0, n - 1 do master[i] = master[i] - 0.25 * grad[i] end
+  e:end_custom_step()
+  assert(e:steps() == 3)
+  assert(e:read_param(u, 1, 2)[1] == 0.75, e:read_param(u, 1, 2)[1])
   e:close(); f:close()
 end)
 

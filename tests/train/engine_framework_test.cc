@@ -284,5 +284,73 @@ TEST(EngineWriteParam, WrittenValuesAreReadBackOnEveryStrategy) {
   }
 }
 
+// Your own optimizer: Lion (Chen et al. 2023) written on the shard views,
+// checked against the rule applied to the full parameters in double. The
+// momentum lives in the built-in optimizer's state (SGD with momentum keeps
+// one tensor per unit), so a checkpoint saves it.
+void LionOnShards(FsdpEngine& e, float lr, float b1, float b2, float wd) {
+  ASSERT_TRUE(e.BeginCustomStep().ok());
+  for (int u = 0; u < e.num_units(); ++u) {
+    StatusOr<const Tensor*> p = e.MasterShard(u), g = e.GradShard(u);
+    StatusOr<const Tensor*> m = e.OptimizerState(u, 0);
+    ASSERT_TRUE(p.ok() && g.ok() && m.ok()) << m.status();
+    float* pw = (*p)->data_as<float>();
+    const float* gw = (*g)->data_as<float>();
+    float* mw = (*m)->data_as<float>();
+    for (int64_t i = 0; i < (*p)->numel(); ++i) {
+      const float c = b1 * mw[i] + (1 - b1) * gw[i];
+      const float sign = c > 0 ? 1.f : (c < 0 ? -1.f : 0.f);
+      pw[i] = pw[i] * (1 - lr * wd) - lr * sign;
+      mw[i] = b2 * mw[i] + (1 - b2) * gw[i];
+    }
+  }
+  ASSERT_TRUE(e.EndCustomStep().ok());
+}
+
+TEST(EngineCustomOptimizer, LionOnTheShardsMatchesTheReferenceRule) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
+    RunRanks(2, [&](int rank, comm::ProcessGroup* world) -> Status {
+      FsdpEngineOptions o = Sgd(0.f, 0.f);
+      o.optimizer.momentum = 0.9f;  // one state tensor per unit
+      o.fsdp.strategy = strategy;
+      SK_ASSIGN_OR_RETURN(auto e, FsdpEngine::Create(SmallModel(), world, o));
+      SK_ASSIGN_OR_RETURN(auto start, ReadAll(*e));
+      EXPECT_EQ(e->BeginCustomStep().code(), StatusCode::kFailedPrecondition);  // before a backward
+      EXPECT_EQ(e->MasterShard(0).status().code(), StatusCode::kFailedPrecondition);
+      auto grad = [](float w) { return w - 0.5f; };
+      for (int s = 0; s < 3; ++s) {
+        SK_RETURN_IF_ERROR(e->ZeroGrad());
+        SK_RETURN_IF_ERROR(Backward(*e, grad));
+        SK_RETURN_IF_ERROR(e->FinishBackward());
+        LionOnShards(*e, 0.01f, 0.9f, 0.99f, 0.1f);
+      }
+      EXPECT_EQ(e->steps(), 3);
+      SK_RETURN_IF_ERROR(e->ZeroGrad());
+      SK_RETURN_IF_ERROR(Backward(*e, grad));
+      SK_RETURN_IF_ERROR(e->FinishBackward());
+      SK_RETURN_IF_ERROR(e->BeginCustomStep());
+      EXPECT_EQ(e->OptimizerState(0, 1).status().code(), StatusCode::kOutOfRange);
+      EXPECT_EQ(e->ZeroGrad().code(), StatusCode::kFailedPrecondition);
+      EXPECT_EQ(e->PreForward(0).code(), StatusCode::kFailedPrecondition);
+      SK_RETURN_IF_ERROR(e->EndCustomStep());  // a step with no change
+      SK_ASSIGN_OR_RETURN(auto got, ReadAll(*e));
+      for (size_t k = 0; k < start.size(); ++k) {
+        for (size_t i = 0; i < start[k].size(); ++i) {
+          double w = start[k][i], m = 0;
+          for (int s = 0; s < 3; ++s) {
+            const double g = static_cast<float>(w) - 0.5f;
+            const double c = 0.9 * m + 0.1 * g;
+            w = w * (1 - 0.01 * 0.1) - 0.01 * (c > 0 ? 1 : (c < 0 ? -1 : 0));
+            m = 0.99 * m + 0.01 * g;
+          }
+          EXPECT_NEAR(got[k][i], w, 1e-5) << ShardingStrategyName(strategy) << " rank " << rank << " param " << k
+                                          << " element " << i;
+        }
+      }
+      return OkStatus();
+    });
+  }
+}
+
 }  // namespace
 }  // namespace sk

@@ -93,7 +93,10 @@
  *  sk_optimizer_options.param_groups), collectives on the caller's buffers
  *  (sk_process_group_all_reduce, _broadcast, _all_gather, _barrier), the
  *  engine's sharded checkpoints and step count (sk_engine_save_checkpoint,
- *  sk_engine_load_checkpoint, sk_engine_steps) and sk_engine_write_param.
+ *  sk_engine_load_checkpoint, sk_engine_steps), sk_engine_write_param and
+ *  update rules of the caller's own (sk_engine_begin_custom_step,
+ *  sk_engine_master_shard, sk_engine_grad_shard, sk_engine_optimizer_state,
+ *  sk_engine_end_custom_step).
  *  It changed what sk_optimizer_options.lr = 0 means for a caller of the
  *  0.6.0 struct (a rate of 0; SK_OPTIMIZER_OPTIONS_INIT now sets 1e-3): a
  *  smaller struct from an older header still reads 0 as 1e-3.
@@ -1189,6 +1192,35 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_get_lr(const sk_engine* engine, flo
 /* 0.6.0: optimizer steps taken, restored by checkpoints and SHARDKIT state
  * dicts (other layouts load as step 0). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_steps(const sk_engine* engine, int64_t* out_steps);
+
+/* 0.6.0: your own optimizer. Instead of sk_engine_optimizer_step, after
+ * sk_engine_finish_backward (and clip_grad_norm):
+ *   sk_engine_begin_custom_step(e);
+ *   for every unit u: read sk_engine_grad_shard(e, u), update
+ *     sk_engine_master_shard(e, u) in place (state: sk_engine_optimizer_state);
+ *   sk_engine_end_custom_step(e);
+ * The views are this rank's f32 slices of the unit's flat parameter
+ * (1-D, padding included: its gradient is 0), valid until end_custom_step:
+ * host memory on cpu engines and with cpu_offload, device pointers of the
+ * engine's GPU on cuda (finish your device work on them before
+ * end_custom_step). The gradient is the mean over ranks (clipped if
+ * clip_grad_norm clipped). sk_engine_optimizer_state(e, u, i) is state
+ * tensor i of the built-in optimizer's slot for the unit, zeroed on first
+ * use and saved by checkpoints: sk_optimizer_options.kind decides how many
+ * (SGD with momentum > 0: one; Adam, AdamW: two; OUT_OF_RANGE beyond).
+ * end_custom_step refreshes what FSDP keeps of the parameters (collective
+ * for SHARD_OPTIM and NO_SHARD) and counts the step (sk_engine_steps).
+ * FAILED_PRECONDITION: begin before finish_backward or with a unit between
+ * its pre_ and post_ call; a view outside begin..end; any other step call
+ * inside it. examples: tests/train/engine_framework_test.cc (Lion). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_begin_custom_step(sk_engine* engine);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_master_shard(sk_engine* engine, int32_t unit,
+                                                          sk_tensor_view* out_view);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_grad_shard(sk_engine* engine, int32_t unit,
+                                                        sk_tensor_view* out_view);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_optimizer_state(sk_engine* engine, int32_t unit, int32_t index,
+                                                             sk_tensor_view* out_view);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_end_custom_step(sk_engine* engine);
 
 /* 0.6.0: sharded checkpoints of the engine in the trainer's format (a
  * directory: one safetensors file per shard rank and index.json; see

@@ -1221,6 +1221,17 @@ fn f32_slice<'a>(v: &sys::sk_tensor_view) -> Result<&'a mut [f32]> {
     Ok(unsafe { std::slice::from_raw_parts_mut(v.data as *mut f32, v.numel as usize) })
 }
 
+/// One unit's shards in [`Engine::custom_step`].
+pub struct CustomShard<'a> {
+    pub unit: i32,
+    /// This rank's f32 slice of the unit's flat parameter: update it in place.
+    pub master: &'a mut [f32],
+    /// Its gradient (the mean over ranks).
+    pub grad: &'a [f32],
+    /// The optimizer's state tensors for the unit (zeroed at first; saved by checkpoints).
+    pub state: Vec<&'a mut [f32]>,
+}
+
 fn typed_slice<'a, T: Element>(v: &sys::sk_tensor_view) -> Result<&'a mut [T]> {
     if v.dtype != T::DTYPE {
         return Err(Error::invalid_argument(format!(
@@ -1329,6 +1340,50 @@ impl Engine {
     pub fn load_state_dict(&mut self, path: impl AsRef<Path>, layout: WeightLayout) -> Result<()> {
         let path = path_cstring(path.as_ref())?;
         check(unsafe { sys::sk_engine_load_state_dict(self.raw, path.as_ptr(), layout.raw()) })
+    }
+    /// An update rule of your own instead of `optimizer_step` (after
+    /// `finish_backward`): `f` is called for every unit with this rank's f32
+    /// master shard (update it in place), gradient shard and the built-in
+    /// optimizer's state tensors for the unit (as many as its kind keeps:
+    /// one for SGD with momentum, two for Adam). CPU engines only (the views
+    /// are host memory); `sk_engine_begin_custom_step` in shardkit.h.
+    pub fn custom_step<F>(&mut self, mut f: F) -> Result<()>
+    where
+        F: FnMut(CustomShard<'_>) -> Result<()>,
+    {
+        self.check_host("custom_step")?;
+        check(unsafe { sys::sk_engine_begin_custom_step(self.raw) })?;
+        let body = (|| {
+            for unit in 0..self.num_units()? {
+                let master = self.raw_view(|e, v| unsafe { sys::sk_engine_master_shard(e, unit, v) })?;
+                let grad = self.raw_view(|e, v| unsafe { sys::sk_engine_grad_shard(e, unit, v) })?;
+                let mut state = Vec::new();
+                loop {
+                    let i = state.len() as i32;
+                    match self.raw_view(|e, v| unsafe { sys::sk_engine_optimizer_state(e, unit, i, v) }) {
+                        Ok(v) => state.push(typed_slice::<f32>(&v)?),
+                        Err(err) if err.code == sys::SK_STATUS_OUT_OF_RANGE => break,
+                        Err(err) => return Err(err),
+                    }
+                }
+                f(CustomShard { unit, master: typed_slice::<f32>(&master)?, grad: typed_slice::<f32>(&grad)?, state })?;
+            }
+            Ok(())
+        })();
+        let end = check(unsafe { sys::sk_engine_end_custom_step(self.raw) });
+        body.and(end)
+    }
+    fn raw_view(&self, f: impl FnOnce(*mut sys::sk_engine, *mut sys::sk_tensor_view) -> sys::sk_status_t) -> Result<sys::sk_tensor_view> {
+        let mut v = sys::sk_tensor_view {
+            struct_size: std::mem::size_of::<sys::sk_tensor_view>(),
+            data: ptr::null_mut(),
+            dtype: 0,
+            ndim: 0,
+            shape: ptr::null(),
+            numel: 0,
+        };
+        check(f(self.raw, &mut v))?;
+        Ok(v)
     }
     /// Sets a parameter's full f32 value (collective; every rank passes the
     /// same values).

@@ -545,6 +545,16 @@ extern "C" {
         values: *const f32,
         count: i64,
     ) -> sk_status_t;
+    pub fn sk_engine_begin_custom_step(engine: *mut sk_engine) -> sk_status_t;
+    pub fn sk_engine_master_shard(engine: *mut sk_engine, unit: i32, out_view: *mut sk_tensor_view) -> sk_status_t;
+    pub fn sk_engine_grad_shard(engine: *mut sk_engine, unit: i32, out_view: *mut sk_tensor_view) -> sk_status_t;
+    pub fn sk_engine_optimizer_state(
+        engine: *mut sk_engine,
+        unit: i32,
+        index: i32,
+        out_view: *mut sk_tensor_view,
+    ) -> sk_status_t;
+    pub fn sk_engine_end_custom_step(engine: *mut sk_engine) -> sk_status_t;
     pub fn sk_engine_set_lr(engine: *mut sk_engine, lr: f32) -> sk_status_t;
     pub fn sk_engine_get_lr(engine: *const sk_engine, out_lr: *mut f32) -> sk_status_t;
     pub fn sk_engine_steps(engine: *const sk_engine, out_steps: *mut i64) -> sk_status_t;

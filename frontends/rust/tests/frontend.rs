@@ -619,3 +619,43 @@ fn a_session_follows_warmup_and_cosine_and_set_lr_overrides_it() {
     let e = LocalSession::new(&bad, 1, None).unwrap_err();
     assert!(e.message.contains("decay_steps"), "{}", e);
 }
+
+#[test]
+fn custom_step_runs_an_update_rule_of_ones_own_on_the_shards() {
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let options = EngineOptions {
+        optimizer: OptimizerOptions { kind: sys::SK_OPTIMIZER_SGD, momentum: 0.9, ..Default::default() },
+        ..Default::default()
+    };
+    let mut e = Engine::new(&small_spec().unwrap(), &groups[0], &options).unwrap();
+    let b0 = e.read_param(0, 1, 3).unwrap();
+    assert_eq!(e.custom_step(|_| Ok(())).unwrap_err().code, sys::SK_STATUS_FAILED_PRECONDITION);
+    e.zero_grad().unwrap();
+    e.pre_forward(0).unwrap();
+    e.post_forward(0).unwrap();
+    e.pre_backward(0).unwrap();
+    for p in 0..2 {
+        for x in e.grad(0, p).unwrap().iter_mut() {
+            *x += 1.0;
+        }
+    }
+    e.post_backward(0).unwrap();
+    e.finish_backward().unwrap();
+    // Lion's sign update with its momentum in the optimizer's state.
+    e.custom_step(|shard| {
+        assert_eq!(shard.state.len(), 1);
+        let shardkit::CustomShard { master, grad, mut state, .. } = shard;
+        for i in 0..master.len() {
+            let c = 0.9 * state[0][i] + 0.1 * grad[i];
+            master[i] -= 0.25 * c.signum() * (c != 0.0) as i32 as f32;
+            state[0][i] = 0.99 * state[0][i] + 0.01 * grad[i];
+        }
+        Ok(())
+    })
+    .unwrap();
+    let b1 = e.read_param(0, 1, 3).unwrap();
+    for i in 0..3 {
+        assert_eq!(b1[i], b0[i] - 0.25);
+    }
+    assert_eq!(e.steps().unwrap(), 1);
+}
