@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/comm/caller_collectives.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/core/status.h"
 #include "runtime/fsdp/fsdp.h"
@@ -48,6 +49,12 @@
 struct sk_process_group {
   std::shared_ptr<sk::comm::ProcessGroup> group;
   std::string label;
+  // The group's timeout (gloo/nccl options; the default for local groups):
+  // what the caller's collectives wait for at most.
+  sk::Duration timeout = sk::kDefaultTimeout;
+  // The caller's collectives (sk_process_group_all_reduce, ...), made on
+  // first use. Declared after `group`: destroyed before it.
+  std::unique_ptr<sk::comm::CallerCollectives> collectives;
 };
 
 struct sk_trainer {
@@ -173,6 +180,10 @@ template <> inline constexpr size_t kFirstVersionSize<sk_step_metrics> =
 // 0.3.0's sk_engine_options ended at memory_cap_bytes; 0.4.0 appended device.
 template <> inline constexpr size_t kFirstVersionSize<sk_engine_options> =
     offsetof(sk_engine_options, device);
+// Before 0.6.0 sk_optimizer_options ended at weight_decay (and read lr 0 as
+// 1e-3); 0.6.0 appended param_groups.
+template <> inline constexpr size_t kFirstVersionSize<sk_optimizer_options> =
+    offsetof(sk_optimizer_options, param_groups);
 // 0.4.0's first sk_plan_candidate ended at exposed_comm_seconds; then
 // peak_host_bytes was appended.
 template <> inline constexpr size_t kFirstVersionSize<sk_plan_candidate> =

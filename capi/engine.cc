@@ -19,6 +19,20 @@ sk_tensor_view ViewOf(const sk::Tensor& t, const sk::Shape& shape) {
   return v;
 }
 
+// A 1-D view of a tensor the engine keeps (a shard or optimizer state): its
+// shape has the tensor's lifetime.
+sk_tensor_view FlatViewOf(const sk::Tensor& t) {
+  sk_tensor_view v;
+  std::memset(&v, 0, sizeof(v));
+  v.struct_size = sizeof(v);
+  v.data = t.data();
+  v.dtype = static_cast<sk_dtype_t>(t.dtype());
+  v.ndim = t.shape().rank();
+  v.shape = t.shape().dims().data();
+  v.numel = t.numel();
+  return v;
+}
+
 // OUT_OF_RANGE unless `unit` indexes `units`.
 Status CheckSpecUnit(const std::vector<sk::UnitSpec>& units, int32_t unit) {
   if (unit < 0 || static_cast<size_t>(unit) >= units.size()) {
@@ -420,6 +434,107 @@ SK_EXPORT sk_status_t sk_engine_read_param(sk_engine* engine, int32_t unit, int3
   SK_API_BEGIN
   SK_CHECK(CheckHandle(engine, "engine"));
   SK_CHECK(engine->engine->ReadParam(unit, param, out, count));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_begin_custom_step(sk_engine* engine) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->BeginCustomStep());
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_end_custom_step(sk_engine* engine) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->EndCustomStep());
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_master_shard(sk_engine* engine, int32_t unit, sk_tensor_view* out_view) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOutStruct(out_view, "out_view"));
+  SK_ASSIGN_OR_FAIL(const sk::Tensor* t, engine->engine->MasterShard(unit));
+  WriteStruct(out_view, FlatViewOf(*t));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_grad_shard(sk_engine* engine, int32_t unit, sk_tensor_view* out_view) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOutStruct(out_view, "out_view"));
+  SK_ASSIGN_OR_FAIL(const sk::Tensor* t, engine->engine->GradShard(unit));
+  WriteStruct(out_view, FlatViewOf(*t));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_optimizer_state(sk_engine* engine, int32_t unit, int32_t index,
+                                                sk_tensor_view* out_view) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOutStruct(out_view, "out_view"));
+  SK_ASSIGN_OR_FAIL(const sk::Tensor* t, engine->engine->OptimizerState(unit, index));
+  WriteStruct(out_view, FlatViewOf(*t));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_write_param(sk_engine* engine, int32_t unit, int32_t param, const float* values,
+                                            int64_t count) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->WriteParam(unit, param, values, count));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_set_lr(sk_engine* engine, float lr) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(engine->engine->set_lr(lr));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_get_lr(const sk_engine* engine, float* out_lr) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOut(out_lr, "out_lr"));
+  *out_lr = engine->engine->lr();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_steps(const sk_engine* engine, int64_t* out_steps) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckOut(out_steps, "out_steps"));
+  *out_steps = engine->engine->steps();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_save_checkpoint(sk_engine* engine, const char* dir) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckString(dir, "dir"));
+  SK_CHECK(engine->engine->SaveCheckpoint(dir));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_load_checkpoint(sk_engine* engine, const char* dir, int64_t* out_step) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_CHECK(CheckString(dir, "dir"));
+  SK_CHECK(engine->engine->LoadCheckpoint(dir));
+  if (out_step != nullptr) *out_step = engine->engine->steps();
   return SK_STATUS_OK;
   SK_API_END
 }

@@ -54,7 +54,30 @@ StatusOr<sk::OptimizerOptions> ToOptimizerOptions(const sk_optimizer_options* in
   SK_RETURN_IF_ERROR(CheckEnum(c.kind, SK_OPTIMIZER_ADAMW, "sk_optimizer_options.kind"));
   sk::OptimizerOptions o;
   if (c.kind != SK_OPTIMIZER_DEFAULT) o.kind = static_cast<sk::OptimizerKind>(c.kind);
-  if (c.lr != 0.f) o.lr = c.lr;
+  // The rate is taken as given from a 0.6.0 struct (0 is a rate); a struct
+  // from an older header, whose lr 0 meant "default", keeps that meaning.
+  const bool lr_as_given = in != nullptr && in->struct_size > offsetof(sk_optimizer_options, param_groups);
+  if (lr_as_given || c.lr != 0.f) o.lr = c.lr;
+  if (c.num_param_groups < 0 || (c.num_param_groups > 0 && c.param_groups == nullptr)) {
+    return sk::InvalidArgumentError("sk_optimizer_options.num_param_groups is " +
+                                    std::to_string(c.num_param_groups) + " with param_groups " +
+                                    (c.param_groups == nullptr ? "NULL" : "set"));
+  }
+  for (int32_t i = 0; i < c.num_param_groups; ++i) {
+    const std::string name = "sk_optimizer_options.param_groups[" + std::to_string(i) + "]";
+    sk_param_group g;
+    SK_RETURN_IF_ERROR(ReadStruct(&c.param_groups[i], name.c_str(), &g));
+    sk::ParamGroup pg;
+    if (g.pattern != nullptr) pg.pattern = g.pattern;
+    pg.norms_biases_embeddings = g.norms_biases_embeddings != 0;
+    pg.weight_decay = g.inherit_weight_decay != 0 ? -1.f : g.weight_decay;
+    if (g.inherit_weight_decay == 0 && !(g.weight_decay >= 0)) {
+      return sk::InvalidArgumentError(name + ".weight_decay must be >= 0 (set inherit_weight_decay for "
+                                             "the optimizer's)");
+    }
+    pg.lr_multiplier = g.lr_multiplier;
+    o.param_groups.push_back(std::move(pg));
+  }
   o.momentum = c.momentum;
   o.dampening = c.dampening;
   o.nesterov = c.nesterov != 0;
@@ -126,6 +149,16 @@ StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in,
   }
   o.ddp_bucket_bytes = c.ddp_bucket_bytes;
   SK_ASSIGN_OR_RETURN(o.device, ToDeviceOptions(c.device, group));
+  if (c.lr_schedule != nullptr) {
+    sk_lr_schedule ls;
+    SK_RETURN_IF_ERROR(ReadStruct(c.lr_schedule, "sk_lr_schedule", &ls));
+    SK_RETURN_IF_ERROR(CheckEnum(ls.kind, SK_LR_SCHEDULE_LINEAR, "sk_lr_schedule.kind"));
+    if (ls.kind != SK_LR_SCHEDULE_DEFAULT) o.lr_schedule.kind = static_cast<sk::LrScheduleKind>(ls.kind);
+    o.lr_schedule.warmup_steps = ls.warmup_steps;
+    o.lr_schedule.decay_steps = ls.decay_steps;
+    o.lr_schedule.min_lr = ls.min_lr;
+    SK_RETURN_IF_ERROR(sk::ValidateLrSchedule(o.lr_schedule, o.optimizer.lr).WithContext("sk_trainer_options"));
+  }
   return o;
 }
 
@@ -171,6 +204,7 @@ sk_step_metrics ToStepMetrics(const sk::StepMetrics& m, int rank) {
   c.bytes_communicated = m.bytes_communicated;
   c.global_loss = m.global_loss;
   c.simulated = m.simulated ? 1 : 0;
+  c.lr = m.lr;
   return c;
 }
 

@@ -45,11 +45,27 @@ StatusOr<std::vector<std::shared_ptr<sk::comm::ProcessGroup>>> CreateLocalGroups
 
 namespace {
 
-std::unique_ptr<sk_process_group> MakeGroupHandle(std::shared_ptr<sk::comm::ProcessGroup> g) {
+std::unique_ptr<sk_process_group> MakeGroupHandle(std::shared_ptr<sk::comm::ProcessGroup> g,
+                                                  sk::Duration timeout = sk::kDefaultTimeout) {
   auto h = std::make_unique<sk_process_group>();
   h->label = g->label();
   h->group = std::move(g);
+  h->timeout = timeout;
   return h;
+}
+
+// The group's caller collectives, made on first use.
+sk::StatusOr<sk::comm::CallerCollectives*> Collectives(sk_process_group* group) {
+  if (!group->collectives) {
+    SK_ASSIGN_OR_RETURN(group->collectives,
+                        sk::comm::CallerCollectives::Create(group->group.get(), group->timeout));
+  }
+  return group->collectives.get();
+}
+
+sk::StatusOr<sk::DType> CollectiveDType(sk_dtype_t dtype) {
+  SK_RETURN_IF_ERROR(sk::capi::CheckEnum(dtype, SK_DTYPE_F16, "dtype"));
+  return dtype == SK_DTYPE_DEFAULT ? sk::DType::kF32 : static_cast<sk::DType>(dtype);
 }
 
 // Runs body(rank) on `n` new threads and waits for all. The lowest failing
@@ -111,7 +127,7 @@ SK_EXPORT sk_status_t sk_process_group_create_gloo(const sk_gloo_options* option
   if (link) {
     SK_ASSIGN_OR_FAIL(group, sk::comm::NetworkModelProcessGroup::Wrap(std::move(group), *link));
   }
-  *out_group = Register(MakeGroupHandle(std::move(group)));
+  *out_group = Register(MakeGroupHandle(std::move(group), go.timeout));
   return SK_STATUS_OK;
   SK_API_END
 }
@@ -165,9 +181,53 @@ SK_EXPORT sk_status_t sk_process_group_create_nccl(const sk_nccl_options* option
                                  std::shared_ptr<sk::comm::Store>(std::move(store)), "nccl_world", c.rank,
                                  c.world_size, device, no));
   }
-  *out_group = Register(MakeGroupHandle(std::move(group)));
+  *out_group = Register(MakeGroupHandle(std::move(group), timeout));
   return SK_STATUS_OK;
 #endif
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_process_group_all_reduce(sk_process_group* group, void* data, int64_t count,
+                                                  sk_dtype_t dtype, sk_reduce_op_t op) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(group, "group"));
+  SK_ASSIGN_OR_FAIL(sk::DType dt, CollectiveDType(dtype));
+  SK_CHECK(CheckEnum(op, SK_REDUCE_MAX, "op"));
+  const auto o = op == SK_REDUCE_DEFAULT ? sk::comm::CallerReduceOp::kSum : static_cast<sk::comm::CallerReduceOp>(op);
+  SK_ASSIGN_OR_FAIL(sk::comm::CallerCollectives * c, Collectives(group));
+  SK_CHECK(c->AllReduce(data, count, dt, o));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_process_group_broadcast(sk_process_group* group, void* data, int64_t count,
+                                                 sk_dtype_t dtype, int32_t root) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(group, "group"));
+  SK_ASSIGN_OR_FAIL(sk::DType dt, CollectiveDType(dtype));
+  SK_ASSIGN_OR_FAIL(sk::comm::CallerCollectives * c, Collectives(group));
+  SK_CHECK(c->Broadcast(data, count, dt, root));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_process_group_all_gather(sk_process_group* group, const void* input, void* output,
+                                                  int64_t count, sk_dtype_t dtype) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(group, "group"));
+  SK_ASSIGN_OR_FAIL(sk::DType dt, CollectiveDType(dtype));
+  SK_ASSIGN_OR_FAIL(sk::comm::CallerCollectives * c, Collectives(group));
+  SK_CHECK(c->AllGather(input, output, count, dt));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_process_group_barrier(sk_process_group* group) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(group, "group"));
+  SK_ASSIGN_OR_FAIL(sk::comm::CallerCollectives * c, Collectives(group));
+  SK_CHECK(c->Barrier());
+  return SK_STATUS_OK;
   SK_API_END
 }
 

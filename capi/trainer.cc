@@ -1,6 +1,8 @@
 // The high level: trainers, the memory estimate, and the local session.
 #include "capi/abi.h"
 
+#include <cmath>
+
 #include "runtime/comm/local_backend.h"
 #include "runtime/fsdp/memory_estimator.h"
 #include "runtime/nn/configs.h"
@@ -53,6 +55,23 @@ SK_EXPORT sk_status_t sk_trainer_step(sk_trainer* trainer, sk_step_metrics* out_
   if (out_metrics != nullptr) SK_CHECK(CheckOutStruct(out_metrics, "out_metrics"));
   SK_ASSIGN_OR_FAIL(sk::StepMetrics m, trainer->trainer->Step());
   if (out_metrics != nullptr) WriteStruct(out_metrics, ToStepMetrics(m, trainer->trainer->rank()));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_trainer_set_lr(sk_trainer* trainer, float lr) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_CHECK(trainer->trainer->set_lr(lr));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_trainer_get_lr(const sk_trainer* trainer, float* out_lr) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_CHECK(CheckOut(out_lr, "out_lr"));
+  *out_lr = trainer->trainer->lr();
   return SK_STATUS_OK;
   SK_API_END
 }
@@ -212,6 +231,18 @@ SK_EXPORT sk_status_t sk_local_session_metrics(const sk_local_session* session, 
     return Fail(SK_STATUS_FAILED_PRECONDITION, "no step has completed yet (call sk_local_session_step)");
   }
   WriteStruct(out_metrics, ToStepMetrics(session->last_metrics[rank], rank));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_local_session_set_lr(sk_local_session* session, float lr) {
+  SK_API_BEGIN
+  SK_CHECK(CheckHandle(session, "session"));
+  // Checked once, so that no rank changes when the rate is bad.
+  if (!std::isfinite(lr) || lr < 0) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT, "learning rate must be finite and >= 0, not " + std::to_string(lr));
+  }
+  for (auto& t : session->trainers) SK_CHECK(t->set_lr(lr));
   return SK_STATUS_OK;
   SK_API_END
 }

@@ -132,6 +132,34 @@ class ProcessGroup : public detail::Owner<sk_process_group, sk_process_group_des
     Check(sk_process_group_label(g, &l));
     return l;
   }
+
+  // Collectives on the caller's f32 host buffers (0.6.0; on nccl groups use
+  // the static forms with device pointers). Collective.
+  void AllReduce(std::vector<float>& data, sk_reduce_op_t op = SK_REDUCE_SUM) { AllReduce(get(), data, op); }
+  // The mean of `value` over ranks (a loss).
+  float Mean(float value) { return Mean(get(), value); }
+  void Broadcast(std::vector<float>& data, int32_t root) { Broadcast(get(), data, root); }
+  std::vector<float> AllGather(const std::vector<float>& input) { return AllGather(get(), input); }
+  void Barrier() { Check(sk_process_group_barrier(get())); }
+
+  // The same for a borrowed handle.
+  static void AllReduce(sk_process_group* g, std::vector<float>& data, sk_reduce_op_t op = SK_REDUCE_SUM) {
+    Check(sk_process_group_all_reduce(g, data.data(), static_cast<int64_t>(data.size()), SK_DTYPE_F32, op));
+  }
+  static float Mean(sk_process_group* g, float value) {
+    Check(sk_process_group_all_reduce(g, &value, 1, SK_DTYPE_F32, SK_REDUCE_MEAN));
+    return value;
+  }
+  static void Broadcast(sk_process_group* g, std::vector<float>& data, int32_t root) {
+    Check(sk_process_group_broadcast(g, data.data(), static_cast<int64_t>(data.size()), SK_DTYPE_F32, root));
+  }
+  static std::vector<float> AllGather(sk_process_group* g, const std::vector<float>& input) {
+    std::vector<float> out(input.size() * static_cast<size_t>(Size(g)));
+    Check(sk_process_group_all_gather(g, input.data(), out.data(), static_cast<int64_t>(input.size()),
+                                      SK_DTYPE_F32));
+    return out;
+  }
+  static void Barrier(sk_process_group* g) { Check(sk_process_group_barrier(g)); }
 };
 
 // Runs fn(rank, group) on `world_size` new threads of a new local group and
@@ -349,6 +377,13 @@ class Trainer : public detail::Owner<sk_trainer, sk_trainer_destroy> {
     Check(sk_trainer_evaluate(get(), batches, &loss));
     return loss;
   }
+  // The rate of every later step, replacing the schedule (0 is valid).
+  void SetLr(float lr) { Check(sk_trainer_set_lr(get(), lr)); }
+  float Lr() const {
+    float lr = 0;
+    Check(sk_trainer_get_lr(get(), &lr));
+    return lr;
+  }
   int64_t NumParameters() const {
     int64_t n = 0;
     Check(sk_trainer_num_parameters(get(), &n));
@@ -415,6 +450,8 @@ class LocalSession : public detail::Owner<sk_local_session, sk_local_session_des
     Check(sk_local_session_world_size(get(), &n));
     return n;
   }
+  // Trainer::SetLr on every rank.
+  void SetLr(float lr) { Check(sk_local_session_set_lr(get(), lr)); }
   void SaveCheckpoint(const std::string& dir) {
     Check(sk_local_session_save_checkpoint(get(), dir.c_str()));
   }
@@ -611,6 +648,49 @@ class Engine : public detail::Owner<sk_engine, sk_engine_destroy> {
     std::vector<float> out(static_cast<size_t>(numel > 0 ? numel : 0));
     Check(sk_engine_read_param(get(), unit, param, out.data(), numel));
     return out;
+  }
+  // An update rule of your own (sk_engine_begin_custom_step): after
+  // FinishBackward, BeginCustomStep; update MasterShard(u) from GradShard(u)
+  // (state: OptimizerState(u, i)) for every unit; EndCustomStep.
+  void BeginCustomStep() { Check(sk_engine_begin_custom_step(get())); }
+  TensorView MasterShard(int32_t unit) {
+    TensorView v{SK_TENSOR_VIEW_INIT, device_};
+    Check(sk_engine_master_shard(get(), unit, &v.view));
+    return v;
+  }
+  TensorView GradShard(int32_t unit) {
+    TensorView v{SK_TENSOR_VIEW_INIT, device_};
+    Check(sk_engine_grad_shard(get(), unit, &v.view));
+    return v;
+  }
+  TensorView OptimizerState(int32_t unit, int32_t index) {
+    TensorView v{SK_TENSOR_VIEW_INIT, device_};
+    Check(sk_engine_optimizer_state(get(), unit, index, &v.view));
+    return v;
+  }
+  void EndCustomStep() { Check(sk_engine_end_custom_step(get())); }
+  // Sets a parameter's full value (collective; every rank passes the same).
+  void WriteParam(int32_t unit, int32_t param, const std::vector<float>& values) {
+    Check(sk_engine_write_param(get(), unit, param, values.data(), static_cast<int64_t>(values.size())));
+  }
+  // The rate of the following optimizer steps (0 is valid).
+  void SetLr(float lr) { Check(sk_engine_set_lr(get(), lr)); }
+  float Lr() const {
+    float lr = 0;
+    Check(sk_engine_get_lr(get(), &lr));
+    return lr;
+  }
+  int64_t Steps() const {
+    int64_t n = 0;
+    Check(sk_engine_steps(get(), &n));
+    return n;
+  }
+  // Sharded checkpoints in the trainer's format (collective); Load returns the step.
+  void SaveCheckpoint(const std::string& dir) { Check(sk_engine_save_checkpoint(get(), dir.c_str())); }
+  int64_t LoadCheckpoint(const std::string& dir) {
+    int64_t step = 0;
+    Check(sk_engine_load_checkpoint(get(), dir.c_str(), &step));
+    return step;
   }
 
  private:

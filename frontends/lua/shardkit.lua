@@ -101,8 +101,16 @@ local enum_fields = {
 }
 -- Enum fields whose name means another enum in one struct.
 local device_kind = enum_by_prefix("SK_DEVICE_", "sk_device_kind_t")
+local lr_schedule_kind = enum_by_prefix("SK_LR_SCHEDULE_", "sk_lr_schedule_kind_t")
 local struct_enum_fields = {
   sk_device_options = {kind = function(v) return device_kind(v, "device kind") end},
+  sk_lr_schedule = {kind = function(v) return lr_schedule_kind(v, "lr_schedule kind") end},
+}
+-- Fields whose INIT macro value is not 0 (0.6.0: lr and lr_multiplier are
+-- taken as given, 0 included).
+local struct_defaults = {
+  sk_optimizer_options = {lr = 1e-3},
+  sk_param_group = {lr_multiplier = 1},
 }
 
 -- A device as the table of sk_device_options fields: "cuda:0" and "sim" are
@@ -132,7 +140,7 @@ end
 -- Fields that point to nested option structs, and how a field's Lua value
 -- becomes that struct's table.
 local nested_fields = {fsdp = "sk_fsdp_options", optimizer = "sk_optimizer_options",
-                       device = "sk_device_options"}
+                       device = "sk_device_options", lr_schedule = "sk_lr_schedule"}
 local nested_tables = {device = device_fields}
 -- Structs whose field of such a name is a plain number (sk_nccl_options.device).
 local plain_fields = {sk_nccl_options = {device = true}}
@@ -146,8 +154,16 @@ local function to_struct(ctype, t, anchors)
   anchors[#anchors + 1] = s
   local enums = struct_enum_fields[ctype] or enum_fields
   local plain = plain_fields[ctype] or {}
+  for k, v in pairs(struct_defaults[ctype] or {}) do s[k] = v end
   for k, v in pairs(t) do
-    if nested_fields[k] and not plain[k] then
+    if k == "param_groups" then
+      -- An array of sk_param_group tables; sets num_param_groups too.
+      local groups = ffi.new("sk_param_group[?]", math.max(#v, 1))
+      anchors[#anchors + 1] = groups
+      for i, g in ipairs(v) do groups[i - 1] = to_struct("sk_param_group", g, anchors) end
+      s.num_param_groups = #v
+      v = groups
+    elseif nested_fields[k] and not plain[k] then
       if nested_tables[k] then v = nested_tables[k](v) end
       v = to_struct(nested_fields[k], v, anchors)
     elseif type(v) == "string" and (enums[k] or enum_fields[k]) then
@@ -172,7 +188,7 @@ local metric_fields = {
   "step", "rank", "loss", "grad_norm", "step_seconds", "tokens_per_second",
   "model_tflops_per_rank", "hardware_tflops_per_rank", "peak_allocated_bytes",
   "peak_reserved_bytes", "allocated_bytes", "reserved_bytes", "alloc_retries", "ooms",
-  "bytes_communicated", "global_loss",
+  "bytes_communicated", "global_loss", "lr",
 }
 -- The metrics as numbers; `simulated` a boolean (on the simulator loss,
 -- global_loss and grad_norm are NaN and times are virtual).
@@ -223,6 +239,42 @@ local ProcessGroup = handle_type("sk_process_group", lib.sk_process_group_destro
     check(lib.sk_process_group_label(self.h, out))
     return ffi.string(out[0])
   end,
+  -- Collectives on Lua arrays of numbers, moved as f32 (0.6.0; shardkit.h,
+  -- "Collectives on the caller's buffers"). Each returns a new array.
+  -- op: "sum" (nil), "mean" or "max".
+  all_reduce = function(self, values, op)
+    local n = #values
+    local buf = ffi.new("float[?]", math.max(n, 1))
+    for i = 1, n do buf[i - 1] = values[i] end
+    local raw_op = ffi.new("sk_reduce_op_t[1]")
+    if not pcall(function() raw_op[0] = "SK_REDUCE_" .. string.upper(op or "sum") end) then
+      invalid_argument("unknown reduce op '" .. tostring(op) .. "' (sum, mean, max)", 2)
+    end
+    check(lib.sk_process_group_all_reduce(self.h, buf, n, lib.SK_DTYPE_F32, raw_op[0]))
+    local out = {}
+    for i = 1, n do out[i] = buf[i - 1] end
+    return out
+  end,
+  broadcast = function(self, values, root)
+    local n = #values
+    local buf = ffi.new("float[?]", math.max(n, 1))
+    for i = 1, n do buf[i - 1] = values[i] end
+    check(lib.sk_process_group_broadcast(self.h, buf, n, lib.SK_DTYPE_F32, root))
+    local out = {}
+    for i = 1, n do out[i] = buf[i - 1] end
+    return out
+  end,
+  all_gather = function(self, values)
+    local n, size = #values, self:size()
+    local input = ffi.new("float[?]", math.max(n, 1))
+    for i = 1, n do input[i - 1] = values[i] end
+    local output = ffi.new("float[?]", math.max(n * size, 1))
+    check(lib.sk_process_group_all_gather(self.h, input, output, n, lib.SK_DTYPE_F32))
+    local out = {}
+    for i = 1, n * size do out[i] = output[i - 1] end
+    return out
+  end,
+  barrier = function(self) check(lib.sk_process_group_barrier(self.h)) end,
 })
 
 -- The world_size rank handles of a new local group (a Lua array, rank r at
@@ -343,6 +395,13 @@ local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy,
     check(lib.sk_trainer_evaluate(self.h, batches, out))
     return out[0]
   end,
+  -- The rate of every later step, replacing the schedule (0 is valid).
+  set_lr = function(self, lr) check(lib.sk_trainer_set_lr(self.h, lr)) end,
+  lr = function(self)
+    local out = ffi.new("float[1]")
+    check(lib.sk_trainer_get_lr(self.h, out))
+    return out[0]
+  end,
   num_parameters = function(self)
     local out = ffi.new("int64_t[1]")
     check(lib.sk_trainer_num_parameters(self.h, out))
@@ -384,6 +443,7 @@ local LocalSession = handle_type("sk_local_session", lib.sk_local_session_destro
     check(lib.sk_local_session_evaluate(self.h, batches, out))
     return out[0]
   end,
+  set_lr = function(self, lr) check(lib.sk_local_session_set_lr(self.h, lr)) end,
   world_size = function(self)
     local out = ffi.new("int32_t[1]")
     check(lib.sk_local_session_world_size(self.h, out))
@@ -513,6 +573,55 @@ local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
   end,
   load_state_dict = function(self, path, layout)
     check(lib.sk_engine_load_state_dict(self.h, path, weight_layout(layout)))
+  end,
+  -- An update rule of your own: after finish_backward, begin_custom_step;
+  -- master_shard(u), grad_shard(u), optimizer_state(u, i) are float* views
+  -- (and their length) of this rank's shards, host memory only; then
+  -- end_custom_step.
+  begin_custom_step = function(self) check(lib.sk_engine_begin_custom_step(self.h)) end,
+  master_shard = function(self, unit)
+    local v = ffi.new("sk_tensor_view")
+    v.struct_size = ffi.sizeof(v)
+    check(lib.sk_engine_master_shard(self.h, unit, v))
+    return f32(v, self, "master_shard")
+  end,
+  grad_shard = function(self, unit)
+    local v = ffi.new("sk_tensor_view")
+    v.struct_size = ffi.sizeof(v)
+    check(lib.sk_engine_grad_shard(self.h, unit, v))
+    return f32(v, self, "grad_shard")
+  end,
+  optimizer_state = function(self, unit, index)
+    local v = ffi.new("sk_tensor_view")
+    v.struct_size = ffi.sizeof(v)
+    check(lib.sk_engine_optimizer_state(self.h, unit, index, v))
+    return f32(v, self, "optimizer_state")
+  end,
+  end_custom_step = function(self) check(lib.sk_engine_end_custom_step(self.h)) end,
+  -- Sets a parameter's full value from a Lua array (collective).
+  write_param = function(self, unit, param, values)
+    local n = #values
+    local buf = ffi.new("float[?]", math.max(n, 1))
+    for i = 1, n do buf[i - 1] = values[i] end
+    check(lib.sk_engine_write_param(self.h, unit, param, buf, n))
+  end,
+  set_lr = function(self, lr) check(lib.sk_engine_set_lr(self.h, lr)) end,
+  lr = function(self)
+    local out = ffi.new("float[1]")
+    check(lib.sk_engine_get_lr(self.h, out))
+    return out[0]
+  end,
+  steps = function(self)
+    local out = ffi.new("int64_t[1]")
+    check(lib.sk_engine_steps(self.h, out))
+    return tonumber(out[0])
+  end,
+  -- Sharded checkpoints in the trainer's format; load returns the step.
+  save_checkpoint = function(self, dir) check(lib.sk_engine_save_checkpoint(self.h, dir)) end,
+  load_checkpoint = function(self, dir)
+    local out = ffi.new("int64_t[1]")
+    check(lib.sk_engine_load_checkpoint(self.h, dir, out))
+    return tonumber(out[0])
   end,
   -- The full parameter as a Lua array of numbers.
   read_param = function(self, unit, param, numel)

@@ -260,6 +260,16 @@ StatusOr<void*> CudaAllocatePinnedHost(size_t bytes) {
 
 void CudaFreePinnedHost(void* ptr) { cudaFreeHost(ptr); }
 
+std::optional<int> CudaPointerDevice(const void* ptr) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+    cudaGetLastError();  // an unknown pointer is host memory, not a sticky error
+    return std::nullopt;
+  }
+  if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return a.device;
+  return std::nullopt;
+}
+
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int index) {
   int n = CudaDeviceCountImpl();
   if (index >= n) {

@@ -12,7 +12,19 @@ int CudaDeviceCountImpl();
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int index);
 StatusOr<void*> CudaAllocatePinnedHost(size_t bytes);
 void CudaFreePinnedHost(void* ptr);
+std::optional<int> CudaPointerDevice(const void* ptr);
 #endif
+
+std::optional<DeviceId> Device::PointerDevice(const void* ptr) {
+#if defined(SHARDKIT_WITH_CUDA)
+  if (ptr == nullptr || CudaDeviceCountImpl() == 0) return std::nullopt;
+  std::optional<int> index = CudaPointerDevice(ptr);
+  if (index.has_value()) return DeviceId::Cuda(*index);
+#else
+  (void)ptr;
+#endif
+  return std::nullopt;
+}
 
 StatusOr<void*> Device::AllocatePinnedHost(size_t bytes) {
   if (bytes == 0) return nullptr;

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -124,6 +125,12 @@ class Device {
   // the driver refuses. bytes == 0 gives nullptr. Free with FreePinnedHost.
   static StatusOr<void*> AllocatePinnedHost(size_t bytes);
   static void FreePinnedHost(void* ptr);
+
+  // The GPU whose memory `ptr` points into (cuda:N for cudaMalloc'd or
+  // managed memory), or nullopt for host memory (pageable or pinned), for
+  // pointers CUDA does not know, and always on a build or machine without
+  // CUDA. How the C ABI tells a caller's host buffer from a device buffer.
+  static std::optional<DeviceId> PointerDevice(const void* ptr);
 
   virtual DeviceId id() const = 0;
 

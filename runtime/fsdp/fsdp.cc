@@ -859,13 +859,21 @@ Status FullyShardedModel::ScaleGradients(float factor) {
 }
 
 Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
-  SK_RETURN_IF_ERROR(FinishBackward());
+  SK_RETURN_IF_ERROR(BeginMasterUpdate());
   std::vector<ShardRef> refs;
   for (int u = 0; u < num_units(); ++u) {
     refs.push_back(ShardRef{u, flat_[u].master, flat_[u].grad});
   }
-  SK_RETURN_IF_ERROR(QuiesceMasterReaders());
   SK_RETURN_IF_ERROR(optimizer.Step(shard_context(), refs));
+  return EndMasterUpdate();
+}
+
+Status FullyShardedModel::BeginMasterUpdate() {
+  SK_RETURN_IF_ERROR(FinishBackward());
+  return QuiesceMasterReaders();
+}
+
+Status FullyShardedModel::EndMasterUpdate() {
   if (host_stream_ != nullptr) {
     // The host steps synchronously (the driving thread runs the optimizer):
     // on a host stream (sim), the caller waits for it.
@@ -964,6 +972,33 @@ Status FullyShardedModel::LoadFullParams(int unit, const std::vector<Tensor>& pa
   for (const auto& s : f.layout.ShardSlices(shard_group_->rank())) {
     const int64_t n = s.param_end - s.param_begin;
     SK_ASSIGN_OR_RETURN(Tensor flat, params[s.param].Reshape(Shape{params[s.param].numel()}));
+    SK_ASSIGN_OR_RETURN(Tensor src, Slice(flat, s.param_begin, n));
+    SK_ASSIGN_OR_RETURN(Tensor dst, Slice(f.master, s.shard_offset, n));
+    SK_RETURN_IF_ERROR(WriteMaster(src, dst));
+  }
+  masters_written_ = true;
+  if (ParamsPersistent()) {
+    SK_RETURN_IF_ERROR(Regather(unit));
+  }
+  return OkStatus();
+}
+
+Status FullyShardedModel::LoadFullParam(int unit, int param, const Tensor& value) {
+  SK_RETURN_IF_ERROR(CheckUnit(unit, "LoadFullParam"));
+  FlatUnit& f = flat_[unit];
+  const auto& specs = f.layout.params();
+  if (param < 0 || static_cast<size_t>(param) >= specs.size()) {
+    return OutOfRangeError("parameter " + std::to_string(param) + " out of range (unit '" + units_[unit].name +
+                           "' has " + std::to_string(specs.size()) + ")");
+  }
+  if (value.dtype() != DType::kF32 || value.numel() != specs[param].shape.numel()) {
+    return InvalidArgumentError("parameter '" + units_[unit].name + "." + specs[param].name + "' is f32" +
+                                specs[param].shape.ToString() + ", got " + value.ToString());
+  }
+  SK_ASSIGN_OR_RETURN(Tensor flat, value.Reshape(Shape{value.numel()}));
+  for (const auto& s : f.layout.ShardSlices(shard_group_->rank())) {
+    if (s.param != param) continue;
+    const int64_t n = s.param_end - s.param_begin;
     SK_ASSIGN_OR_RETURN(Tensor src, Slice(flat, s.param_begin, n));
     SK_ASSIGN_OR_RETURN(Tensor dst, Slice(f.master, s.shard_offset, n));
     SK_RETURN_IF_ERROR(WriteMaster(src, dst));

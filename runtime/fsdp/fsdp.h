@@ -298,6 +298,14 @@ class FullyShardedModel final : public DataParallelModel {
   // for SHARD_OPTIM and NO_SHARD, refreshes the persistent full parameters.
   Status ScaleGradients(float factor) override;
   Status OptimizerStep(Optimizer& optimizer) override;
+  // OptimizerStep in two halves, for an update rule of the caller's own
+  // (FsdpEngine's custom step): BeginMasterUpdate finishes the backward and
+  // waits until nothing reads the master shards; the caller then updates
+  // master_shard(u) from grad_shard(u) in shard_context()'s order;
+  // EndMasterUpdate refreshes what FSDP keeps of the parameters (collective
+  // for SHARD_OPTIM and NO_SHARD, which regather).
+  Status BeginMasterUpdate();
+  Status EndMasterUpdate();
   // Zeroes the gradient shards (and accumulated no_sync gradients).
   void ZeroGrad() override;
 
@@ -308,6 +316,7 @@ class FullyShardedModel final : public DataParallelModel {
   // The resolved strategy: this model's mesh and reshard policy.
   const ShardingPlan& sharding() const { return sharding_; }
   int num_units() const { return static_cast<int>(units_.size()); }
+  const UnitSpec& unit(int u) const { return units_[u]; }
   const FlatParamLayout& layout(int unit) const { return flat_[unit].layout; }
   // The unit's f32 master shard and gradient shard on this rank.
   const Tensor& master_shard(int unit) const { return flat_[unit].master; }
@@ -333,6 +342,12 @@ class FullyShardedModel final : public DataParallelModel {
   // slices. InvalidArgument on shape
   // mismatch; nothing changes then.
   Status LoadFullParams(int unit, const std::vector<Tensor>& params);
+  // Overwrites parameter `param` of `unit` from its full f32 value (any
+  // shape of its element count; host memory or this model's device): each
+  // rank keeps its slice. Collective over the shard group for the strategies
+  // that keep full parameters (they regather the unit); every rank passes
+  // the same value. OutOfRange/InvalidArgument before anything changes.
+  Status LoadFullParam(int unit, int param, const Tensor& value);
   // Overwrites the master shard of `unit` from `shard` (f32[shard_numel], host
   // memory or this model's device; checkpoint loading). InvalidArgument on a
   // dtype or size mismatch; nothing changes then.

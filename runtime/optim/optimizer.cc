@@ -26,6 +26,7 @@ Status ValidateOptimizerOptions(const OptimizerOptions& o) {
   if (!Finite(o.weight_decay) || o.weight_decay < 0) {
     return InvalidArgumentError("optimizer weight_decay must be finite and >= 0");
   }
+  SK_RETURN_IF_ERROR(ValidateParamGroups(o.param_groups));
   if (o.kind == OptimizerKind::kSgd) {
     if (!Finite(o.momentum) || o.momentum < 0) return InvalidArgumentError("SGD momentum must be >= 0");
     if (!Finite(o.dampening) || o.dampening < 0 || o.dampening > 1) {
@@ -131,28 +132,95 @@ Status Optimizer::Step(const ops::OpContext& ctx, const std::vector<ShardRef>& s
     slots.push_back(s);
   }
   for (size_t i = 0; i < shards.size(); ++i) {
+    auto seg = segments_.find(shards[i].slot);
+    if (seg != segments_.end() && !seg->second.empty() &&
+        seg->second.back().end > shards[i].param.numel()) {
+      return InvalidArgumentError("optimizer slot " + std::to_string(shards[i].slot) +
+                                  ": a parameter group segment ends at element " +
+                                  std::to_string(seg->second.back().end) + " of " +
+                                  std::to_string(shards[i].param.numel()));
+    }
+  }
+  for (size_t i = 0; i < shards.size(); ++i) {
     const ShardRef& r = shards[i];
     Slot& s = *slots[i];
     ++s.step;
-    if (options_.kind == OptimizerKind::kSgd) {
-      SgdHyper h{options_.lr, options_.momentum, options_.dampening, options_.weight_decay,
-                 options_.nesterov, s.step == 1};
-      SK_RETURN_IF_ERROR(
-          ops::SgdUpdate(ctx, h, r.param, r.grad, s.state.empty() ? Tensor() : s.state[0]));
-    } else {
-      double t = static_cast<double>(s.step);
-      AdamHyper h{options_.lr,
-                  options_.beta1,
-                  options_.beta2,
-                  options_.eps,
-                  options_.weight_decay,
-                  options_.kind == OptimizerKind::kAdamW,
-                  static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), t)),
-                  static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(options_.beta2), t)))};
-      SK_RETURN_IF_ERROR(ops::AdamUpdate(ctx, h, r.param, r.grad, s.state[0], s.state[1]));
+    auto seg = segments_.find(r.slot);
+    if (seg == segments_.end() || seg->second.empty()) {
+      SK_RETURN_IF_ERROR(Update(ctx, s.step, options_.lr, options_.weight_decay, r.param, r.grad, s.state));
+      continue;
     }
+    // The slot in pieces: each segment with its values, the gaps between
+    // them with the options'.
+    auto piece = [&](int64_t begin, int64_t end, float lr, float wd) -> Status {
+      if (end <= begin) return OkStatus();
+      const size_t off = static_cast<size_t>(begin) * sizeof(float);
+      const Shape shape{end - begin};
+      SK_ASSIGN_OR_RETURN(Tensor p, r.param.View(off, DType::kF32, shape));
+      SK_ASSIGN_OR_RETURN(Tensor g, r.grad.View(off, DType::kF32, shape));
+      std::vector<Tensor> st;
+      for (const Tensor& t : s.state) {
+        SK_ASSIGN_OR_RETURN(Tensor v, t.View(off, DType::kF32, shape));
+        st.push_back(std::move(v));
+      }
+      return Update(ctx, s.step, lr, wd, p, g, st);
+    };
+    int64_t at = 0;
+    for (const HyperSegment& h : seg->second) {
+      SK_RETURN_IF_ERROR(piece(at, h.begin, options_.lr, options_.weight_decay));
+      SK_RETURN_IF_ERROR(piece(h.begin, h.end, options_.lr * h.lr_multiplier, h.weight_decay));
+      at = h.end;
+    }
+    SK_RETURN_IF_ERROR(piece(at, r.param.numel(), options_.lr, options_.weight_decay));
   }
   return OkStatus();
+}
+
+Status Optimizer::Update(const ops::OpContext& ctx, int64_t step, float lr, float weight_decay,
+                         const Tensor& param, const Tensor& grad, const std::vector<Tensor>& state) {
+  if (options_.kind == OptimizerKind::kSgd) {
+    SgdHyper h{lr, options_.momentum, options_.dampening, weight_decay, options_.nesterov, step == 1};
+    return ops::SgdUpdate(ctx, h, param, grad, state.empty() ? Tensor() : state[0]);
+  }
+  const double t = static_cast<double>(step);
+  AdamHyper h{lr,
+              options_.beta1,
+              options_.beta2,
+              options_.eps,
+              weight_decay,
+              options_.kind == OptimizerKind::kAdamW,
+              static_cast<float>(1.0 - std::pow(static_cast<double>(options_.beta1), t)),
+              static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(options_.beta2), t)))};
+  return ops::AdamUpdate(ctx, h, param, grad, state[0], state[1]);
+}
+
+Status Optimizer::SetSegments(int slot, std::vector<HyperSegment> segments) {
+  std::sort(segments.begin(), segments.end(),
+            [](const HyperSegment& a, const HyperSegment& b) { return a.begin < b.begin; });
+  int64_t prev_end = 0;
+  for (const HyperSegment& h : segments) {
+    const std::string what = "optimizer slot " + std::to_string(slot) + " segment [" +
+                             std::to_string(h.begin) + ", " + std::to_string(h.end) + ")";
+    if (h.begin < prev_end || h.end <= h.begin) {
+      return InvalidArgumentError(what + " is empty, negative or overlaps another");
+    }
+    if (!Finite(h.weight_decay) || h.weight_decay < 0 || !Finite(h.lr_multiplier) || h.lr_multiplier < 0) {
+      return InvalidArgumentError(what + ": weight_decay and lr_multiplier must be finite and >= 0");
+    }
+    prev_end = h.end;
+  }
+  segments_[slot] = std::move(segments);
+  return OkStatus();
+}
+
+StatusOr<const std::vector<Tensor>*> Optimizer::SlotState(const ops::OpContext& ctx, int slot, int64_t n) {
+  SK_ASSIGN_OR_RETURN(Slot * s, GetOrCreateSlot(ctx, slot, n));
+  return &s->state;
+}
+
+void Optimizer::CountStep(int slot) {
+  auto it = slots_.find(slot);
+  if (it != slots_.end()) ++it->second.step;
 }
 
 int64_t Optimizer::step_count(int slot) const {

@@ -27,6 +27,7 @@
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
 #include "runtime/ops/backend.h"
+#include "runtime/optim/param_groups.h"
 
 namespace sk {
 
@@ -51,6 +52,10 @@ struct OptimizerOptions {
   float eps = 1e-8f;
   // L2 penalty for SGD and Adam, decoupled decay for AdamW.
   float weight_decay = 0.f;
+  // Per-parameter overrides of weight_decay and the learning rate
+  // (param_groups.h); applied by whoever knows where each parameter lies in
+  // the slots (CreateEngineOptimizer, runtime/train/engine.h).
+  std::vector<ParamGroup> param_groups;
 };
 
 // kDefault is valid and checked as AdamW. InvalidArgument naming the field for
@@ -83,6 +88,23 @@ class Optimizer {
   // Changes the learning rate for later steps (schedules).
   void set_lr(float lr) { options_.lr = lr; }
 
+  // Parameter groups at element granularity: elements [begin, end) of a
+  // slot step with `weight_decay` instead of the options' and with the
+  // learning rate times `lr_multiplier`. Elements no segment covers use the
+  // options. What a flat shard holding several parameters needs: each
+  // parameter's slice gets its group's values (runtime/optim/param_groups.h).
+  struct HyperSegment {
+    int64_t begin = 0;
+    int64_t end = 0;
+    float weight_decay = 0;
+    float lr_multiplier = 1;
+  };
+  // Replaces the segments of `slot` (empty: none). InvalidArgument (nothing
+  // changes) for an empty, negative or overlapping range, a negative or
+  // non-finite weight decay or multiplier; a range past the slot's size is
+  // InvalidArgument at its next Step.
+  Status SetSegments(int slot, std::vector<HyperSegment> segments);
+
   // Updates every shard with the fused update ops on ctx (state tensors come
   // from the optimizer's allocator, on ctx's device). A slot's size is fixed by its first step:
   // InvalidArgument if it changes, if a tensor is undefined or not f32, if a
@@ -90,6 +112,16 @@ class Optimizer {
   // twice; nothing is touched when an error is returned. ResourceExhausted if
   // state cannot be allocated.
   Status Step(const ops::OpContext& ctx, const std::vector<ShardRef>& shards);
+
+  // The state tensors of `slot` in StateNames() order, created zeroed with
+  // `n` elements (from ctx) on first use: where an update rule of the
+  // caller's own keeps its state, so that checkpoints save it. The tensors
+  // live as long as the optimizer. InvalidArgument if the slot has another
+  // size; ResourceExhausted if state cannot be allocated.
+  StatusOr<const std::vector<Tensor>*> SlotState(const ops::OpContext& ctx, int slot, int64_t n);
+  // Counts one step of `slot` taken outside Step (a caller's own rule);
+  // nothing for a slot without state (SlotState creates it).
+  void CountStep(int slot);
 
   // Steps taken by `slot` (0 if never stepped).
   int64_t step_count(int slot) const;
@@ -116,10 +148,15 @@ class Optimizer {
   Optimizer(const OptimizerOptions& options, Allocator* allocator)
       : options_(options), allocator_(allocator) {}
   StatusOr<Slot*> GetOrCreateSlot(const ops::OpContext& ctx, int slot, int64_t n);
+  // One update of `param` from `grad` with state `state` (views of a slot's
+  // tensors) at step `step`.
+  Status Update(const ops::OpContext& ctx, int64_t step, float lr, float weight_decay,
+                const Tensor& param, const Tensor& grad, const std::vector<Tensor>& state);
 
   OptimizerOptions options_;
   Allocator* allocator_;
   std::map<int, Slot> slots_;
+  std::map<int, std::vector<HyperSegment>> segments_;  // sorted by begin
 };
 
 // Gradient-norm clipping across shards. The total norm of gradients spread

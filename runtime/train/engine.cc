@@ -1,6 +1,7 @@
 #include "runtime/train/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -216,7 +217,32 @@ StatusOr<std::unique_ptr<Optimizer>> CreateEngineOptimizer(const OptimizerOption
                                                            Allocator* offload_state) {
   // With CPU offload the optimizer steps on the host, beside the shards.
   Allocator* state = offload_state != nullptr ? offload_state : &engine.activation_allocator();
-  return Optimizer::Create(options, state);
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, Optimizer::Create(options, state));
+  if (options.param_groups.empty()) return optimizer;
+  auto* fsdp = dynamic_cast<FullyShardedModel*>(&engine);
+  if (fsdp == nullptr) {
+    return UnimplementedError("parameter groups need FSDP (the DDP baseline steps whole parameters "
+                              "without them)");
+  }
+  // Each parameter's slice of this rank's flat shard steps with its group's values.
+  for (int u = 0; u < fsdp->num_units(); ++u) {
+    const UnitSpec& unit = fsdp->unit(u);
+    std::vector<Optimizer::HyperSegment> segments;
+    for (const FlatParamLayout::ShardSlice& s : fsdp->layout(u).ShardSlices(fsdp->shard_group().rank())) {
+      const ParamSpec& p = unit.params[s.param];
+      const int g = SelectParamGroup(options.param_groups, unit.name, p.name, p.shape.rank());
+      if (g < 0) continue;
+      const ParamGroup& group = options.param_groups[g];
+      Optimizer::HyperSegment h;
+      h.begin = s.shard_offset;
+      h.end = s.shard_offset + (s.param_end - s.param_begin);
+      h.weight_decay = group.weight_decay >= 0 ? group.weight_decay : options.weight_decay;
+      h.lr_multiplier = group.lr_multiplier;
+      if (h.end > h.begin) segments.push_back(h);
+    }
+    SK_RETURN_IF_ERROR(optimizer->SetSegments(u, std::move(segments)));
+  }
+  return optimizer;
 }
 
 StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> units,
@@ -335,6 +361,9 @@ const char* FsdpEngine::PhaseName(Phase p) {
 }
 
 Status FsdpEngine::CheckNoOpenWindow(const char* call) const {
+  if (custom_step_) {
+    return FailedPreconditionError(std::string(call) + " during a custom step: expected EndCustomStep first");
+  }
   for (int u = 0; u < num_units(); ++u) {
     if (windows_[u] == Window::kNone) continue;
     const bool fwd = windows_[u] == Window::kForward;
@@ -348,6 +377,9 @@ Status FsdpEngine::CheckNoOpenWindow(const char* call) const {
 
 Status FsdpEngine::PreForward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
+  if (custom_step_) {
+    return FailedPreconditionError("PreForward during a custom step: expected EndCustomStep first");
+  }
   UseStream(stream_.get());
   StatusOr<std::vector<Tensor>> params = fsdp_->PreForward(unit);
   if (!params.ok()) return HookResult(params.status());
@@ -368,6 +400,9 @@ Status FsdpEngine::PostForward(int unit) {
 
 Status FsdpEngine::PreBackward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
+  if (custom_step_) {
+    return FailedPreconditionError("PreBackward during a custom step: expected EndCustomStep first");
+  }
   UseStream(stream_.get());
   StatusOr<UnitBackwardBuffers> buffers = fsdp_->PreBackward(unit);
   if (!buffers.ok()) return HookResult(buffers.status());
@@ -418,8 +453,79 @@ Status FsdpEngine::OptimizerStep() {
   }
   UseStream(stream_.get());
   Status s = fsdp_->OptimizerStep(*optimizer_);
-  if (s.ok()) phase_ = Phase::kIdle;
+  if (s.ok()) {
+    phase_ = Phase::kIdle;
+    ++steps_;
+  }
   return s;
+}
+
+Status FsdpEngine::BeginCustomStep() {
+  SK_RETURN_IF_ERROR(CheckNoOpenWindow("BeginCustomStep"));
+  if (phase_ != Phase::kFinished) {
+    return FailedPreconditionError(std::string("BeginCustomStep ") + PhaseName(phase_) + ": expected " +
+                                   (phase_ == Phase::kIdle ? "a backward pass and FinishBackward"
+                                                           : "FinishBackward") +
+                                   " first");
+  }
+  UseStream(stream_.get());
+  SK_RETURN_IF_ERROR(fsdp_->BeginMasterUpdate());
+  custom_step_ = true;
+  return OkStatus();
+}
+
+Status FsdpEngine::CheckCustomView(int unit, const char* what) const {
+  SK_RETURN_IF_ERROR(CheckUnit(unit));
+  if (!custom_step_) {
+    return FailedPreconditionError(std::string(what) + " outside a custom step: expected BeginCustomStep first");
+  }
+  return OkStatus();
+}
+
+StatusOr<const Tensor*> FsdpEngine::MasterShard(int unit) const {
+  SK_RETURN_IF_ERROR(CheckCustomView(unit, "MasterShard"));
+  return &fsdp_->master_shard(unit);
+}
+
+StatusOr<const Tensor*> FsdpEngine::GradShard(int unit) const {
+  SK_RETURN_IF_ERROR(CheckCustomView(unit, "GradShard"));
+  return &fsdp_->grad_shard(unit);
+}
+
+StatusOr<const Tensor*> FsdpEngine::OptimizerState(int unit, int index) {
+  SK_RETURN_IF_ERROR(CheckCustomView(unit, "OptimizerState"));
+  const std::vector<std::string> names = optimizer_->StateNames();
+  if (index < 0 || static_cast<size_t>(index) >= names.size()) {
+    return OutOfRangeError("optimizer state " + std::to_string(index) + " out of range: this optimizer keeps " +
+                           std::to_string(names.size()) +
+                           " state tensors per unit (SGD with momentum one, Adam and AdamW two)");
+  }
+  SK_ASSIGN_OR_RETURN(const std::vector<Tensor>* state,
+                      optimizer_->SlotState(fsdp_->shard_context(), unit, fsdp_->master_shard(unit).numel()));
+  return &(*state)[static_cast<size_t>(index)];
+}
+
+Status FsdpEngine::EndCustomStep() {
+  if (!custom_step_) return FailedPreconditionError("EndCustomStep: expected BeginCustomStep first");
+  UseStream(stream_.get());
+  Status s = fsdp_->EndMasterUpdate();
+  if (!s.ok()) return s;
+  for (int u = 0; u < num_units(); ++u) {
+    SK_RETURN_IF_ERROR(optimizer_->SlotState(fsdp_->shard_context(), u, fsdp_->master_shard(u).numel()).status());
+    optimizer_->CountStep(u);
+  }
+  custom_step_ = false;
+  phase_ = Phase::kIdle;
+  ++steps_;
+  return OkStatus();
+}
+
+Status FsdpEngine::set_lr(float lr) {
+  if (!std::isfinite(lr) || lr < 0) {
+    return InvalidArgumentError("learning rate must be finite and >= 0, not " + std::to_string(lr));
+  }
+  optimizer_->set_lr(lr);
+  return OkStatus();
 }
 
 Status FsdpEngine::ZeroGrad() {
@@ -498,6 +604,19 @@ Status FsdpEngine::ReadParam(int unit, int param, float* out, int64_t count) {
   return OkStatus();
 }
 
+Status FsdpEngine::WriteParam(int unit, int param, const float* values, int64_t count) {
+  SK_RETURN_IF_ERROR(CheckParam(unit, param));
+  SK_RETURN_IF_ERROR(CheckIdle("WriteParam"));
+  const ParamSpec& p = units_[unit].params[param];
+  if (count != p.shape.numel()) {
+    return InvalidArgumentError("parameter '" + units_[unit].name + "." + p.name + "' has " +
+                                std::to_string(p.shape.numel()) + " elements, count is " + std::to_string(count));
+  }
+  if (values == nullptr && count > 0) return InvalidArgumentError("values is NULL");
+  SK_ASSIGN_OR_RETURN(Tensor t, Tensor::Wrap(const_cast<float*>(values), DType::kF32, Shape{count}));
+  return fsdp_->LoadFullParam(unit, param, t);
+}
+
 Status FsdpEngine::CheckIdle(const char* what) const {
   if (allocator_->device().kind == DeviceKind::kSim) {
     return FailedPreconditionError(std::string(what) + ": a sim device's tensors hold no data");
@@ -516,7 +635,7 @@ Status FsdpEngine::SaveFullStateDict(const std::string& path, WeightLayout layou
   TrainingState state{"engine", &units_, fsdp_.get(), optimizer_.get()};
   FullStateDictOptions o;
   o.layout = layout;
-  return sk::SaveFullStateDict(path, state, /*step=*/0, o);
+  return sk::SaveFullStateDict(path, state, steps_, o);
 }
 
 Status FsdpEngine::LoadFullStateDict(const std::string& path, WeightLayout layout) {
@@ -524,7 +643,21 @@ Status FsdpEngine::LoadFullStateDict(const std::string& path, WeightLayout layou
   TrainingState state{"engine", &units_, fsdp_.get(), optimizer_.get()};
   FullStateDictOptions o;
   o.layout = layout;
-  return sk::LoadFullStateDict(path, state, o).status();
+  SK_ASSIGN_OR_RETURN(steps_, sk::LoadFullStateDict(path, state, o));
+  return OkStatus();
+}
+
+Status FsdpEngine::SaveCheckpoint(const std::string& dir) {
+  SK_RETURN_IF_ERROR(CheckIdle("SaveCheckpoint"));
+  TrainingState state{"engine", &units_, fsdp_.get(), optimizer_.get()};
+  return SaveShardedCheckpoint(dir, state, steps_);
+}
+
+Status FsdpEngine::LoadCheckpoint(const std::string& dir) {
+  SK_RETURN_IF_ERROR(CheckIdle("LoadCheckpoint"));
+  TrainingState state{"engine", &units_, fsdp_.get(), optimizer_.get()};
+  SK_ASSIGN_OR_RETURN(steps_, LoadShardedCheckpoint(dir, state));
+  return OkStatus();
 }
 
 }  // namespace sk

@@ -206,6 +206,12 @@ class FsdpEngine {
   // dtype; FSDP converts to reduce_dtype only to communicate), valid until
   // PostBackward.
   // FailedPrecondition outside PreBackward..PostBackward.
+  // What it holds: zeros in the first backward after ZeroGrad or after a
+  // backward with gradient sync on; after a backward with sync off
+  // (no_sync), the running sum of this rank's gradients since then: it IS
+  // the accumulation buffer (as torch's .grad under no_sync), so the caller
+  // must add, never assign. Chosen over zeroing per micro-batch because the
+  // latter needs a second full-size buffer per unit while accumulating.
   StatusOr<const Tensor*> Grad(int unit, int param) const;
 
   // Caller streams. A caller that computes on its own stream S (a CUDA
@@ -244,21 +250,72 @@ class FsdpEngine {
   Status OptimizerStep();
   Status ZeroGrad();
 
+  // The learning rate of the following OptimizerSteps (the optimizer
+  // options' lr until set). 0 is valid. InvalidArgument for a negative or
+  // non-finite rate; not collective (every rank should set the same rate).
+  Status set_lr(float lr);
+  float lr() const { return optimizer_->options().lr; }
+  // Optimizer steps taken (restored by checkpoints and state dicts).
+  int64_t steps() const { return steps_; }
+
+  // An update rule of the caller's own, instead of OptimizerStep:
+  //   FinishBackward, ClipGradNorm?, BeginCustomStep,
+  //   for every unit: read GradShard(u), update MasterShard(u) in place
+  //   (and OptimizerState(u, i), the caller's per-element state),
+  //   EndCustomStep.
+  // The shards are this rank's f32 slices of each unit's flat parameter
+  // (padding included; the gradient is the mean over ranks, clipped if
+  // ClipGradNorm clipped). They are host memory on cpu (and with
+  // cpu_offload), device memory on cuda: the caller's device work on them
+  // must be complete before EndCustomStep. OptimizerState gives the built-in
+  // optimizer's state tensors of the unit's slot (its kind decides how many:
+  // Optimizer::StateNames(), e.g. one for SGD with momentum, two for Adam),
+  // zeroed on first use and saved by checkpoints. EndCustomStep refreshes
+  // what FSDP keeps of the parameters (collective for SHARD_OPTIM and
+  // NO_SHARD) and counts the step. FailedPrecondition: BeginCustomStep
+  // before FinishBackward or with a unit's window open; the views outside
+  // Begin..End; any other step call (hooks, OptimizerStep, ZeroGrad, ...)
+  // inside it. OutOfRange for bad indices.
+  Status BeginCustomStep();
+  StatusOr<const Tensor*> MasterShard(int unit) const;
+  StatusOr<const Tensor*> GradShard(int unit) const;
+  StatusOr<const Tensor*> OptimizerState(int unit, int index);
+  Status EndCustomStep();
+
   // Copies the full f32 parameter into out[0..count) (a tied parameter's
   // owner's value). Collective.
   // InvalidArgument when count is not the parameter's element count;
   // FailedPrecondition on a sim device (its tensors hold no data).
   Status ReadParam(int unit, int param, float* out, int64_t count);
+  // Sets the full f32 value of a parameter from values[0..count) (host
+  // memory; every rank passes the same values): each rank writes its slice
+  // of the master shard. Collective (the strategies that keep full
+  // parameters regather the unit). InvalidArgument when count is not the
+  // parameter's element count or values is null; FailedPrecondition while a
+  // unit is between a Pre and its Post call, and on a sim device. Optimizer
+  // state is kept (a framework initialising its weights calls it before the
+  // first step).
+  Status WriteParam(int unit, int param, const float* values, int64_t count);
 
   // A full state dict of the units (runtime/fsdp/checkpoint.h): every
   // parameter in full as "<unit>.<param>" in `layout`, and in the shardkit
   // layout the optimizer state. Rank 0 writes. Collective; FailedPrecondition
   // while a unit is between a Pre call and its Post call, and on a sim device.
   Status SaveFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
-  // Loads one (any world size and strategy); optimizer state is restored when
-  // the file has it. Collective; FailedPrecondition as above; on error
+  // Loads one (any world size and strategy); optimizer state and steps() are
+  // restored when the file has them (the shardkit layout; other layouts set
+  // steps() to 0). Collective; FailedPrecondition as above; on error
   // nothing changes.
   Status LoadFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
+
+  // A sharded checkpoint in the trainer's format (runtime/fsdp/checkpoint.h:
+  // one file per shard rank and an index) with the optimizer state and
+  // steps(); it loads at any world size and strategy, into an engine over
+  // the same units (or a trainer of the same units). Collective;
+  // FailedPrecondition as for the state dicts; a failed save leaves the
+  // previous checkpoint in `dir`, a failed load changes nothing.
+  Status SaveCheckpoint(const std::string& dir);
+  Status LoadCheckpoint(const std::string& dir);
 
   FullyShardedModel& fsdp() { return *fsdp_; }
   Optimizer& optimizer() { return *optimizer_; }
@@ -278,6 +335,8 @@ class FsdpEngine {
   // FailedPrecondition naming `call` and the Post call that must come first
   // when any unit is between its Pre and Post call; OK otherwise.
   Status CheckNoOpenWindow(const char* call) const;
+  // OutOfRange for a bad unit; FailedPrecondition outside a custom step.
+  Status CheckCustomView(int unit, const char* what) const;
   // Points FSDP at the stream of a unit's open window (Post calls) or at the
   // current one (other calls).
   void UseStream(Stream* stream) { fsdp_->set_caller_stream(stream); }
@@ -307,6 +366,8 @@ class FsdpEngine {
   std::vector<std::vector<Tensor>> params_;
   std::vector<std::vector<Tensor>> grads_;
   Phase phase_ = Phase::kIdle;
+  int64_t steps_ = 0;
+  bool custom_step_ = false;  // between BeginCustomStep and EndCustomStep
   std::vector<Window> windows_;  // per unit
   std::vector<Stream*> window_streams_;  // per unit: the stream its Pre call used
 };

@@ -44,6 +44,7 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
   }
   SK_RETURN_IF_ERROR(ValidateDeviceOptions(o.device));
   SK_RETURN_IF_ERROR(ValidateOptimizerOptions(o.optimizer));
+  SK_RETURN_IF_ERROR(ValidateLrSchedule(o.lr_schedule, o.optimizer.lr));
   SK_RETURN_IF_ERROR(CheckStepSizeFits(config, o.batch_size, o.seq_len, o.source_len));
   return OkStatus();
 }
@@ -85,6 +86,11 @@ std::vector<std::pair<std::string, std::string>> SharedFields(const TrainerOptio
       {"optimizer.beta2", num(opt.beta2)},
       {"optimizer.eps", num(opt.eps)},
       {"optimizer.weight_decay", num(opt.weight_decay)},
+      {"optimizer.param_groups", i(static_cast<int64_t>(opt.param_groups.size()))},
+      {"lr_schedule.kind", i(static_cast<int>(o.lr_schedule.kind))},
+      {"lr_schedule.warmup_steps", i(o.lr_schedule.warmup_steps)},
+      {"lr_schedule.decay_steps", i(o.lr_schedule.decay_steps)},
+      {"lr_schedule.min_lr", num(o.lr_schedule.min_lr)},
       {"batch_size", i(o.batch_size)},
       {"grad_accum_steps", i(o.grad_accum_steps)},
       {"seq_len", i(o.seq_len)},
@@ -97,6 +103,14 @@ std::vector<std::pair<std::string, std::string>> SharedFields(const TrainerOptio
       {"data_seed", std::to_string(o.data_seed)},
       {"data_tokens", i(o.data_tokens)},
   };
+  for (size_t g = 0; g < opt.param_groups.size(); ++g) {
+    const ParamGroup& pg = opt.param_groups[g];
+    const std::string k = "optimizer.param_groups[" + std::to_string(g) + "].";
+    v.push_back({k + "pattern", pg.pattern});
+    v.push_back({k + "norms_biases_embeddings", i(pg.norms_biases_embeddings)});
+    v.push_back({k + "weight_decay", num(pg.weight_decay)});
+    v.push_back({k + "lr_multiplier", num(pg.lr_multiplier)});
+  }
   return v;
 }
 
@@ -345,6 +359,19 @@ StatusOr<float> Trainer::GlobalMean(float loss) {
 
 Status Trainer::UseGemmThreads() const { return ops::SetCpuGemmThreads(gemm_threads_); }
 
+Status Trainer::set_lr(float lr) {
+  if (!std::isfinite(lr) || lr < 0) {
+    return InvalidArgumentError("learning rate must be finite and >= 0, not " + std::to_string(lr));
+  }
+  lr_override_ = lr;
+  return OkStatus();
+}
+
+float Trainer::lr() const {
+  if (lr_override_ >= 0) return lr_override_;
+  return LrAt(options_.lr_schedule, options_.optimizer.lr, step_);
+}
+
 StatusOr<StepMetrics> Trainer::Step() {
   SK_RETURN_IF_ERROR(UseGemmThreads());
   allocator_->ResetPeakStats();
@@ -372,6 +399,8 @@ StatusOr<StepMetrics> Trainer::Step() {
     SK_RETURN_IF_ERROR(engine_->ScaleGradients(1.f / static_cast<float>(options_.grad_accum_steps)));
   }
   SK_ASSIGN_OR_RETURN(double norm, engine_->ClipGradNorm(options_.clip_grad_norm));
+  const float lr = this->lr();
+  optimizer_->set_lr(lr);
   SK_RETURN_IF_ERROR(engine_->OptimizerStep(*optimizer_));
   if (!device_->id().is_cpu() && sim_device_ == nullptr) {
     // On a GPU the update is only enqueued: the step ends when the device has
@@ -401,6 +430,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.loss = static_cast<float>(loss_sum / options_.grad_accum_steps);
   SK_ASSIGN_OR_RETURN(m.global_loss, GlobalMean(m.loss));
   m.grad_norm = norm;
+  m.lr = lr;
   m.step_seconds = seconds;
   const double tokens = static_cast<double>(options_.batch_size) * options_.seq_len *
                         options_.grad_accum_steps;

@@ -36,6 +36,7 @@
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
+#include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/train/engine.h"
 
@@ -61,6 +62,9 @@ struct TrainerOptions {
   Parallelism parallelism = Parallelism::kFsdp;
   FsdpOptions fsdp;
   OptimizerOptions optimizer;
+  // The learning rate of each step: optimizer.lr is the schedule's base rate
+  // (runtime/optim/lr_schedule.h). Trainer::set_lr overrides it.
+  LrSchedule lr_schedule;
   // Sequences per rank per micro-batch, and micro-batches per step (gradient
   // accumulation with no_sync for all but the last). The step's loss is the
   // mean over its M micro-batches and the gradient is that loss's gradient
@@ -119,6 +123,7 @@ struct StepMetrics {
   float loss = 0;               // this rank's: the mean over its micro-batches
   float global_loss = 0;        // the global batch's: the mean of loss over all ranks
   double grad_norm = 0;         // total L2 norm before clipping
+  float lr = 0;                 // the learning rate this step's update used
   double step_seconds = 0;
   double tokens_per_second = 0;     // this rank's
   double model_tflops_per_rank = 0; // model FLOPs (no recomputation) / time / 1e12
@@ -163,6 +168,18 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   const Model& model() const { return *model_; }
   int64_t steps() const { return step_; }
+
+  // The learning rate. By default each step uses
+  // LrAt(options().lr_schedule, options().optimizer.lr, steps()). set_lr
+  // fixes the rate of every later step to `lr` instead (0 is valid: a step
+  // with lr 0 changes no parameter but still advances the optimizer's
+  // moments and the step count), until clear_lr returns to the schedule.
+  // InvalidArgument for a negative or non-finite lr. Not collective, but
+  // every rank should set the same rate.
+  Status set_lr(float lr);
+  void clear_lr() { lr_override_ = -1; }
+  // The rate the next Step will use.
+  float lr() const;
   // The rank's device (sim:0 on the simulator).
   Device& device() { return *device_; }
   // The simulated device, or null unless device.kind = kSim.
@@ -234,6 +251,7 @@ class Trainer {
   std::unique_ptr<Stream> metrics_stream_;
   std::vector<int32_t> tokens_;
   int64_t step_ = 0;
+  float lr_override_ = -1;  // set_lr's rate; negative: the schedule's
   int gemm_threads_ = 1;
 };
 

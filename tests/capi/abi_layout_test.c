@@ -39,7 +39,17 @@ int main(void) {
   EXPECT(d.kind == SK_DEVICE_DEFAULT && t.device == NULL && e.device == NULL);
   EXPECT(g.struct_size == sizeof g && zero_after_size(&g, sizeof g));
   EXPECT(f.struct_size == sizeof f && zero_after_size(&f, sizeof f));
-  EXPECT(o.struct_size == sizeof o && zero_after_size(&o, sizeof o));
+  /* 0.6.0: lr is taken as given (0 is a rate), so the INIT macro sets the
+   * default 1e-3 and zeroes the rest. */
+  EXPECT(o.struct_size == sizeof o && o.lr == 1e-3f);
+  o.lr = 0.0f;
+  EXPECT(zero_after_size(&o, sizeof o));
+  sk_lr_schedule ls = SK_LR_SCHEDULE_INIT;
+  EXPECT(ls.struct_size == sizeof ls && zero_after_size(&ls, sizeof ls) && ls.kind == SK_LR_SCHEDULE_DEFAULT);
+  sk_param_group pg = SK_PARAM_GROUP_INIT;
+  EXPECT(pg.struct_size == sizeof pg && pg.lr_multiplier == 1.0f && pg.pattern == NULL &&
+         pg.weight_decay == 0.0f && pg.inherit_weight_decay == 0 && pg.norms_biases_embeddings == 0);
+  EXPECT(t.lr_schedule == NULL && m.lr == 0.0f);
   EXPECT(t.struct_size == sizeof t && zero_after_size(&t, sizeof t));
   EXPECT(m.struct_size == sizeof m && zero_after_size(&m, sizeof m));
   EXPECT(p.struct_size == sizeof p && zero_after_size(&p, sizeof p));

@@ -486,4 +486,47 @@ TEST(CppFrontendDevice, ASimulatedEngineHasViewsWithoutData) {
   EXPECT_EQ(raw.device_kind(), SK_DEVICE_SIM);
 }
 
+// Issue 34 through the C++ owners: the rate, the step count, write_param,
+// sharded engine checkpoints across world sizes, collectives.
+TEST(CppFrontend, EngineRateStepsWriteParamCheckpointsAndCollectives) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/cpp_frontend_engine_ckpt";
+  shardkit::ModelSpec spec;
+  spec.AddParam(spec.AddUnit("fc"), "w", {4});
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  opt.kind = SK_OPTIMIZER_SGD;
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.optimizer = &opt;
+  std::vector<std::vector<float>> gathered(2), means(2);
+  shardkit::RunLocalRanks(2, [&](int32_t rank, sk_process_group* g) {
+    shardkit::Engine e(spec, g, &eo);
+    e.WriteParam(0, 0, {1, 2, 3, 4});
+    e.SetLr(0.5f);
+    EXPECT_EQ(e.Lr(), 0.5f);
+    e.ZeroGrad();
+    e.PreForward(0);
+    e.PostForward(0);
+    e.PreBackward(0);
+    float* grad = e.Grad(0, 0).f32();
+    for (int i = 0; i < 4; ++i) grad[i] += 1.0f;
+    e.PostBackward(0);
+    e.FinishBackward();
+    e.OptimizerStep();
+    EXPECT_EQ(e.Steps(), 1);
+    e.SaveCheckpoint(dir);
+    gathered[rank] = shardkit::ProcessGroup::AllGather(g, {static_cast<float>(rank)});
+    means[rank] = {shardkit::ProcessGroup::Mean(g, static_cast<float>(rank) + 1.0f)};
+    shardkit::ProcessGroup::Barrier(g);
+  });
+  EXPECT_EQ(gathered[1], (std::vector<float>{0, 1}));
+  EXPECT_EQ(means[0], std::vector<float>{1.5f});
+  auto groups = shardkit::ProcessGroup::Local(1);
+  shardkit::Engine one(spec, groups[0].get(), &eo);
+  EXPECT_EQ(one.LoadCheckpoint(dir), 1);
+  EXPECT_EQ(one.ReadParam(0, 0, 4), (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f}));
+  EXPECT_THROW(one.SetLr(-1.0f), shardkit::Error);
+  EXPECT_THROW(one.WriteParam(0, 0, {1, 2}), shardkit::Error);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace

@@ -26,8 +26,8 @@ local function expect_error(code_name, text, fn, ...)
 end
 
 test("version is the library's", function()
-  assert(sk.version() == "0.5.0", sk.version())
-  assert(sk.version_number() == 5000, sk.version_number())
+  assert(sk.version() == "0.6.0", sk.version())
+  assert(sk.version_number() == 6000, sk.version_number())
 end)
 
 test("errors carry code, name and the library's message", function()
@@ -361,6 +361,77 @@ test("a simulated engine has views without data", function()
   assert(n == 6 and w[0] == w[0])
   cpu:post_forward(u)
   cpu:close()
+end)
+
+test("issue 34: learning rate, schedules, parameter groups, collectives, engine checkpoints", function()
+  -- A session follows warmup then cosine; set_lr(0) is a rate of 0.
+  local s = sk.local_session({model = "gpt-tiny", data_tokens = 64,
+                              lr_schedule = {kind = "cosine", warmup_steps = 2, decay_steps = 2, min_lr = 1e-4}}, 2)
+  local want = {5e-4, 1e-3, 1e-3, 5.5e-4, 1e-4}
+  for i = 1, 5 do
+    local lr = s:step().lr
+    assert(math.abs(lr - want[i]) < 1e-9, string.format("step %d: lr %g", i, lr))
+  end
+  s:set_lr(0)
+  assert(s:step().lr == 0)
+  expect_error("INVALID_ARGUMENT", "learning rate", s.set_lr, s, -1)
+  s:close()
+  expect_error("INVALID_ARGUMENT", "decay_steps", sk.local_session,
+               {model = "gpt-tiny", lr_schedule = {kind = "linear"}}, 1)
+  expect_error("INVALID_ARGUMENT", "lr_schedule kind", sk.local_session,
+               {model = "gpt-tiny", lr_schedule = {kind = "exponential"}}, 1)
+  -- An engine: the no-decay group, set_lr, write_param, steps, checkpoint.
+  local spec = sk.model_spec()
+  local u = spec:add_unit("fc")
+  spec:add_param(u, {name = "w", shape = {2}, init = "ones"})
+  spec:add_param(u, {name = "b", shape = {2}, init = "ones"})
+  local g = sk.local_groups(1)[1]
+  local opts = {optimizer = {kind = "sgd", lr = 0.5, weight_decay = 1,
+                             param_groups = {{pattern = "*.b"}}}}
+  local e = sk.engine(spec, g, opts)
+  assert(e:lr() == 0.5)
+  e:write_param(u, 0, {2, 2})
+  local function step()
+    e:zero_grad(); e:pre_forward(u); e:post_forward(u); e:pre_backward(u)
+    e:post_backward(u); e:finish_backward(); e:optimizer_step()
+  end
+  step()  -- zero gradient: only decay moves the parameters
+  assert(e:read_param(u, 0, 2)[1] == 1.0, e:read_param(u, 0, 2)[1])  -- 2 - 0.5 * 1 * 2
+  assert(e:read_param(u, 1, 2)[1] == 1.0)                            -- b: no decay
+  e:set_lr(0)
+  step()
+  assert(e:read_param(u, 0, 2)[1] == 1.0)
+  assert(e:steps() == 2)
+  local dir = (os.getenv("TEST_TMPDIR") or "/tmp") .. "/lua_engine_ckpt"
+  e:save_checkpoint(dir)
+  local f = sk.engine(spec, g, opts)
+  assert(f:load_checkpoint(dir) == 2 and f:steps() == 2)
+  assert(f:read_param(u, 0, 2)[1] == 1.0)
+  expect_error("INVALID_ARGUMENT", "count", e.write_param, e, u, 0, {1, 2, 3})
+  -- Collectives on one rank: the values come back.
+  local m = g:all_reduce({1.5, 2}, "mean")
+  assert(m[1] == 1.5 and m[2] == 2)
+  assert(g:all_reduce({3}, "max")[1] == 3)
+  assert(g:broadcast({4}, 0)[1] == 4)
+  assert(#g:all_gather({1, 2}) == 2)
+  g:barrier()
+  expect_error("INVALID_ARGUMENT", "reduce op", g.all_reduce, g, {1}, "median")
+  expect_error("OUT_OF_RANGE", "root", g.broadcast, g, {1}, 3)
+  -- An update rule of one's own on the shards.
+  e:set_lr(0.5)
+  e:zero_grad(); e:pre_forward(u); e:post_forward(u); e:pre_backward(u)
+  local gb = e:grad(u, 1)
+  for i = 0, 1 do gb[i] = gb[i] + 1 end
+  e:post_backward(u); e:finish_backward()
+  expect_error("FAILED_PRECONDITION", "BeginCustomStep", e.master_shard, e, u)
+  e:begin_custom_step()
+  local master, n = e:master_shard(u)
+  local grad = e:grad_shard(u)
+  for i = 0, n - 1 do master[i] = master[i] - 0.25 * grad[i] end
+  e:end_custom_step()
+  assert(e:steps() == 3)
+  assert(e:read_param(u, 1, 2)[1] == 0.75, e:read_param(u, 1, 2)[1])
+  e:close(); f:close()
 end)
 
 print(string.format("%d passed, %d failed", passed, failures))

@@ -49,6 +49,9 @@ cat "$work/out.txt"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # Each language trained: C and C++ print three losses, Lua three, Rust eight.
 [[ $(grep -c '^step [0-9] loss [0-9.]*$' "$work/out.txt") -ge 3 ]] || fail "the C program printed no losses"
+# The README's C program prints the mean loss over ranks, and it falls every step.
+grep '^step [0-9] loss [0-9.]*$' "$work/out.txt" | awk '{ if (NR > 1 && $4 >= prev) bad = 1; prev = $4 } END { exit bad }' ||
+  fail "the C program's loss did not fall every step"
 [[ $(grep -c '^loss [0-9.]*$' "$work/out.txt") -eq 3 ]] || fail "the C++ program printed no losses"
 [[ $(grep -cE '^[0-9]+\s+[0-9.]+$' "$work/out.txt") -eq 3 ]] || fail "the Lua program printed no losses"
 [[ $(grep -c '^step [0-9] loss [0-9.]* bits 0x' "$work/out.txt") -eq 8 ]] || fail "the Rust example printed no losses"

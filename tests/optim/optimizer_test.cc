@@ -6,6 +6,8 @@
 #include <random>
 
 #include "runtime/ops/ops.h"
+#include "runtime/optim/lr_schedule.h"
+#include "runtime/optim/param_groups.h"
 
 namespace sk {
 namespace {
@@ -281,6 +283,106 @@ TEST(OptimizerTest, ShardRefsForStepsEveryParameterTensor) {
   EXPECT_EQ(b, std::vector<float>(2, 0.f));
   EXPECT_EQ(opt->step_count(1), 1);
   EXPECT_EQ(ShardRefsFor({ta}, {}).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Parameter groups inside one slot: a segment steps with its own weight
+// decay and learning-rate multiplier, exactly as that slice would alone.
+TEST(OptimizerTest, SegmentsStepLikeSeparateSlotsWithTheirOwnDecayAndRate) {
+  auto init = RandomVector(kN, 20);
+  std::vector<std::vector<float>> grads = {RandomVector(kN, 21), RandomVector(kN, 22)};
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdamW;
+  o.lr = 0.05f;
+  o.weight_decay = 0.2f;
+  HostAllocator alloc;
+  auto opt = Optimizer::Create(o, &alloc);
+  ASSERT_TRUE(opt.ok());
+  // [10, 40): no decay, half the rate; the rest: the options'.
+  ASSERT_TRUE((*opt)->SetSegments(0, {{10, 40, 0.f, 0.5f}}).ok());
+  std::vector<float> p = init;
+  for (const auto& g : grads) ASSERT_TRUE((*opt)->Step(ops::HostContext(), {{0, F32(p, 0, kN), F32(g, 0, kN)}}).ok());
+  std::vector<double> ref(init.begin(), init.end());
+  ReferenceAdam(ref, grads, 0.05, 0.9, 0.999, 1e-8, 0.2, true);
+  std::vector<double> mid(init.begin() + 10, init.begin() + 40);
+  std::vector<std::vector<float>> mid_grads;
+  for (const auto& g : grads) mid_grads.emplace_back(g.begin() + 10, g.begin() + 40);
+  ReferenceAdam(mid, mid_grads, 0.025, 0.9, 0.999, 1e-8, 0.0, true);
+  for (int i = 0; i < 30; ++i) ref[10 + i] = mid[i];
+  ExpectCloseToReference(p, ref);
+}
+
+TEST(OptimizerTest, BadSegmentsAreInvalidArgumentAndChangeNothing) {
+  HostAllocator alloc;
+  auto opt = Optimizer::Create(OptimizerOptions{}, &alloc);
+  ASSERT_TRUE(opt.ok());
+  EXPECT_EQ((*opt)->SetSegments(0, {{0, 10, 0, 1}, {5, 20, 0, 1}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*opt)->SetSegments(0, {{4, 4, 0, 1}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*opt)->SetSegments(0, {{0, 4, -1, 1}}).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*opt)->SetSegments(0, {{0, 8, 0, 1}}).ok());
+  std::vector<float> p(4, 1.f), g(4, 1.f);
+  Status s = (*opt)->Step(ops::HostContext(), {{0, F32(p, 0, 4), F32(g, 0, 4)}});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(p, std::vector<float>(4, 1.f));
+}
+
+TEST(ParamGroupsTest, GlobAndTheNoDecayRuleSelectTheFirstMatchingGroup) {
+  EXPECT_TRUE(GlobMatch("block*.ln?.*", "block3.ln1.gain"));
+  EXPECT_FALSE(GlobMatch("block*.ln?.*", "block3.mlp.w"));
+  EXPECT_TRUE(GlobMatch("*", ""));
+  EXPECT_FALSE(GlobMatch("a", "ab"));
+  std::vector<ParamGroup> groups(2);
+  groups[0].pattern = "head.*";
+  groups[0].lr_multiplier = 2;
+  groups[1].norms_biases_embeddings = true;
+  groups[1].weight_decay = 0;
+  EXPECT_EQ(SelectParamGroup(groups, "head", "w", 2), 0);
+  EXPECT_EQ(SelectParamGroup(groups, "head", "b", 1), 0);  // the first group wins
+  EXPECT_EQ(SelectParamGroup(groups, "block0", "b", 1), 1);
+  EXPECT_EQ(SelectParamGroup(groups, "embed", "table", 2), 1);
+  EXPECT_EQ(SelectParamGroup(groups, "block0", "wte", 2), 1);
+  EXPECT_EQ(SelectParamGroup(groups, "block0", "w", 2), -1);
+  EXPECT_TRUE(ValidateParamGroups(groups).ok());
+  groups.push_back(ParamGroup{});
+  EXPECT_EQ(ValidateParamGroups(groups).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(LrScheduleTest, WarmupThenCosineOrLinearDecayToTheFloor) {
+  LrSchedule s;
+  s.kind = LrScheduleKind::kCosine;
+  s.warmup_steps = 4;
+  s.decay_steps = 10;
+  s.min_lr = 0.1f;
+  ASSERT_TRUE(ValidateLrSchedule(s, 1.f).ok());
+  EXPECT_FLOAT_EQ(LrAt(s, 1.f, 0), 0.25f);
+  EXPECT_FLOAT_EQ(LrAt(s, 1.f, 3), 1.f);
+  EXPECT_FLOAT_EQ(LrAt(s, 1.f, 4), 1.f);
+  EXPECT_NEAR(LrAt(s, 1.f, 9), 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 0.5)), 1e-6);
+  EXPECT_FLOAT_EQ(LrAt(s, 1.f, 14), 0.1f);
+  EXPECT_FLOAT_EQ(LrAt(s, 1.f, 1000), 0.1f);
+  s.kind = LrScheduleKind::kLinear;
+  EXPECT_NEAR(LrAt(s, 1.f, 9), 0.55, 1e-6);
+  EXPECT_FLOAT_EQ(LrAt(s, 1.f, 14), 0.1f);
+  s.kind = LrScheduleKind::kConstant;
+  EXPECT_FLOAT_EQ(LrAt(s, 1.f, 9), 1.f);
+  EXPECT_FLOAT_EQ(LrAt(s, 0.f, 9), 0.f);
+}
+
+TEST(LrScheduleTest, BadSchedulesNameTheField) {
+  LrSchedule s;
+  s.kind = LrScheduleKind::kCosine;
+  Status st = ValidateLrSchedule(s, 1.f);
+  EXPECT_NE(std::string(st.message()).find("decay_steps"), std::string::npos) << st;
+  s.decay_steps = 5;
+  s.min_lr = 2.f;
+  st = ValidateLrSchedule(s, 1.f);
+  EXPECT_NE(std::string(st.message()).find("min_lr"), std::string::npos) << st;
+  s.min_lr = 0;
+  s.warmup_steps = -1;
+  st = ValidateLrSchedule(s, 1.f);
+  EXPECT_NE(std::string(st.message()).find("warmup_steps"), std::string::npos) << st;
+  s.warmup_steps = 0;
+  s.kind = static_cast<LrScheduleKind>(9);
+  EXPECT_EQ(ValidateLrSchedule(s, 1.f).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

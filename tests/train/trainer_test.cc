@@ -310,5 +310,60 @@ TEST(TrainerTest, DdpAndEveryFsdpStrategyTrainToTheSameLosses) {
   }
 }
 
+// Issue 34: the rate of every step follows the schedule (reported in the
+// metrics), a checkpoint resumes the curve, and set_lr(0) is a real rate 0.
+TEST(TrainerTest, LearningRateFollowsTheScheduleAndSetLrOverridesIt) {
+  RunRanks(2, [](int, comm::ProcessGroup* world) {
+    TrainerOptions o = Tiny();
+    o.lr_schedule.kind = LrScheduleKind::kCosine;
+    o.lr_schedule.warmup_steps = 2;
+    o.lr_schedule.decay_steps = 4;
+    o.lr_schedule.min_lr = 3e-4f;
+    ParamGroup no_decay;
+    no_decay.norms_biases_embeddings = true;
+    no_decay.weight_decay = 0;
+    o.optimizer.weight_decay = 0.1f;
+    o.optimizer.param_groups = {no_decay};
+    auto t = Trainer::Create(o, world);
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (int s = 0; s < 7; ++s) {
+      EXPECT_FLOAT_EQ((*t)->lr(), LrAt(o.lr_schedule, o.optimizer.lr, s));
+      StatusOr<StepMetrics> m = (*t)->Step();
+      ASSERT_TRUE(m.ok()) << m.status();
+      EXPECT_FLOAT_EQ(m->lr, LrAt(o.lr_schedule, o.optimizer.lr, s)) << "step " << s;
+    }
+    EXPECT_FLOAT_EQ((*t)->lr(), 3e-4f);
+    ASSERT_TRUE((*t)->set_lr(0.f).ok());
+    StatusOr<float> before = (*t)->Evaluate(1);
+    ASSERT_TRUE(before.ok());
+    StatusOr<StepMetrics> m = (*t)->Step();
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(m->lr, 0.f);
+    StatusOr<float> after = (*t)->Evaluate(1);
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(*after, *before) << "a step at lr 0 changed the model";
+    EXPECT_EQ((*t)->set_lr(-1.f).code(), StatusCode::kInvalidArgument);
+    (*t)->clear_lr();
+    EXPECT_FLOAT_EQ((*t)->lr(), 3e-4f);
+  });
+}
+
+TEST(TrainerTest, BadSchedulesAndDdpParamGroupsAreRefusedAtCreate) {
+  RunRanks(1, [](int, comm::ProcessGroup* world) {
+    TrainerOptions o = Tiny();
+    o.lr_schedule.kind = LrScheduleKind::kLinear;  // decay_steps missing
+    auto t = Trainer::Create(o, world);
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(std::string(t.status().message()).find("decay_steps"), std::string::npos) << t.status();
+    o = Tiny();
+    o.parallelism = Parallelism::kDdp;
+    ParamGroup g;
+    g.pattern = "*";
+    o.optimizer.param_groups = {g};
+    t = Trainer::Create(o, world);
+    EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented) << t.status();
+  });
+}
+
 }  // namespace
 }  // namespace sk

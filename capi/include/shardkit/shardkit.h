@@ -85,8 +85,23 @@
  *  sk_stream_wrap_cuda, sk_stream_enqueue, sk_stream_synchronize,
  *  sk_stream_destroy, sk_engine_set_stream, sk_engine_options.cuda_stream);
  *  the version number they ship under is set when the issue's work is merged.
- *  Issue 33 appends tied parameters in the low-level model spec
- *  (sk_model_spec_add_tied_param), under the same rule.
+ *  0.6.0 (issue 34, the engine as a framework's backend) appended the
+ *  learning rate per step (sk_trainer_set_lr, sk_trainer_get_lr,
+ *  sk_local_session_set_lr, sk_engine_set_lr, sk_engine_get_lr,
+ *  sk_step_metrics.lr) and schedules (sk_lr_schedule as
+ *  sk_trainer_options.lr_schedule), parameter groups (sk_param_group as
+ *  sk_optimizer_options.param_groups), collectives on the caller's buffers
+ *  (sk_process_group_all_reduce, _broadcast, _all_gather, _barrier), the
+ *  engine's sharded checkpoints and step count (sk_engine_save_checkpoint,
+ *  sk_engine_load_checkpoint, sk_engine_steps), sk_engine_write_param and
+ *  update rules of the caller's own (sk_engine_begin_custom_step,
+ *  sk_engine_master_shard, sk_engine_grad_shard, sk_engine_optimizer_state,
+ *  sk_engine_end_custom_step).
+ *  It changed what sk_optimizer_options.lr = 0 means for a caller of the
+ *  0.6.0 struct (a rate of 0; SK_OPTIMIZER_OPTIONS_INIT now sets 1e-3): a
+ *  smaller struct from an older header still reads 0 as 1e-3.
+ *  0.6.0 also appended tied parameters in the low-level model spec
+ *  (sk_model_spec_add_tied_param; issue 33).
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -119,11 +134,11 @@
 #endif
 
 #define SK_VERSION_MAJOR 0
-#define SK_VERSION_MINOR 5
+#define SK_VERSION_MINOR 6
 #define SK_VERSION_PATCH 0
 /* MAJOR * 1000000 + MINOR * 1000 + PATCH, as SQLITE_VERSION_NUMBER. */
 #define SK_VERSION_NUMBER (SK_VERSION_MAJOR * 1000000 + SK_VERSION_MINOR * 1000 + SK_VERSION_PATCH)
-#define SK_VERSION_STRING "0.5.0"
+#define SK_VERSION_STRING "0.6.0"
 
 #ifdef __cplusplus
 extern "C" {
@@ -167,7 +182,7 @@ SK_EXPORT const char* sk_last_error_message(void);
 /* Version                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* The loaded library's SK_VERSION_STRING ("0.5.0"). A static string. Thread-safe. */
+/* The loaded library's SK_VERSION_STRING ("0.6.0"). A static string. Thread-safe. */
 SK_EXPORT const char* sk_version(void);
 /* The loaded library's SK_VERSION_NUMBER. Thread-safe. */
 SK_EXPORT int32_t sk_version_number(void);
@@ -381,6 +396,48 @@ typedef sk_status_t (*sk_rank_fn)(int32_t rank, sk_process_group* group, void* u
 SK_EXPORT SK_NODISCARD sk_status_t sk_run_local_ranks(int32_t world_size, const char* network_model,
                                                       sk_rank_fn fn, void* user_data);
 
+/* --- Collectives on the caller's buffers (0.6.0) ---------------------------
+ *
+ * For a framework's own communication: a loss averaged over ranks, a value
+ * broadcast from one rank, a barrier. All are collective (every rank of the
+ * group calls them in the same order with the same count, dtype, op and
+ * root) and return when the result is in the buffer. Each call is compared
+ * across ranks before it runs, as the library's own collectives are: a rank
+ * whose call differs fails every rank with INVALID_ARGUMENT naming both
+ * calls. Every wait is bounded by the group's timeout (sk_gloo_options /
+ * sk_nccl_options timeout_ms; 300 s for local groups): DEADLINE_EXCEEDED
+ * naming the collective when a peer does not arrive.
+ * Buffers: host memory on local and gloo groups; device memory of the
+ * group's GPU on nccl groups. A buffer of the other kind is INVALID_ARGUMENT
+ * (where CUDA can tell); so is a NULL buffer with count > 0, a negative
+ * count, or a dtype other than f32, bf16, f16. The group's handle is used by
+ * one thread at a time. */
+typedef SK_ENUM(sk_reduce_op_t) {
+  SK_REDUCE_DEFAULT = 0, /* SUM */
+  SK_REDUCE_SUM = 1,
+  SK_REDUCE_MEAN = 2,    /* the sum divided by the group's size */
+  /* The elementwise maximum (NaN wins). An all-gather and a max on each
+   * rank: it moves size times the buffer, for metrics and flags. */
+  SK_REDUCE_MAX = 3
+} sk_reduce_op_t;
+
+/* In place: data[0..count) becomes the reduction over ranks. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_all_reduce(sk_process_group* group, void* data,
+                                                               int64_t count, sk_dtype_t dtype,
+                                                               sk_reduce_op_t op);
+/* In place: every rank's data[0..count) becomes rank `root`'s. OUT_OF_RANGE
+ * for a root outside the group. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_broadcast(sk_process_group* group, void* data,
+                                                              int64_t count, sk_dtype_t dtype,
+                                                              int32_t root);
+/* output[r * count .. (r + 1) * count) = rank r's input[0..count); output
+ * holds size * count elements and must not overlap input. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_all_gather(sk_process_group* group, const void* input,
+                                                               void* output, int64_t count,
+                                                               sk_dtype_t dtype);
+/* Returns when every rank has called it. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_barrier(sk_process_group* group);
+
 /* ------------------------------------------------------------------------ */
 /* Strategy and optimizer options                                            */
 /* ------------------------------------------------------------------------ */
@@ -418,10 +475,37 @@ typedef struct sk_fsdp_options {
 
 #define SK_FSDP_OPTIONS_INIT {sizeof(sk_fsdp_options), SK_SHARDING_DEFAULT, 0, SK_BACKWARD_PREFETCH_DEFAULT, 0, 0, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, 0, 0.0f, 0, 0}
 
+/* 0.6.0: a parameter group, per-parameter overrides of the optimizer's weight
+ * decay and learning rate (torch.optim's param_groups). A parameter's full
+ * name is "<unit>.<param>"; the first group in the list that selects it
+ * decides, and a parameter no group selects uses the optimizer's values. */
+typedef struct sk_param_group {
+  size_t struct_size;
+  /* A glob on the full name ('*' any run of characters, '?' one character):
+   * "*.b", "ln_f.*" (a whole unit). NULL or "": selects nothing by name. */
+  const char* pattern;
+  /* Nonzero: also select what weight decay usually skips: parameters of
+   * fewer than two dimensions (biases, norm gains) and embedding tables (a
+   * unit or parameter name containing "emb", "wte" or "wpe"). */
+  int32_t norms_biases_embeddings;
+  /* The group's weight decay, as given (0 = no decay), unless
+   * inherit_weight_decay is nonzero (then the optimizer's). */
+  float weight_decay;
+  /* The group's learning rate is the step's rate times this, as given
+   * (0 freezes the group); SK_PARAM_GROUP_INIT sets 1. */
+  float lr_multiplier;
+  int32_t inherit_weight_decay;
+} sk_param_group;
+
+#define SK_PARAM_GROUP_INIT {sizeof(sk_param_group), NULL, 0, 0.0f, 1.0f, 0}
+
 typedef struct sk_optimizer_options {
   size_t struct_size;
   sk_optimizer_kind_t kind;
-  float lr;            /* 0 = 1e-3 */
+  /* The base learning rate, as given (0 is a rate of 0): the INIT macro sets
+   * 1e-3. A struct from a header before 0.6.0 (struct_size 48) reads 0 as
+   * 1e-3, as those headers documented. */
+  float lr;
   float momentum;      /* SGD; 0 = none */
   float dampening;     /* SGD; 0 = none */
   int32_t nesterov;    /* SGD; nonzero = Nesterov momentum */
@@ -429,9 +513,15 @@ typedef struct sk_optimizer_options {
   float beta2;         /* Adam/AdamW; 0 = 0.999 */
   float eps;           /* Adam/AdamW; 0 = 1e-8 */
   float weight_decay;  /* L2 for SGD and Adam, decoupled for AdamW; 0 = none */
+  /* Appended in 0.6.0: num_param_groups groups (copied at creation; NULL
+   * when 0). Each is checked (INVALID_ARGUMENT naming it: one that selects
+   * nothing, a negative or non-finite multiplier). FSDP only: a DDP trainer
+   * with groups is UNIMPLEMENTED. */
+  const sk_param_group* param_groups;
+  int32_t num_param_groups;
 } sk_optimizer_options;
 
-#define SK_OPTIMIZER_OPTIONS_INIT {sizeof(sk_optimizer_options), SK_OPTIMIZER_DEFAULT, 0.0f, 0.0f, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f}
+#define SK_OPTIMIZER_OPTIONS_INIT {sizeof(sk_optimizer_options), SK_OPTIMIZER_DEFAULT, 1e-3f, 0.0f, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, NULL, 0}
 
 /* ------------------------------------------------------------------------ */
 /* Devices (0.4.0)                                                           */
@@ -478,6 +568,30 @@ typedef struct sk_device_options {
 /* High level: trainer                                                       */
 /* ------------------------------------------------------------------------ */
 
+/* 0.6.0: learning-rate schedules. Step s (0-based) uses
+ *   s < warmup_steps:  lr * (s + 1) / warmup_steps
+ *   then CONSTANT:     lr
+ *        COSINE:       min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2
+ *        LINEAR:       lr + (min_lr - lr) * p
+ * with p = min(1, (s - warmup_steps) / decay_steps) and lr the optimizer's.
+ * Checkpoints restore the step, so a resumed run continues the curve. */
+typedef SK_ENUM(sk_lr_schedule_kind_t) {
+  SK_LR_SCHEDULE_DEFAULT = 0, /* CONSTANT */
+  SK_LR_SCHEDULE_CONSTANT = 1,
+  SK_LR_SCHEDULE_COSINE = 2,
+  SK_LR_SCHEDULE_LINEAR = 3
+} sk_lr_schedule_kind_t;
+
+typedef struct sk_lr_schedule {
+  size_t struct_size;
+  sk_lr_schedule_kind_t kind;
+  float min_lr;          /* the floor decay ends at, in [0, lr]; 0 = decay to 0 */
+  int64_t warmup_steps;  /* linear warmup steps; 0 = none */
+  int64_t decay_steps;   /* COSINE, LINEAR: steps of decay after warmup, >= 1 */
+} sk_lr_schedule;
+
+#define SK_LR_SCHEDULE_INIT {sizeof(sk_lr_schedule), SK_LR_SCHEDULE_DEFAULT, 0.0f, 0, 0}
+
 /* One rank's trainer: a named model, FSDP (or DDP) around it, an optimizer
  * and a deterministic data stream. */
 typedef struct sk_trainer sk_trainer;
@@ -521,9 +635,12 @@ typedef struct sk_trainer_options {
   /* Appended in 0.4.0: the rank's device; NULL = cpu:rank. On SIM,
    * memory_cap_bytes 0 means the profile's device memory. */
   const sk_device_options* device;
+  /* Appended in 0.6.0: the learning rate of each step; NULL = constant
+   * (the optimizer's lr). INVALID_ARGUMENT naming the field for a bad one. */
+  const sk_lr_schedule* lr_schedule;
 } sk_trainer_options;
 
-#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0, NULL}
+#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0, NULL, NULL}
 
 /* What one step measured on one rank. */
 typedef struct sk_step_metrics {
@@ -549,9 +666,11 @@ typedef struct sk_step_metrics {
   /* 0.4.0: nonzero on the simulator: step_seconds and the rates are virtual
    * time, loss, global_loss and grad_norm are NaN (nothing was computed). */
   int32_t simulated;
+  /* 0.6.0: the learning rate this step's update used. */
+  float lr;
 } sk_step_metrics;
 
-#define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0}
+#define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0.0f}
 
 /* Creates this rank's trainer. Collective over `group`: every rank calls it
  * with the same options. The trainer keeps `group` alive. Parameters are
@@ -576,6 +695,14 @@ SK_EXPORT void sk_trainer_destroy(sk_trainer* trainer);
  * or UNAVAILABLE when a peer fails. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_step(sk_trainer* trainer,
                                                    sk_step_metrics* out_metrics);
+
+/* 0.6.0: the learning rate of every later step, replacing the schedule (0 is
+ * valid: such a step changes no parameter but counts as a step).
+ * INVALID_ARGUMENT for a negative or non-finite lr. Not collective; every
+ * rank should set the same rate. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_set_lr(sk_trainer* trainer, float lr);
+/* The rate the next sk_trainer_step will use. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_get_lr(const sk_trainer* trainer, float* out_lr);
 
 /* Mean loss of `batches` (>= 1) forward passes on held-out data; no update.
  * Collective. */
@@ -723,6 +850,8 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_step(sk_local_session* sessi
 SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_metrics(const sk_local_session* session,
                                                             int32_t rank,
                                                             sk_step_metrics* out_metrics);
+/* sk_trainer_set_lr on every rank (0.6.0). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_set_lr(sk_local_session* session, float lr);
 /* sk_trainer_evaluate on every rank; *out_loss is the mean over ranks. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_evaluate(sk_local_session* session,
                                                              int32_t batches, float* out_loss);
@@ -1023,9 +1152,16 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_param(sk_engine* engine, int32_t un
                                                    sk_tensor_view* out_view);
 /* The gradient buffer of parameter `param` of `unit`, between
  * pre_backward(unit) and post_backward(unit) (FAILED_PRECONDITION outside):
- * the caller ADDS this step's gradient into it (it arrives zeroed; never
- * zero it), in its dtype: param_dtype, the compute dtype (f32 by default);
- * reduce_dtype is only what the gradients are communicated in. */
+ * the caller ADDS this backward's gradient into it (never assigns or zeroes
+ * it), in its dtype: param_dtype, the compute dtype (f32 by default);
+ * reduce_dtype is only what the gradients are communicated in.
+ * What it holds when handed out: zeros in the first backward after
+ * sk_engine_zero_grad or after a backward with gradient sync on. Under
+ * no_sync (sk_engine_set_gradient_sync(e, 0)) it is the accumulation buffer
+ * itself: in the next backward it holds the running sum of this rank's
+ * gradients of the micro-batches since then, as torch's .grad does under
+ * no_sync (zeroing it per micro-batch would cost a second full-size buffer
+ * per unit while accumulating). Assigning would lose those micro-batches. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_grad(sk_engine* engine, int32_t unit, int32_t param,
                                                   sk_tensor_view* out_view);
 
@@ -1054,6 +1190,68 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_zero_grad(sk_engine* engine);
  * (there is no value). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_read_param(sk_engine* engine, int32_t unit,
                                                         int32_t param, float* out, int64_t count);
+
+/* 0.6.0: sets the full f32 value of parameter `param` of `unit` from
+ * values[0..count) (host memory; every rank passes the same values), for
+ * frameworks that initialise their own weights: each rank keeps its slice.
+ * Collective over the group. INVALID_ARGUMENT when count is not the
+ * parameter's element count or values is NULL; OUT_OF_RANGE for bad
+ * indices; FAILED_PRECONDITION while a unit is between a pre_ and its post_
+ * call, and on SK_DEVICE_SIM. Optimizer state is kept. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_write_param(sk_engine* engine, int32_t unit,
+                                                         int32_t param, const float* values,
+                                                         int64_t count);
+
+/* 0.6.0: the learning rate of the following sk_engine_optimizer_step calls
+ * (the optimizer options' lr until set; 0 is valid). INVALID_ARGUMENT for a
+ * negative or non-finite lr. Not collective; every rank should set the
+ * same rate. A schedule is the caller's loop: set the rate before each step. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_set_lr(sk_engine* engine, float lr);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_get_lr(const sk_engine* engine, float* out_lr);
+/* 0.6.0: optimizer steps taken, restored by checkpoints and SHARDKIT state
+ * dicts (other layouts load as step 0). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_steps(const sk_engine* engine, int64_t* out_steps);
+
+/* 0.6.0: your own optimizer. Instead of sk_engine_optimizer_step, after
+ * sk_engine_finish_backward (and clip_grad_norm):
+ *   sk_engine_begin_custom_step(e);
+ *   for every unit u: read sk_engine_grad_shard(e, u), update
+ *     sk_engine_master_shard(e, u) in place (state: sk_engine_optimizer_state);
+ *   sk_engine_end_custom_step(e);
+ * The views are this rank's f32 slices of the unit's flat parameter
+ * (1-D, padding included: its gradient is 0), valid until end_custom_step:
+ * host memory on cpu engines and with cpu_offload, device pointers of the
+ * engine's GPU on cuda (finish your device work on them before
+ * end_custom_step). The gradient is the mean over ranks (clipped if
+ * clip_grad_norm clipped). sk_engine_optimizer_state(e, u, i) is state
+ * tensor i of the built-in optimizer's slot for the unit, zeroed on first
+ * use and saved by checkpoints: sk_optimizer_options.kind decides how many
+ * (SGD with momentum > 0: one; Adam, AdamW: two; OUT_OF_RANGE beyond).
+ * end_custom_step refreshes what FSDP keeps of the parameters (collective
+ * for SHARD_OPTIM and NO_SHARD) and counts the step (sk_engine_steps).
+ * FAILED_PRECONDITION: begin before finish_backward or with a unit between
+ * its pre_ and post_ call; a view outside begin..end; any other step call
+ * inside it. examples: tests/train/engine_framework_test.cc (Lion). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_begin_custom_step(sk_engine* engine);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_master_shard(sk_engine* engine, int32_t unit,
+                                                          sk_tensor_view* out_view);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_grad_shard(sk_engine* engine, int32_t unit,
+                                                        sk_tensor_view* out_view);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_optimizer_state(sk_engine* engine, int32_t unit, int32_t index,
+                                                             sk_tensor_view* out_view);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_end_custom_step(sk_engine* engine);
+
+/* 0.6.0: sharded checkpoints of the engine in the trainer's format (a
+ * directory: one safetensors file per shard rank and index.json; see
+ * sk_trainer_save_checkpoint): master shards, optimizer state and the step
+ * count, loadable into an engine over the same units at any world size and
+ * sharding strategy. Collective. FAILED_PRECONDITION while a unit is
+ * between a pre_ and its post_ call, and on SK_DEVICE_SIM. Errors as the
+ * trainer's; a failed save keeps the previous checkpoint, a failed load
+ * changes nothing. `out_step` (may be NULL) receives the restored step. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_save_checkpoint(sk_engine* engine, const char* dir);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_load_checkpoint(sk_engine* engine, const char* dir,
+                                                             int64_t* out_step);
 
 /* --- Caller streams: stream-ordered hooks ---------------------------------
  *
@@ -1108,7 +1306,8 @@ SK_EXPORT void sk_stream_destroy(sk_stream* stream);
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_set_stream(sk_engine* engine, sk_stream* stream);
 
 /* Full state dicts of the engine's units (see sk_trainer_save_state_dict):
- * tensors "<unit>.<param>"; in the SHARDKIT layout with the optimizer state.
+ * tensors "<unit>.<param>"; in the SHARDKIT layout with the optimizer state
+ * and (0.6.0) the step count, which a load restores (sk_engine_steps).
  * The TORCH layout transposes 2-D parameters whose name ends in ".w";
  * HF_GPT2 applies to units named as shardkit's GPT names them. Collective;
  * FAILED_PRECONDITION while a unit is between a pre_ call and its post_
@@ -1136,7 +1335,8 @@ SK_LAYOUT_ASSERT(sizeof(sk_status_t) == 4 && sizeof(sk_dtype_t) == 4 &&
                  sizeof(sk_sharding_strategy_t) == 4 && sizeof(sk_init_kind_t) == 4 &&
                  sizeof(sk_optimizer_kind_t) == 4 && sizeof(sk_backward_prefetch_t) == 4 &&
                  sizeof(sk_parallelism_t) == 4 && sizeof(sk_weight_layout_t) == 4 &&
-                 sizeof(sk_device_kind_t) == 4,
+                 sizeof(sk_device_kind_t) == 4 && sizeof(sk_lr_schedule_kind_t) == 4 &&
+                 sizeof(sk_reduce_op_t) == 4,
                  "enums are 32-bit");
 SK_LAYOUT_ASSERT(offsetof(sk_gloo_options, rank) == 8 && offsetof(sk_gloo_options, world_size) == 12 &&
                  offsetof(sk_gloo_options, master_addr) == 16 && offsetof(sk_gloo_options, master_port) == 24 &&
@@ -1159,8 +1359,17 @@ SK_LAYOUT_ASSERT(offsetof(sk_optimizer_options, kind) == 8 && offsetof(sk_optimi
                  offsetof(sk_optimizer_options, momentum) == 16 && offsetof(sk_optimizer_options, dampening) == 20 &&
                  offsetof(sk_optimizer_options, nesterov) == 24 && offsetof(sk_optimizer_options, beta1) == 28 &&
                  offsetof(sk_optimizer_options, beta2) == 32 && offsetof(sk_optimizer_options, eps) == 36 &&
-                 offsetof(sk_optimizer_options, weight_decay) == 40 && sizeof(sk_optimizer_options) == 48,
+                 offsetof(sk_optimizer_options, weight_decay) == 40 &&
+                 offsetof(sk_optimizer_options, param_groups) == 48 &&
+                 offsetof(sk_optimizer_options, num_param_groups) == 56 && sizeof(sk_optimizer_options) == 64,
                  "sk_optimizer_options layout");
+SK_LAYOUT_ASSERT(offsetof(sk_param_group, pattern) == 8 && offsetof(sk_param_group, norms_biases_embeddings) == 16 &&
+                 offsetof(sk_param_group, weight_decay) == 20 && offsetof(sk_param_group, lr_multiplier) == 24 &&
+                 offsetof(sk_param_group, inherit_weight_decay) == 28 && sizeof(sk_param_group) == 32,
+                 "sk_param_group layout");
+SK_LAYOUT_ASSERT(offsetof(sk_lr_schedule, kind) == 8 && offsetof(sk_lr_schedule, min_lr) == 12 &&
+                 offsetof(sk_lr_schedule, warmup_steps) == 16 && offsetof(sk_lr_schedule, decay_steps) == 24 &&
+                 sizeof(sk_lr_schedule) == 32, "sk_lr_schedule layout");
 SK_LAYOUT_ASSERT(offsetof(sk_trainer_options, model) == 8 && offsetof(sk_trainer_options, fsdp) == 16 &&
                  offsetof(sk_trainer_options, optimizer) == 24 && offsetof(sk_trainer_options, batch_size) == 32 &&
                  offsetof(sk_trainer_options, grad_accum_steps) == 40 && offsetof(sk_trainer_options, seq_len) == 48 &&
@@ -1171,7 +1380,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_trainer_options, model) == 8 && offsetof(sk_trainer
                  offsetof(sk_trainer_options, data_tokens) == 112 &&
                  offsetof(sk_trainer_options, parallelism) == 120 &&
                  offsetof(sk_trainer_options, ddp_bucket_bytes) == 128 &&
-                 offsetof(sk_trainer_options, device) == 136 && sizeof(sk_trainer_options) == 144,
+                 offsetof(sk_trainer_options, device) == 136 &&
+                 offsetof(sk_trainer_options, lr_schedule) == 144 && sizeof(sk_trainer_options) == 152,
                  "sk_trainer_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metrics, rank) == 16 &&
                  offsetof(sk_step_metrics, loss) == 20 && offsetof(sk_step_metrics, grad_norm) == 24 &&
@@ -1183,7 +1393,7 @@ SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metric
                  offsetof(sk_step_metrics, alloc_retries) == 96 && offsetof(sk_step_metrics, ooms) == 104 &&
                  offsetof(sk_step_metrics, bytes_communicated) == 112 &&
                  offsetof(sk_step_metrics, global_loss) == 120 && offsetof(sk_step_metrics, simulated) == 124 &&
-                 sizeof(sk_step_metrics) == 128,
+                 offsetof(sk_step_metrics, lr) == 128 && sizeof(sk_step_metrics) == 136,
                  "sk_step_metrics layout");
 SK_LAYOUT_ASSERT(offsetof(sk_memory_estimate, parameters) == 8 && offsetof(sk_memory_estimate, master_bytes) == 16 &&
                  offsetof(sk_memory_estimate, grad_shard_bytes) == 24 &&

@@ -34,6 +34,7 @@ use std::ptr;
 use std::sync::Mutex;
 
 pub use sys::sk_fsdp_options as FsdpOptions;
+pub use sys::sk_lr_schedule as LrSchedule;
 pub use sys::sk_memory_estimate as MemoryEstimate;
 pub use sys::sk_optimizer_options as OptimizerOptions;
 pub use sys::sk_step_metrics as StepMetrics;
@@ -136,11 +137,178 @@ impl Default for FsdpOptions {
 }
 
 impl Default for OptimizerOptions {
-    /// SK_OPTIMIZER_OPTIONS_INIT: every field 0 ("default").
+    /// SK_OPTIMIZER_OPTIONS_INIT: lr 1e-3 (since 0.6.0 `lr` is taken as
+    /// given: 0 is a rate of 0), every other field 0 ("default"). Parameter
+    /// groups go in [`TrainerOptions::param_groups`] and
+    /// [`EngineOptions::param_groups`], which fill in the raw pointer.
     fn default() -> Self {
         let mut o: OptimizerOptions = unsafe { std::mem::zeroed() };
         o.struct_size = std::mem::size_of::<OptimizerOptions>();
+        o.lr = 1e-3;
         o
+    }
+}
+
+impl Default for LrSchedule {
+    /// SK_LR_SCHEDULE_INIT: constant.
+    fn default() -> Self {
+        LrSchedule { struct_size: std::mem::size_of::<LrSchedule>(), kind: 0, min_lr: 0.0, warmup_steps: 0, decay_steps: 0 }
+    }
+}
+
+impl LrSchedule {
+    /// Linear warmup over `warmup_steps`, then cosine decay over
+    /// `decay_steps` to `min_lr`.
+    pub fn warmup_cosine(warmup_steps: i64, decay_steps: i64, min_lr: f32) -> LrSchedule {
+        LrSchedule { kind: sys::SK_LR_SCHEDULE_COSINE, min_lr, warmup_steps, decay_steps, ..Default::default() }
+    }
+    /// Linear warmup, then linear decay to `min_lr`.
+    pub fn warmup_linear(warmup_steps: i64, decay_steps: i64, min_lr: f32) -> LrSchedule {
+        LrSchedule { kind: sys::SK_LR_SCHEDULE_LINEAR, min_lr, warmup_steps, decay_steps, ..Default::default() }
+    }
+}
+
+/// A parameter group (`sk_param_group`): overrides of weight decay and the
+/// learning rate for the parameters it selects ("<unit>.<param>" by glob,
+/// or the usual no-decay set). The first group selecting a parameter wins.
+#[derive(Clone, Debug)]
+pub struct ParamGroup {
+    /// '*'/'?' glob on "<unit>.<param>"; None selects nothing by name.
+    pub pattern: Option<String>,
+    /// Also select biases, norm gains (fewer than 2 dims) and embeddings.
+    pub norms_biases_embeddings: bool,
+    /// The group's weight decay; None = the optimizer's.
+    pub weight_decay: Option<f32>,
+    /// The group's rate is the step's times this (0 freezes it).
+    pub lr_multiplier: f32,
+}
+
+impl Default for ParamGroup {
+    /// SK_PARAM_GROUP_INIT: no decay, multiplier 1, selecting nothing yet.
+    fn default() -> Self {
+        ParamGroup { pattern: None, norms_biases_embeddings: false, weight_decay: Some(0.0), lr_multiplier: 1.0 }
+    }
+}
+
+impl ParamGroup {
+    /// The usual "no weight decay for norms, biases and embeddings" group.
+    pub fn no_decay() -> ParamGroup {
+        ParamGroup { norms_biases_embeddings: true, ..Default::default() }
+    }
+}
+
+/// Raw groups and the strings they point to, alive while the options are used.
+struct RawGroups {
+    raw: Vec<sys::sk_param_group>,
+    _patterns: Vec<Option<CString>>,
+}
+
+impl RawGroups {
+    fn new(groups: &[ParamGroup]) -> Result<RawGroups> {
+        let patterns =
+            groups.iter().map(|g| opt_cstring(g.pattern.as_deref(), "pattern")).collect::<Result<Vec<_>>>()?;
+        let raw = groups
+            .iter()
+            .zip(&patterns)
+            .map(|(g, p)| sys::sk_param_group {
+                struct_size: std::mem::size_of::<sys::sk_param_group>(),
+                pattern: opt_ptr(p),
+                norms_biases_embeddings: g.norms_biases_embeddings as i32,
+                weight_decay: g.weight_decay.unwrap_or(0.0),
+                lr_multiplier: g.lr_multiplier,
+                inherit_weight_decay: g.weight_decay.is_none() as i32,
+            })
+            .collect();
+        Ok(RawGroups { raw, _patterns: patterns })
+    }
+    /// `optimizer` pointing at these groups (valid while `self` lives).
+    fn optimizer(&self, optimizer: &OptimizerOptions) -> OptimizerOptions {
+        let mut o = *optimizer;
+        if !self.raw.is_empty() {
+            o.param_groups = self.raw.as_ptr();
+            o.num_param_groups = self.raw.len() as i32;
+        }
+        o
+    }
+}
+
+/// bfloat16: the top half of an f32 (`sk_dtype_t` BF16), the compute and
+/// communication format of `param_dtype`/`reduce_dtype = bf16`.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bf16(pub u16);
+
+impl Bf16 {
+    /// Rounds to nearest, ties to even (as shardkit and PyTorch do); NaN
+    /// stays NaN.
+    pub fn from_f32(x: f32) -> Bf16 {
+        let bits = x.to_bits();
+        if x.is_nan() {
+            return Bf16(((bits >> 16) | 0x0040) as u16);
+        }
+        let rounding = 0x7fff + ((bits >> 16) & 1);
+        Bf16((bits.wrapping_add(rounding) >> 16) as u16)
+    }
+    /// Exact.
+    pub fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+}
+
+impl From<f32> for Bf16 {
+    fn from(x: f32) -> Bf16 {
+        Bf16::from_f32(x)
+    }
+}
+
+impl From<Bf16> for f32 {
+    fn from(x: Bf16) -> f32 {
+        x.to_f32()
+    }
+}
+
+/// `f32` values into a new bf16 vector.
+pub fn to_bf16(values: &[f32]) -> Vec<Bf16> {
+    values.iter().map(|&x| Bf16::from_f32(x)).collect()
+}
+
+/// bf16 values into a new f32 vector (exact).
+pub fn from_bf16(values: &[Bf16]) -> Vec<f32> {
+    values.iter().map(|x| x.to_f32()).collect()
+}
+
+/// An element type the library moves: its `sk_dtype_t`. Implemented for
+/// `f32` and [`Bf16`]; typed views and collectives check it against the
+/// buffer's dtype.
+pub trait Element: Copy + 'static {
+    const DTYPE: sys::sk_dtype_t;
+}
+
+impl Element for f32 {
+    const DTYPE: sys::sk_dtype_t = sys::SK_DTYPE_F32;
+}
+
+impl Element for Bf16 {
+    const DTYPE: sys::sk_dtype_t = sys::SK_DTYPE_BF16;
+}
+
+/// How `Group::all_reduce` combines the ranks' values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    /// The sum divided by the group's size.
+    Mean,
+    /// Elementwise maximum (NaN wins).
+    Max,
+}
+
+impl ReduceOp {
+    fn raw(self) -> sys::sk_reduce_op_t {
+        match self {
+            ReduceOp::Sum => sys::SK_REDUCE_SUM,
+            ReduceOp::Mean => sys::SK_REDUCE_MEAN,
+            ReduceOp::Max => sys::SK_REDUCE_MAX,
+        }
     }
 }
 
@@ -345,6 +513,61 @@ pub trait Group {
         let mut l: *const c_char = ptr::null();
         check(unsafe { sys::sk_process_group_label(self.as_ptr(), &mut l) })?;
         Ok(unsafe { CStr::from_ptr(l) }.to_string_lossy().into_owned())
+    }
+
+    /// In place: `data` becomes the reduction over ranks (collective; host
+    /// memory, so cpu groups: `sk_process_group_all_reduce`).
+    fn all_reduce<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<()>
+    where
+        Self: Sized,
+    {
+        check(unsafe {
+            sys::sk_process_group_all_reduce(self.as_ptr(), data.as_mut_ptr() as *mut c_void, data.len() as i64, T::DTYPE, op.raw())
+        })
+    }
+    /// The mean of `value` over ranks (a loss, say).
+    fn mean(&self, value: f32) -> Result<f32> {
+        let mut v = value;
+        check(unsafe {
+            sys::sk_process_group_all_reduce(
+                self.as_ptr(),
+                &mut v as *mut f32 as *mut c_void,
+                1,
+                sys::SK_DTYPE_F32,
+                sys::SK_REDUCE_MEAN,
+            )
+        })?;
+        Ok(v)
+    }
+    /// In place: every rank's `data` becomes rank `root`'s (collective).
+    fn broadcast<T: Element>(&self, data: &mut [T], root: i32) -> Result<()>
+    where
+        Self: Sized,
+    {
+        check(unsafe {
+            sys::sk_process_group_broadcast(self.as_ptr(), data.as_mut_ptr() as *mut c_void, data.len() as i64, T::DTYPE, root)
+        })
+    }
+    /// Every rank's `input`, concatenated in rank order (collective).
+    fn all_gather<T: Element + Default>(&self, input: &[T]) -> Result<Vec<T>>
+    where
+        Self: Sized,
+    {
+        let mut out = vec![T::default(); input.len() * self.size()? as usize];
+        check(unsafe {
+            sys::sk_process_group_all_gather(
+                self.as_ptr(),
+                input.as_ptr() as *const c_void,
+                out.as_mut_ptr() as *mut c_void,
+                input.len() as i64,
+                T::DTYPE,
+            )
+        })?;
+        Ok(out)
+    }
+    /// Returns when every rank has called it.
+    fn barrier(&self) -> Result<()> {
+        check(unsafe { sys::sk_process_group_barrier(self.as_ptr()) })
     }
 }
 
@@ -633,6 +856,10 @@ pub struct TrainerOptions {
     /// The rank's device; `None` = cpu:rank (and no device struct is passed,
     /// so libraries older than 0.4.0 accept the options).
     pub device: Option<Device>,
+    /// The learning rate per step; `None` = constant (`optimizer.lr`).
+    pub lr_schedule: Option<LrSchedule>,
+    /// Parameter groups (`optimizer.param_groups`); empty = none.
+    pub param_groups: Vec<ParamGroup>,
 }
 
 impl TrainerOptions {
@@ -641,11 +868,13 @@ impl TrainerOptions {
         let model = opt_cstring(self.model.as_deref(), "model")?;
         let data_path = opt_cstring(self.data_path.as_deref(), "data_path")?;
         let device = self.device.as_ref().map(Device::to_raw).transpose()?;
+        let groups = RawGroups::new(&self.param_groups)?;
+        let optimizer = groups.optimizer(&self.optimizer);
         let raw = sys::sk_trainer_options {
             struct_size: std::mem::size_of::<sys::sk_trainer_options>(),
             model: opt_ptr(&model),
             fsdp: &self.fsdp,
-            optimizer: &self.optimizer,
+            optimizer: &optimizer,
             batch_size: self.batch_size,
             grad_accum_steps: self.grad_accum_steps,
             seq_len: self.seq_len,
@@ -660,6 +889,7 @@ impl TrainerOptions {
             parallelism: self.parallelism,
             ddp_bucket_bytes: self.ddp_bucket_bytes,
             device: opt_raw_device(&device),
+            lr_schedule: self.lr_schedule.as_ref().map_or(ptr::null(), |s| s as *const LrSchedule),
         };
         Ok(f(&raw))
     }
@@ -700,6 +930,16 @@ impl Trainer {
         let mut loss = 0.0;
         check(unsafe { sys::sk_trainer_evaluate(self.raw, batches, &mut loss) })?;
         Ok(loss)
+    }
+    /// The rate of every later step, replacing the schedule (0 is valid).
+    pub fn set_lr(&mut self, lr: f32) -> Result<()> {
+        check(unsafe { sys::sk_trainer_set_lr(self.raw, lr) })
+    }
+    /// The rate the next step will use.
+    pub fn lr(&self) -> Result<f32> {
+        let mut lr = 0.0;
+        check(unsafe { sys::sk_trainer_get_lr(self.raw, &mut lr) })?;
+        Ok(lr)
     }
     pub fn num_parameters(&self) -> Result<i64> {
         let mut n = 0;
@@ -776,6 +1016,10 @@ impl LocalSession {
         let mut loss = 0.0;
         check(unsafe { sys::sk_local_session_evaluate(self.raw, batches, &mut loss) })?;
         Ok(loss)
+    }
+    /// `Trainer::set_lr` on every rank.
+    pub fn set_lr(&mut self, lr: f32) -> Result<()> {
+        check(unsafe { sys::sk_local_session_set_lr(self.raw, lr) })
     }
     pub fn world_size(&self) -> Result<i32> {
         let mut n = 0;
@@ -902,6 +1146,8 @@ pub struct EngineOptions {
     /// caller stream from creation (see [`Stream`]); `None` = synchronous
     /// hooks. It must outlive the engine.
     pub cuda_stream: Option<ptr::NonNull<c_void>>,
+    /// Parameter groups (`optimizer.param_groups`); empty = none.
+    pub param_groups: Vec<ParamGroup>,
 }
 
 /// A caller stream (`sk_stream`): the caller's in-order work queue on the
@@ -986,6 +1232,28 @@ fn f32_slice<'a>(v: &sys::sk_tensor_view) -> Result<&'a mut [f32]> {
     Ok(unsafe { std::slice::from_raw_parts_mut(v.data as *mut f32, v.numel as usize) })
 }
 
+/// One unit's shards in [`Engine::custom_step`].
+pub struct CustomShard<'a> {
+    pub unit: i32,
+    /// This rank's f32 slice of the unit's flat parameter: update it in place.
+    pub master: &'a mut [f32],
+    /// Its gradient (the mean over ranks).
+    pub grad: &'a [f32],
+    /// The optimizer's state tensors for the unit (zeroed at first; saved by checkpoints).
+    pub state: Vec<&'a mut [f32]>,
+}
+
+fn typed_slice<'a, T: Element>(v: &sys::sk_tensor_view) -> Result<&'a mut [T]> {
+    if v.dtype != T::DTYPE {
+        return Err(Error::invalid_argument(format!(
+            "buffer dtype is {} but the view asked for {}",
+            v.dtype,
+            T::DTYPE
+        )));
+    }
+    Ok(unsafe { std::slice::from_raw_parts_mut(v.data as *mut T, v.numel as usize) })
+}
+
 impl Engine {
     /// Collective over `group`; the engine copies the spec and keeps the group alive.
     pub fn new(spec: &ModelSpec, group: &dyn Group, options: &EngineOptions) -> Result<Engine> {
@@ -1000,10 +1268,12 @@ impl Engine {
     }
     fn create(spec: &ModelSpec, group: *mut sys::sk_process_group, options: &EngineOptions) -> Result<Engine> {
         let device = options.device.as_ref().map(Device::to_raw).transpose()?;
+        let groups = RawGroups::new(&options.param_groups)?;
+        let optimizer = groups.optimizer(&options.optimizer);
         let raw_options = sys::sk_engine_options {
             struct_size: std::mem::size_of::<sys::sk_engine_options>(),
             fsdp: &options.fsdp,
-            optimizer: &options.optimizer,
+            optimizer: &optimizer,
             memory_cap_bytes: options.memory_cap_bytes,
             device: opt_raw_device(&device),
             cuda_stream: options.cuda_stream.map_or(ptr::null_mut(), |p| p.as_ptr()),
@@ -1081,6 +1351,96 @@ impl Engine {
     pub fn load_state_dict(&mut self, path: impl AsRef<Path>, layout: WeightLayout) -> Result<()> {
         let path = path_cstring(path.as_ref())?;
         check(unsafe { sys::sk_engine_load_state_dict(self.raw, path.as_ptr(), layout.raw()) })
+    }
+    /// An update rule of your own instead of `optimizer_step` (after
+    /// `finish_backward`): `f` is called for every unit with this rank's f32
+    /// master shard (update it in place), gradient shard and the built-in
+    /// optimizer's state tensors for the unit (as many as its kind keeps:
+    /// one for SGD with momentum, two for Adam). CPU engines only (the views
+    /// are host memory); `sk_engine_begin_custom_step` in shardkit.h.
+    pub fn custom_step<F>(&mut self, mut f: F) -> Result<()>
+    where
+        F: FnMut(CustomShard<'_>) -> Result<()>,
+    {
+        self.check_host("custom_step")?;
+        check(unsafe { sys::sk_engine_begin_custom_step(self.raw) })?;
+        let body = (|| {
+            for unit in 0..self.num_units()? {
+                let master = self.raw_view(|e, v| unsafe { sys::sk_engine_master_shard(e, unit, v) })?;
+                let grad = self.raw_view(|e, v| unsafe { sys::sk_engine_grad_shard(e, unit, v) })?;
+                let mut state = Vec::new();
+                loop {
+                    let i = state.len() as i32;
+                    match self.raw_view(|e, v| unsafe { sys::sk_engine_optimizer_state(e, unit, i, v) }) {
+                        Ok(v) => state.push(typed_slice::<f32>(&v)?),
+                        Err(err) if err.code == sys::SK_STATUS_OUT_OF_RANGE => break,
+                        Err(err) => return Err(err),
+                    }
+                }
+                f(CustomShard { unit, master: typed_slice::<f32>(&master)?, grad: typed_slice::<f32>(&grad)?, state })?;
+            }
+            Ok(())
+        })();
+        let end = check(unsafe { sys::sk_engine_end_custom_step(self.raw) });
+        body.and(end)
+    }
+    fn raw_view(&self, f: impl FnOnce(*mut sys::sk_engine, *mut sys::sk_tensor_view) -> sys::sk_status_t) -> Result<sys::sk_tensor_view> {
+        let mut v = sys::sk_tensor_view {
+            struct_size: std::mem::size_of::<sys::sk_tensor_view>(),
+            data: ptr::null_mut(),
+            dtype: 0,
+            ndim: 0,
+            shape: ptr::null(),
+            numel: 0,
+        };
+        check(f(self.raw, &mut v))?;
+        Ok(v)
+    }
+    /// Sets a parameter's full f32 value (collective; every rank passes the
+    /// same values).
+    pub fn write_param(&mut self, unit: i32, param: i32, values: &[f32]) -> Result<()> {
+        check(unsafe { sys::sk_engine_write_param(self.raw, unit, param, values.as_ptr(), values.len() as i64) })
+    }
+    /// The rate of the following optimizer steps (0 is valid).
+    pub fn set_lr(&mut self, lr: f32) -> Result<()> {
+        check(unsafe { sys::sk_engine_set_lr(self.raw, lr) })
+    }
+    pub fn lr(&self) -> Result<f32> {
+        let mut lr = 0.0;
+        check(unsafe { sys::sk_engine_get_lr(self.raw, &mut lr) })?;
+        Ok(lr)
+    }
+    /// Optimizer steps taken (restored by checkpoints and state dicts).
+    pub fn steps(&self) -> Result<i64> {
+        let mut n = 0;
+        check(unsafe { sys::sk_engine_steps(self.raw, &mut n) })?;
+        Ok(n)
+    }
+    /// A sharded checkpoint in the trainer's format (collective).
+    pub fn save_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<()> {
+        let dir = path_cstring(dir.as_ref())?;
+        check(unsafe { sys::sk_engine_save_checkpoint(self.raw, dir.as_ptr()) })
+    }
+    /// Restores a checkpoint saved at any world size and strategy
+    /// (collective); the restored step count.
+    pub fn load_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<i64> {
+        let dir = path_cstring(dir.as_ref())?;
+        let mut step = 0;
+        check(unsafe { sys::sk_engine_load_checkpoint(self.raw, dir.as_ptr(), &mut step) })?;
+        Ok(step)
+    }
+    /// A gathered parameter as `T` (`f32`, or [`Bf16`] with param_dtype
+    /// bf16); INVALID_ARGUMENT naming both dtypes when they differ, CPU only.
+    pub fn param_as<T: Element>(&self, unit: i32, param: i32) -> Result<&[T]> {
+        let v = self.param_view(unit, param)?;
+        self.check_host("param")?;
+        Ok(typed_slice::<T>(&v)?)
+    }
+    /// A gradient buffer as `T` to add into; as `param_as`.
+    pub fn grad_as<T: Element>(&mut self, unit: i32, param: i32) -> Result<&mut [T]> {
+        let v = self.view(sys::sk_engine_grad, unit, param)?;
+        self.check_host("grad")?;
+        typed_slice::<T>(&v)
     }
     /// The full f32 value of a parameter of `numel` elements (collective).
     pub fn read_param(&mut self, unit: i32, param: i32, numel: usize) -> Result<Vec<f32>> {

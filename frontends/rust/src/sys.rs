@@ -62,6 +62,18 @@ pub const SK_PARALLELISM_DEFAULT: sk_parallelism_t = 0;
 pub const SK_PARALLELISM_FSDP: sk_parallelism_t = 1;
 pub const SK_PARALLELISM_DDP: sk_parallelism_t = 2;
 
+pub type sk_lr_schedule_kind_t = i32;
+pub const SK_LR_SCHEDULE_DEFAULT: sk_lr_schedule_kind_t = 0;
+pub const SK_LR_SCHEDULE_CONSTANT: sk_lr_schedule_kind_t = 1;
+pub const SK_LR_SCHEDULE_COSINE: sk_lr_schedule_kind_t = 2;
+pub const SK_LR_SCHEDULE_LINEAR: sk_lr_schedule_kind_t = 3;
+
+pub type sk_reduce_op_t = i32;
+pub const SK_REDUCE_DEFAULT: sk_reduce_op_t = 0;
+pub const SK_REDUCE_SUM: sk_reduce_op_t = 1;
+pub const SK_REDUCE_MEAN: sk_reduce_op_t = 2;
+pub const SK_REDUCE_MAX: sk_reduce_op_t = 3;
+
 pub type sk_device_kind_t = i32;
 pub const SK_DEVICE_DEFAULT: sk_device_kind_t = 0;
 pub const SK_DEVICE_CPU: sk_device_kind_t = 1;
@@ -166,6 +178,29 @@ pub struct sk_optimizer_options {
     pub beta2: f32,
     pub eps: f32,
     pub weight_decay: f32,
+    pub param_groups: *const sk_param_group,
+    pub num_param_groups: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_param_group {
+    pub struct_size: usize,
+    pub pattern: *const c_char,
+    pub norms_biases_embeddings: i32,
+    pub weight_decay: f32,
+    pub lr_multiplier: f32,
+    pub inherit_weight_decay: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_lr_schedule {
+    pub struct_size: usize,
+    pub kind: sk_lr_schedule_kind_t,
+    pub min_lr: f32,
+    pub warmup_steps: i64,
+    pub decay_steps: i64,
 }
 
 #[repr(C)]
@@ -189,6 +224,7 @@ pub struct sk_trainer_options {
     pub parallelism: sk_parallelism_t,
     pub ddp_bucket_bytes: i64,
     pub device: *const sk_device_options,
+    pub lr_schedule: *const sk_lr_schedule,
 }
 
 #[repr(C)]
@@ -225,6 +261,7 @@ pub struct sk_step_metrics {
     pub bytes_communicated: i64,
     pub global_loss: f32,
     pub simulated: i32,
+    pub lr: f32,
 }
 
 #[repr(C)]
@@ -378,6 +415,30 @@ extern "C" {
     ) -> sk_status_t;
     pub fn sk_trainer_destroy(trainer: *mut sk_trainer);
     pub fn sk_trainer_step(trainer: *mut sk_trainer, out_metrics: *mut sk_step_metrics) -> sk_status_t;
+    pub fn sk_process_group_all_reduce(
+        group: *mut sk_process_group,
+        data: *mut c_void,
+        count: i64,
+        dtype: sk_dtype_t,
+        op: sk_reduce_op_t,
+    ) -> sk_status_t;
+    pub fn sk_process_group_broadcast(
+        group: *mut sk_process_group,
+        data: *mut c_void,
+        count: i64,
+        dtype: sk_dtype_t,
+        root: i32,
+    ) -> sk_status_t;
+    pub fn sk_process_group_all_gather(
+        group: *mut sk_process_group,
+        input: *const c_void,
+        output: *mut c_void,
+        count: i64,
+        dtype: sk_dtype_t,
+    ) -> sk_status_t;
+    pub fn sk_process_group_barrier(group: *mut sk_process_group) -> sk_status_t;
+    pub fn sk_trainer_set_lr(trainer: *mut sk_trainer, lr: f32) -> sk_status_t;
+    pub fn sk_trainer_get_lr(trainer: *const sk_trainer, out_lr: *mut f32) -> sk_status_t;
     pub fn sk_trainer_evaluate(trainer: *mut sk_trainer, batches: i32, out_loss: *mut f32) -> sk_status_t;
     pub fn sk_trainer_num_parameters(trainer: *const sk_trainer, out_count: *mut i64) -> sk_status_t;
     pub fn sk_model_num_parameters(model: *const c_char, out_count: *mut i64) -> sk_status_t;
@@ -421,6 +482,7 @@ extern "C" {
         rank: i32,
         out_metrics: *mut sk_step_metrics,
     ) -> sk_status_t;
+    pub fn sk_local_session_set_lr(session: *mut sk_local_session, lr: f32) -> sk_status_t;
     pub fn sk_local_session_evaluate(session: *mut sk_local_session, batches: i32, out_loss: *mut f32) -> sk_status_t;
     pub fn sk_local_session_world_size(session: *const sk_local_session, out_world_size: *mut i32) -> sk_status_t;
     pub fn sk_local_session_save_checkpoint(session: *mut sk_local_session, dir: *const c_char) -> sk_status_t;
@@ -484,6 +546,28 @@ extern "C" {
     pub fn sk_engine_clip_grad_norm(engine: *mut sk_engine, max_norm: f64, out_norm: *mut f64) -> sk_status_t;
     pub fn sk_engine_optimizer_step(engine: *mut sk_engine) -> sk_status_t;
     pub fn sk_engine_zero_grad(engine: *mut sk_engine) -> sk_status_t;
+    pub fn sk_engine_write_param(
+        engine: *mut sk_engine,
+        unit: i32,
+        param: i32,
+        values: *const f32,
+        count: i64,
+    ) -> sk_status_t;
+    pub fn sk_engine_begin_custom_step(engine: *mut sk_engine) -> sk_status_t;
+    pub fn sk_engine_master_shard(engine: *mut sk_engine, unit: i32, out_view: *mut sk_tensor_view) -> sk_status_t;
+    pub fn sk_engine_grad_shard(engine: *mut sk_engine, unit: i32, out_view: *mut sk_tensor_view) -> sk_status_t;
+    pub fn sk_engine_optimizer_state(
+        engine: *mut sk_engine,
+        unit: i32,
+        index: i32,
+        out_view: *mut sk_tensor_view,
+    ) -> sk_status_t;
+    pub fn sk_engine_end_custom_step(engine: *mut sk_engine) -> sk_status_t;
+    pub fn sk_engine_set_lr(engine: *mut sk_engine, lr: f32) -> sk_status_t;
+    pub fn sk_engine_get_lr(engine: *const sk_engine, out_lr: *mut f32) -> sk_status_t;
+    pub fn sk_engine_steps(engine: *const sk_engine, out_steps: *mut i64) -> sk_status_t;
+    pub fn sk_engine_save_checkpoint(engine: *mut sk_engine, dir: *const c_char) -> sk_status_t;
+    pub fn sk_engine_load_checkpoint(engine: *mut sk_engine, dir: *const c_char, out_step: *mut i64) -> sk_status_t;
     pub fn sk_engine_read_param(
         engine: *mut sk_engine,
         unit: i32,

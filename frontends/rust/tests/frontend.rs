@@ -2,8 +2,8 @@
 //! that release in Drop, and rank callbacks whose errors and panics come back
 //! as Results instead of unwinding through C.
 use shardkit::{
-    run_local_ranks, sys, Device, Engine, EngineOptions, Group, LocalSession, ModelSpec, OptimizerOptions, ParamSpec,
-    ProcessGroup, Stream, Trainer, TrainerOptions, WeightLayout,
+    run_local_ranks, sys, Bf16, Device, Engine, EngineOptions, Group, LocalSession, LrSchedule, ModelSpec,
+    OptimizerOptions, ParamGroup, ParamSpec, ProcessGroup, ReduceOp, Stream, Trainer, TrainerOptions, WeightLayout,
 };
 
 fn tiny() -> TrainerOptions {
@@ -12,8 +12,8 @@ fn tiny() -> TrainerOptions {
 
 #[test]
 fn version_is_the_librarys() {
-    assert_eq!(shardkit::version(), "0.5.0");
-    assert_eq!(shardkit::version_number(), 5000);
+    assert_eq!(shardkit::version(), "0.6.0");
+    assert_eq!(shardkit::version_number(), 6000);
 }
 
 #[test]
@@ -498,4 +498,177 @@ fn engine_hooks_on_a_caller_stream_match_the_synchronous_protocol() {
     assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
     assert!(e.message.contains("cuda engine"), "{}", e);
     engine.set_stream(None).unwrap();
+}
+
+#[test]
+fn bf16_conversions_round_to_nearest_even_and_widen_exactly() {
+    assert_eq!(Bf16::from_f32(1.0).0, 0x3f80);
+    assert_eq!(Bf16::from_f32(1.0).to_f32(), 1.0);
+    // 1 + 2^-8 is halfway between two bf16 values: ties to even (down).
+    assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0);
+    // 1 + 3 * 2^-8 is halfway too: ties to even (up).
+    assert_eq!(Bf16::from_f32(1.0 + 3.0 / 256.0).to_f32(), 1.0 + 4.0 / 256.0);
+    assert!(Bf16::from_f32(f32::NAN).to_f32().is_nan());
+    assert_eq!(Bf16::from_f32(f32::INFINITY).to_f32(), f32::INFINITY);
+    let v = [0.5f32, -3.0, 1e-3];
+    let back = shardkit::from_bf16(&shardkit::to_bf16(&v));
+    for (a, b) in v.iter().zip(&back) {
+        assert!((a - b).abs() <= a.abs() / 128.0, "{} vs {}", a, b);
+    }
+}
+
+#[test]
+fn collectives_average_broadcast_gather_and_check_peers() {
+    run_local_ranks(2, None, |rank, group| {
+        assert_eq!(group.mean(rank as f32 + 1.0)?, 1.5);
+        let mut m = [rank as f32, -(rank as f32)];
+        group.all_reduce(&mut m, ReduceOp::Max)?;
+        assert_eq!(m, [1.0, 0.0]);
+        let mut b = [Bf16::from_f32(if rank == 1 { 2.5 } else { 0.0 })];
+        group.broadcast(&mut b, 1)?;
+        assert_eq!(b[0].to_f32(), 2.5);
+        assert_eq!(group.all_gather(&[rank as f32])?, vec![0.0, 1.0]);
+        group.barrier()?;
+        let e = group.broadcast(&mut [0.0f32], 7).unwrap_err();
+        assert_eq!(e.code, sys::SK_STATUS_OUT_OF_RANGE);
+        Ok(())
+    })
+    .unwrap();
+}
+
+fn small_spec() -> shardkit::Result<ModelSpec> {
+    let mut spec = ModelSpec::new()?;
+    let u = spec.add_unit("fc")?;
+    spec.add_param(u, &ParamSpec { name: "w", shape: &[2, 3], init: sys::SK_INIT_NORMAL, init_a: 0.0, init_b: 1.0 })?;
+    spec.add_param(u, &ParamSpec { name: "b", shape: &[3], init: sys::SK_INIT_ZEROS, init_a: 0.0, init_b: 0.0 })?;
+    Ok(spec)
+}
+
+fn engine_step(e: &mut Engine, g: f32) -> shardkit::Result<()> {
+    e.zero_grad()?;
+    e.pre_forward(0)?;
+    e.post_forward(0)?;
+    e.pre_backward(0)?;
+    for p in 0..2 {
+        for x in e.grad_as::<f32>(0, p)?.iter_mut() {
+            *x += g;
+        }
+    }
+    e.post_backward(0)?;
+    e.finish_backward()?;
+    e.optimizer_step()
+}
+
+#[test]
+fn engine_rate_groups_write_param_and_checkpoints_with_the_step() {
+    let dir = std::env::temp_dir().join(format!("sk-rust-engine-ckpt-{}", std::process::id()));
+    // Per rank: b after the lr-0 step, b and w after the 0.1 step, lr, steps,
+    // the bf16 view's error code, the f32 view's length. Checked after the
+    // ranks return, so that a failed check cannot leave a peer waiting.
+    let seen = std::sync::Mutex::new(Vec::new());
+    // EngineOptions is not Sync (it may carry a cudaStream_t): one per rank.
+    let options = || EngineOptions {
+        optimizer: OptimizerOptions { kind: sys::SK_OPTIMIZER_SGD, lr: 0.1, weight_decay: 0.5, ..Default::default() },
+        param_groups: vec![ParamGroup::no_decay()],
+        ..Default::default()
+    };
+    run_local_ranks(2, None, |_rank, group| {
+        let mut e = Engine::new(&small_spec()?, &group, &options())?;
+        e.write_param(0, 0, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])?;
+        let written = e.read_param(0, 0, 6)?;
+        e.set_lr(0.0)?;
+        engine_step(&mut e, 1.0)?;
+        let b0 = e.read_param(0, 1, 3)?;
+        e.set_lr(0.1)?;
+        let lr = e.lr()?;
+        engine_step(&mut e, 1.0)?;
+        let b1 = e.read_param(0, 1, 3)?;
+        let w1 = e.read_param(0, 0, 6)?;
+        let steps = e.steps()?;
+        e.save_checkpoint(&dir)?;
+        e.pre_forward(0)?;
+        let bf16_view = e.param_as::<Bf16>(0, 0).map(|_| ()).map_err(|err| err.code);
+        let f32_len = e.param_as::<f32>(0, 0).map(|v| v.len());
+        e.post_forward(0)?;
+        seen.lock().unwrap().push((written, b0, lr, b1, w1, steps, bf16_view, f32_len?));
+        Ok(())
+    })
+    .unwrap();
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen.len(), 2);
+    for (written, b0, lr, b1, w1, steps, bf16_view, f32_len) in &seen {
+        assert_eq!(*written, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(*b0, vec![0.0; 3], "a step at lr 0 moved b");
+        assert_eq!(*lr, 0.1);
+        // b: no decay; w: SGD's L2 decay 0.5.
+        for x in b1 {
+            assert!((x + 0.1).abs() < 1e-7, "{:?}", b1);
+        }
+        assert!((w1[0] - (1.0 - 0.1 * (1.0 + 0.5))).abs() < 1e-6, "{:?}", w1);
+        assert_eq!(*steps, 2);
+        assert_eq!(*bf16_view, Err(sys::SK_STATUS_INVALID_ARGUMENT));
+        assert_eq!(*f32_len, 6);
+    }
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let mut e = Engine::new(&small_spec().unwrap(), &groups[0], &options()).unwrap();
+    assert_eq!(e.load_checkpoint(&dir).unwrap(), 2);
+    assert_eq!(e.steps().unwrap(), 2);
+    assert_eq!(e.read_param(0, 0, 6).unwrap(), seen[0].4);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_session_follows_warmup_and_cosine_and_set_lr_overrides_it() {
+    let options = TrainerOptions { lr_schedule: Some(LrSchedule::warmup_cosine(2, 2, 1e-4)), ..tiny() };
+    let mut s = LocalSession::new(&options, 2, None).unwrap();
+    let lrs: Vec<f32> = (0..5).map(|_| s.step().unwrap().lr).collect();
+    let want = [5e-4f32, 1e-3, 1e-3, 5.5e-4, 1e-4];
+    for (got, want) in lrs.iter().zip(&want) {
+        assert!((got - want).abs() < 1e-9, "{:?}", lrs);
+    }
+    s.set_lr(0.0).unwrap();
+    assert_eq!(s.step().unwrap().lr, 0.0);
+    let bad = TrainerOptions { lr_schedule: Some(LrSchedule::warmup_linear(0, 0, 0.0)), ..tiny() };
+    let e = LocalSession::new(&bad, 1, None).unwrap_err();
+    assert!(e.message.contains("decay_steps"), "{}", e);
+}
+
+#[test]
+fn custom_step_runs_an_update_rule_of_ones_own_on_the_shards() {
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let options = EngineOptions {
+        optimizer: OptimizerOptions { kind: sys::SK_OPTIMIZER_SGD, momentum: 0.9, ..Default::default() },
+        ..Default::default()
+    };
+    let mut e = Engine::new(&small_spec().unwrap(), &groups[0], &options).unwrap();
+    let b0 = e.read_param(0, 1, 3).unwrap();
+    assert_eq!(e.custom_step(|_| Ok(())).unwrap_err().code, sys::SK_STATUS_FAILED_PRECONDITION);
+    e.zero_grad().unwrap();
+    e.pre_forward(0).unwrap();
+    e.post_forward(0).unwrap();
+    e.pre_backward(0).unwrap();
+    for p in 0..2 {
+        for x in e.grad(0, p).unwrap().iter_mut() {
+            *x += 1.0;
+        }
+    }
+    e.post_backward(0).unwrap();
+    e.finish_backward().unwrap();
+    // Lion's sign update with its momentum in the optimizer's state.
+    e.custom_step(|shard| {
+        assert_eq!(shard.state.len(), 1);
+        let shardkit::CustomShard { master, grad, mut state, .. } = shard;
+        for i in 0..master.len() {
+            let c = 0.9 * state[0][i] + 0.1 * grad[i];
+            master[i] -= 0.25 * c.signum() * (c != 0.0) as i32 as f32;
+            state[0][i] = 0.99 * state[0][i] + 0.01 * grad[i];
+        }
+        Ok(())
+    })
+    .unwrap();
+    let b1 = e.read_param(0, 1, 3).unwrap();
+    for i in 0..3 {
+        assert_eq!(b1[i], b0[i] - 0.25);
+    }
+    assert_eq!(e.steps().unwrap(), 1);
 }

@@ -213,15 +213,18 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_nccl_options { struct_size, rank, world_size, master_addr, master_port, use_device, device, timeout_ms, skip_call_check }
         sk_fsdp_options { struct_size, strategy, shard_group_size, backward_prefetch, forward_prefetch, all_gather_limit,
                           param_dtype, reduce_dtype, buffer_dtype, cpu_offload, gradient_predivide_factor, seed, timeout_ms }
-        sk_optimizer_options { struct_size, kind, lr, momentum, dampening, nesterov, beta1, beta2, eps, weight_decay }
+        sk_optimizer_options { struct_size, kind, lr, momentum, dampening, nesterov, beta1, beta2, eps, weight_decay,
+                               param_groups, num_param_groups }
+        sk_param_group { struct_size, pattern, norms_biases_embeddings, weight_decay, lr_multiplier, inherit_weight_decay }
+        sk_lr_schedule { struct_size, kind, min_lr, warmup_steps, decay_steps }
         sk_trainer_options { struct_size, model, fsdp, optimizer, batch_size, grad_accum_steps, seq_len, source_len,
                              clip_grad_norm, activation_checkpointing, memory_cap_bytes, data_path, data_token_bytes,
-                             data_seed, data_tokens, parallelism, ddp_bucket_bytes, device }
+                             data_seed, data_tokens, parallelism, ddp_bucket_bytes, device, lr_schedule }
         sk_device_options { struct_size, kind, use_index, index, sim_profile, sim_world_size, sim_gpus_per_node,
                             launch_blocking }
         sk_step_metrics { struct_size, step, rank, loss, grad_norm, step_seconds, tokens_per_second, model_tflops_per_rank,
                           hardware_tflops_per_rank, peak_allocated_bytes, peak_reserved_bytes, allocated_bytes,
-                          reserved_bytes, alloc_retries, ooms, bytes_communicated, global_loss, simulated }
+                          reserved_bytes, alloc_retries, ooms, bytes_communicated, global_loss, simulated, lr }
         sk_memory_estimate { struct_size, parameters, master_bytes, grad_shard_bytes, optimizer_bytes,
                              persistent_bytes, unsharded_bytes, activation_bytes, peak_bytes }
         sk_plan_request { struct_size, model, profile, gpus, gpus_per_node, batch_size, seq_len, source_len, strategies,

@@ -1,0 +1,396 @@
+// The C ABI of issue 34 (0.6.0): the learning rate per step and schedules,
+// lr = 0 across struct versions, parameter groups, collectives on the
+// caller's buffers, sharded engine checkpoints with the step, and
+// sk_engine_write_param. Through libshardkit.so and shardkit.h only.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "capi_test_util.h"
+#include "shardkit/shardkit.h"
+
+namespace {
+
+using sk_capi_test::LastError;
+
+// fc.w [2, 3], fc.b [3]; ln.gain [3].
+sk_model_spec* SmallSpec() {
+  sk_model_spec* spec = nullptr;
+  EXPECT_EQ(sk_model_spec_create(&spec), SK_STATUS_OK);
+  int32_t fc = 0, ln = 0;
+  EXPECT_EQ(sk_model_spec_add_unit(spec, "fc", &fc), SK_STATUS_OK);
+  EXPECT_EQ(sk_model_spec_add_unit(spec, "ln", &ln), SK_STATUS_OK);
+  const int64_t w_shape[2] = {2, 3}, v_shape[1] = {3};
+  sk_param_spec p = SK_PARAM_SPEC_INIT;
+  p.name = "w";
+  p.ndim = 2;
+  p.shape = w_shape;
+  p.init = SK_INIT_NORMAL;
+  p.init_b = 1.0f;
+  EXPECT_EQ(sk_model_spec_add_param(spec, fc, &p, nullptr), SK_STATUS_OK);
+  p.name = "b";
+  p.ndim = 1;
+  p.shape = v_shape;
+  EXPECT_EQ(sk_model_spec_add_param(spec, fc, &p, nullptr), SK_STATUS_OK);
+  p.name = "gain";
+  p.init = SK_INIT_ONES;
+  p.init_b = 0.0f;
+  EXPECT_EQ(sk_model_spec_add_param(spec, ln, &p, nullptr), SK_STATUS_OK);
+  return spec;
+}
+
+// One step in which every gradient element gets `g` added.
+sk_status_t Step(sk_engine* e, float g) {
+  sk_status_t s;
+  if ((s = sk_engine_zero_grad(e)) != SK_STATUS_OK) return s;
+  for (int u = 0; u < 2; ++u) {
+    if ((s = sk_engine_pre_forward(e, u)) != SK_STATUS_OK) return s;
+    if ((s = sk_engine_post_forward(e, u)) != SK_STATUS_OK) return s;
+  }
+  for (int u = 1; u >= 0; --u) {
+    if ((s = sk_engine_pre_backward(e, u)) != SK_STATUS_OK) return s;
+    for (int p = 0; p < (u == 0 ? 2 : 1); ++p) {
+      sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+      if ((s = sk_engine_grad(e, u, p, &v)) != SK_STATUS_OK) return s;
+      for (int64_t i = 0; i < v.numel; ++i) static_cast<float*>(v.data)[i] += g;
+    }
+    if ((s = sk_engine_post_backward(e, u)) != SK_STATUS_OK) return s;
+  }
+  if ((s = sk_engine_finish_backward(e)) != SK_STATUS_OK) return s;
+  return sk_engine_optimizer_step(e);
+}
+
+std::vector<float> Read(sk_engine* e, int unit, int param, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  EXPECT_EQ(sk_engine_read_param(e, unit, param, v.data(), n), SK_STATUS_OK) << LastError();
+  return v;
+}
+
+TEST(CapiFramework, VersionIs060) {
+  EXPECT_STREQ(sk_version(), "0.6.0");
+  EXPECT_EQ(sk_version_number(), 6000);
+}
+
+// lr = 0 is a rate of 0 in a 0.6.0 struct and "1e-3" in an older one.
+TEST(CapiFramework, OptimizerLrZeroMeansZeroInTheNewStructAndTheDefaultInAnOldOne) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = SmallSpec();
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.optimizer = &opt;
+  float lr = -1;
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, &eo, &e));
+  ASSERT_OK(sk_engine_get_lr(e, &lr));
+  EXPECT_FLOAT_EQ(lr, 1e-3f);  // the INIT macro's
+  sk_engine_destroy(e);
+  opt.lr = 0.0f;
+  ASSERT_OK(sk_engine_create(spec, g, &eo, &e));
+  ASSERT_OK(sk_engine_get_lr(e, &lr));
+  EXPECT_EQ(lr, 0.0f);
+  sk_engine_destroy(e);
+  opt.struct_size = 48;  // a 0.5.0 header's struct
+  ASSERT_OK(sk_engine_create(spec, g, &eo, &e));
+  ASSERT_OK(sk_engine_get_lr(e, &lr));
+  EXPECT_FLOAT_EQ(lr, 1e-3f);
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
+TEST(CapiFramework, EngineSetLrStepsAtTheNewRateAndRefusesBadRates) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = SmallSpec();
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  opt.kind = SK_OPTIMIZER_SGD;
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.optimizer = &opt;
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, &eo, &e));
+  const std::vector<float> before = Read(e, 0, 1, 3);
+  ASSERT_OK(sk_engine_set_lr(e, 0.0f));
+  ASSERT_OK(Step(e, 1.0f));
+  EXPECT_EQ(Read(e, 0, 1, 3), before);
+  ASSERT_OK(sk_engine_set_lr(e, 0.5f));
+  ASSERT_OK(Step(e, 1.0f));
+  const std::vector<float> after = Read(e, 0, 1, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 0.5f);
+  int64_t steps = 0;
+  ASSERT_OK(sk_engine_steps(e, &steps));
+  EXPECT_EQ(steps, 2);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_set_lr(e, -0.1f));
+  EXPECT_ERROR_MENTIONS("learning rate");
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_set_lr(e, NAN));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_set_lr(nullptr, 0.1f));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_get_lr(e, nullptr));
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
+TEST(CapiFramework, ParamGroupsExemptTheNoDecaySetAndBadGroupsNameTheGroup) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = SmallSpec();
+  sk_param_group groups[1] = {SK_PARAM_GROUP_INIT};
+  groups[0].norms_biases_embeddings = 1;  // weight_decay 0 as given
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  opt.kind = SK_OPTIMIZER_SGD;
+  opt.lr = 0.1f;
+  opt.weight_decay = 0.5f;
+  opt.param_groups = groups;
+  opt.num_param_groups = 1;
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.optimizer = &opt;
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, &eo, &e));
+  const std::vector<float> w0 = Read(e, 0, 0, 6), b0 = Read(e, 0, 1, 3);
+  ASSERT_OK(Step(e, 1.0f));
+  const std::vector<float> w1 = Read(e, 0, 0, 6), b1 = Read(e, 0, 1, 3);
+  for (int i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(w1[i], w0[i] - 0.1f * (1.0f + 0.5f * w0[i]));
+  for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(b1[i], b0[i] - 0.1f);
+  sk_engine_destroy(e);
+  sk_param_group none = SK_PARAM_GROUP_INIT;  // selects nothing
+  opt.param_groups = &none;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, &eo, &e));
+  EXPECT_ERROR_MENTIONS("param_groups[0]");
+  opt.param_groups = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, &eo, &e));
+  EXPECT_ERROR_MENTIONS("num_param_groups");
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
+sk_status_t CollectivesRank(int32_t rank, sk_process_group* g, void*) {
+  float loss[2] = {static_cast<float>(rank + 1), static_cast<float>(10 * rank)};
+  sk_status_t s = sk_process_group_all_reduce(g, loss, 2, SK_DTYPE_F32, SK_REDUCE_MEAN);
+  if (s != SK_STATUS_OK) return s;
+  if (loss[0] != 1.5f || loss[1] != 5.0f) return SK_STATUS_INTERNAL;
+  float mx = rank == 0 ? 3.0f : -1.0f;
+  if ((s = sk_process_group_all_reduce(g, &mx, 1, SK_DTYPE_F32, SK_REDUCE_MAX)) != SK_STATUS_OK) return s;
+  if (mx != 3.0f) return SK_STATUS_INTERNAL;
+  float b = rank == 1 ? 7.0f : 0.0f;
+  if ((s = sk_process_group_broadcast(g, &b, 1, SK_DTYPE_F32, 1)) != SK_STATUS_OK) return s;
+  if (b != 7.0f) return SK_STATUS_INTERNAL;
+  float in = static_cast<float>(rank), out[2] = {-1, -1};
+  if ((s = sk_process_group_all_gather(g, &in, out, 1, SK_DTYPE_F32)) != SK_STATUS_OK) return s;
+  if (out[0] != 0.0f || out[1] != 1.0f) return SK_STATUS_INTERNAL;
+  if ((s = sk_process_group_barrier(g)) != SK_STATUS_OK) return s;
+  // Bad arguments: errors before any communication, on every rank alike.
+  if (sk_process_group_all_reduce(g, nullptr, 4, SK_DTYPE_F32, SK_REDUCE_SUM) != SK_STATUS_INVALID_ARGUMENT)
+    return SK_STATUS_INTERNAL;
+  if (sk_process_group_all_reduce(g, &b, 1, static_cast<sk_dtype_t>(9), SK_REDUCE_SUM) !=
+      SK_STATUS_INVALID_ARGUMENT)
+    return SK_STATUS_INTERNAL;
+  if (std::string(sk_last_error_message()).find("dtype") == std::string::npos) return SK_STATUS_INTERNAL;
+  if (sk_process_group_all_reduce(g, &b, 1, SK_DTYPE_F32, static_cast<sk_reduce_op_t>(7)) !=
+      SK_STATUS_INVALID_ARGUMENT)
+    return SK_STATUS_INTERNAL;
+  if (sk_process_group_broadcast(g, &b, 1, SK_DTYPE_F32, 5) != SK_STATUS_OUT_OF_RANGE) return SK_STATUS_INTERNAL;
+  // Mismatched peers: rank 0 reduces 2 elements, rank 1 one.
+  float two[2] = {1, 1};
+  s = sk_process_group_all_reduce(g, two, rank == 0 ? 2 : 1, SK_DTYPE_F32, SK_REDUCE_SUM);
+  if (s != SK_STATUS_INVALID_ARGUMENT) return SK_STATUS_INTERNAL;
+  if (std::string(sk_last_error_message()).find("all_reduce") == std::string::npos) return SK_STATUS_INTERNAL;
+  return SK_STATUS_OK;
+}
+
+TEST(CapiFramework, CollectivesOnTheCallersBuffersAcrossRanks) {
+  ASSERT_OK(sk_run_local_ranks(2, nullptr, CollectivesRank, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_process_group_barrier(nullptr));
+}
+
+std::string TempPath(const char* name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name + "-" + std::to_string(::getpid());
+}
+
+struct CheckpointRun {
+  std::string dir;
+  std::vector<float> w;  // rank 0's fc.w after the steps
+};
+
+sk_status_t SaveAtTwoRanks(int32_t rank, sk_process_group* g, void* user) {
+  auto* run = static_cast<CheckpointRun*>(user);
+  sk_model_spec* spec = SmallSpec();
+  sk_engine* e = nullptr;
+  sk_status_t s = sk_engine_create(spec, g, nullptr, &e);
+  sk_model_spec_destroy(spec);
+  if (s != SK_STATUS_OK) return s;
+  for (int i = 0; i < 2 && s == SK_STATUS_OK; ++i) s = Step(e, 0.5f);
+  if (s == SK_STATUS_OK) s = sk_engine_save_checkpoint(e, run->dir.c_str());
+  std::vector<float> w(6);
+  if (s == SK_STATUS_OK) s = sk_engine_read_param(e, 0, 0, w.data(), 6);
+  if (rank == 0) run->w = w;
+  sk_engine_destroy(e);
+  return s;
+}
+
+TEST(CapiFramework, EngineCheckpointSavedAtTwoRanksLoadsAtOneWithTheStep) {
+  CheckpointRun run{TempPath("capi-engine-ckpt"), {}};
+  ASSERT_OK(sk_run_local_ranks(2, nullptr, SaveAtTwoRanks, &run));
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = SmallSpec();
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, nullptr, &e));
+  int64_t step = -1;
+  EXPECT_STATUS(SK_STATUS_NOT_FOUND, sk_engine_load_checkpoint(e, (run.dir + "-missing").c_str(), &step));
+  EXPECT_EQ(step, -1);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_load_checkpoint(e, nullptr, &step));
+  ASSERT_OK(sk_engine_load_checkpoint(e, run.dir.c_str(), &step));
+  EXPECT_EQ(step, 2);
+  EXPECT_EQ(Read(e, 0, 0, 6), run.w);
+  int64_t steps = 0;
+  ASSERT_OK(sk_engine_steps(e, &steps));
+  EXPECT_EQ(steps, 2);
+  // The state dict keeps the step too.
+  const std::string sd = TempPath("capi-engine-sd") + ".safetensors";
+  ASSERT_OK(sk_engine_save_state_dict(e, sd.c_str(), SK_WEIGHT_LAYOUT_SHARDKIT));
+  sk_engine* f = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, nullptr, &f));
+  ASSERT_OK(sk_engine_load_state_dict(f, sd.c_str(), SK_WEIGHT_LAYOUT_SHARDKIT));
+  ASSERT_OK(sk_engine_steps(f, &steps));
+  EXPECT_EQ(steps, 2);
+  sk_engine_destroy(f);
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
+TEST(CapiFramework, WriteParamSetsTheFullValue) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = SmallSpec();
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, nullptr, &e));
+  const std::vector<float> w = {1, 2, 3, 4, 5, 6};
+  ASSERT_OK(sk_engine_write_param(e, 0, 0, w.data(), 6));
+  EXPECT_EQ(Read(e, 0, 0, 6), w);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_write_param(e, 0, 0, w.data(), 5));
+  EXPECT_ERROR_MENTIONS("count is 5");
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_engine_write_param(e, 0, 9, w.data(), 6));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_write_param(nullptr, 0, 0, w.data(), 6));
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
+TEST(CapiFramework, TrainerFollowsItsScheduleAndSetLrOverridesIt) {
+  sk_lr_schedule ls = SK_LR_SCHEDULE_INIT;
+  ls.kind = SK_LR_SCHEDULE_COSINE;
+  ls.warmup_steps = 2;
+  ls.decay_steps = 2;
+  ls.min_lr = 1e-4f;
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  sk_trainer_options o = sk_capi_test::TinyTrainer(nullptr, &opt);
+  o.lr_schedule = &ls;
+  sk_local_session* s = nullptr;
+  ASSERT_OK(sk_local_session_create(&o, 2, nullptr, &s));
+  const float want[5] = {5e-4f, 1e-3f, 1e-3f, 5.5e-4f, 1e-4f};
+  for (int i = 0; i < 5; ++i) {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    ASSERT_OK(sk_local_session_step(s, &m));
+    EXPECT_NEAR(m.lr, want[i], 1e-9) << "step " << i;
+  }
+  ASSERT_OK(sk_local_session_set_lr(s, 0.0f));
+  sk_step_metrics m = SK_STEP_METRICS_INIT;
+  ASSERT_OK(sk_local_session_step(s, &m));
+  EXPECT_EQ(m.lr, 0.0f);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_set_lr(s, -1.0f));
+  sk_local_session_destroy(s);
+  ls.decay_steps = 0;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 1, nullptr, &s));
+  EXPECT_ERROR_MENTIONS("decay_steps");
+  ls.decay_steps = 2;
+  ls.kind = static_cast<sk_lr_schedule_kind_t>(8);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 1, nullptr, &s));
+  EXPECT_ERROR_MENTIONS("sk_lr_schedule.kind");
+}
+
+sk_status_t TrainerLrRank(int32_t, sk_process_group* g, void*) {
+  sk_trainer_options o = sk_capi_test::TinyTrainer();
+  sk_trainer* t = nullptr;
+  sk_status_t s = sk_trainer_create(&o, g, &t);
+  if (s != SK_STATUS_OK) return s;
+  float lr = 0;
+  if ((s = sk_trainer_get_lr(t, &lr)) == SK_STATUS_OK && lr != 1e-3f) s = SK_STATUS_INTERNAL;
+  if (s == SK_STATUS_OK) s = sk_trainer_set_lr(t, 0.25f);
+  if (s == SK_STATUS_OK && (s = sk_trainer_get_lr(t, &lr)) == SK_STATUS_OK && lr != 0.25f) s = SK_STATUS_INTERNAL;
+  sk_trainer_destroy(t);
+  return s;
+}
+
+TEST(CapiFramework, TrainerGetAndSetLr) { ASSERT_OK(sk_run_local_ranks(1, nullptr, TrainerLrRank, nullptr)); }
+
+// Your own update rule through the ABI: p -= 0.25 * sign(m) with m the
+// running gradient kept in the optimizer's state (one tensor: SGD momentum).
+TEST(CapiFramework, CustomStepUpdatesTheMasterShardsFromTheGradientShards) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = SmallSpec();
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  opt.kind = SK_OPTIMIZER_SGD;
+  opt.momentum = 0.9f;
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.optimizer = &opt;
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, &eo, &e));
+  const std::vector<float> b0 = Read(e, 0, 1, 3);
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_begin_custom_step(e));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_master_shard(e, 0, &v));
+  EXPECT_ERROR_MENTIONS("BeginCustomStep");
+  // A backward whose gradient is 1 everywhere, then the custom rule.
+  ASSERT_OK(sk_engine_zero_grad(e));
+  for (int u = 0; u < 2; ++u) {
+    ASSERT_OK(sk_engine_pre_forward(e, u));
+    ASSERT_OK(sk_engine_post_forward(e, u));
+  }
+  for (int u = 1; u >= 0; --u) {
+    ASSERT_OK(sk_engine_pre_backward(e, u));
+    for (int p = 0; p < (u == 0 ? 2 : 1); ++p) {
+      sk_tensor_view gv = SK_TENSOR_VIEW_INIT;
+      ASSERT_OK(sk_engine_grad(e, u, p, &gv));
+      for (int64_t i = 0; i < gv.numel; ++i) static_cast<float*>(gv.data)[i] += 1.0f;
+    }
+    ASSERT_OK(sk_engine_post_backward(e, u));
+  }
+  ASSERT_OK(sk_engine_finish_backward(e));
+  ASSERT_OK(sk_engine_begin_custom_step(e));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_optimizer_step(e));
+  for (int u = 0; u < 2; ++u) {
+    sk_tensor_view mv = SK_TENSOR_VIEW_INIT, gv = SK_TENSOR_VIEW_INIT, sv = SK_TENSOR_VIEW_INIT;
+    ASSERT_OK(sk_engine_master_shard(e, u, &mv));
+    ASSERT_OK(sk_engine_grad_shard(e, u, &gv));
+    ASSERT_OK(sk_engine_optimizer_state(e, u, 0, &sv));
+    ASSERT_EQ(mv.numel, gv.numel);
+    ASSERT_EQ(mv.numel, sv.numel);
+    EXPECT_EQ(mv.ndim, 1);
+    for (int64_t i = 0; i < mv.numel; ++i) {
+      float& m = static_cast<float*>(sv.data)[i];
+      m = 0.9f * m + static_cast<const float*>(gv.data)[i];
+      static_cast<float*>(mv.data)[i] -= m > 0 ? 0.25f : 0.0f;  // padding: gradient 0, unchanged
+    }
+  }
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_engine_optimizer_state(e, 0, 1, &v));
+  EXPECT_STATUS(SK_STATUS_OUT_OF_RANGE, sk_engine_master_shard(e, 5, &v));
+  ASSERT_OK(sk_engine_end_custom_step(e));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_end_custom_step(e));
+  const std::vector<float> b1 = Read(e, 0, 1, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(b1[i], b0[i] - 0.25f);
+  int64_t steps = 0;
+  ASSERT_OK(sk_engine_steps(e, &steps));
+  EXPECT_EQ(steps, 1);
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
+}  // namespace
