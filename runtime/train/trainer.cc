@@ -351,27 +351,38 @@ StatusOr<StepMetrics> Trainer::Step() {
   const int64_t bytes_before = engine_->bytes_communicated();
   const auto t0 = std::chrono::steady_clock::now();
   const double sim_t0 = sim_device_ != nullptr ? sim_device_->HostClock() : 0;
-  engine_->ZeroGrad();
   double loss_sum = 0;
-  for (int m = 0; m < options_.grad_accum_steps; ++m) {
-    engine_->set_gradient_sync(m + 1 == options_.grad_accum_steps);
-    SK_ASSIGN_OR_RETURN(TokenBatch batch, BatchFor(step_, m));
-    StatusOr<float> loss = model_->ForwardBackward(batch, *engine_, engine_->activation_allocator());
-    if (!loss.ok()) {
-      engine_->set_gradient_sync(true);
-      return loss.status().WithContext("step " + std::to_string(step_ + 1));
+  double norm = 0;
+  // Everything before the update may fail anywhere (an allocation inside the
+  // model's compute leaves a unit mid-backward, outside any hook that could
+  // clean up): abandon the step then, so every unit is idle again and the
+  // next step starts clean. Parameters and optimizer state change only in
+  // OptimizerStep.
+  Status computed = [&]() -> Status {
+    engine_->ZeroGrad();
+    for (int m = 0; m < options_.grad_accum_steps; ++m) {
+      engine_->set_gradient_sync(m + 1 == options_.grad_accum_steps);
+      SK_ASSIGN_OR_RETURN(TokenBatch batch, BatchFor(step_, m));
+      SK_ASSIGN_OR_RETURN(float loss, model_->ForwardBackward(batch, *engine_, engine_->activation_allocator()));
+      loss_sum += loss;
     }
-    loss_sum += *loss;
+    SK_RETURN_IF_ERROR(engine_->FinishBackward());
+    // The micro-batches' gradients were summed; the reported loss is their
+    // mean. Make the gradient that of the reported loss, as PyTorch's
+    // (loss / M).backward() does: grad_norm, clipping and the learning rate
+    // then mean the same for every M.
+    if (options_.grad_accum_steps > 1) {
+      SK_RETURN_IF_ERROR(engine_->ScaleGradients(1.f / static_cast<float>(options_.grad_accum_steps)));
+    }
+    SK_ASSIGN_OR_RETURN(norm, engine_->ClipGradNorm(options_.clip_grad_norm));
+    return OkStatus();
+  }();
+  if (!computed.ok()) {
+    engine_->set_gradient_sync(true);
+    engine_->AbandonStep();
+    return computed.WithContext("step " + std::to_string(step_ + 1) + " on rank " +
+                                std::to_string(world_->rank()));
   }
-  SK_RETURN_IF_ERROR(engine_->FinishBackward());
-  // The micro-batches' gradients were summed; the reported loss is their
-  // mean. Make the gradient that of the reported loss, as PyTorch's
-  // (loss / M).backward() does: grad_norm, clipping and the learning rate
-  // then mean the same for every M.
-  if (options_.grad_accum_steps > 1) {
-    SK_RETURN_IF_ERROR(engine_->ScaleGradients(1.f / static_cast<float>(options_.grad_accum_steps)));
-  }
-  SK_ASSIGN_OR_RETURN(double norm, engine_->ClipGradNorm(options_.clip_grad_norm));
   SK_RETURN_IF_ERROR(engine_->OptimizerStep(*optimizer_));
   if (!device_->id().is_cpu() && sim_device_ == nullptr) {
     // On a GPU the update is only enqueued: the step ends when the device has
