@@ -98,6 +98,7 @@ class LocalProcessGroup final : public ProcessGroup {
 
   std::string backend_name() const override { return "local"; }
   Status FailPeers(const Status& culprit) override;
+  bool publishes_failures() const override { return true; }
   StatusOr<std::unique_ptr<ProcessGroup>> NewGroup(const std::vector<int>& ranks,
                                                    Duration timeout = kDefaultTimeout) override;
 

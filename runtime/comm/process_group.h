@@ -217,6 +217,10 @@ class ProcessGroup {
   // rank published first (this rank's own failure is then a consequence).
   // Thread-safe.
   virtual Status FailPeers(const Status& culprit);
+  // Whether FailPeers reaches the peers (the local backend). Where it does
+  // not, a healthy rank learns of a peer's failure only at its collective's
+  // timeout, and after that a gloo context is broken anyway.
+  virtual bool publishes_failures() const { return false; }
   // The sequence number the next collective of this handle will get.
   uint64_t next_sequence();
   // Ends a failed step: collectives work again, numbered from `next_seq` on

@@ -302,7 +302,11 @@ Status Trainer::Init() {
   }
   SK_ASSIGN_OR_RETURN(optimizer_, CreateEngineOptimizer(options_.optimizer, *engine_,
                                                         offload_ ? offload_->optimizer_state : nullptr));
-  if (world_->size() > 1 && sim_device_ == nullptr) {
+  // Agreeing on outcomes needs the peers to learn of a failure at once
+  // (ProcessGroup::FailPeers); elsewhere a healthy rank would first wait out
+  // its collective's timeout and then the agreement's, and a gloo context is
+  // broken after a failed collective anyway: each rank reports its own error.
+  if (world_->size() > 1 && sim_device_ == nullptr && world_->publishes_failures()) {
     std::vector<int> all(world_->size());
     for (int r = 0; r < world_->size(); ++r) all[r] = r;
     SK_ASSIGN_OR_RETURN(outcome_group_, world_->NewGroup(all, options_.fsdp.timeout));

@@ -157,10 +157,11 @@ class Trainer {
   // small all-gather on a group of their own): when any rank fails before
   // the update, every rank's step fails with that rank's error ("rank 1
   // failed step 2: RESOURCE_EXHAUSTED ..."), parameters and optimizer state
-  // stay untouched everywhere, and the next step works on every rank. On
-  // the local backend the failing rank also makes its peers' waiting
-  // collectives fail at once (ProcessGroup::FailPeers); elsewhere they fail
-  // at their timeout.
+  // stay untouched everywhere, and the next step works on every rank. The
+  // failing rank makes its peers' waiting collectives fail at once
+  // (ProcessGroup::FailPeers). Only on backends that publish failures (the
+  // local backend); on gloo and NCCL each rank abandons the step and reports
+  // its own error (a peer's failure as the timeout of a collective).
   StatusOr<StepMetrics> Step();
   // The mean loss of `batches` forward passes on held-out batches (no update).
   StatusOr<float> Evaluate(int batches);
@@ -235,7 +236,8 @@ class Trainer {
   comm::ProcessGroup* world_;
   // Every rank of the world, used only for each step's outcome (so it never
   // falls out of step when a failed step issued different collectives on
-  // different ranks). Null on one rank and on the simulator.
+  // different ranks). Null on one rank, on the simulator and on backends
+  // that do not publish failures.
   std::unique_ptr<comm::ProcessGroup> outcome_group_;
   Device* device_ = nullptr;
   sim::SimDevice* sim_device_ = nullptr;
