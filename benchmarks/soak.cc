@@ -10,15 +10,29 @@
 //   slope B/step, growth over the measured window, and the verdict against
 //   --max_slope (bytes per step; default 64: the FSDP log that leaked grew
 //   by 32 bytes per step per rank). Exit code 1 when the slope exceeds it.
+//
+// Fault injection (issue 35): --oom_trials=N runs, instead, N trials on a
+// local group of --oom_world ranks: each makes one randomly chosen rank run
+// out of memory at a randomly chosen allocation of a step
+// (CachingAllocator::InjectOutOfMemoryAfter, anywhere: FSDP's hooks, the
+// model's compute, clipping), then steps again. It counts the trials where
+// every rank's step failed with ResourceExhausted naming the rank that ran
+// out ("rank R failed step S"), errors naming another rank, stuck trainers
+// (a rank whose next step failed) and hangs (a failed step that took longer
+// than --oom_timeout_ms, the collectives' timeout). Exit code 1 unless all
+// trials were clean.
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -34,6 +48,10 @@ DEFINE_int64(steps, 10000, "training steps");
 DEFINE_int64(every, 100, "sample RSS every this many steps");
 DEFINE_int64(warmup, 1000, "steps before the slope is measured (allocator caches, first-touch)");
 DEFINE_double(max_slope, 64, "largest acceptable RSS slope in bytes per step");
+DEFINE_int64(oom_trials, 0, "fault injection instead of the RSS run: this many out-of-memory trials (1..100000)");
+DEFINE_int32(oom_world, 2, "ranks of the local group the out-of-memory trials run on (2..8)");
+DEFINE_uint64(oom_seed, 1, "seed choosing each trial's rank and allocation");
+DEFINE_int64(oom_timeout_ms, 10000, "the collectives' timeout in the trials; a failed step taking longer is a hang");
 
 namespace sk {
 namespace {
@@ -45,7 +63,100 @@ int64_t RssBytes() {
   return resident * ::sysconf(_SC_PAGESIZE);
 }
 
+// One rank's view of one out-of-memory trial.
+struct TrialResult {
+  bool failed = false;       // the step failed
+  bool right_error = false;  // ResourceExhausted naming the rank that ran out
+  bool stuck = false;        // the next step failed
+  double seconds = 0;        // the failed step's duration
+  std::string message;
+};
+
+int OomTrials() {
+  if (FLAGS_oom_trials < 1 || FLAGS_oom_trials > 100000 || FLAGS_oom_world < 2 || FLAGS_oom_world > 8 ||
+      FLAGS_oom_timeout_ms < 100 || FLAGS_oom_timeout_ms > 600000) {
+    std::fprintf(stderr, "soak: need 1 <= --oom_trials <= 100000, 2 <= --oom_world <= 8, "
+                         "100 <= --oom_timeout_ms <= 600000\n");
+    return 2;
+  }
+  const int world = FLAGS_oom_world;
+  const int64_t trials = FLAGS_oom_trials;
+  // Drawn up front so every rank knows the plan: the rank that runs out, and
+  // where in its step (a fraction of its allocations per step).
+  std::mt19937_64 rng(FLAGS_oom_seed);
+  std::vector<int> target(trials);
+  std::vector<double> where(trials);
+  for (int64_t i = 0; i < trials; ++i) {
+    target[i] = static_cast<int>(rng() % static_cast<uint64_t>(world));
+    where[i] = std::uniform_real_distribution<double>(0, 1)(rng);
+  }
+  std::vector<std::vector<TrialResult>> results(trials, std::vector<TrialResult>(world));
+  Status s = comm::RunLocalRanks(world, [&](int rank, comm::ProcessGroup* group) -> Status {
+    TrainerOptions o;
+    o.model = "gpt-tiny";
+    o.batch_size = 2;
+    o.gemm_threads = 1;
+    o.optimizer.lr = 1e-3f;
+    o.fsdp.timeout = Duration(FLAGS_oom_timeout_ms);
+    SK_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(o, group));
+    SK_RETURN_IF_ERROR(trainer->Step().status());
+    const int64_t before = trainer->allocator().stats().num_allocs;
+    SK_RETURN_IF_ERROR(trainer->Step().status());
+    const int64_t per_step = trainer->allocator().stats().num_allocs - before;
+    for (int64_t i = 0; i < trials; ++i) {
+      TrialResult& r = results[i][rank];
+      if (rank == target[i]) {
+        trainer->allocator().InjectOutOfMemoryAfter(static_cast<int64_t>(where[i] * static_cast<double>(per_step)));
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      StatusOr<StepMetrics> step = trainer->Step();
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      trainer->allocator().InjectOutOfMemoryAfter(-1);
+      r.failed = !step.ok();
+      if (r.failed) {
+        r.message = std::string(step.status().message());
+        r.right_error = step.status().code() == StatusCode::kResourceExhausted &&
+                        r.message.find("rank " + std::to_string(target[i]) + " failed step") == 0;
+      }
+      r.stuck = !trainer->Step().ok();
+    }
+    return OkStatus();
+  });
+  if (!s.ok()) {
+    std::fprintf(stderr, "soak: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  int64_t clean = 0, not_failed = 0, wrong = 0, stuck = 0, hangs = 0;
+  double longest = 0;
+  for (int64_t i = 0; i < trials; ++i) {
+    bool all_right = true;
+    for (int r = 0; r < world; ++r) {
+      const TrialResult& t = results[i][r];
+      longest = std::max(longest, t.seconds);
+      if (!t.failed) ++not_failed;
+      if (t.failed && !t.right_error) {
+        ++wrong;
+        if (wrong <= 3) std::printf("trial %lld rank %d: %s\n", static_cast<long long>(i), r, t.message.c_str());
+      }
+      if (t.stuck) ++stuck;
+      if (t.seconds * 1000 >= static_cast<double>(FLAGS_oom_timeout_ms)) ++hangs;
+      all_right = all_right && t.right_error && !t.stuck;
+    }
+    if (all_right) ++clean;
+  }
+  std::printf(
+      "oom: %lld trials, local group of %d, seed %llu: %lld clean (every rank's step failed with the "
+      "out-of-memory rank's ResourceExhausted naming it, and the next step worked on every rank); rank-steps "
+      "that did not fail: %lld; errors not naming the rank that ran out: %lld; stuck trainers: %lld; hangs: "
+      "%lld; longest failed step %.3f s (timeout %.1f s)\n",
+      static_cast<long long>(trials), world, static_cast<unsigned long long>(FLAGS_oom_seed),
+      static_cast<long long>(clean), static_cast<long long>(not_failed), static_cast<long long>(wrong),
+      static_cast<long long>(stuck), static_cast<long long>(hangs), longest, FLAGS_oom_timeout_ms / 1000.0);
+  return clean == trials ? 0 : 1;
+}
+
 int Main() {
+  if (FLAGS_oom_trials != 0) return OomTrials();
   // FLAGS_every is compared by division: 2 * every overflowed for a huge
   // --every, which then trained every step before failing.
   if (FLAGS_every < 1 || FLAGS_steps / 2 < FLAGS_every || FLAGS_warmup < 0 || FLAGS_warmup >= FLAGS_steps) {
@@ -139,7 +250,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   sk::cli::ParseFlags(
-      "long gloo training run reporting RSS growth per step: soak --steps=10000 --every=100",
+      "long gloo training run reporting RSS growth per step: soak --steps=10000 --every=100; "
+      "or out-of-memory fault injection: soak --oom_trials=200",
       __FILE__, &argc, &argv);
   return sk::Main();
 }

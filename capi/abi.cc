@@ -2,6 +2,7 @@
 #include "capi/abi.h"
 
 #include <cctype>
+#include <cstdio>
 
 #include "runtime/core/dtype.h"
 
@@ -50,13 +51,17 @@ HandleRegistry& HandleRegistry::Get() {
 
 void HandleRegistry::Add(const void* p, HandleKind k) {
   std::lock_guard<std::mutex> lock(mu_);
-  live_[p] = k;
+  live_[p] = Entry{k};
 }
 
 bool HandleRegistry::Remove(const void* p, HandleKind k) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(p);
-  if (it == live_.end() || it->second != k) return false;
+  if (it == live_.end() || it->second.kind != k || it->second.destroyed) return false;
+  if (it->second.in_use_by != nullptr) {
+    it->second.destroyed = true;  // the call using it frees it (Release)
+    return false;
+  }
   live_.erase(it);
   return true;
 }
@@ -64,7 +69,46 @@ bool HandleRegistry::Remove(const void* p, HandleKind k) {
 bool HandleRegistry::IsLive(const void* p, HandleKind k) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(p);
-  return it != live_.end() && it->second == k;
+  return it != live_.end() && it->second.kind == k && !it->second.destroyed;
+}
+
+Status HandleRegistry::Acquire(const void* p, HandleKind k, const char* kind_name, const char* arg,
+                               const char* call, bool* nested) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(p);
+  if (it == live_.end() || it->second.kind != k || it->second.destroyed) {
+    return sk::InvalidArgumentError(std::string(arg) + " is not a live " + kind_name +
+                                    " (destroyed, or never created)");
+  }
+  Entry& e = it->second;
+  *nested = false;
+  if (e.in_use_by != nullptr) {
+    if (e.user == std::this_thread::get_id()) {
+      *nested = true;
+      return sk::OkStatus();
+    }
+    char addr[32];
+    std::snprintf(addr, sizeof addr, "%p", p);
+    return sk::FailedPreconditionError(std::string(call) + ": " + arg + " (" + kind_name + " " + addr +
+                                       ") is in use by " + e.in_use_by +
+                                       " on another thread; a handle takes one call at a time");
+  }
+  e.in_use_by = call;
+  e.user = std::this_thread::get_id();
+  return sk::OkStatus();
+}
+
+bool HandleRegistry::Release(const void* p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(p);
+  if (it == live_.end()) return false;
+  if (it->second.destroyed) {
+    live_.erase(it);
+    return true;
+  }
+  it->second.in_use_by = nullptr;
+  it->second.user = std::thread::id();
+  return false;
 }
 
 Status CheckOut(const void* p, const char* arg) {

@@ -27,6 +27,8 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -120,16 +122,40 @@ template <> struct HandleTraits<sk_stream> {
   static constexpr const char* kName = "sk_stream";
 };
 
+// Live handles, and which entry point is using each. A handle takes one call
+// at a time (shardkit.h, "Threads"): a second thread's call while one runs
+// is FailedPrecondition naming the handle and the call in progress, instead
+// of two threads inside one Trainer (SIGSEGV) or one blocking on the
+// other's collectives for minutes. Nested calls on the thread that holds the
+// handle (from a callback) are let through. A handle destroyed while a call
+// uses it is unregistered at once (later calls: "not live") and freed when
+// that call returns.
 class HandleRegistry { public:
   static HandleRegistry& Get();
   void Add(const void* p, HandleKind k);
-  // True if `p` was live with kind `k` (and is now removed).
+  // True if `p` was live with kind `k` and may be freed now (it is removed
+  // either way; while a call uses it, that call frees it: Release).
   bool Remove(const void* p, HandleKind k);
   bool IsLive(const void* p, HandleKind k);
+  // Marks live handle `p` as used by `call` on this thread. InvalidArgument
+  // (as CheckHandle) if not live; FailedPrecondition naming `arg`, the
+  // handle and the call in progress if another thread uses it. `*nested` is
+  // true when this thread already held it (Release must then not be called).
+  Status Acquire(const void* p, HandleKind k, const char* kind_name, const char* arg, const char* call,
+                 bool* nested);
+  // Ends the use Acquire began. True if the handle was destroyed meanwhile:
+  // the caller frees it.
+  bool Release(const void* p);
 
  private:
+  struct Entry {
+    HandleKind kind;
+    const char* in_use_by = nullptr;  // the entry point using it, or null
+    std::thread::id user;
+    bool destroyed = false;           // destroyed while in use: Release frees it
+  };
   std::mutex mu_;
-  std::unordered_map<const void*, HandleKind> live_;
+  std::unordered_map<const void*, Entry> live_;
 };
 
 template <typename T>
@@ -146,6 +172,32 @@ void Destroy(T* h) {
   // ignored: there is nothing safe to free.
   if (HandleRegistry::Get().Remove(h, HandleTraits<T>::kKind)) delete h;
 }
+
+// The exclusive use of one handle for the rest of an entry point
+// (SK_USE_HANDLE). status() is what Acquire said.
+template <typename T>
+class HandleUse {
+ public:
+  HandleUse(const T* h, const char* arg, const char* call) : h_(h) {
+    if (h == nullptr) {
+      status_ = sk::InvalidArgumentError(std::string(arg) + " is NULL (expected a " + HandleTraits<T>::kName + ")");
+      return;
+    }
+    status_ = HandleRegistry::Get().Acquire(h, HandleTraits<T>::kKind, HandleTraits<T>::kName, arg, call, &nested_);
+  }
+  ~HandleUse() {
+    if (!status_.ok() || nested_) return;
+    if (HandleRegistry::Get().Release(h_)) delete const_cast<T*>(h_);
+  }
+  HandleUse(const HandleUse&) = delete;
+  HandleUse& operator=(const HandleUse&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  const T* h_;
+  Status status_;
+  bool nested_ = false;
+};
 
 template <typename T>
 Status CheckHandle(const T* h, const char* arg) {
@@ -310,6 +362,13 @@ StatusOr<std::vector<std::shared_ptr<comm::ProcessGroup>>> CreateLocalGroups(
   }                     \
   catch (...) {         \
   }
+
+// Checks handle `h` (argument `arg`) and holds it for the rest of the entry
+// point: another thread's call on it meanwhile is FailedPrecondition.
+#define SK_USE_HANDLE(h, arg)                                                                     \
+  ::sk::capi::HandleUse<std::remove_cv_t<std::remove_pointer_t<decltype(h)>>> sk_use_##h##_(h, arg, \
+                                                                                             __func__); \
+  if (!sk_use_##h##_.status().ok()) return ::sk::capi::Fail(sk_use_##h##_.status())
 
 // Returns the status of `expr` from the entry point if it is not OK.
 #define SK_CHECK(expr)                       \

@@ -58,7 +58,7 @@ namespace {
 // The four unit hooks differ only in the FsdpEngine method they call.
 sk_status_t UnitHook(sk_engine* engine, int32_t unit, sk::Status (sk::FsdpEngine::*hook)(int)) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(((*engine->engine).*hook)(unit));
   return SK_STATUS_OK;
   SK_API_END
@@ -91,7 +91,7 @@ extern "C" {
 
 SK_EXPORT sk_status_t sk_stream_create(sk_engine* engine, sk_stream** out_stream) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckOut(out_stream, "out_stream"));
   SK_ASSIGN_OR_FAIL(sk::Device * device, EngineDevice(engine));
   SK_ASSIGN_OR_FAIL(std::unique_ptr<sk::Stream> s, device->CreateStream("caller"));
@@ -104,7 +104,7 @@ SK_EXPORT sk_status_t sk_stream_create(sk_engine* engine, sk_stream** out_stream
 
 SK_EXPORT sk_status_t sk_stream_wrap_cuda(sk_engine* engine, void* cuda_stream, sk_stream** out_stream) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckOut(out_stream, "out_stream"));
   SK_ASSIGN_OR_FAIL(sk::Device * device, EngineDevice(engine));
   if (!device->id().is_cuda()) {
@@ -154,7 +154,7 @@ SK_EXPORT void sk_stream_destroy(sk_stream* stream) {
 
 SK_EXPORT sk_status_t sk_engine_set_stream(sk_engine* engine, sk_stream* stream) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   if (stream != nullptr) SK_CHECK(CheckHandle(stream, "stream"));
   SK_CHECK(engine->engine->SetStream(stream != nullptr ? stream->stream : nullptr));
   return SK_STATUS_OK;
@@ -179,7 +179,7 @@ SK_EXPORT void sk_model_spec_destroy(sk_model_spec* spec) {
 
 SK_EXPORT sk_status_t sk_model_spec_add_unit(sk_model_spec* spec, const char* name, int32_t* out_unit) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(spec, "spec"));
+  SK_USE_HANDLE(spec, "spec");
   SK_CHECK(CheckString(name, "name"));
   if (name[0] == '\0') return Fail(SK_STATUS_INVALID_ARGUMENT, "unit name is empty");
   // Names go into checkpoint indexes and safetensors headers: JSON, UTF-8.
@@ -202,7 +202,7 @@ SK_EXPORT sk_status_t sk_model_spec_add_unit(sk_model_spec* spec, const char* na
 SK_EXPORT sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
                                               const sk_param_spec* param, int32_t* out_param) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(spec, "spec"));
+  SK_USE_HANDLE(spec, "spec");
   SK_CHECK(CheckSpecUnit(spec->units, unit));
   if (param == nullptr) return Fail(SK_STATUS_INVALID_ARGUMENT, "param is NULL (use SK_PARAM_SPEC_INIT)");
   sk_param_spec c;
@@ -299,7 +299,7 @@ SK_EXPORT sk_status_t sk_model_spec_add_tied_param(sk_model_spec* spec, int32_t 
 SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_group* group,
                                        const sk_engine_options* options, sk_engine** out_engine) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(spec, "spec"));
+  SK_USE_HANDLE(spec, "spec");
   SK_CHECK(CheckOut(out_engine, "out_engine"));
   sk_engine_options c;
   SK_CHECK(ReadStruct(options, "sk_engine_options", &c));
@@ -338,7 +338,7 @@ SK_EXPORT void sk_engine_destroy(sk_engine* engine) {
 
 SK_EXPORT sk_status_t sk_engine_num_units(const sk_engine* engine, int32_t* out_units) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckOut(out_units, "out_units"));
   *out_units = static_cast<int32_t>(engine->engine->num_units());
   return SK_STATUS_OK;
@@ -364,7 +364,7 @@ SK_EXPORT sk_status_t sk_engine_post_backward(sk_engine* engine, int32_t unit) {
 SK_EXPORT sk_status_t sk_engine_param(sk_engine* engine, int32_t unit, int32_t param,
                                       sk_tensor_view* out_view) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckOutStruct(out_view, "out_view"));
   SK_ASSIGN_OR_FAIL(const sk::Tensor* t,
                     InAbiTerms(engine->engine->Param(unit, param),
@@ -378,7 +378,7 @@ SK_EXPORT sk_status_t sk_engine_param(sk_engine* engine, int32_t unit, int32_t p
 SK_EXPORT sk_status_t sk_engine_grad(sk_engine* engine, int32_t unit, int32_t param,
                                      sk_tensor_view* out_view) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckOutStruct(out_view, "out_view"));
   SK_ASSIGN_OR_FAIL(const sk::Tensor* t,
                     InAbiTerms(engine->engine->Grad(unit, param),
@@ -390,7 +390,7 @@ SK_EXPORT sk_status_t sk_engine_grad(sk_engine* engine, int32_t unit, int32_t pa
 
 SK_EXPORT sk_status_t sk_engine_set_gradient_sync(sk_engine* engine, int32_t enabled) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(engine->engine->set_gradient_sync(enabled != 0));
   return SK_STATUS_OK;
   SK_API_END
@@ -398,7 +398,7 @@ SK_EXPORT sk_status_t sk_engine_set_gradient_sync(sk_engine* engine, int32_t ena
 
 SK_EXPORT sk_status_t sk_engine_finish_backward(sk_engine* engine) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(engine->engine->FinishBackward());
   return SK_STATUS_OK;
   SK_API_END
@@ -406,7 +406,7 @@ SK_EXPORT sk_status_t sk_engine_finish_backward(sk_engine* engine) {
 
 SK_EXPORT sk_status_t sk_engine_clip_grad_norm(sk_engine* engine, double max_norm, double* out_norm) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_ASSIGN_OR_FAIL(double norm, engine->engine->ClipGradNorm(max_norm));
   if (out_norm != nullptr) *out_norm = norm;
   return SK_STATUS_OK;
@@ -415,7 +415,7 @@ SK_EXPORT sk_status_t sk_engine_clip_grad_norm(sk_engine* engine, double max_nor
 
 SK_EXPORT sk_status_t sk_engine_optimizer_step(sk_engine* engine) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(engine->engine->OptimizerStep());
   return SK_STATUS_OK;
   SK_API_END
@@ -423,7 +423,7 @@ SK_EXPORT sk_status_t sk_engine_optimizer_step(sk_engine* engine) {
 
 SK_EXPORT sk_status_t sk_engine_zero_grad(sk_engine* engine) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(engine->engine->ZeroGrad());
   return SK_STATUS_OK;
   SK_API_END
@@ -432,7 +432,7 @@ SK_EXPORT sk_status_t sk_engine_zero_grad(sk_engine* engine) {
 SK_EXPORT sk_status_t sk_engine_read_param(sk_engine* engine, int32_t unit, int32_t param, float* out,
                                            int64_t count) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(engine->engine->ReadParam(unit, param, out, count));
   return SK_STATUS_OK;
   SK_API_END
@@ -542,7 +542,7 @@ SK_EXPORT sk_status_t sk_engine_load_checkpoint(sk_engine* engine, const char* d
 SK_EXPORT sk_status_t sk_engine_save_state_dict(sk_engine* engine, const char* path,
                                                 sk_weight_layout_t layout) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckString(path, "path"));
   SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
   SK_CHECK(engine->engine->SaveFullStateDict(path, l));
@@ -553,7 +553,7 @@ SK_EXPORT sk_status_t sk_engine_save_state_dict(sk_engine* engine, const char* p
 SK_EXPORT sk_status_t sk_engine_load_state_dict(sk_engine* engine, const char* path,
                                                 sk_weight_layout_t layout) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckString(path, "path"));
   SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
   SK_CHECK(engine->engine->LoadFullStateDict(path, l));

@@ -51,7 +51,7 @@ SK_EXPORT void sk_trainer_destroy(sk_trainer* trainer) {
 
 SK_EXPORT sk_status_t sk_trainer_step(sk_trainer* trainer, sk_step_metrics* out_metrics) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_USE_HANDLE(trainer, "trainer");
   if (out_metrics != nullptr) SK_CHECK(CheckOutStruct(out_metrics, "out_metrics"));
   SK_ASSIGN_OR_FAIL(sk::StepMetrics m, trainer->trainer->Step());
   if (out_metrics != nullptr) WriteStruct(out_metrics, ToStepMetrics(m, trainer->trainer->rank()));
@@ -78,7 +78,7 @@ SK_EXPORT sk_status_t sk_trainer_get_lr(const sk_trainer* trainer, float* out_lr
 
 SK_EXPORT sk_status_t sk_trainer_evaluate(sk_trainer* trainer, int32_t batches, float* out_loss) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_USE_HANDLE(trainer, "trainer");
   SK_CHECK(CheckOut(out_loss, "out_loss"));
   SK_ASSIGN_OR_FAIL(float loss, trainer->trainer->Evaluate(batches));
   *out_loss = loss;
@@ -88,7 +88,7 @@ SK_EXPORT sk_status_t sk_trainer_evaluate(sk_trainer* trainer, int32_t batches, 
 
 SK_EXPORT sk_status_t sk_trainer_num_parameters(const sk_trainer* trainer, int64_t* out_count) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_USE_HANDLE(trainer, "trainer");
   SK_CHECK(CheckOut(out_count, "out_count"));
   *out_count = trainer->trainer->model().num_parameters();
   return SK_STATUS_OK;
@@ -107,7 +107,7 @@ SK_EXPORT sk_status_t sk_model_num_parameters(const char* model, int64_t* out_co
 
 SK_EXPORT sk_status_t sk_trainer_save_checkpoint(sk_trainer* trainer, const char* dir) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_USE_HANDLE(trainer, "trainer");
   SK_CHECK(CheckString(dir, "dir"));
   SK_CHECK(trainer->trainer->SaveCheckpoint(dir));
   return SK_STATUS_OK;
@@ -117,7 +117,7 @@ SK_EXPORT sk_status_t sk_trainer_save_checkpoint(sk_trainer* trainer, const char
 SK_EXPORT sk_status_t sk_trainer_load_checkpoint(sk_trainer* trainer, const char* dir,
                                                  int64_t* out_step) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_USE_HANDLE(trainer, "trainer");
   SK_CHECK(CheckString(dir, "dir"));
   SK_CHECK(trainer->trainer->LoadCheckpoint(dir));
   if (out_step != nullptr) *out_step = trainer->trainer->steps();
@@ -128,7 +128,7 @@ SK_EXPORT sk_status_t sk_trainer_load_checkpoint(sk_trainer* trainer, const char
 SK_EXPORT sk_status_t sk_trainer_save_state_dict(sk_trainer* trainer, const char* path,
                                                  sk_weight_layout_t layout) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_USE_HANDLE(trainer, "trainer");
   SK_CHECK(CheckString(path, "path"));
   SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
   SK_CHECK(trainer->trainer->SaveFullStateDict(path, l));
@@ -139,7 +139,7 @@ SK_EXPORT sk_status_t sk_trainer_save_state_dict(sk_trainer* trainer, const char
 SK_EXPORT sk_status_t sk_trainer_load_state_dict(sk_trainer* trainer, const char* path,
                                                  sk_weight_layout_t layout, int64_t* out_step) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_USE_HANDLE(trainer, "trainer");
   SK_CHECK(CheckString(path, "path"));
   SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
   SK_CHECK(trainer->trainer->LoadFullStateDict(path, l));
@@ -204,7 +204,7 @@ SK_EXPORT void sk_local_session_destroy(sk_local_session* session) {
 
 SK_EXPORT sk_status_t sk_local_session_step(sk_local_session* session, sk_step_metrics* out_rank0) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(session, "session"));
+  SK_USE_HANDLE(session, "session");
   if (out_rank0 != nullptr) SK_CHECK(CheckOutStruct(out_rank0, "out_rank0"));
   std::vector<sk::StepMetrics> metrics(session->trainers.size());
   SK_CHECK(OnEveryRank(session, [&](int r, sk::Trainer& t) -> Status {
@@ -220,7 +220,7 @@ SK_EXPORT sk_status_t sk_local_session_step(sk_local_session* session, sk_step_m
 SK_EXPORT sk_status_t sk_local_session_metrics(const sk_local_session* session, int32_t rank,
                                                sk_step_metrics* out_metrics) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(session, "session"));
+  SK_USE_HANDLE(session, "session");
   SK_CHECK(CheckOutStruct(out_metrics, "out_metrics"));
   const int n = static_cast<int>(session->trainers.size());
   if (rank < 0 || rank >= n) {
@@ -250,7 +250,7 @@ SK_EXPORT sk_status_t sk_local_session_set_lr(sk_local_session* session, float l
 SK_EXPORT sk_status_t sk_local_session_evaluate(sk_local_session* session, int32_t batches,
                                                 float* out_loss) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(session, "session"));
+  SK_USE_HANDLE(session, "session");
   SK_CHECK(CheckOut(out_loss, "out_loss"));
   const int n = static_cast<int>(session->trainers.size());
   std::vector<float> losses(static_cast<size_t>(n));
@@ -268,7 +268,7 @@ SK_EXPORT sk_status_t sk_local_session_evaluate(sk_local_session* session, int32
 SK_EXPORT sk_status_t sk_local_session_world_size(const sk_local_session* session,
                                                   int32_t* out_world_size) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(session, "session"));
+  SK_USE_HANDLE(session, "session");
   SK_CHECK(CheckOut(out_world_size, "out_world_size"));
   *out_world_size = static_cast<int32_t>(session->trainers.size());
   return SK_STATUS_OK;
@@ -277,7 +277,7 @@ SK_EXPORT sk_status_t sk_local_session_world_size(const sk_local_session* sessio
 
 SK_EXPORT sk_status_t sk_local_session_save_checkpoint(sk_local_session* session, const char* dir) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(session, "session"));
+  SK_USE_HANDLE(session, "session");
   SK_CHECK(CheckString(dir, "dir"));
   const std::string path = dir;
   SK_CHECK(OnEveryRank(session, [&](int, sk::Trainer& t) { return t.SaveCheckpoint(path); }));
@@ -288,7 +288,7 @@ SK_EXPORT sk_status_t sk_local_session_save_checkpoint(sk_local_session* session
 SK_EXPORT sk_status_t sk_local_session_load_checkpoint(sk_local_session* session, const char* dir,
                                                        int64_t* out_step) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(session, "session"));
+  SK_USE_HANDLE(session, "session");
   SK_CHECK(CheckString(dir, "dir"));
   const std::string path = dir;
   SK_CHECK(OnEveryRank(session, [&](int, sk::Trainer& t) { return t.LoadCheckpoint(path); }));
@@ -300,7 +300,7 @@ SK_EXPORT sk_status_t sk_local_session_load_checkpoint(sk_local_session* session
 SK_EXPORT sk_status_t sk_local_session_save_state_dict(sk_local_session* session, const char* path,
                                                        sk_weight_layout_t layout) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(session, "session"));
+  SK_USE_HANDLE(session, "session");
   SK_CHECK(CheckString(path, "path"));
   SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
   const std::string p = path;
@@ -312,7 +312,7 @@ SK_EXPORT sk_status_t sk_local_session_save_state_dict(sk_local_session* session
 SK_EXPORT sk_status_t sk_local_session_load_state_dict(sk_local_session* session, const char* path,
                                                        sk_weight_layout_t layout, int64_t* out_step) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(session, "session"));
+  SK_USE_HANDLE(session, "session");
   SK_CHECK(CheckString(path, "path"));
   SK_ASSIGN_OR_FAIL(sk::WeightLayout l, ToWeightLayout(layout));
   const std::string p = path;

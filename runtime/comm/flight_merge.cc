@@ -11,11 +11,14 @@
 // desync), and a verdict naming the ranks that are behind. Exit code 0 when
 // the dumps were read (whatever they say), 2 on usage or read errors.
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -207,6 +210,20 @@ std::string Ranks(const std::vector<int>& r) {
   return s;
 }
 
+// The group ranks an error names as not arriving: "rank 2 did not arrive",
+// "ranks 2,3 did not arrive", "rank 1 (world rank 2) did not arrive".
+std::set<int> NamedAsNotArriving(const std::string& error) {
+  std::set<int> out;
+  static const std::regex kMissing(R"(\branks? ([0-9]+(?:,[0-9]+)*)(?: \(world ranks? [0-9,]+\))? did not arrive)");
+  for (auto it = std::sregex_iterator(error.begin(), error.end(), kMissing); it != std::sregex_iterator(); ++it) {
+    std::stringstream list((*it)[1].str());
+    for (std::string r; std::getline(list, r, ',');) {
+      if (r.size() < 10) out.insert(std::stoi(r));
+    }
+  }
+  return out;
+}
+
 std::string Describe(const Entry& e) {
   std::string s = e.call;
   if (!e.label.empty()) s += " [" + e.label + "]";
@@ -232,6 +249,29 @@ void Report(const std::string& name, const Group& g) {
   std::set<int> behind(missing.begin(), missing.end());
   if (open <= newest) {
     std::printf("  first collective not completed everywhere: #%lld\n", (long long)open);
+    // A rank that was stopped and then resumed did issue the collective, only
+    // too late: the others' errors name it as not arriving, and it issued
+    // the call after a peer's had already failed. Either makes it behind
+    // (the verdict said "no rank is behind" once it had resumed).
+    int64_t first_failure_us = INT64_MAX;
+    for (const auto& [r, d] : g.ranks) {
+      auto it = d.entries.find(open);
+      if (it == d.entries.end()) continue;
+      for (int named : NamedAsNotArriving(it->second.error)) {
+        if (named >= 0 && named < g.size && named != r) behind.insert(named);
+      }
+      if (it->second.state == "failed" && it->second.ended_us > 0) {
+        first_failure_us = std::min(first_failure_us, it->second.ended_us);
+      }
+    }
+    for (const auto& [r, d] : g.ranks) {
+      auto it = d.entries.find(open);
+      if (it != d.entries.end() && it->second.enqueued_us > first_failure_us) {
+        std::printf("    rank %d issued it %.1f s after a peer's had failed\n", r,
+                    (it->second.enqueued_us - first_failure_us) / 1e6);
+        behind.insert(r);
+      }
+    }
     for (const auto& [r, d] : g.ranks) {
       auto it = d.entries.find(open);
       if (it == d.entries.end()) {

@@ -136,6 +136,27 @@ class LocalRendezvous {
   // `stream`.
   Status RunOrdered(int rank, const Collective& c, Stream& stream, Device& device);
 
+  // FailPeers: marks the group failed with `culprit` and fails every slot
+  // now waiting; OK, or the culprit published first.
+  Status Fail(const Status& culprit) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_) return failure_;
+    failed_ = true;
+    failure_ = culprit;
+    for (auto& [seq, slot] : slots_) Abort(slot, culprit);
+    cv_.notify_all();
+    return OkStatus();
+  }
+  // ResumeAt: collectives work again from `next_seq`; the slots before it
+  // that not every rank reached are dropped (every rank has drained its
+  // streams before the ranks agreed to resume, so nobody waits in them).
+  void Resume(uint64_t next_seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_ = false;
+    failure_ = OkStatus();
+    slots_.erase(slots_.begin(), slots_.lower_bound(next_seq));
+  }
+
   std::shared_ptr<LocalRendezvous> Child(const std::string& key, int size) {
     std::lock_guard<std::mutex> lock(mu_);
     Child_& child = children_[key];
@@ -230,6 +251,8 @@ class LocalRendezvous {
   std::condition_variable cv_;
   std::map<uint64_t, Slot> slots_;
   std::map<std::string, Child_> children_;
+  bool failed_ = false;  // FailPeers until Resume
+  Status failure_;
 };
 
 Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_pool) {
@@ -267,6 +290,7 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
   }
 
   std::unique_lock<std::mutex> lock(mu_);
+  if (failed_) return failure_;
   Slot& slot = slots_.try_emplace(c.seq, n).first->second;
   // -- Arrival --------------------------------------------------------------
   if (slot.aborted) {
@@ -427,6 +451,7 @@ Status LocalRendezvous::RunOrdered(int rank, const Collective& c, Stream& stream
 
   // -- Arrival (on the host): as Run, plus this rank's ready event ----------
   std::unique_lock<std::mutex> lock(mu_);
+  if (failed_) return failure_;
   Slot& slot = slots_.try_emplace(c.seq, n).first->second;
   if (slot.aborted) {
     Status s = slot.failure;
@@ -563,6 +588,10 @@ StatusOr<std::unique_ptr<ProcessGroup>> LocalProcessGroup::NewGroup(const std::v
       rendezvous_->Child(key, static_cast<int>(ranks.size()));
   return std::unique_ptr<ProcessGroup>(new LocalProcessGroup(sub_rank, child, options_));
 }
+
+Status LocalProcessGroup::FailPeers(const Status& culprit) { return rendezvous_->Fail(culprit); }
+
+void LocalProcessGroup::OnResume(uint64_t next_seq) { rendezvous_->Resume(next_seq); }
 
 StatusOr<std::shared_ptr<Work>> LocalProcessGroup::Launch(Collective c, Stream& stream) {
   std::string description = "local rank " + std::to_string(rank()) + ": " + c.Describe();

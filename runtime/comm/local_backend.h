@@ -24,7 +24,11 @@
 // that does not arrive in time makes the waiting ranks fail with
 // DeadlineExceeded naming the collective and the missing ranks; the slot is
 // marked aborted, so the late rank fails at once when it arrives, and the
-// next sequence number works normally again. Groups are independent: after a
+// next sequence number works normally again. A rank that fails outside any
+// collective (FailPeers: the Trainer's out-of-memory in compute) fails every
+// waiting and later collective of the group with its error at once, until
+// every rank resumes at a common sequence number (ResumeAt), which drops the
+// slots that only some ranks reached. Groups are independent: after a
 // failure a group can be destroyed and a new one created. One limit: a rank
 // whose peers stall *during* the copies (past the timeout, after all arrived)
 // leaves with DeadlineExceeded while they may still read its buffers; keep
@@ -93,11 +97,14 @@ class LocalProcessGroup final : public ProcessGroup {
   ~LocalProcessGroup() override;
 
   std::string backend_name() const override { return "local"; }
+  Status FailPeers(const Status& culprit) override;
+  bool publishes_failures() const override { return true; }
   StatusOr<std::unique_ptr<ProcessGroup>> NewGroup(const std::vector<int>& ranks,
                                                    Duration timeout = kDefaultTimeout) override;
 
  protected:
   StatusOr<std::shared_ptr<Work>> Launch(Collective c, Stream& stream) override;
+  void OnResume(uint64_t next_seq) override;
 
  private:
   std::shared_ptr<LocalRendezvous> rendezvous_;

@@ -304,6 +304,20 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::Submit(Collective c, Stream& strea
   return work;
 }
 
+Status ProcessGroup::FailPeers(const Status&) { return OkStatus(); }
+
+uint64_t ProcessGroup::next_sequence() {
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  return next_seq_;
+}
+
+void ProcessGroup::ResumeAt(uint64_t next_seq) {
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  if (next_seq < next_seq_) return;
+  next_seq_ = next_seq;
+  OnResume(next_seq);
+}
+
 StatusOr<std::shared_ptr<Work>> ProcessGroup::all_gather(const Tensor& output, const Tensor& input,
                                                          Stream& stream,
                                                          const CollectiveOptions& opts) {

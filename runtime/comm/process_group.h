@@ -205,7 +205,36 @@ class ProcessGroup {
   // null for a backend that keeps none. Valid while the group lives.
   FlightRecorder* flight_recorder() const { return flight_recorder_.get(); }
 
+  // Failing one step on every rank at once (the Trainer: one rank ran out of
+  // memory and will not issue the rest of the step's collectives).
+  //
+  // FailPeers publishes `culprit` (this rank's error, naming it) to the
+  // group: every collective of any rank that waits in the group, or is
+  // issued later, fails at once with `culprit` instead of waiting for this
+  // rank until its timeout, until ResumeAt. Returns OK when this rank's
+  // failure is now the group's (or the backend cannot publish: gloo and
+  // nccl, whose peers then fail at their timeout), or the culprit another
+  // rank published first (this rank's own failure is then a consequence).
+  // Thread-safe.
+  virtual Status FailPeers(const Status& culprit);
+  // Whether FailPeers reaches the peers (the local backend). Where it does
+  // not, a healthy rank learns of a peer's failure only at its collective's
+  // timeout, and after that a gloo context is broken anyway.
+  virtual bool publishes_failures() const { return false; }
+  // The sequence number the next collective of this handle will get.
+  uint64_t next_sequence();
+  // Ends a failed step: collectives work again, numbered from `next_seq` on
+  // this handle. Every rank calls it, after the ranks have agreed on the
+  // step's outcome, with the same value (the largest next_sequence() among
+  // them), so ranks that issued different numbers of collectives in the
+  // failed step match again. Not below next_sequence() (ignored then).
+  void ResumeAt(uint64_t next_seq);
+
  protected:
+  // ResumeAt's part for backends that keep per-sequence state (the local
+  // rendezvous drops its abandoned slots). Called with the launch lock held.
+  virtual void OnResume(uint64_t next_seq) {}
+
   ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
 
   // Runs `c` (validated, numbered) asynchronously on `stream`. Called under

@@ -93,7 +93,10 @@ Status WriteFileDurably(const std::string& path, std::string_view text) {
 
 StatusOr<std::string> ReadFileBounded(const std::string& path, int64_t max_bytes, const std::string& what) {
   if (max_bytes < 0) return InvalidArgumentError("ReadFileBounded: negative limit");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO without a writer would block for ever (a
+  // unit-table path naming a FIFO hung sk_plan and trainer creation); with it
+  // the open returns at once and fstat refuses what it is.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return NotFoundError(what + " '" + path + "' does not exist");
     return UnavailableError("cannot open " + what + " '" + path + "': " + ErrnoText());
@@ -103,7 +106,20 @@ StatusOr<std::string> ReadFileBounded(const std::string& path, int64_t max_bytes
                                   std::to_string(max_bytes) + " bytes (not a " + what + "?)");
   };
   struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > max_bytes) {
+  if (::fstat(fd, &st) != 0) {
+    Status s = UnavailableError("cannot stat " + what + " '" + path + "': " + ErrnoText());
+    ::close(fd);
+    return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "a device";
+    return InvalidArgumentError(what + " '" + path + "' is not a regular file (it is " + kind + "); refusing to read it");
+  }
+  if (st.st_size > max_bytes) {
     ::close(fd);
     return too_big(std::to_string(st.st_size) + " bytes");
   }

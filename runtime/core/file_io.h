@@ -10,10 +10,11 @@
 // complete new one at `path`, never a torn one, and never a stray temporary
 // after a reported error (it is unlinked).
 //
-// Bounded reads. ReadFileBounded refuses a file larger than a caller-given
-// limit before reading it, and reads at most limit + 1 bytes even from
-// something whose size is not known in advance (a pipe, /dev/zero), so a
-// path pointing at an endless file is an error, not an exhausted process.
+// Bounded reads. ReadFileBounded reads regular files only (a FIFO, device,
+// socket or directory is refused without blocking: a FIFO's open would wait
+// for a writer for ever, /dev/zero never ends), refuses a file larger than a
+// caller-given limit before reading it, and reads at most limit + 1 bytes
+// even from a file that grows meanwhile.
 //
 // Thread safety: all functions may be called from any thread; two writers of
 // the same path race only on which complete file wins.
@@ -50,10 +51,12 @@ Status FsyncPath(const std::string& path);
 // The directory part of `path` ("." for a bare name, "/" for "/x").
 std::string ParentDirectory(const std::string& path);
 
-// Reads the whole file at `path`, at most `max_bytes` bytes. NotFound if it
-// does not exist; ResourceExhausted naming the path and the limit if it is
-// larger (checked with fstat for regular files and by reading at most
-// max_bytes + 1 bytes for anything else); Unavailable for other I/O errors.
+// Reads the whole regular file at `path` (symlinks followed), at most
+// `max_bytes` bytes. NotFound if it does not exist; InvalidArgument naming
+// what it is if it is not a regular file (never blocks on a FIFO);
+// ResourceExhausted naming the path and the limit if it is larger (checked
+// with fstat, and by reading at most max_bytes + 1 bytes); Unavailable for
+// other I/O errors.
 // `what` names the file's role in errors ("checkpoint index").
 StatusOr<std::string> ReadFileBounded(const std::string& path, int64_t max_bytes,
                                       const std::string& what = "file");

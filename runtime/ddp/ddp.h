@@ -159,6 +159,7 @@ class DistributedDataParallel final : public DataParallelModel {
   Status ScaleGradients(float factor) override;
   Status OptimizerStep(Optimizer& optimizer) override;
   void ZeroGrad() override;
+  void AbandonStep() override { Fail(OkStatus()).IgnoreError(); }
 
   const DdpOptions& options() const { return options_; }
   int rank() const { return world_->rank(); }

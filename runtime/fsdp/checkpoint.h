@@ -86,12 +86,23 @@ struct CheckpointOptions {
   // result aborts the save on every rank; the previous checkpoint stays. For
   // progress reporting, copying files elsewhere, and failure tests.
   std::function<Status(const std::string& path)> on_file_written;
+  // Called on rank 0 right after the new checkpoint replaced the previous
+  // one in `dir` (the directory written, after symlinks), before the ranks
+  // agree that the save succeeded. A non-OK result fails the save on every
+  // rank with the new checkpoint already in place, as a crash at that point
+  // would (failure tests: the message must say what is on disk).
+  std::function<Status(const std::string& dir)> on_committed;
 };
 
 // Writes a sharded checkpoint of `state` at training step `step` to `dir`
 // (created, or replaced if it holds a checkpoint). InvalidArgument if `dir`
 // exists and is not a checkpoint directory (never overwritten) or `state` is
-// incomplete or does not match the model. Collective.
+// incomplete or does not match the model. A `dir` that is a symlink to a
+// directory is written through: the checkpoint replaces the target's
+// contents atomically and the link stays; a symlink to anything else, or to
+// nothing, is InvalidArgument. A failed save's message says what `dir` holds
+// afterwards (read from the disk): the previous checkpoint, the new one (the
+// failure came after the exchange), or none. Collective.
 Status SaveShardedCheckpoint(const std::string& dir, const TrainingState& state, int64_t step,
                              const CheckpointOptions& options = {});
 

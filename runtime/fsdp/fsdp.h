@@ -308,6 +308,7 @@ class FullyShardedModel final : public DataParallelModel {
   Status EndMasterUpdate();
   // Zeroes the gradient shards (and accumulated no_sync gradients).
   void ZeroGrad() override;
+  void AbandonStep() override { Fail(OkStatus()).IgnoreError(); }
 
   const FsdpOptions& options() const { return options_; }
   int rank() const { return world_->rank(); }

@@ -276,6 +276,42 @@ Status CheckWritableCheckpointDir(const std::string& dir) {
   return OkStatus();
 }
 
+// Where a save to `dir` writes. A symlink (or a chain of them) to a
+// directory means "keep my checkpoints over there": the save goes into the
+// target, whose parent then holds the temporary directory and the atomic
+// exchange. Swapping the link itself would silently replace it by a directory
+// and leave the target holding the old checkpoint. A link to nothing or to
+// a non-directory is refused. Anything else is `dir` itself.
+StatusOr<std::string> ResolveCheckpointDir(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_symlink(fs::symlink_status(dir, ec))) return dir;
+  const fs::path target = fs::canonical(dir, ec);
+  if (ec) {
+    return InvalidArgumentError("'" + dir + "' is a symlink whose target cannot be resolved (" + ec.message() +
+                                "); not replacing the link: point it at a directory or remove it");
+  }
+  if (!fs::is_directory(target, ec)) {
+    return InvalidArgumentError("'" + dir + "' is a symlink to '" + target.string() +
+                                "', which is not a directory; not replacing it");
+  }
+  return target.string();
+}
+
+// What a failed save left at `dir`, for its message: the new checkpoint
+// (the exchange happened before something else failed), the previous one,
+// or none. Read from the disk, never assumed.
+std::string DescribeCheckpointOnDisk(const std::string& dir, const std::string& new_id) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return "no checkpoint is at '" + dir + "'";
+  StatusOr<CheckpointIndex> ix = ReadCheckpointIndex(dir);
+  if (!ix.ok()) return "'" + dir + "' holds no readable checkpoint: " + std::string(ix.status().message());
+  if (!new_id.empty() && ix->checkpoint_id == new_id) {
+    return "the new checkpoint (step " + std::to_string(ix->step) + ") is complete in '" + dir +
+           "' and replaced the previous one";
+  }
+  return "the previous checkpoint (step " + std::to_string(ix->step) + ") in '" + dir + "' is intact";
+}
+
 // Rank 0's part of a save before anyone writes: check the target and make a
 // fresh temporary directory.
 Status PrepareTempDir(const std::string& dir, const std::string& tmp) {
@@ -353,12 +389,19 @@ Status SaveShardedCheckpoint(const std::string& dir_in, const TrainingState& sta
   if (step < 0) return InvalidArgumentError("SaveShardedCheckpoint: negative step " + std::to_string(step));
   if (dir_in.empty()) return InvalidArgumentError("SaveShardedCheckpoint: empty directory name");
   FullyShardedModel& f = *state.fsdp;
-  const std::string dir = StripTrailingSlashes(dir_in);
-  const std::string tmp = dir + ".tmp";
+  const std::string named = StripTrailingSlashes(dir_in);
   SK_ASSIGN_OR_RETURN(auto sync, RankAgreement::Create(f));
   const bool root = f.rank() == 0;
 
-  SK_RETURN_IF_ERROR(sync->Agree(root ? PrepareTempDir(dir, tmp) : OkStatus()));
+  // Every rank resolves the path itself: writers put their files into the
+  // same temporary directory, so they must see the same filesystem anyway.
+  StatusOr<std::string> resolved = ResolveCheckpointDir(named);
+  SK_RETURN_IF_ERROR(sync->Agree(resolved.status()).WithContext("saving checkpoint '" + named + "'"));
+  const std::string dir = *resolved;
+  const std::string tmp = dir + ".tmp";
+  const std::string where = dir == named ? "'" + dir + "'" : "'" + named + "' (-> '" + dir + "')";
+  SK_RETURN_IF_ERROR(sync->Agree(root ? PrepareTempDir(dir, tmp) : OkStatus())
+                         .WithContext("saving checkpoint " + where + " (the previous one, if any, is intact)"));
   SK_ASSIGN_OR_RETURN(std::string id, sync->FromRankZero(root ? NewCheckpointId() : std::string()));
   Status wrote = IsWriter(f) ? WriteRankFile(tmp, state, id, step, options) : OkStatus();
   Status s = sync->Agree(wrote);
@@ -367,14 +410,16 @@ Status SaveShardedCheckpoint(const std::string& dir_in, const TrainingState& sta
     if (root) {
       committed = WriteIndex(tmp, state, id, step);
       if (committed.ok()) committed = SwapDirectoryIntoPlace(tmp, dir);
+      if (committed.ok() && options.on_committed) committed = options.on_committed(dir);
     }
     s = sync->Agree(committed);
   }
-  if (!s.ok() && root) {
+  if (s.ok()) return s;
+  if (root) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
   }
-  return s.WithContext("saving checkpoint '" + dir + "' (the previous one, if any, is intact)");
+  return s.WithContext("saving checkpoint " + where + " failed; " + DescribeCheckpointOnDisk(dir, id));
 }
 
 StatusOr<int64_t> LoadShardedCheckpoint(const std::string& dir_in, const TrainingState& state) {

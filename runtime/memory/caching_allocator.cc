@@ -192,6 +192,11 @@ StatusOr<CachingAllocator*> CachingAllocator::ForDevice(DeviceId id) {
   return allocator;
 }
 
+void CachingAllocator::InjectOutOfMemoryAfter(int64_t allocations) {
+  std::lock_guard<std::mutex> lock(mu_);
+  injected_oom_countdown_ = allocations < 0 ? -1 : allocations;
+}
+
 StatusOr<std::shared_ptr<Storage>> CachingAllocator::Allocate(size_t bytes, Stream* stream) {
   if (stream == nullptr) return InvalidArgumentError("Allocate on a null stream");
   if (stream->device() != device_id_) {
@@ -199,15 +204,19 @@ StatusOr<std::shared_ptr<Storage>> CachingAllocator::Allocate(size_t bytes, Stre
                                 stream->device().ToString() + " from the allocator of " +
                                 device_id_.ToString());
   }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (injected_oom_countdown_ == 0) {
+    injected_oom_countdown_ = -1;
+    ++stats_.num_ooms;
+    return ResourceExhaustedError("out of memory on " + device_id_.ToString() + " (injected): cannot allocate " +
+                                  FormatBytes(static_cast<int64_t>(bytes)) + " on stream '" + stream->name() +
+                                  "'; " + DescribeStats());
+  }
+  if (injected_oom_countdown_ > 0) --injected_oom_countdown_;
   if (bytes == 0) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.num_allocs;
-    }
+    ++stats_.num_allocs;
     return std::make_shared<Storage>(nullptr, 0, device_id_, this, nullptr, nullptr);
   }
-
-  std::unique_lock<std::mutex> lock(mu_);
   if (bytes > kMaxRequest) {
     ++stats_.num_ooms;
     return ResourceExhaustedError("out of memory on " + device_id_.ToString() +

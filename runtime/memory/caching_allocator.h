@@ -150,6 +150,13 @@ class CachingAllocator {
   Status SetCapacity(size_t capacity_bytes);
   size_t capacity_bytes() const;
 
+  // Fault injection (tests and the fault-injection suite): the request
+  // after `allocations` more (each counted in num_allocs) fails with
+  // ResourceExhausted as the cap would ("out of memory on cpu:1 (injected)
+  // ..."), counted in num_ooms; then the allocator behaves normally again.
+  // A negative count disarms it. Thread-safe.
+  void InjectOutOfMemoryAfter(int64_t allocations);
+
   MemoryStats stats() const;
   // Sets every peak to its current value.
   void ResetPeakStats();
@@ -223,6 +230,7 @@ class CachingAllocator {
   std::vector<PendingFree> pending_;
   std::vector<std::shared_ptr<Event>> spare_events_;
   MemoryStats stats_;
+  int64_t injected_oom_countdown_ = -1;  // InjectOutOfMemoryAfter; -1: disarmed
   uint64_t segments_created_ = 0;  // numbers segments for the pools' order
 };
 

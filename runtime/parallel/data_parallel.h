@@ -58,6 +58,13 @@ class DataParallelModel : public UnitHooks {
   virtual Status OptimizerStep(Optimizer& optimizer) = 0;
   // Zeroes gradients (waiting for reductions in flight first).
   virtual void ZeroGrad() = 0;
+  // Abandons the step in progress after a failure outside the hooks (an
+  // allocation inside the model's compute, between a unit's Pre and Post
+  // hooks): waits (each wait bounded by the timeout) for collectives in
+  // flight, returns every unit to idle, frees unsharded buffers and zeroes
+  // gradients, as a failed hook does. Parameters and optimizer state are
+  // untouched; the next step starts clean. A no-op between steps.
+  virtual void AbandonStep() = 0;
   // Bytes moved by this rank's collectives since creation, counted as
   // nccl-tests count them (all-gather output, reduce-scatter input,
   // all-reduce buffer).

@@ -99,12 +99,16 @@ StatusOr<SimDeviceSpec> ParseDevice(const Reader& r, const nlohmann::json& doc,
   const std::string p = "device.";
   SimDeviceSpec spec;
   spec.name = name;
-  SK_ASSIGN_OR_RETURN(double memory, r.Number(*d, "memory_bytes", p, 0, 1e18));
+  // Physical quantities are positive: a device of 0 bytes "fits" nothing yet
+  // was accepted (the planner then recommended DDP as fitting "0.03 of 0.00
+  // GiB"), and a host link of 0 GB/s priced every copy at nothing.
+  // Durations may be 0 (a CPU's ops have no separate launch).
+  SK_ASSIGN_OR_RETURN(double memory, r.Number(*d, "memory_bytes", p, 1, 1e18));
   spec.memory_bytes = static_cast<size_t>(memory);
   SK_ASSIGN_OR_RETURN(double launch, r.Number(*d, "launch_overhead_us", p, 0, 1e6));
   SK_ASSIGN_OR_RETURN(double alloc, r.Number(*d, "raw_alloc_us", p, 0, 1e9));
   SK_ASSIGN_OR_RETURN(double free_us, r.Number(*d, "raw_free_us", p, 0, 1e9));
-  SK_ASSIGN_OR_RETURN(double link, r.Number(*d, "host_link_gbps", p, 0, 1e6));
+  SK_ASSIGN_OR_RETURN(double link, r.Number(*d, "host_link_gbps", p, 1e-6, 1e6));
   spec.launch_overhead_s = launch * kUs;
   spec.raw_alloc_s = alloc * kUs;
   spec.raw_free_s = free_us * kUs;
@@ -134,7 +138,11 @@ StatusOr<ComputeProfile> ParseCompute(const Reader& r, const nlohmann::json& doc
   if (c->contains("gemm_tiles")) {
     SK_ASSIGN_OR_RETURN(const nlohmann::json* tiles, r.Sourced(*c, "gemm_tiles", p));
     const nlohmann::json& list = (*tiles)["value"];
-    if (!list.is_array()) return r.Error(p + "gemm_tiles", "\"value\" must be a list of tiles");
+    // An empty list silently changed prices (no tile: every shape fully
+    // efficient); leave the key out for that.
+    if (!list.is_array() || list.empty()) {
+      return r.Error(p + "gemm_tiles", "\"value\" must be a non-empty list of tiles");
+    }
     for (const nlohmann::json& t : list) {
       if (!t.is_object() || !t.value("m", nlohmann::json()).is_number_integer() ||
           !t.value("n", nlohmann::json()).is_number_integer() ||
@@ -263,11 +271,15 @@ StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view or
 }
 
 StatusOr<SimProfile> LoadProfileFile(const std::string& path) {
-  // Bounded: a path naming an endless file (/dev/zero, a pipe) is an error,
-  // not an exhausted heap.
+  // Bounded, and regular files only: a path naming an endless file
+  // (/dev/zero) or a FIFO is InvalidArgument, not an exhausted heap or a
+  // blocked open.
   StatusOr<std::string> text = ReadFileBounded(path, kMaxProfileBytes, "profile file");
   if (!text.ok()) {
-    if (text.status().code() == StatusCode::kResourceExhausted) return text.status();
+    if (text.status().code() == StatusCode::kResourceExhausted ||
+        text.status().code() == StatusCode::kInvalidArgument) {
+      return text.status();
+    }
     return NotFoundError(std::string(text.status().message()));  // names the path and the reason
   }
   // Profiles nest 7 deep; the "network" section is kept as JSON and copied,

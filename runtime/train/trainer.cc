@@ -316,7 +316,109 @@ Status Trainer::Init() {
   }
   SK_ASSIGN_OR_RETURN(optimizer_, CreateEngineOptimizer(options_.optimizer, *engine_,
                                                         offload_ ? offload_->optimizer_state : nullptr));
+  // Agreeing on outcomes needs the peers to learn of a failure at once
+  // (ProcessGroup::FailPeers); elsewhere a healthy rank would first wait out
+  // its collective's timeout and then the agreement's, and a gloo context is
+  // broken after a failed collective anyway: each rank reports its own error.
+  if (world_->size() > 1 && sim_device_ == nullptr && world_->publishes_failures()) {
+    std::vector<int> all(world_->size());
+    for (int r = 0; r < world_->size(); ++r) all[r] = r;
+    SK_ASSIGN_OR_RETURN(outcome_group_, world_->NewGroup(all, options_.fsdp.timeout));
+  }
   return OkStatus();
+}
+
+std::vector<comm::ProcessGroup*> Trainer::StepGroups() {
+  std::vector<comm::ProcessGroup*> groups = {world_};
+  if (fsdp_) {
+    groups.push_back(&fsdp_->shard_group());
+    if (fsdp_->replicate_group() != nullptr) groups.push_back(fsdp_->replicate_group());
+  }
+  return groups;
+}
+
+namespace {
+
+// One rank's word on a step, as raw bytes in an all-gather (the collective
+// only copies them).
+struct StepOutcome {
+  static constexpr int kMaxGroups = 4;
+  static constexpr size_t kMaxText = 1024;
+  int32_t code = 0;
+  int32_t primary = 0;  // the failure is this rank's own, not a peer's consequence
+  uint64_t next_seq[kMaxGroups] = {};
+  uint32_t text_len = 0;
+  char text[kMaxText] = {};
+};
+constexpr int64_t kOutcomeFloats = (sizeof(StepOutcome) + 3) / 4;
+
+}  // namespace
+
+Status Trainer::AgreeOnStepOutcome(const Status& mine) {
+  std::vector<comm::ProcessGroup*> groups = StepGroups();
+  StepOutcome out;
+  if (!mine.ok()) {
+    // Publish the failure before draining: peers waiting in this step's
+    // collectives fail now with it instead of at their timeout.
+    const Status culprit(mine.code(), "rank " + std::to_string(world_->rank()) + " failed step " +
+                                          std::to_string(step_ + 1) + ": " + std::string(mine.message()));
+    bool primary = true;
+    for (comm::ProcessGroup* g : groups) {
+      if (!g->FailPeers(culprit).ok()) primary = false;
+    }
+    engine_->set_gradient_sync(true);
+    engine_->AbandonStep();
+    out.code = static_cast<int32_t>(mine.code());
+    out.primary = primary ? 1 : 0;
+    const std::string text(culprit.message());
+    out.text_len = static_cast<uint32_t>(std::min(text.size(), StepOutcome::kMaxText));
+    std::memcpy(out.text, text.data(), out.text_len);
+  }
+  for (size_t i = 0; i < groups.size() && i < StepOutcome::kMaxGroups; ++i) {
+    out.next_seq[i] = groups[i]->next_sequence();
+  }
+  const int n = outcome_group_->size();
+  SK_ASSIGN_OR_RETURN(Tensor in, HostAllocator::Default().Empty(DType::kF32, Shape{kOutcomeFloats}));
+  SK_ASSIGN_OR_RETURN(Tensor all, HostAllocator::Default().Empty(DType::kF32, Shape{kOutcomeFloats * n}));
+  std::memset(in.data(), 0, in.nbytes());
+  std::memcpy(in.data(), &out, sizeof out);
+  comm::CollectiveOptions co;
+  // A healthy rank reaches this only after its own collectives failed
+  // (at once on the local backend, at their timeout elsewhere) and its
+  // abandoned step drained: wait for it longer than for a collective.
+  co.timeout = options_.fsdp.timeout * 3;
+  co.label = "step outcome";
+  Status agreed = [&]() -> Status {
+    SK_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w, outcome_group_->all_gather(all, in, *metrics_stream_, co));
+    return w->wait(co.timeout);
+  }();
+  if (!agreed.ok()) {
+    if (mine.ok()) engine_->AbandonStep();
+    return agreed.WithContext("step " + std::to_string(step_ + 1) + " on rank " + std::to_string(world_->rank()) +
+                              ": agreeing on the step's outcome" +
+                              (mine.ok() ? std::string() : " after: " + std::string(mine.message())));
+  }
+  std::vector<StepOutcome> outcomes(n);
+  for (int r = 0; r < n; ++r) {
+    std::memcpy(&outcomes[r], static_cast<const char*>(all.data()) + r * kOutcomeFloats * 4, sizeof(StepOutcome));
+  }
+  int pick = -1;
+  for (int r = 0; r < n && pick < 0; ++r) {
+    if (outcomes[r].code != 0 && outcomes[r].primary) pick = r;
+  }
+  for (int r = 0; r < n && pick < 0; ++r) {
+    if (outcomes[r].code != 0) pick = r;
+  }
+  if (pick < 0) return OkStatus();
+  if (mine.ok()) engine_->AbandonStep();
+  for (size_t i = 0; i < groups.size() && i < StepOutcome::kMaxGroups; ++i) {
+    uint64_t next = 0;
+    for (const StepOutcome& o : outcomes) next = std::max(next, o.next_seq[i]);
+    groups[i]->ResumeAt(next);
+  }
+  const StepOutcome& o = outcomes[pick];
+  return Status(static_cast<StatusCode>(o.code),
+                std::string(o.text, std::min<size_t>(o.text_len, StepOutcome::kMaxText)));
 }
 
 StatusOr<TokenBatch> Trainer::BatchFor(int64_t step, int micro) const {
@@ -378,27 +480,40 @@ StatusOr<StepMetrics> Trainer::Step() {
   const int64_t bytes_before = engine_->bytes_communicated();
   const auto t0 = std::chrono::steady_clock::now();
   const double sim_t0 = sim_device_ != nullptr ? sim_device_->HostClock() : 0;
-  engine_->ZeroGrad();
   double loss_sum = 0;
-  for (int m = 0; m < options_.grad_accum_steps; ++m) {
-    engine_->set_gradient_sync(m + 1 == options_.grad_accum_steps);
-    SK_ASSIGN_OR_RETURN(TokenBatch batch, BatchFor(step_, m));
-    StatusOr<float> loss = model_->ForwardBackward(batch, *engine_, engine_->activation_allocator());
-    if (!loss.ok()) {
-      engine_->set_gradient_sync(true);
-      return loss.status().WithContext("step " + std::to_string(step_ + 1));
+  double norm = 0;
+  // Everything before the update may fail anywhere (an allocation inside the
+  // model's compute leaves a unit mid-backward, outside any hook that could
+  // clean up): abandon the step then, so every unit is idle again and the
+  // next step starts clean. Parameters and optimizer state change only in
+  // OptimizerStep.
+  Status computed = [&]() -> Status {
+    engine_->ZeroGrad();
+    for (int m = 0; m < options_.grad_accum_steps; ++m) {
+      engine_->set_gradient_sync(m + 1 == options_.grad_accum_steps);
+      SK_ASSIGN_OR_RETURN(TokenBatch batch, BatchFor(step_, m));
+      SK_ASSIGN_OR_RETURN(float loss, model_->ForwardBackward(batch, *engine_, engine_->activation_allocator()));
+      loss_sum += loss;
     }
-    loss_sum += *loss;
+    SK_RETURN_IF_ERROR(engine_->FinishBackward());
+    // The micro-batches' gradients were summed; the reported loss is their
+    // mean. Make the gradient that of the reported loss, as PyTorch's
+    // (loss / M).backward() does: grad_norm, clipping and the learning rate
+    // then mean the same for every M.
+    if (options_.grad_accum_steps > 1) {
+      SK_RETURN_IF_ERROR(engine_->ScaleGradients(1.f / static_cast<float>(options_.grad_accum_steps)));
+    }
+    SK_ASSIGN_OR_RETURN(norm, engine_->ClipGradNorm(options_.clip_grad_norm));
+    return OkStatus();
+  }();
+  if (outcome_group_ != nullptr) {
+    SK_RETURN_IF_ERROR(AgreeOnStepOutcome(computed));
+  } else if (!computed.ok()) {
+    engine_->set_gradient_sync(true);
+    engine_->AbandonStep();
+    return computed.WithContext("step " + std::to_string(step_ + 1) + " on rank " +
+                                std::to_string(world_->rank()));
   }
-  SK_RETURN_IF_ERROR(engine_->FinishBackward());
-  // The micro-batches' gradients were summed; the reported loss is their
-  // mean. Make the gradient that of the reported loss, as PyTorch's
-  // (loss / M).backward() does: grad_norm, clipping and the learning rate
-  // then mean the same for every M.
-  if (options_.grad_accum_steps > 1) {
-    SK_RETURN_IF_ERROR(engine_->ScaleGradients(1.f / static_cast<float>(options_.grad_accum_steps)));
-  }
-  SK_ASSIGN_OR_RETURN(double norm, engine_->ClipGradNorm(options_.clip_grad_norm));
   const float lr = this->lr();
   optimizer_->set_lr(lr);
   SK_RETURN_IF_ERROR(engine_->OptimizerStep(*optimizer_));

@@ -161,6 +161,15 @@ class Trainer {
   // One optimizer step over grad_accum_steps micro-batches. Collective.
   // ResourceExhausted when the memory cap is hit (counted in ooms; the
   // trainer stays usable), DeadlineExceeded/Unavailable when a peer fails.
+  // The ranks agree on the step's outcome before anything changes (one
+  // small all-gather on a group of their own): when any rank fails before
+  // the update, every rank's step fails with that rank's error ("rank 1
+  // failed step 2: RESOURCE_EXHAUSTED ..."), parameters and optimizer state
+  // stay untouched everywhere, and the next step works on every rank. The
+  // failing rank makes its peers' waiting collectives fail at once
+  // (ProcessGroup::FailPeers). Only on backends that publish failures (the
+  // local backend); on gloo and NCCL each rank abandons the step and reports
+  // its own error (a peer's failure as the timeout of a collective).
   StatusOr<StepMetrics> Step();
   // The mean loss of `batches` forward passes on held-out batches (no update).
   StatusOr<float> Evaluate(int batches);
@@ -230,12 +239,26 @@ class Trainer {
   Status Init();
   // The mean of `loss` over all ranks. Collective.
   StatusOr<float> GlobalMean(float loss);
+  // The step's outcome on every rank (see Step): OK if `mine` is OK on every
+  // rank, else the failing rank's error on every rank (a rank whose failure
+  // came first, not one that failed because of it). After a failure every
+  // rank's step is abandoned and its groups resume at common sequence
+  // numbers. Collective over outcome_group_.
+  Status AgreeOnStepOutcome(const Status& mine);
+  // The groups the step's collectives use (world, FSDP's shard and
+  // replicate groups), in the same order on every rank.
+  std::vector<comm::ProcessGroup*> StepGroups();
   // Applies the GEMM thread count to the calling thread.
   Status UseGemmThreads() const;
 
   TrainerOptions options_;
   std::unique_ptr<comm::ProcessGroup> owned_world_;  // the simulated world, when created here
   comm::ProcessGroup* world_;
+  // Every rank of the world, used only for each step's outcome (so it never
+  // falls out of step when a failed step issued different collectives on
+  // different ranks). Null on one rank, on the simulator and on backends
+  // that do not publish failures.
+  std::unique_ptr<comm::ProcessGroup> outcome_group_;
   Device* device_ = nullptr;
   sim::SimDevice* sim_device_ = nullptr;
   bool adjusts_compute_ = false;  // installed sim::SetComputeAdjustment

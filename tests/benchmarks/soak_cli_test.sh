@@ -21,4 +21,11 @@ expect_bad "--max_slope must be a finite number" --steps=20 --every=10 --warmup=
 expect_bad "bytes per step >= 0, got -1e+300" --steps=20 --every=10 --warmup=0 --max_slope=-1e300
 "$bin" --steps=30 --every=10 --warmup=0 --max_slope=1e12 > "$tmp/ok.txt"
 grep -q "^soak: 30 steps of gpt-tiny.*FLAT" "$tmp/ok.txt" || { cat "$tmp/ok.txt"; echo "FAIL: no verdict" >&2; exit 1; }
+# Fault injection (issue 35): 200 trials, each running one random rank out of
+# memory at a random allocation of a step; every trial must be clean.
+expect_bad "need 1 <= --oom_trials <= 100000" --oom_trials=-1
+expect_bad "2 <= --oom_world <= 8" --oom_trials=5 --oom_world=1
+"$bin" --oom_trials=200 --oom_seed=35 > "$tmp/oom.txt" || { cat "$tmp/oom.txt"; echo "FAIL: out-of-memory trials" >&2; exit 1; }
+grep -q "^oom: 200 trials, local group of 2, seed 35: 200 clean.*that did not fail: 0; errors not naming the rank that ran out: 0; stuck trainers: 0; hangs: 0;" "$tmp/oom.txt" \
+  || { cat "$tmp/oom.txt"; echo "FAIL: out-of-memory trials not all clean" >&2; exit 1; }
 echo PASS

@@ -223,6 +223,40 @@ TEST(FlightMerge, NamesWhatIsWrongWithEachBadDump) {
   EXPECT_NE(report.find("group 'g' (gloo, 2 ranks): dumps from ranks 0;"), std::string::npos) << report;
 }
 
+// Issue 35: a rank stopped (SIGSTOP) and later resumed issues the pending
+// collective late and fails too, so every rank issued it and the verdict was
+// "no rank is behind". The others' errors name it as not arriving, and it
+// issued the call after theirs had failed: it is named, and only it.
+TEST(FlightMerge, ARankThatResumedAfterBeingStoppedIsStillNamedAsBehind) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/flight_resumed." + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto dump = [](int rank, const std::string& open_entry) {
+    return "{\"format\": \"shardkit.flight_recorder\", \"version\": 1, \"group\": \"world\", "
+           "\"backend\": \"gloo\", \"rank\": " + std::to_string(rank) + ", \"size\": 4, \"entries\": ["
+           "{\"seq\": 0, \"call\": \"barrier #0\", \"state\": \"completed\", \"enqueued_us\": 1000000, "
+           "\"ended_us\": 1000100}, " + open_entry + "]}";
+  };
+  const std::string healthy =
+      "{\"seq\": 1, \"call\": \"all_reduce #1 (f32, 4 -> 4)\", \"state\": \"failed\", \"enqueued_us\": 2000000, "
+      "\"ended_us\": 5000000, \"error\": \"gloo rank 0 of 4: all_reduce #1 (f32[4], sum): exchanging call "
+      "fingerprints: rank 2 did not arrive (peer ranks of this group)\"}";
+  const std::string resumed =
+      "{\"seq\": 1, \"call\": \"all_reduce #1 (f32, 4 -> 4)\", \"state\": \"failed\", \"enqueued_us\": 9000000, "
+      "\"ended_us\": 9000500, \"error\": \"gloo rank 2 of 4: all_reduce #1 (f32[4], sum): Connection closed by peer\"}";
+  for (int r : {0, 1, 3}) std::ofstream(dir + "/world.rank" + std::to_string(r) + ".json") << dump(r, healthy);
+  std::ofstream(dir + "/world.rank2.json") << dump(2, resumed);
+  FILE* p = ::popen(("runtime/comm/flight_merge " + dir + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string report;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) report.append(buf, n);
+  ::pclose(p);
+  EXPECT_NE(report.find("verdict: behind: ranks 2\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("rank 2 issued it 4.0 s after a peer's had failed"), std::string::npos) << report;
+}
+
 TEST(FlightRecorder, KeepsTheLastCollectivesInFixedMemory) {
   FlightRecorder fr("local", "g", 0, 2, /*capacity=*/16);
   Collective c;

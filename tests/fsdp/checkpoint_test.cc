@@ -559,6 +559,7 @@ TEST_F(CheckpointTest, FailedSaveLeavesThePreviousCheckpointIntact) {
     Status s = SaveShardedCheckpoint(dir, r.state, kTotalSteps, o);
     EXPECT_EQ(s.code(), StatusCode::kUnavailable) << "rank " << rank << ": " << s;
     EXPECT_NE(s.message().find("disk full"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("the previous checkpoint (step 3)"), std::string::npos) << s;
   });
   StatusOr<CheckpointIndex> after = ReadCheckpointIndex(dir);
   ASSERT_TRUE(after.ok()) << after.status();
@@ -592,6 +593,58 @@ TEST_F(CheckpointTest, SaveReplacesAnOlderCheckpointButNeverAnotherDirectory) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   });
   EXPECT_TRUE(fs::exists(precious + "/notes.txt"));
+}
+
+TEST_F(CheckpointTest, SaveThroughASymlinkToADirectoryWritesIntoTheTargetAndKeepsTheLink) {
+  const std::string root = TempDir("symlink");
+  const std::string target = root + "/big_disk/ck";
+  fs::create_directories(root + "/big_disk");
+  SaveAtStep3(target);
+  const std::string first_id = ReadCheckpointIndex(target)->checkpoint_id;
+  const std::string link = root + "/ck";
+  fs::create_directory_symlink(target, link);
+  TrainRun(*model_, RunSetup{}, 0, 1, {}, [&](int rank, RankState& r) {
+    Status s = SaveShardedCheckpoint(link, r.state, kTotalSteps);
+    EXPECT_TRUE(s.ok()) << "rank " << rank << ": " << s;
+  });
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(link))) << "the link was replaced";
+  StatusOr<CheckpointIndex> in_target = ReadCheckpointIndex(target);
+  ASSERT_TRUE(in_target.ok()) << in_target.status();
+  EXPECT_EQ(in_target->step, kTotalSteps) << "the target still holds the old checkpoint";
+  EXPECT_NE(in_target->checkpoint_id, first_id);
+  EXPECT_FALSE(fs::exists(root + "/big_disk/ck.tmp"));
+
+  // A link to nothing, or to a file, is refused on every rank and left alone.
+  const std::string dangling = root + "/dangling";
+  fs::create_directory_symlink(root + "/nowhere", dangling);
+  const std::string to_file = root + "/to_file";
+  std::ofstream(root + "/file.txt") << "x";
+  fs::create_symlink(root + "/file.txt", to_file);
+  TrainRun(*model_, RunSetup{ShardingStrategy::kFullShard, 2, 0, kSeed}, 0, 0, {}, [&](int rank, RankState& r) {
+    for (const std::string& bad : {dangling, to_file}) {
+      Status s = SaveShardedCheckpoint(bad, r.state, 0);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "rank " << rank << ": " << s;
+      EXPECT_NE(s.message().find("symlink"), std::string::npos) << s;
+    }
+  });
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(dangling)));
+  EXPECT_FALSE(fs::exists(root + "/nowhere"));
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(to_file)));
+}
+
+TEST_F(CheckpointTest, AFailureAfterTheExchangeSaysTheNewCheckpointIsOnDisk) {
+  const std::string dir = TempDir("failed-after-commit") + "/ckpt";
+  SaveAtStep3(dir);
+  TrainRun(*model_, RunSetup{}, 0, 1, {}, [&](int rank, RankState& r) {
+    CheckpointOptions o;
+    o.on_committed = [](const std::string&) { return UnavailableError("rank 0 crashed (simulated)"); };
+    Status s = SaveShardedCheckpoint(dir, r.state, kTotalSteps, o);
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << "rank " << rank << ": " << s;
+    EXPECT_NE(s.message().find("the new checkpoint (step 6) is complete"), std::string::npos)
+        << "rank " << rank << ": " << s;
+    EXPECT_EQ(s.message().find("intact"), std::string::npos) << "rank " << rank << ": " << s;
+  });
+  EXPECT_EQ(ReadCheckpointIndex(dir)->step, kTotalSteps);
 }
 
 }  // namespace

@@ -8,8 +8,11 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "runtime/nn/configs.h"
+#include "tests/util/child_process.h"
 
 namespace sk {
 namespace {
@@ -76,6 +79,30 @@ TEST(UnitTableJson, AFileStandsWhereAModelNameDoes) {
   auto missing = FindModelConfig(TempPath("no-such-table.json"));
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status();
   EXPECT_NE(missing.status().message().find("no-such-table.json"), std::string::npos);
+}
+
+// A table path that is a FIFO (or a device, or a directory) is refused at
+// once: opening a FIFO without a writer blocked sk_plan and trainer creation
+// for ever. In a child with an alarm, so a hang fails instead of blocking.
+TEST(UnitTableJson, ATablePathThatIsNotARegularFileIsRefusedWithoutBlocking) {
+  const std::string fifo = TempPath("fifo-table.json");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string dir = TempPath("dir-table.json");
+  ::mkdir(dir.c_str(), 0700);
+  for (const std::string& path : {fifo, dir}) {
+    int rc = testing::InChild([&] {
+      ::alarm(20);
+      auto c = FindModelConfig(path);
+      if (c.ok()) return 1;
+      if (c.status().code() != StatusCode::kInvalidArgument) return 2;
+      if (std::string(c.status().message()).find(path) == std::string::npos) return 3;
+      if (std::string(c.status().message()).find("not a regular file") == std::string::npos) return 4;
+      return 0;
+    });
+    EXPECT_EQ(rc, 0) << path << ": exit code (128 + signal if it crashed; 142: blocked)";
+  }
+  std::remove(fifo.c_str());
 }
 
 // A minimal valid table, then one defect at a time.

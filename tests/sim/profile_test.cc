@@ -8,6 +8,7 @@
 #include <limits>
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/util/child_process.h"
@@ -141,12 +142,23 @@ TEST(ProfileTest, BadValuesAreNamed) {
       {"device", "launch_overhead_us", Sourced(-1)},
       {"device", "raw_alloc_us", Sourced("fast")},
       {"compute", "memory_bandwidth_gbps", 100},
+      // Physical quantities must be positive (issue 35: memory_bytes 0 was
+      // accepted and the planner fitted models into "0.00 GiB").
+      {"device", "memory_bytes", Sourced(0)},
+      {"device", "memory_bytes", Sourced(-1)},
+      {"device", "host_link_gbps", Sourced(0)},
+      {"compute", "vector_tflops", Sourced(0)},
+      {"compute", "gemm_efficiency", Sourced(0)},
+      {"compute", "memory_bandwidth_gbps", Sourced(0)},
+      {"compute", "memory_efficiency", Sourced(0)},
+      {"compute", "gemm_tiles", Sourced(nlohmann::json::array())},
   };
   for (const Case& c : cases) {
     nlohmann::json doc = MinimalProfile();
     doc[c.section][c.key] = c.value;
+    if (std::string(c.key) == "gemm_tiles") doc[c.section]["gemm_k_quantum"] = Sourced(32);
     Status s = ParseProfile(doc, "test").status();
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.key;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.key << " = " << c.value.dump();
     EXPECT_NE(s.message().find(std::string(c.section) + "." + c.key), std::string::npos) << s;
   }
   // Out-of-range values read back as given: 1e-300 printed as "0.000000"
@@ -223,21 +235,31 @@ TEST(ProfileTest, DeeplyNestedFileIsInvalidArgumentNotAStackOverflow) {
   std::remove(path.c_str());
 }
 
-// A profile path that names an endless file (here a symlink to /dev/zero)
-// is read no further than a bound, not until the heap runs out.
-TEST(ProfileTest, ProfilePointingAtAnEndlessFileIsResourceExhausted) {
-  const std::string path = ::testing::TempDir() + "/endless_profile.json";
-  std::remove(path.c_str());
-  ASSERT_EQ(::symlink("/dev/zero", path.c_str()), 0);
-  int rc = InChild([&] {
-    StatusOr<SimProfile> p = LoadProfile(path);
-    if (p.ok()) return 1;
-    if (p.status().code() != StatusCode::kResourceExhausted) return 2;
-    if (std::string(p.status().message()).find(path) == std::string::npos) return 3;
-    return 0;
-  });
-  EXPECT_EQ(rc, 0) << "exit code (128 + signal if it crashed)";
-  std::remove(path.c_str());
+// A profile path that names something other than a regular file is refused
+// at once: an endless device (here a symlink to /dev/zero) is not read until
+// the heap runs out, and a FIFO without a writer does not block the loader
+// (its open waited for ever). In a child with an alarm, so a hang fails.
+TEST(ProfileTest, ProfilePathThatIsNotARegularFileIsRefusedWithoutBlocking) {
+  const std::string endless = ::testing::TempDir() + "/endless_profile.json";
+  const std::string fifo = ::testing::TempDir() + "/fifo_profile.json";
+  std::remove(endless.c_str());
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::symlink("/dev/zero", endless.c_str()), 0);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {endless, fifo}) {
+    int rc = InChild([&] {
+      ::alarm(20);
+      StatusOr<SimProfile> p = LoadProfile(path);
+      if (p.ok()) return 1;
+      if (p.status().code() != StatusCode::kInvalidArgument) return 2;
+      if (std::string(p.status().message()).find(path) == std::string::npos) return 3;
+      if (std::string(p.status().message()).find("not a regular file") == std::string::npos) return 4;
+      return 0;
+    });
+    EXPECT_EQ(rc, 0) << path << ": exit code (128 + signal if it crashed; 142: blocked)";
+  }
+  std::remove(endless.c_str());
+  std::remove(fifo.c_str());
 }
 
 ComputeProfile Tiled() {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -158,6 +159,124 @@ TEST(TrainerTest, MemoryCapGivesResourceExhaustedAndTheTrainerStaysUsable) {
     StatusOr<StepMetrics> again = t->Step();
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(again->step, 2);
+  });
+}
+
+// Master shards and optimizer state of a trainer (FSDP), to prove a failed
+// step changed nothing.
+std::vector<std::vector<float>> ModelState(Trainer& t) {
+  std::vector<std::vector<float>> out;
+  FullyShardedModel& f = *t.fsdp();
+  for (int u = 0; u < f.num_units(); ++u) {
+    const Tensor& m = f.master_shard(u);
+    out.emplace_back(m.data_as<float>(), m.data_as<float>() + m.numel());
+    for (const std::string& name : t.optimizer().StateNames()) {
+      StatusOr<Tensor> st = t.optimizer().State(u, name);
+      if (st.ok()) out.emplace_back(st->data_as<float>(), st->data_as<float>() + st->numel());
+    }
+    out.push_back({static_cast<float>(t.optimizer().step_count(u))});
+  }
+  return out;
+}
+
+// An allocation that fails anywhere in a step (inside the model's compute
+// between a unit's hooks as well as inside FSDP's hooks) fails that step
+// only: every unit is idle again, parameters and optimizer state are
+// untouched, and the next step trains exactly as if the failure never
+// happened. (Issue 35: a failure inside the compute left 'h.1' in state
+// 'backward' and every later step was FailedPrecondition.)
+TEST(TrainerTest, AnOutOfMemoryAnywhereInAStepLeavesTheTrainerUsableAndUnchanged) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+    RunRanks(1, [&](int, comm::ProcessGroup* world) {
+      TrainerOptions o = Tiny();
+      o.fsdp.strategy = strategy;
+      o.grad_accum_steps = 2;
+      auto reference = *Trainer::Create(o, world);
+      auto t = *Trainer::Create(o, world);
+      ASSERT_TRUE(reference->Step().ok());
+      ASSERT_TRUE(t->Step().ok());
+      // How many allocations one step makes: the failure points to try.
+      const int64_t before = t->allocator().stats().num_allocs;
+      StatusOr<StepMetrics> want = reference->Step();
+      ASSERT_TRUE(want.ok()) << want.status();
+      const int64_t per_step = reference->allocator().stats().num_allocs - before;
+      ASSERT_GT(per_step, 10);
+      const int64_t stride = std::max<int64_t>(1, per_step / 24);
+      for (int64_t k = 0; k < per_step; k += stride) {
+        SCOPED_TRACE("allocation " + std::to_string(k) + " of " + std::to_string(per_step));
+        const auto state = ModelState(*t);
+        t->allocator().InjectOutOfMemoryAfter(k);
+        StatusOr<StepMetrics> failed = t->Step();
+        t->allocator().InjectOutOfMemoryAfter(-1);
+        ASSERT_FALSE(failed.ok()) << "allocation " << k << " was not made";
+        EXPECT_EQ(failed.status().code(), StatusCode::kResourceExhausted) << failed.status();
+        EXPECT_NE(failed.status().message().find("(injected)"), std::string::npos) << failed.status();
+        EXPECT_EQ(t->steps(), 1);
+        EXPECT_TRUE(ModelState(*t) == state) << "a failed step changed parameters or optimizer state";
+      }
+      StatusOr<StepMetrics> got = t->Step();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->step, 2);
+      EXPECT_EQ(got->loss, want->loss);
+      EXPECT_TRUE(ModelState(*t) == ModelState(*reference));
+    });
+  }
+}
+
+// One rank out of memory at any point of a step (issue 35, defect 2: the
+// other rank was told of a "desync", timed out, and every later step failed
+// on every rank). Now every rank's step fails with that rank's
+// ResourceExhausted naming it, at once (the failing rank fails its peers'
+// waiting collectives), no rank changes anything, and the next step works
+// on every rank with the losses of a run that never failed.
+TEST(TrainerTest, OneRankOutOfMemoryFailsTheStepOnEveryRankWithItsErrorAndTrainingGoesOn) {
+  std::mutex mu;
+  RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+    TrainerOptions o = Tiny();
+    o.fsdp.timeout = Duration(30'000);  // a hang would show as a 30 s wait and a DeadlineExceeded
+    auto reference = *Trainer::Create(o, world);
+    auto t = *Trainer::Create(o, world);
+    ASSERT_TRUE(reference->Step().ok());
+    ASSERT_TRUE(t->Step().ok());
+    const int64_t before = reference->allocator().stats().num_allocs;
+    StatusOr<StepMetrics> want = reference->Step();
+    ASSERT_TRUE(want.ok()) << want.status();
+    // Rank 1's count decides the failure points; every rank learns it.
+    const int64_t per_step = reference->allocator().stats().num_allocs - before;
+    ASSERT_GT(per_step, 10);
+    const int64_t stride = std::max<int64_t>(1, per_step / 12);
+    for (int64_t k = 0; k < per_step; k += stride) {
+      const auto state = ModelState(*t);
+      if (rank == 1) t->allocator().InjectOutOfMemoryAfter(k);
+      const auto t0 = std::chrono::steady_clock::now();
+      StatusOr<StepMetrics> failed = t->Step();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      t->allocator().InjectOutOfMemoryAfter(-1);
+      std::lock_guard<std::mutex> lock(mu);
+      SCOPED_TRACE("rank " + std::to_string(rank) + ", rank 1's allocation " + std::to_string(k));
+      if (failed.ok()) {
+        // Rank 1 made fewer allocations than the reference (a later k):
+        // then no rank may have failed; both ranks stepped.
+        ADD_FAILURE() << "the step succeeded";
+        return;
+      }
+      EXPECT_EQ(failed.status().code(), StatusCode::kResourceExhausted) << failed.status();
+      const std::string msg(failed.status().message());
+      EXPECT_NE(msg.find("rank 1 failed step 2"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("(injected)"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("rank 0 failed"), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("desync"), std::string::npos) << msg;
+      EXPECT_LT(seconds, 20) << "the failure waited for a timeout";
+      EXPECT_EQ(t->steps(), 1);
+      EXPECT_TRUE(ModelState(*t) == state) << "a failed step changed parameters or optimizer state";
+    }
+    StatusOr<StepMetrics> got = t->Step();
+    ASSERT_TRUE(got.ok()) << "rank " << rank << ": " << got.status();
+    EXPECT_EQ(got->step, 2);
+    EXPECT_EQ(got->loss, want->loss) << "rank " << rank;
+    EXPECT_EQ(got->global_loss, want->global_loss) << "rank " << rank;
+    StatusOr<StepMetrics> next = t->Step();
+    ASSERT_TRUE(next.ok()) << "rank " << rank << ": " << next.status();
   });
 }
 

@@ -60,7 +60,11 @@
  *
  *  Threads. Functions marked "thread-safe" may be called concurrently from
  *  any threads. A handle that is not marked so must be used by one thread at a
- *  time (different handles may be used concurrently). Calls marked
+ *  time (different handles may be used concurrently); a call on a handle
+ *  while another thread's call on it runs returns FAILED_PRECONDITION naming
+ *  the handle and the call in progress, and changes nothing (trainers, local
+ *  sessions, engines and model specs). A handle destroyed while another
+ *  thread's call uses it is freed when that call returns. Calls marked
  *  "collective" must be made by every rank of the process group, in the same
  *  order; they block until the peers take part (within the group's timeout).
  *  Every function returns when its work is done, except where its comment
