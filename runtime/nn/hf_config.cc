@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
@@ -182,6 +184,18 @@ StatusOr<NamedModelConfig> Qwen2FromConfig(const json& j, const std::string& fil
   return LlamaFamilyFromConfig(j, file, /*qwen2=*/true);
 }
 
+// The shortest decimal that reads back as `f` (1e-5f as 1e-05, not
+// 9.99999974737875e-06), as config.json files write their floats.
+double ShortestDecimal(float f) {
+  for (int digits = 1; digits < 9; ++digits) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, static_cast<double>(f));
+    const double d = std::strtod(buf, nullptr);
+    if (static_cast<float>(d) == f) return d;
+  }
+  return static_cast<double>(f);
+}
+
 json LlamaFamilyToConfig(const NamedModelConfig& c) {
   const LlamaConfig& l = c.llama;
   json j;
@@ -196,11 +210,11 @@ json LlamaFamilyToConfig(const NamedModelConfig& c) {
   j["head_dim"] = l.head_dim();
   j["max_position_embeddings"] = l.max_seq_len;
   j["hidden_act"] = "silu";
-  j["rms_norm_eps"] = l.rms_norm_eps;
+  j["rms_norm_eps"] = ShortestDecimal(l.rms_norm_eps);
   // Both spellings of theta, so transformers 4 and 5 read the same model.
-  j["rope_theta"] = l.rope_theta;
+  j["rope_theta"] = ShortestDecimal(l.rope_theta);
   j["rope_scaling"] = nullptr;
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", l.rope_theta}};
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", ShortestDecimal(l.rope_theta)}};
   if (l.qkv_bias) {
     j["use_sliding_window"] = false;
   } else {

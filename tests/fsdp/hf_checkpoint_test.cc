@@ -454,6 +454,7 @@ void ExpectLlamaRoundTrip(const NamedModelConfig& config, const SafeTensorsFile&
     EXPECT_EQ(c["num_key_value_heads"], l.kv_heads());
     EXPECT_EQ(c["hidden_act"], "silu");
     EXPECT_TRUE(c["rope_scaling"].is_null());
+    EXPECT_EQ(c["rms_norm_eps"].dump(), l.rms_norm_eps == 1e-5f ? "1e-05" : "1e-06");  // as transformers writes it
     EXPECT_EQ(fs::exists(dir + "/model.safetensors.index.json"), shard_bytes > 0);
     StatusOr<SafeTensorsFile> hf = ReadHfWeights(dir);
     ASSERT_TRUE(hf.ok()) << hf.status();
