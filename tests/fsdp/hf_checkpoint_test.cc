@@ -565,34 +565,47 @@ TEST(HfCheckpoint, BadLlamaDirectoriesAreErrorsNamingTheKeyOrTensor) {
 
 // What a user does with a Llama directory: a trainer whose model is the
 // directory, its weights loaded in the hf-llama layout, a step, and a
-// directory written back that reads as the same untied model.
+// directory written back that reads as the same model with trained
+// weights: transformers' untied Llama, and a tied one of ours (its head is
+// the embedding, gathered for both uses and stored once).
 TEST(HfCheckpoint, ATrainerTrainsALlamaDirectoryAndWritesOneBack) {
-  const std::string out = ::testing::TempDir() + "/trained-llama/";
-  fs::remove_all(out);
-  Status s = comm::RunLocalRanks(2, [&](int, comm::ProcessGroup* g) -> Status {
-    TrainerOptions o;
-    o.model = kLlama;
-    o.batch_size = 2;
-    o.seq_len = 16;
-    o.data_tokens = 1024;
-    o.fsdp.timeout = Duration(60'000);
-    SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(o, g));
-    SK_RETURN_IF_ERROR(t->LoadFullStateDict(kLlama, WeightLayout::kHfLlama));
-    SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
-    if (!(std::isfinite(m.loss) && m.loss > 0)) return InternalError("loss " + std::to_string(m.loss));
-    return t->SaveFullStateDict(out, WeightLayout::kHfLlama);
-  });
-  ASSERT_TRUE(s.ok()) << s;
-  StatusOr<HfModel> before = ReadHfModelDir(kLlama);
-  StatusOr<HfModel> after = ReadHfModelDir(out);
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_FALSE(after->config.llama.tie_embeddings);
-  EXPECT_TRUE(ReadHfWeights(out)->contains("lm_head.weight"));
-  const SafeTensorsFile::Info info = *after->weights.info("layers.0.self_attn.q_proj.w");
-  EXPECT_NE(std::memcmp(*after->weights.data("layers.0.self_attn.q_proj.w"),
-                        *before->weights.data("layers.0.self_attn.q_proj.w"), info.nbytes),
-            0)
-      << "the step changed the weights";
+  StatusOr<HfModel> untied = ReadHfModelDir(kLlama);
+  ASSERT_TRUE(untied.ok()) << untied.status();
+  NamedModelConfig tied_config = untied->config;
+  tied_config.llama.tie_embeddings = true;
+  const std::string tied_dir = ::testing::TempDir() + "/tied-llama-in";
+  fs::remove_all(tied_dir);
+  ASSERT_TRUE(WriteHfModelDir(tied_dir, tied_config, InitialWeights(**CreateModel(tied_config), 3)).ok());
+  for (const std::string& in : {kLlama, tied_dir}) {
+    SCOPED_TRACE(in);
+    const std::string out = ::testing::TempDir() + "/trained-" + fs::path(in).filename().string() + "/";
+    fs::remove_all(out);
+    Status s = comm::RunLocalRanks(2, [&](int, comm::ProcessGroup* g) -> Status {
+      TrainerOptions o;
+      o.model = in;
+      o.batch_size = 2;
+      o.seq_len = 16;
+      o.data_tokens = 1024;
+      o.fsdp.timeout = Duration(60'000);
+      SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(o, g));
+      SK_RETURN_IF_ERROR(t->LoadFullStateDict(in, WeightLayout::kHfLlama));
+      SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
+      if (!(std::isfinite(m.loss) && m.loss > 0)) return InternalError("loss " + std::to_string(m.loss));
+      return t->SaveFullStateDict(out, WeightLayout::kHfLlama);
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    StatusOr<HfModel> before = ReadHfModelDir(in);
+    StatusOr<HfModel> after = ReadHfModelDir(out);
+    ASSERT_TRUE(before.ok() && after.ok()) << before.status() << after.status();
+    const bool tied = before->config.llama.tie_embeddings;
+    EXPECT_EQ(after->config.llama.tie_embeddings, tied);
+    EXPECT_EQ(ReadHfWeights(out)->contains("lm_head.weight"), !tied);
+    for (const char* name : {"layers.0.self_attn.q_proj.w", "embed.embed_tokens.w"}) {
+      const SafeTensorsFile::Info info = *after->weights.info(name);
+      EXPECT_NE(std::memcmp(*after->weights.data(name), *before->weights.data(name), info.nbytes), 0)
+          << name << ": the step changed it";
+    }
+  }
 }
 
 }  // namespace
