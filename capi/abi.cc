@@ -36,7 +36,8 @@ static_assert(SK_DTYPE_F16 == static_cast<int>(sk::DType::kF16));
 static_assert(SK_INIT_UNIFORM == static_cast<int>(sk::InitKind::kUniform));
 static_assert(SK_WEIGHT_LAYOUT_SHARDKIT == static_cast<int>(sk::WeightLayout::kShardkit) &&
               SK_WEIGHT_LAYOUT_TORCH == static_cast<int>(sk::WeightLayout::kTorch) &&
-              SK_WEIGHT_LAYOUT_HF_GPT2 == static_cast<int>(sk::WeightLayout::kHfGpt2));
+              SK_WEIGHT_LAYOUT_HF_GPT2 == static_cast<int>(sk::WeightLayout::kHfGpt2) &&
+              SK_WEIGHT_LAYOUT_HF_LLAMA == static_cast<int>(sk::WeightLayout::kHfLlama));
 static_assert(SK_PARALLELISM_FSDP == static_cast<int>(sk::Parallelism::kFsdp));
 static_assert(SK_PARALLELISM_DDP == static_cast<int>(sk::Parallelism::kDdp));
 

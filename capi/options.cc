@@ -178,7 +178,7 @@ sk_memory_estimate ToMemoryEstimate(const sk::MemoryEstimate& e) {
 }
 
 StatusOr<sk::WeightLayout> ToWeightLayout(sk_weight_layout_t layout) {
-  SK_RETURN_IF_ERROR(CheckEnum(layout, SK_WEIGHT_LAYOUT_HF_GPT2, "layout"));
+  SK_RETURN_IF_ERROR(CheckEnum(layout, SK_WEIGHT_LAYOUT_HF_LLAMA, "layout"));
   if (layout == SK_WEIGHT_LAYOUT_DEFAULT) return sk::WeightLayout::kShardkit;
   return static_cast<sk::WeightLayout>(layout);
 }

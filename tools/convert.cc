@@ -1,19 +1,20 @@
 // convert: a safetensors weights file from one layout to another
-// (runtime/fsdp/weight_layout.h: shardkit, torch, hf-gpt2).
+// (runtime/fsdp/weight_layout.h: shardkit, torch, hf-gpt2, hf-llama).
 //
 //   bazel run //tools:convert -- --from=hf-gpt2 gpt2.safetensors mine.safetensors
 //   bazel run //tools:convert -- --to=hf-gpt2 mine.safetensors gpt2.safetensors
 //
 //   bazel run //tools:convert -- --from=hf-gpt2 path/to/gpt2-dir mine.safetensors
 //   bazel run //tools:convert -- --to=hf-gpt2 --model=gpt2-small mine.safetensors out-dir/
+//   bazel run //tools:convert -- --from=hf-llama path/to/llama-dir mine.safetensors
 //
 // --from and --to default to shardkit. Optimizer state (shardkit full state
 // dicts) exists only in the shardkit layout: --weights_only leaves it out,
 // otherwise converting such a file is an error.
 // Hugging Face model directories (runtime/fsdp/hf_checkpoint.h): with
-// --from=hf-gpt2 an input directory is read whole (config.json and
+// --from=hf-gpt2 or hf-llama an input directory is read whole (config.json and
 // model.safetensors or its sharded files) and checked against config.json;
-// with --to=hf-gpt2 an output that is a directory or ends in '/' gets
+// with --to=hf-gpt2 or hf-llama an output that is a directory or ends in '/' gets
 // config.json and the weights, sharded into files of at most
 // --max_shard_mb MiB when given. Its shape comes from --model (a named
 // configuration or another Hugging Face directory), or from the input
@@ -39,8 +40,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: convert [--from=LAYOUT] [--to=LAYOUT] [--weights_only] [--model=NAME] [--max_shard_mb=N] IN OUT\n"
-    "  LAYOUT: shardkit (default), torch, hf-gpt2\n"
-    "  IN, OUT: safetensors files; with hf-gpt2 also Hugging Face model directories\n"
+    "  LAYOUT: shardkit (default), torch, hf-gpt2, hf-llama\n"
+    "  IN, OUT: safetensors files; with hf-gpt2 or hf-llama also Hugging Face model directories\n"
     "           (an OUT directory: an existing one or a path ending in '/')\n";
 
 // `path` relative to where `bazel run` was invoked (BUILD_WORKING_DIRECTORY).
@@ -96,8 +97,11 @@ int main(int argc, char** argv) {
   }
   if (files.size() != 2) return Usage("expected an input and an output file");
   const std::string in = FromCaller(files[0]), out = FromCaller(files[1]);
-  const bool in_dir = from == sk::WeightLayout::kHfGpt2 && IsDirectory(in);
-  const bool out_dir = to == sk::WeightLayout::kHfGpt2 && (IsDirectory(out) || out.back() == '/');
+  auto hugging_face = [](sk::WeightLayout l) {
+    return l == sk::WeightLayout::kHfGpt2 || l == sk::WeightLayout::kHfLlama;
+  };
+  const bool in_dir = hugging_face(from) && IsDirectory(in);
+  const bool out_dir = hugging_face(to) && (IsDirectory(out) || out.back() == '/');
   if (in_dir || out_dir) {
     // Through shardkit's layout, checked against the model's shape.
     sk::StatusOr<sk::SafeTensorsFile> weights = sk::InvalidArgumentError("no input");

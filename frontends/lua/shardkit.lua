@@ -351,7 +351,7 @@ function M.estimate_memory(options, world_size)
   return t
 end
 
--- A layout name ("shardkit", "torch", "hf-gpt2"; nil = shardkit) as its
+-- A layout name ("shardkit", "torch", "hf-gpt2", "hf-llama"; nil = shardkit) as its
 -- sk_weight_layout_t.
 local function weight_layout(name)
   if name == nil then return lib.SK_WEIGHT_LAYOUT_DEFAULT end

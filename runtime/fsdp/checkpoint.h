@@ -127,13 +127,13 @@ struct FullStateDictOptions {
 // "optimizer.<state>.<unit>.<param>" with per-unit step counts in the
 // metadata, so training resumes exactly. In another layout the weights are
 // converted on rank 0 (ConvertWeights) and the optimizer is left out.
-// In the hf-gpt2 layout a `path` that is a directory or ends in '/' gets a
-// Hugging Face model directory (hf_checkpoint.h: config.json for the model
-// FindModelConfig(state.model_name) names, model.safetensors), which
-// transformers' from_pretrained loads. A tied head (a unit with the tied
-// parameter head.lm_head.w, GPT-2's) is stored once, as wte.
-// InvalidArgument for an invalid layout or one that has no name for a
-// parameter (hf-gpt2 and a T5 model). Collective.
+// In the hf-gpt2 and hf-llama layouts a `path` that is a directory or ends
+// in '/' gets a Hugging Face model directory (hf_checkpoint.h: config.json
+// for the model FindModelConfig(state.model_name) names, model.safetensors),
+// which transformers' from_pretrained loads. A tied head (a unit with the
+// tied parameter head.lm_head.w, GPT-2's or a tied Llama's) is stored once,
+// as the embedding. InvalidArgument for an invalid layout or one that has
+// no name for a parameter (hf-gpt2 and a T5 model). Collective.
 Status SaveFullStateDict(const std::string& path, const TrainingState& state, int64_t step,
                          const FullStateDictOptions& options = {});
 

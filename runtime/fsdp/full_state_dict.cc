@@ -59,7 +59,7 @@ StatusOr<Tensor> WidenToF32(const SafeTensorsFile& sf, const std::string& name, 
 Status ValidateLayout(WeightLayout layout) {
   if (ParseWeightLayout(WeightLayoutName(layout)).ok()) return OkStatus();
   return InvalidArgumentError("invalid weight layout " + std::to_string(static_cast<int>(layout)) +
-                              " (shardkit, torch, hf-gpt2)");
+                              " (shardkit, torch, hf-gpt2, hf-llama)");
 }
 
 std::string FullOptimName(const std::string& state_name, const std::string& param) {
@@ -79,7 +79,8 @@ std::string Shown(const std::string& name, WeightLayout layout) {
 }
 
 // Conversion options for the model `units` describe: a head tied to the
-// embedding (GPT-2) is stored once both ways; otherwise the file decides.
+// embedding (GPT-2, a tied Llama) is stored once both ways; otherwise the
+// file decides.
 ConvertOptions ConvertOptionsForUnits(const std::vector<UnitSpec>& units) {
   ConvertOptions o;
   for (const UnitSpec& u : units) {

@@ -33,6 +33,7 @@ bool IsFile(const std::string& path) {
 ConvertOptions ConvertOptionsFor(const NamedModelConfig& config) {
   ConvertOptions o;
   if (config.family == ModelFamily::kGpt) o.tied_lm_head = config.gpt.tie_word_embeddings;
+  if (config.family == ModelFamily::kLlama) o.tied_lm_head = config.llama.tie_embeddings;
   return o;
 }
 
@@ -142,6 +143,7 @@ StatusOr<WeightLayout> HfWeightLayout(const NamedModelConfig& config) {
   SK_ASSIGN_OR_RETURN(std::string arch, HfArchitectureOf(config));
   // One entry per architecture of runtime/nn/hf_config.cc.
   if (arch == "GPT2LMHeadModel") return WeightLayout::kHfGpt2;
+  if (arch == "LlamaForCausalLM" || arch == "Qwen2ForCausalLM") return WeightLayout::kHfLlama;
   return InvalidArgumentError("architecture '" + arch + "' has no weight layout");
 }
 

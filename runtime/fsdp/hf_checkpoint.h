@@ -7,12 +7,14 @@
 //   <dir>/model-0000k-of-0000n.safetensors the files it names (sharded)
 //
 // The tensors carry the architecture's names and layout (weight_layout.h:
-// hf-gpt2 for GPT2LMHeadModel); reading converts them to shardkit's layout
+// hf-gpt2 for GPT2LMHeadModel, hf-llama for LlamaForCausalLM and
+// Qwen2ForCausalLM); reading converts them to shardkit's layout
 // and checks them against the model config.json describes: every parameter
 // present with its shape, nothing else (the attention-mask buffers of older
-// GPT-2 files are skipped). A tied head (tie_word_embeddings) is stored once,
-// as wte, both ways; a file that also holds lm_head.weight must hold wte's
-// bytes there.
+// GPT-2 files and RoPE's inv_freq buffers of older Llama files are
+// skipped). A tied head (tie_word_embeddings) is stored once, as wte (GPT-2)
+// or embed_tokens (Llama), both ways; a file that also holds lm_head.weight
+// must hold the embedding's bytes there.
 //
 // Errors name the file and the tensor: NotFound for a missing config.json,
 // weights file or shard the index lists; InvalidArgument for an unknown
@@ -37,7 +39,8 @@
 namespace sk {
 
 // The weight layout of `config`'s Hugging Face architecture (kHfGpt2 for a
-// GPT). InvalidArgument for a family without one.
+// GPT, kHfLlama for a Llama-family model). InvalidArgument for a family
+// without one.
 StatusOr<WeightLayout> HfWeightLayout(const NamedModelConfig& config);
 
 // Every tensor of the directory's weights (model.safetensors, or the index

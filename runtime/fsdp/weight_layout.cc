@@ -41,6 +41,41 @@ constexpr const char* kGpt2BlockBuffers[] = {"attn.bias", "attn.masked_bias"};
 // Split projections some tools write instead of c_attn (nn.Linear layout).
 constexpr const char* kSplitProj[] = {"attn.q_proj", "attn.k_proj", "attn.v_proj"};
 
+// The Llama family's (LlamaForCausalLM, Qwen2ForCausalLM): outside the
+// blocks, then per block "layers.<i>.<shardkit>" <-> "model.layers.<i>.<hf>";
+// nn.Linear weights ([out, in]) are transposed.
+struct LlamaNamePair {
+  const char* shardkit;
+  const char* hf;  // without the "model." prefix
+  bool transposed;
+};
+
+constexpr LlamaNamePair kLlamaGlobals[] = {
+    {"embed.embed_tokens.w", "embed_tokens.weight", false},
+    {"head.norm.g", "norm.weight", false},
+};
+
+constexpr LlamaNamePair kLlamaBlock[] = {
+    {"input_layernorm.g", "input_layernorm.weight", false},
+    {"self_attn.q_proj.w", "self_attn.q_proj.weight", true},
+    {"self_attn.q_proj.b", "self_attn.q_proj.bias", false},
+    {"self_attn.k_proj.w", "self_attn.k_proj.weight", true},
+    {"self_attn.k_proj.b", "self_attn.k_proj.bias", false},
+    {"self_attn.v_proj.w", "self_attn.v_proj.weight", true},
+    {"self_attn.v_proj.b", "self_attn.v_proj.bias", false},
+    {"self_attn.o_proj.w", "self_attn.o_proj.weight", true},
+    {"post_attention_layernorm.g", "post_attention_layernorm.weight", false},
+    {"mlp.gate_proj.w", "mlp.gate_proj.weight", true},
+    {"mlp.up_proj.w", "mlp.up_proj.weight", true},
+    {"mlp.down_proj.w", "mlp.down_proj.weight", true},
+};
+
+// RoPE's inverse frequencies, a buffer older Llama files carry per block: skipped.
+constexpr char kLlamaBlockBuffer[] = "self_attn.rotary_emb.inv_freq";
+
+constexpr char kLlamaPrefix[] = "model.";
+constexpr char kEmbedTokens[] = "embed.embed_tokens.w";
+
 constexpr char kHfPrefix[] = "transformer.";
 constexpr char kHfLmHead[] = "lm_head.weight";
 constexpr char kLmHead[] = "head.lm_head.w";
@@ -55,13 +90,36 @@ bool EndsWith(const std::string& s, const char* p) {
   return s.size() >= n && s.compare(s.size() - n, n, p) == 0;
 }
 
-// "h.<i>.<rest>": the block index and rest, or nullopt.
-std::optional<std::pair<std::string, std::string>> SplitBlock(const std::string& name) {
-  if (!StartsWith(name, "h.")) return std::nullopt;
-  size_t i = 2;
+// "<prefix><i>.<rest>" ("h." for GPT-2, "layers." for Llama): the block
+// index and rest, or nullopt.
+std::optional<std::pair<std::string, std::string>> SplitBlock(const std::string& name,
+                                                              const char* prefix = "h.") {
+  if (!StartsWith(name, prefix)) return std::nullopt;
+  const size_t start = std::strlen(prefix);
+  size_t i = start;
   while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
-  if (i == 2 || i >= name.size() || name[i] != '.') return std::nullopt;
-  return std::make_pair(name.substr(2, i - 2), name.substr(i + 1));
+  if (i == start || i >= name.size() || name[i] != '.') return std::nullopt;
+  return std::make_pair(name.substr(start, i - start), name.substr(i + 1));
+}
+
+// A Llama-family name: the other layout's name (hf with the "model." prefix
+// when `to_hf`) and whether the tensor is transposed, or nullopt. The head
+// (lm_head.weight) is the caller's.
+std::optional<std::pair<std::string, bool>> LlamaName(const std::string& name, bool to_hf) {
+  for (const LlamaNamePair& p : kLlamaGlobals) {
+    if (name == (to_hf ? p.shardkit : p.hf)) {
+      return std::make_pair(to_hf ? kLlamaPrefix + std::string(p.hf) : std::string(p.shardkit), p.transposed);
+    }
+  }
+  if (auto b = SplitBlock(name, "layers.")) {
+    for (const LlamaNamePair& p : kLlamaBlock) {
+      if (b->second == (to_hf ? p.shardkit : p.hf)) {
+        const std::string block = "layers." + b->first + ".";
+        return std::make_pair(to_hf ? kLlamaPrefix + block + p.hf : block + p.shardkit, p.transposed);
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 // shardkit name -> hf name (with the prefix), or nullopt.
@@ -241,6 +299,54 @@ Status TransposeMatmulWeights(const std::vector<Item>& in, const char* why, std:
   return OkStatus();
 }
 
+// The LM head of a Hugging Face file (lm_head.weight [vocab, d], or null
+// when absent) into shardkit's head.lm_head.w [d, vocab], given the file's
+// token embedding `embed` [vocab, d] (null when absent), which messages call
+// `embed_label`. tied: see ConvertOptions::tied_lm_head.
+Status HeadToShardkit(const Item* lm_head, const Item* embed, const std::string& embed_label,
+                      std::optional<bool> tied, std::vector<Item>* out) {
+  if (tied.has_value() && *tied) {
+    // The model's head is the embedding itself: a file's head must be that, or absent.
+    if (lm_head != nullptr) {
+      const bool same = embed != nullptr && embed->dtype == lm_head->dtype && embed->shape == lm_head->shape &&
+                        std::memcmp(embed->data, lm_head->data, embed->nbytes()) == 0;
+      if (!same) {
+        return InvalidArgumentError("tensor '" + std::string(kHfLmHead) + "' differs from " + embed_label +
+                                    ", but the model ties its head to " + embed_label +
+                                    " (tie_word_embeddings): it cannot hold a head of its own");
+      }
+    }
+    return OkStatus();
+  }
+  if (tied.has_value() && lm_head == nullptr) {
+    return InvalidArgumentError("tensor '" + std::string(kHfLmHead) + "' is missing, and the model's head is not tied to " +
+                                embed_label + " (tie_word_embeddings false)");
+  }
+  if (lm_head != nullptr) {
+    SK_ASSIGN_OR_RETURN(Item t, Transposed(*lm_head, kLmHead, "the LM head ([vocab, d] -> [d, vocab])"));
+    out->push_back(std::move(t));
+  } else if (embed != nullptr) {  // tied: the head is the embedding's transpose
+    SK_ASSIGN_OR_RETURN(Item t, Transposed(*embed, kLmHead, "the tied LM head (" + embed_label + " transposed)"));
+    out->push_back(std::move(t));
+  }
+  return OkStatus();
+}
+
+// shardkit's head.lm_head.w [d, vocab] as lm_head.weight [vocab, d], left out
+// when the model is tied or (tied unset) when it equals `embed` bit for bit.
+Status HeadToHf(const Item& head, const Item* embed, const std::string& embed_label, std::optional<bool> tied,
+                std::vector<Item>* out) {
+  if (tied.has_value() && *tied) {
+    return InvalidArgumentError("tensor '" + head.name + "' is an LM head of its own, but the model ties its head to " +
+                                embed_label);
+  }
+  SK_ASSIGN_OR_RETURN(Item t, Transposed(head, kHfLmHead, "the LM head ([d, vocab] -> [vocab, d])"));
+  const bool same = embed != nullptr && embed->dtype == t.dtype && embed->shape == t.shape &&
+                    std::memcmp(embed->data, t.data, t.nbytes()) == 0;
+  if (!same || tied.has_value()) out->push_back(std::move(t));
+  return OkStatus();
+}
+
 Status HfGpt2ToShardkit(const std::vector<Item>& in, std::optional<bool> tied, std::vector<Item>* out) {
   const Item* lm_head = nullptr;
   const Item* wte = nullptr;
@@ -283,31 +389,7 @@ Status HfGpt2ToShardkit(const std::vector<Item>& in, std::optional<bool> tied, s
     }
   }
   for (const auto& [block, parts] : split) SK_RETURN_IF_ERROR(FuseQkv(block, parts, out));
-  if (tied.has_value() && *tied) {
-    // The model's head is wte itself: a file's head must be that, or absent.
-    if (lm_head != nullptr) {
-      const bool same = wte != nullptr && wte->dtype == lm_head->dtype && wte->shape == lm_head->shape &&
-                        std::memcmp(wte->data, lm_head->data, wte->nbytes()) == 0;
-      if (!same) {
-        return InvalidArgumentError("tensor '" + std::string(kHfLmHead) +
-                                    "' differs from wte, but the model ties its head to wte "
-                                    "(tie_word_embeddings): it cannot hold a head of its own");
-      }
-    }
-    return OkStatus();
-  }
-  if (tied.has_value() && lm_head == nullptr) {
-    return InvalidArgumentError("tensor '" + std::string(kHfLmHead) +
-                                "' is missing, and the model's head is not tied to wte (tie_word_embeddings false)");
-  }
-  if (lm_head != nullptr) {
-    SK_ASSIGN_OR_RETURN(Item t, Transposed(*lm_head, kLmHead, "the LM head ([vocab, d] -> [d, vocab])"));
-    out->push_back(std::move(t));
-  } else if (wte != nullptr) {  // tied: the head is wte's transpose
-    SK_ASSIGN_OR_RETURN(Item t, Transposed(*wte, kLmHead, "the tied LM head (wte transposed)"));
-    out->push_back(std::move(t));
-  }
-  return OkStatus();
+  return HeadToShardkit(lm_head, wte, "wte", tied, out);
 }
 
 Status ShardkitToHfGpt2(const std::vector<Item>& in, std::optional<bool> tied, std::vector<Item>* out) {
@@ -326,14 +408,62 @@ Status ShardkitToHfGpt2(const std::vector<Item>& in, std::optional<bool> tied, s
       out->push_back(Renamed(it, *name));
       continue;
     }
-    if (tied.has_value() && *tied) {
-      return InvalidArgumentError("tensor '" + it.name +
-                                  "' is an LM head of its own, but the model ties its head to wte");
+    SK_RETURN_IF_ERROR(HeadToHf(it, wte, "wte", tied, out));
+  }
+  return OkStatus();
+}
+
+Status HfLlamaToShardkit(const std::vector<Item>& in, std::optional<bool> tied, std::vector<Item>* out) {
+  const Item* lm_head = nullptr;
+  const Item* embed = nullptr;
+  for (const Item& it : in) {
+    if (it.name == kHfLmHead) {
+      lm_head = &it;
+      continue;
     }
-    SK_ASSIGN_OR_RETURN(Item t, Transposed(it, *name, "the LM head ([d, vocab] -> [vocab, d])"));
-    const bool same = wte != nullptr && wte->dtype == t.dtype && wte->shape == t.shape &&
-                      std::memcmp(wte->data, t.data, t.nbytes()) == 0;
-    if (!same || tied.has_value()) out->push_back(std::move(t));
+    const std::string n = StartsWith(it.name, kLlamaPrefix) ? it.name.substr(std::strlen(kLlamaPrefix)) : it.name;
+    if (auto b = SplitBlock(n, "layers."); b && b->second == kLlamaBlockBuffer) continue;
+    std::optional<std::pair<std::string, bool>> name = LlamaName(n, /*to_hf=*/false);
+    if (!name) {
+      return InvalidArgumentError("tensor '" + it.name +
+                                  "' is not part of a Llama-family state dict (hf-llama layout: "
+                                  "model.{embed_tokens,norm}, model.layers.<i>.{input_layernorm,"
+                                  "self_attn.{q,k,v,o}_proj,post_attention_layernorm,"
+                                  "mlp.{gate,up,down}_proj}, lm_head)");
+    }
+    if (name->first == kEmbedTokens) embed = &it;
+    if (name->second) {
+      SK_ASSIGN_OR_RETURN(Item t, Transposed(it, name->first, "an nn.Linear weight ([out, in] -> [in, out])"));
+      out->push_back(std::move(t));
+    } else {
+      out->push_back(Renamed(it, name->first));
+    }
+  }
+  return HeadToShardkit(lm_head, embed, "embed_tokens", tied, out);
+}
+
+Status ShardkitToHfLlama(const std::vector<Item>& in, std::optional<bool> tied, std::vector<Item>* out) {
+  const Item* embed = nullptr;
+  for (const Item& it : in) {
+    if (it.name == kEmbedTokens) embed = &it;
+  }
+  for (const Item& it : in) {
+    if (it.name == kLmHead) {
+      SK_RETURN_IF_ERROR(HeadToHf(it, embed, "embed_tokens", tied, out));
+      continue;
+    }
+    std::optional<std::pair<std::string, bool>> name = LlamaName(it.name, /*to_hf=*/true);
+    if (!name) {
+      return InvalidArgumentError("tensor '" + it.name +
+                                  "' has no hf-llama name: hf-llama holds Llama-family models (units "
+                                  "embed, layers.<i> with self_attn and mlp, head)");
+    }
+    if (name->second) {
+      SK_ASSIGN_OR_RETURN(Item t, Transposed(it, name->first, "a matmul weight ([in, out] -> [out, in])"));
+      out->push_back(std::move(t));
+    } else {
+      out->push_back(Renamed(it, name->first));
+    }
   }
   return OkStatus();
 }
@@ -345,15 +475,17 @@ const char* WeightLayoutName(WeightLayout layout) {
     case WeightLayout::kShardkit: return "shardkit";
     case WeightLayout::kTorch: return "torch";
     case WeightLayout::kHfGpt2: return "hf-gpt2";
+    case WeightLayout::kHfLlama: return "hf-llama";
   }
   return "?";
 }
 
 StatusOr<WeightLayout> ParseWeightLayout(const std::string& name) {
-  for (WeightLayout l : {WeightLayout::kShardkit, WeightLayout::kTorch, WeightLayout::kHfGpt2}) {
+  for (WeightLayout l : {WeightLayout::kShardkit, WeightLayout::kTorch, WeightLayout::kHfGpt2,
+                         WeightLayout::kHfLlama}) {
     if (name == WeightLayoutName(l)) return l;
   }
-  return InvalidArgumentError("unknown weight layout '" + name + "' (shardkit, torch, hf-gpt2)");
+  return InvalidArgumentError("unknown weight layout '" + name + "' (shardkit, torch, hf-gpt2, hf-llama)");
 }
 
 StatusOr<std::string> LayoutName(const std::string& shardkit_name, WeightLayout layout) {
@@ -364,6 +496,10 @@ StatusOr<std::string> LayoutName(const std::string& shardkit_name, WeightLayout 
     case WeightLayout::kHfGpt2:
       if (auto n = ToHfName(shardkit_name)) return *n;
       return InvalidArgumentError("parameter '" + shardkit_name + "' has no hf-gpt2 name");
+    case WeightLayout::kHfLlama:
+      if (shardkit_name == kLmHead) return std::string(kHfLmHead);
+      if (auto n = LlamaName(shardkit_name, /*to_hf=*/true)) return n->first;
+      return InvalidArgumentError("parameter '" + shardkit_name + "' has no hf-llama name");
   }
   return InvalidArgumentError("invalid weight layout " + std::to_string(static_cast<int>(layout)));
 }
@@ -371,7 +507,8 @@ StatusOr<std::string> LayoutName(const std::string& shardkit_name, WeightLayout 
 StatusOr<SafeTensorsFile> ConvertWeights(const SafeTensorsFile& in, WeightLayout from, WeightLayout to,
                                          const ConvertOptions& options) {
   for (WeightLayout l : {from, to}) {
-    if (l != WeightLayout::kShardkit && l != WeightLayout::kTorch && l != WeightLayout::kHfGpt2) {
+    if (l != WeightLayout::kShardkit && l != WeightLayout::kTorch && l != WeightLayout::kHfGpt2 &&
+        l != WeightLayout::kHfLlama) {
       return InvalidArgumentError("invalid weight layout " + std::to_string(static_cast<int>(l)));
     }
   }
@@ -398,6 +535,7 @@ StatusOr<SafeTensorsFile> ConvertWeights(const SafeTensorsFile& in, WeightLayout
       SK_RETURN_IF_ERROR(TransposeMatmulWeights(items, "an nn.Linear weight [out, in]", &mid));
       break;
     case WeightLayout::kHfGpt2: SK_RETURN_IF_ERROR(HfGpt2ToShardkit(items, options.tied_lm_head, &mid)); break;
+    case WeightLayout::kHfLlama: SK_RETURN_IF_ERROR(HfLlamaToShardkit(items, options.tied_lm_head, &mid)); break;
   }
   std::vector<Item> result;
   switch (to) {
@@ -406,6 +544,7 @@ StatusOr<SafeTensorsFile> ConvertWeights(const SafeTensorsFile& in, WeightLayout
       SK_RETURN_IF_ERROR(TransposeMatmulWeights(mid, "a matmul weight [in, out]", &result));
       break;
     case WeightLayout::kHfGpt2: SK_RETURN_IF_ERROR(ShardkitToHfGpt2(mid, options.tied_lm_head, &result)); break;
+    case WeightLayout::kHfLlama: SK_RETURN_IF_ERROR(ShardkitToHfLlama(mid, options.tied_lm_head, &result)); break;
   }
   meta["format"] = to == WeightLayout::kShardkit ? "shardkit" : "pt";
   std::vector<SafeTensorsEntry> entries;

@@ -39,6 +39,28 @@
 //              omitted when it equals wte bit for bit (tied, as HF saves
 //              GPT-2); "format" is "pt". T5 models and tensors outside the
 //              table have no hf-gpt2 name (InvalidArgument naming them).
+//   kHfLlama   transformers' LlamaForCausalLM and Qwen2ForCausalLM state
+//              dicts (modeling_llama.py, modeling_qwen2.py: the same names),
+//              for shardkit's Llama-family model (runtime/nn/llama.h).
+//              nn.Linear weights [out, in] are transposed to our [in, out];
+//              RMSNorm gains, biases and the embedding are as is:
+//                embed.embed_tokens.w     model.embed_tokens.weight [vocab, d]
+//                layers.<i>.input_layernorm.g
+//                                         model.layers.<i>.input_layernorm.weight
+//                layers.<i>.self_attn.{q,k,v,o}_proj.w
+//                                         ...self_attn.{q,k,v,o}_proj.weight (transposed)
+//                layers.<i>.self_attn.{q,k,v}_proj.b
+//                                         ...self_attn.{q,k,v}_proj.bias (Qwen2)
+//                layers.<i>.post_attention_layernorm.g
+//                                         ...post_attention_layernorm.weight
+//                layers.<i>.mlp.{gate,up,down}_proj.w
+//                                         ...mlp.{gate,up,down}_proj.weight (transposed)
+//                head.norm.g              model.norm.weight
+//                head.lm_head.w           lm_head.weight [vocab, d] (transposed)
+//              Reading: the "model." prefix is optional (LlamaModel files
+//              lack it); the "self_attn.rotary_emb.inv_freq" buffers of
+//              older files are skipped; the head as hf-gpt2's, with
+//              embed_tokens for wte (ConvertOptions::tied_lm_head).
 //
 // Optimizer state ("optimizer.<state>.<param>", full state dicts only) exists
 // in the shardkit layout only: converting a file that has it is
@@ -61,9 +83,10 @@ enum class WeightLayout : int {
   kShardkit = 1,
   kTorch = 2,
   kHfGpt2 = 3,
+  kHfLlama = 4,
 };
 
-// "shardkit", "torch", "hf-gpt2".
+// "shardkit", "torch", "hf-gpt2", "hf-llama".
 const char* WeightLayoutName(WeightLayout layout);
 // The inverse of WeightLayoutName; InvalidArgument listing the names.
 StatusOr<WeightLayout> ParseWeightLayout(const std::string& name);
@@ -76,7 +99,8 @@ StatusOr<std::string> LayoutName(const std::string& shardkit_name, WeightLayout 
 struct ConvertOptions {
   // Leave optimizer state (and its metadata) out instead of failing.
   bool drop_optimizer_state = false;
-  // hf-gpt2 only: whether the model's LM head is tied to wte (a GPT with
+  // hf-gpt2 and hf-llama (embed_tokens for wte): whether the model's LM
+  // head is tied to wte (a GPT with
   // tie_word_embeddings, whose state dicts have no head.lm_head.w). Unset:
   // decided by the file, as above (reading: a head of its own, the file's or
   // wte's transpose; writing: lm_head.weight left out when it equals wte).

@@ -59,6 +59,7 @@ struct LlamaShape {
   float rope_theta = 10000.0f;
   float rms_norm_eps = 1e-5f;
   bool qkv_bias = false;
+  bool tie_embeddings = false;
 };
 
 NamedModelConfig Llama(const std::string& name, const LlamaShape& s, bool gpu,
@@ -77,6 +78,7 @@ NamedModelConfig Llama(const std::string& name, const LlamaShape& s, bool gpu,
   c.llama.rope_theta = s.rope_theta;
   c.llama.rms_norm_eps = s.rms_norm_eps;
   c.llama.qkv_bias = s.qkv_bias;
+  c.llama.tie_embeddings = s.tie_embeddings;
   c.seq_len = s.seq;
   c.gpu_scale = gpu;
   c.description = description;
@@ -272,15 +274,14 @@ std::vector<NamedModelConfig> BuildConfigs() {
   // num_attention_heads, num_key_value_heads, rope_theta, rms_norm_eps).
   // Sequence lengths are the training lengths one plans for (8192 for Llama
   // 3, as Meta trained it; 4096 for the fine-tuning shapes), not the
-  // models' maximum positions. The LM head is untied everywhere (tied
-  // parameters do not exist yet): Llama 3 8B/70B are untied originally and
-  // count as published (8.03 B, 70.55 B); Qwen2-0.5B and Llama 3.2 1B tie
-  // theirs, so they count one vocab x d_model matrix more than published
-  // (494 M -> 630 M; 1.236 B -> 1.498 B).
-  v.push_back(Llama("qwen2-0.5b", {151936, 4096, 24, 14, 2, 896, 4864, 1e6f, 1e-6f, true}, true,
-                    "Qwen2-0.5B's shape, head untied: a fine-tuning-size model"));
-  v.push_back(Llama("llama3.2-1b", {128256, 4096, 16, 32, 8, 2048, 8192, 500000.0f}, true,
-                    "Llama 3.2 1B's shape, head untied"));
+  // models' maximum positions. The LM head is tied where the original's
+  // is (tie_word_embeddings: Qwen2-0.5B and Llama 3.2 1B) and untied
+  // otherwise (Llama 3 8B/70B), so every count is the published one:
+  // 494,032,768; 1,235,814,400; 8.03 B; 70.55 B.
+  v.push_back(Llama("qwen2-0.5b", {151936, 4096, 24, 14, 2, 896, 4864, 1e6f, 1e-6f, true, true},
+                    true, "Qwen2-0.5B: a fine-tuning-size model, head tied"));
+  v.push_back(Llama("llama3.2-1b", {128256, 4096, 16, 32, 8, 2048, 8192, 500000.0f, 1e-5f, false, true},
+                    true, "Llama 3.2 1B, head tied"));
   v.push_back(Llama("llama3-8b", {128256, 8192, 32, 32, 8, 4096, 14336, 500000.0f}, true,
                     "Llama 3 8B"));
   v.push_back(Llama("llama3-70b", {128256, 8192, 80, 64, 8, 8192, 28672, 500000.0f}, true,

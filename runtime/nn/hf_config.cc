@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
@@ -44,6 +46,16 @@ class Keys {
     if (it == j_.end()) return OkStatus();
     if (!it->is_boolean()) return Bad(key, "must be true or false, not " + it->dump());
     *out = it->get<bool>();
+    return OkStatus();
+  }
+  // An optional positive number; absent leaves *out.
+  Status Float(const char* key, float* out) const {
+    auto it = j_.find(key);
+    if (it == j_.end()) return OkStatus();
+    if (!it->is_number() || !(it->get<double>() > 0.0) || !std::isfinite(it->get<double>())) {
+      return Bad(key, "must be a positive number, not " + it->dump());
+    }
+    *out = static_cast<float>(it->get<double>());
     return OkStatus();
   }
   // When present, the key must have one of `allowed` (what shardkit computes).
@@ -111,20 +123,139 @@ json Gpt2ToConfig(const NamedModelConfig& c) {
   return j;
 }
 
+// The keys LlamaForCausalLM and Qwen2ForCausalLM share. qkv_bias is the
+// architecture's: Qwen2 always has q/k/v biases; Llama's attention_bias
+// would also put one on o_proj, which shardkit's Llama does not have.
+StatusOr<NamedModelConfig> LlamaFamilyFromConfig(const json& j, const std::string& file, bool qwen2) {
+  Keys k(j, file);
+  NamedModelConfig c;
+  c.family = ModelFamily::kLlama;
+  LlamaConfig& l = c.llama;
+  l.qkv_bias = qwen2;
+  l.tie_embeddings = qwen2;  // the configs' defaults: Qwen2Config ties, LlamaConfig does not
+  SK_RETURN_IF_ERROR(k.Int("vocab_size", &l.vocab_size));
+  SK_RETURN_IF_ERROR(k.Int("hidden_size", &l.d_model));
+  SK_RETURN_IF_ERROR(k.Int("intermediate_size", &l.d_ff));
+  SK_RETURN_IF_ERROR(k.Int("num_hidden_layers", &l.n_layer));
+  SK_RETURN_IF_ERROR(k.Int("num_attention_heads", &l.n_head));
+  SK_RETURN_IF_ERROR(k.Int("max_position_embeddings", &l.max_seq_len));
+  l.n_kv_head = l.n_head;
+  SK_RETURN_IF_ERROR(k.OptionalInt("num_key_value_heads", &l.n_kv_head));
+  SK_RETURN_IF_ERROR(k.Float("rms_norm_eps", &l.rms_norm_eps));
+  SK_RETURN_IF_ERROR(k.Bool("tie_word_embeddings", &l.tie_embeddings));
+  if (l.n_head > 0 && l.d_model % l.n_head == 0) {
+    SK_RETURN_IF_ERROR(k.Expect("head_dim", {json(nullptr), json(l.d_model / l.n_head)},
+                                "head_dim = hidden_size / num_attention_heads"));
+  }
+  SK_RETURN_IF_ERROR(k.Expect("hidden_act", {"silu"}, "a SwiGLU MLP (hidden_act silu)"));
+  SK_RETURN_IF_ERROR(k.Expect("mlp_bias", {false}, "an MLP without biases"));
+  if (!qwen2) {
+    SK_RETURN_IF_ERROR(k.Expect("attention_bias", {false},
+                                "attention without biases (Qwen2ForCausalLM has q/k/v biases)"));
+  } else {
+    SK_RETURN_IF_ERROR(k.Expect("use_sliding_window", {false}, "full causal attention"));
+  }
+  // Rotary embeddings: theta at the top level (transformers 4) or in
+  // rope_parameters (transformers 5); no scaling either way.
+  SK_RETURN_IF_ERROR(k.Expect("rope_scaling", {json(nullptr)},
+                              "unscaled rotary embeddings (rope_scaling null)"));
+  SK_RETURN_IF_ERROR(k.Float("rope_theta", &l.rope_theta));
+  auto rope = j.find("rope_parameters");
+  if (rope != j.end() && !rope->is_null()) {
+    if (!rope->is_object()) return k.Bad("rope_parameters", "must be an object, not " + rope->dump());
+    Keys r(*rope, file);
+    auto type = rope->find("rope_type");
+    if (type != rope->end() && *type != "default") {
+      return k.Bad("rope_parameters", "has rope_type " + type->dump() +
+                                          ", but shardkit's model computes unscaled rotary embeddings "
+                                          "(rope_type \"default\")");
+    }
+    SK_RETURN_IF_ERROR(r.Float("rope_theta", &l.rope_theta).WithContext("in 'rope_parameters'"));
+  }
+  c.seq_len = l.max_seq_len;
+  return c;
+}
+
+StatusOr<NamedModelConfig> LlamaFromConfig(const json& j, const std::string& file) {
+  return LlamaFamilyFromConfig(j, file, /*qwen2=*/false);
+}
+
+StatusOr<NamedModelConfig> Qwen2FromConfig(const json& j, const std::string& file) {
+  return LlamaFamilyFromConfig(j, file, /*qwen2=*/true);
+}
+
+// The shortest decimal that reads back as `f` (1e-5f as 1e-05, not
+// 9.99999974737875e-06), as config.json files write their floats.
+double ShortestDecimal(float f) {
+  for (int digits = 1; digits < 9; ++digits) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, static_cast<double>(f));
+    const double d = std::strtod(buf, nullptr);
+    if (static_cast<float>(d) == f) return d;
+  }
+  return static_cast<double>(f);
+}
+
+json LlamaFamilyToConfig(const NamedModelConfig& c) {
+  const LlamaConfig& l = c.llama;
+  json j;
+  j["architectures"] = {l.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = l.qkv_bias ? "qwen2" : "llama";
+  j["vocab_size"] = l.vocab_size;
+  j["hidden_size"] = l.d_model;
+  j["intermediate_size"] = l.d_ff;
+  j["num_hidden_layers"] = l.n_layer;
+  j["num_attention_heads"] = l.n_head;
+  j["num_key_value_heads"] = l.kv_heads();
+  j["head_dim"] = l.head_dim();
+  j["max_position_embeddings"] = l.max_seq_len;
+  j["hidden_act"] = "silu";
+  j["rms_norm_eps"] = ShortestDecimal(l.rms_norm_eps);
+  // Both spellings of theta, so transformers 4 and 5 read the same model.
+  j["rope_theta"] = ShortestDecimal(l.rope_theta);
+  j["rope_scaling"] = nullptr;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", ShortestDecimal(l.rope_theta)}};
+  if (l.qkv_bias) {
+    j["use_sliding_window"] = false;
+  } else {
+    j["attention_bias"] = false;
+  }
+  j["mlp_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["tie_word_embeddings"] = l.tie_embeddings;
+  j["torch_dtype"] = "float32";
+  return j;
+}
+
 // One architecture: its names in config.json, its family, its key mapping.
 struct HfArchitecture {
   const char* architecture;
   const char* model_type;
   ModelFamily family;
+  // Which configs of the family it writes (null: all).
+  bool (*writes)(const NamedModelConfig&);
   StatusOr<NamedModelConfig> (*from_config)(const json&, const std::string& file);
   json (*to_config)(const NamedModelConfig&);
 };
 
-// The table. LlamaForCausalLM / "llama" joins it with the Llama model
-// (names in tests/fsdp/testdata/hf/README.md).
+bool IsQwen2(const NamedModelConfig& c) { return c.llama.qkv_bias; }
+bool IsLlama(const NamedModelConfig& c) { return !c.llama.qkv_bias; }
+
+// The table (tensor names per architecture: runtime/fsdp/weight_layout.h).
 const HfArchitecture kArchitectures[] = {
-    {"GPT2LMHeadModel", "gpt2", ModelFamily::kGpt, Gpt2FromConfig, Gpt2ToConfig},
+    {"GPT2LMHeadModel", "gpt2", ModelFamily::kGpt, nullptr, Gpt2FromConfig, Gpt2ToConfig},
+    {"LlamaForCausalLM", "llama", ModelFamily::kLlama, IsLlama, LlamaFromConfig, LlamaFamilyToConfig},
+    {"Qwen2ForCausalLM", "qwen2", ModelFamily::kLlama, IsQwen2, Qwen2FromConfig, LlamaFamilyToConfig},
 };
+
+bool Writes(const HfArchitecture& a, const NamedModelConfig& c) {
+  return a.family == c.family && (a.writes == nullptr || a.writes(c));
+}
+
+Status ValidateFamily(const NamedModelConfig& c) {
+  if (c.family == ModelFamily::kLlama) return c.llama.Validate();
+  return c.gpt.Validate();
+}
 
 std::string KnownNames() {
   std::string s;
@@ -161,7 +292,7 @@ StatusOr<NamedModelConfig> ParseHfConfig(const std::string& text, const std::str
     // "architectures" decides; without it, "model_type".
     if (arch.empty() ? type == a.model_type : arch == a.architecture) {
       SK_ASSIGN_OR_RETURN(NamedModelConfig c, a.from_config(j, file));
-      SK_RETURN_IF_ERROR(c.gpt.Validate().WithContext("'" + file + "'"));
+      SK_RETURN_IF_ERROR(ValidateFamily(c).WithContext("'" + file + "'"));
       return c;
     }
   }
@@ -176,13 +307,14 @@ StatusOr<NamedModelConfig> ReadHfConfig(const std::string& dir) {
   SK_ASSIGN_OR_RETURN(NamedModelConfig c, ParseHfConfig(text, file));
   c.name = dir;
   c.gpt.name = dir;
+  c.llama.name = dir;
   c.description = "Hugging Face model directory " + dir;
   return c;
 }
 
 StatusOr<std::string> HfArchitectureOf(const NamedModelConfig& config) {
   for (const HfArchitecture& a : kArchitectures) {
-    if (a.family == config.family) return std::string(a.architecture);
+    if (Writes(a, config)) return std::string(a.architecture);
   }
   return InvalidArgumentError("model '" + config.name + "' has no Hugging Face architecture (known: " +
                               KnownNames() + ")");
@@ -190,7 +322,7 @@ StatusOr<std::string> HfArchitectureOf(const NamedModelConfig& config) {
 
 StatusOr<std::string> HfConfigJson(const NamedModelConfig& config) {
   for (const HfArchitecture& a : kArchitectures) {
-    if (a.family == config.family) return a.to_config(config).dump(2) + "\n";
+    if (Writes(a, config)) return a.to_config(config).dump(2) + "\n";
   }
   return HfArchitectureOf(config).status();
 }

@@ -20,6 +20,21 @@
 //     models have no dropout; the writer writes 0.0 for them, so
 //     transformers trains the written model with the same meaning.
 //
+//   LlamaForCausalLM / llama and Qwen2ForCausalLM / qwen2 -> LlamaConfig:
+//     vocab_size, hidden_size -> d_model, intermediate_size -> d_ff,
+//     num_hidden_layers, num_attention_heads, num_key_value_heads (absent:
+//     the heads) -> n_kv_head, max_position_embeddings -> max_seq_len,
+//     rms_norm_eps, rope_theta (at the top level, transformers 4, or in
+//     rope_parameters, transformers 5; default 10000), tie_word_embeddings
+//     (default false for Llama, true for Qwen2, as their configs). Qwen2
+//     has q/k/v biases (qkv_bias); a LlamaConfig with qkv_bias is written
+//     as Qwen2ForCausalLM. Checked when present: hidden_act "silu",
+//     rope_scaling null and rope_parameters' rope_type "default" (no
+//     scaled RoPE, so Llama 3.1/3.2's llama3 scaling is refused), head_dim
+//     = hidden_size / heads, mlp_bias false, Llama's attention_bias false
+//     (it would bias o_proj too), Qwen2's use_sliding_window false. The
+//     writer writes theta both ways and rope_scaling null.
+//
 // Errors name the file and the key: a missing key without a default, a
 // value of the wrong type, a value shardkit does not compute (InvalidArgument);
 // an unknown architecture (InvalidArgument listing the known ones); a file
@@ -56,7 +71,8 @@ StatusOr<NamedModelConfig> ParseHfConfig(const std::string& text, const std::str
 // model family no architecture of the table holds (T5, unit tables).
 StatusOr<std::string> HfConfigJson(const NamedModelConfig& config);
 
-// The architecture name config.json gives `config` ("GPT2LMHeadModel"), or
+// The architecture name config.json gives `config` ("GPT2LMHeadModel",
+// "LlamaForCausalLM", "Qwen2ForCausalLM"), or
 // InvalidArgument as HfConfigJson.
 StatusOr<std::string> HfArchitectureOf(const NamedModelConfig& config);
 

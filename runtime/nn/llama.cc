@@ -261,11 +261,6 @@ Status LlamaConfig::Validate() const {
     return InvalidArgumentError("config '" + name + "': rms_norm_eps must be positive, got " +
                                 std::to_string(rms_norm_eps));
   }
-  if (tie_embeddings) {
-    return InvalidArgumentError("config '" + name +
-                                "': tie_embeddings is not supported yet (no parameter is shared "
-                                "between units); use an untied head");
-  }
   return OkStatus();
 }
 
@@ -290,8 +285,13 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options)
   }
   UnitSpec head{"head", {}};
   head.params.push_back({"norm.g", Shape{d}, Initializer::Ones()});
-  head.params.push_back(
-      {"lm_head.w", Shape{d, config.vocab_size}, Initializer::Normal(0.0f, 0.02f)});
+  if (config.tie_embeddings) {
+    head.tied.push_back(
+        TiedParamSpec{"lm_head.w", "embed.embed_tokens.w", Shape{config.vocab_size, d}});
+  } else {
+    head.params.push_back(
+        {"lm_head.w", Shape{d, config.vocab_size}, Initializer::Normal(0.0f, 0.02f)});
+  }
   units_.push_back(std::move(head));
 }
 
@@ -353,6 +353,7 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
   const DType act = options_.compute_dtype;
   const bool ckpt = options_.activation_checkpointing;
   const bool bias = config_.qkv_bias;
+  const bool tied = config_.tie_embeddings;
   const int head_unit = static_cast<int>(L + 1);
   const LlamaDims dims = Dims(config_, act, batch.batch_size, batch.seq_len);
 
@@ -385,13 +386,18 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
     const Tensor& norm_g = p[0];     // [C]
-    const Tensor& lm_head_w = p[1];  // [C, V]
+    const Tensor& lm_head_w = p[1];  // [C, V]; tied: embed_tokens.w [V, C]
     SK_ASSIGN_OR_RETURN(head_h, NewAct(ctx, act, n * c));
     SK_ASSIGN_OR_RETURN(head_rstd, NewF32(ctx, n));
     SK_RETURN_IF_ERROR(ops::RmsNormForward(ctx, xs[L], norm_g, config_.rms_norm_eps, head_h,
                                            head_rstd));
     SK_ASSIGN_OR_RETURN(Tensor logits, NewAct(ctx, act, n * vocab));
-    SK_RETURN_IF_ERROR(Linear(ctx, head_h, lm_head_w, Tensor(), n, c, vocab, logits));
+    if (tied) {
+      SK_RETURN_IF_ERROR(
+          nn_internal::TiedHeadForward(ctx, head_h, lm_head_w, n, c, vocab, logits));
+    } else {
+      SK_RETURN_IF_ERROR(Linear(ctx, head_h, lm_head_w, Tensor(), n, c, vocab, logits));
+    }
     SK_ASSIGN_OR_RETURN(Tensor loss_t, ctx.alloc->Empty(DType::kF32, Shape{1}));
     SK_RETURN_IF_ERROR(ops::CrossEntropyForward(ctx, logits, targets, loss_t));
     if (backward) {
@@ -409,8 +415,13 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
     SK_ASSIGN_OR_RETURN(Tensor dh, NewAct(ctx, act, n * c));
-    SK_RETURN_IF_ERROR(LinearBackward(ctx, head_h, b.p[1], dlogits, n, c, vocab, dh, false,
-                                      b.g[1], Tensor()));
+    if (tied) {
+      SK_RETURN_IF_ERROR(nn_internal::TiedHeadBackward(ctx, head_h, b.p[1], dlogits, n, c, vocab,
+                                                       dh, b.g[1]));
+    } else {
+      SK_RETURN_IF_ERROR(LinearBackward(ctx, head_h, b.p[1], dlogits, n, c, vocab, dh, false,
+                                        b.g[1], Tensor()));
+    }
     dlogits = Tensor();
     SK_RETURN_IF_ERROR(ops::Fill(ctx, dx, 0.0f));
     SK_RETURN_IF_ERROR(ops::RmsNormBackward(ctx, xs[L], b.p[0], dh, head_rstd, dx, b.g[0]));

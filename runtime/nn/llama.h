@@ -18,11 +18,14 @@
 //                                         o_proj.w [H hd, d]},
 //                              post_attention_layernorm.g [d],
 //                              mlp.{gate_proj.w [d, F], up_proj.w [d, F], down_proj.w [F, d]}
-//   n_layer + 1  "head"        norm.g [d], lm_head.w [d, vocab]
-// (H heads, KV kv heads, hd = d / H, F = d_ff.) The head is untied:
-// tie_embeddings must be false until tied parameters exist (issue 33,
-// item 4). Initialisation as transformers': linear weights and the
-// embedding normal(0, 0.02), biases zero, RMSNorm gains one.
+//   n_layer + 1  "head"        norm.g [d], lm_head.w [d, vocab]; with
+//                              tie_embeddings no lm_head.w of its own but
+//                              embed.embed_tokens.w as a tied parameter
+//                              (UnitSpec::tied, model.h; "lm_head.w",
+//                              [vocab, d]), logits = x embed_tokens^T
+// (H heads, KV kv heads, hd = d / H, F = d_ff.) Initialisation as
+// transformers': linear weights and the embedding normal(0, 0.02), biases
+// zero, RMSNorm gains one.
 #ifndef SHARDKIT_RUNTIME_NN_LLAMA_H_
 #define SHARDKIT_RUNTIME_NN_LLAMA_H_
 
@@ -47,12 +50,11 @@ struct LlamaConfig {
   float rope_theta = 10000.0f;
   float rms_norm_eps = 1e-5f;
   bool qkv_bias = false;        // Qwen2: biases on q, k and v
-  bool tie_embeddings = false;  // not supported yet: must be false
+  bool tie_embeddings = false;  // the LM head is the token embedding (Llama 3.2, Qwen2-0.5B)
 
   // InvalidArgument naming the field: sizes not positive, d_model not a
   // multiple of n_head, an odd head_dim (RoPE rotates pairs), n_kv_head not
-  // dividing n_head, theta or eps not positive, a vocabulary beyond int32,
-  // or tie_embeddings set.
+  // dividing n_head, theta or eps not positive, a vocabulary beyond int32.
   Status Validate() const;
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_dim() const { return d_model / n_head; }

@@ -554,9 +554,6 @@ void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, const std::strin
   }
 }
 
-namespace {
-
-// logits[rows, vocab] = ln[rows, C] w^T for a tied head's w = wte [vocab, C].
 Status TiedHeadForward(const OpContext& ctx, const Tensor& ln, const Tensor& wte_in, int64_t rows,
                        int64_t d_model, int64_t vocab, const Tensor& logits) {
   SK_ASSIGN_OR_RETURN(Tensor wte, InDType(ctx, wte_in, ln.dtype()));
@@ -567,7 +564,6 @@ Status TiedHeadForward(const OpContext& ctx, const Tensor& ln, const Tensor& wte
                    MatrixRef{logits, 0, vocab});
 }
 
-// dln = dlogits wte (overwritten), dwte += dlogits^T ln.
 Status TiedHeadBackward(const OpContext& ctx, const Tensor& ln, const Tensor& wte_in,
                         const Tensor& dlogits, int64_t rows, int64_t d_model, int64_t vocab,
                         const Tensor& dln, const Tensor& dwte) {
@@ -583,8 +579,6 @@ Status TiedHeadBackward(const OpContext& ctx, const Tensor& ln, const Tensor& wt
   return ops::Gemm(ctx, q, MatrixRef{dlogits, 0, vocab}, MatrixRef{ln, 0, d_model},
                    MatrixRef{dwte, 0, d_model});
 }
-
-}  // namespace
 
 StatusOr<float> HeadForward(const OpContext& ctx, const UnitParams& p, const Tensor& x,
                             const Tensor& targets, int64_t rows, int64_t d_model, int64_t vocab,

@@ -235,6 +235,18 @@ class TransformerBlock {
 void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, const std::string& tied_owner,
                      UnitSpec* head);
 
+// A head tied to the token embedding wte [vocab, C] (GPT-2's and the tied
+// Llama's): logits[rows, vocab] = ln[rows, C] wte^T, in ln's dtype (wte is
+// cast for the GEMM when its dtype differs).
+Status TiedHeadForward(const ops::OpContext& ctx, const Tensor& ln, const Tensor& wte,
+                       int64_t rows, int64_t d_model, int64_t vocab, const Tensor& logits);
+
+// The tied head's backward: dln = dlogits wte (overwritten) and
+// dwte += dlogits^T ln, so the embedding's gradient gathers both uses.
+Status TiedHeadBackward(const ops::OpContext& ctx, const Tensor& ln, const Tensor& wte,
+                        const Tensor& dlogits, int64_t rows, int64_t d_model, int64_t vocab,
+                        const Tensor& dln, const Tensor& dwte);
+
 // The head's parameters by name: ln_g [C], ln_b [C], lm_head_w [C, V]
 // (tied: the token embedding [V, C]).
 struct HeadTensors {

@@ -57,7 +57,8 @@ struct TrainerOptions {
   // A name from ModelConfigs() ("gpt-10m", "t5-60m", ...), or what else
   // FindModelConfig takes: a unit table's ".json" file, or a Hugging Face
   // model directory (its config.json; load its weights with
-  // LoadFullStateDict(dir, WeightLayout::kHfGpt2)).
+  // LoadFullStateDict(dir, WeightLayout::kHfGpt2), or kHfLlama for a
+  // Llama or Qwen2 directory).
   std::string model = "gpt-tiny";
   Parallelism parallelism = Parallelism::kFsdp;
   FsdpOptions fsdp;

@@ -102,6 +102,8 @@ TEST(CapiParse, AcceptsEveryDocumentedSpelling) {
   sk_weight_layout_t l;
   ASSERT_OK(sk_parse_weight_layout("HF-GPT2", &l));
   EXPECT_EQ(l, SK_WEIGHT_LAYOUT_HF_GPT2);
+  ASSERT_OK(sk_parse_weight_layout("hf-llama", &l));
+  EXPECT_EQ(l, SK_WEIGHT_LAYOUT_HF_LLAMA);
   ASSERT_OK(sk_parse_weight_layout("torch", &l));
   EXPECT_EQ(l, SK_WEIGHT_LAYOUT_TORCH);
   ASSERT_OK(sk_parse_weight_layout("shardkit", &l));

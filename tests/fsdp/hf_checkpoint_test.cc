@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -21,9 +22,9 @@
 #include "runtime/fsdp/checkpoint.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/nn/gpt.h"
+#include "runtime/nn/llama.h"
 #include "runtime/nn/hf_config.h"
 #include "runtime/nn/owned_parameters.h"
-#include "runtime/train/trainer.h"
 #include "runtime/train/trainer.h"
 #include "tests/util/training_test_util.h"
 
@@ -34,6 +35,7 @@ namespace fs = std::filesystem;
 
 const std::string kData = "tests/fsdp/testdata/hf/";
 const std::string kGpt2 = kData + "gpt2-tiny";
+const std::string kLlama = kData + "llama-tiny";
 
 std::string Slurp(const std::string& path) {
   std::ifstream f(path);
@@ -104,26 +106,30 @@ TEST(HfCheckpoint, ReadsATransformersGpt2DirectoryAsATiedGpt) {
   EXPECT_EQ((*model)->num_parameters(), 30592);  // transformers' count
 }
 
-// The acceptance test of the import: transformers' f32 loss and every
+// The acceptance test of an import: transformers' f32 loss and every
 // parameter's gradient, from the same weights and batch, to rounding.
-TEST(HfCheckpoint, Gpt2MatchesTransformersLossAndGradients) {
-  StatusOr<HfModel> m = ReadHfModelDir(kGpt2);
-  ASSERT_TRUE(m.ok()) << m.status();
-  auto model = *GptModel::Create(m->config.gpt);
+// `fixture` names the directory, batch and expected files; returns the
+// number of parameter tensors compared.
+int ExpectTransformersLossAndGradients(const std::string& fixture, WeightLayout layout) {
+  StatusOr<HfModel> m = ReadHfModelDir(kData + fixture);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return 0;
+  std::unique_ptr<Model> model = *CreateModel(m->config);
   auto params = *OwnedParameters::Create(model->units(), 0);
   for (int u = 0; u < params->num_units(); ++u) {
     for (size_t i = 0; i < model->units()[u].params.size(); ++i) {
       const std::string name = FullParamName(model->units()[u], model->units()[u].params[i]);
       const Tensor& p = params->param(u, static_cast<int>(i));
-      ASSERT_EQ(m->weights.info(name)->nbytes, p.nbytes()) << name;
+      EXPECT_EQ(m->weights.info(name)->nbytes, p.nbytes()) << name;
+      if (m->weights.info(name)->nbytes != p.nbytes()) return 0;
       std::memcpy(p.data(), *m->weights.data(name), p.nbytes());
     }
   }
-  StatusOr<float> loss = model->ForwardBackward(FixtureBatch("gpt2-tiny"), *params, HostAllocator::Default());
-  ASSERT_TRUE(loss.ok()) << loss.status();
-
-  StatusOr<SafeTensorsFile> expected = SafeTensorsFile::Read(kData + "gpt2-tiny.expected.safetensors");
-  ASSERT_TRUE(expected.ok()) << expected.status();
+  StatusOr<float> loss = model->ForwardBackward(FixtureBatch(fixture), *params, HostAllocator::Default());
+  EXPECT_TRUE(loss.ok()) << loss.status();
+  StatusOr<SafeTensorsFile> expected = SafeTensorsFile::Read(kData + fixture + ".expected.safetensors");
+  EXPECT_TRUE(expected.ok()) << expected.status();
+  if (!loss.ok() || !expected.ok()) return 0;
   const float want_loss = *static_cast<const float*>(*expected->data("loss"));
   EXPECT_NEAR(*loss, want_loss, 2e-6 * want_loss);
   // transformers' gradients under their own names, into shardkit's layout.
@@ -131,32 +137,74 @@ TEST(HfCheckpoint, Gpt2MatchesTransformersLossAndGradients) {
   for (const SafeTensorsEntry& e : expected->Entries()) {
     if (e.name.rfind("grad.", 0) == 0) grads.push_back({e.name.substr(5), e.dtype, e.shape, e.data});
   }
+  // A tied model's gradient file has no head (its embedding's gradient
+  // holds both uses); an untied one's has.
   ConvertOptions tied;
-  tied.tied_lm_head = true;
+  tied.tied_lm_head = model->units().back().tied.size() == 1;
   StatusOr<SafeTensorsFile> want =
-      ConvertWeights(*SafeTensorsFile::FromEntries(grads), WeightLayout::kHfGpt2, WeightLayout::kShardkit, tied);
-  ASSERT_TRUE(want.ok()) << want.status();
+      ConvertWeights(*SafeTensorsFile::FromEntries(grads), layout, WeightLayout::kShardkit, tied);
+  EXPECT_TRUE(want.ok()) << want.status();
+  if (!want.ok()) return 0;
   int tensors = 0;
   double worst = 0;  // largest |ours - transformers'| / max |transformers'| of a tensor
   for (int u = 0; u < params->num_units(); ++u) {
     for (size_t i = 0; i < model->units()[u].params.size(); ++i) {
       const std::string name = FullParamName(model->units()[u], model->units()[u].params[i]);
-      ASSERT_TRUE(want->contains(name)) << name;
+      EXPECT_TRUE(want->contains(name)) << name;
+      if (!want->contains(name)) continue;
       const float* w = static_cast<const float*>(*want->data(name));
       const Tensor& g = params->grad(u, static_cast<int>(i));
       double scale = 0;
       for (int64_t k = 0; k < g.numel(); ++k) scale = std::max(scale, std::fabs(static_cast<double>(w[k])));
-      ASSERT_GT(scale, 0) << name;
+      EXPECT_GT(scale, 0) << name;
       for (int64_t k = 0; k < g.numel(); ++k) {
-        ASSERT_NEAR(g.data_as<float>()[k], w[k], 1e-5 * scale + 1e-8) << name << "[" << k << "]";
+        EXPECT_NEAR(g.data_as<float>()[k], w[k], 1e-5 * scale + 1e-8) << name << "[" << k << "]";
         worst = std::max(worst, std::fabs(g.data_as<float>()[k] - w[k]) / scale);
       }
       ++tensors;
     }
   }
-  EXPECT_EQ(tensors, 2 + 2 * 12 + 2);  // wte's gradient holds the head's use too
-  RecordProperty("loss_abs_error", std::to_string(std::fabs(*loss - want_loss)));
-  RecordProperty("grad_max_rel_error", std::to_string(worst));
+  EXPECT_EQ(static_cast<size_t>(tensors), want->names().size());  // every gradient transformers has
+  ::testing::Test::RecordProperty(fixture + ".loss_abs_error", std::to_string(std::fabs(*loss - want_loss)));
+  ::testing::Test::RecordProperty(fixture + ".grad_max_rel_error", std::to_string(worst));
+  return tensors;
+}
+
+TEST(HfCheckpoint, Gpt2MatchesTransformersLossAndGradients) {
+  // wte's gradient holds the head's use too.
+  EXPECT_EQ(ExpectTransformersLossAndGradients("gpt2-tiny", WeightLayout::kHfGpt2), 2 + 2 * 12 + 2);
+}
+
+TEST(HfCheckpoint, ReadsATransformersLlamaDirectoryAsAnUntiedLlama) {
+  StatusOr<HfModel> m = ReadHfModelDir(kLlama);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->config.family, ModelFamily::kLlama);
+  const LlamaConfig& l = m->config.llama;
+  EXPECT_EQ(l.vocab_size, 128);
+  EXPECT_EQ(l.d_model, 64);
+  EXPECT_EQ(l.d_ff, 128);
+  EXPECT_EQ(l.n_layer, 2);
+  EXPECT_EQ(l.n_head, 4);
+  EXPECT_EQ(l.kv_heads(), 2);
+  EXPECT_EQ(l.max_seq_len, 64);
+  EXPECT_EQ(l.rope_theta, 10000.0f);  // from transformers 5's rope_parameters
+  EXPECT_EQ(l.rms_norm_eps, 1e-5f);
+  EXPECT_FALSE(l.tie_embeddings);
+  EXPECT_FALSE(l.qkv_bias);
+  EXPECT_TRUE(m->weights.contains("head.lm_head.w"));
+  // q_proj [out 64, in 64] and k_proj [out 32, in 64] transposed to [in, out].
+  EXPECT_EQ(m->weights.info("layers.1.self_attn.k_proj.w")->shape, Shape({64, 32}));
+  EXPECT_EQ(m->weights.info("head.lm_head.w")->shape, Shape({64, 128}));
+  StatusOr<std::unique_ptr<Model>> model = CreateModel(kLlama);
+  ASSERT_TRUE(model.ok()) << model.status();
+  // transformers' count: 2 x 128 x 64 + 2 layers x (2 x 64 + 64 x (64 + 32 + 32 + 64) + 3 x 64 x 128) + 64.
+  EXPECT_EQ((*model)->num_parameters(), 2 * 128 * 64 + 2 * (2 * 64 + 64 * 192 + 3 * 64 * 128) + 64);
+}
+
+// GQA, RoPE (rotate-half), RMSNorm and SwiGLU against transformers' LlamaForCausalLM.
+TEST(HfCheckpoint, LlamaMatchesTransformersLossAndGradients) {
+  // embed, 9 per layer, final norm, untied head.
+  EXPECT_EQ(ExpectTransformersLossAndGradients("llama-tiny", WeightLayout::kHfLlama), 1 + 2 * 9 + 2);
 }
 
 TEST(HfCheckpoint, ATransformersShardedDirectoryLoadsTheSameTensors) {
@@ -370,6 +418,193 @@ TEST(HfCheckpoint, BadDirectoriesAreErrorsNamingTheFileAndTensor) {
     all.push_back({"lm_head.weight", DType::kF32, Shape{128, 32}, head.data()});
     ASSERT_TRUE(WriteSafeTensors(dir + "/model.safetensors", all, {{"format", "pt"}}).ok());
     expect(ReadHfModelDir(dir), StatusCode::kInvalidArgument, {"lm_head.weight", "tie"});
+  }
+}
+
+// The parameters of `model` initialised from `seed`, as a shardkit-layout file.
+SafeTensorsFile InitialWeights(const Model& model, uint64_t seed) {
+  auto params = *OwnedParameters::Create(model.units(), seed);
+  std::vector<SafeTensorsEntry> entries;
+  for (int u = 0; u < params->num_units(); ++u) {
+    for (size_t i = 0; i < model.units()[u].params.size(); ++i) {
+      const Tensor& t = params->param(u, static_cast<int>(i));
+      entries.push_back({FullParamName(model.units()[u], model.units()[u].params[i]), DType::kF32, t.shape(),
+                         t.data()});
+    }
+  }
+  return *SafeTensorsFile::FromEntries(entries);  // copies the bytes
+}
+
+// Writes `config` and `weights` as a directory (one file, then shards),
+// checks config.json and the head, reads it back: the same config and bytes.
+void ExpectLlamaRoundTrip(const NamedModelConfig& config, const SafeTensorsFile& weights, const std::string& label) {
+  const LlamaConfig& l = config.llama;
+  for (int64_t shard_bytes : {int64_t{0}, int64_t{60000}}) {
+    SCOPED_TRACE(label + " max_shard_bytes " + std::to_string(shard_bytes));
+    const std::string dir = ::testing::TempDir() + "/" + label + "-" + std::to_string(shard_bytes);
+    fs::remove_all(dir);
+    HfWriteOptions o;
+    o.max_shard_bytes = shard_bytes;
+    Status w = WriteHfModelDir(dir, config, weights, o);
+    ASSERT_TRUE(w.ok()) << w;
+    nlohmann::json c = nlohmann::json::parse(Slurp(dir + "/config.json"));
+    EXPECT_EQ(c["architectures"][0], l.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+    EXPECT_EQ(c["model_type"], l.qkv_bias ? "qwen2" : "llama");
+    EXPECT_EQ(c["tie_word_embeddings"], l.tie_embeddings);
+    EXPECT_EQ(c["num_key_value_heads"], l.kv_heads());
+    EXPECT_EQ(c["hidden_act"], "silu");
+    EXPECT_TRUE(c["rope_scaling"].is_null());
+    EXPECT_EQ(c["rms_norm_eps"].dump(), l.rms_norm_eps == 1e-5f ? "1e-05" : "1e-06");  // as transformers writes it
+    EXPECT_EQ(fs::exists(dir + "/model.safetensors.index.json"), shard_bytes > 0);
+    StatusOr<SafeTensorsFile> hf = ReadHfWeights(dir);
+    ASSERT_TRUE(hf.ok()) << hf.status();
+    EXPECT_TRUE(hf->contains("model.embed_tokens.weight"));
+    EXPECT_EQ(hf->contains("lm_head.weight"), !l.tie_embeddings);  // a tied head is stored once
+    EXPECT_EQ(hf->contains("model.layers.0.self_attn.q_proj.bias"), l.qkv_bias);
+    StatusOr<HfModel> back = ReadHfModelDir(dir);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->config.llama.tie_embeddings, l.tie_embeddings);
+    EXPECT_EQ(back->config.llama.qkv_bias, l.qkv_bias);
+    EXPECT_EQ(back->config.llama.kv_heads(), l.kv_heads());
+    EXPECT_EQ(back->config.llama.rope_theta, l.rope_theta);
+    EXPECT_EQ(back->config.llama.rms_norm_eps, l.rms_norm_eps);
+    ExpectSameTensors(weights, back->weights);
+  }
+}
+
+TEST(HfCheckpoint, LlamaOursToHuggingFaceToOursIsBitForBitTiedAndUntied) {
+  // Untied: transformers' own weights; our file holds the same tensors as theirs.
+  StatusOr<HfModel> m = ReadHfModelDir(kLlama);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ExpectLlamaRoundTrip(m->config, m->weights, "llama-untied");
+  const std::string dir = ::testing::TempDir() + "/llama-as-theirs";
+  fs::remove_all(dir);
+  ASSERT_TRUE(WriteHfModelDir(dir, m->config, m->weights).ok());
+  ExpectSameTensors(*ReadHfWeights(kLlama), *ReadHfWeights(dir));
+  // Tied, and Qwen2 (q/k/v biases, tied as Qwen2-0.5B): freshly initialised.
+  for (bool qwen2 : {false, true}) {
+    NamedModelConfig tied = m->config;
+    tied.llama.tie_embeddings = true;
+    tied.llama.qkv_bias = qwen2;
+    tied.llama.rope_theta = qwen2 ? 1e6f : 500000.0f;
+    tied.llama.rms_norm_eps = 1e-6f;
+    std::unique_ptr<Model> model = *CreateModel(tied);
+    ASSERT_EQ(model->units().back().tied.size(), 1u);
+    ExpectLlamaRoundTrip(tied, InitialWeights(*model, 7), qwen2 ? "qwen2-tied" : "llama-tied");
+  }
+}
+
+// Llama-family directories that shardkit's model cannot hold are errors
+// naming the file and the key or tensor.
+TEST(HfCheckpoint, BadLlamaDirectoriesAreErrorsNamingTheKeyOrTensor) {
+  auto expect = [](const StatusOr<HfModel>& r, StatusCode code, const std::vector<std::string>& words) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    for (const std::string& w : words) {
+      EXPECT_NE(r.status().message().find(w), std::string::npos) << "'" << w << "' not in: " << r.status();
+    }
+  };
+  auto with_config = [](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    const std::string dir = CopyOf(kLlama, name);
+    nlohmann::json c = nlohmann::json::parse(Slurp(dir + "/config.json"));
+    edit(c);
+    Spit(dir + "/config.json", c.dump());
+    return dir;
+  };
+  // Llama 3.1/3.2's scaled RoPE, in transformers 4's key and in 5's.
+  expect(ReadHfModelDir(with_config("rope-scaling", [](nlohmann::json& c) {
+           c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}};
+         })),
+         StatusCode::kInvalidArgument, {"config.json", "rope_scaling", "llama3"});
+  expect(ReadHfModelDir(with_config("rope-type", [](nlohmann::json& c) {
+           c["rope_parameters"]["rope_type"] = "yarn";
+         })),
+         StatusCode::kInvalidArgument, {"config.json", "rope_parameters", "yarn"});
+  expect(ReadHfModelDir(with_config("gelu", [](nlohmann::json& c) { c["hidden_act"] = "gelu"; })),
+         StatusCode::kInvalidArgument, {"config.json", "hidden_act", "gelu"});
+  expect(ReadHfModelDir(with_config("attention-bias", [](nlohmann::json& c) { c["attention_bias"] = true; })),
+         StatusCode::kInvalidArgument, {"attention_bias"});
+  expect(ReadHfModelDir(with_config("no-layers", [](nlohmann::json& c) { c.erase("num_hidden_layers"); })),
+         StatusCode::kInvalidArgument, {"num_hidden_layers", "missing"});
+  expect(ReadHfModelDir(with_config("kv-heads", [](nlohmann::json& c) { c["num_key_value_heads"] = 3; })),
+         StatusCode::kInvalidArgument, {"n_kv_head"});
+  {  // A tensor missing from the weights.
+    const std::string dir = CopyOf(kLlama, "llama-no-tensor");
+    SafeTensorsFile f = *SafeTensorsFile::Read(dir + "/model.safetensors");
+    std::vector<SafeTensorsEntry> kept;
+    for (const SafeTensorsEntry& e : f.Entries()) {
+      if (e.name != "model.layers.1.mlp.up_proj.weight") kept.push_back(e);
+    }
+    ASSERT_TRUE(WriteSafeTensors(dir + "/model.safetensors", kept, {{"format", "pt"}}).ok());
+    expect(ReadHfModelDir(dir), StatusCode::kInvalidArgument, {"model.layers.1.mlp.up_proj.weight", "missing"});
+  }
+  {  // An untied model needs its head.
+    const std::string dir = CopyOf(kLlama, "llama-no-head");
+    SafeTensorsFile f = *SafeTensorsFile::Read(dir + "/model.safetensors");
+    std::vector<SafeTensorsEntry> kept;
+    for (const SafeTensorsEntry& e : f.Entries()) {
+      if (e.name != "lm_head.weight") kept.push_back(e);
+    }
+    ASSERT_TRUE(WriteSafeTensors(dir + "/model.safetensors", kept, {{"format", "pt"}}).ok());
+    expect(ReadHfModelDir(dir), StatusCode::kInvalidArgument, {"lm_head.weight", "missing", "tie_word_embeddings"});
+  }
+  {  // A tied model cannot take a head that is not embed_tokens.
+    const std::string dir = with_config("llama-odd-head", [](nlohmann::json& c) { c["tie_word_embeddings"] = true; });
+    expect(ReadHfModelDir(dir), StatusCode::kInvalidArgument, {"lm_head.weight", "embed_tokens", "tie"});
+  }
+  {  // A tensor the model does not have.
+    const std::string dir = CopyOf(kLlama, "llama-extra");
+    SafeTensorsFile f = *SafeTensorsFile::Read(dir + "/model.safetensors");
+    std::vector<SafeTensorsEntry> all = f.Entries();
+    std::vector<float> bias(64, 0.0f);
+    all.push_back({"model.layers.0.self_attn.o_proj.bias", DType::kF32, Shape{64}, bias.data()});
+    ASSERT_TRUE(WriteSafeTensors(dir + "/model.safetensors", all, {{"format", "pt"}}).ok());
+    expect(ReadHfModelDir(dir), StatusCode::kInvalidArgument, {"model.layers.0.self_attn.o_proj.bias"});
+  }
+}
+
+// What a user does with a Llama directory: a trainer whose model is the
+// directory, its weights loaded in the hf-llama layout, a step, and a
+// directory written back that reads as the same model with trained
+// weights: transformers' untied Llama, and a tied one of ours (its head is
+// the embedding, gathered for both uses and stored once).
+TEST(HfCheckpoint, ATrainerTrainsALlamaDirectoryAndWritesOneBack) {
+  StatusOr<HfModel> untied = ReadHfModelDir(kLlama);
+  ASSERT_TRUE(untied.ok()) << untied.status();
+  NamedModelConfig tied_config = untied->config;
+  tied_config.llama.tie_embeddings = true;
+  const std::string tied_dir = ::testing::TempDir() + "/tied-llama-in";
+  fs::remove_all(tied_dir);
+  ASSERT_TRUE(WriteHfModelDir(tied_dir, tied_config, InitialWeights(**CreateModel(tied_config), 3)).ok());
+  for (const std::string& in : {kLlama, tied_dir}) {
+    SCOPED_TRACE(in);
+    const std::string out = ::testing::TempDir() + "/trained-" + fs::path(in).filename().string() + "/";
+    fs::remove_all(out);
+    Status s = comm::RunLocalRanks(2, [&](int, comm::ProcessGroup* g) -> Status {
+      TrainerOptions o;
+      o.model = in;
+      o.batch_size = 2;
+      o.seq_len = 16;
+      o.data_tokens = 1024;
+      o.fsdp.timeout = Duration(60'000);
+      SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(o, g));
+      SK_RETURN_IF_ERROR(t->LoadFullStateDict(in, WeightLayout::kHfLlama));
+      SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
+      if (!(std::isfinite(m.loss) && m.loss > 0)) return InternalError("loss " + std::to_string(m.loss));
+      return t->SaveFullStateDict(out, WeightLayout::kHfLlama);
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    StatusOr<HfModel> before = ReadHfModelDir(in);
+    StatusOr<HfModel> after = ReadHfModelDir(out);
+    ASSERT_TRUE(before.ok() && after.ok()) << before.status() << after.status();
+    const bool tied = before->config.llama.tie_embeddings;
+    EXPECT_EQ(after->config.llama.tie_embeddings, tied);
+    EXPECT_EQ(ReadHfWeights(out)->contains("lm_head.weight"), !tied);
+    for (const char* name : {"layers.0.self_attn.q_proj.w", "embed.embed_tokens.w"}) {
+      const SafeTensorsFile::Info info = *after->weights.info(name);
+      EXPECT_NE(std::memcmp(*after->weights.data(name), *before->weights.data(name), info.nbytes), 0)
+          << name << ": the step changed it";
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # //tools:convert with Hugging Face directories: transformers' sharded
-# GPT-2 directory -> a shardkit file -> a directory of ours (sharded) -> a
-# shardkit file again gives the same bytes; a directory without config.json
+# GPT-2 directory (and its Llama directory) -> a shardkit file -> a
+# directory of ours (sharded) -> a shardkit file again gives the same bytes; a directory without config.json
 # is an error naming it (exit 1), and writing a directory needs --model.
 set -euo pipefail
 convert="$1"
@@ -16,6 +16,16 @@ grep -q '"tie_word_embeddings": true' "$tmp/ours/config.json"
 grep -q '"GPT2LMHeadModel"' "$tmp/ours/config.json"
 "$convert" --from=hf-gpt2 "$tmp/ours" "$tmp/b.safetensors"
 cmp "$tmp/a.safetensors" "$tmp/b.safetensors"
+
+# The same for transformers' Llama directory (hf-llama: nn.Linear weights
+# transposed both ways, the untied head written).
+llama="tests/fsdp/testdata/hf/llama-tiny"
+"$convert" --from=hf-llama "$llama" "$tmp/l.safetensors"
+"$convert" --to=hf-llama --model="$llama" --max_shard_mb=1 "$tmp/l.safetensors" "$tmp/llama-ours/"
+grep -q '"LlamaForCausalLM"' "$tmp/llama-ours/config.json"
+grep -q '"tie_word_embeddings": false' "$tmp/llama-ours/config.json"
+"$convert" --from=hf-llama "$tmp/llama-ours" "$tmp/l2.safetensors"
+cmp "$tmp/l.safetensors" "$tmp/l2.safetensors"
 
 mkdir -p "$tmp/empty"
 if "$convert" --from=hf-gpt2 "$tmp/empty" "$tmp/c.safetensors" 2> "$tmp/err"; then

@@ -280,6 +280,49 @@ TEST(WeightLayoutTest, ErrorsNameTheTensor) {
   EXPECT_EQ(*LayoutName("h.3.mlp.fc.b", WeightLayout::kHfGpt2), "transformer.h.3.mlp.c_fc.bias");
 }
 
+// transformers' Llama names (LlamaModel's, without "model.", as some files
+// have them, with an older file's inv_freq buffer): nn.Linear weights
+// [out, in] become ours [in, out], the rest keeps its bytes, the buffer is
+// skipped, and writing back gives transformers' names and bytes.
+TEST(WeightLayoutTest, HfLlamaTransposesLinearWeightsAndRoundTrips) {
+  Tensors hf;
+  hf.Add("model.embed_tokens.weight", {kVocab, kD}, 1);
+  hf.Add("layers.0.input_layernorm.weight", {kD}, 2);
+  hf.Add("model.layers.0.self_attn.q_proj.weight", {kD, kD}, 3);
+  hf.Add("model.layers.0.self_attn.q_proj.bias", {kD}, 4);
+  hf.Add("model.layers.0.self_attn.k_proj.weight", {kD / 2, kD}, 5);
+  hf.Add("model.layers.0.mlp.down_proj.weight", {kD, kFf}, 6);
+  hf.Add("model.layers.0.self_attn.rotary_emb.inv_freq", {kD / 8}, 7);
+  hf.Add("model.norm.weight", {kD}, 8);
+  hf.Add("lm_head.weight", {kVocab, kD}, 9);
+  StatusOr<SafeTensorsFile> mine = ConvertWeights(hf.File(), WeightLayout::kHfLlama, WeightLayout::kShardkit);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->names().size(), 8u);  // the inv_freq buffer is not a parameter
+  EXPECT_EQ(mine->info("layers.0.self_attn.k_proj.w")->shape, Shape({kD, kD / 2}));
+  EXPECT_EQ(mine->info("layers.0.mlp.down_proj.w")->shape, Shape({kFf, kD}));
+  EXPECT_EQ(mine->info("head.lm_head.w")->shape, Shape({kD, kVocab}));
+  const float* k = static_cast<const float*>(*mine->data("layers.0.self_attn.k_proj.w"));
+  EXPECT_EQ(k[3 * (kD / 2) + 5], hf["model.layers.0.self_attn.k_proj.weight"][5 * kD + 3]);  // [in 3, out 5]
+  EXPECT_EQ(std::memcmp(*mine->data("layers.0.self_attn.q_proj.b"),
+                        hf["model.layers.0.self_attn.q_proj.bias"].data(), kD * sizeof(float)),
+            0);
+  StatusOr<SafeTensorsFile> back = ConvertWeights(*mine, WeightLayout::kShardkit, WeightLayout::kHfLlama);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->contains("model.layers.0.input_layernorm.weight"));  // written with the prefix
+  for (const std::string& n : back->names()) {
+    const std::string theirs = n == "model.layers.0.input_layernorm.weight" ? "layers.0.input_layernorm.weight" : n;
+    ASSERT_EQ(back->info(n)->nbytes, hf[theirs].size() * sizeof(float)) << n;
+    EXPECT_EQ(std::memcmp(*back->data(n), hf[theirs].data(), hf[theirs].size() * sizeof(float)), 0) << n;
+  }
+  EXPECT_EQ(*ParseWeightLayout("hf-llama"), WeightLayout::kHfLlama);
+  EXPECT_EQ(*LayoutName("layers.3.mlp.gate_proj.w", WeightLayout::kHfLlama), "model.layers.3.mlp.gate_proj.weight");
+  EXPECT_EQ(*LayoutName("head.lm_head.w", WeightLayout::kHfLlama), "lm_head.weight");
+  // GPT names have none here.
+  StatusOr<std::string> gpt = LayoutName("h.0.attn.qkv.w", WeightLayout::kHfLlama);
+  ASSERT_FALSE(gpt.ok());
+  EXPECT_NE(gpt.status().message().find("h.0.attn.qkv.w"), std::string::npos) << gpt.status();
+}
+
 // GPT-2 small as Hugging Face holds it (GPT2Config(): vocab 50257,
 // n_positions 1024, n_embd 768, n_layer 12, Conv1D weights [in, out], the
 // head tied to wte and so not in the file): every parameter of the

@@ -45,6 +45,31 @@ TEST(DecoderSpec, Llama3_8bByShapeIsTheNamedModel) {
   EXPECT_EQ(again->llama.kv_heads(), 8);
 }
 
+// Llama 3.2 1B ties its head to the token embedding: 1,235,814,400
+// parameters, as the named config, and tied=true reads back.
+TEST(DecoderSpec, TiedLlamaByShapeIsTheNamedModel) {
+  auto named = FindModelConfig("llama3.2-1b");
+  ASSERT_TRUE(named.ok()) << named.status();
+  auto spec = FindModelConfig(
+      "decoder:layers=16,d_model=2048,heads=32,kv_heads=8,d_ff=8192,vocab=128256,seq=4096,"
+      "rope_theta=500000,tied=true");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->family, ModelFamily::kLlama);
+  EXPECT_TRUE(spec->llama.tie_embeddings);
+  auto a = CreateModel(*named);
+  auto b = CreateModel(*spec);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*b)->num_parameters(), 1235814400);
+  EXPECT_EQ((*a)->num_parameters(), (*b)->num_parameters());
+  auto text = DecoderSpecOf(*named);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_NE(text->find("tied=true"), std::string::npos) << *text;
+  auto again = ParseDecoderSpec(*text);
+  ASSERT_TRUE(again.ok()) << again.status() << " " << *text;
+  EXPECT_TRUE(again->llama.tie_embeddings);
+  EXPECT_EQ((*CreateModel(*again))->num_parameters(), 1235814400);
+}
+
 TEST(DecoderSpec, GeluIsAGpt2Block) {
   auto spec = FindModelConfig("decoder:ffn=gelu,layers=12,d_model=768,heads=12,vocab=50257,seq=1024");
   ASSERT_TRUE(spec.ok()) << spec.status();

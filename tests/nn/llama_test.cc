@@ -1,7 +1,9 @@
 #include "runtime/nn/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -92,24 +94,102 @@ TEST(Llama, UnitsCarryHuggingFaceNamesAndGroupedShapes) {
 }
 
 // The published sizes: Llama 3 8B has 8,030,261,248 parameters with its
-// untied head (Meta's model card: 8.03 B), 70B 70,553,706,496.
+// untied head (Meta's model card: 8.03 B), 70B 70,553,706,496; Qwen2-0.5B
+// (494,032,768) and Llama 3.2 1B (1,235,814,400) tie their heads to the
+// token embedding, which counts once.
 TEST(Llama, NamedConfigsCountThePublishedParameters) {
-  auto m8 = CreateModel("llama3-8b");
-  ASSERT_TRUE(m8.ok()) << m8.status();
-  EXPECT_EQ((*m8)->num_parameters(), 8030261248);
-  auto m70 = CreateModel("llama3-70b");
-  ASSERT_TRUE(m70.ok()) << m70.status();
-  EXPECT_EQ((*m70)->num_parameters(), 70553706496);
-  // Qwen2-0.5B: 494,032,768 tied; untied here, one more 151936 x 896 matrix.
-  auto q = CreateModel("qwen2-0.5b");
-  ASSERT_TRUE(q.ok()) << q.status();
-  EXPECT_EQ((*q)->num_parameters(), 494032768 + 151936 * 896);
-  for (const char* name : {"llama-tiny", "qwen2-tiny", "llama-10m", "llama3.2-1b"}) {
+  const std::pair<const char*, int64_t> published[] = {{"llama3-8b", 8030261248},
+                                                       {"llama3-70b", 70553706496},
+                                                       {"qwen2-0.5b", 494032768},
+                                                       {"llama3.2-1b", 1235814400}};
+  for (const auto& [name, count] : published) {
+    auto m = CreateModel(name);
+    ASSERT_TRUE(m.ok()) << name << ": " << m.status();
+    EXPECT_EQ((*m)->num_parameters(), count) << name;
+  }
+  for (const char* name : {"qwen2-0.5b", "llama3.2-1b"}) {
+    auto c = FindModelConfig(name);
+    ASSERT_TRUE(c.ok()) << name;
+    EXPECT_TRUE(c->llama.tie_embeddings) << name;
+  }
+  for (const char* name : {"llama-tiny", "qwen2-tiny", "llama-10m", "llama3-8b", "llama3-70b"}) {
     auto c = FindModelConfig(name);
     ASSERT_TRUE(c.ok()) << name;
     EXPECT_EQ(c->family, ModelFamily::kLlama) << name;
     EXPECT_FALSE(c->llama.tie_embeddings) << name;
     EXPECT_TRUE(CreateModel(*c).ok()) << name;
+  }
+}
+
+// A tied head has no matrix of its own: it reads embed.embed_tokens.w
+// [vocab, d], counted once.
+TEST(Llama, TiedHeadUsesTheEmbeddingAndCountsItOnce) {
+  LlamaConfig c = TinyLlama();
+  c.tie_embeddings = true;
+  auto tied = MakeModel(c);
+  auto untied = MakeModel(TinyLlama());
+  const UnitSpec& head = tied->units().back();
+  ASSERT_EQ(head.params.size(), 1u);
+  EXPECT_EQ(head.params[0].name, "norm.g");
+  ASSERT_EQ(head.tied.size(), 1u);
+  EXPECT_EQ(head.tied[0].name, "lm_head.w");
+  EXPECT_EQ(head.tied[0].owner, "embed.embed_tokens.w");
+  EXPECT_EQ(head.tied[0].shape, Shape({32, 16}));
+  EXPECT_EQ(tied->num_parameters() + 16 * 32, untied->num_parameters());
+  EXPECT_TRUE(ResolveTiedParams(tied->units()).ok());
+}
+
+// The tied model is the untied one with lm_head.w = embed_tokens.w^T: the
+// same loss, the same gradients everywhere else, and as the embedding's
+// gradient the sum of both uses', d(embed) + d(head)^T.
+TEST(Llama, TiedGradientIsTheSumOfTheEmbeddingAndHeadGradients) {
+  for (LlamaConfig c : {TinyLlama(), TinyQwen2()}) {
+    SCOPED_TRACE(c.name);
+    const LlamaConfig untied_config = c;
+    c.tie_embeddings = true;
+    auto tied = MakeModel(c);
+    auto untied = MakeModel(untied_config);
+    auto pt = MakeParams(*tied, 5);
+    auto pu = MakeParams(*untied, 5);
+    const int head = static_cast<int>(untied->units().size()) - 1;
+    // Same seed and names: every shared parameter starts equal; the head's
+    // matrix [16, 32] is set to the transposed embedding [32, 16].
+    const Tensor& embed = pt->param(0, 0);
+    const Tensor& lm = pu->param(head, 1);
+    for (int64_t v = 0; v < 32; ++v) {
+      for (int64_t d = 0; d < 16; ++d) {
+        lm.data_as<float>()[d * 32 + v] = embed.data_as<float>()[v * 16 + d];
+      }
+    }
+    const TokenBatch batch = RandomBatch(3, 8, 32, 11);
+    auto lt = tied->ForwardBackward(batch, *pt, HostAllocator::Default());
+    auto lu = untied->ForwardBackward(batch, *pu, HostAllocator::Default());
+    ASSERT_TRUE(lt.ok() && lu.ok()) << lt.status() << lu.status();
+    EXPECT_NEAR(*lt, *lu, 1e-6 * std::fabs(*lu));
+    const float* gt = pt->grad(0, 0).data_as<float>();
+    const float* ge = pu->grad(0, 0).data_as<float>();
+    const float* gh = pu->grad(head, 1).data_as<float>();
+    double max_head = 0;
+    for (int64_t v = 0; v < 32; ++v) {
+      for (int64_t d = 0; d < 16; ++d) {
+        const double want = ge[v * 16 + d] + gh[d * 32 + v];
+        max_head = std::max(max_head, std::fabs(static_cast<double>(gh[d * 32 + v])));
+        EXPECT_NEAR(gt[v * 16 + d], want, 1e-6 + 1e-5 * std::fabs(want))
+            << "embed_tokens.w[" << v << ", " << d << "]";
+      }
+    }
+    EXPECT_GT(max_head, 1e-3);  // the head's share is not negligible
+    for (size_t u = 1; u < tied->units().size(); ++u) {
+      for (size_t i = 0; i < tied->units()[u].params.size(); ++i) {
+        const Tensor& a = pt->grad(static_cast<int>(u), static_cast<int>(i));
+        const Tensor& b = pu->grad(static_cast<int>(u), static_cast<int>(i));
+        for (int64_t k = 0; k < a.numel(); ++k) {
+          ASSERT_NEAR(a.data_as<float>()[k], b.data_as<float>()[k],
+                      1e-6 + 1e-5 * std::fabs(b.data_as<float>()[k]))
+              << FullParamName(tied->units()[u], tied->units()[u].params[i]) << "[" << k << "]";
+        }
+      }
+    }
   }
 }
 
@@ -136,10 +216,14 @@ TEST(Llama, InitialLossIsNearLogVocab) {
 }
 
 // Every parameter tensor's analytic gradient (RMSNorm, RoPE, grouped-query
-// linear-memory attention, SwiGLU, biases) at a few elements against
-// central differences of the loss.
+// linear-memory attention, SwiGLU, biases, and a tied head's share of the
+// embedding's gradient) at a few elements against central differences of
+// the loss.
 TEST(Llama, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
-  for (const LlamaConfig& c : {TinyLlama(), TinyQwen2()}) {
+  LlamaConfig tied = TinyLlama();
+  tied.name = "llama-test-tied";
+  tied.tie_embeddings = true;
+  for (const LlamaConfig& c : {TinyLlama(), TinyQwen2(), tied}) {
     auto m = MakeModel(c);
     auto p = MakeParams(*m, 5);
     for (const Tensor& t : p->all_params()) {
@@ -279,9 +363,6 @@ TEST(Llama, BadConfigsAreInvalidArgumentNamingTheField) {
   c = TinyLlama();
   c.rms_norm_eps = -1.0f;
   expect_bad(c, "rms_norm_eps");
-  c = TinyLlama();
-  c.tie_embeddings = true;
-  expect_bad(c, "tie_embeddings");
   EXPECT_EQ(LlamaModel::Create(TinyLlama(), ModelOptions{DType::kInvalid, false}).status().code(),
             StatusCode::kInvalidArgument);
   auto m = MakeModel(TinyLlama());

@@ -183,6 +183,14 @@ TEST(MemoryExactTest, Gpt1mCpuOffload) {
     }
   }
 }
+// A tied Llama head (llama-tiny's shape with tie_embeddings, as Llama 3.2
+// and Qwen2-0.5B): the head gathers embed.embed_tokens.w for its use and
+// adds into its gradient, on the simulator as in the real run.
+TEST(MemoryExactTest, TiedLlama) {
+  ExpectExact("decoder:name=llama-tiny-tied,layers=2,d_model=32,heads=4,kv_heads=2,d_ff=64,vocab=64,seq=32,"
+              "tied=true",
+              {1, 2}, /*subset=*/true);
+}
 // Unit-table models (convolutions as gathers and grouped GEMMs, ViT blocks).
 TEST(MemoryExactTest, UnitTables) {
   ExpectExact("regnet-tiny", {1, 2});

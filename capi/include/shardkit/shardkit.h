@@ -255,8 +255,12 @@ typedef SK_ENUM(sk_weight_layout_t) {
                                     with optimizer state and step */
   SK_WEIGHT_LAYOUT_TORCH = 2,    /* the same names, matmul weights ("*.w")
                                     [out, in] as torch.nn.Linear; weights only */
-  SK_WEIGHT_LAYOUT_HF_GPT2 = 3   /* Hugging Face GPT2LMHeadModel names and
+  SK_WEIGHT_LAYOUT_HF_GPT2 = 3,  /* Hugging Face GPT2LMHeadModel names and
                                     layout (GPT models only); weights only */
+  SK_WEIGHT_LAYOUT_HF_LLAMA = 4  /* Hugging Face LlamaForCausalLM and
+                                    Qwen2ForCausalLM names and layout
+                                    (Llama-family models only); weights only
+                                    (appended by issue 33) */
 } sk_weight_layout_t;
 
 /* Thread-safe. On success stores the value named by `name` ("FULL_SHARD" or
@@ -268,7 +272,7 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_parse_backward_prefetch(const char* name,
                                                               sk_backward_prefetch_t* out);
 /* "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16"/"half". Thread-safe. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_parse_dtype(const char* name, sk_dtype_t* out);
-/* "shardkit", "torch", "hf-gpt2" (any case). Thread-safe. */
+/* "shardkit", "torch", "hf-gpt2", "hf-llama" (any case). Thread-safe. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_parse_weight_layout(const char* name, sk_weight_layout_t* out);
 
 /* ------------------------------------------------------------------------ */
@@ -759,16 +763,17 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_load_checkpoint(sk_trainer* traine
  * full under its own name (docs/checkpoints.md), readable by any safetensors
  * tool. In the SHARDKIT layout it also holds the optimizer state and the
  * step count, so loading it resumes training exactly, at any world size and
- * sharding strategy; the TORCH and HF_GPT2 layouts hold weights only, in the
- * names and layout those tools use (HF_GPT2: transformers' GPT-2, with the
- * LM head tied to wte when they are equal). */
+ * sharding strategy; the TORCH, HF_GPT2 and HF_LLAMA layouts hold weights
+ * only, in the names and layout those tools use (HF_GPT2: transformers'
+ * GPT-2, with the LM head tied to wte when they are equal; HF_LLAMA:
+ * transformers' Llama and Qwen2, the head likewise tied to embed_tokens). */
 
 /* Gathers the model and writes it to the file `path` (rank 0 writes it
  * atomically and durably: a failed save leaves any previous file intact).
  * Collective: every rank passes the same arguments; an error on one rank is
  * returned on every rank. Errors: INVALID_ARGUMENT for a NULL path, an
  * unknown layout, or a layout without names for this model (HF_GPT2 and a
- * T5 model); UNIMPLEMENTED for a DDP trainer; UNAVAILABLE for I/O failures. */
+ * T5 model, HF_LLAMA and a GPT); UNIMPLEMENTED for a DDP trainer; UNAVAILABLE for I/O failures. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_save_state_dict(sk_trainer* trainer, const char* path,
                                                               sk_weight_layout_t layout);
 /* Loads the file `path`, in `layout`, into this trainer: parameters, and
@@ -1313,7 +1318,8 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_set_stream(sk_engine* engine, sk_st
  * tensors "<unit>.<param>"; in the SHARDKIT layout with the optimizer state
  * and (0.6.0) the step count, which a load restores (sk_engine_steps).
  * The TORCH layout transposes 2-D parameters whose name ends in ".w";
- * HF_GPT2 applies to units named as shardkit's GPT names them. Collective;
+ * HF_GPT2 applies to units named as shardkit's GPT names them, HF_LLAMA to
+ * units named as its Llama-family model names them. Collective;
  * FAILED_PRECONDITION while a unit is between a pre_ call and its post_
  * call; on a failed load nothing changed. Errors otherwise as the trainer's. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_save_state_dict(sk_engine* engine, const char* path,

@@ -75,6 +75,8 @@ pub enum WeightLayout {
     Torch,
     /// Hugging Face GPT2LMHeadModel names and layout; weights only.
     HfGpt2,
+    /// Hugging Face LlamaForCausalLM / Qwen2ForCausalLM names and layout; weights only.
+    HfLlama,
 }
 
 impl WeightLayout {
@@ -83,6 +85,7 @@ impl WeightLayout {
             WeightLayout::Shardkit => sys::SK_WEIGHT_LAYOUT_SHARDKIT,
             WeightLayout::Torch => sys::SK_WEIGHT_LAYOUT_TORCH,
             WeightLayout::HfGpt2 => sys::SK_WEIGHT_LAYOUT_HF_GPT2,
+            WeightLayout::HfLlama => sys::SK_WEIGHT_LAYOUT_HF_LLAMA,
         }
     }
 }

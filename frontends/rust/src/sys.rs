@@ -85,6 +85,7 @@ pub const SK_WEIGHT_LAYOUT_DEFAULT: sk_weight_layout_t = 0;
 pub const SK_WEIGHT_LAYOUT_SHARDKIT: sk_weight_layout_t = 1;
 pub const SK_WEIGHT_LAYOUT_TORCH: sk_weight_layout_t = 2;
 pub const SK_WEIGHT_LAYOUT_HF_GPT2: sk_weight_layout_t = 3;
+pub const SK_WEIGHT_LAYOUT_HF_LLAMA: sk_weight_layout_t = 4;
 
 pub const SK_MAX_DIMS: i32 = 8;
 
