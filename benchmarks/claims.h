@@ -1,4 +1,4 @@
-// The claims table: each of the paper's claims (DESIGN.md section 1) beside
+// The claims table: each of the paper's claims (docs/benchmarks.md) beside
 // what our harnesses measured, with a verdict.
 //
 // Columns: claim, evidence, paper, ours, rel_error (ours against the paper's

@@ -8,9 +8,9 @@
 // collective is issued on its own stream, then all are waited for; the time
 // of one iteration is from the first issue to the last completion. After
 // --warmup iterations, --iters are timed; the table shows the median time and
-// the spread (min..max) of algbw. Bytes, algbw and busbw as DESIGN.md ("How
-// we measure") and nccl-tests define them: bytes = all_gather output,
-// reduce_scatter input, all_reduce buffer; busbw = algbw x (N-1)/N for
+// the spread (min..max) of algbw. Bytes, algbw and busbw as
+// docs/benchmarks.md ("How we measure") and nccl-tests define them:
+// bytes = all_gather output, reduce_scatter input, all_reduce buffer; busbw = algbw x (N-1)/N for
 // all_gather and reduce_scatter, x 2(N-1)/N for all_reduce.
 //
 // all_gather runs in place (each rank's input is its chunk of the output:

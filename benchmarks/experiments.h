@@ -1,4 +1,4 @@
-// The paper's experiments (DESIGN.md section 1), each a sweep of RunConfig
+// The paper's experiments (docs/benchmarks.md), each a sweep of RunConfig
 // measurements that fills one table:
 //
 //   ddp_vs_fsdp   models x {DDP, NO_SHARD, SHARD_OPTIM, SHARD_GRAD_OP,

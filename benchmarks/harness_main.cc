@@ -431,7 +431,7 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
       std::printf("%s", Wrapped("rule:  " + r.Text("judged_by"), 100, "    ").c_str());
     }
   }
-  std::printf("\n== claims measured on this machine: the paper (DESIGN.md section 1) beside this run ==\n");
+  std::printf("\n== claims measured on this machine: the paper (docs/benchmarks.md) beside this run ==\n");
   for (const Row& r : claims.rows()) {
     std::printf("[%s] %s\n", r.Text("verdict").c_str(), r.Text("claim").c_str());
     std::printf("%s", Wrapped("evidence: " + r.Text("evidence"), 100, "    ").c_str());

@@ -38,7 +38,7 @@ StatusOr<SimStepReport> Run(const std::string& profile, const Setup& s) {
   t.fsdp.all_gather_limit = s.all_gather_limit;
   t.optimizer.kind = OptimizerKind::kAdamW;
   // The paper trains in bf16 mixed precision (f32 master shards, bf16 compute
-  // and gradient reduction; DESIGN.md section 1), so every row does too.
+  // and gradient reduction; docs/benchmarks.md), so every row does too.
   t.fsdp.mixed_precision.param_dtype = DType::kBF16;
   t.batch_size = s.batch_size;
   t.activation_checkpointing = s.checkpointing;

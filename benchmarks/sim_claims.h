@@ -5,8 +5,8 @@
 // beside ours, the relative error and a verdict.
 //
 // Columns: claim, evidence ("simulated (<profile>)", or "not modelled" where
-// the model does not exist here), paper (the paper's value, DESIGN.md
-// section 1, which summarises the paper's evaluation), ours, rel_error
+// the model does not exist here), paper (the paper's value, as
+// each row states it), ours, rel_error
 // ((ours - paper) / paper where the paper gives a number; "-" otherwise),
 // verdict (agrees / partly / disagrees / not modelled) and judged_by (the
 // rule). Verdicts are never inconclusive here: simulated figures are exact.

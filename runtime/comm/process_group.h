@@ -49,7 +49,9 @@
 
 namespace sk::comm {
 
-// Values are part of the C ABI: never renumbered; 0 is "unset".
+// Values appear in flight-recorder dumps and call fingerprints exchanged
+// between ranks (which may run different builds): never renumbered; 0 is
+// "unset".
 enum class CollectiveKind : uint8_t {
   kAllGather = 1,
   kReduceScatter = 2,

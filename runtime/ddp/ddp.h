@@ -155,8 +155,8 @@ class DistributedDataParallel final : public DataParallelModel {
   // Gradients are replicated, so the local norm is the global one: no
   // collective. Calls FinishBackward first.
   StatusOr<double> ClipGradNorm(double max_norm, NormType type = NormType::kL2) override;
-  // Steps every bucket (slot = bucket index), then refreshes the bf16 copies.
   Status ScaleGradients(float factor) override;
+  // Steps every bucket (slot = bucket index), then refreshes the bf16 copies.
   Status OptimizerStep(Optimizer& optimizer) override;
   void ZeroGrad() override;
   void AbandonStep() override { Fail(OkStatus()).IgnoreError(); }

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "runtime/core/trace.h"
-#include "runtime/nn/init.h"
+#include "runtime/ops/init.h"
 #include "runtime/ops/ops.h"
 
 namespace sk {

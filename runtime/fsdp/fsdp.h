@@ -294,9 +294,9 @@ class FullyShardedModel final : public DataParallelModel {
   // The total gradient norm over all ranks' shards (collective). With
   // max_norm > 0, scales the gradients so the norm is at most max_norm.
   StatusOr<double> ClipGradNorm(double max_norm, NormType type = NormType::kL2) override;
+  Status ScaleGradients(float factor) override;
   // Steps `optimizer` on every unit's master shard (slot = unit index), then,
   // for SHARD_OPTIM and NO_SHARD, refreshes the persistent full parameters.
-  Status ScaleGradients(float factor) override;
   Status OptimizerStep(Optimizer& optimizer) override;
   // OptimizerStep in two halves, for an update rule of the caller's own
   // (FsdpEngine's custom step): BeginMasterUpdate finishes the backward and
@@ -328,7 +328,6 @@ class FullyShardedModel final : public DataParallelModel {
   // current forward pass began (cleared when a new one begins, so it stays
   // bounded by one step's all-gathers however long training runs).
   const std::vector<int>& all_gather_log() const { return all_gather_log_; }
-  void ClearAllGatherLog() { all_gather_log_.clear(); }
   const FsdpCounters& counters() const { return counters_; }
   int64_t bytes_communicated() const override {
     return counters_.all_gather_bytes + counters_.reduce_scatter_bytes + counters_.all_reduce_bytes;
@@ -353,13 +352,11 @@ class FullyShardedModel final : public DataParallelModel {
   // memory or this model's device; checkpoint loading). InvalidArgument on a
   // dtype or size mismatch; nothing changes then.
   Status LoadMasterShard(int unit, const Tensor& shard);
-  // The op context of the compute stream (the calling thread on cpu): what
-  // checkpoints copy master shards and optimizer state with.
-  const ops::OpContext& op_context() const { return compute_ctx_; }
   // The op context of the master and gradient shards and of the optimizer
   // step: the host context with cpu_offload (its stream may be null: the
-  // calling thread), else op_context(). What checkpoints copy master shards
-  // and optimizer state with, and what an optimizer's LoadState takes.
+  // calling thread), else the compute stream's (the calling thread on cpu).
+  // What checkpoints copy master shards and optimizer state with, and what
+  // an optimizer's LoadState takes.
   const ops::OpContext& shard_context() const { return options_.cpu_offload ? host_ctx_ : compute_ctx_; }
   // Shard group and replicate group of this rank (for checkpoints and tests).
   comm::ProcessGroup& shard_group() { return *shard_group_; }

@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/nn/init.h"
+#include "runtime/ops/init.h"
 
 namespace sk {
 namespace {

@@ -42,8 +42,8 @@
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
 #include "runtime/device/device.h"
-#include "runtime/nn/init.h"
 #include "runtime/ops/backend.h"  // kIgnoreTarget
+#include "runtime/ops/init.h"
 
 namespace sk {
 

@@ -50,10 +50,9 @@ class OwnedParameters final : public UnitHooks {
   // Sets all gradients to zero (call between steps; gradients accumulate).
   void ZeroGrad();
 
-  // The hook calls made since construction or ClearCallLog, as
+  // The hook calls made since construction, as
   // "PreForward(3)" strings, in order.
   const std::vector<std::string>& call_log() const { return call_log_; }
-  void ClearCallLog() { call_log_.clear(); }
 
   // Every parameter and its gradient, unit by unit in spec order.
   std::vector<Tensor> all_params() const;

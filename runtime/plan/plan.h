@@ -1,6 +1,6 @@
 // The planner: which data-parallel configuration to train a model with on N
 // GPUs, answered by simulating one training step of every candidate on the
-// sim device (runtime/sim, DESIGN.md "The simulator") and ranking them.
+// sim device (runtime/sim, docs/simulator.md) and ranking them.
 //
 // The candidate space (EnumerateCandidates) is the product of
 //   strategy            DDP and FSDP's six (FULL_SHARD, SHARD_GRAD_OP,

@@ -1,5 +1,5 @@
 // The sim device: Device, Stream and Event on virtual clocks, with virtual
-// memory (see device.h for the interfaces, DESIGN.md "The simulator").
+// memory (see device.h for the interfaces, docs/simulator.md).
 //
 // A sim device executes nothing. Everything that would take time on an
 // accelerator becomes a span of virtual time on a stream, priced by whoever

@@ -204,7 +204,7 @@ typedef SK_ENUM(sk_dtype_t) {
   SK_DTYPE_F16 = 3
 } sk_dtype_t;
 
-/* FSDP sharding strategies (DESIGN.md section 1). */
+/* FSDP sharding strategies (docs/fsdp.md). */
 typedef SK_ENUM(sk_sharding_strategy_t) {
   SK_SHARDING_DEFAULT = 0, /* FULL_SHARD */
   SK_SHARDING_FULL_SHARD = 1,          /* ZeRO-3 */

@@ -1127,7 +1127,6 @@ class CpuBackend final : public OpBackend {
 
 Status SetCpuGemmThreads(int n) { return SetGemmThreads(n); }
 
-int CpuGemmThreads() { return GemmThreads(); }
 
 OpBackend* CpuOpBackend() {
   static CpuBackend* backend = new CpuBackend();

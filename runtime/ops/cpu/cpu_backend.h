@@ -33,9 +33,6 @@ OpBackend* CpuOpBackend();
 // idle OpenMP workers spin, and oversubscribed teams spin against each other.
 Status SetCpuGemmThreads(int n);
 
-// The thread count CPU GEMMs from the calling thread use now.
-int CpuGemmThreads();
-
 }  // namespace sk::ops
 
 #endif  // SHARDKIT_RUNTIME_OPS_CPU_CPU_BACKEND_H_
