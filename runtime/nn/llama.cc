@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/ops/cost.h"
+
 namespace sk {
 
 using nn_internal::InDType;
@@ -158,6 +160,33 @@ Status BlockForward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTe
   return ResidualLinear(ctx, s->act, p.down_w, s->x2, n, f, c, s->out);
 }
 
+// Selective checkpointing: what RecomputeCheap rebuilds leaves `s` after the
+// forward: both RMSNorms' outputs and statistics and the SwiGLU product. The
+// GEMM outputs stay (q, k, v, x2, gate, up), q and k after RoPE (applied in
+// place to the projections' outputs: attention's backward reads only them)
+// and attention's output and log-sum-exp.
+void ReleaseRecomputable(LlamaBlockSaved* s) {
+  s->h1 = s->rstd1 = Tensor();
+  s->h2 = s->rstd2 = Tensor();
+  s->act = Tensor();
+}
+
+// Rebuilds what ReleaseRecomputable dropped with the ops BlockForward ran on
+// the same inputs (x and the kept x2, gate, up): bit-identical activations.
+Status RecomputeCheap(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTensors& p,
+                      const Tensor& x, LlamaBlockSaved* s) {
+  const int64_t n = d.rows(), c = d.d_model, f = d.d_ff;
+  const DType t = d.storage;
+  SK_ASSIGN_OR_RETURN(s->h1, NewAct(ctx, t, n * c));
+  SK_ASSIGN_OR_RETURN(s->rstd1, NewF32(ctx, n));
+  SK_RETURN_IF_ERROR(ops::RmsNormForward(ctx, x, p.input_norm_g, d.eps, s->h1, s->rstd1));
+  SK_ASSIGN_OR_RETURN(s->h2, NewAct(ctx, t, n * c));
+  SK_ASSIGN_OR_RETURN(s->rstd2, NewF32(ctx, n));
+  SK_RETURN_IF_ERROR(ops::RmsNormForward(ctx, s->x2, p.post_norm_g, d.eps, s->h2, s->rstd2));
+  SK_ASSIGN_OR_RETURN(s->act, NewAct(ctx, t, n * f));
+  return ops::SwiGluForward(ctx, s->gate, s->up, s->act);
+}
+
 // Given dy for the block output, overwrites dx with the input gradient and
 // adds parameter gradients into g. dx may be dy. The running gradient
 // lives in dx: dy (the MLP's residual) is copied there, each RMSNorm's
@@ -210,6 +239,19 @@ int64_t BlockSavedBytes(const LlamaDims& d) {
   const int64_t n = d.rows(), a = static_cast<int64_t>(DTypeSize(d.storage));
   return a * (4 * n * d.d_model + 2 * n * d.q_width() + 2 * n * d.kv_width() + 3 * n * d.d_ff) +
          4 * 2 * n + 4 * d.batch * d.heads * d.seq;
+}
+
+// Bytes ReleaseRecomputable drops and RecomputeCheap allocates again.
+int64_t BlockRecomputableBytes(const LlamaDims& d) {
+  const int64_t n = d.rows(), a = static_cast<int64_t>(DTypeSize(d.storage));
+  return a * (2 * n * d.d_model + n * d.d_ff) + 4 * 2 * n;
+}
+
+// Flops RecomputeCheap runs: two RMSNorms and a SwiGLU product, no GEMM.
+double BlockRecomputeCheapFlops(const LlamaDims& d) {
+  const double n = static_cast<double>(d.rows());
+  return 2.0 * ops::kRmsNormForwardFlops * n * static_cast<double>(d.d_model) +
+         ops::kSwiGluForwardFlops * n * static_cast<double>(d.d_ff);
 }
 
 int64_t BlockBackwardTempBytes(const LlamaDims& d) {
@@ -273,6 +315,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& conf
                                                          const ModelOptions& options) {
   SK_RETURN_IF_ERROR(config.Validate());
   SK_RETURN_IF_ERROR(nn_internal::ValidateComputeDType(options.compute_dtype));
+  SK_RETURN_IF_ERROR(ValidateCheckpointing(options, /*supports_selective=*/true, config.name));
   return std::unique_ptr<LlamaModel>(new LlamaModel(config, options));
 }
 
@@ -351,7 +394,8 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
   const int64_t n = batch.batch_size * batch.seq_len;
   const int64_t c = config_.d_model, vocab = config_.vocab_size;
   const DType act = options_.compute_dtype;
-  const bool ckpt = options_.activation_checkpointing;
+  const bool ckpt = options_.full_checkpointing();
+  const bool selective = options_.selective_checkpointing();
   const bool bias = config_.qkv_bias;
   const int head_unit = static_cast<int>(L + 1);
   const LlamaDims dims = Dims(config_, act, batch.batch_size, batch.seq_len);
@@ -375,6 +419,7 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
     LlamaBlockSaved s;
     SK_RETURN_IF_ERROR(BlockForward(ctx, dims, Bind(p, bias), xs[l], &s));
     xs[l + 1] = s.out;
+    if (selective) ReleaseRecomputable(&s);
     if (!ckpt && backward) saved[l] = std::move(s);
     SK_RETURN_IF_ERROR(scope.PostForward(u));
     if (!backward && l > 0) xs[l] = Tensor();
@@ -424,6 +469,7 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(u));
     const LlamaBlockTensors p = Bind(b.p, bias);
     if (ckpt) SK_RETURN_IF_ERROR(BlockForward(ctx, dims, p, xs[l], &saved[l]));
+    if (selective) SK_RETURN_IF_ERROR(RecomputeCheap(ctx, dims, p, xs[l], &saved[l]));
     SK_RETURN_IF_ERROR(BlockBackward(ctx, dims, p, Bind(b.g, bias), xs[l], saved[l], dx, dnext));
     saved[l] = LlamaBlockSaved();
     if (l > 0) xs[l] = Tensor();
@@ -442,10 +488,12 @@ StepFlops LlamaModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*sourc
   const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
   const double block_fwd = BlockForwardMatmulFlops(d);
   const double head_fwd = 2.0 * static_cast<double>(d.rows()) * config_.d_model * config_.vocab_size;
+  double recompute = 0.0;  // per block
+  if (options_.full_checkpointing()) recompute = block_fwd;
+  if (options_.selective_checkpointing()) recompute = BlockRecomputeCheapFlops(d);
   StepFlops f;
   f.model_flops = 3.0 * (block_fwd * config_.n_layer + head_fwd);
-  f.hardware_flops =
-      f.model_flops + (options_.activation_checkpointing ? block_fwd * config_.n_layer : 0.0);
+  f.hardware_flops = f.model_flops + recompute * config_.n_layer;
   return f;
 }
 
@@ -454,8 +502,11 @@ int64_t LlamaModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
   const int64_t n = d.rows(), c = config_.d_model, L = config_.n_layer;
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
-  const int64_t saved = BlockSavedBytes(d);
-  const bool ckpt = options_.activation_checkpointing;
+  const bool ckpt = options_.full_checkpointing();
+  // Selective checkpointing keeps less what RecomputeCheap rebuilds in the
+  // block's backward.
+  const int64_t recomputed = options_.selective_checkpointing() ? BlockRecomputableBytes(d) : 0;
+  const int64_t saved = BlockSavedBytes(d) - recomputed;
   // (Parameters are used in place; 16-bit gradient buffers' f32 sinks are
   // counted by whoever hands them out, as for GPT.) Kept through the
   // forward: token ids and targets, the loss, the embedding output and, per
@@ -463,10 +514,11 @@ int64_t LlamaModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const int64_t kept = 4 * (2 * n + 1) + a * n * c + L * (ckpt ? a * n * c : saved);
   // Head backward: its RMSNorm output and rstd, dlogits, dx and dh.
   const int64_t head = kept + a * n * c + 4 * n + a * n * config_.vocab_size + 2 * a * n * c;
-  // The last block's backward: dx, dnext, its temporaries and, with
-  // checkpointing, the recomputed block (whose output the kept count has).
-  const int64_t block =
-      kept + 2 * a * n * c + BlockBackwardTempBytes(d) + (ckpt ? saved - a * n * c : 0);
+  // The last block's backward: dx, dnext, its temporaries and what it
+  // recomputes: with full checkpointing the block (whose output the kept
+  // count has), with selective the cheap ops' outputs.
+  const int64_t block = kept + 2 * a * n * c + BlockBackwardTempBytes(d) +
+                        (ckpt ? saved - a * n * c : recomputed);
   return std::max(head, block);
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "runtime/ops/cost.h"
 
 namespace sk {
 namespace nn_internal {
@@ -468,6 +469,56 @@ Status TransformerBlock::Backward(const OpContext& ctx, const BlockDims& d, cons
                                         dx, denc));
   }
   return OkStatus();
+}
+
+void TransformerBlock::ReleaseRecomputable(BlockSaved* saved) const {
+  for (SublayerActivations& s : saved->subs) {
+    s.ln = s.ln_mean = s.ln_rstd = Tensor();
+    s.gelu = Tensor();
+  }
+}
+
+Status TransformerBlock::RecomputeCheap(const OpContext& ctx, const BlockDims& d,
+                                        const UnitParams& p, const Tensor& x,
+                                        BlockSaved* saved) const {
+  const int64_t n = d.batch * d.seq, c = d.d_model;
+  size_t offset = 0;
+  for (size_t i = 0; i < kinds_.size(); ++i) {
+    const SublayerTensors w = Bind(kinds_[i], p, offset);
+    SublayerActivations& s = saved->subs[i];
+    const Tensor& in = i == 0 ? x : saved->subs[i - 1].out;
+    SK_ASSIGN_OR_RETURN(s.ln, NewAct(ctx, d.storage, n * c));
+    SK_ASSIGN_OR_RETURN(s.ln_mean, NewF32(ctx, n));
+    SK_ASSIGN_OR_RETURN(s.ln_rstd, NewF32(ctx, n));
+    SK_RETURN_IF_ERROR(ops::LayerNormForward(ctx, in, w.ln_g, w.ln_b, s.ln, s.ln_mean, s.ln_rstd));
+    if (kinds_[i] == SublayerKind::kMlp) {
+      SK_ASSIGN_OR_RETURN(s.gelu, NewAct(ctx, d.storage, n * d.d_ff));
+      SK_RETURN_IF_ERROR(ops::GeluForward(ctx, s.fc, s.gelu));
+    }
+    offset += SublayerParamCount(kinds_[i]);
+  }
+  return OkStatus();
+}
+
+int64_t TransformerBlock::RecomputableBytes(const BlockDims& d) const {
+  const int64_t n = d.batch * d.seq, c = d.d_model;
+  const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
+  int64_t b = 0;
+  for (SublayerKind k : kinds_) {
+    b += a * n * c + 4 * 2 * n;  // ln; mean, rstd (f32)
+    if (k == SublayerKind::kMlp) b += a * n * d.d_ff;  // post-GELU
+  }
+  return b;
+}
+
+double TransformerBlock::RecomputeCheapFlops(const BlockDims& d) const {
+  const double n = static_cast<double>(d.batch) * d.seq;
+  double f = 0.0;
+  for (SublayerKind k : kinds_) {
+    f += ops::kLayerNormForwardFlops * n * static_cast<double>(d.d_model);
+    if (k == SublayerKind::kMlp) f += ops::kGeluForwardFlops * n * static_cast<double>(d.d_ff);
+  }
+  return f;
 }
 
 int64_t TransformerBlock::SavedBytes(const BlockDims& d) const {
