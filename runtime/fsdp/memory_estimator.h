@@ -44,6 +44,7 @@ struct MemoryEstimateRequest {
   // As ModelOptions' two fields (runtime/nn/model.h).
   bool activation_checkpointing = false;
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
+  bool recompute_attention = false;
   // The DDP baseline instead of FSDP (fsdp.strategy is then ignored, and
   // fsdp.mixed_precision.param_dtype is DDP's compute dtype).
   bool ddp = false;

@@ -125,7 +125,7 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
     BlockSaved s;
     SK_RETURN_IF_ERROR(block_.Forward(ctx, dims, p, xs[l], Tensor(), &s));
     xs[l + 1] = s.subs.back().out;
-    if (selective) block_.ReleaseRecomputable(&s);
+    if (selective) block_.ReleaseRecomputable(options_.recompute_attention, &s);
     if (!ckpt && backward) saved[l] = std::move(s);
     SK_RETURN_IF_ERROR(scope.PostForward(u));
     if (!backward && l > 0) xs[l] = Tensor();
@@ -156,7 +156,10 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
     const int u = static_cast<int>(l + 1);
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(u));
     if (ckpt) SK_RETURN_IF_ERROR(block_.Forward(ctx, dims, b.p, xs[l], Tensor(), &saved[l]));
-    if (selective) SK_RETURN_IF_ERROR(block_.RecomputeCheap(ctx, dims, b.p, xs[l], &saved[l]));
+    if (selective) {
+      SK_RETURN_IF_ERROR(block_.RecomputeCheap(ctx, dims, b.p, xs[l], options_.recompute_attention,
+                                               &saved[l]));
+    }
     SK_RETURN_IF_ERROR(
         block_.Backward(ctx, dims, b.p, b.g, xs[l], Tensor(), saved[l], dx, dnext, Tensor()));
     saved[l] = BlockSaved();
@@ -189,7 +192,9 @@ StepFlops GptModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*source_
   d.d_ff = config_.ff();
   double recompute = 0.0;  // per block
   if (options_.full_checkpointing()) recompute = block_fwd;
-  if (options_.selective_checkpointing()) recompute = block_.RecomputeCheapFlops(d);
+  if (options_.selective_checkpointing()) {
+    recompute = block_.RecomputeCheapFlops(d, options_.recompute_attention);
+  }
   StepFlops f;
   f.model_flops = 3.0 * fwd;
   f.hardware_flops = f.model_flops + recompute * config_.n_layer;
@@ -216,7 +221,9 @@ int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const bool ckpt = options_.full_checkpointing();
   // Selective checkpointing keeps `saved` less what RecomputeCheap rebuilds
   // in the block's backward.
-  const int64_t recomputed = options_.selective_checkpointing() ? block_.RecomputableBytes(d) : 0;
+  const int64_t recomputed = options_.selective_checkpointing()
+                                 ? block_.RecomputableBytes(d, options_.recompute_attention)
+                                 : 0;
   const int64_t saved = block_.SavedBytes(d) - recomputed;
   // (Parameters are used in place: no copies. 16-bit gradient buffers get
   // f32 sinks of a unit's size during its backward (UnitGrads); whoever hands

@@ -99,6 +99,11 @@ Status ValidateCheckpointing(const ModelOptions& options, bool supports_selectiv
         "': activation_checkpointing (whole-block) and checkpointing = selective "
         "contradict each other; set one");
   }
+  if (options.recompute_attention && !options.selective_checkpointing()) {
+    return InvalidArgumentError("model '" + model +
+                                "': recompute_attention applies only to checkpointing = "
+                                "selective (full checkpointing recomputes everything)");
+  }
   if (options.selective_checkpointing() && !supports_selective) {
     return InvalidArgumentError("model '" + model +
                                 "' does not implement selective activation checkpointing; "

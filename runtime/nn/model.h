@@ -164,7 +164,8 @@ enum class ActivationCheckpointing {
   // (after PreBackward, with the parameters it returns).
   kFull = 1,
   // The GEMM outputs (q/k/v, attention, MLP up/gate projections, the
-  // residual stream) and the attention's own state; the cheap ops whose
+  // residual stream) and the attention's output and state (unless
+  // recompute_attention, below); the cheap ops whose
   // outputs the backward reads (norms, GELU / SiLU-mul) run again during
   // backward from those, per block, just before its backward.
   kSelective = 2,
@@ -184,6 +185,11 @@ struct ModelOptions {
   // kSelective, which is a conflict: InvalidArgument at model creation).
   bool activation_checkpointing = false;
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
+  // With kSelective only: also drop each attention's output and the state
+  // its backward reads (probabilities or log-sum-exp) and recompute the
+  // attention from the kept q/k/v before the block's backward (its two
+  // products count as recomputed flops). Otherwise InvalidArgument.
+  bool recompute_attention = false;
 
   // The policy the two fields above resolve to.
   ActivationCheckpointing checkpointing_policy() const {
@@ -198,7 +204,8 @@ struct ModelOptions {
 };
 
 // InvalidArgument naming `model` when the options ask for something
-// contradictory (activation_checkpointing with checkpointing = kSelective),
+// contradictory (activation_checkpointing with checkpointing = kSelective,
+// recompute_attention without kSelective),
 // an enum value out of range, or selective checkpointing from a model that
 // does not implement it (supports_selective false).
 Status ValidateCheckpointing(const ModelOptions& options, bool supports_selective,

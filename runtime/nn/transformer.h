@@ -214,19 +214,20 @@ class TransformerBlock {
   // Selective checkpointing (ActivationCheckpointing::kSelective): drops from
   // `saved` what RecomputeCheap rebuilds, each sublayer's LayerNorm output
   // and statistics and the MLP's post-GELU, keeping the GEMM outputs (qkv,
-  // q, kv, fc, the residual outputs), the attention's probabilities and its
-  // output.
-  void ReleaseRecomputable(BlockSaved* saved) const;
-  // Rebuilds what ReleaseRecomputable dropped, from x (the block input) and
-  // the kept tensors, with the ops Forward ran on the same inputs: the
-  // backward then reads bit-identical activations.
+  // q, kv, fc, the residual outputs) and, unless `attention`, the
+  // attention's output and its probabilities (or log-sum-exp).
+  void ReleaseRecomputable(bool attention, BlockSaved* saved) const;
+  // Rebuilds what ReleaseRecomputable dropped (the same `attention`), from x
+  // (the block input) and the kept tensors, with the ops Forward ran on the
+  // same inputs: the backward then reads bit-identical activations.
   Status RecomputeCheap(const ops::OpContext& ctx, const BlockDims& d, const UnitParams& p,
-                        const Tensor& x, BlockSaved* saved) const;
+                        const Tensor& x, bool attention, BlockSaved* saved) const;
   // Bytes ReleaseRecomputable drops (RecomputeCheap allocates them again).
-  int64_t RecomputableBytes(const BlockDims& d) const;
+  int64_t RecomputableBytes(const BlockDims& d, bool attention) const;
   // Flops RecomputeCheap runs: LayerNorms and GELUs at their elementwise
-  // cost (runtime/ops/cost.h), no GEMM.
-  double RecomputeCheapFlops(const BlockDims& d) const;
+  // cost (runtime/ops/cost.h), no GEMM; with `attention`, also the
+  // attention's two products and its softmax.
+  double RecomputeCheapFlops(const BlockDims& d, bool attention) const;
 
   // Bytes a Forward keeps in `saved` (what backward needs): activations at
   // d.storage's size, LayerNorm statistics and attention probabilities f32.

@@ -82,6 +82,8 @@ struct TrainerOptions {
   // how the two resolve; kSelective with this set is InvalidArgument).
   bool activation_checkpointing = false;
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
+  // With checkpointing = kSelective: recompute attention too (ModelOptions).
+  bool recompute_attention = false;
   // GEMM threads of this rank's compute; 0 = the machine's cores divided by
   // the ranks sharing it (all ranks for the local backend, LOCAL_WORLD_SIZE
   // for process ranks), at least 1. Oversubscribed OpenMP teams spin against

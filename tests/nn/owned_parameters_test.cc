@@ -1,5 +1,6 @@
 #include "runtime/nn/owned_parameters.h"
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <thread>
@@ -187,9 +188,13 @@ TEST(ModelMemory, PeakActivationBytesIsWithinTenPercentOfTheMeasuredPeak) {
     for (ActivationCheckpointing ckpt :
          {ActivationCheckpointing::kNone, ActivationCheckpointing::kFull,
           ActivationCheckpointing::kSelective}) {
-      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (int variant = 0; variant < 3 * 2; ++variant) {
+        const DType dt = std::array<DType, 3>{DType::kF32, DType::kBF16, DType::kF16}[variant / 2];
+        const bool attention = variant % 2 == 1;  // selective's recompute_attention
+        if (attention && ckpt != ActivationCheckpointing::kSelective) continue;
         ModelOptions o;
         o.checkpointing = ckpt;
+        o.recompute_attention = attention;
         o.compute_dtype = dt;
         auto model = CreateModel(k.model, o);
         if (ckpt == ActivationCheckpointing::kSelective && !k.selective) {
@@ -211,7 +216,8 @@ TEST(ModelMemory, PeakActivationBytesIsWithinTenPercentOfTheMeasuredPeak) {
             static_cast<double>((*model)->PeakActivationBytes(k.batch, k.seq, k.source));
         EXPECT_NEAR(estimate, measured, 0.1 * measured)
             << k.model << " batch " << k.batch << " seq " << k.seq << " source " << k.source
-            << " checkpointing " << ActivationCheckpointingName(ckpt) << " " << DTypeName(dt);
+            << " checkpointing " << ActivationCheckpointingName(ckpt)
+            << (attention ? " recompute_attention " : " ") << DTypeName(dt);
       }
     }
   }

@@ -46,6 +46,7 @@ struct Config {
   bool offload = false;  // FSDP cpu_offload
   bool bf16 = false;     // param_dtype bf16
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
+  bool recompute_attention = false;
 };
 
 std::string Name(const Config& c) {
@@ -64,6 +65,7 @@ TrainerOptions Options(const Config& c, int world) {
   o.fsdp.cpu_offload = c.offload;
   if (c.bf16) o.fsdp.mixed_precision.param_dtype = DType::kBF16;
   o.checkpointing = c.checkpointing;
+  o.recompute_attention = c.recompute_attention;
   o.batch_size = 1;
   // Unit tables (images) take one position per batch entry: their default.
   const bool images = c.model.find("regnet") == 0 || c.model.find("deepvit") == 0;
@@ -212,6 +214,18 @@ TEST(MemoryExactTest, SelectiveCheckpointing) {
         EXPECT_LT(sim.back().allocated, without.back().allocated);
       }
     }
+    // Attention recomputed too: still exact, and lower again.
+    Config c{model, Parallelism::kFsdp, ShardingStrategy::kFullShard};
+    c.checkpointing = ActivationCheckpointing::kSelective;
+    SCOPED_TRACE(Name(c) + " selective, attention recomputed");
+    std::vector<Peaks> kept = SimPeaks(c, 1);
+    c.recompute_attention = true;
+    std::vector<Peaks> real = RealPeaks(c, 1);
+    std::vector<Peaks> sim = SimPeaks(c, 1);
+    ASSERT_EQ(real.size(), static_cast<size_t>(kSteps));
+    EXPECT_EQ(sim, real);
+    ASSERT_EQ(kept.size(), static_cast<size_t>(kSteps));
+    EXPECT_LT(sim.back().allocated, kept.back().allocated);
   }
 }
 // Llama-family decoders (RMSNorm, RoPE, grouped-query linear-memory
