@@ -59,7 +59,14 @@ sk::StatusOr<sk::plan::PlanRequest> ToPlanRequest(const sk_plan_request* in) {
   if (c.dtypes != nullptr && c.dtypes[0] != '\0') {
     SK_ASSIGN_OR_RETURN(r.space.dtypes, sk::plan::ParseDTypeList(c.dtypes));
   }
-  SK_ASSIGN_OR_RETURN(r.space.activation_checkpointing, Both(c.activation_checkpointing, "activation_checkpointing"));
+  {  // The ABI's off / on are kNone / kFull; selective is not in its struct.
+    SK_ASSIGN_OR_RETURN(std::vector<bool> ckpt,
+                        Both(c.activation_checkpointing, "activation_checkpointing"));
+    for (bool on : ckpt) {
+      r.space.activation_checkpointing.push_back(on ? sk::ActivationCheckpointing::kFull
+                                                    : sk::ActivationCheckpointing::kNone);
+    }
+  }
   SK_ASSIGN_OR_RETURN(r.space.cpu_offload, Both(c.cpu_offload, "cpu_offload"));
   if (c.trace_path != nullptr) r.trace_path = c.trace_path;
   return r;

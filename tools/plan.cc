@@ -43,7 +43,9 @@ DEFINE_string(shard_group_sizes, "", "restrict the hybrid strategies' shard-grou
 DEFINE_string(backward_prefetch, "", "restrict: NONE,BACKWARD_PRE,BACKWARD_POST");
 DEFINE_string(forward_prefetch, "", "restrict: off, on, or off,on");
 DEFINE_string(rate_limits, "", "restrict all_gather_limit: e.g. 1,2,4,off");
-DEFINE_string(checkpointing, "", "restrict activation checkpointing: off, on, or off,on");
+DEFINE_string(checkpointing, "",
+              "activation checkpointing to search: off, on (whole block), selective (norms and "
+              "activations recomputed), as a list; default off,on (selective only when listed)");
 DEFINE_string(offload, "", "restrict CPU offload: off, on, or off,on");
 DEFINE_string(dtypes, "", "restrict param[/reduce] dtypes: e.g. f32,bf16,bf16/f32");
 
@@ -55,6 +57,23 @@ std::vector<std::string> Split(const std::string& s) {
   std::string item;
   while (std::getline(ss, item, ',')) {
     if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+sk::StatusOr<std::vector<sk::ActivationCheckpointing>> CheckpointingList(const std::string& s) {
+  std::vector<sk::ActivationCheckpointing> out;
+  for (const std::string& v : Split(s)) {
+    if (v == "on" || v == "true" || v == "1") {
+      out.push_back(sk::ActivationCheckpointing::kFull);
+    } else if (v == "off" || v == "false" || v == "0") {
+      out.push_back(sk::ActivationCheckpointing::kNone);
+    } else if (v == "selective") {
+      out.push_back(sk::ActivationCheckpointing::kSelective);
+    } else {
+      return sk::InvalidArgumentError("--checkpointing: '" + v +
+                                      "' is not off, on or selective");
+    }
   }
   return out;
 }
@@ -120,7 +139,7 @@ sk::Status Run() {
   }
   SK_ASSIGN_OR_RETURN(sp.forward_prefetch, Bools(FLAGS_forward_prefetch, "forward_prefetch"));
   SK_ASSIGN_OR_RETURN(sp.rate_limits, Ints(FLAGS_rate_limits, "rate_limits", true));
-  SK_ASSIGN_OR_RETURN(sp.activation_checkpointing, Bools(FLAGS_checkpointing, "checkpointing"));
+  SK_ASSIGN_OR_RETURN(sp.activation_checkpointing, CheckpointingList(FLAGS_checkpointing));
   SK_ASSIGN_OR_RETURN(sp.cpu_offload, Bools(FLAGS_offload, "offload"));
   if (!FLAGS_dtypes.empty()) {
     SK_ASSIGN_OR_RETURN(sp.dtypes, sk::plan::ParseDTypeList(FLAGS_dtypes));

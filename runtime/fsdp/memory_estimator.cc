@@ -42,6 +42,8 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   ModelOptions mo;
   mo.compute_dtype = r.fsdp.mixed_precision.param_dtype;
   mo.activation_checkpointing = r.activation_checkpointing;
+  mo.checkpointing = r.checkpointing;
+  mo.recompute_attention = r.recompute_attention;
   SK_RETURN_IF_ERROR(CheckStepSizeFits(r.model, r.batch_size, r.seq_len, r.source_len));
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(r.model, mo));
   const int64_t t = r.seq_len > 0 ? r.seq_len : r.model.seq_len;

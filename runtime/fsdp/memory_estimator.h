@@ -41,7 +41,10 @@ struct MemoryEstimateRequest {
   int64_t batch_size = 1;  // per rank
   int64_t seq_len = 0;     // 0 = the model's default
   int64_t source_len = 0;  // encoder-decoder; 0 = default
+  // As ModelOptions' two fields (runtime/nn/model.h).
   bool activation_checkpointing = false;
+  ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
+  bool recompute_attention = false;
   // The DDP baseline instead of FSDP (fsdp.strategy is then ignored, and
   // fsdp.mixed_precision.param_dtype is DDP's compute dtype).
   bool ddp = false;

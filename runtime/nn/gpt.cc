@@ -30,6 +30,7 @@ StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
                                                      const ModelOptions& options) {
   SK_RETURN_IF_ERROR(config.Validate());
   SK_RETURN_IF_ERROR(ValidateComputeDType(options.compute_dtype));
+  SK_RETURN_IF_ERROR(ValidateCheckpointing(options, /*supports_selective=*/true, config.name));
   return std::unique_ptr<GptModel>(new GptModel(config, options));
 }
 
@@ -91,7 +92,8 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   const int64_t n = batch.batch_size * T;
   const int64_t c = config_.d_model;
   const DType act = options_.compute_dtype;
-  const bool ckpt = options_.activation_checkpointing;
+  const bool ckpt = options_.full_checkpointing();
+  const bool selective = options_.selective_checkpointing();
   const int head_unit = static_cast<int>(L + 1);
   BlockDims dims;
   dims.batch = batch.batch_size;
@@ -123,6 +125,7 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
     BlockSaved s;
     SK_RETURN_IF_ERROR(block_.Forward(ctx, dims, p, xs[l], Tensor(), &s));
     xs[l + 1] = s.subs.back().out;
+    if (selective) block_.ReleaseRecomputable(options_.recompute_attention, &s);
     if (!ckpt && backward) saved[l] = std::move(s);
     SK_RETURN_IF_ERROR(scope.PostForward(u));
     if (!backward && l > 0) xs[l] = Tensor();
@@ -153,6 +156,10 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
     const int u = static_cast<int>(l + 1);
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(u));
     if (ckpt) SK_RETURN_IF_ERROR(block_.Forward(ctx, dims, b.p, xs[l], Tensor(), &saved[l]));
+    if (selective) {
+      SK_RETURN_IF_ERROR(block_.RecomputeCheap(ctx, dims, b.p, xs[l], options_.recompute_attention,
+                                               &saved[l]));
+    }
     SK_RETURN_IF_ERROR(
         block_.Backward(ctx, dims, b.p, b.g, xs[l], Tensor(), saved[l], dx, dnext, Tensor()));
     saved[l] = BlockSaved();
@@ -177,9 +184,20 @@ StepFlops GptModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*source_
                                                      config_.ff());
   const double head_fwd = 2.0 * tokens * config_.d_model * config_.vocab_size;
   const double fwd = block_fwd * config_.n_layer + head_fwd;
+  BlockDims d;
+  d.batch = batch_size;
+  d.seq = seq_len;
+  d.d_model = config_.d_model;
+  d.heads = config_.n_head;
+  d.d_ff = config_.ff();
+  double recompute = 0.0;  // per block
+  if (options_.full_checkpointing()) recompute = block_fwd;
+  if (options_.selective_checkpointing()) {
+    recompute = block_.RecomputeCheapFlops(d, options_.recompute_attention);
+  }
   StepFlops f;
   f.model_flops = 3.0 * fwd;
-  f.hardware_flops = f.model_flops + (options_.activation_checkpointing ? block_fwd * config_.n_layer : 0.0);
+  f.hardware_flops = f.model_flops + recompute * config_.n_layer;
   return f;
 }
 
@@ -200,7 +218,13 @@ int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   // Activations and their gradients are in the compute dtype (a bytes per
   // element); ids, targets, the loss and LayerNorm statistics are 4 bytes.
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
-  const int64_t saved = block_.SavedBytes(d);
+  const bool ckpt = options_.full_checkpointing();
+  // Selective checkpointing keeps `saved` less what RecomputeCheap rebuilds
+  // in the block's backward.
+  const int64_t recomputed = options_.selective_checkpointing()
+                                 ? block_.RecomputableBytes(d, options_.recompute_attention)
+                                 : 0;
+  const int64_t saved = block_.SavedBytes(d) - recomputed;
   // (Parameters are used in place: no copies. 16-bit gradient buffers get
   // f32 sinks of a unit's size during its backward (UnitGrads); whoever hands
   // out such buffers counts them: FSDP's memory estimator does.)
@@ -208,14 +232,15 @@ int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   // the loss, the embedding output and, per block, either everything
   // backward needs or (checkpointing) only the block output.
   const int64_t kept =
-      4 * (2 * n + 1) + a * n * c + L * (options_.activation_checkpointing ? a * n * c : saved);
+      4 * (2 * n + 1) + a * n * c + L * (ckpt ? a * n * c : saved);
   // Head backward: its saved LayerNorm (+ mean, rstd), dlogits, dx and dln.
   const int64_t head = kept + a * n * c + 4 * 2 * n + a * n * config_.vocab_size + 2 * a * n * c;
-  // Last block's backward: dx, dnext, its temporaries, and with
-  // checkpointing the recomputed activations of that block.
+  // Last block's backward: dx, dnext, its temporaries, and the recomputed
+  // activations of that block: all but its output with full checkpointing,
+  // the cheap ops' outputs with selective.
   // (With checkpointing the head's input, the last block output, is gone by then.)
   const int64_t block = kept + 2 * a * n * c + block_.BackwardTempBytes(d) +
-                        (options_.activation_checkpointing ? saved - a * n * c : 0);
+                        (ckpt ? saved - a * n * c : recomputed);
   return std::max(head, block);
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/ops/cost.h"
+
 namespace sk {
 
 using nn_internal::InDType;
@@ -121,6 +123,17 @@ Status ResidualLinear(const OpContext& ctx, const Tensor& x, const Tensor& w_in,
   return ops::Gemm(ctx, p, MatrixRef{x, 0, in}, MatrixRef{w, 0, out}, MatrixRef{y, 0, out});
 }
 
+// Attention in linear memory from the kept s->q (after RoPE), s->k and
+// s->v: allocates and writes s->att and s->lse.
+Status AttentionCore(const OpContext& ctx, const LlamaDims& d, LlamaBlockSaved* s) {
+  const int64_t n = d.rows(), qw = d.q_width(), kw = d.kv_width();
+  SK_ASSIGN_OR_RETURN(s->att, NewAct(ctx, d.storage, n * qw));
+  SK_ASSIGN_OR_RETURN(s->lse, NewF32(ctx, d.batch * d.heads * d.seq));
+  return ops::FlashAttentionForward(ctx, d.Attention(), MatrixRef{s->q, 0, qw},
+                                    MatrixRef{s->k, 0, kw}, MatrixRef{s->v, 0, kw},
+                                    MatrixRef{s->att, 0, qw}, s->lse);
+}
+
 Status BlockForward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTensors& p,
                     const Tensor& x, LlamaBlockSaved* s) {
   const int64_t n = d.rows(), c = d.d_model, qw = d.q_width(), kw = d.kv_width(), f = d.d_ff;
@@ -137,11 +150,7 @@ Status BlockForward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTe
   SK_RETURN_IF_ERROR(Linear(ctx, s->h1, p.v_w, p.v_b, n, c, kw, s->v));
   SK_RETURN_IF_ERROR(ops::RopeForward(ctx, s->q, d.seq, d.heads, d.head_dim, d.theta, s->q));
   SK_RETURN_IF_ERROR(ops::RopeForward(ctx, s->k, d.seq, d.kv_heads, d.head_dim, d.theta, s->k));
-  SK_ASSIGN_OR_RETURN(s->att, NewAct(ctx, t, n * qw));
-  SK_ASSIGN_OR_RETURN(s->lse, NewF32(ctx, d.batch * d.heads * d.seq));
-  SK_RETURN_IF_ERROR(ops::FlashAttentionForward(ctx, d.Attention(), MatrixRef{s->q, 0, qw},
-                                                MatrixRef{s->k, 0, kw}, MatrixRef{s->v, 0, kw},
-                                                MatrixRef{s->att, 0, qw}, s->lse));
+  SK_RETURN_IF_ERROR(AttentionCore(ctx, d, s));
   SK_ASSIGN_OR_RETURN(s->x2, NewAct(ctx, t, n * c));
   SK_RETURN_IF_ERROR(ResidualLinear(ctx, s->att, p.o_w, x, n, qw, c, s->x2));
   // MLP: x2 + down_proj(silu(gate_proj(h2)) * up_proj(h2)), h2 = RMSNorm(x2).
@@ -156,6 +165,35 @@ Status BlockForward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTe
   SK_RETURN_IF_ERROR(ops::SwiGluForward(ctx, s->gate, s->up, s->act));
   SK_ASSIGN_OR_RETURN(s->out, NewAct(ctx, t, n * c));
   return ResidualLinear(ctx, s->act, p.down_w, s->x2, n, f, c, s->out);
+}
+
+// Selective checkpointing: what RecomputeCheap rebuilds leaves `s` after the
+// forward: both RMSNorms' outputs and statistics and the SwiGLU product. The
+// GEMM outputs stay (q, k, v, x2, gate, up), q and k after RoPE (applied in
+// place to the projections' outputs: attention's backward reads only them)
+// and, unless `attention`, attention's output and log-sum-exp.
+void ReleaseRecomputable(bool attention, LlamaBlockSaved* s) {
+  s->h1 = s->rstd1 = Tensor();
+  s->h2 = s->rstd2 = Tensor();
+  s->act = Tensor();
+  if (attention) s->att = s->lse = Tensor();
+}
+
+// Rebuilds what ReleaseRecomputable dropped with the ops BlockForward ran on
+// the same inputs (x and the kept x2, gate, up): bit-identical activations.
+Status RecomputeCheap(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTensors& p,
+                      const Tensor& x, bool attention, LlamaBlockSaved* s) {
+  const int64_t n = d.rows(), c = d.d_model, f = d.d_ff;
+  const DType t = d.storage;
+  SK_ASSIGN_OR_RETURN(s->h1, NewAct(ctx, t, n * c));
+  SK_ASSIGN_OR_RETURN(s->rstd1, NewF32(ctx, n));
+  SK_RETURN_IF_ERROR(ops::RmsNormForward(ctx, x, p.input_norm_g, d.eps, s->h1, s->rstd1));
+  if (attention) SK_RETURN_IF_ERROR(AttentionCore(ctx, d, s));
+  SK_ASSIGN_OR_RETURN(s->h2, NewAct(ctx, t, n * c));
+  SK_ASSIGN_OR_RETURN(s->rstd2, NewF32(ctx, n));
+  SK_RETURN_IF_ERROR(ops::RmsNormForward(ctx, s->x2, p.post_norm_g, d.eps, s->h2, s->rstd2));
+  SK_ASSIGN_OR_RETURN(s->act, NewAct(ctx, t, n * f));
+  return ops::SwiGluForward(ctx, s->gate, s->up, s->act);
 }
 
 // Given dy for the block output, overwrites dx with the input gradient and
@@ -210,6 +248,26 @@ int64_t BlockSavedBytes(const LlamaDims& d) {
   const int64_t n = d.rows(), a = static_cast<int64_t>(DTypeSize(d.storage));
   return a * (4 * n * d.d_model + 2 * n * d.q_width() + 2 * n * d.kv_width() + 3 * n * d.d_ff) +
          4 * 2 * n + 4 * d.batch * d.heads * d.seq;
+}
+
+// Bytes ReleaseRecomputable drops and RecomputeCheap allocates again.
+int64_t BlockRecomputableBytes(const LlamaDims& d, bool attention) {
+  const int64_t n = d.rows(), a = static_cast<int64_t>(DTypeSize(d.storage));
+  const int64_t cheap = a * (2 * n * d.d_model + n * d.d_ff) + 4 * 2 * n;
+  // att; lse (f32)
+  return cheap + (attention ? a * n * d.q_width() + 4 * d.batch * d.heads * d.seq : 0);
+}
+
+// Flops RecomputeCheap runs: two RMSNorms and a SwiGLU product, no GEMM;
+// with `attention`, also QK^T and PV (as BlockForwardMatmulFlops counts
+// them) and the softmax.
+double BlockRecomputeCheapFlops(const LlamaDims& d, bool attention) {
+  const double n = static_cast<double>(d.rows()), t = static_cast<double>(d.seq);
+  const double cheap = 2.0 * ops::kRmsNormForwardFlops * n * static_cast<double>(d.d_model) +
+                       ops::kSwiGluForwardFlops * n * static_cast<double>(d.d_ff);
+  if (!attention) return cheap;
+  return cheap + 2.0 * 2.0 * n * t * static_cast<double>(d.q_width()) +
+         ops::kSoftmaxFlops * static_cast<double>(d.heads) * n * t;
 }
 
 int64_t BlockBackwardTempBytes(const LlamaDims& d) {
@@ -268,6 +326,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& conf
                                                          const ModelOptions& options) {
   SK_RETURN_IF_ERROR(config.Validate());
   SK_RETURN_IF_ERROR(nn_internal::ValidateComputeDType(options.compute_dtype));
+  SK_RETURN_IF_ERROR(ValidateCheckpointing(options, /*supports_selective=*/true, config.name));
   return std::unique_ptr<LlamaModel>(new LlamaModel(config, options));
 }
 
@@ -351,7 +410,8 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
   const int64_t n = batch.batch_size * batch.seq_len;
   const int64_t c = config_.d_model, vocab = config_.vocab_size;
   const DType act = options_.compute_dtype;
-  const bool ckpt = options_.activation_checkpointing;
+  const bool ckpt = options_.full_checkpointing();
+  const bool selective = options_.selective_checkpointing();
   const bool bias = config_.qkv_bias;
   const bool tied = config_.tie_embeddings;
   const int head_unit = static_cast<int>(L + 1);
@@ -376,6 +436,7 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
     LlamaBlockSaved s;
     SK_RETURN_IF_ERROR(BlockForward(ctx, dims, Bind(p, bias), xs[l], &s));
     xs[l + 1] = s.out;
+    if (selective) ReleaseRecomputable(options_.recompute_attention, &s);
     if (!ckpt && backward) saved[l] = std::move(s);
     SK_RETURN_IF_ERROR(scope.PostForward(u));
     if (!backward && l > 0) xs[l] = Tensor();
@@ -435,6 +496,10 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(u));
     const LlamaBlockTensors p = Bind(b.p, bias);
     if (ckpt) SK_RETURN_IF_ERROR(BlockForward(ctx, dims, p, xs[l], &saved[l]));
+    if (selective) {
+      SK_RETURN_IF_ERROR(
+          RecomputeCheap(ctx, dims, p, xs[l], options_.recompute_attention, &saved[l]));
+    }
     SK_RETURN_IF_ERROR(BlockBackward(ctx, dims, p, Bind(b.g, bias), xs[l], saved[l], dx, dnext));
     saved[l] = LlamaBlockSaved();
     if (l > 0) xs[l] = Tensor();
@@ -453,10 +518,14 @@ StepFlops LlamaModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*sourc
   const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
   const double block_fwd = BlockForwardMatmulFlops(d);
   const double head_fwd = 2.0 * static_cast<double>(d.rows()) * config_.d_model * config_.vocab_size;
+  double recompute = 0.0;  // per block
+  if (options_.full_checkpointing()) recompute = block_fwd;
+  if (options_.selective_checkpointing()) {
+    recompute = BlockRecomputeCheapFlops(d, options_.recompute_attention);
+  }
   StepFlops f;
   f.model_flops = 3.0 * (block_fwd * config_.n_layer + head_fwd);
-  f.hardware_flops =
-      f.model_flops + (options_.activation_checkpointing ? block_fwd * config_.n_layer : 0.0);
+  f.hardware_flops = f.model_flops + recompute * config_.n_layer;
   return f;
 }
 
@@ -465,8 +534,13 @@ int64_t LlamaModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
   const int64_t n = d.rows(), c = config_.d_model, L = config_.n_layer;
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
-  const int64_t saved = BlockSavedBytes(d);
-  const bool ckpt = options_.activation_checkpointing;
+  const bool ckpt = options_.full_checkpointing();
+  // Selective checkpointing keeps less what RecomputeCheap rebuilds in the
+  // block's backward.
+  const int64_t recomputed = options_.selective_checkpointing()
+                                 ? BlockRecomputableBytes(d, options_.recompute_attention)
+                                 : 0;
+  const int64_t saved = BlockSavedBytes(d) - recomputed;
   // (Parameters are used in place; 16-bit gradient buffers' f32 sinks are
   // counted by whoever hands them out, as for GPT.) Kept through the
   // forward: token ids and targets, the loss, the embedding output and, per
@@ -474,10 +548,11 @@ int64_t LlamaModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const int64_t kept = 4 * (2 * n + 1) + a * n * c + L * (ckpt ? a * n * c : saved);
   // Head backward: its RMSNorm output and rstd, dlogits, dx and dh.
   const int64_t head = kept + a * n * c + 4 * n + a * n * config_.vocab_size + 2 * a * n * c;
-  // The last block's backward: dx, dnext, its temporaries and, with
-  // checkpointing, the recomputed block (whose output the kept count has).
-  const int64_t block =
-      kept + 2 * a * n * c + BlockBackwardTempBytes(d) + (ckpt ? saved - a * n * c : 0);
+  // The last block's backward: dx, dnext, its temporaries and what it
+  // recomputes: with full checkpointing the block (whose output the kept
+  // count has), with selective the cheap ops' outputs.
+  const int64_t block = kept + 2 * a * n * c + BlockBackwardTempBytes(d) +
+                        (ckpt ? saved - a * n * c : recomputed);
   return std::max(head, block);
 }
 

@@ -73,4 +73,43 @@ StatusOr<std::vector<std::vector<ParamRef>>> ResolveTiedParams(const std::vector
   return refs;
 }
 
+const char* ActivationCheckpointingName(ActivationCheckpointing c) {
+  switch (c) {
+    case ActivationCheckpointing::kNone:
+      return "off";
+    case ActivationCheckpointing::kFull:
+      return "on";
+    case ActivationCheckpointing::kSelective:
+      return "selective";
+  }
+  return "invalid";
+}
+
+Status ValidateCheckpointing(const ModelOptions& options, bool supports_selective,
+                             const std::string& model) {
+  const int v = static_cast<int>(options.checkpointing);
+  if (v < 0 || v > static_cast<int>(ActivationCheckpointing::kSelective)) {
+    return InvalidArgumentError("model '" + model + "': checkpointing " + std::to_string(v) +
+                                " is not a policy (0 off, 1 full, 2 selective)");
+  }
+  if (options.activation_checkpointing &&
+      options.checkpointing == ActivationCheckpointing::kSelective) {
+    return InvalidArgumentError(
+        "model '" + model +
+        "': activation_checkpointing (whole-block) and checkpointing = selective "
+        "contradict each other; set one");
+  }
+  if (options.recompute_attention && !options.selective_checkpointing()) {
+    return InvalidArgumentError("model '" + model +
+                                "': recompute_attention applies only to checkpointing = "
+                                "selective (full checkpointing recomputes everything)");
+  }
+  if (options.selective_checkpointing() && !supports_selective) {
+    return InvalidArgumentError("model '" + model +
+                                "' does not implement selective activation checkpointing; "
+                                "use full (activation_checkpointing) or none");
+  }
+  return OkStatus();
+}
+
 }  // namespace sk

@@ -156,23 +156,70 @@ struct TokenBatch {
   int64_t num_target_tokens() const { return batch_size * seq_len; }
 };
 
+// What each transformer block keeps from its forward for its backward.
+enum class ActivationCheckpointing {
+  // Everything the backward reads.
+  kNone = 0,
+  // Only the block's input; the whole block runs again during backward
+  // (after PreBackward, with the parameters it returns).
+  kFull = 1,
+  // The GEMM outputs (q/k/v, attention, MLP up/gate projections, the
+  // residual stream) and the attention's output and state (unless
+  // recompute_attention, below); the cheap ops whose
+  // outputs the backward reads (norms, GELU / SiLU-mul) run again during
+  // backward from those, per block, just before its backward.
+  kSelective = 2,
+};
+
+// "off", "on" (full) or "selective".
+const char* ActivationCheckpointingName(ActivationCheckpointing c);
+
 struct ModelOptions {
   // f32, or bf16 / f16: parameters and activations held at that precision
   // with f32 arithmetic and accumulation (on the CPU each activation is
   // rounded where a GPU kernel would store it). Independently of this, hooks
   // may hand out parameters and gradient buffers in any of the three dtypes.
   DType compute_dtype = DType::kF32;
-  // Keep only each block's input in forward and recompute the block during
-  // backward (after PreBackward, with the parameters it returns).
+  // The older spelling of checkpointing = kFull, kept for its callers: true
+  // means whole-block checkpointing whatever `checkpointing` says (except
+  // kSelective, which is a conflict: InvalidArgument at model creation).
   bool activation_checkpointing = false;
+  ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
+  // With kSelective only: also drop each attention's output and the state
+  // its backward reads (probabilities or log-sum-exp) and recompute the
+  // attention from the kept q/k/v before the block's backward (its two
+  // products count as recomputed flops). Otherwise InvalidArgument.
+  bool recompute_attention = false;
+
+  // The policy the two fields above resolve to.
+  ActivationCheckpointing checkpointing_policy() const {
+    return activation_checkpointing ? ActivationCheckpointing::kFull : checkpointing;
+  }
+  bool full_checkpointing() const {
+    return checkpointing_policy() == ActivationCheckpointing::kFull;
+  }
+  bool selective_checkpointing() const {
+    return checkpointing_policy() == ActivationCheckpointing::kSelective;
+  }
 };
+
+// InvalidArgument naming `model` when the options ask for something
+// contradictory (activation_checkpointing with checkpointing = kSelective,
+// recompute_attention without kSelective),
+// an enum value out of range, or selective checkpointing from a model that
+// does not implement it (supports_selective false).
+Status ValidateCheckpointing(const ModelOptions& options, bool supports_selective,
+                             const std::string& model);
 
 // Floating-point operations of one training step (forward + backward).
 // model_flops counts each dense matmul as 2 flops per multiply-add in
 // forward and twice that in backward (6 per parameter per token) plus the
 // attention score and value products (12 L T d per token over fwd+bwd), never
-// recomputation; hardware_flops adds the forward that checkpointing repeats.
-// Elementwise ops, norms and softmax are not counted (they are O(d) per token).
+// recomputation; hardware_flops adds the forward that checkpointing repeats:
+// the whole block's GEMMs for full checkpointing; for selective, the ops it
+// recomputes (norms, activations), which are not GEMMs and are counted at
+// their elementwise cost (runtime/ops/cost.h: kLayerNormForwardFlops etc.).
+// Elementwise ops, norms and softmax run once are not counted (O(d) per token).
 struct StepFlops {
   double model_flops = 0.0;
   double hardware_flops = 0.0;

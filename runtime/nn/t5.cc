@@ -52,6 +52,7 @@ StatusOr<std::unique_ptr<T5Model>> T5Model::Create(const T5Config& config,
                                                    const ModelOptions& options) {
   SK_RETURN_IF_ERROR(config.Validate());
   SK_RETURN_IF_ERROR(ValidateComputeDType(options.compute_dtype));
+  SK_RETURN_IF_ERROR(ValidateCheckpointing(options, /*supports_selective=*/false, config.name));
   return std::unique_ptr<T5Model>(new T5Model(config, options));
 }
 
@@ -133,7 +134,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   const int64_t ne = B * S;
   const int64_t nd = B * T;
   const DType act = options_.compute_dtype;
-  const bool ckpt = options_.activation_checkpointing;
+  const bool ckpt = options_.full_checkpointing();
   const int enc_norm_unit = static_cast<int>(E + 1);
   const int head_unit = static_cast<int>(E + D + 2);
   auto enc_unit = [&](int64_t l) { return static_cast<int>(1 + l); };
@@ -276,7 +277,7 @@ StepFlops T5Model::Flops(int64_t batch_size, int64_t seq_len, int64_t source_len
   const double blocks = enc_fwd * config_.n_encoder_layers + dec_fwd * config_.n_decoder_layers;
   StepFlops f;
   f.model_flops = 3.0 * (blocks + head_fwd);
-  f.hardware_flops = f.model_flops + (options_.activation_checkpointing ? blocks : 0.0);
+  f.hardware_flops = f.model_flops + (options_.full_checkpointing() ? blocks : 0.0);
   return f;
 }
 
@@ -298,7 +299,7 @@ int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   dd.enc_seq = source_len;
   const int64_t ne = batch_size * source_len, nd = batch_size * seq_len, c = config_.d_model;
   const int64_t E = config_.n_encoder_layers, D = config_.n_decoder_layers;
-  const bool ckpt = options_.activation_checkpointing;
+  const bool ckpt = options_.full_checkpointing();
   // Activations and their gradients in the compute dtype (a bytes); ids,
   // the loss, LayerNorm statistics and the encoder-output gradient f32.
   const int64_t a = static_cast<int64_t>(DTypeSize(ed.storage));

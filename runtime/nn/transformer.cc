@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "runtime/ops/cost.h"
 
 namespace sk {
 namespace nn_internal {
@@ -310,6 +311,30 @@ SublayerTensors Bind(SublayerKind kind, const Src& src, size_t o) {
   return t;
 }
 
+// The attention of an attention sublayer from its projections (s->qkv, or
+// s->q and s->kv): allocates and writes s->att and the state its backward
+// reads (s->probs, or s->lse where self-attention runs in linear memory).
+Status AttentionCore(const OpContext& ctx, SublayerKind kind, const BlockDims& d,
+                     SublayerActivations* s) {
+  const int64_t n = d.batch * d.seq;
+  const int64_t c = d.d_model;
+  const DType t = d.storage;
+  const ops::AttentionShape as = AttnShape(kind, d);
+  SK_ASSIGN_OR_RETURN(s->att, NewAct(ctx, t, n * c));
+  if (kind == SublayerKind::kCrossAttention) {
+    SK_ASSIGN_OR_RETURN(s->probs, NewF32(ctx, d.batch * d.heads * d.seq * d.enc_seq));
+    return ops::AttentionForward(ctx, as, MatrixRef{s->q, 0, c}, MatrixRef{s->kv, 0, 2 * c},
+                                 MatrixRef{s->kv, c, 2 * c}, s->probs, MatrixRef{s->att, 0, c});
+  }
+  const MatrixRef q{s->qkv, 0, 3 * c}, k{s->qkv, c, 3 * c}, v{s->qkv, 2 * c, 3 * c};
+  if (LinearMemoryAttention(ctx, as, t)) {
+    SK_ASSIGN_OR_RETURN(s->lse, NewF32(ctx, d.batch * d.heads * d.seq));
+    return ops::FlashAttentionForward(ctx, as, q, k, v, MatrixRef{s->att, 0, c}, s->lse);
+  }
+  SK_ASSIGN_OR_RETURN(s->probs, NewF32(ctx, d.batch * d.heads * d.seq * d.seq));
+  return ops::AttentionForward(ctx, as, q, k, v, s->probs, MatrixRef{s->att, 0, c});
+}
+
 // Activations (and, in backward, their gradients) are tensors of d.storage,
 // the compute dtype: every op reads them exactly, computes in f32 and rounds
 // its 16-bit outputs once, as PyTorch's autocast does. LayerNorm statistics
@@ -335,37 +360,17 @@ Status SublayerForward(const OpContext& ctx, SublayerKind kind, const BlockDims&
     proj_in = s->gelu;
     proj_in_dim = d.d_ff;
   } else {
-    const ops::AttentionShape as = AttnShape(kind, d);
-    SK_ASSIGN_OR_RETURN(s->att, NewAct(ctx, t, n * c));
     if (kind == SublayerKind::kCrossAttention) {
       const int64_t ne = d.batch * d.enc_seq;
       SK_ASSIGN_OR_RETURN(s->q, NewAct(ctx, t, n * c));
       SK_ASSIGN_OR_RETURN(s->kv, NewAct(ctx, t, ne * 2 * c));
-      SK_ASSIGN_OR_RETURN(s->probs, NewF32(ctx, d.batch * d.heads * d.seq * d.enc_seq));
       SK_RETURN_IF_ERROR(Linear(ctx, s->ln, p.q_w, p.q_b, n, c, c, s->q));
       SK_RETURN_IF_ERROR(Linear(ctx, enc, p.kv_w, p.kv_b, ne, c, 2 * c, s->kv));
-      SK_RETURN_IF_ERROR(ops::AttentionForward(ctx, as, MatrixRef{s->q, 0, c},
-                                               MatrixRef{s->kv, 0, 2 * c},
-                                               MatrixRef{s->kv, c, 2 * c}, s->probs,
-                                               MatrixRef{s->att, 0, c}));
     } else {
       SK_ASSIGN_OR_RETURN(s->qkv, NewAct(ctx, t, n * 3 * c));
-      const bool linear = LinearMemoryAttention(ctx, as, t);
-      if (linear) {
-        SK_ASSIGN_OR_RETURN(s->lse, NewF32(ctx, d.batch * d.heads * d.seq));
-      } else {
-        SK_ASSIGN_OR_RETURN(s->probs, NewF32(ctx, d.batch * d.heads * d.seq * d.seq));
-      }
       SK_RETURN_IF_ERROR(Linear(ctx, s->ln, p.qkv_w, p.qkv_b, n, c, 3 * c, s->qkv));
-      const MatrixRef q{s->qkv, 0, 3 * c}, k{s->qkv, c, 3 * c}, v{s->qkv, 2 * c, 3 * c};
-      if (linear) {
-        SK_RETURN_IF_ERROR(
-            ops::FlashAttentionForward(ctx, as, q, k, v, MatrixRef{s->att, 0, c}, s->lse));
-      } else {
-        SK_RETURN_IF_ERROR(
-            ops::AttentionForward(ctx, as, q, k, v, s->probs, MatrixRef{s->att, 0, c}));
-      }
     }
+    SK_RETURN_IF_ERROR(AttentionCore(ctx, kind, d, s));
     proj_in = s->att;
   }
   // The projection and the residual add in f32, rounded once into a 16-bit out.
@@ -468,6 +473,73 @@ Status TransformerBlock::Backward(const OpContext& ctx, const BlockDims& d, cons
                                         dx, denc));
   }
   return OkStatus();
+}
+
+void TransformerBlock::ReleaseRecomputable(bool attention, BlockSaved* saved) const {
+  for (SublayerActivations& s : saved->subs) {
+    s.ln = s.ln_mean = s.ln_rstd = Tensor();
+    s.gelu = Tensor();
+    if (attention) s.att = s.probs = s.lse = Tensor();
+  }
+}
+
+Status TransformerBlock::RecomputeCheap(const OpContext& ctx, const BlockDims& d,
+                                        const UnitParams& p, const Tensor& x, bool attention,
+                                        BlockSaved* saved) const {
+  const int64_t n = d.batch * d.seq, c = d.d_model;
+  size_t offset = 0;
+  for (size_t i = 0; i < kinds_.size(); ++i) {
+    const SublayerTensors w = Bind(kinds_[i], p, offset);
+    SublayerActivations& s = saved->subs[i];
+    const Tensor& in = i == 0 ? x : saved->subs[i - 1].out;
+    SK_ASSIGN_OR_RETURN(s.ln, NewAct(ctx, d.storage, n * c));
+    SK_ASSIGN_OR_RETURN(s.ln_mean, NewF32(ctx, n));
+    SK_ASSIGN_OR_RETURN(s.ln_rstd, NewF32(ctx, n));
+    SK_RETURN_IF_ERROR(ops::LayerNormForward(ctx, in, w.ln_g, w.ln_b, s.ln, s.ln_mean, s.ln_rstd));
+    if (kinds_[i] == SublayerKind::kMlp) {
+      SK_ASSIGN_OR_RETURN(s.gelu, NewAct(ctx, d.storage, n * d.d_ff));
+      SK_RETURN_IF_ERROR(ops::GeluForward(ctx, s.fc, s.gelu));
+    } else if (attention) {
+      SK_RETURN_IF_ERROR(AttentionCore(ctx, kinds_[i], d, &s));
+    }
+    offset += SublayerParamCount(kinds_[i]);
+  }
+  return OkStatus();
+}
+
+int64_t TransformerBlock::RecomputableBytes(const BlockDims& d, bool attention) const {
+  const int64_t n = d.batch * d.seq, c = d.d_model;
+  const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
+  int64_t b = 0;
+  for (SublayerKind k : kinds_) {
+    b += a * n * c + 4 * 2 * n;  // ln; mean, rstd (f32)
+    if (k == SublayerKind::kMlp) {
+      b += a * n * d.d_ff;  // post-GELU
+    } else if (attention) {
+      // att; probs (f32), the composed attention's as SavedBytes counts them
+      const int64_t kv_len = k == SublayerKind::kCrossAttention ? d.enc_seq : d.seq;
+      b += a * n * c + 4 * d.batch * d.heads * d.seq * kv_len;
+    }
+  }
+  return b;
+}
+
+double TransformerBlock::RecomputeCheapFlops(const BlockDims& d, bool attention) const {
+  const double n = static_cast<double>(d.batch) * d.seq;
+  const double c = static_cast<double>(d.d_model);
+  double f = 0.0;
+  for (SublayerKind k : kinds_) {
+    f += ops::kLayerNormForwardFlops * n * c;
+    if (k == SublayerKind::kMlp) {
+      f += ops::kGeluForwardFlops * n * static_cast<double>(d.d_ff);
+    } else if (attention) {
+      // QK^T and PV (as ForwardMatmulFlops counts them) and the softmax.
+      const double kv_len = static_cast<double>(k == SublayerKind::kCrossAttention ? d.enc_seq : d.seq);
+      f += 2.0 * 2.0 * n * kv_len * c +
+           ops::kSoftmaxFlops * static_cast<double>(d.heads) * n * kv_len;
+    }
+  }
+  return f;
 }
 
 int64_t TransformerBlock::SavedBytes(const BlockDims& d) const {

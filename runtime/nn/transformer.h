@@ -211,6 +211,24 @@ class TransformerBlock {
                   const UnitGrads& g, const Tensor& x, const Tensor& enc, const BlockSaved& saved,
                   const Tensor& dy, const Tensor& dx, const Tensor& denc) const;
 
+  // Selective checkpointing (ActivationCheckpointing::kSelective): drops from
+  // `saved` what RecomputeCheap rebuilds, each sublayer's LayerNorm output
+  // and statistics and the MLP's post-GELU, keeping the GEMM outputs (qkv,
+  // q, kv, fc, the residual outputs) and, unless `attention`, the
+  // attention's output and its probabilities (or log-sum-exp).
+  void ReleaseRecomputable(bool attention, BlockSaved* saved) const;
+  // Rebuilds what ReleaseRecomputable dropped (the same `attention`), from x
+  // (the block input) and the kept tensors, with the ops Forward ran on the
+  // same inputs: the backward then reads bit-identical activations.
+  Status RecomputeCheap(const ops::OpContext& ctx, const BlockDims& d, const UnitParams& p,
+                        const Tensor& x, bool attention, BlockSaved* saved) const;
+  // Bytes ReleaseRecomputable drops (RecomputeCheap allocates them again).
+  int64_t RecomputableBytes(const BlockDims& d, bool attention) const;
+  // Flops RecomputeCheap runs: LayerNorms and GELUs at their elementwise
+  // cost (runtime/ops/cost.h), no GEMM; with `attention`, also the
+  // attention's two products and its softmax.
+  double RecomputeCheapFlops(const BlockDims& d, bool attention) const;
+
   // Bytes a Forward keeps in `saved` (what backward needs): activations at
   // d.storage's size, LayerNorm statistics and attention probabilities f32.
   // Counts the composed attention's probabilities everywhere: an upper

@@ -362,6 +362,7 @@ StatusOr<std::unique_ptr<UnitTableModel>> UnitTableModel::Create(const UnitTable
                                                                  const ModelOptions& options) {
   SK_RETURN_IF_ERROR(config.Validate());
   SK_RETURN_IF_ERROR(nn_internal::ValidateComputeDType(options.compute_dtype));
+  SK_RETURN_IF_ERROR(ValidateCheckpointing(options, /*supports_selective=*/false, config.name));
   return std::unique_ptr<UnitTableModel>(new UnitTableModel(config, options));
 }
 
@@ -667,7 +668,7 @@ StatusOr<float> UnitTableModel::Run(const TokenBatch& batch, UnitHooks& hooks, A
   SK_ASSIGN_OR_RETURN(s.ctx, nn_internal::MakeContext(hooks, alloc));
   s.act = options_.compute_dtype;
   s.batch = batch.batch_size;
-  const bool ckpt = options_.activation_checkpointing;
+  const bool ckpt = options_.full_checkpointing();
   const int U = static_cast<int>(config_.units.size());
   const int head = U - 1;
   const int64_t pixels = config_.image_size * config_.image_size;
@@ -789,7 +790,7 @@ StepFlops UnitTableModel::Flops(int64_t batch_size, int64_t /*seq_len*/, int64_t
   }
   StepFlops out;
   out.model_flops = 3.0 * fwd;
-  out.hardware_flops = out.model_flops + (options_.activation_checkpointing ? recompute : 0.0);
+  out.hardware_flops = out.model_flops + (options_.full_checkpointing() ? recompute : 0.0);
   return out;
 }
 
@@ -804,7 +805,7 @@ namespace sk {
 int64_t UnitTableModel::PeakActivationBytes(int64_t batch_size, int64_t /*seq_len*/,
                                             int64_t /*source_len*/) const {
   const int64_t a = static_cast<int64_t>(DTypeSize(options_.compute_dtype));
-  const bool ckpt = options_.activation_checkpointing;
+  const bool ckpt = options_.full_checkpointing();
   const int64_t B = batch_size;
   const int U = static_cast<int>(config_.units.size());
   const std::vector<Shapes> outs = UnitOutputs(config_);

@@ -139,8 +139,11 @@ std::string Candidate::StrategyName() const {
 
 std::string Candidate::Label() const {
   std::string s = StrategyName();
+  const char* ckpt = activation_checkpointing   ? " ckpt"
+                     : selective_checkpointing ? " sel-ckpt"
+                                               : "";
   if (parallelism == Parallelism::kDdp) {
-    s += activation_checkpointing ? " ckpt" : "";
+    s += ckpt;
     return s + " " + std::string(DTypeName(fsdp.mixed_precision.param_dtype));
   }
   const ShardingStrategy st = fsdp.strategy;
@@ -161,9 +164,15 @@ std::string Candidate::Label() const {
                                                       : " limit=" + std::to_string(fsdp.all_gather_limit);
     }
   }
-  if (activation_checkpointing) s += " ckpt";
+  s += ckpt;
   if (fsdp.cpu_offload) s += " offload";
   return s + " " + DTypePairName(fsdp.mixed_precision);
+}
+
+ActivationCheckpointing Candidate::checkpointing() const {
+  if (activation_checkpointing) return ActivationCheckpointing::kFull;
+  if (selective_checkpointing) return ActivationCheckpointing::kSelective;
+  return ActivationCheckpointing::kNone;
 }
 
 StatusOr<std::vector<std::string>> ParseStrategyList(const std::string& list) {
@@ -275,7 +284,8 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
       {BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost, BackwardPrefetch::kNone});
   const std::vector<bool> fwd = OrDefault(sp.forward_prefetch, {false, true});
   const std::vector<int> limits = OrDefault(sp.rate_limits, {2, 1, 4, kNoAllGatherLimit});
-  const std::vector<bool> ckpt = OrDefault(sp.activation_checkpointing, {false, true});
+  const std::vector<ActivationCheckpointing> ckpt = OrDefault(
+      sp.activation_checkpointing, {ActivationCheckpointing::kNone, ActivationCheckpointing::kFull});
   const std::vector<bool> offload = OrDefault(sp.cpu_offload, {false, true});
   const std::vector<MixedPrecisionPolicy> dtypes = OrDefault(sp.dtypes, DefaultDTypes());
 
@@ -290,11 +300,12 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
     if (std::find(strategies.begin(), strategies.end(), name) == strategies.end()) continue;
     if (name == kDdpName) {
       for (const MixedPrecisionPolicy& mp : dtypes) {
-        for (bool ck : ckpt) {
+        for (ActivationCheckpointing ck : ckpt) {
           Candidate c;
           c.parallelism = Parallelism::kDdp;
           c.fsdp.mixed_precision.param_dtype = mp.param_dtype;
-          c.activation_checkpointing = ck;
+          c.activation_checkpointing = ck == ActivationCheckpointing::kFull;
+          c.selective_checkpointing = ck == ActivationCheckpointing::kSelective;
           add(c);
         }
       }
@@ -312,7 +323,7 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
         GathersInBackward(st) ? bwd : std::vector<BackwardPrefetch>{BackwardPrefetch::kBackwardPre};
     const std::vector<bool> fwd_here = GathersInForward(st) ? fwd : std::vector<bool>{false};
     for (const MixedPrecisionPolicy& mp : dtypes) {
-      for (bool ck : ckpt) {
+      for (ActivationCheckpointing ck : ckpt) {
         for (bool off : offload) {
           for (int f : fs) {
             for (BackwardPrefetch b : bwd_here) {
@@ -330,7 +341,8 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
                   c.fsdp.all_gather_limit = l;
                   c.fsdp.cpu_offload = off;
                   c.fsdp.mixed_precision = mp;
-                  c.activation_checkpointing = ck;
+                  c.activation_checkpointing = ck == ActivationCheckpointing::kFull;
+                  c.selective_checkpointing = ck == ActivationCheckpointing::kSelective;
                   add(c);
                 }
               }
@@ -562,6 +574,8 @@ std::string FormatJson(const PlanResult& result) {
     o += ", \"forward_prefetch\": " + std::string(k.fsdp.forward_prefetch ? "true" : "false");
     o += ", \"rate_limit\": " + std::to_string(k.fsdp.all_gather_limit);
     o += ", \"activation_checkpointing\": " + std::string(k.activation_checkpointing ? "true" : "false");
+    // Only on selective candidates: plans without them print as before.
+    if (k.selective_checkpointing) o += ", \"selective_checkpointing\": true";
     o += ", \"cpu_offload\": " + std::string(k.fsdp.cpu_offload ? "true" : "false");
     o += ", \"param_dtype\": " + JsonString(std::string(DTypeName(k.fsdp.mixed_precision.param_dtype)));
     o += ", \"reduce_dtype\": " + JsonString(std::string(DTypeName(ReduceDType(k.fsdp.mixed_precision))));

@@ -58,11 +58,15 @@
 namespace sk::plan {
 
 // One data-parallel configuration. For DDP only parallelism,
-// fsdp.mixed_precision.param_dtype and activation_checkpointing matter.
+// fsdp.mixed_precision.param_dtype and the checkpointing fields matter.
 struct Candidate {
   Parallelism parallelism = Parallelism::kFsdp;
   FsdpOptions fsdp;
+  // Whole-block checkpointing ("ckpt" in the label), or selective
+  // ("sel-ckpt"; runtime/nn/model.h: ActivationCheckpointing::kSelective).
+  // At most one is set.
   bool activation_checkpointing = false;
+  bool selective_checkpointing = false;
   // The position in EnumerateCandidates' order (the last tie-breaker).
   int index = 0;
 
@@ -71,6 +75,8 @@ struct Candidate {
   // A compact, unique description, e.g.
   // "HYBRID_SHARD F=8 bwd=PRE fwd limit=2 ckpt offload bf16/f32".
   std::string Label() const;
+  // The policy the two checkpointing fields stand for.
+  ActivationCheckpointing checkpointing() const;
 };
 
 // What one simulated training step says about a candidate. Per GPU: one
@@ -115,7 +121,9 @@ struct PlanSpace {
   std::vector<bool> forward_prefetch;
   // all_gather_limit values; kNoAllGatherLimit for "off".
   std::vector<int> rate_limits;
-  std::vector<bool> activation_checkpointing;
+  // Empty: {kNone, kFull}. Selective checkpointing is searched only where
+  // listed, so the default space (and its plans) stay as they were.
+  std::vector<ActivationCheckpointing> activation_checkpointing;
   std::vector<bool> cpu_offload;
   // Param/reduce dtype pairs (reduce unset: the param dtype).
   std::vector<MixedPrecisionPolicy> dtypes;

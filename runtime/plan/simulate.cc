@@ -21,7 +21,7 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
   t.grad_accum_steps = r.grad_accum_steps;
   t.seq_len = r.seq_len;
   t.source_len = r.source_len;
-  t.activation_checkpointing = c.activation_checkpointing;
+  t.checkpointing = c.checkpointing();
   t.device.kind = DeviceKind::kSim;
   t.device.sim_profile = r.profile;
   t.device.sim_world_size = r.gpus;
@@ -52,7 +52,7 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
     e.batch_size = r.batch_size;
     e.seq_len = r.seq_len;
     e.source_len = r.source_len;
-    e.activation_checkpointing = c.activation_checkpointing;
+    e.checkpointing = c.checkpointing();
     e.ddp = c.parallelism == Parallelism::kDdp;
     StatusOr<MemoryEstimate> est = EstimatePeakMemory(e);
     if (est.ok()) {

@@ -97,6 +97,8 @@ std::vector<std::pair<std::string, std::string>> SharedFields(const TrainerOptio
       {"source_len", i(o.source_len)},
       {"clip_grad_norm", num(o.clip_grad_norm)},
       {"activation_checkpointing", i(o.activation_checkpointing)},
+      {"checkpointing", i(static_cast<int>(o.checkpointing))},
+      {"recompute_attention", i(o.recompute_attention)},
       {"ddp_bucket_bytes", i(o.ddp_bucket_bytes)},
       {"data_path", o.data_path},
       {"data_width", i(static_cast<int>(o.data_width))},
@@ -245,6 +247,8 @@ Status Trainer::Init() {
   ModelOptions mo;
   mo.compute_dtype = options_.fsdp.mixed_precision.param_dtype;
   mo.activation_checkpointing = options_.activation_checkpointing;
+  mo.checkpointing = options_.checkpointing;
+  mo.recompute_attention = options_.recompute_attention;
   SK_ASSIGN_OR_RETURN(model_, CreateModel(config_, mo));
 
   gemm_threads_ = options_.gemm_threads;

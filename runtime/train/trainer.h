@@ -78,7 +78,13 @@ struct TrainerOptions {
   int64_t source_len = 0;
   // Clip the total gradient norm to this value; 0 = compute it, do not clip.
   double clip_grad_norm = 0;
+  // Whole-block activation checkpointing: the older spelling of
+  // checkpointing = ActivationCheckpointing::kFull (runtime/nn/model.h says
+  // how the two resolve; kSelective with this set is InvalidArgument).
   bool activation_checkpointing = false;
+  ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
+  // With checkpointing = kSelective: recompute attention too (ModelOptions).
+  bool recompute_attention = false;
   // GEMM threads of this rank's compute; 0 = the machine's cores divided by
   // the ranks sharing it (all ranks for the local backend, LOCAL_WORLD_SIZE
   // for process ranks), at least 1. Oversubscribed OpenMP teams spin against

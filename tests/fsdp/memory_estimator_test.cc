@@ -30,13 +30,18 @@ struct Case {
   bool offload = false;  // FSDP cpu_offload
   // reduce_dtype f32 under a 16-bit param_dtype (the paper's bf16/f32).
   bool f32_reduce = false;
+  // Selective checkpointing (ckpt false), attention kept or recomputed too.
+  bool selective = false;
+  bool recompute_attention = false;
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   std::string s = std::string(info.param.model) + "_" +
                   (info.param.ddp ? "DDP" : ShardingStrategyName(info.param.strategy)) + "_" +
                   std::string(DTypeName(info.param.dtype)) + (info.param.f32_reduce ? "_f32reduce" : "") +
-                  (info.param.ckpt ? "_ckpt" : "") + (info.param.offload ? "_offload" : "");
+                  (info.param.ckpt ? "_ckpt" : "") + (info.param.selective ? "_selckpt" : "") +
+                  (info.param.recompute_attention ? "_attention" : "") +
+                  (info.param.offload ? "_offload" : "");
   for (char& ch : s) {
     if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
@@ -59,6 +64,8 @@ StatusOr<MemoryEstimate> EstimateFor(const TrainerOptions& o) {
   req.batch_size = o.batch_size;
   req.seq_len = o.seq_len;
   req.activation_checkpointing = o.activation_checkpointing;
+  req.checkpointing = o.checkpointing;
+  req.recompute_attention = o.recompute_attention;
   req.ddp = o.parallelism == Parallelism::kDdp;
   return EstimatePeakMemory(req);
 }
@@ -142,6 +149,8 @@ TEST_P(MemoryEstimatorTest, EstimateCoversTheMeasuredPeakWithinTenPercent) {
   o.batch_size = c.batch;
   o.seq_len = c.seq;
   o.activation_checkpointing = c.ckpt;
+  if (c.selective) o.checkpointing = ActivationCheckpointing::kSelective;
+  o.recompute_attention = c.recompute_attention;
   o.fsdp.strategy = c.strategy;
   o.parallelism = c.ddp ? Parallelism::kDdp : Parallelism::kFsdp;
   o.fsdp.mixed_precision.param_dtype = c.dtype;
@@ -178,6 +187,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64},
                       Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, true, 2, 64},
                       Case{"t5-tiny", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 16},
+                      // Selective checkpointing: what the block keeps, and
+                      // the norms (and attention) it recomputes in backward.
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 64, false,
+                           false, true},
+                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kBF16, false, 2, 64, false,
+                           false, true, true},
+                      Case{"llama-tiny", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 16,
+                           false, false, true},
                       Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kF32, false, 2, 64},
                       Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kBF16, false, 2, 64},
                       // bf16 with an f32 reduction (the paper's mixed precision).

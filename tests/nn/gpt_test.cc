@@ -149,6 +149,51 @@ TEST(Gpt, ActivationCheckpointingGivesIdenticalLossAndGradients) {
   EXPECT_EQ(plain->Flops(2, 8, 0).hardware_flops, plain->Flops(2, 8, 0).model_flops);
 }
 
+TEST(Gpt, SelectiveCheckpointingGivesIdenticalLossAndGradients) {
+  TokenBatch batch = RandomBatch(2, 8, 32, 14);
+  // Norms and activations recomputed; attention kept, or recomputed too.
+  for (bool attention : {false, true}) {
+    SCOPED_TRACE(attention ? "recompute_attention" : "attention kept");
+    ModelOptions o;
+    o.checkpointing = ActivationCheckpointing::kSelective;
+    o.recompute_attention = attention;
+    auto plain = MakeModel(Tiny());
+    auto sel = MakeModel(Tiny(), o);
+    auto full = MakeModel(Tiny(), ModelOptions{DType::kF32, true});
+    auto pa = MakeParams(*plain, 3), pb = MakeParams(*sel, 3);
+    auto la = plain->ForwardBackward(batch, *pa, HostAllocator::Default());
+    auto lb = sel->ForwardBackward(batch, *pb, HostAllocator::Default());
+    ASSERT_TRUE(la.ok() && lb.ok()) << lb.status();
+    EXPECT_EQ(*la, *lb);
+    EXPECT_EQ(Flatten(pa->all_grads()), Flatten(pb->all_grads()));
+    // It recomputes norms and GELUs: more than nothing, far less than a block.
+    const StepFlops fs = sel->Flops(2, 8, 0), ff = full->Flops(2, 8, 0);
+    EXPECT_GT(fs.hardware_flops, fs.model_flops);
+    EXPECT_LT(fs.hardware_flops - fs.model_flops, 0.2 * (ff.hardware_flops - ff.model_flops));
+    // And keeps less than no checkpointing, more than full.
+    EXPECT_LT(sel->PeakActivationBytes(2, 8, 0), plain->PeakActivationBytes(2, 8, 0));
+    EXPECT_GT(sel->PeakActivationBytes(2, 8, 0), full->PeakActivationBytes(2, 8, 0));
+  }
+}
+
+TEST(Gpt, SelectiveAndWholeBlockCheckpointingTogetherAreInvalid) {
+  ModelOptions o;
+  o.activation_checkpointing = true;
+  o.checkpointing = ActivationCheckpointing::kSelective;
+  auto m = GptModel::Create(Tiny(), o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("selective"), std::string::npos) << m.status();
+  o.activation_checkpointing = false;
+  o.checkpointing = static_cast<ActivationCheckpointing>(7);
+  EXPECT_EQ(GptModel::Create(Tiny(), o).status().code(), StatusCode::kInvalidArgument);
+  o.checkpointing = ActivationCheckpointing::kFull;
+  o.recompute_attention = true;
+  auto full = GptModel::Create(Tiny(), o);
+  ASSERT_FALSE(full.ok());
+  EXPECT_NE(full.status().message().find("recompute_attention"), std::string::npos) << full.status();
+}
+
 // bf16 compute (bf16 parameters and activations, f32 accumulation) against
 // f32: the documented tolerance is 2% relative on the loss and 5% relative
 // L2 error on the gradient.

@@ -280,6 +280,33 @@ TEST(Llama, ActivationCheckpointingGivesIdenticalLossAndGradients) {
   EXPECT_EQ(plain->Flops(2, 8, 0).hardware_flops, plain->Flops(2, 8, 0).model_flops);
 }
 
+TEST(Llama, SelectiveCheckpointingGivesIdenticalLossAndGradients) {
+  TokenBatch batch = RandomBatch(2, 8, 32, 14);
+  // Norms and activations recomputed; attention kept, or recomputed too.
+  for (bool attention : {false, true}) {
+    SCOPED_TRACE(attention ? "recompute_attention" : "attention kept");
+    ModelOptions o;
+    o.checkpointing = ActivationCheckpointing::kSelective;
+    o.recompute_attention = attention;
+    auto plain = MakeModel(TinyQwen2());
+    auto sel = MakeModel(TinyQwen2(), o);
+    auto full = MakeModel(TinyQwen2(), ModelOptions{DType::kF32, true});
+    auto pa = MakeParams(*plain, 3), pb = MakeParams(*sel, 3);
+    auto la = plain->ForwardBackward(batch, *pa, HostAllocator::Default());
+    auto lb = sel->ForwardBackward(batch, *pb, HostAllocator::Default());
+    ASSERT_TRUE(la.ok() && lb.ok()) << lb.status();
+    EXPECT_EQ(*la, *lb);
+    EXPECT_EQ(Flatten(pa->all_grads()), Flatten(pb->all_grads()));
+    // It recomputes RMSNorms and the SwiGLU product: more than nothing, far
+    // less than a block.
+    const StepFlops fs = sel->Flops(2, 8, 0), ff = full->Flops(2, 8, 0);
+    EXPECT_GT(fs.hardware_flops, fs.model_flops);
+    EXPECT_LT(fs.hardware_flops - fs.model_flops, 0.2 * (ff.hardware_flops - ff.model_flops));
+    EXPECT_LT(sel->PeakActivationBytes(2, 8, 0), plain->PeakActivationBytes(2, 8, 0));
+    EXPECT_GT(sel->PeakActivationBytes(2, 8, 0), full->PeakActivationBytes(2, 8, 0));
+  }
+}
+
 // bf16 compute against f32, with GPT's documented tolerances: 2% on the
 // loss, 5% relative L2 on the gradient.
 TEST(Llama, Bf16ComputeStaysWithinToleranceOfF32) {

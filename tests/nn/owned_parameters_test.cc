@@ -1,5 +1,6 @@
 #include "runtime/nn/owned_parameters.h"
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <thread>
@@ -178,17 +179,30 @@ TEST(ModelMemory, PeakActivationBytesIsWithinTenPercentOfTheMeasuredPeak) {
   struct Case {
     const char* model;
     int64_t batch, seq, source;
+    bool selective;  // the model implements selective checkpointing
   };
-  for (Case k : {Case{"gpt-tiny", 4, 16, 0}, Case{"gpt-tiny", 2, 7, 0}, Case{"t5-tiny", 3, 12, 16},
-                 Case{"t5-tiny", 2, 5, 16}, Case{"regnet-tiny", 4, 1, 0}, Case{"deepvit-tiny", 3, 1, 0},
-                 Case{"llama-tiny", 4, 16, 0}, Case{"qwen2-tiny", 2, 7, 0}}) {
-    for (bool ckpt : {false, true}) {
-      for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+  for (Case k : {Case{"gpt-tiny", 4, 16, 0, true}, Case{"gpt-tiny", 2, 7, 0, true},
+                 Case{"t5-tiny", 3, 12, 16, false}, Case{"t5-tiny", 2, 5, 16, false},
+                 Case{"regnet-tiny", 4, 1, 0, false}, Case{"deepvit-tiny", 3, 1, 0, false},
+                 Case{"llama-tiny", 4, 16, 0, true}, Case{"qwen2-tiny", 2, 7, 0, true}}) {
+    for (ActivationCheckpointing ckpt :
+         {ActivationCheckpointing::kNone, ActivationCheckpointing::kFull,
+          ActivationCheckpointing::kSelective}) {
+      for (int variant = 0; variant < 3 * 2; ++variant) {
+        const DType dt = std::array<DType, 3>{DType::kF32, DType::kBF16, DType::kF16}[variant / 2];
+        const bool attention = variant % 2 == 1;  // selective's recompute_attention
+        if (attention && ckpt != ActivationCheckpointing::kSelective) continue;
         ModelOptions o;
-        o.activation_checkpointing = ckpt;
+        o.checkpointing = ckpt;
+        o.recompute_attention = attention;
         o.compute_dtype = dt;
         auto model = CreateModel(k.model, o);
-        ASSERT_TRUE(model.ok());
+        if (ckpt == ActivationCheckpointing::kSelective && !k.selective) {
+          ASSERT_FALSE(model.ok()) << k.model;
+          EXPECT_EQ(model.status().code(), StatusCode::kInvalidArgument) << model.status();
+          continue;
+        }
+        ASSERT_TRUE(model.ok()) << model.status();
         auto params = OwnedParameters::Create((*model)->units(), 1, dt);
         ASSERT_TRUE(params.ok());
         auto stream = SyntheticTokenStream(1, k.seq == 1 ? 10 : 64, 1000);
@@ -202,7 +216,8 @@ TEST(ModelMemory, PeakActivationBytesIsWithinTenPercentOfTheMeasuredPeak) {
             static_cast<double>((*model)->PeakActivationBytes(k.batch, k.seq, k.source));
         EXPECT_NEAR(estimate, measured, 0.1 * measured)
             << k.model << " batch " << k.batch << " seq " << k.seq << " source " << k.source
-            << " ckpt " << ckpt << " " << DTypeName(dt);
+            << " checkpointing " << ActivationCheckpointingName(ckpt)
+            << (attention ? " recompute_attention " : " ") << DTypeName(dt);
       }
     }
   }

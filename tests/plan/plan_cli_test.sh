@@ -22,6 +22,10 @@ cmp "$tmp/a.json" "$tmp/b.json" || { echo "FAIL: two JSON runs differ" >&2; exit
 grep -q '"simulated": true' "$tmp/a.json" || { echo "FAIL: JSON" >&2; exit 1; }
 "$plan" "${args[@]}" --trace="$tmp/trace.json" > /dev/null 2>&1
 [[ -s "$tmp/trace.json" ]] || { echo "FAIL: no trace written" >&2; exit 1; }
+# Selective checkpointing is searched when listed, labelled sel-ckpt.
+"$plan" "${args[@]/--checkpointing=off/--checkpointing=off,selective}" > "$tmp/sel.txt" 2> /dev/null
+grep -q "FULL_SHARD .*sel-ckpt" "$tmp/sel.txt" || { cat "$tmp/sel.txt"; echo "FAIL: no sel-ckpt candidate" >&2; exit 1; }
+if grep -q "sel-ckpt" "$tmp/a.txt"; then echo "FAIL: selective in a plan that did not ask" >&2; exit 1; fi
 # --help lists the planner's flags under its usage line, not glog's.
 set +e
 "$plan" --help > "$tmp/help.txt" 2>&1
@@ -33,6 +37,7 @@ expect_bad() { local what="$1"; shift; expect_refusal 2 "$what" "$plan" "$@"; }
 expect_bad "--model is required" --gpus=8
 expect_bad "ZERO4" --model=gpt-1m --strategies=ZERO4
 expect_bad "rate_limits" --model=gpt-1m --rate_limits=two
+expect_bad "--checkpointing: 'partial' is not off, on or selective" --model=gpt-1m --checkpointing=partial
 expect_bad "gpus_per_node" --model=gpt-1m --gpus=12 --gpus_per_node=8
 expect_bad "no-such-model" --model=no-such-model
 # 2^31 - 1 steps recommended "0.000 s/step" in a hundredth of a second.

@@ -17,7 +17,7 @@ PlanRequest Small() {
   MixedPrecisionPolicy bf16;
   bf16.param_dtype = DType::kBF16;
   r.space.dtypes = {bf16};
-  r.space.activation_checkpointing = {false};
+  r.space.activation_checkpointing = {ActivationCheckpointing::kNone};
   r.space.cpu_offload = {false};
   r.space.forward_prefetch = {false};
   r.space.rate_limits = {2};
@@ -51,6 +51,32 @@ TEST(PlanSimTest, SimulatesEveryCandidateAndIsByteIdenticalTwice) {
   EXPECT_EQ(FormatJson(*a), FormatJson(*b));
 }
 
+// Asked for, selective checkpointing is simulated like the other two: its
+// peak lies between whole-block checkpointing's and none's, and its step
+// costs more than none (the recomputed norms and GELUs) but less than full.
+TEST(PlanSimTest, SelectiveCheckpointingSitsBetweenNoneAndFull) {
+  PlanRequest r = Small();
+  r.space.strategies = {"FULL_SHARD"};
+  r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
+  r.space.activation_checkpointing = {ActivationCheckpointing::kNone,
+                                      ActivationCheckpointing::kFull,
+                                      ActivationCheckpointing::kSelective};
+  auto p = Plan(r);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->results.size(), 3u);
+  const CandidateMetrics* by[3] = {nullptr, nullptr, nullptr};
+  for (const CandidateResult& c : p->results) {
+    ASSERT_TRUE(c.fits()) << c.candidate.Label() << ": " << c.status;
+    by[static_cast<int>(c.candidate.checkpointing())] = &c.metrics;
+  }
+  ASSERT_TRUE(by[0] && by[1] && by[2]);
+  EXPECT_LT(by[2]->peak_allocated_bytes, by[0]->peak_allocated_bytes);
+  EXPECT_GT(by[2]->peak_allocated_bytes, by[1]->peak_allocated_bytes);
+  EXPECT_GT(by[2]->step_seconds, by[0]->step_seconds);
+  EXPECT_LT(by[2]->step_seconds, by[1]->step_seconds);
+  EXPECT_NE(FormatJson(*p).find("\"selective_checkpointing\": true"), std::string::npos);
+}
+
 TEST(PlanSimTest, OutOfMemoryIsAResultWithTheEstimatedNeed) {
   PlanRequest r;
   r.model = "gpt-175b";
@@ -59,7 +85,7 @@ TEST(PlanSimTest, OutOfMemoryIsAResultWithTheEstimatedNeed) {
   MixedPrecisionPolicy bf16;
   bf16.param_dtype = DType::kBF16;
   r.space.dtypes = {bf16};
-  r.space.activation_checkpointing = {true};
+  r.space.activation_checkpointing = {ActivationCheckpointing::kFull};
   r.space.cpu_offload = {false};
   auto p = Plan(r);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -99,7 +125,7 @@ TEST(PlanSimTest, Llama3_8bAtSequence8192FitsWithoutCheckpointing) {
   bf16.param_dtype = DType::kBF16;
   bf16.reduce_dtype = DType::kF32;
   r.space.dtypes = {bf16};
-  r.space.activation_checkpointing = {false};
+  r.space.activation_checkpointing = {ActivationCheckpointing::kNone};
   r.space.cpu_offload = {false};
   auto p = Plan(r);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -170,7 +196,7 @@ TEST(PlanSimTest, PaperVisionModelsPlanAsUnitTables) {
     MixedPrecisionPolicy bf16;
     bf16.param_dtype = DType::kBF16;
     r.space.dtypes = {bf16};
-    r.space.activation_checkpointing = {false};
+    r.space.activation_checkpointing = {ActivationCheckpointing::kNone};
     r.space.cpu_offload = {false};
     r.space.forward_prefetch = {false};
     r.space.rate_limits = {2};
@@ -206,7 +232,7 @@ TEST(PlanSimTest, CpuOffloadFitsWhatTheDeviceCannotHold) {
   MixedPrecisionPolicy bf16;
   bf16.param_dtype = DType::kBF16;
   r.space.dtypes = {bf16};
-  r.space.activation_checkpointing = {true};
+  r.space.activation_checkpointing = {ActivationCheckpointing::kFull};
   r.space.cpu_offload = {false, true};
   r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
   r.space.forward_prefetch = {false};

@@ -133,7 +133,7 @@ TEST(PlanTest, HybridFactorsArePowersOfTwoOrTheNodeSize) {
   r.gpus_per_node = 6;
   r.space.strategies = {"HYBRID_SHARD"};
   r.space.dtypes = {MixedPrecisionPolicy{}};
-  r.space.activation_checkpointing = {false};
+  r.space.activation_checkpointing = {ActivationCheckpointing::kNone};
   r.space.cpu_offload = {false};
   r.space.backward_prefetch = {BackwardPrefetch::kNone};
   r.space.forward_prefetch = {false};
@@ -158,7 +158,7 @@ TEST(PlanTest, RestrictionsNarrowTheSpace) {
   auto dtypes = ParseDTypeList("bf16/f32");
   ASSERT_TRUE(dtypes.ok());
   r.space.dtypes = *dtypes;
-  r.space.activation_checkpointing = {true};
+  r.space.activation_checkpointing = {ActivationCheckpointing::kFull};
   r.space.cpu_offload = {false};
   r.space.rate_limits = {kNoAllGatherLimit};
   auto cands = EnumerateCandidates(r);
@@ -167,6 +167,41 @@ TEST(PlanTest, RestrictionsNarrowTheSpace) {
   ASSERT_EQ(cands->size(), 7u);
   EXPECT_EQ((*cands)[0].Label(), "DDP ckpt bf16");
   EXPECT_EQ((*cands)[1].Label(), "FULL_SHARD bwd=PRE limit=off ckpt bf16/f32");
+}
+
+// Selective checkpointing is a third value of the checkpointing dimension,
+// searched only where the space lists it: the default space is unchanged.
+TEST(PlanTest, SelectiveCheckpointingIsSearchedOnlyWhenAsked) {
+  PlanRequest r = Request();
+  auto all = EnumerateCandidates(r);
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (const Candidate& c : *all) {
+    EXPECT_FALSE(c.selective_checkpointing) << c.Label();
+    EXPECT_EQ(c.Label().find("sel-ckpt"), std::string::npos) << c.Label();
+  }
+  r.space.strategies = {"DDP", "FULL_SHARD"};
+  r.space.dtypes = {MixedPrecisionPolicy{DType::kBF16, DType::kF32}};
+  r.space.cpu_offload = {false};
+  r.space.rate_limits = {kNoAllGatherLimit};
+  r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
+  r.space.forward_prefetch = {false};
+  r.space.activation_checkpointing = {ActivationCheckpointing::kNone,
+                                      ActivationCheckpointing::kFull,
+                                      ActivationCheckpointing::kSelective};
+  auto cands = EnumerateCandidates(r);
+  ASSERT_TRUE(cands.ok()) << cands.status();
+  std::vector<std::string> labels;
+  for (const Candidate& c : *cands) {
+    labels.push_back(c.Label());
+    EXPECT_FALSE(c.activation_checkpointing && c.selective_checkpointing) << c.Label();
+  }
+  EXPECT_EQ(labels, (std::vector<std::string>{
+                        "DDP bf16", "DDP ckpt bf16", "DDP sel-ckpt bf16",
+                        "FULL_SHARD bwd=PRE limit=off bf16/f32",
+                        "FULL_SHARD bwd=PRE limit=off ckpt bf16/f32",
+                        "FULL_SHARD bwd=PRE limit=off sel-ckpt bf16/f32"}));
+  EXPECT_EQ((*cands)[2].checkpointing(), ActivationCheckpointing::kSelective);
+  EXPECT_EQ((*cands)[1].checkpointing(), ActivationCheckpointing::kFull);
 }
 
 TEST(PlanTest, BadRequestsNameTheField) {
@@ -278,7 +313,7 @@ TEST(PlanTest, RanksFitsByTimeThenOutOfMemoryByNeed) {
 TEST(PlanTest, NothingFitsNamesTheSmallestPeak) {
   PlanRequest r = Request();
   r.space.strategies = {"DDP", "NO_SHARD"};
-  r.space.activation_checkpointing = {false};
+  r.space.activation_checkpointing = {ActivationCheckpointing::kNone};
   auto plan = PlanWith(r, "a100-80g", 80 * kGiB, Model);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->recommended, -1);

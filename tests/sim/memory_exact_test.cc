@@ -45,6 +45,8 @@ struct Config {
   ShardingStrategy strategy;
   bool offload = false;  // FSDP cpu_offload
   bool bf16 = false;     // param_dtype bf16
+  ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
+  bool recompute_attention = false;
 };
 
 std::string Name(const Config& c) {
@@ -62,6 +64,8 @@ TrainerOptions Options(const Config& c, int world) {
   o.fsdp.timeout = Duration(120'000);
   o.fsdp.cpu_offload = c.offload;
   if (c.bf16) o.fsdp.mixed_precision.param_dtype = DType::kBF16;
+  o.checkpointing = c.checkpointing;
+  o.recompute_attention = c.recompute_attention;
   o.batch_size = 1;
   // Unit tables (images) take one position per batch entry: their default.
   const bool images = c.model.find("regnet") == 0 || c.model.find("deepvit") == 0;
@@ -195,6 +199,42 @@ TEST(MemoryExactTest, TiedLlama) {
 TEST(MemoryExactTest, UnitTables) {
   ExpectExact("regnet-tiny", {1, 2});
   ExpectExact("deepvit-tiny", {1, 2});
+}
+// Selective checkpointing (each block's norms and GELU / SwiGLU products
+// recomputed just before its backward): the simulator allocates and frees
+// the recomputed tensors where the real run does, so the peaks stay exact;
+// they are below the same run without checkpointing.
+TEST(MemoryExactTest, SelectiveCheckpointing) {
+  for (const char* model : {"gpt-1m", "llama-tiny"}) {
+    for (Parallelism par : {Parallelism::kFsdp, Parallelism::kDdp}) {
+      for (int world : {1, 2}) {
+        Config c{model, par, ShardingStrategy::kFullShard};
+        c.checkpointing = ActivationCheckpointing::kSelective;
+        SCOPED_TRACE(Name(c) + " selective at world " + std::to_string(world));
+        std::vector<Peaks> real = RealPeaks(c, world);
+        std::vector<Peaks> sim = SimPeaks(c, world);
+        ASSERT_EQ(real.size(), static_cast<size_t>(kSteps));
+        EXPECT_EQ(sim, real);
+        Config plain = c;
+        plain.checkpointing = ActivationCheckpointing::kNone;
+        std::vector<Peaks> without = SimPeaks(plain, world);
+        ASSERT_EQ(without.size(), static_cast<size_t>(kSteps));
+        EXPECT_LT(sim.back().allocated, without.back().allocated);
+      }
+    }
+    // Attention recomputed too: still exact, and lower again.
+    Config c{model, Parallelism::kFsdp, ShardingStrategy::kFullShard};
+    c.checkpointing = ActivationCheckpointing::kSelective;
+    SCOPED_TRACE(Name(c) + " selective, attention recomputed");
+    std::vector<Peaks> kept = SimPeaks(c, 1);
+    c.recompute_attention = true;
+    std::vector<Peaks> real = RealPeaks(c, 1);
+    std::vector<Peaks> sim = SimPeaks(c, 1);
+    ASSERT_EQ(real.size(), static_cast<size_t>(kSteps));
+    EXPECT_EQ(sim, real);
+    ASSERT_EQ(kept.size(), static_cast<size_t>(kSteps));
+    EXPECT_LT(sim.back().allocated, kept.back().allocated);
+  }
 }
 // Llama-family decoders (RMSNorm, RoPE, grouped-query linear-memory
 // attention, SwiGLU; qwen2-tiny: q/k/v biases, one key/value head): every
