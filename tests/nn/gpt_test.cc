@@ -152,6 +152,7 @@ TEST(Gpt, ActivationCheckpointingGivesIdenticalLossAndGradients) {
 TEST(Gpt, SelectiveCheckpointingGivesIdenticalLossAndGradients) {
   TokenBatch batch = RandomBatch(2, 8, 32, 14);
   // Norms and activations recomputed; attention kept, or recomputed too.
+  double cheap_only = 0;  // the recomputed FLOPs with attention kept
   for (bool attention : {false, true}) {
     SCOPED_TRACE(attention ? "recompute_attention" : "attention kept");
     ModelOptions o;
@@ -166,10 +167,21 @@ TEST(Gpt, SelectiveCheckpointingGivesIdenticalLossAndGradients) {
     ASSERT_TRUE(la.ok() && lb.ok()) << lb.status();
     EXPECT_EQ(*la, *lb);
     EXPECT_EQ(Flatten(pa->all_grads()), Flatten(pb->all_grads()));
-    // It recomputes norms and GELUs: more than nothing, far less than a block.
+    // It recomputes norms and GELUs: more than nothing, far less than a
+    // block. Attention recomputed adds its products (in this tiny model,
+    // whose sequence is not much shorter than its width, a quarter of a
+    // block's FLOPs): more than the cheap ops alone, less than a block.
     const StepFlops fs = sel->Flops(2, 8, 0), ff = full->Flops(2, 8, 0);
-    EXPECT_GT(fs.hardware_flops, fs.model_flops);
-    EXPECT_LT(fs.hardware_flops - fs.model_flops, 0.2 * (ff.hardware_flops - ff.model_flops));
+    const double recomputed = fs.hardware_flops - fs.model_flops;
+    const double block = ff.hardware_flops - ff.model_flops;
+    EXPECT_GT(recomputed, 0);
+    if (!attention) {
+      EXPECT_LT(recomputed, 0.2 * block);
+      cheap_only = recomputed;
+    } else {
+      EXPECT_GT(recomputed, cheap_only);
+      EXPECT_LT(recomputed, block);
+    }
     // And keeps less than no checkpointing, more than full.
     EXPECT_LT(sel->PeakActivationBytes(2, 8, 0), plain->PeakActivationBytes(2, 8, 0));
     EXPECT_GT(sel->PeakActivationBytes(2, 8, 0), full->PeakActivationBytes(2, 8, 0));
