@@ -11,12 +11,12 @@
 // desync), and a verdict naming the ranks that are behind. Exit code 0 when
 // the dumps were read (whatever they say), 2 on usage or read errors.
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -213,12 +213,30 @@ std::string Ranks(const std::vector<int>& r) {
 // The group ranks an error names as not arriving: "rank 2 did not arrive",
 // "ranks 2,3 did not arrive", "rank 1 (world rank 2) did not arrive".
 std::set<int> NamedAsNotArriving(const std::string& error) {
+  // A hand scan rather than std::regex: libstdc++'s regex compiler trips
+  // GCC 12's -Wmaybe-uninitialized at -O1 (the sanitizer builds).
   std::set<int> out;
-  static const std::regex kMissing(R"(\branks? ([0-9]+(?:,[0-9]+)*)(?: \(world ranks? [0-9,]+\))? did not arrive)");
-  for (auto it = std::sregex_iterator(error.begin(), error.end(), kMissing); it != std::sregex_iterator(); ++it) {
-    std::stringstream list((*it)[1].str());
+  const std::string kTail = " did not arrive";
+  for (size_t at = error.find(kTail); at != std::string::npos; at = error.find(kTail, at + 1)) {
+    size_t end = at;
+    // Skip an optional " (world rank(s) ...)" just before the tail.
+    if (end > 0 && error[end - 1] == ')') {
+      size_t open = error.rfind(" (world rank", end);
+      if (open == std::string::npos) continue;
+      end = open;
+    }
+    size_t begin = end;
+    while (begin > 0 && (std::isdigit(static_cast<unsigned char>(error[begin - 1])) || error[begin - 1] == ',')) --begin;
+    if (begin == end || !std::isdigit(static_cast<unsigned char>(error[begin]))) continue;
+    // The list must follow "rank " or "ranks " at a word boundary.
+    size_t word = error.rfind("rank", begin);
+    if (word == std::string::npos) continue;
+    std::string between = error.substr(word + 4, begin - word - 4);
+    if (between != " " && between != "s ") continue;
+    if (word > 0 && std::isalnum(static_cast<unsigned char>(error[word - 1]))) continue;
+    std::stringstream list(error.substr(begin, end - begin));
     for (std::string r; std::getline(list, r, ',');) {
-      if (r.size() < 10) out.insert(std::stoi(r));
+      if (!r.empty() && r.size() < 10) out.insert(std::stoi(r));
     }
   }
   return out;
