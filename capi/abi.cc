@@ -59,57 +59,100 @@ bool HandleRegistry::Remove(const void* p, HandleKind k) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(p);
   if (it == live_.end() || it->second.kind != k || it->second.destroyed) return false;
-  if (it->second.in_use_by != nullptr) {
-    it->second.destroyed = true;  // the call using it frees it (Release)
+  if (it->second.in_use()) {
+    it->second.destroyed = true;  // the last call using it frees it (Release)
     return false;
   }
-  live_.erase(it);
+  live_.erase(it);  // an open span alone does not keep it: no call is inside it
   return true;
 }
 
-bool HandleRegistry::IsLive(const void* p, HandleKind k) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(p);
-  return it != live_.end() && it->second.kind == k && !it->second.destroyed;
+Status HandleRegistry::Refusal(const Entry& e, const void* p, const char* kind_name, const char* arg,
+                               const char* call) {
+  const std::thread::id me = std::this_thread::get_id();
+  char addr[32];
+  std::snprintf(addr, sizeof addr, "%p", p);
+  std::string m = std::string(call) + ": " + arg + " (" + kind_name + " " + addr + ") is ";
+  if (e.owner != me && e.span != nullptr) {
+    if (e.call != nullptr) m += std::string("in use by ") + e.call + ", ";
+    m += std::string("in ") + e.span + " begun on another thread; a handle takes one call at a time, and " +
+         e.span + " belongs to the thread that began it";
+    return sk::FailedPreconditionError(m);
+  }
+  const char* holder = e.owner != me ? e.call : nullptr;
+  for (const Reader& r : e.readers) {
+    if (holder == nullptr && r.thread != me) holder = r.call;
+  }
+  return sk::FailedPreconditionError(m + "in use by " + (holder != nullptr ? holder : "another call") +
+                                     " on another thread; a handle takes one call at a time");
 }
 
 Status HandleRegistry::Acquire(const void* p, HandleKind k, const char* kind_name, const char* arg,
-                               const char* call, bool* nested) {
+                               const char* call, Access access, bool* nested) {
   std::lock_guard<std::mutex> lock(mu_);
+  *nested = false;
   auto it = live_.find(p);
   if (it == live_.end() || it->second.kind != k || it->second.destroyed) {
     return sk::InvalidArgumentError(std::string(arg) + " is not a live " + kind_name +
                                     " (destroyed, or never created)");
   }
   Entry& e = it->second;
-  *nested = false;
-  if (e.in_use_by != nullptr) {
-    if (e.user == std::this_thread::get_id()) {
-      *nested = true;
-      return sk::OkStatus();
-    }
-    char addr[32];
-    std::snprintf(addr, sizeof addr, "%p", p);
-    return sk::FailedPreconditionError(std::string(call) + ": " + arg + " (" + kind_name + " " + addr +
-                                       ") is in use by " + e.in_use_by +
-                                       " on another thread; a handle takes one call at a time");
+  const std::thread::id me = std::this_thread::get_id();
+  // Another thread's exclusive call or open span refuses every claim.
+  if ((e.call != nullptr || e.span != nullptr) && e.owner != me) {
+    return Refusal(e, p, kind_name, arg, call);
   }
-  e.in_use_by = call;
-  e.user = std::this_thread::get_id();
+  if (access == Access::kShared) {
+    e.readers.push_back(Reader{me, call});
+    return sk::OkStatus();
+  }
+  // Another thread's shared claim refuses an exclusive one.
+  for (const Reader& r : e.readers) {
+    if (r.thread != me) return Refusal(e, p, kind_name, arg, call);
+  }
+  if (e.call != nullptr) {  // this thread's own call, from a callback
+    *nested = true;
+    return sk::OkStatus();
+  }
+  e.call = call;
+  e.owner = me;
   return sk::OkStatus();
 }
 
-bool HandleRegistry::Release(const void* p) {
+bool HandleRegistry::Release(const void* p, Access access) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(p);
   if (it == live_.end()) return false;
-  if (it->second.destroyed) {
+  Entry& e = it->second;
+  if (access == Access::kShared) {
+    const std::thread::id me = std::this_thread::get_id();
+    for (auto r = e.readers.begin(); r != e.readers.end(); ++r) {
+      if (r->thread == me) {
+        e.readers.erase(r);
+        break;
+      }
+    }
+  } else {
+    e.call = nullptr;
+    if (e.span == nullptr) e.owner = std::thread::id();
+  }
+  if (e.destroyed && !e.in_use()) {
     live_.erase(it);
     return true;
   }
-  it->second.in_use_by = nullptr;
-  it->second.user = std::thread::id();
   return false;
+}
+
+void HandleRegistry::OpenSpan(const void* p, const char* span) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(p);
+  if (it != live_.end()) it->second.span = span;
+}
+
+void HandleRegistry::CloseSpan(const void* p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(p);
+  if (it != live_.end()) it->second.span = nullptr;
 }
 
 Status CheckOut(const void* p, const char* arg) {

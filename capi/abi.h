@@ -122,38 +122,71 @@ template <> struct HandleTraits<sk_stream> {
   static constexpr const char* kName = "sk_stream";
 };
 
-// Live handles, and which entry point is using each. A handle takes one call
-// at a time (shardkit.h, "Threads"): a second thread's call while one runs
-// is FailedPrecondition naming the handle and the call in progress, instead
-// of two threads inside one Trainer (SIGSEGV) or one blocking on the
-// other's collectives for minutes. Nested calls on the thread that holds the
-// handle (from a callback) are let through. A handle destroyed while a call
-// uses it is unregistered at once (later calls: "not live") and freed when
-// that call returns.
+// Live handles, and which entry points are using each. A handle takes one
+// call at a time (shardkit.h, "Threads"): a second thread's call while one
+// runs is FailedPrecondition naming the handle and the call in progress,
+// instead of two threads inside one Trainer (SIGSEGV) or one blocking on the
+// other's collectives for minutes. Nothing here ever waits: a claim is
+// granted or refused at once, so claims on several handles cannot deadlock.
+//
+// Three kinds of claim:
+//  - exclusive (SK_USE_HANDLE), for the rest of one entry point: every call
+//    that changes a handle or runs collectives on it;
+//  - shared (SK_READ_HANDLE), for the rest of one entry point: a call that
+//    only reads a handle which several threads legitimately read at once
+//    (every rank's sk_engine_create copies the one model spec). Shared
+//    claims coexist; an exclusive claim on another thread refuses them and
+//    they refuse it;
+//  - a span (OpenSpan .. CloseSpan), begun by an entry point that holds the
+//    handle exclusively and kept after it returns, until another entry point
+//    closes it: sk_engine_begin_custom_step .. sk_engine_end_custom_step.
+//    During a span the handle belongs to the thread that opened it: that
+//    thread's calls go ahead, another thread's are refused naming the span.
+// Nested calls on the thread that holds the handle (from a callback) are let
+// through. A handle destroyed while a call uses it is unregistered at once
+// (later calls: "not live") and freed when the last call using it returns;
+// one destroyed during a span with no call running is freed at once.
 class HandleRegistry { public:
+  enum class Access { kExclusive, kShared };
+
   static HandleRegistry& Get();
   void Add(const void* p, HandleKind k);
   // True if `p` was live with kind `k` and may be freed now (it is removed
-  // either way; while a call uses it, that call frees it: Release).
+  // either way; while calls use it, the last of them frees it: Release).
   bool Remove(const void* p, HandleKind k);
-  bool IsLive(const void* p, HandleKind k);
-  // Marks live handle `p` as used by `call` on this thread. InvalidArgument
-  // (as CheckHandle) if not live; FailedPrecondition naming `arg`, the
-  // handle and the call in progress if another thread uses it. `*nested` is
-  // true when this thread already held it (Release must then not be called).
+  // Claims live handle `p` for `call` on this thread. InvalidArgument naming
+  // `arg` if it is not live; FailedPrecondition naming `call`, `arg`, the
+  // handle and the call (or span) in progress if another thread's claim
+  // conflicts. `*nested` is true when this thread already held it
+  // exclusively (Release must then not be called).
   Status Acquire(const void* p, HandleKind k, const char* kind_name, const char* arg, const char* call,
-                 bool* nested);
-  // Ends the use Acquire began. True if the handle was destroyed meanwhile:
-  // the caller frees it.
-  bool Release(const void* p);
+                 Access access, bool* nested);
+  // Ends a claim Acquire granted. True if the handle was destroyed
+  // meanwhile and this was its last use: the caller frees it.
+  bool Release(const void* p, Access access);
+  // While this thread holds `p` exclusively: keeps `p` this thread's after
+  // the claim ends, until CloseSpan. `span` says what is open and what ends
+  // it, for the messages of refused calls (a string literal).
+  void OpenSpan(const void* p, const char* span);
+  void CloseSpan(const void* p);
 
  private:
+  struct Reader {
+    std::thread::id thread;
+    const char* call;
+  };
   struct Entry {
     HandleKind kind;
-    const char* in_use_by = nullptr;  // the entry point using it, or null
-    std::thread::id user;
-    bool destroyed = false;           // destroyed while in use: Release frees it
+    const char* call = nullptr;  // the entry point holding it exclusively, or null
+    const char* span = nullptr;  // the open span, or null
+    std::thread::id owner;       // the thread of `call` and of `span`
+    std::vector<Reader> readers; // shared claims
+    bool destroyed = false;      // destroyed while in use: the last Release frees it
+    bool in_use() const { return call != nullptr || !readers.empty(); }
   };
+  // FailedPrecondition for `call` refused because of another thread's `e`.
+  static Status Refusal(const Entry& e, const void* p, const char* kind_name, const char* arg,
+                        const char* call);
   std::mutex mu_;
   std::unordered_map<const void*, Entry> live_;
 };
@@ -173,21 +206,31 @@ void Destroy(T* h) {
   if (HandleRegistry::Get().Remove(h, HandleTraits<T>::kKind)) delete h;
 }
 
-// The exclusive use of one handle for the rest of an entry point
-// (SK_USE_HANDLE). status() is what Acquire said.
+// InvalidArgument for a NULL handle argument `arg` of type T.
+template <typename T>
+Status NullHandleError(const char* arg) {
+  return sk::InvalidArgumentError(std::string(arg) + " is NULL (expected a " + HandleTraits<T>::kName + ")");
+}
+
+// One claim on a handle for the rest of an entry point (SK_USE_HANDLE,
+// SK_READ_HANDLE). status() is what Acquire said; a NULL handle is
+// InvalidArgument unless `optional`, when it claims nothing and is OK.
 template <typename T>
 class HandleUse {
  public:
-  HandleUse(const T* h, const char* arg, const char* call) : h_(h) {
+  using Access = HandleRegistry::Access;
+  HandleUse(const T* h, const char* arg, const char* call, Access access, bool optional = false)
+      : h_(h), access_(access) {
     if (h == nullptr) {
-      status_ = sk::InvalidArgumentError(std::string(arg) + " is NULL (expected a " + HandleTraits<T>::kName + ")");
+      if (!optional) status_ = NullHandleError<T>(arg);
       return;
     }
-    status_ = HandleRegistry::Get().Acquire(h, HandleTraits<T>::kKind, HandleTraits<T>::kName, arg, call, &nested_);
+    status_ = HandleRegistry::Get().Acquire(h, HandleTraits<T>::kKind, HandleTraits<T>::kName, arg, call,
+                                            access, &nested_);
+    held_ = status_.ok() && !nested_;
   }
   ~HandleUse() {
-    if (!status_.ok() || nested_) return;
-    if (HandleRegistry::Get().Release(h_)) delete const_cast<T*>(h_);
+    if (held_ && HandleRegistry::Get().Release(h_, access_)) delete const_cast<T*>(h_);
   }
   HandleUse(const HandleUse&) = delete;
   HandleUse& operator=(const HandleUse&) = delete;
@@ -195,22 +238,11 @@ class HandleUse {
 
  private:
   const T* h_;
+  Access access_;
   Status status_;
   bool nested_ = false;
+  bool held_ = false;
 };
-
-template <typename T>
-Status CheckHandle(const T* h, const char* arg) {
-  if (h == nullptr) {
-    return sk::InvalidArgumentError(std::string(arg) + " is NULL (expected a " +
-                                    HandleTraits<T>::kName + ")");
-  }
-  if (!HandleRegistry::Get().IsLive(h, HandleTraits<T>::kKind)) {
-    return sk::InvalidArgumentError(std::string(arg) + " is not a live " +
-                                    HandleTraits<T>::kName + " (destroyed, or never created)");
-  }
-  return sk::OkStatus();
-}
 
 Status CheckOut(const void* p, const char* arg);
 
@@ -365,9 +397,22 @@ StatusOr<std::vector<std::shared_ptr<comm::ProcessGroup>>> CreateLocalGroups(
 
 // Checks handle `h` (argument `arg`) and holds it for the rest of the entry
 // point: another thread's call on it meanwhile is FailedPrecondition.
-#define SK_USE_HANDLE(h, arg)                                                                     \
+#define SK_USE_HANDLE(h, arg) \
+  SK_CLAIM_HANDLE_IMPL(h, arg, ::sk::capi::HandleRegistry::Access::kExclusive, false)
+// The same for a handle that may be NULL (a simulated world's group): NULL
+// claims nothing; the entry point checks whether NULL is allowed.
+#define SK_USE_OPTIONAL_HANDLE(h, arg) \
+  SK_CLAIM_HANDLE_IMPL(h, arg, ::sk::capi::HandleRegistry::Access::kExclusive, true)
+// Checks handle `h` and holds it shared for the rest of the entry point: the
+// call only reads it, and other threads may read it meanwhile; an exclusive
+// call on it meanwhile (either way round) is FailedPrecondition.
+#define SK_READ_HANDLE(h, arg) \
+  SK_CLAIM_HANDLE_IMPL(h, arg, ::sk::capi::HandleRegistry::Access::kShared, false)
+#define SK_CLAIM_HANDLE_IMPL(h, arg, access, optional)                                                  \
   ::sk::capi::HandleUse<std::remove_cv_t<std::remove_pointer_t<decltype(h)>>> sk_use_##h##_(h, arg, \
-                                                                                             __func__); \
+                                                                                             __func__, \
+                                                                                             access, \
+                                                                                             optional); \
   if (!sk_use_##h##_.status().ok()) return ::sk::capi::Fail(sk_use_##h##_.status())
 
 // Returns the status of `expr` from the entry point if it is not OK.

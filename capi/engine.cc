@@ -64,6 +64,20 @@ sk_status_t UnitHook(sk_engine* engine, int32_t unit, sk::Status (sk::FsdpEngine
   SK_API_END
 }
 
+// Keeps `engine` this thread's while the engine is in a custom step: the
+// claim spans sk_engine_begin_custom_step .. sk_engine_end_custom_step, so
+// another thread's call in between (an optimizer step, a hook, a view) is
+// refused naming the custom step, while this thread's views go ahead. It
+// follows the engine's own state: a begin or end that failed changed
+// nothing. Called by the thread that holds `engine` exclusively.
+void HoldDuringCustomStep(const sk_engine* engine) {
+  if (engine->engine->in_custom_step()) {
+    HandleRegistry::Get().OpenSpan(engine, "a custom step (sk_engine_begin_custom_step .. sk_engine_end_custom_step)");
+  } else {
+    HandleRegistry::Get().CloseSpan(engine);
+  }
+}
+
 // The device of `engine`, for its caller streams.
 sk::StatusOr<sk::Device*> EngineDevice(sk_engine* engine) {
   const sk::DeviceId id = engine->engine->allocator().device();
@@ -128,7 +142,7 @@ SK_EXPORT sk_status_t sk_stream_wrap_cuda(sk_engine* engine, void* cuda_stream, 
 
 SK_EXPORT sk_status_t sk_stream_enqueue(sk_stream* stream, sk_stream_fn fn, void* user_data) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(stream, "stream"));
+  SK_USE_HANDLE(stream, "stream");
   if (fn == nullptr) return Fail(SK_STATUS_INVALID_ARGUMENT, "fn is NULL (expected a function to enqueue)");
   SK_CHECK(stream->stream->Enqueue([fn, user_data]() {
     fn(user_data);
@@ -140,7 +154,7 @@ SK_EXPORT sk_status_t sk_stream_enqueue(sk_stream* stream, sk_stream_fn fn, void
 
 SK_EXPORT sk_status_t sk_stream_synchronize(sk_stream* stream) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(stream, "stream"));
+  SK_USE_HANDLE(stream, "stream");
   SK_CHECK(stream->stream->Synchronize());
   return SK_STATUS_OK;
   SK_API_END
@@ -155,7 +169,7 @@ SK_EXPORT void sk_stream_destroy(sk_stream* stream) {
 SK_EXPORT sk_status_t sk_engine_set_stream(sk_engine* engine, sk_stream* stream) {
   SK_API_BEGIN
   SK_USE_HANDLE(engine, "engine");
-  if (stream != nullptr) SK_CHECK(CheckHandle(stream, "stream"));
+  SK_USE_OPTIONAL_HANDLE(stream, "stream");
   SK_CHECK(engine->engine->SetStream(stream != nullptr ? stream->stream : nullptr));
   return SK_STATUS_OK;
   SK_API_END
@@ -263,7 +277,7 @@ SK_EXPORT sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
 SK_EXPORT sk_status_t sk_model_spec_add_tied_param(sk_model_spec* spec, int32_t unit, const char* name,
                                                    int32_t owner_unit, int32_t owner_param, int32_t* out_param) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(spec, "spec"));
+  SK_USE_HANDLE(spec, "spec");
   SK_CHECK(CheckSpecUnit(spec->units, unit));
   SK_CHECK(CheckSpecUnit(spec->units, owner_unit));
   SK_CHECK(CheckString(name, "name"));
@@ -299,7 +313,10 @@ SK_EXPORT sk_status_t sk_model_spec_add_tied_param(sk_model_spec* spec, int32_t 
 SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_group* group,
                                        const sk_engine_options* options, sk_engine** out_engine) {
   SK_API_BEGIN
-  SK_USE_HANDLE(spec, "spec");
+  // Shared: every rank's thread creates its engine from the one spec at
+  // once (and each then waits in collectives for the others).
+  SK_READ_HANDLE(spec, "spec");
+  SK_USE_OPTIONAL_HANDLE(group, "group");
   SK_CHECK(CheckOut(out_engine, "out_engine"));
   sk_engine_options c;
   SK_CHECK(ReadStruct(options, "sk_engine_options", &c));
@@ -307,10 +324,11 @@ SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_gro
   SK_ASSIGN_OR_FAIL(o.fsdp, ToFsdpOptions(c.fsdp));
   SK_ASSIGN_OR_FAIL(o.optimizer, ToOptimizerOptions(c.optimizer));
   o.memory_cap_bytes = static_cast<size_t>(c.memory_cap_bytes);
-  if (group != nullptr) SK_CHECK(CheckHandle(group, "group"));
   SK_ASSIGN_OR_FAIL(o.device, ToDeviceOptions(c.device, group != nullptr ? group->group.get() : nullptr));
   // The simulator may simulate its own world (group NULL).
-  if (group != nullptr || o.device.kind != sk::DeviceKind::kSim) SK_CHECK(CheckHandle(group, "group"));
+  if (group == nullptr && o.device.kind != sk::DeviceKind::kSim) {
+    return Fail(NullHandleError<sk_process_group>("group"));
+  }
   auto h = std::make_unique<sk_engine>();
   if (group != nullptr) h->group = group->group;
   if (c.cuda_stream != nullptr) {
@@ -440,23 +458,27 @@ SK_EXPORT sk_status_t sk_engine_read_param(sk_engine* engine, int32_t unit, int3
 
 SK_EXPORT sk_status_t sk_engine_begin_custom_step(sk_engine* engine) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
-  SK_CHECK(engine->engine->BeginCustomStep());
+  SK_USE_HANDLE(engine, "engine");
+  const Status s = engine->engine->BeginCustomStep();
+  HoldDuringCustomStep(engine);
+  SK_CHECK(s);
   return SK_STATUS_OK;
   SK_API_END
 }
 
 SK_EXPORT sk_status_t sk_engine_end_custom_step(sk_engine* engine) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
-  SK_CHECK(engine->engine->EndCustomStep());
+  SK_USE_HANDLE(engine, "engine");
+  const Status s = engine->engine->EndCustomStep();
+  HoldDuringCustomStep(engine);
+  SK_CHECK(s);
   return SK_STATUS_OK;
   SK_API_END
 }
 
 SK_EXPORT sk_status_t sk_engine_master_shard(sk_engine* engine, int32_t unit, sk_tensor_view* out_view) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckOutStruct(out_view, "out_view"));
   SK_ASSIGN_OR_FAIL(const sk::Tensor* t, engine->engine->MasterShard(unit));
   WriteStruct(out_view, FlatViewOf(*t));
@@ -466,7 +488,7 @@ SK_EXPORT sk_status_t sk_engine_master_shard(sk_engine* engine, int32_t unit, sk
 
 SK_EXPORT sk_status_t sk_engine_grad_shard(sk_engine* engine, int32_t unit, sk_tensor_view* out_view) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckOutStruct(out_view, "out_view"));
   SK_ASSIGN_OR_FAIL(const sk::Tensor* t, engine->engine->GradShard(unit));
   WriteStruct(out_view, FlatViewOf(*t));
@@ -477,7 +499,7 @@ SK_EXPORT sk_status_t sk_engine_grad_shard(sk_engine* engine, int32_t unit, sk_t
 SK_EXPORT sk_status_t sk_engine_optimizer_state(sk_engine* engine, int32_t unit, int32_t index,
                                                 sk_tensor_view* out_view) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckOutStruct(out_view, "out_view"));
   SK_ASSIGN_OR_FAIL(const sk::Tensor* t, engine->engine->OptimizerState(unit, index));
   WriteStruct(out_view, FlatViewOf(*t));
@@ -488,7 +510,7 @@ SK_EXPORT sk_status_t sk_engine_optimizer_state(sk_engine* engine, int32_t unit,
 SK_EXPORT sk_status_t sk_engine_write_param(sk_engine* engine, int32_t unit, int32_t param, const float* values,
                                             int64_t count) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(engine->engine->WriteParam(unit, param, values, count));
   return SK_STATUS_OK;
   SK_API_END
@@ -496,7 +518,7 @@ SK_EXPORT sk_status_t sk_engine_write_param(sk_engine* engine, int32_t unit, int
 
 SK_EXPORT sk_status_t sk_engine_set_lr(sk_engine* engine, float lr) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(engine->engine->set_lr(lr));
   return SK_STATUS_OK;
   SK_API_END
@@ -504,7 +526,7 @@ SK_EXPORT sk_status_t sk_engine_set_lr(sk_engine* engine, float lr) {
 
 SK_EXPORT sk_status_t sk_engine_get_lr(const sk_engine* engine, float* out_lr) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckOut(out_lr, "out_lr"));
   *out_lr = engine->engine->lr();
   return SK_STATUS_OK;
@@ -513,7 +535,7 @@ SK_EXPORT sk_status_t sk_engine_get_lr(const sk_engine* engine, float* out_lr) {
 
 SK_EXPORT sk_status_t sk_engine_steps(const sk_engine* engine, int64_t* out_steps) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckOut(out_steps, "out_steps"));
   *out_steps = engine->engine->steps();
   return SK_STATUS_OK;
@@ -522,7 +544,7 @@ SK_EXPORT sk_status_t sk_engine_steps(const sk_engine* engine, int64_t* out_step
 
 SK_EXPORT sk_status_t sk_engine_save_checkpoint(sk_engine* engine, const char* dir) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckString(dir, "dir"));
   SK_CHECK(engine->engine->SaveCheckpoint(dir));
   return SK_STATUS_OK;
@@ -531,7 +553,7 @@ SK_EXPORT sk_status_t sk_engine_save_checkpoint(sk_engine* engine, const char* d
 
 SK_EXPORT sk_status_t sk_engine_load_checkpoint(sk_engine* engine, const char* dir, int64_t* out_step) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(engine, "engine"));
+  SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckString(dir, "dir"));
   SK_CHECK(engine->engine->LoadCheckpoint(dir));
   if (out_step != nullptr) *out_step = engine->engine->steps();

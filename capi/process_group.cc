@@ -190,7 +190,7 @@ SK_EXPORT sk_status_t sk_process_group_create_nccl(const sk_nccl_options* option
 SK_EXPORT sk_status_t sk_process_group_all_reduce(sk_process_group* group, void* data, int64_t count,
                                                   sk_dtype_t dtype, sk_reduce_op_t op) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(group, "group"));
+  SK_USE_HANDLE(group, "group");
   SK_ASSIGN_OR_FAIL(sk::DType dt, CollectiveDType(dtype));
   SK_CHECK(CheckEnum(op, SK_REDUCE_MAX, "op"));
   const auto o = op == SK_REDUCE_DEFAULT ? sk::comm::CallerReduceOp::kSum : static_cast<sk::comm::CallerReduceOp>(op);
@@ -203,7 +203,7 @@ SK_EXPORT sk_status_t sk_process_group_all_reduce(sk_process_group* group, void*
 SK_EXPORT sk_status_t sk_process_group_broadcast(sk_process_group* group, void* data, int64_t count,
                                                  sk_dtype_t dtype, int32_t root) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(group, "group"));
+  SK_USE_HANDLE(group, "group");
   SK_ASSIGN_OR_FAIL(sk::DType dt, CollectiveDType(dtype));
   SK_ASSIGN_OR_FAIL(sk::comm::CallerCollectives * c, Collectives(group));
   SK_CHECK(c->Broadcast(data, count, dt, root));
@@ -214,7 +214,7 @@ SK_EXPORT sk_status_t sk_process_group_broadcast(sk_process_group* group, void* 
 SK_EXPORT sk_status_t sk_process_group_all_gather(sk_process_group* group, const void* input, void* output,
                                                   int64_t count, sk_dtype_t dtype) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(group, "group"));
+  SK_USE_HANDLE(group, "group");
   SK_ASSIGN_OR_FAIL(sk::DType dt, CollectiveDType(dtype));
   SK_ASSIGN_OR_FAIL(sk::comm::CallerCollectives * c, Collectives(group));
   SK_CHECK(c->AllGather(input, output, count, dt));
@@ -224,7 +224,7 @@ SK_EXPORT sk_status_t sk_process_group_all_gather(sk_process_group* group, const
 
 SK_EXPORT sk_status_t sk_process_group_barrier(sk_process_group* group) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(group, "group"));
+  SK_USE_HANDLE(group, "group");
   SK_ASSIGN_OR_FAIL(sk::comm::CallerCollectives * c, Collectives(group));
   SK_CHECK(c->Barrier());
   return SK_STATUS_OK;
@@ -239,7 +239,7 @@ SK_EXPORT void sk_process_group_destroy(sk_process_group* group) {
 
 SK_EXPORT sk_status_t sk_process_group_rank(const sk_process_group* group, int32_t* out_rank) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(group, "group"));
+  SK_READ_HANDLE(group, "group");
   SK_CHECK(CheckOut(out_rank, "out_rank"));
   *out_rank = group->group->rank();
   return SK_STATUS_OK;
@@ -248,7 +248,7 @@ SK_EXPORT sk_status_t sk_process_group_rank(const sk_process_group* group, int32
 
 SK_EXPORT sk_status_t sk_process_group_size(const sk_process_group* group, int32_t* out_size) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(group, "group"));
+  SK_READ_HANDLE(group, "group");
   SK_CHECK(CheckOut(out_size, "out_size"));
   *out_size = group->group->size();
   return SK_STATUS_OK;
@@ -257,7 +257,7 @@ SK_EXPORT sk_status_t sk_process_group_size(const sk_process_group* group, int32
 
 SK_EXPORT sk_status_t sk_process_group_label(const sk_process_group* group, const char** out_label) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(group, "group"));
+  SK_READ_HANDLE(group, "group");
   SK_CHECK(CheckOut(out_label, "out_label"));
   *out_label = group->label.c_str();
   return SK_STATUS_OK;

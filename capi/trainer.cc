@@ -30,11 +30,13 @@ SK_EXPORT sk_status_t sk_trainer_create(const sk_trainer_options* options, sk_pr
                                         sk_trainer** out_trainer) {
   SK_API_BEGIN
   SK_CHECK(CheckOut(out_trainer, "out_trainer"));
-  if (group != nullptr) SK_CHECK(CheckHandle(group, "group"));
+  SK_USE_OPTIONAL_HANDLE(group, "group");
   SK_ASSIGN_OR_FAIL(sk::TrainerOptions o,
                     ToTrainerOptions(options, group != nullptr ? group->group.get() : nullptr));
   // The simulator may simulate its own world (group NULL).
-  if (group != nullptr || o.device.kind != sk::DeviceKind::kSim) SK_CHECK(CheckHandle(group, "group"));
+  if (group == nullptr && o.device.kind != sk::DeviceKind::kSim) {
+    return Fail(NullHandleError<sk_process_group>("group"));
+  }
   auto h = std::make_unique<sk_trainer>();
   if (group != nullptr) h->group = group->group;
   SK_ASSIGN_OR_FAIL(h->trainer, sk::Trainer::Create(o, h->group.get()));
@@ -61,7 +63,7 @@ SK_EXPORT sk_status_t sk_trainer_step(sk_trainer* trainer, sk_step_metrics* out_
 
 SK_EXPORT sk_status_t sk_trainer_set_lr(sk_trainer* trainer, float lr) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_USE_HANDLE(trainer, "trainer");
   SK_CHECK(trainer->trainer->set_lr(lr));
   return SK_STATUS_OK;
   SK_API_END
@@ -69,7 +71,7 @@ SK_EXPORT sk_status_t sk_trainer_set_lr(sk_trainer* trainer, float lr) {
 
 SK_EXPORT sk_status_t sk_trainer_get_lr(const sk_trainer* trainer, float* out_lr) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(trainer, "trainer"));
+  SK_USE_HANDLE(trainer, "trainer");
   SK_CHECK(CheckOut(out_lr, "out_lr"));
   *out_lr = trainer->trainer->lr();
   return SK_STATUS_OK;
@@ -237,7 +239,7 @@ SK_EXPORT sk_status_t sk_local_session_metrics(const sk_local_session* session, 
 
 SK_EXPORT sk_status_t sk_local_session_set_lr(sk_local_session* session, float lr) {
   SK_API_BEGIN
-  SK_CHECK(CheckHandle(session, "session"));
+  SK_USE_HANDLE(session, "session");
   // Checked once, so that no rank changes when the rate is bad.
   if (!std::isfinite(lr) || lr < 0) {
     return Fail(SK_STATUS_INVALID_ARGUMENT, "learning rate must be finite and >= 0, not " + std::to_string(lr));

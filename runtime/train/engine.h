@@ -281,6 +281,8 @@ class FsdpEngine {
   StatusOr<const Tensor*> GradShard(int unit) const;
   StatusOr<const Tensor*> OptimizerState(int unit, int index);
   Status EndCustomStep();
+  // True between a BeginCustomStep and an EndCustomStep that succeeded.
+  bool in_custom_step() const { return custom_step_; }
 
   // Copies the full f32 parameter into out[0..count) (a tied parameter's
   // owner's value). Collective.
