@@ -1977,3 +1977,357 @@ TEST(CapiThreads, TwoThreadsOnOneHandleAreFailedPreconditionNotACrash) {
   // Exit code 0: every expectation held; else which one failed.
   EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
 }
+
+namespace {
+
+// True if `st` and this thread's last error say that `call` was refused
+// because another thread's `holder` (a call, or a span) uses the handle
+// (`handle`, e.g. "engine (sk_engine"). Says what it saw on stderr if not.
+bool RefusedFor(sk_status_t st, const char* call, const char* handle, const char* holder) {
+  const std::string msg = sk_last_error_message();
+  const bool refused = st == SK_STATUS_FAILED_PRECONDITION && msg.rfind(std::string(call) + ": ", 0) == 0 &&
+                       msg.find(handle) != std::string::npos && msg.find(holder) != std::string::npos;
+  if (!refused) {
+    std::fprintf(stderr, "%s: expected FAILED_PRECONDITION naming %s and %s, got %s: %s\n", call, handle,
+                 holder, sk_status_name(st), msg.c_str());
+  }
+  return refused;
+}
+
+// Calls probe() until another thread's call (which blocks until this thread
+// lets it go) holds the handle and probe() is refused; false if that does
+// not happen within 30 s (the handle was never held).
+template <typename Probe>
+bool UntilRefused(Probe probe) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (probe() == SK_STATUS_FAILED_PRECONDITION) return true;
+    std::this_thread::yield();
+  }
+  return false;
+}
+
+// A spec of one unit with a 256x1024 parameter: creating, writing and
+// checkpointing its engine takes milliseconds, long enough to overlap.
+sk_model_spec* WideSpec() {
+  sk_model_spec* spec = nullptr;
+  int32_t u = -1;
+  static const int64_t kShape[2] = {256, 1024};
+  sk_param_spec w = SK_PARAM_SPEC_INIT;
+  w.name = "w";
+  w.ndim = 2;
+  w.shape = kShape;
+  w.init = SK_INIT_NORMAL;
+  w.init_b = 0.02f;
+  if (sk_model_spec_create(&spec) != SK_STATUS_OK || sk_model_spec_add_unit(spec, "wide", &u) != SK_STATUS_OK ||
+      sk_model_spec_add_param(spec, u, &w, nullptr) != SK_STATUS_OK) {
+    return nullptr;
+  }
+  return spec;
+}
+
+}  // namespace
+
+// Issue 35, defect 4, continued: the entry points added after the guard
+// (the engine's rate, steps, write_param and checkpoints; the trainer's and
+// session's rate) only checked that the handle was live, so another thread
+// ran inside the same engine meanwhile. Each now holds its handle.
+TEST(CapiThreads, RatesStepsWritesAndCheckpointsHoldTheirHandle) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string dir = TempDir("threads_ckpt");
+  auto child = [&dir]() {
+    sk_process_group* g = nullptr;
+    sk_trainer_options o = TinyTrainer();
+    sk_trainer* t = nullptr;
+    if (sk_process_group_create_local(1, nullptr, &g) != SK_STATUS_OK ||
+        sk_trainer_create(&o, g, &t) != SK_STATUS_OK) {
+      ::_exit(90);
+    }
+    int probes = 0;
+    int rc = OverlapOnOneHandle([&] { return sk_trainer_step(t, nullptr); },
+                                [&] {
+                                  float lr = 0;
+                                  return ++probes % 2 ? sk_trainer_set_lr(t, 1e-3f) : sk_trainer_get_lr(t, &lr);
+                                },
+                                "trainer (sk_trainer");
+    if (rc != 0) ::_exit(rc);
+    sk_trainer_destroy(t);
+
+    sk_local_session* s = nullptr;
+    if (sk_local_session_create(&o, 2, nullptr, &s) != SK_STATUS_OK) ::_exit(91);
+    rc = OverlapOnOneHandle([&] { return sk_local_session_step(s, nullptr); },
+                            [&] { return sk_local_session_set_lr(s, 1e-3f); }, "session (sk_local_session");
+    if (rc != 0) ::_exit(10 + rc);
+    sk_local_session_destroy(s);
+
+    sk_model_spec* spec = WideSpec();
+    sk_engine* e = nullptr;
+    if (spec == nullptr || sk_engine_create(spec, g, nullptr, &e) != SK_STATUS_OK) ::_exit(92);
+    std::vector<float> values(256 * 1024, 0.5f);
+    int works = 0;
+    // The work alternates calls that hold the engine for milliseconds; the
+    // probe cycles through the short ones. Before, neither side held it.
+    rc = OverlapOnOneHandle(
+        [&] {
+          int64_t step = 0;
+          switch (works++ % 3) {
+            case 0: return sk_engine_save_checkpoint(e, dir.c_str());
+            case 1: return sk_engine_write_param(e, 0, 0, values.data(), static_cast<int64_t>(values.size()));
+            default: return sk_engine_load_checkpoint(e, dir.c_str(), &step);
+          }
+        },
+        [&] {
+          float lr = 0;
+          int64_t steps = 0;
+          switch (++probes % 3) {
+            case 0: return sk_engine_get_lr(e, &lr);
+            case 1: return sk_engine_steps(e, &steps);
+            default: return sk_engine_set_lr(e, 1e-3f);
+          }
+        },
+        "engine (sk_engine");
+    if (rc != 0) ::_exit(20 + rc);
+    sk_engine_destroy(e);
+    sk_model_spec_destroy(spec);
+    sk_process_group_destroy(g);
+    ::_exit(0);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+}
+
+// Every rank's thread creates its engine from the one model spec at once:
+// that only reads the spec, so none is refused (one was, and its peer then
+// waited 300 s in a collective: cpp_frontend_test hung). Changing the spec
+// meanwhile is refused naming sk_engine_create.
+TEST(CapiThreads, RanksCreateEnginesFromOneSpecAtOnceWhileItsWriterIsRefused) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto child = []() {
+    sk_model_spec* spec = WideSpec();
+    if (spec == nullptr) ::_exit(90);
+    constexpr int kRanks = 2;
+    for (int trial = 0; trial < 20; ++trial) {
+      sk_process_group* g[kRanks] = {};
+      if (sk_process_group_create_local(kRanks, nullptr, g) != SK_STATUS_OK) ::_exit(91);
+      std::atomic<int> ready{0};
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < kRanks; ++r) {
+        ranks.emplace_back([&, r] {
+          ready.fetch_add(1);
+          while (ready.load() < kRanks) std::this_thread::yield();  // start together
+          sk_engine* e = nullptr;
+          if (sk_engine_create(spec, g[r], nullptr, &e) != SK_STATUS_OK) {
+            std::fprintf(stderr, "rank %d: %s\n", r, sk_last_error_message());
+            ::_exit(1);  // at once: the peer would wait in a collective for this rank
+          }
+          int64_t steps = 0;
+          if (sk_engine_steps(e, &steps) != SK_STATUS_OK) ::_exit(2);
+          sk_engine_destroy(e);
+        });
+      }
+      for (std::thread& th : ranks) th.join();
+      for (sk_process_group* h : g) sk_process_group_destroy(h);
+    }
+
+    // A writer while engines are being created: refused, or (between two
+    // creates) the validation error of its bad arguments; never both inside.
+    sk_process_group* g = nullptr;
+    if (sk_process_group_create_local(1, nullptr, &g) != SK_STATUS_OK) ::_exit(92);
+    const int rc = OverlapOnOneHandle(
+        [&] {
+          sk_engine* e = nullptr;
+          const sk_status_t st = sk_engine_create(spec, g, nullptr, &e);
+          sk_engine_destroy(e);
+          return st;
+        },
+        [&] {
+          // Unit 0 cannot tie to itself: INVALID_ARGUMENT once the spec is free.
+          const sk_status_t st = sk_model_spec_add_tied_param(spec, 0, "tied", 0, 0, nullptr);
+          return st == SK_STATUS_INVALID_ARGUMENT ? SK_STATUS_OK : st;
+        },
+        "spec (sk_model_spec");
+    if (rc != 0) ::_exit(10 + rc);
+    sk_process_group_destroy(g);
+    sk_model_spec_destroy(spec);
+    ::_exit(0);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+}
+
+// sk_engine_begin_custom_step .. sk_engine_end_custom_step is one span: the
+// engine belongs to the thread that began it until it ends. That thread's
+// views go ahead; another thread's calls (views, hooks, the end itself) are
+// refused naming the custom step; after the end they go ahead again. Before,
+// another thread's views were handed out in the middle of the update.
+TEST(CapiThreads, ACustomStepBelongsToTheThreadThatBeganIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto child = []() {
+    sk_model_spec* spec = LinearSpec();
+    sk_process_group* g = nullptr;
+    sk_engine* e = nullptr;
+    if (sk_process_group_create_local(1, nullptr, &g) != SK_STATUS_OK ||
+        sk_engine_create(spec, g, nullptr, &e) != SK_STATUS_OK) {
+      ::_exit(90);
+    }
+    auto on_other_thread = [](auto fn) {
+      int code = 0;
+      std::thread([&] { code = fn(); }).join();
+      return code;
+    };
+    auto backward = [&] {
+      return sk_engine_pre_forward(e, 0) == SK_STATUS_OK && sk_engine_post_forward(e, 0) == SK_STATUS_OK &&
+             sk_engine_pre_backward(e, 0) == SK_STATUS_OK && sk_engine_post_backward(e, 0) == SK_STATUS_OK &&
+             sk_engine_finish_backward(e) == SK_STATUS_OK;
+    };
+    // A begin that fails (no backward yet) opens nothing.
+    if (sk_engine_begin_custom_step(e) != SK_STATUS_FAILED_PRECONDITION) ::_exit(1);
+    if (on_other_thread([&] { return sk_engine_zero_grad(e) == SK_STATUS_OK ? 0 : 2; }) != 0) ::_exit(2);
+    if (!backward()) ::_exit(3);
+
+    if (sk_engine_begin_custom_step(e) != SK_STATUS_OK) ::_exit(4);
+    const char* kSpan = "in a custom step (sk_engine_begin_custom_step .. sk_engine_end_custom_step)";
+    int code = on_other_thread([&] {
+      sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+      float lr = 0;
+      if (!RefusedFor(sk_engine_master_shard(e, 0, &v), "sk_engine_master_shard", "engine (sk_engine", kSpan)) {
+        return 10;
+      }
+      if (!RefusedFor(sk_engine_grad_shard(e, 0, &v), "sk_engine_grad_shard", "engine (sk_engine", kSpan)) return 11;
+      if (!RefusedFor(sk_engine_get_lr(e, &lr), "sk_engine_get_lr", "engine (sk_engine", kSpan)) return 12;
+      if (!RefusedFor(sk_engine_zero_grad(e), "sk_engine_zero_grad", "engine (sk_engine", kSpan)) return 13;
+      if (!RefusedFor(sk_engine_end_custom_step(e), "sk_engine_end_custom_step", "engine (sk_engine", kSpan)) {
+        return 14;
+      }
+      return 0;
+    });
+    if (code != 0) ::_exit(code);
+    // This thread's views and calls go ahead, the span stays open after each.
+    sk_tensor_view master = SK_TENSOR_VIEW_INIT, grad = SK_TENSOR_VIEW_INIT;
+    int32_t units = 0;
+    if (sk_engine_master_shard(e, 0, &master) != SK_STATUS_OK || sk_engine_grad_shard(e, 0, &grad) != SK_STATUS_OK ||
+        sk_engine_num_units(e, &units) != SK_STATUS_OK || units != 1) {
+      ::_exit(20);
+    }
+    code = on_other_thread([&] {
+      int64_t steps = 0;
+      return RefusedFor(sk_engine_steps(e, &steps), "sk_engine_steps", "engine (sk_engine", kSpan) ? 0 : 21;
+    });
+    if (code != 0) ::_exit(code);
+    for (int64_t i = 0; i < master.numel; ++i) {
+      static_cast<float*>(master.data)[i] -= 0.1f * static_cast<const float*>(grad.data)[i];
+    }
+    if (sk_engine_end_custom_step(e) != SK_STATUS_OK) ::_exit(22);
+    code = on_other_thread([&] {
+      int64_t steps = 0;
+      return sk_engine_steps(e, &steps) == SK_STATUS_OK && steps == 1 ? 0 : 23;
+    });
+    if (code != 0) ::_exit(code);
+
+    // Destroyed by another thread during a custom step (no call running):
+    // freed at once (asan: no leak), and then not live here either.
+    if (!backward() || sk_engine_begin_custom_step(e) != SK_STATUS_OK) ::_exit(30);
+    on_other_thread([&] {
+      sk_engine_destroy(e);
+      return 0;
+    });
+    if (sk_engine_end_custom_step(e) != SK_STATUS_INVALID_ARGUMENT) ::_exit(31);
+    sk_process_group_destroy(g);
+    sk_model_spec_destroy(spec);
+    ::_exit(0);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+}
+
+// One rank's group handle takes one collective at a time: another thread's
+// collective (or query) while a barrier waits for the peer is refused
+// naming the barrier, instead of two collectives interleaving on one rank.
+// Each rank's own handle, driven by its own thread, is unaffected.
+TEST(CapiThreads, CollectivesOnOneGroupHandleFromTwoThreadsAreRefusedNotInterleaved) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto child = []() {
+    sk_process_group* g[2] = {};
+    if (sk_process_group_create_local(2, nullptr, g) != SK_STATUS_OK) ::_exit(90);
+    sk_status_t barrier = SK_STATUS_UNKNOWN;
+    std::thread waiting([&] { barrier = sk_process_group_barrier(g[0]); });  // waits for rank 1
+    int32_t size = 0;
+    if (!UntilRefused([&] { return sk_process_group_size(g[0], &size); })) ::_exit(1);
+    const char* kHandle = "group (sk_process_group";
+    float x[2] = {1, 2};
+    float gathered[4] = {};
+    const char* rank = nullptr;
+    if (!RefusedFor(sk_process_group_all_reduce(g[0], x, 2, SK_DTYPE_F32, SK_REDUCE_SUM),
+                    "sk_process_group_all_reduce", kHandle, "in use by sk_process_group_barrier") ||
+        !RefusedFor(sk_process_group_broadcast(g[0], x, 2, SK_DTYPE_F32, 0), "sk_process_group_broadcast", kHandle,
+                    "in use by sk_process_group_barrier") ||
+        !RefusedFor(sk_process_group_all_gather(g[0], x, gathered, 2, SK_DTYPE_F32), "sk_process_group_all_gather",
+                    kHandle, "in use by sk_process_group_barrier") ||
+        !RefusedFor(sk_process_group_barrier(g[0]), "sk_process_group_barrier", kHandle,
+                    "in use by sk_process_group_barrier") ||
+        !RefusedFor(sk_process_group_label(g[0], &rank), "sk_process_group_label", kHandle,
+                    "in use by sk_process_group_barrier")) {
+      ::_exit(2);
+    }
+    if (sk_process_group_barrier(g[1]) != SK_STATUS_OK) ::_exit(3);  // rank 1 arrives
+    waiting.join();
+    if (barrier != SK_STATUS_OK) ::_exit(4);
+    // Still usable: one thread per rank, a collective each.
+    float y[2][2] = {{1, 2}, {3, 4}};
+    sk_status_t st[2] = {SK_STATUS_UNKNOWN, SK_STATUS_UNKNOWN};
+    std::thread r1([&] { st[1] = sk_process_group_all_reduce(g[1], y[1], 2, SK_DTYPE_F32, SK_REDUCE_SUM); });
+    st[0] = sk_process_group_all_reduce(g[0], y[0], 2, SK_DTYPE_F32, SK_REDUCE_SUM);
+    r1.join();
+    if (st[0] != SK_STATUS_OK || st[1] != SK_STATUS_OK || y[0][0] != 4.0f || y[1][1] != 6.0f) ::_exit(5);
+    sk_process_group_destroy(g[0]);
+    sk_process_group_destroy(g[1]);
+    ::_exit(0);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+}
+
+// A caller stream (a cpu engine's worker thread) takes one call at a time:
+// while one thread synchronizes with it, another's enqueue or
+// sk_engine_set_stream is refused naming sk_stream_synchronize.
+TEST(CapiThreads, AStreamTakesOneCallAtATime) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto child = []() {
+    sk_model_spec* spec = LinearSpec();
+    sk_process_group* g = nullptr;
+    sk_engine* e = nullptr;
+    sk_stream* s = nullptr;
+    if (sk_process_group_create_local(1, nullptr, &g) != SK_STATUS_OK ||
+        sk_engine_create(spec, g, nullptr, &e) != SK_STATUS_OK || sk_stream_create(e, &s) != SK_STATUS_OK) {
+      ::_exit(90);
+    }
+    static std::atomic<bool> released{false};
+    auto hold = [](void*) {
+      while (!released.load()) std::this_thread::yield();
+    };
+    auto nothing = [](void*) {};
+    if (sk_stream_enqueue(s, hold, nullptr) != SK_STATUS_OK) ::_exit(1);
+    sk_status_t synced = SK_STATUS_UNKNOWN;
+    std::thread syncing([&] { synced = sk_stream_synchronize(s); });  // waits for `hold`
+    if (!UntilRefused([&] { return sk_stream_enqueue(s, nothing, nullptr); })) {
+      released = true;
+      ::_exit(2);
+    }
+    const char* kHandle = "stream (sk_stream";
+    const bool refused =
+        RefusedFor(sk_stream_enqueue(s, nothing, nullptr), "sk_stream_enqueue", kHandle,
+                   "in use by sk_stream_synchronize") &&
+        RefusedFor(sk_stream_synchronize(s), "sk_stream_synchronize", kHandle, "in use by sk_stream_synchronize") &&
+        RefusedFor(sk_engine_set_stream(e, s), "sk_engine_set_stream", kHandle, "in use by sk_stream_synchronize");
+    released = true;
+    syncing.join();
+    if (!refused) ::_exit(3);
+    if (synced != SK_STATUS_OK) ::_exit(4);
+    if (sk_engine_set_stream(e, s) != SK_STATUS_OK || sk_stream_enqueue(s, nothing, nullptr) != SK_STATUS_OK ||
+        sk_stream_synchronize(s) != SK_STATUS_OK) {
+      ::_exit(5);
+    }
+    sk_stream_destroy(s);
+    sk_engine_destroy(e);
+    sk_process_group_destroy(g);
+    sk_model_spec_destroy(spec);
+    ::_exit(0);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+}
