@@ -132,11 +132,11 @@ template <> struct HandleTraits<sk_stream> {
 // Three kinds of claim:
 //  - exclusive (SK_USE_HANDLE), for the rest of one entry point: every call
 //    that changes a handle or runs collectives on it;
-//  - shared (SK_READ_HANDLE), for the rest of one entry point: a call that
-//    only reads a handle which several threads legitimately read at once
-//    (every rank's sk_engine_create copies the one model spec). Shared
-//    claims coexist; an exclusive claim on another thread refuses them and
-//    they refuse it;
+//  - shared (SK_SHARE_HANDLE), for the rest of one entry point: a call that
+//    several threads legitimately make on one handle at once, because it
+//    only reads it (every rank's sk_engine_create copies the one model spec)
+//    or the runtime object is thread-safe (a stream). Shared claims coexist;
+//    an exclusive claim on another thread refuses them and they refuse it;
 //  - a span (OpenSpan .. CloseSpan), begun by an entry point that holds the
 //    handle exclusively and kept after it returns, until another entry point
 //    closes it: sk_engine_begin_custom_step .. sk_engine_end_custom_step.
@@ -213,7 +213,7 @@ Status NullHandleError(const char* arg) {
 }
 
 // One claim on a handle for the rest of an entry point (SK_USE_HANDLE,
-// SK_READ_HANDLE). status() is what Acquire said; a NULL handle is
+// SK_SHARE_HANDLE). status() is what Acquire said; a NULL handle is
 // InvalidArgument unless `optional`, when it claims nothing and is OK.
 template <typename T>
 class HandleUse {
@@ -403,11 +403,14 @@ StatusOr<std::vector<std::shared_ptr<comm::ProcessGroup>>> CreateLocalGroups(
 // claims nothing; the entry point checks whether NULL is allowed.
 #define SK_USE_OPTIONAL_HANDLE(h, arg) \
   SK_CLAIM_HANDLE_IMPL(h, arg, ::sk::capi::HandleRegistry::Access::kExclusive, true)
-// Checks handle `h` and holds it shared for the rest of the entry point: the
-// call only reads it, and other threads may read it meanwhile; an exclusive
-// call on it meanwhile (either way round) is FailedPrecondition.
-#define SK_READ_HANDLE(h, arg) \
+// Checks handle `h` and holds it shared for the rest of the entry point, for
+// calls that several threads may make on it at once (they only read it, or
+// the runtime object is thread-safe); an exclusive call on it meanwhile
+// (either way round) is FailedPrecondition, and destroying it waits for them.
+#define SK_SHARE_HANDLE(h, arg) \
   SK_CLAIM_HANDLE_IMPL(h, arg, ::sk::capi::HandleRegistry::Access::kShared, false)
+#define SK_SHARE_OPTIONAL_HANDLE(h, arg) \
+  SK_CLAIM_HANDLE_IMPL(h, arg, ::sk::capi::HandleRegistry::Access::kShared, true)
 #define SK_CLAIM_HANDLE_IMPL(h, arg, access, optional)                                                  \
   ::sk::capi::HandleUse<std::remove_cv_t<std::remove_pointer_t<decltype(h)>>> sk_use_##h##_(h, arg, \
                                                                                              __func__, \

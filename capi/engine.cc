@@ -142,7 +142,7 @@ SK_EXPORT sk_status_t sk_stream_wrap_cuda(sk_engine* engine, void* cuda_stream, 
 
 SK_EXPORT sk_status_t sk_stream_enqueue(sk_stream* stream, sk_stream_fn fn, void* user_data) {
   SK_API_BEGIN
-  SK_USE_HANDLE(stream, "stream");
+  SK_SHARE_HANDLE(stream, "stream");  // thread-safe (shardkit.h), as the runtime's streams are
   if (fn == nullptr) return Fail(SK_STATUS_INVALID_ARGUMENT, "fn is NULL (expected a function to enqueue)");
   SK_CHECK(stream->stream->Enqueue([fn, user_data]() {
     fn(user_data);
@@ -154,7 +154,7 @@ SK_EXPORT sk_status_t sk_stream_enqueue(sk_stream* stream, sk_stream_fn fn, void
 
 SK_EXPORT sk_status_t sk_stream_synchronize(sk_stream* stream) {
   SK_API_BEGIN
-  SK_USE_HANDLE(stream, "stream");
+  SK_SHARE_HANDLE(stream, "stream");  // thread-safe (shardkit.h), as the runtime's streams are
   SK_CHECK(stream->stream->Synchronize());
   return SK_STATUS_OK;
   SK_API_END
@@ -169,7 +169,7 @@ SK_EXPORT void sk_stream_destroy(sk_stream* stream) {
 SK_EXPORT sk_status_t sk_engine_set_stream(sk_engine* engine, sk_stream* stream) {
   SK_API_BEGIN
   SK_USE_HANDLE(engine, "engine");
-  SK_USE_OPTIONAL_HANDLE(stream, "stream");
+  SK_SHARE_OPTIONAL_HANDLE(stream, "stream");
   SK_CHECK(engine->engine->SetStream(stream != nullptr ? stream->stream : nullptr));
   return SK_STATUS_OK;
   SK_API_END
@@ -315,7 +315,7 @@ SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_gro
   SK_API_BEGIN
   // Shared: every rank's thread creates its engine from the one spec at
   // once (and each then waits in collectives for the others).
-  SK_READ_HANDLE(spec, "spec");
+  SK_SHARE_HANDLE(spec, "spec");
   SK_USE_OPTIONAL_HANDLE(group, "group");
   SK_CHECK(CheckOut(out_engine, "out_engine"));
   sk_engine_options c;

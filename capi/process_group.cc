@@ -239,7 +239,7 @@ SK_EXPORT void sk_process_group_destroy(sk_process_group* group) {
 
 SK_EXPORT sk_status_t sk_process_group_rank(const sk_process_group* group, int32_t* out_rank) {
   SK_API_BEGIN
-  SK_READ_HANDLE(group, "group");
+  SK_SHARE_HANDLE(group, "group");
   SK_CHECK(CheckOut(out_rank, "out_rank"));
   *out_rank = group->group->rank();
   return SK_STATUS_OK;
@@ -248,7 +248,7 @@ SK_EXPORT sk_status_t sk_process_group_rank(const sk_process_group* group, int32
 
 SK_EXPORT sk_status_t sk_process_group_size(const sk_process_group* group, int32_t* out_size) {
   SK_API_BEGIN
-  SK_READ_HANDLE(group, "group");
+  SK_SHARE_HANDLE(group, "group");
   SK_CHECK(CheckOut(out_size, "out_size"));
   *out_size = group->group->size();
   return SK_STATUS_OK;
@@ -257,7 +257,7 @@ SK_EXPORT sk_status_t sk_process_group_size(const sk_process_group* group, int32
 
 SK_EXPORT sk_status_t sk_process_group_label(const sk_process_group* group, const char** out_label) {
   SK_API_BEGIN
-  SK_READ_HANDLE(group, "group");
+  SK_SHARE_HANDLE(group, "group");
   SK_CHECK(CheckOut(out_label, "out_label"));
   *out_label = group->label.c_str();
   return SK_STATUS_OK;

@@ -62,9 +62,18 @@
  *  any threads. A handle that is not marked so must be used by one thread at a
  *  time (different handles may be used concurrently); a call on a handle
  *  while another thread's call on it runs returns FAILED_PRECONDITION naming
- *  the handle and the call in progress, and changes nothing (trainers, local
- *  sessions, engines and model specs). A handle destroyed while another
- *  thread's call uses it is freed when that call returns. Calls marked
+ *  the handle and the call in progress, and changes nothing. That holds for
+ *  every call on every kind of handle (a process group's collectives too:
+ *  two at once on one rank's handle would interleave), except calls that
+ *  only read: several threads may create engines from one model spec at
+ *  once (every rank of a local group does) and query one group's rank, size
+ *  and label at once, though not while another thread's call changes it.
+ *  Streams are thread-safe. An engine between sk_engine_begin_custom_step and
+ *  sk_engine_end_custom_step belongs to the thread that began the step:
+ *  another thread's calls on it are refused, naming the custom step, until
+ *  that thread ends it. No call waits for another thread's call to end. A
+ *  handle destroyed while another thread's call uses it is freed when that
+ *  call returns. Calls marked
  *  "collective" must be made by every rank of the process group, in the same
  *  order; they block until the peers take part (within the group's timeout).
  *  Every function returns when its work is done, except where its comment
@@ -419,7 +428,9 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_run_local_ranks(int32_t world_size, const 
  * group's GPU on nccl groups. A buffer of the other kind is INVALID_ARGUMENT
  * (where CUDA can tell); so is a NULL buffer with count > 0, a negative
  * count, or a dtype other than f32, bf16, f16. The group's handle is used by
- * one thread at a time. */
+ * one thread at a time: another thread's collective on it meanwhile is
+ * FAILED_PRECONDITION naming the collective in progress (one rank's
+ * collectives are driven by one thread, in order). */
 typedef SK_ENUM(sk_reduce_op_t) {
   SK_REDUCE_DEFAULT = 0, /* SUM */
   SK_REDUCE_SUM = 1,
@@ -1113,7 +1124,9 @@ typedef struct sk_tensor_view {
  * `group` alive. Errors: INVALID_ARGUMENT for bad options or an empty spec;
  * RESOURCE_EXHAUSTED if the memory cap is too small. On SK_DEVICE_SIM
  * `group` may be NULL (as for sk_trainer_create) and nothing is
- * initialised: the initialisers are priced, not run. */
+ * initialised: the initialisers are priced, not run. Several threads may
+ * create engines from one spec at once (each rank's thread of a local group
+ * does); changing the spec meanwhile is FAILED_PRECONDITION. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_create(const sk_model_spec* spec,
                                                     sk_process_group* group,
                                                     const sk_engine_options* options,
@@ -1240,7 +1253,9 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_steps(const sk_engine* engine, int6
  * for SHARD_OPTIM and NO_SHARD) and counts the step (sk_engine_steps).
  * FAILED_PRECONDITION: begin before finish_backward or with a unit between
  * its pre_ and post_ call; a view outside begin..end; any other step call
- * inside it. examples: tests/train/engine_framework_test.cc (Lion). */
+ * inside it; any call on the engine from another thread than the one whose
+ * begin succeeded, until its end succeeds (a failed begin or end changes
+ * nothing). examples: tests/train/engine_framework_test.cc (Lion). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_begin_custom_step(sk_engine* engine);
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_master_shard(sk_engine* engine, int32_t unit,
                                                           sk_tensor_view* out_view);
@@ -1304,7 +1319,8 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_stream_wrap_cuda(sk_engine* engine, void* 
 typedef void (*sk_stream_fn)(void* user_data);
 SK_EXPORT SK_NODISCARD sk_status_t sk_stream_enqueue(sk_stream* stream, sk_stream_fn fn, void* user_data);
 /* Blocks until everything enqueued on the stream so far has run
- * (DEADLINE_EXCEEDED after 300 s). Thread-safe. */
+ * (DEADLINE_EXCEEDED after 300 s). Thread-safe; a stream destroyed meanwhile
+ * by another thread is freed when this returns. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_stream_synchronize(sk_stream* stream);
 /* Accepts NULL. An engine that used the stream keeps it alive. */
 SK_EXPORT void sk_stream_destroy(sk_stream* stream);
