@@ -80,7 +80,7 @@ Status HandleRegistry::Refusal(const Entry& e, const void* p, const char* kind_n
     return sk::FailedPreconditionError(m);
   }
   const char* holder = e.owner != me ? e.call : nullptr;
-  for (const Reader& r : e.readers) {
+  for (const SharedClaim& r : e.shared) {
     if (holder == nullptr && r.thread != me) holder = r.call;
   }
   return sk::FailedPreconditionError(m + "in use by " + (holder != nullptr ? holder : "another call") +
@@ -103,11 +103,11 @@ Status HandleRegistry::Acquire(const void* p, HandleKind k, const char* kind_nam
     return Refusal(e, p, kind_name, arg, call);
   }
   if (access == Access::kShared) {
-    e.readers.push_back(Reader{me, call});
+    e.shared.push_back(SharedClaim{me, call});
     return sk::OkStatus();
   }
   // Another thread's shared claim refuses an exclusive one.
-  for (const Reader& r : e.readers) {
+  for (const SharedClaim& r : e.shared) {
     if (r.thread != me) return Refusal(e, p, kind_name, arg, call);
   }
   if (e.call != nullptr) {  // this thread's own call, from a callback
@@ -126,9 +126,9 @@ bool HandleRegistry::Release(const void* p, Access access) {
   Entry& e = it->second;
   if (access == Access::kShared) {
     const std::thread::id me = std::this_thread::get_id();
-    for (auto r = e.readers.begin(); r != e.readers.end(); ++r) {
+    for (auto r = e.shared.begin(); r != e.shared.end(); ++r) {
       if (r->thread == me) {
-        e.readers.erase(r);
+        e.shared.erase(r);
         break;
       }
     }

@@ -171,18 +171,18 @@ class HandleRegistry { public:
   void CloseSpan(const void* p);
 
  private:
-  struct Reader {
+  struct SharedClaim {
     std::thread::id thread;
     const char* call;
   };
   struct Entry {
     HandleKind kind;
-    const char* call = nullptr;  // the entry point holding it exclusively, or null
-    const char* span = nullptr;  // the open span, or null
-    std::thread::id owner;       // the thread of `call` and of `span`
-    std::vector<Reader> readers; // shared claims
-    bool destroyed = false;      // destroyed while in use: the last Release frees it
-    bool in_use() const { return call != nullptr || !readers.empty(); }
+    const char* call = nullptr;       // the entry point holding it exclusively, or null
+    const char* span = nullptr;       // the open span, or null
+    std::thread::id owner;            // the thread of `call` and of `span`
+    std::vector<SharedClaim> shared;  // one per shared claim
+    bool destroyed = false;           // destroyed while in use: the last Release frees it
+    bool in_use() const { return call != nullptr || !shared.empty(); }
   };
   // FailedPrecondition for `call` refused because of another thread's `e`.
   static Status Refusal(const Entry& e, const void* p, const char* kind_name, const char* arg,
