@@ -2290,8 +2290,9 @@ TEST(CapiThreads, CollectivesOnOneGroupHandleFromTwoThreadsAreRefusedNotInterlea
 
 // A caller stream is thread-safe (shardkit.h): two threads enqueue on one
 // stream and synchronize with it at once, all OK. A stream destroyed while
-// another thread synchronizes with it is freed when that call returns
-// (before, it was deleted under the call).
+// another thread synchronizes with it is freed when that call returns, and
+// the destroy returns at once (before, it was deleted under the call, and
+// the destroy waited for the stream's work).
 TEST(CapiThreads, AStreamTakesCallsFromSeveralThreadsAndOutlivesThem) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto child = []() {
@@ -2337,15 +2338,20 @@ TEST(CapiThreads, AStreamTakesCallsFromSeveralThreadsAndOutlivesThem) {
     });
     while (!syncing) std::this_thread::yield();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // most likely inside by now
-    // Released from another thread: before, the destroy itself waited for `hold`.
+    // Released from another thread, 2 s on: before, the destroy freed the
+    // stream under the synchronize, its destructor waiting for `hold`.
     std::thread releaser([] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::this_thread::sleep_for(std::chrono::seconds(2));
       released = true;
     });
     sk_stream_destroy(s);
+    const bool destroy_waited = released.load();
     releaser.join();
     waiter.join();
+    // The synchronize began after the destroy (INVALID_ARGUMENT) only if this
+    // thread's 20 ms ran out first; then the destroy did free the stream.
     if (synced != SK_STATUS_OK && synced != SK_STATUS_INVALID_ARGUMENT) ::_exit(4);
+    if (synced == SK_STATUS_OK && destroy_waited) ::_exit(6);
     if (sk_stream_synchronize(s) != SK_STATUS_INVALID_ARGUMENT) ::_exit(5);
     sk_engine_destroy(e);
     sk_process_group_destroy(g);
