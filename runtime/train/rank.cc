@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "runtime/core/env.h"
 #include "runtime/device/cpu_device.h"
 #include "runtime/device/device.h"
 #include "runtime/fsdp/fsdp.h"
@@ -127,7 +128,7 @@ StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions
 }
 
 int LocalWorldSizeFromEnvironment() {
-  const char* env = std::getenv("LOCAL_WORLD_SIZE");
+  const char* env = GetEnv(EnvVar::kLocalWorldSize);
   return env != nullptr ? std::max(0, std::atoi(env)) : 0;
 }
 

@@ -133,7 +133,7 @@ TEST(GlooProcessGroup, AMissingPeerIsNamedAndTheFlightRecorderSaysWhoIsBehind) {
   const std::string dir = std::string(tmp ? tmp : "/tmp") + "/flight." + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  ::setenv("SHARDKIT_FLIGHT_RECORDER_DIR", dir.c_str(), 1);
+  ::setenv("SK_FLIGHT_RECORDER_DIR", dir.c_str(), 1);
   GlooOptions options;
   options.timeout = 5s;
   std::vector<Status> results(3);
@@ -164,7 +164,7 @@ TEST(GlooProcessGroup, AMissingPeerIsNamedAndTheFlightRecorderSaysWhoIsBehind) {
     FlightRecorder* fr = world.groups[2]->flight_recorder();
     ASSERT_NE(fr, nullptr);
     ASSERT_TRUE(fr->Dump(dir + "/test.rank2.json", "by hand").ok());
-    ::unsetenv("SHARDKIT_FLIGHT_RECORDER_DIR");
+    ::unsetenv("SK_FLIGHT_RECORDER_DIR");
   }
   FILE* p = ::popen(("runtime/comm/flight_merge " + dir + " 2>&1").c_str(), "r");
   ASSERT_NE(p, nullptr);

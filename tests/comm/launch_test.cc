@@ -50,7 +50,7 @@ TEST(Launch, HelpPrintsUsageAndExitsZero) {
 
 // Each rank prints the variables that pick and share its GPU.
 constexpr char kPrintGpuEnv[] =
-    "/bin/sh -c 'echo rank=$RANK local=$LOCAL_RANK dev=${SHARDKIT_CUDA_DEVICE:-unset} "
+    "/bin/sh -c 'echo rank=$RANK local=$LOCAL_RANK dev=${SK_CUDA_DEVICE:-unset} "
     "host=${NCCL_HOSTID:-unset} ifname=${NCCL_SOCKET_IFNAME:-unset}'";
 
 TEST(Launch, GpusByDefaultFollowTheLocalRank) {
