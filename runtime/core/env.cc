@@ -60,7 +60,7 @@ const std::vector<EnvVarInfo>& EnvVars() {
        "`1`: after each row, time one extra step per op with device events and print the per-op table (docs/cuda.md)."},
       {EnvVar::kGpuTrainSimProfile, "SK_GPU_TRAIN_SIM_PROFILE", nullptr, EnvOwner::kShardkit, "benchmarks/gpu_train.cc",
        "The simulator profile `gpu_train` compares each measured row with. Unset: `h100-80g`."},
-      {EnvVar::kBuildWorkingDirectory, "BUILD_WORKING_DIRECTORY", nullptr, EnvOwner::kBazel, "runtime/comm/launch.cc, tools/convert.cc",
+      {EnvVar::kBuildWorkingDirectory, "BUILD_WORKING_DIRECTORY", nullptr, EnvOwner::kBazel, "tools/launch.cc, tools/convert.cc",
        "Set by `bazel run`: the directory it was run from, so that relative paths on the command line mean what the user typed."},
       {EnvVar::kBuildWorkspaceDirectory, "BUILD_WORKSPACE_DIRECTORY", nullptr, EnvOwner::kBazel, "benchmarks/harness_main.cc",
        "Set by `bazel run`: the workspace root, where the paper harness writes `benchmarks/results/` and finds plot.py."},

@@ -2,7 +2,7 @@
 //
 // Each variable has one entry in a table (env.cc): its name, the code that
 // reads it and what it means. docs/environment.md is generated from the
-// table (//runtime/core:env_table) and tests/core:env_test checks that the
+// table (//tools:env_table) and tests/core:env_test checks that the
 // two agree, so a variable cannot be read without being documented.
 //
 // Names: shardkit's own variables start with SK_. The launcher convention

@@ -15,7 +15,7 @@
 namespace {
 
 // Paths inside the test's runfiles (the working directory of a bazel test).
-constexpr char kLaunch[] = "runtime/comm/launch";
+constexpr char kLaunch[] = "tools/launch";
 constexpr char kWorker[] = "tests/comm/gloo_worker";
 
 struct Result {

@@ -58,7 +58,7 @@ TEST(Env, TheDocsHoldTheGeneratedTable) {
   std::stringstream ss;
   ss << in.rdbuf();
   EXPECT_NE(ss.str().find(EnvVarsMarkdown()), std::string::npos)
-      << "docs/environment.md's table is stale: regenerate it with ./bazelw run //runtime/core:env_table";
+      << "docs/environment.md's table is stale: regenerate it with ./bazelw run //tools:env_table";
 }
 
 }  // namespace

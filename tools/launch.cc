@@ -1,6 +1,6 @@
 // launch: starts one process per rank with torchrun's variables.
 //
-//   bazel run //runtime/comm:launch -- --nproc_per_node=N [--nnodes=1]
+//   bazel run //tools:launch -- --nproc_per_node=N [--nnodes=1]
 //       [--node_rank=0] [--master_addr=127.0.0.1] [--master_port=29500]
 //       [--kill_grace_s=5] [--gpus=local|G0,G1,...] [--share_gpu=G]
 //       [--on_failure=stop|wait] PROGRAM [ARGS...]

@@ -1,5 +1,5 @@
 // Prints the table of environment variables that docs/environment.md holds:
-//   ./bazelw run //runtime/core:env_table
+//   ./bazelw run //tools:env_table
 #include <cstdio>
 
 #include "runtime/core/env.h"
