@@ -44,6 +44,7 @@
 #include <benchmark/benchmark.h>
 
 #include "runtime/comm/local_backend.h"
+#include "runtime/core/env.h"
 #include "runtime/core/status.h"
 #include "runtime/ops/op_timing.h"
 #include "runtime/train/sim_run.h"
@@ -57,13 +58,13 @@ constexpr int kWarmup = 2;
 // Timed steps per configuration: 10, or SK_GPU_TRAIN_STEPS (>= 1; a profiler
 // such as ncu replays every kernel, so a profiled run wants 1).
 int TimedSteps() {
-  const char* env = std::getenv("SK_GPU_TRAIN_STEPS");
+  const char* env = GetEnv(EnvVar::kGpuTrainSteps);
   const int n = env != nullptr ? std::atoi(env) : 10;
   return n >= 1 ? n : 10;
 }
 // SK_GPU_TRAIN_OP_BREAKDOWN=1: time one extra step per op (see the top).
 bool OpBreakdown() {
-  const char* env = std::getenv("SK_GPU_TRAIN_OP_BREAKDOWN");
+  const char* env = GetEnv(EnvVar::kGpuTrainOpBreakdown);
   return env != nullptr && std::string_view(env) == "1";
 }
 
@@ -144,7 +145,7 @@ TrainerOptions OptionsFor(const Row& row) {
 
 // The simulated card: SK_GPU_TRAIN_SIM_PROFILE, default h100-80g.
 std::string SimProfileName() {
-  const char* env = std::getenv("SK_GPU_TRAIN_SIM_PROFILE");
+  const char* env = GetEnv(EnvVar::kGpuTrainSimProfile);
   return env != nullptr && *env != '\0' ? env : "h100-80g";
 }
 

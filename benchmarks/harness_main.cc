@@ -22,6 +22,7 @@
 #include "benchmarks/progress.h"
 #include "benchmarks/report.h"
 #include "benchmarks/sim_claims.h"
+#include "runtime/core/env.h"
 #include "tools/cli_flags.h"
 
 DEFINE_string(out, "",
@@ -164,9 +165,9 @@ bool Exists(const std::string& path) {
 // plot.py beside the binary's runfiles (bazel run), or in the source tree.
 std::string FindPlotScript(const char* argv0) {
   std::vector<std::string> candidates = {"benchmarks/plot.py"};
-  if (const char* rf = std::getenv("RUNFILES_DIR")) candidates.push_back(std::string(rf) + "/shardkit/benchmarks/plot.py");
+  if (const char* rf = GetEnv(EnvVar::kRunfilesDir)) candidates.push_back(std::string(rf) + "/shardkit/benchmarks/plot.py");
   candidates.push_back(std::string(argv0) + ".runfiles/shardkit/benchmarks/plot.py");
-  if (const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY")) candidates.push_back(std::string(ws) + "/benchmarks/plot.py");
+  if (const char* ws = GetEnv(EnvVar::kBuildWorkspaceDirectory)) candidates.push_back(std::string(ws) + "/benchmarks/plot.py");
   for (const std::string& c : candidates) {
     if (Exists(c)) return c;
   }
@@ -270,7 +271,7 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
   const std::string load_start = LoadAverage(), started = UtcNow();
   std::string out = FLAGS_out;
   if (out.empty()) {
-    const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+    const char* ws = GetEnv(EnvVar::kBuildWorkspaceDirectory);
     out = std::string(ws ? ws : ".") + "/bench-out/" + harness + (FLAGS_quick ? "-quick-" : "-") + Timestamp();
   }
   if (!MakeDirs(out)) {
@@ -442,7 +443,7 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
   }
   std::string published;
   if (FLAGS_publish) {
-    const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+    const char* ws = GetEnv(EnvVar::kBuildWorkspaceDirectory);
     if (ws == nullptr) {
       published = "--publish: not under bazel run (no BUILD_WORKSPACE_DIRECTORY); run "
                   "python3 benchmarks/update_readme.py " + out + " in the checkout";

@@ -1,4 +1,5 @@
 #include "benchmarks/inject.h"
+#include "runtime/core/env.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +20,7 @@ constexpr const char* kNames[] = {"fsdp_step", "collectives"};
 
 std::map<std::string, int> Parse() {
   std::map<std::string, int> out;
-  const char* env = std::getenv("SK_BENCH_INJECT");
+  const char* env = GetEnv(EnvVar::kBenchInject);
   if (env == nullptr) return out;
   const std::string value = env;
   std::stringstream ss(value);

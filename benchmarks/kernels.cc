@@ -27,6 +27,7 @@
 #include <benchmark/benchmark.h>
 
 #include "benchmarks/peak.h"
+#include "runtime/core/env.h"
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
 #include "runtime/nn/owned_parameters.h"
@@ -48,7 +49,7 @@ PeakResult MeasurePeak(int threads) { return bench::MeasureFmaPeak(threads); }
 
 // SK_BENCH_THREADS, or every core.
 int BenchThreads() {
-  const char* env = std::getenv("SK_BENCH_THREADS");
+  const char* env = GetEnv(EnvVar::kBenchThreads);
   int n = env ? std::atoi(env) : 0;
   return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
@@ -550,8 +551,8 @@ int main(int argc, char** argv) {
   const int threads = sk::BenchThreads();
   if (!sk::SetGemmThreads(threads).ok()) return 1;
   benchmark::AddCustomContext("bench_threads", std::to_string(threads));
-  benchmark::AddCustomContext("OPENBLAS_CORETYPE", std::getenv("OPENBLAS_CORETYPE")
-                                                       ? std::getenv("OPENBLAS_CORETYPE")
+  benchmark::AddCustomContext("OPENBLAS_CORETYPE", GetEnv(EnvVar::kOpenblasCoretype)
+                                                       ? GetEnv(EnvVar::kOpenblasCoretype)
                                                        : "(unset)");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -271,13 +271,18 @@ SK_EXPORT sk_status_t sk_run_local_ranks(int32_t world_size, const char* network
   SK_ASSIGN_OR_FAIL(auto groups, CreateLocalGroups(world_size, network_model));
   std::vector<sk_process_group*> handles;
   for (auto& g : groups) handles.push_back(Register(MakeGroupHandle(std::move(g))));
-  Status s = sk::comm::RunRankThreads(world_size, [&](int r) -> Status {
-    sk_status_t code = fn(r, handles[r], user_data);
-    if (code == SK_STATUS_OK) return sk::OkStatus();
-    return Status(static_cast<sk::StatusCode>(code),
-                  std::string("callback returned ") + sk_status_name(code) +
-                      (t_last_error.empty() ? "" : ": " + t_last_error));
-  });
+  Status s = sk::comm::RunRankThreads(
+      world_size,
+      [&](int r) -> Status {
+        sk_status_t code = fn(r, handles[r], user_data);
+        if (code == SK_STATUS_OK) return sk::OkStatus();
+        return Status(static_cast<sk::StatusCode>(code),
+                      std::string("callback returned ") + sk_status_name(code) +
+                          (t_last_error.empty() ? "" : ": " + t_last_error));
+      },
+      nullptr,
+      // Peers waiting for a rank whose callback failed fail now, naming it.
+      [&](int r, const Status& error) { sk::comm::FailPeersOnExit(*handles[r]->group, r, error); });
   for (sk_process_group* h : handles) Destroy(h);
   SK_CHECK(s);
   return SK_STATUS_OK;

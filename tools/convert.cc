@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/env.h"
 #include "runtime/core/status.h"
 #include "runtime/fsdp/hf_checkpoint.h"
 #include "runtime/fsdp/safetensors.h"
@@ -46,7 +47,7 @@ constexpr char kUsage[] =
 
 // `path` relative to where `bazel run` was invoked (BUILD_WORKING_DIRECTORY).
 std::string FromCaller(const std::string& path) {
-  const char* cwd = std::getenv("BUILD_WORKING_DIRECTORY");
+  const char* cwd = sk::GetEnv(sk::EnvVar::kBuildWorkingDirectory);
   if (path.empty() || path[0] == '/' || cwd == nullptr) return path;
   return std::string(cwd) + "/" + path;
 }

@@ -1,7 +1,7 @@
 /* examples/c/train_gpt.c with one process per rank: the process group comes
  * from the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR,
  * MASTER_PORT) over gloo. Run it with the launcher:
- *   bazel run //runtime/comm:launch -- --nproc_per_node=2 --master_port=0 \
+ *   bazel run //tools:launch -- --nproc_per_node=2 --master_port=0 \
  *       bazel-bin/examples/c/train_gpt_gloo
  * Each rank prints its own losses; rank 0's equal train_gpt's bit for bit
  * (gloo reduces in the same rank order as the local backend). */

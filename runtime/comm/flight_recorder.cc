@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/comm/process_group.h"
+#include "runtime/core/env.h"
 #include "runtime/core/file_io.h"
 
 namespace sk::comm {
@@ -134,7 +135,7 @@ Status FlightRecorder::Dump(const std::string& path, const std::string& reason) 
 }
 
 std::string FlightRecorder::DumpOnError(const Status& error) {
-  const char* dir = std::getenv("SHARDKIT_FLIGHT_RECORDER_DIR");
+  const char* dir = GetEnv(EnvVar::kFlightRecorderDir);
   if (dir == nullptr || *dir == '\0') return "";
   {
     std::lock_guard<std::mutex> lock(mu_);

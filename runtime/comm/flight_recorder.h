@@ -10,10 +10,10 @@
 // runs (strings are cut to a fixed length).
 //
 // Dumps. Dump() writes the record as JSON, durably. When the environment
-// variable SHARDKIT_FLIGHT_RECORDER_DIR names a directory, a backend dumps
+// variable SK_FLIGHT_RECORDER_DIR names a directory, a backend dumps
 // automatically the first time one of its collectives fails with anything but
 // InvalidArgument (a timeout, a dead peer), to
-//   $SHARDKIT_FLIGHT_RECORDER_DIR/<group>.rank<R>.json
+//   $SK_FLIGHT_RECORDER_DIR/<group>.rank<R>.json
 // Give every rank the same directory (a shared filesystem across hosts) and
 // run `flight_merge DIR` to learn which ranks are behind and where.
 //
@@ -75,7 +75,7 @@ class FlightRecorder {
   std::string ToJson(const std::string& reason) const;
   // Writes ToJson(reason) to `path` durably. Unavailable on I/O failure.
   Status Dump(const std::string& path, const std::string& reason) const;
-  // If SHARDKIT_FLIGHT_RECORDER_DIR is set and this recorder has not dumped
+  // If SK_FLIGHT_RECORDER_DIR is set and this recorder has not dumped
   // automatically yet, dumps there (see above) and returns the path; else "".
   // A failed dump is logged, never returned: it must not hide `error`.
   std::string DumpOnError(const Status& error);

@@ -24,6 +24,7 @@
 #include "runtime/comm/reduce.h"
 #include "runtime/comm/sigpipe.h"
 #include "runtime/core/allocator.h"
+#include "runtime/core/env.h"
 #include "runtime/core/trace.h"
 
 namespace sk::comm {
@@ -423,10 +424,10 @@ class GlooState {
 };
 
 StatusOr<DistributedEnv> DistributedEnv::FromEnvironment() {
-  auto get = [](const char* name) -> const char* { return std::getenv(name); };
-  auto parse_int = [&](const char* name, bool required, int fallback) -> StatusOr<int> {
-    const char* v = get(name);
-    if (v == nullptr || *v == '\0') {
+  auto parse_int = [&](EnvVar var, bool required, int fallback) -> StatusOr<int> {
+    const char* name = EnvName(var);
+    const char* v = GetEnv(var);
+    if (v == nullptr) {
       if (required) return InvalidArgumentError(std::string("environment variable ") + name + " is not set");
       return fallback;
     }
@@ -443,13 +444,13 @@ StatusOr<DistributedEnv> DistributedEnv::FromEnvironment() {
     return static_cast<int>(x);
   };
   DistributedEnv env;
-  SK_ASSIGN_OR_RETURN(env.rank, parse_int("RANK", true, 0));
-  SK_ASSIGN_OR_RETURN(env.world_size, parse_int("WORLD_SIZE", true, 1));
-  SK_ASSIGN_OR_RETURN(env.local_rank, parse_int("LOCAL_RANK", false, env.rank));
-  SK_ASSIGN_OR_RETURN(env.local_world_size, parse_int("LOCAL_WORLD_SIZE", false, env.world_size));
-  SK_ASSIGN_OR_RETURN(env.master_port, parse_int("MASTER_PORT", true, 0));
-  const char* addr = get("MASTER_ADDR");
-  if (addr == nullptr || *addr == '\0') {
+  SK_ASSIGN_OR_RETURN(env.rank, parse_int(EnvVar::kRank, true, 0));
+  SK_ASSIGN_OR_RETURN(env.world_size, parse_int(EnvVar::kWorldSize, true, 1));
+  SK_ASSIGN_OR_RETURN(env.local_rank, parse_int(EnvVar::kLocalRank, false, env.rank));
+  SK_ASSIGN_OR_RETURN(env.local_world_size, parse_int(EnvVar::kLocalWorldSize, false, env.world_size));
+  SK_ASSIGN_OR_RETURN(env.master_port, parse_int(EnvVar::kMasterPort, true, 0));
+  const char* addr = GetEnv(EnvVar::kMasterAddr);
+  if (addr == nullptr) {
     return InvalidArgumentError("environment variable MASTER_ADDR is not set");
   }
   env.master_addr = addr;
@@ -460,8 +461,8 @@ StatusOr<DistributedEnv> DistributedEnv::FromEnvironment() {
   // Both set (as torchrun and our launcher set them): the local rank must be
   // one of the node's. (LOCAL_WORLD_SIZE alone is also read as a thread
   // budget, e.g. set to the core count: not checked against WORLD_SIZE.)
-  const char* local_rank = get("LOCAL_RANK");
-  if (local_rank != nullptr && *local_rank != '\0' &&
+  const char* local_rank = GetEnv(EnvVar::kLocalRank);
+  if (local_rank != nullptr &&
       (env.local_world_size < 1 || env.local_rank >= env.local_world_size)) {
     return InvalidArgumentError("LOCAL_RANK=" + std::to_string(env.local_rank) + " and LOCAL_WORLD_SIZE=" +
                                 std::to_string(env.local_world_size) +

@@ -620,7 +620,8 @@ StatusOr<std::shared_ptr<Work>> LocalProcessGroup::Launch(Collective c, Stream& 
 }
 
 Status RunRankThreads(int world_size, const std::function<Status(int rank)>& body,
-                      std::vector<Status>* per_rank) {
+                      std::vector<Status>* per_rank,
+                      const std::function<void(int rank, const Status& error)>& on_failure) {
   if (world_size < 1) {
     return InvalidArgumentError("RunRankThreads: world_size must be >= 1, not " +
                                 std::to_string(world_size));
@@ -655,6 +656,7 @@ Status RunRankThreads(int world_size, const std::function<Status(int rank)>& bod
         } catch (...) {
           results[r] = InternalError("unexpected C++ exception");
         }
+        if (!results[r].ok() && on_failure) on_failure(r, results[r]);
       });
     } catch (const std::exception& e) {  // std::system_error (EAGAIN), std::bad_alloc
       start_failure = ResourceExhaustedError("could not create the thread of rank " + std::to_string(r) +
@@ -689,11 +691,20 @@ Status RunRankThreads(int world_size, const std::function<Status(int rank)>& bod
   return first;
 }
 
+void FailPeersOnExit(ProcessGroup& group, int rank, const Status& error) {
+  if (!group.publishes_failures()) return;
+  (void)group.FailPeers(Status(error.code(), "rank " + std::to_string(rank) +
+                                                 " stopped with an error, so it will not join this "
+                                                 "collective: " + std::string(error.message())));
+}
+
 Status RunLocalRanks(int world_size,
                      const std::function<Status(int rank, ProcessGroup* group)>& body) {
   SK_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ProcessGroup>> groups,
                       LocalProcessGroup::Create(world_size));
-  return RunRankThreads(world_size, [&](int r) { return body(r, groups[r].get()); });
+  return RunRankThreads(
+      world_size, [&](int r) { return body(r, groups[r].get()); }, nullptr,
+      [&](int r, const Status& error) { FailPeersOnExit(*groups[r], r, error); });
 }
 
 }  // namespace sk::comm

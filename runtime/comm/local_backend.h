@@ -124,13 +124,25 @@ class LocalProcessGroup final : public ProcessGroup {
 // otherwise). Returns OK when every rank returned OK, otherwise the lowest
 // failing rank's status with "rank R" as context; when `per_rank` is not
 // null it receives every rank's status. InvalidArgument if world_size < 1.
+// `on_failure` (when set) runs on a rank's thread as soon as its body fails,
+// with its rank and error: RunLocalRanks uses it to fail the peers' waiting
+// collectives at once (FailPeers) instead of at their timeout.
 // Thread-safe; body runs concurrently on world_size threads.
 Status RunRankThreads(int world_size, const std::function<Status(int rank)>& body,
-                      std::vector<Status>* per_rank = nullptr);
+                      std::vector<Status>* per_rank = nullptr,
+                      const std::function<void(int rank, const Status& error)>& on_failure = nullptr);
+
+// A rank's body ended with `error` while its peers may still wait for it in
+// a collective: publishes that to `group` (ProcessGroup::FailPeers), so the
+// peers' collectives fail now naming the rank and its error, not after the
+// group's timeout with "rank R did not arrive". Nothing where the group does
+// not publish failures (ProcessGroup::publishes_failures).
+void FailPeersOnExit(ProcessGroup& group, int rank, const Status& error);
 
 // Creates a local group of world_size ranks (LocalProcessGroup::Create) and
 // runs body(rank, group) for each on its own thread (RunRankThreads). The
-// groups live until every body has returned.
+// groups live until every body has returned. A rank whose body fails fails
+// its peers' collectives at once (FailPeersOnExit).
 Status RunLocalRanks(int world_size,
                      const std::function<Status(int rank, ProcessGroup* group)>& body);
 

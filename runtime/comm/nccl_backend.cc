@@ -16,6 +16,7 @@
 #include "runtime/comm/flight_recorder.h"
 #include "runtime/comm/gloo_backend.h"  // DistributedEnv
 #include "runtime/comm/heartbeat.h"
+#include "runtime/core/env.h"
 #include "runtime/core/dtype.h"
 
 namespace sk::comm {
@@ -348,13 +349,13 @@ class NcclWatchdog {
 };
 
 StatusOr<int> DefaultCudaDeviceFromEnvironment() {
-  for (const char* name : {"SHARDKIT_CUDA_DEVICE", "LOCAL_RANK"}) {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') continue;
+  for (EnvVar var : {EnvVar::kCudaDevice, EnvVar::kLocalRank}) {
+    const char* v = GetEnv(var);
+    if (v == nullptr) continue;
     char* end = nullptr;
     long d = std::strtol(v, &end, 10);
     if (*end != '\0' || d < 0 || d > 1 << 16) {
-      return InvalidArgumentError(std::string(name) + "='" + v + "' is not a device index");
+      return InvalidArgumentError(std::string(EnvName(var)) + "='" + v + "' is not a device index");
     }
     return static_cast<int>(d);
   }

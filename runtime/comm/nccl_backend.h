@@ -34,7 +34,7 @@
 //     beat, fail at once with the same finding.
 //   - Flight recorder entries as on gloo (enqueued, started = enqueued on
 //     the GPU, ended), dumped on the first failure when
-//     SHARDKIT_FLIGHT_RECORDER_DIR is set.
+//     SK_FLIGHT_RECORDER_DIR is set.
 //
 // Host tensors on the group's CUDA stream are staged through device memory
 // by ProcessGroup (process_group.h), for checkpoints and rank agreement.
@@ -65,7 +65,7 @@ struct NcclOptions {
 };
 
 // The GPU a process-group rank uses when the caller does not say: the
-// environment's SHARDKIT_CUDA_DEVICE (set by the launcher's --gpus mapping),
+// environment's SK_CUDA_DEVICE (set by the launcher's --gpus mapping),
 // else LOCAL_RANK, else 0. InvalidArgument naming a malformed variable.
 StatusOr<int> DefaultCudaDeviceFromEnvironment();
 

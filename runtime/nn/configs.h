@@ -3,7 +3,7 @@
 // accelerators) and scaled sizes that train on a small CPU machine.
 //
 // The table of names, parameter counts and FLOPs per token in
-// docs/architecture.md is printed by //runtime/nn:model_table from these
+// docs/architecture.md is printed by //tools:model_table from these
 // definitions, so it cannot drift from the code.
 #ifndef SHARDKIT_RUNTIME_NN_CONFIGS_H_
 #define SHARDKIT_RUNTIME_NN_CONFIGS_H_

@@ -23,7 +23,7 @@
 //      {"name": "head", "kind": "classifier", "in_h": 8, "in_w": 8,
 //       "width": 16, "layer_norm": false}]}
 //
-// `//runtime/nn:model_table -- --dump_table=regnet-tiny` prints a named
+// `//tools:model_table -- --dump_table=regnet-tiny` prints a named
 // table in this form, a starting point for one's own.
 //
 // Thread safety: free functions without shared state.

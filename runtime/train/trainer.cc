@@ -12,7 +12,7 @@
 #include "runtime/ops/ops.h"
 
 #include "runtime/fsdp/checkpoint.h"
-#include "runtime/train/engine.h"
+#include "runtime/train/rank.h"
 #include "runtime/comm/work.h"
 #include "runtime/sim/sim_device.h"
 #include "runtime/sim/sim_ops.h"

@@ -38,7 +38,7 @@
 #include "runtime/nn/data.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/optimizer.h"
-#include "runtime/train/engine.h"
+#include "runtime/train/rank.h"
 
 namespace sk {
 
@@ -201,7 +201,7 @@ class Trainer {
   // The simulated device, or null unless device.kind = kSim.
   sim::SimDevice* sim_device() { return sim_device_; }
   // Where FSDP's cpu_offload keeps the rank's offloaded state
-  // (runtime/train/engine.h), or null without offload (and under kDdp).
+  // (runtime/train/rank.h), or null without offload (and under kDdp).
   OffloadHost* offload_host() { return offload_.get(); }
   // The process group the trainer runs over (the simulated world when it
   // created one).

@@ -259,6 +259,22 @@ TEST(CapiRunLocalRanks, ReturnsTheLowestFailingRankWithItsMessage) {
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_run_local_ranks(2, nullptr, nullptr, nullptr));
 }
 
+// Rank 1's callback fails before a barrier the others wait in: they fail at
+// once naming rank 1 and its error, not after the group's 300 s timeout (the
+// C++ frontend's test of two engines on one spec hung that way under tsan).
+TEST(CapiRunLocalRanks, PeersOfAFailedCallbackStopWaitingAndNameIt) {
+  auto fn = [](int32_t rank, sk_process_group* group, void*) -> sk_status_t {
+    if (rank == 1) {
+      sk_dtype_t d;
+      return sk_parse_dtype("rank-one-garbage", &d);
+    }
+    return sk_process_group_barrier(group);
+  };
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_run_local_ranks(3, nullptr, fn, nullptr));
+  EXPECT_ERROR_MENTIONS("rank 1 stopped with an error");
+  EXPECT_ERROR_MENTIONS("rank-one-garbage");
+}
+
 // --- option structs ------------------------------------------------------------
 
 TEST(CapiStructs, InitMacrosSetSizeAndZeroDefaults) {

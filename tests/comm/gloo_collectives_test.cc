@@ -133,7 +133,7 @@ TEST(GlooProcessGroup, AMissingPeerIsNamedAndTheFlightRecorderSaysWhoIsBehind) {
   const std::string dir = std::string(tmp ? tmp : "/tmp") + "/flight." + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  ::setenv("SHARDKIT_FLIGHT_RECORDER_DIR", dir.c_str(), 1);
+  ::setenv("SK_FLIGHT_RECORDER_DIR", dir.c_str(), 1);
   GlooOptions options;
   options.timeout = 5s;
   std::vector<Status> results(3);
@@ -164,9 +164,9 @@ TEST(GlooProcessGroup, AMissingPeerIsNamedAndTheFlightRecorderSaysWhoIsBehind) {
     FlightRecorder* fr = world.groups[2]->flight_recorder();
     ASSERT_NE(fr, nullptr);
     ASSERT_TRUE(fr->Dump(dir + "/test.rank2.json", "by hand").ok());
-    ::unsetenv("SHARDKIT_FLIGHT_RECORDER_DIR");
+    ::unsetenv("SK_FLIGHT_RECORDER_DIR");
   }
-  FILE* p = ::popen(("runtime/comm/flight_merge " + dir + " 2>&1").c_str(), "r");
+  FILE* p = ::popen(("tools/flight_merge " + dir + " 2>&1").c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string report;
   char buf[4096];
@@ -207,7 +207,7 @@ TEST(FlightMerge, NamesWhatIsWrongWithEachBadDump) {
   for (size_t i = 0; i < cases.size(); ++i) {
     std::ofstream(dir + "/d" + std::to_string(i) + ".json") << cases[i].first;
   }
-  FILE* p = ::popen(("runtime/comm/flight_merge " + dir + " 2>&1").c_str(), "r");
+  FILE* p = ::popen(("tools/flight_merge " + dir + " 2>&1").c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string report;
   char buf[4096];
@@ -247,7 +247,7 @@ TEST(FlightMerge, ARankThatResumedAfterBeingStoppedIsStillNamedAsBehind) {
       "\"ended_us\": 9000500, \"error\": \"gloo rank 2 of 4: all_reduce #1 (f32[4], sum): Connection closed by peer\"}";
   for (int r : {0, 1, 3}) std::ofstream(dir + "/world.rank" + std::to_string(r) + ".json") << dump(r, healthy);
   std::ofstream(dir + "/world.rank2.json") << dump(2, resumed);
-  FILE* p = ::popen(("runtime/comm/flight_merge " + dir + " 2>&1").c_str(), "r");
+  FILE* p = ::popen(("tools/flight_merge " + dir + " 2>&1").c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string report;
   char buf[4096];

@@ -15,7 +15,7 @@
 namespace {
 
 // Paths inside the test's runfiles (the working directory of a bazel test).
-constexpr char kLaunch[] = "runtime/comm/launch";
+constexpr char kLaunch[] = "tools/launch";
 constexpr char kWorker[] = "tests/comm/gloo_worker";
 
 struct Result {
@@ -50,7 +50,7 @@ TEST(Launch, HelpPrintsUsageAndExitsZero) {
 
 // Each rank prints the variables that pick and share its GPU.
 constexpr char kPrintGpuEnv[] =
-    "/bin/sh -c 'echo rank=$RANK local=$LOCAL_RANK dev=${SHARDKIT_CUDA_DEVICE:-unset} "
+    "/bin/sh -c 'echo rank=$RANK local=$LOCAL_RANK dev=${SK_CUDA_DEVICE:-unset} "
     "host=${NCCL_HOSTID:-unset} ifname=${NCCL_SOCKET_IFNAME:-unset}'";
 
 TEST(Launch, GpusByDefaultFollowTheLocalRank) {

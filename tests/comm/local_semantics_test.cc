@@ -406,5 +406,24 @@ TEST(LocalProcessGroup, NewGroupFormsSubGroupsOfTheGivenRanks) {
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
 }
 
+// A rank whose body fails leaves its peers waiting in a collective it will
+// never join; RunLocalRanks publishes the failure, so the peer's wait ends
+// at once naming the rank and its error (before: "rank 1 did not arrive"
+// after the whole timeout, here an hour, so the test would time out).
+TEST(RunLocalRanks, APeerWhoseBodyFailedFailsTheOthersCollectivesAtOnceNamingIt) {
+  Status s = RunLocalRanks(3, [&](int r, ProcessGroup* group) -> Status {
+    if (r == 1) return FailedPreconditionError("rank 1's own trouble");
+    auto stream = MakeStream(r, "comm");
+    SK_ASSIGN_OR_RETURN(auto work, group->barrier(*stream, CollectiveOptions{std::chrono::hours(1)}));
+    return work->wait(std::chrono::hours(1));
+  });
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(Contains(s, "rank 0")) << s;
+  EXPECT_TRUE(Contains(s, "rank 1 stopped with an error")) << s;
+  EXPECT_TRUE(Contains(s, "rank 1's own trouble")) << s;
+  EXPECT_FALSE(Contains(s, "did not arrive")) << s;
+}
+
 }  // namespace
 }  // namespace sk::comm

@@ -10,7 +10,7 @@
 //       --timeout_ms=20000 --pid_dir=DIR                          # for kill -9 of a rank
 //
 // Each rank builds one TcpStore (rank 0 serves it on MASTER_PORT) and two
-// world groups over it: nccl on its GPU (SHARDKIT_CUDA_DEVICE / LOCAL_RANK)
+// world groups over it: nccl on its GPU (SK_CUDA_DEVICE / LOCAL_RANK)
 // and gloo on cpu:rank. Every case trains a Trainer on each and compares the
 // global losses and the final parameters with the bounds of
 // //tests/cuda:fsdp_equivalence_cuda_test (f32: losses 1e-4 relative,

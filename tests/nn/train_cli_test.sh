@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# //runtime/nn:train refuses flag values it cannot run with a message naming
+# //tools:train refuses flag values it cannot run with a message naming
 # the flag (exit 1), quickly and without growing: --log_every=0 was a
 # division by zero (SIGFPE), --batch_size=2147483647 an uncaught
 # std::bad_alloc, --synthetic_tokens=1000000000 took 28 s and 7.9 GB, and

@@ -69,7 +69,7 @@ CPU_BENCHES=(
 # The multi-GPU suite (nccl_suite.sh): the launcher and the programs it
 # starts, one process per rank, packed into mp/ (run.sh does not run them).
 MULTI_PROCESS=(
-  //runtime/comm:launch
+  //tools:launch
   //tests/cuda:nccl_train_check
   //examples/c:train_gpt_nccl
 )

@@ -57,7 +57,7 @@ lib=capi/libshardkit.so.0
 lua=frontends/lua/shardkit.lua
 cdef=frontends/lua/shardkit_cdef.lua
 pc_in=tools/install/shardkit.pc.in
-launcher=runtime/comm/launch
+launcher=tools/launch
 for f in "$header" "$hpp" "$lib" "$lua" "$cdef" "$pc_in" "$launcher"; do
   [[ -e "$f" ]] || { echo "install: $f missing from the runfiles in $PWD" >&2; exit 1; }
 done

@@ -353,8 +353,8 @@ typedef struct sk_nccl_options {
   int32_t world_size;
   const char* master_addr; /* rank 0 serves the rendezvous store on master_port */
   int32_t master_port;
-  /* Nonzero: this rank's GPU is cuda:`device`. Zero: SHARDKIT_CUDA_DEVICE
-   * (set by `launch --gpus`), else LOCAL_RANK, else 0. */
+  /* Nonzero: this rank's GPU is cuda:`device`. Zero: SK_CUDA_DEVICE (or its old name
+   * SHARDKIT_CUDA_DEVICE; set by `launch --gpus`), else LOCAL_RANK, else 0. */
   int32_t use_device;
   int32_t device;
   /* Rendezvous and collective timeout in milliseconds; 0 = 300000; at most

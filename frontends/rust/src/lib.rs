@@ -600,7 +600,7 @@ impl ProcessGroup {
     }
 
     /// This process's rank of an nccl group on its GPU, from torchrun's
-    /// environment (the GPU: `SHARDKIT_CUDA_DEVICE`, else `LOCAL_RANK`).
+    /// environment (the GPU: `SK_CUDA_DEVICE`, else `LOCAL_RANK`).
     /// `Unavailable` in a library built without CUDA.
     pub fn nccl_from_env() -> Result<ProcessGroup> {
         Self::nccl_with(None, None)

@@ -1,8 +1,8 @@
 // The two-process example of docs/architecture.md: every rank contributes a shard, the
 // group all-gathers the shards and all-reduces a gradient, FSDP-style.
 //
-//   bazel build //runtime/comm:launch //runtime/comm/examples:gloo_example
-//   bazel-bin/runtime/comm/launch --nproc_per_node=2 --master_port=0
+//   bazel build //tools:launch //runtime/comm/examples:gloo_example
+//   bazel-bin/tools/launch --nproc_per_node=2 --master_port=0
 //       bazel-bin/runtime/comm/examples/gloo_example   (one command line)
 #include <chrono>
 #include <cstdio>

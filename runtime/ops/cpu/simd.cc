@@ -9,6 +9,7 @@
 
 #include <glog/logging.h>
 
+#include "runtime/core/env.h"
 #include "runtime/ops/cpu/isa_target.h"
 #include "runtime/ops/math.h"
 
@@ -416,7 +417,7 @@ Isa Clamp(Isa isa) { return static_cast<int>(isa) < static_cast<int>(BestIsa()) 
 std::atomic<int>& Active() {
   static std::atomic<int> active([] {
     Isa isa = BestIsa();
-    if (const char* env = std::getenv("SK_CPU_ISA")) {
+    if (const char* env = GetEnv(EnvVar::kCpuIsa)) {
       if (std::strcmp(env, "scalar") == 0) {
         isa = Isa::kScalar;
       } else if (std::strcmp(env, "avx2") == 0) {

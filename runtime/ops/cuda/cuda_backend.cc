@@ -15,6 +15,7 @@
 #include <string_view>
 #include <tuple>
 
+#include "runtime/core/env.h"
 #include "runtime/ops/cuda/cudnn_attention.h"
 #include "runtime/ops/cuda/kernels.h"
 #include "runtime/ops/cuda/sdpa_plan.h"
@@ -67,7 +68,7 @@ Status Enter(const OpContext& ctx, const char* op) {
 // SK_CUBLAS_REDUCED_PRECISION_REDUCTION=1 (read once): see Handle().
 bool AllowReducedPrecisionReduction() {
   static const bool allow = [] {
-    const char* v = std::getenv("SK_CUBLAS_REDUCED_PRECISION_REDUCTION");
+    const char* v = GetEnv(EnvVar::kCublasReducedPrecisionReduction);
     return v != nullptr && std::string_view(v) == "1";
   }();
   return allow;
@@ -82,7 +83,7 @@ bool AllowReducedPrecisionReduction() {
 // (1.1x and 1.6x of it; docs/cuda.md).
 bool FusedEpilogues() {
   static const bool on = [] {
-    const char* v = std::getenv("SK_CUDA_FUSED_EPILOGUES");
+    const char* v = GetEnv(EnvVar::kCudaFusedEpilogues);
     return v != nullptr && std::string_view(v) == "1";
   }();
   return on;

@@ -1,4 +1,5 @@
 #include "runtime/ops/cuda/cudnn_attention.h"
+#include "runtime/core/env.h"
 
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -41,7 +42,7 @@ struct Library {
 const Library& Loaded() {
   static const Library lib = [] {
     Library l;
-    if (const char* env = std::getenv("SK_CUDNN_ATTENTION");
+    if (const char* env = GetEnv(EnvVar::kCudnnAttention);
         env != nullptr && std::string_view(env) == "0") {
       l.status = UnavailableError("cuDNN attention is turned off (SK_CUDNN_ATTENTION=0)");
       return l;

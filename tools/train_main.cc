@@ -1,8 +1,8 @@
 // Trains a named reference model on one process, without FSDP: the small
 // program that shows the models learn.
 //
-//   bazel run -c opt //runtime/nn:train -- --model=gpt-1m --steps=200
-//   bazel run -c opt //runtime/nn:train -- --model=t5-10m --data=tokens.bin --token_width=2
+//   bazel run -c opt //tools:train -- --model=gpt-1m --steps=200
+//   bazel run -c opt //tools:train -- --model=t5-10m --data=tokens.bin --token_width=2
 //
 // Data is a synthetic token stream unless --data names a token file. GPT
 // models learn the next token; T5 models learn to reverse their source.
@@ -21,7 +21,7 @@
 #include "runtime/optim/optimizer.h"
 #include "tools/cli_flags.h"
 
-DEFINE_string(model, "gpt-1m", "named model config (see //runtime/nn:model_table)");
+DEFINE_string(model, "gpt-1m", "named model config (see //tools:model_table)");
 DEFINE_int32(steps, 100, "training steps");
 DEFINE_int32(batch_size, 8, "sequences per step");
 DEFINE_int32(seq_len, 0, "decoder tokens per sequence (0: the config's default)");

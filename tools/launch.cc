@@ -1,6 +1,6 @@
 // launch: starts one process per rank with torchrun's variables.
 //
-//   bazel run //runtime/comm:launch -- --nproc_per_node=N [--nnodes=1]
+//   bazel run //tools:launch -- --nproc_per_node=N [--nnodes=1]
 //       [--node_rank=0] [--master_addr=127.0.0.1] [--master_port=29500]
 //       [--kill_grace_s=5] [--gpus=local|G0,G1,...] [--share_gpu=G]
 //       [--on_failure=stop|wait] PROGRAM [ARGS...]
@@ -9,7 +9,7 @@
 // GPUs: by default local rank L uses cuda:L (what an nccl group and a cuda
 // trainer pick from LOCAL_RANK, as under torchrun). --gpus=G0,G1,... maps
 // local rank L to GPU G_L instead (one entry per local rank, or a single
-// entry for all), exported as SHARDKIT_CUDA_DEVICE. --share_gpu=G is for
+// entry for all), exported as SK_CUDA_DEVICE. --share_gpu=G is for
 // tests on a machine with fewer GPUs than ranks: every rank uses cuda:G and
 // NCCL is told to accept several ranks on one GPU (a distinct NCCL_HOSTID
 // per rank, so NCCL up to 2.29 connects them as separate hosts over its
@@ -55,6 +55,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/env.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -82,7 +84,7 @@ constexpr const char* kUsage =
     "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK); prefixes each output\n"
     "line with [rank R]; when a rank fails, stops the others and exits with its code.\n"
     "  --master_port=0         a free port (single node)\n"
-    "  --gpus=G0,G1,...        local rank L uses cuda:G_L (SHARDKIT_CUDA_DEVICE); default cuda:LOCAL_RANK\n"
+    "  --gpus=G0,G1,...        local rank L uses cuda:G_L (SK_CUDA_DEVICE); default cuda:LOCAL_RANK\n"
     "  --share_gpu=G           tests: every rank on cuda:G, NCCL set up to allow it (docs/multi_gpu.md)\n"
     "  --on_failure=wait       keep the other ranks running when one fails\n";
 
@@ -292,7 +294,7 @@ int main(int argc, char** argv) {
     flags.master_port = FreePort();
   }
   // Under `bazel run`, behave as if run from the caller's directory.
-  if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY"); wd != nullptr && *wd != '\0') {
+  if (const char* wd = sk::GetEnv(sk::EnvVar::kBuildWorkingDirectory); wd != nullptr) {
     if (::chdir(wd) != 0) Usage(std::string("cannot enter ") + wd);
   }
   std::vector<char*> program_args(argv + i, argv + argc);
@@ -336,9 +338,9 @@ int main(int argc, char** argv) {
       setenv("MASTER_PORT", std::to_string(flags.master_port).c_str(), 1);
       if (!flags.gpus.empty()) {
         const int gpu = flags.gpus[flags.gpus.size() == 1 ? 0 : local];
-        setenv("SHARDKIT_CUDA_DEVICE", std::to_string(gpu).c_str(), 1);
+        setenv("SK_CUDA_DEVICE", std::to_string(gpu).c_str(), 1);
       } else if (flags.share_gpu >= 0) {
-        setenv("SHARDKIT_CUDA_DEVICE", std::to_string(flags.share_gpu).c_str(), 1);
+        setenv("SK_CUDA_DEVICE", std::to_string(flags.share_gpu).c_str(), 1);
         // NCCL's host hash decides "same host"; distinct ones let ranks of
         // one GPU connect as if on different hosts (socket transport).
         const std::string host_id = "shardkit-" + std::to_string(flags.master_port) + "-node" +

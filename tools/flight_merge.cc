@@ -4,7 +4,7 @@
 //   flight_merge DIR_OR_FILE...
 //
 // For each group found: which ranks dumped (a rank without a dump is dead,
-// hung, or was not given SHARDKIT_FLIGHT_RECORDER_DIR), the last collective
+// hung, or was not given SK_FLIGHT_RECORDER_DIR), the last collective
 // every dumped rank completed, then the first one that did not complete
 // everywhere with each rank's state in it (running for how long, failed with
 // what, or never issued), the first call that differs between ranks (a

@@ -1,0 +1,248 @@
+#include "runtime/train/rank.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "runtime/core/env.h"
+#include "runtime/device/cpu_device.h"
+#include "runtime/device/device.h"
+#include "runtime/fsdp/fsdp.h"
+#include "runtime/memory/pinned_host_allocator.h"
+#include "runtime/sim/profile.h"
+#include "runtime/sim/sim_device.h"
+#include "runtime/sim/sim_ops.h"
+#include "runtime/sim/sim_process_group.h"
+#include "runtime/sim/topology.h"
+
+namespace sk {
+
+const char* DeviceKindName(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
+    case DeviceKind::kSim:
+      return "sim";
+  }
+  return "unknown";
+}
+
+StatusOr<DeviceKind> ParseDeviceKind(const std::string& name) {
+  if (name == "cpu") return DeviceKind::kCpu;
+  if (name == "cuda") return DeviceKind::kCuda;
+  if (name == "sim") return DeviceKind::kSim;
+  return InvalidArgumentError("unknown device kind '" + name + "' (cpu, cuda or sim)");
+}
+
+Status ValidateDeviceOptions(const DeviceOptions& o) {
+  if (o.kind != DeviceKind::kCpu && o.kind != DeviceKind::kCuda && o.kind != DeviceKind::kSim) {
+    return InvalidArgumentError("device.kind: unknown device kind " +
+                                std::to_string(static_cast<int>(o.kind)) + " (cpu, cuda or sim)");
+  }
+  if (o.index < -1) {
+    return InvalidArgumentError("device.index must be >= 0, or -1 for the rank's device (got " +
+                                std::to_string(o.index) + ")");
+  }
+  if (o.kind == DeviceKind::kCuda && o.launch_blocking) {
+    return InvalidArgumentError("device.launch_blocking on cuda: set CUDA_LAUNCH_BLOCKING=1 in the "
+                                "environment instead");
+  }
+  if (o.kind == DeviceKind::kSim) {
+    if (o.sim_profile.empty()) {
+      return InvalidArgumentError("device.sim_profile is empty (a built-in profile name such as "
+                                  "a100-80g, or a .json profile path)");
+    }
+    if (o.sim_world_size < 0) {
+      return InvalidArgumentError("device.sim_world_size must be >= 0 (0 = 1), got " +
+                                  std::to_string(o.sim_world_size));
+    }
+    if (o.sim_gpus_per_node < 0) {
+      return InvalidArgumentError("device.sim_gpus_per_node must be >= 0 (0 = the profile's), got " +
+                                  std::to_string(o.sim_gpus_per_node));
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<Device*> ResolveRankDevice(const DeviceOptions& given, const comm::ProcessGroup& world) {
+  DeviceOptions o = given;
+  if (std::optional<DeviceId> bound = world.bound_device(); bound && o.kind == bound->kind && o.index < 0) {
+    o.index = bound->index;
+  }
+  return ResolveRankDevice(o, world.rank());
+}
+
+StatusOr<Device*> ResolveRankDevice(const DeviceOptions& o, int rank) {
+  SK_RETURN_IF_ERROR(ValidateDeviceOptions(o));
+  switch (o.kind) {
+    case DeviceKind::kCuda: {
+      int index = o.index;
+      if (index < 0) {
+        const int gpus = Device::CudaDeviceCount();
+        if (gpus == 0) {
+          // Device::Get names a build without CUDA; otherwise say no GPU is visible.
+          SK_RETURN_IF_ERROR(Device::Get(DeviceId::Cuda(0)).status());
+          return UnavailableError("device kind cuda for rank " + std::to_string(rank) +
+                                  ": no CUDA device is visible");
+        }
+        index = rank % gpus;
+      }
+      return Device::Get(DeviceId::Cuda(index));
+    }
+    case DeviceKind::kSim: {
+      SK_ASSIGN_OR_RETURN(sim::SimProfile profile, sim::LoadProfile(o.sim_profile));
+      SK_ASSIGN_OR_RETURN(sim::SimDevice * device,
+                          sim::SetUpSimDevice(o.index < 0 ? 0 : o.index, profile));
+      device->set_launch_blocking(o.launch_blocking);
+      return device;
+    }
+    default: {
+      SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(o.index < 0 ? rank : o.index)));
+      static_cast<CpuDevice*>(device)->set_launch_blocking(o.launch_blocking);
+      return device;
+    }
+  }
+}
+
+StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions& o) {
+  SK_RETURN_IF_ERROR(ValidateDeviceOptions(o));
+  if (o.kind != DeviceKind::kSim) {
+    return InvalidArgumentError(std::string("a simulated world needs device kind sim, not ") +
+                                DeviceKindName(o.kind));
+  }
+  SK_ASSIGN_OR_RETURN(sim::SimProfile profile, sim::LoadProfile(o.sim_profile));
+  if (profile.network.is_null()) {
+    return InvalidArgumentError("sim profile '" + profile.name +
+                                "' has no network section: it cannot simulate a process group");
+  }
+  SK_ASSIGN_OR_RETURN(comm::NetworkProfile network, sim::ParseNetworkProfile(profile.network));
+  network.name = profile.name;
+  if (o.sim_gpus_per_node > 0) network.gpus_per_node = o.sim_gpus_per_node;
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<sim::SimProcessGroup> world,
+                      sim::SimProcessGroup::Create(network, std::max(1, o.sim_world_size)));
+  return std::unique_ptr<comm::ProcessGroup>(std::move(world));
+}
+
+int LocalWorldSizeFromEnvironment() {
+  const char* env = GetEnv(EnvVar::kLocalWorldSize);
+  return env != nullptr ? std::max(0, std::atoi(env)) : 0;
+}
+
+int RanksPerNode(const comm::ProcessGroup& world) {
+  if (auto* sim_world = dynamic_cast<const sim::SimProcessGroup*>(&world); sim_world != nullptr) {
+    return sim_world->profile().gpus_per_node;
+  }
+  return LocalWorldSizeFromEnvironment();
+}
+
+Status CheckWorldForDevice(const DeviceOptions& o, const comm::ProcessGroup& world) {
+  const bool sim_world = world.backend_name() == "sim";
+  if (o.kind == DeviceKind::kSim && !sim_world) {
+    return InvalidArgumentError("device kind sim needs a simulated process group (its tensors hold "
+                                "no data), not the '" + world.backend_name() +
+                                "' backend: pass none and set device.sim_world_size");
+  }
+  if (o.kind != DeviceKind::kSim && sim_world) {
+    return InvalidArgumentError(std::string("a simulated process group needs device kind sim, not ") +
+                                DeviceKindName(o.kind));
+  }
+  if (std::optional<DeviceId> bound = world.bound_device()) {
+    if (o.kind != bound->kind) {
+      return InvalidArgumentError("the '" + world.backend_name() + "' process group runs on " + bound->ToString() +
+                                  ", not on device kind " + DeviceKindName(o.kind) + ": set device kind " +
+                                  DeviceKindName(bound->kind) + " (its index defaults to the group's)");
+    }
+    if (o.index >= 0 && o.index != bound->index) {
+      return InvalidArgumentError("device index " + std::to_string(o.index) + " differs from the '" +
+                                  world.backend_name() + "' process group's device " + bound->ToString() +
+                                  " (leave the index unset to use the group's)");
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(Device* device,
+                                                                size_t capacity_bytes) {
+  if (device == nullptr) return InvalidArgumentError("CreateRankAllocator: no device");
+  CachingAllocator::Options options;
+  options.capacity_bytes = capacity_bytes;
+  if (capacity_bytes == 0 && device->id().is_sim()) {
+    SK_ASSIGN_OR_RETURN(sim::SimDevice * sim, sim::SimDevice::Get(device->id().index));
+    options.capacity_bytes = sim->spec().memory_bytes;
+  }
+  return std::make_unique<CachingAllocator>(device, options);
+}
+
+StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(int rank, size_t capacity_bytes) {
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(rank)));
+  return CreateRankAllocator(device, capacity_bytes);
+}
+
+StatusOr<std::unique_ptr<OffloadHost>> CreateOffloadHost(Device* device) {
+  if (device == nullptr) return InvalidArgumentError("CreateOffloadHost: no device");
+  auto h = std::make_unique<OffloadHost>();
+  switch (device->id().kind) {
+    case DeviceKind::kCpu:
+      h->shards = h->optimizer_state = &HostAllocator::Default();
+      break;
+    case DeviceKind::kCuda:
+      h->owned_allocator = std::make_unique<PinnedHostAllocator>();
+      h->shards = h->owned_allocator.get();
+      h->optimizer_state = &HostAllocator::Default();
+      break;
+    case DeviceKind::kSim: {
+      SK_ASSIGN_OR_RETURN(sim::SimDevice * sim, sim::SimDevice::Get(device->id().index));
+      const sim::SimDeviceSpec spec = sim->spec();
+      if (spec.host_memory_bytes == 0) {
+        return FailedPreconditionError("cpu_offload on " + device->id().ToString() + ": the profile '" +
+                                       spec.name + "' has no host section (host memory and rates "
+                                       "for the offloaded state)");
+      }
+      h->owned_allocator = std::make_unique<sim::SimHostAllocator>(device->id(), spec.host_memory_bytes);
+      h->shards = h->optimizer_state = h->owned_allocator.get();
+      SK_ASSIGN_OR_RETURN(h->owned_stream, sim->CreateHostStream("host (offload)"));
+      h->stream = h->owned_stream.get();
+      break;
+    }
+  }
+  return h;
+}
+
+StatusOr<std::unique_ptr<Optimizer>> CreateEngineOptimizer(const OptimizerOptions& options,
+                                                           DataParallelModel& engine,
+                                                           Allocator* offload_state) {
+  // With CPU offload the optimizer steps on the host, beside the shards.
+  Allocator* state = offload_state != nullptr ? offload_state : &engine.activation_allocator();
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, Optimizer::Create(options, state));
+  if (options.param_groups.empty()) return optimizer;
+  auto* fsdp = dynamic_cast<FullyShardedModel*>(&engine);
+  if (fsdp == nullptr) {
+    return UnimplementedError("parameter groups need FSDP (the DDP baseline steps whole parameters "
+                              "without them)");
+  }
+  // Each parameter's slice of this rank's flat shard steps with its group's values.
+  for (int u = 0; u < fsdp->num_units(); ++u) {
+    const UnitSpec& unit = fsdp->unit(u);
+    std::vector<Optimizer::HyperSegment> segments;
+    for (const FlatParamLayout::ShardSlice& s : fsdp->layout(u).ShardSlices(fsdp->shard_group().rank())) {
+      const ParamSpec& p = unit.params[s.param];
+      const int g = SelectParamGroup(options.param_groups, unit.name, p.name, p.shape.rank());
+      if (g < 0) continue;
+      const ParamGroup& group = options.param_groups[g];
+      Optimizer::HyperSegment h;
+      h.begin = s.shard_offset;
+      h.end = s.shard_offset + (s.param_end - s.param_begin);
+      h.weight_decay = group.weight_decay >= 0 ? group.weight_decay : options.weight_decay;
+      h.lr_multiplier = group.lr_multiplier;
+      if (h.end > h.begin) segments.push_back(h);
+    }
+    SK_RETURN_IF_ERROR(optimizer->SetSegments(u, std::move(segments)));
+  }
+  return optimizer;
+}
+
+}  // namespace sk

@@ -1,0 +1,65 @@
+#include "runtime/core/env.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace sk {
+namespace {
+
+TEST(Env, TheTableIsInEnumOrderWithUniqueNamesUnderOnePrefix) {
+  std::set<std::string> names;
+  for (size_t i = 0; i < EnvVars().size(); ++i) {
+    const EnvVarInfo& v = EnvVars()[i];
+    EXPECT_EQ(static_cast<size_t>(v.var), i) << v.name;
+    EXPECT_TRUE(names.insert(v.name).second) << v.name << " twice";
+    if (v.old_name != nullptr) {
+      EXPECT_TRUE(names.insert(v.old_name).second) << v.old_name << " twice";
+    }
+    if (v.owner == EnvOwner::kShardkit) {
+      EXPECT_EQ(std::string(v.name).rfind("SK_", 0), 0u) << v.name << " lacks the SK_ prefix";
+    } else {
+      EXPECT_NE(std::string(v.name).rfind("SK_", 0), 0u) << v.name << " is not ours but has our prefix";
+    }
+    EXPECT_GT(std::string(v.meaning).size(), 20u) << v.name << " is not documented";
+    EXPECT_GT(std::string(v.read_by).size(), 3u) << v.name;
+  }
+  EXPECT_EQ(&EnvVarInfoOf(EnvVar::kOpenblasCoretype), &EnvVars().back());
+}
+
+TEST(Env, EmptyIsUnsetAndTheOldNameIsReadWhenTheNewOneIsUnset) {
+  ::unsetenv("SK_FLIGHT_RECORDER_DIR");
+  ::unsetenv("SHARDKIT_FLIGHT_RECORDER_DIR");
+  EXPECT_EQ(GetEnv(EnvVar::kFlightRecorderDir), nullptr);
+  ::setenv("SHARDKIT_FLIGHT_RECORDER_DIR", "/old", 1);
+  ASSERT_NE(GetEnv(EnvVar::kFlightRecorderDir), nullptr);
+  EXPECT_STREQ(GetEnv(EnvVar::kFlightRecorderDir), "/old");
+  ::setenv("SK_FLIGHT_RECORDER_DIR", "", 1);
+  EXPECT_STREQ(GetEnv(EnvVar::kFlightRecorderDir), "/old") << "an empty new name counts as unset";
+  ::setenv("SK_FLIGHT_RECORDER_DIR", "/new", 1);
+  EXPECT_STREQ(GetEnv(EnvVar::kFlightRecorderDir), "/new") << "the new name wins";
+  ::unsetenv("SK_FLIGHT_RECORDER_DIR");
+  ::unsetenv("SHARDKIT_FLIGHT_RECORDER_DIR");
+  ::setenv("SK_CPU_ISA", "", 1);
+  EXPECT_EQ(GetEnv(EnvVar::kCpuIsa), nullptr);
+  ::unsetenv("SK_CPU_ISA");
+  EXPECT_STREQ(EnvName(EnvVar::kLocalWorldSize), "LOCAL_WORLD_SIZE");
+}
+
+// docs/environment.md holds the generated table verbatim: a variable added to
+// the registry without regenerating the page fails here.
+TEST(Env, TheDocsHoldTheGeneratedTable) {
+  std::ifstream in("docs/environment.md");
+  ASSERT_TRUE(in) << "docs/environment.md is missing";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find(EnvVarsMarkdown()), std::string::npos)
+      << "docs/environment.md's table is stale: regenerate it with ./bazelw run //tools:env_table";
+}
+
+}  // namespace
+}  // namespace sk
