@@ -692,7 +692,8 @@ TEST(CapiTrainer, SelectiveCheckpointingStepsAsNoCheckpointing) {
 }
 
 // Values outside the enum are refused naming the field, and so is a
-// selective policy for a model that has no selective recomputation (T5).
+// selective policy for a model that has no selective recomputation (T5, a
+// unit table).
 TEST(CapiTrainer, UnknownOrInapplicableCheckpointingIsRefused) {
   sk_process_group* g = nullptr;
   ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
@@ -705,13 +706,15 @@ TEST(CapiTrainer, UnknownOrInapplicableCheckpointingIsRefused) {
     sk_memory_estimate e = SK_MEMORY_ESTIMATE_INIT;
     EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(&o, 1, &e));
   }
-  for (int32_t policy : {SK_CHECKPOINTING_SELECTIVE, SK_CHECKPOINTING_SELECTIVE_ATTENTION}) {
-    sk_trainer_options o = TinyTrainer();
-    o.model = "t5-tiny";
-    o.activation_checkpointing = policy;
-    EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
-    EXPECT_ERROR_MENTIONS("selective");
-    EXPECT_ERROR_MENTIONS("t5-tiny");
+  for (const char* model : {"t5-tiny", "regnet-tiny"}) {
+    for (int32_t policy : {SK_CHECKPOINTING_SELECTIVE, SK_CHECKPOINTING_SELECTIVE_ATTENTION}) {
+      sk_trainer_options o = TinyTrainer();
+      o.model = model;
+      o.activation_checkpointing = policy;
+      EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+      EXPECT_ERROR_MENTIONS("selective");
+      EXPECT_ERROR_MENTIONS(model);
+    }
   }
   EXPECT_EQ(t, nullptr);
   {  // Whole-block checkpointing still trains T5.
