@@ -129,7 +129,18 @@ StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in,
   o.seq_len = c.seq_len;
   o.source_len = c.source_len;
   o.clip_grad_norm = c.clip_grad_norm;
-  o.activation_checkpointing = c.activation_checkpointing != 0;
+  SK_RETURN_IF_ERROR(CheckEnum(c.activation_checkpointing, SK_CHECKPOINTING_SELECTIVE_ATTENTION,
+                               "sk_trainer_options.activation_checkpointing (0 off, 1 whole block, 2 "
+                               "selective, 3 selective with attention)"));
+  switch (static_cast<sk_activation_checkpointing_t>(c.activation_checkpointing)) {
+    case SK_CHECKPOINTING_OFF: o.checkpointing = sk::ActivationCheckpointing::kNone; break;
+    case SK_CHECKPOINTING_FULL: o.checkpointing = sk::ActivationCheckpointing::kFull; break;
+    case SK_CHECKPOINTING_SELECTIVE: o.checkpointing = sk::ActivationCheckpointing::kSelective; break;
+    case SK_CHECKPOINTING_SELECTIVE_ATTENTION:
+      o.checkpointing = sk::ActivationCheckpointing::kSelective;
+      o.recompute_attention = true;
+      break;
+  }
   o.memory_cap_bytes = static_cast<size_t>(c.memory_cap_bytes);
   if (c.data_path != nullptr) o.data_path = c.data_path;
   switch (c.data_token_bytes) {

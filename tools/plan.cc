@@ -64,16 +64,8 @@ std::vector<std::string> Split(const std::string& s) {
 sk::StatusOr<std::vector<sk::ActivationCheckpointing>> CheckpointingList(const std::string& s) {
   std::vector<sk::ActivationCheckpointing> out;
   for (const std::string& v : Split(s)) {
-    if (v == "on" || v == "true" || v == "1") {
-      out.push_back(sk::ActivationCheckpointing::kFull);
-    } else if (v == "off" || v == "false" || v == "0") {
-      out.push_back(sk::ActivationCheckpointing::kNone);
-    } else if (v == "selective") {
-      out.push_back(sk::ActivationCheckpointing::kSelective);
-    } else {
-      return sk::InvalidArgumentError("--checkpointing: '" + v +
-                                      "' is not off, on or selective");
-    }
+    SK_ASSIGN_OR_RETURN(sk::ActivationCheckpointing c, sk::ParseActivationCheckpointing(v, "--checkpointing"));
+    out.push_back(c);
   }
   return out;
 }

@@ -3,6 +3,7 @@
 //
 //   bazel run -c opt //tools:train -- --model=gpt-1m --steps=200
 //   bazel run -c opt //tools:train -- --model=t5-10m --data=tokens.bin --token_width=2
+//   bazel run -c opt //tools:train -- --model=llama-10m --checkpointing=selective
 //
 // Data is a synthetic token stream unless --data names a token file. GPT
 // models learn the next token; T5 models learn to reverse their source.
@@ -33,7 +34,11 @@ DEFINE_int32(token_width, 2, "bytes per token in --data: 2 or 4");
 DEFINE_int64(synthetic_tokens, 4096,
              "length of the synthetic stream (small = memorisable); at most 2^26 (4 bytes a token, held twice)");
 DEFINE_bool(bf16, false, "bf16 compute");
-DEFINE_bool(checkpointing, false, "per-block activation checkpointing");
+DEFINE_string(checkpointing, "off",
+              "per-block activation checkpointing: off, on (the whole block recomputed) or selective "
+              "(norms and activations recomputed; GPT and Llama-family models)");
+DEFINE_bool(recompute_attention, false,
+            "with --checkpointing=selective: recompute attention from q/k/v as well");
 DEFINE_int32(log_every, 10, "steps between log lines");
 DEFINE_int32(gemm_threads, 0, "threads per GEMM (0: the OpenMP/OpenBLAS default)");
 
@@ -74,7 +79,9 @@ Status Run() {
   SK_ASSIGN_OR_RETURN(NamedModelConfig cfg, FindModelConfig(FLAGS_model));
   ModelOptions options;
   options.compute_dtype = FLAGS_bf16 ? DType::kBF16 : DType::kF32;
-  options.activation_checkpointing = FLAGS_checkpointing;
+  SK_ASSIGN_OR_RETURN(options.checkpointing,
+                      ParseActivationCheckpointing(FLAGS_checkpointing, "--checkpointing"));
+  options.recompute_attention = FLAGS_recompute_attention;
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(cfg, options));
   const bool t5 = cfg.family == ModelFamily::kT5;
   const int64_t vocab = BatchIdSpace(cfg);

@@ -102,9 +102,14 @@ local enum_fields = {
 -- Enum fields whose name means another enum in one struct.
 local device_kind = enum_by_prefix("SK_DEVICE_", "sk_device_kind_t")
 local lr_schedule_kind = enum_by_prefix("SK_LR_SCHEDULE_", "sk_lr_schedule_kind_t")
+local checkpointing = enum_by_prefix("SK_CHECKPOINTING_", "sk_activation_checkpointing_t")
 local struct_enum_fields = {
   sk_device_options = {kind = function(v) return device_kind(v, "device kind") end},
   sk_lr_schedule = {kind = function(v) return lr_schedule_kind(v, "lr_schedule kind") end},
+  -- 0.6.1: "off", "full", "selective", "selective_attention" (or the number).
+  sk_trainer_options = {activation_checkpointing = function(v)
+    return checkpointing(v, "activation_checkpointing")
+  end},
 }
 -- Fields whose INIT macro value is not 0 (0.6.0: lr and lr_multiplier are
 -- taken as given, 0 included).

@@ -60,7 +60,16 @@ struct LlamaShape {
   float rms_norm_eps = 1e-5f;
   bool qkv_bias = false;
   bool tie_embeddings = false;
+  RopeScaling rope_scaling = {};
+  int64_t max_positions = 0;  // max_position_embeddings; 0: seq
 };
+
+// Llama 3.1 and 3.2's rotary scaling (their config.json's rope_scaling:
+// rope_type llama3, low_freq_factor 1, high_freq_factor 4, pre-training
+// context 8192), with its factor (3.1: 8; 3.2: 32).
+RopeScaling Llama3RopeScaling(float factor) {
+  return RopeScaling{RopeScalingType::kLlama3, factor, 1.0f, 4.0f, 8192};
+}
 
 NamedModelConfig Llama(const std::string& name, const LlamaShape& s, bool gpu,
                        const std::string& description) {
@@ -69,13 +78,14 @@ NamedModelConfig Llama(const std::string& name, const LlamaShape& s, bool gpu,
   c.family = ModelFamily::kLlama;
   c.llama.name = name;
   c.llama.vocab_size = s.vocab;
-  c.llama.max_seq_len = s.seq;
+  c.llama.max_seq_len = s.max_positions > 0 ? s.max_positions : s.seq;
   c.llama.n_layer = s.layers;
   c.llama.n_head = s.heads;
   c.llama.n_kv_head = s.kv_heads;
   c.llama.d_model = s.d_model;
   c.llama.d_ff = s.d_ff;
   c.llama.rope_theta = s.rope_theta;
+  c.llama.rope_scaling = s.rope_scaling;
   c.llama.rms_norm_eps = s.rms_norm_eps;
   c.llama.qkv_bias = s.qkv_bias;
   c.llama.tie_embeddings = s.tie_embeddings;
@@ -271,16 +281,20 @@ std::vector<NamedModelConfig> BuildConfigs() {
   v.push_back(Gpt("gpt-175b", 50257, 2048, 96, 96, 12288, true, "paper's GPT-175B (GPT-3)"));
   // Published Llama-family shapes (the models' Hugging Face config.json:
   // vocab_size, hidden_size, intermediate_size, num_hidden_layers,
-  // num_attention_heads, num_key_value_heads, rope_theta, rms_norm_eps).
-  // Sequence lengths are the training lengths one plans for (8192 for Llama
-  // 3, as Meta trained it; 4096 for the fine-tuning shapes), not the
-  // models' maximum positions. The LM head is tied where the original's
+  // num_attention_heads, num_key_value_heads, rope_theta, rope_scaling,
+  // rms_norm_eps, max_position_embeddings). Sequence lengths are the
+  // training lengths one plans for (8192 for Llama 3, as Meta trained it;
+  // 4096 for the fine-tuning shapes), not the models' maximum positions.
+  // Llama 3.2 1B scales RoPE (llama3, factor 32) to 131072 positions; Llama
+  // 3 8B and 70B (not 3.1) are unscaled, 8192 positions. The LM head is tied where the original's
   // is (tie_word_embeddings: Qwen2-0.5B and Llama 3.2 1B) and untied
   // otherwise (Llama 3 8B/70B), so every count is the published one:
   // 494,032,768; 1,235,814,400; 8.03 B; 70.55 B.
   v.push_back(Llama("qwen2-0.5b", {151936, 4096, 24, 14, 2, 896, 4864, 1e6f, 1e-6f, true, true},
                     true, "Qwen2-0.5B: a fine-tuning-size model, head tied"));
-  v.push_back(Llama("llama3.2-1b", {128256, 4096, 16, 32, 8, 2048, 8192, 500000.0f, 1e-5f, false, true},
+  v.push_back(Llama("llama3.2-1b",
+                    {128256, 4096, 16, 32, 8, 2048, 8192, 500000.0f, 1e-5f, false, true,
+                     Llama3RopeScaling(32.0f), 131072},
                     true, "Llama 3.2 1B, head tied"));
   v.push_back(Llama("llama3-8b", {128256, 8192, 32, 32, 8, 4096, 14336, 500000.0f}, true,
                     "Llama 3 8B"));

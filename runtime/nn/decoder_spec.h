@@ -23,6 +23,9 @@
 //   rope_theta   RoPE's base (swiglu only; default 10000)
 //   norm_eps     RMSNorm's epsilon (swiglu only; default 1e-5)
 //   name         the model's name in tables (default "decoder")
+// RoPE scaling (LlamaConfig::rope_scaling) is not a key: it changes neither
+// the shape nor the cost the planner prices, so the spec of llama3.2-1b
+// reads back unscaled (and with seq its 131072 positions).
 // Every error names the key (and the file): a missing or unknown key, a
 // value that is not a number or a boolean, a shape the model refuses.
 #ifndef SHARDKIT_RUNTIME_NN_DECODER_SPEC_H_

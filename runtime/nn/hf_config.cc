@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/file_io.h"
+#include "runtime/ops/ops.h"
 
 namespace sk {
 namespace {
@@ -123,6 +124,69 @@ json Gpt2ToConfig(const NamedModelConfig& c) {
   return j;
 }
 
+// Rotary embeddings as transformers 5 reads them: the scaling object is
+// rope_scaling when that is not null (transformers 4's key, which 5 still
+// prefers), else rope_parameters (5's, which also holds theta); theta is the
+// object's rope_theta, else the top-level rope_theta, else 10000. Types
+// "default", "linear" (factor) and "llama3" (factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings: absent, the top-level
+// key of that name, else max_position_embeddings) are read; any other type
+// is InvalidArgument naming it.
+Status ReadRope(const json& j, const Keys& k, const std::string& file, int64_t max_positions,
+                float* theta, RopeScaling* scaling) {
+  SK_RETURN_IF_ERROR(k.Float("rope_theta", theta));
+  SK_RETURN_IF_ERROR(k.Expect("partial_rotary_factor", {1.0}, "rotary embeddings over the whole head"));
+  const char* key = "rope_scaling";
+  auto rope = j.find(key);
+  if (rope == j.end() || rope->is_null()) {
+    key = "rope_parameters";
+    rope = j.find(key);
+    if (rope == j.end() || rope->is_null()) return OkStatus();
+  }
+  if (!rope->is_object()) return k.Bad(key, "must be an object or null, not " + rope->dump());
+  const std::string where = std::string("in '") + key + "'";
+  Keys r(*rope, file);
+  SK_RETURN_IF_ERROR(r.Float("rope_theta", theta).WithContext(where));
+  SK_RETURN_IF_ERROR(r.Expect("partial_rotary_factor", {1.0}, "rotary embeddings over the whole head")
+                         .WithContext(where));
+  // transformers 4.x before 4.43 spelled rope_type "type".
+  auto type = rope->find("rope_type");
+  if (type == rope->end()) type = rope->find("type");
+  const json type_name = type == rope->end() ? json("default") : *type;
+  RopeScaling s;
+  if (type_name == "default") {
+    *scaling = s;
+    return OkStatus();
+  }
+  if (type_name == "linear") {
+    s.type = RopeScalingType::kLinear;
+  } else if (type_name == "llama3") {
+    s.type = RopeScalingType::kLlama3;
+  } else {
+    return k.Bad(key, "has rope_type " + type_name.dump() +
+                          ", but shardkit's model computes rotary embeddings of rope_type \"default\", "
+                          "\"linear\" or \"llama3\" only");
+  }
+  auto required_float = [&](const char* name, float* out) -> Status {
+    if (rope->find(name) == rope->end()) {
+      return k.Bad(key, std::string("has rope_type ") + type_name.dump() + " but no '" + name + "'");
+    }
+    return r.Float(name, out).WithContext(where);
+  };
+  SK_RETURN_IF_ERROR(required_float("factor", &s.factor));
+  if (s.type == RopeScalingType::kLlama3) {
+    SK_RETURN_IF_ERROR(required_float("low_freq_factor", &s.low_freq_factor));
+    SK_RETURN_IF_ERROR(required_float("high_freq_factor", &s.high_freq_factor));
+    s.original_max_positions = max_positions;
+    SK_RETURN_IF_ERROR(k.OptionalInt("original_max_position_embeddings", &s.original_max_positions));
+    SK_RETURN_IF_ERROR(
+        r.OptionalInt("original_max_position_embeddings", &s.original_max_positions).WithContext(where));
+  }
+  SK_RETURN_IF_ERROR(ops::ValidateRopeScaling(s).WithContext("'" + file + "': key '" + key + "'"));
+  *scaling = s;
+  return OkStatus();
+}
+
 // The keys LlamaForCausalLM and Qwen2ForCausalLM share. qkv_bias is the
 // architecture's: Qwen2 always has q/k/v biases; Llama's attention_bias
 // would also put one on o_proj, which shardkit's Llama does not have.
@@ -155,23 +219,7 @@ StatusOr<NamedModelConfig> LlamaFamilyFromConfig(const json& j, const std::strin
   } else {
     SK_RETURN_IF_ERROR(k.Expect("use_sliding_window", {false}, "full causal attention"));
   }
-  // Rotary embeddings: theta at the top level (transformers 4) or in
-  // rope_parameters (transformers 5); no scaling either way.
-  SK_RETURN_IF_ERROR(k.Expect("rope_scaling", {json(nullptr)},
-                              "unscaled rotary embeddings (rope_scaling null)"));
-  SK_RETURN_IF_ERROR(k.Float("rope_theta", &l.rope_theta));
-  auto rope = j.find("rope_parameters");
-  if (rope != j.end() && !rope->is_null()) {
-    if (!rope->is_object()) return k.Bad("rope_parameters", "must be an object, not " + rope->dump());
-    Keys r(*rope, file);
-    auto type = rope->find("rope_type");
-    if (type != rope->end() && *type != "default") {
-      return k.Bad("rope_parameters", "has rope_type " + type->dump() +
-                                          ", but shardkit's model computes unscaled rotary embeddings "
-                                          "(rope_type \"default\")");
-    }
-    SK_RETURN_IF_ERROR(r.Float("rope_theta", &l.rope_theta).WithContext("in 'rope_parameters'"));
-  }
+  SK_RETURN_IF_ERROR(ReadRope(j, k, file, l.max_seq_len, &l.rope_theta, &l.rope_scaling));
   c.seq_len = l.max_seq_len;
   return c;
 }
@@ -196,6 +244,18 @@ double ShortestDecimal(float f) {
   return static_cast<double>(f);
 }
 
+// transformers' rope_scaling object for `s` (null when unscaled).
+json RopeScalingJson(const RopeScaling& s) {
+  if (s.type == RopeScalingType::kNone) return nullptr;
+  json j = {{"rope_type", RopeScalingTypeName(s.type)}, {"factor", ShortestDecimal(s.factor)}};
+  if (s.type == RopeScalingType::kLlama3) {
+    j["low_freq_factor"] = ShortestDecimal(s.low_freq_factor);
+    j["high_freq_factor"] = ShortestDecimal(s.high_freq_factor);
+    j["original_max_position_embeddings"] = s.original_max_positions;
+  }
+  return j;
+}
+
 json LlamaFamilyToConfig(const NamedModelConfig& c) {
   const LlamaConfig& l = c.llama;
   json j;
@@ -211,10 +271,12 @@ json LlamaFamilyToConfig(const NamedModelConfig& c) {
   j["max_position_embeddings"] = l.max_seq_len;
   j["hidden_act"] = "silu";
   j["rms_norm_eps"] = ShortestDecimal(l.rms_norm_eps);
-  // Both spellings of theta, so transformers 4 and 5 read the same model.
+  // Both spellings of theta and scaling, so transformers 4 and 5 read the
+  // same model.
   j["rope_theta"] = ShortestDecimal(l.rope_theta);
-  j["rope_scaling"] = nullptr;
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", ShortestDecimal(l.rope_theta)}};
+  j["rope_scaling"] = RopeScalingJson(l.rope_scaling);
+  j["rope_parameters"] = j["rope_scaling"].is_null() ? json{{"rope_type", "default"}} : j["rope_scaling"];
+  j["rope_parameters"]["rope_theta"] = ShortestDecimal(l.rope_theta);
   if (l.qkv_bias) {
     j["use_sliding_window"] = false;
   } else {

@@ -24,16 +24,26 @@
 //     vocab_size, hidden_size -> d_model, intermediate_size -> d_ff,
 //     num_hidden_layers, num_attention_heads, num_key_value_heads (absent:
 //     the heads) -> n_kv_head, max_position_embeddings -> max_seq_len,
-//     rms_norm_eps, rope_theta (at the top level, transformers 4, or in
-//     rope_parameters, transformers 5; default 10000), tie_word_embeddings
-//     (default false for Llama, true for Qwen2, as their configs). Qwen2
-//     has q/k/v biases (qkv_bias); a LlamaConfig with qkv_bias is written
-//     as Qwen2ForCausalLM. Checked when present: hidden_act "silu",
-//     rope_scaling null and rope_parameters' rope_type "default" (no
-//     scaled RoPE, so Llama 3.1/3.2's llama3 scaling is refused), head_dim
-//     = hidden_size / heads, mlp_bias false, Llama's attention_bias false
-//     (it would bias o_proj too), Qwen2's use_sliding_window false. The
-//     writer writes theta both ways and rope_scaling null.
+//     rms_norm_eps, rope_theta and the rotary scaling (below),
+//     tie_word_embeddings (default false for Llama, true for Qwen2, as their
+//     configs). Qwen2 has q/k/v biases (qkv_bias); a LlamaConfig with
+//     qkv_bias is written as Qwen2ForCausalLM. Checked when present:
+//     hidden_act "silu", head_dim = hidden_size / heads, mlp_bias false,
+//     Llama's attention_bias false (it would bias o_proj too), Qwen2's
+//     use_sliding_window false, partial_rotary_factor 1.
+//
+//     Rotary embeddings (runtime/ops/rope_scaling.h), read as transformers 5
+//     reads them: the object rope_scaling (transformers 4's key) when not
+//     null, else rope_parameters (transformers 5's); its rope_type ("type"
+//     before transformers 4.43): "default", "linear" (factor) or "llama3"
+//     (factor, low_freq_factor, high_freq_factor,
+//     original_max_position_embeddings, which defaults to the top-level key
+//     of that name and then to max_position_embeddings), as Llama 3.1 and
+//     3.2 have it. Any other type (dynamic, yarn, longrope, ...) is
+//     InvalidArgument naming it. theta is the object's rope_theta, else the
+//     top-level one, else 10000. The writer writes both spellings: the
+//     top-level rope_theta, rope_scaling (null when unscaled) and
+//     rope_parameters (the scaling's keys with rope_theta).
 //
 // Errors name the file and the key: a missing key without a default, a
 // value of the wrong type, a value shardkit does not compute (InvalidArgument);

@@ -26,6 +26,7 @@ struct LlamaDims {
   int64_t batch = 0, seq = 0;
   int64_t d_model = 0, heads = 0, kv_heads = 0, head_dim = 0, d_ff = 0;
   float theta = 0, eps = 0;
+  RopeScaling rope_scaling;
   bool qkv_bias = false;
   DType storage = DType::kF32;  // the compute dtype: activations and their gradients
 
@@ -148,8 +149,10 @@ Status BlockForward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTe
   SK_RETURN_IF_ERROR(Linear(ctx, s->h1, p.q_w, p.q_b, n, c, qw, s->q));
   SK_RETURN_IF_ERROR(Linear(ctx, s->h1, p.k_w, p.k_b, n, c, kw, s->k));
   SK_RETURN_IF_ERROR(Linear(ctx, s->h1, p.v_w, p.v_b, n, c, kw, s->v));
-  SK_RETURN_IF_ERROR(ops::RopeForward(ctx, s->q, d.seq, d.heads, d.head_dim, d.theta, s->q));
-  SK_RETURN_IF_ERROR(ops::RopeForward(ctx, s->k, d.seq, d.kv_heads, d.head_dim, d.theta, s->k));
+  SK_RETURN_IF_ERROR(ops::RopeForward(ctx, s->q, d.seq, d.heads, d.head_dim, d.theta,
+                                      d.rope_scaling, s->q));
+  SK_RETURN_IF_ERROR(ops::RopeForward(ctx, s->k, d.seq, d.kv_heads, d.head_dim, d.theta,
+                                      d.rope_scaling, s->k));
   SK_RETURN_IF_ERROR(AttentionCore(ctx, d, s));
   SK_ASSIGN_OR_RETURN(s->x2, NewAct(ctx, t, n * c));
   SK_RETURN_IF_ERROR(ResidualLinear(ctx, s->att, p.o_w, x, n, qw, c, s->x2));
@@ -233,8 +236,10 @@ Status BlockBackward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockT
         MatrixRef{s.att, 0, qw}, MatrixRef{datt, 0, qw}, s.lse, MatrixRef{dq, 0, qw},
         MatrixRef{dk, 0, kw}, MatrixRef{dv, 0, kw}));
     datt = Tensor();
-    SK_RETURN_IF_ERROR(ops::RopeBackward(ctx, dq, d.seq, d.heads, d.head_dim, d.theta, dq));
-    SK_RETURN_IF_ERROR(ops::RopeBackward(ctx, dk, d.seq, d.kv_heads, d.head_dim, d.theta, dk));
+    SK_RETURN_IF_ERROR(ops::RopeBackward(ctx, dq, d.seq, d.heads, d.head_dim, d.theta,
+                                         d.rope_scaling, dq));
+    SK_RETURN_IF_ERROR(ops::RopeBackward(ctx, dk, d.seq, d.kv_heads, d.head_dim, d.theta,
+                                         d.rope_scaling, dk));
     SK_RETURN_IF_ERROR(LinearBackward(ctx, s.h1, p.q_w, dq, n, c, qw, dh, false, g.q_w, g.q_b));
     SK_RETURN_IF_ERROR(LinearBackward(ctx, s.h1, p.k_w, dk, n, c, kw, dh, true, g.k_w, g.k_b));
     SK_RETURN_IF_ERROR(LinearBackward(ctx, s.h1, p.v_w, dv, n, c, kw, dh, true, g.v_w, g.v_b));
@@ -319,7 +324,7 @@ Status LlamaConfig::Validate() const {
     return InvalidArgumentError("config '" + name + "': rms_norm_eps must be positive, got " +
                                 std::to_string(rms_norm_eps));
   }
-  return OkStatus();
+  return ops::ValidateRopeScaling(rope_scaling).WithContext("config '" + name + "'");
 }
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& config,
@@ -394,6 +399,7 @@ LlamaDims Dims(const LlamaConfig& c, DType storage, int64_t batch, int64_t seq) 
   d.head_dim = c.head_dim();
   d.d_ff = c.d_ff;
   d.theta = c.rope_theta;
+  d.rope_scaling = c.rope_scaling;
   d.eps = c.rms_norm_eps;
   d.qkv_bias = c.qkv_bias;
   d.storage = storage;

@@ -35,6 +35,7 @@
 
 #include "runtime/nn/model.h"
 #include "runtime/nn/transformer.h"
+#include "runtime/ops/rope_scaling.h"
 
 namespace sk {
 
@@ -48,13 +49,17 @@ struct LlamaConfig {
   int64_t d_model = 0;
   int64_t d_ff = 0;        // the SwiGLU's hidden width (intermediate_size)
   float rope_theta = 10000.0f;
+  // Rotary frequencies rescaled for long contexts (Llama 3.1 and 3.2:
+  // llama3; runtime/ops/rope_scaling.h). Default: none.
+  RopeScaling rope_scaling;
   float rms_norm_eps = 1e-5f;
   bool qkv_bias = false;        // Qwen2: biases on q, k and v
   bool tie_embeddings = false;  // the LM head is the token embedding (Llama 3.2, Qwen2-0.5B)
 
   // InvalidArgument naming the field: sizes not positive, d_model not a
   // multiple of n_head, an odd head_dim (RoPE rotates pairs), n_kv_head not
-  // dividing n_head, theta or eps not positive, a vocabulary beyond int32.
+  // dividing n_head, theta or eps not positive, a vocabulary beyond int32,
+  // a rope_scaling the RoPE op refuses (ops.h: ValidateRopeScaling).
   Status Validate() const;
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_dim() const { return d_model / n_head; }

@@ -85,6 +85,14 @@ const char* ActivationCheckpointingName(ActivationCheckpointing c) {
   return "invalid";
 }
 
+StatusOr<ActivationCheckpointing> ParseActivationCheckpointing(const std::string& text,
+                                                               const std::string& flag) {
+  if (text == "off" || text == "false" || text == "0") return ActivationCheckpointing::kNone;
+  if (text == "on" || text == "true" || text == "1" || text == "full") return ActivationCheckpointing::kFull;
+  if (text == "selective") return ActivationCheckpointing::kSelective;
+  return InvalidArgumentError(flag + ": '" + text + "' is not off, on or selective (on: the whole block recomputed)");
+}
+
 Status ValidateCheckpointing(const ModelOptions& options, bool supports_selective,
                              const std::string& model) {
   const int v = static_cast<int>(options.checkpointing);

@@ -174,6 +174,12 @@ enum class ActivationCheckpointing {
 // "off", "on" (full) or "selective".
 const char* ActivationCheckpointingName(ActivationCheckpointing c);
 
+// The policy a command line names: "off" (or "false", "0"), "on" ("true",
+// "1", "full") or "selective"; InvalidArgument naming `flag` and the
+// spellings otherwise. What train and plan's --checkpointing read.
+StatusOr<ActivationCheckpointing> ParseActivationCheckpointing(const std::string& text,
+                                                               const std::string& flag);
+
 struct ModelOptions {
   // f32, or bf16 / f16: parameters and activations held at that precision
   // with f32 arithmetic and accumulation (on the CPU each activation is

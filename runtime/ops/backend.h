@@ -37,6 +37,7 @@
 #include "runtime/device/device.h"
 #include "runtime/ops/cost.h"
 #include "runtime/ops/init.h"
+#include "runtime/ops/rope_scaling.h"
 #include "runtime/ops/update_rules.h"
 
 namespace sk::ops {
@@ -193,7 +194,8 @@ class OpBackend {
                                  const Tensor& dgamma);
   // inverse: the backward (rotation by minus the angle).
   virtual Status Rope(const OpContext& ctx, const Tensor& x, int64_t seq_len, int64_t heads,
-                      int64_t head_dim, float theta, bool inverse, const Tensor& y);
+                      int64_t head_dim, float theta, const RopeScaling& scaling, bool inverse,
+                      const Tensor& y);
   virtual Status SwiGluForward(const OpContext& ctx, const Tensor& gate, const Tensor& up,
                                const Tensor& y);
   virtual Status SwiGluBackward(const OpContext& ctx, const Tensor& gate, const Tensor& up,

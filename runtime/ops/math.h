@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "runtime/core/macros.h"
+#include "runtime/ops/rope_scaling.h"
 
 namespace sk {
 namespace nn_math {
@@ -246,13 +247,40 @@ SK_HOST_DEVICE SK_INLINE void RmsNormRowBackward(const float* x, const float* ga
 
 // Rotary position embedding in Hugging Face's rotate-half layout: within a
 // head of head_dim = 2 half, element i < half pairs with i + half and both
-// turn by the angle pos * theta^(-2i / head_dim), computed in f32 as
-// transformers' LlamaRotaryEmbedding does (inv_freq, then pos * inv_freq,
-// then cos and sin).
-SK_HOST_DEVICE SK_INLINE float RopeAngle(int64_t pos, int64_t i, int64_t head_dim, float theta) {
+// turn by the angle pos * inv_freq_i, computed in f32 as transformers'
+// LlamaRotaryEmbedding does (inv_freq, then pos * inv_freq, then cos and
+// sin).
+//
+// inv_freq_i = theta^(-2i / head_dim), rescaled as rope_scaling.h says, in
+// the order of transformers' _compute_linear_scaling_rope_parameters and
+// _compute_llama3_parameters (modeling_rope_utils.py), each step an f32
+// operation as torch runs it (2 pi / inv_freq is inv_freq's reciprocal times
+// 2 pi; the band limits L / low and L / high are compared as f32).
+SK_HOST_DEVICE SK_INLINE float RopeInvFreq(int64_t i, int64_t head_dim, float theta,
+                                           const RopeScaling& scaling) {
   const float inv_freq =
       1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-  return static_cast<float>(pos) * inv_freq;
+  switch (scaling.type) {
+    case RopeScalingType::kNone: return inv_freq;
+    case RopeScalingType::kLinear: return inv_freq / scaling.factor;
+    case RopeScalingType::kLlama3: {
+      const double old_context = static_cast<double>(scaling.original_max_positions);
+      const float low_freq_wavelen = static_cast<float>(old_context / scaling.low_freq_factor);
+      const float high_freq_wavelen = static_cast<float>(old_context / scaling.high_freq_factor);
+      const float wavelen = (1.0f / inv_freq) * static_cast<float>(2.0 * 3.14159265358979323846);
+      if (wavelen < high_freq_wavelen) return inv_freq;               // high frequencies: kept
+      if (wavelen > low_freq_wavelen) return inv_freq / scaling.factor;  // low: divided
+      const float smooth = ((1.0f / wavelen) * static_cast<float>(old_context) - scaling.low_freq_factor) /
+                           (scaling.high_freq_factor - scaling.low_freq_factor);
+      return (1.0f - smooth) * inv_freq / scaling.factor + smooth * inv_freq;
+    }
+  }
+  return inv_freq;
+}
+
+SK_HOST_DEVICE SK_INLINE float RopeAngle(int64_t pos, int64_t i, int64_t head_dim, float theta,
+                                         const RopeScaling& scaling) {
+  return static_cast<float>(pos) * RopeInvFreq(i, head_dim, theta, scaling);
 }
 
 // One rotated pair: (a, b) = (x[i], x[i + half]) -> (a cos - b sin, b cos + a sin).
@@ -266,11 +294,12 @@ SK_HOST_DEVICE SK_INLINE void RopePair(float a, float b, float angle, float sign
 
 // One head's row (head_dim contiguous floats) at position pos; y may be x.
 SK_HOST_DEVICE SK_INLINE void RopeHeadRow(const float* x, int64_t pos, int64_t head_dim,
-                                          float theta, float sign, float* y) {
+                                          float theta, const RopeScaling& scaling, float sign,
+                                          float* y) {
   const int64_t half = head_dim / 2;
   for (int64_t i = 0; i < half; ++i) {
     float a, b;
-    RopePair(x[i], x[i + half], RopeAngle(pos, i, head_dim, theta), sign, &a, &b);
+    RopePair(x[i], x[i + half], RopeAngle(pos, i, head_dim, theta, scaling), sign, &a, &b);
     y[i] = a;
     y[i + half] = b;
   }

@@ -5,6 +5,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -783,7 +784,8 @@ namespace {
 
 // RopeForward and RopeBackward: x -> y rotated by plus or minus the angle.
 Status Rope(const char* op, const OpContext& ctx, const Tensor& x, int64_t seq_len,
-            int64_t heads, int64_t head_dim, float theta, bool inverse, const Tensor& y) {
+            int64_t heads, int64_t head_dim, float theta, const RopeScaling& scaling,
+            bool inverse, const Tensor& y) {
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
   const char* in = inverse ? "dy" : "x";
   SK_RETURN_IF_ERROR(CheckTensor(op, in, ctx, x));
@@ -794,6 +796,7 @@ Status Rope(const char* op, const OpContext& ctx, const Tensor& x, int64_t seq_l
     return Bad(op, "head_dim must be positive and even, got " + N(head_dim));
   }
   if (!(theta > 0.0f)) return Bad(op, "theta must be positive, got " + std::to_string(theta));
+  SK_RETURN_IF_ERROR(ValidateRopeScaling(scaling).WithContext(op));
   if (heads > std::numeric_limits<int64_t>::max() / head_dim) {
     return Bad(op, "heads=" + N(heads) + " x head_dim=" + N(head_dim) + " overflows int64");
   }
@@ -809,7 +812,7 @@ Status Rope(const char* op, const OpContext& ctx, const Tensor& x, int64_t seq_l
     return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
       SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
       SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
-      return be->Rope(ctx, wx, seq_len, heads, head_dim, theta, inverse, wy);
+      return be->Rope(ctx, wx, seq_len, heads, head_dim, theta, scaling, inverse, wy);
     });
   });
 }
@@ -817,13 +820,42 @@ Status Rope(const char* op, const OpContext& ctx, const Tensor& x, int64_t seq_l
 }  // namespace
 
 Status RopeForward(const OpContext& ctx, const Tensor& x, int64_t seq_len, int64_t heads,
-                   int64_t head_dim, float theta, const Tensor& y) {
-  return Rope("rope_fwd", ctx, x, seq_len, heads, head_dim, theta, false, y);
+                   int64_t head_dim, float theta, const RopeScaling& scaling, const Tensor& y) {
+  return Rope("rope_fwd", ctx, x, seq_len, heads, head_dim, theta, scaling, false, y);
 }
 
 Status RopeBackward(const OpContext& ctx, const Tensor& dy, int64_t seq_len, int64_t heads,
-                    int64_t head_dim, float theta, const Tensor& dx) {
-  return Rope("rope_bwd", ctx, dy, seq_len, heads, head_dim, theta, true, dx);
+                    int64_t head_dim, float theta, const RopeScaling& scaling, const Tensor& dx) {
+  return Rope("rope_bwd", ctx, dy, seq_len, heads, head_dim, theta, scaling, true, dx);
+}
+
+Status ValidateRopeScaling(const RopeScaling& s) {
+  auto bad = [&](const std::string& why) {
+    return InvalidArgumentError(std::string("rope scaling '") + RopeScalingTypeName(s.type) + "': " + why);
+  };
+  auto positive = [](float v) { return v > 0.0f && std::isfinite(v); };
+  switch (s.type) {
+    case RopeScalingType::kNone: return OkStatus();
+    case RopeScalingType::kLinear:
+      if (!positive(s.factor)) return bad("factor must be a positive number, got " + std::to_string(s.factor));
+      return OkStatus();
+    case RopeScalingType::kLlama3:
+      if (!positive(s.factor)) return bad("factor must be a positive number, got " + std::to_string(s.factor));
+      if (!positive(s.low_freq_factor)) {
+        return bad("low_freq_factor must be a positive number, got " + std::to_string(s.low_freq_factor));
+      }
+      if (!(positive(s.high_freq_factor) && s.high_freq_factor > s.low_freq_factor)) {
+        return bad("high_freq_factor must be a number above low_freq_factor " +
+                   std::to_string(s.low_freq_factor) + ", got " + std::to_string(s.high_freq_factor));
+      }
+      if (s.original_max_positions <= 0) {
+        return bad("original_max_positions must be positive, got " +
+                   std::to_string(s.original_max_positions));
+      }
+      return OkStatus();
+  }
+  return InvalidArgumentError("rope scaling type " + std::to_string(static_cast<int32_t>(s.type)) +
+                              " is not one of default (0), linear (1), llama3 (2)");
 }
 
 Status SwiGluForward(const OpContext& ctx, const Tensor& gate, const Tensor& up, const Tensor& y) {

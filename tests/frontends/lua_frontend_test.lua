@@ -26,8 +26,8 @@ local function expect_error(code_name, text, fn, ...)
 end
 
 test("version is the library's", function()
-  assert(sk.version() == "0.6.0", sk.version())
-  assert(sk.version_number() == 6000, sk.version_number())
+  assert(sk.version() == "0.6.1", sk.version())
+  assert(sk.version_number() == 6001, sk.version_number())
 end)
 
 test("errors carry code, name and the library's message", function()
@@ -129,6 +129,26 @@ test("state dicts resume a session and import Hugging Face GPT-2 layout", functi
   resumed:close()
   os.remove(base .. ".safetensors")
   os.remove(base .. "-hf.safetensors")
+end)
+
+test("selective checkpointing by name steps as no checkpointing", function()
+  local function losses(policy)
+    local s = sk.local_session({model = "llama-tiny", data_tokens = 64, activation_checkpointing = policy}, 1)
+    local out = {s:step().loss, s:step().loss}
+    s:close()
+    return out
+  end
+  local off = losses("off")
+  for _, policy in ipairs({"full", "selective", "SELECTIVE_ATTENTION", 2}) do
+    local got = losses(policy)
+    assert(got[1] == off[1] and got[2] == off[2], tostring(policy))
+  end
+  expect_error("INVALID_ARGUMENT", "'sometimes'", sk.local_session,
+               {model = "llama-tiny", activation_checkpointing = "sometimes"}, 1)
+  expect_error("INVALID_ARGUMENT", "selective", sk.local_session,
+               {model = "t5-tiny", activation_checkpointing = "selective"}, 1)
+  expect_error("INVALID_ARGUMENT", "activation_checkpointing", sk.local_session,
+               {model = "llama-tiny", activation_checkpointing = 9}, 1)
 end)
 
 test("DDP by name, and the memory estimate", function()

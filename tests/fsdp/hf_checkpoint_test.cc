@@ -36,6 +36,7 @@ namespace fs = std::filesystem;
 const std::string kData = "tests/fsdp/testdata/hf/";
 const std::string kGpt2 = kData + "gpt2-tiny";
 const std::string kLlama = kData + "llama-tiny";
+const std::string kLlama3 = kData + "llama3-tiny";
 
 std::string Slurp(const std::string& path) {
   std::ifstream f(path);
@@ -205,6 +206,78 @@ TEST(HfCheckpoint, ReadsATransformersLlamaDirectoryAsAnUntiedLlama) {
 TEST(HfCheckpoint, LlamaMatchesTransformersLossAndGradients) {
   // embed, 9 per layer, final norm, untied head.
   EXPECT_EQ(ExpectTransformersLossAndGradients("llama-tiny", WeightLayout::kHfLlama), 1 + 2 * 9 + 2);
+}
+
+// Llama 3.1/3.2's scaled rotary embeddings (rope_type llama3, written by
+// transformers 5 in rope_parameters) on a tied Llama.
+TEST(HfCheckpoint, ReadsLlama3RopeScaling) {
+  StatusOr<HfModel> m = ReadHfModelDir(kLlama3);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const LlamaConfig& l = m->config.llama;
+  EXPECT_EQ(l.rope_theta, 10000.0f);
+  EXPECT_EQ(l.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_EQ(l.rope_scaling.factor, 8.0f);
+  EXPECT_EQ(l.rope_scaling.low_freq_factor, 1.0f);
+  EXPECT_EQ(l.rope_scaling.high_freq_factor, 4.0f);
+  EXPECT_EQ(l.rope_scaling.original_max_positions, 32);
+  EXPECT_EQ(l.max_seq_len, 256);
+  EXPECT_TRUE(l.tie_embeddings);
+}
+
+// The llama3 frequencies against transformers: kept, smoothed and divided
+// bands all turn q and k (fixture: tools/hf_fixtures/make_fixtures.py).
+TEST(HfCheckpoint, Llama3RopeScalingMatchesTransformersLossAndGradients) {
+  // embed (holding the tied head's gradient too), 9 per layer, final norm.
+  EXPECT_EQ(ExpectTransformersLossAndGradients("llama3-tiny", WeightLayout::kHfLlama), 1 + 2 * 9 + 1);
+}
+
+// The fixture can tell scaled from unscaled frequencies: the same weights
+// and batch without rope_scaling give a loss and gradients that miss the
+// tolerances of ExpectTransformersLossAndGradients (2e-6 of the loss, 1e-5
+// of a tensor's largest gradient) several times over.
+TEST(HfCheckpoint, Llama3FixtureDependsOnTheScaling) {
+  StatusOr<HfModel> m = ReadHfModelDir(kLlama3);
+  ASSERT_TRUE(m.ok()) << m.status();
+  struct Run {
+    float loss = 0;
+    std::vector<std::vector<float>> grads;  // per parameter tensor
+  };
+  auto run_with = [&](const RopeScaling& scaling) {
+    NamedModelConfig c = m->config;
+    c.llama.rope_scaling = scaling;
+    std::unique_ptr<Model> model = *CreateModel(c);
+    auto params = *OwnedParameters::Create(model->units(), 0);
+    for (int u = 0; u < params->num_units(); ++u) {
+      for (size_t i = 0; i < model->units()[u].params.size(); ++i) {
+        const Tensor& p = params->param(u, static_cast<int>(i));
+        std::memcpy(p.data(), *m->weights.data(FullParamName(model->units()[u], model->units()[u].params[i])),
+                    p.nbytes());
+      }
+    }
+    Run r;
+    r.loss = *model->ForwardBackward(FixtureBatch("llama3-tiny"), *params, HostAllocator::Default());
+    for (int u = 0; u < params->num_units(); ++u) {
+      for (size_t i = 0; i < model->units()[u].params.size(); ++i) {
+        const Tensor& g = params->grad(u, static_cast<int>(i));
+        r.grads.emplace_back(g.data_as<float>(), g.data_as<float>() + g.numel());
+      }
+    }
+    return r;
+  };
+  const Run scaled = run_with(m->config.llama.rope_scaling);
+  const Run unscaled = run_with(RopeScaling{});
+  EXPECT_GT(std::fabs(scaled.loss - unscaled.loss), 5 * 2e-6 * scaled.loss) << scaled.loss << " vs " << unscaled.loss;
+  double worst = 0;
+  for (size_t t = 0; t < scaled.grads.size(); ++t) {
+    double scale = 0, diff = 0;
+    for (size_t k = 0; k < scaled.grads[t].size(); ++k) {
+      scale = std::max(scale, std::fabs(static_cast<double>(scaled.grads[t][k])));
+      diff = std::max(diff, std::fabs(static_cast<double>(scaled.grads[t][k]) - unscaled.grads[t][k]));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  EXPECT_GT(worst, 10 * 1e-5) << "largest gradient change relative to its tensor's largest element";
+  ::testing::Test::RecordProperty("llama3-tiny.unscaled_grad_max_rel_change", std::to_string(worst));
 }
 
 TEST(HfCheckpoint, ATransformersShardedDirectoryLoadsTheSameTensors) {
@@ -453,7 +526,8 @@ void ExpectLlamaRoundTrip(const NamedModelConfig& config, const SafeTensorsFile&
     EXPECT_EQ(c["tie_word_embeddings"], l.tie_embeddings);
     EXPECT_EQ(c["num_key_value_heads"], l.kv_heads());
     EXPECT_EQ(c["hidden_act"], "silu");
-    EXPECT_TRUE(c["rope_scaling"].is_null());
+    EXPECT_EQ(c["rope_scaling"].is_null(), l.rope_scaling.type == RopeScalingType::kNone);
+    EXPECT_EQ(c["rope_parameters"]["rope_type"], RopeScalingTypeName(l.rope_scaling.type));
     EXPECT_EQ(c["rms_norm_eps"].dump(), l.rms_norm_eps == 1e-5f ? "1e-05" : "1e-06");  // as transformers writes it
     EXPECT_EQ(fs::exists(dir + "/model.safetensors.index.json"), shard_bytes > 0);
     StatusOr<SafeTensorsFile> hf = ReadHfWeights(dir);
@@ -467,6 +541,7 @@ void ExpectLlamaRoundTrip(const NamedModelConfig& config, const SafeTensorsFile&
     EXPECT_EQ(back->config.llama.qkv_bias, l.qkv_bias);
     EXPECT_EQ(back->config.llama.kv_heads(), l.kv_heads());
     EXPECT_EQ(back->config.llama.rope_theta, l.rope_theta);
+    EXPECT_EQ(back->config.llama.rope_scaling, l.rope_scaling);
     EXPECT_EQ(back->config.llama.rms_norm_eps, l.rms_norm_eps);
     ExpectSameTensors(weights, back->weights);
   }
@@ -492,6 +567,13 @@ TEST(HfCheckpoint, LlamaOursToHuggingFaceToOursIsBitForBitTiedAndUntied) {
     ASSERT_EQ(model->units().back().tied.size(), 1u);
     ExpectLlamaRoundTrip(tied, InitialWeights(*model, 7), qwen2 ? "qwen2-tied" : "llama-tied");
   }
+  // Scaled rotary embeddings: transformers' llama3 fixture, and linear.
+  StatusOr<HfModel> llama3 = ReadHfModelDir(kLlama3);
+  ASSERT_TRUE(llama3.ok()) << llama3.status();
+  ExpectLlamaRoundTrip(llama3->config, llama3->weights, "llama3-scaled");
+  NamedModelConfig linear = llama3->config;
+  linear.llama.rope_scaling = RopeScaling{RopeScalingType::kLinear, 2.5f};
+  ExpectLlamaRoundTrip(linear, llama3->weights, "linear-scaled");
 }
 
 // Llama-family directories that shardkit's model cannot hold are errors
@@ -511,15 +593,46 @@ TEST(HfCheckpoint, BadLlamaDirectoriesAreErrorsNamingTheKeyOrTensor) {
     Spit(dir + "/config.json", c.dump());
     return dir;
   };
-  // Llama 3.1/3.2's scaled RoPE, in transformers 4's key and in 5's.
-  expect(ReadHfModelDir(with_config("rope-scaling", [](nlohmann::json& c) {
-           c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}};
+  // Rope types shardkit does not compute, in transformers 4's key and in
+  // 5's, and a llama3 scaling without its band factors.
+  expect(ReadHfModelDir(with_config("rope-dynamic", [](nlohmann::json& c) {
+           c["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
          })),
-         StatusCode::kInvalidArgument, {"config.json", "rope_scaling", "llama3"});
+         StatusCode::kInvalidArgument, {"config.json", "rope_scaling", "dynamic"});
   expect(ReadHfModelDir(with_config("rope-type", [](nlohmann::json& c) {
            c["rope_parameters"]["rope_type"] = "yarn";
          })),
          StatusCode::kInvalidArgument, {"config.json", "rope_parameters", "yarn"});
+  expect(ReadHfModelDir(with_config("rope-longrope", [](nlohmann::json& c) {
+           c["rope_scaling"] = {{"type", "longrope"}, {"factor", 2.0}};
+         })),
+         StatusCode::kInvalidArgument, {"config.json", "rope_scaling", "longrope"});
+  expect(ReadHfModelDir(with_config("rope-llama3-incomplete", [](nlohmann::json& c) {
+           c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}};
+         })),
+         StatusCode::kInvalidArgument, {"config.json", "rope_scaling", "low_freq_factor"});
+  expect(ReadHfModelDir(with_config("rope-llama3-bands", [](nlohmann::json& c) {
+           c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 4.0},
+                                {"high_freq_factor", 1.0}, {"original_max_position_embeddings", 8192}};
+         })),
+         StatusCode::kInvalidArgument, {"config.json", "rope_scaling", "high_freq_factor"});
+  expect(ReadHfModelDir(with_config("rope-partial", [](nlohmann::json& c) {
+           c["partial_rotary_factor"] = 0.5;
+         })),
+         StatusCode::kInvalidArgument, {"config.json", "partial_rotary_factor"});
+  {  // transformers 4's spelling of Llama 3.1: rope_scaling beside a top-level theta.
+    const std::string dir = with_config("rope-llama31", [](nlohmann::json& c) {
+      c.erase("rope_parameters");
+      c["rope_theta"] = 500000.0;
+      c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+    });
+    StatusOr<HfModel> r = ReadHfModelDir(dir);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->config.llama.rope_theta, 500000.0f);
+    EXPECT_EQ(r->config.llama.rope_scaling,
+              (RopeScaling{RopeScalingType::kLlama3, 8.0f, 1.0f, 4.0f, 8192}));
+  }
   expect(ReadHfModelDir(with_config("gelu", [](nlohmann::json& c) { c["hidden_act"] = "gelu"; })),
          StatusCode::kInvalidArgument, {"config.json", "hidden_act", "gelu"});
   expect(ReadHfModelDir(with_config("attention-bias", [](nlohmann::json& c) { c["attention_bias"] = true; })),

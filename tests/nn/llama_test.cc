@@ -121,6 +121,40 @@ TEST(Llama, NamedConfigsCountThePublishedParameters) {
   }
 }
 
+// Rotary settings as the published config.json files have them: Llama 3.2
+// 1B scales RoPE (rope_type llama3, factor 32, low/high frequency factors 1
+// and 4, pre-training context 8192) out to 131072 positions, planned at its
+// training length; Llama 3 8B and 70B (not 3.1) do not scale, 8192 positions.
+TEST(Llama, NamedConfigsCarryThePublishedRopeSettings) {
+  auto small = FindModelConfig("llama3.2-1b");
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->llama.rope_theta, 500000.0f);
+  EXPECT_EQ(small->llama.rope_scaling, (RopeScaling{RopeScalingType::kLlama3, 32.0f, 1.0f, 4.0f, 8192}));
+  EXPECT_EQ(small->llama.max_seq_len, 131072);
+  EXPECT_EQ(small->seq_len, 4096);
+  for (const char* name : {"llama3-8b", "llama3-70b"}) {
+    auto c = FindModelConfig(name);
+    ASSERT_TRUE(c.ok()) << name;
+    EXPECT_EQ(c->llama.rope_scaling.type, RopeScalingType::kNone) << name;
+    EXPECT_EQ(c->llama.max_seq_len, 8192) << name;
+  }
+}
+
+// A scaling the RoPE op cannot compute is refused when the model is built,
+// naming the field.
+TEST(Llama, BadRopeScalingIsRefusedAtCreation) {
+  auto c = FindModelConfig("llama-tiny");
+  ASSERT_TRUE(c.ok());
+  LlamaConfig l = c->llama;
+  l.rope_scaling = RopeScaling{RopeScalingType::kLlama3, 8.0f, 1.0f, 1.0f, 8192};
+  auto m = LlamaModel::Create(l);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("high_freq_factor"), std::string::npos) << m.status();
+  l.rope_scaling = RopeScaling{RopeScalingType::kLinear, -2.0f};
+  EXPECT_EQ(LlamaModel::Create(l).status().code(), StatusCode::kInvalidArgument);
+}
+
 // A tied head has no matrix of its own: it reads embed.embed_tokens.w
 // [vocab, d], counted once.
 TEST(Llama, TiedHeadUsesTheEmbeddingAndCountsItOnce) {

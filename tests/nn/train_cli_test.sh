@@ -16,7 +16,21 @@ expect_bad "--batch_size must be >= 1" --batch_size=0
 expect_bad "does not fit in host memory" --batch_size=2147483647 --steps=1
 expect_bad "GEMM thread count must be in \[1, 1024\]" --gemm_threads=2147483647 --steps=1
 expect_bad "--gemm_threads must be >= 0" --gemm_threads=-1 --steps=1
-# Valid flags still train.
+expect_bad "--checkpointing: 'sometimes' is not off, on" --checkpointing=sometimes --steps=1
+# Selective checkpointing where the model has none (T5) or without selective.
+expect_bad "does not implement selective" --model=t5-tiny --checkpointing=selective --steps=1
+expect_bad "recompute_attention applies only" --model=gpt-tiny --recompute_attention --steps=1
+# Valid flags still train; every checkpointing policy computes the same loss.
+for policy in off on selective; do
+  "$train" --model=llama-tiny --steps=2 --log_every=1 --checkpointing=$policy > "$tmp/$policy.txt"
+  grep "^step" "$tmp/$policy.txt" | sed 's/tokens.*//' > "$tmp/$policy.loss"
+done
+"$train" --model=llama-tiny --steps=2 --log_every=1 --checkpointing=selective --recompute_attention |
+  grep "^step" | sed 's/tokens.*//' > "$tmp/attention.loss"
+for policy in on selective attention; do
+  cmp "$tmp/off.loss" "$tmp/$policy.loss" || { cat "$tmp/off.loss" "$tmp/$policy.loss"; echo "FAIL: $policy" >&2; exit 1; }
+done
+grep -q "^step     2  loss" "$tmp/off.loss" || { cat "$tmp/off.txt"; echo "FAIL: no step 2 line" >&2; exit 1; }
 "$train" --model=gpt-tiny --steps=2 --log_every=1 > "$tmp/ok.txt"
 grep -q "^step     2  loss" "$tmp/ok.txt" || { cat "$tmp/ok.txt"; echo "FAIL: no step 2 line" >&2; exit 1; }
 echo PASS

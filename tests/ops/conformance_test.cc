@@ -805,22 +805,60 @@ TEST_P(Conformance, RmsNorm) {
 }
 
 // The angle as transformers computes it (inv_freq, then pos * inv_freq, in
-// f32), its cosine and sine in f64.
-double RopeAngleRef(int64_t pos, int64_t i, int64_t hd, float theta) {
-  const float inv_freq =
-      1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(hd));
+// f32), its cosine and sine in f64. Scaled frequencies follow the rules of
+// rope_scaling.h in f64, written out again here.
+double RopeAngleRef(int64_t pos, int64_t i, int64_t hd, float theta, const RopeScaling& s) {
+  float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(hd));
+  if (s.type == RopeScalingType::kLinear) inv_freq /= s.factor;
+  if (s.type == RopeScalingType::kLlama3) {
+    const double f = inv_freq, pi = 3.14159265358979323846;
+    const double wavelen = 2 * pi / f, old = static_cast<double>(s.original_max_positions);
+    double scaled = f;
+    if (wavelen > old / s.low_freq_factor) {
+      scaled = f / s.factor;
+    } else if (wavelen >= old / s.high_freq_factor) {
+      const double smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      scaled = (1 - smooth) * f / s.factor + smooth * f;
+    }
+    inv_freq = static_cast<float>(scaled);
+  }
   return static_cast<double>(static_cast<float>(pos) * inv_freq);
 }
 
+RopeScaling Linear(float factor) {
+  RopeScaling s;
+  s.type = RopeScalingType::kLinear;
+  s.factor = factor;
+  return s;
+}
+
+RopeScaling Llama3(float factor, float low, float high, int64_t original) {
+  RopeScaling s;
+  s.type = RopeScalingType::kLlama3;
+  s.factor = factor;
+  s.low_freq_factor = low;
+  s.high_freq_factor = high;
+  s.original_max_positions = original;
+  return s;
+}
+
 // RoPE forward against the rotate-half formula, backward as its exact
-// inverse (and transpose), in place and not, every dtype.
+// inverse (and transpose), in place and not, every dtype; unscaled, linear
+// and llama3 frequencies (Llama 3.1's settings over head_dim 64 put
+// frequencies in all three of llama3's bands: kept, smoothed and divided).
 TEST_P(Conformance, Rope) {
   struct Case {
     int64_t batch, seq, heads, hd;
     float theta;
+    RopeScaling scaling;
   };
-  const Case cases[] = {{1, 1, 1, 2, 10000.0f}, {2, 7, 3, 8, 10000.0f}, {1, 130, 2, 64, 500000.0f},
-                        {3, 5, 1, 6, 1e6f}};
+  const Case cases[] = {{1, 1, 1, 2, 10000.0f, {}},
+                        {2, 7, 3, 8, 10000.0f, {}},
+                        {1, 130, 2, 64, 500000.0f, {}},
+                        {3, 5, 1, 6, 1e6f, {}},
+                        {2, 7, 3, 8, 10000.0f, Linear(4.0f)},
+                        {1, 130, 2, 64, 500000.0f, Llama3(8.0f, 1.0f, 4.0f, 8192)},
+                        {2, 40, 1, 16, 10000.0f, Llama3(32.0f, 1.0f, 4.0f, 64)}};
   for (DType t : kFloats) {
     const double u = t == DType::kF32 ? 0.0 : 2 * Ulp(t);
     for (const Case& c : cases) {
@@ -832,7 +870,7 @@ TEST_P(Conformance, Rope) {
         for (int64_t h = 0; h < c.heads; ++h) {
           for (int64_t i = 0; i < half; ++i) {
             const int64_t o = r * width + h * c.hd + i;
-            const double a = RopeAngleRef(r % c.seq, i, c.hd, c.theta);
+            const double a = RopeAngleRef(r % c.seq, i, c.hd, c.theta, c.scaling);
             const double x1 = x[o], x2 = x[o + half];
             want[o] = x1 * std::cos(a) - x2 * std::sin(a);
             want[o + half] = x2 * std::cos(a) + x1 * std::sin(a);
@@ -842,23 +880,38 @@ TEST_P(Conformance, Rope) {
         }
       }
       const std::string name = "rope " + std::string(DTypeName(t)) + " seq " +
-                               std::to_string(c.seq) + " hd " + std::to_string(c.hd);
+                               std::to_string(c.seq) + " hd " + std::to_string(c.hd) + " " +
+                               RopeScalingTypeName(c.scaling.type);
       Tensor tx = Up(x, t), ty = Up(Vec(e, 0.0), t);
-      Status st = RopeForward(ctx(), tx, c.seq, c.heads, c.hd, c.theta, ty);
+      Status st = RopeForward(ctx(), tx, c.seq, c.heads, c.hd, c.theta, c.scaling, ty);
       ASSERT_TRUE(st.ok()) << st.ToString();
       ExpectNear((name + " fwd").c_str(), Down(ty), want, 1e-5 + u, 1e-5 + u);
-      st = RopeBackward(ctx(), tx, c.seq, c.heads, c.hd, c.theta, tx);  // in place
+      st = RopeBackward(ctx(), tx, c.seq, c.heads, c.hd, c.theta, c.scaling, tx);  // in place
       ASSERT_TRUE(st.ok()) << st.ToString();
       ExpectNear((name + " bwd").c_str(), Down(tx), inv, 1e-5 + u, 1e-5 + u);
     }
   }
   Tensor x = Up(Vec(12, 1.0), DType::kF32), y = Up(Vec(12, 0.0), DType::kF32);
-  EXPECT_EQ(RopeForward(ctx(), x, 2, 2, 3, 10000.0f, y).code(), StatusCode::kInvalidArgument)
+  EXPECT_EQ(RopeForward(ctx(), x, 2, 2, 3, 10000.0f, {}, y).code(), StatusCode::kInvalidArgument)
       << "odd head_dim";
-  EXPECT_EQ(RopeForward(ctx(), x, 5, 1, 4, 10000.0f, y).code(), StatusCode::kInvalidArgument)
+  EXPECT_EQ(RopeForward(ctx(), x, 5, 1, 4, 10000.0f, {}, y).code(), StatusCode::kInvalidArgument)
       << "3 rows are not a multiple of seq_len 5";
-  EXPECT_EQ(RopeForward(ctx(), x, 3, 1, 4, -1.0f, y).code(), StatusCode::kInvalidArgument)
+  EXPECT_EQ(RopeForward(ctx(), x, 3, 1, 4, -1.0f, {}, y).code(), StatusCode::kInvalidArgument)
       << "theta";
+  EXPECT_EQ(RopeForward(ctx(), x, 3, 1, 4, 10000.0f, Linear(0.0f), y).code(),
+            StatusCode::kInvalidArgument)
+      << "linear factor 0";
+  Status st = RopeForward(ctx(), x, 3, 1, 4, 10000.0f, Llama3(8.0f, 4.0f, 4.0f, 8192), y);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << "high_freq_factor not above low";
+  EXPECT_NE(st.message().find("high_freq_factor"), std::string::npos) << st.ToString();
+  EXPECT_EQ(RopeForward(ctx(), x, 3, 1, 4, 10000.0f, Llama3(8.0f, 1.0f, 4.0f, 0), y).code(),
+            StatusCode::kInvalidArgument)
+      << "original_max_positions 0";
+  RopeScaling unknown;
+  unknown.type = static_cast<RopeScalingType>(7);
+  EXPECT_EQ(RopeForward(ctx(), x, 3, 1, 4, 10000.0f, unknown, y).code(),
+            StatusCode::kInvalidArgument)
+      << "unknown type";
 }
 
 TEST_P(Conformance, SwiGlu) {

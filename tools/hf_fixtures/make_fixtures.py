@@ -22,8 +22,11 @@ with the same library versions writes the same files. For each model:
                           targets; the loss is the mean cross-entropy over all
                           positions (no shift inside the model)
 
-Models: gpt2-tiny (GPT2LMHeadModel, tied head as GPT-2) and llama-tiny
-(LlamaForCausalLM, 2 layers, hidden 64, 4 heads, 2 kv heads, untied head).
+Models: gpt2-tiny (GPT2LMHeadModel, tied head as GPT-2), llama-tiny
+(LlamaForCausalLM, 2 layers, hidden 64, 4 heads, 2 kv heads, untied head) and
+llama3-tiny (LlamaForCausalLM with Llama 3.1's rope_scaling llama3 over a
+context scaled down to 32 positions, tied head as Llama 3.2; 2 layers,
+hidden 32, 2 heads, 1 kv head, batch 2 x 32).
 Parameters are the library's initialisation plus N(0, 0.02) noise on every
 tensor (LayerNorm gains and biases included), so no gradient is trivially
 zero or one.
@@ -47,19 +50,19 @@ def perturb(model, seed):
             p.add_(torch.randn(p.shape, generator=g) * 0.02)
 
 
-def batch(vocab, seed):
+def batch(vocab, seed, seq=SEQ):
     g = torch.Generator().manual_seed(seed)
-    seqs = torch.randint(0, vocab, (BATCH, SEQ + 1), generator=g)
+    seqs = torch.randint(0, vocab, (BATCH, seq + 1), generator=g)
     return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
 
 
-def write(model, name, out, vocab, seed, shard_size):
+def write(model, name, out, vocab, seed, shard_size, seq=SEQ):
     model.eval()  # no dropout; gradients still flow
     model.save_pretrained(os.path.join(out, name), safe_serialization=True)
     if shard_size is not None:
         model.save_pretrained(os.path.join(out, name + "-sharded"), safe_serialization=True,
                               max_shard_size=shard_size)
-    inputs, targets = batch(vocab, seed)
+    inputs, targets = batch(vocab, seed, seq)
     model.zero_grad()
     logits = model(input_ids=inputs).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
@@ -97,6 +100,30 @@ def main():
                                          attn_implementation="eager"))
     perturb(llama, 37)
     write(llama, "llama-tiny", out, 128, 38, None)  # one sharded directory (GPT-2's) is enough
+
+    torch.manual_seed(39)
+    llama3 = LlamaForCausalLM(llama3_tiny_config())
+    perturb(llama3, 40)
+    write(llama3, "llama3-tiny", out, 64, 41, None, seq=LLAMA3_SEQ)
+
+
+# Llama 3.1/3.2's rotary embeddings (rope_scaling llama3 with their factors
+# low 1 and high 4) on a tiny, tied model, with the pre-training context
+# scaled down from 8192 to 32 positions and factor 8 (Llama 3.1's) so that a
+# batch of 32 positions feels the rescaling (with Llama 3.2's own settings
+# the logits of so short a batch move by 2e-5 only): head_dim 16 and theta
+# 10000 put its eight frequencies in all three of llama3's bands
+# (wavelength 6.3 kept, 19.9 smoothed, 62.8 and above divided by 8).
+LLAMA3_SEQ = 32
+
+
+def llama3_tiny_config():
+    return LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                       rms_norm_eps=1e-5, rope_theta=10000.0,
+                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+                       tie_word_embeddings=True, attention_bias=False, attn_implementation="eager")
 
 
 if __name__ == "__main__":

@@ -115,6 +115,12 @@
  *  smaller struct from an older header still reads 0 as 1e-3.
  *  0.6.0 also appended tied parameters in the low-level model spec
  *  (sk_model_spec_add_tied_param; issue 33).
+ *  0.6.1 (issue 33) named the values of sk_trainer_options.
+ *  activation_checkpointing (sk_activation_checkpointing_t) and added
+ *  selective checkpointing (2) and selective with attention recomputed (3);
+ *  before, any nonzero value meant whole-block checkpointing, so a caller
+ *  that passed 2 or 3 now gets a selective policy (the same loss and
+ *  gradients, less recomputation), and values outside 0..3 are refused.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -148,10 +154,10 @@
 
 #define SK_VERSION_MAJOR 0
 #define SK_VERSION_MINOR 6
-#define SK_VERSION_PATCH 0
+#define SK_VERSION_PATCH 1
 /* MAJOR * 1000000 + MINOR * 1000 + PATCH, as SQLITE_VERSION_NUMBER. */
 #define SK_VERSION_NUMBER (SK_VERSION_MAJOR * 1000000 + SK_VERSION_MINOR * 1000 + SK_VERSION_PATCH)
-#define SK_VERSION_STRING "0.6.0"
+#define SK_VERSION_STRING "0.6.1"
 
 #ifdef __cplusplus
 extern "C" {
@@ -195,7 +201,7 @@ SK_EXPORT const char* sk_last_error_message(void);
 /* Version                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* The loaded library's SK_VERSION_STRING ("0.6.0"). A static string. Thread-safe. */
+/* The loaded library's SK_VERSION_STRING ("0.6.1"). A static string. Thread-safe. */
 SK_EXPORT const char* sk_version(void);
 /* The loaded library's SK_VERSION_NUMBER. Thread-safe. */
 SK_EXPORT int32_t sk_version_number(void);
@@ -256,6 +262,21 @@ typedef SK_ENUM(sk_parallelism_t) {
   SK_PARALLELISM_DDP = 2      /* the DDP baseline: a full replica per rank,
                                  gradients all-reduced in buckets */
 } sk_parallelism_t;
+
+/* What each transformer block keeps from its forward for its backward
+ * (sk_trainer_options.activation_checkpointing; 0.6.1 gave the values above 1
+ * their meaning, which any nonzero value had been whole-block before). The
+ * selective policies keep the GEMM outputs and recompute the cheap ops
+ * (norms, activations) before each block's backward; GPT and Llama-family
+ * models implement them, others (T5, unit tables) refuse them with
+ * INVALID_ARGUMENT naming the model. Losses and gradients are the same
+ * under every policy; memory and compute differ. */
+typedef SK_ENUM(sk_activation_checkpointing_t) {
+  SK_CHECKPOINTING_OFF = 0,                 /* default: keep everything */
+  SK_CHECKPOINTING_FULL = 1,                /* keep the block input, recompute the block */
+  SK_CHECKPOINTING_SELECTIVE = 2,           /* keep GEMM outputs and attention */
+  SK_CHECKPOINTING_SELECTIVE_ATTENTION = 3  /* selective, and recompute attention from q/k/v */
+} sk_activation_checkpointing_t;
 
 /* The names and tensor layout of a state dict file (0.4.0). */
 typedef SK_ENUM(sk_weight_layout_t) {
@@ -637,7 +658,10 @@ typedef struct sk_trainer_options {
   int64_t seq_len;           /* 0 = the config's */
   int64_t source_len;        /* encoder-decoder only; 0 = the config's */
   double clip_grad_norm;     /* clip the total norm to this; 0 = no clipping */
-  int32_t activation_checkpointing; /* nonzero: recompute blocks in backward */
+  /* An sk_activation_checkpointing_t (0 = off, 1 = whole block, 2 =
+   * selective, 3 = selective with attention recomputed); another value is
+   * INVALID_ARGUMENT. Before 0.6.1 any nonzero value meant whole block. */
+  int32_t activation_checkpointing;
   uint64_t memory_cap_bytes; /* per-rank device memory cap; 0 = unlimited */
   /* Token file (little-endian uint16 or uint32, no header); NULL = a
    * synthetic stream from data_seed. */

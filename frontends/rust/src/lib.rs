@@ -846,7 +846,9 @@ pub struct TrainerOptions {
     pub seq_len: i64,
     pub source_len: i64,
     pub clip_grad_norm: f64,
-    pub activation_checkpointing: bool,
+    /// `sys::SK_CHECKPOINTING_*` (0.6.1): 0 = off, FULL, SELECTIVE or
+    /// SELECTIVE_ATTENTION; an `i32`, a `bool` before 0.6.1.
+    pub activation_checkpointing: sys::sk_activation_checkpointing_t,
     pub memory_cap_bytes: u64,
     pub data_path: Option<String>,
     pub data_token_bytes: i32,
@@ -883,7 +885,7 @@ impl TrainerOptions {
             seq_len: self.seq_len,
             source_len: self.source_len,
             clip_grad_norm: self.clip_grad_norm,
-            activation_checkpointing: self.activation_checkpointing as i32,
+            activation_checkpointing: self.activation_checkpointing,
             memory_cap_bytes: self.memory_cap_bytes,
             data_path: opt_ptr(&data_path),
             data_token_bytes: self.data_token_bytes,

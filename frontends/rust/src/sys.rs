@@ -62,6 +62,12 @@ pub const SK_PARALLELISM_DEFAULT: sk_parallelism_t = 0;
 pub const SK_PARALLELISM_FSDP: sk_parallelism_t = 1;
 pub const SK_PARALLELISM_DDP: sk_parallelism_t = 2;
 
+pub type sk_activation_checkpointing_t = i32;
+pub const SK_CHECKPOINTING_OFF: sk_activation_checkpointing_t = 0;
+pub const SK_CHECKPOINTING_FULL: sk_activation_checkpointing_t = 1;
+pub const SK_CHECKPOINTING_SELECTIVE: sk_activation_checkpointing_t = 2;
+pub const SK_CHECKPOINTING_SELECTIVE_ATTENTION: sk_activation_checkpointing_t = 3;
+
 pub type sk_lr_schedule_kind_t = i32;
 pub const SK_LR_SCHEDULE_DEFAULT: sk_lr_schedule_kind_t = 0;
 pub const SK_LR_SCHEDULE_CONSTANT: sk_lr_schedule_kind_t = 1;

@@ -12,8 +12,8 @@ fn tiny() -> TrainerOptions {
 
 #[test]
 fn version_is_the_librarys() {
-    assert_eq!(shardkit::version(), "0.6.0");
-    assert_eq!(shardkit::version_number(), 6000);
+    assert_eq!(shardkit::version(), "0.6.1");
+    assert_eq!(shardkit::version_number(), 6001);
 }
 
 #[test]
@@ -56,6 +56,26 @@ fn trainer_keeps_its_group_alive_after_the_owner_drops() {
     assert_eq!(trainer.num_parameters().unwrap(), shardkit::model_num_parameters("gpt-tiny").unwrap());
     assert!(trainer.evaluate(1).unwrap() > 0.0);
     assert_eq!(trainer.evaluate(0).unwrap_err().code, sys::SK_STATUS_INVALID_ARGUMENT);
+}
+
+#[test]
+fn selective_checkpointing_steps_as_no_checkpointing() {
+    let losses = |policy: sys::sk_activation_checkpointing_t| {
+        let options = TrainerOptions { model: Some("llama-tiny".to_string()), activation_checkpointing: policy, ..tiny() };
+        let groups = ProcessGroup::local(1, None).unwrap();
+        let mut trainer = Trainer::new(&options, &groups[0]).unwrap();
+        (trainer.step().unwrap().loss, trainer.step().unwrap().loss)
+    };
+    let off = losses(sys::SK_CHECKPOINTING_OFF);
+    for policy in [sys::SK_CHECKPOINTING_FULL, sys::SK_CHECKPOINTING_SELECTIVE,
+                   sys::SK_CHECKPOINTING_SELECTIVE_ATTENTION] {
+        assert_eq!(losses(policy), off, "policy {}", policy);
+    }
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let bad = TrainerOptions { activation_checkpointing: 4, ..tiny() };
+    let e = Trainer::new(&bad, &groups[0]).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+    assert!(e.message.contains("activation_checkpointing"), "{}", e);
 }
 
 #[test]

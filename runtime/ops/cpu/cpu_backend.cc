@@ -753,7 +753,8 @@ class CpuBackend final : public OpBackend {
   }
 
   Status Rope(const OpContext&, const Tensor& x, int64_t seq_len, int64_t heads,
-              int64_t head_dim, float theta, bool inverse, const Tensor& y) override {
+              int64_t head_dim, float theta, const RopeScaling& scaling, bool inverse,
+              const Tensor& y) override {
     // Head rows u of [rows, heads, head_dim]: row u / heads, at position
     // (u / heads) % seq_len.
     const float sign = inverse ? -1.0f : 1.0f;
@@ -765,7 +766,7 @@ class CpuBackend final : public OpBackend {
                    const int64_t o = u * head_dim;
                    float* yr = OutF32(y, o, by);
                    nn_math::RopeHeadRow(InF32(x, o, head_dim, bx), (u / heads) % seq_len,
-                                        head_dim, theta, sign, yr);
+                                        head_dim, theta, scaling, sign, yr);
                    OutDone(y, o, head_dim, yr);
                  }
                });

@@ -603,11 +603,12 @@ class CudaBackend final : public OpBackend {
   }
 
   Status Rope(const OpContext& ctx, const Tensor& x, int64_t seq_len, int64_t heads,
-              int64_t head_dim, float theta, bool inverse, const Tensor& y) override {
+              int64_t head_dim, float theta, const RopeScaling& scaling, bool inverse,
+              const Tensor& y) override {
     const char* op = inverse ? "rope_bwd" : "rope_fwd";
     SK_RETURN_IF_ERROR(Enter(ctx, op));
-    SK_CUDA_OP(op, cuda::Rope(C(x), x.numel(), seq_len, heads, head_dim, theta, inverse, B(y),
-                              S(ctx)));
+    SK_CUDA_OP(op, cuda::Rope(C(x), x.numel(), seq_len, heads, head_dim, theta, scaling,
+                              inverse, B(y), S(ctx)));
     return OkStatus();
   }
 
