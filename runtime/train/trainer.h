@@ -174,9 +174,9 @@ class Trainer {
   // failed step 2: RESOURCE_EXHAUSTED ..."), parameters and optimizer state
   // stay untouched everywhere, and the next step works on every rank. The
   // failing rank makes its peers' waiting collectives fail at once
-  // (ProcessGroup::FailPeers). Only on backends that publish failures (the
-  // local backend); on gloo and NCCL each rank abandons the step and reports
-  // its own error (a peer's failure as the timeout of a collective).
+  // (ProcessGroup::FailPeers). Only on backends that publish failures (local
+  // and gloo); on NCCL each rank abandons the step and reports its own error
+  // (a peer's failure as the timeout of a collective).
   StatusOr<StepMetrics> Step();
   // The mean loss of `batches` forward passes on held-out batches (no update).
   StatusOr<float> Evaluate(int batches);
