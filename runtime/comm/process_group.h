@@ -214,14 +214,15 @@ class ProcessGroup {
   // group: every collective of any rank that waits in the group, or is
   // issued later, fails at once with `culprit` instead of waiting for this
   // rank until its timeout, until ResumeAt. Returns OK when this rank's
-  // failure is now the group's (or the backend cannot publish: nccl, whose
-  // peers then fail at their timeout), or the culprit another rank
-  // published first (this rank's own failure is then a consequence).
+  // failure is now the group's (or the backend cannot publish: nccl without
+  // its call check, whose peers then fail at their timeout), or the culprit
+  // another rank published first (this rank's own failure is then a
+  // consequence).
   // Thread-safe.
   virtual Status FailPeers(const Status& culprit);
-  // Whether FailPeers reaches the peers (local and gloo). Where it does
-  // not (nccl), a healthy rank learns of a peer's failure only at its
-  // collective's timeout.
+  // Whether FailPeers reaches the peers (local, gloo, nccl with its call
+  // check). Where it does not, a healthy rank learns of a peer's failure
+  // only at its collective's timeout.
   virtual bool publishes_failures() const { return false; }
   // False once a failure broke the group for good (gloo: a collective
   // failed for a peer that died, hung or timed out): failing steps then

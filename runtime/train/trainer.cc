@@ -321,9 +321,9 @@ Status Trainer::Init() {
   SK_ASSIGN_OR_RETURN(optimizer_, CreateEngineOptimizer(options_.optimizer, *engine_,
                                                         offload_ ? offload_->optimizer_state : nullptr));
   // Agreeing on outcomes needs the peers to learn of a failure at once
-  // (ProcessGroup::FailPeers: local and gloo); elsewhere (nccl) a healthy
-  // rank would first wait out its collective's timeout and then the
-  // agreement's: each rank reports its own error.
+  // (ProcessGroup::FailPeers: local, gloo, nccl with its call check);
+  // elsewhere a healthy rank would first wait out its collective's timeout
+  // and then the agreement's: each rank reports its own error.
   if (world_->size() > 1 && sim_device_ == nullptr && world_->publishes_failures()) {
     std::vector<int> all(world_->size());
     for (int r = 0; r < world_->size(); ++r) all[r] = r;
