@@ -433,7 +433,8 @@ class GlooState {
   // arrived either". A store that cannot be read (its server, rank 0's
   // process, is gone) names rank 0 when it is among them. Nothing when
   // every one of them is alive (then they are the ones to name) or this
-  // group has no heartbeat. Blocks for the heartbeat's silence.
+  // group has no heartbeat. Blocks for the heartbeat's silence (1.6 s) only
+  // when no peer has been silent that long already.
   std::optional<std::string> StoppedAmong(const std::vector<int>& peers) {
     if (heartbeat_ == nullptr || peers.empty()) return std::nullopt;
     std::vector<int> world;
