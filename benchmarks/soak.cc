@@ -21,6 +21,10 @@
 // (a rank whose next step failed) and hangs (a failed step that took longer
 // than --oom_timeout_ms, the collectives' timeout). Exit code 1 unless all
 // trials were clean.
+//
+// Peer faults (issue 35): --fault_trials=N kills or stops one gloo rank
+// process per trial and counts which ranks the survivors' errors name; see
+// benchmarks/peer_faults.h.
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,6 +42,7 @@
 
 #include <gflags/gflags.h>
 
+#include "benchmarks/peer_faults.h"
 #include "runtime/comm/gloo_backend.h"
 #include "runtime/comm/local_backend.h"
 #include "runtime/comm/store.h"
@@ -251,7 +256,9 @@ int Main() {
 int main(int argc, char** argv) {
   sk::cli::ParseFlags(
       "long gloo training run reporting RSS growth per step: soak --steps=10000 --every=100; "
-      "or out-of-memory fault injection: soak --oom_trials=200",
+      "or out-of-memory fault injection: soak --oom_trials=200; "
+      "or peer faults: soak --fault_trials=20 --fault_world=3 --fault_signal=kill|stop --fault_phase=step|load",
       __FILE__, &argc, &argv);
+  if (sk::bench::PeerFaultsRequested()) return sk::bench::RunPeerFaults("/proc/self/exe");
   return sk::Main();
 }

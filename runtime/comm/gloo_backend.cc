@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -21,6 +22,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include "runtime/comm/heartbeat.h"
 #include "runtime/comm/reduce.h"
 #include "runtime/comm/sigpipe.h"
 #include "runtime/core/allocator.h"
@@ -74,6 +76,10 @@ Status FromGlooException(const std::exception& e, const std::string& what) {
 // Slot prefix of our point-to-point transfers; Gloo's own collectives use
 // small prefixes of their own.
 constexpr uint8_t kSlotPrefix = 0xa5;
+
+// CallFingerprint::kind of a failure marker (GlooState::Fail): no
+// CollectiveKind, and never one (those count up from 1).
+constexpr uint8_t kFailureMarkerKind = 0xfe;
 
 uint8_t* Bytes(const void* p) { return static_cast<uint8_t*>(const_cast<void*>(p)); }
 
@@ -133,19 +139,28 @@ Status AgreeOnGroupSize(Store& store, const std::string& group, int rank, int si
 class GlooState {
  public:
   GlooState(std::shared_ptr<gloo::rendezvous::Context> context, std::shared_ptr<FlightRecorder> recorder,
-            std::vector<int> global_ranks)
+            std::vector<int> global_ranks, std::shared_ptr<Store> store, std::shared_ptr<Heartbeat> heartbeat)
       : context_(std::move(context)), recorder_(std::move(recorder)), rank_(context_->rank),
-        size_(context_->size), global_ranks_(std::move(global_ranks)) {}
+        size_(context_->size), global_ranks_(std::move(global_ranks)), store_(std::move(store)),
+        heartbeat_(std::move(heartbeat)) {}
 
-  void NoteLaunched() {
+  const std::shared_ptr<Heartbeat>& heartbeat() const { return heartbeat_; }
+  bool usable() {
     std::lock_guard<std::mutex> lock(mu_);
-    ++launched_;
+    return broken_.ok();
+  }
+
+  void NoteLaunched(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    launched_ = std::max(launched_, seq + 1);
   }
 
   Status Run(const Collective& c) {
     const auto deadline = Clock::now() + c.timeout;
     std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_until(lock, deadline, [&] { return executed_ == c.seq || !broken_.ok(); })) {
+    if (!cv_.wait_until(lock, deadline, [&] {
+          return executed_ == c.seq || !broken_.ok() || FailedAt(c.seq) || c.seq < executed_;
+        })) {
       // The gate would stay shut behind us for good: the context is unusable.
       broken_ = DeadlineExceededError(Who(c) + ": earlier collectives of this rank did not finish within " +
                                       std::to_string(c.timeout.count()) + " ms");
@@ -153,41 +168,118 @@ class GlooState {
       return broken_;
     }
     if (!broken_.ok()) {
-      if (executed_ == c.seq) Advance();
+      Advance(c.seq);
       return UnavailableError(Who(c) + ": the gloo context failed earlier (" +
                               broken_.ToString() + "); create a new group");
+    }
+    if (c.seq < executed_ || FailedAt(c.seq)) {
+      // Part of a failed step: the ranks skip it together (the one that
+      // failed published its error, the others return it), moving nothing.
+      Advance(c.seq);
+      Status s = c.seq < executed_ ? AbortedError(Who(c) + ": abandoned with a failed step") : failure_;
+      recorder_->Ended(c.seq, s);
+      return s;
     }
     lock.unlock();
     recorder_->Started(c.seq);
     Status s;
+    bool peer_failed = false;
     try {
       ScopedSigpipeBlock no_sigpipe;
-      s = Execute(c);
-      if (!s.ok()) s = s.WithContext(Who(c));
+      s = Execute(c, &peer_failed);
+      if (!s.ok() && !peer_failed) s = s.WithContext(Who(c));
     } catch (const std::exception& e) {
+      // Gloo's own broadcast and barrier: its message names an address.
+      std::vector<int> peers;
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) peers.push_back(r);
+      }
       s = FromGlooException(e, Who(c));
+      if (std::optional<std::string> blame = StoppedAmong(peers)) s = s.WithContext(*blame);
     } catch (...) {
       s = UnavailableError(Who(c) + ": gloo threw a non-standard exception");
     }
     recorder_->Ended(c.seq, s);
-    if (!s.ok() && s.code() != StatusCode::kInvalidArgument) {
+    if (!s.ok() && !peer_failed && s.code() != StatusCode::kInvalidArgument) {
       const std::string dump = recorder_->DumpOnError(s);
       if (!dump.empty()) s = s.WithContext("flight recorder dumped to '" + dump + "'");
     }
     lock.lock();
-    if (!s.ok() && s.code() != StatusCode::kInvalidArgument) broken_ = s;
-    Advance();
+    if (!s.ok() && !peer_failed && s.code() != StatusCode::kInvalidArgument) broken_ = s;
+    Advance(c.seq);
     return s;
+  }
+
+  // ProcessGroup::FailPeers at sequence number `seq` (reserved for it, so no
+  // collective of this rank uses it). This rank's later collectives fail at
+  // once with `culprit`; the peers learn of it in that collective: this rank
+  // posts a failure marker as its call fingerprint for `seq` (and takes the
+  // peers' fingerprints for it), and leaves the culprit's text in the store.
+  // Every peer reaches `seq` unless it fails first (this rank will not issue
+  // it), exchanges fingerprints with the marker like any other collective,
+  // so nothing is left half-moved, and fails `seq` and everything after it
+  // with `culprit` until Resume. Nothing waits here: a peer whose step
+  // issues no collective `seq` never takes the marker, and the ranks resume
+  // beyond it (the posted buffers live as long as the context).
+  Status Fail(uint64_t seq, const Status& culprit) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_.ok()) return OkStatus();  // nothing reaches the peers any more
+      if (!failure_.ok() && failed_at_ <= seq) return failure_;
+      failure_ = culprit;
+      failed_at_ = seq;
+      cv_.notify_all();
+    }
+    if (size_ == 1) return OkStatus();
+    Status stored = store_->Set(FailureKey(seq, rank_), std::to_string(static_cast<int>(culprit.code())) + "\n" +
+                                                             std::string(culprit.message()));
+    if (!stored.ok()) LOG(WARNING) << "gloo rank " << rank_ << ": publishing a failure: " << stored;
+    auto marker = std::make_unique<Marker>();
+    marker->fingerprints.resize(size_);
+    CallFingerprint& mine = marker->fingerprints[rank_];
+    mine.seq = seq;
+    mine.kind = kFailureMarkerKind;
+    mine.entries = static_cast<int32_t>(culprit.code());
+    try {
+      ScopedSigpipeBlock no_sigpipe;
+      const size_t bytes = sizeof(CallFingerprint);
+      marker->buffer = context_->createUnboundBuffer(marker->fingerprints.data(), bytes * size_);
+      const gloo::Slot slot = gloo::Slot::build(kSlotPrefix, FingerprintTag(seq));
+      for (int j = 0; j < size_; ++j) {
+        if (j == rank_) continue;
+        marker->buffer->recv(j, slot, j * bytes, bytes);
+        marker->buffer->send(j, slot, rank_ * bytes, bytes);
+      }
+    } catch (const std::exception& e) {
+      // A peer already gone: it fails on its own; the others got the marker.
+      LOG(WARNING) << "gloo rank " << rank_ << ": posting a failure marker: " << e.what();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    markers_.push_back(std::move(marker));
+    return OkStatus();
+  }
+
+  // ProcessGroup::ResumeAt: collectives work again from `next_seq`; one
+  // still queued below it (none, after the step was drained) is abandoned.
+  void Resume(uint64_t next_seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = OkStatus();
+    failed_at_ = UINT64_MAX;
+    executed_ = std::max(executed_, next_seq);
+    launched_ = std::max(launched_, next_seq);
+    cv_.notify_all();
   }
 
   // Waits for every launched collective to run, then barriers with the peers
   // so none of them sees this rank's connections close mid-collective.
   void Shutdown(Duration timeout) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, timeout, [&] { return executed_ >= launched_ || !broken_.ok(); })) {
+    if (!cv_.wait_for(lock, timeout,
+                      [&] { return executed_ >= launched_ || !broken_.ok() || !failure_.ok(); })) {
       return;
     }
-    if (!broken_.ok()) return;
+    // A step that failed and was not resumed: the peers are not at a barrier.
+    if (!broken_.ok() || !failure_.ok()) return;
     lock.unlock();
     try {
       ScopedSigpipeBlock no_sigpipe;
@@ -203,16 +295,41 @@ class GlooState {
   }
 
  private:
-  void Advance() {
+  // Opens the gate for the collective after `seq` if `seq` held it.
+  void Advance(uint64_t seq) {
+    if (executed_ != seq) return;
     ++executed_;
     cv_.notify_all();
+  }
+  bool FailedAt(uint64_t seq) const { return !failure_.ok() && seq >= failed_at_; }
+  static std::string FailureKey(uint64_t seq, int rank) {
+    return "failure/" + std::to_string(seq) + "/" + std::to_string(rank);
+  }
+  // The culprit that rank `peer` published at `seq` (Fail), read from the
+  // store; if it cannot be read, a status naming the rank and its code.
+  Status PeerFailure(uint64_t seq, int peer, int32_t code, Duration timeout) {
+    const std::string who = global_ranks_.size() == static_cast<size_t>(size_) && global_ranks_[peer] != peer
+                                ? "rank " + std::to_string(global_ranks_[peer]) + " (rank " + std::to_string(peer) +
+                                      " of this group)"
+                                : "rank " + std::to_string(peer);
+    const StatusCode fallback =
+        code > 0 && code <= static_cast<int32_t>(StatusCode::kDataLoss) ? static_cast<StatusCode>(code)
+                                                                                : StatusCode::kUnknown;
+    StatusOr<std::string> v = store_->Get(FailureKey(seq, peer), std::min(timeout, Duration(10'000)));
+    if (!v.ok()) {
+      return Status(fallback, who + " failed (" + StatusCodeName(fallback) + "); its message could not be read: " +
+                                  v.status().ToString());
+    }
+    const size_t nl = v->find('\n');
+    return Status(fallback, nl == std::string::npos ? *v : v->substr(nl + 1));
   }
   std::string Who(const Collective& c) const {
     return "gloo rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " + c.Describe();
   }
-  static uint32_t Tag(const Collective& c, uint32_t step) {
-    return static_cast<uint32_t>(c.seq * 64 + step) & 0x7fffffffu;
-  }
+  static uint32_t Tag(const Collective& c, uint32_t step) { return Tag(c.seq, step); }
+  static uint32_t Tag(uint64_t seq, uint32_t step) { return static_cast<uint32_t>(seq * 64 + step) & 0x7fffffffu; }
+  // The call fingerprints' exchange, first in every collective.
+  static uint32_t FingerprintTag(uint64_t seq) { return Tag(seq, 63); }
 
   // Every rank's `bytes` into `out` (rank j's at j * bytes). The transfers to
   // and from all peers are posted at once on Gloo's pairs: each rank sends
@@ -287,17 +404,71 @@ class GlooState {
         if (!done[r]) missing.push_back(r);
       }
       Status s = FromGlooException(std::runtime_error(cause), "gloo");
-      std::string who = NameRanks(missing);
-      if (global_ranks_.size() == static_cast<size_t>(size_)) {
-        std::vector<int> global;
-        for (int r : missing) global.push_back(global_ranks_[r]);
-        if (global != missing) who += " (world " + NameRanks(global) + ")";
+      // Name the peers at fault, not live ones held up by them elsewhere
+      // (with 8 ranks and one stopped, most errors named healthy ranks too).
+      if (std::optional<std::string> blame = StoppedAmong(missing)) {
+        return Status(s.code(), *blame + " (" + cause + ")");
       }
+      const std::string who = NamePeers(missing);
       const std::string what = recv ? who + " did not arrive"
                                     : "sending to " + who + " did not complete";
       return Status(s.code(), what + " (peer ranks of this group; " + cause + ")");
     }
     return OkStatus();
+  }
+
+  // "rank 2", or "rank 1 (world rank 2)" in a sub-group.
+  std::string NamePeers(const std::vector<int>& ranks) const {
+    std::string who = NameRanks(ranks);
+    if (global_ranks_.size() == static_cast<size_t>(size_)) {
+      std::vector<int> global;
+      for (int r : ranks) global.push_back(global_ranks_[r]);
+      if (global != ranks) who += " (world " + NameRanks(global) + ")";
+    }
+    return who;
+  }
+
+  // Of `peers` (group ranks) that failed to take part, the ones that are
+  // dead or stopped by their heartbeat: "rank 5 did not arrive: it is dead
+  // or hung (no heartbeat for 1500 ms); 2 other ranks, alive, had not
+  // arrived either". A store that cannot be read (its server, rank 0's
+  // process, is gone) names rank 0 when it is among them. Nothing when
+  // every one of them is alive (then they are the ones to name) or this
+  // group has no heartbeat. Blocks for the heartbeat's silence (1.6 s) only
+  // when no peer has been silent that long already.
+  std::optional<std::string> StoppedAmong(const std::vector<int>& peers) {
+    if (heartbeat_ == nullptr || peers.empty()) return std::nullopt;
+    std::vector<int> world;
+    for (int r : peers) world.push_back(global_ranks_.size() == static_cast<size_t>(size_) ? global_ranks_[r] : r);
+    std::vector<int> stopped;
+    std::string why;
+    // Watched since the group formed: answered at once. Early on, or when
+    // none is silent yet (a peer killed a moment ago closed its connections
+    // before its beat could stand still), by reading the beats twice over
+    // the silence.
+    std::optional<StatusOr<std::vector<int>>> silent = heartbeat_->SilentPeers(world);
+    const bool answered = silent.has_value() && (!silent->ok() || !(*silent)->empty());
+    StatusOr<std::vector<int>> s = answered ? *silent : heartbeat_->StoppedPeers(world);
+    if (s.ok()) {
+      for (size_t i = 0; i < peers.size(); ++i) {
+        if (std::find(s->begin(), s->end(), world[i]) != s->end()) stopped.push_back(peers[i]);
+      }
+      why = std::string(stopped.size() == 1 ? "it is" : "they are") + " dead or hung (no heartbeat for " +
+            std::to_string(heartbeat_->silence().count()) + " ms)";
+    } else {
+      const auto zero = std::find(world.begin(), world.end(), 0);
+      if (zero == world.end()) return std::nullopt;
+      stopped.push_back(peers[zero - world.begin()]);
+      why = std::string(s.status().message());
+    }
+    if (stopped.empty()) return std::nullopt;
+    std::string text = NamePeers(stopped) + " did not arrive: " + why;
+    const size_t others = peers.size() - stopped.size();
+    if (others > 0) {
+      text += "; " + std::to_string(others) + " other " + (others == 1 ? "rank, alive, had" : "ranks, alive, had") +
+              " not arrived either";
+    }
+    return text;
   }
 
   // Reduces rank_'s shard: every rank's shard rank_ arrives in `recv`, then
@@ -329,21 +500,37 @@ class GlooState {
     return scratch_[slot];
   }
 
-  Status CheckDesync(const Collective& c) {
+  // Sets *peer_failed and returns a peer's published failure (Fail) when a
+  // peer's fingerprint is its failure marker: this rank then fails `c` and
+  // every later collective with it, until Resume.
+  Status CheckDesync(const Collective& c, bool* peer_failed) {
     CallFingerprint mine = CallFingerprint::Of(c);
     std::vector<CallFingerprint> all(size_);
-    SK_RETURN_IF_ERROR(AllGatherBytes(all.data(), &mine, sizeof(mine), Tag(c, 63), c.timeout)
+    SK_RETURN_IF_ERROR(AllGatherBytes(all.data(), &mine, sizeof(mine), FingerprintTag(c.seq), c.timeout)
                            .WithContext("exchanging call fingerprints"));
+    for (int r = 0; r < size_; ++r) {
+      if (all[r].kind != kFailureMarkerKind || all[r].seq != c.seq) continue;
+      *peer_failed = true;
+      Status culprit = PeerFailure(c.seq, r, all[r].entries, c.timeout);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failure_.ok() || failed_at_ > c.seq) {
+        failure_ = culprit;
+        failed_at_ = c.seq;
+        cv_.notify_all();
+      }
+      return culprit;
+    }
     return CompareFingerprints(all, "gloo group of " + std::to_string(size_));
   }
 
-  Status Execute(const Collective& c) {
+  Status Execute(const Collective& c, bool* peer_failed) {
     // Always first: every rank learns every rank's kind, sequence number,
     // dtypes and sizes before any payload moves, so a mismatched call is an
     // InvalidArgument here instead of a message of the wrong size reaching
     // gloo's receive path, which enforces sizes with an exception on its own
-    // I/O thread (std::terminate: the rank dies of SIGABRT).
-    SK_RETURN_IF_ERROR(CheckDesync(c));
+    // I/O thread (std::terminate: the rank dies of SIGABRT). A peer that
+    // failed its step answers with its failure instead (Fail).
+    SK_RETURN_IF_ERROR(CheckDesync(c, peer_failed));
     for (size_t e = 0; e < c.outputs.size(); ++e) {
       const Tensor& in = c.inputs[e];
       const Tensor& out = c.outputs[e];
@@ -415,11 +602,25 @@ class GlooState {
   const int size_;
   // The world rank of each rank of this group (errors name both).
   const std::vector<int> global_ranks_;
+  // The group's store, scoped to it: failure texts (Fail).
+  const std::shared_ptr<Store> store_;
+  // The world's, by world rank; null for a group without one.
+  const std::shared_ptr<Heartbeat> heartbeat_;
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t executed_ = 0;  // sequence number allowed to run next
-  uint64_t launched_ = 0;
+  uint64_t launched_ = 0;  // past the largest sequence number launched
   Status broken_;
+  // A failed step (Fail, or a peer's marker): collectives from failed_at_
+  // on fail with failure_ until Resume.
+  Status failure_;
+  uint64_t failed_at_ = UINT64_MAX;
+  // Failure markers posted by Fail, with the memory their transfers use.
+  struct Marker {
+    std::vector<CallFingerprint> fingerprints;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  };
+  std::vector<std::unique_ptr<Marker>> markers_;
   std::vector<std::shared_ptr<Storage>> scratch_;  // used only by the running collective
 };
 
@@ -480,13 +681,14 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(std::shared
                                                                      int size, GlooOptions options) {
   std::vector<int> identity;
   for (int r = 0; r < size; ++r) identity.push_back(r);
-  return Make(std::move(store), std::move(prefix), rank, size, std::move(options), std::move(identity));
+  return Make(std::move(store), std::move(prefix), rank, size, std::move(options), std::move(identity), nullptr);
 }
 
 StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Make(std::shared_ptr<Store> store,
                                                                    std::string prefix, int rank, int size,
                                                                    GlooOptions options,
-                                                                   std::vector<int> global_ranks) {
+                                                                   std::vector<int> global_ranks,
+                                                                   std::shared_ptr<Heartbeat> heartbeat) {
   if (store == nullptr) return InvalidArgumentError("gloo group needs a store");
   if (size < 1 || rank < 0 || rank >= size) {
     return InvalidArgumentError("gloo group: rank " + std::to_string(rank) +
@@ -500,6 +702,13 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Make(std::shared_p
   if (options.hostname.empty()) options.hostname = "127.0.0.1";
   auto scoped = std::make_shared<PrefixStore>(prefix + "/", store);
   SK_RETURN_IF_ERROR(AgreeOnGroupSize(*scoped, prefix, rank, size, options.timeout));
+  // After the claim: a second process with this rank must not beat for it.
+  // Its own connection where the store has one: a beat must not wait behind
+  // this rank's long store waits (a rendezvous), or it would look stopped.
+  if (heartbeat == nullptr) {
+    std::shared_ptr<Store> beat_store = scoped->NewConnection(options.timeout);
+    heartbeat = std::make_shared<Heartbeat>(beat_store != nullptr ? beat_store : scoped, "liveness", rank);
+  }
   std::shared_ptr<gloo::rendezvous::Context> context;
   try {
     ScopedSigpipeBlock no_sigpipe;  // gloo's I/O thread, created here, inherits it
@@ -518,7 +727,8 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Make(std::shared_p
                             " forming group '" + prefix + "': gloo threw a non-standard exception");
   }
   auto recorder = std::make_shared<FlightRecorder>("gloo", prefix, rank, size);
-  auto state = std::make_shared<GlooState>(std::move(context), recorder, global_ranks);
+  heartbeat->Watch(global_ranks);
+  auto state = std::make_shared<GlooState>(std::move(context), recorder, global_ranks, scoped, std::move(heartbeat));
   auto group = std::unique_ptr<GlooProcessGroup>(
       new GlooProcessGroup(rank, size, std::move(state), std::move(store), std::move(prefix),
                            std::move(options), std::move(global_ranks)));
@@ -572,7 +782,8 @@ StatusOr<std::unique_ptr<ProcessGroup>> GlooProcessGroup::NewGroup(const std::ve
   for (int r : ranks) global.push_back(global_ranks_[r]);
   SK_ASSIGN_OR_RETURN(std::unique_ptr<GlooProcessGroup> group,
                       Make(store_, prefix_ + "/sub[" + key + "]#" + std::to_string(occurrence),
-                           sub_rank, static_cast<int>(ranks.size()), options, std::move(global)));
+                           sub_rank, static_cast<int>(ranks.size()), options, std::move(global),
+                           state_->heartbeat()));
   return std::unique_ptr<ProcessGroup>(std::move(group));
 }
 
@@ -583,6 +794,7 @@ StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Launch(Collective c, Stream& s
   std::string description = "gloo rank " + std::to_string(rank()) + ": " + c.Describe();
   const int rank = this->rank();
   const int64_t track = stream.id();
+  const uint64_t seq = c.seq;
   SK_ASSIGN_OR_RETURN(
       std::shared_ptr<Work> work,
       EnqueueOnStream(std::move(description), stream,
@@ -590,8 +802,14 @@ StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Launch(Collective c, Stream& s
                         TraceSpan span(CollectiveName(c.kind), "comm", rank, track);
                         return state->Run(c);
                       }));
-  state_->NoteLaunched();
+  state_->NoteLaunched(seq);
   return work;
 }
+
+Status GlooProcessGroup::FailPeers(const Status& culprit) { return state_->Fail(ReserveSequence(), culprit); }
+
+void GlooProcessGroup::OnResume(uint64_t next_seq) { state_->Resume(next_seq); }
+
+bool GlooProcessGroup::usable() const { return state_->usable(); }
 
 }  // namespace sk::comm

@@ -32,8 +32,15 @@
 // disagree about which collective a message belongs to.
 //
 // Faults: a peer that is gone or silent makes the collective fail with
-// Unavailable or DeadlineExceeded within its timeout. A failed context is
-// broken for good (Gloo cannot resynchronise it): later collectives fail at
+// Unavailable or DeadlineExceeded within its timeout, naming the peer: of
+// the peers that did not arrive, those whose heartbeat stopped (heartbeat.h:
+// every process beats in the store, the world and its sub-groups share one
+// beat) are the ones named, "rank 5 did not arrive: it is dead or hung (no
+// heartbeat for 1500 ms)", and live peers that had not arrived either (held
+// up by it elsewhere) are counted, not named. That check takes the
+// heartbeat's silence (1.5 s) after the failure. A store that cannot be read
+// names rank 0, whose process serves it. A context whose
+// collective failed that way is broken for good (Gloo cannot resynchronise it): later collectives fail at
 // once with Unavailable naming the first failure; destroy the group and form
 // a new one. Desync detection is always on: before its payload, every
 // collective exchanges each rank's call fingerprint (kind, sequence number,
@@ -43,6 +50,19 @@
 // kills the process, so no payload may move before sizes are known to agree.
 // Every exception gloo throws on the calling thread is caught here and
 // returned as a Status.
+//
+// Failing one step (FailPeers, ResumeAt; the Trainer's out-of-memory on one
+// rank): the failing rank takes the next sequence number of its own and
+// posts, as its call fingerprint for it, a failure marker, without waiting
+// (the culprit's text goes to the group's store). Every peer that reaches
+// that collective exchanges fingerprints with the marker like any other
+// call, so no transfer is left half done, and fails it and every later
+// collective at once with the culprit (naming the failing rank and its
+// code) instead of waiting for its timeout. Nothing else changes: the
+// context is not broken, and after the ranks agree on the step's outcome
+// ResumeAt lets collectives run again from a common sequence number. A
+// marker no peer reached stays posted on a sequence number no rank uses
+// again (tags are unique for 2^25 collectives per group).
 #ifndef SHARDKIT_RUNTIME_COMM_GLOO_BACKEND_H_
 #define SHARDKIT_RUNTIME_COMM_GLOO_BACKEND_H_
 
@@ -86,6 +106,7 @@ struct DistributedEnv {
 };
 
 class GlooState;
+class Heartbeat;
 
 class GlooProcessGroup final : public ProcessGroup {
  public:
@@ -109,17 +130,26 @@ class GlooProcessGroup final : public ProcessGroup {
   StatusOr<std::unique_ptr<ProcessGroup>> NewGroup(const std::vector<int>& ranks,
                                                    Duration timeout = kDefaultTimeout) override;
 
+  // See "Failing one step" above.
+  Status FailPeers(const Status& culprit) override;
+  bool publishes_failures() const override { return true; }
+  // False once a collective failed for a peer (see "Faults").
+  bool usable() const override;
+
  protected:
   StatusOr<std::shared_ptr<Work>> Launch(Collective c, Stream& stream) override;
+  void OnResume(uint64_t next_seq) override;
 
  private:
   GlooProcessGroup(int rank, int size, std::shared_ptr<GlooState> state,
                    std::shared_ptr<Store> store, std::string prefix, GlooOptions options,
                    std::vector<int> global_ranks);
   // Create, for a group whose rank r is world rank global_ranks[r].
+  // `heartbeat`: the world's (null for a world: Make starts one).
   static StatusOr<std::unique_ptr<GlooProcessGroup>> Make(std::shared_ptr<Store> store, std::string prefix,
                                                           int rank, int size, GlooOptions options,
-                                                          std::vector<int> global_ranks);
+                                                          std::vector<int> global_ranks,
+                                                          std::shared_ptr<Heartbeat> heartbeat);
 
   std::shared_ptr<GlooState> state_;
   std::shared_ptr<Store> store_;

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -53,6 +54,16 @@ class Heartbeat {
   // counts as stopped.
   StatusOr<std::vector<int>> StoppedPeers(const std::vector<int>& peers);
 
+  // Starts reading `peers`' beats on the beating thread, once each per
+  // interval, so that SilentPeers answers without waiting. Peers add up
+  // over calls.
+  void Watch(const std::vector<int>& peers);
+  // Of `peers`, the watched ones whose beat has not changed for silence();
+  // nullopt when one of them has not been watched that long (ask
+  // StoppedPeers instead). Unavailable naming the store (served by rank 0)
+  // when its last read failed. Does not wait.
+  std::optional<StatusOr<std::vector<int>>> SilentPeers(const std::vector<int>& peers);
+
   // For a caller that polls while it waits on peer `r`: whether r's beat has
   // stood still for silence(), judged from this rank's calls so far (each
   // reads r's beat once; the first call starts the clock). Unavailable when
@@ -65,7 +76,14 @@ class Heartbeat {
   StatusOr<std::string> Read(int r);
   void Run();
 
-  const std::shared_ptr<Store> store_;
+  // The connection in use; replaced by a new one (Store::NewConnection)
+  // after a request fails, since a TcpStore connection whose reply came
+  // late (a loaded store server) stays unusable, and a rank that cannot
+  // beat would look dead to its peers.
+  std::shared_ptr<Store> Connection();
+  void Reconnect(const std::shared_ptr<Store>& failed);
+  std::mutex store_mu_;
+  std::shared_ptr<Store> store_;
   const std::string prefix_;
   const int rank_;
   const Duration interval_;
@@ -74,6 +92,15 @@ class Heartbeat {
   bool stop_ = false;
   int64_t beats_ = 0;
   std::map<int, std::pair<std::string, std::chrono::steady_clock::time_point>> seen_;  // PeerStopped's
+  // Watch's: each watched peer's last beat, when it last changed, and when
+  // watching it began.
+  struct Watched {
+    std::string beat;
+    std::chrono::steady_clock::time_point changed;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::map<int, Watched> watched_;
+  Status watch_error_;  // the last watch read's failure
   std::thread thread_;
 };
 

@@ -483,7 +483,46 @@ std::string EncodeCall(const CallFingerprint& fp) {
   return std::string(reinterpret_cast<const char*>(&fp), sizeof(fp));
 }
 
+// CallFingerprint::kind of a failure marker (FailPeers), as gloo's: no
+// CollectiveKind, and never one.
+constexpr uint8_t kFailureMarkerKind = 0xfe;
+
+std::string FailureKey(const std::string& prefix, uint64_t seq, int rank) {
+  return prefix + "/failure/" + std::to_string(seq) + "/" + std::to_string(rank);
+}
+
 }  // namespace
+
+Status NcclProcessGroup::FailPeers(const Status& culprit) {
+  if (!publishes_failures()) return OkStatus();
+  const uint64_t seq = ReserveSequence();
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (!failure_.ok() && failed_at_ <= seq) return failure_;
+    failure_ = culprit;
+    failed_at_ = seq;
+  }
+  Status stored = store_->Set(FailureKey(prefix_, seq, rank()),
+                              std::to_string(static_cast<int>(culprit.code())) + "\n" + std::string(culprit.message()));
+  CallFingerprint marker;
+  marker.seq = seq;
+  marker.kind = kFailureMarkerKind;
+  marker.entries = static_cast<int32_t>(culprit.code());
+  if (stored.ok()) {
+    stored = store_->Set(prefix_ + "/call/" + std::to_string(seq % 2) + "/" + std::to_string(rank()), EncodeCall(marker));
+  }
+  // A store that cannot be written: the peers fail at their timeout instead.
+  if (!stored.ok()) LOG(WARNING) << "nccl group " << prefix_ << " rank " << rank() << ": publishing a failure: " << stored;
+  return OkStatus();
+}
+
+void NcclProcessGroup::OnResume(uint64_t next_seq) {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  failure_ = OkStatus();
+  failed_at_ = UINT64_MAX;
+}
+
+bool NcclProcessGroup::usable() const { return watchdog_->error().ok(); }
 
 Status NcclProcessGroup::CheckCall(const Collective& c) {
   const CallFingerprint mine = CallFingerprint::Of(c);
@@ -547,6 +586,26 @@ Status NcclProcessGroup::CheckCall(const Collective& c) {
                                  ": " + NameRanks(missing) + " did not arrive within " +
                                  std::to_string(c.timeout.count()) + " ms");
   }
+  for (int r = 0; r < size(); ++r) {
+    if (all[r].kind != kFailureMarkerKind || all[r].seq != c.seq) continue;
+    // A peer failed its step here (FailPeers): so does this rank, with its error.
+    const int32_t code = all[r].entries;
+    const StatusCode fallback = code > 0 && code <= static_cast<int32_t>(StatusCode::kDataLoss)
+                                    ? static_cast<StatusCode>(code)
+                                    : StatusCode::kUnknown;
+    StatusOr<std::string> text = store_->Get(FailureKey(prefix_, c.seq, r), std::min(c.timeout, Duration(10'000)));
+    Status culprit = text.ok() ? Status(fallback, text->find('\n') == std::string::npos
+                                                      ? *text
+                                                      : text->substr(text->find('\n') + 1))
+                               : Status(fallback, GlobalRank(r) + " failed (" + StatusCodeName(fallback) +
+                                                      "); its message could not be read: " + text.status().ToString());
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (failure_.ok() || failed_at_ > c.seq) {
+      failure_ = culprit;
+      failed_at_ = c.seq;
+    }
+    return culprit;
+  }
   return CompareFingerprints(all, "nccl group " + prefix_ + " of " + std::to_string(size()));
 }
 
@@ -556,6 +615,11 @@ StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Launch(Collective c, Stream& s
                    " cannot run on stream '" + stream.name() + "' of " + stream.device().ToString());
   }
   SK_RETURN_IF_ERROR(CheckAsyncError());
+  {
+    // Part of a failed step: skipped by every rank alike, nothing enqueued.
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (!failure_.ok() && c.seq >= failed_at_) return failure_;
+  }
   if (options_.check_calls && size() > 1) SK_RETURN_IF_ERROR(CheckCall(c));
   auto s = static_cast<cudaStream_t>(stream.native_handle());
   SK_CUDA_RETURN_COMM(cudaSetDevice(device_index_), "cudaSetDevice");

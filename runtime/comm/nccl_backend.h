@@ -97,8 +97,22 @@ class NcclProcessGroup final : public ProcessGroup {
   // Aborts the communicator: in-flight collectives stop, later ones fail.
   void Abort();
 
+  // Failing one step (ProcessGroup::FailPeers), through the call check:
+  // the failing rank publishes, as its call for a sequence number of its
+  // own, a failure marker (the culprit's text beside it in the store).
+  // Every peer's call check for that collective reads the marker and fails
+  // it, and every later collective, at once with the culprit, before
+  // anything is enqueued; no rank enqueues a collective the others skip, so
+  // the communicator stays in step, and ResumeAt lets collectives run again.
+  // Only with check_calls (publishes_failures() is false without it).
+  Status FailPeers(const Status& culprit) override;
+  bool publishes_failures() const override { return options_.check_calls && size() > 1; }
+  // False once the watchdog has failed the group (an aborted communicator).
+  bool usable() const override;
+
  protected:
   StatusOr<std::shared_ptr<Work>> Launch(Collective c, Stream& stream) override;
+  void OnResume(uint64_t next_seq) override;
 
  private:
   NcclProcessGroup(int rank, int size, int device_index, std::unique_ptr<NcclComm> comm,
@@ -122,6 +136,11 @@ class NcclProcessGroup final : public ProcessGroup {
   const NcclOptions options_;
   std::mutex new_group_mu_;
   std::map<std::string, int> new_group_counts_;
+  // A failed step (FailPeers, or a peer's marker): collectives from
+  // failed_at_ on fail with failure_ until ResumeAt.
+  mutable std::mutex failure_mu_;
+  Status failure_;
+  uint64_t failed_at_ = UINT64_MAX;
 };
 
 }  // namespace sk::comm

@@ -306,6 +306,11 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::Submit(Collective c, Stream& strea
 
 Status ProcessGroup::FailPeers(const Status&) { return OkStatus(); }
 
+uint64_t ProcessGroup::ReserveSequence() {
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  return next_seq_++;
+}
+
 uint64_t ProcessGroup::next_sequence() {
   std::lock_guard<std::mutex> lock(launch_mu_);
   return next_seq_;

@@ -214,15 +214,20 @@ class ProcessGroup {
   // group: every collective of any rank that waits in the group, or is
   // issued later, fails at once with `culprit` instead of waiting for this
   // rank until its timeout, until ResumeAt. Returns OK when this rank's
-  // failure is now the group's (or the backend cannot publish: gloo and
-  // nccl, whose peers then fail at their timeout), or the culprit another
-  // rank published first (this rank's own failure is then a consequence).
+  // failure is now the group's (or the backend cannot publish: nccl without
+  // its call check, whose peers then fail at their timeout), or the culprit
+  // another rank published first (this rank's own failure is then a
+  // consequence).
   // Thread-safe.
   virtual Status FailPeers(const Status& culprit);
-  // Whether FailPeers reaches the peers (the local backend). Where it does
-  // not, a healthy rank learns of a peer's failure only at its collective's
-  // timeout, and after that a gloo context is broken anyway.
+  // Whether FailPeers reaches the peers (local, gloo, nccl with its call
+  // check). Where it does not, a healthy rank learns of a peer's failure
+  // only at its collective's timeout.
   virtual bool publishes_failures() const { return false; }
+  // False once a failure broke the group for good (gloo: a collective
+  // failed for a peer that died, hung or timed out): failing steps then
+  // cannot be agreed on over it, and each rank reports its own error.
+  virtual bool usable() const { return true; }
   // The sequence number the next collective of this handle will get.
   uint64_t next_sequence();
   // Ends a failed step: collectives work again, numbered from `next_seq` on
@@ -236,6 +241,9 @@ class ProcessGroup {
   // ResumeAt's part for backends that keep per-sequence state (the local
   // rendezvous drops its abandoned slots). Called with the launch lock held.
   virtual void OnResume(uint64_t next_seq) {}
+  // Takes the next sequence number for the backend's own use (gloo's
+  // FailPeers marks its failure with it): no collective of this handle gets it.
+  uint64_t ReserveSequence();
 
   ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
 

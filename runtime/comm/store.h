@@ -38,6 +38,11 @@ class Store {
   virtual StatusOr<std::string> Get(const std::string& key, Duration timeout) = 0;
   // Adds `delta` to the integer at `key` (absent = 0) and returns the sum.
   virtual StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
+  // Another client of the same store whose requests do not queue behind
+  // this one's (a heartbeat must not wait for a long Get), connected within
+  // `timeout` (which also bounds its Set and Add replies), or null when the
+  // store has no such thing or cannot be reached in that time.
+  virtual std::shared_ptr<Store> NewConnection(Duration timeout) { return nullptr; }
 };
 
 // A view of `base` whose keys are prefixed with `prefix` (one store, many groups).
@@ -53,6 +58,10 @@ class PrefixStore final : public Store {
   }
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
     return base_->Add(prefix_ + key, delta);
+  }
+  std::shared_ptr<Store> NewConnection(Duration timeout) override {
+    std::shared_ptr<Store> base = base_->NewConnection(timeout);
+    return base == nullptr ? nullptr : std::make_shared<PrefixStore>(prefix_, std::move(base));
   }
 
  private:
@@ -88,15 +97,18 @@ class TcpStore final : public Store {
   Status Set(const std::string& key, const std::string& value) override;
   StatusOr<std::string> Get(const std::string& key, Duration timeout) override;
   StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
+  // A client of the same server (not serving).
+  std::shared_ptr<Store> NewConnection(Duration timeout) override;
   int port() const { return port_; }
 
  private:
-  TcpStore(int fd, int port, std::unique_ptr<TcpStoreServer> server, Duration timeout);
+  TcpStore(int fd, std::string host, int port, std::unique_ptr<TcpStoreServer> server, Duration timeout);
   StatusOr<std::string> Request(uint8_t op, const std::string& key, const std::string& value,
                                 Duration timeout);
 
   std::mutex mu_;  // one request at a time on fd_
   int fd_;         // -1 once abandoned
+  const std::string host_;
   const int port_;
   const Duration timeout_;
   std::unique_ptr<TcpStoreServer> server_;

@@ -395,7 +395,7 @@ StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const std::string& host, in
         ::freeaddrinfo(res);
         int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        return std::unique_ptr<TcpStore>(new TcpStore(fd, port, std::move(server), timeout));
+        return std::unique_ptr<TcpStore>(new TcpStore(fd, host, port, std::move(server), timeout));
       }
       last_error = std::string(connected.message());
       ::close(fd);
@@ -410,8 +410,14 @@ StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const std::string& host, in
   }
 }
 
-TcpStore::TcpStore(int fd, int port, std::unique_ptr<TcpStoreServer> server, Duration timeout)
-    : fd_(fd), port_(port), timeout_(timeout), server_(std::move(server)) {}
+TcpStore::TcpStore(int fd, std::string host, int port, std::unique_ptr<TcpStoreServer> server, Duration timeout)
+    : fd_(fd), host_(std::move(host)), port_(port), timeout_(timeout), server_(std::move(server)) {}
+
+std::shared_ptr<Store> TcpStore::NewConnection(Duration timeout) {
+  StatusOr<std::unique_ptr<TcpStore>> client = Create(host_, port_, /*serve=*/false, timeout);
+  if (!client.ok()) return nullptr;
+  return std::shared_ptr<Store>(std::move(client).value());
+}
 
 TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);

@@ -321,9 +321,9 @@ Status Trainer::Init() {
   SK_ASSIGN_OR_RETURN(optimizer_, CreateEngineOptimizer(options_.optimizer, *engine_,
                                                         offload_ ? offload_->optimizer_state : nullptr));
   // Agreeing on outcomes needs the peers to learn of a failure at once
-  // (ProcessGroup::FailPeers); elsewhere a healthy rank would first wait out
-  // its collective's timeout and then the agreement's, and a gloo context is
-  // broken after a failed collective anyway: each rank reports its own error.
+  // (ProcessGroup::FailPeers: local, gloo, nccl with its call check);
+  // elsewhere a healthy rank would first wait out its collective's timeout
+  // and then the agreement's: each rank reports its own error.
   if (world_->size() > 1 && sim_device_ == nullptr && world_->publishes_failures()) {
     std::vector<int> all(world_->size());
     for (int r = 0; r < world_->size(); ++r) all[r] = r;
@@ -360,6 +360,15 @@ constexpr int64_t kOutcomeFloats = (sizeof(StepOutcome) + 3) / 4;
 
 Status Trainer::AgreeOnStepOutcome(const Status& mine) {
   std::vector<comm::ProcessGroup*> groups = StepGroups();
+  // A peer that died or hung broke a group (gloo): it would not answer the
+  // agreement either, and the group cannot resume. Report this rank's error
+  // (which names the peer) at once, as backends without agreement do.
+  for (comm::ProcessGroup* g : groups) {
+    if (mine.ok() || g->usable()) continue;
+    engine_->set_gradient_sync(true);
+    engine_->AbandonStep();
+    return mine.WithContext("step " + std::to_string(step_ + 1) + " on rank " + std::to_string(world_->rank()));
+  }
   StepOutcome out;
   if (!mine.ok()) {
     // Publish the failure before draining: peers waiting in this step's

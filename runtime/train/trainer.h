@@ -174,9 +174,10 @@ class Trainer {
   // failed step 2: RESOURCE_EXHAUSTED ..."), parameters and optimizer state
   // stay untouched everywhere, and the next step works on every rank. The
   // failing rank makes its peers' waiting collectives fail at once
-  // (ProcessGroup::FailPeers). Only on backends that publish failures (the
-  // local backend); on gloo and NCCL each rank abandons the step and reports
-  // its own error (a peer's failure as the timeout of a collective).
+  // (ProcessGroup::FailPeers). Only on backends that publish failures (local,
+  // gloo, NCCL with its call check); elsewhere, and after a peer died or hung
+  // (a group no longer usable), each rank abandons the step and reports its
+  // own error (a peer's failure as the timeout of a collective).
   StatusOr<StepMetrics> Step();
   // The mean loss of `batches` forward passes on held-out batches (no update).
   StatusOr<float> Evaluate(int batches);

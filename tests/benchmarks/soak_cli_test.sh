@@ -28,4 +28,18 @@ expect_bad "2 <= --oom_world <= 8" --oom_trials=5 --oom_world=1
 "$bin" --oom_trials=200 --oom_seed=35 > "$tmp/oom.txt" || { cat "$tmp/oom.txt"; echo "FAIL: out-of-memory trials" >&2; exit 1; }
 grep -q "^oom: 200 trials, local group of 2, seed 35: 200 clean.*that did not fail: 0; errors not naming the rank that ran out: 0; stuck trainers: 0; hangs: 0;" "$tmp/oom.txt" \
   || { cat "$tmp/oom.txt"; echo "FAIL: out-of-memory trials not all clean" >&2; exit 1; }
+# Peer faults (issue 35, defect 5): one gloo rank process stopped (4 ranks)
+# or killed while loading a checkpoint (3 ranks); every survivor's error must
+# name it and no healthy rank (before, errors named no rank or the live ranks
+# it held up as well).
+expect_bad "need 1 <= --fault_trials <= 10000" --fault_trials=-1
+expect_bad "--fault_signal=kill|stop" --fault_trials=1 --fault_signal=bogus
+"$bin" --fault_trials=2 --fault_world=4 --fault_signal=stop --fault_timeout_ms=3000 > "$tmp/stop.txt" \
+  || { cat "$tmp/stop.txt"; echo "FAIL: stopped-rank trials" >&2; exit 1; }
+grep -q "^fault: 2 trials, 4 gloo ranks, stop during step, seed 1: 6 survivor errors; naming the signalled rank: 6; naming a healthy rank: 0; naming no rank: 0; hangs: 0;" "$tmp/stop.txt" \
+  || { cat "$tmp/stop.txt"; echo "FAIL: stopped-rank trials not all named exactly" >&2; exit 1; }
+"$bin" --fault_trials=2 --fault_world=3 --fault_signal=kill --fault_phase=load --fault_timeout_ms=3000 > "$tmp/kill.txt" \
+  || { cat "$tmp/kill.txt"; echo "FAIL: killed-rank trials" >&2; exit 1; }
+grep -q "^fault: 2 trials, 3 gloo ranks, kill during load, seed 1: 4 survivor errors; naming the signalled rank: 4; naming a healthy rank: 0; naming no rank: 0; hangs: 0;" "$tmp/kill.txt" \
+  || { cat "$tmp/kill.txt"; echo "FAIL: killed-rank trials not all named exactly" >&2; exit 1; }
 echo PASS

@@ -14,16 +14,22 @@
 //                                    (no communication) until the launcher stops them
 //   gloo_worker hang                 the last rank stops itself (SIGSTOP); the
 //                                    others time out in an all_gather and exit 1
+//   gloo_worker held_up_stop|held_up_kill
+//                                    the last rank stops (kills) itself while the
+//                                    others wait for it, ranks 1..N-2 in a
+//                                    sub-group; each prints its error and exits 1
 //   gloo_worker disagree <kind>      rank 0 and rank 1 make calls that differ in
 //                                    <kind> (see Disagree); both must return an
 //                                    error (never crash) and the group must still
 //                                    be destroyable
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "runtime/comm/gloo_backend.h"
 #include "tests/comm/conformance.h"
@@ -178,6 +184,49 @@ int Hang(ProcessGroup& pg) {
   std::_Exit(s.ok() ? 0 : 1);
 }
 
+// The last rank stops (SIGSTOP) or kills itself while ranks 1..N-2 wait for
+// it in a sub-group of ranks 1..N-1, and rank 0 waits in a world all_gather
+// for everyone: ranks 1..N-2 are alive but held up, so they do not arrive
+// in rank 0's collective either. Issue 35: every error named them too.
+int HeldUp(ProcessGroup& pg, bool kill) {
+  auto stream = testing::MakeStream(0, "comm");
+  const int victim = pg.size() - 1;
+  std::unique_ptr<ProcessGroup> rest;
+  if (pg.rank() > 0) {
+    std::vector<int> ranks;
+    for (int r = 1; r < pg.size(); ++r) ranks.push_back(r);
+    auto g = pg.NewGroup(ranks, 30s);
+    if (!g.ok()) return Fail(pg.rank(), "forming ranks 1..N-1");
+    rest = std::move(g).value();
+  }
+  auto b = pg.barrier(*stream, CollectiveOptions{30s});
+  if (!b.ok() || !(*b)->wait(30s).ok()) return Fail(pg.rank(), "first barrier");
+  if (pg.rank() == victim) {
+    std::printf("rank %d %s itself\n", pg.rank(), kill ? "killing" : "stopping");
+    std::fflush(stdout);
+    if (!kill && ::fork() == 0) {
+      // Resumes the stopped rank once the others have reported, so that a
+      // launcher that lets every rank finish (--on_failure=wait) ends.
+      std::this_thread::sleep_for(8s);
+      ::kill(::getppid(), SIGCONT);
+      std::_Exit(0);
+    }
+    ::raise(kill ? SIGKILL : SIGSTOP);
+    std::_Exit(0);  // SIGCONT: leave without the final barrier
+  }
+  ProcessGroup& g = pg.rank() == 0 ? pg : *rest;
+  Tensor in = testing::MakeTensor(0, DType::kF32, 4);
+  Tensor out = testing::MakeTensor(0, DType::kF32, 4 * g.size());
+  auto w = g.all_gather(out, in, *stream, CollectiveOptions{3000ms});
+  Status s = w.ok() ? (*w)->wait(30s) : w.status();
+  std::printf("rank %d: %s\n", pg.rank(), s.ToString().c_str());
+  std::fflush(stdout);
+  // Rank 0 serves the store the others read heartbeats from: it stays until
+  // they have reported, as it would under a launcher that had not stopped it.
+  if (pg.rank() == 0) std::this_thread::sleep_for(5s);
+  std::_Exit(s.ok() ? 0 : 1);
+}
+
 // Rank 0 and rank 1 call collectives that disagree in one way. Issue 14,
 // item 1: gloo's I/O thread enforced message sizes with an exception nobody
 // could catch, killing the receiving rank (SIGABRT) in 9 of 19 such kinds.
@@ -236,7 +285,7 @@ int Disagree(ProcessGroup& pg, const std::string& kind) {
 
 int main(int argc, char** argv) {
   if (argc < 2 || (std::string(argv[1]) == "disagree") != (argc == 3) || argc > 3) {
-    std::fprintf(stderr, "usage: gloo_worker collectives|exit_mid_collective|crash|hang|disagree <kind>\n");
+    std::fprintf(stderr, "usage: gloo_worker collectives|exit_mid_collective|crash|hang|held_up_stop|held_up_kill|disagree <kind>\n");
     return 2;
   }
   std::string mode = argv[1];
@@ -256,6 +305,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "crash") rc = sk::comm::Crash(**pg);
   if (mode == "hang") rc = sk::comm::Hang(**pg);
+  if (mode == "held_up_stop" || mode == "held_up_kill") rc = sk::comm::HeldUp(**pg, mode == "held_up_kill");
   if (mode == "disagree") rc = sk::comm::Disagree(**pg, argv[2]);
   std::fflush(stdout);
   return rc;

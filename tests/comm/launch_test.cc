@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -170,6 +171,56 @@ TEST(Launch, AfterAHangTheLauncherNamesTheHungRankNotTheFirstToExit) {
   EXPECT_TRUE(Has(r.output, "named as not arriving by rank 0")) << r.output;
   EXPECT_TRUE(Has(r.output, "stopped on this node: 2")) << r.output;
   EXPECT_LT(r.seconds, 60.0);
+}
+
+// The ranks an error blames: every "rank N" / "ranks N,M" but the reporting
+// rank's own identity ("gloo rank 2 of 4", "gloo rank 2: ...") and a
+// sub-group's numbers followed by their world ones ("rank 1 (world rank 2)").
+std::vector<int> Blamed(const std::string& error) {
+  std::vector<int> out;
+  size_t i = 0;
+  while ((i = error.find("rank", i)) != std::string::npos) {
+    const size_t word = i;
+    size_t at = i + 4;
+    if (at < error.size() && error[at] == 's') ++at;
+    i = at;
+    if (at >= error.size() || error[at] != ' ' || !std::isdigit(static_cast<unsigned char>(error[at + 1]))) continue;
+    std::vector<int> list;
+    for (++at; at < error.size() && std::isdigit(static_cast<unsigned char>(error[at]));) {
+      int v = 0;
+      while (at < error.size() && std::isdigit(static_cast<unsigned char>(error[at]))) v = v * 10 + (error[at++] - '0');
+      list.push_back(v);
+      if (at + 1 < error.size() && error[at] == ',' && std::isdigit(static_cast<unsigned char>(error[at + 1]))) ++at;
+    }
+    i = at;
+    const std::string before = error.substr(0, word);
+    auto ends = [&](const std::string& t) { return before.size() >= t.size() && before.compare(before.size() - t.size(), t.size(), t) == 0; };
+    if (ends("gloo ") || error.compare(at, 4, " of ") == 0) continue;
+    if (error.compare(at, 8, " (world ") == 0 && !ends("world ")) continue;
+    out.insert(out.end(), list.begin(), list.end());
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Issue 35, defect 5: with one rank stopped or killed, ranks held up by it
+// elsewhere (here in a sub-group) did not arrive either, and every error
+// named them beside it ("ranks 1,2,3 did not arrive"). Only the rank that is
+// dead or hung is named now.
+TEST(Launch, OnlyTheStoppedOrKilledRankIsNamedNotTheRanksItHeldUp) {
+  for (const char* mode : {"held_up_stop", "held_up_kill"}) {
+    SCOPED_TRACE(mode);
+    Result r = RunLauncher(std::string("--nproc_per_node=4 --on_failure=wait ") + kWorker + " " + mode);
+    for (int rank = 0; rank < 3; ++rank) {
+      const std::string prefix = "[rank " + std::to_string(rank) + "] rank " + std::to_string(rank) + ": ";
+      const size_t at = r.output.find(prefix);
+      ASSERT_NE(at, std::string::npos) << r.output;
+      const std::string error = r.output.substr(at + prefix.size(), r.output.find('\n', at) - at - prefix.size());
+      EXPECT_EQ(Blamed(error), std::vector<int>{3}) << error;
+    }
+    EXPECT_LT(r.seconds, 60.0);
+  }
 }
 
 // Issue 14, item 1: ranks whose calls disagree get an error; none dies.
