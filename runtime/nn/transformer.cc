@@ -271,12 +271,13 @@ ops::AttentionShape AttnShape(SublayerKind kind, const BlockDims& d) {
 
 // Whether self-attention runs as the linear-memory op (ops.h:
 // FlashAttentionForward), keeping a log-sum-exp per row instead of the
-// [B, H, T, T] probabilities: in bf16/f16 where the backend runs it fused
-// (CUDA: cuDNN's SDPA for the shape). Elsewhere the composed op stays: the
-// CPU's composed kernels are faster than its plain blocked version, and
-// the simulator's memory then matches the CPU runs'.
+// [B, H, T, T] probabilities: wherever the backend prefers it
+// (ops::PrefersFlashAttention: CUDA where cuDNN's SDPA takes the shape, in
+// bf16/f16; the CPU, and the simulator as the CPU, from
+// kCpuFlashAttentionMinKeys keys, where its FlashAttention-2 is at least as
+// fast as the composed attention). Below that the composed op stays.
 bool LinearMemoryAttention(const OpContext& ctx, const ops::AttentionShape& as, DType t) {
-  return t != DType::kF32 && ops::FlashAttentionFused(ctx, as, t);
+  return ops::PrefersFlashAttention(ctx, as, t);
 }
 
 // The sublayer's tensors in spec order from src[offset...] (params or grads).

@@ -115,7 +115,7 @@ Status OpBackend::AttentionBackward(const OpContext&, const AttentionShape&, con
                                     const MatrixRef&, const Tensor&) {
   return NotImplemented("attention_bwd");
 }
-bool OpBackend::FusesFlashAttention(const AttentionShape&, DType) const { return false; }
+bool OpBackend::PrefersFlashAttention(const AttentionShape&, DType) const { return false; }
 Status OpBackend::FlashAttentionForward(const OpContext&, const AttentionShape&,
                                         const MatrixRef&, const MatrixRef&, const MatrixRef&,
                                         const MatrixRef&, const Tensor&) {

@@ -105,6 +105,25 @@ struct AttentionShape {
 // One virtual method per op (ops.h documents each). The defaults return
 // Unimplemented naming the op and the backend, so a backend that does not
 // execute (the simulator) implements only Account().
+// The key length from which the CPU's linear-memory attention
+// (cpu/flash_attention.h: FlashAttention-2 on LIBXSMM's small GEMMs) is at
+// least as fast as its composed attention in forward and in backward
+// (benchmarks/kernels.cc: BM_AttentionLongSequence, causal, one thread,
+// process CPU time on this repository's 2-core AVX2 EPYC, 27 Nov 2026,
+// docs/benchmarks.md: 12 heads of 64, forward 0.52-0.73x the composed
+// one's time from T = 512 on, backward 0.88x, 0.80x, 0.59x at T = 1024,
+// 2048, 4096 but 1.13x and 1.23x at T = 512 and 768, where recomputing P
+// costs more than reading the kept one; 2 heads of 16: backward 0.91x and
+// 0.85x at 1024 and 2048). Every dtype: 16-bit operands are staged to f32
+// for both.
+inline constexpr int64_t kCpuFlashAttentionMinKeys = 1024;
+
+// The CPU backend's PrefersFlashAttention, which the simulator's copies so
+// that a simulated run allocates what a CPU run does.
+inline bool CpuPrefersFlashAttention(const AttentionShape& s) {
+  return s.kv_len >= kCpuFlashAttentionMinKeys;
+}
+
 class OpBackend {
  public:
   virtual ~OpBackend() = default;
@@ -211,12 +230,15 @@ class OpBackend {
                                    const Tensor& probs, const MatrixRef& dout,
                                    const MatrixRef& dq, const MatrixRef& dk,
                                    const MatrixRef& dv, const Tensor& scratch);
-  // Whether FlashAttentionForward/Backward on `s` in dtype t (q, k, v, out
-  // all t; row strides and starts 16-byte aligned) runs as one fused kernel
-  // here rather than through a temporary of the probabilities. Default:
-  // false (the CPU and the simulator run the blocked op itself: linear
-  // memory, but no faster than their composed attention).
-  virtual bool FusesFlashAttention(const AttentionShape& s, DType t) const;
+  // Whether a model should run attention on `s` in dtype t (q, k, v, out
+  // all t; row strides and starts 16-byte aligned) as
+  // FlashAttentionForward/Backward rather than the composed
+  // AttentionForward/Backward here: the op runs as one fused kernel, not
+  // through a temporary of the probabilities, and is not the slower one.
+  // Default: false. cuda: where cuDNN's SDPA takes the call; cpu, and the
+  // simulator (whose memory is a CPU run's): from kCpuFlashAttentionMinKeys
+  // keys (CpuPrefersFlashAttention).
+  virtual bool PrefersFlashAttention(const AttentionShape& s, DType t) const;
   virtual Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s,
                                        const MatrixRef& q, const MatrixRef& k, const MatrixRef& v,
                                        const MatrixRef& out, const Tensor& lse);

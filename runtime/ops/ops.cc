@@ -1064,10 +1064,10 @@ Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, cons
                   });
 }
 
-bool FlashAttentionFused(const OpContext& ctx, const AttentionShape& s, DType t) {
+bool PrefersFlashAttention(const OpContext& ctx, const AttentionShape& s, DType t) {
   if (ctx.device == nullptr) return false;
   const OpBackend* be = BackendFor(ctx.device->id().kind);
-  return be != nullptr && be->FusesFlashAttention(s, t);
+  return be != nullptr && be->PrefersFlashAttention(s, t);
 }
 
 int64_t FlashAttentionBackwardWorkspaceElements(const AttentionShape& s) {

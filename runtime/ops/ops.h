@@ -258,10 +258,12 @@ Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, cons
                              const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
                              const Tensor& lse);
 // Whether ctx's backend runs the op on `s` in dtype t (every operand t,
-// 16-byte aligned rows) as a fused kernel (OpBackend::FusesFlashAttention):
-// what a model asks before choosing it over AttentionForward. False when
-// ctx has no backend.
-bool FlashAttentionFused(const OpContext& ctx, const AttentionShape& s, DType t);
+// 16-byte aligned rows) as a fused kernel at least as fast as its composed
+// attention (OpBackend::PrefersFlashAttention: cuda where cuDNN's SDPA
+// takes it, cpu and sim from kCpuFlashAttentionMinKeys keys): what a model
+// asks before choosing it over AttentionForward. False when ctx has no
+// backend.
+bool PrefersFlashAttention(const OpContext& ctx, const AttentionShape& s, DType t);
 // The backward's workspace in f32 elements, taken from ctx.alloc by the
 // dispatcher for the call on every device kind (so the simulator counts
 // it): delta [batch, heads, q_len] = rowsum(dO o O) and an f32 dQ

@@ -28,6 +28,11 @@ class SimOpBackend final : public ops::OpBackend {
  public:
   const char* name() const override { return "sim"; }
   bool executes() const override { return false; }
+  // The CPU's choice, so that a simulated run allocates what a CPU run does
+  // (tests/sim/memory_exact_test.cc).
+  bool PrefersFlashAttention(const ops::AttentionShape& s, DType) const override {
+    return ops::CpuPrefersFlashAttention(s);
+  }
 
   Status Account(const ops::OpContext& ctx, const ops::OpCost& cost) override {
     if (ctx.stream == nullptr) {

@@ -1,11 +1,13 @@
-// The models' choice of attention: where the op backend runs the
-// linear-memory attention fused (CUDA with cuDNN, bf16/f16), the
-// self-attention sublayers call it and keep a log-sum-exp per row instead
-// of the probabilities; elsewhere (f32, the CPU, the simulator) the
-// composed op stays. Checked on the CPU by wrapping its backend in one that
-// says it fuses the op (the CPU's blocked version then runs), so the
-// wiring a GPU run relies on is tested without one.
+// The models' choice of attention: where the op backend prefers the
+// linear-memory attention (CUDA with cuDNN in bf16/f16; the CPU and the
+// simulator from kCpuFlashAttentionMinKeys keys), the self-attention
+// sublayers call it and keep a log-sum-exp per row instead of the
+// probabilities; elsewhere the composed op stays. Checked on the CPU by
+// wrapping its backend in one that answers PrefersFlashAttention as a test
+// says (the CPU's FlashAttention-2 then runs), so the wiring a GPU run
+// relies on is tested without one.
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -24,12 +26,17 @@ namespace {
 
 using namespace ops;  // NOLINT: the backend interface's types
 
-// The CPU backend, claiming to fuse flash_attention_fwd/bwd, counting ops.
+// PrefersFlashAttention's answer for a shape and dtype.
+using Preference = std::function<bool(const AttentionShape&, DType)>;
+
+// The CPU backend, preferring flash_attention_fwd/bwd where `prefers` says,
+// counting ops.
 class FusingCpuBackend final : public OpBackend {
  public:
-  explicit FusingCpuBackend(OpBackend* base) : base_(base) {}
-  bool FusesFlashAttention(const AttentionShape&, DType t) const override {
-    return t != DType::kF32;
+  FusingCpuBackend(OpBackend* base, Preference prefers)
+      : base_(base), prefers_(std::move(prefers)) {}
+  bool PrefersFlashAttention(const AttentionShape& s, DType t) const override {
+    return prefers_(s, t);
   }
   Status Account(const OpContext& ctx, const OpCost& cost) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -148,14 +155,20 @@ class FusingCpuBackend final : public OpBackend {
 
  private:
   OpBackend* base_;
+  Preference prefers_;
   std::mutex mu_;
   std::map<std::string, int> calls_;
 };
 
-// Registers the fusing backend for cpu for its lifetime.
+// In 16-bit only: what the CUDA backend answers where cuDNN takes the shape.
+bool In16Bit(const AttentionShape&, DType t) { return t != DType::kF32; }
+
+// Registers the fusing backend for cpu for its lifetime (by default
+// preferring the linear-memory op in 16-bit only, as CUDA does).
 class FusingCpu {
  public:
-  FusingCpu() : base_(BackendFor(DeviceKind::kCpu)), fusing_(base_) {
+  explicit FusingCpu(Preference prefers = In16Bit)
+      : base_(BackendFor(DeviceKind::kCpu)), fusing_(base_, std::move(prefers)) {
     RegisterOpBackend(DeviceKind::kCpu, &fusing_);
   }
   ~FusingCpu() { RegisterOpBackend(DeviceKind::kCpu, base_); }
@@ -171,12 +184,16 @@ struct Step {
   std::vector<float> grads;
 };
 
-Step RunStep(DType t) {
-  auto model = GptModel::Create(Tiny(), ModelOptions{t, false});
+// One forward and backward of the tiny GPT (at `seq` positions, batch
+// `batch`).
+Step RunStep(DType t, int64_t batch = 4, int64_t seq = 8) {
+  GptConfig config = Tiny();
+  config.max_seq_len = seq;
+  auto model = GptModel::Create(config, ModelOptions{t, false});
   CHECK(model.ok()) << model.status();
   auto params = OwnedParameters::Create((*model)->units(), 4, DType::kF32);
   CHECK(params.ok()) << params.status();
-  auto loss = (*model)->ForwardBackward(RandomBatch(4, 8, 32, 15), **params,
+  auto loss = (*model)->ForwardBackward(RandomBatch(batch, seq, 32, 15), **params,
                                         HostAllocator::Default());
   CHECK(loss.ok()) << loss.status();
   Step s;
@@ -209,7 +226,7 @@ TEST(LinearMemoryAttention, GptUsesItIn16BitWhereTheBackendFusesIt) {
   EXPECT_LT(RelativeL2(composed.grads, linear.grads), 0.02);
 }
 
-TEST(LinearMemoryAttention, F32KeepsTheComposedAttention) {
+TEST(LinearMemoryAttention, WhereTheBackendDoesNotPreferItTheComposedAttentionStays) {
   const Step plain = RunStep(DType::kF32);
   FusingCpu fusing;
   const Step again = RunStep(DType::kF32);
@@ -219,9 +236,43 @@ TEST(LinearMemoryAttention, F32KeepsTheComposedAttention) {
   EXPECT_EQ(again.grads, plain.grads);
 }
 
-TEST(LinearMemoryAttention, TheCpuBackendDoesNotClaimToFuseIt) {
+// The CPU prefers its FlashAttention-2 from kCpuFlashAttentionMinKeys keys
+// (where it measured at least as fast as the composed attention), in
+// every dtype.
+TEST(LinearMemoryAttention, TheCpuBackendPrefersItFromTheMeasuredCrossover) {
   const OpContext ctx = HostContext();
-  EXPECT_FALSE(FlashAttentionFused(ctx, AttentionShape{1, 2, 8, 8, 8, true}, DType::kBF16));
+  const int64_t from = kCpuFlashAttentionMinKeys;
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    EXPECT_FALSE(PrefersFlashAttention(ctx, AttentionShape{1, 2, 8, 8, 8, true}, t));
+    EXPECT_FALSE(
+        PrefersFlashAttention(ctx, AttentionShape{1, 2, from - 1, from - 1, 8, true}, t));
+    EXPECT_TRUE(PrefersFlashAttention(ctx, AttentionShape{1, 2, from, from, 8, true}, t));
+  }
+}
+
+// A GPT at kCpuFlashAttentionMinKeys positions on the plain CPU backend runs
+// the linear-memory attention in every layer, and computes what the
+// composed attention does up to f32 rounding.
+TEST(LinearMemoryAttention, GptAtLongSequencesUsesItOnTheCpu) {
+  const int64_t seq = kCpuFlashAttentionMinKeys;
+  Step linear;
+  {
+    FusingCpu counting([base = BackendFor(DeviceKind::kCpu)](const AttentionShape& s, DType t) {
+      return base->PrefersFlashAttention(s, t);
+    });
+    linear = RunStep(DType::kF32, 1, seq);
+    EXPECT_EQ(counting.backend().Calls("flash_attention_fwd"), 2);  // one per layer
+    EXPECT_EQ(counting.backend().Calls("flash_attention_bwd"), 2);
+    EXPECT_EQ(counting.backend().Calls("attention_fwd"), 0);
+  }
+  Step composed;
+  {
+    FusingCpu declining([](const AttentionShape&, DType) { return false; });
+    composed = RunStep(DType::kF32, 1, seq);
+    EXPECT_EQ(declining.backend().Calls("attention_fwd"), 2);
+  }
+  EXPECT_NEAR(linear.loss, composed.loss, 1e-5f * composed.loss);
+  EXPECT_LT(RelativeL2(composed.grads, linear.grads), 1e-5);
 }
 
 }  // namespace

@@ -376,6 +376,24 @@ TEST(Simd, SoftmaxRowBlocksAreTheRowFunctionsBitForBit) {
   }
 }
 
+// The linear-memory attention's dS row, (p (dp - delta)) scale, is the
+// scalar expression's bits on every ISA (no FMA, the same order), masked
+// tails included, and leaves the entries past n alone.
+TEST(Simd, SoftmaxGradFromDeltaIsTheScalarExpressionBitForBit) {
+  for (int64_t n : kLengths) {
+    const auto p = Random(n + 3, 120 + n, 0, 1), dp0 = Random(n + 3, 121 + n, -2, 2);
+    const float delta = 0.37f, scale = 0.125f;
+    std::vector<float> want = dp0;
+    for (int64_t j = 0; j < n; ++j) want[j] = p[j] * (dp0[j] - delta) * scale;
+    for (Isa isa : RunnableIsas()) {
+      OnIsa on(isa);
+      std::vector<float> got = dp0;
+      SoftmaxGradFromDeltaInPlace(p.data(), got.data(), n, delta, scale);
+      ExpectSameBits(got, want, std::string("dS row ") + IsaName(isa) + " n=" + std::to_string(n));
+    }
+  }
+}
+
 TEST(Simd, CrossEntropyRowsMatchDoubleReference) {
   for (int64_t cols : kLengths) {
     const auto logits = Random(cols, 11 + cols, -20, 20);

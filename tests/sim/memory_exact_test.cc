@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "runtime/comm/local_backend.h"
+#include "runtime/ops/backend.h"
 #include "runtime/train/trainer.h"
 
 namespace sk {
@@ -47,6 +48,7 @@ struct Config {
   bool bf16 = false;     // param_dtype bf16
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   bool recompute_attention = false;
+  int64_t seq_len = 0;  // 0: 32 (unit tables: their default)
 };
 
 std::string Name(const Config& c) {
@@ -69,7 +71,7 @@ TrainerOptions Options(const Config& c, int world) {
   o.batch_size = 1;
   // Unit tables (images) take one position per batch entry: their default.
   const bool images = c.model.find("regnet") == 0 || c.model.find("deepvit") == 0;
-  o.seq_len = images ? 0 : 32;
+  o.seq_len = images ? 0 : (c.seq_len > 0 ? c.seq_len : 32);
   o.source_len = c.model.rfind("t5", 0) == 0 ? 32 : 0;
   o.gemm_threads = 1;
   // Both sides launch blocking: the schedule is program order alone (see
@@ -157,6 +159,29 @@ TEST(MemoryExactTest, Gpt1m) { ExpectExact("gpt-1m", {1, 2, 4}); }
 // long, so its peaks are the real run's under every strategy and DDP.
 TEST(MemoryExactTest, TiedGpt2FromAHuggingFaceDirectory) {
   ExpectExact("tests/fsdp/testdata/hf/gpt2-tiny", {1, 2});
+}
+// Linear-memory attention at long sequences: a GPT at
+// kCpuFlashAttentionMinKeys positions runs FlashAttention-2 (lse and the
+// backward's workspace, no probabilities) on the CPU and on the simulator
+// alike (ops::CpuPrefersFlashAttention), so the peaks stay exact, and they
+// are below one layer's [heads, T, T] f32 probabilities, which the composed
+// attention would keep for each of the two layers.
+TEST(MemoryExactTest, GptAtLongSequencesInLinearMemory) {
+  const int64_t seq = ops::kCpuFlashAttentionMinKeys, heads = 2;
+  const std::string model = "decoder:name=gpt-long,ffn=gelu,layers=2,d_model=32,heads=" +
+                            std::to_string(heads) + ",vocab=64,seq=" + std::to_string(seq);
+  for (Parallelism par : {Parallelism::kFsdp, Parallelism::kDdp}) {
+    for (int world : {1, 2}) {
+      Config c{model, par, ShardingStrategy::kFullShard};
+      c.seq_len = seq;
+      SCOPED_TRACE(Name(c) + " at world " + std::to_string(world));
+      std::vector<Peaks> real = RealPeaks(c, world);
+      std::vector<Peaks> sim = SimPeaks(c, world);
+      ASSERT_EQ(real.size(), static_cast<size_t>(kSteps));
+      EXPECT_EQ(sim, real);
+      EXPECT_LT(sim.back().allocated, heads * seq * seq * 4);
+    }
+  }
 }
 // CPU offload: master and gradient shards, the gradient staging buffer and
 // the optimizer state leave the device allocator on both sides (host memory

@@ -953,6 +953,9 @@ class CpuBackend final : public OpBackend {
 
   // Linear-memory attention (cpu/flash_attention.h), f32 only: the
   // dispatcher stages 16-bit operands (Native16Bit says false for it).
+  bool PrefersFlashAttention(const AttentionShape& s, DType) const override {
+    return CpuPrefersFlashAttention(s);
+  }
   Status FlashAttentionForward(const OpContext&, const AttentionShape& s, const MatrixRef& q,
                                const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
                                const Tensor& lse) override {

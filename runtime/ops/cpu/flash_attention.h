@@ -2,11 +2,13 @@
 // FlashAttentionForward/Backward; the dispatcher stages 16-bit operands):
 // FlashAttention-2 (Dao 2023) over blocks of kFlashQueryBlock queries and
 // kFlashKeyBlock keys, each block's scores and products on LIBXSMM's small
-// GEMMs (small_gemm.h) and its exponentials vectorised (simd.h). Forward
-// keeps a running max and sum per query row and writes only the output
-// and lse; backward recomputes each block's probabilities from q, k and
-// lse. Nothing of size q_len x kv_len is ever held: per unit, K^T (and V^T)
-// of one head, a block of scores and the f32 workspace the op layer hands
+// GEMMs (small_gemm.h) on operands packed contiguous per unit (K^T and V^T
+// in key-block panels, Q and dO per head) and its exponentials vectorised
+// (simd.h). Forward keeps a running max and sum per query row and writes
+// only the output and lse; backward recomputes each block's probabilities
+// from q, k and lse. Nothing of size q_len x kv_len is ever held: per thread, copies of
+// one unit's K and V (backward: also K^T, V^T, dK, dV and one query head's
+// Q and dO), a block of scores and the f32 workspace the op layer hands
 // over.
 //
 // q and out are [batch * q_len, ld] row views with head h in columns
@@ -31,12 +33,14 @@
 namespace sk {
 
 // Queries and keys per block of the online softmax (and of backward's
-// recomputation).
-// 64 x 128: larger GEMMs than 64 x 64 (benchmarks/kernels.cc:
-// BM_AttentionLongSequence) at a causal diagonal that wastes at most one
-// key block's half per query block.
+// recomputation). 64 x 64 on packed operands: every block GEMM runs at
+// 80-90 GFLOP/s on one core of this repository's 2-core AVX2 EPYC (LIBXSMM,
+// 32..128 x 64..256 blocks all did), and the smaller causal diagonal wastes
+// less than 64 x 128 or 128 x 128 did; those and 32 x 128, 128 x 64 were
+// 2-15% slower in backward at T = 1024 and 2048 (benchmarks/kernels.cc:
+// BM_AttentionLongSequence, 12 heads of 64, process CPU time).
 inline constexpr int64_t kFlashQueryBlock = 64;
-inline constexpr int64_t kFlashKeyBlock = 128;
+inline constexpr int64_t kFlashKeyBlock = 64;
 
 // The number of units of s: batch * KvHeads().
 int64_t FlashAttentionUnits(const ops::AttentionShape& s);

@@ -353,6 +353,9 @@ float MaxOfRow(const float* row, int64_t n) {
   for (int64_t j = 1; j < n; ++j) m = row[j] > m ? row[j] : m;
   return m;
 }
+void SoftmaxGradFromDeltaInPlace(const float* p, float* dp, int64_t n, float delta, float scale) {
+  for (int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - delta) * scale;
+}
 void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid, float scale) {
   if (scale != 1.0f) ScaleInPlace(row, scale, valid);
   nn_math::SoftmaxRowInPlace(row, cols, valid);
@@ -504,6 +507,9 @@ float ScaledExpShiftInPlace(float* row, int64_t n, float scale, float m) {
   SK_SIMD_DISPATCH(ScaledExpShiftInPlace, row, n, scale, m);
 }
 float MaxOfRow(const float* row, int64_t n) { SK_SIMD_DISPATCH(MaxOfRow, row, n); }
+void SoftmaxGradFromDeltaInPlace(const float* p, float* dp, int64_t n, float delta, float scale) {
+  SK_SIMD_DISPATCH(SoftmaxGradFromDeltaInPlace, p, dp, n, delta, scale);
+}
 void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid, float scale) {
   SK_SIMD_DISPATCH(SoftmaxRowInPlace, row, cols, valid, scale);
 }

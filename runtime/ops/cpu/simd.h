@@ -85,6 +85,11 @@ void LayerNormBackward(const float* x, const float* gamma, const float* dy, cons
 float ScaledExpShiftInPlace(float* row, int64_t n, float scale, float m);
 // The maximum of row[0, n), n >= 1.
 float MaxOfRow(const float* row, int64_t n);
+// dp[j] = (p[j] (dp[j] - delta)) scale for j < n, in place: a row of the
+// linear-memory attention's dS from its recomputed probabilities, dP and
+// delta = rowsum(dO o O) (the softmax backward with the row's P . dP
+// precomputed). Bit-identical on every ISA (no FMA, the scalar order).
+void SoftmaxGradFromDeltaInPlace(const float* p, float* dp, int64_t n, float delta, float scale);
 
 // math.h's SoftmaxRowInPlace of scale * row[0, valid) (scale > 0; the
 // scale costs nothing extra: the same bits as scaling the row first, on

@@ -71,12 +71,17 @@ class SmallGemm {
   libxsmm_smmfunction fn_;
 };
 
-// dst[cols, rows] (row stride rows) = src[rows, cols]^T (row stride ld):
-// LIBXSMM's transpose (column-major: a cols x rows matrix into rows x cols).
-inline void TransposeInto(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+// dst[cols, rows] (row stride ld_dst >= rows) = src[rows, cols]^T (row
+// stride ld): LIBXSMM's transpose (column-major: a cols x rows matrix into
+// rows x cols).
+inline void TransposeInto(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst,
+                          int64_t ld_dst) {
   libxsmm_otrans(dst, src, sizeof(float), static_cast<libxsmm_blasint>(cols),
                  static_cast<libxsmm_blasint>(rows), static_cast<libxsmm_blasint>(ld),
-                 static_cast<libxsmm_blasint>(rows));
+                 static_cast<libxsmm_blasint>(ld_dst));
+}
+inline void TransposeInto(const float* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  TransposeInto(src, rows, cols, ld, dst, rows);
 }
 
 }  // namespace sk

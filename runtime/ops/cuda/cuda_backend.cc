@@ -655,7 +655,7 @@ class CudaBackend final : public OpBackend {
   // cuDNN's fused SDPA takes the shape and dtype and libcudnn.so.9 loads
   // (sdpa_plan.h, cudnn_attention.h); a graph that then fails to build or
   // run still falls back, logged.
-  bool FusesFlashAttention(const AttentionShape& s, DType t) const override {
+  bool PrefersFlashAttention(const AttentionShape& s, DType t) const override {
     const int64_t ld = s.heads * s.head_dim;
     return cuda::SdpaSupports(s, t, {{ld, 0}}).ok() && cuda::CudnnAvailable().ok();
   }
