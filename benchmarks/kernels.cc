@@ -557,8 +557,8 @@ int main(int argc, char** argv) {
   const int threads = sk::BenchThreads();
   if (!sk::SetGemmThreads(threads).ok()) return 1;
   benchmark::AddCustomContext("bench_threads", std::to_string(threads));
-  benchmark::AddCustomContext("OPENBLAS_CORETYPE", GetEnv(EnvVar::kOpenblasCoretype)
-                                                       ? GetEnv(EnvVar::kOpenblasCoretype)
+  benchmark::AddCustomContext("OPENBLAS_CORETYPE", sk::GetEnv(sk::EnvVar::kOpenblasCoretype)
+                                                       ? sk::GetEnv(sk::EnvVar::kOpenblasCoretype)
                                                        : "(unset)");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

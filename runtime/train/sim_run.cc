@@ -113,7 +113,7 @@ StatusOr<SimStepReport> SimulateTraining(const SimRunOptions& options) {
   std::unique_ptr<Trainer> trainer = std::move(created).value();
   sim::SimDevice* device = trainer->sim_device();
   if (device == nullptr) return InternalError("a sim trainer without a sim device");
-  const Stream* compute = trainer->engine().compute_stream();
+  const Stream* compute = trainer->data_parallel().compute_stream();
   const int64_t compute_id = compute != nullptr ? compute->id() : -1;
 
   const StepFlops flops = trainer->model().Flops(to.batch_size, trainer->options().seq_len,

@@ -193,9 +193,9 @@ Trainer::~Trainer() {
   if (sim_device_ != nullptr && adjusts_compute_) {
     sim::SetComputeAdjustment(sim_device_->id().index, nullptr);
   }
-  // The engine's streams hold buffers of the allocator: destroy it first.
+  // The data-parallel model's streams hold buffers of the allocator: destroy it first.
   optimizer_.reset();
-  engine_ = nullptr;
+  data_parallel_ = nullptr;
   fsdp_.reset();
   ddp_.reset();
 }
@@ -230,7 +230,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
       // Release what the failed set-up holds first: its buffers return to
       // the cache, the peaks stay.
       t->optimizer_.reset();
-      t->engine_ = nullptr;
+      t->data_parallel_ = nullptr;
       t->fsdp_.reset();
       t->ddp_.reset();
       *memory_on_error = t->allocator_->stats();
@@ -302,7 +302,7 @@ Status Trainer::Init() {
     if (options_.ddp_bucket_bytes > 0) d.bucket_bytes = options_.ddp_bucket_bytes;
     SK_ASSIGN_OR_RETURN(ddp_, DistributedDataParallel::Create(model_->units(), world_,
                                                                allocator_.get(), d));
-    engine_ = ddp_.get();
+    data_parallel_ = ddp_.get();
   } else {
     if (options_.fsdp.cpu_offload) {
       SK_ASSIGN_OR_RETURN(offload_, CreateOffloadHost(device_));
@@ -316,9 +316,9 @@ Status Trainer::Init() {
                                                          fo,
                                                          offload_ ? offload_->shards : nullptr,
                                                          offload_ ? offload_->stream : nullptr));
-    engine_ = fsdp_.get();
+    data_parallel_ = fsdp_.get();
   }
-  SK_ASSIGN_OR_RETURN(optimizer_, CreateEngineOptimizer(options_.optimizer, *engine_,
+  SK_ASSIGN_OR_RETURN(optimizer_, CreateEngineOptimizer(options_.optimizer, *data_parallel_,
                                                         offload_ ? offload_->optimizer_state : nullptr));
   // Agreeing on outcomes needs the peers to learn of a failure at once
   // (ProcessGroup::FailPeers: local, gloo, nccl with its call check);
@@ -365,8 +365,8 @@ Status Trainer::AgreeOnStepOutcome(const Status& mine) {
   // (which names the peer) at once, as backends without agreement do.
   for (comm::ProcessGroup* g : groups) {
     if (mine.ok() || g->usable()) continue;
-    engine_->set_gradient_sync(true);
-    engine_->AbandonStep();
+    data_parallel_->set_gradient_sync(true);
+    data_parallel_->AbandonStep();
     return mine.WithContext("step " + std::to_string(step_ + 1) + " on rank " + std::to_string(world_->rank()));
   }
   StepOutcome out;
@@ -379,8 +379,8 @@ Status Trainer::AgreeOnStepOutcome(const Status& mine) {
     for (comm::ProcessGroup* g : groups) {
       if (!g->FailPeers(culprit).ok()) primary = false;
     }
-    engine_->set_gradient_sync(true);
-    engine_->AbandonStep();
+    data_parallel_->set_gradient_sync(true);
+    data_parallel_->AbandonStep();
     out.code = static_cast<int32_t>(mine.code());
     out.primary = primary ? 1 : 0;
     const std::string text(culprit.message());
@@ -406,7 +406,7 @@ Status Trainer::AgreeOnStepOutcome(const Status& mine) {
     return w->wait(co.timeout);
   }();
   if (!agreed.ok()) {
-    if (mine.ok()) engine_->AbandonStep();
+    if (mine.ok()) data_parallel_->AbandonStep();
     return agreed.WithContext("step " + std::to_string(step_ + 1) + " on rank " + std::to_string(world_->rank()) +
                               ": agreeing on the step's outcome" +
                               (mine.ok() ? std::string() : " after: " + std::string(mine.message())));
@@ -423,7 +423,7 @@ Status Trainer::AgreeOnStepOutcome(const Status& mine) {
     if (outcomes[r].code != 0) pick = r;
   }
   if (pick < 0) return OkStatus();
-  if (mine.ok()) engine_->AbandonStep();
+  if (mine.ok()) data_parallel_->AbandonStep();
   for (size_t i = 0; i < groups.size() && i < StepOutcome::kMaxGroups; ++i) {
     uint64_t next = 0;
     for (const StepOutcome& o : outcomes) next = std::max(next, o.next_seq[i]);
@@ -490,7 +490,7 @@ float Trainer::lr() const {
 StatusOr<StepMetrics> Trainer::Step() {
   SK_RETURN_IF_ERROR(UseGemmThreads());
   allocator_->ResetPeakStats();
-  const int64_t bytes_before = engine_->bytes_communicated();
+  const int64_t bytes_before = data_parallel_->bytes_communicated();
   const auto t0 = std::chrono::steady_clock::now();
   const double sim_t0 = sim_device_ != nullptr ? sim_device_->HostClock() : 0;
   double loss_sum = 0;
@@ -501,41 +501,41 @@ StatusOr<StepMetrics> Trainer::Step() {
   // next step starts clean. Parameters and optimizer state change only in
   // OptimizerStep.
   Status computed = [&]() -> Status {
-    engine_->ZeroGrad();
+    data_parallel_->ZeroGrad();
     for (int m = 0; m < options_.grad_accum_steps; ++m) {
-      engine_->set_gradient_sync(m + 1 == options_.grad_accum_steps);
+      data_parallel_->set_gradient_sync(m + 1 == options_.grad_accum_steps);
       SK_ASSIGN_OR_RETURN(TokenBatch batch, BatchFor(step_, m));
-      SK_ASSIGN_OR_RETURN(float loss, model_->ForwardBackward(batch, *engine_, engine_->activation_allocator()));
+      SK_ASSIGN_OR_RETURN(float loss, model_->ForwardBackward(batch, *data_parallel_, data_parallel_->activation_allocator()));
       loss_sum += loss;
     }
-    SK_RETURN_IF_ERROR(engine_->FinishBackward());
+    SK_RETURN_IF_ERROR(data_parallel_->FinishBackward());
     // The micro-batches' gradients were summed; the reported loss is their
     // mean. Make the gradient that of the reported loss, as PyTorch's
     // (loss / M).backward() does: grad_norm, clipping and the learning rate
     // then mean the same for every M.
     if (options_.grad_accum_steps > 1) {
-      SK_RETURN_IF_ERROR(engine_->ScaleGradients(1.f / static_cast<float>(options_.grad_accum_steps)));
+      SK_RETURN_IF_ERROR(data_parallel_->ScaleGradients(1.f / static_cast<float>(options_.grad_accum_steps)));
     }
-    SK_ASSIGN_OR_RETURN(norm, engine_->ClipGradNorm(options_.clip_grad_norm));
+    SK_ASSIGN_OR_RETURN(norm, data_parallel_->ClipGradNorm(options_.clip_grad_norm));
     return OkStatus();
   }();
   if (outcome_group_ != nullptr) {
     SK_RETURN_IF_ERROR(AgreeOnStepOutcome(computed));
   } else if (!computed.ok()) {
-    engine_->set_gradient_sync(true);
-    engine_->AbandonStep();
+    data_parallel_->set_gradient_sync(true);
+    data_parallel_->AbandonStep();
     return computed.WithContext("step " + std::to_string(step_ + 1) + " on rank " +
                                 std::to_string(world_->rank()));
   }
   const float lr = this->lr();
   optimizer_->set_lr(lr);
-  SK_RETURN_IF_ERROR(engine_->OptimizerStep(*optimizer_));
+  SK_RETURN_IF_ERROR(data_parallel_->OptimizerStep(*optimizer_));
   if (!device_->id().is_cpu() && sim_device_ == nullptr) {
     // On a GPU the update is only enqueued: the step ends when the device has
     // run it (as torch.cuda.synchronize() in a benchmark), so step_seconds is
     // the device's time and the caller may read parameters, checkpoint or
     // gather on other streams without racing the update.
-    Stream* compute = engine_->compute_stream();
+    Stream* compute = data_parallel_->compute_stream();
     if (compute != nullptr) {
       SK_RETURN_IF_ERROR(compute->Synchronize(options_.fsdp.timeout)
                              .WithContext("step " + std::to_string(step_ + 1) + " on rank " +
@@ -573,7 +573,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.reserved_bytes = s.reserved_bytes.current;
   m.alloc_retries = s.num_alloc_retries;
   m.ooms = s.num_ooms;
-  m.bytes_communicated = engine_->bytes_communicated() - bytes_before;
+  m.bytes_communicated = data_parallel_->bytes_communicated() - bytes_before;
   return m;
 }
 
@@ -626,7 +626,7 @@ StatusOr<float> Trainer::Evaluate(int batches) {
   for (int b = 0; b < batches; ++b) {
     // Held-out: batch indices far beyond any training step's.
     SK_ASSIGN_OR_RETURN(TokenBatch batch, BatchFor((int64_t{1} << 40) + b, 0));
-    SK_ASSIGN_OR_RETURN(float loss, model_->Forward(batch, *engine_, engine_->activation_allocator()));
+    SK_ASSIGN_OR_RETURN(float loss, model_->Forward(batch, *data_parallel_, data_parallel_->activation_allocator()));
     sum += loss;
   }
   return static_cast<float>(sum / batches);

@@ -95,7 +95,7 @@ struct TrainerOptions {
   // Per-rank device memory cap in bytes; 0 = unlimited (on sim: the
   // profile's device memory).
   size_t memory_cap_bytes = 0;
-  // The device each rank computes on (cpu:rank by default; engine.h).
+  // The device each rank computes on (cpu:rank by default; rank.h).
   DeviceOptions device;
   // Training data: a token file (uint16/uint32 little-endian) or, when empty,
   // a synthetic stream from data_seed.
@@ -210,10 +210,11 @@ class Trainer {
   int rank() const { return world_->rank(); }
   int world_size() const { return world_->size(); }
   CachingAllocator& allocator() { return *allocator_; }
-  // The engine: FSDP (null under kDdp) or DDP (null under kFsdp).
+  // The data-parallel model: FSDP (null under kDdp) or DDP (null under
+  // kFsdp), and the one in use whichever it is (data_parallel()).
   FullyShardedModel* fsdp() { return fsdp_.get(); }
   DistributedDataParallel* ddp() { return ddp_.get(); }
-  DataParallelModel& engine() { return *engine_; }
+  DataParallelModel& data_parallel() { return *data_parallel_; }
   Optimizer& optimizer() { return *optimizer_; }
   // The batch of micro-step `micro` of step `step` for this rank.
   StatusOr<TokenBatch> BatchFor(int64_t step, int micro) const;
@@ -276,7 +277,7 @@ class Trainer {
   std::unique_ptr<OffloadHost> offload_;  // FSDP with cpu_offload
   std::unique_ptr<FullyShardedModel> fsdp_;
   std::unique_ptr<DistributedDataParallel> ddp_;
-  DataParallelModel* engine_ = nullptr;
+  DataParallelModel* data_parallel_ = nullptr;
   std::unique_ptr<Optimizer> optimizer_;
   // Averages the step's loss over ranks (StepMetrics::global_loss).
   std::unique_ptr<Stream> metrics_stream_;

@@ -11,7 +11,7 @@
 namespace {
 
 // Paths inside the test's runfiles (the working directory of a bazel test).
-constexpr char kLaunch[] = "runtime/comm/launch";
+constexpr char kLaunch[] = "tools/launch";
 constexpr char kWorker[] = "tests/train/gloo_oom_worker";
 
 struct Result {
