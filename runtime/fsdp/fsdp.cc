@@ -38,7 +38,6 @@ StatusOr<Tensor> Slice(const Tensor& t, int64_t offset, int64_t n) {
 const char* BackwardPrefetchName(BackwardPrefetch p) {
   switch (p) {
     case BackwardPrefetch::kNone: return "NONE";
-    case BackwardPrefetch::kDefault:
     case BackwardPrefetch::kBackwardPre: return "BACKWARD_PRE";
     case BackwardPrefetch::kBackwardPost: return "BACKWARD_POST";
   }
@@ -59,7 +58,6 @@ StatusOr<BackwardPrefetch> ParseBackwardPrefetch(const std::string& name) {
 Status ValidateFsdpOptions(const FsdpOptions& o, int world) {
   SK_RETURN_IF_ERROR(ResolveSharding(o.strategy, o.shard_group_size, world, o.ranks_per_node).status());
   switch (o.backward_prefetch) {
-    case BackwardPrefetch::kDefault:
     case BackwardPrefetch::kNone:
     case BackwardPrefetch::kBackwardPre:
     case BackwardPrefetch::kBackwardPost:
@@ -68,17 +66,11 @@ Status ValidateFsdpOptions(const FsdpOptions& o, int world) {
       return InvalidArgumentError("unknown backward prefetch value " +
                                   std::to_string(static_cast<int>(o.backward_prefetch)));
   }
-  if (o.all_gather_limit < 1 && o.all_gather_limit != kNoAllGatherLimit) {
-    return InvalidArgumentError("all_gather_limit must be >= 1, or kNoAllGatherLimit (-1) for no limit; not " +
-                                std::to_string(o.all_gather_limit));
-  }
+  SK_RETURN_IF_ERROR(ValidateRateLimit(o.all_gather_limit, "all_gather_limit"));
   const MixedPrecisionPolicy& mp = o.mixed_precision;
   SK_RETURN_IF_ERROR(ValidateDType(mp.param_dtype).WithContext("mixed_precision.param_dtype"));
   if (mp.reduce_dtype) {
     SK_RETURN_IF_ERROR(ValidateDType(*mp.reduce_dtype).WithContext("mixed_precision.reduce_dtype"));
-  }
-  if (mp.buffer_dtype) {
-    SK_RETURN_IF_ERROR(ValidateDType(*mp.buffer_dtype).WithContext("mixed_precision.buffer_dtype"));
   }
   if (!(o.gradient_predivide_factor >= 0) || !std::isfinite(o.gradient_predivide_factor)) {
     return InvalidArgumentError("gradient_predivide_factor must be finite and >= 0 (0 = automatic)");
@@ -124,9 +116,7 @@ StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
   // A parameter lives in its owner's flat parameter only; units that use it
   // too (tied) borrow the owner's gathered buffer and gradient.
   SK_ASSIGN_OR_RETURN(std::vector<std::vector<ParamRef>> tied, ResolveTiedParams(units));
-  FsdpOptions o = options;
-  if (o.strategy == ShardingStrategy::kDefault) o.strategy = ShardingStrategy::kFullShard;
-  if (o.backward_prefetch == BackwardPrefetch::kDefault) o.backward_prefetch = BackwardPrefetch::kBackwardPre;
+  const FsdpOptions& o = options;
   if (offload_allocator == nullptr) offload_allocator = &HostAllocator::Default();
   if (o.cpu_offload) {
     const DeviceId host = offload_allocator->device();
@@ -354,7 +344,8 @@ Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
     f.in_flight = true;  // about to be computed with (kept unsharded, or prefetched)
     return OkStatus();
   }
-  if (prefetch && options_.all_gather_limit > 0 && UnshardedAlive() >= options_.all_gather_limit) {
+  const RateLimit limit = options_.all_gather_limit;
+  if (prefetch && !limit.off() && UnshardedAlive() >= limit.max_in_flight()) {
     ++counters_.prefetches_deferred;
     return OkStatus();
   }
@@ -458,7 +449,8 @@ void FullyShardedModel::Free(int unit) {
 Status FullyShardedModel::Prefetch(const std::vector<int>& candidates) {
   for (int c : candidates) {
     if (flat_[c].full.defined()) continue;  // in flight already, or kept unsharded
-    if (options_.all_gather_limit > 0 && UnshardedAlive() >= options_.all_gather_limit) {
+    const RateLimit limit = options_.all_gather_limit;
+    if (!limit.off() && UnshardedAlive() >= limit.max_in_flight()) {
       ++counters_.prefetches_deferred;
       return OkStatus();
     }

@@ -36,14 +36,15 @@
 // BACKWARD_POST in PostBackward, after they are and after the current unit is
 // freed; forward prefetch in PreForward, by the order the previous step
 // recorded. A prefetch issues the following units' all-gathers, in order,
-// while fewer than `all_gather_limit` unsharded flat parameters are in flight
-// (gathered for a unit that has not finished computing with them); the rest
-// are deferred and gathered when needed. The default limit 2 therefore
-// prefetches one unit ahead, as PyTorch does. On a GPU the limiter is what
-// stops the CPU thread from racing ahead of the device and over-allocating;
-// here the issuing thread is the compute thread, so the limit is the depth of
-// that run-ahead, and "off" (0) prefetches every remaining unit at once,
-// which reproduces the over-allocation. A unit needed now is always gathered.
+// while the rate limiter (rate_limiter.h: `all_gather_limit` unsharded flat
+// parameters in flight, gathered for a unit that has not finished computing
+// with them) admits one more; the rest are deferred and gathered when
+// needed. The default limit 2 therefore prefetches one unit ahead, as
+// PyTorch does. On a GPU the limiter is what stops the CPU thread from
+// racing ahead of the device and over-allocating; here the issuing thread
+// is the compute thread, so the limit is the depth of that run-ahead, and
+// RateLimit::Off() prefetches every remaining unit at once, which
+// reproduces the over-allocation. A unit needed now is always gathered.
 //
 // Data. FSDP touches tensor data only through the op layer (runtime/ops), each
 // op naming the stream it belongs to: on the all-gather stream the cast of the
@@ -142,6 +143,7 @@
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
 #include "runtime/fsdp/flat_param.h"
+#include "runtime/fsdp/rate_limiter.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/model.h"
 #include "runtime/ops/backend.h"
@@ -151,8 +153,9 @@
 
 namespace sk {
 
+// Values equal the C ABI's sk_backward_prefetch_t (capi/abi.cc asserts it);
+// the ABI's 0 ("default": BACKWARD_PRE) is resolved when it translates options.
 enum class BackwardPrefetch : int {
-  kDefault = 0,  // BACKWARD_PRE
   kNone = 1,
   kBackwardPre = 2,
   kBackwardPost = 3,
@@ -169,14 +172,10 @@ struct MixedPrecisionPolicy {
   // What gradients are communicated (reduce-scattered / all-reduced) in;
   // unset: param_dtype.
   std::optional<DType> reduce_dtype;
-  // Dtype of model buffers (non-parameter state); unset: param_dtype. The
-  // reference models have none; validated and kept for models that do.
-  std::optional<DType> buffer_dtype;
+  // No buffer dtype: the models FSDP wraps have parameters only (UnitSpec),
+  // no buffers (non-parameter state) it could apply to. The C ABI refuses
+  // a non-default sk_fsdp_options.buffer_dtype for that reason.
 };
-
-// FsdpOptions::all_gather_limit for "no limit": every remaining unit may be
-// prefetched at once.
-inline constexpr int kNoAllGatherLimit = -1;
 
 struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
@@ -191,10 +190,9 @@ struct FsdpOptions {
   int ranks_per_node = 0;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   bool forward_prefetch = false;
-  // The rate limiter: most unsharded flat parameters alive at once (>= 1),
-  // or kNoAllGatherLimit. 0 is rejected rather than guessed (the C ABI's 0
-  // means "default"; this field once read 0 as "no limit").
-  int all_gather_limit = 2;
+  // The rate limiter: most unsharded flat parameters in flight at once
+  // (RateLimit::InFlight(N), N >= 1), or RateLimit::Off().
+  RateLimit all_gather_limit = kDefaultRateLimit;
   MixedPrecisionPolicy mixed_precision;
   // Keep master shards, gradient shards and optimizer state in host memory
   // outside the device allocator (see offload_allocator in Create).

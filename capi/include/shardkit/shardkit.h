@@ -105,7 +105,10 @@
  *  0.6.0 struct (a rate of 0; SK_OPTIMIZER_OPTIONS_INIT now sets 1e-3): a
  *  smaller struct from an older header still reads 0 as 1e-3.
  *  0.6.0 also appended tied parameters in the low-level model spec
- *  (sk_model_spec_add_tied_param; issue 33).
+ *  (sk_model_spec_add_tied_param; issue 33). Issue 36 refuses
+ *  sk_fsdp_options.buffer_dtype values other than 0 and param_dtype
+ *  (INVALID_ARGUMENT): no model has buffers, so earlier libraries accepted
+ *  them and changed nothing. The struct and its other fields are unchanged.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -467,7 +470,9 @@ typedef struct sk_fsdp_options {
   sk_dtype_t param_dtype;
   /* Gradient communication dtype; 0 = param_dtype. */
   sk_dtype_t reduce_dtype;
-  /* Model buffer dtype; 0 = param_dtype. */
+  /* Model buffer dtype; 0 = param_dtype. No model has buffers
+   * (non-parameter state) for it to apply to, so any value other than 0 or
+   * param_dtype is INVALID_ARGUMENT rather than silently ignored. */
   sk_dtype_t buffer_dtype;
   /* Nonzero: master shards, gradient shards and optimizer state in host memory. */
   int32_t cpu_offload;
