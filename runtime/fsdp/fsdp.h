@@ -361,6 +361,12 @@ class FullyShardedModel final : public DataParallelModel {
   comm::ProcessGroup* replicate_group() { return replicate_group_.get(); }
 
  private:
+  // The members are defined by responsibility: fsdp.cc (creation, the
+  // hooks' unit state machine, prefetch, abandoning a step, the step's end),
+  // fsdp_param_group.cc (the flat parameters: what is unsharded and in
+  // flight, free and regather, the views handed out, tied owners, writing
+  // master shards), fsdp_collectives.cc (all-gathers, reductions and their
+  // stream order), fsdp_options.cc (names and validation).
 
   struct FlatUnit {
     FlatParamLayout layout;
@@ -389,6 +395,12 @@ class FullyShardedModel final : public DataParallelModel {
   // Copies `src` (host memory or this model's device) into a master shard
   // (or a slice of one), in order before the next all-gather reads it.
   Status WriteMaster(const Tensor& src, const Tensor& dst);
+  // Writes this rank's slice `s` of a parameter (`flat_param`, its full
+  // value flattened) into f's master shard.
+  Status WriteMasterSlice(const FlatUnit& f, const FlatParamLayout::ShardSlice& s, const Tensor& flat_param);
+  // After a load wrote `unit`'s master shard: the next all-gather reads the
+  // new values, and the persistent strategies regather the unit now.
+  Status MastersWritten(int unit);
   // With cpu_offload, before the host writes master shards: waits until no
   // host->device copy still reads them. A no-op without offload.
   Status QuiesceMasterReaders();
@@ -418,6 +430,7 @@ class FullyShardedModel final : public DataParallelModel {
   void ReleaseTiedOwners(int unit);
   Status CheckUnit(int unit, const char* call) const;
   // Issues the all-gather of `unit` unless it is gathered or in flight.
+  // `prefetch` only counts it as one: the rate limiter is asked by Prefetch.
   Status IssueAllGather(int unit, bool prefetch);
   // Waits for `unit`'s all-gather and returns its parameter views.
   StatusOr<std::vector<Tensor>> WaitAndViews(int unit, const Tensor& full);
@@ -431,9 +444,15 @@ class FullyShardedModel final : public DataParallelModel {
   // master shards, waiting for it (persistent strategies after a change).
   Status Regather(int unit);
   void Free(int unit);
+  // Unsharded flat parameters in flight (what the rate limiter counts).
   int UnshardedAlive() const;
+  // Issues the all-gathers of `candidates`, in order, while the rate
+  // limiter admits them; the first it refuses ends the prefetch (deferred).
   Status Prefetch(const std::vector<int>& candidates);
   Status ReduceGradients(int unit);
+  // The all-reduce of a reduced gradient (shard) across replicas on the
+  // reduce stream, post-divided, counted.
+  StatusOr<std::shared_ptr<comm::Work>> AllReduceAcrossReplicas(const Tensor& reduced, float pre_scale);
   Status Fail(Status s);  // abandons the step, returns s
   // Waits for the collectives of pending reductions / also for the reduce
   // stream's accumulation into the gradient shards.
@@ -448,6 +467,7 @@ class FullyShardedModel final : public DataParallelModel {
   Allocator* offload_;
   Stream* host_stream_;  // may be null (host ops on the calling thread)
   FsdpOptions options_;
+  RateLimiter rate_limiter_;  // decides each prefetch (Prefetch)
   ShardingPlan sharding_;
   std::unique_ptr<comm::ProcessGroup> shard_group_;
   std::unique_ptr<comm::ProcessGroup> replicate_group_;  // null when there is one replica

@@ -58,6 +58,22 @@ inline constexpr RateLimit kDefaultRateLimit = RateLimit::InFlight(2);
 // OK when `limit` is off or N >= 1; otherwise InvalidArgument naming `field`.
 Status ValidateRateLimit(RateLimit limit, const std::string& field);
 
+// The rule, written once: whether a prefetch may issue one more all-gather.
+// FSDP counts what is in flight (its units' state); the limiter decides.
+class RateLimiter {
+ public:
+  explicit RateLimiter(RateLimit limit) : limit_(limit) {}
+
+  RateLimit limit() const { return limit_; }
+  // With `in_flight` unsharded flat parameters in flight, whether a
+  // prefetch may gather one more: always when off, else while fewer than N
+  // are. (A unit needed now is gathered without asking.)
+  bool AdmitsPrefetch(int in_flight) const { return limit_.off() || in_flight < limit_.max_in_flight(); }
+
+ private:
+  RateLimit limit_;
+};
+
 inline std::ostream& operator<<(std::ostream& os, RateLimit limit) { return os << limit.ToString(); }
 
 }  // namespace sk
