@@ -181,7 +181,7 @@ ExperimentOptions DefaultExperimentOptions(bool quick) {
     // Between DDP's and FULL_SHARD's measured peaks on gpt-10m at seq 32.
     o.memory_cap_mib = 160;
     o.prefetch_model = "gpt-1m";
-    o.limits = {0, 2};
+    o.limits = {RateLimit::Off(), RateLimit::InFlight(2)};
     o.limiter_models = {};
     o.near_cap_model = "gpt-1m";
     o.hybrid_model = "gpt-1m";
@@ -193,7 +193,7 @@ ExperimentOptions DefaultExperimentOptions(bool quick) {
     // (gpt-50m behaves as t5-60m; --models adds it, at 4 more minutes.)
     o.memory_cap_mib = 640;
     o.prefetch_model = "gpt-10m";
-    o.limits = {0, 1, 2, 4};
+    o.limits = {RateLimit::Off(), RateLimit::InFlight(1), RateLimit::InFlight(2), RateLimit::InFlight(4)};
     o.limiter_models = {"t5-10m"};
     o.near_cap_model = "gpt-10m";
     o.hybrid_model = "gpt-10m";
@@ -397,6 +397,12 @@ Experiment PlanPrefetch(const ExperimentOptions& o) {
   return e;
 }
 
+// The rate_limiter table's "limit" column (and its labels) write off as 0:
+// what the published tables, claims.cc and plot.py read.
+namespace {
+int64_t LimitColumn(RateLimit limit) { return limit.off() ? 0 : limit.max_in_flight(); }
+}  // namespace
+
 Experiment PlanRateLimiter(const ExperimentOptions& o) {
   Experiment e;
   e.name = "rate_limiter";
@@ -409,11 +415,12 @@ Experiment PlanRateLimiter(const ExperimentOptions& o) {
       std::to_string(o.reps) + " x " + std::to_string(o.comparison_steps) + " timed steps each");
   auto table = e.table;
   // Limit 2 first: the near-cap cap is derived from it.
-  std::vector<int> limits = {2};
-  for (int limit : o.limits) {
-    if (limit != 2) limits.push_back(limit);
+  const RateLimit two = RateLimit::InFlight(2);
+  std::vector<RateLimit> limits = {two};
+  for (RateLimit limit : o.limits) {
+    if (limit != two) limits.push_back(limit);
   }
-  if (std::find(o.limits.begin(), o.limits.end(), 2) == o.limits.end()) limits.erase(limits.begin());
+  if (std::find(o.limits.begin(), o.limits.end(), two) == o.limits.end()) limits.erase(limits.begin());
   // The limits of one model and setting, alternately. With `cap_out`, the
   // uncapped runs of the near-cap model raise the cap to just above what
   // each needs live (peak allocated) and what the limited run holds (peak
@@ -427,7 +434,7 @@ Experiment PlanRateLimiter(const ExperimentOptions& o) {
     c.label = "rate_limiter " + model + (near_cap ? " near cap" : " uncapped") + ", limits " +
               [&] {
                 std::string l;
-                for (int v : limits) l += (l.empty() ? "" : ",") + std::to_string(v);
+                for (RateLimit v : limits) l += (l.empty() ? "" : ",") + std::to_string(LimitColumn(v));
                 return l;
               }() +
               ", " + std::to_string(o.reps) + " alternating repetitions";
@@ -435,22 +442,22 @@ Experiment PlanRateLimiter(const ExperimentOptions& o) {
     c.run = [o, model, limits, near_cap, cap, table](Progress& progress) {
       std::vector<RunSpec> specs;
       std::vector<std::string> names;
-      for (int limit : limits) {
+      for (RateLimit limit : limits) {
         TrainerOptions t = BaseTrainer(o, model);
         t.fsdp.forward_prefetch = true;
-        t.fsdp.all_gather_limit = limit == 0 ? kNoAllGatherLimit : limit;  // the harness's 0 = off
+        t.fsdp.all_gather_limit = limit;
         if (near_cap) t.memory_cap_bytes = static_cast<size_t>(*cap);
         RunSpec spec = BaseSpec(o, t);
         spec.steps = o.comparison_steps;
         specs.push_back(spec);
-        names.push_back("limit " + std::to_string(limit));
+        names.push_back("limit " + std::to_string(LimitColumn(limit)));
       }
       auto runs = RunAlternating(specs, o.reps, progress);
       for (size_t i = 0; i < limits.size(); ++i) {
         if (!near_cap && cap != nullptr) {
           for (const RunResult& r : runs[i]) {
             if (!r.ok) continue;
-            const int64_t need = limits[i] == 2
+            const int64_t need = limits[i] == RateLimit::InFlight(2)
                                      ? static_cast<int64_t>(r.peak_reserved_bytes * o.near_cap_headroom)
                                      : (r.peak_allocated_bytes + r.peak_reserved_bytes) / 2;
             *cap = std::max(*cap, need);
@@ -462,7 +469,7 @@ Experiment PlanRateLimiter(const ExperimentOptions& o) {
         Row row;
         row.Set("model", model);
         row.Set("params_m", ParamsOf(model) / 1e6, 2);
-        row.Set("limit", static_cast<int64_t>(limits[i]));
+        row.Set("limit", LimitColumn(limits[i]));
         row.Set("setting", near_cap ? "near cap" : "uncapped");
         row.Set("memory_cap_mib", near_cap ? *cap / kMiB : 0.0, 1);
         AddRepeated(row, runs[i], o.comparison_steps);

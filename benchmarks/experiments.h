@@ -37,6 +37,7 @@
 
 #include "benchmarks/report.h"
 #include "runtime/comm/network_model.h"
+#include "runtime/fsdp/rate_limiter.h"
 
 namespace sk::bench {
 
@@ -65,7 +66,7 @@ struct ExperimentOptions {
   int reps = 3;
   std::string prefetch_model;
   // rate_limiter
-  std::vector<int> limits;
+  std::vector<RateLimit> limits;
   std::vector<std::string> limiter_models;
   std::string near_cap_model;
   double near_cap_headroom = 1.05;

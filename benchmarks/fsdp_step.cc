@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
   using sk::ShardingStrategy;
   for (const sk::Setup& setup : sk::kSetups) {
     std::string ddp = std::string("BM_Step/") + setup.name + "/DDP";
-    benchmark::RegisterBenchmark(ddp.c_str(), sk::BM_Step, setup, Parallelism::kDdp, ShardingStrategy::kDefault)
+    benchmark::RegisterBenchmark(ddp.c_str(), sk::BM_Step, setup, Parallelism::kDdp, ShardingStrategy::kFullShard)
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond)
         ->Iterations(5);

@@ -128,7 +128,10 @@ ExperimentOptions OptionsFromFlags() {
   if (!FLAGS_prefetch_model.empty()) o.prefetch_model = FLAGS_prefetch_model;
   if (Set("limits")) {
     o.limits.clear();
-    for (const std::string& l : Split(FLAGS_limits)) o.limits.push_back(std::atoi(l.c_str()));
+    for (const std::string& l : Split(FLAGS_limits)) {
+      const int n = std::atoi(l.c_str());  // checked by the flag validation above
+      o.limits.push_back(n == 0 ? RateLimit::Off() : RateLimit::InFlight(n));  // the flag's 0 = off
+    }
   }
   if (Set("limiter_models")) o.limiter_models = Split(FLAGS_limiter_models);
   if (!FLAGS_near_cap_model.empty()) o.near_cap_model = FLAGS_near_cap_model;

@@ -23,7 +23,7 @@ struct Setup {
   bool checkpointing = false;
   BackwardPrefetch prefetch = BackwardPrefetch::kBackwardPre;
   bool forward_prefetch = false;
-  int all_gather_limit = 2;
+  RateLimit all_gather_limit = kDefaultRateLimit;
 };
 
 StatusOr<SimStepReport> Run(const std::string& profile, const Setup& s) {
@@ -211,7 +211,7 @@ StatusOr<Table> SimulatedClaims(const std::string& profile, Table* points) {
     Setup s;
     s.model = "t5-11b";
     SK_ASSIGN_OR_RETURN(SimStepReport on, Run(profile, s));
-    s.all_gather_limit = kNoAllGatherLimit;
+    s.all_gather_limit = RateLimit::Off();
     SK_ASSIGN_OR_RETURN(SimStepReport off, Run(profile, s));
     std::string verdict, ours, err = "-";
     if (!on.out_of_memory && off.out_of_memory) {
@@ -249,7 +249,7 @@ StatusOr<Table> SimulatedClaims(const std::string& profile, Table* points) {
       s.model = model;
       s.batch_size = 8;
       SK_ASSIGN_OR_RETURN(SimStepReport on, Run(profile, s));
-      s.all_gather_limit = kNoAllGatherLimit;
+      s.all_gather_limit = RateLimit::Off();
       SK_ASSIGN_OR_RETURN(SimStepReport off, Run(profile, s));
       Effect e;
       e.ok = !on.out_of_memory && !off.out_of_memory;

@@ -67,7 +67,7 @@ void BM_Sim(benchmark::State& state, const SimConfig& c) {
   if (c.variant == "no_prefetch") t.fsdp.backward_prefetch = BackwardPrefetch::kNone;
   if (c.variant == "backward_post") t.fsdp.backward_prefetch = BackwardPrefetch::kBackwardPost;
   if (c.variant == "forward_prefetch") t.fsdp.forward_prefetch = true;
-  if (c.variant == "no_limit") t.fsdp.all_gather_limit = kNoAllGatherLimit;
+  if (c.variant == "no_limit") t.fsdp.all_gather_limit = RateLimit::Off();
   t.optimizer.kind = OptimizerKind::kAdamW;
   t.batch_size = c.batch_size;
   t.activation_checkpointing = c.activation_checkpointing;

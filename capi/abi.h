@@ -351,6 +351,10 @@ Status CheckString(const char* s, const char* arg);
 // --- options.cc: the ABI's structs to the runtime's and back. ---------------
 
 StatusOr<Duration> TimeoutFrom(int64_t ms, const char* field);
+// The ABI's rate-limit encoding (all_gather_limit, rate_limit: 0 = the
+// default 2, -1 = off, N >= 1) to the runtime's RateLimit and back.
+StatusOr<RateLimit> RateLimitFrom(int32_t limit, const char* field);
+int32_t RateLimitTo(RateLimit limit);
 StatusOr<FsdpOptions> ToFsdpOptions(const sk_fsdp_options* in);
 StatusOr<OptimizerOptions> ToOptimizerOptions(const sk_optimizer_options* in);
 // `group` (may be null): a device kind left at SK_DEVICE_DEFAULT becomes the

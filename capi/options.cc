@@ -14,6 +14,18 @@ StatusOr<sk::Duration> TimeoutFrom(int64_t ms, const char* field) {
   return ms == 0 ? sk::kDefaultTimeout : sk::Duration(ms);
 }
 
+StatusOr<sk::RateLimit> RateLimitFrom(int32_t limit, const char* field) {
+  if (limit == 0) return sk::kDefaultRateLimit;
+  if (limit == -1) return sk::RateLimit::Off();
+  if (limit < -1) {
+    return sk::InvalidArgumentError(std::string(field) + " must be >= -1 (0 = 2, -1 = no limit), not " +
+                                    std::to_string(limit));
+  }
+  return sk::RateLimit::InFlight(limit);
+}
+
+int32_t RateLimitTo(sk::RateLimit limit) { return limit.off() ? -1 : limit.max_in_flight(); }
+
 StatusOr<sk::FsdpOptions> ToFsdpOptions(const sk_fsdp_options* in) {
   sk_fsdp_options c;
   SK_RETURN_IF_ERROR(ReadStruct(in, "sk_fsdp_options", &c));
@@ -23,11 +35,9 @@ StatusOr<sk::FsdpOptions> ToFsdpOptions(const sk_fsdp_options* in) {
   SK_RETURN_IF_ERROR(CheckEnum(c.param_dtype, SK_DTYPE_F16, "sk_fsdp_options.param_dtype"));
   SK_RETURN_IF_ERROR(CheckEnum(c.reduce_dtype, SK_DTYPE_F16, "sk_fsdp_options.reduce_dtype"));
   SK_RETURN_IF_ERROR(CheckEnum(c.buffer_dtype, SK_DTYPE_F16, "sk_fsdp_options.buffer_dtype"));
-  if (c.all_gather_limit < -1) {
-    return sk::InvalidArgumentError("sk_fsdp_options.all_gather_limit must be >= -1 (0 = 2, -1 = no limit)");
-  }
-  // A zero field keeps the runtime's default (the member initialisers of
-  // sk::FsdpOptions): defaults live in one place.
+  // Each zero ("default") field is resolved here, once: a zero field keeps
+  // the runtime's default (the member initialisers of sk::FsdpOptions), and
+  // the runtime's fields hold resolved values only.
   sk::FsdpOptions o;
   if (c.strategy != SK_SHARDING_DEFAULT) o.strategy = static_cast<sk::ShardingStrategy>(c.strategy);
   o.shard_group_size = c.shard_group_size;
@@ -35,12 +45,20 @@ StatusOr<sk::FsdpOptions> ToFsdpOptions(const sk_fsdp_options* in) {
     o.backward_prefetch = static_cast<sk::BackwardPrefetch>(c.backward_prefetch);
   }
   o.forward_prefetch = c.forward_prefetch != 0;
-  // Non-zero values mean the same in both layers (-1 = sk::kNoAllGatherLimit).
-  static_assert(sk::kNoAllGatherLimit == -1);
-  if (c.all_gather_limit != 0) o.all_gather_limit = c.all_gather_limit;
+  SK_ASSIGN_OR_RETURN(o.all_gather_limit, RateLimitFrom(c.all_gather_limit, "sk_fsdp_options.all_gather_limit"));
   if (c.param_dtype != SK_DTYPE_DEFAULT) o.mixed_precision.param_dtype = static_cast<sk::DType>(c.param_dtype);
   if (c.reduce_dtype != SK_DTYPE_DEFAULT) o.mixed_precision.reduce_dtype = static_cast<sk::DType>(c.reduce_dtype);
-  if (c.buffer_dtype != SK_DTYPE_DEFAULT) o.mixed_precision.buffer_dtype = static_cast<sk::DType>(c.buffer_dtype);
+  // No model the runtime wraps has buffers (non-parameter state): a buffer
+  // dtype other than the documented default would change nothing, so it is
+  // refused rather than silently ignored. Spelling the default out (the
+  // param dtype) is accepted.
+  if (c.buffer_dtype != SK_DTYPE_DEFAULT &&
+      static_cast<sk::DType>(c.buffer_dtype) != o.mixed_precision.param_dtype) {
+    return sk::InvalidArgumentError(
+        "sk_fsdp_options.buffer_dtype = " + std::string(sk::DTypeName(static_cast<sk::DType>(c.buffer_dtype))) +
+        " is not supported: the models have no buffers (non-parameter state) for it to apply to; leave it 0 "
+        "(param_dtype, " + std::string(sk::DTypeName(o.mixed_precision.param_dtype)) + ")");
+  }
   o.cpu_offload = c.cpu_offload != 0;
   o.gradient_predivide_factor = c.gradient_predivide_factor;
   o.seed = c.seed;

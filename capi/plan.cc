@@ -106,7 +106,7 @@ SK_EXPORT sk_status_t sk_plan(const sk_plan_request* request, sk_plan_result** o
     c.shard_group_size = k.fsdp.shard_group_size;
     c.backward_prefetch = static_cast<sk_backward_prefetch_t>(k.fsdp.backward_prefetch);
     c.forward_prefetch = k.fsdp.forward_prefetch ? 1 : 0;
-    c.rate_limit = k.fsdp.all_gather_limit;
+    c.rate_limit = RateLimitTo(k.fsdp.all_gather_limit);
     c.activation_checkpointing = k.activation_checkpointing ? 1 : 0;
     c.cpu_offload = k.fsdp.cpu_offload ? 1 : 0;
     c.param_dtype = static_cast<sk_dtype_t>(k.fsdp.mixed_precision.param_dtype);

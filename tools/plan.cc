@@ -84,13 +84,9 @@ sk::StatusOr<std::vector<bool>> Bools(const std::string& s, const char* flag) {
   return out;
 }
 
-sk::StatusOr<std::vector<int>> Ints(const std::string& s, const char* flag, bool allow_off) {
+sk::StatusOr<std::vector<int>> Ints(const std::string& s, const char* flag) {
   std::vector<int> out;
   for (const std::string& v : Split(s)) {
-    if (allow_off && v == "off") {
-      out.push_back(sk::kNoAllGatherLimit);
-      continue;
-    }
     try {
       size_t used = 0;
       int n = std::stoi(v, &used);
@@ -102,6 +98,20 @@ sk::StatusOr<std::vector<int>> Ints(const std::string& s, const char* flag, bool
     } catch (const std::exception&) {
       return sk::InvalidArgumentError(std::string("--") + flag + ": '" + v + "' is not a number");
     }
+  }
+  return out;
+}
+
+// "1,2,off": N in flight, or off (the planner validates N >= 1).
+sk::StatusOr<std::vector<sk::RateLimit>> RateLimits(const std::string& s) {
+  std::vector<sk::RateLimit> out;
+  for (const std::string& v : Split(s)) {
+    if (v == "off") {
+      out.push_back(sk::RateLimit::Off());
+      continue;
+    }
+    SK_ASSIGN_OR_RETURN(std::vector<int> n, Ints(v, "rate_limits"));
+    for (int l : n) out.push_back(sk::RateLimit::InFlight(l));
   }
   return out;
 }
@@ -124,13 +134,13 @@ sk::Status Run() {
   if (!FLAGS_strategies.empty()) {
     SK_ASSIGN_OR_RETURN(sp.strategies, sk::plan::ParseStrategyList(FLAGS_strategies));
   }
-  SK_ASSIGN_OR_RETURN(sp.shard_group_sizes, Ints(FLAGS_shard_group_sizes, "shard_group_sizes", false));
+  SK_ASSIGN_OR_RETURN(sp.shard_group_sizes, Ints(FLAGS_shard_group_sizes, "shard_group_sizes"));
   for (const std::string& v : Split(FLAGS_backward_prefetch)) {
     SK_ASSIGN_OR_RETURN(sk::BackwardPrefetch p, sk::ParseBackwardPrefetch(v));
     sp.backward_prefetch.push_back(p);
   }
   SK_ASSIGN_OR_RETURN(sp.forward_prefetch, Bools(FLAGS_forward_prefetch, "forward_prefetch"));
-  SK_ASSIGN_OR_RETURN(sp.rate_limits, Ints(FLAGS_rate_limits, "rate_limits", true));
+  SK_ASSIGN_OR_RETURN(sp.rate_limits, RateLimits(FLAGS_rate_limits));
   SK_ASSIGN_OR_RETURN(sp.activation_checkpointing, CheckpointingList(FLAGS_checkpointing));
   SK_ASSIGN_OR_RETURN(sp.cpu_offload, Bools(FLAGS_offload, "offload"));
   if (!FLAGS_dtypes.empty()) {

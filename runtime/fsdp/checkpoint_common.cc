@@ -39,7 +39,6 @@ const char* OptimizerKindName(OptimizerKind k) {
   switch (k) {
     case OptimizerKind::kSgd: return "SGD";
     case OptimizerKind::kAdam: return "ADAM";
-    case OptimizerKind::kDefault:
     case OptimizerKind::kAdamW: return "ADAMW";
   }
   return "UNKNOWN";

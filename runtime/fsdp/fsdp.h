@@ -36,14 +36,15 @@
 // BACKWARD_POST in PostBackward, after they are and after the current unit is
 // freed; forward prefetch in PreForward, by the order the previous step
 // recorded. A prefetch issues the following units' all-gathers, in order,
-// while fewer than `all_gather_limit` unsharded flat parameters are in flight
-// (gathered for a unit that has not finished computing with them); the rest
-// are deferred and gathered when needed. The default limit 2 therefore
-// prefetches one unit ahead, as PyTorch does. On a GPU the limiter is what
-// stops the CPU thread from racing ahead of the device and over-allocating;
-// here the issuing thread is the compute thread, so the limit is the depth of
-// that run-ahead, and "off" (0) prefetches every remaining unit at once,
-// which reproduces the over-allocation. A unit needed now is always gathered.
+// while the rate limiter (rate_limiter.h: `all_gather_limit` unsharded flat
+// parameters in flight, gathered for a unit that has not finished computing
+// with them) admits one more; the rest are deferred and gathered when
+// needed. The default limit 2 therefore prefetches one unit ahead, as
+// PyTorch does. On a GPU the limiter is what stops the CPU thread from
+// racing ahead of the device and over-allocating; here the issuing thread
+// is the compute thread, so the limit is the depth of that run-ahead, and
+// RateLimit::Off() prefetches every remaining unit at once, which
+// reproduces the over-allocation. A unit needed now is always gathered.
 //
 // Data. FSDP touches tensor data only through the op layer (runtime/ops), each
 // op naming the stream it belongs to: on the all-gather stream the cast of the
@@ -142,6 +143,7 @@
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
 #include "runtime/fsdp/flat_param.h"
+#include "runtime/fsdp/rate_limiter.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/model.h"
 #include "runtime/ops/backend.h"
@@ -151,8 +153,9 @@
 
 namespace sk {
 
+// Values equal the C ABI's sk_backward_prefetch_t (capi/abi.cc asserts it);
+// the ABI's 0 ("default": BACKWARD_PRE) is resolved when it translates options.
 enum class BackwardPrefetch : int {
-  kDefault = 0,  // BACKWARD_PRE
   kNone = 1,
   kBackwardPre = 2,
   kBackwardPost = 3,
@@ -169,14 +172,10 @@ struct MixedPrecisionPolicy {
   // What gradients are communicated (reduce-scattered / all-reduced) in;
   // unset: param_dtype.
   std::optional<DType> reduce_dtype;
-  // Dtype of model buffers (non-parameter state); unset: param_dtype. The
-  // reference models have none; validated and kept for models that do.
-  std::optional<DType> buffer_dtype;
+  // No buffer dtype: the models FSDP wraps have parameters only (UnitSpec),
+  // no buffers (non-parameter state) it could apply to. The C ABI refuses
+  // a non-default sk_fsdp_options.buffer_dtype for that reason.
 };
-
-// FsdpOptions::all_gather_limit for "no limit": every remaining unit may be
-// prefetched at once.
-inline constexpr int kNoAllGatherLimit = -1;
 
 struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
@@ -191,10 +190,9 @@ struct FsdpOptions {
   int ranks_per_node = 0;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
   bool forward_prefetch = false;
-  // The rate limiter: most unsharded flat parameters alive at once (>= 1),
-  // or kNoAllGatherLimit. 0 is rejected rather than guessed (the C ABI's 0
-  // means "default"; this field once read 0 as "no limit").
-  int all_gather_limit = 2;
+  // The rate limiter: most unsharded flat parameters in flight at once
+  // (RateLimit::InFlight(N), N >= 1), or RateLimit::Off().
+  RateLimit all_gather_limit = kDefaultRateLimit;
   MixedPrecisionPolicy mixed_precision;
   // Keep master shards, gradient shards and optimizer state in host memory
   // outside the device allocator (see offload_allocator in Create).
@@ -363,6 +361,12 @@ class FullyShardedModel final : public DataParallelModel {
   comm::ProcessGroup* replicate_group() { return replicate_group_.get(); }
 
  private:
+  // The members are defined by responsibility: fsdp.cc (creation, the
+  // hooks' unit state machine, prefetch, abandoning a step, the step's end),
+  // fsdp_param_group.cc (the flat parameters: what is unsharded and in
+  // flight, free and regather, the views handed out, tied owners, writing
+  // master shards), fsdp_collectives.cc (all-gathers, reductions and their
+  // stream order), fsdp_options.cc (names and validation).
 
   struct FlatUnit {
     FlatParamLayout layout;
@@ -391,6 +395,12 @@ class FullyShardedModel final : public DataParallelModel {
   // Copies `src` (host memory or this model's device) into a master shard
   // (or a slice of one), in order before the next all-gather reads it.
   Status WriteMaster(const Tensor& src, const Tensor& dst);
+  // Writes this rank's slice `s` of a parameter (`flat_param`, its full
+  // value flattened) into f's master shard.
+  Status WriteMasterSlice(const FlatUnit& f, const FlatParamLayout::ShardSlice& s, const Tensor& flat_param);
+  // After a load wrote `unit`'s master shard: the next all-gather reads the
+  // new values, and the persistent strategies regather the unit now.
+  Status MastersWritten(int unit);
   // With cpu_offload, before the host writes master shards: waits until no
   // host->device copy still reads them. A no-op without offload.
   Status QuiesceMasterReaders();
@@ -420,6 +430,7 @@ class FullyShardedModel final : public DataParallelModel {
   void ReleaseTiedOwners(int unit);
   Status CheckUnit(int unit, const char* call) const;
   // Issues the all-gather of `unit` unless it is gathered or in flight.
+  // `prefetch` only counts it as one: the rate limiter is asked by Prefetch.
   Status IssueAllGather(int unit, bool prefetch);
   // Waits for `unit`'s all-gather and returns its parameter views.
   StatusOr<std::vector<Tensor>> WaitAndViews(int unit, const Tensor& full);
@@ -433,9 +444,15 @@ class FullyShardedModel final : public DataParallelModel {
   // master shards, waiting for it (persistent strategies after a change).
   Status Regather(int unit);
   void Free(int unit);
+  // Unsharded flat parameters in flight (what the rate limiter counts).
   int UnshardedAlive() const;
+  // Issues the all-gathers of `candidates`, in order, while the rate
+  // limiter admits them; the first it refuses ends the prefetch (deferred).
   Status Prefetch(const std::vector<int>& candidates);
   Status ReduceGradients(int unit);
+  // The all-reduce of a reduced gradient (shard) across replicas on the
+  // reduce stream, post-divided, counted.
+  StatusOr<std::shared_ptr<comm::Work>> AllReduceAcrossReplicas(const Tensor& reduced, float pre_scale);
   Status Fail(Status s);  // abandons the step, returns s
   // Waits for the collectives of pending reductions / also for the reduce
   // stream's accumulation into the gradient shards.
@@ -450,6 +467,7 @@ class FullyShardedModel final : public DataParallelModel {
   Allocator* offload_;
   Stream* host_stream_;  // may be null (host ops on the calling thread)
   FsdpOptions options_;
+  RateLimiter rate_limiter_;  // decides each prefetch (Prefetch)
   ShardingPlan sharding_;
   std::unique_ptr<comm::ProcessGroup> shard_group_;
   std::unique_ptr<comm::ProcessGroup> replicate_group_;  // null when there is one replica

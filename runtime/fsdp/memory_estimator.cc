@@ -123,7 +123,8 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
     if (keep_after_forward) {
       for (int64_t p : padded) params_alive += Blocks(p * pd);
     } else {
-      int limit = r.fsdp.all_gather_limit == kNoAllGatherLimit ? units : r.fsdp.all_gather_limit;
+      const RateLimit rate = r.fsdp.all_gather_limit;
+      int limit = rate.off() ? units : rate.max_in_flight();
       bool prefetch = r.fsdp.backward_prefetch != BackwardPrefetch::kNone;
       int alive = prefetch ? std::min(limit, units) : 1;
       prefetched = alive - 1;

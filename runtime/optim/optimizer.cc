@@ -12,7 +12,6 @@ bool Finite(float x) { return std::isfinite(x); }
 
 Status ValidateOptimizerOptions(const OptimizerOptions& o) {
   switch (o.kind) {
-    case OptimizerKind::kDefault:  // AdamW
     case OptimizerKind::kSgd:
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamW:
@@ -45,11 +44,9 @@ Status ValidateOptimizerOptions(const OptimizerOptions& o) {
 
 StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerOptions& options,
                                                        Allocator* allocator) {
-  OptimizerOptions o = options;
-  if (o.kind == OptimizerKind::kDefault) o.kind = OptimizerKind::kAdamW;
-  SK_RETURN_IF_ERROR(ValidateOptimizerOptions(o));
+  SK_RETURN_IF_ERROR(ValidateOptimizerOptions(options));
   if (allocator == nullptr) return InvalidArgumentError("optimizer needs an allocator");
-  return std::unique_ptr<Optimizer>(new Optimizer(o, allocator));
+  return std::unique_ptr<Optimizer>(new Optimizer(options, allocator));
 }
 
 std::vector<std::string> Optimizer::StateNames() const {

@@ -31,9 +31,10 @@
 
 namespace sk {
 
-// Values are part of the C ABI: never renumbered; 0 means "default" (AdamW).
+// Values equal the C ABI's sk_optimizer_kind_t (capi/abi.cc asserts it):
+// never renumbered. The ABI's 0 ("default": AdamW) is resolved when it
+// translates options.
 enum class OptimizerKind : int {
-  kDefault = 0,
   kSgd = 1,
   kAdam = 2,
   kAdamW = 3,
@@ -58,8 +59,7 @@ struct OptimizerOptions {
   std::vector<ParamGroup> param_groups;
 };
 
-// kDefault is valid and checked as AdamW. InvalidArgument naming the field for
-// an unknown kind, a negative or non-finite lr, betas
+// InvalidArgument naming the field for an unknown kind, a negative or non-finite lr, betas
 // outside [0, 1), eps <= 0, Nesterov without momentum or with dampening, etc.
 Status ValidateOptimizerOptions(const OptimizerOptions& options);
 

@@ -6,7 +6,6 @@ namespace sk {
 
 const char* ShardingStrategyName(ShardingStrategy s) {
   switch (s) {
-    case ShardingStrategy::kDefault:
     case ShardingStrategy::kFullShard: return "FULL_SHARD";
     case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
     case ShardingStrategy::kShardOptim: return "SHARD_OPTIM";
@@ -58,9 +57,6 @@ StatusOr<ShardingPlan> ResolveSharding(ShardingStrategy strategy, int shard_grou
                                        int ranks_per_node) {
   if (world_size < 1) return InvalidArgumentError("world size must be >= 1");
   switch (strategy) {
-    case ShardingStrategy::kDefault:
-      strategy = ShardingStrategy::kFullShard;
-      break;
     case ShardingStrategy::kFullShard:
     case ShardingStrategy::kShardGradOp:
     case ShardingStrategy::kShardOptim:

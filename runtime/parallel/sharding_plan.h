@@ -35,9 +35,10 @@
 
 namespace sk {
 
-// Values are part of the C ABI: never renumbered; 0 means "default".
+// Values equal the C ABI's sk_sharding_strategy_t (capi/abi.cc asserts it):
+// never renumbered. The ABI's 0 ("default": FULL_SHARD) is resolved when it
+// translates options; no runtime value means "default".
 enum class ShardingStrategy : int {
-  kDefault = 0,  // FULL_SHARD
   kFullShard = 1,
   kShardGradOp = 2,
   kShardOptim = 3,
@@ -71,13 +72,13 @@ struct ReshardPolicy {
   bool gathers_in_backward() const { return reshard_after_forward; }
 };
 
-// The policy of a strategy (kDefault is FULL_SHARD's). A strategy value
+// The policy of a strategy. A strategy value
 // outside the enum gets FULL_SHARD's; ResolveSharding rejects it.
 ReshardPolicy ReshardPolicyFor(ShardingStrategy s);
 
 // A strategy resolved against a world: the mesh and the policy.
 struct ShardingPlan {
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;  // never kDefault
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
   comm::MeshShape mesh;
   ReshardPolicy policy;
 

@@ -160,8 +160,7 @@ std::string Candidate::Label() const {
     const bool prefetching = fsdp.forward_prefetch ||
                              (GathersInBackward(st) && fsdp.backward_prefetch != BackwardPrefetch::kNone);
     if (prefetching) {
-      s += fsdp.all_gather_limit == kNoAllGatherLimit ? " limit=off"
-                                                      : " limit=" + std::to_string(fsdp.all_gather_limit);
+      s += " limit=" + fsdp.all_gather_limit.ToString();
     }
   }
   s += ckpt;
@@ -261,11 +260,7 @@ Status ValidatePlanRequest(const PlanRequest& r) {
                                   " is not NONE, BACKWARD_PRE or BACKWARD_POST");
     }
   }
-  for (int l : r.space.rate_limits) {
-    if (l < 1 && l != kNoAllGatherLimit) {
-      return InvalidArgumentError("space.rate_limits: " + std::to_string(l) + " is not >= 1 or off (-1)");
-    }
-  }
+  for (RateLimit l : r.space.rate_limits) SK_RETURN_IF_ERROR(ValidateRateLimit(l, "space.rate_limits"));
   for (const MixedPrecisionPolicy& mp : r.space.dtypes) {
     SK_RETURN_IF_ERROR(ValidateDType(mp.param_dtype).WithContext("space.dtypes"));
     if (mp.reduce_dtype) SK_RETURN_IF_ERROR(ValidateDType(*mp.reduce_dtype).WithContext("space.dtypes"));
@@ -283,7 +278,8 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
       sp.backward_prefetch,
       {BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost, BackwardPrefetch::kNone});
   const std::vector<bool> fwd = OrDefault(sp.forward_prefetch, {false, true});
-  const std::vector<int> limits = OrDefault(sp.rate_limits, {2, 1, 4, kNoAllGatherLimit});
+  const std::vector<RateLimit> limits = OrDefault(
+      sp.rate_limits, {RateLimit::InFlight(2), RateLimit::InFlight(1), RateLimit::InFlight(4), RateLimit::Off()});
   const std::vector<ActivationCheckpointing> ckpt = OrDefault(
       sp.activation_checkpointing, {ActivationCheckpointing::kNone, ActivationCheckpointing::kFull});
   const std::vector<bool> offload = OrDefault(sp.cpu_offload, {false, true});
@@ -330,8 +326,9 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
               for (bool fw : fwd_here) {
                 const bool prefetching =
                     fw || (GathersInBackward(st) && b != BackwardPrefetch::kNone);
-                const std::vector<int> limits_here = prefetching ? limits : std::vector<int>{2};
-                for (int l : limits_here) {
+                const std::vector<RateLimit> limits_here =
+                    prefetching ? limits : std::vector<RateLimit>{kDefaultRateLimit};
+                for (RateLimit l : limits_here) {
                   Candidate c;
                   c.parallelism = Parallelism::kFsdp;
                   c.fsdp.strategy = st;
@@ -572,7 +569,9 @@ std::string FormatJson(const PlanResult& result) {
     o += ", \"shard_group_size\": " + std::to_string(k.fsdp.shard_group_size);
     o += ", \"backward_prefetch\": " + JsonString(BackwardPrefetchName(k.fsdp.backward_prefetch));
     o += ", \"forward_prefetch\": " + std::string(k.fsdp.forward_prefetch ? "true" : "false");
-    o += ", \"rate_limit\": " + std::to_string(k.fsdp.all_gather_limit);
+    // The JSON keeps the C ABI's encoding (sk_plan_candidate.rate_limit: -1 = off).
+    const RateLimit limit = k.fsdp.all_gather_limit;
+    o += ", \"rate_limit\": " + std::to_string(limit.off() ? -1 : limit.max_in_flight());
     o += ", \"activation_checkpointing\": " + std::string(k.activation_checkpointing ? "true" : "false");
     // Only on selective candidates: plans without them print as before.
     if (k.selective_checkpointing) o += ", \"selective_checkpointing\": true";

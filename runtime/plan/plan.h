@@ -119,8 +119,8 @@ struct PlanSpace {
   std::vector<int> shard_group_sizes;
   std::vector<BackwardPrefetch> backward_prefetch;
   std::vector<bool> forward_prefetch;
-  // all_gather_limit values; kNoAllGatherLimit for "off".
-  std::vector<int> rate_limits;
+  // all_gather_limit values (RateLimit::InFlight(N), RateLimit::Off()).
+  std::vector<RateLimit> rate_limits;
   // Empty: {kNone, kFull}. Selective checkpointing is searched only where
   // listed, so the default space (and its plans) stay as they were.
   std::vector<ActivationCheckpointing> activation_checkpointing;

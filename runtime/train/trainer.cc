@@ -24,7 +24,6 @@ namespace sk {
 Status ValidateTrainerOptions(const TrainerOptions& o) {
   SK_ASSIGN_OR_RETURN(NamedModelConfig config, FindModelConfig(o.model));
   switch (o.parallelism) {
-    case Parallelism::kDefault:
     case Parallelism::kFsdp:
       break;
     case Parallelism::kDdp:
@@ -70,10 +69,9 @@ std::vector<std::pair<std::string, std::string>> SharedFields(const TrainerOptio
       {"fsdp.shard_group_size", i(f.shard_group_size)},
       {"fsdp.backward_prefetch", BackwardPrefetchName(f.backward_prefetch)},
       {"fsdp.forward_prefetch", i(f.forward_prefetch)},
-      {"fsdp.all_gather_limit", i(f.all_gather_limit)},
+      {"fsdp.all_gather_limit", f.all_gather_limit.ToString()},
       {"fsdp.mixed_precision.param_dtype", std::string(DTypeName(mp.param_dtype))},
       {"fsdp.mixed_precision.reduce_dtype", mp.reduce_dtype ? std::string(DTypeName(*mp.reduce_dtype)) : "unset"},
-      {"fsdp.mixed_precision.buffer_dtype", mp.buffer_dtype ? std::string(DTypeName(*mp.buffer_dtype)) : "unset"},
       {"fsdp.cpu_offload", i(f.cpu_offload)},
       {"fsdp.gradient_predivide_factor", num(f.gradient_predivide_factor)},
       {"fsdp.seed", std::to_string(f.seed)},

@@ -46,9 +46,10 @@ namespace sim {
 class SimDevice;
 }  // namespace sim
 
-// Values are part of the C ABI: never renumbered; 0 means "default" (FSDP).
+// Values equal the C ABI's sk_parallelism_t (capi/abi.cc asserts it): never
+// renumbered. The ABI's 0 ("default": FSDP) is resolved when it translates
+// options.
 enum class Parallelism : int {
-  kDefault = 0,
   kFsdp = 1,  // FullyShardedModel with FsdpOptions::strategy
   kDdp = 2,   // the DDP baseline: full replicas, bucketed all-reduce
 };

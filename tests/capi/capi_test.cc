@@ -771,6 +771,68 @@ TEST(CapiDdp, DdpTrainerMatchesFullShardLossesInF32WithSgd) {
   EXPECT_LT(ddp[3], ddp[0]);
 }
 
+// Every zero field is resolved to its documented default once, when the ABI
+// translates options (the runtime's enums have no "default" value): zeroed
+// options train exactly as the defaults spelled out do.
+TEST(CapiStructs, ZeroFieldsTrainAsTheDocumentedDefaultsSpelledOut) {
+  sk_fsdp_options zero = SK_FSDP_OPTIONS_INIT;
+  sk_optimizer_options zero_opt = SK_OPTIMIZER_OPTIONS_INIT;
+  zero_opt.lr = 0.01f;
+  const SessionRun defaults = RunSession(TinyTrainer(&zero, &zero_opt), 3);
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.strategy = SK_SHARDING_FULL_SHARD;
+  f.backward_prefetch = SK_BACKWARD_PREFETCH_PRE;
+  f.all_gather_limit = 2;
+  f.param_dtype = SK_DTYPE_F32;
+  f.reduce_dtype = SK_DTYPE_F32;
+  f.buffer_dtype = SK_DTYPE_F32;  // the param dtype: the default spelled out
+  sk_optimizer_options opt = zero_opt;
+  opt.kind = SK_OPTIMIZER_ADAMW;
+  sk_trainer_options o = TinyTrainer(&f, &opt);
+  o.parallelism = SK_PARALLELISM_FSDP;
+  const SessionRun spelled = RunSession(o, 3);
+  ASSERT_EQ(defaults.losses.size(), 3u);
+  EXPECT_EQ(defaults.losses, spelled.losses);
+  EXPECT_EQ(defaults.bytes_communicated, spelled.bytes_communicated);
+  // A different choice is visible: SGD changes the losses, SHARD_GRAD_OP
+  // the bytes (it does not gather again in backward).
+  opt.kind = SK_OPTIMIZER_SGD;
+  EXPECT_NE(RunSession(TinyTrainer(&f, &opt), 3).losses, defaults.losses);
+  opt.kind = SK_OPTIMIZER_ADAMW;
+  f.strategy = SK_SHARDING_SHARD_GRAD_OP;
+  EXPECT_NE(RunSession(TinyTrainer(&f, &opt), 3).bytes_communicated, defaults.bytes_communicated);
+}
+
+// No model has buffers (non-parameter state), so a buffer dtype other than
+// the default (param_dtype) could change nothing: it is refused, naming the
+// field, rather than silently ignored. 0 and the param dtype spelled out
+// are accepted.
+TEST(CapiStructs, BufferDtypeOtherThanTheParamDtypeIsRefused) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer* t = nullptr;
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.buffer_dtype = SK_DTYPE_BF16;
+  sk_trainer_options o = TinyTrainer(&f);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("sk_fsdp_options.buffer_dtype");
+  EXPECT_ERROR_MENTIONS("no buffers");
+  EXPECT_EQ(t, nullptr);
+  f.param_dtype = SK_DTYPE_BF16;
+  f.buffer_dtype = SK_DTYPE_F32;
+  o = TinyTrainer(&f);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("sk_fsdp_options.buffer_dtype");
+  for (sk_dtype_t ok : {SK_DTYPE_DEFAULT, SK_DTYPE_BF16}) {
+    f.buffer_dtype = ok;
+    o = TinyTrainer(&f);
+    ASSERT_OK(sk_trainer_create(&o, g, &t));
+    sk_trainer_destroy(t);
+    t = nullptr;
+  }
+  sk_process_group_destroy(g);
+}
+
 TEST(CapiDdp, UnknownParallelismAndNegativeBucketSizeNameTheField) {
   sk_process_group* g = nullptr;
   ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));

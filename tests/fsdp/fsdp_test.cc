@@ -243,16 +243,17 @@ TEST(FsdpTest, BackwardPrefetchIssuesInReverseRecordedOrder) {
   }
 }
 
-// One meaning per value: >= 1 is a limit, kNoAllGatherLimit (-1) is none, and
-// 0 (the C ABI's "default", once this field's "no limit") is rejected.
-TEST(FsdpTest, AllGatherLimitZeroIsRejectedAndMinusOneMeansNoLimit) {
+// One meaning per value: N >= 1 in flight is a limit, RateLimit::Off() is
+// none, and 0 in flight (the C ABI's "default", once this field's "no
+// limit") is rejected.
+TEST(FsdpTest, AllGatherLimitZeroIsRejectedAndOffMeansNoLimit) {
   FsdpOptions o;
-  EXPECT_EQ(o.all_gather_limit, 2);
+  EXPECT_EQ(o.all_gather_limit, RateLimit::InFlight(2));
   EXPECT_TRUE(ValidateFsdpOptions(o, 2).ok());
-  o.all_gather_limit = kNoAllGatherLimit;
+  o.all_gather_limit = RateLimit::Off();
   EXPECT_TRUE(ValidateFsdpOptions(o, 2).ok());
   for (int bad : {0, -2}) {
-    o.all_gather_limit = bad;
+    o.all_gather_limit = RateLimit::InFlight(bad);
     Status s = ValidateFsdpOptions(o, 2);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(s.ToString().find("all_gather_limit"), std::string::npos) << s;
@@ -283,7 +284,7 @@ TEST(FsdpTest, RateLimiterBoundsUnshardedParametersInFlight) {
   GptConfig cfg = testing::TinyGpt();
   cfg.n_layer = 4;
   auto model = *GptModel::Create(cfg, mo);
-  for (int limit : {1, 2, 3, kNoAllGatherLimit}) {
+  for (RateLimit limit : {RateLimit::InFlight(1), RateLimit::InFlight(2), RateLimit::InFlight(3), RateLimit::Off()}) {
     RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
       CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
       FsdpOptions o = Options();
@@ -295,12 +296,12 @@ TEST(FsdpTest, RateLimiterBoundsUnshardedParametersInFlight) {
         ASSERT_TRUE(fsdp->FinishBackward().ok());
       }
       const FsdpCounters& c = fsdp->counters();
-      if (limit > 0) {
-        EXPECT_LE(c.max_unsharded_alive, limit) << "limit " << limit;
-        if (limit == 1) {
+      if (!limit.off()) {
+        EXPECT_LE(c.max_unsharded_alive, limit.max_in_flight()) << "limit " << limit;
+        if (limit.max_in_flight() == 1) {
           EXPECT_EQ(c.prefetches, 0);
         } else {
-          EXPECT_EQ(c.max_unsharded_alive, limit);
+          EXPECT_EQ(c.max_unsharded_alive, limit.max_in_flight());
         }
         EXPECT_GT(c.prefetches_deferred, 0);
       } else {

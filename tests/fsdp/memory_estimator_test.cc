@@ -191,12 +191,12 @@ INSTANTIATE_TEST_SUITE_P(
                       // the norms (and attention) it recomputes in backward.
                       Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 64, false,
                            false, true},
-                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kBF16, false, 2, 64, false,
+                      Case{"gpt-1m", true, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, false,
                            false, true, true},
                       Case{"llama-tiny", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 16,
                            false, false, true},
-                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kF32, false, 2, 64},
-                      Case{"gpt-1m", true, ShardingStrategy::kDefault, DType::kBF16, false, 2, 64},
+                      Case{"gpt-1m", true, ShardingStrategy::kFullShard, DType::kF32, false, 2, 64},
+                      Case{"gpt-1m", true, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64},
                       // bf16 with an f32 reduction (the paper's mixed precision).
                       Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, false, true},
                       Case{"gpt-1m", false, ShardingStrategy::kShardOptim, DType::kBF16, false, 2, 64, false, true},

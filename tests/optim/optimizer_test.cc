@@ -168,13 +168,17 @@ TEST(OptimizerTest, InvalidOptionsNameTheField) {
             StatusCode::kInvalidArgument);
 }
 
+// The default is a resolved value (the C ABI turns its 0 into it when it
+// translates options); the runtime has no "default" kind to resolve again.
 TEST(OptimizerTest, DefaultKindIsAdamW) {
   HostAllocator alloc;
   OptimizerOptions o;
-  o.kind = OptimizerKind::kDefault;
+  EXPECT_EQ(o.kind, OptimizerKind::kAdamW);
   auto opt = Optimizer::Create(o, &alloc);
   ASSERT_TRUE(opt.ok());
   EXPECT_EQ((*opt)->options().kind, OptimizerKind::kAdamW);
+  o.kind = static_cast<OptimizerKind>(0);
+  EXPECT_EQ(Optimizer::Create(o, &alloc).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(OptimizerTest, BadStepLeavesParametersAndStateUntouched) {

@@ -27,7 +27,6 @@ struct Row {
 TEST(ResolveShardingTest, EachStrategyIsAMeshAndAReshardPolicy) {
   // World 8, 4 ranks per node, no shard_group_size.
   const Row rows[] = {
-      {ShardingStrategy::kDefault, 1, 8, true, false},
       {ShardingStrategy::kFullShard, 1, 8, true, false},
       {ShardingStrategy::kShardGradOp, 1, 8, false, false},
       {ShardingStrategy::kShardOptim, 1, 8, false, true},
@@ -38,7 +37,7 @@ TEST(ResolveShardingTest, EachStrategyIsAMeshAndAReshardPolicy) {
   for (const Row& row : rows) {
     SCOPED_TRACE(ShardingStrategyName(row.strategy));
     const ShardingPlan p = Resolve(row.strategy, 0, 8, 4);
-    EXPECT_NE(p.strategy, ShardingStrategy::kDefault);
+    EXPECT_EQ(p.strategy, row.strategy);
     EXPECT_EQ(p.replicate_size(), row.replicate);
     EXPECT_EQ(p.shard_size(), row.shard);
     EXPECT_EQ(p.world_size(), 8);
@@ -90,6 +89,9 @@ TEST(ResolveShardingTest, RefusesWhatCannotFormGroups) {
   ExpectInvalid(ShardingStrategy::kHybridShard, 0, 6, 4, "4 ranks per node do not divide the world size 6");
   ExpectInvalid(ShardingStrategy::kFullShard, 0, 4, -1, "ranks per node must be >= 0");
   ExpectInvalid(static_cast<ShardingStrategy>(77), 0, 4, 0, "unknown sharding strategy value 77");
+  // The C ABI's 0 ("default") is resolved when it translates options; the
+  // runtime has no default value to resolve again.
+  ExpectInvalid(static_cast<ShardingStrategy>(0), 0, 4, 0, "unknown sharding strategy value 0");
   ExpectInvalid(ShardingStrategy::kFullShard, 0, 0, 0, "world size must be >= 1");
 }
 

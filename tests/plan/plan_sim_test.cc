@@ -20,7 +20,7 @@ PlanRequest Small() {
   r.space.activation_checkpointing = {ActivationCheckpointing::kNone};
   r.space.cpu_offload = {false};
   r.space.forward_prefetch = {false};
-  r.space.rate_limits = {2};
+  r.space.rate_limits = {RateLimit::InFlight(2)};
   return r;
 }
 
@@ -120,7 +120,7 @@ TEST(PlanSimTest, Llama3_8bAtSequence8192FitsWithoutCheckpointing) {
   r.space.strategies = {"FULL_SHARD", "DDP"};
   r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
   r.space.forward_prefetch = {false};
-  r.space.rate_limits = {2};
+  r.space.rate_limits = {RateLimit::InFlight(2)};
   MixedPrecisionPolicy bf16;
   bf16.param_dtype = DType::kBF16;
   bf16.reduce_dtype = DType::kF32;
@@ -199,7 +199,7 @@ TEST(PlanSimTest, PaperVisionModelsPlanAsUnitTables) {
     r.space.activation_checkpointing = {ActivationCheckpointing::kNone};
     r.space.cpu_offload = {false};
     r.space.forward_prefetch = {false};
-    r.space.rate_limits = {2};
+    r.space.rate_limits = {RateLimit::InFlight(2)};
     auto p = Plan(r);
     ASSERT_TRUE(p.ok()) << model << ": " << p.status();
     ASSERT_EQ(p->results.size(), 4u) << model;  // DDP, FULL_SHARD x {PRE, POST, NONE}
@@ -236,7 +236,7 @@ TEST(PlanSimTest, CpuOffloadFitsWhatTheDeviceCannotHold) {
   r.space.cpu_offload = {false, true};
   r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
   r.space.forward_prefetch = {false};
-  r.space.rate_limits = {2};
+  r.space.rate_limits = {RateLimit::InFlight(2)};
   auto p = Plan(r);
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_EQ(p->results.size(), 2u);

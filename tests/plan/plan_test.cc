@@ -77,7 +77,7 @@ TEST(PlanTest, EnumerationPrunesCombinationsThatCannotDiffer) {
     }
     if (s == ShardingStrategy::kShardOptim || s == ShardingStrategy::kNoShard) {
       EXPECT_FALSE(c.fsdp.forward_prefetch) << c.Label();
-      EXPECT_EQ(c.fsdp.all_gather_limit, 2) << c.Label();
+      EXPECT_EQ(c.fsdp.all_gather_limit, RateLimit::InFlight(2)) << c.Label();
     }
     if (s == ShardingStrategy::kHybridShard || s == ShardingStrategy::kHybridShardGradOp) {
       // 8 GPUs on one node: F in {2, 4}.
@@ -160,7 +160,7 @@ TEST(PlanTest, RestrictionsNarrowTheSpace) {
   r.space.dtypes = *dtypes;
   r.space.activation_checkpointing = {ActivationCheckpointing::kFull};
   r.space.cpu_offload = {false};
-  r.space.rate_limits = {kNoAllGatherLimit};
+  r.space.rate_limits = {RateLimit::Off()};
   auto cands = EnumerateCandidates(r);
   ASSERT_TRUE(cands.ok()) << cands.status();
   // DDP bf16 ckpt; FULL_SHARD: PRE/POST x fwd on/off + NONE fwd + NONE = 6.
@@ -182,7 +182,7 @@ TEST(PlanTest, SelectiveCheckpointingIsSearchedOnlyWhenAsked) {
   r.space.strategies = {"DDP", "FULL_SHARD"};
   r.space.dtypes = {MixedPrecisionPolicy{DType::kBF16, DType::kF32}};
   r.space.cpu_offload = {false};
-  r.space.rate_limits = {kNoAllGatherLimit};
+  r.space.rate_limits = {RateLimit::Off()};
   r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
   r.space.forward_prefetch = {false};
   r.space.activation_checkpointing = {ActivationCheckpointing::kNone,
@@ -234,7 +234,7 @@ TEST(PlanTest, BadRequestsNameTheField) {
   r.space.shard_group_sizes = {3};
   expect_error(r, "shard_group_sizes");
   r = Request();
-  r.space.rate_limits = {0};
+  r.space.rate_limits = {RateLimit::InFlight(0)};
   expect_error(r, "rate_limits");
   r = Request();
   r.grad_accum_steps = 0;

@@ -121,6 +121,10 @@
  *  before, any nonzero value meant whole-block checkpointing, so a caller
  *  that passed 2 or 3 now gets a selective policy (the same loss and
  *  gradients, less recomputation), and values outside 0..3 are refused.
+ *  0.6.1 also refuses sk_fsdp_options.buffer_dtype values other than 0 and
+ *  param_dtype (INVALID_ARGUMENT; issue 36): no model has buffers, so
+ *  earlier libraries accepted them and changed nothing. The struct and its
+ *  other fields are unchanged.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -499,7 +503,9 @@ typedef struct sk_fsdp_options {
   sk_dtype_t param_dtype;
   /* Gradient communication dtype; 0 = param_dtype. */
   sk_dtype_t reduce_dtype;
-  /* Model buffer dtype; 0 = param_dtype. */
+  /* Model buffer dtype; 0 = param_dtype. No model has buffers
+   * (non-parameter state) for it to apply to, so any value other than 0 or
+   * param_dtype is INVALID_ARGUMENT rather than silently ignored. */
   sk_dtype_t buffer_dtype;
   /* Nonzero: master shards, gradient shards and optimizer state in host memory. */
   int32_t cpu_offload;
