@@ -178,18 +178,29 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   return loss;
 }
 
+namespace {
+
+// One block's dimensions for a batch (Flops and PeakActivationBytes).
+BlockDims GptBlockDims(const GptConfig& config, int64_t batch, int64_t seq, DType storage) {
+  BlockDims d;
+  d.batch = batch;
+  d.seq = seq;
+  d.d_model = config.d_model;
+  d.heads = config.n_head;
+  d.d_ff = config.ff();
+  d.storage = storage;
+  return d;
+}
+
+}  // namespace
+
 StepFlops GptModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*source_len*/) const {
   const double tokens = static_cast<double>(batch_size) * seq_len;
   const double block_fwd = block_.ForwardMatmulFlops(batch_size, seq_len, 0, config_.d_model,
                                                      config_.ff());
   const double head_fwd = 2.0 * tokens * config_.d_model * config_.vocab_size;
   const double fwd = block_fwd * config_.n_layer + head_fwd;
-  BlockDims d;
-  d.batch = batch_size;
-  d.seq = seq_len;
-  d.d_model = config_.d_model;
-  d.heads = config_.n_head;
-  d.d_ff = config_.ff();
+  const BlockDims d = GptBlockDims(config_, batch_size, seq_len, options_.compute_dtype);
   double recompute = 0.0;  // per block
   if (options_.full_checkpointing()) recompute = block_fwd;
   if (options_.selective_checkpointing()) {
@@ -207,13 +218,7 @@ namespace sk {
 
 int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
                                       int64_t /*source_len*/) const {
-  BlockDims d;
-  d.batch = batch_size;
-  d.seq = seq_len;
-  d.d_model = config_.d_model;
-  d.heads = config_.n_head;
-  d.d_ff = config_.ff();
-  d.storage = options_.compute_dtype;
+  const BlockDims d = GptBlockDims(config_, batch_size, seq_len, options_.compute_dtype);
   const int64_t n = batch_size * seq_len, c = config_.d_model, L = config_.n_layer;
   // Activations and their gradients are in the compute dtype (a bytes per
   // element); ids, targets, the loss and LayerNorm statistics are 4 bytes.
