@@ -50,19 +50,6 @@ std::unique_ptr<LlamaModel> MakeModel(const LlamaConfig& c, ModelOptions o = {})
   return std::move(m).value();
 }
 
-std::unique_ptr<OwnedParameters> MakeParams(const Model& m, uint64_t seed,
-                                            DType dt = DType::kF32) {
-  auto p = OwnedParameters::Create(m.units(), seed, dt);
-  CHECK(p.ok()) << p.status();
-  return std::move(p).value();
-}
-
-std::vector<float> Flatten(const std::vector<Tensor>& ts) {
-  std::vector<float> out;
-  for (const Tensor& t : ts) out.insert(out.end(), t.data_as<float>(), t.data_as<float>() + t.numel());
-  return out;
-}
-
 TEST(Llama, UnitsCarryHuggingFaceNamesAndGroupedShapes) {
   auto m = MakeModel(TinyLlama());
   const auto& u = m->units();
@@ -301,55 +288,11 @@ TEST(Llama, TinyModelMemorisesAFixedBatch) {
 }
 
 TEST(Llama, ActivationCheckpointingGivesIdenticalLossAndGradients) {
-  TokenBatch batch = RandomBatch(2, 8, 32, 14);
-  auto plain = MakeModel(TinyQwen2());
-  auto ckpt = MakeModel(TinyQwen2(), ModelOptions{DType::kF32, true});
-  auto pa = MakeParams(*plain, 3), pb = MakeParams(*ckpt, 3);
-  auto la = plain->ForwardBackward(batch, *pa, HostAllocator::Default());
-  auto lb = ckpt->ForwardBackward(batch, *pb, HostAllocator::Default());
-  ASSERT_TRUE(la.ok() && lb.ok());
-  EXPECT_EQ(*la, *lb);
-  EXPECT_EQ(Flatten(pa->all_grads()), Flatten(pb->all_grads()));
-  EXPECT_GT(ckpt->Flops(2, 8, 0).hardware_flops, ckpt->Flops(2, 8, 0).model_flops);
-  EXPECT_EQ(plain->Flops(2, 8, 0).hardware_flops, plain->Flops(2, 8, 0).model_flops);
+  ExpectWholeBlockCheckpointingIsExact([](const ModelOptions& o) -> std::unique_ptr<Model> { return MakeModel(TinyQwen2(), o); });
 }
 
 TEST(Llama, SelectiveCheckpointingGivesIdenticalLossAndGradients) {
-  TokenBatch batch = RandomBatch(2, 8, 32, 14);
-  // Norms and activations recomputed; attention kept, or recomputed too.
-  double cheap_only = 0;  // the recomputed FLOPs with attention kept
-  for (bool attention : {false, true}) {
-    SCOPED_TRACE(attention ? "recompute_attention" : "attention kept");
-    ModelOptions o;
-    o.checkpointing = ActivationCheckpointing::kSelective;
-    o.recompute_attention = attention;
-    auto plain = MakeModel(TinyQwen2());
-    auto sel = MakeModel(TinyQwen2(), o);
-    auto full = MakeModel(TinyQwen2(), ModelOptions{DType::kF32, true});
-    auto pa = MakeParams(*plain, 3), pb = MakeParams(*sel, 3);
-    auto la = plain->ForwardBackward(batch, *pa, HostAllocator::Default());
-    auto lb = sel->ForwardBackward(batch, *pb, HostAllocator::Default());
-    ASSERT_TRUE(la.ok() && lb.ok()) << lb.status();
-    EXPECT_EQ(*la, *lb);
-    EXPECT_EQ(Flatten(pa->all_grads()), Flatten(pb->all_grads()));
-    // It recomputes RMSNorms and the SwiGLU product: more than nothing, far
-    // less than a block. Attention recomputed adds its products and softmax
-    // (in this tiny model a fair share of a block): more than the cheap ops
-    // alone, less than a block.
-    const StepFlops fs = sel->Flops(2, 8, 0), ff = full->Flops(2, 8, 0);
-    const double recomputed = fs.hardware_flops - fs.model_flops;
-    const double block = ff.hardware_flops - ff.model_flops;
-    EXPECT_GT(recomputed, 0);
-    if (!attention) {
-      EXPECT_LT(recomputed, 0.2 * block);
-      cheap_only = recomputed;
-    } else {
-      EXPECT_GT(recomputed, cheap_only);
-      EXPECT_LT(recomputed, block);
-    }
-    EXPECT_LT(sel->PeakActivationBytes(2, 8, 0), plain->PeakActivationBytes(2, 8, 0));
-    EXPECT_GT(sel->PeakActivationBytes(2, 8, 0), full->PeakActivationBytes(2, 8, 0));
-  }
+  ExpectSelectiveCheckpointingIsExact([](const ModelOptions& o) -> std::unique_ptr<Model> { return MakeModel(TinyQwen2(), o); });
 }
 
 // bf16 compute against f32, with GPT's documented tolerances: 2% on the

@@ -16,6 +16,7 @@
 #include "runtime/nn/owned_parameters.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
+#include "tests/nn/gradient_check.h"
 
 namespace sk {
 namespace {
@@ -138,12 +139,6 @@ class SimulatedShardedParameters {
   std::vector<std::vector<std::vector<float>>> shards_, grad_shards_;
   std::vector<std::vector<float>> pending_;
 };
-
-std::vector<float> Flatten(const std::vector<Tensor>& ts) {
-  std::vector<float> out;
-  for (const Tensor& t : ts) out.insert(out.end(), t.data_as<float>(), t.data_as<float>() + t.numel());
-  return out;
-}
 
 TEST(ShardedHooks, DeferredShardInitialisationGathersToTheFullInitialisation) {
   auto model = CreateModel("gpt-tiny");

@@ -55,19 +55,6 @@ std::unique_ptr<T5Model> MakeModel(const T5Config& c, ModelOptions o = {}) {
   return std::move(m).value();
 }
 
-std::unique_ptr<OwnedParameters> MakeParams(const Model& m, uint64_t seed,
-                                            DType dt = DType::kF32) {
-  auto p = OwnedParameters::Create(m.units(), seed, dt);
-  CHECK(p.ok()) << p.status();
-  return std::move(p).value();
-}
-
-std::vector<float> Flatten(const std::vector<Tensor>& ts) {
-  std::vector<float> out;
-  for (const Tensor& t : ts) out.insert(out.end(), t.data_as<float>(), t.data_as<float>() + t.numel());
-  return out;
-}
-
 TEST(T5, UnitsAreEmbedEncoderBlocksNormDecoderBlocksAndHead) {
   auto m = MakeModel(Tiny());
   std::vector<std::string> names;

@@ -34,12 +34,6 @@ TokenBatch Images(std::vector<int32_t> ids, std::vector<int32_t> labels) {
   return b;
 }
 
-std::vector<float> Flatten(const std::vector<Tensor>& ts) {
-  std::vector<float> out;
-  for (const Tensor& t : ts) out.insert(out.end(), t.data_as<float>(), t.data_as<float>() + t.numel());
-  return out;
-}
-
 TEST(UnitTable, RegnetTinyHasTheTableUnitsAndHandCountedParameters) {
   auto m = Make("regnet-tiny");
   const auto& u = m->units();
