@@ -55,7 +55,6 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -306,10 +305,7 @@ struct RunResult {
 
 std::vector<RunSpec> ParseRuns(const std::string& list, bool held_out) {
   std::vector<RunSpec> out;
-  std::stringstream in(list);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) continue;
+  for (const std::string& item : cli::SplitList(list)) {
     RunSpec r;
     const auto colon = item.find(':');
     r.model = item.substr(0, colon);
@@ -411,11 +407,14 @@ double WorkOf(const ops::OpCost& c, const sim::ComputeProfile& hot) {
   return PerFlop(c, hot) ? c.flops : c.bytes_read + c.bytes_written;
 }
 
-// The hot-loop measurements (the file comment's list) as a profile document.
-nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& source) {
-  // ---- GEMM grid.
-  nlohmann::json gemm_table = nlohmann::json::array();
-  double peak[2] = {0, 0};
+// The GEMM grid: the gemm_table entries and the best rate per input dtype.
+struct GemmGrid {
+  nlohmann::json table = nlohmann::json::array();
+  double peak[2] = {0, 0};  // flops/s: f32, bf16
+};
+
+GemmGrid MeasureGemmGrid(const ops::OpContext& ctx) {
+  GemmGrid grid;
   const DType dtypes[2] = {DType::kF32, DType::kBF16};
   const int64_t mk_axis[] = {16, 64, 256, 1024};
   const int64_t n_axis[] = {16, 64, 256, 1024, 4096};
@@ -434,8 +433,8 @@ nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& sou
             Must(ops::Gemm(ctx, p, {a, 0, k, 0}, {b, 0, n, 0}, {c, 0, n, 0}), "gemm");
           });
           const double flops = 2.0 * m * n * k;
-          peak[d] = std::max(peak[d], flops / s);
-          gemm_table.push_back({{"m", m}, {"n", n}, {"k", k},
+          grid.peak[d] = std::max(grid.peak[d], flops / s);
+          grid.table.push_back({{"m", m}, {"n", n}, {"k", k},
                                 {"dtype", std::string(DTypeName(dtypes[d]))},
                                 {"gflops", flops / s / 1e9}});
         }
@@ -444,8 +443,11 @@ nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& sou
                    static_cast<long long>(m));
     }
   }
+  return grid;
+}
 
-  // ---- Per-op rates by size.
+// Every other op's rate at four sizes, by bytes (attention by flops).
+std::vector<OpTable> MeasureOpRates(const ops::OpContext& ctx) {
   std::vector<OpTable> tables;
   const int64_t sizes[] = {4096, 65536, 1 << 20, 16 << 20};  // elements
   const int64_t cols = 256;
@@ -540,8 +542,20 @@ nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& sou
              }),
              true);
   }
+  return tables;
+}
 
-  // ---- Fixed costs.
+// What an op call and a raw allocation cost whatever their size, and the
+// rates the largest copy and GELU give the device's bandwidth figures.
+struct FixedCosts {
+  double overhead = 0;      // s per op call: a one-element fill
+  double alloc_s = 0;       // RawAllocate of 20 MiB
+  double free_s = 0;        // RawFree of 20 MiB
+  double copy_rate = 0;     // bytes/s: copy at the largest size
+  double vector_flops = 0;  // flops/s: gelu_fwd at the largest size
+};
+
+FixedCosts MeasureFixedCosts(const ops::OpContext& ctx, const std::vector<OpTable>& tables) {
   Tensor one = Make(DType::kF32, Shape({1}));
   const double overhead = Measure([&] { Must(ops::Fill(ctx, one, 1.0f), "fill"); });
   Device* cpu = Device::Get(DeviceId::Cpu()).value();
@@ -569,9 +583,13 @@ nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& sou
       vector_flops = t.points.back().second / 8.0 * ops::kGeluForwardFlops;
     }
   }
+  return FixedCosts{overhead, alloc_s, free_s, copy_rate, vector_flops};
+}
 
-  // ---- The local backend between two ranks: the ring model's latency and
-  // bandwidth (all_gather of 2 ranks: one step, half the output crosses).
+// The local backend between two ranks as the profile's one-node network: the
+// ring model's latency and bandwidth (all_gather of 2 ranks: one step, half
+// the output crosses).
+nlohmann::json MeasureLocalNetwork(const std::string& source) {
   const int64_t small_bytes = 4 << 10, large_bytes = 64 << 20;
   const double small_s = LocalAllGatherSeconds(small_bytes, 50);
   const double large_s = LocalAllGatherSeconds(large_bytes, 5);
@@ -614,6 +632,15 @@ nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& sou
       {"compute_slowdown_while_communicating",
        Sourced(1.0, "assumption: not measured (a collective's copies run on its stream's thread; whether they "
                     "slow the compute threads depends on free cores)")}};
+  return network;
+}
+
+// The hot-loop measurements (the file comment's list) as a profile document.
+nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& source) {
+  const GemmGrid grid = MeasureGemmGrid(ctx);
+  const std::vector<OpTable> tables = MeasureOpRates(ctx);
+  const FixedCosts fixed = MeasureFixedCosts(ctx, tables);
+  const nlohmann::json network = MeasureLocalNetwork(source);
 
   nlohmann::json rates = nlohmann::json::object();
   for (const OpTable& t : tables) {
@@ -632,21 +659,21 @@ nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& sou
       {"device",
        {{"memory_bytes", Sourced(MemTotalBytes(), source + " (/proc/meminfo MemTotal)")},
         {"launch_overhead_us", Sourced(0.0, no_launch)},
-        {"raw_alloc_us", Sourced(std::max(0.0, alloc_s) * 1e6, source + " (RawAllocate of 20 MiB)")},
-        {"raw_free_us", Sourced(std::max(0.0, free_s) * 1e6, source + " (RawFree of 20 MiB)")},
-        {"host_link_gbps", Sourced(copy_rate / 2 / 1e9, source + " (copy op, 64 MiB: host memory is the device memory)")}}},
+        {"raw_alloc_us", Sourced(std::max(0.0, fixed.alloc_s) * 1e6, source + " (RawAllocate of 20 MiB)")},
+        {"raw_free_us", Sourced(std::max(0.0, fixed.free_s) * 1e6, source + " (RawFree of 20 MiB)")},
+        {"host_link_gbps", Sourced(fixed.copy_rate / 2 / 1e9, source + " (copy op, 64 MiB: host memory is the device memory)")}}},
       {"compute",
        {{"sm_count", Sourced(1, "not used: GEMMs are priced from the measured gemm_table")},
         {"gemm_peak_tflops",
-         {{"f32", Sourced(peak[0] / 1e12, source + " (best of the gemm_table)")},
-          {"bf16", Sourced(peak[1] / 1e12, source + " (best of the gemm_table)")}}},
+         {{"f32", Sourced(grid.peak[0] / 1e12, source + " (best of the gemm_table)")},
+          {"bf16", Sourced(grid.peak[1] / 1e12, source + " (best of the gemm_table)")}}},
         {"gemm_efficiency", Sourced(1.0, "the measured table already is the achieved rate")},
-        {"gemm_table", Sourced(gemm_table, source)},
-        {"vector_tflops", Sourced(vector_flops / 1e12, source + " (gelu_fwd at 16M elements)")},
+        {"gemm_table", Sourced(grid.table, source)},
+        {"vector_tflops", Sourced(fixed.vector_flops / 1e12, source + " (gelu_fwd at 16M elements)")},
         {"memory_bandwidth_gbps",
-         Sourced(copy_rate / 1e9, source + " (copy op at 16M f32: bytes read + written per second)")},
+         Sourced(fixed.copy_rate / 1e9, source + " (copy op at 16M f32: bytes read + written per second)")},
         {"memory_efficiency", Sourced(1.0, "the measured rate already is the achieved rate")},
-        {"kernel_overhead_us", Sourced(overhead * 1e6, source + " (a one-element fill through ops::)")},
+        {"kernel_overhead_us", Sourced(fixed.overhead * 1e6, source + " (a one-element fill through ops::)")},
         {"op_rates", Sourced(rates, source)}}},
       {"network", network}};
 }
@@ -657,10 +684,7 @@ nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& sou
 // fails later is left out of the fit, and a typo gave an uncorrected profile
 // and exit 0.
 std::string CheckRunList(const std::string& list, const char* flag) {
-  std::stringstream in(list);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) continue;
+  for (const std::string& item : cli::SplitList(list)) {
     const auto colon = item.find(':');
     const std::string model = item.substr(0, colon);
     if (StatusOr<NamedModelConfig> c = FindModelConfig(model); !c.ok()) {
@@ -678,30 +702,32 @@ std::string CheckRunList(const std::string& list, const char* flag) {
   return "";
 }
 
-int Main() {
+// Every flag checked before minutes of measurement; false after printing
+// what is wrong.
+bool FlagsValid() {
   if (FLAGS_clock != "cpu" && FLAGS_clock != "wall") {
     std::fprintf(stderr, "--clock must be cpu or wall\n");
-    return 2;
+    return false;
   }
   // SetGemmThreads below CHECK-fails (abort) on what it refuses.
   if (FLAGS_threads < 1 || FLAGS_threads > 1024) {
     std::fprintf(stderr, "--threads must be in [1, 1024], got %d\n", FLAGS_threads);
-    return 2;
+    return false;
   }
   if (FLAGS_in_step_steps < 1) {
     std::fprintf(stderr, "--in_step_steps must be >= 1, got %d\n", FLAGS_in_step_steps);
-    return 2;
+    return false;
   }
   if (!std::isfinite(FLAGS_budget_ms) || FLAGS_budget_ms < 0) {
     std::fprintf(stderr, "--budget_ms must be a finite number >= 0, got %g\n", FLAGS_budget_ms);
-    return 2;
+    return false;
   }
   for (const auto& [list, flag] : {std::pair<std::string, const char*>{FLAGS_in_step, "in_step"},
                                    std::pair<std::string, const char*>{FLAGS_held_out, "held_out"}}) {
     const std::string why = CheckRunList(list, flag);
     if (!why.empty()) {
       std::fprintf(stderr, "%s\n", why.c_str());
-      return 2;
+      return false;
     }
   }
   // The held-out check of issue 11 must stay held out: its configurations
@@ -711,52 +737,54 @@ int Main() {
       if (r.model == checked) {
         std::fprintf(stderr, "--in_step: %s is a model //benchmarks:sim_validate checks; calibrate with "
                              "other models\n", checked);
-        return 2;
+        return false;
       }
     }
   }
-  Must(SetGemmThreads(FLAGS_threads), "threads");
-  const ops::OpContext ctx = ops::HostContext();
-  char date[32];
-  std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
-  const std::string source = "measured by //benchmarks:calibrate on " + CpuModel() + " (" +
-                             std::to_string(FLAGS_threads) + " GEMM thread(s)), " + date;
-  std::fprintf(stderr, "calibrating: %s\n", source.c_str());
+  return true;
+}
 
-  nlohmann::json doc;
+// The hot-loop profile: measured now (and saved to --save_hot), or read from
+// --hot_from. False after printing why when --hot_from is not such a file.
+bool HotLoopProfile(const ops::OpContext& ctx, const std::string& source, nlohmann::json* doc) {
   if (FLAGS_hot_from.empty()) {
-    doc = MeasureHotLoops(ctx, source);
+    *doc = MeasureHotLoops(ctx, source);
     if (!FLAGS_save_hot.empty()) {
       std::ofstream out(FLAGS_save_hot);
-      out << doc.dump(1) << "\n";
+      out << doc->dump(1) << "\n";
     }
-  } else {
-    std::ifstream in(FLAGS_hot_from);
-    doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    const bool corrected = !doc.is_discarded() && doc.contains("compute") &&
-                           doc["compute"].contains("gemm_table") &&
-                           doc["compute"]["gemm_table"].value("source", "").find("in-step") != std::string::npos;
-    if (doc.is_discarded() || !doc.contains("compute") || corrected) {
-      std::fprintf(stderr, "--hot_from=%s is not a hot-loop profile written by --save_hot\n",
-                   FLAGS_hot_from.c_str());
-      return 2;
-    }
-    std::fprintf(stderr, "hot-loop tables from %s\n", FLAGS_hot_from.c_str());
+    return true;
   }
-  // Held-out check of the hot-loop tables: shapes and sizes off the measured
-  // grid, predicted by the hot-loop profile (sim::OpSeconds) against a fresh
-  // measurement. It checks the interpolation, not training.
-  StatusOr<sim::SimProfile> parsed = sim::ParseProfile(doc, FLAGS_name);
-  CHECK(parsed.ok()) << parsed.status();
-  std::string report_hot;
+  std::ifstream in(FLAGS_hot_from);
+  *doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const bool corrected = !doc->is_discarded() && doc->contains("compute") &&
+                         (*doc)["compute"].contains("gemm_table") &&
+                         (*doc)["compute"]["gemm_table"].value("source", "").find("in-step") != std::string::npos;
+  if (doc->is_discarded() || !doc->contains("compute") || corrected) {
+    std::fprintf(stderr, "--hot_from=%s is not a hot-loop profile written by --save_hot\n",
+                 FLAGS_hot_from.c_str());
+    return false;
+  }
+  std::fprintf(stderr, "hot-loop tables from %s\n", FLAGS_hot_from.c_str());
+  return true;
+}
+
+// Held-out check of the hot-loop tables: shapes and sizes off the measured
+// grid, predicted by the hot-loop profile (sim::OpSeconds) against a fresh
+// measurement. It checks the interpolation, not training.
+struct HotLoopCheck {
+  double worst = 1;    // the largest of predicted / measured and its inverse
+  std::string report;  // markdown table rows
+};
+
+HotLoopCheck CheckHotLoopTables(const ops::OpContext& ctx, const sim::ComputeProfile& hot) {
+  HotLoopCheck result;
   std::fprintf(stderr, "held-out check of the hot-loop tables (predicted / measured CPU seconds):\n");
-  double worst = 1;
   auto check = [&](const ops::OpCost& cost, const std::function<Status()>& fn) {
     const double measured = Measure([&] { Must(fn(), cost.name); });
-    const double predicted = sim::OpSeconds(parsed->compute, cost);
+    const double predicted = sim::OpSeconds(hot, cost);
     const double ratio = predicted / measured;
-    worst = std::max(worst, std::max(ratio, 1 / ratio));
+    result.worst = std::max(result.worst, std::max(ratio, 1 / ratio));
     char line[256];
     std::snprintf(line, sizeof(line), "  %-16s %10.1f us predicted %10.1f us measured  ratio %.2f\n",
                   cost.name, predicted * 1e6, measured * 1e6, ratio);
@@ -764,7 +792,7 @@ int Main() {
     std::snprintf(line, sizeof(line), "| %s | %.0f | %.1f | %.1f | %.2f |\n", cost.name,
                   cost.cls == ops::OpClass::kGemm ? cost.flops : cost.bytes_read + cost.bytes_written,
                   predicted * 1e6, measured * 1e6, ratio);
-    report_hot += line;
+    result.report += line;
   };
   for (auto [m, n, k] : {std::array<int64_t, 3>{100, 300, 700}, {512, 2048, 128},
                          {48, 768, 192}, {2000, 96, 500}}) {
@@ -792,55 +820,68 @@ int Main() {
     check(ops::LayerNormForwardCost(n / 256, 256),
           [&] { return ops::LayerNormForward(ctx, x2, gamma, beta, y2, mean, rstd); });
   }
-  std::fprintf(stderr, "worst held-out ratio of the hot-loop tables: %.2f\n", worst);
+  std::fprintf(stderr, "worst held-out ratio of the hot-loop tables: %.2f\n", result.worst);
+  return result;
+}
 
-  // ---- Inside training steps: the same ops as a step runs them (caches,
-  // allocator and dispatcher in a step's state), timed one by one
-  // (op_timing.h) in real training runs of calibration models that are not
-  // the configurations //benchmarks:sim_validate checks. An op's in-step
-  // time is its run plus the host work since its thread's previous op ended
-  // (a synchronous CPU op waits for it). For each op class (GEMM by flops;
-  // every other op by its name and size), in-step time over the hot-loop
-  // price divides the hot-loop rates; ops the hot loops did not measure get
-  // tables of their in-step rates. Held-out runs are measured the same way
-  // but used only to check the result.
-  const sim::ComputeProfile& hot = parsed->compute;
-  const std::string load_before = LoadAverage();
+// ---- Inside training steps: the same ops as a step runs them (caches,
+// allocator and dispatcher in a step's state), timed one by one
+// (op_timing.h) in real training runs of calibration models that are not
+// the configurations //benchmarks:sim_validate checks. An op's in-step
+// time is its run plus the host work since its thread's previous op ended
+// (a synchronous CPU op waits for it). For each op class (GEMM by flops;
+// every other op by its name and size), in-step time over the hot-loop
+// price divides the hot-loop rates; ops the hot loops did not measure get
+// tables of their in-step rates. Held-out runs are measured the same way
+// but used only to check the result.
+
+// Trains every --in_step run, then every --held_out run, printing each.
+std::vector<RunResult> RunTrainingSteps() {
   std::vector<RunResult> runs;
   for (const RunSpec& spec : ParseRuns(FLAGS_in_step, false)) runs.push_back(RunResult{spec});
   for (const RunSpec& spec : ParseRuns(FLAGS_held_out, true)) runs.push_back(RunResult{spec});
-  {
-    StepRecorder recorder(FLAGS_clock == "cpu" ? ops::OpTimingObserver::Clock::kThreadCpu
-                                               : ops::OpTimingObserver::Clock::kWall);
-    for (RunResult& r : runs) {
-      Status st = RunInStep(r, recorder);
-      if (!st.ok()) r.error = st.ToString();
-      std::fprintf(stderr, "  in-step %-36s %s: median step %.4f s, ops %.4f s (%lld ops)%s\n",
-                   r.spec.Name().c_str(), r.spec.held_out ? "held out" : "fit", Median(r.step_s),
-                   r.op_s / std::max<size_t>(1, r.step_s.size()),
-                   static_cast<long long>(r.ops / std::max<int64_t>(1, r.step_s.size())),
-                   r.error.empty() ? "" : (" error: " + r.error).c_str());
-    }
+  StepRecorder recorder(FLAGS_clock == "cpu" ? ops::OpTimingObserver::Clock::kThreadCpu
+                                             : ops::OpTimingObserver::Clock::kWall);
+  for (RunResult& r : runs) {
+    Status st = RunInStep(r, recorder);
+    if (!st.ok()) r.error = st.ToString();
+    std::fprintf(stderr, "  in-step %-36s %s: median step %.4f s, ops %.4f s (%lld ops)%s\n",
+                 r.spec.Name().c_str(), r.spec.held_out ? "held out" : "fit", Median(r.step_s),
+                 r.op_s / std::max<size_t>(1, r.step_s.size()),
+                 static_cast<long long>(r.ops / std::max<int64_t>(1, r.step_s.size())),
+                 r.error.empty() ? "" : (" error: " + r.error).c_str());
   }
+  return runs;
+}
+
+// What the fitting runs (not held out, no error) say about the hot-loop
+// tables: per op class, the correction curve and the in-step rates by bin.
+struct InStepFit {
   std::map<std::string, Correction> corr;
   std::map<std::string, std::map<int, std::pair<double, double>>> direct;  // class -> bin -> (work, s)
   std::set<std::string> per_flop_keys;  // classes whose work is flops
-  double gap_s = 0, other_s = 0;
-  int64_t gap_ops = 0;
+  double gap_per_op = 0;  // mean host work before an op, s
+  double other_s = 0;     // step time outside the timed threads' ops and gaps, s
   std::string fit_names;
+};
+
+InStepFit FitInStep(const std::vector<RunResult>& runs, const sim::ComputeProfile& hot) {
+  InStepFit fit;
+  double gap_s = 0;
+  int64_t gap_ops = 0;
   for (const RunResult& r : runs) {
     if (r.spec.held_out || !r.error.empty()) continue;
-    fit_names += (fit_names.empty() ? "" : ", ") + r.spec.Name();
+    fit.fit_names += (fit.fit_names.empty() ? "" : ", ") + r.spec.Name();
     for (const auto& smp : r.samples) {
       const std::string key = ClassOf(smp.cost);
       const double work = WorkOf(smp.cost, hot);
-      if (PerFlop(smp.cost, hot)) per_flop_keys.insert(key);
+      if (PerFlop(smp.cost, hot)) fit.per_flop_keys.insert(key);
       // The op's time in the step: its run plus the host work since the
       // thread's previous op ended (the dispatcher's checks, allocation,
       // the caller's bookkeeping), which a synchronous CPU op waits for.
       const double in_step = smp.seconds + std::max(0.0, smp.gap);
-      corr[key].Add(work, in_step, sim::OpSeconds(hot, smp.cost));
-      auto& d = direct[key][static_cast<int>(std::floor(std::log2(std::max(work, 1.0)) / 2))];
+      fit.corr[key].Add(work, in_step, sim::OpSeconds(hot, smp.cost));
+      auto& d = fit.direct[key][static_cast<int>(std::floor(std::log2(std::max(work, 1.0)) / 2))];
       d.first += work;
       d.second += in_step;
       gap_s += std::max(0.0, smp.gap);
@@ -848,81 +889,99 @@ int Main() {
     }
     double steps = 0;
     for (double t : r.step_s) steps += t;
-    other_s += steps - r.op_s - r.gap_s;
+    fit.other_s += steps - r.op_s - r.gap_s;
   }
-  for (auto& [k, c] : corr) c.Finish();
-  const double gap_per_op = gap_ops > 0 ? gap_s / gap_ops : 0.0;
-  std::string report_corr;
-  if (!corr.empty()) {
-    const std::string in_step_source =
-        source + ": hot-loop rate divided by the in-step correction (the op class's time inside "
-                 "training steps over its hot-loop price, by size) measured in " + fit_names;
-    auto scale = [&](const std::string& key, double work) {
-      auto it = corr.find(key);
-      return it == corr.end() ? 1.0 : it->second.At(work);
-    };
-    nlohmann::json& table = doc["compute"]["gemm_table"];
-    for (auto& e : table["value"]) {
-      const double flops = 2.0 * e["m"].get<double>() * e["n"].get<double>() * e["k"].get<double>();
-      e["gflops"] = e["gflops"].get<double>() / scale("gemm", flops);
-    }
-    table["source"] = in_step_source + " (f32 steps: bf16 entries take the f32 correction)";
-    nlohmann::json& op_rates = doc["compute"]["op_rates"];
-    for (auto it = op_rates["value"].begin(); it != op_rates["value"].end(); ++it) {
-      if (corr.count(it.key()) == 0 || corr.at(it.key()).empty()) continue;
-      for (auto& pt : it.value()["points"]) pt[1] = pt[1].get<double>() / scale(it.key(), pt[0].get<double>());
-    }
-    for (const auto& [key, bins] : direct) {
-      if (key == "gemm" || op_rates["value"].contains(key)) continue;
-      nlohmann::json pts = nlohmann::json::array();
-      for (const auto& [bin, ws] : bins) {
-        if (ws.first > 0 && ws.second > 0) pts.push_back({ws.first, ws.first / ws.second});
-      }
-      if (pts.empty()) continue;
-      // Bins of summed work: the work axis grows with the bin, as the loader requires.
-      op_rates["value"][key] = {{"per", per_flop_keys.count(key) ? "flop" : "byte"}, {"points", pts}};
-    }
-    doc["description"] = doc["description"].get<std::string>() +
-                         ". Op rates corrected inside training steps of " + fit_names + ".";
-    op_rates["source"] = in_step_source +
-                         " (ops the hot loops did not measure: their in-step rates, summed work over "
-                         "summed time per size bin; ops the steps did not run: hot-loop rates)";
-    for (const auto& [key, c] : corr) {
-      for (const auto& [bin, b] : c.bins) {
-        char line[256];
-        std::snprintf(line, sizeof(line), "| %s | %.3g | %lld | %.1f | %.1f | %.2f |\n", key.c_str(),
-                      std::exp(b.sum_log_work / std::max<int64_t>(1, b.count)),
-                      static_cast<long long>(b.count), b.measured * 1e6, b.predicted * 1e6,
-                      b.predicted > 0 ? b.measured / b.predicted : 0.0);
-        report_corr += line;
-      }
-    }
-    std::fprintf(stderr,
-                 "in-step: %.2f us of host work before each op (included in the op's in-step time); "
-                 "%.4f s of the fitting runs' steps outside the timed threads' ops and gaps\n",
-                 gap_per_op * 1e6, other_s);
-  }
+  for (auto& [k, c] : fit.corr) c.Finish();
+  fit.gap_per_op = gap_ops > 0 ? gap_s / gap_ops : 0.0;
+  return fit;
+}
 
+// Divides the hot-loop tables of `doc` by the fit's corrections and adds
+// tables for the ops only the steps ran; returns the correction report's
+// markdown rows (empty when nothing was fitted).
+std::string ApplyInStepFit(const InStepFit& fit, const std::string& source, nlohmann::json& doc) {
+  std::string report_corr;
+  if (fit.corr.empty()) return report_corr;
+  const std::string in_step_source =
+      source + ": hot-loop rate divided by the in-step correction (the op class's time inside "
+               "training steps over its hot-loop price, by size) measured in " + fit.fit_names;
+  auto scale = [&](const std::string& key, double work) {
+    auto it = fit.corr.find(key);
+    return it == fit.corr.end() ? 1.0 : it->second.At(work);
+  };
+  nlohmann::json& table = doc["compute"]["gemm_table"];
+  for (auto& e : table["value"]) {
+    const double flops = 2.0 * e["m"].get<double>() * e["n"].get<double>() * e["k"].get<double>();
+    e["gflops"] = e["gflops"].get<double>() / scale("gemm", flops);
+  }
+  table["source"] = in_step_source + " (f32 steps: bf16 entries take the f32 correction)";
+  nlohmann::json& op_rates = doc["compute"]["op_rates"];
+  for (auto it = op_rates["value"].begin(); it != op_rates["value"].end(); ++it) {
+    if (fit.corr.count(it.key()) == 0 || fit.corr.at(it.key()).empty()) continue;
+    for (auto& pt : it.value()["points"]) pt[1] = pt[1].get<double>() / scale(it.key(), pt[0].get<double>());
+  }
+  for (const auto& [key, bins] : fit.direct) {
+    if (key == "gemm" || op_rates["value"].contains(key)) continue;
+    nlohmann::json pts = nlohmann::json::array();
+    for (const auto& [bin, ws] : bins) {
+      if (ws.first > 0 && ws.second > 0) pts.push_back({ws.first, ws.first / ws.second});
+    }
+    if (pts.empty()) continue;
+    // Bins of summed work: the work axis grows with the bin, as the loader requires.
+    op_rates["value"][key] = {{"per", fit.per_flop_keys.count(key) ? "flop" : "byte"}, {"points", pts}};
+  }
+  doc["description"] = doc["description"].get<std::string>() +
+                       ". Op rates corrected inside training steps of " + fit.fit_names + ".";
+  op_rates["source"] = in_step_source +
+                       " (ops the hot loops did not measure: their in-step rates, summed work over "
+                       "summed time per size bin; ops the steps did not run: hot-loop rates)";
+  for (const auto& [key, c] : fit.corr) {
+    for (const auto& [bin, b] : c.bins) {
+      char line[256];
+      std::snprintf(line, sizeof(line), "| %s | %.3g | %lld | %.1f | %.1f | %.2f |\n", key.c_str(),
+                    std::exp(b.sum_log_work / std::max<int64_t>(1, b.count)),
+                    static_cast<long long>(b.count), b.measured * 1e6, b.predicted * 1e6,
+                    b.predicted > 0 ? b.measured / b.predicted : 0.0);
+      report_corr += line;
+    }
+  }
+  std::fprintf(stderr,
+               "in-step: %.2f us of host work before each op (included in the op's in-step time); "
+               "%.4f s of the fitting runs' steps outside the timed threads' ops and gaps\n",
+               fit.gap_per_op * 1e6, fit.other_s);
+  return report_corr;
+}
+
+// Writes the profile to `path`, and to stdout when --out is not given; false
+// after printing why when it cannot be written.
+bool WriteProfile(const nlohmann::json& doc, const std::string& path) {
   const std::string text = doc.dump(1) + "\n";
-  const std::string path = FLAGS_out.empty() ? "/tmp/sk_calibrate_profile.json" : FLAGS_out;
   {
     std::ofstream out(path);
     out << text;
     if (!out) {
       std::fprintf(stderr, "cannot write %s\n", path.c_str());
-      return 1;
+      return false;
     }
   }
   if (FLAGS_out.empty()) std::fputs(text.c_str(), stdout);
   else std::fprintf(stderr, "wrote %s\n", FLAGS_out.c_str());
+  return true;
+}
 
-  // The calibration runs and the held-out runs predicted with the new
-  // profile (the simulator, world 1) against their measured median step.
-  std::string report_runs;
-  int held_in = 0, held_total = 0;
+// The calibration runs and the held-out runs predicted with the new profile
+// at `path` (the simulator, world 1) against their measured median step.
+struct Predictions {
+  std::string report;  // markdown table rows
+  int held_in = 0;     // held-out runs within +-15%
+  int held_total = 0;
+};
+
+Predictions PredictRuns(std::vector<RunResult>& runs, const std::string& path) {
+  Predictions p;
   for (RunResult& r : runs) {
     if (!r.error.empty()) {
-      report_runs += "| " + r.spec.Name() + " | error: " + r.error + " |\n";
+      p.report += "| " + r.spec.Name() + " | error: " + r.error + " |\n";
       continue;
     }
     SimRunOptions so;
@@ -935,61 +994,108 @@ int Main() {
     so.steps = 1;
     StatusOr<SimStepReport> rep = SimulateTraining(so);
     if (!rep.ok()) {
-      report_runs += "| " + r.spec.Name() + " | simulation error: " + rep.status().ToString() + " |\n";
+      p.report += "| " + r.spec.Name() + " | simulation error: " + rep.status().ToString() + " |\n";
       continue;
     }
     r.predicted_s = rep->step_seconds;
     const double measured = Median(r.step_s);
     const double ratio = r.predicted_s / measured;
     if (r.spec.held_out) {
-      ++held_total;
-      if (ratio >= 0.85 && ratio <= 1.15) ++held_in;
+      ++p.held_total;
+      if (ratio >= 0.85 && ratio <= 1.15) ++p.held_in;
     }
     char line[512];
     std::snprintf(line, sizeof(line), "| %s | %s | %.4f | %.0f%% | %.4f | %.3f |\n", r.spec.Name().c_str(),
                   r.spec.held_out ? "held out" : "fit", measured,
                   100 * (r.op_s + r.gap_s) / std::max(1e-12, measured * r.step_s.size()), r.predicted_s, ratio);
-    report_runs += line;
+    p.report += line;
     std::fprintf(stderr, "  %-36s %-8s measured %.4f s predicted %.4f s ratio %.3f\n", r.spec.Name().c_str(),
                  r.spec.held_out ? "held out" : "fit", measured, r.predicted_s, ratio);
   }
+  return p;
+}
+
+// Everything --report writes.
+struct CalibrationReport {
+  std::string path;    // the profile written
+  std::string source;  // who measured it, where, when
+  std::string load_before, load_after;
+  const InStepFit* fit = nullptr;
+  std::string report_corr;
+  const Predictions* predictions = nullptr;
+  const HotLoopCheck* hot_check = nullptr;
+};
+
+// Writes --report; false after printing why when it cannot be written.
+bool WriteReport(const CalibrationReport& r) {
+  std::ofstream rep(FLAGS_report);
+  rep << "# cpu-local calibration\n\n"
+      << "Profile: `" << r.path << "` (" << FLAGS_name << "). " << r.source << ".\n"
+      << "Host: " << CpuModel() << ", " << std::thread::hardware_concurrency()
+      << " hardware threads; load average " << r.load_before << " before the training runs, "
+      << r.load_after << " after. Clock of the training runs: " << FLAGS_clock << ".\n\n"
+      << "What was measured: hot loops through `ops::` (GEMM grid, every op at four sizes, a "
+         "one-element op's fixed cost, raw allocation, the local backend's all_gather); then real "
+         "training steps (world 1, DDP and FULL_SHARD, " << FLAGS_in_step_steps
+      << " measured steps after 2 warm-up steps each) with every op timed as it ran. Fitting runs: "
+      << (r.fit->fit_names.empty() ? "none" : r.fit->fit_names)
+      << ". Their ops' in-step time over the hot-loop price, per op class and size, divides the "
+         "hot-loop rates. An op's in-step time is its run plus the host work since its thread's "
+         "previous op ended (mean " << r.fit->gap_per_op * 1e6 << " us per op in the fitting runs); the "
+         "fitting runs spent " << r.fit->other_s << " s in total outside both (other threads' CPU time: "
+         "the local backend's collectives, stream threads; on the cpu clock the measured step "
+         "includes it). Held-out runs are measured alike and only predicted.\n\n"
+      << "## Training runs: measured vs predicted (the new profile on the simulator, world 1)\n\n"
+      << "| run | role | measured median step s | in ops and the host work between them | predicted s | predicted / measured |\n"
+      << "|---|---|---|---|---|---|\n" << r.predictions->report
+      << "\nHeld-out runs within +-15%: " << r.predictions->held_in << " of " << r.predictions->held_total << ".\n\n"
+      << "## In-step correction per op class (fitting runs)\n\n"
+      << "| class | typical work (bytes; GEMM and attention: flops) | ops | in-step us | hot-loop us | "
+         "in-step / hot |\n|---|---|---|---|---|---|\n" << r.report_corr
+      << "\n## Hot-loop held-out check (off-grid shapes; checks the interpolation only)\n\n"
+      << "| op | work | predicted us | measured us | ratio |\n|---|---|---|---|---|\n" << r.hot_check->report
+      << "\nWorst hot-loop held-out ratio: " << r.hot_check->worst << "\n";
+  if (!rep) {
+    std::fprintf(stderr, "cannot write %s\n", FLAGS_report.c_str());
+    return false;
+  }
+  std::fprintf(stderr, "wrote %s\n", FLAGS_report.c_str());
+  return true;
+}
+
+int Main() {
+  if (!FlagsValid()) return 2;
+  Must(SetGemmThreads(FLAGS_threads), "threads");
+  const ops::OpContext ctx = ops::HostContext();
+  char date[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  const std::string source = "measured by //benchmarks:calibrate on " + CpuModel() + " (" +
+                             std::to_string(FLAGS_threads) + " GEMM thread(s)), " + date;
+  std::fprintf(stderr, "calibrating: %s\n", source.c_str());
+
+  nlohmann::json doc;
+  if (!HotLoopProfile(ctx, source, &doc)) return 2;
+  StatusOr<sim::SimProfile> parsed = sim::ParseProfile(doc, FLAGS_name);
+  CHECK(parsed.ok()) << parsed.status();
+  const HotLoopCheck hot_check = CheckHotLoopTables(ctx, parsed->compute);
+
+  const std::string load_before = LoadAverage();
+  std::vector<RunResult> runs = RunTrainingSteps();
+  const InStepFit fit = FitInStep(runs, parsed->compute);
+  const std::string report_corr = ApplyInStepFit(fit, source, doc);
+
+  const std::string path = FLAGS_out.empty() ? "/tmp/sk_calibrate_profile.json" : FLAGS_out;
+  if (!WriteProfile(doc, path)) return 1;
+
+  const Predictions predictions = PredictRuns(runs, path);
   const std::string load_after = LoadAverage();
   std::fprintf(stderr, "held-out training runs within +-15%%: %d of %d (load average %s before the runs, %s after)\n",
-               held_in, held_total, load_before.c_str(), load_after.c_str());
+               predictions.held_in, predictions.held_total, load_before.c_str(), load_after.c_str());
 
-  if (!FLAGS_report.empty()) {
-    std::ofstream rep(FLAGS_report);
-    rep << "# cpu-local calibration\n\n"
-        << "Profile: `" << path << "` (" << FLAGS_name << "). " << source << ".\n"
-        << "Host: " << CpuModel() << ", " << std::thread::hardware_concurrency()
-        << " hardware threads; load average " << load_before << " before the training runs, "
-        << load_after << " after. Clock of the training runs: " << FLAGS_clock << ".\n\n"
-        << "What was measured: hot loops through `ops::` (GEMM grid, every op at four sizes, a "
-           "one-element op's fixed cost, raw allocation, the local backend's all_gather); then real "
-           "training steps (world 1, DDP and FULL_SHARD, " << FLAGS_in_step_steps
-        << " measured steps after 2 warm-up steps each) with every op timed as it ran. Fitting runs: "
-        << (fit_names.empty() ? "none" : fit_names)
-        << ". Their ops' in-step time over the hot-loop price, per op class and size, divides the "
-           "hot-loop rates. An op's in-step time is its run plus the host work since its thread's "
-           "previous op ended (mean " << gap_per_op * 1e6 << " us per op in the fitting runs); the "
-           "fitting runs spent " << other_s << " s in total outside both (other threads' CPU time: "
-           "the local backend's collectives, stream threads; on the cpu clock the measured step "
-           "includes it). Held-out runs are measured alike and only predicted.\n\n"
-        << "## Training runs: measured vs predicted (the new profile on the simulator, world 1)\n\n"
-        << "| run | role | measured median step s | in ops and the host work between them | predicted s | predicted / measured |\n"
-        << "|---|---|---|---|---|---|\n" << report_runs
-        << "\nHeld-out runs within +-15%: " << held_in << " of " << held_total << ".\n\n"
-        << "## In-step correction per op class (fitting runs)\n\n"
-        << "| class | typical work (bytes; GEMM and attention: flops) | ops | in-step us | hot-loop us | "
-           "in-step / hot |\n|---|---|---|---|---|---|\n" << report_corr
-        << "\n## Hot-loop held-out check (off-grid shapes; checks the interpolation only)\n\n"
-        << "| op | work | predicted us | measured us | ratio |\n|---|---|---|---|---|\n" << report_hot
-        << "\nWorst hot-loop held-out ratio: " << worst << "\n";
-    if (!rep) {
-      std::fprintf(stderr, "cannot write %s\n", FLAGS_report.c_str());
-      return 1;
-    }
-    std::fprintf(stderr, "wrote %s\n", FLAGS_report.c_str());
+  if (!FLAGS_report.empty() &&
+      !WriteReport({path, source, load_before, load_after, &fit, report_corr, &predictions, &hot_check})) {
+    return 1;
   }
   return 0;
 }
