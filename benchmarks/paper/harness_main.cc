@@ -251,29 +251,23 @@ std::string Wrapped(const std::string& text, size_t width, const std::string& in
   return out;
 }
 
-}  // namespace
+// A failed write is reported and the run goes on: the other files are still
+// worth having.
+void ReportIfError(const std::string& harness, const Status& s) {
+  if (!s.ok()) std::fprintf(stderr, "%s: %s\n", harness.c_str(), s.ToString().c_str());
+}
 
-int HarnessMain(const std::string& harness, const std::vector<std::string>& names, int argc,
-                char** argv) {
-  sk::cli::ParseFlags("reproduces the PyTorch FSDP paper's experiments at a scale one CPU machine runs", __FILE__, &argc, &argv);
-  if (const std::string why = CheckFlags(); !why.empty()) {
-    std::fprintf(stderr, "%s: %s\n", harness.c_str(), why.c_str());
-    return 2;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string load_start = LoadAverage(), started = UtcNow();
-  std::string out = FLAGS_out;
-  if (out.empty()) {
-    const char* ws = GetEnv(EnvVar::kBuildWorkspaceDirectory);
-    out = std::string(ws ? ws : ".") + "/bench-out/" + harness + (FLAGS_quick ? "-quick-" : "-") + Timestamp();
-  }
-  if (!MakeDirs(out)) {
-    std::fprintf(stderr, "%s: cannot create output folder %s\n", harness.c_str(), out.c_str());
-    return 1;
-  }
-  ExperimentOptions o = OptionsFromFlags();
-  o.out_dir = out;
+// --out, or bench-out/<harness>-<time>/ in the workspace (under bazel run).
+std::string OutputFolder(const std::string& harness) {
+  if (!FLAGS_out.empty()) return FLAGS_out;
+  const char* ws = GetEnv(EnvVar::kBuildWorkspaceDirectory);
+  return std::string(ws ? ws : ".") + "/bench-out/" + harness + (FLAGS_quick ? "-quick-" : "-") + Timestamp();
+}
 
+// Plans the measured experiments among `names` (none under --nomeasured),
+// runs every configuration with progress, and writes each table.
+std::vector<Experiment> RunExperiments(const std::string& harness, const std::vector<std::string>& names,
+                                       const ExperimentOptions& o) {
   std::vector<Experiment> experiments;
   for (const std::string& name : FLAGS_measured ? names : std::vector<std::string>{}) {
     if (name == "ddp_vs_fsdp") experiments.push_back(PlanDdpVsFsdp(o));
@@ -288,7 +282,7 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
   std::printf("%s%s: %zu configurations at world %d (local ranks as threads on %u cores), "
               "scaled models; output in %s\n",
               harness.c_str(), FLAGS_quick ? " --quick" : "", weights.size(), o.world,
-              std::thread::hardware_concurrency(), out.c_str());
+              std::thread::hardware_concurrency(), o.out_dir.c_str());
   std::fflush(stdout);
   Progress progress(harness, weights);
   int index = 0;
@@ -297,12 +291,15 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
       progress.BeginConfig(index++, c.label);
       c.run(progress);
     }
-    Status s = e.table->WriteFiles(out);
-    if (!s.ok()) std::fprintf(stderr, "%s: %s\n", harness.c_str(), s.ToString().c_str());
+    ReportIfError(harness, e.table->WriteFiles(o.out_dir));
   }
+  return experiments;
+}
 
-  std::ostringstream md;
-  md << "# shardkit paper harness: " << harness << (FLAGS_quick ? " --quick" : "") << "\n\n";
+// Each experiment's notes and table, on stdout and as sections of `md`;
+// returns the tables by experiment name (for the claims).
+std::map<std::string, const Table*> ReportExperiments(const std::vector<Experiment>& experiments,
+                                                      std::ostringstream& md) {
   std::map<std::string, const Table*> by_name;
   for (const Experiment& e : experiments) {
     by_name[e.name] = e.table.get();
@@ -315,89 +312,84 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
     md << "\n" << e.table->ToMarkdown(ConsoleColumns(e.name)) << "\n";
     std::printf("%s", e.table->ToText(ConsoleColumns(e.name)).c_str());
   }
-  Table claims = EvaluateClaims(by_name, o.world);
-  Status s = claims.WriteFiles(out);
-  if (!s.ok()) std::fprintf(stderr, "%s: %s\n", harness.c_str(), s.ToString().c_str());
-  // The paper-scale rows, on the simulator (only in the full paper harness).
+  return by_name;
+}
+
+const std::vector<std::string>& ClaimColumns() {
+  static const std::vector<std::string> columns = {"claim",     "evidence", "paper",    "ours",
+                                                   "rel_error", "verdict",  "judged_by"};
+  return columns;
+}
+
+// The paper-scale rows, on the simulator (only in the full paper harness):
+// their tables and points are written, claims_simulated.md too, and `md`
+// gets their section. Empty when not run or when the simulation failed.
+std::optional<Table> SimulateClaims(const std::string& harness, const std::string& out, std::ostringstream& md) {
   std::optional<Table> simulated;
   if (harness == "paper" && !FLAGS_sim_profile.empty()) {
     Table points("claims_simulated_points");
     StatusOr<Table> t = SimulatedClaims(FLAGS_sim_profile, &points);
     if (t.ok()) {
       simulated = std::move(*t);
-      s = simulated->WriteFiles(out);
+      Status s = simulated->WriteFiles(out);
       if (s.ok()) s = points.WriteFiles(out);  // plot.py draws the paper-scale figures from it
-      if (!s.ok()) std::fprintf(stderr, "%s: %s\n", harness.c_str(), s.ToString().c_str());
+      ReportIfError(harness, s);
     } else {
       std::fprintf(stderr, "%s: simulated claims: %s\n", harness.c_str(), t.status().ToString().c_str());
     }
   }
-  const std::vector<std::string> claim_columns = {"claim",     "evidence", "paper",    "ours",
-                                                   "rel_error", "verdict",  "judged_by"};
   if (simulated) {
     std::ostringstream sim_md;
-    sim_md << kSimTrust << "\n\n" << simulated->ToMarkdown(claim_columns);
+    sim_md << kSimTrust << "\n\n" << simulated->ToMarkdown(ClaimColumns());
     md << "## claims at the paper's scale (simulated)\n\n" << sim_md.str() << "\n";
     // On its own too: benchmarks/results/claims_simulated.md is this file.
-    s = WriteTextFile(out + "/claims_simulated.md",
-                      "# The paper's claims at the paper's scale, simulated (" + FLAGS_sim_profile +
-                          ")\n\nGenerated by `./bazelw run -c opt //benchmarks:paper` (claims_simulated.md in "
-                          "its output folder); not edited by hand.\n\n" + sim_md.str());
-    if (!s.ok()) std::fprintf(stderr, "%s: %s\n", harness.c_str(), s.ToString().c_str());
+    ReportIfError(harness,
+                  WriteTextFile(out + "/claims_simulated.md",
+                                "# The paper's claims at the paper's scale, simulated (" + FLAGS_sim_profile +
+                                    ")\n\nGenerated by `./bazelw run -c opt //benchmarks:paper` (claims_simulated.md "
+                                    "in its output folder); not edited by hand.\n\n" + sim_md.str()));
   }
-  md << "## claims measured on this machine (scaled models)\n\n" << claims.ToMarkdown(claim_columns) << "\n";
+  return simulated;
+}
 
-  // Every paper row in one table: the paper-scale rows from the simulator
-  // (GPT-175B's TFLOPS and the 128->512 scaling have no measured side here),
-  // then the measured rows.
+// Every paper row in one table: the paper-scale rows from the simulator
+// (GPT-175B's TFLOPS and the 128->512 scaling have no measured side here),
+// then the measured rows.
+Table AllClaims(const std::optional<Table>& simulated, const Table& claims) {
   Table all("claims_all");
-  std::vector<const Row*> sim_rows, measured_rows;
   if (simulated) {
     for (const Row& r : simulated->rows()) all.Add(r);
   }
   for (const Row& r : claims.rows()) all.Add(r);
+  return all;
+}
+
+// Runs plot.py on `out`; returns the line that says what came of it.
+std::string RenderPlots(const char* argv0, const std::string& out) {
+  if (!FLAGS_plots) return "plots: skipped (--noplots)";
+  std::string script = FindPlotScript(argv0);
+  if (script.empty()) return "plots: benchmarks/paper/plot.py not found; CSV and JSON are complete";
+  // Debian's interpreter, where python3-matplotlib installs, ahead of
+  // any other python3 on PATH.
+  const std::string python = Exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  std::string cmd = python + " '" + script + "' '" + out + "'";
+  std::fflush(stdout);  // the script writes to the same stdout
+  int rc = std::system(cmd.c_str());
+  int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return code == 0   ? "plots: PNGs written by " + script
+         : code == 3 ? "plots: matplotlib is missing (apt-get install python3-matplotlib); "
+                       "CSV and JSON are complete"
+                     : "plots: " + script + " failed (exit " + std::to_string(code) +
+                           "); CSV and JSON are complete";
+}
+
+// The README's results block (benchmarks/paper/update_readme.py puts it between
+// the README's markers): a few generated lines and the links.
+std::string ReadmeResults(const std::string& run, const std::string& when, const ExperimentOptions& o,
+                          const std::optional<Table>& simulated, const Table& all) {
   const size_t n_sim = simulated ? simulated->rows().size() : 0;
+  std::vector<const Row*> sim_rows, measured_rows;
   for (size_t i = 0; i < all.rows().size(); ++i) (i < n_sim ? sim_rows : measured_rows).push_back(&all.rows()[i]);
-  s = all.WriteFiles(out);
-  if (!s.ok()) std::fprintf(stderr, "%s: %s\n", harness.c_str(), s.ToString().c_str());
-  std::string plots = "plots: skipped (--noplots)";
-  if (FLAGS_plots) {
-    std::string script = FindPlotScript(argv[0]);
-    if (script.empty()) {
-      plots = "plots: benchmarks/paper/plot.py not found; CSV and JSON are complete";
-    } else {
-      // Debian's interpreter, where python3-matplotlib installs, ahead of
-      // any other python3 on PATH.
-      const std::string python = Exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-      std::string cmd = python + " '" + script + "' '" + out + "'";
-      std::fflush(stdout);  // the script writes to the same stdout
-      int rc = std::system(cmd.c_str());
-      int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-      plots = code == 0   ? "plots: PNGs written by " + script
-              : code == 3 ? "plots: matplotlib is missing (apt-get install python3-matplotlib); "
-                            "CSV and JSON are complete"
-                          : "plots: " + script + " failed (exit " + std::to_string(code) +
-                                "); CSV and JSON are complete";
-    }
-  }
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string load_end = LoadAverage();
-  const std::string when = started + ", " + FormatDuration(wall) + " on " +
-                           std::to_string(std::thread::hardware_concurrency()) + " cores, load average " +
-                           load_start + " at the start and " + load_end + " at the end";
-  md << "Wall time " << FormatDuration(wall) << " (" << when << ").\n";
-  s = WriteTextFile(out + "/summary.md", md.str());
-  if (!s.ok()) std::fprintf(stderr, "%s: %s\n", harness.c_str(), s.ToString().c_str());
-  const std::string run = "`./bazelw run -c opt //benchmarks:" + harness + (FLAGS_quick ? " -- --quick`" : "`");
-  s = WriteTextFile(out + "/claims.md",
-                    "# The paper's claims: every row, simulated at the paper's scale and measured here\n\n"
-                    "Generated by " + run + " (" + when + "; claims.md in its output folder); not edited by "
-                    "hand. Evidence says what each row rests on; rel_error is ours against the paper's "
-                    "number.\n\n" + (simulated ? std::string(kSimTrust) + "\n\n" : std::string()) +
-                    all.ToMarkdown(claim_columns));
-  if (!s.ok()) std::fprintf(stderr, "%s: %s\n", harness.c_str(), s.ToString().c_str());
-  // The README's results block (benchmarks/paper/update_readme.py puts it between
-  // the README's markers): a few generated lines and the links.
   std::ostringstream readme;
   readme << "Generated from the latest run of " << run << " (" << when
          << ") by `benchmarks/paper/update_readme.py`; not edited by hand. Every paper claim, with its evidence, "
@@ -411,9 +403,11 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
          << " shared cores (timed comparisons: " << o.reps << " alternating repetitions x "
          << o.comparison_steps << " steps, inconclusive when the effect is inside their spread): "
          << ByVerdict(measured_rows) << ".\n";
-  s = WriteTextFile(out + "/readme_results.md", readme.str());
-  if (!s.ok()) std::fprintf(stderr, "%s: %s\n", harness.c_str(), s.ToString().c_str());
+  return readme.str();
+}
 
+// Every claim on stdout: the simulated ones, then the measured ones.
+void PrintClaims(const std::optional<Table>& simulated, const Table& claims) {
   if (simulated) {
     std::printf("\n== claims at the paper's scale, simulated (%s) ==\n%s", FLAGS_sim_profile.c_str(),
                 Wrapped(kSimTrust, 100, "  ").c_str());
@@ -434,23 +428,76 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
     std::printf("%s", Wrapped("error: " + r.Text("rel_error"), 100, "    ").c_str());
     std::printf("%s", Wrapped("rule:  " + r.Text("judged_by"), 100, "    ").c_str());
   }
-  std::string published;
-  if (FLAGS_publish) {
-    const char* ws = GetEnv(EnvVar::kBuildWorkspaceDirectory);
-    if (ws == nullptr) {
-      published = "--publish: not under bazel run (no BUILD_WORKSPACE_DIRECTORY); run "
-                  "python3 benchmarks/paper/update_readme.py " + out + " in the checkout";
-    } else {
-      const std::string python = Exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-      const std::string cmd = "cd '" + std::string(ws) + "' && " + python + " benchmarks/paper/update_readme.py '" + out + "'";
-      std::fflush(stdout);
-      const int rc = std::system(cmd.c_str());
-      published = (WIFEXITED(rc) && WEXITSTATUS(rc) == 0)
-                      ? "--publish: benchmarks/results/ and the README's results block updated"
-                      : "--publish: benchmarks/paper/update_readme.py failed (exit " +
-                            std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1) + ")";
-    }
+}
+
+// --publish: runs update_readme.py on `out` in the workspace; returns the
+// line that says what came of it (empty without --publish).
+std::string Publish(const std::string& out) {
+  if (!FLAGS_publish) return "";
+  const char* ws = GetEnv(EnvVar::kBuildWorkspaceDirectory);
+  if (ws == nullptr) {
+    return "--publish: not under bazel run (no BUILD_WORKSPACE_DIRECTORY); run "
+           "python3 benchmarks/paper/update_readme.py " + out + " in the checkout";
   }
+  const std::string python = Exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  const std::string cmd = "cd '" + std::string(ws) + "' && " + python + " benchmarks/paper/update_readme.py '" + out + "'";
+  std::fflush(stdout);
+  const int rc = std::system(cmd.c_str());
+  return (WIFEXITED(rc) && WEXITSTATUS(rc) == 0)
+             ? "--publish: benchmarks/results/ and the README's results block updated"
+             : "--publish: benchmarks/paper/update_readme.py failed (exit " +
+                   std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1) + ")";
+}
+
+}  // namespace
+
+int HarnessMain(const std::string& harness, const std::vector<std::string>& names, int argc,
+                char** argv) {
+  sk::cli::ParseFlags("reproduces the PyTorch FSDP paper's experiments at a scale one CPU machine runs", __FILE__, &argc, &argv);
+  if (const std::string why = CheckFlags(); !why.empty()) {
+    std::fprintf(stderr, "%s: %s\n", harness.c_str(), why.c_str());
+    return 2;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string load_start = LoadAverage(), started = UtcNow();
+  const std::string out = OutputFolder(harness);
+  if (!MakeDirs(out)) {
+    std::fprintf(stderr, "%s: cannot create output folder %s\n", harness.c_str(), out.c_str());
+    return 1;
+  }
+  ExperimentOptions o = OptionsFromFlags();
+  o.out_dir = out;
+
+  const std::vector<Experiment> experiments = RunExperiments(harness, names, o);
+  std::ostringstream md;
+  md << "# shardkit paper harness: " << harness << (FLAGS_quick ? " --quick" : "") << "\n\n";
+  const Table claims = EvaluateClaims(ReportExperiments(experiments, md), o.world);
+  ReportIfError(harness, claims.WriteFiles(out));
+  const std::optional<Table> simulated = SimulateClaims(harness, out, md);
+  md << "## claims measured on this machine (scaled models)\n\n" << claims.ToMarkdown(ClaimColumns()) << "\n";
+  const Table all = AllClaims(simulated, claims);
+  ReportIfError(harness, all.WriteFiles(out));
+  const std::string plots = RenderPlots(argv[0], out);
+
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string load_end = LoadAverage();
+  const std::string when = started + ", " + FormatDuration(wall) + " on " +
+                           std::to_string(std::thread::hardware_concurrency()) + " cores, load average " +
+                           load_start + " at the start and " + load_end + " at the end";
+  md << "Wall time " << FormatDuration(wall) << " (" << when << ").\n";
+  ReportIfError(harness, WriteTextFile(out + "/summary.md", md.str()));
+  const std::string run = "`./bazelw run -c opt //benchmarks:" + harness + (FLAGS_quick ? " -- --quick`" : "`");
+  ReportIfError(harness,
+                WriteTextFile(out + "/claims.md",
+                              "# The paper's claims: every row, simulated at the paper's scale and measured here\n\n"
+                              "Generated by " + run + " (" + when + "; claims.md in its output folder); not edited by "
+                              "hand. Evidence says what each row rests on; rel_error is ours against the paper's "
+                              "number.\n\n" + (simulated ? std::string(kSimTrust) + "\n\n" : std::string()) +
+                              all.ToMarkdown(ClaimColumns())));
+  ReportIfError(harness, WriteTextFile(out + "/readme_results.md", ReadmeResults(run, when, o, simulated, all)));
+
+  PrintClaims(simulated, claims);
+  const std::string published = Publish(out);
   std::printf("\n%s\n", plots.c_str());
   if (!published.empty()) std::printf("%s\n", published.c_str());
   std::printf("%s finished in %s (load average %s at the start, %s at the end); CSV, JSON, traces, plots, "
