@@ -58,7 +58,7 @@ change is >= its threshold. A metric in the baseline but missing from a run
 fails. Exit 0 when nothing regressed, 1 on a regression, 2 when a benchmark
 or valgrind failed.
 
---self_test checks the gate itself: with SK_BENCH_INJECT (benchmarks/inject.h)
+--self_test checks the gate itself: with SK_BENCH_INJECT (benchmarks/util/inject.h)
 the benchmark binaries repeat each FSDP step, or each collective, twice inside
 their measured region (the real code runs twice: instructions and time
 double); each such run must fail the gate, and five unchanged runs must all
@@ -80,7 +80,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPARE = "/usr/share/benchmark/compare.py"
 VALGRIND = "valgrind"
-TARGETS = ["counted", "allocator", "collectives", "kernels", "fsdp_step"]
+# The binaries it runs, by name: their folders under benchmarks/ (track/ holds
+# the gate's own workloads; the wall-clock family times micro-benchmarks).
+TARGETS = {"counted": "track", "allocator": "micro", "collectives": "micro", "kernels": "micro",
+           "fsdp_step": "micro", "sim_track": "track"}
 FAMILIES = ["instructions", "memory", "wall", "sim"]
 # Families whose thresholds gate in --quick (and so in --self_test).
 QUICK_GATING = ["instructions", "memory", "sim"]
@@ -116,6 +119,11 @@ COUNTED_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "OPENBLAS_CO
 # //benchmarks:sim_track: every configuration it prints becomes the gated
 # metrics sim/<config>/{step_seconds,peak_bytes}.
 SIM_TARGET = "sim_track"
+
+
+def binary(bin_dir, name):
+    """The built binary `name` (a key of TARGETS) under bazel-bin's benchmarks/."""
+    return os.path.join(bin_dir, TARGETS[name], name)
 
 
 def log(*args):
@@ -191,7 +199,7 @@ def measure_instructions(bin_dir, inject):
         env.update(COUNTED_ENV)
         doc = run_json([VALGRIND, "--tool=callgrind", "--instr-atstart=no", "-q",
                         "--callgrind-out-file=" + os.path.join(out_dir, "callgrind.out"),
-                        os.path.join(bin_dir, "counted"), "--benchmark_format=json",
+                        binary(bin_dir, "counted"), "--benchmark_format=json",
                         "--benchmark_filter=" + COUNTED_FILTER], env)
         expected = {workload(n) for n in by_name(doc)}
         counts = {}
@@ -214,7 +222,7 @@ def measure_instructions(bin_dir, inject):
 
 def measure_memory(bin_dir, inject):
     """Family 'memory': the caching allocator's peaks over one step, max over ranks."""
-    runs = by_name(run_json([os.path.join(bin_dir, "counted"), "--benchmark_format=json",
+    runs = by_name(run_json([binary(bin_dir, "counted"), "--benchmark_format=json",
                              "--benchmark_filter=" + MEMORY_FILTER], bench_env(inject)))
     metrics = {}
     for name, b in runs.items():
@@ -233,7 +241,7 @@ def measure_wall(bin_dir, quick, inject):
     # runs the model that fits only (the state-bound one takes minutes under
     # load; the memory family gates peak memory).
     flt = "BM_Step/compute/(DDP|FULL_SHARD|NO_SHARD)/" if quick else "BM_Step/"
-    runs = by_name(run_json([os.path.join(bin_dir, "fsdp_step"), "--benchmark_format=json",
+    runs = by_name(run_json([binary(bin_dir, "fsdp_step"), "--benchmark_format=json",
                              "--benchmark_filter=" + flt, "--benchmark_repetitions=%d" % REPETITIONS], env))
     steps = {"/".join(n.split("/")[1:3]): b for n, b in runs.items()}  # "compute/FULL_SHARD"
     for key, b in steps.items():
@@ -251,7 +259,7 @@ def measure_wall(bin_dir, quick, inject):
     sizes = "16777216,67108864" if quick else "1048576,16777216,67108864"
     memcpy, busbw = 0, {}
     for _ in range(REPETITIONS):
-        coll = run_json([os.path.join(bin_dir, "collectives"), "--benchmark_format=json", "--backends=local",
+        coll = run_json([binary(bin_dir, "collectives"), "--benchmark_format=json", "--backends=local",
                          "--ranks=4", "--sizes=" + sizes, "--iters=" + ("5" if quick else "9")], env)
         memcpy = max(memcpy, coll["context"]["memcpy_4_threads_GBps"])
         for b in coll["benchmarks"]:
@@ -265,7 +273,7 @@ def measure_wall(bin_dir, quick, inject):
     # GEMM rate against the measured FMA peak (kernels.cc). Not in --quick:
     # a one-iteration peak and a short GEMM under load moved this ratio 10x.
     if not quick:
-        kern = by_name(run_json([os.path.join(bin_dir, "kernels"), "--benchmark_format=json",
+        kern = by_name(run_json([binary(bin_dir, "kernels"), "--benchmark_format=json",
                                  "--benchmark_filter=BM_PeakFma/2|BM_Gemm/lib:1/", "--benchmark_min_time=0.5",
                                  "--benchmark_repetitions=%d" % REPETITIONS], env))
         peak = next((b["GFLOP/s"] for n, b in kern.items() if n.startswith("BM_PeakFma/2")), None)
@@ -275,7 +283,7 @@ def measure_wall(bin_dir, quick, inject):
                     peak / b["GFLOP/s"], "time")
 
     # The caching allocator against raw device allocation; peak reserved near the cap.
-    alloc = by_name(run_json([os.path.join(bin_dir, "allocator"), "--benchmark_format=json",
+    alloc = by_name(run_json([binary(bin_dir, "allocator"), "--benchmark_format=json",
                               "--benchmark_filter=BM_RawDeviceAllocFree|BM_CachedAllocFree/|BM_FragmentationNearCap",
                               "--benchmark_min_time=" + ("0.05" if quick else "0.2"),
                               "--benchmark_repetitions=%d" % REPETITIONS], env))
@@ -296,8 +304,8 @@ def measure_sim(bin_dir, inject=None):
     metrics sim/<config>/step_seconds and sim/<config>/peak_bytes
     (SIM_THRESHOLD). A configuration that reports an error (simulated out of
     memory, say) yields no metric, so the gate names it missing."""
-    binary = os.path.join(bin_dir, SIM_TARGET)
-    doc = run_json([binary, "--benchmark_format=json"], bench_env(inject))
+    binary_path = binary(bin_dir, SIM_TARGET)
+    doc = run_json([binary_path, "--benchmark_format=json"], bench_env(inject))
     metrics = {}
     for b in doc.get("benchmarks", []):
         config = workload(b.get("run_name", b["name"]))
@@ -467,7 +475,7 @@ def main():
                     help="write this run's families into the baseline (other families' entries are kept)")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset of " + ",".join(FAMILIES))
     ap.add_argument("--time_threshold", type=float, default=None, help="gate every wall time ratio at this change")
-    ap.add_argument("--baseline", default=None, help="default benchmarks/baseline/{quick,full}.json")
+    ap.add_argument("--baseline", default=None, help="default benchmarks/track/baseline/{quick,full}.json")
     ap.add_argument("--bazel", default=None, help="build command (default ./bazelw, else bazel)")
     ap.add_argument("--no_build", action="store_true", help="use the binaries already in bazel-bin")
     args = ap.parse_args()
@@ -476,12 +484,12 @@ def main():
     if unknown:
         ap.error("unknown families: %s (known: %s)" % (", ".join(unknown), ", ".join(FAMILIES)))
     quick = args.quick or args.self_test
-    baseline = args.baseline or os.path.join(ROOT, "benchmarks", "baseline", ("quick" if quick else "full") + ".json")
+    baseline = args.baseline or os.path.join(ROOT, "benchmarks", "track", "baseline", ("quick" if quick else "full") + ".json")
 
     bazel = args.bazel or (os.path.join(ROOT, "bazelw") if os.path.exists(os.path.join(ROOT, "bazelw")) else "bazel")
     if not args.no_build:
-        targets = TARGETS + [SIM_TARGET]
-        subprocess.run([bazel, "build", "-c", "opt"] + ["//benchmarks:" + t for t in targets], cwd=ROOT, check=True)
+        labels = ["//benchmarks/%s:%s" % (folder, name) for name, folder in TARGETS.items()]
+        subprocess.run([bazel, "build", "-c", "opt"] + labels, cwd=ROOT, check=True)
     # The -c opt output folder itself: bazel-bin follows whichever configuration
     # built last (a --config=asan test run repoints it).
     try:

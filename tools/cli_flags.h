@@ -16,11 +16,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace sk::cli {
 
 // The part of a source path gflags' --helpmatch compares against the file a
-// flag was defined in: "benchmarks/harness_main.cc" -> "/harness_main.".
+// flag was defined in: "benchmarks/paper/harness_main.cc" -> "/harness_main.".
 inline std::string HelpMatch(std::string_view source_file) {
   const size_t slash = source_file.rfind('/');
   std::string_view base = slash == std::string_view::npos ? source_file : source_file.substr(slash + 1);
@@ -55,6 +56,20 @@ inline bool ParseCount(std::string_view s, uint64_t lo, uint64_t hi, uint64_t* o
   if (v < lo || v > hi) return false;
   *out = v;
   return true;
+}
+
+// The items of a comma-separated flag value ("a,b,,c" -> {"a", "b", "c"}):
+// empty items are dropped, nothing is trimmed.
+inline std::vector<std::string> SplitList(std::string_view s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string_view::npos) end = s.size();
+    if (end > start) out.emplace_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
 }
 
 }  // namespace sk::cli

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -51,19 +50,9 @@ DEFINE_string(dtypes, "", "restrict param[/reduce] dtypes: e.g. f32,bf16,bf16/f3
 
 namespace {
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 sk::StatusOr<std::vector<sk::ActivationCheckpointing>> CheckpointingList(const std::string& s) {
   std::vector<sk::ActivationCheckpointing> out;
-  for (const std::string& v : Split(s)) {
+  for (const std::string& v : sk::cli::SplitList(s)) {
     SK_ASSIGN_OR_RETURN(sk::ActivationCheckpointing c, sk::ParseActivationCheckpointing(v, "--checkpointing"));
     out.push_back(c);
   }
@@ -72,7 +61,7 @@ sk::StatusOr<std::vector<sk::ActivationCheckpointing>> CheckpointingList(const s
 
 sk::StatusOr<std::vector<bool>> Bools(const std::string& s, const char* flag) {
   std::vector<bool> out;
-  for (const std::string& v : Split(s)) {
+  for (const std::string& v : sk::cli::SplitList(s)) {
     if (v == "on" || v == "true" || v == "1") {
       out.push_back(true);
     } else if (v == "off" || v == "false" || v == "0") {
@@ -86,7 +75,7 @@ sk::StatusOr<std::vector<bool>> Bools(const std::string& s, const char* flag) {
 
 sk::StatusOr<std::vector<int>> Ints(const std::string& s, const char* flag) {
   std::vector<int> out;
-  for (const std::string& v : Split(s)) {
+  for (const std::string& v : sk::cli::SplitList(s)) {
     try {
       size_t used = 0;
       int n = std::stoi(v, &used);
@@ -105,7 +94,7 @@ sk::StatusOr<std::vector<int>> Ints(const std::string& s, const char* flag) {
 // "1,2,off": N in flight, or off (the planner validates N >= 1).
 sk::StatusOr<std::vector<sk::RateLimit>> RateLimits(const std::string& s) {
   std::vector<sk::RateLimit> out;
-  for (const std::string& v : Split(s)) {
+  for (const std::string& v : sk::cli::SplitList(s)) {
     if (v == "off") {
       out.push_back(sk::RateLimit::Off());
       continue;
@@ -135,7 +124,7 @@ sk::Status Run() {
     SK_ASSIGN_OR_RETURN(sp.strategies, sk::plan::ParseStrategyList(FLAGS_strategies));
   }
   SK_ASSIGN_OR_RETURN(sp.shard_group_sizes, Ints(FLAGS_shard_group_sizes, "shard_group_sizes"));
-  for (const std::string& v : Split(FLAGS_backward_prefetch)) {
+  for (const std::string& v : sk::cli::SplitList(FLAGS_backward_prefetch)) {
     SK_ASSIGN_OR_RETURN(sk::BackwardPrefetch p, sk::ParseBackwardPrefetch(v));
     sp.backward_prefetch.push_back(p);
   }

@@ -7,9 +7,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "benchmarks/claims.h"
-#include "benchmarks/progress.h"
-#include "benchmarks/report.h"
+#include "benchmarks/paper/claims.h"
+#include "benchmarks/paper/progress.h"
+#include "benchmarks/paper/report.h"
 
 namespace sk::bench {
 namespace {

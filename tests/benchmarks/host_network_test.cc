@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "benchmarks/host_network.h"
+#include "benchmarks/paper/host_network.h"
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/allocator.h"
 #include "runtime/device/device.h"

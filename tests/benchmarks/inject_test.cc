@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "benchmarks/inject.h"
+#include "benchmarks/util/inject.h"
 
 namespace sk::bench {
 namespace {

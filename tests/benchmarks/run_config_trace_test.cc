@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "benchmarks/run_config.h"
+#include "benchmarks/paper/run_config.h"
 
 namespace sk::bench {
 namespace {

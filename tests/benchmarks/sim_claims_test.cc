@@ -1,4 +1,4 @@
-#include "benchmarks/sim_claims.h"
+#include "benchmarks/paper/sim_claims.h"
 
 #include <cstdio>
 #include <set>

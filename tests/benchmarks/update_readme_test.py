@@ -1,4 +1,4 @@
-"""benchmarks/update_readme.py: rewrites only its block, idempotently, and refuses bad READMEs untouched."""
+"""benchmarks/paper/update_readme.py: rewrites only its block, idempotently, and refuses bad READMEs untouched."""
 import importlib.util
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 import tempfile
 import unittest
 
-SCRIPT = sys.argv.pop(1) if len(sys.argv) > 1 else "benchmarks/update_readme.py"
+SCRIPT = sys.argv.pop(1) if len(sys.argv) > 1 else "benchmarks/paper/update_readme.py"
 spec = importlib.util.spec_from_file_location("update_readme", SCRIPT)
 update_readme = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(update_readme)

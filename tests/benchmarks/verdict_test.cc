@@ -1,6 +1,6 @@
 // verdict.h: the run order of compared variants, spreads, paired ratios and
 // the two-sided bands with their inconclusive middle.
-#include "benchmarks/verdict.h"
+#include "benchmarks/paper/verdict.h"
 
 #include <cmath>
 #include <limits>

@@ -47,23 +47,23 @@ TESTS=(
   //tests/frontends:cpp_frontend_test
 )
 BENCHES=(
-  //benchmarks:gpu_gemm
-  //benchmarks:gpu_train
+  //benchmarks/gpu:gpu_gemm
+  //benchmarks/gpu:gpu_train
 )
 # CPU tools packed into extra/ for measurements on the GPU host's 16 cores
 # (AMX and avx512_bf16, which the development machines lack); run.sh does not
 # run them: the device call names what it wants, e.g.
 #   gpu-pkg/extra.sh step_breakdown --models=gpt-10m --param_dtype=bf16
 EXTRAS=(
-  //benchmarks:step_breakdown
+  //benchmarks/micro:step_breakdown
 )
 # CPU programs with their own flags, which run.sh runs after the suite (not
 # Google Benchmark): the simulator's cpu-local calibration and its validation
 # against real CPU training (docs/planner.md, "How far to trust it"), for the
 # GPU host's idle many-core CPU.
 CPU_BENCHES=(
-  //benchmarks:calibrate
-  //benchmarks:sim_validate
+  //benchmarks/sim:calibrate
+  //benchmarks/sim:sim_validate
 )
 
 # The multi-GPU suite (nccl_suite.sh): the launcher and the programs it

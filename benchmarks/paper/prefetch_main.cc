@@ -1,0 +1,4 @@
+// //benchmarks:prefetch: see experiments.h.
+#include "benchmarks/paper/harness_main.h"
+
+int main(int argc, char** argv) { return sk::bench::HarnessMain("prefetch", {"prefetch"}, argc, argv); }

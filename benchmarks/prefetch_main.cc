@@ -1,4 +1,0 @@
-// //benchmarks:prefetch: see experiments.h.
-#include "benchmarks/harness_main.h"
-
-int main(int argc, char** argv) { return sk::bench::HarnessMain("prefetch", {"prefetch"}, argc, argv); }
