@@ -280,6 +280,19 @@ test("plan ranks simulated candidates into plain tables", function()
   expect_error("INVALID_ARGUMENT", "ZERO4", sk.plan, {model = "gpt-1m", strategies = "ZERO4"})
   expect_error("INVALID_ARGUMENT", "activation_checkpointing", sk.plan,
                {model = "gpt-1m", activation_checkpointing = "sometimes"})
+  -- Selective checkpointing, by a list of policy names.
+  local sel = sk.plan{model = "gpt-1m", gpus = 8, batch_size = 4, strategies = "DDP", dtypes = "bf16",
+                      checkpointing = {"full", "selective", "selective_attention"}, cpu_offload = "off"}
+  assert(#sel.candidates == 3, #sel.candidates)
+  local by = {}
+  for _, c in ipairs(sel.candidates) do by[c.checkpointing] = c end
+  assert(by.full.activation_checkpointing == true and by.full.label == "DDP ckpt bf16", by.full.label)
+  assert(by.selective.activation_checkpointing == false and by.selective.label == "DDP sel-ckpt bf16")
+  assert(by.selective_attention.label == "DDP sel-ckpt+attn bf16", by.selective_attention.label)
+  assert(by.selective_attention.peak_allocated_bytes < by.selective.peak_allocated_bytes)
+  assert(best.checkpointing == "off", best.checkpointing)
+  expect_error("INVALID_ARGUMENT", "checkpointing: 'sometimes'", sk.plan,
+               {model = "gpt-1m", checkpointing = "off,sometimes"})
   expect_error("NOT_FOUND", "gpt-9z", sk.plan, {model = "gpt-9z"})
 end)
 

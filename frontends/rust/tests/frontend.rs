@@ -308,6 +308,28 @@ fn plan_ranks_simulated_candidates() {
         .unwrap_err();
     assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
     assert!(e.message.contains("ZERO4"), "{}", e);
+    // Selective checkpointing, with and without the attention recomputed.
+    let selective = shardkit::plan(&shardkit::PlanRequest {
+        strategies: Some("DDP".to_string()),
+        activation_checkpointing: 0,
+        checkpointing: Some("full,selective,selective_attention".to_string()),
+        ..request.clone()
+    })
+    .unwrap();
+    assert_eq!(selective.candidates.len(), 3);
+    let by = |policy| selective.candidates.iter().find(|c| c.checkpointing == policy).unwrap();
+    let full = by(sys::SK_CHECKPOINTING_FULL);
+    let sel = by(sys::SK_CHECKPOINTING_SELECTIVE);
+    let attn = by(sys::SK_CHECKPOINTING_SELECTIVE_ATTENTION);
+    assert!(full.activation_checkpointing && !sel.activation_checkpointing && !attn.activation_checkpointing);
+    assert_eq!(sel.label, "DDP sel-ckpt bf16");
+    assert_eq!(attn.label, "DDP sel-ckpt+attn bf16");
+    assert!(attn.peak_allocated_bytes < sel.peak_allocated_bytes, "{:?} {:?}", attn, sel);
+    assert_eq!(best.checkpointing, sys::SK_CHECKPOINTING_OFF);
+    let e = shardkit::plan(&shardkit::PlanRequest { checkpointing: Some("sometimes".to_string()), ..request.clone() })
+        .unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
+    assert!(e.message.contains("checkpointing"), "{}", e);
     let e = shardkit::plan(&shardkit::PlanRequest { model: "gpt-9z".to_string(), ..request }).unwrap_err();
     assert_eq!(e.code, sys::SK_STATUS_NOT_FOUND);
 }
