@@ -56,6 +56,7 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
     e.checkpointing = c.checkpointing();
     e.recompute_attention = c.recompute_attention;
     e.ddp = c.parallelism == Parallelism::kDdp;
+    e.device = DeviceKind::kSim;
     StatusOr<MemoryEstimate> est = EstimatePeakMemory(e);
     if (est.ok()) {
       m.required_bytes = std::max(est->peak_bytes, std::max(m.peak_allocated_bytes, m.peak_reserved_bytes));

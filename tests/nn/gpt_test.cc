@@ -183,8 +183,8 @@ TEST(Gpt, SelectiveCheckpointingGivesIdenticalLossAndGradients) {
       EXPECT_LT(recomputed, block);
     }
     // And keeps less than no checkpointing, more than full.
-    EXPECT_LT(sel->PeakActivationBytes(2, 8, 0), plain->PeakActivationBytes(2, 8, 0));
-    EXPECT_GT(sel->PeakActivationBytes(2, 8, 0), full->PeakActivationBytes(2, 8, 0));
+    EXPECT_LT(sel->PeakActivationBytes(2, 8, 0, DeviceKind::kCpu), plain->PeakActivationBytes(2, 8, 0, DeviceKind::kCpu));
+    EXPECT_GT(sel->PeakActivationBytes(2, 8, 0, DeviceKind::kCpu), full->PeakActivationBytes(2, 8, 0, DeviceKind::kCpu));
   }
 }
 
