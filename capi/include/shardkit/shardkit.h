@@ -856,8 +856,10 @@ typedef struct sk_memory_estimate {
  * on `world_size` ranks, without building the model's parameters or running
  * anything. The estimate depends on the model, sk_fsdp_options (strategy,
  * shard group, dtypes, all_gather_limit, cpu_offload), the optimizer,
- * batch_size, seq_len, source_len and activation_checkpointing, for one
- * micro-batch per step (grad_accum_steps 1). The other fields are validated
+ * batch_size, seq_len, source_len, activation_checkpointing and
+ * device.kind (which attention the model runs there: a log-sum-exp per row
+ * where the device's backend runs attention in linear memory, else the
+ * probabilities), for one micro-batch per step (grad_accum_steps 1). The other fields are validated
  * as sk_trainer_create validates them but do not change it (data_path is not
  * opened). `out->struct_size` must be set; the fields that fit in it are
  * written. Errors: INVALID_ARGUMENT for bad options or world_size (< 1, or
