@@ -293,6 +293,13 @@ test("plan ranks simulated candidates into plain tables", function()
   assert(best.checkpointing == "off", best.checkpointing)
   expect_error("INVALID_ARGUMENT", "checkpointing: 'sometimes'", sk.plan,
                {model = "gpt-1m", checkpointing = "off,sometimes"})
+  -- A decoder by its shape, RoPE scaling included; a half-given scaling is named.
+  local decoder = "decoder:layers=2,d_model=32,heads=4,d_ff=64,vocab=64,seq=64"
+  local scaled = sk.plan{model = decoder .. ",rope_type=linear,rope_factor=2", gpus = 8, strategies = "DDP",
+                         dtypes = "bf16", activation_checkpointing = "off", cpu_offload = "off"}
+  assert(#scaled.candidates == 1 and scaled.candidates[1].fits, scaled.table)
+  expect_error("INVALID_ARGUMENT", "'rope_factor' is required with rope_type=linear", sk.plan,
+               {model = decoder .. ",rope_type=linear"})
   expect_error("NOT_FOUND", "gpt-9z", sk.plan, {model = "gpt-9z"})
 end)
 

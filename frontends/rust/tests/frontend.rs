@@ -330,6 +330,23 @@ fn plan_ranks_simulated_candidates() {
         .unwrap_err();
     assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
     assert!(e.message.contains("checkpointing"), "{}", e);
+    // A decoder by its shape, RoPE scaling included; a half-given scaling is named.
+    let decoder = "decoder:layers=2,d_model=32,heads=4,d_ff=64,vocab=64,seq=64";
+    let scaled = shardkit::plan(&shardkit::PlanRequest {
+        model: format!("{},rope_type=llama3,rope_factor=8,rope_low_freq_factor=1,rope_high_freq_factor=4,rope_original_max_positions=16", decoder),
+        strategies: Some("DDP".to_string()),
+        ..request.clone()
+    })
+    .unwrap();
+    assert_eq!(scaled.candidates.len(), 1);
+    assert!(scaled.candidates[0].fits, "{}", scaled.table);
+    let e = shardkit::plan(&shardkit::PlanRequest {
+        model: format!("{},rope_type=llama3,rope_factor=8", decoder),
+        ..request.clone()
+    })
+    .unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
+    assert!(e.message.contains("'rope_low_freq_factor' is required with rope_type=llama3"), "{}", e);
     let e = shardkit::plan(&shardkit::PlanRequest { model: "gpt-9z".to_string(), ..request }).unwrap_err();
     assert_eq!(e.code, sys::SK_STATUS_NOT_FOUND);
 }
