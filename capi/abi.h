@@ -272,6 +272,9 @@ template <> inline constexpr size_t kFirstVersionSize<sk_optimizer_options> =
 // peak_host_bytes was appended.
 template <> inline constexpr size_t kFirstVersionSize<sk_plan_candidate> =
     offsetof(sk_plan_candidate, peak_host_bytes);
+// 0.4.0's sk_plan_request ended at trace_path (checkpointing: issue 33).
+template <> inline constexpr size_t kFirstVersionSize<sk_plan_request> =
+    offsetof(sk_plan_request, checkpointing);
 
 // Copies a caller's option struct into `out` (zeroed, then the caller's
 // bytes up to min(struct_size, sizeof)); `in` NULL leaves all defaults.

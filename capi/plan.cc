@@ -59,13 +59,21 @@ sk::StatusOr<sk::plan::PlanRequest> ToPlanRequest(const sk_plan_request* in) {
   if (c.dtypes != nullptr && c.dtypes[0] != '\0') {
     SK_ASSIGN_OR_RETURN(r.space.dtypes, sk::plan::ParseDTypeList(c.dtypes));
   }
-  {  // The ABI's off / on are kNone / kFull; selective is not in its struct.
-    SK_ASSIGN_OR_RETURN(std::vector<bool> ckpt,
-                        Both(c.activation_checkpointing, "activation_checkpointing"));
-    for (bool on : ckpt) {
-      r.space.activation_checkpointing.push_back(on ? sk::ActivationCheckpointing::kFull
-                                                    : sk::ActivationCheckpointing::kNone);
+  // activation_checkpointing's off / on are kNone / kFull; `checkpointing`
+  // (issue 33) names any of the four policies instead.
+  SK_ASSIGN_OR_RETURN(std::vector<bool> ckpt, Both(c.activation_checkpointing, "activation_checkpointing"));
+  if (c.checkpointing != nullptr && c.checkpointing[0] != '\0') {
+    if (c.activation_checkpointing != 0) {
+      return sk::InvalidArgumentError(
+          "sk_plan_request.checkpointing and activation_checkpointing are both set (" +
+          std::to_string(c.activation_checkpointing) + "); list the policies in checkpointing only");
     }
+    SK_ASSIGN_OR_RETURN(r.space.activation_checkpointing,
+                        sk::plan::ParseCheckpointingList(c.checkpointing, "sk_plan_request.checkpointing"));
+  }
+  for (bool on : ckpt) {
+    r.space.activation_checkpointing.push_back(on ? sk::ActivationCheckpointing::kFull
+                                                  : sk::ActivationCheckpointing::kNone);
   }
   SK_ASSIGN_OR_RETURN(r.space.cpu_offload, Both(c.cpu_offload, "cpu_offload"));
   if (c.trace_path != nullptr) r.trace_path = c.trace_path;
@@ -107,7 +115,10 @@ SK_EXPORT sk_status_t sk_plan(const sk_plan_request* request, sk_plan_result** o
     c.backward_prefetch = static_cast<sk_backward_prefetch_t>(k.fsdp.backward_prefetch);
     c.forward_prefetch = k.fsdp.forward_prefetch ? 1 : 0;
     c.rate_limit = RateLimitTo(k.fsdp.all_gather_limit);
-    c.activation_checkpointing = k.activation_checkpointing ? 1 : 0;
+    c.activation_checkpointing = k.activation_checkpointing ? SK_CHECKPOINTING_FULL
+                                 : !k.selective_checkpointing ? SK_CHECKPOINTING_OFF
+                                 : k.recompute_attention      ? SK_CHECKPOINTING_SELECTIVE_ATTENTION
+                                                              : SK_CHECKPOINTING_SELECTIVE;
     c.cpu_offload = k.fsdp.cpu_offload ? 1 : 0;
     c.param_dtype = static_cast<sk_dtype_t>(k.fsdp.mixed_precision.param_dtype);
     c.reduce_dtype = static_cast<sk_dtype_t>(

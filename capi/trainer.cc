@@ -170,6 +170,7 @@ SK_EXPORT sk_status_t sk_estimate_memory(const sk_trainer_options* options, int3
   r.activation_checkpointing = o.activation_checkpointing;
   r.checkpointing = o.checkpointing;
   r.recompute_attention = o.recompute_attention;
+  r.device = o.device.kind;
   SK_ASSIGN_OR_FAIL(sk::MemoryEstimate e, sk::EstimatePeakMemory(r));
   WriteStruct(out, ToMemoryEstimate(e));
   return SK_STATUS_OK;

@@ -44,20 +44,12 @@ DEFINE_string(forward_prefetch, "", "restrict: off, on, or off,on");
 DEFINE_string(rate_limits, "", "restrict all_gather_limit: e.g. 1,2,4,off");
 DEFINE_string(checkpointing, "",
               "activation checkpointing to search: off, on (whole block), selective (norms and "
-              "activations recomputed), as a list; default off,on (selective only when listed)");
+              "activations recomputed), selective_attention (selective, attention recomputed too), "
+              "as a list; default off,on (the selective ones only when listed)");
 DEFINE_string(offload, "", "restrict CPU offload: off, on, or off,on");
 DEFINE_string(dtypes, "", "restrict param[/reduce] dtypes: e.g. f32,bf16,bf16/f32");
 
 namespace {
-
-sk::StatusOr<std::vector<sk::ActivationCheckpointing>> CheckpointingList(const std::string& s) {
-  std::vector<sk::ActivationCheckpointing> out;
-  for (const std::string& v : sk::cli::SplitList(s)) {
-    SK_ASSIGN_OR_RETURN(sk::ActivationCheckpointing c, sk::ParseActivationCheckpointing(v, "--checkpointing"));
-    out.push_back(c);
-  }
-  return out;
-}
 
 sk::StatusOr<std::vector<bool>> Bools(const std::string& s, const char* flag) {
   std::vector<bool> out;
@@ -130,7 +122,8 @@ sk::Status Run() {
   }
   SK_ASSIGN_OR_RETURN(sp.forward_prefetch, Bools(FLAGS_forward_prefetch, "forward_prefetch"));
   SK_ASSIGN_OR_RETURN(sp.rate_limits, RateLimits(FLAGS_rate_limits));
-  SK_ASSIGN_OR_RETURN(sp.activation_checkpointing, CheckpointingList(FLAGS_checkpointing));
+  SK_ASSIGN_OR_RETURN(sp.activation_checkpointing,
+                      sk::plan::ParseCheckpointingList(FLAGS_checkpointing, "--checkpointing"));
   SK_ASSIGN_OR_RETURN(sp.cpu_offload, Bools(FLAGS_offload, "offload"));
   if (!FLAGS_dtypes.empty()) {
     SK_ASSIGN_OR_RETURN(sp.dtypes, sk::plan::ParseDTypeList(FLAGS_dtypes));

@@ -690,11 +690,16 @@ end
 -- The planner (sk_plan). `request` is sk_plan_request as a table (model,
 -- profile, gpus, gpus_per_node, batch_size, seq_len, source_len, strategies,
 -- dtypes, trace_path); activation_checkpointing and cpu_offload take "both",
--- "off" or "on" (or the C values 0/1/2). Returns a plain table: profile,
--- device_memory_bytes, recommended (1-based index into candidates, or nil when
--- nothing fits), recommendation, table, json, and candidates in ranked order,
--- each with the fields of sk_plan_candidate (label and error as strings,
--- enums as numbers, fits/out_of_memory/... as booleans).
+-- "off" or "on" (or the C values 0/1/2). checkpointing lists the policies to
+-- search instead, as a string ("off,selective") or a table of names
+-- ({"off", "full", "selective", "selective_attention"}). Returns a plain table:
+-- profile, device_memory_bytes, recommended (1-based index into candidates, or
+-- nil when nothing fits), recommendation, table, json, and candidates in
+-- ranked order, each with the fields of sk_plan_candidate (label and error as
+-- strings, enums as numbers, fits/out_of_memory/... as booleans;
+-- activation_checkpointing true for whole-block checkpointing) and
+-- checkpointing, the candidate's policy by name ("off", "full", "selective",
+-- "selective_attention").
 local both_off_on = {both = 0, off = 1, on = 2}
 local candidate_numbers = {
   "parallelism", "strategy", "shard_group_size", "backward_prefetch", "rate_limit",
@@ -702,7 +707,13 @@ local candidate_numbers = {
   "alloc_retries", "required_bytes", "step_seconds", "tflops_per_gpu", "mfu",
   "exposed_comm_seconds", "peak_host_bytes",
 }
-local candidate_flags = {"forward_prefetch", "activation_checkpointing", "cpu_offload", "fits", "out_of_memory"}
+local candidate_flags = {"forward_prefetch", "cpu_offload", "fits", "out_of_memory"}
+local checkpointing_names = {
+  [tonumber(lib.SK_CHECKPOINTING_OFF)] = "off",
+  [tonumber(lib.SK_CHECKPOINTING_FULL)] = "full",
+  [tonumber(lib.SK_CHECKPOINTING_SELECTIVE)] = "selective",
+  [tonumber(lib.SK_CHECKPOINTING_SELECTIVE_ATTENTION)] = "selective_attention",
+}
 function M.plan(request)
   local t = {}
   for k, v in pairs(request or {}) do
@@ -711,6 +722,8 @@ function M.plan(request)
         invalid_argument(k .. " must be 'both', 'off' or 'on', not '" .. v .. "'", 2)
       end
       v = both_off_on[v]
+    elseif k == "checkpointing" and type(v) == "table" then
+      v = table.concat(v, ",")
     end
     t[k] = v
   end
@@ -738,6 +751,8 @@ function M.plan(request)
     local e = {label = ffi.string(c.label), error = c.error ~= nil and ffi.string(c.error) or nil}
     for _, k in ipairs(candidate_numbers) do e[k] = tonumber(c[k]) end
     for _, k in ipairs(candidate_flags) do e[k] = c[k] ~= 0 end
+    e.activation_checkpointing = c.activation_checkpointing == lib.SK_CHECKPOINTING_FULL
+    e.checkpointing = checkpointing_names[tonumber(c.activation_checkpointing)]
     plan.candidates[i + 1] = e
   end
   lib.sk_plan_result_free(ffi.gc(res, nil))

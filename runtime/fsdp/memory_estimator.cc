@@ -59,7 +59,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
     e.optimizer_bytes = (StateBytesPerElement(opt) / 4) * F32(e.parameters);
     const int64_t cd = static_cast<int64_t>(DTypeSize(r.fsdp.mixed_precision.param_dtype));
     e.persistent_bytes = cd == 4 ? 0 : Blocks(e.parameters * cd);
-    e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te);
+    e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te, r.device);
     e.peak_bytes = e.master_bytes + e.grad_shard_bytes + e.optimizer_bytes + e.persistent_bytes +
                    e.activation_bytes;
     return e;
@@ -165,7 +165,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   // unit's backward.
   if (persistent && pd != 4) e.unsharded_bytes += F32(largest);
   // The model counts its own activations and temporaries (runtime/nn).
-  e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te);
+  e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te, r.device);
   e.peak_bytes = e.master_bytes + e.grad_shard_bytes + e.optimizer_bytes + e.persistent_bytes +
                  e.unsharded_bytes + e.activation_bytes;
   return e;

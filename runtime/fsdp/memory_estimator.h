@@ -45,6 +45,10 @@ struct MemoryEstimateRequest {
   bool activation_checkpointing = false;
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   bool recompute_attention = false;
+  // The kind of device the trainer runs on: it decides which attention the
+  // model runs, and so what it keeps (Model::PeakActivationBytes). The
+  // simulator's is a CPU run's.
+  DeviceKind device = DeviceKind::kCpu;
   // The DDP baseline instead of FSDP (fsdp.strategy is then ignored, and
   // fsdp.mixed_precision.param_dtype is DDP's compute dtype).
   bool ddp = false;

@@ -77,7 +77,8 @@ class Keys {
       if (taken_.count(key) == 0) {
         return Bad("unknown key '" + key +
                    "' (known: layers, d_model, heads, kv_heads, d_ff, ffn, vocab, seq, tied, "
-                   "qkv_bias, rope_theta, norm_eps, name)");
+                   "qkv_bias, rope_theta, rope_type, rope_factor, rope_low_freq_factor, "
+                   "rope_high_freq_factor, rope_original_max_positions, norm_eps, name)");
       }
     }
     return OkStatus();
@@ -98,6 +99,55 @@ class Keys {
   std::map<std::string, std::string> values_;
   std::set<std::string> taken_;
 };
+
+// RoPE scaling's keys (Hugging Face's rope_scaling object, flattened) after
+// rope_type, with the types that read each.
+struct RopeKey {
+  const char* key;
+  bool linear, llama3;
+};
+constexpr RopeKey kRopeKeys[] = {
+    {"rope_factor", true, true},
+    {"rope_low_freq_factor", false, true},
+    {"rope_high_freq_factor", false, true},
+    {"rope_original_max_positions", false, true},
+};
+
+// rope_type (default, linear or llama3) and the keys its type reads, each
+// required there and refused with any other type, so that a scaling is
+// never half given. The values' ranges are RopeForward's
+// (ops::ValidateRopeScaling, through LlamaConfig::Validate).
+Status ReadRopeScaling(Keys& k, RopeScaling* out) {
+  std::string type = "default";
+  SK_RETURN_IF_ERROR(k.String("rope_type", &type));
+  RopeScaling s;
+  if (type == "linear") {
+    s.type = RopeScalingType::kLinear;
+  } else if (type == "llama3") {
+    s.type = RopeScalingType::kLlama3;
+  } else if (type != "default") {
+    return k.Bad("'rope_type' is '" + type + "'; it takes default, linear or llama3");
+  }
+  for (const RopeKey& r : kRopeKeys) {
+    const bool reads = (s.type == RopeScalingType::kLinear && r.linear) ||
+                       (s.type == RopeScalingType::kLlama3 && r.llama3);
+    if (reads && !k.Has(r.key)) {
+      return k.Bad(std::string("'") + r.key + "' is required with rope_type=" + type);
+    }
+    if (!reads && k.Has(r.key)) {
+      return k.Bad(std::string("'") + r.key + "' applies to rope_type=" +
+                   (r.linear ? "linear or llama3" : "llama3") + " only (rope_type is " + type + ")");
+    }
+  }
+  if (s.type != RopeScalingType::kNone) SK_RETURN_IF_ERROR(k.Float("rope_factor", &s.factor));
+  if (s.type == RopeScalingType::kLlama3) {
+    SK_RETURN_IF_ERROR(k.Float("rope_low_freq_factor", &s.low_freq_factor));
+    SK_RETURN_IF_ERROR(k.Float("rope_high_freq_factor", &s.high_freq_factor));
+    SK_RETURN_IF_ERROR(k.Int("rope_original_max_positions", true, &s.original_max_positions));
+  }
+  *out = s;
+  return OkStatus();
+}
 
 StatusOr<NamedModelConfig> Build(Keys& k, const std::string& where) {
   std::string name = "decoder", ffn = "swiglu";
@@ -121,7 +171,9 @@ StatusOr<NamedModelConfig> Build(Keys& k, const std::string& where) {
   c.gpu_scale = true;  // a shape for the planner; small ones train anywhere
   c.description = "decoder shape from " + where;
   if (ffn == "gelu") {
-    for (const char* swiglu_only : {"kv_heads", "qkv_bias", "rope_theta", "norm_eps"}) {
+    for (const char* swiglu_only : {"kv_heads", "qkv_bias", "rope_theta", "rope_type", "rope_factor",
+                                    "rope_low_freq_factor", "rope_high_freq_factor",
+                                    "rope_original_max_positions", "norm_eps"}) {
       if (k.Has(swiglu_only)) {
         return k.Bad(std::string("'") + swiglu_only + "' applies to ffn=swiglu only (a GPT-2 block has " +
                      "full multi-head attention, no RoPE, no RMSNorm)");
@@ -153,6 +205,7 @@ StatusOr<NamedModelConfig> Build(Keys& k, const std::string& where) {
   c.llama.tie_embeddings = tied;
   SK_RETURN_IF_ERROR(k.Bool("qkv_bias", &c.llama.qkv_bias));
   SK_RETURN_IF_ERROR(k.Float("rope_theta", &c.llama.rope_theta));
+  SK_RETURN_IF_ERROR(ReadRopeScaling(k, &c.llama.rope_scaling));
   SK_RETURN_IF_ERROR(k.Float("norm_eps", &c.llama.rms_norm_eps));
   SK_RETURN_IF_ERROR(k.NoOthers());
   SK_RETURN_IF_ERROR(c.llama.Validate().WithContext(where));
@@ -252,6 +305,16 @@ StatusOr<std::string> DecoderSpecOf(const NamedModelConfig& c) {
     add("tied", l.tie_embeddings ? "true" : "false");
     add("qkv_bias", l.qkv_bias ? "true" : "false");
     add("rope_theta", FloatText(l.rope_theta));
+    const RopeScaling& r = l.rope_scaling;
+    if (r.type != RopeScalingType::kNone) {
+      add("rope_type", RopeScalingTypeName(r.type));
+      add("rope_factor", FloatText(r.factor));
+    }
+    if (r.type == RopeScalingType::kLlama3) {
+      add("rope_low_freq_factor", FloatText(r.low_freq_factor));
+      add("rope_high_freq_factor", FloatText(r.high_freq_factor));
+      add("rope_original_max_positions", std::to_string(r.original_max_positions));
+    }
     add("norm_eps", FloatText(l.rms_norm_eps));
     return s;
   }

@@ -21,11 +21,18 @@
 //   tied         the head is the token embedding (default false)
 //   qkv_bias     biases on q, k, v as Qwen2 (swiglu only; default false)
 //   rope_theta   RoPE's base (swiglu only; default 10000)
+//   rope_type    RoPE scaling for long contexts (swiglu only;
+//                LlamaConfig::rope_scaling, runtime/ops/rope_scaling.h):
+//                default (none), linear or llama3, Hugging Face's
+//                rope_scaling.rope_type
+//   rope_factor  linear, llama3: required, > 0
+//   rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions
+//                llama3: required (Llama 3.1: 1, 4, 8192); high above low
 //   norm_eps     RMSNorm's epsilon (swiglu only; default 1e-5)
 //   name         the model's name in tables (default "decoder")
-// RoPE scaling (LlamaConfig::rope_scaling) is not a key: it changes neither
-// the shape nor the cost the planner prices, so the spec of llama3.2-1b
-// reads back unscaled (and with seq its 131072 positions).
+// A rope_* key that the rope_type does not read is an error, as is one it
+// reads and is missing. The spec of llama3.2-1b reads back with its llama3
+// scaling (and with seq its 131072 positions).
 // Every error names the key (and the file): a missing or unknown key, a
 // value that is not a number or a boolean, a shape the model refuses.
 #ifndef SHARDKIT_RUNTIME_NN_DECODER_SPEC_H_

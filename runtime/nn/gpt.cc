@@ -217,7 +217,7 @@ StepFlops GptModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*source_
 namespace sk {
 
 int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
-                                      int64_t /*source_len*/) const {
+                                      int64_t /*source_len*/, DeviceKind device) const {
   const BlockDims d = GptBlockDims(config_, batch_size, seq_len, options_.compute_dtype);
   const int64_t n = batch_size * seq_len, c = config_.d_model, L = config_.n_layer;
   // Activations and their gradients are in the compute dtype (a bytes per
@@ -227,9 +227,9 @@ int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   // Selective checkpointing keeps `saved` less what RecomputeCheap rebuilds
   // in the block's backward.
   const int64_t recomputed = options_.selective_checkpointing()
-                                 ? block_.RecomputableBytes(d, options_.recompute_attention)
+                                 ? block_.RecomputableBytes(d, options_.recompute_attention, device)
                                  : 0;
-  const int64_t saved = block_.SavedBytes(d) - recomputed;
+  const int64_t saved = block_.SavedBytes(d, device) - recomputed;
   // (Parameters are used in place: no copies. 16-bit gradient buffers get
   // f32 sinks of a unit's size during its backward (UnitGrads); whoever hands
   // out such buffers counts them: FSDP's memory estimator does.)
@@ -244,7 +244,7 @@ int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   // activations of that block: all but its output with full checkpointing,
   // the cheap ops' outputs with selective.
   // (With checkpointing the head's input, the last block output, is gone by then.)
-  const int64_t block = kept + 2 * a * n * c + block_.BackwardTempBytes(d) +
+  const int64_t block = kept + 2 * a * n * c + block_.BackwardTempBytes(d, device) +
                         (ckpt ? saved - a * n * c : recomputed);
   return std::max(head, block);
 }

@@ -535,8 +535,10 @@ StepFlops LlamaModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*sourc
   return f;
 }
 
+// Llama's attention always runs in linear memory (FlashAttentionForward on
+// every device), so the count is the same on each.
 int64_t LlamaModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
-                                        int64_t /*source_len*/) const {
+                                        int64_t /*source_len*/, DeviceKind /*device*/) const {
   const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
   const int64_t n = d.rows(), c = config_.d_model, L = config_.n_layer;
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));

@@ -83,8 +83,8 @@ class LlamaModel final : public Model {
   StatusOr<float> Forward(const TokenBatch& batch, UnitHooks& hooks,
                           Allocator& alloc) const override;
   StepFlops Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const override;
-  int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len,
-                              int64_t source_len) const override;
+  int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
+                              DeviceKind device) const override;
 
  private:
   LlamaModel(const LlamaConfig& config, const ModelOptions& options);

@@ -258,14 +258,17 @@ class Model {
   // FLOPs of one ForwardBackward over a batch of this shape.
   virtual StepFlops Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const = 0;
 
-  // Peak bytes that one ForwardBackward over a batch of this shape requests
-  // from its Allocator (saved activations, temporaries and, for bf16
-  // compute, the f32 widening of the running unit's parameters), given f32
-  // gradient buffers from the hooks. Parameters and gradients the hooks own
-  // are not included. An analytic count of what the code allocates, for
-  // FSDP's memory estimator; tests hold it within 10% of the measured peak.
-  virtual int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len,
-                                      int64_t source_len) const = 0;
+  // Peak bytes that one ForwardBackward over a batch of this shape on a
+  // device of kind `device` requests from its Allocator (saved activations,
+  // temporaries and, for bf16 compute, the f32 widening of the running
+  // unit's parameters), given f32 gradient buffers from the hooks.
+  // Parameters and gradients the hooks own are not included. An analytic
+  // count of what the code allocates, for FSDP's memory estimator; tests
+  // hold it within 10% of the measured peak. The device decides which
+  // attention runs (ops::PrefersFlashAttention: a log-sum-exp per row kept
+  // instead of the probabilities), so the count asks the same predicate.
+  virtual int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
+                                      DeviceKind device) const = 0;
 
   int64_t num_parameters() const { return CountParameters(units()); }
 };

@@ -285,8 +285,8 @@ StepFlops T5Model::Flops(int64_t batch_size, int64_t seq_len, int64_t source_len
 
 namespace sk {
 
-int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
-                                     int64_t source_len) const {
+int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
+                                     DeviceKind device) const {
   BlockDims ed;
   ed.batch = batch_size;
   ed.seq = source_len;
@@ -303,11 +303,11 @@ int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   // Activations and their gradients in the compute dtype (a bytes); ids,
   // the loss, LayerNorm statistics and the encoder-output gradient f32.
   const int64_t a = static_cast<int64_t>(DTypeSize(ed.storage));
-  const int64_t enc_saved = encoder_block_.SavedBytes(ed);
+  const int64_t enc_saved = encoder_block_.SavedBytes(ed, device);
   // (Parameters are used in place: no copies. 16-bit gradient buffers get
   // f32 sinks of a unit's size during its backward (UnitGrads); whoever hands
   // out such buffers counts them: FSDP's memory estimator does.)
-  const int64_t dec_saved = decoder_block_.SavedBytes(dd);
+  const int64_t dec_saved = decoder_block_.SavedBytes(dd, device);
   // Kept through the forward: the token ids (source, inputs, targets) and
   // the loss, embeddings, block activations (or outputs), the encoder output
   // with its LayerNorm statistics.
@@ -319,11 +319,11 @@ int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const int64_t head = enc_kept + dec_kept + grads + a * nd * c + 4 * 2 * nd +
                        a * nd * config_.vocab_size + a * nd * c;
   const int64_t dec = enc_kept + dec_kept - (ckpt ? a * nd * c : 0) + grads +
-                      decoder_block_.BackwardTempBytes(dd) + (ckpt ? dec_saved : 0);
+                      decoder_block_.BackwardTempBytes(dd, device) + (ckpt ? dec_saved : 0);
   // Encoder backward: the decoder is gone except the decoder-embedding
   // gradient; ex and enext; the last encoder block's temporaries.
   const int64_t enc = (enc_kept - a * ne * c - (ckpt ? a * ne * c : 0)) + a * nd * c +
-                      2 * a * ne * c + encoder_block_.BackwardTempBytes(ed) +
+                      2 * a * ne * c + encoder_block_.BackwardTempBytes(ed, device) +
                       (ckpt ? enc_saved : 0);
   return std::max({head, dec, enc});
 }

@@ -269,15 +269,28 @@ ops::AttentionShape AttnShape(SublayerKind kind, const BlockDims& d) {
   return as;
 }
 
-// Whether self-attention runs as the linear-memory op (ops.h:
-// FlashAttentionForward), keeping a log-sum-exp per row instead of the
-// [B, H, T, T] probabilities: wherever the backend prefers it
-// (ops::PrefersFlashAttention: CUDA where cuDNN's SDPA takes the shape, in
-// bf16/f16; the CPU, and the simulator as the CPU, from
-// kCpuFlashAttentionMinKeys keys, where its FlashAttention-2 is at least as
-// fast as the composed attention). Below that the composed op stays.
-bool LinearMemoryAttention(const OpContext& ctx, const ops::AttentionShape& as, DType t) {
-  return ops::PrefersFlashAttention(ctx, as, t);
+// Whether a sublayer's attention runs as the linear-memory op (ops.h:
+// FlashAttentionForward) on a device of kind `device`, keeping a
+// log-sum-exp per row instead of the [B, H, T, T] probabilities:
+// self-attention wherever the backend prefers it (ops::PrefersFlashAttention:
+// CUDA where cuDNN's SDPA takes the shape, in bf16/f16; the CPU, and the
+// simulator as the CPU, from kCpuFlashAttentionMinKeys keys, where its
+// FlashAttention-2 is at least as fast as the composed attention). Below
+// that, and for cross-attention, the composed op stays. Forward asks it of
+// its context's device; the byte counts (SavedBytes and the others) of the
+// device they are asked for, so the memory estimate counts what runs.
+bool LinearMemoryAttention(DeviceKind device, SublayerKind kind, const BlockDims& d) {
+  return kind != SublayerKind::kCrossAttention &&
+         ops::PrefersFlashAttention(device, AttnShape(kind, d), d.storage);
+}
+
+// What an attention sublayer's forward keeps for its backward besides its
+// output (f32): the log-sum-exp per query row in linear memory, else the
+// probabilities.
+int64_t AttentionStateBytes(SublayerKind kind, const BlockDims& d, DeviceKind device) {
+  if (LinearMemoryAttention(device, kind, d)) return 4 * d.batch * d.heads * d.seq;
+  const int64_t kv_len = kind == SublayerKind::kCrossAttention ? d.enc_seq : d.seq;
+  return 4 * d.batch * d.heads * d.seq * kv_len;
 }
 
 // The sublayer's tensors in spec order from src[offset...] (params or grads).
@@ -328,7 +341,7 @@ Status AttentionCore(const OpContext& ctx, SublayerKind kind, const BlockDims& d
                                  MatrixRef{s->kv, c, 2 * c}, s->probs, MatrixRef{s->att, 0, c});
   }
   const MatrixRef q{s->qkv, 0, 3 * c}, k{s->qkv, c, 3 * c}, v{s->qkv, 2 * c, 3 * c};
-  if (LinearMemoryAttention(ctx, as, t)) {
+  if (ctx.device != nullptr && LinearMemoryAttention(ctx.device->id().kind, kind, d)) {
     SK_ASSIGN_OR_RETURN(s->lse, NewF32(ctx, d.batch * d.heads * d.seq));
     return ops::FlashAttentionForward(ctx, as, q, k, v, MatrixRef{s->att, 0, c}, s->lse);
   }
@@ -508,7 +521,8 @@ Status TransformerBlock::RecomputeCheap(const OpContext& ctx, const BlockDims& d
   return OkStatus();
 }
 
-int64_t TransformerBlock::RecomputableBytes(const BlockDims& d, bool attention) const {
+int64_t TransformerBlock::RecomputableBytes(const BlockDims& d, bool attention,
+                                            DeviceKind device) const {
   const int64_t n = d.batch * d.seq, c = d.d_model;
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
   int64_t b = 0;
@@ -517,9 +531,8 @@ int64_t TransformerBlock::RecomputableBytes(const BlockDims& d, bool attention) 
     if (k == SublayerKind::kMlp) {
       b += a * n * d.d_ff;  // post-GELU
     } else if (attention) {
-      // att; probs (f32), the composed attention's as SavedBytes counts them
-      const int64_t kv_len = k == SublayerKind::kCrossAttention ? d.enc_seq : d.seq;
-      b += a * n * c + 4 * d.batch * d.heads * d.seq * kv_len;
+      // att; its state (f32), as SavedBytes counts it
+      b += a * n * c + AttentionStateBytes(k, d, device);
     }
   }
   return b;
@@ -543,7 +556,7 @@ double TransformerBlock::RecomputeCheapFlops(const BlockDims& d, bool attention)
   return f;
 }
 
-int64_t TransformerBlock::SavedBytes(const BlockDims& d) const {
+int64_t TransformerBlock::SavedBytes(const BlockDims& d, DeviceKind device) const {
   const int64_t n = d.batch * d.seq, ne = d.batch * d.enc_seq, c = d.d_model;
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
   int64_t b = 0;
@@ -552,12 +565,12 @@ int64_t TransformerBlock::SavedBytes(const BlockDims& d) const {
     switch (k) {
       case SublayerKind::kSelfAttention:
       case SublayerKind::kCausalSelfAttention:
-        // qkv, att; probs (f32)
-        b += a * (3 * n * c + n * c) + 4 * d.batch * d.heads * d.seq * d.seq;
+        // qkv, att; probs or lse (f32)
+        b += a * (3 * n * c + n * c) + AttentionStateBytes(k, d, device);
         break;
       case SublayerKind::kCrossAttention:
         // q, kv, att; probs (f32)
-        b += a * (n * c + 2 * ne * c + n * c) + 4 * d.batch * d.heads * d.seq * d.enc_seq;
+        b += a * (n * c + 2 * ne * c + n * c) + AttentionStateBytes(k, d, device);
         break;
       case SublayerKind::kMlp:
         b += a * 2 * n * d.d_ff;  // pre- and post-GELU
@@ -567,7 +580,7 @@ int64_t TransformerBlock::SavedBytes(const BlockDims& d) const {
   return b;
 }
 
-int64_t TransformerBlock::BackwardTempBytes(const BlockDims& d) const {
+int64_t TransformerBlock::BackwardTempBytes(const BlockDims& d, DeviceKind device) const {
   const int64_t n = d.batch * d.seq, ne = d.batch * d.enc_seq, c = d.d_model;
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
   int64_t most = 0;
@@ -576,7 +589,12 @@ int64_t TransformerBlock::BackwardTempBytes(const BlockDims& d) const {
     switch (k) {
       case SublayerKind::kSelfAttention:
       case SublayerKind::kCausalSelfAttention:
-        f += a * (n * c + 3 * n * c) + 4 * d.heads * d.seq * d.seq;  // datt, dqkv; scratch (f32, per head)
+        f += a * (n * c + 3 * n * c);  // datt, dqkv
+        // The linear-memory backward's workspace (ops.h), or the composed
+        // one's scratch (f32, per head).
+        f += LinearMemoryAttention(device, k, d)
+                 ? 4 * ops::FlashAttentionBackwardWorkspaceElements(AttnShape(k, d))
+                 : 4 * d.heads * d.seq * d.seq;
         break;
       case SublayerKind::kCrossAttention:
         f += a * (n * c + n * c + 2 * ne * c) + 4 * d.heads * d.seq * d.enc_seq;  // datt, dq, dkv; scratch

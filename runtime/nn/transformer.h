@@ -222,20 +222,25 @@ class TransformerBlock {
   // same inputs: the backward then reads bit-identical activations.
   Status RecomputeCheap(const ops::OpContext& ctx, const BlockDims& d, const UnitParams& p,
                         const Tensor& x, bool attention, BlockSaved* saved) const;
-  // Bytes ReleaseRecomputable drops (RecomputeCheap allocates them again).
-  int64_t RecomputableBytes(const BlockDims& d, bool attention) const;
+  // Bytes ReleaseRecomputable drops (RecomputeCheap allocates them again)
+  // on a device of kind `device` (which attention runs there:
+  // LinearMemoryAttention).
+  int64_t RecomputableBytes(const BlockDims& d, bool attention, DeviceKind device) const;
   // Flops RecomputeCheap runs: LayerNorms and GELUs at their elementwise
   // cost (runtime/ops/cost.h), no GEMM; with `attention`, also the
   // attention's two products and its softmax.
   double RecomputeCheapFlops(const BlockDims& d, bool attention) const;
 
-  // Bytes a Forward keeps in `saved` (what backward needs): activations at
-  // d.storage's size, LayerNorm statistics and attention probabilities f32.
-  // Counts the composed attention's probabilities everywhere: an upper
-  // bound where self-attention runs in linear memory (CUDA, bf16/f16).
-  int64_t SavedBytes(const BlockDims& d) const;
-  // Most bytes a Backward allocates at once beyond `saved`, its dy and dx.
-  int64_t BackwardTempBytes(const BlockDims& d) const;
+  // Bytes a Forward on a device of kind `device` keeps in `saved` (what
+  // backward needs): activations at d.storage's size, LayerNorm statistics
+  // and attention state f32: the composed attention's probabilities, or a
+  // log-sum-exp per row where self-attention runs in linear memory there
+  // (LinearMemoryAttention, the predicate Forward itself asks).
+  int64_t SavedBytes(const BlockDims& d, DeviceKind device) const;
+  // Most bytes a Backward on `device` allocates at once beyond `saved`, its
+  // dy and dx (the composed attention's scratch, or the linear-memory
+  // backward's workspace).
+  int64_t BackwardTempBytes(const BlockDims& d, DeviceKind device) const;
 
   // Multiply-adds per block invocation in matmuls (x2 for flops), forward only.
   double ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t enc_seq, int64_t d_model,

@@ -803,7 +803,8 @@ namespace sk {
 // im2col indices (kept for the whole step), and the largest transient of a
 // unit's forward or backward on top of what is kept at that point.
 int64_t UnitTableModel::PeakActivationBytes(int64_t batch_size, int64_t /*seq_len*/,
-                                            int64_t /*source_len*/) const {
+                                            int64_t /*source_len*/,
+                                            DeviceKind device) const {
   const int64_t a = static_cast<int64_t>(DTypeSize(options_.compute_dtype));
   const bool ckpt = options_.full_checkpointing();
   const int64_t B = batch_size;
@@ -823,8 +824,8 @@ int64_t UnitTableModel::PeakActivationBytes(int64_t batch_size, int64_t /*seq_le
       d.heads = t.heads;
       d.d_ff = t.d_ff;
       d.storage = options_.compute_dtype;
-      saved[u] = vit_block_.SavedBytes(d);
-      bwd_temp[u] = vit_block_.BackwardTempBytes(d);
+      saved[u] = vit_block_.SavedBytes(d, device);
+      bwd_temp[u] = vit_block_.BackwardTempBytes(d, device);
       continue;
     }
     if (t.kind == TableUnitKind::kClassifier) {

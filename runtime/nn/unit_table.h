@@ -142,8 +142,8 @@ class UnitTableModel final : public Model {
   // classifier's matmul; pooling, gathers and elementwise ops not counted.
   // seq_len and source_len are ignored (one image per batch entry).
   StepFlops Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const override;
-  int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len,
-                              int64_t source_len) const override;
+  int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
+                              DeviceKind device) const override;
 
   // Forward multiply-adds x 2 of unit u for one image (Flops' parts).
   double UnitForwardFlops(int u, int64_t batch_size) const;

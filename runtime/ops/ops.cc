@@ -1065,9 +1065,12 @@ Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, cons
 }
 
 bool PrefersFlashAttention(const OpContext& ctx, const AttentionShape& s, DType t) {
-  if (ctx.device == nullptr) return false;
-  const OpBackend* be = BackendFor(ctx.device->id().kind);
-  return be != nullptr && be->PrefersFlashAttention(s, t);
+  return ctx.device != nullptr && PrefersFlashAttention(ctx.device->id().kind, s, t);
+}
+
+bool PrefersFlashAttention(DeviceKind kind, const AttentionShape& s, DType t) {
+  if (const OpBackend* be = BackendFor(kind); be != nullptr) return be->PrefersFlashAttention(s, t);
+  return kind == DeviceKind::kSim && CpuPrefersFlashAttention(s);
 }
 
 int64_t FlashAttentionBackwardWorkspaceElements(const AttentionShape& s) {

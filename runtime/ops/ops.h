@@ -264,6 +264,13 @@ Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, cons
 // asks before choosing it over AttentionForward. False when ctx has no
 // backend.
 bool PrefersFlashAttention(const OpContext& ctx, const AttentionShape& s, DType t);
+// The same answer for a device kind, without a context: what a memory
+// estimate asks so that it counts the attention a run on that kind will
+// choose (the context form is this one of ctx's device kind). A kind with
+// no registered backend: the simulator's rule for kSim
+// (CpuPrefersFlashAttention; its backend registers on first use), false
+// for the others (nothing runs there).
+bool PrefersFlashAttention(DeviceKind kind, const AttentionShape& s, DType t);
 // The backward's workspace in f32 elements, taken from ctx.alloc by the
 // dispatcher for the call on every device kind (so the simulator counts
 // it): delta [batch, heads, q_len] = rowsum(dO o O) and an f32 dQ

@@ -130,6 +130,13 @@ int64_t NeededBytes(const CandidateResult& r) {
                    r.metrics.peak_reserved_bytes});
 }
 
+// A candidate's checkpointing fields from the policy searched.
+void SetCheckpointing(const CheckpointingChoice& ck, Candidate* c) {
+  c->activation_checkpointing = ck.policy == ActivationCheckpointing::kFull;
+  c->selective_checkpointing = ck.policy == ActivationCheckpointing::kSelective;
+  c->recompute_attention = c->selective_checkpointing && ck.recompute_attention;
+}
+
 }  // namespace
 
 std::string Candidate::StrategyName() const {
@@ -139,9 +146,10 @@ std::string Candidate::StrategyName() const {
 
 std::string Candidate::Label() const {
   std::string s = StrategyName();
-  const char* ckpt = activation_checkpointing   ? " ckpt"
-                     : selective_checkpointing ? " sel-ckpt"
-                                               : "";
+  const char* ckpt = activation_checkpointing                        ? " ckpt"
+                     : selective_checkpointing && recompute_attention ? " sel-ckpt+attn"
+                     : selective_checkpointing                        ? " sel-ckpt"
+                                                                      : "";
   if (parallelism == Parallelism::kDdp) {
     s += ckpt;
     return s + " " + std::string(DTypeName(fsdp.mixed_precision.param_dtype));
@@ -172,6 +180,27 @@ ActivationCheckpointing Candidate::checkpointing() const {
   if (activation_checkpointing) return ActivationCheckpointing::kFull;
   if (selective_checkpointing) return ActivationCheckpointing::kSelective;
   return ActivationCheckpointing::kNone;
+}
+
+StatusOr<std::vector<CheckpointingChoice>> ParseCheckpointingList(const std::string& list,
+                                                                  const std::string& what) {
+  std::vector<CheckpointingChoice> out;
+  for (const std::string& item : SplitList(list)) {
+    CheckpointingChoice c;
+    if (item == "selective_attention") {
+      c = CheckpointingChoice(ActivationCheckpointing::kSelective, true);
+    } else {
+      StatusOr<ActivationCheckpointing> p = ParseActivationCheckpointing(item, what);
+      if (!p.ok()) {
+        return InvalidArgumentError(what + ": '" + item +
+                                    "' is not off, on, selective or selective_attention "
+                                    "(on: the whole block recomputed)");
+      }
+      c = CheckpointingChoice(*p);
+    }
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  }
+  return out;
 }
 
 StatusOr<std::vector<std::string>> ParseStrategyList(const std::string& list) {
@@ -261,6 +290,18 @@ Status ValidatePlanRequest(const PlanRequest& r) {
     }
   }
   for (RateLimit l : r.space.rate_limits) SK_RETURN_IF_ERROR(ValidateRateLimit(l, "space.rate_limits"));
+  for (const CheckpointingChoice& c : r.space.activation_checkpointing) {
+    const int v = static_cast<int>(c.policy);
+    if (v < 0 || v > static_cast<int>(ActivationCheckpointing::kSelective)) {
+      return InvalidArgumentError("space.activation_checkpointing: value " + std::to_string(v) +
+                                  " is not off (0), full (1) or selective (2)");
+    }
+    if (c.recompute_attention && c.policy != ActivationCheckpointing::kSelective) {
+      return InvalidArgumentError(std::string("space.activation_checkpointing: recompute_attention with '") +
+                                  ActivationCheckpointingName(c.policy) +
+                                  "' (it applies to selective checkpointing only)");
+    }
+  }
   for (const MixedPrecisionPolicy& mp : r.space.dtypes) {
     SK_RETURN_IF_ERROR(ValidateDType(mp.param_dtype).WithContext("space.dtypes"));
     if (mp.reduce_dtype) SK_RETURN_IF_ERROR(ValidateDType(*mp.reduce_dtype).WithContext("space.dtypes"));
@@ -280,8 +321,9 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
   const std::vector<bool> fwd = OrDefault(sp.forward_prefetch, {false, true});
   const std::vector<RateLimit> limits = OrDefault(
       sp.rate_limits, {RateLimit::InFlight(2), RateLimit::InFlight(1), RateLimit::InFlight(4), RateLimit::Off()});
-  const std::vector<ActivationCheckpointing> ckpt = OrDefault(
-      sp.activation_checkpointing, {ActivationCheckpointing::kNone, ActivationCheckpointing::kFull});
+  const std::vector<CheckpointingChoice> ckpt = OrDefault(
+      sp.activation_checkpointing,
+      {CheckpointingChoice(ActivationCheckpointing::kNone), CheckpointingChoice(ActivationCheckpointing::kFull)});
   const std::vector<bool> offload = OrDefault(sp.cpu_offload, {false, true});
   const std::vector<MixedPrecisionPolicy> dtypes = OrDefault(sp.dtypes, DefaultDTypes());
 
@@ -296,12 +338,11 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
     if (std::find(strategies.begin(), strategies.end(), name) == strategies.end()) continue;
     if (name == kDdpName) {
       for (const MixedPrecisionPolicy& mp : dtypes) {
-        for (ActivationCheckpointing ck : ckpt) {
+        for (const CheckpointingChoice& ck : ckpt) {
           Candidate c;
           c.parallelism = Parallelism::kDdp;
           c.fsdp.mixed_precision.param_dtype = mp.param_dtype;
-          c.activation_checkpointing = ck == ActivationCheckpointing::kFull;
-          c.selective_checkpointing = ck == ActivationCheckpointing::kSelective;
+          SetCheckpointing(ck, &c);
           add(c);
         }
       }
@@ -319,7 +360,7 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
         GathersInBackward(st) ? bwd : std::vector<BackwardPrefetch>{BackwardPrefetch::kBackwardPre};
     const std::vector<bool> fwd_here = GathersInForward(st) ? fwd : std::vector<bool>{false};
     for (const MixedPrecisionPolicy& mp : dtypes) {
-      for (ActivationCheckpointing ck : ckpt) {
+      for (const CheckpointingChoice& ck : ckpt) {
         for (bool off : offload) {
           for (int f : fs) {
             for (BackwardPrefetch b : bwd_here) {
@@ -338,8 +379,7 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
                   c.fsdp.all_gather_limit = l;
                   c.fsdp.cpu_offload = off;
                   c.fsdp.mixed_precision = mp;
-                  c.activation_checkpointing = ck == ActivationCheckpointing::kFull;
-                  c.selective_checkpointing = ck == ActivationCheckpointing::kSelective;
+                  SetCheckpointing(ck, &c);
                   add(c);
                 }
               }
@@ -575,6 +615,7 @@ std::string FormatJson(const PlanResult& result) {
     o += ", \"activation_checkpointing\": " + std::string(k.activation_checkpointing ? "true" : "false");
     // Only on selective candidates: plans without them print as before.
     if (k.selective_checkpointing) o += ", \"selective_checkpointing\": true";
+    if (k.recompute_attention) o += ", \"recompute_attention\": true";
     o += ", \"cpu_offload\": " + std::string(k.fsdp.cpu_offload ? "true" : "false");
     o += ", \"param_dtype\": " + JsonString(std::string(DTypeName(k.fsdp.mixed_precision.param_dtype)));
     o += ", \"reduce_dtype\": " + JsonString(std::string(DTypeName(ReduceDType(k.fsdp.mixed_precision))));

@@ -18,7 +18,8 @@
 //                       when some prefetch is on (without prefetch only the
 //                       unit being computed is ever gathered, so the limit
 //                       cannot change anything and is not varied)
-//   checkpointing       activation checkpointing off / on
+//   checkpointing       activation checkpointing off / on (whole block); selective,
+//                       and selective with attention recomputed, when listed
 //   CPU offload         off / on, FSDP strategies only (DDP has no shards to
 //                       offload)
 //   dtypes              param/reduce: f32/f32, bf16/bf16, bf16/f32; DDP takes
@@ -57,6 +58,26 @@
 
 namespace sk::plan {
 
+// One activation-checkpointing policy the planner searches: the model's
+// policy and, with kSelective only, whether the attention is recomputed too
+// (ModelOptions::recompute_attention). Implicit from a policy, so that a
+// list of policies ({kNone, kSelective}) is a list of choices.
+struct CheckpointingChoice {
+  ActivationCheckpointing policy = ActivationCheckpointing::kNone;
+  bool recompute_attention = false;
+
+  CheckpointingChoice() = default;
+  CheckpointingChoice(ActivationCheckpointing p, bool attention = false)  // NOLINT: implicit
+      : policy(p), recompute_attention(attention) {}
+  bool operator==(const CheckpointingChoice&) const = default;
+};
+
+// "off", "on" (whole block; also "full", "true", "1"), "selective" or
+// "selective_attention" (selective with attention recomputed), as a
+// comma-separated list; InvalidArgument naming `what` and the bad entry.
+StatusOr<std::vector<CheckpointingChoice>> ParseCheckpointingList(const std::string& list,
+                                                                  const std::string& what);
+
 // One data-parallel configuration. For DDP only parallelism,
 // fsdp.mixed_precision.param_dtype and the checkpointing fields matter.
 struct Candidate {
@@ -64,9 +85,11 @@ struct Candidate {
   FsdpOptions fsdp;
   // Whole-block checkpointing ("ckpt" in the label), or selective
   // ("sel-ckpt"; runtime/nn/model.h: ActivationCheckpointing::kSelective).
-  // At most one is set.
+  // At most one is set. recompute_attention only with selective
+  // ("sel-ckpt+attn": the attention recomputed from the kept q/k/v too).
   bool activation_checkpointing = false;
   bool selective_checkpointing = false;
+  bool recompute_attention = false;
   // The position in EnumerateCandidates' order (the last tie-breaker).
   int index = 0;
 
@@ -77,6 +100,10 @@ struct Candidate {
   std::string Label() const;
   // The policy the two checkpointing fields stand for.
   ActivationCheckpointing checkpointing() const;
+  // The policy with recompute_attention.
+  CheckpointingChoice checkpointing_choice() const {
+    return CheckpointingChoice(checkpointing(), recompute_attention);
+  }
 };
 
 // What one simulated training step says about a candidate. Per GPU: one
@@ -121,9 +148,10 @@ struct PlanSpace {
   std::vector<bool> forward_prefetch;
   // all_gather_limit values (RateLimit::InFlight(N), RateLimit::Off()).
   std::vector<RateLimit> rate_limits;
-  // Empty: {kNone, kFull}. Selective checkpointing is searched only where
-  // listed, so the default space (and its plans) stay as they were.
-  std::vector<ActivationCheckpointing> activation_checkpointing;
+  // Empty: {kNone, kFull}. Selective checkpointing (with or without the
+  // attention recomputed) is searched only where listed, so the default
+  // space (and its plans) stay as they were.
+  std::vector<CheckpointingChoice> activation_checkpointing;
   std::vector<bool> cpu_offload;
   // Param/reduce dtype pairs (reduce unset: the param dtype).
   std::vector<MixedPrecisionPolicy> dtypes;
@@ -173,7 +201,8 @@ struct PlanRequest {
 // sim::SimProcessGroup::kMaxWorldSize (2^20),
 // gpus_per_node < 1 or not dividing gpus, batch_size < 1, grad_accum_steps
 // outside [1, 1000], negative lengths,
-// steps < 1, warmup_steps < 0, a restriction value that is not valid.
+// steps < 1, warmup_steps < 0, a restriction value that is not valid
+// (recompute_attention with a policy other than kSelective, say).
 Status ValidatePlanRequest(const PlanRequest& request);
 
 // "DDP,FULL_SHARD,hybrid_shard" -> the canonical names; InvalidArgument

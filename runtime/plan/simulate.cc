@@ -22,6 +22,7 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
   t.seq_len = r.seq_len;
   t.source_len = r.source_len;
   t.checkpointing = c.checkpointing();
+  t.recompute_attention = c.recompute_attention;
   t.device.kind = DeviceKind::kSim;
   t.device.sim_profile = r.profile;
   t.device.sim_world_size = r.gpus;
@@ -53,7 +54,9 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
     e.seq_len = r.seq_len;
     e.source_len = r.source_len;
     e.checkpointing = c.checkpointing();
+    e.recompute_attention = c.recompute_attention;
     e.ddp = c.parallelism == Parallelism::kDdp;
+    e.device = DeviceKind::kSim;
     StatusOr<MemoryEstimate> est = EstimatePeakMemory(e);
     if (est.ok()) {
       m.required_bytes = std::max(est->peak_bytes, std::max(m.peak_allocated_bytes, m.peak_reserved_bytes));

@@ -707,6 +707,61 @@ TEST(CapiTrainer, SelectiveCheckpointingStepsAsNoCheckpointing) {
   }
 }
 
+// A decoder spec passed as the model name carries RoPE scaling to the
+// model: the same parameters and data give another loss with linear
+// scaling (positions divided by the factor), and a half-given or bad
+// scaling is refused naming the key or the value, by the trainer and by
+// the planner alike.
+TEST(CapiTrainer, DecoderSpecCarriesRopeScaling) {
+  const std::string base = "decoder:layers=2,d_model=32,heads=4,kv_heads=2,d_ff=64,vocab=64,seq=32";
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  auto first_loss = [&](const std::string& model) {
+    sk_trainer_options o = TinyTrainer();
+    o.model = model.c_str();
+    o.batch_size = 2;
+    o.seq_len = 16;
+    sk_trainer* t = nullptr;
+    float loss = -1;
+    EXPECT_EQ(sk_trainer_create(&o, g, &t), SK_STATUS_OK) << model << ": " << LastError();
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    if (t != nullptr && sk_trainer_step(t, &m) == SK_STATUS_OK) loss = m.loss;
+    sk_trainer_destroy(t);
+    return loss;
+  };
+  const float plain = first_loss(base);
+  const float scaled = first_loss(base + ",rope_type=linear,rope_factor=4");
+  const float llama3 = first_loss(base + ",rope_type=llama3,rope_factor=8,rope_low_freq_factor=1,"
+                                         "rope_high_freq_factor=4,rope_original_max_positions=16");
+  ASSERT_GT(plain, 0);
+  ASSERT_GT(scaled, 0);
+  ASSERT_GT(llama3, 0);
+  EXPECT_NE(plain, scaled);
+  EXPECT_NE(plain, llama3);
+  EXPECT_EQ(first_loss(base + ",rope_type=default"), plain);
+  const std::pair<std::string, const char*> bad[] = {
+      {base + ",rope_type=linear", "'rope_factor' is required with rope_type=linear"},
+      {base + ",rope_type=ntk,rope_factor=2", "'rope_type' is 'ntk'"},
+      {base + ",rope_type=llama3,rope_factor=8,rope_low_freq_factor=4,rope_high_freq_factor=2,"
+              "rope_original_max_positions=16",
+       "high_freq_factor"},
+  };
+  for (const auto& [model, needle] : bad) {
+    sk_trainer_options o = TinyTrainer();
+    o.model = model.c_str();
+    sk_trainer* t = nullptr;
+    EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+    EXPECT_ERROR_MENTIONS(needle);
+    EXPECT_EQ(t, nullptr);
+    sk_plan_request r = SK_PLAN_REQUEST_INIT;
+    r.model = model.c_str();
+    sk_plan_result* plan = nullptr;
+    EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_plan(&r, &plan));
+    EXPECT_ERROR_MENTIONS(needle);
+  }
+  sk_process_group_destroy(g);
+}
+
 // Values outside the enum are refused naming the field, and so is a
 // selective policy for a model that has no selective recomputation (T5, a
 // unit table).

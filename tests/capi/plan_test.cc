@@ -168,6 +168,94 @@ TEST(CapiPlanTest, WritesATraceOfTheRecommendation) {
   sk_plan_result_free(plan);
 }
 
+// sk_plan_request.checkpointing searches the selective policies; each
+// candidate reports its policy as an sk_activation_checkpointing_t, and
+// recomputing the attention too keeps less than selective alone.
+TEST(CapiPlanTest, SearchesSelectiveCheckpointingAndReportsEachPolicy) {
+  sk_plan_request r = SmallRequest();
+  r.strategies = "DDP";
+  r.activation_checkpointing = 0;
+  r.checkpointing = "off,full,selective,selective_attention";
+  sk_plan_result* plan = nullptr;
+  ASSERT_OK(sk_plan(&r, &plan));
+  ASSERT_EQ(plan->num_candidates, 4);
+  int64_t peak[4] = {0, 0, 0, 0};
+  std::string labels[4];
+  for (int i = 0; i < plan->num_candidates; ++i) {
+    sk_plan_candidate c = SK_PLAN_CANDIDATE_INIT;
+    ASSERT_OK(sk_plan_result_candidate(plan, i, &c));
+    ASSERT_GE(c.activation_checkpointing, SK_CHECKPOINTING_OFF) << c.label;
+    ASSERT_LE(c.activation_checkpointing, SK_CHECKPOINTING_SELECTIVE_ATTENTION) << c.label;
+    EXPECT_EQ(c.fits, 1) << c.label << ": " << (c.error != nullptr ? c.error : "");
+    EXPECT_EQ(peak[c.activation_checkpointing], 0) << "two candidates with policy " << c.activation_checkpointing;
+    peak[c.activation_checkpointing] = c.peak_allocated_bytes;
+    labels[c.activation_checkpointing] = c.label;
+  }
+  EXPECT_EQ(labels[SK_CHECKPOINTING_SELECTIVE], "DDP sel-ckpt bf16");
+  EXPECT_EQ(labels[SK_CHECKPOINTING_SELECTIVE_ATTENTION], "DDP sel-ckpt+attn bf16");
+  EXPECT_LT(peak[SK_CHECKPOINTING_SELECTIVE], peak[SK_CHECKPOINTING_OFF]);
+  EXPECT_LT(peak[SK_CHECKPOINTING_SELECTIVE_ATTENTION], peak[SK_CHECKPOINTING_SELECTIVE]);
+  EXPECT_GT(peak[SK_CHECKPOINTING_SELECTIVE_ATTENTION], peak[SK_CHECKPOINTING_FULL]);
+  EXPECT_NE(std::string(plan->json).find("\"recompute_attention\": true"), std::string::npos);
+  sk_plan_result_free(plan);
+
+  // One policy alone, and the older fields' way to ask for none.
+  r.checkpointing = "selective_attention";
+  ASSERT_OK(sk_plan(&r, &plan));
+  ASSERT_EQ(plan->num_candidates, 1);
+  sk_plan_candidate c = SK_PLAN_CANDIDATE_INIT;
+  ASSERT_OK(sk_plan_result_candidate(plan, 0, &c));
+  EXPECT_EQ(c.activation_checkpointing, SK_CHECKPOINTING_SELECTIVE_ATTENTION);
+  sk_plan_result_free(plan);
+}
+
+// A caller built against the 0.6.1 header passes the struct without
+// `checkpointing` (struct_size 88): accepted, as before.
+TEST(CapiPlanTest, TheStructWithoutCheckpointingIsStillAccepted) {
+  sk_plan_request r = SmallRequest();
+  r.strategies = "DDP";
+  r.activation_checkpointing = 2;  // whole block only
+  r.checkpointing = "selective";   // beyond the old struct: not read
+  r.struct_size = offsetof(sk_plan_request, checkpointing);
+  sk_plan_result* plan = nullptr;
+  ASSERT_OK(sk_plan(&r, &plan));
+  ASSERT_EQ(plan->num_candidates, 1);
+  sk_plan_candidate c = SK_PLAN_CANDIDATE_INIT;
+  ASSERT_OK(sk_plan_result_candidate(plan, 0, &c));
+  EXPECT_EQ(c.activation_checkpointing, SK_CHECKPOINTING_FULL);
+  EXPECT_STREQ(c.label, "DDP ckpt bf16");
+  sk_plan_result_free(plan);
+}
+
+TEST(CapiPlanTest, BadCheckpointingIsAnErrorNamingIt) {
+  sk_plan_result* plan = nullptr;
+  sk_plan_request r = SmallRequest();
+  r.checkpointing = "off,sometimes";
+  EXPECT_EQ(sk_plan(&r, &plan), SK_STATUS_INVALID_ARGUMENT);
+  r.activation_checkpointing = 0;
+  EXPECT_EQ(sk_plan(&r, &plan), SK_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("sk_plan_request.checkpointing: 'sometimes'"), std::string::npos) << LastError();
+  r.checkpointing = "selective";
+  r.activation_checkpointing = 1;
+  EXPECT_EQ(sk_plan(&r, &plan), SK_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("both set"), std::string::npos) << LastError();
+  EXPECT_EQ(plan, nullptr);
+  // A model without selective checkpointing: those candidates fail, named.
+  r = SmallRequest();
+  r.model = "t5-tiny";
+  r.strategies = "DDP";
+  r.activation_checkpointing = 0;
+  r.checkpointing = "off,selective";
+  ASSERT_OK(sk_plan(&r, &plan));
+  ASSERT_EQ(plan->num_candidates, 2);
+  sk_plan_candidate c = SK_PLAN_CANDIDATE_INIT;
+  ASSERT_OK(sk_plan_result_candidate(plan, 1, &c));
+  EXPECT_EQ(c.activation_checkpointing, SK_CHECKPOINTING_SELECTIVE);
+  ASSERT_NE(c.error, nullptr);
+  EXPECT_NE(std::string(c.error).find("t5-tiny"), std::string::npos) << c.error;
+  sk_plan_result_free(plan);
+}
+
 TEST(CapiPlanTest, BadInputIsAnErrorNamingIt) {
   sk_plan_result* plan = nullptr;
   sk_plan_request r = SmallRequest();

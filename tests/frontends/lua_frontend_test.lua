@@ -280,6 +280,26 @@ test("plan ranks simulated candidates into plain tables", function()
   expect_error("INVALID_ARGUMENT", "ZERO4", sk.plan, {model = "gpt-1m", strategies = "ZERO4"})
   expect_error("INVALID_ARGUMENT", "activation_checkpointing", sk.plan,
                {model = "gpt-1m", activation_checkpointing = "sometimes"})
+  -- Selective checkpointing, by a list of policy names.
+  local sel = sk.plan{model = "gpt-1m", gpus = 8, batch_size = 4, strategies = "DDP", dtypes = "bf16",
+                      checkpointing = {"full", "selective", "selective_attention"}, cpu_offload = "off"}
+  assert(#sel.candidates == 3, #sel.candidates)
+  local by = {}
+  for _, c in ipairs(sel.candidates) do by[c.checkpointing] = c end
+  assert(by.full.activation_checkpointing == true and by.full.label == "DDP ckpt bf16", by.full.label)
+  assert(by.selective.activation_checkpointing == false and by.selective.label == "DDP sel-ckpt bf16")
+  assert(by.selective_attention.label == "DDP sel-ckpt+attn bf16", by.selective_attention.label)
+  assert(by.selective_attention.peak_allocated_bytes < by.selective.peak_allocated_bytes)
+  assert(best.checkpointing == "off", best.checkpointing)
+  expect_error("INVALID_ARGUMENT", "checkpointing: 'sometimes'", sk.plan,
+               {model = "gpt-1m", checkpointing = "off,sometimes"})
+  -- A decoder by its shape, RoPE scaling included; a half-given scaling is named.
+  local decoder = "decoder:layers=2,d_model=32,heads=4,d_ff=64,vocab=64,seq=64"
+  local scaled = sk.plan{model = decoder .. ",rope_type=linear,rope_factor=2", gpus = 8, strategies = "DDP",
+                         dtypes = "bf16", activation_checkpointing = "off", cpu_offload = "off"}
+  assert(#scaled.candidates == 1 and scaled.candidates[1].fits, scaled.table)
+  expect_error("INVALID_ARGUMENT", "'rope_factor' is required with rope_type=linear", sk.plan,
+               {model = decoder .. ",rope_type=linear"})
   expect_error("NOT_FOUND", "gpt-9z", sk.plan, {model = "gpt-9z"})
 end)
 

@@ -70,6 +70,43 @@ TEST(DecoderSpec, TiedLlamaByShapeIsTheNamedModel) {
   EXPECT_EQ((*CreateModel(*again))->num_parameters(), 1235814400);
 }
 
+// Llama 3.2 scales its rotary frequencies (rope_type llama3, factor 32):
+// the spec of the named config carries that scaling and reads back to it.
+TEST(DecoderSpec, RopeScalingOfTheNamedModelReadsBack) {
+  auto named = FindModelConfig("llama3.2-1b");
+  ASSERT_TRUE(named.ok()) << named.status();
+  ASSERT_EQ(named->llama.rope_scaling.type, RopeScalingType::kLlama3);
+  auto text = DecoderSpecOf(*named);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_NE(text->find("rope_type=llama3,rope_factor=32,rope_low_freq_factor=1,"
+                       "rope_high_freq_factor=4,rope_original_max_positions=8192"),
+            std::string::npos)
+      << *text;
+  auto again = ParseDecoderSpec(*text);
+  ASSERT_TRUE(again.ok()) << again.status() << " " << *text;
+  EXPECT_EQ(again->llama.rope_scaling, named->llama.rope_scaling);
+  // An unscaled model's spec names no scaling.
+  auto plain = DecoderSpecOf(*FindModelConfig("llama3-8b"));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->find("rope_type"), std::string::npos) << *plain;
+}
+
+TEST(DecoderSpec, LinearRopeScalingInlineAndJson) {
+  auto inline_spec = FindModelConfig(
+      "decoder:layers=2,d_model=32,heads=4,d_ff=64,vocab=64,seq=64,rope_type=linear,rope_factor=2.5");
+  ASSERT_TRUE(inline_spec.ok()) << inline_spec.status();
+  EXPECT_EQ(inline_spec->llama.rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_EQ(inline_spec->llama.rope_scaling.factor, 2.5f);
+  const std::string path = TempFile("scaled.json", R"({"decoder": {"layers": 2, "d_model": 32,
+      "heads": 4, "d_ff": 64, "vocab": 64, "seq": 64, "rope_type": "llama3", "rope_factor": 8,
+      "rope_low_freq_factor": 1, "rope_high_freq_factor": 4, "rope_original_max_positions": 16}})");
+  auto json = FindModelConfig(path);
+  ASSERT_TRUE(json.ok()) << json.status();
+  const RopeScaling want{RopeScalingType::kLlama3, 8.0f, 1.0f, 4.0f, 16};
+  EXPECT_EQ(json->llama.rope_scaling, want);
+  ASSERT_TRUE(CreateModel(*json).ok());
+}
+
 TEST(DecoderSpec, GeluIsAGpt2Block) {
   auto spec = FindModelConfig("decoder:ffn=gelu,layers=12,d_model=768,heads=12,vocab=50257,seq=1024");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -128,6 +165,22 @@ TEST(DecoderSpec, EveryBadKeyIsNamed) {
       {"decoder:ffn=gelu,layers=2,d_model=32,heads=4,vocab=64,seq=32,kv_heads=2",
        "'kv_heads' applies to ffn=swiglu only"},
       {"decoder:layers=2,d_model=32,heads=4,vocab=64,seq=32", "'d_ff' is required"},
+      {base + ",rope_type=yarn", "'rope_type' is 'yarn'"},
+      {base + ",rope_type=linear", "'rope_factor' is required with rope_type=linear"},
+      {base + ",rope_type=linear,rope_factor=0", "'rope_factor' must be > 0"},
+      {base + ",rope_factor=2", "'rope_factor' applies to rope_type=linear or llama3 only"},
+      {base + ",rope_type=linear,rope_factor=2,rope_low_freq_factor=1",
+       "'rope_low_freq_factor' applies to rope_type=llama3 only"},
+      {base + ",rope_type=llama3,rope_factor=8,rope_low_freq_factor=1,rope_high_freq_factor=4",
+       "'rope_original_max_positions' is required with rope_type=llama3"},
+      {base + ",rope_type=llama3,rope_factor=8,rope_low_freq_factor=4,rope_high_freq_factor=2,"
+              "rope_original_max_positions=16",
+       "high_freq_factor must be a number above low_freq_factor"},
+      {base + ",rope_type=llama3,rope_factor=8,rope_low_freq_factor=1,rope_high_freq_factor=4,"
+              "rope_original_max_positions=x",
+       "'rope_original_max_positions' is 'x'"},
+      {"decoder:ffn=gelu,layers=2,d_model=32,heads=4,vocab=64,seq=32,rope_type=linear",
+       "'rope_type' applies to ffn=swiglu only"},
   };
   for (const auto& [spec, want] : cases) {
     auto c = FindModelConfig(spec);

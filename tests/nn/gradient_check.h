@@ -119,8 +119,8 @@ inline void ExpectSelectiveCheckpointingIsExact(const ModelFactory& make) {
       EXPECT_GT(recomputed, cheap_only);
       EXPECT_LT(recomputed, block);
     }
-    EXPECT_LT(sel->PeakActivationBytes(2, 8, 0), plain->PeakActivationBytes(2, 8, 0));
-    EXPECT_GT(sel->PeakActivationBytes(2, 8, 0), full->PeakActivationBytes(2, 8, 0));
+    EXPECT_LT(sel->PeakActivationBytes(2, 8, 0, DeviceKind::kCpu), plain->PeakActivationBytes(2, 8, 0, DeviceKind::kCpu));
+    EXPECT_GT(sel->PeakActivationBytes(2, 8, 0, DeviceKind::kCpu), full->PeakActivationBytes(2, 8, 0, DeviceKind::kCpu));
   }
 }
 

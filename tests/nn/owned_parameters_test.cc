@@ -213,12 +213,45 @@ TEST(ModelMemory, PeakActivationBytesIsWithinTenPercentOfTheMeasuredPeak) {
         ASSERT_TRUE((*model)->ForwardBackward(*batch, **params, alloc).ok());
         const double measured = static_cast<double>(alloc.peak());
         const double estimate =
-            static_cast<double>((*model)->PeakActivationBytes(k.batch, k.seq, k.source));
+            static_cast<double>((*model)->PeakActivationBytes(k.batch, k.seq, k.source, DeviceKind::kCpu));
         EXPECT_NEAR(estimate, measured, 0.1 * measured)
             << k.model << " batch " << k.batch << " seq " << k.seq << " source " << k.source
             << " checkpointing " << ActivationCheckpointingName(ckpt)
             << (attention ? " recompute_attention " : " ") << DTypeName(dt);
       }
+    }
+  }
+}
+
+// From kCpuFlashAttentionMinKeys keys a GPT block's self-attention runs in
+// linear memory on the CPU (a log-sum-exp per row kept, no B x H x T x T
+// probabilities): the count follows, below that threshold and above it, for
+// every checkpointing policy. The probabilities of one layer at T = 1024
+// (2 heads: 8 MiB) are many times these activations, so a count that kept
+// them would be far off.
+TEST(ModelMemory, GptPeakActivationBytesFollowsTheAttentionTheCpuRuns) {
+  for (int64_t seq : {int64_t{1023}, ops::kCpuFlashAttentionMinKeys}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      ModelOptions o;
+      o.checkpointing = std::array<ActivationCheckpointing, 4>{
+          ActivationCheckpointing::kNone, ActivationCheckpointing::kFull,
+          ActivationCheckpointing::kSelective, ActivationCheckpointing::kSelective}[variant];
+      o.recompute_attention = variant == 3;
+      auto config = FindModelConfig("decoder:ffn=gelu,layers=2,d_model=32,heads=2,vocab=64,seq=1024");
+      ASSERT_TRUE(config.ok()) << config.status();
+      auto model = CreateModel(*config, o);
+      ASSERT_TRUE(model.ok()) << model.status();
+      auto params = OwnedParameters::Create((*model)->units(), 1, DType::kF32);
+      ASSERT_TRUE(params.ok());
+      auto stream = SyntheticTokenStream(1, 64, 4000);
+      auto batch = LanguageModelBatch(*stream, 1, seq, 1, 0);
+      ASSERT_TRUE(batch.ok()) << batch.status();
+      CountingAllocator alloc;
+      ASSERT_TRUE((*model)->ForwardBackward(*batch, **params, alloc).ok());
+      const double measured = static_cast<double>(alloc.peak());
+      const double estimate =
+          static_cast<double>((*model)->PeakActivationBytes(1, seq, 0, DeviceKind::kCpu));
+      EXPECT_NEAR(estimate, measured, 0.1 * measured) << "seq " << seq << " variant " << variant;
     }
   }
 }

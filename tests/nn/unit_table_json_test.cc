@@ -53,7 +53,7 @@ TEST(UnitTableJson, EveryNamedTableRoundTripsToTheSameModel) {
       }
     }
     EXPECT_EQ((*a)->Flops(4, 1, 0).model_flops, (*b)->Flops(4, 1, 0).model_flops) << c.name;
-    EXPECT_EQ((*a)->PeakActivationBytes(4, 1, 0), (*b)->PeakActivationBytes(4, 1, 0)) << c.name;
+    EXPECT_EQ((*a)->PeakActivationBytes(4, 1, 0, DeviceKind::kCpu), (*b)->PeakActivationBytes(4, 1, 0, DeviceKind::kCpu)) << c.name;
   }
   EXPECT_GE(tables, 4);  // regnet-tiny, deepvit-tiny, regnet-9b, deepvit-8b
 }

@@ -26,6 +26,10 @@ grep -q '"simulated": true' "$tmp/a.json" || { echo "FAIL: JSON" >&2; exit 1; }
 "$plan" "${args[@]/--checkpointing=off/--checkpointing=off,selective}" > "$tmp/sel.txt" 2> /dev/null
 grep -q "FULL_SHARD .*sel-ckpt" "$tmp/sel.txt" || { cat "$tmp/sel.txt"; echo "FAIL: no sel-ckpt candidate" >&2; exit 1; }
 if grep -q "sel-ckpt" "$tmp/a.txt"; then echo "FAIL: selective in a plan that did not ask" >&2; exit 1; fi
+# Selective with the attention recomputed too: sel-ckpt+attn.
+"$plan" "${args[@]/--checkpointing=off/--checkpointing=selective_attention}" --top=0 > "$tmp/attn.txt" 2> /dev/null
+grep -q "FULL_SHARD .*sel-ckpt+attn" "$tmp/attn.txt" ||
+  { cat "$tmp/attn.txt"; echo "FAIL: no sel-ckpt+attn candidate" >&2; exit 1; }
 # --help lists the planner's flags under its usage line, not glog's.
 set +e
 "$plan" --help > "$tmp/help.txt" 2>&1
@@ -37,7 +41,7 @@ expect_bad() { local what="$1"; shift; expect_refusal 2 "$what" "$plan" "$@"; }
 expect_bad "--model is required" --gpus=8
 expect_bad "ZERO4" --model=gpt-1m --strategies=ZERO4
 expect_bad "rate_limits" --model=gpt-1m --rate_limits=two
-expect_bad "--checkpointing: 'partial' is not off, on or selective" --model=gpt-1m --checkpointing=partial
+expect_bad "--checkpointing: 'partial' is not off, on, selective or selective_attention" --model=gpt-1m --checkpointing=partial
 expect_bad "gpus_per_node" --model=gpt-1m --gpus=12 --gpus_per_node=8
 expect_bad "no-such-model" --model=no-such-model
 # 2^31 - 1 steps recommended "0.000 s/step" in a hundredth of a second.

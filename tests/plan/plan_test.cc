@@ -204,6 +204,42 @@ TEST(PlanTest, SelectiveCheckpointingIsSearchedOnlyWhenAsked) {
   EXPECT_EQ((*cands)[1].checkpointing(), ActivationCheckpointing::kFull);
 }
 
+// Selective checkpointing with the attention recomputed is a fourth policy:
+// labelled, parsed from its name and refused with any other policy.
+TEST(PlanTest, SelectiveWithAttentionIsAPolicyOfItsOwn) {
+  auto list = ParseCheckpointingList("off, selective,selective_attention,full,selective", "--checkpointing");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(*list, (std::vector<CheckpointingChoice>{
+                       ActivationCheckpointing::kNone, ActivationCheckpointing::kSelective,
+                       CheckpointingChoice(ActivationCheckpointing::kSelective, true),
+                       ActivationCheckpointing::kFull}));
+  auto bad = ParseCheckpointingList("off,partly", "--checkpointing");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--checkpointing: 'partly'"), std::string::npos) << bad.status();
+
+  PlanRequest r;
+  r.model = "gpt-1m";
+  r.space.strategies = {"DDP"};
+  r.space.dtypes = {MixedPrecisionPolicy{DType::kBF16}};
+  r.space.activation_checkpointing = *list;
+  auto cands = EnumerateCandidates(r);
+  ASSERT_TRUE(cands.ok()) << cands.status();
+  std::vector<std::string> labels;
+  for (const Candidate& c : *cands) labels.push_back(c.Label());
+  EXPECT_EQ(labels, (std::vector<std::string>{"DDP bf16", "DDP sel-ckpt bf16", "DDP sel-ckpt+attn bf16",
+                                              "DDP ckpt bf16"}));
+  EXPECT_TRUE((*cands)[2].recompute_attention);
+  EXPECT_EQ((*cands)[2].checkpointing_choice(), CheckpointingChoice(ActivationCheckpointing::kSelective, true));
+  EXPECT_FALSE((*cands)[1].recompute_attention);
+
+  r.space.activation_checkpointing = {CheckpointingChoice(ActivationCheckpointing::kFull, true)};
+  auto refused = EnumerateCandidates(r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("recompute_attention with 'on'"), std::string::npos)
+      << refused.status();
+}
+
 TEST(PlanTest, BadRequestsNameTheField) {
   auto expect_error = [](PlanRequest r, const std::string& needle,
                          StatusCode code = StatusCode::kInvalidArgument) {

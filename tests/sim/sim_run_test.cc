@@ -222,6 +222,34 @@ SimRunOptions RunOf(const std::string& model, int world) {
   return r;
 }
 
+// From kCpuFlashAttentionMinKeys keys GPT's self-attention runs in linear
+// memory on the simulator (as on the CPU): the memory estimate the planner
+// makes for it (device kSim) counts that attention, not the B x H x T x T
+// probabilities, so it stays an upper bound within 10% of the simulated
+// peak (the probabilities of this shape's two layers would double it).
+TEST(SimulateTrainingTest, MemoryEstimateCountsTheAttentionTheSimulatorRuns) {
+  const std::string model = "decoder:ffn=gelu,layers=2,d_model=64,heads=2,vocab=256,seq=1024";
+  for (int64_t seq : {int64_t{512}, int64_t{1024}}) {
+    SimRunOptions r = RunOf(model, 1);
+    r.trainer.batch_size = 1;
+    r.trainer.seq_len = seq;
+    r.trainer.parallelism = Parallelism::kDdp;
+    StatusOr<SimStepReport> rep = SimulateTraining(r);
+    ASSERT_TRUE(rep.ok()) << rep.status();
+    MemoryEstimateRequest req;
+    req.model = *FindModelConfig(model);
+    req.ddp = true;
+    req.batch_size = 1;
+    req.seq_len = seq;
+    req.device = DeviceKind::kSim;
+    StatusOr<MemoryEstimate> est = EstimatePeakMemory(req);
+    ASSERT_TRUE(est.ok()) << est.status();
+    const double peak = static_cast<double>(rep->peak_allocated_bytes);
+    EXPECT_GE(static_cast<double>(est->peak_bytes), peak) << "seq " << seq << ": " << est->ToString();
+    EXPECT_LE(static_cast<double>(est->peak_bytes), 1.1 * peak) << "seq " << seq << ": " << est->ToString();
+  }
+}
+
 TEST(SimulateTrainingTest, ReportsTimeMemoryAndComm) {
   SimRunOptions r = RunOf("gpt-10m", 8);
   r.trainer.fsdp.mixed_precision.param_dtype = DType::kBF16;

@@ -125,6 +125,12 @@
  *  param_dtype (INVALID_ARGUMENT; issue 36): no model has buffers, so
  *  earlier libraries accepted them and changed nothing. The struct and its
  *  other fields are unchanged.
+ *  Issue 33 appends sk_plan_request.checkpointing (the planner searches
+ *  selective checkpointing, with or without attention recomputed); a
+ *  candidate's activation_checkpointing then reports its
+ *  sk_activation_checkpointing_t (2 or 3 for those; 0 and 1 as before).
+ *  The version number it ships under is set when the issue's work is
+ *  merged; the 0.6.1 struct (struct_size 88) is still accepted.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -850,8 +856,10 @@ typedef struct sk_memory_estimate {
  * on `world_size` ranks, without building the model's parameters or running
  * anything. The estimate depends on the model, sk_fsdp_options (strategy,
  * shard group, dtypes, all_gather_limit, cpu_offload), the optimizer,
- * batch_size, seq_len, source_len and activation_checkpointing, for one
- * micro-batch per step (grad_accum_steps 1). The other fields are validated
+ * batch_size, seq_len, source_len, activation_checkpointing and
+ * device.kind (which attention the model runs there: a log-sum-exp per row
+ * where the device's backend runs attention in linear memory, else the
+ * probabilities), for one micro-batch per step (grad_accum_steps 1). The other fields are validated
  * as sk_trainer_create validates them but do not change it (data_path is not
  * opened). `out->struct_size` must be set; the fields that fit in it are
  * written. Errors: INVALID_ARGUMENT for bad options or world_size (< 1, or
@@ -959,15 +967,26 @@ typedef struct sk_plan_request {
    * pairs, "f32,bf16,bf16/f32". */
   const char* strategies;
   const char* dtypes;
-  /* 0 = both, 1 = off only, 2 = on only. */
+  /* 0 = both, 1 = off only, 2 = on only. activation_checkpointing's on is
+   * whole-block checkpointing; `checkpointing` below lists the other
+   * policies. */
   int32_t activation_checkpointing;
   int32_t cpu_offload;
   /* When not NULL, a Chrome trace (JSON, virtual time) of the recommended
    * configuration's simulated step is written to this path. */
   const char* trace_path;
+  /* Appended after 0.6.1 (issue 33; a 0.6.1 struct, which ends at
+   * trace_path, is still accepted). The checkpointing policies to search,
+   * comma-separated sk_activation_checkpointing_t names: "off", "full" (or
+   * "on"), "selective", "selective_attention"; e.g. "off,selective,
+   * selective_attention". NULL or "" = as activation_checkpointing says.
+   * Setting both is INVALID_ARGUMENT, as is an unknown name (named).
+   * The selective policies need a model that implements them (GPT, the
+   * Llama family); on another, those candidates fail with the reason. */
+  const char* checkpointing;
 } sk_plan_request;
 
-#define SK_PLAN_REQUEST_INIT {sizeof(sk_plan_request), NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, NULL}
+#define SK_PLAN_REQUEST_INIT {sizeof(sk_plan_request), NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, NULL, NULL}
 
 /* One ranked candidate (sk_plan_result_candidate copies it out). Strings are
  * owned by the result and valid until sk_plan_result_free. */
@@ -980,7 +999,7 @@ typedef struct sk_plan_candidate {
   sk_backward_prefetch_t backward_prefetch;
   int32_t forward_prefetch;
   int32_t rate_limit;                        /* all_gather_limit; -1 = off */
-  int32_t activation_checkpointing;
+  int32_t activation_checkpointing;          /* an sk_activation_checkpointing_t */
   int32_t cpu_offload;
   sk_dtype_t param_dtype;
   sk_dtype_t reduce_dtype;
@@ -1483,7 +1502,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_plan_request, model) == 8 && offsetof(sk_plan_reque
                  offsetof(sk_plan_request, dtypes) == 64 &&
                  offsetof(sk_plan_request, activation_checkpointing) == 72 &&
                  offsetof(sk_plan_request, cpu_offload) == 76 && offsetof(sk_plan_request, trace_path) == 80 &&
-                 sizeof(sk_plan_request) == 88, "sk_plan_request layout");
+                 offsetof(sk_plan_request, checkpointing) == 88 &&
+                 sizeof(sk_plan_request) == 96, "sk_plan_request layout");
 SK_LAYOUT_ASSERT(offsetof(sk_plan_candidate, label) == 8 && offsetof(sk_plan_candidate, parallelism) == 16 &&
                  offsetof(sk_plan_candidate, strategy) == 20 && offsetof(sk_plan_candidate, shard_group_size) == 24 &&
                  offsetof(sk_plan_candidate, backward_prefetch) == 28 &&

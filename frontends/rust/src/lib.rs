@@ -338,7 +338,10 @@ pub fn estimate_memory(options: &TrainerOptions, world_size: i32) -> Result<Memo
 /// What to plan (`sk_plan_request`): zero and `None` fields take the
 /// library's defaults (profile "a100-80g", 8 GPUs, 8 per node, batch 1, the
 /// model's sequence lengths, the whole candidate space).
-/// `activation_checkpointing` and `cpu_offload`: 0 both, 1 off only, 2 on only.
+/// `activation_checkpointing` and `cpu_offload`: 0 both, 1 off only, 2 on
+/// only; `checkpointing` lists the checkpointing policies instead, by name
+/// ("off,full,selective,selective_attention"; `None`: as
+/// `activation_checkpointing` says).
 #[derive(Clone, Debug, Default)]
 pub struct PlanRequest {
     pub model: String,
@@ -356,6 +359,8 @@ pub struct PlanRequest {
     pub cpu_offload: i32,
     /// Chrome trace of the recommended configuration's simulated step.
     pub trace_path: Option<PathBuf>,
+    /// Comma-separated `sk_activation_checkpointing_t` names to search.
+    pub checkpointing: Option<String>,
 }
 
 /// One ranked candidate of a [`Plan`] (`sk_plan_candidate`, owned).
@@ -370,7 +375,10 @@ pub struct PlanCandidate {
     pub backward_prefetch: sys::sk_backward_prefetch_t,
     pub forward_prefetch: bool,
     pub rate_limit: i32,
+    /// Whole-block checkpointing (`checkpointing` is `SK_CHECKPOINTING_FULL`).
     pub activation_checkpointing: bool,
+    /// The candidate's checkpointing policy (`sys::SK_CHECKPOINTING_*`).
+    pub checkpointing: sys::sk_activation_checkpointing_t,
     pub cpu_offload: bool,
     pub param_dtype: sys::sk_dtype_t,
     pub reduce_dtype: sys::sk_dtype_t,
@@ -415,6 +423,7 @@ pub fn plan(request: &PlanRequest) -> Result<Plan> {
     let profile = opt_cstring(request.profile.as_deref(), "profile")?;
     let strategies = opt_cstring(request.strategies.as_deref(), "strategies")?;
     let dtypes = opt_cstring(request.dtypes.as_deref(), "dtypes")?;
+    let checkpointing = opt_cstring(request.checkpointing.as_deref(), "checkpointing")?;
     let trace = match &request.trace_path {
         Some(p) => Some(path_cstring(p)?),
         None => None,
@@ -433,6 +442,7 @@ pub fn plan(request: &PlanRequest) -> Result<Plan> {
         activation_checkpointing: request.activation_checkpointing,
         cpu_offload: request.cpu_offload,
         trace_path: opt_ptr(&trace),
+        checkpointing: opt_ptr(&checkpointing),
     };
     let mut raw: *mut sys::sk_plan_result = std::ptr::null_mut();
     check(unsafe { sys::sk_plan(&r, &mut raw) })?;
@@ -459,7 +469,8 @@ pub fn plan(request: &PlanRequest) -> Result<Plan> {
             backward_prefetch: c.backward_prefetch,
             forward_prefetch: c.forward_prefetch != 0,
             rate_limit: c.rate_limit,
-            activation_checkpointing: c.activation_checkpointing != 0,
+            activation_checkpointing: c.activation_checkpointing == sys::SK_CHECKPOINTING_FULL,
+            checkpointing: c.activation_checkpointing,
             cpu_offload: c.cpu_offload != 0,
             param_dtype: c.param_dtype,
             reduce_dtype: c.reduce_dtype,

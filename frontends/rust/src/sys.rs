@@ -336,6 +336,7 @@ pub struct sk_plan_request {
     pub activation_checkpointing: i32,
     pub cpu_offload: i32,
     pub trace_path: *const c_char,
+    pub checkpointing: *const c_char,
 }
 
 #[repr(C)]

@@ -308,6 +308,45 @@ fn plan_ranks_simulated_candidates() {
         .unwrap_err();
     assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
     assert!(e.message.contains("ZERO4"), "{}", e);
+    // Selective checkpointing, with and without the attention recomputed.
+    let selective = shardkit::plan(&shardkit::PlanRequest {
+        strategies: Some("DDP".to_string()),
+        activation_checkpointing: 0,
+        checkpointing: Some("full,selective,selective_attention".to_string()),
+        ..request.clone()
+    })
+    .unwrap();
+    assert_eq!(selective.candidates.len(), 3);
+    let by = |policy| selective.candidates.iter().find(|c| c.checkpointing == policy).unwrap();
+    let full = by(sys::SK_CHECKPOINTING_FULL);
+    let sel = by(sys::SK_CHECKPOINTING_SELECTIVE);
+    let attn = by(sys::SK_CHECKPOINTING_SELECTIVE_ATTENTION);
+    assert!(full.activation_checkpointing && !sel.activation_checkpointing && !attn.activation_checkpointing);
+    assert_eq!(sel.label, "DDP sel-ckpt bf16");
+    assert_eq!(attn.label, "DDP sel-ckpt+attn bf16");
+    assert!(attn.peak_allocated_bytes < sel.peak_allocated_bytes, "{:?} {:?}", attn, sel);
+    assert_eq!(best.checkpointing, sys::SK_CHECKPOINTING_OFF);
+    let e = shardkit::plan(&shardkit::PlanRequest { checkpointing: Some("sometimes".to_string()), ..request.clone() })
+        .unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
+    assert!(e.message.contains("checkpointing"), "{}", e);
+    // A decoder by its shape, RoPE scaling included; a half-given scaling is named.
+    let decoder = "decoder:layers=2,d_model=32,heads=4,d_ff=64,vocab=64,seq=64";
+    let scaled = shardkit::plan(&shardkit::PlanRequest {
+        model: format!("{},rope_type=llama3,rope_factor=8,rope_low_freq_factor=1,rope_high_freq_factor=4,rope_original_max_positions=16", decoder),
+        strategies: Some("DDP".to_string()),
+        ..request.clone()
+    })
+    .unwrap();
+    assert_eq!(scaled.candidates.len(), 1);
+    assert!(scaled.candidates[0].fits, "{}", scaled.table);
+    let e = shardkit::plan(&shardkit::PlanRequest {
+        model: format!("{},rope_type=llama3,rope_factor=8", decoder),
+        ..request.clone()
+    })
+    .unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
+    assert!(e.message.contains("'rope_low_freq_factor' is required with rope_type=llama3"), "{}", e);
     let e = shardkit::plan(&shardkit::PlanRequest { model: "gpt-9z".to_string(), ..request }).unwrap_err();
     assert_eq!(e.code, sys::SK_STATUS_NOT_FOUND);
 }

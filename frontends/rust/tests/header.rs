@@ -228,7 +228,7 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_memory_estimate { struct_size, parameters, master_bytes, grad_shard_bytes, optimizer_bytes,
                              persistent_bytes, unsharded_bytes, activation_bytes, peak_bytes }
         sk_plan_request { struct_size, model, profile, gpus, gpus_per_node, batch_size, seq_len, source_len, strategies,
-                          dtypes, activation_checkpointing, cpu_offload, trace_path }
+                          dtypes, activation_checkpointing, cpu_offload, trace_path, checkpointing }
         sk_plan_candidate { struct_size, label, parallelism, strategy, shard_group_size, backward_prefetch,
                             forward_prefetch, rate_limit, activation_checkpointing, cpu_offload, param_dtype,
                             reduce_dtype, fits, out_of_memory, error, peak_allocated_bytes, peak_reserved_bytes,
