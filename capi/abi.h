@@ -14,7 +14,11 @@
 // The files: abi.cc (this support, status, version, parsing),
 // options.cc (the option and result structs), process_group.cc,
 // trainer.cc (trainer, memory estimate, local session), engine.cc (model
-// spec and the low-level engine), plan.cc (the planner).
+// spec and the low-level engine), plan.cc (the planner). Each translates
+// and checks; the runtime decides (the local session is
+// runtime/train/local_session.h, the estimate's mapping
+// runtime/train/memory_estimate.h, the model spec's rules
+// runtime/nn/model_spec.h).
 #ifndef SHARDKIT_CAPI_ABI_H_
 #define SHARDKIT_CAPI_ABI_H_
 
@@ -39,8 +43,10 @@
 #include "runtime/fsdp/memory_estimator.h"
 #include "runtime/fsdp/weight_layout.h"
 #include "runtime/nn/model.h"
+#include "runtime/nn/model_spec.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/train/engine.h"
+#include "runtime/train/local_session.h"
 #include "runtime/train/trainer.h"
 
 // ---------------------------------------------------------------------------
@@ -65,13 +71,11 @@ struct sk_trainer {
 };
 
 struct sk_local_session {
-  std::vector<std::shared_ptr<sk::comm::ProcessGroup>> groups;
-  std::vector<std::unique_ptr<sk::Trainer>> trainers;
-  std::vector<sk::StepMetrics> last_metrics;  // empty before the first step
+  std::unique_ptr<sk::LocalSession> session;
 };
 
 struct sk_model_spec {
-  std::vector<sk::UnitSpec> units;
+  sk::ModelSpecBuilder builder;
 };
 
 struct sk_engine {
@@ -94,7 +98,7 @@ constexpr size_t kMaxStructSize = 65536;
 // This thread's last error message (sk_last_error_message).
 extern thread_local std::string t_last_error;
 
-enum class HandleKind { kProcessGroup, kTrainer, kLocalSession, kModelSpec, kEngine, kStream };
+enum class HandleKind { kProcessGroup, kTrainer, kLocalSession, kModelSpec, kEngine, kStream, kPlanResult };
 
 template <typename T> struct HandleTraits;
 template <> struct HandleTraits<sk_process_group> {
@@ -121,6 +125,20 @@ template <> struct HandleTraits<sk_stream> {
   static constexpr HandleKind kKind = HandleKind::kStream;
   static constexpr const char* kName = "sk_stream";
 };
+// Not opaque: the caller reads its fields. The library's storage around it
+// is plan.cc's, which frees it (FreeHandle).
+template <> struct HandleTraits<sk_plan_result> {
+  static constexpr HandleKind kKind = HandleKind::kPlanResult;
+  static constexpr const char* kName = "sk_plan_result";
+};
+
+// Frees a handle Register made live, once the registry says it may. A
+// handle allocated inside a larger object (sk_plan_result) specialises it.
+template <typename T>
+void FreeHandle(T* h) {
+  delete h;
+}
+template <> void FreeHandle<sk_plan_result>(sk_plan_result* h);
 
 // Live handles, and which entry points are using each. A handle takes one
 // call at a time (shardkit.h, "Threads"): a second thread's call while one
@@ -203,7 +221,7 @@ void Destroy(T* h) {
   if (h == nullptr) return;
   // Destroying a handle that is not live (twice, or never created) is
   // ignored: there is nothing safe to free.
-  if (HandleRegistry::Get().Remove(h, HandleTraits<T>::kKind)) delete h;
+  if (HandleRegistry::Get().Remove(h, HandleTraits<T>::kKind)) FreeHandle(h);
 }
 
 // InvalidArgument for a NULL handle argument `arg` of type T.
@@ -230,7 +248,7 @@ class HandleUse {
     held_ = status_.ok() && !nested_;
   }
   ~HandleUse() {
-    if (held_ && HandleRegistry::Get().Release(h_, access_)) delete const_cast<T*>(h_);
+    if (held_ && HandleRegistry::Get().Release(h_, access_)) FreeHandle(const_cast<T*>(h_));
   }
   HandleUse(const HandleUse&) = delete;
   HandleUse& operator=(const HandleUse&) = delete;
