@@ -23,6 +23,7 @@
 #define SHARDKIT_CAPI_ABI_H_
 
 #include "shardkit/shardkit.h"
+#include "capi/abi_layout.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -269,27 +270,19 @@ sk_status_t Fail(const Status& s);
 sk_status_t Fail(sk_status_t code, const std::string& message);
 
 
-// The size of each struct in its first version: a caller's struct_size below
+// The size of each struct in its first version, from its SK_*_STRUCT_SIZE_V1
+// trait in shardkit.h (capi/abi_layout.h): a caller's struct_size below
 // this cannot come from any header and is rejected. Appending a field never
-// changes these.
-template <typename T> inline constexpr size_t kFirstVersionSize = sizeof(T);
-// 0.1.0's sk_trainer_options ended at data_tokens; 0.2.0 appended parallelism.
-template <> inline constexpr size_t kFirstVersionSize<sk_trainer_options> =
-    offsetof(sk_trainer_options, parallelism);
-// 0.2.0's sk_step_metrics ended at bytes_communicated; 0.3.0 appended global_loss.
-template <> inline constexpr size_t kFirstVersionSize<sk_step_metrics> =
-    offsetof(sk_step_metrics, global_loss);
-// 0.3.0's sk_engine_options ended at memory_cap_bytes; 0.4.0 appended device.
-template <> inline constexpr size_t kFirstVersionSize<sk_engine_options> =
-    offsetof(sk_engine_options, device);
-// Before 0.6.0 sk_optimizer_options ended at weight_decay (and read lr 0 as
-// 1e-3); 0.6.0 appended param_groups.
-template <> inline constexpr size_t kFirstVersionSize<sk_optimizer_options> =
-    offsetof(sk_optimizer_options, param_groups);
-// 0.4.0's first sk_plan_candidate ended at exposed_comm_seconds; then
-// peak_host_bytes was appended.
-template <> inline constexpr size_t kFirstVersionSize<sk_plan_candidate> =
-    offsetof(sk_plan_candidate, peak_host_bytes);
+// changes it. A struct that is not in SK_VERSIONED_STRUCTS has none, and
+// reading it does not compile.
+template <typename T> struct FirstVersion;
+#define SK_FIRST_VERSION(type, prefix)                                                  \
+  template <> struct FirstVersion<type> {                                               \
+    static constexpr size_t kSize = SK_VERSION_SIZE(type, prefix##_STRUCT_SIZE_V1); \
+  };
+SK_VERSIONED_STRUCTS(SK_FIRST_VERSION)
+#undef SK_FIRST_VERSION
+template <typename T> inline constexpr size_t kFirstVersionSize = FirstVersion<T>::kSize;
 
 // Copies a caller's option struct into `out` (zeroed, then the caller's
 // bytes up to min(struct_size, sizeof)); `in` NULL leaves all defaults.
