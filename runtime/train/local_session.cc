@@ -9,20 +9,40 @@
 namespace sk {
 
 StatusOr<std::unique_ptr<LocalSession>> LocalSession::Create(
-    const TrainerOptions& options, std::vector<std::shared_ptr<comm::ProcessGroup>> groups) {
+    const TrainerOptions& options, std::vector<std::shared_ptr<comm::ProcessGroup>> groups,
+    std::vector<Status>* per_rank, std::vector<MemoryStats>* memory_on_error) {
   if (groups.empty()) return InvalidArgumentError("a local session needs at least one rank's group");
   const int world_size = static_cast<int>(groups.size());
   // Validation is the same on every rank, so a bad option fails all ranks
   // before any of them waits in a collective.
-  SK_RETURN_IF_ERROR(ValidateTrainerOptions(options));
-  SK_RETURN_IF_ERROR(ValidateFsdpOptions(options.fsdp, world_size));
+  Status valid = ValidateTrainerOptions(options);
+  if (valid.ok()) valid = ValidateFsdpOptions(options.fsdp, world_size);
+  if (!valid.ok()) {
+    if (per_rank != nullptr) per_rank->assign(static_cast<size_t>(world_size), valid);
+    if (memory_on_error != nullptr) memory_on_error->assign(static_cast<size_t>(world_size), MemoryStats{});
+    return valid;
+  }
   std::unique_ptr<LocalSession> s(new LocalSession());
   s->groups_ = std::move(groups);
   s->trainers_.resize(static_cast<size_t>(world_size));
-  SK_RETURN_IF_ERROR(comm::RunRankThreads(world_size, [&](int r) -> Status {
-    SK_ASSIGN_OR_RETURN(s->trainers_[r], Trainer::Create(options, s->groups_[r].get()));
-    return OkStatus();
-  }));
+  std::vector<MemoryStats> memory(static_cast<size_t>(world_size));
+  Status created = comm::RunRankThreads(
+      world_size,
+      [&](int r) -> Status {
+        SK_ASSIGN_OR_RETURN(s->trainers_[r], Trainer::Create(options, s->groups_[r].get(),
+                                                             memory_on_error != nullptr ? &memory[r] : nullptr));
+        return OkStatus();
+      },
+      per_rank);
+  if (!created.ok()) {
+    if (memory_on_error != nullptr) {
+      for (int r = 0; r < world_size; ++r) {
+        if (s->trainers_[r] != nullptr) memory[r] = s->trainers_[r]->allocator().stats();
+      }
+      *memory_on_error = std::move(memory);
+    }
+    return created;
+  }
   return s;
 }
 

@@ -41,8 +41,15 @@ class LocalSession {
   // its trainers). InvalidArgument for invalid options or no groups (before
   // any rank starts, so no rank waits in a collective for a peer that failed
   // validation); otherwise the lowest failing rank's Trainer::Create error.
+  // When creation fails and they are not null, `per_rank` receives every
+  // rank's status (each one the validation error when options are
+  // invalid), and `memory_on_error` every rank's allocator statistics at
+  // the failure (a failed rank's from Trainer::Create, a created rank's
+  // from its trainer; zeros for a rank that never got an allocator), as a
+  // harness reporting an out-of-memory configuration needs them.
   static StatusOr<std::unique_ptr<LocalSession>> Create(
-      const TrainerOptions& options, std::vector<std::shared_ptr<comm::ProcessGroup>> groups);
+      const TrainerOptions& options, std::vector<std::shared_ptr<comm::ProcessGroup>> groups,
+      std::vector<Status>* per_rank = nullptr, std::vector<MemoryStats>* memory_on_error = nullptr);
 
   // The unique_ptrs LocalProcessGroup::Create returns, as the shared
   // pointers Create takes.

@@ -90,6 +90,33 @@ TEST(LocalSessionTest, InvalidOptionsFailBeforeAnyRankStarts) {
   EXPECT_FALSE(unknown.ok());
 }
 
+// A creation that runs out of memory reports every rank's status and
+// allocator statistics, as a harness recording the OOM needs them.
+TEST(LocalSessionTest, FailedCreationReportsEachRanksStatusAndMemory) {
+  TrainerOptions o = Tiny();
+  o.memory_cap_bytes = 4096;  // far below gpt-tiny's shards
+  std::vector<Status> per_rank;
+  std::vector<MemoryStats> memory;
+  auto s = LocalSession::Create(o, LocalWorld(2), &per_rank, &memory);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kResourceExhausted) << s.status();
+  ASSERT_EQ(per_rank.size(), 2u);
+  ASSERT_EQ(memory.size(), 2u);
+  int64_t ooms = 0;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(per_rank[r].ok()) << "rank " << r;
+    ooms += memory[r].num_ooms;
+  }
+  EXPECT_GT(ooms, 0);
+
+  o = Tiny();
+  o.batch_size = 0;
+  s = LocalSession::Create(o, LocalWorld(2), &per_rank, &memory);
+  ASSERT_FALSE(s.ok());
+  ASSERT_EQ(per_rank.size(), 2u);
+  EXPECT_EQ(per_rank[1].code(), StatusCode::kInvalidArgument);
+}
+
 TEST(LocalSessionTest, BadLearningRateChangesNoRank) {
   std::unique_ptr<LocalSession> s = MakeSession(Tiny(), 2);
   ASSERT_NE(s, nullptr);
