@@ -1100,7 +1100,11 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_plan(const sk_plan_request* request, sk_pl
  * are written). Thread-safe. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_plan_result_candidate(const sk_plan_result* result, int32_t index,
                                                             sk_plan_candidate* out);
-/* Releases a result and its strings. Accepts NULL. */
+/* Releases a result and its strings. Accepts NULL; a result already freed
+ * is ignored, and a freed result passed to sk_plan_result_candidate is
+ * INVALID_ARGUMENT (results are registered as handles are). Freed while
+ * another thread's sk_plan_result_candidate reads it, it is released when
+ * that call returns. */
 SK_EXPORT void sk_plan_result_free(sk_plan_result* result);
 
 /* ------------------------------------------------------------------------ */
