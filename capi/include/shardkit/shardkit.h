@@ -48,8 +48,9 @@
  *     version cannot do). struct_size above 65536 is rejected.
  *  Under each struct, two size traits (PJRT's struct-size traits) name the
  *  last field of its first version (SK_*_STRUCT_SIZE_V1, fixed forever) and
- *  of this header's (SK_*_STRUCT_SIZE, moved when a field is appended):
- *  SK_STRUCT_SIZE(type, last_field) is the offset just past that field. A
+ *  of this header's (SK_*_STRUCT_SIZE: name the new field there when
+ *  appending one); SK_STRUCT_SIZE(type, last_field) is the offset just
+ *  past that field. A
  *  caller's struct_size is the version's size padded to the struct's
  *  alignment (sizeof in that header). The library's build pins every
  *  field's offset, so a layout change cannot ship by accident.
@@ -364,8 +365,7 @@ typedef struct sk_gloo_options {
   /* As in sk_process_group_create_local; NULL for none. */
   const char* network_model;
 } sk_gloo_options;
-/* Size traits: the first version is this header's. When appending a
- * field, name it in the second line (the first stays). */
+/* Size traits ("Option structs" above). */
 #define SK_GLOO_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_gloo_options, network_model)
 #define SK_GLOO_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_gloo_options, network_model)
 
@@ -407,8 +407,7 @@ typedef struct sk_nccl_options {
    * at once with both calls named). */
   int32_t skip_call_check;
 } sk_nccl_options;
-/* Size traits: the first version is this header's. When appending a
- * field, name it in the second line (the first stays). */
+/* Size traits ("Option structs" above). */
 #define SK_NCCL_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_nccl_options, skip_call_check)
 #define SK_NCCL_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_nccl_options, skip_call_check)
 
@@ -536,8 +535,7 @@ typedef struct sk_fsdp_options {
    * 604800000 (7 days): INVALID_ARGUMENT beyond. */
   int64_t timeout_ms;
 } sk_fsdp_options;
-/* Size traits: the first version is this header's. When appending a
- * field, name it in the second line (the first stays). */
+/* Size traits ("Option structs" above). */
 #define SK_FSDP_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_fsdp_options, timeout_ms)
 #define SK_FSDP_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_fsdp_options, timeout_ms)
 
@@ -564,8 +562,7 @@ typedef struct sk_param_group {
   float lr_multiplier;
   int32_t inherit_weight_decay;
 } sk_param_group;
-/* Size traits: the first version is this header's. When appending a
- * field, name it in the second line (the first stays). */
+/* Size traits ("Option structs" above). */
 #define SK_PARAM_GROUP_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_param_group, inherit_weight_decay)
 #define SK_PARAM_GROUP_STRUCT_SIZE SK_STRUCT_SIZE(sk_param_group, inherit_weight_decay)
 
@@ -592,8 +589,7 @@ typedef struct sk_optimizer_options {
   const sk_param_group* param_groups;
   int32_t num_param_groups;
 } sk_optimizer_options;
-/* Size traits: the first version (before 0.6.0) ended at weight_decay; this header's ends
- * at num_param_groups. When appending a field, name it in the second line. */
+/* Size traits ("Option structs" above); the first version (before 0.6.0) ended at weight_decay. */
 #define SK_OPTIMIZER_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_optimizer_options, weight_decay)
 #define SK_OPTIMIZER_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_optimizer_options, num_param_groups)
 
@@ -637,8 +633,7 @@ typedef struct sk_device_options {
    * INVALID_ARGUMENT: set the environment variable instead). */
   int32_t launch_blocking;
 } sk_device_options;
-/* Size traits: the first version is this header's. When appending a
- * field, name it in the second line (the first stays). */
+/* Size traits ("Option structs" above). */
 #define SK_DEVICE_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_device_options, launch_blocking)
 #define SK_DEVICE_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_device_options, launch_blocking)
 
@@ -669,8 +664,7 @@ typedef struct sk_lr_schedule {
   int64_t warmup_steps;  /* linear warmup steps; 0 = none */
   int64_t decay_steps;   /* COSINE, LINEAR: steps of decay after warmup, >= 1 */
 } sk_lr_schedule;
-/* Size traits: the first version is this header's. When appending a
- * field, name it in the second line (the first stays). */
+/* Size traits ("Option structs" above). */
 #define SK_LR_SCHEDULE_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_lr_schedule, decay_steps)
 #define SK_LR_SCHEDULE_STRUCT_SIZE SK_STRUCT_SIZE(sk_lr_schedule, decay_steps)
 
@@ -726,8 +720,7 @@ typedef struct sk_trainer_options {
    * (the optimizer's lr). INVALID_ARGUMENT naming the field for a bad one. */
   const sk_lr_schedule* lr_schedule;
 } sk_trainer_options;
-/* Size traits: the first version (0.1.0) ended at data_tokens; this header's ends
- * at lr_schedule. When appending a field, name it in the second line. */
+/* Size traits ("Option structs" above); the first version (0.1.0) ended at data_tokens. */
 #define SK_TRAINER_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_trainer_options, data_tokens)
 #define SK_TRAINER_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_trainer_options, lr_schedule)
 
@@ -760,8 +753,7 @@ typedef struct sk_step_metrics {
   /* 0.6.0: the learning rate this step's update used. */
   float lr;
 } sk_step_metrics;
-/* Size traits: the first version (0.2.0's) ended at bytes_communicated; this header's ends
- * at lr. When appending a field, name it in the second line. */
+/* Size traits ("Option structs" above); the first version (0.2.0's) ended at bytes_communicated. */
 #define SK_STEP_METRICS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_step_metrics, bytes_communicated)
 #define SK_STEP_METRICS_STRUCT_SIZE SK_STRUCT_SIZE(sk_step_metrics, lr)
 
@@ -889,8 +881,7 @@ typedef struct sk_memory_estimate {
   int64_t activation_bytes;  /* activations and temporaries at the peak */
   int64_t peak_bytes;        /* the sum: the peak the rank's allocator holds in a step */
 } sk_memory_estimate;
-/* Size traits: the first version is this header's. When appending a
- * field, name it in the second line (the first stays). */
+/* Size traits ("Option structs" above). */
 #define SK_MEMORY_ESTIMATE_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_memory_estimate, peak_bytes)
 #define SK_MEMORY_ESTIMATE_STRUCT_SIZE SK_STRUCT_SIZE(sk_memory_estimate, peak_bytes)
 
@@ -1016,8 +1007,7 @@ typedef struct sk_plan_request {
    * configuration's simulated step is written to this path. */
   const char* trace_path;
 } sk_plan_request;
-/* Size traits: the first version is this header's. When appending a
- * field, name it in the second line (the first stays). */
+/* Size traits ("Option structs" above). */
 #define SK_PLAN_REQUEST_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_plan_request, trace_path)
 #define SK_PLAN_REQUEST_STRUCT_SIZE SK_STRUCT_SIZE(sk_plan_request, trace_path)
 
@@ -1056,8 +1046,7 @@ typedef struct sk_plan_candidate {
    * state, host temporaries); 0 without offload. */
   int64_t peak_host_bytes;
 } sk_plan_candidate;
-/* Size traits: the first version (0.4.0's) ended at exposed_comm_seconds; this header's ends
- * at peak_host_bytes. When appending a field, name it in the second line. */
+/* Size traits ("Option structs" above); the first version (0.4.0's) ended at exposed_comm_seconds. */
 #define SK_PLAN_CANDIDATE_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_plan_candidate, exposed_comm_seconds)
 #define SK_PLAN_CANDIDATE_STRUCT_SIZE SK_STRUCT_SIZE(sk_plan_candidate, peak_host_bytes)
 
@@ -1080,8 +1069,7 @@ typedef struct sk_plan_result {
                                      and the best of every other strategy) */
   const char* json;               /* every candidate, ranked, as JSON */
 } sk_plan_result;
-/* Size traits: the first version is this header's. When appending a
- * field, name it in the second line (the first stays). */
+/* Size traits ("Option structs" above). */
 #define SK_PLAN_RESULT_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_plan_result, json)
 #define SK_PLAN_RESULT_STRUCT_SIZE SK_STRUCT_SIZE(sk_plan_result, json)
 
@@ -1129,8 +1117,7 @@ typedef struct sk_param_spec {
   float init_a;          /* NORMAL: mean; UNIFORM: low */
   float init_b;          /* NORMAL: standard deviation; UNIFORM: high */
 } sk_param_spec;
-/* Size traits: the first version is this header's. When appending a
- * field, name it in the second line (the first stays). */
+/* Size traits ("Option structs" above). */
 #define SK_PARAM_SPEC_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_param_spec, init_b)
 #define SK_PARAM_SPEC_STRUCT_SIZE SK_STRUCT_SIZE(sk_param_spec, init_b)
 
@@ -1196,8 +1183,7 @@ typedef struct sk_engine_options {
    * another GPU. Must outlive the engine. */
   void* cuda_stream;
 } sk_engine_options;
-/* Size traits: the first version (0.3.0's) ended at memory_cap_bytes; this header's ends
- * at cuda_stream. When appending a field, name it in the second line. */
+/* Size traits ("Option structs" above); the first version (0.3.0's) ended at memory_cap_bytes. */
 #define SK_ENGINE_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_engine_options, memory_cap_bytes)
 #define SK_ENGINE_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_engine_options, cuda_stream)
 
@@ -1218,8 +1204,7 @@ typedef struct sk_tensor_view {
   const int64_t* shape;   /* ndim entries; has the lifetime of the engine */
   int64_t numel;
 } sk_tensor_view;
-/* Size traits: the first version is this header's. When appending a
- * field, name it in the second line (the first stays). */
+/* Size traits ("Option structs" above). */
 #define SK_TENSOR_VIEW_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_tensor_view, numel)
 #define SK_TENSOR_VIEW_STRUCT_SIZE SK_STRUCT_SIZE(sk_tensor_view, numel)
 
