@@ -14,11 +14,16 @@
 // The files: abi.cc (this support, status, version, parsing),
 // options.cc (the option and result structs), process_group.cc,
 // trainer.cc (trainer, memory estimate, local session), engine.cc (model
-// spec and the low-level engine), plan.cc (the planner).
+// spec and the low-level engine), plan.cc (the planner). Each translates
+// and checks; the runtime decides (the local session is
+// runtime/train/local_session.h, the estimate's mapping
+// runtime/train/memory_estimate.h, the model spec's rules
+// runtime/nn/model_spec.h).
 #ifndef SHARDKIT_CAPI_ABI_H_
 #define SHARDKIT_CAPI_ABI_H_
 
 #include "shardkit/shardkit.h"
+#include "capi/abi_layout.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -39,8 +44,10 @@
 #include "runtime/fsdp/memory_estimator.h"
 #include "runtime/fsdp/weight_layout.h"
 #include "runtime/nn/model.h"
+#include "runtime/nn/model_spec.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/train/engine.h"
+#include "runtime/train/local_session.h"
 #include "runtime/train/trainer.h"
 
 // ---------------------------------------------------------------------------
@@ -65,13 +72,11 @@ struct sk_trainer {
 };
 
 struct sk_local_session {
-  std::vector<std::shared_ptr<sk::comm::ProcessGroup>> groups;
-  std::vector<std::unique_ptr<sk::Trainer>> trainers;
-  std::vector<sk::StepMetrics> last_metrics;  // empty before the first step
+  std::unique_ptr<sk::LocalSession> session;
 };
 
 struct sk_model_spec {
-  std::vector<sk::UnitSpec> units;
+  sk::ModelSpecBuilder builder;
 };
 
 struct sk_engine {
@@ -94,7 +99,7 @@ constexpr size_t kMaxStructSize = 65536;
 // This thread's last error message (sk_last_error_message).
 extern thread_local std::string t_last_error;
 
-enum class HandleKind { kProcessGroup, kTrainer, kLocalSession, kModelSpec, kEngine, kStream };
+enum class HandleKind { kProcessGroup, kTrainer, kLocalSession, kModelSpec, kEngine, kStream, kPlanResult };
 
 template <typename T> struct HandleTraits;
 template <> struct HandleTraits<sk_process_group> {
@@ -121,6 +126,20 @@ template <> struct HandleTraits<sk_stream> {
   static constexpr HandleKind kKind = HandleKind::kStream;
   static constexpr const char* kName = "sk_stream";
 };
+// Not opaque: the caller reads its fields. The library's storage around it
+// is plan.cc's, which frees it (FreeHandle).
+template <> struct HandleTraits<sk_plan_result> {
+  static constexpr HandleKind kKind = HandleKind::kPlanResult;
+  static constexpr const char* kName = "sk_plan_result";
+};
+
+// Frees a handle Register made live, once the registry says it may. A
+// handle allocated inside a larger object (sk_plan_result) specialises it.
+template <typename T>
+void FreeHandle(T* h) {
+  delete h;
+}
+template <> void FreeHandle<sk_plan_result>(sk_plan_result* h);
 
 // Live handles, and which entry points are using each. A handle takes one
 // call at a time (shardkit.h, "Threads"): a second thread's call while one
@@ -203,7 +222,7 @@ void Destroy(T* h) {
   if (h == nullptr) return;
   // Destroying a handle that is not live (twice, or never created) is
   // ignored: there is nothing safe to free.
-  if (HandleRegistry::Get().Remove(h, HandleTraits<T>::kKind)) delete h;
+  if (HandleRegistry::Get().Remove(h, HandleTraits<T>::kKind)) FreeHandle(h);
 }
 
 // InvalidArgument for a NULL handle argument `arg` of type T.
@@ -230,7 +249,7 @@ class HandleUse {
     held_ = status_.ok() && !nested_;
   }
   ~HandleUse() {
-    if (held_ && HandleRegistry::Get().Release(h_, access_)) delete const_cast<T*>(h_);
+    if (held_ && HandleRegistry::Get().Release(h_, access_)) FreeHandle(const_cast<T*>(h_));
   }
   HandleUse(const HandleUse&) = delete;
   HandleUse& operator=(const HandleUse&) = delete;
@@ -251,30 +270,19 @@ sk_status_t Fail(const Status& s);
 sk_status_t Fail(sk_status_t code, const std::string& message);
 
 
-// The size of each struct in its first version: a caller's struct_size below
+// The size of each struct in its first version, from its SK_*_STRUCT_SIZE_V1
+// trait in shardkit.h (capi/abi_layout.h): a caller's struct_size below
 // this cannot come from any header and is rejected. Appending a field never
-// changes these.
-template <typename T> inline constexpr size_t kFirstVersionSize = sizeof(T);
-// 0.1.0's sk_trainer_options ended at data_tokens; 0.2.0 appended parallelism.
-template <> inline constexpr size_t kFirstVersionSize<sk_trainer_options> =
-    offsetof(sk_trainer_options, parallelism);
-// 0.2.0's sk_step_metrics ended at bytes_communicated; 0.3.0 appended global_loss.
-template <> inline constexpr size_t kFirstVersionSize<sk_step_metrics> =
-    offsetof(sk_step_metrics, global_loss);
-// 0.3.0's sk_engine_options ended at memory_cap_bytes; 0.4.0 appended device.
-template <> inline constexpr size_t kFirstVersionSize<sk_engine_options> =
-    offsetof(sk_engine_options, device);
-// Before 0.6.0 sk_optimizer_options ended at weight_decay (and read lr 0 as
-// 1e-3); 0.6.0 appended param_groups.
-template <> inline constexpr size_t kFirstVersionSize<sk_optimizer_options> =
-    offsetof(sk_optimizer_options, param_groups);
-// 0.4.0's first sk_plan_candidate ended at exposed_comm_seconds; then
-// peak_host_bytes was appended.
-template <> inline constexpr size_t kFirstVersionSize<sk_plan_candidate> =
-    offsetof(sk_plan_candidate, peak_host_bytes);
-// 0.4.0's sk_plan_request ended at trace_path (checkpointing: issue 33).
-template <> inline constexpr size_t kFirstVersionSize<sk_plan_request> =
-    offsetof(sk_plan_request, checkpointing);
+// changes it. A struct that is not in SK_VERSIONED_STRUCTS has none, and
+// reading it does not compile.
+template <typename T> struct FirstVersion;
+#define SK_FIRST_VERSION(type, prefix)                                                  \
+  template <> struct FirstVersion<type> {                                               \
+    static constexpr size_t kSize = SK_VERSION_SIZE(type, prefix##_STRUCT_SIZE_V1); \
+  };
+SK_VERSIONED_STRUCTS(SK_FIRST_VERSION)
+#undef SK_FIRST_VERSION
+template <typename T> inline constexpr size_t kFirstVersionSize = FirstVersion<T>::kSize;
 
 // Copies a caller's option struct into `out` (zeroed, then the caller's
 // bytes up to min(struct_size, sizeof)); `in` NULL leaves all defaults.

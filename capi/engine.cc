@@ -1,7 +1,6 @@
 // The low level: model specs and the FSDP engine around caller-computed
 // units (runtime/train/engine.h does the work).
 #include "capi/abi.h"
-#include "runtime/core/file_io.h"
 
 namespace {
 
@@ -31,15 +30,6 @@ sk_tensor_view FlatViewOf(const sk::Tensor& t) {
   v.shape = t.shape().dims().data();
   v.numel = t.numel();
   return v;
-}
-
-// OUT_OF_RANGE unless `unit` indexes `units`.
-Status CheckSpecUnit(const std::vector<sk::UnitSpec>& units, int32_t unit) {
-  if (unit < 0 || static_cast<size_t>(unit) >= units.size()) {
-    return sk::OutOfRangeError("unit " + std::to_string(unit) + " out of range (the model has " +
-                               std::to_string(units.size()) + " units)");
-  }
-  return sk::OkStatus();
 }
 
 // A view requested outside its window names the window in the ABI's terms.
@@ -195,20 +185,8 @@ SK_EXPORT sk_status_t sk_model_spec_add_unit(sk_model_spec* spec, const char* na
   SK_API_BEGIN
   SK_USE_HANDLE(spec, "spec");
   SK_CHECK(CheckString(name, "name"));
-  if (name[0] == '\0') return Fail(SK_STATUS_INVALID_ARGUMENT, "unit name is empty");
-  // Names go into checkpoint indexes and safetensors headers: JSON, UTF-8.
-  if (!sk::IsValidUtf8(name)) {
-    return Fail(SK_STATUS_INVALID_ARGUMENT, "unit name '" + std::string(name) + "' is not valid UTF-8");
-  }
-  for (const sk::UnitSpec& u : spec->units) {
-    if (u.name == name) {
-      return Fail(SK_STATUS_INVALID_ARGUMENT, "a unit named '" + u.name + "' already exists");
-    }
-  }
-  sk::UnitSpec u;
-  u.name = name;
-  spec->units.push_back(std::move(u));
-  if (out_unit != nullptr) *out_unit = static_cast<int32_t>(spec->units.size() - 1);
+  SK_ASSIGN_OR_FAIL(int unit, spec->builder.AddUnit(name));
+  if (out_unit != nullptr) *out_unit = static_cast<int32_t>(unit);
   return SK_STATUS_OK;
   SK_API_END
 }
@@ -217,31 +195,15 @@ SK_EXPORT sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
                                               const sk_param_spec* param, int32_t* out_param) {
   SK_API_BEGIN
   SK_USE_HANDLE(spec, "spec");
-  SK_CHECK(CheckSpecUnit(spec->units, unit));
+  SK_CHECK(spec->builder.CheckUnit(unit));
   if (param == nullptr) return Fail(SK_STATUS_INVALID_ARGUMENT, "param is NULL (use SK_PARAM_SPEC_INIT)");
   sk_param_spec c;
   SK_CHECK(ReadStruct(param, "sk_param_spec", &c));
-  sk::UnitSpec& u = spec->units[unit];
-  if (c.name == nullptr || c.name[0] == '\0') {
-    return Fail(SK_STATUS_INVALID_ARGUMENT, "sk_param_spec.name is NULL or empty (unit '" + u.name + "')");
+  const std::string& unit_name = spec->builder.units()[unit].name;
+  if (c.name == nullptr) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT, "sk_param_spec.name is NULL (unit '" + unit_name + "')");
   }
-  const std::string name = c.name;
-  if (!sk::IsValidUtf8(name)) {
-    return Fail(SK_STATUS_INVALID_ARGUMENT,
-                "sk_param_spec.name '" + name + "' (unit '" + u.name + "') is not valid UTF-8");
-  }
-  for (const sk::ParamSpec& p : u.params) {
-    if (p.name == name) {
-      return Fail(SK_STATUS_INVALID_ARGUMENT,
-                  "unit '" + u.name + "' already has a parameter named '" + name + "'");
-    }
-  }
-  if (!u.tied.empty()) {
-    return Fail(SK_STATUS_FAILED_PRECONDITION,
-                "unit '" + u.name + "' already has tied parameters, which are numbered after its own: add '" +
-                    name + "' before them");
-  }
-  const std::string where = "parameter '" + u.name + "." + name + "': ";
+  const std::string where = "parameter '" + unit_name + "." + c.name + "': ";
   if (c.ndim < 0 || c.ndim > SK_MAX_DIMS) {
     return Fail(SK_STATUS_INVALID_ARGUMENT, where + "ndim " + std::to_string(c.ndim) +
                                                 " is not in [0, " + std::to_string(SK_MAX_DIMS) + "]");
@@ -250,6 +212,7 @@ SK_EXPORT sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
     return Fail(SK_STATUS_INVALID_ARGUMENT, where + "shape is NULL while ndim is " + std::to_string(c.ndim));
   }
   SK_CHECK(CheckEnum(c.dtype, SK_DTYPE_F16, "sk_param_spec.dtype"));
+  // The struct has a dtype for growth; the runtime's parameters have none.
   if (c.dtype != SK_DTYPE_DEFAULT && c.dtype != SK_DTYPE_F32) {
     return Fail(SK_STATUS_INVALID_ARGUMENT,
                 where + "dtype must be f32: master parameters are always f32 (choose the compute "
@@ -260,16 +223,13 @@ SK_EXPORT sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
   auto shape = sk::Shape::Make(dims);
   if (!shape.ok()) return Fail(shape.status().WithContext(where + "shape"));
   sk::ParamSpec p;
-  p.name = name;
+  p.name = c.name;
   p.shape = *shape;
   p.init.kind = c.init == SK_INIT_DEFAULT ? sk::InitKind::kZeros : static_cast<sk::InitKind>(c.init);
   p.init.a = c.init_a;
   p.init.b = c.init_b;
-  if (p.init.kind == sk::InitKind::kZeros || p.init.kind == sk::InitKind::kOnes) p.init.a = p.init.b = 0.f;
-  Status valid = sk::ValidateInitializer(p.init);
-  if (!valid.ok()) return Fail(valid.WithContext(where + "initializer"));
-  u.params.push_back(std::move(p));
-  if (out_param != nullptr) *out_param = static_cast<int32_t>(u.params.size() - 1);
+  SK_ASSIGN_OR_FAIL(int index, spec->builder.AddParam(unit, std::move(p)));
+  if (out_param != nullptr) *out_param = static_cast<int32_t>(index);
   return SK_STATUS_OK;
   SK_API_END
 }
@@ -278,32 +238,9 @@ SK_EXPORT sk_status_t sk_model_spec_add_tied_param(sk_model_spec* spec, int32_t 
                                                    int32_t owner_unit, int32_t owner_param, int32_t* out_param) {
   SK_API_BEGIN
   SK_USE_HANDLE(spec, "spec");
-  SK_CHECK(CheckSpecUnit(spec->units, unit));
-  SK_CHECK(CheckSpecUnit(spec->units, owner_unit));
   SK_CHECK(CheckString(name, "name"));
-  sk::UnitSpec& u = spec->units[unit];
-  const std::string n = name;
-  if (n.empty() || !sk::IsValidUtf8(n)) {
-    return Fail(SK_STATUS_INVALID_ARGUMENT, "tied parameter name of unit '" + u.name + "' is empty or not UTF-8");
-  }
-  const sk::UnitSpec& owner = spec->units[owner_unit];
-  if (owner_param < 0 || static_cast<size_t>(owner_param) >= owner.params.size()) {
-    return Fail(SK_STATUS_OUT_OF_RANGE, "owner parameter " + std::to_string(owner_param) + " out of range (unit '" +
-                                            owner.name + "' has " + std::to_string(owner.params.size()) +
-                                            " parameters of its own)");
-  }
-  if (owner_unit >= unit) {
-    return Fail(SK_STATUS_INVALID_ARGUMENT, "tied parameter '" + u.name + "." + n + "': its owner unit '" +
-                                                owner.name + "' must come before unit '" + u.name + "'");
-  }
-  for (size_t i = 0; i < u.num_tensors(); ++i) {
-    if (sk::UnitTensorName(u, i) == u.name + "." + n) {
-      return Fail(SK_STATUS_INVALID_ARGUMENT, "unit '" + u.name + "' already has a parameter named '" + n + "'");
-    }
-  }
-  const sk::ParamSpec& p = owner.params[owner_param];
-  u.tied.push_back(sk::TiedParamSpec{n, sk::FullParamName(owner, p), p.shape});
-  if (out_param != nullptr) *out_param = static_cast<int32_t>(u.num_tensors() - 1);
+  SK_ASSIGN_OR_FAIL(int index, spec->builder.AddTiedParam(unit, name, owner_unit, owner_param));
+  if (out_param != nullptr) *out_param = static_cast<int32_t>(index);
   return SK_STATUS_OK;
   SK_API_END
 }
@@ -342,7 +279,7 @@ SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_gro
     SK_ASSIGN_OR_FAIL(o.stream, WrapCudaStream(o.device, h->group ? h->group->rank() : 0,
                                                c.cuda_stream));
   }
-  SK_ASSIGN_OR_FAIL(h->engine, sk::FsdpEngine::Create(spec->units, h->group.get(), o));
+  SK_ASSIGN_OR_FAIL(h->engine, sk::FsdpEngine::Create(spec->builder.units(), h->group.get(), o));
   *out_engine = Register(std::move(h));
   return SK_STATUS_OK;
   SK_API_END

@@ -8,26 +8,22 @@ using namespace sk::capi;  // NOLINT: the entry points below are this file's onl
 
 namespace {
 
-// What sk_plan allocates: the C struct the caller sees and everything its
-// pointers point into. Results are looked up by the address of `c`.
-struct PlanResultOwner {
-  sk_plan_result c;
+// What sk_plan allocates: the C struct the caller sees, first, and
+// everything its pointers point into. Standard layout, so the registered
+// sk_plan_result* is the owner's address too (FreeHandle).
+struct PlanResultStrings {
   std::string profile, recommendation, table, json;
   std::vector<sk_plan_candidate> candidates;
   std::vector<std::string> labels, errors;
 };
+struct PlanResultOwner {
+  sk_plan_result c;
+  std::unique_ptr<PlanResultStrings> s;
+};
+static_assert(std::is_standard_layout_v<PlanResultOwner> && offsetof(PlanResultOwner, c) == 0,
+              "an sk_plan_result* must convert to its PlanResultOwner*");
 
-std::mutex g_results_mu;
-std::unordered_map<const sk_plan_result*, std::unique_ptr<PlanResultOwner>>& Results() {
-  static auto* m = new std::unordered_map<const sk_plan_result*, std::unique_ptr<PlanResultOwner>>();
-  return *m;
-}
-
-const PlanResultOwner* FindResult(const sk_plan_result* r) {
-  std::lock_guard<std::mutex> lock(g_results_mu);
-  auto it = Results().find(r);
-  return it == Results().end() ? nullptr : it->second.get();
-}
+const PlanResultOwner& OwnerOf(const sk_plan_result* r) { return *reinterpret_cast<const PlanResultOwner*>(r); }
 
 sk::StatusOr<std::vector<bool>> Both(int32_t v, const char* field) {
   switch (v) {
@@ -90,24 +86,26 @@ SK_EXPORT sk_status_t sk_plan(const sk_plan_request* request, sk_plan_result** o
   SK_ASSIGN_OR_FAIL(sk::plan::PlanRequest r, ToPlanRequest(request));
   SK_ASSIGN_OR_FAIL(sk::plan::PlanResult plan, sk::plan::Plan(r));
   auto owner = std::make_unique<PlanResultOwner>();
-  owner->profile = plan.profile_name;
-  owner->recommendation = plan.recommendation;
-  owner->table = sk::plan::FormatTable(plan, 20);
-  owner->json = sk::plan::FormatJson(plan);
+  owner->s = std::make_unique<PlanResultStrings>();
+  PlanResultStrings& strings = *owner->s;
+  strings.profile = plan.profile_name;
+  strings.recommendation = plan.recommendation;
+  strings.table = sk::plan::FormatTable(plan, 20);
+  strings.json = sk::plan::FormatJson(plan);
   const size_t n = plan.results.size();
-  owner->labels.resize(n);
-  owner->errors.resize(n);
-  owner->candidates.resize(n);
+  strings.labels.resize(n);
+  strings.errors.resize(n);
+  strings.candidates.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const sk::plan::CandidateResult& cr = plan.results[i];
     const sk::plan::Candidate& k = cr.candidate;
     const sk::plan::CandidateMetrics& m = cr.metrics;
-    owner->labels[i] = k.Label();
-    if (!cr.status.ok()) owner->errors[i] = cr.status.ToString();
-    sk_plan_candidate& c = owner->candidates[i];
+    strings.labels[i] = k.Label();
+    if (!cr.status.ok()) strings.errors[i] = cr.status.ToString();
+    sk_plan_candidate& c = strings.candidates[i];
     std::memset(&c, 0, sizeof(c));
     c.struct_size = sizeof(c);
-    c.label = owner->labels[i].c_str();
+    c.label = strings.labels[i].c_str();
     c.parallelism = k.parallelism == sk::Parallelism::kDdp ? SK_PARALLELISM_DDP : SK_PARALLELISM_FSDP;
     c.strategy = k.parallelism == sk::Parallelism::kDdp ? SK_SHARDING_DEFAULT
                                                          : static_cast<sk_sharding_strategy_t>(k.fsdp.strategy);
@@ -125,7 +123,7 @@ SK_EXPORT sk_status_t sk_plan(const sk_plan_request* request, sk_plan_result** o
         k.fsdp.mixed_precision.reduce_dtype.value_or(k.fsdp.mixed_precision.param_dtype));
     c.fits = cr.fits() ? 1 : 0;
     c.out_of_memory = m.out_of_memory ? 1 : 0;
-    c.error = cr.status.ok() ? nullptr : owner->errors[i].c_str();
+    c.error = cr.status.ok() ? nullptr : strings.errors[i].c_str();
     c.peak_allocated_bytes = m.peak_allocated_bytes;
     c.peak_reserved_bytes = m.peak_reserved_bytes;
     c.alloc_retries = m.alloc_retries;
@@ -139,18 +137,16 @@ SK_EXPORT sk_status_t sk_plan(const sk_plan_request* request, sk_plan_result** o
   sk_plan_result& c = owner->c;
   std::memset(&c, 0, sizeof(c));
   c.struct_size = sizeof(c);
-  c.profile = owner->profile.c_str();
+  c.profile = strings.profile.c_str();
   c.device_memory_bytes = plan.device_memory_bytes;
   c.num_candidates = static_cast<int32_t>(n);
   c.recommended = plan.recommended;
-  c.recommendation = owner->recommendation.c_str();
-  c.table = owner->table.c_str();
-  c.json = owner->json.c_str();
-  sk_plan_result* out = &owner->c;
-  {
-    std::lock_guard<std::mutex> lock(g_results_mu);
-    Results()[out] = std::move(owner);
-  }
+  c.recommendation = strings.recommendation.c_str();
+  c.table = strings.table.c_str();
+  c.json = strings.json.c_str();
+  // Registered by the address the caller holds (sk_plan_result_free's).
+  sk_plan_result* out = &owner.release()->c;
+  HandleRegistry::Get().Add(out, HandleTraits<sk_plan_result>::kKind);
   *out_result = out;
   return SK_STATUS_OK;
   SK_API_END
@@ -159,34 +155,28 @@ SK_EXPORT sk_status_t sk_plan(const sk_plan_request* request, sk_plan_result** o
 SK_EXPORT sk_status_t sk_plan_result_candidate(const sk_plan_result* result, int32_t index,
                                                sk_plan_candidate* out) {
   SK_API_BEGIN
-  if (result == nullptr) return Fail(SK_STATUS_INVALID_ARGUMENT, "result is NULL (expected an sk_plan_result)");
+  SK_SHARE_HANDLE(result, "result");  // thread-safe (shardkit.h): it only reads
   SK_CHECK(CheckOutStruct(out, "out"));
-  const PlanResultOwner* owner = FindResult(result);
-  if (owner == nullptr) {
-    return Fail(SK_STATUS_INVALID_ARGUMENT, "result is not a live sk_plan_result (freed, or not from sk_plan)");
-  }
-  const int32_t n = static_cast<int32_t>(owner->candidates.size());
+  const std::vector<sk_plan_candidate>& candidates = OwnerOf(result).s->candidates;
+  const int32_t n = static_cast<int32_t>(candidates.size());
   if (index < 0 || index >= n) {
     return Fail(SK_STATUS_OUT_OF_RANGE,
                 "candidate " + std::to_string(index) + " out of range (the plan has " + std::to_string(n) + ")");
   }
-  WriteStruct(out, owner->candidates[static_cast<size_t>(index)]);
+  WriteStruct(out, candidates[static_cast<size_t>(index)]);
   return SK_STATUS_OK;
   SK_API_END
 }
 
 SK_EXPORT void sk_plan_result_free(sk_plan_result* result) {
   SK_API_VOID_BEGIN
-  if (result == nullptr) return;
-  std::unique_ptr<PlanResultOwner> owner;
-  {
-    std::lock_guard<std::mutex> lock(g_results_mu);
-    auto it = Results().find(result);
-    if (it == Results().end()) return;  // freed twice, or never ours: nothing safe to free
-    owner = std::move(it->second);
-    Results().erase(it);
-  }
+  Destroy(result);
   SK_API_VOID_END
 }
 
 }  // extern "C"
+
+template <>
+void sk::capi::FreeHandle<sk_plan_result>(sk_plan_result* h) {
+  delete reinterpret_cast<PlanResultOwner*>(h);
+}

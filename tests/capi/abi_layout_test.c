@@ -1,9 +1,10 @@
-/* shardkit.h compiles as strict C11 (its layout static_asserts run here, as
- * they do in every C++ file that includes it), and the _INIT macros give
- * zeroed structs of the right size. */
+/* shardkit.h compiles as strict C11, so do the layout static_asserts of
+ * capi/abi_layout.h (as they do in the library's C++), and the _INIT macros
+ * give zeroed structs of the right size. */
 #include <stdio.h>
 #include <string.h>
 
+#include "capi/abi_layout.h"
 #include "shardkit/shardkit.h"
 
 static int failures = 0;

@@ -71,7 +71,7 @@ std::vector<float> Read(sk_engine* e, int unit, int param, int64_t n) {
 }
 
 TEST(CapiFramework, VersionIs060) {
-  EXPECT_STREQ(sk_version(), "0.6.1");
+  EXPECT_STREQ(sk_version(), "0.7.0");
   EXPECT_EQ(sk_version_number(), 6001);
 }
 

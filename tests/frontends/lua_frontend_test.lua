@@ -26,7 +26,7 @@ local function expect_error(code_name, text, fn, ...)
 end
 
 test("version is the library's", function()
-  assert(sk.version() == "0.6.1", sk.version())
+  assert(sk.version() == "0.7.0", sk.version())
   assert(sk.version_number() == 6001, sk.version_number())
 end)
 

@@ -138,7 +138,7 @@ for line in sys.stdin:
     strip --strip-debug "$PKG_ABS/frontends/rust/$name"
   done < "$TEST_TMPDIR/rust_tests"
 )
-cp capi/include/shardkit/shardkit.h "$PKG/frontends/rust/"
+cp capi/include/shardkit/shardkit.h capi/abi_layout.h "$PKG/frontends/rust/"
 
 # Shared libraries, by the paths this machine resolves them to.
 skip_re='^(libcuda\.|libnvidia-|libcublas|libcublasLt|libnccl|libcudnn)'

@@ -121,6 +121,7 @@ for bin in "$PKG"/frontends/rust/*; do
   [[ -x "$bin" && "$name" != *.h ]] || continue
   echo "run: rust $name"
   LOG="$OUT/tests/rust_$name.log" SHARDKIT_HEADER="$PKG/frontends/rust/shardkit.h" \
+    SHARDKIT_LAYOUT="$PKG/frontends/rust/abi_layout.h" \
     run_bounded "${launch[@]}" "$bin" --test-threads=1
   echo "$?" > "$OUT/tests/rust_$name.rc"
 done

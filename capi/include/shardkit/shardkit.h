@@ -46,6 +46,14 @@
  *     library does not know are all zero (defaults), and is
  *     SK_STATUS_INVALID_ARGUMENT otherwise (it asks for something this
  *     version cannot do). struct_size above 65536 is rejected.
+ *  Under each struct, two size traits (PJRT's struct-size traits) name the
+ *  last field of its first version (SK_*_STRUCT_SIZE_V1, fixed forever) and
+ *  of this header's (SK_*_STRUCT_SIZE: name the new field there when
+ *  appending one); SK_STRUCT_SIZE(type, last_field) is the offset just
+ *  past that field. A
+ *  caller's struct_size is the version's size padded to the struct's
+ *  alignment (sizeof in that header). The library's build pins every
+ *  field's offset, so a layout change cannot ship by accident.
  *  Output structs (sk_step_metrics, sk_tensor_view, sk_memory_estimate)
  *  also begin with struct_size: the library writes only the fields that fit
  *  in it.
@@ -125,18 +133,21 @@
  *  param_dtype (INVALID_ARGUMENT; issue 36): no model has buffers, so
  *  earlier libraries accepted them and changed nothing. The struct and its
  *  other fields are unchanged.
- *  Issue 33 appends sk_plan_request.checkpointing (the planner searches
- *  selective checkpointing, with or without attention recomputed); a
- *  candidate's activation_checkpointing then reports its
+ *  0.7.0 (issue 33) appended sk_plan_request.checkpointing (the planner
+ *  searches selective checkpointing, with or without attention
+ *  recomputed); a candidate's activation_checkpointing then reports its
  *  sk_activation_checkpointing_t (2 or 3 for those; 0 and 1 as before).
- *  The version number it ships under is set when the issue's work is
- *  merged; the 0.6.1 struct (struct_size 88) is still accepted.
+ *  The 0.6.1 struct (struct_size 88) is still accepted. Decoder shapes
+ *  given as model names carry RoPE scaling (rope_type and its factors).
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* The size of `type` up to and including `last_field` (see "Option structs"). */
+#define SK_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
 #if defined(_WIN32)
 #define SK_EXPORT __declspec(dllexport)
@@ -163,11 +174,11 @@
 #endif
 
 #define SK_VERSION_MAJOR 0
-#define SK_VERSION_MINOR 6
-#define SK_VERSION_PATCH 1
+#define SK_VERSION_MINOR 7
+#define SK_VERSION_PATCH 0
 /* MAJOR * 1000000 + MINOR * 1000 + PATCH, as SQLITE_VERSION_NUMBER. */
 #define SK_VERSION_NUMBER (SK_VERSION_MAJOR * 1000000 + SK_VERSION_MINOR * 1000 + SK_VERSION_PATCH)
-#define SK_VERSION_STRING "0.6.1"
+#define SK_VERSION_STRING "0.7.0"
 
 #ifdef __cplusplus
 extern "C" {
@@ -211,7 +222,7 @@ SK_EXPORT const char* sk_last_error_message(void);
 /* Version                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* The loaded library's SK_VERSION_STRING ("0.6.1"). A static string. Thread-safe. */
+/* The loaded library's SK_VERSION_STRING ("0.7.0"). A static string. Thread-safe. */
 SK_EXPORT const char* sk_version(void);
 /* The loaded library's SK_VERSION_NUMBER. Thread-safe. */
 SK_EXPORT int32_t sk_version_number(void);
@@ -360,6 +371,9 @@ typedef struct sk_gloo_options {
   /* As in sk_process_group_create_local; NULL for none. */
   const char* network_model;
 } sk_gloo_options;
+/* Size traits ("Option structs" above). */
+#define SK_GLOO_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_gloo_options, network_model)
+#define SK_GLOO_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_gloo_options, network_model)
 
 #define SK_GLOO_OPTIONS_INIT {sizeof(sk_gloo_options), 0, 0, NULL, 0, NULL, 0, 0, NULL}
 
@@ -399,6 +413,9 @@ typedef struct sk_nccl_options {
    * at once with both calls named). */
   int32_t skip_call_check;
 } sk_nccl_options;
+/* Size traits ("Option structs" above). */
+#define SK_NCCL_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_nccl_options, skip_call_check)
+#define SK_NCCL_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_nccl_options, skip_call_check)
 
 #define SK_NCCL_OPTIONS_INIT {sizeof(sk_nccl_options), 0, 0, NULL, 0, 0, 0, 0, 0}
 
@@ -524,6 +541,9 @@ typedef struct sk_fsdp_options {
    * 604800000 (7 days): INVALID_ARGUMENT beyond. */
   int64_t timeout_ms;
 } sk_fsdp_options;
+/* Size traits ("Option structs" above). */
+#define SK_FSDP_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_fsdp_options, timeout_ms)
+#define SK_FSDP_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_fsdp_options, timeout_ms)
 
 #define SK_FSDP_OPTIONS_INIT {sizeof(sk_fsdp_options), SK_SHARDING_DEFAULT, 0, SK_BACKWARD_PREFETCH_DEFAULT, 0, 0, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, 0, 0.0f, 0, 0}
 
@@ -548,6 +568,9 @@ typedef struct sk_param_group {
   float lr_multiplier;
   int32_t inherit_weight_decay;
 } sk_param_group;
+/* Size traits ("Option structs" above). */
+#define SK_PARAM_GROUP_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_param_group, inherit_weight_decay)
+#define SK_PARAM_GROUP_STRUCT_SIZE SK_STRUCT_SIZE(sk_param_group, inherit_weight_decay)
 
 #define SK_PARAM_GROUP_INIT {sizeof(sk_param_group), NULL, 0, 0.0f, 1.0f, 0}
 
@@ -572,6 +595,9 @@ typedef struct sk_optimizer_options {
   const sk_param_group* param_groups;
   int32_t num_param_groups;
 } sk_optimizer_options;
+/* Size traits ("Option structs" above); the first version (before 0.6.0) ended at weight_decay. */
+#define SK_OPTIMIZER_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_optimizer_options, weight_decay)
+#define SK_OPTIMIZER_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_optimizer_options, num_param_groups)
 
 #define SK_OPTIMIZER_OPTIONS_INIT {sizeof(sk_optimizer_options), SK_OPTIMIZER_DEFAULT, 1e-3f, 0.0f, 0.0f, 0, 0.0f, 0.0f, 0.0f, 0.0f, NULL, 0}
 
@@ -613,6 +639,9 @@ typedef struct sk_device_options {
    * INVALID_ARGUMENT: set the environment variable instead). */
   int32_t launch_blocking;
 } sk_device_options;
+/* Size traits ("Option structs" above). */
+#define SK_DEVICE_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_device_options, launch_blocking)
+#define SK_DEVICE_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_device_options, launch_blocking)
 
 #define SK_DEVICE_OPTIONS_INIT {sizeof(sk_device_options), SK_DEVICE_DEFAULT, 0, 0, NULL, 0, 0, 0}
 
@@ -641,6 +670,9 @@ typedef struct sk_lr_schedule {
   int64_t warmup_steps;  /* linear warmup steps; 0 = none */
   int64_t decay_steps;   /* COSINE, LINEAR: steps of decay after warmup, >= 1 */
 } sk_lr_schedule;
+/* Size traits ("Option structs" above). */
+#define SK_LR_SCHEDULE_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_lr_schedule, decay_steps)
+#define SK_LR_SCHEDULE_STRUCT_SIZE SK_STRUCT_SIZE(sk_lr_schedule, decay_steps)
 
 #define SK_LR_SCHEDULE_INIT {sizeof(sk_lr_schedule), SK_LR_SCHEDULE_DEFAULT, 0.0f, 0, 0}
 
@@ -694,6 +726,9 @@ typedef struct sk_trainer_options {
    * (the optimizer's lr). INVALID_ARGUMENT naming the field for a bad one. */
   const sk_lr_schedule* lr_schedule;
 } sk_trainer_options;
+/* Size traits ("Option structs" above); the first version (0.1.0) ended at data_tokens. */
+#define SK_TRAINER_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_trainer_options, data_tokens)
+#define SK_TRAINER_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_trainer_options, lr_schedule)
 
 #define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0, NULL, NULL}
 
@@ -724,6 +759,9 @@ typedef struct sk_step_metrics {
   /* 0.6.0: the learning rate this step's update used. */
   float lr;
 } sk_step_metrics;
+/* Size traits ("Option structs" above); the first version (0.2.0's) ended at bytes_communicated. */
+#define SK_STEP_METRICS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_step_metrics, bytes_communicated)
+#define SK_STEP_METRICS_STRUCT_SIZE SK_STRUCT_SIZE(sk_step_metrics, lr)
 
 #define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0.0f}
 
@@ -849,6 +887,9 @@ typedef struct sk_memory_estimate {
   int64_t activation_bytes;  /* activations and temporaries at the peak */
   int64_t peak_bytes;        /* the sum: the peak the rank's allocator holds in a step */
 } sk_memory_estimate;
+/* Size traits ("Option structs" above). */
+#define SK_MEMORY_ESTIMATE_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_memory_estimate, peak_bytes)
+#define SK_MEMORY_ESTIMATE_STRUCT_SIZE SK_STRUCT_SIZE(sk_memory_estimate, peak_bytes)
 
 #define SK_MEMORY_ESTIMATE_INIT {sizeof(sk_memory_estimate), 0, 0, 0, 0, 0, 0, 0, 0}
 
@@ -975,7 +1016,7 @@ typedef struct sk_plan_request {
   /* When not NULL, a Chrome trace (JSON, virtual time) of the recommended
    * configuration's simulated step is written to this path. */
   const char* trace_path;
-  /* Appended after 0.6.1 (issue 33; a 0.6.1 struct, which ends at
+  /* Appended in 0.7.0 (issue 33; a 0.6.1 struct, which ends at
    * trace_path, is still accepted). The checkpointing policies to search,
    * comma-separated sk_activation_checkpointing_t names: "off", "full" (or
    * "on"), "selective", "selective_attention"; e.g. "off,selective,
@@ -985,6 +1026,9 @@ typedef struct sk_plan_request {
    * Llama family); on another, those candidates fail with the reason. */
   const char* checkpointing;
 } sk_plan_request;
+/* Size traits ("Option structs" above). */
+#define SK_PLAN_REQUEST_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_plan_request, trace_path)
+#define SK_PLAN_REQUEST_STRUCT_SIZE SK_STRUCT_SIZE(sk_plan_request, checkpointing)
 
 #define SK_PLAN_REQUEST_INIT {sizeof(sk_plan_request), NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, NULL, NULL}
 
@@ -1021,6 +1065,9 @@ typedef struct sk_plan_candidate {
    * state, host temporaries); 0 without offload. */
   int64_t peak_host_bytes;
 } sk_plan_candidate;
+/* Size traits ("Option structs" above); the first version (0.4.0's) ended at exposed_comm_seconds. */
+#define SK_PLAN_CANDIDATE_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_plan_candidate, exposed_comm_seconds)
+#define SK_PLAN_CANDIDATE_STRUCT_SIZE SK_STRUCT_SIZE(sk_plan_candidate, peak_host_bytes)
 
 #define SK_PLAN_CANDIDATE_INIT {sizeof(sk_plan_candidate), NULL, SK_PARALLELISM_DEFAULT, SK_SHARDING_DEFAULT, 0, \
                                 SK_BACKWARD_PREFETCH_DEFAULT, 0, 0, 0, 0, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, 0, 0, \
@@ -1041,6 +1088,9 @@ typedef struct sk_plan_result {
                                      and the best of every other strategy) */
   const char* json;               /* every candidate, ranked, as JSON */
 } sk_plan_result;
+/* Size traits ("Option structs" above). */
+#define SK_PLAN_RESULT_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_plan_result, json)
+#define SK_PLAN_RESULT_STRUCT_SIZE SK_STRUCT_SIZE(sk_plan_result, json)
 
 /* Simulates every candidate and ranks them into a new result in
  * *out_result. The same request gives byte-identical table and JSON.
@@ -1057,7 +1107,11 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_plan(const sk_plan_request* request, sk_pl
  * are written). Thread-safe. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_plan_result_candidate(const sk_plan_result* result, int32_t index,
                                                             sk_plan_candidate* out);
-/* Releases a result and its strings. Accepts NULL. */
+/* Releases a result and its strings. Accepts NULL; a result already freed
+ * is ignored, and a freed result passed to sk_plan_result_candidate is
+ * INVALID_ARGUMENT (results are registered as handles are). Freed while
+ * another thread's sk_plan_result_candidate reads it, it is released when
+ * that call returns. */
 SK_EXPORT void sk_plan_result_free(sk_plan_result* result);
 
 /* ------------------------------------------------------------------------ */
@@ -1082,6 +1136,9 @@ typedef struct sk_param_spec {
   float init_a;          /* NORMAL: mean; UNIFORM: low */
   float init_b;          /* NORMAL: standard deviation; UNIFORM: high */
 } sk_param_spec;
+/* Size traits ("Option structs" above). */
+#define SK_PARAM_SPEC_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_param_spec, init_b)
+#define SK_PARAM_SPEC_STRUCT_SIZE SK_STRUCT_SIZE(sk_param_spec, init_b)
 
 #define SK_PARAM_SPEC_INIT {sizeof(sk_param_spec), NULL, 0, NULL, SK_DTYPE_DEFAULT, SK_INIT_DEFAULT, 0.0f, 0.0f}
 
@@ -1145,6 +1202,9 @@ typedef struct sk_engine_options {
    * another GPU. Must outlive the engine. */
   void* cuda_stream;
 } sk_engine_options;
+/* Size traits ("Option structs" above); the first version (0.3.0's) ended at memory_cap_bytes. */
+#define SK_ENGINE_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_engine_options, memory_cap_bytes)
+#define SK_ENGINE_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_engine_options, cuda_stream)
 
 #define SK_ENGINE_OPTIONS_INIT {sizeof(sk_engine_options), NULL, NULL, 0, NULL, NULL}
 
@@ -1163,6 +1223,9 @@ typedef struct sk_tensor_view {
   const int64_t* shape;   /* ndim entries; has the lifetime of the engine */
   int64_t numel;
 } sk_tensor_view;
+/* Size traits ("Option structs" above). */
+#define SK_TENSOR_VIEW_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_tensor_view, numel)
+#define SK_TENSOR_VIEW_STRUCT_SIZE SK_STRUCT_SIZE(sk_tensor_view, numel)
 
 #define SK_TENSOR_VIEW_INIT {sizeof(sk_tensor_view), NULL, SK_DTYPE_DEFAULT, 0, NULL, 0}
 
@@ -1396,134 +1459,5 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_load_state_dict(sk_engine* engine, 
 } /* extern "C" */
 #endif
 
-/* ------------------------------------------------------------------------ */
-/* Layout: checked by every compiler that includes this header (LP64).      */
-/* ------------------------------------------------------------------------ */
-#ifndef SK_NO_LAYOUT_ASSERTS
-#if defined(__cplusplus)
-#define SK_LAYOUT_ASSERT(cond, msg) static_assert(cond, msg)
-#else
-#define SK_LAYOUT_ASSERT(cond, msg) _Static_assert(cond, msg)
-#endif
-#if UINTPTR_MAX == 0xFFFFFFFFFFFFFFFFu
-SK_LAYOUT_ASSERT(sizeof(sk_status_t) == 4 && sizeof(sk_dtype_t) == 4 &&
-                 sizeof(sk_sharding_strategy_t) == 4 && sizeof(sk_init_kind_t) == 4 &&
-                 sizeof(sk_optimizer_kind_t) == 4 && sizeof(sk_backward_prefetch_t) == 4 &&
-                 sizeof(sk_parallelism_t) == 4 && sizeof(sk_weight_layout_t) == 4 &&
-                 sizeof(sk_device_kind_t) == 4 && sizeof(sk_lr_schedule_kind_t) == 4 &&
-                 sizeof(sk_reduce_op_t) == 4,
-                 "enums are 32-bit");
-SK_LAYOUT_ASSERT(offsetof(sk_gloo_options, rank) == 8 && offsetof(sk_gloo_options, world_size) == 12 &&
-                 offsetof(sk_gloo_options, master_addr) == 16 && offsetof(sk_gloo_options, master_port) == 24 &&
-                 offsetof(sk_gloo_options, hostname) == 32 && offsetof(sk_gloo_options, timeout_ms) == 40 &&
-                 offsetof(sk_gloo_options, check_desync) == 48 && offsetof(sk_gloo_options, network_model) == 56 &&
-                 sizeof(sk_gloo_options) == 64, "sk_gloo_options layout");
-SK_LAYOUT_ASSERT(offsetof(sk_nccl_options, rank) == 8 && offsetof(sk_nccl_options, world_size) == 12 &&
-                 offsetof(sk_nccl_options, master_addr) == 16 && offsetof(sk_nccl_options, master_port) == 24 &&
-                 offsetof(sk_nccl_options, use_device) == 28 && offsetof(sk_nccl_options, device) == 32 &&
-                 offsetof(sk_nccl_options, timeout_ms) == 40 && offsetof(sk_nccl_options, skip_call_check) == 48 &&
-                 sizeof(sk_nccl_options) == 56, "sk_nccl_options layout");
-SK_LAYOUT_ASSERT(offsetof(sk_fsdp_options, strategy) == 8 && offsetof(sk_fsdp_options, shard_group_size) == 12 &&
-                 offsetof(sk_fsdp_options, backward_prefetch) == 16 && offsetof(sk_fsdp_options, forward_prefetch) == 20 &&
-                 offsetof(sk_fsdp_options, all_gather_limit) == 24 && offsetof(sk_fsdp_options, param_dtype) == 28 &&
-                 offsetof(sk_fsdp_options, reduce_dtype) == 32 && offsetof(sk_fsdp_options, buffer_dtype) == 36 &&
-                 offsetof(sk_fsdp_options, cpu_offload) == 40 && offsetof(sk_fsdp_options, gradient_predivide_factor) == 44 &&
-                 offsetof(sk_fsdp_options, seed) == 48 && offsetof(sk_fsdp_options, timeout_ms) == 56 &&
-                 sizeof(sk_fsdp_options) == 64, "sk_fsdp_options layout");
-SK_LAYOUT_ASSERT(offsetof(sk_optimizer_options, kind) == 8 && offsetof(sk_optimizer_options, lr) == 12 &&
-                 offsetof(sk_optimizer_options, momentum) == 16 && offsetof(sk_optimizer_options, dampening) == 20 &&
-                 offsetof(sk_optimizer_options, nesterov) == 24 && offsetof(sk_optimizer_options, beta1) == 28 &&
-                 offsetof(sk_optimizer_options, beta2) == 32 && offsetof(sk_optimizer_options, eps) == 36 &&
-                 offsetof(sk_optimizer_options, weight_decay) == 40 &&
-                 offsetof(sk_optimizer_options, param_groups) == 48 &&
-                 offsetof(sk_optimizer_options, num_param_groups) == 56 && sizeof(sk_optimizer_options) == 64,
-                 "sk_optimizer_options layout");
-SK_LAYOUT_ASSERT(offsetof(sk_param_group, pattern) == 8 && offsetof(sk_param_group, norms_biases_embeddings) == 16 &&
-                 offsetof(sk_param_group, weight_decay) == 20 && offsetof(sk_param_group, lr_multiplier) == 24 &&
-                 offsetof(sk_param_group, inherit_weight_decay) == 28 && sizeof(sk_param_group) == 32,
-                 "sk_param_group layout");
-SK_LAYOUT_ASSERT(offsetof(sk_lr_schedule, kind) == 8 && offsetof(sk_lr_schedule, min_lr) == 12 &&
-                 offsetof(sk_lr_schedule, warmup_steps) == 16 && offsetof(sk_lr_schedule, decay_steps) == 24 &&
-                 sizeof(sk_lr_schedule) == 32, "sk_lr_schedule layout");
-SK_LAYOUT_ASSERT(offsetof(sk_trainer_options, model) == 8 && offsetof(sk_trainer_options, fsdp) == 16 &&
-                 offsetof(sk_trainer_options, optimizer) == 24 && offsetof(sk_trainer_options, batch_size) == 32 &&
-                 offsetof(sk_trainer_options, grad_accum_steps) == 40 && offsetof(sk_trainer_options, seq_len) == 48 &&
-                 offsetof(sk_trainer_options, source_len) == 56 && offsetof(sk_trainer_options, clip_grad_norm) == 64 &&
-                 offsetof(sk_trainer_options, activation_checkpointing) == 72 &&
-                 offsetof(sk_trainer_options, memory_cap_bytes) == 80 && offsetof(sk_trainer_options, data_path) == 88 &&
-                 offsetof(sk_trainer_options, data_token_bytes) == 96 && offsetof(sk_trainer_options, data_seed) == 104 &&
-                 offsetof(sk_trainer_options, data_tokens) == 112 &&
-                 offsetof(sk_trainer_options, parallelism) == 120 &&
-                 offsetof(sk_trainer_options, ddp_bucket_bytes) == 128 &&
-                 offsetof(sk_trainer_options, device) == 136 &&
-                 offsetof(sk_trainer_options, lr_schedule) == 144 && sizeof(sk_trainer_options) == 152,
-                 "sk_trainer_options layout");
-SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metrics, rank) == 16 &&
-                 offsetof(sk_step_metrics, loss) == 20 && offsetof(sk_step_metrics, grad_norm) == 24 &&
-                 offsetof(sk_step_metrics, step_seconds) == 32 && offsetof(sk_step_metrics, tokens_per_second) == 40 &&
-                 offsetof(sk_step_metrics, model_tflops_per_rank) == 48 &&
-                 offsetof(sk_step_metrics, hardware_tflops_per_rank) == 56 &&
-                 offsetof(sk_step_metrics, peak_allocated_bytes) == 64 && offsetof(sk_step_metrics, peak_reserved_bytes) == 72 &&
-                 offsetof(sk_step_metrics, allocated_bytes) == 80 && offsetof(sk_step_metrics, reserved_bytes) == 88 &&
-                 offsetof(sk_step_metrics, alloc_retries) == 96 && offsetof(sk_step_metrics, ooms) == 104 &&
-                 offsetof(sk_step_metrics, bytes_communicated) == 112 &&
-                 offsetof(sk_step_metrics, global_loss) == 120 && offsetof(sk_step_metrics, simulated) == 124 &&
-                 offsetof(sk_step_metrics, lr) == 128 && sizeof(sk_step_metrics) == 136,
-                 "sk_step_metrics layout");
-SK_LAYOUT_ASSERT(offsetof(sk_memory_estimate, parameters) == 8 && offsetof(sk_memory_estimate, master_bytes) == 16 &&
-                 offsetof(sk_memory_estimate, grad_shard_bytes) == 24 &&
-                 offsetof(sk_memory_estimate, optimizer_bytes) == 32 &&
-                 offsetof(sk_memory_estimate, persistent_bytes) == 40 &&
-                 offsetof(sk_memory_estimate, unsharded_bytes) == 48 &&
-                 offsetof(sk_memory_estimate, activation_bytes) == 56 &&
-                 offsetof(sk_memory_estimate, peak_bytes) == 64 && sizeof(sk_memory_estimate) == 72,
-                 "sk_memory_estimate layout");
-SK_LAYOUT_ASSERT(offsetof(sk_param_spec, name) == 8 && offsetof(sk_param_spec, ndim) == 16 &&
-                 offsetof(sk_param_spec, shape) == 24 && offsetof(sk_param_spec, dtype) == 32 &&
-                 offsetof(sk_param_spec, init) == 36 && offsetof(sk_param_spec, init_a) == 40 &&
-                 offsetof(sk_param_spec, init_b) == 44 && sizeof(sk_param_spec) == 48, "sk_param_spec layout");
-SK_LAYOUT_ASSERT(offsetof(sk_engine_options, fsdp) == 8 && offsetof(sk_engine_options, optimizer) == 16 &&
-                 offsetof(sk_engine_options, memory_cap_bytes) == 24 && offsetof(sk_engine_options, device) == 32 &&
-                 offsetof(sk_engine_options, cuda_stream) == 40 && sizeof(sk_engine_options) == 48,
-                 "sk_engine_options layout");
-SK_LAYOUT_ASSERT(offsetof(sk_device_options, kind) == 8 && offsetof(sk_device_options, use_index) == 12 &&
-                 offsetof(sk_device_options, index) == 16 && offsetof(sk_device_options, sim_profile) == 24 &&
-                 offsetof(sk_device_options, sim_world_size) == 32 &&
-                 offsetof(sk_device_options, sim_gpus_per_node) == 36 &&
-                 offsetof(sk_device_options, launch_blocking) == 40 && sizeof(sk_device_options) == 48,
-                 "sk_device_options layout");
-SK_LAYOUT_ASSERT(offsetof(sk_tensor_view, data) == 8 && offsetof(sk_tensor_view, dtype) == 16 &&
-                 offsetof(sk_tensor_view, ndim) == 20 && offsetof(sk_tensor_view, shape) == 24 &&
-                 offsetof(sk_tensor_view, numel) == 32 && sizeof(sk_tensor_view) == 40, "sk_tensor_view layout");
-SK_LAYOUT_ASSERT(offsetof(sk_plan_request, model) == 8 && offsetof(sk_plan_request, profile) == 16 &&
-                 offsetof(sk_plan_request, gpus) == 24 && offsetof(sk_plan_request, gpus_per_node) == 28 &&
-                 offsetof(sk_plan_request, batch_size) == 32 && offsetof(sk_plan_request, seq_len) == 40 &&
-                 offsetof(sk_plan_request, source_len) == 48 && offsetof(sk_plan_request, strategies) == 56 &&
-                 offsetof(sk_plan_request, dtypes) == 64 &&
-                 offsetof(sk_plan_request, activation_checkpointing) == 72 &&
-                 offsetof(sk_plan_request, cpu_offload) == 76 && offsetof(sk_plan_request, trace_path) == 80 &&
-                 offsetof(sk_plan_request, checkpointing) == 88 &&
-                 sizeof(sk_plan_request) == 96, "sk_plan_request layout");
-SK_LAYOUT_ASSERT(offsetof(sk_plan_candidate, label) == 8 && offsetof(sk_plan_candidate, parallelism) == 16 &&
-                 offsetof(sk_plan_candidate, strategy) == 20 && offsetof(sk_plan_candidate, shard_group_size) == 24 &&
-                 offsetof(sk_plan_candidate, backward_prefetch) == 28 &&
-                 offsetof(sk_plan_candidate, forward_prefetch) == 32 && offsetof(sk_plan_candidate, rate_limit) == 36 &&
-                 offsetof(sk_plan_candidate, activation_checkpointing) == 40 &&
-                 offsetof(sk_plan_candidate, cpu_offload) == 44 && offsetof(sk_plan_candidate, param_dtype) == 48 &&
-                 offsetof(sk_plan_candidate, reduce_dtype) == 52 && offsetof(sk_plan_candidate, fits) == 56 &&
-                 offsetof(sk_plan_candidate, out_of_memory) == 60 && offsetof(sk_plan_candidate, error) == 64 &&
-                 offsetof(sk_plan_candidate, peak_allocated_bytes) == 72 &&
-                 offsetof(sk_plan_candidate, peak_reserved_bytes) == 80 &&
-                 offsetof(sk_plan_candidate, alloc_retries) == 88 && offsetof(sk_plan_candidate, required_bytes) == 96 &&
-                 offsetof(sk_plan_candidate, step_seconds) == 104 && offsetof(sk_plan_candidate, tflops_per_gpu) == 112 &&
-                 offsetof(sk_plan_candidate, mfu) == 120 && offsetof(sk_plan_candidate, exposed_comm_seconds) == 128 &&
-                 offsetof(sk_plan_candidate, peak_host_bytes) == 136 &&
-                 sizeof(sk_plan_candidate) == 144, "sk_plan_candidate layout");
-SK_LAYOUT_ASSERT(offsetof(sk_plan_result, profile) == 8 && offsetof(sk_plan_result, device_memory_bytes) == 16 &&
-                 offsetof(sk_plan_result, num_candidates) == 24 && offsetof(sk_plan_result, recommended) == 28 &&
-                 offsetof(sk_plan_result, recommendation) == 32 && offsetof(sk_plan_result, table) == 40 &&
-                 offsetof(sk_plan_result, json) == 48 && sizeof(sk_plan_result) == 56, "sk_plan_result layout");
-#endif /* LP64 */
-#endif /* SK_NO_LAYOUT_ASSERTS */
 
 #endif /* SHARDKIT_SHARDKIT_H_ */

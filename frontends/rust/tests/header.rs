@@ -1,7 +1,9 @@
 //! The raw declarations in src/sys.rs against shardkit.h itself: every
 //! exported function (name, parameter and return types), every enum
 //! constant, and every struct's fields, offsets and size. The header is
-//! found through SHARDKIT_HEADER, else at its place in this checkout.
+//! found through SHARDKIT_HEADER, else at its place in this checkout; the
+//! layout asserts that pin every offset (capi/abi_layout.h) through
+//! SHARDKIT_LAYOUT, else at theirs.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -11,6 +13,14 @@ fn header_text() -> String {
     let path = match std::env::var_os("SHARDKIT_HEADER") {
         Some(p) => PathBuf::from(p),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../capi/include/shardkit/shardkit.h"),
+    };
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {}", path.display(), e))
+}
+
+fn layout_text() -> String {
+    let path = match std::env::var_os("SHARDKIT_LAYOUT") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../capi/abi_layout.h"),
     };
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {}", path.display(), e))
 }
@@ -240,8 +250,8 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_engine_options { struct_size, fsdp, optimizer, memory_cap_bytes, device, cuda_stream }
         sk_tensor_view { struct_size, data, dtype, ndim, shape, numel }
     };
-    // The header's own layout asserts: offsetof(T, f) == N, sizeof(T) == N.
-    let asserts = squash(&text);
+    // The library's layout asserts: offsetof(T, f) == N, sizeof(T) == N.
+    let asserts = squash(&layout_text());
     let mut header_structs = 0;
     for body in h.split("typedef struct").skip(1) {
         let open = match body.find('{') {
