@@ -70,9 +70,9 @@ std::vector<float> Read(sk_engine* e, int unit, int param, int64_t n) {
   return v;
 }
 
-TEST(CapiFramework, VersionIs060) {
+TEST(CapiFramework, VersionIs070) {
   EXPECT_STREQ(sk_version(), "0.7.0");
-  EXPECT_EQ(sk_version_number(), 6001);
+  EXPECT_EQ(sk_version_number(), 7000);
 }
 
 // lr = 0 is a rate of 0 in a 0.6.0 struct and "1e-3" in an older one.

@@ -27,7 +27,7 @@ end
 
 test("version is the library's", function()
   assert(sk.version() == "0.7.0", sk.version())
-  assert(sk.version_number() == 6001, sk.version_number())
+  assert(sk.version_number() == 7000, sk.version_number())
 end)
 
 test("errors carry code, name and the library's message", function()

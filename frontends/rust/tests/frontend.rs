@@ -13,7 +13,7 @@ fn tiny() -> TrainerOptions {
 #[test]
 fn version_is_the_librarys() {
     assert_eq!(shardkit::version(), "0.7.0");
-    assert_eq!(shardkit::version_number(), 6001);
+    assert_eq!(shardkit::version_number(), 7000);
 }
 
 #[test]
