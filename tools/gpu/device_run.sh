@@ -14,9 +14,11 @@
 #      about 4 minutes;
 #   2. alone on the GPU: the PyTorch side-by-side (gpu_vs_torch.sh), about
 #      4 minutes;
-#   3. alone on the GPU: gpu_train's gpt-1.3b and llama3.2-1b FULL_SHARD
-#      bf16 rows with the per-op device-time breakdown, fused epilogues on
-#      and off (epilogue_ab.sh; SK_AB_FILTER, SK_AB_RUNS), about 2 minutes.
+#   3. alone on the GPU: the conformance suite's epilogue cases (GEMM +
+#      bias, + residual, + GELU, GELU's gradient) with the fused epilogues
+#      on, then gpu_train's gpt-1.3b and llama3.2-1b FULL_SHARD bf16 rows
+#      with the per-op device-time breakdown, fused epilogues on and off
+#      (epilogue_ab.sh; SK_AB_FILTER, SK_AB_RUNS), about 3 minutes.
 # Each part fits one device call: SK_DEVICE_PHASES=0,1 then 2 then 3 (a
 # retry runs only what failed); all of them by default.
 # SK_NCCL_BUDGET, SK_TESTS_BUDGET, SK_TORCH_BUDGET, SK_AB_BUDGET bound the
@@ -72,6 +74,14 @@ if [[ ",$PHASES," == *",2,"* ]]; then
 fi
 
 if [[ ",$PHASES," == *",3,"* && -x "$PKG/epilogue_ab.sh" ]]; then
+  # The fused epilogues' conformance cases with the switch on (phase 1 ran
+  # the suite with it off): bias, bias + residual, GELU forward and
+  # backward; a failure message names the two-rounding candidate.
+  source "$PKG/libpath.sh"  # sets LIBPATH
+  SK_CUDA_FUSED_EPILOGUES=1 timeout -k 5 90 "$PKG/lib/ld-linux-x86-64.so.2" --library-path "$LIBPATH" \
+    "$PKG/bin/conformance_test" --gtest_filter='*GemmBias*:*Gelu*' > "$OUT/conformance_fused.log" 2>&1
+  echo "conformance_test with SK_CUDA_FUSED_EPILOGUES=1 exit $?" >> "$OUT/phases.txt"
+  grep -E "^\[  (PASSED|FAILED) |Failure|would give" "$OUT/conformance_fused.log" | head -20
   # The fused CUDA epilogues against the unfused path (SK_CUDA_FUSED_EPILOGUES),
   # with the per-op device-time breakdown, on gpt-1.3b and the Llama row.
   OUT=$OUT SK_GPU_TRAIN_STEPS=${SK_GPU_TRAIN_STEPS:-5} SK_AB_RUNS=${SK_AB_RUNS:-fused:1 unfused:0} \
