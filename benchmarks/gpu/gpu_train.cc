@@ -6,7 +6,8 @@
 //
 //   - gpt-150m and gpt-1.3b (GPT-3 XL's shape) on one GPU, bf16 mixed
 //     precision, FULL_SHARD versus DDP (world 1: the same arithmetic, FSDP's
-//     machinery against DDP's), plus f32 and activation checkpointing rows;
+//     machinery against DDP's), plus f32 and activation checkpointing rows,
+//     and llama3.2-1b FULL_SHARD bf16 beside them (the Llama-family ops);
 //   - gpt-150m with two ranks as threads on the one GPU (the `local`
 //     backend's device-to-device collectives): FULL_SHARD with backward
 //     prefetch BACKWARD_PRE versus none, and DDP;
@@ -280,6 +281,9 @@ void Register() {
       {"gpt-1.3b", 1, kFsdp, true, kPre, false, 8},
       {"gpt-1.3b", 1, kDdp, true, kPre, false, 8},
       {"gpt-1.3b", 1, kFsdp, true, kPre, true, 8},
+      // Llama 3.2 1B (GQA, RoPE, SwiGLU, RMSNorm, tied head) at its 4096
+      // tokens per sequence: batch 2 is gpt-1.3b's 8192 tokens per step.
+      {"llama3.2-1b", 1, kFsdp, true, kPre, false, 2},
       {"gpt-150m", 2, kFsdp, true, kPre, false, 4},
       {"gpt-150m", 2, kFsdp, true, kNone, false, 4},
       {"gpt-150m", 2, kDdp, true, kPre, false, 4},

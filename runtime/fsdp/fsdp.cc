@@ -146,6 +146,7 @@ Status FullyShardedModel::Init() {
     SK_ASSIGN_OR_RETURN(flat_[u].grad, shard_alloc.Empty(DType::kF32, Shape{layout.shard_numel()}));
     SK_RETURN_IF_ERROR(ops::Fill(shard_ctx, flat_[u].master, 0.f));
     SK_RETURN_IF_ERROR(ops::Fill(shard_ctx, flat_[u].grad, 0.f));
+    flat_[u].grad_zero = true;
     // Deferred initialisation: only this rank's slices are ever computed.
     for (const auto& s : layout.ShardSlices(shard_rank)) {
       const ParamSpec& spec = units_[u].params[s.param];
@@ -227,6 +228,7 @@ Status FullyShardedModel::Fail(Status s) {
     f.full_grad = Tensor();
     // The streams are idle now: zeroing on the shards' context cannot race.
     ops::Fill(shard_context(), f.grad, 0.f).IgnoreError();  // valid operands: cannot fail
+    f.grad_zero = true;
   }
   return s;
 }
@@ -396,6 +398,7 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
   }
   double norm = FinishGradNorm(combined, type);
   if (max_norm > 0) {
+    ForgetZeroGradients();  // a NaN norm scales zeros into NaNs
     SK_RETURN_IF_ERROR(ClipGradientsToNorm(shard_context(), grads, norm, max_norm).status());
   }
   return norm;
@@ -403,6 +406,7 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
 
 Status FullyShardedModel::ScaleGradients(float factor) {
   SK_RETURN_IF_ERROR(FinishBackward());
+  ForgetZeroGradients();
   std::vector<Tensor> grads;
   for (const FlatUnit& f : flat_) grads.push_back(f.grad);
   return sk::ScaleGradients(shard_context(), grads, factor);
@@ -418,8 +422,14 @@ Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
   return EndMasterUpdate();
 }
 
+void FullyShardedModel::ForgetZeroGradients() {
+  for (FlatUnit& f : flat_) f.grad_zero = false;
+}
+
 Status FullyShardedModel::BeginMasterUpdate() {
   SK_RETURN_IF_ERROR(FinishBackward());
+  // A custom step (Engine) may write the gradient shards it is handed.
+  ForgetZeroGradients();
   return QuiesceMasterReaders();
 }
 
@@ -455,6 +465,7 @@ void FullyShardedModel::ZeroGrad() {
   // Valid operands on an idle reduce stream: these fills cannot fail.
   for (FlatUnit& f : flat_) {
     ops::Fill(shard_context(), f.grad, 0.f).IgnoreError();
+    f.grad_zero = true;
     if (!f.full_grad.defined()) continue;
     if (!ParamsPersistent()) {
       f.full_grad = Tensor();  // recorded on a caller stream: reused after it

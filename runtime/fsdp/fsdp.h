@@ -372,6 +372,12 @@ class FullyShardedModel final : public DataParallelModel {
     FlatParamLayout layout;
     Tensor master;           // f32 [shard]
     Tensor grad;             // f32 [shard], accumulated reduced gradients
+    // `grad` holds only the zeros a Fill wrote (creation, ZeroGrad, a failed
+    // step's reset) and nothing has been added since: the next reduction
+    // copies its result there instead of adding it (AccumulateReduced).
+    // Cleared by that reduction and wherever a caller may write gradient
+    // shards (ScaleGradients, a clipping ClipGradNorm, BeginMasterUpdate).
+    bool grad_zero = false;
     Tensor full;             // param_dtype [padded], alive while unsharded
     std::shared_ptr<comm::Work> gather_work;  // pending all-gather into `full`
     Tensor full_grad;        // grad dtype [padded], alive from PreBackward to its reduction
@@ -390,8 +396,13 @@ class FullyShardedModel final : public DataParallelModel {
   Status CopyMasterIn(const FlatUnit& f, const Tensor& input);
   // Adds `reduced` (this rank's reduced shard, on the device, reduce dtype)
   // into f.grad in reduce-stream order: without offload an Axpy on the
-  // reduce stream; with it a device->host copy and the host accumulation.
+  // reduce stream (a Copy when f.grad_zero and `reduced` is f32: 0 + x is
+  // x, one pass fewer); with it a device->host copy and the host
+  // accumulation.
   Status AccumulateReduced(const FlatUnit& f, const Tensor& reduced);
+  // Marks every gradient shard as possibly written by someone else
+  // (FlatUnit::grad_zero false).
+  void ForgetZeroGradients();
   // Copies `src` (host memory or this model's device) into a master shard
   // (or a slice of one), in order before the next all-gather reads it.
   Status WriteMaster(const Tensor& src, const Tensor& dst);

@@ -212,6 +212,7 @@ Status FullyShardedModel::ReduceGradients(int unit) {
   // Accumulate into the f32 gradient shard (widening from reduce_dtype), in
   // stream order after the reduction (on the host with offload).
   SK_RETURN_IF_ERROR(AccumulateReduced(f, reduced));
+  f.grad_zero = false;
   if (ParamsPersistent()) {
     // SHARD_OPTIM and NO_SHARD keep their full gradient: clear it once read.
     SK_RETURN_IF_ERROR(OnStream(rs_ctx_, [full_grad](const ops::OpContext& c) {
@@ -229,8 +230,9 @@ Status FullyShardedModel::ReduceGradients(int unit) {
 Status FullyShardedModel::AccumulateReduced(const FlatUnit& f, const Tensor& reduced) {
   Tensor grad = f.grad;
   if (!options_.cpu_offload) {
-    return OnStream(rs_ctx_, [grad, reduced](const ops::OpContext& c) {
-      return ops::Axpy(c, 1.f, reduced, grad);
+    const bool copy = f.grad_zero && reduced.dtype() == DType::kF32;
+    return OnStream(rs_ctx_, [grad, reduced, copy](const ops::OpContext& c) {
+      return copy ? ops::Copy(c, reduced, grad) : ops::Axpy(c, 1.f, reduced, grad);
     });
   }
   SK_ASSIGN_OR_RETURN(Tensor staged, Slice(grad_staging_, 0, reduced.numel()));

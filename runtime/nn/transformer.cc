@@ -369,8 +369,13 @@ Status SublayerForward(const OpContext& ctx, SublayerKind kind, const BlockDims&
   if (kind == SublayerKind::kMlp) {
     SK_ASSIGN_OR_RETURN(s->fc, NewAct(ctx, t, n * d.d_ff));
     SK_ASSIGN_OR_RETURN(s->gelu, NewAct(ctx, t, n * d.d_ff));
-    SK_RETURN_IF_ERROR(Linear(ctx, s->ln, p.fc_w, p.fc_b, n, c, d.d_ff, s->fc));
-    SK_RETURN_IF_ERROR(ops::GeluForward(ctx, s->fc, s->gelu));
+    // fc and GELU as one op: a fusing backend writes both from one GEMM
+    // (ops::GemmBiasGelu; elsewhere GemmBias then GeluForward, as before).
+    SK_ASSIGN_OR_RETURN(Tensor fc_w, InDType(ctx, p.fc_w, t));
+    GemmParams fp;
+    fp.m = n, fp.n = d.d_ff, fp.k = c;
+    SK_RETURN_IF_ERROR(ops::GemmBiasGelu(ctx, fp, MatrixRef{s->ln, 0, c}, MatrixRef{fc_w, 0, d.d_ff},
+                                         p.fc_b, s->fc, s->gelu));
     proj_in = s->gelu;
     proj_in_dim = d.d_ff;
   } else {
@@ -404,9 +409,17 @@ Status SublayerBackward(const OpContext& ctx, SublayerKind kind, const BlockDims
   SK_ASSIGN_OR_RETURN(Tensor dln, NewAct(ctx, t, n * c));
   if (kind == SublayerKind::kMlp) {
     SK_ASSIGN_OR_RETURN(Tensor dh, NewAct(ctx, t, n * d.d_ff));
-    SK_RETURN_IF_ERROR(
-        LinearBackward(ctx, s.gelu, p.proj_w, dy, n, d.d_ff, c, dh, false, g.proj_w, g.proj_b));
-    SK_RETURN_IF_ERROR(ops::GeluBackward(ctx, s.fc, dh, dh));
+    // dh = (dy proj_w^T) * GELU'(fc) as one op (ops::GemmGeluBackward: a
+    // fusing backend scales the product in its GEMM; elsewhere Gemm then
+    // GeluBackward), then proj's weight and bias gradients.
+    SK_ASSIGN_OR_RETURN(Tensor proj_w, InDType(ctx, p.proj_w, dy.dtype()));
+    GemmParams dp;
+    dp.trans_b = true;
+    dp.m = n, dp.n = d.d_ff, dp.k = c;
+    SK_RETURN_IF_ERROR(ops::GemmGeluBackward(ctx, dp, MatrixRef{dy, 0, c}, MatrixRef{proj_w, 0, c},
+                                             s.fc, MatrixRef{dh, 0, d.d_ff}));
+    SK_RETURN_IF_ERROR(LinearBackward(ctx, s.gelu, p.proj_w, dy, n, d.d_ff, c, Tensor(), false,
+                                      g.proj_w, g.proj_b));
     SK_RETURN_IF_ERROR(
         LinearBackward(ctx, s.ln, p.fc_w, dh, n, c, d.d_ff, dln, false, g.fc_w, g.fc_b));
   } else {

@@ -29,6 +29,15 @@ Status OpBackend::GemmBiasResidual(const OpContext&, const GemmParams&, const Ma
                                    const MatrixRef&) {
   return NotImplemented("gemm (with bias and residual)");
 }
+bool OpBackend::GemmFusesGelu(const GemmParams&, DType, DType, DType, DType) const { return false; }
+Status OpBackend::GemmBiasGelu(const OpContext&, const GemmParams&, const MatrixRef&,
+                               const MatrixRef&, const Tensor&, const Tensor&, const Tensor&) {
+  return NotImplemented("gemm (with bias and GELU)");
+}
+Status OpBackend::GemmGeluBackward(const OpContext&, const GemmParams&, const MatrixRef&,
+                                   const MatrixRef&, const Tensor&, const MatrixRef&) {
+  return NotImplemented("gemm (with GELU's gradient)");
+}
 bool OpBackend::Native16Bit(std::string_view) const { return false; }
 
 bool OpBackend::IsStagedModelOp(std::string_view op) {

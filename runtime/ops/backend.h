@@ -164,6 +164,21 @@ class OpBackend {
   virtual Status GemmBiasResidual(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
                                   const MatrixRef& b, const Tensor& bias, const Tensor& residual,
                                   const MatrixRef& c);
+  // Whether GemmBiasGelu and GemmGeluBackward(p, ...) with these dtypes
+  // (A/B, bias -- the forward's; the backward passes C's --, pre, C) are one
+  // kernel each here. When false (the default) the dispatcher runs them as
+  // the ops they are defined by (GemmBias then GeluForward; Gemm then
+  // GeluBackward), pricing and executing each.
+  virtual bool GemmFusesGelu(const GemmParams& p, DType ab, DType bias, DType pre, DType c) const;
+  // pre = alpha op(A) op(B) + bias, out = gelu(pre) (ops.h: GemmBiasGelu),
+  // called only where GemmFusesGelu said true, with the caller's tensors.
+  virtual Status GemmBiasGelu(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                              const MatrixRef& b, const Tensor& bias, const Tensor& pre,
+                              const Tensor& out);
+  // C = (alpha op(A) op(B)) * gelu'(pre) (ops.h: GemmGeluBackward), called
+  // only where GemmFusesGelu said true.
+  virtual Status GemmGeluBackward(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                                  const MatrixRef& b, const Tensor& pre, const MatrixRef& c);
   // Whether this backend's method for the op named `op` (its OpCost name:
   // "bias_add", "gelu_fwd", "layer_norm_bwd", "attention_fwd", ...) reads
   // and writes bf16/f16 compute-dtype operands itself. When false (the

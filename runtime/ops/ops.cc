@@ -464,6 +464,60 @@ Status GemmBiasResidual(const OpContext& ctx, const GemmParams& p, const MatrixR
   return Dispatch(be, ctx, cost, [&] { return be->GemmBiasResidual(ctx, p, a, b, bias, residual, c); });
 }
 
+Status GemmBiasGelu(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                    const MatrixRef& b, const Tensor& bias, const Tensor& pre, const Tensor& out) {
+  const char* op = "gemm";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "pre", ctx, pre));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "pre", pre, p.m * p.n));
+  if (pre.dtype() != DType::kF32 && pre.dtype() != a.t.dtype()) {
+    return Bad(op, "pre has dtype " + std::string(DTypeName(pre.dtype())) + ", expected f32 or A's " +
+                       std::string(DTypeName(a.t.dtype())));
+  }
+  SK_RETURN_IF_ERROR(CheckGemmBiasOperands(op, ctx, p, a, b, bias, MatrixRef{out, 0, p.n}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "out", out, p.m * p.n));
+  if (Overlap(pre, out)) return Bad(op, "pre overlaps out");
+  if (Overlap(pre, a.t) || Overlap(pre, b.t) || Overlap(pre, bias)) return Bad(op, "pre overlaps an input");
+  if (p.m == 0 || p.n == 0) return OkStatus();
+  if (!be->GemmFusesGelu(p, a.t.dtype(), bias.dtype(), pre.dtype(), out.dtype())) {
+    SK_RETURN_IF_ERROR(GemmBias(ctx, p, a, b, bias, MatrixRef{pre, 0, p.n}));
+    return GeluForward(ctx, pre, out);
+  }
+  // One GEMM whose epilogue adds the bias, stores its input to GELU as pre
+  // and GELU's output as out.
+  OpCost cost = GemmCost(p.m, p.n, p.k, 1, a.t.dtype(), false, out.dtype());
+  cost.name = "gemm_bias_gelu";
+  cost.flops += kGeluForwardFlops * static_cast<double>(p.m * p.n);
+  cost.bytes_read += static_cast<double>(p.n) * DTypeSize(bias.dtype());
+  cost.bytes_written += static_cast<double>(p.m * p.n) * DTypeSize(pre.dtype());
+  return Dispatch(be, ctx, cost, [&] { return be->GemmBiasGelu(ctx, p, a, b, bias, pre, out); });
+}
+
+Status GemmGeluBackward(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                        const MatrixRef& b, const Tensor& pre, const MatrixRef& c) {
+  const char* op = "gemm";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "pre", ctx, pre));
+  if (p.beta != 0.0f) return Bad(op, "GELU's gradient with beta=" + std::to_string(p.beta) + " (needs 0)");
+  if (p.batch != 1) return Bad(op, "GELU's gradient with batch=" + N(p.batch) + " (needs 1)");
+  if (c.ld != p.n) return Bad(op, "GELU's gradient with C's ld=" + N(c.ld) + " (needs n=" + N(p.n) + ")");
+  SK_RETURN_IF_ERROR(CheckGemmOperands(op, ctx, p, a, b, c));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "pre", pre, p.m * p.n));
+  if (Overlap(pre, c.t)) return Bad(op, "pre overlaps C");
+  if (p.m == 0 || p.n == 0) return OkStatus();
+  if (!be->GemmFusesGelu(p, a.t.dtype(), c.t.dtype(), pre.dtype(), c.t.dtype())) {
+    SK_RETURN_IF_ERROR(Gemm(ctx, p, a, b, c));
+    SK_ASSIGN_OR_RETURN(Tensor rows, c.t.View(static_cast<size_t>(c.offset) * DTypeSize(c.t.dtype()),
+                                              c.t.dtype(), Shape{p.m * p.n}));
+    return GeluBackward(ctx, pre, rows, rows);
+  }
+  OpCost cost = GemmCost(p.m, p.n, p.k, 1, a.t.dtype(), false, c.t.dtype());
+  cost.name = "gemm_dgelu";
+  cost.flops += kGeluBackwardFlops * static_cast<double>(p.m * p.n);
+  cost.bytes_read += static_cast<double>(p.m * p.n) * DTypeSize(pre.dtype());
+  return Dispatch(be, ctx, cost, [&] { return be->GemmGeluBackward(ctx, p, a, b, pre, c); });
+}
+
 // ---- Data movement ------------------------------------------------------------
 
 Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst) {

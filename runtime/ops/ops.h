@@ -92,6 +92,32 @@ Status GemmBiasResidual(const OpContext& ctx, const GemmParams& p, const MatrixR
                         const MatrixRef& b, const Tensor& bias, const Tensor& residual,
                         const MatrixRef& c);
 
+// pre = alpha op(A) op(B) + bias and out = gelu_tanh(pre): a linear layer
+// and its GELU (a transformer MLP's first half), keeping GELU's input for
+// backward. pre and out: m * n elements each, rows contiguous (as C's in
+// GemmBias), compute-dtype operands; neither may overlap the other or an
+// input. Requires what GemmBias requires. The numbers are those of GemmBias
+// into pre followed by GeluForward(pre, out), which is what runs on a
+// backend that does not fuse them (OpBackend::GemmFusesGelu); one that does
+// (cuda with SK_CUDA_FUSED_EPILOGUES=1: cuBLASLt's GELU_AUX_BIAS epilogue,
+// docs/cuda.md) writes pre and out from one f32 value each rounded once,
+// so a 16-bit out is GELU of the unrounded pre: it may differ from the
+// composed result by GELU's slope (at most 1.13) times pre's rounding.
+Status GemmBiasGelu(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                    const MatrixRef& b, const Tensor& bias, const Tensor& pre, const Tensor& out);
+
+// C = (alpha op(A) op(B)) * gelu_tanh'(pre) elementwise, pre [m, n] (m * n
+// elements, any float dtype): the gradient at GELU's input from the one at
+// the next layer's output (dy W^T), the backward of GemmBiasGelu's GELU.
+// Requires p.beta == 0, p.batch == 1 and C's rows contiguous (c.ld == n);
+// pre must not overlap C. The numbers are those of Gemm into C followed by
+// GeluBackward(pre, C, C) (a 16-bit C rounded after each), which is what
+// runs where OpBackend::GemmFusesGelu is false; where it is true (cuda,
+// cuBLASLt's DGELU epilogue) the product is scaled in f32 and C rounded
+// once.
+Status GemmGeluBackward(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                        const MatrixRef& b, const Tensor& pre, const MatrixRef& c);
+
 // ---- Data movement ----------------------------------------------------------
 
 // dst = src, same dtype and element count. One side may be host memory (cpu)

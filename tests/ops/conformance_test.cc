@@ -344,7 +344,9 @@ TEST_P(Conformance, GemmBiasIsTheProductPlusTheBias) {
                   const double exact = alpha * acc + bias_c;
                   const double bound = (p.k + 2) * std::ldexp(1.0, -24) * (std::fabs(alpha) * mag + std::fabs(bias_c)) +
                                        (ct == DType::kF32 ? 0.0 : Ulp(ct) * std::fabs(exact) * 1.01);
-                  ASSERT_NEAR(got[2 + i * p.n + j], exact, bound) << what << " [" << i << "," << j << "]";
+                  ASSERT_NEAR(got[2 + i * p.n + j], exact, bound)
+                      << what << " [" << i << "," << j << "]; the product rounded to C's dtype "
+                      << "before the bias is added would give " << R(R(alpha * acc, ct) + bias_c, ct);
                 }
               }
             }
@@ -451,7 +453,9 @@ TEST_P(Conformance, GemmBiasResidualIsTheProductPlusTheBiasPlusTheResidual) {
                           (std::fabs(p.alpha) * mag + std::fabs(bias[j]) + std::fabs(r)) +
                       (ct == DType::kF32 ? 0.0 : Ulp(ct) * std::fabs(exact) * 1.01);
                   ASSERT_NEAR(got[2 + i * p.n + j], exact, bound)
-                      << what << " [" << i << "," << j << "]";
+                      << what << " [" << i << "," << j << "]; the product rounded to C's dtype "
+                      << "before the bias and residual are added would give "
+                      << R(R(p.alpha * acc, ct) + bias[j] + r, ct);
                 }
               }
             }
@@ -461,6 +465,162 @@ TEST_P(Conformance, GemmBiasResidualIsTheProductPlusTheBiasPlusTheResidual) {
       if (t == DType::kF32) break;
     }
   }
+}
+
+double GeluRef(double x);  // the tanh form, with the Gelu case below
+
+// GELU's derivative (the tanh form GeluRef computes), analytically.
+double GeluSlopeRef(double x) {
+  const double c = 0.7978845608028654, u = c * (x + 0.044715 * x * x * x);
+  const double th = std::tanh(u);
+  return 0.5 * (1 + th) + 0.5 * x * (1 - th * th) * c * (1 + 3 * 0.044715 * x * x);
+}
+
+// The largest |GELU'| (near x = 1.5): how far GELU moves its input's error.
+constexpr double kGeluMaxSlope = 1.13;
+
+// Cases of the GELU GEMMs: the first reach a fusing backend's fallback
+// (n not a multiple of 8), the others its fused epilogue.
+struct GeluGemmCase {
+  int64_t m, n, k;
+};
+const GeluGemmCase kGeluGemmCases[] = {{1, 1, 1},   {7, 13, 17}, {0, 3, 4},
+                                       {1, 8, 1},   {16, 64, 32}, {96, 256, 64}};
+
+TEST_P(Conformance, GemmBiasGeluIsTheLinearLayerThenGelu) {
+  for (DType t : kFloats) {
+    for (const GeluGemmCase& cs : kGeluGemmCases) {
+      for (int tr = 0; tr < 4; ++tr) {
+        GemmParams p;
+        p.trans_a = tr & 1;
+        p.trans_b = tr & 2;
+        p.m = cs.m, p.n = cs.n, p.k = cs.k;
+        p.alpha = tr == 3 ? -0.75f : 1.0f;
+        const int64_t lda = std::max<int64_t>(1, p.trans_a ? p.m : p.k);
+        const int64_t ldb = std::max<int64_t>(1, p.trans_b ? p.k : p.n);
+        const int64_t ar = p.trans_a ? p.k : p.m, br = p.trans_b ? p.n : p.k;
+        Vec a = R(Random(static_cast<size_t>(ar * lda), 31, -1.5, 1.5), t);
+        Vec b = R(Random(static_cast<size_t>(br * ldb), 32, -1.5, 1.5), t);
+        Vec bias = R(Random(static_cast<size_t>(p.n), 33), t);
+        const Vec nans(static_cast<size_t>(p.m * p.n), std::nan(""));
+        Tensor pre = Up(nans, t), out = Up(nans, t);
+        const std::string what = "gemm+bias+gelu " + std::string(DTypeName(t)) + " m=" +
+                                 std::to_string(p.m) + " n=" + std::to_string(p.n) + " k=" +
+                                 std::to_string(p.k) + " tr=" + std::to_string(tr);
+        Status s = GemmBiasGelu(ctx(), p, {Up(a, t), 0, lda}, {Up(b, t), 0, ldb}, Up(bias, t), pre, out);
+        ASSERT_TRUE(s.ok()) << what << ": " << s.ToString();
+        const Vec got_pre = Down(pre), got_out = Down(out);
+        // pre: GemmBias's bound. out: GELU of the exact pre-activation, off
+        // by GELU's slope times pre's error (its rounding included: the
+        // composed op applies GELU to the rounded pre), one rounding of a
+        // 16-bit out, and the GELU kernel's own error (the Gelu case's).
+        for (int64_t i = 0; i < p.m; ++i) {
+          for (int64_t j = 0; j < p.n; ++j) {
+            double acc = 0, mag = 0;
+            for (int64_t l = 0; l < p.k; ++l) {
+              const double prod = a[static_cast<size_t>(p.trans_a ? l * lda + i : i * lda + l)] *
+                                  b[static_cast<size_t>(p.trans_b ? j * ldb + l : l * ldb + j)];
+              acc += prod;
+              mag += std::fabs(prod);
+            }
+            const double exact = p.alpha * acc + bias[static_cast<size_t>(j)];
+            const double round16 = t == DType::kF32 ? 0.0 : Ulp(t) * 1.01;
+            const double pre_bound = (p.k + 2) * std::ldexp(1.0, -24) *
+                                         (std::fabs(p.alpha) * mag + std::fabs(bias[static_cast<size_t>(j)])) +
+                                     round16 * std::fabs(exact);
+            const size_t at = static_cast<size_t>(i * p.n + j);
+            ASSERT_NEAR(got_pre[at], exact, pre_bound) << what << " pre [" << i << "," << j << "]";
+            const double g = GeluRef(exact);
+            const double out_bound = kGeluMaxSlope * pre_bound + round16 * std::fabs(g) +
+                                     1e-5 * std::fabs(g) + 1e-6;
+            ASSERT_NEAR(got_out[at], g, out_bound) << what << " out [" << i << "," << j << "]";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, GemmGeluBackwardIsTheProductTimesGelusSlope) {
+  for (DType t : kFloats) {
+    for (DType ct : {DType::kF32, t}) {
+      for (const GeluGemmCase& cs : kGeluGemmCases) {
+        for (int tr = 0; tr < 4; ++tr) {
+          GemmParams p;
+          p.trans_a = tr & 1;
+          p.trans_b = tr & 2;
+          p.m = cs.m, p.n = cs.n, p.k = cs.k;
+          p.alpha = tr == 3 ? -0.75f : 1.0f;
+          const int64_t lda = std::max<int64_t>(1, p.trans_a ? p.m : p.k);
+          const int64_t ldb = std::max<int64_t>(1, p.trans_b ? p.k : p.n);
+          const int64_t ar = p.trans_a ? p.k : p.m, br = p.trans_b ? p.n : p.k;
+          Vec a = R(Random(static_cast<size_t>(ar * lda), 41), t);
+          Vec b = R(Random(static_cast<size_t>(br * ldb), 42), t);
+          Vec pre = R(Random(static_cast<size_t>(p.m * p.n), 43, -3, 3), ct);
+          Tensor c = Up(Vec(static_cast<size_t>(p.m * p.n), std::nan("")), ct);
+          const std::string what = "gemm*gelu' " + std::string(DTypeName(t)) + " -> " +
+                                   std::string(DTypeName(ct)) + " m=" + std::to_string(p.m) +
+                                   " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
+                                   " tr=" + std::to_string(tr);
+          Status s = GemmGeluBackward(ctx(), p, {Up(a, t), 0, lda}, {Up(b, t), 0, ldb}, Up(pre, ct),
+                                      {c, 0, p.n});
+          ASSERT_TRUE(s.ok()) << what << ": " << s.ToString();
+          const Vec got = Down(c);
+          // The product's f32 error (Higham), a 16-bit C's rounding of the
+          // product (the composed op rounds it before GELU's slope scales
+          // it) and of the result, and the GELU kernel's error (the Gelu
+          // case's).
+          for (int64_t i = 0; i < p.m; ++i) {
+            for (int64_t j = 0; j < p.n; ++j) {
+              double acc = 0, mag = 0;
+              for (int64_t l = 0; l < p.k; ++l) {
+                const double prod = a[static_cast<size_t>(p.trans_a ? l * lda + i : i * lda + l)] *
+                                    b[static_cast<size_t>(p.trans_b ? j * ldb + l : l * ldb + j)];
+                acc += prod;
+                mag += std::fabs(prod);
+              }
+              const size_t at = static_cast<size_t>(i * p.n + j);
+              const double slope = GeluSlopeRef(pre[at]);
+              const double exact = p.alpha * acc * slope;
+              const double round16 = ct == DType::kF32 ? 0.0 : Ulp(ct) * 1.01;
+              const double bound =
+                  ((p.k + 1) * std::ldexp(1.0, -24) * std::fabs(p.alpha) * mag +
+                   round16 * std::fabs(p.alpha * acc)) * std::fabs(slope) +
+                  round16 * std::fabs(exact) + 1e-4 * std::fabs(exact) + 1e-6;
+              ASSERT_NEAR(got[at], exact, bound) << what << " [" << i << "," << j << "]";
+            }
+          }
+        }
+      }
+      if (t == DType::kF32) break;
+    }
+  }
+}
+
+TEST_P(Conformance, GeluGemmsRejectWhatTheyCannotWriteAndWriteNothing) {
+  GemmParams p;
+  p.m = 2, p.n = 3, p.k = 4;
+  Tensor a = Up(Vec(8, 1.0), DType::kF32), b = Up(Vec(12, 1.0), DType::kF32);
+  Tensor bias = Up(Vec(3, 2.0), DType::kF32), out = Up(Vec(6, -1.0), DType::kF32);
+  Tensor pre = Up(Vec(6, -1.0), DType::kF32);
+  auto untouched = [&](const char* names) {
+    for (double v : Down(out)) ASSERT_EQ(v, -1.0) << names << ": out/C was written";
+    for (double v : Down(pre)) ASSERT_EQ(v, -1.0) << names << ": pre was written";
+  };
+  auto expect_bad = [&](const Status& s, const char* names) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << names << ": " << s.ToString();
+    EXPECT_NE(s.message().find(names), std::string::npos) << s.ToString();
+    untouched(names);
+  };
+  expect_bad(GemmBiasGelu(ctx(), p, {a, 0, 4}, {b, 0, 3}, bias, Up(Vec(5, 0.0), DType::kF32), out), "pre");
+  expect_bad(GemmBiasGelu(ctx(), p, {a, 0, 4}, {b, 0, 3}, bias, out, out), "pre overlaps out");
+  expect_bad(GemmBiasGelu(ctx(), p, {a, 0, 4}, {b, 0, 3}, Up(Vec(2, 0.0), DType::kF32), pre, out), "bias");
+  GemmParams q = p;
+  q.beta = 1.0f;
+  expect_bad(GemmGeluBackward(ctx(), q, {a, 0, 4}, {b, 0, 3}, pre, {out, 0, 3}), "beta");
+  expect_bad(GemmGeluBackward(ctx(), p, {a, 0, 4}, {b, 0, 3}, out, {out, 0, 3}), "pre overlaps C");
+  expect_bad(GemmGeluBackward(ctx(), p, {a, 0, 4}, {b, 0, 3}, Up(Vec(7, 0.0), DType::kF32), {out, 0, 3}),
+             "pre");
 }
 
 TEST_P(Conformance, GemmBiasResidualRejectsAMisfitResidualAndWritesNothing) {

@@ -7,18 +7,28 @@
 # Order (each phase bounded; a phase that runs out of time is cut and says so):
 #   0. versions: the GPU, driver, the NCCL and cuDNN the binaries load;
 #   1. in parallel: the multi-GPU suite (nccl_suite.sh: NCCL ranks sharing
-#      the GPU; mostly host-bound) and the single-process GPU tests
-#      (run.sh's test binaries: conformance, equivalence, stream interop);
-#   2. alone on the GPU: the PyTorch side-by-side (gpu_vs_torch.sh), then
-#      gpu_train's step breakdown with the fused paths on and off.
-# SK_DEVICE_PHASES=1,2 picks phases (a retry runs only what failed);
-# SK_NCCL_BUDGET, SK_TESTS_BUDGET, SK_TORCH_BUDGET bound the phases in
-# seconds; SK_TORCH_ARGS passes flags to gpu_vs_torch (--quick --models ...).
+#      the GPU, and capi_nccl_check: the C ABI's caller collectives and a
+#      custom optimizer step over NCCL; mostly host-bound) and the
+#      single-process GPU tests (run.sh's test binaries: the whole
+#      conformance suite, sdpa_plan_test, equivalence, stream interop);
+#      about 4 minutes;
+#   2. alone on the GPU: the PyTorch side-by-side (gpu_vs_torch.sh), about
+#      4 minutes;
+#   3. alone on the GPU: the conformance suite's epilogue cases (GEMM +
+#      bias, + residual, + GELU, GELU's gradient) with the fused epilogues
+#      on, then gpu_train's gpt-1.3b and llama3.2-1b FULL_SHARD bf16 rows
+#      with the per-op device-time breakdown, fused epilogues on and off
+#      (epilogue_ab.sh; SK_AB_FILTER, SK_AB_RUNS), about 3 minutes.
+# Each part fits one device call: SK_DEVICE_PHASES=0,1 then 2 then 3 (a
+# retry runs only what failed); all of them by default.
+# SK_NCCL_BUDGET, SK_TESTS_BUDGET, SK_TORCH_BUDGET, SK_AB_BUDGET bound the
+# phases in seconds; SK_TORCH_ARGS passes flags to gpu_vs_torch (--quick
+# --models ...).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 ARCHIVE=${1:-$ROOT/gpu-pkg.tar.xz}
 OUT=${OUT:-$ROOT/device-out}
-PHASES=${SK_DEVICE_PHASES:-0,1,2}
+PHASES=${SK_DEVICE_PHASES:-0,1,2,3}
 mkdir -p "$OUT"
 T0=$SECONDS
 stamp() { echo "[$((SECONDS - T0)) s] $*"; }
@@ -61,15 +71,25 @@ if [[ ",$PHASES," == *",2,"* ]]; then
     echo "gpu_vs_torch exit $?" >> "$OUT/phases.txt"
     stamp "side-by-side done"; tail -30 "$OUT/gpu_vs_torch.log"
   fi
-  if [[ -n "${SK_AB_FILTER:-}" && -x "$PKG/epilogue_ab.sh" ]]; then
-    # The fused CUDA epilogues against the old path (SK_CUDA_FUSED_EPILOGUES=0),
-    # with the per-op device-time breakdown.
-    OUT=$OUT SK_GPU_TRAIN_STEPS=${SK_GPU_TRAIN_STEPS:-5} SK_AB_RUNS=${SK_AB_RUNS:-fused:1 unfused:0} \
-      timeout -k 10 ${SK_AB_BUDGET:-90} "$PKG/epilogue_ab.sh" "$SK_AB_FILTER" > "$OUT/epilogue_ab.log" 2>&1
-    echo "epilogue_ab exit $?" >> "$OUT/phases.txt"
-    stamp "epilogue A/B done"
-    grep -h -E "BM_Train|ms/step|MFU" "$OUT"/epilogue_ab/*.txt 2>/dev/null | head -20
-  fi
+fi
+
+if [[ ",$PHASES," == *",3,"* && -x "$PKG/epilogue_ab.sh" ]]; then
+  # The fused epilogues' conformance cases with the switch on (phase 1 ran
+  # the suite with it off): bias, bias + residual, GELU forward and
+  # backward; a failure message names the two-rounding candidate.
+  source "$PKG/libpath.sh"  # sets LIBPATH
+  SK_CUDA_FUSED_EPILOGUES=1 timeout -k 5 90 "$PKG/lib/ld-linux-x86-64.so.2" --library-path "$LIBPATH" \
+    "$PKG/bin/conformance_test" --gtest_filter='*GemmBias*:*Gelu*' > "$OUT/conformance_fused.log" 2>&1
+  echo "conformance_test with SK_CUDA_FUSED_EPILOGUES=1 exit $?" >> "$OUT/phases.txt"
+  grep -E "^\[  (PASSED|FAILED) |Failure|would give" "$OUT/conformance_fused.log" | head -20
+  # The fused CUDA epilogues against the unfused path (SK_CUDA_FUSED_EPILOGUES),
+  # with the per-op device-time breakdown, on gpt-1.3b and the Llama row.
+  OUT=$OUT SK_GPU_TRAIN_STEPS=${SK_GPU_TRAIN_STEPS:-5} SK_AB_RUNS=${SK_AB_RUNS:-fused:1 unfused:0} \
+    timeout -k 10 ${SK_AB_BUDGET:-170} "$PKG/epilogue_ab.sh" \
+    "${SK_AB_FILTER:-(gpt-1.3b|llama3.2-1b)/w1/fsdp/bf16/iter}" > "$OUT/epilogue_ab.log" 2>&1
+  echo "epilogue_ab exit $?" >> "$OUT/phases.txt"
+  stamp "epilogue A/B done"
+  grep -h -E "BM_Train|op breakdown|sum_of_squares|adamw_update" "$OUT"/epilogue_ab/*.txt 2>/dev/null | head -30
 fi
 cp "$OUT/nccl/summary.txt" "$OUT/nccl_summary.txt" 2>/dev/null
 # The device tool returns only a few files: everything goes into one

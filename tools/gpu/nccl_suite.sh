@@ -13,7 +13,9 @@
 #      dict), resumed at world 2 over NCCL and over gloo on the CPU;
 #   3. kill -9 of rank 2 of 4 in the middle of training: the survivors'
 #      errors and how long each took (launch --on_failure=wait);
-#   4. the C example over NCCL at world 2;
+#   4. the C example over NCCL at world 2, and capi_nccl_check at world 2:
+#      the C ABI's caller collectives on device buffers and an engine's
+#      custom optimizer step (Lion) on device-pointer views;
 #   5. the NCCL version loaded and its bus bandwidth as a sanity check only
 #      (ranks sharing a GPU measure nothing about speed).
 # summary.txt lists every line that says PASS, FAIL or ERROR.
@@ -90,6 +92,15 @@ if [[ -x "$PKG/mp/train_gpt_nccl" ]]; then
   timeout -k 5 120 "${run[@]}" "$PKG/mp/launch" --nproc_per_node=2 --share_gpu=0 --master_port=0 \
     "${run[@]}" "$PKG/mp/train_gpt_nccl" > "$DIR/c_example.log" 2>&1
   echo "c_example: exit $?" >> "$DIR/rc.txt"
+fi
+
+# The 0.6.0 C ABI over NCCL: caller collectives and a custom step.
+if [[ -x "$PKG/mp/capi_nccl_check" ]]; then
+  echo "nccl_suite: capi_nccl_check"
+  start=$SECONDS
+  timeout -k 5 90 "${run[@]}" "$PKG/mp/launch" --nproc_per_node=2 --share_gpu=0 --master_port=0 \
+    "${run[@]}" "$PKG/mp/capi_nccl_check" > "$DIR/capi_nccl_check.log" 2>&1
+  echo "capi_nccl_check: exit $? in $((SECONDS - start)) s" >> "$DIR/rc.txt"
 fi
 
 grep -h -E "PASS|FAIL|ERROR|passed|failed|did not|dead or hung" "$DIR"/*.log > "$DIR/summary.txt" 2>/dev/null

@@ -71,6 +71,7 @@ CPU_BENCHES=(
 MULTI_PROCESS=(
   //tools:launch
   //tests/cuda:nccl_train_check
+  //tests/cuda:capi_nccl_check
   //examples/c:train_gpt_nccl
 )
 

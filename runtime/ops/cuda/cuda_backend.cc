@@ -184,7 +184,7 @@ uint32_t Alignment(const void* p) {
 // One fused GEMM's shape, dtypes and alignments: the key of the
 // per-thread cache of cuBLASLt's chosen algorithm.
 using LtKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
-                         bool, uint32_t, uint32_t, uint32_t, uint32_t>;
+                         bool, uint32_t, uint32_t, uint32_t, uint32_t, int>;
 
 // Row-major D = alpha op(A) op(B) + bias [n] in every row (+ residual R,
 // D's shape and dtype, when r is not null) as one cuBLASLt matmul with the
@@ -195,14 +195,22 @@ using LtKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, in
 // SK_CUBLAS_REDUCED_PRECISION_REDUCTION=1 (Handle()). Stores false in *ran
 // and enqueues nothing when cuBLASLt offers no algorithm for it (or the
 // bias is not 16-byte aligned). k > 0.
-Status LtGemmBias(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                  float alpha, const void* a, int64_t lda, const void* b, int64_t ldb, DType ab,
-                  const void* bias, const void* r, void* d, DType dt, bool* ran) {
+//
+// LtGemmEpilogue is the same with another epilogue: GELU_AUX_BIAS (bias as
+// above; aux, D's shape and dtype, receives GELU's input, D its output) or
+// DGELU (no bias; aux is GELU's input, read: D = the product times GELU's
+// derivative there). aux's leading dimension is n (cuBLASLt wants a multiple
+// of 8: other widths, or an aux not 16-byte aligned, are declined).
+Status LtGemmEpilogue(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                      float alpha, const void* a, int64_t lda, const void* b, int64_t ldb, DType ab,
+                      cublasLtEpilogue_t epi, const void* bias, const void* aux, const void* r,
+                      void* d, DType dt, bool* ran) {
   *ran = false;
   // cuBLASLt reads the bias vector with vector loads; parameters' views are
   // 16-byte aligned (flat parameters align each one), anything else is not
   // handed to it.
-  if (reinterpret_cast<uintptr_t>(bias) % 16 != 0) return OkStatus();
+  if (bias != nullptr && reinterpret_cast<uintptr_t>(bias) % 16 != 0) return OkStatus();
+  if (aux != nullptr && (n % 8 != 0 || reinterpret_cast<uintptr_t>(aux) % 16 != 0)) return OkStatus();
   SK_ASSIGN_OR_RETURN(cublasLtHandle_t h, LtHandle(ctx.device->id().index));
   const cudaDataType abt = CudaType(ab), ct = CudaType(dt);
   cublasLtMatmulDesc_t op = nullptr;
@@ -217,7 +225,6 @@ Status LtGemmBias(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n, 
   };
   const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // column-major A is our B
   const cublasOperation_t opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
   const uint32_t reduction = AllowReducedPrecisionReduction()
                                  ? CUBLASLT_REDUCTION_SCHEME_MASK
                                  : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
@@ -231,7 +238,12 @@ Status LtGemmBias(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n, 
   set(CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa));
   set(CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb));
   set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
-  set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  if (bias != nullptr) set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  if (aux != nullptr) {
+    const int64_t aux_ld = n;  // column-major aux^T: n rows, as D^T's
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux));
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld));
+  }
   if (st == CUBLAS_STATUS_SUCCESS) {
     st = cublasLtMatrixLayoutCreate(&la, abt, tb ? k : n, tb ? n : k, ldb);
   }
@@ -253,7 +265,7 @@ Status LtGemmBias(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n, 
   // thread (it costs more host time than the launch).
   thread_local std::map<LtKey, std::pair<bool, cublasLtMatmulAlgo_t>> algos;
   const LtKey key{ctx.device->id().index, ta, tb, m, n, k, lda, ldb, static_cast<int>(ab),
-                  static_cast<int>(dt), r != nullptr, al_a, al_b, al_c, al_d};
+                  static_cast<int>(dt), r != nullptr, al_a, al_b, al_c, al_d, static_cast<int>(epi)};
   auto found = algos.find(key);
   if (st == CUBLAS_STATUS_SUCCESS && found == algos.end()) {
     cublasLtMatmulHeuristicResult_t result{};
@@ -283,10 +295,17 @@ Status LtGemmBias(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n, 
   release();
   if (st != CUBLAS_STATUS_SUCCESS) {
     return InternalError("gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" +
-                         std::to_string(k) + " (" + std::string(DTypeName(ab)) +
-                         ", bias epilogue): cuBLASLt: " + cublasGetStatusString(st));
+                         std::to_string(k) + " (" + std::string(DTypeName(ab)) + ", epilogue " +
+                         std::to_string(static_cast<int>(epi)) + "): cuBLASLt: " + cublasGetStatusString(st));
   }
   return OkStatus();
+}
+
+Status LtGemmBias(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                  float alpha, const void* a, int64_t lda, const void* b, int64_t ldb, DType ab,
+                  const void* bias, const void* r, void* d, DType dt, bool* ran) {
+  return LtGemmEpilogue(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, ab, CUBLASLT_EPILOGUE_BIAS,
+                        bias, nullptr, r, d, dt, ran);
 }
 
 // Row-major C = alpha op(A) op(B) for the seqs x heads matrices (s, h) at
@@ -456,6 +475,45 @@ class CudaBackend final : public OpBackend {
                                   mn, S(ctx)));
     SK_CUDA_OP("gemm", cuda::Cast(sum.data(), DType::kF32, Ptr(c.t, c.offset), c.t.dtype(), mn,
                                   S(ctx)));
+    return OkStatus();
+  }
+
+  // GemmBiasGelu and GemmGeluBackward with 16-bit operands and bias, pre
+  // and C of their dtype: one cuBLASLt GEMM each (GELU_AUX_BIAS, DGELU)
+  // under SK_CUDA_FUSED_EPILOGUES=1, as GemmAddsBias. Where cuBLASLt
+  // declines, the ops they are defined by run here.
+  bool GemmFusesGelu(const GemmParams& p, DType ab, DType bias, DType pre, DType c) const override {
+    return GemmAddsBias(p, ab, bias, c) && c == ab && pre == c;
+  }
+
+  Status GemmBiasGelu(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                      const MatrixRef& b, const Tensor& bias, const Tensor& pre,
+                      const Tensor& out) override {
+    SK_RETURN_IF_ERROR(Enter(ctx, "gemm"));
+    bool ran = false;
+    SK_RETURN_IF_ERROR(LtGemmEpilogue(ctx, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha,
+                                      Ptr(a.t, a.offset), a.ld, Ptr(b.t, b.offset), b.ld,
+                                      a.t.dtype(), CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias.data(),
+                                      pre.data(), nullptr, out.data(), out.dtype(), &ran));
+    if (ran) return OkStatus();
+    SK_RETURN_IF_ERROR(GemmBias(ctx, p, a, b, bias, MatrixRef{pre, 0, p.n}));
+    SK_CUDA_OP("gemm", cuda::GeluForward(C(pre), pre.numel(), B(out), S(ctx)));
+    return OkStatus();
+  }
+
+  Status GemmGeluBackward(const OpContext& ctx, const GemmParams& p, const MatrixRef& a,
+                          const MatrixRef& b, const Tensor& pre, const MatrixRef& c) override {
+    SK_RETURN_IF_ERROR(Enter(ctx, "gemm"));
+    bool ran = false;
+    void* d = Ptr(c.t, c.offset);
+    SK_RETURN_IF_ERROR(LtGemmEpilogue(ctx, p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha,
+                                      Ptr(a.t, a.offset), a.ld, Ptr(b.t, b.offset), b.ld,
+                                      a.t.dtype(), CUBLASLT_EPILOGUE_DGELU, nullptr, pre.data(),
+                                      nullptr, d, c.t.dtype(), &ran));
+    if (ran) return OkStatus();
+    SK_RETURN_IF_ERROR(Gemm(ctx, p, a, b, c));
+    const cuda::Buf rows{d, c.t.dtype()};
+    SK_CUDA_OP("gemm", cuda::GeluBackward(C(pre), cuda::CBuf{d, c.t.dtype()}, pre.numel(), rows, S(ctx)));
     return OkStatus();
   }
 
