@@ -768,21 +768,14 @@ GlooProcessGroup::~GlooProcessGroup() { state_->Shutdown(options_.timeout); }
 
 StatusOr<std::unique_ptr<ProcessGroup>> GlooProcessGroup::NewGroup(const std::vector<int>& ranks,
                                                                    Duration timeout) {
-  SK_RETURN_IF_ERROR(ValidateGroupRanks(ranks, size(), rank()));
-  std::string key = RankList(ranks);
-  int occurrence = 0;
-  {
-    std::lock_guard<std::mutex> lock(new_group_mu_);
-    occurrence = new_group_counts_[key]++;
-  }
-  int sub_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank()) - ranks.begin());
+  SK_ASSIGN_OR_RETURN(SubGroupNames::Entry sub, sub_groups_.Next(ranks, size(), rank()));
   GlooOptions options = options_;
   options.timeout = timeout;
   std::vector<int> global;
   for (int r : ranks) global.push_back(global_ranks_[r]);
   SK_ASSIGN_OR_RETURN(std::unique_ptr<GlooProcessGroup> group,
-                      Make(store_, prefix_ + "/sub[" + key + "]#" + std::to_string(occurrence),
-                           sub_rank, static_cast<int>(ranks.size()), options, std::move(global),
+                      Make(store_, prefix_ + "/sub[" + sub.ranks + "]#" + std::to_string(sub.occurrence),
+                           sub.sub_rank, static_cast<int>(ranks.size()), options, std::move(global),
                            state_->heartbeat()));
   return std::unique_ptr<ProcessGroup>(std::move(group));
 }

@@ -156,8 +156,7 @@ class GlooProcessGroup final : public ProcessGroup {
   const std::string prefix_;
   const GlooOptions options_;
   const std::vector<int> global_ranks_;  // of this group's ranks
-  std::mutex new_group_mu_;
-  std::map<std::string, int> new_group_counts_;
+  SubGroupNames sub_groups_;  // NewGroup's names
 };
 
 }  // namespace sk::comm

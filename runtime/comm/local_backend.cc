@@ -573,20 +573,10 @@ LocalProcessGroup::~LocalProcessGroup() = default;
 
 StatusOr<std::unique_ptr<ProcessGroup>> LocalProcessGroup::NewGroup(const std::vector<int>& ranks,
                                                                     Duration /*timeout*/) {
-  SK_RETURN_IF_ERROR(ValidateGroupRanks(ranks, size(), rank()));
-  // Members call NewGroup with the same list in the same order, so (list,
-  // how many times this rank asked for it) names the same group on each.
-  std::string key = RankList(ranks);
-  int occurrence = 0;
-  {
-    std::lock_guard<std::mutex> lock(new_group_mu_);
-    occurrence = new_group_counts_[key]++;
-  }
-  key += "#" + std::to_string(occurrence);
-  int sub_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank()) - ranks.begin());
-  std::shared_ptr<LocalRendezvous> child =
-      rendezvous_->Child(key, static_cast<int>(ranks.size()));
-  return std::unique_ptr<ProcessGroup>(new LocalProcessGroup(sub_rank, child, options_));
+  SK_ASSIGN_OR_RETURN(SubGroupNames::Entry sub, sub_groups_.Next(ranks, size(), rank()));
+  std::shared_ptr<LocalRendezvous> child = rendezvous_->Child(
+      sub.ranks + "#" + std::to_string(sub.occurrence), static_cast<int>(ranks.size()));
+  return std::unique_ptr<ProcessGroup>(new LocalProcessGroup(sub.sub_rank, child, options_));
 }
 
 Status LocalProcessGroup::FailPeers(const Status& culprit) { return rendezvous_->Fail(culprit); }

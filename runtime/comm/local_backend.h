@@ -110,8 +110,7 @@ class LocalProcessGroup final : public ProcessGroup {
   std::shared_ptr<LocalRendezvous> rendezvous_;
   LocalOptions options_;
   std::shared_ptr<ScratchPool> scratch_pool_;  // shared with queued collectives
-  std::mutex new_group_mu_;
-  std::map<std::string, int> new_group_counts_;  // NewGroup calls per member list
+  SubGroupNames sub_groups_;  // NewGroup's names
 };
 
 // Runs body(rank) for rank 0..world_size-1, each on a new thread, and

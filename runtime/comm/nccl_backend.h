@@ -134,8 +134,7 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Store> store_;
   const std::string prefix_;
   const NcclOptions options_;
-  std::mutex new_group_mu_;
-  std::map<std::string, int> new_group_counts_;
+  SubGroupNames sub_groups_;  // NewGroup's names
   // A failed step (FailPeers, or a peer's marker): collectives from
   // failed_at_ on fail with failure_ until ResumeAt.
   mutable std::mutex failure_mu_;

@@ -442,4 +442,16 @@ Status ValidateGroupRanks(const std::vector<int>& ranks, int world, int self) {
   return OkStatus();
 }
 
+StatusOr<SubGroupNames::Entry> SubGroupNames::Next(const std::vector<int>& ranks, int world, int self) {
+  SK_RETURN_IF_ERROR(ValidateGroupRanks(ranks, world, self));
+  Entry e;
+  e.ranks = RankList(ranks);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    e.occurrence = counts_[e.ranks]++;
+  }
+  e.sub_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), self) - ranks.begin());
+  return e;
+}
+
 }  // namespace sk::comm

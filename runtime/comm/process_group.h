@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -282,6 +283,25 @@ class ProcessGroup {
 // InvalidArgument unless `ranks` is sorted, distinct, within [0, world) and
 // contains `self`.
 Status ValidateGroupRanks(const std::vector<int>& ranks, int world, int self);
+
+// How a backend's NewGroup names the sub-group it is asked for. Members call
+// NewGroup with the same list in the same order, so (the list, how many
+// times this rank has asked for it) names the same group on every member.
+// Thread-safe; one per process group.
+class SubGroupNames {
+ public:
+  struct Entry {
+    std::string ranks;  // RankList(ranks): "0,1,3"
+    int occurrence;     // 0 the first time this rank asks for that list
+    int sub_rank;       // this rank's index in the list
+  };
+  // ValidateGroupRanks(ranks, world, self), then the next entry for `ranks`.
+  StatusOr<Entry> Next(const std::vector<int>& ranks, int world, int self);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, int> counts_;
+};
 
 }  // namespace sk::comm
 

@@ -360,21 +360,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options)
 }
 
 Status LlamaModel::ValidateBatch(const TokenBatch& batch) const {
-  if (batch.batch_size <= 0) return InvalidArgumentError("batch.batch_size must be positive");
-  if (batch.seq_len <= 0 || batch.seq_len > config_.max_seq_len) {
-    return InvalidArgumentError("batch.seq_len " + std::to_string(batch.seq_len) +
-                                " is outside [1, " + std::to_string(config_.max_seq_len) +
-                                "] of model '" + config_.name + "'");
-  }
-  if (batch.source_len != 0 || !batch.source.empty()) {
-    return InvalidArgumentError("batch.source is set, but '" + config_.name +
-                                "' is a decoder-only model");
-  }
-  SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
-  const int64_t n = batch.batch_size * batch.seq_len;
-  SK_RETURN_IF_ERROR(
-      nn_internal::ValidateTokens(batch.inputs, n, config_.vocab_size, false, "inputs"));
-  return nn_internal::ValidateTokens(batch.targets, n, config_.vocab_size, true, "targets");
+  return nn_internal::ValidateDecoderBatch(batch, config_.name, config_.max_seq_len, config_.vocab_size);
 }
 
 StatusOr<float> LlamaModel::ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,

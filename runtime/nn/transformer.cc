@@ -783,5 +783,21 @@ Status ValidateTokens(const std::vector<int32_t>& ids, int64_t expected_count, i
   return OkStatus();
 }
 
+Status ValidateDecoderBatch(const TokenBatch& batch, const std::string& model, int64_t max_seq_len,
+                            int64_t vocab_size) {
+  if (batch.batch_size <= 0) return InvalidArgumentError("batch.batch_size must be positive");
+  if (batch.seq_len <= 0 || batch.seq_len > max_seq_len) {
+    return InvalidArgumentError("batch.seq_len " + std::to_string(batch.seq_len) + " is outside [1, " +
+                                std::to_string(max_seq_len) + "] of model '" + model + "'");
+  }
+  if (batch.source_len != 0 || !batch.source.empty()) {
+    return InvalidArgumentError("batch.source is set, but '" + model + "' is a decoder-only model");
+  }
+  SK_RETURN_IF_ERROR(CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
+  const int64_t n = batch.batch_size * batch.seq_len;
+  SK_RETURN_IF_ERROR(ValidateTokens(batch.inputs, n, vocab_size, false, "inputs"));
+  return ValidateTokens(batch.targets, n, vocab_size, true, "targets");
+}
+
 }  // namespace nn_internal
 }  // namespace sk

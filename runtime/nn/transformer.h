@@ -314,6 +314,12 @@ Status ValidateComputeDType(DType dtype);
 Status ValidateTokens(const std::vector<int32_t>& ids, int64_t expected_count, int64_t vocab,
                       bool allow_ignore, const char* field);
 
+// A decoder-only model's batch (GPT, the Llama family): a positive batch,
+// 1 <= seq_len <= max_seq_len, no source, and inputs and targets of
+// batch_size * seq_len ids in [0, vocab_size).
+Status ValidateDecoderBatch(const TokenBatch& batch, const std::string& model, int64_t max_seq_len,
+                            int64_t vocab_size);
+
 }  // namespace nn_internal
 }  // namespace sk
 
