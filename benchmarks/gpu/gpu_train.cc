@@ -48,8 +48,8 @@
 #include "runtime/core/env.h"
 #include "runtime/core/status.h"
 #include "runtime/ops/op_timing.h"
+#include "runtime/train/local_session.h"
 #include "runtime/train/sim_run.h"
-#include "runtime/train/trainer.h"
 
 namespace sk {
 namespace {
@@ -179,47 +179,35 @@ void BM_Train(benchmark::State& state, Row row) {
   std::string sim_error;
   const double predicted = Predict(row, &sim_error);
 
-  auto groups_or = comm::LocalProcessGroup::Create(row.world);
-  if (!groups_or.ok()) {
-    state.SkipWithError(groups_or.status().ToString().c_str());
+  auto session = [&]() -> StatusOr<std::unique_ptr<LocalSession>> {
+    SK_ASSIGN_OR_RETURN(auto groups, comm::LocalProcessGroup::Create(row.world));
+    SK_ASSIGN_OR_RETURN(auto created, LocalSession::Create(OptionsFor(row), LocalSession::Share(std::move(groups))));
+    for (int i = 0; i < kWarmup; ++i) SK_RETURN_IF_ERROR(created->Step().status());
+    return created;
+  }();
+  if (!session.ok()) {
+    state.SkipWithError(session.status().ToString().c_str());
     return;
   }
-  std::vector<std::shared_ptr<comm::ProcessGroup>> groups;
-  for (auto& g : *groups_or) groups.push_back(std::move(g));
-  std::vector<std::unique_ptr<Trainer>> trainers(row.world);
-  const TrainerOptions options = OptionsFor(row);
-  std::vector<StepMetrics> metrics(row.world);
-  auto step_all = [&]() {
-    return comm::RunRankThreads(row.world, [&](int r) -> Status {
-      SK_ASSIGN_OR_RETURN(metrics[r], trainers[r]->Step());
-      return OkStatus();
-    });
-  };
-  Status s = comm::RunRankThreads(row.world, [&](int r) -> Status {
-    SK_ASSIGN_OR_RETURN(trainers[r], Trainer::Create(options, groups[r].get()));
-    return OkStatus();
-  });
-  for (int i = 0; i < kWarmup && s.ok(); ++i) s = step_all();
-  if (!s.ok()) {
-    state.SkipWithError(s.ToString().c_str());
-    return;
-  }
+  LocalSession& ranks = **session;
+  Status s;
   double model_tflops = 0, peak_alloc = 0, peak_reserved = 0, loss = 0;
   std::vector<double> times;
   for (auto _ : state) {
-    s = step_all();
-    if (!s.ok()) {
+    StatusOr<std::vector<StepMetrics>> metrics = ranks.Step();
+    if (!metrics.ok()) {
+      s = metrics.status();
       state.SkipWithError(s.ToString().c_str());
       break;
     }
     double slowest = 0, tflops = 0;
-    for (const StepMetrics& m : metrics) {
+    for (const StepMetrics& m : *metrics) {
       slowest = std::max(slowest, m.step_seconds);
       tflops += m.model_tflops_per_rank;  // ranks share the one GPU: their sum
       peak_alloc = std::max(peak_alloc, double(m.peak_allocated_bytes));
       peak_reserved = std::max(peak_reserved, double(m.peak_reserved_bytes));
     }
-    loss = metrics[0].global_loss;
+    loss = (*metrics)[0].global_loss;
     times.push_back(slowest);
     model_tflops = tflops;  // the last step's; scaled to the median time below
     state.SetIterationTime(slowest);
@@ -228,7 +216,7 @@ void BM_Train(benchmark::State& state, Row row) {
   if (s.ok() && OpBreakdown()) {
     breakdown = std::make_unique<OpBreakdownRecorder>();
     ops::SetOpTimingObserver(breakdown.get());
-    s = step_all();
+    s = ranks.Step().status();
     ops::SetOpTimingObserver(nullptr);
     if (!s.ok()) state.SkipWithError(s.ToString().c_str());
   }
@@ -262,10 +250,7 @@ void BM_Train(benchmark::State& state, Row row) {
   if (!sim_error.empty()) label += " (sim: " + sim_error + ")";
   state.SetLabel(label);
   if (breakdown && s.ok()) breakdown->Print(label);
-  comm::RunRankThreads(row.world, [&](int r) {
-    trainers[r].reset();
-    return OkStatus();
-  }).IgnoreError();
+  session->reset();
 }
 
 constexpr auto kFsdp = Parallelism::kFsdp;

@@ -19,7 +19,6 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -27,7 +26,7 @@
 #include "benchmarks/util/stats.h"
 #include "benchmarks/util/inject.h"
 #include "runtime/comm/local_backend.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/local_session.h"
 
 namespace sk {
 namespace {
@@ -52,16 +51,6 @@ std::mutex g_mu;
 std::map<std::string, Result> g_results;  // "setup/strategy"
 
 void BM_Step(benchmark::State& state, Setup setup, Parallelism parallelism, ShardingStrategy strategy) {
-  auto groups = comm::LocalProcessGroup::Create(kWorld);
-  if (!groups.ok()) {
-    state.SkipWithError(groups.status().ToString().c_str());
-    return;
-  }
-  std::vector<std::unique_ptr<Trainer>> trainers(kWorld);
-  std::vector<Status> errors(kWorld);
-  auto on_all = [&](const std::function<Status(int)>& fn) {
-    return comm::RunRankThreads(kWorld, fn, &errors);
-  };
   TrainerOptions o;
   o.model = setup.model;
   o.batch_size = setup.batch;
@@ -72,25 +61,28 @@ void BM_Step(benchmark::State& state, Setup setup, Parallelism parallelism, Shar
   if (strategy == ShardingStrategy::kHybridShard || strategy == ShardingStrategy::kHybridShardGradOp) {
     o.fsdp.shard_group_size = 2;
   }
-  Status s = on_all([&](int r) -> Status {
-    SK_ASSIGN_OR_RETURN(trainers[r], Trainer::Create(o, (*groups)[r].get()));
-    return trainers[r]->Step().status();  // warm-up: caches and optimizer state
-  });
-  if (!s.ok()) {
-    state.SkipWithError(s.ToString().c_str());
+  auto session = [&]() -> StatusOr<std::unique_ptr<LocalSession>> {
+    SK_ASSIGN_OR_RETURN(auto groups, comm::LocalProcessGroup::Create(kWorld));
+    SK_ASSIGN_OR_RETURN(auto s, LocalSession::Create(o, LocalSession::Share(std::move(groups))));
+    SK_RETURN_IF_ERROR(s->Step().status());  // warm-up: caches and optimizer state
+    return s;
+  }();
+  if (!session.ok()) {
+    state.SkipWithError(session.status().ToString().c_str());
     return;
   }
+  LocalSession& ranks = **session;
   Result result;
   std::vector<double> seconds(kWorld);
   std::vector<int64_t> peak(kWorld);
   // SK_BENCH_INJECT=fsdp_step:N (track.py --self_test): N FSDP steps per iteration.
   const int repeats = parallelism == Parallelism::kFsdp ? bench::InjectedRepeats("fsdp_step") : 1;
   for (auto _ : state) {
-    s = on_all([&](int r) -> Status {
+    Status s = ranks.OnEveryRank([&](int r, Trainer& t) -> Status {
       seconds[r] = 0;
       peak[r] = 0;
       for (int i = 0; i < repeats; ++i) {
-        SK_ASSIGN_OR_RETURN(StepMetrics m, trainers[r]->Step());
+        SK_ASSIGN_OR_RETURN(StepMetrics m, t.Step());
         seconds[r] += m.step_seconds;
         peak[r] = std::max(peak[r], m.peak_allocated_bytes);
       }
@@ -106,11 +98,8 @@ void BM_Step(benchmark::State& state, Setup setup, Parallelism parallelism, Shar
     result.peak_allocated = std::max(result.peak_allocated, *std::max_element(peak.begin(), peak.end()));
   }
   state.counters["peak_alloc_MiB"] = static_cast<double>(result.peak_allocated) / (1 << 20);
-  state.counters["params_M"] = static_cast<double>(trainers[0]->model().num_parameters()) / 1e6;
-  on_all([&](int r) {
-    trainers[r].reset();
-    return OkStatus();
-  }).IgnoreError();
+  state.counters["params_M"] = static_cast<double>(ranks.trainer(0).model().num_parameters()) / 1e6;
+  session->reset();
   std::lock_guard<std::mutex> lock(g_mu);
   Result& acc = g_results[std::string(setup.name) + "/" +
                           (parallelism == Parallelism::kDdp ? "DDP" : ShardingStrategyName(strategy))];

@@ -59,7 +59,7 @@
 #include "runtime/ops/cpu/cpu_backend.h"
 #include "runtime/ops/cpu/kernels.h"
 #include "runtime/ops/ops.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/local_session.h"
 
 namespace sk {
 namespace {
@@ -328,19 +328,9 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
   o.fsdp.mixed_precision.reduce_dtype = DType::kF32;
   o.fsdp.forward_prefetch = f.forward_prefetch;
   SK_ASSIGN_OR_RETURN(auto groups, comm::LocalProcessGroup::Create(f.world));
-  std::vector<std::unique_ptr<Trainer>> trainers(f.world);
-  std::vector<StepMetrics> metrics(f.world);
-  auto on_all = [&](const std::function<Status(int)>& fn) { return comm::RunRankThreads(f.world, fn); };
-  SK_RETURN_IF_ERROR(on_all([&](int r) -> Status {
-    SK_ASSIGN_OR_RETURN(trainers[r], Trainer::Create(o, groups[r].get()));
-    return OkStatus();
-  }));
-  auto step = [&] {
-    return on_all([&](int r) -> Status {
-      SK_ASSIGN_OR_RETURN(metrics[r], trainers[r]->Step());
-      return OkStatus();
-    });
-  };
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<LocalSession> session,
+                      LocalSession::Create(o, LocalSession::Share(std::move(groups))));
+  auto step = [&] { return session->Step().status(); };
   SK_RETURN_IF_ERROR(step());  // warm-up: primitives, optimizer state, allocator
   timing.TakeStats();
   timing.SetEnabled(true);
@@ -349,16 +339,15 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < f.steps; ++i) {
     SK_RETURN_IF_ERROR(step());
-    for (const StepMetrics& m : metrics) model_flops += m.model_tflops_per_rank * 1e12 * m.step_seconds;
+    for (const StepMetrics& m : session->last_metrics()) {
+      model_flops += m.model_tflops_per_rank * 1e12 * m.step_seconds;
+    }
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / f.steps;
   const double cpu = (CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0) / f.steps;
   timing.SetEnabled(false);
   std::map<std::string, OpStats> stats = timing.TakeStats();
-  on_all([&](int r) {
-    trainers[r].reset();
-    return OkStatus();
-  }).IgnoreError();
+  session.reset();
   model_flops /= f.steps;
 
   double load[3] = {0, 0, 0};

@@ -1,8 +1,8 @@
 #include "benchmarks/paper/run_config.h"
 
 #include <algorithm>
-#include <functional>
-#include <thread>
+#include <memory>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +11,7 @@
 #include "benchmarks/util/stats.h"
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/trace.h"
+#include "runtime/train/local_session.h"
 
 namespace sk::bench {
 
@@ -42,33 +43,20 @@ RunResult RunConfig(const RunSpec& spec, Progress* progress) {
     result.error = world.status().ToString();
     return result;
   }
-  auto& groups = *world;
+  const std::vector<std::shared_ptr<comm::ProcessGroup>> groups = LocalSession::Share(std::move(*world));
   result.network = groups[0]->label();
   const int n = spec.world;
-  std::vector<std::unique_ptr<Trainer>> trainers(n);
   std::vector<Status> errors(n);
-  std::vector<StepMetrics> metrics(n);
-  auto on_all = [&](const std::function<Status(int)>& fn) -> Status {
-    return comm::RunRankThreads(n, fn, &errors);
-  };
-  auto fail = [&](const Status& s) {
+  // `memory`: every rank's allocator statistics at the failure.
+  auto fail = [&](const Status& s, const std::vector<MemoryStats>& memory) {
     result.ok = false;
     result.oom = s.code() == StatusCode::kResourceExhausted;
     for (const Status& e : errors) result.oom = result.oom || e.code() == StatusCode::kResourceExhausted;
     result.error = s.ToString();
-    for (int r = 0; r < n; ++r) {
-      if (trainers[r] != nullptr) {
-        result.ooms = std::max<int64_t>(result.ooms, trainers[r]->allocator().stats().num_ooms);
-        result.alloc_retries =
-            std::max<int64_t>(result.alloc_retries, trainers[r]->allocator().stats().num_alloc_retries);
-      }
+    for (const MemoryStats& st : memory) {
+      result.ooms = std::max<int64_t>(result.ooms, st.num_ooms);
+      result.alloc_retries = std::max<int64_t>(result.alloc_retries, st.num_alloc_retries);
     }
-  };
-  auto step_all = [&]() {
-    return on_all([&](int r) -> Status {
-      SK_ASSIGN_OR_RETURN(metrics[r], trainers[r]->Step());
-      return OkStatus();
-    });
   };
 
   // Streams name their trace tracks when they are created, and Start()
@@ -76,23 +64,38 @@ RunResult RunConfig(const RunSpec& spec, Progress* progress) {
   // metadata events) for the traced step's file.
   const bool tracing = !spec.trace_path.empty();
   if (tracing) TraceRecorder::Global().Start();
-  Status s = on_all([&](int r) -> Status {
-    SK_ASSIGN_OR_RETURN(trainers[r], Trainer::Create(spec.trainer, groups[r].get()));
-    return OkStatus();
-  });
+  std::vector<MemoryStats> memory_on_error;
+  StatusOr<std::unique_ptr<LocalSession>> created =
+      LocalSession::Create(spec.trainer, groups, &errors, &memory_on_error);
   nlohmann::json track_names = nlohmann::json::array();
   if (tracing) {
     TraceRecorder::Global().Stop();
-    const nlohmann::json created = nlohmann::json::parse(TraceRecorder::Global().ToJson());
-    for (const auto& e : created["traceEvents"]) {
+    const nlohmann::json created_trace = nlohmann::json::parse(TraceRecorder::Global().ToJson());
+    for (const auto& e : created_trace["traceEvents"]) {
       if (e.value("ph", "") == "M") track_names.push_back(e);
     }
   }
-  if (!s.ok()) {
-    fail(s);
+  if (!created.ok()) {
+    fail(created.status(), memory_on_error);
     return result;
   }
-  result.parameters = trainers[0]->model().num_parameters();
+  std::unique_ptr<LocalSession> session = std::move(*created);
+  auto memory = [&] {
+    std::vector<MemoryStats> stats;
+    for (int r = 0; r < n; ++r) stats.push_back(session->trainer(r).allocator().stats());
+    return stats;
+  };
+  std::vector<StepMetrics> metrics(n);
+  auto step_all = [&] {
+    return session->OnEveryRank(
+        [&](int r, Trainer& t) -> Status {
+          SK_ASSIGN_OR_RETURN(metrics[r], t.Step());
+          return OkStatus();
+        },
+        &errors);
+  };
+  result.parameters = session->trainer(0).model().num_parameters();
+  Status s;
   const int total_steps = spec.warmup_steps + spec.steps;
   for (int i = 0; i < spec.warmup_steps && s.ok(); ++i) {
     s = step_all();
@@ -102,7 +105,7 @@ RunResult RunConfig(const RunSpec& spec, Progress* progress) {
     auto* h = dynamic_cast<HostNetworkGroup*>(groups[0].get());
     return h == nullptr ? 0 : h->cross_host_bytes();
   };
-  FullyShardedModel* fsdp0 = trainers[0]->fsdp();
+  FullyShardedModel* fsdp0 = session->trainer(0).fsdp();
   const FsdpCounters before = fsdp0 != nullptr ? fsdp0->counters() : FsdpCounters();
   const int64_t cross_before = cross_host();
   double flops_per_rank = 0;
@@ -122,11 +125,7 @@ RunResult RunConfig(const RunSpec& spec, Progress* progress) {
     if (progress != nullptr) progress->StepDone(spec.warmup_steps + i + 1, total_steps);
   }
   if (!s.ok()) {
-    fail(s);
-    on_all([&](int r) {
-      trainers[r].reset();
-      return OkStatus();
-    }).IgnoreError();
+    fail(s, memory());
     return result;
   }
   const int steps = std::max(1, spec.steps);
@@ -135,7 +134,7 @@ RunResult RunConfig(const RunSpec& spec, Progress* progress) {
   result.min_seconds = *std::min_element(result.step_seconds.begin(), result.step_seconds.end());
   result.max_seconds = *std::max_element(result.step_seconds.begin(), result.step_seconds.end());
   result.model_tflops_per_rank = flops_per_rank / result.median_seconds / 1e12;
-  const TrainerOptions& o = trainers[0]->options();
+  const TrainerOptions& o = session->trainer(0).options();
   result.tokens_per_second = static_cast<double>(o.batch_size) * o.seq_len * o.grad_accum_steps * n /
                              result.median_seconds;
   result.bytes_per_step = bytes / steps;
@@ -148,8 +147,7 @@ RunResult RunConfig(const RunSpec& spec, Progress* progress) {
         (after.prefetches_deferred - before.prefetches_deferred) / steps;
     result.max_unsharded_alive = after.max_unsharded_alive;
   }
-  for (int r = 0; r < n; ++r) {
-    MemoryStats st = trainers[r]->allocator().stats();
+  for (const MemoryStats& st : memory()) {
     result.alloc_retries = std::max<int64_t>(result.alloc_retries, st.num_alloc_retries);
     result.ooms = std::max<int64_t>(result.ooms, st.num_ooms);
   }
@@ -166,10 +164,6 @@ RunResult RunConfig(const RunSpec& spec, Progress* progress) {
     }
     if (!traced.ok()) result.error = "trace: " + traced.ToString();
   }
-  on_all([&](int r) {
-    trainers[r].reset();
-    return OkStatus();
-  }).IgnoreError();
   return result;
 }
 

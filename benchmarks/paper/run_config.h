@@ -48,7 +48,9 @@ struct RunResult {
   double tokens_per_second = 0;      // all ranks
   int64_t peak_allocated_bytes = 0;  // max over ranks and timed steps
   int64_t peak_reserved_bytes = 0;
-  int64_t alloc_retries = 0;         // max over ranks, whole run (warm-up included)
+  // Max over ranks, whole run (creation and warm-up included; a rank whose
+  // creation failed counts with its allocator's statistics at the failure).
+  int64_t alloc_retries = 0;
   int64_t ooms = 0;
   int64_t bytes_per_step = 0;        // rank 0, nccl-tests bytes
   // FSDP counters of rank 0 per timed step (zero under DDP).

@@ -75,8 +75,8 @@
 #include "runtime/ops/ops.h"
 #include "runtime/sim/profile.h"
 #include "runtime/sim/sim_ops.h"
+#include "runtime/train/local_session.h"
 #include "runtime/train/sim_run.h"
-#include "runtime/train/trainer.h"
 #include "tools/cli_flags.h"
 
 DEFINE_string(out, "", "where to write the profile (default: print it)");
@@ -319,11 +319,17 @@ std::vector<RunSpec> ParseRuns(const std::string& list, bool held_out) {
   return out;
 }
 
-// Trains `r` for real on cpu:0 (a local world of one rank): 2 warm-up steps,
-// then FLAGS_in_step_steps measured ones with every op timed.
+// Trains `r` for real on cpu:0 (a local session of one rank): 2 warm-up
+// steps, then FLAGS_in_step_steps measured ones with every op timed. The
+// steps run on this thread (the one rank needs no peer running beside it),
+// not on a fresh rank thread per step as LocalSession::Step would: every
+// step then reuses the same OpenMP team rather than spawning a new one into
+// the measured CPU time.
 Status RunInStep(RunResult& r, StepRecorder& recorder) {
   SK_ASSIGN_OR_RETURN(auto groups, comm::LocalProcessGroup::Create(1));
-  SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(r.spec.Options(), groups[0].get()));
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<LocalSession> session,
+                      LocalSession::Create(r.spec.Options(), LocalSession::Share(std::move(groups))));
+  Trainer* trainer = &session->trainer(0);
   for (int i = 0; i < 2; ++i) SK_RETURN_IF_ERROR(trainer->Step().status());
   recorder.Take();
   ops::SetOpTimingObserver(&recorder);

@@ -44,8 +44,8 @@
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/status.h"
 #include "runtime/sim/profile.h"
+#include "runtime/train/local_session.h"
 #include "runtime/train/sim_run.h"
-#include "runtime/train/trainer.h"
 #include "tools/cli_flags.h"
 
 DEFINE_int32(steps, 5, "measured steps per configuration (medians); >= 1");
@@ -66,8 +66,7 @@ struct Config {
   std::string model;
   int world = 1;
   Parallelism parallelism = Parallelism::kFsdp;
-  std::unique_ptr<std::vector<std::shared_ptr<comm::ProcessGroup>>> groups;
-  std::vector<std::unique_ptr<Trainer>> trainers;
+  std::unique_ptr<LocalSession> session;  // after Build
   std::vector<double> wall, cpu;
   double predicted = 0;
   std::string error;
@@ -109,21 +108,15 @@ Status Predict(Config& c) {
 
 Status Build(Config& c) {
   SK_ASSIGN_OR_RETURN(auto groups, comm::LocalProcessGroup::Create(c.world));
-  c.groups = std::make_unique<std::vector<std::shared_ptr<comm::ProcessGroup>>>();
-  for (auto& g : groups) c.groups->push_back(std::move(g));
-  c.trainers.resize(c.world);
-  const TrainerOptions o = c.Options();
-  return comm::RunRankThreads(c.world, [&](int r) -> Status {
-    SK_ASSIGN_OR_RETURN(c.trainers[r], Trainer::Create(o, (*c.groups)[r].get()));
-    return c.trainers[r]->Step().status();  // warm-up: caches, optimizer state
-  });
+  SK_ASSIGN_OR_RETURN(c.session, LocalSession::Create(c.Options(), LocalSession::Share(std::move(groups))));
+  return c.session->Step().status();  // warm-up: caches, optimizer state
 }
 
 Status Measure(Config& c) {
   std::vector<double> seconds(c.world);
   const double cpu0 = ProcessCpuSeconds();
-  SK_RETURN_IF_ERROR(comm::RunRankThreads(c.world, [&](int r) -> Status {
-    SK_ASSIGN_OR_RETURN(StepMetrics m, c.trainers[r]->Step());
+  SK_RETURN_IF_ERROR(c.session->OnEveryRank([&](int r, Trainer& t) -> Status {
+    SK_ASSIGN_OR_RETURN(StepMetrics m, t.Step());
     seconds[r] = m.step_seconds;
     return OkStatus();
   }));
@@ -248,13 +241,6 @@ int Main() {
       std::fprintf(stderr, "sim_validate: cannot write --csv=%s\n", FLAGS_csv.c_str());
       write_failed = true;
     }
-  }
-  for (Config& c : configs) {
-    if (c.trainers.empty()) continue;
-    comm::RunRankThreads(c.world, [&](int r) {
-      c.trainers[r].reset();
-      return OkStatus();
-    }).IgnoreError();
   }
   return write_failed ? 1 : 0;
 }

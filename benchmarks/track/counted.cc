@@ -48,7 +48,7 @@
 #include "runtime/ops/cpu/kernels.h"
 #include "runtime/ops/ops.h"
 #include "runtime/optim/optimizer.h"
-#include "runtime/train/trainer.h"
+#include "runtime/train/local_session.h"
 
 namespace sk {
 namespace {
@@ -273,16 +273,6 @@ void BM_Collective(benchmark::State& state, const std::string& op) {
 // --- one FSDP / DDP step ---------------------------------------------------
 
 void BM_TrainStep(benchmark::State& state, const char* model, int64_t batch, int64_t seq, Parallelism parallelism) {
-  auto groups = comm::LocalProcessGroup::Create(kWorld);
-  if (!groups.ok()) {
-    state.SkipWithError(groups.status().ToString().c_str());
-    return;
-  }
-  std::vector<std::unique_ptr<Trainer>> trainers(kWorld);
-  std::vector<Status> errors(kWorld);
-  auto on_all = [&](const std::function<Status(int)>& fn) {
-    return comm::RunRankThreads(kWorld, fn, &errors);
-  };
   TrainerOptions o;
   o.model = model;
   o.batch_size = batch;
@@ -291,32 +281,30 @@ void BM_TrainStep(benchmark::State& state, const char* model, int64_t batch, int
   o.parallelism = parallelism;
   o.fsdp.strategy = ShardingStrategy::kFullShard;
   o.gemm_threads = 1;
-  Status status = on_all([&](int r) -> Status {
-    SK_ASSIGN_OR_RETURN(trainers[r], Trainer::Create(o, (*groups)[r].get()));
-    return OkStatus();
-  });
-  if (!status.ok()) {
-    state.SkipWithError(status.ToString().c_str());
+  auto session = [&]() -> StatusOr<std::unique_ptr<LocalSession>> {
+    SK_ASSIGN_OR_RETURN(auto groups, comm::LocalProcessGroup::Create(kWorld));
+    return LocalSession::Create(o, LocalSession::Share(std::move(groups)));
+  }();
+  if (!session.ok()) {
+    state.SkipWithError(session.status().ToString().c_str());
     return;
   }
   const int repeats = parallelism == Parallelism::kFsdp ? bench::InjectedRepeats("fsdp_step") : 1;
   std::vector<int64_t> peak_allocated(kWorld), peak_reserved(kWorld);
+  Status status;
   Counted(state, [&] {
     std::fill(peak_allocated.begin(), peak_allocated.end(), 0);
     std::fill(peak_reserved.begin(), peak_reserved.end(), 0);
     for (int i = 0; i < repeats && status.ok(); ++i) {
-      status = on_all([&](int r) -> Status {
-        SK_ASSIGN_OR_RETURN(StepMetrics m, trainers[r]->Step());
+      status = (*session)->OnEveryRank([&](int r, Trainer& t) -> Status {
+        SK_ASSIGN_OR_RETURN(StepMetrics m, t.Step());
         peak_allocated[r] = std::max(peak_allocated[r], m.peak_allocated_bytes);
         peak_reserved[r] = std::max(peak_reserved[r], m.peak_reserved_bytes);
         return OkStatus();
       });
     }
   });
-  on_all([&](int r) {
-    trainers[r].reset();
-    return OkStatus();
-  }).IgnoreError();
+  session->reset();
   if (!status.ok()) {
     state.SkipWithError(status.ToString().c_str());
     return;
