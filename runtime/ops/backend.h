@@ -108,7 +108,7 @@ struct AttentionShape {
 // The key length from which the CPU's linear-memory attention
 // (cpu/flash_attention.h: FlashAttention-2 on LIBXSMM's small GEMMs) is at
 // least as fast as its composed attention in forward and in backward
-// (benchmarks/kernels.cc: BM_AttentionLongSequence, causal, one thread,
+// (benchmarks/micro/kernels.cc: BM_AttentionLongSequence, causal, one thread,
 // process CPU time on this repository's 2-core AVX2 EPYC, 27 Nov 2026,
 // docs/benchmarks.md: 12 heads of 64, forward 0.52-0.73x the composed
 // one's time from T = 512 on, backward 0.88x, 0.80x, 0.59x at T = 1024,

@@ -37,7 +37,7 @@ namespace sk {
 // 80-90 GFLOP/s on one core of this repository's 2-core AVX2 EPYC (LIBXSMM,
 // 32..128 x 64..256 blocks all did), and the smaller causal diagonal wastes
 // less than 64 x 128 or 128 x 128 did; those and 32 x 128, 128 x 64 were
-// 2-15% slower in backward at T = 1024 and 2048 (benchmarks/kernels.cc:
+// 2-15% slower in backward at T = 1024 and 2048 (benchmarks/micro/kernels.cc:
 // BM_AttentionLongSequence, 12 heads of 64, process CPU time).
 inline constexpr int64_t kFlashQueryBlock = 64;
 inline constexpr int64_t kFlashKeyBlock = 64;

@@ -28,7 +28,7 @@
 namespace sk {
 
 // The BLAS libraries a GEMM can go to. Chosen by measurement (see
-// benchmarks/kernels.cc and runtime/nn/RESULTS.md); kDefault is the choice.
+// benchmarks/micro/kernels.cc and runtime/nn/RESULTS.md); kDefault is the choice.
 enum class GemmBackend : uint8_t {
   kDefault = 0,
   kOpenBlas = 1,
@@ -97,7 +97,7 @@ void GemmBF16Bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
 // (avx512_core_bf16 or AMX, as oneDNN detects it at run time; DNNL_MAX_CPU_ISA
 // can lower it). Without it oneDNN's bf16 matmul converts in software and
 // was ~4x slower per CPU-second than the f32 GEMM on our AVX-512 machine
-// without avx512_bf16 (benchmarks/kernels.cc, BM_GemmBF16 vs BM_Gemm), so the
+// without avx512_bf16 (benchmarks/micro/kernels.cc, BM_GemmBF16 vs BM_Gemm), so the
 // CPU backend then widens bf16 operands to f32 and uses Gemm. Thread-safe.
 bool NativeBf16Gemm();
 
