@@ -294,6 +294,24 @@ TEST_P(Conformance, GemmBetaZeroIgnoresNaNInC) {
 // for bf16 on bf16 hardware), for every float dtype, C in f32 or A's dtype,
 // a bias in f32 or A's dtype, every transposition, alpha != 1, empty
 // dimensions and NaN in C beforehand (C is not read; nothing else written).
+// Element (i, j) of the GEMM `p` (alpha left out) in f64, with A and B at
+// offsets a_off and b_off of their buffers, and the sum of the products'
+// magnitudes (Higham's bound scales with it).
+struct RefProduct {
+  double acc = 0, mag = 0;
+};
+RefProduct RefGemmAt(const Vec& a, int64_t a_off, int64_t lda, const Vec& b, int64_t b_off, int64_t ldb,
+                     const GemmParams& p, int64_t i, int64_t j) {
+  RefProduct r;
+  for (int64_t l = 0; l < p.k; ++l) {
+    const double prod = a[static_cast<size_t>(a_off + (p.trans_a ? l * lda + i : i * lda + l))] *
+                        b[static_cast<size_t>(b_off + (p.trans_b ? j * ldb + l : l * ldb + j))];
+    r.acc += prod;
+    r.mag += std::fabs(prod);
+  }
+  return r;
+}
+
 TEST_P(Conformance, GemmBiasIsTheProductPlusTheBias) {
   struct Case {
     int64_t m, n, k;
@@ -333,13 +351,7 @@ TEST_P(Conformance, GemmBiasIsTheProductPlusTheBias) {
               for (size_t i = 0; i < 2; ++i) ASSERT_TRUE(std::isnan(got[i])) << what;
               for (int64_t i = 0; i < p.m; ++i) {
                 for (int64_t j = 0; j < p.n; ++j) {
-                  double acc = 0, mag = 0;
-                  for (int64_t l = 0; l < p.k; ++l) {
-                    const double prod = a[4 + (p.trans_a ? l * lda + i : i * lda + l)] *
-                                        b[3 + (p.trans_b ? j * ldb + l : l * ldb + j)];
-                    acc += prod;
-                    mag += std::fabs(prod);
-                  }
+                  const auto [acc, mag] = RefGemmAt(a, 4, lda, b, 3, ldb, p, i, j);
                   const double bias_c = R(bias[j], ct);
                   const double exact = alpha * acc + bias_c;
                   const double bound = (p.k + 2) * std::ldexp(1.0, -24) * (std::fabs(alpha) * mag + std::fabs(bias_c)) +
@@ -439,13 +451,7 @@ TEST_P(Conformance, GemmBiasResidualIsTheProductPlusTheBiasPlusTheResidual) {
               // bound), then one rounding of a 16-bit C.
               for (int64_t i = 0; i < p.m; ++i) {
                 for (int64_t j = 0; j < p.n; ++j) {
-                  double acc = 0, mag = 0;
-                  for (int64_t l = 0; l < p.k; ++l) {
-                    const double prod = a[4 + (p.trans_a ? l * lda + i : i * lda + l)] *
-                                        b[3 + (p.trans_b ? j * ldb + l : l * ldb + j)];
-                    acc += prod;
-                    mag += std::fabs(prod);
-                  }
+                  const auto [acc, mag] = RefGemmAt(a, 4, lda, b, 3, ldb, p, i, j);
                   const double r = res[i * p.n + j];
                   const double exact = p.alpha * acc + bias[j] + r;
                   const double bound =
@@ -516,13 +522,7 @@ TEST_P(Conformance, GemmBiasGeluIsTheLinearLayerThenGelu) {
         // 16-bit out, and the GELU kernel's own error (the Gelu case's).
         for (int64_t i = 0; i < p.m; ++i) {
           for (int64_t j = 0; j < p.n; ++j) {
-            double acc = 0, mag = 0;
-            for (int64_t l = 0; l < p.k; ++l) {
-              const double prod = a[static_cast<size_t>(p.trans_a ? l * lda + i : i * lda + l)] *
-                                  b[static_cast<size_t>(p.trans_b ? j * ldb + l : l * ldb + j)];
-              acc += prod;
-              mag += std::fabs(prod);
-            }
+            const auto [acc, mag] = RefGemmAt(a, 0, lda, b, 0, ldb, p, i, j);
             const double exact = p.alpha * acc + bias[static_cast<size_t>(j)];
             const double round16 = t == DType::kF32 ? 0.0 : Ulp(t) * 1.01;
             const double pre_bound = (p.k + 2) * std::ldexp(1.0, -24) *
@@ -572,13 +572,7 @@ TEST_P(Conformance, GemmGeluBackwardIsTheProductTimesGelusSlope) {
           // case's).
           for (int64_t i = 0; i < p.m; ++i) {
             for (int64_t j = 0; j < p.n; ++j) {
-              double acc = 0, mag = 0;
-              for (int64_t l = 0; l < p.k; ++l) {
-                const double prod = a[static_cast<size_t>(p.trans_a ? l * lda + i : i * lda + l)] *
-                                    b[static_cast<size_t>(p.trans_b ? j * ldb + l : l * ldb + j)];
-                acc += prod;
-                mag += std::fabs(prod);
-              }
+              const auto [acc, mag] = RefGemmAt(a, 0, lda, b, 0, ldb, p, i, j);
               const size_t at = static_cast<size_t>(i * p.n + j);
               const double slope = GeluSlopeRef(pre[at]);
               const double exact = p.alpha * acc * slope;
