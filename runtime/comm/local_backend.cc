@@ -232,6 +232,35 @@ class LocalRendezvous {
     return desync;
   }
 
+  // A rank's arrival at collective `c` (`lock` holds mu_): unless the group
+  // has failed (FailPeers) or the collective already has, registers `mine`
+  // (and, stream-ordered, this rank's `ready` event) in c's slot, aborts
+  // the slot with `local_failure` when this rank could not take part, and
+  // waits for the others (AwaitArrivals). OK with *out the slot, every rank
+  // here with the same call and the lock still held; otherwise this rank
+  // has left the slot.
+  Status Arrive(std::unique_lock<std::mutex>& lock, int rank, const Collective& c, RankCall mine,
+                std::shared_ptr<Event> ready, const Status& local_failure, Clock::time_point deadline,
+                Slot** out) {
+    if (failed_) return failure_;
+    Slot& slot = slots_.try_emplace(c.seq, size_).first->second;
+    if (slot.aborted) {
+      Status s = slot.failure;
+      Leave(c.seq, slot);
+      return AbortedError("rank " + std::to_string(rank) + " arrived after the collective failed: " +
+                          std::string(s.message()));
+    }
+    slot.calls[rank] = std::move(mine);
+    slot.arrived_flags[rank] = true;
+    slot.events[kReady][rank] = std::move(ready);
+    ++slot.arrived;
+    if (!local_failure.ok()) Abort(slot, local_failure);
+    cv_.notify_all();
+    SK_RETURN_IF_ERROR(AwaitArrivals(lock, c, slot, size_, deadline));
+    *out = &slot;
+    return OkStatus();
+  }
+
   void Leave(uint64_t seq, Slot& slot) {
     if (++slot.left == size_) slots_.erase(seq);
   }
@@ -289,25 +318,11 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
     }
   }
 
-  std::unique_lock<std::mutex> lock(mu_);
-  if (failed_) return failure_;
-  Slot& slot = slots_.try_emplace(c.seq, n).first->second;
   // -- Arrival --------------------------------------------------------------
-  if (slot.aborted) {
-    Status s = slot.failure;
-    Leave(c.seq, slot);
-    return AbortedError("rank " + std::to_string(rank) + " arrived after the collective failed: " +
-                        std::string(s.message()));
-  }
-  slot.calls[rank] = std::move(mine);
-  slot.arrived_flags[rank] = true;
-  ++slot.arrived;
-  if (!local_failure.ok()) Abort(slot, local_failure);
-  cv_.notify_all();
-  {
-    Status arrived = AwaitArrivals(lock, c, slot, n, deadline);
-    if (!arrived.ok()) return arrived;
-  }
+  std::unique_lock<std::mutex> lock(mu_);
+  Slot* arrived = nullptr;
+  SK_RETURN_IF_ERROR(Arrive(lock, rank, c, std::move(mine), nullptr, local_failure, deadline, &arrived));
+  Slot& slot = *arrived;
   const std::vector<RankCall>& calls = slot.calls;
   lock.unlock();
 
@@ -450,27 +465,12 @@ Status LocalRendezvous::RunOrdered(int rank, const Collective& c, Stream& stream
   Status local_failure = RecordNewEvent(device, stream, &ready);
 
   // -- Arrival (on the host): as Run, plus this rank's ready event ----------
+  if (!local_failure.ok()) local_failure = local_failure.WithContext("rank " + std::to_string(rank));
   std::unique_lock<std::mutex> lock(mu_);
-  if (failed_) return failure_;
-  Slot& slot = slots_.try_emplace(c.seq, n).first->second;
-  if (slot.aborted) {
-    Status s = slot.failure;
-    Leave(c.seq, slot);
-    return AbortedError("rank " + std::to_string(rank) + " arrived after the collective failed: " +
-                        std::string(s.message()));
-  }
-  slot.calls[rank] = std::move(mine);
-  slot.arrived_flags[rank] = true;
-  slot.events[kReady][rank] = ready;
-  ++slot.arrived;
-  if (!local_failure.ok()) {
-    Abort(slot, local_failure.WithContext("rank " + std::to_string(rank)));
-  }
-  cv_.notify_all();
-  {
-    Status arrived = AwaitArrivals(lock, c, slot, n, deadline);
-    if (!arrived.ok()) return arrived;
-  }
+  Slot* arrived = nullptr;
+  SK_RETURN_IF_ERROR(
+      Arrive(lock, rank, c, std::move(mine), std::move(ready), local_failure, deadline, &arrived));
+  Slot& slot = *arrived;
   const std::vector<RankCall>& calls = slot.calls;  // immutable from here on
   std::vector<std::shared_ptr<Event>> readies = slot.events[kReady];
   lock.unlock();
