@@ -2,9 +2,9 @@
 #include <algorithm>
 
 #include "runtime/fsdp/memory_estimator.h"
-#include "runtime/nn/configs.h"
 #include "runtime/plan/plan.h"
 #include "runtime/sim/profile.h"
+#include "runtime/train/memory_estimate.h"
 #include "runtime/train/sim_run.h"
 
 namespace sk::plan {
@@ -43,21 +43,9 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
   m.mfu = s.mfu;
   m.exposed_comm_seconds = s.exposed_comm_seconds;
   if (m.out_of_memory) {
-    MemoryEstimateRequest e;
-    SK_ASSIGN_OR_RETURN(e.model, FindModelConfig(r.model));
-    e.fsdp = c.fsdp;
-    // The simulated ranks' node size, as the Trainer resolves it on sim.
-    e.fsdp.ranks_per_node = r.gpus_per_node;
-    e.optimizer = r.optimizer;
-    e.world_size = r.gpus;
-    e.batch_size = r.batch_size;
-    e.seq_len = r.seq_len;
-    e.source_len = r.source_len;
-    e.checkpointing = c.checkpointing();
-    e.recompute_attention = c.recompute_attention;
-    e.ddp = c.parallelism == Parallelism::kDdp;
-    e.device = DeviceKind::kSim;
-    StatusOr<MemoryEstimate> est = EstimatePeakMemory(e);
+    // The estimate of the Trainer the simulation ran (its sim device gives
+    // the node size a hybrid strategy shards within).
+    StatusOr<MemoryEstimate> est = EstimateTrainerMemory(t, r.gpus);
     if (est.ok()) {
       m.required_bytes = std::max(est->peak_bytes, std::max(m.peak_allocated_bytes, m.peak_reserved_bytes));
     }

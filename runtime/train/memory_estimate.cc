@@ -11,7 +11,9 @@ StatusOr<MemoryEstimate> EstimateTrainerMemory(const TrainerOptions& o, int worl
   r.ddp = o.parallelism == Parallelism::kDdp;
   SK_ASSIGN_OR_RETURN(r.model, FindModelConfig(o.model));
   r.fsdp = o.fsdp;
-  if (r.fsdp.ranks_per_node == 0) r.fsdp.ranks_per_node = LocalWorldSizeFromEnvironment();
+  if (r.fsdp.ranks_per_node == 0) {
+    SK_ASSIGN_OR_RETURN(r.fsdp.ranks_per_node, RanksPerNode(o.device));
+  }
   r.optimizer = o.optimizer;
   r.world_size = world_size;
   r.batch_size = o.batch_size;

@@ -14,7 +14,8 @@ namespace sk {
 // The estimate for one rank of `world_size` ranks training with `options`.
 // A hybrid strategy's node size is options.fsdp.ranks_per_node, or when 0
 // the node size the trainers of this process would shard within
-// (LocalWorldSizeFromEnvironment). InvalidArgument for invalid options
+// (RanksPerNode(options.device): a sim device's simulated GPUs per node,
+// else LocalWorldSizeFromEnvironment). InvalidArgument for invalid options
 // (ValidateTrainerOptions) or sizes (EstimatePeakMemory). Thread-safe.
 StatusOr<MemoryEstimate> EstimateTrainerMemory(const TrainerOptions& options, int world_size);
 

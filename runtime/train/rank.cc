@@ -139,6 +139,12 @@ int RanksPerNode(const comm::ProcessGroup& world) {
   return LocalWorldSizeFromEnvironment();
 }
 
+StatusOr<int> RanksPerNode(const DeviceOptions& o) {
+  if (o.kind != DeviceKind::kSim) return LocalWorldSizeFromEnvironment();
+  SK_ASSIGN_OR_RETURN(std::unique_ptr<comm::ProcessGroup> world, CreateSimWorld(o));
+  return RanksPerNode(*world);
+}
+
 Status CheckWorldForDevice(const DeviceOptions& o, const comm::ProcessGroup& world) {
   const bool sim_world = world.backend_name() == "sim";
   if (o.kind == DeviceKind::kSim && !sim_world) {

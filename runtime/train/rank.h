@@ -77,6 +77,12 @@ int LocalWorldSizeFromEnvironment();
 // The ranks per node of `world` (FsdpOptions::ranks_per_node): a simulated
 // world's GPUs per node, else LocalWorldSizeFromEnvironment().
 int RanksPerNode(const comm::ProcessGroup& world);
+// The same answer before any world exists, from the options a rank's world
+// would be made for: a sim device's simulated world (CreateSimWorld: the
+// profile's GPUs per node, or sim_gpus_per_node), else
+// LocalWorldSizeFromEnvironment(). What an estimate made without a Trainer
+// (EstimateTrainerMemory) must shard by. Profile errors as CreateSimWorld.
+StatusOr<int> RanksPerNode(const DeviceOptions& options);
 
 // InvalidArgument unless `world` suits the device: a sim device needs a sim
 // process group ("sim" backend: its collectives move no data), and a sim

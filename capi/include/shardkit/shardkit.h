@@ -896,7 +896,9 @@ typedef struct sk_memory_estimate {
 /* Predicts the peak device memory of one rank of a trainer with `options`
  * on `world_size` ranks, without building the model's parameters or running
  * anything. The estimate depends on the model, sk_fsdp_options (strategy,
- * shard group, dtypes, all_gather_limit, cpu_offload), the optimizer,
+ * shard group, dtypes, all_gather_limit, cpu_offload; a hybrid strategy
+ * without a shard group shards within a node: on a sim device the simulated
+ * GPUs per node, else LOCAL_WORLD_SIZE), the optimizer,
  * batch_size, seq_len, source_len, activation_checkpointing and
  * device.kind (which attention the model runs there: a log-sum-exp per row
  * where the device's backend runs attention in linear memory, else the
