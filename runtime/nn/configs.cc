@@ -15,16 +15,7 @@ constexpr int64_t kMaxModelFileBytes = 16 << 20;
 
 NamedModelConfig Gpt(const std::string& name, int64_t vocab, int64_t seq, int64_t layers,
                      int64_t heads, int64_t d_model, bool gpu, const std::string& description) {
-  NamedModelConfig c;
-  c.name = name;
-  c.family = ModelFamily::kGpt;
-  c.gpt.name = name;
-  c.gpt.vocab_size = vocab;
-  c.gpt.max_seq_len = seq;
-  c.gpt.n_layer = layers;
-  c.gpt.n_head = heads;
-  c.gpt.d_model = d_model;
-  c.seq_len = seq;
+  NamedModelConfig c = GptDecoderConfig(name, {vocab, seq, layers, heads, d_model});
   c.gpu_scale = gpu;
   c.description = description;
   return c;
@@ -52,18 +43,6 @@ NamedModelConfig T5(const std::string& name, int64_t vocab, int64_t src, int64_t
   return c;
 }
 
-// A Llama-family decoder with d_ff the SwiGLU's hidden width and kv_heads
-// key/value heads (grouped-query attention when fewer than heads).
-struct LlamaShape {
-  int64_t vocab, seq, layers, heads, kv_heads, d_model, d_ff;
-  float rope_theta = 10000.0f;
-  float rms_norm_eps = 1e-5f;
-  bool qkv_bias = false;
-  bool tie_embeddings = false;
-  RopeScaling rope_scaling = {};
-  int64_t max_positions = 0;  // max_position_embeddings; 0: seq
-};
-
 // Llama 3.1 and 3.2's rotary scaling (their config.json's rope_scaling:
 // rope_type llama3, low_freq_factor 1, high_freq_factor 4, pre-training
 // context 8192), with its factor (3.1: 8; 3.2: 32).
@@ -73,23 +52,7 @@ RopeScaling Llama3RopeScaling(float factor) {
 
 NamedModelConfig Llama(const std::string& name, const LlamaShape& s, bool gpu,
                        const std::string& description) {
-  NamedModelConfig c;
-  c.name = name;
-  c.family = ModelFamily::kLlama;
-  c.llama.name = name;
-  c.llama.vocab_size = s.vocab;
-  c.llama.max_seq_len = s.max_positions > 0 ? s.max_positions : s.seq;
-  c.llama.n_layer = s.layers;
-  c.llama.n_head = s.heads;
-  c.llama.n_kv_head = s.kv_heads;
-  c.llama.d_model = s.d_model;
-  c.llama.d_ff = s.d_ff;
-  c.llama.rope_theta = s.rope_theta;
-  c.llama.rope_scaling = s.rope_scaling;
-  c.llama.rms_norm_eps = s.rms_norm_eps;
-  c.llama.qkv_bias = s.qkv_bias;
-  c.llama.tie_embeddings = s.tie_embeddings;
-  c.seq_len = s.seq;
+  NamedModelConfig c = LlamaDecoderConfig(name, s);
   c.gpu_scale = gpu;
   c.description = description;
   return c;
@@ -332,6 +295,43 @@ std::vector<NamedModelConfig> BuildConfigs() {
 }
 
 }  // namespace
+
+NamedModelConfig GptDecoderConfig(const std::string& name, const GptShape& shape) {
+  NamedModelConfig c;
+  c.name = name;
+  c.family = ModelFamily::kGpt;
+  c.gpt.name = name;
+  c.gpt.vocab_size = shape.vocab;
+  c.gpt.max_seq_len = shape.seq;
+  c.gpt.n_layer = shape.layers;
+  c.gpt.n_head = shape.heads;
+  c.gpt.d_model = shape.d_model;
+  c.gpt.d_ff = shape.d_ff;
+  c.gpt.tie_word_embeddings = shape.tied;
+  c.seq_len = shape.seq;
+  return c;
+}
+
+NamedModelConfig LlamaDecoderConfig(const std::string& name, const LlamaShape& shape) {
+  NamedModelConfig c;
+  c.name = name;
+  c.family = ModelFamily::kLlama;
+  c.llama.name = name;
+  c.llama.vocab_size = shape.vocab;
+  c.llama.max_seq_len = shape.max_positions > 0 ? shape.max_positions : shape.seq;
+  c.llama.n_layer = shape.layers;
+  c.llama.n_head = shape.heads;
+  c.llama.n_kv_head = shape.kv_heads;
+  c.llama.d_model = shape.d_model;
+  c.llama.d_ff = shape.d_ff;
+  c.llama.rope_theta = shape.rope_theta;
+  c.llama.rope_scaling = shape.rope_scaling;
+  c.llama.rms_norm_eps = shape.rms_norm_eps;
+  c.llama.qkv_bias = shape.qkv_bias;
+  c.llama.tie_embeddings = shape.tie_embeddings;
+  c.seq_len = shape.seq;
+  return c;
+}
 
 const std::vector<NamedModelConfig>& ModelConfigs() {
   static const std::vector<NamedModelConfig>* configs =

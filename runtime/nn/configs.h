@@ -44,6 +44,33 @@ struct NamedModelConfig {
   std::string description;
 };
 
+// A GPT decoder's shape (d_ff 0: 4 d_model; tied: the LM head is the token
+// embedding).
+struct GptShape {
+  int64_t vocab, seq, layers, heads, d_model;
+  int64_t d_ff = 0;
+  bool tied = false;
+};
+
+// A Llama-family decoder's shape, with d_ff the SwiGLU's hidden width and
+// kv_heads key/value heads (grouped-query attention when fewer than heads).
+struct LlamaShape {
+  int64_t vocab, seq, layers, heads, kv_heads, d_model, d_ff;
+  float rope_theta = 10000.0f;
+  float rms_norm_eps = 1e-5f;
+  bool qkv_bias = false;
+  bool tie_embeddings = false;
+  RopeScaling rope_scaling = {};
+  int64_t max_positions = 0;  // max_position_embeddings; 0: seq
+};
+
+// The configuration of a decoder of that shape named `name`, as the named
+// configurations and decoder specs (decoder_spec.h) both build it: name,
+// family and model config set, the step's default seq_len = shape.seq;
+// gpu_scale and description are the caller's. Not validated.
+NamedModelConfig GptDecoderConfig(const std::string& name, const GptShape& shape);
+NamedModelConfig LlamaDecoderConfig(const std::string& name, const LlamaShape& shape);
+
 // The size of the id space the model's batches draw from: the vocabulary
 // (GPT, T5, Llama) or the number of classes (unit tables: image ids and labels).
 int64_t BatchIdSpace(const NamedModelConfig& config);

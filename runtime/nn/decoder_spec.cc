@@ -166,10 +166,6 @@ StatusOr<NamedModelConfig> Build(Keys& k, const std::string& where) {
   bool tied = false;
   SK_RETURN_IF_ERROR(k.Bool("tied", &tied));
   NamedModelConfig c;
-  c.name = name;
-  c.seq_len = seq;
-  c.gpu_scale = true;  // a shape for the planner; small ones train anywhere
-  c.description = "decoder shape from " + where;
   if (ffn == "gelu") {
     for (const char* swiglu_only : {"kv_heads", "qkv_bias", "rope_theta", "rope_type", "rope_factor",
                                     "rope_low_freq_factor", "rope_high_freq_factor",
@@ -180,35 +176,22 @@ StatusOr<NamedModelConfig> Build(Keys& k, const std::string& where) {
       }
     }
     SK_RETURN_IF_ERROR(k.NoOthers());
-    c.family = ModelFamily::kGpt;
-    c.gpt.tie_word_embeddings = tied;
-    c.gpt.name = name;
-    c.gpt.vocab_size = vocab;
-    c.gpt.max_seq_len = seq;
-    c.gpt.n_layer = layers;
-    c.gpt.n_head = heads;
-    c.gpt.d_model = d_model;
-    c.gpt.d_ff = d_ff;
+    c = GptDecoderConfig(name, {vocab, seq, layers, heads, d_model, d_ff, tied});
     SK_RETURN_IF_ERROR(c.gpt.Validate().WithContext(where));
-    return c;
+  } else {
+    SK_RETURN_IF_ERROR(k.Int("kv_heads", false, &kv_heads));
+    LlamaShape shape{vocab, seq, layers, heads, kv_heads, d_model, d_ff};
+    shape.tie_embeddings = tied;
+    SK_RETURN_IF_ERROR(k.Bool("qkv_bias", &shape.qkv_bias));
+    SK_RETURN_IF_ERROR(k.Float("rope_theta", &shape.rope_theta));
+    SK_RETURN_IF_ERROR(ReadRopeScaling(k, &shape.rope_scaling));
+    SK_RETURN_IF_ERROR(k.Float("norm_eps", &shape.rms_norm_eps));
+    SK_RETURN_IF_ERROR(k.NoOthers());
+    c = LlamaDecoderConfig(name, shape);
+    SK_RETURN_IF_ERROR(c.llama.Validate().WithContext(where));
   }
-  SK_RETURN_IF_ERROR(k.Int("kv_heads", false, &kv_heads));
-  c.family = ModelFamily::kLlama;
-  c.llama.name = name;
-  c.llama.vocab_size = vocab;
-  c.llama.max_seq_len = seq;
-  c.llama.n_layer = layers;
-  c.llama.n_head = heads;
-  c.llama.n_kv_head = kv_heads;
-  c.llama.d_model = d_model;
-  c.llama.d_ff = d_ff;
-  c.llama.tie_embeddings = tied;
-  SK_RETURN_IF_ERROR(k.Bool("qkv_bias", &c.llama.qkv_bias));
-  SK_RETURN_IF_ERROR(k.Float("rope_theta", &c.llama.rope_theta));
-  SK_RETURN_IF_ERROR(ReadRopeScaling(k, &c.llama.rope_scaling));
-  SK_RETURN_IF_ERROR(k.Float("norm_eps", &c.llama.rms_norm_eps));
-  SK_RETURN_IF_ERROR(k.NoOthers());
-  SK_RETURN_IF_ERROR(c.llama.Validate().WithContext(where));
+  c.gpu_scale = true;  // a shape for the planner; small ones train anywhere
+  c.description = "decoder shape from " + where;
   return c;
 }
 

@@ -9,7 +9,6 @@ using nn_internal::BlockSaved;
 using nn_internal::HeadSaved;
 using nn_internal::Prefix;
 using nn_internal::Positive;
-using nn_internal::ValidateComputeDType;
 using nn_internal::ValidateWidthAndVocab;
 using nn_internal::SublayerKind;
 using nn_internal::UnitGrads;
@@ -28,15 +27,12 @@ Status GptConfig::Validate() const {
 
 StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
                                                      const ModelOptions& options) {
-  SK_RETURN_IF_ERROR(config.Validate());
-  SK_RETURN_IF_ERROR(ValidateComputeDType(options.compute_dtype));
-  SK_RETURN_IF_ERROR(ValidateCheckpointing(options, /*supports_selective=*/true, config.name));
+  SK_RETURN_IF_ERROR(ValidateCreate(config, options, /*supports_selective=*/true));
   return std::unique_ptr<GptModel>(new GptModel(config, options));
 }
 
 GptModel::GptModel(const GptConfig& config, const ModelOptions& options)
-    : config_(config),
-      options_(options),
+    : ConfiguredModel(config, options),
       block_({SublayerKind::kCausalSelfAttention, SublayerKind::kMlp}) {
   const int64_t d = config.d_model;
   const float std = 0.02f;
@@ -60,19 +56,8 @@ Status GptModel::ValidateBatch(const TokenBatch& batch) const {
   return nn_internal::ValidateDecoderBatch(batch, config_.name, config_.max_seq_len, config_.vocab_size);
 }
 
-StatusOr<float> GptModel::ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
-                                          Allocator& alloc) const {
-  return Run(batch, hooks, alloc, /*backward=*/true);
-}
-
-StatusOr<float> GptModel::Forward(const TokenBatch& batch, UnitHooks& hooks,
-                                  Allocator& alloc) const {
-  return Run(batch, hooks, alloc, /*backward=*/false);
-}
-
 StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
                               bool backward) const {
-  SK_RETURN_IF_ERROR(ValidateBatch(batch));
   SK_ASSIGN_OR_RETURN(const ops::OpContext ctx, nn_internal::MakeContext(hooks, alloc));
   const int64_t L = config_.n_layer;
   const int64_t T = batch.seq_len;

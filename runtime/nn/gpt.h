@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/nn/configured_model.h"
 #include "runtime/nn/model.h"
 #include "runtime/nn/transformer.h"
 
@@ -42,23 +43,14 @@ struct GptConfig {
   int64_t ff() const { return d_ff > 0 ? d_ff : 4 * d_model; }
 };
 
-class GptModel final : public Model {
+class GptModel final : public ConfiguredModel<GptConfig> {
  public:
   static StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config,
                                                     const ModelOptions& options = {});
 
-  const std::string& name() const override { return config_.name; }
-  const ModelOptions& options() const override { return options_; }
-  const std::vector<UnitSpec>& units() const override { return units_; }
-  const GptConfig& config() const { return config_; }
-
   // inputs and targets [batch_size, seq_len] with 1 <= seq_len <= max_seq_len;
   // no source.
   Status ValidateBatch(const TokenBatch& batch) const override;
-  StatusOr<float> ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
-                                  Allocator& alloc) const override;
-  StatusOr<float> Forward(const TokenBatch& batch, UnitHooks& hooks,
-                          Allocator& alloc) const override;
   StepFlops Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const override;
   int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
                               DeviceKind device) const override;
@@ -66,12 +58,9 @@ class GptModel final : public Model {
  private:
   GptModel(const GptConfig& config, const ModelOptions& options);
   StatusOr<float> Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
-                      bool backward) const;
+                      bool backward) const override;
 
-  GptConfig config_;
-  ModelOptions options_;
   nn_internal::TransformerBlock block_;
-  std::vector<UnitSpec> units_;
 };
 
 }  // namespace sk

@@ -329,14 +329,12 @@ Status LlamaConfig::Validate() const {
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& config,
                                                          const ModelOptions& options) {
-  SK_RETURN_IF_ERROR(config.Validate());
-  SK_RETURN_IF_ERROR(nn_internal::ValidateComputeDType(options.compute_dtype));
-  SK_RETURN_IF_ERROR(ValidateCheckpointing(options, /*supports_selective=*/true, config.name));
+  SK_RETURN_IF_ERROR(ValidateCreate(config, options, /*supports_selective=*/true));
   return std::unique_ptr<LlamaModel>(new LlamaModel(config, options));
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options)
-    : config_(config), options_(options) {
+    : ConfiguredModel(config, options) {
   const int64_t d = config.d_model;
   UnitSpec embed{"embed", {}};
   embed.params.push_back(
@@ -363,16 +361,6 @@ Status LlamaModel::ValidateBatch(const TokenBatch& batch) const {
   return nn_internal::ValidateDecoderBatch(batch, config_.name, config_.max_seq_len, config_.vocab_size);
 }
 
-StatusOr<float> LlamaModel::ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
-                                            Allocator& alloc) const {
-  return Run(batch, hooks, alloc, /*backward=*/true);
-}
-
-StatusOr<float> LlamaModel::Forward(const TokenBatch& batch, UnitHooks& hooks,
-                                    Allocator& alloc) const {
-  return Run(batch, hooks, alloc, /*backward=*/false);
-}
-
 namespace {
 
 LlamaDims Dims(const LlamaConfig& c, DType storage, int64_t batch, int64_t seq) {
@@ -396,7 +384,6 @@ LlamaDims Dims(const LlamaConfig& c, DType storage, int64_t batch, int64_t seq) 
 
 StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
                                 bool backward) const {
-  SK_RETURN_IF_ERROR(ValidateBatch(batch));
   SK_ASSIGN_OR_RETURN(const OpContext ctx, nn_internal::MakeContext(hooks, alloc));
   const int64_t L = config_.n_layer;
   const int64_t n = batch.batch_size * batch.seq_len;

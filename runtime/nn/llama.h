@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/nn/configured_model.h"
 #include "runtime/nn/model.h"
 #include "runtime/nn/transformer.h"
 #include "runtime/ops/rope_scaling.h"
@@ -65,23 +66,14 @@ struct LlamaConfig {
   int64_t head_dim() const { return d_model / n_head; }
 };
 
-class LlamaModel final : public Model {
+class LlamaModel final : public ConfiguredModel<LlamaConfig> {
  public:
   static StatusOr<std::unique_ptr<LlamaModel>> Create(const LlamaConfig& config,
                                                       const ModelOptions& options = {});
 
-  const std::string& name() const override { return config_.name; }
-  const ModelOptions& options() const override { return options_; }
-  const std::vector<UnitSpec>& units() const override { return units_; }
-  const LlamaConfig& config() const { return config_; }
-
   // inputs and targets [batch_size, seq_len] with 1 <= seq_len <= max_seq_len;
   // no source.
   Status ValidateBatch(const TokenBatch& batch) const override;
-  StatusOr<float> ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
-                                  Allocator& alloc) const override;
-  StatusOr<float> Forward(const TokenBatch& batch, UnitHooks& hooks,
-                          Allocator& alloc) const override;
   StepFlops Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const override;
   int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
                               DeviceKind device) const override;
@@ -89,11 +81,8 @@ class LlamaModel final : public Model {
  private:
   LlamaModel(const LlamaConfig& config, const ModelOptions& options);
   StatusOr<float> Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
-                      bool backward) const;
+                      bool backward) const override;
 
-  LlamaConfig config_;
-  ModelOptions options_;
-  std::vector<UnitSpec> units_;
 };
 
 }  // namespace sk

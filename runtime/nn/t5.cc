@@ -12,7 +12,6 @@ using nn_internal::NewAct;
 using nn_internal::NewF32;
 using nn_internal::Prefix;
 using nn_internal::Positive;
-using nn_internal::ValidateComputeDType;
 using nn_internal::ValidateWidthAndVocab;
 using nn_internal::SublayerKind;
 using nn_internal::UnitGrads;
@@ -50,15 +49,12 @@ Status T5Config::Validate() const {
 
 StatusOr<std::unique_ptr<T5Model>> T5Model::Create(const T5Config& config,
                                                    const ModelOptions& options) {
-  SK_RETURN_IF_ERROR(config.Validate());
-  SK_RETURN_IF_ERROR(ValidateComputeDType(options.compute_dtype));
-  SK_RETURN_IF_ERROR(ValidateCheckpointing(options, /*supports_selective=*/false, config.name));
+  SK_RETURN_IF_ERROR(ValidateCreate(config, options, /*supports_selective=*/false));
   return std::unique_ptr<T5Model>(new T5Model(config, options));
 }
 
 T5Model::T5Model(const T5Config& config, const ModelOptions& options)
-    : config_(config),
-      options_(options),
+    : ConfiguredModel(config, options),
       encoder_block_({SublayerKind::kSelfAttention, SublayerKind::kMlp}),
       decoder_block_({SublayerKind::kCausalSelfAttention, SublayerKind::kCrossAttention,
                       SublayerKind::kMlp}) {
@@ -112,19 +108,8 @@ Status T5Model::ValidateBatch(const TokenBatch& batch) const {
   return nn_internal::ValidateTokens(batch.targets, n, v, true, "targets");
 }
 
-StatusOr<float> T5Model::ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
-                                         Allocator& alloc) const {
-  return Run(batch, hooks, alloc, /*backward=*/true);
-}
-
-StatusOr<float> T5Model::Forward(const TokenBatch& batch, UnitHooks& hooks,
-                                 Allocator& alloc) const {
-  return Run(batch, hooks, alloc, /*backward=*/false);
-}
-
 StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
                              bool backward) const {
-  SK_RETURN_IF_ERROR(ValidateBatch(batch));
   const int64_t E = config_.n_encoder_layers;
   const int64_t D = config_.n_decoder_layers;
   const int64_t B = batch.batch_size;

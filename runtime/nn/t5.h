@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/nn/configured_model.h"
 #include "runtime/nn/model.h"
 #include "runtime/nn/transformer.h"
 
@@ -51,23 +52,14 @@ struct T5Config {
   Status Validate() const;
 };
 
-class T5Model final : public Model {
+class T5Model final : public ConfiguredModel<T5Config> {
  public:
   static StatusOr<std::unique_ptr<T5Model>> Create(const T5Config& config,
                                                    const ModelOptions& options = {});
 
-  const std::string& name() const override { return config_.name; }
-  const ModelOptions& options() const override { return options_; }
-  const std::vector<UnitSpec>& units() const override { return units_; }
-  const T5Config& config() const { return config_; }
-
   // source [batch_size, source_len] (1..max_source_len), inputs (decoder
   // input) and targets [batch_size, seq_len] (1..max_target_len).
   Status ValidateBatch(const TokenBatch& batch) const override;
-  StatusOr<float> ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
-                                  Allocator& alloc) const override;
-  StatusOr<float> Forward(const TokenBatch& batch, UnitHooks& hooks,
-                          Allocator& alloc) const override;
   StepFlops Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const override;
   int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
                               DeviceKind device) const override;
@@ -75,13 +67,10 @@ class T5Model final : public Model {
  private:
   T5Model(const T5Config& config, const ModelOptions& options);
   StatusOr<float> Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
-                      bool backward) const;
+                      bool backward) const override;
 
-  T5Config config_;
-  ModelOptions options_;
   nn_internal::TransformerBlock encoder_block_;
   nn_internal::TransformerBlock decoder_block_;
-  std::vector<UnitSpec> units_;
 };
 
 }  // namespace sk

@@ -360,15 +360,12 @@ Status UnitTableConfig::Validate() const {
 
 StatusOr<std::unique_ptr<UnitTableModel>> UnitTableModel::Create(const UnitTableConfig& config,
                                                                  const ModelOptions& options) {
-  SK_RETURN_IF_ERROR(config.Validate());
-  SK_RETURN_IF_ERROR(nn_internal::ValidateComputeDType(options.compute_dtype));
-  SK_RETURN_IF_ERROR(ValidateCheckpointing(options, /*supports_selective=*/false, config.name));
+  SK_RETURN_IF_ERROR(ValidateCreate(config, options, /*supports_selective=*/false));
   return std::unique_ptr<UnitTableModel>(new UnitTableModel(config, options));
 }
 
 UnitTableModel::UnitTableModel(const UnitTableConfig& config, const ModelOptions& options)
-    : config_(config),
-      options_(options),
+    : ConfiguredModel(config, options),
       vit_block_({SublayerKind::kSelfAttention, SublayerKind::kMlp}) {
   int64_t residual_units = 0, blocks = 0;
   for (const TableUnit& u : config.units) {
@@ -430,16 +427,6 @@ Status UnitTableModel::ValidateBatch(const TokenBatch& batch) const {
       nn_internal::ValidateTokens(batch.inputs, batch.batch_size, config_.num_classes, false, "inputs"));
   return nn_internal::ValidateTokens(batch.targets, batch.batch_size, config_.num_classes, true,
                                      "targets");
-}
-
-StatusOr<float> UnitTableModel::ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
-                                                Allocator& alloc) const {
-  return Run(batch, hooks, alloc, /*backward=*/true);
-}
-
-StatusOr<float> UnitTableModel::Forward(const TokenBatch& batch, UnitHooks& hooks,
-                                        Allocator& alloc) const {
-  return Run(batch, hooks, alloc, /*backward=*/false);
 }
 
 namespace {
@@ -663,7 +650,6 @@ Status ClassifierBackward(Step& s, const TableUnit& u, int64_t classes, const Un
 
 StatusOr<float> UnitTableModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
                                     bool backward) const {
-  SK_RETURN_IF_ERROR(ValidateBatch(batch));
   Step s;
   SK_ASSIGN_OR_RETURN(s.ctx, nn_internal::MakeContext(hooks, alloc));
   s.act = options_.compute_dtype;

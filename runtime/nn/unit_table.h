@@ -57,6 +57,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/nn/configured_model.h"
 #include "runtime/nn/model.h"
 #include "runtime/nn/transformer.h"
 
@@ -121,23 +122,14 @@ struct UnitTableConfig {
   Status Validate() const;
 };
 
-class UnitTableModel final : public Model {
+class UnitTableModel final : public ConfiguredModel<UnitTableConfig> {
  public:
   static StatusOr<std::unique_ptr<UnitTableModel>> Create(const UnitTableConfig& config,
                                                           const ModelOptions& options = {});
 
-  const std::string& name() const override { return config_.name; }
-  const ModelOptions& options() const override { return options_; }
-  const std::vector<UnitSpec>& units() const override { return units_; }
-  const UnitTableConfig& config() const { return config_; }
-
   // seq_len 1, no source, inputs and targets [batch_size] in [0, num_classes)
   // (targets may be kIgnoreTarget).
   Status ValidateBatch(const TokenBatch& batch) const override;
-  StatusOr<float> ForwardBackward(const TokenBatch& batch, UnitHooks& hooks,
-                                  Allocator& alloc) const override;
-  StatusOr<float> Forward(const TokenBatch& batch, UnitHooks& hooks,
-                          Allocator& alloc) const override;
   // Convolution GEMMs (2 M K N per group), attention blocks as in GPT, the
   // classifier's matmul; pooling, gathers and elementwise ops not counted.
   // seq_len and source_len are ignored (one image per batch entry).
@@ -151,12 +143,9 @@ class UnitTableModel final : public Model {
  private:
   UnitTableModel(const UnitTableConfig& config, const ModelOptions& options);
   StatusOr<float> Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
-                      bool backward) const;
+                      bool backward) const override;
 
-  UnitTableConfig config_;
-  ModelOptions options_;
   nn_internal::TransformerBlock vit_block_;
-  std::vector<UnitSpec> units_;
 };
 
 }  // namespace sk
