@@ -2,9 +2,10 @@
 // streams, deferred initialisation of the master shards), the unit state
 // machine driven by the model (PreForward .. PostBackward, with prefetch
 // through the rate limiter), abandoning a failed step, and the step's end
-// (FinishBackward, clipping, the optimizer step, ZeroGrad). What goes over
-// the wire is in fsdp_collectives.cc, the flat parameters' storage and views
-// in fsdp_param_group.cc, the options in fsdp_options.cc.
+// (FinishBackward, clipping, the optimizer step, ZeroGrad). Each unit's
+// state is its FsdpParamGroup (fsdp_param_group.h); what goes over the wire
+// is in fsdp_collectives.cc, tied parameters in fsdp_tied.cc, loading master
+// shards in fsdp_load.cc, the options in fsdp_options.cc.
 #include "runtime/fsdp/fsdp.h"
 
 #include <algorithm>
@@ -201,6 +202,36 @@ Status FullyShardedModel::Prefetch(const std::vector<int>& candidates) {
     SK_RETURN_IF_ERROR(IssueAllGather(c, true));
   }
   return OkStatus();
+}
+
+int FullyShardedModel::UnshardedAlive() const {
+  if (ParamsPersistent()) return 0;
+  int alive = 0;
+  for (const FsdpParamGroup& g : groups_) {
+    if (g.unsharded() && g.in_flight()) ++alive;
+  }
+  return alive;
+}
+
+void FullyShardedModel::Free(int unit) {
+  if (ParamsPersistent()) {
+    groups_[unit].ClearInFlight();
+  } else {
+    groups_[unit].Reshard();
+  }
+}
+
+Status FullyShardedModel::Regather(int unit) {
+  groups_[unit].Reshard();
+  SK_RETURN_IF_ERROR(IssueAllGather(unit, false));
+  return WaitAndViews(unit).status();
+}
+
+StatusOr<std::vector<Tensor>> FullyShardedModel::WaitAndViews(int unit) {
+  FsdpParamGroup& g = groups_[unit];
+  Status s = g.WaitForAllGather(options_.timeout);
+  if (!s.ok()) return s.WithContext("all-gather of unit '" + units_[unit].name + "'");
+  return g.ParamViews();
 }
 
 Status FullyShardedModel::Fail(Status s) {

@@ -362,12 +362,15 @@ class FullyShardedModel final : public DataParallelModel {
   comm::ProcessGroup* replicate_group() { return replicate_group_.get(); }
 
  private:
-  // The members are defined by responsibility: fsdp.cc (creation, the
-  // hooks' unit state machine, prefetch, abandoning a step, the step's end),
-  // fsdp_param_group.cc (the flat parameters: what is unsharded and in
-  // flight, free and regather, the views handed out, tied owners, writing
-  // master shards), fsdp_collectives.cc (all-gathers, reductions and their
-  // stream order), fsdp_options.cc (names and validation).
+  // Each unit's flat parameter, its shards, unsharded buffers and state are
+  // an FsdpParamGroup (fsdp_param_group.h, FSDP2's FSDPParamGroup), which
+  // the model drives. The members are defined by responsibility: fsdp.cc
+  // (creation, the hooks' unit state machine, prefetch, freeing and
+  // regathering groups, abandoning a step, the step's end),
+  // fsdp_collectives.cc (all-gathers into a group, reductions of its
+  // gradient and their stream order), fsdp_tied.cc (tied parameters: groups
+  // borrowed by other units), fsdp_load.cc (writing master shards from
+  // outside), fsdp_options.cc (names and validation).
 
   FullyShardedModel(std::vector<UnitSpec> units, comm::ProcessGroup* world,
                     CachingAllocator* allocator, Allocator* offload, Stream* host_stream,

@@ -1,6 +1,6 @@
 // FullyShardedModel's collectives and their stream order (FSDP2's
-// _fsdp_collectives): the all-gather of a unit's flat parameter on the
-// all-gather stream (with cpu_offload, the host->device copy first), the
+// _fsdp_collectives), each on one FsdpParamGroup's buffers: the all-gather
+// of a unit's flat parameter on the all-gather stream (with cpu_offload, the host->device copy first), the
 // caller stream's ordering against it, the reduction of a unit's gradient on
 // the reduce stream (reduce-scatter, all-reduce across replicas) and the
 // accumulation into the gradient shard, the pending reductions' bound, and
