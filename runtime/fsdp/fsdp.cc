@@ -2,9 +2,10 @@
 // streams, deferred initialisation of the master shards), the unit state
 // machine driven by the model (PreForward .. PostBackward, with prefetch
 // through the rate limiter), abandoning a failed step, and the step's end
-// (FinishBackward, clipping, the optimizer step, ZeroGrad). What goes over
-// the wire is in fsdp_collectives.cc, the flat parameters' storage and views
-// in fsdp_param_group.cc, the options in fsdp_options.cc.
+// (FinishBackward, clipping, the optimizer step, ZeroGrad). Each unit's
+// state is its FsdpParamGroup (fsdp_param_group.h); what goes over the wire
+// is in fsdp_collectives.cc, tied parameters in fsdp_tied.cc, loading master
+// shards in fsdp_load.cc, the options in fsdp_options.cc.
 #include "runtime/fsdp/fsdp.h"
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 
 namespace sk {
 
+using fsdp_internal::FsdpParamGroup;
 using fsdp_internal::OnStream;
 using fsdp_internal::Slice;
 
@@ -34,7 +36,7 @@ FullyShardedModel::~FullyShardedModel() {
   if (rs_stream_) rs_stream_->Synchronize(options_.timeout).IgnoreError();
   if (ag_stream_) ag_stream_->Synchronize(options_.timeout).IgnoreError();
   if (host_stream_) host_stream_->Synchronize(options_.timeout).IgnoreError();
-  flat_.clear();
+  groups_.clear();
 }
 
 StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
@@ -136,21 +138,18 @@ Status FullyShardedModel::Init() {
   const ops::OpContext& shard_ctx = shard_context();
 
   const int shard_rank = shard_group_->rank();
-  flat_.resize(units_.size());
+  groups_.reserve(units_.size());
   for (size_t u = 0; u < units_.size(); ++u) {
     std::vector<std::pair<std::string, Shape>> params;
     for (const ParamSpec& p : units_[u].params) params.emplace_back(p.name, p.shape);
-    SK_ASSIGN_OR_RETURN(flat_[u].layout, FlatParamLayout::Make(params, sharding_.shard_size()));
-    const FlatParamLayout& layout = flat_[u].layout;
-    SK_ASSIGN_OR_RETURN(flat_[u].master, shard_alloc.Empty(DType::kF32, Shape{layout.shard_numel()}));
-    SK_ASSIGN_OR_RETURN(flat_[u].grad, shard_alloc.Empty(DType::kF32, Shape{layout.shard_numel()}));
-    SK_RETURN_IF_ERROR(ops::Fill(shard_ctx, flat_[u].master, 0.f));
-    SK_RETURN_IF_ERROR(ops::Fill(shard_ctx, flat_[u].grad, 0.f));
-    flat_[u].grad_zero = true;
+    SK_ASSIGN_OR_RETURN(FlatParamLayout layout, FlatParamLayout::Make(params, sharding_.shard_size()));
+    SK_ASSIGN_OR_RETURN(FsdpParamGroup group, FsdpParamGroup::Create(std::move(layout), shard_alloc, shard_ctx));
+    groups_.push_back(std::move(group));
+    const FsdpParamGroup& g = groups_.back();
     // Deferred initialisation: only this rank's slices are ever computed.
-    for (const auto& s : layout.ShardSlices(shard_rank)) {
+    for (const auto& s : g.layout().ShardSlices(shard_rank)) {
       const ParamSpec& spec = units_[u].params[s.param];
-      SK_ASSIGN_OR_RETURN(Tensor slice, Slice(flat_[u].master, s.shard_offset, s.param_end - s.param_begin));
+      SK_ASSIGN_OR_RETURN(Tensor slice, Slice(g.master(), s.shard_offset, s.param_end - s.param_begin));
       SK_RETURN_IF_ERROR(ops::InitPhilox(shard_ctx, spec.init, options_.seed,
                                          ParamIdFromName(FullParamName(units_[u], spec)),
                                          s.param_begin, slice));
@@ -158,7 +157,7 @@ Status FullyShardedModel::Init() {
   }
   if (options_.cpu_offload) {
     int64_t largest = 0;
-    for (const FlatUnit& f : flat_) largest = std::max(largest, f.layout.shard_numel());
+    for (const FsdpParamGroup& g : groups_) largest = std::max(largest, g.layout().shard_numel());
     const DType rdt = ReduceDType();
     SK_ASSIGN_OR_RETURN(grad_staging_, offload_->Empty(rdt, Shape{largest}));
   }
@@ -184,10 +183,10 @@ Status FullyShardedModel::CheckUnit(int unit, const char* call) const {
 }
 
 Status FullyShardedModel::Expect(int unit, UnitState want, const char* call) const {
-  if (flat_[unit].state != want) {
+  if (groups_[unit].state() != want) {
     return FailedPreconditionError(std::string(call) + " of unit '" + units_[unit].name + "' (" +
                                    std::to_string(unit) + ") in state '" +
-                                   UnitStateName(flat_[unit].state) + "', expected '" +
+                                   UnitStateName(groups_[unit].state()) + "', expected '" +
                                    UnitStateName(want) + "'");
   }
   return OkStatus();
@@ -195,7 +194,7 @@ Status FullyShardedModel::Expect(int unit, UnitState want, const char* call) con
 
 Status FullyShardedModel::Prefetch(const std::vector<int>& candidates) {
   for (int c : candidates) {
-    if (flat_[c].full.defined()) continue;  // in flight already, or kept unsharded
+    if (groups_[c].unsharded()) continue;  // in flight already, or kept unsharded
     if (!rate_limiter_.AdmitsPrefetch(UnshardedAlive())) {
       ++counters_.prefetches_deferred;
       return OkStatus();
@@ -203,6 +202,36 @@ Status FullyShardedModel::Prefetch(const std::vector<int>& candidates) {
     SK_RETURN_IF_ERROR(IssueAllGather(c, true));
   }
   return OkStatus();
+}
+
+int FullyShardedModel::UnshardedAlive() const {
+  if (ParamsPersistent()) return 0;
+  int alive = 0;
+  for (const FsdpParamGroup& g : groups_) {
+    if (g.unsharded() && g.in_flight()) ++alive;
+  }
+  return alive;
+}
+
+void FullyShardedModel::Free(int unit) {
+  if (ParamsPersistent()) {
+    groups_[unit].ClearInFlight();
+  } else {
+    groups_[unit].Reshard();
+  }
+}
+
+Status FullyShardedModel::Regather(int unit) {
+  groups_[unit].Reshard();
+  SK_RETURN_IF_ERROR(IssueAllGather(unit, false));
+  return WaitAndViews(unit).status();
+}
+
+StatusOr<std::vector<Tensor>> FullyShardedModel::WaitAndViews(int unit) {
+  FsdpParamGroup& g = groups_[unit];
+  Status s = g.WaitForAllGather(options_.timeout);
+  if (!s.ok()) return s.WithContext("all-gather of unit '" + units_[unit].name + "'");
+  return g.ParamViews();
 }
 
 Status FullyShardedModel::Fail(Status s) {
@@ -217,26 +246,18 @@ Status FullyShardedModel::Fail(Status s) {
   rs_stream_->ClearError();
   ag_stream_->ClearError();
   if (host_stream_ != nullptr) host_stream_->ClearError();
-  for (int u = 0; u < num_units(); ++u) {
-    FlatUnit& f = flat_[u];
-    f.state = UnitState::kIdle;
-    f.in_flight = false;
-    if (!ParamsPersistent()) {
-      f.full = Tensor();
-      f.gather_work.reset();
-    }
-    f.full_grad = Tensor();
+  for (FsdpParamGroup& g : groups_) {
+    g.Abandon(/*keep_unsharded=*/ParamsPersistent());
     // The streams are idle now: zeroing on the shards' context cannot race.
-    ops::Fill(shard_context(), f.grad, 0.f).IgnoreError();  // valid operands: cannot fail
-    f.grad_zero = true;
+    g.ZeroGrad(shard_context()).IgnoreError();  // valid operands: cannot fail
   }
   return s;
 }
 
 StatusOr<std::vector<Tensor>> FullyShardedModel::PreForward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit, "PreForward"));
-  FlatUnit& f = flat_[unit];
-  if (f.state != UnitState::kIdle && f.state != UnitState::kForwardDone) {
+  FsdpParamGroup& g = groups_[unit];
+  if (g.state() != UnitState::kIdle && g.state() != UnitState::kForwardDone) {
     return Expect(unit, UnitState::kIdle, "PreForward");
   }
   if (std::find(forward_order_.begin(), forward_order_.end(), unit) != forward_order_.end()) {
@@ -259,29 +280,29 @@ StatusOr<std::vector<Tensor>> FullyShardedModel::PreForward(int unit) {
   StatusOr<std::vector<Tensor>> views = HandOutParams(unit);
   if (views.ok()) views = AppendTiedParams(unit, std::move(*views));
   if (!views.ok()) return Fail(views.status());
-  f.state = UnitState::kForward;
+  g.set_state(UnitState::kForward);
   return views;
 }
 
 Status FullyShardedModel::PostForward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit, "PostForward"));
   SK_RETURN_IF_ERROR(Expect(unit, UnitState::kForward, "PostForward"));
-  flat_[unit].in_flight = false;
+  groups_[unit].ClearInFlight();
   if (ReshardAfterForward()) Free(unit);
   ReleaseTiedOwners(unit);
-  flat_[unit].state = UnitState::kForwardDone;
+  groups_[unit].set_state(UnitState::kForwardDone);
   return OkStatus();
 }
 
 StatusOr<UnitBackwardBuffers> FullyShardedModel::PreBackward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit, "PreBackward"));
   SK_RETURN_IF_ERROR(Expect(unit, UnitState::kForwardDone, "PreBackward"));
-  FlatUnit& f = flat_[unit];
+  FsdpParamGroup& g = groups_[unit];
   TraceSpan span("pre_backward " + units_[unit].name, "fsdp", rank(), 0);
   Status s = IssueAllGather(unit, false);
   if (s.ok()) s = GatherTiedOwners(unit, "PreBackward");
   if (!s.ok()) return Fail(s);
-  f.state = UnitState::kBackward;  // in use: counts as in flight from here
+  g.set_state(UnitState::kBackward);  // in use: counts as in flight from here
   if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre) {
     auto it = std::find(forward_order_.begin(), forward_order_.end(), unit);
     if (it != forward_order_.end()) {
@@ -295,25 +316,19 @@ StatusOr<UnitBackwardBuffers> FullyShardedModel::PreBackward(int unit) {
   if (views.ok()) views = AppendTiedParams(unit, std::move(*views));
   if (!views.ok()) return Fail(views.status());
   buffers.params = std::move(*views);
-  const bool kept_grad = f.full_grad.defined();
+  const bool kept_grad = g.has_full_grad();
   if (!kept_grad) {
-    StatusOr<Tensor> g = activation_allocator_->Empty(FullGradDType(), Shape{f.layout.padded_numel()});
-    if (!g.ok()) return Fail(g.status());
-    Status z = ops::Fill(compute_ctx_, *g, 0.f);
-    if (!z.ok()) return Fail(z);
-    f.full_grad = std::move(*g);
+    s = g.MakeFullGrad(FullGradDType(), compute_ctx_);
+    if (!s.ok()) return Fail(s);
   }
   if (caller_stream_ != nullptr) {
-    s = OrderCallerBeforeGradients(f.full_grad, kept_grad);
+    s = OrderCallerBeforeGradients(g.full_grad(), kept_grad);
     if (!s.ok()) return Fail(s);
   }
   // A full gradient kept from a no_sync backward keeps its dtype.
-  const DType gdt = f.full_grad.dtype();
-  for (const auto& p : f.layout.params()) {
-    StatusOr<Tensor> v = f.full_grad.View(static_cast<size_t>(p.offset) * DTypeSize(gdt), gdt, p.shape);
-    if (!v.ok()) return Fail(v.status());
-    buffers.grads.push_back(std::move(*v));
-  }
+  StatusOr<std::vector<Tensor>> grads = g.GradViews();
+  if (!grads.ok()) return Fail(grads.status());
+  buffers.grads = std::move(*grads);
   s = AppendTiedGradients(unit, &buffers.grads);
   if (!s.ok()) return Fail(s);
   return buffers;
@@ -323,7 +338,7 @@ Status FullyShardedModel::PostBackward(int unit) {
   SK_RETURN_IF_ERROR(CheckUnit(unit, "PostBackward"));
   SK_RETURN_IF_ERROR(Expect(unit, UnitState::kBackward, "PostBackward"));
   TraceSpan span("post_backward " + units_[unit].name, "fsdp", rank(), 0);
-  flat_[unit].state = UnitState::kIdle;
+  groups_[unit].set_state(UnitState::kIdle);
   Free(unit);
   ReleaseTiedOwners(unit);
   if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost) {
@@ -358,9 +373,10 @@ Status FullyShardedModel::PostBackward(int unit) {
 
 Status FullyShardedModel::FinishBackward() {
   for (int u = 0; u < num_units(); ++u) {
-    if (flat_[u].state == UnitState::kForward || flat_[u].state == UnitState::kBackward) {
+    const UnitState state = groups_[u].state();
+    if (state == UnitState::kForward || state == UnitState::kBackward) {
       return FailedPreconditionError("FinishBackward while unit '" + units_[u].name +
-                                     "' is in state '" + UnitStateName(flat_[u].state) + "'");
+                                     "' is in state '" + UnitStateName(state) + "'");
     }
   }
   Status s = WaitPendingReductions();
@@ -376,7 +392,7 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
   if (type != NormType::kL2 && type != NormType::kInf) return InvalidArgumentError("unknown norm type");
   SK_RETURN_IF_ERROR(FinishBackward());
   std::vector<Tensor> grads;
-  for (const FlatUnit& f : flat_) grads.push_back(f.grad);
+  for (const FsdpParamGroup& g : groups_) grads.push_back(g.grad());
   SK_ASSIGN_OR_RETURN(double partial, LocalGradNormPartial(shard_context(), grads, type));
   // Replicas hold identical shards: combine over the shard group only.
   comm::ProcessGroup& g = *shard_group_;
@@ -408,7 +424,7 @@ Status FullyShardedModel::ScaleGradients(float factor) {
   SK_RETURN_IF_ERROR(FinishBackward());
   ForgetZeroGradients();
   std::vector<Tensor> grads;
-  for (const FlatUnit& f : flat_) grads.push_back(f.grad);
+  for (const FsdpParamGroup& g : groups_) grads.push_back(g.grad());
   return sk::ScaleGradients(shard_context(), grads, factor);
 }
 
@@ -416,14 +432,14 @@ Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
   SK_RETURN_IF_ERROR(BeginMasterUpdate());
   std::vector<ShardRef> refs;
   for (int u = 0; u < num_units(); ++u) {
-    refs.push_back(ShardRef{u, flat_[u].master, flat_[u].grad});
+    refs.push_back(ShardRef{u, groups_[u].master(), groups_[u].grad()});
   }
   SK_RETURN_IF_ERROR(optimizer.Step(shard_context(), refs));
   return EndMasterUpdate();
 }
 
 void FullyShardedModel::ForgetZeroGradients() {
-  for (FlatUnit& f : flat_) f.grad_zero = false;
+  for (FsdpParamGroup& g : groups_) g.MarkGradWritten();
 }
 
 Status FullyShardedModel::BeginMasterUpdate() {
@@ -443,18 +459,18 @@ Status FullyShardedModel::EndMasterUpdate() {
   if (ParamsPersistent()) {
     // The full parameters are stale: gather the updated shards.
     for (int u = 0; u < num_units(); ++u) {
-      flat_[u].full = Tensor();
+      groups_[u].Reshard();
       SK_RETURN_IF_ERROR(IssueAllGather(u, false));
     }
     for (int u = 0; u < num_units(); ++u) {
-      StatusOr<std::vector<Tensor>> v = WaitAndViews(u, flat_[u].full);
+      StatusOr<std::vector<Tensor>> v = WaitAndViews(u);
       if (!v.ok()) return Fail(v.status());
     }
   } else {
     // SHARD_GRAD_OP kept units unsharded after a forward-only pass: refresh.
     for (int u = 0; u < num_units(); ++u) {
-      if (flat_[u].full.defined()) Free(u);
-      flat_[u].state = UnitState::kIdle;
+      if (groups_[u].unsharded()) Free(u);
+      groups_[u].set_state(UnitState::kIdle);
     }
   }
   return OkStatus();
@@ -463,20 +479,20 @@ Status FullyShardedModel::EndMasterUpdate() {
 void FullyShardedModel::ZeroGrad() {
   WaitPendingReductions().IgnoreError();
   // Valid operands on an idle reduce stream: these fills cannot fail.
-  for (FlatUnit& f : flat_) {
-    ops::Fill(shard_context(), f.grad, 0.f).IgnoreError();
-    f.grad_zero = true;
-    if (!f.full_grad.defined()) continue;
+  for (FsdpParamGroup& g : groups_) {
+    g.ZeroGrad(shard_context()).IgnoreError();
+    if (!g.has_full_grad()) continue;
     if (!ParamsPersistent()) {
-      f.full_grad = Tensor();  // recorded on a caller stream: reused after it
+      g.DropFullGrad();  // recorded on a caller stream: reused after it
     } else if (caller_stream_ != nullptr) {
       // The caller's stream may still write it: zero it in that order, on
       // the reduce stream (which the next backward's caller stream waits for).
-      Tensor g = f.full_grad;
+      Tensor full_grad = g.full_grad();
       compute_ctx_.device->WaitStream(*rs_stream_, *caller_stream_).IgnoreError();
-      OnStream(rs_ctx_, [g](const ops::OpContext& c) { return ops::Fill(c, g, 0.f); }).IgnoreError();
+      OnStream(rs_ctx_, [full_grad](const ops::OpContext& c) { return ops::Fill(c, full_grad, 0.f); })
+          .IgnoreError();
     } else {
-      ops::Fill(compute_ctx_, f.full_grad, 0.f).IgnoreError();
+      ops::Fill(compute_ctx_, g.full_grad(), 0.f).IgnoreError();
     }
   }
 }

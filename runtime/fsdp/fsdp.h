@@ -143,6 +143,7 @@
 #include "runtime/core/status.h"
 #include "runtime/core/tensor.h"
 #include "runtime/fsdp/flat_param.h"
+#include "runtime/fsdp/fsdp_param_group.h"
 #include "runtime/fsdp/rate_limiter.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/model.h"
@@ -316,10 +317,10 @@ class FullyShardedModel final : public DataParallelModel {
   const ShardingPlan& sharding() const { return sharding_; }
   int num_units() const { return static_cast<int>(units_.size()); }
   const UnitSpec& unit(int u) const { return units_[u]; }
-  const FlatParamLayout& layout(int unit) const { return flat_[unit].layout; }
+  const FlatParamLayout& layout(int unit) const { return groups_[unit].layout(); }
   // The unit's f32 master shard and gradient shard on this rank.
-  const Tensor& master_shard(int unit) const { return flat_[unit].master; }
-  const Tensor& grad_shard(int unit) const { return flat_[unit].grad; }
+  const Tensor& master_shard(int unit) const { return groups_[unit].master(); }
+  const Tensor& grad_shard(int unit) const { return groups_[unit].grad(); }
   // Execution order recorded by the last forward.
   const std::vector<int>& forward_order() const { return forward_order_; }
   // Unit indices in the order their all-gathers were issued since the
@@ -361,54 +362,39 @@ class FullyShardedModel final : public DataParallelModel {
   comm::ProcessGroup* replicate_group() { return replicate_group_.get(); }
 
  private:
-  // The members are defined by responsibility: fsdp.cc (creation, the
-  // hooks' unit state machine, prefetch, abandoning a step, the step's end),
-  // fsdp_param_group.cc (the flat parameters: what is unsharded and in
-  // flight, free and regather, the views handed out, tied owners, writing
-  // master shards), fsdp_collectives.cc (all-gathers, reductions and their
-  // stream order), fsdp_options.cc (names and validation).
-
-  struct FlatUnit {
-    FlatParamLayout layout;
-    Tensor master;           // f32 [shard]
-    Tensor grad;             // f32 [shard], accumulated reduced gradients
-    // `grad` holds only the zeros a Fill wrote (creation, ZeroGrad, a failed
-    // step's reset) and nothing has been added since: the next reduction
-    // copies its result there instead of adding it (AccumulateReduced).
-    // Cleared by that reduction and wherever a caller may write gradient
-    // shards (ScaleGradients, a clipping ClipGradNorm, BeginMasterUpdate).
-    bool grad_zero = false;
-    Tensor full;             // param_dtype [padded], alive while unsharded
-    std::shared_ptr<comm::Work> gather_work;  // pending all-gather into `full`
-    Tensor full_grad;        // grad dtype [padded], alive from PreBackward to its reduction
-    UnitState state = UnitState::kIdle;
-    // Gathered for a computation that has not finished yet (what the rate
-    // limiter counts). False for parameters SHARD_GRAD_OP keeps after forward.
-    bool in_flight = false;
-  };
+  // Each unit's flat parameter, its shards, unsharded buffers and state are
+  // an FsdpParamGroup (fsdp_param_group.h, FSDP2's FSDPParamGroup), which
+  // the model drives. The members are defined by responsibility: fsdp.cc
+  // (creation, the hooks' unit state machine, prefetch, freeing and
+  // regathering groups, abandoning a step, the step's end),
+  // fsdp_collectives.cc (all-gathers into a group, reductions of its
+  // gradient and their stream order), fsdp_tied.cc (tied parameters: groups
+  // borrowed by other units), fsdp_load.cc (writing master shards from
+  // outside), fsdp_options.cc (names and validation).
 
   FullyShardedModel(std::vector<UnitSpec> units, comm::ProcessGroup* world,
                     CachingAllocator* allocator, Allocator* offload, Stream* host_stream,
                     const FsdpOptions& options);
-  // cpu_offload: writes the f32 master shard of `f` into `input` (the
-  // all-gather's slice of the gathered buffer) on the all-gather stream:
+  // cpu_offload: writes the f32 master shard of `group` into `input` (the
+  // all-gather's slice of its unsharded parameter) on the all-gather stream:
   // host->device copy, then the cast to param_dtype on the device.
-  Status CopyMasterIn(const FlatUnit& f, const Tensor& input);
+  Status CopyMasterIn(const fsdp_internal::FsdpParamGroup& group, const Tensor& input);
   // Adds `reduced` (this rank's reduced shard, on the device, reduce dtype)
-  // into f.grad in reduce-stream order: without offload an Axpy on the
-  // reduce stream (a Copy when f.grad_zero and `reduced` is f32: 0 + x is
-  // x, one pass fewer); with it a device->host copy and the host
-  // accumulation.
-  Status AccumulateReduced(const FlatUnit& f, const Tensor& reduced);
+  // into group's gradient shard in reduce-stream order: without offload an
+  // Axpy on the reduce stream (a Copy when group.grad_zero() and `reduced`
+  // is f32: 0 + x is x, one pass fewer); with it a device->host copy and
+  // the host accumulation.
+  Status AccumulateReduced(const fsdp_internal::FsdpParamGroup& group, const Tensor& reduced);
   // Marks every gradient shard as possibly written by someone else
-  // (FlatUnit::grad_zero false).
+  // (FsdpParamGroup::MarkGradWritten).
   void ForgetZeroGradients();
   // Copies `src` (host memory or this model's device) into a master shard
   // (or a slice of one), in order before the next all-gather reads it.
   Status WriteMaster(const Tensor& src, const Tensor& dst);
   // Writes this rank's slice `s` of a parameter (`flat_param`, its full
-  // value flattened) into f's master shard.
-  Status WriteMasterSlice(const FlatUnit& f, const FlatParamLayout::ShardSlice& s, const Tensor& flat_param);
+  // value flattened) into group's master shard.
+  Status WriteMasterSlice(const fsdp_internal::FsdpParamGroup& group, const FlatParamLayout::ShardSlice& s,
+                          const Tensor& flat_param);
   // After a load wrote `unit`'s master shard: the next all-gather reads the
   // new values, and the persistent strategies regather the unit now.
   Status MastersWritten(int unit);
@@ -444,7 +430,7 @@ class FullyShardedModel final : public DataParallelModel {
   // `prefetch` only counts it as one: the rate limiter is asked by Prefetch.
   Status IssueAllGather(int unit, bool prefetch);
   // Waits for `unit`'s all-gather and returns its parameter views.
-  StatusOr<std::vector<Tensor>> WaitAndViews(int unit, const Tensor& full);
+  StatusOr<std::vector<Tensor>> WaitAndViews(int unit);
   // The hooks' form of WaitAndViews: with a caller stream, orders that
   // stream after the all-gather instead of waiting on the host.
   StatusOr<std::vector<Tensor>> HandOutParams(int unit);
@@ -498,7 +484,7 @@ class FullyShardedModel final : public DataParallelModel {
   // accumulations run in reduce-stream order).
   ops::OpContext host_ctx_;
   Tensor grad_staging_;
-  std::vector<FlatUnit> flat_;
+  std::vector<fsdp_internal::FsdpParamGroup> groups_;  // one per unit
   bool gradient_sync_ = true;
   // Set whenever the compute stream writes master shards (initialisation,
   // the optimizer step, loading): the next all-gather's stream first waits

@@ -1,6 +1,6 @@
 // FullyShardedModel's collectives and their stream order (FSDP2's
-// _fsdp_collectives): the all-gather of a unit's flat parameter on the
-// all-gather stream (with cpu_offload, the host->device copy first), the
+// _fsdp_collectives), each on one FsdpParamGroup's buffers: the all-gather
+// of a unit's flat parameter on the all-gather stream (with cpu_offload, the host->device copy first), the
 // caller stream's ordering against it, the reduction of a unit's gradient on
 // the reduce stream (reduce-scatter, all-reduce across replicas) and the
 // accumulation into the gradient shard, the pending reductions' bound, and
@@ -15,6 +15,7 @@
 namespace sk {
 
 using fsdp_internal::Bytes;
+using fsdp_internal::FsdpParamGroup;
 using fsdp_internal::OnStream;
 using fsdp_internal::Slice;
 
@@ -29,9 +30,9 @@ Status FullyShardedModel::WaitForCompute(Stream& waiter) {
   return OkStatus();
 }
 
-Status FullyShardedModel::CopyMasterIn(const FlatUnit& f, const Tensor& input) {
+Status FullyShardedModel::CopyMasterIn(const FsdpParamGroup& group, const Tensor& input) {
   Device& device = *ag_ctx_.device;
-  const Tensor master = f.master;
+  const Tensor master = group.master();
   if (input.dtype() == DType::kF32) {
     return device.CopyAsync(input.data(), master.data(), master.nbytes(), *ag_stream_)
         .WithContext("copying the master shard to the device");
@@ -47,18 +48,18 @@ Status FullyShardedModel::CopyMasterIn(const FlatUnit& f, const Tensor& input) {
 }
 
 Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
-  FlatUnit& f = flat_[unit];
-  if (f.full.defined()) {
-    f.in_flight = true;  // about to be computed with (kept unsharded, or prefetched)
+  FsdpParamGroup& g = groups_[unit];
+  if (g.unsharded()) {
+    g.MarkInFlight();  // about to be computed with (kept unsharded, or prefetched)
     return OkStatus();
   }
   const DType dt = options_.mixed_precision.param_dtype;
-  const int64_t shard = f.layout.shard_numel();
+  const int64_t shard = g.layout().shard_numel();
   if (masters_written_) {
     SK_RETURN_IF_ERROR(WaitForCompute(*ag_stream_));
     masters_written_ = false;
   }
-  SK_ASSIGN_OR_RETURN(Tensor full, ag_allocator_->Empty(dt, Shape{f.layout.padded_numel()}));
+  SK_ASSIGN_OR_RETURN(Tensor full, ag_allocator_->Empty(dt, Shape{g.layout().padded_numel()}));
   if (!compute_ctx_.device->id().is_cpu()) {
     // The compute stream reads it: its block returns to the all-gather
     // stream's pool only once that reading is done (record_stream).
@@ -69,20 +70,20 @@ Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
   // Cast (with offload: copy in, then cast) the master shard on the
   // all-gather stream, in stream order before the collective reads it.
   if (options_.cpu_offload) {
-    SK_RETURN_IF_ERROR(CopyMasterIn(f, input));
+    SK_RETURN_IF_ERROR(CopyMasterIn(g, input));
   } else {
-    Tensor master = f.master;
+    Tensor master = g.master();
     SK_RETURN_IF_ERROR(OnStream(ag_ctx_, [master, input](const ops::OpContext& c) {
       return ops::Cast(c, master, input);
     }));
   }
   comm::CollectiveOptions co;
   co.timeout = options_.timeout;
-  SK_ASSIGN_OR_RETURN(f.gather_work, shard_group_->all_gather(full, input, *ag_stream_, co));
-  f.full = std::move(full);
-  f.in_flight = true;
+  SK_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> work, shard_group_->all_gather(full, input, *ag_stream_, co));
+  const int64_t bytes = Bytes(full);
+  g.RecordAllGather(std::move(full), std::move(work));
   ++counters_.all_gathers;
-  counters_.all_gather_bytes += Bytes(f.full);
+  counters_.all_gather_bytes += bytes;
   if (prefetch) ++counters_.prefetches;
   all_gather_log_.push_back(unit);
   counters_.max_unsharded_alive = std::max(counters_.max_unsharded_alive, UnshardedAlive());
@@ -90,20 +91,19 @@ Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
 }
 
 StatusOr<std::vector<Tensor>> FullyShardedModel::HandOutParams(int unit) {
-  FlatUnit& f = flat_[unit];
-  if (caller_stream_ == nullptr) return WaitAndViews(unit, f.full);
+  FsdpParamGroup& g = groups_[unit];
+  if (caller_stream_ == nullptr) return WaitAndViews(unit);
   SK_RETURN_IF_ERROR(CheckCallerGathers(/*block=*/false));
-  if (f.gather_work) {
+  if (g.all_gather_pending()) {
     // The caller's kernels read the views after the all-gather, in stream
     // order; its outcome is checked once it has completed.
-    SK_RETURN_IF_ERROR(caller_stream_->WaitEvent(f.gather_work->event()));
-    caller_gathers_.emplace_back(unit, std::move(f.gather_work));
-    f.gather_work.reset();
+    SK_RETURN_IF_ERROR(caller_stream_->WaitEvent(g.pending_all_gather().event()));
+    caller_gathers_.emplace_back(unit, g.TakeAllGather());
   }
   // Freed (PostForward, PostBackward, a refresh), the block is reused only
   // once the caller's stream has read it (record_stream).
-  SK_RETURN_IF_ERROR(allocator_->RecordStream(*f.full.storage(), caller_stream_));
-  return WaitAndViews(unit, f.full);  // nothing left to wait for: the views
+  SK_RETURN_IF_ERROR(allocator_->RecordStream(*g.unsharded_param().storage(), caller_stream_));
+  return WaitAndViews(unit);  // nothing left to wait for: the views
 }
 
 Status FullyShardedModel::CheckCallerGathers(bool block) {
@@ -132,15 +132,15 @@ Status FullyShardedModel::OrderCallerBeforeGradients(const Tensor& full_grad, bo
 }
 
 Status FullyShardedModel::NarrowFullGradient(int unit) {
-  FlatUnit& f = flat_[unit];
+  FsdpParamGroup& g = groups_[unit];
   const DType rdt = ReduceDType();
-  if (!f.full_grad.defined() || f.full_grad.dtype() != DType::kF32 || rdt == DType::kF32 ||
+  if (!g.has_full_grad() || g.full_grad().dtype() != DType::kF32 || rdt == DType::kF32 ||
       ParamsPersistent()) {
     return OkStatus();
   }
-  SK_ASSIGN_OR_RETURN(Tensor narrow, activation_allocator_->Empty(rdt, f.full_grad.shape()));
-  SK_RETURN_IF_ERROR(ops::Cast(compute_ctx_, f.full_grad, narrow));
-  f.full_grad = std::move(narrow);  // the f32 gradient is free for the next unit
+  SK_ASSIGN_OR_RETURN(Tensor narrow, activation_allocator_->Empty(rdt, g.full_grad().shape()));
+  SK_RETURN_IF_ERROR(ops::Cast(compute_ctx_, g.full_grad(), narrow));
+  g.set_full_grad(std::move(narrow));  // the f32 gradient is free for the next unit
   return OkStatus();
 }
 
@@ -159,12 +159,12 @@ StatusOr<std::shared_ptr<comm::Work>> FullyShardedModel::AllReduceAcrossReplicas
 }
 
 Status FullyShardedModel::ReduceGradients(int unit) {
-  FlatUnit& f = flat_[unit];
-  const DType gdt = f.full_grad.dtype();
+  FsdpParamGroup& g = groups_[unit];
+  const DType gdt = g.full_grad().dtype();
   const DType rdt = ReduceDType();
-  const int64_t shard = f.layout.shard_numel();
-  const int64_t padded = f.layout.padded_numel();
-  Tensor full_grad = f.full_grad;
+  const int64_t shard = g.layout().shard_numel();
+  const int64_t padded = g.layout().padded_numel();
+  Tensor full_grad = g.full_grad();
   SK_RETURN_IF_ERROR(allocator_->RecordStream(*full_grad.storage(), rs_stream_.get()));
 
   Tensor input = full_grad;
@@ -211,15 +211,15 @@ Status FullyShardedModel::ReduceGradients(int unit) {
   }
   // Accumulate into the f32 gradient shard (widening from reduce_dtype), in
   // stream order after the reduction (on the host with offload).
-  SK_RETURN_IF_ERROR(AccumulateReduced(f, reduced));
-  f.grad_zero = false;
+  SK_RETURN_IF_ERROR(AccumulateReduced(g, reduced));
+  g.MarkGradWritten();
   if (ParamsPersistent()) {
     // SHARD_OPTIM and NO_SHARD keep their full gradient: clear it once read.
     SK_RETURN_IF_ERROR(OnStream(rs_ctx_, [full_grad](const ops::OpContext& c) {
       return ops::Fill(c, full_grad, 0.f);
     }));
   } else {
-    f.full_grad = Tensor();  // the reduce stream's closures keep it alive until read
+    g.DropFullGrad();  // the reduce stream's closures keep it alive until read
   }
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> done, rs_ctx_.device->CreateEvent());
   SK_RETURN_IF_ERROR(done->Record(*rs_stream_));
@@ -227,10 +227,10 @@ Status FullyShardedModel::ReduceGradients(int unit) {
   return OkStatus();
 }
 
-Status FullyShardedModel::AccumulateReduced(const FlatUnit& f, const Tensor& reduced) {
-  Tensor grad = f.grad;
+Status FullyShardedModel::AccumulateReduced(const FsdpParamGroup& group, const Tensor& reduced) {
+  Tensor grad = group.grad();
   if (!options_.cpu_offload) {
-    const bool copy = f.grad_zero && reduced.dtype() == DType::kF32;
+    const bool copy = group.grad_zero() && reduced.dtype() == DType::kF32;
     return OnStream(rs_ctx_, [grad, reduced, copy](const ops::OpContext& c) {
       return copy ? ops::Copy(c, reduced, grad) : ops::Axpy(c, 1.f, reduced, grad);
     });
@@ -288,21 +288,21 @@ Status FullyShardedModel::WaitPendingReductions() {
 
 StatusOr<Tensor> FullyShardedModel::GatherFullParam(int unit, int param) {
   SK_RETURN_IF_ERROR(CheckUnit(unit, "GatherFullParam"));
-  const FlatUnit& f = flat_[unit];
-  if (param < 0 || param >= static_cast<int>(f.layout.params().size())) {
+  const FsdpParamGroup& g = groups_[unit];
+  if (param < 0 || param >= static_cast<int>(g.layout().params().size())) {
     return InvalidArgumentError("parameter index " + std::to_string(param) + " out of range for unit '" +
                                 units_[unit].name + "'");
   }
-  const int64_t shard = f.layout.shard_numel();
-  SK_ASSIGN_OR_RETURN(Tensor full, ag_allocator_->Empty(DType::kF32, Shape{f.layout.padded_numel()}));
+  const int64_t shard = g.layout().shard_numel();
+  SK_ASSIGN_OR_RETURN(Tensor full, ag_allocator_->Empty(DType::kF32, Shape{g.layout().padded_numel()}));
   SK_ASSIGN_OR_RETURN(Tensor input, Slice(full, shard_group_->rank() * shard, shard));
-  const auto& p = f.layout.params()[param];
+  const auto& p = g.layout().params()[param];
   SK_ASSIGN_OR_RETURN(Tensor out, HostAllocator::Default().Empty(DType::kF32, p.shape));
   SK_ASSIGN_OR_RETURN(Tensor src, full.View(static_cast<size_t>(p.offset) * 4, DType::kF32, p.shape));
   // Copy in, gather and copy out to the host, all in all-gather stream order,
   // after every update of the master shard enqueued so far.
   SK_RETURN_IF_ERROR(WaitForCompute(*ag_stream_));
-  Tensor master = f.master;
+  Tensor master = g.master();
   if (options_.cpu_offload) {
     SK_RETURN_IF_ERROR(ag_ctx_.device->CopyAsync(input.data(), master.data(), master.nbytes(), *ag_stream_));
   } else {

@@ -1,5 +1,5 @@
-// Helpers shared by the files of FullyShardedModel (fsdp.cc, fsdp_options.cc,
-// fsdp_param_group.cc, fsdp_collectives.cc); private to //runtime/fsdp:fsdp.
+// Helpers shared by the files of FullyShardedModel (fsdp.cc,
+// fsdp_collectives.cc, fsdp_load.cc); private to //runtime/fsdp:fsdp.
 #ifndef SHARDKIT_RUNTIME_FSDP_FSDP_INTERNAL_H_
 #define SHARDKIT_RUNTIME_FSDP_FSDP_INTERNAL_H_
 

@@ -1,188 +1,88 @@
-// FullyShardedModel's flat parameters (FSDP2's FSDPParamGroup): which units
-// are unsharded and in flight, freeing and regathering them, the views the
-// hooks hand out (a unit's own and its tied owners'), and writing master
-// shards (loading full parameters or shards, in order with their readers).
-#include <algorithm>
-#include <string>
+// FsdpParamGroup (fsdp_param_group.h): one unit's flat parameter and
+// gradient, and the transitions of its state.
+#include "runtime/fsdp/fsdp_param_group.h"
 
-#include "runtime/fsdp/fsdp.h"
-#include "runtime/fsdp/fsdp_internal.h"
 #include "runtime/ops/ops.h"
 
-namespace sk {
+namespace sk::fsdp_internal {
 
-using fsdp_internal::Slice;
 
-int FullyShardedModel::UnshardedAlive() const {
-  if (ParamsPersistent()) return 0;
-  int alive = 0;
-  for (const FlatUnit& f : flat_) {
-    if (f.full.defined() && f.in_flight) ++alive;
-  }
-  return alive;
+StatusOr<FsdpParamGroup> FsdpParamGroup::Create(FlatParamLayout layout, Allocator& shard_allocator,
+                                                const ops::OpContext& shard_context) {
+  FsdpParamGroup group(std::move(layout));
+  const Shape shard{group.layout_.shard_numel()};
+  SK_ASSIGN_OR_RETURN(group.master_, shard_allocator.Empty(DType::kF32, shard));
+  SK_ASSIGN_OR_RETURN(group.grad_, shard_allocator.Empty(DType::kF32, shard));
+  SK_RETURN_IF_ERROR(ops::Fill(shard_context, group.master_, 0.f));
+  SK_RETURN_IF_ERROR(group.ZeroGrad(shard_context));
+  return group;
 }
 
-void FullyShardedModel::Free(int unit) {
-  flat_[unit].in_flight = false;
-  if (ParamsPersistent()) return;
-  flat_[unit].full = Tensor();
-  flat_[unit].gather_work.reset();
+Status FsdpParamGroup::ZeroGrad(const ops::OpContext& context) {
+  SK_RETURN_IF_ERROR(ops::Fill(context, grad_, 0.f));
+  grad_zero_ = true;
+  return OkStatus();
 }
 
-Status FullyShardedModel::Regather(int unit) {
-  flat_[unit].full = Tensor();
-  SK_RETURN_IF_ERROR(IssueAllGather(unit, false));
-  return WaitAndViews(unit, flat_[unit].full).status();
+void FsdpParamGroup::RecordAllGather(Tensor unsharded, std::shared_ptr<comm::Work> work) {
+  unsharded_ = std::move(unsharded);
+  all_gather_ = std::move(work);
+  in_flight_ = true;
 }
 
-StatusOr<std::vector<Tensor>> FullyShardedModel::WaitAndViews(int unit, const Tensor& full) {
-  FlatUnit& f = flat_[unit];
-  if (f.gather_work) {
-    Status s = f.gather_work->wait(options_.timeout);
-    if (!s.ok()) return s.WithContext("all-gather of unit '" + units_[unit].name + "'");
-    f.gather_work.reset();
-  }
-  const DType dt = options_.mixed_precision.param_dtype;
+void FsdpParamGroup::Reshard() {
+  in_flight_ = false;
+  unsharded_ = Tensor();
+  all_gather_.reset();
+}
+
+Status FsdpParamGroup::WaitForAllGather(Duration timeout) {
+  if (!all_gather_) return OkStatus();
+  Status s = all_gather_->wait(timeout);
+  if (!s.ok()) return s;
+  all_gather_.reset();
+  return OkStatus();
+}
+
+std::shared_ptr<comm::Work> FsdpParamGroup::TakeAllGather() { return std::move(all_gather_); }
+
+StatusOr<std::vector<Tensor>> FsdpParamGroup::ParamViews() const {
+  const DType dtype = unsharded_.dtype();
   std::vector<Tensor> views;
-  for (const auto& p : f.layout.params()) {
-    SK_ASSIGN_OR_RETURN(Tensor v, full.View(static_cast<size_t>(p.offset) * DTypeSize(dt), dt, p.shape));
+  for (const auto& p : layout_.params()) {
+    SK_ASSIGN_OR_RETURN(Tensor v, unsharded_.View(static_cast<size_t>(p.offset) * DTypeSize(dtype), dtype, p.shape));
     views.push_back(std::move(v));
   }
   return views;
 }
 
-Status FullyShardedModel::GatherTiedOwners(int unit, const char* call) {
-  for (int o : tied_owners_[unit]) {
-    if (flat_[o].state != UnitState::kForwardDone) {
-      return FailedPreconditionError(std::string(call) + " of unit '" + units_[unit].name +
-                                     "' uses tied parameters of unit '" + units_[o].name + "', which is in state '" +
-                                     UnitStateName(flat_[o].state) + "' (expected '" +
-                                     UnitStateName(UnitState::kForwardDone) + "': it runs first)");
-    }
-    SK_RETURN_IF_ERROR(IssueAllGather(o, false));
-  }
+Status FsdpParamGroup::MakeFullGrad(DType dtype, const ops::OpContext& context) {
+  SK_ASSIGN_OR_RETURN(Tensor full_grad, context.alloc->Empty(dtype, Shape{layout_.padded_numel()}));
+  SK_RETURN_IF_ERROR(ops::Fill(context, full_grad, 0.f));
+  full_grad_ = std::move(full_grad);
   return OkStatus();
 }
 
-StatusOr<std::vector<Tensor>> FullyShardedModel::AppendTiedParams(int unit, std::vector<Tensor> views) {
-  for (const ParamRef& t : tied_[unit]) {
-    SK_ASSIGN_OR_RETURN(std::vector<Tensor> owner, HandOutParams(t.unit));
-    views.push_back(std::move(owner[t.param]));
+StatusOr<Tensor> FsdpParamGroup::GradView(int param) const {
+  const DType dtype = full_grad_.dtype();
+  const auto& p = layout_.params()[param];
+  return full_grad_.View(static_cast<size_t>(p.offset) * DTypeSize(dtype), dtype, p.shape);
+}
+
+StatusOr<std::vector<Tensor>> FsdpParamGroup::GradViews() const {
+  std::vector<Tensor> views;
+  for (int p = 0; p < static_cast<int>(layout_.params().size()); ++p) {
+    SK_ASSIGN_OR_RETURN(Tensor v, GradView(p));
+    views.push_back(std::move(v));
   }
   return views;
 }
 
-Status FullyShardedModel::AppendTiedGradients(int unit, std::vector<Tensor>* grads) {
-  for (int o : tied_owners_[unit]) {
-    FlatUnit& owner = flat_[o];
-    const bool kept = owner.full_grad.defined();
-    if (!kept) {
-      // The owner's unsharded gradient, made now and kept until the owner's
-      // own backward has added to it and PostBackward reduces the sum.
-      SK_ASSIGN_OR_RETURN(owner.full_grad,
-                          activation_allocator_->Empty(FullGradDType(), Shape{owner.layout.padded_numel()}));
-      SK_RETURN_IF_ERROR(ops::Fill(compute_ctx_, owner.full_grad, 0.f));
-    }
-    if (caller_stream_ != nullptr) SK_RETURN_IF_ERROR(OrderCallerBeforeGradients(owner.full_grad, kept));
-  }
-  for (const ParamRef& t : tied_[unit]) {
-    const FlatUnit& owner = flat_[t.unit];
-    const DType gdt = owner.full_grad.dtype();
-    const auto& p = owner.layout.params()[t.param];
-    SK_ASSIGN_OR_RETURN(Tensor v, owner.full_grad.View(static_cast<size_t>(p.offset) * DTypeSize(gdt), gdt, p.shape));
-    grads->push_back(std::move(v));
-  }
-  return OkStatus();
+void FsdpParamGroup::Abandon(bool keep_unsharded) {
+  state_ = UnitState::kIdle;
+  in_flight_ = false;
+  if (!keep_unsharded) Reshard();
+  full_grad_ = Tensor();
 }
 
-void FullyShardedModel::ReleaseTiedOwners(int unit) {
-  for (int o : tied_owners_[unit]) {
-    flat_[o].in_flight = false;
-    // Resharded after its own forward: gathered for this use only.
-    if (ReshardAfterForward()) Free(o);
-  }
-}
-
-Status FullyShardedModel::QuiesceMasterReaders() {
-  if (!options_.cpu_offload) return OkStatus();
-  return ag_stream_->Synchronize(options_.timeout)
-      .WithContext("waiting for the all-gather stream before the host writes master shards");
-}
-
-Status FullyShardedModel::WriteMaster(const Tensor& src, const Tensor& dst) {
-  if (!options_.cpu_offload) return ops::Copy(compute_ctx_, src, dst);
-  SK_RETURN_IF_ERROR(QuiesceMasterReaders());
-  if (src.device().is_cpu() || src.device().kind == host_ctx_.device->id().kind) {
-    return ops::Copy(host_ctx_, src, dst);
-  }
-  // A device tensor into host memory: copied by the compute stream, waited for.
-  SK_RETURN_IF_ERROR(ops::Copy(compute_ctx_, src, dst));
-  return compute_stream_->Synchronize(options_.timeout).WithContext("copying into a master shard");
-}
-
-Status FullyShardedModel::WriteMasterSlice(const FlatUnit& f, const FlatParamLayout::ShardSlice& s,
-                                           const Tensor& flat_param) {
-  const int64_t n = s.param_end - s.param_begin;
-  SK_ASSIGN_OR_RETURN(Tensor src, Slice(flat_param, s.param_begin, n));
-  SK_ASSIGN_OR_RETURN(Tensor dst, Slice(f.master, s.shard_offset, n));
-  return WriteMaster(src, dst);
-}
-
-Status FullyShardedModel::MastersWritten(int unit) {
-  masters_written_ = true;
-  if (ParamsPersistent()) SK_RETURN_IF_ERROR(Regather(unit));
-  return OkStatus();
-}
-
-Status FullyShardedModel::LoadFullParams(int unit, const std::vector<Tensor>& params) {
-  SK_RETURN_IF_ERROR(CheckUnit(unit, "LoadFullParams"));
-  FlatUnit& f = flat_[unit];
-  const auto& specs = f.layout.params();
-  if (params.size() != specs.size()) {
-    return InvalidArgumentError("unit '" + units_[unit].name + "' has " + std::to_string(specs.size()) +
-                                " parameters, got " + std::to_string(params.size()));
-  }
-  for (size_t i = 0; i < specs.size(); ++i) {
-    if (params[i].dtype() != DType::kF32 || params[i].shape() != specs[i].shape) {
-      return InvalidArgumentError("parameter '" + units_[unit].name + "." + specs[i].name + "' must be f32" +
-                                  specs[i].shape.ToString() + ", got " + params[i].ToString());
-    }
-  }
-  for (const auto& s : f.layout.ShardSlices(shard_group_->rank())) {
-    SK_ASSIGN_OR_RETURN(Tensor flat, params[s.param].Reshape(Shape{params[s.param].numel()}));
-    SK_RETURN_IF_ERROR(WriteMasterSlice(f, s, flat));
-  }
-  return MastersWritten(unit);
-}
-
-Status FullyShardedModel::LoadFullParam(int unit, int param, const Tensor& value) {
-  SK_RETURN_IF_ERROR(CheckUnit(unit, "LoadFullParam"));
-  FlatUnit& f = flat_[unit];
-  const auto& specs = f.layout.params();
-  if (param < 0 || static_cast<size_t>(param) >= specs.size()) {
-    return OutOfRangeError("parameter " + std::to_string(param) + " out of range (unit '" + units_[unit].name +
-                           "' has " + std::to_string(specs.size()) + ")");
-  }
-  if (value.dtype() != DType::kF32 || value.numel() != specs[param].shape.numel()) {
-    return InvalidArgumentError("parameter '" + units_[unit].name + "." + specs[param].name + "' is f32" +
-                                specs[param].shape.ToString() + ", got " + value.ToString());
-  }
-  SK_ASSIGN_OR_RETURN(Tensor flat, value.Reshape(Shape{value.numel()}));
-  for (const auto& s : f.layout.ShardSlices(shard_group_->rank())) {
-    if (s.param == param) SK_RETURN_IF_ERROR(WriteMasterSlice(f, s, flat));
-  }
-  return MastersWritten(unit);
-}
-
-Status FullyShardedModel::LoadMasterShard(int unit, const Tensor& shard) {
-  SK_RETURN_IF_ERROR(CheckUnit(unit, "LoadMasterShard"));
-  FlatUnit& f = flat_[unit];
-  if (!shard.defined() || shard.dtype() != DType::kF32 || shard.numel() != f.layout.shard_numel()) {
-    return InvalidArgumentError("master shard of unit '" + units_[unit].name + "' is f32[" +
-                                std::to_string(f.layout.shard_numel()) + "], got " + shard.ToString());
-  }
-  SK_RETURN_IF_ERROR(WriteMaster(shard, f.master).WithContext("LoadMasterShard"));
-  return MastersWritten(unit);
-}
-
-}  // namespace sk
+}  // namespace sk::fsdp_internal

@@ -7,7 +7,7 @@
 // free-all-and-retry cycles. PyTorch FSDP1 calls it `_FreeEventQueue`. Here
 // "in flight" means gathered for a computation that has not finished yet:
 // a unit counts from the all-gather's issue until its forward (or backward)
-// has finished computing with it (FullyShardedModel's FlatUnit::in_flight).
+// has finished computing with it (FsdpParamGroup::in_flight()).
 //
 // The limiter holds back prefetches only. A unit needed now is always
 // gathered; a prefetch (backward PRE/POST, forward prefetch) issues the next
