@@ -55,18 +55,20 @@ Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tens
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
     const Shape& shape = UnitTensorShape(unit, i);
-    const std::string where = std::string(what) + " tensor for '" + UnitTensorName(unit, i) + "'";
-    if (!t.defined()) return InvalidArgumentError(where + " is undefined");
+    // Named only on an error: this runs for every tensor of every unit in
+    // every step.
+    auto where = [&] { return std::string(what) + " tensor for '" + UnitTensorName(unit, i) + "'"; };
+    if (!t.defined()) return InvalidArgumentError(where() + " is undefined");
     if (t.device().kind != kind) {
-      return InvalidArgumentError(where + " is on " + t.device().ToString() +
+      return InvalidArgumentError(where() + " is on " + t.device().ToString() +
                                   ", not on the model's device");
     }
     if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16) {
-      return InvalidArgumentError(where + " has dtype " + std::string(DTypeName(t.dtype())) +
+      return InvalidArgumentError(where() + " has dtype " + std::string(DTypeName(t.dtype())) +
                                   ", expected f32, bf16 or f16");
     }
     if (t.shape() != shape) {
-      return InvalidArgumentError(where + " has shape " + t.shape().ToString() + ", expected " +
+      return InvalidArgumentError(where() + " has shape " + t.shape().ToString() + ", expected " +
                                   shape.ToString());
     }
   }
@@ -107,6 +109,7 @@ Status UnitGrads::Flush(const ops::OpContext& ctx) {
 }
 
 Status UnitScope::Named(const Status& s, int u, const char* phase) const {
+  if (s.ok()) return s;  // the context is built only for an error (every hook passes here)
   return s.WithContext(std::string(phase) + " of unit '" + units_[u].name + "'");
 }
 
