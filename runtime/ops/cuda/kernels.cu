@@ -1062,21 +1062,25 @@ int CrossEntropyBackward(CBuf logits, const int32_t* targets, int64_t rows, int6
                   vocab, count_scratch, dlogits.data, dlogits.dtype);
   return Launched();
 }
-int SumOfSquares(const void* x, DType dt, int64_t n, double* partials, double* acc, void* stream) {
+namespace {
+// SumOfSquares (kSquares) and MaxAbs: the per-block partials, then one
+// block folds them into acc.
+template <bool kSquares>
+int LaunchReduction(const void* x, DType dt, int64_t n, double* partials, double* acc,
+                    void* stream) {
   if (n <= 0) return 0;
-  ReducePartialsKernel<true><<<kReduceBlocks, kThreads, 0, S(stream)>>>(x, dt, n, partials);
+  ReducePartialsKernel<kSquares><<<kReduceBlocks, kThreads, 0, S(stream)>>>(x, dt, n, partials);
   int err = Launched();
   if (err != 0) return err;
-  ReduceFinishKernel<true><<<1, kThreads, 0, S(stream)>>>(partials, kReduceBlocks, acc);
+  ReduceFinishKernel<kSquares><<<1, kThreads, 0, S(stream)>>>(partials, kReduceBlocks, acc);
   return Launched();
 }
+}  // namespace
+int SumOfSquares(const void* x, DType dt, int64_t n, double* partials, double* acc, void* stream) {
+  return LaunchReduction<true>(x, dt, n, partials, acc, stream);
+}
 int MaxAbs(const void* x, DType dt, int64_t n, double* partials, double* acc, void* stream) {
-  if (n <= 0) return 0;
-  ReducePartialsKernel<false><<<kReduceBlocks, kThreads, 0, S(stream)>>>(x, dt, n, partials);
-  int err = Launched();
-  if (err != 0) return err;
-  ReduceFinishKernel<false><<<1, kThreads, 0, S(stream)>>>(partials, kReduceBlocks, acc);
-  return Launched();
+  return LaunchReduction<false>(x, dt, n, partials, acc, stream);
 }
 int SgdUpdate(const SgdHyper& h, float* param, const float* grad, float* momentum, int64_t n,
               void* stream) {
