@@ -716,6 +716,19 @@ Status GeluBackward(const OpContext& ctx, const Tensor& x, const Tensor& dy, con
   });
 }
 
+namespace {
+
+// The layer and RMS norms' x: [rows, cols] for gamma's cols; an empty
+// gamma is an error.
+Status NormShape(const char* op, const Tensor& x, const Tensor& gamma, int64_t* rows,
+                 int64_t* cols) {
+  *cols = gamma.numel();
+  if (*cols == 0) return Bad(op, "gamma is empty");
+  return RowsOf(op, "x", x.numel(), *cols, rows);
+}
+
+}  // namespace
+
 Status LayerNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
                         const Tensor& beta, const Tensor& y, const Tensor& mean,
                         const Tensor& rstd) {
@@ -724,10 +737,8 @@ Status LayerNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gam
   SK_RETURN_IF_ERROR(CheckTensors(op, ctx, {{"x", &x}, {"gamma", &gamma}, {"beta", &beta},
                                             {"y", &y}}));
   SK_RETURN_IF_ERROR(CheckTensors(op, ctx, {{"mean", &mean}, {"rstd", &rstd}}, {DType::kF32}));
-  const int64_t cols = gamma.numel();
-  if (cols == 0) return Bad(op, "gamma is empty");
-  int64_t rows = 0;
-  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  int64_t rows = 0, cols = 0;
+  SK_RETURN_IF_ERROR(NormShape(op, x, gamma, &rows, &cols));
   SK_RETURN_IF_ERROR(CheckNumel(op, "beta", beta, cols));
   SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "mean", mean, rows));
@@ -753,10 +764,8 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
   SK_RETURN_IF_ERROR(CheckTensors(op, ctx, {{"x", &x}, {"gamma", &gamma}, {"dy", &dy}, {"dx", &dx},
                                             {"dgamma", &dgamma}, {"dbeta", &dbeta}}));
   SK_RETURN_IF_ERROR(CheckTensors(op, ctx, {{"mean", &mean}, {"rstd", &rstd}}, {DType::kF32}));
-  const int64_t cols = gamma.numel();
-  if (cols == 0) return Bad(op, "gamma is empty");
-  int64_t rows = 0;
-  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  int64_t rows = 0, cols = 0;
+  SK_RETURN_IF_ERROR(NormShape(op, x, gamma, &rows, &cols));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dy", dy, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dx", dx, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "mean", mean, rows));
@@ -787,10 +796,8 @@ Status RmsNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma
   SK_RETURN_IF_ERROR(CheckTensors(op, ctx, {{"x", &x}, {"gamma", &gamma}, {"y", &y}}));
   SK_RETURN_IF_ERROR(CheckTensor(op, "rstd", ctx, rstd, {DType::kF32}));
   if (!(eps > 0.0f)) return Bad(op, "eps must be positive, got " + std::to_string(eps));
-  const int64_t cols = gamma.numel();
-  if (cols == 0) return Bad(op, "gamma is empty");
-  int64_t rows = 0;
-  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  int64_t rows = 0, cols = 0;
+  SK_RETURN_IF_ERROR(NormShape(op, x, gamma, &rows, &cols));
   SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "rstd", rstd, rows));
   if (AnyOverlap({&y, &rstd}, {&x, &gamma})) return Bad(op, "an output overlaps an input");
@@ -812,10 +819,8 @@ Status RmsNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamm
   SK_RETURN_IF_ERROR(CheckTensors(op, ctx, {{"x", &x}, {"gamma", &gamma}, {"dy", &dy}, {"dx", &dx},
                                             {"dgamma", &dgamma}}));
   SK_RETURN_IF_ERROR(CheckTensor(op, "rstd", ctx, rstd, {DType::kF32}));
-  const int64_t cols = gamma.numel();
-  if (cols == 0) return Bad(op, "gamma is empty");
-  int64_t rows = 0;
-  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  int64_t rows = 0, cols = 0;
+  SK_RETURN_IF_ERROR(NormShape(op, x, gamma, &rows, &cols));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dy", dy, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dx", dx, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "rstd", rstd, rows));
@@ -1236,12 +1241,21 @@ Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Te
 
 // ---- Reductions ---------------------------------------------------------------------
 
+namespace {
+
+// SumOfSquares' and MaxAbs's operands: a float x and one f64 accumulator.
+Status CheckReduction(const char* op, const OpContext& ctx, const Tensor& x, const Tensor& acc) {
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "acc", ctx, acc, {DType::kF64}));
+  return CheckNumel(op, "acc", acc, 1);
+}
+
+}  // namespace
+
 Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc) {
   const char* op = "sum_of_squares";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "acc", ctx, acc, {DType::kF64}));
-  SK_RETURN_IF_ERROR(CheckNumel(op, "acc", acc, 1));
+  SK_RETURN_IF_ERROR(CheckReduction(op, ctx, x, acc));
   return Dispatch(be, ctx, SumOfSquaresCost(x.numel(), x.dtype()),
                   [&] { return be->SumOfSquares(ctx, x, acc); });
 }
@@ -1249,9 +1263,7 @@ Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc) {
 Status MaxAbs(const OpContext& ctx, const Tensor& x, const Tensor& acc) {
   const char* op = "max_abs";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "acc", ctx, acc, {DType::kF64}));
-  SK_RETURN_IF_ERROR(CheckNumel(op, "acc", acc, 1));
+  SK_RETURN_IF_ERROR(CheckReduction(op, ctx, x, acc));
   return Dispatch(be, ctx, MaxAbsCost(x.numel(), x.dtype()), [&] { return be->MaxAbs(ctx, x, acc); });
 }
 
