@@ -124,6 +124,18 @@ Status CheckTensor(const char* op, const char* what, const OpContext& ctx, const
   return OkStatus();
 }
 
+// CheckTensor, of any float dtype, on each name and tensor of
+// `what, t, rest...` in order: the first that fails gives the error.
+// Variadic and inline so that it compiles to the calls it stands for: out
+// of line it cost every op ~25 instructions a tensor (callgrind, gpt-tiny).
+inline Status CheckTensors(const char*, const OpContext&) { return OkStatus(); }
+template <typename... Rest>
+inline Status CheckTensors(const char* op, const OpContext& ctx, const char* what,
+                           const Tensor& t, const Rest&... rest) {
+  SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, t));
+  return CheckTensors(op, ctx, rest...);
+}
+
 Status CheckNumel(const char* op, const char* what, const Tensor& t, int64_t want) {
   if (t.numel() != want) {
     return Bad(op, std::string(what) + " has " + N(t.numel()) + " elements, expected " + N(want));
@@ -157,6 +169,17 @@ bool Overlap(const Tensor& a, const Tensor& b) {
   size_t a0 = a.byte_offset(), a1 = a0 + a.nbytes();
   size_t b0 = b.byte_offset(), b1 = b0 + b.nbytes();
   return a0 < b1 && b0 < a1;
+}
+
+// Whether any of an op's `outputs` overlaps any of its `inputs`.
+inline bool AnyOverlap(std::initializer_list<const Tensor*> outputs,
+                       std::initializer_list<const Tensor*> inputs) {
+  for (const Tensor* o : outputs) {
+    for (const Tensor* i : inputs) {
+      if (Overlap(*o, *i)) return true;
+    }
+  }
+  return false;
 }
 
 bool Same(const Tensor& a, const Tensor& b) {
@@ -323,6 +346,27 @@ bool AllOne16BitDType(std::initializer_list<const Tensor*> ts) {
   return true;
 }
 
+// Dispatch of an op that the backend runs on f32 temporaries unless it has
+// a 16-bit kernel for `op` (OpBackend::Native16Bit): stage(st) widens the
+// operands through st and calls the backend. Native16Bit is asked only on
+// executing backends, when the op runs.
+template <typename Fn>
+Status DispatchStaged(OpBackend* be, const OpContext& ctx, const char* op, const OpCost& cost,
+                      Fn stage) {
+  return Dispatch(be, ctx, cost, [&] { return Staged(be, ctx, be->Native16Bit(op), stage); });
+}
+
+// The same for an op whose 16-bit kernel takes its operands only when all
+// of `operands` have one 16-bit dtype (AllOne16BitDType); otherwise every
+// 16-bit operand is staged.
+template <typename Fn>
+Status DispatchStaged(OpBackend* be, const OpContext& ctx, const char* op, const OpCost& cost,
+                      std::initializer_list<const Tensor*> operands, Fn stage) {
+  return Dispatch(be, ctx, cost, [&] {
+    return Staged(be, ctx, be->Native16Bit(op) && AllOne16BitDType(operands), stage);
+  });
+}
+
 // rows = x / cols when cols divides it (cols > 0).
 Status RowsOf(const char* op, const char* what, int64_t total, int64_t cols, int64_t* rows) {
   if (cols <= 0) {
@@ -350,9 +394,7 @@ Status CheckGemmOperands(const char* op, const OpContext& ctx, const GemmParams&
     return Bad(op, "negative dimension m=" + N(p.m) + " n=" + N(p.n) + " k=" + N(p.k) +
                        " batch=" + N(p.batch));
   }
-  SK_RETURN_IF_ERROR(CheckTensor(op, "A", ctx, a.t));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "B", ctx, b.t));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "C", ctx, c.t));
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "A", a.t, "B", b.t, "C", c.t));
   if (a.t.dtype() != b.t.dtype()) {
     return Bad(op, "A is " + std::string(DTypeName(a.t.dtype())) + " but B is " +
                        std::string(DTypeName(b.t.dtype())));
@@ -545,8 +587,7 @@ Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst) {
 Status Cast(const OpContext& ctx, const Tensor& src, const Tensor& dst) {
   const char* op = "cast";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "src", ctx, src));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dst", ctx, dst));
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "src", src, "dst", dst));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dst", dst, src.numel()));
   if (Overlap(src, dst)) return Bad(op, "src and dst overlap");
   return Dispatch(be, ctx, CastCost(src.numel(), src.dtype(), dst.dtype()),
@@ -572,8 +613,7 @@ Status Scale(const OpContext& ctx, const Tensor& x, float alpha) {
 Status Axpy(const OpContext& ctx, float alpha, const Tensor& x, const Tensor& y) {
   const char* op = "axpy";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y));
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "x", x, "y", y));
   SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
   if (Overlap(x, y) && !(Same(x, y) && x.dtype() == y.dtype())) return Bad(op, "x and y overlap");
   return Dispatch(be, ctx, AxpyCost(x.numel(), x.dtype(), y.dtype()),
@@ -603,51 +643,45 @@ Status InitPhilox(const OpContext& ctx, const Initializer& init, uint64_t seed, 
 Status BroadcastRows(const OpContext& ctx, const Tensor& src, const Tensor& dst) {
   const char* op = "broadcast_rows";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "src", ctx, src));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dst", ctx, dst));
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "src", src, "dst", dst));
   int64_t rows = 0;
   SK_RETURN_IF_ERROR(RowsOf(op, "dst", dst.numel(), src.numel(), &rows));
   if (Overlap(src, dst)) return Bad(op, "src and dst overlap");
-  return Dispatch(be, ctx, BroadcastRowsCost(rows, src.numel(), dst.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor s, st.In(src));
-      SK_ASSIGN_OR_RETURN(Tensor d, st.Out(dst));
-      return be->BroadcastRows(ctx, s, d);
-    });
+  const OpCost cost = BroadcastRowsCost(rows, src.numel(), dst.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor s, st.In(src));
+    SK_ASSIGN_OR_RETURN(Tensor d, st.Out(dst));
+    return be->BroadcastRows(ctx, s, d);
   });
 }
 
 Status BiasAdd(const OpContext& ctx, const Tensor& bias, const Tensor& y) {
   const char* op = "bias_add";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "bias", ctx, bias));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y));
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "bias", bias, "y", y));
   int64_t rows = 0;
   SK_RETURN_IF_ERROR(RowsOf(op, "y", y.numel(), bias.numel(), &rows));
   if (Overlap(bias, y)) return Bad(op, "bias and y overlap");
-  return Dispatch(be, ctx, BiasAddCost(rows, bias.numel(), y.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor b, st.In(bias));
-      SK_ASSIGN_OR_RETURN(Tensor w, st.InOut(y));
-      return be->BiasAdd(ctx, b, w);
-    });
+  const OpCost cost = BiasAddCost(rows, bias.numel(), y.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor b, st.In(bias));
+    SK_ASSIGN_OR_RETURN(Tensor w, st.InOut(y));
+    return be->BiasAdd(ctx, b, w);
   });
 }
 
 Status BiasGrad(const OpContext& ctx, const Tensor& dy, const Tensor& dbias) {
   const char* op = "bias_grad";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dy", ctx, dy));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dbias", ctx, dbias));
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "dy", dy, "dbias", dbias));
   int64_t rows = 0;
   SK_RETURN_IF_ERROR(RowsOf(op, "dy", dy.numel(), dbias.numel(), &rows));
   if (Overlap(dy, dbias)) return Bad(op, "dy and dbias overlap");
-  return Dispatch(be, ctx, BiasGradCost(rows, dbias.numel(), dy.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor d, st.In(dy));
-      SK_ASSIGN_OR_RETURN(Tensor g, st.InOut(dbias));
-      return be->BiasGrad(ctx, d, g);
-    });
+  const OpCost cost = BiasGradCost(rows, dbias.numel(), dy.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor d, st.In(dy));
+    SK_ASSIGN_OR_RETURN(Tensor g, st.InOut(dbias));
+    return be->BiasGrad(ctx, d, g);
   });
 }
 
@@ -656,72 +690,72 @@ Status BiasGrad(const OpContext& ctx, const Tensor& dy, const Tensor& dbias) {
 Status GeluForward(const OpContext& ctx, const Tensor& x, const Tensor& y) {
   const char* op = "gelu_fwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y));
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "x", x, "y", y));
   SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
   if (Same(x, y) ? x.dtype() != y.dtype() : Overlap(x, y)) return Bad(op, "x and y overlap");
-  return Dispatch(be, ctx, GeluForwardCost(x.numel(), x.dtype(), y.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
-      SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
-      return be->GeluForward(ctx, wx, wy);
-    });
+  const OpCost cost = GeluForwardCost(x.numel(), x.dtype(), y.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+    SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
+    return be->GeluForward(ctx, wx, wy);
   });
 }
 
 Status GeluBackward(const OpContext& ctx, const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const char* op = "gelu_bwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dy", ctx, dy));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "dx", ctx, dx));
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "x", x, "dy", dy, "dx", dx));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dy", dy, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dx", dx, x.numel()));
   if (Overlap(dx, x) || (Same(dx, dy) ? dx.dtype() != dy.dtype() : Overlap(dx, dy))) {
     return Bad(op, "dx overlaps an input");
   }
-  return Dispatch(be, ctx, GeluBackwardCost(x.numel(), x.dtype(), dx.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
-      SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
-      SK_ASSIGN_OR_RETURN(Tensor wdx, st.Out(dx));
-      return be->GeluBackward(ctx, wx, wdy, wdx);
-    });
+  const OpCost cost = GeluBackwardCost(x.numel(), x.dtype(), dx.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+    SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
+    SK_ASSIGN_OR_RETURN(Tensor wdx, st.Out(dx));
+    return be->GeluBackward(ctx, wx, wdy, wdx);
   });
 }
+
+namespace {
+
+// The layer and RMS norms' x: [rows, cols] for gamma's cols; an empty
+// gamma is an error.
+Status NormShape(const char* op, const Tensor& x, const Tensor& gamma, int64_t* rows,
+                 int64_t* cols) {
+  *cols = gamma.numel();
+  if (*cols == 0) return Bad(op, "gamma is empty");
+  return RowsOf(op, "x", x.numel(), *cols, rows);
+}
+
+}  // namespace
 
 Status LayerNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
                         const Tensor& beta, const Tensor& y, const Tensor& mean,
                         const Tensor& rstd) {
   const char* op = "layer_norm_fwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  for (auto [what, t] : {std::pair<const char*, const Tensor*>{"x", &x}, {"gamma", &gamma},
-                         {"beta", &beta}, {"y", &y}}) {
-    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t));
-  }
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "x", x, "gamma", gamma, "beta", beta, "y", y));
   SK_RETURN_IF_ERROR(CheckTensor(op, "mean", ctx, mean, {DType::kF32}));
   SK_RETURN_IF_ERROR(CheckTensor(op, "rstd", ctx, rstd, {DType::kF32}));
-  const int64_t cols = gamma.numel();
-  if (cols == 0) return Bad(op, "gamma is empty");
-  int64_t rows = 0;
-  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  int64_t rows = 0, cols = 0;
+  SK_RETURN_IF_ERROR(NormShape(op, x, gamma, &rows, &cols));
   SK_RETURN_IF_ERROR(CheckNumel(op, "beta", beta, cols));
   SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "mean", mean, rows));
   SK_RETURN_IF_ERROR(CheckNumel(op, "rstd", rstd, rows));
-  for (const Tensor* o : {&y, &mean, &rstd}) {
-    for (const Tensor* i : {&x, &gamma, &beta}) {
-      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
-    }
+  if (AnyOverlap({&y, &mean, &rstd}, {&x, &gamma, &beta})) {
+    return Bad(op, "an output overlaps an input");
   }
-  return Dispatch(be, ctx, LayerNormForwardCost(rows, cols, x.dtype(), y.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
-      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
-      SK_ASSIGN_OR_RETURN(Tensor wb, st.In(beta));
-      SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
-      return be->LayerNormForward(ctx, wx, wg, wb, wy, mean, rstd);
-    });
+  const OpCost cost = LayerNormForwardCost(rows, cols, x.dtype(), y.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+    SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
+    SK_ASSIGN_OR_RETURN(Tensor wb, st.In(beta));
+    SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
+    return be->LayerNormForward(ctx, wx, wg, wb, wy, mean, rstd);
   });
 }
 
@@ -730,37 +764,30 @@ Status LayerNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& ga
                          const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
   const char* op = "layer_norm_bwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  for (auto [what, t] : {std::pair<const char*, const Tensor*>{"x", &x}, {"gamma", &gamma},
-                         {"dy", &dy}, {"dx", &dx}, {"dgamma", &dgamma}, {"dbeta", &dbeta}}) {
-    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t));
-  }
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "x", x, "gamma", gamma, "dy", dy, "dx", dx, "dgamma", dgamma,
+                                  "dbeta", dbeta));
   SK_RETURN_IF_ERROR(CheckTensor(op, "mean", ctx, mean, {DType::kF32}));
   SK_RETURN_IF_ERROR(CheckTensor(op, "rstd", ctx, rstd, {DType::kF32}));
-  const int64_t cols = gamma.numel();
-  if (cols == 0) return Bad(op, "gamma is empty");
-  int64_t rows = 0;
-  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  int64_t rows = 0, cols = 0;
+  SK_RETURN_IF_ERROR(NormShape(op, x, gamma, &rows, &cols));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dy", dy, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dx", dx, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "mean", mean, rows));
   SK_RETURN_IF_ERROR(CheckNumel(op, "rstd", rstd, rows));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dgamma", dgamma, cols));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dbeta", dbeta, cols));
-  for (const Tensor* o : {&dx, &dgamma, &dbeta}) {
-    for (const Tensor* i : {&x, &gamma, &dy, &mean, &rstd}) {
-      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
-    }
+  if (AnyOverlap({&dx, &dgamma, &dbeta}, {&x, &gamma, &dy, &mean, &rstd})) {
+    return Bad(op, "an output overlaps an input");
   }
-  return Dispatch(be, ctx, LayerNormBackwardCost(rows, cols, x.dtype(), dx.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
-      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
-      SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
-      SK_ASSIGN_OR_RETURN(Tensor wdx, st.InOut(dx));
-      SK_ASSIGN_OR_RETURN(Tensor wdg, st.InOut(dgamma));
-      SK_ASSIGN_OR_RETURN(Tensor wdb, st.InOut(dbeta));
-      return be->LayerNormBackward(ctx, wx, wg, wdy, mean, rstd, wdx, wdg, wdb);
-    });
+  const OpCost cost = LayerNormBackwardCost(rows, cols, x.dtype(), dx.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+    SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
+    SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
+    SK_ASSIGN_OR_RETURN(Tensor wdx, st.InOut(dx));
+    SK_ASSIGN_OR_RETURN(Tensor wdg, st.InOut(dgamma));
+    SK_ASSIGN_OR_RETURN(Tensor wdb, st.InOut(dbeta));
+    return be->LayerNormBackward(ctx, wx, wg, wdy, mean, rstd, wdx, wdg, wdb);
   });
 }
 
@@ -770,31 +797,21 @@ Status RmsNormForward(const OpContext& ctx, const Tensor& x, const Tensor& gamma
                       const Tensor& y, const Tensor& rstd) {
   const char* op = "rms_norm_fwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  for (auto [what, t] :
-       {std::pair<const char*, const Tensor*>{"x", &x}, {"gamma", &gamma}, {"y", &y}}) {
-    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t));
-  }
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "x", x, "gamma", gamma, "y", y));
   SK_RETURN_IF_ERROR(CheckTensor(op, "rstd", ctx, rstd, {DType::kF32}));
   if (!(eps > 0.0f)) return Bad(op, "eps must be positive, got " + std::to_string(eps));
-  const int64_t cols = gamma.numel();
-  if (cols == 0) return Bad(op, "gamma is empty");
-  int64_t rows = 0;
-  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  int64_t rows = 0, cols = 0;
+  SK_RETURN_IF_ERROR(NormShape(op, x, gamma, &rows, &cols));
   SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "rstd", rstd, rows));
-  for (const Tensor* o : {&y, &rstd}) {
-    for (const Tensor* i : {&x, &gamma}) {
-      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
-    }
-  }
+  if (AnyOverlap({&y, &rstd}, {&x, &gamma})) return Bad(op, "an output overlaps an input");
   if (Overlap(y, rstd)) return Bad(op, "y overlaps rstd");
-  return Dispatch(be, ctx, RmsNormForwardCost(rows, cols, x.dtype(), y.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
-      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
-      SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
-      return be->RmsNormForward(ctx, wx, wg, eps, wy, rstd);
-    });
+  const OpCost cost = RmsNormForwardCost(rows, cols, x.dtype(), y.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+    SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
+    SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
+    return be->RmsNormForward(ctx, wx, wg, eps, wy, rstd);
   });
 }
 
@@ -803,34 +820,27 @@ Status RmsNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamm
                        const Tensor& dgamma) {
   const char* op = "rms_norm_bwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  for (auto [what, t] : {std::pair<const char*, const Tensor*>{"x", &x}, {"gamma", &gamma},
-                         {"dy", &dy}, {"dx", &dx}, {"dgamma", &dgamma}}) {
-    SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t));
-  }
+  SK_RETURN_IF_ERROR(
+      CheckTensors(op, ctx, "x", x, "gamma", gamma, "dy", dy, "dx", dx, "dgamma", dgamma));
   SK_RETURN_IF_ERROR(CheckTensor(op, "rstd", ctx, rstd, {DType::kF32}));
-  const int64_t cols = gamma.numel();
-  if (cols == 0) return Bad(op, "gamma is empty");
-  int64_t rows = 0;
-  SK_RETURN_IF_ERROR(RowsOf(op, "x", x.numel(), cols, &rows));
+  int64_t rows = 0, cols = 0;
+  SK_RETURN_IF_ERROR(NormShape(op, x, gamma, &rows, &cols));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dy", dy, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dx", dx, x.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "rstd", rstd, rows));
   SK_RETURN_IF_ERROR(CheckNumel(op, "dgamma", dgamma, cols));
-  for (const Tensor* o : {&dx, &dgamma}) {
-    for (const Tensor* i : {&x, &gamma, &dy, &rstd}) {
-      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
-    }
+  if (AnyOverlap({&dx, &dgamma}, {&x, &gamma, &dy, &rstd})) {
+    return Bad(op, "an output overlaps an input");
   }
   if (Overlap(dx, dgamma)) return Bad(op, "dx overlaps dgamma");
-  return Dispatch(be, ctx, RmsNormBackwardCost(rows, cols, x.dtype(), dx.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
-      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
-      SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
-      SK_ASSIGN_OR_RETURN(Tensor wdx, st.InOut(dx));
-      SK_ASSIGN_OR_RETURN(Tensor wdg, st.InOut(dgamma));
-      return be->RmsNormBackward(ctx, wx, wg, wdy, rstd, wdx, wdg);
-    });
+  const OpCost cost = RmsNormBackwardCost(rows, cols, x.dtype(), dx.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+    SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gamma));
+    SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
+    SK_ASSIGN_OR_RETURN(Tensor wdx, st.InOut(dx));
+    SK_ASSIGN_OR_RETURN(Tensor wdg, st.InOut(dgamma));
+    return be->RmsNormBackward(ctx, wx, wg, wdy, rstd, wdx, wdg);
   });
 }
 
@@ -862,12 +872,11 @@ Status Rope(const char* op, const OpContext& ctx, const Tensor& x, int64_t seq_l
   }
   SK_RETURN_IF_ERROR(CheckNumel(op, inverse ? "dx" : "y", y, x.numel()));
   if (Same(x, y) ? x.dtype() != y.dtype() : Overlap(x, y)) return Bad(op, "input and output overlap");
-  return Dispatch(be, ctx, RopeCost(x.numel(), x.dtype(), y.dtype(), inverse), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
-      SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
-      return be->Rope(ctx, wx, seq_len, heads, head_dim, theta, scaling, inverse, wy);
-    });
+  const OpCost cost = RopeCost(x.numel(), x.dtype(), y.dtype(), inverse);
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
+    SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
+    return be->Rope(ctx, wx, seq_len, heads, head_dim, theta, scaling, inverse, wy);
   });
 }
 
@@ -915,19 +924,16 @@ Status ValidateRopeScaling(const RopeScaling& s) {
 Status SwiGluForward(const OpContext& ctx, const Tensor& gate, const Tensor& up, const Tensor& y) {
   const char* op = "swiglu_fwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "gate", ctx, gate));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "up", ctx, up));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "y", ctx, y));
+  SK_RETURN_IF_ERROR(CheckTensors(op, ctx, "gate", gate, "up", up, "y", y));
   SK_RETURN_IF_ERROR(CheckNumel(op, "up", up, gate.numel()));
   SK_RETURN_IF_ERROR(CheckNumel(op, "y", y, gate.numel()));
   if (Overlap(y, gate) || Overlap(y, up)) return Bad(op, "y overlaps an input");
-  return Dispatch(be, ctx, SwiGluForwardCost(gate.numel(), gate.dtype(), y.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gate));
-      SK_ASSIGN_OR_RETURN(Tensor wu, st.In(up));
-      SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
-      return be->SwiGluForward(ctx, wg, wu, wy);
-    });
+  const OpCost cost = SwiGluForwardCost(gate.numel(), gate.dtype(), y.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gate));
+    SK_ASSIGN_OR_RETURN(Tensor wu, st.In(up));
+    SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
+    return be->SwiGluForward(ctx, wg, wu, wy);
   });
 }
 
@@ -940,21 +946,16 @@ Status SwiGluBackward(const OpContext& ctx, const Tensor& gate, const Tensor& up
     SK_RETURN_IF_ERROR(CheckTensor(op, what, ctx, *t));
     SK_RETURN_IF_ERROR(CheckNumel(op, what, *t, gate.numel()));
   }
-  for (const Tensor* o : {&dgate, &dup}) {
-    for (const Tensor* i : {&gate, &up, &dy}) {
-      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
-    }
-  }
+  if (AnyOverlap({&dgate, &dup}, {&gate, &up, &dy})) return Bad(op, "an output overlaps an input");
   if (Overlap(dgate, dup)) return Bad(op, "dgate overlaps dup");
-  return Dispatch(be, ctx, SwiGluBackwardCost(gate.numel(), gate.dtype(), dgate.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gate));
-      SK_ASSIGN_OR_RETURN(Tensor wu, st.In(up));
-      SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
-      SK_ASSIGN_OR_RETURN(Tensor wdg, st.Out(dgate));
-      SK_ASSIGN_OR_RETURN(Tensor wdu, st.Out(dup));
-      return be->SwiGluBackward(ctx, wg, wu, wdy, wdg, wdu);
-    });
+  const OpCost cost = SwiGluBackwardCost(gate.numel(), gate.dtype(), dgate.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wg, st.In(gate));
+    SK_ASSIGN_OR_RETURN(Tensor wu, st.In(up));
+    SK_ASSIGN_OR_RETURN(Tensor wdy, st.In(dy));
+    SK_ASSIGN_OR_RETURN(Tensor wdg, st.Out(dgate));
+    SK_ASSIGN_OR_RETURN(Tensor wdu, st.Out(dup));
+    return be->SwiGluBackward(ctx, wg, wu, wdy, wdg, wdu);
   });
 }
 
@@ -1013,22 +1014,19 @@ Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const Mat
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
   SK_RETURN_IF_ERROR(CheckAttention(op, ctx, s, {{"q", &q}, {"out", &out}}, {{"k", &k}, {"v", &v}},
                                     probs));
-  for (const Tensor* i : {&q.t, &k.t, &v.t}) {
-    if (Overlap(*i, out.t) || Overlap(*i, probs)) return Bad(op, "an output overlaps an input");
+  if (AnyOverlap({&out.t, &probs}, {&q.t, &k.t, &v.t})) {
+    return Bad(op, "an output overlaps an input");
   }
-  return Dispatch(be, ctx,
-                  AttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, q.t.dtype()),
-                  [&] {
-                    const bool native = be->Native16Bit(op) &&
-                                        AllOne16BitDType({&q.t, &k.t, &v.t, &out.t});
-                    return Staged(be, ctx, native, [&](F32Staging& st) -> Status {
-                      SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
-                      SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
-                      SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
-                      SK_ASSIGN_OR_RETURN(MatrixRef wo, st.Out(out));
-                      return be->AttentionForward(ctx, s, wq, wk, wv, probs, wo);
-                    });
-                  });
+  const OpCost cost =
+      AttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, q.t.dtype());
+  return DispatchStaged(be, ctx, op, cost, {&q.t, &k.t, &v.t, &out.t},
+                        [&](F32Staging& st) -> Status {
+                          SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wo, st.Out(out));
+                          return be->AttentionForward(ctx, s, wq, wk, wv, probs, wo);
+                        });
 }
 
 int64_t AttentionBackwardScratchElements(const AttentionShape& s) {
@@ -1044,10 +1042,8 @@ Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const Ma
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
   SK_RETURN_IF_ERROR(CheckAttention(op, ctx, s, {{"q", &q}, {"dout", &dout}, {"dq", &dq}},
                                     {{"k", &k}, {"v", &v}, {"dk", &dk}, {"dv", &dv}}, probs));
-  for (const Tensor* o : {&dq.t, &dk.t, &dv.t}) {
-    for (const Tensor* i : {&q.t, &k.t, &v.t, &probs, &dout.t}) {
-      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
-    }
+  if (AnyOverlap({&dq.t, &dk.t, &dv.t}, {&q.t, &k.t, &v.t, &probs, &dout.t})) {
+    return Bad(op, "an output overlaps an input");
   }
   // The workspace comes from ctx.alloc here, for every backend alike, so
   // the simulator's memory is the executing backends' (and is counted).
@@ -1055,23 +1051,20 @@ Status AttentionBackward(const OpContext& ctx, const AttentionShape& s, const Ma
   if (const int64_t n = AttentionBackwardScratchElements(s); n > 0) {
     SK_ASSIGN_OR_RETURN(scratch, ctx.alloc->Empty(DType::kF32, Shape{n}));
   }
-  return Dispatch(
-      be, ctx, AttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, q.t.dtype()),
-      [&] {
-        const bool native =
-            be->Native16Bit(op) &&
-            AllOne16BitDType({&q.t, &k.t, &v.t, &dout.t, &dq.t, &dk.t, &dv.t});
-        return Staged(be, ctx, native, [&](F32Staging& st) -> Status {
-          SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
-          SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
-          SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
-          SK_ASSIGN_OR_RETURN(MatrixRef wdo, st.In(dout));
-          SK_ASSIGN_OR_RETURN(MatrixRef wdq, st.Out(dq));
-          SK_ASSIGN_OR_RETURN(MatrixRef wdk, st.Out(dk));
-          SK_ASSIGN_OR_RETURN(MatrixRef wdv, st.Out(dv));
-          return be->AttentionBackward(ctx, s, wq, wk, wv, probs, wdo, wdq, wdk, wdv, scratch);
-        });
-      });
+  const OpCost cost =
+      AttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, q.t.dtype());
+  return DispatchStaged(be, ctx, op, cost, {&q.t, &k.t, &v.t, &dout.t, &dq.t, &dk.t, &dv.t},
+                        [&](F32Staging& st) -> Status {
+                          SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wdo, st.In(dout));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wdq, st.Out(dq));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wdk, st.Out(dk));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wdv, st.Out(dv));
+                          return be->AttentionBackward(ctx, s, wq, wk, wv, probs, wdo, wdq, wdk,
+                                                       wdv, scratch);
+                        });
 }
 
 // ---- Attention in linear memory ----------------------------------------------------
@@ -1098,24 +1091,18 @@ Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, cons
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
   SK_RETURN_IF_ERROR(
       CheckFlashAttention(op, ctx, s, {{"q", &q}, {"out", &out}}, {{"k", &k}, {"v", &v}}, lse));
-  for (const Tensor* i : {&q.t, &k.t, &v.t}) {
-    if (Overlap(*i, out.t) || Overlap(*i, lse)) return Bad(op, "an output overlaps an input");
-  }
+  if (AnyOverlap({&out.t, &lse}, {&q.t, &k.t, &v.t})) return Bad(op, "an output overlaps an input");
   if (Overlap(out.t, lse)) return Bad(op, "out overlaps lse");
-  return Dispatch(be, ctx,
-                  FlashAttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim,
-                                            s.causal, q.t.dtype(), s.kv_heads),
-                  [&] {
-                    const bool native = be->Native16Bit(op) &&
-                                        AllOne16BitDType({&q.t, &k.t, &v.t, &out.t});
-                    return Staged(be, ctx, native, [&](F32Staging& st) -> Status {
-                      SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
-                      SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
-                      SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
-                      SK_ASSIGN_OR_RETURN(MatrixRef wo, st.Out(out));
-                      return be->FlashAttentionForward(ctx, s, wq, wk, wv, wo, lse);
-                    });
-                  });
+  const OpCost cost = FlashAttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim,
+                                                s.causal, q.t.dtype(), s.kv_heads);
+  return DispatchStaged(be, ctx, op, cost, {&q.t, &k.t, &v.t, &out.t},
+                        [&](F32Staging& st) -> Status {
+                          SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wo, st.Out(out));
+                          return be->FlashAttentionForward(ctx, s, wq, wk, wv, wo, lse);
+                        });
 }
 
 bool PrefersFlashAttention(const OpContext& ctx, const AttentionShape& s, DType t) {
@@ -1140,10 +1127,8 @@ Status FlashAttentionBackward(const OpContext& ctx, const AttentionShape& s, con
   SK_RETURN_IF_ERROR(CheckFlashAttention(
       op, ctx, s, {{"q", &q}, {"out", &out}, {"dout", &dout}, {"dq", &dq}},
       {{"k", &k}, {"v", &v}, {"dk", &dk}, {"dv", &dv}}, lse));
-  for (const Tensor* o : {&dq.t, &dk.t, &dv.t}) {
-    for (const Tensor* i : {&q.t, &k.t, &v.t, &out.t, &dout.t, &lse}) {
-      if (Overlap(*o, *i)) return Bad(op, "an output overlaps an input");
-    }
+  if (AnyOverlap({&dq.t, &dk.t, &dv.t}, {&q.t, &k.t, &v.t, &out.t, &dout.t, &lse})) {
+    return Bad(op, "an output overlaps an input");
   }
   // From ctx.alloc for every backend alike, so the simulator's memory is
   // the executing backends'.
@@ -1151,27 +1136,21 @@ Status FlashAttentionBackward(const OpContext& ctx, const AttentionShape& s, con
   if (const int64_t n = FlashAttentionBackwardWorkspaceElements(s); n > 0) {
     SK_ASSIGN_OR_RETURN(workspace, ctx.alloc->Empty(DType::kF32, Shape{n}));
   }
-  return Dispatch(
-      be, ctx,
-      FlashAttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, s.causal,
-                                 q.t.dtype(), s.kv_heads),
-      [&] {
-        const bool native =
-            be->Native16Bit(op) &&
-            AllOne16BitDType({&q.t, &k.t, &v.t, &out.t, &dout.t, &dq.t, &dk.t, &dv.t});
-        return Staged(be, ctx, native, [&](F32Staging& st) -> Status {
-          SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
-          SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
-          SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
-          SK_ASSIGN_OR_RETURN(MatrixRef wo, st.In(out));
-          SK_ASSIGN_OR_RETURN(MatrixRef wdo, st.In(dout));
-          SK_ASSIGN_OR_RETURN(MatrixRef wdq, st.Out(dq));
-          SK_ASSIGN_OR_RETURN(MatrixRef wdk, st.Out(dk));
-          SK_ASSIGN_OR_RETURN(MatrixRef wdv, st.Out(dv));
-          return be->FlashAttentionBackward(ctx, s, wq, wk, wv, wo, wdo, lse, wdq, wdk, wdv,
-                                            workspace);
-        });
-      });
+  const OpCost cost = FlashAttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim,
+                                                 s.causal, q.t.dtype(), s.kv_heads);
+  return DispatchStaged(be, ctx, op, cost, {&q.t, &k.t, &v.t, &out.t, &dout.t, &dq.t, &dk.t, &dv.t},
+                        [&](F32Staging& st) -> Status {
+                          SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wk, st.In(k));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wv, st.In(v));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wo, st.In(out));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wdo, st.In(dout));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wdq, st.Out(dq));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wdk, st.Out(dk));
+                          SK_ASSIGN_OR_RETURN(MatrixRef wdv, st.Out(dv));
+                          return be->FlashAttentionBackward(ctx, s, wq, wk, wv, wo, wdo, lse, wdq,
+                                                            wdk, wdv, workspace);
+                        });
 }
 
 // ---- Embedding and loss -----------------------------------------------------------
@@ -1187,12 +1166,11 @@ Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor&
   const int64_t dim = table.shape().dim(1);
   SK_RETURN_IF_ERROR(CheckNumel(op, "out", out, ids.numel() * dim));
   if (Overlap(out, table)) return Bad(op, "out overlaps table");
-  return Dispatch(be, ctx, EmbeddingForwardCost(ids.numel(), dim, table.dtype(), out.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wt, st.In(table));
-      SK_ASSIGN_OR_RETURN(Tensor wo, st.Out(out));
-      return be->EmbeddingForward(ctx, wt, ids, wo);
-    });
+  const OpCost cost = EmbeddingForwardCost(ids.numel(), dim, table.dtype(), out.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wt, st.In(table));
+    SK_ASSIGN_OR_RETURN(Tensor wo, st.Out(out));
+    return be->EmbeddingForward(ctx, wt, ids, wo);
   });
 }
 
@@ -1209,11 +1187,10 @@ Status EmbeddingBackward(const OpContext& ctx, const Tensor& ids, const Tensor& 
   const int64_t dim = dtable.shape().dim(1);
   SK_RETURN_IF_ERROR(CheckNumel(op, "dout", dout, ids.numel() * dim));
   if (Overlap(dout, dtable)) return Bad(op, "dout overlaps dtable");
-  return Dispatch(be, ctx, EmbeddingBackwardCost(ids.numel(), dim, dout.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wd, st.In(dout));
-      return be->EmbeddingBackward(ctx, ids, wd, dtable);
-    });
+  const OpCost cost = EmbeddingBackwardCost(ids.numel(), dim, dout.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wd, st.In(dout));
+    return be->EmbeddingBackward(ctx, ids, wd, dtable);
   });
 }
 
@@ -1239,11 +1216,10 @@ Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits, const Ten
   SK_RETURN_IF_ERROR(CheckTensor(op, "loss", ctx, loss, {DType::kF32}));
   SK_RETURN_IF_ERROR(CheckNumel(op, "loss", loss, 1));
   if (Overlap(loss, logits)) return Bad(op, "loss overlaps logits");
-  return Dispatch(be, ctx, CrossEntropyForwardCost(targets.numel(), vocab, logits.dtype()), [&] {
-    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-      SK_ASSIGN_OR_RETURN(Tensor wl, st.In(logits));
-      return be->CrossEntropyForward(ctx, wl, targets, loss);
-    });
+  const OpCost cost = CrossEntropyForwardCost(targets.numel(), vocab, logits.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wl, st.In(logits));
+    return be->CrossEntropyForward(ctx, wl, targets, loss);
   });
 }
 
@@ -1258,25 +1234,32 @@ Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Te
   if (Same(logits, dlogits) ? logits.dtype() != dlogits.dtype() : Overlap(logits, dlogits)) {
     return Bad(op, "dlogits overlaps logits");
   }
-  return Dispatch(be, ctx,
-                  CrossEntropyBackwardCost(targets.numel(), vocab, logits.dtype(), dlogits.dtype()),
-                  [&] {
-                    return Staged(be, ctx, be->Native16Bit(op), [&](F32Staging& st) -> Status {
-                      SK_ASSIGN_OR_RETURN(Tensor wl, st.In(logits));
-                      SK_ASSIGN_OR_RETURN(Tensor wd, st.Out(dlogits));
-                      return be->CrossEntropyBackward(ctx, wl, targets, wd);
-                    });
-                  });
+  const OpCost cost =
+      CrossEntropyBackwardCost(targets.numel(), vocab, logits.dtype(), dlogits.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wl, st.In(logits));
+    SK_ASSIGN_OR_RETURN(Tensor wd, st.Out(dlogits));
+    return be->CrossEntropyBackward(ctx, wl, targets, wd);
+  });
 }
 
 // ---- Reductions ---------------------------------------------------------------------
 
+namespace {
+
+// SumOfSquares' and MaxAbs's operands: a float x and one f64 accumulator.
+Status CheckReduction(const char* op, const OpContext& ctx, const Tensor& x, const Tensor& acc) {
+  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "acc", ctx, acc, {DType::kF64}));
+  return CheckNumel(op, "acc", acc, 1);
+}
+
+}  // namespace
+
 Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc) {
   const char* op = "sum_of_squares";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "acc", ctx, acc, {DType::kF64}));
-  SK_RETURN_IF_ERROR(CheckNumel(op, "acc", acc, 1));
+  SK_RETURN_IF_ERROR(CheckReduction(op, ctx, x, acc));
   return Dispatch(be, ctx, SumOfSquaresCost(x.numel(), x.dtype()),
                   [&] { return be->SumOfSquares(ctx, x, acc); });
 }
@@ -1284,9 +1267,7 @@ Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc) {
 Status MaxAbs(const OpContext& ctx, const Tensor& x, const Tensor& acc) {
   const char* op = "max_abs";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "x", ctx, x));
-  SK_RETURN_IF_ERROR(CheckTensor(op, "acc", ctx, acc, {DType::kF64}));
-  SK_RETURN_IF_ERROR(CheckNumel(op, "acc", acc, 1));
+  SK_RETURN_IF_ERROR(CheckReduction(op, ctx, x, acc));
   return Dispatch(be, ctx, MaxAbsCost(x.numel(), x.dtype()), [&] { return be->MaxAbs(ctx, x, acc); });
 }
 

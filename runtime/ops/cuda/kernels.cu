@@ -726,6 +726,28 @@ __device__ __forceinline__ double ReduceStep(double acc, double v) {
   return kSquares ? acc + v * v : fmax(acc, fabs(v));
 }
 
+// Two partial results combined: their sum (SumOfSquares) or their maximum
+// (MaxAbs).
+template <bool kSquares>
+__device__ __forceinline__ double ReduceCombine(double a, double b) {
+  return kSquares ? a + b : fmax(a, b);
+}
+
+// Combines every thread's v in a tree over `shared` (blockDim.x doubles, a
+// power of two); the block's result is left in shared[0]. Every thread of
+// the block calls it (it has barriers).
+template <bool kSquares>
+__device__ __forceinline__ void BlockReduce(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) {
+      shared[threadIdx.x] = ReduceCombine<kSquares>(shared[threadIdx.x], shared[threadIdx.x + s]);
+    }
+    __syncthreads();
+  }
+}
+
 template <bool kSquares>
 __global__ void ReducePartialsKernel(const void* x, DType t, int64_t n, double* partials) {
   __shared__ double shared[kThreads];
@@ -740,15 +762,7 @@ __global__ void ReducePartialsKernel(const void* x, DType t, int64_t n, double* 
     for (int u = 0; u < kReduceUnroll; ++u) acc = ReduceStep<kSquares>(acc, v[u]);
   }
   for (; i < n; i += stride) acc = ReduceStep<kSquares>(acc, LoadF(x, t, i));
-  shared[threadIdx.x] = acc;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) {
-      shared[threadIdx.x] = kSquares ? shared[threadIdx.x] + shared[threadIdx.x + s]
-                                     : fmax(shared[threadIdx.x], shared[threadIdx.x + s]);
-    }
-    __syncthreads();
-  }
+  BlockReduce<kSquares>(acc, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
 }
 
@@ -761,18 +775,10 @@ __global__ void ReduceFinishKernel(const double* partials, int blocks, double* a
   __shared__ double shared[kThreads];
   double a = 0.0;  // partials are sums of squares or |x|: never below 0
   for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
-    a = kSquares ? a + partials[b] : fmax(a, partials[b]);
+    a = ReduceCombine<kSquares>(a, partials[b]);
   }
-  shared[threadIdx.x] = a;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) {
-      shared[threadIdx.x] = kSquares ? shared[threadIdx.x] + shared[threadIdx.x + s]
-                                     : fmax(shared[threadIdx.x], shared[threadIdx.x + s]);
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *acc = kSquares ? *acc + shared[0] : fmax(*acc, shared[0]);
+  BlockReduce<kSquares>(a, shared);
+  if (threadIdx.x == 0) *acc = ReduceCombine<kSquares>(*acc, shared[0]);
 }
 
 __global__ void SgdKernel(SgdHyper h, float* param, const float* grad, float* momentum,
@@ -1062,21 +1068,25 @@ int CrossEntropyBackward(CBuf logits, const int32_t* targets, int64_t rows, int6
                   vocab, count_scratch, dlogits.data, dlogits.dtype);
   return Launched();
 }
-int SumOfSquares(const void* x, DType dt, int64_t n, double* partials, double* acc, void* stream) {
+namespace {
+// SumOfSquares (kSquares) and MaxAbs: the per-block partials, then one
+// block folds them into acc.
+template <bool kSquares>
+int LaunchReduction(const void* x, DType dt, int64_t n, double* partials, double* acc,
+                    void* stream) {
   if (n <= 0) return 0;
-  ReducePartialsKernel<true><<<kReduceBlocks, kThreads, 0, S(stream)>>>(x, dt, n, partials);
+  ReducePartialsKernel<kSquares><<<kReduceBlocks, kThreads, 0, S(stream)>>>(x, dt, n, partials);
   int err = Launched();
   if (err != 0) return err;
-  ReduceFinishKernel<true><<<1, kThreads, 0, S(stream)>>>(partials, kReduceBlocks, acc);
+  ReduceFinishKernel<kSquares><<<1, kThreads, 0, S(stream)>>>(partials, kReduceBlocks, acc);
   return Launched();
 }
+}  // namespace
+int SumOfSquares(const void* x, DType dt, int64_t n, double* partials, double* acc, void* stream) {
+  return LaunchReduction<true>(x, dt, n, partials, acc, stream);
+}
 int MaxAbs(const void* x, DType dt, int64_t n, double* partials, double* acc, void* stream) {
-  if (n <= 0) return 0;
-  ReducePartialsKernel<false><<<kReduceBlocks, kThreads, 0, S(stream)>>>(x, dt, n, partials);
-  int err = Launched();
-  if (err != 0) return err;
-  ReduceFinishKernel<false><<<1, kThreads, 0, S(stream)>>>(partials, kReduceBlocks, acc);
-  return Launched();
+  return LaunchReduction<false>(x, dt, n, partials, acc, stream);
 }
 int SgdUpdate(const SgdHyper& h, float* param, const float* grad, float* momentum, int64_t n,
               void* stream) {
