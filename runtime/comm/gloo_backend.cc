@@ -771,12 +771,9 @@ StatusOr<std::unique_ptr<ProcessGroup>> GlooProcessGroup::NewGroup(const std::ve
   SK_ASSIGN_OR_RETURN(SubGroupNames::Entry sub, sub_groups_.Next(ranks, size(), rank()));
   GlooOptions options = options_;
   options.timeout = timeout;
-  std::vector<int> global;
-  for (int r : ranks) global.push_back(global_ranks_[r]);
   SK_ASSIGN_OR_RETURN(std::unique_ptr<GlooProcessGroup> group,
-                      Make(store_, prefix_ + "/sub[" + sub.ranks + "]#" + std::to_string(sub.occurrence),
-                           sub.sub_rank, static_cast<int>(ranks.size()), options, std::move(global),
-                           state_->heartbeat()));
+                      Make(store_, sub.Prefix(prefix_), sub.sub_rank, static_cast<int>(ranks.size()),
+                           options, SubGroupNames::GlobalRanks(ranks, global_ranks_), state_->heartbeat()));
   return std::unique_ptr<ProcessGroup>(std::move(group));
 }
 

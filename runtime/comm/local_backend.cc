@@ -122,6 +122,19 @@ struct RankCall {
   std::vector<void*> in;
   std::vector<void*> out;
   std::vector<void*> scratch;  // all_reduce: this rank's reduced chunk per entry
+
+  // This rank's call `c`: its fingerprint, description and buffers (no
+  // scratch).
+  static RankCall Of(const Collective& c) {
+    RankCall call;
+    call.fingerprint = CallFingerprint::Of(c);
+    call.description = c.Describe();
+    for (size_t e = 0; e < c.outputs.size(); ++e) {
+      call.in.push_back(c.inputs[e].data());
+      call.out.push_back(c.outputs[e].data());
+    }
+    return call;
+  }
 };
 
 class LocalRendezvous {
@@ -289,9 +302,7 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
   const int n = size_;
   const size_t entries = c.outputs.size();
 
-  RankCall mine;
-  mine.fingerprint = CallFingerprint::Of(c);
-  mine.description = c.Describe();
+  RankCall mine = RankCall::Of(c);
   std::vector<std::shared_ptr<Storage>> scratch_storage;
   struct ReturnScratch {
     ScratchPool& pool;
@@ -302,8 +313,6 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
   } return_scratch{scratch_pool, scratch_storage};
   Status local_failure;
   for (size_t e = 0; e < entries; ++e) {
-    mine.in.push_back(c.inputs[e].data());
-    mine.out.push_back(c.outputs[e].data());
     if (c.kind == CollectiveKind::kAllReduce) {
       size_t count = static_cast<size_t>(c.outputs[e].numel());
       size_t chunk = ChunkBegin(count, n, rank + 1) - ChunkBegin(count, n, rank);
@@ -454,13 +463,7 @@ Status LocalRendezvous::RunOrdered(int rank, const Collective& c, Stream& stream
   const int n = size_;
   const size_t entries = c.outputs.size();
 
-  RankCall mine;
-  mine.fingerprint = CallFingerprint::Of(c);
-  mine.description = c.Describe();
-  for (size_t e = 0; e < entries; ++e) {
-    mine.in.push_back(c.inputs[e].data());
-    mine.out.push_back(c.outputs[e].data());
-  }
+  RankCall mine = RankCall::Of(c);
   std::shared_ptr<Event> ready;
   Status local_failure = RecordNewEvent(device, stream, &ready);
 

@@ -461,12 +461,9 @@ StatusOr<std::unique_ptr<ProcessGroup>> NcclProcessGroup::NewGroup(const std::ve
   SK_ASSIGN_OR_RETURN(SubGroupNames::Entry sub, sub_groups_.Next(ranks, size(), rank()));
   NcclOptions options = options_;
   options.timeout = timeout;
-  std::vector<int> global;
-  for (int r : ranks) global.push_back(global_ranks_[r]);
   SK_ASSIGN_OR_RETURN(std::unique_ptr<NcclProcessGroup> group,
-                      Make(store_, prefix_ + "/sub[" + sub.ranks + "]#" + std::to_string(sub.occurrence),
-                           sub.sub_rank, static_cast<int>(ranks.size()), device_index_, options,
-                           std::move(global)));
+                      Make(store_, sub.Prefix(prefix_), sub.sub_rank, static_cast<int>(ranks.size()),
+                           device_index_, options, SubGroupNames::GlobalRanks(ranks, global_ranks_)));
   return std::unique_ptr<ProcessGroup>(std::move(group));
 }
 

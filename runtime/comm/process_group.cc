@@ -454,4 +454,12 @@ StatusOr<SubGroupNames::Entry> SubGroupNames::Next(const std::vector<int>& ranks
   return e;
 }
 
+std::vector<int> SubGroupNames::GlobalRanks(const std::vector<int>& ranks,
+                                            const std::vector<int>& global_ranks) {
+  std::vector<int> global;
+  global.reserve(ranks.size());
+  for (int r : ranks) global.push_back(global_ranks[r]);
+  return global;
+}
+
 }  // namespace sk::comm

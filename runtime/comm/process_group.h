@@ -294,9 +294,16 @@ class SubGroupNames {
     std::string ranks;  // RankList(ranks): "0,1,3"
     int occurrence;     // 0 the first time this rank asks for that list
     int sub_rank;       // this rank's index in the list
+    // The sub-group's store prefix under its parent's: "<parent>/sub[0,1,3]#k".
+    std::string Prefix(const std::string& parent) const {
+      return parent + "/sub[" + ranks + "]#" + std::to_string(occurrence);
+    }
   };
   // ValidateGroupRanks(ranks, world, self), then the next entry for `ranks`.
   StatusOr<Entry> Next(const std::vector<int>& ranks, int world, int self);
+  // The sub-group members' ranks in the whole world: `global_ranks` (the
+  // parent's members, by parent rank) at each of `ranks`.
+  static std::vector<int> GlobalRanks(const std::vector<int>& ranks, const std::vector<int>& global_ranks);
 
  private:
   std::mutex mu_;
