@@ -68,42 +68,20 @@ TEST(Gpt, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
   GptConfig c = Tiny();
   auto m = MakeModel(c);
   auto p = MakeParams(*m, 5);
-  // Larger init so that every parameter gets a gradient well above f32 noise.
-  for (const Tensor& t : p->all_params()) {
-    float* d = t.data_as<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) d[i] += 0.1f * std::sin(1.0f + 0.37f * i);
-  }
+  SpreadParams(*p);
   TokenBatch batch = RandomBatch(2, 6, 32, 9);
   ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
   const int checked = ExpectGradientsMatchCentralDifferences(*m, *p, batch, "gpt");
   EXPECT_EQ(checked, static_cast<int>(3 * p->all_params().size()));
 }
 
-float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int steps, float lr,
-            std::vector<float>* losses = nullptr) {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::kAdam;
-  o.lr = lr;
-  auto adam = *Optimizer::Create(o, &HostAllocator::Default());
-  auto refs = *ShardRefsFor(p.all_params(), p.all_grads());
-  float loss = 0;
-  for (int s = 0; s < steps; ++s) {
-    p.ZeroGrad();
-    auto l = m.ForwardBackward(batch, p, HostAllocator::Default());
-    CHECK(l.ok()) << l.status();
-    loss = *l;
-    if (losses) losses->push_back(loss);
-    CHECK(adam->Step(ops::HostContext(), refs).ok());
-  }
-  return loss;
-}
 
 TEST(Gpt, TinyModelMemorisesAFixedBatch) {
   auto m = MakeModel(Tiny());
   auto p = MakeParams(*m, 11);
   TokenBatch batch = RandomBatch(4, 8, 32, 12);
   std::vector<float> losses;
-  Train(*m, *p, batch, 150, 1e-2f, &losses);
+  TrainWithAdam(*m, *p, batch, 150, 1e-2f, &losses);
   EXPECT_GT(losses.front(), 3.0f);
   EXPECT_LT(losses.back(), 0.05f) << "first " << losses.front();
 }
@@ -113,8 +91,8 @@ TEST(Gpt, SameSeedGivesBitIdenticalTraining) {
   std::vector<float> la, lb;
   auto m = MakeModel(Tiny());
   auto pa = MakeParams(*m, 21), pb = MakeParams(*m, 21), pc = MakeParams(*m, 22);
-  Train(*m, *pa, batch, 5, 1e-2f, &la);
-  Train(*m, *pb, batch, 5, 1e-2f, &lb);
+  TrainWithAdam(*m, *pa, batch, 5, 1e-2f, &la);
+  TrainWithAdam(*m, *pb, batch, 5, 1e-2f, &lb);
   EXPECT_EQ(la, lb);
   std::vector<float> fa = Flatten(pa->all_params()), fb = Flatten(pb->all_params());
   ASSERT_EQ(fa.size(), fb.size());
@@ -169,7 +147,7 @@ TEST(Gpt, Bf16ComputeStaysWithinToleranceOfF32) {
   }
   EXPECT_LT(std::sqrt(num / den), 0.05);
   // And it still learns.
-  float end = Train(*bf16, *pb, batch, 100, 1e-2f);
+  float end = TrainWithAdam(*bf16, *pb, batch, 100, 1e-2f);
   EXPECT_LT(end, 0.3f);
 }
 
@@ -433,10 +411,7 @@ TEST(Gpt, TiedModelGradientsMatchFiniteDifferencesOfTheLoss) {
   c.tie_word_embeddings = true;
   auto m = MakeModel(c);
   auto p = MakeParams(*m, 5);
-  for (const Tensor& t : p->all_params()) {
-    float* d = t.data_as<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) d[i] += 0.1f * std::sin(1.0f + 0.37f * i);
-  }
+  SpreadParams(*p);
   TokenBatch batch = RandomBatch(2, 6, 32, 9);
   ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
   EXPECT_EQ(ExpectGradientsMatchCentralDifferences(*m, *p, batch, "tied gpt"),

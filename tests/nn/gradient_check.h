@@ -1,5 +1,6 @@
-// What the model tests share: parameters from a seed, gradients flattened,
-// the gradient check against central differences, and the checkpointing
+// What the model tests share: parameters from a seed (and spread out),
+// gradients flattened, a few Adam steps on one batch, the gradient check
+// against central differences, and the checkpointing
 // policies' exactness (gpt_test, llama_test, t5_test, unit_table_test and
 // sharded_hooks_test each had their own copy).
 #ifndef SHARDKIT_TESTS_NN_GRADIENT_CHECK_H_
@@ -17,6 +18,8 @@
 #include "runtime/core/allocator.h"
 #include "runtime/nn/model.h"
 #include "runtime/nn/owned_parameters.h"
+#include "runtime/ops/ops.h"
+#include "runtime/optim/optimizer.h"
 #include "tests/nn/gpt_test_model.h"
 
 namespace sk {
@@ -34,6 +37,37 @@ inline std::vector<float> Flatten(const std::vector<Tensor>& ts) {
   std::vector<float> out;
   for (const Tensor& t : ts) out.insert(out.end(), t.data_as<float>(), t.data_as<float>() + t.numel());
   return out;
+}
+
+// Adds 0.1 sin(phase + freq i) to element i of every parameter: a larger,
+// varied init, so that every parameter gets a gradient well above f32
+// noise before a gradient check.
+inline void SpreadParams(OwnedParameters& p, float phase = 1.0f, float freq = 0.37f) {
+  for (const Tensor& t : p.all_params()) {
+    float* d = t.data_as<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] += 0.1f * std::sin(phase + freq * i);
+  }
+}
+
+// `steps` Adam steps (learning rate `lr`) of `m` on one fixed batch; the
+// last step's loss, every loss appended to `losses` when given.
+inline float TrainWithAdam(const Model& m, OwnedParameters& p, const TokenBatch& batch, int steps,
+                           float lr, std::vector<float>* losses = nullptr) {
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdam;
+  o.lr = lr;
+  auto adam = *Optimizer::Create(o, &HostAllocator::Default());
+  auto refs = *ShardRefsFor(p.all_params(), p.all_grads());
+  float loss = 0;
+  for (int s = 0; s < steps; ++s) {
+    p.ZeroGrad();
+    auto l = m.ForwardBackward(batch, p, HostAllocator::Default());
+    CHECK(l.ok()) << l.status();
+    loss = *l;
+    if (losses != nullptr) losses->push_back(loss);
+    CHECK(adam->Step(ops::HostContext(), refs).ok());
+  }
+  return loss;
 }
 
 // `p` holds the gradients ForwardBackward(batch) just accumulated. At the

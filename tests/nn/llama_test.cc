@@ -247,10 +247,7 @@ TEST(Llama, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
   for (const LlamaConfig& c : {TinyLlama(), TinyQwen2(), tied}) {
     auto m = MakeModel(c);
     auto p = MakeParams(*m, 5);
-    for (const Tensor& t : p->all_params()) {
-      float* d = t.data_as<float>();
-      for (int64_t i = 0; i < t.numel(); ++i) d[i] += 0.1f * std::sin(1.0f + 0.37f * i);
-    }
+    SpreadParams(*p);
     TokenBatch batch = RandomBatch(2, 6, 32, 9);
     ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
     const int checked = ExpectGradientsMatchCentralDifferences(*m, *p, batch, c.name);
@@ -258,31 +255,13 @@ TEST(Llama, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
   }
 }
 
-float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int steps, float lr,
-            std::vector<float>* losses = nullptr) {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::kAdam;
-  o.lr = lr;
-  auto adam = *Optimizer::Create(o, &HostAllocator::Default());
-  auto refs = *ShardRefsFor(p.all_params(), p.all_grads());
-  float loss = 0;
-  for (int s = 0; s < steps; ++s) {
-    p.ZeroGrad();
-    auto l = m.ForwardBackward(batch, p, HostAllocator::Default());
-    CHECK(l.ok()) << l.status();
-    loss = *l;
-    if (losses) losses->push_back(loss);
-    CHECK(adam->Step(ops::HostContext(), refs).ok());
-  }
-  return loss;
-}
 
 TEST(Llama, TinyModelMemorisesAFixedBatch) {
   auto m = MakeModel(TinyLlama());
   auto p = MakeParams(*m, 11);
   TokenBatch batch = RandomBatch(4, 8, 32, 12);
   std::vector<float> losses;
-  Train(*m, *p, batch, 150, 1e-2f, &losses);
+  TrainWithAdam(*m, *p, batch, 150, 1e-2f, &losses);
   EXPECT_GT(losses.front(), 3.0f);
   EXPECT_LT(losses.back(), 0.05f) << "first " << losses.front();
 }

@@ -84,39 +84,20 @@ TEST(T5, HooksRunForwardInUnitOrderAndBackwardInReverse) {
 TEST(T5, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
   auto m = MakeModel(Tiny());
   auto p = MakeParams(*m, 5);
-  for (const Tensor& t : p->all_params()) {
-    float* d = t.data_as<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) d[i] += 0.1f * std::sin(2.0f + 0.31f * i);
-  }
+  SpreadParams(*p, 2.0f, 0.31f);
   TokenBatch batch = ReverseBatch(2, 4, 24, 9);
   batch.source_len = 4;
   ASSERT_TRUE(m->ForwardBackward(batch, *p, HostAllocator::Default()).ok());
   ExpectGradientsMatchCentralDifferences(*m, *p, batch, "t5");
 }
 
-float Train(const Model& m, OwnedParameters& p, const TokenBatch& batch, int steps, float lr) {
-  OptimizerOptions o;
-  o.kind = OptimizerKind::kAdam;
-  o.lr = lr;
-  auto adam = *Optimizer::Create(o, &HostAllocator::Default());
-  auto refs = *ShardRefsFor(p.all_params(), p.all_grads());
-  float loss = 0;
-  for (int s = 0; s < steps; ++s) {
-    p.ZeroGrad();
-    auto l = m.ForwardBackward(batch, p, HostAllocator::Default());
-    CHECK(l.ok()) << l.status();
-    loss = *l;
-    CHECK(adam->Step(ops::HostContext(), refs).ok());
-  }
-  return loss;
-}
 
 TEST(T5, TinyModelMemorisesAReversalBatch) {
   auto m = MakeModel(Tiny());
   auto p = MakeParams(*m, 11);
   TokenBatch batch = ReverseBatch(4, 6, 24, 12);
   float first = *m->Forward(batch, *p, HostAllocator::Default());
-  float last = Train(*m, *p, batch, 150, 1e-2f);
+  float last = TrainWithAdam(*m, *p, batch, 150, 1e-2f);
   EXPECT_GT(first, 3.0f);
   EXPECT_LT(last, 0.05f);
 }
@@ -125,7 +106,7 @@ TEST(T5, SameSeedGivesBitIdenticalTraining) {
   auto m = MakeModel(Tiny());
   TokenBatch batch = ReverseBatch(2, 6, 24, 13);
   auto pa = MakeParams(*m, 21), pb = MakeParams(*m, 21);
-  EXPECT_EQ(Train(*m, *pa, batch, 5, 1e-2f), Train(*m, *pb, batch, 5, 1e-2f));
+  EXPECT_EQ(TrainWithAdam(*m, *pa, batch, 5, 1e-2f), TrainWithAdam(*m, *pb, batch, 5, 1e-2f));
   EXPECT_EQ(Flatten(pa->all_params()), Flatten(pb->all_params()));
 }
 
