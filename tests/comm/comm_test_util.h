@@ -20,6 +20,11 @@
 
 namespace sk::comm::testing {
 
+// Whether `s`'s message contains `text`.
+inline bool Contains(const Status& s, const std::string& text) {
+  return std::string(s.message()).find(text) != std::string::npos;
+}
+
 // Runs fn(rank) on `n` threads and joins them.
 inline void RunRanks(int n, const std::function<void(int)>& fn) {
   Status s = RunRankThreads(n, [&](int r) {

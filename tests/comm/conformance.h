@@ -24,6 +24,13 @@ inline float InputValue(DType dtype, int rank, int64_t i) {
   return RoundTo(dtype, TestValue(static_cast<uint64_t>(rank) * 7919 + 1, i));
 }
 
+// Fills `t` with rank `rank`'s conformance inputs.
+inline void FillRank(const Tensor& t, int rank) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    StoreFromFloat(t.data(), t.dtype(), i, InputValue(t.dtype(), rank, i));
+  }
+}
+
 struct OpCase {
   CollectiveKind kind;
   DType dtype;

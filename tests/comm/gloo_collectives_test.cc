@@ -26,12 +26,9 @@ namespace sk::comm {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Contains;
 using testing::GlooWorld;
 using testing::OpCase;
-
-bool Contains(const Status& s, const std::string& text) {
-  return std::string(s.message()).find(text) != std::string::npos;
-}
 
 class GlooCollectiveTest : public ::testing::TestWithParam<int> {};
 

@@ -11,6 +11,8 @@ namespace sk::comm {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Contains;
+using testing::FillRank;
 using testing::InputValue;
 using testing::MakeStream;
 using testing::MakeTensor;
@@ -21,16 +23,6 @@ std::vector<std::unique_ptr<ProcessGroup>> LocalGroup(int world) {
   auto groups = LocalProcessGroup::Create(world);
   CHECK(groups.ok()) << groups.status();
   return std::move(groups).value();
-}
-
-void FillRank(const Tensor& t, int rank) {
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    StoreFromFloat(t.data(), t.dtype(), i, InputValue(t.dtype(), rank, i));
-  }
-}
-
-bool Contains(const Status& s, const std::string& text) {
-  return std::string(s.message()).find(text) != std::string::npos;
 }
 
 TEST(LocalProcessGroup, CreateRejectsEmptyWorld) {

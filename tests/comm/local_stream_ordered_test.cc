@@ -17,6 +17,8 @@ namespace sk::comm {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Contains;
+using testing::FillRank;
 using testing::CheckOnAllRanks;
 using testing::InputValue;
 using testing::MakeStream;
@@ -31,16 +33,6 @@ std::vector<std::unique_ptr<ProcessGroup>> OrderedGroup(int world) {
   auto groups = LocalProcessGroup::Create(world, options);
   CHECK(groups.ok()) << groups.status();
   return std::move(groups).value();
-}
-
-void FillRank(const Tensor& t, int rank) {
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    StoreFromFloat(t.data(), t.dtype(), i, InputValue(t.dtype(), rank, i));
-  }
-}
-
-bool Contains(const Status& s, const std::string& text) {
-  return std::string(s.message()).find(text) != std::string::npos;
 }
 
 using Param = std::tuple<CollectiveKind, DType, int, int64_t>;

@@ -34,11 +34,7 @@ DdpOptions Options(int64_t bucket_bytes = kDefaultBucketBytes) {
   return o;
 }
 
-std::unique_ptr<GptModel> Tiny(DType compute = DType::kF32) {
-  ModelOptions mo;
-  mo.compute_dtype = compute;
-  return *GptModel::Create(testing::TinyGpt(), mo);
-}
+std::unique_ptr<GptModel> Tiny(DType compute = DType::kF32) { return testing::TinyGptModel(compute); }
 
 TEST(DdpTest, ReplicasAreInitialisedBitIdenticalToOwnedParametersOnEveryRank) {
   auto model = Tiny();

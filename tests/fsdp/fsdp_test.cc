@@ -25,11 +25,7 @@ FsdpOptions Options(ShardingStrategy s = ShardingStrategy::kFullShard) {
   return o;
 }
 
-std::unique_ptr<GptModel> Tiny(DType compute = DType::kF32) {
-  ModelOptions mo;
-  mo.compute_dtype = compute;
-  return *GptModel::Create(testing::TinyGpt(), mo);
-}
+std::unique_ptr<GptModel> Tiny(DType compute = DType::kF32) { return testing::TinyGptModel(compute); }
 
 TEST(FsdpTest, DeferredInitShardsEqualSlicesOfAFullInitBitForBit) {
   auto model = Tiny();

@@ -31,6 +31,13 @@ inline GptConfig TinyGpt() {
   return c;
 }
 
+// The TinyGpt model computing in `compute`.
+inline std::unique_ptr<GptModel> TinyGptModel(DType compute = DType::kF32) {
+  ModelOptions mo;
+  mo.compute_dtype = compute;
+  return *GptModel::Create(TinyGpt(), mo);
+}
+
 // Rows [first, first + rows) of a deterministic global batch for `step`.
 inline TokenBatch MakeBatch(int step, int first, int rows, int seq = 8, int vocab = 32) {
   TokenBatch b;
