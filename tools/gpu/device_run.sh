@@ -44,8 +44,18 @@ if [[ ",$PHASES," == *",0,"* ]]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
     source "$PKG/libpath.sh"
     echo "LIBPATH=$LIBPATH"
-    for d in ${LIBPATH//:/ }; do ls "$d" 2>/dev/null | grep -E '^lib(nccl|cudnn)\.so' | sed "s|^|$d/|"; done
-    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version())' 2>&1
+    # The NCCL and cuDNN the binaries load: the first of each on LIBPATH,
+    # with the file its soname link resolves to (the version is in its name).
+    for lib in libnccl.so.2 libcudnn.so.9; do
+      for d in ${LIBPATH//:/ }; do
+        [[ -e "$d/$lib" ]] && { echo "$lib -> $(readlink -f "$d/$lib")"; break; }
+      done
+    done
+    # PyTorch's own (torch_env.sh's choice of Python: its venv first).
+    for py in ${SK_TORCH_PYTHON:-} /opt/torch/.venv/bin/python python3; do
+      command -v "$py" >/dev/null || continue
+      "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version())' 2>/dev/null && break
+    done
   } > "$OUT/versions.txt" 2>&1
   stamp "versions"; cat "$OUT/versions.txt"
 fi

@@ -13,7 +13,7 @@
 #      dict), resumed at world 2 over NCCL and over gloo on the CPU;
 #   3. kill -9 of rank 2 of 4 in the middle of training: the survivors'
 #      errors and how long each took (launch --on_failure=wait);
-#   4. the C example over NCCL at world 2, and capi_nccl_check at world 2:
+#   4. the C and Rust examples over NCCL at world 2, and capi_nccl_check at world 2:
 #      the C ABI's caller collectives on device buffers and an engine's
 #      custom optimizer step (Lion) on device-pointer views;
 #   5. the NCCL version loaded and its bus bandwidth as a sanity check only
@@ -92,6 +92,14 @@ if [[ -x "$PKG/mp/train_gpt_nccl" ]]; then
   timeout -k 5 120 "${run[@]}" "$PKG/mp/launch" --nproc_per_node=2 --share_gpu=0 --master_port=0 \
     "${run[@]}" "$PKG/mp/train_gpt_nccl" > "$DIR/c_example.log" 2>&1
   echo "c_example: exit $?" >> "$DIR/rc.txt"
+fi
+
+# The Rust example over NCCL (frontends/rust/examples/train_gpt_nccl.rs).
+if [[ -x "$PKG/mp/rust_train_gpt_nccl" ]]; then
+  echo "nccl_suite: frontends/rust/examples/train_gpt_nccl"
+  timeout -k 5 120 "${run[@]}" "$PKG/mp/launch" --nproc_per_node=2 --share_gpu=0 --master_port=0 \
+    "${run[@]}" "$PKG/mp/rust_train_gpt_nccl" > "$DIR/rust_example.log" 2>&1
+  echo "rust_example: exit $?" >> "$DIR/rc.txt"
 fi
 
 # The 0.6.0 C ABI over NCCL: caller collectives and a custom step.

@@ -130,13 +130,20 @@ cp -L "$(command -v luajit)" "$PKG/frontends/lua/luajit"
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
-        print(m["target"]["name"], m["executable"])
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        kind, name = m["target"]["kind"], m["target"]["name"]
+        if kind == ["test"] or (kind == ["example"] and name == "train_gpt_nccl"):
+            print(kind[0], name, m["executable"])
 ' > "$TEST_TMPDIR/rust_tests"
-  [[ -s "$TEST_TMPDIR/rust_tests" ]] || { echo "package: cargo built no Rust test binary" >&2; exit 1; }
-  while read -r name exe; do
-    cp "$exe" "$PKG_ABS/frontends/rust/$name"
-    strip --strip-debug "$PKG_ABS/frontends/rust/$name"
+  grep -q "^test " "$TEST_TMPDIR/rust_tests" || { echo "package: cargo built no Rust test binary" >&2; exit 1; }
+  grep -q "^example " "$TEST_TMPDIR/rust_tests" || { echo "package: cargo built no train_gpt_nccl example" >&2; exit 1; }
+  # Tests into frontends/rust (run.sh runs them); the NCCL example into mp/
+  # beside the C one (nccl_suite.sh starts it under the launcher).
+  while read -r kind name exe; do
+    dest="$PKG_ABS/frontends/rust/$name"
+    [[ "$kind" == example ]] && dest="$PKG_ABS/mp/rust_$name"
+    cp "$exe" "$dest"
+    strip --strip-debug "$dest"
   done < "$TEST_TMPDIR/rust_tests"
 )
 cp capi/include/shardkit/shardkit.h capi/abi_layout.h "$PKG/frontends/rust/"
