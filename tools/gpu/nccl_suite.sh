@@ -68,6 +68,7 @@ timeout -k 5 120 "${run[@]}" "$PKG/mp/launch" --nproc_per_node=4 --share_gpu=0 -
 lpid=$!
 for _ in $(seq 600); do
   grep -q "rank 2\] rank 2: step 5 " "$DIR/kill.log" 2>/dev/null && break
+  kill -0 "$lpid" 2>/dev/null || break  # the launcher is gone: nothing to wait for
   sleep 0.1
 done
 victim=$(cat "$piddir/rank2.pid" 2>/dev/null)
