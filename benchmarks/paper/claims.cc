@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "benchmarks/paper/verdict.h"
@@ -316,6 +317,22 @@ Row LimiterFarFromCap(const Table* t) {
                VerdictName(Combine(verdicts)), rule);
 }
 
+// The hybrid table's FULL_SHARD, HYBRID_SHARD and NO_SHARD rows, each
+// present and ok; nullopt otherwise.
+struct HybridRows {
+  const Row* full;
+  const Row* hybrid;
+  const Row* none;
+};
+std::optional<HybridRows> FindHybridRows(const Table& t) {
+  HybridRows r{FindRow(t, {{"strategy", "FULL_SHARD"}}), FindRow(t, {{"strategy", "HYBRID_SHARD"}}),
+               FindRow(t, {{"strategy", "NO_SHARD"}})};
+  for (const Row* row : {r.full, r.hybrid, r.none}) {
+    if (row == nullptr || !Ok(*row)) return std::nullopt;
+  }
+  return r;
+}
+
 Row HybridTraffic(const Table* t, int world) {
   const std::string id = "hybrid_cross_host_traffic";
   const std::string paper =
@@ -325,13 +342,11 @@ Row HybridTraffic(const Table* t, int world) {
       "measured cross-host bytes per rank (M = f32 parameter bytes): agrees if the order holds and "
       "FULL_SHARD and NO_SHARD are within 10% of their formulas; partly if only the order holds";
   if (t == nullptr) return NotRun(id, paper, "", rule);
-  const Row* full = FindRow(*t, {{"strategy", "FULL_SHARD"}});
-  const Row* hybrid = FindRow(*t, {{"strategy", "HYBRID_SHARD"}});
-  const Row* none = FindRow(*t, {{"strategy", "NO_SHARD"}});
-  if (full == nullptr || hybrid == nullptr || none == nullptr || !Ok(*full) || !Ok(*hybrid) ||
-      !Ok(*none)) {
-    return NotRun(id, paper, "a strategy failed", rule);
-  }
+  const std::optional<HybridRows> rows = FindHybridRows(*t);
+  if (!rows.has_value()) return NotRun(id, paper, "a strategy failed", rule);
+  const Row* full = rows->full;
+  const Row* hybrid = rows->hybrid;
+  const Row* none = rows->none;
   const double m = full->Number("params_m") * 1e6 * 4 / (1 << 20);  // MiB
   const double w = world, g = hybrid->Number("shard_group_size");
   const double f_full = 3 * m * (w - 1) / w, f_none = 2 * m * (w - 1) / w,
@@ -363,13 +378,11 @@ Row HybridSpeed(const Table* t) {
       "holds and the other fails, disagrees if both fail; inconclusive when the speed's [min..max] straddles "
       "1 (the memory part is exact)";
   if (t == nullptr) return NotRun(id, paper, "", rule);
-  const Row* full = FindRow(*t, {{"strategy", "FULL_SHARD"}});
-  const Row* hybrid = FindRow(*t, {{"strategy", "HYBRID_SHARD"}});
-  const Row* none = FindRow(*t, {{"strategy", "NO_SHARD"}});
-  if (full == nullptr || hybrid == nullptr || none == nullptr || !Ok(*full) || !Ok(*hybrid) ||
-      !Ok(*none)) {
-    return NotRun(id, paper, "a strategy failed", rule);
-  }
+  const std::optional<HybridRows> rows = FindHybridRows(*t);
+  if (!rows.has_value()) return NotRun(id, paper, "a strategy failed", rule);
+  const Row* full = rows->full;
+  const Row* hybrid = rows->hybrid;
+  const Row* none = rows->none;
   const Spread speed = TimeRatio(*full, *hybrid);
   const Verdict fast = JudgeRounds(speed, {1.0, kInf, 1.0, kInf});
   const double mf = full->Number("peak_alloc_mib"), mh = hybrid->Number("peak_alloc_mib"),
