@@ -108,7 +108,11 @@ StatusOr<Device*> ResolveRankDevice(const DeviceOptions& o, int rank) {
   }
 }
 
-StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions& o) {
+namespace {
+
+// The network a sim device's world simulates: its profile's network section,
+// GPUs per node overridden by sim_gpus_per_node when > 0.
+StatusOr<comm::NetworkProfile> SimNetwork(const DeviceOptions& o) {
   SK_RETURN_IF_ERROR(ValidateDeviceOptions(o));
   if (o.kind != DeviceKind::kSim) {
     return InvalidArgumentError(std::string("a simulated world needs device kind sim, not ") +
@@ -122,6 +126,13 @@ StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions
   SK_ASSIGN_OR_RETURN(comm::NetworkProfile network, sim::ParseNetworkProfile(profile.network));
   network.name = profile.name;
   if (o.sim_gpus_per_node > 0) network.gpus_per_node = o.sim_gpus_per_node;
+  return network;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions& o) {
+  SK_ASSIGN_OR_RETURN(comm::NetworkProfile network, SimNetwork(o));
   SK_ASSIGN_OR_RETURN(std::unique_ptr<sim::SimProcessGroup> world,
                       sim::SimProcessGroup::Create(network, std::max(1, o.sim_world_size)));
   return std::unique_ptr<comm::ProcessGroup>(std::move(world));
@@ -141,8 +152,10 @@ int RanksPerNode(const comm::ProcessGroup& world) {
 
 StatusOr<int> RanksPerNode(const DeviceOptions& o) {
   if (o.kind != DeviceKind::kSim) return LocalWorldSizeFromEnvironment();
-  SK_ASSIGN_OR_RETURN(std::unique_ptr<comm::ProcessGroup> world, CreateSimWorld(o));
-  return RanksPerNode(*world);
+  // The network CreateSimWorld would simulate, without building its ranks.
+  SK_ASSIGN_OR_RETURN(comm::NetworkProfile network, SimNetwork(o));
+  SK_RETURN_IF_ERROR(network.Validate());
+  return network.gpus_per_node;
 }
 
 Status CheckWorldForDevice(const DeviceOptions& o, const comm::ProcessGroup& world) {

@@ -78,8 +78,9 @@ int LocalWorldSizeFromEnvironment();
 // world's GPUs per node, else LocalWorldSizeFromEnvironment().
 int RanksPerNode(const comm::ProcessGroup& world);
 // The same answer before any world exists, from the options a rank's world
-// would be made for: a sim device's simulated world (CreateSimWorld: the
-// profile's GPUs per node, or sim_gpus_per_node), else
+// would be made for: a sim device's simulated network (as CreateSimWorld
+// reads it, without building the world: the profile's GPUs per node, or
+// sim_gpus_per_node), else
 // LocalWorldSizeFromEnvironment(). What an estimate made without a Trainer
 // (EstimateTrainerMemory) must shard by. Profile errors as CreateSimWorld.
 StatusOr<int> RanksPerNode(const DeviceOptions& options);
