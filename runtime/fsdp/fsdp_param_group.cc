@@ -5,7 +5,27 @@
 #include "runtime/ops/ops.h"
 
 namespace sk::fsdp_internal {
+namespace {
 
+// The view of parameter `param` inside `flat` (the unsharded parameter or
+// gradient, laid out by `layout`), in flat's dtype.
+StatusOr<Tensor> ViewOfParam(const Tensor& flat, const FlatParamLayout& layout, int param) {
+  const DType dtype = flat.dtype();
+  const auto& p = layout.params()[param];
+  return flat.View(static_cast<size_t>(p.offset) * DTypeSize(dtype), dtype, p.shape);
+}
+
+// Every parameter's view inside `flat`, in layout order.
+StatusOr<std::vector<Tensor>> ViewsOfParams(const Tensor& flat, const FlatParamLayout& layout) {
+  std::vector<Tensor> views;
+  for (int p = 0; p < static_cast<int>(layout.params().size()); ++p) {
+    SK_ASSIGN_OR_RETURN(Tensor v, ViewOfParam(flat, layout, p));
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
+}  // namespace
 
 StatusOr<FsdpParamGroup> FsdpParamGroup::Create(FlatParamLayout layout, Allocator& shard_allocator,
                                                 const ops::OpContext& shard_context) {
@@ -47,13 +67,7 @@ Status FsdpParamGroup::WaitForAllGather(Duration timeout) {
 std::shared_ptr<comm::Work> FsdpParamGroup::TakeAllGather() { return std::move(all_gather_); }
 
 StatusOr<std::vector<Tensor>> FsdpParamGroup::ParamViews() const {
-  const DType dtype = unsharded_.dtype();
-  std::vector<Tensor> views;
-  for (const auto& p : layout_.params()) {
-    SK_ASSIGN_OR_RETURN(Tensor v, unsharded_.View(static_cast<size_t>(p.offset) * DTypeSize(dtype), dtype, p.shape));
-    views.push_back(std::move(v));
-  }
-  return views;
+  return ViewsOfParams(unsharded_, layout_);
 }
 
 Status FsdpParamGroup::MakeFullGrad(DType dtype, const ops::OpContext& context) {
@@ -64,18 +78,11 @@ Status FsdpParamGroup::MakeFullGrad(DType dtype, const ops::OpContext& context) 
 }
 
 StatusOr<Tensor> FsdpParamGroup::GradView(int param) const {
-  const DType dtype = full_grad_.dtype();
-  const auto& p = layout_.params()[param];
-  return full_grad_.View(static_cast<size_t>(p.offset) * DTypeSize(dtype), dtype, p.shape);
+  return ViewOfParam(full_grad_, layout_, param);
 }
 
 StatusOr<std::vector<Tensor>> FsdpParamGroup::GradViews() const {
-  std::vector<Tensor> views;
-  for (int p = 0; p < static_cast<int>(layout_.params().size()); ++p) {
-    SK_ASSIGN_OR_RETURN(Tensor v, GradView(p));
-    views.push_back(std::move(v));
-  }
-  return views;
+  return ViewsOfParams(full_grad_, layout_);
 }
 
 void FsdpParamGroup::Abandon(bool keep_unsharded) {
