@@ -33,6 +33,7 @@ LIMIT_MIB=48  # leaves room under the 64 MiB carry limit
 TESTS=(
   //tests/ops:conformance_test
   //tests/ops:sdpa_plan_test
+  //tests/ops:cuda_handles_test
   //tests/ops:init_test
   //tests/comm:local_cuda_test
   //tests/comm:nccl_test

@@ -17,6 +17,7 @@
 
 #include "runtime/core/env.h"
 #include "runtime/ops/cuda/cudnn_attention.h"
+#include "runtime/ops/cuda/handle_pool.h"
 #include "runtime/ops/cuda/kernels.h"
 #include "runtime/ops/cuda/sdpa_plan.h"
 
@@ -89,10 +90,9 @@ bool FusedEpilogues() {
   return on;
 }
 
-StatusOr<cublasHandle_t> Handle(int device) {
-  thread_local std::map<int, cublasHandle_t> handles;
-  auto it = handles.find(device);
-  if (it != handles.end()) return it->second;
+// A cuBLAS handle with our math mode (below), made with `device` current.
+StatusOr<cublasHandle_t> NewHandle(int device) {
+  SK_CUDA_OP("cublasCreate", cudaSetDevice(device));
   cublasHandle_t h = nullptr;
   cublasStatus_t st = cublasCreate(&h);
   if (st != CUBLAS_STATUS_SUCCESS) {
@@ -111,9 +111,32 @@ StatusOr<cublasHandle_t> Handle(int device) {
     cublasDestroy(h);
     return UnavailableError(std::string("cublasSetMathMode failed: ") + cublasGetStatusString(st));
   }
-  handles[device] = h;  // lives as long as the thread; cuBLAS handles are cheap to keep
   return h;
 }
+
+// The process's cuBLAS and cuBLASLt handles, lent to the threads that run
+// ops (handle_pool.h: a thread keeps its handle while it lives and gives it
+// back when it exits; never destroyed).
+cuda::ThreadHandlePool<cublasHandle_t>& CublasHandles() {
+  static auto* pool = new cuda::ThreadHandlePool<cublasHandle_t>(NewHandle);
+  return *pool;
+}
+cuda::ThreadHandlePool<cublasLtHandle_t>& CublasLtHandles() {
+  static auto* pool = new cuda::ThreadHandlePool<cublasLtHandle_t>(
+      [](int device) -> StatusOr<cublasLtHandle_t> {
+        SK_CUDA_OP("cublasLtCreate", cudaSetDevice(device));
+        cublasLtHandle_t h = nullptr;
+        cublasStatus_t st = cublasLtCreate(&h);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+          return UnavailableError(std::string("cublasLtCreate failed: ") + cublasGetStatusString(st));
+        }
+        return h;
+      });
+  return *pool;
+}
+
+// This thread's cuBLAS handle for `device` (the caller binds its stream).
+StatusOr<cublasHandle_t> Handle(int device) { return CublasHandles().Get(device); }
 
 // Row-major C = alpha op(A) op(B) + beta C for `batch` matrices at the given
 // strides, as column-major C^T = op(B)^T op(A)^T: operands and sizes swap,
@@ -154,18 +177,8 @@ Status GemmStrided(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n,
   return OkStatus();
 }
 
-StatusOr<cublasLtHandle_t> LtHandle(int device) {
-  thread_local std::map<int, cublasLtHandle_t> handles;
-  auto it = handles.find(device);
-  if (it != handles.end()) return it->second;
-  cublasLtHandle_t h = nullptr;
-  cublasStatus_t st = cublasLtCreate(&h);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    return UnavailableError(std::string("cublasLtCreate failed: ") + cublasGetStatusString(st));
-  }
-  handles[device] = h;  // lives as long as the thread, as Handle()'s
-  return h;
-}
+// This thread's cuBLASLt handle for `device`.
+StatusOr<cublasLtHandle_t> LtHandle(int device) { return CublasLtHandles().Get(device); }
 
 // cuBLASLt's workspace per fused GEMM, from ctx.alloc (cuBLAS's own default
 // on Hopper is 32 MiB; the heuristic ranks algorithms that fit this).
@@ -181,10 +194,37 @@ uint32_t Alignment(const void* p) {
   return al;
 }
 
-// One fused GEMM's shape, dtypes and alignments: the key of the
-// per-thread cache of cuBLASLt's chosen algorithm.
+// One fused GEMM's device, shape, dtypes and alignments: the key of the
+// process's cache of cuBLASLt's chosen algorithm.
 using LtKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
                          bool, uint32_t, uint32_t, uint32_t, uint32_t, int>;
+
+// cuBLASLt's answer per LtKey: whether it offered an algorithm, and which.
+// Asked once per process (the heuristic costs more host time than the
+// launch; its answer depends on the device and the key, not the handle),
+// so threads that come and go (a local session's steps) do not ask again.
+class LtAlgoCache {
+ public:
+  static LtAlgoCache& Get() {
+    static auto* cache = new LtAlgoCache;  // ops may run at exit
+    return *cache;
+  }
+  bool Find(const LtKey& key, std::pair<bool, cublasLtMatmulAlgo_t>* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = algos_.find(key);
+    if (it == algos_.end()) return false;
+    *out = it->second;
+    return true;
+  }
+  void Put(const LtKey& key, std::pair<bool, cublasLtMatmulAlgo_t> value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    algos_[key] = value;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<LtKey, std::pair<bool, cublasLtMatmulAlgo_t>> algos_;
+};
 
 // Row-major D = alpha op(A) op(B) + bias [n] in every row (+ residual R,
 // D's shape and dtype, when r is not null) as one cuBLASLt matmul with the
@@ -261,22 +301,22 @@ Status LtGemmEpilogue(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t
   pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
   pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
   pset(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
-  // The heuristic's answer per shape, dtypes and alignments, asked once per
-  // thread (it costs more host time than the launch).
-  thread_local std::map<LtKey, std::pair<bool, cublasLtMatmulAlgo_t>> algos;
+  // The heuristic's answer per device, shape, dtypes and alignments, asked
+  // once per process (LtAlgoCache).
   const LtKey key{ctx.device->id().index, ta, tb, m, n, k, lda, ldb, static_cast<int>(ab),
                   static_cast<int>(dt), r != nullptr, al_a, al_b, al_c, al_d, static_cast<int>(epi)};
-  auto found = algos.find(key);
-  if (st == CUBLAS_STATUS_SUCCESS && found == algos.end()) {
+  std::pair<bool, cublasLtMatmulAlgo_t> found{false, {}};
+  if (st == CUBLAS_STATUS_SUCCESS && !LtAlgoCache::Get().Find(key, &found)) {
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;
     st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, lc, pref, 1, &result, &count);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) st = CUBLAS_STATUS_SUCCESS, count = 0;
     if (st == CUBLAS_STATUS_SUCCESS) {
-      found = algos.emplace(key, std::make_pair(count > 0, result.algo)).first;
+      found = {count > 0, result.algo};
+      LtAlgoCache::Get().Put(key, found);
     }
   }
-  if (st == CUBLAS_STATUS_SUCCESS && found->second.first) {
+  if (st == CUBLAS_STATUS_SUCCESS && found.first) {
     auto ws = ctx.alloc->Empty(DType::kF32, Shape{static_cast<int64_t>(kLtWorkspaceBytes / 4)});
     if (!ws.ok()) {
       release();
@@ -284,11 +324,11 @@ Status LtGemmEpilogue(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t
     }
     const float beta = r != nullptr ? 1.0f : 0.0f;
     st = cublasLtMatmul(h, op, &alpha, b, la, a, lb, &beta, r != nullptr ? r : d, lc, d, lc,
-                        &found->second.second, ws->data(), kLtWorkspaceBytes,
+                        &found.second, ws->data(), kLtWorkspaceBytes,
                         static_cast<cudaStream_t>(S(ctx)));
     if (st == CUBLAS_STATUS_SUCCESS) *ran = true;
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // the caller runs the unfused ops
-      found->second.first = false;
+      LtAlgoCache::Get().Put(key, {false, found.second});
       st = CUBLAS_STATUS_SUCCESS;
     }
   }
@@ -1078,6 +1118,13 @@ class CudaBackend final : public OpBackend {
 };
 
 }  // namespace
+
+namespace cuda {
+int LibraryHandlesCreated(int device) {
+  return CublasHandles().created(device) + CublasLtHandles().created(device) +
+         CudnnHandlesCreated(device);
+}
+}  // namespace cuda
 
 OpBackend* CudaOpBackend() {
   static CudaBackend* backend = new CudaBackend();

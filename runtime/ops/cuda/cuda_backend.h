@@ -30,7 +30,9 @@
 // --config=cuda (ops.cc); nothing else refers to it.
 //
 // Thread safety: ops may be called from any thread; each thread has its own
-// cuBLAS handle per device.
+// cuBLAS, cuBLASLt and cuDNN handle per device, lent from a per-device pool
+// and given back when the thread exits (cuda/handle_pool.h), and the
+// cuBLASLt algorithm choices are cached for the process.
 #ifndef SHARDKIT_RUNTIME_OPS_CUDA_CUDA_BACKEND_H_
 #define SHARDKIT_RUNTIME_OPS_CUDA_CUDA_BACKEND_H_
 
@@ -40,6 +42,17 @@ namespace sk::ops {
 
 // The process-wide CUDA backend (never destroyed).
 OpBackend* CudaOpBackend();
+
+namespace cuda {
+
+// The library handles (cuBLAS, cuBLASLt and cuDNN together) made so far for
+// cuda:`device` (handle_pool.h). A thread that follows another (a local
+// session's next step) is lent the handle the other gave back, so this
+// stops growing once every concurrent thread has its own
+// (//tests/ops:cuda_handles_test checks it on a GPU).
+int LibraryHandlesCreated(int device);
+
+}  // namespace cuda
 
 }  // namespace sk::ops
 

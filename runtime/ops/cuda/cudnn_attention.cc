@@ -1,5 +1,6 @@
 #include "runtime/ops/cuda/cudnn_attention.h"
 #include "runtime/core/env.h"
+#include "runtime/ops/cuda/handle_pool.h"
 
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -95,18 +96,26 @@ void Output(const std::shared_ptr<TensorAttr>& t, Uid uid, const SdpaTensorLayou
   t->set_output(true).set_uid(uid).set_dim(V(l.dim)).set_stride(V(l.stride));
 }
 
-StatusOr<cudnnHandle_t> Handle(int device) {
-  thread_local std::map<int, cudnnHandle_t> handles;
-  auto it = handles.find(device);
-  if (it != handles.end()) return it->second;
-  cudnnHandle_t h = nullptr;
-  const cudnnStatus_t st = fe::detail::create_handle(&h);
-  if (st != CUDNN_STATUS_SUCCESS) {
-    return UnavailableError(std::string("cudnnCreate failed: ") + fe::detail::get_error_string(st));
-  }
-  handles[device] = h;  // lives as long as the thread, as the cuBLAS handles
-  return h;
+// The process's cuDNN handles, lent to the threads that run attention
+// (handle_pool.h: a thread keeps its handle while it lives and gives it
+// back when it exits, so the graphs built on it serve the next thread too;
+// never destroyed).
+ThreadHandlePool<cudnnHandle_t>& Handles() {
+  static auto* pool = new ThreadHandlePool<cudnnHandle_t>([](int d) -> StatusOr<cudnnHandle_t> {
+    if (cudaSetDevice(d) != cudaSuccess) {
+      cudaGetLastError();
+      return UnavailableError("cudnnCreate: cuda:" + std::to_string(d) + " cannot be made current");
+    }
+    cudnnHandle_t h = nullptr;
+    const cudnnStatus_t st = fe::detail::create_handle(&h);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      return UnavailableError(std::string("cudnnCreate failed: ") + fe::detail::get_error_string(st));
+    }
+    return h;
+  });
+  return *pool;
 }
+StatusOr<cudnnHandle_t> Handle(int device) { return Handles().Get(device); }
 
 // The graph of `p`, built on `h`: SDPA forward with its statistics (the
 // log-sum-exp per row), or SDPA backward from them; f32 softmax and
@@ -151,9 +160,10 @@ StatusOr<std::shared_ptr<Graph>> Build(const SdpaPlan& p, cudnnHandle_t h) {
   return g;
 }
 
-// Built graphs by handle (so by thread and device: a plan is built on a
-// handle and executed only with it) and plan key; failures are cached too,
-// so an unsupported shape is tried once per handle.
+// Built graphs by handle (a plan is built on a handle and executed only
+// with it; handles are pooled per device, so a graph serves every thread
+// that is later lent its handle) and plan key; failures are cached too, so
+// an unsupported shape is tried once per handle.
 struct Cache {
   std::mutex mu;
   std::map<std::pair<cudnnHandle_t, std::string>, StatusOr<std::shared_ptr<Graph>>> graphs;
@@ -201,6 +211,8 @@ Status CudnnAvailable(int64_t* version) {
   if (version != nullptr) *version = lib.version;
   return lib.status;
 }
+
+int CudnnHandlesCreated(int device) { return Handles().created(device); }
 
 Status CudnnSdpaForward(const OpContext& ctx, const SdpaPlan& plan, const void* q, const void* k,
                         const void* v, void* out, float* lse) {

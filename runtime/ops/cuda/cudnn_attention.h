@@ -7,11 +7,14 @@
 //   NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING), from the library path: a
 //   binary starts without cuDNN, and a machine without it gets an error
 //   here, never an abort. SK_CUDNN_ATTENTION=0 turns the path off.
-// - Graphs are built once per SdpaPlan::CacheKey() and cuDNN handle (so per
-//   thread and device; heuristics mode A, the first plan that builds) and
-//   cached for the process.
-// - One cudnnHandle_t per thread and device (as the cuBLAS handles),
-//   bound to ctx.stream before each execution.
+// - Graphs are built once per SdpaPlan::CacheKey() and cuDNN handle
+//   (heuristics mode A, the first plan that builds) and cached for the
+//   process.
+// - One cudnnHandle_t per thread and device (as the cuBLAS handles), lent
+//   from a per-device pool and given back when the thread exits
+//   (handle_pool.h), so a thread that follows another (a local session's
+//   next step) runs on the graphs already built; bound to ctx.stream before
+//   each execution.
 // - Workspace: `workspace` when it is large enough (the op layer's declared
 //   bytes), else a temporary from ctx.alloc for the call, in stream order.
 //
@@ -35,6 +38,9 @@ namespace sk::ops::cuda {
 // path is not turned off; else Unavailable with the reason. The cuDNN
 // version loaded, as cudnnGetVersion() gives it, in *version (0 if none).
 Status CudnnAvailable(int64_t* version = nullptr);
+
+// cuDNN handles made so far for cuda:`device` (LibraryHandlesCreated).
+int CudnnHandlesCreated(int device);
 
 // plan: MakeSdpaForwardPlan; pointers to the first element of each operand.
 Status CudnnSdpaForward(const OpContext& ctx, const SdpaPlan& plan, const void* q, const void* k,
