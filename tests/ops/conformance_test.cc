@@ -804,8 +804,10 @@ TEST_P(Conformance, InitPhiloxSlicesMatchTheFullParameter) {
 // ---- Bias -------------------------------------------------------------------------
 
 TEST_P(Conformance, BiasOps) {
-  // 300 rows: three row chunks, the last partial; 130 columns: two column tiles.
-  for (auto [rows, cols] : RowShapes({1, 7, 33}, {{300, 130}, {129, 1}})) {
+  // 300 rows: three row chunks, the last partial; 130 columns: two column
+  // tiles; 64 columns: the CUDA broadcast's 16-byte vector path (columns a
+  // multiple of 8).
+  for (auto [rows, cols] : RowShapes({1, 7, 33}, {{300, 130}, {129, 1}, {37, 64}})) {
     {
       Vec bias = R(Random(static_cast<size_t>(cols), 11), DType::kF32);
       Vec y = R(Random(static_cast<size_t>(rows * cols), 12), DType::kF32);
@@ -1757,7 +1759,10 @@ TEST_P(Conformance, ReadValuesEveryDTypeInOrder) {
 // rounds P and dS as its header says, which the Attention test bounds.
 TEST_P(Conformance, ModelOpsOn16BitOperandsAreTheF32OpRoundedOnce) {
   const bool native_attention = BackendFor(GetParam())->Native16Bit("attention_fwd");
-  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{13, 33}, {300, 130}, {3, 1100}}) {
+  // {5, 64}: columns a multiple of 8 (the CUDA kernels' 16-byte vector
+  // paths for every element, as the model's shapes take them).
+  for (auto [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{13, 33}, {300, 130}, {3, 1100}, {5, 64}}) {
   for (DType t : {DType::kBF16, DType::kF16}) {
     const std::string dt =
         std::string(DTypeName(t)) + " " + std::to_string(rows) + "x" + std::to_string(cols);
