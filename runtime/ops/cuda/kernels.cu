@@ -485,6 +485,58 @@ __device__ __forceinline__ float GroupRowMax(const void* x, DType t, int64_t row
   return G::Reduce(m, MaxOp(), shared);
 }
 
+// The normalisation kernels (LayerNorm, RMSNorm; forward and the input
+// gradient) hand out a row in chunks of kVec elements instead: thread
+// Rank() owns chunks c = Rank() + k * kSize, elements [c kVec, c kVec +
+// kVec) of the row, and visits them in k order and each chunk's elements in
+// order. A chunk is one or two 16-byte loads where the operand allows it
+// (RowVec: 16-byte aligned and rows a whole number of 16-byte words; the
+// row's last chunk may be short and goes element by element), else eight
+// scalar loads: the order of every sum is the chunks', whichever loads ran,
+// so a 16-bit operand at an odd offset gives the bits an aligned one does.
+
+// Whether rows of `cols` elements of p (dtype t) start on 16-byte boundaries.
+__device__ __forceinline__ bool RowVec(const void* p, DType t, int64_t cols) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (cols * static_cast<int64_t>(DTypeSize(t))) % 16 == 0;
+}
+
+// count (1..kVec) elements of p (dtype t) from element `at` as f32 into v
+// (the rest of v 0): 16-byte loads when vec and count == kVec.
+__device__ __forceinline__ void LoadChunk(const void* p, DType t, int64_t at, int count, bool vec,
+                                          float (&v)[kVec]) {
+  if (vec && count == kVec) {
+    switch (t) {
+      case DType::kBF16: LoadVec(static_cast<const BF16*>(p) + at, v); return;
+      case DType::kF16: LoadVec(static_cast<const F16*>(p) + at, v); return;
+      default: LoadVec(static_cast<const float*>(p) + at, v); return;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) v[e] = e < count ? LoadF(p, t, at + e) : 0.0f;
+}
+
+// v's first count elements rounded to t into p from element `at`.
+__device__ __forceinline__ void StoreChunk(void* p, DType t, int64_t at, int count, bool vec,
+                                           const float (&v)[kVec]) {
+  if (vec && count == kVec) {
+    switch (t) {
+      case DType::kBF16: StoreVec(static_cast<BF16*>(p) + at, v); return;
+      case DType::kF16: StoreVec(static_cast<F16*>(p) + at, v); return;
+      default: StoreVec(static_cast<float*>(p) + at, v); return;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    if (e < count) StoreF(p, t, at + e, v[e]);
+  }
+}
+
+// The chunks of a row of `cols` that thread G::Rank() owns: for (c ...) with
+// j = c * kVec its first element and n = its length.
+#define SK_FOR_ROW_CHUNKS(G, cols, j, n)                                                         \
+  for (int64_t sk_c_ = G::Rank(), j = sk_c_ * kVec; j < (cols); sk_c_ += G::kSize, j = sk_c_ * kVec) \
+    if (const int n = static_cast<int>((cols) - j < kVec ? (cols) - j : kVec); true)
+
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
     LayerNormKernel(const void* x, DType xt, const void* gamma, DType gt, const void* beta,
@@ -492,21 +544,35 @@ __global__ void __launch_bounds__(kThreads)
                     float* rstd_out) {
   __shared__ float shared[kWarpsPerBlock];
   const float n = static_cast<float>(cols);
+  const bool vx = RowVec(x, xt, cols), vy = RowVec(y, yt, cols);
+  const bool vg = RowVec(gamma, gt, cols), vb = RowVec(beta, bt, cols);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     const int64_t o = r * cols;
     float s = 0.0f;
-    for (int64_t j = G::Rank(); j < cols; j += G::kSize) s += LoadF(x, xt, o + j);
+    SK_FOR_ROW_CHUNKS(G, cols, j, m) {
+      float xv[kVec];
+      LoadChunk(x, xt, o + j, m, vx, xv);
+      for (int e = 0; e < m; ++e) s += xv[e];
+    }
     const float mean = G::Reduce(s, AddOp(), shared) / n;
     float v = 0.0f;
-    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      const float d = LoadF(x, xt, o + j) - mean;
-      v += d * d;
+    SK_FOR_ROW_CHUNKS(G, cols, j, m) {
+      float xv[kVec];
+      LoadChunk(x, xt, o + j, m, vx, xv);
+      for (int e = 0; e < m; ++e) {
+        const float d = xv[e] - mean;
+        v += d * d;
+      }
     }
     const float rstd = nn_math::LayerNormRstd(G::Reduce(v, AddOp(), shared) / n);
-    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      StoreF(y, yt, o + j,
-             nn_math::LayerNormOut(LoadF(x, xt, o + j), mean, rstd, LoadF(gamma, gt, j),
-                                   LoadF(beta, bt, j)));
+    SK_FOR_ROW_CHUNKS(G, cols, j, m) {
+      float xv[kVec], gv[kVec], bv[kVec], out[kVec];
+      LoadChunk(x, xt, o + j, m, vx, xv);
+      LoadChunk(gamma, gt, j, m, vg, gv);
+      LoadChunk(beta, bt, j, m, vb, bv);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) out[e] = nn_math::LayerNormOut(xv[e], mean, rstd, gv[e], bv[e]);
+      StoreChunk(y, yt, o + j, m, vy, out);
     }
     if (G::Rank() == 0) {
       mean_out[r] = mean;
@@ -524,23 +590,38 @@ __global__ void __launch_bounds__(kThreads)
                             int64_t cols, void* dx, DType dxt) {
   __shared__ float shared[kWarpsPerBlock];
   const float inv_n = 1.0f / static_cast<float>(cols);
+  const bool vx = RowVec(x, xt, cols), vg = RowVec(gamma, gt, cols);
+  const bool vdy = RowVec(dy, dyt, cols), vdx = RowVec(dx, dxt, cols);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     const int64_t o = r * cols;
     const float mu = mean[r], rs = rstd[r];
     float sg = 0.0f, sgx = 0.0f;
-    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      const float xhat = nn_math::LayerNormXhat(LoadF(x, xt, o + j), mu, rs);
-      const float g = LoadF(dy, dyt, o + j) * LoadF(gamma, gt, j);
-      sg += g;
-      sgx += g * xhat;
+    SK_FOR_ROW_CHUNKS(G, cols, j, m) {
+      float xv[kVec], gv[kVec], dv[kVec];
+      LoadChunk(x, xt, o + j, m, vx, xv);
+      LoadChunk(gamma, gt, j, m, vg, gv);
+      LoadChunk(dy, dyt, o + j, m, vdy, dv);
+      for (int e = 0; e < m; ++e) {
+        const float xhat = nn_math::LayerNormXhat(xv[e], mu, rs);
+        const float g = dv[e] * gv[e];
+        sg += g;
+        sgx += g * xhat;
+      }
     }
     const float mean_g = G::Reduce(sg, AddOp(), shared) * inv_n;
     const float mean_g_xhat = G::Reduce(sgx, AddOp(), shared) * inv_n;
-    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      const float in = nn_math::LayerNormGradIn(nn_math::LayerNormXhat(LoadF(x, xt, o + j), mu, rs),
-                                                LoadF(dy, dyt, o + j), LoadF(gamma, gt, j), rs,
-                                                mean_g, mean_g_xhat);
-      StoreF(dx, dxt, o + j, LoadF(dx, dxt, o + j) + in);
+    SK_FOR_ROW_CHUNKS(G, cols, j, m) {
+      float xv[kVec], gv[kVec], dv[kVec], acc[kVec];
+      LoadChunk(x, xt, o + j, m, vx, xv);
+      LoadChunk(gamma, gt, j, m, vg, gv);
+      LoadChunk(dy, dyt, o + j, m, vdy, dv);
+      LoadChunk(dx, dxt, o + j, m, vdx, acc);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        acc[e] += nn_math::LayerNormGradIn(nn_math::LayerNormXhat(xv[e], mu, rs), dv[e], gv[e], rs,
+                                           mean_g, mean_g_xhat);
+      }
+      StoreChunk(dx, dxt, o + j, m, vdx, acc);
     }
   }
 }
@@ -552,16 +633,23 @@ __global__ void __launch_bounds__(kThreads)
                   int64_t cols, float eps, void* y, DType yt, float* rstd_out) {
   __shared__ float shared[kWarpsPerBlock];
   const float n = static_cast<float>(cols);
+  const bool vx = RowVec(x, xt, cols), vg = RowVec(gamma, gt, cols), vy = RowVec(y, yt, cols);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     const int64_t o = r * cols;
     float sq = 0.0f;
-    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      const float v = LoadF(x, xt, o + j);
-      sq += v * v;
+    SK_FOR_ROW_CHUNKS(G, cols, j, m) {
+      float xv[kVec];
+      LoadChunk(x, xt, o + j, m, vx, xv);
+      for (int e = 0; e < m; ++e) sq += xv[e] * xv[e];
     }
     const float rstd = nn_math::RmsNormRstd(G::Reduce(sq, AddOp(), shared) / n, eps);
-    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      StoreF(y, yt, o + j, LoadF(x, xt, o + j) * rstd * LoadF(gamma, gt, j));
+    SK_FOR_ROW_CHUNKS(G, cols, j, m) {
+      float xv[kVec], gv[kVec], out[kVec];
+      LoadChunk(x, xt, o + j, m, vx, xv);
+      LoadChunk(gamma, gt, j, m, vg, gv);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) out[e] = xv[e] * rstd * gv[e];
+      StoreChunk(y, yt, o + j, m, vy, out);
     }
     if (G::Rank() == 0) rstd_out[r] = rstd;
   }
@@ -576,18 +664,31 @@ __global__ void __launch_bounds__(kThreads)
                           DType dxt) {
   __shared__ float shared[kWarpsPerBlock];
   const float inv_n = 1.0f / static_cast<float>(cols);
+  const bool vx = RowVec(x, xt, cols), vg = RowVec(gamma, gt, cols);
+  const bool vdy = RowVec(dy, dyt, cols), vdx = RowVec(dx, dxt, cols);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     const int64_t o = r * cols;
     const float rs = rstd[r];
     float sgx = 0.0f;
-    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      sgx += LoadF(dy, dyt, o + j) * LoadF(gamma, gt, j) * LoadF(x, xt, o + j) * rs;
+    SK_FOR_ROW_CHUNKS(G, cols, j, m) {
+      float xv[kVec], gv[kVec], dv[kVec];
+      LoadChunk(x, xt, o + j, m, vx, xv);
+      LoadChunk(gamma, gt, j, m, vg, gv);
+      LoadChunk(dy, dyt, o + j, m, vdy, dv);
+      for (int e = 0; e < m; ++e) sgx += dv[e] * gv[e] * xv[e] * rs;
     }
     const float mean_g_xhat = G::Reduce(sgx, AddOp(), shared) * inv_n;
-    for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      const float in = nn_math::RmsNormGradIn(LoadF(x, xt, o + j), LoadF(dy, dyt, o + j),
-                                              LoadF(gamma, gt, j), rs, mean_g_xhat);
-      StoreF(dx, dxt, o + j, LoadF(dx, dxt, o + j) + in);
+    SK_FOR_ROW_CHUNKS(G, cols, j, m) {
+      float xv[kVec], gv[kVec], dv[kVec], acc[kVec];
+      LoadChunk(x, xt, o + j, m, vx, xv);
+      LoadChunk(gamma, gt, j, m, vg, gv);
+      LoadChunk(dy, dyt, o + j, m, vdy, dv);
+      LoadChunk(dx, dxt, o + j, m, vdx, acc);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        acc[e] += nn_math::RmsNormGradIn(xv[e], dv[e], gv[e], rs, mean_g_xhat);
+      }
+      StoreChunk(dx, dxt, o + j, m, vdx, acc);
     }
   }
 }
