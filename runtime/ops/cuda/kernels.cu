@@ -2,7 +2,8 @@
 // backend runs (runtime/ops/math.h's per-element helpers), so host tests of
 // that arithmetic cover what the GPU computes per element. Elementwise ops:
 // eight elements per thread in 16-byte words where every operand shares one
-// dtype and is aligned (VecMapKernel; GELU, SwiGLU, Axpy, BroadcastRows),
+// dtype and is aligned (VecMapKernel; GELU, SwiGLU, Axpy, BroadcastRows,
+// Adam),
 // else one thread per element. Per-row ops (LayerNorm, softmax, cross-entropy):
 // a warp or a block per row with fixed-order tree reductions. Per-column sums
 // (bias and LayerNorm parameter gradients): two levels, column tiles by row
@@ -191,6 +192,16 @@ struct SwiGluGradOp {  // gate, up, dy -> dgate, dup
   __device__ void operator()(const float (&x)[3], float (&y)[2]) const {
     y[0] = x[2] * x[1] * nn_math::SiluGrad(x[0]);
     y[1] = x[2] * nn_math::Silu(x[0]);
+  }
+};
+struct AdamOp {  // param, grad, exp_avg, exp_avg_sq -> param, exp_avg, exp_avg_sq (f32)
+  AdamHyper h;
+  __device__ void operator()(const float (&x)[4], float (&y)[3]) const {
+    float param = x[0], exp_avg = x[2], exp_avg_sq = x[3];
+    sk::AdamUpdate(param, x[1], exp_avg, exp_avg_sq, h);
+    y[0] = param;
+    y[1] = exp_avg;
+    y[2] = exp_avg_sq;
   }
 };
 struct AxpyOp {  // x, y -> y
@@ -1373,6 +1384,14 @@ int SgdUpdate(const SgdHyper& h, float* param, const float* grad, float* momentu
 }
 int AdamUpdate(const AdamHyper& h, float* param, const float* grad, float* exp_avg,
                float* exp_avg_sq, int64_t n, void* stream) {
+  if (n <= 0) return 0;
+  const DType f = DType::kF32;
+  if (int err = TryVecMap<4, 3>(f, {CBuf{param, f}, CBuf{grad, f}, CBuf{exp_avg, f}, CBuf{exp_avg_sq, f}},
+                                {Buf{param, f}, Buf{exp_avg, f}, Buf{exp_avg_sq, f}}, n, AdamOp{h},
+                                S(stream));
+      err >= 0) {
+    return err;  // every flat shard's state is 16-byte aligned: the usual path
+  }
   SK_LAUNCH(n, AdamKernel, h, param, grad, exp_avg, exp_avg_sq, n);
 }
 
