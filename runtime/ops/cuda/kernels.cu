@@ -548,6 +548,22 @@ __device__ __forceinline__ void StoreChunk(void* p, DType t, int64_t at, int cou
   for (int64_t sk_c_ = G::Rank(), j = sk_c_ * kVec; j < (cols); sk_c_ += G::kSize, j = sk_c_ * kVec) \
     if (const int n = static_cast<int>((cols) - j < kVec ? (cols) - j : kVec); true)
 
+// One chunk of a norm backward's operands, as f32: x, gamma and dy.
+struct NormGradChunk {
+  float x[kVec], gamma[kVec], dy[kVec];
+  // RowVec of each operand (computed once per kernel).
+  struct Vec {
+    bool x, gamma, dy;
+  };
+  __device__ __forceinline__ void Load(const void* xp, DType xt, const void* gp, DType gt,
+                                       const void* dyp, DType dyt, int64_t row_start, int64_t j,
+                                       int n, Vec v) {
+    LoadChunk(xp, xt, row_start + j, n, v.x, x);
+    LoadChunk(gp, gt, j, n, v.gamma, gamma);
+    LoadChunk(dyp, dyt, row_start + j, n, v.dy, dy);
+  }
+};
+
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
     LayerNormKernel(const void* x, DType xt, const void* gamma, DType gt, const void* beta,
@@ -601,20 +617,18 @@ __global__ void __launch_bounds__(kThreads)
                             int64_t cols, void* dx, DType dxt) {
   __shared__ float shared[kWarpsPerBlock];
   const float inv_n = 1.0f / static_cast<float>(cols);
-  const bool vx = RowVec(x, xt, cols), vg = RowVec(gamma, gt, cols);
-  const bool vdy = RowVec(dy, dyt, cols), vdx = RowVec(dx, dxt, cols);
+  const NormGradChunk::Vec v{RowVec(x, xt, cols), RowVec(gamma, gt, cols), RowVec(dy, dyt, cols)};
+  const bool vdx = RowVec(dx, dxt, cols);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     const int64_t o = r * cols;
     const float mu = mean[r], rs = rstd[r];
     float sg = 0.0f, sgx = 0.0f;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
-      float xv[kVec], gv[kVec], dv[kVec];
-      LoadChunk(x, xt, o + j, m, vx, xv);
-      LoadChunk(gamma, gt, j, m, vg, gv);
-      LoadChunk(dy, dyt, o + j, m, vdy, dv);
+      NormGradChunk c;
+      c.Load(x, xt, gamma, gt, dy, dyt, o, j, m, v);
       for (int e = 0; e < m; ++e) {
-        const float xhat = nn_math::LayerNormXhat(xv[e], mu, rs);
-        const float g = dv[e] * gv[e];
+        const float xhat = nn_math::LayerNormXhat(c.x[e], mu, rs);
+        const float g = c.dy[e] * c.gamma[e];
         sg += g;
         sgx += g * xhat;
       }
@@ -622,15 +636,14 @@ __global__ void __launch_bounds__(kThreads)
     const float mean_g = G::Reduce(sg, AddOp(), shared) * inv_n;
     const float mean_g_xhat = G::Reduce(sgx, AddOp(), shared) * inv_n;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
-      float xv[kVec], gv[kVec], dv[kVec], acc[kVec];
-      LoadChunk(x, xt, o + j, m, vx, xv);
-      LoadChunk(gamma, gt, j, m, vg, gv);
-      LoadChunk(dy, dyt, o + j, m, vdy, dv);
+      NormGradChunk c;
+      float acc[kVec];
+      c.Load(x, xt, gamma, gt, dy, dyt, o, j, m, v);
       LoadChunk(dx, dxt, o + j, m, vdx, acc);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        acc[e] += nn_math::LayerNormGradIn(nn_math::LayerNormXhat(xv[e], mu, rs), dv[e], gv[e], rs,
-                                           mean_g, mean_g_xhat);
+        acc[e] += nn_math::LayerNormGradIn(nn_math::LayerNormXhat(c.x[e], mu, rs), c.dy[e],
+                                           c.gamma[e], rs, mean_g, mean_g_xhat);
       }
       StoreChunk(dx, dxt, o + j, m, vdx, acc);
     }
@@ -675,29 +688,26 @@ __global__ void __launch_bounds__(kThreads)
                           DType dxt) {
   __shared__ float shared[kWarpsPerBlock];
   const float inv_n = 1.0f / static_cast<float>(cols);
-  const bool vx = RowVec(x, xt, cols), vg = RowVec(gamma, gt, cols);
-  const bool vdy = RowVec(dy, dyt, cols), vdx = RowVec(dx, dxt, cols);
+  const NormGradChunk::Vec v{RowVec(x, xt, cols), RowVec(gamma, gt, cols), RowVec(dy, dyt, cols)};
+  const bool vdx = RowVec(dx, dxt, cols);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     const int64_t o = r * cols;
     const float rs = rstd[r];
     float sgx = 0.0f;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
-      float xv[kVec], gv[kVec], dv[kVec];
-      LoadChunk(x, xt, o + j, m, vx, xv);
-      LoadChunk(gamma, gt, j, m, vg, gv);
-      LoadChunk(dy, dyt, o + j, m, vdy, dv);
-      for (int e = 0; e < m; ++e) sgx += dv[e] * gv[e] * xv[e] * rs;
+      NormGradChunk c;
+      c.Load(x, xt, gamma, gt, dy, dyt, o, j, m, v);
+      for (int e = 0; e < m; ++e) sgx += c.dy[e] * c.gamma[e] * c.x[e] * rs;
     }
     const float mean_g_xhat = G::Reduce(sgx, AddOp(), shared) * inv_n;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
-      float xv[kVec], gv[kVec], dv[kVec], acc[kVec];
-      LoadChunk(x, xt, o + j, m, vx, xv);
-      LoadChunk(gamma, gt, j, m, vg, gv);
-      LoadChunk(dy, dyt, o + j, m, vdy, dv);
+      NormGradChunk c;
+      float acc[kVec];
+      c.Load(x, xt, gamma, gt, dy, dyt, o, j, m, v);
       LoadChunk(dx, dxt, o + j, m, vdx, acc);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        acc[e] += nn_math::RmsNormGradIn(xv[e], dv[e], gv[e], rs, mean_g_xhat);
+        acc[e] += nn_math::RmsNormGradIn(c.x[e], c.dy[e], c.gamma[e], rs, mean_g_xhat);
       }
       StoreChunk(dx, dxt, o + j, m, vdx, acc);
     }
