@@ -3,7 +3,7 @@
 // that arithmetic cover what the GPU computes per element. Elementwise ops:
 // eight elements per thread in 16-byte words where every operand shares one
 // dtype and is aligned (VecMapKernel; GELU, SwiGLU, Axpy, BroadcastRows,
-// Adam),
+// Adam; Axpy of two aligned dtypes too),
 // else one thread per element. Per-row ops (LayerNorm, softmax, cross-entropy):
 // a warp or a block per row with fixed-order tree reductions. Per-column sums
 // (bias and LayerNorm parameter gradients): two levels, column tiles by row
@@ -238,6 +238,35 @@ int TryVecMap(DType t, const CBuf (&ins)[kIns], const Buf (&outs)[kOuts], int64_
     default: return -1;
   }
   return Launched();
+}
+
+// y += alpha x with x of type X and y of type Y (both 16-byte aligned),
+// AxpyOp's arithmetic: kVec elements per thread, the tail element by
+// element. The residual adds of the unfused GemmBiasResidual (a bf16
+// residual into the f32 sum) take it.
+template <typename X, typename Y>
+__global__ void AxpyMixedVecKernel(float alpha, const X* x, Y* y, int64_t n) {
+  const int64_t base = Index() * kVec;
+  if (base >= n) return;
+  const AxpyOp op{alpha};
+  if (base + kVec <= n) {
+    float xv[kVec], yv[kVec];
+    LoadVec(x + base, xv);
+    LoadVec(y + base, yv);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      float out[1];
+      op({xv[e], yv[e]}, out);
+      yv[e] = out[0];
+    }
+    StoreVec(y + base, yv);
+    return;
+  }
+  for (int64_t i = base; i < n; ++i) {
+    float out[1];
+    op({ToF(x[i]), ToF(y[i])}, out);
+    y[i] = FromF<Y>(out[0]);
+  }
 }
 
 // dst[r, c] = src[c] for rows x cols (dst dense) with cols a multiple of
@@ -1152,6 +1181,14 @@ int Axpy(float alpha, const void* x, DType xt, void* y, DType yt, int64_t n, voi
     const int err = TryVecMap<2, 1>(yt, {CBuf{x, xt}, CBuf{y, yt}}, {Buf{y, yt}}, n, AxpyOp{alpha},
                                     S(stream));
     if (err >= 0) return err;
+  } else if (reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0) {
+    const unsigned blocks = Blocks((n + kVec - 1) / kVec);
+    return LaunchTyped2(xt, yt, [&](auto xz, auto yz) {
+      using X = decltype(xz);
+      using Y = decltype(yz);
+      AxpyMixedVecKernel<X, Y><<<blocks, kThreads, 0, S(stream)>>>(alpha, static_cast<const X*>(x),
+                                                                  static_cast<Y*>(y), n);
+    });
   }
   SK_LAUNCH(n, AxpyKernel, alpha, x, xt, y, yt, n);
 }
