@@ -168,5 +168,29 @@ TEST(ThreadHandlePool, APoolDestroyedBeforeItsThreadsIsForgotten) {
   EXPECT_EQ(pool->available(0), 1);
 }
 
+// An op run from a thread_local's destructor after the thread's lease is
+// gone (thread_locals die in reverse order of construction) still gets a
+// handle, and nothing touches the destroyed lease.
+ThreadHandlePool<int>* g_late_pool = nullptr;
+StatusOr<int>* g_late_result = nullptr;
+struct LateCaller {
+  ~LateCaller() { *g_late_result = g_late_pool->Get(0); }
+};
+
+TEST(ThreadHandlePool, AGetAfterTheThreadsLeaseIsGoneStillAnswers) {
+  Factory f;
+  ThreadHandlePool<int> pool(f.Fn());
+  StatusOr<int> late = UnavailableError("not called");
+  g_late_pool = &pool;
+  g_late_result = &late;
+  OnNewThread([&] {
+    thread_local LateCaller caller;  // constructed before the lease: destroyed after it
+    (void)caller;
+    ASSERT_TRUE(pool.Get(0).ok());
+  });
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_GE(*late, 1);
+}
+
 }  // namespace
 }  // namespace sk::ops::cuda

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <tuple>
 
 #include "runtime/core/env.h"
@@ -66,7 +67,7 @@ Status Enter(const OpContext& ctx, const char* op) {
   return OkStatus();
 }
 
-// SK_CUBLAS_REDUCED_PRECISION_REDUCTION=1 (read once): see Handle().
+// SK_CUBLAS_REDUCED_PRECISION_REDUCTION=1 (read once): see NewHandle().
 bool AllowReducedPrecisionReduction() {
   static const bool allow = [] {
     const char* v = GetEnv(EnvVar::kCublasReducedPrecisionReduction);
@@ -90,8 +91,24 @@ bool FusedEpilogues() {
   return on;
 }
 
-// A cuBLAS handle with our math mode (below), made with `device` current.
-StatusOr<cublasHandle_t> NewHandle(int device) {
+// A pooled cuBLAS handle and what keeps its workspace to one stream at a
+// time. cuBLAS keeps one default workspace per handle; a handle lent to a
+// thread may still have kernels running from the thread that had it before
+// (a step that failed before waiting for its stream), on another stream.
+// `used` is recorded on the stream after every call through the handle,
+// and a thread that takes the handle over, or binds it to another stream,
+// first makes its stream wait for `used` (BindCublas). Never destroyed.
+struct CublasSlot {
+  cublasHandle_t handle = nullptr;
+  cudaEvent_t used = nullptr;
+  cudaStream_t stream = nullptr;  // the stream of the last call
+  std::thread::id thread;         // the thread of the last call
+  bool recorded = false;          // `used` has been recorded
+};
+
+// A cuBLAS handle with our math mode (below) and its event, made with
+// `device` current.
+StatusOr<CublasSlot*> NewHandle(int device) {
   SK_CUDA_OP("cublasCreate", cudaSetDevice(device));
   cublasHandle_t h = nullptr;
   cublasStatus_t st = cublasCreate(&h);
@@ -111,14 +128,23 @@ StatusOr<cublasHandle_t> NewHandle(int device) {
     cublasDestroy(h);
     return UnavailableError(std::string("cublasSetMathMode failed: ") + cublasGetStatusString(st));
   }
-  return h;
+  cudaEvent_t used = nullptr;
+  if (cudaEventCreateWithFlags(&used, cudaEventDisableTiming) != cudaSuccess) {
+    cudaGetLastError();
+    cublasDestroy(h);
+    return UnavailableError("cublasCreate: cudaEventCreate failed for the handle's event");
+  }
+  auto* slot = new CublasSlot;
+  slot->handle = h;
+  slot->used = used;
+  return slot;
 }
 
 // The process's cuBLAS and cuBLASLt handles, lent to the threads that run
 // ops (handle_pool.h: a thread keeps its handle while it lives and gives it
 // back when it exits; never destroyed).
-cuda::ThreadHandlePool<cublasHandle_t>& CublasHandles() {
-  static auto* pool = new cuda::ThreadHandlePool<cublasHandle_t>(NewHandle);
+cuda::ThreadHandlePool<CublasSlot*>& CublasHandles() {
+  static auto* pool = new cuda::ThreadHandlePool<CublasSlot*>(NewHandle);
   return *pool;
 }
 cuda::ThreadHandlePool<cublasLtHandle_t>& CublasLtHandles() {
@@ -135,8 +161,30 @@ cuda::ThreadHandlePool<cublasLtHandle_t>& CublasLtHandles() {
   return *pool;
 }
 
-// This thread's cuBLAS handle for `device` (the caller binds its stream).
-StatusOr<cublasHandle_t> Handle(int device) { return CublasHandles().Get(device); }
+// This thread's cuBLAS handle for ctx's device, bound to ctx's stream, which
+// waits first for the handle's earlier calls when they came from another
+// thread or stream (CublasSlot). The caller enqueues one call and then
+// UsedCublas.
+StatusOr<CublasSlot*> BindCublas(const OpContext& ctx) {
+  SK_ASSIGN_OR_RETURN(CublasSlot * slot, CublasHandles().Get(ctx.device->id().index));
+  const auto stream = static_cast<cudaStream_t>(S(ctx));
+  const std::thread::id me = std::this_thread::get_id();
+  if (slot->stream != stream || slot->thread != me) {
+    if (slot->recorded) SK_CUDA_OP("gemm", cudaStreamWaitEvent(stream, slot->used, 0));
+    const cublasStatus_t st = cublasSetStream(slot->handle, stream);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      return InternalError(std::string("gemm: cublasSetStream: ") + cublasGetStatusString(st));
+    }
+    slot->stream = stream;
+    slot->thread = me;
+  }
+  return slot;
+}
+Status UsedCublas(CublasSlot* slot) {
+  SK_CUDA_OP("gemm", cudaEventRecord(slot->used, slot->stream));
+  slot->recorded = true;
+  return OkStatus();
+}
 
 // Row-major C = alpha op(A) op(B) + beta C for `batch` matrices at the given
 // strides, as column-major C^T = op(B)^T op(A)^T: operands and sizes swap,
@@ -161,19 +209,17 @@ Status GemmStrided(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n,
     }
     return OkStatus();
   }
-  SK_ASSIGN_OR_RETURN(cublasHandle_t h, Handle(ctx.device->id().index));
-  cublasStatus_t st = cublasSetStream(h, static_cast<cudaStream_t>(S(ctx)));
-  if (st == CUBLAS_STATUS_SUCCESS) {
-    st = cublasGemmStridedBatchedEx_64(
-        h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-        CudaType(ab), ldb, stride_b, a, CudaType(ab), lda, stride_a, &beta, c_ptr, CudaType(ct),
-        ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  }
+  SK_ASSIGN_OR_RETURN(CublasSlot * slot, BindCublas(ctx));
+  const cublasStatus_t st = cublasGemmStridedBatchedEx_64(
+      slot->handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
+      b, CudaType(ab), ldb, stride_b, a, CudaType(ab), lda, stride_a, &beta, c_ptr, CudaType(ct),
+      ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS) {
     return InternalError("gemm " + std::to_string(m) + "x" + std::to_string(n) + "x" +
                          std::to_string(k) + " (" + std::string(DTypeName(ab)) +
                          "): cublasGemmStridedBatchedEx: " + cublasGetStatusString(st));
   }
+  SK_RETURN_IF_ERROR(UsedCublas(slot));
   return OkStatus();
 }
 
@@ -232,7 +278,7 @@ class LtAlgoCache {
 // so the bias runs along the column-major rows. bias has D's dtype (what
 // the epilogue reads). f32 accumulation, the bias and R added in f32, D
 // rounded once; split-K reductions in f32 unless
-// SK_CUBLAS_REDUCED_PRECISION_REDUCTION=1 (Handle()). Stores false in *ran
+// SK_CUBLAS_REDUCED_PRECISION_REDUCTION=1 (NewHandle()). Stores false in *ran
 // and enqueues nothing when cuBLASLt offers no algorithm for it (or the
 // bias is not 16-byte aligned). k > 0.
 //
@@ -392,23 +438,21 @@ Status GemmSeqHeads(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n
   const void** p = static_cast<const void**>(ptrs.data());
   SK_CUDA_OP("gemm", cuda::BatchPointers(a, a_seq * ea, a_head * ea, b, b_seq * ea, b_head * ea, c,
                                          c_seq * ec, c_head * ec, seqs, heads, p, S(ctx)));
-  SK_ASSIGN_OR_RETURN(cublasHandle_t h, Handle(ctx.device->id().index));
+  SK_ASSIGN_OR_RETURN(CublasSlot * slot, BindCublas(ctx));
   const float beta = 0.0f;
-  cublasStatus_t st = cublasSetStream(h, static_cast<cudaStream_t>(S(ctx)));
-  if (st == CUBLAS_STATUS_SUCCESS) {
-    // Column-major C^T = op(B)^T op(A)^T, as GemmStrided: B's pointers first.
-    st = cublasGemmBatchedEx_64(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                n, m, k, &alpha, p + count, CudaType(ab), ldb, p, CudaType(ab), lda,
-                                &beta, const_cast<void* const*>(p + 2 * count), CudaType(ct), ldc,
-                                count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  }
+  // Column-major C^T = op(B)^T op(A)^T, as GemmStrided: B's pointers first.
+  const cublasStatus_t st = cublasGemmBatchedEx_64(
+      slot->handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
+      p + count, CudaType(ab), ldb, p, CudaType(ab), lda, &beta,
+      const_cast<void* const*>(p + 2 * count), CudaType(ct), ldc, count, CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS) {
     return InternalError("gemm " + std::to_string(seqs) + "x" + std::to_string(heads) + " x " +
                          std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
                          " (" + std::string(DTypeName(ab)) + "): cublasGemmBatchedEx: " +
                          cublasGetStatusString(st));
   }
-  return OkStatus();
+  return UsedCublas(slot);
 }
 
 // Sequences per batched GEMM in attention backward: as many as keep the
@@ -447,7 +491,7 @@ class CudaBackend final : public OpBackend {
   bool executes() const override { return true; }
 
   // cuBLAS stores a bf16/f16 C itself (CUBLAS_COMPUTE_32F and no
-  // reduced-precision reduction, Handle(): f32 accumulation, one rounding); only the empty product (k = 0) goes through f32 staging.
+  // reduced-precision reduction, NewHandle(): f32 accumulation, one rounding); only the empty product (k = 0) goes through f32 staging.
   bool GemmStores16Bit(const GemmParams& p) const override { return p.k > 0; }
 
   // Every model op reads and writes its 16-bit operands itself (kernels.h:

@@ -53,7 +53,10 @@ class ThreadHandlePool {
   // The calling thread's handle for `device`: the one it already holds,
   // else a free one of the pool's (made by an earlier thread), else a new
   // one from create(device). The thread holds it until it exits.
+  // A thread whose lease is already gone (an op run from a thread_local's or
+  // a static's destructor after it) gets a handle that is never given back.
   StatusOr<Handle> Get(int device) {
+    if (LeaseGone()) return shared_->Take(device);
     Lease& lease = ThisThread();
     auto held = lease.held.find(shared_.get());
     if (held != lease.held.end()) {
@@ -129,6 +132,7 @@ class ThreadHandlePool {
   struct Lease {
     std::map<const Shared*, Lent> held;
     ~Lease() {
+      LeaseGone() = true;
       for (auto& [key, lent] : held) {
         if (std::shared_ptr<Shared> pool = lent.pool.lock()) {
           for (const auto& [device, h] : lent.handles) pool->Give(device, h);
@@ -136,6 +140,13 @@ class ThreadHandlePool {
       }
     }
   };
+
+  // Set when this thread's Lease has been destroyed (a trivially destructible
+  // thread_local: readable until the thread is gone).
+  static bool& LeaseGone() {
+    thread_local bool gone = false;
+    return gone;
+  }
 
   Lease& ThisThread() {
     thread_local Lease lease;

@@ -444,7 +444,8 @@ __global__ void EmbeddingKernel(const void* table, DType tt, const int32_t* ids,
 //
 // A row is handled by a group of threads: one warp (WarpRows) when it has at
 // most kWarpRowMaxCols columns, else one block of kThreads (BlockRows). Thread
-// `Rank()` of the group owns the row's elements j = Rank() + k * kSize: it
+// `Rank()` of the group owns the row's elements j = Rank() + k * kSize (the
+// normalisation kernels hand out chunks of eight instead, below): it
 // reads, writes and accumulates only those, sequentially in k (coalesced:
 // neighbouring lanes touch neighbouring elements), so an in-place kernel
 // (y = x, dlogits = logits) never reads an element another thread wrote.
@@ -529,7 +530,9 @@ __device__ __forceinline__ float GroupRowMax(const void* x, DType t, int64_t row
 // gradient) hand out a row in chunks of kVec elements instead: thread
 // Rank() owns chunks c = Rank() + k * kSize, elements [c kVec, c kVec +
 // kVec) of the row, and visits them in k order and each chunk's elements in
-// order. A chunk is one or two 16-byte loads where the operand allows it
+// order (loops over a chunk run to kVec with the chunk's length as a
+// condition, unrolled, so a chunk stays in registers). A chunk is one or two
+// 16-byte loads where the operand allows it
 // (RowVec: 16-byte aligned and rows a whole number of 16-byte words; the
 // row's last chunk may be short and goes element by element), else eight
 // scalar loads: the order of every sum is the chunks', whichever loads ran,
@@ -608,14 +611,19 @@ __global__ void __launch_bounds__(kThreads)
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
       float xv[kVec];
       LoadChunk(x, xt, o + j, m, vx, xv);
-      for (int e = 0; e < m; ++e) s += xv[e];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (e < m) s += xv[e];
+      }
     }
     const float mean = G::Reduce(s, AddOp(), shared) / n;
     float v = 0.0f;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
       float xv[kVec];
       LoadChunk(x, xt, o + j, m, vx, xv);
-      for (int e = 0; e < m; ++e) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (e >= m) continue;
         const float d = xv[e] - mean;
         v += d * d;
       }
@@ -655,7 +663,9 @@ __global__ void __launch_bounds__(kThreads)
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
       NormGradChunk c;
       c.Load(x, xt, gamma, gt, dy, dyt, o, j, m, v);
-      for (int e = 0; e < m; ++e) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (e >= m) continue;
         const float xhat = nn_math::LayerNormXhat(c.x[e], mu, rs);
         const float g = c.dy[e] * c.gamma[e];
         sg += g;
@@ -693,7 +703,10 @@ __global__ void __launch_bounds__(kThreads)
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
       float xv[kVec];
       LoadChunk(x, xt, o + j, m, vx, xv);
-      for (int e = 0; e < m; ++e) sq += xv[e] * xv[e];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (e < m) sq += xv[e] * xv[e];
+      }
     }
     const float rstd = nn_math::RmsNormRstd(G::Reduce(sq, AddOp(), shared) / n, eps);
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
@@ -726,7 +739,10 @@ __global__ void __launch_bounds__(kThreads)
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
       NormGradChunk c;
       c.Load(x, xt, gamma, gt, dy, dyt, o, j, m, v);
-      for (int e = 0; e < m; ++e) sgx += c.dy[e] * c.gamma[e] * c.x[e] * rs;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (e < m) sgx += c.dy[e] * c.gamma[e] * c.x[e] * rs;
+      }
     }
     const float mean_g_xhat = G::Reduce(sgx, AddOp(), shared) * inv_n;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
