@@ -23,6 +23,8 @@
 #ifndef SHARDKIT_RUNTIME_OPS_CUDA_HANDLE_POOL_H_
 #define SHARDKIT_RUNTIME_OPS_CUDA_HANDLE_POOL_H_
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -42,7 +44,8 @@ class ThreadHandlePool {
   // kept, so a later Get tries again.
   using Create = std::function<StatusOr<Handle>(int device)>;
 
-  explicit ThreadHandlePool(Create create) : shared_(std::make_shared<Shared>(std::move(create))) {}
+  explicit ThreadHandlePool(Create create)
+      : id_(NextId()), shared_(std::make_shared<Shared>(std::move(create))) {}
   ThreadHandlePool(const ThreadHandlePool&) = delete;
   ThreadHandlePool& operator=(const ThreadHandlePool&) = delete;
   // Handles still lent stay with their threads (and are dropped, not
@@ -57,8 +60,8 @@ class ThreadHandlePool {
   // a static's destructor after it) gets a handle that is never given back.
   StatusOr<Handle> Get(int device) {
     if (LeaseGone()) return shared_->Take(device);
-    Lease& lease = ThisThread();
-    auto held = lease.held.find(shared_.get());
+    thread_local Lease lease;
+    auto held = lease.held.find(id_);
     if (held != lease.held.end()) {
       auto it = held->second.handles.find(device);
       if (it != held->second.handles.end()) return it->second;
@@ -66,7 +69,7 @@ class ThreadHandlePool {
     StatusOr<Handle> h = shared_->Take(device);
     if (!h.ok()) return h;
     if (held == lease.held.end()) {
-      held = lease.held.emplace(shared_.get(), Lent{shared_, {}}).first;
+      held = lease.held.emplace(id_, Lent{shared_, {}}).first;
     }
     held->second.handles.emplace(device, *h);
     return h;
@@ -126,11 +129,11 @@ class ThreadHandlePool {
     std::map<int, Handle> handles;  // by device
   };
   // One thread's handles from every pool of this Handle type, returned
-  // when the thread exits. Keyed by the pool's Shared; an entry whose pool
-  // is gone is dropped (and never matched: a new pool at the same address
-  // is told apart by its weak_ptr below).
+  // when the thread exits. Keyed by the pool's id (never reused, so a pool
+  // made after another was destroyed never matches the other's entry); an
+  // entry whose pool is gone is dropped.
   struct Lease {
-    std::map<const Shared*, Lent> held;
+    std::map<uint64_t, Lent> held;
     ~Lease() {
       LeaseGone() = true;
       for (auto& [key, lent] : held) {
@@ -148,15 +151,12 @@ class ThreadHandlePool {
     return gone;
   }
 
-  Lease& ThisThread() {
-    thread_local Lease lease;
-    // Forget what a destroyed pool at this address lent (tests make pools
-    // one after another; their Shared may reuse an address).
-    auto it = lease.held.find(shared_.get());
-    if (it != lease.held.end() && it->second.pool.lock() != shared_) lease.held.erase(it);
-    return lease;
+  static uint64_t NextId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
   }
 
+  const uint64_t id_;
   std::shared_ptr<Shared> shared_;
 };
 
