@@ -580,19 +580,45 @@ __device__ __forceinline__ void StoreChunk(void* p, DType t, int64_t at, int cou
   for (int64_t sk_c_ = G::Rank(), j = sk_c_ * kVec; j < (cols); sk_c_ += G::kSize, j = sk_c_ * kVec) \
     if (const int n = static_cast<int>((cols) - j < kVec ? (cols) - j : kVec); true)
 
-// One chunk of a norm backward's operands, as f32: x, gamma and dy.
-struct NormGradChunk {
-  float x[kVec], gamma[kVec], dy[kVec];
-  // RowVec of each operand (computed once per kernel).
-  struct Vec {
-    bool x, gamma, dy;
+// A norm backward's row operands (x, gamma, dy and the accumulated dx) and
+// whether each takes 16-byte loads (RowVec, once per kernel).
+struct NormGradRow {
+  const void* x;
+  DType xt;
+  const void* gamma;
+  DType gt;
+  const void* dy;
+  DType dyt;
+  void* dx;
+  DType dxt;
+  bool vx, vg, vdy, vdx;
+
+  __device__ NormGradRow(const void* x_, DType xt_, const void* gamma_, DType gt_, const void* dy_,
+                         DType dyt_, void* dx_, DType dxt_, int64_t cols)
+      : x(x_), xt(xt_), gamma(gamma_), gt(gt_), dy(dy_), dyt(dyt_), dx(dx_), dxt(dxt_),
+        vx(RowVec(x_, xt_, cols)), vg(RowVec(gamma_, gt_, cols)), vdy(RowVec(dy_, dyt_, cols)),
+        vdx(RowVec(dx_, dxt_, cols)) {}
+
+  // x, gamma and dy of the chunk at element j (length n) of the row
+  // starting at element o, as f32.
+  struct Chunk {
+    float x[kVec], gamma[kVec], dy[kVec];
   };
-  __device__ __forceinline__ void Load(const void* xp, DType xt, const void* gp, DType gt,
-                                       const void* dyp, DType dyt, int64_t row_start, int64_t j,
-                                       int n, Vec v) {
-    LoadChunk(xp, xt, row_start + j, n, v.x, x);
-    LoadChunk(gp, gt, j, n, v.gamma, gamma);
-    LoadChunk(dyp, dyt, row_start + j, n, v.dy, dy);
+  __device__ __forceinline__ Chunk Load(int64_t o, int64_t j, int n) const {
+    Chunk c;
+    LoadChunk(x, xt, o + j, n, vx, c.x);
+    LoadChunk(gamma, gt, j, n, vg, c.gamma);
+    LoadChunk(dy, dyt, o + j, n, vdy, c.dy);
+    return c;
+  }
+  // dx[o + j + e] += in(c, e) for the chunk's elements, rounded once.
+  template <typename In>
+  __device__ __forceinline__ void AddToDx(int64_t o, int64_t j, int n, const Chunk& c, In in) const {
+    float acc[kVec];
+    LoadChunk(dx, dxt, o + j, n, vdx, acc);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[e] += in(c, e);
+    StoreChunk(dx, dxt, o + j, n, vdx, acc);
   }
 };
 
@@ -654,15 +680,13 @@ __global__ void __launch_bounds__(kThreads)
                             int64_t cols, void* dx, DType dxt) {
   __shared__ float shared[kWarpsPerBlock];
   const float inv_n = 1.0f / static_cast<float>(cols);
-  const NormGradChunk::Vec v{RowVec(x, xt, cols), RowVec(gamma, gt, cols), RowVec(dy, dyt, cols)};
-  const bool vdx = RowVec(dx, dxt, cols);
+  const NormGradRow ops(x, xt, gamma, gt, dy, dyt, dx, dxt, cols);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     const int64_t o = r * cols;
     const float mu = mean[r], rs = rstd[r];
     float sg = 0.0f, sgx = 0.0f;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
-      NormGradChunk c;
-      c.Load(x, xt, gamma, gt, dy, dyt, o, j, m, v);
+      const NormGradRow::Chunk c = ops.Load(o, j, m);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         if (e >= m) continue;
@@ -675,16 +699,10 @@ __global__ void __launch_bounds__(kThreads)
     const float mean_g = G::Reduce(sg, AddOp(), shared) * inv_n;
     const float mean_g_xhat = G::Reduce(sgx, AddOp(), shared) * inv_n;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
-      NormGradChunk c;
-      float acc[kVec];
-      c.Load(x, xt, gamma, gt, dy, dyt, o, j, m, v);
-      LoadChunk(dx, dxt, o + j, m, vdx, acc);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        acc[e] += nn_math::LayerNormGradIn(nn_math::LayerNormXhat(c.x[e], mu, rs), c.dy[e],
-                                           c.gamma[e], rs, mean_g, mean_g_xhat);
-      }
-      StoreChunk(dx, dxt, o + j, m, vdx, acc);
+      ops.AddToDx(o, j, m, ops.Load(o, j, m), [&](const NormGradRow::Chunk& c, int e) {
+        return nn_math::LayerNormGradIn(nn_math::LayerNormXhat(c.x[e], mu, rs), c.dy[e], c.gamma[e],
+                                        rs, mean_g, mean_g_xhat);
+      });
     }
   }
 }
@@ -730,15 +748,13 @@ __global__ void __launch_bounds__(kThreads)
                           DType dxt) {
   __shared__ float shared[kWarpsPerBlock];
   const float inv_n = 1.0f / static_cast<float>(cols);
-  const NormGradChunk::Vec v{RowVec(x, xt, cols), RowVec(gamma, gt, cols), RowVec(dy, dyt, cols)};
-  const bool vdx = RowVec(dx, dxt, cols);
+  const NormGradRow ops(x, xt, gamma, gt, dy, dyt, dx, dxt, cols);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     const int64_t o = r * cols;
     const float rs = rstd[r];
     float sgx = 0.0f;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
-      NormGradChunk c;
-      c.Load(x, xt, gamma, gt, dy, dyt, o, j, m, v);
+      const NormGradRow::Chunk c = ops.Load(o, j, m);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         if (e < m) sgx += c.dy[e] * c.gamma[e] * c.x[e] * rs;
@@ -746,15 +762,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     const float mean_g_xhat = G::Reduce(sgx, AddOp(), shared) * inv_n;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
-      NormGradChunk c;
-      float acc[kVec];
-      c.Load(x, xt, gamma, gt, dy, dyt, o, j, m, v);
-      LoadChunk(dx, dxt, o + j, m, vdx, acc);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        acc[e] += nn_math::RmsNormGradIn(c.x[e], c.dy[e], c.gamma[e], rs, mean_g_xhat);
-      }
-      StoreChunk(dx, dxt, o + j, m, vdx, acc);
+      ops.AddToDx(o, j, m, ops.Load(o, j, m), [&](const NormGradRow::Chunk& c, int e) {
+        return nn_math::RmsNormGradIn(c.x[e], c.dy[e], c.gamma[e], rs, mean_g_xhat);
+      });
     }
   }
 }
