@@ -152,6 +152,15 @@ struct TokenBatch {
   std::vector<int32_t> targets;   // [batch_size, seq_len]
   int64_t source_len = 0;         // encoder positions (encoder-decoder only)
   std::vector<int32_t> source;    // [batch_size, source_len]
+  // Packed documents (decoder-only models). Each is empty (absent) or
+  // [batch_size, seq_len]. positions: the position id of each token (what
+  // its learned or rotary position embedding uses); absent = 0..seq_len-1 in
+  // every row. segment_ids: the document of each token, non-decreasing
+  // along a row; a query attends only to earlier keys of its own document
+  // (block-diagonal causal attention); absent = one document per row. A
+  // model that cannot honour one refuses the batch (never ignores it).
+  std::vector<int32_t> positions;
+  std::vector<int32_t> segment_ids;
 
   int64_t num_target_tokens() const { return batch_size * seq_len; }
 };

@@ -98,6 +98,10 @@ Status T5Model::ValidateBatch(const TokenBatch& batch) const {
                                 " is outside [1, " + std::to_string(config_.max_source_len) +
                                 "] of model '" + config_.name + "'");
   }
+  if (!batch.positions.empty() || !batch.segment_ids.empty()) {
+    return InvalidArgumentError("batch.positions and batch.segment_ids are for decoder-only models, not '" +
+                                config_.name + "'");
+  }
   const int64_t v = config_.vocab_size;
   SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
   SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.source_len, "batch source"));

@@ -797,6 +797,10 @@ Status ValidateDecoderBatch(const TokenBatch& batch, const std::string& model, i
     return InvalidArgumentError("batch.source is set, but '" + model + "' is a decoder-only model");
   }
   SK_RETURN_IF_ERROR(CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
+  if (!batch.positions.empty() || !batch.segment_ids.empty()) {
+    return UnimplementedError("batch.positions and batch.segment_ids (packed documents) are not yet "
+                              "supported by '" + model + "'");
+  }
   const int64_t n = batch.batch_size * batch.seq_len;
   SK_RETURN_IF_ERROR(ValidateTokens(batch.inputs, n, vocab_size, false, "inputs"));
   return ValidateTokens(batch.targets, n, vocab_size, true, "targets");

@@ -423,6 +423,10 @@ Status UnitTableModel::ValidateBatch(const TokenBatch& batch) const {
   if (batch.source_len != 0 || !batch.source.empty()) {
     return InvalidArgumentError("batch.source is set, but '" + config_.name + "' has no encoder");
   }
+  if (!batch.positions.empty() || !batch.segment_ids.empty()) {
+    return InvalidArgumentError("batch.positions and batch.segment_ids are for decoder-only models, not '" +
+                                config_.name + "'");
+  }
   SK_RETURN_IF_ERROR(
       nn_internal::ValidateTokens(batch.inputs, batch.batch_size, config_.num_classes, false, "inputs"));
   return nn_internal::ValidateTokens(batch.targets, batch.batch_size, config_.num_classes, true,
