@@ -54,7 +54,16 @@ StatusOr<Tensor> CallerCollectives::Wrap(const void* data, int64_t count, DType 
 
 Status CallerCollectives::Wait(StatusOr<std::shared_ptr<Work>> work, const std::string& what) {
   if (!work.ok()) return work.status().WithContext(what);
-  return (*work)->wait(timeout_).WithContext(what);
+  Status s = (*work)->wait(timeout_);
+  if (!s.ok()) {
+    // The failed collective's error is also the stream's sticky error: every
+    // call here is synchronous, so once the stream has drained it belongs to
+    // this call alone. Without clearing it, a later MAX (whose result comes
+    // back through this stream) failed with this call's stale error.
+    (void)stream_->Synchronize(timeout_);
+    stream_->ClearError();
+  }
+  return s.WithContext(what);
 }
 
 Status CallerCollectives::AllReduce(void* data, int64_t count, DType dtype, CallerReduceOp op) {
