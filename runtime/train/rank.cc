@@ -243,6 +243,28 @@ StatusOr<std::unique_ptr<Optimizer>> CreateEngineOptimizer(const OptimizerOption
     return UnimplementedError("parameter groups need FSDP (the DDP baseline steps whole parameters "
                               "without them)");
   }
+  // A group that matches no parameter is a mistake the header promises to
+  // name (a misspelt pattern silently stepped everything with the defaults).
+  // A group whose parameters an earlier group decides is allowed: the first
+  // group that selects a parameter decides, as documented.
+  for (size_t k = 0; k < options.param_groups.size(); ++k) {
+    bool matches = false;
+    for (int u = 0; u < fsdp->num_units() && !matches; ++u) {
+      for (const ParamSpec& p : fsdp->unit(u).params) {
+        if (SelectParamGroup({options.param_groups[k]}, fsdp->unit(u).name, p.name, p.shape.rank()) == 0) {
+          matches = true;
+          break;
+        }
+      }
+    }
+    if (matches) continue;
+    const ParamGroup& g = options.param_groups[k];
+    const UnitSpec& first = fsdp->unit(0);
+    return InvalidArgumentError("param_groups[" + std::to_string(k) + "]" +
+                                (g.pattern.empty() ? std::string() : " (pattern '" + g.pattern + "')") +
+                                " selects no parameter of the model (full names are '<unit>.<param>', e.g. '" +
+                                first.name + "." + first.params[0].name + "')");
+  }
   // Each parameter's slice of this rank's flat shard steps with its group's values.
   for (int u = 0; u < fsdp->num_units(); ++u) {
     const UnitSpec& unit = fsdp->unit(u);

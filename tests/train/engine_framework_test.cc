@@ -153,6 +153,26 @@ TEST(EngineParamGroups, AnLrMultiplierScalesTheGroupsRate) {
   });
 }
 
+// Issue 47, item 8: the header promised that a group selecting nothing is
+// refused; a misspelt pattern was accepted and every parameter stepped with
+// the optimizer's defaults.
+TEST(EngineParamGroups, AGroupThatMatchesNoParameterIsRefusedNamingIt) {
+  RunRanks(2, [](int, comm::ProcessGroup* world) -> Status {
+    FsdpEngineOptions o = Sgd(0.1f, 0.f);
+    ParamGroup ok;
+    ok.pattern = "fc.*";
+    ParamGroup typo;
+    typo.pattern = "fc1.*";
+    o.optimizer.param_groups = {ok, typo};
+    StatusOr<std::unique_ptr<FsdpEngine>> e = FsdpEngine::Create(SmallModel(), world, o);
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << e.status();
+    const std::string msg(e.status().message());
+    EXPECT_NE(msg.find("param_groups[1] (pattern 'fc1.*') selects no parameter"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("fc.w"), std::string::npos) << msg;
+    return OkStatus();
+  });
+}
+
 std::string TempDir(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   return std::string(tmp != nullptr ? tmp : "/tmp") + "/" + name + "-" + std::to_string(::getpid());
