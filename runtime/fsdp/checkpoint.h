@@ -78,6 +78,8 @@ struct TrainingState {
   const std::vector<UnitSpec>* units = nullptr;
   FullyShardedModel* fsdp = nullptr;
   Optimizer* optimizer = nullptr;
+  // Saved into the index when set (a trainer reading a dataset); not owned.
+  const CheckpointIndex::DataPosition* data = nullptr;
 };
 
 struct CheckpointOptions {
@@ -110,8 +112,10 @@ Status SaveShardedCheckpoint(const std::string& dir, const TrainingState& state,
 // shard group size and strategy it was saved with, and returns its training
 // step. On error nothing in the model or optimizer has changed (except if a
 // collective or an allocation fails while committing, which is reported as
-// such). Collective.
-StatusOr<int64_t> LoadShardedCheckpoint(const std::string& dir, const TrainingState& state);
+// such). Collective. `data`, if not null, receives the index's data position
+// (nullopt when it has none; state.data is not read).
+StatusOr<int64_t> LoadShardedCheckpoint(const std::string& dir, const TrainingState& state,
+                                        std::optional<CheckpointIndex::DataPosition>* data = nullptr);
 
 struct FullStateDictOptions {
   // The layout of the file's names and tensors (weight_layout.h). Only the

@@ -1,5 +1,8 @@
 #include "runtime/fsdp/checkpoint_index.h"
 
+#include <cerrno>
+#include <cstdlib>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -82,6 +85,13 @@ json IndexToJson(const CheckpointIndex& ix, const OptimizerOptions* opt) {
     files.push_back(jf);
   }
   j["files"] = files;
+  if (ix.data) {
+    j["data"] = {{"samples_consumed", ix.data->samples_consumed},
+                 {"epoch", ix.data->samples_per_epoch > 0 ? ix.data->samples_consumed / ix.data->samples_per_epoch : 0},
+                 {"seed", std::to_string(ix.data->seed)},
+                 {"samples_per_epoch", ix.data->samples_per_epoch},
+                 {"global_batch", ix.data->global_batch}};
+  }
   return j;
 }
 
@@ -233,6 +243,22 @@ StatusOr<CheckpointIndex> ParseIndex(const std::string& path, const std::string&
     }
     f.shard_rank = static_cast<int>(shard_rank);
     ix.files.push_back(std::move(f));
+  }
+  if (j.contains("data") && !j["data"].is_null()) {
+    const json& jd = j["data"];
+    CheckpointIndex::DataPosition d;
+    SK_ASSIGN_OR_RETURN(d.samples_consumed, r.Int(jd, "samples_consumed", "data"));
+    SK_ASSIGN_OR_RETURN(d.samples_per_epoch, r.Int(jd, "samples_per_epoch", "data", 1));
+    SK_ASSIGN_OR_RETURN(d.global_batch, r.Int(jd, "global_batch", "data", 1));
+    SK_ASSIGN_OR_RETURN(std::string seed, r.Str(jd, "seed", "data"));
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(seed.c_str(), &end, 10);
+    if (seed.empty() || seed[0] < '0' || seed[0] > '9' || *end != '\0' || errno == ERANGE) {
+      return r.Error("data.seed '" + seed + "' is not an unsigned 64-bit decimal");
+    }
+    d.seed = v;
+    ix.data = d;
   }
   return ix;
 }

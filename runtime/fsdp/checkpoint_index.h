@@ -8,6 +8,8 @@
 //   "units": [{"name", "unpadded_numel", "padded_numel", "shard_numel",
 //              "optimizer_step", "params": [{"name", "shape", "offset", "numel"}]}],
 //   "files": [{"name", "shard_rank", "bytes", "header_crc32"}],
+//   "data": {"samples_consumed", "epoch", "seed", "samples_per_epoch",
+//            "global_batch"} (only when the trainer read a dataset),
 //   "index_crc32"}
 // "index_crc32" is the CRC-32 of the compact JSON without that key, so a
 // flipped digit in a step or a size is DataLoss rather than a silent change.
@@ -18,6 +20,7 @@
 #define SHARDKIT_RUNTIME_FSDP_CHECKPOINT_INDEX_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +72,18 @@ struct CheckpointIndex {
   std::vector<std::string> optimizer_state_names;
   std::vector<Unit> units;
   std::vector<File> files;
+  // Where a trainer that reads a dataset stands in it (docs/data.md,
+  // "Resuming"): the global samples consumed, the order's seed, the samples
+  // per epoch and the global batch (samples a step takes) it ran with. The
+  // epoch written beside them is samples_consumed / samples_per_epoch, for
+  // readers. The seed is a decimal string (JSON integers stop at 2^63).
+  struct DataPosition {
+    int64_t samples_consumed = 0;
+    uint64_t seed = 0;
+    int64_t samples_per_epoch = 0;
+    int64_t global_batch = 0;
+  };
+  std::optional<DataPosition> data;
 };
 
 // Reads and validates `dir`/index.json alone (no model needed). NotFound if

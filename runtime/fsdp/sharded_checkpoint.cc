@@ -95,6 +95,7 @@ CheckpointIndex IndexOf(const TrainingState& state, int64_t step) {
   ix.shard_group_size = f.shard_group_size();
   ix.strategy = ShardingStrategyName(f.options().strategy);
   ix.step = step;
+  if (state.data != nullptr) ix.data = *state.data;
   ix.has_optimizer = state.optimizer != nullptr;
   if (ix.has_optimizer) {
     ix.optimizer_kind = OptimizerKindName(state.optimizer->options().kind);
@@ -422,19 +423,23 @@ Status SaveShardedCheckpoint(const std::string& dir_in, const TrainingState& sta
   return s.WithContext("saving checkpoint " + where + " failed; " + DescribeCheckpointOnDisk(dir, id));
 }
 
-StatusOr<int64_t> LoadShardedCheckpoint(const std::string& dir_in, const TrainingState& state) {
+StatusOr<int64_t> LoadShardedCheckpoint(const std::string& dir_in, const TrainingState& state,
+                                        std::optional<CheckpointIndex::DataPosition>* data) {
   SK_RETURN_IF_ERROR(ValidateState(state, "LoadShardedCheckpoint"));
   FullyShardedModel& f = *state.fsdp;
   const std::string dir = StripTrailingSlashes(dir_in);
   SK_ASSIGN_OR_RETURN(auto sync, RankAgreement::Create(f));
   LoadedShards loaded;
+  std::optional<CheckpointIndex::DataPosition> position;
   Status read = [&]() -> Status {
     SK_ASSIGN_OR_RETURN(CheckpointIndex ix, ReadCheckpointIndex(dir));
     SK_RETURN_IF_ERROR(CheckSameModel(ix, state));
+    position = ix.data;
     return ReadShards(dir, ix, state, &loaded);
   }();
   SK_RETURN_IF_ERROR(sync->Agree(read).WithContext("loading checkpoint '" + dir + "' (nothing was changed)"));
   SK_RETURN_IF_ERROR(sync->Agree(Commit(state, loaded)));
+  if (data != nullptr) *data = position;
   return loaded.step;
 }
 

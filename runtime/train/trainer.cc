@@ -45,6 +45,23 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
   SK_RETURN_IF_ERROR(ValidateOptimizerOptions(o.optimizer));
   SK_RETURN_IF_ERROR(ValidateLrSchedule(o.lr_schedule, o.optimizer.lr));
   SK_RETURN_IF_ERROR(CheckStepSizeFits(config, o.batch_size, o.seq_len, o.source_len));
+  if (!o.dataset.paths.empty()) {
+    SK_RETURN_IF_ERROR(data::ValidateDatasetOptions(o.dataset));
+    if (!o.data_path.empty()) {
+      return InvalidArgumentError("give data_path or dataset, not both (data_path '" + o.data_path + "')");
+    }
+    if (config.family != ModelFamily::kGpt && config.family != ModelFamily::kLlama) {
+      return InvalidArgumentError(std::string("dataset: datasets feed decoder-only models (GPT, Llama); '") +
+                                  o.model + "' is a " + ModelFamilyName(config.family) + " model");
+    }
+  } else if (!o.eval_dataset_paths.empty()) {
+    return InvalidArgumentError("eval_dataset_paths needs a dataset (dataset.paths is empty)");
+  }
+  for (size_t i = 0; i < o.eval_dataset_paths.size(); ++i) {
+    if (o.eval_dataset_paths[i].empty()) {
+      return InvalidArgumentError("eval_dataset_paths[" + std::to_string(i) + "] is empty");
+    }
+  }
   return OkStatus();
 }
 
@@ -102,7 +119,22 @@ std::vector<std::pair<std::string, std::string>> SharedFields(const TrainerOptio
       {"data_width", i(static_cast<int>(o.data_width))},
       {"data_seed", std::to_string(o.data_seed)},
       {"data_tokens", i(o.data_tokens)},
+      {"dataset.format", i(static_cast<int>(o.dataset.format))},
+      {"dataset.layout", i(static_cast<int>(o.dataset.layout))},
+      {"dataset.token_bytes", i(o.dataset.token_bytes)},
+      {"dataset.seed", std::to_string(o.dataset.seed)},
+      {"dataset.shuffle", i(o.dataset.shuffle)},
+      {"dataset.packing", i(o.dataset.packing)},
+      {"dataset.eos_id", i(o.dataset.eos_id)},
+      {"dataset.paths", i(static_cast<int64_t>(o.dataset.paths.size()))},
+      {"eval_dataset_paths", i(static_cast<int64_t>(o.eval_dataset_paths.size()))},
   };
+  for (size_t k = 0; k < o.dataset.paths.size(); ++k) {
+    v.push_back({"dataset.paths[" + std::to_string(k) + "]", o.dataset.paths[k]});
+  }
+  for (size_t k = 0; k < o.eval_dataset_paths.size(); ++k) {
+    v.push_back({"eval_dataset_paths[" + std::to_string(k) + "]", o.eval_dataset_paths[k]});
+  }
   for (size_t g = 0; g < opt.param_groups.size(); ++g) {
     const ParamGroup& pg = opt.param_groups[g];
     const std::string k = "optimizer.param_groups[" + std::to_string(g) + "].";
@@ -281,7 +313,15 @@ Status Trainer::Init() {
   SK_ASSIGN_OR_RETURN(metrics_stream_, device_->CreateStream("metrics"));
 
   const int64_t vocab = BatchIdSpace(config_);
-  if (options_.data_path.empty()) {
+  if (!options_.dataset.paths.empty()) {
+    SK_ASSIGN_OR_RETURN(dataset_, data::Dataset::Open(options_.dataset, options_.seq_len, vocab));
+    if (!options_.eval_dataset_paths.empty()) {
+      data::DatasetOptions eval = options_.dataset;
+      eval.paths = options_.eval_dataset_paths;
+      eval.shuffle = false;
+      SK_ASSIGN_OR_RETURN(eval_dataset_, data::Dataset::Open(eval, options_.seq_len, vocab));
+    }
+  } else if (options_.data_path.empty()) {
     int64_t length = options_.data_tokens > 0
                          ? options_.data_tokens
                          : std::max<int64_t>(1 << 16, 8 * (options_.seq_len + options_.source_len + 1));
@@ -432,7 +472,23 @@ Status Trainer::AgreeOnStepOutcome(const Status& mine) {
                 std::string(o.text, std::min<size_t>(o.text_len, StepOutcome::kMaxText)));
 }
 
+int64_t Trainer::global_batch() const {
+  return options_.batch_size * options_.grad_accum_steps * world_->size();
+}
+
+int64_t Trainer::SamplesBefore(int64_t step) const {
+  return data_base_samples_ + (step - data_base_step_) * global_batch();
+}
+
+StatusOr<TokenBatch> Trainer::DatasetBatch(int64_t step, int micro, std::vector<int64_t>* sample_ids) const {
+  const int64_t per_rank = options_.batch_size * options_.grad_accum_steps;
+  const int64_t first = SamplesBefore(step) + world_->rank() * per_rank + micro * options_.batch_size;
+  if (first < 0) return InvalidArgumentError("step " + std::to_string(step) + " is before the data position");
+  return dataset_->Rows(first, options_.batch_size, sample_ids);
+}
+
 StatusOr<TokenBatch> Trainer::BatchFor(int64_t step, int micro) const {
+  if (dataset_) return DatasetBatch(step, micro, nullptr);
   const int64_t index = step * options_.grad_accum_steps + micro;
   if (config_.family == ModelFamily::kT5) {
     return ReversalBatch(tokens_, options_.batch_size, options_.source_len, options_.seq_len,
@@ -498,11 +554,13 @@ StatusOr<StepMetrics> Trainer::Step() {
   // clean up): abandon the step then, so every unit is idle again and the
   // next step starts clean. Parameters and optimizer state change only in
   // OptimizerStep.
+  std::vector<int64_t> sample_ids, micro_ids;
   Status computed = [&]() -> Status {
     data_parallel_->ZeroGrad();
     for (int m = 0; m < options_.grad_accum_steps; ++m) {
       data_parallel_->set_gradient_sync(m + 1 == options_.grad_accum_steps);
-      SK_ASSIGN_OR_RETURN(TokenBatch batch, BatchFor(step_, m));
+      SK_ASSIGN_OR_RETURN(TokenBatch batch, dataset_ ? DatasetBatch(step_, m, &micro_ids) : BatchFor(step_, m));
+      sample_ids.insert(sample_ids.end(), micro_ids.begin(), micro_ids.end());
       SK_ASSIGN_OR_RETURN(float loss, model_->ForwardBackward(batch, *data_parallel_, data_parallel_->activation_allocator()));
       loss_sum += loss;
     }
@@ -549,6 +607,7 @@ StatusOr<StepMetrics> Trainer::Step() {
     seconds = sim_device_->HostClock() - sim_t0;
   }
   ++step_;
+  last_sample_ids_ = std::move(sample_ids);
 
   StepMetrics m;
   m.simulated = sim_device_ != nullptr;
@@ -587,6 +646,14 @@ Status Trainer::SaveCheckpoint(const std::string& dir) {
   if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
   if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
   TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
+  CheckpointIndex::DataPosition position;
+  if (dataset_) {
+    position.samples_consumed = SamplesBefore(step_);
+    position.seed = options_.dataset.seed;
+    position.samples_per_epoch = dataset_->num_samples();
+    position.global_batch = global_batch();
+    state.data = &position;
+  }
   return SaveShardedCheckpoint(dir, state, step_);
 }
 
@@ -594,7 +661,30 @@ Status Trainer::LoadCheckpoint(const std::string& dir) {
   if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
   if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
   TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
-  SK_ASSIGN_OR_RETURN(step_, LoadShardedCheckpoint(dir, state));
+  if (dataset_) {
+    // The data position must belong to this dataset and order; checked from
+    // the index before anything loads (every rank reads the same index, so
+    // every rank fails alike).
+    StatusOr<CheckpointIndex> ix = ReadCheckpointIndex(dir);
+    if (ix.ok() && ix->data) {
+      const CheckpointIndex::DataPosition& d = *ix->data;
+      if (d.seed != options_.dataset.seed || d.samples_per_epoch != dataset_->num_samples()) {
+        return InvalidArgumentError(
+            "checkpoint '" + dir + "' was saved reading a dataset of " + std::to_string(d.samples_per_epoch) +
+            " samples per epoch in the order of seed " + std::to_string(d.seed) + "; this trainer's has " +
+            std::to_string(dataset_->num_samples()) + " with seed " + std::to_string(options_.dataset.seed) +
+            " (nothing was changed)");
+      }
+    }
+  }
+  std::optional<CheckpointIndex::DataPosition> position;
+  SK_ASSIGN_OR_RETURN(int64_t step, LoadShardedCheckpoint(dir, state, &position));
+  step_ = step;
+  data_base_step_ = step_;
+  // A checkpoint without a data position (saved without a dataset) counts
+  // its steps at this trainer's global batch.
+  data_base_samples_ = position ? position->samples_consumed : step_ * global_batch();
+  last_sample_ids_.clear();
   return OkStatus();
 }
 
@@ -614,12 +704,17 @@ Status Trainer::LoadFullStateDict(const std::string& path, WeightLayout layout) 
   FullStateDictOptions o;
   o.layout = layout;
   SK_ASSIGN_OR_RETURN(step_, sk::LoadFullStateDict(path, state, o));
+  // A state dict holds no data position: its steps count at this trainer's global batch.
+  data_base_step_ = step_;
+  data_base_samples_ = step_ * global_batch();
+  last_sample_ids_.clear();
   return OkStatus();
 }
 
 StatusOr<float> Trainer::Evaluate(int batches) {
   if (batches < 1) return InvalidArgumentError("Evaluate needs at least one batch");
   SK_RETURN_IF_ERROR(UseGemmThreads());
+  if (dataset_) return EvaluateDataset(batches);
   double sum = 0;
   for (int b = 0; b < batches; ++b) {
     // Held-out: batch indices far beyond any training step's.
@@ -628,6 +723,37 @@ StatusOr<float> Trainer::Evaluate(int batches) {
     sum += loss;
   }
   return static_cast<float>(sum / batches);
+}
+
+StatusOr<float> Trainer::EvaluateDataset(int batches) {
+  if (!eval_dataset_) {
+    return FailedPreconditionError(
+        "Evaluate: this trainer reads a dataset and has no held-out one (give eval_dataset_paths)");
+  }
+  const int64_t rows = options_.batch_size * world_->size();
+  const int64_t in_set = (eval_dataset_->num_samples() + rows - 1) / rows;
+  const int64_t n = std::min<int64_t>(batches, in_set);
+  // Sum of token losses and count of counted tokens, this rank's.
+  double sum = 0, count = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t first = b * rows + world_->rank() * options_.batch_size;
+    SK_ASSIGN_OR_RETURN(TokenBatch batch, eval_dataset_->Rows(first, options_.batch_size, nullptr, /*one_pass=*/true));
+    int64_t counted = 0;
+    for (int32_t t : batch.targets) counted += t != kIgnoreTarget;
+    // Every rank runs the forward (FSDP's gathers are collective), even on
+    // rows that are all padding.
+    SK_ASSIGN_OR_RETURN(float loss, model_->Forward(batch, *data_parallel_, data_parallel_->activation_allocator()));
+    sum += static_cast<double>(loss) * counted;
+    count += static_cast<double>(counted);
+  }
+  // sum / count over all ranks: the ratio of the two means (GlobalMean
+  // moves them the way this device's collectives need).
+  SK_ASSIGN_OR_RETURN(float mean_sum, GlobalMean(static_cast<float>(sum)));
+  SK_ASSIGN_OR_RETURN(float mean_count, GlobalMean(static_cast<float>(count)));
+  sum = mean_sum;
+  count = mean_count;
+  if (count == 0) return InvalidArgumentError("Evaluate: the eval dataset has no unmasked target token");
+  return static_cast<float>(sum / count);
 }
 
 }  // namespace sk

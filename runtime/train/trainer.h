@@ -30,6 +30,7 @@
 
 #include "runtime/comm/process_group.h"
 #include "runtime/device/device.h"
+#include "runtime/data/dataset.h"
 #include "runtime/ddp/ddp.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/fsdp/weight_layout.h"
@@ -106,6 +107,18 @@ struct TrainerOptions {
   // Length of the synthetic stream; 0 = 64 Ki tokens (or enough for 8 windows).
   // A short stream repeats, so a model can memorise it (tests, demos).
   int64_t data_tokens = 0;
+  // A dataset read in order (runtime/data/dataset.h, docs/data.md), used
+  // instead of data_path and the synthetic stream when dataset.paths is not
+  // empty (giving both is InvalidArgument). Decoder-only models (GPT, Llama)
+  // only. Step t reads global samples [t * G, (t + 1) * G) of the dataset's
+  // order, G = batch_size * grad_accum_steps * world size; this rank reads
+  // the rank-th slice of batch_size * grad_accum_steps, micro-batch m its
+  // m-th batch_size rows.
+  data::DatasetOptions dataset;
+  // Held-out files for Evaluate, read in file order with `dataset`'s format,
+  // layout, width, packing and eos_id (empty: Evaluate is FailedPrecondition
+  // on a trainer that reads a dataset).
+  std::vector<std::string> eval_dataset_paths;
 };
 
 // InvalidArgument naming the field.
@@ -181,6 +194,12 @@ class Trainer {
   // own error (a peer's failure as the timeout of a collective).
   StatusOr<StepMetrics> Step();
   // The mean loss of `batches` forward passes on held-out batches (no update).
+  // With a dataset: the eval dataset's first `batches` global batches of
+  // batch_size * world rows in file order (fewer when it ends sooner: a
+  // large `batches` is one pass over the whole set, its last batch padded
+  // with ignored rows), this rank's slice of each; the result is the mean
+  // over every unmasked target token of all of them on all ranks (the same
+  // on every rank; PyTorch's ignore_index mean over the set). Collective.
   StatusOr<float> Evaluate(int batches);
 
   const TrainerOptions& options() const { return options_; }
@@ -219,6 +238,17 @@ class Trainer {
   Optimizer& optimizer() { return *optimizer_; }
   // The batch of micro-step `micro` of step `step` for this rank.
   StatusOr<TokenBatch> BatchFor(int64_t step, int micro) const;
+
+  // The dataset the trainer reads, or null (data_path or synthetic data).
+  const data::Dataset* dataset() const { return dataset_.get(); }
+  // With a dataset: the global samples consumed by the steps so far (what a
+  // checkpoint records), and the samples one step takes (G).
+  int64_t samples_consumed() const { return SamplesBefore(step_); }
+  int64_t global_batch() const;
+  // With a dataset: this rank's sample ids of the last successful step, in
+  // row order (micro-batch 0's rows first); Dataset::Rows says what an id
+  // is. Empty before the first step and without a dataset.
+  const std::vector<int64_t>& last_sample_ids() const { return last_sample_ids_; }
 
   // Sharded checkpoint of the model, optimizer state and step counter
   // (runtime/fsdp/checkpoint.h). Collective. FailedPrecondition on sim. A failed save leaves the
@@ -260,6 +290,11 @@ class Trainer {
   std::vector<comm::ProcessGroup*> StepGroups();
   // Applies the GEMM thread count to the calling thread.
   Status UseGemmThreads() const;
+  // The global sample index step `step` starts at (with a dataset).
+  int64_t SamplesBefore(int64_t step) const;
+  // This rank's rows of micro-batch `micro` of step `step` from the dataset.
+  StatusOr<TokenBatch> DatasetBatch(int64_t step, int micro, std::vector<int64_t>* sample_ids) const;
+  StatusOr<float> EvaluateDataset(int batches);
 
   TrainerOptions options_;
   std::unique_ptr<comm::ProcessGroup> owned_world_;  // the simulated world, when created here
@@ -283,6 +318,13 @@ class Trainer {
   // Averages the step's loss over ranks (StepMetrics::global_loss).
   std::unique_ptr<Stream> metrics_stream_;
   std::vector<int32_t> tokens_;
+  std::unique_ptr<data::Dataset> dataset_;
+  std::unique_ptr<data::Dataset> eval_dataset_;
+  // The data position: step data_base_step_ started at global sample
+  // data_base_samples_ (0, 0 until a checkpoint is loaded).
+  int64_t data_base_step_ = 0;
+  int64_t data_base_samples_ = 0;
+  std::vector<int64_t> last_sample_ids_;
   int64_t step_ = 0;
   float lr_override_ = -1;  // set_lr's rate; negative: the schedule's
   int gemm_threads_ = 1;
