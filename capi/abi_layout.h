@@ -26,6 +26,7 @@
   X(sk_optimizer_options, SK_OPTIMIZER_OPTIONS) \
   X(sk_device_options, SK_DEVICE_OPTIONS) \
   X(sk_lr_schedule, SK_LR_SCHEDULE) \
+  X(sk_dataset_options, SK_DATASET_OPTIONS) \
   X(sk_trainer_options, SK_TRAINER_OPTIONS) \
   X(sk_step_metrics, SK_STEP_METRICS) \
   X(sk_memory_estimate, SK_MEMORY_ESTIMATE) \
@@ -64,6 +65,7 @@ SK_LAYOUT_ASSERT(sizeof(sk_status_t) == 4 && sizeof(sk_dtype_t) == 4 &&
                  sizeof(sk_optimizer_kind_t) == 4 && sizeof(sk_backward_prefetch_t) == 4 &&
                  sizeof(sk_parallelism_t) == 4 && sizeof(sk_weight_layout_t) == 4 &&
                  sizeof(sk_device_kind_t) == 4 && sizeof(sk_lr_schedule_kind_t) == 4 &&
+                 sizeof(sk_dataset_format_t) == 4 && sizeof(sk_token_file_layout_t) == 4 &&
                  sizeof(sk_reduce_op_t) == 4,
                  "enums are 32-bit");
 SK_LAYOUT_ASSERT(offsetof(sk_gloo_options, rank) == 8 && offsetof(sk_gloo_options, world_size) == 12 &&
@@ -98,6 +100,15 @@ SK_LAYOUT_ASSERT(offsetof(sk_param_group, pattern) == 8 && offsetof(sk_param_gro
 SK_LAYOUT_ASSERT(offsetof(sk_lr_schedule, kind) == 8 && offsetof(sk_lr_schedule, min_lr) == 12 &&
                  offsetof(sk_lr_schedule, warmup_steps) == 16 && offsetof(sk_lr_schedule, decay_steps) == 24 &&
                  sizeof(sk_lr_schedule) == 32, "sk_lr_schedule layout");
+SK_LAYOUT_ASSERT(offsetof(sk_dataset_options, paths) == 8 && offsetof(sk_dataset_options, num_paths) == 16 &&
+                 offsetof(sk_dataset_options, format) == 20 &&
+                 offsetof(sk_dataset_options, token_file_layout) == 24 &&
+                 offsetof(sk_dataset_options, token_bytes) == 28 && offsetof(sk_dataset_options, seed) == 32 &&
+                 offsetof(sk_dataset_options, sequential) == 40 && offsetof(sk_dataset_options, packing) == 44 &&
+                 offsetof(sk_dataset_options, eos_id) == 48 && offsetof(sk_dataset_options, has_eos_id) == 56 &&
+                 offsetof(sk_dataset_options, num_eval_paths) == 60 &&
+                 offsetof(sk_dataset_options, eval_paths) == 64 && sizeof(sk_dataset_options) == 72,
+                 "sk_dataset_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_trainer_options, model) == 8 && offsetof(sk_trainer_options, fsdp) == 16 &&
                  offsetof(sk_trainer_options, optimizer) == 24 && offsetof(sk_trainer_options, batch_size) == 32 &&
                  offsetof(sk_trainer_options, grad_accum_steps) == 40 && offsetof(sk_trainer_options, seq_len) == 48 &&
@@ -109,7 +120,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_trainer_options, model) == 8 && offsetof(sk_trainer
                  offsetof(sk_trainer_options, parallelism) == 120 &&
                  offsetof(sk_trainer_options, ddp_bucket_bytes) == 128 &&
                  offsetof(sk_trainer_options, device) == 136 &&
-                 offsetof(sk_trainer_options, lr_schedule) == 144 && sizeof(sk_trainer_options) == 152,
+                 offsetof(sk_trainer_options, lr_schedule) == 144 &&
+                 offsetof(sk_trainer_options, dataset) == 152 && sizeof(sk_trainer_options) == 160,
                  "sk_trainer_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metrics, rank) == 16 &&
                  offsetof(sk_step_metrics, loss) == 20 && offsetof(sk_step_metrics, grad_norm) == 24 &&

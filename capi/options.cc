@@ -133,6 +133,56 @@ StatusOr<sk::DeviceOptions> ToDeviceOptions(const sk_device_options* in,
   return o;
 }
 
+namespace {
+
+// `n` strings from `paths` (NULL with n = 0 is none). InvalidArgument naming
+// `field` for a negative count, a NULL array or a NULL or empty string.
+StatusOr<std::vector<std::string>> ToPaths(const char* const* paths, int32_t n, const std::string& field) {
+  if (n < 0 || n > (1 << 20) || (n > 0 && paths == nullptr)) {
+    return sk::InvalidArgumentError(field + ": num is " + std::to_string(n) + " with the array " +
+                                    (paths == nullptr ? "NULL" : "set"));
+  }
+  std::vector<std::string> out;
+  for (int32_t i = 0; i < n; ++i) {
+    if (paths[i] == nullptr || paths[i][0] == '\0') {
+      return sk::InvalidArgumentError(field + "[" + std::to_string(i) + "] is " +
+                                      (paths[i] == nullptr ? "NULL" : "empty"));
+    }
+    out.emplace_back(paths[i]);
+  }
+  return out;
+}
+
+// Fills the dataset fields of `o` from the caller's struct.
+Status ToDatasetOptions(const sk_dataset_options* in, sk::TrainerOptions& o) {
+  sk_dataset_options c;
+  SK_RETURN_IF_ERROR(ReadStruct(in, "sk_dataset_options", &c));
+  SK_RETURN_IF_ERROR(CheckEnum(c.format, SK_DATASET_FORMAT_JSONL, "sk_dataset_options.format"));
+  SK_RETURN_IF_ERROR(
+      CheckEnum(c.token_file_layout, SK_TOKEN_FILE_LAYOUT_LLMC, "sk_dataset_options.token_file_layout"));
+  SK_ASSIGN_OR_RETURN(o.dataset.paths, ToPaths(c.paths, c.num_paths, "sk_dataset_options.paths"));
+  if (o.dataset.paths.empty()) return sk::InvalidArgumentError("sk_dataset_options.num_paths must be >= 1");
+  SK_ASSIGN_OR_RETURN(o.eval_dataset_paths,
+                      ToPaths(c.eval_paths, c.num_eval_paths, "sk_dataset_options.eval_paths"));
+  o.dataset.format = c.format == SK_DATASET_FORMAT_JSONL ? sk::data::DatasetFormat::kJsonl
+                                                         : sk::data::DatasetFormat::kTokens;
+  o.dataset.layout = static_cast<sk::data::TokenFileLayout>(c.token_file_layout);
+  o.dataset.token_bytes = c.token_bytes;
+  if (c.seed != 0) o.dataset.seed = c.seed;
+  o.dataset.shuffle = c.sequential == 0;
+  o.dataset.packing = c.packing != 0;
+  if (c.has_eos_id != 0) {
+    if (c.eos_id < 0) {
+      return sk::InvalidArgumentError("sk_dataset_options.eos_id is " + std::to_string(c.eos_id) +
+                                      " with has_eos_id set: a token id is >= 0");
+    }
+    o.dataset.eos_id = c.eos_id;
+  }
+  return sk::data::ValidateDatasetOptions(o.dataset).WithContext("sk_dataset_options");
+}
+
+}  // namespace
+
 StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in,
                                               const sk::comm::ProcessGroup* group) {
   if (in == nullptr) return sk::InvalidArgumentError("options is NULL (use SK_TRAINER_OPTIONS_INIT)");
@@ -188,6 +238,7 @@ StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in,
     o.lr_schedule.min_lr = ls.min_lr;
     SK_RETURN_IF_ERROR(sk::ValidateLrSchedule(o.lr_schedule, o.optimizer.lr).WithContext("sk_trainer_options"));
   }
+  if (c.dataset != nullptr) SK_RETURN_IF_ERROR(ToDatasetOptions(c.dataset, o));
   return o;
 }
 

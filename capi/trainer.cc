@@ -1,6 +1,8 @@
 // The high level: trainers, the memory estimate, and the local session.
 #include "capi/abi.h"
 
+#include <algorithm>
+
 #include "runtime/nn/configs.h"
 #include "runtime/train/memory_estimate.h"
 
@@ -68,6 +70,37 @@ SK_EXPORT sk_status_t sk_trainer_evaluate(sk_trainer* trainer, int32_t batches, 
   SK_CHECK(CheckOut(out_loss, "out_loss"));
   SK_ASSIGN_OR_FAIL(float loss, trainer->trainer->Evaluate(batches));
   *out_loss = loss;
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_trainer_data_position(const sk_trainer* trainer, int64_t* out_samples_consumed,
+                                               int64_t* out_samples_per_epoch) {
+  SK_API_BEGIN
+  SK_USE_HANDLE(trainer, "trainer");
+  const sk::data::Dataset* dataset = trainer->trainer->dataset();
+  if (dataset == nullptr) {
+    return Fail(SK_STATUS_FAILED_PRECONDITION, "sk_trainer_data_position: the trainer reads no dataset");
+  }
+  if (out_samples_consumed != nullptr) *out_samples_consumed = trainer->trainer->samples_consumed();
+  if (out_samples_per_epoch != nullptr) *out_samples_per_epoch = dataset->num_samples();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_trainer_last_sample_ids(const sk_trainer* trainer, int64_t* out_ids, int64_t capacity,
+                                                 int64_t* out_count) {
+  SK_API_BEGIN
+  SK_USE_HANDLE(trainer, "trainer");
+  SK_CHECK(CheckOut(out_count, "out_count"));
+  const std::vector<int64_t>& ids = trainer->trainer->last_sample_ids();
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (out_ids != nullptr && capacity < n) {
+    return Fail(SK_STATUS_OUT_OF_RANGE, "sk_trainer_last_sample_ids: capacity " + std::to_string(capacity) +
+                                            " is less than the " + std::to_string(n) + " ids of the last step");
+  }
+  if (out_ids != nullptr) std::copy(ids.begin(), ids.end(), out_ids);
+  *out_count = n;
   return SK_STATUS_OK;
   SK_API_END
 }

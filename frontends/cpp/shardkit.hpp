@@ -295,6 +295,88 @@ class Device {
   std::string profile_;
 };
 
+// A dataset the trainer reads itself (sk_dataset_options, 0.8.0; docs/data.md),
+// owning its paths. Setters chain like Device's.
+class Dataset {
+ public:
+  // Flat token files (raw or llm.c .bin), read in this order.
+  static Dataset Tokens(std::vector<std::string> paths) { return Of(SK_DATASET_FORMAT_TOKENS, std::move(paths)); }
+  // JSONL records {"input_ids", "labels" | "loss_mask"}, read in this order.
+  static Dataset Jsonl(std::vector<std::string> paths) { return Of(SK_DATASET_FORMAT_JSONL, std::move(paths)); }
+
+  Dataset& Seed(uint64_t seed) & {
+    raw_.seed = seed;
+    return *this;
+  }
+  Dataset&& Seed(uint64_t seed) && { return std::move(Seed(seed)); }
+  // File order every epoch (no shuffle).
+  Dataset& Sequential(bool on = true) & {
+    raw_.sequential = on ? 1 : 0;
+    return *this;
+  }
+  Dataset&& Sequential(bool on = true) && { return std::move(Sequential(on)); }
+  Dataset& Packing(bool on = true) & {
+    raw_.packing = on ? 1 : 0;
+    return *this;
+  }
+  Dataset&& Packing(bool on = true) && { return std::move(Packing(on)); }
+  Dataset& EosId(int64_t id) & {
+    raw_.has_eos_id = 1;
+    raw_.eos_id = id;
+    return *this;
+  }
+  Dataset&& EosId(int64_t id) && { return std::move(EosId(id)); }
+  // Token files: 2 or 4 bytes (0 = 2, or the llm.c header's) and the layout.
+  Dataset& TokenBytes(int32_t bytes) & {
+    raw_.token_bytes = bytes;
+    return *this;
+  }
+  Dataset&& TokenBytes(int32_t bytes) && { return std::move(TokenBytes(bytes)); }
+  Dataset& Layout(sk_token_file_layout_t layout) & {
+    raw_.token_file_layout = layout;
+    return *this;
+  }
+  Dataset&& Layout(sk_token_file_layout_t layout) && { return std::move(Layout(layout)); }
+  // Held-out files for Trainer::Evaluate.
+  Dataset& Eval(std::vector<std::string> paths) & {
+    eval_paths_ = std::move(paths);
+    return *this;
+  }
+  Dataset&& Eval(std::vector<std::string> paths) && { return std::move(Eval(std::move(paths))); }
+
+  // The C struct; valid while this Dataset lives and is not modified.
+  const sk_dataset_options* get() const {
+    path_ptrs_.clear();
+    for (const std::string& p : paths_) path_ptrs_.push_back(p.c_str());
+    eval_ptrs_.clear();
+    for (const std::string& p : eval_paths_) eval_ptrs_.push_back(p.c_str());
+    raw_.paths = path_ptrs_.data();
+    raw_.num_paths = static_cast<int32_t>(path_ptrs_.size());
+    raw_.eval_paths = eval_ptrs_.empty() ? nullptr : eval_ptrs_.data();
+    raw_.num_eval_paths = static_cast<int32_t>(eval_ptrs_.size());
+    return &raw_;
+  }
+  // `options` with .dataset pointing at this Dataset (valid while it lives
+  // and is not modified); a struct_size from an older header grows to
+  // include it.
+  sk_trainer_options Apply(sk_trainer_options options) const {
+    options.dataset = get();
+    if (options.struct_size < sizeof(sk_trainer_options)) options.struct_size = sizeof(sk_trainer_options);
+    return options;
+  }
+
+ private:
+  static Dataset Of(sk_dataset_format_t format, std::vector<std::string> paths) {
+    Dataset d;
+    d.raw_.format = format;
+    d.paths_ = std::move(paths);
+    return d;
+  }
+  std::vector<std::string> paths_, eval_paths_;
+  mutable std::vector<const char*> path_ptrs_, eval_ptrs_;
+  mutable sk_dataset_options raw_ = SK_DATASET_OPTIONS_INIT;
+};
+
 namespace detail {
 
 // The kind of device `options->device` names (cpu when there is none).
@@ -388,6 +470,25 @@ class Trainer : public detail::Owner<sk_trainer, sk_trainer_destroy> {
     int64_t n = 0;
     Check(sk_trainer_num_parameters(get(), &n));
     return n;
+  }
+  // With a dataset: global samples consumed and samples per epoch
+  // (sk_trainer_data_position).
+  struct DataPosition {
+    int64_t samples_consumed = 0;
+    int64_t samples_per_epoch = 0;
+  };
+  DataPosition Position() const {
+    DataPosition p;
+    Check(sk_trainer_data_position(get(), &p.samples_consumed, &p.samples_per_epoch));
+    return p;
+  }
+  // This rank's sample ids of the last step (sk_trainer_last_sample_ids).
+  std::vector<int64_t> LastSampleIds() const {
+    int64_t n = 0;
+    Check(sk_trainer_last_sample_ids(get(), nullptr, 0, &n));
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    Check(sk_trainer_last_sample_ids(get(), ids.data(), n, &n));
+    return ids;
   }
   // Collective; see sk_trainer_save_checkpoint.
   void SaveCheckpoint(const std::string& dir) { Check(sk_trainer_save_checkpoint(get(), dir.c_str())); }

@@ -103,7 +103,14 @@ local enum_fields = {
 local device_kind = enum_by_prefix("SK_DEVICE_", "sk_device_kind_t")
 local lr_schedule_kind = enum_by_prefix("SK_LR_SCHEDULE_", "sk_lr_schedule_kind_t")
 local checkpointing = enum_by_prefix("SK_CHECKPOINTING_", "sk_activation_checkpointing_t")
+local dataset_format = enum_by_prefix("SK_DATASET_FORMAT_", "sk_dataset_format_t")
+local token_file_layout = enum_by_prefix("SK_TOKEN_FILE_LAYOUT_", "sk_token_file_layout_t")
 local struct_enum_fields = {
+  -- 0.8.0: format "tokens" or "jsonl"; token_file_layout "auto", "raw", "llmc".
+  sk_dataset_options = {
+    format = function(v) return dataset_format(v, "dataset format") end,
+    token_file_layout = function(v) return token_file_layout(v, "token_file_layout") end,
+  },
   sk_device_options = {kind = function(v) return device_kind(v, "device kind") end},
   sk_lr_schedule = {kind = function(v) return lr_schedule_kind(v, "lr_schedule kind") end},
   -- 0.6.1: "off", "full", "selective", "selective_attention" (or the number).
@@ -145,7 +152,11 @@ end
 -- Fields that point to nested option structs, and how a field's Lua value
 -- becomes that struct's table.
 local nested_fields = {fsdp = "sk_fsdp_options", optimizer = "sk_optimizer_options",
-                       device = "sk_device_options", lr_schedule = "sk_lr_schedule"}
+                       device = "sk_device_options", lr_schedule = "sk_lr_schedule",
+                       dataset = "sk_dataset_options"}
+-- Fields that are arrays of strings, and the count field each sets
+-- (sk_dataset_options: paths = {"a.bin", "b.bin"}).
+local string_array_counts = {paths = "num_paths", eval_paths = "num_eval_paths"}
 local nested_tables = {device = device_fields}
 -- Structs whose field of such a name is a plain number (sk_nccl_options.device).
 local plain_fields = {sk_nccl_options = {device = true}}
@@ -161,7 +172,19 @@ local function to_struct(ctype, t, anchors)
   local plain = plain_fields[ctype] or {}
   for k, v in pairs(struct_defaults[ctype] or {}) do s[k] = v end
   for k, v in pairs(t) do
-    if k == "param_groups" then
+    if string_array_counts[k] and type(v) == "table" then
+      local arr = ffi.new("const char*[?]", math.max(#v, 1))
+      anchors[#anchors + 1] = arr
+      for i, p in ipairs(v) do
+        anchors[#anchors + 1] = p
+        arr[i - 1] = p
+      end
+      s[string_array_counts[k]] = #v
+      v = arr
+    elseif k == "eos_id" then
+      -- Setting an EOS id sets has_eos_id (0 is a token id like any other).
+      s.has_eos_id = 1
+    elseif k == "param_groups" then
       -- An array of sk_param_group tables; sets num_param_groups too.
       local groups = ffi.new("sk_param_group[?]", math.max(#v, 1))
       anchors[#anchors + 1] = groups
@@ -411,6 +434,22 @@ local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy,
     local out = ffi.new("int64_t[1]")
     check(lib.sk_trainer_num_parameters(self.h, out))
     return tonumber(out[0])
+  end,
+  -- With a dataset (0.8.0): samples consumed and samples per epoch.
+  data_position = function(self)
+    local consumed, per_epoch = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+    check(lib.sk_trainer_data_position(self.h, consumed, per_epoch))
+    return tonumber(consumed[0]), tonumber(per_epoch[0])
+  end,
+  -- This rank's sample ids of the last step, as a Lua array.
+  last_sample_ids = function(self)
+    local n = ffi.new("int64_t[1]")
+    check(lib.sk_trainer_last_sample_ids(self.h, nil, 0, n))
+    local ids = ffi.new("int64_t[?]", math.max(tonumber(n[0]), 1))
+    check(lib.sk_trainer_last_sample_ids(self.h, ids, n[0], n))
+    local t = {}
+    for i = 0, tonumber(n[0]) - 1 do t[#t + 1] = tonumber(ids[i]) end
+    return t
   end,
 }))
 

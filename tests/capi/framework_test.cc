@@ -71,8 +71,8 @@ std::vector<float> Read(sk_engine* e, int unit, int param, int64_t n) {
 }
 
 TEST(CapiFramework, VersionIs070) {
-  EXPECT_STREQ(sk_version(), "0.7.0");
-  EXPECT_EQ(sk_version_number(), 7000);
+  EXPECT_STREQ(sk_version(), "0.8.0");
+  EXPECT_EQ(sk_version_number(), 8000);
 }
 
 // lr = 0 is a rate of 0 in a 0.6.0 struct and "1e-3" in an older one.

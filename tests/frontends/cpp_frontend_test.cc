@@ -105,6 +105,43 @@ TEST(CppFrontend, TrainerOutlivesTheGroupObjectItWasMadeFrom) {
   EXPECT_EQ(trainer->NumParameters(), shardkit::ModelNumParameters("gpt-tiny"));
 }
 
+// A dataset owns its paths; a trainer reads it in order, and bad options
+// throw the C API's error.
+TEST(CppFrontend, DatasetsFeedATrainerInOrder) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/cpp_frontend_data.jsonl";
+  {
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    for (int i = 0; i < 6; ++i) std::fprintf(f, "{\"input_ids\": [%d, %d, %d], \"loss_mask\": [0, 1, 1]}\n", i, i + 1, i + 2);
+    std::fclose(f);
+  }
+  sk_trainer_options o = Tiny();
+  o.data_tokens = 0;
+  const shardkit::Dataset data = shardkit::Dataset::Jsonl({path}).Seed(3).EosId(0).Eval({path});
+  auto groups = shardkit::ProcessGroup::Local(1);
+  shardkit::Trainer trainer(data.Apply(o), groups[0].get());
+  EXPECT_EQ(trainer.Position().samples_per_epoch, 6);
+  trainer.Step();
+  const std::vector<int64_t> ids = trainer.LastSampleIds();
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_NE(ids[0], ids[1]);
+  EXPECT_EQ(trainer.Position().samples_consumed, 2);
+  EXPECT_GT(trainer.Evaluate(10), 0.f);
+
+  const shardkit::Dataset packed_tokens = shardkit::Dataset::Tokens({path}).Packing();
+  try {
+    shardkit::Trainer bad(packed_tokens.Apply(o), groups[0].get());
+    ADD_FAILURE() << "packing a token file without an EOS id was accepted";
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("eos_id"), std::string::npos) << e.what();
+  }
+  shardkit::Trainer plain(Tiny(), groups[0].get());
+  EXPECT_THROW(plain.Position(), shardkit::Error);
+  EXPECT_TRUE(plain.LastSampleIds().empty());
+}
+
 TEST(CppFrontend, LocalSessionTrainsTwoRanks) {
   shardkit::LocalSession session(Tiny(), 2);
   EXPECT_EQ(session.WorldSize(), 2);

@@ -26,8 +26,8 @@ local function expect_error(code_name, text, fn, ...)
 end
 
 test("version is the library's", function()
-  assert(sk.version() == "0.7.0", sk.version())
-  assert(sk.version_number() == 7000, sk.version_number())
+  assert(sk.version() == "0.8.0", sk.version())
+  assert(sk.version_number() == 8000, sk.version_number())
 end)
 
 test("errors carry code, name and the library's message", function()
@@ -107,6 +107,34 @@ test("a session checkpoint resumes the run; a missing one is NOT_FOUND", functio
   resumed:close()
   t:close()
   os.execute("rm -rf '" .. dir .. "'")
+end)
+
+test("a dataset feeds a trainer in order and bad ones are refused", function()
+  local path = (os.getenv("TEST_TMPDIR") or "/tmp") .. "/lua_frontend_data.jsonl"
+  local f = assert(io.open(path, "w"))
+  for i = 0, 5 do
+    f:write(string.format('{"input_ids": [%d, %d, %d], "loss_mask": [0, 1, 1]}\n', i, i + 1, i + 2))
+  end
+  f:close()
+  local group = sk.local_groups(1)[1]
+  local dataset = {paths = {path}, format = "jsonl", seed = 3, eos_id = 0, eval_paths = {path}}
+  local t = sk.trainer({model = "gpt-tiny", dataset = dataset}, group)
+  assert(#t:last_sample_ids() == 0)
+  t:step()
+  local ids = t:last_sample_ids()
+  assert(#ids == 2 and ids[1] ~= ids[2], "ids " .. table.concat(ids, ","))
+  local consumed, per_epoch = t:data_position()
+  assert(consumed == 2 and per_epoch == 6, consumed .. " " .. per_epoch)
+  assert(t:evaluate(10) > 0)
+  t:close()
+  expect_error("INVALID_ARGUMENT", "eos_id", sk.trainer,
+               {model = "gpt-tiny", dataset = {paths = {path}, format = "tokens", packing = true}}, group)
+  expect_error("INVALID_ARGUMENT", "'parquet'", sk.trainer,
+               {model = "gpt-tiny", dataset = {paths = {path}, format = "parquet"}}, group)
+  expect_error("INVALID_ARGUMENT", "num_paths", sk.trainer, {model = "gpt-tiny", dataset = {paths = {}}}, group)
+  local plain = sk.trainer({model = "gpt-tiny", data_tokens = 64}, group)
+  expect_error("FAILED_PRECONDITION", "no dataset", plain.data_position, plain)
+  plain:close()
 end)
 
 test("state dicts resume a session and import Hugging Face GPT-2 layout", function()

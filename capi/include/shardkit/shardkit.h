@@ -139,6 +139,10 @@
  *  sk_activation_checkpointing_t (2 or 3 for those; 0 and 1 as before).
  *  The 0.6.1 struct (struct_size 88) is still accepted. Decoder shapes
  *  given as model names carry RoPE scaling (rope_type and its factors).
+ *  0.8.0 (issue 43) appended datasets the trainer reads itself
+ *  (sk_dataset_options as sk_trainer_options.dataset, sk_dataset_format_t,
+ *  sk_token_file_layout_t), their position in sharded checkpoints, and
+ *  sk_trainer_data_position and sk_trainer_last_sample_ids.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -174,11 +178,11 @@
 #endif
 
 #define SK_VERSION_MAJOR 0
-#define SK_VERSION_MINOR 7
+#define SK_VERSION_MINOR 8
 #define SK_VERSION_PATCH 0
 /* MAJOR * 1000000 + MINOR * 1000 + PATCH, as SQLITE_VERSION_NUMBER. */
 #define SK_VERSION_NUMBER (SK_VERSION_MAJOR * 1000000 + SK_VERSION_MINOR * 1000 + SK_VERSION_PATCH)
-#define SK_VERSION_STRING "0.7.0"
+#define SK_VERSION_STRING "0.8.0"
 
 #ifdef __cplusplus
 extern "C" {
@@ -222,7 +226,7 @@ SK_EXPORT const char* sk_last_error_message(void);
 /* Version                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* The loaded library's SK_VERSION_STRING ("0.7.0"). A static string. Thread-safe. */
+/* The loaded library's SK_VERSION_STRING ("0.8.0"). A static string. Thread-safe. */
 SK_EXPORT const char* sk_version(void);
 /* The loaded library's SK_VERSION_NUMBER. Thread-safe. */
 SK_EXPORT int32_t sk_version_number(void);
@@ -676,6 +680,62 @@ typedef struct sk_lr_schedule {
 
 #define SK_LR_SCHEDULE_INIT {sizeof(sk_lr_schedule), SK_LR_SCHEDULE_DEFAULT, 0.0f, 0, 0}
 
+/* 0.8.0: datasets the trainer reads itself (docs/data.md). The samples are
+ * numbered 0..S-1; epoch e visits them in a permutation keyed by (seed, e);
+ * step t takes the next G = batch_size * grad_accum_steps * world size of
+ * them and rank r the r-th slice. Sharded checkpoints save the position
+ * (samples consumed, seed), so a resumed run (also at another world size
+ * with the same G) sees the samples the uninterrupted run would have. */
+typedef SK_ENUM(sk_dataset_format_t) {
+  SK_DATASET_FORMAT_DEFAULT = 0, /* TOKENS */
+  /* Flat little-endian token files: nanoGPT's raw uint16/uint32 ".bin", or
+   * llm.c's (a 256-int32 header with magic 20240520 or 20240801). Without
+   * an EOS id, non-overlapping windows of seq_len + 1 tokens; with one, the
+   * documents it ends. */
+  SK_DATASET_FORMAT_TOKENS = 1,
+  /* One JSON record per line: {"input_ids": [...]} with optional "labels"
+   * (aligned with input_ids, -100 = not trained, as transformers takes them)
+   * or "loss_mask" (0/1 per token). */
+  SK_DATASET_FORMAT_JSONL = 2
+} sk_dataset_format_t;
+
+/* How a TOKENS file begins. */
+typedef SK_ENUM(sk_token_file_layout_t) {
+  SK_TOKEN_FILE_LAYOUT_AUTO = 0, /* llm.c if it starts with an llm.c magic, else RAW */
+  SK_TOKEN_FILE_LAYOUT_RAW = 1,  /* tokens only */
+  SK_TOKEN_FILE_LAYOUT_LLMC = 2  /* llm.c's 1 KiB header, then tokens */
+} sk_token_file_layout_t;
+
+typedef struct sk_dataset_options {
+  size_t struct_size;
+  /* num_paths (>= 1) files, read in this order as one dataset (shards).
+   * Copied at sk_trainer_create; the files stay open for the trainer's life. */
+  const char* const* paths;
+  int32_t num_paths;
+  sk_dataset_format_t format;
+  sk_token_file_layout_t token_file_layout; /* TOKENS only */
+  int32_t token_bytes;   /* TOKENS: 2 or 4; 0 = 2, or what the llm.c header says */
+  uint64_t seed;         /* the order's seed; 0 = 1 */
+  int32_t sequential;    /* nonzero: file order every epoch (no shuffle) */
+  /* Nonzero: concatenate documents in order and cut rows of seq_len tokens
+   * (segment ids and per-document positions travel with each row; TOKENS
+   * needs has_eos_id). Zero: one document per row, truncated or padded. */
+  int32_t packing;
+  int64_t eos_id;        /* the end-of-sequence token, when has_eos_id */
+  /* Nonzero: eos_id ends each TOKENS document and is appended to each
+   * JSONL record (and pads rows); zero: no EOS (pad token 0). */
+  int32_t has_eos_id;
+  /* Held-out files for sk_trainer_evaluate (same format; read in file
+   * order); 0 = none (evaluate is then FAILED_PRECONDITION). */
+  int32_t num_eval_paths;
+  const char* const* eval_paths;
+} sk_dataset_options;
+/* Size traits ("Option structs" above). */
+#define SK_DATASET_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_dataset_options, eval_paths)
+#define SK_DATASET_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_dataset_options, eval_paths)
+
+#define SK_DATASET_OPTIONS_INIT {sizeof(sk_dataset_options), NULL, 0, SK_DATASET_FORMAT_DEFAULT, SK_TOKEN_FILE_LAYOUT_AUTO, 0, 0, 0, 0, 0, 0, 0, NULL}
+
 /* One rank's trainer: a named model, FSDP (or DDP) around it, an optimizer
  * and a deterministic data stream. */
 typedef struct sk_trainer sk_trainer;
@@ -725,12 +785,17 @@ typedef struct sk_trainer_options {
   /* Appended in 0.6.0: the learning rate of each step; NULL = constant
    * (the optimizer's lr). INVALID_ARGUMENT naming the field for a bad one. */
   const sk_lr_schedule* lr_schedule;
+  /* Appended in 0.8.0: a dataset read in order (sk_dataset_options,
+   * docs/data.md) instead of data_path or the synthetic stream; NULL = none.
+   * Setting it with data_path is INVALID_ARGUMENT, and so is a model that is
+   * not decoder-only (GPT, Llama). */
+  const sk_dataset_options* dataset;
 } sk_trainer_options;
 /* Size traits ("Option structs" above); the first version (0.1.0) ended at data_tokens. */
 #define SK_TRAINER_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_trainer_options, data_tokens)
-#define SK_TRAINER_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_trainer_options, lr_schedule)
+#define SK_TRAINER_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_trainer_options, dataset)
 
-#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0, NULL, NULL}
+#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0, NULL, NULL, NULL}
 
 /* What one step measured on one rank. */
 typedef struct sk_step_metrics {
@@ -798,9 +863,30 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_set_lr(sk_trainer* trainer, float 
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_get_lr(const sk_trainer* trainer, float* out_lr);
 
 /* Mean loss of `batches` (>= 1) forward passes on held-out data; no update.
- * Collective. */
+ * Collective. With a dataset (0.8.0): the eval files' first `batches`
+ * batches of batch_size * world size rows in file order (fewer if the set
+ * ends sooner, so a large `batches` is one pass over it), and the loss is the
+ * mean over every unmasked target token of all of them on all ranks (the same
+ * on every rank); FAILED_PRECONDITION without eval files. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_evaluate(sk_trainer* trainer, int32_t batches,
                                                        float* out_loss);
+
+/* 0.8.0: where a trainer with a dataset stands in it: *out_samples_consumed
+ * (global samples the completed steps took; what a sharded checkpoint
+ * records) and *out_samples_per_epoch (S). FAILED_PRECONDITION without a
+ * dataset. Either pointer may be NULL. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_data_position(const sk_trainer* trainer,
+                                                            int64_t* out_samples_consumed,
+                                                            int64_t* out_samples_per_epoch);
+
+/* 0.8.0: this rank's sample ids of the last completed step, in row order
+ * (micro-batch 0's rows first): the document each row holds, or with packing
+ * the document its first token belongs to (docs/data.md). *out_count
+ * receives their number (0 before the first step and without a dataset);
+ * out_ids, when not NULL, receives them and must hold `capacity` >= that
+ * many (OUT_OF_RANGE otherwise, nothing written). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_last_sample_ids(const sk_trainer* trainer, int64_t* out_ids,
+                                                              int64_t capacity, int64_t* out_count);
 
 /* Parameters of the trainer's whole model (not of the shard). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_num_parameters(const sk_trainer* trainer,
@@ -816,7 +902,11 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_model_num_parameters(const char* model, in
  * and loads at any world size and sharding strategy (the shards are re-cut
  * on load). To continue the same run at another world size, keep the global
  * batch (batch_size * grad_accum_steps * world size): the step count and the
- * learning rate refer to it, and the data continues by step. */
+ * learning rate refer to it, and the data continues by step. With a dataset
+ * (0.8.0) the index also records its position (samples consumed, seed,
+ * samples per epoch, global batch): a load continues from the samples
+ * consumed, and a checkpoint of another seed or dataset size is
+ * INVALID_ARGUMENT before anything changes. */
 
 /* Writes this trainer's checkpoint to `dir` (created, or replaced if it
  * already holds a checkpoint: the new one is written beside it and swapped in

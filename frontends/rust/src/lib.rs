@@ -845,6 +845,73 @@ fn opt_raw_device(d: &Option<RawDevice>) -> *const sys::sk_device_options {
 
 // --- high level --------------------------------------------------------------
 
+/// A dataset the trainer reads itself (`sk_dataset_options`, 0.8.0;
+/// docs/data.md). Zero/None fields mean "default".
+#[derive(Clone, Debug, Default)]
+pub struct Dataset {
+    /// The files, read in this order as one dataset (at least one).
+    pub paths: Vec<PathBuf>,
+    /// `sys::SK_DATASET_FORMAT_*`; 0 = TOKENS.
+    pub format: sys::sk_dataset_format_t,
+    /// `sys::SK_TOKEN_FILE_LAYOUT_*`; 0 = AUTO.
+    pub token_file_layout: sys::sk_token_file_layout_t,
+    /// TOKENS: 2 or 4; 0 = 2, or the llm.c header's.
+    pub token_bytes: i32,
+    /// The order's seed; 0 = 1.
+    pub seed: u64,
+    /// File order every epoch (no shuffle).
+    pub sequential: bool,
+    /// Concatenate documents into rows (segment ids and positions per row).
+    pub packing: bool,
+    /// The end-of-sequence token; None = none.
+    pub eos_id: Option<i64>,
+    /// Held-out files for `Trainer::evaluate`.
+    pub eval_paths: Vec<PathBuf>,
+}
+
+/// A `Dataset` as the C struct and the strings it points to.
+struct RawDataset {
+    raw: sys::sk_dataset_options,
+    _paths: Vec<CString>,
+    _path_ptrs: Vec<*const c_char>,
+    _eval: Vec<CString>,
+    _eval_ptrs: Vec<*const c_char>,
+}
+
+impl Dataset {
+    fn to_raw(&self) -> Result<Box<RawDataset>> {
+        let paths = self.paths.iter().map(|p| path_cstring(p)).collect::<Result<Vec<_>>>()?;
+        let eval = self.eval_paths.iter().map(|p| path_cstring(p)).collect::<Result<Vec<_>>>()?;
+        let path_ptrs: Vec<*const c_char> = paths.iter().map(|c| c.as_ptr()).collect();
+        let eval_ptrs: Vec<*const c_char> = eval.iter().map(|c| c.as_ptr()).collect();
+        let raw = sys::sk_dataset_options {
+            struct_size: std::mem::size_of::<sys::sk_dataset_options>(),
+            paths: if path_ptrs.is_empty() { ptr::null() } else { path_ptrs.as_ptr() },
+            num_paths: path_ptrs.len() as i32,
+            format: self.format,
+            token_file_layout: self.token_file_layout,
+            token_bytes: self.token_bytes,
+            seed: self.seed,
+            sequential: self.sequential as i32,
+            packing: self.packing as i32,
+            eos_id: self.eos_id.unwrap_or(0),
+            has_eos_id: self.eos_id.is_some() as i32,
+            num_eval_paths: eval_ptrs.len() as i32,
+            eval_paths: if eval_ptrs.is_empty() { ptr::null() } else { eval_ptrs.as_ptr() },
+        };
+        // The pointer vectors' buffers do not move with the Vec values.
+        Ok(Box::new(RawDataset { raw, _paths: paths, _path_ptrs: path_ptrs, _eval: eval, _eval_ptrs: eval_ptrs }))
+    }
+}
+
+/// Where a trainer with a dataset stands in it (`sk_trainer_data_position`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataPosition {
+    /// Global samples the completed steps took (what a checkpoint records).
+    pub samples_consumed: i64,
+    pub samples_per_epoch: i64,
+}
+
 /// `sk_trainer_options` with owned strings. Zero/None fields mean "default".
 #[derive(Clone, Debug, Default)]
 pub struct TrainerOptions {
@@ -876,6 +943,8 @@ pub struct TrainerOptions {
     pub lr_schedule: Option<LrSchedule>,
     /// Parameter groups (`optimizer.param_groups`); empty = none.
     pub param_groups: Vec<ParamGroup>,
+    /// A dataset read in order instead of `data_path` (0.8.0); `None` = none.
+    pub dataset: Option<Dataset>,
 }
 
 impl TrainerOptions {
@@ -886,6 +955,7 @@ impl TrainerOptions {
         let device = self.device.as_ref().map(Device::to_raw).transpose()?;
         let groups = RawGroups::new(&self.param_groups)?;
         let optimizer = groups.optimizer(&self.optimizer);
+        let dataset = self.dataset.as_ref().map(Dataset::to_raw).transpose()?;
         let raw = sys::sk_trainer_options {
             struct_size: std::mem::size_of::<sys::sk_trainer_options>(),
             model: opt_ptr(&model),
@@ -906,6 +976,7 @@ impl TrainerOptions {
             ddp_bucket_bytes: self.ddp_bucket_bytes,
             device: opt_raw_device(&device),
             lr_schedule: self.lr_schedule.as_ref().map_or(ptr::null(), |s| s as *const LrSchedule),
+            dataset: dataset.as_ref().map_or(ptr::null(), |d| &d.raw as *const sys::sk_dataset_options),
         };
         Ok(f(&raw))
     }
@@ -961,6 +1032,20 @@ impl Trainer {
         let mut n = 0;
         check(unsafe { sys::sk_trainer_num_parameters(self.raw, &mut n) })?;
         Ok(n)
+    }
+    /// With a dataset: the samples consumed and per epoch; FAILED_PRECONDITION without one.
+    pub fn data_position(&self) -> Result<DataPosition> {
+        let mut p = DataPosition::default();
+        check(unsafe { sys::sk_trainer_data_position(self.raw, &mut p.samples_consumed, &mut p.samples_per_epoch) })?;
+        Ok(p)
+    }
+    /// This rank's sample ids of the last step, in row order (empty without a dataset).
+    pub fn last_sample_ids(&self) -> Result<Vec<i64>> {
+        let mut n = 0;
+        check(unsafe { sys::sk_trainer_last_sample_ids(self.raw, ptr::null_mut(), 0, &mut n) })?;
+        let mut ids = vec![0i64; n as usize];
+        check(unsafe { sys::sk_trainer_last_sample_ids(self.raw, ids.as_mut_ptr(), n, &mut n) })?;
+        Ok(ids)
     }
     /// Writes a sharded checkpoint to `dir` (collective).
     pub fn save_checkpoint(&mut self, dir: impl AsRef<Path>) -> Result<()> {

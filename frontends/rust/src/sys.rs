@@ -74,6 +74,16 @@ pub const SK_LR_SCHEDULE_CONSTANT: sk_lr_schedule_kind_t = 1;
 pub const SK_LR_SCHEDULE_COSINE: sk_lr_schedule_kind_t = 2;
 pub const SK_LR_SCHEDULE_LINEAR: sk_lr_schedule_kind_t = 3;
 
+pub type sk_dataset_format_t = i32;
+pub const SK_DATASET_FORMAT_DEFAULT: sk_dataset_format_t = 0;
+pub const SK_DATASET_FORMAT_TOKENS: sk_dataset_format_t = 1;
+pub const SK_DATASET_FORMAT_JSONL: sk_dataset_format_t = 2;
+
+pub type sk_token_file_layout_t = i32;
+pub const SK_TOKEN_FILE_LAYOUT_AUTO: sk_token_file_layout_t = 0;
+pub const SK_TOKEN_FILE_LAYOUT_RAW: sk_token_file_layout_t = 1;
+pub const SK_TOKEN_FILE_LAYOUT_LLMC: sk_token_file_layout_t = 2;
+
 pub type sk_reduce_op_t = i32;
 pub const SK_REDUCE_DEFAULT: sk_reduce_op_t = 0;
 pub const SK_REDUCE_SUM: sk_reduce_op_t = 1;
@@ -212,6 +222,24 @@ pub struct sk_lr_schedule {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+pub struct sk_dataset_options {
+    pub struct_size: usize,
+    pub paths: *const *const c_char,
+    pub num_paths: i32,
+    pub format: sk_dataset_format_t,
+    pub token_file_layout: sk_token_file_layout_t,
+    pub token_bytes: i32,
+    pub seed: u64,
+    pub sequential: i32,
+    pub packing: i32,
+    pub eos_id: i64,
+    pub has_eos_id: i32,
+    pub num_eval_paths: i32,
+    pub eval_paths: *const *const c_char,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
 pub struct sk_trainer_options {
     pub struct_size: usize,
     pub model: *const c_char,
@@ -232,6 +260,7 @@ pub struct sk_trainer_options {
     pub ddp_bucket_bytes: i64,
     pub device: *const sk_device_options,
     pub lr_schedule: *const sk_lr_schedule,
+    pub dataset: *const sk_dataset_options,
 }
 
 #[repr(C)]
@@ -448,6 +477,17 @@ extern "C" {
     pub fn sk_trainer_set_lr(trainer: *mut sk_trainer, lr: f32) -> sk_status_t;
     pub fn sk_trainer_get_lr(trainer: *const sk_trainer, out_lr: *mut f32) -> sk_status_t;
     pub fn sk_trainer_evaluate(trainer: *mut sk_trainer, batches: i32, out_loss: *mut f32) -> sk_status_t;
+    pub fn sk_trainer_data_position(
+        trainer: *const sk_trainer,
+        out_samples_consumed: *mut i64,
+        out_samples_per_epoch: *mut i64,
+    ) -> sk_status_t;
+    pub fn sk_trainer_last_sample_ids(
+        trainer: *const sk_trainer,
+        out_ids: *mut i64,
+        capacity: i64,
+        out_count: *mut i64,
+    ) -> sk_status_t;
     pub fn sk_trainer_num_parameters(trainer: *const sk_trainer, out_count: *mut i64) -> sk_status_t;
     pub fn sk_model_num_parameters(model: *const c_char, out_count: *mut i64) -> sk_status_t;
     pub fn sk_trainer_save_checkpoint(trainer: *mut sk_trainer, dir: *const c_char) -> sk_status_t;

@@ -2,7 +2,7 @@
 //! that release in Drop, and rank callbacks whose errors and panics come back
 //! as Results instead of unwinding through C.
 use shardkit::{
-    run_local_ranks, sys, Bf16, Device, Engine, EngineOptions, Group, LocalSession, LrSchedule, ModelSpec,
+    run_local_ranks, sys, Bf16, Dataset, Device, Engine, EngineOptions, Group, LocalSession, LrSchedule, ModelSpec,
     OptimizerOptions, ParamGroup, ParamSpec, ProcessGroup, ReduceOp, Stream, Trainer, TrainerOptions, WeightLayout,
 };
 
@@ -12,8 +12,8 @@ fn tiny() -> TrainerOptions {
 
 #[test]
 fn version_is_the_librarys() {
-    assert_eq!(shardkit::version(), "0.7.0");
-    assert_eq!(shardkit::version_number(), 7000);
+    assert_eq!(shardkit::version(), "0.8.0");
+    assert_eq!(shardkit::version_number(), 8000);
 }
 
 #[test]
@@ -44,6 +44,46 @@ fn nccl_groups_check_their_options_and_say_what_is_missing() {
         assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
         assert!(e.message.contains("RANK"), "{}", e);
     }
+}
+
+#[test]
+fn a_dataset_feeds_a_trainer_in_order_and_bad_ones_are_refused() {
+    let base = std::env::var_os("TEST_TMPDIR").map_or_else(std::env::temp_dir, std::path::PathBuf::from);
+    let path = base.join(format!("rust-dataset-{}.jsonl", std::process::id()));
+    let mut text = String::new();
+    for i in 0..6 {
+        text += &format!("{{\"input_ids\": [{}, {}, {}], \"labels\": [-100, {}, {}]}}\n", i, i + 1, i + 2, i + 1, i + 2);
+    }
+    std::fs::write(&path, text).unwrap();
+    let dataset = Dataset {
+        paths: vec![path.clone()],
+        format: sys::SK_DATASET_FORMAT_JSONL,
+        seed: 7,
+        eos_id: Some(0),
+        eval_paths: vec![path.clone()],
+        ..Default::default()
+    };
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let options = TrainerOptions { data_tokens: 0, dataset: Some(dataset.clone()), ..tiny() };
+    let mut trainer = Trainer::new(&options, &groups[0]).unwrap();
+    assert_eq!(trainer.last_sample_ids().unwrap(), Vec::<i64>::new());
+    trainer.step().unwrap();
+    let ids = trainer.last_sample_ids().unwrap();
+    assert_eq!(ids.len(), 2);
+    assert_ne!(ids[0], ids[1]);
+    let p = trainer.data_position().unwrap();
+    assert_eq!((p.samples_consumed, p.samples_per_epoch), (2, 6));
+    assert!(trainer.evaluate(10).unwrap() > 0.0);
+
+    let packed_tokens = Dataset { format: sys::SK_DATASET_FORMAT_TOKENS, packing: true, eos_id: None, ..dataset };
+    let bad = TrainerOptions { dataset: Some(packed_tokens), ..options.clone() };
+    let e = Trainer::new(&bad, &groups[0]).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
+    assert!(e.message.contains("eos_id"), "{}", e);
+    let none = TrainerOptions { dataset: Some(Dataset::default()), ..options };
+    assert_eq!(Trainer::new(&none, &groups[0]).unwrap_err().code, sys::SK_STATUS_INVALID_ARGUMENT);
+    let plain = Trainer::new(&tiny(), &groups[0]).unwrap();
+    assert_eq!(plain.data_position().unwrap_err().code, sys::SK_STATUS_FAILED_PRECONDITION);
 }
 
 #[test]

@@ -227,9 +227,11 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
                                param_groups, num_param_groups }
         sk_param_group { struct_size, pattern, norms_biases_embeddings, weight_decay, lr_multiplier, inherit_weight_decay }
         sk_lr_schedule { struct_size, kind, min_lr, warmup_steps, decay_steps }
+        sk_dataset_options { struct_size, paths, num_paths, format, token_file_layout, token_bytes, seed, sequential,
+                             packing, eos_id, has_eos_id, num_eval_paths, eval_paths }
         sk_trainer_options { struct_size, model, fsdp, optimizer, batch_size, grad_accum_steps, seq_len, source_len,
                              clip_grad_norm, activation_checkpointing, memory_cap_bytes, data_path, data_token_bytes,
-                             data_seed, data_tokens, parallelism, ddp_bucket_bytes, device, lr_schedule }
+                             data_seed, data_tokens, parallelism, ddp_bucket_bytes, device, lr_schedule, dataset }
         sk_device_options { struct_size, kind, use_index, index, sim_profile, sim_world_size, sim_gpus_per_node,
                             launch_blocking }
         sk_step_metrics { struct_size, step, rank, loss, grad_norm, step_seconds, tokens_per_second, model_tflops_per_rank,
