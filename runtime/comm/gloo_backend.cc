@@ -624,58 +624,6 @@ class GlooState {
   std::vector<std::shared_ptr<Storage>> scratch_;  // used only by the running collective
 };
 
-StatusOr<DistributedEnv> DistributedEnv::FromEnvironment() {
-  auto parse_int = [&](EnvVar var, bool required, int fallback) -> StatusOr<int> {
-    const char* name = EnvName(var);
-    const char* v = GetEnv(var);
-    if (v == nullptr) {
-      if (required) return InvalidArgumentError(std::string("environment variable ") + name + " is not set");
-      return fallback;
-    }
-    // Decimal digits only (strtol would also take " 1", "+1" and "-0"),
-    // at most 2^24: more ranks than any launcher starts, and a port fits.
-    constexpr long kMax = 1L << 24;
-    char* end = nullptr;
-    errno = 0;
-    const long x = std::isdigit(static_cast<unsigned char>(*v)) ? std::strtol(v, &end, 10) : -1;
-    if (x < 0 || *end != '\0' || errno == ERANGE || x > kMax) {
-      return InvalidArgumentError(std::string("environment variable ") + name + "='" + v +
-                                  "' is not an integer in [0, " + std::to_string(kMax) + "]");
-    }
-    return static_cast<int>(x);
-  };
-  DistributedEnv env;
-  SK_ASSIGN_OR_RETURN(env.rank, parse_int(EnvVar::kRank, true, 0));
-  SK_ASSIGN_OR_RETURN(env.world_size, parse_int(EnvVar::kWorldSize, true, 1));
-  SK_ASSIGN_OR_RETURN(env.local_rank, parse_int(EnvVar::kLocalRank, false, env.rank));
-  SK_ASSIGN_OR_RETURN(env.local_world_size, parse_int(EnvVar::kLocalWorldSize, false, env.world_size));
-  SK_ASSIGN_OR_RETURN(env.master_port, parse_int(EnvVar::kMasterPort, true, 0));
-  const char* addr = GetEnv(EnvVar::kMasterAddr);
-  if (addr == nullptr) {
-    return InvalidArgumentError("environment variable MASTER_ADDR is not set");
-  }
-  env.master_addr = addr;
-  if (env.world_size < 1 || env.rank >= env.world_size) {
-    return InvalidArgumentError("RANK=" + std::to_string(env.rank) + " is not below WORLD_SIZE=" +
-                                std::to_string(env.world_size));
-  }
-  // Both set (as torchrun and our launcher set them): the local rank must be
-  // one of the node's. (LOCAL_WORLD_SIZE alone is also read as a thread
-  // budget, e.g. set to the core count: not checked against WORLD_SIZE.)
-  const char* local_rank = GetEnv(EnvVar::kLocalRank);
-  if (local_rank != nullptr &&
-      (env.local_world_size < 1 || env.local_rank >= env.local_world_size)) {
-    return InvalidArgumentError("LOCAL_RANK=" + std::to_string(env.local_rank) + " and LOCAL_WORLD_SIZE=" +
-                                std::to_string(env.local_world_size) +
-                                " do not fit: LOCAL_RANK must be below LOCAL_WORLD_SIZE");
-  }
-  if (env.master_port < 1 || env.master_port > 65535) {
-    return InvalidArgumentError("MASTER_PORT=" + std::to_string(env.master_port) +
-                                " is not a TCP port");
-  }
-  return env;
-}
-
 StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(std::shared_ptr<Store> store,
                                                                      std::string prefix, int rank,
                                                                      int size, GlooOptions options) {
@@ -751,11 +699,8 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::CreateFromEnvironm
       options.hostname = name;
     }
   }
-  SK_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store,
-                      TcpStore::Create(env.master_addr, env.master_port, env.rank == 0,
-                                       options.timeout));
-  return Create(std::shared_ptr<Store>(std::move(store)), "world", env.rank, env.world_size,
-                options);
+  SK_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, ConnectWorldStore(env, options.timeout));
+  return Create(std::move(store), "world", env.rank, env.world_size, options);
 }
 
 GlooProcessGroup::GlooProcessGroup(int rank, int size, std::shared_ptr<GlooState> state,

@@ -72,6 +72,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/comm/launch_env.h"  // DistributedEnv
 #include "runtime/comm/process_group.h"
 #include "runtime/comm/store.h"
 
@@ -89,22 +90,6 @@ struct GlooOptions {
   bool check_desync = false;
 };
 
-// The environment torchrun (and our launcher) give each rank.
-struct DistributedEnv {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int local_world_size = 1;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-
-  // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-  // MASTER_PORT. InvalidArgument naming the variable if one is missing
-  // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are required; the LOCAL_ ones
-  // default to RANK and WORLD_SIZE) or malformed.
-  static StatusOr<DistributedEnv> FromEnvironment();
-};
-
 class GlooState;
 class Heartbeat;
 
@@ -116,9 +101,11 @@ class GlooProcessGroup final : public ProcessGroup {
   static StatusOr<std::unique_ptr<GlooProcessGroup>> Create(std::shared_ptr<Store> store,
                                                           std::string prefix, int rank, int size,
                                                           GlooOptions options = {});
-  // The world group from torchrun's variables: rank 0 serves a TcpStore on
-  // MASTER_PORT, every rank connects to MASTER_ADDR:MASTER_PORT. The store is
-  // served as long as rank 0's group or any of its sub-groups lives.
+  // The world group from the launcher's variables (DistributedEnv, in
+  // launch_env.h: torchrun, launch, Slurm, mpirun, a PyTorchJob) through
+  // ConnectWorldStore: a client of torchrun's agent store or our launcher's,
+  // or rank 0 serves a TcpStore on MASTER_PORT (started by hand), served as
+  // long as rank 0's group or any of its sub-groups lives.
   static StatusOr<std::unique_ptr<GlooProcessGroup>> CreateFromEnvironment(
       GlooOptions options = {});
 

@@ -349,17 +349,20 @@ class NcclWatchdog {
 };
 
 StatusOr<int> DefaultCudaDeviceFromEnvironment() {
-  for (EnvVar var : {EnvVar::kCudaDevice, EnvVar::kLocalRank}) {
-    const char* v = GetEnv(var);
-    if (v == nullptr) continue;
+  if (const char* v = GetEnv(EnvVar::kCudaDevice); v != nullptr) {
     char* end = nullptr;
     long d = std::strtol(v, &end, 10);
     if (*end != '\0' || d < 0 || d > 1 << 16) {
-      return InvalidArgumentError(std::string(EnvName(var)) + "='" + v + "' is not a device index");
+      return InvalidArgumentError(std::string(EnvName(EnvVar::kCudaDevice)) + "='" + v + "' is not a device index");
     }
     return static_cast<int>(d);
   }
-  return 0;
+  // The local rank as the launcher says it (LOCAL_RANK, OMPI's, Slurm's).
+  SK_ASSIGN_OR_RETURN(auto local, LocalRankHint());
+  if (local.first > 1 << 16) {
+    return InvalidArgumentError(std::string(local.second) + "=" + std::to_string(local.first) + " is not a device index");
+  }
+  return std::max(0, local.first);
 }
 
 StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(std::shared_ptr<Store> store,
@@ -419,11 +422,8 @@ StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::CreateFromEnvironm
   if (device_index < 0) {
     SK_ASSIGN_OR_RETURN(device_index, DefaultCudaDeviceFromEnvironment());
   }
-  SK_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store,
-                      TcpStore::Create(env.master_addr, env.master_port, env.rank == 0,
-                                       options.timeout));
-  return Create(std::shared_ptr<Store>(std::move(store)), "nccl_world", env.rank, env.world_size,
-                device_index, options);
+  SK_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, ConnectWorldStore(env, options.timeout));
+  return Create(std::move(store), "nccl_world", env.rank, env.world_size, device_index, options);
 }
 
 NcclProcessGroup::NcclProcessGroup(int rank, int size, int device_index,

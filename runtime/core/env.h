@@ -7,8 +7,10 @@
 //
 // Names: shardkit's own variables start with SK_. The launcher convention
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
-// MASTER_PORT: what torchrun and our `launch` set) and variables that Bazel
-// or a third-party library defines keep their own names. Two variables had a
+// MASTER_PORT: what torchrun and our `launch` set), torchrun's TORCHELASTIC_
+// ones, a scheduler's or MPI launcher's (SLURM_, OMPI_COMM_WORLD_, PMIX_,
+// Kubeflow's PET_) and variables that Bazel or a third-party library defines
+// keep their own names. Two variables had a
 // SHARDKIT_ prefix before 0.6.0; those old names are still read when the new
 // one is unset.
 //
@@ -32,7 +34,31 @@ enum class EnvVar {
   kGroupRank,
   kMasterAddr,
   kMasterPort,
+  // torchrun's (its agent's store, its restarts).
+  kTorchelasticUseAgentStore,
+  kTorchelasticRestartCount,
+  // Schedulers and MPI launchers (runtime/comm/launch_env.h resolves them).
+  kOmpiCommWorldRank,
+  kOmpiCommWorldSize,
+  kOmpiCommWorldLocalRank,
+  kOmpiCommWorldLocalSize,
+  kPmixRank,
+  kPmixNamespace,
+  kSlurmProcid,
+  kSlurmNtasks,
+  kSlurmLocalid,
+  kSlurmNodeid,
+  kSlurmStepTasksPerNode,
+  kSlurmStepNodelist,
+  kSlurmJobNodelist,
+  kSlurmJobId,
+  kPetNnodes,
+  kPetNprocPerNode,
+  kPetNodeRank,
+  kPetMasterAddr,
+  kPetMasterPort,
   // shardkit's own.
+  kLauncherStore,
   kCudaDevice,
   kFlightRecorderDir,
   kCpuIsa,
@@ -54,7 +80,7 @@ enum class EnvVar {
 };
 
 // Who defines a variable's name.
-enum class EnvOwner { kShardkit, kLauncher, kBazel, kThirdParty };
+enum class EnvOwner { kShardkit, kLauncher, kBazel, kThirdParty, kScheduler };
 
 struct EnvVarInfo {
   EnvVar var;

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "runtime/comm/launch_env.h"
 #include "runtime/core/env.h"
 #include "runtime/device/cpu_device.h"
 #include "runtime/device/device.h"
@@ -138,10 +139,7 @@ StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions
   return std::unique_ptr<comm::ProcessGroup>(std::move(world));
 }
 
-int LocalWorldSizeFromEnvironment() {
-  const char* env = GetEnv(EnvVar::kLocalWorldSize);
-  return env != nullptr ? std::max(0, std::atoi(env)) : 0;
-}
+int LocalWorldSizeFromEnvironment() { return comm::LocalWorldSizeHint(); }
 
 int RanksPerNode(const comm::ProcessGroup& world) {
   if (auto* sim_world = dynamic_cast<const sim::SimProcessGroup*>(&world); sim_world != nullptr) {

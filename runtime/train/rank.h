@@ -69,8 +69,9 @@ StatusOr<Device*> ResolveRankDevice(const DeviceOptions& options, const comm::Pr
 // data. InvalidArgument for other kinds; loader errors as above.
 StatusOr<std::unique_ptr<comm::ProcessGroup>> CreateSimWorld(const DeviceOptions& options);
 
-// LOCAL_WORLD_SIZE (the ranks of this node, as launchers set it) when it is
-// a positive integer, else 0. Read at the launch edge only: the Trainer,
+// The ranks of this node as the launcher says (LOCAL_WORLD_SIZE, else Open
+// MPI's or Slurm's: comm::LocalWorldSizeHint) when it is a positive
+// integer, else 0. Read at the launch edge only: the Trainer,
 // the engine and the C ABI's estimate pass it on (FsdpOptions::ranks_per_node,
 // GEMM threads); the runtime below them reads no environment.
 int LocalWorldSizeFromEnvironment();
