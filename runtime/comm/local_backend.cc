@@ -150,23 +150,32 @@ class LocalRendezvous {
   Status RunOrdered(int rank, const Collective& c, Stream& stream, Device& device);
 
   // FailPeers: marks the group failed with `culprit` and fails every slot
-  // now waiting; OK, or the culprit published first.
-  Status Fail(const Status& culprit) {
+  // now waiting; OK, or the culprit published first. `resumes` is how many
+  // failed steps the failing rank has resumed from: a failure of an earlier
+  // step that a slow peer has not resumed from yet is replaced, not kept.
+  Status Fail(const Status& culprit, uint64_t resumes) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (failed_) return failure_;
+    if (failed_ && failed_resumes_ >= resumes) return failure_;
     failed_ = true;
+    failed_resumes_ = resumes;
     failure_ = culprit;
     for (auto& [seq, slot] : slots_) Abort(slot, culprit);
     cv_.notify_all();
     return OkStatus();
   }
-  // ResumeAt: collectives work again from `next_seq`; the slots before it
-  // that not every rank reached are dropped (every rank has drained its
-  // streams before the ranks agreed to resume, so nobody waits in them).
-  void Resume(uint64_t next_seq) {
+  // ResumeAt by a rank that had resumed `resumes` times before: collectives
+  // work again from `next_seq`; the slots before it that not every rank
+  // reached are dropped (every rank has drained its streams before the
+  // ranks agreed to resume, so nobody waits in them). A failure published
+  // after a faster peer resumed (the next step's) stays: clearing it let
+  // this rank wait in that step's collective for the failed peer until the
+  // timeout.
+  void Resume(uint64_t next_seq, uint64_t resumes) {
     std::lock_guard<std::mutex> lock(mu_);
-    failed_ = false;
-    failure_ = OkStatus();
+    if (failed_ && failed_resumes_ <= resumes) {
+      failed_ = false;
+      failure_ = OkStatus();
+    }
     slots_.erase(slots_.begin(), slots_.lower_bound(next_seq));
   }
 
@@ -294,6 +303,7 @@ class LocalRendezvous {
   std::map<uint64_t, Slot> slots_;
   std::map<std::string, Child_> children_;
   bool failed_ = false;  // FailPeers until Resume
+  uint64_t failed_resumes_ = 0;  // the failing rank's resumes when it failed
   Status failure_;
 };
 
@@ -582,9 +592,9 @@ StatusOr<std::unique_ptr<ProcessGroup>> LocalProcessGroup::NewGroup(const std::v
   return std::unique_ptr<ProcessGroup>(new LocalProcessGroup(sub.sub_rank, child, options_));
 }
 
-Status LocalProcessGroup::FailPeers(const Status& culprit) { return rendezvous_->Fail(culprit); }
+Status LocalProcessGroup::FailPeers(const Status& culprit) { return rendezvous_->Fail(culprit, resumes_.load()); }
 
-void LocalProcessGroup::OnResume(uint64_t next_seq) { rendezvous_->Resume(next_seq); }
+void LocalProcessGroup::OnResume(uint64_t next_seq) { rendezvous_->Resume(next_seq, resumes_.fetch_add(1)); }
 
 StatusOr<std::shared_ptr<Work>> LocalProcessGroup::Launch(Collective c, Stream& stream) {
   std::string description = "local rank " + std::to_string(rank()) + ": " + c.Describe();

@@ -62,6 +62,7 @@
 
 #include <functional>
 #include <map>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -108,6 +109,11 @@ class LocalProcessGroup final : public ProcessGroup {
 
  private:
   std::shared_ptr<LocalRendezvous> rendezvous_;
+  // Failed steps this rank has resumed from (ResumeAt calls): a failure is
+  // published with its rank's count, and a rank's resume clears only
+  // failures of steps it took part in, never a peer's failure of the next
+  // step published before this rank resumed.
+  std::atomic<uint64_t> resumes_{0};
   LocalOptions options_;
   std::shared_ptr<ScratchPool> scratch_pool_;  // shared with queued collectives
   SubGroupNames sub_groups_;  // NewGroup's names

@@ -7,8 +7,40 @@
 
 #include "runtime/device/device.h"
 #include "runtime/fsdp/checkpoint.h"
+#include "runtime/train/rank_agreement.h"
 
 namespace sk {
+
+namespace {
+
+// What every rank's engine must share: the units (each parameter's name,
+// shape and initialiser, each tie) and FSDP's and the optimizer's options.
+std::vector<std::pair<std::string, std::string>> EngineFields(const std::vector<UnitSpec>& units,
+                                                              const FsdpEngineOptions& o) {
+  std::vector<std::pair<std::string, std::string>> v = {{"units", std::to_string(units.size())}};
+  for (size_t u = 0; u < units.size(); ++u) {
+    const std::string k = "units[" + std::to_string(u) + "]";
+    v.push_back({k + ".name", units[u].name});
+    for (const ParamSpec& p : units[u].params) {
+      v.push_back({k + " parameter", p.name + " " + p.shape.ToString() + " " + p.init.ToString()});
+    }
+    for (const TiedParamSpec& t : units[u].tied) {
+      v.push_back({k + " tied parameter", t.name + " = " + t.owner + " " + t.shape.ToString()});
+    }
+  }
+  for (auto& f : SharedFsdpAndOptimizerFields(o.fsdp, o.optimizer)) v.push_back(std::move(f));
+  return v;
+}
+
+// FNV-1a over the bytes of `values` (the engine's WriteParam check).
+uint64_t HashValues(const float* values, int64_t count) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* b = reinterpret_cast<const unsigned char*>(values);
+  for (size_t i = 0; i < static_cast<size_t>(count) * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> units,
                                                          comm::ProcessGroup* world,
@@ -27,6 +59,17 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
     world = e->owned_world_.get();
   }
   SK_RETURN_IF_ERROR(CheckWorldForDevice(options.device, *world));
+  // Ranks of CPU worlds agree on the units and options before anything else
+  // collective (a parameter group on one rank only trained silently apart).
+  if (options.device.kind == DeviceKind::kCpu && world->size() > 1 &&
+      (world->backend_name() == "local" || world->backend_name() == "gloo")) {
+    const Duration timeout = options.fsdp.timeout.count() > 0 && options.fsdp.timeout <= kMaxTimeout
+                                 ? options.fsdp.timeout
+                                 : kDefaultTimeout;
+    SK_RETURN_IF_ERROR(AgreeOnFields(EngineFields(units, options), ValidateFsdpOptions(options.fsdp, world->size()),
+                                     *world, timeout, "engine"));
+  }
+  e->world_ = world;
   e->units_ = std::move(units);
   SK_ASSIGN_OR_RETURN(Device * device, ResolveRankDevice(options.device, *world));
   SK_ASSIGN_OR_RETURN(e->allocator_, CreateRankAllocator(device, options.memory_cap_bytes));
@@ -42,6 +85,9 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
   SK_ASSIGN_OR_RETURN(e->optimizer_, CreateEngineOptimizer(options.optimizer, *e->fsdp_,
                                                            e->offload_ ? e->offload_->optimizer_state
                                                                        : nullptr));
+  if (!device->id().is_sim()) {
+    SK_ASSIGN_OR_RETURN(e->outcome_, StepAgreement::Create(*world, *device, fsdp.timeout));
+  }
   e->params_.resize(e->units_.size());
   e->grads_.resize(e->units_.size());
   e->windows_.assign(e->units_.size(), Window::kNone);
@@ -105,12 +151,36 @@ void FsdpEngine::ReleaseAllViews() {
 // any other failure abandons the step (every unit back to idle, unsharded
 // buffers dropped), so every view is void then and its buffers are released.
 Status FsdpEngine::HookResult(Status s) {
-  if (!s.ok() && s.code() != StatusCode::kFailedPrecondition) {
-    ReleaseAllViews();
-    windows_.assign(units_.size(), Window::kNone);
-    phase_ = Phase::kIdle;  // FSDP abandoned the step and zeroed the gradients
-  }
+  if (!s.ok() && s.code() != StatusCode::kFailedPrecondition) return FailStep(s);
   return s;
+}
+
+std::vector<comm::ProcessGroup*> FsdpEngine::StepGroups() {
+  std::vector<comm::ProcessGroup*> groups = {world_, &fsdp_->shard_group()};
+  if (fsdp_->replicate_group() != nullptr) groups.push_back(fsdp_->replicate_group());
+  return groups;
+}
+
+Status FsdpEngine::Agreed(const Status& mine, const StepChecks& checks) {
+  if (outcome_ == nullptr) return mine;
+  return outcome_->Agree(mine, steps_ + 1, StepGroups(), *fsdp_, checks);
+}
+
+// Every rank learns of the failure (and its peers' failing collectives tell
+// them at once), then every rank abandons the step.
+Status FsdpEngine::FailStep(const Status& s) {
+  UseStream(stream_.get());
+  Status agreed = Agreed(s);
+  AbandonStep();
+  return agreed.ok() ? s : agreed;
+}
+
+void FsdpEngine::AbandonStep() {
+  fsdp_->set_gradient_sync(true);
+  fsdp_->AbandonStep();
+  ReleaseAllViews();
+  windows_.assign(units_.size(), Window::kNone);
+  phase_ = Phase::kIdle;  // FSDP abandoned the step and zeroed the gradients
 }
 
 const char* FsdpEngine::PhaseName(Phase p) {
@@ -204,7 +274,8 @@ Status FsdpEngine::FinishBackward() {
   UseStream(stream_.get());
   Status s = fsdp_->FinishBackward();
   // A failed reduction abandoned the step (FSDP zeroed the gradients).
-  phase_ = s.ok() ? Phase::kFinished : Phase::kIdle;
+  if (!s.ok()) return FailStep(s);
+  phase_ = Phase::kFinished;
   return s;
 }
 
@@ -217,6 +288,19 @@ Status FsdpEngine::OptimizerStep() {
                                    " first");
   }
   UseStream(stream_.get());
+  // The optimizer's state exists before the ranks agree (a first step's
+  // allocation failing on one rank after its peers updated trained them
+  // apart); then nothing changes unless every rank is ready, with one rate.
+  Status ready = OkStatus();
+  for (int u = 0; u < num_units() && ready.ok(); ++u) {
+    ready = optimizer_->SlotState(fsdp_->shard_context(), u, fsdp_->master_shard(u).numel()).status();
+  }
+  StepChecks checks;
+  checks.same = {StepChecks::F32("the learning rate", optimizer_->options().lr)};
+  if (Status agreed = Agreed(ready, checks); !agreed.ok()) {
+    AbandonStep();
+    return agreed;
+  }
   Status s = fsdp_->OptimizerStep(*optimizer_);
   if (s.ok()) {
     phase_ = Phase::kIdle;
@@ -234,6 +318,12 @@ Status FsdpEngine::BeginCustomStep() {
                                    " first");
   }
   UseStream(stream_.get());
+  StepChecks checks;
+  checks.same = {StepChecks::F32("the learning rate", optimizer_->options().lr)};
+  if (Status agreed = Agreed(OkStatus(), checks); !agreed.ok()) {
+    AbandonStep();
+    return agreed;
+  }
   SK_RETURN_IF_ERROR(fsdp_->BeginMasterUpdate());
   custom_step_ = true;
   return OkStatus();
@@ -341,7 +431,17 @@ StatusOr<double> FsdpEngine::ClipGradNorm(double max_norm) {
                                    " first");
   }
   UseStream(stream_.get());
-  return fsdp_->ClipGradNorm(max_norm);
+  StatusOr<double> norm = fsdp_->ClipGradNorm(max_norm);
+  if (!norm.ok()) return FailStep(norm.status());
+  if (!std::isfinite(*norm)) {
+    // Every rank holds the same (all-reduced) norm: each decides alike.
+    AbandonStep();
+    return AbortedError("step " + std::to_string(steps_ + 1) + " skipped on every rank: the gradient norm is " +
+                        std::to_string(*norm) +
+                        "; the gradients were dropped and no update applied (parameters and optimizer state "
+                        "are unchanged)");
+  }
+  return norm;
 }
 
 Status FsdpEngine::ReadParam(int unit, int param, float* out, int64_t count) {
@@ -378,6 +478,22 @@ Status FsdpEngine::WriteParam(int unit, int param, const float* values, int64_t 
                                 std::to_string(p.shape.numel()) + " elements, count is " + std::to_string(count));
   }
   if (values == nullptr && count > 0) return InvalidArgumentError("values is NULL");
+  if (outcome_ != nullptr) {
+    // Each rank writes its own slice: values that differ by rank left a
+    // parameter holding values no rank wrote.
+    SK_ASSIGN_OR_RETURN(std::vector<uint64_t> hashes,
+                        outcome_->GatherU64(count > 0 ? HashValues(values, count) : 0,
+                                            "WriteParam of '" + units_[unit].name + "." + p.name + "'"));
+    std::vector<int> differ;
+    for (size_t r = 1; r < hashes.size(); ++r) {
+      if (hashes[r] != hashes[0]) differ.push_back(static_cast<int>(r));
+    }
+    if (!differ.empty()) {
+      return InvalidArgumentError("WriteParam of '" + units_[unit].name + "." + p.name + "': " +
+                                  comm::NameRanks(differ) + " passed values that differ from rank 0's (every "
+                                  "rank must pass the same values); nothing was written");
+    }
+  }
   SK_ASSIGN_OR_RETURN(Tensor t, Tensor::Wrap(const_cast<float*>(values), DType::kF32, Shape{count}));
   return fsdp_->LoadFullParam(unit, param, t);
 }

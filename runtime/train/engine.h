@@ -31,6 +31,7 @@
 #include "runtime/optim/optimizer.h"
 #include "runtime/parallel/data_parallel.h"
 #include "runtime/train/rank.h"
+#include "runtime/train/step_outcome.h"
 
 namespace sk {
 
@@ -52,6 +53,11 @@ class FsdpEngine {
   // Collective over `world` (every rank calls it with the same units and
   // options). InvalidArgument when there are no units, a unit has no
   // parameters, or FSDP, the device or the optimizer reject their options.
+  // On CPU worlds of several ranks (local, gloo) the ranks first agree on
+  // the units (names, shapes, initialisers, ties) and on FSDP's and the
+  // optimizer's options (rank_agreement.h): ranks that differ, a parameter
+  // group given on one rank only say, all fail with InvalidArgument naming
+  // the field and both values.
   // On sim, `world` may be null: the engine then creates and owns the
   // simulated world (CreateSimWorld). Otherwise `world` must outlive the
   // engine.
@@ -74,6 +80,19 @@ class FsdpEngine {
   // Every call out of order is FailedPrecondition naming the call made and
   // the call expected ("ZeroGrad while unit 'fc' (0) is between PreBackward
   // and PostBackward: expected PostBackward(0) first") and changes nothing.
+  //
+  // One rank's failure is every rank's (on backends that publish failures:
+  // local, gloo, NCCL with its call check; StepAgreement, step_outcome.h):
+  // when a hook, FinishBackward, ClipGradNorm or OptimizerStep fails on one
+  // rank for any reason but a call out of order or a bad argument (out of
+  // memory, say), that rank publishes its error to its peers, whose waiting
+  // or next collective fails at once with it; each rank then abandons the
+  // step inside the failing call and every rank's call returns the same
+  // error, naming the rank that failed first ("rank 1 failed step 3: ...").
+  // Nothing was updated, and the next step works on every rank.
+  // OptimizerStep and BeginCustomStep agree on the step's outcome (one
+  // all-gather of about 1.3 KiB) before anything changes: ranks whose
+  // learning rates differ (set_lr) fail with InvalidArgument naming them.
   // In particular: ZeroGrad, FinishBackward, ClipGradNorm, OptimizerStep and
   // set_gradient_sync with a unit between its Pre and Post call; ZeroGrad
   // between a PostBackward and FinishBackward (reductions in flight);
@@ -87,7 +106,8 @@ class FsdpEngine {
   // OutOfRange for a unit index outside [0, num_units). Pre calls keep the
   // views they return until the matching Post call, which releases them
   // first. A call out of order is FailedPrecondition and changes nothing;
-  // any other failure abandons the step and releases every view.
+  // any other failure abandons the step on every rank (see above) and
+  // releases every view.
   Status PreForward(int unit);
   Status PostForward(int unit);
   Status PreBackward(int unit);
@@ -141,14 +161,19 @@ class FsdpEngine {
   Status set_gradient_sync(bool enabled);
   Status FinishBackward();
   // InvalidArgument unless max_norm >= 0 (0 = compute the norm only),
-  // checked before the order.
+  // checked before the order. A non-finite norm (the same on every rank) is
+  // Aborted on every rank: the step is abandoned (gradients zeroed) and the
+  // update skipped, so parameters and optimizer state stay as they were; the
+  // caller goes on with the next step (or stops), as PyTorch's GradScaler
+  // skips such a step.
   StatusOr<double> ClipGradNorm(double max_norm);
   Status OptimizerStep();
   Status ZeroGrad();
 
   // The learning rate of the following OptimizerSteps (the optimizer
   // options' lr until set). 0 is valid. InvalidArgument for a negative or
-  // non-finite rate; not collective (every rank should set the same rate).
+  // non-finite rate. Not collective: every rank must set the same rate,
+  // which the next OptimizerStep checks (see above).
   Status set_lr(float lr);
   float lr() const { return optimizer_->options().lr; }
   // Optimizer steps taken (restored by checkpoints and state dicts).
@@ -192,7 +217,10 @@ class FsdpEngine {
   // parameter's element count or values is null; FailedPrecondition while a
   // unit is between a Pre and its Post call, and on a sim device. Optimizer
   // state is kept (a framework initialising its weights calls it before the
-  // first step).
+  // first step). Ranks that pass different values all fail with
+  // InvalidArgument naming them, and nothing is written (a hash of the
+  // values is compared: one all-gather of 8 bytes per rank, where the step
+  // agreement exists).
   Status WriteParam(int unit, int param, const float* values, int64_t count);
 
   // A full state dict of the units (runtime/fsdp/checkpoint.h): every
@@ -228,8 +256,17 @@ class FsdpEngine {
   // FailedPrecondition naming the first unit that holds views.
   Status CheckIdle(const char* what) const;
   // A hook's result: any failure but FailedPrecondition releases every view
-  // and resets the step (FSDP abandoned it).
+  // and resets the step (FSDP abandoned it), after the ranks agreed on it.
   Status HookResult(Status s);
+  // A failed step: every rank's error (Agreed), then AbandonStep.
+  Status FailStep(const Status& s);
+  // Drops the step on this rank: gradients zeroed, units idle, views
+  // released, phase idle.
+  void AbandonStep();
+  // The step's outcome over every rank (StepAgreement::Agree), when there is
+  // an agreement; `mine` otherwise.
+  Status Agreed(const Status& mine, const StepChecks& checks = {});
+  std::vector<comm::ProcessGroup*> StepGroups();
   // FailedPrecondition naming `call` and the Post call that must come first
   // when any unit is between its Pre and Post call; OK otherwise.
   Status CheckNoOpenWindow(const char* call) const;
@@ -257,10 +294,14 @@ class FsdpEngine {
   std::vector<std::shared_ptr<Stream>> streams_used_;
   std::shared_ptr<Stream> stream_;
   std::unique_ptr<comm::ProcessGroup> owned_world_;  // the simulated world, when created here
+  comm::ProcessGroup* world_ = nullptr;
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<OffloadHost> offload_;  // with cpu_offload
   std::unique_ptr<FullyShardedModel> fsdp_;
   std::unique_ptr<Optimizer> optimizer_;
+  // Every rank's agreement on failed steps and before each update; null on
+  // one rank, on sim and on backends that do not publish failures.
+  std::unique_ptr<StepAgreement> outcome_;
   std::vector<std::vector<Tensor>> params_;
   std::vector<std::vector<Tensor>> grads_;
   Phase phase_ = Phase::kIdle;

@@ -13,6 +13,7 @@
 
 #include "runtime/fsdp/checkpoint.h"
 #include "runtime/train/rank.h"
+#include "runtime/train/rank_agreement.h"
 #include "runtime/comm/work.h"
 #include "runtime/sim/sim_device.h"
 #include "runtime/sim/sim_ops.h"
@@ -75,33 +76,13 @@ std::vector<std::pair<std::string, std::string>> SharedFields(const TrainerOptio
     return std::string(buf);
   };
   auto i = [](int64_t v) { return std::to_string(v); };
-  const FsdpOptions& f = o.fsdp;
-  const MixedPrecisionPolicy& mp = f.mixed_precision;
-  const OptimizerOptions& opt = o.optimizer;
   const bool ddp = o.parallelism == Parallelism::kDdp;
   std::vector<std::pair<std::string, std::string>> v = {
       {"model", o.model},
       {"parallelism", ddp ? "DDP" : "FSDP"},
-      {"fsdp.strategy", ShardingStrategyName(f.strategy)},
-      {"fsdp.shard_group_size", i(f.shard_group_size)},
-      {"fsdp.backward_prefetch", BackwardPrefetchName(f.backward_prefetch)},
-      {"fsdp.forward_prefetch", i(f.forward_prefetch)},
-      {"fsdp.all_gather_limit", f.all_gather_limit.ToString()},
-      {"fsdp.mixed_precision.param_dtype", std::string(DTypeName(mp.param_dtype))},
-      {"fsdp.mixed_precision.reduce_dtype", mp.reduce_dtype ? std::string(DTypeName(*mp.reduce_dtype)) : "unset"},
-      {"fsdp.cpu_offload", i(f.cpu_offload)},
-      {"fsdp.gradient_predivide_factor", num(f.gradient_predivide_factor)},
-      {"fsdp.seed", std::to_string(f.seed)},
-      {"optimizer.kind", i(static_cast<int>(opt.kind))},
-      {"optimizer.lr", num(opt.lr)},
-      {"optimizer.momentum", num(opt.momentum)},
-      {"optimizer.dampening", num(opt.dampening)},
-      {"optimizer.nesterov", i(opt.nesterov)},
-      {"optimizer.beta1", num(opt.beta1)},
-      {"optimizer.beta2", num(opt.beta2)},
-      {"optimizer.eps", num(opt.eps)},
-      {"optimizer.weight_decay", num(opt.weight_decay)},
-      {"optimizer.param_groups", i(static_cast<int64_t>(opt.param_groups.size()))},
+  };
+  for (auto& f : SharedFsdpAndOptimizerFields(o.fsdp, o.optimizer)) v.push_back(std::move(f));
+  const std::vector<std::pair<std::string, std::string>> rest = {
       {"lr_schedule.kind", i(static_cast<int>(o.lr_schedule.kind))},
       {"lr_schedule.warmup_steps", i(o.lr_schedule.warmup_steps)},
       {"lr_schedule.decay_steps", i(o.lr_schedule.decay_steps)},
@@ -128,39 +109,16 @@ std::vector<std::pair<std::string, std::string>> SharedFields(const TrainerOptio
       {"dataset.eos_id", i(o.dataset.eos_id)},
       {"dataset.paths", i(static_cast<int64_t>(o.dataset.paths.size()))},
       {"eval_dataset_paths", i(static_cast<int64_t>(o.eval_dataset_paths.size()))},
+      {"skip_nonfinite_steps", i(o.skip_nonfinite_steps)},
   };
+  v.insert(v.end(), rest.begin(), rest.end());
   for (size_t k = 0; k < o.dataset.paths.size(); ++k) {
     v.push_back({"dataset.paths[" + std::to_string(k) + "]", o.dataset.paths[k]});
   }
   for (size_t k = 0; k < o.eval_dataset_paths.size(); ++k) {
     v.push_back({"eval_dataset_paths[" + std::to_string(k) + "]", o.eval_dataset_paths[k]});
   }
-  for (size_t g = 0; g < opt.param_groups.size(); ++g) {
-    const ParamGroup& pg = opt.param_groups[g];
-    const std::string k = "optimizer.param_groups[" + std::to_string(g) + "].";
-    v.push_back({k + "pattern", pg.pattern});
-    v.push_back({k + "norms_biases_embeddings", i(pg.norms_biases_embeddings)});
-    v.push_back({k + "weight_decay", num(pg.weight_decay)});
-    v.push_back({k + "lr_multiplier", num(pg.lr_multiplier)});
-  }
   return v;
-}
-
-// Each field's value in a fixed slot of kSlot bytes; a longer value keeps its
-// head and a hash of the whole, so different values never compare equal by
-// truncation (in practice).
-constexpr size_t kSlot = 64;
-void PutSlot(const std::string& value, char* slot) {
-  std::string v = value;
-  if (v.size() >= kSlot) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (unsigned char c : value) h = (h ^ c) * 1099511628211ull;
-    char tail[24];
-    std::snprintf(tail, sizeof(tail), "...#%016llx", static_cast<unsigned long long>(h));
-    v = value.substr(0, kSlot - 1 - std::strlen(tail)) + tail;
-  }
-  std::memset(slot, 0, kSlot);
-  std::memcpy(slot, v.data(), v.size());
 }
 
 }  // namespace
@@ -168,52 +126,11 @@ void PutSlot(const std::string& value, char* slot) {
 Status AgreeOnTrainerOptions(const TrainerOptions& options, const Status& local_validity,
                              comm::ProcessGroup* world) {
   if (world == nullptr) return InvalidArgumentError("Trainer needs a process group");
-  const int n = world->size();
-  const std::vector<std::pair<std::string, std::string>> fields = SharedFields(options);
-  // One slot per field, then one for this rank's verdict on its own options.
-  const size_t bytes = (fields.size() + 1) * kSlot;
-  if (n == 1) return local_validity;
-  HostAllocator& host = HostAllocator::Default();
-  // Bytes carried in an f32 tensor (collectives move f32 and 16-bit floats;
-  // an all-gather copies them unchanged).
-  SK_ASSIGN_OR_RETURN(Tensor mine, host.Empty(DType::kF32, Shape{static_cast<int64_t>(bytes / 4)}));
-  SK_ASSIGN_OR_RETURN(Tensor all, host.Empty(DType::kF32, Shape{static_cast<int64_t>(n * bytes / 4)}));
-  char* p = static_cast<char*>(mine.data());
-  for (size_t k = 0; k < fields.size(); ++k) PutSlot(fields[k].second, p + k * kSlot);
-  PutSlot(local_validity.ok() ? "ok" : "invalid", p + fields.size() * kSlot);
-  // On the group's own device when it has one (nccl: host tensors on its
-  // stream are staged through device memory by the group).
-  SK_ASSIGN_OR_RETURN(Device * device,
-                      Device::Get(world->bound_device().value_or(DeviceId::Cpu(world->rank()))));
-  SK_ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device->CreateStream("trainer options"));
-  comm::CollectiveOptions co;
   // The timeout may be what is wrong with the options: then the default.
-  co.timeout = options.fsdp.timeout.count() > 0 && options.fsdp.timeout <= kMaxTimeout ? options.fsdp.timeout
-                                                                                        : kDefaultTimeout;
-  SK_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w, world->all_gather(all, mine, *stream, co));
-  SK_RETURN_IF_ERROR(w->wait(co.timeout).WithContext("agreeing on the trainer options across ranks"));
-  const char* base = static_cast<const char*>(all.data());
-  auto slot = [&](int r, size_t k) { return std::string(base + r * bytes + k * kSlot); };
-  // Every rank reaches the same verdict: the first field (in the order
-  // above) where some rank differs from rank 0, naming the lowest such rank.
-  for (size_t k = 0; k < fields.size(); ++k) {
-    for (int r = 1; r < n; ++r) {
-      if (slot(r, k) != slot(0, k)) {
-        return InvalidArgumentError("trainer options differ across ranks: " + fields[k].first + " is " +
-                                    slot(0, k) + " on rank 0 but " + slot(r, k) + " on rank " +
-                                    std::to_string(r) + " (every rank must create its trainer with the "
-                                    "same options)");
-      }
-    }
-  }
-  if (!local_validity.ok()) return local_validity;
-  for (int r = 0; r < n; ++r) {
-    if (slot(r, fields.size()) != "ok") {
-      return InvalidArgumentError("rank " + std::to_string(r) +
-                                  " rejected the trainer options (its own error says why)");
-    }
-  }
-  return OkStatus();
+  const Duration timeout = options.fsdp.timeout.count() > 0 && options.fsdp.timeout <= kMaxTimeout
+                               ? options.fsdp.timeout
+                               : kDefaultTimeout;
+  return AgreeOnFields(SharedFields(options), local_validity, *world, timeout, "trainer");
 }
 
 Trainer::Trainer(const TrainerOptions& options, comm::ProcessGroup* world)
@@ -362,10 +279,8 @@ Status Trainer::Init() {
   // (ProcessGroup::FailPeers: local, gloo, nccl with its call check);
   // elsewhere a healthy rank would first wait out its collective's timeout
   // and then the agreement's: each rank reports its own error.
-  if (world_->size() > 1 && sim_device_ == nullptr && world_->publishes_failures()) {
-    std::vector<int> all(world_->size());
-    for (int r = 0; r < world_->size(); ++r) all[r] = r;
-    SK_ASSIGN_OR_RETURN(outcome_group_, world_->NewGroup(all, options_.fsdp.timeout));
+  if (sim_device_ == nullptr) {
+    SK_ASSIGN_OR_RETURN(outcome_, StepAgreement::Create(*world_, *device_, options_.fsdp.timeout));
   }
   return OkStatus();
 }
@@ -377,99 +292,6 @@ std::vector<comm::ProcessGroup*> Trainer::StepGroups() {
     if (fsdp_->replicate_group() != nullptr) groups.push_back(fsdp_->replicate_group());
   }
   return groups;
-}
-
-namespace {
-
-// One rank's word on a step, as raw bytes in an all-gather (the collective
-// only copies them).
-struct StepOutcome {
-  static constexpr int kMaxGroups = 4;
-  static constexpr size_t kMaxText = 1024;
-  int32_t code = 0;
-  int32_t primary = 0;  // the failure is this rank's own, not a peer's consequence
-  uint64_t next_seq[kMaxGroups] = {};
-  uint32_t text_len = 0;
-  char text[kMaxText] = {};
-};
-constexpr int64_t kOutcomeFloats = (sizeof(StepOutcome) + 3) / 4;
-
-}  // namespace
-
-Status Trainer::AgreeOnStepOutcome(const Status& mine) {
-  std::vector<comm::ProcessGroup*> groups = StepGroups();
-  // A peer that died or hung broke a group (gloo): it would not answer the
-  // agreement either, and the group cannot resume. Report this rank's error
-  // (which names the peer) at once, as backends without agreement do.
-  for (comm::ProcessGroup* g : groups) {
-    if (mine.ok() || g->usable()) continue;
-    data_parallel_->set_gradient_sync(true);
-    data_parallel_->AbandonStep();
-    return mine.WithContext("step " + std::to_string(step_ + 1) + " on rank " + std::to_string(world_->rank()));
-  }
-  StepOutcome out;
-  if (!mine.ok()) {
-    // Publish the failure before draining: peers waiting in this step's
-    // collectives fail now with it instead of at their timeout.
-    const Status culprit(mine.code(), "rank " + std::to_string(world_->rank()) + " failed step " +
-                                          std::to_string(step_ + 1) + ": " + std::string(mine.message()));
-    bool primary = true;
-    for (comm::ProcessGroup* g : groups) {
-      if (!g->FailPeers(culprit).ok()) primary = false;
-    }
-    data_parallel_->set_gradient_sync(true);
-    data_parallel_->AbandonStep();
-    out.code = static_cast<int32_t>(mine.code());
-    out.primary = primary ? 1 : 0;
-    const std::string text(culprit.message());
-    out.text_len = static_cast<uint32_t>(std::min(text.size(), StepOutcome::kMaxText));
-    std::memcpy(out.text, text.data(), out.text_len);
-  }
-  for (size_t i = 0; i < groups.size() && i < StepOutcome::kMaxGroups; ++i) {
-    out.next_seq[i] = groups[i]->next_sequence();
-  }
-  const int n = outcome_group_->size();
-  SK_ASSIGN_OR_RETURN(Tensor in, HostAllocator::Default().Empty(DType::kF32, Shape{kOutcomeFloats}));
-  SK_ASSIGN_OR_RETURN(Tensor all, HostAllocator::Default().Empty(DType::kF32, Shape{kOutcomeFloats * n}));
-  std::memset(in.data(), 0, in.nbytes());
-  std::memcpy(in.data(), &out, sizeof out);
-  comm::CollectiveOptions co;
-  // A healthy rank reaches this only after its own collectives failed
-  // (at once on the local backend, at their timeout elsewhere) and its
-  // abandoned step drained: wait for it longer than for a collective.
-  co.timeout = options_.fsdp.timeout * 3;
-  co.label = "step outcome";
-  Status agreed = [&]() -> Status {
-    SK_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w, outcome_group_->all_gather(all, in, *metrics_stream_, co));
-    return w->wait(co.timeout);
-  }();
-  if (!agreed.ok()) {
-    if (mine.ok()) data_parallel_->AbandonStep();
-    return agreed.WithContext("step " + std::to_string(step_ + 1) + " on rank " + std::to_string(world_->rank()) +
-                              ": agreeing on the step's outcome" +
-                              (mine.ok() ? std::string() : " after: " + std::string(mine.message())));
-  }
-  std::vector<StepOutcome> outcomes(n);
-  for (int r = 0; r < n; ++r) {
-    std::memcpy(&outcomes[r], static_cast<const char*>(all.data()) + r * kOutcomeFloats * 4, sizeof(StepOutcome));
-  }
-  int pick = -1;
-  for (int r = 0; r < n && pick < 0; ++r) {
-    if (outcomes[r].code != 0 && outcomes[r].primary) pick = r;
-  }
-  for (int r = 0; r < n && pick < 0; ++r) {
-    if (outcomes[r].code != 0) pick = r;
-  }
-  if (pick < 0) return OkStatus();
-  if (mine.ok()) data_parallel_->AbandonStep();
-  for (size_t i = 0; i < groups.size() && i < StepOutcome::kMaxGroups; ++i) {
-    uint64_t next = 0;
-    for (const StepOutcome& o : outcomes) next = std::max(next, o.next_seq[i]);
-    groups[i]->ResumeAt(next);
-  }
-  const StepOutcome& o = outcomes[pick];
-  return Status(static_cast<StatusCode>(o.code),
-                std::string(o.text, std::min<size_t>(o.text_len, StepOutcome::kMaxText)));
 }
 
 int64_t Trainer::global_batch() const {
@@ -575,15 +397,54 @@ StatusOr<StepMetrics> Trainer::Step() {
     SK_ASSIGN_OR_RETURN(norm, data_parallel_->ClipGradNorm(options_.clip_grad_norm));
     return OkStatus();
   }();
-  if (outcome_group_ != nullptr) {
-    SK_RETURN_IF_ERROR(AgreeOnStepOutcome(computed));
+  const float lr = this->lr();
+  const float loss = static_cast<float>(loss_sum / options_.grad_accum_steps);
+  // The update must not turn the model into NaNs (a learning rate of
+  // FLT_MAX did so while every step returned OK): a non-finite loss or
+  // gradient norm skips it on every rank. On the simulator nothing is
+  // computed (both are NaN by design).
+  StepChecks checks;
+  if (sim_device_ == nullptr) {
+    checks.finite = {{"the loss", loss}, {"the gradient norm", norm}};
+  }
+  checks.same = {StepChecks::F32("the learning rate", lr)};
+  Status outcome;
+  if (outcome_ != nullptr) {
+    outcome = outcome_->Agree(computed, step_ + 1, StepGroups(), *data_parallel_, checks);
   } else if (!computed.ok()) {
     data_parallel_->set_gradient_sync(true);
     data_parallel_->AbandonStep();
     return computed.WithContext("step " + std::to_string(step_ + 1) + " on rank " +
                                 std::to_string(world_->rank()));
+  } else {
+    // One rank, or a backend without agreement: the norm is every rank's
+    // (all-reduced), the loss this rank's.
+    for (const StepChecks::Finite& f : checks.finite) {
+      if (std::isfinite(f.value)) continue;
+      data_parallel_->AbandonStep();
+      outcome = AbortedError("step " + std::to_string(step_ + 1) + " skipped on rank " +
+                             std::to_string(world_->rank()) + ": " + f.field + " is " + std::to_string(f.value) +
+                             "; the update was not applied (parameters and optimizer state are unchanged)");
+      break;
+    }
   }
-  const float lr = this->lr();
+  if (!outcome.ok()) {
+    const bool nonfinite = outcome.code() == StatusCode::kAborted && computed.ok();
+    if (!nonfinite || !options_.skip_nonfinite_steps) return outcome;
+    // GradScaler's way: the step counts (the data moves on), nothing changed.
+    ++step_;
+    ++steps_skipped_;
+    last_sample_ids_ = std::move(sample_ids);
+    StepMetrics m;
+    m.step = step_;
+    m.loss = loss;
+    m.global_loss = std::numeric_limits<float>::quiet_NaN();
+    m.grad_norm = norm;
+    m.lr = lr;
+    m.skipped = true;
+    m.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return m;
+  }
   optimizer_->set_lr(lr);
   SK_RETURN_IF_ERROR(data_parallel_->OptimizerStep(*optimizer_));
   if (!device_->id().is_cpu() && sim_device_ == nullptr) {
@@ -612,7 +473,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   StepMetrics m;
   m.simulated = sim_device_ != nullptr;
   m.step = step_;
-  m.loss = static_cast<float>(loss_sum / options_.grad_accum_steps);
+  m.loss = loss;
   SK_ASSIGN_OR_RETURN(m.global_loss, GlobalMean(m.loss));
   m.grad_norm = norm;
   m.lr = lr;

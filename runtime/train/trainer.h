@@ -40,6 +40,7 @@
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/train/rank.h"
+#include "runtime/train/step_outcome.h"
 
 namespace sk {
 
@@ -119,6 +120,12 @@ struct TrainerOptions {
   // layout, width, packing and eos_id (empty: Evaluate is FailedPrecondition
   // on a trainer that reads a dataset).
   std::vector<std::string> eval_dataset_paths;
+  // A step whose loss (on any rank) or gradient norm is not finite is never
+  // applied: parameters and optimizer state stay as they were on every rank.
+  // false: Step fails with Aborted naming the value and the ranks. true:
+  // Step returns OK with StepMetrics::skipped set and the step counted (the
+  // data moves on), as PyTorch's GradScaler skips such steps and goes on.
+  bool skip_nonfinite_steps = false;
 };
 
 // InvalidArgument naming the field.
@@ -159,6 +166,10 @@ struct StepMetrics {
   // True on a sim device: step_seconds and the rates are virtual time, loss,
   // global_loss and grad_norm are NaN (nothing was computed).
   bool simulated = false;
+  // True when the update was skipped for a non-finite loss or gradient norm
+  // (TrainerOptions::skip_nonfinite_steps); the trainer's steps_skipped()
+  // counts them.
+  bool skipped = false;
 };
 
 class Trainer {
@@ -180,6 +191,11 @@ class Trainer {
   ~Trainer();
 
   // One optimizer step over grad_accum_steps micro-batches. Collective.
+  // A non-finite loss on any rank or gradient norm is Aborted on every rank
+  // ("step 3 skipped on every rank: the loss is nan on rank 1; ..."), nothing
+  // updated, unless skip_nonfinite_steps. Ranks whose learning rate differs
+  // (set_lr) fail with InvalidArgument naming the ranks and rates, nothing
+  // updated (on backends that publish failures, see below).
   // ResourceExhausted when the memory cap is hit (counted in ooms; the
   // trainer stays usable), DeadlineExceeded/Unavailable when a peer fails.
   // The ranks agree on the step's outcome before anything changes (one
@@ -205,6 +221,8 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   const Model& model() const { return *model_; }
   int64_t steps() const { return step_; }
+  // Steps counted but not applied (skip_nonfinite_steps).
+  int64_t steps_skipped() const { return steps_skipped_; }
 
   // The learning rate. By default each step uses
   // LrAt(options().lr_schedule, options().optimizer.lr, steps()). set_lr
@@ -279,12 +297,6 @@ class Trainer {
   Status Init();
   // The mean of `loss` over all ranks. Collective.
   StatusOr<float> GlobalMean(float loss);
-  // The step's outcome on every rank (see Step): OK if `mine` is OK on every
-  // rank, else the failing rank's error on every rank (a rank whose failure
-  // came first, not one that failed because of it). After a failure every
-  // rank's step is abandoned and its groups resume at common sequence
-  // numbers. Collective over outcome_group_.
-  Status AgreeOnStepOutcome(const Status& mine);
   // The groups the step's collectives use (world, FSDP's shard and
   // replicate groups), in the same order on every rank.
   std::vector<comm::ProcessGroup*> StepGroups();
@@ -299,11 +311,9 @@ class Trainer {
   TrainerOptions options_;
   std::unique_ptr<comm::ProcessGroup> owned_world_;  // the simulated world, when created here
   comm::ProcessGroup* world_;
-  // Every rank of the world, used only for each step's outcome (so it never
-  // falls out of step when a failed step issued different collectives on
-  // different ranks). Null on one rank, on the simulator and on backends
-  // that do not publish failures.
-  std::unique_ptr<comm::ProcessGroup> outcome_group_;
+  // Every rank's agreement on each step's outcome (step_outcome.h); null on
+  // one rank, on the simulator and on backends that do not publish failures.
+  std::unique_ptr<StepAgreement> outcome_;
   Device* device_ = nullptr;
   sim::SimDevice* sim_device_ = nullptr;
   bool adjusts_compute_ = false;  // installed sim::SetComputeAdjustment
@@ -326,6 +336,7 @@ class Trainer {
   int64_t data_base_samples_ = 0;
   std::vector<int64_t> last_sample_ids_;
   int64_t step_ = 0;
+  int64_t steps_skipped_ = 0;
   float lr_override_ = -1;  // set_lr's rate; negative: the schedule's
   int gemm_threads_ = 1;
 };

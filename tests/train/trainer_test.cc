@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <mutex>
@@ -280,6 +281,75 @@ TEST(TrainerTest, OneRankOutOfMemoryFailsTheStepOnEveryRankWithItsErrorAndTraini
   });
 }
 
+// Issue 47, item 7: rank 1 alone set another rate. Before, each rank's
+// shard moved by its own rate and the step returned OK.
+TEST(TrainerTest, RanksWithDifferentLearningRatesFailTheStepNamingThemAndNothingChanges) {
+  std::mutex mu;
+  RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+    auto t = *Trainer::Create(Tiny(), world);
+    ASSERT_TRUE(t->set_lr(rank == 1 ? 0.5f : 0.25f).ok());
+    const auto state = ModelState(*t);
+    StatusOr<StepMetrics> m = t->Step();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << m.status();
+      EXPECT_NE(m.status().ToString().find("the learning rate (0.25 on rank 0, 0.5 on rank 1)"), std::string::npos)
+          << m.status();
+    }
+    EXPECT_TRUE(ModelState(*t) == state) << "a refused step changed parameters or optimizer state";
+    EXPECT_EQ(t->steps(), 0);
+    t->clear_lr();
+    m = t->Step();
+    EXPECT_TRUE(m.ok()) << m.status();
+  });
+}
+
+// Issue 47, item 8: a learning rate of FLT_MAX turned the model into NaNs
+// while every step returned OK. Now the step whose loss or gradient norm is
+// not finite fails on every rank with Aborted and changes nothing; with
+// skip_nonfinite_steps it is counted as skipped and training goes on.
+TEST(TrainerTest, ANonFiniteLossOrGradientNormSkipsTheUpdateOnEveryRank) {
+  for (bool skip : {false, true}) {
+    SCOPED_TRACE(skip ? "skip_nonfinite_steps" : "fail");
+    std::mutex mu;
+    RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+      TrainerOptions o = Tiny();
+      o.skip_nonfinite_steps = skip;
+      auto t = *Trainer::Create(o, world);
+      ASSERT_TRUE(t->set_lr(std::numeric_limits<float>::max()).ok());
+      int64_t nonfinite_step = -1;
+      for (int i = 0; i < 4 && nonfinite_step < 0; ++i) {
+        const auto state = ModelState(*t);
+        const int64_t steps = t->steps();
+        StatusOr<StepMetrics> m = t->Step();
+        const bool skipped = m.ok() && m->skipped;
+        if (m.ok() && !skipped) continue;
+        nonfinite_step = steps + 1;
+        std::lock_guard<std::mutex> lock(mu);
+        if (skip) {
+          ASSERT_TRUE(m.ok()) << m.status();
+          EXPECT_TRUE(!std::isfinite(m->loss) || !std::isfinite(m->grad_norm));
+          EXPECT_EQ(t->steps(), steps + 1);
+          EXPECT_EQ(t->steps_skipped(), 1);
+        } else {
+          EXPECT_EQ(m.status().code(), StatusCode::kAborted) << m.status();
+          EXPECT_NE(m.status().ToString().find("skipped on every rank"), std::string::npos) << m.status();
+          EXPECT_EQ(t->steps(), steps);
+        }
+        // Bit for bit: the state may hold NaNs already (NaN != NaN).
+        const auto now = ModelState(*t);
+        bool same = now.size() == state.size();
+        for (size_t i = 0; same && i < now.size(); ++i) {
+          same = now[i].size() == state[i].size() &&
+                 std::memcmp(now[i].data(), state[i].data(), now[i].size() * sizeof(float)) == 0;
+        }
+        EXPECT_TRUE(same) << "the non-finite step changed parameters or optimizer state";
+      }
+      EXPECT_GT(nonfinite_step, 0) << "every step at lr FLT_MAX returned OK";
+    });
+  }
+}
+
 TEST(TrainerTest, BadOptionsNameTheField) {
   RunRanks(1, [](int, comm::ProcessGroup* world) {
     TrainerOptions o = Tiny();
@@ -347,6 +417,14 @@ TEST(TrainerTest, RanksWhoseOptionsDifferFailAtCreateNamingTheFieldAndBothValues
        "fsdp.mixed_precision.param_dtype"},
       {[](TrainerOptions& o) { o.model = "gpt-1m"; }, "model is gpt-tiny on rank 0 but gpt-1m on rank 1"},
       {[](TrainerOptions& o) { o.data_seed = 2; }, "data_seed is 1 on rank 0 but 2 on rank 1"},
+      // Issue 47: a list of another length (the slots were sized by it: the
+      // ranks' option exchange itself failed as a desync naming no field).
+      {[](TrainerOptions& o) {
+         ParamGroup g;
+         g.pattern = "*";
+         o.optimizer.param_groups = {g};
+       },
+       "optimizer.param_groups is 0 on rank 0 but 1 on rank 1"},
   };
   for (const Case& c : cases) {
     std::vector<Status> results(2);

@@ -204,7 +204,7 @@ typedef SK_ENUM(sk_status_t) {
   SK_STATUS_PERMISSION_DENIED = 7,
   SK_STATUS_RESOURCE_EXHAUSTED = 8, /* the memory cap was hit, or host memory ran out */
   SK_STATUS_FAILED_PRECONDITION = 9,/* a call in the wrong order or state */
-  SK_STATUS_ABORTED = 10,
+  SK_STATUS_ABORTED = 10,           /* a step skipped: non-finite loss or gradient norm */
   SK_STATUS_OUT_OF_RANGE = 11,      /* an index (unit, parameter, rank) out of range */
   SK_STATUS_UNIMPLEMENTED = 12,
   SK_STATUS_INTERNAL = 13,          /* a bug in shardkit */
@@ -850,14 +850,20 @@ SK_EXPORT void sk_trainer_destroy(sk_trainer* trainer);
  * step is done (parameters updated). Collective. `out_metrics` may be NULL;
  * otherwise its struct_size must be set. RESOURCE_EXHAUSTED when the memory
  * cap is hit (counted in ooms; the trainer stays usable); DEADLINE_EXCEEDED
- * or UNAVAILABLE when a peer fails. */
+ * or UNAVAILABLE when a peer fails. One rank's failure is every rank's: on
+ * local and gloo groups every rank's step fails with the failing rank's
+ * error ("rank 1 failed step 2: ...") and nothing changes anywhere.
+ * ABORTED on every rank when the loss on any rank or the gradient norm is
+ * not finite: the update is skipped, parameters and optimizer state are
+ * unchanged. INVALID_ARGUMENT on every rank when the ranks' learning rates
+ * differ (sk_trainer_set_lr), naming the ranks and rates; nothing changes. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_step(sk_trainer* trainer,
                                                    sk_step_metrics* out_metrics);
 
 /* 0.6.0: the learning rate of every later step, replacing the schedule (0 is
  * valid: such a step changes no parameter but counts as a step).
  * INVALID_ARGUMENT for a negative or non-finite lr. Not collective; every
- * rank should set the same rate. */
+ * rank must set the same rate (the next step checks: see sk_trainer_step). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_set_lr(sk_trainer* trainer, float lr);
 /* The rate the next sk_trainer_step will use. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_get_lr(const sk_trainer* trainer, float* out_lr);
@@ -1326,7 +1332,10 @@ typedef struct sk_tensor_view {
  * every rank passes the same spec and options. Each rank materialises only
  * its f32 master shard of every unit, from the initialisers. The engine keeps
  * `group` alive. Errors: INVALID_ARGUMENT for bad options or an empty spec;
- * RESOURCE_EXHAUSTED if the memory cap is too small. On SK_DEVICE_SIM
+ * RESOURCE_EXHAUSTED if the memory cap is too small. On local and gloo groups
+ * the ranks first compare their specs and options: ranks that differ (a
+ * shape, an optimizer value, a parameter group given on one rank only) all
+ * get INVALID_ARGUMENT naming the field and both values. On SK_DEVICE_SIM
  * `group` may be NULL (as for sk_trainer_create) and nothing is
  * initialised: the initialisers are priced, not run. Several threads may
  * create engines from one spec at once (each rank's thread of a local group
@@ -1358,7 +1367,10 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_num_units(const sk_engine* engine,
  * Any other failure (a
  * peer timing out, the memory cap) abandons the step: every unit back to
  * idle, every view invalid, the step's gradients zeroed, master parameters
- * and optimizer state untouched.
+ * and optimizer state untouched. On local and gloo groups it abandons the
+ * step on every rank: the failing rank's peers' calls fail at once with its
+ * error ("rank 1 failed step 3: ... out of memory ..."), every rank's call
+ * returns that error, and the next step works everywhere.
  * All four are collective (the all-gathers and reduce-scatters they issue are
  * matched across ranks). pre_forward/pre_backward return when the unit's
  * parameters are gathered (and may enqueue prefetches of later units);
@@ -1400,12 +1412,16 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_set_gradient_sync(sk_engine* engine
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_finish_backward(sk_engine* engine);
 /* The total L2 gradient norm over all ranks' shards into *out_norm (may be
  * NULL); with max_norm > 0 also scales gradients so the norm is at most
- * max_norm. Collective. */
+ * max_norm. Collective. ABORTED on every rank when the norm is not finite
+ * (a NaN or infinite gradient anywhere): the step is abandoned and no update
+ * applied; the next step works (keep going, as PyTorch's GradScaler skips
+ * such steps, or stop). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_clip_grad_norm(sk_engine* engine, double max_norm,
                                                             double* out_norm);
-/* Steps the optimizer on this rank's master shards. Not collective for the
- * sharded strategies; collective for SHARD_OPTIM and NO_SHARD (they refresh
- * full parameters). */
+/* Steps the optimizer on this rank's master shards. Collective: on local
+ * and gloo groups the ranks first agree on the step (one small all-gather);
+ * INVALID_ARGUMENT on every rank, nothing changed, when their learning
+ * rates differ (sk_engine_set_lr), naming the ranks and rates. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_optimizer_step(sk_engine* engine);
 /* Zeroes the gradient shards (and no_sync accumulations). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_zero_grad(sk_engine* engine);
@@ -1423,15 +1439,18 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_read_param(sk_engine* engine, int32
  * Collective over the group. INVALID_ARGUMENT when count is not the
  * parameter's element count or values is NULL; OUT_OF_RANGE for bad
  * indices; FAILED_PRECONDITION while a unit is between a pre_ and its post_
- * call, and on SK_DEVICE_SIM. Optimizer state is kept. */
+ * call, and on SK_DEVICE_SIM. Optimizer state is kept. On local and gloo
+ * groups of several ranks, ranks that pass different values all get
+ * INVALID_ARGUMENT naming them, and nothing is written. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_write_param(sk_engine* engine, int32_t unit,
                                                          int32_t param, const float* values,
                                                          int64_t count);
 
 /* 0.6.0: the learning rate of the following sk_engine_optimizer_step calls
  * (the optimizer options' lr until set; 0 is valid). INVALID_ARGUMENT for a
- * negative or non-finite lr. Not collective; every rank should set the
- * same rate. A schedule is the caller's loop: set the rate before each step. */
+ * negative or non-finite lr. Not collective; every rank must set the same
+ * rate (sk_engine_optimizer_step checks). A schedule is the caller's loop:
+ * set the rate before each step. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_set_lr(sk_engine* engine, float lr);
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_get_lr(const sk_engine* engine, float* out_lr);
 /* 0.6.0: optimizer steps taken, restored by checkpoints and SHARDKIT state
