@@ -149,5 +149,44 @@ TEST(CheckpointIndexFields, HeaderCrcIsACrcOrAbsent) {
   }
 }
 
+// The data position of a trainer that reads a dataset: absent unless set,
+// round-trips a seed above 2^63 (a decimal string), and a malformed one is
+// DataLoss naming the field.
+TEST(CheckpointIndexFields, DataPositionRoundTripsAndIsChecked) {
+  CheckpointIndex ix;
+  ix.checkpoint_id = "test-id";
+  ix.model = "gpt-tiny";
+  ix.world_size = 1;
+  ix.shard_group_size = 1;
+  ix.strategy = "FULL_SHARD";
+  ix.files.push_back({CheckpointRankFileName(0), 0, 128, -1});
+  auto none = ParseCheckpointIndex("index.json", SerializeCheckpointIndex(ix, nullptr));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->data.has_value());
+
+  ix.data = CheckpointIndex::DataPosition{100, 0xfedcba9876543210ull, 30, 8};
+  const std::string text = SerializeCheckpointIndex(ix, nullptr);
+  auto round = ParseCheckpointIndex("index.json", text);
+  ASSERT_TRUE(round.ok()) << round.status();
+  ASSERT_TRUE(round->data.has_value());
+  EXPECT_EQ(round->data->samples_consumed, 100);
+  EXPECT_EQ(round->data->seed, 0xfedcba9876543210ull);
+  EXPECT_EQ(round->data->samples_per_epoch, 30);
+  EXPECT_EQ(round->data->global_batch, 8);
+  EXPECT_EQ(nlohmann::json::parse(text)["data"]["epoch"], 3);
+
+  for (const char* seed : {"-1", "12x", "", "18446744073709551616"}) {
+    nlohmann::json j = nlohmann::json::parse(text);
+    j["data"]["seed"] = seed;
+    j.erase("index_crc32");
+    const std::string compact = j.dump();
+    j["index_crc32"] = Crc32(compact.data(), compact.size());
+    auto r = ParseCheckpointIndex("index.json", j.dump());
+    ASSERT_FALSE(r.ok()) << seed;
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(std::string(r.status().message()).find("data.seed"), std::string::npos) << r.status();
+  }
+}
+
 }  // namespace
 }  // namespace sk
