@@ -3,6 +3,7 @@
 // the same world size bit for bit, at another with the same samples.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -112,6 +113,40 @@ TEST(DatasetTrainerTest, StepsTakeConsecutiveSamplesOfEachEpochsOrder) {
   }
   EXPECT_NE(std::vector<int64_t>(all.begin(), all.begin() + 12), std::vector<int64_t>(all.begin() + 12, all.end()));
   EXPECT_EQ(s->trainer(1).samples_consumed(), 24);
+}
+
+// llm.c's headed token files (two shards) read in fixed windows: each row is
+// a window of the files, so the step's rows are the ids' windows.
+TEST(DatasetTrainerTest, LlmcTokenShardsTrainInWindows) {
+  std::vector<uint32_t> a(16 * 5 + 1), b(16 * 3 + 1);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint32_t>(i % 64);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint32_t>((i * 7) % 64);
+  const std::string pa = DataTempPath("llmc-a.bin"), pb = DataTempPath("llmc-b.bin");
+  testing::WriteTokens(pa, a, 2, data::kLlmcMagicUint16, 1);
+  testing::WriteTokens(pb, b, 2, data::kLlmcMagicUint16, 1);
+  TrainerOptions o = Options(pa, 2, 1);
+  o.dataset.paths = {pa, pb};
+  o.dataset.format = data::DatasetFormat::kTokens;
+  o.dataset.eos_id = -1;
+  std::unique_ptr<LocalSession> s = MakeSession(o, 2);
+  ASSERT_NE(s, nullptr);
+  ASSERT_EQ(s->trainer(0).dataset()->num_samples(), 8);  // gpt-tiny: 16 positions
+  RunRecord run;
+  StepInto(*s, 2, run);
+  std::set<int64_t> seen;
+  for (const auto& ids : run.ids) seen.insert(ids.begin(), ids.end());
+  EXPECT_EQ(seen.size(), 8u);
+  for (float loss : run.losses) EXPECT_TRUE(std::isfinite(loss) && loss > 0);
+  // A row is its window of the files.
+  std::vector<int64_t> ids;
+  auto rows = s->trainer(0).dataset()->Rows(0, 1, &ids);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  const std::vector<uint32_t>& file = ids[0] < 5 ? a : b;
+  const int64_t start = 16 * (ids[0] < 5 ? ids[0] : ids[0] - 5);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(rows->inputs[j], static_cast<int32_t>(file[start + j]));
+    EXPECT_EQ(rows->targets[j], static_cast<int32_t>(file[start + j + 1]));
+  }
 }
 
 TEST(DatasetTrainerTest, ResumeAtTheSameWorldSizeIsBitIdentical) {
