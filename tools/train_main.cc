@@ -4,16 +4,23 @@
 //   bazel run -c opt //tools:train -- --model=gpt-1m --steps=200
 //   bazel run -c opt //tools:train -- --model=t5-10m --data=tokens.bin --token_width=2
 //   bazel run -c opt //tools:train -- --model=llama-10m --checkpointing=selective
+//   bazel run -c opt //tools:train -- --model=gpt-1m --dataset=sft.jsonl --dataset_format=jsonl --eos_id=2
 //
-// Data is a synthetic token stream unless --data names a token file. GPT
-// models learn the next token; T5 models learn to reverse their source.
+// Data is a synthetic token stream unless --data names a token file (random
+// windows) or --dataset names the files of a dataset read in order
+// (docs/data.md: token files raw or llm.c-headed, JSONL with labels or
+// loss_mask; GPT and Llama-family models). GPT models learn the next token;
+// T5 models learn to reverse their source.
 // Prints loss, tokens/s and model TFLOP/s every --log_every steps.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include <gflags/gflags.h>
 
+#include "runtime/data/dataset.h"
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
 #include "runtime/ops/cpu/cpu_backend.h"
@@ -31,6 +38,12 @@ DEFINE_double(lr, 1e-3, "Adam learning rate");
 DEFINE_uint64(seed, 1, "seed for initialisation and data");
 DEFINE_string(data, "", "token file (little-endian, no header); empty: synthetic tokens");
 DEFINE_int32(token_width, 2, "bytes per token in --data: 2 or 4");
+DEFINE_string(dataset, "", "comma-separated dataset files read in order (docs/data.md); instead of --data");
+DEFINE_string(dataset_format, "tokens", "--dataset's format: tokens (raw or llm.c .bin) or jsonl");
+DEFINE_int32(dataset_token_bytes, 0, "--dataset token files: 2 or 4 (0: 2, or the llm.c header's)");
+DEFINE_int64(eos_id, -1, "--dataset: the end-of-sequence token (-1: none)");
+DEFINE_bool(packing, false, "--dataset: pack documents into rows");
+DEFINE_bool(shuffle, true, "--dataset: a new order each epoch (false: file order)");
 DEFINE_int64(synthetic_tokens, 4096,
              "length of the synthetic stream (small = memorisable); at most 2^26 (4 bytes a token, held twice)");
 DEFINE_bool(bf16, false, "bf16 compute");
@@ -70,7 +83,30 @@ Status ValidateFlags() {
     return InvalidArgumentError("--gemm_threads must be >= 0 (0: the default), got " +
                                 std::to_string(FLAGS_gemm_threads));
   }
+  if (!FLAGS_dataset.empty() && !FLAGS_data.empty()) {
+    return InvalidArgumentError("give --data or --dataset, not both");
+  }
+  if (FLAGS_dataset_format != "tokens" && FLAGS_dataset_format != "jsonl") {
+    return InvalidArgumentError("--dataset_format must be tokens or jsonl, got '" + FLAGS_dataset_format + "'");
+  }
   return OkStatus();
+}
+
+// --dataset and its flags as dataset options.
+data::DatasetOptions DatasetFromFlags() {
+  data::DatasetOptions o;
+  for (size_t start = 0; start <= FLAGS_dataset.size();) {
+    const size_t comma = std::min(FLAGS_dataset.find(',', start), FLAGS_dataset.size());
+    o.paths.push_back(FLAGS_dataset.substr(start, comma - start));
+    start = comma + 1;
+  }
+  o.format = FLAGS_dataset_format == "jsonl" ? data::DatasetFormat::kJsonl : data::DatasetFormat::kTokens;
+  o.token_bytes = FLAGS_dataset_token_bytes;
+  o.seed = FLAGS_seed;
+  o.shuffle = FLAGS_shuffle;
+  o.packing = FLAGS_packing;
+  o.eos_id = FLAGS_eos_id;
+  return o;
 }
 
 Status Run() {
@@ -88,7 +124,15 @@ Status Run() {
   const int64_t seq = FLAGS_seq_len > 0 ? FLAGS_seq_len : cfg.seq_len;
   const int64_t src = t5 ? (FLAGS_source_len > 0 ? FLAGS_source_len : cfg.source_len) : 0;
   std::vector<int32_t> stream;
-  if (FLAGS_data.empty()) {
+  std::unique_ptr<data::Dataset> dataset;
+  if (!FLAGS_dataset.empty()) {
+    if (cfg.family != ModelFamily::kGpt && cfg.family != ModelFamily::kLlama) {
+      return InvalidArgumentError("--dataset feeds decoder-only models (GPT, Llama); " + cfg.name + " is not one");
+    }
+    SK_ASSIGN_OR_RETURN(dataset, data::Dataset::Open(DatasetFromFlags(), seq, vocab));
+    std::printf("dataset: %lld documents, %lld samples per epoch\n",
+                static_cast<long long>(dataset->num_documents()), static_cast<long long>(dataset->num_samples()));
+  } else if (FLAGS_data.empty()) {
     SK_ASSIGN_OR_RETURN(stream, SyntheticTokenStream(FLAGS_seed, vocab, FLAGS_synthetic_tokens));
   } else {
     if (FLAGS_token_width != 2 && FLAGS_token_width != 4) {
@@ -115,7 +159,9 @@ Status Run() {
   auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < FLAGS_steps; ++step) {
     TokenBatch batch;
-    if (t5) {
+    if (dataset) {
+      SK_ASSIGN_OR_RETURN(batch, dataset->Rows(int64_t{step} * FLAGS_batch_size, FLAGS_batch_size, nullptr));
+    } else if (t5) {
       SK_ASSIGN_OR_RETURN(batch, ReversalBatch(stream, FLAGS_batch_size, src, std::min(seq, src), 0,
                                                FLAGS_seed, step));
     } else {

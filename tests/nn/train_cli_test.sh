@@ -20,6 +20,18 @@ expect_bad "--checkpointing: 'sometimes' is not off, on" --checkpointing=sometim
 # Selective checkpointing where the model has none (T5) or without selective.
 expect_bad "does not implement selective" --model=t5-tiny --checkpointing=selective --steps=1
 expect_bad "recompute_attention applies only" --model=gpt-tiny --recompute_attention --steps=1
+# Datasets read in order (docs/data.md): bad flags and files name themselves.
+printf '{"input_ids": [1, 2, 3, 4], "labels": [-100, 2, 3, 4]}\n{"input_ids": [5, 6]}\n' > "$tmp/sft.jsonl"
+printf '{"input_ids": [1, 2\n' > "$tmp/broken.jsonl"
+expect_bad "give --data or --dataset" --data=x.bin --dataset="$tmp/sft.jsonl" --steps=1
+expect_bad "--dataset_format must be tokens or jsonl" --dataset="$tmp/sft.jsonl" --dataset_format=csv --steps=1
+expect_bad "broken.jsonl' line 1 is not valid JSON" --model=gpt-tiny --dataset="$tmp/broken.jsonl" \
+  --dataset_format=jsonl --steps=1
+expect_bad "decoder-only" --model=t5-tiny --dataset="$tmp/sft.jsonl" --dataset_format=jsonl --steps=1
+"$train" --model=gpt-tiny --dataset="$tmp/sft.jsonl" --dataset_format=jsonl --eos_id=0 --batch_size=2 \
+  --steps=2 --log_every=1 > "$tmp/sft.txt"
+grep -q "^dataset: 2 documents, 2 samples per epoch" "$tmp/sft.txt" || { cat "$tmp/sft.txt"; echo "FAIL: dataset" >&2; exit 1; }
+grep -q "^step     2  loss" "$tmp/sft.txt" || { cat "$tmp/sft.txt"; echo "FAIL: no dataset step" >&2; exit 1; }
 # Valid flags still train; every checkpointing policy computes the same loss.
 for policy in off on selective; do
   "$train" --model=llama-tiny --steps=2 --log_every=1 --checkpointing=$policy > "$tmp/$policy.txt"
