@@ -144,6 +144,27 @@ SK_EXPORT sk_status_t sk_trainer_load_checkpoint(sk_trainer* trainer, const char
   SK_API_END
 }
 
+SK_EXPORT sk_status_t sk_trainer_save_checkpoint_rotating(sk_trainer* trainer, const char* dir_root,
+                                                          int32_t keep) {
+  SK_API_BEGIN
+  SK_USE_HANDLE(trainer, "trainer");
+  SK_CHECK(CheckString(dir_root, "dir_root"));
+  SK_CHECK(trainer->trainer->SaveCheckpointRotating(dir_root, keep));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_trainer_resume_latest(sk_trainer* trainer, const char* dir_root, int64_t* out_step) {
+  SK_API_BEGIN
+  SK_USE_HANDLE(trainer, "trainer");
+  SK_CHECK(CheckString(dir_root, "dir_root"));
+  SK_ASSIGN_OR_FAIL(bool resumed, trainer->trainer->ResumeLatest(dir_root));
+  (void)resumed;
+  if (out_step != nullptr) *out_step = trainer->trainer->steps();
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
 SK_EXPORT sk_status_t sk_trainer_save_state_dict(sk_trainer* trainer, const char* path,
                                                  sk_weight_layout_t layout) {
   SK_API_BEGIN

@@ -1,10 +1,18 @@
-// launch: starts one process per rank with torchrun's variables.
+// launch: starts one process per rank with torchrun's variables, serves
+// their rendezvous store, and restarts the group after a failure.
 //
 //   bazel run //tools:launch -- --nproc_per_node=N [--nnodes=1]
 //       [--node_rank=0] [--master_addr=127.0.0.1] [--master_port=29500]
-//       [--kill_grace_s=5] [--gpus=local|G0,G1,...] [--share_gpu=G]
-//       [--on_failure=stop|wait] PROGRAM [ARGS...]
+//       [--max_restarts=0] [--kill_grace_s=5] [--gpus=local|G0,G1,...]
+//       [--share_gpu=G] [--on_failure=stop|wait] PROGRAM [ARGS...]
 //   launch --help
+//
+// The store: the launcher of node 0 serves the group's TcpStore on
+// --master_port (all interfaces), as torchrun's agent does, and tells its
+// ranks so (SK_LAUNCHER_STORE=1): no rank serves it, so rank 0's death is an
+// ordinary rank death (the survivors' store still answers, and the report
+// names rank 0), and the store outlives restarts. --master_port=0 serves on
+// a free port (single node only).
 //
 // GPUs: by default local rank L uses cuda:L (what an nccl group and a cuda
 // trainer pick from LOCAL_RANK, as under torchrun). --gpus=G0,G1,... maps
@@ -19,11 +27,27 @@
 // how the survivors detect it); the default stops them (below).
 //
 // Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT (and GROUP_RANK = node rank). Every line a rank prints on
-// stdout/stderr is copied to the launcher's stdout/stderr prefixed with
-// "[rank R] ". If a rank exits with a non-zero code or a signal, the launcher
-// sends SIGTERM to the others (SIGKILL after --kill_grace_s), and exits with
-// that rank's code (128 + signal for a signal). If all exit 0, it exits 0.
+// MASTER_PORT, GROUP_RANK (= node rank), SK_LAUNCHER_STORE=1 and
+// TORCHELASTIC_RESTART_COUNT (the attempt, 0 first; store keys are scoped by
+// it). Every line a rank prints on stdout/stderr is copied to the launcher's
+// stdout/stderr prefixed with "[rank R] ". If a rank exits with a non-zero
+// code or a signal, the launcher sends SIGTERM to the others (SIGKILL after
+// --kill_grace_s). With --max_restarts=N it then starts the whole group again
+// (TORCHELASTIC_RESTART_COUNT one higher), up to N times; a program that
+// resumes from its newest checkpoint (sk_trainer_resume_latest) continues
+// where the last complete checkpoint left it. On several nodes each node's
+// launcher restarts its own ranks; a failure anywhere fails every node's
+// collectives, so all restart together.
+//
+// Exit status (docs/launch.md):
+//   0        every rank exited 0 (in the last attempt)
+//   1..125   the first failing rank's exit code, after --max_restarts restarts
+//   128+S    the first failing rank was killed by signal S (137: SIGKILL),
+//            after --max_restarts restarts; or the launcher itself got
+//            SIGINT/SIGTERM (130/143: no restart then); the last line on
+//            stderr says which
+//   2        bad usage, or the store could not be served (port in use)
+//   127      PROGRAM could not be executed
 // When the rank that failed first was only waiting for another (a hung
 // peer: its error says "rank 2 did not arrive"), the report names the rank
 // at fault too: the ranks the failed rank's last output names as not
@@ -31,8 +55,8 @@
 // Ranks die with the launcher (PR_SET_PDEATHSIG): killing the launcher, even
 // with SIGKILL, leaves no orphans training on. Ranks start with SIGPIPE's
 // default action, as under torchrun (the launcher itself ignores it).
-// --master_port=0 picks a free port (single node only). Under `bazel run`,
-// PROGRAM and the ranks' working directory are the caller's, not runfiles'.
+// Under `bazel run`, PROGRAM and the ranks' working directory are the
+// caller's, not runfiles'.
 //
 // Flags end at the first argument that does not start with "--" or at "--".
 #include <fcntl.h>
@@ -51,10 +75,12 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "runtime/comm/store.h"
 #include "runtime/core/env.h"
 
 namespace {
@@ -74,16 +100,20 @@ struct Flags {
   std::vector<int> gpus;  // --gpus: GPU of each local rank (empty: LOCAL_RANK)
   int share_gpu = -1;     // --share_gpu
   bool wait_on_failure = false;
+  int max_restarts = 0;
 };
 
 constexpr const char* kUsage =
     "usage: launch --nproc_per_node=N [--nnodes=1] [--node_rank=0] [--master_addr=127.0.0.1]\n"
     "              [--master_port=29500] [--kill_grace_s=5] [--gpus=local|G0,G1,...]\n"
-    "              [--share_gpu=G] [--on_failure=stop|wait] PROGRAM [ARGS...]\n"
+    "              [--share_gpu=G] [--on_failure=stop|wait] [--max_restarts=0] PROGRAM [ARGS...]\n"
     "Starts N processes per node, one per rank, with torchrun's variables (RANK, WORLD_SIZE,\n"
-    "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK); prefixes each output\n"
-    "line with [rank R]; when a rank fails, stops the others and exits with its code.\n"
-    "  --master_port=0         a free port (single node)\n"
+    "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK); node 0's launcher serves\n"
+    "their rendezvous store (SK_LAUNCHER_STORE=1); prefixes each output line with [rank R]; when\n"
+    "a rank fails, stops the others, restarts the group up to --max_restarts times\n"
+    "(TORCHELASTIC_RESTART_COUNT), then exits with the failing rank's code (docs/launch.md).\n"
+    "  --master_port=0         the store on a free port (single node)\n"
+    "  --max_restarts=N        restart the whole group up to N times after a rank fails\n"
     "  --gpus=G0,G1,...        local rank L uses cuda:G_L (SK_CUDA_DEVICE); default cuda:LOCAL_RANK\n"
     "  --share_gpu=G           tests: every rank on cuda:G, NCCL set up to allow it (docs/multi_gpu.md)\n"
     "  --on_failure=wait       keep the other ranks running when one fails\n";
@@ -102,22 +132,6 @@ int ParseInt(const std::string& name, const std::string& value, int lo, int hi) 
           std::to_string(hi) + "]");
   }
   return static_cast<int>(v);
-}
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    Usage(std::string("cannot find a free port: ") + std::strerror(errno));
-  }
-  int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
 }
 
 // One rank's output stream: bytes are cut into lines and prefixed.
@@ -228,86 +242,18 @@ std::string Join(const std::set<int>& ranks) {
   return s;
 }
 
-}  // namespace
+struct AttemptResult {
+  int exit_code = 0;        // 0, the first failing rank's code, or 128 + signal
+  int failed_rank = -1;     // the first rank that failed, or -1
+  bool interrupted = false; // the launcher got SIGINT/SIGTERM
+  std::string why;          // what failed, for the report
+};
 
-int main(int argc, char** argv) {
-  Flags flags;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    if (arg.rfind("--", 0) != 0) break;
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    size_t eq = arg.find('=');
-    if (eq == std::string::npos) Usage("flag " + arg + " needs =VALUE");
-    std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
-    if (name == "nproc_per_node") {
-      flags.nproc_per_node = ParseInt(name, value, 1, 4096);
-    } else if (name == "nnodes") {
-      flags.nnodes = ParseInt(name, value, 1, 65536);
-    } else if (name == "node_rank") {
-      flags.node_rank = ParseInt(name, value, 0, 65535);
-    } else if (name == "master_addr") {
-      if (value.empty()) Usage("--master_addr must name a host (got an empty value)");
-      flags.master_addr = value;
-    } else if (name == "master_port") {
-      flags.master_port = ParseInt(name, value, 0, 65535);
-    } else if (name == "kill_grace_s") {
-      flags.kill_grace_s = ParseInt(name, value, 0, 3600);
-    } else if (name == "gpus") {
-      flags.gpus.clear();
-      if (value != "local") {
-        size_t start = 0;
-        while (start <= value.size()) {
-          size_t comma = value.find(',', start);
-          if (comma == std::string::npos) comma = value.size();
-          flags.gpus.push_back(ParseInt(name, value.substr(start, comma - start), 0, 65535));
-          start = comma + 1;
-        }
-      }
-    } else if (name == "share_gpu") {
-      flags.share_gpu = ParseInt(name, value, 0, 65535);
-    } else if (name == "on_failure") {
-      if (value != "stop" && value != "wait") Usage("--on_failure must be stop or wait, not " + value);
-      flags.wait_on_failure = value == "wait";
-    } else {
-      Usage("unknown flag --" + name);
-    }
-  }
-  if (flags.nproc_per_node < 1) Usage("--nproc_per_node is required");
-  if (flags.node_rank >= flags.nnodes) Usage("--node_rank must be below --nnodes");
-  if (i >= argc) Usage("no PROGRAM given");
-  if (!flags.gpus.empty() && flags.gpus.size() != 1 &&
-      static_cast<int>(flags.gpus.size()) != flags.nproc_per_node) {
-    Usage("--gpus lists " + std::to_string(flags.gpus.size()) + " GPUs for " +
-          std::to_string(flags.nproc_per_node) + " local ranks (give one per local rank, or one for all)");
-  }
-  if (!flags.gpus.empty() && flags.share_gpu >= 0) Usage("--gpus and --share_gpu exclude each other");
-  if (flags.master_port == 0) {
-    if (flags.nnodes != 1) Usage("--master_port=0 only works with --nnodes=1");
-    flags.master_port = FreePort();
-  }
-  // Under `bazel run`, behave as if run from the caller's directory.
-  if (const char* wd = sk::GetEnv(sk::EnvVar::kBuildWorkingDirectory); wd != nullptr) {
-    if (::chdir(wd) != 0) Usage(std::string("cannot enter ") + wd);
-  }
-  std::vector<char*> program_args(argv + i, argv + argc);
-  program_args.push_back(nullptr);
-
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
+// Starts this node's ranks for attempt `attempt` (TORCHELASTIC_RESTART_COUNT)
+// and waits for all of them, stopping the others after the first failure.
+AttemptResult RunAttempt(const Flags& flags, std::vector<char*>& program_args, int attempt, pid_t launcher) {
+  AttemptResult result;
   const int world = flags.nproc_per_node * flags.nnodes;
-  const pid_t launcher = ::getpid();
   std::vector<pid_t> pids;
   std::vector<Output> outputs;
   for (int local = 0; local < flags.nproc_per_node; ++local) {
@@ -336,6 +282,8 @@ int main(int argc, char** argv) {
       setenv("GROUP_RANK", std::to_string(flags.node_rank).c_str(), 1);
       setenv("MASTER_ADDR", flags.master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(flags.master_port).c_str(), 1);
+      setenv("SK_LAUNCHER_STORE", "1", 1);
+      setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt).c_str(), 1);
       if (!flags.gpus.empty()) {
         const int gpu = flags.gpus[flags.gpus.size() == 1 ? 0 : local];
         setenv("SK_CUDA_DEVICE", std::to_string(gpu).c_str(), 1);
@@ -423,12 +371,19 @@ int main(int argc, char** argv) {
       if (--live == 0) drain_until = Clock::now() + kDrainAfterExit;
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (code != 0 && !stopping && flags.wait_on_failure) {
-        if (exit_code == 0) exit_code = code;
+        if (exit_code == 0) {
+          exit_code = code;
+          result.failed_rank = it->second;
+          result.why = "rank " + std::to_string(it->second) +
+                       (WIFEXITED(status) ? " exited with code " + std::to_string(code)
+                                          : " was killed by signal " + std::to_string(WTERMSIG(status)));
+        }
         std::fprintf(stderr, "launch: rank %d %s; the others keep running (--on_failure=wait)\n", it->second,
                      WIFEXITED(status) ? ("exited with code " + std::to_string(code)).c_str()
                                        : ("was killed by signal " + std::to_string(WTERMSIG(status))).c_str());
       } else if (code != 0 && !stopping) {
         exit_code = code;
+        result.failed_rank = it->second;
         std::string why = "rank " + std::to_string(it->second) +
                           (WIFEXITED(status) ? " exited with code " + std::to_string(code)
                                              : " was killed by signal " + std::to_string(WTERMSIG(status)));
@@ -460,11 +415,13 @@ int main(int argc, char** argv) {
           if (!stopped.empty()) why += "stopped on this node: " + Join(stopped);
           why += ")";
         }
+        result.why = why;
         stop_others(why);
       }
     }
     if (g_interrupted != 0 && !stopping) {
       exit_code = 128 + g_interrupted;
+      result.interrupted = true;
       stop_others("interrupted by signal " + std::to_string(g_interrupted));
     }
     if (stopping && Clock::now() >= kill_at) {
@@ -475,5 +432,120 @@ int main(int argc, char** argv) {
     }
   }
   for (Output& o : outputs) FlushPartial(o);
-  return exit_code;
+  result.exit_code = exit_code;
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.rfind("--", 0) != 0) break;
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    size_t eq = arg.find('=');
+    if (eq == std::string::npos) Usage("flag " + arg + " needs =VALUE");
+    std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
+    if (name == "nproc_per_node") {
+      flags.nproc_per_node = ParseInt(name, value, 1, 4096);
+    } else if (name == "nnodes") {
+      flags.nnodes = ParseInt(name, value, 1, 65536);
+    } else if (name == "node_rank") {
+      flags.node_rank = ParseInt(name, value, 0, 65535);
+    } else if (name == "master_addr") {
+      if (value.empty()) Usage("--master_addr must name a host (got an empty value)");
+      flags.master_addr = value;
+    } else if (name == "master_port") {
+      flags.master_port = ParseInt(name, value, 0, 65535);
+    } else if (name == "kill_grace_s") {
+      flags.kill_grace_s = ParseInt(name, value, 0, 3600);
+    } else if (name == "gpus") {
+      flags.gpus.clear();
+      if (value != "local") {
+        size_t start = 0;
+        while (start <= value.size()) {
+          size_t comma = value.find(',', start);
+          if (comma == std::string::npos) comma = value.size();
+          flags.gpus.push_back(ParseInt(name, value.substr(start, comma - start), 0, 65535));
+          start = comma + 1;
+        }
+      }
+    } else if (name == "share_gpu") {
+      flags.share_gpu = ParseInt(name, value, 0, 65535);
+    } else if (name == "max_restarts") {
+      flags.max_restarts = ParseInt(name, value, 0, 1000000);
+    } else if (name == "on_failure") {
+      if (value != "stop" && value != "wait") Usage("--on_failure must be stop or wait, not " + value);
+      flags.wait_on_failure = value == "wait";
+    } else {
+      Usage("unknown flag --" + name);
+    }
+  }
+  if (flags.nproc_per_node < 1) Usage("--nproc_per_node is required");
+  if (flags.node_rank >= flags.nnodes) Usage("--node_rank must be below --nnodes");
+  if (i >= argc) Usage("no PROGRAM given");
+  if (!flags.gpus.empty() && flags.gpus.size() != 1 &&
+      static_cast<int>(flags.gpus.size()) != flags.nproc_per_node) {
+    Usage("--gpus lists " + std::to_string(flags.gpus.size()) + " GPUs for " +
+          std::to_string(flags.nproc_per_node) + " local ranks (give one per local rank, or one for all)");
+  }
+  if (!flags.gpus.empty() && flags.share_gpu >= 0) Usage("--gpus and --share_gpu exclude each other");
+  if (flags.master_port == 0 && flags.nnodes != 1) Usage("--master_port=0 only works with --nnodes=1");
+  // Under `bazel run`, behave as if run from the caller's directory.
+  if (const char* wd = sk::GetEnv(sk::EnvVar::kBuildWorkingDirectory); wd != nullptr) {
+    if (::chdir(wd) != 0) Usage(std::string("cannot enter ") + wd);
+  }
+  std::vector<char*> program_args(argv + i, argv + argc);
+  program_args.push_back(nullptr);
+
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  // Node 0's launcher serves the store for every attempt (keys are scoped
+  // by the attempt); it lives until the launcher exits.
+  std::unique_ptr<sk::comm::TcpStore> store;
+  if (flags.node_rank == 0) {
+    sk::StatusOr<std::unique_ptr<sk::comm::TcpStore>> served =
+        sk::comm::TcpStore::Create("127.0.0.1", flags.master_port, /*serve=*/true);
+    if (!served.ok()) {
+      std::fprintf(stderr, "launch: cannot serve the rendezvous store on port %d: %s (another job on that port? "
+                   "pick another --master_port, or 0 for a free one)\n",
+                   flags.master_port, std::string(served.status().message()).c_str());
+      return 2;
+    }
+    store = std::move(served).value();
+    flags.master_port = store->port();
+  }
+  const pid_t launcher = ::getpid();
+  for (int attempt = 0;; ++attempt) {
+    AttemptResult r = RunAttempt(flags, program_args, attempt, launcher);
+    if (r.exit_code == 0) return 0;
+    if (r.interrupted) {
+      std::fprintf(stderr, "launch: exit %d: the launcher was interrupted by signal %d\n", r.exit_code,
+                   r.exit_code - 128);
+      return r.exit_code;
+    }
+    if (attempt < flags.max_restarts && g_interrupted == 0) {
+      std::fprintf(stderr, "launch: attempt %d failed (%s); restarting the group (restart %d of %d)\n", attempt,
+                   r.why.c_str(), attempt + 1, flags.max_restarts);
+      continue;
+    }
+    std::fprintf(stderr, "launch: exit %d: %s%s\n", r.exit_code, r.why.c_str(),
+                 flags.max_restarts > 0 ? (", after " + std::to_string(attempt) + " restart" +
+                                           (attempt == 1 ? "" : "s")).c_str()
+                                        : "");
+    return r.exit_code;
+  }
 }

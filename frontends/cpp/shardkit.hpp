@@ -498,6 +498,19 @@ class Trainer : public detail::Owner<sk_trainer, sk_trainer_destroy> {
     Check(sk_trainer_load_checkpoint(get(), dir.c_str(), &step));
     return step;
   }
+  // A checkpoint in root/step_<step>, keeping the newest `keep`
+  // (sk_trainer_save_checkpoint_rotating). Collective.
+  void SaveCheckpointRotating(const std::string& root, int32_t keep) {
+    Check(sk_trainer_save_checkpoint_rotating(get(), root.c_str(), keep));
+  }
+  // Restores the newest complete checkpoint under `root`; the step count
+  // afterwards (unchanged, 0 for a new trainer, when there is none:
+  // sk_trainer_resume_latest). Collective.
+  int64_t ResumeLatest(const std::string& root) {
+    int64_t step = 0;
+    Check(sk_trainer_resume_latest(get(), root.c_str(), &step));
+    return step;
+  }
   // One safetensors file in `layout` (sk_trainer_save_state_dict). Collective.
   void SaveStateDict(const std::string& path, sk_weight_layout_t layout = SK_WEIGHT_LAYOUT_SHARDKIT) {
     Check(sk_trainer_save_state_dict(get(), path.c_str(), layout));

@@ -413,6 +413,17 @@ end
 -- Trainer.
 local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy,
                             checkpoint_methods("sk_trainer", {
+  -- save_checkpoint_rotating(root, keep): a checkpoint in root/step_<step>,
+  -- the newest `keep` kept; resume_latest(root): the newest complete one
+  -- restored, returning the step count (unchanged, 0 at first, when none).
+  save_checkpoint_rotating = function(self, root, keep)
+    check(lib.sk_trainer_save_checkpoint_rotating(self.h, root, keep))
+  end,
+  resume_latest = function(self, root)
+    local out = ffi.new("int64_t[1]")
+    check(lib.sk_trainer_resume_latest(self.h, root, out))
+    return tonumber(out[0])
+  end,
   step = function(self)
     local m = new_metrics()
     check(lib.sk_trainer_step(self.h, m))

@@ -58,6 +58,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/status.h"
@@ -116,6 +117,34 @@ Status SaveShardedCheckpoint(const std::string& dir, const TrainingState& state,
 // (nullopt when it has none; state.data is not read).
 StatusOr<int64_t> LoadShardedCheckpoint(const std::string& dir, const TrainingState& state,
                                         std::optional<CheckpointIndex::DataPosition>* data = nullptr);
+
+// Rotating checkpoints: sharded checkpoints saved every so many steps into
+// one root directory, each in root/step_<step as 12 digits>, the newest few
+// kept, and a resume from the newest complete one (checkpoint_rotation.cc
+// says why a half-written one is never picked). What the Trainer's
+// SaveCheckpointRotating and ResumeLatest are made of.
+
+// root/step_<step, 12 digits, zero-padded>.
+std::string RotatingCheckpointDir(const std::string& root, int64_t step);
+
+// The complete checkpoints under `root` (named step_<digits>, with an index
+// that reads), newest first; none when `root` does not exist.
+// InvalidArgument when `root` is not a directory. Not collective.
+StatusOr<std::vector<std::pair<int64_t, std::string>>> ListRotatingCheckpoints(const std::string& root);
+
+// Creates `root` on world rank 0 (with its parents). Collective: an error
+// anywhere is returned on every rank.
+Status PrepareCheckpointRoot(const std::string& root, FullyShardedModel& f);
+
+// Removes all but the newest `keep` (>= 1) complete checkpoints under
+// `root`, each renamed to "<dir>.deleting" first. Not collective: world rank
+// 0 calls it once the save has returned on every rank.
+Status PruneRotatingCheckpoints(const std::string& root, int keep);
+
+// The directory of the newest complete checkpoint under `root` as world rank
+// 0 sees it, on every rank; "" when there is none (or no `root`).
+// Collective.
+StatusOr<std::string> PickLatestCheckpoint(const std::string& root, FullyShardedModel& f);
 
 struct FullStateDictOptions {
   // The layout of the file's names and tensors (weight_layout.h). Only the

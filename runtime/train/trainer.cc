@@ -518,6 +518,33 @@ Status Trainer::SaveCheckpoint(const std::string& dir) {
   return SaveShardedCheckpoint(dir, state, step_);
 }
 
+Status Trainer::SaveCheckpointRotating(const std::string& root, int keep) {
+  if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
+  if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
+  if (root.empty()) return InvalidArgumentError("SaveCheckpointRotating: empty checkpoint root");
+  if (keep < 1) {
+    return InvalidArgumentError("SaveCheckpointRotating: keep must be at least 1 (the checkpoint being saved), not " +
+                                std::to_string(keep));
+  }
+  SK_RETURN_IF_ERROR(PrepareCheckpointRoot(root, *fsdp_));
+  SK_RETURN_IF_ERROR(SaveCheckpoint(RotatingCheckpointDir(root, step_)));
+  if (fsdp_->rank() == 0) {
+    Status pruned = PruneRotatingCheckpoints(root, keep);
+    if (!pruned.ok()) LOG(WARNING) << "checkpoint saved, but old ones under '" << root << "' remain: " << pruned;
+  }
+  return OkStatus();
+}
+
+StatusOr<bool> Trainer::ResumeLatest(const std::string& root) {
+  if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
+  if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
+  if (root.empty()) return InvalidArgumentError("ResumeLatest: empty checkpoint root");
+  SK_ASSIGN_OR_RETURN(std::string dir, PickLatestCheckpoint(root, *fsdp_));
+  if (dir.empty()) return false;
+  SK_RETURN_IF_ERROR(LoadCheckpoint(dir));
+  return true;
+}
+
 Status Trainer::LoadCheckpoint(const std::string& dir) {
   if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
   if (ddp_) return UnimplementedError(kNoDdpCheckpoints);

@@ -278,6 +278,18 @@ class Trainer {
   // (batch_size * grad_accum_steps * world size). Collective; on error
   // nothing changes.
   Status LoadCheckpoint(const std::string& dir);
+  // A checkpoint every few steps into one root: SaveCheckpoint to
+  // root/step_<steps(), 12 digits>, then world rank 0 removes all but the
+  // newest `keep` (>= 1; a removal that fails is logged, the save stands).
+  // InvalidArgument for an empty root, keep < 1, or a root that is not a
+  // directory; otherwise as SaveCheckpoint. Collective.
+  Status SaveCheckpointRotating(const std::string& root, int keep);
+  // LoadCheckpoint of the newest complete checkpoint under `root` (rank 0
+  // picks it; a half-written one is never picked: checkpoint.h) and true;
+  // false, changing nothing, when `root` holds none or does not exist (a
+  // first start). Errors as LoadCheckpoint, or InvalidArgument for an empty
+  // root or one that is not a directory. Collective.
+  StatusOr<bool> ResumeLatest(const std::string& root);
 
   // A full state dict: one safetensors file at `path` (rank 0 writes it
   // durably) with every parameter in full, in `layout` (weight_layout.h); in

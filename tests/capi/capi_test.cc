@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -1034,6 +1035,97 @@ TEST(CapiCheckpoint, SavedAtTwoRanksResumesWithIdenticalLossesAtAnyWorldSize) {
   sk_local_session_destroy(back);
   sk_local_session_destroy(s);
   std::filesystem::remove_all(dir);
+}
+
+// Rotating checkpoints and resume_latest (0.8.0): the newest `keep` stay,
+// a half-written or index-less directory is never picked, a fresh trainer
+// continues the same run, and a first start is a no-op.
+TEST(CapiCheckpoint, RotatingCheckpointsKeepTheNewestAndResumeFromThem) {
+  namespace fs = std::filesystem;
+  const std::string dir = TempDir("rotating");
+  const std::string root = dir + "/ckpt";
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.strategy = SK_SHARDING_FULL_SHARD;
+  sk_trainer_options o = TinyTrainer(&f);
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  int64_t step = -1;
+  ASSERT_OK(sk_trainer_resume_latest(t, root.c_str(), &step));  // first start: nothing there
+  EXPECT_EQ(step, 0);
+  EXPECT_FALSE(fs::exists(root)) << "resume_latest must not create the root";
+  for (int s = 0; s < 5; ++s) {
+    ASSERT_OK(sk_trainer_step(t, nullptr));
+    ASSERT_OK(sk_trainer_save_checkpoint_rotating(t, root.c_str(), 2));
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step_000000000004", "step_000000000005"}));
+  std::vector<float> expected;
+  for (int s = 0; s < 2; ++s) {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    ASSERT_OK(sk_trainer_step(t, &m));
+    expected.push_back(m.loss);
+  }
+  // What a crash mid-save leaves (a .tmp directory), and a step_ directory
+  // without its index, newer than the newest complete checkpoint.
+  fs::create_directories(root + "/step_000000000009.tmp");
+  fs::create_directories(root + "/step_000000000010");
+  std::ofstream(root + "/step_000000000010/rank0.safetensors") << "half";
+
+  sk_trainer* fresh = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &fresh));
+  ASSERT_OK(sk_trainer_resume_latest(fresh, root.c_str(), &step));
+  EXPECT_EQ(step, 5);
+  for (int s = 0; s < 2; ++s) {
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    ASSERT_OK(sk_trainer_step(fresh, &m));
+    EXPECT_EQ(m.step, 6 + s);
+    EXPECT_EQ(m.loss, expected[s]) << s;
+  }
+  sk_trainer_destroy(fresh);
+  sk_trainer_destroy(t);
+  sk_process_group_destroy(g);
+  fs::remove_all(dir);
+}
+
+TEST(CapiCheckpoint, RotatingCheckpointsRefuseBadInputAndChangeNothing) {
+  namespace fs = std::filesystem;
+  const std::string dir = TempDir("rotating_bad");
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  f.strategy = SK_SHARDING_FULL_SHARD;
+  sk_trainer_options o = TinyTrainer(&f);
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer* t = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  ASSERT_OK(sk_trainer_step(t, nullptr));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_save_checkpoint_rotating(t, nullptr, 2));
+  EXPECT_ERROR_MENTIONS("dir_root");
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_save_checkpoint_rotating(t, "", 2));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_save_checkpoint_rotating(t, (dir + "/r").c_str(), 0));
+  EXPECT_ERROR_MENTIONS("keep must be at least 1");
+  EXPECT_FALSE(fs::exists(dir + "/r")) << "a refused save wrote something";
+  const std::string file = dir + "/a_file";
+  std::ofstream(file) << "not a directory";
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_save_checkpoint_rotating(t, file.c_str(), 2));
+  EXPECT_ERROR_MENTIONS("is not a directory");
+  int64_t step = 42;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_resume_latest(t, nullptr, &step));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_resume_latest(t, "", &step));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_resume_latest(t, file.c_str(), &step));
+  EXPECT_ERROR_MENTIONS("is not a directory");
+  EXPECT_EQ(step, 42) << "a failing call wrote its out-parameter";
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_resume_latest(nullptr, dir.c_str(), &step));
+  ASSERT_OK(sk_trainer_resume_latest(t, (dir + "/none").c_str(), nullptr));
+  sk_step_metrics m = SK_STEP_METRICS_INIT;
+  ASSERT_OK(sk_trainer_step(t, &m));
+  EXPECT_EQ(m.step, 2) << "a resume with nothing to resume changed the step count";
+  sk_trainer_destroy(t);
+  sk_process_group_destroy(g);
+  fs::remove_all(dir);
 }
 
 TEST(CapiCheckpoint, MissingOrCorruptCheckpointsAreReportedAndChangeNothing) {

@@ -321,6 +321,46 @@ TEST(Launch, OutputWithoutNewlinesIsCutIntoBoundedLines) {
   EXPECT_GE(lines, 1000000u / (64u << 10));
 }
 
+// --max_restarts: the whole group starts again with the attempt in
+// TORCHELASTIC_RESTART_COUNT; the launcher's store is announced to ranks.
+TEST(Launch, MaxRestartsStartsTheGroupAgainWithTheNextAttempt) {
+  const std::string program =
+      "/bin/sh -c 'echo attempt $TORCHELASTIC_RESTART_COUNT store $SK_LAUNCHER_STORE; "
+      "if [ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exit 5; fi'";
+  Result r = RunLauncher("--nproc_per_node=2 --max_restarts=2 " + program);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Has(r.output, "[rank 0] attempt 0 store 1")) << r.output;
+  EXPECT_TRUE(Has(r.output, "launch: attempt 0 failed (rank 1 exited with code 5); restarting the group (restart 1 of 2)"))
+      << r.output;
+  EXPECT_TRUE(Has(r.output, "launch: attempt 1 failed (rank 1 exited with code 5); restarting the group (restart 2 of 2)"))
+      << r.output;
+  EXPECT_TRUE(Has(r.output, "[rank 1] attempt 2 store 1")) << r.output;
+  // Restarts used up: the failing rank's code, and the report says so.
+  r = RunLauncher("--nproc_per_node=2 --max_restarts=1 /bin/sh -c 'exit $((RANK * 7))'");
+  EXPECT_EQ(r.exit_code, 7) << r.output;
+  EXPECT_TRUE(Has(r.output, "launch: exit 7: rank 1 exited with code 7, after 1 restart")) << r.output;
+  r = RunLauncher("--nproc_per_node=1 --max_restarts=-1 /bin/true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+}
+
+// The launcher serves the store: a taken port is its own error (exit 2),
+// before any rank starts.
+TEST(Launch, AStorePortInUseIsTheLaunchersError) {
+  // A launcher holds a port; a second one asks for it.
+  FILE* holder = ::popen((std::string(kLaunch) + " --nproc_per_node=1 --master_port=0 /bin/sh -c "
+                                                 "'echo port $MASTER_PORT; sleep 5' 2>&1").c_str(),
+                         "r");
+  ASSERT_NE(holder, nullptr);
+  char line[256] = {};
+  ASSERT_NE(std::fgets(line, sizeof line, holder), nullptr);
+  int port = 0;
+  ASSERT_EQ(std::sscanf(line, "[rank 0] port %d", &port), 1) << line;
+  Result r = RunLauncher("--nproc_per_node=1 --master_port=" + std::to_string(port) + " /bin/true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(Has(r.output, "launch: cannot serve the rendezvous store on port " + std::to_string(port))) << r.output;
+  ::pclose(holder);
+}
+
 TEST(Launch, BadUsageIsReported) {
   Result r = RunLauncher("--nproc_per_node=0 /bin/true");
   EXPECT_EQ(r.exit_code, 2);

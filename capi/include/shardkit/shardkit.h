@@ -142,7 +142,9 @@
  *  0.8.0 (issue 43) appended datasets the trainer reads itself
  *  (sk_dataset_options as sk_trainer_options.dataset, sk_dataset_format_t,
  *  sk_token_file_layout_t), their position in sharded checkpoints, and
- *  sk_trainer_data_position and sk_trainer_last_sample_ids.
+ *  sk_trainer_data_position and sk_trainer_last_sample_ids; and (issue
+ *  44) sk_trainer_save_checkpoint_rotating and sk_trainer_resume_latest
+ *  (checkpoints every K steps, resume from the newest: docs/launch.md).
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -939,6 +941,32 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_save_checkpoint(sk_trainer* traine
  * shards; FSDP's NO_SHARD replicates like DDP and can be checkpointed). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_load_checkpoint(sk_trainer* trainer, const char* dir,
                                                               int64_t* out_step);
+
+/* 0.8.0: checkpoints every K steps and a restart that resumes from the
+ * newest (docs/launch.md). Writes this trainer's checkpoint (as
+ * sk_trainer_save_checkpoint) to `dir_root`/step_<step count as 12 digits>,
+ * creating `dir_root` if needed, then removes all but the newest `keep`
+ * checkpoints there (world rank 0 removes them once every rank has saved; a
+ * removal that fails is logged and the new checkpoint stands). Collective, as
+ * sk_trainer_save_checkpoint. Errors: INVALID_ARGUMENT for a NULL or empty
+ * `dir_root`, `keep` < 1, or a `dir_root` that exists and is not a directory
+ * (nothing is written); otherwise as sk_trainer_save_checkpoint. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_save_checkpoint_rotating(sk_trainer* trainer, const char* dir_root,
+                                                                       int32_t keep);
+
+/* 0.8.0: restores the newest complete checkpoint under `dir_root` (as
+ * sk_trainer_load_checkpoint: parameters, optimizer state, step count, hence
+ * the learning-rate schedule's position, and a dataset's position) and stores
+ * its step count in *out_step. A first start is not an error: when
+ * `dir_root` does not exist or holds no checkpoint, nothing changes and
+ * *out_step receives the trainer's step count (0 for a new trainer). A
+ * half-written checkpoint (a save that crashed) is never picked; world rank
+ * 0 picks and every rank loads what it picked. `out_step` may be NULL.
+ * Collective. Errors: INVALID_ARGUMENT for a NULL or empty `dir_root` or one
+ * that is not a directory; otherwise as sk_trainer_load_checkpoint (nothing
+ * changed on error). */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_resume_latest(sk_trainer* trainer, const char* dir_root,
+                                                            int64_t* out_step);
 
 /* Full state dicts (0.4.0). One safetensors file holding every parameter in
  * full under its own name (docs/checkpoints.md), readable by any safetensors

@@ -1060,6 +1060,21 @@ impl Trainer {
         check(unsafe { sys::sk_trainer_load_checkpoint(self.raw, dir.as_ptr(), &mut step) })?;
         Ok(step)
     }
+    /// Writes a checkpoint to `root`/step_<step> and keeps the newest `keep`
+    /// there (collective; `sk_trainer_save_checkpoint_rotating`).
+    pub fn save_checkpoint_rotating(&mut self, root: impl AsRef<Path>, keep: i32) -> Result<()> {
+        let root = path_cstring(root.as_ref())?;
+        check(unsafe { sys::sk_trainer_save_checkpoint_rotating(self.raw, root.as_ptr(), keep) })
+    }
+    /// Restores the newest complete checkpoint under `root` (collective); the
+    /// step count afterwards, unchanged (0 for a new trainer) when `root`
+    /// holds none (`sk_trainer_resume_latest`).
+    pub fn resume_latest(&mut self, root: impl AsRef<Path>) -> Result<i64> {
+        let root = path_cstring(root.as_ref())?;
+        let mut step = 0;
+        check(unsafe { sys::sk_trainer_resume_latest(self.raw, root.as_ptr(), &mut step) })?;
+        Ok(step)
+    }
     /// Writes one safetensors file of the whole model in `layout` (collective).
     pub fn save_state_dict(&mut self, path: impl AsRef<Path>, layout: WeightLayout) -> Result<()> {
         let path = path_cstring(path.as_ref())?;

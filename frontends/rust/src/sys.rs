@@ -492,6 +492,10 @@ extern "C" {
     pub fn sk_model_num_parameters(model: *const c_char, out_count: *mut i64) -> sk_status_t;
     pub fn sk_trainer_save_checkpoint(trainer: *mut sk_trainer, dir: *const c_char) -> sk_status_t;
     pub fn sk_trainer_load_checkpoint(trainer: *mut sk_trainer, dir: *const c_char, out_step: *mut i64) -> sk_status_t;
+    pub fn sk_trainer_save_checkpoint_rotating(trainer: *mut sk_trainer, dir_root: *const c_char, keep: i32)
+        -> sk_status_t;
+    pub fn sk_trainer_resume_latest(trainer: *mut sk_trainer, dir_root: *const c_char, out_step: *mut i64)
+        -> sk_status_t;
     pub fn sk_trainer_save_state_dict(
         trainer: *mut sk_trainer,
         path: *const c_char,
