@@ -171,6 +171,30 @@ TEST(CppFrontend, CheckpointsResumeASessionAndFailuresThrow) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(CppFrontend, RotatingCheckpointsResumeTheLatest) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string root = std::string(tmp != nullptr ? tmp : "/tmp") + "/cpp_frontend_rotating";
+  std::filesystem::remove_all(root);
+  auto groups = shardkit::ProcessGroup::Local(1);
+  shardkit::Trainer trainer(Tiny(), groups[0].get());
+  EXPECT_EQ(trainer.ResumeLatest(root), 0);
+  for (int s = 0; s < 3; ++s) {
+    trainer.Step();
+    trainer.SaveCheckpointRotating(root, 2);
+  }
+  const float next = trainer.Step().loss;
+  shardkit::Trainer fresh(Tiny(), groups[0].get());
+  EXPECT_EQ(fresh.ResumeLatest(root), 3);
+  EXPECT_EQ(fresh.Step().loss, next);
+  try {
+    trainer.SaveCheckpointRotating(root, 0);
+    FAIL() << "expected an Error";
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_INVALID_ARGUMENT);
+  }
+  std::filesystem::remove_all(root);
+}
+
 TEST(CppFrontend, StateDictsResumeASessionAndImportHuggingFaceLayout) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string base = std::string(tmp != nullptr ? tmp : "/tmp") + "/cpp_frontend_sd";

@@ -89,6 +89,26 @@ test("local session trains two ranks from a plain table", function()
   s:close()
 end)
 
+test("rotating checkpoints keep the newest; resume_latest continues the run", function()
+  local root = (os.getenv("TEST_TMPDIR") or "/tmp") .. "/lua_frontend_rotating"
+  os.execute("rm -rf '" .. root .. "'")
+  local options = {model = "gpt-tiny", data_tokens = 64}
+  local t = sk.trainer(options, sk.local_groups(1)[1])
+  assert(t:resume_latest(root) == 0, "a first start resumed something")
+  for _ = 1, 3 do
+    t:step()
+    t:save_checkpoint_rotating(root, 2)
+  end
+  local next_loss = t:step().loss
+  local fresh = sk.trainer(options, sk.local_groups(1)[1])
+  assert(fresh:resume_latest(root) == 3)
+  assert(fresh:step().loss == next_loss)
+  expect_error("INVALID_ARGUMENT", "keep", t.save_checkpoint_rotating, t, root, 0)
+  t:close()
+  fresh:close()
+  os.execute("rm -rf '" .. root .. "'")
+end)
+
 test("a session checkpoint resumes the run; a missing one is NOT_FOUND", function()
   local dir = (os.getenv("TEST_TMPDIR") or "/tmp") .. "/lua_frontend_ckpt"
   os.execute("rm -rf '" .. dir .. "'")

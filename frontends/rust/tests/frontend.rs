@@ -154,6 +154,27 @@ fn checkpoints_resume_a_session_and_report_failures() {
 }
 
 #[test]
+fn rotating_checkpoints_resume_the_latest() {
+    let base = std::env::var_os("TEST_TMPDIR").map_or_else(std::env::temp_dir, std::path::PathBuf::from);
+    let root = base.join(format!("rust_frontend_rotating_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let mut trainer = Trainer::new(&tiny(), &groups[0]).unwrap();
+    assert_eq!(trainer.resume_latest(&root).unwrap(), 0);
+    for _ in 0..3 {
+        trainer.step().unwrap();
+        trainer.save_checkpoint_rotating(&root, 2).unwrap();
+    }
+    let next = trainer.step().unwrap().loss;
+    let mut fresh = Trainer::new(&tiny(), &groups[0]).unwrap();
+    assert_eq!(fresh.resume_latest(&root).unwrap(), 3);
+    assert_eq!(fresh.step().unwrap().loss, next);
+    let e = trainer.save_checkpoint_rotating(&root, 0).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
 fn state_dicts_resume_a_session_and_import_hugging_face_layout() {
     let base = std::env::var_os("TEST_TMPDIR").map_or_else(std::env::temp_dir, std::path::PathBuf::from);
     let file = base.join(format!("rust_frontend_sd_{}.safetensors", std::process::id()));
