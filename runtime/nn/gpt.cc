@@ -77,18 +77,31 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
 
   SK_ASSIGN_OR_RETURN(Tensor inputs, nn_internal::TokensToDevice(ctx, batch.inputs));
   SK_ASSIGN_OR_RETURN(Tensor targets, nn_internal::TokensToDevice(ctx, batch.targets));
+  // Packed documents: position ids pick wpe's rows; segment ids mask the attention.
+  SK_ASSIGN_OR_RETURN(const nn_internal::DocumentTensors docs,
+                      nn_internal::DocumentsToDevice(ctx, batch));
+  dims.key_start = docs.key_start;
+  dims.masked_pairs = docs.masked_pairs;
   // xs[l] is block l's input; xs[L] feeds the head.
   std::vector<Tensor> xs(static_cast<size_t>(L + 1));
   std::vector<BlockSaved> saved(static_cast<size_t>(L));
   UnitScope scope(hooks, units_, ctx);
 
-  {  // Embedding: token rows plus the first T positions, per sequence.
+  {  // Embedding: token rows plus the first T positions, per sequence (or
+     // the rows the position ids name, gathered in f32 and added with one
+     // rounding, as BiasAdd adds).
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(0));
     const Tensor& wte = p[0];  // [V, C]
     const Tensor& wpe = p[1];  // [max_seq, C]
     SK_ASSIGN_OR_RETURN(xs[0], nn_internal::NewAct(ctx, act, n * c));
     SK_RETURN_IF_ERROR(ops::EmbeddingForward(ctx, wte, inputs, xs[0]));
-    SK_RETURN_IF_ERROR(ops::BiasAdd(ctx, Prefix(wpe, T * c), xs[0]));
+    if (docs.positions.defined()) {
+      SK_ASSIGN_OR_RETURN(Tensor pos, nn_internal::NewF32(ctx, n * c));
+      SK_RETURN_IF_ERROR(ops::EmbeddingForward(ctx, wpe, docs.positions, pos));
+      SK_RETURN_IF_ERROR(ops::Axpy(ctx, 1.0f, pos, xs[0]));
+    } else {
+      SK_RETURN_IF_ERROR(ops::BiasAdd(ctx, Prefix(wpe, T * c), xs[0]));
+    }
     SK_RETURN_IF_ERROR(scope.PostForward(0));
   }
   for (int64_t l = 0; l < L; ++l) {
@@ -144,7 +157,11 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
     const Tensor& dwte = b.g[0];  // [V, C]
     const Tensor& dwpe = b.g[1];  // [max_seq, C]
     SK_RETURN_IF_ERROR(ops::EmbeddingBackward(ctx, inputs, dx, dwte));
-    SK_RETURN_IF_ERROR(ops::BiasGrad(ctx, dx, Prefix(dwpe, T * c)));
+    if (docs.positions.defined()) {
+      SK_RETURN_IF_ERROR(ops::EmbeddingBackward(ctx, docs.positions, dx, dwpe));
+    } else {
+      SK_RETURN_IF_ERROR(ops::BiasGrad(ctx, dx, Prefix(dwpe, T * c)));
+    }
     SK_RETURN_IF_ERROR(scope.PostBackward(0, &b));
   }
   return loss;

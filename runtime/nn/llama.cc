@@ -29,6 +29,10 @@ struct LlamaDims {
   RopeScaling rope_scaling;
   bool qkv_bias = false;
   DType storage = DType::kF32;  // the compute dtype: activations and their gradients
+  // Packed documents (nn_internal::DocumentTensors): each token's RoPE
+  // position and the attention's key starts; undefined otherwise.
+  Tensor positions, key_start;
+  int64_t masked_pairs = 0;
 
   int64_t rows() const { return batch * seq; }
   int64_t q_width() const { return heads * head_dim; }
@@ -42,6 +46,8 @@ struct LlamaDims {
     as.kv_len = seq;
     as.head_dim = head_dim;
     as.causal = true;
+    as.key_start = key_start;
+    as.masked_pairs = masked_pairs;
     return as;
   }
 };
@@ -150,9 +156,9 @@ Status BlockForward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTe
   SK_RETURN_IF_ERROR(Linear(ctx, s->h1, p.k_w, p.k_b, n, c, kw, s->k));
   SK_RETURN_IF_ERROR(Linear(ctx, s->h1, p.v_w, p.v_b, n, c, kw, s->v));
   SK_RETURN_IF_ERROR(ops::RopeForward(ctx, s->q, d.seq, d.heads, d.head_dim, d.theta,
-                                      d.rope_scaling, s->q));
+                                      d.rope_scaling, s->q, d.positions));
   SK_RETURN_IF_ERROR(ops::RopeForward(ctx, s->k, d.seq, d.kv_heads, d.head_dim, d.theta,
-                                      d.rope_scaling, s->k));
+                                      d.rope_scaling, s->k, d.positions));
   SK_RETURN_IF_ERROR(AttentionCore(ctx, d, s));
   SK_ASSIGN_OR_RETURN(s->x2, NewAct(ctx, t, n * c));
   SK_RETURN_IF_ERROR(ResidualLinear(ctx, s->att, p.o_w, x, n, qw, c, s->x2));
@@ -237,9 +243,9 @@ Status BlockBackward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockT
         MatrixRef{dk, 0, kw}, MatrixRef{dv, 0, kw}));
     datt = Tensor();
     SK_RETURN_IF_ERROR(ops::RopeBackward(ctx, dq, d.seq, d.heads, d.head_dim, d.theta,
-                                         d.rope_scaling, dq));
+                                         d.rope_scaling, dq, d.positions));
     SK_RETURN_IF_ERROR(ops::RopeBackward(ctx, dk, d.seq, d.kv_heads, d.head_dim, d.theta,
-                                         d.rope_scaling, dk));
+                                         d.rope_scaling, dk, d.positions));
     SK_RETURN_IF_ERROR(LinearBackward(ctx, s.h1, p.q_w, dq, n, c, qw, dh, false, g.q_w, g.q_b));
     SK_RETURN_IF_ERROR(LinearBackward(ctx, s.h1, p.k_w, dk, n, c, kw, dh, true, g.k_w, g.k_b));
     SK_RETURN_IF_ERROR(LinearBackward(ctx, s.h1, p.v_w, dv, n, c, kw, dh, true, g.v_w, g.v_b));
@@ -394,10 +400,17 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
   const bool bias = config_.qkv_bias;
   const bool tied = config_.tie_embeddings;
   const int head_unit = static_cast<int>(L + 1);
-  const LlamaDims dims = Dims(config_, act, batch.batch_size, batch.seq_len);
+  LlamaDims dims = Dims(config_, act, batch.batch_size, batch.seq_len);
 
   SK_ASSIGN_OR_RETURN(Tensor inputs, nn_internal::TokensToDevice(ctx, batch.inputs));
   SK_ASSIGN_OR_RETURN(Tensor targets, nn_internal::TokensToDevice(ctx, batch.targets));
+  {  // Packed documents: position ids turn RoPE; segment ids mask the attention.
+    SK_ASSIGN_OR_RETURN(nn_internal::DocumentTensors docs,
+                        nn_internal::DocumentsToDevice(ctx, batch));
+    dims.positions = std::move(docs.positions);
+    dims.key_start = std::move(docs.key_start);
+    dims.masked_pairs = docs.masked_pairs;
+  }
   // xs[l] is block l's input; xs[L] feeds the head.
   std::vector<Tensor> xs(static_cast<size_t>(L + 1));
   std::vector<LlamaBlockSaved> saved(static_cast<size_t>(L));

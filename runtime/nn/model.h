@@ -157,8 +157,11 @@ struct TokenBatch {
   // its learned or rotary position embedding uses); absent = 0..seq_len-1 in
   // every row. segment_ids: the document of each token, non-decreasing
   // along a row; a query attends only to earlier keys of its own document
-  // (block-diagonal causal attention); absent = one document per row. A
-  // model that cannot honour one refuses the batch (never ignores it).
+  // (block-diagonal causal attention); absent = one document per row. GPT
+  // and the Llama family honour both in forward and backward (positions
+  // in [0, max_seq_len)); a model that cannot honour one refuses the
+  // batch (the encoder-decoder, the unit-table models; CUDA's attention
+  // refuses segment ids), never ignores it.
   std::vector<int32_t> positions;
   std::vector<int32_t> segment_ids;
 

@@ -43,6 +43,34 @@ StatusOr<Tensor> TokensToDevice(const ops::OpContext& ctx, const std::vector<int
   return dev;
 }
 
+std::vector<int32_t> DocumentKeyStarts(const TokenBatch& batch, int64_t* pairs) {
+  std::vector<int32_t> start(batch.segment_ids.size());
+  for (int64_t b = 0; b < batch.batch_size; ++b) {
+    const int64_t row = b * batch.seq_len;
+    int32_t first = 0;
+    for (int64_t i = 0; i < batch.seq_len; ++i) {
+      if (i > 0 && batch.segment_ids[row + i] != batch.segment_ids[row + i - 1]) {
+        first = static_cast<int32_t>(i);
+      }
+      start[row + i] = first;
+      *pairs += i - first + 1;
+    }
+  }
+  return start;
+}
+
+StatusOr<DocumentTensors> DocumentsToDevice(const ops::OpContext& ctx, const TokenBatch& batch) {
+  DocumentTensors d;
+  if (!batch.positions.empty()) {
+    SK_ASSIGN_OR_RETURN(d.positions, TokensToDevice(ctx, batch.positions));
+  }
+  if (!batch.segment_ids.empty()) {
+    SK_ASSIGN_OR_RETURN(d.key_start,
+                        TokensToDevice(ctx, DocumentKeyStarts(batch, &d.masked_pairs)));
+  }
+  return d;
+}
+
 Status ValidateUnitTensors(const UnitSpec& unit, const std::vector<Tensor>& tensors,
                            const char* what, DeviceKind kind) {
   if (tensors.size() != unit.num_tensors()) {
@@ -269,6 +297,10 @@ ops::AttentionShape AttnShape(SublayerKind kind, const BlockDims& d) {
   as.head_dim = d.d_model / d.heads;
   as.kv_len = kind == SublayerKind::kCrossAttention ? d.enc_seq : d.seq;
   as.causal = kind == SublayerKind::kCausalSelfAttention;
+  if (as.causal) {
+    as.key_start = d.key_start;
+    as.masked_pairs = d.masked_pairs;
+  }
   return as;
 }
 
@@ -797,13 +829,44 @@ Status ValidateDecoderBatch(const TokenBatch& batch, const std::string& model, i
     return InvalidArgumentError("batch.source is set, but '" + model + "' is a decoder-only model");
   }
   SK_RETURN_IF_ERROR(CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
-  if (!batch.positions.empty() || !batch.segment_ids.empty()) {
-    return UnimplementedError("batch.positions and batch.segment_ids (packed documents) are not yet "
-                              "supported by '" + model + "'");
-  }
   const int64_t n = batch.batch_size * batch.seq_len;
   SK_RETURN_IF_ERROR(ValidateTokens(batch.inputs, n, vocab_size, false, "inputs"));
-  return ValidateTokens(batch.targets, n, vocab_size, true, "targets");
+  SK_RETURN_IF_ERROR(ValidateTokens(batch.targets, n, vocab_size, true, "targets"));
+  if (!batch.positions.empty()) {
+    // (Position ids index the learned table or turn RoPE: the configured
+    // maximum bounds both.)
+    if (static_cast<int64_t>(batch.positions.size()) != n) {
+      return InvalidArgumentError("batch.positions has " + std::to_string(batch.positions.size()) +
+                                  " ids, expected " + std::to_string(n));
+    }
+    for (size_t i = 0; i < batch.positions.size(); ++i) {
+      if (batch.positions[i] < 0 || batch.positions[i] >= max_seq_len) {
+        return InvalidArgumentError("batch.positions[" + std::to_string(i) + "] = " +
+                                    std::to_string(batch.positions[i]) + " is outside [0, " +
+                                    std::to_string(max_seq_len) + ") (max_seq_len of '" + model +
+                                    "')");
+      }
+    }
+  }
+  if (!batch.segment_ids.empty()) {
+    if (static_cast<int64_t>(batch.segment_ids.size()) != n) {
+      return InvalidArgumentError("batch.segment_ids has " + std::to_string(batch.segment_ids.size()) +
+                                  " ids, expected " + std::to_string(n));
+    }
+    for (int64_t b = 0; b < batch.batch_size; ++b) {
+      for (int64_t i = 1; i < batch.seq_len; ++i) {
+        const int64_t at = b * batch.seq_len + i;
+        if (batch.segment_ids[at] < batch.segment_ids[at - 1]) {
+          return InvalidArgumentError(
+              "batch.segment_ids decrease in row " + std::to_string(b) + " at position " +
+              std::to_string(i) + " (" + std::to_string(batch.segment_ids[at - 1]) + " then " +
+              std::to_string(batch.segment_ids[at]) +
+              "): a row's documents must be contiguous runs of non-decreasing ids");
+        }
+      }
+    }
+  }
+  return OkStatus();
 }
 
 }  // namespace nn_internal

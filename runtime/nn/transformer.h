@@ -41,6 +41,27 @@ Tensor Prefix(const Tensor& t, int64_t numel);
 // there by the copy op.
 StatusOr<Tensor> TokensToDevice(const ops::OpContext& ctx, const std::vector<int32_t>& ids);
 
+// A batch's packed documents on ctx's device (TokenBatch::positions and
+// segment_ids), each undefined where the batch has none.
+struct DocumentTensors {
+  // i32 [batch * seq_len]: each token's position id.
+  Tensor positions;
+  // i32 [batch * seq_len]: the first position of each token's document in
+  // its row, the attention's key start (ops::AttentionShape::key_start).
+  Tensor key_start;
+  // The (query, key) pairs the documents' causal masks leave, summed over
+  // the rows (ops::AttentionShape::masked_pairs); 0 without segment ids.
+  int64_t masked_pairs = 0;
+};
+
+// The key starts of a validated batch's segment ids on the host: token i
+// of a row attends keys [start[i], i] of its row (documents are runs of
+// equal ids). Adds the pairs that leaves to *pairs.
+std::vector<int32_t> DocumentKeyStarts(const TokenBatch& batch, int64_t* pairs);
+
+// Moves a validated batch's positions and key starts to ctx's device.
+StatusOr<DocumentTensors> DocumentsToDevice(const ops::OpContext& ctx, const TokenBatch& batch);
+
 // A unit's parameters, used in place in whatever float dtype the hooks gave
 // them (FSDP: param_dtype; DDP: the compute dtype): no copies. The ops read
 // any float dtype; a GEMM weight whose dtype differs from its activations'
@@ -126,6 +147,10 @@ struct BlockDims {
   int64_t heads = 0;
   int64_t d_ff = 0;
   DType storage = DType::kF32;  // the compute dtype: activations and their gradients
+  // Packed documents: the causal self-attention's key starts and their
+  // pair count (DocumentTensors); undefined and 0 otherwise.
+  Tensor key_start;
+  int64_t masked_pairs = 0;
 };
 
 // w itself when it has dtype t; otherwise a copy cast to t from ctx.alloc
@@ -316,7 +341,9 @@ Status ValidateTokens(const std::vector<int32_t>& ids, int64_t expected_count, i
 
 // A decoder-only model's batch (GPT, the Llama family): a positive batch,
 // 1 <= seq_len <= max_seq_len, no source, and inputs and targets of
-// batch_size * seq_len ids in [0, vocab_size).
+// batch_size * seq_len ids in [0, vocab_size); positions, where given, of
+// batch_size * seq_len values in [0, max_seq_len); segment_ids, where
+// given, of batch_size * seq_len values non-decreasing along each row.
 Status ValidateDecoderBatch(const TokenBatch& batch, const std::string& model, int64_t max_seq_len,
                             int64_t vocab_size);
 

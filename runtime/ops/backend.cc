@@ -88,7 +88,7 @@ Status OpBackend::RmsNormBackward(const OpContext&, const Tensor&, const Tensor&
   return NotImplemented("rms_norm_bwd");
 }
 Status OpBackend::Rope(const OpContext&, const Tensor&, int64_t, int64_t, int64_t, float,
-                       const RopeScaling&, bool inverse, const Tensor&) {
+                       const RopeScaling&, bool inverse, const Tensor&, const Tensor&) {
   return NotImplemented(inverse ? "rope_bwd" : "rope_fwd");
 }
 Status OpBackend::SwiGluForward(const OpContext&, const Tensor&, const Tensor&, const Tensor&) {

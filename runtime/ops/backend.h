@@ -96,6 +96,22 @@ struct AttentionShape {
   int64_t head_dim = 0;
   bool causal = false;
   int64_t kv_heads = 0;  // 0: heads (multi-head attention)
+  // Packed documents (block-diagonal causal attention; causal only).
+  // Undefined: none. Else an i32 tensor [batch * q_len] on the op's device:
+  // query i of sequence b attends keys [key_start[b * q_len + i], i], the
+  // earlier positions of its own document. Values in [0, i] and
+  // non-decreasing along a sequence (documents are contiguous); the caller
+  // guarantees it (a device's memory is not read by the op's checks; the
+  // CPU clamps into [0, i]). A backend that cannot honour it refuses the
+  // call (Unimplemented), never ignores it.
+  Tensor key_start;
+  // With key_start: the (query, key) pairs it leaves per head, summed over
+  // the sequences (the sum over queries of i - key_start + 1), in
+  // [batch * q_len, batch * q_len (q_len + 1) / 2]: what the linear-memory
+  // attention's cost counts (cost.h: FlashAttentionScorePairs), set where
+  // the values are known on the host (the models, from a batch's segment
+  // ids). 0 without key_start.
+  int64_t masked_pairs = 0;
 
   int64_t KvHeads() const { return kv_heads > 0 ? kv_heads : heads; }
   // Query heads per key/value head (1 without grouping).
@@ -226,10 +242,11 @@ class OpBackend {
   virtual Status RmsNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamma,
                                  const Tensor& dy, const Tensor& rstd, const Tensor& dx,
                                  const Tensor& dgamma);
-  // inverse: the backward (rotation by minus the angle).
+  // inverse: the backward (rotation by minus the angle). positions: i32
+  // per row, or undefined (row % seq_len).
   virtual Status Rope(const OpContext& ctx, const Tensor& x, int64_t seq_len, int64_t heads,
                       int64_t head_dim, float theta, const RopeScaling& scaling, bool inverse,
-                      const Tensor& y);
+                      const Tensor& y, const Tensor& positions);
   virtual Status SwiGluForward(const OpContext& ctx, const Tensor& gate, const Tensor& up,
                                const Tensor& y);
   virtual Status SwiGluBackward(const OpContext& ctx, const Tensor& gate, const Tensor& up,

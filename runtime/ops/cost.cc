@@ -146,16 +146,19 @@ OpCost AttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_
 }
 
 double FlashAttentionScorePairs(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                                bool causal) {
+                                bool causal, int64_t masked_pairs) {
+  if (masked_pairs > 0) return D(heads) * D(masked_pairs);
   const double per_head = causal ? D(q_len) * (D(q_len) + 1.0) / 2.0 : D(q_len) * D(kv_len);
   return D(batch) * D(heads) * per_head;
 }
 
 OpCost FlashAttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                                 int64_t head_dim, bool causal, DType t, int64_t kv_heads) {
+                                 int64_t head_dim, bool causal, DType t, int64_t kv_heads,
+                                 int64_t masked_pairs) {
   const double bh = D(batch) * D(heads);
   const double bkv = D(batch) * D(kv_heads > 0 ? kv_heads : heads);
-  const double pairs = FlashAttentionScorePairs(batch, heads, q_len, kv_len, causal);
+  const double pairs =
+      FlashAttentionScorePairs(batch, heads, q_len, kv_len, causal, masked_pairs);
   const double flops = 2.0 * 2.0 * pairs * D(head_dim) + kSoftmaxFlops * pairs;
   const double read = (bh * D(q_len) + 2.0 * bkv * D(kv_len)) * D(head_dim) * Sz(t);
   const double written = bh * D(q_len) * (D(head_dim) * Sz(t) + kF32);
@@ -163,10 +166,12 @@ OpCost FlashAttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, in
 }
 
 OpCost FlashAttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                                  int64_t head_dim, bool causal, DType t, int64_t kv_heads) {
+                                  int64_t head_dim, bool causal, DType t, int64_t kv_heads,
+                                  int64_t masked_pairs) {
   const double bh = D(batch) * D(heads);
   const double bkv = D(batch) * D(kv_heads > 0 ? kv_heads : heads);
-  const double pairs = FlashAttentionScorePairs(batch, heads, q_len, kv_len, causal);
+  const double pairs =
+      FlashAttentionScorePairs(batch, heads, q_len, kv_len, causal, masked_pairs);
   // S recomputed, P = exp(S - lse), dS = P (dP - delta): 3 per pair beyond
   // the softmax's backward; delta = rowsum(dO o O): 2 per query element.
   const double flops = 5.0 * 2.0 * pairs * D(head_dim) +

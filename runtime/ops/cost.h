@@ -110,17 +110,19 @@ OpCost AttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_
 // (f32). Backward recomputes S and P from q, k and lse, then dP = dO V^T,
 // dV = P^T dO, dQ = dS K, dK = dS^T Q (5 GEMMs); reads q, k, v, out, dout
 // (t) and lse, writes dq, dk, dv (t); its f32 workspace (ops.h) is
-// written and read once.
+// written and read once. masked_pairs > 0: packed documents
+// (backend.h: AttentionShape::key_start), whose block-diagonal causal mask
+// leaves that many pairs per head over the batch: those count instead.
 double FlashAttentionScorePairs(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                                bool causal);
+                                bool causal, int64_t masked_pairs = 0);
 // kv_heads (0: heads) sizes k and v (grouped-query attention); the flops
 // are the query heads'.
 OpCost FlashAttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
                                  int64_t head_dim, bool causal, DType t = DType::kF32,
-                                 int64_t kv_heads = 0);
+                                 int64_t kv_heads = 0, int64_t masked_pairs = 0);
 OpCost FlashAttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
                                   int64_t head_dim, bool causal, DType t = DType::kF32,
-                                  int64_t kv_heads = 0);
+                                  int64_t kv_heads = 0, int64_t masked_pairs = 0);
 // RMSNorm over rows x cols (rstd f32); RoPE over n elements ("rope_fwd" or
 // "rope_bwd"); SwiGLU over n outputs (gate and up read, y written; backward
 // writes dgate and dup).

@@ -278,6 +278,13 @@ SK_HOST_DEVICE SK_INLINE float RopeInvFreq(int64_t i, int64_t head_dim, float th
   return inv_freq;
 }
 
+// The position of row `row` of a [batch * seq_len, ...] operand: its
+// positions entry where given (packed documents), else row % seq_len.
+SK_HOST_DEVICE SK_INLINE int64_t RopePosition(int64_t row, int64_t seq_len,
+                                              const int32_t* positions) {
+  return positions != nullptr ? static_cast<int64_t>(positions[row]) : row % seq_len;
+}
+
 SK_HOST_DEVICE SK_INLINE float RopeAngle(int64_t pos, int64_t i, int64_t head_dim, float theta,
                                          const RopeScaling& scaling) {
   return static_cast<float>(pos) * RopeInvFreq(i, head_dim, theta, scaling);

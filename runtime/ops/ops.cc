@@ -849,7 +849,7 @@ namespace {
 // RopeForward and RopeBackward: x -> y rotated by plus or minus the angle.
 Status Rope(const char* op, const OpContext& ctx, const Tensor& x, int64_t seq_len,
             int64_t heads, int64_t head_dim, float theta, const RopeScaling& scaling,
-            bool inverse, const Tensor& y) {
+            bool inverse, const Tensor& y, const Tensor& positions) {
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
   const char* in = inverse ? "dy" : "x";
   SK_RETURN_IF_ERROR(CheckTensor(op, in, ctx, x));
@@ -872,24 +872,31 @@ Status Rope(const char* op, const OpContext& ctx, const Tensor& x, int64_t seq_l
   }
   SK_RETURN_IF_ERROR(CheckNumel(op, inverse ? "dx" : "y", y, x.numel()));
   if (Same(x, y) ? x.dtype() != y.dtype() : Overlap(x, y)) return Bad(op, "input and output overlap");
+  if (positions.defined()) {
+    SK_RETURN_IF_ERROR(CheckTensor(op, "positions", ctx, positions, {DType::kI32}));
+    SK_RETURN_IF_ERROR(CheckNumel(op, "positions", positions, rows));
+    if (Overlap(positions, y)) return Bad(op, "positions overlap the output");
+  }
   const OpCost cost = RopeCost(x.numel(), x.dtype(), y.dtype(), inverse);
   return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
     SK_ASSIGN_OR_RETURN(Tensor wx, st.In(x));
     SK_ASSIGN_OR_RETURN(Tensor wy, st.Out(y));
-    return be->Rope(ctx, wx, seq_len, heads, head_dim, theta, scaling, inverse, wy);
+    return be->Rope(ctx, wx, seq_len, heads, head_dim, theta, scaling, inverse, wy, positions);
   });
 }
 
 }  // namespace
 
 Status RopeForward(const OpContext& ctx, const Tensor& x, int64_t seq_len, int64_t heads,
-                   int64_t head_dim, float theta, const RopeScaling& scaling, const Tensor& y) {
-  return Rope("rope_fwd", ctx, x, seq_len, heads, head_dim, theta, scaling, false, y);
+                   int64_t head_dim, float theta, const RopeScaling& scaling, const Tensor& y,
+                   const Tensor& positions) {
+  return Rope("rope_fwd", ctx, x, seq_len, heads, head_dim, theta, scaling, false, y, positions);
 }
 
 Status RopeBackward(const OpContext& ctx, const Tensor& dy, int64_t seq_len, int64_t heads,
-                    int64_t head_dim, float theta, const RopeScaling& scaling, const Tensor& dx) {
-  return Rope("rope_bwd", ctx, dy, seq_len, heads, head_dim, theta, scaling, true, dx);
+                    int64_t head_dim, float theta, const RopeScaling& scaling, const Tensor& dx,
+                    const Tensor& positions) {
+  return Rope("rope_bwd", ctx, dy, seq_len, heads, head_dim, theta, scaling, true, dx, positions);
 }
 
 Status ValidateRopeScaling(const RopeScaling& s) {
@@ -976,6 +983,19 @@ Status CheckAttentionViews(const char* op, const OpContext& ctx, const Attention
                        N(s.kv_len));
   }
   if (s.q_len > 0 && s.kv_len == 0) return Bad(op, "queries without keys (kv_len = 0)");
+  if (s.key_start.defined()) {
+    if (!s.causal) return Bad(op, "key_start (packed documents) needs causal attention");
+    SK_RETURN_IF_ERROR(CheckTensor(op, "key_start", ctx, s.key_start, {DType::kI32}));
+    SK_RETURN_IF_ERROR(CheckNumel(op, "key_start", s.key_start, s.batch * s.q_len));
+    const int64_t rows = s.batch * s.q_len;
+    if (s.masked_pairs < rows || s.masked_pairs > rows * (s.q_len + 1) / 2) {
+      return Bad(op, "masked_pairs=" + N(s.masked_pairs) + " is outside [" + N(rows) + ", " +
+                         N(rows * (s.q_len + 1) / 2) + "] for batch=" + N(s.batch) +
+                         " q_len=" + N(s.q_len));
+    }
+  } else if (s.masked_pairs != 0) {
+    return Bad(op, "masked_pairs=" + N(s.masked_pairs) + " without key_start");
+  }
   if (s.kv_heads < 0 || (s.kv_heads > 0 && s.heads % s.kv_heads != 0)) {
     return Bad(op, "kv_heads=" + N(s.kv_heads) + " does not divide heads=" + N(s.heads));
   }
@@ -1093,8 +1113,9 @@ Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, cons
       CheckFlashAttention(op, ctx, s, {{"q", &q}, {"out", &out}}, {{"k", &k}, {"v", &v}}, lse));
   if (AnyOverlap({&out.t, &lse}, {&q.t, &k.t, &v.t})) return Bad(op, "an output overlaps an input");
   if (Overlap(out.t, lse)) return Bad(op, "out overlaps lse");
-  const OpCost cost = FlashAttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim,
-                                                s.causal, q.t.dtype(), s.kv_heads);
+  const OpCost cost =
+      FlashAttentionForwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, s.causal,
+                                q.t.dtype(), s.kv_heads, s.masked_pairs);
   return DispatchStaged(be, ctx, op, cost, {&q.t, &k.t, &v.t, &out.t},
                         [&](F32Staging& st) -> Status {
                           SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));
@@ -1136,8 +1157,9 @@ Status FlashAttentionBackward(const OpContext& ctx, const AttentionShape& s, con
   if (const int64_t n = FlashAttentionBackwardWorkspaceElements(s); n > 0) {
     SK_ASSIGN_OR_RETURN(workspace, ctx.alloc->Empty(DType::kF32, Shape{n}));
   }
-  const OpCost cost = FlashAttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim,
-                                                 s.causal, q.t.dtype(), s.kv_heads);
+  const OpCost cost =
+      FlashAttentionBackwardCost(s.batch, s.heads, s.q_len, s.kv_len, s.head_dim, s.causal,
+                                 q.t.dtype(), s.kv_heads, s.masked_pairs);
   return DispatchStaged(be, ctx, op, cost, {&q.t, &k.t, &v.t, &out.t, &dout.t, &dq.t, &dk.t, &dv.t},
                         [&](F32Staging& st) -> Status {
                           SK_ASSIGN_OR_RETURN(MatrixRef wq, st.In(q));

@@ -206,18 +206,23 @@ Status RmsNormBackward(const OpContext& ctx, const Tensor& x, const Tensor& gamm
 
 // Rotary position embedding (Su et al. 2021) in Hugging Face's rotate-half
 // layout: x is [batch * seq_len, heads * head_dim] (head_dim even), a row's
-// position is row % seq_len, and in every head element i < head_dim / 2 and
+// position is positions[row] where `positions` is defined (i32, one per row,
+// on the op's device: packed documents restart at 0; any int32 value is
+// taken as given) and row % seq_len otherwise, and in every head element
+// i < head_dim / 2 and
 // element i + head_dim / 2 turn by pos * inv_freq_i, inv_freq_i =
 // theta^(-2i / head_dim) rescaled by `scaling` (rope_scaling.h; math.h:
 // RopeInvFreq, f32 as transformers computes it). y may be x (same dtype).
 // Compute-dtype operands. seq_len, heads > 0; theta > 0; `scaling` as
 // ValidateRopeScaling accepts.
 Status RopeForward(const OpContext& ctx, const Tensor& x, int64_t seq_len, int64_t heads,
-                   int64_t head_dim, float theta, const RopeScaling& scaling, const Tensor& y);
+                   int64_t head_dim, float theta, const RopeScaling& scaling, const Tensor& y,
+                   const Tensor& positions = Tensor());
 // dx = the rotation of dy by minus the angle (the transpose of forward's),
 // overwritten; dx may be dy (same dtype).
 Status RopeBackward(const OpContext& ctx, const Tensor& dy, int64_t seq_len, int64_t heads,
-                    int64_t head_dim, float theta, const RopeScaling& scaling, const Tensor& dx);
+                    int64_t head_dim, float theta, const RopeScaling& scaling, const Tensor& dx,
+                    const Tensor& positions = Tensor());
 // OK, or InvalidArgument naming the field: an unknown type, a factor that is
 // not a positive finite number (linear, llama3), llama3's low_freq_factor
 // not positive, high_freq_factor not above it, original_max_positions not

@@ -163,5 +163,44 @@ TEST_F(SimOpsTest, HostStreamOpsUseTheHostRates) {
   ASSERT_TRUE(SetUpSimDevice(40, profile_).ok());
 }
 
+// Packed documents (AttentionShape::key_start): the linear-memory attention
+// is priced by the pairs the block-diagonal mask leaves (the device holds
+// the key starts; the model states their count), the causal row's price
+// without them.
+TEST_F(SimOpsTest, PackedDocumentsArePricedByThePairsTheyLeave) {
+  const int64_t t = 4096, heads = 16, d = 64, c = heads * d;
+  Tensor q = Empty(DType::kBF16, Shape({t, c}));
+  Tensor k = Empty(DType::kBF16, Shape({t, c}));
+  Tensor v = Empty(DType::kBF16, Shape({t, c}));
+  Tensor out = Empty(DType::kBF16, Shape({t, c}));
+  Tensor lse = Empty(DType::kF32, Shape({heads * t}));
+  ops::AttentionShape s;
+  s.batch = 1;
+  s.heads = heads;
+  s.q_len = s.kv_len = t;
+  s.head_dim = d;
+  s.causal = true;
+  auto priced = [&](const ops::AttentionShape& shape) {
+    const double before = device_->StreamClock(*stream_);
+    EXPECT_TRUE(ops::FlashAttentionForward(ctx_, shape, {q, 0, c}, {k, 0, c}, {v, 0, c},
+                                           {out, 0, c}, lse)
+                    .ok());
+    return device_->StreamClock(*stream_) - before;
+  };
+  const double causal = priced(s);
+  ops::AttentionShape packed = s;
+  packed.key_start = Empty(DType::kI32, Shape({t}));
+  packed.masked_pairs = 16 * (256 * 257 / 2);  // sixteen documents of 256
+  const double masked = priced(packed);
+  // (The host launched it while the stream still ran the first: the
+  // stream's clock moved by the op's price alone.)
+  EXPECT_NEAR(masked,
+              OpSeconds(profile_.compute,
+                        ops::FlashAttentionForwardCost(1, heads, t, t, d, true, DType::kBF16, 0,
+                                                       packed.masked_pairs)),
+              1e-12);
+  EXPECT_LT(masked, causal / 4);
+}
+
 }  // namespace
 }  // namespace sk::sim

@@ -181,6 +181,11 @@ float* At(const MatrixRef& m) { return m.t.data_as<float>() + m.offset; }
 float* UnitAt(const MatrixRef& m, const AttentionUnit& a, int64_t len) {
   return At(m) + a.b0 * len * m.ld + a.h0 * a.shape.head_dim;
 }
+// The key starts of packed documents (AttentionShape::key_start) from
+// sequence b0 on, or nullptr without them.
+const int32_t* KeyStarts(const AttentionShape& s, int64_t b0) {
+  return s.key_start.defined() ? s.key_start.data_as<int32_t>() + b0 * s.q_len : nullptr;
+}
 // Unit a's first probs row: probs is [batch, heads, q_len, kv_len].
 float* UnitProbs(const Tensor& probs, const AttentionShape& s, const AttentionUnit& a) {
   return F(probs) + (a.b0 * s.heads + a.h0) * s.q_len * s.kv_len;
@@ -754,10 +759,11 @@ class CpuBackend final : public OpBackend {
 
   Status Rope(const OpContext&, const Tensor& x, int64_t seq_len, int64_t heads,
               int64_t head_dim, float theta, const RopeScaling& scaling, bool inverse,
-              const Tensor& y) override {
+              const Tensor& y, const Tensor& positions) override {
     // Head rows u of [rows, heads, head_dim]: row u / heads, at position
-    // (u / heads) % seq_len.
+    // positions[u / heads] or (u / heads) % seq_len.
     const float sign = inverse ? -1.0f : 1.0f;
+    const int32_t* pos = positions.defined() ? positions.data_as<int32_t>() : nullptr;
     SplitRange(x.numel() / head_dim, std::max<int64_t>(1, kMinPassPart / head_dim), 1,
                [&](int64_t b, int64_t e) {
                  float* bx = Scratch(0, head_dim);
@@ -765,8 +771,9 @@ class CpuBackend final : public OpBackend {
                  for (int64_t u = b; u < e; ++u) {
                    const int64_t o = u * head_dim;
                    float* yr = OutF32(y, o, by);
-                   nn_math::RopeHeadRow(InF32(x, o, head_dim, bx), (u / heads) % seq_len,
-                                        head_dim, theta, scaling, sign, yr);
+                   nn_math::RopeHeadRow(InF32(x, o, head_dim, bx),
+                                        nn_math::RopePosition(u / heads, seq_len, pos), head_dim,
+                                        theta, scaling, sign, yr);
                    OutDone(y, o, head_dim, yr);
                  }
                });
@@ -820,7 +827,7 @@ class CpuBackend final : public OpBackend {
         const int64_t tq = s.q_len, tk = s.kv_len;
         sk::AttentionForward(a.shape, UnitAt(q, a, tq), q.ld, UnitAt(k, a, tk), k.ld,
                              UnitAt(v, a, tk), v.ld, UnitProbs(probs, s, a), UnitAt(out, a, tq),
-                             out.ld);
+                             out.ld, KeyStarts(s, a.b0));
       });
       return OkStatus();
     }
@@ -834,7 +841,7 @@ class CpuBackend final : public OpBackend {
         const int64_t tq = s.q_len, tk = s.kv_len;
         if (!sk::AttentionForwardBF16(a.shape, UnitBF16(q, a, tq), q.ld, UnitBF16(k, a, tk), k.ld,
                                       UnitBF16(v, a, tk), v.ld, UnitProbs(probs, s, a),
-                                      UnitBF16(out, a, tq), out.ld)) {
+                                      UnitBF16(out, a, tq), out.ld, KeyStarts(s, a.b0))) {
           declined = true;
         }
       });
@@ -858,7 +865,8 @@ class CpuBackend final : public OpBackend {
         const float* kp = MatIn(k, b * s.kv_len, s.kv_len, cols, bk, &lk);
         const float* vp = MatIn(v, b * s.kv_len, s.kv_len, cols, bv, &lv);
         float* op = MatOut(out, b * s.q_len, bo, cols, &lo);
-        sk::AttentionForward(one, qp, lq, kp, lk, vp, lv, F(probs) + b * s.heads * pq, op, lo);
+        sk::AttentionForward(one, qp, lq, kp, lk, vp, lv, F(probs) + b * s.heads * pq, op, lo,
+                             KeyStarts(s, b));
         MatDone(out, b * s.q_len, s.q_len, cols, op);
       }
     });
@@ -961,7 +969,7 @@ class CpuBackend final : public OpBackend {
                                const Tensor& lse) override {
     SplitFlashUnits(s, [&](int64_t b, int64_t e) {
       sk::FlashAttentionForward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld, F(lse),
-                                b, e);
+                                b, e, KeyStarts(s, 0));
     });
     return OkStatus();
   }
@@ -974,7 +982,8 @@ class CpuBackend final : public OpBackend {
     SplitFlashUnits(s, [&](int64_t b, int64_t e) {
       sk::FlashAttentionBackward(s, At(q), q.ld, At(k), k.ld, At(v), v.ld, At(out), out.ld,
                                  At(dout), dout.ld, F(lse), At(dq), dq.ld, At(dk), dk.ld, At(dv),
-                                 dv.ld, workspace.defined() ? F(workspace) : nullptr, b, e);
+                                 dv.ld, workspace.defined() ? F(workspace) : nullptr, b, e,
+                                 KeyStarts(s, 0));
     });
     return OkStatus();
   }

@@ -20,11 +20,30 @@ float* Scratch(int slot, int64_t n) {
   return b.data();
 }
 
+// The first key query i of a sequence attends: its document's first
+// position (ks: the sequence's key starts, clamped into [0, i]), or 0.
+int64_t KeyStart(const int32_t* ks, int64_t i) {
+  return ks == nullptr ? 0 : std::clamp<int64_t>(ks[i], 0, i);
+}
+
 // The keys query i of a sequence attends within key block [j0, j0 + nc):
-// how many of the block's first keys (0 when none, causal).
-int64_t KeysInBlock(const ops::AttentionShape& s, int64_t i, int64_t j0, int64_t nc) {
-  if (!s.causal) return nc;
-  return std::clamp<int64_t>(i + 1 - j0, 0, nc);
+// block columns [lo, hi), none when hi <= lo (causal: up to the diagonal;
+// packed documents: from the document's first key).
+struct KeyRange {
+  int64_t lo, hi;
+  int64_t count() const { return hi > lo ? hi - lo : 0; }
+};
+KeyRange KeysInBlock(const ops::AttentionShape& s, const int32_t* ks, int64_t i, int64_t j0,
+                     int64_t nc) {
+  const int64_t hi = s.causal ? std::clamp<int64_t>(i + 1 - j0, 0, nc) : nc;
+  return {std::clamp<int64_t>(KeyStart(ks, i) - j0, 0, nc), hi};
+}
+
+// The smallest key start of queries [i0, i0 + nr) (0 without documents).
+int64_t FirstKey(const int32_t* ks, int64_t i0, int64_t nr) {
+  int64_t first = KeyStart(ks, i0);
+  for (int64_t i = i0 + 1; i < i0 + nr && first > 0; ++i) first = std::min(first, KeyStart(ks, i));
+  return first;
 }
 
 // dst[rows, cols] (row stride cols) = src[rows, cols] (row stride ld).
@@ -94,7 +113,8 @@ int64_t FlashAttentionUnits(const ops::AttentionShape& s) { return s.batch * s.K
 // Causal key blocks past a query block's last row are skipped.
 void FlashAttentionForward(const ops::AttentionShape& s, const float* q, int64_t ldq,
                            const float* k, int64_t ldk, const float* v, int64_t ldv, float* out,
-                           int64_t ldo, float* lse, int64_t unit_begin, int64_t unit_end) {
+                           int64_t ldo, float* lse, int64_t unit_begin, int64_t unit_end,
+                           const int32_t* key_start) {
   const int64_t hd = s.head_dim, kv = s.kv_len, group = s.Group();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   constexpr int64_t br = kFlashQueryBlock, bc = kFlashKeyBlock;
@@ -109,6 +129,7 @@ void FlashAttentionForward(const ops::AttentionShape& s, const float* q, int64_t
   for (int64_t u = unit_begin; u < unit_end; ++u) {
     const int64_t b = u / s.KvHeads(), kh = u % s.KvHeads();
     if (kv == 0) continue;
+    const int32_t* ks = key_start == nullptr ? nullptr : key_start + b * s.q_len;
     PackPanels(k + b * kv * ldk + kh * hd, kv, hd, ldk, kt);
     CopyRows(v + b * kv * ldv + kh * hd, kv, hd, ldv, vc);
     for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
@@ -121,19 +142,24 @@ void FlashAttentionForward(const ops::AttentionShape& s, const float* q, int64_t
         std::fill(l, l + nr, 0.0f);
         std::fill(acc, acc + nr * hd, 0.0f);
         const int64_t key_end = s.causal ? std::min(kv, i0 + nr) : kv;
-        for (int64_t j0 = 0; j0 < key_end; j0 += bc) {
+        // Packed documents: key blocks before every row's document are skipped.
+        const int64_t key_begin = FirstKey(ks, i0, nr) / bc * bc;
+        for (int64_t j0 = key_begin; j0 < key_end; j0 += bc) {
           const int64_t nc = std::min(bc, kv - j0);
           scores(nr, nc, hd, qc, kt + j0 * hd, sc);
           for (int64_t r = 0; r < nr; ++r) {
             float* row = sc + r * bc;
-            const int64_t valid = KeysInBlock(s, i0 + r, j0, nc);
+            const KeyRange keys = KeysInBlock(s, ks, i0 + r, j0, nc);
+            const int64_t valid = keys.count();
             if (valid == 0) {
               std::fill(row, row + nc, 0.0f);
               continue;
             }
-            const float m_new = std::max(m[r], simd::MaxOfRow(row, valid) * scale);
-            const float sum = simd::ScaledExpShiftInPlace(row, valid, scale, m_new);
-            std::fill(row + valid, row + nc, 0.0f);
+            float* live = row + keys.lo;
+            const float m_new = std::max(m[r], simd::MaxOfRow(live, valid) * scale);
+            const float sum = simd::ScaledExpShiftInPlace(live, valid, scale, m_new);
+            std::fill(row, live, 0.0f);
+            std::fill(live + valid, row + nc, 0.0f);
             if (m_new != m[r]) {
               // Rescale what the earlier blocks summed to the new running max
               // (exp(-inf) = 0 on the first block).
@@ -169,7 +195,7 @@ void FlashAttentionBackward(const ops::AttentionShape& s, const float* q, int64_
                             const float* out, int64_t ldo, const float* dout, int64_t lddo,
                             const float* lse, float* dq, int64_t lddq, float* dk, int64_t lddk,
                             float* dv, int64_t lddv, float* workspace, int64_t unit_begin,
-                            int64_t unit_end) {
+                            int64_t unit_end, const int32_t* key_start) {
   const int64_t hd = s.head_dim, kv = s.kv_len, tq = s.q_len, group = s.Group();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   constexpr int64_t br = kFlashQueryBlock, bc = kFlashKeyBlock;
@@ -192,6 +218,7 @@ void FlashAttentionBackward(const ops::AttentionShape& s, const float* q, int64_
   const BlockGemm dq_g(false, br, hd, bc, bc, hd, hd, true);     // dQ += dS K
   for (int64_t u = unit_begin; u < unit_end; ++u) {
     const int64_t b = u / s.KvHeads(), kh = u % s.KvHeads();
+    const int32_t* ks = key_start == nullptr ? nullptr : key_start + b * tq;
     PackPanels(k + b * kv * ldk + kh * hd, kv, hd, ldk, kt);
     PackPanels(v + b * kv * ldv + kh * hd, kv, hd, ldv, vt);
     CopyRows(k + b * kv * ldk + kh * hd, kv, hd, ldk, kc);
@@ -216,6 +243,9 @@ void FlashAttentionBackward(const ops::AttentionShape& s, const float* q, int64_
         const int64_t first_block = s.causal ? j0 / br * br : 0;  // causal: earlier queries see none
         for (int64_t i0 = first_block; i0 < tq; i0 += br) {
           const int64_t nr = std::min(br, tq - i0);
+          // Packed documents: a query block whose rows all start past this
+          // key block sees none of it.
+          if (FirstKey(ks, i0, nr) >= j0 + nc) continue;
           const float* qb = qc + i0 * hd;
           const float* dob = doc + i0 * hd;
           scores(nr, nc, hd, qb, kt + j0 * hd, p);
@@ -223,11 +253,14 @@ void FlashAttentionBackward(const ops::AttentionShape& s, const float* q, int64_
           for (int64_t r = 0; r < nr; ++r) {
             float* pr = p + r * bc;
             float* dsr = ds + r * bc;
-            const int64_t valid = KeysInBlock(s, i0 + r, j0, nc);
-            simd::ScaledExpShiftInPlace(pr, valid, scale, lse_h[i0 + r]);
-            simd::SoftmaxGradFromDeltaInPlace(pr, dsr, valid, delta_h[i0 + r], scale);
-            std::fill(pr + valid, pr + nc, 0.0f);
-            std::fill(dsr + valid, dsr + nc, 0.0f);
+            const KeyRange keys = KeysInBlock(s, ks, i0 + r, j0, nc);
+            const int64_t lo = std::min(keys.lo, keys.hi), valid = keys.count();
+            simd::ScaledExpShiftInPlace(pr + lo, valid, scale, lse_h[i0 + r]);
+            simd::SoftmaxGradFromDeltaInPlace(pr + lo, dsr + lo, valid, delta_h[i0 + r], scale);
+            std::fill(pr, pr + lo, 0.0f);
+            std::fill(dsr, dsr + lo, 0.0f);
+            std::fill(pr + lo + valid, pr + nc, 0.0f);
+            std::fill(dsr + lo + valid, dsr + nc, 0.0f);
           }
           dv_g(nc, hd, nr, p, dob, dv_acc + j0 * hd);
           dk_g(nc, hd, nr, ds, qb, dk_acc + j0 * hd);

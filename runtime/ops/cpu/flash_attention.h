@@ -45,9 +45,15 @@ inline constexpr int64_t kFlashKeyBlock = 64;
 // The number of units of s: batch * KvHeads().
 int64_t FlashAttentionUnits(const ops::AttentionShape& s);
 
+// key_start: packed documents (ops::AttentionShape::key_start's values on
+// the host, [batch * q_len], read here instead of the shape's tensor), or
+// nullptr: query i attends keys [key_start[b * q_len + i], i], the value
+// clamped into [0, i]; key blocks that no query of a block attends are
+// skipped in both passes.
 void FlashAttentionForward(const ops::AttentionShape& s, const float* q, int64_t ldq,
                            const float* k, int64_t ldk, const float* v, int64_t ldv, float* out,
-                           int64_t ldo, float* lse, int64_t unit_begin, int64_t unit_end);
+                           int64_t ldo, float* lse, int64_t unit_begin, int64_t unit_end,
+                           const int32_t* key_start = nullptr);
 
 // `workspace`: f32[ops::FlashAttentionBackwardWorkspaceElements(s)]: delta
 // [batch, heads, q_len] then the dQ accumulator [batch, heads, q_len,
@@ -57,7 +63,7 @@ void FlashAttentionBackward(const ops::AttentionShape& s, const float* q, int64_
                             const float* out, int64_t ldo, const float* dout, int64_t lddo,
                             const float* lse, float* dq, int64_t lddq, float* dk, int64_t lddk,
                             float* dv, int64_t lddv, float* workspace, int64_t unit_begin,
-                            int64_t unit_end);
+                            int64_t unit_end, const int32_t* key_start = nullptr);
 
 }  // namespace sk
 

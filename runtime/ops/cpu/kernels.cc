@@ -444,6 +444,26 @@ std::vector<QueryBlock> QueryBlocks(const AttentionShape& s) {
   return blocks;
 }
 
+// The softmax of a query block's unscaled score rows pb [rows, kv] in
+// place, each row over the keys its query attends and 0 elsewhere: up to
+// the diagonal when causal and, with packed documents (ks: the sequence's
+// key starts, clamped into [0, i]), from the query's document start. The
+// backward needs nothing more: masked probabilities are 0, so their score
+// gradients are too.
+void BlockSoftmax(const AttentionShape& s, const QueryBlock& qb, const int32_t* ks, float scale,
+                  int64_t kv, float* pb) {
+  if (ks == nullptr) {
+    simd::SoftmaxRowsInPlace(pb, qb.rows, kv, kv, s.causal ? qb.q0 + 1 : kv, s.causal, scale);
+    return;
+  }
+  for (int64_t r = 0; r < qb.rows; ++r) {
+    const int64_t i = qb.q0 + r, first = std::clamp<int64_t>(ks[i], 0, i);
+    float* row = pb + r * kv;
+    simd::SoftmaxRowInPlace(row + first, kv - first, i + 1 - first, scale);
+    std::fill(row, row + first, 0.0f);
+  }
+}
+
 // dX[0, keys) of one head += A^T B for A = a block's [rows, keys] of P or
 // dS (row stride kv) and B its rows of dO or Q (row stride ldb): key rows
 // [0, first) accumulate, rows [first, keys) are overwritten.
@@ -490,8 +510,9 @@ T* ThreadScratch(int slot, int64_t n) {
 
 void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
                       int64_t ldk, const float* v, int64_t ldv, float* probs, float* out,
-                      int64_t ldo) {
+                      int64_t ldo, const int32_t* key_start) {
   CHECK(!s.causal || s.q_len == s.kv_len) << "causal attention needs q_len == kv_len";
+  CHECK(key_start == nullptr || s.causal) << "packed documents need causal attention";
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const int64_t d = s.head_dim, kv = s.kv_len;
   const std::vector<QueryBlock> blocks = QueryBlocks(s);
@@ -512,6 +533,7 @@ void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, cons
   float* vs = ks + hk;
   float* kt = vs + hk;
   for (int64_t b = 0; b < s.batch; ++b) {
+    const int32_t* starts = key_start == nullptr ? nullptr : key_start + b * s.q_len;
     for (int64_t h0 = 0; h0 < s.heads; h0 += group) {
       const int64_t g = std::min(group, s.heads - h0), col = h0 * d;
       SplitHeads(q + b * s.q_len * ldq + col, s.q_len, g, d, ldq, qs);
@@ -530,8 +552,7 @@ void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, cons
           // scales them and writes the whole row (0 past the causal limit),
           // which backward reads.
           scores[i](qh + qb.q0 * d, kt, pb);
-          simd::SoftmaxRowsInPlace(pb, qb.rows, kv, kv, s.causal ? qb.q0 + 1 : kv, s.causal,
-                                   scale);
+          BlockSoftmax(s, qb, starts, scale, kv, pb);
           pv[i](pb, vh, oh + qb.q0 * d);
         }
       }
@@ -827,8 +848,9 @@ bool SetNativeBf16Attention(bool on) { return g_bf16_attention_on.exchange(on); 
 
 bool AttentionForwardBF16(const AttentionShape& s, const BF16* q, int64_t ldq, const BF16* k,
                           int64_t ldk, const BF16* v, int64_t ldv, float* probs, BF16* out,
-                          int64_t ldo) {
+                          int64_t ldo, const int32_t* key_start) {
   CHECK(!s.causal || s.q_len == s.kv_len) << "causal attention needs q_len == kv_len";
+  CHECK(key_start == nullptr || s.causal) << "packed documents need causal attention";
   const int64_t d = s.head_dim, kv = s.kv_len, kv2 = RoundUpEven(kv);
   if (!NativeBf16Attention() || d % 2 != 0 || ldk % 2 != 0 || !Aligned4(k) || kv == 0) {
     return false;
@@ -856,6 +878,7 @@ bool AttentionForwardBF16(const AttentionShape& s, const BF16* q, int64_t ldq, c
   BF16* qg = ThreadScratch<BF16>(3, group * s.q_len * d);
   float* os = ThreadScratch<float>(0, s.q_len * d);
   for (int64_t b = 0; b < s.batch; ++b) {
+   const int32_t* starts = key_start == nullptr ? nullptr : key_start + b * s.q_len;
    for (int64_t h0 = 0; h0 < s.heads; h0 += group) {
     const int64_t g = std::min(group, s.heads - h0);
     SplitHeads(q + b * s.q_len * ldq + h0 * d, s.q_len, g, d, ldq, qg);
@@ -869,8 +892,7 @@ bool AttentionForwardBF16(const AttentionShape& s, const BF16* q, int64_t ldq, c
         const QueryBlock& qb = blocks[i];
         float* pb = p + qb.q0 * kv;
         scores[i](qh + qb.q0 * d, kt, pb);
-        simd::SoftmaxRowsInPlace(pb, qb.rows, kv, kv, s.causal ? qb.q0 + 1 : kv, s.causal,
-                                 scale);
+        BlockSoftmax(s, qb, starts, scale, kv, pb);
         NarrowRowsPadded(pb, qb.rows, qb.keys, kv, p16, kv2);
         pv[i](p16, vp, os + qb.q0 * d);
       }

@@ -142,10 +142,14 @@ using ops::AttentionShape;
 // kernels, single-threaded, so results do not depend on the thread count.
 
 // Writes probs [batch, heads, q_len, kv_len] (kept for backward; masked
-// entries 0) and out.
+// entries 0) and out. key_start: packed documents, causal only
+// (ops::AttentionShape::key_start's values on the host, [batch * q_len],
+// read here instead of the shape's tensor), or nullptr: query i attends
+// keys [key_start[b * q_len + i], i], the value clamped into [0, i]. The
+// backward reads the mask from probs (its zeros) and needs no key starts.
 void AttentionForward(const AttentionShape& s, const float* q, int64_t ldq, const float* k,
                       int64_t ldk, const float* v, int64_t ldv, float* probs, float* out,
-                      int64_t ldo);
+                      int64_t ldo, const int32_t* key_start = nullptr);
 
 // Overwrites dq, dk and dv from dout and forward's probs. scratch holds
 // q_len * kv_len floats (the first min(q_len, 32) * kv_len are used).
@@ -183,7 +187,7 @@ bool NativeBf16Attention();
 bool SetNativeBf16Attention(bool on);
 bool AttentionForwardBF16(const AttentionShape& s, const BF16* q, int64_t ldq, const BF16* k,
                           int64_t ldk, const BF16* v, int64_t ldv, float* probs, BF16* out,
-                          int64_t ldo);
+                          int64_t ldo, const int32_t* key_start = nullptr);
 // Overwrites dq, dk and dv (scratch: as AttentionBackward's).
 bool AttentionBackwardBF16(const AttentionShape& s, const BF16* q, int64_t ldq, const BF16* k,
                            int64_t ldk, const BF16* v, int64_t ldv, const float* probs,

@@ -59,6 +59,18 @@ cudaDataType CudaType(DType t) {
 }
 
 // Makes ctx's GPU current for the calling thread (kernels launch there).
+// Packed documents (AttentionShape::key_start: block-diagonal causal
+// attention) are not implemented on CUDA yet: neither cuDNN's SDPA graph
+// here nor the composed kernels read the key starts, so every attention op
+// refuses such a call rather than attend across documents.
+Status RefuseDocuments(const AttentionShape& s, const char* op) {
+  if (!s.key_start.defined()) return OkStatus();
+  return UnimplementedError(std::string(op) +
+                            ": packed documents (segment ids: block-diagonal causal attention) "
+                            "are not implemented on CUDA; run the batch unpacked (one document "
+                            "per row, padding masked by its targets) or on the CPU");
+}
+
 Status Enter(const OpContext& ctx, const char* op) {
   if (ctx.stream == nullptr || ctx.stream->native_handle() == nullptr) {
     return InvalidArgumentError(std::string(op) + ": a CUDA op needs a CUDA stream in its context");
@@ -746,11 +758,12 @@ class CudaBackend final : public OpBackend {
 
   Status Rope(const OpContext& ctx, const Tensor& x, int64_t seq_len, int64_t heads,
               int64_t head_dim, float theta, const RopeScaling& scaling, bool inverse,
-              const Tensor& y) override {
+              const Tensor& y, const Tensor& positions) override {
     const char* op = inverse ? "rope_bwd" : "rope_fwd";
     SK_RETURN_IF_ERROR(Enter(ctx, op));
+    const int32_t* pos = positions.defined() ? positions.data_as<int32_t>() : nullptr;
     SK_CUDA_OP(op, cuda::Rope(C(x), x.numel(), seq_len, heads, head_dim, theta, scaling,
-                              inverse, B(y), S(ctx)));
+                              inverse, B(y), pos, S(ctx)));
     return OkStatus();
   }
 
@@ -773,6 +786,7 @@ class CudaBackend final : public OpBackend {
                           const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                           const MatrixRef& out) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "attention_fwd"));
+    SK_RETURN_IF_ERROR(RefuseDocuments(s, "attention_fwd"));
     return ComposedForward(ctx, s, q, k, v, probs, out, nullptr);
   }
 
@@ -791,6 +805,7 @@ class CudaBackend final : public OpBackend {
                            const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
                            const MatrixRef& dv, const Tensor& scratch) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "attention_bwd"));
+    SK_RETURN_IF_ERROR(RefuseDocuments(s, "attention_bwd"));
     return ComposedBackward(ctx, s, q, k, v, probs, dout, dq, dk, dv, scratch);
   }
 
@@ -813,6 +828,7 @@ class CudaBackend final : public OpBackend {
                                const Tensor& lse) override {
     const char* op = "flash_attention_fwd";
     SK_RETURN_IF_ERROR(Enter(ctx, op));
+    SK_RETURN_IF_ERROR(RefuseDocuments(s, op));
     if (s.batch == 0 || s.heads == 0 || s.q_len == 0) return OkStatus();
     const DType t = q.t.dtype();
     Status fused = cuda::SdpaSupports(s, t, {Operand(q), Operand(k), Operand(v), Operand(out)});
@@ -871,6 +887,7 @@ class CudaBackend final : public OpBackend {
                                 const Tensor& workspace) override {
     const char* op = "flash_attention_bwd";
     SK_RETURN_IF_ERROR(Enter(ctx, op));
+    SK_RETURN_IF_ERROR(RefuseDocuments(s, op));
     if (s.batch == 0 || s.heads == 0) return OkStatus();
     const DType t = q.t.dtype();
     Status fused = cuda::SdpaSupports(s, t, {Operand(q), Operand(k), Operand(v), Operand(out),

@@ -385,7 +385,7 @@ __global__ void SwiGluGradKernel(const void* gate, DType gt, const void* up, DTy
 // p % half and i + half; y may be x (each thread reads its pair first).
 __global__ void RopeKernel(const void* x, DType xt, int64_t pairs, int64_t seq_len, int64_t heads,
                            int64_t head_dim, float theta, RopeScaling scaling, float sign, void* y,
-                           DType yt) {
+                           DType yt, const int32_t* positions) {
   int64_t p = Index();
   if (p >= pairs) return;
   const int64_t half = head_dim / 2;
@@ -393,8 +393,9 @@ __global__ void RopeKernel(const void* x, DType xt, int64_t pairs, int64_t seq_l
   const int64_t o = u * head_dim + i;
   float a, b;
   nn_math::RopePair(LoadF(x, xt, o), LoadF(x, xt, o + half),
-                    nn_math::RopeAngle((u / heads) % seq_len, i, head_dim, theta, scaling), sign, &a,
-                    &b);
+                    nn_math::RopeAngle(nn_math::RopePosition(u / heads, seq_len, positions), i,
+                                       head_dim, theta, scaling),
+                    sign, &a, &b);
   StoreF(y, yt, o, a);
   StoreF(y, yt, o + half, b);
 }
@@ -1290,9 +1291,9 @@ int SwiGluBackward(CBuf gate, CBuf up, CBuf dy, int64_t n, Buf dgate, Buf dup, v
             dgate.data, dgate.dtype, dup.data, dup.dtype);
 }
 int Rope(CBuf x, int64_t n, int64_t seq_len, int64_t heads, int64_t head_dim, float theta,
-         const RopeScaling& scaling, bool inverse, Buf y, void* stream) {
+         const RopeScaling& scaling, bool inverse, Buf y, const int32_t* positions, void* stream) {
   SK_LAUNCH(n / 2, RopeKernel, x.data, x.dtype, n / 2, seq_len, heads, head_dim, theta, scaling,
-            inverse ? -1.0f : 1.0f, y.data, y.dtype);
+            inverse ? -1.0f : 1.0f, y.data, y.dtype, positions);
 }
 int RepeatKvHeads(CBuf src, int64_t ld, int64_t rows, int64_t kv_heads, int64_t group,
                   int64_t head_dim, Buf dst, void* stream) {

@@ -95,9 +95,10 @@ int RmsNormForward(CBuf x, CBuf gamma, int64_t rows, int64_t cols, float eps, Bu
 int RmsNormBackward(CBuf x, CBuf gamma, CBuf dy, const float* rstd, int64_t rows, int64_t cols,
                     Buf dx, Buf dgamma, float* partials, void* stream);
 // y may be x (one dtype then); n elements of [rows, heads, head_dim];
-// `scaling` goes to the kernel by value (math.h: RopeInvFreq).
+// `scaling` goes to the kernel by value (math.h: RopeInvFreq); positions:
+// i32 device memory, one per row, or nullptr (row % seq_len).
 int Rope(CBuf x, int64_t n, int64_t seq_len, int64_t heads, int64_t head_dim, float theta,
-         const RopeScaling& scaling, bool inverse, Buf y, void* stream);
+         const RopeScaling& scaling, bool inverse, Buf y, const int32_t* positions, void* stream);
 int SwiGluForward(CBuf gate, CBuf up, int64_t n, Buf y, void* stream);
 int SwiGluBackward(CBuf gate, CBuf up, CBuf dy, int64_t n, Buf dgate, Buf dup, void* stream);
 // Grouped-query attention on the composed path: dst (dense [rows, kv_heads
