@@ -42,4 +42,23 @@ awk '
 "$compare" "$out/c" "$data/reference_final.safetensors" 2e-6 "$data/llama/model.safetensors" || status=1
 echo "== C at 2 gloo ranks matches transformers + AdamW"
 
+command -v luajit >/dev/null || { echo "luajit not found (./bazelw installs it)" >&2; exit 1; }
+source tests/frontends/cargo_env.sh
+export SHARDKIT_LIB_DIR="$(dirname "$lib")"
+(cd "$CRATE_DIR" && "$CARGO" build --offline --quiet --example finetune)
+run cpp examples/cpp/finetune
+SHARDKIT_LIB="$lib" LUA_PATH="$PWD/frontends/lua/?.lua;;" run lua luajit examples/lua/finetune.lua
+run rust "$CARGO_TARGET_DIR/debug/examples/finetune"
+for lang in cpp lua rust; do
+  if ! diff -u "$out/c.txt" "$out/$lang.txt"; then
+    echo "FAIL: the $lang example prints other losses than C's" >&2
+    status=1
+  elif ! cmp "$out/c/model.safetensors" "$out/$lang/model.safetensors"; then
+    echo "FAIL: the $lang example exports other weights than C's" >&2
+    status=1
+  fi
+done
+echo "== C++, Lua and Rust print C's losses bit for bit and export the same weights"
+cat "$out/c.txt"
+
 exit "$status"
