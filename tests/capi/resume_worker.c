@@ -28,6 +28,10 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: resume_worker DIR STEPS [KILL_RANK KILL_STEP]\n");
     return 2;
   }
+  /* Line-buffered: the launcher stops the surviving ranks when one dies, and
+   * a fully buffered pipe would lose the steps they printed before it (the
+   * test compares every printed step with the uninterrupted run's). */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   const char* dir = argv[1];
   const int64_t steps = atoi(argv[2]);
   const int kill_rank = argc == 5 ? atoi(argv[3]) : -1;
