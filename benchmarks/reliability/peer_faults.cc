@@ -120,6 +120,7 @@ struct Rank {
   std::string text;
   bool ready = false;
   std::string error;  // its "error ..." line, without the prefix
+  Clock::time_point error_at;  // when that line was read
 };
 
 // Reads what the ranks printed until `done` or `deadline`.
@@ -140,7 +141,10 @@ void Pump(std::vector<Rank>& ranks, Clock::time_point deadline, Done done) {
         const std::string line = ranks[i].text.substr(0, nl);
         ranks[i].text.erase(0, nl + 1);
         if (line.rfind("ready ", 0) == 0) ranks[i].ready = true;
-        if (line.rfind("error ", 0) == 0 && ranks[i].error.empty()) ranks[i].error = line.substr(6);
+        if (line.rfind("error ", 0) == 0 && ranks[i].error.empty()) {
+          ranks[i].error = line.substr(6);
+          ranks[i].error_at = Clock::now();
+        }
       }
     }
   }
@@ -152,6 +156,8 @@ int Parent(const char* self) {
   std::mt19937_64 rng(FLAGS_fault_seed);
   int64_t errors = 0, named_victim = 0, named_healthy = 0, named_none = 0, hangs = 0, setup_failures = 0;
   int shown = 0;
+  // Seconds from the signal to each survivor's error (the time to report).
+  std::vector<double> report_seconds;
   const auto base = std::filesystem::temp_directory_path() / ("soak_faults." + std::to_string(::getpid()));
   for (int64_t trial = 0; trial < FLAGS_fault_trials; ++trial) {
     const int lowest = FLAGS_fault_victim_zero ? 0 : 1;
@@ -188,6 +194,7 @@ int Parent(const char* self) {
       ranks[r].out = p[0];
     }
     const Duration timeout(FLAGS_fault_timeout_ms);
+    Clock::time_point signalled_at;
     Pump(ranks, Clock::now() + std::chrono::seconds(60), [&] {
       return std::all_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.ready || !r.error.empty(); });
     });
@@ -195,6 +202,7 @@ int Parent(const char* self) {
     if (ready) {
       Pump(ranks, Clock::now() + std::chrono::milliseconds(delay_ms), [] { return false; });
       ::kill(ranks[victim].pid, signal);
+      signalled_at = Clock::now();
       Pump(ranks, Clock::now() + 4 * timeout + std::chrono::seconds(10), [&] {
         for (int r = 0; r < world; ++r) {
           if (r != victim && ranks[r].error.empty()) return false;
@@ -219,6 +227,7 @@ int Parent(const char* self) {
         continue;
       }
       ++errors;
+      report_seconds.push_back(std::chrono::duration<double>(ranks[r].error_at - signalled_at).count());
       const std::vector<int> blamed = BlamedRanks(ranks[r].error);
       const bool victim_named = std::find(blamed.begin(), blamed.end(), victim) != blamed.end();
       const bool healthy_named = std::any_of(blamed.begin(), blamed.end(), [&](int b) { return b != victim; });
@@ -240,6 +249,15 @@ int Parent(const char* self) {
       static_cast<unsigned long long>(FLAGS_fault_seed), static_cast<long long>(errors),
       static_cast<long long>(named_victim), static_cast<long long>(named_healthy), static_cast<long long>(named_none),
       static_cast<long long>(hangs), static_cast<long long>(setup_failures));
+  if (!report_seconds.empty()) {
+    std::sort(report_seconds.begin(), report_seconds.end());
+    const size_t n = report_seconds.size();
+    const double median = n % 2 ? report_seconds[n / 2] : (report_seconds[n / 2 - 1] + report_seconds[n / 2]) / 2;
+    std::printf("fault report time (signal to survivor error, timeout %lld ms): median %.3f s, min %.3f s, "
+                "max %.3f s over %zu errors\n",
+                static_cast<long long>(FLAGS_fault_timeout_ms), median, report_seconds.front(), report_seconds.back(),
+                n);
+  }
   return errors > 0 && named_victim == errors && named_healthy == 0 && hangs == 0 && setup_failures == 0 ? 0 : 1;
 }
 

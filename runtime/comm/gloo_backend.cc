@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -203,6 +204,12 @@ class GlooState {
     if (!s.ok() && !peer_failed && s.code() != StatusCode::kInvalidArgument) {
       const std::string dump = recorder_->DumpOnError(s);
       if (!dump.empty()) s = s.WithContext("flight recorder dumped to '" + dump + "'");
+    }
+    if (!s.ok() && !peer_failed && s.code() != StatusCode::kInvalidArgument && heartbeat_ != nullptr) {
+      // Before this rank reports (and perhaps exits): peers that find it
+      // gone then know it failed first (a no-op when StoppedAmong already
+      // published whom it blamed).
+      heartbeat_->PublishFailure("");
     }
     lock.lock();
     if (!s.ok() && !peer_failed && s.code() != StatusCode::kInvalidArgument) broken_ = s;
@@ -417,6 +424,10 @@ class GlooState {
     return OkStatus();
   }
 
+  int WorldRank(int r) const {
+    return global_ranks_.size() == static_cast<size_t>(size_) ? global_ranks_[r] : r;
+  }
+
   // "rank 2", or "rank 1 (world rank 2)" in a sub-group.
   std::string NamePeers(const std::vector<int>& ranks) const {
     std::string who = NameRanks(ranks);
@@ -442,6 +453,82 @@ class GlooState {
     for (int r : peers) world.push_back(global_ranks_.size() == static_cast<size_t>(size_) ? global_ranks_[r] : r);
     std::vector<int> stopped;
     std::string why;
+    // Peers on this machine: their processes say at once whether they exited
+    // or were killed, are stopped, or are alive (a rank that is alive but
+    // never called, or is held up elsewhere, is named as not arriving; a
+    // wait for its beat outlasted Work::wait's grace, so such timeouts named
+    // no rank).
+    // Peers that failed first (held up by another rank, or gone after
+    // that) are not at fault: the ranks they blamed are.
+    std::vector<int> failed_first;
+    std::set<int> their_culprits;
+    std::vector<int> rest, rest_world;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      std::optional<std::string> culprits = heartbeat_->PeerFailed(world[i]);
+      if (!culprits.has_value()) {
+        rest.push_back(peers[i]);
+        rest_world.push_back(world[i]);
+        continue;
+      }
+      failed_first.push_back(peers[i]);
+      std::stringstream list(*culprits);
+      for (std::string r; std::getline(list, r, ',');) {
+        if (!r.empty()) their_culprits.insert(std::stoi(r));
+      }
+    }
+    std::vector<int> gone, halted, alive;
+    bool all_known = true;
+    for (size_t i = 0; i < rest.size() && all_known; ++i) {
+      switch (heartbeat_->PeerProcess(rest_world[i])) {
+        case Heartbeat::ProcessState::kGone:
+          gone.push_back(rest[i]);
+          break;
+        case Heartbeat::ProcessState::kStopped:
+          halted.push_back(rest[i]);
+          break;
+        case Heartbeat::ProcessState::kRunning:
+          alive.push_back(rest[i]);
+          break;
+        case Heartbeat::ProcessState::kUnknown:
+          all_known = false;
+          break;
+      }
+    }
+    if (all_known) {
+      std::string blamed;
+      for (int r : gone) blamed += (blamed.empty() ? "" : ",") + std::to_string(WorldRank(r));
+      for (int r : halted) blamed += (blamed.empty() ? "" : ",") + std::to_string(WorldRank(r));
+      heartbeat_->PublishFailure(blamed);
+      if (gone.empty() && halted.empty() && failed_first.empty()) return std::nullopt;
+      if (gone.empty() && halted.empty() && alive.empty()) {
+        // Every peer missing here gave up first: name whom they blamed.
+        std::string text = "the " + std::string(failed_first.size() == 1 ? "rank" : "ranks") +
+                           " it waited for had failed first";
+        if (!their_culprits.empty()) {
+          text += ", naming world " + NameRanks(std::vector<int>(their_culprits.begin(), their_culprits.end())) +
+                  " as dead or hung";
+        }
+        return text;
+      }
+      std::string text;
+      if (!gone.empty()) {
+        text = NamePeers(gone) + " did not arrive: " + (gone.size() == 1 ? "it is" : "they are") +
+               " dead or hung (" + (gone.size() == 1 ? "its process has" : "their processes have") + " exited)";
+      }
+      if (!halted.empty()) {
+        text += (text.empty() ? "" : "; ") + NamePeers(halted) + " did not arrive: " +
+                (halted.size() == 1 ? "it is" : "they are") + " dead or hung (" +
+                (halted.size() == 1 ? "its process is" : "their processes are") + " stopped)";
+      }
+      const size_t others = alive.size() + failed_first.size();
+      if (others > 0) {
+        if (text.empty()) return std::nullopt;  // only live ranks are missing: the caller names them
+        text += "; " + std::to_string(others) + " other " +
+                (others == 1 ? "rank, alive or failed first, had" : "ranks, alive or failed first, had") +
+                " not arrived either";
+      }
+      return text;
+    }
     // Watched since the group formed: answered at once. Early on, or when
     // none is silent yet (a peer killed a moment ago closed its connections
     // before its beat could stand still), by reading the beats twice over

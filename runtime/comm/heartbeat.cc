@@ -1,13 +1,73 @@
 #include "runtime/comm/heartbeat.h"
 
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
 namespace sk::comm {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// This machine and PID namespace: processes with the same key see each
+// other under /proc/<pid>.
+std::string MachineKey() {
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  char ns[128] = {};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+  if (boot.empty() || n <= 0) return "";
+  return boot + "/" + std::string(ns, static_cast<size_t>(n));
+}
+
+// The kernel's PF_EXITING (include/linux/sched.h): set when a process
+// begins to exit, before it closes its sockets; it becomes a zombie only
+// after, so a peer that sees the connection reset may still find it 'R'.
+constexpr unsigned long kPfExiting = 0x4;
+
+// The state letter, start time (clock ticks since boot) and flags of
+// `pid`, from /proc/<pid>/stat; false when there is no such process.
+bool ReadStat(long pid, char* state, unsigned long long* start, unsigned long* flags = nullptr) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return false;
+  // "pid (comm) S ppid ...": comm may hold spaces and parentheses.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream rest(line.substr(close + 1));
+  std::string field;
+  rest >> *state;
+  // Fields 4..8, 9 = flags, 10..21, then 22 = starttime.
+  for (int i = 4; i <= 8; ++i) rest >> field;
+  unsigned long task_flags = 0;
+  rest >> task_flags;
+  if (flags != nullptr) *flags = task_flags;
+  for (int i = 10; i <= 21; ++i) rest >> field;
+  rest >> *start;
+  return !rest.fail();
+}
+
+}  // namespace
+
+std::string Heartbeat::ProcessRecord(long pid) {
+  const std::string machine = MachineKey();
+  char state = 0;
+  unsigned long long start = 0;
+  if (machine.empty() || !ReadStat(pid, &state, &start)) return "";
+  return machine + " " + std::to_string(pid) + " " + std::to_string(start);
+}
 
 Heartbeat::Heartbeat(std::shared_ptr<Store> store, std::string prefix, int rank, Duration interval)
     : store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), interval_(interval) {
   // A failing store is noticed by whoever reads it; a beat is best effort.
   store_->Set(Key(rank_), std::to_string(beats_++)).IgnoreError();
+  const std::string me = ProcessRecord(static_cast<long>(::getpid()));
+  if (!me.empty()) store_->Set(ProcessKey(rank_), me).IgnoreError();
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -30,7 +90,10 @@ void Heartbeat::Run() {
     std::shared_ptr<Store> store = Connection();
     if (!store->Set(Key(rank_), beat).ok()) Reconnect(store);
     std::vector<StatusOr<std::string>> beats;
-    for (int r : peers) beats.push_back(Read(r));
+    for (int r : peers) {
+      LearnProcess(r);
+      beats.push_back(Read(r));
+    }
     lock.lock();
     const auto now = Clock::now();
     watch_error_ = OkStatus();
@@ -43,7 +106,11 @@ void Heartbeat::Run() {
       if (*beats[i] != w.beat) {
         w.beat = *beats[i];
         w.changed = now;
+        w.unchanged_reads = 0;
+      } else {
+        ++w.unchanged_reads;
       }
+      w.read = now;
     }
   }
 }
@@ -63,7 +130,11 @@ std::optional<StatusOr<std::vector<int>>> Heartbeat::SilentPeers(const std::vect
   for (int r : peers) {
     auto it = watched_.find(r);
     if (it == watched_.end() || now - it->second.since < silence() + interval_) return std::nullopt;
-    if (now - it->second.changed >= silence()) silent.push_back(r);
+    // This process must have been reading all along: a last read older
+    // than two intervals means it was stopped itself (or starved), and its
+    // view of everyone's beat is stale.
+    if (now - it->second.read > 2 * interval_) return std::nullopt;
+    if (now - it->second.changed >= silence() && it->second.unchanged_reads >= kMissedBeats) silent.push_back(r);
   }
   if (!watch_error_.ok()) return StatusOr<std::vector<int>>(watch_error_);
   return StatusOr<std::vector<int>>(silent);
@@ -113,6 +184,85 @@ StatusOr<std::vector<int>> Heartbeat::StoppedPeers(const std::vector<int>& peers
     if (after.empty() || after == before[i]) stopped.push_back(peers[i]);
   }
   return stopped;
+}
+
+void Heartbeat::LearnProcess(int r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (processes_.count(r) != 0) return;
+  }
+  // Published before the group formed (with the first beat), so absent
+  // means never: "" (the beats decide).
+  StatusOr<std::string> got = Connection()->Get(ProcessKey(r), Duration(50));
+  if (!got.ok() && got.status().code() != StatusCode::kDeadlineExceeded) return;  // the store: try again
+  std::lock_guard<std::mutex> lock(mu_);
+  processes_[r] = got.ok() ? *got : std::string();
+}
+
+void Heartbeat::PublishFailure(const std::string& culprits) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (published_failure_) return;
+    published_failure_ = true;
+  }
+  std::shared_ptr<Store> store = Connection();
+  store->Set(CulpritsKey(rank_), culprits).IgnoreError();
+  // A counter, so that a peer asks with Add(0) and is answered at once (a
+  // Get of an absent key waits out its timeout); set after the culprits.
+  store->Add(FailedKey(rank_), 1).status().IgnoreError();
+}
+
+std::optional<std::string> Heartbeat::PeerFailed(int r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = failed_.find(r);
+    if (it != failed_.end()) return it->second;
+  }
+  std::shared_ptr<Store> store = Connection();
+  StatusOr<int64_t> failed = store->Add(FailedKey(r), 0);
+  if (!failed.ok() || *failed == 0) return std::nullopt;
+  StatusOr<std::string> culprits = store->Get(CulpritsKey(r), Duration(200));
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_[r] = culprits.ok() ? *culprits : std::string();
+}
+
+const char* Heartbeat::ProcessStateName(ProcessState s) {
+  switch (s) {
+    case ProcessState::kUnknown:
+      return "unknown";
+    case ProcessState::kRunning:
+      return "running";
+    case ProcessState::kStopped:
+      return "stopped";
+    case ProcessState::kGone:
+      return "gone";
+  }
+  return "?";
+}
+
+Heartbeat::ProcessState Heartbeat::PeerProcess(int r) {
+  LearnProcess(r);
+  std::string published;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = processes_.find(r);
+    if (it == processes_.end()) return ProcessState::kUnknown;
+    published = it->second;
+  }
+  std::istringstream in(published);
+  std::string machine;
+  long pid = 0;
+  unsigned long long start = 0;
+  in >> machine >> pid >> start;
+  static const std::string mine = MachineKey();
+  if (in.fail() || machine.empty() || machine != mine || pid <= 0) return ProcessState::kUnknown;
+  char state = 0;
+  unsigned long long now_start = 0;
+  unsigned long flags = 0;
+  if (!ReadStat(pid, &state, &now_start, &flags) || now_start != start) return ProcessState::kGone;
+  if (state == 'Z' || state == 'X' || state == 'x' || (flags & kPfExiting) != 0) return ProcessState::kGone;
+  if (state == 'T' || state == 't') return ProcessState::kStopped;
+  return ProcessState::kRunning;
 }
 
 StatusOr<bool> Heartbeat::PeerStopped(int r) {

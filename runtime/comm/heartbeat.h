@@ -64,6 +64,31 @@ class Heartbeat {
   // when its last read failed. Does not wait.
   std::optional<StatusOr<std::vector<int>>> SilentPeers(const std::vector<int>& peers);
 
+  // What this process can see of peer r's process directly, without
+  // waiting for its beat to stand still: each rank publishes its machine
+  // (boot id and PID namespace), pid and start time next to its beat, and a
+  // peer on the same machine is looked up in /proc. kGone: no such process,
+  // another process under its pid, or a zombie (killed, or exited early);
+  // kStopped: stopped (SIGSTOP, a debugger); kRunning: alive; kUnknown: on
+  // another machine, or not published (then ask the beats). A killed peer is
+  // thus named as fast as the transport notices (its beats took 1.6 s).
+  enum class ProcessState { kUnknown, kRunning, kStopped, kGone };
+  ProcessState PeerProcess(int r);
+  static const char* ProcessStateName(ProcessState s);
+  // A rank whose collective failed for missing peers says so before it
+  // reports (and typically exits): a peer that finds it gone then knows it
+  // left after failing, held up by another, and is not the one at fault
+  // (ranks held up in a sub-group by a stopped rank exited before the
+  // world's collective timed out, and were named as dead beside it).
+  // `culprits`: the world ranks its error blames ("1,3"; may be empty).
+  void PublishFailure(const std::string& culprits);
+  // Peer r's published culprits when it failed, nullopt when it did not.
+  std::optional<std::string> PeerFailed(int r);
+
+  // What a rank publishes about process `pid` under <prefix>/process/<rank>
+  // ("<machine> <pid> <start time>"); "" where /proc cannot say.
+  static std::string ProcessRecord(long pid);
+
   // For a caller that polls while it waits on peer `r`: whether r's beat has
   // stood still for silence(), judged from this rank's calls so far (each
   // reads r's beat once; the first call starts the clock). Unavailable when
@@ -72,6 +97,15 @@ class Heartbeat {
 
  private:
   std::string Key(int r) const { return prefix_ + "/heartbeat/" + std::to_string(r); }
+  std::string ProcessKey(int r) const { return prefix_ + "/process/" + std::to_string(r); }
+  // Each peer's published "<machine> <pid> <start time>", read once (on
+  // the beating thread for watched peers, while the store is there).
+  std::map<int, std::string> processes_;  // under mu_
+  std::string FailedKey(int r) const { return prefix_ + "/failed/" + std::to_string(r); }
+  bool published_failure_ = false;  // under mu_
+  std::string CulpritsKey(int r) const { return prefix_ + "/culprits/" + std::to_string(r); }
+  std::map<int, std::string> failed_;  // under mu_: peers known to have failed, their culprits
+  void LearnProcess(int r);
   // r's beat, or "" when r has never beaten (absent key).
   StatusOr<std::string> Read(int r);
   void Run();
@@ -98,6 +132,12 @@ class Heartbeat {
     std::string beat;
     std::chrono::steady_clock::time_point changed;
     std::chrono::steady_clock::time_point since;
+    // Reads since the beat last changed, and when the last one was: a peer
+    // is silent only if this process really watched it stand still (after
+    // this process itself was stopped and resumed, every peer's beat looked
+    // old at once, and a late peer named rank 0 "dead or hung").
+    int unchanged_reads = 0;
+    std::chrono::steady_clock::time_point read;
   };
   std::map<int, Watched> watched_;
   Status watch_error_;  // the last watch read's failure

@@ -125,6 +125,34 @@ TEST(GlooProcessGroup, DesyncCheckNamesBothRanksCalls) {
 // Issue 14, item 9: a peer that never arrives is named in the survivors'
 // errors, every rank's flight recorder holds its last collectives, and
 // flight_merge reads the dumps and says who is behind and where.
+// Issue 47, item 5: a rank that is alive but never calls the collective is
+// named in the error its peers get from Work::wait with the collective's own
+// timeout. Its liveness is read from its process (here: this process) at
+// once; it used to be read from two looks at its beat 1.6 s apart, longer
+// than the wait's grace, so the peers got "did not complete within 400 ms"
+// naming no rank.
+TEST(GlooProcessGroup, AnAliveRankThatNeverCallsIsNamedWithinTheWait) {
+  GlooWorld world(3);
+  std::vector<Status> results(3);
+  testing::RunRanks(3, [&](int r) {
+    auto stream = testing::MakeStream(r, "comm");
+    Tensor t = testing::MakeTensor(r, DType::kF32, 8);
+    auto warm = world.groups[r]->all_reduce(t, *stream, ReduceOptions{});
+    ASSERT_TRUE(warm.ok() && (*warm)->wait(20s).ok());
+    if (r == 2) return;  // alive, but never issues the next collective
+    ReduceOptions ro;
+    ro.timeout = Duration(400);
+    auto work = world.groups[r]->all_reduce(t, *stream, ro);
+    ASSERT_TRUE(work.ok());
+    results[r] = (*work)->wait(ro.timeout);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), StatusCode::kDeadlineExceeded) << results[r];
+    EXPECT_TRUE(Contains(results[r], "rank 2 did not arrive")) << results[r];
+    EXPECT_FALSE(Contains(results[r], "rank " + std::to_string(1 - r) + " did not")) << results[r];
+  }
+}
+
 TEST(GlooProcessGroup, AMissingPeerIsNamedAndTheFlightRecorderSaysWhoIsBehind) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = std::string(tmp ? tmp : "/tmp") + "/flight." + std::to_string(::getpid());

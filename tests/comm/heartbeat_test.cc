@@ -2,6 +2,12 @@
 #include "runtime/comm/heartbeat.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <future>
 #include <memory>
@@ -88,6 +94,54 @@ TEST(Heartbeat, AStoreThatIsGoneIsNamedAsRankZero) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(std::string(s.status().message()).find("rank 0"), std::string::npos) << s.status().ToString();
+}
+
+// Issue 47, items 5 and 6: a peer on this machine is judged from its
+// process at once, not from its beat standing still for 1.6 s: a killed or
+// exited peer is gone (zombie or reaped), a stopped one stopped, a live one
+// running (it was "dead or hung" only after its beats fell silent, and a
+// live peer that never called was named by no one when that wait outlasted
+// the collective's grace).
+Heartbeat::ProcessState WaitForState(Heartbeat& hb, int r, Heartbeat::ProcessState want) {
+  // The kernel applies a signal asynchronously: poll until it has (or 10 s).
+  Heartbeat::ProcessState s = hb.PeerProcess(r);
+  for (int i = 0; i < 1000 && s != want; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    s = hb.PeerProcess(r);
+  }
+  return s;
+}
+
+TEST(Heartbeat, APeerProcessOnThisMachineIsSeenRunningStoppedAndGone) {
+  using State = Heartbeat::ProcessState;
+  std::shared_ptr<Store> store = LocalStore();
+  Heartbeat r0(store, "g", 0, kBeat);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::execl("/bin/sleep", "sleep", "60", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const std::string record = Heartbeat::ProcessRecord(child);
+  ASSERT_FALSE(record.empty()) << "no /proc here";
+  ASSERT_TRUE(store->Set("g/process/1", record).ok());
+  EXPECT_EQ(r0.PeerProcess(2), State::kUnknown);  // never published
+  EXPECT_EQ(WaitForState(r0, 1, State::kRunning), State::kRunning);
+  ::kill(child, SIGSTOP);
+  EXPECT_EQ(WaitForState(r0, 1, State::kStopped), State::kStopped);
+  ::kill(child, SIGCONT);
+  EXPECT_EQ(WaitForState(r0, 1, State::kRunning), State::kRunning);
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(WaitForState(r0, 1, State::kGone), State::kGone);  // a zombie until reaped
+  ::waitpid(child, nullptr, 0);
+  EXPECT_EQ(r0.PeerProcess(1), State::kGone);
+}
+
+TEST(Heartbeat, APeerOnAnotherMachineIsLeftToTheBeats) {
+  std::shared_ptr<Store> store = LocalStore();
+  Heartbeat r0(store, "g", 0, kBeat);
+  ASSERT_TRUE(store->Set("g/process/1", "another-machine/pid:[1] 1 1").ok());
+  EXPECT_EQ(r0.PeerProcess(1), Heartbeat::ProcessState::kUnknown);
 }
 
 }  // namespace
