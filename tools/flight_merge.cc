@@ -274,20 +274,27 @@ void Report(const std::string& name, const Group& g) {
     int64_t first_failure_us = INT64_MAX;
     for (const auto& [r, d] : g.ranks) {
       auto it = d.entries.find(open);
-      if (it == d.entries.end()) continue;
-      for (int named : NamedAsNotArriving(it->second.error)) {
-        if (named >= 0 && named < g.size && named != r) behind.insert(named);
-      }
-      if (it->second.state == "failed" && it->second.ended_us > 0) {
+      if (it != d.entries.end() && it->second.state == "failed" && it->second.ended_us > 0) {
         first_failure_us = std::min(first_failure_us, it->second.ended_us);
       }
     }
+    std::set<int> late;
     for (const auto& [r, d] : g.ranks) {
       auto it = d.entries.find(open);
       if (it != d.entries.end() && it->second.enqueued_us > first_failure_us) {
         std::printf("    rank %d issued it %.1f s after a peer's had failed\n", r,
                     (it->second.enqueued_us - first_failure_us) / 1e6);
         behind.insert(r);
+        late.insert(r);
+      }
+    }
+    // A late rank's own error names the ranks that had given up before it
+    // came (healthy ones): only the others' errors say who did not arrive.
+    for (const auto& [r, d] : g.ranks) {
+      auto it = d.entries.find(open);
+      if (it == d.entries.end() || late.count(r) != 0) continue;
+      for (int named : NamedAsNotArriving(it->second.error)) {
+        if (named >= 0 && named < g.size && named != r) behind.insert(named);
       }
     }
     for (const auto& [r, d] : g.ranks) {

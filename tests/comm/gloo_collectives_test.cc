@@ -280,6 +280,20 @@ TEST(FlightMerge, ARankThatResumedAfterBeingStoppedIsStillNamedAsBehind) {
   ::pclose(p);
   EXPECT_NE(report.find("verdict: behind: ranks 2\n"), std::string::npos) << report;
   EXPECT_NE(report.find("rank 2 issued it 4.0 s after a peer's had failed"), std::string::npos) << report;
+
+  // Issue 47, item 5: the resumed rank's own error names the ranks that had
+  // given up before it came; they are healthy, and were named behind too.
+  const std::string resumed_timed_out =
+      "{\"seq\": 1, \"call\": \"all_reduce #1 (f32, 4 -> 4)\", \"state\": \"failed\", \"enqueued_us\": 9000000, "
+      "\"ended_us\": 12000000, \"error\": \"gloo rank 2 of 4: all_reduce #1 (f32[4], sum): exchanging call "
+      "fingerprints: ranks 0,1,3 did not arrive (peer ranks of this group; Timed out)\"}";
+  std::ofstream(dir + "/world.rank2.json") << dump(2, resumed_timed_out);
+  p = ::popen(("tools/flight_merge " + dir + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  report.clear();
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) report.append(buf, n);
+  ::pclose(p);
+  EXPECT_NE(report.find("verdict: behind: ranks 2\n"), std::string::npos) << report;
 }
 
 TEST(FlightRecorder, KeepsTheLastCollectivesInFixedMemory) {
