@@ -74,6 +74,9 @@ Row Claim(const std::string& id, const std::string& evidence, const std::string&
   Row r;
   r.Set("claim", id);
   r.Set("evidence", evidence);
+  // Every simulated row is decided by the simulation (nothing is capped or
+  // calibrated toward the paper's figure): its verdict can come out either way.
+  r.Set("can_differ", "yes");
   r.Set("paper", paper);
   r.Set("ours", ours);
   r.Set("rel_error", rel_error);
@@ -337,10 +340,16 @@ Status AddT5Scaling(const std::string& profile, const std::string& ev, Table& t,
     Point(points, "t5_11b_scaling", "TFLOPS per GPU relative to 8 GPUs", "512", 1 + change, 0.93);
     ours = "TFLOPS/GPU 8->512 " + Signed(change) + ": " + ours;
     err = Signed((change + 0.07) / 0.07);
-    verdict = change < -0.02 && change > -0.20 ? "agrees" : (change < 0 ? "partly" : "disagrees");
+    // The paper gives one number (-7%) and no error bars, so the band is
+    // tightened around it instead of argued from them: agrees within half the
+    // paper's loss either side, partly up to twice it. (It used to accept any
+    // loss of 2-20%, so a 17% loss agreed with 7%.)
+    const double loss = -change;
+    verdict = loss >= 0.035 && loss <= 0.105 ? "agrees" : (loss > 0 && loss <= 0.14 ? "partly" : "disagrees");
   }
   t.Add(Claim("t5_11b_scaling", ev, "-7% TFLOPS/GPU from 8 to 512 GPUs", ours, err, verdict,
-              "batch 2/GPU: agrees for a loss between 2% and 20%, partly for any loss"));
+              "batch 2/GPU: the paper gives -7% without error bars; agrees for a loss of 3.5-10.5% "
+              "(half to 1.5x the paper's), partly for a loss up to 14% (twice), disagrees otherwise"));
   return OkStatus();
 }
 

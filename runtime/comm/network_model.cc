@@ -1,18 +1,53 @@
 #include "runtime/comm/network_model.h"
 
+#include <algorithm>
 #include <charconv>
+#include <condition_variable>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 namespace sk::comm {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+struct NetworkModelProcessGroup::LinkTurn {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool known = false;     // guarded by mu
+  Clock::time_point end;  // guarded by mu
+
+  // The first call sets the end; later ones do nothing.
+  void Set(Clock::time_point t) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (known) return;
+      end = t;
+      known = true;
+    }
+    cv.notify_all();
+  }
+};
+
+namespace {
+
+// Owned by a collective's start closure: if the closure is dropped without
+// running (a failed stream, a failed enqueue), its turn still ends, so the
+// group's next collective does not wait for a start that never comes.
+struct TurnRelease {
+  std::shared_ptr<NetworkModelProcessGroup::LinkTurn> turn;
+  ~TurnRelease() {
+    if (turn != nullptr) turn->Set(Clock::now());
+  }
+};
 
 }  // namespace
 
@@ -130,11 +165,39 @@ StatusOr<std::shared_ptr<Work>> NetworkModelProcessGroup::Launch(Collective c, S
                                 std::to_string(seconds) + " s, more than the " +
                                 std::to_string(static_cast<int64_t>(kMaxModelledSeconds)) + " s a model may delay");
   }
-  // When the collective starts on the stream (not when it was issued).
+  const auto modelled = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(seconds));
+  // When the collective starts on the modelled link: once the stream reaches
+  // it and the group's previous collective (in issue order) has ended there.
   auto start = std::make_shared<Clock::time_point>();
-  SK_RETURN_IF_ERROR(stream.Enqueue([start]() -> Status {
-    *start = Clock::now();
-    return OkStatus();
+  auto mine = std::make_shared<LinkTurn>();
+  std::shared_ptr<LinkTurn> previous;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    previous = std::exchange(last_turn_, mine);
+  }
+  const std::string what = c.Describe();
+  const Duration timeout = c.timeout;
+  // Constructed in place: a temporary TurnRelease would end the turn when it
+  // is destroyed.
+  std::shared_ptr<TurnRelease> release(new TurnRelease{mine});
+  SK_RETURN_IF_ERROR(stream.Enqueue([start, mine, previous, modelled, what, timeout, release]() -> Status {
+    Clock::time_point begin = Clock::now();
+    Status waited = OkStatus();
+    if (previous != nullptr) {
+      std::unique_lock<std::mutex> lock(previous->mu);
+      if (!previous->cv.wait_for(lock, timeout, [&] { return previous->known; })) {
+        waited = DeadlineExceededError("network model: " + what +
+                                       " waited longer than its timeout for the group's previous collective "
+                                       "to start on the modelled link (one communicator runs its collectives "
+                                       "in issue order)");
+      } else {
+        begin = std::max(begin, previous->end);
+      }
+    }
+    *start = begin;
+    mine->Set(begin + modelled);
+    return waited;
   }));
   StatusOr<std::shared_ptr<Work>> inner = InternalError("unreachable");
   switch (c.kind) {
@@ -157,8 +220,6 @@ StatusOr<std::shared_ptr<Work>> NetworkModelProcessGroup::Launch(Collective c, S
       break;
   }
   SK_RETURN_IF_ERROR(inner.status());
-  const auto modelled = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(seconds));
   std::shared_ptr<Work> inner_work = std::move(inner).value();
   // The stream is busy until the modelled link would be done, as a real one is.
   return EnqueueOnStream(inner_work->description() + " [" + model_.ToString() + "]", stream,

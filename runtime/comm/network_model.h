@@ -22,11 +22,23 @@
 // tree for broadcast). Anything that reports numbers measured through the
 // wrapper must print label(), which names the model.
 //
+// One group is one communicator, and NCCL runs a communicator's collectives
+// one after another in issue order, whatever streams they were issued on
+// (the simulator does the same: docs/simulator.md, "One communicator, one
+// collective at a time"). So the modelled link of a group is a queue: a
+// collective's modelled time starts no earlier than the previous collective
+// issued on the same group has ended, and FSDP's all-gather issued behind a
+// reduce-scatter of the same group waits for it. Sub-groups (NewGroup) are
+// other communicators with their own queues. The wait for the previous
+// collective is bounded by the collective's timeout (DeadlineExceeded naming
+// both).
+//
 // Thread safety: as ProcessGroup.
 #ifndef SHARDKIT_RUNTIME_COMM_NETWORK_MODEL_H_
 #define SHARDKIT_RUNTIME_COMM_NETWORK_MODEL_H_
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -67,6 +79,10 @@ class NetworkModelProcessGroup final : public ProcessGroup {
   const LinkModel& model() const { return model_; }
   ProcessGroup& inner() const { return *inner_; }
 
+  // When a collective issued on this group ends on the modelled link (set
+  // once its start is known); network_model.cc.
+  struct LinkTurn;
+
   // Sub-groups are wrapped with the same model.
   StatusOr<std::unique_ptr<ProcessGroup>> NewGroup(const std::vector<int>& ranks,
                                                    Duration timeout = kDefaultTimeout) override;
@@ -79,6 +95,8 @@ class NetworkModelProcessGroup final : public ProcessGroup {
 
   std::unique_ptr<ProcessGroup> inner_;
   const LinkModel model_;
+  std::mutex mu_;
+  std::shared_ptr<LinkTurn> last_turn_;  // guarded by mu_
 };
 
 }  // namespace sk::comm

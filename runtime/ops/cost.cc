@@ -1,5 +1,7 @@
 #include "runtime/ops/cost.h"
 
+#include <cmath>
+
 namespace sk::ops {
 
 namespace {
@@ -18,6 +20,16 @@ OpCost Make(const char* name, OpClass cls, double flops, double read, double wri
   c.bytes_read = read;
   c.bytes_written = written;
   c.dtype = dtype;
+  return c;
+}
+
+// The attention shape a backend may price by (cost.h: m = q_len, n = keys
+// per query, rounded up, k = head_dim, batch = batch x heads).
+OpCost WithAttentionShape(OpCost c, double bh, int64_t q_len, double pairs, int64_t head_dim) {
+  c.m = q_len;
+  c.n = bh * D(q_len) > 0 ? static_cast<int64_t>(std::ceil(pairs / (bh * D(q_len)))) : 0;
+  c.k = head_dim;
+  c.batch = static_cast<int64_t>(bh);
   return c;
 }
 
@@ -162,7 +174,8 @@ OpCost FlashAttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, in
   const double flops = 2.0 * 2.0 * pairs * D(head_dim) + kSoftmaxFlops * pairs;
   const double read = (bh * D(q_len) + 2.0 * bkv * D(kv_len)) * D(head_dim) * Sz(t);
   const double written = bh * D(q_len) * (D(head_dim) * Sz(t) + kF32);
-  return Make("flash_attention_fwd", OpClass::kAttention, flops, read, written, t);
+  return WithAttentionShape(Make("flash_attention_fwd", OpClass::kAttention, flops, read, written, t),
+                            bh, q_len, pairs, head_dim);
 }
 
 OpCost FlashAttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
@@ -181,7 +194,8 @@ OpCost FlashAttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, i
   const double workspace = bh * D(q_len) * (D(head_dim) + 1.0) * kF32;  // dQ accumulator, delta
   const double read = (qkv + 2.0 * q_rows) * Sz(t) + bh * D(q_len) * kF32 + workspace;
   const double written = qkv * Sz(t) + workspace;
-  return Make("flash_attention_bwd", OpClass::kAttention, flops, read, written, t);
+  return WithAttentionShape(Make("flash_attention_bwd", OpClass::kAttention, flops, read, written, t),
+                            bh, q_len, pairs, head_dim);
 }
 
 OpCost RmsNormForwardCost(int64_t rows, int64_t cols, DType x, DType y) {

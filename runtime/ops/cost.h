@@ -50,7 +50,10 @@ struct OpCost {
   double flops = 0;           // floating-point operations (a multiply-add counts 2)
   double bytes_read = 0;      // bytes the op reads from device memory
   double bytes_written = 0;   // bytes it writes
-  int64_t m = 0, n = 0, k = 0, batch = 1;  // GEMM only: per-matrix dims and batch count
+  // GEMM: per-matrix dims and batch count. Fused attention
+  // (flash_attention_fwd/bwd): m = queries, n = keys per query (causal: on
+  // average, rounded up), k = head_dim, batch = sequences x heads.
+  int64_t m = 0, n = 0, k = 0, batch = 1;
   DType dtype = DType::kF32;  // input dtype (GEMM: the A/B dtype; selects tensor-core rates)
 };
 

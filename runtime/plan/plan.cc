@@ -576,6 +576,7 @@ std::string FormatTable(const PlanResult& result, int top) {
   out += "\n";
   out += result.recommended >= 0 ? "recommended: " : "";
   out += result.recommendation + "\n";
+  if (!result.uncertainty.empty()) out += "uncertainty: " + result.uncertainty + "\n";
   return out;
 }
 
@@ -594,6 +595,7 @@ std::string FormatJson(const PlanResult& result) {
   o += "  \"source_len\": " + std::to_string(r.source_len) + ",\n";
   o += "  \"recommended\": " + std::to_string(result.recommended) + ",\n";
   o += "  \"recommendation\": " + JsonString(result.recommendation) + ",\n";
+  o += "  \"uncertainty\": " + JsonString(result.uncertainty) + ",\n";
   o += "  \"notes\": [";
   for (size_t i = 0; i < result.notes.size(); ++i) o += (i ? ", " : "") + JsonString(result.notes[i]);
   o += "],\n";

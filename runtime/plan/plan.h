@@ -54,6 +54,7 @@
 #include "runtime/core/status.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/sim/profile.h"
 #include "runtime/train/trainer.h"
 
 namespace sk::plan {
@@ -234,6 +235,11 @@ struct PlanResult {
   std::string recommendation;
   // Memory per GPU of the profile, bytes.
   int64_t device_memory_bytes = 0;
+  // How far to trust the step times, one sentence: the validation table's
+  // spread for the profile's hardware (sim::ValidationSpread), or that no
+  // published run was checked on it. Plan fills it; FormatTable prints it
+  // under the recommendation and FormatJson as "uncertainty".
+  std::string uncertainty;
   // What the plan left out of its search by default, one sentence each
   // (Plan: CPU offload when the profile has no host section to price it).
   std::vector<std::string> notes;
@@ -260,6 +266,10 @@ StatusOr<PlanResult> PlanWith(const PlanRequest& request, const std::string& pro
 // simulator's (Unimplemented for CPU offload on sim, say).
 StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& request, const Candidate& candidate,
                                              const std::string& trace_path);
+
+// PlanResult::uncertainty for a profile: its validation spread as one
+// sentence, or that none was checked.
+std::string UncertaintyText(const sim::SimProfile& profile);
 
 // The plan: PlanWith(request, the profile's name and memory, SimulateCandidate).
 // A profile without a "host" section cannot price CPU offload: unless the

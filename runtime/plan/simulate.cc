@@ -1,5 +1,6 @@
 // The planner's production path: every candidate through SimulateTraining.
 #include <algorithm>
+#include <cstdio>
 
 #include "runtime/fsdp/memory_estimator.h"
 #include "runtime/plan/plan.h"
@@ -53,6 +54,22 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
   return m;
 }
 
+std::string UncertaintyText(const sim::SimProfile& profile) {
+  if (!profile.validation) {
+    return "step times are the profile's (" + profile.name +
+           "); no published training run was checked against it (docs/planner.md, \"How far to trust it\")";
+  }
+  const sim::ValidationSpread& v = *profile.validation;
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "step times are the profile's (%s); on %d published runs on this hardware the predicted "
+                "throughput was %.2f-%.2fx the measured (median %.2fx): read a step time as "
+                "%.2f-%.2fx the one shown (benchmarks/results/planner_validation.md)",
+                profile.name.c_str(), v.runs, v.ratio_low, v.ratio_high, v.ratio_median, v.ratio_low,
+                v.ratio_high);
+  return line;
+}
+
 StatusOr<PlanResult> Plan(const PlanRequest& request) {
   SK_RETURN_IF_ERROR(ValidatePlanRequest(request));
   SK_ASSIGN_OR_RETURN(sim::SimProfile profile, sim::LoadProfile(request.profile));
@@ -67,6 +84,7 @@ StatusOr<PlanResult> Plan(const PlanRequest& request) {
                       PlanWith(searched, profile.name,
                                static_cast<int64_t>(profile.device.memory_bytes), SimulateCandidate));
   if (!note.empty()) result.notes.push_back(note);
+  result.uncertainty = UncertaintyText(profile);
   return result;
 }
 

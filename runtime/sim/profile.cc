@@ -135,6 +135,15 @@ StatusOr<ComputeProfile> ParseCompute(const Reader& r, const nlohmann::json& doc
     return r.Error(p + "gemm_peak_tflops.f32", "missing (the rate of every other dtype's default)");
   }
   SK_ASSIGN_OR_RETURN(out.gemm_efficiency, r.Number(*c, "gemm_efficiency", p, 1e-3, 1));
+  if (c->contains("gemm_efficiency_by_dtype")) {
+    SK_ASSIGN_OR_RETURN(const nlohmann::json* by, r.Section(*c, "gemm_efficiency_by_dtype", p));
+    const std::string path = p + "gemm_efficiency_by_dtype.";
+    for (auto it = by->begin(); it != by->end(); ++it) {
+      SK_ASSIGN_OR_RETURN(DType t, DTypeKey(r, it.key(), path + it.key()));
+      SK_ASSIGN_OR_RETURN(double e, r.Number(*by, it.key(), path, 1e-3, 1));
+      out.gemm_efficiency_by_dtype[t] = e;
+    }
+  }
   if (c->contains("gemm_tiles")) {
     SK_ASSIGN_OR_RETURN(const nlohmann::json* tiles, r.Sourced(*c, "gemm_tiles", p));
     const nlohmann::json& list = (*tiles)["value"];
@@ -193,8 +202,34 @@ StatusOr<ComputeProfile> ParseCompute(const Reader& r, const nlohmann::json& doc
   SK_ASSIGN_OR_RETURN(double bw, r.Number(*c, "memory_bandwidth_gbps", p, 1e-3, 1e7));
   SK_ASSIGN_OR_RETURN(double bw_eff, r.Number(*c, "memory_efficiency", p, 1e-3, 1));
   out.memory_bandwidth = bw * kGB * bw_eff;
+  out.memory_bandwidth_peak = bw * kGB;
   SK_ASSIGN_OR_RETURN(double overhead, r.Number(*c, "kernel_overhead_us", p, 0, 1e6));
   out.kernel_overhead_s = overhead * kUs;
+  if (c->contains("op_memory_efficiency")) {
+    SK_ASSIGN_OR_RETURN(const nlohmann::json* ops, r.Sourced(*c, "op_memory_efficiency", p));
+    const nlohmann::json& map = (*ops)["value"];
+    if (!map.is_object() || map.empty()) {
+      return r.Error(p + "op_memory_efficiency", "\"value\" must map op names to fractions in (0, 1]");
+    }
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const nlohmann::json& e = it.value();
+      if (!e.is_number() || !(e.get<double>() > 0) || e.get<double>() > 1) {
+        return r.Error(p + "op_memory_efficiency." + it.key(), "must be a fraction in (0, 1]");
+      }
+      out.op_memory_efficiency.emplace(it.key(), e.get<double>());
+    }
+  }
+  if (c->contains("attention")) {
+    SK_ASSIGN_OR_RETURN(const nlohmann::json* a, r.Section(*c, "attention", p));
+    const std::string path = p + "attention.";
+    ComputeProfile::Attention att;
+    SK_ASSIGN_OR_RETURN(att.fwd_efficiency, r.Number(*a, "fwd_efficiency", path, 1e-3, 1));
+    SK_ASSIGN_OR_RETURN(att.bwd_efficiency, r.Number(*a, "bwd_efficiency", path, 1e-3, 1));
+    SK_ASSIGN_OR_RETURN(double q_block, r.Number(*a, "q_block", path, 1, kMaxTile));
+    att.q_block = static_cast<int64_t>(q_block);
+    SK_ASSIGN_OR_RETURN(att.key_overhead, r.Number(*a, "key_overhead", path, 0, 1e9));
+    out.attention = att;
+  }
   if (c->contains("op_rates")) {
     SK_ASSIGN_OR_RETURN(const nlohmann::json* rates, r.Sourced(*c, "op_rates", p));
     const nlohmann::json& map = (*rates)["value"];
@@ -265,6 +300,18 @@ StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view or
   if (doc.contains("network")) out.network = doc["network"];
   if (doc.contains("host")) {
     SK_ASSIGN_OR_RETURN(out.host, ParseHost(r, doc["host"], out.device));
+  }
+  if (doc.contains("validation")) {
+    SK_ASSIGN_OR_RETURN(const nlohmann::json* v, r.Section(doc, "validation", ""));
+    const std::string p = "validation.";
+    ValidationSpread spread;
+    SK_ASSIGN_OR_RETURN(double runs, r.Number(*v, "runs", p, 1, 1e6));
+    spread.runs = static_cast<int>(runs);
+    SK_ASSIGN_OR_RETURN(spread.ratio_low, r.Number(*v, "ratio_low", p, 1e-3, 1e3));
+    SK_ASSIGN_OR_RETURN(spread.ratio_median, r.Number(*v, "ratio_median", p, spread.ratio_low, 1e3));
+    SK_ASSIGN_OR_RETURN(spread.ratio_high, r.Number(*v, "ratio_high", p, spread.ratio_median, 1e3));
+    spread.source = (*v)["runs"]["source"].get<std::string>();
+    out.validation = spread;
   }
   SK_RETURN_IF_ERROR(out.device.Validate());
   return out;
@@ -429,8 +476,11 @@ double GemmSeconds(const ComputeProfile& p, int64_t m, int64_t n, int64_t k, int
     const double rate = TableRate(p, m, n, k, dtype);
     if (rate > 0) return flops / rate;
   }
+  auto by_dtype = p.gemm_efficiency_by_dtype.find(dtype);
+  const double efficiency =
+      by_dtype != p.gemm_efficiency_by_dtype.end() ? by_dtype->second : p.gemm_efficiency;
   const double compute =
-      flops / (PeakFor(p, dtype) * p.gemm_efficiency * GemmShapeEfficiency(p, m, n, k, batch));
+      flops / (PeakFor(p, dtype) * efficiency * GemmShapeEfficiency(p, m, n, k, batch));
   const double memory = p.memory_bandwidth > 0 ? bytes / p.memory_bandwidth : 0;
   return std::max(compute, memory) + p.kernel_overhead_s;
 }
@@ -455,9 +505,26 @@ double KernelSeconds(const ComputeProfile& p, std::string_view name, double flop
     }
     return std::max(p.kernel_overhead_s, work / rate);
   }
-  const double memory = p.memory_bandwidth > 0 ? bytes / p.memory_bandwidth : 0;
+  double bandwidth = p.memory_bandwidth;
+  if (auto measured = p.op_memory_efficiency.find(name);
+      measured != p.op_memory_efficiency.end() && p.memory_bandwidth_peak > 0) {
+    bandwidth = p.memory_bandwidth_peak * measured->second;
+  }
+  const double memory = bandwidth > 0 ? bytes / bandwidth : 0;
   const double compute = p.vector_flops > 0 ? flops / p.vector_flops : 0;
   return std::max(memory, compute) + p.kernel_overhead_s;
+}
+
+double AttentionEfficiency(const ComputeProfile& p, bool backward, int64_t m, int64_t n,
+                           int64_t batch) {
+  if (!p.attention) return 0;
+  const ComputeProfile::Attention& a = *p.attention;
+  const double base = backward ? a.bwd_efficiency : a.fwd_efficiency;
+  if (m < 1 || n < 1 || batch < 1) return base;
+  const double blocks = static_cast<double>(CeilDiv(m, std::max<int64_t>(1, a.q_block))) * batch;
+  const double waves = std::ceil(blocks / p.sm_count);
+  const double wave_q = blocks / (waves * p.sm_count);
+  return base * wave_q * static_cast<double>(n) / (static_cast<double>(n) + a.key_overhead);
 }
 
 }  // namespace sk::sim

@@ -15,10 +15,18 @@
 //                  gemm_tiles [{m, n, relative_efficiency}], gemm_k_quantum,
 //                  vector_tflops, memory_bandwidth_gbps, memory_efficiency,
 //                  kernel_overhead_us,
-//                  optional: gemm_table [{m, n, k, dtype, gflops}],
+//                  optional: gemm_efficiency_by_dtype {f32, bf16, f16},
+//                            op_memory_efficiency {op name: fraction},
+//                            attention {fwd_efficiency, bwd_efficiency,
+//                                       q_block, key_overhead},
+//                            gemm_table [{m, n, k, dtype, gflops}],
 //                            op_rates {op name: {per: "byte"|"flop",
 //                                                points: [[work, work/s], ...]}} },
 //     "network": { ... }   (parsed by topology.h's ParseNetworkProfile)
+//     optional "validation": { runs, ratio_low, ratio_median, ratio_high }
+//                 (how far the planner's predicted throughput has landed from
+//                 published runs on this hardware: predicted / published,
+//                 written by //benchmarks/paper:planner_validation)
 //     optional "host": { memory_bytes, memory_bandwidth_gbps,
 //                        memory_efficiency, vector_tflops, op_overhead_us }
 //                 (per GPU: the node's host memory, bandwidth and CPU FLOP/s
@@ -26,7 +34,7 @@
 //   }
 //
 // Pricing (docs/simulator.md has the derivation):
-//   GEMM: time = max(flops / (peak[dtype] * gemm_efficiency * shape_eff),
+//   GEMM: time = max(flops / (peak[dtype] * gemm_efficiency[dtype] * shape_eff),
 //                    bytes / (memory_bandwidth * memory_efficiency))
 //              + kernel_overhead,
 //     shape_eff = max over tiles (relative_efficiency * tile_q * wave_q) * k_q:
@@ -39,8 +47,21 @@
 //     measured gemm_table (cpu-local) prices a GEMM from the table instead:
 //     the rate is interpolated log-linearly in (log m, log n, log k) over the
 //     measured grid (clamped at its edges) and includes the call's overhead.
-//   Other ops: time = max(bytes / bandwidth, flops / vector_peak)
-//              + kernel_overhead;
+//   Fused attention (flash_attention_fwd/bwd, whose cost carries m = q_len,
+//   n = keys per query, k = head_dim, batch = batch x heads), with an
+//   attention section:
+//     time = max(flops / (peak[dtype] * eff_dir * wave_q * n / (n + key_overhead)),
+//                bytes / bandwidth) + kernel_overhead,
+//     eff_dir = fwd_efficiency or bwd_efficiency (the kernel's fraction of
+//     the tensor-core peak on long sequences), wave_q the last wave of
+//     batch x ceil(m / q_block) thread blocks over the SMs (one block per
+//     q_block query rows, as FlashAttention-2 and cuDNN schedule them), and
+//     n / (n + key_overhead) each block's fixed work (loading its queries,
+//     writing its output) against its pass over the keys. Without the
+//     section: the GEMM rate, or memory bound.
+//   Other ops: time = max(bytes / bandwidth[op], flops / vector_peak)
+//              + kernel_overhead, bandwidth[op] = the datasheet rate x
+//     op_memory_efficiency[op] where measured, x memory_efficiency otherwise;
 //     where op_rates measured the op: time = max(kernel_overhead,
 //     work / rate(work)), the rate interpolated log-log between the measured
 //     sizes (clamped at the ends), work = bytes (or flops for per_flop ops).
@@ -95,8 +116,11 @@ struct ComputeProfile {
   // Peak GEMM FLOP/s by the A/B dtype (bf16/f16 on tensor cores). A dtype
   // without an entry uses f32's.
   std::map<DType, double> gemm_peak_flops;
-  // The fraction of peak that large, well-shaped GEMMs reach.
+  // The fraction of peak that large, well-shaped GEMMs reach, by the A/B
+  // dtype where gemm_efficiency_by_dtype gives one, gemm_efficiency
+  // otherwise.
   double gemm_efficiency = 1;
+  std::map<DType, double> gemm_efficiency_by_dtype;
   // Empty: no tile or wave quantisation.
   std::vector<GemmTile> gemm_tiles;
   int64_t gemm_k_quantum = 1;
@@ -106,10 +130,37 @@ struct ComputeProfile {
   double vector_flops = 0;
   // Achievable device-memory bandwidth (datasheet rate x efficiency), bytes/s.
   double memory_bandwidth = 0;
+  // The datasheet rate, bytes/s (0: as memory_bandwidth), and the fraction
+  // of it each op name reaches where that was measured (the memory-bound
+  // ops' own kernels: a LayerNorm backward that reads rows twice reaches
+  // less than a copy).
+  double memory_bandwidth_peak = 0;
+  std::map<std::string, double, std::less<>> op_memory_efficiency;
+  // Fused attention's efficiency (the pricing above); unset: priced as a
+  // GEMM of its flops.
+  struct Attention {
+    double fwd_efficiency = 0;
+    double bwd_efficiency = 0;
+    int64_t q_block = 128;
+    double key_overhead = 0;
+  };
+  std::optional<Attention> attention;
   // Fixed device time of every kernel.
   double kernel_overhead_s = 0;
   // Measured per-op rates by op name, replacing the roofline for that op.
   std::map<std::string, OpRate, std::less<>> op_rates;
+};
+
+// The validation table's spread for a profile (benchmarks/results/
+// planner_validation.md): over `runs` published runs that were not used to
+// build the cost model, predicted / published throughput lay in
+// [ratio_low, ratio_high] with this median.
+struct ValidationSpread {
+  int runs = 0;
+  double ratio_low = 0;
+  double ratio_median = 0;
+  double ratio_high = 0;
+  std::string source;
 };
 
 struct SimProfile {
@@ -125,6 +176,8 @@ struct SimProfile {
   // The "network" section as written, for topology.h's ParseNetworkProfile
   // (null when the profile has none: a single device).
   nlohmann::json network;
+  // Unset when no published run on this hardware was checked.
+  std::optional<ValidationSpread> validation;
 };
 
 // Parses a profile document. `origin` (a path or "builtin:a100-80g") names it
@@ -152,6 +205,11 @@ double GemmShapeEfficiency(const ComputeProfile& p, int64_t m, int64_t n, int64_
 // kernel overhead.
 double GemmSeconds(const ComputeProfile& p, int64_t m, int64_t n, int64_t k, int64_t batch,
                    DType dtype, double flops, double bytes);
+// The efficiency of a fused attention kernel (the file comment's
+// eff_dir x wave_q x n / (n + key_overhead)) for `batch` (x heads) sequences
+// of m queries over n keys each; 0 when the profile has no attention section.
+double AttentionEfficiency(const ComputeProfile& p, bool backward, int64_t m, int64_t n,
+                           int64_t batch);
 // Seconds of any other kernel named `name` (op_rates key).
 double KernelSeconds(const ComputeProfile& p, std::string_view name, double flops,
                      double bytes);

@@ -108,9 +108,17 @@ double OpSeconds(const ComputeProfile& p, const ops::OpCost& cost) {
         return KernelSeconds(p, cost.name, cost.flops, bytes);
       }
       auto peak = p.gemm_peak_flops.find(cost.dtype);
-      const double rate = (peak != p.gemm_peak_flops.end() ? peak->second
-                                                             : p.gemm_peak_flops.at(DType::kF32)) *
-                          p.gemm_efficiency;
+      const double peak_rate =
+          peak != p.gemm_peak_flops.end() ? peak->second : p.gemm_peak_flops.at(DType::kF32);
+      // A fused kernel with a measured efficiency (profile.h); otherwise
+      // tensor-core math at the GEMM fraction.
+      const bool fused = std::strncmp(cost.name, "flash_attention", 15) == 0;
+      const double efficiency =
+          fused && p.attention
+              ? AttentionEfficiency(p, std::strcmp(cost.name, "flash_attention_bwd") == 0,
+                                    cost.m, cost.n, cost.batch)
+              : p.gemm_efficiency;
+      const double rate = peak_rate * efficiency;
       const double memory = p.memory_bandwidth > 0 ? bytes / p.memory_bandwidth : 0;
       return std::max(cost.flops / rate, memory) + p.kernel_overhead_s;
     }

@@ -149,6 +149,36 @@ TEST(NetworkModelProcessGroup, DataMovesAndCompletionWaitsForTheModel) {
   });
 }
 
+// One group is one NCCL communicator: its collectives run one after another
+// in issue order whatever stream they were issued on, so two collectives of
+// 150 ms each, issued on two streams of the same group, finish no earlier
+// than 300 ms after the first started (before, the second overlapped the
+// first on the modelled link and both ended after 150 ms).
+TEST(NetworkModelProcessGroup, AGroupsCollectivesQueueOnItsLinkAcrossStreams) {
+  auto inner = LocalGroup(2);
+  std::vector<std::unique_ptr<NetworkModelProcessGroup>> groups;
+  LinkModel model{150000.0, 100.0, LinkAlgorithm::kRing};
+  for (auto& g : inner) groups.push_back(*NetworkModelProcessGroup::Wrap(std::move(g), model));
+  RunRanks(2, [&](int r) {
+    auto gather_stream = MakeStream(r, "all-gather");
+    auto reduce_stream = MakeStream(r, "reduce-scatter");
+    Tensor in = MakeTensor(r, DType::kF32, 2);
+    Tensor out = MakeTensor(r, DType::kF32, 4);
+    Tensor grads = MakeTensor(r, DType::kF32, 4);
+    Tensor shard = MakeTensor(r, DType::kF32, 2);
+    for (int i = 0; i < 4; ++i) StoreFromFloat(grads.data(), DType::kF32, i, static_cast<float>(r + i));
+    const auto start = std::chrono::steady_clock::now();
+    auto reduce = groups[r]->reduce_scatter(shard, grads, *reduce_stream);
+    ASSERT_TRUE(reduce.ok()) << reduce.status();
+    auto gather = groups[r]->all_gather(out, in, *gather_stream);
+    ASSERT_TRUE(gather.ok()) << gather.status();
+    ASSERT_TRUE((*gather)->wait(10s).ok());
+    EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);  // a lower bound: safe on any machine
+    ASSERT_TRUE((*reduce)->wait(10s).ok());
+    EXPECT_EQ(Values(shard), r == 0 ? (std::vector<float>{1, 3}) : (std::vector<float>{5, 7}));
+  });
+}
+
 // Parse takes any finite number, so a model can need more time than a clock
 // duration holds: the collective is refused, naming the model, instead of an
 // overflowing conversion (which in practice completed at once).

@@ -1,4 +1,6 @@
 // The planner's production path: every candidate through SimulateTraining.
+#include <cstdio>
+
 #include <gtest/gtest.h>
 
 #include "runtime/nn/configs.h"
@@ -311,6 +313,34 @@ TEST(PlanSimTest, UnknownProfileIsNotFound) {
   auto p = Plan(r);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), StatusCode::kNotFound);
+}
+
+// The plan says how far its step times have landed from published runs on
+// the profile's hardware (the profile's validation spread), in the table and
+// the JSON; a profile nobody checked says so.
+TEST(PlanSimTest, PlanPrintsTheValidationSpreadOfItsHardware) {
+  PlanRequest r = Small();
+  r.space.strategies = {"FULL_SHARD"};
+  r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
+  auto p = Plan(r);  // a100-80g
+  ASSERT_TRUE(p.ok()) << p.status();
+  StatusOr<sim::SimProfile> a100 = sim::LoadProfile("a100-80g");
+  ASSERT_TRUE(a100.ok() && a100->validation.has_value());
+  char spread[64];
+  std::snprintf(spread, sizeof(spread), "%.2f-%.2fx", a100->validation->ratio_low, a100->validation->ratio_high);
+  EXPECT_NE(p->uncertainty.find(spread), std::string::npos) << p->uncertainty;
+  EXPECT_NE(p->uncertainty.find(std::to_string(a100->validation->runs) + " published runs"), std::string::npos)
+      << p->uncertainty;
+  EXPECT_NE(FormatTable(*p).find("uncertainty: " + p->uncertainty), std::string::npos);
+  EXPECT_NE(FormatJson(*p).find("\"uncertainty\": "), std::string::npos);
+
+  r.profile = "cpu-local";
+  r.gpus = 2;
+  r.gpus_per_node = 2;
+  auto cpu = Plan(r);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_NE(cpu->uncertainty.find("no published training run was checked"), std::string::npos)
+      << cpu->uncertainty;
 }
 
 }  // namespace

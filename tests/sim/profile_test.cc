@@ -383,5 +383,121 @@ TEST(PricingTest, MeasuredTableInterpolatesInLogSpace) {
               1e-15);
 }
 
+// bf16 GEMMs may have their own measured fraction (the H100/H200's in-step
+// rate); other dtypes keep gemm_efficiency.
+TEST(PricingTest, GemmEfficiencyByDtypeOverridesTheDefault) {
+  ComputeProfile p = Tiled();
+  p.gemm_efficiency_by_dtype[DType::kBF16] = 0.5;
+  const int64_t m = 12 * 256, n = 9 * 128, k = 4096;  // one full wave: shape efficiency 1
+  const double flops = 2.0 * m * n * k;
+  EXPECT_NEAR(GemmSeconds(p, m, n, k, 1, DType::kBF16, flops, 0), flops / (312e12 * 0.5) + 2e-6, 1e-12);
+  EXPECT_NEAR(GemmSeconds(p, m, n, k, 1, DType::kF32, flops, 0), flops / (19.5e12 * 0.859) + 2e-6, 1e-12);
+}
+
+// A memory-bound op whose bandwidth was measured runs at that fraction of the
+// datasheet rate; the others at memory_efficiency.
+TEST(PricingTest, MeasuredOpBandwidthReplacesTheAssumedFraction) {
+  ComputeProfile p = Tiled();
+  p.memory_bandwidth_peak = 2039e9;
+  p.op_memory_efficiency["layer_norm_bwd"] = 0.25;
+  EXPECT_NEAR(KernelSeconds(p, "layer_norm_bwd", 0, 1e9), 1e9 / (2039e9 * 0.25) + 2e-6, 1e-15);
+  EXPECT_NEAR(KernelSeconds(p, "copy", 0, 1e9), 1e9 / (2039e9 * 0.9) + 2e-6, 1e-15);
+}
+
+// Fused attention: the direction's efficiency, times the last wave of
+// ceil(q / q_block) blocks per sequence and head, times each block's pass over
+// n keys against its fixed work.
+TEST(PricingTest, FusedAttentionEfficiencyFollowsBlocksAndKeys) {
+  ComputeProfile p = Tiled();  // 108 SMs
+  EXPECT_EQ(AttentionEfficiency(p, false, 1024, 512, 8), 0.0);  // no attention section
+  p.attention = ComputeProfile::Attention{0.7, 0.6, 128, 256};
+  // 8 blocks of 128 queries x 27 sequences*heads = 216 blocks: two full waves.
+  EXPECT_DOUBLE_EQ(AttentionEfficiency(p, false, 1024, 768, 27), 0.7 * 768.0 / 1024);
+  EXPECT_DOUBLE_EQ(AttentionEfficiency(p, true, 1024, 768, 27), 0.6 * 768.0 / 1024);
+  EXPECT_DOUBLE_EQ(AttentionEfficiency(p, false, 1024, 768, 0), 0.7);  // no sequences: the base figure
+  // One block more than two waves: 217 of 324 slots; 256 keys: half the rate.
+  const double partial = AttentionEfficiency(p, false, 128, 256, 217);
+  EXPECT_DOUBLE_EQ(partial, 0.7 * (217.0 / 324) * 0.5);
+  // Longer sequences approach the long-sequence figure.
+  // (128 blocks per sequence x 27 = 3456: 32 full waves of 108.)
+  EXPECT_GT(AttentionEfficiency(p, false, 16384, 8192, 27), 0.7 * 0.96);
+}
+
+TEST(ProfileTest, KernelEfficiencySectionsAreParsedAndChecked) {
+  nlohmann::json doc = MinimalProfile();
+  doc["compute"]["gemm_efficiency_by_dtype"] = {{"bf16", Sourced(0.6)}};
+  doc["compute"]["op_memory_efficiency"] = Sourced({{"layer_norm_bwd", 0.2}});
+  doc["compute"]["attention"] = {{"fwd_efficiency", Sourced(0.7)},
+                                 {"bwd_efficiency", Sourced(0.6)},
+                                 {"q_block", Sourced(128)},
+                                 {"key_overhead", Sourced(256)}};
+  StatusOr<SimProfile> p = ParseProfile(doc, "test");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->compute.gemm_efficiency_by_dtype.at(DType::kBF16), 0.6);
+  EXPECT_DOUBLE_EQ(p->compute.op_memory_efficiency.at("layer_norm_bwd"), 0.2);
+  EXPECT_DOUBLE_EQ(p->compute.memory_bandwidth_peak, 100e9);
+  ASSERT_TRUE(p->compute.attention.has_value());
+  EXPECT_EQ(p->compute.attention->q_block, 128);
+  EXPECT_DOUBLE_EQ(p->compute.attention->key_overhead, 256);
+
+  struct Case {
+    const char* key;
+    nlohmann::json value;
+    const char* named;
+  };
+  const Case cases[] = {
+      {"gemm_efficiency_by_dtype", {{"bf16", Sourced(1.5)}}, "compute.gemm_efficiency_by_dtype.bf16"},
+      {"gemm_efficiency_by_dtype", {{"int3", Sourced(0.5)}}, "compute.gemm_efficiency_by_dtype.int3"},
+      {"op_memory_efficiency", Sourced({{"cast", 0}}), "compute.op_memory_efficiency.cast"},
+      {"op_memory_efficiency", Sourced(0.5), "compute.op_memory_efficiency"},
+      {"attention", {{"fwd_efficiency", Sourced(0.7)}}, "compute.attention.bwd_efficiency"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json bad = MinimalProfile();
+    bad["compute"][c.key] = c.value;
+    Status s = ParseProfile(bad, "test").status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.named;
+    EXPECT_NE(s.message().find(c.named), std::string::npos) << s;
+  }
+}
+
+// Every built-in GPU profile prices fused attention and its memory-bound ops
+// from the kernel sections.
+TEST(ProfileTest, GpuProfilesCarryKernelEfficiencies) {
+  for (const char* name : {"a100-80g", "h100-80g", "h200-141g"}) {
+    StatusOr<SimProfile> p = LoadProfile(name);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_TRUE(p->compute.attention.has_value()) << name;
+    EXPECT_EQ(p->compute.gemm_efficiency_by_dtype.count(DType::kBF16), 1u) << name;
+    EXPECT_GT(p->compute.op_memory_efficiency.size(), 10u) << name;
+  }
+  // The profiles held against published runs carry the validation spread.
+  for (const char* name : {"a100-80g", "h100-80g"}) {
+    StatusOr<SimProfile> p = LoadProfile(name);
+    ASSERT_TRUE(p.ok() && p->validation.has_value()) << name;
+    EXPECT_GT(p->validation->runs, 0) << name;
+    EXPECT_LE(p->validation->ratio_low, p->validation->ratio_median) << name;
+    EXPECT_LE(p->validation->ratio_median, p->validation->ratio_high) << name;
+    EXPECT_NE(p->validation->source.find("planner_validation.md"), std::string::npos) << name;
+  }
+}
+
+// The validation spread is sourced and ordered; a high below the median is
+// named.
+TEST(ProfileTest, ValidationSpreadIsChecked) {
+  nlohmann::json doc = MinimalProfile();
+  doc["validation"] = {{"runs", Sourced(3)}, {"ratio_low", Sourced(0.8)}, {"ratio_median", Sourced(0.9)},
+                       {"ratio_high", Sourced(1.2)}};
+  StatusOr<SimProfile> p = ParseProfile(doc, "test");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->validation.has_value());
+  EXPECT_EQ(p->validation->runs, 3);
+  EXPECT_DOUBLE_EQ(p->validation->ratio_high, 1.2);
+  doc["validation"]["ratio_high"] = Sourced(0.85);
+  Status s = ParseProfile(doc, "test").status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("validation.ratio_high"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace sk::sim

@@ -68,6 +68,28 @@ TEST_F(SimOpsTest, GemmLandsOnTheStreamAtItsPrice) {
   EXPECT_LT(expected, 0.7e-3);
 }
 
+// Fused attention is priced by its shape (cost.h: m queries, n keys per
+// query, k head_dim, batch sequences x heads) at the profile's attention
+// efficiency, not at the GEMM rate; longer sequences run closer to it.
+TEST(SimOpPricingTest, FusedAttentionIsPricedByItsShape) {
+  StatusOr<SimProfile> p = LoadProfile("a100-80g");
+  ASSERT_TRUE(p.ok()) << p.status();
+  const ComputeProfile& c = p->compute;
+  ASSERT_TRUE(c.attention.has_value());
+  const ops::OpCost fwd = ops::FlashAttentionForwardCost(2, 32, 4096, 4096, 128, /*causal=*/true, DType::kBF16);
+  EXPECT_EQ(fwd.m, 4096);
+  EXPECT_EQ(fwd.n, 2049);  // (4096 + 1) / 2 keys per query on average, rounded up
+  EXPECT_EQ(fwd.k, 128);
+  EXPECT_EQ(fwd.batch, 64);
+  const double eff = AttentionEfficiency(c, false, fwd.m, fwd.n, fwd.batch);
+  EXPECT_NEAR(OpSeconds(c, fwd), fwd.flops / (c.gemm_peak_flops.at(DType::kBF16) * eff) + c.kernel_overhead_s,
+              1e-12);
+  const ops::OpCost bwd = ops::FlashAttentionBackwardCost(2, 32, 4096, 4096, 128, true, DType::kBF16);
+  EXPECT_LT(AttentionEfficiency(c, true, bwd.m, bwd.n, bwd.batch), eff);  // backward runs slower
+  const ops::OpCost longer = ops::FlashAttentionForwardCost(1, 32, 16384, 16384, 128, true, DType::kBF16);
+  EXPECT_GT(longer.flops / OpSeconds(c, longer), fwd.flops / OpSeconds(c, fwd));
+}
+
 TEST_F(SimOpsTest, ReadScalarIsNaNAndSynchronisesTheHost) {
   Tensor x = Empty(DType::kF32, Shape({1 << 20}));
   Tensor acc = Empty(DType::kF64, Shape({1}));
@@ -105,10 +127,13 @@ TEST_F(SimOpsTest, ElementwiseOpsAreBandwidthBound) {
   const double before = device_->HostClock();
   ASSERT_TRUE(ops::Axpy(ctx_, 2.0f, x, y).ok());
   const double took = device_->StreamClock(*stream_) - before;
-  // Reads x and y, writes y: 3 * 256 MiB at ~1.8 TB/s.
-  EXPECT_NEAR(took - profile_.device.launch_overhead_s,
-              3.0 * n * 4 / profile_.compute.memory_bandwidth + profile_.compute.kernel_overhead_s,
-              1e-9);
+  // Reads x and y, writes y: 3 * 256 MiB at the axpy kernel's measured
+  // fraction of the A100's 2039 GB/s (profile: op_memory_efficiency).
+  const ComputeProfile& c = profile_.compute;
+  ASSERT_EQ(c.op_memory_efficiency.count("axpy"), 1u);
+  const double bandwidth = c.memory_bandwidth_peak * c.op_memory_efficiency.at("axpy");
+  EXPECT_NEAR(took - profile_.device.launch_overhead_s, 3.0 * n * 4 / bandwidth + c.kernel_overhead_s, 1e-9);
+
 }
 
 TEST_F(SimOpsTest, AnUnconfiguredSimDeviceIsRefused) {

@@ -19,7 +19,8 @@
 #          from Debian: run.sh starts each through the packed loader;
 #   run.sh, MANIFEST (the commit, the build, every file's size);
 #   gpu_vs_torch.sh (shardkit against PyTorch FSDP2 on the GPU) and
-#   torch_compare.sh (the same on the CPU), with their Python in extra/.
+#   torch_compare.sh (the same on the CPU), with their Python in extra/;
+#   kernel_sweep.sh (the simulator profiles' kernel efficiencies, torch only).
 # Left out on purpose: the driver (libcuda, libnvidia-*: the GPU machine's
 # own must be used), and cuBLAS/cuBLASLt/NCCL/cuDNN (hundreds of MiB; the GPU
 # machine has the CUDA libraries, and run.sh finds them there).
@@ -171,14 +172,16 @@ cp -L "$loader" "$PKG/lib/ld-linux-x86-64.so.2"
 
 cp tools/gpu/run.sh tools/gpu/extra.sh tools/gpu/libpath.sh tools/gpu/report.py \
   tools/gpu/torch_env.sh tools/gpu/torch_compare.sh tools/gpu/gpu_vs_torch.sh tools/gpu/nccl_suite.sh \
-  tools/gpu/probe.sh tools/gpu/epilogue_ab.sh "$PKG/"
+  tools/gpu/probe.sh tools/gpu/epilogue_ab.sh tools/gpu/kernel_sweep.sh "$PKG/"
 chmod +x "$PKG/run.sh" "$PKG/extra.sh" "$PKG/torch_compare.sh" "$PKG/gpu_vs_torch.sh" "$PKG/nccl_suite.sh" \
-  "$PKG/probe.sh" "$PKG/epilogue_ab.sh"
+  "$PKG/probe.sh" "$PKG/epilogue_ab.sh" "$PKG/kernel_sweep.sh"
 # The optional PyTorch comparisons, for a host whose Python has torch, with
 # their shared helpers (the C ABI through ctypes, the GPT in PyTorch):
 # torch_compare.sh runs compare.py on the CPU, gpu_vs_torch.sh runs
 # gpu_vs_torch.py on the GPU, both against lib/libshardkit.so.
 cp benchmarks/torch_compare/{compare,gpu_vs_torch,sk_abi,torch_gpt}.py "$PKG/extra/"
+# The simulator's kernel efficiency sweep (kernel_sweep.sh; torch only).
+cp tools/gpu/kernel_sweep.py "$PKG/extra/"
 {
   echo "commit: $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
   echo "built: $(date -u +%FT%TZ) on $(uname -n) with $(/usr/local/cuda/bin/nvcc --version | tail -1)"
