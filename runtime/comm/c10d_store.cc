@@ -91,7 +91,8 @@ StatusOr<std::unique_ptr<C10dStore>> C10dStore::Create(const std::string& host, 
   Status got = store->RecvLocked(&echo, sizeof(echo), Clock::now() + timeout, what);
   if (!got.ok()) {
     return UnavailableError("c10d store: " + host + ":" + std::to_string(port) +
-                            " did not answer as PyTorch's TCPStore (VALIDATE and PING, torch >= 2.4) within " +
+                            " did not answer as PyTorch's TCPStore (its VALIDATE and PING handshake; a server too old to know PING "
+                            "cannot answer it) within " +
                             std::to_string(timeout.count()) + " ms: " + std::string(got.message()) +
                             " (TORCHELASTIC_USE_AGENT_STORE=True says torchrun's agent serves the store there)");
   }
