@@ -222,8 +222,8 @@ class TimingBackend final : public ops::OpBackend {
     SK_TIMED(inner_->CrossEntropyForward(c, l, t, loss));
   }
   Status CrossEntropyBackward(const ops::OpContext& c, const Tensor& l, const Tensor& t,
-                              const Tensor& dl) override {
-    SK_TIMED(inner_->CrossEntropyBackward(c, l, t, dl));
+                              const Tensor& dl, float scale) override {
+    SK_TIMED(inner_->CrossEntropyBackward(c, l, t, dl, scale));
   }
   Status SumOfSquares(const ops::OpContext& c, const Tensor& x, const Tensor& a) override {
     SK_TIMED(inner_->SumOfSquares(c, x, a));

@@ -121,7 +121,8 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
     SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(ctx, p, xs[L], targets, n, c,
                                                        config_.vocab_size, act, backward, &head,
-                                                       config_.tie_word_embeddings));
+                                                       config_.tie_word_embeddings,
+                                                       nn_internal::GradScale(batch)));
     SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
   if (!backward) return loss;

@@ -455,7 +455,8 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
     SK_RETURN_IF_ERROR(ops::CrossEntropyForward(ctx, logits, targets, loss_t));
     if (backward) {
       // The gradient overwrites the logits: they are not needed afterwards.
-      SK_RETURN_IF_ERROR(ops::CrossEntropyBackward(ctx, logits, targets, logits));
+      SK_RETURN_IF_ERROR(
+          ops::CrossEntropyBackward(ctx, logits, targets, logits, nn_internal::GradScale(batch)));
       dlogits = std::move(logits);
     }
     SK_ASSIGN_OR_RETURN(double value, ops::ReadScalar(ctx, loss_t));

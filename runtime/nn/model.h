@@ -164,6 +164,14 @@ struct TokenBatch {
   // refuses segment ids), never ignores it.
   std::vector<int32_t> positions;
   std::vector<int32_t> segment_ids;
+  // What the gradient of ForwardBackward normalises by. 0 (the default):
+  // the batch's own count of counted targets, so the gradient is that of
+  // the mean loss it returns. D > 0: the gradient is that of (the sum of
+  // the counted targets' cross-entropies) / D, while the returned loss stays
+  // the batch's mean: how a trainer makes one mean over several
+  // micro-batches and ranks (runtime/train/loss_normalization.h). Finite
+  // and >= 0, else InvalidArgument.
+  double loss_denominator = 0;
 
   int64_t num_target_tokens() const { return batch_size * seq_len; }
 };

@@ -103,6 +103,7 @@ Status T5Model::ValidateBatch(const TokenBatch& batch) const {
                                 config_.name + "'");
   }
   const int64_t v = config_.vocab_size;
+  SK_RETURN_IF_ERROR(nn_internal::ValidateLossDenominator(batch));
   SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
   SK_RETURN_IF_ERROR(nn_internal::CheckProduct(batch.batch_size, batch.source_len, "batch source"));
   SK_RETURN_IF_ERROR(nn_internal::ValidateTokens(batch.source, batch.batch_size * batch.source_len,
@@ -191,7 +192,8 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
     SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(ctx, p, xd[D], targets, nd, c,
-                                                       config_.vocab_size, act, backward, &head));
+                                                       config_.vocab_size, act, backward, &head,
+                                                       /*tied=*/false, nn_internal::GradScale(batch)));
     SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
   if (!backward) return loss;

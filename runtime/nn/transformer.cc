@@ -1,6 +1,7 @@
 #include "runtime/nn/transformer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -721,7 +722,8 @@ Status TiedHeadBackward(const OpContext& ctx, const Tensor& ln, const Tensor& wt
 
 StatusOr<float> HeadForward(const OpContext& ctx, const UnitParams& p, const Tensor& x,
                             const Tensor& targets, int64_t rows, int64_t d_model, int64_t vocab,
-                            DType storage, bool want_grad, HeadSaved* saved, bool tied) {
+                            DType storage, bool want_grad, HeadSaved* saved, bool tied,
+                            float grad_scale) {
   const HeadTensors h{p[0], p[1], p[2]};
   SK_ASSIGN_OR_RETURN(saved->ln, NewAct(ctx, storage, rows * d_model));
   SK_ASSIGN_OR_RETURN(saved->ln_mean, NewF32(ctx, rows));
@@ -739,7 +741,7 @@ StatusOr<float> HeadForward(const OpContext& ctx, const UnitParams& p, const Ten
   SK_RETURN_IF_ERROR(ops::CrossEntropyForward(ctx, logits, targets, loss));
   if (want_grad) {
     // The gradient overwrites the logits: they are not needed afterwards.
-    SK_RETURN_IF_ERROR(ops::CrossEntropyBackward(ctx, logits, targets, logits));
+    SK_RETURN_IF_ERROR(ops::CrossEntropyBackward(ctx, logits, targets, logits, grad_scale));
     saved->dlogits = std::move(logits);
   }
   SK_ASSIGN_OR_RETURN(double value, ops::ReadScalar(ctx, loss));
@@ -762,6 +764,19 @@ Status HeadBackward(const OpContext& ctx, const UnitParams& p, const UnitGrads& 
   SK_RETURN_IF_ERROR(ops::Fill(ctx, dx, 0.0f));
   return ops::LayerNormBackward(ctx, x, h.ln_g, dln, saved.ln_mean, saved.ln_rstd, dx, dh.ln_g,
                                 dh.ln_b);
+}
+
+float GradScale(const TokenBatch& batch) {
+  return batch.loss_denominator > 0 ? static_cast<float>(1.0 / batch.loss_denominator) : 0.0f;
+}
+
+Status ValidateLossDenominator(const TokenBatch& batch) {
+  if (!(batch.loss_denominator >= 0) || !std::isfinite(batch.loss_denominator) ||
+      (batch.loss_denominator > 0 && !std::isfinite(1.0f / static_cast<float>(batch.loss_denominator)))) {
+    return InvalidArgumentError("batch.loss_denominator must be finite and >= 0 (0: the batch's own "
+                                "count of targets), got " + std::to_string(batch.loss_denominator));
+  }
+  return OkStatus();
 }
 
 Status CheckProduct(int64_t rows, int64_t cols, const char* what) {
@@ -829,6 +844,7 @@ Status ValidateDecoderBatch(const TokenBatch& batch, const std::string& model, i
     return InvalidArgumentError("batch.source is set, but '" + model + "' is a decoder-only model");
   }
   SK_RETURN_IF_ERROR(CheckProduct(batch.batch_size, batch.seq_len, "batch tokens"));
+  SK_RETURN_IF_ERROR(ValidateLossDenominator(batch));
   const int64_t n = batch.batch_size * batch.seq_len;
   SK_RETURN_IF_ERROR(ValidateTokens(batch.inputs, n, vocab_size, false, "inputs"));
   SK_RETURN_IF_ERROR(ValidateTokens(batch.targets, n, vocab_size, true, "targets"));

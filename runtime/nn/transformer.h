@@ -311,10 +311,19 @@ struct HeadSaved {
 
 // Loss of x [rows, d_model] against targets [rows] (i32 on ctx's device),
 // read back with ReadScalar (NaN on a device that does not execute). With
-// want_grad, also stores dL/dlogits of the mean loss in saved->dlogits.
+// want_grad, also stores dL/dlogits of the mean loss in saved->dlogits
+// (grad_scale > 0: of the sum of the counted rows' losses x grad_scale;
+// GradScale).
 StatusOr<float> HeadForward(const ops::OpContext& ctx, const UnitParams& p, const Tensor& x,
                             const Tensor& targets, int64_t rows, int64_t d_model, int64_t vocab,
-                            DType storage, bool want_grad, HeadSaved* saved, bool tied = false);
+                            DType storage, bool want_grad, HeadSaved* saved, bool tied = false,
+                            float grad_scale = 0.0f);
+
+// The factor CrossEntropyBackward gives each counted target's gradient for
+// `batch`: 1 / loss_denominator where set, else 0 (1 / the batch's count).
+float GradScale(const TokenBatch& batch);
+// InvalidArgument unless batch.loss_denominator is finite and >= 0.
+Status ValidateLossDenominator(const TokenBatch& batch);
 
 // Overwrites dx [rows, d_model]; adds parameter gradients into g.
 Status HeadBackward(const ops::OpContext& ctx, const UnitParams& p, const UnitGrads& g,

@@ -427,6 +427,7 @@ Status UnitTableModel::ValidateBatch(const TokenBatch& batch) const {
     return InvalidArgumentError("batch.positions and batch.segment_ids are for decoder-only models, not '" +
                                 config_.name + "'");
   }
+  SK_RETURN_IF_ERROR(nn_internal::ValidateLossDenominator(batch));
   SK_RETURN_IF_ERROR(
       nn_internal::ValidateTokens(batch.inputs, batch.batch_size, config_.num_classes, false, "inputs"));
   return nn_internal::ValidateTokens(batch.targets, batch.batch_size, config_.num_classes, true,
@@ -440,6 +441,7 @@ struct Step {
   OpContext ctx;
   DType act = DType::kF32;
   int64_t batch = 0;
+  float grad_scale = 0;  // the loss gradient's factor per counted target (GradScale)
   GatherIndices gather;
 };
 
@@ -606,7 +608,7 @@ StatusOr<float> ClassifierForward(Step& s, const TableUnit& u, int64_t classes, 
   SK_ASSIGN_OR_RETURN(Tensor loss, s.ctx.alloc->Empty(DType::kF32, Shape{1}));
   SK_RETURN_IF_ERROR(ops::CrossEntropyForward(s.ctx, logits, targets, loss));
   if (want_grad) {
-    SK_RETURN_IF_ERROR(ops::CrossEntropyBackward(s.ctx, logits, targets, logits));
+    SK_RETURN_IF_ERROR(ops::CrossEntropyBackward(s.ctx, logits, targets, logits, s.grad_scale));
     saved->dlogits = std::move(logits);
   }
   SK_ASSIGN_OR_RETURN(double value, ops::ReadScalar(s.ctx, loss));
@@ -658,6 +660,7 @@ StatusOr<float> UnitTableModel::Run(const TokenBatch& batch, UnitHooks& hooks, A
   SK_ASSIGN_OR_RETURN(s.ctx, nn_internal::MakeContext(hooks, alloc));
   s.act = options_.compute_dtype;
   s.batch = batch.batch_size;
+  s.grad_scale = nn_internal::GradScale(batch);
   const bool ckpt = options_.full_checkpointing();
   const int U = static_cast<int>(config_.units.size());
   const int head = U - 1;

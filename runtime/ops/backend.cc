@@ -149,7 +149,7 @@ Status OpBackend::CrossEntropyForward(const OpContext&, const Tensor&, const Ten
   return NotImplemented("cross_entropy_fwd");
 }
 Status OpBackend::CrossEntropyBackward(const OpContext&, const Tensor&, const Tensor&,
-                                       const Tensor&) {
+                                       const Tensor&, float) {
   return NotImplemented("cross_entropy_bwd");
 }
 Status OpBackend::SumOfSquares(const OpContext&, const Tensor&, const Tensor&) {

@@ -288,8 +288,9 @@ class OpBackend {
                                    const Tensor& dtable);
   virtual Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits,
                                      const Tensor& targets, const Tensor& loss);
+  // scale: ops.h's (> 0: the factor per counted row; 0: 1 / count).
   virtual Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits,
-                                      const Tensor& targets, const Tensor& dlogits);
+                                      const Tensor& targets, const Tensor& dlogits, float scale);
   virtual Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc);
   virtual Status MaxAbs(const OpContext& ctx, const Tensor& x, const Tensor& acc);
   virtual Status SgdUpdate(const OpContext& ctx, const SgdHyper& h, const Tensor& param,

@@ -1246,7 +1246,7 @@ Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits, const Ten
 }
 
 Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
-                            const Tensor& dlogits) {
+                            const Tensor& dlogits, float scale) {
   const char* op = "cross_entropy_bwd";
   SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
   int64_t vocab = 0;
@@ -1256,12 +1256,15 @@ Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Te
   if (Same(logits, dlogits) ? logits.dtype() != dlogits.dtype() : Overlap(logits, dlogits)) {
     return Bad(op, "dlogits overlaps logits");
   }
+  if (!(scale >= 0.0f) || !std::isfinite(scale)) {
+    return Bad(op, "scale must be finite and >= 0 (0: 1 / count), got " + std::to_string(scale));
+  }
   const OpCost cost =
       CrossEntropyBackwardCost(targets.numel(), vocab, logits.dtype(), dlogits.dtype());
   return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
     SK_ASSIGN_OR_RETURN(Tensor wl, st.In(logits));
     SK_ASSIGN_OR_RETURN(Tensor wd, st.Out(dlogits));
-    return be->CrossEntropyBackward(ctx, wl, targets, wd);
+    return be->CrossEntropyBackward(ctx, wl, targets, wd, scale);
   });
 }
 

@@ -336,10 +336,14 @@ Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits, const Ten
                            const Tensor& loss);
 // dlogits = (softmax(logits) - onehot(target)) / count per counted row, 0 on
 // ignored rows (count: rows that count); the gradient of the mean loss.
+// With scale > 0 the factor per counted row is `scale` instead of 1 /
+// count: the gradient of (sum of the rows' losses) x scale, the form a
+// loss normalised over several batches and ranks takes (runtime/train:
+// loss_normalization.h). scale must be finite and >= 0 (0: 1 / count).
 // dlogits may be logits (computed in place, then of one dtype); a 16-bit
 // dlogits is rounded once.
 Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
-                            const Tensor& dlogits);
+                            const Tensor& dlogits, float scale = 0.0f);
 
 // ---- Reductions (grad-norm partials) ----------------------------------------
 

@@ -363,42 +363,152 @@ float Trainer::lr() const {
   return LrAt(options_.lr_schedule, options_.optimizer.lr, step_);
 }
 
-StatusOr<StepMetrics> Trainer::Step() {
+StatusOr<StepMetrics> Trainer::Step() { return RunStep(nullptr); }
+
+StatusOr<StepMetrics> Trainer::StepOnBatches(const std::vector<TokenBatch>& micro_batches) {
+  return RunStep(&micro_batches);
+}
+
+Status Trainer::CheckCallerBatches(const std::vector<TokenBatch>& batches) const {
+  if (static_cast<int64_t>(batches.size()) != options_.grad_accum_steps) {
+    return InvalidArgumentError(
+        "a step takes grad_accum_steps = " + std::to_string(options_.grad_accum_steps) +
+        " micro-batches (every rank runs the same number), got " + std::to_string(batches.size()));
+  }
+  for (size_t m = 0; m < batches.size(); ++m) {
+    const TokenBatch& b = batches[m];
+    const std::string which = "micro-batch " + std::to_string(m) + ": ";
+    if (b.batch_size < 1 || b.batch_size > options_.batch_size) {
+      return InvalidArgumentError(which + "batch_size " + std::to_string(b.batch_size) +
+                                  " is outside [1, " + std::to_string(options_.batch_size) +
+                                  "] (the trainer's batch_size is the most a micro-batch holds)");
+    }
+    if (b.seq_len < 1 || b.seq_len > options_.seq_len) {
+      return InvalidArgumentError(which + "seq_len " + std::to_string(b.seq_len) + " is outside [1, " +
+                                  std::to_string(options_.seq_len) +
+                                  "] (the trainer's seq_len is the longest a step takes)");
+    }
+    if (b.source_len > options_.source_len) {
+      return InvalidArgumentError(which + "source_len " + std::to_string(b.source_len) +
+                                  " is above the trainer's source_len " +
+                                  std::to_string(options_.source_len));
+    }
+    if (b.loss_denominator != 0) {
+      return InvalidArgumentError(which + "loss_denominator is the trainer's to set (leave it 0)");
+    }
+    SK_RETURN_IF_ERROR(model_->ValidateBatch(b).WithContext("micro-batch " + std::to_string(m)));
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<int64_t>> Trainer::ExchangeTargetCounts(const std::vector<int64_t>& mine) {
+  const int n = world_->size();
+  const int64_t per_rank = static_cast<int64_t>(mine.size());
+  // Counts travel as the bits of f32 words (collectives carry floats; an
+  // all-gather copies them unchanged), as the step outcome's bytes do.
+  SK_ASSIGN_OR_RETURN(Tensor in, HostAllocator::Default().Empty(DType::kF32, Shape{per_rank}));
+  SK_ASSIGN_OR_RETURN(Tensor all, HostAllocator::Default().Empty(DType::kF32, Shape{per_rank * n}));
+  for (int64_t m = 0; m < per_rank; ++m) {
+    if (mine[m] > std::numeric_limits<int32_t>::max()) {
+      return InvalidArgumentError("micro-batch " + std::to_string(m) + " counts " +
+                                  std::to_string(mine[m]) + " targets, more than an int32");
+    }
+    const int32_t c = static_cast<int32_t>(mine[m]);
+    std::memcpy(static_cast<char*>(in.data()) + 4 * m, &c, 4);
+  }
+  comm::CollectiveOptions co;
+  co.timeout = options_.fsdp.timeout;
+  co.label = "target counts";
+  SK_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w, world_->all_gather(all, in, *metrics_stream_, co));
+  SK_RETURN_IF_ERROR(w->wait(options_.fsdp.timeout).WithContext("exchanging the step's target counts"));
+  std::vector<int64_t> counts(static_cast<size_t>(per_rank * n));
+  for (size_t k = 0; k < counts.size(); ++k) {
+    int32_t c = 0;
+    std::memcpy(&c, static_cast<const char*>(all.data()) + 4 * k, 4);
+    counts[k] = c;
+  }
+  return counts;
+}
+
+StatusOr<StepMetrics> Trainer::RunStep(const std::vector<TokenBatch>* given) {
   SK_RETURN_IF_ERROR(UseGemmThreads());
   allocator_->ResetPeakStats();
   const int64_t bytes_before = data_parallel_->bytes_communicated();
   const auto t0 = std::chrono::steady_clock::now();
   const double sim_t0 = sim_device_ != nullptr ? sim_device_->HostClock() : 0;
-  double loss_sum = 0;
+  const int M = options_.grad_accum_steps;
+  const int W = world_->size();
+  double loss_sum = 0;   // the micro-batches' mean losses
+  double token_sum = 0;  // the micro-batches' mean losses x their counted targets
+  int64_t local_tokens = 0;
+  LossNormalization norm_of_loss;
   double norm = 0;
   // Everything before the update may fail anywhere (an allocation inside the
   // model's compute leaves a unit mid-backward, outside any hook that could
   // clean up): abandon the step then, so every unit is idle again and the
   // next step starts clean. Parameters and optimizer state change only in
-  // OptimizerStep.
+  // OptimizerStep. A caller's bad batch fails here too, so that every rank
+  // fails the step alike.
   std::vector<int64_t> sample_ids, micro_ids;
   Status computed = [&]() -> Status {
     data_parallel_->ZeroGrad();
-    for (int m = 0; m < options_.grad_accum_steps; ++m) {
-      data_parallel_->set_gradient_sync(m + 1 == options_.grad_accum_steps);
-      SK_ASSIGN_OR_RETURN(TokenBatch batch, dataset_ ? DatasetBatch(step_, m, &micro_ids) : BatchFor(step_, m));
-      sample_ids.insert(sample_ids.end(), micro_ids.begin(), micro_ids.end());
-      SK_ASSIGN_OR_RETURN(float loss, model_->ForwardBackward(batch, *data_parallel_, data_parallel_->activation_allocator()));
+    std::vector<TokenBatch> built;
+    if (given != nullptr) {
+      SK_RETURN_IF_ERROR(CheckCallerBatches(*given));
+    } else {
+      for (int m = 0; m < M; ++m) {
+        SK_ASSIGN_OR_RETURN(TokenBatch batch, dataset_ ? DatasetBatch(step_, m, &micro_ids) : BatchFor(step_, m));
+        sample_ids.insert(sample_ids.end(), micro_ids.begin(), micro_ids.end());
+        built.push_back(std::move(batch));
+      }
+    }
+    const std::vector<TokenBatch>& batches = given != nullptr ? *given : built;
+    // The loss normaliser (loss_normalization.h). The built-in sampler's
+    // micro-batches count every target on every rank: uniform without a
+    // word exchanged. Batches that may mask (the caller's, a dataset's) on
+    // several ranks: one all-gather of the counts, so every rank decides
+    // alike. The simulator moves no data: its ranks mirror this one.
+    std::vector<int64_t> mine(static_cast<size_t>(M));
+    for (int m = 0; m < M; ++m) mine[m] = CountedTargets(batches[m]);
+    for (int64_t c : mine) local_tokens += c;
+    std::vector<int64_t> counts;
+    if (W > 1 && (given != nullptr || dataset_) && sim_device_ == nullptr) {
+      SK_ASSIGN_OR_RETURN(counts, ExchangeTargetCounts(mine));
+    } else {
+      for (int r = 0; r < W; ++r) counts.insert(counts.end(), mine.begin(), mine.end());
+    }
+    norm_of_loss = NormalizeLoss(counts, W);
+    for (int m = 0; m < M; ++m) {
+      data_parallel_->set_gradient_sync(m + 1 == M);
+      const TokenBatch* batch = &batches[m];
+      TokenBatch weighted;
+      if (!norm_of_loss.uniform) {
+        weighted = *batch;
+        weighted.loss_denominator = norm_of_loss.denominator;
+        batch = &weighted;
+      }
+      SK_ASSIGN_OR_RETURN(float loss, model_->ForwardBackward(*batch, *data_parallel_, data_parallel_->activation_allocator()));
       loss_sum += loss;
+      token_sum += static_cast<double>(loss) * static_cast<double>(mine[m]);
     }
     SK_RETURN_IF_ERROR(data_parallel_->FinishBackward());
-    // The micro-batches' gradients were summed; the reported loss is their
-    // mean. Make the gradient that of the reported loss, as PyTorch's
-    // (loss / M).backward() does: grad_norm, clipping and the learning rate
-    // then mean the same for every M.
-    if (options_.grad_accum_steps > 1) {
-      SK_RETURN_IF_ERROR(data_parallel_->ScaleGradients(1.f / static_cast<float>(options_.grad_accum_steps)));
+    // Uniform: the micro-batches' gradients (each of its own mean) were
+    // summed; the reported loss is their mean. Make the gradient that of
+    // the reported loss, as PyTorch's (loss / M).backward() does: grad_norm,
+    // clipping and the learning rate then mean the same for every M.
+    // Otherwise each micro-batch's gradient already carried 1 / (N / W).
+    if (norm_of_loss.uniform && M > 1) {
+      SK_RETURN_IF_ERROR(data_parallel_->ScaleGradients(1.f / static_cast<float>(M)));
     }
     SK_ASSIGN_OR_RETURN(norm, data_parallel_->ClipGradNorm(options_.clip_grad_norm));
     return OkStatus();
   }();
   const float lr = this->lr();
-  const float loss = static_cast<float>(loss_sum / options_.grad_accum_steps);
+  // This rank's loss: the mean of its micro-batches' means (uniform), else
+  // the mean over its counted targets.
+  const float loss = norm_of_loss.uniform ? static_cast<float>(loss_sum / M)
+                     : local_tokens > 0   ? static_cast<float>(token_sum / static_cast<double>(local_tokens))
+                                          : 0.0f;
   // The update must not turn the model into NaNs (a learning rate of
   // FLT_MAX did so while every step returned OK): a non-finite loss or
   // gradient norm skips it on every rank. On the simulator nothing is
@@ -474,16 +584,38 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.simulated = sim_device_ != nullptr;
   m.step = step_;
   m.loss = loss;
-  SK_ASSIGN_OR_RETURN(m.global_loss, GlobalMean(m.loss));
+  m.target_tokens = local_tokens;
+  m.global_target_tokens = norm_of_loss.global_tokens;
+  if (norm_of_loss.uniform) {
+    SK_ASSIGN_OR_RETURN(m.global_loss, GlobalMean(m.loss));
+  } else {
+    // The mean over all N counted targets: the ranks' sums averaged, x W / N.
+    SK_ASSIGN_OR_RETURN(float mean_sum, GlobalMean(static_cast<float>(token_sum)));
+    m.global_loss = static_cast<float>(static_cast<double>(mean_sum) * W /
+                                       static_cast<double>(norm_of_loss.global_tokens));
+  }
   m.grad_norm = norm;
   m.lr = lr;
   m.step_seconds = seconds;
-  const double tokens = static_cast<double>(options_.batch_size) * options_.seq_len *
-                        options_.grad_accum_steps;
-  m.tokens_per_second = tokens / seconds;
-  StepFlops flops = model_->Flops(options_.batch_size, options_.seq_len, options_.source_len);
-  m.model_tflops_per_rank = flops.model_flops * options_.grad_accum_steps / seconds / 1e12;
-  m.hardware_tflops_per_rank = flops.hardware_flops * options_.grad_accum_steps / seconds / 1e12;
+  if (given == nullptr) {
+    const double tokens = static_cast<double>(options_.batch_size) * options_.seq_len * M;
+    m.tokens_per_second = tokens / seconds;
+    StepFlops flops = model_->Flops(options_.batch_size, options_.seq_len, options_.source_len);
+    m.model_tflops_per_rank = flops.model_flops * M / seconds / 1e12;
+    m.hardware_tflops_per_rank = flops.hardware_flops * M / seconds / 1e12;
+  } else {
+    // The caller's micro-batches may each have their own shape.
+    double tokens = 0, model_flops = 0, hardware_flops = 0;
+    for (const TokenBatch& b : *given) {
+      tokens += static_cast<double>(b.batch_size) * b.seq_len;
+      const StepFlops f = model_->Flops(b.batch_size, b.seq_len, b.source_len);
+      model_flops += f.model_flops;
+      hardware_flops += f.hardware_flops;
+    }
+    m.tokens_per_second = tokens / seconds;
+    m.model_tflops_per_rank = model_flops / seconds / 1e12;
+    m.hardware_tflops_per_rank = hardware_flops / seconds / 1e12;
+  }
   MemoryStats s = allocator_->stats();
   m.peak_allocated_bytes = s.allocated_bytes.peak;
   m.peak_reserved_bytes = s.reserved_bytes.peak;

@@ -39,6 +39,7 @@
 #include "runtime/nn/data.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/train/loss_normalization.h"
 #include "runtime/train/rank.h"
 #include "runtime/train/step_outcome.h"
 
@@ -148,8 +149,18 @@ Status AgreeOnTrainerOptions(const TrainerOptions& options, const Status& local_
 
 struct StepMetrics {
   int64_t step = 0;             // steps completed, including this one
-  float loss = 0;               // this rank's: the mean over its micro-batches
-  float global_loss = 0;        // the global batch's: the mean of loss over all ranks
+  // The losses (runtime/train/loss_normalization.h says what is averaged):
+  // this rank's, the mean over its counted targets (when every micro-batch
+  // of every rank counts as many, the mean of its micro-batches' means, the
+  // same number up to rounding), and the global batch's, the mean over the
+  // counted targets of every rank and micro-batch: the loss whose gradient
+  // the step took.
+  float loss = 0;
+  float global_loss = 0;
+  // Counted targets (not kIgnoreTarget): this rank's over its micro-batches,
+  // and every rank's (N).
+  int64_t target_tokens = 0;
+  int64_t global_target_tokens = 0;
   double grad_norm = 0;         // total L2 norm before clipping
   float lr = 0;                 // the learning rate this step's update used
   double step_seconds = 0;
@@ -209,6 +220,20 @@ class Trainer {
   // (a group no longer usable), each rank abandons the step and reports its
   // own error (a peer's failure as the timeout of a collective).
   StatusOr<StepMetrics> Step();
+  // One optimizer step on the caller's micro-batches instead of the
+  // trainer's data: exactly grad_accum_steps of them (every rank runs as
+  // many), each with 1 <= batch_size <= options().batch_size and 1 <=
+  // seq_len <= options().seq_len (shapes may differ per micro-batch, step
+  // and rank), loss_denominator 0, and what the model's ValidateBatch
+  // accepts (ids within the vocabulary, targets or kIgnoreTarget, packed
+  // documents' positions and segment ids). The loss is the mean over the
+  // counted targets of every rank and micro-batch (loss_normalization.h);
+  // on several ranks the counts are exchanged with one all-gather per
+  // step. Collective: every rank calls StepOnBatches for the step (not
+  // Step). A bad batch on any rank fails the step on every rank (as a
+  // failed Step does) with InvalidArgument naming the micro-batch and the
+  // field; nothing changes. The data position (datasets) does not advance.
+  StatusOr<StepMetrics> StepOnBatches(const std::vector<TokenBatch>& micro_batches);
   // The mean loss of `batches` forward passes on held-out batches (no update).
   // With a dataset: the eval dataset's first `batches` global batches of
   // batch_size * world rows in file order (fewer when it ends sooner: a
@@ -314,6 +339,13 @@ class Trainer {
   std::vector<comm::ProcessGroup*> StepGroups();
   // Applies the GEMM thread count to the calling thread.
   Status UseGemmThreads() const;
+  // Step (given null: the trainer's own data) or StepOnBatches.
+  StatusOr<StepMetrics> RunStep(const std::vector<TokenBatch>* given);
+  // StepOnBatches's checks of the caller's micro-batches.
+  Status CheckCallerBatches(const std::vector<TokenBatch>& batches) const;
+  // Every rank's counted targets per micro-batch, rank-major, from this
+  // rank's: one all-gather on the world. Collective.
+  StatusOr<std::vector<int64_t>> ExchangeTargetCounts(const std::vector<int64_t>& mine);
   // The global sample index step `step` starts at (with a dataset).
   int64_t SamplesBefore(int64_t step) const;
   // This rank's rows of micro-batch `micro` of step `step` from the dataset.

@@ -131,8 +131,9 @@ class FusingCpuBackend final : public OpBackend {
   Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits, const Tensor& targets, const Tensor& loss) override {
     return base_->CrossEntropyForward(ctx, logits, targets, loss);
   }
-  Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits) override {
-    return base_->CrossEntropyBackward(ctx, logits, targets, dlogits);
+  Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits,
+                              float scale) override {
+    return base_->CrossEntropyBackward(ctx, logits, targets, dlogits, scale);
   }
   Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc) override {
     return base_->SumOfSquares(ctx, x, acc);

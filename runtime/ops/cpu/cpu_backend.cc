@@ -1048,14 +1048,16 @@ class CpuBackend final : public OpBackend {
   }
 
   Status CrossEntropyBackward(const OpContext&, const Tensor& logits, const Tensor& targets,
-                              const Tensor& dlogits) override {
+                              const Tensor& dlogits, float given_scale) override {
     const int64_t rows = targets.numel();
     if (rows == 0) return OkStatus();
     const int64_t vocab = logits.numel() / rows;
     const int32_t* t = targets.data_as<int32_t>();
     int64_t count = 0;
     for (int64_t r = 0; r < rows; ++r) count += t[r] != kIgnoreTarget;
-    const float scale = count == 0 ? 0.0f : 1.0f / static_cast<float>(count);
+    const float scale = given_scale > 0.0f ? given_scale
+                        : count == 0       ? 0.0f
+                                           : 1.0f / static_cast<float>(count);
     if (IsF32(logits) && IsF32(dlogits)) {
       sk::CrossEntropyBackward(F(logits), t, rows, vocab, scale, F(dlogits));
       return OkStatus();

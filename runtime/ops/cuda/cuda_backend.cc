@@ -970,7 +970,7 @@ class CudaBackend final : public OpBackend {
   }
 
   Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
-                              const Tensor& dlogits) override {
+                              const Tensor& dlogits, float scale) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "cross_entropy_bwd"));
     const int64_t rows = targets.numel();
     if (rows == 0) return OkStatus();
@@ -978,7 +978,7 @@ class CudaBackend final : public OpBackend {
     SK_CUDA_OP("cross_entropy_bwd",
                cuda::CrossEntropyBackward(C(logits), Ptr<int32_t>(targets), rows,
                                           logits.numel() / rows, B(dlogits),
-                                          Ptr<int64_t>(count), S(ctx)));
+                                          Ptr<int64_t>(count), scale, S(ctx)));
     return OkStatus();
   }
 

@@ -858,9 +858,12 @@ __global__ void __launch_bounds__(kThreads)
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
     CrossEntropyGradKernel(const void* logits, DType lt, const int32_t* targets, int64_t rows,
-                           int64_t vocab, const int64_t* count, void* dlogits, DType dt) {
+                           int64_t vocab, const int64_t* count, float given_scale, void* dlogits,
+                           DType dt) {
   __shared__ float shared[kWarpsPerBlock];
-  const float scale = *count == 0 ? 0.0f : 1.0f / static_cast<float>(*count);
+  const float scale = given_scale > 0.0f ? given_scale
+                      : *count == 0      ? 0.0f
+                                         : 1.0f / static_cast<float>(*count);
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     const int32_t t = targets[r];
     const int64_t o = r * vocab;
@@ -1423,13 +1426,13 @@ int CrossEntropyForward(CBuf logits, const int32_t* targets, int64_t rows, int64
   return Launched();
 }
 int CrossEntropyBackward(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                         Buf dlogits, int64_t* count_scratch, void* stream) {
+                         Buf dlogits, int64_t* count_scratch, float scale, void* stream) {
   if (rows <= 0 || vocab <= 0) return 0;
   CountTargetsKernel<<<1, kThreads, 0, S(stream)>>>(targets, rows, count_scratch);
   const int err = Launched();
   if (err != 0) return err;
   SK_ENQUEUE_ROWS(rows, vocab, CrossEntropyGradKernel, logits.data, logits.dtype, targets, rows,
-                  vocab, count_scratch, dlogits.data, dlogits.dtype);
+                  vocab, count_scratch, scale, dlogits.data, dlogits.dtype);
   return Launched();
 }
 namespace {

@@ -159,11 +159,12 @@ int EmbeddingBackward(const int32_t* ids, CBuf dout, int64_t count, int64_t dim,
 // targets; nothing is read out of bounds).
 int CrossEntropyForward(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
                         float* row_loss, float* loss, void* stream);
-// dlogits = (softmax - onehot) / count per counted row, 0 on ignored rows
-// (NaN on rows with an out-of-range target); count_scratch is one int64 of
-// scratch. dlogits may be logits (of one dtype then).
+// dlogits = (softmax - onehot) / count per counted row (x scale instead
+// when scale > 0), 0 on ignored rows (NaN on rows with an out-of-range
+// target); count_scratch is one int64 of scratch. dlogits may be logits (of
+// one dtype then).
 int CrossEntropyBackward(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                         Buf dlogits, int64_t* count_scratch, void* stream);
+                         Buf dlogits, int64_t* count_scratch, float scale, void* stream);
 
 // Partial f64 results per block into `partials` (kReduceBlocks doubles), then
 // acc[0] += (SumOfSquares) or = max(acc, ·) (MaxAbs) of them, combined in a
