@@ -137,7 +137,8 @@ StatusOr<std::vector<std::pair<int64_t, std::string>>> ListRotatingCheckpoints(c
 Status PrepareCheckpointRoot(const std::string& root, FullyShardedModel& f);
 
 // Removes all but the newest `keep` (>= 1) complete checkpoints under
-// `root`, each renamed to "<dir>.deleting" first. Not collective: world rank
+// `root`, each renamed to "<dir>.deleting" first, and any "<dir>.deleting"
+// a process killed mid-removal left behind. Not collective: world rank
 // 0 calls it once the save has returned on every rank.
 Status PruneRotatingCheckpoints(const std::string& root, int keep);
 

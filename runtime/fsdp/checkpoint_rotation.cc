@@ -89,10 +89,20 @@ Status PrepareCheckpointRoot(const std::string& root, FullyShardedModel& f) {
 
 Status PruneRotatingCheckpoints(const std::string& root, int keep) {
   if (keep < 1) return InvalidArgumentError("keep must be at least 1, not " + std::to_string(keep));
+  // Removals a killed process left halfway (renamed, not yet removed).
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string suffix = ".deleting";
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        StepOf(name.substr(0, name.size() - suffix.size())) >= 0) {
+      std::error_code ignored;
+      fs::remove_all(it->path(), ignored);
+    }
+  }
   SK_ASSIGN_OR_RETURN(auto all, ListRotatingCheckpoints(root));
   for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
     const std::string doomed = all[i].second + ".deleting";
-    std::error_code ec;
     fs::remove_all(doomed, ec);
     if (::rename(all[i].second.c_str(), doomed.c_str()) != 0) {
       return UnavailableError("renaming the old checkpoint '" + all[i].second + "' for removal failed: " +
