@@ -29,10 +29,11 @@ gradient clipped to norm 1, 8 steps (2 epochs).
 
 The loss of a step is the mean cross-entropy over every trained target token
 of the global batch (labels shifted by one inside the model, -100 ignored:
-transformers' own loss with the sum taken over the whole batch). shardkit
-today averages each rank's token mean over the ranks; every record here has
+transformers' own loss with the sum taken over the whole batch), which is
+what shardkit's step computes (docs/batches.md). Every record here has
 exactly six trained targets (five response tokens and the EOS), so every
-rank holds the same count and the two definitions are the same number.
+rank holds the same count and the per-rank mean shardkit took before that
+normalisation landed gives the same number.
 The eval loss is the mean over every trained target of eval.jsonl.
 """
 import json
