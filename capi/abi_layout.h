@@ -35,7 +35,8 @@
   X(sk_plan_result, SK_PLAN_RESULT) \
   X(sk_param_spec, SK_PARAM_SPEC) \
   X(sk_engine_options, SK_ENGINE_OPTIONS) \
-  X(sk_tensor_view, SK_TENSOR_VIEW)
+  X(sk_tensor_view, SK_TENSOR_VIEW) \
+  X(sk_batch, SK_BATCH)
 
 #if defined(__cplusplus)
 #define SK_LAYOUT_ASSERT(cond, msg) static_assert(cond, msg)
@@ -100,6 +101,11 @@ SK_LAYOUT_ASSERT(offsetof(sk_param_group, pattern) == 8 && offsetof(sk_param_gro
 SK_LAYOUT_ASSERT(offsetof(sk_lr_schedule, kind) == 8 && offsetof(sk_lr_schedule, min_lr) == 12 &&
                  offsetof(sk_lr_schedule, warmup_steps) == 16 && offsetof(sk_lr_schedule, decay_steps) == 24 &&
                  sizeof(sk_lr_schedule) == 32, "sk_lr_schedule layout");
+SK_LAYOUT_ASSERT(offsetof(sk_batch, batch_size) == 8 && offsetof(sk_batch, seq_len) == 16 &&
+                 offsetof(sk_batch, input_ids) == 24 && offsetof(sk_batch, targets) == 32 &&
+                 offsetof(sk_batch, loss_mask) == 40 && offsetof(sk_batch, position_ids) == 48 &&
+                 offsetof(sk_batch, segment_ids) == 56 && sizeof(sk_batch) == 64,
+                 "sk_batch layout");
 SK_LAYOUT_ASSERT(offsetof(sk_dataset_options, paths) == 8 && offsetof(sk_dataset_options, num_paths) == 16 &&
                  offsetof(sk_dataset_options, format) == 20 &&
                  offsetof(sk_dataset_options, token_file_layout) == 24 &&

@@ -8,6 +8,65 @@
 
 using namespace sk::capi;  // NOLINT: the entry points below are this file's only code
 
+namespace {
+
+// The caller's micro-batch `b` as a TokenBatch: SK_IGNORE_INDEX targets and
+// loss_mask zeros become kIgnoreTarget; `name` names it in errors. The
+// model's own checks (ids within the vocabulary, positions, segment ids)
+// come later, in the step.
+sk::StatusOr<sk::TokenBatch> ToTokenBatch(const sk_batch* in, const std::string& name) {
+  if (in == nullptr) return sk::InvalidArgumentError(name + " is NULL");
+  sk_batch b;
+  SK_RETURN_IF_ERROR(ReadStruct(in, name.c_str(), &b));
+  if (b.batch_size < 1 || b.seq_len < 1 || b.batch_size > (int64_t{1} << 31) / b.seq_len) {
+    return sk::InvalidArgumentError(name + ": batch_size " + std::to_string(b.batch_size) + " x seq_len " +
+                                    std::to_string(b.seq_len) +
+                                    " must both be positive, with fewer than 2^31 tokens");
+  }
+  if (b.input_ids == nullptr) return sk::InvalidArgumentError(name + ".input_ids is NULL");
+  if (b.targets == nullptr) return sk::InvalidArgumentError(name + ".targets is NULL");
+  const size_t n = static_cast<size_t>(b.batch_size * b.seq_len);
+  sk::TokenBatch t;
+  t.batch_size = b.batch_size;
+  t.seq_len = b.seq_len;
+  t.inputs.assign(b.input_ids, b.input_ids + n);
+  t.targets.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t v = b.targets[i];
+    if (v == SK_IGNORE_INDEX || (b.loss_mask != nullptr && b.loss_mask[i] == 0)) {
+      t.targets[i] = sk::kIgnoreTarget;
+    } else if (v < 0) {
+      return sk::InvalidArgumentError(name + ".targets[" + std::to_string(i) + "] = " + std::to_string(v) +
+                                      " is neither a token id nor SK_IGNORE_INDEX (-100)");
+    } else {
+      t.targets[i] = v;
+    }
+    if (b.loss_mask != nullptr && b.loss_mask[i] > 1) {
+      return sk::InvalidArgumentError(name + ".loss_mask[" + std::to_string(i) + "] = " +
+                                      std::to_string(b.loss_mask[i]) + " is neither 0 nor 1");
+    }
+  }
+  if (b.position_ids != nullptr) t.positions.assign(b.position_ids, b.position_ids + n);
+  if (b.segment_ids != nullptr) t.segment_ids.assign(b.segment_ids, b.segment_ids + n);
+  return t;
+}
+
+// `count` micro-batches from `batches` (an array of pointers), named
+// "<prefix>[i]".
+sk::StatusOr<std::vector<sk::TokenBatch>> ToTokenBatches(const sk_batch* const* batches, int32_t count,
+                                                         const char* what, int64_t first = 0) {
+  if (batches == nullptr) return sk::InvalidArgumentError(std::string(what) + " is NULL");
+  std::vector<sk::TokenBatch> out;
+  for (int32_t i = 0; i < count; ++i) {
+    SK_ASSIGN_OR_RETURN(sk::TokenBatch t,
+                        ToTokenBatch(batches[i], std::string(what) + "[" + std::to_string(first + i) + "]"));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace
+
 extern "C" {
 
 // --- trainer -----------------------------------------------------------------
@@ -42,6 +101,24 @@ SK_EXPORT sk_status_t sk_trainer_step(sk_trainer* trainer, sk_step_metrics* out_
   SK_USE_HANDLE(trainer, "trainer");
   if (out_metrics != nullptr) SK_CHECK(CheckOutStruct(out_metrics, "out_metrics"));
   SK_ASSIGN_OR_FAIL(sk::StepMetrics m, trainer->trainer->Step());
+  if (out_metrics != nullptr) WriteStruct(out_metrics, ToStepMetrics(m, trainer->trainer->rank()));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_trainer_step_batches(sk_trainer* trainer, const sk_batch* const* micro_batches,
+                                              int32_t num_micro_batches, sk_step_metrics* out_metrics) {
+  SK_API_BEGIN
+  SK_USE_HANDLE(trainer, "trainer");
+  if (out_metrics != nullptr) SK_CHECK(CheckOutStruct(out_metrics, "out_metrics"));
+  const int64_t want = trainer->trainer->options().grad_accum_steps;
+  if (num_micro_batches != want) {
+    return Fail(sk::InvalidArgumentError("num_micro_batches is " + std::to_string(num_micro_batches) +
+                                         "; a step takes grad_accum_steps = " + std::to_string(want)));
+  }
+  SK_ASSIGN_OR_FAIL(std::vector<sk::TokenBatch> batches,
+                    ToTokenBatches(micro_batches, num_micro_batches, "micro_batches"));
+  SK_ASSIGN_OR_FAIL(sk::StepMetrics m, trainer->trainer->StepOnBatches(batches));
   if (out_metrics != nullptr) WriteStruct(out_metrics, ToStepMetrics(m, trainer->trainer->rank()));
   return SK_STATUS_OK;
   SK_API_END
@@ -226,6 +303,34 @@ SK_EXPORT sk_status_t sk_local_session_step(sk_local_session* session, sk_step_m
   SK_USE_HANDLE(session, "session");
   if (out_rank0 != nullptr) SK_CHECK(CheckOutStruct(out_rank0, "out_rank0"));
   SK_ASSIGN_OR_FAIL(std::vector<sk::StepMetrics> metrics, session->session->Step());
+  if (out_rank0 != nullptr) WriteStruct(out_rank0, ToStepMetrics(metrics[0], 0));
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_local_session_step_batches(sk_local_session* session, const sk_batch* const* batches,
+                                                    int32_t num_batches, sk_step_metrics* out_rank0) {
+  SK_API_BEGIN
+  SK_USE_HANDLE(session, "session");
+  if (out_rank0 != nullptr) SK_CHECK(CheckOutStruct(out_rank0, "out_rank0"));
+  const int world = session->session->world_size();
+  const int64_t per_rank = session->session->trainer(0).options().grad_accum_steps;
+  if (num_batches != world * per_rank) {
+    return Fail(sk::InvalidArgumentError("num_batches is " + std::to_string(num_batches) + "; a step takes " +
+                                         std::to_string(world) + " ranks x grad_accum_steps " +
+                                         std::to_string(per_rank) + " = " + std::to_string(world * per_rank)));
+  }
+  std::vector<std::vector<sk::TokenBatch>> per(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    SK_ASSIGN_OR_FAIL(per[r], ToTokenBatches(batches == nullptr ? nullptr : batches + r * per_rank,
+                                             static_cast<int32_t>(per_rank), "batches", r * per_rank));
+    // The model's checks too, before any rank starts.
+    for (size_t m = 0; m < per[r].size(); ++m) {
+      SK_CHECK(session->session->trainer(r).model().ValidateBatch(per[r][m]).WithContext(
+          "rank " + std::to_string(r) + " micro-batch " + std::to_string(m)));
+    }
+  }
+  SK_ASSIGN_OR_FAIL(std::vector<sk::StepMetrics> metrics, session->session->StepOnBatches(per));
   if (out_rank0 != nullptr) WriteStruct(out_rank0, ToStepMetrics(metrics[0], 0));
   return SK_STATUS_OK;
   SK_API_END

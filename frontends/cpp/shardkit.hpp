@@ -454,6 +454,15 @@ class Trainer : public detail::Owner<sk_trainer, sk_trainer_destroy> {
     Check(sk_trainer_step(get(), &m));
     return m;
   }
+  // One step on the caller's micro-batches (grad_accum_steps of them;
+  // sk_trainer_step_batches).
+  sk_step_metrics StepBatches(const std::vector<sk_batch>& micro_batches) {
+    std::vector<const sk_batch*> p;
+    for (const sk_batch& b : micro_batches) p.push_back(&b);
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    Check(sk_trainer_step_batches(get(), p.data(), static_cast<int32_t>(p.size()), &m));
+    return m;
+  }
   float Evaluate(int32_t batches) {
     float loss = 0;
     Check(sk_trainer_evaluate(get(), batches, &loss));
@@ -547,6 +556,15 @@ class LocalSession : public detail::Owner<sk_local_session, sk_local_session_des
   sk_step_metrics Step() {
     sk_step_metrics m = SK_STEP_METRICS_INIT;
     Check(sk_local_session_step(get(), &m));
+    return m;
+  }
+  // One step on the caller's batches: world_size x grad_accum_steps,
+  // rank-major (sk_local_session_step_batches); rank 0's metrics.
+  sk_step_metrics StepBatches(const std::vector<sk_batch>& batches) {
+    std::vector<const sk_batch*> p;
+    for (const sk_batch& b : batches) p.push_back(&b);
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    Check(sk_local_session_step_batches(get(), p.data(), static_cast<int32_t>(p.size()), &m));
     return m;
   }
   sk_step_metrics Metrics(int32_t rank) const {

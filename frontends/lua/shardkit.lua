@@ -410,6 +410,44 @@ local function checkpoint_methods(prefix, methods)
   return methods
 end
 
+-- Caller batches (sk_batch, docs/batches.md): a list of tables {batch_size,
+-- seq_len, input_ids, targets (sk.IGNORE_INDEX = -100 leaves a position out),
+-- loss_mask, position_ids, segment_ids (the last three optional)}, each
+-- array a Lua list of batch_size * seq_len numbers. Returns the pointer
+-- array, its length and what keeps the C arrays alive through the call.
+local function batch_pointers(list)
+  local keep = {}
+  local ptrs = ffi.new("const sk_batch*[?]", math.max(#list, 1))
+  for i, t in ipairs(list) do
+    local n = (t.batch_size or 0) * (t.seq_len or 0)
+    local function array(ctype, field)
+      local values = t[field]
+      if values == nil then return nil end
+      if #values ~= n then
+        error(string.format("batch %d: %s has %d values, expected batch_size x seq_len = %d",
+                            i, field, #values, n), 3)
+      end
+      local a = ffi.new(ctype .. "[?]", math.max(n, 1))
+      for k = 1, n do a[k - 1] = values[k] end
+      keep[#keep + 1] = a
+      return a
+    end
+    local b = ffi.new("sk_batch")
+    b.struct_size = ffi.sizeof("sk_batch")
+    b.batch_size = t.batch_size or 0
+    b.seq_len = t.seq_len or 0
+    b.input_ids = array("int32_t", "input_ids")
+    b.targets = array("int32_t", "targets")
+    b.loss_mask = array("uint8_t", "loss_mask")
+    b.position_ids = array("int32_t", "position_ids")
+    b.segment_ids = array("int32_t", "segment_ids")
+    keep[#keep + 1] = b
+    ptrs[i - 1] = b
+  end
+  return ptrs, #list, keep
+end
+M.IGNORE_INDEX = -100
+
 -- Trainer.
 local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy,
                             checkpoint_methods("sk_trainer", {
@@ -427,6 +465,14 @@ local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy,
   step = function(self)
     local m = new_metrics()
     check(lib.sk_trainer_step(self.h, m))
+    return metrics_table(m)
+  end,
+  -- One step on the caller's micro-batches (grad_accum_steps of them).
+  step_batches = function(self, batches)
+    local ptrs, n, keep = batch_pointers(batches)
+    local m = new_metrics()
+    check(lib.sk_trainer_step_batches(self.h, ptrs, n, m))
+    keep = nil
     return metrics_table(m)
   end,
   evaluate = function(self, batches)
@@ -486,6 +532,15 @@ local LocalSession = handle_type("sk_local_session", lib.sk_local_session_destro
   step = function(self)
     local m = new_metrics()
     check(lib.sk_local_session_step(self.h, m))
+    return metrics_table(m)
+  end,
+  -- One step on the caller's batches: world size x grad_accum_steps,
+  -- rank-major; rank 0's metrics.
+  step_batches = function(self, batches)
+    local ptrs, n, keep = batch_pointers(batches)
+    local m = new_metrics()
+    check(lib.sk_local_session_step_batches(self.h, ptrs, n, m))
+    keep = nil
     return metrics_table(m)
   end,
   metrics = function(self, rank)

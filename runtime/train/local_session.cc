@@ -85,6 +85,21 @@ StatusOr<std::vector<StepMetrics>> LocalSession::Step() {
   return metrics;
 }
 
+StatusOr<std::vector<StepMetrics>> LocalSession::StepOnBatches(
+    const std::vector<std::vector<TokenBatch>>& per_rank) {
+  if (per_rank.size() != trainers_.size()) {
+    return InvalidArgumentError("StepOnBatches needs one list of micro-batches per rank (" +
+                                std::to_string(trainers_.size()) + "), got " + std::to_string(per_rank.size()));
+  }
+  std::vector<StepMetrics> metrics(trainers_.size());
+  SK_RETURN_IF_ERROR(OnEveryRank([&](int r, Trainer& t) -> Status {
+    SK_ASSIGN_OR_RETURN(metrics[r], t.StepOnBatches(per_rank[r]));
+    return OkStatus();
+  }));
+  last_metrics_ = metrics;
+  return metrics;
+}
+
 Status LocalSession::SetLr(float lr) {
   // Checked once, so that no rank changes when the rate is bad.
   if (!std::isfinite(lr) || lr < 0) {

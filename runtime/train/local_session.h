@@ -76,6 +76,9 @@ class LocalSession {
   // order, also kept as last_metrics(); on failure last_metrics() is as it
   // was.
   StatusOr<std::vector<StepMetrics>> Step();
+  // Trainer::StepOnBatches on every rank, rank r with per_rank[r]
+  // (per_rank.size() == world_size(), else InvalidArgument). As Step.
+  StatusOr<std::vector<StepMetrics>> StepOnBatches(const std::vector<std::vector<TokenBatch>>& per_rank);
   // The last successful Step()'s metrics, rank order; empty before it.
   const std::vector<StepMetrics>& last_metrics() const { return last_metrics_; }
 

@@ -591,3 +591,31 @@ TEST(CppFrontend, EngineRateStepsWriteParamCheckpointsAndCollectives) {
 }
 
 }  // namespace
+
+// Batches from the caller: the trainer steps on them; a bad one throws the
+// C API's INVALID_ARGUMENT and changes nothing.
+TEST(CppFrontend, TrainersStepOnTheCallersBatches) {
+  auto groups = shardkit::ProcessGroup::Local(1);
+  sk_trainer_options o = Tiny();
+  o.batch_size = 1;
+  o.seq_len = 8;
+  shardkit::Trainer t(o, groups[0].get());
+  std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<int32_t> targets = {SK_IGNORE_INDEX, SK_IGNORE_INDEX, 4, 5, 6, 7, 8, 9};
+  sk_batch b = SK_BATCH_INIT;
+  b.batch_size = 1;
+  b.seq_len = 8;
+  b.input_ids = ids.data();
+  b.targets = targets.data();
+  EXPECT_EQ(t.StepBatches({b}).step, 1);
+  targets[3] = -7;
+  try {
+    t.StepBatches({b});
+    FAIL() << "expected an Error";
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(e.message().find("targets[3] = -7"), std::string::npos) << e.message();
+  }
+  targets[3] = 5;
+  EXPECT_EQ(t.StepBatches({b}).step, 2);
+}

@@ -89,6 +89,35 @@ test("local session trains two ranks from a plain table", function()
   s:close()
 end)
 
+test("local sessions and trainers step on the caller's batches", function()
+  local s = sk.local_session({model = "gpt-tiny", data_tokens = 64, batch_size = 1, seq_len = 8}, 2)
+  local function batch(ignored)
+    local ids, targets = {}, {}
+    for i = 1, 8 do
+      ids[i] = i
+      targets[i] = i <= ignored and sk.IGNORE_INDEX or i + 1
+    end
+    return {batch_size = 1, seq_len = 8, input_ids = ids, targets = targets}
+  end
+  local m = s:step_batches({batch(6), batch(0)})
+  assert(m.step == 1 and m.loss > 0 and m.global_loss > 0, "bad metrics")
+  expect_error("INVALID_ARGUMENT", "grad_accum_steps", s.step_batches, s, {batch(0)})
+  local bad = batch(0)
+  bad.targets[2] = -1
+  expect_error("INVALID_ARGUMENT", "targets[1] = -1", s.step_batches, s, {batch(0), bad})
+  bad = batch(0)
+  bad.input_ids[8] = nil
+  expect_error(nil, "input_ids has 7 values", s.step_batches, s, {batch(0), bad})
+  assert(s:step_batches({batch(1), batch(2)}).step == 2, "a refused step changed the count")
+  s:close()
+  local t = sk.trainer({model = "gpt-tiny", data_tokens = 64, batch_size = 1, seq_len = 8}, sk.local_groups(1)[1])
+  local packed = batch(0)
+  packed.position_ids = {0, 1, 2, 0, 1, 2, 3, 4}
+  packed.segment_ids = {0, 0, 0, 1, 1, 1, 1, 1}
+  assert(t:step_batches({packed}).step == 1)
+  t:close()
+end)
+
 test("rotating checkpoints keep the newest; resume_latest continues the run", function()
   local root = (os.getenv("TEST_TMPDIR") or "/tmp") .. "/lua_frontend_rotating"
   os.execute("rm -rf '" .. root .. "'")

@@ -144,7 +144,11 @@
  *  sk_token_file_layout_t), their position in sharded checkpoints, and
  *  sk_trainer_data_position and sk_trainer_last_sample_ids; and (issue
  *  44) sk_trainer_save_checkpoint_rotating and sk_trainer_resume_latest
- *  (checkpoints every K steps, resume from the newest: docs/launch.md).
+ *  (checkpoints every K steps, resume from the newest: docs/launch.md);
+ *  and (issue 43) batches from the caller: sk_batch (SK_IGNORE_INDEX,
+ *  optional loss mask, position ids and segment ids),
+ *  sk_trainer_step_batches and sk_local_session_step_batches
+ *  (docs/batches.md).
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -862,6 +866,58 @@ SK_EXPORT void sk_trainer_destroy(sk_trainer* trainer);
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_step(sk_trainer* trainer,
                                                    sk_step_metrics* out_metrics);
 
+/* 0.8.0 (issue 43): one micro-batch from the caller (docs/batches.md).
+ * Row-major arrays of batch_size * seq_len int32 values, read during the
+ * call only. */
+#define SK_IGNORE_INDEX (-100)
+typedef struct sk_batch {
+  size_t struct_size;          /* SK_BATCH_INIT */
+  int64_t batch_size;          /* rows: 1 .. the trainer's batch_size */
+  int64_t seq_len;             /* positions per row: 1 .. the trainer's seq_len */
+  const int32_t* input_ids;    /* token ids in [0, vocab) */
+  /* The token each position predicts (input_ids shifted left by one: the
+   * library does not shift, unlike Hugging Face's labels), or
+   * SK_IGNORE_INDEX (-100, PyTorch's ignore_index) to leave the position
+   * out of the loss. */
+  const int32_t* targets;
+  /* Optional (NULL: every position counts): 0 leaves a position out of the
+   * loss as SK_IGNORE_INDEX does, 1 keeps it. */
+  const uint8_t* loss_mask;
+  /* Optional (NULL: 0 .. seq_len - 1 in every row): each token's position
+   * id in [0, the model's max_seq_len) (packed documents restart at 0). */
+  const int32_t* position_ids;
+  /* Optional (NULL: one document per row): each token's document, non-
+   * decreasing along a row; a token attends only to earlier tokens of its
+   * own document (block-diagonal causal attention; CPU only: CUDA refuses
+   * it with UNIMPLEMENTED). GPT and Llama-family models only. */
+  const int32_t* segment_ids;
+} sk_batch;
+/* Size traits ("Option structs" above). */
+#define SK_BATCH_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_batch, segment_ids)
+#define SK_BATCH_STRUCT_SIZE SK_STRUCT_SIZE(sk_batch, segment_ids)
+
+#define SK_BATCH_INIT {sizeof(sk_batch), 0, 0, NULL, NULL, NULL, NULL, NULL}
+
+/* 0.8.0 (issue 43): one optimizer step on the caller's micro-batches
+ * instead of the trainer's data: `micro_batches` points to
+ * `num_micro_batches` batches (pointers, so that each carries its own
+ * struct_size), exactly the trainer's grad_accum_steps. The loss is the
+ * mean over every counted target of every micro-batch and rank (PyTorch's
+ * ignore_index mean over the global batch; docs/batches.md); on several
+ * ranks the counts are exchanged with one all-gather per step. Shapes may
+ * differ per micro-batch, step and rank up to the trainer's batch_size and
+ * seq_len. Collective: every rank calls this entry (not sk_trainer_step)
+ * for the step. INVALID_ARGUMENT naming the batch and field for a NULL
+ * pointer, a bad struct_size, sizes out of range, a target that is neither
+ * a token id nor SK_IGNORE_INDEX, a loss_mask value other than 0 and 1
+ * (those found here fail on this rank at once; the rest, ids outside the
+ * vocabulary, positions, decreasing segment ids, fail the step on every
+ * rank alike); nothing changes. Otherwise as sk_trainer_step. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_step_batches(sk_trainer* trainer,
+                                                           const sk_batch* const* micro_batches,
+                                                           int32_t num_micro_batches,
+                                                           sk_step_metrics* out_metrics);
+
 /* 0.6.0: the learning rate of every later step, replacing the schedule (0 is
  * valid: such a step changes no parameter but counts as a step).
  * INVALID_ARGUMENT for a negative or non-finite lr. Not collective; every
@@ -1070,6 +1126,15 @@ SK_EXPORT void sk_local_session_destroy(sk_local_session* session);
  * error. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_step(sk_local_session* session,
                                                          sk_step_metrics* out_rank0);
+/* 0.8.0 (issue 43): sk_trainer_step_batches on every rank: `batches`
+ * holds world_size x grad_accum_steps pointers, rank-major (rank r's
+ * micro-batch m at r * grad_accum_steps + m). Every batch is checked
+ * before any rank starts: a bad one is INVALID_ARGUMENT naming the rank and
+ * micro-batch, and nothing changes. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_step_batches(sk_local_session* session,
+                                                                 const sk_batch* const* batches,
+                                                                 int32_t num_batches,
+                                                                 sk_step_metrics* out_rank0);
 /* The metrics of `rank`'s last step (FAILED_PRECONDITION before the first
  * step, OUT_OF_RANGE for a bad rank). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_metrics(const sk_local_session* session,

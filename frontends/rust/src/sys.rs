@@ -238,6 +238,22 @@ pub struct sk_dataset_options {
     pub eval_paths: *const *const c_char,
 }
 
+/// 0.8.0: one micro-batch from the caller (shardkit.h: sk_batch).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_batch {
+    pub struct_size: usize,
+    pub batch_size: i64,
+    pub seq_len: i64,
+    pub input_ids: *const i32,
+    pub targets: *const i32,
+    pub loss_mask: *const u8,
+    pub position_ids: *const i32,
+    pub segment_ids: *const i32,
+}
+
+pub const SK_IGNORE_INDEX: i32 = -100;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct sk_trainer_options {
@@ -452,6 +468,12 @@ extern "C" {
     ) -> sk_status_t;
     pub fn sk_trainer_destroy(trainer: *mut sk_trainer);
     pub fn sk_trainer_step(trainer: *mut sk_trainer, out_metrics: *mut sk_step_metrics) -> sk_status_t;
+    pub fn sk_trainer_step_batches(
+        trainer: *mut sk_trainer,
+        micro_batches: *mut *const sk_batch,
+        num_micro_batches: i32,
+        out_metrics: *mut sk_step_metrics,
+    ) -> sk_status_t;
     pub fn sk_process_group_all_reduce(
         group: *mut sk_process_group,
         data: *mut c_void,
@@ -529,6 +551,12 @@ extern "C" {
     ) -> sk_status_t;
     pub fn sk_local_session_destroy(session: *mut sk_local_session);
     pub fn sk_local_session_step(session: *mut sk_local_session, out_rank0: *mut sk_step_metrics) -> sk_status_t;
+    pub fn sk_local_session_step_batches(
+        session: *mut sk_local_session,
+        batches: *mut *const sk_batch,
+        num_batches: i32,
+        out_rank0: *mut sk_step_metrics,
+    ) -> sk_status_t;
     pub fn sk_local_session_metrics(
         session: *const sk_local_session,
         rank: i32,

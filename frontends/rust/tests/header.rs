@@ -251,6 +251,7 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_param_spec { struct_size, name, ndim, shape, dtype, init, init_a, init_b }
         sk_engine_options { struct_size, fsdp, optimizer, memory_cap_bytes, device, cuda_stream }
         sk_tensor_view { struct_size, data, dtype, ndim, shape, numel }
+        sk_batch { struct_size, batch_size, seq_len, input_ids, targets, loss_mask, position_ids, segment_ids }
     };
     // The library's layout asserts: offsetof(T, f) == N, sizeof(T) == N.
     let asserts = squash(&layout_text());
