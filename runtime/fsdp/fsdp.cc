@@ -134,7 +134,8 @@ Status FullyShardedModel::Init() {
     Allocator* temporaries = offload_->device().is_cpu() ? &HostAllocator::Default() : offload_;
     host_ctx_ = ops::OpContext{host, host_stream_, temporaries};
   }
-  Allocator& shard_alloc = options_.cpu_offload ? *offload_ : *activation_allocator_;
+  shard_allocator_ = options_.cpu_offload ? offload_ : activation_allocator_.get();
+  Allocator& shard_alloc = *shard_allocator_;
   const ops::OpContext& shard_ctx = shard_context();
 
   const int shard_rank = shard_group_->rank();
@@ -248,8 +249,7 @@ Status FullyShardedModel::Fail(Status s) {
   if (host_stream_ != nullptr) host_stream_->ClearError();
   for (FsdpParamGroup& g : groups_) {
     g.Abandon(/*keep_unsharded=*/ParamsPersistent());
-    // The streams are idle now: zeroing on the shards' context cannot race.
-    g.ZeroGrad(shard_context()).IgnoreError();  // valid operands: cannot fail
+    g.ReleaseGrad();  // the streams are idle now: nothing reads it
   }
   return s;
 }
@@ -381,6 +381,11 @@ Status FullyShardedModel::FinishBackward() {
   }
   Status s = WaitPendingReductions();
   if (s.ok()) s = CheckCallerGathers(/*block=*/true);
+  // A unit no reduction reached this step (a no_sync backward, a unit the
+  // model did not use) has a zero gradient: give it one to read and step.
+  for (int u = 0; s.ok() && u < num_units(); ++u) {
+    if (!groups_[u].has_grad()) s = groups_[u].ZeroGrad(*shard_allocator_, shard_context());
+  }
   if (!s.ok()) return Fail(s);
   return OkStatus();
 }
@@ -414,7 +419,6 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
   }
   double norm = FinishGradNorm(combined, type);
   if (max_norm > 0) {
-    ForgetZeroGradients();  // a NaN norm scales zeros into NaNs
     SK_RETURN_IF_ERROR(ClipGradientsToNorm(shard_context(), grads, norm, max_norm).status());
   }
   return norm;
@@ -422,7 +426,6 @@ StatusOr<double> FullyShardedModel::ClipGradNorm(double max_norm, NormType type)
 
 Status FullyShardedModel::ScaleGradients(float factor) {
   SK_RETURN_IF_ERROR(FinishBackward());
-  ForgetZeroGradients();
   std::vector<Tensor> grads;
   for (const FsdpParamGroup& g : groups_) grads.push_back(g.grad());
   return sk::ScaleGradients(shard_context(), grads, factor);
@@ -438,14 +441,8 @@ Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
   return EndMasterUpdate();
 }
 
-void FullyShardedModel::ForgetZeroGradients() {
-  for (FsdpParamGroup& g : groups_) g.MarkGradWritten();
-}
-
 Status FullyShardedModel::BeginMasterUpdate() {
   SK_RETURN_IF_ERROR(FinishBackward());
-  // A custom step (Engine) may write the gradient shards it is handed.
-  ForgetZeroGradients();
   return QuiesceMasterReaders();
 }
 
@@ -480,7 +477,11 @@ void FullyShardedModel::ZeroGrad() {
   WaitPendingReductions().IgnoreError();
   // Valid operands on an idle reduce stream: these fills cannot fail.
   for (FsdpParamGroup& g : groups_) {
-    g.ZeroGrad(shard_context()).IgnoreError();
+    // Its block is reused in stream order: after the compute stream's
+    // reading (the optimizer step; the block is from its pool, or host
+    // memory with offload, read by the synchronous host), and after the
+    // reduce stream's writing (recorded there when it was allocated).
+    g.ReleaseGrad();
     if (!g.has_full_grad()) continue;
     if (!ParamsPersistent()) {
       g.DropFullGrad();  // recorded on a caller stream: reused after it

@@ -51,8 +51,9 @@
 // master shard into the gathered buffer (Cast, f32 -> param_dtype); on the
 // reduce stream the cast of the full gradient to reduce_dtype (Cast), the
 // copy a persistent full gradient is reduced from (Copy), the accumulation of
-// the reduced shard into the f32 gradient shard (Axpy, widening) and the
-// zeroing of the persistent full gradient (Fill); on the compute stream
+// the reduced shard into the f32 gradient shard (Axpy, widening; the step's
+// first reduction of a unit makes the shard and copies: Copy or Cast) and
+// the zeroing of the persistent full gradient (Fill); on the compute stream
 // initialisation (Fill, InitPhilox), zeroing gradients (Fill), the grad-norm
 // partials (SumOfSquares/MaxAbs, ReadScalar), clipping (Scale) and the
 // optimizer's fused updates. On cpu an op for the all-gather or reduce stream
@@ -305,7 +306,8 @@ class FullyShardedModel final : public DataParallelModel {
   // for SHARD_OPTIM and NO_SHARD, which regather).
   Status BeginMasterUpdate();
   Status EndMasterUpdate();
-  // Zeroes the gradient shards (and accumulated no_sync gradients).
+  // Releases the gradient shards (a unit without one has a zero gradient)
+  // and zeroes accumulated no_sync gradients.
   void ZeroGrad() override;
   void AbandonStep() override { Fail(OkStatus()).IgnoreError(); }
 
@@ -318,7 +320,11 @@ class FullyShardedModel final : public DataParallelModel {
   int num_units() const { return static_cast<int>(units_.size()); }
   const UnitSpec& unit(int u) const { return units_[u]; }
   const FlatParamLayout& layout(int unit) const { return groups_[unit].layout(); }
-  // The unit's f32 master shard and gradient shard on this rank.
+  // The unit's f32 master shard and gradient shard on this rank. Gradient
+  // shards exist only while a step has gradients: from the unit's first
+  // reduction of a step (every unit from FinishBackward, zeros for those
+  // none reached) until ZeroGrad or a failed step; otherwise grad_shard is
+  // an undefined Tensor.
   const Tensor& master_shard(int unit) const { return groups_[unit].master(); }
   const Tensor& grad_shard(int unit) const { return groups_[unit].grad(); }
   // Execution order recorded by the last forward.
@@ -381,13 +387,11 @@ class FullyShardedModel final : public DataParallelModel {
   Status CopyMasterIn(const fsdp_internal::FsdpParamGroup& group, const Tensor& input);
   // Adds `reduced` (this rank's reduced shard, on the device, reduce dtype)
   // into group's gradient shard in reduce-stream order: without offload an
-  // Axpy on the reduce stream (a Copy when group.grad_zero() and `reduced`
-  // is f32: 0 + x is x, one pass fewer); with it a device->host copy and
-  // the host accumulation.
-  Status AccumulateReduced(const fsdp_internal::FsdpParamGroup& group, const Tensor& reduced);
-  // Marks every gradient shard as possibly written by someone else
-  // (FsdpParamGroup::MarkGradWritten).
-  void ForgetZeroGradients();
+  // Axpy on the reduce stream; with it a device->host copy and the host
+  // accumulation. The step's first reduction of the unit allocates the
+  // shard and copies (widening) into it instead: 0 + x is x, one pass and
+  // one shard's memory fewer until then.
+  Status AccumulateReduced(fsdp_internal::FsdpParamGroup& group, const Tensor& reduced);
   // Copies `src` (host memory or this model's device) into a master shard
   // (or a slice of one), in order before the next all-gather reads it.
   Status WriteMaster(const Tensor& src, const Tensor& dst);
@@ -463,6 +467,9 @@ class FullyShardedModel final : public DataParallelModel {
   CachingAllocator* allocator_;
   Allocator* offload_;
   Stream* host_stream_;  // may be null (host ops on the calling thread)
+  // Where master and gradient shards live: the offload allocator, or the
+  // compute stream's pool of the device allocator (set by Init).
+  Allocator* shard_allocator_ = nullptr;
   FsdpOptions options_;
   RateLimiter rate_limiter_;  // decides each prefetch (Prefetch)
   ShardingPlan sharding_;

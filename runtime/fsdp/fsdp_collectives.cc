@@ -212,7 +212,6 @@ Status FullyShardedModel::ReduceGradients(int unit) {
   // Accumulate into the f32 gradient shard (widening from reduce_dtype), in
   // stream order after the reduction (on the host with offload).
   SK_RETURN_IF_ERROR(AccumulateReduced(g, reduced));
-  g.MarkGradWritten();
   if (ParamsPersistent()) {
     // SHARD_OPTIM and NO_SHARD keep their full gradient: clear it once read.
     SK_RETURN_IF_ERROR(OnStream(rs_ctx_, [full_grad](const ops::OpContext& c) {
@@ -227,12 +226,28 @@ Status FullyShardedModel::ReduceGradients(int unit) {
   return OkStatus();
 }
 
-Status FullyShardedModel::AccumulateReduced(const FsdpParamGroup& group, const Tensor& reduced) {
+Status FullyShardedModel::AccumulateReduced(FsdpParamGroup& group, const Tensor& reduced) {
+  // The step's first reduction of the unit makes its shard: from the
+  // compute stream's pool, which the reduce stream is ordered after here
+  // (PostBackward's WaitForCompute), recorded on the reduce stream that
+  // writes it so a release reuses it only after that write.
+  const bool first = !group.has_grad();
+  if (first) {
+    SK_RETURN_IF_ERROR(group.AllocateGrad(*shard_allocator_));
+    if (!options_.cpu_offload && !compute_ctx_.device->id().is_cpu()) {
+      SK_RETURN_IF_ERROR(allocator_->RecordStream(*group.grad().storage(), rs_stream_.get()));
+    }
+  }
   Tensor grad = group.grad();
+  // 0 + x is x: the first reduction copies (widening from reduce_dtype)
+  // where later ones add, the same bits either way.
+  auto accumulate = [first](const ops::OpContext& c, const Tensor& src, const Tensor& dst) {
+    if (!first) return ops::Axpy(c, 1.f, src, dst);
+    return src.dtype() == dst.dtype() ? ops::Copy(c, src, dst) : ops::Cast(c, src, dst);
+  };
   if (!options_.cpu_offload) {
-    const bool copy = group.grad_zero() && reduced.dtype() == DType::kF32;
-    return OnStream(rs_ctx_, [grad, reduced, copy](const ops::OpContext& c) {
-      return copy ? ops::Copy(c, reduced, grad) : ops::Axpy(c, 1.f, reduced, grad);
+    return OnStream(rs_ctx_, [grad, reduced, accumulate](const ops::OpContext& c) {
+      return accumulate(c, reduced, grad);
     });
   }
   SK_ASSIGN_OR_RETURN(Tensor staged, Slice(grad_staging_, 0, reduced.numel()));
@@ -244,17 +259,17 @@ Status FullyShardedModel::AccumulateReduced(const FsdpParamGroup& group, const T
     ops::OpContext host = host_ctx_;
     if (rs_ctx_.device->id().is_cpu()) {
       // As every cpu closure: `reduced` lives until the stream has read it.
-      return rs_stream_->Enqueue([host, staged, grad, reduced]() {
-        return ops::Axpy(host, 1.f, staged, grad);
+      return rs_stream_->Enqueue([host, staged, grad, reduced, accumulate]() {
+        return accumulate(host, staged, grad);
       });
     }
     // cuda: `reduced` is the reduce stream's (stream-ordered reuse), and a
     // driver-thread closure must not free device memory (no CUDA calls there).
-    return rs_stream_->Enqueue([host, staged, grad]() { return ops::Axpy(host, 1.f, staged, grad); });
+    return rs_stream_->Enqueue([host, staged, grad, accumulate]() { return accumulate(host, staged, grad); });
   }
   // A host stream (sim): it waits for the copy, then accumulates.
   SK_RETURN_IF_ERROR(host_ctx_.device->WaitStream(*host_stream_, *rs_stream_));
-  return ops::Axpy(host_ctx_, 1.f, staged, grad);
+  return accumulate(host_ctx_, staged, grad);
 }
 
 Status FullyShardedModel::WaitPendingReductionWork() {

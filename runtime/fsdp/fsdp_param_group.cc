@@ -32,15 +32,19 @@ StatusOr<FsdpParamGroup> FsdpParamGroup::Create(FlatParamLayout layout, Allocato
   FsdpParamGroup group(std::move(layout));
   const Shape shard{group.layout_.shard_numel()};
   SK_ASSIGN_OR_RETURN(group.master_, shard_allocator.Empty(DType::kF32, shard));
-  SK_ASSIGN_OR_RETURN(group.grad_, shard_allocator.Empty(DType::kF32, shard));
   SK_RETURN_IF_ERROR(ops::Fill(shard_context, group.master_, 0.f));
-  SK_RETURN_IF_ERROR(group.ZeroGrad(shard_context));
   return group;
 }
 
-Status FsdpParamGroup::ZeroGrad(const ops::OpContext& context) {
-  SK_RETURN_IF_ERROR(ops::Fill(context, grad_, 0.f));
-  grad_zero_ = true;
+Status FsdpParamGroup::AllocateGrad(Allocator& allocator) {
+  SK_ASSIGN_OR_RETURN(grad_, allocator.Empty(DType::kF32, Shape{layout_.shard_numel()}));
+  return OkStatus();
+}
+
+Status FsdpParamGroup::ZeroGrad(Allocator& allocator, const ops::OpContext& context) {
+  SK_ASSIGN_OR_RETURN(Tensor grad, allocator.Empty(DType::kF32, Shape{layout_.shard_numel()}));
+  SK_RETURN_IF_ERROR(ops::Fill(context, grad, 0.f));
+  grad_ = std::move(grad);
   return OkStatus();
 }
 

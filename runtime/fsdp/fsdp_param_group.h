@@ -8,8 +8,11 @@
 // What a group holds:
 //   master shard     f32 [shard_numel], for the model's lifetime: the
 //                    optimizer's parameters.
-//   gradient shard   f32 [shard_numel], for the model's lifetime: reduced
-//                    gradients accumulate into it.
+//   gradient shard   f32 [shard_numel], only while the step has a gradient
+//                    for the unit: the unit's first reduction of a step
+//                    allocates it and copies its result there, later ones
+//                    add into it, and ReleaseGrad (ZeroGrad) drops it. A
+//                    unit without one has a zero gradient.
 //   unsharded param  param_dtype [padded_numel], from the issue of its
 //                    all-gather to Reshard (never dropped by the persistent
 //                    strategies except to regather).
@@ -25,8 +28,7 @@
 //                    SHARD_GRAD_OP keeps after forward.
 //
 // Invariants: a pending all-gather and "in flight" each imply an unsharded
-// parameter (Reshard drops all three together). grad_zero() is true only
-// while the gradient shard holds nothing but the zeros ZeroGrad wrote.
+// parameter (Reshard drops all three together).
 //
 // The group holds tensors, not streams: it runs no op except the zeroing
 // fills it is given a context for, and the stream order of everything else
@@ -52,29 +54,32 @@ namespace sk::fsdp_internal {
 
 class FsdpParamGroup {
  public:
-  // A group of `layout` with its master and gradient shards allocated from
-  // `shard_allocator`, in that order, and zeroed (master first) on
-  // `shard_context`. Idle, sharded, no full gradient.
+  // A group of `layout` with its master shard allocated from
+  // `shard_allocator` and zeroed on `shard_context`. Idle, sharded, no
+  // gradient shard, no full gradient.
   static StatusOr<FsdpParamGroup> Create(FlatParamLayout layout, Allocator& shard_allocator,
                                          const ops::OpContext& shard_context);
 
   const FlatParamLayout& layout() const { return layout_; }
-  // The f32 shards. The handles are fixed; their data is written by the
-  // model's ops (initialisation, loading, the optimizer step, reductions).
+  // The f32 shards. The master's handle is fixed; its data is written by
+  // the model's ops (initialisation, loading, the optimizer step). The
+  // gradient shard is undefined while has_grad() is false.
   const Tensor& master() const { return master_; }
   const Tensor& grad() const { return grad_; }
 
   UnitState state() const { return state_; }
   void set_state(UnitState state) { state_ = state; }
 
-  // Gradient shard. ZeroGrad fills it with zeros on `context` and, once that
-  // is issued, records that it holds only zeros: the next reduction may
-  // then copy its result there instead of adding it (one pass fewer).
-  // MarkGradWritten forgets that, wherever anything may have written the
-  // shard (a reduction, scaling, clipping, a caller's own update).
-  Status ZeroGrad(const ops::OpContext& context);
-  bool grad_zero() const { return grad_zero_; }
-  void MarkGradWritten() { grad_zero_ = false; }
+  // Gradient shard. AllocateGrad makes it, uninitialised (the caller writes
+  // all of it: the first reduction's copy), from `allocator`; ZeroGrad
+  // makes it and fills it with zeros on `context` (for a unit that had no
+  // gradient this step, before anything reads it). Both require
+  // !has_grad(); unchanged when they fail. ReleaseGrad drops it (the
+  // caching allocator reuses the block once its recorded streams are done).
+  bool has_grad() const { return grad_.defined(); }
+  Status AllocateGrad(Allocator& allocator);
+  Status ZeroGrad(Allocator& allocator, const ops::OpContext& context);
+  void ReleaseGrad() { grad_ = Tensor(); }
 
   // Unsharded parameter.
   bool unsharded() const { return unsharded_.defined(); }
@@ -122,7 +127,7 @@ class FsdpParamGroup {
 
   // A failed step: idle, not in flight, the full gradient dropped, and the
   // unsharded parameter too unless `keep_unsharded` (the persistent
-  // strategies). The gradient shard is left to ZeroGrad.
+  // strategies). The gradient shard is left to ReleaseGrad.
   void Abandon(bool keep_unsharded);
 
  private:
@@ -130,8 +135,7 @@ class FsdpParamGroup {
 
   FlatParamLayout layout_;
   Tensor master_;     // f32 [shard_numel]
-  Tensor grad_;       // f32 [shard_numel], accumulated reduced gradients
-  bool grad_zero_ = false;
+  Tensor grad_;       // f32 [shard_numel], accumulated reduced gradients (or none)
   Tensor unsharded_;  // param_dtype [padded_numel], alive while unsharded
   std::shared_ptr<comm::Work> all_gather_;  // pending all-gather into unsharded_
   Tensor full_grad_;  // gradient dtype [padded_numel]

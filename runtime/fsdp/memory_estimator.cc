@@ -166,6 +166,33 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   if (persistent && pd != 4) e.unsharded_bytes += F32(largest);
   // The model counts its own activations and temporaries (runtime/nn).
   e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te, r.device);
+
+  // Gradient shards exist from each unit's first reduction of a step to
+  // ZeroGrad (FsdpParamGroup), so the step has two peaks, and the estimate
+  // is the larger with the buffers alive at it:
+  //  - the activations' peak at the start of backward (the head's backward,
+  //    or the last block's, after the head's reduction): with at most the
+  //    shard of the unit that runs last in forward;
+  //  - the end of backward, from the first block's backward on: every
+  //    shard (the first unit's and the first block's are not made yet, but
+  //    an upper bound), the same unsharded buffers in flight (the first
+  //    block's, the input unit's prefetched, a reduction's), and the model's
+  //    activations then (Model::BackwardEndActivationBytes). Activations
+  //    fall and shards grow block by block, each by the same amount, so
+  //    between the two ends nothing is higher. With checkpointing, or
+  //    shards larger than a block's activations (few ranks), this one is.
+  // The optimizer step that follows holds the shards and less besides.
+  const int64_t all_shards = e.grad_shard_bytes;
+  const int64_t last_shard = r.fsdp.cpu_offload ? 0 : F32(model->units().size() > 1 ? padded.back() / f : 0);
+  const int64_t states = e.master_bytes + e.optimizer_bytes + e.persistent_bytes + e.unsharded_bytes;
+  const int64_t start = states + e.activation_bytes + last_shard;
+  const int64_t end_activations = model->BackwardEndActivationBytes(r.batch_size, t, te, r.device);
+  const int64_t end = states + all_shards + end_activations;
+  if (end > start) {
+    e.activation_bytes = end_activations;
+  } else {
+    e.grad_shard_bytes = last_shard;
+  }
   e.peak_bytes = e.master_bytes + e.grad_shard_bytes + e.optimizer_bytes + e.persistent_bytes +
                  e.unsharded_bytes + e.activation_bytes;
   return e;

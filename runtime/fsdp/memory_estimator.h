@@ -3,14 +3,19 @@
 // predicted from the model, strategy, world size, dtypes,
 // optimizer and batch, without running anything.
 //
-//   peak = model states (master shards, gradient shards, optimizer state,
-//          and the full parameters/gradients that NO_SHARD and SHARD_OPTIM keep)
-//        + unsharded flat parameters and gradients in flight at the peak
-//          (bounded by the rate limiter; SHARD_GRAD_OP keeps every unit), the
-//          reducing gradient's reduce-dtype copy and shard, and with CPU
-//          offload under a 16-bit param_dtype the prefetched units' f32
-//          master shards staged on the device for their cast
-//        + activations at the peak of backward.
+//   peak = model states (master shards, optimizer state, and the full
+//          parameters/gradients that NO_SHARD and SHARD_OPTIM keep)
+//        + the larger of the step's two peaks:
+//          - the start of backward: unsharded flat parameters and gradients
+//            in flight (bounded by the rate limiter; SHARD_GRAD_OP keeps
+//            every unit), the reducing gradient's reduce-dtype copy and
+//            shard, with CPU offload under a 16-bit param_dtype the
+//            prefetched units' f32 master shards staged on the device for
+//            their cast, activations at the peak of backward, and the
+//            gradient shard of the one unit reduced by then;
+//          - the end of backward: every unit's f32 gradient shard (they
+//            exist from the unit's first reduction of a step to ZeroGrad),
+//            one unit's reduction buffers and the activations left then.
 //
 // Activations are the model's own count (Model::PeakActivationBytes: every
 // saved tensor and backward temporary its code allocates). Model states and
@@ -57,7 +62,7 @@ struct MemoryEstimateRequest {
 struct MemoryEstimate {
   int64_t parameters = 0;         // model parameters (elements)
   int64_t master_bytes = 0;       // f32 master shards (0 on the device with offload)
-  int64_t grad_shard_bytes = 0;   // f32 gradient shards (0 with offload)
+  int64_t grad_shard_bytes = 0;   // f32 gradient shards alive at the peak (0 with offload)
   int64_t optimizer_bytes = 0;    // optimizer state (0 with offload)
   int64_t persistent_bytes = 0;   // full params/grads kept by NO_SHARD and SHARD_OPTIM
   int64_t unsharded_bytes = 0;    // gathered params and full grads in flight at the peak

@@ -239,4 +239,16 @@ int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   return std::max(head, block);
 }
 
+// The first block's backward: the token ids, targets and loss, the
+// embedding output (its input), dx and dnext, its temporaries and all it
+// saved (or, checkpointed, recomputed).
+int64_t GptModel::BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len,
+                                             int64_t /*source_len*/, DeviceKind device) const {
+  const BlockDims d = GptBlockDims(config_, batch_size, seq_len, options_.compute_dtype);
+  const int64_t n = batch_size * seq_len, c = config_.d_model;
+  const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
+  return 4 * (2 * n + 1) + 3 * a * n * c + block_.BackwardTempBytes(d, device) +
+         block_.SavedBytes(d, device);
+}
+
 }  // namespace sk

@@ -54,6 +54,8 @@ class GptModel final : public ConfiguredModel<GptConfig> {
   StepFlops Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const override;
   int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
                               DeviceKind device) const override;
+  int64_t BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
+                                     DeviceKind device) const override;
 
  private:
   GptModel(const GptConfig& config, const ModelOptions& options);

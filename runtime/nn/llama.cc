@@ -551,4 +551,14 @@ int64_t LlamaModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   return std::max(head, block);
 }
 
+// The first block's backward, as GPT's: ids, targets, loss, the embedding
+// output, dx and dnext, the block's temporaries and all it saved.
+int64_t LlamaModel::BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len,
+                                               int64_t /*source_len*/, DeviceKind /*device*/) const {
+  const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
+  const int64_t n = d.rows(), c = config_.d_model;
+  const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
+  return 4 * (2 * n + 1) + 3 * a * n * c + BlockBackwardTempBytes(d) + BlockSavedBytes(d);
+}
+
 }  // namespace sk

@@ -289,6 +289,15 @@ class Model {
   // instead of the probabilities), so the count asks the same predicate.
   virtual int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
                                       DeviceKind device) const = 0;
+  // The most bytes of the same kind the model holds from the backward of
+  // its first unit after the input (a decoder's first block) to the end of
+  // backward: when the hooks have reduced nearly every unit's gradient.
+  // What FSDP's memory estimator adds to every gradient shard for the peak
+  // at the end of backward. Default: PeakActivationBytes (an upper bound).
+  virtual int64_t BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
+                                             DeviceKind device) const {
+    return PeakActivationBytes(batch_size, seq_len, source_len, device);
+  }
 
   int64_t num_parameters() const { return CountParameters(units()); }
 };

@@ -319,4 +319,35 @@ int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_
   return std::max({head, dec, enc});
 }
 
+// From the first decoder block's backward on (BackwardEndActivationBytes):
+// that block with everything the encoder keeps, or later the encoder's
+// backward from its last block (the most it holds), whichever is more.
+int64_t T5Model::BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
+                                            DeviceKind device) const {
+  BlockDims ed;
+  ed.batch = batch_size;
+  ed.seq = source_len;
+  ed.d_model = config_.d_model;
+  ed.heads = config_.n_head;
+  ed.d_ff = config_.d_ff;
+  ed.storage = options_.compute_dtype;
+  BlockDims dd = ed;
+  dd.seq = seq_len;
+  dd.enc_seq = source_len;
+  const int64_t ne = batch_size * source_len, nd = batch_size * seq_len, c = config_.d_model;
+  const int64_t E = config_.n_encoder_layers;
+  const bool ckpt = options_.full_checkpointing();
+  const int64_t a = static_cast<int64_t>(DTypeSize(ed.storage));
+  const int64_t enc_saved = encoder_block_.SavedBytes(ed, device);
+  const int64_t dec_saved = decoder_block_.SavedBytes(dd, device);
+  const int64_t enc_kept = 4 * (ne + 2 * nd + 1) + a * ne * c +
+                           E * (ckpt ? a * ne * c : enc_saved) + a * ne * c + 4 * 2 * ne;
+  const int64_t grads = 2 * a * nd * c + 4 * ne * c;
+  const int64_t first_dec = enc_kept + a * nd * c + dec_saved + grads + decoder_block_.BackwardTempBytes(dd, device);
+  const int64_t enc = (enc_kept - a * ne * c - (ckpt ? a * ne * c : 0)) + a * nd * c +
+                      2 * a * ne * c + encoder_block_.BackwardTempBytes(ed, device) +
+                      (ckpt ? enc_saved : 0);
+  return std::max(first_dec, enc);
+}
+
 }  // namespace sk

@@ -63,6 +63,8 @@ class T5Model final : public ConfiguredModel<T5Config> {
   StepFlops Flops(int64_t batch_size, int64_t seq_len, int64_t source_len) const override;
   int64_t PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
                               DeviceKind device) const override;
+  int64_t BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
+                                     DeviceKind device) const override;
 
  private:
   T5Model(const T5Config& config, const ModelOptions& options);

@@ -557,6 +557,11 @@ StatusOr<StepMetrics> Trainer::RunStep(const std::vector<TokenBatch>* given) {
   }
   optimizer_->set_lr(lr);
   SK_RETURN_IF_ERROR(data_parallel_->OptimizerStep(*optimizer_));
+  // The gradients are spent: FSDP releases its gradient shards here (as
+  // PyTorch's zero_grad(set_to_none=True)), so none is held between steps
+  // nor through the next step's forward. (DDP's gradient buckets are its
+  // model's storage for good: zeroing them twice a step would buy nothing.)
+  if (fsdp_ != nullptr) data_parallel_->ZeroGrad();
   if (!device_->id().is_cpu() && sim_device_ == nullptr) {
     // On a GPU the update is only enqueued: the step ends when the device has
     // run it (as torch.cuda.synchronize() in a benchmark), so step_seconds is

@@ -1,7 +1,7 @@
 // FsdpParamGroup on its own (runtime/fsdp/fsdp_param_group.h): what Create
 // allocates and zeroes, and that each transition keeps the header's
 // invariants (a pending all-gather and "in flight" only while unsharded, the
-// copy-first flag only while the gradient shard holds ZeroGrad's zeros).
+// gradient shard only between its allocation and its release).
 // FullyShardedModel's use of it is what tests/fsdp/fsdp_test.cc covers.
 #include "runtime/fsdp/fsdp_param_group.h"
 
@@ -17,6 +17,26 @@
 
 namespace sk::fsdp_internal {
 namespace {
+
+// Host memory that counts the bytes of its live storages.
+class CountingAllocator final : public Allocator {
+ public:
+  DeviceId device() const override { return host_.device(); }
+  StatusOr<std::shared_ptr<Storage>> AllocateBytes(size_t nbytes) override {
+    SK_ASSIGN_OR_RETURN(std::shared_ptr<Storage> inner, host_.AllocateBytes(nbytes));
+    live_ += static_cast<int64_t>(nbytes);
+    Storage* raw = inner.get();
+    return std::shared_ptr<Storage>(raw, [this, nbytes, inner = std::move(inner)](Storage*) mutable {
+      live_ -= static_cast<int64_t>(nbytes);
+      inner.reset();
+    });
+  }
+  int64_t live() const { return live_; }
+
+ private:
+  HostAllocator host_;
+  int64_t live_ = 0;
+};
 
 class FsdpParamGroupTest : public ::testing::Test {
  protected:
@@ -63,22 +83,25 @@ class FsdpParamGroupTest : public ::testing::Test {
     return true;
   }
 
-  HostAllocator alloc_;
+  CountingAllocator alloc_;
   Device* device_ = nullptr;
   ops::OpContext ctx_;
   FlatParamLayout layout_;
   std::vector<std::unique_ptr<Stream>> streams_;
 };
 
-TEST_F(FsdpParamGroupTest, CreateAllocatesZeroedShardsAndStartsIdleAndSharded) {
+TEST_F(FsdpParamGroupTest, CreateAllocatesAZeroedMasterShardAndNoGradientShard) {
+  const int64_t before = alloc_.live();
   FsdpParamGroup g = Make();
   EXPECT_EQ(g.layout().shard_numel(), layout_.shard_numel());
-  for (const Tensor* t : {&g.master(), &g.grad()}) {
-    EXPECT_EQ(t->dtype(), DType::kF32);
-    EXPECT_EQ(t->numel(), layout_.shard_numel());
-    EXPECT_TRUE(AllZero(*t));
-  }
-  EXPECT_TRUE(g.grad_zero());
+  EXPECT_EQ(g.master().dtype(), DType::kF32);
+  EXPECT_EQ(g.master().numel(), layout_.shard_numel());
+  EXPECT_TRUE(AllZero(g.master()));
+  // The gradient shard exists only once a step has a gradient for the unit.
+  EXPECT_FALSE(g.has_grad());
+  EXPECT_FALSE(g.grad().defined());
+  EXPECT_EQ(alloc_.live() - before,
+            static_cast<int64_t>(g.master().nbytes()));
   EXPECT_EQ(g.state(), UnitState::kIdle);
   EXPECT_FALSE(g.unsharded());
   EXPECT_FALSE(g.in_flight());
@@ -86,14 +109,23 @@ TEST_F(FsdpParamGroupTest, CreateAllocatesZeroedShardsAndStartsIdleAndSharded) {
   EXPECT_FALSE(g.has_full_grad());
 }
 
-TEST_F(FsdpParamGroupTest, GradZeroHoldsOnlyUntilTheShardMayBeWritten) {
+TEST_F(FsdpParamGroupTest, GradientShardLivesFromItsAllocationToItsRelease) {
   FsdpParamGroup g = Make();
-  g.MarkGradWritten();
-  EXPECT_FALSE(g.grad_zero());
-  g.grad().data_as<float>()[0] = 5.f;
-  ASSERT_TRUE(g.ZeroGrad(ctx_).ok());
-  EXPECT_TRUE(g.grad_zero());
+  const int64_t before = alloc_.live();
+  ASSERT_TRUE(g.AllocateGrad(alloc_).ok());
+  ASSERT_TRUE(g.has_grad());
+  EXPECT_EQ(g.grad().dtype(), DType::kF32);
+  EXPECT_EQ(g.grad().numel(), layout_.shard_numel());
+  EXPECT_EQ(alloc_.live() - before, static_cast<int64_t>(g.grad().nbytes()));
+  g.ReleaseGrad();
+  EXPECT_FALSE(g.has_grad());
+  EXPECT_EQ(alloc_.live(), before);
+  // ZeroGrad makes one of zeros (a unit no reduction reached).
+  ASSERT_TRUE(g.ZeroGrad(alloc_, ctx_).ok());
+  ASSERT_TRUE(g.has_grad());
   EXPECT_TRUE(AllZero(g.grad()));
+  g.ReleaseGrad();
+  EXPECT_EQ(alloc_.live(), before);
 }
 
 TEST_F(FsdpParamGroupTest, AllGatherIsPendingUntilWaitedForAndReshardDropsEverything) {

@@ -122,6 +122,76 @@ TEST(FsdpTest, NoSyncAccumulationEqualsOneLargerBatch) {
   });
 }
 
+// Issue 45, item 1: gradient shards exist only while a step has gradients.
+// ZeroGrad gives their memory back; the step's first reduction of a unit
+// makes its shard and copies (widening) into it, later ones add: the sum of
+// two synced backwards is bit for bit the f32 sum of each one's reduced
+// gradient, in f32 and with a bf16 reduction.
+TEST(FsdpTest, GradientShardsLiveFromTheFirstReductionUntilZeroGrad) {
+  auto model = Tiny();
+  for (bool bf16_reduce : {false, true}) {
+    RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+      CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+      FsdpOptions o = Options();
+      if (bf16_reduce) o.mixed_precision.reduce_dtype = DType::kBF16;
+      auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, o);
+      for (int u = 0; u < fsdp->num_units(); ++u) EXPECT_FALSE(fsdp->grad_shard(u).defined()) << u;
+      const int64_t idle = alloc.stats().allocated_bytes.current;
+      int64_t shard_bytes = 0;
+      for (int u = 0; u < fsdp->num_units(); ++u) {
+        shard_bytes += (fsdp->layout(u).shard_numel() * 4 + 511) / 512 * 512;
+      }
+      // The reduced gradient of each of two batches alone.
+      std::vector<std::vector<std::vector<float>>> alone(2);
+      for (int b = 0; b < 2; ++b) {
+        ASSERT_TRUE(model->ForwardBackward(MakeBatch(0, 2 * rank + b, 1), *fsdp, fsdp->activation_allocator()).ok());
+        ASSERT_TRUE(fsdp->FinishBackward().ok());
+        EXPECT_EQ(alloc.stats().allocated_bytes.current, idle + shard_bytes) << "batch " << b;
+        for (int u = 0; u < fsdp->num_units(); ++u) {
+          const Tensor& g = fsdp->grad_shard(u);
+          ASSERT_TRUE(g.defined()) << u;
+          alone[b].emplace_back(g.data_as<float>(), g.data_as<float>() + g.numel());
+        }
+        fsdp->ZeroGrad();
+        for (int u = 0; u < fsdp->num_units(); ++u) EXPECT_FALSE(fsdp->grad_shard(u).defined()) << u;
+        EXPECT_EQ(alloc.stats().allocated_bytes.current, idle) << "batch " << b;
+      }
+      // Both, each reduced as it finishes: the second adds into the first.
+      for (int b = 0; b < 2; ++b) {
+        ASSERT_TRUE(model->ForwardBackward(MakeBatch(0, 2 * rank + b, 1), *fsdp, fsdp->activation_allocator()).ok());
+      }
+      ASSERT_TRUE(fsdp->FinishBackward().ok());
+      for (int u = 0; u < fsdp->num_units(); ++u) {
+        const float* got = fsdp->grad_shard(u).data_as<float>();
+        for (size_t i = 0; i < alone[0][u].size(); ++i) {
+          const float want = alone[0][u][i] + alone[1][u][i];
+          ASSERT_EQ(0, std::memcmp(&got[i], &want, sizeof(float)))
+              << "unit " << u << " elem " << i << (bf16_reduce ? " (bf16 reduction)" : "");
+        }
+      }
+    });
+  }
+}
+
+// A unit no reduction reached has a zero gradient: FinishBackward gives it a
+// shard of zeros (here: every unit, after a no_sync backward only).
+TEST(FsdpTest, FinishBackwardGivesUnitsWithoutAReductionZeroGradients) {
+  auto model = Tiny();
+  RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+    CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+    auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, Options());
+    fsdp->set_gradient_sync(false);
+    ASSERT_TRUE(model->ForwardBackward(MakeBatch(0, rank, 1), *fsdp, fsdp->activation_allocator()).ok());
+    fsdp->set_gradient_sync(true);
+    ASSERT_TRUE(fsdp->FinishBackward().ok());
+    for (int u = 0; u < fsdp->num_units(); ++u) {
+      const Tensor& g = fsdp->grad_shard(u);
+      ASSERT_TRUE(g.defined()) << u;
+      for (int64_t i = 0; i < g.numel(); ++i) ASSERT_EQ(g.data_as<float>()[i], 0.f) << u << " " << i;
+    }
+  });
+}
+
 TEST(FsdpTest, ClipGradNormReturnsTheUnshardedNormAndClipsToIt) {
   auto model = Tiny();
   constexpr int kWorld = 4, kRows = 1;

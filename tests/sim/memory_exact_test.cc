@@ -247,9 +247,13 @@ TEST(MemoryExactTest, SelectiveCheckpointing) {
         EXPECT_LT(sim.back().allocated, without.back().allocated);
       }
     }
-    // Attention recomputed too: still exact, and lower again.
+    // Attention recomputed too: still exact, and lower again. (gpt-1m at
+    // its full 128 positions: at 32 its one rank's peak is the end of
+    // backward, where every gradient shard exists and the attention no
+    // longer does, so recomputing it cannot lower that peak.)
     Config c{model, Parallelism::kFsdp, ShardingStrategy::kFullShard};
     c.checkpointing = ActivationCheckpointing::kSelective;
+    if (std::string(model) == "gpt-1m") c.seq_len = 128;
     SCOPED_TRACE(Name(c) + " selective, attention recomputed");
     std::vector<Peaks> kept = SimPeaks(c, 1);
     c.recompute_attention = true;

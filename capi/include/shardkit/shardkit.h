@@ -1060,7 +1060,10 @@ typedef struct sk_memory_estimate {
   size_t struct_size;        /* set by the caller (SK_MEMORY_ESTIMATE_INIT) */
   int64_t parameters;        /* of the whole model (elements) */
   int64_t master_bytes;      /* f32 master shards (0 on the device with cpu_offload) */
-  int64_t grad_shard_bytes;  /* f32 gradient shards (0 with cpu_offload) */
+  int64_t grad_shard_bytes;  /* f32 gradient shards alive at the peak (0 with cpu_offload):
+                              * they exist from each unit's first reduction of a step
+                              * to zero_grad, so all of them at the end of backward,
+                              * one at the start */
   int64_t optimizer_bytes;   /* optimizer state (0 with cpu_offload) */
   int64_t persistent_bytes;  /* full parameters/gradients NO_SHARD and SHARD_OPTIM keep */
   int64_t unsharded_bytes;   /* gathered parameters and full gradients in flight at the peak */
@@ -1516,7 +1519,9 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_clip_grad_norm(sk_engine* engine, d
  * INVALID_ARGUMENT on every rank, nothing changed, when their learning
  * rates differ (sk_engine_set_lr), naming the ranks and rates. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_optimizer_step(sk_engine* engine);
-/* Zeroes the gradient shards (and no_sync accumulations). */
+/* Zeroes the gradients: releases the f32 gradient shards (their memory
+ * returns to the engine's allocator; the step's first reduction of each unit
+ * makes its shard again) and zeroes no_sync accumulations. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_zero_grad(sk_engine* engine);
 
 /* Copies the full f32 value of parameter `param` of `unit` into out[0..count)
@@ -1557,7 +1562,9 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_steps(const sk_engine* engine, int6
  *     sk_engine_master_shard(e, u) in place (state: sk_engine_optimizer_state);
  *   sk_engine_end_custom_step(e);
  * The views are this rank's f32 slices of the unit's flat parameter
- * (1-D, padding included: its gradient is 0), valid until end_custom_step:
+ * (1-D, padding included: its gradient is 0), valid until end_custom_step
+ * (a gradient shard exists only from the unit's first reduction of a step,
+ * or finish_backward, until zero_grad: between steps there is none to view):
  * host memory on cpu engines and with cpu_offload, device pointers of the
  * engine's GPU on cuda (finish your device work on them before
  * end_custom_step). The gradient is the mean over ranks (clipped if
