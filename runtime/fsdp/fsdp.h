@@ -167,6 +167,29 @@ enum class BackwardPrefetch : int {
 const char* BackwardPrefetchName(BackwardPrefetch p);
 StatusOr<BackwardPrefetch> ParseBackwardPrefetch(const std::string& name);
 
+// How gradients accumulate over the micro-batches of one optimizer step
+// (the Trainer's grad_accum_steps). Values equal the C ABI's
+// sk_grad_accumulation_t; 0 resolves by strategy (ReducesEveryMicroBatch).
+enum class GradAccumulation : int {
+  kDefault = 0,
+  // Every micro-batch's backward reduces (reduce-scatters) into the f32
+  // gradient shard, as FSDP2 does with gradient sync left on: the unsharded
+  // gradients live only during each unit's backward, at the price of a
+  // reduction per micro-batch. The default for the strategies that free
+  // unsharded gradients (FULL_SHARD, SHARD_GRAD_OP and the hybrids).
+  kSharded = 1,
+  // no_sync: micro-batches accumulate in each unit's unsharded gradient,
+  // reduced once by the last: one reduction per step, but every unit's
+  // full gradient alive from the first micro-batch's backward to the last.
+  // The default for SHARD_OPTIM and NO_SHARD, which keep full gradients
+  // anyway.
+  kUnsharded = 2,
+};
+
+// "DEFAULT", "SHARDED", "UNSHARDED"; and the inverse (any case).
+const char* GradAccumulationName(GradAccumulation g);
+StatusOr<GradAccumulation> ParseGradAccumulation(const std::string& name);
+
 struct MixedPrecisionPolicy {
   // What the model computes in: the gathered parameters' dtype, and the
   // dtype of the gradient buffers the model adds into.
@@ -211,7 +234,15 @@ struct FsdpOptions {
   // documented contract (sk_engine_grad); the Trainer, whose model
   // accumulates 16-bit gradients in f32 anyway, turns it on.
   bool f32_unsharded_gradients = false;
+  // Gradient accumulation over micro-batches (see GradAccumulation). The
+  // Trainer applies it: FullyShardedModel itself reduces whenever gradient
+  // sync is on.
+  GradAccumulation grad_accumulation = GradAccumulation::kDefault;
 };
+
+// Whether gradient accumulation under `options` reduces every micro-batch
+// (kSharded, or kDefault with a strategy that frees unsharded gradients).
+bool ReducesEveryMicroBatch(const FsdpOptions& options);
 
 // InvalidArgument naming the field.
 Status ValidateFsdpOptions(const FsdpOptions& options, int world_size);

@@ -27,6 +27,33 @@ StatusOr<BackwardPrefetch> ParseBackwardPrefetch(const std::string& name) {
                               "' (NONE, BACKWARD_PRE, BACKWARD_POST)");
 }
 
+const char* GradAccumulationName(GradAccumulation g) {
+  switch (g) {
+    case GradAccumulation::kDefault: return "DEFAULT";
+    case GradAccumulation::kSharded: return "SHARDED";
+    case GradAccumulation::kUnsharded: return "UNSHARDED";
+  }
+  return "UNKNOWN";
+}
+
+StatusOr<GradAccumulation> ParseGradAccumulation(const std::string& name) {
+  std::string n;
+  for (char c : name) n.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  for (GradAccumulation g : {GradAccumulation::kDefault, GradAccumulation::kSharded, GradAccumulation::kUnsharded}) {
+    if (n == GradAccumulationName(g)) return g;
+  }
+  return InvalidArgumentError("unknown gradient accumulation '" + name + "' (DEFAULT, SHARDED, UNSHARDED)");
+}
+
+bool ReducesEveryMicroBatch(const FsdpOptions& o) {
+  switch (o.grad_accumulation) {
+    case GradAccumulation::kSharded: return true;
+    case GradAccumulation::kUnsharded: return false;
+    case GradAccumulation::kDefault: break;
+  }
+  return o.strategy != ShardingStrategy::kShardOptim && o.strategy != ShardingStrategy::kNoShard;
+}
+
 Status ValidateFsdpOptions(const FsdpOptions& o, int world) {
   SK_RETURN_IF_ERROR(ResolveSharding(o.strategy, o.shard_group_size, world, o.ranks_per_node).status());
   switch (o.backward_prefetch) {
@@ -37,6 +64,16 @@ Status ValidateFsdpOptions(const FsdpOptions& o, int world) {
     default:
       return InvalidArgumentError("unknown backward prefetch value " +
                                   std::to_string(static_cast<int>(o.backward_prefetch)));
+  }
+  switch (o.grad_accumulation) {
+    case GradAccumulation::kDefault:
+    case GradAccumulation::kSharded:
+    case GradAccumulation::kUnsharded:
+      break;
+    default:
+      return InvalidArgumentError("unknown grad_accumulation value " +
+                                  std::to_string(static_cast<int>(o.grad_accumulation)) +
+                                  " (0 default, 1 sharded, 2 unsharded)");
   }
   SK_RETURN_IF_ERROR(ValidateRateLimit(o.all_gather_limit, "all_gather_limit"));
   const MixedPrecisionPolicy& mp = o.mixed_precision;

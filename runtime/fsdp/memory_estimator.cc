@@ -35,6 +35,7 @@ std::string MemoryEstimate::ToString() const {
 StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   if (r.world_size < 1) return InvalidArgumentError("world_size must be >= 1");
   if (r.batch_size < 1) return InvalidArgumentError("batch_size must be >= 1");
+  if (r.grad_accum_steps < 1) return InvalidArgumentError("grad_accum_steps must be >= 1");
   if (r.seq_len < 0 || r.source_len < 0) return InvalidArgumentError("sequence lengths must be >= 0");
   SK_RETURN_IF_ERROR(ValidateFsdpOptions(r.fsdp, r.world_size));
   const OptimizerOptions& opt = r.optimizer;
@@ -183,7 +184,26 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   //    shards larger than a block's activations (few ranks), this one is.
   // The optimizer step that follows holds the shards and less besides.
   const int64_t all_shards = e.grad_shard_bytes;
-  const int64_t last_shard = r.fsdp.cpu_offload ? 0 : F32(model->units().size() > 1 ? padded.back() / f : 0);
+  int64_t last_shard = r.fsdp.cpu_offload ? 0 : F32(model->units().size() > 1 ? padded.back() / f : 0);
+  // Accumulation over micro-batches (the Trainer's): sharded, the later
+  // micro-batches start their backward with every shard made; unsharded
+  // (no_sync, where the strategy frees full gradients), every unit's full
+  // gradient is kept in param_dtype from the first micro-batch's backward,
+  // reduced and dropped unit by unit in the last.
+  if (r.grad_accum_steps > 1) {
+    if (ReducesEveryMicroBatch(r.fsdp)) {
+      last_shard = all_shards;
+    } else if (!persistent) {
+      // Kept in param_dtype, the computing and the reducing unit's among
+      // them: what remains of the two full gradients counted above is the
+      // f32 sinks of a 16-bit unit's backward (UnitGrads) and a cast to a
+      // different reduce dtype.
+      e.unsharded_bytes -= F32(largest) + Blocks(largest * rd);
+      for (int64_t p : padded) e.unsharded_bytes += Blocks(p * pd);
+      if (pd != 4) e.unsharded_bytes += F32(largest);
+      if (rd != pd) e.unsharded_bytes += Blocks(largest * rd);
+    }
+  }
   const int64_t states = e.master_bytes + e.optimizer_bytes + e.persistent_bytes + e.unsharded_bytes;
   const int64_t start = states + e.activation_bytes + last_shard;
   const int64_t end_activations = model->BackwardEndActivationBytes(r.batch_size, t, te, r.device);

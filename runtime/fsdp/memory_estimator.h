@@ -43,7 +43,12 @@ struct MemoryEstimateRequest {
   FsdpOptions fsdp;
   OptimizerOptions optimizer;
   int world_size = 1;
-  int64_t batch_size = 1;  // per rank
+  int64_t batch_size = 1;  // per rank (of one micro-batch)
+  // Micro-batches per optimizer step, accumulated as fsdp.grad_accumulation
+  // says (ReducesEveryMicroBatch): sharded, every gradient shard exists from
+  // the first micro-batch on, so through the later ones' activation peaks;
+  // unsharded (no_sync), every unit's full gradient in param_dtype does.
+  int grad_accum_steps = 1;
   int64_t seq_len = 0;     // 0 = the model's default
   int64_t source_len = 0;  // encoder-decoder; 0 = default
   // As ModelOptions' two fields (runtime/nn/model.h).

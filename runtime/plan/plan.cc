@@ -173,6 +173,7 @@ std::string Candidate::Label() const {
   }
   s += ckpt;
   if (fsdp.cpu_offload) s += " offload";
+  if (fsdp.grad_accumulation == GradAccumulation::kUnsharded) s += " no_sync";
   return s + " " + DTypePairName(fsdp.mixed_precision);
 }
 
@@ -326,6 +327,8 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
       {CheckpointingChoice(ActivationCheckpointing::kNone), CheckpointingChoice(ActivationCheckpointing::kFull)});
   const std::vector<bool> offload = OrDefault(sp.cpu_offload, {false, true});
   const std::vector<MixedPrecisionPolicy> dtypes = OrDefault(sp.dtypes, DefaultDTypes());
+  const std::vector<GradAccumulation> accumulation =
+      OrDefault(sp.grad_accumulation, {GradAccumulation::kSharded, GradAccumulation::kUnsharded});
 
   std::vector<Candidate> out;
   std::set<std::string> seen;  // labels: no two candidates describe the same run
@@ -359,6 +362,12 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
     const std::vector<BackwardPrefetch> bwd_here =
         GathersInBackward(st) ? bwd : std::vector<BackwardPrefetch>{BackwardPrefetch::kBackwardPre};
     const std::vector<bool> fwd_here = GathersInForward(st) ? fwd : std::vector<bool>{false};
+    // Only where a step has micro-batches and the strategy frees unsharded
+    // gradients (the others keep them: there is nothing to choose).
+    const bool frees_gradients = st != ShardingStrategy::kShardOptim && st != ShardingStrategy::kNoShard;
+    const std::vector<GradAccumulation> accumulation_here =
+        r.grad_accum_steps > 1 && frees_gradients ? accumulation
+                                                  : std::vector<GradAccumulation>{GradAccumulation::kDefault};
     for (const MixedPrecisionPolicy& mp : dtypes) {
       for (const CheckpointingChoice& ck : ckpt) {
         for (bool off : offload) {
@@ -370,17 +379,20 @@ StatusOr<std::vector<Candidate>> EnumerateCandidates(const PlanRequest& r) {
                 const std::vector<RateLimit> limits_here =
                     prefetching ? limits : std::vector<RateLimit>{kDefaultRateLimit};
                 for (RateLimit l : limits_here) {
-                  Candidate c;
-                  c.parallelism = Parallelism::kFsdp;
-                  c.fsdp.strategy = st;
-                  c.fsdp.shard_group_size = f;
-                  c.fsdp.backward_prefetch = b;
-                  c.fsdp.forward_prefetch = fw;
-                  c.fsdp.all_gather_limit = l;
-                  c.fsdp.cpu_offload = off;
-                  c.fsdp.mixed_precision = mp;
-                  SetCheckpointing(ck, &c);
-                  add(c);
+                  for (GradAccumulation ga : accumulation_here) {
+                    Candidate c;
+                    c.parallelism = Parallelism::kFsdp;
+                    c.fsdp.strategy = st;
+                    c.fsdp.shard_group_size = f;
+                    c.fsdp.backward_prefetch = b;
+                    c.fsdp.forward_prefetch = fw;
+                    c.fsdp.all_gather_limit = l;
+                    c.fsdp.cpu_offload = off;
+                    c.fsdp.mixed_precision = mp;
+                    c.fsdp.grad_accumulation = ga;
+                    SetCheckpointing(ck, &c);
+                    add(c);
+                  }
                 }
               }
             }
@@ -619,6 +631,10 @@ std::string FormatJson(const PlanResult& result) {
     if (k.selective_checkpointing) o += ", \"selective_checkpointing\": true";
     if (k.recompute_attention) o += ", \"recompute_attention\": true";
     o += ", \"cpu_offload\": " + std::string(k.fsdp.cpu_offload ? "true" : "false");
+    // Only where it was chosen (micro-batches): other plans print as before.
+    if (k.fsdp.grad_accumulation != GradAccumulation::kDefault) {
+      o += ", \"grad_accumulation\": " + JsonString(GradAccumulationName(k.fsdp.grad_accumulation));
+    }
     o += ", \"param_dtype\": " + JsonString(std::string(DTypeName(k.fsdp.mixed_precision.param_dtype)));
     o += ", \"reduce_dtype\": " + JsonString(std::string(DTypeName(ReduceDType(k.fsdp.mixed_precision))));
     o += ", \"ok\": " + std::string(c.status.ok() ? "true" : "false");

@@ -156,6 +156,11 @@ struct PlanSpace {
   std::vector<bool> cpu_offload;
   // Param/reduce dtype pairs (reduce unset: the param dtype).
   std::vector<MixedPrecisionPolicy> dtypes;
+  // Gradient accumulation (FsdpOptions::grad_accumulation), searched only
+  // with grad_accum_steps > 1 and only for the strategies that free
+  // unsharded gradients (SHARD_OPTIM and NO_SHARD keep theirs: unsharded).
+  // Empty: both kSharded and kUnsharded ("no_sync" in the label).
+  std::vector<GradAccumulation> grad_accumulation;
 };
 
 // The most simulated steps (warm-up, and measured) a plan runs per candidate:

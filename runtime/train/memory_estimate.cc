@@ -17,6 +17,7 @@ StatusOr<MemoryEstimate> EstimateTrainerMemory(const TrainerOptions& o, int worl
   r.optimizer = o.optimizer;
   r.world_size = world_size;
   r.batch_size = o.batch_size;
+  r.grad_accum_steps = o.parallelism == Parallelism::kFsdp ? o.grad_accum_steps : 1;
   r.seq_len = o.seq_len;
   r.source_len = o.source_len;
   r.activation_checkpointing = o.activation_checkpointing;

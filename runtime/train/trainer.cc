@@ -450,6 +450,8 @@ StatusOr<StepMetrics> Trainer::RunStep(const std::vector<TokenBatch>* given) {
   // OptimizerStep. A caller's bad batch fails here too, so that every rank
   // fails the step alike.
   std::vector<int64_t> sample_ids, micro_ids;
+  const bool sync_every_micro_batch =
+      options_.parallelism == Parallelism::kFsdp && ReducesEveryMicroBatch(options_.fsdp);
   Status computed = [&]() -> Status {
     data_parallel_->ZeroGrad();
     std::vector<TokenBatch> built;
@@ -479,7 +481,9 @@ StatusOr<StepMetrics> Trainer::RunStep(const std::vector<TokenBatch>* given) {
     }
     norm_of_loss = NormalizeLoss(counts, W);
     for (int m = 0; m < M; ++m) {
-      data_parallel_->set_gradient_sync(m + 1 == M);
+      // Sharded accumulation reduces every micro-batch into the gradient
+      // shards; unsharded (no_sync, and DDP) only the last.
+      data_parallel_->set_gradient_sync(m + 1 == M || sync_every_micro_batch);
       const TokenBatch* batch = &batches[m];
       TokenBatch weighted;
       if (!norm_of_loss.uniform) {

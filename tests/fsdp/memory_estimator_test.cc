@@ -33,6 +33,9 @@ struct Case {
   // Selective checkpointing (ckpt false), attention kept or recomputed too.
   bool selective = false;
   bool recompute_attention = false;
+  // Micro-batches per step, accumulated unsharded (no_sync) or sharded.
+  int accum = 1;
+  bool no_sync = false;
 };
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -41,7 +44,9 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
                   std::string(DTypeName(info.param.dtype)) + (info.param.f32_reduce ? "_f32reduce" : "") +
                   (info.param.ckpt ? "_ckpt" : "") + (info.param.selective ? "_selckpt" : "") +
                   (info.param.recompute_attention ? "_attention" : "") +
-                  (info.param.offload ? "_offload" : "");
+                  (info.param.offload ? "_offload" : "") +
+                  (info.param.accum > 1 ? std::string("_accum") + std::to_string(info.param.accum) : "") +
+                  (info.param.no_sync ? "_nosync" : "");
   for (char& ch : s) {
     if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
@@ -62,6 +67,7 @@ StatusOr<MemoryEstimate> EstimateFor(const TrainerOptions& o) {
   req.optimizer = o.optimizer;
   req.world_size = kWorld;
   req.batch_size = o.batch_size;
+  req.grad_accum_steps = o.parallelism == Parallelism::kFsdp ? o.grad_accum_steps : 1;
   req.seq_len = o.seq_len;
   req.activation_checkpointing = o.activation_checkpointing;
   req.checkpointing = o.checkpointing;
@@ -156,6 +162,8 @@ TEST_P(MemoryEstimatorTest, EstimateCoversTheMeasuredPeakWithinTenPercent) {
   o.fsdp.mixed_precision.param_dtype = c.dtype;
   if (c.f32_reduce) o.fsdp.mixed_precision.reduce_dtype = DType::kF32;
   o.fsdp.cpu_offload = c.offload;
+  o.grad_accum_steps = c.accum;
+  if (c.no_sync) o.fsdp.grad_accumulation = GradAccumulation::kUnsharded;
   if (c.strategy == ShardingStrategy::kHybridShard) o.fsdp.shard_group_size = 2;
   o.fsdp.timeout = Duration(120'000);
 
@@ -214,7 +222,20 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tests/fsdp/testdata/hf/gpt2-tiny", false, ShardingStrategy::kFullShard, DType::kF32,
                            false, 4, 32},
                       Case{"tests/fsdp/testdata/hf/gpt2-tiny", false, ShardingStrategy::kShardGradOp, DType::kBF16,
-                           false, 2, 32}),
+                           false, 2, 32},
+                      // Gradient accumulation (issue 45, item 2): sharded
+                      // keeps every gradient shard through the later
+                      // micro-batches, no_sync every full gradient.
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 64, false, false,
+                           false, false, 3, false},
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kF32, false, 2, 64, false, false,
+                           false, false, 3, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, false, false,
+                           false, false, 2, false},
+                      Case{"gpt-1m", false, ShardingStrategy::kFullShard, DType::kBF16, false, 2, 64, false, false,
+                           false, false, 2, true},
+                      Case{"gpt-1m", false, ShardingStrategy::kShardGradOp, DType::kF32, false, 2, 64, false, false,
+                           false, false, 2, true}),
     Name);
 
 // FSDP keeps one unit's reduction in flight: before a unit reduces, the

@@ -204,6 +204,40 @@ TEST(PlanTest, SelectiveCheckpointingIsSearchedOnlyWhenAsked) {
   EXPECT_EQ((*cands)[1].checkpointing(), ActivationCheckpointing::kFull);
 }
 
+// Gradient accumulation (issue 45, item 2): with micro-batches, the
+// strategies that free unsharded gradients are searched both sharded and
+// unsharded ("no_sync"); SHARD_OPTIM, NO_SHARD and DDP keep theirs, and one
+// micro-batch has nothing to choose.
+TEST(PlanTest, AccumulationIsSearchedBothWaysWhereItCanDiffer) {
+  PlanRequest r = Request();
+  r.space.strategies = {"DDP", "FULL_SHARD", "NO_SHARD"};
+  r.space.dtypes = {MixedPrecisionPolicy{DType::kBF16, std::nullopt}};
+  r.space.cpu_offload = {false};
+  r.space.rate_limits = {RateLimit::InFlight(2)};
+  r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
+  r.space.forward_prefetch = {false};
+  r.space.activation_checkpointing = {ActivationCheckpointing::kNone};
+  auto one = EnumerateCandidates(r);
+  ASSERT_TRUE(one.ok()) << one.status();
+  std::vector<std::string> labels;
+  for (const Candidate& c : *one) labels.push_back(c.Label());
+  EXPECT_EQ(labels, (std::vector<std::string>{"DDP bf16", "FULL_SHARD bwd=PRE limit=2 bf16", "NO_SHARD bf16"}));
+  r.grad_accum_steps = 4;
+  auto four = EnumerateCandidates(r);
+  ASSERT_TRUE(four.ok()) << four.status();
+  labels.clear();
+  for (const Candidate& c : *four) labels.push_back(c.Label());
+  EXPECT_EQ(labels, (std::vector<std::string>{"DDP bf16", "FULL_SHARD bwd=PRE limit=2 bf16",
+                                              "FULL_SHARD bwd=PRE limit=2 no_sync bf16", "NO_SHARD bf16"}));
+  EXPECT_EQ((*four)[1].fsdp.grad_accumulation, GradAccumulation::kSharded);
+  EXPECT_EQ((*four)[2].fsdp.grad_accumulation, GradAccumulation::kUnsharded);
+  r.space.grad_accumulation = {GradAccumulation::kUnsharded};
+  auto restricted = EnumerateCandidates(r);
+  ASSERT_TRUE(restricted.ok()) << restricted.status();
+  ASSERT_EQ(restricted->size(), 3u);
+  EXPECT_EQ((*restricted)[1].Label(), "FULL_SHARD bwd=PRE limit=2 no_sync bf16");
+}
+
 // Selective checkpointing with the attention recomputed is a fourth policy:
 // labelled, parsed from its name and refused with any other policy.
 TEST(PlanTest, SelectiveWithAttentionIsAPolicyOfItsOwn) {

@@ -72,7 +72,12 @@ TEST(TrainerTest, TrainingReducesLossAndReportsMetrics) {
 // PyTorch's (loss / M).backward() makes it. Two ranks x two micro-batches of
 // 2 sequences step exactly like one unsharded SGD step on those 8 sequences
 // at once (summing the micro-batches instead would step twice as far).
-TEST(TrainerTest, AccumulatedMicroBatchesStepLikeOneBatchMTimesLarger) {
+// Both ways of accumulating (issue 45, item 2): sharded (FULL_SHARD's
+// default: every micro-batch reduce-scatters into the gradient shards) and
+// unsharded (no_sync: the last micro-batch reduces the sum).
+class AccumulationTest : public ::testing::TestWithParam<GradAccumulation> {};
+
+TEST_P(AccumulationTest, AccumulatedMicroBatchesStepLikeOneBatchMTimesLarger) {
   constexpr int kWorld = 2, kMicro = 2;
   TrainerOptions o = Tiny();
   o.batch_size = 2;
@@ -80,6 +85,9 @@ TEST(TrainerTest, AccumulatedMicroBatchesStepLikeOneBatchMTimesLarger) {
   o.optimizer.kind = OptimizerKind::kSgd;
   o.optimizer.lr = 0.5f;
   o.fsdp.seed = 11;
+  o.fsdp.grad_accumulation = GetParam();
+  // Reductions per unit in the step: one per micro-batch when sharded.
+  const int64_t reductions = GetParam() == GradAccumulation::kUnsharded ? 1 : kMicro;
   std::vector<TokenBatch> micro(kWorld * kMicro);
   std::vector<float> losses(kWorld), global_losses(kWorld);
   std::vector<std::vector<std::vector<float>>> params;  // rank 0's [unit][param][elem]
@@ -87,8 +95,10 @@ TEST(TrainerTest, AccumulatedMicroBatchesStepLikeOneBatchMTimesLarger) {
     auto t = Trainer::Create(o, world);
     ASSERT_TRUE(t.ok()) << t.status();
     for (int m = 0; m < kMicro; ++m) micro[rank * kMicro + m] = *(*t)->BatchFor(0, m);
+    (*t)->fsdp()->ResetCounters();
     StatusOr<StepMetrics> r = (*t)->Step();
     ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*t)->fsdp()->counters().reduce_scatters, reductions * (*t)->fsdp()->num_units());
     losses[rank] = r->loss;
     global_losses[rank] = r->global_loss;
     const auto& units = (*t)->model().units();
@@ -142,6 +152,40 @@ TEST(TrainerTest, AccumulatedMicroBatchesStepLikeOneBatchMTimesLarger) {
   }
   EXPECT_GT(max_update, 1e-3);
   EXPECT_LT(max_diff, 1e-6 + 1e-3 * max_update) << "largest update " << max_update;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, AccumulationTest,
+                         ::testing::Values(GradAccumulation::kDefault, GradAccumulation::kUnsharded),
+                         [](const ::testing::TestParamInfo<GradAccumulation>& i) {
+                           return std::string(GradAccumulationName(i.param));
+                         });
+
+// The default accumulation is sharded for the strategies that free unsharded
+// gradients and unsharded (no_sync) for those that keep them; explicit
+// choices win; an out-of-range value is InvalidArgument naming the field.
+TEST(AccumulationDefaultsTest, ShardedWhereTheStrategyFreesUnshardedGradients) {
+  FsdpOptions f;
+  for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                             ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardGradOp}) {
+    f.strategy = s;
+    EXPECT_TRUE(ReducesEveryMicroBatch(f)) << ShardingStrategyName(s);
+  }
+  for (ShardingStrategy s : {ShardingStrategy::kShardOptim, ShardingStrategy::kNoShard}) {
+    f.strategy = s;
+    EXPECT_FALSE(ReducesEveryMicroBatch(f)) << ShardingStrategyName(s);
+    f.grad_accumulation = GradAccumulation::kSharded;
+    EXPECT_TRUE(ReducesEveryMicroBatch(f)) << ShardingStrategyName(s);
+    f.grad_accumulation = GradAccumulation::kDefault;
+  }
+  f.strategy = ShardingStrategy::kFullShard;
+  f.grad_accumulation = GradAccumulation::kUnsharded;
+  EXPECT_FALSE(ReducesEveryMicroBatch(f));
+  f.grad_accumulation = static_cast<GradAccumulation>(7);
+  Status s = ValidateFsdpOptions(f, 2);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("grad_accumulation"), std::string::npos) << s;
+  EXPECT_EQ(*ParseGradAccumulation("unsharded"), GradAccumulation::kUnsharded);
+  EXPECT_EQ(ParseGradAccumulation("later").status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(TrainerTest, MemoryCapGivesResourceExhaustedAndTheTrainerStaysUsable) {
