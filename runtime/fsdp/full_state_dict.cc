@@ -79,13 +79,19 @@ std::string Shown(const std::string& name, WeightLayout layout) {
 }
 
 // Conversion options for the model `units` describe: a head tied to the
-// embedding (GPT-2, a tied Llama) is stored once both ways; otherwise the
-// file decides.
+// embedding (GPT-2, a tied Llama) is stored once both ways; a head of its
+// own (an untied Llama or GPT) must be in the file, and is always written:
+// a file without lm_head.weight is InvalidArgument, never read as the
+// embedding's transpose (issue 47 item 1). Models without an LM head leave
+// it to the file.
 ConvertOptions ConvertOptionsForUnits(const std::vector<UnitSpec>& units) {
   ConvertOptions o;
   for (const UnitSpec& u : units) {
     for (const TiedParamSpec& t : u.tied) {
       if (u.name + "." + t.name == "head.lm_head.w") o.tied_lm_head = true;
+    }
+    for (const ParamSpec& p : u.params) {
+      if (u.name + "." + p.name == "head.lm_head.w") o.tied_lm_head = false;
     }
   }
   return o;

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <new>
 #include <set>
@@ -154,79 +155,146 @@ Status SafeTensorsFile::Write(const std::string& path) const {
 
 uint32_t SafeTensorsFile::header_crc32() const { return Crc32(bytes_.data(), data_start_); }
 
-StatusOr<uint32_t> SafeTensorsHeaderCrc32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) return NotFoundError("checkpoint file '" + path + "' does not exist");
-    return UnavailableError("cannot open '" + path + "'");
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+
+// A file descriptor closed when it goes.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = o.fd_;
+      o.fd_ = -1;
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  int release() {
+    const int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+
+ private:
+  int fd_;
+};
+
+// Opens `path` for reading without blocking (a FIFO without a writer would
+// block open() for ever), then refuses anything fstat does not call a
+// regular file: a directory, FIFO, socket or device is InvalidArgument
+// naming what it is. NotFound if it does not exist. *size is the file's.
+StatusOr<Fd> OpenRegular(const std::string& path, uint64_t* size) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return NotFoundError("checkpoint file '" + path + "' does not exist");
+    return UnavailableError("cannot open '" + path + "': " + std::strerror(errno));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) {
+    return UnavailableError("cannot stat '" + path + "': " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "a device";
+    return InvalidArgumentError("'" + path + "' is not a regular file (it is " + kind +
+                                "), so not a safetensors file; refusing to read it");
+  }
+  // Reads of a regular file never block; clear the flag all the same.
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags >= 0) ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+// pread of exactly `n` bytes at `offset`; DataLoss if the file ends first.
+Status PreadExactly(int fd, const std::string& path, uint64_t offset, uint64_t n, void* dst) {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, uint64_t{1} << 30));
+    const ssize_t r = ::pread(fd, p, chunk, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return UnavailableError("cannot read '" + path + "': " + std::strerror(errno));
+    }
+    if (r == 0) return DataLossError("'" + path + "': truncated (the file ended while reading it)");
+    p += r;
+    offset += static_cast<uint64_t>(r);
+    n -= static_cast<uint64_t>(r);
+  }
+  return OkStatus();
+}
+
+// The 8-byte length and JSON header of the file `fd` (of `size` bytes).
+StatusOr<std::string> ReadHeaderBytes(int fd, const std::string& path, uint64_t size) {
+  if (size < 8) {
+    return DataLossError("'" + path + "': truncated: " + std::to_string(size) +
+                         " bytes, shorter than the 8-byte header length");
   }
   std::string bytes(8, '\0');
-  if (!in.read(bytes.data(), 8)) return DataLossError("'" + path + "': shorter than a safetensors header");
+  SK_RETURN_IF_ERROR(PreadExactly(fd, path, 0, 8, bytes.data()));
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-  if (n > (uint64_t{100} << 20)) return DataLossError("'" + path + "': header length " + std::to_string(n) + " is implausible");
-  bytes.resize(8 + n);
-  if (n > 0 && !in.read(bytes.data() + 8, static_cast<std::streamsize>(n))) {
-    return DataLossError("'" + path + "': truncated header");
+  if (n > size - 8) {
+    return DataLossError("'" + path + "': header length " + std::to_string(n) + " exceeds the file (" +
+                         std::to_string(size) + " bytes): truncated or not safetensors");
   }
+  if (n > kMaxHeaderBytes) {
+    return DataLossError("'" + path + "': header length " + std::to_string(n) + " is implausible");
+  }
+  bytes.resize(8 + n);
+  SK_RETURN_IF_ERROR(PreadExactly(fd, path, 8, n, bytes.data() + 8));
+  return bytes;
+}
+
+}  // namespace
+
+StatusOr<uint32_t> SafeTensorsHeaderCrc32(const std::string& path) {
+  uint64_t size = 0;
+  SK_ASSIGN_OR_RETURN(Fd fd, OpenRegular(path, &size));
+  SK_ASSIGN_OR_RETURN(std::string bytes, ReadHeaderBytes(fd.get(), path, size));
   return Crc32(bytes.data(), bytes.size());
 }
 
 StatusOr<SafeTensorsFile> SafeTensorsFile::Read(const std::string& path) {
+  uint64_t size = 0;
+  SK_ASSIGN_OR_RETURN(Fd fd, OpenRegular(path, &size));
   std::vector<char> bytes;
-  {
-    std::ifstream in(path, std::ios::binary | std::ios::ate);
-    struct stat st;
-    if (!in) {
-      if (::stat(path.c_str(), &st) != 0) return NotFoundError("checkpoint file '" + path + "' does not exist");
-      return UnavailableError("cannot open '" + path + "'");
-    }
-    // A directory opens, and seeking to its end "sizes" it as -1 or 2^63 - 1
-    // (so do pipes and devices): only a regular file has a size to read.
-    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-      return InvalidArgumentError("'" + path + "' is not a regular file (a directory?), so not a safetensors file");
-    }
-    std::streamsize size = in.tellg();
-    if (size < 0) return UnavailableError("cannot size '" + path + "'");
-    in.seekg(0);
-    try {
-      bytes.resize(static_cast<size_t>(size));
-    } catch (const std::bad_alloc&) {
-      return ResourceExhaustedError("'" + path + "' is " + std::to_string(size) +
-                                    " bytes, more than the host memory can hold");
-    }
-    if (size > 0 && !in.read(bytes.data(), size)) return UnavailableError("cannot read '" + path + "'");
+  try {
+    bytes.resize(static_cast<size_t>(size));
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError("'" + path + "' is " + std::to_string(size) +
+                                  " bytes, more than the host memory can hold");
   }
+  SK_RETURN_IF_ERROR(PreadExactly(fd.get(), path, 0, size, bytes.data()));
   return Parse(path, std::move(bytes));
 }
 
-StatusOr<SafeTensorsFile> SafeTensorsFile::Parse(const std::string& path, std::vector<char> bytes) {
-  SafeTensorsFile f;
-  f.path_ = path;
-  f.bytes_ = std::move(bytes);
-  const std::string where = "'" + path + "': ";
-  if (f.bytes_.size() < 8) {
-    return DataLossError(where + "truncated: " + std::to_string(f.bytes_.size()) +
-                         " bytes, shorter than the 8-byte header length");
-  }
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(f.bytes_[i])) << (8 * i);
-  if (n > f.bytes_.size() - 8) {
-    return DataLossError(where + "header length " + std::to_string(n) + " exceeds the file (" +
-                         std::to_string(f.bytes_.size()) + " bytes): truncated or not safetensors");
-  }
-  f.data_start_ = 8 + static_cast<size_t>(n);
+namespace safetensors_internal {
+
+// The tensors, metadata and checksums of a header (the JSON text `json`)
+// of a file whose data section holds `data_size` bytes; `where` ("'path': ")
+// prefixes errors. Every tensor's range lies in the data section, the ranges
+// do not overlap, and they end where the data section ends: bytes after the
+// last tensor are DataLoss (as the reference implementation's
+// MetadataIncompleteBuffer), not silently ignored.
+Status ParseHeader(const std::string& where, std::string_view json, uint64_t data_size, ParsedHeader* out) {
   // Our headers nest 3 deep; bound it before the parser and its users recurse.
-  SK_RETURN_IF_ERROR(CheckJsonNesting(std::string_view(f.bytes_.data() + 8, static_cast<size_t>(n)), 16,
-                                      "'" + path + "' header"));
-  nlohmann::json header = nlohmann::json::parse(f.bytes_.begin() + 8, f.bytes_.begin() + 8 + n,
-                                                nullptr, /*allow_exceptions=*/false);
+  SK_RETURN_IF_ERROR(CheckJsonNesting(json, 16, where + "header"));
+  nlohmann::json header = nlohmann::json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
     return DataLossError(where + "header is not a JSON object");
   }
-  const uint64_t data_size = f.bytes_.size() - f.data_start_;
-  std::map<std::string, uint32_t> crcs;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
@@ -242,9 +310,9 @@ StatusOr<SafeTensorsFile> SafeTensorsFile::Parse(const std::string& path, std::v
           if (errno != 0 || end == v.c_str() || *end != '\0' || c > 0xffffffffull) {
             return DataLossError(where + "malformed checksum for '" + m.key() + "'");
           }
-          crcs[m.key().substr(std::strlen(kCrcPrefix))] = static_cast<uint32_t>(c);
+          out->crcs[m.key().substr(std::strlen(kCrcPrefix))] = static_cast<uint32_t>(c);
         } else {
-          f.metadata_[m.key()] = v;
+          out->metadata[m.key()] = v;
         }
       }
       continue;
@@ -290,27 +358,108 @@ StatusOr<SafeTensorsFile> SafeTensorsFile::Parse(const std::string& path, std::v
                            std::to_string(nbytes));
     }
     ranges.emplace_back(static_cast<uint64_t>(b), static_cast<uint64_t>(en));
-    f.names_.push_back(name);
-    f.infos_[name] = Info{dtype, *shape, static_cast<uint64_t>(b), nbytes};
+    out->names.push_back(name);
+    out->infos[name] = SafeTensorsFile::Info{dtype, *shape, static_cast<uint64_t>(b), nbytes};
   }
   std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) return DataLossError(where + "tensor data ranges overlap");
+  uint64_t last_end = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (i > 0 && ranges[i].first < ranges[i - 1].second) return DataLossError(where + "tensor data ranges overlap");
+    last_end = std::max(last_end, ranges[i].second);
   }
-  // File order: nlohmann's object iterates sorted by key; order by offset instead.
-  std::sort(f.names_.begin(), f.names_.end(), [&f](const std::string& a, const std::string& b) {
-    return f.infos_[a].offset < f.infos_[b].offset;
-  });
-  for (const auto& [name, crc] : crcs) {
-    auto it = f.infos_.find(name);
-    if (it == f.infos_.end()) return DataLossError(where + "checksum for missing tensor '" + name + "'");
-    uint32_t got = Crc32(f.bytes_.data() + f.data_start_ + it->second.offset, it->second.nbytes);
-    if (got != crc) return DataLossError(where + "checksum mismatch in tensor '" + name + "' (corrupt file)");
+  if (last_end != data_size) {
+    return DataLossError(where + std::to_string(data_size - last_end) + " bytes follow the last tensor (the data " +
+                         "section is " + std::to_string(data_size) + " bytes, the tensors end at " +
+                         std::to_string(last_end) + "): appended to, or not the file its header describes");
   }
-  if (f.metadata_.count(kFormatKey) && f.metadata_[kFormatKey] == "shardkit" && crcs.size() != f.infos_.size()) {
+  for (const auto& [name, crc] : out->crcs) {
+    if (out->infos.count(name) == 0) return DataLossError(where + "checksum for missing tensor '" + name + "'");
+  }
+  auto fmt = out->metadata.find(kFormatKey);
+  if (fmt != out->metadata.end() && fmt->second == "shardkit" && out->crcs.size() != out->infos.size()) {
     return DataLossError(where + "a shardkit file with tensors lacking checksums");
   }
+  // File order: nlohmann's object iterates sorted by key; order by offset instead.
+  std::sort(out->names.begin(), out->names.end(), [out](const std::string& a, const std::string& b) {
+    return out->infos.at(a).offset < out->infos.at(b).offset;
+  });
+  return OkStatus();
+}
+
+}  // namespace safetensors_internal
+
+StatusOr<SafeTensorsFile> SafeTensorsFile::Parse(const std::string& path, std::vector<char> bytes) {
+  SafeTensorsFile f;
+  f.path_ = path;
+  f.bytes_ = std::move(bytes);
+  const std::string where = "'" + path + "': ";
+  if (f.bytes_.size() < 8) {
+    return DataLossError(where + "truncated: " + std::to_string(f.bytes_.size()) +
+                         " bytes, shorter than the 8-byte header length");
+  }
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(f.bytes_[i])) << (8 * i);
+  if (n > f.bytes_.size() - 8) {
+    return DataLossError(where + "header length " + std::to_string(n) + " exceeds the file (" +
+                         std::to_string(f.bytes_.size()) + " bytes): truncated or not safetensors");
+  }
+  f.data_start_ = 8 + static_cast<size_t>(n);
+  safetensors_internal::ParsedHeader h;
+  SK_RETURN_IF_ERROR(safetensors_internal::ParseHeader(
+      where, std::string_view(f.bytes_.data() + 8, static_cast<size_t>(n)), f.bytes_.size() - f.data_start_, &h));
+  for (const auto& [name, crc] : h.crcs) {
+    const Info& i = h.infos.at(name);
+    uint32_t got = Crc32(f.bytes_.data() + f.data_start_ + i.offset, i.nbytes);
+    if (got != crc) return DataLossError(where + "checksum mismatch in tensor '" + name + "' (corrupt file)");
+  }
+  f.names_ = std::move(h.names);
+  f.infos_ = std::move(h.infos);
+  f.metadata_ = std::move(h.metadata);
   return f;
+}
+
+StatusOr<SafeTensorsReader> SafeTensorsReader::Open(const std::string& path) {
+  uint64_t size = 0;
+  SK_ASSIGN_OR_RETURN(Fd fd, OpenRegular(path, &size));
+  SK_ASSIGN_OR_RETURN(std::string header, ReadHeaderBytes(fd.get(), path, size));
+  SafeTensorsReader r;
+  r.path_ = path;
+  r.data_start_ = header.size();
+  SK_RETURN_IF_ERROR(safetensors_internal::ParseHeader("'" + path + "': ",
+                                                       std::string_view(header).substr(8),
+                                                       size - header.size(), &r.header_));
+  r.fd_ = std::shared_ptr<int>(new int(fd.release()), [](int* p) {
+    ::close(*p);
+    delete p;
+  });
+  return r;
+}
+
+StatusOr<SafeTensorsFile::Info> SafeTensorsReader::info(const std::string& name) const {
+  auto it = header_.infos.find(name);
+  if (it == header_.infos.end()) return NotFoundError("no tensor '" + name + "' in '" + path_ + "'");
+  return it->second;
+}
+
+Status SafeTensorsReader::ReadRange(const std::string& name, uint64_t begin, uint64_t nbytes, void* dst) const {
+  SK_ASSIGN_OR_RETURN(SafeTensorsFile::Info i, info(name));
+  if (begin > i.nbytes || nbytes > i.nbytes - begin) {
+    return InvalidArgumentError("bytes [" + std::to_string(begin) + ", +" + std::to_string(nbytes) +
+                                ") are outside tensor '" + name + "' of " + std::to_string(i.nbytes) +
+                                " bytes in '" + path_ + "'");
+  }
+  if (nbytes > 0 && dst == nullptr) return InvalidArgumentError("SafeTensorsReader::ReadRange: null destination");
+  return PreadExactly(*fd_, path_, data_start_ + i.offset + begin, nbytes, dst);
+}
+
+Status SafeTensorsReader::Read(const std::string& name, void* dst) const {
+  SK_ASSIGN_OR_RETURN(SafeTensorsFile::Info i, info(name));
+  SK_RETURN_IF_ERROR(ReadRange(name, 0, i.nbytes, dst));
+  auto crc = header_.crcs.find(name);
+  if (crc != header_.crcs.end() && Crc32(dst, i.nbytes) != crc->second) {
+    return DataLossError("'" + path_ + "': checksum mismatch in tensor '" + name + "' (corrupt file)");
+  }
+  return OkStatus();
 }
 
 StatusOr<SafeTensorsFile::Info> SafeTensorsFile::info(const std::string& name) const {

@@ -20,7 +20,9 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/core/allocator.h"
@@ -62,7 +64,9 @@ class SafeTensorsFile {
   // truncated, its header is not valid JSON or not safetensors, offsets are out
   // of range or overlap, sizes disagree with shapes, or a checksum fails;
   // InvalidArgument for a dtype shardkit does not compute in, or for a path
-  // that is not a regular file (a directory); ResourceExhausted if the file
+  // that is not a regular file (a directory, FIFO, socket or device: refused
+  // after a non-blocking open and fstat, so a FIFO never hangs the read);
+  // DataLoss for bytes after the last tensor; ResourceExhausted if the file
   // does not fit in host memory.
   static StatusOr<SafeTensorsFile> Read(const std::string& path);
   // The file WriteSafeTensors(entries, metadata) would write, held in memory
@@ -104,6 +108,46 @@ class SafeTensorsFile {
   std::vector<std::string> names_;
   std::map<std::string, Info> infos_;
   std::map<std::string, std::string> metadata_;
+};
+
+namespace safetensors_internal {
+struct ParsedHeader {
+  std::vector<std::string> names;  // file order
+  std::map<std::string, SafeTensorsFile::Info> infos;
+  std::map<std::string, std::string> metadata;  // without "crc32.*"
+  std::map<std::string, uint32_t> crcs;
+};
+Status ParseHeader(const std::string& where, std::string_view json, uint64_t data_size, ParsedHeader* out);
+}  // namespace safetensors_internal
+
+// A safetensors file opened for ranged reads: Open reads and validates the
+// header only (as SafeTensorsFile::Read does, with the same errors, except
+// that checksums are verified by Read of a whole tensor, not up front), and
+// tensors are read with pread one at a time, or in part, so memory holds
+// what the caller reads and nothing else (the bounded-memory loads of
+// docs/checkpoints.md). Copies share the open file; thread-safe for reads.
+class SafeTensorsReader {
+ public:
+  static StatusOr<SafeTensorsReader> Open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::vector<std::string>& names() const { return header_.names; }
+  const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
+  bool contains(const std::string& name) const { return header_.infos.count(name) != 0; }
+  // NotFound if absent.
+  StatusOr<SafeTensorsFile::Info> info(const std::string& name) const;
+  // The whole tensor's bytes into `dst` (info(name).nbytes of room), its
+  // checksum verified when the file has one (DataLoss naming it).
+  Status Read(const std::string& name, void* dst) const;
+  // Bytes [begin, begin + nbytes) of the tensor's data into `dst`, not
+  // verified. InvalidArgument for a range outside the tensor.
+  Status ReadRange(const std::string& name, uint64_t begin, uint64_t nbytes, void* dst) const;
+
+ private:
+  std::string path_;
+  std::shared_ptr<int> fd_;
+  uint64_t data_start_ = 0;
+  safetensors_internal::ParsedHeader header_;
 };
 
 // SafeTensorsFile::header_crc32() of the file at `path`, reading only its

@@ -12,14 +12,31 @@
 namespace sk {
 namespace {
 
+// What a value was written as: inline text takes any kind (it is all
+// text); a JSON value must be of the kind the key takes, so that
+// {"layers": "2"} is refused naming the key (issue 47 item 8), as a
+// config.json's "num_hidden_layers": "2" is.
+enum class Kind { kText, kNumber, kBool, kString };
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kNumber: return "a number";
+    case Kind::kBool: return "a boolean";
+    case Kind::kString: return "a string";
+    case Kind::kText: break;
+  }
+  return "text";
+}
+
 // Values by key, each taken once; what is left over is an unknown key.
 class Keys {
  public:
   explicit Keys(std::string where) : where_(std::move(where)) {}
 
-  Status Add(const std::string& key, std::string value) {
+  Status Add(const std::string& key, std::string value, Kind kind = Kind::kText) {
     if (key.empty()) return Bad("an empty key");
     if (!values_.emplace(key, std::move(value)).second) return Bad("'" + key + "' is given twice");
+    kinds_[key] = kind;
     return OkStatus();
   }
 
@@ -29,6 +46,7 @@ class Keys {
   Status Int(const std::string& key, bool required, int64_t* out) {
     const std::string* v = Take(key);
     if (v == nullptr) return required ? Bad("'" + key + "' is required") : OkStatus();
+    SK_RETURN_IF_ERROR(ExpectKind(key, Kind::kNumber, "an integer"));
     int64_t x = 0;
     const char* end = v->data() + v->size();
     auto [p, ec] = std::from_chars(v->data(), end, x);
@@ -41,6 +59,7 @@ class Keys {
   Status Float(const std::string& key, float* out) {
     const std::string* v = Take(key);
     if (v == nullptr) return OkStatus();
+    SK_RETURN_IF_ERROR(ExpectKind(key, Kind::kNumber, "a number"));
     char* end = nullptr;
     const double x = std::strtod(v->c_str(), &end);
     if (v->empty() || end != v->c_str() + v->size() || !std::isfinite(x)) {
@@ -54,6 +73,7 @@ class Keys {
   Status Bool(const std::string& key, bool* out) {
     const std::string* v = Take(key);
     if (v == nullptr) return OkStatus();
+    SK_RETURN_IF_ERROR(ExpectKind(key, Kind::kBool, "true or false"));
     if (*v == "true" || *v == "1") {
       *out = true;
     } else if (*v == "false" || *v == "0") {
@@ -67,6 +87,7 @@ class Keys {
   Status String(const std::string& key, std::string* out) {
     const std::string* v = Take(key);
     if (v == nullptr) return OkStatus();
+    SK_RETURN_IF_ERROR(ExpectKind(key, Kind::kString, "a string"));
     if (v->empty()) return Bad("'" + key + "' is empty");
     *out = *v;
     return OkStatus();
@@ -89,6 +110,14 @@ class Keys {
   }
 
  private:
+  Status ExpectKind(const std::string& key, Kind want, const char* takes) const {
+    const Kind got = kinds_.at(key);
+    if (got == Kind::kText || got == want) return OkStatus();
+    const std::string& v = values_.at(key);
+    return Bad("'" + key + "' is " + KindName(got) + " (" + (got == Kind::kString ? "\"" + v + "\"" : v) +
+               "); it takes " + takes);
+  }
+
   const std::string* Take(const std::string& key) {
     taken_.insert(key);
     auto it = values_.find(key);
@@ -97,6 +126,7 @@ class Keys {
 
   std::string where_;
   std::map<std::string, std::string> values_;
+  std::map<std::string, Kind> kinds_;
   std::set<std::string> taken_;
 };
 
@@ -241,16 +271,20 @@ StatusOr<NamedModelConfig> DecoderFromJson(const std::string& text, const std::s
   for (auto it = d.begin(); it != d.end(); ++it) {
     const json& v = it.value();
     std::string text_value;
+    Kind kind;
     if (v.is_string()) {
       text_value = v.get<std::string>();
+      kind = Kind::kString;
     } else if (v.is_boolean()) {
       text_value = v.get<bool>() ? "true" : "false";
+      kind = Kind::kBool;
     } else if (v.is_number()) {
       text_value = v.dump();
+      kind = Kind::kNumber;
     } else {
       return k.Bad("'" + it.key() + "' must be a number, a boolean or a string");
     }
-    SK_RETURN_IF_ERROR(k.Add(it.key(), std::move(text_value)));
+    SK_RETURN_IF_ERROR(k.Add(it.key(), std::move(text_value), kind));
   }
   return Build(k, where);
 }

@@ -721,5 +721,61 @@ TEST(HfCheckpoint, ATrainerTrainsALlamaDirectoryAndWritesOneBack) {
   }
 }
 
+// Issue 47 item 1: an untied model's directory (or single file) without
+// lm_head.weight is InvalidArgument for a full-state-dict load too (the
+// trainer's and the engine's path), never the embedding's transpose; and
+// nothing in the model changes.
+TEST(HfCheckpoint, AnUntiedModelWithoutItsHeadIsRefusedByFullStateDictLoads) {
+  StatusOr<HfModel> llama = ReadHfModelDir(kLlama);
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  NamedModelConfig gpt = ReadHfModelDir(kGpt2)->config;
+  gpt.gpt.tie_word_embeddings = false;
+  const std::string gpt_dir = ::testing::TempDir() + "/untied-gpt2-in";
+  fs::remove_all(gpt_dir);
+  ASSERT_TRUE(WriteHfModelDir(gpt_dir, gpt, InitialWeights(**CreateModel(gpt), 5)).ok());
+  struct Case {
+    std::string dir;
+    NamedModelConfig config;
+    WeightLayout layout;
+  };
+  for (const Case& c : {Case{CopyOf(kLlama, "llama-headless"), llama->config, WeightLayout::kHfLlama},
+                        Case{gpt_dir, gpt, WeightLayout::kHfGpt2}}) {
+    SCOPED_TRACE(c.dir);
+    SafeTensorsFile f = *SafeTensorsFile::Read(c.dir + "/model.safetensors");
+    ASSERT_TRUE(f.contains("lm_head.weight"));
+    std::vector<SafeTensorsEntry> kept;
+    for (const SafeTensorsEntry& e : f.Entries()) {
+      if (e.name != "lm_head.weight") kept.push_back(e);
+    }
+    ASSERT_TRUE(WriteSafeTensors(c.dir + "/model.safetensors", kept, {{"format", "pt"}}).ok());
+    auto model = *CreateModel(c.config);
+    testing::RunRanks(1, [&](int rank, comm::ProcessGroup* world) {
+      CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+      FsdpOptions o;
+      o.timeout = Duration(60'000);
+      auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, o);
+      TrainingState st{c.dir, &model->units(), fsdp.get(), nullptr};
+      const int head = static_cast<int>(model->units().size()) - 1;
+      int lm = 0;
+      while (model->units()[head].params[lm].name != "lm_head.w") ++lm;
+      const Tensor before = *fsdp->GatherFullParam(head, lm);
+      std::vector<char> was(static_cast<const char*>(before.data()),
+                            static_cast<const char*>(before.data()) + before.nbytes());
+      FullStateDictOptions hf;
+      hf.layout = c.layout;
+      for (const std::string& path : {c.dir, c.dir + "/model.safetensors"}) {
+        StatusOr<int64_t> step = LoadFullStateDict(path, st, hf);
+        ASSERT_FALSE(step.ok()) << path << " loaded without lm_head.weight";
+        EXPECT_EQ(step.status().code(), StatusCode::kInvalidArgument) << step.status();
+        for (const char* w : {"lm_head.weight", "missing"}) {
+          EXPECT_NE(step.status().message().find(w), std::string::npos) << w << " not in " << step.status();
+        }
+        const Tensor after = *fsdp->GatherFullParam(head, lm);
+        EXPECT_EQ(std::memcmp(after.data(), was.data(), was.size()), 0) << "the head changed";
+      }
+    });
+  }
+}
+
 }  // namespace
 }  // namespace sk

@@ -36,4 +36,17 @@ if "$convert" --to=hf-gpt2 "$tmp/a.safetensors" "$tmp/nomodel/" 2> "$tmp/err"; t
   echo "writing a directory without --model succeeded"; exit 1
 fi
 grep -q -- "--model" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+# Issue 47 item 3: a FIFO given as the input file, or named by a directory's
+# index as a shard, is refused at once (exit 1, naming it), never a hang
+# (timeout's 124 fails the test).
+mkfifo "$tmp/pipe.safetensors"
+rc=0; timeout 30 "$convert" --from=shardkit --to=torch "$tmp/pipe.safetensors" "$tmp/p.safetensors" 2> "$tmp/err" || rc=$?
+[ "$rc" = 1 ] || { echo "a FIFO input: exit $rc (124: it hung)"; cat "$tmp/err"; exit 1; }
+grep -q "FIFO" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+mkdir -p "$tmp/fifo-dir"
+cp "$tmp/ours/config.json" "$tmp/ours/model.safetensors.index.json" "$tmp/fifo-dir/"
+for f in "$tmp"/ours/model-*.safetensors; do mkfifo "$tmp/fifo-dir/$(basename "$f")"; done
+rc=0; timeout 30 "$convert" --from=hf-gpt2 "$tmp/fifo-dir" "$tmp/q.safetensors" 2> "$tmp/err" || rc=$?
+[ "$rc" = 1 ] || { echo "an index naming a FIFO: exit $rc (124: it hung)"; cat "$tmp/err"; exit 1; }
+grep -q "FIFO" "$tmp/err" || { cat "$tmp/err"; exit 1; }
 echo "PASS"

@@ -2,7 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <functional>
+#include <thread>
 #include <fstream>
 #include <iterator>
 
@@ -182,6 +191,120 @@ TEST(SafeTensorsTest, DirectoryIsInvalidArgumentNotACrash) {
   EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument) << f.status();
   EXPECT_NE(f.status().message().find(dir), std::string::npos) << f.status();
   EXPECT_FALSE(SafeTensorsHeaderCrc32(dir).ok());
+}
+
+// Runs `body` in a child process and returns its exit code; a child still
+// running after `seconds` is killed and reported as -1 (a hang), one killed
+// by a signal as -2 (a crash), so neither takes the test binary with it.
+int InChild(const std::function<int()>& body, int seconds = 20) {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(body());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (true) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+    if (std::chrono::steady_clock::now() > until) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Issue 47 item 3: a FIFO given as a safetensors file is refused at once
+// (the read opened it before checking what it opened, and blocked for ever
+// waiting for a writer). Run in a child so a hang fails instead of hanging.
+TEST(SafeTensorsTest, AFifoIsRefusedWithoutBlocking) {
+  const std::string fifo = TempPath("a_fifo.safetensors");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  auto refused = [&](const Status& s) {
+    return s.code() == StatusCode::kInvalidArgument && s.message().find("FIFO") != std::string::npos &&
+           s.message().find(fifo) != std::string::npos;
+  };
+  EXPECT_EQ(InChild([&] { return refused(SafeTensorsFile::Read(fifo).status()) ? 0 : 1; }), 0)
+      << "SafeTensorsFile::Read (-1: it hung)";
+  EXPECT_EQ(InChild([&] { return refused(SafeTensorsHeaderCrc32(fifo).status()) ? 0 : 1; }), 0)
+      << "SafeTensorsHeaderCrc32 (-1: it hung)";
+  EXPECT_EQ(InChild([&] { return refused(SafeTensorsReader::Open(fifo).status()) ? 0 : 1; }), 0)
+      << "SafeTensorsReader::Open (-1: it hung)";
+  StatusOr<SafeTensorsFile> f = SafeTensorsFile::Read(fifo);  // and in this process, now that it cannot hang
+  EXPECT_TRUE(refused(f.status())) << f.status();
+  std::remove(fifo.c_str());
+}
+
+// Issue 47 item 8: bytes after the last tensor are DataLoss (the file is not
+// the one its header describes), not silently ignored; so is a data section
+// with no tensor at all but bytes in it.
+TEST(SafeTensorsTest, BytesAfterTheLastTensorAreDataLoss) {
+  Sample s;
+  const std::string path = TempPath("appended.safetensors");
+  ASSERT_TRUE(WriteSafeTensors(path, s.entries()).ok());
+  ASSERT_TRUE(SafeTensorsFile::Read(path).ok());
+  std::vector<char> b = ReadBytes(path);
+  for (size_t extra : {size_t{1}, size_t{8}, size_t{4096}}) {
+    std::vector<char> longer = b;
+    longer.resize(b.size() + extra, 'x');
+    WriteBytes(path, longer);
+    StatusOr<SafeTensorsFile> f = SafeTensorsFile::Read(path);
+    ASSERT_FALSE(f.ok()) << extra << " trailing bytes accepted";
+    EXPECT_EQ(f.status().code(), StatusCode::kDataLoss) << f.status();
+    EXPECT_NE(f.status().message().find(std::to_string(extra) + " bytes follow the last tensor"), std::string::npos)
+        << f.status();
+    EXPECT_EQ(SafeTensorsReader::Open(path).status().code(), StatusCode::kDataLoss);
+  }
+  // No tensors, one stray byte.
+  std::string header = R"({"__metadata__":{"format":"pt"}})";
+  std::vector<char> e(8, 0);
+  for (int i = 0; i < 8; ++i) e[i] = static_cast<char>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  e.insert(e.end(), header.begin(), header.end());
+  WriteBytes(path, e);
+  EXPECT_TRUE(SafeTensorsFile::Read(path).ok());
+  e.push_back(0);
+  WriteBytes(path, e);
+  EXPECT_EQ(SafeTensorsFile::Read(path).status().code(), StatusCode::kDataLoss);
+  std::remove(path.c_str());
+}
+
+// The ranged reader sees what Read sees, reads a tensor or any part of it,
+// verifies a whole tensor's checksum, and refuses what Read refuses.
+TEST(SafeTensorsTest, RangedReaderReadsTensorsAndPartsOfThem) {
+  Sample s;
+  const std::string path = TempPath("ranged.safetensors");
+  ASSERT_TRUE(WriteSafeTensors(path, s.entries(), {{"k", "v"}}).ok());
+  StatusOr<SafeTensorsReader> r = SafeTensorsReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  StatusOr<SafeTensorsFile> f = SafeTensorsFile::Read(path);
+  EXPECT_EQ(r->names(), f->names());
+  EXPECT_EQ(r->metadata(), f->metadata());
+  std::vector<float> w(6);
+  ASSERT_TRUE(r->Read("layer.weight", w.data()).ok());
+  EXPECT_EQ(w, s.w);
+  float part[2];
+  ASSERT_TRUE(r->ReadRange("layer.weight", 8, 8, part).ok());
+  EXPECT_EQ(part[0], 3.5f);
+  EXPECT_EQ(part[1], 0.f);
+  EXPECT_EQ(r->ReadRange("layer.weight", 20, 8, part).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r->Read("nope", part).code(), StatusCode::kNotFound);
+  // A flipped bit: Open reads only the header; the tensor's read names it.
+  std::vector<char> b = ReadBytes(path);
+  b[b.size() - 2] ^= 0x10;  // inside layer.bias_bf16
+  WriteBytes(path, b);
+  StatusOr<SafeTensorsReader> flipped = SafeTensorsReader::Open(path);
+  ASSERT_TRUE(flipped.ok()) << flipped.status();
+  uint16_t h[3];
+  Status bad = flipped->Read("layer.bias_bf16", h);
+  EXPECT_EQ(bad.code(), StatusCode::kDataLoss) << bad;
+  EXPECT_NE(bad.message().find("layer.bias_bf16"), std::string::npos) << bad;
+  EXPECT_TRUE(flipped->Read("layer.weight", w.data()).ok());
+  EXPECT_EQ(SafeTensorsReader::Open(TempPath("missing.safetensors")).status().code(), StatusCode::kNotFound);
+  // Every truncation is DataLoss at Open (the header's ranges pass the end).
+  for (size_t len = 0; len < b.size(); len += 7) {
+    WriteBytes(path, std::vector<char>(b.begin(), b.begin() + static_cast<long>(len)));
+    EXPECT_EQ(SafeTensorsReader::Open(path).status().code(), StatusCode::kDataLoss) << len;
+  }
+  std::remove(path.c_str());
 }
 
 // Names and metadata become JSON, which is UTF-8: a name that is not is an

@@ -193,6 +193,25 @@ TEST(DecoderSpec, EveryBadKeyIsNamed) {
   ASSERT_FALSE(j.ok());
   EXPECT_NE(j.status().message().find("'layers' must be a number"), std::string::npos) << j.status();
   EXPECT_NE(j.status().message().find(bad_json), std::string::npos) << j.status();
+  // Issue 47 item 8: a string (or boolean) where a number belongs, and the
+  // reverse, are refused naming the key, as config.json's keys are.
+  const std::pair<const char*, const char*> typed[] = {
+      {R"("layers": "2", "d_model": 32)", "'layers' is a string (\"2\"); it takes an integer"},
+      {R"("layers": 2, "d_model": true)", "'d_model' is a boolean (true); it takes an integer"},
+      {R"("layers": 2, "d_model": 32, "tied": "true")", "'tied' is a string (\"true\"); it takes true or false"},
+      {R"("layers": 2, "d_model": 32, "tied": 1)", "'tied' is a number (1); it takes true or false"},
+      {R"("layers": 2, "d_model": 32, "norm_eps": "1e-5")", "'norm_eps' is a string"},
+      {R"("layers": 2, "d_model": 32, "name": 7)", "'name' is a number (7); it takes a string"},
+  };
+  int n = 0;
+  for (const auto& [keys, want] : typed) {
+    const std::string path = TempFile("typed" + std::to_string(n++) + ".json", std::string(R"({"decoder": {)") + keys +
+                                                        R"(, "heads": 4, "vocab": 64, "seq": 32, "d_ff": 64}})");
+    auto t = FindModelConfig(path);
+    ASSERT_FALSE(t.ok()) << keys;
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << keys;
+    EXPECT_NE(t.status().message().find(want), std::string::npos) << keys << ": " << t.status();
+  }
   const std::string extra = TempFile("extra.json", R"({"decoder": {"layers": 2}, "units": []})");
   auto e = FindModelConfig(extra);
   ASSERT_FALSE(e.ok());
