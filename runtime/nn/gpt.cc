@@ -22,7 +22,18 @@ Status GptConfig::Validate() const {
   SK_RETURN_IF_ERROR(Positive(n_head, name, "n_head"));
   SK_RETURN_IF_ERROR(Positive(d_model, name, "d_model"));
   if (d_ff < 0) return InvalidArgumentError("config '" + name + "': d_ff must be >= 0");
-  return ValidateWidthAndVocab(name, d_model, n_head, vocab_size);
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(n_layer, nn_internal::kMaxLayers, name, "n_layer"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(d_model, nn_internal::kMaxWidth, name, "d_model"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(d_ff, nn_internal::kMaxWidth, name, "d_ff"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(n_head, nn_internal::kMaxWidth, name, "n_head"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(max_seq_len, nn_internal::kMaxWidth, name, "max_seq_len"));
+  SK_RETURN_IF_ERROR(ValidateWidthAndVocab(name, d_model, n_head, vocab_size));
+  // Every factor is bounded above, so 128 bits hold each term.
+  using W = __int128;
+  const W d = d_model, f = ff(), layer = 4 * d * d + 2 * d * f + 9 * d + f;
+  return nn_internal::CheckParameterCount(
+      name, (W{vocab_size} + max_seq_len) * d + W{n_layer} * layer + 2 * d +
+                (tie_word_embeddings ? W{0} : d * vocab_size));
 }
 
 StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,

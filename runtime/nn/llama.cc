@@ -313,7 +313,21 @@ Status LlamaConfig::Validate() const {
     return InvalidArgumentError("config '" + name + "': n_kv_head must be >= 0 (0: n_head), got " +
                                 std::to_string(n_kv_head));
   }
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(n_layer, nn_internal::kMaxLayers, name, "n_layer"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(d_model, nn_internal::kMaxWidth, name, "d_model"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(d_ff, nn_internal::kMaxWidth, name, "d_ff"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(n_head, nn_internal::kMaxWidth, name, "n_head"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(n_kv_head, nn_internal::kMaxWidth, name, "n_kv_head"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(max_seq_len, nn_internal::kMaxWidth, name, "max_seq_len"));
   SK_RETURN_IF_ERROR(nn_internal::ValidateWidthAndVocab(name, d_model, n_head, vocab_size));
+  {
+    // Every factor is bounded above, so 128 bits hold each term.
+    using W = __int128;
+    const W d = d_model, kv = W{kv_heads()} * head_dim();
+    const W layer = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * d_ff + (qkv_bias ? d + 2 * kv : W{0});
+    SK_RETURN_IF_ERROR(nn_internal::CheckParameterCount(
+        name, W{vocab_size} * d + W{n_layer} * layer + d + (tie_embeddings ? W{0} : d * vocab_size)));
+  }
   if (head_dim() % 2 != 0) {
     return InvalidArgumentError("config '" + name + "': head_dim " + std::to_string(head_dim()) +
                                 " (d_model / n_head) must be even for rotary embeddings");

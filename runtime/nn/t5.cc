@@ -44,7 +44,21 @@ Status T5Config::Validate() const {
   SK_RETURN_IF_ERROR(Positive(n_head, name, "n_head"));
   SK_RETURN_IF_ERROR(Positive(d_model, name, "d_model"));
   SK_RETURN_IF_ERROR(Positive(d_ff, name, "d_ff"));
-  return ValidateWidthAndVocab(name, d_model, n_head, vocab_size);
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(n_encoder_layers, nn_internal::kMaxLayers, name, "n_encoder_layers"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(n_decoder_layers, nn_internal::kMaxLayers, name, "n_decoder_layers"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(d_model, nn_internal::kMaxWidth, name, "d_model"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(d_ff, nn_internal::kMaxWidth, name, "d_ff"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(n_head, nn_internal::kMaxWidth, name, "n_head"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(max_source_len, nn_internal::kMaxWidth, name, "max_source_len"));
+  SK_RETURN_IF_ERROR(nn_internal::AtMost(max_target_len, nn_internal::kMaxWidth, name, "max_target_len"));
+  SK_RETURN_IF_ERROR(ValidateWidthAndVocab(name, d_model, n_head, vocab_size));
+  // Every factor is bounded above, so 128 bits hold each term (generously:
+  // every block counted with cross-attention).
+  using W = __int128;
+  const W d = d_model, layer = 8 * d * d + 2 * d * W{d_ff} + 16 * d + d_ff;
+  return nn_internal::CheckParameterCount(
+      name, 3 * W{vocab_size} * d + (W{max_source_len} + max_target_len) * d +
+                (W{n_encoder_layers} + n_decoder_layers) * layer + 4 * d);
 }
 
 StatusOr<std::unique_ptr<T5Model>> T5Model::Create(const T5Config& config,

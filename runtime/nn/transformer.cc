@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -791,6 +792,26 @@ Status Positive(int64_t v, const std::string& model, const char* field) {
   if (v <= 0) {
     return InvalidArgumentError("config '" + model + "': " + field + " must be positive, got " +
                                 std::to_string(v));
+  }
+  return OkStatus();
+}
+
+Status AtMost(int64_t v, int64_t max, const std::string& model, const char* field) {
+  if (v > max) {
+    return InvalidArgumentError("config '" + model + "': " + field + " is " + std::to_string(v) +
+                                ", more than the bound " + std::to_string(max) +
+                                " (shardkit's limit on a model's shape, far beyond any trained model's)");
+  }
+  return OkStatus();
+}
+
+Status CheckParameterCount(const std::string& model, __int128 count) {
+  if (count > kMaxParameters) {
+    const double approx = static_cast<double>(count);
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.3g", approx);
+    return InvalidArgumentError("config '" + model + "': the shape has about " + text +
+                                " parameters, more than the bound 2^48 (" + std::to_string(kMaxParameters) + ")");
   }
   return OkStatus();
 }

@@ -336,6 +336,26 @@ Status CheckProduct(int64_t rows, int64_t cols, const char* what);
 // InvalidArgument "config '<model>': <field> must be positive, got <v>" unless v > 0.
 Status Positive(int64_t v, const std::string& model, const char* field);
 
+// Bounds on a transformer's shape (issue 47 item 2: a config.json or decoder
+// spec with a width of 2^62 overflowed the parameter count into 10400 or a
+// negative number, and 10^9 layers ran for minutes until memory ran out).
+// Each bound is far beyond any trained model's (Llama 3.1 405B: 126 layers,
+// d_model 16384, d_ff 53248, 128 Ki positions) and keeps every product the
+// runtime forms of two dimensions, or of the parameter count and 16 bytes,
+// inside int64.
+inline constexpr int64_t kMaxLayers = int64_t{1} << 16;      // per stack
+inline constexpr int64_t kMaxWidth = int64_t{1} << 24;       // d_model, d_ff, heads, positions
+inline constexpr int64_t kMaxParameters = int64_t{1} << 48;  // ~2.8e14
+
+// InvalidArgument "config '<model>': <field> is <v>, more than the bound
+// <max> ..." unless v <= max.
+Status AtMost(int64_t v, int64_t max, const std::string& model, const char* field);
+
+// InvalidArgument naming the model and the bound unless `count` (computed
+// in 128 bits from dimensions already within their bounds) is at most
+// kMaxParameters.
+Status CheckParameterCount(const std::string& model, __int128 count);
+
 // The checks every transformer config shares: d_model a multiple of n_head,
 // and a vocabulary whose ids fit int32.
 Status ValidateWidthAndVocab(const std::string& model, int64_t d_model, int64_t n_head,

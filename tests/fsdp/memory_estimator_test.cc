@@ -363,6 +363,40 @@ TEST(MemoryEstimatorBadInputTest, HugeBatchTimesSeqIsInvalidArgumentNotAWrappedE
   EXPECT_GT(big->peak_bytes, int64_t{1} << 40);
 }
 
+// Issue 47 item 2: a width of 2^62 overflowed the parameter count and the
+// estimator said 0.27 MB; a shape beyond the bounds is InvalidArgument
+// naming the field, also when the config was built in code. At the bound
+// the estimate is exact arithmetic: a huge positive number of bytes.
+TEST(MemoryEstimatorBadInputTest, HugeShapesAreInvalidArgumentNotAWrappedEstimate) {
+  MemoryEstimateRequest req;
+  req.world_size = 2;
+  req.model = *FindModelConfig("llama-tiny");
+  req.model.llama.d_model = int64_t{1} << 62;
+  StatusOr<MemoryEstimate> e = EstimatePeakMemory(req);
+  ASSERT_FALSE(e.ok()) << e->ToString();
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.status().message()).find("d_model is 4611686018427387904"), std::string::npos)
+      << e.status();
+  req.model = *FindModelConfig("gpt-tiny");
+  req.model.gpt.d_model = int64_t{1} << 62;
+  EXPECT_EQ(EstimatePeakMemory(req).status().code(), StatusCode::kInvalidArgument);
+  req.model = *FindModelConfig("gpt-tiny");
+  req.model.gpt.n_layer = 1000000000;
+  e = EstimatePeakMemory(req);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(std::string(e.status().message()).find("n_layer is 1000000000"), std::string::npos) << e.status();
+  // A decoder of 2^44 parameters (16 x 2^40 bytes of model state at world 1).
+  StatusOr<NamedModelConfig> big =
+      FindModelConfig("decoder:layers=1024,d_model=65536,heads=512,vocab=32000,seq=4096,d_ff=262144");
+  ASSERT_TRUE(big.ok()) << big.status();
+  req.model = *big;
+  req.world_size = 1;
+  StatusOr<MemoryEstimate> ok = EstimatePeakMemory(req);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_GT(ok->parameters, int64_t{1} << 43);
+  EXPECT_GT(ok->peak_bytes, 16 * ok->parameters - 1);
+}
+
 TEST(MemoryEstimatorPaperScaleTest, ShardingDividesModelStatesByTheWorldSize) {
   MemoryEstimateRequest req;
   req.model = *FindModelConfig("t5-11b");

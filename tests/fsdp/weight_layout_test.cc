@@ -389,8 +389,11 @@ void WithTrainers(int world, const std::function<void(int, Trainer&)>& body) {
   ASSERT_TRUE(s.ok()) << s;
 }
 
+// gpt-tiny's head is a parameter of its own (untied), so the files it loads
+// hold lm_head.weight: one without it is INVALID_ARGUMENT, never wte's
+// transpose (issue 47 item 1; hf_checkpoint_test).
 TEST(WeightLayoutTest, ImportedGpt2ComputesTheNativeForwardAndExportsTheSameBytes) {
-  const Tensors hf = HfGpt2();
+  const Tensors hf = HfGpt2(/*with_lm_head=*/true);
   const std::string hf_path = TempPath("hf.safetensors");
   ASSERT_TRUE(WriteSafeTensors(hf_path, hf.Entries(), {{"format", "pt"}}).ok());
   // The same weights in shardkit's layout, loaded natively.
@@ -429,7 +432,7 @@ TEST(WeightLayoutTest, ImportedGpt2ComputesTheNativeForwardAndExportsTheSameByte
 // converter keeps bf16 bytes, and a trainer widens them exactly, computing
 // the same forward pass as from the same values stored in f32.
 TEST(WeightLayoutTest, Bf16Gpt2FilesConvertAsBf16AndLoadWidenedExactly) {
-  const Tensors f32 = HfGpt2();
+  const Tensors f32 = HfGpt2(/*with_lm_head=*/true);
   std::vector<std::vector<uint16_t>> halves;
   std::vector<std::vector<float>> widened;
   std::vector<SafeTensorsEntry> bf16_entries, f32_entries;
@@ -474,7 +477,7 @@ TEST(WeightLayoutTest, Bf16Gpt2FilesConvertAsBf16AndLoadWidenedExactly) {
 }
 
 TEST(WeightLayoutTest, MismatchedModelIsAnErrorNamingBothNamesAndShapesAndChangesNothing) {
-  Tensors wide = HfGpt2();
+  Tensors wide = HfGpt2(/*with_lm_head=*/true);
   Tensors bad;
   for (const SafeTensorsEntry& e : wide.Entries()) {
     if (e.name == "transformer.h.1.mlp.c_fc.weight") {

@@ -467,5 +467,21 @@ TEST(PlanTest, SamePlanTwiceIsByteIdentical) {
   EXPECT_EQ(FormatJson(*a), FormatJson(*b));
 }
 
+// Issue 47 item 2: a width of 2^62 made the planner recommend a
+// configuration that "fit" and the first step abort; a layer count of 10^9
+// ran until memory ran out. Both are InvalidArgument naming the field.
+TEST(PlanTest, ShapesBeyondTheBoundsAreRefusedNamingTheField) {
+  for (const auto& [model, want] : std::vector<std::pair<std::string, std::string>>{
+           {"decoder:layers=2,d_model=4611686018427387904,heads=4,vocab=64,seq=32,d_ff=64", "d_model"},
+           {"decoder:layers=1000000000,d_model=64,heads=4,vocab=64,seq=32,d_ff=64", "n_layer"}}) {
+    PlanRequest r = Request();
+    r.model = model;
+    StatusOr<PlanResult> p = Plan(r);
+    ASSERT_FALSE(p.ok()) << model;
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << p.status();
+    EXPECT_NE(std::string(p.status().message()).find(want), std::string::npos) << p.status();
+  }
+}
+
 }  // namespace
 }  // namespace sk::plan
