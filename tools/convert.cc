@@ -18,7 +18,10 @@
 // config.json and the weights, sharded into files of at most
 // --max_shard_mb MiB when given. Its shape comes from --model (a named
 // configuration or another Hugging Face directory), or from the input
-// directory. Relative paths are taken
+// directory. The written directory also gets the tokenizer files,
+// generation_config.json and the bos/eos/pad token ids of the directory the
+// model came from (--model or the input directory), or of --tokenizer_dir
+// when given (HfWriteOptions::source_dir). Relative paths are taken
 // from the directory `bazel run` was started in. The output is written
 // atomically (a failed conversion leaves any existing file as it was).
 // Exit status: 0 done, 1 a conversion error (printed), 2 bad usage.
@@ -40,10 +43,13 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: convert [--from=LAYOUT] [--to=LAYOUT] [--weights_only] [--model=NAME] [--max_shard_mb=N] IN OUT\n"
+    "usage: convert [--from=LAYOUT] [--to=LAYOUT] [--weights_only] [--model=NAME] [--max_shard_mb=N]\n"
+    "               [--tokenizer_dir=DIR] IN OUT\n"
     "  LAYOUT: shardkit (default), torch, hf-gpt2, hf-llama\n"
     "  IN, OUT: safetensors files; with hf-gpt2 or hf-llama also Hugging Face model directories\n"
-    "           (an OUT directory: an existing one or a path ending in '/')\n";
+    "           (an OUT directory: an existing one or a path ending in '/')\n"
+    "  --tokenizer_dir: a Hugging Face directory whose tokenizer files, generation_config.json and\n"
+    "           special token ids go into an OUT directory (default: --model's or IN's directory)\n";
 
 // `path` relative to where `bazel run` was invoked (BUILD_WORKING_DIRECTORY).
 std::string FromCaller(const std::string& path) {
@@ -67,7 +73,7 @@ int Usage(const std::string& why) {
 int main(int argc, char** argv) {
   sk::WeightLayout from = sk::WeightLayout::kShardkit, to = sk::WeightLayout::kShardkit;
   sk::ConvertOptions options;
-  std::string model;
+  std::string model, tokenizer_dir;
   long long max_shard_bytes = 0;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
@@ -85,6 +91,9 @@ int main(int argc, char** argv) {
       options.drop_optimizer_state = true;
     } else if (a.rfind("--model=", 0) == 0) {
       model = a.substr(8);
+    } else if (a.rfind("--tokenizer_dir=", 0) == 0) {
+      tokenizer_dir = a.substr(16);
+      if (tokenizer_dir.empty()) return Usage("--tokenizer_dir needs a directory");
     } else if (a.rfind("--max_shard_mb=", 0) == 0) {
       char* end = nullptr;
       const long long mb = std::strtoll(a.c_str() + 15, &end, 10);
@@ -127,6 +136,7 @@ int main(int argc, char** argv) {
       s = config.status();
       sk::HfWriteOptions wo;
       wo.max_shard_bytes = max_shard_bytes;
+      if (!tokenizer_dir.empty()) wo.source_dir = FromCaller(tokenizer_dir);
       if (s.ok()) s = sk::WriteHfModelDir(out, *config, *weights, wo);
     } else if (s.ok()) {
       sk::StatusOr<sk::SafeTensorsFile> converted =

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -102,6 +104,148 @@ bool IsDirectory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+// Where a shardkit parameter's tensor is in a Hugging Face file, and
+// whether the file holds its transpose.
+struct HfSource {
+  size_t file;
+  std::string name;
+  bool transposed;
+};
+
+// How `layout` converts the file's tensor `name` on its own: into which
+// shardkit parameter, transposed or not (a 2 x 3 probe through
+// ConvertWeights, the converter's own table); nullopt for a tensor it skips
+// (inv_freq and attention-mask buffers). An error for a tensor it cannot
+// convert alone (split q/k/v projections): the caller reads the file whole.
+StatusOr<std::optional<std::pair<std::string, bool>>> ProbeConversion(const std::string& name, WeightLayout layout) {
+  const float data[6] = {0, 1, 2, 3, 4, 5};
+  SK_ASSIGN_OR_RETURN(SafeTensorsFile probe,
+                      SafeTensorsFile::FromEntries({{name, DType::kF32, Shape{2, 3}, data}}, {{"format", "pt"}}));
+  // As a tied model's file (so the embedding does not also make a head),
+  // and for the head itself as an untied model's.
+  ConvertOptions tied, untied;
+  tied.tied_lm_head = true;
+  untied.tied_lm_head = false;
+  StatusOr<SafeTensorsFile> as_tied = ConvertWeights(probe, layout, WeightLayout::kShardkit, tied);
+  SK_ASSIGN_OR_RETURN(SafeTensorsFile converted,
+                      as_tied.ok() ? std::move(as_tied) : ConvertWeights(probe, layout, WeightLayout::kShardkit, untied));
+  if (converted.names().empty()) return std::optional<std::pair<std::string, bool>>();
+  if (converted.names().size() != 1) return InvalidArgumentError("'" + name + "' converts to several tensors");
+  const std::string& to = converted.names()[0];
+  const bool transposed = converted.info(to)->shape == Shape{3, 2};
+  return std::optional<std::pair<std::string, bool>>(std::make_pair(to, transposed));
+}
+
+// Bounded-memory read of a Hugging Face file or directory (issue 43 item
+// 5): only headers are read whole; each parameter's tensor is read with
+// pread one at a time, only the byte ranges of this rank's slices when the
+// layouts agree (one tensor whole when the file holds its transpose), and
+// widened and transposed straight into the rank's staged shard. Returns
+// false, having changed nothing, for anything the whole-file path must
+// decide or name (a tensor missing, extra or of another shape, a tied
+// model's lm_head.weight to compare with the embedding, split q/k/v
+// projections): that path then reads it, with its errors.
+StatusOr<bool> ReadHfRanged(const std::string& path, WeightLayout layout, const TrainingState& state,
+                            LoadedShards* out) {
+  FullyShardedModel& f = *state.fsdp;
+  const auto& units = *state.units;
+  SK_ASSIGN_OR_RETURN(HfWeightReaders files, OpenHfWeights(path));
+  const ConvertOptions options = ConvertOptionsForUnits(units);
+  std::map<std::string, HfSource> sources;
+  bool has_lm_head = false;
+  for (const auto& [name, file] : files.where) {
+    StatusOr<std::optional<std::pair<std::string, bool>>> to = ProbeConversion(name, layout);
+    if (!to.ok()) return false;
+    if (!to->has_value()) continue;
+    if ((*to)->first == "head.lm_head.w") has_lm_head = true;
+    if (!sources.emplace((*to)->first, HfSource{file, name, (*to)->second}).second) return false;
+  }
+  // A tied model compares a file's head with the embedding; an untied one
+  // without its head is an error the converter names.
+  if (options.tied_lm_head.has_value() && *options.tied_lm_head == has_lm_head) return false;
+  size_t wanted = 0;
+  for (int u = 0; u < f.num_units(); ++u) {
+    const FlatParamLayout& l = f.layout(u);
+    for (size_t p = 0; p < l.params().size(); ++p) {
+      auto it = sources.find(FullParamName(units[u], units[u].params[p]));
+      if (it == sources.end()) return false;
+      ++wanted;
+      const SafeTensorsFile::Info info = *files.files[it->second.file].info(it->second.name);
+      const Shape& want = l.params()[p].shape;
+      const bool same = it->second.transposed
+                            ? want.rank() == 2 && info.shape == Shape{want.dim(1), want.dim(0)}
+                            : info.shape == want;
+      if (!same) return false;
+    }
+  }
+  if (wanted != sources.size()) return false;  // a tensor the model does not have
+
+  out->step = 0;
+  out->has_optimizer = false;
+  const int shard_rank = f.shard_group().rank();
+  out->master.assign(f.num_units(), {});
+  out->optim.assign(f.num_units(), {});
+  out->optimizer_step.assign(f.num_units(), 0);
+  std::vector<char> buffer;  // one tensor at most
+  auto widen = [](DType dtype, const char* src, int64_t i) -> float {
+    switch (dtype) {
+      case DType::kBF16: {
+        BF16 h;
+        std::memcpy(&h.bits, src + 2 * i, 2);
+        return BF16ToFloat(h);
+      }
+      case DType::kF16: {
+        F16 h;
+        std::memcpy(&h.bits, src + 2 * i, 2);
+        return F16ToFloat(h);
+      }
+      default: {
+        float x;
+        std::memcpy(&x, src + 4 * i, 4);
+        return x;
+      }
+    }
+  };
+  for (int u = 0; u < f.num_units(); ++u) {
+    const FlatParamLayout& l = f.layout(u);
+    SK_ASSIGN_OR_RETURN(out->master[u], HostZeros(l.shard_numel()));
+    float* master = out->master[u].data_as<float>();
+    for (const auto& s : l.ShardSlices(shard_rank)) {
+      const std::string name = FullParamName(units[u], units[u].params[s.param]);
+      const HfSource& src = sources.at(name);
+      const SafeTensorsReader& reader = files.files[src.file];
+      const SafeTensorsFile::Info info = *reader.info(src.name);
+      const int64_t esize = static_cast<int64_t>(DTypeSize(info.dtype));
+      const int64_t n = s.param_end - s.param_begin;
+      float* dst = master + s.shard_offset;
+      const std::string what = "parameter " + Shown(name, layout) + " from '" + reader.path() + "'";
+      if (!src.transposed) {
+        // The slice's own bytes, straight into the shard when f32.
+        if (info.dtype == DType::kF32) {
+          SK_RETURN_IF_ERROR(reader.ReadRange(src.name, static_cast<uint64_t>(s.param_begin) * 4,
+                                              static_cast<uint64_t>(n) * 4, dst)
+                                 .WithContext(what));
+          continue;
+        }
+        buffer.resize(static_cast<size_t>(n * esize));
+        SK_RETURN_IF_ERROR(reader.ReadRange(src.name, static_cast<uint64_t>(s.param_begin * esize),
+                                            static_cast<uint64_t>(n * esize), buffer.data())
+                               .WithContext(what));
+        for (int64_t i = 0; i < n; ++i) dst[i] = widen(info.dtype, buffer.data(), i);
+        continue;
+      }
+      // shardkit's [rows, cols] element (r, c) is the file's (c, r).
+      buffer.resize(static_cast<size_t>(info.nbytes));
+      SK_RETURN_IF_ERROR(reader.Read(src.name, buffer.data()).WithContext(what));
+      const int64_t rows = l.params()[s.param].shape.dim(0), cols = l.params()[s.param].shape.dim(1);
+      for (int64_t i = s.param_begin; i < s.param_end; ++i) {
+        dst[i - s.param_begin] = widen(info.dtype, buffer.data(), (i % cols) * rows + i / cols);
+      }
+    }
+  }
+  return true;
+}
+
 // Builds this rank's shards from a full state dict file in `layout`.
 Status ReadFullStateDict(const std::string& path, WeightLayout layout, const TrainingState& state,
                          LoadedShards* out) {
@@ -110,6 +254,10 @@ Status ReadFullStateDict(const std::string& path, WeightLayout layout, const Tra
   // In another tool's layout, a directory is a Hugging Face model directory
   // (its config.json is the caller's business: the model is given).
   const bool hf_dir = layout != WeightLayout::kShardkit && IsDirectory(path);
+  if (layout == WeightLayout::kHfGpt2 || layout == WeightLayout::kHfLlama) {
+    SK_ASSIGN_OR_RETURN(bool done, ReadHfRanged(path, layout, state, out));
+    if (done) return OkStatus();
+  }
   SK_ASSIGN_OR_RETURN(SafeTensorsFile file, hf_dir ? ReadHfWeights(path) : SafeTensorsFile::Read(path));
   if (layout != WeightLayout::kShardkit) {
     StatusOr<SafeTensorsFile> converted =
@@ -226,6 +374,71 @@ StatusOr<Tensor> GatherFlat(FullyShardedModel& f, Stream& stream, int unit, cons
   return out;
 }
 
+// A Hugging Face directory written one unit at a time (issue 43 item 5):
+// every rank gathers unit after unit as for a full state dict, and rank 0
+// converts each unit's weights to the model's Hugging Face layout and writes
+// them as one file of their own, model-0000k-of-0000n.safetensors, before
+// the next gather, then the index (model.safetensors.index.json, as
+// transformers' save_pretrained writes it), config.json,
+// generation_config.json and the tokenizer files of the directory the
+// model came from (WriteHfModelDir's). Rank 0 holds one gathered unit and
+// its conversion at a time; no optimizer state is gathered. A failure on
+// rank 0 is carried to the agreement after the gathers, which every rank
+// makes alike.
+Status SaveHfDirectoryStreaming(const std::string& dir, const TrainingState& state, RankAgreement& sync,
+                                Stream& stream) {
+  FullyShardedModel& f = *state.fsdp;
+  const auto& units = *state.units;
+  const bool root = f.rank() == 0;
+  Status local;
+  int files = 0;
+  for (int u = 0; u < f.num_units(); ++u) files += f.layout(u).params().empty() ? 0 : 1;
+  WeightLayout layout = WeightLayout::kShardkit;
+  std::map<std::string, std::string> weight_map;
+  int64_t total = 0;
+  std::set<std::string> written;
+  if (root) {
+    local = [&]() -> Status {
+      StatusOr<NamedModelConfig> config = FindModelConfig(state.model_name);
+      if (!config.ok()) {
+        return config.status().WithContext("writing a Hugging Face directory needs the model's configuration");
+      }
+      SK_ASSIGN_OR_RETURN(layout, HfWeightLayout(*config));
+      return WriteHfDirectoryFiles(dir, *config, HfWriteOptions{});
+    }();
+  }
+  const ConvertOptions convert = ConvertOptionsForUnits(units);
+  int k = 0;
+  for (int u = 0; u < f.num_units(); ++u) {
+    if (f.layout(u).params().empty()) continue;
+    ++k;
+    SK_ASSIGN_OR_RETURN(Tensor flat, GatherFlat(f, stream, u, f.master_shard(u)));
+    if (!root || !local.ok()) continue;
+    local = [&]() -> Status {
+      std::vector<SafeTensorsEntry> entries;
+      for (size_t p = 0; p < units[u].params.size(); ++p) {
+        const auto& lp = f.layout(u).params()[p];
+        entries.push_back({FullParamName(units[u], units[u].params[p]), DType::kF32, lp.shape,
+                           flat.data_as<float>() + lp.offset});
+      }
+      SK_ASSIGN_OR_RETURN(SafeTensorsFile mine, SafeTensorsFile::FromEntries(entries));
+      flat = Tensor();  // the unit is held once at a time
+      SK_ASSIGN_OR_RETURN(SafeTensorsFile theirs, ConvertWeights(mine, WeightLayout::kShardkit, layout, convert));
+      char name[64];
+      std::snprintf(name, sizeof(name), "model-%05d-of-%05d.safetensors", k, files);
+      SK_RETURN_IF_ERROR(WriteSafeTensors(dir + "/" + name, theirs.Entries(), {{"format", "pt"}}));
+      written.insert(name);
+      for (const SafeTensorsEntry& e : theirs.Entries()) {
+        weight_map[e.name] = name;
+        total += e.shape.numel() * static_cast<int64_t>(DTypeSize(e.dtype));
+      }
+      return OkStatus();
+    }();
+  }
+  if (root && local.ok()) local = WriteHfIndex(dir, weight_map, total, written);
+  return sync.Agree(local);
+}
+
 }  // namespace
 
 Status SaveFullStateDict(const std::string& path, const TrainingState& given, int64_t step,
@@ -237,6 +450,14 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& given, in
   TrainingState state = given;
   if (!native) state.optimizer = nullptr;
   if (step < 0) return InvalidArgumentError("SaveFullStateDict: negative step " + std::to_string(step));
+  if (!native && (IsDirectory(path) || (!path.empty() && path.back() == '/'))) {
+    SK_ASSIGN_OR_RETURN(auto sync, RankAgreement::Create(*state.fsdp));
+    SK_ASSIGN_OR_RETURN(Device * device, Device::Get(state.fsdp->activation_allocator().device()));
+    SK_ASSIGN_OR_RETURN(auto stream,
+                        device->CreateStream("full state dict (rank " + std::to_string(state.fsdp->rank()) + ")"));
+    return SaveHfDirectoryStreaming(path, state, *sync, *stream)
+        .WithContext("saving Hugging Face directory '" + path + "'");
+  }
   FullyShardedModel& f = *state.fsdp;
   const auto& units = *state.units;
   SK_ASSIGN_OR_RETURN(auto sync, RankAgreement::Create(f));

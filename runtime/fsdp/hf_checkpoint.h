@@ -29,7 +29,10 @@
 #define SHARDKIT_RUNTIME_FSDP_HF_CHECKPOINT_H_
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "runtime/core/status.h"
 #include "runtime/fsdp/safetensors.h"
@@ -47,6 +50,16 @@ StatusOr<WeightLayout> HfWeightLayout(const NamedModelConfig& config);
 // and its shards), under the file's names and in its dtypes, in one
 // in-memory file. Errors as above.
 StatusOr<SafeTensorsFile> ReadHfWeights(const std::string& dir);
+
+// The weights of `path` opened for ranged reads: a directory's
+// model.safetensors, or its index and every shard it lists; a file: itself.
+// Only headers are read (SafeTensorsReader), so memory holds what the
+// caller then reads. Errors as ReadHfWeights.
+struct HfWeightReaders {
+  std::vector<SafeTensorsReader> files;
+  std::map<std::string, size_t> where;  // tensor name -> index into files
+};
+StatusOr<HfWeightReaders> OpenHfWeights(const std::string& path);
 
 // A Hugging Face model directory read into shardkit's terms.
 struct HfModel {
@@ -69,13 +82,40 @@ struct HfWriteOptions {
   // model-0000k-of-0000n.safetensors files of at most that much (a tensor
   // larger than it gets a file of its own) and model.safetensors.index.json.
   int64_t max_shard_bytes = 0;
+  // The Hugging Face directory whose tokenizer and generation settings go
+  // with the model: its tokenizer files (tokenizer.json,
+  // tokenizer_config.json, special_tokens_map.json, added_tokens.json,
+  // tokenizer.model, spiece.model, vocab.json, merges.txt, vocab.txt,
+  // chat_template.jinja/.json, those present) and generation_config.json
+  // are copied, and its config.json's bos_token_id, eos_token_id and
+  // pad_token_id are written into config.json. Empty: the directory the
+  // model came from (config.name, when that is a Hugging Face directory, as
+  // ReadHfConfig names it), else none. Without a generation_config.json
+  // there, one is written from those ids as transformers'
+  // GenerationConfig.from_model_config does, so generate() stops at EOS.
+  std::string source_dir;
 };
+
+// The parts of WriteHfModelDir besides the weights, for writers that
+// stream them (SaveFullStateDict): creates `dir` and writes config.json,
+// generation_config.json and the tokenizer files (above).
+Status WriteHfDirectoryFiles(const std::string& dir, const NamedModelConfig& config,
+                             const HfWriteOptions& options = {});
+// model.safetensors.index.json as transformers writes it ({"metadata":
+// {"total_size"}, "weight_map": {tensor: file}}) for the shards `files`
+// already written; removes a model.safetensors and shards of an earlier
+// save that `files` does not hold.
+Status WriteHfIndex(const std::string& dir, const std::map<std::string, std::string>& weight_map, int64_t total_size,
+                    const std::set<std::string>& files);
 
 // Writes `dir` (created if needed; files of an earlier save there are
 // replaced, each written durably): config.json for `config` and `weights`
 // (shardkit layout) in its Hugging Face layout, "format": "pt" as
-// transformers writes it. The head of a tied model is not written (it is
-// wte); an untied head always is.
+// transformers writes it, with the source directory's special tokens,
+// generation_config.json and tokenizer files (HfWriteOptions::source_dir).
+// The head of a tied model is not written (it is wte); an untied head
+// always is. InvalidArgument for a source config.json whose token id is not
+// an id (naming the key); NotFound for a source_dir that is not a directory.
 Status WriteHfModelDir(const std::string& dir, const NamedModelConfig& config, const SafeTensorsFile& weights,
                        const HfWriteOptions& options = {});
 

@@ -15,6 +15,7 @@
 #include <functional>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -775,6 +776,161 @@ TEST(HfCheckpoint, AnUntiedModelWithoutItsHeadIsRefusedByFullStateDictLoads) {
       }
     });
   }
+}
+
+// Issue 43 item 5: a full-state-dict load of a Hugging Face directory reads
+// each parameter's tensor by itself (byte ranges of the rank's slices, or one
+// tensor whole when the file holds its transpose) and widens it into the
+// shard: at world 3 (slices that split tensors unevenly), from f32 and bf16
+// files, sharded or single, it holds exactly the parameters ReadHfModelDir
+// reads whole.
+TEST(HfCheckpoint, RangedLoadsGiveTheWholeFileReadsParametersOnEveryRank) {
+  StatusOr<HfModel> llama = ReadHfModelDir(kLlama);
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  // The same weights in bf16, sharded (two tensors per file at most).
+  const std::string bf16_dir = CopyOf(kLlama, "llama-bf16");
+  {
+    SafeTensorsFile f = *SafeTensorsFile::Read(kLlama + "/model.safetensors");
+    std::vector<std::vector<uint16_t>> halves;
+    std::vector<SafeTensorsEntry> entries;
+    for (const SafeTensorsEntry& e : f.Entries()) {
+      std::vector<uint16_t> h(e.shape.numel());
+      for (size_t i = 0; i < h.size(); ++i) h[i] = FloatToBF16(static_cast<const float*>(e.data)[i]).bits;
+      halves.push_back(std::move(h));
+      entries.push_back({e.name, DType::kBF16, e.shape, halves.back().data()});
+    }
+    SafeTensorsFile b = *SafeTensorsFile::FromEntries(entries, {{"format", "pt"}});
+    fs::remove(bf16_dir + "/model.safetensors");
+    ASSERT_TRUE(WriteHfModelDir(bf16_dir, llama->config, *ConvertWeights(b, WeightLayout::kHfLlama,
+                                                                        WeightLayout::kShardkit),
+                                HfWriteOptions{4096, ""})
+                    .ok());
+    ASSERT_TRUE(fs::exists(bf16_dir + "/model.safetensors.index.json"));
+  }
+  StatusOr<HfModel> widened = ReadHfModelDir(bf16_dir);
+  ASSERT_TRUE(widened.ok()) << widened.status();
+  auto model = *CreateModel(llama->config);
+  for (const auto& [dir, want] : std::vector<std::pair<std::string, const HfModel*>>{
+           {kLlama, &*llama}, {bf16_dir, &*widened}, {kLlama + "/model.safetensors", &*llama}}) {
+    SCOPED_TRACE(dir);
+    std::mutex mu;
+    testing::RunRanks(3, [&](int rank, comm::ProcessGroup* world) {
+      CachingAllocator alloc(*Device::Get(DeviceId::Cpu(rank)));
+      FsdpOptions o;
+      o.timeout = Duration(60'000);
+      auto fsdp = *FullyShardedModel::Create(model->units(), world, &alloc, o);
+      TrainingState st{kLlama, &model->units(), fsdp.get(), nullptr};
+      FullStateDictOptions hf;
+      hf.layout = WeightLayout::kHfLlama;
+      StatusOr<int64_t> step = LoadFullStateDict(dir, st, hf);
+      ASSERT_TRUE(step.ok()) << step.status();
+      EXPECT_EQ(*step, 0);
+      for (size_t u = 0; u < model->units().size(); ++u) {
+        for (size_t i = 0; i < model->units()[u].params.size(); ++i) {
+          StatusOr<Tensor> t = fsdp->GatherFullParam(static_cast<int>(u), static_cast<int>(i));
+          ASSERT_TRUE(t.ok()) << t.status();
+          const std::string name = FullParamName(model->units()[u], model->units()[u].params[i]);
+          const SafeTensorsFile::Info info = *want->weights.info(name);
+          std::vector<float> expected(t->numel());
+          for (int64_t k = 0; k < t->numel(); ++k) {
+            const char* p = static_cast<const char*>(*want->weights.data(name));
+            if (info.dtype == DType::kBF16) {
+              BF16 h;
+              std::memcpy(&h.bits, p + 2 * k, 2);
+              expected[k] = BF16ToFloat(h);
+            } else {
+              std::memcpy(&expected[k], p + 4 * k, 4);
+            }
+          }
+          std::lock_guard<std::mutex> lock(mu);
+          EXPECT_EQ(std::memcmp(t->data(), expected.data(), t->nbytes()), 0) << name;
+        }
+      }
+    });
+  }
+}
+
+// Issue 43 items 4 and 5: a trainer's directory is written one unit per
+// file with transformers' index, and carries what generate() and the
+// tokenizer need from the directory the model came from: bos/eos/pad in
+// config.json, generation_config.json (copied, or written from the ids) and
+// the tokenizer files. A second save with fewer files leaves no stale shard.
+TEST(HfCheckpoint, ExportsCarryTokensGenerationConfigAndTokenizerFiles) {
+  const std::string src = CopyOf(kLlama, "llama-with-tokenizer");
+  fs::remove(src + "/generation_config.json");  // written from the ids, first
+  nlohmann::json c = nlohmann::json::parse(Slurp(src + "/config.json"));
+  c["bos_token_id"] = 1;
+  c["eos_token_id"] = nlohmann::json::array({2, 7});
+  c["pad_token_id"] = nullptr;
+  Spit(src + "/config.json", c.dump());
+  Spit(src + "/tokenizer.json", R"({"version": "1.0", "model": {"type": "WordLevel"}})");
+  Spit(src + "/tokenizer_config.json", R"({"eos_token": "</s>"})");
+  Spit(src + "/special_tokens_map.json", R"({"eos_token": "</s>"})");
+  const std::string out = ::testing::TempDir() + "/exported-with-tokenizer/";
+  fs::remove_all(out);
+  fs::create_directories(out);
+  Spit(out + "/model-00001-of-00099.safetensors", "stale");  // an earlier save's
+  Status s = comm::RunLocalRanks(2, [&](int, comm::ProcessGroup* g) -> Status {
+    TrainerOptions o;
+    o.model = src;
+    o.batch_size = 2;
+    o.seq_len = 16;
+    o.data_tokens = 1024;
+    o.fsdp.timeout = Duration(60'000);
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(o, g));
+    SK_RETURN_IF_ERROR(t->LoadFullStateDict(src, WeightLayout::kHfLlama));
+    return t->SaveFullStateDict(out, WeightLayout::kHfLlama);
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  nlohmann::json written = nlohmann::json::parse(Slurp(out + "/config.json"));
+  EXPECT_EQ(written["bos_token_id"], 1);
+  EXPECT_EQ(written["eos_token_id"], nlohmann::json::array({2, 7}));
+  EXPECT_TRUE(written["pad_token_id"].is_null());
+  nlohmann::json gen = nlohmann::json::parse(Slurp(out + "/generation_config.json"));
+  EXPECT_EQ(gen["eos_token_id"], nlohmann::json::array({2, 7}));
+  EXPECT_EQ(gen["bos_token_id"], 1);
+  EXPECT_TRUE(gen["_from_model_config"].get<bool>());
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    EXPECT_EQ(Slurp(out + "/" + f), Slurp(src + "/" + f)) << f;
+  }
+  // One file per unit (embed, two layers, head), named as transformers names shards.
+  nlohmann::json index = nlohmann::json::parse(Slurp(out + "/model.safetensors.index.json"));
+  std::set<std::string> files;
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) files.insert(it.value());
+  EXPECT_EQ(files, (std::set<std::string>{"model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors",
+                                          "model-00003-of-00004.safetensors", "model-00004-of-00004.safetensors"}));
+  EXPECT_GT(index["metadata"]["total_size"].get<int64_t>(), 0);
+  EXPECT_FALSE(fs::exists(out + "/model-00001-of-00099.safetensors"));
+  EXPECT_FALSE(fs::exists(out + "/model.safetensors"));
+  StatusOr<HfModel> back = ReadHfModelDir(out);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameTensors(ReadHfModelDir(src)->weights, back->weights);
+  // A source's own generation_config.json is copied as it is.
+  Spit(src + "/generation_config.json", R"({"eos_token_id": 7, "temperature": 0.5})");
+  const std::string out2 = ::testing::TempDir() + "/exported-with-generation-config";
+  fs::remove_all(out2);
+  NamedModelConfig config = *ReadHfConfig(src);
+  ASSERT_TRUE(WriteHfModelDir(out2, config, back->weights).ok());
+  EXPECT_EQ(Slurp(out2 + "/generation_config.json"), Slurp(src + "/generation_config.json"));
+  // Or a directory the caller names; a model of no directory writes no ids.
+  const std::string out3 = ::testing::TempDir() + "/exported-named-source";
+  fs::remove_all(out3);
+  NamedModelConfig plain = config;
+  plain.name = "llama-tiny";
+  ASSERT_TRUE(WriteHfModelDir(out3, plain, back->weights).ok());
+  EXPECT_FALSE(fs::exists(out3 + "/generation_config.json"));
+  EXPECT_FALSE(nlohmann::json::parse(Slurp(out3 + "/config.json")).contains("eos_token_id"));
+  ASSERT_TRUE(WriteHfModelDir(out3, plain, back->weights, HfWriteOptions{0, src}).ok());
+  EXPECT_TRUE(fs::exists(out3 + "/tokenizer.json"));
+  EXPECT_EQ(nlohmann::json::parse(Slurp(out3 + "/config.json"))["eos_token_id"], nlohmann::json::array({2, 7}));
+  // Bad input: a token id that is not one, a source that is not a directory.
+  c["eos_token_id"] = "2";
+  Spit(src + "/config.json", c.dump());
+  Status bad = WriteHfModelDir(out3, plain, back->weights, HfWriteOptions{0, src});
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << bad;
+  EXPECT_NE(bad.message().find("eos_token_id"), std::string::npos) << bad;
+  EXPECT_EQ(WriteHfModelDir(out3, plain, back->weights, HfWriteOptions{0, src + "/nope"}).code(),
+            StatusCode::kNotFound);
 }
 
 }  // namespace
