@@ -39,6 +39,9 @@ static_assert(SK_WEIGHT_LAYOUT_SHARDKIT == static_cast<int>(sk::WeightLayout::kS
               SK_WEIGHT_LAYOUT_HF_GPT2 == static_cast<int>(sk::WeightLayout::kHfGpt2) &&
               SK_WEIGHT_LAYOUT_HF_LLAMA == static_cast<int>(sk::WeightLayout::kHfLlama));
 static_assert(SK_PARALLELISM_FSDP == static_cast<int>(sk::Parallelism::kFsdp));
+static_assert(SK_NO_DECAY_NONE == static_cast<int>(sk::NoDecay::kNone) &&
+              SK_NO_DECAY_BIASES_AND_NORMS == static_cast<int>(sk::NoDecay::kBiasesAndNorms) &&
+              SK_NO_DECAY_NORMS_BIASES_EMBEDDINGS == static_cast<int>(sk::NoDecay::kNormsBiasesEmbeddings));
 static_assert(SK_PARALLELISM_DDP == static_cast<int>(sk::Parallelism::kDdp));
 
 namespace sk::capi {

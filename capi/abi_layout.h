@@ -96,7 +96,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_optimizer_options, kind) == 8 && offsetof(sk_optimi
                  "sk_optimizer_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_param_group, pattern) == 8 && offsetof(sk_param_group, norms_biases_embeddings) == 16 &&
                  offsetof(sk_param_group, weight_decay) == 20 && offsetof(sk_param_group, lr_multiplier) == 24 &&
-                 offsetof(sk_param_group, inherit_weight_decay) == 28 && sizeof(sk_param_group) == 32,
+                 offsetof(sk_param_group, inherit_weight_decay) == 28 && offsetof(sk_param_group, no_decay) == 32 &&
+                 sizeof(sk_param_group) == 40,
                  "sk_param_group layout");
 SK_LAYOUT_ASSERT(offsetof(sk_lr_schedule, kind) == 8 && offsetof(sk_lr_schedule, min_lr) == 12 &&
                  offsetof(sk_lr_schedule, warmup_steps) == 16 && offsetof(sk_lr_schedule, decay_steps) == 24 &&

@@ -88,6 +88,12 @@ StatusOr<sk::OptimizerOptions> ToOptimizerOptions(const sk_optimizer_options* in
     sk::ParamGroup pg;
     if (g.pattern != nullptr) pg.pattern = g.pattern;
     pg.norms_biases_embeddings = g.norms_biases_embeddings != 0;
+    if (g.no_decay < SK_NO_DECAY_NONE || g.no_decay > SK_NO_DECAY_NORMS_BIASES_EMBEDDINGS) {
+      return sk::InvalidArgumentError(name + ".no_decay is " + std::to_string(static_cast<int>(g.no_decay)) +
+                                      ", not an sk_no_decay_t (SK_NO_DECAY_NONE, _BIASES_AND_NORMS, "
+                                      "_NORMS_BIASES_EMBEDDINGS)");
+    }
+    pg.no_decay = static_cast<sk::NoDecay>(g.no_decay);
     pg.weight_decay = g.inherit_weight_decay != 0 ? -1.f : g.weight_decay;
     if (g.inherit_weight_decay == 0 && !(g.weight_decay >= 0)) {
       return sk::InvalidArgumentError(name + ".weight_decay must be >= 0 (set inherit_weight_decay for "

@@ -98,6 +98,9 @@ local enum_fields = {
   kind = enum_by_prefix("SK_OPTIMIZER_", "sk_optimizer_kind_t"),
   init = enum_by_prefix("SK_INIT_", "sk_init_kind_t"),
   parallelism = enum_by_prefix("SK_PARALLELISM_", "sk_parallelism_t"),
+  -- 0.8.0: sk_param_group.no_decay, "biases_and_norms" (Hugging Face
+  -- Trainer's) or "norms_biases_embeddings" (or the number).
+  no_decay = enum_by_prefix("SK_NO_DECAY_", "sk_no_decay_t"),
 }
 -- Enum fields whose name means another enum in one struct.
 local device_kind = enum_by_prefix("SK_DEVICE_", "sk_device_kind_t")

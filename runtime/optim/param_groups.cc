@@ -8,8 +8,17 @@ Status ValidateParamGroups(const std::vector<ParamGroup>& groups) {
   for (size_t i = 0; i < groups.size(); ++i) {
     const ParamGroup& g = groups[i];
     const std::string what = "param_groups[" + std::to_string(i) + "]";
-    if (g.pattern.empty() && !g.norms_biases_embeddings) {
-      return InvalidArgumentError(what + " selects nothing: give a pattern or norms_biases_embeddings");
+    const int rule = static_cast<int>(g.no_decay);
+    if (rule < 0 || rule > static_cast<int>(NoDecay::kNormsBiasesEmbeddings)) {
+      return InvalidArgumentError(what + ".no_decay is " + std::to_string(rule) +
+                                  ", not a rule (0 none, 1 biases_and_norms, 2 norms_biases_embeddings)");
+    }
+    if (g.norms_biases_embeddings && g.no_decay == NoDecay::kBiasesAndNorms) {
+      return InvalidArgumentError(what + " sets both norms_biases_embeddings and no_decay " +
+                                  NoDecayName(g.no_decay) + ": they select different parameters");
+    }
+    if (g.pattern.empty() && !g.norms_biases_embeddings && g.no_decay == NoDecay::kNone) {
+      return InvalidArgumentError(what + " selects nothing: give a pattern, no_decay or norms_biases_embeddings");
     }
     if (!std::isfinite(g.weight_decay)) return InvalidArgumentError(what + ".weight_decay is not finite");
     if (!std::isfinite(g.lr_multiplier) || g.lr_multiplier < 0) {
@@ -41,6 +50,15 @@ bool GlobMatch(const std::string& pattern, const std::string& name) {
   return p == pattern.size();
 }
 
+const char* NoDecayName(NoDecay rule) {
+  switch (rule) {
+    case NoDecay::kNone: return "none";
+    case NoDecay::kBiasesAndNorms: return "biases_and_norms";
+    case NoDecay::kNormsBiasesEmbeddings: return "norms_biases_embeddings";
+  }
+  return "invalid";
+}
+
 namespace {
 bool IsEmbeddingName(const std::string& s) {
   return s.find("emb") != std::string::npos || s.find("wte") != std::string::npos ||
@@ -54,7 +72,10 @@ int SelectParamGroup(const std::vector<ParamGroup>& groups, const std::string& u
   for (size_t i = 0; i < groups.size(); ++i) {
     const ParamGroup& g = groups[i];
     if (!g.pattern.empty() && GlobMatch(g.pattern, full)) return static_cast<int>(i);
-    if (g.norms_biases_embeddings && (ndim < 2 || IsEmbeddingName(unit) || IsEmbeddingName(param))) {
+    const NoDecay rule = g.norms_biases_embeddings ? NoDecay::kNormsBiasesEmbeddings : g.no_decay;
+    if (rule == NoDecay::kBiasesAndNorms && ndim < 2) return static_cast<int>(i);
+    if (rule == NoDecay::kNormsBiasesEmbeddings &&
+        (ndim < 2 || IsEmbeddingName(unit) || IsEmbeddingName(param))) {
       return static_cast<int>(i);
     }
   }

@@ -46,6 +46,7 @@ std::vector<std::pair<std::string, std::string>> SharedFsdpAndOptimizerFields(co
     const std::string k = "optimizer.param_groups[" + std::to_string(g) + "].";
     v.push_back({k + "pattern", pg.pattern});
     v.push_back({k + "norms_biases_embeddings", i(pg.norms_biases_embeddings)});
+    v.push_back({k + "no_decay", NoDecayName(pg.no_decay)});
     v.push_back({k + "weight_decay", num(pg.weight_decay)});
     v.push_back({k + "lr_multiplier", num(pg.lr_multiplier)});
   }

@@ -49,7 +49,8 @@ int main(void) {
   EXPECT(ls.struct_size == sizeof ls && zero_after_size(&ls, sizeof ls) && ls.kind == SK_LR_SCHEDULE_DEFAULT);
   sk_param_group pg = SK_PARAM_GROUP_INIT;
   EXPECT(pg.struct_size == sizeof pg && pg.lr_multiplier == 1.0f && pg.pattern == NULL &&
-         pg.weight_decay == 0.0f && pg.inherit_weight_decay == 0 && pg.norms_biases_embeddings == 0);
+         pg.weight_decay == 0.0f && pg.inherit_weight_decay == 0 && pg.norms_biases_embeddings == 0 &&
+         pg.no_decay == SK_NO_DECAY_NONE);
   EXPECT(t.lr_schedule == NULL && m.lr == 0.0f);
   EXPECT(t.struct_size == sizeof t && zero_after_size(&t, sizeof t));
   EXPECT(m.struct_size == sizeof m && zero_after_size(&m, sizeof m));

@@ -70,7 +70,7 @@ std::vector<float> Read(sk_engine* e, int unit, int param, int64_t n) {
   return v;
 }
 
-TEST(CapiFramework, VersionIs070) {
+TEST(CapiFramework, VersionIs080) {
   EXPECT_STREQ(sk_version(), "0.8.0");
   EXPECT_EQ(sk_version_number(), 8000);
 }
@@ -163,6 +163,27 @@ TEST(CapiFramework, ParamGroupsExemptTheNoDecaySetAndBadGroupsNameTheGroup) {
   opt.param_groups = nullptr;
   EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, &eo, &e));
   EXPECT_ERROR_MENTIONS("num_param_groups");
+  // 0.8.0's no_decay: an unknown rule, or one that contradicts
+  // norms_biases_embeddings, is refused naming the group (no engine made).
+  sk_param_group bad = SK_PARAM_GROUP_INIT;
+  bad.no_decay = static_cast<sk_no_decay_t>(7);
+  opt.param_groups = &bad;
+  e = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, &eo, &e));
+  EXPECT_ERROR_MENTIONS("param_groups[0].no_decay");
+  EXPECT_EQ(e, nullptr);
+  bad.no_decay = SK_NO_DECAY_BIASES_AND_NORMS;
+  bad.norms_biases_embeddings = 1;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, &eo, &e));
+  EXPECT_ERROR_MENTIONS("norms_biases_embeddings");
+  EXPECT_EQ(e, nullptr);
+  // A 0.6.0 struct (struct_size 32) reads no_decay as NONE: its flag alone decides.
+  sk_param_group old = SK_PARAM_GROUP_INIT;
+  old.struct_size = SK_PARAM_GROUP_STRUCT_SIZE_V1;
+  old.norms_biases_embeddings = 1;
+  opt.param_groups = &old;
+  ASSERT_OK(sk_engine_create(spec, g, &eo, &e));
+  sk_engine_destroy(e);
   sk_model_spec_destroy(spec);
   sk_process_group_destroy(g);
 }

@@ -497,6 +497,11 @@ test("issue 34: learning rate, schedules, parameter groups, collectives, engine 
                {model = "gpt-tiny", lr_schedule = {kind = "linear"}}, 1)
   expect_error("INVALID_ARGUMENT", "lr_schedule kind", sk.local_session,
                {model = "gpt-tiny", lr_schedule = {kind = "exponential"}}, 1)
+  -- 0.8.0: the no-decay rule by name; an unknown one is named.
+  expect_error("INVALID_ARGUMENT", "no_decay", sk.local_session,
+               {model = "gpt-tiny", optimizer = {param_groups = {{no_decay = "everything"}}}}, 1)
+  sk.local_session({model = "gpt-tiny", optimizer = {kind = "adamw", weight_decay = 0.1,
+                    param_groups = {{no_decay = "biases_and_norms"}}}}, 1)
   -- An engine: the no-decay group, set_lr, write_param, steps, checkpoint.
   local spec = sk.model_spec()
   local u = spec:add_unit("fc")

@@ -350,6 +350,42 @@ TEST(ParamGroupsTest, GlobAndTheNoDecayRuleSelectTheFirstMatchingGroup) {
   EXPECT_EQ(ValidateParamGroups(groups).code(), StatusCode::kInvalidArgument);
 }
 
+// Issue 43: Hugging Face Trainer's rule exempts biases and norm weights
+// (fewer than two dimensions) and decays embeddings and a tied head;
+// norms_biases_embeddings (and its NoDecay value) still exempts embeddings.
+TEST(ParamGroupsTest, HuggingFacesRuleDecaysEmbeddingsAndTheOldRuleDoesNot) {
+  std::vector<ParamGroup> hf(1), old(1), old_by_rule(1);
+  hf[0].no_decay = NoDecay::kBiasesAndNorms;
+  old[0].norms_biases_embeddings = true;
+  old_by_rule[0].no_decay = NoDecay::kNormsBiasesEmbeddings;
+  struct Param {
+    const char *unit, *name;
+    int ndim;
+    bool hf_exempt, old_exempt;
+  };
+  for (const Param& p : std::vector<Param>{{"embed", "wte", 2, false, true},
+                                           {"embed", "embed_tokens.w", 2, false, true},
+                                           {"embed", "wpe", 2, false, true},
+                                           {"h.0", "attn.qkv.b", 1, true, true},
+                                           {"layers.0", "input_layernorm.g", 1, true, true},
+                                           {"head", "norm.g", 1, true, true},
+                                           {"layers.0", "self_attn.q_proj.w", 2, false, false},
+                                           {"head", "lm_head.w", 2, false, false}}) {
+    EXPECT_EQ(SelectParamGroup(hf, p.unit, p.name, p.ndim) == 0, p.hf_exempt) << p.unit << "." << p.name;
+    EXPECT_EQ(SelectParamGroup(old, p.unit, p.name, p.ndim) == 0, p.old_exempt) << p.unit << "." << p.name;
+    EXPECT_EQ(SelectParamGroup(old_by_rule, p.unit, p.name, p.ndim) == 0, p.old_exempt) << p.unit << "." << p.name;
+  }
+  EXPECT_TRUE(ValidateParamGroups(hf).ok());
+  EXPECT_TRUE(ValidateParamGroups(old_by_rule).ok());
+  hf[0].norms_biases_embeddings = true;  // contradicts the rule
+  EXPECT_EQ(ValidateParamGroups(hf).code(), StatusCode::kInvalidArgument);
+  hf[0].norms_biases_embeddings = false;
+  hf[0].no_decay = static_cast<NoDecay>(5);
+  Status bad = ValidateParamGroups(hf);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("param_groups[0].no_decay"), std::string::npos) << bad;
+}
+
 TEST(LrScheduleTest, WarmupThenCosineOrLinearDecayToTheFloor) {
   LrSchedule s;
   s.kind = LrScheduleKind::kCosine;

@@ -149,6 +149,11 @@
  *  optional loss mask, position ids and segment ids),
  *  sk_trainer_step_batches and sk_local_session_step_batches
  *  (docs/batches.md).
+ *  0.8.0 (issue 43) also appended sk_param_group.no_decay (sk_no_decay_t): the
+ *  no-decay rule of Hugging Face's Trainer (biases and norm weights;
+ *  embeddings decayed), SK_NO_DECAY_BIASES_AND_NORMS, beside shardkit's
+ *  earlier one (norms_biases_embeddings, unchanged). A 0.6.0 struct
+ *  (struct_size 32) is still accepted.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -557,6 +562,19 @@ typedef struct sk_fsdp_options {
 
 #define SK_FSDP_OPTIONS_INIT {sizeof(sk_fsdp_options), SK_SHARDING_DEFAULT, 0, SK_BACKWARD_PREFETCH_DEFAULT, 0, 0, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, 0, 0.0f, 0, 0}
 
+/* 0.8.0: the "no weight decay" rules a parameter group selects by
+ * (sk_param_group.no_decay). */
+typedef SK_ENUM(sk_no_decay_t) {
+  SK_NO_DECAY_NONE = 0,
+  /* Hugging Face Trainer's default (get_decay_parameter_names): biases and
+   * norm weights, i.e. parameters of fewer than two dimensions; embeddings
+   * and a head tied to them ARE decayed. The rule to use by default. */
+  SK_NO_DECAY_BIASES_AND_NORMS = 1,
+  /* The above and embedding tables ("emb", "wte" or "wpe" in the unit or
+   * parameter name): what norms_biases_embeddings selects. */
+  SK_NO_DECAY_NORMS_BIASES_EMBEDDINGS = 2
+} sk_no_decay_t;
+
 /* 0.6.0: a parameter group, per-parameter overrides of the optimizer's weight
  * decay and learning rate (torch.optim's param_groups). A parameter's full
  * name is "<unit>.<param>"; the first group in the list that selects it
@@ -566,9 +584,12 @@ typedef struct sk_param_group {
   /* A glob on the full name ('*' any run of characters, '?' one character):
    * "*.b", "ln_f.*" (a whole unit). NULL or "": selects nothing by name. */
   const char* pattern;
-  /* Nonzero: also select what weight decay usually skips: parameters of
-   * fewer than two dimensions (biases, norm gains) and embedding tables (a
-   * unit or parameter name containing "emb", "wte" or "wpe"). */
+  /* Nonzero: also select parameters of fewer than two dimensions (biases,
+   * norm gains) and embedding tables (a unit or parameter name containing
+   * "emb", "wte" or "wpe"): shardkit's no-decay rule before 0.8.0, the same
+   * as no_decay = SK_NO_DECAY_NORMS_BIASES_EMBEDDINGS. Hugging Face's
+   * Trainer decays embeddings: use no_decay = SK_NO_DECAY_BIASES_AND_NORMS
+   * for its rule. */
   int32_t norms_biases_embeddings;
   /* The group's weight decay, as given (0 = no decay), unless
    * inherit_weight_decay is nonzero (then the optimizer's). */
@@ -577,12 +598,19 @@ typedef struct sk_param_group {
    * (0 freezes the group); SK_PARAM_GROUP_INIT sets 1. */
   float lr_multiplier;
   int32_t inherit_weight_decay;
+  /* Appended in 0.8.0 (issue 43): also select the parameters of this
+   * no-decay rule (sk_no_decay_t; a 0.6.0 struct, which ends at
+   * inherit_weight_decay, reads SK_NO_DECAY_NONE). With
+   * norms_biases_embeddings nonzero it must be NONE or
+   * NORMS_BIASES_EMBEDDINGS; another value is INVALID_ARGUMENT. */
+  sk_no_decay_t no_decay;
 } sk_param_group;
 /* Size traits ("Option structs" above). */
 #define SK_PARAM_GROUP_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_param_group, inherit_weight_decay)
-#define SK_PARAM_GROUP_STRUCT_SIZE SK_STRUCT_SIZE(sk_param_group, inherit_weight_decay)
+#define SK_PARAM_GROUP_STRUCT_SIZE_V2 SK_STRUCT_SIZE(sk_param_group, no_decay)
+#define SK_PARAM_GROUP_STRUCT_SIZE SK_STRUCT_SIZE(sk_param_group, no_decay)
 
-#define SK_PARAM_GROUP_INIT {sizeof(sk_param_group), NULL, 0, 0.0f, 1.0f, 0}
+#define SK_PARAM_GROUP_INIT {sizeof(sk_param_group), NULL, 0, 0.0f, 1.0f, 0, SK_NO_DECAY_NONE}
 
 typedef struct sk_optimizer_options {
   size_t struct_size;

@@ -173,13 +173,18 @@ impl LrSchedule {
 
 /// A parameter group (`sk_param_group`): overrides of weight decay and the
 /// learning rate for the parameters it selects ("<unit>.<param>" by glob,
-/// or the usual no-decay set). The first group selecting a parameter wins.
+/// or a no-decay rule). The first group selecting a parameter wins.
 #[derive(Clone, Debug)]
 pub struct ParamGroup {
     /// '*'/'?' glob on "<unit>.<param>"; None selects nothing by name.
     pub pattern: Option<String>,
-    /// Also select biases, norm gains (fewer than 2 dims) and embeddings.
+    /// Also select biases, norm gains (fewer than 2 dims) and embeddings
+    /// (shardkit's rule before 0.8.0; the same as `no_decay` =
+    /// `sys::SK_NO_DECAY_NORMS_BIASES_EMBEDDINGS`).
     pub norms_biases_embeddings: bool,
+    /// Also select the parameters of this rule (`sys::SK_NO_DECAY_*`):
+    /// `SK_NO_DECAY_BIASES_AND_NORMS` is Hugging Face Trainer's.
+    pub no_decay: sys::sk_no_decay_t,
     /// The group's weight decay; None = the optimizer's.
     pub weight_decay: Option<f32>,
     /// The group's rate is the step's times this (0 freezes it).
@@ -189,13 +194,26 @@ pub struct ParamGroup {
 impl Default for ParamGroup {
     /// SK_PARAM_GROUP_INIT: no decay, multiplier 1, selecting nothing yet.
     fn default() -> Self {
-        ParamGroup { pattern: None, norms_biases_embeddings: false, weight_decay: Some(0.0), lr_multiplier: 1.0 }
+        ParamGroup {
+            pattern: None,
+            norms_biases_embeddings: false,
+            no_decay: sys::SK_NO_DECAY_NONE,
+            weight_decay: Some(0.0),
+            lr_multiplier: 1.0,
+        }
     }
 }
 
 impl ParamGroup {
-    /// The usual "no weight decay for norms, biases and embeddings" group.
+    /// The usual "no weight decay" group as Hugging Face's Trainer makes
+    /// it: biases and norm weights; embeddings (and a tied head) decay
+    /// (0.8.0; before, this was `no_decay_norms_biases_embeddings`).
     pub fn no_decay() -> ParamGroup {
+        ParamGroup { no_decay: sys::SK_NO_DECAY_BIASES_AND_NORMS, ..Default::default() }
+    }
+    /// No weight decay for norms, biases and embeddings (shardkit's rule
+    /// before 0.8.0).
+    pub fn no_decay_norms_biases_embeddings() -> ParamGroup {
         ParamGroup { norms_biases_embeddings: true, ..Default::default() }
     }
 }
@@ -220,6 +238,7 @@ impl RawGroups {
                 weight_decay: g.weight_decay.unwrap_or(0.0),
                 lr_multiplier: g.lr_multiplier,
                 inherit_weight_decay: g.weight_decay.is_none() as i32,
+                no_decay: g.no_decay,
             })
             .collect();
         Ok(RawGroups { raw, _patterns: patterns })

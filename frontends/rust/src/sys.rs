@@ -84,6 +84,11 @@ pub const SK_TOKEN_FILE_LAYOUT_AUTO: sk_token_file_layout_t = 0;
 pub const SK_TOKEN_FILE_LAYOUT_RAW: sk_token_file_layout_t = 1;
 pub const SK_TOKEN_FILE_LAYOUT_LLMC: sk_token_file_layout_t = 2;
 
+pub type sk_no_decay_t = i32;
+pub const SK_NO_DECAY_NONE: sk_no_decay_t = 0;
+pub const SK_NO_DECAY_BIASES_AND_NORMS: sk_no_decay_t = 1;
+pub const SK_NO_DECAY_NORMS_BIASES_EMBEDDINGS: sk_no_decay_t = 2;
+
 pub type sk_reduce_op_t = i32;
 pub const SK_REDUCE_DEFAULT: sk_reduce_op_t = 0;
 pub const SK_REDUCE_SUM: sk_reduce_op_t = 1;
@@ -208,6 +213,7 @@ pub struct sk_param_group {
     pub weight_decay: f32,
     pub lr_multiplier: f32,
     pub inherit_weight_decay: i32,
+    pub no_decay: sk_no_decay_t,
 }
 
 #[repr(C)]

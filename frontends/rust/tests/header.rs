@@ -225,7 +225,8 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
                           param_dtype, reduce_dtype, buffer_dtype, cpu_offload, gradient_predivide_factor, seed, timeout_ms }
         sk_optimizer_options { struct_size, kind, lr, momentum, dampening, nesterov, beta1, beta2, eps, weight_decay,
                                param_groups, num_param_groups }
-        sk_param_group { struct_size, pattern, norms_biases_embeddings, weight_decay, lr_multiplier, inherit_weight_decay }
+        sk_param_group { struct_size, pattern, norms_biases_embeddings, weight_decay, lr_multiplier, inherit_weight_decay,
+                         no_decay }
         sk_lr_schedule { struct_size, kind, min_lr, warmup_steps, decay_steps }
         sk_dataset_options { struct_size, paths, num_paths, format, token_file_layout, token_bytes, seed, sequential,
                              packing, eos_id, has_eos_id, num_eval_paths, eval_paths }
