@@ -53,9 +53,20 @@ for lang in cpp lua rust; do
   if ! diff -u "$out/c.txt" "$out/$lang.txt"; then
     echo "FAIL: the $lang example prints other losses than C's" >&2
     status=1
-  elif ! cmp "$out/c/model.safetensors" "$out/$lang/model.safetensors"; then
-    echo "FAIL: the $lang example exports other weights than C's" >&2
-    status=1
+  else
+    # The export is one file per unit with an index: every file the same.
+    (cd "$out/c" && ls) > "$out/c.files"
+    (cd "$out/$lang" && ls) > "$out/$lang.files"
+    if ! diff -u "$out/c.files" "$out/$lang.files"; then
+      echo "FAIL: the $lang example exports other files than C's" >&2
+      status=1
+    fi
+    for f in "$out"/c/*.safetensors "$out"/c/*.json; do
+      if ! cmp "$f" "$out/$lang/$(basename "$f")"; then
+        echo "FAIL: the $lang example exports other weights than C's ($(basename "$f"))" >&2
+        status=1
+      fi
+    done
   fi
 done
 echo "== C++, Lua and Rust print C's losses bit for bit and export the same weights"
