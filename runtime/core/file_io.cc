@@ -181,4 +181,17 @@ bool IsValidUtf8(std::string_view s) {
   }
 }
 
+bool PreadFully(int fd, void* buf, size_t n, int64_t offset) {
+  char* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+    offset += got;
+  }
+  return true;
+}
+
 }  // namespace sk

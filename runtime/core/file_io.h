@@ -73,6 +73,10 @@ Status CheckJsonNesting(std::string_view text, int max_depth, const std::string&
 // by nlohmann's own encoder, which throws on anything else.
 bool IsValidUtf8(std::string_view s);
 
+// Reads exactly `n` bytes of `fd` at `offset` (pread, retried on EINTR and
+// short reads); false on end of file or an error.
+bool PreadFully(int fd, void* buf, size_t n, int64_t offset);
+
 }  // namespace sk
 
 #endif  // SHARDKIT_RUNTIME_CORE_FILE_IO_H_

@@ -35,19 +35,6 @@ StatusOr<std::vector<int64_t>> IntArray(const nlohmann::json& j, const char* key
   return out;
 }
 
-bool PreadFully(int fd, void* buf, size_t n, int64_t offset) {
-  char* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    p += got;
-    n -= static_cast<size_t>(got);
-    offset += got;
-  }
-  return true;
-}
-
 bool IsBlank(const std::string& line) {
   for (char c : line) {
     if (c != ' ' && c != '\t' && c != '\r') return false;

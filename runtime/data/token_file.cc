@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/core/file_io.h"
+
 namespace sk {
 namespace data {
 namespace {
@@ -18,19 +20,6 @@ int32_t LoadLe32(const unsigned char* p) {
                               static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24);
 }
 
-// Reads exactly `n` bytes at `offset`; false on a short read or error.
-bool PreadFully(int fd, void* buf, size_t n, int64_t offset) {
-  char* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    p += got;
-    n -= static_cast<size_t>(got);
-    offset += got;
-  }
-  return true;
-}
 
 }  // namespace
 
