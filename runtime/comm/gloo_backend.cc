@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -462,6 +463,15 @@ class GlooState {
     // that) are not at fault: the ranks they blamed are.
     std::vector<int> failed_first;
     std::set<int> their_culprits;
+    // A peer's published culprits: world ranks, comma-separated.
+    auto take_culprits = [&their_culprits](const std::string& text) {
+      std::stringstream list(text);
+      for (std::string r; std::getline(list, r, ',');) {
+        char* end = nullptr;
+        const long v = std::strtol(r.c_str(), &end, 10);
+        if (!r.empty() && *end == '\0' && v >= 0 && v <= INT32_MAX) their_culprits.insert(static_cast<int>(v));
+      }
+    };
     std::vector<int> rest, rest_world;
     for (size_t i = 0; i < peers.size(); ++i) {
       std::optional<std::string> culprits = heartbeat_->PeerFailed(world[i]);
@@ -471,10 +481,7 @@ class GlooState {
         continue;
       }
       failed_first.push_back(peers[i]);
-      std::stringstream list(*culprits);
-      for (std::string r; std::getline(list, r, ',');) {
-        if (!r.empty()) their_culprits.insert(std::stoi(r));
-      }
+      take_culprits(*culprits);
     }
     std::vector<int> gone, halted, alive;
     bool all_known = true;
@@ -495,6 +502,21 @@ class GlooState {
       }
     }
     if (all_known) {
+      // A rank publishes its failure before it exits: one that published
+      // between the PeerFailed read above and its process being found gone
+      // failed first too (read again now that it is gone; under load ranks
+      // held up in a sub-group were named beside the killed one).
+      for (auto it = gone.begin(); it != gone.end();) {
+        const int w = WorldRank(*it);
+        std::optional<std::string> culprits = heartbeat_->PeerFailed(w);
+        if (!culprits.has_value()) {
+          ++it;
+          continue;
+        }
+        failed_first.push_back(*it);
+        take_culprits(*culprits);
+        it = gone.erase(it);
+      }
       std::string blamed;
       for (int r : gone) blamed += (blamed.empty() ? "" : ",") + std::to_string(WorldRank(r));
       for (int r : halted) blamed += (blamed.empty() ? "" : ",") + std::to_string(WorldRank(r));
