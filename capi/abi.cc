@@ -43,6 +43,9 @@ static_assert(SK_NO_DECAY_NONE == static_cast<int>(sk::NoDecay::kNone) &&
               SK_NO_DECAY_BIASES_AND_NORMS == static_cast<int>(sk::NoDecay::kBiasesAndNorms) &&
               SK_NO_DECAY_NORMS_BIASES_EMBEDDINGS == static_cast<int>(sk::NoDecay::kNormsBiasesEmbeddings));
 static_assert(SK_PARALLELISM_DDP == static_cast<int>(sk::Parallelism::kDdp));
+static_assert(SK_GRAD_ACCUMULATION_DEFAULT == static_cast<int>(sk::GradAccumulation::kDefault) &&
+              SK_GRAD_ACCUMULATION_SHARDED == static_cast<int>(sk::GradAccumulation::kSharded) &&
+              SK_GRAD_ACCUMULATION_UNSHARDED == static_cast<int>(sk::GradAccumulation::kUnsharded));
 
 namespace sk::capi {
 

@@ -85,7 +85,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_fsdp_options, strategy) == 8 && offsetof(sk_fsdp_op
                  offsetof(sk_fsdp_options, reduce_dtype) == 32 && offsetof(sk_fsdp_options, buffer_dtype) == 36 &&
                  offsetof(sk_fsdp_options, cpu_offload) == 40 && offsetof(sk_fsdp_options, gradient_predivide_factor) == 44 &&
                  offsetof(sk_fsdp_options, seed) == 48 && offsetof(sk_fsdp_options, timeout_ms) == 56 &&
-                 sizeof(sk_fsdp_options) == 64, "sk_fsdp_options layout");
+                 offsetof(sk_fsdp_options, grad_accumulation) == 64 &&
+                 sizeof(sk_fsdp_options) == 72, "sk_fsdp_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_optimizer_options, kind) == 8 && offsetof(sk_optimizer_options, lr) == 12 &&
                  offsetof(sk_optimizer_options, momentum) == 16 && offsetof(sk_optimizer_options, dampening) == 20 &&
                  offsetof(sk_optimizer_options, nesterov) == 24 && offsetof(sk_optimizer_options, beta1) == 28 &&

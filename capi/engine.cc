@@ -259,6 +259,15 @@ SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_gro
   SK_CHECK(ReadStruct(options, "sk_engine_options", &c));
   sk::FsdpEngineOptions o;
   SK_ASSIGN_OR_FAIL(o.fsdp, ToFsdpOptions(c.fsdp));
+  // The engine runs no micro-batches of its own: its caller accumulates
+  // with sk_engine_set_gradient_sync, so a choice here would be ignored.
+  if (o.fsdp.grad_accumulation != sk::GradAccumulation::kDefault) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT,
+                std::string("sk_fsdp_options.grad_accumulation = ") +
+                    sk::GradAccumulationName(o.fsdp.grad_accumulation) +
+                    " applies to trainers; an engine's caller accumulates with sk_engine_set_gradient_sync "
+                    "(leave it 0, DEFAULT)");
+  }
   SK_ASSIGN_OR_FAIL(o.optimizer, ToOptimizerOptions(c.optimizer));
   o.memory_cap_bytes = static_cast<size_t>(c.memory_cap_bytes);
   SK_ASSIGN_OR_FAIL(o.device, ToDeviceOptions(c.device, group != nullptr ? group->group.get() : nullptr));

@@ -35,6 +35,8 @@ StatusOr<sk::FsdpOptions> ToFsdpOptions(const sk_fsdp_options* in) {
   SK_RETURN_IF_ERROR(CheckEnum(c.param_dtype, SK_DTYPE_F16, "sk_fsdp_options.param_dtype"));
   SK_RETURN_IF_ERROR(CheckEnum(c.reduce_dtype, SK_DTYPE_F16, "sk_fsdp_options.reduce_dtype"));
   SK_RETURN_IF_ERROR(CheckEnum(c.buffer_dtype, SK_DTYPE_F16, "sk_fsdp_options.buffer_dtype"));
+  SK_RETURN_IF_ERROR(CheckEnum(c.grad_accumulation, SK_GRAD_ACCUMULATION_UNSHARDED,
+                               "sk_fsdp_options.grad_accumulation"));
   // Each zero ("default") field is resolved here, once: a zero field keeps
   // the runtime's default (the member initialisers of sk::FsdpOptions), and
   // the runtime's fields hold resolved values only.
@@ -63,6 +65,7 @@ StatusOr<sk::FsdpOptions> ToFsdpOptions(const sk_fsdp_options* in) {
   o.gradient_predivide_factor = c.gradient_predivide_factor;
   o.seed = c.seed;
   SK_ASSIGN_OR_RETURN(o.timeout, TimeoutFrom(c.timeout_ms, "sk_fsdp_options.timeout_ms"));
+  o.grad_accumulation = static_cast<sk::GradAccumulation>(c.grad_accumulation);
   return o;
 }
 

@@ -101,6 +101,9 @@ local enum_fields = {
   -- 0.8.0: sk_param_group.no_decay, "biases_and_norms" (Hugging Face
   -- Trainer's) or "norms_biases_embeddings" (or the number).
   no_decay = enum_by_prefix("SK_NO_DECAY_", "sk_no_decay_t"),
+  -- 0.8.0: sk_fsdp_options.grad_accumulation, "sharded" or "unsharded"
+  -- (no_sync), or the number.
+  grad_accumulation = enum_by_prefix("SK_GRAD_ACCUMULATION_", "sk_grad_accumulation_t"),
 }
 -- Enum fields whose name means another enum in one struct.
 local device_kind = enum_by_prefix("SK_DEVICE_", "sk_device_kind_t")

@@ -30,6 +30,7 @@ std::vector<std::pair<std::string, std::string>> SharedFsdpAndOptimizerFields(co
       {"fsdp.cpu_offload", i(f.cpu_offload)},
       {"fsdp.gradient_predivide_factor", num(f.gradient_predivide_factor)},
       {"fsdp.seed", std::to_string(f.seed)},
+      {"fsdp.grad_accumulation", GradAccumulationName(f.grad_accumulation)},
       {"optimizer.kind", i(static_cast<int>(opt.kind))},
       {"optimizer.lr", num(opt.lr)},
       {"optimizer.momentum", num(opt.momentum)},

@@ -39,7 +39,7 @@ int main(void) {
   EXPECT(d.struct_size == sizeof d && zero_after_size(&d, sizeof d));
   EXPECT(d.kind == SK_DEVICE_DEFAULT && t.device == NULL && e.device == NULL);
   EXPECT(g.struct_size == sizeof g && zero_after_size(&g, sizeof g));
-  EXPECT(f.struct_size == sizeof f && zero_after_size(&f, sizeof f));
+  EXPECT(f.struct_size == sizeof f && zero_after_size(&f, sizeof f) && f.grad_accumulation == SK_GRAD_ACCUMULATION_DEFAULT);
   /* 0.6.0: lr is taken as given (0 is a rate), so the INIT macro sets the
    * default 1e-3 and zeroes the rest. */
   EXPECT(o.struct_size == sizeof o && o.lr == 1e-3f);

@@ -592,6 +592,88 @@ TEST(CapiLocalSession, BadOptionsFailEveryRankBeforeAnyCollective) {
   EXPECT_EQ(s, nullptr);
 }
 
+// 0.8.0 (issue 45): sk_fsdp_options.grad_accumulation reaches the trainer
+// and the estimator; bad values and engines are refused naming the field.
+TEST(CapiStructs, GradAccumulationChoosesShardedOrNoSyncAndRefusesBadValues) {
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  EXPECT_EQ(f.grad_accumulation, SK_GRAD_ACCUMULATION_DEFAULT);
+  sk_trainer_options o = TinyTrainer(&f);
+  o.grad_accum_steps = 3;
+  auto estimate = [&](sk_grad_accumulation_t g, size_t struct_size) {
+    f.grad_accumulation = g;
+    f.struct_size = struct_size;
+    sk_memory_estimate e = SK_MEMORY_ESTIMATE_INIT;
+    EXPECT_STATUS(SK_STATUS_OK, sk_estimate_memory(&o, 2, &e));
+    return e;
+  };
+  const sk_memory_estimate by_default = estimate(SK_GRAD_ACCUMULATION_DEFAULT, sizeof f);
+  const sk_memory_estimate sharded = estimate(SK_GRAD_ACCUMULATION_SHARDED, sizeof f);
+  const sk_memory_estimate no_sync = estimate(SK_GRAD_ACCUMULATION_UNSHARDED, sizeof f);
+  // FULL_SHARD's default is sharded; no_sync keeps every full gradient
+  // (and no gradient shard through the micro-batches).
+  EXPECT_EQ(by_default.peak_bytes, sharded.peak_bytes);
+  EXPECT_GT(no_sync.unsharded_bytes, sharded.unsharded_bytes);
+  EXPECT_NE(no_sync.peak_bytes, sharded.peak_bytes);
+  // A struct from before 0.8.0 (ending at timeout_ms) reads DEFAULT, even
+  // with the bytes after it set.
+  const sk_memory_estimate old = estimate(SK_GRAD_ACCUMULATION_UNSHARDED, SK_FSDP_OPTIONS_STRUCT_SIZE_V1);
+  EXPECT_EQ(old.peak_bytes, by_default.peak_bytes);
+
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  f.struct_size = sizeof f;
+  f.grad_accumulation = static_cast<sk_grad_accumulation_t>(3);
+  sk_trainer* t = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("sk_fsdp_options.grad_accumulation");
+  EXPECT_EQ(t, nullptr);
+  sk_memory_estimate untouched = SK_MEMORY_ESTIMATE_INIT;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(&o, 2, &untouched));
+  EXPECT_EQ(untouched.peak_bytes, 0);
+  f.grad_accumulation = static_cast<sk_grad_accumulation_t>(-1);
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("sk_fsdp_options.grad_accumulation");
+
+  // Both choices train: the first step's loss does not depend on how the
+  // gradients accumulate.
+  float first_loss[2] = {0.0f, 0.0f};
+  const sk_grad_accumulation_t choices[2] = {SK_GRAD_ACCUMULATION_SHARDED, SK_GRAD_ACCUMULATION_UNSHARDED};
+  for (int i = 0; i < 2; ++i) {
+    f.grad_accumulation = choices[i];
+    ASSERT_OK(sk_trainer_create(&o, g, &t));
+    sk_step_metrics m = SK_STEP_METRICS_INIT;
+    ASSERT_OK(sk_trainer_step(t, &m));
+    first_loss[i] = m.loss;
+    sk_trainer_destroy(t);
+    t = nullptr;
+  }
+  EXPECT_EQ(first_loss[0], first_loss[1]);
+
+  // The engine has no micro-batches of its own: a choice there is refused.
+  sk_model_spec* spec = nullptr;
+  ASSERT_OK(sk_model_spec_create(&spec));
+  int32_t unit = 0;
+  ASSERT_OK(sk_model_spec_add_unit(spec, "u", &unit));
+  sk_param_spec p = SK_PARAM_SPEC_INIT;
+  p.name = "w";
+  int64_t shape[1] = {8};
+  p.shape = shape;
+  p.ndim = 1;
+  ASSERT_OK(sk_model_spec_add_param(spec, unit, &p, nullptr));
+  f.grad_accumulation = SK_GRAD_ACCUMULATION_UNSHARDED;
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.fsdp = &f;
+  sk_engine* e = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, &eo, &e));
+  EXPECT_ERROR_MENTIONS("sk_fsdp_options.grad_accumulation = UNSHARDED");
+  EXPECT_EQ(e, nullptr);
+  f.grad_accumulation = SK_GRAD_ACCUMULATION_DEFAULT;
+  ASSERT_OK(sk_engine_create(spec, g, &eo, &e));
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
 // Issue 14, item 8: accepted at create, then failing every step (or wrong).
 TEST(CapiLocalSession, OptionsThatWouldFailEveryStepAreRejectedAtCreate) {
   sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;

@@ -250,6 +250,30 @@ TEST(CppFrontend, DdpTrainerStepsAndTheEstimatorCoversIt) {
   EXPECT_EQ(e.parameters, shardkit::ModelNumParameters("gpt-tiny"));
 }
 
+// 0.8.0: sk_fsdp_options.grad_accumulation through the C++ wrappers; a bad
+// value is the C API's error, thrown.
+TEST(CppFrontend, GradAccumulationReachesTheEstimatorAndTheTrainer) {
+  sk_fsdp_options f = SK_FSDP_OPTIONS_INIT;
+  sk_trainer_options o = Tiny();
+  o.fsdp = &f;
+  o.grad_accum_steps = 2;
+  f.grad_accumulation = SK_GRAD_ACCUMULATION_SHARDED;
+  const sk_memory_estimate sharded = shardkit::EstimateMemory(o, 2);
+  f.grad_accumulation = SK_GRAD_ACCUMULATION_UNSHARDED;
+  const sk_memory_estimate no_sync = shardkit::EstimateMemory(o, 2);
+  EXPECT_GT(no_sync.unsharded_bytes, sharded.unsharded_bytes);
+  shardkit::LocalSession s(o, 2);
+  EXPECT_EQ(s.Step().step, 1);
+  f.grad_accumulation = static_cast<sk_grad_accumulation_t>(9);
+  try {
+    shardkit::LocalSession bad(o, 2);
+    ADD_FAILURE() << "a bad grad_accumulation was accepted";
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("grad_accumulation"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CppFrontend, RankCallbackExceptionsAreRethrownToTheCaller) {
   EXPECT_THROW(shardkit::RunLocalRanks(2,
                                        [](int32_t rank, sk_process_group*) {

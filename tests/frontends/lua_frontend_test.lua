@@ -502,6 +502,12 @@ test("issue 34: learning rate, schedules, parameter groups, collectives, engine 
                {model = "gpt-tiny", optimizer = {param_groups = {{no_decay = "everything"}}}}, 1)
   sk.local_session({model = "gpt-tiny", optimizer = {kind = "adamw", weight_decay = 0.1,
                     param_groups = {{no_decay = "biases_and_norms"}}}}, 1)
+  -- 0.8.0: gradient accumulation by name; an unknown one is named.
+  expect_error("INVALID_ARGUMENT", "grad_accumulation", sk.local_session,
+               {model = "gpt-tiny", fsdp = {grad_accumulation = "sideways"}}, 1)
+  local no_sync = sk.local_session({model = "gpt-tiny", grad_accum_steps = 2,
+                                    fsdp = {grad_accumulation = "unsharded"}}, 1)
+  assert(no_sync:step().loss > 0)
   -- An engine: the no-decay group, set_lr, write_param, steps, checkpoint.
   local spec = sk.model_spec()
   local u = spec:add_unit("fc")

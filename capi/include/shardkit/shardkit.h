@@ -154,6 +154,10 @@
  *  embeddings decayed), SK_NO_DECAY_BIASES_AND_NORMS, beside shardkit's
  *  earlier one (norms_biases_embeddings, unchanged). A 0.6.0 struct
  *  (struct_size 32) is still accepted.
+ *  0.8.0 (issue 45) also appended sk_fsdp_options.grad_accumulation
+ *  (sk_grad_accumulation_t): sharded accumulation (a reduce-scatter per
+ *  micro-batch, the default of the sharded strategies) or no_sync. The
+ *  earlier struct (struct_size 64) is still accepted and reads DEFAULT.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -524,6 +528,23 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_barrier(sk_process_group* gr
 /* Strategy and optimizer options                                            */
 /* ------------------------------------------------------------------------ */
 
+/* 0.8.0 (issue 45): how gradients accumulate over the micro-batches of one
+ * optimizer step (sk_fsdp_options.grad_accumulation; docs/fsdp.md). Both
+ * give the gradient of the mean loss; memory and communication differ. */
+typedef SK_ENUM(sk_grad_accumulation_t) {
+  /* SHARDED for FULL_SHARD, SHARD_GRAD_OP and the hybrids; UNSHARDED for
+   * SHARD_OPTIM and NO_SHARD (which keep full gradients anyway). */
+  SK_GRAD_ACCUMULATION_DEFAULT = 0,
+  /* Every micro-batch reduce-scatters into the f32 gradient shards (FSDP2
+   * with gradient sync left on): unsharded gradients live only during each
+   * unit's backward, at a reduction per micro-batch. */
+  SK_GRAD_ACCUMULATION_SHARDED = 1,
+  /* no_sync: each unit's full gradient accumulates over the micro-batches
+   * and is reduced once, by the last: one reduction per step, every unit's
+   * full gradient alive through all micro-batches. */
+  SK_GRAD_ACCUMULATION_UNSHARDED = 2
+} sk_grad_accumulation_t;
+
 typedef struct sk_fsdp_options {
   size_t struct_size;
   sk_sharding_strategy_t strategy;
@@ -555,12 +576,20 @@ typedef struct sk_fsdp_options {
   /* Timeout of every collective in milliseconds; 0 = 300000; at most
    * 604800000 (7 days): INVALID_ARGUMENT beyond. */
   int64_t timeout_ms;
+  /* Appended in 0.8.0 (issue 45): how a trainer's grad_accum_steps > 1
+   * micro-batches accumulate gradients (sk_grad_accumulation_t; a struct
+   * from an older header, which ends at timeout_ms, reads DEFAULT). Applies
+   * to trainers, local sessions and sk_estimate_memory; an engine's caller
+   * chooses per backward with sk_engine_set_gradient_sync, so
+   * sk_engine_create refuses any value but DEFAULT (INVALID_ARGUMENT). */
+  sk_grad_accumulation_t grad_accumulation;
 } sk_fsdp_options;
 /* Size traits ("Option structs" above). */
 #define SK_FSDP_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_fsdp_options, timeout_ms)
-#define SK_FSDP_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_fsdp_options, timeout_ms)
+#define SK_FSDP_OPTIONS_STRUCT_SIZE_V2 SK_STRUCT_SIZE(sk_fsdp_options, grad_accumulation)
+#define SK_FSDP_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_fsdp_options, grad_accumulation)
 
-#define SK_FSDP_OPTIONS_INIT {sizeof(sk_fsdp_options), SK_SHARDING_DEFAULT, 0, SK_BACKWARD_PREFETCH_DEFAULT, 0, 0, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, 0, 0.0f, 0, 0}
+#define SK_FSDP_OPTIONS_INIT {sizeof(sk_fsdp_options), SK_SHARDING_DEFAULT, 0, SK_BACKWARD_PREFETCH_DEFAULT, 0, 0, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, SK_DTYPE_DEFAULT, 0, 0.0f, 0, 0, SK_GRAD_ACCUMULATION_DEFAULT}
 
 /* 0.8.0: the "no weight decay" rules a parameter group selects by
  * (sk_param_group.no_decay). */
@@ -1113,7 +1142,8 @@ typedef struct sk_memory_estimate {
  * batch_size, seq_len, source_len, activation_checkpointing and
  * device.kind (which attention the model runs there: a log-sum-exp per row
  * where the device's backend runs attention in linear memory, else the
- * probabilities), for one micro-batch per step (grad_accum_steps 1). The other fields are validated
+ * probabilities), and grad_accum_steps accumulated as
+ * sk_fsdp_options.grad_accumulation says (FSDP; DDP: one micro-batch). The other fields are validated
  * as sk_trainer_create validates them but do not change it (data_path is not
  * opened). `out->struct_size` must be set; the fields that fit in it are
  * written. Errors: INVALID_ARGUMENT for bad options or world_size (< 1, or

@@ -84,6 +84,11 @@ pub const SK_TOKEN_FILE_LAYOUT_AUTO: sk_token_file_layout_t = 0;
 pub const SK_TOKEN_FILE_LAYOUT_RAW: sk_token_file_layout_t = 1;
 pub const SK_TOKEN_FILE_LAYOUT_LLMC: sk_token_file_layout_t = 2;
 
+pub type sk_grad_accumulation_t = i32;
+pub const SK_GRAD_ACCUMULATION_DEFAULT: sk_grad_accumulation_t = 0;
+pub const SK_GRAD_ACCUMULATION_SHARDED: sk_grad_accumulation_t = 1;
+pub const SK_GRAD_ACCUMULATION_UNSHARDED: sk_grad_accumulation_t = 2;
+
 pub type sk_no_decay_t = i32;
 pub const SK_NO_DECAY_NONE: sk_no_decay_t = 0;
 pub const SK_NO_DECAY_BIASES_AND_NORMS: sk_no_decay_t = 1;
@@ -185,6 +190,7 @@ pub struct sk_fsdp_options {
     pub gradient_predivide_factor: f32,
     pub seed: u64,
     pub timeout_ms: i64,
+    pub grad_accumulation: sk_grad_accumulation_t,
 }
 
 #[repr(C)]

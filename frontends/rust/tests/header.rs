@@ -222,7 +222,8 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_gloo_options { struct_size, rank, world_size, master_addr, master_port, hostname, timeout_ms, check_desync, network_model }
         sk_nccl_options { struct_size, rank, world_size, master_addr, master_port, use_device, device, timeout_ms, skip_call_check }
         sk_fsdp_options { struct_size, strategy, shard_group_size, backward_prefetch, forward_prefetch, all_gather_limit,
-                          param_dtype, reduce_dtype, buffer_dtype, cpu_offload, gradient_predivide_factor, seed, timeout_ms }
+                          param_dtype, reduce_dtype, buffer_dtype, cpu_offload, gradient_predivide_factor, seed, timeout_ms,
+                          grad_accumulation }
         sk_optimizer_options { struct_size, kind, lr, momentum, dampening, nesterov, beta1, beta2, eps, weight_decay,
                                param_groups, num_param_groups }
         sk_param_group { struct_size, pattern, norms_biases_embeddings, weight_decay, lr_multiplier, inherit_weight_decay,
