@@ -24,7 +24,8 @@
 --   be dead for the JIT before the call, and C pointers do not keep cdata).
 -- * Unit and parameter indices are the C API's (0-based), as returned by
 --   add_unit/add_param.
--- * The library is loaded from $SHARDKIT_LIB if set; else from the path
+-- * The library is loaded from $SK_LIB if set (before 0.8.0: $SHARDKIT_LIB,
+--   still read when SK_LIB is unset); else from the path
 --   that `bazel run //:install` records beside the installed module
 --   (shardkit_install.lua); else by the name "shardkit" (libshardkit.so on
 --   the loader's search path).
@@ -33,7 +34,8 @@ local ffi = require("ffi")
 ffi.cdef(require("shardkit_cdef"))
 
 local function library_path()
-  local env = os.getenv("SHARDKIT_LIB")
+  local env = os.getenv("SK_LIB")
+  if not env or env == "" then env = os.getenv("SHARDKIT_LIB") end
   if env and env ~= "" then return env end
   local installed, where = pcall(require, "shardkit_install")
   if installed then return where.library end

@@ -1,5 +1,6 @@
 //! Finds libshardkit.so, in this order:
-//!   1. SHARDKIT_LIB_DIR, if set (the Bazel tests set it to the library they built);
+//!   1. SK_LIB_DIR, if set (the Bazel tests set it to the library they built;
+//!      before 0.8.0 SHARDKIT_LIB_DIR, still read when SK_LIB_DIR is unset);
 //!   2. `pkg-config --variable=libdir shardkit` (an installed library:
 //!      `bazel run //:install -- --prefix=DIR`, with DIR/lib/pkgconfig on
 //!      PKG_CONFIG_PATH);
@@ -26,10 +27,12 @@ fn pkg_config_libdir() -> Option<PathBuf> {
 }
 
 fn main() {
+    println!("cargo:rerun-if-env-changed=SK_LIB_DIR");
     println!("cargo:rerun-if-env-changed=SHARDKIT_LIB_DIR");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
     println!("cargo:rerun-if-changed=build.rs");
-    let dir = match env::var_os("SHARDKIT_LIB_DIR") {
+    let set = |name: &str| env::var_os(name).filter(|v| !v.is_empty());
+    let dir = match set("SK_LIB_DIR").or_else(|| set("SHARDKIT_LIB_DIR")) {
         Some(d) => PathBuf::from(d),
         None => match pkg_config_libdir() {
             Some(d) => d,
@@ -39,7 +42,7 @@ fn main() {
                 let checkout = manifest.join("../../bazel-bin/capi");
                 if !checkout.join("libshardkit.so").exists() {
                     panic!(
-                        "libshardkit.so not found: set SHARDKIT_LIB_DIR, or install shardkit \
+                        "libshardkit.so not found: set SK_LIB_DIR, or install shardkit \
                          (bazel run //:install -- --prefix=DIR) and put DIR/lib/pkgconfig on \
                          PKG_CONFIG_PATH, or build it in this checkout (bazel build //capi:libshardkit.so)"
                     );

@@ -11,8 +11,8 @@
 // ones, a scheduler's or MPI launcher's (SLURM_, OMPI_COMM_WORLD_, PMIX_,
 // Kubeflow's PET_) and variables that Bazel or a third-party library defines
 // keep their own names. Two variables had a
-// SHARDKIT_ prefix before 0.6.0; those old names are still read when the new
-// one is unset.
+// SHARDKIT_ prefix before 0.6.0, and the frontends' two before 0.8.0; those
+// old names are still read when the new one is unset.
 //
 // Read at the edge: the library reads a variable where a process meets its
 // environment (process-group and trainer creation, a backend's first use, a
@@ -70,6 +70,9 @@ enum class EnvVar {
   kGpuTrainSteps,
   kGpuTrainOpBreakdown,
   kGpuTrainSimProfile,
+  // Read by the frontends (not by the library).
+  kLib,
+  kLibDir,
   // Set by Bazel (bazel run / bazel test).
   kBuildWorkingDirectory,
   kBuildWorkspaceDirectory,
@@ -85,7 +88,8 @@ enum class EnvOwner { kShardkit, kLauncher, kBazel, kThirdParty, kScheduler };
 struct EnvVarInfo {
   EnvVar var;
   const char* name;
-  // The name before 0.6.0 (read when `name` is unset), or null.
+  // The name before 0.6.0 (0.8.0 for the frontends'), read when `name` is
+  // unset, or null.
   const char* old_name;
   EnvOwner owner;
   // Where it is read (a file or binary), for readers of the docs.

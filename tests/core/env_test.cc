@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -59,6 +60,35 @@ TEST(Env, TheDocsHoldTheGeneratedTable) {
   ss << in.rdbuf();
   EXPECT_NE(ss.str().find(EnvVarsMarkdown()), std::string::npos)
       << "docs/environment.md's table is stale: regenerate it with ./bazelw run //tools:env_table";
+}
+
+// The frontends read the environment in their own languages; every name they
+// read must be in the table (they read SHARDKIT_LIB and SHARDKIT_LIB_DIR
+// outside it, undocumented, before 0.8.0).
+TEST(Env, EveryVariableTheFrontendsReadIsInTheTable) {
+  std::set<std::string> known;
+  for (const EnvVarInfo& v : EnvVars()) {
+    known.insert(v.name);
+    if (v.old_name != nullptr) known.insert(v.old_name);
+  }
+  // Cargo's own, read by a build script.
+  known.insert("CARGO_MANIFEST_DIR");
+  const std::regex read(R"re((?:os\.getenv|env::var_os|env::var|set)\("([A-Z_][A-Z0-9_]*)"\))re");
+  int found = 0;
+  for (const char* path : {"frontends/lua/shardkit.lua", "frontends/rust/build.rs", "frontends/rust/src/lib.rs",
+                           "frontends/rust/src/sys.rs"}) {
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << path;
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    for (std::sregex_iterator it(text.begin(), text.end(), read), end; it != end; ++it) {
+      ++found;
+      EXPECT_TRUE(known.count((*it)[1].str())) << path << " reads " << (*it)[1].str()
+                                               << ", which runtime/core/env.cc does not declare";
+    }
+  }
+  EXPECT_GE(found, 4) << "the frontends' reads were not found: has their spelling changed?";
 }
 
 }  // namespace

@@ -44,10 +44,10 @@ echo "== C at 2 gloo ranks matches transformers + AdamW"
 
 command -v luajit >/dev/null || { echo "luajit not found (./bazelw installs it)" >&2; exit 1; }
 source tests/frontends/cargo_env.sh
-export SHARDKIT_LIB_DIR="$(dirname "$lib")"
+export SK_LIB_DIR="$(dirname "$lib")"
 (cd "$CRATE_DIR" && "$CARGO" build --offline --quiet --example finetune)
 run cpp examples/cpp/finetune
-SHARDKIT_LIB="$lib" LUA_PATH="$PWD/frontends/lua/?.lua;;" run lua luajit examples/lua/finetune.lua
+SK_LIB="$lib" LUA_PATH="$PWD/frontends/lua/?.lua;;" run lua luajit examples/lua/finetune.lua
 run rust "$CARGO_TARGET_DIR/debug/examples/finetune"
 for lang in cpp lua rust; do
   if ! diff -u "$out/c.txt" "$out/$lang.txt"; then

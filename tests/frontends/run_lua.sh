@@ -8,6 +8,6 @@ if ! command -v luajit >/dev/null; then
   echo "luajit not found: install Debian's luajit (./bazelw installs it)" >&2
   exit 1
 fi
-export SHARDKIT_LIB="$PWD/$lib"
+export SK_LIB="$PWD/$lib"
 export LUA_PATH="$PWD/frontends/lua/?.lua;;"
 exec luajit "$@"

@@ -9,7 +9,7 @@ lib="$PWD/$1"
 header="$PWD/$2"
 layout="$PWD/$3"
 source tests/frontends/cargo_env.sh
-export SHARDKIT_LIB_DIR="$(dirname "$lib")"
+export SK_LIB_DIR="$(dirname "$lib")"
 export SHARDKIT_HEADER="$header"
 export SHARDKIT_LAYOUT="$layout"
 "$CARGO" --version

@@ -16,13 +16,13 @@ run_all() {  # run_all EXAMPLE: writes $out/EXAMPLE.{c,cpp,lua,rust}
   local ex="$1"
   "examples/c/$ex" >"$out/$ex.c"
   "examples/cpp/$ex" >"$out/$ex.cpp"
-  SHARDKIT_LIB="$lib" LUA_PATH="$PWD/frontends/lua/?.lua;;" luajit "examples/lua/$ex.lua" >"$out/$ex.lua"
+  SK_LIB="$lib" LUA_PATH="$PWD/frontends/lua/?.lua;;" luajit "examples/lua/$ex.lua" >"$out/$ex.lua"
   (cd "$CRATE_DIR" && "$CARGO" run --offline --quiet --example "$ex") >"$out/$ex.rust"
 }
 
 command -v luajit >/dev/null || { echo "luajit not found (./bazelw installs it)" >&2; exit 1; }
 source tests/frontends/cargo_env.sh
-export SHARDKIT_LIB_DIR="$(dirname "$lib")"
+export SK_LIB_DIR="$(dirname "$lib")"
 
 status=0
 for ex in train_gpt linear_regression; do

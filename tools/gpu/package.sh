@@ -125,7 +125,7 @@ cp -L "$(command -v luajit)" "$PKG/frontends/lua/luajit"
   TEST_TMPDIR=$(mktemp -d)
   trap 'rm -rf "$TEST_TMPDIR"' EXIT
   source tests/frontends/cargo_env.sh
-  export SHARDKIT_LIB_DIR="$BIN_DIR/capi"
+  export SK_LIB_DIR="$BIN_DIR/capi"
   cd "$CRATE_DIR"
   "$CARGO" test --offline --no-run --message-format=json 2>/dev/null |
     python3 -c '

@@ -128,7 +128,7 @@ done
 if [[ "$SUITE" != cpu-sim && -z "${SK_GPU_TESTS:-}" && -x "$PKG/frontends/lua/luajit" ]]; then
   echo "run: lua lua_frontend_test"
   (cd "$PKG/frontends/lua" &&
-    LOG="$OUT/tests/lua_frontend_test.log" SHARDKIT_LIB="$PKG/lib/libshardkit.so" \
+    LOG="$OUT/tests/lua_frontend_test.log" SK_LIB="$PKG/lib/libshardkit.so" \
       LUA_PATH="$PKG/frontends/lua/?.lua;;" \
       run_bounded "${launch[@]}" ./luajit lua_frontend_test.lua)
   echo "$?" > "$OUT/tests/lua_frontend_test.rc"
