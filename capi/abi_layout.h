@@ -129,7 +129,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_trainer_options, model) == 8 && offsetof(sk_trainer
                  offsetof(sk_trainer_options, ddp_bucket_bytes) == 128 &&
                  offsetof(sk_trainer_options, device) == 136 &&
                  offsetof(sk_trainer_options, lr_schedule) == 144 &&
-                 offsetof(sk_trainer_options, dataset) == 152 && sizeof(sk_trainer_options) == 160,
+                 offsetof(sk_trainer_options, dataset) == 152 &&
+                 offsetof(sk_trainer_options, skip_init) == 160 && sizeof(sk_trainer_options) == 168,
                  "sk_trainer_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metrics, rank) == 16 &&
                  offsetof(sk_step_metrics, loss) == 20 && offsetof(sk_step_metrics, grad_norm) == 24 &&
