@@ -36,6 +36,7 @@
   X(sk_param_spec, SK_PARAM_SPEC) \
   X(sk_engine_options, SK_ENGINE_OPTIONS) \
   X(sk_tensor_view, SK_TENSOR_VIEW) \
+  X(sk_shard_piece, SK_SHARD_PIECE) \
   X(sk_batch, SK_BATCH)
 
 #if defined(__cplusplus)
@@ -130,7 +131,7 @@ SK_LAYOUT_ASSERT(offsetof(sk_trainer_options, model) == 8 && offsetof(sk_trainer
                  offsetof(sk_trainer_options, device) == 136 &&
                  offsetof(sk_trainer_options, lr_schedule) == 144 &&
                  offsetof(sk_trainer_options, dataset) == 152 &&
-                 offsetof(sk_trainer_options, skip_init) == 160 && sizeof(sk_trainer_options) == 168,
+                 offsetof(sk_trainer_options, skip_nonfinite_steps) == 160 && sizeof(sk_trainer_options) == 168,
                  "sk_trainer_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metrics, rank) == 16 &&
                  offsetof(sk_step_metrics, loss) == 20 && offsetof(sk_step_metrics, grad_norm) == 24 &&
@@ -142,7 +143,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metric
                  offsetof(sk_step_metrics, alloc_retries) == 96 && offsetof(sk_step_metrics, ooms) == 104 &&
                  offsetof(sk_step_metrics, bytes_communicated) == 112 &&
                  offsetof(sk_step_metrics, global_loss) == 120 && offsetof(sk_step_metrics, simulated) == 124 &&
-                 offsetof(sk_step_metrics, lr) == 128 && sizeof(sk_step_metrics) == 136,
+                 offsetof(sk_step_metrics, lr) == 128 && offsetof(sk_step_metrics, skipped) == 132 &&
+                 sizeof(sk_step_metrics) == 136,
                  "sk_step_metrics layout");
 SK_LAYOUT_ASSERT(offsetof(sk_memory_estimate, parameters) == 8 && offsetof(sk_memory_estimate, master_bytes) == 16 &&
                  offsetof(sk_memory_estimate, grad_shard_bytes) == 24 &&
@@ -158,8 +160,17 @@ SK_LAYOUT_ASSERT(offsetof(sk_param_spec, name) == 8 && offsetof(sk_param_spec, n
                  offsetof(sk_param_spec, init_b) == 44 && sizeof(sk_param_spec) == 48, "sk_param_spec layout");
 SK_LAYOUT_ASSERT(offsetof(sk_engine_options, fsdp) == 8 && offsetof(sk_engine_options, optimizer) == 16 &&
                  offsetof(sk_engine_options, memory_cap_bytes) == 24 && offsetof(sk_engine_options, device) == 32 &&
-                 offsetof(sk_engine_options, cuda_stream) == 40 && sizeof(sk_engine_options) == 48,
+                 offsetof(sk_engine_options, cuda_stream) == 40 &&
+                 offsetof(sk_engine_options, custom_optimizer) == 48 &&
+                 offsetof(sk_engine_options, custom_state_names) == 56 &&
+                 offsetof(sk_engine_options, num_custom_states) == 64 && sizeof(sk_engine_options) == 72,
                  "sk_engine_options layout");
+SK_LAYOUT_ASSERT(offsetof(sk_shard_piece, name) == 8 && offsetof(sk_shard_piece, param) == 16 &&
+                 offsetof(sk_shard_piece, ndim) == 20 && offsetof(sk_shard_piece, shape) == 24 &&
+                 offsetof(sk_shard_piece, shard_offset) == 32 && offsetof(sk_shard_piece, numel) == 40 &&
+                 offsetof(sk_shard_piece, param_offset) == 48 && offsetof(sk_shard_piece, param_group) == 56 &&
+                 offsetof(sk_shard_piece, weight_decay) == 60 && offsetof(sk_shard_piece, lr_multiplier) == 64 &&
+                 sizeof(sk_shard_piece) == 72, "sk_shard_piece layout");
 SK_LAYOUT_ASSERT(offsetof(sk_device_options, kind) == 8 && offsetof(sk_device_options, use_index) == 12 &&
                  offsetof(sk_device_options, index) == 16 && offsetof(sk_device_options, sim_profile) == 24 &&
                  offsetof(sk_device_options, sim_world_size) == 32 &&

@@ -270,6 +270,30 @@ SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_gro
   }
   SK_ASSIGN_OR_FAIL(o.optimizer, ToOptimizerOptions(c.optimizer));
   o.memory_cap_bytes = static_cast<size_t>(c.memory_cap_bytes);
+  if (c.custom_optimizer == nullptr && (c.num_custom_states != 0 || c.custom_state_names != nullptr)) {
+    return Fail(SK_STATUS_INVALID_ARGUMENT,
+                "sk_engine_options.num_custom_states/custom_state_names are set but custom_optimizer is NULL "
+                "(name the rule whose state they are)");
+  }
+  if (c.custom_optimizer != nullptr) {
+    if (c.num_custom_states < 0 || c.num_custom_states > 16) {
+      return Fail(SK_STATUS_INVALID_ARGUMENT, "sk_engine_options.num_custom_states is " +
+                                                  std::to_string(c.num_custom_states) + ", not in [0, 16]");
+    }
+    if (c.num_custom_states > 0 && c.custom_state_names == nullptr) {
+      return Fail(SK_STATUS_INVALID_ARGUMENT, "sk_engine_options.custom_state_names is NULL while num_custom_states is " +
+                                                  std::to_string(c.num_custom_states));
+    }
+    o.optimizer.custom_name = c.custom_optimizer;
+    for (int32_t i = 0; i < c.num_custom_states; ++i) {
+      if (c.custom_state_names[i] == nullptr) {
+        return Fail(SK_STATUS_INVALID_ARGUMENT,
+                    "sk_engine_options.custom_state_names[" + std::to_string(i) + "] is NULL");
+      }
+      o.optimizer.custom_state_names.push_back(c.custom_state_names[i]);
+    }
+    SK_CHECK(sk::ValidateOptimizerOptions(o.optimizer).WithContext("sk_engine_options.custom_optimizer"));
+  }
   SK_ASSIGN_OR_FAIL(o.device, ToDeviceOptions(c.device, group != nullptr ? group->group.get() : nullptr));
   // The simulator may simulate its own world (group NULL).
   if (group == nullptr && o.device.kind != sk::DeviceKind::kSim) {
@@ -408,6 +432,48 @@ SK_EXPORT sk_status_t sk_engine_begin_custom_step(sk_engine* engine) {
   const Status s = engine->engine->BeginCustomStep();
   HoldDuringCustomStep(engine);
   SK_CHECK(s);
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_shard_layout(sk_engine* engine, int32_t unit, int32_t* out_shard_index,
+                                             int32_t* out_num_shards, int32_t* out_num_pieces) {
+  SK_API_BEGIN
+  SK_USE_HANDLE(engine, "engine");
+  SK_ASSIGN_OR_FAIL(const sk::FsdpEngine::ShardLayout* l, engine->engine->GetShardLayout(unit));
+  if (out_shard_index != nullptr) *out_shard_index = l->shard_index;
+  if (out_num_shards != nullptr) *out_num_shards = l->num_shards;
+  if (out_num_pieces != nullptr) *out_num_pieces = static_cast<int32_t>(l->pieces.size());
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
+SK_EXPORT sk_status_t sk_engine_shard_piece(sk_engine* engine, int32_t unit, int32_t index,
+                                            sk_shard_piece* out_piece) {
+  SK_API_BEGIN
+  SK_USE_HANDLE(engine, "engine");
+  SK_CHECK(CheckOutStruct(out_piece, "out_piece"));
+  SK_ASSIGN_OR_FAIL(const sk::FsdpEngine::ShardLayout* l, engine->engine->GetShardLayout(unit));
+  if (index < 0 || static_cast<size_t>(index) >= l->pieces.size()) {
+    return Fail(SK_STATUS_OUT_OF_RANGE, "piece " + std::to_string(index) + " out of range: unit " +
+                                            std::to_string(unit) + "'s shard holds " +
+                                            std::to_string(l->pieces.size()) + " pieces");
+  }
+  const sk::FsdpEngine::ShardPiece& p = l->pieces[static_cast<size_t>(index)];
+  sk_shard_piece v;
+  std::memset(&v, 0, sizeof(v));
+  v.struct_size = sizeof(v);
+  v.name = p.name.c_str();
+  v.param = p.param;
+  v.ndim = p.shape.rank();
+  v.shape = p.shape.dims().data();
+  v.shard_offset = p.shard_offset;
+  v.numel = p.numel;
+  v.param_offset = p.param_offset;
+  v.param_group = p.param_group;
+  v.weight_decay = p.weight_decay;
+  v.lr_multiplier = p.lr_multiplier;
+  WriteStruct(out_piece, v);
   return SK_STATUS_OK;
   SK_API_END
 }

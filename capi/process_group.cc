@@ -63,9 +63,19 @@ sk::StatusOr<sk::comm::CallerCollectives*> Collectives(sk_process_group* group) 
   return group->collectives.get();
 }
 
-sk::StatusOr<sk::DType> CollectiveDType(sk_dtype_t dtype) {
-  SK_RETURN_IF_ERROR(sk::capi::CheckEnum(dtype, SK_DTYPE_F16, "dtype"));
-  return dtype == SK_DTYPE_DEFAULT ? sk::DType::kF32 : static_cast<sk::DType>(dtype);
+// The caller collectives' dtypes and ops are the ABI's numbers (f64, i32
+// and i64 are not the runtime DType's: no model tensor holds them).
+static_assert(SK_DTYPE_F32 == static_cast<int>(sk::comm::CallerDType::kF32) &&
+              SK_DTYPE_F16 == static_cast<int>(sk::comm::CallerDType::kF16) &&
+              SK_DTYPE_F64 == static_cast<int>(sk::comm::CallerDType::kF64) &&
+              SK_DTYPE_I32 == static_cast<int>(sk::comm::CallerDType::kI32) &&
+              SK_DTYPE_I64 == static_cast<int>(sk::comm::CallerDType::kI64));
+static_assert(SK_REDUCE_MAX == static_cast<int>(sk::comm::CallerReduceOp::kMax) &&
+              SK_REDUCE_MIN == static_cast<int>(sk::comm::CallerReduceOp::kMin));
+
+sk::StatusOr<sk::comm::CallerDType> CollectiveDType(sk_dtype_t dtype) {
+  SK_RETURN_IF_ERROR(sk::capi::CheckEnum(dtype, SK_DTYPE_I64, "dtype"));
+  return dtype == SK_DTYPE_DEFAULT ? sk::comm::CallerDType::kF32 : static_cast<sk::comm::CallerDType>(dtype);
 }
 
 // Runs body(rank) on `n` new threads and waits for all. The lowest failing
@@ -191,8 +201,8 @@ SK_EXPORT sk_status_t sk_process_group_all_reduce(sk_process_group* group, void*
                                                   sk_dtype_t dtype, sk_reduce_op_t op) {
   SK_API_BEGIN
   SK_USE_HANDLE(group, "group");
-  SK_ASSIGN_OR_FAIL(sk::DType dt, CollectiveDType(dtype));
-  SK_CHECK(CheckEnum(op, SK_REDUCE_MAX, "op"));
+  SK_ASSIGN_OR_FAIL(sk::comm::CallerDType dt, CollectiveDType(dtype));
+  SK_CHECK(CheckEnum(op, SK_REDUCE_MIN, "op"));
   const auto o = op == SK_REDUCE_DEFAULT ? sk::comm::CallerReduceOp::kSum : static_cast<sk::comm::CallerReduceOp>(op);
   SK_ASSIGN_OR_FAIL(sk::comm::CallerCollectives * c, Collectives(group));
   SK_CHECK(c->AllReduce(data, count, dt, o));
@@ -204,7 +214,7 @@ SK_EXPORT sk_status_t sk_process_group_broadcast(sk_process_group* group, void* 
                                                  sk_dtype_t dtype, int32_t root) {
   SK_API_BEGIN
   SK_USE_HANDLE(group, "group");
-  SK_ASSIGN_OR_FAIL(sk::DType dt, CollectiveDType(dtype));
+  SK_ASSIGN_OR_FAIL(sk::comm::CallerDType dt, CollectiveDType(dtype));
   SK_ASSIGN_OR_FAIL(sk::comm::CallerCollectives * c, Collectives(group));
   SK_CHECK(c->Broadcast(data, count, dt, root));
   return SK_STATUS_OK;
@@ -215,7 +225,7 @@ SK_EXPORT sk_status_t sk_process_group_all_gather(sk_process_group* group, const
                                                   int64_t count, sk_dtype_t dtype) {
   SK_API_BEGIN
   SK_USE_HANDLE(group, "group");
-  SK_ASSIGN_OR_FAIL(sk::DType dt, CollectiveDType(dtype));
+  SK_ASSIGN_OR_FAIL(sk::comm::CallerDType dt, CollectiveDType(dtype));
   SK_ASSIGN_OR_FAIL(sk::comm::CallerCollectives * c, Collectives(group));
   SK_CHECK(c->AllGather(input, output, count, dt));
   return SK_STATUS_OK;

@@ -54,6 +54,14 @@ inline std::string Version() { return sk_version(); }
 
 namespace detail {
 
+// The sk_dtype_t of an element type the caller collectives move (0.8.0
+// added f64, i32 and i64).
+template <typename T> struct DTypeOf;
+template <> struct DTypeOf<float> { static constexpr sk_dtype_t value = SK_DTYPE_F32; };
+template <> struct DTypeOf<double> { static constexpr sk_dtype_t value = SK_DTYPE_F64; };
+template <> struct DTypeOf<int32_t> { static constexpr sk_dtype_t value = SK_DTYPE_I32; };
+template <> struct DTypeOf<int64_t> { static constexpr sk_dtype_t value = SK_DTYPE_I64; };
+
 // A move-only owner of a C handle released by Destroy.
 template <typename T, void (*Destroy)(T*)>
 class Owner {
@@ -133,30 +141,39 @@ class ProcessGroup : public detail::Owner<sk_process_group, sk_process_group_des
     return l;
   }
 
-  // Collectives on the caller's f32 host buffers (0.6.0; on nccl groups use
-  // the static forms with device pointers). Collective.
-  void AllReduce(std::vector<float>& data, sk_reduce_op_t op = SK_REDUCE_SUM) { AllReduce(get(), data, op); }
+  // Collectives on the caller's host buffers of float, double, int32_t or
+  // int64_t (0.6.0, the last three 0.8.0; on nccl groups use the static
+  // forms with device pointers). Collective. MEAN of integers throws
+  // INVALID_ARGUMENT.
+  template <typename T = float>
+  void AllReduce(std::vector<T>& data, sk_reduce_op_t op = SK_REDUCE_SUM) { AllReduce(get(), data, op); }
   // The mean of `value` over ranks (a loss).
   float Mean(float value) { return Mean(get(), value); }
-  void Broadcast(std::vector<float>& data, int32_t root) { Broadcast(get(), data, root); }
-  std::vector<float> AllGather(const std::vector<float>& input) { return AllGather(get(), input); }
+  template <typename T = float>
+  void Broadcast(std::vector<T>& data, int32_t root) { Broadcast(get(), data, root); }
+  template <typename T = float>
+  std::vector<T> AllGather(const std::vector<T>& input) { return AllGather(get(), input); }
   void Barrier() { Check(sk_process_group_barrier(get())); }
 
   // The same for a borrowed handle.
-  static void AllReduce(sk_process_group* g, std::vector<float>& data, sk_reduce_op_t op = SK_REDUCE_SUM) {
-    Check(sk_process_group_all_reduce(g, data.data(), static_cast<int64_t>(data.size()), SK_DTYPE_F32, op));
+  template <typename T = float>
+  static void AllReduce(sk_process_group* g, std::vector<T>& data, sk_reduce_op_t op = SK_REDUCE_SUM) {
+    Check(sk_process_group_all_reduce(g, data.data(), static_cast<int64_t>(data.size()), detail::DTypeOf<T>::value, op));
   }
   static float Mean(sk_process_group* g, float value) {
     Check(sk_process_group_all_reduce(g, &value, 1, SK_DTYPE_F32, SK_REDUCE_MEAN));
     return value;
   }
-  static void Broadcast(sk_process_group* g, std::vector<float>& data, int32_t root) {
-    Check(sk_process_group_broadcast(g, data.data(), static_cast<int64_t>(data.size()), SK_DTYPE_F32, root));
+  template <typename T = float>
+  static void Broadcast(sk_process_group* g, std::vector<T>& data, int32_t root) {
+    Check(sk_process_group_broadcast(g, data.data(), static_cast<int64_t>(data.size()), detail::DTypeOf<T>::value,
+                                     root));
   }
-  static std::vector<float> AllGather(sk_process_group* g, const std::vector<float>& input) {
-    std::vector<float> out(input.size() * static_cast<size_t>(Size(g)));
+  template <typename T = float>
+  static std::vector<T> AllGather(sk_process_group* g, const std::vector<T>& input) {
+    std::vector<T> out(input.size() * static_cast<size_t>(Size(g)));
     Check(sk_process_group_all_gather(g, input.data(), out.data(), static_cast<int64_t>(input.size()),
-                                      SK_DTYPE_F32));
+                                      detail::DTypeOf<T>::value));
     return out;
   }
   static void Barrier(sk_process_group* g) { Check(sk_process_group_barrier(g)); }
@@ -801,6 +818,26 @@ class Engine : public detail::Owner<sk_engine, sk_engine_destroy> {
     return v;
   }
   void EndCustomStep() { Check(sk_engine_end_custom_step(get())); }
+  // Where each parameter lies in this rank's shard of `unit`
+  // (sk_engine_shard_layout): the rank's index in the unit's shard group
+  // (not its rank), the group's size and one piece per parameter in the
+  // shard (names and shapes live as long as the engine).
+  struct ShardLayout {
+    int32_t shard_index = 0;
+    int32_t num_shards = 0;
+    std::vector<sk_shard_piece> pieces;
+  };
+  ShardLayout GetShardLayout(int32_t unit) const {
+    ShardLayout l;
+    int32_t n = 0;
+    Check(sk_engine_shard_layout(get(), unit, &l.shard_index, &l.num_shards, &n));
+    for (int32_t i = 0; i < n; ++i) {
+      sk_shard_piece piece = SK_SHARD_PIECE_INIT;
+      Check(sk_engine_shard_piece(get(), unit, i, &piece));
+      l.pieces.push_back(piece);
+    }
+    return l;
+  }
   // Sets a parameter's full value (collective; every rank passes the same).
   void WriteParam(int32_t unit, int32_t param, const std::vector<float>& values) {
     Check(sk_engine_write_param(get(), unit, param, values.data(), static_cast<int64_t>(values.size())));

@@ -164,7 +164,8 @@ local nested_fields = {fsdp = "sk_fsdp_options", optimizer = "sk_optimizer_optio
                        dataset = "sk_dataset_options"}
 -- Fields that are arrays of strings, and the count field each sets
 -- (sk_dataset_options: paths = {"a.bin", "b.bin"}).
-local string_array_counts = {paths = "num_paths", eval_paths = "num_eval_paths"}
+local string_array_counts = {paths = "num_paths", eval_paths = "num_eval_paths",
+                             custom_state_names = "num_custom_states"}
 local nested_tables = {device = device_fields}
 -- Structs whose field of such a name is a plain number (sk_nccl_options.device).
 local plain_fields = {sk_nccl_options = {device = true}}
@@ -232,7 +233,17 @@ local function metrics_table(m)
   local t = {}
   for _, k in ipairs(metric_fields) do t[k] = tonumber(m[k]) end
   t.simulated = m.simulated ~= 0
+  t.skipped = m.skipped ~= 0  -- 0.8.0: skip_nonfinite_steps skipped the update
   return t
+end
+-- The C element type and sk_dtype_t of a collective's Lua values.
+local collective_ctypes = {f32 = {"float", 1}, f64 = {"double", 4}, i32 = {"int32_t", 5}, i64 = {"int64_t", 6}}
+local function collective_dtype(name)
+  local t = collective_ctypes[name or "f32"]
+  if t == nil then
+    invalid_argument("unknown collective dtype '" .. tostring(name) .. "' (f32, f64, i32, i64)", 4)
+  end
+  return t[1], t[2]
 end
 local function new_metrics()
   local m = ffi.new("sk_step_metrics")
@@ -275,39 +286,44 @@ local ProcessGroup = handle_type("sk_process_group", lib.sk_process_group_destro
     check(lib.sk_process_group_label(self.h, out))
     return ffi.string(out[0])
   end,
-  -- Collectives on Lua arrays of numbers, moved as f32 (0.6.0; shardkit.h,
-  -- "Collectives on the caller's buffers"). Each returns a new array.
-  -- op: "sum" (nil), "mean" or "max".
-  all_reduce = function(self, values, op)
+  -- Collectives on Lua arrays of numbers (0.6.0; shardkit.h, "Collectives
+  -- on the caller's buffers"), moved as f32 unless `dtype` names another:
+  -- "f64", "i32" or "i64" (0.8.0; i64 values beyond 2^53 lose bits as Lua
+  -- numbers). Each returns a new array. op: "sum" (nil), "mean", "max" or
+  -- "min" (0.8.0).
+  all_reduce = function(self, values, op, dtype)
     local n = #values
-    local buf = ffi.new("float[?]", math.max(n, 1))
+    local ct, dt = collective_dtype(dtype)
+    local buf = ffi.new(ct .. "[?]", math.max(n, 1))
     for i = 1, n do buf[i - 1] = values[i] end
     local raw_op = ffi.new("sk_reduce_op_t[1]")
     if not pcall(function() raw_op[0] = "SK_REDUCE_" .. string.upper(op or "sum") end) then
-      invalid_argument("unknown reduce op '" .. tostring(op) .. "' (sum, mean, max)", 2)
+      invalid_argument("unknown reduce op '" .. tostring(op) .. "' (sum, mean, max, min)", 2)
     end
-    check(lib.sk_process_group_all_reduce(self.h, buf, n, lib.SK_DTYPE_F32, raw_op[0]))
+    check(lib.sk_process_group_all_reduce(self.h, buf, n, dt, raw_op[0]))
     local out = {}
-    for i = 1, n do out[i] = buf[i - 1] end
+    for i = 1, n do out[i] = tonumber(buf[i - 1]) end
     return out
   end,
-  broadcast = function(self, values, root)
+  broadcast = function(self, values, root, dtype)
     local n = #values
-    local buf = ffi.new("float[?]", math.max(n, 1))
+    local ct, dt = collective_dtype(dtype)
+    local buf = ffi.new(ct .. "[?]", math.max(n, 1))
     for i = 1, n do buf[i - 1] = values[i] end
-    check(lib.sk_process_group_broadcast(self.h, buf, n, lib.SK_DTYPE_F32, root))
+    check(lib.sk_process_group_broadcast(self.h, buf, n, dt, root))
     local out = {}
-    for i = 1, n do out[i] = buf[i - 1] end
+    for i = 1, n do out[i] = tonumber(buf[i - 1]) end
     return out
   end,
-  all_gather = function(self, values)
+  all_gather = function(self, values, dtype)
     local n, size = #values, self:size()
-    local input = ffi.new("float[?]", math.max(n, 1))
+    local ct, dt = collective_dtype(dtype)
+    local input = ffi.new(ct .. "[?]", math.max(n, 1))
     for i = 1, n do input[i - 1] = values[i] end
-    local output = ffi.new("float[?]", math.max(n * size, 1))
-    check(lib.sk_process_group_all_gather(self.h, input, output, n, lib.SK_DTYPE_F32))
+    local output = ffi.new(ct .. "[?]", math.max(n * size, 1))
+    check(lib.sk_process_group_all_gather(self.h, input, output, n, dt))
     local out = {}
-    for i = 1, n * size do out[i] = output[i - 1] end
+    for i = 1, n * size do out[i] = tonumber(output[i - 1]) end
     return out
   end,
   barrier = function(self) check(lib.sk_process_group_barrier(self.h)) end,
@@ -716,6 +732,31 @@ local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
     return f32(v, self, "optimizer_state")
   end,
   end_custom_step = function(self) check(lib.sk_engine_end_custom_step(self.h)) end,
+  -- Where each parameter lies in this rank's shard of `unit` (0.8.0; any
+  -- time): {shard_index, num_shards, pieces = {{name, param, shape,
+  -- shard_offset, numel, param_offset, param_group (nil: none),
+  -- weight_decay, lr_multiplier}, ...}}. shard_index is the rank's place in
+  -- the unit's shard group, not its rank (0 of 1 under NO_SHARD).
+  shard_layout = function(self, unit)
+    local index, shards, n = ffi.new("int32_t[1]"), ffi.new("int32_t[1]"), ffi.new("int32_t[1]")
+    check(lib.sk_engine_shard_layout(self.h, unit, index, shards, n))
+    local layout = {shard_index = index[0], num_shards = shards[0], pieces = {}}
+    for i = 0, n[0] - 1 do
+      local p = ffi.new("sk_shard_piece")
+      p.struct_size = ffi.sizeof(p)
+      check(lib.sk_engine_shard_piece(self.h, unit, i, p))
+      local shape = {}
+      for d = 0, p.ndim - 1 do shape[d + 1] = tonumber(p.shape[d]) end
+      layout.pieces[i + 1] = {
+        name = ffi.string(p.name), param = p.param, shape = shape,
+        shard_offset = tonumber(p.shard_offset), numel = tonumber(p.numel),
+        param_offset = tonumber(p.param_offset),
+        param_group = p.param_group >= 0 and p.param_group or nil,
+        weight_decay = p.weight_decay, lr_multiplier = p.lr_multiplier,
+      }
+    end
+    return layout
+  end,
   -- Sets a parameter's full value from a Lua array (collective).
   write_param = function(self, unit, param, values)
     local n = #values
@@ -751,7 +792,8 @@ local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
   end,
 }, "int32_t device;")
 
--- options: sk_engine_options as a table (fsdp/optimizer/device nested).
+-- options: sk_engine_options as a table (fsdp/optimizer/device nested;
+-- 0.8.0: custom_optimizer = "lion", custom_state_names = {"exp_avg"}).
 -- Collective over `group`; on a sim device pass group nil (the engine
 -- simulates its own world; its views have shapes and no data).
 function M.engine(spec, group, options)

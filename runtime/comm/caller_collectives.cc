@@ -9,15 +9,108 @@ namespace sk::comm {
 
 namespace {
 
-float Load(const void* p, DType dtype, int64_t i) {
+size_t ElementSize(CallerDType t) {
+  switch (t) {
+    case CallerDType::kBF16:
+    case CallerDType::kF16: return 2;
+    case CallerDType::kF32:
+    case CallerDType::kI32: return 4;
+    case CallerDType::kF64:
+    case CallerDType::kI64: return 8;
+  }
+  return 0;
+}
+
+bool Known(CallerDType t) { return ElementSize(t) != 0; }
+bool IsInteger(CallerDType t) { return t == CallerDType::kI32 || t == CallerDType::kI64; }
+
+// Element i of buffer p as a double (bf16/f16/f32/f64) for comparisons.
+double LoadFloat(const unsigned char* p, CallerDType dtype, int64_t i) {
   switch (dtype) {
-    case DType::kBF16: return BF16ToFloat(static_cast<const BF16*>(p)[i]);
-    case DType::kF16: return F16ToFloat(static_cast<const F16*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case CallerDType::kBF16: return BF16ToFloat(reinterpret_cast<const BF16*>(p)[i]);
+    case CallerDType::kF16: return F16ToFloat(reinterpret_cast<const F16*>(p)[i]);
+    case CallerDType::kF64: {
+      double v;
+      std::memcpy(&v, p + static_cast<size_t>(i) * 8, 8);
+      return v;
+    }
+    default: {
+      float v;
+      std::memcpy(&v, p + static_cast<size_t>(i) * 4, 4);
+      return v;
+    }
+  }
+}
+
+int64_t LoadInt(const unsigned char* p, CallerDType dtype, int64_t i) {
+  if (dtype == CallerDType::kI32) {
+    int32_t v;
+    std::memcpy(&v, p + static_cast<size_t>(i) * 4, 4);
+    return v;
+  }
+  int64_t v;
+  std::memcpy(&v, p + static_cast<size_t>(i) * 8, 8);
+  return v;
+}
+
+// Reduces the n gathered copies (rank-major, `stride` bytes apart) elementwise into
+// `out`, in rank order so that every rank computes the same bits.
+void ReduceGathered(const unsigned char* gathered, size_t stride, int n, int64_t count, CallerDType dtype,
+                    CallerReduceOp op, unsigned char* out) {
+  const size_t elem = ElementSize(dtype);
+  for (int64_t i = 0; i < count; ++i) {
+    unsigned char* dst = out + static_cast<size_t>(i) * elem;
+    if (op == CallerReduceOp::kMax || op == CallerReduceOp::kMin) {
+      // The winner's bits (NaN wins, as torch's max and min).
+      int best = 0;
+      for (int r = 1; r < n; ++r) {
+        const unsigned char* rv = gathered + static_cast<size_t>(r) * stride;
+        const unsigned char* bv = gathered + static_cast<size_t>(best) * stride;
+        bool better;
+        if (IsInteger(dtype)) {
+          const int64_t v = LoadInt(rv, dtype, i), b = LoadInt(bv, dtype, i);
+          better = op == CallerReduceOp::kMax ? v > b : v < b;
+        } else {
+          const double v = LoadFloat(rv, dtype, i), b = LoadFloat(bv, dtype, i);
+          better = (op == CallerReduceOp::kMax ? v > b : v < b) || (v != v && b == b);
+        }
+        if (better) best = r;
+      }
+      std::memcpy(dst, gathered + static_cast<size_t>(best) * stride + static_cast<size_t>(i) * elem, elem);
+      continue;
+    }
+    // SUM and MEAN of f64 and integer buffers.
+    if (IsInteger(dtype)) {
+      uint64_t sum = 0;  // wraps, as two's complement addition
+      for (int r = 0; r < n; ++r) sum += static_cast<uint64_t>(LoadInt(gathered + static_cast<size_t>(r) * stride, dtype, i));
+      if (dtype == CallerDType::kI32) {
+        const uint32_t v = static_cast<uint32_t>(sum);
+        std::memcpy(dst, &v, 4);
+      } else {
+        std::memcpy(dst, &sum, 8);
+      }
+    } else {
+      double sum = 0;
+      for (int r = 0; r < n; ++r) sum += LoadFloat(gathered + static_cast<size_t>(r) * stride, dtype, i);
+      if (op == CallerReduceOp::kMean) sum /= n;
+      std::memcpy(dst, &sum, 8);
+    }
   }
 }
 
 }  // namespace
+
+const char* CallerDTypeName(CallerDType t) {
+  switch (t) {
+    case CallerDType::kF32: return "f32";
+    case CallerDType::kBF16: return "bf16";
+    case CallerDType::kF16: return "f16";
+    case CallerDType::kF64: return "f64";
+    case CallerDType::kI32: return "i32";
+    case CallerDType::kI64: return "i64";
+  }
+  return "invalid";
+}
 
 StatusOr<std::unique_ptr<CallerCollectives>> CallerCollectives::Create(ProcessGroup* group,
                                                                        Duration timeout) {
@@ -28,11 +121,11 @@ StatusOr<std::unique_ptr<CallerCollectives>> CallerCollectives::Create(ProcessGr
   return std::unique_ptr<CallerCollectives>(new CallerCollectives(group, device, std::move(stream), timeout));
 }
 
-StatusOr<Tensor> CallerCollectives::Wrap(const void* data, int64_t count, DType dtype,
+StatusOr<Tensor> CallerCollectives::Wrap(const void* data, int64_t count, CallerDType dtype,
                                          const char* what) const {
-  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
-    return InvalidArgumentError(std::string(what) + ": dtype must be f32, bf16 or f16, not " +
-                                std::string(DTypeName(dtype)));
+  if (!Known(dtype)) {
+    return InvalidArgumentError(std::string(what) + ": dtype " + std::to_string(static_cast<int>(dtype)) +
+                                " is not f32 (1), bf16 (2), f16 (3), f64 (4), i32 (5) or i64 (6)");
   }
   if (count < 0) return InvalidArgumentError(std::string(what) + ": count " + std::to_string(count) + " is negative");
   if (data == nullptr && count > 0) {
@@ -49,7 +142,15 @@ StatusOr<Tensor> CallerCollectives::Wrap(const void* data, int64_t count, DType 
                                 ", but the " + group_->backend_name() + " group moves buffers of " +
                                 want.ToString());
   }
-  return Tensor::Wrap(const_cast<void*>(data), dtype, Shape{count}, want);
+  switch (dtype) {
+    case CallerDType::kF32: return Tensor::Wrap(const_cast<void*>(data), DType::kF32, Shape{count}, want);
+    case CallerDType::kBF16: return Tensor::Wrap(const_cast<void*>(data), DType::kBF16, Shape{count}, want);
+    case CallerDType::kF16: return Tensor::Wrap(const_cast<void*>(data), DType::kF16, Shape{count}, want);
+    default: {
+      const int64_t words = count * static_cast<int64_t>(ElementSize(dtype) / 4);
+      return Tensor::Wrap(const_cast<void*>(data), DType::kF32, Shape{words}, want);
+    }
+  }
 }
 
 Status CallerCollectives::Wait(StatusOr<std::shared_ptr<Work>> work, const std::string& what) {
@@ -66,69 +167,108 @@ Status CallerCollectives::Wait(StatusOr<std::shared_ptr<Work>> work, const std::
   return s.WithContext(what);
 }
 
-Status CallerCollectives::AllReduce(void* data, int64_t count, DType dtype, CallerReduceOp op) {
+Status CallerCollectives::AllReduce(void* data, int64_t count, CallerDType dtype, CallerReduceOp op) {
   SK_ASSIGN_OR_RETURN(Tensor t, Wrap(data, count, dtype, "all_reduce buffer"));
   switch (op) {
     case CallerReduceOp::kSum:
-    case CallerReduceOp::kMean: {
-      ReduceOptions o;
-      o.op = op == CallerReduceOp::kSum ? ReduceOp::kSum : ReduceOp::kAvg;
-      o.timeout = timeout_;
-      o.label = "caller all_reduce";
-      return Wait(group_->all_reduce(t, *stream_, o), "all_reduce of the caller's buffer");
-    }
-    case CallerReduceOp::kMax: break;
+    case CallerReduceOp::kMean:
+    case CallerReduceOp::kMax:
+    case CallerReduceOp::kMin: break;
     default:
       return InvalidArgumentError("all_reduce op " + std::to_string(static_cast<int>(op)) +
-                                  " is not sum (1), mean (2) or max (3)");
+                                  " is not sum (1), mean (2), max (3) or min (4)");
   }
-  // MAX: gather every rank's values, take the elementwise max here.
-  const size_t elem = DTypeSize(dtype);
-  const size_t bytes = static_cast<size_t>(count) * elem;
+  if (op == CallerReduceOp::kMean && IsInteger(dtype)) {
+    return InvalidArgumentError(std::string("all_reduce MEAN of an ") + CallerDTypeName(dtype) +
+                                " buffer: the mean of integers is not an integer (use SUM and divide)");
+  }
+  const bool backend_sums = dtype == CallerDType::kF32 || dtype == CallerDType::kBF16 || dtype == CallerDType::kF16;
+  if (backend_sums && (op == CallerReduceOp::kSum || op == CallerReduceOp::kMean)) {
+    ReduceOptions o;
+    o.op = op == CallerReduceOp::kSum ? ReduceOp::kSum : ReduceOp::kAvg;
+    o.timeout = timeout_;
+    o.label = "caller all_reduce";
+    return Wait(group_->all_reduce(t, *stream_, o), "all_reduce of the caller's buffer");
+  }
+  return GatherAndReduce(data, t, count, dtype, op);
+}
+
+// Every rank gathers each rank's buffer followed by a 4-byte tag of its
+// call (dtype and op): the backends compare element counts and wire dtypes
+// only, so an f64 SUM on one rank and an i64 MAX (or a count of i32 twice
+// as long) on another would otherwise reduce each other's bytes.
+Status CallerCollectives::GatherAndReduce(void* data, const Tensor& t, int64_t count, CallerDType dtype,
+                                          CallerReduceOp op) {
+  const size_t bytes = static_cast<size_t>(count) * ElementSize(dtype);
+  const size_t wire = DTypeSize(t.dtype());
+  const size_t stride = bytes + sizeof(int32_t);  // one rank's buffer and tag
   const int n = group_->size();
-  std::vector<unsigned char> host(bytes * static_cast<size_t>(n));
-  std::vector<unsigned char> mine(bytes);
+  const int32_t tag = static_cast<int32_t>(dtype) << 8 | static_cast<int32_t>(op);
+  std::vector<unsigned char> host(stride * static_cast<size_t>(n));
+  std::vector<unsigned char> mine(stride);
+  std::memcpy(mine.data() + bytes, &tag, sizeof tag);
+  void* in = mine.data();
   void* gathered = host.data();
-  void* device_gathered = nullptr;
-  if (!device_->id().is_cpu() && bytes > 0) {
-    SK_ASSIGN_OR_RETURN(device_gathered, device_->RawAllocate(bytes * static_cast<size_t>(n)));
-    gathered = device_gathered;
+  void* device_buffer = nullptr;  // input then gathered copies, on a GPU group
+  const size_t device_bytes = stride * static_cast<size_t>(n + 1);
+  if (!device_->id().is_cpu()) {
+    SK_ASSIGN_OR_RETURN(device_buffer, device_->RawAllocate(device_bytes));
+    in = device_buffer;
+    gathered = static_cast<unsigned char*>(device_buffer) + stride;
   }
   auto release = [&] {
-    if (device_gathered != nullptr) device_->RawFree(device_gathered, bytes * static_cast<size_t>(n));
+    if (device_buffer != nullptr) device_->RawFree(device_buffer, device_bytes);
   };
-  StatusOr<Tensor> out = Tensor::Wrap(gathered, dtype, Shape{count * n}, device_->id());
-  if (!out.ok()) {
-    release();
-    return out.status();
+  Status s = OkStatus();
+  if (device_buffer != nullptr) {
+    s = device_->CopyAsync(in, data, bytes, *stream_);
+    if (s.ok()) s = device_->CopyAsync(static_cast<unsigned char*>(in) + bytes, &tag, sizeof tag, *stream_);
+    if (s.ok()) s = stream_->Synchronize(timeout_);
+  } else if (bytes > 0) {
+    std::memcpy(in, data, bytes);
   }
-  CollectiveOptions o;
-  o.timeout = timeout_;
-  o.label = "caller all_reduce max";
-  Status s = Wait(group_->all_gather(*out, t, *stream_, o), "all_reduce (max) of the caller's buffer");
-  if (s.ok() && device_gathered != nullptr) {
-    s = device_->CopyAsync(host.data(), device_gathered, host.size(), *stream_);
+  const int64_t wire_count = static_cast<int64_t>(stride / wire);
+  StatusOr<Tensor> in_t = Tensor::Wrap(in, t.dtype(), Shape{wire_count}, device_->id());
+  StatusOr<Tensor> out_t = Tensor::Wrap(gathered, t.dtype(), Shape{wire_count * n}, device_->id());
+  if (s.ok() && !in_t.ok()) s = in_t.status();
+  if (s.ok() && !out_t.ok()) s = out_t.status();
+  const char* op_name = op == CallerReduceOp::kMax   ? "max"
+                        : op == CallerReduceOp::kMin ? "min"
+                        : op == CallerReduceOp::kSum ? "sum"
+                                                     : "mean";
+  const std::string what = std::string(op_name) + " of " + CallerDTypeName(dtype);
+  if (s.ok()) {
+    CollectiveOptions o;
+    o.timeout = timeout_;
+    o.label = "caller all_reduce " + what;
+    s = Wait(group_->all_gather(*out_t, *in_t, *stream_, o), "all_reduce (" + what + ") of the caller's buffer");
+  }
+  if (s.ok() && device_buffer != nullptr) {
+    s = device_->CopyAsync(host.data(), gathered, host.size(), *stream_);
     if (s.ok()) s = stream_->Synchronize(timeout_);
   }
   release();
   SK_RETURN_IF_ERROR(s);
-  // The result in `mine` (any rank's value bits: the max is one of them).
-  for (int64_t i = 0; i < count; ++i) {
-    int best = 0;
-    for (int r = 1; r < n; ++r) {
-      const float v = Load(host.data() + static_cast<size_t>(r) * bytes, dtype, i);
-      const float b = Load(host.data() + static_cast<size_t>(best) * bytes, dtype, i);
-      if (v > b || (v != v && b == b)) best = r;  // NaN wins, as torch's max
-    }
-    std::memcpy(mine.data() + static_cast<size_t>(i) * elem,
-                host.data() + static_cast<size_t>(best) * bytes + static_cast<size_t>(i) * elem, elem);
+  for (int r = 1; r < n; ++r) {
+    int32_t theirs, first;
+    std::memcpy(&first, host.data() + bytes, sizeof first);
+    std::memcpy(&theirs, host.data() + static_cast<size_t>(r) * stride + bytes, sizeof theirs);
+    if (theirs == first) continue;
+    auto name = [](int32_t tag) {
+      const int op = tag & 0xff;
+      return std::string(op == 3 ? "max" : op == 4 ? "min" : op == 1 ? "sum" : "mean") + " of " +
+             CallerDTypeName(static_cast<CallerDType>(tag >> 8));
+    };
+    return InvalidArgumentError("all_reduce of the caller's buffer: rank 0 called " + name(first) + " but rank " +
+                                std::to_string(r) + " " + name(theirs) + " (every rank must pass the same dtype and op)");
   }
   if (bytes == 0) return OkStatus();
+  ReduceGathered(host.data(), stride, n, count, dtype, op, mine.data());
   SK_RETURN_IF_ERROR(device_->CopyAsync(data, mine.data(), bytes, *stream_));
   return stream_->Synchronize(timeout_);
 }
 
-Status CallerCollectives::Broadcast(void* data, int64_t count, DType dtype, int root) {
+Status CallerCollectives::Broadcast(void* data, int64_t count, CallerDType dtype, int root) {
   if (root < 0 || root >= group_->size()) {
     return OutOfRangeError("broadcast root " + std::to_string(root) + " is not a rank of the group (size " +
                            std::to_string(group_->size()) + ")");
@@ -141,12 +281,12 @@ Status CallerCollectives::Broadcast(void* data, int64_t count, DType dtype, int 
   return Wait(group_->broadcast(t, *stream_, o), "broadcast of the caller's buffer");
 }
 
-Status CallerCollectives::AllGather(const void* input, void* output, int64_t count, DType dtype) {
+Status CallerCollectives::AllGather(const void* input, void* output, int64_t count, CallerDType dtype) {
   SK_ASSIGN_OR_RETURN(Tensor in, Wrap(input, count, dtype, "all_gather input"));
   SK_ASSIGN_OR_RETURN(Tensor out, Wrap(output, count * group_->size(), dtype, "all_gather output"));
   const auto* ib = static_cast<const unsigned char*>(input);
   const auto* ob = static_cast<const unsigned char*>(output);
-  const size_t in_bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+  const size_t in_bytes = static_cast<size_t>(count) * ElementSize(dtype);
   if (count > 0 && ib < ob + in_bytes * static_cast<size_t>(group_->size()) && ob < ib + in_bytes) {
     return InvalidArgumentError("all_gather input and output overlap");
   }

@@ -35,15 +35,6 @@ std::string OptimName(int unit, const std::string& state) {
   return "units." + std::to_string(unit) + ".optim." + state;
 }
 
-const char* OptimizerKindName(OptimizerKind k) {
-  switch (k) {
-    case OptimizerKind::kSgd: return "SGD";
-    case OptimizerKind::kAdam: return "ADAM";
-    case OptimizerKind::kAdamW: return "ADAMW";
-  }
-  return "UNKNOWN";
-}
-
 std::string JoinNames(const std::vector<std::string>& names) {
   std::string s = "{";
   for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + names[i];

@@ -18,8 +18,6 @@ namespace sk::checkpoint_internal {
 // Tensor names inside rank files: "units.<u>.master", "units.<u>.optim.<state>".
 std::string MasterName(int unit);
 std::string OptimName(int unit, const std::string& state);
-// "SGD", "ADAM", "ADAMW".
-const char* OptimizerKindName(OptimizerKind k);
 // "{a, b}".
 std::string JoinNames(const std::vector<std::string>& names);
 std::string StripTrailingSlashes(std::string p);

@@ -34,7 +34,6 @@ using checkpoint_internal::HostZeros;
 using checkpoint_internal::Slice;
 using checkpoint_internal::JoinNames;
 using checkpoint_internal::LoadedShards;
-using checkpoint_internal::OptimizerKindName;
 using checkpoint_internal::ValidateState;
 
 constexpr char kFullStateDictKind[] = "full_state_dict";
@@ -516,7 +515,7 @@ Status SaveFullStateDict(const std::string& path, const TrainingState& given, in
   if (state.optimizer != nullptr) {
     std::string joined;
     for (size_t i = 0; i < state_names.size(); ++i) joined += (i ? "," : "") + state_names[i];
-    meta["shardkit.optimizer.kind"] = OptimizerKindName(state.optimizer->options().kind);
+    meta["shardkit.optimizer.kind"] = state.optimizer->Name();
     meta["shardkit.optimizer.state_names"] = joined;
   }
   SK_RETURN_IF_ERROR(sync->Agree(local));

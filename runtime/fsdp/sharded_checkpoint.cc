@@ -35,7 +35,6 @@ using checkpoint_internal::IsWriter;
 using checkpoint_internal::JoinNames;
 using checkpoint_internal::LoadedShards;
 using checkpoint_internal::MasterName;
-using checkpoint_internal::OptimizerKindName;
 using checkpoint_internal::OptimName;
 using checkpoint_internal::StripTrailingSlashes;
 using checkpoint_internal::ValidateState;
@@ -98,7 +97,7 @@ CheckpointIndex IndexOf(const TrainingState& state, int64_t step) {
   if (state.data != nullptr) ix.data = *state.data;
   ix.has_optimizer = state.optimizer != nullptr;
   if (ix.has_optimizer) {
-    ix.optimizer_kind = OptimizerKindName(state.optimizer->options().kind);
+    ix.optimizer_kind = state.optimizer->Name();
     ix.optimizer_state_names = state.optimizer->StateNames();
   }
   for (int u = 0; u < f.num_units(); ++u) {
@@ -115,63 +114,81 @@ CheckpointIndex IndexOf(const TrainingState& state, int64_t step) {
   return ix;
 }
 
-// InvalidArgument naming the first unit or parameter where the checkpoint
-// and the model differ.
-Status CheckSameModel(const CheckpointIndex& ix, const TrainingState& state) {
+// Where each of the model's units and parameters is in the checkpoint,
+// matched by name (a model whose units or parameters are declared in
+// another order loads the same values).
+struct NameMatch {
+  std::vector<int> unit;                // model unit -> checkpoint unit
+  std::vector<std::vector<int>> param;  // model unit, parameter -> checkpoint parameter
+};
+
+// Matches the model to the checkpoint by unit and parameter name;
+// InvalidArgument naming the first model unit or parameter the checkpoint
+// lacks (or holds with another shape), or the first checkpoint unit or
+// parameter the model lacks.
+StatusOr<NameMatch> MatchByName(const CheckpointIndex& ix, const TrainingState& state) {
   const FullyShardedModel& f = *state.fsdp;
   const auto& units = *state.units;
-  const size_t n = std::min(ix.units.size(), units.size());
-  for (size_t u = 0; u < n; ++u) {
-    const auto& cu = ix.units[u];
-    const auto& mp = f.layout(static_cast<int>(u)).params();
-    if (cu.name != units[u].name) {
-      return InvalidArgumentError("checkpoint unit " + std::to_string(u) + " is '" + cu.name +
-                                  "', the model's is '" + units[u].name + "'");
-    }
-    const size_t np = std::min(cu.params.size(), mp.size());
-    for (size_t i = 0; i < np; ++i) {
-      const auto& cp = cu.params[i];
-      const std::string full = units[u].name + "." + mp[i].name;
-      if (cp.name != mp[i].name) {
-        return InvalidArgumentError("parameter " + std::to_string(i) + " of unit '" + cu.name + "' is '" +
-                                    cp.name + "' in the checkpoint but '" + full + "' in the model");
-      }
-      if (cp.shape != mp[i].shape) {
-        return InvalidArgumentError("parameter '" + full + "' has shape " + cp.shape.ToString() +
-                                    " in the checkpoint but " + mp[i].shape.ToString() + " in the model");
-      }
-      if (cp.offset != mp[i].offset) {
-        return InvalidArgumentError("parameter '" + full + "' is at flat offset " +
-                                    std::to_string(cp.offset) + " in the checkpoint but " +
-                                    std::to_string(mp[i].offset) + " in the model");
+  NameMatch m;
+  std::vector<bool> unit_used(ix.units.size(), false);
+  for (size_t u = 0; u < units.size(); ++u) {
+    int cu = -1;
+    for (size_t k = 0; k < ix.units.size(); ++k) {
+      if (!unit_used[k] && ix.units[k].name == units[u].name) {
+        cu = static_cast<int>(k);
+        break;
       }
     }
-    if (cu.params.size() != mp.size()) {
-      const std::string extra = cu.params.size() > mp.size()
-                                    ? "checkpoint parameter '" + cu.name + "." + cu.params[np].name + "'"
-                                    : "model parameter '" + units[u].name + "." + mp[np].name + "'";
-      return InvalidArgumentError(extra + " has no counterpart (unit '" + cu.name + "' has " +
-                                  std::to_string(cu.params.size()) + " parameters in the checkpoint, " +
-                                  std::to_string(mp.size()) + " in the model)");
+    if (cu < 0) {
+      return InvalidArgumentError("model unit '" + units[u].name + "' is not in the checkpoint (its " +
+                                  std::to_string(ix.units.size()) + " units are matched by name)");
     }
+    unit_used[cu] = true;
+    m.unit.push_back(cu);
+    const auto& cps = ix.units[cu].params;
+    const auto& mps = f.layout(static_cast<int>(u)).params();
+    std::vector<bool> used(cps.size(), false);
+    std::vector<int> map;
+    for (const auto& mp : mps) {
+      const std::string full = units[u].name + "." + mp.name;
+      int cp = -1;
+      for (size_t k = 0; k < cps.size(); ++k) {
+        if (!used[k] && cps[k].name == mp.name) {
+          cp = static_cast<int>(k);
+          break;
+        }
+      }
+      if (cp < 0) return InvalidArgumentError("model parameter '" + full + "' is not in the checkpoint");
+      if (cps[cp].shape != mp.shape) {
+        return InvalidArgumentError("parameter '" + full + "' has shape " + cps[cp].shape.ToString() +
+                                    " in the checkpoint but " + mp.shape.ToString() + " in the model");
+      }
+      used[cp] = true;
+      map.push_back(cp);
+    }
+    for (size_t k = 0; k < cps.size(); ++k) {
+      if (!used[k]) {
+        return InvalidArgumentError("checkpoint parameter '" + ix.units[cu].name + "." + cps[k].name +
+                                    "' is not in the model");
+      }
+    }
+    m.param.push_back(std::move(map));
   }
-  if (ix.units.size() != units.size()) {
-    return InvalidArgumentError("the checkpoint has " + std::to_string(ix.units.size()) +
-                                " units, the model " + std::to_string(units.size()));
+  for (size_t k = 0; k < ix.units.size(); ++k) {
+    if (!unit_used[k]) return InvalidArgumentError("checkpoint unit '" + ix.units[k].name + "' is not in the model");
   }
   if (state.optimizer != nullptr && ix.has_optimizer &&
       ix.optimizer_state_names != state.optimizer->StateNames()) {
     return InvalidArgumentError("the checkpoint's optimizer (" + ix.optimizer_kind + ") has state " +
                                 JoinNames(ix.optimizer_state_names) + ", this optimizer (" +
-                                OptimizerKindName(state.optimizer->options().kind) + ") has " +
-                                JoinNames(state.optimizer->StateNames()));
+                                state.optimizer->Name() + ") has " + JoinNames(state.optimizer->StateNames()));
   }
-  return OkStatus();
+  return m;
 }
 
 // Reads this rank's new shards from the files of a sharded checkpoint.
 Status ReadShards(const std::string& dir, const CheckpointIndex& ix, const TrainingState& state,
-                  LoadedShards* out) {
+                  const NameMatch& match, LoadedShards* out) {
   FullyShardedModel& f = *state.fsdp;
   const int new_rank = f.shard_group().rank();
   const bool want_optim = state.optimizer != nullptr && ix.has_optimizer;
@@ -191,17 +208,31 @@ Status ReadShards(const std::string& dir, const CheckpointIndex& ix, const Train
       SK_ASSIGN_OR_RETURN(Tensor t, HostZeros(s));
       out->optim[u].push_back(std::move(t));
     }
-    out->optimizer_step[u] = ix.units[u].optimizer_step;
+    out->optimizer_step[u] = ix.units[match.unit[u]].optimizer_step;
   }
+  // The elements of model unit u's parameter p that old shard k holds, as
+  // [lo, hi) of the new shard and the old shard's first element of them.
+  struct Piece {
+    int64_t new_begin, old_begin, numel;
+  };
+  auto pieces = [&](int u, int k) {
+    std::vector<Piece> v;
+    const auto& cu = ix.units[match.unit[u]];
+    const auto& mps = f.layout(u).params();
+    const int64_t s = f.layout(u).shard_numel();
+    for (size_t p = 0; p < mps.size(); ++p) {
+      const auto& cp = cu.params[match.param[u][p]];
+      // Element i of the parameter: new flat mps[p].offset + i, old flat cp.offset + i.
+      const int64_t lo = std::max({int64_t{0}, begin[u] - mps[p].offset, k * cu.shard_numel - cp.offset});
+      const int64_t hi = std::min({mps[p].numel, begin[u] + s - mps[p].offset, (k + 1) * cu.shard_numel - cp.offset});
+      if (lo < hi) v.push_back({mps[p].offset + lo - begin[u], cp.offset + lo - k * cu.shard_numel, hi - lo});
+    }
+    return v;
+  };
   for (const auto& file : ix.files) {
     const int k = file.shard_rank;
     bool needed = false;
-    for (int u = 0; u < num_units; ++u) {
-      const int64_t old_s = ix.units[u].shard_numel;
-      const int64_t lo = std::max(begin[u], k * old_s);
-      const int64_t hi = std::min(begin[u] + f.layout(u).shard_numel(), (k + 1) * old_s);
-      needed = needed || lo < hi;
-    }
+    for (int u = 0; u < num_units && !needed; ++u) needed = !pieces(u, k).empty();
     if (!needed) continue;
     const std::string path = dir + "/" + file.name;
     struct stat st;
@@ -234,9 +265,9 @@ Status ReadShards(const std::string& dir, const CheckpointIndex& ix, const Train
                            std::to_string(sf.header_crc32()) + ", the index says " +
                            std::to_string(file.header_crc32) + "): replaced after the checkpoint was written");
     }
-    // Copies flat elements [lo, hi) of tensor `name` (old shard k) into `dst`.
+    // Copies this shard's pieces of model unit u from tensor `name` (old shard k) into `dst`.
     auto copy = [&](int u, const std::string& name, const Tensor& dst) -> Status {
-      const int64_t old_s = ix.units[u].shard_numel;
+      const int64_t old_s = ix.units[match.unit[u]].shard_numel;
       StatusOr<SafeTensorsFile::Info> info = sf.info(name);
       if (!info.ok()) return DataLossError("checkpoint file '" + path + "' lacks tensor '" + name + "'");
       if (info->dtype != DType::kF32 || info->shape != Shape{old_s}) {
@@ -244,19 +275,22 @@ Status ReadShards(const std::string& dir, const CheckpointIndex& ix, const Train
                              std::string(DTypeName(info->dtype)) + info->shape.ToString() +
                              ", the index says f32[" + std::to_string(old_s) + "]");
       }
-      const int64_t lo = std::max(begin[u], k * old_s);
-      const int64_t hi = std::min(begin[u] + f.layout(u).shard_numel(), (k + 1) * old_s);
-      if (lo >= hi) return OkStatus();
+      const std::vector<Piece> v = pieces(u, k);
+      if (v.empty()) return OkStatus();
       SK_ASSIGN_OR_RETURN(Tensor file_shard, sf.HostView(name));
-      SK_ASSIGN_OR_RETURN(Tensor from, Slice(file_shard, lo - k * old_s, hi - lo));
-      SK_ASSIGN_OR_RETURN(Tensor to, Slice(dst, lo - begin[u], hi - lo));
-      return ops::Copy(ops::HostContext(), from, to);
+      for (const Piece& piece : v) {
+        SK_ASSIGN_OR_RETURN(Tensor from, Slice(file_shard, piece.old_begin, piece.numel));
+        SK_ASSIGN_OR_RETURN(Tensor to, Slice(dst, piece.new_begin, piece.numel));
+        SK_RETURN_IF_ERROR(ops::Copy(ops::HostContext(), from, to));
+      }
+      return OkStatus();
     };
     for (int u = 0; u < num_units; ++u) {
-      SK_RETURN_IF_ERROR(copy(u, MasterName(u), out->master[u]));
-      if (want_optim && ix.units[u].optimizer_step > 0) {
+      const int cu = match.unit[u];
+      SK_RETURN_IF_ERROR(copy(u, MasterName(cu), out->master[u]));
+      if (want_optim && ix.units[cu].optimizer_step > 0) {
         for (size_t i = 0; i < num_states; ++i) {
-          SK_RETURN_IF_ERROR(copy(u, OptimName(u, ix.optimizer_state_names[i]), out->optim[u][i]));
+          SK_RETURN_IF_ERROR(copy(u, OptimName(cu, ix.optimizer_state_names[i]), out->optim[u][i]));
         }
       }
     }
@@ -433,9 +467,9 @@ StatusOr<int64_t> LoadShardedCheckpoint(const std::string& dir_in, const Trainin
   std::optional<CheckpointIndex::DataPosition> position;
   Status read = [&]() -> Status {
     SK_ASSIGN_OR_RETURN(CheckpointIndex ix, ReadCheckpointIndex(dir));
-    SK_RETURN_IF_ERROR(CheckSameModel(ix, state));
+    SK_ASSIGN_OR_RETURN(NameMatch match, MatchByName(ix, state));
     position = ix.data;
-    return ReadShards(dir, ix, state, &loaded);
+    return ReadShards(dir, ix, state, match, &loaded);
   }();
   SK_RETURN_IF_ERROR(sync->Agree(read).WithContext("loading checkpoint '" + dir + "' (nothing was changed)"));
   SK_RETURN_IF_ERROR(sync->Agree(Commit(state, loaded)));

@@ -1,6 +1,7 @@
 #include "runtime/optim/optimizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include "runtime/ops/ops.h"
 
@@ -10,7 +11,48 @@ namespace {
 bool Finite(float x) { return std::isfinite(x); }
 }  // namespace
 
+namespace {
+// A custom rule's name or state name: it becomes part of tensor names and
+// of checkpoint indexes.
+Status CheckCustomName(const std::string& name, const std::string& what) {
+  if (name.empty() || name.size() > 64) {
+    return InvalidArgumentError(what + " '" + name + "' must have 1 to 64 characters");
+  }
+  for (unsigned char c : name) {
+    if (!std::isalnum(c) && c != '_' && c != '-') {
+      return InvalidArgumentError(what + " '" + name + "' may hold only letters, digits, '_' and '-'");
+    }
+  }
+  return OkStatus();
+}
+}  // namespace
+
 Status ValidateOptimizerOptions(const OptimizerOptions& o) {
+  if (!o.custom_name.empty() || !o.custom_state_names.empty()) {
+    SK_RETURN_IF_ERROR(CheckCustomName(o.custom_name, "the custom optimizer's name"));
+    for (const std::string& n : {std::string("SGD"), std::string("ADAM"), std::string("ADAMW")}) {
+      std::string upper;
+      for (unsigned char c : o.custom_name) upper += static_cast<char>(std::toupper(c));
+      if (upper == n) {
+        return InvalidArgumentError("the custom optimizer's name '" + o.custom_name +
+                                    "' is a built-in kind's: name the rule itself (\"lion\", \"lamb\")");
+      }
+    }
+    if (o.custom_state_names.size() > 16) {
+      return InvalidArgumentError("the custom optimizer declares " + std::to_string(o.custom_state_names.size()) +
+                                  " state tensors; at most 16");
+    }
+    for (size_t i = 0; i < o.custom_state_names.size(); ++i) {
+      SK_RETURN_IF_ERROR(CheckCustomName(o.custom_state_names[i],
+                                         "custom optimizer state name " + std::to_string(i)));
+      for (size_t j = 0; j < i; ++j) {
+        if (o.custom_state_names[j] == o.custom_state_names[i]) {
+          return InvalidArgumentError("custom optimizer state name '" + o.custom_state_names[i] +
+                                      "' is declared twice (" + std::to_string(j) + " and " + std::to_string(i) + ")");
+        }
+      }
+    }
+  }
   switch (o.kind) {
     case OptimizerKind::kSgd:
     case OptimizerKind::kAdam:
@@ -49,7 +91,18 @@ StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerOptions& o
   return std::unique_ptr<Optimizer>(new Optimizer(options, allocator));
 }
 
+std::string Optimizer::Name() const {
+  if (custom()) return options_.custom_name;
+  switch (options_.kind) {
+    case OptimizerKind::kSgd: return "SGD";
+    case OptimizerKind::kAdam: return "ADAM";
+    case OptimizerKind::kAdamW: return "ADAMW";
+  }
+  return "UNKNOWN";
+}
+
 std::vector<std::string> Optimizer::StateNames() const {
+  if (custom()) return options_.custom_state_names;
   if (options_.kind == OptimizerKind::kSgd) {
     if (options_.momentum == 0.f) return {};
     return {"momentum"};
@@ -93,6 +146,11 @@ Status Optimizer::Step(const ops::OpContext& ctx, const std::vector<ShardRef>& s
   // an error leaves parameters and state as they were.
   if (ctx.device == nullptr || ctx.alloc == nullptr) {
     return InvalidArgumentError("optimizer step: the op context needs a device and an allocator");
+  }
+  if (custom()) {
+    return FailedPreconditionError("the optimizer '" + options_.custom_name +
+                                   "' is the caller's own rule: step it with a custom step "
+                                   "(BeginCustomStep .. EndCustomStep)");
   }
   const DeviceKind kind = ctx.device->id().kind;
   for (size_t i = 0; i < shards.size(); ++i) {

@@ -57,6 +57,14 @@ struct OptimizerOptions {
   // (param_groups.h); applied by whoever knows where each parameter lies in
   // the slots (CreateEngineOptimizer, runtime/train/engine.h).
   std::vector<ParamGroup> param_groups;
+  // An update rule of the caller's own (the engine's custom step): when
+  // set, its name (recorded in checkpoints as the optimizer's kind, e.g.
+  // "lion") and the per-element state tensors it keeps, in order (what
+  // StateNames() returns and checkpoints save, e.g. {"exp_avg"}). Step()
+  // then refuses (the caller steps); `kind` and its hyper-parameters are
+  // ignored but lr, weight_decay and param_groups still reach the caller.
+  std::string custom_name;
+  std::vector<std::string> custom_state_names;
 };
 
 // InvalidArgument naming the field for an unknown kind, a negative or non-finite lr, betas
@@ -123,11 +131,16 @@ class Optimizer {
   // nothing for a slot without state (SlotState creates it).
   void CountStep(int slot);
 
+  // The kind checkpoints record: the custom rule's name, else "SGD",
+  // "ADAM" or "ADAMW".
+  std::string Name() const;
+  bool custom() const { return !options_.custom_name.empty(); }
+
   // Steps taken by `slot` (0 if never stepped).
   int64_t step_count(int slot) const;
   // Names of the per-element state tensors of this optimizer kind, in a fixed
   // order: {} for plain SGD, {"momentum"} for SGD with momentum,
-  // {"exp_avg", "exp_avg_sq"} for Adam/AdamW.
+  // {"exp_avg", "exp_avg_sq"} for Adam/AdamW; a custom rule's own names.
   std::vector<std::string> StateNames() const;
   // The state tensor `name` of `slot`; NotFound if the slot has not stepped.
   StatusOr<Tensor> State(int slot, const std::string& name) const;

@@ -88,6 +88,33 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
   if (!device->id().is_sim()) {
     SK_ASSIGN_OR_RETURN(e->outcome_, StepAgreement::Create(*world, *device, fsdp.timeout));
   }
+  for (int u = 0; u < e->num_units(); ++u) {
+    const UnitSpec& spec = e->units_[u];
+    const FlatParamLayout& l = e->fsdp_->layout(u);
+    ShardLayout layout;
+    layout.shard_index = e->fsdp_->shard_group().rank();
+    layout.num_shards = e->fsdp_->shard_group().size();
+    layout.shard_numel = l.shard_numel();
+    for (const FlatParamLayout::ShardSlice& s : l.ShardSlices(layout.shard_index)) {
+      const ParamSpec& p = spec.params[s.param];
+      ShardPiece piece;
+      piece.param = s.param;
+      piece.name = spec.name + "." + p.name;
+      piece.shard_offset = s.shard_offset;
+      piece.numel = s.param_end - s.param_begin;
+      piece.param_offset = s.param_begin;
+      piece.shape = p.shape;
+      piece.param_group = SelectParamGroup(options.optimizer.param_groups, spec.name, p.name, p.shape.rank());
+      piece.weight_decay = options.optimizer.weight_decay;
+      if (piece.param_group >= 0) {
+        const ParamGroup& g = options.optimizer.param_groups[piece.param_group];
+        if (g.weight_decay >= 0) piece.weight_decay = g.weight_decay;
+        piece.lr_multiplier = g.lr_multiplier;
+      }
+      if (piece.numel > 0) layout.pieces.push_back(std::move(piece));
+    }
+    e->shard_layouts_.push_back(std::move(layout));
+  }
   e->params_.resize(e->units_.size());
   e->grads_.resize(e->units_.size());
   e->windows_.assign(e->units_.size(), Window::kNone);
@@ -281,6 +308,10 @@ Status FsdpEngine::FinishBackward() {
 
 Status FsdpEngine::OptimizerStep() {
   SK_RETURN_IF_ERROR(CheckNoOpenWindow("OptimizerStep"));
+  if (optimizer_->custom()) {
+    return FailedPreconditionError("OptimizerStep on an engine whose optimizer is the caller's rule '" +
+                                   optimizer_->Name() + "': expected BeginCustomStep .. EndCustomStep");
+  }
   if (phase_ != Phase::kFinished) {
     return FailedPreconditionError(std::string("OptimizerStep ") + PhaseName(phase_) + ": expected " +
                                    (phase_ == Phase::kIdle ? "a backward pass and FinishBackward"
@@ -329,6 +360,11 @@ Status FsdpEngine::BeginCustomStep() {
   return OkStatus();
 }
 
+StatusOr<const FsdpEngine::ShardLayout*> FsdpEngine::GetShardLayout(int unit) const {
+  SK_RETURN_IF_ERROR(CheckUnit(unit));
+  return &shard_layouts_[unit];
+}
+
 Status FsdpEngine::CheckCustomView(int unit, const char* what) const {
   SK_RETURN_IF_ERROR(CheckUnit(unit));
   if (!custom_step_) {
@@ -351,9 +387,12 @@ StatusOr<const Tensor*> FsdpEngine::OptimizerState(int unit, int index) {
   SK_RETURN_IF_ERROR(CheckCustomView(unit, "OptimizerState"));
   const std::vector<std::string> names = optimizer_->StateNames();
   if (index < 0 || static_cast<size_t>(index) >= names.size()) {
-    return OutOfRangeError("optimizer state " + std::to_string(index) + " out of range: this optimizer keeps " +
-                           std::to_string(names.size()) +
-                           " state tensors per unit (SGD with momentum one, Adam and AdamW two)");
+    return OutOfRangeError("optimizer state " + std::to_string(index) + " out of range: the optimizer '" +
+                           optimizer_->Name() + "' keeps " + std::to_string(names.size()) +
+                           " state tensors per unit (" +
+                           (optimizer_->custom() ? std::string("as its custom rule declared")
+                                                 : std::string("SGD with momentum one, Adam and AdamW two")) +
+                           ")");
   }
   SK_ASSIGN_OR_RETURN(const std::vector<Tensor>* state,
                       optimizer_->SlotState(fsdp_->shard_context(), unit, fsdp_->master_shard(unit).numel()));

@@ -188,15 +188,48 @@ class FsdpEngine {
   // (padding included; the gradient is the mean over ranks, clipped if
   // ClipGradNorm clipped). They are host memory on cpu (and with
   // cpu_offload), device memory on cuda: the caller's device work on them
-  // must be complete before EndCustomStep. OptimizerState gives the built-in
-  // optimizer's state tensors of the unit's slot (its kind decides how many:
-  // Optimizer::StateNames(), e.g. one for SGD with momentum, two for Adam),
-  // zeroed on first use and saved by checkpoints. EndCustomStep refreshes
+  // must be complete before EndCustomStep. OptimizerState gives the state
+  // tensors of the unit's slot, zeroed on first use and saved by
+  // checkpoints: those the custom rule declared
+  // (OptimizerOptions::custom_name and custom_state_names, recorded in
+  // checkpoints under its name), else the built-in kind's
+  // (Optimizer::StateNames(), e.g. one for SGD with momentum, two for Adam).
+  // An engine with a custom rule refuses OptimizerStep (FailedPrecondition). EndCustomStep refreshes
   // what FSDP keeps of the parameters (collective for SHARD_OPTIM and
   // NO_SHARD) and counts the step. FailedPrecondition: BeginCustomStep
   // before FinishBackward or with a unit's window open; the views outside
   // Begin..End; any other step call (hooks, OptimizerStep, ZeroGrad, ...)
   // inside it. OutOfRange for bad indices.
+  //
+  // Where each parameter lies in this rank's shards of a unit (any time;
+  // the same for the master, gradient and state shards): this rank's
+  // position in the unit's shard group and the group's size (not the rank:
+  // under NO_SHARD every rank holds shard 0 of 1, under HYBRID_SHARD the
+  // index within its replica), and one piece per parameter with elements in
+  // the shard, in shard order. Padding is in no piece. A piece's parameter
+  // group is the first of the optimizer options' param_groups that selects
+  // it (-1: none), with the weight decay and learning-rate multiplier it
+  // resolves to (the options' weight decay and 1 without one).
+  struct ShardPiece {
+    int param = 0;              // the parameter's index in its unit
+    std::string name;           // "<unit>.<param>"
+    int64_t shard_offset = 0;   // first element in the shard
+    int64_t numel = 0;          // elements in the shard
+    int64_t param_offset = 0;   // first element within the parameter (row-major)
+    Shape shape;                // the whole parameter's shape
+    int param_group = -1;
+    float weight_decay = 0;
+    float lr_multiplier = 1;
+  };
+  struct ShardLayout {
+    int shard_index = 0;
+    int num_shards = 1;
+    int64_t shard_numel = 0;  // padding included
+    std::vector<ShardPiece> pieces;
+  };
+  // OutOfRange for a bad unit.
+  StatusOr<const ShardLayout*> GetShardLayout(int unit) const;
+
   Status BeginCustomStep();
   StatusOr<const Tensor*> MasterShard(int unit) const;
   StatusOr<const Tensor*> GradShard(int unit) const;
@@ -309,6 +342,7 @@ class FsdpEngine {
   bool custom_step_ = false;  // between BeginCustomStep and EndCustomStep
   std::vector<Window> windows_;  // per unit
   std::vector<Stream*> window_streams_;  // per unit: the stream its Pre call used
+  std::vector<ShardLayout> shard_layouts_;  // per unit
 };
 
 }  // namespace sk

@@ -42,6 +42,10 @@ std::vector<std::pair<std::string, std::string>> SharedFsdpAndOptimizerFields(co
       {"optimizer.weight_decay", num(opt.weight_decay)},
       {"optimizer.param_groups", i(static_cast<int64_t>(opt.param_groups.size()))},
   };
+  std::string custom = opt.custom_name.empty() ? "none" : opt.custom_name + " {";
+  for (size_t k = 0; k < opt.custom_state_names.size(); ++k) custom += (k ? ", " : "") + opt.custom_state_names[k];
+  if (!opt.custom_name.empty()) custom += "}";
+  v.push_back({"optimizer.custom", custom});
   for (size_t g = 0; g < opt.param_groups.size(); ++g) {
     const ParamGroup& pg = opt.param_groups[g];
     const std::string k = "optimizer.param_groups[" + std::to_string(g) + "].";

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -412,6 +414,229 @@ TEST(CapiFramework, CustomStepUpdatesTheMasterShardsFromTheGradientShards) {
   sk_engine_destroy(e);
   sk_model_spec_destroy(spec);
   sk_process_group_destroy(g);
+}
+
+// Issue 47 item 9 through the ABI. Rank r of 2 under NO_SHARD holds shard 0
+// of 1 (not shard r): every piece is the whole parameter at its flat offset.
+// A Lion rule declares its one state tensor, which checkpoints record under
+// "lion", and sk_engine_optimizer_step is refused on such an engine.
+struct LayoutRun {
+  std::string dir;
+};
+
+sk_status_t LayoutRank(int32_t rank, sk_process_group* g, void* user) {
+  auto* run = static_cast<LayoutRun*>(user);
+  sk_model_spec* spec = SmallSpec();
+  sk_fsdp_options fsdp = SK_FSDP_OPTIONS_INIT;
+  fsdp.strategy = SK_SHARDING_NO_SHARD;
+  sk_param_group no_decay = SK_PARAM_GROUP_INIT;
+  no_decay.no_decay = SK_NO_DECAY_BIASES_AND_NORMS;
+  no_decay.weight_decay = 0.0f;
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  opt.weight_decay = 0.25f;
+  opt.param_groups = &no_decay;
+  opt.num_param_groups = 1;
+  const char* states[1] = {"exp_avg"};
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.fsdp = &fsdp;
+  eo.optimizer = &opt;
+  eo.custom_optimizer = "lion";
+  eo.custom_state_names = states;
+  eo.num_custom_states = 1;
+  sk_engine* e = nullptr;
+  sk_status_t s = sk_engine_create(spec, g, &eo, &e);
+  sk_model_spec_destroy(spec);
+  if (s != SK_STATUS_OK) return s;
+  int32_t index = -1, shards = -1, pieces = -1;
+  EXPECT_EQ(sk_engine_shard_layout(e, 0, &index, &shards, &pieces), SK_STATUS_OK) << LastError();
+  EXPECT_EQ(index, 0) << "rank " << rank;
+  EXPECT_EQ(shards, 1);
+  EXPECT_EQ(pieces, 2);
+  const char* names[2] = {"fc.w", "fc.b"};
+  const int64_t numels[2] = {6, 3};
+  const float decays[2] = {0.25f, 0.0f};
+  const std::vector<float> full[2] = {Read(e, 0, 0, 6), Read(e, 0, 1, 3)};
+  sk_shard_piece layout[2];
+  for (int32_t i = 0; i < 2; ++i) {
+    sk_shard_piece& p = layout[i];
+    p = SK_SHARD_PIECE_INIT;
+    EXPECT_EQ(sk_engine_shard_piece(e, 0, i, &p), SK_STATUS_OK) << LastError();
+    EXPECT_STREQ(p.name, names[i]);
+    EXPECT_EQ(p.param, i);
+    EXPECT_GE(p.shard_offset, i == 0 ? 0 : layout[0].shard_offset + layout[0].numel);
+    EXPECT_EQ(p.numel, numels[i]);
+    EXPECT_EQ(p.param_offset, 0);
+    EXPECT_EQ(p.ndim, i == 0 ? 2 : 1);
+    EXPECT_EQ(p.shape[0], i == 0 ? 2 : 3);
+    EXPECT_EQ(p.param_group, i == 0 ? -1 : 0);
+    EXPECT_FLOAT_EQ(p.weight_decay, decays[i]);
+    EXPECT_FLOAT_EQ(p.lr_multiplier, 1.0f);
+  }
+  // Bad inputs: nothing written.
+  sk_shard_piece p = SK_SHARD_PIECE_INIT;
+  EXPECT_EQ(sk_engine_shard_piece(e, 0, 2, &p), SK_STATUS_OUT_OF_RANGE);
+  EXPECT_NE(LastError().find("2 pieces"), std::string::npos) << LastError();
+  EXPECT_EQ(sk_engine_shard_piece(e, 0, -1, &p), SK_STATUS_OUT_OF_RANGE);
+  EXPECT_EQ(sk_engine_shard_piece(e, 5, 0, &p), SK_STATUS_OUT_OF_RANGE);
+  EXPECT_EQ(p.name, nullptr);
+  EXPECT_EQ(sk_engine_shard_piece(e, 0, 0, nullptr), SK_STATUS_INVALID_ARGUMENT);
+  sk_shard_piece small = SK_SHARD_PIECE_INIT;
+  small.struct_size = 8;
+  EXPECT_EQ(sk_engine_shard_piece(e, 0, 0, &small), SK_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("struct_size"), std::string::npos) << LastError();
+  index = -7;
+  EXPECT_EQ(sk_engine_shard_layout(e, 2, &index, nullptr, nullptr), SK_STATUS_OUT_OF_RANGE);
+  EXPECT_EQ(index, -7);
+  EXPECT_EQ(sk_engine_shard_layout(nullptr, 0, &index, nullptr, nullptr), SK_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(sk_engine_shard_piece(nullptr, 0, 0, &p), SK_STATUS_INVALID_ARGUMENT);
+  // One step of the rule; the built-in step is refused.
+  if ((s = Step(e, 0.5f)) != SK_STATUS_FAILED_PRECONDITION) {
+    sk_engine_destroy(e);
+    return SK_STATUS_INTERNAL;
+  }
+  EXPECT_NE(LastError().find("lion"), std::string::npos) << LastError();
+  s = sk_engine_begin_custom_step(e);
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  if (s == SK_STATUS_OK) s = sk_engine_master_shard(e, 0, &v);
+  if (s == SK_STATUS_OK) {
+    // Each piece holds its parameter's values (the whole parameter: NO_SHARD).
+    for (int k = 0; k < 2; ++k) {
+      for (int64_t j = 0; j < layout[k].numel; ++j) {
+        EXPECT_EQ(static_cast<const float*>(v.data)[layout[k].shard_offset + j], full[k][j]) << names[k] << " " << j;
+      }
+    }
+    s = sk_engine_optimizer_state(e, 0, 0, &v);
+  }
+  if (s == SK_STATUS_OK) {
+    for (int64_t i = 0; i < v.numel; ++i) static_cast<float*>(v.data)[i] = 1.0f + static_cast<float>(i);
+    EXPECT_EQ(sk_engine_optimizer_state(e, 0, 1, &v), SK_STATUS_OUT_OF_RANGE);
+    EXPECT_NE(LastError().find("lion"), std::string::npos) << LastError();
+    s = sk_engine_end_custom_step(e);
+  }
+  if (s == SK_STATUS_OK) s = sk_engine_save_checkpoint(e, run->dir.c_str());
+  sk_engine_destroy(e);
+  return s;
+}
+
+TEST(CapiFramework, ShardLayoutAndACustomRulesDeclaredState) {
+  LayoutRun run{TempPath("capi-lion-ckpt")};
+  ASSERT_OK(sk_run_local_ranks(2, nullptr, LayoutRank, &run));
+  std::FILE* f = std::fopen((run.dir + "/index.json").c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string index;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) index.append(buf, n);
+  std::fclose(f);
+  EXPECT_NE(index.find("\"lion\""), std::string::npos) << index;
+  EXPECT_EQ(index.find("\"SGD\""), std::string::npos) << index;
+  EXPECT_EQ(index.find("\"ADAMW\""), std::string::npos) << index;
+  // Bad declarations: INVALID_ARGUMENT naming the field, no engine.
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = SmallSpec();
+  const char* states[2] = {"m", nullptr};
+  struct Bad {
+    const char* name;
+    const char* const* states;
+    int32_t count;
+    const char* mentions;
+  } bad[] = {{nullptr, states, 1, "custom_optimizer is NULL"},
+             {"lion", nullptr, 1, "custom_state_names is NULL"},
+             {"lion", states, 17, "num_custom_states"},
+             {"lion", states, -1, "num_custom_states"},
+             {"lion", states, 2, "custom_state_names[1]"},
+             {"AdamW", nullptr, 0, "built-in"},
+             {"li on", nullptr, 0, "letters"}};
+  for (const Bad& b : bad) {
+    sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+    eo.custom_optimizer = b.name;
+    eo.custom_state_names = b.states;
+    eo.num_custom_states = b.count;
+    sk_engine* e = nullptr;
+    EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_create(spec, g, &eo, &e));
+    EXPECT_ERROR_MENTIONS(b.mentions);
+    EXPECT_EQ(e, nullptr);
+  }
+  // The 0.5.0 struct (ending at cuda_stream) still creates a built-in engine.
+  sk_engine_options old = SK_ENGINE_OPTIONS_INIT;
+  old.struct_size = 48;
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, &old, &e));
+  EXPECT_EQ(Step(e, 0.5f), SK_STATUS_OK) << LastError();
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
+// f64, i32 and i64 buffers and MIN through the ABI, and their bad inputs.
+sk_status_t WideCollectivesRank(int32_t rank, sk_process_group* g, void*) {
+  double d = 0.5 + rank;
+  sk_status_t s = sk_process_group_all_reduce(g, &d, 1, SK_DTYPE_F64, SK_REDUCE_SUM);
+  if (s != SK_STATUS_OK) return s;
+  if (d != 2.0) return SK_STATUS_INTERNAL;
+  int64_t l[2] = {(int64_t{1} << 40) + rank, -rank};
+  if ((s = sk_process_group_all_reduce(g, l, 2, SK_DTYPE_I64, SK_REDUCE_MIN)) != SK_STATUS_OK) return s;
+  if (l[0] != int64_t{1} << 40 || l[1] != -1) return SK_STATUS_INTERNAL;
+  int32_t i = 3 * rank;
+  if ((s = sk_process_group_all_reduce(g, &i, 1, SK_DTYPE_I32, SK_REDUCE_MAX)) != SK_STATUS_OK) return s;
+  if (i != 3) return SK_STATUS_INTERNAL;
+  if (sk_process_group_all_reduce(g, &i, 1, SK_DTYPE_I32, SK_REDUCE_MEAN) != SK_STATUS_INVALID_ARGUMENT)
+    return SK_STATUS_INTERNAL;
+  if (std::string(sk_last_error_message()).find("MEAN") == std::string::npos) return SK_STATUS_INTERNAL;
+  if (sk_process_group_all_reduce(g, &i, 1, static_cast<sk_dtype_t>(7), SK_REDUCE_SUM) != SK_STATUS_INVALID_ARGUMENT)
+    return SK_STATUS_INTERNAL;
+  if (sk_process_group_all_reduce(g, &i, 1, SK_DTYPE_I32, static_cast<sk_reduce_op_t>(5)) !=
+      SK_STATUS_INVALID_ARGUMENT)
+    return SK_STATUS_INTERNAL;
+  if (i != 3) return SK_STATUS_INTERNAL;  // refused calls changed nothing
+  int64_t b = rank == 1 ? -42 : 0;
+  if ((s = sk_process_group_broadcast(g, &b, 1, SK_DTYPE_I64, 1)) != SK_STATUS_OK) return s;
+  return b == -42 ? SK_STATUS_OK : SK_STATUS_INTERNAL;
+}
+
+TEST(CapiFramework, F64AndIntegerCollectivesWithMin) {
+  ASSERT_OK(sk_run_local_ranks(2, nullptr, WideCollectivesRank, nullptr));
+}
+
+// skip_nonfinite_steps through the ABI: at a learning rate of FLT_MAX a
+// step goes non-finite; with the field set it returns OK with
+// metrics.skipped and is counted, without it the step is ABORTED; 2 is
+// refused naming the field.
+TEST(CapiFramework, SkipNonfiniteStepsReportsTheSkippedStep) {
+  for (int32_t skip : {0, 1}) {
+    sk_trainer_options o = sk_capi_test::TinyTrainer();
+    o.skip_nonfinite_steps = skip;
+    sk_local_session* session = nullptr;
+    ASSERT_OK(sk_local_session_create(&o, 2, nullptr, &session));
+    ASSERT_OK(sk_local_session_set_lr(session, 3.4e38f));
+    bool nonfinite = false;
+    for (int i = 0; i < 4 && !nonfinite; ++i) {
+      sk_step_metrics m = SK_STEP_METRICS_INIT;
+      const sk_status_t st = sk_local_session_step(session, &m);
+      if (skip) {
+        ASSERT_EQ(st, SK_STATUS_OK) << LastError();
+        nonfinite = m.skipped != 0;
+        if (nonfinite) {
+          EXPECT_EQ(m.step, i + 1);
+        }
+      } else if (st != SK_STATUS_OK) {
+        EXPECT_EQ(st, SK_STATUS_ABORTED) << LastError();
+        EXPECT_ERROR_MENTIONS("skipped on every rank");
+        nonfinite = true;
+      } else {
+        EXPECT_EQ(m.skipped, 0);
+      }
+    }
+    EXPECT_TRUE(nonfinite) << "skip " << skip << ": no step at lr FLT_MAX was reported non-finite";
+    sk_local_session_destroy(session);
+  }
+  sk_trainer_options o = sk_capi_test::TinyTrainer();
+  o.skip_nonfinite_steps = 2;
+  sk_local_session* session = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_local_session_create(&o, 1, nullptr, &session));
+  EXPECT_ERROR_MENTIONS("skip_nonfinite_steps");
+  EXPECT_EQ(session, nullptr);
 }
 
 }  // namespace

@@ -204,18 +204,7 @@ TEST(CppFrontend, StateDictsResumeASessionAndImportHuggingFaceLayout) {
   session.SaveStateDict(base + "-hf.safetensors", SK_WEIGHT_LAYOUT_HF_GPT2);
   const float weights = session.Evaluate(1);
   const float next = session.Step().loss;
-  // 0.8.0: skip_init, no random initialisation for weights a load brings;
-  // until then the session refuses to step.
-  sk_trainer_options no_init = Tiny();
-  no_init.skip_init = 1;
-  shardkit::LocalSession resumed(no_init, 2);
-  try {
-    resumed.Step();
-    FAIL() << "stepped without weights";
-  } catch (const shardkit::Error& e) {
-    EXPECT_EQ(e.code(), SK_STATUS_FAILED_PRECONDITION);
-    EXPECT_NE(std::string(e.what()).find("skip_init"), std::string::npos) << e.what();
-  }
+  shardkit::LocalSession resumed(Tiny(), 2);
   EXPECT_EQ(resumed.LoadStateDict(base + ".safetensors"), 1);
   EXPECT_EQ(resumed.Step().loss, next);
   EXPECT_EQ(resumed.LoadStateDict(base + "-hf.safetensors", SK_WEIGHT_LAYOUT_HF_GPT2), 0);
@@ -653,4 +642,52 @@ TEST(CppFrontend, TrainersStepOnTheCallersBatches) {
   }
   targets[3] = 5;
   EXPECT_EQ(t.StepBatches({b}).step, 2);
+}
+
+// Issue 47 item 9 through the C++ owners: the shard layout under NO_SHARD
+// (shard 0 of 1 on every rank), a custom rule's declared state, and the
+// collectives on f64 and integer vectors.
+TEST(CppFrontend, ShardLayoutCustomStateAndWideCollectives) {
+  shardkit::ModelSpec spec;
+  const int32_t u = spec.AddUnit("fc");
+  spec.AddParam(u, "w", {2, 3}, SK_INIT_NORMAL, 0.0f, 1.0f);
+  spec.AddParam(u, "b", {3});
+  sk_fsdp_options fsdp = SK_FSDP_OPTIONS_INIT;
+  fsdp.strategy = SK_SHARDING_NO_SHARD;
+  const char* states[1] = {"exp_avg"};
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.fsdp = &fsdp;
+  eo.custom_optimizer = "lion";
+  eo.custom_state_names = states;
+  eo.num_custom_states = 1;
+  std::vector<shardkit::Engine::ShardLayout> layouts(2);
+  std::vector<std::vector<int64_t>> sums(2);
+  std::vector<std::vector<double>> mins(2);
+  std::vector<int> refused(2);
+  shardkit::RunLocalRanks(2, [&](int32_t rank, sk_process_group* g) {
+    shardkit::Engine e(spec, g, &eo);
+    layouts[rank] = e.GetShardLayout(u);
+    std::vector<int64_t> n = {(int64_t{1} << 40) + rank};
+    shardkit::ProcessGroup::AllReduce(g, n);
+    sums[rank] = n;
+    std::vector<double> d = {0.25 * rank, -0.5 * rank};
+    shardkit::ProcessGroup::AllReduce(g, d, SK_REDUCE_MIN);
+    mins[rank] = d;
+    std::vector<int32_t> i = {rank};
+    refused[rank] = ErrorOf([&] { shardkit::ProcessGroup::AllReduce(g, i, SK_REDUCE_MEAN); }).code();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(layouts[r].shard_index, 0);
+    EXPECT_EQ(layouts[r].num_shards, 1);
+    ASSERT_EQ(layouts[r].pieces.size(), 2u);
+    EXPECT_STREQ(layouts[r].pieces[0].name, "fc.w");
+    EXPECT_STREQ(layouts[r].pieces[1].name, "fc.b");
+    EXPECT_EQ(layouts[r].pieces[1].numel, 3);
+    EXPECT_EQ(sums[r], std::vector<int64_t>{(int64_t{2} << 40) + 1});
+    EXPECT_EQ(mins[r], (std::vector<double>{0.0, -0.5}));
+    EXPECT_EQ(refused[r], SK_STATUS_INVALID_ARGUMENT);
+  }
+  auto groups = shardkit::ProcessGroup::Local(1);
+  eo.custom_optimizer = "ADAM";
+  EXPECT_EQ(ErrorOf([&] { shardkit::Engine bad(spec, groups[0].get(), &eo); }).code(), SK_STATUS_INVALID_ARGUMENT);
 }

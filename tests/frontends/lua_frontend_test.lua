@@ -195,10 +195,7 @@ test("state dicts resume a session and import Hugging Face GPT-2 layout", functi
   s:save_state_dict(base .. "-hf.safetensors", "hf-gpt2")
   local weights = s:evaluate(1)
   local next_loss = s:step().loss
-  -- 0.8.0: skip_init, no random initialisation for weights a load brings;
-  -- until then the session refuses to step.
-  local resumed = sk.local_session({model = "gpt-tiny", data_tokens = 64, skip_init = true}, 2)
-  expect_error("FAILED_PRECONDITION", "skip_init", resumed.step, resumed)
+  local resumed = sk.local_session(options, 2)
   assert(resumed:load_state_dict(base .. "-hf.safetensors", "hf-gpt2") == 0)
   assert(resumed:evaluate(1) == weights)
   assert(resumed:load_state_dict(base .. ".safetensors") == 1)
@@ -563,6 +560,58 @@ test("issue 34: learning rate, schedules, parameter groups, collectives, engine 
   assert(e:steps() == 3)
   assert(e:read_param(u, 1, 2)[1] == 0.75, e:read_param(u, 1, 2)[1])
   e:close(); f:close()
+end)
+
+test("issue 47: shard layout, a custom rule's declared state, wide collectives, skipped steps", function()
+  local spec = sk.model_spec()
+  local u = spec:add_unit("fc")
+  spec:add_param(u, {name = "w", shape = {2, 3}, init = "ones"})
+  spec:add_param(u, {name = "b", shape = {3}, init = "ones"})
+  local g = sk.local_groups(1)[1]
+  local e = sk.engine(spec, g, {fsdp = {strategy = "no_shard"},
+                                optimizer = {weight_decay = 0.5, param_groups = {{pattern = "*.b", weight_decay = 0}}},
+                                custom_optimizer = "lion", custom_state_names = {"exp_avg"}})
+  local l = e:shard_layout(u)
+  assert(l.shard_index == 0 and l.num_shards == 1, l.shard_index)
+  assert(#l.pieces == 2 and l.pieces[1].name == "fc.w" and l.pieces[2].name == "fc.b")
+  assert(l.pieces[1].shape[1] == 2 and l.pieces[1].shape[2] == 3 and l.pieces[1].numel == 6)
+  assert(l.pieces[1].param_group == nil and l.pieces[1].weight_decay == 0.5)
+  assert(l.pieces[2].param_group == 0 and l.pieces[2].weight_decay == 0)
+  expect_error("OUT_OF_RANGE", "unit", e.shard_layout, e, 3)
+  e:zero_grad(); e:pre_forward(u); e:post_forward(u); e:pre_backward(u)
+  e:post_backward(u); e:finish_backward()
+  expect_error("FAILED_PRECONDITION", "lion", e.optimizer_step, e)
+  e:begin_custom_step()
+  local master = e:master_shard(u)
+  for _, p in ipairs(l.pieces) do
+    if p.name == "fc.w" then
+      for i = 0, p.numel - 1 do master[p.shard_offset + i] = master[p.shard_offset + i] * 0.5 end
+    end
+  end
+  local _, n = e:optimizer_state(u, 0)
+  assert(n > 0)
+  expect_error("OUT_OF_RANGE", "lion", e.optimizer_state, e, u, 1)
+  e:end_custom_step()
+  assert(e:read_param(u, 0, 6)[1] == 0.5 and e:read_param(u, 1, 3)[1] == 1.0)
+  e:close()
+  expect_error("INVALID_ARGUMENT", "built-in", sk.engine, spec, g, {custom_optimizer = "sgd"})
+  -- f64, i32 and i64 collectives, MIN; MEAN of integers and unknown dtypes are refused.
+  assert(g:all_reduce({2^40 + 1}, "sum", "i64")[1] == 2^40 + 1)
+  assert(g:all_reduce({0.1}, "min", "f64")[1] == 0.1)
+  assert(g:all_reduce({-3}, "max", "i32")[1] == -3)
+  assert(g:broadcast({7}, 0, "i64")[1] == 7)
+  assert(g:all_gather({1.25}, "f64")[1] == 1.25)
+  expect_error("INVALID_ARGUMENT", "MEAN", g.all_reduce, g, {1}, "mean", "i32")
+  expect_error("INVALID_ARGUMENT", "dtype", g.all_reduce, g, {1}, "sum", "u8")
+  -- skip_nonfinite_steps: at lr FLT_MAX a step is skipped and training goes on.
+  local s = sk.local_session({model = "gpt-tiny", data_tokens = 64, skip_nonfinite_steps = true}, 1)
+  s:set_lr(3.4e38)
+  local skipped = false
+  for _ = 1, 4 do skipped = skipped or s:step().skipped end
+  assert(skipped, "no step at lr FLT_MAX was skipped")
+  s:close()
+  expect_error("INVALID_ARGUMENT", "skip_nonfinite_steps", sk.local_session,
+               {model = "gpt-tiny", skip_nonfinite_steps = 2}, 1)
 end)
 
 print(string.format("%d passed, %d failed", passed, failures))

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <unistd.h>
 #include <vector>
 
 #include "runtime/comm/local_backend.h"
+#include "runtime/fsdp/checkpoint_index.h"
 #include "runtime/train/engine.h"
 
 namespace sk {
@@ -370,6 +372,288 @@ TEST(EngineCustomOptimizer, LionOnTheShardsMatchesTheReferenceRule) {
       return OkStatus();
     });
   }
+}
+
+// A unit whose parameters do not divide evenly over 2 or 4 ranks, so shards
+// hold parts of several parameters and padding.
+std::vector<UnitSpec> UnevenModel() {
+  UnitSpec fc{"fc", {ParamSpec{"w", Shape{3, 5}, Initializer{InitKind::kNormal, 0.f, 1.f}},
+                     ParamSpec{"b", Shape{5}, Initializer{InitKind::kUniform, -1.f, 1.f}},
+                     ParamSpec{"gain", Shape{2}, Initializer{InitKind::kUniform, 2.f, 3.f}}}};
+  UnitSpec head{"head", {ParamSpec{"w", Shape{7}, Initializer{InitKind::kNormal, 0.f, 1.f}}}};
+  return {fc, head};
+}
+
+const ShardingStrategy kEveryStrategy[] = {ShardingStrategy::kFullShard,   ShardingStrategy::kShardGradOp,
+                                           ShardingStrategy::kShardOptim,  ShardingStrategy::kNoShard,
+                                           ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardGradOp};
+
+// Every piece of the layout names the elements of its parameter that the
+// master shard really holds, under every strategy at world 4 (the hybrids
+// shard over 2): the shard index is the rank's place in its shard group (0
+// of 1 under NO_SHARD, rank % 2 under the hybrids), and the pieces of all
+// shard indices cover every parameter once.
+TEST(EngineShardLayout, EachPieceIsTheSliceOfItsParameterTheShardHoldsUnderEveryStrategy) {
+  for (ShardingStrategy strategy : kEveryStrategy) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    std::vector<std::vector<int64_t>> covered(4);  // per rank: elements seen per (unit, param)
+    RunRanks(4, [&](int rank, comm::ProcessGroup* world) -> Status {
+      FsdpEngineOptions o = Sgd(0.f, 0.f);
+      o.fsdp.strategy = strategy;
+      if (strategy == ShardingStrategy::kHybridShard || strategy == ShardingStrategy::kHybridShardGradOp) {
+        o.fsdp.shard_group_size = 2;
+      }
+      SK_ASSIGN_OR_RETURN(auto e, FsdpEngine::Create(UnevenModel(), world, o));
+      SK_ASSIGN_OR_RETURN(auto full, ReadAll(*e));  // fc.w, fc.b, fc.gain, head.w
+      SK_RETURN_IF_ERROR(e->ZeroGrad());
+      SK_RETURN_IF_ERROR(Backward(*e, [](float) { return 0.f; }));
+      SK_RETURN_IF_ERROR(e->FinishBackward());
+      SK_RETURN_IF_ERROR(e->BeginCustomStep());
+      const int want_shards = strategy == ShardingStrategy::kNoShard ? 1
+                              : (strategy == ShardingStrategy::kHybridShard ||
+                                 strategy == ShardingStrategy::kHybridShardGradOp)
+                                  ? 2
+                                  : 4;
+      covered[rank].assign(4, 0);
+      const int first_param[] = {0, 3};
+      for (int u = 0; u < e->num_units(); ++u) {
+        SK_ASSIGN_OR_RETURN(const FsdpEngine::ShardLayout* l, e->GetShardLayout(u));
+        SK_ASSIGN_OR_RETURN(const Tensor* master, e->MasterShard(u));
+        EXPECT_EQ(l->num_shards, want_shards);
+        EXPECT_EQ(l->shard_index, rank % want_shards) << "rank " << rank;
+        EXPECT_EQ(l->shard_numel, master->numel());
+        for (const FsdpEngine::ShardPiece& piece : l->pieces) {
+          const std::vector<float>& value = full[first_param[u] + piece.param];
+          EXPECT_EQ(piece.name, e->units()[u].name + "." + e->units()[u].params[piece.param].name);
+          EXPECT_EQ(piece.shape, e->units()[u].params[piece.param].shape);
+          EXPECT_LE(piece.shard_offset + piece.numel, master->numel());
+          EXPECT_LE(piece.param_offset + piece.numel, static_cast<int64_t>(value.size()));
+          for (int64_t i = 0; i < piece.numel; ++i) {
+            EXPECT_EQ(master->data_as<float>()[piece.shard_offset + i], value[piece.param_offset + i])
+                << "rank " << rank << " " << piece.name << " element " << piece.param_offset + i;
+          }
+          covered[rank][first_param[u] + piece.param] += piece.numel;
+        }
+      }
+      return e->EndCustomStep();
+    });
+    // One shard group's pieces together cover each parameter exactly once.
+    const int64_t sizes[] = {15, 5, 2, 7};
+    const int shards = strategy == ShardingStrategy::kNoShard ? 1
+                       : (strategy == ShardingStrategy::kHybridShard ||
+                          strategy == ShardingStrategy::kHybridShardGradOp)
+                           ? 2
+                           : 4;
+    for (int k = 0; k < 4; ++k) {
+      int64_t sum = 0;
+      for (int r = 0; r < shards; ++r) sum += covered[r][k];
+      EXPECT_EQ(sum, sizes[k]) << "parameter " << k;
+    }
+  }
+}
+
+// Decoupled weight decay applied to one parameter by name, through the
+// layout: under NO_SHARD and HYBRID_SHARD (world 4, shards of 2) exactly
+// that parameter's elements shrink. Taking the shard index to be the rank
+// (what a framework had to assume) decayed other parameters' elements there.
+TEST(EngineShardLayout, DecayByParameterNameTouchesOnlyThatParameterUnderNoShardAndHybrid) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    RunRanks(4, [&](int, comm::ProcessGroup* world) -> Status {
+      FsdpEngineOptions o = Sgd(0.f, 0.f);
+      o.fsdp.strategy = strategy;
+      if (strategy == ShardingStrategy::kHybridShard) o.fsdp.shard_group_size = 2;
+      SK_ASSIGN_OR_RETURN(auto e, FsdpEngine::Create(UnevenModel(), world, o));
+      SK_ASSIGN_OR_RETURN(auto before, ReadAll(*e));
+      SK_RETURN_IF_ERROR(e->ZeroGrad());
+      SK_RETURN_IF_ERROR(Backward(*e, [](float) { return 0.f; }));
+      SK_RETURN_IF_ERROR(e->FinishBackward());
+      SK_RETURN_IF_ERROR(e->BeginCustomStep());
+      for (int u = 0; u < e->num_units(); ++u) {
+        SK_ASSIGN_OR_RETURN(const FsdpEngine::ShardLayout* l, e->GetShardLayout(u));
+        SK_ASSIGN_OR_RETURN(const Tensor* master, e->MasterShard(u));
+        for (const FsdpEngine::ShardPiece& piece : l->pieces) {
+          if (piece.name != "fc.b") continue;
+          for (int64_t i = 0; i < piece.numel; ++i) master->data_as<float>()[piece.shard_offset + i] *= 0.5f;
+        }
+      }
+      SK_RETURN_IF_ERROR(e->EndCustomStep());
+      SK_ASSIGN_OR_RETURN(auto after, ReadAll(*e));
+      for (size_t k = 0; k < after.size(); ++k) {
+        for (size_t i = 0; i < after[k].size(); ++i) {
+          EXPECT_EQ(after[k][i], k == 1 ? before[k][i] * 0.5f : before[k][i]) << "parameter " << k << " element " << i;
+        }
+      }
+      return OkStatus();
+    });
+  }
+}
+
+// The layout carries each parameter's group: the no-decay rule's biases and
+// norms get weight decay 0, a pattern's lr multiplier reaches its pieces,
+// the rest keep the options' decay.
+TEST(EngineShardLayout, PiecesCarryTheirParameterGroup) {
+  RunRanks(2, [&](int, comm::ProcessGroup* world) -> Status {
+    FsdpEngineOptions o = Sgd(0.1f, 0.5f);
+    ParamGroup head;
+    head.pattern = "head.*";
+    head.lr_multiplier = 0.25f;
+    ParamGroup no_decay;
+    no_decay.no_decay = NoDecay::kBiasesAndNorms;
+    no_decay.weight_decay = 0;
+    o.optimizer.param_groups = {head, no_decay};
+    SK_ASSIGN_OR_RETURN(auto e, FsdpEngine::Create(UnevenModel(), world, o));
+    for (int u = 0; u < e->num_units(); ++u) {
+      SK_ASSIGN_OR_RETURN(const FsdpEngine::ShardLayout* l, e->GetShardLayout(u));
+      for (const FsdpEngine::ShardPiece& piece : l->pieces) {
+        if (piece.name == "head.w") {
+          EXPECT_EQ(piece.param_group, 0);
+          EXPECT_FLOAT_EQ(piece.lr_multiplier, 0.25f);
+          EXPECT_FLOAT_EQ(piece.weight_decay, 0.5f);
+        } else if (piece.name == "fc.w") {
+          EXPECT_EQ(piece.param_group, -1);
+          EXPECT_FLOAT_EQ(piece.weight_decay, 0.5f);
+          EXPECT_FLOAT_EQ(piece.lr_multiplier, 1.f);
+        } else {
+          EXPECT_EQ(piece.param_group, 1) << piece.name;
+          EXPECT_FLOAT_EQ(piece.weight_decay, 0.f) << piece.name;
+        }
+      }
+    }
+    EXPECT_EQ(e->GetShardLayout(2).status().code(), StatusCode::kOutOfRange);
+    return OkStatus();
+  });
+}
+
+// A custom rule declares its own state: Lion keeps one tensor, "exp_avg",
+// under the name "lion"; the checkpoint records kind "lion" (a Lion run
+// borrowing SGD's momentum slot recorded SGD), restores the state into a
+// Lion engine and is refused by an AdamW one, naming both.
+TEST(EngineCustomOptimizer, DeclaredStateIsCheckpointedUnderTheRulesName) {
+  char tmpl[] = "/tmp/sk_lion_ckpt_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = std::string(tmpl) + "/ckpt";
+  std::vector<std::vector<float>> saved_state(2);
+  RunRanks(2, [&](int rank, comm::ProcessGroup* world) -> Status {
+    FsdpEngineOptions o = Sgd(0.f, 0.f);
+    o.optimizer.custom_name = "lion";
+    o.optimizer.custom_state_names = {"exp_avg"};
+    SK_ASSIGN_OR_RETURN(auto e, FsdpEngine::Create(SmallModel(), world, o));
+    SK_RETURN_IF_ERROR(e->ZeroGrad());
+    SK_RETURN_IF_ERROR(Backward(*e, [](float w) { return w - 0.5f; }));
+    SK_RETURN_IF_ERROR(e->FinishBackward());
+    Status builtin = e->OptimizerStep();
+    EXPECT_EQ(builtin.code(), StatusCode::kFailedPrecondition) << builtin;
+    EXPECT_NE(builtin.message().find("lion"), std::string::npos) << builtin;
+    LionOnShards(*e, 0.01f, 0.9f, 0.99f, 0.1f);
+    SK_RETURN_IF_ERROR(e->ZeroGrad());
+    SK_RETURN_IF_ERROR(Backward(*e, [](float) { return 0.f; }));
+    SK_RETURN_IF_ERROR(e->FinishBackward());
+    SK_RETURN_IF_ERROR(e->BeginCustomStep());
+    EXPECT_EQ(e->OptimizerState(0, 1).status().code(), StatusCode::kOutOfRange);
+    SK_ASSIGN_OR_RETURN(const Tensor* m, e->OptimizerState(0, 0));
+    saved_state[rank].assign(m->data_as<float>(), m->data_as<float>() + m->numel());
+    SK_RETURN_IF_ERROR(e->EndCustomStep());
+    return e->SaveCheckpoint(dir);
+  });
+  StatusOr<CheckpointIndex> ix = ReadCheckpointIndex(dir);
+  ASSERT_TRUE(ix.ok()) << ix.status();
+  EXPECT_EQ(ix->optimizer_kind, "lion");
+  EXPECT_EQ(ix->optimizer_state_names, std::vector<std::string>{"exp_avg"});
+  RunRanks(2, [&](int rank, comm::ProcessGroup* world) -> Status {
+    FsdpEngineOptions o = Sgd(0.f, 0.f);
+    o.optimizer.custom_name = "lion";
+    o.optimizer.custom_state_names = {"exp_avg"};
+    SK_ASSIGN_OR_RETURN(auto e, FsdpEngine::Create(SmallModel(), world, o));
+    SK_RETURN_IF_ERROR(e->LoadCheckpoint(dir));
+    EXPECT_EQ(e->steps(), 2);
+    SK_RETURN_IF_ERROR(e->ZeroGrad());
+    SK_RETURN_IF_ERROR(Backward(*e, [](float) { return 0.f; }));
+    SK_RETURN_IF_ERROR(e->FinishBackward());
+    SK_RETURN_IF_ERROR(e->BeginCustomStep());
+    SK_ASSIGN_OR_RETURN(const Tensor* m, e->OptimizerState(0, 0));
+    EXPECT_EQ(std::vector<float>(m->data_as<float>(), m->data_as<float>() + m->numel()), saved_state[rank]);
+    SK_RETURN_IF_ERROR(e->EndCustomStep());
+    FsdpEngineOptions adamw = Sgd(0.f, 0.f);
+    adamw.optimizer.kind = OptimizerKind::kAdamW;
+    SK_ASSIGN_OR_RETURN(auto a, FsdpEngine::Create(SmallModel(), world, adamw));
+    Status refused = a->LoadCheckpoint(dir);
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused;
+    EXPECT_NE(refused.message().find("lion"), std::string::npos) << refused;
+    EXPECT_NE(refused.message().find("ADAMW"), std::string::npos) << refused;
+    return OkStatus();
+  });
+  // Bad declarations are refused naming what is wrong.
+  RunRanks(1, [&](int, comm::ProcessGroup* world) -> Status {
+    for (auto bad : std::vector<std::pair<std::string, std::vector<std::string>>>{
+             {"SGD", {}}, {"adamw", {}}, {"li on", {}}, {"lion", {"m", "m"}}, {"lion", {""}}, {"", {"m"}}}) {
+      FsdpEngineOptions o = Sgd(0.f, 0.f);
+      o.optimizer.custom_name = bad.first;
+      o.optimizer.custom_state_names = bad.second;
+      auto e = FsdpEngine::Create(SmallModel(), world, o);
+      EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << "'" << bad.first << "'";
+    }
+    return OkStatus();
+  });
+  std::system(("rm -rf " + std::string(tmpl)).c_str());
+}
+
+// Engine checkpoints match units and parameters by name: a model that
+// declares its units and a unit's parameters in another order loads the
+// same values (by position it was refused, or would have swapped weights);
+// a parameter only one side has is INVALID_ARGUMENT naming it.
+TEST(EngineCheckpoint, ParametersAreMatchedByNameAndAMissingOneIsNamed) {
+  char tmpl[] = "/tmp/sk_byname_ckpt_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = std::string(tmpl) + "/ckpt";
+  std::vector<std::vector<float>> saved;  // fc.w, fc.b, ln.gain
+  RunRanks(2, [&](int rank, comm::ProcessGroup* world) -> Status {
+    FsdpEngineOptions o = Sgd(0.1f, 0.f);
+    o.optimizer.momentum = 0.9f;
+    SK_ASSIGN_OR_RETURN(auto e, FsdpEngine::Create(SmallModel(), world, o));
+    SK_RETURN_IF_ERROR(Step(*e, [](float w) { return w; }));
+    SK_ASSIGN_OR_RETURN(auto values, ReadAll(*e));
+    if (rank == 0) saved = values;
+    return e->SaveCheckpoint(dir);
+  });
+  // ln first, and fc's parameters as b, w: other flat offsets.
+  UnitSpec ln{"ln", {ParamSpec{"gain", Shape{3}, Initializer{InitKind::kZeros, 0.f, 0.f}}}};
+  UnitSpec fc{"fc", {ParamSpec{"b", Shape{3}, Initializer{InitKind::kZeros, 0.f, 0.f}},
+                     ParamSpec{"w", Shape{2, 3}, Initializer{InitKind::kZeros, 0.f, 0.f}}}};
+  for (int world_size : {1, 2}) {
+    RunRanks(world_size, [&](int, comm::ProcessGroup* world) -> Status {
+      FsdpEngineOptions o = Sgd(0.1f, 0.f);
+      o.optimizer.momentum = 0.9f;
+      SK_ASSIGN_OR_RETURN(auto e, FsdpEngine::Create({ln, fc}, world, o));
+      SK_RETURN_IF_ERROR(e->LoadCheckpoint(dir));
+      SK_ASSIGN_OR_RETURN(auto got, ReadAll(*e));  // ln.gain, fc.b, fc.w
+      EXPECT_EQ(got[0], saved[2]);
+      EXPECT_EQ(got[1], saved[1]);
+      EXPECT_EQ(got[2], saved[0]);
+      EXPECT_EQ(e->steps(), 1);
+      return OkStatus();
+    });
+  }
+  UnitSpec fc_extra = fc;
+  fc_extra.params.push_back(ParamSpec{"extra", Shape{2}, Initializer{InitKind::kZeros, 0.f, 0.f}});
+  UnitSpec fc_short{"fc", {fc.params[1]}};
+  UnitSpec fc_reshaped{"fc", {fc.params[0], ParamSpec{"w", Shape{3, 2}, Initializer{InitKind::kZeros, 0.f, 0.f}}}};
+  UnitSpec other{"other", ln.params};
+  const std::vector<std::pair<std::vector<UnitSpec>, std::string>> mismatches = {
+      {{ln, fc_extra}, "fc.extra"}, {{ln, fc_short}, "fc.b"}, {{ln, fc_reshaped}, "fc.w"}, {{other, fc}, "other"}};
+  for (const auto& [units, named] : mismatches) {
+    RunRanks(2, [&](int, comm::ProcessGroup* world) -> Status {
+      SK_ASSIGN_OR_RETURN(auto e, FsdpEngine::Create(units, world, Sgd(0.1f, 0.f)));
+      SK_ASSIGN_OR_RETURN(auto before, ReadAll(*e));
+      Status s = e->LoadCheckpoint(dir);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find(named), std::string::npos) << s;
+      SK_ASSIGN_OR_RETURN(auto after, ReadAll(*e));
+      EXPECT_EQ(after, before) << "a refused load changed the parameters";
+      return OkStatus();
+    });
+  }
+  std::system(("rm -rf " + std::string(tmpl)).c_str());
 }
 
 }  // namespace

@@ -158,8 +158,19 @@
  *  (sk_grad_accumulation_t): sharded accumulation (a reduce-scatter per
  *  micro-batch, the default of the sharded strategies) or no_sync. The
  *  earlier struct (struct_size 64) is still accepted and reads DEFAULT.
- *  0.8.0 (issue 43) also appended sk_trainer_options.skip_init: a trainer
- *  whose weights will be loaded is created without random initialisation.
+ *  0.8.0 (issue 47) also appended, for frameworks' own optimizers: the
+ *  per-parameter layout of an engine's shards (sk_shard_piece,
+ *  sk_engine_shard_layout, sk_engine_shard_piece: the shard index, which is
+ *  not the rank under NO_SHARD and the hybrids, each parameter's place and
+ *  its parameter group); update rules that declare their own state
+ *  (sk_engine_options.custom_optimizer, custom_state_names,
+ *  num_custom_states), recorded in checkpoints under the rule's name;
+ *  f64, i32 and i64 buffers (SK_DTYPE_F64, _I32, _I64) and SK_REDUCE_MIN
+ *  in the collectives on the caller's buffers; and
+ *  sk_trainer_options.skip_nonfinite_steps with sk_step_metrics.skipped.
+ *  Engine checkpoints now match units and parameters by name (a model that
+ *  declares them in another order loads; one that lacks or adds one is
+ *  INVALID_ARGUMENT naming it), where 0.6.0 matched by position.
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -258,7 +269,13 @@ typedef SK_ENUM(sk_dtype_t) {
   SK_DTYPE_DEFAULT = 0, /* f32 where a dtype is required, "same as param" elsewhere */
   SK_DTYPE_F32 = 1,
   SK_DTYPE_BF16 = 2,
-  SK_DTYPE_F16 = 3
+  SK_DTYPE_F16 = 3,
+  /* 0.8.0: for the collectives on the caller's buffers only
+   * (sk_process_group_all_reduce, _broadcast, _all_gather); anywhere else
+   * they are INVALID_ARGUMENT. */
+  SK_DTYPE_F64 = 4,
+  SK_DTYPE_I32 = 5,
+  SK_DTYPE_I64 = 6
 } sk_dtype_t;
 
 /* FSDP sharding strategies (docs/fsdp.md). */
@@ -496,7 +513,11 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_run_local_ranks(int32_t world_size, const 
  * Buffers: host memory on local and gloo groups; device memory of the
  * group's GPU on nccl groups. A buffer of the other kind is INVALID_ARGUMENT
  * (where CUDA can tell); so is a NULL buffer with count > 0, a negative
- * count, or a dtype other than f32, bf16, f16. The group's handle is used by
+ * count, or an unknown dtype. Since 0.8.0 the buffers may also hold f64,
+ * i32 or i64 (SK_DTYPE_F64, _I32, _I64): their all-reduce (SUM, MAX, MIN;
+ * MEAN of f64 too, of integers INVALID_ARGUMENT) gathers every rank's
+ * buffer and reduces it on each rank in rank order, so every rank gets the
+ * same bits; integer sums wrap (two's complement). The group's handle is used by
  * one thread at a time: another thread's collective on it meanwhile is
  * FAILED_PRECONDITION naming the collective in progress (one rank's
  * collectives are driven by one thread, in order). */
@@ -506,7 +527,9 @@ typedef SK_ENUM(sk_reduce_op_t) {
   SK_REDUCE_MEAN = 2,    /* the sum divided by the group's size */
   /* The elementwise maximum (NaN wins). An all-gather and a max on each
    * rank: it moves size times the buffer, for metrics and flags. */
-  SK_REDUCE_MAX = 3
+  SK_REDUCE_MAX = 3,
+  /* 0.8.0: the elementwise minimum (NaN wins), gathered as MAX is. */
+  SK_REDUCE_MIN = 4
 } sk_reduce_op_t;
 
 /* In place: data[0..count) becomes the reduction over ranks. */
@@ -855,22 +878,18 @@ typedef struct sk_trainer_options {
    * Setting it with data_path is INVALID_ARGUMENT, and so is a model that is
    * not decoder-only (GPT, Llama). */
   const sk_dataset_options* dataset;
-  /* Appended in 0.8.0 (issue 43): nonzero: the parameters are not drawn
-   * from their initialisers (the shards stay zero), for a trainer whose
-   * weights come from a load: sk_trainer_load_state_dict of a Hugging Face
-   * directory or state dict, sk_trainer_load_checkpoint or
-   * sk_trainer_resume_latest (torch's meta-device creation and
-   * from_pretrained; docs/checkpoints.md). Creation then costs no random
-   * initialisation. Until a load succeeds, sk_trainer_step,
-   * sk_trainer_step_batches, sk_trainer_evaluate and the saves are
-   * FAILED_PRECONDITION on every rank, changing nothing. INVALID_ARGUMENT
-   * with SK_PARALLELISM_DDP or on the simulator (neither loads weights).
-   * Zero (an older struct): initialised as before. */
-  int32_t skip_init;
+  /* Appended in 0.8.0: what a step whose loss (on any rank) or gradient
+   * norm is not finite returns. Either way the update is not applied and
+   * parameters and optimizer state stay as they were on every rank. 0:
+   * ABORTED on every rank, naming the value and the ranks. 1: OK with
+   * sk_step_metrics.skipped set and the step counted (the data moves on), as
+   * PyTorch's GradScaler skips such steps and goes on. Other values are
+   * INVALID_ARGUMENT. */
+  int32_t skip_nonfinite_steps;
 } sk_trainer_options;
 /* Size traits ("Option structs" above); the first version (0.1.0) ended at data_tokens. */
 #define SK_TRAINER_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_trainer_options, data_tokens)
-#define SK_TRAINER_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_trainer_options, skip_init)
+#define SK_TRAINER_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_trainer_options, skip_nonfinite_steps)
 
 #define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0, NULL, NULL, NULL, 0}
 
@@ -900,12 +919,16 @@ typedef struct sk_step_metrics {
   int32_t simulated;
   /* 0.6.0: the learning rate this step's update used. */
   float lr;
+  /* 0.8.0: nonzero when the step was counted but not applied because its
+   * loss or gradient norm was not finite (sk_trainer_options.
+   * skip_nonfinite_steps; the same on every rank). */
+  int32_t skipped;
 } sk_step_metrics;
 /* Size traits ("Option structs" above); the first version (0.2.0's) ended at bytes_communicated. */
 #define SK_STEP_METRICS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_step_metrics, bytes_communicated)
-#define SK_STEP_METRICS_STRUCT_SIZE SK_STRUCT_SIZE(sk_step_metrics, lr)
+#define SK_STEP_METRICS_STRUCT_SIZE SK_STRUCT_SIZE(sk_step_metrics, skipped)
 
-#define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0.0f}
+#define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0.0f, 0}
 
 /* Creates this rank's trainer. Collective over `group`: every rank calls it
  * with the same options. The trainer keeps `group` alive. Parameters are
@@ -1467,12 +1490,29 @@ typedef struct sk_engine_options {
    * sk_stream_create and sk_engine_set_stream there) or for a stream of
    * another GPU. Must outlive the engine. */
   void* cuda_stream;
+  /* Appended in 0.8.0: an update rule of the caller's own (Lion, LAMB...)
+   * stepped with sk_engine_begin_custom_step .. _end_custom_step. NULL =
+   * none: the built-in optimizer of sk_optimizer_options.kind. When set,
+   * its name (1 to 64 letters, digits, '_' or '-'; not SGD, ADAM or
+   * ADAMW in any case) is what checkpoints and state dicts record as the
+   * optimizer's kind, and the rule keeps num_custom_states per-element f32
+   * state tensors named custom_state_names[0..num_custom_states) (the same
+   * rules, distinct; at most 16; NULL when 0): what
+   * sk_engine_optimizer_state hands out and checkpoints save under those
+   * names. sk_optimizer_options.lr, weight_decay and param_groups still
+   * apply (sk_engine_shard_piece reports each parameter's); its kind is
+   * ignored and sk_engine_optimizer_step is FAILED_PRECONDITION.
+   * INVALID_ARGUMENT naming the field for a bad name, a repeated state name
+   * or a count outside [0, 16]. The strings are copied. */
+  const char* custom_optimizer;
+  const char* const* custom_state_names;
+  int32_t num_custom_states;
 } sk_engine_options;
 /* Size traits ("Option structs" above); the first version (0.3.0's) ended at memory_cap_bytes. */
 #define SK_ENGINE_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_engine_options, memory_cap_bytes)
-#define SK_ENGINE_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_engine_options, cuda_stream)
+#define SK_ENGINE_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_engine_options, num_custom_states)
 
-#define SK_ENGINE_OPTIONS_INIT {sizeof(sk_engine_options), NULL, NULL, 0, NULL, NULL}
+#define SK_ENGINE_OPTIONS_INIT {sizeof(sk_engine_options), NULL, NULL, 0, NULL, NULL, NULL, NULL, 0}
 
 /* A view of a buffer owned by an engine. */
 typedef struct sk_tensor_view {
@@ -1641,9 +1681,10 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_steps(const sk_engine* engine, int6
  * engine's GPU on cuda (finish your device work on them before
  * end_custom_step). The gradient is the mean over ranks (clipped if
  * clip_grad_norm clipped). sk_engine_optimizer_state(e, u, i) is state
- * tensor i of the built-in optimizer's slot for the unit, zeroed on first
- * use and saved by checkpoints: sk_optimizer_options.kind decides how many
- * (SGD with momentum > 0: one; Adam, AdamW: two; OUT_OF_RANGE beyond).
+ * tensor i of the optimizer's slot for the unit, zeroed on first use and
+ * saved by checkpoints: those sk_engine_options.custom_state_names declare
+ * (0.8.0), else sk_optimizer_options.kind decides how many (SGD with
+ * momentum > 0: one; Adam, AdamW: two); OUT_OF_RANGE beyond.
  * end_custom_step refreshes what FSDP keeps of the parameters (collective
  * for SHARD_OPTIM and NO_SHARD) and counts the step (sk_engine_steps).
  * FAILED_PRECONDITION: begin before finish_backward or with a unit between
@@ -1652,6 +1693,44 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_steps(const sk_engine* engine, int6
  * begin succeeded, until its end succeeds (a failed begin or end changes
  * nothing). examples: tests/train/engine_framework_test.cc (Lion). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_begin_custom_step(sk_engine* engine);
+
+/* 0.8.0: where each parameter lies in this rank's shard of `unit` (the
+ * master, gradient and state shards alike), for rules that treat
+ * parameters differently (LAMB's per-parameter trust ratio, decay by name).
+ * sk_engine_shard_layout gives this rank's index in the unit's shard group
+ * and the group's size (NOT the rank: under NO_SHARD every rank holds shard
+ * 0 of 1, under HYBRID_SHARD the index within its replica group), and how
+ * many pieces the shard holds; piece i (0 <= i < num_pieces, in shard
+ * order) is one parameter's elements in the shard. Padding is in no piece
+ * (its gradient is 0). Any time, not only in a custom step; out-pointers
+ * may be NULL. OUT_OF_RANGE for a bad unit or piece index. */
+typedef struct sk_shard_piece {
+  size_t struct_size;    /* set by the caller (SK_SHARD_PIECE_INIT) */
+  const char* name;      /* "<unit>.<param>"; has the lifetime of the engine */
+  int32_t param;         /* the parameter's index in its unit */
+  int32_t ndim;          /* of the whole parameter */
+  const int64_t* shape;  /* ndim entries; has the lifetime of the engine */
+  int64_t shard_offset;  /* its first element in the shard */
+  int64_t numel;         /* its elements in the shard */
+  int64_t param_offset;  /* the first one's index within the parameter (row-major) */
+  /* The first sk_optimizer_options.param_groups entry that selects the
+   * parameter (-1: none) and the weight decay and learning-rate multiplier
+   * it resolves to (the options' weight_decay and 1 without a group). */
+  int32_t param_group;
+  float weight_decay;
+  float lr_multiplier;
+} sk_shard_piece;
+/* Size traits ("Option structs" above). */
+#define SK_SHARD_PIECE_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_shard_piece, lr_multiplier)
+#define SK_SHARD_PIECE_STRUCT_SIZE SK_STRUCT_SIZE(sk_shard_piece, lr_multiplier)
+
+#define SK_SHARD_PIECE_INIT {sizeof(sk_shard_piece), NULL, 0, 0, NULL, 0, 0, 0, -1, 0.0f, 1.0f}
+
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_shard_layout(sk_engine* engine, int32_t unit,
+                                                          int32_t* out_shard_index, int32_t* out_num_shards,
+                                                          int32_t* out_num_pieces);
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_shard_piece(sk_engine* engine, int32_t unit, int32_t index,
+                                                         sk_shard_piece* out_piece);
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_master_shard(sk_engine* engine, int32_t unit,
                                                           sk_tensor_view* out_view);
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_grad_shard(sk_engine* engine, int32_t unit,

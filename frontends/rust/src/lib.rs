@@ -314,6 +314,20 @@ impl Element for Bf16 {
     const DTYPE: sys::sk_dtype_t = sys::SK_DTYPE_BF16;
 }
 
+/// f64, i32 and i64 move through the collectives on the caller's buffers
+/// only (0.8.0); an engine's views are never of them.
+impl Element for f64 {
+    const DTYPE: sys::sk_dtype_t = sys::SK_DTYPE_F64;
+}
+
+impl Element for i32 {
+    const DTYPE: sys::sk_dtype_t = sys::SK_DTYPE_I32;
+}
+
+impl Element for i64 {
+    const DTYPE: sys::sk_dtype_t = sys::SK_DTYPE_I64;
+}
+
 /// How `Group::all_reduce` combines the ranks' values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
@@ -322,6 +336,8 @@ pub enum ReduceOp {
     Mean,
     /// Elementwise maximum (NaN wins).
     Max,
+    /// Elementwise minimum (NaN wins; 0.8.0).
+    Min,
 }
 
 impl ReduceOp {
@@ -330,6 +346,7 @@ impl ReduceOp {
             ReduceOp::Sum => sys::SK_REDUCE_SUM,
             ReduceOp::Mean => sys::SK_REDUCE_MEAN,
             ReduceOp::Max => sys::SK_REDUCE_MAX,
+            ReduceOp::Min => sys::SK_REDUCE_MIN,
         }
     }
 }
@@ -548,60 +565,67 @@ pub trait Group {
         Ok(unsafe { CStr::from_ptr(l) }.to_string_lossy().into_owned())
     }
 
-    /// In place: `data` becomes the reduction over ranks (collective; host
-    /// memory, so cpu groups: `sk_process_group_all_reduce`).
-    fn all_reduce<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<()>
-    where
-        Self: Sized,
-    {
-        check(unsafe {
-            sys::sk_process_group_all_reduce(self.as_ptr(), data.as_mut_ptr() as *mut c_void, data.len() as i64, T::DTYPE, op.raw())
-        })
-    }
     /// The mean of `value` over ranks (a loss, say).
     fn mean(&self, value: f32) -> Result<f32> {
-        let mut v = value;
-        check(unsafe {
-            sys::sk_process_group_all_reduce(
-                self.as_ptr(),
-                &mut v as *mut f32 as *mut c_void,
-                1,
-                sys::SK_DTYPE_F32,
-                sys::SK_REDUCE_MEAN,
-            )
-        })?;
-        Ok(v)
-    }
-    /// In place: every rank's `data` becomes rank `root`'s (collective).
-    fn broadcast<T: Element>(&self, data: &mut [T], root: i32) -> Result<()>
-    where
-        Self: Sized,
-    {
-        check(unsafe {
-            sys::sk_process_group_broadcast(self.as_ptr(), data.as_mut_ptr() as *mut c_void, data.len() as i64, T::DTYPE, root)
-        })
-    }
-    /// Every rank's `input`, concatenated in rank order (collective).
-    fn all_gather<T: Element + Default>(&self, input: &[T]) -> Result<Vec<T>>
-    where
-        Self: Sized,
-    {
-        let mut out = vec![T::default(); input.len() * self.size()? as usize];
-        check(unsafe {
-            sys::sk_process_group_all_gather(
-                self.as_ptr(),
-                input.as_ptr() as *const c_void,
-                out.as_mut_ptr() as *mut c_void,
-                input.len() as i64,
-                T::DTYPE,
-            )
-        })?;
-        Ok(out)
+        let mut v = [value];
+        group_all_reduce(self.as_ptr(), &mut v, ReduceOp::Mean)?;
+        Ok(v[0])
     }
     /// Returns when every rank has called it.
     fn barrier(&self) -> Result<()> {
         check(unsafe { sys::sk_process_group_barrier(self.as_ptr()) })
     }
+}
+
+// The generic collectives, on every kind of group: an owned ProcessGroup, a
+// borrowed GroupRef and a `&dyn Group` (the one a framework gave
+// Engine::new). Inherent methods: as generic trait methods they needed
+// `Self: Sized`, so a `&dyn Group` could not call them.
+macro_rules! group_collectives {
+    ($($t:ty),*) => {$(
+        impl $t {
+            /// In place: `data` becomes the reduction over ranks
+            /// (collective; host memory, so cpu groups:
+            /// `sk_process_group_all_reduce`). f32, bf16, and (0.8.0) f64,
+            /// i32 and i64; MEAN of integers is INVALID_ARGUMENT.
+            pub fn all_reduce<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
+                group_all_reduce(self.as_ptr(), data, op)
+            }
+            /// In place: every rank's `data` becomes rank `root`'s (collective).
+            pub fn broadcast<T: Element>(&self, data: &mut [T], root: i32) -> Result<()> {
+                group_broadcast(self.as_ptr(), data, root)
+            }
+            /// Every rank's `input`, concatenated in rank order (collective).
+            pub fn all_gather<T: Element + Default>(&self, input: &[T]) -> Result<Vec<T>> {
+                group_all_gather(self.as_ptr(), input)
+            }
+        }
+    )*};
+}
+group_collectives!(ProcessGroup, GroupRef<'_>, dyn Group + '_);
+
+fn group_all_reduce<T: Element>(g: *mut sys::sk_process_group, data: &mut [T], op: ReduceOp) -> Result<()> {
+    check(unsafe { sys::sk_process_group_all_reduce(g, data.as_mut_ptr() as *mut c_void, data.len() as i64, T::DTYPE, op.raw()) })
+}
+
+fn group_broadcast<T: Element>(g: *mut sys::sk_process_group, data: &mut [T], root: i32) -> Result<()> {
+    check(unsafe { sys::sk_process_group_broadcast(g, data.as_mut_ptr() as *mut c_void, data.len() as i64, T::DTYPE, root) })
+}
+
+fn group_all_gather<T: Element + Default>(g: *mut sys::sk_process_group, input: &[T]) -> Result<Vec<T>> {
+    let mut size = 0;
+    check(unsafe { sys::sk_process_group_size(g, &mut size) })?;
+    let mut out = vec![T::default(); input.len() * size as usize];
+    check(unsafe {
+        sys::sk_process_group_all_gather(
+            g,
+            input.as_ptr() as *const c_void,
+            out.as_mut_ptr() as *mut c_void,
+            input.len() as i64,
+            T::DTYPE,
+        )
+    })?;
+    Ok(out)
 }
 
 /// One rank's owned handle on a process group.
@@ -964,11 +988,10 @@ pub struct TrainerOptions {
     pub param_groups: Vec<ParamGroup>,
     /// A dataset read in order instead of `data_path` (0.8.0); `None` = none.
     pub dataset: Option<Dataset>,
-    /// No random initialisation: the weights come from a load
-    /// (`load_state_dict` of a Hugging Face directory, `load_checkpoint`,
-    /// `resume_latest`), before which steps, evaluation and saves are
-    /// FAILED_PRECONDITION (0.8.0, `sk_trainer_options.skip_init`).
-    pub skip_init: bool,
+    /// A step whose loss or gradient norm is not finite is never applied;
+    /// `true` (0.8.0): it returns Ok with `StepMetrics::skipped` set instead
+    /// of ABORTED, and training goes on (PyTorch's GradScaler).
+    pub skip_nonfinite_steps: bool,
 }
 
 impl TrainerOptions {
@@ -1001,7 +1024,7 @@ impl TrainerOptions {
             device: opt_raw_device(&device),
             lr_schedule: self.lr_schedule.as_ref().map_or(ptr::null(), |s| s as *const LrSchedule),
             dataset: dataset.as_ref().map_or(ptr::null(), |d| &d.raw as *const sys::sk_dataset_options),
-            skip_init: i32::from(self.skip_init),
+            skip_nonfinite_steps: self.skip_nonfinite_steps as i32,
         };
         Ok(f(&raw))
     }
@@ -1289,6 +1312,20 @@ pub struct EngineOptions {
     pub cuda_stream: Option<ptr::NonNull<c_void>>,
     /// Parameter groups (`optimizer.param_groups`); empty = none.
     pub param_groups: Vec<ParamGroup>,
+    /// An update rule of your own (0.8.0): its name, recorded in checkpoints
+    /// as the optimizer's kind, and the per-element state tensors it keeps;
+    /// `None` = the built-in `optimizer.kind`. With it, `optimizer_step` is
+    /// FAILED_PRECONDITION: step with [`Engine::custom_step`].
+    pub custom_optimizer: Option<CustomOptimizer>,
+}
+
+/// `sk_engine_options.custom_optimizer` and its state names.
+#[derive(Clone, Debug, Default)]
+pub struct CustomOptimizer {
+    /// "lion", "lamb": letters, digits, '_' or '-'; not a built-in kind's name.
+    pub name: String,
+    /// One f32 tensor per name per unit, shaped as the shard (at most 16).
+    pub state_names: Vec<String>,
 }
 
 /// A caller stream (`sk_stream`): the caller's in-order work queue on the
@@ -1380,8 +1417,44 @@ pub struct CustomShard<'a> {
     pub master: &'a mut [f32],
     /// Its gradient (the mean over ranks).
     pub grad: &'a [f32],
-    /// The optimizer's state tensors for the unit (zeroed at first; saved by checkpoints).
+    /// The optimizer's state tensors for the unit (zeroed at first; saved by
+    /// checkpoints): a custom rule's declared ones, else the built-in kind's.
     pub state: Vec<&'a mut [f32]>,
+    /// Where each parameter lies in `master`, `grad` and `state` (0.8.0).
+    pub layout: ShardLayout,
+}
+
+/// Where each parameter lies in this rank's shard of a unit
+/// (`sk_engine_shard_layout`): the rank's index in the unit's shard group
+/// (not its rank: under NO_SHARD every rank holds shard 0 of 1, under
+/// HYBRID_SHARD the index within its replica group) and one piece per
+/// parameter with elements in the shard, in shard order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShardLayout {
+    pub shard_index: i32,
+    pub num_shards: i32,
+    pub pieces: Vec<ShardPiece>,
+}
+
+/// One parameter's elements in a shard (`sk_shard_piece`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShardPiece {
+    /// "<unit>.<param>".
+    pub name: String,
+    /// The parameter's index in its unit.
+    pub param: i32,
+    /// The whole parameter's shape.
+    pub shape: Vec<i64>,
+    /// Its first element in the shard, and how many it holds.
+    pub shard_offset: i64,
+    pub numel: i64,
+    /// The first one's index within the (row-major) parameter.
+    pub param_offset: i64,
+    /// The first `param_groups` entry selecting it, if any, and the weight
+    /// decay and learning-rate multiplier it resolves to.
+    pub param_group: Option<usize>,
+    pub weight_decay: f32,
+    pub lr_multiplier: f32,
 }
 
 fn typed_slice<'a, T: Element>(v: &sys::sk_tensor_view) -> Result<&'a mut [T]> {
@@ -1411,6 +1484,12 @@ impl Engine {
         let device = options.device.as_ref().map(Device::to_raw).transpose()?;
         let groups = RawGroups::new(&options.param_groups)?;
         let optimizer = groups.optimizer(&options.optimizer);
+        let custom_name = opt_cstring(options.custom_optimizer.as_ref().map(|c| c.name.as_str()), "custom_optimizer")?;
+        let state_names = match &options.custom_optimizer {
+            Some(c) => c.state_names.iter().map(|n| cstring(n, "custom_optimizer.state_names")).collect::<Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
+        let state_ptrs: Vec<*const c_char> = state_names.iter().map(|n| n.as_ptr()).collect();
         let raw_options = sys::sk_engine_options {
             struct_size: std::mem::size_of::<sys::sk_engine_options>(),
             fsdp: &options.fsdp,
@@ -1418,6 +1497,9 @@ impl Engine {
             memory_cap_bytes: options.memory_cap_bytes,
             device: opt_raw_device(&device),
             cuda_stream: options.cuda_stream.map_or(ptr::null_mut(), |p| p.as_ptr()),
+            custom_optimizer: opt_ptr(&custom_name),
+            custom_state_names: if state_ptrs.is_empty() { ptr::null() } else { state_ptrs.as_ptr() },
+            num_custom_states: state_ptrs.len() as i32,
         };
         let mut raw = ptr::null_mut();
         check(unsafe { sys::sk_engine_create(spec.raw, group, &raw_options, &mut raw) })?;
@@ -1518,12 +1600,47 @@ impl Engine {
                         Err(err) => return Err(err),
                     }
                 }
-                f(CustomShard { unit, master: typed_slice::<f32>(&master)?, grad: typed_slice::<f32>(&grad)?, state })?;
+                let layout = self.shard_layout(unit)?;
+                f(CustomShard { unit, master: typed_slice::<f32>(&master)?, grad: typed_slice::<f32>(&grad)?, state, layout })?;
             }
             Ok(())
         })();
         let end = check(unsafe { sys::sk_engine_end_custom_step(self.raw) });
         body.and(end)
+    }
+    /// Where each parameter lies in this rank's shard of `unit` (any time).
+    pub fn shard_layout(&self, unit: i32) -> Result<ShardLayout> {
+        let mut l = ShardLayout::default();
+        let mut n = 0;
+        check(unsafe { sys::sk_engine_shard_layout(self.raw, unit, &mut l.shard_index, &mut l.num_shards, &mut n) })?;
+        for i in 0..n {
+            let mut p = sys::sk_shard_piece {
+                struct_size: std::mem::size_of::<sys::sk_shard_piece>(),
+                name: ptr::null(),
+                param: 0,
+                ndim: 0,
+                shape: ptr::null(),
+                shard_offset: 0,
+                numel: 0,
+                param_offset: 0,
+                param_group: -1,
+                weight_decay: 0.0,
+                lr_multiplier: 1.0,
+            };
+            check(unsafe { sys::sk_engine_shard_piece(self.raw, unit, i, &mut p) })?;
+            l.pieces.push(ShardPiece {
+                name: unsafe { CStr::from_ptr(p.name) }.to_string_lossy().into_owned(),
+                param: p.param,
+                shape: if p.ndim > 0 { unsafe { std::slice::from_raw_parts(p.shape, p.ndim as usize) }.to_vec() } else { Vec::new() },
+                shard_offset: p.shard_offset,
+                numel: p.numel,
+                param_offset: p.param_offset,
+                param_group: usize::try_from(p.param_group).ok(),
+                weight_decay: p.weight_decay,
+                lr_multiplier: p.lr_multiplier,
+            });
+        }
+        Ok(l)
     }
     fn raw_view(&self, f: impl FnOnce(*mut sys::sk_engine, *mut sys::sk_tensor_view) -> sys::sk_status_t) -> Result<sys::sk_tensor_view> {
         let mut v = sys::sk_tensor_view {

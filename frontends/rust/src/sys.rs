@@ -28,6 +28,9 @@ pub const SK_DTYPE_DEFAULT: sk_dtype_t = 0;
 pub const SK_DTYPE_F32: sk_dtype_t = 1;
 pub const SK_DTYPE_BF16: sk_dtype_t = 2;
 pub const SK_DTYPE_F16: sk_dtype_t = 3;
+pub const SK_DTYPE_F64: sk_dtype_t = 4;
+pub const SK_DTYPE_I32: sk_dtype_t = 5;
+pub const SK_DTYPE_I64: sk_dtype_t = 6;
 
 pub type sk_sharding_strategy_t = i32;
 pub const SK_SHARDING_DEFAULT: sk_sharding_strategy_t = 0;
@@ -99,6 +102,7 @@ pub const SK_REDUCE_DEFAULT: sk_reduce_op_t = 0;
 pub const SK_REDUCE_SUM: sk_reduce_op_t = 1;
 pub const SK_REDUCE_MEAN: sk_reduce_op_t = 2;
 pub const SK_REDUCE_MAX: sk_reduce_op_t = 3;
+pub const SK_REDUCE_MIN: sk_reduce_op_t = 4;
 
 pub type sk_device_kind_t = i32;
 pub const SK_DEVICE_DEFAULT: sk_device_kind_t = 0;
@@ -289,7 +293,7 @@ pub struct sk_trainer_options {
     pub device: *const sk_device_options,
     pub lr_schedule: *const sk_lr_schedule,
     pub dataset: *const sk_dataset_options,
-    pub skip_init: i32,
+    pub skip_nonfinite_steps: i32,
 }
 
 #[repr(C)]
@@ -327,6 +331,7 @@ pub struct sk_step_metrics {
     pub global_loss: f32,
     pub simulated: i32,
     pub lr: f32,
+    pub skipped: i32,
 }
 
 #[repr(C)]
@@ -365,6 +370,25 @@ pub struct sk_engine_options {
     pub memory_cap_bytes: u64,
     pub device: *const sk_device_options,
     pub cuda_stream: *mut c_void,
+    pub custom_optimizer: *const c_char,
+    pub custom_state_names: *const *const c_char,
+    pub num_custom_states: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct sk_shard_piece {
+    pub struct_size: usize,
+    pub name: *const c_char,
+    pub param: i32,
+    pub ndim: i32,
+    pub shape: *const i64,
+    pub shard_offset: i64,
+    pub numel: i64,
+    pub param_offset: i64,
+    pub param_group: i32,
+    pub weight_decay: f32,
+    pub lr_multiplier: f32,
 }
 
 #[repr(C)]
@@ -656,6 +680,14 @@ extern "C" {
         out_view: *mut sk_tensor_view,
     ) -> sk_status_t;
     pub fn sk_engine_end_custom_step(engine: *mut sk_engine) -> sk_status_t;
+    pub fn sk_engine_shard_layout(
+        engine: *mut sk_engine,
+        unit: i32,
+        out_shard_index: *mut i32,
+        out_num_shards: *mut i32,
+        out_num_pieces: *mut i32,
+    ) -> sk_status_t;
+    pub fn sk_engine_shard_piece(engine: *mut sk_engine, unit: i32, index: i32, out_piece: *mut sk_shard_piece) -> sk_status_t;
     pub fn sk_engine_set_lr(engine: *mut sk_engine, lr: f32) -> sk_status_t;
     pub fn sk_engine_get_lr(engine: *const sk_engine, out_lr: *mut f32) -> sk_status_t;
     pub fn sk_engine_steps(engine: *const sk_engine, out_steps: *mut i64) -> sk_status_t;

@@ -2,7 +2,7 @@
 //! that release in Drop, and rank callbacks whose errors and panics come back
 //! as Results instead of unwinding through C.
 use shardkit::{
-    run_local_ranks, sys, Bf16, Dataset, Device, Engine, EngineOptions, Group, LocalSession, LrSchedule, ModelSpec,
+    run_local_ranks, sys, Bf16, CustomOptimizer, Dataset, Device, Engine, EngineOptions, FsdpOptions, Group, LocalSession, LrSchedule, ModelSpec,
     OptimizerOptions, ParamGroup, ParamSpec, ProcessGroup, ReduceOp, Stream, Trainer, TrainerOptions, WeightLayout,
 };
 
@@ -791,4 +791,78 @@ fn custom_step_runs_an_update_rule_of_ones_own_on_the_shards() {
         assert_eq!(b1[i], b0[i] - 0.25);
     }
     assert_eq!(e.steps().unwrap(), 1);
+}
+
+#[test]
+fn a_custom_rule_reads_the_layout_declares_its_state_and_calls_collectives_on_the_engines_group() {
+    // NO_SHARD over 2 ranks: each rank holds shard 0 of 1 (not shard `rank`);
+    // the rule halves "fc.w" by name, so fc.b must not move on any rank.
+    let seen = std::sync::Mutex::new(Vec::new());
+    run_local_ranks(2, None, |rank, group| {
+        let options = EngineOptions {
+            fsdp: FsdpOptions { strategy: sys::SK_SHARDING_NO_SHARD, ..Default::default() },
+            custom_optimizer: Some(CustomOptimizer { name: "lion".to_string(), state_names: vec!["exp_avg".to_string()] }),
+            ..Default::default()
+        };
+        let dyn_group: &dyn Group = &group;
+        let mut e = Engine::new(&small_spec()?, dyn_group, &options)?;
+        // Collectives on the &dyn Group the engine was given: i64, f64, f32.
+        let mut count = [(1i64 << 40) + rank as i64];
+        dyn_group.all_reduce(&mut count, ReduceOp::Sum)?;
+        let mut low = [0.5f64 + rank as f64];
+        dyn_group.all_reduce(&mut low, ReduceOp::Min)?;
+        let gathered = dyn_group.all_gather(&[rank])?;
+        let layout = e.shard_layout(0)?;
+        let w0 = e.read_param(0, 0, 6)?;
+        let b0 = e.read_param(0, 1, 3)?;
+        let builtin = engine_step(&mut e, 1.0).unwrap_err().code;
+        e.custom_step(|shard| {
+            let shardkit::CustomShard { master, state, layout, .. } = shard;
+            assert_eq!(state.len(), 1);
+            for p in layout.pieces.iter().filter(|p| p.name == "fc.w") {
+                for i in 0..p.numel {
+                    master[(p.shard_offset + i) as usize] *= 0.5;
+                }
+            }
+            Ok(())
+        })?;
+        let w1 = e.read_param(0, 0, 6)?;
+        let b1 = e.read_param(0, 1, 3)?;
+        seen.lock().unwrap().push((count[0], low[0], gathered, layout, builtin, w0, w1, b0, b1));
+        Ok(())
+    })
+    .unwrap();
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen.len(), 2);
+    for (count, low, gathered, layout, builtin, w0, w1, b0, b1) in &seen {
+        assert_eq!(*count, (2i64 << 40) + 1);
+        assert_eq!(*low, 0.5);
+        assert_eq!(*gathered, vec![0, 1]);
+        assert_eq!((layout.shard_index, layout.num_shards), (0, 1));
+        let names: Vec<&str> = layout.pieces.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["fc.w", "fc.b"]);
+        assert_eq!(layout.pieces[0].shape, vec![2, 3]);
+        assert_eq!((layout.pieces[1].numel, layout.pieces[1].param_offset), (3, 0));
+        assert_eq!(*builtin, sys::SK_STATUS_FAILED_PRECONDITION);
+        let half: Vec<f32> = w0.iter().map(|x| x * 0.5).collect();
+        assert_eq!(*w1, half);
+        assert_eq!(b1, b0);
+    }
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let bad = EngineOptions {
+        custom_optimizer: Some(CustomOptimizer { name: "SGD".to_string(), state_names: vec![] }),
+        ..Default::default()
+    };
+    let e = Engine::new(&small_spec().unwrap(), &groups[0], &bad).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT);
+    assert!(e.message.contains("built-in"), "{}", e);
+}
+
+#[test]
+fn skip_nonfinite_steps_returns_the_skipped_step() {
+    let options = TrainerOptions { skip_nonfinite_steps: true, ..tiny() };
+    let mut s = LocalSession::new(&options, 1, None).unwrap();
+    s.set_lr(f32::MAX).unwrap();
+    let skipped = (0..4).map(|_| s.step().unwrap()).any(|m| m.skipped != 0);
+    assert!(skipped, "no step at lr f32::MAX was skipped");
 }

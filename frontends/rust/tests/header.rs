@@ -234,12 +234,12 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_trainer_options { struct_size, model, fsdp, optimizer, batch_size, grad_accum_steps, seq_len, source_len,
                              clip_grad_norm, activation_checkpointing, memory_cap_bytes, data_path, data_token_bytes,
                              data_seed, data_tokens, parallelism, ddp_bucket_bytes, device, lr_schedule, dataset,
-                             skip_init }
+                             skip_nonfinite_steps }
         sk_device_options { struct_size, kind, use_index, index, sim_profile, sim_world_size, sim_gpus_per_node,
                             launch_blocking }
         sk_step_metrics { struct_size, step, rank, loss, grad_norm, step_seconds, tokens_per_second, model_tflops_per_rank,
                           hardware_tflops_per_rank, peak_allocated_bytes, peak_reserved_bytes, allocated_bytes,
-                          reserved_bytes, alloc_retries, ooms, bytes_communicated, global_loss, simulated, lr }
+                          reserved_bytes, alloc_retries, ooms, bytes_communicated, global_loss, simulated, lr, skipped }
         sk_memory_estimate { struct_size, parameters, master_bytes, grad_shard_bytes, optimizer_bytes,
                              persistent_bytes, unsharded_bytes, activation_bytes, peak_bytes }
         sk_plan_request { struct_size, model, profile, gpus, gpus_per_node, batch_size, seq_len, source_len, strategies,
@@ -252,7 +252,10 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_plan_result { struct_size, profile, device_memory_bytes, num_candidates, recommended, recommendation, table,
                          json }
         sk_param_spec { struct_size, name, ndim, shape, dtype, init, init_a, init_b }
-        sk_engine_options { struct_size, fsdp, optimizer, memory_cap_bytes, device, cuda_stream }
+        sk_engine_options { struct_size, fsdp, optimizer, memory_cap_bytes, device, cuda_stream, custom_optimizer,
+                            custom_state_names, num_custom_states }
+        sk_shard_piece { struct_size, name, param, ndim, shape, shard_offset, numel, param_offset, param_group,
+                         weight_decay, lr_multiplier }
         sk_tensor_view { struct_size, data, dtype, ndim, shape, numel }
         sk_batch { struct_size, batch_size, seq_len, input_ids, targets, loss_mask, position_ids, segment_ids }
     };
