@@ -48,7 +48,7 @@ DEFINE_double(comm_ratio, 0,
               "prefetch: modelled all-gather time of one pass / step time without the model "
               "(default 0.22: hiding all backward all-gathers then gives the paper's 18%)");
 DEFINE_string(prefetch_model, "", "prefetch: model (default gpt-10m, gpt-1m with --quick)");
-DEFINE_string(limits, "", "rate_limiter: all_gather_limit values, 0 = off (default 0,1,2,4)");
+DEFINE_string(limits, "", "rate_limiter: all_gather_limit values, N >= 1 or off, as plan's --rate_limits (default off,1,2,4)");
 DEFINE_string(limiter_models, "", "rate_limiter: further models without a cap");
 DEFINE_string(near_cap_model, "", "rate_limiter: the model run near its memory cap");
 DEFINE_double(inter_host_ratio, 0,
@@ -95,8 +95,14 @@ std::string CheckFlags() {
     }
   }
   for (const std::string& l : cli::SplitList(FLAGS_limits)) {
+    if (l == "off") continue;
+    if (l == "0" || l.find_first_not_of("0") == std::string::npos) {
+      // The flag's 0 meant off, where the C ABI's all_gather_limit 0 means
+      // the default (2): one spelling, the planner's, for both.
+      return "--limits: '" + l + "' is not an all_gather_limit: write off for no limit (the C ABI's 0 means the default, 2)";
+    }
     if (l.size() > 9 || l.find_first_not_of("0123456789") != std::string::npos) {
-      return "--limits: '" + l + "' is not an all_gather_limit (a non-negative integer, 0 = off)";
+      return "--limits: '" + l + "' is not an all_gather_limit (an integer >= 1, or off)";
     }
   }
   return "";
@@ -120,8 +126,8 @@ ExperimentOptions OptionsFromFlags() {
   if (Set("limits")) {
     o.limits.clear();
     for (const std::string& l : cli::SplitList(FLAGS_limits)) {
-      const int n = std::atoi(l.c_str());  // checked by the flag validation above
-      o.limits.push_back(n == 0 ? RateLimit::Off() : RateLimit::InFlight(n));  // the flag's 0 = off
+      // Checked by the flag validation above: off, or 1..999999999.
+      o.limits.push_back(l == "off" ? RateLimit::Off() : RateLimit::InFlight(std::stoi(l)));
     }
   }
   if (Set("limiter_models")) o.limiter_models = cli::SplitList(FLAGS_limiter_models);
