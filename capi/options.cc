@@ -248,6 +248,7 @@ StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in,
     SK_RETURN_IF_ERROR(sk::ValidateLrSchedule(o.lr_schedule, o.optimizer.lr).WithContext("sk_trainer_options"));
   }
   if (c.dataset != nullptr) SK_RETURN_IF_ERROR(ToDatasetOptions(c.dataset, o));
+  o.fsdp.skip_init = c.skip_init != 0;
   if (c.skip_nonfinite_steps != 0 && c.skip_nonfinite_steps != 1) {
     return sk::InvalidArgumentError("sk_trainer_options.skip_nonfinite_steps must be 0 or 1, not " +
                                     std::to_string(c.skip_nonfinite_steps));

@@ -42,8 +42,9 @@
 #include <gflags/gflags.h>
 #include <nlohmann/json.hpp>
 
-#include "benchmarks/util/stats.h"
+#include "benchmarks/util/die.h"
 #include "benchmarks/util/inject.h"
+#include "benchmarks/util/stats.h"
 #include "runtime/comm/gloo_backend.h"
 #include "runtime/comm/local_backend.h"
 #include "runtime/comm/network_model.h"
@@ -72,16 +73,8 @@ using bench::Median;
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "collectives: %s\n", what.c_str());
-  std::exit(1);
-}
-
-template <typename T>
-T OrDie(StatusOr<T> v, const std::string& what) {
-  if (!v.ok()) Die(what + ": " + v.status().ToString());
-  return std::move(v).value();
-}
+using bench::Die;
+using bench::OrDie;
 
 // Limits on the flags, checked before anything is measured: each rank is a
 // thread with its own buffers, and the memcpy reference gives each of N

@@ -2,6 +2,7 @@
 // item 5) at a fine-tuning size, on the host:
 //
 //   ./bazelw run -c opt //benchmarks/micro:hf_io -- [--model=SPEC] [--dir=PATH] [--worlds=1,2] [--before]
+//       [--reuse] [--init=random,skip]
 //
 // --model is a decoder spec or model name whose configuration has a Hugging
 // Face architecture (default: Qwen2-0.5B's exact shape, 494 M parameters,
@@ -16,6 +17,11 @@
 // algorithms, rebuilt from today's functions: the whole model gathered and
 // converted in memory (WriteHfModelDir), and every rank reading the whole
 // directory and converting it (ReadHfModelDir).
+// --reuse takes dir/export/ from an earlier run when its index is there
+// (no export). --init lists how each import's model is created first:
+// `random` (the initialisers run, then the load overwrites them) and `skip`
+// (FsdpOptions::skip_init, what sk_trainer_options.skip_init sets); each
+// prints the creation's time beside the import's.
 #include <malloc.h>
 
 #include <barrier>
@@ -86,7 +92,8 @@ Measured Measure(F&& f) {
 int main(int argc, char** argv) {
   std::string spec = kQwen2_05b, dir = "/tmp/sk-hf-io";
   std::vector<int> worlds = {1, 2};
-  bool before = false;
+  bool before = false, reuse = false;
+  std::vector<bool> skip_inits = {false};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--model=", 0) == 0) {
@@ -106,8 +113,22 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--before") {
       before = true;
+    } else if (a == "--reuse") {
+      reuse = true;
+    } else if (a.rfind("--init=", 0) == 0) {
+      skip_inits.clear();
+      std::stringstream ss(a.substr(7));
+      for (std::string w; std::getline(ss, w, ',');) {
+        if (w != "random" && w != "skip") {
+          std::fprintf(stderr, "hf_io: --init takes random and/or skip\n");
+          return 2;
+        }
+        skip_inits.push_back(w == "skip");
+      }
     } else {
-      std::fprintf(stderr, "usage: hf_io [--model=SPEC] [--dir=PATH] [--worlds=1,2] [--before]\n");
+      std::fprintf(stderr,
+                   "usage: hf_io [--model=SPEC] [--dir=PATH] [--worlds=1,2] [--before] [--reuse] "
+                   "[--init=random,skip]\n");
       return 2;
     }
   }
@@ -134,7 +155,9 @@ int main(int argc, char** argv) {
   hf.layout = sk::WeightLayout::kHfLlama;
 
   // Export from a world-1 model.
-  {
+  if (reuse && std::filesystem::exists(out + "model.safetensors.index.json")) {
+    std::printf("export  skipped: --reuse and %s holds an index\n", out.c_str());
+  } else {
     sk::CachingAllocator alloc(*sk::Device::Get(sk::DeviceId::Cpu(0)));
     std::unique_ptr<sk::FullyShardedModel> fsdp;
     Measured init;
@@ -181,52 +204,66 @@ int main(int argc, char** argv) {
   }
   // Imports.
   for (int world : worlds) {
-    int64_t shard = 0, base = 0;
-    Measured load;
-    std::barrier sync(world);
-    std::chrono::steady_clock::time_point t0;
-    sk::Status s = sk::comm::RunLocalRanks(world, [&](int r, sk::comm::ProcessGroup* g) -> sk::Status {
-      sk::CachingAllocator alloc(*sk::Device::Get(sk::DeviceId::Cpu(r)));
-      SK_ASSIGN_OR_RETURN(auto fsdp, sk::FullyShardedModel::Create(model->units(), g, &alloc, fo));
-      sk::TrainingState st{spec, &model->units(), fsdp.get(), nullptr};
-      sync.arrive_and_wait();
-      if (r == 0) {
-        for (int u = 0; u < fsdp->num_units(); ++u) shard += fsdp->layout(u).shard_numel() * 4;
-        base = ResetPeak();
-        t0 = std::chrono::steady_clock::now();
-      }
-      sync.arrive_and_wait();
-      sk::Status loaded = sk::LoadFullStateDict(out, st, hf).status();
-      sync.arrive_and_wait();
-      if (r == 0) {
-        load.extra = Peak() - base;
-        load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      }
-      return loaded;
-    });
-    if (!s.ok()) {
-      std::fprintf(stderr, "hf_io: %s\n", s.ToString().c_str());
-      return 1;
-    }
-    const double goal = world * (1.2 * shard + largest);
-    std::printf("import  world %d: peak RSS +%.3f GiB in %.1f s (%d x shard %.3f GiB; goal <= %d x (1.2 x shard + "
-                "largest) = %.3f GiB): %s\n",
-                world, GiB(load.extra), load.seconds, world, GiB(shard), world, goal / (1 << 30),
-                load.extra <= goal ? "met" : "NOT met");
-    if (before) {
-      const Measured b = Measure([&]() -> sk::Status {
-        // The former import: each rank read the whole directory and
-        // converted it, holding both.
-        std::vector<sk::HfModel> held;
-        for (int r = 0; r < world; ++r) {
-          SK_ASSIGN_OR_RETURN(sk::HfModel m, sk::ReadHfModelDir(out));
-          held.push_back(std::move(m));
+    for (bool skip_init : skip_inits) {
+      int64_t shard = 0, base = 0;
+      Measured load;
+      double create_seconds = 0;
+      std::barrier sync(world);
+      std::chrono::steady_clock::time_point t0;
+      sk::Status s = sk::comm::RunLocalRanks(world, [&](int r, sk::comm::ProcessGroup* g) -> sk::Status {
+        sk::CachingAllocator alloc(*sk::Device::Get(sk::DeviceId::Cpu(r)));
+        sk::FsdpOptions create = fo;
+        create.skip_init = skip_init;
+        sync.arrive_and_wait();
+        const auto c0 = std::chrono::steady_clock::now();
+        SK_ASSIGN_OR_RETURN(auto fsdp, sk::FullyShardedModel::Create(model->units(), g, &alloc, create));
+        sync.arrive_and_wait();
+        if (r == 0) create_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+        sk::TrainingState st{spec, &model->units(), fsdp.get(), nullptr};
+        sync.arrive_and_wait();
+        if (r == 0) {
+          for (int u = 0; u < fsdp->num_units(); ++u) shard += fsdp->layout(u).shard_numel() * 4;
+          base = ResetPeak();
+          t0 = std::chrono::steady_clock::now();
         }
-        return sk::OkStatus();
+        sync.arrive_and_wait();
+        sk::Status loaded = sk::LoadFullStateDict(out, st, hf).status();
+        sync.arrive_and_wait();
+        if (r == 0) {
+          load.extra = Peak() - base;
+          load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        return loaded;
       });
-      std::printf("import  world %d, former algorithm (files read whole and converted, per rank): peak RSS +%.3f GiB "
-                  "in %.1f s\n",
-                  world, GiB(b.extra), b.seconds);
+      if (!s.ok()) {
+        std::fprintf(stderr, "hf_io: %s\n", s.ToString().c_str());
+        return 1;
+      }
+      const double goal = world * (1.2 * shard + largest);
+      std::printf("create  world %d (%s): %.1f s, then\n", world,
+                  skip_init ? "skip_init: no random initialisation" : "random init, deferred per shard",
+                  create_seconds);
+      std::printf(
+          "import  world %d: peak RSS +%.3f GiB in %.1f s (%d x shard %.3f GiB; goal <= %d x (1.2 x shard + "
+          "largest) = %.3f GiB): %s\n",
+          world, GiB(load.extra), load.seconds, world, GiB(shard), world, goal / (1 << 30),
+          load.extra <= goal ? "met" : "NOT met");
+      if (before && skip_init == skip_inits.front()) {
+        const Measured b = Measure([&]() -> sk::Status {
+          // The former import: each rank read the whole directory and
+          // converted it, holding both.
+          std::vector<sk::HfModel> held;
+          for (int r = 0; r < world; ++r) {
+            SK_ASSIGN_OR_RETURN(sk::HfModel m, sk::ReadHfModelDir(out));
+            held.push_back(std::move(m));
+          }
+          return sk::OkStatus();
+        });
+        std::printf(
+            "import  world %d, former algorithm (files read whole and converted, per rank): peak RSS +%.3f GiB "
+            "in %.1f s\n",
+            world, GiB(b.extra), b.seconds);
+      }
     }
   }
   return 0;

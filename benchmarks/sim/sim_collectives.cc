@@ -20,6 +20,7 @@
 
 #include <gflags/gflags.h>
 
+#include "benchmarks/util/die.h"
 #include "runtime/comm/topology.h"
 #include "runtime/sim/profile.h"
 #include "runtime/sim/sim_device.h"
@@ -36,16 +37,8 @@ DEFINE_string(sizes, "65536,1048576,16777216,134217728,1073741824,8589934592",
 namespace sk::sim {
 namespace {
 
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "sim_collectives: %s\n", what.c_str());
-  std::exit(1);
-}
-
-template <typename T>
-T OrDie(StatusOr<T> v, const std::string& what) {
-  if (!v.ok()) Die(what + ": " + v.status().ToString());
-  return std::move(v).value();
-}
+using bench::Die;
+using bench::OrDie;
 
 // A positive integer at most `hi`; strtoll's clamp at 2^63 - 1 (ERANGE) is
 // refused too. --ranks=4294967304 used to run as 8 ranks (cast to int).

@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
   options.seq_len = 16;
   options.clip_grad_norm = 1.0;
   options.dataset = &data;
+  options.skip_init = 1; /* no random weights: the load below brings them */
 
   sk_trainer* trainer = NULL;
   CHECK(sk_trainer_create(&options, group, &trainer));

@@ -47,6 +47,7 @@ int main(int argc, char** argv) try {
   options.batch_size = 2;  // rows per rank per step
   options.seq_len = 16;
   options.clip_grad_norm = 1.0;
+  options.skip_init = 1;  // no random weights: the load below brings them
   // input_ids + labels (-100 = not trained), in file order.
   shardkit::Dataset data = shardkit::Dataset::Jsonl({argv[2]}).Sequential().Eval({argv[3]});
 

@@ -27,6 +27,7 @@ local trainer = sk.trainer({
   batch_size = 2,  -- rows per rank per step
   seq_len = 16,
   clip_grad_norm = 1.0,
+  skip_init = true,  -- no random weights: the load below brings them
   -- input_ids + labels (-100 = not trained), in file order.
   dataset = {paths = {train}, format = "jsonl", sequential = true, eval_paths = {held_out}},
 }, group)

@@ -147,7 +147,9 @@ Status FullyShardedModel::Init() {
     SK_ASSIGN_OR_RETURN(FsdpParamGroup group, FsdpParamGroup::Create(std::move(layout), shard_alloc, shard_ctx));
     groups_.push_back(std::move(group));
     const FsdpParamGroup& g = groups_.back();
-    // Deferred initialisation: only this rank's slices are ever computed.
+    // Deferred initialisation: only this rank's slices are ever computed
+    // (none with skip_init: the shard stays as Create zeroed it).
+    if (options_.skip_init) continue;
     for (const auto& s : g.layout().ShardSlices(shard_rank)) {
       const ParamSpec& spec = units_[u].params[s.param];
       SK_ASSIGN_OR_RETURN(Tensor slice, Slice(g.master(), s.shard_offset, s.param_end - s.param_begin));

@@ -238,6 +238,12 @@ struct FsdpOptions {
   // Trainer applies it: FullyShardedModel itself reduces whenever gradient
   // sync is on.
   GradAccumulation grad_accumulation = GradAccumulation::kDefault;
+  // Leave the master shards zero instead of drawing them from the
+  // initialisers, for a model whose weights a load will overwrite
+  // (LoadFullStateDict, LoadShardedCheckpoint): creating it then costs no
+  // random initialisation. The caller must load before training; the
+  // Trainer refuses to step, evaluate or save until it has.
+  bool skip_init = false;
 };
 
 // Whether gradient accumulation under `options` reduces every micro-batch

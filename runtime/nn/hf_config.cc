@@ -327,12 +327,6 @@ std::string KnownNames() {
 
 }  // namespace
 
-std::vector<std::string> HfArchitectures() {
-  std::vector<std::string> v;
-  for (const HfArchitecture& a : kArchitectures) v.push_back(a.architecture);
-  return v;
-}
-
 bool IsHfModelDirectory(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;

@@ -62,9 +62,6 @@
 
 namespace sk {
 
-// The architectures the table holds ("GPT2LMHeadModel", ...).
-std::vector<std::string> HfArchitectures();
-
 // Whether `path` is a directory holding a config.json.
 bool IsHfModelDirectory(const std::string& path);
 

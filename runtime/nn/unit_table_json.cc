@@ -13,7 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int64_t kMaxTableFileBytes = 16 << 20;
 constexpr int kMaxNesting = 16;  // the format nests 5 deep
 
 // Reads the fields of one JSON object, naming its place ("unit 'stem' conv
@@ -193,11 +192,6 @@ StatusOr<UnitTableConfig> UnitTableFromJson(std::string_view text, std::string_v
   if (t.name.empty()) return f.Bad("'name' must be a non-empty string");
   SK_RETURN_IF_ERROR(t.Validate().WithContext("unit table " + where));
   return t;
-}
-
-StatusOr<UnitTableConfig> LoadUnitTable(const std::string& path) {
-  SK_ASSIGN_OR_RETURN(std::string text, ReadFileBounded(path, kMaxTableFileBytes, "unit table"));
-  return UnitTableFromJson(text, path);
 }
 
 std::string UnitTableToJson(const UnitTableConfig& t) {

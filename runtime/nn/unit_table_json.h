@@ -44,10 +44,6 @@ namespace sk {
 // Never throws.
 StatusOr<UnitTableConfig> UnitTableFromJson(std::string_view text, std::string_view origin);
 
-// Reads `path` (NotFound naming it when it cannot be opened; files over
-// 16 MiB are refused) and parses it as above.
-StatusOr<UnitTableConfig> LoadUnitTable(const std::string& path);
-
 // Every field of `table`, pretty-printed; UnitTableFromJson gives back an
 // equal table.
 std::string UnitTableToJson(const UnitTableConfig& table);

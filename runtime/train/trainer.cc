@@ -43,6 +43,14 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
                                 std::to_string(o.clip_grad_norm));
   }
   SK_RETURN_IF_ERROR(ValidateDeviceOptions(o.device));
+  if (o.fsdp.skip_init && o.parallelism == Parallelism::kDdp) {
+    return InvalidArgumentError(
+        "skip_init: a DDP trainer loads no weights (checkpoints and state dicts are FSDP's), so it must initialise them");
+  }
+  if (o.fsdp.skip_init && o.device.kind == DeviceKind::kSim) {
+    return InvalidArgumentError(
+        "skip_init: the simulator loads no weights (its tensors hold no data), so there is nothing to skip for");
+  }
   SK_RETURN_IF_ERROR(ValidateOptimizerOptions(o.optimizer));
   SK_RETURN_IF_ERROR(ValidateLrSchedule(o.lr_schedule, o.optimizer.lr));
   SK_RETURN_IF_ERROR(CheckStepSizeFits(config, o.batch_size, o.seq_len, o.source_len));
@@ -110,6 +118,7 @@ std::vector<std::pair<std::string, std::string>> SharedFields(const TrainerOptio
       {"dataset.paths", i(static_cast<int64_t>(o.dataset.paths.size()))},
       {"eval_dataset_paths", i(static_cast<int64_t>(o.eval_dataset_paths.size()))},
       {"skip_nonfinite_steps", i(o.skip_nonfinite_steps)},
+      {"skip_init", i(o.fsdp.skip_init)},
   };
   v.insert(v.end(), rest.begin(), rest.end());
   for (size_t k = 0; k < o.dataset.paths.size(); ++k) {
@@ -188,6 +197,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
 }
 
 Status Trainer::Init() {
+  weights_loaded_ = !options_.fsdp.skip_init;
   SK_ASSIGN_OR_RETURN(config_, FindModelConfig(options_.model));
   if (options_.seq_len == 0) options_.seq_len = config_.seq_len;
   if (options_.source_len == 0) options_.source_len = config_.source_len;
@@ -430,7 +440,17 @@ StatusOr<std::vector<int64_t>> Trainer::ExchangeTargetCounts(const std::vector<i
   return counts;
 }
 
+Status Trainer::CheckWeightsLoaded(const char* call) const {
+  if (weights_loaded_) return OkStatus();
+  return FailedPreconditionError(
+      std::string(call) +
+      ": the trainer was created with skip_init and holds no weights yet (its parameters are zero, not "
+      "initialised); load them first: LoadFullStateDict (a Hugging Face directory or a state dict), "
+      "LoadCheckpoint or ResumeLatest (nothing was changed)");
+}
+
 StatusOr<StepMetrics> Trainer::RunStep(const std::vector<TokenBatch>* given) {
+  SK_RETURN_IF_ERROR(CheckWeightsLoaded(given == nullptr ? "Step" : "StepOnBatches"));
   SK_RETURN_IF_ERROR(UseGemmThreads());
   allocator_->ResetPeakStats();
   const int64_t bytes_before = data_parallel_->bytes_communicated();
@@ -647,6 +667,7 @@ constexpr char kNoSimCheckpoints[] = "checkpoints need tensor data; a sim device
 Status Trainer::SaveCheckpoint(const std::string& dir) {
   if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
   if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
+  SK_RETURN_IF_ERROR(CheckWeightsLoaded("SaveCheckpoint"));
   TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
   CheckpointIndex::DataPosition position;
   if (dataset_) {
@@ -662,6 +683,7 @@ Status Trainer::SaveCheckpoint(const std::string& dir) {
 Status Trainer::SaveCheckpointRotating(const std::string& root, int keep) {
   if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
   if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
+  SK_RETURN_IF_ERROR(CheckWeightsLoaded("SaveCheckpointRotating"));
   if (root.empty()) return InvalidArgumentError("SaveCheckpointRotating: empty checkpoint root");
   if (keep < 1) {
     return InvalidArgumentError("SaveCheckpointRotating: keep must be at least 1 (the checkpoint being saved), not " +
@@ -714,12 +736,14 @@ Status Trainer::LoadCheckpoint(const std::string& dir) {
   // its steps at this trainer's global batch.
   data_base_samples_ = position ? position->samples_consumed : step_ * global_batch();
   last_sample_ids_.clear();
+  weights_loaded_ = true;
   return OkStatus();
 }
 
 Status Trainer::SaveFullStateDict(const std::string& path, WeightLayout layout) {
   if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
   if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
+  SK_RETURN_IF_ERROR(CheckWeightsLoaded("SaveFullStateDict"));
   TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
   FullStateDictOptions o;
   o.layout = layout;
@@ -737,11 +761,13 @@ Status Trainer::LoadFullStateDict(const std::string& path, WeightLayout layout) 
   data_base_step_ = step_;
   data_base_samples_ = step_ * global_batch();
   last_sample_ids_.clear();
+  weights_loaded_ = true;
   return OkStatus();
 }
 
 StatusOr<float> Trainer::Evaluate(int batches) {
   if (batches < 1) return InvalidArgumentError("Evaluate needs at least one batch");
+  SK_RETURN_IF_ERROR(CheckWeightsLoaded("Evaluate"));
   SK_RETURN_IF_ERROR(UseGemmThreads());
   if (dataset_) return EvaluateDataset(batches);
   double sum = 0;

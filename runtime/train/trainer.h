@@ -127,6 +127,12 @@ struct TrainerOptions {
   // Step returns OK with StepMetrics::skipped set and the step counted (the
   // data moves on), as PyTorch's GradScaler skips such steps and goes on.
   bool skip_nonfinite_steps = false;
+  // fsdp.skip_init (FSDP only; InvalidArgument under kDdp and on the
+  // simulator): the parameters are not drawn from the initialisers, for a
+  // trainer whose weights come from a load (a Hugging Face directory, a
+  // state dict, a checkpoint). Until LoadFullStateDict, LoadCheckpoint or
+  // ResumeLatest has loaded weights, Step, StepOnBatches, Evaluate and the
+  // saves are FailedPrecondition, on every rank alike.
 };
 
 // InvalidArgument naming the field.
@@ -328,6 +334,8 @@ class Trainer {
   // Optimizer state is restored when the file has it (else left as it is).
   // Collective; on error nothing changes.
   Status LoadFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
+  // False while a trainer created with fsdp.skip_init has loaded no weights.
+  bool weights_loaded() const { return weights_loaded_; }
 
  private:
   Trainer(const TrainerOptions& options, comm::ProcessGroup* world);
@@ -337,6 +345,8 @@ class Trainer {
   // The groups the step's collectives use (world, FSDP's shard and
   // replicate groups), in the same order on every rank.
   std::vector<comm::ProcessGroup*> StepGroups();
+  // FailedPrecondition naming `call` while no weights are loaded (skip_init).
+  Status CheckWeightsLoaded(const char* call) const;
   // Applies the GEMM thread count to the calling thread.
   Status UseGemmThreads() const;
   // Step (given null: the trainer's own data) or StepOnBatches.
@@ -381,6 +391,7 @@ class Trainer {
   std::vector<int64_t> last_sample_ids_;
   int64_t step_ = 0;
   int64_t steps_skipped_ = 0;
+  bool weights_loaded_ = true;  // false from a skip_init creation to the first load
   float lr_override_ = -1;  // set_lr's rate; negative: the schedule's
   int gemm_threads_ = 1;
 };

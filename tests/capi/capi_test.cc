@@ -1364,6 +1364,91 @@ TEST(CapiStateDict, SessionResumesFromItsFileWithTheSavingRunsLosses) {
   std::filesystem::remove_all(dir);
 }
 
+// 0.8.0: sk_trainer_options.skip_init creates a trainer (or a session)
+// without random initialisation for weights that come from a load. Before
+// the load every step, evaluation and save is FAILED_PRECONDITION naming
+// skip_init, and nothing changes; after it, the run is the one an
+// initialised trainer that loaded the same file runs, bit for bit. DDP and
+// the simulator, which load nothing, refuse the option.
+TEST(CapiStateDict, SkipInitTrainsFromTheLoadedWeightsAndRefusesToRunBeforeALoad) {
+  const std::string dir = TempDir("skip_init");
+  const std::string file = dir + "/model.safetensors", hf = dir + "/gpt2/";
+  sk_trainer_options o = TinyTrainer();
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer* a = nullptr;
+  ASSERT_OK(sk_trainer_create(&o, g, &a));
+  ASSERT_OK(sk_trainer_step(a, nullptr));
+  ASSERT_OK(sk_trainer_save_state_dict(a, file.c_str(), SK_WEIGHT_LAYOUT_SHARDKIT));
+  ASSERT_OK(sk_trainer_save_state_dict(a, hf.c_str(), SK_WEIGHT_LAYOUT_HF_GPT2));
+  sk_step_metrics ma = SK_STEP_METRICS_INIT;
+  ASSERT_OK(sk_trainer_step(a, &ma));
+  sk_trainer_destroy(a);
+
+  sk_trainer_options skip = TinyTrainer();
+  skip.skip_init = 1;
+  sk_trainer* b = nullptr;
+  ASSERT_OK(sk_trainer_create(&skip, g, &b));
+  sk_step_metrics mb = SK_STEP_METRICS_INIT;
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_trainer_step(b, &mb));
+  EXPECT_ERROR_MENTIONS("skip_init");
+  EXPECT_EQ(mb.step, 0);  // out-parameters untouched
+  std::vector<int32_t> ids(16, 1), targets(16, 2);
+  sk_batch batch = SK_BATCH_INIT;
+  batch.batch_size = 1;
+  batch.seq_len = 16;
+  batch.input_ids = ids.data();
+  batch.targets = targets.data();
+  const sk_batch* one[] = {&batch};
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_trainer_step_batches(b, one, 1, nullptr));
+  float loss = -1;
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_trainer_evaluate(b, 1, &loss));
+  EXPECT_EQ(loss, -1);
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION,
+                sk_trainer_save_state_dict(b, (dir + "/no.safetensors").c_str(), SK_WEIGHT_LAYOUT_SHARDKIT));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_trainer_save_checkpoint(b, (dir + "/no-ckpt").c_str()));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/no.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/no-ckpt"));
+  int64_t step = -1;
+  ASSERT_OK(sk_trainer_resume_latest(b, (dir + "/no-checkpoints").c_str(), &step));
+  EXPECT_EQ(step, 0);
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_trainer_step(b, nullptr));  // nothing was loaded
+  ASSERT_OK(sk_trainer_load_state_dict(b, file.c_str(), SK_WEIGHT_LAYOUT_SHARDKIT, &step));
+  EXPECT_EQ(step, 1);
+  ASSERT_OK(sk_trainer_step(b, &mb));
+  EXPECT_EQ(mb.step, 2);
+  EXPECT_EQ(mb.loss, ma.loss);
+  sk_trainer_destroy(b);
+
+  // A session takes its weights from a Hugging Face directory.
+  sk_local_session* s = nullptr;
+  ASSERT_OK(sk_local_session_create(&skip, 2, nullptr, &s));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_local_session_step(s, nullptr));
+  EXPECT_ERROR_MENTIONS("skip_init");
+  ASSERT_OK(sk_local_session_load_state_dict(s, hf.c_str(), SK_WEIGHT_LAYOUT_HF_GPT2, &step));
+  sk_step_metrics ms = SK_STEP_METRICS_INIT;
+  ASSERT_OK(sk_local_session_step(s, &ms));
+  EXPECT_EQ(ms.step, 1);
+  EXPECT_TRUE(std::isfinite(ms.loss));
+  sk_local_session_destroy(s);
+
+  sk_trainer_options ddp = skip;
+  ddp.parallelism = SK_PARALLELISM_DDP;
+  sk_trainer* none = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&ddp, g, &none));
+  EXPECT_ERROR_MENTIONS("skip_init");
+  EXPECT_EQ(none, nullptr);
+  sk_device_options sim = SK_DEVICE_OPTIONS_INIT;
+  sim.kind = SK_DEVICE_SIM;
+  sk_trainer_options simulated = skip;
+  simulated.device = &sim;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&simulated, nullptr, &none));
+  EXPECT_ERROR_MENTIONS("skip_init");
+  EXPECT_EQ(none, nullptr);
+  sk_process_group_destroy(g);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CapiStateDict, BadPathsFilesModelsAndLayoutsAreClearErrorsAndChangeNothing) {
   const std::string dir = TempDir("state_dict_bad");
   const std::string good = dir + "/good.safetensors";

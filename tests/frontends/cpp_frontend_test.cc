@@ -204,7 +204,18 @@ TEST(CppFrontend, StateDictsResumeASessionAndImportHuggingFaceLayout) {
   session.SaveStateDict(base + "-hf.safetensors", SK_WEIGHT_LAYOUT_HF_GPT2);
   const float weights = session.Evaluate(1);
   const float next = session.Step().loss;
-  shardkit::LocalSession resumed(Tiny(), 2);
+  // 0.8.0: skip_init, no random initialisation for weights a load brings;
+  // until then the session refuses to step.
+  sk_trainer_options no_init = Tiny();
+  no_init.skip_init = 1;
+  shardkit::LocalSession resumed(no_init, 2);
+  try {
+    resumed.Step();
+    FAIL() << "stepped without weights";
+  } catch (const shardkit::Error& e) {
+    EXPECT_EQ(e.code(), SK_STATUS_FAILED_PRECONDITION);
+    EXPECT_NE(std::string(e.what()).find("skip_init"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(resumed.LoadStateDict(base + ".safetensors"), 1);
   EXPECT_EQ(resumed.Step().loss, next);
   EXPECT_EQ(resumed.LoadStateDict(base + "-hf.safetensors", SK_WEIGHT_LAYOUT_HF_GPT2), 0);

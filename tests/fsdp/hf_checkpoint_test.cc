@@ -722,6 +722,149 @@ TEST(HfCheckpoint, ATrainerTrainsALlamaDirectoryAndWritesOneBack) {
   }
 }
 
+// Issue 43 item 5: a trainer created with skip_init draws nothing from the
+// initialisers; loading a directory into it gives the bits a load into an
+// initialised trainer gives (master shards, then a step's loss and shards),
+// at world 1 and 2, tied and untied. Until a load succeeds every step,
+// evaluation and save is FailedPrecondition and nothing changes: the shards
+// stay zero, the step count 0; a failed load or a resume from an empty root
+// loads nothing.
+TEST(HfCheckpoint, SkipInitLoadsTheBitsALoadAfterInitLoads) {
+  for (const std::string& dir : {kLlama, kGpt2}) {
+    const WeightLayout layout = dir == kGpt2 ? WeightLayout::kHfGpt2 : WeightLayout::kHfLlama;
+    for (int world : {1, 2}) {
+      SCOPED_TRACE(dir + " at world " + std::to_string(world));
+      // Per rank: [0] = initialised, [1] = skip_init; shards after the load
+      // and after one step, and the step's loss.
+      std::vector<std::vector<float>> loaded[2][2], stepped[2][2];
+      float loss[2][2] = {};
+      std::mutex mu;
+      Status s = comm::RunLocalRanks(world, [&](int r, comm::ProcessGroup* g) -> Status {
+        auto shards = [](Trainer& t) {
+          std::vector<float> all;
+          for (int u = 0; u < t.fsdp()->num_units(); ++u) {
+            const Tensor& m = t.fsdp()->master_shard(u);
+            const float* p = static_cast<const float*>(m.data());
+            all.insert(all.end(), p, p + m.numel());
+          }
+          return all;
+        };
+        for (int skip = 0; skip < 2; ++skip) {
+          TrainerOptions o;
+          o.model = dir;
+          o.batch_size = 2;
+          o.seq_len = 12;
+          o.data_tokens = 1024;
+          o.fsdp.timeout = Duration(60'000);
+          o.fsdp.skip_init = skip == 1;
+          SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> t, Trainer::Create(o, g));
+          if (skip == 1) {
+            if (t->weights_loaded()) return InternalError("skip_init trainer claims weights");
+            for (float v : shards(*t)) {
+              if (v != 0.f) return InternalError("skip_init left a nonzero (initialised?) master value");
+            }
+            const std::string ckpt = ::testing::TempDir() + "/skip-init-ckpt-" + std::to_string(world);
+            const std::vector<std::pair<std::string, Status>> refused = {
+                {"Step", t->Step().status()},
+                {"StepOnBatches", t->StepOnBatches({*t->BatchFor(0, 0)}).status()},
+                {"Evaluate", t->Evaluate(1).status()},
+                {"SaveCheckpoint", t->SaveCheckpoint(ckpt)},
+                {"SaveCheckpointRotating", t->SaveCheckpointRotating(ckpt, 1)},
+                {"SaveFullStateDict", t->SaveFullStateDict(ckpt + ".safetensors")},
+            };
+            for (const auto& [call, st] : refused) {
+              if (st.code() != StatusCode::kFailedPrecondition ||
+                  st.message().find("skip_init") == std::string::npos ||
+                  st.message().find(call) == std::string::npos) {
+                return InternalError(call + " without weights: " + st.ToString());
+              }
+            }
+            if (t->steps() != 0 || fs::exists(ckpt) || fs::exists(ckpt + ".safetensors")) {
+              return InternalError("a refused call changed something");
+            }
+            // Loads that load nothing leave it refusing.
+            SK_ASSIGN_OR_RETURN(bool resumed, t->ResumeLatest(::testing::TempDir() + "/skip-init-none"));
+            if (resumed) return InternalError("resumed from an empty root");
+            if (t->LoadFullStateDict(dir + "/missing", layout).ok()) return InternalError("loaded a missing dir");
+            if (t->Step().status().code() != StatusCode::kFailedPrecondition) {
+              return InternalError("a failed load counted as loaded");
+            }
+          }
+          SK_RETURN_IF_ERROR(t->LoadFullStateDict(dir, layout));
+          if (!t->weights_loaded()) return InternalError("not loaded after the load");
+          std::vector<float> after_load = shards(*t);
+          SK_ASSIGN_OR_RETURN(StepMetrics m, t->Step());
+          std::vector<float> after_step = shards(*t);
+          std::lock_guard<std::mutex> lock(mu);
+          loaded[skip][r].push_back(std::move(after_load));
+          stepped[skip][r].push_back(std::move(after_step));
+          loss[skip][r] = m.loss;
+        }
+        return OkStatus();
+      });
+      ASSERT_TRUE(s.ok()) << s;
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(loaded[0][r].size(), 1u);
+        ASSERT_EQ(loaded[1][r].size(), 1u);
+        const std::vector<float>& a = loaded[0][r][0];
+        const std::vector<float>& b = loaded[1][r][0];
+        ASSERT_EQ(a.size(), b.size());
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "rank " << r << " after the load";
+        const std::vector<float>& c = stepped[0][r][0];
+        const std::vector<float>& d = stepped[1][r][0];
+        EXPECT_EQ(std::memcmp(c.data(), d.data(), c.size() * sizeof(float)), 0) << "rank " << r << " after a step";
+        EXPECT_EQ(loss[0][r], loss[1][r]) << "rank " << r;
+        EXPECT_NE(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0) << "the step changed nothing";
+      }
+    }
+  }
+}
+
+// A skip_init trainer takes its weights from a sharded checkpoint as well;
+// DDP and the simulator, which load none, refuse the option.
+TEST(HfCheckpoint, SkipInitLoadsACheckpointAndIsRefusedWhereNothingLoads) {
+  const std::string ckpt = ::testing::TempDir() + "/skip-init-from";
+  fs::remove_all(ckpt);
+  TrainerOptions o;
+  o.model = "gpt-tiny";
+  o.batch_size = 2;
+  o.seq_len = 16;
+  o.data_tokens = 1024;
+  o.fsdp.timeout = Duration(60'000);
+  float losses[2] = {};
+  Status s = comm::RunLocalRanks(2, [&](int r, comm::ProcessGroup* g) -> Status {
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> a, Trainer::Create(o, g));
+    SK_RETURN_IF_ERROR(a->Step().status());
+    SK_RETURN_IF_ERROR(a->SaveCheckpoint(ckpt));
+    SK_ASSIGN_OR_RETURN(StepMetrics ma, a->Step());
+    TrainerOptions skip = o;
+    skip.fsdp.skip_init = true;
+    SK_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> b, Trainer::Create(skip, g));
+    SK_RETURN_IF_ERROR(b->LoadCheckpoint(ckpt));
+    SK_ASSIGN_OR_RETURN(StepMetrics mb, b->Step());
+    if (r == 0) {
+      losses[0] = ma.loss;
+      losses[1] = mb.loss;
+    }
+    return OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(losses[0], losses[1]);
+
+  TrainerOptions ddp = o;
+  ddp.fsdp.skip_init = true;
+  ddp.parallelism = Parallelism::kDdp;
+  Status st = ValidateTrainerOptions(ddp);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("skip_init"), std::string::npos) << st;
+  TrainerOptions sim = o;
+  sim.fsdp.skip_init = true;
+  sim.device.kind = DeviceKind::kSim;
+  st = Trainer::Create(sim, nullptr).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("skip_init"), std::string::npos) << st;
+}
+
 // Issue 47 item 1: an untied model's directory (or single file) without
 // lm_head.weight is InvalidArgument for a full-state-dict load too (the
 // trainer's and the engine's path), never the embedding's transpose; and

@@ -158,6 +158,8 @@
  *  (sk_grad_accumulation_t): sharded accumulation (a reduce-scatter per
  *  micro-batch, the default of the sharded strategies) or no_sync. The
  *  earlier struct (struct_size 64) is still accepted and reads DEFAULT.
+ *  0.8.0 (issue 43) also appended sk_trainer_options.skip_init: a trainer
+ *  whose weights will be loaded is created without random initialisation.
  *  0.8.0 (issue 47) also appended, for frameworks' own optimizers: the
  *  per-parameter layout of an engine's shards (sk_shard_piece,
  *  sk_engine_shard_layout, sk_engine_shard_piece: the shard index, which is
@@ -878,6 +880,18 @@ typedef struct sk_trainer_options {
    * Setting it with data_path is INVALID_ARGUMENT, and so is a model that is
    * not decoder-only (GPT, Llama). */
   const sk_dataset_options* dataset;
+  /* Appended in 0.8.0 (issue 43): nonzero: the parameters are not drawn
+   * from their initialisers (the shards stay zero), for a trainer whose
+   * weights come from a load: sk_trainer_load_state_dict of a Hugging Face
+   * directory or state dict, sk_trainer_load_checkpoint or
+   * sk_trainer_resume_latest (torch's meta-device creation and
+   * from_pretrained; docs/checkpoints.md). Creation then costs no random
+   * initialisation. Until a load succeeds, sk_trainer_step,
+   * sk_trainer_step_batches, sk_trainer_evaluate and the saves are
+   * FAILED_PRECONDITION on every rank, changing nothing. INVALID_ARGUMENT
+   * with SK_PARALLELISM_DDP or on the simulator (neither loads weights).
+   * Zero (an older struct): initialised as before. */
+  int32_t skip_init;
   /* Appended in 0.8.0: what a step whose loss (on any rank) or gradient
    * norm is not finite returns. Either way the update is not applied and
    * parameters and optimizer state stay as they were on every rank. 0:
@@ -891,7 +905,7 @@ typedef struct sk_trainer_options {
 #define SK_TRAINER_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_trainer_options, data_tokens)
 #define SK_TRAINER_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_trainer_options, skip_nonfinite_steps)
 
-#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0, NULL, NULL, NULL, 0}
+#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0, NULL, NULL, NULL, 0, 0}
 
 /* What one step measured on one rank. */
 typedef struct sk_step_metrics {

@@ -51,6 +51,7 @@ fn main() -> Result<(), shardkit::Error> {
         batch_size: 2, // rows per rank per step
         seq_len: 16,
         clip_grad_norm: 1.0,
+        skip_init: true, // no random weights: the load below brings them
         dataset: Some(Dataset {
             paths: vec![args[2].clone().into()], // input_ids + labels (-100 = not trained)
             format: sys::SK_DATASET_FORMAT_JSONL,

@@ -988,6 +988,11 @@ pub struct TrainerOptions {
     pub param_groups: Vec<ParamGroup>,
     /// A dataset read in order instead of `data_path` (0.8.0); `None` = none.
     pub dataset: Option<Dataset>,
+    /// No random initialisation: the weights come from a load
+    /// (`load_state_dict` of a Hugging Face directory, `load_checkpoint`,
+    /// `resume_latest`), before which steps, evaluation and saves are
+    /// FAILED_PRECONDITION (0.8.0, `sk_trainer_options.skip_init`).
+    pub skip_init: bool,
     /// A step whose loss or gradient norm is not finite is never applied;
     /// `true` (0.8.0): it returns Ok with `StepMetrics::skipped` set instead
     /// of ABORTED, and training goes on (PyTorch's GradScaler).
@@ -1024,6 +1029,7 @@ impl TrainerOptions {
             device: opt_raw_device(&device),
             lr_schedule: self.lr_schedule.as_ref().map_or(ptr::null(), |s| s as *const LrSchedule),
             dataset: dataset.as_ref().map_or(ptr::null(), |d| &d.raw as *const sys::sk_dataset_options),
+            skip_init: i32::from(self.skip_init),
             skip_nonfinite_steps: self.skip_nonfinite_steps as i32,
         };
         Ok(f(&raw))

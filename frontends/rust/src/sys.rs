@@ -293,6 +293,7 @@ pub struct sk_trainer_options {
     pub device: *const sk_device_options,
     pub lr_schedule: *const sk_lr_schedule,
     pub dataset: *const sk_dataset_options,
+    pub skip_init: i32,
     pub skip_nonfinite_steps: i32,
 }
 
