@@ -409,6 +409,13 @@ Status DistributedDataParallel::OptimizerStep(Optimizer& optimizer) {
   return RefreshComputeCopies();
 }
 
+Status DistributedDataParallel::PrepareOptimizer(Optimizer& optimizer) {
+  for (int b = 0; b < num_buckets(); ++b) {
+    SK_RETURN_IF_ERROR(optimizer.SlotState(ctx_, b, buckets_[b].params.numel()).status());
+  }
+  return OkStatus();
+}
+
 void DistributedDataParallel::ZeroGrad() {
   Status s = WaitAllReductions();
   if (!s.ok()) {

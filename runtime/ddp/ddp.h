@@ -158,6 +158,7 @@ class DistributedDataParallel final : public DataParallelModel {
   Status ScaleGradients(float factor) override;
   // Steps every bucket (slot = bucket index), then refreshes the bf16 copies.
   Status OptimizerStep(Optimizer& optimizer) override;
+  Status PrepareOptimizer(Optimizer& optimizer) override;
   void ZeroGrad() override;
   void AbandonStep() override { Fail(OkStatus()).IgnoreError(); }
 

@@ -443,6 +443,13 @@ Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
   return EndMasterUpdate();
 }
 
+Status FullyShardedModel::PrepareOptimizer(Optimizer& optimizer) {
+  for (int u = 0; u < num_units(); ++u) {
+    SK_RETURN_IF_ERROR(optimizer.SlotState(shard_context(), u, groups_[u].master().numel()).status());
+  }
+  return OkStatus();
+}
+
 Status FullyShardedModel::BeginMasterUpdate() {
   SK_RETURN_IF_ERROR(FinishBackward());
   return QuiesceMasterReaders();

@@ -335,6 +335,7 @@ class FullyShardedModel final : public DataParallelModel {
   // Steps `optimizer` on every unit's master shard (slot = unit index), then,
   // for SHARD_OPTIM and NO_SHARD, refreshes the persistent full parameters.
   Status OptimizerStep(Optimizer& optimizer) override;
+  Status PrepareOptimizer(Optimizer& optimizer) override;
   // OptimizerStep in two halves, for an update rule of the caller's own
   // (FsdpEngine's custom step): BeginMasterUpdate finishes the backward and
   // waits until nothing reads the master shards; the caller then updates

@@ -283,6 +283,12 @@ int64_t Optimizer::step_count(int slot) const {
   return it == slots_.end() ? 0 : it->second.step;
 }
 
+void Optimizer::ReleaseUnsteppedState() {
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    it = it->second.step == 0 ? slots_.erase(it) : std::next(it);
+  }
+}
+
 StatusOr<Tensor> Optimizer::State(int slot, const std::string& name) const {
   auto it = slots_.find(slot);
   if (it == slots_.end()) return NotFoundError("optimizer slot " + std::to_string(slot) + " has no state");

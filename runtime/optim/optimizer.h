@@ -130,6 +130,10 @@ class Optimizer {
   // Counts one step of `slot` taken outside Step (a caller's own rule);
   // nothing for a slot without state (SlotState creates it).
   void CountStep(int slot);
+  // Frees the state of every slot that has not stepped (created ahead of a
+  // step that was then refused or failed): the optimizer is as it was
+  // before, and the memory is returned.
+  void ReleaseUnsteppedState();
 
   // The kind checkpoints record: the custom rule's name, else "SGD",
   // "ADAM" or "ADAMW".

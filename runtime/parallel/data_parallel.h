@@ -56,6 +56,13 @@ class DataParallelModel : public UnitHooks {
   virtual Status ScaleGradients(float factor) = 0;
   // FinishBackward, then one optimizer step on this rank's parameters.
   virtual Status OptimizerStep(Optimizer& optimizer) = 0;
+  // Creates the optimizer's state for every slot OptimizerStep steps (what
+  // a first step allocates), changing nothing else: callers run it before
+  // the ranks agree on a step, so that running out of memory there is a
+  // failure every rank learns of before any rank updates anything (a rank
+  // whose first step failed after its peers updated trained apart from
+  // them). ResourceExhausted when the state does not fit; OK when it exists.
+  virtual Status PrepareOptimizer(Optimizer& optimizer) = 0;
   // Zeroes gradients (waiting for reductions in flight first).
   virtual void ZeroGrad() = 0;
   // Abandons the step in progress after a failure outside the hooks (an

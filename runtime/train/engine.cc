@@ -322,13 +322,11 @@ Status FsdpEngine::OptimizerStep() {
   // The optimizer's state exists before the ranks agree (a first step's
   // allocation failing on one rank after its peers updated trained them
   // apart); then nothing changes unless every rank is ready, with one rate.
-  Status ready = OkStatus();
-  for (int u = 0; u < num_units() && ready.ok(); ++u) {
-    ready = optimizer_->SlotState(fsdp_->shard_context(), u, fsdp_->master_shard(u).numel()).status();
-  }
+  const Status ready = fsdp_->PrepareOptimizer(*optimizer_);
   StepChecks checks;
   checks.same = {StepChecks::F32("the learning rate", optimizer_->options().lr)};
   if (Status agreed = Agreed(ready, checks); !agreed.ok()) {
+    optimizer_->ReleaseUnsteppedState();
     AbandonStep();
     return agreed;
   }
@@ -349,9 +347,15 @@ Status FsdpEngine::BeginCustomStep() {
                                    " first");
   }
   UseStream(stream_.get());
+  // The state the rule's views hand out exists before the ranks agree: a
+  // rank that could not allocate it inside the step, after its peers had
+  // begun updating, left them updated and itself not (and, where the end
+  // of the step regathers, waiting for it until the timeout).
+  const Status ready = fsdp_->PrepareOptimizer(*optimizer_);
   StepChecks checks;
   checks.same = {StepChecks::F32("the learning rate", optimizer_->options().lr)};
-  if (Status agreed = Agreed(OkStatus(), checks); !agreed.ok()) {
+  if (Status agreed = Agreed(ready, checks); !agreed.ok()) {
+    optimizer_->ReleaseUnsteppedState();
     AbandonStep();
     return agreed;
   }

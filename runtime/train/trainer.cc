@@ -537,6 +537,10 @@ StatusOr<StepMetrics> Trainer::RunStep(const std::vector<TokenBatch>* given) {
   // FLT_MAX did so while every step returned OK): a non-finite loss or
   // gradient norm skips it on every rank. On the simulator nothing is
   // computed (both are NaN by design).
+  // The optimizer's state exists before the ranks agree: a first step's
+  // allocation that failed on one rank after the agreement left its peers
+  // updated and counted and itself not, apart for good.
+  if (computed.ok()) computed = data_parallel_->PrepareOptimizer(*optimizer_);
   StepChecks checks;
   if (sim_device_ == nullptr) {
     checks.finite = {{"the loss", loss}, {"the gradient norm", norm}};
@@ -546,6 +550,7 @@ StatusOr<StepMetrics> Trainer::RunStep(const std::vector<TokenBatch>* given) {
   if (outcome_ != nullptr) {
     outcome = outcome_->Agree(computed, step_ + 1, StepGroups(), *data_parallel_, checks);
   } else if (!computed.ok()) {
+    optimizer_->ReleaseUnsteppedState();
     data_parallel_->set_gradient_sync(true);
     data_parallel_->AbandonStep();
     return computed.WithContext("step " + std::to_string(step_ + 1) + " on rank " +
@@ -563,6 +568,7 @@ StatusOr<StepMetrics> Trainer::RunStep(const std::vector<TokenBatch>* given) {
     }
   }
   if (!outcome.ok()) {
+    optimizer_->ReleaseUnsteppedState();  // created above for this step
     const bool nonfinite = outcome.code() == StatusCode::kAborted && computed.ok();
     if (!nonfinite || !options_.skip_nonfinite_steps) return outcome;
     // GradScaler's way: the step counts (the data moves on), nothing changed.

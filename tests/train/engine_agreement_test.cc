@@ -8,6 +8,7 @@
 // every rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -154,6 +155,103 @@ TEST(EngineOutOfMemory, OneRankOutOfMemoryFailsTheStepOnEveryRankAndTheNextStepW
 TEST(EngineOutOfMemory, OneRankOutOfMemoryFailsTheStepOnEveryRankAndTheNextStepWorksOnGloo) {
   std::mutex mu;
   RunGloo(2, [&](int rank, comm::ProcessGroup* world) { OneRankOutOfMemory(rank, world, Adam(), mu); });
+}
+
+// A first custom step (a Lion-like rule declaring one state tensor) with
+// rank 1 out of memory where the rule's state is created (the allocations
+// after FinishBackward's). That allocation used to come inside the custom
+// step, after the ranks agreed: rank 0 updated its shards while rank 1
+// failed and stayed in the step. Now both ranks fail at BeginCustomStep
+// with rank 1's error, nothing changes, and the next step is a first step.
+// `allocs_before_begin` (may be null) receives the allocator's count just
+// before BeginCustomStep.
+Status CustomStep(FsdpEngine& e, int rank, int64_t* allocs_before_begin = nullptr) {
+  SK_RETURN_IF_ERROR(e.ZeroGrad());
+  for (int u = 0; u < e.num_units(); ++u) {
+    SK_RETURN_IF_ERROR(e.PreForward(u));
+    SK_RETURN_IF_ERROR(e.PostForward(u));
+  }
+  for (int u = e.num_units() - 1; u >= 0; --u) {
+    SK_RETURN_IF_ERROR(e.PreBackward(u));
+    for (int p = 0; p < static_cast<int>(e.units()[u].params.size()); ++p) {
+      SK_ASSIGN_OR_RETURN(const Tensor* w, e.Param(u, p));
+      SK_ASSIGN_OR_RETURN(const Tensor* g, e.Grad(u, p));
+      for (int64_t i = 0; i < g->numel(); ++i) g->data_as<float>()[i] += Grad(w->data_as<float>()[i], rank);
+    }
+    SK_RETURN_IF_ERROR(e.PostBackward(u));
+  }
+  SK_RETURN_IF_ERROR(e.FinishBackward());
+  if (allocs_before_begin != nullptr) *allocs_before_begin = e.allocator().stats().num_allocs;
+  SK_RETURN_IF_ERROR(e.BeginCustomStep());
+  Status s = OkStatus();
+  for (int u = 0; u < e.num_units() && s.ok(); ++u) {
+    StatusOr<const Tensor*> p = e.MasterShard(u), g = e.GradShard(u), m = e.OptimizerState(u, 0);
+    if (!m.ok()) {
+      s = m.status();
+      break;
+    }
+    for (int64_t i = 0; i < (*p)->numel(); ++i) {
+      float& mi = (*m)->data_as<float>()[i];
+      mi = 0.9f * mi + 0.1f * (*g)->data_as<float>()[i];
+      (*p)->data_as<float>()[i] -= 0.01f * (mi > 0 ? 1.f : (mi < 0 ? -1.f : 0.f));
+    }
+  }
+  Status end = e.EndCustomStep();
+  return s.ok() ? end : s;
+}
+
+TEST(EngineOutOfMemory, OneRankOutOfMemoryCreatingACustomRulesStateFailsEveryRankBeforeAnyUpdate) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    std::mutex mu;
+    RunLocal(2, [&](int rank, comm::ProcessGroup* world) {
+      FsdpEngineOptions o = Adam();
+      o.fsdp.strategy = strategy;
+      o.optimizer.custom_name = "lion";
+      o.optimizer.custom_state_names = {"exp_avg"};
+      auto reference = FsdpEngine::Create(SmallModel(), world, o);
+      ASSERT_TRUE(reference.ok()) << reference.status();
+      const int64_t before = (*reference)->allocator().stats().num_allocs;
+      int64_t at_begin = 0;
+      ASSERT_TRUE(CustomStep(**reference, rank, &at_begin).ok());
+      const int64_t per_step = (*reference)->allocator().stats().num_allocs - before;
+      auto want = ReadAll(**reference);
+      ASSERT_TRUE(want.ok()) << want.status();
+      // One state tensor per unit: the two allocations after FinishBackward's.
+      const int64_t first_state = at_begin - before;
+      ASSERT_LE(first_state + 2, per_step);
+      for (int64_t k = first_state; k < first_state + 2; ++k) {
+        auto engine = FsdpEngine::Create(SmallModel(), world, o);
+        ASSERT_TRUE(engine.ok()) << engine.status();
+        FsdpEngine& e = **engine;
+        auto state = ReadAll(e);
+        ASSERT_TRUE(state.ok());
+        if (rank == 1) e.allocator().InjectOutOfMemoryAfter(k);
+        const auto t0 = std::chrono::steady_clock::now();
+        Status s = CustomStep(e, rank);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        e.allocator().InjectOutOfMemoryAfter(-1);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          SCOPED_TRACE("rank " + std::to_string(rank) + ", rank 1's allocation " + std::to_string(k) + " of " +
+                       std::to_string(per_step) + ": " + s.ToString());
+          EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+          EXPECT_NE(s.ToString().find("rank 1 failed step 1"), std::string::npos);
+          EXPECT_LT(seconds, 8) << "the failure waited for the 10 s timeout";
+          EXPECT_FALSE(e.in_custom_step());
+          EXPECT_EQ(e.steps(), 0);
+        }
+        auto unchanged = ReadAll(e);
+        ASSERT_TRUE(unchanged.ok()) << unchanged.status();
+        EXPECT_EQ(*unchanged, *state) << "rank " << rank << ": a failed step changed a parameter";
+        Status next = CustomStep(e, rank);
+        ASSERT_TRUE(next.ok()) << "rank " << rank << ": " << next;
+        auto got = ReadAll(e);
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_EQ(*got, *want) << "rank " << rank << ": the next step differs from a first step";
+      }
+    });
+  }
 }
 
 // Item 7: rank 1 alone set another rate. Before, only its shard moved by it.
