@@ -173,6 +173,16 @@ TEST(Launch, AfterAHangTheLauncherNamesTheHungRankNotTheFirstToExit) {
   EXPECT_LT(r.seconds, 60.0);
 }
 
+// Issue 47 (the launcher's shutdown): a stopped rank is continued with the
+// SIGTERM, so it ends at once instead of sitting out the kill grace. With a
+// grace of an hour the launcher used to wait the hour (this test then timed
+// out); the running ranks still get their grace.
+TEST(Launch, AStoppedRankIsContinuedWithTheSigtermNotLeftForTheGrace) {
+  Result r = RunLauncher(std::string("--nproc_per_node=3 --kill_grace_s=3600 ") + kWorker + " hang");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Has(r.output, "stopped on this node: 2")) << r.output;
+}
+
 // The ranks an error blames: every "rank N" / "ranks N,M" but the reporting
 // rank's own identity ("gloo rank 2 of 4", "gloo rank 2: ...") and a
 // sub-group's numbers followed by their world ones ("rank 1 (world rank 2)").
