@@ -144,7 +144,7 @@ Status DistributedDataParallel::Init() {
   TraceRecorder::Global().NameProcess(world_->rank(), "rank " + std::to_string(world_->rank()));
   // The hooks' spans (track 0; stream tracks start at 1) in wall-clock time:
   // not on the simulator, whose tracks run in virtual time.
-  if (!allocator_->device().is_sim()) {
+  if (!ctx_.device->capabilities().virtual_time) {
     TraceRecorder::Global().NameTrack(world_->rank(), 0, "DDP hooks (rank " + std::to_string(world_->rank()) + ")");
   }
   return OkStatus();
@@ -305,7 +305,7 @@ Status DistributedDataParallel::IssueAllReduce(int bucket) {
   ro.pre_scale = pre_scale_;
   ro.post_scale = post_scale_;
   ro.timeout = options_.timeout;
-  if (!ctx_.device->id().is_cpu()) {
+  if (!ctx_.device->capabilities().ops_run_when_issued) {
     // The reduce stream reads the bucket the compute stream has been filling
     // (on cpu the compute stream is this thread: nothing is pending).
     SK_RETURN_IF_ERROR(ctx_.device->WaitStream(*reduce_stream_, *ctx_.stream));

@@ -95,6 +95,11 @@ Status Device::RegisterFactory(DeviceKind kind, Factory factory) {
   return OkStatus();
 }
 
+StatusOr<DeviceCapabilities> Device::CapabilitiesOf(DeviceId id) {
+  SK_ASSIGN_OR_RETURN(Device * device, Get(id));
+  return device->capabilities();
+}
+
 StatusOr<Device*> Device::Get(DeviceId id) {
   // Devices live for the whole process: streams and allocators refer to them.
   static auto* devices = new std::map<std::pair<int, int>, std::unique_ptr<Device>>;

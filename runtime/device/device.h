@@ -50,6 +50,25 @@ inline constexpr Duration kMaxTimeout{7LL * 24 * 3600 * 1000};
 
 class Stream;
 
+// What a device does differently, asked instead of its kind (code above this
+// layer and the backends never tests is_cpu()/is_sim(): a new kind says what
+// it can do here, and the FSDP and DDP code follows). The defaults describe a
+// GPU: ops are enqueued on streams and run later, memory is the device's,
+// time is the wall clock.
+struct DeviceCapabilities {
+  // An op runs to completion on the calling thread when it is issued, not
+  // enqueued on its context's stream (cpu). Nothing then waits for the
+  // compute stream (it holds no pending work) and memory an op used is free
+  // when it returns (no record_stream); host work that must be ordered with
+  // a stream's collectives is enqueued on it as a closure (Stream::Enqueue).
+  bool ops_run_when_issued = false;
+  // Its memory is the host's, read and written by the calling thread (cpu).
+  bool host_memory = false;
+  // Its clocks are virtual (sim): work is priced, not run, and wall-clock
+  // traces of it mean nothing.
+  bool virtual_time = false;
+};
+
 class Event {
  public:
   virtual ~Event() = default;
@@ -133,6 +152,9 @@ class Device {
   static std::optional<DeviceId> PointerDevice(const void* ptr);
 
   virtual DeviceId id() const = 0;
+  virtual DeviceCapabilities capabilities() const { return {}; }
+  // Device::Get(id)->capabilities(); Get's error otherwise.
+  static StatusOr<DeviceCapabilities> CapabilitiesOf(DeviceId id);
 
   // A new stream. `name` labels it in traces and errors.
   virtual StatusOr<std::unique_ptr<Stream>> CreateStream(std::string_view name) = 0;

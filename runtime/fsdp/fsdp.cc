@@ -59,7 +59,8 @@ StatusOr<std::unique_ptr<FullyShardedModel>> FullyShardedModel::Create(
   if (offload_allocator == nullptr) offload_allocator = &HostAllocator::Default();
   if (o.cpu_offload) {
     const DeviceId host = offload_allocator->device();
-    if (host_stream == nullptr && !host.is_cpu()) {
+    SK_ASSIGN_OR_RETURN(DeviceCapabilities host_can, Device::CapabilitiesOf(host));
+    if (host_stream == nullptr && !host_can.ops_run_when_issued) {
       return InvalidArgumentError("cpu_offload with an offload allocator on " + host.ToString() +
                                   " needs a host stream (host ops there are not run by the calling thread)");
     }
@@ -131,7 +132,7 @@ Status FullyShardedModel::Init() {
     SK_ASSIGN_OR_RETURN(Device * host, Device::Get(offload_->device()));
     // Host temporaries (the grad-norm accumulator) from pageable memory on a
     // real host: one cudaHostAlloc per temporary would cost milliseconds.
-    Allocator* temporaries = offload_->device().is_cpu() ? &HostAllocator::Default() : offload_;
+    Allocator* temporaries = host->capabilities().host_memory ? &HostAllocator::Default() : offload_;
     host_ctx_ = ops::OpContext{host, host_stream_, temporaries};
   }
   shard_allocator_ = options_.cpu_offload ? offload_ : activation_allocator_.get();
@@ -170,7 +171,7 @@ Status FullyShardedModel::Init() {
   TraceRecorder::Global().NameProcess(r, "rank " + std::to_string(r));
   // The hooks' spans (track 0; stream tracks start at 1) in wall-clock time:
   // not on the simulator, whose tracks run in virtual time.
-  if (!allocator_->device().is_sim()) {
+  if (!device->capabilities().virtual_time) {
     TraceRecorder::Global().NameTrack(r, 0, "FSDP hooks (rank " + std::to_string(r) + ")");
   }
   return OkStatus();

@@ -21,7 +21,7 @@ using fsdp_internal::Slice;
 
 Status FullyShardedModel::WaitForCompute(Stream& waiter) {
   Device& device = *compute_ctx_.device;
-  if (device.id().is_cpu()) return OkStatus();
+  if (device.capabilities().ops_run_when_issued) return OkStatus();
   SK_RETURN_IF_ERROR(device.WaitStream(waiter, *compute_stream_));
   // A host stream on the device (sim) orders the host's writes the same way.
   if (host_stream_ != nullptr && host_stream_->device() == device.id()) {
@@ -60,7 +60,7 @@ Status FullyShardedModel::IssueAllGather(int unit, bool prefetch) {
     masters_written_ = false;
   }
   SK_ASSIGN_OR_RETURN(Tensor full, ag_allocator_->Empty(dt, Shape{g.layout().padded_numel()}));
-  if (!compute_ctx_.device->id().is_cpu()) {
+  if (!compute_ctx_.device->capabilities().ops_run_when_issued) {
     // The compute stream reads it: its block returns to the all-gather
     // stream's pool only once that reading is done (record_stream).
     SK_RETURN_IF_ERROR(allocator_->RecordStream(*full.storage(), compute_stream_.get()));
@@ -127,7 +127,9 @@ Status FullyShardedModel::OrderCallerBeforeGradients(const Tensor& full_grad, bo
   if (kept) SK_RETURN_IF_ERROR(device.WaitStream(*caller_stream_, *rs_stream_));
   // cuda, sim: the zeroing of a new one is on the compute stream (on cpu the
   // calling thread has done it).
-  if (!device.id().is_cpu()) SK_RETURN_IF_ERROR(device.WaitStream(*caller_stream_, *compute_stream_));
+  if (!device.capabilities().ops_run_when_issued) {
+    SK_RETURN_IF_ERROR(device.WaitStream(*caller_stream_, *compute_stream_));
+  }
   return allocator_->RecordStream(*full_grad.storage(), caller_stream_);
 }
 
@@ -234,7 +236,7 @@ Status FullyShardedModel::AccumulateReduced(FsdpParamGroup& group, const Tensor&
   const bool first = !group.has_grad();
   if (first) {
     SK_RETURN_IF_ERROR(group.AllocateGrad(*shard_allocator_));
-    if (!options_.cpu_offload && !compute_ctx_.device->id().is_cpu()) {
+    if (!options_.cpu_offload && !compute_ctx_.device->capabilities().ops_run_when_issued) {
       SK_RETURN_IF_ERROR(allocator_->RecordStream(*group.grad().storage(), rs_stream_.get()));
     }
   }
@@ -257,7 +259,7 @@ Status FullyShardedModel::AccumulateReduced(FsdpParamGroup& group, const Tensor&
     // The host accumulates when the reduce stream reaches this point (a
     // closure on the stream: its worker on cpu, a driver thread on cuda).
     ops::OpContext host = host_ctx_;
-    if (rs_ctx_.device->id().is_cpu()) {
+    if (rs_ctx_.device->capabilities().ops_run_when_issued) {
       // As every cpu closure: `reduced` lives until the stream has read it.
       return rs_stream_->Enqueue([host, staged, grad, reduced, accumulate]() {
         return accumulate(host, staged, grad);

@@ -21,7 +21,7 @@ inline int64_t Bytes(const Tensor& t) { return static_cast<int64_t>(t.nbytes());
 // other kinds (cuda enqueues, sim prices) take it from this thread directly.
 // The closure keeps what `op` captured alive until it has run.
 inline Status OnStream(const ops::OpContext& ctx, std::function<Status(const ops::OpContext&)> op) {
-  if (ctx.device->id().is_cpu()) {
+  if (ctx.device->capabilities().ops_run_when_issued) {
     return ctx.stream->Enqueue([ctx, op = std::move(op)]() { return op(ctx); });
   }
   return op(ctx);

@@ -22,7 +22,8 @@ Status FullyShardedModel::QuiesceMasterReaders() {
 Status FullyShardedModel::WriteMaster(const Tensor& src, const Tensor& dst) {
   if (!options_.cpu_offload) return ops::Copy(compute_ctx_, src, dst);
   SK_RETURN_IF_ERROR(QuiesceMasterReaders());
-  if (src.device().is_cpu() || src.device().kind == host_ctx_.device->id().kind) {
+  SK_ASSIGN_OR_RETURN(DeviceCapabilities src_can, Device::CapabilitiesOf(src.device()));
+  if (src_can.host_memory || src.device().kind == host_ctx_.device->id().kind) {
     return ops::Copy(host_ctx_, src, dst);
   }
   // A device tensor into host memory: copied by the compute stream, waited for.

@@ -300,5 +300,18 @@ TEST(DeviceTest, RawAllocationIs64ByteAligned) {
   }
 }
 
+// FSDP and DDP branch on these, never on the kind: a CPU op is done when
+// issued and reads host memory; a GPU's (the defaults) is not.
+TEST(DeviceCapabilities, CpuRunsOpsWhenIssuedOnHostMemory) {
+  auto cpu = Device::CapabilitiesOf(DeviceId::Cpu(0));
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(cpu->ops_run_when_issued);
+  EXPECT_TRUE(cpu->host_memory);
+  EXPECT_FALSE(cpu->virtual_time);
+  const DeviceCapabilities gpu;
+  EXPECT_FALSE(gpu.ops_run_when_issued || gpu.host_memory || gpu.virtual_time);
+  EXPECT_EQ(Device::CapabilitiesOf(DeviceId::Cpu(-1)).status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace sk

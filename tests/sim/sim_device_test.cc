@@ -51,6 +51,12 @@ TEST(SimDeviceTest, DeviceGetReturnsTheSimDevice) {
   EXPECT_EQ(*via_get, d);
   EXPECT_EQ(d->id().ToString(), "sim:1");
   EXPECT_TRUE(d->id().is_sim());
+  // What FSDP and DDP ask instead of the kind: priced, not run.
+  StatusOr<DeviceCapabilities> can = Device::CapabilitiesOf(DeviceId::Sim(1));
+  ASSERT_TRUE(can.ok()) << can.status();
+  EXPECT_TRUE(can->virtual_time);
+  EXPECT_FALSE(can->ops_run_when_issued);
+  EXPECT_FALSE(can->host_memory);
   EXPECT_EQ(SimDevice::Get(-1).status().code(), StatusCode::kInvalidArgument);
   // The factory is registered once; built-in kinds cannot be replaced.
   auto factory = [](int) -> StatusOr<std::unique_ptr<Device>> { return nullptr; };
