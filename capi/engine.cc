@@ -6,6 +6,7 @@ namespace {
 
 using sk::Status;
 
+// A view of `t` as `shape`, which must live as long as the view.
 sk_tensor_view ViewOf(const sk::Tensor& t, const sk::Shape& shape) {
   sk_tensor_view v;
   std::memset(&v, 0, sizeof(v));
@@ -18,19 +19,9 @@ sk_tensor_view ViewOf(const sk::Tensor& t, const sk::Shape& shape) {
   return v;
 }
 
-// A 1-D view of a tensor the engine keeps (a shard or optimizer state): its
-// shape has the tensor's lifetime.
-sk_tensor_view FlatViewOf(const sk::Tensor& t) {
-  sk_tensor_view v;
-  std::memset(&v, 0, sizeof(v));
-  v.struct_size = sizeof(v);
-  v.data = t.data();
-  v.dtype = static_cast<sk_dtype_t>(t.dtype());
-  v.ndim = t.shape().rank();
-  v.shape = t.shape().dims().data();
-  v.numel = t.numel();
-  return v;
-}
+// A view of a tensor the engine keeps (a shard or optimizer state) in its
+// own shape, which has the tensor's lifetime.
+sk_tensor_view FlatViewOf(const sk::Tensor& t) { return ViewOf(t, t.shape()); }
 
 // A view requested outside its window names the window in the ABI's terms.
 sk::StatusOr<const sk::Tensor*> InAbiTerms(sk::StatusOr<const sk::Tensor*> r, const char* window) {
