@@ -145,7 +145,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metric
                  offsetof(sk_step_metrics, bytes_communicated) == 112 &&
                  offsetof(sk_step_metrics, global_loss) == 120 && offsetof(sk_step_metrics, simulated) == 124 &&
                  offsetof(sk_step_metrics, lr) == 128 && offsetof(sk_step_metrics, skipped) == 132 &&
-                 sizeof(sk_step_metrics) == 136,
+                 offsetof(sk_step_metrics, target_tokens) == 136 &&
+                 offsetof(sk_step_metrics, global_target_tokens) == 144 && sizeof(sk_step_metrics) == 152,
                  "sk_step_metrics layout");
 SK_LAYOUT_ASSERT(offsetof(sk_memory_estimate, parameters) == 8 && offsetof(sk_memory_estimate, master_bytes) == 16 &&
                  offsetof(sk_memory_estimate, grad_shard_bytes) == 24 &&

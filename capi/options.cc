@@ -301,6 +301,8 @@ sk_step_metrics ToStepMetrics(const sk::StepMetrics& m, int rank) {
   c.simulated = m.simulated ? 1 : 0;
   c.lr = m.lr;
   c.skipped = m.skipped ? 1 : 0;
+  c.target_tokens = m.target_tokens;
+  c.global_target_tokens = m.global_target_tokens;
   return c;
 }
 

@@ -225,7 +225,7 @@ local metric_fields = {
   "step", "rank", "loss", "grad_norm", "step_seconds", "tokens_per_second",
   "model_tflops_per_rank", "hardware_tflops_per_rank", "peak_allocated_bytes",
   "peak_reserved_bytes", "allocated_bytes", "reserved_bytes", "alloc_retries", "ooms",
-  "bytes_communicated", "global_loss", "lr",
+  "bytes_communicated", "global_loss", "lr", "target_tokens", "global_target_tokens",
 }
 -- The metrics as numbers; `simulated` a boolean (on the simulator loss,
 -- global_loss and grad_norm are NaN and times are virtual).

@@ -5,6 +5,7 @@
 // changed.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -70,6 +71,9 @@ TEST(CapiBatches, TheTrainerStepsOnTheCallersMaskedAndPackedBatches) {
   mask[0] = 0;
   shorter.b.loss_mask = mask.data();
   int64_t step = 0;
+  // Counted targets (0.8.0's sk_step_metrics.target_tokens): 2 x (16 - 3),
+  // 9 less the masked one, 2 x 16 less the ignored one.
+  const int64_t counted[] = {26, 8, 31};
   for (Batch* b : {&plain, &shorter, &packed}) {
     const sk_batch* one[] = {&b->b};
     sk_step_metrics m = SK_STEP_METRICS_INIT;
@@ -77,7 +81,20 @@ TEST(CapiBatches, TheTrainerStepsOnTheCallersMaskedAndPackedBatches) {
     EXPECT_EQ(m.step, ++step);
     EXPECT_TRUE(std::isfinite(m.loss));
     EXPECT_EQ(m.loss, m.global_loss);  // one rank
+    EXPECT_EQ(m.target_tokens, counted[step - 1]);
+    EXPECT_EQ(m.global_target_tokens, counted[step - 1]);
   }
+  // A caller's 136-byte struct (0.6.0's, or one ending at skipped) gets
+  // nothing past it.
+  sk_step_metrics old;
+  std::memset(&old, 0x5a, sizeof old);
+  old.struct_size = offsetof(sk_step_metrics, target_tokens);
+  const sk_batch* again[] = {&plain.b};
+  ASSERT_EQ(sk_trainer_step_batches(t, again, 1, &old), SK_STATUS_OK) << sk_last_error_message();
+  EXPECT_EQ(old.step, ++step);
+  EXPECT_EQ(old.struct_size, offsetof(sk_step_metrics, target_tokens));
+  const unsigned char* tail = reinterpret_cast<const unsigned char*>(&old.target_tokens);
+  for (size_t i = 0; i < 2 * sizeof(int64_t); ++i) EXPECT_EQ(tail[i], 0x5a) << i;
   // NULL metrics are fine.
   const sk_batch* one[] = {&plain.b};
   ASSERT_EQ(sk_trainer_step_batches(t, one, 1, nullptr), SK_STATUS_OK) << sk_last_error_message();
@@ -178,6 +195,11 @@ TEST(CapiBatches, TheLocalSessionTakesEveryRanksBatchesAndChecksThemAllFirst) {
   // The global loss weighs each rank by its counted targets (2 + 32 on
   // rank 0, 12 + 5 on rank 1), not the ranks equally.
   const double want = (m0.loss * 34.0 + m1.loss * 17.0) / 51.0;
+  // 0.8.0: the metrics carry those counts.
+  EXPECT_EQ(m0.target_tokens, 34);
+  EXPECT_EQ(m1.target_tokens, 17);
+  EXPECT_EQ(m0.global_target_tokens, 51);
+  EXPECT_EQ(m1.global_target_tokens, 51);
   EXPECT_NEAR(m0.global_loss, want, 1e-5 * want);
   sk_local_session_destroy(s);
 }

@@ -101,6 +101,9 @@ test("local sessions and trainers step on the caller's batches", function()
   end
   local m = s:step_batches({batch(6), batch(0)})
   assert(m.step == 1 and m.loss > 0 and m.global_loss > 0, "bad metrics")
+  -- 0.8.0: the counted targets, rank 0's (8 - 6) and both ranks' (+ 8).
+  assert(m.target_tokens == 2 and m.global_target_tokens == 10,
+         "target_tokens " .. tostring(m.target_tokens) .. ", global " .. tostring(m.global_target_tokens))
   expect_error("INVALID_ARGUMENT", "grad_accum_steps", s.step_batches, s, {batch(0)})
   local bad = batch(0)
   bad.targets[2] = -1

@@ -173,6 +173,8 @@
  *  Engine checkpoints now match units and parameters by name (a model that
  *  declares them in another order loads; one that lacks or adds one is
  *  INVALID_ARGUMENT naming it), where 0.6.0 matched by position.
+ *  0.8.0 (issue 43) also appended sk_step_metrics.target_tokens and
+ *  global_target_tokens (the targets the step's losses averaged over).
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -937,12 +939,19 @@ typedef struct sk_step_metrics {
    * loss or gradient norm was not finite (sk_trainer_options.
    * skip_nonfinite_steps; the same on every rank). */
   int32_t skipped;
+  /* 0.8.0 (issue 43): the targets the loss counted (neither
+   * SK_IGNORE_INDEX nor masked out): this rank's over its micro-batches
+   * (`loss` is their mean), and every rank's (`global_loss` is the mean
+   * over these; docs/batches.md). A struct of 136 bytes (0.6.0's, or one
+   * ending at skipped) ends before them. */
+  int64_t target_tokens;
+  int64_t global_target_tokens;
 } sk_step_metrics;
 /* Size traits ("Option structs" above); the first version (0.2.0's) ended at bytes_communicated. */
 #define SK_STEP_METRICS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_step_metrics, bytes_communicated)
-#define SK_STEP_METRICS_STRUCT_SIZE SK_STRUCT_SIZE(sk_step_metrics, skipped)
+#define SK_STEP_METRICS_STRUCT_SIZE SK_STRUCT_SIZE(sk_step_metrics, global_target_tokens)
 
-#define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0.0f, 0}
+#define SK_STEP_METRICS_INIT {sizeof(sk_step_metrics), 0, 0, 0.0f, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, 0.0f, 0, 0.0f, 0, 0, 0}
 
 /* Creates this rank's trainer. Collective over `group`: every rank calls it
  * with the same options. The trainer keeps `group` alive. Parameters are

@@ -955,6 +955,90 @@ pub struct DataPosition {
     pub samples_per_epoch: i64,
 }
 
+/// One micro-batch from the caller (`sk_batch`, 0.8.0; docs/batches.md):
+/// `batch_size` rows of `seq_len` token ids, row-major. `targets` holds the
+/// token each position predicts (the library does not shift; unlike Hugging
+/// Face's labels) or [`sys::SK_IGNORE_INDEX`] (-100) to leave the position
+/// out of the loss. The optional arrays: a loss mask (0 = ignored), position
+/// ids and segment ids (packed documents: each token attends only to earlier
+/// tokens of its own segment). Every array holds `batch_size * seq_len`
+/// values: a wrong length is INVALID_ARGUMENT before the library is called.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub batch_size: i64,
+    pub seq_len: i64,
+    pub input_ids: Vec<i32>,
+    pub targets: Vec<i32>,
+    pub loss_mask: Option<Vec<u8>>,
+    pub position_ids: Option<Vec<i32>>,
+    pub segment_ids: Option<Vec<i32>>,
+}
+
+impl Batch {
+    /// `batch_size` x `seq_len` ids and targets, every position counted
+    /// unless its target is [`sys::SK_IGNORE_INDEX`].
+    pub fn new(batch_size: i64, seq_len: i64, input_ids: Vec<i32>, targets: Vec<i32>) -> Batch {
+        Batch { batch_size, seq_len, input_ids, targets, ..Default::default() }
+    }
+    /// With a loss mask (0 leaves a position out of the loss, 1 keeps it).
+    pub fn with_loss_mask(mut self, loss_mask: Vec<u8>) -> Batch {
+        self.loss_mask = Some(loss_mask);
+        self
+    }
+    /// Packed documents: each token's position id and document (segment).
+    pub fn packed(mut self, position_ids: Vec<i32>, segment_ids: Vec<i32>) -> Batch {
+        self.position_ids = Some(position_ids);
+        self.segment_ids = Some(segment_ids);
+        self
+    }
+    /// The C struct pointing into `self` (valid while `self` is borrowed).
+    /// The lengths are checked here: the library reads batch_size * seq_len
+    /// values from each pointer. Sizes out of range are left to the library
+    /// (it refuses them before reading anything).
+    fn to_raw(&self, index: usize) -> Result<sys::sk_batch> {
+        let n = if self.batch_size > 0 && self.seq_len > 0 {
+            self.batch_size.checked_mul(self.seq_len).and_then(|n| usize::try_from(n).ok())
+        } else {
+            None
+        };
+        if let Some(n) = n {
+            let check = |what: &str, len: Option<usize>| -> Result<()> {
+                match len {
+                    Some(len) if len != n => Err(Error::invalid_argument(format!(
+                        "batch {}: {} has {} values, batch_size x seq_len = {} x {} = {}",
+                        index, what, len, self.batch_size, self.seq_len, n
+                    ))),
+                    _ => Ok(()),
+                }
+            };
+            check("input_ids", Some(self.input_ids.len()))?;
+            check("targets", Some(self.targets.len()))?;
+            check("loss_mask", self.loss_mask.as_ref().map(Vec::len))?;
+            check("position_ids", self.position_ids.as_ref().map(Vec::len))?;
+            check("segment_ids", self.segment_ids.as_ref().map(Vec::len))?;
+        }
+        Ok(sys::sk_batch {
+            struct_size: std::mem::size_of::<sys::sk_batch>(),
+            batch_size: self.batch_size,
+            seq_len: self.seq_len,
+            input_ids: self.input_ids.as_ptr(),
+            targets: self.targets.as_ptr(),
+            loss_mask: self.loss_mask.as_ref().map_or(ptr::null(), |v| v.as_ptr()),
+            position_ids: self.position_ids.as_ref().map_or(ptr::null(), |v| v.as_ptr()),
+            segment_ids: self.segment_ids.as_ref().map_or(ptr::null(), |v| v.as_ptr()),
+        })
+    }
+}
+
+/// The C structs of `batches` (pointing into them) and the array of
+/// pointers to those structs the step entries take.
+fn raw_batches(batches: &[Batch]) -> Result<(Vec<sys::sk_batch>, i32)> {
+    let raw = batches.iter().enumerate().map(|(i, b)| b.to_raw(i)).collect::<Result<Vec<_>>>()?;
+    let n = i32::try_from(raw.len())
+        .map_err(|_| Error::invalid_argument(format!("{} batches: more than a step takes", raw.len())))?;
+    Ok((raw, n))
+}
+
 /// `sk_trainer_options` with owned strings. Zero/None fields mean "default".
 #[derive(Clone, Debug, Default)]
 pub struct TrainerOptions {
@@ -1067,6 +1151,18 @@ impl Trainer {
         check(unsafe { sys::sk_trainer_step(self.raw, &mut m) })?;
         Ok(m)
     }
+    /// One step on the caller's micro-batches (exactly grad_accum_steps of
+    /// them; `sk_trainer_step_batches`): the loss is the mean over every
+    /// counted target of every micro-batch and rank. Collective: every rank
+    /// calls it (not `step`) for the step. A bad batch is INVALID_ARGUMENT
+    /// naming it and the field; nothing changes.
+    pub fn step_batches(&mut self, micro_batches: &[Batch]) -> Result<StepMetrics> {
+        let (raw, n) = raw_batches(micro_batches)?;
+        let mut ptrs: Vec<*const sys::sk_batch> = raw.iter().map(|b| b as *const sys::sk_batch).collect();
+        let mut m = new_metrics();
+        check(unsafe { sys::sk_trainer_step_batches(self.raw, ptrs.as_mut_ptr(), n, &mut m) })?;
+        Ok(m)
+    }
     pub fn evaluate(&mut self, batches: i32) -> Result<f32> {
         let mut loss = 0.0;
         check(unsafe { sys::sk_trainer_evaluate(self.raw, batches, &mut loss) })?;
@@ -1175,6 +1271,17 @@ impl LocalSession {
     pub fn step(&mut self) -> Result<StepMetrics> {
         let mut m = new_metrics();
         check(unsafe { sys::sk_local_session_step(self.raw, &mut m) })?;
+        Ok(m)
+    }
+    /// One step on the caller's batches: world_size x grad_accum_steps of
+    /// them, rank-major (rank 0's micro-batches first;
+    /// `sk_local_session_step_batches`), all checked before any rank
+    /// starts; rank 0's metrics.
+    pub fn step_batches(&mut self, batches: &[Batch]) -> Result<StepMetrics> {
+        let (raw, n) = raw_batches(batches)?;
+        let mut ptrs: Vec<*const sys::sk_batch> = raw.iter().map(|b| b as *const sys::sk_batch).collect();
+        let mut m = new_metrics();
+        check(unsafe { sys::sk_local_session_step_batches(self.raw, ptrs.as_mut_ptr(), n, &mut m) })?;
         Ok(m)
     }
     pub fn metrics(&self, rank: i32) -> Result<StepMetrics> {

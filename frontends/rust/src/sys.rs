@@ -333,6 +333,8 @@ pub struct sk_step_metrics {
     pub simulated: i32,
     pub lr: f32,
     pub skipped: i32,
+    pub target_tokens: i64,
+    pub global_target_tokens: i64,
 }
 
 #[repr(C)]

@@ -2,7 +2,7 @@
 //! that release in Drop, and rank callbacks whose errors and panics come back
 //! as Results instead of unwinding through C.
 use shardkit::{
-    run_local_ranks, sys, Bf16, CustomOptimizer, Dataset, Device, Engine, EngineOptions, FsdpOptions, Group, LocalSession, LrSchedule, ModelSpec,
+    run_local_ranks, sys, Batch, Bf16, CustomOptimizer, Dataset, Device, Engine, EngineOptions, FsdpOptions, Group, LocalSession, LrSchedule, ModelSpec,
     OptimizerOptions, ParamGroup, ParamSpec, ProcessGroup, ReduceOp, Stream, Trainer, TrainerOptions, WeightLayout,
 };
 
@@ -174,6 +174,66 @@ fn rotating_checkpoints_resume_the_latest() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// A gpt-tiny micro-batch (vocabulary 64) of `rows` x `len` tokens: a
+/// pattern, targets the inputs shifted, each row's first `ignored` targets
+/// SK_IGNORE_INDEX.
+fn pattern_batch(rows: i64, len: i64, ignored: i64) -> Batch {
+    let mut ids = Vec::new();
+    let mut targets = Vec::new();
+    for r in 0..rows {
+        for i in 0..len {
+            ids.push(((r * 7 + i * 3) % 64) as i32);
+            targets.push(if i < ignored { sys::SK_IGNORE_INDEX } else { ((r * 7 + (i + 1) * 3) % 64) as i32 });
+        }
+    }
+    Batch::new(rows, len, ids, targets)
+}
+
+#[test]
+fn trainers_and_sessions_step_on_the_callers_batches() {
+    let options = TrainerOptions { batch_size: 2, seq_len: 16, ..tiny() };
+    let groups = ProcessGroup::local(1, None).unwrap();
+    let mut trainer = Trainer::new(&options, &groups[0]).unwrap();
+    // Masked, then packed (two documents a row, positions restarting).
+    let masked = pattern_batch(2, 16, 5).with_loss_mask(vec![1; 32]);
+    let m = trainer.step_batches(&[masked.clone()]).unwrap();
+    assert_eq!(m.step, 1);
+    assert!(m.loss.is_finite() && m.loss > 0.0, "{}", m.loss);
+    let positions: Vec<i32> = (0..2).flat_map(|_| (0..16).map(|i| if i < 6 { i } else { i - 6 })).collect();
+    let segments: Vec<i32> = (0..2).flat_map(|_| (0..16).map(|i| i32::from(i >= 6))).collect();
+    let packed = pattern_batch(2, 16, 0).packed(positions, segments);
+    assert_eq!(trainer.step_batches(&[packed]).unwrap().step, 2);
+    // A wrong length is refused before the library reads anything, and a
+    // bad value by the library; neither counts as a step.
+    let mut short = pattern_batch(2, 16, 0);
+    short.targets.pop();
+    let e = trainer.step_batches(&[short]).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+    assert!(e.message.contains("batch 0: targets has 31 values"), "{}", e);
+    let mut bad = pattern_batch(2, 16, 0);
+    bad.targets[3] = -1;
+    let e = trainer.step_batches(&[bad]).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+    assert!(e.message.contains("targets"), "{}", e);
+    let e = trainer.step_batches(&[]).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+    assert!(e.message.contains("grad_accum_steps"), "{}", e);
+    assert_eq!(trainer.step_batches(&[pattern_batch(1, 9, 0)]).unwrap().step, 3);
+
+    // Two ranks of a session given the same masked batch: the global loss
+    // is the one rank's loss on it (every counted target of both ranks).
+    let mut one = Trainer::new(&options, &groups[0]).unwrap();
+    let alone = one.step_batches(&[masked.clone()]).unwrap();
+    let mut session = LocalSession::new(&options, 2, None).unwrap();
+    let both = session.step_batches(&[masked.clone(), masked.clone()]).unwrap();
+    // 0.8.0's counts: 2 x (16 - 5) targets a rank, twice that in all.
+    assert_eq!(alone.target_tokens, 22);
+    assert_eq!((both.target_tokens, both.global_target_tokens), (22, 44));
+    assert!((both.global_loss - alone.loss).abs() <= 1e-6 * alone.loss, "{} vs {}", both.global_loss, alone.loss);
+    let e = session.step_batches(&[masked]).unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
+}
+
 #[test]
 fn state_dicts_resume_a_session_and_import_hugging_face_layout() {
     let base = std::env::var_os("TEST_TMPDIR").map_or_else(std::env::temp_dir, std::path::PathBuf::from);
@@ -185,7 +245,12 @@ fn state_dicts_resume_a_session_and_import_hugging_face_layout() {
     session.save_state_dict(&hf, WeightLayout::HfGpt2).unwrap();
     let weights = session.evaluate(1).unwrap();
     let next = session.step().unwrap().loss;
-    let mut resumed = LocalSession::new(&tiny(), 2, None).unwrap();
+    // 0.8.0: skip_init, no random initialisation for weights a load brings;
+    // until then the session refuses to step.
+    let mut resumed = LocalSession::new(&TrainerOptions { skip_init: true, ..tiny() }, 2, None).unwrap();
+    let e = resumed.step().unwrap_err();
+    assert_eq!(e.code, sys::SK_STATUS_FAILED_PRECONDITION, "{}", e);
+    assert!(e.message.contains("skip_init"), "{}", e);
     assert_eq!(resumed.load_state_dict(&hf, WeightLayout::HfGpt2).unwrap(), 0);
     assert_eq!(resumed.evaluate(1).unwrap(), weights);
     assert_eq!(resumed.load_state_dict(&file, WeightLayout::Shardkit).unwrap(), 1);

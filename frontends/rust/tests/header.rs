@@ -239,7 +239,8 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
                             launch_blocking }
         sk_step_metrics { struct_size, step, rank, loss, grad_norm, step_seconds, tokens_per_second, model_tflops_per_rank,
                           hardware_tflops_per_rank, peak_allocated_bytes, peak_reserved_bytes, allocated_bytes,
-                          reserved_bytes, alloc_retries, ooms, bytes_communicated, global_loss, simulated, lr, skipped }
+                          reserved_bytes, alloc_retries, ooms, bytes_communicated, global_loss, simulated, lr, skipped,
+                          target_tokens, global_target_tokens }
         sk_memory_estimate { struct_size, parameters, master_bytes, grad_shard_bytes, optimizer_bytes,
                              persistent_bytes, unsharded_bytes, activation_bytes, peak_bytes }
         sk_plan_request { struct_size, model, profile, gpus, gpus_per_node, batch_size, seq_len, source_len, strategies,
