@@ -144,6 +144,43 @@ SK_HOST_DEVICE SK_INLINE float RowLogSumExp(const float* row, int64_t valid) {
   return m + logf(sum);
 }
 
+// The keys [first, end) one row of attention's [batch, heads, q_len,
+// kv_len] scores attends: the mask of the composed attention (the CUDA
+// backend's kernels and the host tests that hold them against the CPU).
+struct AttentionKeys {
+  int64_t first = 0;
+  int64_t end = 0;
+};
+
+// Score row r (sequence b, head h, query i: r = (b heads + h) q_len + i):
+// every key without causal; causal, keys [0, i] (at most kv_len of them);
+// with packed documents (key_start: AttentionShape::key_start's i32
+// [batch * q_len], or nullptr), keys [key_start[b q_len + i], i], the start
+// clamped into [0, i] as the CPU backend clamps it. end > first whenever
+// kv_len > 0 (a query always sees itself).
+SK_HOST_DEVICE SK_INLINE AttentionKeys AttentionRowKeys(int64_t r, int64_t heads, int64_t q_len,
+                                                        int64_t kv_len, bool causal,
+                                                        const int32_t* key_start) {
+  AttentionKeys keys;
+  keys.end = kv_len;
+  if (!causal) return keys;
+  const int64_t i = r % q_len;
+  keys.end = i + 1 < kv_len ? i + 1 : kv_len;
+  if (key_start != nullptr) {
+    const int64_t start = key_start[(r / (heads * q_len)) * q_len + i];
+    keys.first = start < 0 ? 0 : (start > i ? i : start);
+  }
+  return keys;
+}
+
+// The row softmax of the composed attention under a mask: entries [first,
+// end) softmaxed in place (SoftmaxRowInPlace), every other entry 0.
+SK_HOST_DEVICE SK_INLINE void MaskedSoftmaxRowInPlace(float* row, int64_t cols,
+                                                      AttentionKeys keys) {
+  for (int64_t j = 0; j < keys.first; ++j) row[j] = 0.0f;
+  SoftmaxRowInPlace(row + keys.first, cols - keys.first, keys.end - keys.first);
+}
+
 // One element of softmax's backward: scale * p (dp - dot), dot = <p, dp>.
 SK_HOST_DEVICE SK_INLINE float SoftmaxGradElement(float p, float dp, float dot, float scale) {
   return scale * p * (dp - dot);

@@ -1111,9 +1111,12 @@ struct AttnRef {
 // q/k/v/dout are dense [rows, heads*hd] here. `u`: the unit roundoff of a
 // 16-bit type that P and dS are rounded to before they meet V, dO, K and Q
 // (relative error <= u for normal values); `eta`: its absolute error below
-// the normal range (half the smallest subnormal).
+// the normal range (half the smallest subnormal). `starts` (packed
+// documents, causal): query i of sequence b attends keys [starts[b q_len +
+// i], i] only.
 AttnRef AttentionReference(const AttentionShape& s, const Vec& q, const Vec& k, const Vec& v,
-                           const Vec& dout, double u = 0, double eta = 0) {
+                           const Vec& dout, double u = 0, double eta = 0,
+                           const std::vector<int32_t>* starts = nullptr) {
   const int64_t c = s.heads * s.head_dim;
   AttnRef r;
   r.probs.assign(static_cast<size_t>(s.batch * s.heads * s.q_len * s.kv_len), 0.0);
@@ -1136,23 +1139,24 @@ AttnRef AttentionReference(const AttentionShape& s, const Vec& q, const Vec& k, 
       auto KRow = [&](int64_t j, int64_t d) { return (b * s.kv_len + j) * c + h * s.head_dim + d; };
       for (int64_t i = 0; i < s.q_len; ++i) {
         const int64_t valid = s.causal ? i + 1 : s.kv_len;
+        const int64_t first = starts != nullptr ? (*starts)[b * s.q_len + i] : 0;
         Vec p(static_cast<size_t>(s.kv_len), 0.0);
         double m = -1e300, sum = 0;
-        for (int64_t j = 0; j < valid; ++j) {
+        for (int64_t j = first; j < valid; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < s.head_dim; ++d) dot += Q(i, d) * K(j, d);
           p[j] = dot * scale;
           m = std::max(m, p[j]);
         }
-        for (int64_t j = 0; j < valid; ++j) sum += (p[j] = std::exp(p[j] - m));
-        for (int64_t j = 0; j < valid; ++j) p[j] /= sum;
+        for (int64_t j = first; j < valid; ++j) sum += (p[j] = std::exp(p[j] - m));
+        for (int64_t j = first; j < valid; ++j) p[j] /= sum;
         double* prow = &r.probs[((b * s.heads + h) * s.q_len + i) * s.kv_len];
         for (int64_t j = 0; j < s.kv_len; ++j) prow[j] = p[j];
         // out = P V; dP = dO V^T; dV += P^T dO; dS = P (dP - <P, dP>).
         Vec dp(static_cast<size_t>(s.kv_len), 0.0);
         double pdp = 0;
         for (int64_t j = 0; j < s.kv_len; ++j) {
-          const double pe = j < valid ? u * p[j] + eta : 0.0;  // masked P is an exact 0
+          const double pe = j >= first && j < valid ? u * p[j] + eta : 0.0;  // masked P is an exact 0
           for (int64_t d = 0; d < s.head_dim; ++d) {
             r.out[QRow(i, d)] += p[j] * V(j, d);
             r.out_err[QRow(i, d)] += pe * std::fabs(V(j, d));
@@ -1164,7 +1168,7 @@ AttnRef AttentionReference(const AttentionShape& s, const Vec& q, const Vec& k, 
         }
         for (int64_t j = 0; j < s.kv_len; ++j) {
           const double ds = scale * p[j] * (dp[j] - pdp);
-          const double dse = j < valid ? u * std::fabs(ds) + eta : 0.0;
+          const double dse = j >= first && j < valid ? u * std::fabs(ds) + eta : 0.0;
           for (int64_t d = 0; d < s.head_dim; ++d) {
             r.dq[QRow(i, d)] += ds * K(j, d);
             r.dq_err[QRow(i, d)] += dse * std::fabs(K(j, d));
@@ -1287,8 +1291,10 @@ TEST_P(Conformance, Attention) {
 
 // ---- Attention in linear memory ------------------------------------------------------
 
-// lse[b, h, i] = log sum_j exp(scale q_i . k_j) over the keys query i attends.
-Vec LseReference(const AttentionShape& s, const Vec& q, const Vec& k) {
+// lse[b, h, i] = log sum_j exp(scale q_i . k_j) over the keys query i
+// attends (from starts[b q_len + i] on with packed documents).
+Vec LseReference(const AttentionShape& s, const Vec& q, const Vec& k,
+                 const std::vector<int32_t>* starts = nullptr) {
   const int64_t c = s.heads * s.head_dim;
   const double scale = 1 / std::sqrt(static_cast<double>(s.head_dim));
   Vec lse(static_cast<size_t>(s.batch * s.heads * s.q_len));
@@ -1296,9 +1302,10 @@ Vec LseReference(const AttentionShape& s, const Vec& q, const Vec& k) {
     for (int64_t h = 0; h < s.heads; ++h) {
       for (int64_t i = 0; i < s.q_len; ++i) {
         const int64_t valid = s.causal ? i + 1 : s.kv_len;
+        const int64_t first = starts != nullptr ? (*starts)[b * s.q_len + i] : 0;
         Vec sc(static_cast<size_t>(valid));
         double m = -1e300, sum = 0;
-        for (int64_t j = 0; j < valid; ++j) {
+        for (int64_t j = first; j < valid; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < s.head_dim; ++d) {
             dot += q[(b * s.q_len + i) * c + h * s.head_dim + d] *
@@ -1306,7 +1313,7 @@ Vec LseReference(const AttentionShape& s, const Vec& q, const Vec& k) {
           }
           m = std::max(m, sc[j] = dot * scale);
         }
-        for (int64_t j = 0; j < valid; ++j) sum += std::exp(sc[j] - m);
+        for (int64_t j = first; j < valid; ++j) sum += std::exp(sc[j] - m);
         lse[(b * s.heads + h) * s.q_len + i] = m + std::log(sum);
       }
     }
@@ -1484,6 +1491,195 @@ TEST_P(Conformance, FlashAttentionGroupedQueryHeads) {
                  1e-5 + u);
       ExpectNear((name + " dv").c_str(), Extract(got_kv, nk, kc, 2 * kc, kc), dv, 1e-4 + u,
                  1e-5 + u);
+    }
+  }
+}
+
+// Packed documents (AttentionShape::key_start: block-diagonal causal
+// attention), composed and in linear memory (multi-head and grouped-query),
+// forward and backward, every dtype, against the f64 reference restricted
+// to each query's document, with the bounds of Attention (composed) and
+// FlashAttention (linear memory; the CUDA backend runs it composed, the
+// mask in its softmax kernels). Shapes: documents of one token, documents
+// that fill a row, rows of 12 keys (a warp per row on CUDA) and of 1030 (a
+// block per row, documents past the block's 256 threads). On CUDA, f32
+// also against the CPU backend's own results for the same operands.
+TEST_P(Conformance, PackedDocumentsAttendOnlyWithinTheirDocument) {
+  struct Packed {
+    std::vector<std::vector<int>> docs;  // per row, lengths summing to the row
+    int64_t heads, kv_heads, head_dim;
+  };
+  const Packed cases[] = {
+      {{{5, 1, 6}, {12}, {3, 3, 3, 2, 1}}, 2, 0, 8},
+      {{{5, 1, 6}, {1, 11}}, 4, 2, 4},
+      {{{300, 1, 729}}, 1, 0, 8},
+  };
+  for (DType t : kFloats) {
+    for (const Packed& pc : cases) {
+      for (bool flash : {false, true}) {
+        if (!flash && pc.kv_heads != 0) continue;  // composed attention is multi-head only
+        AttentionShape s;
+        s.batch = static_cast<int64_t>(pc.docs.size());
+        s.heads = pc.heads;
+        s.kv_heads = pc.kv_heads;
+        s.head_dim = pc.head_dim;
+        s.causal = true;
+        std::vector<int32_t> starts;
+        for (const auto& row : pc.docs) {
+          int32_t at = 0;
+          for (int len : row) {
+            for (int i = 0; i < len; ++i) {
+              starts.push_back(at);
+              s.masked_pairs += i + 1;
+            }
+            at += len;
+          }
+          s.q_len = s.kv_len = at;
+        }
+        const int64_t hd = s.head_dim, group = s.Group();
+        const int64_t c = s.heads * hd, kc = s.KvHeads() * hd;
+        const int64_t nq = s.batch * s.q_len, nk = nq;
+        Vec q = R(Random(nq * c, 170), t), k = R(Random(nk * kc, 171), t),
+            v = R(Random(nk * kc, 172), t), dout = R(Random(nq * c, 173), t);
+        // The reference: multi-head attention on k and v repeated per query
+        // head, key and value gradients (and their error bounds) summed per group.
+        Vec kf(static_cast<size_t>(nk * c)), vf(kf.size());
+        for (int64_t r = 0; r < nk; ++r) {
+          for (int64_t h = 0; h < s.heads; ++h) {
+            for (int64_t d = 0; d < hd; ++d) {
+              kf[r * c + h * hd + d] = k[r * kc + (h / group) * hd + d];
+              vf[r * c + h * hd + d] = v[r * kc + (h / group) * hd + d];
+            }
+          }
+        }
+        AttentionShape mha = s;
+        mha.kv_heads = 0;
+        const double u = t == DType::kF32 ? 0.0 : (flash ? 2 : 1) * Ulp(t);
+        const double eta = t == DType::kF16 ? std::ldexp(1.0, flash ? -24 : -25) : 0.0;
+        AttnRef full = AttentionReference(mha, q, kf, vf, dout, u, eta, &starts);
+        if (flash && u > 0) {
+          // delta = rowsum(dO o O) from the 16-bit out, as FlashAttention bounds it.
+          const double scale = 1 / std::sqrt(static_cast<double>(hd));
+          for (int64_t b = 0; b < s.batch; ++b) {
+            for (int64_t h = 0; h < s.heads; ++h) {
+              for (int64_t i = 0; i < s.q_len; ++i) {
+                const int64_t qi = (b * s.q_len + i) * c + h * hd;
+                double de = 0;
+                for (int64_t d = 0; d < hd; ++d) de += std::fabs(dout[qi + d] * full.out[qi + d]);
+                de *= u;
+                for (int64_t j = 0; j < s.kv_len; ++j) {
+                  const double p =
+                      full.probs[((b * s.heads + h) * s.q_len + i) * s.kv_len + j] * scale * de;
+                  const int64_t kj = (b * s.kv_len + j) * c + h * hd;
+                  for (int64_t d = 0; d < hd; ++d) {
+                    full.dq_err[qi + d] += p * std::fabs(kf[kj + d]);
+                    full.dk_err[kj + d] += p * std::fabs(q[qi + d]);
+                  }
+                }
+              }
+            }
+          }
+        }
+        Vec dk(static_cast<size_t>(nk * kc), 0.0), dv(dk.size(), 0.0);
+        Vec dk_err(dk.size(), 0.0), dv_err(dk.size(), 0.0);
+        for (int64_t r = 0; r < nk; ++r) {
+          for (int64_t h = 0; h < s.heads; ++h) {
+            for (int64_t d = 0; d < hd; ++d) {
+              const int64_t to = r * kc + (h / group) * hd + d, from = r * c + h * hd + d;
+              dk[to] += full.dk[from];
+              dv[to] += full.dv[from];
+              dk_err[to] += full.dk_err[from];
+              dv_err[to] += full.dv_err[from];
+            }
+          }
+        }
+        // k and v fused in one [nk, 2 kc] buffer, as a model may hold them.
+        Vec kvv = Embed(k, nk, kc, 2 * kc, 0), vv = Embed(v, nk, kc, 2 * kc, kc);
+        for (size_t i = 0; i < kvv.size(); ++i) kvv[i] += vv[i];
+        Tensor qb = Up(q, t), kvb = Up(kvv, t), dob = Up(dout, t);
+        s.key_start = Up(Vec(starts.begin(), starts.end()), DType::kI32);
+        const MatrixRef mq{qb, 0, c}, mk{kvb, 0, 2 * kc}, mv{kvb, kc, 2 * kc};
+        Tensor out = Up(Vec(static_cast<size_t>(nq * c), 0.0), t);
+        Tensor probs, lse;
+        Status st;
+        if (flash) {
+          lse = Up(Vec(static_cast<size_t>(s.batch * s.heads * s.q_len), 0.0), DType::kF32);
+          st = FlashAttentionForward(ctx(), s, mq, mk, mv, {out, 0, c}, lse);
+        } else {
+          probs = Up(Vec(full.probs.size(), -1.0), DType::kF32);
+          st = AttentionForward(ctx(), s, mq, mk, mv, probs, {out, 0, c});
+        }
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        const std::string name = std::string(flash ? "packed flash attention " : "packed attention ") +
+                                 std::string(DTypeName(t)) + " h=" + std::to_string(s.heads) + " kv_heads=" +
+                                 std::to_string(s.kv_heads) + " T=" + std::to_string(s.q_len);
+        if (flash) {
+          ExpectNear((name + " lse").c_str(), Down(lse), LseReference(mha, q, kf, &starts),
+                     1e-5 + u, 1e-5);
+        } else {
+          ExpectNear((name + " probs").c_str(), Down(probs), full.probs, 1e-5, 1e-6);
+        }
+        ExpectWithin((name + " out").c_str(), Down(out), full.out, full.out_err, u, 1e-5, 1e-6);
+        Tensor dqb = Up(Vec(static_cast<size_t>(nq * c), 0.0), t);
+        Tensor dkvb = Up(Vec(static_cast<size_t>(nk * 2 * kc), 7.0), t);
+        if (flash) {
+          st = FlashAttentionBackward(ctx(), s, mq, mk, mv, {out, 0, c}, {dob, 0, c}, lse,
+                                      {dqb, 0, c}, {dkvb, 0, 2 * kc}, {dkvb, kc, 2 * kc});
+        } else {
+          st = AttentionBackward(ctx(), s, mq, mk, mv, probs, {dob, 0, c}, {dqb, 0, c},
+                                 {dkvb, 0, 2 * kc}, {dkvb, kc, 2 * kc});
+        }
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        const Vec got_dq = Down(dqb), got_kv = Down(dkvb);
+        const Vec got_dk = Extract(got_kv, nk, kc, 2 * kc, 0);
+        const Vec got_dv = Extract(got_kv, nk, kc, 2 * kc, kc);
+        ExpectWithin((name + " dq").c_str(), got_dq, full.dq, full.dq_err, u, 1e-4, 1e-6);
+        ExpectWithin((name + " dk").c_str(), got_dk, dk, dk_err, u, 1e-4, 1e-6);
+        ExpectWithin((name + " dv").c_str(), got_dv, dv, dv_err, u, 1e-4, 1e-6);
+        if (GetParam() == DeviceKind::kCpu || t != DType::kF32) continue;
+        // The CPU backend on the same operands (host tensors, dense layouts).
+        auto host = [](const Vec& x, DType dt) {
+          Tensor h = *HostAllocator::Default().Empty(dt, Shape{static_cast<int64_t>(x.size())});
+          for (size_t i = 0; i < x.size(); ++i) {
+            if (dt == DType::kI32) {
+              h.data_as<int32_t>()[i] = static_cast<int32_t>(x[i]);
+            } else {
+              h.data_as<float>()[i] = static_cast<float>(x[i]);
+            }
+          }
+          return h;
+        };
+        auto values = [](const Tensor& h) {
+          return Vec(h.data_as<float>(), h.data_as<float>() + h.numel());
+        };
+        AttentionShape hs = s;
+        hs.key_start = host(Vec(starts.begin(), starts.end()), DType::kI32);
+        Tensor hq = host(q, t), hk = host(k, t), hv = host(v, t), hdo = host(dout, t);
+        Tensor hout = host(Vec(static_cast<size_t>(nq * c), 0.0), t);
+        Tensor hdq = host(Vec(static_cast<size_t>(nq * c), 0.0), t);
+        Tensor hdk = host(Vec(static_cast<size_t>(nk * kc), 0.0), t), hdv = host(Vec(dk.size(), 0.0), t);
+        const MatrixRef cq{hq, 0, c}, ck{hk, 0, kc}, cv{hv, 0, kc};
+        if (flash) {
+          Tensor hlse = host(Vec(static_cast<size_t>(s.batch * s.heads * s.q_len), 0.0), t);
+          ASSERT_TRUE(FlashAttentionForward(HostContext(), hs, cq, ck, cv, {hout, 0, c}, hlse).ok());
+          ASSERT_TRUE(FlashAttentionBackward(HostContext(), hs, cq, ck, cv, {hout, 0, c},
+                                             {hdo, 0, c}, hlse, {hdq, 0, c}, {hdk, 0, kc},
+                                             {hdv, 0, kc})
+                          .ok());
+          ExpectNear((name + " lse vs the cpu").c_str(), Down(lse), values(hlse), 1e-5, 1e-6);
+        } else {
+          Tensor hprobs = host(Vec(full.probs.size(), 0.0), t);
+          ASSERT_TRUE(AttentionForward(HostContext(), hs, cq, ck, cv, hprobs, {hout, 0, c}).ok());
+          ASSERT_TRUE(AttentionBackward(HostContext(), hs, cq, ck, cv, hprobs, {hdo, 0, c},
+                                        {hdq, 0, c}, {hdk, 0, kc}, {hdv, 0, kc})
+                          .ok());
+          ExpectNear((name + " probs vs the cpu").c_str(), Down(probs), values(hprobs), 1e-5, 1e-6);
+        }
+        ExpectNear((name + " out vs the cpu").c_str(), Down(out), values(hout), 1e-5, 1e-6);
+        ExpectNear((name + " dq vs the cpu").c_str(), got_dq, values(hdq), 1e-4, 1e-6);
+        ExpectNear((name + " dk vs the cpu").c_str(), got_dk, values(hdk), 1e-4, 1e-6);
+        ExpectNear((name + " dv vs the cpu").c_str(), got_dv, values(hdv), 1e-4, 1e-6);
+      }
     }
   }
 }

@@ -2,6 +2,8 @@
 // key_start) on the CPU backend, composed and linear-memory, forward and
 // backward, against a reference written in double; the checks on the new
 // fields; the masked attention's declared cost; RoPE at given positions.
+// And the CUDA backend's arithmetic for it, on the host (its mask and
+// softmax are math.h's SK_HOST_DEVICE functions), against the CPU backend.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -276,6 +278,193 @@ TEST(PackedAttention, BadKeyStartsAreInvalidArgumentAndWriteNothing) {
   s.key_start = Tensor();
   EXPECT_EQ(run(s).code(), StatusCode::kInvalidArgument);  // masked_pairs without key_start
   for (float x : Values(out)) ASSERT_EQ(x, 7.0f);
+}
+
+// ---- The CUDA backend's packed attention, on the host -----------------------
+
+// The CUDA backend's composed attention (cuda_backend.cc: ComposedForward,
+// ComposedBackward, and the linear-memory op's fallback through them) run
+// on the host in f32: every mask and softmax from the SK_HOST_DEVICE
+// functions its kernels call (kernels.cu: SoftmaxKernel and
+// RowLogSumExpKernel through nn_math::AttentionRowKeys; SoftmaxGradKernel
+// through SoftmaxGradElement), the GEMMs as f32 sums. Grouped-query heads
+// as the backend runs them: k and v repeated per query head, dk and dv
+// summed over each group afterwards.
+struct CudaOnHost {
+  std::vector<float> probs, lse, out, dq, dk, dv;
+};
+
+CudaOnHost CudaComposedOnHost(const AttentionShape& s, const std::vector<float>& q,
+                              const std::vector<float>& k, const std::vector<float>& v,
+                              const std::vector<float>& dout, const int32_t* starts) {
+  const int64_t T = s.q_len, KV = s.kv_len, D = s.head_dim, H = s.heads, KH = s.KvHeads();
+  const int64_t G = s.Group();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  CudaOnHost r;
+  r.probs.assign(s.batch * H * T * KV, 0.0f);
+  r.lse.assign(s.batch * H * T, 0.0f);
+  r.out.assign(q.size(), 0.0f);
+  r.dq.assign(q.size(), 0.0f);
+  r.dk.assign(k.size(), 0.0f);
+  r.dv.assign(v.size(), 0.0f);
+  auto Q = [&](int64_t b, int64_t h, int64_t i, int64_t d) { return q[(b * T + i) * H * D + h * D + d]; };
+  auto K = [&](int64_t b, int64_t h, int64_t j, int64_t d) {
+    return k[(b * KV + j) * KH * D + (h / G) * D + d];
+  };
+  auto V = [&](int64_t b, int64_t h, int64_t j, int64_t d) {
+    return v[(b * KV + j) * KH * D + (h / G) * D + d];
+  };
+  auto DO = [&](int64_t b, int64_t h, int64_t i, int64_t d) {
+    return dout[(b * T + i) * H * D + h * D + d];
+  };
+  std::vector<float> dk_full(s.batch * KV * H * D, 0.0f), dv_full(dk_full.size(), 0.0f);
+  std::vector<float> dp(KV);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t row = (b * H + h) * T + i;
+        float* p = &r.probs[row * KV];
+        for (int64_t j = 0; j < KV; ++j) {
+          float dot = 0.0f;
+          for (int64_t d = 0; d < D; ++d) dot += Q(b, h, i, d) * K(b, h, j, d);
+          p[j] = scale * dot;
+        }
+        const nn_math::AttentionKeys keys =
+            nn_math::AttentionRowKeys(row, H, T, KV, s.causal, starts);
+        r.lse[row] = nn_math::RowLogSumExp(p + keys.first, keys.end - keys.first);
+        nn_math::MaskedSoftmaxRowInPlace(p, KV, keys);
+        for (int64_t d = 0; d < D; ++d) {
+          float o = 0.0f;
+          for (int64_t j = 0; j < KV; ++j) o += p[j] * V(b, h, j, d);
+          r.out[(b * T + i) * H * D + h * D + d] = o;
+        }
+        // dP = dO V^T over every key; dS from the masked P (0 where masked).
+        float rowdot = 0.0f;
+        for (int64_t j = 0; j < KV; ++j) {
+          float dot = 0.0f;
+          for (int64_t d = 0; d < D; ++d) dot += DO(b, h, i, d) * V(b, h, j, d);
+          dp[j] = dot;
+          rowdot += p[j] * dot;
+        }
+        for (int64_t j = 0; j < KV; ++j) {
+          const float ds = nn_math::SoftmaxGradElement(p[j], dp[j], rowdot, scale);
+          for (int64_t d = 0; d < D; ++d) {
+            r.dq[(b * T + i) * H * D + h * D + d] += ds * K(b, h, j, d);
+            dk_full[(b * KV + j) * H * D + h * D + d] += ds * Q(b, h, i, d);
+            dv_full[(b * KV + j) * H * D + h * D + d] += p[j] * DO(b, h, i, d);
+          }
+        }
+      }
+    }
+  }
+  for (int64_t row = 0; row < s.batch * KV; ++row) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t d = 0; d < D; ++d) {
+        r.dk[row * KH * D + (h / G) * D + d] += dk_full[row * H * D + h * D + d];
+        r.dv[row * KH * D + (h / G) * D + d] += dv_full[row * H * D + h * D + d];
+      }
+    }
+  }
+  return r;
+}
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, double tol,
+                 const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], tol + tol * std::fabs(want[i])) << what << "[" << i << "]";
+  }
+}
+
+// The CUDA kernels' row mask (nn_math::AttentionRowKeys) keeps exactly the
+// keys the CPU's composed attention gives a nonzero probability, row by
+// row -- documents as the models make them, and key starts out of [0, i],
+// which both clamp.
+TEST(PackedAttention, TheCudaMaskKeepsExactlyTheKeysTheCpuAttends) {
+  Operands o = MakeOperands(2, 0);
+  std::vector<int32_t> wild = o.starts;
+  for (size_t r = 0; r < wild.size(); r += 7) wild[r] = -5;            // below 0
+  for (size_t r = 3; r < wild.size(); r += 11) wild[r] = kLen + 9;     // past the query
+  for (const std::vector<int32_t>* starts : {&o.starts, &wild}) {
+    AttentionShape s = o.s;
+    s.key_start = HostI32(*starts);
+    const int64_t c = 2 * 8;
+    Tensor q = HostF32(o.q), k = HostF32(o.k), v = HostF32(o.v);
+    Tensor out = HostF32(std::vector<float>(o.q.size()));
+    Tensor probs = HostF32(std::vector<float>(s.batch * 2 * kLen * kLen, -1.0f));
+    ASSERT_TRUE(
+        AttentionForward(HostContext(), s, {q, 0, c}, {k, 0, c}, {v, 0, c}, probs, {out, 0, c})
+            .ok());
+    const float* p = probs.data_as<float>();
+    for (int64_t row = 0; row < s.batch * 2 * kLen; ++row) {
+      const nn_math::AttentionKeys keys =
+          nn_math::AttentionRowKeys(row, 2, kLen, kLen, true, starts->data());
+      ASSERT_LT(keys.first, keys.end) << "row " << row;
+      for (int64_t j = 0; j < kLen; ++j) {
+        const bool kept = j >= keys.first && j < keys.end;
+        ASSERT_EQ(p[row * kLen + j] != 0.0f, kept) << "row " << row << " key " << j;
+      }
+    }
+  }
+  // Without documents the mask is the causal one, and everything without causal.
+  const nn_math::AttentionKeys causal = nn_math::AttentionRowKeys(2 * kLen + 5, 2, kLen, kLen, true, nullptr);
+  EXPECT_EQ(causal.first, 0);
+  EXPECT_EQ(causal.end, 6);
+  const nn_math::AttentionKeys full = nn_math::AttentionRowKeys(5, 2, 3, 17, false, nullptr);
+  EXPECT_EQ(full.first, 0);
+  EXPECT_EQ(full.end, 17);
+}
+
+// The CUDA backend's packed attention arithmetic (host emulation above)
+// gives the CPU backend's results to f32 rounding: the composed op's
+// probabilities, output and gradients, and the linear-memory op's
+// log-sum-exp, output and gradients, multi-head and grouped.
+TEST(PackedAttention, TheCudaArithmeticGivesTheCpuAttention) {
+  {
+    const Operands o = MakeOperands(2, 0);
+    const int64_t c = 2 * 8;
+    Tensor q = HostF32(o.q), k = HostF32(o.k), v = HostF32(o.v), dout = HostF32(o.dout);
+    Tensor out = HostF32(std::vector<float>(o.q.size()));
+    Tensor probs = HostF32(std::vector<float>(o.s.batch * 2 * kLen * kLen));
+    ASSERT_TRUE(
+        AttentionForward(HostContext(), o.s, {q, 0, c}, {k, 0, c}, {v, 0, c}, probs, {out, 0, c})
+            .ok());
+    Tensor dq = HostF32(std::vector<float>(o.q.size()));
+    Tensor dk = HostF32(std::vector<float>(o.k.size()));
+    Tensor dv = HostF32(std::vector<float>(o.v.size()));
+    ASSERT_TRUE(AttentionBackward(HostContext(), o.s, {q, 0, c}, {k, 0, c}, {v, 0, c}, probs,
+                                  {dout, 0, c}, {dq, 0, c}, {dk, 0, c}, {dv, 0, c})
+                    .ok());
+    const CudaOnHost cuda = CudaComposedOnHost(o.s, o.q, o.k, o.v, o.dout, o.starts.data());
+    ExpectClose(cuda.probs, Values(probs), 1e-6, "composed probs");
+    ExpectClose(cuda.out, Values(out), 1e-5, "composed out");
+    ExpectClose(cuda.dq, Values(dq), 2e-5, "composed dq");
+    ExpectClose(cuda.dk, Values(dk), 2e-5, "composed dk");
+    ExpectClose(cuda.dv, Values(dv), 2e-5, "composed dv");
+  }
+  for (int64_t kv_heads : {0, 2}) {
+    const Operands o = MakeOperands(4, kv_heads);
+    const int64_t qc = 4 * 8, kc = o.s.KvHeads() * 8;
+    Tensor q = HostF32(o.q), k = HostF32(o.k), v = HostF32(o.v), dout = HostF32(o.dout);
+    Tensor out = HostF32(std::vector<float>(o.q.size()));
+    Tensor lse = HostF32(std::vector<float>(o.s.batch * 4 * kLen));
+    ASSERT_TRUE(FlashAttentionForward(HostContext(), o.s, {q, 0, qc}, {k, 0, kc}, {v, 0, kc},
+                                      {out, 0, qc}, lse)
+                    .ok());
+    Tensor dq = HostF32(std::vector<float>(o.q.size()));
+    Tensor dk = HostF32(std::vector<float>(o.k.size()));
+    Tensor dv = HostF32(std::vector<float>(o.v.size()));
+    ASSERT_TRUE(FlashAttentionBackward(HostContext(), o.s, {q, 0, qc}, {k, 0, kc}, {v, 0, kc},
+                                       {out, 0, qc}, {dout, 0, qc}, lse, {dq, 0, qc},
+                                       {dk, 0, kc}, {dv, 0, kc})
+                    .ok());
+    const CudaOnHost cuda = CudaComposedOnHost(o.s, o.q, o.k, o.v, o.dout, o.starts.data());
+    ExpectClose(cuda.lse, Values(lse), 1e-6, "linear-memory lse");
+    ExpectClose(cuda.out, Values(out), 1e-5, "linear-memory out");
+    ExpectClose(cuda.dq, Values(dq), 2e-5, "linear-memory dq");
+    ExpectClose(cuda.dk, Values(dk), 2e-5, "linear-memory dk");
+    ExpectClose(cuda.dv, Values(dv), 2e-5, "linear-memory dv");
+  }
 }
 
 // The simulator prices the linear-memory attention by the pairs the mask

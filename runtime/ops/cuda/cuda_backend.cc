@@ -58,19 +58,15 @@ cudaDataType CudaType(DType t) {
   }
 }
 
-// Makes ctx's GPU current for the calling thread (kernels launch there).
-// Packed documents (AttentionShape::key_start: block-diagonal causal
-// attention) are not implemented on CUDA yet: neither cuDNN's SDPA graph
-// here nor the composed kernels read the key starts, so every attention op
-// refuses such a call rather than attend across documents.
-Status RefuseDocuments(const AttentionShape& s, const char* op) {
-  if (!s.key_start.defined()) return OkStatus();
-  return UnimplementedError(std::string(op) +
-                            ": packed documents (segment ids: block-diagonal causal attention) "
-                            "are not implemented on CUDA; run the batch unpacked (one document "
-                            "per row, padding masked by its targets) or on the CPU");
+// The key starts of packed documents (AttentionShape::key_start: device
+// i32 [batch * q_len]), or nullptr without them: the composed attention's
+// softmax and log-sum-exp kernels mask each query's keys to its own
+// document (nn_math::AttentionRowKeys).
+const int32_t* KeyStarts(const AttentionShape& s) {
+  return s.key_start.defined() ? s.key_start.data_as<int32_t>() : nullptr;
 }
 
+// Makes ctx's GPU current for the calling thread (kernels launch there).
 Status Enter(const OpContext& ctx, const char* op) {
   if (ctx.stream == nullptr || ctx.stream->native_handle() == nullptr) {
     return InvalidArgumentError(std::string(op) + ": a CUDA op needs a CUDA stream in its context");
@@ -786,7 +782,6 @@ class CudaBackend final : public OpBackend {
                           const MatrixRef& k, const MatrixRef& v, const Tensor& probs,
                           const MatrixRef& out) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "attention_fwd"));
-    SK_RETURN_IF_ERROR(RefuseDocuments(s, "attention_fwd"));
     return ComposedForward(ctx, s, q, k, v, probs, out, nullptr);
   }
 
@@ -805,16 +800,23 @@ class CudaBackend final : public OpBackend {
                            const MatrixRef& dout, const MatrixRef& dq, const MatrixRef& dk,
                            const MatrixRef& dv, const Tensor& scratch) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "attention_bwd"));
-    SK_RETURN_IF_ERROR(RefuseDocuments(s, "attention_bwd"));
     return ComposedBackward(ctx, s, q, k, v, probs, dout, dq, dk, dv, scratch);
   }
 
   // cuDNN's fused SDPA takes the shape and dtype and libcudnn.so.9 loads
   // (sdpa_plan.h, cudnn_attention.h); a graph that then fails to build or
-  // run still falls back, logged.
+  // run still falls back, logged. Decided without the packed documents
+  // (key_start): a packed batch keeps the linear-memory op its unpacked
+  // shape gets, whose calls then run composed with the probabilities in a
+  // temporary of that call only (FlashAttentionForward), rather than
+  // keeping every layer's probabilities from forward to backward; the
+  // memory estimate, which sees no batch, counts the same choice.
   bool PrefersFlashAttention(const AttentionShape& s, DType t) const override {
+    AttentionShape unpacked = s;
+    unpacked.key_start = Tensor();
+    unpacked.masked_pairs = 0;
     const int64_t ld = s.heads * s.head_dim;
-    return cuda::SdpaSupports(s, t, {{ld, 0}}).ok() && cuda::CudnnAvailable().ok();
+    return cuda::SdpaSupports(unpacked, t, {{ld, 0}}).ok() && cuda::CudnnAvailable().ok();
   }
 
   // Linear-memory attention: cuDNN's fused SDPA (cudnn_attention.h) where
@@ -822,13 +824,13 @@ class CudaBackend final : public OpBackend {
   // otherwise the composed attention above with the probabilities in a
   // temporary of the call (memory quadratic in the sequence for that call
   // only), logged once per reason. The log-sum-exp comes from the scores
-  // before the softmax (RowLogSumExp).
+  // before the softmax (RowLogSumExp). Packed documents (key_start) always
+  // take the composed path: its softmax masks each query to its document.
   Status FlashAttentionForward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,
                                const MatrixRef& k, const MatrixRef& v, const MatrixRef& out,
                                const Tensor& lse) override {
     const char* op = "flash_attention_fwd";
     SK_RETURN_IF_ERROR(Enter(ctx, op));
-    SK_RETURN_IF_ERROR(RefuseDocuments(s, op));
     if (s.batch == 0 || s.heads == 0 || s.q_len == 0) return OkStatus();
     const DType t = q.t.dtype();
     Status fused = cuda::SdpaSupports(s, t, {Operand(q), Operand(k), Operand(v), Operand(out)});
@@ -887,7 +889,6 @@ class CudaBackend final : public OpBackend {
                                 const Tensor& workspace) override {
     const char* op = "flash_attention_bwd";
     SK_RETURN_IF_ERROR(Enter(ctx, op));
-    SK_RETURN_IF_ERROR(RefuseDocuments(s, op));
     if (s.batch == 0 || s.heads == 0) return OkStatus();
     const DType t = q.t.dtype();
     Status fused = cuda::SdpaSupports(s, t, {Operand(q), Operand(k), Operand(v), Operand(out),
@@ -1063,11 +1064,12 @@ class CudaBackend final : public OpBackend {
     if (lse != nullptr) {
       SK_CUDA_OP("flash_attention_fwd",
                  cuda::RowLogSumExp(F(probs), s.batch * s.heads * s.q_len, s.kv_len, s.causal,
-                                    s.q_len, lse, S(ctx)));
+                                    s.q_len, s.heads, KeyStarts(s), lse, S(ctx)));
     }
     SK_CUDA_OP("attention_fwd",
                cuda::SoftmaxRows(F(probs), s.batch * s.heads * s.q_len, s.kv_len, s.causal, s.q_len,
-                                 p16.defined() ? B(p16) : cuda::Buf{}, S(ctx)));
+                                 s.heads, KeyStarts(s), p16.defined() ? B(p16) : cuda::Buf{},
+                                 S(ctx)));
     const Tensor& p = p16.defined() ? p16 : probs;  // in t
     return GemmSeqHeads(ctx, false, false, s.q_len, s.head_dim, s.kv_len, 1.0f, p.data(),
                         s.kv_len, hpq, pq, Ptr(v.t, v.offset), v.ld, s.kv_len * v.ld, s.head_dim,
@@ -1161,7 +1163,7 @@ class CudaBackend final : public OpBackend {
                                     s.heads));
     SK_CUDA_OP("flash_attention_bwd",
                cuda::SoftmaxRows(F(probs), s.batch * s.heads * s.q_len, s.kv_len, s.causal,
-                                 s.q_len, cuda::Buf{}, S(ctx)));
+                                 s.q_len, s.heads, KeyStarts(s), cuda::Buf{}, S(ctx)));
     return OkStatus();
   }
 

@@ -21,6 +21,14 @@
 // f16): the roundings only one backend does are where their 16-bit
 // attention differs, by at most t's unit roundoff times the sum of the
 // magnitudes of the terms that meet a rounded P or dS.
+// Packed documents (AttentionShape::key_start: block-diagonal causal
+// attention) run composed in both attention ops: the softmax and
+// log-sum-exp kernels keep each query's keys [key_start, i] (math.h:
+// AttentionRowKeys) and write 0 elsewhere, so P V, and every backward GEMM
+// through P and dS (exact zeros there), never mix documents. Every score is
+// still computed: the work is the causal row's, not the masked pairs' the
+// op declares, and the linear-memory op holds its probabilities in a
+// temporary of the call (cuDNN's SDPA graph here takes no such mask).
 // ReadScalar synchronises ctx.stream and copies the value to the host.
 // Temporaries (cross-entropy's row losses, attention's score gradients, the
 // reductions' partials) come from ctx.alloc, which must be stream-ordered on

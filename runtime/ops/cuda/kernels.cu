@@ -770,29 +770,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Row r keeps its first `valid` entries (causal: (r % block_rows) + 1) and
-// sets the rest to 0, as nn_math::SoftmaxRowInPlace. x is f32 (attention's
-// probabilities); with p16 (not null) each final probability is also stored
-// rounded to p16's dtype pt at the same index (the operand of a 16-bit
-// tensor-core GEMM).
+// Row r softmaxed over the keys nn_math::AttentionRowKeys gives it (all;
+// causal: the first (r % q_len) + 1; packed documents: from the row's key
+// start on), every other entry 0, as nn_math::MaskedSoftmaxRowInPlace. x is
+// f32 (attention's scores, then probabilities); with p16 (not null) each
+// final probability is also stored rounded to p16's dtype pt at the same
+// index (the operand of a 16-bit tensor-core GEMM).
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
-    SoftmaxKernel(float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows,
-                  void* p16, DType pt) {
+    SoftmaxKernel(float* x, int64_t rows, int64_t cols, bool causal, int64_t q_len, int64_t heads,
+                  const int32_t* key_start, void* p16, DType pt) {
   __shared__ float shared[kWarpsPerBlock];
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     float* row = x + r * cols;
-    const int64_t valid = causal ? ((r % block_rows) + 1 < cols ? (r % block_rows) + 1 : cols) : cols;
-    const float m = GroupRowMax<G>(x, DType::kF32, r * cols, valid, shared);
+    const nn_math::AttentionKeys keys =
+        nn_math::AttentionRowKeys(r, heads, q_len, cols, causal, key_start);
+    const float m = GroupRowMax<G>(x, DType::kF32, r * cols + keys.first, keys.end - keys.first,
+                                   shared);
     float s = 0.0f;
-    for (int64_t j = G::Rank(); j < valid; j += G::kSize) {
+    for (int64_t j = keys.first + G::Rank(); j < keys.end; j += G::kSize) {
       const float e = expf(row[j] - m);
       row[j] = e;
       s += e;
     }
     const float inv = 1.0f / G::Reduce(s, AddOp(), shared);
     for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      const float p = j < valid ? row[j] * inv : 0.0f;
+      const float p = j >= keys.first && j < keys.end ? row[j] * inv : 0.0f;
       row[j] = p;
       if (p16 != nullptr) StoreF(p16, pt, r * cols + j, p);
     }
@@ -1142,11 +1145,16 @@ int LaunchTyped2(DType a, DType b, Fn fn) {
   return Launched();
 }
 
-// lse[r] = the log-sum-exp of row r's unmasked scores (thread per row).
+// lse[r] = the log-sum-exp of row r's unmasked scores (nn_math::
+// AttentionRowKeys; thread per row).
 __global__ void RowLogSumExpKernel(const float* x, int64_t rows, int64_t cols, bool causal,
-                                   int64_t block_rows, float* lse) {
+                                   int64_t q_len, int64_t heads, const int32_t* key_start,
+                                   float* lse) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r < rows) lse[r] = nn_math::RowLogSumExp(x + r * cols, causal ? r % block_rows + 1 : cols);
+  if (r >= rows) return;
+  const nn_math::AttentionKeys keys =
+      nn_math::AttentionRowKeys(r, heads, q_len, cols, causal, key_start);
+  lse[r] = nn_math::RowLogSumExp(x + r * cols + keys.first, keys.end - keys.first);
 }
 
 #define SK_LAUNCH(n, kernel, ...)                              \
@@ -1354,11 +1362,11 @@ int LayerNormBackward(CBuf x, CBuf gamma, CBuf dy, const float* mean, const floa
   if (err != 0) return err;
   SK_LAUNCH(cols, ColumnSumKernel, partials + chunks * cols, chunks, cols, dbeta.data, dbeta.dtype);
 }
-int SoftmaxRows(float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows, Buf p16,
-                void* stream) {
+int SoftmaxRows(float* x, int64_t rows, int64_t cols, bool causal, int64_t q_len, int64_t heads,
+                const int32_t* key_start, Buf p16, void* stream) {
   if (rows <= 0 || cols <= 0) return 0;
-  SK_ENQUEUE_ROWS(rows, cols, SoftmaxKernel, x, rows, cols, causal, block_rows > 0 ? block_rows : 1,
-                  p16.data, p16.dtype);
+  SK_ENQUEUE_ROWS(rows, cols, SoftmaxKernel, x, rows, cols, causal, q_len > 0 ? q_len : 1,
+                  heads > 0 ? heads : 1, key_start, p16.data, p16.dtype);
   return Launched();
 }
 int SoftmaxBackwardRows(const float* p, float* dp, int64_t rows, int64_t cols, float scale,
@@ -1472,10 +1480,11 @@ int AdamUpdate(const AdamHyper& h, float* param, const float* grad, float* exp_a
   SK_LAUNCH(n, AdamKernel, h, param, grad, exp_avg, exp_avg_sq, n);
 }
 
-int RowLogSumExp(const float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows,
-                 float* lse, void* stream) {
+int RowLogSumExp(const float* x, int64_t rows, int64_t cols, bool causal, int64_t q_len,
+                 int64_t heads, const int32_t* key_start, float* lse, void* stream) {
   if (cols <= 0) return 0;
-  SK_LAUNCH(rows, RowLogSumExpKernel, x, rows, cols, causal, block_rows > 0 ? block_rows : 1, lse);
+  SK_LAUNCH(rows, RowLogSumExpKernel, x, rows, cols, causal, q_len > 0 ? q_len : 1,
+            heads > 0 ? heads : 1, key_start, lse);
 }
 
 }  // namespace sk::ops::cuda

@@ -119,16 +119,20 @@ int BatchPointers(const void* a, int64_t a_seq, int64_t a_head, const void* b, i
                   int64_t b_head, const void* c, int64_t c_seq, int64_t c_head, int64_t seqs,
                   int64_t heads, const void** out, void* stream);
 
-// Row softmax of f32 x in place over `rows` rows of `cols`; with causal, row
-// r keeps its first (r % block_rows) + 1 entries and the rest become 0. With
-// p16.data (not null), each probability is also stored rounded to p16.dtype
-// (16-bit) at the same index of p16.
-int SoftmaxRows(float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows, Buf p16,
-                void* stream);
-// lse[r] = log sum_j e^(x[r, j]) over row r's unmasked columns (causal: the
-// first r % block_rows + 1, as SoftmaxRows keeps), x [rows, cols] f32 scores.
-int RowLogSumExp(const float* x, int64_t rows, int64_t cols, bool causal, int64_t block_rows,
-                 float* lse, void* stream);
+// Row softmax of f32 x in place over `rows` rows of `cols`: attention's
+// scores [batch, heads, q_len, cols], row r keeping the keys
+// nn_math::AttentionRowKeys(r, heads, q_len, cols, causal, key_start) gives
+// it (every key; causal: the first (r % q_len) + 1; with key_start, packed
+// documents: from its query's key start on) and the rest becoming 0.
+// key_start: device i32 [batch * q_len] or nullptr. With p16.data (not
+// null), each probability is also stored rounded to p16.dtype (16-bit) at
+// the same index of p16.
+int SoftmaxRows(float* x, int64_t rows, int64_t cols, bool causal, int64_t q_len, int64_t heads,
+                const int32_t* key_start, Buf p16, void* stream);
+// lse[r] = log sum_j e^(x[r, j]) over row r's unmasked columns (those
+// SoftmaxRows keeps, same arguments), x [rows, cols] f32 scores.
+int RowLogSumExp(const float* x, int64_t rows, int64_t cols, bool causal, int64_t q_len,
+                 int64_t heads, const int32_t* key_start, float* lse, void* stream);
 // ds = scale * p * (dp - <p, dp>) per row (p, dp f32). Without ds16.data: ds
 // overwrites dp. With it: dp is only read, ds is stored rounded to
 // ds16.dtype (16-bit) in ds16 and p rounded to the same dtype in p16 (same

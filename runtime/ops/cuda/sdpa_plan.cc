@@ -58,6 +58,14 @@ Status SdpaSupports(const AttentionShape& s, DType t, std::initializer_list<Sdpa
     return no("dtype " + std::string(DTypeName(t)) + " (cuDNN's fused SDPA takes bf16 and f16)");
   }
   if (s.batch == 0 || s.heads == 0 || s.q_len == 0 || s.kv_len == 0) return no("an empty shape");
+  if (s.key_start.defined()) {
+    // cuDNN's SDPA masks are causal, padding (per-sequence lengths) and
+    // sliding windows; a block-diagonal mask inside one row would need the
+    // documents as ragged sequences of their own, which the graph here does
+    // not build.
+    return no("packed documents (key_start: a block-diagonal causal mask, which cuDNN's SDPA "
+              "graph here does not express)");
+  }
   if (s.head_dim % 8 != 0 || s.head_dim > kSdpaMaxHeadDim) {
     return no("head_dim " + std::to_string(s.head_dim) + " (multiples of 8 up to " +
               std::to_string(kSdpaMaxHeadDim) + ")");

@@ -65,7 +65,8 @@ struct SdpaPlan {
 // naming the first reason ("head_dim 72 is not a multiple of 8"). `ops`
 // lists the operands: forward q, k, v, out; backward q, k, v, out, dout,
 // dq, dk, dv. Empty shapes (any of batch, heads, q_len, kv_len zero) are
-// not SDPA's: they have nothing or zeros to write.
+// not SDPA's: they have nothing or zeros to write. Nor are packed documents
+// (s.key_start defined): the composed attention masks them.
 Status SdpaSupports(const AttentionShape& s, DType t, std::initializer_list<SdpaOperand> ops);
 
 // The layouts of a forward (q, k, v, out) or backward (also dout, dq, dk,
