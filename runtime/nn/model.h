@@ -159,9 +159,9 @@ struct TokenBatch {
   // along a row; a query attends only to earlier keys of its own document
   // (block-diagonal causal attention); absent = one document per row. GPT
   // and the Llama family honour both in forward and backward (positions
-  // in [0, max_seq_len)); a model that cannot honour one refuses the
-  // batch (the encoder-decoder, the unit-table models; CUDA's attention
-  // refuses segment ids), never ignores it.
+  // in [0, max_seq_len)), on every device kind; a model that cannot
+  // honour one refuses the batch (the encoder-decoder, the unit-table
+  // models), never ignores it.
   std::vector<int32_t> positions;
   std::vector<int32_t> segment_ids;
   // What the gradient of ForwardBackward normalises by. 0 (the default):

@@ -1045,6 +1045,32 @@ TEST_P(Conformance, Rope) {
       st = RopeBackward(ctx(), tx, c.seq, c.heads, c.hd, c.theta, c.scaling, tx);  // in place
       ASSERT_TRUE(st.ok()) << st.ToString();
       ExpectNear((name + " bwd").c_str(), Down(tx), inv, 1e-5 + u, 1e-5 + u);
+
+      // At given positions (packed documents: one i32 per row), here out of
+      // row order and past seq_len: each row turns by its own position.
+      Vec pos(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) pos[r] = static_cast<double>((5 * r + 3) % (2 * c.seq + 1));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < c.heads; ++h) {
+          for (int64_t i = 0; i < half; ++i) {
+            const int64_t o = r * width + h * c.hd + i;
+            const double a = RopeAngleRef(static_cast<int64_t>(pos[r]), i, c.hd, c.theta, c.scaling);
+            const double x1 = x[o], x2 = x[o + half];
+            want[o] = x1 * std::cos(a) - x2 * std::sin(a);
+            want[o + half] = x2 * std::cos(a) + x1 * std::sin(a);
+            inv[o] = x1 * std::cos(a) + x2 * std::sin(a);
+            inv[o + half] = x2 * std::cos(a) - x1 * std::sin(a);
+          }
+        }
+      }
+      Tensor tp = Up(pos, DType::kI32);
+      tx = Up(x, t);
+      st = RopeForward(ctx(), tx, c.seq, c.heads, c.hd, c.theta, c.scaling, ty, tp);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ExpectNear((name + " fwd at positions").c_str(), Down(ty), want, 1e-5 + u, 1e-5 + u);
+      st = RopeBackward(ctx(), tx, c.seq, c.heads, c.hd, c.theta, c.scaling, tx, tp);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ExpectNear((name + " bwd at positions").c_str(), Down(tx), inv, 1e-5 + u, 1e-5 + u);
     }
   }
   Tensor x = Up(Vec(12, 1.0), DType::kF32), y = Up(Vec(12, 0.0), DType::kF32);

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/core/allocator.h"
 #include "runtime/ops/cost.h"
 #include "runtime/ops/ops.h"
 
@@ -52,6 +53,13 @@ TEST(SdpaPlan, NamesWhyItDeclinesACall) {
   AttentionShape empty = kGpt;
   empty.q_len = empty.kv_len = 0;
   EXPECT_NE(why(SdpaSupports(empty, DType::kBF16, {ok})).find("empty"), std::string::npos);
+
+  // Packed documents: a block-diagonal mask, which the composed path takes.
+  AttentionShape packed = kGpt;
+  packed.key_start = *HostAllocator::Default().Empty(DType::kI32, Shape{8 * 1024});
+  packed.masked_pairs = 8 * 1024;
+  EXPECT_NE(why(SdpaSupports(packed, DType::kBF16, {ok})).find("packed documents"),
+            std::string::npos);
 }
 
 TEST(SdpaPlan, ForwardLayoutReadsAFusedQkvBufferInPlace) {

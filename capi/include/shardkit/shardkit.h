@@ -1005,8 +1005,8 @@ typedef struct sk_batch {
   const int32_t* position_ids;
   /* Optional (NULL: one document per row): each token's document, non-
    * decreasing along a row; a token attends only to earlier tokens of its
-   * own document (block-diagonal causal attention; CPU only: CUDA refuses
-   * it with UNIMPLEMENTED). GPT and Llama-family models only. */
+   * own document (block-diagonal causal attention, on CPU and CUDA). GPT
+   * and Llama-family models only. */
   const int32_t* segment_ids;
 } sk_batch;
 /* Size traits ("Option structs" above). */
