@@ -10,7 +10,9 @@
 #      the GPU, and capi_nccl_check: the C ABI's caller collectives and a
 #      custom optimizer step over NCCL; mostly host-bound) and the
 #      single-process GPU tests (run.sh's test binaries: the whole
-#      conformance suite, sdpa_plan_test, equivalence, stream interop);
+#      conformance suite, sdpa_plan_test, equivalence, stream interop,
+#      packed documents: packed_documents_cuda_test and the conformance
+#      suite's PackedDocuments and Rope-at-positions cases, never run yet);
 #      about 4 minutes;
 #   2. alone on the GPU: the PyTorch side-by-side (gpu_vs_torch.sh), about
 #      4 minutes;

@@ -787,8 +787,12 @@ __global__ void __launch_bounds__(kThreads)
         nn_math::AttentionRowKeys(r, heads, q_len, cols, causal, key_start);
     const float m = GroupRowMax<G>(x, DType::kF32, r * cols + keys.first, keys.end - keys.first,
                                    shared);
+    // Each thread visits the columns j = Rank() mod kSize here and below, so
+    // every entry is read back by the thread that wrote it (a warp's
+    // shuffles order no memory); those before the document are skipped.
     float s = 0.0f;
-    for (int64_t j = keys.first + G::Rank(); j < keys.end; j += G::kSize) {
+    for (int64_t j = G::Rank(); j < keys.end; j += G::kSize) {
+      if (j < keys.first) continue;
       const float e = expf(row[j] - m);
       row[j] = e;
       s += e;
