@@ -88,93 +88,9 @@
  *  says "enqueued".
  *
  *  Version. SK_VERSION_* give the version this header belongs to;
- *  sk_version() the version of the library actually loaded. 0.2.0 appended
- *  DDP (sk_trainer_options.parallelism, .ddp_bucket_bytes), sharded
- *  checkpoints (sk_trainer_save_checkpoint, sk_trainer_load_checkpoint and
- *  the local session's pair) and the memory estimator (sk_estimate_memory).
- *  0.3.0 changed what grad_accum_steps > 1 steps by (the gradient of the
- *  mean loss, no longer the micro-batches' sum: see sk_trainer_options) and
- *  appended sk_step_metrics.global_loss. 0.4.0 appended full state dicts
- *  in shardkit's, PyTorch's and Hugging Face GPT-2's layouts
- *  (sk_*_save_state_dict, sk_*_load_state_dict, sk_weight_layout_t), the
- *  planner (sk_plan, sk_plan_result_candidate, sk_plan_result_free) and
- *  device selection (sk_device_options: cpu, cuda or the simulator, as
- *  sk_trainer_options.device and sk_engine_options.device) with
- *  sk_step_metrics.simulated; sk_trainer_create and sk_engine_create accept
- *  a NULL group on the simulator. Issue 31 appends caller streams for the
- *  engine's stream-ordered hooks (sk_stream, sk_stream_create,
- *  sk_stream_wrap_cuda, sk_stream_enqueue, sk_stream_synchronize,
- *  sk_stream_destroy, sk_engine_set_stream, sk_engine_options.cuda_stream);
- *  the version number they ship under is set when the issue's work is merged.
- *  0.6.0 (issue 34, the engine as a framework's backend) appended the
- *  learning rate per step (sk_trainer_set_lr, sk_trainer_get_lr,
- *  sk_local_session_set_lr, sk_engine_set_lr, sk_engine_get_lr,
- *  sk_step_metrics.lr) and schedules (sk_lr_schedule as
- *  sk_trainer_options.lr_schedule), parameter groups (sk_param_group as
- *  sk_optimizer_options.param_groups), collectives on the caller's buffers
- *  (sk_process_group_all_reduce, _broadcast, _all_gather, _barrier), the
- *  engine's sharded checkpoints and step count (sk_engine_save_checkpoint,
- *  sk_engine_load_checkpoint, sk_engine_steps), sk_engine_write_param and
- *  update rules of the caller's own (sk_engine_begin_custom_step,
- *  sk_engine_master_shard, sk_engine_grad_shard, sk_engine_optimizer_state,
- *  sk_engine_end_custom_step).
- *  It changed what sk_optimizer_options.lr = 0 means for a caller of the
- *  0.6.0 struct (a rate of 0; SK_OPTIMIZER_OPTIONS_INIT now sets 1e-3): a
- *  smaller struct from an older header still reads 0 as 1e-3.
- *  0.6.0 also appended tied parameters in the low-level model spec
- *  (sk_model_spec_add_tied_param; issue 33).
- *  0.6.1 (issue 33) named the values of sk_trainer_options.
- *  activation_checkpointing (sk_activation_checkpointing_t) and added
- *  selective checkpointing (2) and selective with attention recomputed (3);
- *  before, any nonzero value meant whole-block checkpointing, so a caller
- *  that passed 2 or 3 now gets a selective policy (the same loss and
- *  gradients, less recomputation), and values outside 0..3 are refused.
- *  0.6.1 also refuses sk_fsdp_options.buffer_dtype values other than 0 and
- *  param_dtype (INVALID_ARGUMENT; issue 36): no model has buffers, so
- *  earlier libraries accepted them and changed nothing. The struct and its
- *  other fields are unchanged.
- *  0.7.0 (issue 33) appended sk_plan_request.checkpointing (the planner
- *  searches selective checkpointing, with or without attention
- *  recomputed); a candidate's activation_checkpointing then reports its
- *  sk_activation_checkpointing_t (2 or 3 for those; 0 and 1 as before).
- *  The 0.6.1 struct (struct_size 88) is still accepted. Decoder shapes
- *  given as model names carry RoPE scaling (rope_type and its factors).
- *  0.8.0 (issue 43) appended datasets the trainer reads itself
- *  (sk_dataset_options as sk_trainer_options.dataset, sk_dataset_format_t,
- *  sk_token_file_layout_t), their position in sharded checkpoints, and
- *  sk_trainer_data_position and sk_trainer_last_sample_ids; and (issue
- *  44) sk_trainer_save_checkpoint_rotating and sk_trainer_resume_latest
- *  (checkpoints every K steps, resume from the newest: docs/launch.md);
- *  and (issue 43) batches from the caller: sk_batch (SK_IGNORE_INDEX,
- *  optional loss mask, position ids and segment ids),
- *  sk_trainer_step_batches and sk_local_session_step_batches
- *  (docs/batches.md).
- *  0.8.0 (issue 43) also appended sk_param_group.no_decay (sk_no_decay_t): the
- *  no-decay rule of Hugging Face's Trainer (biases and norm weights;
- *  embeddings decayed), SK_NO_DECAY_BIASES_AND_NORMS, beside shardkit's
- *  earlier one (norms_biases_embeddings, unchanged). A 0.6.0 struct
- *  (struct_size 32) is still accepted.
- *  0.8.0 (issue 45) also appended sk_fsdp_options.grad_accumulation
- *  (sk_grad_accumulation_t): sharded accumulation (a reduce-scatter per
- *  micro-batch, the default of the sharded strategies) or no_sync. The
- *  earlier struct (struct_size 64) is still accepted and reads DEFAULT.
- *  0.8.0 (issue 43) also appended sk_trainer_options.skip_init: a trainer
- *  whose weights will be loaded is created without random initialisation.
- *  0.8.0 (issue 47) also appended, for frameworks' own optimizers: the
- *  per-parameter layout of an engine's shards (sk_shard_piece,
- *  sk_engine_shard_layout, sk_engine_shard_piece: the shard index, which is
- *  not the rank under NO_SHARD and the hybrids, each parameter's place and
- *  its parameter group); update rules that declare their own state
- *  (sk_engine_options.custom_optimizer, custom_state_names,
- *  num_custom_states), recorded in checkpoints under the rule's name;
- *  f64, i32 and i64 buffers (SK_DTYPE_F64, _I32, _I64) and SK_REDUCE_MIN
- *  in the collectives on the caller's buffers; and
- *  sk_trainer_options.skip_nonfinite_steps with sk_step_metrics.skipped.
- *  Engine checkpoints now match units and parameters by name (a model that
- *  declares them in another order loads; one that lacks or adds one is
- *  INVALID_ARGUMENT naming it), where 0.6.0 matched by position.
- *  0.8.0 (issue 43) also appended sk_step_metrics.target_tokens and
- *  global_target_tokens (the targets the step's losses averaged over).
+ *  sk_version() the version of the library actually loaded. What each
+ *  version added, and where one changed what a value means, is in the
+ *  changelog (docs/abi_changelog.md in shardkit's source tree).
  */
 #ifndef SHARDKIT_SHARDKIT_H_
 #define SHARDKIT_SHARDKIT_H_
@@ -353,7 +269,7 @@ typedef SK_ENUM(sk_weight_layout_t) {
   SK_WEIGHT_LAYOUT_HF_LLAMA = 4  /* Hugging Face LlamaForCausalLM and
                                     Qwen2ForCausalLM names and layout
                                     (Llama-family models only); weights only
-                                    (appended by issue 33) */
+                                    (appended in 0.6.0) */
 } sk_weight_layout_t;
 
 /* Thread-safe. On success stores the value named by `name` ("FULL_SHARD" or
@@ -557,7 +473,7 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_process_group_barrier(sk_process_group* gr
 /* Strategy and optimizer options                                            */
 /* ------------------------------------------------------------------------ */
 
-/* 0.8.0 (issue 45): how gradients accumulate over the micro-batches of one
+/* 0.8.0: how gradients accumulate over the micro-batches of one
  * optimizer step (sk_fsdp_options.grad_accumulation; docs/fsdp.md). Both
  * give the gradient of the mean loss; memory and communication differ. */
 typedef SK_ENUM(sk_grad_accumulation_t) {
@@ -605,7 +521,7 @@ typedef struct sk_fsdp_options {
   /* Timeout of every collective in milliseconds; 0 = 300000; at most
    * 604800000 (7 days): INVALID_ARGUMENT beyond. */
   int64_t timeout_ms;
-  /* Appended in 0.8.0 (issue 45): how a trainer's grad_accum_steps > 1
+  /* Appended in 0.8.0: how a trainer's grad_accum_steps > 1
    * micro-batches accumulate gradients (sk_grad_accumulation_t; a struct
    * from an older header, which ends at timeout_ms, reads DEFAULT). Applies
    * to trainers, local sessions and sk_estimate_memory; an engine's caller
@@ -656,7 +572,7 @@ typedef struct sk_param_group {
    * (0 freezes the group); SK_PARAM_GROUP_INIT sets 1. */
   float lr_multiplier;
   int32_t inherit_weight_decay;
-  /* Appended in 0.8.0 (issue 43): also select the parameters of this
+  /* Appended in 0.8.0: also select the parameters of this
    * no-decay rule (sk_no_decay_t; a 0.6.0 struct, which ends at
    * inherit_weight_decay, reads SK_NO_DECAY_NONE). With
    * norms_biases_embeddings nonzero it must be NONE or
@@ -882,7 +798,7 @@ typedef struct sk_trainer_options {
    * Setting it with data_path is INVALID_ARGUMENT, and so is a model that is
    * not decoder-only (GPT, Llama). */
   const sk_dataset_options* dataset;
-  /* Appended in 0.8.0 (issue 43): nonzero: the parameters are not drawn
+  /* Appended in 0.8.0: nonzero: the parameters are not drawn
    * from their initialisers (the shards stay zero), for a trainer whose
    * weights come from a load: sk_trainer_load_state_dict of a Hugging Face
    * directory or state dict, sk_trainer_load_checkpoint or
@@ -939,7 +855,7 @@ typedef struct sk_step_metrics {
    * loss or gradient norm was not finite (sk_trainer_options.
    * skip_nonfinite_steps; the same on every rank). */
   int32_t skipped;
-  /* 0.8.0 (issue 43): the targets the loss counted (neither
+  /* 0.8.0: the targets the loss counted (neither
    * SK_IGNORE_INDEX nor masked out): this rank's over its micro-batches
    * (`loss` is their mean), and every rank's (`global_loss` is the mean
    * over these; docs/batches.md). A struct of 136 bytes (0.6.0's, or one
@@ -983,7 +899,7 @@ SK_EXPORT void sk_trainer_destroy(sk_trainer* trainer);
 SK_EXPORT SK_NODISCARD sk_status_t sk_trainer_step(sk_trainer* trainer,
                                                    sk_step_metrics* out_metrics);
 
-/* 0.8.0 (issue 43): one micro-batch from the caller (docs/batches.md).
+/* 0.8.0: one micro-batch from the caller (docs/batches.md).
  * Row-major arrays of batch_size * seq_len int32 values, read during the
  * call only. */
 #define SK_IGNORE_INDEX (-100)
@@ -1015,7 +931,7 @@ typedef struct sk_batch {
 
 #define SK_BATCH_INIT {sizeof(sk_batch), 0, 0, NULL, NULL, NULL, NULL, NULL}
 
-/* 0.8.0 (issue 43): one optimizer step on the caller's micro-batches
+/* 0.8.0: one optimizer step on the caller's micro-batches
  * instead of the trainer's data: `micro_batches` points to
  * `num_micro_batches` batches (pointers, so that each carries its own
  * struct_size), exactly the trainer's grad_accum_steps. The loss is the
@@ -1247,7 +1163,7 @@ SK_EXPORT void sk_local_session_destroy(sk_local_session* session);
  * error. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_local_session_step(sk_local_session* session,
                                                          sk_step_metrics* out_rank0);
-/* 0.8.0 (issue 43): sk_trainer_step_batches on every rank: `batches`
+/* 0.8.0: sk_trainer_step_batches on every rank: `batches`
  * holds world_size x grad_accum_steps pointers, rank-major (rank r's
  * micro-batch m at r * grad_accum_steps + m). Every batch is checked
  * before any rank starts: a bad one is INVALID_ARGUMENT naming the rank and
@@ -1328,7 +1244,7 @@ typedef struct sk_plan_request {
   /* When not NULL, a Chrome trace (JSON, virtual time) of the recommended
    * configuration's simulated step is written to this path. */
   const char* trace_path;
-  /* Appended in 0.7.0 (issue 33; a 0.6.1 struct, which ends at
+  /* Appended in 0.7.0 (a 0.6.1 struct, which ends at
    * trace_path, is still accepted). The checkpointing policies to search,
    * comma-separated sk_activation_checkpointing_t names: "off", "full" (or
    * "on"), "selective", "selective_attention"; e.g. "off,selective,
@@ -1469,7 +1385,7 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_model_spec_add_unit(sk_model_spec* spec, c
 SK_EXPORT SK_NODISCARD sk_status_t sk_model_spec_add_param(sk_model_spec* spec, int32_t unit,
                                                            const sk_param_spec* param,
                                                            int32_t* out_param);
-/* Issue 33: declares that unit `unit` also uses parameter `owner_param` of
+/* 0.6.0: declares that unit `unit` also uses parameter `owner_param` of
  * the earlier unit `owner_unit` (a tied parameter: GPT-2's output head and
  * token embedding). It stays ONE parameter, the owner's: initialised,
  * sharded, optimised and checkpointed once. In `unit` it is parameter
