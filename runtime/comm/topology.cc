@@ -86,7 +86,53 @@ Status NetworkProfile::Validate() const {
     }
     if (!any) return Bad(*this, std::string("no protocol enabled for ") + LinkAlgorithmName(a));
   }
+  for (size_t i = 0; i < measured.size(); ++i) {
+    const MeasuredBusBandwidth& m = measured[i];
+    const std::string what = "measured curve " + std::to_string(i) + ": ";
+    if (m.kinds.empty()) return Bad(*this, what + "names no collective");
+    if (m.ranks < 2) return Bad(*this, what + "ranks must be >= 2");
+    if (m.nodes < 1 || m.ranks % m.nodes != 0) {
+      return Bad(*this, what + "nodes must be >= 1 and divide ranks");
+    }
+    if (m.bytes.size() < 2 || m.bytes.size() != m.busbw_gbps.size()) {
+      return Bad(*this, what + "needs at least two (bytes, busbw) points");
+    }
+    for (size_t j = 0; j < m.bytes.size(); ++j) {
+      if (!(m.bytes[j] > 0) || !Finite(m.bytes[j]) || (j > 0 && !(m.bytes[j] > m.bytes[j - 1]))) {
+        return Bad(*this, what + "sizes must be positive and increasing");
+      }
+      if (!(m.busbw_gbps[j] > 0) || !Finite(m.busbw_gbps[j])) {
+        return Bad(*this, what + "bus bandwidths must be positive and finite");
+      }
+    }
+  }
   return OkStatus();
+}
+
+bool MeasuredBusBandwidth::Covers(CollectiveKind kind, int group_ranks, int group_nodes,
+                                  int min_ranks_per_node) const {
+  if (group_ranks != ranks || group_nodes != nodes || min_ranks_per_node * nodes != ranks) {
+    return false;
+  }
+  return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+}
+
+double MeasuredBusBandwidth::BusBandwidthGbpsAt(double message_bytes) const {
+  if (message_bytes >= bytes.back()) return busbw_gbps.back();
+  if (message_bytes <= bytes.front()) {
+    // Latency-bound: the smallest size's time, so the rate scales with size.
+    return busbw_gbps.front() * message_bytes / bytes.front();
+  }
+  const size_t j = static_cast<size_t>(
+      std::upper_bound(bytes.begin(), bytes.end(), message_bytes) - bytes.begin());
+  const double x0 = std::log2(bytes[j - 1]);
+  const double x1 = std::log2(bytes[j]);
+  const double t = (std::log2(message_bytes) - x0) / (x1 - x0);
+  return busbw_gbps[j - 1] + t * (busbw_gbps[j] - busbw_gbps[j - 1]);
+}
+
+double MeasuredBusBandwidth::PeakGbps() const {
+  return *std::max_element(busbw_gbps.begin(), busbw_gbps.end());
 }
 
 NetworkProfile NetworkProfile::SingleLink(double latency_us, double bandwidth_gbps) {
@@ -161,7 +207,8 @@ double CollectivePlan::seconds() const {
 std::string CollectivePlan::ToString() const {
   std::ostringstream os;
   os.precision(3);
-  os << CollectiveName(kind) << " " << bytes << " B: " << PairName(algorithm, protocol) << ", "
+  os << CollectiveName(kind) << " " << bytes << " B: "
+     << (measured ? std::string("nccl-tests curve") : PairName(algorithm, protocol)) << ", "
      << seconds() * 1e6 << " us (" << latency_s * 1e6 << " us latency, " << bus_bytes_per_s / 1e9
      << " GB/s bus)";
   return os.str();
@@ -264,6 +311,21 @@ StatusOr<CollectivePlan> PlanCollective(const NetworkProfile& profile, Collectiv
       // Strictly less: ties keep the earlier pair (ring before tree, Simple first).
       if (!best.ok() || plan->seconds() < best->seconds()) best = std::move(plan);
     }
+  }
+  if (!best.ok() || group.ranks == 1 || best->bus_bytes <= 0) return best;
+  for (const MeasuredBusBandwidth& m : profile.measured) {
+    if (!m.Covers(kind, group.ranks, group.nodes, group.min_ranks_per_node)) continue;
+    // The curve's time is NCCL's whole time, latency included: no separate
+    // latency, the bus bytes at the measured rate. Each link it crosses is
+    // full at the curve's peak.
+    CollectivePlan& plan = *best;
+    plan.measured = true;
+    plan.latency_s = 0;
+    plan.bus_bytes_per_s = m.BusBandwidthGbpsAt(static_cast<double>(plan.bytes)) * 1e9;
+    const double peak = m.PeakGbps() * 1e9;
+    if (plan.nvlink_use_per_byte_s > 0) plan.nvlink_use_per_byte_s = 1.0 / peak;
+    if (plan.network_use_per_byte_s > 0) plan.network_use_per_byte_s = 1.0 / peak;
+    break;
   }
   return best;
 }

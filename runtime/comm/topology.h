@@ -48,6 +48,19 @@
 // all_reduce and barrier. Not modelled: NVLS/CollNet, NCCL's per-channel
 // bandwidth caps and its tree correction factors for medium sizes.
 //
+// Where NCCL was measured, the measurement replaces the model. A profile may
+// carry published nccl-tests curves (MeasuredBusBandwidth: bus bandwidth by
+// message size for one collective on one placement, e.g. all_reduce over the
+// 8 GPUs of a DGX A100). A collective whose kind and placement match a curve
+// (same ranks, nodes and ranks per node) takes the curve's time:
+// bus_bytes / busbw(bytes), busbw interpolated linearly in log2(bytes)
+// between the published sizes; below the smallest size the collective takes
+// the smallest size's time (latency-bound), above the largest the largest
+// size's bus bandwidth. The curve's time includes NCCL's own latency and its
+// algorithm choice (NVLS where NCCL used it), so the plan of a measured
+// collective has no separate latency; it keeps the tuner's (algorithm,
+// protocol) only as a label. Groups no curve matches keep the tuning model.
+//
 // Thread safety: plain values and pure functions.
 #ifndef SHARDKIT_RUNTIME_COMM_TOPOLOGY_H_
 #define SHARDKIT_RUNTIME_COMM_TOPOLOGY_H_
@@ -94,6 +107,24 @@ struct AlgorithmCost {
   double bandwidth_fraction = 1.0;   // of the slowest link's rate, in (0, 1]
 };
 
+// A published nccl-tests curve: the bus bandwidth NCCL achieved for
+// `kinds` among `ranks` GPUs on `nodes` nodes (ranks / nodes on each), at
+// message sizes `bytes` (nccl-tests' size, increasing) of `busbw_gbps` GB/s.
+struct MeasuredBusBandwidth {
+  std::vector<CollectiveKind> kinds;
+  int ranks = 0;
+  int nodes = 1;
+  std::vector<double> bytes;
+  std::vector<double> busbw_gbps;
+  std::string source;
+
+  bool Covers(CollectiveKind kind, int group_ranks, int group_nodes, int min_ranks_per_node) const;
+  // Bus bandwidth at `bytes` (GB/s), as the file comment says; and the
+  // largest of the curve (its peak).
+  double BusBandwidthGbpsAt(double message_bytes) const;
+  double PeakGbps() const;
+};
+
 // A cluster's network, as the "network" section of a simulator profile
 // describes it (runtime/sim/topology.h parses it; every number there carries
 // its source, kept in `sources`).
@@ -114,6 +145,9 @@ struct NetworkProfile {
   // Compute kernels take this many times longer while communication kernels
   // run on the same GPU (they hold SMs and memory bandwidth); >= 1.
   double compute_slowdown_while_communicating = 1.0;
+  // Published nccl-tests curves that replace the model where they apply
+  // (file comment); may be empty.
+  std::vector<MeasuredBusBandwidth> measured;
   // Field path ("nic.bandwidth_gbps") -> where the number comes from.
   std::map<std::string, std::string> sources;
 
@@ -132,7 +166,10 @@ struct NetworkProfile {
   // nics_per_node >= 1; nvlink_links_per_gpu >= 0 and >= 1 when
   // gpus_per_node > 1; rates > 0 where used; efficiency and fractions in
   // (0, 1]; latencies >= 0 and finite; slowdown >= 1; some pair enabled for
-  // each algorithm.
+  // each algorithm; each measured curve with a kind, 2 <= ranks, nodes >= 1
+  // dividing ranks, at least two sizes, increasing and positive, each with a
+  // positive finite bus bandwidth. (A curve whose ranks per node exceed
+  // gpus_per_node, e.g. a simulation told of smaller nodes, never applies.)
   Status Validate() const;
 
   // A single link: one rank per node, one NIC of `bandwidth_gbps`, `latency_us`
@@ -167,6 +204,8 @@ struct CollectivePlan {
   double latency_s = 0;         // base + per-step latencies
   double bus_bytes = 0;         // f * bytes: what crosses the slowest link
   double bus_bytes_per_s = 0;   // the transfer's rate when nothing else runs
+  // Priced by a published nccl-tests curve (file comment), not the model.
+  bool measured = false;
   // Which of a GPU's links the transfer occupies (for link sharing between
   // collectives): the fraction of each that one byte/s of bus rate takes,
   // the protocol's overhead included, so that the busier link is full at
@@ -185,8 +224,9 @@ struct CollectivePlan {
 
 // The plan for `kind` moving `bytes` among `group`: the enabled
 // (algorithm, protocol) with the least time, as NCCL's tuner chooses (ring
-// only for all_gather, reduce_scatter, broadcast). A group of one rank costs
-// nothing. InvalidArgument if the profile is invalid, the placement
+// only for all_gather, reduce_scatter, broadcast), then priced by the
+// profile's measured curve where one covers the kind and placement (file
+// comment). A group of one rank costs nothing. InvalidArgument if the profile is invalid, the placement
 // inconsistent, or the group spans more GPUs per node than the profile has.
 StatusOr<CollectivePlan> PlanCollective(const NetworkProfile& profile, CollectiveKind kind,
                                         size_t bytes, const GroupPlacement& group);

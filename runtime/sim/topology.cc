@@ -117,6 +117,68 @@ Status ParsePair(Section& algorithms, const char* algo_name, LinkAlgorithm algo,
   return algo_section.NoUnknownKeys();
 }
 
+StatusOr<comm::CollectiveKind> KindByName(const std::string& path, const json& name) {
+  if (name.is_string()) {
+    for (comm::CollectiveKind k :
+         {comm::CollectiveKind::kAllReduce, comm::CollectiveKind::kAllGather,
+          comm::CollectiveKind::kReduceScatter, comm::CollectiveKind::kBroadcast}) {
+      if (name.get<std::string>() == comm::CollectiveName(k)) return k;
+    }
+  }
+  return InvalidArgumentError(path + ": expected one of \"all_reduce\", \"all_gather\", "
+                              "\"reduce_scatter\", \"broadcast\", got " + name.dump());
+}
+
+// "measured_bus_bandwidth": [{"collectives": [...], "ranks": N, "nodes": N,
+// "points": [[bytes, GB/s], ...], "source": "..."}, ...].
+Status ParseMeasured(const json& list, comm::NetworkProfile* profile) {
+  const std::string base = "network.measured_bus_bandwidth";
+  if (!list.is_array()) return InvalidArgumentError(base + ": expected an array of curves");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string path = base + "[" + std::to_string(i) + "]";
+    const json& c = list[i];
+    if (!c.is_object()) return InvalidArgumentError(path + ": expected an object");
+    for (const auto& [k, v] : c.items()) {
+      if (k != "collectives" && k != "ranks" && k != "nodes" && k != "points" && k != "source") {
+        return InvalidArgumentError(path + ": unknown key '" + k + "'");
+      }
+    }
+    for (const char* k : {"collectives", "ranks", "nodes", "points", "source"}) {
+      if (!c.contains(k)) return InvalidArgumentError(path + "." + k + ": missing");
+    }
+    comm::MeasuredBusBandwidth m;
+    if (!c.at("collectives").is_array() || c.at("collectives").empty()) {
+      return InvalidArgumentError(path + ".collectives: expected a non-empty array of names");
+    }
+    for (const json& name : c.at("collectives")) {
+      SK_ASSIGN_OR_RETURN(comm::CollectiveKind k, KindByName(path + ".collectives", name));
+      m.kinds.push_back(k);
+    }
+    for (const char* k : {"ranks", "nodes"}) {
+      const json& v = c.at(k);
+      if (!v.is_number_integer()) return InvalidArgumentError(path + "." + k + ": expected an integer");
+    }
+    m.ranks = c.at("ranks").get<int>();
+    m.nodes = c.at("nodes").get<int>();
+    if (!c.at("source").is_string() || c.at("source").get<std::string>().empty()) {
+      return InvalidArgumentError(path + ".source: must be a non-empty string saying where the curve comes from");
+    }
+    m.source = c.at("source").get<std::string>();
+    const json& points = c.at("points");
+    if (!points.is_array()) return InvalidArgumentError(path + ".points: expected [[bytes, GB/s], ...]");
+    for (const json& pt : points) {
+      if (!pt.is_array() || pt.size() != 2 || !pt[0].is_number() || !pt[1].is_number()) {
+        return InvalidArgumentError(path + ".points: expected [[bytes, GB/s], ...], got " + pt.dump());
+      }
+      m.bytes.push_back(pt[0].get<double>());
+      m.busbw_gbps.push_back(pt[1].get<double>());
+    }
+    profile->sources["measured_bus_bandwidth[" + std::to_string(i) + "]"] = m.source;
+    profile->measured.push_back(std::move(m));
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<comm::NetworkProfile> ParseNetworkProfile(const nlohmann::json& network) {
@@ -140,6 +202,10 @@ StatusOr<comm::NetworkProfile> ParseNetworkProfile(const nlohmann::json& network
   SK_RETURN_IF_ERROR(algorithms.NoUnknownKeys());
   SK_ASSIGN_OR_RETURN(p.compute_slowdown_while_communicating,
                       root.Number("compute_slowdown_while_communicating"));
+  if (root.Has("measured_bus_bandwidth")) {
+    root.Allow("measured_bus_bandwidth");
+    SK_RETURN_IF_ERROR(ParseMeasured(network.at("measured_bus_bandwidth"), &p));
+  }
   root.Allow("note");
   SK_RETURN_IF_ERROR(root.NoUnknownKeys());
   if (Status s = p.Validate(); !s.ok()) {

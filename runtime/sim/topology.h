@@ -31,7 +31,12 @@
 //       "ring": {"simple": PAIR, "ll": PAIR, "ll128": PAIR},
 //       "tree": {"simple": PAIR, "ll": PAIR, "ll128": PAIR}},
 //     "compute_slowdown_while_communicating": N,
+//     "measured_bus_bandwidth": [CURVE, ...],   (optional)
 //     "note": "free text"}
+//   CURVE = {"collectives": ["all_reduce", ...], "ranks": N, "nodes": N,
+//            "points": [[bytes, busbw GB/s], ...], "source": "..."}: a
+//          published nccl-tests curve (comm::MeasuredBusBandwidth), which
+//          prices the collectives it covers instead of the tuning model.
 //   PAIR = {"base_latency_us": N, "intra_step_latency_us": N,
 //           "inter_step_latency_us": N, "bandwidth_fraction": N}
 //          or {"enabled": false, "source": "why"}.

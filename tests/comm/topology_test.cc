@@ -2,6 +2,8 @@
 // closed forms, the algorithm NCCL's tuner would pick, and bad input.
 #include "runtime/comm/topology.h"
 
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 namespace sk::comm {
@@ -170,6 +172,74 @@ TEST(Topology, OneRankCostsNothingAndBadInputIsNamed) {
   p.cost(LinkAlgorithm::kTree, LinkProtocol::kSimple).enabled = false;
   EXPECT_NE(p.Validate().message().find("no protocol enabled for tree"), std::string::npos);
   EXPECT_TRUE(TestProfile().Validate().ok());
+}
+
+// A published nccl-tests curve prices the collectives and placements it
+// covers: bus bytes over the measured bus bandwidth at that size,
+// interpolated in log2(bytes); everything else keeps the tuning model.
+TEST(Topology, AMeasuredCurvePricesTheGroupsItCovers) {
+  NetworkProfile p = TestProfile();
+  MeasuredBusBandwidth m;
+  m.kinds = {CollectiveKind::kAllGather};
+  m.ranks = 8;
+  m.nodes = 1;
+  m.bytes = {1 << 20, 1 << 22, 1 << 30};
+  m.busbw_gbps = {20, 60, 180};
+  m.source = "test";
+  p.measured.push_back(m);
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+
+  auto at = [&](size_t bytes, const GroupPlacement& g, CollectiveKind kind = CollectiveKind::kAllGather) {
+    auto plan = PlanCollective(p, kind, bytes, g);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return *plan;
+  };
+  // At a published size: exactly its bus bandwidth, no separate latency.
+  CollectivePlan big = at(1u << 30, Packed(8));
+  EXPECT_TRUE(big.measured);
+  EXPECT_EQ(big.latency_s, 0.0);
+  EXPECT_DOUBLE_EQ(big.bus_bytes_per_s, 180 * kGB);
+  EXPECT_DOUBLE_EQ(big.seconds(), (7.0 / 8.0) * (1u << 30) / (180 * kGB));
+  EXPECT_NE(big.ToString().find("nccl-tests curve"), std::string::npos);
+  // Between sizes: linear in log2(bytes) (2^21 is halfway from 2^20 to 2^22).
+  EXPECT_DOUBLE_EQ(at(1u << 21, Packed(8)).bus_bytes_per_s, 40 * kGB);
+  // Beyond the largest: its bus bandwidth; below the smallest: its time.
+  EXPECT_DOUBLE_EQ(at(size_t{1} << 33, Packed(8)).bus_bytes_per_s, 180 * kGB);
+  EXPECT_DOUBLE_EQ(at(1u << 18, Packed(8)).seconds(), at(1u << 20, Packed(8)).seconds());
+  // The link is full at the curve's peak.
+  EXPECT_DOUBLE_EQ(big.nvlink_use_per_byte_s, 1 / (180 * kGB));
+  EXPECT_EQ(big.network_use_per_byte_s, 0.0);
+  // Not covered: another kind, another group size, a group across nodes.
+  for (const CollectivePlan& model : {at(1u << 30, Packed(8), CollectiveKind::kReduceScatter),
+                                      at(1u << 30, Packed(4)), at(1u << 30, Packed(16))}) {
+    EXPECT_FALSE(model.measured);
+    EXPECT_GT(model.latency_s, 0.0);
+  }
+  // The model alone (no curve) is faster here: 200 GB/s of NVLink.
+  EXPECT_LT(PlanCollective(TestProfile(), CollectiveKind::kAllGather, 1u << 30, Packed(8))->seconds(),
+            big.seconds());
+
+  // Bad curves are named.
+  auto bad = [&](auto edit, const std::string& needle) {
+    NetworkProfile q = p;
+    edit(q.measured[0]);
+    const Status s = q.Validate();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+  };
+  bad([](MeasuredBusBandwidth& c) { c.kinds.clear(); }, "measured curve 0: names no collective");
+  bad([](MeasuredBusBandwidth& c) { c.ranks = 1; }, "ranks must be >= 2");
+  bad([](MeasuredBusBandwidth& c) { c.nodes = 3; }, "nodes must be >= 1 and divide ranks");
+  bad([](MeasuredBusBandwidth& c) { c.busbw_gbps.pop_back(); }, "at least two");
+  bad([](MeasuredBusBandwidth& c) { c.bytes[1] = c.bytes[0]; }, "positive and increasing");
+  bad([](MeasuredBusBandwidth& c) { c.busbw_gbps[2] = std::nan(""); }, "positive and finite");
+  // A cluster of smaller nodes than the curve's: the curve never applies.
+  NetworkProfile small = p;
+  small.gpus_per_node = 4;
+  ASSERT_TRUE(small.Validate().ok()) << small.Validate();
+  auto two_nodes = PlanCollective(small, CollectiveKind::kAllGather, 1u << 30, *GroupPlacement::Packed(8, 4));
+  ASSERT_TRUE(two_nodes.ok()) << two_nodes.status();
+  EXPECT_FALSE(two_nodes->measured);
 }
 
 TEST(Topology, SingleLinkIsTheAlphaBetaModel) {

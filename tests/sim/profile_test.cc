@@ -105,13 +105,14 @@ TEST(ProfileTest, H200IsTheH100ChipWithMoreAndFasterMemory) {
   EXPECT_EQ(h200->device.host_memory_bytes, h100->device.host_memory_bytes);
   ASSERT_TRUE(h200->host.has_value() && h100->host.has_value());
   EXPECT_DOUBLE_EQ(h200->host->memory_bandwidth, h100->host->memory_bandwidth);
-  // The network section differs only in its sources' wording.
+  // The network section differs only in its sources' wording and its
+  // measured curve.
   auto values = [](const nlohmann::json& j) {
     nlohmann::json flat = j.flatten();
     for (auto it = flat.begin(); it != flat.end();) {
       const std::string& k = it.key();
       const bool source = k.size() >= 7 && k.compare(k.size() - 7, 7, "/source") == 0;
-      if (source || k == "/note") {
+      if (source || k == "/note" || k.rfind("/measured_bus_bandwidth", 0) == 0) {
         it = flat.erase(it);
       } else {
         ++it;
@@ -120,6 +121,16 @@ TEST(ProfileTest, H200IsTheH100ChipWithMoreAndFasterMemory) {
     return flat;
   };
   EXPECT_EQ(values(h200->network), values(h100->network));
+  // Each has its own measured nccl-tests curve: all_reduce on the 8 GPUs of
+  // one node, each measured on its own GPU.
+  for (const nlohmann::json* n : {&h200->network, &h100->network}) {
+    ASSERT_TRUE(n->contains("measured_bus_bandwidth"));
+    const nlohmann::json& c = n->at("measured_bus_bandwidth").at(0);
+    EXPECT_EQ(c.at("ranks"), 8);
+    EXPECT_EQ(c.at("collectives"), nlohmann::json::array({"all_reduce"}));
+  }
+  EXPECT_NE(h200->network["measured_bus_bandwidth"][0]["source"].get<std::string>().find("H200"),
+            std::string::npos);
 }
 
 TEST(ProfileTest, EveryNumberNeedsASource) {

@@ -36,13 +36,17 @@ TEST(NetworkProfile, CheckedInProfilesParseWithASourceForEveryNumber) {
     auto p = ParseNetworkProfile(NetworkSection(name));
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->gpus_per_node, 8);
-    // 6 cluster numbers, 6 pairs x 4, the slow-down factor.
-    EXPECT_EQ(p->sources.size(), 6u + 24u + 1u) << name;
+    // 6 cluster numbers, 6 pairs x 4, the slow-down factor, one measured
+    // nccl-tests curve (8 GPUs of a node).
+    EXPECT_EQ(p->sources.size(), 6u + 24u + 1u + 1u) << name;
     for (const auto& [path, source] : p->sources) EXPECT_FALSE(source.empty()) << path;
+    ASSERT_EQ(p->measured.size(), 1u) << name;
+    EXPECT_EQ(p->measured[0].ranks, 8);
+    EXPECT_NE(p->measured[0].source.find("nccl-tests"), std::string::npos);
   }
   const NetworkProfile a100 = A100();
-  EXPECT_DOUBLE_EQ(a100.intra_node_gbps(), 240.0);   // 12 links x 20 GB/s
-  EXPECT_DOUBLE_EQ(a100.node_network_gbps(), 200.0);  // 8 x 200 Gb/s
+  EXPECT_NEAR(a100.intra_node_gbps(), 231.6, 1e-9);  // 12 links x 19.3 GB/s (measured peak)
+  EXPECT_DOUBLE_EQ(a100.node_network_gbps(), 192.0);  // 8 x 200 Gb/s x 0.96 (NCCL's 192 GB/s)
   EXPECT_DOUBLE_EQ(a100.cost(LinkAlgorithm::kRing, LinkProtocol::kSimple).base_latency_us, 8.4);
   EXPECT_NE(a100.sources.at("nic.bandwidth_gbps").find("HDR"), std::string::npos);
 }
@@ -82,6 +86,37 @@ TEST(NetworkProfile, MistakesAreNamedByTheirPath) {
   EXPECT_FALSE(disabled->cost(LinkAlgorithm::kRing, LinkProtocol::kLL128).enabled);
   EXPECT_EQ(disabled->sources.at("algorithms.ring.ll128.enabled"), "not on this fabric");
   EXPECT_NE(ParseNetworkProfile(json()).status().message().find("no network section"), std::string::npos);
+
+  const json curve = {{"collectives", {"all_gather"}},
+                      {"ranks", 8},
+                      {"nodes", 1},
+                      {"points", {{1024, 0.1}, {1048576, 50.0}}},
+                      {"source", "test"}};
+  j = A100Network();
+  j["measured_bus_bandwidth"] = json::array({curve});
+  auto parsed = ParseNetworkProfile(j);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->measured.size(), 1u);
+  EXPECT_EQ(parsed->measured[0].kinds, std::vector<CollectiveKind>{CollectiveKind::kAllGather});
+  EXPECT_EQ(parsed->sources.at("measured_bus_bandwidth[0]"), "test");
+  auto with = [&](const char* key, json value) {
+    json c = curve;
+    c[key] = std::move(value);
+    json n = A100Network();
+    n["measured_bus_bandwidth"] = json::array({c});
+    return n;
+  };
+  expect_error(with("collectives", {"all_to_all"}), "measured_bus_bandwidth[0].collectives: expected one of");
+  expect_error(with("ranks", 8.5), "measured_bus_bandwidth[0].ranks: expected an integer");
+  expect_error(with("source", ""), "measured_bus_bandwidth[0].source");
+  expect_error(with("points", {{1024, 0.1}, {512, 1.0}}), "sizes must be positive and increasing");
+  expect_error(with("points", {{1024, 0.1}}), "at least two");
+  expect_error(with("points", {{1024, -1.0}, {2048, 1.0}}), "bus bandwidths must be positive");
+  expect_error(with("points", {1024, 0.1}), "measured_bus_bandwidth[0].points: expected [[bytes");
+  expect_error(with("speed", 1), "measured_bus_bandwidth[0]: unknown key 'speed'");
+  j = A100Network();
+  j["measured_bus_bandwidth"] = curve;
+  expect_error(j, "network.measured_bus_bandwidth: expected an array");
 }
 
 CollectivePlan RingPlan(const NetworkProfile& p, CollectiveKind kind, size_t bytes,
@@ -160,18 +195,21 @@ TEST(LinkSchedule, NetworkBusBytesCountOnlyGroupsThatSpanNodes) {
 TEST(LinkSchedule, ANetworkBoundCollectiveLeavesTheRestOfNvlink) {
   LinkSchedule links;
   const NetworkProfile p = A100();
-  // 16 GPUs on 2 nodes: limited by the node's 200 GB/s of NICs, it uses
-  // 200 of NVLink's 240 GB/s; a node-local all-gather gets the other 40.
+  const double nvlink = p.intra_node_gbps() * 1e9;   // 231.6 GB/s
+  const double nics = p.node_network_gbps() * 1e9;   // 192 GB/s
+  ASSERT_LT(nics, nvlink);
+  // 16 GPUs on 2 nodes: limited by the node's NICs, it uses that much of
+  // NVLink; a node-local all-gather gets the rest.
   const CollectivePlan world = RingPlan(p, CollectiveKind::kAllGather, size_t{1} << 34, *GroupPlacement::Packed(16, 8));
   const CollectivePlan local = RingPlan(p, CollectiveKind::kAllGather, 1 << 30, *GroupPlacement::Packed(8, 8));
-  EXPECT_DOUBLE_EQ(world.bus_bytes_per_s, 200e9);
+  EXPECT_DOUBLE_EQ(world.bus_bytes_per_s, nics);
   links.Book(world, 0.0);
   auto b = links.Book(local, 0.0);
   // The local one's shorter latency gives it the whole of NVLink until the
-  // world's bytes start to flow, then 40 GB/s.
+  // world's bytes start to flow, then what the world leaves.
   ASSERT_LT(local.latency_s, world.latency_s);
-  const double early = 240e9 * (world.latency_s - local.latency_s);
-  EXPECT_NEAR(b.end_s, world.latency_s + (local.bus_bytes - early) / 40e9, 1e-9);
+  const double early = nvlink * (world.latency_s - local.latency_s);
+  EXPECT_NEAR(b.end_s, world.latency_s + (local.bus_bytes - early) / (nvlink - nics), 1e-9);
 }
 
 TEST(LinkSchedule, BusyFractionForgetAndClear) {
