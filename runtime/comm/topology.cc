@@ -229,10 +229,13 @@ double BusBandwidthFactor(CollectiveKind kind, int ranks) {
   return 1.0;
 }
 
-StatusOr<CollectivePlan> PlanCollective(const NetworkProfile& profile, CollectiveKind kind,
-                                        size_t bytes, const GroupPlacement& group,
-                                        LinkAlgorithm algorithm, LinkProtocol protocol) {
-  SK_RETURN_IF_ERROR(profile.Validate());
+namespace {
+
+// PlanCollective with the algorithm and protocol forced, for a profile
+// already validated (the tuner's loop validates once, not once per pair).
+StatusOr<CollectivePlan> PlanValidated(const NetworkProfile& profile, CollectiveKind kind,
+                                       size_t bytes, const GroupPlacement& group,
+                                       LinkAlgorithm algorithm, LinkProtocol protocol) {
   if (group.ranks < 1 || group.nodes < 1 || group.min_ranks_per_node < 1 ||
       group.nodes > group.ranks || group.min_ranks_per_node * group.nodes > group.ranks) {
     return InvalidArgumentError("inconsistent group placement: " + group.ToString());
@@ -294,6 +297,15 @@ StatusOr<CollectivePlan> PlanCollective(const NetworkProfile& profile, Collectiv
   return plan;
 }
 
+}  // namespace
+
+StatusOr<CollectivePlan> PlanCollective(const NetworkProfile& profile, CollectiveKind kind,
+                                        size_t bytes, const GroupPlacement& group,
+                                        LinkAlgorithm algorithm, LinkProtocol protocol) {
+  SK_RETURN_IF_ERROR(profile.Validate());
+  return PlanValidated(profile, kind, bytes, group, algorithm, protocol);
+}
+
 StatusOr<CollectivePlan> PlanCollective(const NetworkProfile& profile, CollectiveKind kind,
                                         size_t bytes, const GroupPlacement& group) {
   SK_RETURN_IF_ERROR(profile.Validate());
@@ -306,7 +318,7 @@ StatusOr<CollectivePlan> PlanCollective(const NetworkProfile& profile, Collectiv
     }
     for (LinkProtocol p : kProtocols) {
       if (!profile.cost(a, p).enabled) continue;
-      StatusOr<CollectivePlan> plan = PlanCollective(profile, kind, bytes, group, a, p);
+      StatusOr<CollectivePlan> plan = PlanValidated(profile, kind, bytes, group, a, p);
       SK_RETURN_IF_ERROR(plan.status());
       // Strictly less: ties keep the earlier pair (ring before tree, Simple first).
       if (!best.ok() || plan->seconds() < best->seconds()) best = std::move(plan);
