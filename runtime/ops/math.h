@@ -327,13 +327,22 @@ SK_HOST_DEVICE SK_INLINE float RopeAngle(int64_t pos, int64_t i, int64_t head_di
   return static_cast<float>(pos) * RopeInvFreq(i, head_dim, theta, scaling);
 }
 
-// One rotated pair: (a, b) = (x[i], x[i + half]) -> (a cos - b sin, b cos + a sin).
-// The backward is the rotation by -angle: pass sign = -1.
+// One rotated pair by the angle whose cosine and sine are c and s:
+// (a, b) = (x[i], x[i + half]) -> (a c - b s', b c + a s'), s' = sign s.
+// The backward is the rotation by -angle: pass sign = -1. The CPU backend
+// reads c and s from a table of cosf/sinf of RopeAngle (the same values
+// RopePair computes), so both give the same bits.
+SK_HOST_DEVICE SK_INLINE void RopeRotate(float a, float b, float c, float s, float sign,
+                                         float* out_a, float* out_b) {
+  const float ss = sign * s;
+  *out_a = a * c - b * ss;
+  *out_b = b * c + a * ss;
+}
+
+// One rotated pair: (a, b) = (x[i], x[i + half]) turned by `angle` (times sign).
 SK_HOST_DEVICE SK_INLINE void RopePair(float a, float b, float angle, float sign, float* out_a,
                                        float* out_b) {
-  const float c = cosf(angle), s = sign * sinf(angle);
-  *out_a = a * c - b * s;
-  *out_b = b * c + a * s;
+  RopeRotate(a, b, cosf(angle), sinf(angle), sign, out_a, out_b);
 }
 
 // One head's row (head_dim contiguous floats) at position pos; y may be x.

@@ -30,6 +30,7 @@
 #include "runtime/core/allocator.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/ops/cpu/cpu_backend.h"
+#include "runtime/ops/math.h"
 #include "runtime/ops/ops.h"
 
 namespace sk::ops {
@@ -1094,6 +1095,75 @@ TEST_P(Conformance, Rope) {
   EXPECT_EQ(RopeForward(ctx(), x, 3, 1, 4, 10000.0f, unknown, y).code(),
             StatusCode::kInvalidArgument)
       << "unknown type";
+}
+
+// The CPU's RoPE reads cos/sin from a cached table per (head_dim, theta,
+// scaling) that grows with the positions asked for; every entry must be the
+// bits math.h's direct computation gives (RopeHeadRow: powf, then cosf and
+// sinf of the f32 angle), for all three scalings, f32 and bf16, forward and
+// backward, positions from the sequence and given per row (packed
+// documents: restarts, a negative position and one far past any table,
+// which are computed directly), and a table grown between calls.
+TEST_P(Conformance, RopeFromCachedTablesIsTheDirectComputationBitForBit) {
+  if (GetParam() != DeviceKind::kCpu) GTEST_SKIP() << "the tables are the CPU's (cuda: cosf on the GPU)";
+  struct Case {
+    int64_t seq, heads, hd;
+    float theta;
+    RopeScaling scaling;
+    bool packed;
+  };
+  const Case cases[] = {{300, 2, 64, 10000.0f, {}, false},
+                        {40, 3, 8, 10000.0f, Linear(4.0f), false},
+                        {520, 2, 64, 500000.0f, Llama3(8.0f, 1.0f, 4.0f, 8192), false},
+                        {600, 1, 64, 500000.0f, Llama3(32.0f, 1.0f, 4.0f, 64), true},
+                        {64, 2, 64, 10000.0f, {}, true},
+                        {1000, 1, 64, 10000.0f, {}, false}};  // the table grown above, read again
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (const Case& c : cases) {
+      const int64_t rows = 2 * c.seq, width = c.heads * c.hd;
+      const size_t e = static_cast<size_t>(rows * width);
+      const Vec x = R(Random(e, 131), t);
+      Vec pos;
+      std::vector<int32_t> p32(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        // Documents of 37 tokens, then positions far into a long context.
+        p32[r] = c.packed ? static_cast<int32_t>(r < c.seq ? r % 37 : 9000 + 3 * r)
+                          : static_cast<int32_t>(r % c.seq);
+      }
+      if (c.packed) {
+        p32[1] = -5;
+        p32[2] = 1 << 24;  // past kMaxRopeTableBytes' table
+        pos.assign(p32.begin(), p32.end());
+      }
+      const std::string name = "rope " + std::string(DTypeName(t)) + " seq " +
+                               std::to_string(c.seq) + " " + RopeScalingTypeName(c.scaling.type) +
+                               (c.packed ? " packed" : "");
+      for (bool inverse : {false, true}) {
+        std::vector<float> want(e);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t h = 0; h < c.heads; ++h) {
+            const int64_t o = r * width + h * c.hd;
+            std::vector<float> xr(x.begin() + o, x.begin() + o + c.hd);
+            nn_math::RopeHeadRow(xr.data(), p32[r], c.hd, c.theta, c.scaling,
+                                 inverse ? -1.0f : 1.0f, want.data() + o);
+          }
+        }
+        Tensor tx = Up(x, t), ty = Up(Vec(e, 0.0), t);
+        Tensor tp = c.packed ? Up(pos, DType::kI32) : Tensor();
+        const Status st =
+            inverse ? RopeBackward(ctx(), tx, c.seq, c.heads, c.hd, c.theta, c.scaling, ty, tp)
+                    : RopeForward(ctx(), tx, c.seq, c.heads, c.hd, c.theta, c.scaling, ty, tp);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        const Vec got = Down(ty);
+        for (size_t i = 0; i < e; ++i) {
+          const float w = R(Vec{want[i]}, t)[0];
+          const float g = static_cast<float>(got[i]);
+          ASSERT_EQ(std::memcmp(&g, &w, sizeof g), 0)
+              << name << (inverse ? " bwd" : " fwd") << " [" << i << "]: " << g << " vs " << w;
+        }
+      }
+    }
+  }
 }
 
 TEST_P(Conformance, SwiGlu) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -13,6 +14,7 @@
 
 #include "runtime/ops/cpu/flash_attention.h"
 #include "runtime/ops/cpu/kernels.h"
+#include "runtime/ops/cpu/rope_table.h"
 #include "runtime/ops/cpu/simd.h"
 #include "runtime/ops/math.h"
 
@@ -192,6 +194,12 @@ float* UnitProbs(const Tensor& probs, const AttentionShape& s, const AttentionUn
 }
 
 bool IsF32(const Tensor& t) { return t.dtype() == DType::kF32; }
+bool AllBf16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    if (t->dtype() != DType::kBF16) return false;
+  }
+  return true;
+}
 bool AllBF16(std::initializer_list<const MatrixRef*> ms) {
   return std::all_of(ms.begin(), ms.end(),
                      [](const MatrixRef* m) { return m->t.dtype() == DType::kBF16; });
@@ -757,38 +765,75 @@ class CpuBackend final : public OpBackend {
     return OkStatus();
   }
 
+  // RoPE a token row (all its heads) at a time: the row's cos/sin from the
+  // cached table (rope_table.h: the bits of the direct computation), or
+  // computed for a position outside it, then simd's rotation.
   Status Rope(const OpContext&, const Tensor& x, int64_t seq_len, int64_t heads,
               int64_t head_dim, float theta, const RopeScaling& scaling, bool inverse,
               const Tensor& y, const Tensor& positions) override {
-    // Head rows u of [rows, heads, head_dim]: row u / heads, at position
-    // positions[u / heads] or (u / heads) % seq_len.
     const float sign = inverse ? -1.0f : 1.0f;
+    const int64_t width = heads * head_dim, half = head_dim / 2;
+    const int64_t rows = x.numel() / width;
     const int32_t* pos = positions.defined() ? positions.data_as<int32_t>() : nullptr;
-    SplitRange(x.numel() / head_dim, std::max<int64_t>(1, kMinPassPart / head_dim), 1,
-               [&](int64_t b, int64_t e) {
-                 float* bx = Scratch(0, head_dim);
-                 float* by = Scratch(1, head_dim);
-                 for (int64_t u = b; u < e; ++u) {
-                   const int64_t o = u * head_dim;
-                   float* yr = OutF32(y, o, by);
-                   nn_math::RopeHeadRow(InF32(x, o, head_dim, bx),
-                                        nn_math::RopePosition(u / heads, seq_len, pos), head_dim,
-                                        theta, scaling, sign, yr);
-                   OutDone(y, o, head_dim, yr);
-                 }
-               });
+    int64_t covered = std::min(seq_len, rows);  // positions the table must hold
+    if (pos != nullptr) {
+      int32_t hi = -1;
+      for (int64_t r = 0; r < rows; ++r) hi = std::max(hi, pos[r]);
+      covered = int64_t{hi} + 1;
+    }
+    const std::shared_ptr<const RopeTable> table =
+        CachedRopeTable(head_dim, theta, scaling, covered);
+    const int64_t in_table = table->positions;
+    SplitRange(rows, std::max<int64_t>(1, kMinPassPart / width), 1, [&](int64_t b, int64_t e) {
+      float* bx = Scratch(0, width);
+      float* by = Scratch(1, width);
+      float* cs = Scratch(2, head_dim);
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t p = nn_math::RopePosition(r, seq_len, pos);
+        const float* c = cs;
+        const float* s = cs + half;
+        if (p >= 0 && p < in_table) {
+          c = table->cos.data() + p * half;
+          s = table->sin.data() + p * half;
+        } else {
+          RopeCosSinRow(p, head_dim, theta, scaling, cs, cs + half);
+        }
+        const int64_t o = r * width;
+        float* yr = OutF32(y, o, by);
+        simd::RopeRotateHeads(InF32(x, o, width, bx), c, s, heads, head_dim, sign, yr);
+        OutDone(y, o, width, yr);
+      }
+    });
     return OkStatus();
   }
 
+  // SwiGLU: f32 and bf16 through simd's loops (bf16 converted in
+  // registers); other 16-bit dtypes in f32 chunks.
   Status SwiGluForward(const OpContext&, const Tensor& gate, const Tensor& up,
                        const Tensor& y) override {
-    SplitRange(gate.numel(), kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
+    const int64_t n = gate.numel();
+    if (IsF32(gate) && IsF32(up) && IsF32(y)) {
+      SplitRange(n, kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
+        simd::SwiGluForward(F(gate) + b, F(up) + b, e - b, F(y) + b);
+      });
+      return OkStatus();
+    }
+    if (AllBf16({&gate, &up, &y})) {
+      const BF16* g = gate.data_as<BF16>();
+      const BF16* u = up.data_as<BF16>();
+      BF16* yo = y.data_as<BF16>();
+      SplitRange(n, kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
+        simd::SwiGluForwardBf16(g + b, u + b, e - b, yo + b);
+      });
+      return OkStatus();
+    }
+    SplitRange(n, kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; i += kChunk) {
         const int64_t c = std::min(kChunk, e - i);
         const float* g = InF32(gate, i, c, Scratch(0, c));
         const float* u = InF32(up, i, c, Scratch(1, c));
         float* yo = OutF32(y, i, Scratch(2, c));
-        for (int64_t j = 0; j < c; ++j) yo[j] = nn_math::Silu(g[j]) * u[j];
+        simd::SwiGluForward(g, u, c, yo);
         OutDone(y, i, c, yo);
       }
     });
@@ -797,7 +842,25 @@ class CpuBackend final : public OpBackend {
 
   Status SwiGluBackward(const OpContext&, const Tensor& gate, const Tensor& up, const Tensor& dy,
                         const Tensor& dgate, const Tensor& dup) override {
-    SplitRange(gate.numel(), kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
+    const int64_t n = gate.numel();
+    if (IsF32(gate) && IsF32(up) && IsF32(dy) && IsF32(dgate) && IsF32(dup)) {
+      SplitRange(n, kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
+        simd::SwiGluBackward(F(gate) + b, F(up) + b, F(dy) + b, e - b, F(dgate) + b, F(dup) + b);
+      });
+      return OkStatus();
+    }
+    if (AllBf16({&gate, &up, &dy, &dgate, &dup})) {
+      const BF16* g = gate.data_as<BF16>();
+      const BF16* u = up.data_as<BF16>();
+      const BF16* d = dy.data_as<BF16>();
+      BF16* dg = dgate.data_as<BF16>();
+      BF16* du = dup.data_as<BF16>();
+      SplitRange(n, kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
+        simd::SwiGluBackwardBf16(g + b, u + b, d + b, e - b, dg + b, du + b);
+      });
+      return OkStatus();
+    }
+    SplitRange(n, kMinPassPart, kVectorAlign, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; i += kChunk) {
         const int64_t c = std::min(kChunk, e - i);
         const float* g = InF32(gate, i, c, Scratch(0, c));
@@ -805,10 +868,7 @@ class CpuBackend final : public OpBackend {
         const float* d = InF32(dy, i, c, Scratch(2, c));
         float* dg = OutF32(dgate, i, Scratch(3, c));
         float* du = OutF32(dup, i, Scratch(4, c));
-        for (int64_t j = 0; j < c; ++j) {
-          dg[j] = d[j] * u[j] * nn_math::SiluGrad(g[j]);
-          du[j] = d[j] * nn_math::Silu(g[j]);
-        }
+        simd::SwiGluBackward(g, u, d, c, dg, du);
         OutDone(dgate, i, c, dg);
         OutDone(dup, i, c, du);
       }

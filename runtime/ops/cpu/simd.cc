@@ -136,6 +136,8 @@ constexpr int64_t L = V::kLanes;
 using avx512::GeluBackwardV;
 using avx512::GeluForwardV;
 using avx512::LoadBf16;
+using avx512::SwiGluBackwardV;
+using avx512::SwiGluForwardV;
 
 inline void StoreBf16(uint16_t* p, R v) {
   constexpr int kSubnormal = 0x20;  // fpclass: denormal
@@ -274,6 +276,41 @@ void GeluBackwardBf16(const uint16_t* x, const uint16_t* dy, int64_t n, uint16_t
   for (int64_t i = 0; i < n; ++i) {
     dx[i] = FloatToBF16(BF16ToFloat(BF16{dy[i]}) * nn_math::GeluTanhGrad(BF16ToFloat(BF16{x[i]})))
                 .bits;
+  }
+}
+void SwiGluForwardBf16(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = FloatToBF16(nn_math::Silu(BF16ToFloat(BF16{g[i]})) * BF16ToFloat(BF16{u[i]})).bits;
+  }
+}
+void SwiGluBackwardBf16(const uint16_t* g, const uint16_t* u, const uint16_t* dy, int64_t n,
+                        uint16_t* dg, uint16_t* du) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gf = BF16ToFloat(BF16{g[i]}), uf = BF16ToFloat(BF16{u[i]}),
+                df = BF16ToFloat(BF16{dy[i]});
+    dg[i] = FloatToBF16(df * uf * nn_math::SiluGrad(gf)).bits;
+    du[i] = FloatToBF16(df * nn_math::Silu(gf)).bits;
+  }
+}
+void SwiGluForward(const float* g, const float* u, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = nn_math::Silu(g[i]) * u[i];
+}
+void SwiGluBackward(const float* g, const float* u, const float* dy, int64_t n, float* dg,
+                    float* du) {
+  for (int64_t i = 0; i < n; ++i) {
+    dg[i] = dy[i] * u[i] * nn_math::SiluGrad(g[i]);
+    du[i] = dy[i] * nn_math::Silu(g[i]);
+  }
+}
+void RopeRotateHeads(const float* x, const float* cos, const float* sin, int64_t heads,
+                     int64_t head_dim, float sign, float* y) {
+  const int64_t half = head_dim / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* xa = x + h * head_dim;
+    float* ya = y + h * head_dim;
+    for (int64_t i = 0; i < half; ++i) {
+      nn_math::RopeRotate(xa[i], xa[i + half], cos[i], sin[i], sign, &ya[i], &ya[i + half]);
+    }
   }
 }
 void WidenBf16(const uint16_t* src, int64_t n, float* dst) {
@@ -532,6 +569,27 @@ void CrossEntropyRowBackward(const float* logits, int64_t cols, int32_t target, 
   SK_SIMD_DISPATCH(CrossEntropyRowBackward, logits, cols, target, scale, dlogits);
 }
 
+void SwiGluForward(const float* g, const float* u, int64_t n, float* y) {
+  SK_SIMD_DISPATCH(SwiGluForward, g, u, n, y);
+}
+void SwiGluBackward(const float* g, const float* u, const float* dy, int64_t n, float* dg,
+                    float* du) {
+  SK_SIMD_DISPATCH(SwiGluBackward, g, u, dy, n, dg, du);
+}
+void SwiGluForwardBf16(const BF16* g, const BF16* u, int64_t n, BF16* y) {
+  SK_SIMD_DISPATCH_BF16(SwiGluForwardBf16, reinterpret_cast<const uint16_t*>(g),
+                        reinterpret_cast<const uint16_t*>(u), n, reinterpret_cast<uint16_t*>(y));
+}
+void SwiGluBackwardBf16(const BF16* g, const BF16* u, const BF16* dy, int64_t n, BF16* dg,
+                        BF16* du) {
+  SK_SIMD_DISPATCH_BF16(SwiGluBackwardBf16, reinterpret_cast<const uint16_t*>(g),
+                        reinterpret_cast<const uint16_t*>(u), reinterpret_cast<const uint16_t*>(dy),
+                        n, reinterpret_cast<uint16_t*>(dg), reinterpret_cast<uint16_t*>(du));
+}
+void RopeRotateHeads(const float* x, const float* cos, const float* sin, int64_t heads,
+                     int64_t head_dim, float sign, float* y) {
+  SK_SIMD_DISPATCH(RopeRotateHeads, x, cos, sin, heads, head_dim, sign, y);
+}
 void GeluForwardBf16(const BF16* x, int64_t n, BF16* y) {
   SK_SIMD_DISPATCH_BF16(GeluForwardBf16, reinterpret_cast<const uint16_t*>(x), n,
                    reinterpret_cast<uint16_t*>(y));

@@ -6,7 +6,7 @@
 // Results against the scalar loops (runtime/ops/math.h, update_rules.h):
 // - elementwise ops without exp (AdamW/Adam/SGD updates, adds) keep the order
 //   of arithmetic and round alike: bit-identical on every ISA;
-// - exp-based ops (GELU, softmax, cross-entropy) use a vector exp (Cephes'
+// - exp-based ops (GELU, SwiGLU, softmax, cross-entropy) use a vector exp (Cephes'
 //   polynomial, ~2 ulp) instead of glibc's expf (~0.5 ulp);
 // - row reductions (LayerNorm, softmax, cross-entropy sums, sum of squares)
 //   add in lanes, then across lanes: a different summation order.
@@ -57,6 +57,21 @@ std::vector<Isa> RunnableIsas();
 // y = gelu_tanh(x) (y may alias x); dx = dy * gelu_tanh'(x) (dx may alias dy).
 void GeluForward(const float* x, int64_t n, float* y);
 void GeluBackward(const float* x, const float* dy, int64_t n, float* dx);
+
+// SwiGLU (math.h's Silu and SiluGrad, in its order): y = silu(g) u;
+// dg = dy u silu'(g) and du = dy silu(g). The vector ISAs take sigmoid's
+// e^(-g) from the vector exp (Cephes' polynomial, as GELU), the scalar loop
+// from expf; outputs must not overlap inputs.
+void SwiGluForward(const float* g, const float* u, int64_t n, float* y);
+void SwiGluBackward(const float* g, const float* u, const float* dy, int64_t n, float* dg,
+                    float* du);
+
+// Rotary embedding of one position's `heads` head rows of head_dim floats
+// (x and y; y may be x): each pair (i, i + head_dim / 2) of every head turned
+// by the angles whose cosines and sines are cos[i] and sin[i] (times sign),
+// math.h's RopeRotate, bit-identical on every ISA (no FMA, its order).
+void RopeRotateHeads(const float* x, const float* cos, const float* sin, int64_t heads,
+                     int64_t head_dim, float sign, float* y);
 
 // The per-element rules of update_rules.h over n elements (momentum unused
 // when h.momentum == 0).
@@ -128,6 +143,13 @@ void NarrowToBf16(const float* src, int64_t n, BF16* dst);
 // alias x; dx may alias dy or x).
 void GeluForwardBf16(const BF16* x, int64_t n, BF16* y);
 void GeluBackwardBf16(const BF16* x, const BF16* dy, int64_t n, BF16* dx);
+
+// SwiGLU on bf16 tensors: exactly NarrowToBf16 of SwiGluForward /
+// SwiGluBackward on the widened operands, bit for bit on every ISA, the
+// conversions in registers.
+void SwiGluForwardBf16(const BF16* g, const BF16* u, int64_t n, BF16* y);
+void SwiGluBackwardBf16(const BF16* g, const BF16* u, const BF16* dy, int64_t n, BF16* dg,
+                        BF16* du);
 
 // dst[i] = round(dst[i] + src[i]) for a bf16 dst: exactly WidenBf16, an f32
 // add and NarrowToBf16, with the conversions in registers (the model's
