@@ -125,7 +125,7 @@ def torch_worker(args, rank, world, port):
                             world_size=world)
     config = AutoConfig.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
-                                             torch_dtype=torch.float32)
+                                             dtype=torch.float32)
     parameters = sum(p.numel() for p in model.parameters())
     mesh = init_device_mesh("cpu", (world,))
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -268,6 +268,9 @@ def main():
                            " ".join("%.3f" % l for l in r["losses_rank0"]), r["load"][0],
                            r["load"][1]), flush=True)
                 sk, pt = row["shardkit"], row["torch"]
+                if sk["parameters"] != pt["parameters"]:
+                    sys.exit("PARAMETER COUNTS DIFFER: shardkit %d, torch %d (%s)" %
+                             (sk["parameters"], pt["parameters"], model))
                 row["cpu_ratio"] = sk["cpu_s_per_rank"] / pt["cpu_s_per_rank"]
                 row["rss_ratio"] = sk["peak_rss_mib"] / pt["peak_rss_mib"]
                 report["runs"].append(row)
