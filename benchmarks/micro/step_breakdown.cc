@@ -209,6 +209,47 @@ class TimingBackend final : public ops::OpBackend {
                            const ops::MatrixRef& dv, const Tensor& scratch) override {
     SK_TIMED(inner_->AttentionBackward(c, s, q, k, v, p, dout, dq, dk, dv, scratch));
   }
+  // The Llama family's ops (without them a Llama step failed here as not
+  // implemented) and the linear-memory attention every Llama runs.
+  Status RmsNormForward(const ops::OpContext& c, const Tensor& x, const Tensor& g, float eps,
+                        const Tensor& y, const Tensor& r) override {
+    SK_TIMED(inner_->RmsNormForward(c, x, g, eps, y, r));
+  }
+  Status RmsNormBackward(const ops::OpContext& c, const Tensor& x, const Tensor& g,
+                         const Tensor& dy, const Tensor& r, const Tensor& dx,
+                         const Tensor& dg) override {
+    SK_TIMED(inner_->RmsNormBackward(c, x, g, dy, r, dx, dg));
+  }
+  Status Rope(const ops::OpContext& c, const Tensor& x, int64_t seq_len, int64_t heads,
+              int64_t head_dim, float theta, const RopeScaling& scaling, bool inverse,
+              const Tensor& y, const Tensor& positions) override {
+    SK_TIMED(inner_->Rope(c, x, seq_len, heads, head_dim, theta, scaling, inverse, y, positions));
+  }
+  Status SwiGluForward(const ops::OpContext& c, const Tensor& g, const Tensor& u,
+                       const Tensor& y) override {
+    SK_TIMED(inner_->SwiGluForward(c, g, u, y));
+  }
+  Status SwiGluBackward(const ops::OpContext& c, const Tensor& g, const Tensor& u,
+                        const Tensor& dy, const Tensor& dg, const Tensor& du) override {
+    SK_TIMED(inner_->SwiGluBackward(c, g, u, dy, dg, du));
+  }
+  bool PrefersFlashAttention(const ops::AttentionShape& s, DType t) const override {
+    return inner_->PrefersFlashAttention(s, t);
+  }
+  Status FlashAttentionForward(const ops::OpContext& c, const ops::AttentionShape& s,
+                               const ops::MatrixRef& q, const ops::MatrixRef& k,
+                               const ops::MatrixRef& v, const ops::MatrixRef& o,
+                               const Tensor& lse) override {
+    SK_TIMED(inner_->FlashAttentionForward(c, s, q, k, v, o, lse));
+  }
+  Status FlashAttentionBackward(const ops::OpContext& c, const ops::AttentionShape& s,
+                                const ops::MatrixRef& q, const ops::MatrixRef& k,
+                                const ops::MatrixRef& v, const ops::MatrixRef& o,
+                                const ops::MatrixRef& dout, const Tensor& lse,
+                                const ops::MatrixRef& dq, const ops::MatrixRef& dk,
+                                const ops::MatrixRef& dv, const Tensor& w) override {
+    SK_TIMED(inner_->FlashAttentionBackward(c, s, q, k, v, o, dout, lse, dq, dk, dv, w));
+  }
   Status EmbeddingForward(const ops::OpContext& c, const Tensor& t, const Tensor& ids,
                           const Tensor& o) override {
     SK_TIMED(inner_->EmbeddingForward(c, t, ids, o));
