@@ -268,12 +268,63 @@ Status CallerCollectives::GatherAndReduce(void* data, const Tensor& t, int64_t c
   return stream_->Synchronize(timeout_);
 }
 
+// f32, i32, f64 and i64 buffers all travel as f32 words, and the backends
+// compare wire dtypes and counts only: an i32 broadcast on one rank and an
+// f32 one on another (or f64 against twice as many f32) moved the root's
+// bytes into the wrong type, silently. bf16 and f16 keep their own wire
+// dtypes, which the backends compare.
+Status CallerCollectives::AgreeOnDType(const char* call, CallerDType dtype) {
+  if (dtype == CallerDType::kBF16 || dtype == CallerDType::kF16 || group_->size() == 1) return OkStatus();
+  const int n = group_->size();
+  const int32_t mine = static_cast<int32_t>(dtype);
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  void* in = const_cast<int32_t*>(&mine);
+  void* gathered = all.data();
+  void* device_buffer = nullptr;  // this rank's word, then every rank's, on a GPU group
+  const size_t device_bytes = sizeof(int32_t) * static_cast<size_t>(n + 1);
+  if (!device_->id().is_cpu()) {
+    SK_ASSIGN_OR_RETURN(device_buffer, device_->RawAllocate(device_bytes));
+    in = device_buffer;
+    gathered = static_cast<int32_t*>(device_buffer) + 1;
+  }
+  Status s = OkStatus();
+  if (device_buffer != nullptr) {
+    s = device_->CopyAsync(in, &mine, sizeof mine, *stream_);
+    if (s.ok()) s = stream_->Synchronize(timeout_);
+  }
+  StatusOr<Tensor> in_t = Tensor::Wrap(in, DType::kF32, Shape{1}, device_->id());
+  StatusOr<Tensor> out_t = Tensor::Wrap(gathered, DType::kF32, Shape{n}, device_->id());
+  if (s.ok() && !in_t.ok()) s = in_t.status();
+  if (s.ok() && !out_t.ok()) s = out_t.status();
+  if (s.ok()) {
+    CollectiveOptions o;
+    o.timeout = timeout_;
+    o.label = std::string("caller ") + call + " dtypes";
+    s = Wait(group_->all_gather(*out_t, *in_t, *stream_, o), std::string(call) + " of the caller's buffer (dtypes)");
+  }
+  if (s.ok() && device_buffer != nullptr) {
+    s = device_->CopyAsync(all.data(), gathered, sizeof(int32_t) * all.size(), *stream_);
+    if (s.ok()) s = stream_->Synchronize(timeout_);
+  }
+  if (device_buffer != nullptr) device_->RawFree(device_buffer, device_bytes);
+  SK_RETURN_IF_ERROR(s);
+  for (int r = 1; r < n; ++r) {
+    if (all[static_cast<size_t>(r)] == all[0]) continue;
+    return InvalidArgumentError(std::string(call) + " of the caller's buffer: rank 0 passed " +
+                                CallerDTypeName(static_cast<CallerDType>(all[0])) + " but rank " + std::to_string(r) +
+                                " " + CallerDTypeName(static_cast<CallerDType>(all[static_cast<size_t>(r)])) +
+                                " (every rank must pass the same dtype)");
+  }
+  return OkStatus();
+}
+
 Status CallerCollectives::Broadcast(void* data, int64_t count, CallerDType dtype, int root) {
   if (root < 0 || root >= group_->size()) {
     return OutOfRangeError("broadcast root " + std::to_string(root) + " is not a rank of the group (size " +
                            std::to_string(group_->size()) + ")");
   }
   SK_ASSIGN_OR_RETURN(Tensor t, Wrap(data, count, dtype, "broadcast buffer"));
+  SK_RETURN_IF_ERROR(AgreeOnDType("broadcast", dtype));
   BroadcastOptions o;
   o.root = root;
   o.timeout = timeout_;
@@ -290,6 +341,7 @@ Status CallerCollectives::AllGather(const void* input, void* output, int64_t cou
   if (count > 0 && ib < ob + in_bytes * static_cast<size_t>(group_->size()) && ob < ib + in_bytes) {
     return InvalidArgumentError("all_gather input and output overlap");
   }
+  SK_RETURN_IF_ERROR(AgreeOnDType("all_gather", dtype));
   CollectiveOptions o;
   o.timeout = timeout_;
   o.label = "caller all_gather";

@@ -52,10 +52,12 @@ class CallerCollectives {
   // an integer buffer, or a buffer on the wrong device.
   Status AllReduce(void* data, int64_t count, CallerDType dtype, CallerReduceOp op);
   // In place: every rank's buffer becomes rank `root`'s. OutOfRange for a
-  // root outside [0, size).
+  // root outside [0, size). Ranks that pass different dtypes get
+  // InvalidArgument naming both (every rank), the buffers unchanged.
   Status Broadcast(void* data, int64_t count, CallerDType dtype, int root);
   // output[r * count .. (r + 1) * count) = rank r's input; `output` holds
-  // size() * count elements and must not overlap `input`.
+  // size() * count elements and must not overlap `input`. Different dtypes
+  // on different ranks: as Broadcast.
   Status AllGather(const void* input, void* output, int64_t count, CallerDType dtype);
   Status Barrier();
 
@@ -71,6 +73,10 @@ class CallerCollectives {
   // The all-gather-and-reduce path (MAX, MIN; f64 and integer buffers).
   Status GatherAndReduce(void* data, const Tensor& t, int64_t count, CallerDType dtype, CallerReduceOp op);
   Status Wait(StatusOr<std::shared_ptr<Work>> work, const std::string& what);
+  // For the calls that move bytes (broadcast, all_gather) of a dtype that
+  // travels as f32 words: gathers every rank's dtype and fails on every
+  // rank, naming the first that differs from rank 0, when they differ.
+  Status AgreeOnDType(const char* call, CallerDType dtype);
 
   ProcessGroup* group_;
   Device* device_;

@@ -206,6 +206,24 @@ void WideAndIntegerReductions(int rank, ProcessGroup* g) {
   // A count that differs is still caught.
   s = c.AllReduce(l.data(), rank == 0 ? 2 : 1, CallerDType::kI64, CallerReduceOp::kSum);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  // Broadcast and all-gather of dtypes that travel alike (f32 and i32
+  // words; f64 and twice as many f32) moved the root's bytes into the
+  // wrong type: now every rank fails naming both, its buffers unchanged.
+  std::vector<int32_t> words = {rank == 0 ? 0x3f800000 : 7};
+  s = c.Broadcast(words.data(), 1, rank == 1 ? CallerDType::kI32 : CallerDType::kF32, 0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("rank 0 passed f32 but rank 1 i32"), std::string::npos) << s;
+  EXPECT_EQ(words[0], rank == 0 ? 0x3f800000 : 7) << "a refused broadcast wrote the buffer";
+  std::vector<double> wide = {1.0 + rank, 0};
+  std::vector<double> gathered(static_cast<size_t>(2 * n), -1.0);
+  s = c.AllGather(wide.data(), gathered.data(), rank == 2 ? 2 : 1, rank == 2 ? CallerDType::kF32 : CallerDType::kF64);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("rank 2 f32"), std::string::npos) << s;
+  for (double v : gathered) EXPECT_EQ(v, -1.0) << "a refused all_gather wrote the output";
+  // And the next call works.
+  std::vector<int32_t> agreed = {rank == 1 ? 42 : 0};
+  ASSERT_TRUE(c.Broadcast(agreed.data(), 1, CallerDType::kI32, 1).ok());
+  EXPECT_EQ(agreed[0], 42);
 }
 
 TEST(CallerCollectives, F64AndIntegerSumsMaxAndMinOnLocalGroups) {
