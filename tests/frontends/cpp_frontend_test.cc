@@ -672,12 +672,15 @@ TEST(CppFrontend, ShardLayoutCustomStateAndWideCollectives) {
   eo.custom_state_names = states;
   eo.num_custom_states = 1;
   std::vector<shardkit::Engine::ShardLayout> layouts(2);
+  // Piece names belong to the engine: copied while it lives.
+  std::vector<std::vector<std::string>> names(2);
   std::vector<std::vector<int64_t>> sums(2);
   std::vector<std::vector<double>> mins(2);
   std::vector<int> refused(2);
   shardkit::RunLocalRanks(2, [&](int32_t rank, sk_process_group* g) {
     shardkit::Engine e(spec, g, &eo);
     layouts[rank] = e.GetShardLayout(u);
+    for (const auto& piece : layouts[rank].pieces) names[rank].push_back(piece.name);
     std::vector<int64_t> n = {(int64_t{1} << 40) + rank};
     shardkit::ProcessGroup::AllReduce(g, n);
     sums[rank] = n;
@@ -691,8 +694,7 @@ TEST(CppFrontend, ShardLayoutCustomStateAndWideCollectives) {
     EXPECT_EQ(layouts[r].shard_index, 0);
     EXPECT_EQ(layouts[r].num_shards, 1);
     ASSERT_EQ(layouts[r].pieces.size(), 2u);
-    EXPECT_STREQ(layouts[r].pieces[0].name, "fc.w");
-    EXPECT_STREQ(layouts[r].pieces[1].name, "fc.b");
+    EXPECT_EQ(names[r], (std::vector<std::string>{"fc.w", "fc.b"}));
     EXPECT_EQ(layouts[r].pieces[1].numel, 3);
     EXPECT_EQ(sums[r], std::vector<int64_t>{(int64_t{2} << 40) + 1});
     EXPECT_EQ(mins[r], (std::vector<double>{0.0, -0.5}));
