@@ -13,8 +13,11 @@ namespace {
 // The caller's micro-batch `b` as a TokenBatch: SK_IGNORE_INDEX targets and
 // loss_mask zeros become kIgnoreTarget; `name` names it in errors. The
 // model's own checks (ids within the vocabulary, positions, segment ids)
-// come later, in the step.
-sk::StatusOr<sk::TokenBatch> ToTokenBatch(const sk_batch* in, const std::string& name) {
+// come later, in the step. The shape is checked against the trainer's
+// maxima (`max_batch`, `max_seq`) before any array is read: a seq_len
+// beyond the maximum would otherwise read past arrays sized for it.
+sk::StatusOr<sk::TokenBatch> ToTokenBatch(const sk_batch* in, const std::string& name, int64_t max_batch,
+                                          int64_t max_seq) {
   if (in == nullptr) return sk::InvalidArgumentError(name + " is NULL");
   sk_batch b;
   SK_RETURN_IF_ERROR(ReadStruct(in, name.c_str(), &b));
@@ -22,6 +25,14 @@ sk::StatusOr<sk::TokenBatch> ToTokenBatch(const sk_batch* in, const std::string&
     return sk::InvalidArgumentError(name + ": batch_size " + std::to_string(b.batch_size) + " x seq_len " +
                                     std::to_string(b.seq_len) +
                                     " must both be positive, with fewer than 2^31 tokens");
+  }
+  if (b.batch_size > max_batch) {
+    return sk::InvalidArgumentError(name + ": batch_size " + std::to_string(b.batch_size) + " is outside [1, " +
+                                    std::to_string(max_batch) + "] (the trainer's batch_size)");
+  }
+  if (b.seq_len > max_seq) {
+    return sk::InvalidArgumentError(name + ": seq_len " + std::to_string(b.seq_len) + " is outside [1, " +
+                                    std::to_string(max_seq) + "] (the trainer's seq_len)");
   }
   if (b.input_ids == nullptr) return sk::InvalidArgumentError(name + ".input_ids is NULL");
   if (b.targets == nullptr) return sk::InvalidArgumentError(name + ".targets is NULL");
@@ -54,12 +65,14 @@ sk::StatusOr<sk::TokenBatch> ToTokenBatch(const sk_batch* in, const std::string&
 // `count` micro-batches from `batches` (an array of pointers), named
 // "<prefix>[i]".
 sk::StatusOr<std::vector<sk::TokenBatch>> ToTokenBatches(const sk_batch* const* batches, int32_t count,
-                                                         const char* what, int64_t first = 0) {
+                                                         const sk::TrainerOptions& limits, const char* what,
+                                                         int64_t first = 0) {
   if (batches == nullptr) return sk::InvalidArgumentError(std::string(what) + " is NULL");
   std::vector<sk::TokenBatch> out;
   for (int32_t i = 0; i < count; ++i) {
     SK_ASSIGN_OR_RETURN(sk::TokenBatch t,
-                        ToTokenBatch(batches[i], std::string(what) + "[" + std::to_string(first + i) + "]"));
+                        ToTokenBatch(batches[i], std::string(what) + "[" + std::to_string(first + i) + "]",
+                                     limits.batch_size, limits.seq_len));
     out.push_back(std::move(t));
   }
   return out;
@@ -117,7 +130,7 @@ SK_EXPORT sk_status_t sk_trainer_step_batches(sk_trainer* trainer, const sk_batc
                                          "; a step takes grad_accum_steps = " + std::to_string(want)));
   }
   SK_ASSIGN_OR_FAIL(std::vector<sk::TokenBatch> batches,
-                    ToTokenBatches(micro_batches, num_micro_batches, "micro_batches"));
+                    ToTokenBatches(micro_batches, num_micro_batches, trainer->trainer->options(), "micro_batches"));
   SK_ASSIGN_OR_FAIL(sk::StepMetrics m, trainer->trainer->StepOnBatches(batches));
   if (out_metrics != nullptr) WriteStruct(out_metrics, ToStepMetrics(m, trainer->trainer->rank()));
   return SK_STATUS_OK;
@@ -323,7 +336,8 @@ SK_EXPORT sk_status_t sk_local_session_step_batches(sk_local_session* session, c
   std::vector<std::vector<sk::TokenBatch>> per(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     SK_ASSIGN_OR_FAIL(per[r], ToTokenBatches(batches == nullptr ? nullptr : batches + r * per_rank,
-                                             static_cast<int32_t>(per_rank), "batches", r * per_rank));
+                                             static_cast<int32_t>(per_rank), session->session->trainer(r).options(),
+                                             "batches", r * per_rank));
     // The model's checks too, before any rank starts.
     for (size_t m = 0; m < per[r].size(); ++m) {
       SK_CHECK(session->session->trainer(r).model().ValidateBatch(per[r][m]).WithContext(
