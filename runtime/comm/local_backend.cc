@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -136,6 +137,88 @@ struct RankCall {
     return call;
   }
 };
+
+// How a rank's share of a collective's data movement is carried out: at once
+// on the host (LocalRendezvous::Run) or enqueued on its stream (RunOrdered).
+// Both modes move the same bytes through the same two helpers below.
+struct Mover {
+  std::function<Status(void* dst, const void* src, size_t bytes)> copy;
+  // ReduceInRankOrder of `srcs` (count elements of dtype each) into `dst`.
+  std::function<Status(std::vector<const void*> srcs, DType dtype, size_t count, void* dst)> reduce;
+};
+
+// Rank `rank`'s share of collective `c` among `calls` (every rank's buffers),
+// before all_reduce's gather: all_gather's copies into this rank's output,
+// reduce_scatter's reduction of this rank's chunk, all_reduce's reduction of
+// chunk `rank` into all_reduce_dst(e, begin), broadcast's copy from the root.
+Status MoveShare(int rank, const Collective& c, const std::vector<RankCall>& calls,
+                 const std::function<void*(size_t e, size_t begin)>& all_reduce_dst,
+                 const Mover& m) {
+  const int n = static_cast<int>(calls.size());
+  Status s;
+  for (size_t e = 0; e < c.outputs.size() && s.ok(); ++e) {
+    // Empty tensors may have no memory at all: nothing to move.
+    if (c.outputs[e].nbytes() == 0) continue;
+    const DType dtype = c.outputs[e].dtype();
+    const size_t esize = DTypeSize(dtype);
+    const size_t count = static_cast<size_t>(c.outputs[e].numel());
+    char* out = static_cast<char*>(calls[rank].out[e]);
+    switch (c.kind) {
+      case CollectiveKind::kAllGather: {
+        const size_t bytes = c.inputs[e].nbytes();
+        for (int j = 0; j < n && s.ok(); ++j) {
+          if (calls[j].in[e] != out + j * bytes) s = m.copy(out + j * bytes, calls[j].in[e], bytes);
+        }
+        break;
+      }
+      case CollectiveKind::kReduceScatter: {
+        std::vector<const void*> srcs(n);
+        for (int j = 0; j < n; ++j) {
+          srcs[j] = static_cast<const char*>(calls[j].in[e]) + rank * count * esize;
+        }
+        s = m.reduce(std::move(srcs), dtype, count, out);
+        break;
+      }
+      case CollectiveKind::kAllReduce: {
+        const size_t begin = ChunkBegin(count, n, rank);
+        const size_t len = ChunkBegin(count, n, rank + 1) - begin;
+        std::vector<const void*> srcs(n);
+        for (int j = 0; j < n; ++j) srcs[j] = static_cast<const char*>(calls[j].in[e]) + begin * esize;
+        s = m.reduce(std::move(srcs), dtype, len, all_reduce_dst(e, begin));
+        break;
+      }
+      case CollectiveKind::kBroadcast:
+        if (rank != c.root) s = m.copy(out, calls[c.root].in[e], c.outputs[e].nbytes());
+        break;
+      case CollectiveKind::kBarrier:
+        break;
+    }
+  }
+  return s;
+}
+
+// all_reduce's gather, once every chunk is reduced: chunk j of this rank's
+// output from reduced_chunk(j, e, begin) for every rank j (a chunk already in
+// place is not copied).
+Status GatherReducedChunks(int rank, const Collective& c, const std::vector<RankCall>& calls,
+                           const std::function<const void*(int j, size_t e, size_t begin)>& reduced_chunk,
+                           const Mover& m) {
+  const int n = static_cast<int>(calls.size());
+  Status s;
+  for (size_t e = 0; e < c.outputs.size() && s.ok(); ++e) {
+    if (c.outputs[e].nbytes() == 0) continue;
+    const size_t esize = DTypeSize(c.outputs[e].dtype());
+    const size_t count = static_cast<size_t>(c.outputs[e].numel());
+    char* out = static_cast<char*>(calls[rank].out[e]);
+    for (int j = 0; j < n && s.ok(); ++j) {
+      const size_t begin = ChunkBegin(count, n, j);
+      const size_t len = ChunkBegin(count, n, j + 1) - begin;
+      const void* src = reduced_chunk(j, e, begin);
+      if (len > 0 && src != out + begin * esize) s = m.copy(out + begin * esize, src, len * esize);
+    }
+  }
+  return s;
+}
 
 class LocalRendezvous {
  public:
@@ -346,53 +429,18 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
   lock.unlock();
 
   // -- Data movement: this rank's share, concurrently with the others --------
-  for (size_t e = 0; e < entries; ++e) {
-    // Empty tensors may have no memory at all: nothing to move.
-    if (c.outputs[e].nbytes() == 0) continue;
-    const DType dtype = c.outputs[e].dtype();
-    const size_t esize = DTypeSize(dtype);
-    switch (c.kind) {
-      case CollectiveKind::kAllGather: {
-        const size_t bytes = c.inputs[e].nbytes();
-        char* out = static_cast<char*>(calls[rank].out[e]);
-        for (int j = 0; j < n; ++j) {
-          if (calls[j].in[e] != out + j * bytes) std::memcpy(out + j * bytes, calls[j].in[e], bytes);
-        }
-        break;
-      }
-      case CollectiveKind::kReduceScatter: {
-        const size_t count = static_cast<size_t>(c.outputs[e].numel());
-        std::vector<const void*> srcs(n);
-        for (int j = 0; j < n; ++j) {
-          srcs[j] = static_cast<const char*>(calls[j].in[e]) + rank * count * esize;
-        }
-        ReduceInRankOrder(srcs.data(), n, dtype, count, c.pre_scale,
-                          c.op == ReduceOp::kAvg ? static_cast<float>(n) : 1.0f, c.post_scale,
-                          calls[rank].out[e]);
-        break;
-      }
-      case CollectiveKind::kAllReduce: {
-        const size_t count = static_cast<size_t>(c.outputs[e].numel());
-        const size_t begin = ChunkBegin(count, n, rank);
-        const size_t len = ChunkBegin(count, n, rank + 1) - begin;
-        std::vector<const void*> srcs(n);
-        for (int j = 0; j < n; ++j) {
-          srcs[j] = static_cast<const char*>(calls[j].in[e]) + begin * esize;
-        }
-        ReduceInRankOrder(srcs.data(), n, dtype, len, c.pre_scale,
-                          c.op == ReduceOp::kAvg ? static_cast<float>(n) : 1.0f, c.post_scale,
-                          calls[rank].scratch[e]);
-        break;
-      }
-      case CollectiveKind::kBroadcast:
-        if (rank != c.root) {
-          std::memcpy(calls[rank].out[e], calls[c.root].in[e], c.outputs[e].nbytes());
-        }
-        break;
-      case CollectiveKind::kBarrier:
-        break;
-    }
-  }
+  const float divisor = c.op == ReduceOp::kAvg ? static_cast<float>(n) : 1.0f;
+  const Mover host{[](void* dst, const void* src, size_t bytes) {
+                     std::memcpy(dst, src, bytes);
+                     return OkStatus();
+                   },
+                   [&](std::vector<const void*> srcs, DType dtype, size_t count, void* dst) {
+                     ReduceInRankOrder(srcs.data(), n, dtype, count, c.pre_scale, divisor,
+                                       c.post_scale, dst);
+                     return OkStatus();
+                   }};
+  // Host copies and reductions cannot fail.
+  (void)MoveShare(rank, c, calls, [&](size_t e, size_t) { return calls[rank].scratch[e]; }, host);
 
   lock.lock();
   if (c.kind == CollectiveKind::kAllReduce) {
@@ -411,17 +459,9 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
       return s;
     }
     lock.unlock();
-    for (size_t e = 0; e < entries; ++e) {
-      if (c.outputs[e].nbytes() == 0) continue;
-      const size_t esize = DTypeSize(c.outputs[e].dtype());
-      const size_t count = static_cast<size_t>(c.outputs[e].numel());
-      char* out = static_cast<char*>(calls[rank].out[e]);
-      for (int j = 0; j < n; ++j) {
-        const size_t begin = ChunkBegin(count, n, j);
-        const size_t len = ChunkBegin(count, n, j + 1) - begin;
-        if (len > 0) std::memcpy(out + begin * esize, calls[j].scratch[e], len * esize);
-      }
-    }
+    (void)GatherReducedChunks(
+        rank, c, calls, [&](int j, size_t e, size_t) -> const void* { return calls[j].scratch[e]; },
+        host);
     lock.lock();
   }
 
@@ -471,7 +511,6 @@ Status LocalRendezvous::RunOrdered(int rank, const Collective& c, Stream& stream
                                    Device& device) {
   const Clock::time_point deadline = Clock::now() + c.timeout;
   const int n = size_;
-  const size_t entries = c.outputs.size();
 
   RankCall mine = RankCall::Of(c);
   std::shared_ptr<Event> ready;
@@ -490,67 +529,33 @@ Status LocalRendezvous::RunOrdered(int rank, const Collective& c, Stream& stream
 
   // -- Data movement, enqueued on this rank's stream after every input is ready
   const float divisor = c.op == ReduceOp::kAvg ? static_cast<float>(n) : 1.0f;
+  const Mover enqueued{
+      [&](void* dst, const void* src, size_t bytes) { return device.CopyAsync(dst, src, bytes, stream); },
+      [&](std::vector<const void*> srcs, DType dtype, size_t count, void* dst) {
+        return EnqueueReduce(stream, std::move(srcs), dtype, count, c.pre_scale, divisor,
+                             c.post_scale, dst);
+      }};
   Status s = WaitForPeers(stream, readies, rank);
-  for (size_t e = 0; e < entries && s.ok(); ++e) {
-    if (c.outputs[e].nbytes() == 0) continue;
-    const DType dtype = c.outputs[e].dtype();
-    const size_t esize = DTypeSize(dtype);
-    char* out = static_cast<char*>(calls[rank].out[e]);
-    switch (c.kind) {
-      case CollectiveKind::kAllGather: {
-        const size_t bytes = c.inputs[e].nbytes();
-        for (int j = 0; j < n && s.ok(); ++j) {
-          if (calls[j].in[e] != out + j * bytes) {
-            s = device.CopyAsync(out + j * bytes, calls[j].in[e], bytes, stream);
-          }
-        }
-        break;
-      }
-      case CollectiveKind::kReduceScatter: {
-        const size_t count = static_cast<size_t>(c.outputs[e].numel());
-        std::vector<const void*> srcs(n);
-        for (int j = 0; j < n; ++j) {
-          srcs[j] = static_cast<const char*>(calls[j].in[e]) + rank * count * esize;
-        }
-        s = EnqueueReduce(stream, std::move(srcs), dtype, count, c.pre_scale, divisor,
-                          c.post_scale, out);
-        break;
-      }
-      case CollectiveKind::kAllReduce: {
-        // In place: chunk `rank` of every rank's buffer into chunk `rank` of
-        // ours; nobody else reads or writes that chunk of our buffer now.
-        const size_t count = static_cast<size_t>(c.outputs[e].numel());
-        const size_t begin = ChunkBegin(count, n, rank);
-        const size_t len = ChunkBegin(count, n, rank + 1) - begin;
-        std::vector<const void*> srcs(n);
-        for (int j = 0; j < n; ++j) srcs[j] = static_cast<const char*>(calls[j].in[e]) + begin * esize;
-        s = EnqueueReduce(stream, std::move(srcs), dtype, len, c.pre_scale, divisor, c.post_scale,
-                          out + begin * esize);
-        break;
-      }
-      case CollectiveKind::kBroadcast:
-        if (rank != c.root) s = device.CopyAsync(out, calls[c.root].in[e], c.outputs[e].nbytes(), stream);
-        break;
-      case CollectiveKind::kBarrier:
-        break;
-    }
+  // all_reduce in place: chunk `rank` of every rank's buffer into chunk
+  // `rank` of ours; nobody else reads or writes that chunk of our buffer now.
+  if (s.ok()) {
+    s = MoveShare(
+        rank, c, calls,
+        [&](size_t e, size_t begin) -> void* {
+          return static_cast<char*>(calls[rank].out[e]) + begin * DTypeSize(c.outputs[e].dtype());
+        },
+        enqueued);
   }
   if (c.kind == CollectiveKind::kAllReduce) {
     // Every chunk is reduced before anyone gathers the chunks of the others.
     s = OrderedBarrier(rank, c, slot, kReduced, s, stream, device, deadline);
-    for (size_t e = 0; e < entries && s.ok(); ++e) {
-      if (c.outputs[e].nbytes() == 0) continue;
-      const size_t esize = DTypeSize(c.outputs[e].dtype());
-      const size_t count = static_cast<size_t>(c.outputs[e].numel());
-      char* out = static_cast<char*>(calls[rank].out[e]);
-      for (int j = 0; j < n && s.ok(); ++j) {
-        const size_t begin = ChunkBegin(count, n, j);
-        const size_t len = ChunkBegin(count, n, j + 1) - begin;
-        if (j == rank || len == 0) continue;
-        s = device.CopyAsync(out + begin * esize,
-                             static_cast<const char*>(calls[j].out[e]) + begin * esize,
-                             len * esize, stream);
-      }
+    if (s.ok()) {
+      s = GatherReducedChunks(
+          rank, c, calls,
+          [&](int j, size_t e, size_t begin) -> const void* {
+            return static_cast<const char*>(calls[j].out[e]) + begin * DTypeSize(c.outputs[e].dtype());
+          },
+          enqueued);
     }
   }
   // -- Departure: later work on any rank's stream waits for every rank's copies.
