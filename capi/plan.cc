@@ -119,8 +119,7 @@ SK_EXPORT sk_status_t sk_plan(const sk_plan_request* request, sk_plan_result** o
                                                               : SK_CHECKPOINTING_SELECTIVE;
     c.cpu_offload = k.fsdp.cpu_offload ? 1 : 0;
     c.param_dtype = static_cast<sk_dtype_t>(k.fsdp.mixed_precision.param_dtype);
-    c.reduce_dtype = static_cast<sk_dtype_t>(
-        k.fsdp.mixed_precision.reduce_dtype.value_or(k.fsdp.mixed_precision.param_dtype));
+    c.reduce_dtype = static_cast<sk_dtype_t>(k.fsdp.mixed_precision.ReduceDType());
     c.fits = cr.fits() ? 1 : 0;
     c.out_of_memory = m.out_of_memory ? 1 : 0;
     c.error = cr.status.ok() ? nullptr : strings.errors[i].c_str();

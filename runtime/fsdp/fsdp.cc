@@ -97,7 +97,7 @@ DType FullyShardedModel::FullGradDType() const {
 }
 
 DType FullyShardedModel::ReduceDType() const {
-  return options_.mixed_precision.reduce_dtype.value_or(options_.mixed_precision.param_dtype);
+  return options_.mixed_precision.ReduceDType();
 }
 
 Status FullyShardedModel::Init() {

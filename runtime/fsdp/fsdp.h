@@ -197,6 +197,9 @@ struct MixedPrecisionPolicy {
   // What gradients are communicated (reduce-scattered / all-reduced) in;
   // unset: param_dtype.
   std::optional<DType> reduce_dtype;
+  // The dtype gradients are communicated in: reduce_dtype, else param_dtype.
+  // FSDP, the memory estimator, the planner and the C ABI all ask this.
+  DType ReduceDType() const { return reduce_dtype.value_or(param_dtype); }
   // No buffer dtype: the models FSDP wraps have parameters only (UnitSpec),
   // no buffers (non-parameter state) it could apply to. The C ABI refuses
   // a non-default sk_fsdp_options.buffer_dtype for that reason.

@@ -76,7 +76,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   // The reduction's dtype (FullyShardedModel::ReduceGradients: reduce_dtype,
   // else the gradients' dtype, which is param_dtype).
   const int64_t rd = static_cast<int64_t>(
-      DTypeSize(r.fsdp.mixed_precision.reduce_dtype.value_or(r.fsdp.mixed_precision.param_dtype)));
+      DTypeSize(r.fsdp.mixed_precision.ReduceDType()));
   const int64_t state_per_elem = StateBytesPerElement(opt);
 
   MemoryEstimate e;

@@ -52,13 +52,9 @@ std::vector<std::string> SplitList(const std::string& list) {
 bool GathersInBackward(ShardingStrategy s) { return ReshardPolicyFor(s).gathers_in_backward(); }
 bool GathersInForward(ShardingStrategy s) { return ReshardPolicyFor(s).gathers_in_forward(); }
 
-DType ReduceDType(const MixedPrecisionPolicy& mp) {
-  return mp.reduce_dtype.value_or(mp.param_dtype);
-}
-
 std::string DTypePairName(const MixedPrecisionPolicy& mp) {
   std::string s(DTypeName(mp.param_dtype));
-  if (ReduceDType(mp) != mp.param_dtype) s += "/" + std::string(DTypeName(ReduceDType(mp)));
+  if (mp.ReduceDType() != mp.param_dtype) s += "/" + std::string(DTypeName(mp.ReduceDType()));
   return s;
 }
 
@@ -636,7 +632,7 @@ std::string FormatJson(const PlanResult& result) {
       o += ", \"grad_accumulation\": " + JsonString(GradAccumulationName(k.fsdp.grad_accumulation));
     }
     o += ", \"param_dtype\": " + JsonString(std::string(DTypeName(k.fsdp.mixed_precision.param_dtype)));
-    o += ", \"reduce_dtype\": " + JsonString(std::string(DTypeName(ReduceDType(k.fsdp.mixed_precision))));
+    o += ", \"reduce_dtype\": " + JsonString(std::string(DTypeName(k.fsdp.mixed_precision.ReduceDType())));
     o += ", \"ok\": " + std::string(c.status.ok() ? "true" : "false");
     if (!c.status.ok()) o += ", \"error\": " + JsonString(c.status.ToString());
     o += ", \"fits\": " + std::string(c.fits() ? "true" : "false");
