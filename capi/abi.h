@@ -42,7 +42,7 @@
 #include "runtime/core/status.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/fsdp/memory_estimator.h"
-#include "runtime/fsdp/weight_layout.h"
+#include "runtime/checkpoint/weight_layout.h"
 #include "runtime/nn/model.h"
 #include "runtime/nn/model_spec.h"
 #include "runtime/optim/optimizer.h"

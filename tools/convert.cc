@@ -1,5 +1,5 @@
 // convert: a safetensors weights file from one layout to another
-// (runtime/fsdp/weight_layout.h: shardkit, torch, hf-gpt2, hf-llama).
+// (runtime/checkpoint/weight_layout.h: shardkit, torch, hf-gpt2, hf-llama).
 //
 //   bazel run //tools:convert -- --from=hf-gpt2 gpt2.safetensors mine.safetensors
 //   bazel run //tools:convert -- --to=hf-gpt2 mine.safetensors gpt2.safetensors
@@ -11,7 +11,7 @@
 // --from and --to default to shardkit. Optimizer state (shardkit full state
 // dicts) exists only in the shardkit layout: --weights_only leaves it out,
 // otherwise converting such a file is an error.
-// Hugging Face model directories (runtime/fsdp/hf_checkpoint.h): with
+// Hugging Face model directories (runtime/checkpoint/hf_checkpoint.h): with
 // --from=hf-gpt2 or hf-llama an input directory is read whole (config.json and
 // model.safetensors or its sharded files) and checked against config.json;
 // with --to=hf-gpt2 or hf-llama an output that is a directory or ends in '/' gets
@@ -32,9 +32,9 @@
 
 #include "runtime/core/env.h"
 #include "runtime/core/status.h"
-#include "runtime/fsdp/hf_checkpoint.h"
-#include "runtime/fsdp/safetensors.h"
-#include "runtime/fsdp/weight_layout.h"
+#include "runtime/checkpoint/hf_checkpoint.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/weight_layout.h"
 #include "runtime/nn/configs.h"
 #include "runtime/nn/hf_config.h"
 

@@ -37,9 +37,9 @@
 #include <vector>
 
 #include "runtime/comm/local_backend.h"
-#include "runtime/fsdp/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/fsdp/fsdp.h"
-#include "runtime/fsdp/hf_checkpoint.h"
+#include "runtime/checkpoint/hf_checkpoint.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/configs.h"
 

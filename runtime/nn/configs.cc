@@ -200,7 +200,7 @@ std::vector<NamedModelConfig> BuildConfigs() {
   // GPT-2's four sizes (Radford et al. 2019, table 2; the config.json of
   // openai-community/gpt2, gpt2-medium, gpt2-large, gpt2-xl: vocabulary
   // 50257, context 1024, tie_word_embeddings true), so Hugging Face's
-  // weights load (runtime/fsdp/hf_checkpoint.h): 124M, 355M, 774M, 1558M
+  // weights load (runtime/checkpoint/hf_checkpoint.h): 124M, 355M, 774M, 1558M
   // parameters, the LM head tied to wte as in GPT-2.
   for (NamedModelConfig c : {Gpt("gpt2-small", 50257, 1024, 12, 12, 768, false, "GPT-2 small (124M): loads Hugging Face's gpt2"),
                              Gpt("gpt2-medium", 50257, 1024, 24, 16, 1024, true, "GPT-2 medium (355M)"),

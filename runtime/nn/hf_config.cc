@@ -303,7 +303,7 @@ struct HfArchitecture {
 bool IsQwen2(const NamedModelConfig& c) { return c.llama.qkv_bias; }
 bool IsLlama(const NamedModelConfig& c) { return !c.llama.qkv_bias; }
 
-// The table (tensor names per architecture: runtime/fsdp/weight_layout.h).
+// The table (tensor names per architecture: runtime/checkpoint/weight_layout.h).
 const HfArchitecture kArchitectures[] = {
     {"GPT2LMHeadModel", "gpt2", ModelFamily::kGpt, nullptr, Gpt2FromConfig, Gpt2ToConfig},
     {"LlamaForCausalLM", "llama", ModelFamily::kLlama, IsLlama, LlamaFromConfig, LlamaFamilyToConfig},

@@ -2,11 +2,11 @@
 // configurations, one table entry per architecture.
 //
 // A Hugging Face model directory holds config.json (the shape) beside its
-// weights (runtime/fsdp/hf_checkpoint.h reads and writes those). The table
+// weights (runtime/checkpoint/hf_checkpoint.h reads and writes those). The table
 // in hf_config.cc maps each supported architecture ("architectures"[0] and
 // "model_type" in config.json) to a reader and a writer of its keys; adding
 // an architecture is adding an entry there and its name table in
-// runtime/fsdp/weight_layout.cc.
+// runtime/checkpoint/weight_layout.cc.
 //
 //   GPT2LMHeadModel / gpt2 -> GptConfig:
 //     vocab_size, n_positions -> max_seq_len, n_layer, n_head, n_embd ->

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "runtime/device/device.h"
-#include "runtime/fsdp/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/train/rank_agreement.h"
 
 namespace sk {

@@ -25,7 +25,7 @@
 #include "runtime/core/tensor.h"
 #include "runtime/device/device.h"
 #include "runtime/fsdp/fsdp.h"
-#include "runtime/fsdp/weight_layout.h"
+#include "runtime/checkpoint/weight_layout.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/model.h"
 #include "runtime/optim/optimizer.h"
@@ -256,7 +256,7 @@ class FsdpEngine {
   // agreement exists).
   Status WriteParam(int unit, int param, const float* values, int64_t count);
 
-  // A full state dict of the units (runtime/fsdp/checkpoint.h): every
+  // A full state dict of the units (runtime/checkpoint/checkpoint.h): every
   // parameter in full as "<unit>.<param>" in `layout`, and in the shardkit
   // layout the optimizer state. Rank 0 writes. Collective; FailedPrecondition
   // while a unit is between a Pre call and its Post call, and on a sim device.
@@ -267,7 +267,7 @@ class FsdpEngine {
   // nothing changes.
   Status LoadFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
 
-  // A sharded checkpoint in the trainer's format (runtime/fsdp/checkpoint.h:
+  // A sharded checkpoint in the trainer's format (runtime/checkpoint/checkpoint.h:
   // one file per shard rank and an index) with the optimizer state and
   // steps(); it loads at any world size and strategy, into an engine over
   // the same units (or a trainer of the same units). Collective;

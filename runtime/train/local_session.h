@@ -27,7 +27,7 @@
 
 #include "runtime/comm/process_group.h"
 #include "runtime/core/status.h"
-#include "runtime/fsdp/weight_layout.h"
+#include "runtime/checkpoint/weight_layout.h"
 #include "runtime/train/trainer.h"
 
 namespace sk {

@@ -11,7 +11,7 @@
 #include "runtime/ops/cpu/cpu_backend.h"
 #include "runtime/ops/ops.h"
 
-#include "runtime/fsdp/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/train/rank.h"
 #include "runtime/train/rank_agreement.h"
 #include "runtime/comm/work.h"

@@ -33,7 +33,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/ddp/ddp.h"
 #include "runtime/fsdp/fsdp.h"
-#include "runtime/fsdp/weight_layout.h"
+#include "runtime/checkpoint/weight_layout.h"
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/nn/configs.h"
 #include "runtime/nn/data.h"
@@ -300,7 +300,7 @@ class Trainer {
   const std::vector<int64_t>& last_sample_ids() const { return last_sample_ids_; }
 
   // Sharded checkpoint of the model, optimizer state and step counter
-  // (runtime/fsdp/checkpoint.h). Collective. FailedPrecondition on sim. A failed save leaves the
+  // (runtime/checkpoint/checkpoint.h). Collective. FailedPrecondition on sim. A failed save leaves the
   // previous checkpoint in `dir` intact.
   Status SaveCheckpoint(const std::string& dir);
   // Restores a checkpoint saved at any world size and strategy, including
@@ -326,7 +326,7 @@ class Trainer {
   // durably) with every parameter in full, in `layout` (weight_layout.h); in
   // the shardkit layout also the optimizer state and the step counter, so a
   // load resumes exactly. Collective. Errors as SaveFullStateDict
-  // (runtime/fsdp/checkpoint.h); Unimplemented under kDdp, FailedPrecondition
+  // (runtime/checkpoint/checkpoint.h); Unimplemented under kDdp, FailedPrecondition
   // on a sim device.
   Status SaveFullStateDict(const std::string& path, WeightLayout layout = WeightLayout::kShardkit);
   // Loads a full state dict in `layout` at any world size and strategy, and

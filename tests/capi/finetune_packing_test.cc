@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/fsdp/safetensors.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "shardkit/shardkit.h"
 
 namespace {

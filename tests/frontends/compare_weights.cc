@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/fsdp/safetensors.h"
+#include "runtime/checkpoint/safetensors.h"
 
 namespace {
 

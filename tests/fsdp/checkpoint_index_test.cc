@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/file_io.h"
-#include "runtime/fsdp/checkpoint_index.h"
-#include "runtime/fsdp/safetensors.h"
+#include "runtime/checkpoint/checkpoint_index.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "tests/util/child_process.h"
 
 namespace sk {

@@ -2,7 +2,7 @@
 // strategy or through a full state dict continues exactly as if it had never
 // stopped; damaged or mismatched checkpoints fail cleanly and change nothing;
 // a failed save leaves the previous checkpoint in place.
-#include "runtime/fsdp/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <fstream>
 #include <mutex>
 
-#include "runtime/fsdp/safetensors.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "tests/util/training_test_util.h"
 
 namespace sk {

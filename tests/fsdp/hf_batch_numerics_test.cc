@@ -20,9 +20,9 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/comm/local_backend.h"
-#include "runtime/fsdp/hf_checkpoint.h"
-#include "runtime/fsdp/safetensors.h"
-#include "runtime/fsdp/weight_layout.h"
+#include "runtime/checkpoint/hf_checkpoint.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/weight_layout.h"
 #include "runtime/nn/configs.h"
 #include "runtime/nn/model.h"
 #include "runtime/nn/owned_parameters.h"

@@ -4,7 +4,7 @@
 // a sharded directory loads, our directories round-trip bit for bit with the
 // tied head stored once, and bad directories are errors naming the file and
 // the tensor.
-#include "runtime/fsdp/hf_checkpoint.h"
+#include "runtime/checkpoint/hf_checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/fsdp/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/nn/gpt.h"
 #include "runtime/nn/llama.h"

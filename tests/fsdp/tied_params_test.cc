@@ -11,10 +11,10 @@
 #include <mutex>
 
 #include "runtime/ddp/ddp.h"
-#include "runtime/fsdp/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/fsdp/memory_estimator.h"
-#include "runtime/fsdp/safetensors.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "tests/util/training_test_util.h"
 
 namespace sk {

@@ -1,11 +1,11 @@
-// Weight layouts (runtime/fsdp/weight_layout.h): a Hugging Face GPT-2 state
+// Weight layouts (runtime/checkpoint/weight_layout.h): a Hugging Face GPT-2 state
 // dict built here by hand (GPT2LMHeadModel names, Conv1D [in, out] weights,
 // tied head) converts to shardkit's layout and back to identical bytes; the
 // split q/k/v and torch layouts convert to the same shardkit tensors; a
 // trainer that imports the file computes the same forward pass as one that
 // loads the converted file natively, and exports it byte for byte; mismatches
 // are errors naming the tensor and both shapes.
-#include "runtime/fsdp/weight_layout.h"
+#include "runtime/checkpoint/weight_layout.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "runtime/comm/local_backend.h"
-#include "runtime/fsdp/safetensors.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "runtime/nn/configs.h"
 #include "runtime/train/trainer.h"
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "runtime/comm/local_backend.h"
-#include "runtime/fsdp/safetensors.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "runtime/train/trainer.h"
 
 int main(int argc, char** argv) {

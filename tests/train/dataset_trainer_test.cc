@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "runtime/comm/local_backend.h"
-#include "runtime/fsdp/checkpoint_index.h"
+#include "runtime/checkpoint/checkpoint_index.h"
 #include "runtime/train/local_session.h"
 #include "tests/data/data_files.h"
 

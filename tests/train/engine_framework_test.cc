@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "runtime/comm/local_backend.h"
-#include "runtime/fsdp/checkpoint_index.h"
+#include "runtime/checkpoint/checkpoint_index.h"
 #include "runtime/train/engine.h"
 
 namespace sk {

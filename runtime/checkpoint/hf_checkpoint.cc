@@ -1,4 +1,4 @@
-#include "runtime/fsdp/hf_checkpoint.h"
+#include "runtime/checkpoint/hf_checkpoint.h"
 
 #include <dirent.h>
 #include <sys/stat.h>

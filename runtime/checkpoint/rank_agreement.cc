@@ -1,4 +1,4 @@
-#include "runtime/fsdp/rank_agreement.h"
+#include "runtime/checkpoint/rank_agreement.h"
 
 #include <algorithm>
 

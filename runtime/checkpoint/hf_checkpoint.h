@@ -25,8 +25,8 @@
 //
 // Thread safety: the functions are thread-safe; concurrent writes to one
 // directory are not.
-#ifndef SHARDKIT_RUNTIME_FSDP_HF_CHECKPOINT_H_
-#define SHARDKIT_RUNTIME_FSDP_HF_CHECKPOINT_H_
+#ifndef SHARDKIT_RUNTIME_CHECKPOINT_HF_CHECKPOINT_H_
+#define SHARDKIT_RUNTIME_CHECKPOINT_HF_CHECKPOINT_H_
 
 #include <cstdint>
 #include <map>
@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "runtime/core/status.h"
-#include "runtime/fsdp/safetensors.h"
-#include "runtime/fsdp/weight_layout.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/weight_layout.h"
 #include "runtime/nn/configs.h"
 
 namespace sk {
@@ -121,4 +121,4 @@ Status WriteHfModelDir(const std::string& dir, const NamedModelConfig& config, c
 
 }  // namespace sk
 
-#endif  // SHARDKIT_RUNTIME_FSDP_HF_CHECKPOINT_H_
+#endif  // SHARDKIT_RUNTIME_CHECKPOINT_HF_CHECKPOINT_H_

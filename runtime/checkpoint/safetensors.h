@@ -15,8 +15,8 @@
 // Writes are atomic and durable (WriteFileDurably in runtime/core/file_io.h:
 // temporary file, fsync, rename over `path`, fsync of the directory), so a
 // crash leaves either the old file or the new one, never a torn one.
-#ifndef SHARDKIT_RUNTIME_FSDP_SAFETENSORS_H_
-#define SHARDKIT_RUNTIME_FSDP_SAFETENSORS_H_
+#ifndef SHARDKIT_RUNTIME_CHECKPOINT_SAFETENSORS_H_
+#define SHARDKIT_RUNTIME_CHECKPOINT_SAFETENSORS_H_
 
 #include <cstdint>
 #include <map>
@@ -159,4 +159,4 @@ uint32_t Crc32(const void* data, size_t n);
 
 }  // namespace sk
 
-#endif  // SHARDKIT_RUNTIME_FSDP_SAFETENSORS_H_
+#endif  // SHARDKIT_RUNTIME_CHECKPOINT_SAFETENSORS_H_

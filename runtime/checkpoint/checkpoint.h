@@ -52,8 +52,8 @@
 // agreement's short status messages travel in host tensors of their own.
 //
 // Thread safety: one call per rank at a time, on the rank's model thread.
-#ifndef SHARDKIT_RUNTIME_FSDP_CHECKPOINT_H_
-#define SHARDKIT_RUNTIME_FSDP_CHECKPOINT_H_
+#ifndef SHARDKIT_RUNTIME_CHECKPOINT_CHECKPOINT_H_
+#define SHARDKIT_RUNTIME_CHECKPOINT_CHECKPOINT_H_
 
 #include <cstdint>
 #include <functional>
@@ -62,9 +62,9 @@
 #include <vector>
 
 #include "runtime/core/status.h"
-#include "runtime/fsdp/checkpoint_index.h"
+#include "runtime/checkpoint/checkpoint_index.h"
 #include "runtime/fsdp/fsdp.h"
-#include "runtime/fsdp/weight_layout.h"
+#include "runtime/checkpoint/weight_layout.h"
 #include "runtime/nn/model.h"
 #include "runtime/optim/optimizer.h"
 
@@ -186,4 +186,4 @@ StatusOr<int64_t> LoadFullStateDict(const std::string& path, const TrainingState
 
 }  // namespace sk
 
-#endif  // SHARDKIT_RUNTIME_FSDP_CHECKPOINT_H_
+#endif  // SHARDKIT_RUNTIME_CHECKPOINT_CHECKPOINT_H_

@@ -1,4 +1,4 @@
-#include "runtime/fsdp/weight_layout.h"
+#include "runtime/checkpoint/weight_layout.h"
 
 #include <cstring>
 #include <map>

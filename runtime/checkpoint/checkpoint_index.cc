@@ -1,4 +1,4 @@
-#include "runtime/fsdp/checkpoint_index.h"
+#include "runtime/checkpoint/checkpoint_index.h"
 
 #include <cerrno>
 #include <cstdlib>
@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/core/file_io.h"
-#include "runtime/fsdp/checkpoint_internal.h"
-#include "runtime/fsdp/safetensors.h"
+#include "runtime/checkpoint/checkpoint_internal.h"
+#include "runtime/checkpoint/safetensors.h"
 
 namespace sk {
 

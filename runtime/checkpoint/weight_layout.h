@@ -67,14 +67,14 @@
 // InvalidArgument unless ConvertOptions::drop_optimizer_state.
 //
 // Thread safety: the functions are pure (thread-safe).
-#ifndef SHARDKIT_RUNTIME_FSDP_WEIGHT_LAYOUT_H_
-#define SHARDKIT_RUNTIME_FSDP_WEIGHT_LAYOUT_H_
+#ifndef SHARDKIT_RUNTIME_CHECKPOINT_WEIGHT_LAYOUT_H_
+#define SHARDKIT_RUNTIME_CHECKPOINT_WEIGHT_LAYOUT_H_
 
 #include <optional>
 #include <string>
 
 #include "runtime/core/status.h"
-#include "runtime/fsdp/safetensors.h"
+#include "runtime/checkpoint/safetensors.h"
 
 namespace sk {
 
@@ -126,4 +126,4 @@ StatusOr<SafeTensorsFile> ConvertWeights(const SafeTensorsFile& in, WeightLayout
 
 }  // namespace sk
 
-#endif  // SHARDKIT_RUNTIME_FSDP_WEIGHT_LAYOUT_H_
+#endif  // SHARDKIT_RUNTIME_CHECKPOINT_WEIGHT_LAYOUT_H_

@@ -1,4 +1,4 @@
-#include "runtime/fsdp/checkpoint_internal.h"
+#include "runtime/checkpoint/checkpoint_internal.h"
 
 #include "runtime/ops/ops.h"
 

@@ -1,4 +1,4 @@
-#include "runtime/fsdp/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -14,11 +14,11 @@
 
 #include "runtime/core/allocator.h"
 #include "runtime/device/device.h"
-#include "runtime/fsdp/checkpoint_internal.h"
-#include "runtime/fsdp/hf_checkpoint.h"
-#include "runtime/fsdp/rank_agreement.h"
-#include "runtime/fsdp/safetensors.h"
-#include "runtime/fsdp/weight_layout.h"
+#include "runtime/checkpoint/checkpoint_internal.h"
+#include "runtime/checkpoint/hf_checkpoint.h"
+#include "runtime/checkpoint/rank_agreement.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/weight_layout.h"
 #include "runtime/ops/ops.h"
 
 // Full state dicts: SaveFullStateDict and LoadFullStateDict (see

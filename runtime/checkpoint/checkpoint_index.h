@@ -16,8 +16,8 @@
 //
 // Thread safety: all functions are pure (or read one file) and may be called
 // from any thread.
-#ifndef SHARDKIT_RUNTIME_FSDP_CHECKPOINT_INDEX_H_
-#define SHARDKIT_RUNTIME_FSDP_CHECKPOINT_INDEX_H_
+#ifndef SHARDKIT_RUNTIME_CHECKPOINT_CHECKPOINT_INDEX_H_
+#define SHARDKIT_RUNTIME_CHECKPOINT_CHECKPOINT_INDEX_H_
 
 #include <cstdint>
 #include <optional>
@@ -107,4 +107,4 @@ std::string CheckpointRankFileName(int shard_rank);
 
 }  // namespace sk
 
-#endif  // SHARDKIT_RUNTIME_FSDP_CHECKPOINT_INDEX_H_
+#endif  // SHARDKIT_RUNTIME_CHECKPOINT_CHECKPOINT_INDEX_H_

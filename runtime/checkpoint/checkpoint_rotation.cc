@@ -19,9 +19,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/fsdp/checkpoint.h"
-#include "runtime/fsdp/checkpoint_index.h"
-#include "runtime/fsdp/rank_agreement.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/checkpoint_index.h"
+#include "runtime/checkpoint/rank_agreement.h"
 
 namespace sk {
 

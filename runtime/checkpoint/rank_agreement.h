@@ -9,8 +9,8 @@
 //
 // Thread safety: one call at a time, on the rank's model thread; every rank of
 // the model must make the same sequence of calls (they are collectives).
-#ifndef SHARDKIT_RUNTIME_FSDP_RANK_AGREEMENT_H_
-#define SHARDKIT_RUNTIME_FSDP_RANK_AGREEMENT_H_
+#ifndef SHARDKIT_RUNTIME_CHECKPOINT_RANK_AGREEMENT_H_
+#define SHARDKIT_RUNTIME_CHECKPOINT_RANK_AGREEMENT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -59,4 +59,4 @@ class RankAgreement {
 
 }  // namespace sk
 
-#endif  // SHARDKIT_RUNTIME_FSDP_RANK_AGREEMENT_H_
+#endif  // SHARDKIT_RUNTIME_CHECKPOINT_RANK_AGREEMENT_H_

@@ -1,15 +1,15 @@
 // Pieces shared by sharded checkpoints and full state dicts (private to the
 // checkpoint library): tensor and file naming, state validation, and applying
 // loaded shards to the live model.
-#ifndef SHARDKIT_RUNTIME_FSDP_CHECKPOINT_INTERNAL_H_
-#define SHARDKIT_RUNTIME_FSDP_CHECKPOINT_INTERNAL_H_
+#ifndef SHARDKIT_RUNTIME_CHECKPOINT_CHECKPOINT_INTERNAL_H_
+#define SHARDKIT_RUNTIME_CHECKPOINT_CHECKPOINT_INTERNAL_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "runtime/core/status.h"
-#include "runtime/fsdp/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/optim/optimizer.h"
 
@@ -63,4 +63,4 @@ Status Commit(const TrainingState& state, LoadedShards& loaded);
 
 }  // namespace sk::checkpoint_internal
 
-#endif  // SHARDKIT_RUNTIME_FSDP_CHECKPOINT_INTERNAL_H_
+#endif  // SHARDKIT_RUNTIME_CHECKPOINT_CHECKPOINT_INTERNAL_H_

@@ -1,4 +1,4 @@
-#include "runtime/fsdp/safetensors.h"
+#include "runtime/checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "runtime/fsdp/checkpoint.h"
+#include "runtime/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -14,9 +14,9 @@
 #include <random>
 
 #include "runtime/core/file_io.h"
-#include "runtime/fsdp/checkpoint_internal.h"
-#include "runtime/fsdp/rank_agreement.h"
-#include "runtime/fsdp/safetensors.h"
+#include "runtime/checkpoint/checkpoint_internal.h"
+#include "runtime/checkpoint/rank_agreement.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "runtime/ops/ops.h"
 
 // Sharded checkpoints: SaveShardedCheckpoint and LoadShardedCheckpoint (see
