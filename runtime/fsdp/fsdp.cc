@@ -445,6 +445,7 @@ Status FullyShardedModel::OptimizerStep(Optimizer& optimizer) {
 }
 
 Status FullyShardedModel::PrepareOptimizer(Optimizer& optimizer) {
+  SK_RETURN_IF_ERROR(BeginMasterUpdate());
   for (int u = 0; u < num_units(); ++u) {
     SK_RETURN_IF_ERROR(optimizer.SlotState(shard_context(), u, groups_[u].master().numel()).status());
   }
@@ -464,14 +465,21 @@ Status FullyShardedModel::EndMasterUpdate() {
   }
   masters_written_ = true;
   if (ParamsPersistent()) {
-    // The full parameters are stale: gather the updated shards.
-    for (int u = 0; u < num_units(); ++u) {
+    // The full parameters are stale: gather the updated shards. A failure
+    // (this rank out of memory for a unit's buffer, a peer's published
+    // failure) leaves the update applied and the full parameters stale on
+    // some units: they are all dropped, and the next forward gathers them.
+    // The callers agree on this outcome (UpdateEndsWithFallibleWork), so
+    // every rank drops them alike.
+    Status s;
+    for (int u = 0; s.ok() && u < num_units(); ++u) {
       groups_[u].Reshard();
-      SK_RETURN_IF_ERROR(IssueAllGather(u, false));
+      s = IssueAllGather(u, false).WithContext("all-gather of unit '" + units_[u].name + "'");
     }
-    for (int u = 0; u < num_units(); ++u) {
-      StatusOr<std::vector<Tensor>> v = WaitAndViews(u);
-      if (!v.ok()) return Fail(v.status());
+    for (int u = 0; s.ok() && u < num_units(); ++u) s = WaitAndViews(u).status();
+    if (!s.ok()) {
+      AbandonAfterUpdate();
+      return s.WithContext("regathering the parameters after the optimizer update");
     }
   } else {
     // SHARD_GRAD_OP kept units unsharded after a forward-only pass: refresh.
@@ -481,6 +489,15 @@ Status FullyShardedModel::EndMasterUpdate() {
     }
   }
   return OkStatus();
+}
+
+bool FullyShardedModel::UpdateEndsWithFallibleWork() const { return ParamsPersistent(); }
+
+void FullyShardedModel::AbandonAfterUpdate() {
+  Fail(OkStatus()).IgnoreError();
+  if (!ParamsPersistent()) return;
+  for (FsdpParamGroup& g : groups_) g.Reshard();
+  masters_written_ = true;  // the next all-gather reads the updated masters after the update
 }
 
 void FullyShardedModel::ZeroGrad() {

@@ -351,6 +351,12 @@ class FullyShardedModel final : public DataParallelModel {
   // and zeroes accumulated no_sync gradients.
   void ZeroGrad() override;
   void AbandonStep() override { Fail(OkStatus()).IgnoreError(); }
+  // NO_SHARD and SHARD_OPTIM: EndMasterUpdate regathers the full parameters.
+  bool UpdateEndsWithFallibleWork() const override;
+  // As AbandonStep, then (NO_SHARD, SHARD_OPTIM) drops every unit's full
+  // parameters, so that every rank's next PreForward gathers them from the
+  // updated shards (a failed regather left them stale on some units).
+  void AbandonAfterUpdate() override;
 
   const FsdpOptions& options() const { return options_; }
   int rank() const { return world_->rank(); }

@@ -62,6 +62,9 @@ class DataParallelModel : public UnitHooks {
   // failure every rank learns of before any rank updates anything (a rank
   // whose first step failed after its peers updated trained apart from
   // them). ResourceExhausted when the state does not fit; OK when it exists.
+  // Also finishes whatever else OptimizerStep would do before updating
+  // (FinishBackward, waiting for readers of the parameters), so that after
+  // the ranks agreed the update itself cannot fail on one rank alone.
   virtual Status PrepareOptimizer(Optimizer& optimizer) = 0;
   // Zeroes gradients (waiting for reductions in flight first).
   virtual void ZeroGrad() = 0;
@@ -72,6 +75,19 @@ class DataParallelModel : public UnitHooks {
   // gradients, as a failed hook does. Parameters and optimizer state are
   // untouched; the next step starts clean. A no-op between steps.
   virtual void AbandonStep() = 0;
+  // Whether OptimizerStep does work after the update that can fail on one
+  // rank alone (FSDP under NO_SHARD and SHARD_OPTIM regathers the updated
+  // parameters it keeps unsharded: an allocation there may fail on one rank
+  // only). Its callers then agree on the outcome after the update
+  // (StepAgreement::AgreeAfterUpdate). Everything that can fail before the
+  // update runs in PrepareOptimizer.
+  virtual bool UpdateEndsWithFallibleWork() const { return false; }
+  // After an update that was applied on every rank but whose completion
+  // failed on some rank: abandons the step as AbandonStep does, and drops
+  // the copies of the parameters made from the updated ones (stale or
+  // incomplete on some rank), so the next forward makes them again on every
+  // rank alike. The update itself (parameters, optimizer state) stays.
+  virtual void AbandonAfterUpdate() { AbandonStep(); }
   // Bytes moved by this rank's collectives since creation, counted as
   // nccl-tests count them (all-gather output, reduce-scatter input,
   // all-reduce buffer).

@@ -193,6 +193,26 @@ Status FsdpEngine::Agreed(const Status& mine, const StepChecks& checks) {
   return outcome_->Agree(mine, steps_ + 1, StepGroups(), *fsdp_, checks);
 }
 
+Status FsdpEngine::FinishUpdate(const Status& s) {
+  Status outcome = s;
+  if (outcome_ != nullptr && fsdp_->UpdateEndsWithFallibleWork()) {
+    outcome = outcome_->AgreeAfterUpdate(s, steps_ + 1, StepGroups(), *fsdp_);
+  } else if (!s.ok()) {
+    fsdp_->AbandonAfterUpdate();
+    outcome = NoteUpdateApplied(s.WithContext("step " + std::to_string(steps_ + 1) + " on rank " +
+                                              std::to_string(world_->rank())),
+                                steps_ + 1);
+  }
+  if (!outcome.ok()) {
+    ReleaseAllViews();
+    windows_.assign(units_.size(), Window::kNone);
+  }
+  custom_step_ = false;
+  phase_ = Phase::kIdle;
+  ++steps_;
+  return outcome;
+}
+
 // Every rank learns of the failure (and its peers' failing collectives tell
 // them at once), then every rank abandons the step.
 Status FsdpEngine::FailStep(const Status& s) {
@@ -330,12 +350,9 @@ Status FsdpEngine::OptimizerStep() {
     AbandonStep();
     return agreed;
   }
-  Status s = fsdp_->OptimizerStep(*optimizer_);
-  if (s.ok()) {
-    phase_ = Phase::kIdle;
-    ++steps_;
-  }
-  return s;
+  // PrepareOptimizer did what can fail before the update: from here the
+  // update is applied on every rank, and what follows it is agreed on.
+  return FinishUpdate(fsdp_->OptimizerStep(*optimizer_));
 }
 
 Status FsdpEngine::BeginCustomStep() {
@@ -406,16 +423,14 @@ StatusOr<const Tensor*> FsdpEngine::OptimizerState(int unit, int index) {
 Status FsdpEngine::EndCustomStep() {
   if (!custom_step_) return FailedPreconditionError("EndCustomStep: expected BeginCustomStep first");
   UseStream(stream_.get());
-  Status s = fsdp_->EndMasterUpdate();
-  if (!s.ok()) return s;
+  // The rule has updated the masters and its state (created before the
+  // agreement, so SlotState finds it): the step counts, and the regather
+  // that follows is agreed on.
   for (int u = 0; u < num_units(); ++u) {
     SK_RETURN_IF_ERROR(optimizer_->SlotState(fsdp_->shard_context(), u, fsdp_->master_shard(u).numel()).status());
     optimizer_->CountStep(u);
   }
-  custom_step_ = false;
-  phase_ = Phase::kIdle;
-  ++steps_;
-  return OkStatus();
+  return FinishUpdate(fsdp_->EndMasterUpdate());
 }
 
 Status FsdpEngine::set_lr(float lr) {

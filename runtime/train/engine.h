@@ -93,6 +93,13 @@ class FsdpEngine {
   // OptimizerStep and BeginCustomStep agree on the step's outcome (one
   // all-gather of about 1.3 KiB) before anything changes: ranks whose
   // learning rates differ (set_lr) fail with InvalidArgument naming them.
+  // Under NO_SHARD and SHARD_OPTIM, OptimizerStep and EndCustomStep then
+  // regather the updated parameters, and agree on that too (one more such
+  // all-gather): a rank failing there (out of memory) fails the call on
+  // every rank with its error ("rank 1 failed step 3 after the update:
+  // ..."), but the update was applied on every rank and is kept, the step
+  // counts on every rank (a custom step is closed), and every rank's next
+  // forward gathers the parameters again.
   // In particular: ZeroGrad, FinishBackward, ClipGradNorm, OptimizerStep and
   // set_gradient_sync with a unit between its Pre and Post call; ZeroGrad
   // between a PostBackward and FinishBackward (reductions in flight);
@@ -299,6 +306,13 @@ class FsdpEngine {
   // The step's outcome over every rank (StepAgreement::Agree), when there is
   // an agreement; `mine` otherwise.
   Status Agreed(const Status& mine, const StepChecks& checks = {});
+  // Ends a step whose update was applied (OptimizerStep, EndCustomStep):
+  // `s` is this rank's status for what followed the update (the regather
+  // under NO_SHARD and SHARD_OPTIM); the ranks agree on it, and on a
+  // failure every rank returns the failing rank's error with the update
+  // kept and the full parameters dropped (regathered at the next forward).
+  // The step counts either way.
+  Status FinishUpdate(const Status& s);
   std::vector<comm::ProcessGroup*> StepGroups();
   // FailedPrecondition naming `call` and the Post call that must come first
   // when any unit is between its Pre and Post call; OK otherwise.

@@ -53,10 +53,37 @@ StatusOr<std::unique_ptr<StepAgreement>> StepAgreement::Create(comm::ProcessGrou
   return std::unique_ptr<StepAgreement>(new StepAgreement(std::move(group), std::move(stream), timeout));
 }
 
+Status NoteUpdateApplied(const Status& s, int64_t step) {
+  if (s.ok()) return s;
+  return Status(s.code(), std::string(s.message()) + "; the update of step " + std::to_string(step) +
+                              " was applied on every rank and the step counts (parameters and optimizer "
+                              "state hold it); the unsharded parameters are gathered again at the next forward");
+}
+
 Status StepAgreement::Agree(const Status& mine, int64_t step, const std::vector<comm::ProcessGroup*>& groups,
                             DataParallelModel& model, const StepChecks& checks) {
+  return Decide(mine, step, groups, model, checks, /*after_update=*/false);
+}
+
+Status StepAgreement::AgreeAfterUpdate(const Status& mine, int64_t step,
+                                       const std::vector<comm::ProcessGroup*>& groups, DataParallelModel& model) {
+  return NoteUpdateApplied(Decide(mine, step, groups, model, StepChecks{}, /*after_update=*/true), step);
+}
+
+Status StepAgreement::Decide(const Status& mine, int64_t step, const std::vector<comm::ProcessGroup*>& groups,
+                             DataParallelModel& model, const StepChecks& checks, bool after_update) {
   const int me = group_->rank();
   const std::string where = "step " + std::to_string(step) + " on rank " + std::to_string(me);
+  // A failed step is abandoned: before the update nothing changed; after it,
+  // the update stays and what the failed work made is dropped.
+  auto abandon = [&]() {
+    model.set_gradient_sync(true);
+    if (after_update) {
+      model.AbandonAfterUpdate();
+    } else {
+      model.AbandonStep();
+    }
+  };
   if (checks.same.size() > StepChecks::kMaxSame || checks.finite.size() > StepChecks::kMaxFinite ||
       groups.size() > static_cast<size_t>(StepRecord::kMaxGroups)) {
     return InternalError("StepAgreement::Agree: more checks or groups than its record holds");
@@ -66,8 +93,7 @@ Status StepAgreement::Agree(const Status& mine, int64_t step, const std::vector<
   // (which names the peer) at once, as backends without agreement do.
   for (comm::ProcessGroup* g : groups) {
     if (mine.ok() || g->usable()) continue;
-    model.set_gradient_sync(true);
-    model.AbandonStep();
+    abandon();
     return mine.WithContext(where);
   }
   StepRecord out;
@@ -75,13 +101,13 @@ Status StepAgreement::Agree(const Status& mine, int64_t step, const std::vector<
     // Publish the failure before draining: peers waiting in this step's
     // collectives fail now with it instead of at their timeout.
     const Status culprit(mine.code(), "rank " + std::to_string(me) + " failed step " + std::to_string(step) +
-                                          ": " + std::string(mine.message()));
+                                          (after_update ? " after the update: " : ": ") +
+                                          std::string(mine.message()));
     bool primary = true;
     for (comm::ProcessGroup* g : groups) {
       if (!g->FailPeers(culprit).ok()) primary = false;
     }
-    model.set_gradient_sync(true);
-    model.AbandonStep();
+    abandon();
     out.code = static_cast<int32_t>(mine.code());
     out.primary = primary ? 1 : 0;
     const std::string text(culprit.message());
@@ -111,7 +137,7 @@ Status StepAgreement::Agree(const Status& mine, int64_t step, const std::vector<
   if (!agreed.ok()) {
     (void)stream_->Synchronize(timeout_);
     stream_->ClearError();
-    if (mine.ok()) model.AbandonStep();
+    if (mine.ok()) abandon();
     return agreed.WithContext(where + ": agreeing on the step's outcome" +
                               (mine.ok() ? std::string() : " after: " + std::string(mine.message())));
   }
@@ -127,7 +153,7 @@ Status StepAgreement::Agree(const Status& mine, int64_t step, const std::vector<
     if (records[r].code != 0) pick = r;
   }
   if (pick >= 0) {
-    if (mine.ok()) model.AbandonStep();
+    if (mine.ok()) abandon();
     for (size_t i = 0; i < groups.size(); ++i) {
       uint64_t next = 0;
       for (const StepRecord& o : records) next = std::max(next, o.next_seq[i]);

@@ -65,6 +65,11 @@ struct StepChecks {
   static Same F32(std::string field, float value);
 };
 
+// `s` (a failure after step `step`'s update, on one rank) with what it
+// left: the update applied, the step counted, the full parameters gathered
+// again at the next forward.
+Status NoteUpdateApplied(const Status& s, int64_t step);
+
 class StepAgreement {
  public:
   // A group of every rank of `world` for the agreement. Null (no agreement)
@@ -86,6 +91,20 @@ class StepAgreement {
   Status Agree(const Status& mine, int64_t step, const std::vector<comm::ProcessGroup*>& groups,
                DataParallelModel& model, const StepChecks& checks = {});
 
+  // The outcome of the work that follows step `step`'s update (FSDP's
+  // regather of the parameters NO_SHARD and SHARD_OPTIM keep unsharded:
+  // DataParallelModel::UpdateEndsWithFallibleWork), with `mine` this rank's
+  // status for it. The update was applied on every rank before (the ranks
+  // agreed on it with Agree), so it is kept: when any rank failed, every
+  // rank drops what the failed work made (model.AbandonAfterUpdate: the
+  // next forward regathers), every group resumes at a common sequence
+  // number, and every rank returns the error of the rank that failed first
+  // ("rank 1 failed step 2 after the update: ...; the update was applied on
+  // every rank ..."). The caller counts the step either way. Collective
+  // over the agreement's group, as Agree.
+  Status AgreeAfterUpdate(const Status& mine, int64_t step, const std::vector<comm::ProcessGroup*>& groups,
+                          DataParallelModel& model);
+
   // Every rank's `value`, in rank order (one all-gather on the agreement's
   // group). For checks outside a step (the engine's WriteParam compares the
   // hashes of the values each rank passes). Collective.
@@ -94,6 +113,9 @@ class StepAgreement {
   comm::ProcessGroup& group() { return *group_; }
 
  private:
+  Status Decide(const Status& mine, int64_t step, const std::vector<comm::ProcessGroup*>& groups,
+                DataParallelModel& model, const StepChecks& checks, bool after_update);
+
   StepAgreement(std::unique_ptr<comm::ProcessGroup> group, std::unique_ptr<Stream> stream, Duration timeout)
       : group_(std::move(group)), stream_(std::move(stream)), timeout_(timeout) {}
 

@@ -586,7 +586,28 @@ StatusOr<StepMetrics> Trainer::RunStep(const std::vector<TokenBatch>* given) {
     return m;
   }
   optimizer_->set_lr(lr);
-  SK_RETURN_IF_ERROR(data_parallel_->OptimizerStep(*optimizer_));
+  Status updated = data_parallel_->OptimizerStep(*optimizer_);
+  if (data_parallel_->UpdateEndsWithFallibleWork()) {
+    // PrepareOptimizer did what can fail before the update, so the update
+    // was applied on every rank; what follows it (FSDP's regather under
+    // NO_SHARD and SHARD_OPTIM) may fail on one rank alone: every rank
+    // returns its error, the step counts, and the next forward regathers.
+    if (outcome_ != nullptr) {
+      updated = outcome_->AgreeAfterUpdate(updated, step_ + 1, StepGroups(), *data_parallel_);
+    } else if (!updated.ok()) {
+      data_parallel_->AbandonAfterUpdate();
+      updated = NoteUpdateApplied(
+          updated.WithContext("step " + std::to_string(step_ + 1) + " on rank " + std::to_string(world_->rank())),
+          step_ + 1);
+    }
+    if (!updated.ok()) {
+      data_parallel_->ZeroGrad();
+      ++step_;
+      last_sample_ids_ = std::move(sample_ids);
+      return updated;
+    }
+  }
+  SK_RETURN_IF_ERROR(updated);
   // The gradients are spent: FSDP releases its gradient shards here (as
   // PyTorch's zero_grad(set_to_none=True)), so none is held between steps
   // nor through the next step's forward. (DDP's gradient buckets are its

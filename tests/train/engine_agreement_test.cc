@@ -254,6 +254,129 @@ TEST(EngineOutOfMemory, OneRankOutOfMemoryCreatingACustomRulesStateFailsEveryRan
   }
 }
 
+// The regather after the update (NO_SHARD and SHARD_OPTIM keep the full
+// parameters and gather them again from the updated shards): rank 1 out of
+// memory for a unit's buffer there. Before, its OptimizerStep (or
+// EndCustomStep, which stayed open) failed alone while rank 0 returned OK
+// and counted the step, and the next step waited for the timeout. Now
+// every rank fails with rank 1's error naming the regather; the update,
+// applied on every rank before, stays and the step counts on every rank;
+// the full parameters are gathered again at the next forward, and the next
+// step equals a run that never failed.
+Status StepUntilUpdate(FsdpEngine& e, int rank) {
+  SK_RETURN_IF_ERROR(e.ZeroGrad());
+  for (int u = 0; u < e.num_units(); ++u) {
+    SK_RETURN_IF_ERROR(e.PreForward(u));
+    SK_RETURN_IF_ERROR(e.PostForward(u));
+  }
+  for (int u = e.num_units() - 1; u >= 0; --u) {
+    SK_RETURN_IF_ERROR(e.PreBackward(u));
+    for (int p = 0; p < static_cast<int>(e.units()[u].params.size()); ++p) {
+      SK_ASSIGN_OR_RETURN(const Tensor* w, e.Param(u, p));
+      SK_ASSIGN_OR_RETURN(const Tensor* g, e.Grad(u, p));
+      for (int64_t i = 0; i < g->numel(); ++i) g->data_as<float>()[i] += Grad(w->data_as<float>()[i], rank);
+    }
+    SK_RETURN_IF_ERROR(e.PostBackward(u));
+  }
+  return e.FinishBackward();
+}
+
+// A plain SGD-like rule (p -= 0.01 g) through the custom step.
+Status CustomUpdate(FsdpEngine& e) {
+  SK_RETURN_IF_ERROR(e.BeginCustomStep());
+  for (int u = 0; u < e.num_units(); ++u) {
+    SK_ASSIGN_OR_RETURN(const Tensor* p, e.MasterShard(u));
+    SK_ASSIGN_OR_RETURN(const Tensor* g, e.GradShard(u));
+    for (int64_t i = 0; i < p->numel(); ++i) p->data_as<float>()[i] -= 0.01f * g->data_as<float>()[i];
+  }
+  return e.EndCustomStep();
+}
+
+void OneRankOutOfMemoryInTheRegather(int rank, comm::ProcessGroup* world, const FsdpEngineOptions& o, bool custom,
+                                     std::mutex& mu) {
+  auto update = [custom](FsdpEngine& e) { return custom ? CustomUpdate(e) : e.OptimizerStep(); };
+  auto step = [&](FsdpEngine& e) {
+    Status s = StepUntilUpdate(e, rank);
+    return s.ok() ? update(e) : s;
+  };
+  auto reference = FsdpEngine::Create(SmallModel(), world, o);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  FsdpEngine& ref = **reference;
+  ASSERT_TRUE(step(ref).ok());
+  ASSERT_TRUE(StepUntilUpdate(ref, rank).ok());
+  const int64_t before = ref.allocator().stats().num_allocs;
+  ASSERT_TRUE(update(ref).ok());
+  const int64_t in_update = ref.allocator().stats().num_allocs - before;  // the regather's
+  ASSERT_GE(in_update, 2) << "one buffer per unit";
+  auto want2 = ReadAll(ref);
+  ASSERT_TRUE(want2.ok()) << want2.status();
+  ASSERT_TRUE(step(ref).ok());
+  auto want3 = ReadAll(ref);
+  ASSERT_TRUE(want3.ok()) << want3.status();
+  for (int64_t k = 0; k < in_update; ++k) {
+    auto engine = FsdpEngine::Create(SmallModel(), world, o);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    FsdpEngine& e = **engine;
+    ASSERT_TRUE(step(e).ok());
+    ASSERT_TRUE(StepUntilUpdate(e, rank).ok());
+    if (rank == 1) e.allocator().InjectOutOfMemoryAfter(k);
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = update(e);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    e.allocator().InjectOutOfMemoryAfter(-1);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      SCOPED_TRACE("rank " + std::to_string(rank) + ", rank 1's allocation " + std::to_string(k) + " of " +
+                   std::to_string(in_update) + " in the update: " + s.ToString());
+      EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+      EXPECT_NE(s.ToString().find("rank 1 failed step 2 after the update: "), std::string::npos);
+      EXPECT_NE(s.ToString().find("regathering the parameters after the optimizer update"), std::string::npos);
+      EXPECT_NE(s.ToString().find("(injected)"), std::string::npos);
+      EXPECT_NE(s.ToString().find("the update of step 2 was applied on every rank"), std::string::npos);
+      EXPECT_EQ(s.ToString().find("desync"), std::string::npos);
+      EXPECT_LT(seconds, 8) << "the failure waited for the 10 s timeout";
+      EXPECT_EQ(e.steps(), 2);
+      EXPECT_FALSE(e.in_custom_step());
+    }
+    auto got2 = ReadAll(e);
+    ASSERT_TRUE(got2.ok()) << got2.status();
+    EXPECT_EQ(*got2, *want2) << "rank " << rank << ": the update was not kept as applied";
+    Status next = step(e);
+    ASSERT_TRUE(next.ok()) << "rank " << rank << ": " << next;
+    auto got3 = ReadAll(e);
+    ASSERT_TRUE(got3.ok()) << got3.status();
+    EXPECT_EQ(*got3, *want3) << "rank " << rank << ": the next step differs from a run that never failed";
+    EXPECT_EQ(e.steps(), 3);
+  }
+}
+
+TEST(EngineOutOfMemory, OneRankOutOfMemoryInTheRegatherAfterTheUpdateFailsEveryRankOnLocalGroups) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kNoShard, ShardingStrategy::kShardOptim}) {
+    for (bool custom : {false, true}) {
+      SCOPED_TRACE(std::string(ShardingStrategyName(strategy)) + (custom ? ", custom step" : ", OptimizerStep"));
+      std::mutex mu;
+      FsdpEngineOptions o = Adam();
+      o.fsdp.strategy = strategy;
+      if (custom) o.optimizer.custom_name = "plain";
+      RunLocal(2, [&](int rank, comm::ProcessGroup* world) {
+        OneRankOutOfMemoryInTheRegather(rank, world, o, custom, mu);
+      });
+    }
+  }
+}
+
+TEST(EngineOutOfMemory, OneRankOutOfMemoryInTheRegatherAfterTheUpdateFailsEveryRankOnGloo) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kNoShard, ShardingStrategy::kShardOptim}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    std::mutex mu;
+    FsdpEngineOptions o = Adam();
+    o.fsdp.strategy = strategy;
+    RunGloo(2, [&](int rank, comm::ProcessGroup* world) {
+      OneRankOutOfMemoryInTheRegather(rank, world, o, /*custom=*/false, mu);
+    });
+  }
+}
+
 // Item 7: rank 1 alone set another rate. Before, only its shard moved by it.
 TEST(EngineAgreement, RanksWithDifferentLearningRatesFailTheStepNamingThemAndNothingChanges) {
   std::mutex mu;

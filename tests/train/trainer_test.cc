@@ -377,6 +377,73 @@ TEST(TrainerTest, OneRankOutOfMemoryCreatingOptimizerStateFailsEveryRankAndTheNe
   }
 }
 
+// The regather after the update under NO_SHARD and SHARD_OPTIM (issue 47,
+// item 4): rank 1 out of memory for a unit's buffer after the ranks agreed
+// and updated. Before, rank 1's step failed alone without counting while
+// rank 0's returned OK and counted, and the ranks trained apart. Now every
+// rank's step fails with rank 1's error naming the regather, the update is
+// kept and counted on every rank, and the next step equals step 3 of a run
+// that never failed. (Allocations before the update fail the step with
+// nothing changed, as before; the loop covers both.)
+TEST(TrainerTest, OneRankOutOfMemoryInTheRegatherAfterTheUpdateFailsEveryRankAndKeepsTheUpdate) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kNoShard, ShardingStrategy::kShardOptim}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    std::mutex mu;
+    int after_update = 0;
+    RunRanks(2, [&](int rank, comm::ProcessGroup* world) {
+      TrainerOptions o = Tiny();
+      o.fsdp.strategy = strategy;
+      o.fsdp.timeout = Duration(30'000);  // a hang would show as a 30 s wait
+      auto reference = *Trainer::Create(o, world);
+      ASSERT_TRUE(reference->Step().ok());
+      const auto want1 = ModelState(*reference);
+      const int64_t before = reference->allocator().stats().num_allocs;
+      ASSERT_TRUE(reference->Step().ok());
+      const int64_t per_step = reference->allocator().stats().num_allocs - before;
+      const auto want2 = ModelState(*reference);
+      StatusOr<StepMetrics> want3 = reference->Step();
+      ASSERT_TRUE(want3.ok()) << want3.status();
+      const auto want3_state = ModelState(*reference);
+      for (int64_t k = std::max<int64_t>(0, per_step - 8); k < per_step; ++k) {
+        auto t = *Trainer::Create(o, world);
+        ASSERT_TRUE(t->Step().ok());
+        if (rank == 1) t->allocator().InjectOutOfMemoryAfter(k);
+        const auto t0 = std::chrono::steady_clock::now();
+        StatusOr<StepMetrics> failed = t->Step();
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        t->allocator().InjectOutOfMemoryAfter(-1);
+        const bool kept = !failed.ok() && failed.status().ToString().find("after the update") != std::string::npos;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          SCOPED_TRACE("rank " + std::to_string(rank) + ", rank 1's allocation " + std::to_string(k) + " of " +
+                       std::to_string(per_step) + ": " + failed.status().ToString());
+          if (failed.ok()) continue;  // past rank 1's last allocation of the step: no rank failed
+          EXPECT_EQ(failed.status().code(), StatusCode::kResourceExhausted);
+          EXPECT_NE(failed.status().ToString().find("rank 1 failed step 2"), std::string::npos);
+          EXPECT_LT(seconds, 20) << "the failure waited for a timeout";
+          if (kept) {
+            if (rank == 0) ++after_update;
+            EXPECT_NE(failed.status().ToString().find("regathering the parameters after the optimizer update"),
+                      std::string::npos);
+            EXPECT_EQ(t->steps(), 2);
+            EXPECT_TRUE(ModelState(*t) == want2) << "the update was not kept as applied";
+          } else {
+            EXPECT_EQ(t->steps(), 1);
+            EXPECT_TRUE(ModelState(*t) == want1) << "a failed step changed parameters";
+          }
+        }
+        if (!kept) continue;
+        StatusOr<StepMetrics> got = t->Step();
+        ASSERT_TRUE(got.ok()) << "rank " << rank << ": " << got.status();
+        EXPECT_EQ(got->step, 3);
+        EXPECT_EQ(got->loss, want3->loss) << "rank " << rank;
+        EXPECT_TRUE(ModelState(*t) == want3_state) << "rank " << rank << ": step 3 differs from a run that never failed";
+      }
+    });
+    EXPECT_GE(after_update, 1) << "no allocation of the regather was failed";
+  }
+}
+
 // Issue 47, item 7: rank 1 alone set another rate. Before, each rank's
 // shard moved by its own rate and the step returned OK.
 TEST(TrainerTest, RanksWithDifferentLearningRatesFailTheStepNamingThemAndNothingChanges) {

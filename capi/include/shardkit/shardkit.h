@@ -891,7 +891,11 @@ SK_EXPORT void sk_trainer_destroy(sk_trainer* trainer);
  * cap is hit (counted in ooms; the trainer stays usable); DEADLINE_EXCEEDED
  * or UNAVAILABLE when a peer fails. One rank's failure is every rank's: on
  * local and gloo groups every rank's step fails with the failing rank's
- * error ("rank 1 failed step 2: ...") and nothing changes anywhere.
+ * error ("rank 1 failed step 2: ...") and nothing changes anywhere; except
+ * under NO_SHARD and SHARD_OPTIM, when the failure comes after the update,
+ * in the regather of the updated parameters ("rank 1 failed step 2 after
+ * the update: ..."): then the update is kept and the step counts on every
+ * rank, and the next step gathers the parameters again.
  * ABORTED on every rank when the loss on any rank or the gradient norm is
  * not finite: the update is skipped, parameters and optimizer state are
  * unchanged. INVALID_ARGUMENT on every rank when the ranks' learning rates
@@ -1517,7 +1521,12 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_num_units(const sk_engine* engine,
  * and optimizer state untouched. On local and gloo groups it abandons the
  * step on every rank: the failing rank's peers' calls fail at once with its
  * error ("rank 1 failed step 3: ... out of memory ..."), every rank's call
- * returns that error, and the next step works everywhere.
+ * returns that error, and the next step works everywhere. Under NO_SHARD
+ * and SHARD_OPTIM, sk_engine_optimizer_step and sk_engine_end_custom_step
+ * regather the updated parameters; a failure there is every rank's too
+ * ("rank 1 failed step 3 after the update: ..."), but the update is kept on
+ * every rank, the step counts (a custom step is closed) and the next
+ * pre_forward gathers the parameters again.
  * All four are collective (the all-gathers and reduce-scatters they issue are
  * matched across ranks). pre_forward/pre_backward return when the unit's
  * parameters are gathered (and may enqueue prefetches of later units);
