@@ -70,6 +70,70 @@ function M.version_number() return tonumber(lib.sk_version_number()) end
 local function invalid_argument(message, level)
   error(setmetatable({code = 3, name = "INVALID_ARGUMENT", message = message}, Error), level)
 end
+-- 64-bit integers (0.8.0). A Lua number holds integers exactly only up to
+-- 2^53, so the C ABI's int64_t results come back as a Lua number when they
+-- fit in that range and as LuaJIT's boxed int64_t cdata (exact; arithmetic
+-- and comparisons with numbers work, tostring ends in "LL") beyond it: step
+-- metrics, counters, byte and token counts, step counts, sizes. i64
+-- collectives always return boxed int64_t values (see all_reduce).
+local TWO_53 = 2 ^ 53
+local function int64_result(v)
+  if type(v) == "cdata" and (v > TWO_53 or v < -TWO_53) then return ffi.new("int64_t", v) end
+  return tonumber(v)
+end
+M.int64_result = int64_result
+
+local INT64_MAX_U = 9223372036854775807ULL
+local UINT64_MAX = 18446744073709551615ULL
+-- `x` (a 64-bit integer cdata, a number or a decimal string) as a boxed
+-- int64_t (`unsigned`: uint64_t), exactly: a cdata within range, an
+-- integral number within range ([-2^63, 2^63); [0, 2^64)), or a decimal
+-- string ("-9223372036854775808"; the way to write one beyond 2^53 without
+-- LL literals). Anything else raises INVALID_ARGUMENT naming `what`.
+local function to_integer(x, what, level, unsigned)
+  level = (level or 2) + 1
+  local ctype = unsigned and "uint64_t" or "int64_t"
+  local range = unsigned and "[0, 2^64)" or "[-2^63, 2^63)"
+  local function refuse(shown) invalid_argument(what .. " " .. shown .. " is outside " .. range, level + 1) end
+  if type(x) == "cdata" and (ffi.istype("int64_t", x) or ffi.istype("uint64_t", x)) then
+    if unsigned and ffi.istype("int64_t", x) and x < 0 then refuse(tostring(x)) end
+    if not unsigned and ffi.istype("uint64_t", x) and x > INT64_MAX_U then refuse(tostring(x)) end
+    return ffi.new(ctype, x)
+  elseif type(x) == "number" then
+    if x ~= x or x % 1 ~= 0 then
+      invalid_argument(what .. " " .. tostring(x) .. " is not an integer", level)
+    end
+    if unsigned and (x < 0 or x >= 2 ^ 64) or not unsigned and (x < -2 ^ 63 or x >= 2 ^ 63) then
+      refuse(tostring(x))
+    end
+    if unsigned and x >= 2 ^ 63 then return ffi.new(ctype, x - 2 ^ 63) + 9223372036854775808ULL end
+    return ffi.new(ctype, x)
+  elseif type(x) == "string" then
+    local sign, digits = x:match("^%s*([+-]?)(%d+)%s*$")
+    if digits == nil then
+      invalid_argument(what .. " '" .. x .. "' is not a decimal integer", level)
+    end
+    local limit = unsigned and UINT64_MAX or (sign == "-" and INT64_MAX_U + 1 or INT64_MAX_U)
+    local v = 0ULL
+    for k = 1, #digits do
+      local d = digits:byte(k) - 48
+      if v > (limit - d) / 10 then refuse("'" .. x .. "'") end
+      v = v * 10 + d
+    end
+    if sign == "-" and v ~= 0 then
+      if unsigned then refuse("'" .. x .. "'") end
+      v = -v  -- two's complement: -2^63 too
+    end
+    return ffi.new(ctype, v)
+  end
+  invalid_argument(what .. " must be an integer (a number, a 64-bit integer cdata or a decimal string), not a " ..
+                   type(x), level)
+end
+local function to_int64(x, what, level) return to_integer(x, what, (level or 2) + 1, false) end
+-- sk.i64(x): x as an exact boxed int64_t (see to_integer), e.g.
+-- sk.i64("9007199254740993"), sk.i64(2^62), sk.i64("-9223372036854775808").
+function M.i64(x) return to_int64(x, "sk.i64", 2) end
+
 local function failed_precondition(message, level)
   error(setmetatable({code = 9, name = "FAILED_PRECONDITION", message = message}, Error), level)
 end
@@ -210,6 +274,17 @@ local function to_struct(ctype, t, anchors)
     elseif type(v) == "boolean" then
       v = v and 1 or 0
     end
+    -- 64-bit integer fields take numbers, boxed integers and decimal
+    -- strings, exactly (a number beyond 2^53 has already lost bits: pass
+    -- 9007199254740993LL or "9007199254740993").
+    local ok, cur = pcall(function() return s[k] end)
+    if ok and type(cur) == "cdata" and (type(v) == "number" or type(v) == "string" or type(v) == "cdata") then
+      if ffi.istype("int64_t", cur) then
+        v = to_integer(v, ctype .. "." .. k, 3, false)
+      elseif ffi.istype("uint64_t", cur) then
+        v = to_integer(v, ctype .. "." .. k, 3, true)
+      end
+    end
     s[k] = v  -- an unknown field name raises ffi's "no member named" error
   end
   return s
@@ -227,15 +302,18 @@ local metric_fields = {
   "peak_reserved_bytes", "allocated_bytes", "reserved_bytes", "alloc_retries", "ooms",
   "bytes_communicated", "global_loss", "lr", "target_tokens", "global_target_tokens",
 }
--- The metrics as numbers; `simulated` a boolean (on the simulator loss,
+-- The metrics as numbers (the int64_t ones beyond 2^53 as boxed int64_t,
+-- exact: int64_result); `simulated` a boolean (on the simulator loss,
 -- global_loss and grad_norm are NaN and times are virtual).
 local function metrics_table(m)
   local t = {}
-  for _, k in ipairs(metric_fields) do t[k] = tonumber(m[k]) end
+  for _, k in ipairs(metric_fields) do t[k] = int64_result(m[k]) end
   t.simulated = m.simulated ~= 0
   t.skipped = m.skipped ~= 0  -- 0.8.0: skip_nonfinite_steps skipped the update
   return t
 end
+-- sk.step_metrics(m): an sk_step_metrics cdata as the table step() returns.
+M.step_metrics = metrics_table
 -- The C element type and sk_dtype_t of a collective's Lua values.
 local collective_ctypes = {f32 = {"float", 1}, f64 = {"double", 4}, i32 = {"int32_t", 5}, i64 = {"int64_t", 6}}
 local function collective_dtype(name)
@@ -244,6 +322,26 @@ local function collective_dtype(name)
     invalid_argument("unknown collective dtype '" .. tostring(name) .. "' (f32, f64, i32, i64)", 4)
   end
   return t[1], t[2]
+end
+-- A collective's Lua values into its C buffer: i64 values exactly
+-- (to_int64: numbers, int64 cdata, decimal strings), the others as numbers.
+local function fill_buffer(buf, values, n, ct, level)
+  if ct == "int64_t" then
+    for i = 1, n do buf[i - 1] = to_int64(values[i], "i64 value " .. i, level + 1) end
+  else
+    for i = 1, n do buf[i - 1] = values[i] end
+  end
+end
+-- A collective's C buffer as Lua values: i64 as boxed int64_t (exact), the
+-- others as numbers.
+local function read_buffer(buf, n, ct)
+  local out = {}
+  if ct == "int64_t" then
+    for i = 1, n do out[i] = ffi.new("int64_t", buf[i - 1]) end
+  else
+    for i = 1, n do out[i] = tonumber(buf[i - 1]) end
+  end
+  return out
 end
 local function new_metrics()
   local m = ffi.new("sk_step_metrics")
@@ -288,43 +386,41 @@ local ProcessGroup = handle_type("sk_process_group", lib.sk_process_group_destro
   end,
   -- Collectives on Lua arrays of numbers (0.6.0; shardkit.h, "Collectives
   -- on the caller's buffers"), moved as f32 unless `dtype` names another:
-  -- "f64", "i32" or "i64" (0.8.0; i64 values beyond 2^53 lose bits as Lua
-  -- numbers). Each returns a new array. op: "sum" (nil), "mean", "max" or
-  -- "min" (0.8.0).
+  -- "f64", "i32" or "i64" (0.8.0). i64 values are carried exactly: each
+  -- given value may be a number (an integer below 2^63 in magnitude), a
+  -- boxed int64_t (9007199254740993LL, sk.i64(...)) or a decimal string,
+  -- and the results are boxed int64_t values (a Lua number would round
+  -- those beyond 2^53); anything else is INVALID_ARGUMENT before any call.
+  -- Each returns a new array. op: "sum" (nil), "mean", "max" or "min"
+  -- (0.8.0).
   all_reduce = function(self, values, op, dtype)
     local n = #values
     local ct, dt = collective_dtype(dtype)
     local buf = ffi.new(ct .. "[?]", math.max(n, 1))
-    for i = 1, n do buf[i - 1] = values[i] end
+    fill_buffer(buf, values, n, ct, 2)
     local raw_op = ffi.new("sk_reduce_op_t[1]")
     if not pcall(function() raw_op[0] = "SK_REDUCE_" .. string.upper(op or "sum") end) then
       invalid_argument("unknown reduce op '" .. tostring(op) .. "' (sum, mean, max, min)", 2)
     end
     check(lib.sk_process_group_all_reduce(self.h, buf, n, dt, raw_op[0]))
-    local out = {}
-    for i = 1, n do out[i] = tonumber(buf[i - 1]) end
-    return out
+    return read_buffer(buf, n, ct)
   end,
   broadcast = function(self, values, root, dtype)
     local n = #values
     local ct, dt = collective_dtype(dtype)
     local buf = ffi.new(ct .. "[?]", math.max(n, 1))
-    for i = 1, n do buf[i - 1] = values[i] end
+    fill_buffer(buf, values, n, ct, 2)
     check(lib.sk_process_group_broadcast(self.h, buf, n, dt, root))
-    local out = {}
-    for i = 1, n do out[i] = tonumber(buf[i - 1]) end
-    return out
+    return read_buffer(buf, n, ct)
   end,
   all_gather = function(self, values, dtype)
     local n, size = #values, self:size()
     local ct, dt = collective_dtype(dtype)
     local input = ffi.new(ct .. "[?]", math.max(n, 1))
-    for i = 1, n do input[i - 1] = values[i] end
+    fill_buffer(input, values, n, ct, 2)
     local output = ffi.new(ct .. "[?]", math.max(n * size, 1))
     check(lib.sk_process_group_all_gather(self.h, input, output, n, dt))
-    local out = {}
-    for i = 1, n * size do out[i] = tonumber(output[i - 1]) end
-    return out
+    return read_buffer(output, n * size, ct)
   end,
   barrier = function(self) check(lib.sk_process_group_barrier(self.h)) end,
 })
@@ -380,7 +476,7 @@ end
 function M.model_num_parameters(model)
   local out = ffi.new("int64_t[1]")
   check(lib.sk_model_num_parameters(model, out))
-  return tonumber(out[0])
+  return int64_result(out[0])
 end
 
 local estimate_fields = {
@@ -399,7 +495,7 @@ function M.estimate_memory(options, world_size)
   unpin(anchors)
   check(code)
   local t = {}
-  for _, k in ipairs(estimate_fields) do t[k] = tonumber(e[k]) end
+  for _, k in ipairs(estimate_fields) do t[k] = int64_result(e[k]) end
   return t
 end
 
@@ -421,7 +517,7 @@ local function checkpoint_methods(prefix, methods)
   methods.load_checkpoint = function(self, dir)
     local out = ffi.new("int64_t[1]")
     check(lib[prefix .. "_load_checkpoint"](self.h, dir, out))
-    return tonumber(out[0])
+    return int64_result(out[0])
   end
   methods.save_state_dict = function(self, path, layout)
     check(lib[prefix .. "_save_state_dict"](self.h, path, weight_layout(layout)))
@@ -429,7 +525,7 @@ local function checkpoint_methods(prefix, methods)
   methods.load_state_dict = function(self, path, layout)
     local out = ffi.new("int64_t[1]")
     check(lib[prefix .. "_load_state_dict"](self.h, path, weight_layout(layout), out))
-    return tonumber(out[0])
+    return int64_result(out[0])
   end
   return methods
 end
@@ -484,7 +580,7 @@ local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy,
   resume_latest = function(self, root)
     local out = ffi.new("int64_t[1]")
     check(lib.sk_trainer_resume_latest(self.h, root, out))
-    return tonumber(out[0])
+    return int64_result(out[0])
   end,
   step = function(self)
     local m = new_metrics()
@@ -514,13 +610,13 @@ local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy,
   num_parameters = function(self)
     local out = ffi.new("int64_t[1]")
     check(lib.sk_trainer_num_parameters(self.h, out))
-    return tonumber(out[0])
+    return int64_result(out[0])
   end,
   -- With a dataset (0.8.0): samples consumed and samples per epoch.
   data_position = function(self)
     local consumed, per_epoch = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
     check(lib.sk_trainer_data_position(self.h, consumed, per_epoch))
-    return tonumber(consumed[0]), tonumber(per_epoch[0])
+    return int64_result(consumed[0]), int64_result(per_epoch[0])
   end,
   -- This rank's sample ids of the last step, as a Lua array.
   last_sample_ids = function(self)
@@ -529,7 +625,7 @@ local Trainer = handle_type("sk_trainer", lib.sk_trainer_destroy,
     local ids = ffi.new("int64_t[?]", math.max(tonumber(n[0]), 1))
     check(lib.sk_trainer_last_sample_ids(self.h, ids, n[0], n))
     local t = {}
-    for i = 0, tonumber(n[0]) - 1 do t[#t + 1] = tonumber(ids[i]) end
+    for i = 0, tonumber(n[0]) - 1 do t[#t + 1] = int64_result(ids[i]) end
     return t
   end,
 }))
@@ -746,11 +842,11 @@ local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
       p.struct_size = ffi.sizeof(p)
       check(lib.sk_engine_shard_piece(self.h, unit, i, p))
       local shape = {}
-      for d = 0, p.ndim - 1 do shape[d + 1] = tonumber(p.shape[d]) end
+      for d = 0, p.ndim - 1 do shape[d + 1] = int64_result(p.shape[d]) end
       layout.pieces[i + 1] = {
         name = ffi.string(p.name), param = p.param, shape = shape,
-        shard_offset = tonumber(p.shard_offset), numel = tonumber(p.numel),
-        param_offset = tonumber(p.param_offset),
+        shard_offset = int64_result(p.shard_offset), numel = int64_result(p.numel),
+        param_offset = int64_result(p.param_offset),
         param_group = p.param_group >= 0 and p.param_group or nil,
         weight_decay = p.weight_decay, lr_multiplier = p.lr_multiplier,
       }
@@ -773,14 +869,14 @@ local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
   steps = function(self)
     local out = ffi.new("int64_t[1]")
     check(lib.sk_engine_steps(self.h, out))
-    return tonumber(out[0])
+    return int64_result(out[0])
   end,
   -- Sharded checkpoints in the trainer's format; load returns the step.
   save_checkpoint = function(self, dir) check(lib.sk_engine_save_checkpoint(self.h, dir)) end,
   load_checkpoint = function(self, dir)
     local out = ffi.new("int64_t[1]")
     check(lib.sk_engine_load_checkpoint(self.h, dir, out))
-    return tonumber(out[0])
+    return int64_result(out[0])
   end,
   -- The full parameter as a Lua array of numbers.
   read_param = function(self, unit, param, numel)
@@ -892,7 +988,7 @@ function M.plan(request)
   local res = ffi.gc(out[0], lib.sk_plan_result_free)
   local plan = {
     profile = ffi.string(res.profile),
-    device_memory_bytes = tonumber(res.device_memory_bytes),
+    device_memory_bytes = int64_result(res.device_memory_bytes),
     recommended = res.recommended >= 0 and res.recommended + 1 or nil,
     recommendation = ffi.string(res.recommendation),
     table = ffi.string(res.table),
@@ -904,7 +1000,7 @@ function M.plan(request)
     c.struct_size = ffi.sizeof(c)
     check(lib.sk_plan_result_candidate(res, i, c))
     local e = {label = ffi.string(c.label), error = c.error ~= nil and ffi.string(c.error) or nil}
-    for _, k in ipairs(candidate_numbers) do e[k] = tonumber(c[k]) end
+    for _, k in ipairs(candidate_numbers) do e[k] = int64_result(c[k]) end
     for _, k in ipairs(candidate_flags) do e[k] = c[k] ~= 0 end
     e.activation_checkpointing = c.activation_checkpointing == lib.SK_CHECKPOINTING_FULL
     e.checkpointing = checkpointing_names[tonumber(c.activation_checkpointing)]

@@ -620,5 +620,72 @@ test("issue 47: shard layout, a custom rule's declared state, wide collectives, 
                {model = "gpt-tiny", skip_nonfinite_steps = 2}, 1)
 end)
 
+-- Issue 47: int64 values beyond 2^53 are carried exactly. A Lua number
+-- rounds 2^53 + 1 to 2^53: i64 collectives, step metrics and counters, and
+-- 64-bit option fields take and give LuaJIT's boxed 64-bit integers.
+test("issue 47: i64 values are exact beyond 2^53, at INT64_MIN and INT64_MAX", function()
+  local ffi = require("ffi")
+  local big, min, max = 9007199254740993LL, -9223372036854775807LL - 1, 9223372036854775807LL
+  assert(2 ^ 53 + 1 == 2 ^ 53, "this Lua's numbers are not doubles")
+  -- sk.i64: numbers, boxed integers and decimal strings, exactly.
+  assert(sk.i64("9007199254740993") == big and sk.i64("-9223372036854775808") == min)
+  assert(sk.i64("9223372036854775807") == max and sk.i64(2 ^ 62) == 4611686018427387904LL)
+  assert(sk.i64(9223372036854775807ULL) == max and ffi.istype("int64_t", sk.i64(7)))
+  expect_error("INVALID_ARGUMENT", "outside [-2^63, 2^63)", sk.i64, "9223372036854775808")
+  expect_error("INVALID_ARGUMENT", "outside [-2^63, 2^63)", sk.i64, "-9223372036854775809")
+  expect_error("INVALID_ARGUMENT", "outside [-2^63, 2^63)", sk.i64, 2 ^ 63)
+  expect_error("INVALID_ARGUMENT", "outside [-2^63, 2^63)", sk.i64, 9223372036854775808ULL)
+  expect_error("INVALID_ARGUMENT", "not an integer", sk.i64, 1.5)
+  expect_error("INVALID_ARGUMENT", "not a decimal integer", sk.i64, "12abc")
+  -- Collectives with i64 buffers: every value through the C buffer and
+  -- back as a boxed int64_t.
+  local g = sk.local_groups(1)[1]
+  local given = {big, min, max, "9007199254740993", -big, 5}
+  local want = {big, min, max, big, -big, 5LL}
+  for _, got in ipairs({g:all_reduce(given, "sum", "i64"), g:all_reduce(given, "max", "i64"),
+                        g:all_reduce(given, "min", "i64"), g:broadcast(given, 0, "i64"),
+                        g:all_gather(given, "i64")}) do
+    assert(#got == #want, #got)
+    for i = 1, #want do
+      assert(ffi.istype("int64_t", got[i]), "value " .. i .. " is a " .. type(got[i]))
+      assert(got[i] == want[i], "value " .. i .. ": " .. tostring(got[i]) .. ", expected " .. tostring(want[i]))
+    end
+  end
+  assert(tostring(g:all_reduce({big}, "sum", "i64")[1]) == "9007199254740993LL")
+  -- Values that no int64 holds are refused before any call, naming the value.
+  expect_error("INVALID_ARGUMENT", "i64 value 2 1.5 is not an integer", g.all_reduce, g, {1, 1.5}, "sum", "i64")
+  expect_error("INVALID_ARGUMENT", "i64 value 1 '9223372036854775808' is outside", g.broadcast, g,
+               {"9223372036854775808"}, 0, "i64")
+  expect_error("INVALID_ARGUMENT", "i64 value 1", g.all_gather, g, {{}}, "i64")
+  g:close()
+  -- Step metrics and counters: numbers up to 2^53, boxed int64_t beyond.
+  local m = ffi.new("sk_step_metrics")
+  m.struct_size = ffi.sizeof(m)
+  m.step, m.target_tokens, m.global_target_tokens = 3, big, max
+  m.ooms, m.alloc_retries, m.bytes_communicated = min, 2 ^ 53, -(2 ^ 53)
+  local t = sk.step_metrics(m)
+  assert(type(t.step) == "number" and t.step == 3)
+  assert(ffi.istype("int64_t", t.target_tokens) and t.target_tokens == big, tostring(t.target_tokens))
+  assert(t.global_target_tokens == max and t.ooms == min, tostring(t.global_target_tokens) .. " " .. tostring(t.ooms))
+  assert(type(t.alloc_retries) == "number" and t.alloc_retries == 2 ^ 53)
+  assert(type(t.bytes_communicated) == "number" and t.bytes_communicated == -(2 ^ 53))
+  assert(sk.int64_result(big + 1) == big + 1 and type(sk.int64_result(5LL)) == "number")
+  -- A real step's counts stay numbers.
+  local s = sk.local_session({model = "gpt-tiny", data_tokens = "64", data_seed = "18446744073709551615"}, 1)
+  local r = s:step()
+  assert(type(r.target_tokens) == "number" and r.target_tokens > 0 and type(r.ooms) == "number")
+  s:close()
+  -- 64-bit option fields take the same forms, exactly, and refuse the rest.
+  local want_peak = sk.estimate_memory({model = "gpt-tiny", batch_size = 4}, 1).peak_bytes
+  assert(sk.estimate_memory({model = "gpt-tiny", batch_size = "4"}, 1).peak_bytes == want_peak)
+  assert(sk.estimate_memory({model = "gpt-tiny", batch_size = 4LL}, 1).peak_bytes == want_peak)
+  expect_error("INVALID_ARGUMENT", "sk_trainer_options.batch_size 2.5 is not an integer", sk.estimate_memory,
+               {model = "gpt-tiny", batch_size = 2.5}, 1)
+  expect_error("INVALID_ARGUMENT", "sk_trainer_options.data_seed -1 is outside [0, 2^64)", sk.estimate_memory,
+               {model = "gpt-tiny", data_seed = -1}, 1)
+  expect_error("INVALID_ARGUMENT", "sk_trainer_options.data_tokens '9223372036854775808' is outside",
+               sk.estimate_memory, {model = "gpt-tiny", data_tokens = "9223372036854775808"}, 1)
+end)
+
 print(string.format("%d passed, %d failed", passed, failures))
 os.exit(failures == 0 and 0 or 1)
