@@ -132,8 +132,7 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
     SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(ctx, p, xs[L], targets, n, c,
                                                        config_.vocab_size, act, backward, &head,
-                                                       config_.tie_word_embeddings,
-                                                       nn_internal::GradScale(batch)));
+                                                       config_.tie_word_embeddings));
     SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
   if (!backward) return loss;
@@ -141,9 +140,10 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   SK_ASSIGN_OR_RETURN(Tensor dx, nn_internal::NewAct(ctx, act, n * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
-    SK_RETURN_IF_ERROR(nn_internal::HeadBackward(ctx, b.p, b.g, xs[L], head, n, c,
-                                                 config_.vocab_size, act, dx,
-                                                 config_.tie_word_embeddings));
+    SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadBackward(ctx, b.p, b.g, xs[L], head, targets, n, c,
+                                                       config_.vocab_size, act, dx,
+                                                       config_.tie_word_embeddings,
+                                                       nn_internal::ClassifierGradScale(batch)));
     head = HeadSaved();
     xs[L] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
@@ -239,8 +239,9 @@ int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   // backward needs or (checkpointing) only the block output.
   const int64_t kept =
       4 * (2 * n + 1) + a * n * c + L * (ckpt ? a * n * c : saved);
-  // Head backward: its saved LayerNorm (+ mean, rstd), dlogits, dx and dln.
-  const int64_t head = kept + a * n * c + 4 * 2 * n + a * n * config_.vocab_size + 2 * a * n * c;
+  // Head backward: its saved LayerNorm (+ mean, rstd), dx, dln and the
+  // fused classifier's row losses and chunk of logits.
+  const int64_t head = kept + nn_internal::HeadBackwardPeakBytes(n, c, config_.vocab_size, d.storage, 2);
   // Last block's backward: dx, dnext, its temporaries, and the recomputed
   // activations of that block: all but its output with full checkpointing,
   // the cheap ops' outputs with selective.

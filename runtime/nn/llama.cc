@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/ops/classifier.h"
 #include "runtime/ops/cost.h"
 
 namespace sk {
@@ -447,8 +448,11 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
     SK_RETURN_IF_ERROR(scope.PostForward(u));
     if (!backward && l > 0) xs[l] = Tensor();
   }
-  // Head: final RMSNorm, LM projection, cross-entropy.
-  Tensor head_h, head_rstd, dlogits;
+  // Head: final RMSNorm, then the fused classifier (LM projection and
+  // cross-entropy a chunk of tokens at a time, ops/classifier.h): for the
+  // loss alone in the forward, with its gradient in the head's backward.
+  Tensor head_h, head_rstd;
+  const ops::ClassifierShape classifier{n, c, vocab, tied};
   float loss = 0.0f;
   {
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
@@ -458,23 +462,12 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
     SK_ASSIGN_OR_RETURN(head_rstd, NewF32(ctx, n));
     SK_RETURN_IF_ERROR(ops::RmsNormForward(ctx, xs[L], norm_g, config_.rms_norm_eps, head_h,
                                            head_rstd));
-    SK_ASSIGN_OR_RETURN(Tensor logits, NewAct(ctx, act, n * vocab));
-    if (tied) {
-      SK_RETURN_IF_ERROR(
-          nn_internal::TiedHeadForward(ctx, head_h, lm_head_w, n, c, vocab, logits));
-    } else {
-      SK_RETURN_IF_ERROR(Linear(ctx, head_h, lm_head_w, Tensor(), n, c, vocab, logits));
+    if (!backward) {
+      SK_ASSIGN_OR_RETURN(Tensor loss_t, ctx.alloc->Empty(DType::kF32, Shape{1}));
+      SK_RETURN_IF_ERROR(ops::Classifier(ctx, classifier, head_h, lm_head_w, targets, loss_t));
+      SK_ASSIGN_OR_RETURN(double value, ops::ReadScalar(ctx, loss_t));
+      loss = static_cast<float>(value);
     }
-    SK_ASSIGN_OR_RETURN(Tensor loss_t, ctx.alloc->Empty(DType::kF32, Shape{1}));
-    SK_RETURN_IF_ERROR(ops::CrossEntropyForward(ctx, logits, targets, loss_t));
-    if (backward) {
-      // The gradient overwrites the logits: they are not needed afterwards.
-      SK_RETURN_IF_ERROR(
-          ops::CrossEntropyBackward(ctx, logits, targets, logits, nn_internal::GradScale(batch)));
-      dlogits = std::move(logits);
-    }
-    SK_ASSIGN_OR_RETURN(double value, ops::ReadScalar(ctx, loss_t));
-    loss = static_cast<float>(value);
     SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
   if (!backward) return loss;
@@ -482,17 +475,14 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
   SK_ASSIGN_OR_RETURN(Tensor dx, NewAct(ctx, act, n * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
+    SK_ASSIGN_OR_RETURN(Tensor loss_t, ctx.alloc->Empty(DType::kF32, Shape{1}));
     SK_ASSIGN_OR_RETURN(Tensor dh, NewAct(ctx, act, n * c));
-    if (tied) {
-      SK_RETURN_IF_ERROR(nn_internal::TiedHeadBackward(ctx, head_h, b.p[1], dlogits, n, c, vocab,
-                                                       dh, b.g[1]));
-    } else {
-      SK_RETURN_IF_ERROR(LinearBackward(ctx, head_h, b.p[1], dlogits, n, c, vocab, dh, false,
-                                        b.g[1], Tensor()));
-    }
-    dlogits = Tensor();
+    SK_RETURN_IF_ERROR(ops::Classifier(ctx, classifier, head_h, b.p[1], targets, loss_t, dh, b.g[1],
+                                       nn_internal::ClassifierGradScale(batch)));
     SK_RETURN_IF_ERROR(ops::Fill(ctx, dx, 0.0f));
     SK_RETURN_IF_ERROR(ops::RmsNormBackward(ctx, xs[L], b.p[0], dh, head_rstd, dx, b.g[0]));
+    SK_ASSIGN_OR_RETURN(double value, ops::ReadScalar(ctx, loss_t));
+    loss = static_cast<float>(value);
     head_h = head_rstd = Tensor();
     xs[L] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
@@ -555,8 +545,9 @@ int64_t LlamaModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   // forward: token ids and targets, the loss, the embedding output and, per
   // block, what its backward needs or (checkpointing) its output only.
   const int64_t kept = 4 * (2 * n + 1) + a * n * c + L * (ckpt ? a * n * c : saved);
-  // Head backward: its RMSNorm output and rstd, dlogits, dx and dh.
-  const int64_t head = kept + a * n * c + 4 * n + a * n * config_.vocab_size + 2 * a * n * c;
+  // Head backward: its RMSNorm output and rstd, dx, dh and the fused
+  // classifier's row losses and chunk of logits.
+  const int64_t head = kept + nn_internal::HeadBackwardPeakBytes(n, c, config_.vocab_size, d.storage, 1);
   // The last block's backward: dx, dnext, its temporaries and what it
   // recomputes: with full checkpointing the block (whose output the kept
   // count has), with selective the cheap ops' outputs.

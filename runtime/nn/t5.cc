@@ -207,7 +207,7 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
     SK_ASSIGN_OR_RETURN(UnitParams p, scope.PreForward(head_unit));
     SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadForward(ctx, p, xd[D], targets, nd, c,
                                                        config_.vocab_size, act, backward, &head,
-                                                       /*tied=*/false, nn_internal::GradScale(batch)));
+                                                       /*tied=*/false));
     SK_RETURN_IF_ERROR(scope.PostForward(head_unit));
   }
   if (!backward) return loss;
@@ -217,8 +217,9 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   SK_ASSIGN_OR_RETURN(Tensor denc, nn_internal::ZerosF32(ctx, ne * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
-    SK_RETURN_IF_ERROR(nn_internal::HeadBackward(ctx, b.p, b.g, xd[D], head, nd, c,
-                                                 config_.vocab_size, act, dx));
+    SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadBackward(ctx, b.p, b.g, xd[D], head, targets, nd, c,
+                                                       config_.vocab_size, act, dx, /*tied=*/false,
+                                                       nn_internal::ClassifierGradScale(batch)));
     head = HeadSaved();
     xd[D] = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
@@ -321,8 +322,10 @@ int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_
   const int64_t dec_kept = a * nd * c + D * (ckpt ? a * nd * c : dec_saved);
   // Backward buffers allocated before the head: dx, dnext, denc (f32).
   const int64_t grads = 2 * a * nd * c + 4 * ne * c;
-  const int64_t head = enc_kept + dec_kept + grads + a * nd * c + 4 * 2 * nd +
-                       a * nd * config_.vocab_size + a * nd * c;
+  // The head's backward: dnext and denc besides what HeadBackwardPeakBytes
+  // counts (its saved LayerNorm, dx, dln and the fused classifier's chunk).
+  const int64_t head = enc_kept + dec_kept + grads - a * nd * c +
+                       nn_internal::HeadBackwardPeakBytes(nd, c, config_.vocab_size, ed.storage, 2);
   const int64_t dec = enc_kept + dec_kept - (ckpt ? a * nd * c : 0) + grads +
                       decoder_block_.BackwardTempBytes(dd, device) + (ckpt ? dec_saved : 0);
   // Encoder backward: the decoder is gone except the decoder-embedding

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "runtime/ops/classifier.h"
 #include "runtime/ops/cost.h"
 
 namespace sk {
@@ -695,80 +696,58 @@ void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, const std::strin
   }
 }
 
-Status TiedHeadForward(const OpContext& ctx, const Tensor& ln, const Tensor& wte_in, int64_t rows,
-                       int64_t d_model, int64_t vocab, const Tensor& logits) {
-  SK_ASSIGN_OR_RETURN(Tensor wte, InDType(ctx, wte_in, ln.dtype()));
-  GemmParams p;
-  p.trans_b = true;
-  p.m = rows, p.n = vocab, p.k = d_model;
-  return ops::Gemm(ctx, p, MatrixRef{ln, 0, d_model}, MatrixRef{wte, 0, d_model},
-                   MatrixRef{logits, 0, vocab});
-}
-
-Status TiedHeadBackward(const OpContext& ctx, const Tensor& ln, const Tensor& wte_in,
-                        const Tensor& dlogits, int64_t rows, int64_t d_model, int64_t vocab,
-                        const Tensor& dln, const Tensor& dwte) {
-  SK_ASSIGN_OR_RETURN(Tensor wte, InDType(ctx, wte_in, dlogits.dtype()));
-  GemmParams p;
-  p.m = rows, p.n = d_model, p.k = vocab;
-  SK_RETURN_IF_ERROR(ops::Gemm(ctx, p, MatrixRef{dlogits, 0, vocab}, MatrixRef{wte, 0, d_model},
-                               MatrixRef{dln, 0, d_model}));
-  GemmParams q;
-  q.trans_a = true;
-  q.m = vocab, q.n = d_model, q.k = rows;
-  q.beta = 1.0f;
-  return ops::Gemm(ctx, q, MatrixRef{dlogits, 0, vocab}, MatrixRef{ln, 0, d_model},
-                   MatrixRef{dwte, 0, d_model});
-}
-
 StatusOr<float> HeadForward(const OpContext& ctx, const UnitParams& p, const Tensor& x,
                             const Tensor& targets, int64_t rows, int64_t d_model, int64_t vocab,
-                            DType storage, bool want_grad, HeadSaved* saved, bool tied,
-                            float grad_scale) {
+                            DType storage, bool want_grad, HeadSaved* saved, bool tied) {
   const HeadTensors h{p[0], p[1], p[2]};
   SK_ASSIGN_OR_RETURN(saved->ln, NewAct(ctx, storage, rows * d_model));
   SK_ASSIGN_OR_RETURN(saved->ln_mean, NewF32(ctx, rows));
   SK_ASSIGN_OR_RETURN(saved->ln_rstd, NewF32(ctx, rows));
   SK_RETURN_IF_ERROR(
       ops::LayerNormForward(ctx, x, h.ln_g, h.ln_b, saved->ln, saved->ln_mean, saved->ln_rstd));
-  // Logits in the compute dtype; the loss reads them exactly and sums in f64.
-  SK_ASSIGN_OR_RETURN(Tensor logits, NewAct(ctx, storage, rows * vocab));
-  if (tied) {
-    SK_RETURN_IF_ERROR(TiedHeadForward(ctx, saved->ln, h.lm_head_w, rows, d_model, vocab, logits));
-  } else {
-    SK_RETURN_IF_ERROR(Linear(ctx, saved->ln, h.lm_head_w, Tensor(), rows, d_model, vocab, logits));
-  }
+  if (want_grad) return 0.0f;
   SK_ASSIGN_OR_RETURN(Tensor loss, ctx.alloc->Empty(DType::kF32, Shape{1}));
-  SK_RETURN_IF_ERROR(ops::CrossEntropyForward(ctx, logits, targets, loss));
-  if (want_grad) {
-    // The gradient overwrites the logits: they are not needed afterwards.
-    SK_RETURN_IF_ERROR(ops::CrossEntropyBackward(ctx, logits, targets, logits, grad_scale));
-    saved->dlogits = std::move(logits);
-  }
+  ops::ClassifierShape cs{rows, d_model, vocab, tied};
+  SK_RETURN_IF_ERROR(ops::Classifier(ctx, cs, saved->ln, h.lm_head_w, targets, loss));
   SK_ASSIGN_OR_RETURN(double value, ops::ReadScalar(ctx, loss));
   return static_cast<float>(value);
 }
 
-Status HeadBackward(const OpContext& ctx, const UnitParams& p, const UnitGrads& g,
-                    const Tensor& x, const HeadSaved& saved, int64_t rows, int64_t d_model,
-                    int64_t vocab, DType storage, const Tensor& dx, bool tied) {
+StatusOr<float> HeadBackward(const OpContext& ctx, const UnitParams& p, const UnitGrads& g,
+                             const Tensor& x, const HeadSaved& saved, const Tensor& targets,
+                             int64_t rows, int64_t d_model, int64_t vocab, DType storage,
+                             const Tensor& dx, bool tied, float grad_scale) {
   const HeadTensors h{p[0], p[1], p[2]};
   const HeadTensors dh{g[0], g[1], g[2]};
+  SK_ASSIGN_OR_RETURN(Tensor loss, ctx.alloc->Empty(DType::kF32, Shape{1}));
   SK_ASSIGN_OR_RETURN(Tensor dln, NewAct(ctx, storage, rows * d_model));
-  if (tied) {
-    SK_RETURN_IF_ERROR(TiedHeadBackward(ctx, saved.ln, h.lm_head_w, saved.dlogits, rows, d_model,
-                                        vocab, dln, dh.lm_head_w));
-  } else {
-    SK_RETURN_IF_ERROR(LinearBackward(ctx, saved.ln, h.lm_head_w, saved.dlogits, rows, d_model,
-                                      vocab, dln, false, dh.lm_head_w, Tensor()));
-  }
+  ops::ClassifierShape cs{rows, d_model, vocab, tied};
+  SK_RETURN_IF_ERROR(ops::Classifier(ctx, cs, saved.ln, h.lm_head_w, targets, loss, dln,
+                                     dh.lm_head_w, grad_scale));
   SK_RETURN_IF_ERROR(ops::Fill(ctx, dx, 0.0f));
-  return ops::LayerNormBackward(ctx, x, h.ln_g, dln, saved.ln_mean, saved.ln_rstd, dx, dh.ln_g,
-                                dh.ln_b);
+  SK_RETURN_IF_ERROR(ops::LayerNormBackward(ctx, x, h.ln_g, dln, saved.ln_mean, saved.ln_rstd, dx,
+                                            dh.ln_g, dh.ln_b));
+  SK_ASSIGN_OR_RETURN(double value, ops::ReadScalar(ctx, loss));
+  return static_cast<float>(value);
+}
+
+int64_t HeadBackwardPeakBytes(int64_t rows, int64_t d_model, int64_t vocab, DType storage,
+                              int stats) {
+  const int64_t a = static_cast<int64_t>(DTypeSize(storage));
+  const ops::ClassifierShape cs{rows, d_model, vocab};
+  return 3 * a * rows * d_model + 4 * stats * rows +
+         ops::ClassifierWorkspaceBytes(cs, storage, storage);
 }
 
 float GradScale(const TokenBatch& batch) {
   return batch.loss_denominator > 0 ? static_cast<float>(1.0 / batch.loss_denominator) : 0.0f;
+}
+
+float ClassifierGradScale(const TokenBatch& batch) {
+  if (const float s = GradScale(batch); s > 0.0f) return s;
+  int64_t count = 0;
+  for (int32_t t : batch.targets) count += t != kIgnoreTarget;
+  return count == 0 ? 1.0f : 1.0f / static_cast<float>(count);
 }
 
 Status ValidateLossDenominator(const TokenBatch& batch) {

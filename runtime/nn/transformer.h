@@ -283,52 +283,58 @@ class TransformerBlock {
 void AppendHeadSpecs(int64_t d_model, int64_t vocab, float std, const std::string& tied_owner,
                      UnitSpec* head);
 
-// A head tied to the token embedding wte [vocab, C] (GPT-2's and the tied
-// Llama's): logits[rows, vocab] = ln[rows, C] wte^T, in ln's dtype (wte is
-// cast for the GEMM when its dtype differs).
-Status TiedHeadForward(const ops::OpContext& ctx, const Tensor& ln, const Tensor& wte,
-                       int64_t rows, int64_t d_model, int64_t vocab, const Tensor& logits);
-
-// The tied head's backward: dln = dlogits wte (overwritten) and
-// dwte += dlogits^T ln, so the embedding's gradient gathers both uses.
-Status TiedHeadBackward(const ops::OpContext& ctx, const Tensor& ln, const Tensor& wte,
-                        const Tensor& dlogits, int64_t rows, int64_t d_model, int64_t vocab,
-                        const Tensor& dln, const Tensor& dwte);
-
 // The head's parameters by name: ln_g [C], ln_b [C], lm_head_w [C, V]
 // (tied: the token embedding [V, C]).
 struct HeadTensors {
   Tensor ln_g, ln_b, lm_head_w;
 };
 
-// What the head keeps for its backward (N rows, V vocabulary).
+// What the head keeps from its forward for its backward (N rows).
 struct HeadSaved {
   Tensor ln;       // [N, C] final LayerNorm output
   Tensor ln_mean;  // [N]
   Tensor ln_rstd;  // [N]
-  Tensor dlogits;  // [N, V] dL/dlogits of the mean loss (written over the logits)
 };
 
-// Loss of x [rows, d_model] against targets [rows] (i32 on ctx's device),
-// read back with ReadScalar (NaN on a device that does not execute). With
-// want_grad, also stores dL/dlogits of the mean loss in saved->dlogits
-// (grad_scale > 0: of the sum of the counted rows' losses x grad_scale;
-// GradScale).
+// The head's forward: the final LayerNorm of x [rows, d_model] into saved.
+// With want_grad that is all (the loss and its gradient come together from
+// HeadBackward, through the fused classifier, ops/classifier.h) and the
+// result is 0; without, it also returns the loss against targets [rows]
+// (i32 on ctx's device): the classifier without gradients, read back with
+// ReadScalar (NaN on a device that does not execute).
 StatusOr<float> HeadForward(const ops::OpContext& ctx, const UnitParams& p, const Tensor& x,
                             const Tensor& targets, int64_t rows, int64_t d_model, int64_t vocab,
-                            DType storage, bool want_grad, HeadSaved* saved, bool tied = false,
-                            float grad_scale = 0.0f);
+                            DType storage, bool want_grad, HeadSaved* saved, bool tied = false);
 
 // The factor CrossEntropyBackward gives each counted target's gradient for
 // `batch`: 1 / loss_denominator where set, else 0 (1 / the batch's count).
 float GradScale(const TokenBatch& batch);
+// The fused classifier's factor per counted target (ops::Classifier's
+// grad_scale): GradScale where it is set, else 1 / the batch's count of
+// counted targets (1 when none counts: every row's gradient is zero then):
+// the factor CrossEntropyBackward computes from the count, bit for bit.
+float ClassifierGradScale(const TokenBatch& batch);
 // InvalidArgument unless batch.loss_denominator is finite and >= 0.
 Status ValidateLossDenominator(const TokenBatch& batch);
 
-// Overwrites dx [rows, d_model]; adds parameter gradients into g.
-Status HeadBackward(const ops::OpContext& ctx, const UnitParams& p, const UnitGrads& g,
-                    const Tensor& x, const HeadSaved& saved, int64_t rows, int64_t d_model,
-                    int64_t vocab, DType storage, const Tensor& dx, bool tied = false);
+// The head's loss and backward, in its backward phase: the fused
+// classifier over saved.ln (loss, dL/dln, the LM projection's gradient with
+// factor grad_scale per counted target: ClassifierGradScale), then the
+// LayerNorm's. Overwrites dx [rows, d_model]; adds parameter gradients into
+// g. Returns the loss, read back with ReadScalar (NaN on a device that does
+// not execute).
+StatusOr<float> HeadBackward(const ops::OpContext& ctx, const UnitParams& p, const UnitGrads& g,
+                             const Tensor& x, const HeadSaved& saved, const Tensor& targets,
+                             int64_t rows, int64_t d_model, int64_t vocab, DType storage,
+                             const Tensor& dx, bool tied, float grad_scale);
+
+// Bytes the head holds at its peak besides what the model keeps through the
+// forward: during the classifier of HeadBackward, its saved LayerNorm
+// output and statistics, dx, dL/dln and the classifier's workspace
+// (ops::ClassifierWorkspaceBytes; the weight used in the compute dtype). The
+// same for RMSNorm heads with `stats` statistics per row.
+int64_t HeadBackwardPeakBytes(int64_t rows, int64_t d_model, int64_t vocab, DType storage,
+                              int stats);
 
 // InvalidArgument unless rows * cols fits int64 (both already positive).
 Status CheckProduct(int64_t rows, int64_t cols, const char* what);

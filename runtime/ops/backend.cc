@@ -45,7 +45,7 @@ bool OpBackend::IsStagedModelOp(std::string_view op) {
       "broadcast_rows", "bias_add",       "bias_grad",      "gelu_fwd",
       "gelu_bwd",       "layer_norm_fwd", "layer_norm_bwd", "attention_fwd",
       "attention_bwd",  "embedding_fwd",  "embedding_bwd",  "cross_entropy_fwd",
-      "cross_entropy_bwd", "rms_norm_fwd",  "rms_norm_bwd",   "rope_fwd",
+      "cross_entropy_bwd", "cross_entropy_rows", "rms_norm_fwd",  "rms_norm_bwd",   "rope_fwd",
       "rope_bwd",       "swiglu_fwd",     "swiglu_bwd"};
   for (std::string_view n : kModelOps) {
     if (n == op) return true;
@@ -151,6 +151,13 @@ Status OpBackend::CrossEntropyForward(const OpContext&, const Tensor&, const Ten
 Status OpBackend::CrossEntropyBackward(const OpContext&, const Tensor&, const Tensor&,
                                        const Tensor&, float) {
   return NotImplemented("cross_entropy_bwd");
+}
+Status OpBackend::CrossEntropyRowLosses(const OpContext&, const Tensor&, const Tensor&,
+                                        const Tensor&) {
+  return NotImplemented("cross_entropy_rows");
+}
+Status OpBackend::CrossEntropyMean(const OpContext&, const Tensor&, const Tensor&, const Tensor&) {
+  return NotImplemented("cross_entropy_mean");
 }
 Status OpBackend::SumOfSquares(const OpContext&, const Tensor&, const Tensor&) {
   return NotImplemented("sum_of_squares");

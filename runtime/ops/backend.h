@@ -291,6 +291,12 @@ class OpBackend {
   // scale: ops.h's (> 0: the factor per counted row; 0: 1 / count).
   virtual Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits,
                                       const Tensor& targets, const Tensor& dlogits, float scale);
+  // ops.h's CrossEntropyRowLosses and CrossEntropyMean: together exactly
+  // what this backend's CrossEntropyForward computes.
+  virtual Status CrossEntropyRowLosses(const OpContext& ctx, const Tensor& logits,
+                                       const Tensor& targets, const Tensor& row_loss);
+  virtual Status CrossEntropyMean(const OpContext& ctx, const Tensor& row_loss,
+                                  const Tensor& targets, const Tensor& loss);
   virtual Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc);
   virtual Status MaxAbs(const OpContext& ctx, const Tensor& x, const Tensor& acc);
   virtual Status SgdUpdate(const OpContext& ctx, const SgdHyper& h, const Tensor& param,

@@ -251,6 +251,16 @@ OpCost CrossEntropyBackwardCost(int64_t rows, int64_t vocab, DType logits, DType
               logits);
 }
 
+OpCost CrossEntropyRowLossesCost(int64_t rows, int64_t vocab, DType logits) {
+  return Make("cross_entropy_fwd", OpClass::kLoss, kCrossEntropyFlops * D(rows) * D(vocab),
+              D(rows) * D(vocab) * Sz(logits) + D(rows) * kI32, D(rows) * kF32, logits);
+}
+
+OpCost CrossEntropyMeanCost(int64_t rows) {
+  return Make("cross_entropy_mean", OpClass::kLoss, D(rows), D(rows) * (kF32 + kI32), kF32,
+              DType::kF32);
+}
+
 OpCost SumOfSquaresCost(int64_t n, DType t) {
   return Make("sum_of_squares", OpClass::kReduction, 2.0 * D(n), D(n) * Sz(t) + 8.0, 8.0, t);
 }

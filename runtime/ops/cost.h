@@ -141,6 +141,11 @@ OpCost EmbeddingBackwardCost(int64_t count, int64_t dim, DType dout = DType::kF3
 OpCost CrossEntropyForwardCost(int64_t rows, int64_t vocab, DType logits = DType::kF32);
 OpCost CrossEntropyBackwardCost(int64_t rows, int64_t vocab, DType logits = DType::kF32,
                                 DType dlogits = DType::kF32);
+// CrossEntropyRowLosses: named cross_entropy_fwd (the forward's kernel, whose
+// measured efficiency the profiles carry), writing a loss per row.
+OpCost CrossEntropyRowLossesCost(int64_t rows, int64_t vocab, DType logits = DType::kF32);
+// CrossEntropyMean over `rows` row losses.
+OpCost CrossEntropyMeanCost(int64_t rows);
 OpCost SumOfSquaresCost(int64_t n, DType t);
 OpCost MaxAbsCost(int64_t n, DType t);
 OpCost SgdUpdateCost(int64_t n, bool has_momentum);

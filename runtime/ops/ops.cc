@@ -1268,6 +1268,36 @@ Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Te
   });
 }
 
+Status CrossEntropyRowLosses(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
+                             const Tensor& row_loss) {
+  const char* op = "cross_entropy_rows";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  int64_t vocab = 0;
+  SK_RETURN_IF_ERROR(CheckLoss(op, ctx, logits, targets, &vocab));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "row_loss", ctx, row_loss, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "row_loss", row_loss, targets.numel()));
+  if (Overlap(row_loss, logits)) return Bad(op, "row_loss overlaps logits");
+  const OpCost cost = CrossEntropyRowLossesCost(targets.numel(), vocab, logits.dtype());
+  return DispatchStaged(be, ctx, op, cost, [&](F32Staging& st) -> Status {
+    SK_ASSIGN_OR_RETURN(Tensor wl, st.In(logits));
+    return be->CrossEntropyRowLosses(ctx, wl, targets, row_loss);
+  });
+}
+
+Status CrossEntropyMean(const OpContext& ctx, const Tensor& row_loss, const Tensor& targets,
+                        const Tensor& loss) {
+  const char* op = "cross_entropy_mean";
+  SK_ASSIGN_OR_RETURN(OpBackend * be, Resolve(op, ctx));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "row_loss", ctx, row_loss, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "targets", ctx, targets, {DType::kI32}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "row_loss", row_loss, targets.numel()));
+  SK_RETURN_IF_ERROR(CheckTensor(op, "loss", ctx, loss, {DType::kF32}));
+  SK_RETURN_IF_ERROR(CheckNumel(op, "loss", loss, 1));
+  if (Overlap(loss, row_loss)) return Bad(op, "loss overlaps row_loss");
+  return Dispatch(be, ctx, CrossEntropyMeanCost(targets.numel()),
+                  [&] { return be->CrossEntropyMean(ctx, row_loss, targets, loss); });
+}
+
 // ---- Reductions ---------------------------------------------------------------------
 
 namespace {

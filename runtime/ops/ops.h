@@ -344,6 +344,20 @@ Status CrossEntropyForward(const OpContext& ctx, const Tensor& logits, const Ten
 // dlogits is rounded once.
 Status CrossEntropyBackward(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
                             const Tensor& dlogits, float scale = 0.0f);
+// The forward above in two parts, so that a loss over many rows can be
+// computed a chunk of rows at a time (ops/classifier.h) with the same bits:
+// row_loss (f32, one per row) = -log softmax(logits[row])[target], 0 on
+// rows whose target is kIgnoreTarget (logits [rows, vocab], any float
+// dtype, read exactly); its declared cost is cross_entropy_fwd's, whose
+// kernel it is.
+Status CrossEntropyRowLosses(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
+                             const Tensor& row_loss);
+// loss (f32, one element) = the mean of row_loss over the rows whose target
+// is not kIgnoreTarget (summed as CrossEntropyForward sums: the backend's
+// order, f64), 0 when none counts. CrossEntropyRowLosses then this gives
+// CrossEntropyForward's loss bit for bit on every backend.
+Status CrossEntropyMean(const OpContext& ctx, const Tensor& row_loss, const Tensor& targets,
+                        const Tensor& loss);
 
 // ---- Reductions (grad-norm partials) ----------------------------------------
 

@@ -135,6 +135,14 @@ class FusingCpuBackend final : public OpBackend {
                               float scale) override {
     return base_->CrossEntropyBackward(ctx, logits, targets, dlogits, scale);
   }
+  Status CrossEntropyRowLosses(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
+                               const Tensor& row_loss) override {
+    return base_->CrossEntropyRowLosses(ctx, logits, targets, row_loss);
+  }
+  Status CrossEntropyMean(const OpContext& ctx, const Tensor& row_loss, const Tensor& targets,
+                          const Tensor& loss) override {
+    return base_->CrossEntropyMean(ctx, row_loss, targets, loss);
+  }
   Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc) override {
     return base_->SumOfSquares(ctx, x, acc);
   }

@@ -1138,6 +1138,42 @@ class CpuBackend final : public OpBackend {
     return OkStatus();
   }
 
+  // CrossEntropyForward's row loop, each row's loss stored: CrossEntropyMean
+  // then sums them as that loop does.
+  Status CrossEntropyRowLosses(const OpContext&, const Tensor& logits, const Tensor& targets,
+                               const Tensor& row_loss) override {
+    const int64_t rows = targets.numel();
+    const int64_t vocab = rows == 0 ? 0 : logits.numel() / rows;
+    const int32_t* t = targets.data_as<int32_t>();
+    float* out = F(row_loss);
+    float* buf = IsF32(logits) ? nullptr : Scratch(0, vocab);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (t[r] == kIgnoreTarget) {
+        out[r] = 0.0f;
+        continue;
+      }
+      const float* row = buf == nullptr ? F(logits) + r * vocab : InF32(logits, r * vocab, vocab, buf);
+      out[r] = simd::CrossEntropyRow(row, vocab, t[r]);
+    }
+    return OkStatus();
+  }
+
+  Status CrossEntropyMean(const OpContext&, const Tensor& row_loss, const Tensor& targets,
+                          const Tensor& loss) override {
+    const int64_t rows = targets.numel();
+    const int32_t* t = targets.data_as<int32_t>();
+    const float* l = F(row_loss);
+    double sum = 0.0;
+    int64_t count = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (t[r] == kIgnoreTarget) continue;
+      sum += l[r];
+      ++count;
+    }
+    *F(loss) = count == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(count));
+    return OkStatus();
+  }
+
   Status SumOfSquares(const OpContext&, const Tensor& x, const Tensor& acc) override {
     double a = *acc.data_as<double>();
     const int64_t n = x.numel();

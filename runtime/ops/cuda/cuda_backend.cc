@@ -983,6 +983,24 @@ class CudaBackend final : public OpBackend {
     return OkStatus();
   }
 
+  Status CrossEntropyRowLosses(const OpContext& ctx, const Tensor& logits, const Tensor& targets,
+                               const Tensor& row_loss) override {
+    SK_RETURN_IF_ERROR(Enter(ctx, "cross_entropy_rows"));
+    const int64_t rows = targets.numel();
+    const int64_t vocab = rows == 0 ? 0 : logits.numel() / rows;
+    SK_CUDA_OP("cross_entropy_rows", cuda::CrossEntropyRowLosses(C(logits), Ptr<int32_t>(targets), rows,
+                                                                 vocab, F(row_loss), S(ctx)));
+    return OkStatus();
+  }
+
+  Status CrossEntropyMean(const OpContext& ctx, const Tensor& row_loss, const Tensor& targets,
+                          const Tensor& loss) override {
+    SK_RETURN_IF_ERROR(Enter(ctx, "cross_entropy_mean"));
+    SK_CUDA_OP("cross_entropy_mean", cuda::CrossEntropyMean(F(row_loss), Ptr<int32_t>(targets),
+                                                            targets.numel(), F(loss), S(ctx)));
+    return OkStatus();
+  }
+
   Status SumOfSquares(const OpContext& ctx, const Tensor& x, const Tensor& acc) override {
     SK_RETURN_IF_ERROR(Enter(ctx, "sum_of_squares"));
     if (x.numel() == 0) return OkStatus();

@@ -1426,16 +1426,23 @@ int EmbeddingBackward(const int32_t* ids, CBuf dout, int64_t count, int64_t dim,
                                                             dtable);
   return Launched();
 }
-int CrossEntropyForward(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                        float* row_loss, float* loss, void* stream) {
-  if (rows > 0) {  // vocab 0 (rejected by the dispatcher) writes NaN row losses
-    SK_ENQUEUE_ROWS(rows, vocab, CrossEntropyRowsKernel, logits.data, logits.dtype, targets, rows,
-                    vocab, row_loss);
-    const int err = Launched();
-    if (err != 0) return err;
-  }
+int CrossEntropyRowLosses(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                          float* row_loss, void* stream) {
+  if (rows <= 0) return 0;  // vocab 0 (rejected by the dispatcher) writes NaN row losses
+  SK_ENQUEUE_ROWS(rows, vocab, CrossEntropyRowsKernel, logits.data, logits.dtype, targets, rows,
+                  vocab, row_loss);
+  return Launched();
+}
+int CrossEntropyMean(const float* row_loss, const int32_t* targets, int64_t rows, float* loss,
+                     void* stream) {
   CrossEntropyMeanKernel<<<1, kThreads, 0, S(stream)>>>(row_loss, targets, rows, loss);
   return Launched();
+}
+int CrossEntropyForward(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                        float* row_loss, float* loss, void* stream) {
+  const int err = CrossEntropyRowLosses(logits, targets, rows, vocab, row_loss, stream);
+  if (err != 0) return err;
+  return CrossEntropyMean(row_loss, targets, rows, loss, stream);
 }
 int CrossEntropyBackward(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
                          Buf dlogits, int64_t* count_scratch, float scale, void* stream) {

@@ -163,6 +163,12 @@ int EmbeddingBackward(const int32_t* ids, CBuf dout, int64_t count, int64_t dim,
 // targets; nothing is read out of bounds).
 int CrossEntropyForward(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
                         float* row_loss, float* loss, void* stream);
+// CrossEntropyForward's two launches apart (ops.h: CrossEntropyRowLosses,
+// CrossEntropyMean): the row losses (0 on ignored rows), then their mean.
+int CrossEntropyRowLosses(CBuf logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                          float* row_loss, void* stream);
+int CrossEntropyMean(const float* row_loss, const int32_t* targets, int64_t rows, float* loss,
+                     void* stream);
 // dlogits = (softmax - onehot) / count per counted row (x scale instead
 // when scale > 0), 0 on ignored rows (NaN on rows with an out-of-range
 // target); count_scratch is one int64 of scratch. dlogits may be logits (of
