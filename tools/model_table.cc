@@ -13,6 +13,7 @@
 #include <string>
 
 #include "runtime/nn/configs.h"
+#include "runtime/nn/model_family.h"
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strncmp(argv[1], "--dump_table=", 13) == 0) {
@@ -21,11 +22,17 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
       return 1;
     }
-    if (c->family != sk::ModelFamily::kUnitTable) {
+    const sk::ModelFamilyDescription* family = sk::FindModelFamily(c->family);
+    if (family == nullptr || family->model_file == nullptr) {
       std::fprintf(stderr, "%s is not a unit table (GPT, T5 and Llama are named configurations)\n", argv[1] + 13);
       return 1;
     }
-    std::fputs(sk::UnitTableToJson(c->table).c_str(), stdout);
+    auto file = family->model_file(*c);
+    if (!file.ok()) {
+      std::fprintf(stderr, "%s\n", file.status().ToString().c_str());
+      return 1;
+    }
+    std::fputs(file->c_str(), stdout);
     return 0;
   }
   if (argc > 1) {
@@ -44,47 +51,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     sk::StepFlops f = (*m)->Flops(1, c.seq_len, c.source_len);
-    if (c.family == sk::ModelFamily::kUnitTable) {
-      // Per image: the table has no token sequence; "layers" counts units.
-      std::printf("| %s | unit table | %zu units | - | - | - | %lld classes | image %lld | %.4g M | %.4g | %.4g |\n",
-                  c.name.c_str(), c.table.units.size(), static_cast<long long>(c.table.num_classes),
-                  static_cast<long long>(c.table.image_size),
-                  static_cast<double>((*m)->num_parameters()) / 1e6, f.model_flops / 1e9,
-                  f.hardware_flops / 1e9);
-      continue;
-    }
+    // Per decoder token (unit tables: per image, their seq_len being 1).
     const double tokens = static_cast<double>(c.seq_len);
-    const bool t5 = c.family == sk::ModelFamily::kT5;
-    const bool llama = c.family == sk::ModelFamily::kLlama;
-    char layers[32];
-    long long d = c.t5.d_model, ff = c.t5.d_ff, vocab = c.t5.vocab_size;
-    char heads[32];
-    std::snprintf(heads, sizeof(heads), "%lld", static_cast<long long>(c.t5.n_head));
-    if (t5) {
-      std::snprintf(layers, sizeof(layers), "%lld+%lld", static_cast<long long>(c.t5.n_encoder_layers),
-                    static_cast<long long>(c.t5.n_decoder_layers));
-    } else if (llama) {
-      std::snprintf(layers, sizeof(layers), "%lld", static_cast<long long>(c.llama.n_layer));
-      // Query heads / key-value heads (grouped-query attention).
-      std::snprintf(heads, sizeof(heads), "%lld/%lld", static_cast<long long>(c.llama.n_head),
-                    static_cast<long long>(c.llama.kv_heads()));
-      d = c.llama.d_model, ff = c.llama.d_ff, vocab = c.llama.vocab_size;
-    } else {
-      std::snprintf(layers, sizeof(layers), "%lld", static_cast<long long>(c.gpt.n_layer));
-      std::snprintf(heads, sizeof(heads), "%lld", static_cast<long long>(c.gpt.n_head));
-      d = c.gpt.d_model, ff = c.gpt.ff(), vocab = c.gpt.vocab_size;
-    }
-    char seq[64];
-    if (!t5) {
-      std::snprintf(seq, sizeof(seq), "%lld", static_cast<long long>(c.seq_len));
-    } else {
-      std::snprintf(seq, sizeof(seq), "%lld/%lld", static_cast<long long>(c.source_len),
-                    static_cast<long long>(c.seq_len));
-    }
-    std::printf("| %s | %s | %s | %lld | %s | %lld | %lld | %s | %.4g M | %.4g | %.4g |\n",
-                c.name.c_str(), sk::ModelFamilyName(c.family), layers, d, heads, ff,
-                vocab, seq, static_cast<double>((*m)->num_parameters()) / 1e6,
-                f.model_flops / tokens / 1e9, f.hardware_flops / tokens / 1e9);
+    const sk::ModelTableRow row = sk::FindModelFamily(c.family)->table_row(c);
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %.4g M | %.4g | %.4g |\n", c.name.c_str(),
+                sk::ModelFamilyName(c.family), row.layers.c_str(), row.d_model.c_str(), row.heads.c_str(),
+                row.d_ff.c_str(), row.vocab.c_str(), row.seq.c_str(),
+                static_cast<double>((*m)->num_parameters()) / 1e6, f.model_flops / tokens / 1e9,
+                f.hardware_flops / tokens / 1e9);
   }
   return 0;
 }

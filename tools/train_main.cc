@@ -22,6 +22,7 @@
 
 #include "runtime/data/dataset.h"
 #include "runtime/nn/configs.h"
+#include "runtime/nn/model_family.h"
 #include "runtime/nn/data.h"
 #include "runtime/ops/cpu/cpu_backend.h"
 #include "runtime/nn/owned_parameters.h"
@@ -119,14 +120,15 @@ Status Run() {
                       ParseActivationCheckpointing(FLAGS_checkpointing, "--checkpointing"));
   options.recompute_attention = FLAGS_recompute_attention;
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(cfg, options));
-  const bool t5 = cfg.family == ModelFamily::kT5;
+  SK_ASSIGN_OR_RETURN(const ModelFamilyDescription* family, ModelFamilyOf(cfg));
+  const bool t5 = family->batches == FamilyBatches::kEncoderDecoder;
   const int64_t vocab = BatchIdSpace(cfg);
   const int64_t seq = FLAGS_seq_len > 0 ? FLAGS_seq_len : cfg.seq_len;
   const int64_t src = t5 ? (FLAGS_source_len > 0 ? FLAGS_source_len : cfg.source_len) : 0;
   std::vector<int32_t> stream;
   std::unique_ptr<data::Dataset> dataset;
   if (!FLAGS_dataset.empty()) {
-    if (cfg.family != ModelFamily::kGpt && cfg.family != ModelFamily::kLlama) {
+    if (family->batches != FamilyBatches::kDecoder) {
       return InvalidArgumentError("--dataset feeds decoder-only models (GPT, Llama); " + cfg.name + " is not one");
     }
     SK_ASSIGN_OR_RETURN(dataset, data::Dataset::Open(DatasetFromFlags(), seq, vocab));

@@ -29,6 +29,7 @@
 #include "benchmarks/micro/peak.h"
 #include "runtime/core/env.h"
 #include "runtime/nn/configs.h"
+#include "runtime/nn/model_family.h"
 #include "runtime/nn/data.h"
 #include "runtime/nn/owned_parameters.h"
 #include "runtime/ops/cpu/kernels.h"
@@ -495,7 +496,8 @@ void BM_TrainStep(benchmark::State& state, const char* name, int64_t batch, int6
   ModelOptions options;
   options.activation_checkpointing = checkpointing;
   auto model = CreateModel(*cfg, options);
-  const bool t5 = cfg->family == ModelFamily::kT5;
+  const ModelFamilyDescription* family = FindModelFamily(cfg->family);
+  const bool t5 = family != nullptr && family->batches == FamilyBatches::kEncoderDecoder;
   auto params = OwnedParameters::Create((*model)->units(), 1);
   auto stream = SyntheticTokenStream(1, BatchIdSpace(*cfg), 100000);
   if (!model.ok() || !params.ok() || !stream.ok()) {

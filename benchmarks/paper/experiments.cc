@@ -10,6 +10,7 @@
 #include "benchmarks/paper/run_config.h"
 #include "benchmarks/paper/verdict.h"
 #include "runtime/nn/configs.h"
+#include "runtime/nn/model_family.h"
 
 namespace sk::bench {
 
@@ -40,7 +41,8 @@ TrainerOptions BaseTrainer(const ExperimentOptions& o, const std::string& model)
   t.batch_size = o.batch_size;
   t.seq_len = o.seq_len;
   auto config = FindModelConfig(model);
-  if (config.ok() && config->family == ModelFamily::kT5) t.source_len = o.seq_len;
+  const ModelFamilyDescription* family = config.ok() ? FindModelFamily(config->family) : nullptr;
+  if (family != nullptr && family->batches == FamilyBatches::kEncoderDecoder) t.source_len = o.seq_len;
   t.optimizer.kind = OptimizerKind::kAdamW;
   // A rank that fails (out of memory) must not keep its peers waiting for
   // the default five minutes (slowest step seen under load: 7.5 s).

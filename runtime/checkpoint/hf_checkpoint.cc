@@ -16,6 +16,7 @@
 
 #include "runtime/core/file_io.h"
 #include "runtime/nn/hf_config.h"
+#include "runtime/nn/model_family.h"
 
 namespace sk {
 namespace {
@@ -33,8 +34,8 @@ bool IsFile(const std::string& path) {
 
 ConvertOptions ConvertOptionsFor(const NamedModelConfig& config) {
   ConvertOptions o;
-  if (config.family == ModelFamily::kGpt) o.tied_lm_head = config.gpt.tie_word_embeddings;
-  if (config.family == ModelFamily::kLlama) o.tied_lm_head = config.llama.tie_embeddings;
+  const ModelFamilyDescription* family = FindModelFamily(config.family);
+  if (family != nullptr && family->tied_head != nullptr) o.tied_lm_head = family->tied_head(config);
   return o;
 }
 
@@ -270,11 +271,9 @@ Status WriteHfTextFiles(const std::string& dir, const HfTextFiles& files, const 
 }  // namespace
 
 StatusOr<WeightLayout> HfWeightLayout(const NamedModelConfig& config) {
-  SK_ASSIGN_OR_RETURN(std::string arch, HfArchitectureOf(config));
-  // One entry per architecture of runtime/nn/hf_config.cc.
-  if (arch == "GPT2LMHeadModel") return WeightLayout::kHfGpt2;
-  if (arch == "LlamaForCausalLM" || arch == "Qwen2ForCausalLM") return WeightLayout::kHfLlama;
-  return InvalidArgumentError("architecture '" + arch + "' has no weight layout");
+  // The architecture's, from its family's description (runtime/nn/model_family.h).
+  SK_ASSIGN_OR_RETURN(std::string layout, HfWeightLayoutOf(config));
+  return ParseWeightLayout(layout);
 }
 
 StatusOr<SafeTensorsFile> ReadHfWeights(const std::string& dir) {

@@ -6,6 +6,7 @@
 
 #include "runtime/core/file_io.h"
 #include "runtime/nn/decoder_spec.h"
+#include "runtime/nn/model_family.h"
 
 namespace sk {
 namespace {
@@ -340,23 +341,13 @@ const std::vector<NamedModelConfig>& ModelConfigs() {
 }
 
 const char* ModelFamilyName(ModelFamily family) {
-  switch (family) {
-    case ModelFamily::kGpt: return "gpt";
-    case ModelFamily::kT5: return "t5";
-    case ModelFamily::kUnitTable: return "unit table";
-    case ModelFamily::kLlama: return "llama";
-  }
-  return "unknown";
+  const ModelFamilyDescription* f = FindModelFamily(family);
+  return f != nullptr ? f->name.c_str() : "unknown";
 }
 
 int64_t BatchIdSpace(const NamedModelConfig& c) {
-  switch (c.family) {
-    case ModelFamily::kGpt: return c.gpt.vocab_size;
-    case ModelFamily::kLlama: return c.llama.vocab_size;
-    case ModelFamily::kT5: return c.t5.vocab_size;
-    case ModelFamily::kUnitTable: return c.table.num_classes;
-  }
-  return 0;
+  const ModelFamilyDescription* f = FindModelFamily(c.family);
+  return f != nullptr ? f->batch_id_space(c) : 0;
 }
 
 StatusOr<NamedModelConfig> FindModelConfig(const std::string& name) {
@@ -374,6 +365,12 @@ StatusOr<NamedModelConfig> FindModelConfig(const std::string& name) {
     if (c.name == name) return c;
     known += (known.empty() ? "" : ", ") + c.name;
   }
+  for (const ModelFamilyDescription* f : ModelFamilies()) {
+    for (const NamedModelConfig& c : f->configs) {
+      if (c.name == name) return c;
+      known += ", " + c.name;
+    }
+  }
   return NotFoundError("no model config named '" + name + "'; known: " + known);
 }
 
@@ -381,80 +378,14 @@ Status CheckStepSizeFits(const NamedModelConfig& c, int64_t batch_size, int64_t 
                          int64_t source_len) {
   if (batch_size < 1) return InvalidArgumentError("batch_size must be >= 1");
   if (seq_len < 0 || source_len < 0) return InvalidArgumentError("sequence lengths must be >= 0");
-  if (c.family == ModelFamily::kUnitTable) {
-    if (seq_len > 1 || source_len > 0) {
-      return InvalidArgumentError("model '" + c.name + "' takes one image per batch entry: seq_len must be 1 "
-                                  "(or 0 for the default) and source_len 0");
-    }
-    // Bytes per image, generously: every unit's output, kept and temporary
-    // copies of it, and its largest im2col patch matrix (taps x input).
-    int64_t per_image = 0, bytes = 0;
-    bool overflow = false;
-    int64_t h = c.table.image_size, w = c.table.image_size, ch = c.table.image_channels;
-    for (const TableUnit& u : c.table.units) {
-      int64_t most = ch;
-      for (const ConvLayerSpec& l : u.convs) {
-        const int64_t oh = (h + 2 * l.pad() - l.kernel) / l.stride + 1, ow = (w + 2 * l.pad() - l.kernel) / l.stride + 1;
-        most = std::max({most, l.kernel * l.kernel * l.in_channels, l.out_channels});
-        h = oh, w = ow, ch = l.out_channels;
-      }
-      most = std::max({most, u.width, u.d_ff, u.heads * u.in_h * u.in_w});
-      int64_t unit = 0;
-      overflow |= __builtin_mul_overflow(h * w + u.in_h * u.in_w + 1, most, &unit);
-      overflow |= __builtin_add_overflow(per_image, 16 * unit, &per_image);
-    }
-    overflow |= __builtin_mul_overflow(per_image, batch_size, &bytes);
-    if (overflow || bytes > (int64_t{1} << 62)) {
-      return InvalidArgumentError("batch_size " + std::to_string(batch_size) + " of model '" + c.name +
-                                  "' is too large: its activation memory does not fit in 64-bit byte counts");
-    }
-    return OkStatus();
-  }
-  const int64_t s = std::max<int64_t>({seq_len > 0 ? seq_len : c.seq_len,
-                                       source_len > 0 ? source_len : c.source_len, 1});
-  int64_t layers = c.t5.n_encoder_layers + c.t5.n_decoder_layers, heads = c.t5.n_head,
-          d = c.t5.d_model, ff = c.t5.d_ff, vocab = c.t5.vocab_size;
-  if (c.family == ModelFamily::kGpt) {
-    layers = c.gpt.n_layer, heads = c.gpt.n_head, d = c.gpt.d_model, ff = c.gpt.ff(),
-    vocab = c.gpt.vocab_size;
-  } else if (c.family == ModelFamily::kLlama) {
-    layers = c.llama.n_layer, heads = c.llama.n_head, d = c.llama.d_model, ff = c.llama.d_ff,
-    vocab = c.llama.vocab_size;
-  }
-  // Floats per token per layer, generously: every sublayer's saved and
-  // temporary tensors (a few d_model and d_ff vectors), its attention
-  // scores (heads x s per token), and the head's logits (vocab).
-  int64_t per_token = 0, tokens = 0, floats = 0, bytes = 0;
-  bool overflow = __builtin_mul_overflow(heads, 4 * s, &per_token);
-  overflow |= __builtin_add_overflow(per_token, 64 * d + 8 * ff + 4 * vocab + 16, &per_token);
-  overflow |= __builtin_mul_overflow(batch_size, s, &tokens);
-  overflow |= __builtin_mul_overflow(tokens, per_token, &floats);
-  overflow |= __builtin_mul_overflow(floats, layers + 4, &floats);
-  overflow |= __builtin_mul_overflow(floats, int64_t{4}, &bytes);
-  if (overflow || bytes > (int64_t{1} << 62)) {
-    return InvalidArgumentError("batch_size " + std::to_string(batch_size) + " x sequence length " +
-                                std::to_string(s) + " of model '" + c.name +
-                                "' is too large: its activation memory does not fit in 64-bit byte counts");
-  }
-  return OkStatus();
+  SK_ASSIGN_OR_RETURN(const ModelFamilyDescription* family, ModelFamilyOf(c));
+  return family->check_step_size(c, batch_size, seq_len, source_len);
 }
 
 StatusOr<std::unique_ptr<Model>> CreateModel(const NamedModelConfig& config,
                                              const ModelOptions& options) {
-  if (config.family == ModelFamily::kGpt) {
-    SK_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> m, GptModel::Create(config.gpt, options));
-    return std::unique_ptr<Model>(std::move(m));
-  }
-  if (config.family == ModelFamily::kUnitTable) {
-    SK_ASSIGN_OR_RETURN(std::unique_ptr<UnitTableModel> m, UnitTableModel::Create(config.table, options));
-    return std::unique_ptr<Model>(std::move(m));
-  }
-  if (config.family == ModelFamily::kLlama) {
-    SK_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> m, LlamaModel::Create(config.llama, options));
-    return std::unique_ptr<Model>(std::move(m));
-  }
-  SK_ASSIGN_OR_RETURN(std::unique_ptr<T5Model> m, T5Model::Create(config.t5, options));
-  return std::unique_ptr<Model>(std::move(m));
+  SK_ASSIGN_OR_RETURN(const ModelFamilyDescription* family, ModelFamilyOf(config));
+  return family->create(config, options);
 }
 
 StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,

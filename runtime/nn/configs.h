@@ -8,6 +8,7 @@
 #ifndef SHARDKIT_RUNTIME_NN_CONFIGS_H_
 #define SHARDKIT_RUNTIME_NN_CONFIGS_H_
 
+#include <any>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,12 +22,16 @@
 
 namespace sk {
 
+// A model family's id; what the rest of the runtime asks about a family is
+// its registered description (model_family.h). The built-in families:
 // kUnitTable: a network described as a table of units (unit_table.h): the
 // paper's RegNet-9B and DeepViT-8B, which have no hand-written model.
 // kLlama: Llama-family decoders (llama.h: RMSNorm, RoPE, GQA, SwiGLU).
+// A family registered elsewhere takes any other nonzero value.
 enum class ModelFamily : uint8_t { kGpt = 1, kT5 = 2, kUnitTable = 3, kLlama = 4 };
 
-// "gpt", "t5", "unit table", "llama".
+// The registered family's name ("gpt", "t5", "unit table", "llama"), or
+// "unknown".
 const char* ModelFamilyName(ModelFamily family);
 
 struct NamedModelConfig {
@@ -36,6 +41,8 @@ struct NamedModelConfig {
   T5Config t5;    // when family == kT5
   UnitTableConfig table;  // when family == kUnitTable
   LlamaConfig llama;      // when family == kLlama
+  // A family registered elsewhere: its own config (model_family.h).
+  std::any custom;
   // The sequence lengths a training step uses by default (decoder / encoder).
   int64_t seq_len = 0;
   int64_t source_len = 0;
@@ -72,10 +79,12 @@ NamedModelConfig GptDecoderConfig(const std::string& name, const GptShape& shape
 NamedModelConfig LlamaDecoderConfig(const std::string& name, const LlamaShape& shape);
 
 // The size of the id space the model's batches draw from: the vocabulary
-// (GPT, T5, Llama) or the number of classes (unit tables: image ids and labels).
+// (GPT, T5, Llama) or the number of classes (unit tables: image ids and
+// labels); 0 for a family that is not registered.
 int64_t BatchIdSpace(const NamedModelConfig& config);
 
-// Every named configuration, small to large.
+// Every named configuration of the built-in families, small to large
+// (FindModelConfig also knows those registered families add).
 const std::vector<NamedModelConfig>& ModelConfigs();
 
 // The named configuration; or a decoder by its shape, inline
@@ -85,7 +94,8 @@ const std::vector<NamedModelConfig>& ModelConfigs();
 // (runtime/nn/unit_table_json.h: a user's own network); or, when `name` is
 // a directory holding a config.json, that Hugging Face model's shape
 // (runtime/nn/hf_config.h). Errors name the file, the unit or key and the
-// field. NotFound listing the known names when `name` is none of these.
+// field; or a configuration a registered family adds (model_family.h).
+// NotFound listing the known names when `name` is none of these.
 StatusOr<NamedModelConfig> FindModelConfig(const std::string& name);
 
 // InvalidArgument naming batch_size and the sequence lengths when a step of
@@ -94,12 +104,15 @@ StatusOr<NamedModelConfig> FindModelConfig(const std::string& name);
 // buffers, the memory estimate) is int64, and a bound that dominates them all
 // is computed here with checked arithmetic and must stay below 2^62 (a
 // huge batch x seq used to wrap around to a small memory estimate).
-// Lengths of 0 mean the configuration's defaults.
+// Lengths of 0 mean the configuration's defaults. The bound is the
+// family's (ModelFamilyDescription::check_step_size); InvalidArgument for a
+// family that is not registered.
 Status CheckStepSizeFits(const NamedModelConfig& config, int64_t batch_size, int64_t seq_len,
                          int64_t source_len);
 
 // Builds the model of a named configuration (no parameter memory is
-// allocated: only the unit specs).
+// allocated: only the unit specs) with its family's builder;
+// InvalidArgument naming the family when it is not registered.
 StatusOr<std::unique_ptr<Model>> CreateModel(const std::string& name,
                                              const ModelOptions& options = {});
 StatusOr<std::unique_ptr<Model>> CreateModel(const NamedModelConfig& config,

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/nn/model_family.h"
+
 namespace sk {
 namespace {
 
@@ -289,52 +291,70 @@ StatusOr<NamedModelConfig> DecoderFromJson(const std::string& text, const std::s
   return Build(k, where);
 }
 
+namespace {
+
+// Appends key=value pairs to an inline spec.
+class SpecText {
+ public:
+  void Add(const std::string& key, const std::string& value) {
+    if (s_.size() > sizeof(kDecoderSpecPrefix) - 1) s_ += ",";
+    s_ += key + "=" + value;
+  }
+  const std::string& text() const { return s_; }
+
+ private:
+  std::string s_ = kDecoderSpecPrefix;
+};
+
+}  // namespace
+
+std::string GptDecoderSpec(const GptConfig& g) {
+  SpecText t;
+  auto add = [&t](const std::string& key, const std::string& value) { t.Add(key, value); };
+  add("name", g.name);
+  add("ffn", "gelu");
+  add("layers", std::to_string(g.n_layer));
+  add("d_model", std::to_string(g.d_model));
+  add("heads", std::to_string(g.n_head));
+  add("d_ff", std::to_string(g.ff()));
+  add("vocab", std::to_string(g.vocab_size));
+  add("seq", std::to_string(g.max_seq_len));
+  add("tied", g.tie_word_embeddings ? "true" : "false");
+  return t.text();
+}
+
+std::string LlamaDecoderSpec(const LlamaConfig& l) {
+  SpecText t;
+  auto add = [&t](const std::string& key, const std::string& value) { t.Add(key, value); };
+  add("name", l.name);
+  add("ffn", "swiglu");
+  add("layers", std::to_string(l.n_layer));
+  add("d_model", std::to_string(l.d_model));
+  add("heads", std::to_string(l.n_head));
+  add("kv_heads", std::to_string(l.kv_heads()));
+  add("d_ff", std::to_string(l.d_ff));
+  add("vocab", std::to_string(l.vocab_size));
+  add("seq", std::to_string(l.max_seq_len));
+  add("tied", l.tie_embeddings ? "true" : "false");
+  add("qkv_bias", l.qkv_bias ? "true" : "false");
+  add("rope_theta", FloatText(l.rope_theta));
+  const RopeScaling& r = l.rope_scaling;
+  if (r.type != RopeScalingType::kNone) {
+    add("rope_type", RopeScalingTypeName(r.type));
+    add("rope_factor", FloatText(r.factor));
+  }
+  if (r.type == RopeScalingType::kLlama3) {
+    add("rope_low_freq_factor", FloatText(r.low_freq_factor));
+    add("rope_high_freq_factor", FloatText(r.high_freq_factor));
+    add("rope_original_max_positions", std::to_string(r.original_max_positions));
+  }
+  add("norm_eps", FloatText(l.rms_norm_eps));
+  return t.text();
+}
+
 StatusOr<std::string> DecoderSpecOf(const NamedModelConfig& c) {
-  std::string s = kDecoderSpecPrefix;
-  auto add = [&s](const std::string& key, const std::string& value) {
-    if (s.size() > sizeof(kDecoderSpecPrefix) - 1) s += ",";
-    s += key + "=" + value;
-  };
-  if (c.family == ModelFamily::kGpt) {
-    const GptConfig& g = c.gpt;
-    add("name", g.name);
-    add("ffn", "gelu");
-    add("layers", std::to_string(g.n_layer));
-    add("d_model", std::to_string(g.d_model));
-    add("heads", std::to_string(g.n_head));
-    add("d_ff", std::to_string(g.ff()));
-    add("vocab", std::to_string(g.vocab_size));
-    add("seq", std::to_string(g.max_seq_len));
-    add("tied", g.tie_word_embeddings ? "true" : "false");
-    return s;
-  }
-  if (c.family == ModelFamily::kLlama) {
-    const LlamaConfig& l = c.llama;
-    add("name", l.name);
-    add("ffn", "swiglu");
-    add("layers", std::to_string(l.n_layer));
-    add("d_model", std::to_string(l.d_model));
-    add("heads", std::to_string(l.n_head));
-    add("kv_heads", std::to_string(l.kv_heads()));
-    add("d_ff", std::to_string(l.d_ff));
-    add("vocab", std::to_string(l.vocab_size));
-    add("seq", std::to_string(l.max_seq_len));
-    add("tied", l.tie_embeddings ? "true" : "false");
-    add("qkv_bias", l.qkv_bias ? "true" : "false");
-    add("rope_theta", FloatText(l.rope_theta));
-    const RopeScaling& r = l.rope_scaling;
-    if (r.type != RopeScalingType::kNone) {
-      add("rope_type", RopeScalingTypeName(r.type));
-      add("rope_factor", FloatText(r.factor));
-    }
-    if (r.type == RopeScalingType::kLlama3) {
-      add("rope_low_freq_factor", FloatText(r.low_freq_factor));
-      add("rope_high_freq_factor", FloatText(r.high_freq_factor));
-      add("rope_original_max_positions", std::to_string(r.original_max_positions));
-    }
-    add("norm_eps", FloatText(l.rms_norm_eps));
-    return s;
-  }
+  const ModelFamilyDescription* family = FindModelFamily(c.family);
+  if (family != nullptr && family->decoder_spec != nullptr) return family->decoder_spec(c);
   return InvalidArgumentError("model '" + c.name + "' is not a decoder of the GPT or Llama family");
 }
 

@@ -59,9 +59,15 @@ StatusOr<NamedModelConfig> ParseDecoderSpec(const std::string& spec);
 // (the caller then tries a unit table).
 StatusOr<NamedModelConfig> DecoderFromJson(const std::string& text, const std::string& where);
 
-// The inline spec of a decoder configuration (GPT or Llama family): what
-// ParseDecoderSpec reads back to the same shape.
+// The inline spec of a decoder configuration (its family's decoder_spec,
+// model_family.h: GPT or Llama family): what ParseDecoderSpec reads back to
+// the same shape. InvalidArgument for any other family.
 StatusOr<std::string> DecoderSpecOf(const NamedModelConfig& config);
+
+// The inline specs of a GPT and of a Llama-family decoder (their families'
+// decoder_spec).
+std::string GptDecoderSpec(const GptConfig& config);
+std::string LlamaDecoderSpec(const LlamaConfig& config);
 
 }  // namespace sk
 

@@ -1,11 +1,14 @@
 // Hugging Face model configurations (config.json) <-> shardkit's model
-// configurations, one table entry per architecture.
+// configurations, one entry per architecture in its model family's
+// registered description.
 //
 // A Hugging Face model directory holds config.json (the shape) beside its
-// weights (runtime/checkpoint/hf_checkpoint.h reads and writes those). The table
-// in hf_config.cc maps each supported architecture ("architectures"[0] and
-// "model_type" in config.json) to a reader and a writer of its keys; adding
-// an architecture is adding an entry there and its name table in
+// weights (runtime/checkpoint/hf_checkpoint.h reads and writes those). Each model
+// family (model_family.h) lists its supported architectures
+// ("architectures"[0] and "model_type" in config.json) with a reader and a
+// writer of their keys and the weight layout of their state dicts; adding
+// an architecture is adding an entry there (gpt_family.cc,
+// llama_family.cc) and, for a new layout, its name table in
 // runtime/checkpoint/weight_layout.cc.
 //
 //   GPT2LMHeadModel / gpt2 -> GptConfig:
@@ -75,13 +78,18 @@ StatusOr<NamedModelConfig> ParseHfConfig(const std::string& text, const std::str
 
 // config.json text for `config` ("architectures", "model_type",
 // "tie_word_embeddings" and the architecture's keys). InvalidArgument for a
-// model family no architecture of the table holds (T5, unit tables).
+// model family with no architecture (T5, unit tables) or not registered.
 StatusOr<std::string> HfConfigJson(const NamedModelConfig& config);
 
 // The architecture name config.json gives `config` ("GPT2LMHeadModel",
 // "LlamaForCausalLM", "Qwen2ForCausalLM"), or
 // InvalidArgument as HfConfigJson.
 StatusOr<std::string> HfArchitectureOf(const NamedModelConfig& config);
+
+// The weight layout of that architecture's state dicts, as
+// ParseWeightLayout (runtime/checkpoint/weight_layout.h) reads it ("hf-gpt2",
+// "hf-llama"), or InvalidArgument as HfConfigJson.
+StatusOr<std::string> HfWeightLayoutOf(const NamedModelConfig& config);
 
 }  // namespace sk
 

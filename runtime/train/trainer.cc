@@ -12,6 +12,7 @@
 #include "runtime/ops/ops.h"
 
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/nn/model_family.h"
 #include "runtime/train/rank.h"
 #include "runtime/train/rank_agreement.h"
 #include "runtime/comm/work.h"
@@ -59,7 +60,8 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
     if (!o.data_path.empty()) {
       return InvalidArgumentError("give data_path or dataset, not both (data_path '" + o.data_path + "')");
     }
-    if (config.family != ModelFamily::kGpt && config.family != ModelFamily::kLlama) {
+    SK_ASSIGN_OR_RETURN(const ModelFamilyDescription* family, ModelFamilyOf(config));
+    if (family->batches != FamilyBatches::kDecoder) {
       return InvalidArgumentError(std::string("dataset: datasets feed decoder-only models (GPT, Llama); '") +
                                   o.model + "' is a " + ModelFamilyName(config.family) + " model");
     }
@@ -322,7 +324,8 @@ StatusOr<TokenBatch> Trainer::DatasetBatch(int64_t step, int micro, std::vector<
 StatusOr<TokenBatch> Trainer::BatchFor(int64_t step, int micro) const {
   if (dataset_) return DatasetBatch(step, micro, nullptr);
   const int64_t index = step * options_.grad_accum_steps + micro;
-  if (config_.family == ModelFamily::kT5) {
+  SK_ASSIGN_OR_RETURN(const ModelFamilyDescription* family, ModelFamilyOf(config_));
+  if (family->batches == FamilyBatches::kEncoderDecoder) {
     return ReversalBatch(tokens_, options_.batch_size, options_.source_len, options_.seq_len,
                          /*bos=*/0, options_.data_seed, index, world_->rank(), world_->size());
   }
