@@ -1,6 +1,6 @@
 // The GPT family (gpt.h): GPT-2's architecture, Hugging Face's
-// GPT2LMHeadModel (hf_config.h describes its keys; runtime/fsdp/
-// weight_layout.h its tensor names, layout "hf-gpt2").
+// GPT2LMHeadModel (hf_config.h describes its keys;
+// runtime/checkpoint/weight_layout.h its tensor names, layout "hf-gpt2").
 #include <nlohmann/json.hpp>
 
 #include "runtime/nn/builtin_families.h"
