@@ -29,7 +29,9 @@ CPU time per step is its process CPU time (all threads) over the step; the
 table gives the median over timed steps averaged over the ranks, the whole
 job's CPU-seconds per step (both ranks), the peak RSS (max over ranks,
 ru_maxrss) and shardkit / PyTorch ratios, one repetition (configurations of
-a model run back to back). The 1-minute load average before and after each
+a model run back to back; with --lib_before=<another libshardkit.so>, e.g.
+main's, each row runs it first, then this one, then PyTorch, and the table
+gives both ratios). The 1-minute load average before and after each
 run is recorded: on a shared machine read the CPU-time columns.
 """
 
@@ -166,7 +168,7 @@ def worker_main(args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run(args, framework, model_dir, seq, dtype):
+def run(args, framework, model_dir, seq, dtype, lib=None):
     port = free_port()
     procs = []
     for rank in range(args.world):
@@ -178,7 +180,7 @@ def run(args, framework, model_dir, seq, dtype):
         cmd = [python, os.path.abspath(__file__), "--worker", "--framework=" + framework,
                "--model_dir=" + model_dir, "--batch=%d" % args.batch, "--seq=%d" % seq,
                "--dtype=" + dtype, "--steps=%d" % args.steps, "--warmup=%d" % args.warmup,
-               "--lib=" + args.lib]
+               "--lib=" + (lib or args.lib)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     results, errors = [], []
@@ -218,6 +220,9 @@ def main():
                     help="the machine's f32 FMA peak per CPU-second of one thread (step_breakdown "
                          "prints it), recorded beside the numbers")
     ap.add_argument("--lib", default="bazel-bin/capi/libshardkit.so")
+    ap.add_argument("--lib_before", default="",
+                    help="a second optimised libshardkit.so (e.g. main's, before a change): each "
+                         "row then runs it too, before this one and PyTorch, and gives its ratio")
     ap.add_argument("--torch_python", default=sys.executable)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default="", help="write every run's figures here (JSON)")
@@ -245,6 +250,14 @@ def main():
                  % args.lib)
     work = tempfile.mkdtemp(prefix="sk_llama_compare_")
     args.lib = shutil.copy2(real, os.path.join(work, "libshardkit.so"))
+    sides = ["shardkit", "torch"]
+    if args.lib_before:
+        before = os.path.realpath(args.lib_before)
+        if not os.path.exists(before):
+            sys.exit("--lib_before %s does not exist" % args.lib_before)
+        os.makedirs(os.path.join(work, "before"))
+        args.lib_before = shutil.copy2(before, os.path.join(work, "before", "libshardkit.so"))
+        sides = ["shardkit_before", "shardkit", "torch"]
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "cpu": platform_cpu(), "cores": os.cpu_count(), "world": args.world,
               "batch_per_rank": args.batch, "warmup": args.warmup, "steps": args.steps,
@@ -256,12 +269,15 @@ def main():
         for seq in seqs:
             for dtype in dtypes:
                 row = {"model": model, "seq": seq, "dtype": dtype}
-                for framework in ("shardkit", "torch"):
+                for framework in sides:
                     load0 = os.getloadavg()[0]
-                    r = run(args, framework, model_dir, seq, dtype)
+                    if framework == "shardkit_before":
+                        r = run(args, "shardkit", model_dir, seq, dtype, lib=args.lib_before)
+                    else:
+                        r = run(args, framework, model_dir, seq, dtype)
                     r["load"] = [load0, os.getloadavg()[0]]
                     row[framework] = r
-                    print("%-10s seq %4d %-4s %-8s %8.3f CPU-s/step/rank, %8.3f s wall, "
+                    print("%-10s seq %4d %-4s %-15s %8.3f CPU-s/step/rank, %8.3f s wall, "
                           "rss %6.0f MiB, %d params, loss %s, load %.1f->%.1f" %
                           (model, seq, dtype, framework, r["cpu_s_per_rank"], r["wall_s"],
                            r["peak_rss_mib"], r["parameters"],
@@ -273,6 +289,9 @@ def main():
                              (sk["parameters"], pt["parameters"], model))
                 row["cpu_ratio"] = sk["cpu_s_per_rank"] / pt["cpu_s_per_rank"]
                 row["rss_ratio"] = sk["peak_rss_mib"] / pt["peak_rss_mib"]
+                if "shardkit_before" in row:
+                    row["cpu_ratio_before"] = (row["shardkit_before"]["cpu_s_per_rank"] /
+                                               pt["cpu_s_per_rank"])
                 report["runs"].append(row)
     print("\n| model | seq | dtype | shardkit CPU-s/step/rank | PyTorch FSDP2 | ratio | "
           "shardkit peak RSS MiB | PyTorch | ratio | load |")
@@ -284,6 +303,17 @@ def main():
               (row["model"], row["seq"], row["dtype"], sk["cpu_s_per_rank"], pt["cpu_s_per_rank"],
                row["cpu_ratio"], sk["peak_rss_mib"], pt["peak_rss_mib"], row["rss_ratio"],
                min(loads), max(loads)))
+    if args.lib_before:
+        print("\n| model | seq | dtype | shardkit before CPU-s/step/rank | after | PyTorch | "
+              "before / PyTorch | after / PyTorch | load |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for row in report["runs"]:
+            sb, sk, pt = row["shardkit_before"], row["shardkit"], row["torch"]
+            loads = sb["load"] + sk["load"] + pt["load"]
+            print("| %s | %d | %s | %.3f | %.3f | %.3f | %.2f | %.2f | %.1f-%.1f |" %
+                  (row["model"], row["seq"], row["dtype"], sb["cpu_s_per_rank"],
+                   sk["cpu_s_per_rank"], pt["cpu_s_per_rank"], row["cpu_ratio_before"],
+                   row["cpu_ratio"], min(loads), max(loads)))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
