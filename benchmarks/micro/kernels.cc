@@ -152,7 +152,7 @@ void BM_GemmBF16(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   SetFlopCounters(state, 2.0 * m * n * k, ProcessCpuSeconds() - cpu0);
-  state.SetLabel(NativeBf16Gemm() ? "onednn bf16 (bf16 hardware)" : "onednn bf16 (no bf16 hardware: converted)");
+  state.SetLabel(Bf16GemmHardware() ? "onednn bf16 (bf16 hardware)" : "onednn bf16 (no bf16 hardware: converted)");
 }
 BENCHMARK(BM_GemmBF16)
     ->Args({1024, 1024, 1024, 0, 0})

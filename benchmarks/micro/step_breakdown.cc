@@ -4,7 +4,8 @@
 //   ./bazelw run -c opt //benchmarks:step_breakdown --
 //       [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] [--world=2]
 //       [--batch=8] [--steps=3] [--optimizer=adamw] [--param_dtype=f32|bf16] [--gemm_shapes]
-//       [--widen_bf16_attention] [--unfused_bias] [--forward_prefetch]
+//       [--widen_bf16_attention] [--bf16_gemm=onednn|widened] [--unfused_bias]
+//       [--forward_prefetch]
 //
 // Each configuration trains `world` ranks as threads of this process (local
 // backend, one GEMM thread per rank when the ranks fill the cores: Trainer's
@@ -32,6 +33,9 @@
 // bf16 attention on operands widened to f32 (the path without AVX512-BF16)
 // instead of bf16 dot products (kernels.h: NativeBf16Attention), for an A/B
 // of that choice in one run; the header line says which path ran.
+// --bf16_gemm=onednn|widened overrides the CPU backend's choice for bf16
+// GEMMs (kernels.h: NativeBf16Gemm): oneDNN's bf16 matmul, or operands
+// widened to f32 and the f32 GEMM; the header line says which ran.
 // --unfused_bias runs each linear layer's bias as its own op (written into
 // the output, the GEMM accumulating onto it: what a backend without a fused
 // bias runs) instead of inside the bf16 GEMM (ops.h: GemmBias), the A/B of
@@ -337,6 +341,7 @@ struct Flags {
   bool gemm_shapes = false;
   DType param_dtype = DType::kF32;
   bool widen_bf16_attention = false;
+  std::string bf16_gemm;  // "", "onednn" or "widened"
   bool unfused_bias = false;
   bool forward_prefetch = false;
 };
@@ -396,7 +401,10 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
   const char* attention = f.param_dtype != DType::kBF16 ? ""
                           : NativeBf16Attention()      ? ", bf16 attention on dot products"
                                                        : ", bf16 attention widened to f32";
-  const std::string bias = std::string(f.unfused_bias ? ", bias unfused" : "") +
+  const std::string bias = std::string(f.param_dtype != DType::kBF16 ? ""
+                                       : NativeBf16Gemm()          ? ", bf16 GEMMs in oneDNN"
+                                                                   : ", bf16 GEMMs widened to f32") +
+                           (f.unfused_bias ? ", bias unfused" : "") +
                            (f.forward_prefetch && mode != "DDP" ? ", forward prefetch" : "");
   std::printf("\n== %s %s world %d, batch %lld/rank, %s, %s compute%s%s, %d measured steps (load average %.2f) ==\n",
               model.c_str(), mode.c_str(), f.world, static_cast<long long>(f.batch), f.optimizer.c_str(),
@@ -506,6 +514,13 @@ int Main(int argc, char** argv) {
       f.gemm_shapes = true;
     } else if (a == "--widen_bf16_attention") {
       f.widen_bf16_attention = true;
+    } else if (a.rfind("--bf16_gemm=", 0) == 0) {
+      f.bf16_gemm = a.substr(12);
+      if (f.bf16_gemm != "onednn" && f.bf16_gemm != "widened") {
+        std::fprintf(stderr, "step_breakdown: --bf16_gemm takes onednn or widened, got '%s'\n",
+                     f.bf16_gemm.c_str());
+        return 1;
+      }
     } else if (a == "--unfused_bias") {
       f.unfused_bias = true;
     } else if (a == "--forward_prefetch") {
@@ -514,7 +529,8 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: step_breakdown [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] "
                    "[--world=2] [--batch=8] [--steps=3] [--optimizer=adamw|sgd] [--param_dtype=f32|bf16] "
-                   "[--gemm_shapes] [--widen_bf16_attention] [--unfused_bias] [--forward_prefetch]\n");
+                   "[--gemm_shapes] [--widen_bf16_attention] [--bf16_gemm=onednn|widened] [--unfused_bias] "
+                   "[--forward_prefetch]\n");
       return a == "--help" ? 0 : 1;
     }
   }
@@ -536,6 +552,7 @@ int Main(int argc, char** argv) {
                 bench::HasAmxBf16() ? " (not the ceiling here: AMX tiles run oneDNN's bf16 GEMMs)" : "");
   }
   if (f.widen_bf16_attention) SetNativeBf16Attention(false);
+  if (!f.bf16_gemm.empty()) SetNativeBf16Gemm(f.bf16_gemm == "onednn");
   auto* timing = new TimingBackend(ops::CpuOpBackend());  // outlives every op: never freed
   timing->SetGemmShapes(f.gemm_shapes);
   timing->SetUnfusedBias(f.unfused_bias);

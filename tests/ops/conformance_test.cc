@@ -31,6 +31,7 @@
 #include "runtime/memory/caching_allocator.h"
 #include "runtime/ops/classifier.h"
 #include "runtime/ops/cpu/cpu_backend.h"
+#include "runtime/ops/cpu/kernels.h"
 #include "runtime/ops/math.h"
 #include "runtime/ops/ops.h"
 
@@ -50,6 +51,27 @@ struct Env {
 };
 
 std::string KindName(DeviceKind k) { return k == DeviceKind::kCpu ? "cpu" : "cuda"; }
+
+// Runs body once per path the CPU backend has for bf16 GEMMs here
+// (cpu/kernels.h: NativeBf16Gemm): oneDNN's bf16 matmul where the hardware
+// has one, and the operands widened to f32 for the f32 GEMM; the CPU's
+// default is restored after. Once for other device kinds.
+template <typename Body>
+void ForEachBf16GemmPath(DeviceKind kind, Body body) {
+  if (kind != DeviceKind::kCpu) {
+    body();
+    return;
+  }
+  const bool before = NativeBf16Gemm();
+  for (bool native : {true, false}) {
+    if (native && !Bf16GemmHardware()) continue;
+    SetNativeBf16Gemm(native);
+    SCOPED_TRACE(native ? "bf16 GEMMs in oneDNN's bf16 matmul" : "bf16 GEMMs widened to f32");
+    body();
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  SetNativeBf16Gemm(before);
+}
 
 class Conformance : public ::testing::TestWithParam<DeviceKind> {
  protected:
@@ -193,6 +215,7 @@ std::vector<std::pair<int64_t, int64_t>> RowShapes(
 // ---- GEMM -------------------------------------------------------------------
 
 TEST_P(Conformance, Gemm) {
+ ForEachBf16GemmPath(GetParam(), [&] {
   struct Case {
     int64_t m, n, k, batch;
   };
@@ -279,6 +302,7 @@ TEST_P(Conformance, Gemm) {
     if (t == DType::kF32) break;  // one pass for f32 A/B
    }
   }
+ });
 }
 
 TEST_P(Conformance, GemmBetaZeroIgnoresNaNInC) {
@@ -315,6 +339,7 @@ RefProduct RefGemmAt(const Vec& a, int64_t a_off, int64_t lda, const Vec& b, int
 }
 
 TEST_P(Conformance, GemmBiasIsTheProductPlusTheBias) {
+ ForEachBf16GemmPath(GetParam(), [&] {
   struct Case {
     int64_t m, n, k;
   };
@@ -370,6 +395,7 @@ TEST_P(Conformance, GemmBiasIsTheProductPlusTheBias) {
       if (t == DType::kF32) break;
     }
   }
+ });
 }
 
 TEST_P(Conformance, GemmBiasRejectsWhatItCannotAddAndWritesNothing) {

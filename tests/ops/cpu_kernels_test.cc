@@ -398,19 +398,32 @@ TEST(Kernels, Bf16GemmFromSeveralThreadsAtOnceGivesOneThreadsBits) {
   }
 }
 
-// The CPU backend sends bf16 GEMMs to oneDNN's bf16 matmul only with bf16
-// dot-product hardware, as the kernel flags in /proc/cpuinfo show it.
-TEST(Kernels, NativeBf16GemmFollowsTheCpuFlags) {
+// oneDNN runs bf16 GEMMs on bf16 dot-product hardware exactly where the
+// kernel flags in /proc/cpuinfo show it; the CPU backend prefers that matmul
+// to widening where it has AMX or the CPU is not Intel's (kernels.h:
+// NativeBf16Gemm), and SetNativeBf16Gemm overrides that, never past the
+// hardware.
+TEST(Kernels, Bf16GemmPathFollowsTheCpuFlags) {
   std::ifstream in("/proc/cpuinfo");
   if (!in) GTEST_SKIP() << "no /proc/cpuinfo";
   std::string line;
-  bool bf16 = false;
+  bool bf16 = false, amx = false, intel = false;
   while (std::getline(in, line)) {
+    if (line.rfind("vendor_id", 0) == 0) intel = line.find("GenuineIntel") != std::string::npos;
     if (line.rfind("flags", 0) != 0) continue;
-    bf16 = line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
+    amx = line.find(" amx_bf16") != std::string::npos;
+    bf16 = line.find(" avx512_bf16") != std::string::npos || amx;
     break;
   }
+  EXPECT_EQ(Bf16GemmHardware(), bf16);
+  EXPECT_EQ(NativeBf16Gemm(), bf16 && (amx || !intel));
+  const bool before = SetNativeBf16Gemm(true);
+  EXPECT_EQ(before, bf16 && (amx || !intel));
   EXPECT_EQ(NativeBf16Gemm(), bf16);
+  EXPECT_EQ(SetNativeBf16Gemm(false), bf16);
+  EXPECT_FALSE(NativeBf16Gemm());
+  SetNativeBf16Gemm(before);
+  EXPECT_EQ(NativeBf16Gemm(), before);
 }
 
 TEST(Kernels, LinearBackwardMatchesFiniteDifferences) {

@@ -604,6 +604,65 @@ TEST(Simd, LayerNormMatchesDoubleReference) {
   }
 }
 
+// RMSNorm: the row sums add in lanes; dgamma accumulates row by row as in
+// math.h's row loop, and dx and dgamma are accumulated onto.
+TEST(Simd, RmsNormMatchesDoubleReference) {
+  const float eps = 1e-5f;
+  for (int64_t cols : kLengths) {
+    const int64_t rows = 3;
+    const auto x = Random(rows * cols, 22, -2, 3), gamma = Random(cols, 23, 0.5f, 1.5f),
+               dy = Random(rows * cols, 25, -1, 1), dx0 = Random(rows * cols, 26, -0.1f, 0.1f),
+               dg0 = Random(cols, 27, -0.1f, 0.1f);
+    std::vector<double> y_ref(rows * cols), dx_ref(rows * cols), dg_ref(dg0.begin(), dg0.end());
+    std::vector<double> rstd_ref(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x.data() + r * cols;
+      double sq = 0;
+      for (int64_t j = 0; j < cols; ++j) sq += static_cast<double>(xr[j]) * xr[j];
+      const double rstd = 1.0 / std::sqrt(sq / cols + eps);
+      rstd_ref[r] = rstd;
+      double sgx = 0;
+      for (int64_t j = 0; j < cols; ++j) {
+        const double xhat = xr[j] * rstd, d = dy[r * cols + j];
+        y_ref[r * cols + j] = xhat * gamma[j];
+        sgx += d * gamma[j] * xhat;
+        dg_ref[j] += d * xhat;
+      }
+      for (int64_t j = 0; j < cols; ++j) {
+        const double xhat = xr[j] * rstd;
+        dx_ref[r * cols + j] = dx0[r * cols + j] + rstd * (dy[r * cols + j] * gamma[j] - xhat * sgx / cols);
+      }
+    }
+    for (Isa isa : RunnableIsas()) {
+      OnIsa on(isa);
+      std::vector<float> y(rows * cols), rstd(rows), dx = dx0, dg = dg0;
+      RmsNormForward(x.data(), gamma.data(), rows, cols, eps, y.data(), rstd.data());
+      RmsNormBackward(x.data(), gamma.data(), dy.data(), rstd.data(), rows, cols, dx.data(), dg.data());
+      const std::string what = std::string("rmsnorm ") + IsaName(isa) + " cols=" + std::to_string(cols);
+      for (int64_t r = 0; r < rows; ++r) ExpectClose(rstd[r], rstd_ref[r], 1e-5, 0, what + " rstd");
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        ExpectClose(y[i], y_ref[i], 1e-5, 1e-5, what + " y");
+        ExpectClose(dx[i], dx_ref[i], 1e-4, 1e-5, what + " dx");
+      }
+      for (int64_t j = 0; j < cols; ++j) ExpectClose(dg[j], dg_ref[j], 1e-5, 1e-6, what + " dgamma");
+      // A null dgamma is allowed and leaves dx's bits alone.
+      std::vector<float> dx2 = dx0;
+      RmsNormBackward(x.data(), gamma.data(), dy.data(), rstd.data(), rows, cols, dx2.data(), nullptr);
+      ExpectSameBits(dx2, dx, what + " dx without dgamma");
+      // Rows one at a time (as the CPU backend calls it) give the same bits.
+      std::vector<float> y1(rows * cols), rstd1(rows), dx1 = dx0, dg1 = dg0;
+      for (int64_t r = 0; r < rows; ++r) {
+        RmsNormForward(x.data() + r * cols, gamma.data(), 1, cols, eps, y1.data() + r * cols, rstd1.data() + r);
+        RmsNormBackward(x.data() + r * cols, gamma.data(), dy.data() + r * cols, rstd1.data() + r, 1, cols,
+                        dx1.data() + r * cols, dg1.data());
+      }
+      ExpectSameBits(y1, y, what + " y row by row");
+      ExpectSameBits(dx1, dx, what + " dx row by row");
+      ExpectSameBits(dg1, dg, what + " dgamma row by row");
+    }
+  }
+}
+
 TEST(Simd, SumOfSquaresMatchesLongDoubleAndAddsToTheAccumulator) {
   for (int64_t n : kLengths) {
     const auto x = Random(n, 17, -2, 2);

@@ -364,8 +364,9 @@ class CpuBackend final : public OpBackend {
       return OkStatus();
     }
     // bf16 through oneDNN's bf16 matmul only where the CPU has bf16
-    // dot-product instructions (NativeBf16Gemm); otherwise widening and the
-    // f32 GEMM is faster and gives the same numbers up to summation order.
+    // dot-product instructions that beat the f32 FMA (NativeBf16Gemm);
+    // otherwise widening and the f32 GEMM is faster and gives the same
+    // numbers up to summation order.
     const bool native = t == DType::kBF16 && NativeBf16Gemm() && p.alpha == 1.0f &&
                         (p.beta == 0.0f || p.beta == 1.0f);
     if (native && c.t.dtype() == DType::kBF16) {
@@ -725,7 +726,8 @@ class CpuBackend final : public OpBackend {
   }
 
   // The Llama-family ops: rows (or chunks) widened into f32 scratch when
-  // 16-bit, math.h's row functions, each 16-bit output rounded once. Rows
+  // 16-bit, the vector loops of simd.h (RMSNorm's row sums in lanes) or
+  // math.h's row functions, each 16-bit output rounded once. Rows
   // are independent in forward (ranges of them in parallel); RMSNorm's
   // backward sums dgamma over rows in row order on one thread.
   Status RmsNormForward(const OpContext&, const Tensor& x, const Tensor& gamma, float eps,
@@ -738,7 +740,7 @@ class CpuBackend final : public OpBackend {
       float* by = Scratch(2, cols);
       for (int64_t r = b; r < e; ++r) {
         float* yr = OutF32(y, r * cols, by);
-        nn_math::RmsNormRowForward(InF32(x, r * cols, cols, bx), g, cols, eps, yr, F(rstd) + r);
+        simd::RmsNormForward(InF32(x, r * cols, cols, bx), g, 1, cols, eps, yr, F(rstd) + r);
         OutDone(y, r * cols, cols, yr);
       }
     });
@@ -757,8 +759,8 @@ class CpuBackend final : public OpBackend {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t o = r * cols;
       float* dxr = InF32(dx, o, cols, bdx);
-      nn_math::RmsNormRowBackward(InF32(x, o, cols, bx), g, InF32(dy, o, cols, bdy), F(rstd)[r],
-                                  cols, dxr, dg);
+      simd::RmsNormBackward(InF32(x, o, cols, bx), g, InF32(dy, o, cols, bdy), F(rstd) + r, 1,
+                            cols, dxr, dg);
       OutDone(dx, o, cols, dxr);
     }
     OutDone(dgamma, 0, cols, dg);

@@ -275,7 +275,7 @@ void GemmBF16Into(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     }
     return;
   }
-  if (!NativeBf16Gemm()) {
+  if (!Bf16GemmHardware()) {
     WidenedBf16Gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, nullptr, accumulate, c, ldc);
     return;
   }
@@ -315,7 +315,7 @@ void GemmBF16BiasInto(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
     }
     return;
   }
-  if (!NativeBf16Gemm()) {
+  if (!Bf16GemmHardware()) {
     WidenedBf16Gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, false, c, ldc);
     return;
   }
@@ -337,13 +337,44 @@ void GemmBF16Bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
   GemmBF16BiasInto(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c, ldc);
 }
 
+namespace {
+
+// oneDNN's effective ISA includes every bit of `level`.
+bool DnnlIsaHas(dnnl_cpu_isa_t level) {
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned want = static_cast<unsigned>(level);
+  return (isa & want) == want;
+}
+
+// Whether oneDNN's bf16 matmul is the faster of the two bf16 GEMMs where
+// the hardware has one (kernels.h: NativeBf16Gemm). Decided from the CPU's
+// identity, never from a timing, so every run and rank takes the same path.
+bool Bf16MatmulFasterThanWidened() {
+  if (DnnlIsaHas(dnnl_cpu_isa_avx512_core_amx)) return true;
+  __builtin_cpu_init();
+  return !__builtin_cpu_is("intel");
+}
+
+// SetNativeBf16Gemm's choice: -1 = none (the CPU's default), 0 off, 1 on.
+std::atomic<int> g_bf16_gemm_choice{-1};
+
+}  // namespace
+
+bool Bf16GemmHardware() {
+  static const bool hardware = DnnlIsaHas(dnnl_cpu_isa_avx512_core_bf16);
+  return hardware;
+}
+
 bool NativeBf16Gemm() {
-  static const bool native = [] {
-    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-    const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
-    return (isa & bf16) == bf16;
-  }();
-  return native;
+  static const bool preferred = Bf16GemmHardware() && Bf16MatmulFasterThanWidened();
+  const int choice = g_bf16_gemm_choice.load();
+  return choice < 0 ? preferred : (choice == 1 && Bf16GemmHardware());
+}
+
+bool SetNativeBf16Gemm(bool on) {
+  const bool before = NativeBf16Gemm();
+  g_bf16_gemm_choice.store(on ? 1 : 0);
+  return before;
 }
 
 void LinearForward(const float* x, const float* w, const float* bias, int64_t rows, int64_t in,

@@ -64,10 +64,11 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 // and the products accumulated and stored in f32: oneDNN's matmul, which
 // uses the CPU's AVX512-BF16 (or AMX) instructions where it has them. Same
 // row-major conventions as Gemm. The f32 Gemm of bf16-valued inputs gives
-// the same numbers up to summation order; this is the fast path.
+// the same numbers up to summation order (the CPU backend's choice between
+// the two: NativeBf16Gemm below).
 // Primitives are cached per shape and take the calling thread's scratchpad
 // (oneDNN's user scratchpad mode): safe to call from several threads at once.
-// Without such hardware (NativeBf16Gemm() false: oneDNN then has no bf16
+// Without such hardware (Bf16GemmHardware() false: oneDNN then has no bf16
 // matmul) the operands are widened and the f32 Gemm runs instead.
 void GemmBF16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BF16* a,
               int64_t lda, const BF16* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
@@ -95,11 +96,33 @@ void GemmBF16Bias(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
 
 // True when oneDNN runs bf16 GEMMs on bf16 dot-product hardware here
 // (avx512_core_bf16 or AMX, as oneDNN detects it at run time; DNNL_MAX_CPU_ISA
-// can lower it). Without it oneDNN's bf16 matmul converts in software and
-// was ~4x slower per CPU-second than the f32 GEMM on our AVX-512 machine
-// without avx512_bf16 (benchmarks/micro/kernels.cc, BM_GemmBF16 vs BM_Gemm), so the
-// CPU backend then widens bf16 operands to f32 and uses Gemm. Thread-safe.
+// can lower it): GemmBF16 and GemmBF16Bias then run oneDNN's bf16 matmul.
+// Without it oneDNN's bf16 matmul converts in software and was ~4x slower
+// per CPU-second than the f32 GEMM on our AVX-512 machine without
+// avx512_bf16 (benchmarks/micro/kernels.cc, BM_GemmBF16 vs BM_Gemm), so
+// they widen the operands and run Gemm instead. Thread-safe.
+bool Bf16GemmHardware();
+
+// True when the CPU backend sends bf16 GEMMs (and bf16 linear layers with
+// a bias) to oneDNN's bf16 matmul (GemmBF16); false: it widens the bf16
+// operands exactly into f32 blocks and runs the f32 Gemm, rounding C once
+// (the same numbers up to f32 summation order). By default true where
+// Bf16GemmHardware() holds and the bf16 matmul is the faster one: with AMX,
+// or on a CPU that is not Intel's (AMD's Zen 4 runs vdpbf16ps at its f32
+// FMA's rate; issue 45 measured bf16 steps 1.33-1.47x faster than f32
+// there). Intel's avx512_bf16 without AMX (Cooper Lake; Sapphire and
+// Emerald Rapids where a hypervisor hides AMX) issues vdpbf16ps at half the
+// f32 FMA's rate: on such a machine (Xeon family 6 model 207 under KVM)
+// the llama-10m step's bf16 GEMMs ran at 74 GFLOP per CPU-second in
+// oneDNN's bf16 matmul against 127 for the f32 GEMM (step_breakdown), so
+// the backend widens there. Decided from the CPU's identity (never a
+// timing): every run and rank takes the same path. Thread-safe.
 bool NativeBf16Gemm();
+// Overrides NativeBf16Gemm's default for the process (on: oneDNN's bf16
+// matmul where Bf16GemmHardware(); off: widened) and returns the previous
+// value: for A/B benchmarks and tests of both paths. Not to be called
+// while GEMMs run.
+bool SetNativeBf16Gemm(bool on);
 
 // y[rows, out] = x[rows, in] w[in, out] + bias[out] (bias may be null).
 void LinearForward(const float* x, const float* w, const float* bias, int64_t rows, int64_t in,

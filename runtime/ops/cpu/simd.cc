@@ -377,6 +377,19 @@ void LayerNormBackward(const float* x, const float* gamma, const float* dy, cons
                                   dx + r * cols, dgamma, dbeta);
   }
 }
+void RmsNormForward(const float* x, const float* gamma, int64_t rows, int64_t cols, float eps,
+                    float* y, float* rstd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    nn_math::RmsNormRowForward(x + r * cols, gamma, cols, eps, y + r * cols, rstd + r);
+  }
+}
+void RmsNormBackward(const float* x, const float* gamma, const float* dy, const float* rstd,
+                     int64_t rows, int64_t cols, float* dx, float* dgamma) {
+  for (int64_t r = 0; r < rows; ++r) {
+    nn_math::RmsNormRowBackward(x + r * cols, gamma, dy + r * cols, rstd[r], cols, dx + r * cols,
+                                dgamma);
+  }
+}
 float ScaledExpShiftInPlace(float* row, int64_t n, float scale, float m) {
   float sum = 0.0f;
   for (int64_t j = 0; j < n; ++j) {
@@ -539,6 +552,14 @@ void LayerNormBackward(const float* x, const float* gamma, const float* dy, cons
                        const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
                        float* dbeta) {
   SK_SIMD_DISPATCH(LayerNormBackward, x, gamma, dy, mean, rstd, rows, cols, dx, dgamma, dbeta);
+}
+void RmsNormForward(const float* x, const float* gamma, int64_t rows, int64_t cols, float eps,
+                    float* y, float* rstd) {
+  SK_SIMD_DISPATCH(RmsNormForward, x, gamma, rows, cols, eps, y, rstd);
+}
+void RmsNormBackward(const float* x, const float* gamma, const float* dy, const float* rstd,
+                     int64_t rows, int64_t cols, float* dx, float* dgamma) {
+  SK_SIMD_DISPATCH(RmsNormBackward, x, gamma, dy, rstd, rows, cols, dx, dgamma);
 }
 float ScaledExpShiftInPlace(float* row, int64_t n, float scale, float m) {
   SK_SIMD_DISPATCH(ScaledExpShiftInPlace, row, n, scale, m);

@@ -8,7 +8,7 @@
 //   of arithmetic and round alike: bit-identical on every ISA;
 // - exp-based ops (GELU, SwiGLU, softmax, cross-entropy) use a vector exp (Cephes'
 //   polynomial, ~2 ulp) instead of glibc's expf (~0.5 ulp);
-// - row reductions (LayerNorm, softmax, cross-entropy sums, sum of squares)
+// - row reductions (LayerNorm, RMSNorm, softmax, cross-entropy sums, sum of squares)
 //   add in lanes, then across lanes: a different summation order.
 // Those two kinds differ from the scalar loops by a few ulp; the conformance
 // tests compare every ISA with f64 references (tests/ops/cpu_kernels_test.cc).
@@ -93,6 +93,15 @@ void LayerNormForward(const float* x, const float* gamma, const float* beta, int
 void LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
                        const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
                        float* dbeta);
+
+// RMSNorm over rows (ops.h's rms_norm_fwd/bwd in f32): y = x rstd gamma,
+// rstd[r] = 1 / sqrt(mean(x^2) + eps); backward ACCUMULATES dx and dgamma
+// (+=; dgamma may be null) as math.h's RmsNormRowBackward. The scalar ISA
+// runs math.h's row functions; the vector ones add the row sums in lanes.
+void RmsNormForward(const float* x, const float* gamma, int64_t rows, int64_t cols, float eps,
+                    float* y, float* rstd);
+void RmsNormBackward(const float* x, const float* gamma, const float* dy, const float* rstd,
+                     int64_t rows, int64_t cols, float* dx, float* dgamma);
 
 // row[j] = exp(scale row[j] - m) for j < n, in place; returns the f32 sum of
 // the results (lanes summed at the end on vector ISAs). The linear-memory
