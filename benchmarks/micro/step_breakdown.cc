@@ -3,7 +3,7 @@
 //
 //   ./bazelw run -c opt //benchmarks:step_breakdown --
 //       [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] [--world=2]
-//       [--batch=8] [--steps=3] [--optimizer=adamw] [--param_dtype=f32|bf16] [--gemm_shapes]
+//       [--batch=8] [--seq=N] [--steps=3] [--optimizer=adamw] [--param_dtype=f32|bf16] [--gemm_shapes]
 //       [--widen_bf16_attention] [--bf16_gemm=onednn|widened] [--unfused_bias]
 //       [--forward_prefetch]
 //
@@ -40,6 +40,8 @@
 // the output, the GEMM accumulating onto it: what a backend without a fused
 // bias runs) instead of inside the bf16 GEMM (ops.h: GemmBias), the A/B of
 // that choice; the header line says "bias unfused" when it is.
+// --seq sets the sequence length (default: the model's own); --models also
+// takes a Hugging Face directory with a config.json (llama_compare.py's).
 // --forward_prefetch turns on FSDP's forward prefetch (docs/fsdp.md) for the
 // FULL_SHARD runs.
 #include <algorithm>
@@ -342,6 +344,7 @@ struct Flags {
   DType param_dtype = DType::kF32;
   bool widen_bf16_attention = false;
   std::string bf16_gemm;  // "", "onednn" or "widened"
+  int64_t seq = 0;        // 0: the model's
   bool unfused_bias = false;
   bool forward_prefetch = false;
 };
@@ -352,6 +355,7 @@ Status RunOne(TimingBackend& timing, const Flags& f, const std::string& model,
   TrainerOptions o;
   o.model = model;
   o.batch_size = f.batch;
+  if (f.seq > 0) o.seq_len = f.seq;
   if (mode == "DDP") {
     o.parallelism = Parallelism::kDdp;
   } else if (mode == "FULL_SHARD") {
@@ -514,6 +518,12 @@ int Main(int argc, char** argv) {
       f.gemm_shapes = true;
     } else if (a == "--widen_bf16_attention") {
       f.widen_bf16_attention = true;
+    } else if (a.rfind("--seq=", 0) == 0) {
+      f.seq = std::atoll(a.c_str() + 6);
+      if (f.seq < 1) {
+        std::fprintf(stderr, "step_breakdown: --seq must be >= 1, got '%s'\n", a.c_str() + 6);
+        return 1;
+      }
     } else if (a.rfind("--bf16_gemm=", 0) == 0) {
       f.bf16_gemm = a.substr(12);
       if (f.bf16_gemm != "onednn" && f.bf16_gemm != "widened") {
@@ -528,7 +538,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: step_breakdown [--models=gpt-10m,gpt-deep-20m] [--modes=FULL_SHARD,DDP] "
-                   "[--world=2] [--batch=8] [--steps=3] [--optimizer=adamw|sgd] [--param_dtype=f32|bf16] "
+                   "[--world=2] [--batch=8] [--seq=N] [--steps=3] [--optimizer=adamw|sgd] [--param_dtype=f32|bf16] "
                    "[--gemm_shapes] [--widen_bf16_attention] [--bf16_gemm=onednn|widened] [--unfused_bias] "
                    "[--forward_prefetch]\n");
       return a == "--help" ? 0 : 1;
