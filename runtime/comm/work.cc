@@ -7,6 +7,19 @@ namespace sk::comm {
 Work::Work(std::string description, std::unique_ptr<Event> event)
     : description_(std::move(description)), event_(std::move(event)) {}
 
+Work::Work(std::function<std::string()> describe, std::unique_ptr<Event> event)
+    : describe_(std::move(describe)), event_(std::move(event)) {}
+
+const std::string& Work::description() const {
+  std::call_once(described_, [this] {
+    if (describe_) {
+      description_ = describe_();
+      describe_ = nullptr;
+    }
+  });
+  return description_;
+}
+
 bool Work::is_completed() const { return event_->Query(); }
 
 Status Work::wait(Duration timeout) const {
@@ -17,7 +30,7 @@ Status Work::wait(Duration timeout) const {
     // ranks that did not arrive, be the answer instead of this one.
     const Duration grace = std::min(Duration(2000), timeout / 4);
     if (grace.count() > 0 && event_->Synchronize(grace).ok()) return status();
-    return DeadlineExceededError(description_ + " did not complete within " +
+    return DeadlineExceededError(description() + " did not complete within " +
                                  std::to_string(timeout.count()) + " ms");
   }
   return status();

@@ -16,6 +16,7 @@
 #ifndef SHARDKIT_RUNTIME_COMM_WORK_H_
 #define SHARDKIT_RUNTIME_COMM_WORK_H_
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +32,12 @@ class Work {
   // `event` must be recorded on the collective's stream after the collective
   // by the backend (see Launch helpers in process_group.h).
   Work(std::string description, std::unique_ptr<Event> event);
+  // The same, with the description built by `describe` the first time it is
+  // needed (an error, description()): the simulator launches millions of
+  // collectives while planning and formatting each one's description cost
+  // about a tenth of a plan's instructions. `describe` must be callable from
+  // any thread and own what it reads.
+  Work(std::function<std::string()> describe, std::unique_ptr<Event> event);
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
@@ -51,7 +58,7 @@ class Work {
 
   // The completion event, for Stream::WaitEvent on other streams.
   const Event& event() const { return *event_; }
-  const std::string& description() const { return description_; }
+  const std::string& description() const;
 
   // Backends: the completion event, to be recorded once on the collective's
   // stream right after the collective is enqueued.
@@ -62,7 +69,9 @@ class Work {
   void SetStatus(Status s);
 
  private:
-  const std::string description_;
+  mutable std::once_flag described_;
+  mutable std::function<std::string()> describe_;
+  mutable std::string description_;
   std::unique_ptr<Event> event_;
   mutable std::mutex mu_;
   Status status_;

@@ -334,6 +334,9 @@ class SimDevice final : public Device {
   std::set<SimStream*> streams_;
   double retired_clock_ = 0;  // the latest clock of a destroyed stream
   mutable std::unordered_map<std::thread::id, HostState> hosts_;
+  // Host()'s cache of the last thread's entry in hosts_ (cleared with it).
+  std::thread::id last_host_thread_;
+  HostState* last_host_ = nullptr;
   int64_t next_host_track_ = 0;
   bool record_spans_ = false;
   bool launch_blocking_ = false;
