@@ -536,6 +536,15 @@ SK_EXPORT sk_status_t sk_engine_get_lr(const sk_engine* engine, float* out_lr) {
   SK_API_END
 }
 
+SK_EXPORT sk_status_t sk_engine_set_loss_tokens(sk_engine* engine, int64_t tokens, int64_t* out_global_tokens) {
+  SK_API_BEGIN
+  SK_USE_HANDLE(engine, "engine");
+  SK_ASSIGN_OR_FAIL(int64_t global, engine->engine->SetLossTokens(tokens));
+  if (out_global_tokens != nullptr) *out_global_tokens = global;
+  return SK_STATUS_OK;
+  SK_API_END
+}
+
 SK_EXPORT sk_status_t sk_engine_steps(const sk_engine* engine, int64_t* out_steps) {
   SK_API_BEGIN
   SK_USE_HANDLE(engine, "engine");

@@ -844,6 +844,15 @@ class Engine : public detail::Owner<sk_engine, sk_engine_destroy> {
   }
   // The rate of the following optimizer steps (0 is valid).
   void SetLr(float lr) { Check(sk_engine_set_lr(get(), lr)); }
+  // A token-weighted loss (sk_engine_set_loss_tokens): this rank's counted
+  // tokens in the step's micro-batches; returns N, their sum over ranks. Add
+  // the gradients of each micro-batch's loss SUM: the step's reductions
+  // divide by N (collective; once per step, before its first reduction).
+  int64_t SetLossTokens(int64_t tokens) {
+    int64_t n = 0;
+    Check(sk_engine_set_loss_tokens(get(), tokens, &n));
+    return n;
+  }
   float Lr() const {
     float lr = 0;
     Check(sk_engine_get_lr(get(), &lr));

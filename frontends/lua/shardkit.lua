@@ -861,6 +861,15 @@ local Engine = handle_type("sk_engine", lib.sk_engine_destroy, {
     check(lib.sk_engine_write_param(self.h, unit, param, buf, n))
   end,
   set_lr = function(self, lr) check(lib.sk_engine_set_lr(self.h, lr)) end,
+  -- A token-weighted loss (sk_engine_set_loss_tokens): this rank's counted
+  -- tokens in the step's micro-batches; returns N, the sum over ranks. Add
+  -- the gradients of each micro-batch's loss SUM: the step's reductions
+  -- divide by N (collective; once per step, before its first reduction).
+  set_loss_tokens = function(self, tokens)
+    local out = ffi.new("int64_t[1]")
+    check(lib.sk_engine_set_loss_tokens(self.h, tokens, out))
+    return tonumber(out[0])
+  end,
   lr = function(self)
     local out = ffi.new("float[1]")
     check(lib.sk_engine_get_lr(self.h, out))

@@ -326,6 +326,17 @@ class FullyShardedModel final : public DataParallelModel {
   // false): gradients accumulate unsharded and locally until a backward with
   // sync enabled reduces the total.
   void set_gradient_sync(bool enabled) override { gradient_sync_ = enabled; }
+  // A token-weighted loss (the engine's SetLossTokens): the reductions
+  // issued from now on divide the sum over ranks by `divisor` (the step's
+  // counted targets over every rank) instead of by the world size, so that
+  // gradients of per-token loss SUMS become the gradient of the global mean
+  // over tokens; a divisor of 0 makes them 0. Applied in the collectives'
+  // post-scale (p / divisor, after the usual pre-division by p), or by a
+  // scale of the reduced gradient where no collective runs (one rank).
+  // std::nullopt: the mean over ranks, the default. The caller resets it
+  // (the engine does at ZeroGrad and when a step is abandoned).
+  void set_reduction_divisor(std::optional<double> divisor) { reduction_divisor_ = divisor; }
+  std::optional<double> reduction_divisor() const { return reduction_divisor_; }
   bool gradient_sync() const override { return gradient_sync_; }
 
   // Waits for every outstanding reduction of this step. Call after the last
@@ -547,6 +558,9 @@ class FullyShardedModel final : public DataParallelModel {
   // already enqueued, as PyTorch FSDP's unshard stream does.
   bool masters_written_ = true;
   float pre_scale_ = 1.f, post_scale_ = 1.f;
+  std::optional<double> reduction_divisor_;  // set_reduction_divisor
+  // post_scale_, or p / divisor under set_reduction_divisor (0 for 0).
+  float ReductionPostScale() const;
   std::vector<int> forward_order_, last_forward_order_;
   std::vector<int> all_gather_log_;
   // A unit's reduction in flight: its collective (waited for first, so a

@@ -151,13 +151,20 @@ StatusOr<std::shared_ptr<comm::Work>> FullyShardedModel::AllReduceAcrossReplicas
   comm::ReduceOptions ro;
   ro.op = comm::ReduceOp::kSum;
   ro.pre_scale = pre_scale;
-  ro.post_scale = post_scale_;
+  ro.post_scale = ReductionPostScale();
   ro.timeout = options_.timeout;
   SK_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> work, replicate_group_->all_reduce(reduced, *rs_stream_, ro));
   ++counters_.all_reduces;
   counters_.all_reduce_bytes += Bytes(reduced);
   counters_.replica_bytes += Bytes(reduced);
   return work;
+}
+
+float FullyShardedModel::ReductionPostScale() const {
+  if (!reduction_divisor_) return post_scale_;
+  if (!(*reduction_divisor_ > 0)) return 0.f;
+  // p / divisor, with p = 1 / pre_scale_ (a power of two: exact).
+  return static_cast<float>(1.0 / (static_cast<double>(pre_scale_) * *reduction_divisor_));
 }
 
 Status FullyShardedModel::ReduceGradients(int unit) {
@@ -195,13 +202,22 @@ Status FullyShardedModel::ReduceGradients(int unit) {
     }
     if (replicate_group_) {
       SK_ASSIGN_OR_RETURN(last, AllReduceAcrossReplicas(reduced, pre_scale_));
+    } else if (reduction_divisor_) {
+      // One rank: no collective divides, so the divisor scales here.
+      // `reduced` is a copy made above, or the full gradient that is
+      // dropped after this reduction: nothing else reads it.
+      const float scale = ReductionPostScale();
+      Tensor r = reduced;
+      SK_RETURN_IF_ERROR(OnStream(rs_ctx_, [r, scale](const ops::OpContext& c) {
+        return ops::Scale(c, r, scale);
+      }));
     }
   } else {
     SK_ASSIGN_OR_RETURN(reduced, rs_allocator_->Empty(rdt, Shape{shard}));
     comm::ReduceOptions ro;
     ro.op = comm::ReduceOp::kSum;
     ro.pre_scale = pre_scale_;
-    ro.post_scale = replicate_group_ ? 1.f : post_scale_;
+    ro.post_scale = replicate_group_ ? 1.f : ReductionPostScale();
     ro.timeout = options_.timeout;
     SK_ASSIGN_OR_RETURN(last, shard_group_->reduce_scatter(reduced, input, *rs_stream_, ro));
     ++counters_.reduce_scatters;

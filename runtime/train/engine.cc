@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -224,6 +226,8 @@ Status FsdpEngine::FailStep(const Status& s) {
 
 void FsdpEngine::AbandonStep() {
   fsdp_->set_gradient_sync(true);
+  fsdp_->set_reduction_divisor(std::nullopt);
+  reduced_since_zero_grad_ = false;
   fsdp_->AbandonStep();
   ReleaseAllViews();
   windows_.assign(units_.size(), Window::kNone);
@@ -302,6 +306,7 @@ Status FsdpEngine::PostBackward(int unit) {
   ReleaseViews(unit);
   windows_[unit] = Window::kNone;
   phase_ = Phase::kBackward;
+  if (fsdp_->gradient_sync()) reduced_since_zero_grad_ = true;
   return HookResult(fsdp_->PostBackward(unit));
 }
 
@@ -450,8 +455,47 @@ Status FsdpEngine::ZeroGrad() {
   }
   UseStream(stream_.get());
   fsdp_->ZeroGrad();
+  fsdp_->set_reduction_divisor(std::nullopt);
+  reduced_since_zero_grad_ = false;
   phase_ = Phase::kIdle;
   return OkStatus();
+}
+
+StatusOr<int64_t> FsdpEngine::SetLossTokens(int64_t tokens) {
+  if (tokens < 0) {
+    return InvalidArgumentError("SetLossTokens: tokens is " + std::to_string(tokens) +
+                                " (expected this rank's count of counted targets in the step, >= 0)");
+  }
+  SK_RETURN_IF_ERROR(CheckNoOpenWindow("SetLossTokens"));
+  if (reduced_since_zero_grad_) {
+    return FailedPreconditionError(
+        "SetLossTokens after a gradient reduction of this step (a PostBackward with gradient sync on "
+        "since the last ZeroGrad, divided by the world size): expected ZeroGrad first, then "
+        "SetLossTokens before the step's first reduction");
+  }
+  const int w = world_->size();
+  int64_t global = 0;
+  if (allocator_->device().is_sim() || w == 1) {
+    global = tokens * w;  // the simulator's ranks mirror this one
+  } else if (outcome_ != nullptr) {
+    SK_ASSIGN_OR_RETURN(std::vector<uint64_t> counts,
+                        outcome_->GatherU64(static_cast<uint64_t>(tokens), "SetLossTokens (the step's token counts)"));
+    for (size_t r = 0; r < counts.size(); ++r) {
+      const int64_t c = static_cast<int64_t>(counts[r]);
+      if (c < 0 || global > std::numeric_limits<int64_t>::max() - c) {
+        return InvalidArgumentError("SetLossTokens: the ranks' token counts overflow an int64 at rank " +
+                                    std::to_string(r));
+      }
+      global += c;
+    }
+  } else {
+    return FailedPreconditionError(
+        "SetLossTokens on " + std::to_string(w) +
+        " ranks of a backend that does not publish failures (NCCL without check_calls): there is no "
+        "agreement group to sum the token counts on; enable the NCCL call check");
+  }
+  fsdp_->set_reduction_divisor(static_cast<double>(global));
+  return global;
 }
 
 StatusOr<const Tensor*> FsdpEngine::Param(int unit, int param) const {

@@ -177,6 +177,30 @@ class FsdpEngine {
   Status OptimizerStep();
   Status ZeroGrad();
 
+  // A token-weighted loss, PyTorch's cross_entropy(ignore_index=-100,
+  // reduction="mean") over the whole global batch (docs/batches.md): the
+  // step's loss is the sum of the counted tokens' losses of every
+  // micro-batch on every rank divided by N, their number, however unevenly
+  // they fall. `tokens` is this rank's count for the step (all of its
+  // micro-batches); the ranks sum theirs (one all-gather of 8 bytes per
+  // rank on the step agreement's group) and the call returns N. The
+  // caller then adds into Grad() the gradient of each micro-batch's loss
+  // SUM (reduction="sum", no division), and every gradient reduction until
+  // ZeroGrad divides the sum over ranks by N instead of by the world size
+  // (FullyShardedModel::set_reduction_divisor): after FinishBackward the
+  // gradient shards hold the gradient of the global mean. N = 0 gives zero
+  // gradients. ZeroGrad and an abandoned step return to the mean over
+  // ranks. Collective (every rank calls it once per step it weights, before
+  // the step's first reduction). InvalidArgument for tokens < 0;
+  // FailedPrecondition, nothing changed, with a unit between its Pre and
+  // Post call, inside a custom step, after a gradient reduction since the
+  // last ZeroGrad (a PostBackward with gradient sync on: it was divided by
+  // the world size), and on several ranks of a backend that does not
+  // publish failures (NCCL without check_calls), which has no group to
+  // exchange the counts on. On sim the ranks mirror this one (N = W x
+  // tokens).
+  StatusOr<int64_t> SetLossTokens(int64_t tokens);
+
   // The learning rate of the following OptimizerSteps (the optimizer
   // options' lr until set). 0 is valid. InvalidArgument for a negative or
   // non-finite rate. Not collective: every rank must set the same rate,
@@ -352,6 +376,9 @@ class FsdpEngine {
   std::vector<std::vector<Tensor>> params_;
   std::vector<std::vector<Tensor>> grads_;
   Phase phase_ = Phase::kIdle;
+  // A PostBackward with gradient sync on since the last ZeroGrad or
+  // abandoned step: SetLossTokens would reweight half a step.
+  bool reduced_since_zero_grad_ = false;
   int64_t steps_ = 0;
   bool custom_step_ = false;  // between BeginCustomStep and EndCustomStep
   std::vector<Window> windows_;  // per unit

@@ -72,6 +72,106 @@ std::vector<float> Read(sk_engine* e, int unit, int param, int64_t n) {
   return v;
 }
 
+// Backward of both units adding `g` to every gradient element, then
+// finish_backward and an optimizer step; no zero_grad (the caller's).
+sk_status_t BackwardAndStep(sk_engine* e, float g) {
+  sk_status_t s;
+  for (int u = 1; u >= 0; --u) {
+    if ((s = sk_engine_pre_backward(e, u)) != SK_STATUS_OK) return s;
+    for (int p = 0; p < (u == 0 ? 2 : 1); ++p) {
+      sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+      if ((s = sk_engine_grad(e, u, p, &v)) != SK_STATUS_OK) return s;
+      for (int64_t i = 0; i < v.numel; ++i) static_cast<float*>(v.data)[i] += g;
+    }
+    if ((s = sk_engine_post_backward(e, u)) != SK_STATUS_OK) return s;
+  }
+  if ((s = sk_engine_finish_backward(e)) != SK_STATUS_OK) return s;
+  return sk_engine_optimizer_step(e);
+}
+
+sk_status_t Forward(sk_engine* e) {
+  sk_status_t s;
+  for (int u = 0; u < 2; ++u) {
+    if ((s = sk_engine_pre_forward(e, u)) != SK_STATUS_OK) return s;
+    if ((s = sk_engine_post_forward(e, u)) != SK_STATUS_OK) return s;
+  }
+  return SK_STATUS_OK;
+}
+
+// sk_engine_set_loss_tokens (0.8.0) on one rank with SGD at lr 1: the
+// step's gradient is divided by the count; bad input and calls out of
+// order are refused and leave the step's reduction the plain mean. The
+// multi-rank arithmetic: //tests/train:engine_loss_tokens_test.
+TEST(CapiFramework, EngineSetLossTokensDividesTheStepsGradientAndRefusesBadCalls) {
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_model_spec* spec = SmallSpec();
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  opt.kind = SK_OPTIMIZER_SGD;
+  opt.lr = 1.0f;
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.optimizer = &opt;
+  sk_engine* e = nullptr;
+  ASSERT_OK(sk_engine_create(spec, g, &eo, &e));
+  int64_t n = -7;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_set_loss_tokens(nullptr, 4, &n));
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_engine_set_loss_tokens(e, -1, &n));
+  EXPECT_ERROR_MENTIONS("tokens is -1");
+  EXPECT_EQ(n, -7) << "a refused call wrote its output";
+
+  // Weighted: a gradient of 1 per element over 4 tokens steps by 1/4.
+  std::vector<float> before = Read(e, 0, 1, 3);
+  ASSERT_OK(sk_engine_zero_grad(e));
+  ASSERT_OK(sk_engine_set_loss_tokens(e, 4, &n));
+  EXPECT_EQ(n, 4);
+  ASSERT_OK(Forward(e));
+  ASSERT_OK(BackwardAndStep(e, 1.0f));
+  std::vector<float> after = Read(e, 0, 1, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 0.25f);
+
+  // Refused between pre_forward and post_forward, and after the step's
+  // first reduction: the step stays the plain mean (a step of 1).
+  before = after;
+  ASSERT_OK(sk_engine_zero_grad(e));
+  ASSERT_OK(sk_engine_pre_forward(e, 0));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_set_loss_tokens(e, 4, nullptr));
+  ASSERT_OK(sk_engine_post_forward(e, 0));
+  ASSERT_OK(sk_engine_pre_forward(e, 1));
+  ASSERT_OK(sk_engine_post_forward(e, 1));
+  ASSERT_OK(sk_engine_pre_backward(e, 1));
+  sk_tensor_view v = SK_TENSOR_VIEW_INIT;
+  ASSERT_OK(sk_engine_grad(e, 1, 0, &v));
+  ASSERT_OK(sk_engine_post_backward(e, 1));
+  EXPECT_STATUS(SK_STATUS_FAILED_PRECONDITION, sk_engine_set_loss_tokens(e, 4, nullptr));
+  EXPECT_ERROR_MENTIONS("reduction");
+  ASSERT_OK(sk_engine_pre_backward(e, 0));
+  for (int p = 0; p < 2; ++p) {
+    ASSERT_OK(sk_engine_grad(e, 0, p, &v));
+    for (int64_t i = 0; i < v.numel; ++i) static_cast<float*>(v.data)[i] += 1.0f;
+  }
+  ASSERT_OK(sk_engine_post_backward(e, 0));
+  ASSERT_OK(sk_engine_finish_backward(e));
+  ASSERT_OK(sk_engine_optimizer_step(e));
+  after = Read(e, 0, 1, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 1.0f);
+
+  // No token anywhere: a zero gradient; zero_grad then returns to the mean.
+  before = after;
+  ASSERT_OK(sk_engine_zero_grad(e));
+  ASSERT_OK(sk_engine_set_loss_tokens(e, 0, nullptr));
+  ASSERT_OK(Forward(e));
+  ASSERT_OK(BackwardAndStep(e, 1.0f));
+  EXPECT_EQ(Read(e, 0, 1, 3), before);
+  ASSERT_OK(sk_engine_zero_grad(e));
+  ASSERT_OK(Forward(e));
+  ASSERT_OK(BackwardAndStep(e, 1.0f));
+  after = Read(e, 0, 1, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 1.0f);
+  sk_engine_destroy(e);
+  sk_model_spec_destroy(spec);
+  sk_process_group_destroy(g);
+}
+
 TEST(CapiFramework, VersionIs080) {
   EXPECT_STREQ(sk_version(), "0.8.0");
   EXPECT_EQ(sk_version_number(), 8000);

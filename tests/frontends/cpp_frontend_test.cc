@@ -582,6 +582,46 @@ TEST(CppFrontendDevice, ASimulatedEngineHasViewsWithoutData) {
   EXPECT_EQ(raw.device_kind(), SK_DEVICE_SIM);
 }
 
+// SetLossTokens: 2 ranks counting 1 and 3 tokens, each adding a loss-sum
+// gradient of 1 per element: the step's gradient is 2 / 4, not the mean 1.
+TEST(CppFrontend, EngineSetLossTokensDividesByEveryRanksTokens) {
+  shardkit::ModelSpec spec;
+  spec.AddParam(spec.AddUnit("fc"), "w", {4});
+  sk_optimizer_options opt = SK_OPTIMIZER_OPTIONS_INIT;
+  opt.kind = SK_OPTIMIZER_SGD;
+  opt.lr = 1.0f;
+  sk_engine_options eo = SK_ENGINE_OPTIONS_INIT;
+  eo.optimizer = &opt;
+  std::vector<int64_t> counts(2, -1);
+  std::vector<std::vector<float>> after(2);
+  std::vector<int> refused(2, 0);
+  shardkit::RunLocalRanks(2, [&](int32_t rank, sk_process_group* g) {
+    shardkit::Engine e(spec, g, &eo);
+    e.WriteParam(0, 0, {1, 2, 3, 4});
+    try {
+      e.SetLossTokens(-1);
+    } catch (const shardkit::Error&) {
+      refused[rank] = 1;
+    }
+    e.ZeroGrad();
+    counts[rank] = e.SetLossTokens(rank == 0 ? 1 : 3);
+    e.PreForward(0);
+    e.PostForward(0);
+    e.PreBackward(0);
+    float* grad = e.Grad(0, 0).f32();
+    for (int i = 0; i < 4; ++i) grad[i] += 1.0f;
+    e.PostBackward(0);
+    e.FinishBackward();
+    e.OptimizerStep();
+    after[rank] = e.ReadParam(0, 0, 4);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(refused[r], 1) << "SetLossTokens(-1) did not throw on rank " << r;
+    EXPECT_EQ(counts[r], 4);
+    EXPECT_EQ(after[r], (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f}));
+  }
+}
+
 // Issue 34 through the C++ owners: the rate, the step count, write_param,
 // sharded engine checkpoints across world sizes, collectives.
 TEST(CppFrontend, EngineRateStepsWriteParamCheckpointsAndCollectives) {

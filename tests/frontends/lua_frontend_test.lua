@@ -565,6 +565,15 @@ test("issue 34: learning rate, schedules, parameter groups, collectives, engine 
   e:end_custom_step()
   assert(e:steps() == 3)
   assert(e:read_param(u, 1, 2)[1] == 0.75, e:read_param(u, 1, 2)[1])
+  -- A token-weighted loss: the loss-sum gradient over 4 tokens steps by 1/4.
+  expect_error("INVALID_ARGUMENT", "tokens is -1", e.set_loss_tokens, e, -1)
+  e:zero_grad()
+  assert(e:set_loss_tokens(4) == 4)
+  e:pre_forward(u); e:post_forward(u); e:pre_backward(u)
+  gb = e:grad(u, 1)
+  for i = 0, 1 do gb[i] = gb[i] + 1 end
+  e:post_backward(u); e:finish_backward(); e:optimizer_step()
+  assert(e:read_param(u, 1, 2)[1] == 0.625, e:read_param(u, 1, 2)[1])  -- 0.75 - 0.5 / 4
   e:close(); f:close()
 end)
 

@@ -1611,6 +1611,34 @@ SK_EXPORT SK_NODISCARD sk_status_t sk_engine_write_param(sk_engine* engine, int3
  * set the rate before each step. */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_set_lr(sk_engine* engine, float lr);
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_get_lr(const sk_engine* engine, float* out_lr);
+/* 0.8.0: a token-weighted loss over uneven batches, as the trainer's
+ * (docs/batches.md): the step's loss is PyTorch's cross_entropy(...,
+ * ignore_index=-100, reduction="mean") over the whole global batch at once,
+ * the sum of the counted (unmasked) tokens' losses of every micro-batch on
+ * every rank divided by N, their number, however unevenly the tokens fall
+ * over ranks and micro-batches. Each rank passes `tokens`, its counted
+ * tokens in ALL of this step's micro-batches; the ranks sum them and
+ * *out_global_tokens (may be NULL) receives N. Then, for every micro-batch,
+ * add into sk_engine_grad the gradient of that micro-batch's loss SUM
+ * (reduction="sum": no division by any count): every gradient reduction
+ * until sk_engine_zero_grad divides the sum over ranks by N instead of by
+ * the number of ranks, so after sk_engine_finish_backward the gradients are
+ * those of the global mean (clip_grad_norm and the optimizer see those).
+ * N = 0 gives zero gradients. Without this call the reduction is the mean
+ * over ranks, as before. Call it once per step, after sk_engine_zero_grad
+ * and before the step's first reduction (forward may have run: the counts
+ * are usually known from the batch). Collective: every rank calls it (one
+ * all-gather of 8 bytes per rank). sk_engine_zero_grad and an abandoned
+ * step return to the mean over ranks. INVALID_ARGUMENT for a NULL engine or
+ * tokens < 0; FAILED_PRECONDITION, nothing changed: a unit between its pre_
+ * and post_ call, a custom step, a reduction already issued since the last
+ * sk_engine_zero_grad (a post_backward with gradient sync on), or several
+ * ranks of an NCCL group without its call check (no group to sum the
+ * counts on). On SK_DEVICE_SIM the ranks mirror this one: N = ranks x
+ * tokens. examples: tests/train/engine_loss_tokens_test.cc. */
+SK_EXPORT SK_NODISCARD sk_status_t sk_engine_set_loss_tokens(sk_engine* engine, int64_t tokens,
+                                                             int64_t* out_global_tokens);
+
 /* 0.6.0: optimizer steps taken, restored by checkpoints and SHARDKIT state
  * dicts (other layouts load as step 0). */
 SK_EXPORT SK_NODISCARD sk_status_t sk_engine_steps(const sk_engine* engine, int64_t* out_steps);

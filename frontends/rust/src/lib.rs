@@ -1776,6 +1776,17 @@ impl Engine {
     pub fn set_lr(&mut self, lr: f32) -> Result<()> {
         check(unsafe { sys::sk_engine_set_lr(self.raw, lr) })
     }
+    /// A token-weighted loss (`sk_engine_set_loss_tokens`): `tokens` is this
+    /// rank's counted tokens in the step's micro-batches; returns N, their
+    /// sum over ranks. Add the gradients of each micro-batch's loss SUM: the
+    /// step's reductions divide by N, so the gradient is that of the mean
+    /// over every rank's and micro-batch's tokens. Collective; once per
+    /// step, before its first reduction (`zero_grad` ends it).
+    pub fn set_loss_tokens(&mut self, tokens: i64) -> Result<i64> {
+        let mut n = 0;
+        check(unsafe { sys::sk_engine_set_loss_tokens(self.raw, tokens, &mut n) })?;
+        Ok(n)
+    }
     pub fn lr(&self) -> Result<f32> {
         let mut lr = 0.0;
         check(unsafe { sys::sk_engine_get_lr(self.raw, &mut lr) })?;

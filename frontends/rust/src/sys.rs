@@ -694,6 +694,7 @@ extern "C" {
     pub fn sk_engine_set_lr(engine: *mut sk_engine, lr: f32) -> sk_status_t;
     pub fn sk_engine_get_lr(engine: *const sk_engine, out_lr: *mut f32) -> sk_status_t;
     pub fn sk_engine_steps(engine: *const sk_engine, out_steps: *mut i64) -> sk_status_t;
+    pub fn sk_engine_set_loss_tokens(engine: *mut sk_engine, tokens: i64, out_global_tokens: *mut i64) -> sk_status_t;
     pub fn sk_engine_save_checkpoint(engine: *mut sk_engine, dir: *const c_char) -> sk_status_t;
     pub fn sk_engine_load_checkpoint(engine: *mut sk_engine, dir: *const c_char, out_step: *mut i64) -> sk_status_t;
     pub fn sk_engine_read_param(

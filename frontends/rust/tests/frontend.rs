@@ -744,6 +744,43 @@ fn engine_step(e: &mut Engine, g: f32) -> shardkit::Result<()> {
     e.optimizer_step()
 }
 
+// set_loss_tokens: 2 ranks counting 1 and 3 tokens, each adding a loss-sum
+// gradient of 1 per element: the step's gradient is 2 / 4, not the mean 1.
+#[test]
+fn engine_set_loss_tokens_divides_by_every_ranks_tokens() {
+    let seen = std::sync::Mutex::new(Vec::new());
+    run_local_ranks(2, None, |rank, group| {
+        let options = EngineOptions {
+            optimizer: OptimizerOptions { kind: sys::SK_OPTIMIZER_SGD, lr: 1.0, weight_decay: 0.0, ..Default::default() },
+            ..Default::default()
+        };
+        let mut e = Engine::new(&small_spec()?, &group, &options)?;
+        let bad = e.set_loss_tokens(-1).map_err(|err| err.code);
+        e.zero_grad()?;
+        let n = e.set_loss_tokens(if rank == 0 { 1 } else { 3 })?;
+        e.pre_forward(0)?;
+        e.post_forward(0)?;
+        e.pre_backward(0)?;
+        for x in e.grad_as::<f32>(0, 1)?.iter_mut() {
+            *x += 1.0;
+        }
+        e.post_backward(0)?;
+        e.finish_backward()?;
+        e.optimizer_step()?;
+        let b = e.read_param(0, 1, 3)?;
+        seen.lock().unwrap().push((bad, n, b));
+        Ok(())
+    })
+    .unwrap();
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen.len(), 2);
+    for (bad, n, b) in &seen {
+        assert_eq!(*bad, Err(sys::SK_STATUS_INVALID_ARGUMENT));
+        assert_eq!(*n, 4);
+        assert_eq!(*b, vec![-0.5; 3]);
+    }
+}
+
 #[test]
 fn engine_rate_groups_write_param_and_checkpoints_with_the_step() {
     let dir = std::env::temp_dir().join(format!("sk-rust-engine-ckpt-{}", std::process::id()));
