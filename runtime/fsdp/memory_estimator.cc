@@ -49,6 +49,11 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(r.model, mo));
   const int64_t t = r.seq_len > 0 ? r.seq_len : r.model.seq_len;
   const int64_t te = r.source_len > 0 ? r.source_len : r.model.source_len;
+  // Packed documents: one attention call's temporaries beyond the model's
+  // counts (on CUDA, the linear-memory op's composed fallback), at either
+  // activation peak (an attention backward runs at both).
+  const int64_t packed =
+      r.packed_documents ? model->PackedAttentionTemporaryBytes(r.batch_size, t, r.device) : 0;
 
   if (r.ddp) {
     // Full f32 replicas of parameters and gradients in buckets, full optimizer
@@ -60,7 +65,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
     e.optimizer_bytes = (StateBytesPerElement(opt) / 4) * F32(e.parameters);
     const int64_t cd = static_cast<int64_t>(DTypeSize(r.fsdp.mixed_precision.param_dtype));
     e.persistent_bytes = cd == 4 ? 0 : Blocks(e.parameters * cd);
-    e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te, r.device);
+    e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te, r.device) + packed;
     e.peak_bytes = e.master_bytes + e.grad_shard_bytes + e.optimizer_bytes + e.persistent_bytes +
                    e.activation_bytes;
     return e;
@@ -166,7 +171,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   // unit's backward.
   if (persistent && pd != 4) e.unsharded_bytes += F32(largest);
   // The model counts its own activations and temporaries (runtime/nn).
-  e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te, r.device);
+  e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te, r.device) + packed;
 
   // Gradient shards exist from each unit's first reduction of a step to
   // ZeroGrad (FsdpParamGroup), so the step has two peaks, and the estimate
@@ -206,7 +211,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   }
   const int64_t states = e.master_bytes + e.optimizer_bytes + e.persistent_bytes + e.unsharded_bytes;
   const int64_t start = states + e.activation_bytes + last_shard;
-  const int64_t end_activations = model->BackwardEndActivationBytes(r.batch_size, t, te, r.device);
+  const int64_t end_activations = model->BackwardEndActivationBytes(r.batch_size, t, te, r.device) + packed;
   const int64_t end = states + all_shards + end_activations;
   if (end > start) {
     e.activation_bytes = end_activations;

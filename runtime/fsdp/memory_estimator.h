@@ -59,6 +59,12 @@ struct MemoryEstimateRequest {
   // model runs, and so what it keeps (Model::PeakActivationBytes). The
   // simulator's is a CPU run's.
   DeviceKind device = DeviceKind::kCpu;
+  // The batches pack documents (TokenBatch::segment_ids): adds what one
+  // attention call over them allocates beyond the model's counts
+  // (Model::PackedAttentionTemporaryBytes: on CUDA, every pair's
+  // probabilities where the model runs the linear-memory attention, whose
+  // fallback runs packed rows; 0 on the CPU and the simulator).
+  bool packed_documents = false;
   // The DDP baseline instead of FSDP (fsdp.strategy is then ignored, and
   // fsdp.mixed_precision.param_dtype is DDP's compute dtype).
   bool ddp = false;

@@ -263,4 +263,10 @@ int64_t GptModel::BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len
          block_.SavedBytes(d, device);
 }
 
+int64_t GptModel::PackedAttentionTemporaryBytes(int64_t batch_size, int64_t seq_len,
+                                                DeviceKind device) const {
+  return block_.PackedAttentionTemporaryBytes(
+      GptBlockDims(config_, batch_size, seq_len, options_.compute_dtype), device);
+}
+
 }  // namespace sk

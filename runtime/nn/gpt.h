@@ -56,6 +56,8 @@ class GptModel final : public ConfiguredModel<GptConfig> {
                               DeviceKind device) const override;
   int64_t BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
                                      DeviceKind device) const override;
+  int64_t PackedAttentionTemporaryBytes(int64_t batch_size, int64_t seq_len,
+                                        DeviceKind device) const override;
 
  private:
   GptModel(const GptConfig& config, const ModelOptions& options);

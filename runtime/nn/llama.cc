@@ -566,4 +566,13 @@ int64_t LlamaModel::BackwardEndActivationBytes(int64_t batch_size, int64_t seq_l
   return 4 * (2 * n + 1) + 3 * a * n * c + BlockBackwardTempBytes(d) + BlockSavedBytes(d);
 }
 
+// Llama always runs the linear-memory attention: on CUDA a packed call
+// runs its composed fallback.
+int64_t LlamaModel::PackedAttentionTemporaryBytes(int64_t batch_size, int64_t seq_len,
+                                                  DeviceKind device) const {
+  if (device != DeviceKind::kCuda) return 0;
+  const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
+  return ops::ComposedAttentionTemporaryBytes(d.Attention(), d.storage).peak();
+}
+
 }  // namespace sk

@@ -298,6 +298,18 @@ class Model {
                                              DeviceKind device) const {
     return PeakActivationBytes(batch_size, seq_len, source_len, device);
   }
+  // What one attention call over packed documents (TokenBatch::segment_ids)
+  // allocates on `device` beyond the counts above, freed when it returns:
+  // on CUDA, where the model runs the linear-memory attention, that op's
+  // composed fallback (cuDNN's SDPA has no block-diagonal mask) holds every
+  // pair's probabilities (ops::ComposedAttentionTemporaryBytes, its peak);
+  // 0 elsewhere (the CPU and the simulator run packed rows in the ops
+  // counted, the composed op keeps its probabilities anyway) and for models
+  // that refuse packed batches (the default).
+  virtual int64_t PackedAttentionTemporaryBytes(int64_t /*batch_size*/, int64_t /*seq_len*/,
+                                                DeviceKind /*device*/) const {
+    return 0;
+  }
 
   int64_t num_parameters() const { return CountParameters(units()); }
 };

@@ -631,6 +631,18 @@ int64_t TransformerBlock::SavedBytes(const BlockDims& d, DeviceKind device) cons
   return b;
 }
 
+int64_t TransformerBlock::PackedAttentionTemporaryBytes(const BlockDims& d, DeviceKind device) const {
+  int64_t most = 0;
+  for (SublayerKind k : kinds_) {
+    if (device != DeviceKind::kCuda || k != SublayerKind::kCausalSelfAttention ||
+        !LinearMemoryAttention(device, k, d)) {
+      continue;
+    }
+    most = std::max(most, ops::ComposedAttentionTemporaryBytes(AttnShape(k, d), d.storage).peak());
+  }
+  return most;
+}
+
 int64_t TransformerBlock::BackwardTempBytes(const BlockDims& d, DeviceKind device) const {
   const int64_t n = d.batch * d.seq, ne = d.batch * d.enc_seq, c = d.d_model;
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));

@@ -266,6 +266,9 @@ class TransformerBlock {
   // dy and dx (the composed attention's scratch, or the linear-memory
   // backward's workspace).
   int64_t BackwardTempBytes(const BlockDims& d, DeviceKind device) const;
+  // Model::PackedAttentionTemporaryBytes of the block's causal
+  // self-attention (the largest of its sublayers').
+  int64_t PackedAttentionTemporaryBytes(const BlockDims& d, DeviceKind device) const;
 
   // Multiply-adds per block invocation in matmuls (x2 for flops), forward only.
   double ForwardMatmulFlops(int64_t batch, int64_t seq, int64_t enc_seq, int64_t d_model,

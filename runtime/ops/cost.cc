@@ -164,6 +164,36 @@ double FlashAttentionScorePairs(int64_t batch, int64_t heads, int64_t q_len, int
   return D(batch) * D(heads) * per_head;
 }
 
+namespace {
+
+// cuda_backend.cc's composed attention for packed documents (cost.h:
+// OpCost::composed_flops). Forward: S = scale Q K^T (one batched GEMM, f32
+// out), the row log-sum-exps (reads S), the masked softmax (reads S,
+// writes P in f32 and, for 16-bit t, in t), out = P V (reads P in t).
+// Backward: P recomputed as forward's first steps, dP = dO V^T (f32 out),
+// the softmax backward (reads P and dP, writes dS: over dP in f32, or dS
+// and P in t), dV = P^T dO, dQ = dS K, dK = dS^T Q (each reads P or dS
+// in t). `io` is the fused op's own operand traffic (q, k, v, out, ...).
+OpCost WithComposed(OpCost c, bool backward, double dense, int64_t head_dim, DType t, double io) {
+  const double p_t = t == DType::kF32 ? kF32 : Sz(t);  // P and dS as the GEMMs read them
+  const double half = t == DType::kF32 ? 0.0 : Sz(t);   // their 16-bit copies written
+  if (!backward) {
+    c.composed_flops = 2.0 * 2.0 * dense * D(head_dim) + (kSoftmaxFlops + 3.0) * dense;
+    c.composed_bytes = io + dense * (kF32 /*S*/ + kF32 /*lse*/ + 2.0 * kF32 /*softmax*/ + half + p_t);
+    c.composed_kernels = 4;
+  } else {
+    c.composed_flops =
+        5.0 * 2.0 * dense * D(head_dim) + (kSoftmaxFlops + kSoftmaxBackwardFlops) * dense;
+    c.composed_bytes = io + dense * (kF32 /*S*/ + 2.0 * kF32 /*softmax*/ + kF32 /*dP*/ +
+                                     2.0 * kF32 /*softmax bwd reads*/ + (half > 0 ? 2.0 * half : kF32) +
+                                     3.0 * p_t /*the three GEMMs*/);
+    c.composed_kernels = 7;
+  }
+  return c;
+}
+
+}  // namespace
+
 OpCost FlashAttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
                                  int64_t head_dim, bool causal, DType t, int64_t kv_heads,
                                  int64_t masked_pairs) {
@@ -174,8 +204,10 @@ OpCost FlashAttentionForwardCost(int64_t batch, int64_t heads, int64_t q_len, in
   const double flops = 2.0 * 2.0 * pairs * D(head_dim) + kSoftmaxFlops * pairs;
   const double read = (bh * D(q_len) + 2.0 * bkv * D(kv_len)) * D(head_dim) * Sz(t);
   const double written = bh * D(q_len) * (D(head_dim) * Sz(t) + kF32);
-  return WithAttentionShape(Make("flash_attention_fwd", OpClass::kAttention, flops, read, written, t),
-                            bh, q_len, pairs, head_dim);
+  OpCost c = WithAttentionShape(Make("flash_attention_fwd", OpClass::kAttention, flops, read, written, t),
+                                bh, q_len, pairs, head_dim);
+  if (masked_pairs > 0) c = WithComposed(c, false, bh * D(q_len) * D(kv_len), head_dim, t, read + written);
+  return c;
 }
 
 OpCost FlashAttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
@@ -194,8 +226,10 @@ OpCost FlashAttentionBackwardCost(int64_t batch, int64_t heads, int64_t q_len, i
   const double workspace = bh * D(q_len) * (D(head_dim) + 1.0) * kF32;  // dQ accumulator, delta
   const double read = (qkv + 2.0 * q_rows) * Sz(t) + bh * D(q_len) * kF32 + workspace;
   const double written = qkv * Sz(t) + workspace;
-  return WithAttentionShape(Make("flash_attention_bwd", OpClass::kAttention, flops, read, written, t),
-                            bh, q_len, pairs, head_dim);
+  OpCost c = WithAttentionShape(Make("flash_attention_bwd", OpClass::kAttention, flops, read, written, t),
+                                bh, q_len, pairs, head_dim);
+  if (masked_pairs > 0) c = WithComposed(c, true, bh * D(q_len) * D(kv_len), head_dim, t, read + written);
+  return c;
 }
 
 OpCost RmsNormForwardCost(int64_t rows, int64_t cols, DType x, DType y) {

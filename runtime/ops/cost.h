@@ -55,6 +55,16 @@ struct OpCost {
   // average, rounded up), k = head_dim, batch = sequences x heads.
   int64_t m = 0, n = 0, k = 0, batch = 1;
   DType dtype = DType::kF32;  // input dtype (GEMM: the A/B dtype; selects tensor-core rates)
+  // Fused attention over packed documents (masked_pairs > 0): what the
+  // CUDA backend runs for such a call instead, the composed attention
+  // (cuDNN's SDPA has no block-diagonal mask): every one of the batch x
+  // heads x q_len x kv_len score pairs through batched cuBLAS GEMMs, and
+  // the f32 probabilities written and read between its kernels
+  // (composed_kernels launches). 0 otherwise. A simulator profile of a
+  // CUDA GPU prices these, not the masked pairs (sim_ops.cc).
+  double composed_flops = 0;
+  double composed_bytes = 0;
+  int composed_kernels = 0;
 };
 
 // Per-element flop counts of the elementwise ops (see each op in ops.h).

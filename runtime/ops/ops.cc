@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -1047,6 +1048,28 @@ Status AttentionForward(const OpContext& ctx, const AttentionShape& s, const Mat
                           SK_ASSIGN_OR_RETURN(MatrixRef wo, st.Out(out));
                           return be->AttentionForward(ctx, s, wq, wk, wv, probs, wo);
                         });
+}
+
+int64_t ComposedAttentionBackwardGroup(const AttentionShape& s) {
+  const int64_t per_seq = s.heads * s.q_len * s.kv_len;
+  if (per_seq <= 0) return 1;
+  return std::clamp<int64_t>((int64_t{1} << 26) / per_seq, 1, std::max<int64_t>(s.batch, 1));
+}
+
+ComposedAttentionBytes ComposedAttentionTemporaryBytes(const AttentionShape& s, DType t) {
+  ComposedAttentionBytes b;
+  if (s.batch <= 0 || s.heads <= 0 || s.q_len <= 0) return b;
+  const int64_t hpq = s.heads * s.q_len * s.kv_len;  // one sequence's scores
+  const int64_t all = s.batch * hpq;
+  const int64_t half = t == DType::kF32 ? 0 : static_cast<int64_t>(DTypeSize(t));
+  // k or v repeated per query head: [batch * kv_len, heads * head_dim] in t.
+  const int64_t repeated =
+      s.Group() > 1 ? s.batch * s.kv_len * s.heads * s.head_dim * static_cast<int64_t>(DTypeSize(t)) : 0;
+  b.forward = 4 * all + half * all + 2 * repeated;
+  const int64_t group = ComposedAttentionBackwardGroup(s);
+  b.backward = 4 * all + 4 * hpq + (group > 1 ? 4 * group * hpq : 0) + 2 * half * group * hpq +
+               4 * repeated;
+  return b;
 }
 
 int64_t AttentionBackwardScratchElements(const AttentionShape& s) {

@@ -308,6 +308,30 @@ bool PrefersFlashAttention(DeviceKind kind, const AttentionShape& s, DType t);
 // accumulator [batch, heads, q_len, head_dim], as FlashAttention-2 and
 // cuDNN's SDPA backward use them.
 int64_t FlashAttentionBackwardWorkspaceElements(const AttentionShape& s);
+// What the CUDA backend's linear-memory attention allocates, beside the
+// buffers above, for a call it runs as the composed attention (packed
+// documents always: cuDNN's SDPA has no block-diagonal mask; other calls
+// where SdpaSupports or cuDNN declines), freed when the call returns, in
+// bytes. Forward: the f32 probabilities [batch, heads, q_len, kv_len],
+// their copy in t for 16-bit t, and with grouped heads k and v repeated per
+// query head. Backward: the probabilities recomputed (f32), one sequence's
+// f32 score gradients (AttentionBackwardScratchElements), a group's
+// (ComposedAttentionBackwardGroup sequences) when the group holds several,
+// for 16-bit t the group's dS and P in t, and with grouped heads k, v, dk
+// and dv repeated. cuBLAS's own workspace is not counted. The count of
+// cuda_backend.cc's allocations, for the memory estimate; tests/ops holds it.
+struct ComposedAttentionBytes {
+  int64_t forward = 0;
+  int64_t backward = 0;
+  int64_t peak() const { return forward > backward ? forward : backward; }
+};
+ComposedAttentionBytes ComposedAttentionTemporaryBytes(const AttentionShape& s, DType t);
+// Sequences per batched GEMM of the composed backward (CUDA's BackwardGroup,
+// cuda_backend.cc, the same rule): as many as
+// keep the group's f32 score gradients within 2^26 elements (256 MiB; with
+// 16-bit operands as much again for their rounded dS and P), at least one.
+int64_t ComposedAttentionBackwardGroup(const AttentionShape& s);
+
 // Overwrites dq, dk, dv from forward's out and lse (and q, k, v, dout),
 // recomputing the probabilities block by block.
 Status FlashAttentionBackward(const OpContext& ctx, const AttentionShape& s, const MatrixRef& q,

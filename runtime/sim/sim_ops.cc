@@ -104,15 +104,27 @@ double OpSeconds(const ComputeProfile& p, const ops::OpCost& cost) {
     case ops::OpClass::kGemm:
       return GemmSeconds(p, cost.m, cost.n, cost.k, cost.batch, cost.dtype, cost.flops, bytes);
     case ops::OpClass::kAttention: {
-      if (p.op_rates.count(std::string_view(cost.name)) != 0) {
-        return KernelSeconds(p, cost.name, cost.flops, bytes);
-      }
       auto peak = p.gemm_peak_flops.find(cost.dtype);
       const double peak_rate =
           peak != p.gemm_peak_flops.end() ? peak->second : p.gemm_peak_flops.at(DType::kF32);
+      const bool fused = std::strncmp(cost.name, "flash_attention", 15) == 0;
+      if (fused && p.attention && cost.composed_kernels > 0) {
+        // A CUDA GPU's profile (it measured cuDNN's fused attention): packed
+        // documents run the composed attention there, every score pair
+        // through cuBLAS at the GEMM fraction and the f32 probabilities
+        // through memory between its kernels (cost.h), not the masked
+        // pairs, and not the fused kernel's measured rate.
+        auto by_dtype = p.gemm_efficiency_by_dtype.find(cost.dtype);
+        const double rate =
+            peak_rate * (by_dtype != p.gemm_efficiency_by_dtype.end() ? by_dtype->second : p.gemm_efficiency);
+        const double memory = p.memory_bandwidth > 0 ? cost.composed_bytes / p.memory_bandwidth : 0;
+        return std::max(cost.composed_flops / rate, memory) + cost.composed_kernels * p.kernel_overhead_s;
+      }
+      if (p.op_rates.count(std::string_view(cost.name)) != 0) {
+        return KernelSeconds(p, cost.name, cost.flops, bytes);
+      }
       // A fused kernel with a measured efficiency (profile.h); otherwise
       // tensor-core math at the GEMM fraction.
-      const bool fused = std::strncmp(cost.name, "flash_attention", 15) == 0;
       const double efficiency =
           fused && p.attention
               ? AttentionEfficiency(p, std::strcmp(cost.name, "flash_attention_bwd") == 0,

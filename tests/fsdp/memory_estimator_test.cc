@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "runtime/comm/local_backend.h"
+#include "runtime/ops/ops.h"
 #include "runtime/train/trainer.h"
 
 namespace sk {
@@ -326,6 +327,44 @@ TEST(MemoryEstimatorHybridTest, HybridWithoutShardGroupSizeShardsWithinTheNodeAs
   EXPECT_LE(measured, est->peak_bytes) << est->ToString() << "; measured " << measured;
   EXPECT_GT(static_cast<double>(measured) / static_cast<double>(est->peak_bytes), 0.9)
       << est->ToString() << "; measured " << measured;
+}
+
+// Packed documents on CUDA: Llama runs the linear-memory attention, whose
+// CUDA path runs packed rows composed, holding every pair's probabilities
+// for the call (ops::ComposedAttentionTemporaryBytes); the estimate adds
+// that at its activation peaks, on CUDA only (the CPU and the simulator
+// skip what the documents mask, in the ops the model counts).
+TEST(MemoryEstimatorPackedTest, PackedDocumentsOnCudaAddTheComposedAttentionsTemporaries) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    MemoryEstimateRequest req;
+    req.model = *FindModelConfig("llama-tiny");
+    req.world_size = 2;
+    req.batch_size = 3;
+    req.seq_len = 32;
+    req.fsdp.mixed_precision.param_dtype = dt;
+    for (DeviceKind kind : {DeviceKind::kCpu, DeviceKind::kSim, DeviceKind::kCuda}) {
+      req.device = kind;
+      req.packed_documents = false;
+      StatusOr<MemoryEstimate> plain = EstimatePeakMemory(req);
+      ASSERT_TRUE(plain.ok()) << plain.status();
+      req.packed_documents = true;
+      StatusOr<MemoryEstimate> packed = EstimatePeakMemory(req);
+      ASSERT_TRUE(packed.ok()) << packed.status();
+      ops::AttentionShape s;
+      s.batch = 3;
+      s.heads = req.model.llama.n_head;
+      s.kv_heads = req.model.llama.kv_heads();
+      s.q_len = s.kv_len = 32;
+      s.head_dim = req.model.llama.d_model / req.model.llama.n_head;
+      s.causal = true;
+      const int64_t temp = kind == DeviceKind::kCuda ? ops::ComposedAttentionTemporaryBytes(s, dt).peak() : 0;
+      EXPECT_EQ(packed->activation_bytes - plain->activation_bytes, temp) << static_cast<int>(kind);
+      EXPECT_EQ(packed->peak_bytes - plain->peak_bytes, temp) << static_cast<int>(kind);
+      if (kind == DeviceKind::kCuda) {
+        EXPECT_GT(temp, 4 * 3 * s.heads * 32 * 32);
+      }
+    }
+  }
 }
 
 TEST(MemoryEstimatorBadInputTest, RejectsBadRequests) {

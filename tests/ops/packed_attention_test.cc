@@ -519,5 +519,53 @@ TEST(PackedAttention, RopeAtGivenPositionsTurnsEachRowByItsPosition) {
             StatusCode::kInvalidArgument);
 }
 
+// What a CUDA call that runs the composed attention (every packed call)
+// allocates beside its declared buffers (ops.h:
+// ComposedAttentionTemporaryBytes), as cuda_backend.cc allocates it. Small
+// rows group every sequence in one backward GEMM; long rows one sequence
+// per GEMM (2^26 scores per group).
+TEST(ComposedAttentionTemporaries, CountTheProbabilitiesOfEveryPairAsTheCudaPathAllocatesThem) {
+  AttentionShape s;
+  s.batch = 3;
+  s.heads = 4;
+  s.q_len = 16;
+  s.kv_len = 16;
+  s.head_dim = 8;
+  s.causal = true;
+  const int64_t hpq = 4 * 16 * 16, all = 3 * hpq;
+  EXPECT_EQ(ComposedAttentionBackwardGroup(s), 3);
+  ComposedAttentionBytes f32 = ComposedAttentionTemporaryBytes(s, DType::kF32);
+  EXPECT_EQ(f32.forward, 4 * all);                          // f32 P
+  EXPECT_EQ(f32.backward, 4 * all + 4 * hpq + 4 * 3 * hpq);  // P, scratch, the group's dP
+  ComposedAttentionBytes bf16 = ComposedAttentionTemporaryBytes(s, DType::kBF16);
+  EXPECT_EQ(bf16.forward, 6 * all);  // f32 P and its bf16 copy: 6 bytes a pair
+  EXPECT_EQ(bf16.backward, 4 * all + 4 * hpq + 4 * 3 * hpq + 2 * 2 * 3 * hpq);  // + dS, P in bf16
+  EXPECT_EQ(bf16.peak(), bf16.backward);
+  // Grouped heads (2 key/value heads): k and v repeated in forward, and
+  // k, v, dk, dv in backward, each [batch * kv_len, heads * head_dim].
+  s.kv_heads = 2;
+  const int64_t rep = 3 * 16 * 4 * 8 * 2;
+  ComposedAttentionBytes grouped = ComposedAttentionTemporaryBytes(s, DType::kBF16);
+  EXPECT_EQ(grouped.forward, bf16.forward + 2 * rep);
+  EXPECT_EQ(grouped.backward, bf16.backward + 4 * rep);
+  // Llama-3.2-1B's shape at 2048 tokens, 8 rows: one sequence per backward
+  // GEMM (32 x 2048 x 2048 > 2^26), the forward's 6 bytes per pair the peak.
+  s.batch = 8;
+  s.heads = 32;
+  s.kv_heads = 8;
+  s.q_len = s.kv_len = 2048;
+  s.head_dim = 64;
+  EXPECT_EQ(ComposedAttentionBackwardGroup(s), 1);
+  const int64_t big = int64_t{32} * 2048 * 2048;
+  const int64_t rep_big = int64_t{8} * 2048 * 32 * 64 * 2;
+  ComposedAttentionBytes llama = ComposedAttentionTemporaryBytes(s, DType::kBF16);
+  EXPECT_EQ(llama.forward, 6 * 8 * big + 2 * rep_big);
+  EXPECT_EQ(llama.backward, 4 * 8 * big + 4 * big + 4 * big + 4 * rep_big);
+  EXPECT_EQ(llama.peak(), llama.forward);  // 6.4 GiB + the repeats
+  // Nothing to attend: nothing allocated.
+  s.q_len = 0;
+  EXPECT_EQ(ComposedAttentionTemporaryBytes(s, DType::kBF16).peak(), 0);
+}
+
 }  // namespace
 }  // namespace sk::ops

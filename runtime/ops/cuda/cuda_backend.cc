@@ -466,6 +466,8 @@ Status GemmSeqHeads(const OpContext& ctx, bool ta, bool tb, int64_t m, int64_t n
 // Sequences per batched GEMM in attention backward: as many as keep the
 // group's f32 score gradients within 2^26 elements (256 MiB; with 16-bit
 // operands, as much again for their rounded dS and P), at least one.
+// ops::ComposedAttentionBackwardGroup (ops.h, which this library sits
+// below) is the same rule for the memory counts: change both.
 int64_t BackwardGroup(const AttentionShape& s) {
   const int64_t per_seq = s.heads * s.q_len * s.kv_len;
   return std::clamp<int64_t>((int64_t{1} << 26) / per_seq, 1, s.batch);
