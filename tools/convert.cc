@@ -21,7 +21,10 @@
 // directory. The written directory also gets the tokenizer files,
 // generation_config.json and the bos/eos/pad token ids of the directory the
 // model came from (--model or the input directory), or of --tokenizer_dir
-// when given (HfWriteOptions::source_dir). Relative paths are taken
+// when given (HfWriteOptions::source_dir). A single --from=hf-* file takes
+// whether the model ties its head from --model or the config.json beside it;
+// an hf-llama file without lm_head.weight and with neither is refused (exit 1)
+// rather than given the embedding's transpose. Relative paths are taken
 // from the directory `bazel run` was started in. The output is written
 // atomically (a failed conversion leaves any existing file as it was).
 // Exit status: 0 done, 1 a conversion error (printed), 2 bad usage.
@@ -61,6 +64,11 @@ std::string FromCaller(const std::string& path) {
 bool IsDirectory(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 int Usage(const std::string& why) {
@@ -112,6 +120,28 @@ int main(int argc, char** argv) {
   };
   const bool in_dir = hugging_face(from) && IsDirectory(in);
   const bool out_dir = hugging_face(to) && (IsDirectory(out) || out.back() == '/');
+  if (hugging_face(from) && !in_dir) {
+    // A single Hugging Face file does not say whether the model ties its
+    // head: --model's config says so, else the config.json beside the file.
+    // Without either, an hf-llama file without lm_head.weight is refused
+    // (ConvertOptions::tied_lm_head) rather than given the embedding's
+    // transpose, which is wrong weights for an untied model.
+    sk::StatusOr<sk::NamedModelConfig> config = sk::InvalidArgumentError("no config");
+    const size_t slash = in.find_last_of('/');
+    const std::string beside = slash == std::string::npos ? "." : in.substr(0, slash + 1);
+    if (!model.empty()) {
+      config = sk::FindModelConfig(FromCaller(model));
+    } else if (IsRegularFile(beside + "/config.json")) {
+      config = sk::ReadHfConfig(beside);
+    }
+    if (!model.empty() || IsRegularFile(beside + "/config.json")) {
+      if (!config.ok()) {
+        std::fprintf(stderr, "convert: %s: the model's config: %s\n", in.c_str(), config.status().ToString().c_str());
+        return 1;
+      }
+      options.tied_lm_head = sk::HfConvertOptions(*config).tied_lm_head;
+    }
+  }
   if (in_dir || out_dir) {
     // Through shardkit's layout, checked against the model's shape.
     sk::StatusOr<sk::SafeTensorsFile> weights = sk::InvalidArgumentError("no input");

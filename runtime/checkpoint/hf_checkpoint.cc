@@ -32,12 +32,6 @@ bool IsFile(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-ConvertOptions ConvertOptionsFor(const NamedModelConfig& config) {
-  ConvertOptions o;
-  const ModelFamilyDescription* family = FindModelFamily(config.family);
-  if (family != nullptr && family->tied_head != nullptr) o.tied_lm_head = family->tied_head(config);
-  return o;
-}
 
 // InvalidArgument unless `weights` (shardkit layout) holds exactly the
 // parameters of `config`'s model with their shapes; names in `layout` are
@@ -270,6 +264,13 @@ Status WriteHfTextFiles(const std::string& dir, const HfTextFiles& files, const 
 
 }  // namespace
 
+ConvertOptions HfConvertOptions(const NamedModelConfig& config) {
+  ConvertOptions o;
+  const ModelFamilyDescription* family = FindModelFamily(config.family);
+  if (family != nullptr && family->tied_head != nullptr) o.tied_lm_head = family->tied_head(config);
+  return o;
+}
+
 StatusOr<WeightLayout> HfWeightLayout(const NamedModelConfig& config) {
   // The architecture's, from its family's description (runtime/nn/model_family.h).
   SK_ASSIGN_OR_RETURN(std::string layout, HfWeightLayoutOf(config));
@@ -330,7 +331,7 @@ StatusOr<HfModel> ReadHfModelDir(const std::string& dir) {
   SK_ASSIGN_OR_RETURN(NamedModelConfig config, ReadHfConfig(dir));
   SK_ASSIGN_OR_RETURN(SafeTensorsFile file, ReadHfWeights(dir));
   SK_ASSIGN_OR_RETURN(WeightLayout layout, HfWeightLayout(config));
-  StatusOr<SafeTensorsFile> converted = ConvertWeights(file, layout, WeightLayout::kShardkit, ConvertOptionsFor(config));
+  StatusOr<SafeTensorsFile> converted = ConvertWeights(file, layout, WeightLayout::kShardkit, HfConvertOptions(config));
   if (!converted.ok()) return converted.status().WithContext("reading the weights of '" + dir + "'");
   SK_RETURN_IF_ERROR(CheckAgainstModel(config, *converted, layout, "'" + dir + "'"));
   return HfModel{std::move(config), std::move(*converted)};
@@ -339,7 +340,7 @@ StatusOr<HfModel> ReadHfModelDir(const std::string& dir) {
 StatusOr<SafeTensorsFile> ToHfWeights(const NamedModelConfig& config, const SafeTensorsFile& weights,
                                       const std::string& where) {
   SK_ASSIGN_OR_RETURN(WeightLayout layout, HfWeightLayout(config));
-  ConvertOptions o = ConvertOptionsFor(config);
+  ConvertOptions o = HfConvertOptions(config);
   o.drop_optimizer_state = true;
   // Weights only: optimizer state and shardkit's bookkeeping stay behind.
   std::vector<SafeTensorsEntry> params;

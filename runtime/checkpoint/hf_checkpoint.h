@@ -46,6 +46,10 @@ namespace sk {
 // without one.
 StatusOr<WeightLayout> HfWeightLayout(const NamedModelConfig& config);
 
+// How `config`'s weights convert from and to its Hugging Face layout: whether
+// its head is tied (ConvertOptions::tied_lm_head, from the family).
+ConvertOptions HfConvertOptions(const NamedModelConfig& config);
+
 // Every tensor of the directory's weights (model.safetensors, or the index
 // and its shards), under the file's names and in its dtypes, in one
 // in-memory file. Errors as above.

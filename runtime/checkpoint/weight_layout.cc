@@ -303,8 +303,14 @@ Status TransposeMatmulWeights(const std::vector<Item>& in, const char* why, std:
 // when absent) into shardkit's head.lm_head.w [d, vocab], given the file's
 // token embedding `embed` [vocab, d] (null when absent), which messages call
 // `embed_label`. tied: see ConvertOptions::tied_lm_head.
+// `absent_head_is_tied`: what a file without lm_head.weight means when `tied`
+// is unset: true for GPT-2 (transformers always ties its head, and its files
+// hold none), false for the Llama family (a head of its own unless
+// config.json says tie_word_embeddings true), where it is then refused
+// rather than guessed: the embedding's transpose would be silently wrong
+// weights for an untied model.
 Status HeadToShardkit(const Item* lm_head, const Item* embed, const std::string& embed_label,
-                      std::optional<bool> tied, std::vector<Item>* out) {
+                      std::optional<bool> tied, bool absent_head_is_tied, std::vector<Item>* out) {
   if (tied.has_value() && *tied) {
     // The model's head is the embedding itself: a file's head must be that, or absent.
     if (lm_head != nullptr) {
@@ -321,6 +327,11 @@ Status HeadToShardkit(const Item* lm_head, const Item* embed, const std::string&
   if (tied.has_value() && lm_head == nullptr) {
     return InvalidArgumentError("tensor '" + std::string(kHfLmHead) + "' is missing, and the model's head is not tied to " +
                                 embed_label + " (tie_word_embeddings false)");
+  }
+  if (!tied.has_value() && lm_head == nullptr && !absent_head_is_tied) {
+    return InvalidArgumentError("tensor '" + std::string(kHfLmHead) + "' is missing, and nothing says whether the model ties its head to " +
+                                embed_label + " (a Llama-family head is its own unless config.json says tie_word_embeddings "
+                                "true): read the model's directory, or give its config (convert --model=DIR or NAME)");
   }
   if (lm_head != nullptr) {
     SK_ASSIGN_OR_RETURN(Item t, Transposed(*lm_head, kLmHead, "the LM head ([vocab, d] -> [d, vocab])"));
@@ -389,7 +400,7 @@ Status HfGpt2ToShardkit(const std::vector<Item>& in, std::optional<bool> tied, s
     }
   }
   for (const auto& [block, parts] : split) SK_RETURN_IF_ERROR(FuseQkv(block, parts, out));
-  return HeadToShardkit(lm_head, wte, "wte", tied, out);
+  return HeadToShardkit(lm_head, wte, "wte", tied, /*absent_head_is_tied=*/true, out);
 }
 
 Status ShardkitToHfGpt2(const std::vector<Item>& in, std::optional<bool> tied, std::vector<Item>* out) {
@@ -439,7 +450,7 @@ Status HfLlamaToShardkit(const std::vector<Item>& in, std::optional<bool> tied, 
       out->push_back(Renamed(it, name->first));
     }
   }
-  return HeadToShardkit(lm_head, embed, "embed_tokens", tied, out);
+  return HeadToShardkit(lm_head, embed, "embed_tokens", tied, /*absent_head_is_tied=*/false, out);
 }
 
 Status ShardkitToHfLlama(const std::vector<Item>& in, std::optional<bool> tied, std::vector<Item>* out) {

@@ -102,8 +102,10 @@ struct ConvertOptions {
   // hf-gpt2 and hf-llama (embed_tokens for wte): whether the model's LM
   // head is tied to wte (a GPT with
   // tie_word_embeddings, whose state dicts have no head.lm_head.w). Unset:
-  // decided by the file, as above (reading: a head of its own, the file's or
-  // wte's transpose; writing: lm_head.weight left out when it equals wte).
+  // decided by the file, as above (reading: a head of its own, the file's or,
+  // for hf-gpt2 only, wte's transpose; an hf-llama file without lm_head.weight
+  // is InvalidArgument, since a Llama's head is its own unless its config
+  // ties it; writing: lm_head.weight left out when it equals wte).
   // true: reading makes no head.lm_head.w, and an lm_head.weight in the file
   // must equal wte bit for bit (InvalidArgument otherwise: the model cannot
   // hold a different head); writing requires that there is no

@@ -49,4 +49,21 @@ for f in "$tmp"/ours/model-*.safetensors; do mkfifo "$tmp/fifo-dir/$(basename "$
 rc=0; timeout 30 "$convert" --from=hf-gpt2 "$tmp/fifo-dir" "$tmp/q.safetensors" 2> "$tmp/err" || rc=$?
 [ "$rc" = 1 ] || { echo "an index naming a FIFO: exit $rc (124: it hung)"; cat "$tmp/err"; exit 1; }
 grep -q "FIFO" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+# Issue 47 item 1: a single Llama file without lm_head.weight (llama3-tiny ties
+# its head) says nothing of tying: alone it is refused (exit 1, naming
+# lm_head.weight) instead of silently becoming the embedding's transpose;
+# --model or the config.json beside it decide, and a config saying untied
+# beside it is refused too.
+mkdir -p "$tmp/lone"
+cp tests/fsdp/testdata/hf/llama3-tiny/model.safetensors "$tmp/lone/"
+rc=0; "$convert" --from=hf-llama "$tmp/lone/model.safetensors" "$tmp/lone.safetensors" 2> "$tmp/err" || rc=$?
+[ "$rc" = 1 ] || { echo "a lone headless Llama file: exit $rc"; cat "$tmp/err"; exit 1; }
+grep -q "lm_head.weight" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+"$convert" --from=hf-llama --model=tests/fsdp/testdata/hf/llama3-tiny "$tmp/lone/model.safetensors" "$tmp/lone-m.safetensors"
+"$convert" --from=hf-llama tests/fsdp/testdata/hf/llama3-tiny/model.safetensors "$tmp/lone-c.safetensors"
+cmp "$tmp/lone-m.safetensors" "$tmp/lone-c.safetensors"
+cp tests/fsdp/testdata/hf/llama-tiny/config.json "$tmp/lone/"
+rc=0; "$convert" --from=hf-llama "$tmp/lone/model.safetensors" "$tmp/lone-u.safetensors" 2> "$tmp/err" || rc=$?
+[ "$rc" = 1 ] || { echo "a headless file beside an untied config.json: exit $rc"; cat "$tmp/err"; exit 1; }
+grep -q "tie_word_embeddings false" "$tmp/err" || { cat "$tmp/err"; exit 1; }
 echo "PASS"

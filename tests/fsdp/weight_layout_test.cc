@@ -323,6 +323,37 @@ TEST(WeightLayoutTest, HfLlamaTransposesLinearWeightsAndRoundTrips) {
   EXPECT_NE(gpt.status().message().find("h.0.attn.qkv.w"), std::string::npos) << gpt.status();
 }
 
+// Issue 47 item 1: an hf-llama file without lm_head.weight says nothing of
+// tying. Unset, it is refused naming the tensor (a Llama's head is its own
+// unless its config ties it; the embedding's transpose would be silent wrong
+// weights); tied gives no head of its own; untied is refused. GPT-2's files
+// never hold a head, so there unset still means the tied wte.
+TEST(WeightLayoutTest, HeadlessLlamaFileIsRefusedUnlessTheModelSaysItIsTied) {
+  Tensors hf;
+  hf.Add("model.embed_tokens.weight", {kVocab, kD}, 1);
+  hf.Add("model.norm.weight", {kD}, 2);
+  StatusOr<SafeTensorsFile> unset = ConvertWeights(hf.File(), WeightLayout::kHfLlama, WeightLayout::kShardkit);
+  ASSERT_FALSE(unset.ok());
+  EXPECT_EQ(unset.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unset.status().message().find("lm_head.weight"), std::string::npos) << unset.status();
+  ConvertOptions tied;
+  tied.tied_lm_head = true;
+  StatusOr<SafeTensorsFile> mine = ConvertWeights(hf.File(), WeightLayout::kHfLlama, WeightLayout::kShardkit, tied);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_FALSE(mine->contains("head.lm_head.w"));
+  ConvertOptions untied;
+  untied.tied_lm_head = false;
+  StatusOr<SafeTensorsFile> refused = ConvertWeights(hf.File(), WeightLayout::kHfLlama, WeightLayout::kShardkit, untied);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("tie_word_embeddings false"), std::string::npos) << refused.status();
+
+  Tensors gpt2;
+  gpt2.Add("transformer.wte.weight", {kVocab, kD}, 3);
+  StatusOr<SafeTensorsFile> gpt = ConvertWeights(gpt2.File(), WeightLayout::kHfGpt2, WeightLayout::kShardkit);
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  EXPECT_EQ(gpt->info("head.lm_head.w")->shape, Shape({kD, kVocab}));
+}
+
 // GPT-2 small as Hugging Face holds it (GPT2Config(): vocab 50257,
 // n_positions 1024, n_embd 768, n_layer 12, Conv1D weights [in, out], the
 // head tied to wte and so not in the file): every parameter of the
