@@ -143,16 +143,9 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   const int head_unit = static_cast<int>(E + D + 2);
   auto enc_unit = [&](int64_t l) { return static_cast<int>(1 + l); };
   auto dec_unit = [&](int64_t l) { return static_cast<int>(E + 2 + l); };
-  BlockDims ed;
-  ed.batch = B;
-  ed.seq = S;
-  ed.d_model = c;
-  ed.heads = config_.n_head;
-  ed.d_ff = config_.d_ff;
-  ed.storage = act;
-  BlockDims dd = ed;
-  dd.seq = T;
-  dd.enc_seq = S;
+  const Dims dims = DimsFor(B, T, S);
+  const BlockDims& ed = dims.encoder;
+  const BlockDims& dd = dims.decoder;
 
   SK_ASSIGN_OR_RETURN(const ops::OpContext ctx, nn_internal::MakeContext(hooks, alloc));
   SK_ASSIGN_OR_RETURN(Tensor source, nn_internal::TokensToDevice(ctx, batch.source));
@@ -291,49 +284,63 @@ StepFlops T5Model::Flops(int64_t batch_size, int64_t seq_len, int64_t source_len
 
 namespace sk {
 
-int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
-                                     DeviceKind device) const {
-  BlockDims ed;
-  ed.batch = batch_size;
-  ed.seq = source_len;
-  ed.d_model = config_.d_model;
-  ed.heads = config_.n_head;
-  ed.d_ff = config_.d_ff;
-  ed.storage = options_.compute_dtype;
-  BlockDims dd = ed;
-  dd.seq = seq_len;
-  dd.enc_seq = source_len;
-  const int64_t ne = batch_size * source_len, nd = batch_size * seq_len, c = config_.d_model;
-  const int64_t E = config_.n_encoder_layers, D = config_.n_decoder_layers;
+T5Model::Dims T5Model::DimsFor(int64_t batch_size, int64_t seq_len, int64_t source_len) const {
+  Dims d;
+  d.encoder.batch = batch_size;
+  d.encoder.seq = source_len;
+  d.encoder.d_model = config_.d_model;
+  d.encoder.heads = config_.n_head;
+  d.encoder.d_ff = config_.d_ff;
+  d.encoder.storage = options_.compute_dtype;
+  d.decoder = d.encoder;
+  d.decoder.seq = seq_len;
+  d.decoder.enc_seq = source_len;
+  return d;
+}
+
+T5Model::ActivationTerms T5Model::TermsFor(const Dims& dims, DeviceKind device) const {
+  const BlockDims& ed = dims.encoder;
+  const int64_t ne = ed.batch * ed.seq, nd = dims.decoder.batch * dims.decoder.seq, c = config_.d_model;
+  const int64_t E = config_.n_encoder_layers;
   const bool ckpt = options_.full_checkpointing();
+  ActivationTerms t;
   // Activations and their gradients in the compute dtype (a bytes); ids,
   // the loss, LayerNorm statistics and the encoder-output gradient f32.
-  const int64_t a = static_cast<int64_t>(DTypeSize(ed.storage));
+  t.a = static_cast<int64_t>(DTypeSize(ed.storage));
+  const int64_t a = t.a;
   const int64_t enc_saved = encoder_block_.SavedBytes(ed, device);
   // (Parameters are used in place: no copies. 16-bit gradient buffers get
   // f32 sinks of a unit's size during its backward (UnitGrads); whoever hands
   // out such buffers counts them: FSDP's memory estimator does.)
-  const int64_t dec_saved = decoder_block_.SavedBytes(dd, device);
+  t.dec_saved = decoder_block_.SavedBytes(dims.decoder, device);
   // Kept through the forward: the token ids (source, inputs, targets) and
   // the loss, embeddings, block activations (or outputs), the encoder output
   // with its LayerNorm statistics.
-  const int64_t enc_kept = 4 * (ne + 2 * nd + 1) + a * ne * c +
-                           E * (ckpt ? a * ne * c : enc_saved) + a * ne * c + 4 * 2 * ne;
-  const int64_t dec_kept = a * nd * c + D * (ckpt ? a * nd * c : dec_saved);
+  t.enc_kept = 4 * (ne + 2 * nd + 1) + a * ne * c + E * (ckpt ? a * ne * c : enc_saved) + a * ne * c + 4 * 2 * ne;
   // Backward buffers allocated before the head: dx, dnext, denc (f32).
-  const int64_t grads = 2 * a * nd * c + 4 * ne * c;
-  // The head's backward: dnext and denc besides what HeadBackwardPeakBytes
-  // counts (its saved LayerNorm, dx, dln and the fused classifier's chunk).
-  const int64_t head = enc_kept + dec_kept + grads - a * nd * c +
-                       nn_internal::HeadBackwardPeakBytes(nd, c, config_.vocab_size, ed.storage, 2);
-  const int64_t dec = enc_kept + dec_kept - (ckpt ? a * nd * c : 0) + grads +
-                      decoder_block_.BackwardTempBytes(dd, device) + (ckpt ? dec_saved : 0);
+  t.grads = 2 * a * nd * c + 4 * ne * c;
   // Encoder backward: the decoder is gone except the decoder-embedding
   // gradient; ex and enext; the last encoder block's temporaries.
-  const int64_t enc = (enc_kept - a * ne * c - (ckpt ? a * ne * c : 0)) + a * nd * c +
-                      2 * a * ne * c + encoder_block_.BackwardTempBytes(ed, device) +
-                      (ckpt ? enc_saved : 0);
-  return std::max({head, dec, enc});
+  t.enc = (t.enc_kept - a * ne * c - (ckpt ? a * ne * c : 0)) + a * nd * c + 2 * a * ne * c +
+          encoder_block_.BackwardTempBytes(ed, device) + (ckpt ? enc_saved : 0);
+  return t;
+}
+
+int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
+                                     DeviceKind device) const {
+  const Dims dims = DimsFor(batch_size, seq_len, source_len);
+  const ActivationTerms t = TermsFor(dims, device);
+  const int64_t nd = batch_size * seq_len, c = config_.d_model, a = t.a;
+  const int64_t D = config_.n_decoder_layers;
+  const bool ckpt = options_.full_checkpointing();
+  const int64_t dec_kept = a * nd * c + D * (ckpt ? a * nd * c : t.dec_saved);
+  // The head's backward: dnext and denc besides what HeadBackwardPeakBytes
+  // counts (its saved LayerNorm, dx, dln and the fused classifier's chunk).
+  const int64_t head = t.enc_kept + dec_kept + t.grads - a * nd * c +
+                       nn_internal::HeadBackwardPeakBytes(nd, c, config_.vocab_size, dims.encoder.storage, 2);
+  const int64_t dec = t.enc_kept + dec_kept - (ckpt ? a * nd * c : 0) + t.grads +
+                      decoder_block_.BackwardTempBytes(dims.decoder, device) + (ckpt ? t.dec_saved : 0);
+  return std::max({head, dec, t.enc});
 }
 
 // From the first decoder block's backward on (BackwardEndActivationBytes):
@@ -341,30 +348,12 @@ int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_
 // backward from its last block (the most it holds), whichever is more.
 int64_t T5Model::BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
                                             DeviceKind device) const {
-  BlockDims ed;
-  ed.batch = batch_size;
-  ed.seq = source_len;
-  ed.d_model = config_.d_model;
-  ed.heads = config_.n_head;
-  ed.d_ff = config_.d_ff;
-  ed.storage = options_.compute_dtype;
-  BlockDims dd = ed;
-  dd.seq = seq_len;
-  dd.enc_seq = source_len;
-  const int64_t ne = batch_size * source_len, nd = batch_size * seq_len, c = config_.d_model;
-  const int64_t E = config_.n_encoder_layers;
-  const bool ckpt = options_.full_checkpointing();
-  const int64_t a = static_cast<int64_t>(DTypeSize(ed.storage));
-  const int64_t enc_saved = encoder_block_.SavedBytes(ed, device);
-  const int64_t dec_saved = decoder_block_.SavedBytes(dd, device);
-  const int64_t enc_kept = 4 * (ne + 2 * nd + 1) + a * ne * c +
-                           E * (ckpt ? a * ne * c : enc_saved) + a * ne * c + 4 * 2 * ne;
-  const int64_t grads = 2 * a * nd * c + 4 * ne * c;
-  const int64_t first_dec = enc_kept + a * nd * c + dec_saved + grads + decoder_block_.BackwardTempBytes(dd, device);
-  const int64_t enc = (enc_kept - a * ne * c - (ckpt ? a * ne * c : 0)) + a * nd * c +
-                      2 * a * ne * c + encoder_block_.BackwardTempBytes(ed, device) +
-                      (ckpt ? enc_saved : 0);
-  return std::max(first_dec, enc);
+  const Dims dims = DimsFor(batch_size, seq_len, source_len);
+  const ActivationTerms t = TermsFor(dims, device);
+  const int64_t nd = batch_size * seq_len, c = config_.d_model;
+  const int64_t first_dec = t.enc_kept + t.a * nd * c + t.dec_saved + t.grads +
+                            decoder_block_.BackwardTempBytes(dims.decoder, device);
+  return std::max(first_dec, t.enc);
 }
 
 }  // namespace sk

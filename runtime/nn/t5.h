@@ -70,6 +70,20 @@ class T5Model final : public ConfiguredModel<T5Config> {
   T5Model(const T5Config& config, const ModelOptions& options);
   StatusOr<float> Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
                       bool backward) const override;
+  // The encoder's and the decoder's block shapes for one batch.
+  struct Dims {
+    nn_internal::BlockDims encoder, decoder;
+  };
+  Dims DimsFor(int64_t batch_size, int64_t seq_len, int64_t source_len) const;
+  // What PeakActivationBytes and BackwardEndActivationBytes both count.
+  struct ActivationTerms {
+    int64_t a;          // bytes of the compute dtype
+    int64_t dec_saved;  // one decoder block's saved activations
+    int64_t enc_kept;   // what the encoder side keeps through the forward
+    int64_t grads;      // backward buffers allocated before the head
+    int64_t enc;        // the encoder's backward from its last block
+  };
+  ActivationTerms TermsFor(const Dims& dims, DeviceKind device) const;
 
   nn_internal::TransformerBlock encoder_block_;
   nn_internal::TransformerBlock decoder_block_;
