@@ -30,10 +30,12 @@
 // Exit status: 0 done, 1 a conversion error (printed), 2 bad usage.
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/core/env.h"
+#include "runtime/core/file_io.h"
 #include "runtime/core/status.h"
 #include "runtime/checkpoint/hf_checkpoint.h"
 #include "runtime/checkpoint/safetensors.h"
@@ -126,20 +128,19 @@ int main(int argc, char** argv) {
     // Without either, an hf-llama file without lm_head.weight is refused
     // (ConvertOptions::tied_lm_head) rather than given the embedding's
     // transpose, which is wrong weights for an untied model.
-    sk::StatusOr<sk::NamedModelConfig> config = sk::InvalidArgumentError("no config");
-    const size_t slash = in.find_last_of('/');
-    const std::string beside = slash == std::string::npos ? "." : in.substr(0, slash + 1);
+    std::optional<sk::StatusOr<sk::NamedModelConfig>> config;
+    const std::string beside = sk::ParentDirectory(in);
     if (!model.empty()) {
       config = sk::FindModelConfig(FromCaller(model));
     } else if (IsRegularFile(beside + "/config.json")) {
       config = sk::ReadHfConfig(beside);
     }
-    if (!model.empty() || IsRegularFile(beside + "/config.json")) {
-      if (!config.ok()) {
-        std::fprintf(stderr, "convert: %s: the model's config: %s\n", in.c_str(), config.status().ToString().c_str());
+    if (config.has_value()) {
+      if (!config->ok()) {
+        std::fprintf(stderr, "convert: %s: the model's config: %s\n", in.c_str(), config->status().ToString().c_str());
         return 1;
       }
-      options.tied_lm_head = sk::HfConvertOptions(*config).tied_lm_head;
+      options.tied_lm_head = sk::HfConvertOptions(**config).tied_lm_head;
     }
   }
   if (in_dir || out_dir) {
