@@ -15,6 +15,12 @@ StatusOr<Tensor> Rows(const Tensor& t, int64_t first, int64_t count, int64_t wid
                 Shape{count * width});
 }
 
+// The rows of one chunk as Classifier runs `s` (its chunk_rows, else
+// ClassifierChunkRows), for the op and its workspace count alike.
+int64_t ChunkRowsOf(const ClassifierShape& s) {
+  return s.chunk_rows > 0 ? std::min(s.chunk_rows, s.rows) : ClassifierChunkRows(s.rows, s.d_model, s.vocab);
+}
+
 }  // namespace
 
 int64_t ClassifierChunkRows(int64_t rows, int64_t d_model, int64_t vocab) {
@@ -29,8 +35,7 @@ int64_t ClassifierChunkRows(int64_t rows, int64_t d_model, int64_t vocab) {
 }
 
 int64_t ClassifierWorkspaceBytes(const ClassifierShape& s, DType x, DType weight) {
-  const int64_t chunk =
-      s.chunk_rows > 0 ? std::min(s.chunk_rows, s.rows) : ClassifierChunkRows(s.rows, s.d_model, s.vocab);
+  const int64_t chunk = ChunkRowsOf(s);
   int64_t bytes = 4 * s.rows + chunk * s.vocab * static_cast<int64_t>(DTypeSize(x));
   if (weight != x) bytes += s.d_model * s.vocab * static_cast<int64_t>(DTypeSize(x));
   return bytes;
@@ -66,8 +71,7 @@ Status Classifier(const OpContext& ctx, const ClassifierShape& s, const Tensor& 
     SK_RETURN_IF_ERROR(Cast(ctx, w_in, w));
   }
   SK_ASSIGN_OR_RETURN(Tensor row_loss, ctx.alloc->Empty(DType::kF32, Shape{rows}));
-  const int64_t chunk = s.chunk_rows > 0 ? std::min(s.chunk_rows, std::max<int64_t>(rows, 1))
-                                         : ClassifierChunkRows(rows, c, v);
+  const int64_t chunk = ChunkRowsOf(s);  // rows > 0: at least 1
   Tensor logits_buffer;
   if (rows > 0) {
     SK_ASSIGN_OR_RETURN(logits_buffer, ctx.alloc->Empty(x.dtype(), Shape{chunk * v}));
