@@ -774,6 +774,13 @@ Status Trainer::SaveFullStateDict(const std::string& path, WeightLayout layout) 
   if (sim_device_ != nullptr) return FailedPreconditionError(kNoSimCheckpoints);
   if (ddp_) return UnimplementedError(kNoDdpCheckpoints);
   SK_RETURN_IF_ERROR(CheckWeightsLoaded("SaveFullStateDict"));
+  // The export's gathered units and file buffers are the host's, not the
+  // allocator's: the blocks the allocator caches but no tensor holds go back
+  // to the system first, so the export's extra memory is not stacked on a
+  // step's worth of cached free blocks (a 1.2B Llama at world 2 on 24 GiB
+  // trained under memory_cap_bytes and was killed for memory in the export
+  // without this: benchmarks/results/finetune_1b_20261207.txt).
+  allocator_->EmptyCache();
   TrainingState state{options_.model, &model_->units(), fsdp_.get(), optimizer_.get()};
   FullStateDictOptions o;
   o.layout = layout;
