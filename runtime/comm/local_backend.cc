@@ -284,6 +284,12 @@ class LocalRendezvous {
     int reduced = 0;   // all_reduce: ranks whose scratch chunk is ready
     int finished = 0;  // ranks done reading other ranks' buffers
     int left = 0;      // ranks gone from the slot for good
+    // Host mode: ranks reading other ranks' buffers right now. A rank that
+    // leaves an aborted slot early waits for it to reach 0: otherwise a
+    // peer still copying out of (or reducing from) its buffers races with
+    // the writes of its next step (a failed step's gradient buffer zeroed
+    // while a peer's reduce-scatter still summed it).
+    int reading = 0;
     bool aborted = false;
     Status failure;
     std::vector<std::shared_ptr<Event>> events[kPhases];
@@ -326,9 +332,9 @@ class LocalRendezvous {
                                         std::to_string(c.timeout.count()) + " ms"));
     }
     if (slot.aborted) {
-      Status s = slot.failure;
-      Leave(c.seq, slot);
-      return s;
+      // Every rank may have arrived, and a faster one be reading this
+      // rank's buffers already, before the abort.
+      return LeaveAborted(lock, c, slot);
     }
     std::vector<CallFingerprint> prints;
     for (const RankCall& call : slot.calls) prints.push_back(call.fingerprint);
@@ -368,6 +374,18 @@ class LocalRendezvous {
 
   void Leave(uint64_t seq, Slot& slot) {
     if (++slot.left == size_) slots_.erase(seq);
+  }
+  // Host mode, a rank leaving slot `c` after it was aborted, before every
+  // rank finished: returns the slot's failure once no rank reads the
+  // ranks' buffers any more (the caller reuses its own, and its scratch goes
+  // back to the pool). Those readers are host copies and reductions already
+  // under way, which finish without waiting on anyone, so this wait is
+  // bounded by their work, not by a peer.
+  Status LeaveAborted(std::unique_lock<std::mutex>& lock, const Collective& c, Slot& slot) {
+    cv_.wait(lock, [&] { return slot.reading == 0; });
+    Status s = slot.failure;
+    Leave(c.seq, slot);
+    return s;
   }
   // Stream-ordered mode, phases after arrival: records this rank's event of
   // `phase` on `stream` (unless `local` already failed, which aborts the
@@ -426,6 +444,7 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
   SK_RETURN_IF_ERROR(Arrive(lock, rank, c, std::move(mine), nullptr, local_failure, deadline, &arrived));
   Slot& slot = *arrived;
   const std::vector<RankCall>& calls = slot.calls;
+  ++slot.reading;  // under the lock, and only while the slot is not aborted
   lock.unlock();
 
   // -- Data movement: this rank's share, concurrently with the others --------
@@ -443,6 +462,7 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
   (void)MoveShare(rank, c, calls, [&](size_t e, size_t) { return calls[rank].scratch[e]; }, host);
 
   lock.lock();
+  --slot.reading;
   if (c.kind == CollectiveKind::kAllReduce) {
     // Everyone's reduced chunk must be ready (and every read of the inputs
     // done: the gather below overwrites them) before anyone gathers.
@@ -453,16 +473,14 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
       Abort(slot, DeadlineExceededError(Who(c) + ": ranks did not finish reducing within " +
                                         std::to_string(c.timeout.count()) + " ms"));
     }
-    if (slot.aborted) {
-      Status s = slot.failure;
-      Leave(c.seq, slot);
-      return s;
-    }
+    if (slot.aborted) return LeaveAborted(lock, c, slot);
+    ++slot.reading;
     lock.unlock();
     (void)GatherReducedChunks(
         rank, c, calls, [&](int j, size_t e, size_t) -> const void* { return calls[j].scratch[e]; },
         host);
     lock.lock();
+    --slot.reading;
   }
 
   // -- Departure: nobody leaves while another rank may still read its buffers.
@@ -473,9 +491,9 @@ Status LocalRendezvous::Run(int rank, const Collective& c, ScratchPool& scratch_
     Abort(slot, DeadlineExceededError(Who(c) + ": ranks did not finish copying within " +
                                       std::to_string(c.timeout.count()) + " ms"));
   }
-  Status result = slot.finished == n ? OkStatus() : slot.failure;
+  if (slot.finished != n) return LeaveAborted(lock, c, slot);
   Leave(c.seq, slot);
-  return result;
+  return OkStatus();
 }
 
 Status LocalRendezvous::OrderedBarrier(int rank, const Collective& c, Slot& slot, Phase phase,

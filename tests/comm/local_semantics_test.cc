@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "runtime/comm/local_backend.h"
 #include "tests/comm/conformance.h"
@@ -402,6 +403,42 @@ TEST(LocalProcessGroup, NewGroupFormsSubGroupsOfTheGivenRanks) {
 // never join; RunLocalRanks publishes the failure, so the peer's wait ends
 // at once naming the rank and its error (before: "rank 1 did not arrive"
 // after the whole timeout, here an hour, so the test would time out).
+// A rank whose collective fails while a peer is still reading its buffers
+// (FailPeers after every rank arrived, as the trainer's failed step does)
+// gets its error only once nobody reads them: it reuses them at once, as the
+// next step does (CI's soak under tsan caught a failed step's gradient zeroed
+// while a peer's reduce-scatter still summed it). The race is what tsan
+// reports; without it the test checks every rank gets the published failure
+// or, when the collective finished first, OK.
+TEST(LocalProcessGroup, AFailedCollectiveReturnsOnlyOncePeersStoppedReadingItsBuffers) {
+  constexpr int64_t kCount = 1 << 20;
+  for (int trial = 0; trial < 12; ++trial) {
+    auto groups = LocalGroup(2);
+    std::vector<Status> results(2);
+    RunRanks(2, [&](int r) {
+      auto stream = MakeStream(r, "comm");
+      Tensor in = MakeTensor(r, DType::kF32, 2 * kCount);
+      Tensor out = MakeTensor(r, DType::kF32, kCount);
+      FillRank(in, r);
+      auto work = groups[r]->reduce_scatter(out, in, *stream);
+      ASSERT_TRUE(work.ok()) << work.status();
+      if (r == 1) {
+        std::this_thread::sleep_for(std::chrono::microseconds(250 * (trial % 4)));
+        (void)groups[r]->FailPeers(FailedPreconditionError("rank 1 failed step"));
+      }
+      results[r] = (*work)->wait(30s);
+      // What the next step does with the buffers the collective read.
+      float* data = in.data_as<float>();
+      std::fill(data, data + in.numel(), 0.0f);
+      stream->ClearError();
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(results[r].ok() || Contains(results[r], "rank 1 failed step"))
+          << "trial " << trial << " rank " << r << ": " << results[r];
+    }
+  }
+}
+
 TEST(RunLocalRanks, APeerWhoseBodyFailedFailsTheOthersCollectivesAtOnceNamingIt) {
   Status s = RunLocalRanks(3, [&](int r, ProcessGroup* group) -> Status {
     if (r == 1) return FailedPreconditionError("rank 1's own trouble");
