@@ -14,9 +14,10 @@
  * momentum 0.9, one f32 state per parameter instead of two). FT_CAP_GIB sets
  * sk_trainer_options.memory_cap_bytes, the per-rank allocator cap.
  * Before creating anything, rank 0 prints sk_estimate_memory's peak for one
- * rank, that times the local ranks, and the machine's MemTotal; it stops
- * (exit 3) when the local ranks' estimate does not fit, unless FT_FORCE is
- * set (to check a "does not fit" against a run). Every rank then
+ * rank beside what a rank may use: the cap, which must fit in an equal share
+ * of MemAvailable less 0.75 GiB for the process itself, or without a cap
+ * that share. It stops (exit 3) when the estimate does not fit, unless
+ * FT_FORCE is set (to check a "does not fit" against a run). Every rank then
  * prints its own peak RSS (VmHWM) and RSS after each phase, so the record
  * shows the estimate beside what each process held. Memory figures are the
  * processes' own (/proc/self/status); the machine's total at a moment is
@@ -157,16 +158,24 @@ int main(int argc, char** argv) {
   if (rank_env == NULL || strcmp(rank_env, "0") == 0) {
     sk_memory_estimate e = SK_MEMORY_ESTIMATE_INIT;
     CHECK(sk_estimate_memory(&options, (int32_t)world, &e));
-    const int64_t total = proc_kib("/proc/meminfo", "MemTotal:");
+    /* What each rank may use: the cap when one is set, else an equal part
+     * of the memory available now; either way, each process also needs
+     * itself (code, gloo's buffers: kProcessBytes, measured 0.63 GiB above
+     * the allocator's cap at this size). */
+    const int64_t kProcessBytes = 3LL << 28; /* 0.75 GiB */
+    const int64_t available = proc_kib("/proc/meminfo", "MemAvailable:");
+    const int64_t share = available / local - kProcessBytes;
+    const int64_t budget = options.memory_cap_bytes > 0 ? (int64_t)options.memory_cap_bytes : share;
+    const int fits = e.peak_bytes <= budget && budget <= share;
     printf("estimate: %" PRId64 " parameters; one rank's peak %.2f GiB (master %.2f, gradient shards %.2f, "
-           "optimizer %.2f, unsharded %.2f, activations %.2f); x %" PRId64 " local ranks = %.2f GiB of "
-           "MemTotal %.2f GiB: %s\n",
+           "optimizer %.2f, unsharded %.2f, activations %.2f); per rank %.2f GiB %s; MemAvailable %.2f GiB "
+           "over %" PRId64 " local ranks leaves %.2f GiB each after 0.75 GiB for the process: %s\n",
            e.parameters, gib(e.peak_bytes), gib(e.master_bytes), gib(e.grad_shard_bytes),
-           gib(e.optimizer_bytes), gib(e.unsharded_bytes), gib(e.activation_bytes), local,
-           gib(e.peak_bytes * local), gib(total),
-           e.peak_bytes * local <= total ? "fits" : "does not fit");
+           gib(e.optimizer_bytes), gib(e.unsharded_bytes), gib(e.activation_bytes), gib(budget),
+           options.memory_cap_bytes > 0 ? "(the cap)" : "(no cap: an equal share)", gib(available), local,
+           gib(share), fits ? "fits" : "does not fit");
     fflush(stdout);
-    if (e.peak_bytes * local > total && getenv("FT_FORCE") == NULL) return 3;
+    if (!fits && getenv("FT_FORCE") == NULL) return 3;
   }
 
   sk_process_group* group = NULL;
