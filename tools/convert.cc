@@ -43,7 +43,6 @@
 #include "runtime/nn/configs.h"
 #include "runtime/nn/hf_config.h"
 
-#include <sys/stat.h>
 
 namespace {
 
@@ -61,16 +60,6 @@ std::string FromCaller(const std::string& path) {
   const char* cwd = sk::GetEnv(sk::EnvVar::kBuildWorkingDirectory);
   if (path.empty() || path[0] == '/' || cwd == nullptr) return path;
   return std::string(cwd) + "/" + path;
-}
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool IsRegularFile(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 int Usage(const std::string& why) {
@@ -120,8 +109,8 @@ int main(int argc, char** argv) {
   auto hugging_face = [](sk::WeightLayout l) {
     return l == sk::WeightLayout::kHfGpt2 || l == sk::WeightLayout::kHfLlama;
   };
-  const bool in_dir = hugging_face(from) && IsDirectory(in);
-  const bool out_dir = hugging_face(to) && (IsDirectory(out) || out.back() == '/');
+  const bool in_dir = hugging_face(from) && sk::IsDirectory(in);
+  const bool out_dir = hugging_face(to) && (sk::IsDirectory(out) || out.back() == '/');
   if (hugging_face(from) && !in_dir) {
     // A single Hugging Face file does not say whether the model ties its
     // head: --model's config says so, else the config.json beside the file.
@@ -132,7 +121,7 @@ int main(int argc, char** argv) {
     const std::string beside = sk::ParentDirectory(in);
     if (!model.empty()) {
       config = sk::FindModelConfig(FromCaller(model));
-    } else if (IsRegularFile(beside + "/config.json")) {
+    } else if (sk::IsRegularFile(beside + "/config.json")) {
       config = sk::ReadHfConfig(beside);
     }
     if (config.has_value()) {

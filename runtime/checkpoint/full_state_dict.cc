@@ -10,9 +10,9 @@
 #include <set>
 #include <sstream>
 
-#include <sys/stat.h>
 
 #include "runtime/core/allocator.h"
+#include "runtime/core/file_io.h"
 #include "runtime/device/device.h"
 #include "runtime/checkpoint/checkpoint_internal.h"
 #include "runtime/checkpoint/hf_checkpoint.h"
@@ -96,11 +96,6 @@ ConvertOptions ConvertOptionsForUnits(const std::vector<UnitSpec>& units) {
     }
   }
   return o;
-}
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 // Where a shardkit parameter's tensor is in a Hugging Face file, and

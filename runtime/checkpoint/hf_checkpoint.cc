@@ -27,10 +27,6 @@ constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 constexpr int64_t kMaxIndexBytes = 64 << 20;
 
-bool IsFile(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 
 // InvalidArgument unless `weights` (shardkit layout) holds exactly the
@@ -128,8 +124,7 @@ StatusOr<SafeTensorsFile> ReadSharded(const std::string& dir) {
 
 Status MakeDirectory(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST) {
-    struct stat st;
-    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return OkStatus();
+    if (IsDirectory(dir)) return OkStatus();
     return InvalidArgumentError("'" + dir + "' exists and is not a directory");
   }
   return UnavailableError("cannot create directory '" + dir + "': " + std::strerror(errno));
@@ -138,11 +133,6 @@ Status MakeDirectory(const std::string& dir) {
 Status RemoveIfPresent(const std::string& path) {
   if (::unlink(path.c_str()) == 0 || errno == ENOENT) return OkStatus();
   return UnavailableError("cannot remove '" + path + "': " + std::strerror(errno));
-}
-
-bool IsDir(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 bool SameDirectory(const std::string& a, const std::string& b) {
@@ -156,7 +146,7 @@ bool SameDirectory(const std::string& a, const std::string& b) {
 // read from a Hugging Face directory is named by it). Empty: none.
 StatusOr<std::string> SourceDirectory(const NamedModelConfig& config, const HfWriteOptions& options) {
   if (!options.source_dir.empty()) {
-    if (!IsDir(options.source_dir)) {
+    if (!IsDirectory(options.source_dir)) {
       return NotFoundError("source directory '" + options.source_dir + "' (tokenizer files, generation " +
                            "config) is not a directory");
     }
@@ -211,7 +201,7 @@ StatusOr<HfTextFiles> HfTextFilesFor(const NamedModelConfig& config, const std::
   json ids = json::object();
   if (!source.empty()) {
     const std::string file = source + "/config.json";
-    if (IsFile(file)) {
+    if (IsRegularFile(file)) {
       SK_ASSIGN_OR_RETURN(std::string text, ReadFileBounded(file, 4 << 20, "Hugging Face config.json"));
       SK_RETURN_IF_ERROR(CheckJsonNesting(text, 32, file));
       json src = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -225,14 +215,14 @@ StatusOr<HfTextFiles> HfTextFilesFor(const NamedModelConfig& config, const std::
       }
     }
     const std::string gen = source + "/generation_config.json";
-    if (IsFile(gen)) {
+    if (IsRegularFile(gen)) {
       SK_ASSIGN_OR_RETURN(out.generation_config_json, ReadFileBounded(gen, 4 << 20, "generation_config.json"));
       SK_RETURN_IF_ERROR(CheckJsonNesting(out.generation_config_json, 32, gen));
       json g = json::parse(out.generation_config_json, nullptr, /*allow_exceptions=*/false);
       if (g.is_discarded() || !g.is_object()) return DataLossError("'" + gen + "' is not a JSON object");
     }
     for (const char* f : kTokenizerFiles) {
-      if (IsFile(source + "/" + f)) out.tokenizer_files.push_back(f);
+      if (IsRegularFile(source + "/" + f)) out.tokenizer_files.push_back(f);
     }
   }
   if (out.generation_config_json.empty() && !ids.empty()) {
@@ -278,9 +268,9 @@ StatusOr<WeightLayout> HfWeightLayout(const NamedModelConfig& config) {
 }
 
 StatusOr<SafeTensorsFile> ReadHfWeights(const std::string& dir) {
-  if (IsFile(dir + "/" + kIndexFile)) return ReadSharded(dir);
+  if (IsRegularFile(dir + "/" + kIndexFile)) return ReadSharded(dir);
   const std::string single = dir + "/" + kSingleFile;
-  if (IsFile(single)) return SafeTensorsFile::Read(single);
+  if (IsRegularFile(single)) return SafeTensorsFile::Read(single);
   return NotFoundError("'" + dir + "' holds neither " + kSingleFile + " nor " + kIndexFile +
                        " (a Hugging Face model directory saved with safetensors)");
 }
@@ -305,11 +295,11 @@ StatusOr<HfWeightReaders> OpenHfWeights(const std::string& path) {
     out.files.push_back(std::move(*r));
     return OkStatus();
   };
-  if (!IsDir(path)) {
+  if (!IsDirectory(path)) {
     SK_RETURN_IF_ERROR(add(path, nullptr, ""));
     return out;
   }
-  if (IsFile(path + "/" + kIndexFile)) {
+  if (IsRegularFile(path + "/" + kIndexFile)) {
     SK_ASSIGN_OR_RETURN(auto by_file, ReadIndex(path));
     for (const auto& [file, names] : by_file) {
       SK_RETURN_IF_ERROR(add(path + "/" + file, &names,
@@ -319,7 +309,7 @@ StatusOr<HfWeightReaders> OpenHfWeights(const std::string& path) {
     return out;
   }
   const std::string single = path + "/" + kSingleFile;
-  if (IsFile(single)) {
+  if (IsRegularFile(single)) {
     SK_RETURN_IF_ERROR(add(single, nullptr, ""));
     return out;
   }

@@ -39,6 +39,16 @@ std::string TempNameFor(const std::string& path) {
 
 }  // namespace
 
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 std::string ParentDirectory(const std::string& path) {
   size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";

@@ -51,6 +51,12 @@ Status FsyncPath(const std::string& path);
 // The directory part of `path` ("." for a bare name, "/" for "/x").
 std::string ParentDirectory(const std::string& path);
 
+// Whether `path` names a regular file / a directory (symlinks followed);
+// false when it does not exist or cannot be examined. Nothing is opened, so
+// a FIFO is never waited on.
+bool IsRegularFile(const std::string& path);
+bool IsDirectory(const std::string& path);
+
 // Reads the whole regular file at `path` (symlinks followed), at most
 // `max_bytes` bytes. NotFound if it does not exist; InvalidArgument naming
 // what it is if it is not a regular file (never blocks on a FIFO);

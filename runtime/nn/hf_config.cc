@@ -1,6 +1,5 @@
 #include "runtime/nn/hf_config.h"
 
-#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
@@ -36,9 +35,7 @@ std::string KnownNames() {
 }  // namespace
 
 bool IsHfModelDirectory(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
-  return ::stat((path + "/config.json").c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  return IsDirectory(path) && IsRegularFile(path + "/config.json");
 }
 
 StatusOr<NamedModelConfig> ParseHfConfig(const std::string& text, const std::string& file) {

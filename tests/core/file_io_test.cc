@@ -147,5 +147,29 @@ TEST(FileIoTest, ReadFileBoundedRefusesWhatIsNotARegularFileWithoutBlocking) {
   }
 }
 
+TEST(FileIoTest, IsRegularFileAndIsDirectoryFollowLinksAndNeverOpen) {
+  const std::string dir = TempDir("kinds");
+  const std::string file = dir + "/file";
+  std::ofstream(file) << "x";
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(::symlink(file.c_str(), (dir + "/to_file").c_str()), 0);
+  ASSERT_EQ(::symlink(dir.c_str(), (dir + "/to_dir").c_str()), 0);
+  ASSERT_EQ(::symlink((dir + "/absent").c_str(), (dir + "/dangling").c_str()), 0);
+  EXPECT_TRUE(IsRegularFile(file));
+  EXPECT_TRUE(IsRegularFile(dir + "/to_file"));
+  EXPECT_FALSE(IsRegularFile(dir));
+  EXPECT_FALSE(IsRegularFile(fifo));  // stat only: no open to block on
+  EXPECT_FALSE(IsRegularFile(dir + "/dangling"));
+  EXPECT_FALSE(IsRegularFile(dir + "/absent"));
+  EXPECT_FALSE(IsRegularFile(""));
+  EXPECT_TRUE(IsDirectory(dir));
+  EXPECT_TRUE(IsDirectory(dir + "/to_dir"));
+  EXPECT_FALSE(IsDirectory(file));
+  EXPECT_FALSE(IsDirectory(fifo));
+  EXPECT_FALSE(IsDirectory(dir + "/absent"));
+  EXPECT_FALSE(IsDirectory(""));
+}
+
 }  // namespace
 }  // namespace sk
