@@ -132,7 +132,8 @@ SK_LAYOUT_ASSERT(offsetof(sk_trainer_options, model) == 8 && offsetof(sk_trainer
                  offsetof(sk_trainer_options, lr_schedule) == 144 &&
                  offsetof(sk_trainer_options, dataset) == 152 &&
                  offsetof(sk_trainer_options, skip_init) == 160 &&
-                 offsetof(sk_trainer_options, skip_nonfinite_steps) == 164 && sizeof(sk_trainer_options) == 168,
+                 offsetof(sk_trainer_options, skip_nonfinite_steps) == 164 &&
+                 offsetof(sk_trainer_options, packed_documents) == 168 && sizeof(sk_trainer_options) == 176,
                  "sk_trainer_options layout");
 SK_LAYOUT_ASSERT(offsetof(sk_step_metrics, step) == 8 && offsetof(sk_step_metrics, rank) == 16 &&
                  offsetof(sk_step_metrics, loss) == 20 && offsetof(sk_step_metrics, grad_norm) == 24 &&

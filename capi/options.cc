@@ -254,6 +254,11 @@ StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in,
                                     std::to_string(c.skip_nonfinite_steps));
   }
   o.skip_nonfinite_steps = c.skip_nonfinite_steps == 1;
+  if (c.packed_documents != 0 && c.packed_documents != 1) {
+    return sk::InvalidArgumentError("sk_trainer_options.packed_documents must be 0 or 1, not " +
+                                    std::to_string(c.packed_documents));
+  }
+  o.packed_documents = c.packed_documents == 1;
   return o;
 }
 

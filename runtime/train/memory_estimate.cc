@@ -24,9 +24,9 @@ StatusOr<MemoryEstimate> EstimateTrainerMemory(const TrainerOptions& o, int worl
   r.checkpointing = o.checkpointing;
   r.recompute_attention = o.recompute_attention;
   r.device = o.device.kind;
-  // A packing dataset's rows hold several documents (its caller's own
-  // batches are not known here: docs/cuda.md, "Packed documents").
-  r.packed_documents = !o.dataset.paths.empty() && o.dataset.packing;
+  // A packing dataset's rows hold several documents; the caller's own
+  // batches do when it says so (TrainerOptions::packed_documents).
+  r.packed_documents = o.packed_documents || (!o.dataset.paths.empty() && o.dataset.packing);
   return EstimatePeakMemory(r);
 }
 

@@ -120,6 +120,7 @@ std::vector<std::pair<std::string, std::string>> SharedFields(const TrainerOptio
       {"dataset.paths", i(static_cast<int64_t>(o.dataset.paths.size()))},
       {"eval_dataset_paths", i(static_cast<int64_t>(o.eval_dataset_paths.size()))},
       {"skip_nonfinite_steps", i(o.skip_nonfinite_steps)},
+      {"packed_documents", i(o.packed_documents)},
       {"skip_init", i(o.fsdp.skip_init)},
   };
   v.insert(v.end(), rest.begin(), rest.end());

@@ -127,6 +127,11 @@ struct TrainerOptions {
   // Step returns OK with StepMetrics::skipped set and the step counted (the
   // data moves on), as PyTorch's GradScaler skips such steps and goes on.
   bool skip_nonfinite_steps = false;
+  // The caller's batches (StepOnBatches) may pack several documents in a
+  // row: EstimateTrainerMemory counts what packed rows cost where that
+  // differs (on CUDA, one composed attention call's temporaries), as a
+  // packing dataset does by itself. Training is the same either way.
+  bool packed_documents = false;
   // fsdp.skip_init (FSDP only; InvalidArgument under kDdp and on the
   // simulator): the parameters are not drawn from the initialisers, for a
   // trainer whose weights come from a load (a Hugging Face directory, a

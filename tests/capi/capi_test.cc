@@ -592,6 +592,64 @@ TEST(CapiLocalSession, BadOptionsFailEveryRankBeforeAnyCollective) {
   EXPECT_EQ(s, nullptr);
 }
 
+// 0.8.0 (issue 43): sk_trainer_options.packed_documents declares that the
+// caller's own batches pack documents, so the estimate counts on CUDA what a
+// packing dataset makes it count (one composed attention call's
+// temporaries) and elsewhere nothing more; bad values are refused naming
+// the field, and nothing is written.
+TEST(CapiStructs, PackedDocumentsCountsTheComposedAttentionOnCudaOnly) {
+  sk_device_options device = SK_DEVICE_OPTIONS_INIT;
+  sk_trainer_options o = TinyTrainer();
+  o.model = "llama-tiny";
+  o.batch_size = 3;
+  o.seq_len = 32;
+  o.device = &device;
+  auto estimate = [&](sk_device_kind_t kind, int32_t packed) {
+    device.kind = kind;
+    o.packed_documents = packed;
+    sk_memory_estimate e = SK_MEMORY_ESTIMATE_INIT;
+    EXPECT_STATUS(SK_STATUS_OK, sk_estimate_memory(&o, 2, &e));
+    return e;
+  };
+  for (sk_device_kind_t kind : {SK_DEVICE_CPU, SK_DEVICE_CUDA}) {
+    const sk_memory_estimate plain = estimate(kind, 0);
+    const sk_memory_estimate packed = estimate(kind, 1);
+    if (kind == SK_DEVICE_CUDA) {
+      // At least the f32 probabilities of one call: 3 rows x heads x 32 x 32.
+      EXPECT_GT(packed.activation_bytes - plain.activation_bytes, 4 * 3 * 4 * 32 * 32);
+      EXPECT_EQ(packed.peak_bytes - plain.peak_bytes, packed.activation_bytes - plain.activation_bytes);
+    } else {
+      EXPECT_EQ(packed.peak_bytes, plain.peak_bytes);
+    }
+  }
+  // An older struct (ending at skip_nonfinite_steps) reads 0, whatever follows.
+  device.kind = SK_DEVICE_CUDA;
+  o.packed_documents = 1;
+  o.struct_size = offsetof(sk_trainer_options, packed_documents);
+  sk_memory_estimate older = SK_MEMORY_ESTIMATE_INIT;
+  ASSERT_OK(sk_estimate_memory(&o, 2, &older));
+  EXPECT_EQ(older.peak_bytes, estimate(SK_DEVICE_CUDA, 0).peak_bytes);
+  o.struct_size = sizeof o;
+  for (int32_t bad : {2, -1}) {
+    o.packed_documents = bad;
+    sk_memory_estimate untouched = SK_MEMORY_ESTIMATE_INIT;
+    EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(&o, 2, &untouched));
+    EXPECT_ERROR_MENTIONS("sk_trainer_options.packed_documents must be 0 or 1");
+    EXPECT_EQ(untouched.peak_bytes, 0);
+  }
+  device.kind = SK_DEVICE_CPU;
+  sk_process_group* g = nullptr;
+  ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
+  sk_trainer* t = nullptr;
+  EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+  EXPECT_ERROR_MENTIONS("packed_documents");
+  EXPECT_EQ(t, nullptr);
+  o.packed_documents = 1;
+  ASSERT_OK(sk_trainer_create(&o, g, &t));
+  sk_trainer_destroy(t);
+  sk_process_group_destroy(g);
+}
+
 // 0.8.0 (issue 45): sk_fsdp_options.grad_accumulation reaches the trainer
 // and the estimator; bad values and engines are refused naming the field.
 TEST(CapiStructs, GradAccumulationChoosesShardedOrNoSyncAndRefusesBadValues) {

@@ -629,6 +629,19 @@ test("issue 47: shard layout, a custom rule's declared state, wide collectives, 
                {model = "gpt-tiny", skip_nonfinite_steps = 2}, 1)
 end)
 
+-- Issue 43: packed_documents declares the caller's batches packed, so the
+-- estimate counts the composed attention's temporaries on CUDA.
+test("issue 43: packed_documents raises the CUDA estimate only", function()
+  local function peak(kind, packed)
+    return sk.estimate_memory({model = "llama-tiny", batch_size = 3, seq_len = 32, device = kind,
+                               packed_documents = packed}, 2).peak_bytes
+  end
+  assert(peak("cuda", true) > peak("cuda", false) + 4 * 3 * 4 * 32 * 32, "CUDA estimate unchanged")
+  assert(peak("cpu", true) == peak("cpu", false), "CPU estimate changed")
+  expect_error("INVALID_ARGUMENT", "packed_documents", sk.estimate_memory,
+               {model = "llama-tiny", packed_documents = 2}, 2)
+end)
+
 -- Issue 47: int64 values beyond 2^53 are carried exactly. A Lua number
 -- rounds 2^53 + 1 to 2^53: i64 collectives, step metrics and counters, and
 -- 64-bit option fields take and give LuaJIT's boxed 64-bit integers.

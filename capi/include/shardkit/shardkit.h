@@ -818,12 +818,21 @@ typedef struct sk_trainer_options {
    * PyTorch's GradScaler skips such steps and goes on. Other values are
    * INVALID_ARGUMENT. */
   int32_t skip_nonfinite_steps;
+  /* Appended in 0.8.0: nonzero: the batches the caller passes
+   * (sk_trainer_step_batches, sk_local_session_step_batches) may pack several
+   * documents in a row (segment ids), so that sk_estimate_memory counts what
+   * packed rows cost where that differs: on CUDA, one attention call's
+   * temporaries of the composed path packed rows take (docs/cuda.md, "Packed
+   * documents"), as a packing dataset (sk_dataset_options.packing) sets by
+   * itself. Training is the same either way: this only declares the batches
+   * for the estimate. 0 or 1; other values are INVALID_ARGUMENT. */
+  int32_t packed_documents;
 } sk_trainer_options;
 /* Size traits ("Option structs" above); the first version (0.1.0) ended at data_tokens. */
 #define SK_TRAINER_OPTIONS_STRUCT_SIZE_V1 SK_STRUCT_SIZE(sk_trainer_options, data_tokens)
-#define SK_TRAINER_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_trainer_options, skip_nonfinite_steps)
+#define SK_TRAINER_OPTIONS_STRUCT_SIZE SK_STRUCT_SIZE(sk_trainer_options, packed_documents)
 
-#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0, NULL, NULL, NULL, 0, 0}
+#define SK_TRAINER_OPTIONS_INIT {sizeof(sk_trainer_options), NULL, NULL, NULL, 0, 0, 0, 0, 0.0, 0, 0, NULL, 0, 0, 0, SK_PARALLELISM_DEFAULT, 0, NULL, NULL, NULL, 0, 0, 0}
 
 /* What one step measured on one rank. */
 typedef struct sk_step_metrics {
@@ -1122,7 +1131,8 @@ typedef struct sk_memory_estimate {
  * batch_size, seq_len, source_len, activation_checkpointing and
  * device.kind (which attention the model runs there: a log-sum-exp per row
  * where the device's backend runs attention in linear memory, else the
- * probabilities), and grad_accum_steps accumulated as
+ * probabilities), packed_documents or a packing dataset (on CUDA, one
+ * composed attention call's temporaries), and grad_accum_steps accumulated as
  * sk_fsdp_options.grad_accumulation says (FSDP; DDP: one micro-batch). The other fields are validated
  * as sk_trainer_create validates them but do not change it (data_path is not
  * opened). `out->struct_size` must be set; the fields that fit in it are

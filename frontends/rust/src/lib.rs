@@ -1081,6 +1081,11 @@ pub struct TrainerOptions {
     /// `true` (0.8.0): it returns Ok with `StepMetrics::skipped` set instead
     /// of ABORTED, and training goes on (PyTorch's GradScaler).
     pub skip_nonfinite_steps: bool,
+    /// The batches passed to `step_batches` may pack several documents in a
+    /// row (segment ids): `estimate_memory` counts what that costs on CUDA,
+    /// as a packing dataset makes it (0.8.0,
+    /// `sk_trainer_options.packed_documents`). Training is the same.
+    pub packed_documents: bool,
 }
 
 impl TrainerOptions {
@@ -1115,6 +1120,7 @@ impl TrainerOptions {
             dataset: dataset.as_ref().map_or(ptr::null(), |d| &d.raw as *const sys::sk_dataset_options),
             skip_init: i32::from(self.skip_init),
             skip_nonfinite_steps: self.skip_nonfinite_steps as i32,
+            packed_documents: i32::from(self.packed_documents),
         };
         Ok(f(&raw))
     }

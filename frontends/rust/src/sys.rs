@@ -295,6 +295,7 @@ pub struct sk_trainer_options {
     pub dataset: *const sk_dataset_options,
     pub skip_init: i32,
     pub skip_nonfinite_steps: i32,
+    pub packed_documents: i32,
 }
 
 #[repr(C)]

@@ -287,6 +287,27 @@ fn ddp_trains_and_the_estimator_prefers_full_shard() {
 }
 
 #[test]
+fn packed_documents_counts_the_composed_attention_on_cuda() {
+    let options = |device: Device, packed: bool| TrainerOptions {
+        model: Some("llama-tiny".to_string()),
+        batch_size: 3,
+        seq_len: 32,
+        device: Some(device),
+        packed_documents: packed,
+        ..tiny()
+    };
+    let cuda = || Device::Cuda { index: None };
+    let cpu = || Device::Cpu { index: None, launch_blocking: false };
+    let plain = shardkit::estimate_memory(&options(cuda(), false), 2).unwrap();
+    let packed = shardkit::estimate_memory(&options(cuda(), true), 2).unwrap();
+    assert!(packed.activation_bytes - plain.activation_bytes > 4 * 3 * 4 * 32 * 32, "{:?} vs {:?}", packed, plain);
+    assert_eq!(
+        shardkit::estimate_memory(&options(cpu(), true), 2).unwrap().peak_bytes,
+        shardkit::estimate_memory(&options(cpu(), false), 2).unwrap().peak_bytes
+    );
+}
+
+#[test]
 fn rank_errors_and_panics_come_back_as_results() {
     let e = run_local_ranks(2, None, |rank, group| {
         assert_eq!(group.rank().unwrap(), rank);

@@ -234,7 +234,7 @@ fn every_struct_has_the_headers_fields_offsets_and_size() {
         sk_trainer_options { struct_size, model, fsdp, optimizer, batch_size, grad_accum_steps, seq_len, source_len,
                              clip_grad_norm, activation_checkpointing, memory_cap_bytes, data_path, data_token_bytes,
                              data_seed, data_tokens, parallelism, ddp_bucket_bytes, device, lr_schedule, dataset,
-                             skip_init, skip_nonfinite_steps }
+                             skip_init, skip_nonfinite_steps, packed_documents }
         sk_device_options { struct_size, kind, use_index, index, sim_profile, sim_world_size, sim_gpus_per_node,
                             launch_blocking }
         sk_step_metrics { struct_size, step, rank, loss, grad_norm, step_seconds, tokens_per_second, model_tflops_per_rank,
