@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
+#include <utility>
+#include <vector>
 
 namespace sk {
 
@@ -15,6 +18,219 @@ int64_t F32(int64_t elems) { return Blocks(elems * 4); }
 // Bytes of optimizer state per parameter element.
 int64_t StateBytesPerElement(const OptimizerOptions& opt) {
   return opt.kind == OptimizerKind::kSgd ? (opt.momentum != 0 ? 4 : 0) : 8;
+}
+
+// One unit as the walk sees it.
+struct WalkUnit {
+  int64_t padded = 0;  // elements of its flat parameter
+  int64_t shard = 0;   // elements of one rank's shard
+  // The f32 sinks a 16-bit gradient gets in the unit's backward (runtime/nn
+  // UnitGrads: one per tensor the hooks hand it), for its own parameters,
+  // and for the tied ones it borrows with their owner unit.
+  std::vector<int64_t> sink_bytes;
+  std::vector<std::pair<int, int64_t>> tied_sinks;
+  std::vector<int> owners;  // the distinct owners of its tied parameters
+  bool holds_params = true;  // BackwardHoldsParameters
+};
+
+struct WalkOptions {
+  int64_t pd = 4;  // param_dtype's bytes
+  int64_t rd = 4;  // the reduction's
+  int shard_size = 1;
+  bool persistent = false;  // SHARD_OPTIM, NO_SHARD: full params and grads kept (counted apart)
+  bool keep_after_forward = false;  // SHARD_GRAD_OP: gathered from forward to the unit's backward
+  bool offload = false;
+  BackwardPrefetch prefetch = BackwardPrefetch::kBackwardPre;
+  int limit = 2;  // the rate limiter's N (INT_MAX: off)
+  // The device runs FSDP's stream ops in closures that keep the buffers
+  // they captured until they have run (the CPU: fsdp_internal::OnStream):
+  // a reduction's buffers stay allocated until the next unit waits for it,
+  // an offloaded gather's staging until it is waited for. Elsewhere (cuda,
+  // sim) ops are enqueued from the host, which drops the buffers at once:
+  // they leave the allocator's allocated bytes when the hook that made them
+  // returns (record_stream defers only their reuse, and the allocator waits
+  // for those events before it reports running out).
+  bool closures_hold = true;
+};
+
+// The device bytes of one moment of the backward: the transient buffers
+// (gathered parameters, full gradients, sinks, reductions, staging; not the
+// persistent strategies' full parameters and gradients), the gradient
+// shards made by then, and where it is.
+struct Moment {
+  int64_t transient = 0;
+  int64_t shards = 0;
+  bool end = false;             // from the first block's backward on
+  bool no_activations = false;  // outside forward and backward
+};
+
+// Walks one micro-batch's backward as FullyShardedModel runs it (fsdp.cc,
+// fsdp_collectives.cc, fsdp_tied.cc), unit by unit in reverse execution
+// order, and appends the moments where allocations peak:
+//  - PreBackward: the unit's all-gather, its tied owners' (gathered again
+//    where the strategy reshards after forward), BACKWARD_PRE's prefetch of
+//    the next units while the rate limiter admits one more (in flight: a
+//    unit gathered and not finished computing); with offload under a
+//    16-bit param_dtype each issued gather's f32 staging of its shard,
+//    freed by the time it is waited for;
+//  - the computation: the unit's full gradient (f32 under a 16-bit
+//    param_dtype when it is reduced right after: the Trainer's
+//    f32_unsharded_gradients; param_dtype otherwise) and its owners' (made
+//    now, kept until the owner reduces), f32 sinks for 16-bit gradients,
+//    and the previous unit's reduction still in flight;
+//  - PostBackward, after BACKWARD_POST's prefetch: the unit's parameters
+//    freed by FSDP but still held by the model's views
+//    (BackwardHoldsParameters) until its backward scope ends;
+//  - the reduction issued, after the previous one was waited for: the f32
+//    gradient (held by the model's views) narrowed into a copy in a 16-bit
+//    reduce dtype, a cast into the reduce dtype, the reduce-scatter's output
+//    shard (NO_SHARD's copy of a kept full gradient), and the unit's
+//    gradient shard, made by its first reduction of the step.
+// With `sync` off (no_sync micro-batches) nothing is reduced and full
+// gradients are kept; `grads_kept` starts with every unit's full gradient
+// in param_dtype (the last no_sync micro-batch); `shards_made` with every
+// gradient shard (sharded accumulation's later micro-batches).
+void WalkBackward(const std::vector<WalkUnit>& units, const WalkOptions& o, bool sync, bool grads_kept,
+                  bool shards_made, std::vector<Moment>* out) {
+  const int n = static_cast<int>(units.size());
+  std::vector<bool> gathered(n, o.persistent || o.keep_after_forward);
+  std::vector<bool> in_flight(n, false), staged(n, false), shard_made(n, shards_made);
+  // Each unit's full gradient: its bytes per element (0: none).
+  std::vector<int64_t> grad(n, grads_kept ? o.pd : 0);
+  int64_t pending = 0;  // what the reduction in flight holds
+  int64_t shards = 0;
+  if (!o.offload) {
+    for (int u = 0; u < n; ++u) shards += shards_made ? F32(units[u].shard) : 0;
+  }
+  auto param_bytes = [&](int u) { return Blocks(units[u].padded * o.pd); };
+  auto moment = [&](int64_t extra, bool end) {
+    Moment m;
+    m.transient = pending + extra;
+    for (int u = 0; u < n; ++u) {
+      if (!o.persistent) {
+        if (gathered[u]) m.transient += param_bytes(u);
+        if (grad[u] > 0) m.transient += Blocks(units[u].padded * grad[u]);
+      }
+      if (staged[u]) m.transient += F32(units[u].shard);
+    }
+    m.shards = shards;
+    m.end = end;
+    out->push_back(m);
+  };
+  // Without closures, the largest staging allocated in the current hook
+  // (each freed before the next gather allocates its own).
+  int64_t momentary = 0;
+  auto gather = [&](int u) {
+    if (!gathered[u]) {
+      gathered[u] = true;
+      if (o.offload && o.pd != 4) {
+        if (o.closures_hold) {
+          staged[u] = true;
+        } else {
+          momentary = std::max(momentary, F32(units[u].shard));
+        }
+      }
+    }
+    in_flight[u] = true;
+  };
+  auto in_flight_count = [&] {
+    int alive = 0;
+    for (int u = 0; u < n; ++u) alive += !o.persistent && gathered[u] && in_flight[u] ? 1 : 0;
+    return alive;
+  };
+  auto prefetch = [&](int from) {
+    for (int c = from; c >= 0; --c) {
+      if (gathered[c]) continue;
+      if (in_flight_count() >= o.limit) return;
+      gather(c);
+    }
+  };
+  const int64_t full_grad_dtype = o.pd != 4 && sync && !o.persistent ? 4 : o.pd;
+  for (int u = n - 1; u >= 0; --u) {
+    const WalkUnit& unit = units[u];
+    const bool end = u <= 1;
+    // PreBackward.
+    momentary = 0;
+    gather(u);
+    for (int owner : unit.owners) gather(owner);
+    if (o.prefetch == BackwardPrefetch::kBackwardPre) prefetch(u - 1);
+    moment(momentary, end);
+    staged[u] = false;  // waited for: the cast has read the staging
+    for (int owner : unit.owners) staged[owner] = false;
+    if (grad[u] == 0) grad[u] = full_grad_dtype;
+    for (int owner : unit.owners) {
+      if (grad[owner] == 0) grad[owner] = full_grad_dtype;
+    }
+    int64_t sinks = 0;
+    if (grad[u] != 4) {
+      for (int64_t b : unit.sink_bytes) sinks += b;
+    }
+    for (const auto& [owner, b] : unit.tied_sinks) sinks += grad[owner] != 4 ? b : 0;
+    moment(sinks, end);
+    // PostBackward: FSDP frees the parameters (and its owners' where it
+    // reshards after forward); the model's views may hold them a while.
+    int64_t scoped = 0;
+    in_flight[u] = false;
+    if (!o.persistent) {
+      gathered[u] = false;
+      if (unit.holds_params) scoped += param_bytes(u);
+    }
+    for (int owner : unit.owners) {
+      in_flight[owner] = false;
+      if (!o.persistent && !o.keep_after_forward) {
+        gathered[owner] = false;
+        if (unit.holds_params) scoped += param_bytes(owner);
+      }
+    }
+    momentary = 0;
+    if (o.prefetch == BackwardPrefetch::kBackwardPost) prefetch(u - 1);
+    moment(sinks + scoped + momentary, end);
+    if (!sync) continue;
+    pending = 0;  // the previous reduction, waited for
+    int64_t issued = 0;
+    int64_t gdt = grad[u];
+    if (!o.persistent && gdt == 4 && o.rd != 4) {
+      // NarrowFullGradient: the f32 gradient stays referenced by the
+      // model's views until the unit's backward scope ends.
+      scoped += Blocks(unit.padded * 4);
+      gdt = grad[u] = o.rd;
+    }
+    if (o.rd != gdt) issued += Blocks(unit.padded * o.rd);  // the cast it reduces
+    if (o.shard_size > 1) {
+      issued += Blocks(unit.shard * o.rd);
+    } else if (o.persistent && o.rd == gdt) {
+      issued += Blocks(unit.padded * o.rd);  // NO_SHARD reduces a copy of its kept gradient
+    }
+    if (!shard_made[u]) {
+      shard_made[u] = true;
+      if (!o.offload) shards += F32(unit.shard);
+    }
+    moment(sinks + scoped + issued, end);
+    // The reduction holds its buffers (and, where the strategy frees it,
+    // the full gradient) until the next unit's PostBackward waits for it;
+    // without closures the host has dropped them already.
+    pending = 0;
+    if (o.closures_hold) {
+      pending = issued;
+      if (!o.persistent) pending += Blocks(unit.padded * grad[u]);
+    }
+    if (!o.persistent) grad[u] = 0;
+  }
+}
+
+// Whether the backward of `unit` keeps the parameter views the hooks gave
+// it (its own and the tied ones it borrows) until its PostBackward has
+// returned: the views live in the unit's backward scope (runtime/nn
+// UnitScope::PreBackward), so FSDP's freeing of the gathered parameters in
+// PostBackward takes effect only after the reduction has been issued. The
+// GPT, Llama and T5 families run their input embeddings' backward (unit 0)
+// without them (UnitScope::PreBackwardGradientsOnly); any other unit, and
+// every unit of another family, is assumed to hold them (an upper bound).
+// tests/fsdp/memory_estimator_test's tied-embedding cases measure it.
+bool BackwardHoldsParameters(ModelFamily family, int unit) {
+  const bool embedding_first =
+      family == ModelFamily::kGpt || family == ModelFamily::kLlama || family == ModelFamily::kT5;
+  return !(embedding_first && unit == 0);
 }
 
 std::string MiB(int64_t b) {
@@ -85,19 +301,27 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   const int64_t state_per_elem = StateBytesPerElement(opt);
 
   MemoryEstimate e;
-  std::vector<int64_t> padded;
-  // Units owning a parameter another unit uses (counted once, with them).
   SK_ASSIGN_OR_RETURN(std::vector<std::vector<ParamRef>> tied, ResolveTiedParams(model->units()));
-  std::vector<bool> tied_owner(model->units().size(), false);
-  for (const auto& refs : tied) {
-    for (const ParamRef& t : refs) tied_owner[t.unit] = true;
-  }
-  for (const UnitSpec& u : model->units()) {
+  std::vector<WalkUnit> units;
+  for (size_t i = 0; i < model->units().size(); ++i) {
+    const UnitSpec& u = model->units()[i];
     std::vector<std::pair<std::string, Shape>> ps;
-    for (const ParamSpec& p : u.params) ps.emplace_back(p.name, p.shape);
+    WalkUnit w;
+    for (const ParamSpec& p : u.params) {
+      ps.emplace_back(p.name, p.shape);
+      w.sink_bytes.push_back(F32(p.shape.numel()));
+    }
     SK_ASSIGN_OR_RETURN(FlatParamLayout layout, FlatParamLayout::Make(ps, f));
     e.parameters += layout.unpadded_numel();
-    padded.push_back(layout.padded_numel());
+    w.padded = layout.padded_numel();
+    w.shard = layout.shard_numel();
+    for (size_t k = 0; k < u.tied.size(); ++k) {
+      const int o = tied[i][k].unit;
+      w.tied_sinks.emplace_back(o, F32(u.tied[k].shape.numel()));
+      if (std::find(w.owners.begin(), w.owners.end(), o) == w.owners.end()) w.owners.push_back(o);
+    }
+    w.holds_params = BackwardHoldsParameters(r.model.family, static_cast<int>(i));
+    units.push_back(std::move(w));
     if (!r.fsdp.cpu_offload) {
       e.master_bytes += F32(layout.shard_numel());
       e.grad_shard_bytes += F32(layout.shard_numel());
@@ -105,118 +329,103 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
     }
     if (persistent) e.persistent_bytes += 2 * Blocks(layout.padded_numel() * pd);
   }
-  // In flight at the peak (the start of backward: the head unit computing its
-  // gradients, the next unit prefetched, the previous gradient reducing).
-  const int units = static_cast<int>(padded.size());
-  const int64_t largest = *std::max_element(padded.begin(), padded.end());
-  // The reducing unit's buffers on the device (FSDP keeps at most one
-  // reduction in flight; FullyShardedModel::ReduceGradients): its full
-  // gradient in the reduce dtype (a cast when that differs from param_dtype:
-  // the param_dtype original is released once the cast has read it), and
-  // the reduce-scatter's output shard; NO_SHARD's "shard" is the whole
-  // gradient, and it reduces a copy of its persistent full gradient when no
-  // cast made one. With offload the reduced shard goes from there to host
-  // memory, not to a device buffer.
-  int64_t reducing = 0;
-  if (f > 1) reducing += Blocks(largest / f * rd);
-  if (persistent) {
-    if (rd != pd || f == 1) reducing += Blocks(largest * rd);
-  }
-  if (!persistent) {
-    int64_t params_alive = 0;
-    int64_t smallest_counted = 0;  // the smallest unit counted in params_alive
-    int prefetched = 0;  // gathers issued and not yet waited for at the peak
-    if (keep_after_forward) {
-      for (int64_t p : padded) params_alive += Blocks(p * pd);
-    } else {
-      const RateLimit rate = r.fsdp.all_gather_limit;
-      int limit = rate.off() ? units : rate.max_in_flight();
-      bool prefetch = r.fsdp.backward_prefetch != BackwardPrefetch::kNone;
-      int alive = prefetch ? std::min(limit, units) : 1;
-      prefetched = alive - 1;
-      std::vector<int64_t> sorted(padded);
-      std::sort(sorted.rbegin(), sorted.rend());
-      for (int i = 0; i < alive; ++i) params_alive += Blocks(sorted[i] * pd);
-      smallest_counted = sorted[alive - 1];
-    }
-    // Two full gradients (the unit computing, in f32 for any param_dtype: the
-    // Trainer sets FsdpOptions::f32_unsharded_gradients, whatever the
-    // request's options say; and the one reducing, in the reduce
-    // dtype, which PostBackward rounds the f32 one into after the previous
-    // reduction has finished) and the reduction's shard.
-    e.unsharded_bytes = params_alive + F32(largest) + Blocks(largest * rd) + reducing;
-    // CPU offload with a 16-bit param_dtype: an all-gather copies the host's
-    // f32 master shard into a device buffer of the shard's size, then casts
-    // it into the gathered buffer (FullyShardedModel::CopyMasterIn); that
-    // buffer lives until the cast has run on the all-gather stream, so every
-    // prefetched unit's may still be alive while the head unit computes.
-    // (SHARD_GRAD_OP gathers only in forward; the persistent strategies at
-    // set-up and after the optimizer step; f32 copies straight into place.)
-    if (r.fsdp.cpu_offload && pd != 4) e.unsharded_bytes += prefetched * F32(largest / f);
-    // A tied parameter's owner (GPT-2's embedding) is gathered again while
-    // the unit that borrows it (the head) computes (counted already when it
-    // is among the largest units above), and its full gradient (f32, as
-    // every unit's here) is made then and lives until the owner's own
-    // backward reduces it (FullyShardedModel, "Tied parameters").
-    for (size_t u = 0; u < padded.size(); ++u) {
-      if (!tied_owner[u]) continue;
-      if (!keep_after_forward && padded[u] < smallest_counted) e.unsharded_bytes += Blocks(padded[u] * pd);
-      e.unsharded_bytes += F32(padded[u]);
-    }
-  } else {
-    e.unsharded_bytes = reducing;
-  }
-  // A 16-bit (persistent) full gradient is accumulated by the model through
-  // f32 sinks of the unit's size (runtime/nn UnitGrads), alive during that
-  // unit's backward.
-  if (persistent && pd != 4) e.unsharded_bytes += F32(largest);
-  // The model counts its own activations and temporaries (runtime/nn).
-  e.activation_bytes = model->PeakActivationBytes(r.batch_size, t, te, r.device) + packed;
-
-  // Gradient shards exist from each unit's first reduction of a step to
-  // ZeroGrad (FsdpParamGroup), so the step has two peaks, and the estimate
-  // is the larger with the buffers alive at it:
-  //  - the activations' peak at the start of backward (the head's backward,
-  //    or the last block's, after the head's reduction): with at most the
-  //    shard of the unit that runs last in forward;
-  //  - the end of backward, from the first block's backward on: every
-  //    shard (the first unit's and the first block's are not made yet, but
-  //    an upper bound), the same unsharded buffers in flight (the first
-  //    block's, the input unit's prefetched, a reduction's), and the model's
-  //    activations then (Model::BackwardEndActivationBytes). Activations
-  //    fall and shards grow block by block, each by the same amount, so
-  //    between the two ends nothing is higher. With checkpointing, or
-  //    shards larger than a block's activations (few ranks), this one is.
-  // The optimizer step that follows holds the shards and less besides.
   const int64_t all_shards = e.grad_shard_bytes;
-  int64_t last_shard = r.fsdp.cpu_offload ? 0 : F32(model->units().size() > 1 ? padded.back() / f : 0);
-  // Accumulation over micro-batches (the Trainer's): sharded, the later
-  // micro-batches start their backward with every shard made; unsharded
-  // (no_sync, where the strategy frees full gradients), every unit's full
-  // gradient is kept in param_dtype from the first micro-batch's backward,
-  // reduced and dropped unit by unit in the last.
-  if (r.grad_accum_steps > 1) {
-    if (ReducesEveryMicroBatch(r.fsdp)) {
-      last_shard = all_shards;
-    } else if (!persistent) {
-      // Kept in param_dtype, the computing and the reducing unit's among
-      // them: what remains of the two full gradients counted above is the
-      // f32 sinks of a 16-bit unit's backward (UnitGrads) and a cast to a
-      // different reduce dtype.
-      e.unsharded_bytes -= F32(largest) + Blocks(largest * rd);
-      for (int64_t p : padded) e.unsharded_bytes += Blocks(p * pd);
-      if (pd != 4) e.unsharded_bytes += F32(largest);
-      if (rd != pd) e.unsharded_bytes += Blocks(largest * rd);
-    }
-  }
-  const int64_t states = e.master_bytes + e.optimizer_bytes + e.persistent_bytes + e.unsharded_bytes;
-  const int64_t start = states + e.activation_bytes + last_shard;
-  const int64_t end_activations = model->BackwardEndActivationBytes(r.batch_size, t, te, r.device) + packed;
-  const int64_t end = states + all_shards + end_activations;
-  if (end > start) {
-    e.activation_bytes = end_activations;
+
+  // The buffers in flight, moment by moment: the backward walked as
+  // FullyShardedModel runs it (WalkBackward), once per kind of
+  // micro-batch the step has.
+  WalkOptions walk;
+  walk.pd = pd;
+  walk.rd = rd;
+  walk.shard_size = f;
+  walk.persistent = persistent;
+  walk.keep_after_forward = keep_after_forward;
+  walk.offload = r.fsdp.cpu_offload;
+  walk.prefetch = r.fsdp.backward_prefetch;
+  walk.closures_hold = r.device == DeviceKind::kCpu;
+  walk.limit = r.fsdp.all_gather_limit.off() ? std::numeric_limits<int>::max()
+                                          : r.fsdp.all_gather_limit.max_in_flight();
+  std::vector<Moment> moments;
+  const bool accumulates = r.grad_accum_steps > 1;
+  const bool sharded_accumulation = ReducesEveryMicroBatch(r.fsdp);
+  if (accumulates && !sharded_accumulation) {
+    // no_sync: the micro-batches before the last keep every unit's full
+    // gradient (param_dtype) and reduce nothing, no shard exists yet; the
+    // last starts with all of them and reduces them unit by unit.
+    WalkBackward(units, walk, /*sync=*/false, /*grads_kept=*/false, /*shards_made=*/false, &moments);
+    WalkBackward(units, walk, /*sync=*/true, /*grads_kept=*/true, /*shards_made=*/false, &moments);
   } else {
-    e.grad_shard_bytes = last_shard;
+    // Sharded accumulation: from the second micro-batch on every gradient
+    // shard exists (made by the first's reductions).
+    WalkBackward(units, walk, /*sync=*/true, /*grads_kept=*/false, /*shards_made=*/accumulates, &moments);
+  }
+  // The persistent strategies regather every unit after the optimizer step
+  // (FullyShardedModel::EndMasterUpdate: all issued, then waited); with
+  // CPU offload under a 16-bit param_dtype each gather stages its f32
+  // master shard on the device until its cast has run.
+  if (persistent && r.fsdp.cpu_offload && pd != 4) {
+    Moment m;
+    for (const WalkUnit& u : units) m.transient += F32(u.shard);
+    m.no_activations = true;
+    moments.push_back(m);
+  }
+
+  // The model counts its own activations and temporaries (runtime/nn), in
+  // its tensors' bytes; the caching allocator rounds each tensor up to a
+  // 512-byte block. Tensors of whole blocks lose nothing (a step of a
+  // multiple of 128 rows: every [rows] f32 statistic is), but the small
+  // ones (per-row norm statistics and log-sum-exps, token ids, the loss)
+  // take up to a block more each: allowed for as up to 8 such tensors alive
+  // per unit and 8 more for the step (tests/fsdp/memory_estimator_test's
+  // 32-row cases fell 1.5-7 KB short of the measured peaks without it).
+  const int64_t rounding = 8 * kBlock * (static_cast<int64_t>(units.size()) + 1);
+  const int64_t peak_activations =
+      model->PeakActivationBytes(r.batch_size, t, te, r.device) + packed + rounding;
+  const int64_t end_activations =
+      model->BackwardEndActivationBytes(r.batch_size, t, te, r.device) + packed + rounding;
+  // Gradient shards exist from each unit's first reduction of a step to
+  // ZeroGrad (FsdpParamGroup), and activations fall through the backward
+  // while the shards grow. A moment's shards are the walk's; its
+  // activations are bounded by the model's counts:
+  //  - from the first block's backward on (an end moment), by
+  //    Model::BackwardEndActivationBytes;
+  //  - before it, by the activations' peak (the head's backward, or the
+  //    last block's), and the shards and activations together by the
+  //    larger of the two ends of that stretch: at its start the shard of
+  //    the unit that runs last in forward beside the activations' peak, at
+  //    its end every shard beside the end's activations. Activations fall
+  //    and shards grow block by block, each by about the same amount, so
+  //    between the two ends nothing is higher. (Accumulated sharded, every
+  //    shard exists from the start.)
+  // The optimizer step that follows holds the shards and less besides.
+  const int64_t last_shard = accumulates && sharded_accumulation
+                                 ? all_shards
+                                 : (r.fsdp.cpu_offload ? 0 : F32(units.size() > 1 ? units.back().shard : 0));
+  const int64_t start_bound = last_shard + peak_activations;
+  const int64_t end_bound = all_shards + end_activations;
+  int64_t best = -1;
+  for (const Moment& m : moments) {
+    int64_t shards = m.shards, activations = 0;
+    if (m.no_activations) {
+      activations = 0;
+    } else if (m.end) {
+      activations = end_activations;
+    } else if (m.shards + peak_activations <= std::max(start_bound, end_bound)) {
+      activations = peak_activations;
+    } else if (start_bound >= end_bound) {
+      shards = last_shard;
+      activations = peak_activations;
+    } else {
+      shards = all_shards;
+      activations = end_activations;
+    }
+    const int64_t total = m.transient + shards + activations;
+    if (total > best) {
+      best = total;
+      e.unsharded_bytes = m.transient;
+      e.grad_shard_bytes = shards;
+      e.activation_bytes = activations;
+    }
   }
   e.peak_bytes = e.master_bytes + e.grad_shard_bytes + e.optimizer_bytes + e.persistent_bytes +
                  e.unsharded_bytes + e.activation_bytes;

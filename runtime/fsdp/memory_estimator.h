@@ -5,24 +5,38 @@
 //
 //   peak = model states (master shards, optimizer state, and the full
 //          parameters/gradients that NO_SHARD and SHARD_OPTIM keep)
-//        + the larger of the step's two peaks:
-//          - the start of backward: unsharded flat parameters and gradients
-//            in flight (bounded by the rate limiter; SHARD_GRAD_OP keeps
-//            every unit), the reducing gradient's reduce-dtype copy and
-//            shard, with CPU offload under a 16-bit param_dtype the
-//            prefetched units' f32 master shards staged on the device for
-//            their cast, activations at the peak of backward, and the
-//            gradient shard of the one unit reduced by then;
-//          - the end of backward: every unit's f32 gradient shard (they
-//            exist from the unit's first reduction of a step to ZeroGrad),
-//            one unit's reduction buffers and the activations left then.
+//        + the most, over the moments of the backward, of the buffers in
+//          flight then, the gradient shards made by then and the
+//          activations bounding that moment.
 //
-// Activations are the model's own count (Model::PeakActivationBytes: every
-// saved tensor and backward temporary its code allocates). Model states and
-// flat parameters are rounded to the caching allocator's 512-byte blocks.
-// In-flight buffers are counted as if all alive at once, so the estimate is
-// an upper bound: tests hold every strategy's, dtype's and offload's
-// measured peak at or below it, and within 10% (15% with offload) of it.
+// The buffers in flight come from a walk of the backward unit by unit, as
+// FullyShardedModel runs it: the unit computing with its gathered
+// parameters and full gradient (f32 under a 16-bit param_dtype, as the
+// Trainer's f32_unsharded_gradients makes it), the units prefetched as
+// backward_prefetch and all_gather_limit allow (SHARD_GRAD_OP: every unit
+// not yet through its backward, kept since forward), the previous unit's
+// reduction (its full gradient, a cast to reduce_dtype, the reduce-scatter's
+// output shard), a tied parameter's owner gathered while the unit borrowing
+// it computes and its full gradient from then until the owner's own
+// backward reduces it, f32 sinks for 16-bit gradients (runtime/nn
+// UnitGrads), with CPU offload under a 16-bit param_dtype the staged f32
+// master shards of gathers not yet waited for, and the parameters the
+// model's views hold through PostBackward (all but the input embeddings').
+// Each unit's gradient shard exists from its first reduction of a step to
+// ZeroGrad. Gradient accumulation walks each kind of micro-batch: sharded,
+// the later ones with every shard made; no_sync, the earlier ones keeping
+// every full gradient (param_dtype) and the last reducing them one by one.
+// A moment's activations are bounded by the model's counts
+// (Model::PeakActivationBytes, every saved tensor and backward temporary its
+// code allocates; Model::BackwardEndActivationBytes from the first block's
+// backward on), and shards and activations together by the larger of the
+// two ends of the backward (activations fall while shards grow). Model
+// states and flat parameters are rounded to the caching allocator's
+// 512-byte blocks. Every buffer is counted alive until the latest point it
+// can be freed (a reduction until the next unit waits for it), so the
+// estimate is an upper bound: tests hold every strategy's, dtype's,
+// prefetch's and offload's measured peak at or below it, and within 10%
+// (15% with offload) of it.
 #ifndef SHARDKIT_RUNTIME_FSDP_MEMORY_ESTIMATOR_H_
 #define SHARDKIT_RUNTIME_FSDP_MEMORY_ESTIMATOR_H_
 
