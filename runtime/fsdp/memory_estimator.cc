@@ -72,12 +72,13 @@ struct Moment {
 //    the next units while the rate limiter admits one more (in flight: a
 //    unit gathered and not finished computing); with offload under a
 //    16-bit param_dtype each issued gather's f32 staging of its shard,
-//    freed by the time it is waited for;
+//    freed by the time it is waited for (without closures, by the time the
+//    next is issued);
 //  - the computation: the unit's full gradient (f32 under a 16-bit
 //    param_dtype when it is reduced right after: the Trainer's
 //    f32_unsharded_gradients; param_dtype otherwise) and its owners' (made
 //    now, kept until the owner reduces), f32 sinks for 16-bit gradients,
-//    and the previous unit's reduction still in flight;
+//    and (closures_hold) the previous unit's reduction still in flight;
 //  - PostBackward, after BACKWARD_POST's prefetch: the unit's parameters
 //    freed by FSDP but still held by the model's views
 //    (BackwardHoldsParameters) until its backward scope ends;
