@@ -238,9 +238,6 @@ void FromF32(const float* src, int64_t n, void* dst, DType t) {
 // operands are widened into and narrowed from, small enough to stay in
 // cache, instead of whole-tensor f32 copies.
 constexpr int kScratchSlots = 8;
-// A 16-bit GEMM result is computed in f32 blocks of at most this many
-// elements (whole rows; 4 MiB).
-constexpr int64_t kGemmBlockElements = int64_t{1} << 20;
 float* Scratch(int slot, int64_t n) {
   thread_local std::vector<float> bufs[kScratchSlots];
   std::vector<float>& b = bufs[slot];
@@ -302,6 +299,49 @@ void MatDone(const MatrixRef& m, int64_t row0, int64_t rows, int64_t cols, const
   for (int64_t r = 0; r < rows; ++r) {
     FromF32(buf + r * cols, cols, Elem(m.t, m.offset + (row0 + r) * m.ld), m.t.dtype());
   }
+}
+
+// How CpuBackend::Gemm cuts a GEMM whose 16-bit operands it widens (or
+// whose 16-bit C it computes in f32): column panels of op(B) and C, each
+// with all of k, and row blocks of op(A) and C. A 16-bit C block holds at
+// most g_gemm_c_block elements, a widened A block or B panel at most 4x that
+// (16 MiB at the default), but never fewer than kMinGemmBlock rows or
+// columns (or the whole dimension): the thread's f32 scratch is bounded by
+// the blocks, not the operands. oneDNN's f32 GEMM sums an element of C in
+// the same order whatever the cut, except in the kernels it runs on thin
+// calls (one-thread measurements on this repository's AVX-512 Xeon: fewer
+// than 16 rows of an NT product, a single row or column otherwise): so the
+// rows are cut into equal blocks (each at least half the cap, 32 rows), and
+// panels are whole multiples of 48 columns (oneDNN's unroll along our n)
+// with a remainder under 48 joined to the panel before it.
+std::atomic<int64_t> g_gemm_c_block{int64_t{1} << 20};
+constexpr int64_t kMinGemmBlock = 64;
+constexpr int64_t kGemmPanelAlign = 48;
+
+struct GemmCuts {
+  int64_t row_blocks = 1;  // block i: rows [i m / row_blocks, (i + 1) m / row_blocks)
+  int64_t max_rows = 0;    // the largest block's
+  int64_t cols = 0;        // panel width (the last panel: the rest, with a remainder < 48)
+  int64_t max_cols = 0;    // the widest panel's
+};
+
+GemmCuts GemmBlocks(int64_t m, int64_t n, int64_t k, bool a16, bool b16, bool c16) {
+  const int64_t c_block = g_gemm_c_block.load(std::memory_order_relaxed);
+  const int64_t widened = 4 * c_block;
+  GemmCuts cut;
+  cut.cols = cut.max_cols = n;
+  if (b16 && k * n > widened) {
+    const int64_t panels = (k * n + widened - 1) / widened;
+    const int64_t cols = std::max((n + panels - 1) / panels, kMinGemmBlock);
+    cut.cols = std::min(n, (cols + kGemmPanelAlign - 1) / kGemmPanelAlign * kGemmPanelAlign);
+    cut.max_cols = std::min(n, cut.cols + kGemmPanelAlign - 1);
+  }
+  int64_t cap = m;
+  if (c16) cap = std::min(cap, std::max(c_block / cut.max_cols, kMinGemmBlock));
+  if (a16) cap = std::min(cap, std::max(widened / k, kMinGemmBlock));
+  cut.row_blocks = (m + cap - 1) / cap;
+  cut.max_rows = (m + cut.row_blocks - 1) / cut.row_blocks;
+  return cut;
 }
 
 class CpuBackend final : public OpBackend {
@@ -381,53 +421,90 @@ class CpuBackend final : public OpBackend {
       }
       return OkStatus();
     }
-    const int64_t br = p.trans_b ? p.n : p.k, bc = p.trans_b ? p.k : p.n;
-    // A 16-bit C is computed in f32 rows of the calling thread's scratch
-    // (beta C widened into them first) and rounded once into C, in blocks
-    // of rows that bound the scratch.
+    // The f32 GEMM in blocks: column panels of op(B) and C (all of k) and,
+    // within each, row blocks of op(A) and C (GemmBlocks). A 16-bit C block
+    // is computed in f32 scratch of the calling thread (beta C widened into
+    // it first) and rounded once into C; 16-bit A and B (no bf16 matmul
+    // chosen) are widened exactly into f32 scratch, B a panel at a time, A
+    // a row block at a time (once, when one block holds it). The scratch is
+    // bounded by the blocks whatever the shape: before, B was widened whole
+    // (the LM head's 768 x 16384 weight: 48 MiB that every thread that ran
+    // it kept). k is never split: each element of C is the same sum, in the
+    // same order, as in one GEMM of the whole (cpu_blocked_gemm_test checks
+    // the bits against one f32 GEMM of the widened matrices).
     const bool c16 = !IsF32(c.t);
-    const int64_t block =
-        c16 ? std::max<int64_t>(1, std::min(p.m, kGemmBlockElements / p.n)) : p.m;
-    float* wc = c16 ? Scratch(0, block * p.n) : nullptr;
+    const bool a16 = !native && !IsF32(a.t), b16 = !native && !IsF32(b.t);
+    const GemmCuts cut = GemmBlocks(p.m, p.n, p.k, a16, b16, c16);
+    float* wc = c16 ? Scratch(0, cut.max_rows * cut.max_cols) : nullptr;
+    float* wb = b16 ? Scratch(1, p.k * cut.max_cols) : nullptr;
+    float* wa = a16 ? Scratch(2, cut.max_rows * p.k) : nullptr;
+    const DType ct = c.t.dtype();
     for (int64_t i = 0; i < p.batch; ++i) {
-      const MatrixRef ai{a.t, a.offset + i * a.batch_stride, a.ld, 0};
-      const MatrixRef bi{b.t, b.offset + i * b.batch_stride, b.ld, 0};
-      const MatrixRef ci{c.t, c.offset + i * c.batch_stride, c.ld, 0};
-      // B as f32 (widened once per matrix) unless the GEMM reads it as it is.
-      int64_t ldb = b.ld;
-      const float* wb = nullptr;
-      if (!native) wb = MatIn(bi, 0, br, bc, Scratch(1, br * bc), &ldb);
-      for (int64_t r0 = 0; r0 < p.m; r0 += block) {
-        const int64_t rows = std::min(block, p.m - r0);
-        int64_t ldc = c.ld;
-        float* cp = MatOut(ci, r0, wc, p.n, &ldc);
-        if (c16 && p.beta != 0.0f) {
-          for (int64_t r = 0; r < rows; ++r) {
-            ToF32(Elem(c.t, ci.offset + (r0 + r) * c.ld), c.t.dtype(), p.n, wc + r * p.n);
+      const int64_t a0 = a.offset + i * a.batch_stride, b0 = b.offset + i * b.batch_stride;
+      const int64_t c0 = c.offset + i * c.batch_stride;
+      // Rows [r0, r0 + rows) of op(A) as f32 (rows of A, or columns when
+      // transposed), widened into wa when A is 16-bit.
+      auto a_rows = [&](int64_t r0, int64_t rows, int64_t* lda) -> const float* {
+        const int64_t off = a0 + (p.trans_a ? r0 : r0 * a.ld);
+        if (!a16) {
+          *lda = a.ld;
+          return a.t.data_as<float>() + off;
+        }
+        const int64_t ar = p.trans_a ? p.k : rows, ac = p.trans_a ? rows : p.k;
+        for (int64_t r = 0; r < ar; ++r) ToF32(Elem(a.t, off + r * a.ld), a.t.dtype(), ac, wa + r * ac);
+        *lda = ac;
+        return wa;
+      };
+      // One row block: op(A) widened once for every panel.
+      const bool a_once = a16 && cut.row_blocks == 1;
+      int64_t lda_once = 0;
+      const float* a_whole = a_once ? a_rows(0, p.m, &lda_once) : nullptr;
+      for (int64_t j0 = 0; j0 < p.n;) {
+        int64_t nc = std::min(cut.cols, p.n - j0);
+        if (p.n - j0 - nc < kGemmPanelAlign) nc = p.n - j0;  // a thin remainder joins this panel
+        // Columns [j0, j0 + nc) of op(B): B's columns, or its rows when
+        // transposed.
+        const int64_t b_off = b0 + (p.trans_b ? j0 * b.ld : j0);
+        int64_t ldb = b.ld;
+        const float* bp = nullptr;
+        if (b16) {
+          const int64_t br = p.trans_b ? nc : p.k, bc = p.trans_b ? p.k : nc;
+          for (int64_t r = 0; r < br; ++r) ToF32(Elem(b.t, b_off + r * b.ld), b.t.dtype(), bc, wb + r * bc);
+          bp = wb;
+          ldb = bc;
+        } else if (!native) {
+          bp = b.t.data_as<float>() + b_off;
+        }
+        for (int64_t blk = 0; blk < cut.row_blocks; ++blk) {
+          const int64_t r0 = blk * p.m / cut.row_blocks;
+          const int64_t rows = (blk + 1) * p.m / cut.row_blocks - r0;
+          const int64_t c_off = c0 + r0 * c.ld + j0;
+          int64_t ldc = c.ld;
+          float* cp = nullptr;
+          if (c16) {
+            cp = wc;
+            ldc = nc;
+            if (p.beta != 0.0f) {
+              for (int64_t r = 0; r < rows; ++r) ToF32(Elem(c.t, c_off + r * c.ld), ct, nc, wc + r * nc);
+            }
+          } else {
+            cp = c.t.data_as<float>() + c_off;
+          }
+          if (native) {
+            // One panel here: oneDNN's bf16 matmul on A and B as they are.
+            const BF16* ab = a.t.data_as<BF16>() + a0 + (p.trans_a ? r0 : r0 * a.ld);
+            GemmBF16(p.trans_a, p.trans_b, rows, nc, p.k, ab, a.ld, b.t.data_as<BF16>() + b_off, b.ld,
+                     p.beta == 1.0f, cp, ldc);
+          } else {
+            int64_t lda = lda_once;
+            const float* ap = a_once ? a_whole : a_rows(r0, rows, &lda);
+            sk::Gemm(p.trans_a, p.trans_b, rows, nc, p.k, p.alpha, ap, lda, bp, ldb, p.beta, cp, ldc);
+          }
+          if (c16) {
+            for (int64_t r = 0; r < rows; ++r) FromF32(wc + r * nc, nc, Elem(c.t, c_off + r * c.ld), ct);
           }
         }
-        // Rows [r0, r0 + rows) of op(A): rows of A, or columns when transposed.
-        const int64_t a_off = p.trans_a ? r0 : r0 * a.ld;
-        if (native) {
-          const BF16* ab = a.t.data_as<BF16>() + ai.offset + a_off;
-          const BF16* bb = b.t.data_as<BF16>() + bi.offset;
-          GemmBF16(p.trans_a, p.trans_b, rows, p.n, p.k, ab, a.ld, bb, b.ld, p.beta == 1.0f, cp,
-                   ldc);
-        } else if (t == DType::kF32) {
-          sk::Gemm(p.trans_a, p.trans_b, rows, p.n, p.k, p.alpha, At(ai) + a_off, a.ld, wb, ldb,
-                   p.beta, cp, ldc);
-        } else {
-          // Other 16-bit cases (and bf16 without bf16 hardware): A widened
-          // exactly to f32 (the block's rows) and the f32 GEMM.
-          const int64_t abr = p.trans_a ? p.k : rows, abc = p.trans_a ? rows : p.k;
-          float* wa = Scratch(2, abr * abc);
-          for (int64_t r = 0; r < abr; ++r) {
-            ToF32(Elem(a.t, ai.offset + a_off + r * a.ld), t, abc, wa + r * abc);
-          }
-          sk::Gemm(p.trans_a, p.trans_b, rows, p.n, p.k, p.alpha, wa, abc, wb, ldb, p.beta, cp,
-                   ldc);
-        }
-        MatDone(ci, r0, rows, p.n, wc);
+        j0 += nc;
       }
     }
     return OkStatus();
@@ -1239,6 +1316,10 @@ class CpuBackend final : public OpBackend {
 }  // namespace
 
 Status SetCpuGemmThreads(int n) { return SetGemmThreads(n); }
+
+int64_t SetCpuGemmBlockElementsForTest(int64_t elements) {
+  return g_gemm_c_block.exchange(std::max<int64_t>(1, elements));
+}
 
 
 OpBackend* CpuOpBackend() {

@@ -14,8 +14,10 @@
 // Thread safety: stateless apart from the GEMM libraries' thread settings,
 // oneDNN's per-shape primitive cache (mutex-guarded) and each thread's own
 // f32 scratch (thread_local, kept for the thread's life: a few rows, one
-// sequence's q/k/v, and at most 2^20 elements of a bf16 GEMM's C plus a
-// widened B where the CPU has no bf16 GEMM); safe from any thread.
+// sequence's q/k/v, and of a 16-bit GEMM a block of at most 2^20 elements
+// of C and, where its operands are widened to the f32 GEMM, a block of A
+// and a panel of B of at most 2^22 elements each, or 64 rows or columns
+// where k is longer than 65536); safe from any thread.
 #ifndef SHARDKIT_RUNTIME_OPS_CPU_CPU_BACKEND_H_
 #define SHARDKIT_RUNTIME_OPS_CPU_CPU_BACKEND_H_
 
@@ -32,6 +34,12 @@ OpBackend* CpuOpBackend();
 // Ranks that run as threads of one process should each use cores / ranks:
 // idle OpenMP workers spin, and oversubscribed teams spin against each other.
 Status SetCpuGemmThreads(int n);
+
+// For tests of the blocked 16-bit GEMM: sets how many elements of C the CPU
+// backend computes per f32 block (a widened A block or B panel: 4x that;
+// default 2^20; at least 1) and returns the previous value. Not to be
+// called while GEMMs run.
+int64_t SetCpuGemmBlockElementsForTest(int64_t elements);
 
 }  // namespace sk::ops
 
