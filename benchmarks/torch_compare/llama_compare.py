@@ -28,10 +28,12 @@ does). Each run: --warmup untimed steps, then --steps timed ones; a rank's
 CPU time per step is its process CPU time (all threads) over the step; the
 table gives the median over timed steps averaged over the ranks, the whole
 job's CPU-seconds per step (both ranks), the peak RSS (max over ranks,
-ru_maxrss) and shardkit / PyTorch ratios, one repetition (configurations of
-a model run back to back; with --lib_before=<another libshardkit.so>, e.g.
-main's, each row runs it first, then this one, then PyTorch, and the table
-gives both ratios). The 1-minute load average before and after each
+ru_maxrss) and shardkit / PyTorch ratios. Each configuration runs shardkit,
+then PyTorch, back to back; --reps=N repeats the whole sweep N times,
+interleaved (every configuration and side once, then again), and the table
+gives each side's median over repetitions (with --lib_before=<another
+libshardkit.so>, e.g. main's, each row runs it first, then this one, then
+PyTorch, and the table gives both ratios). The 1-minute load average before and after each
 run is recorded: on a shared machine read the CPU-time columns.
 """
 
@@ -215,6 +217,9 @@ def main():
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1, help="sequences per rank")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=1,
+                    help="repetitions, interleaved (every configuration and side once, then "
+                         "again); the table gives each side's median over them")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--fma_peak_gflops", type=float, default=0.0,
                     help="the machine's f32 FMA peak per CPU-second of one thread (step_breakdown "
@@ -244,6 +249,8 @@ def main():
     dtypes = [d for d in args.dtypes.split(",") if d]
     if any(d not in ("f32", "bf16") for d in dtypes) or not seqs or min(seqs) < 1:
         sys.exit("--dtypes takes f32,bf16; --seqs positive integers")
+    if args.reps < 1:
+        sys.exit("--reps takes a positive integer")
     real = os.path.realpath(args.lib)
     if not os.path.exists(real) or "fastbuild" in real or "-dbg" in real:
         sys.exit("%s is not an optimised build: ./bazelw build -c opt //capi:libshardkit.so"
@@ -261,38 +268,56 @@ def main():
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "cpu": platform_cpu(), "cores": os.cpu_count(), "world": args.world,
               "batch_per_rank": args.batch, "warmup": args.warmup, "steps": args.steps,
+              "reps": args.reps,
               "fma_peak_gflops_per_cpu_second": args.fma_peak_gflops or None, "runs": []}
     print("machine: %d cores; %s" % (os.cpu_count(), report["cpu"]), flush=True)
+    rows = {}  # (model, seq, dtype) -> row
     for model in models:
-        model_dir = os.path.join(work, model)
-        write_config(model_dir, model, max(seqs))
-        for seq in seqs:
-            for dtype in dtypes:
-                row = {"model": model, "seq": seq, "dtype": dtype}
-                for framework in sides:
-                    load0 = os.getloadavg()[0]
-                    if framework == "shardkit_before":
-                        r = run(args, "shardkit", model_dir, seq, dtype, lib=args.lib_before)
-                    else:
-                        r = run(args, framework, model_dir, seq, dtype)
-                    r["load"] = [load0, os.getloadavg()[0]]
-                    row[framework] = r
-                    print("%-10s seq %4d %-4s %-15s %8.3f CPU-s/step/rank, %8.3f s wall, "
-                          "rss %6.0f MiB, %d params, loss %s, load %.1f->%.1f" %
-                          (model, seq, dtype, framework, r["cpu_s_per_rank"], r["wall_s"],
-                           r["peak_rss_mib"], r["parameters"],
-                           " ".join("%.3f" % l for l in r["losses_rank0"]), r["load"][0],
-                           r["load"][1]), flush=True)
-                sk, pt = row["shardkit"], row["torch"]
-                if sk["parameters"] != pt["parameters"]:
-                    sys.exit("PARAMETER COUNTS DIFFER: shardkit %d, torch %d (%s)" %
-                             (sk["parameters"], pt["parameters"], model))
-                row["cpu_ratio"] = sk["cpu_s_per_rank"] / pt["cpu_s_per_rank"]
-                row["rss_ratio"] = sk["peak_rss_mib"] / pt["peak_rss_mib"]
-                if "shardkit_before" in row:
-                    row["cpu_ratio_before"] = (row["shardkit_before"]["cpu_s_per_rank"] /
-                                               pt["cpu_s_per_rank"])
-                report["runs"].append(row)
+        write_config(os.path.join(work, model), model, max(seqs))
+    for rep in range(args.reps):
+        for model in models:
+            model_dir = os.path.join(work, model)
+            for seq in seqs:
+                for dtype in dtypes:
+                    row = rows.setdefault((model, seq, dtype),
+                                          {"model": model, "seq": seq, "dtype": dtype, "reps": {}})
+                    for framework in sides:
+                        load0 = os.getloadavg()[0]
+                        if framework == "shardkit_before":
+                            r = run(args, "shardkit", model_dir, seq, dtype, lib=args.lib_before)
+                        else:
+                            r = run(args, framework, model_dir, seq, dtype)
+                        r["load"] = [load0, os.getloadavg()[0]]
+                        row["reps"].setdefault(framework, []).append(r)
+                        print("rep %d %-10s seq %4d %-4s %-15s %8.3f CPU-s/step/rank, %8.3f s wall, "
+                              "rss %6.0f MiB, %d params, loss %s, load %.1f->%.1f" %
+                              (rep + 1, model, seq, dtype, framework, r["cpu_s_per_rank"],
+                               r["wall_s"], r["peak_rss_mib"], r["parameters"],
+                               " ".join("%.3f" % l for l in r["losses_rank0"]), r["load"][0],
+                               r["load"][1]), flush=True)
+    for key, row in rows.items():
+        # Each side's figures: the median over repetitions of its per-run
+        # CPU-s/step/rank and wall, the largest peak RSS, every run's load.
+        for framework, runs in row["reps"].items():
+            row[framework] = {
+                "cpu_s_per_rank": statistics.median(r["cpu_s_per_rank"] for r in runs),
+                "cpu_s_per_rank_runs": [r["cpu_s_per_rank"] for r in runs],
+                "wall_s": statistics.median(r["wall_s"] for r in runs),
+                "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+                "parameters": runs[0]["parameters"],
+                "losses_rank0": runs[0]["losses_rank0"],
+                "load": [min(min(r["load"]) for r in runs), max(max(r["load"]) for r in runs)],
+            }
+        sk, pt = row["shardkit"], row["torch"]
+        if sk["parameters"] != pt["parameters"]:
+            sys.exit("PARAMETER COUNTS DIFFER: shardkit %d, torch %d (%s)" %
+                     (sk["parameters"], pt["parameters"], key[0]))
+        row["cpu_ratio"] = sk["cpu_s_per_rank"] / pt["cpu_s_per_rank"]
+        row["rss_ratio"] = sk["peak_rss_mib"] / pt["peak_rss_mib"]
+        if "shardkit_before" in row:
+            row["cpu_ratio_before"] = (row["shardkit_before"]["cpu_s_per_rank"] /
+                                       pt["cpu_s_per_rank"])
+        report["runs"].append(row)
     print("\n| model | seq | dtype | shardkit CPU-s/step/rank | PyTorch FSDP2 | ratio | "
           "shardkit peak RSS MiB | PyTorch | ratio | load |")
     print("|---|---|---|---|---|---|---|---|---|---|")
