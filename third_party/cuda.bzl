@@ -62,11 +62,14 @@ _nvcc_objects = rule(
 # Hopper (H100/H200) and Ampere (A100), the GPUs the paper's numbers come from.
 DEFAULT_ARCHS = ["80", "90"]
 
-def cuda_library(name, srcs, hdrs = [], deps = [], archs = DEFAULT_ARCHS, defines = [], **kwargs):
+# private_hdrs: headers only the .cu files include (nvcc sees them; they are
+# not part of the library's interface).
+def cuda_library(name, srcs, hdrs = [], private_hdrs = [], deps = [], archs = DEFAULT_ARCHS,
+                 defines = [], **kwargs):
     _nvcc_objects(
         name = name + "_objs",
         srcs = srcs,
-        hdrs = hdrs,
+        hdrs = hdrs + private_hdrs,
         deps = deps,
         archs = archs,
         defines = defines,

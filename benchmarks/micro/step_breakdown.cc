@@ -152,7 +152,7 @@ class TimingBackend final : public ops::OpBackend {
   Status Cast(const ops::OpContext& c, const Tensor& s, const Tensor& d) override {
     if (std::strcmp(current_name_, "cast") != 0) {
       // The dispatcher staging another op's 16-bit operand through f32
-      // (ops.cc: F32Staging): its own row, not another call of that op.
+      // (dispatch.h: F32Staging): its own row, not another call of that op.
       const double t0 = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
       Status result = inner_->Cast(c, s, d);
       Record("f32_staging_cast", 0.0, CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - t0);

@@ -9,10 +9,13 @@
 // arguments: shapes consistent, tensors defined, on ctx's device kind (Copy:
 // one side may be host memory), dtypes among those the op accepts.
 //
-// Registration: a backend registers for a DeviceKind (RegisterOpBackend), so
-// //runtime/sim and the CUDA backend plug in without //runtime/ops depending
-// on them. The CPU backend (runtime/ops/cpu) is registered from the start.
-// The registry functions are defined in //runtime/ops (link it).
+// Registration: a backend registers itself for a DeviceKind
+// (RegisterOpBackend), so the dispatcher names no backend: the CPU and CUDA
+// backends from a static registration object in their own libraries
+// (//runtime/ops:cpu, :cuda, alwayslink; //runtime/ops links them, so the
+// CPU backend is registered before main), the simulator (//runtime/sim)
+// when its first device is made. The registry is registry.cc, in
+// //runtime/ops:backend.
 //
 // Execution contract per kind (docs/ops.md):
 // - cpu: the op runs synchronously on the calling thread, which must be the
@@ -199,7 +202,7 @@ class OpBackend {
   // "bias_add", "gelu_fwd", "layer_norm_bwd", "attention_fwd", ...) reads
   // and writes bf16/f16 compute-dtype operands itself. When false (the
   // default) the dispatcher widens every 16-bit operand of that op into an
-  // f32 temporary and narrows the written ones back (ops.cc: F32Staging),
+  // f32 temporary and narrows the written ones back (dispatch.h: F32Staging),
   // so the method sees f32 tensors only. When true the method receives the
   // caller's tensors in their own dtypes, any mix of f32/bf16/f16 the op
   // accepts, and must give what the staged op gives: each operand read
@@ -317,7 +320,8 @@ class OpBackend {
 // Thread-safe; registration normally happens once, before any op runs.
 void RegisterOpBackend(DeviceKind kind, OpBackend* backend);
 
-// The table for `kind`, or nullptr when none is registered. kCpu always has one.
+// The table for `kind`, or nullptr when none is registered. kCpu has one in
+// every binary that links //runtime/ops (its backend registers before main).
 OpBackend* BackendFor(DeviceKind kind);
 
 }  // namespace sk::ops

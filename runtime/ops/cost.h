@@ -1,11 +1,12 @@
 // The cost every op declares: floating-point operations and bytes moved, as a
 // function of the op's shapes and dtypes only.
 //
-// The dispatcher (ops.cc) computes an OpCost ONCE per op call, with the cost
-// functions below, and hands it to the backend's Account() before the backend
-// runs the op. Backends never compute costs: the simulator prices ops from
-// these numbers, //benchmarks:kernels reports achieved FLOP/s and bytes/s from
-// them, and a CPU or CUDA backend may count or trace them.
+// The dispatcher (the *_ops.cc files over dispatch.h) computes an OpCost
+// ONCE per op call, with the cost functions below, and hands it to the
+// backend's Account() before the backend runs the op. Backends never
+// compute costs: the simulator prices ops from these numbers,
+// //benchmarks:kernels reports achieved FLOP/s and bytes/s from them, and a
+// CPU or CUDA backend may count or trace them.
 //
 // Conventions (docs/ops.md has the table):
 // - A multiply-add counts 2 flops. Transcendentals (exp, tanh, sqrt, log)

@@ -1,5 +1,5 @@
 // Per-element and per-row arithmetic shared by the CPU kernels (runtime/ops/cpu/kernels.cc)
-// and the CUDA kernels (runtime/ops/cuda/kernels.cu).
+// and the CUDA kernels (runtime/ops/cuda/*.cu).
 //
 // Every function here is SK_HOST_DEVICE and free of allocation and library
 // calls other than <cmath>, so host tests exercise exactly the arithmetic a

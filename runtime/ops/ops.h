@@ -26,7 +26,7 @@
 //   LayerNorm statistics, attention probabilities, the loss and the
 //   embedding table's gradient stay f32. An in-place pair (y may be x) must
 //   then have one dtype. Backends without 16-bit kernels for an op run it on
-//   exact f32 copies made by the dispatcher (ops.cc: F32Staging); backends
+//   exact f32 copies made by the dispatcher (dispatch.h: F32Staging); backends
 //   with them (OpBackend::Native16Bit; CUDA) read and round the same way, so
 //   every backend gives the same numbers up to f32 summation order -- except
 //   attention on 16-bit operands, which a backend may run on 16-bit GEMM

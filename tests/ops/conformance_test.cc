@@ -198,7 +198,7 @@ const int64_t kSizes[] = {0, 1, 7, 13, 17, 33};
 
 // (rows, cols) pairs: every kSizes row count with every one of `cols`, then
 // `extra`. The extras reach the CUDA kernels' other launch branches
-// (runtime/ops/cuda/kernels.cu): rows longer than 1024 columns go to a block
+// (runtime/ops/cuda/*.cu): rows longer than 1024 columns go to a block
 // of 256 threads instead of a warp; a row kernel's grid stops at 1024 blocks
 // (8192 rows of a warp each, 1024 rows of a block each) and strides over the
 // rest; column sums run in chunks of 128 rows and tiles of 128 columns.

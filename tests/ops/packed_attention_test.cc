@@ -285,7 +285,7 @@ TEST(PackedAttention, BadKeyStartsAreInvalidArgumentAndWriteNothing) {
 // The CUDA backend's composed attention (cuda_backend.cc: ComposedForward,
 // ComposedBackward, and the linear-memory op's fallback through them) run
 // on the host in f32: every mask and softmax from the SK_HOST_DEVICE
-// functions its kernels call (kernels.cu: SoftmaxKernel and
+// functions its kernels call (cuda/attention.cu: SoftmaxKernel and
 // RowLogSumExpKernel through nn_math::AttentionRowKeys; SoftmaxGradKernel
 // through SoftmaxGradElement), the GEMMs as f32 sums. Grouped-query heads
 // as the backend runs them: k and v repeated per query head, dk and dv

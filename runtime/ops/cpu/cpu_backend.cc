@@ -1327,4 +1327,13 @@ OpBackend* CpuOpBackend() {
   return backend;
 }
 
+namespace {
+
+// The backend registers itself for DeviceKind::kCpu when this library is
+// loaded (//runtime/ops:cpu is alwayslink): ops run on cpu from main on, and
+// the dispatcher includes no backend.
+[[maybe_unused]] const bool kRegistered = (RegisterOpBackend(DeviceKind::kCpu, CpuOpBackend()), true);
+
+}  // namespace
+
 }  // namespace sk::ops

@@ -9,7 +9,8 @@
 // bit (docs/ops.md).
 //
 // Execution: every op runs synchronously on the calling thread (backend.h).
-// Account() does nothing. Registered for DeviceKind::kCpu by //runtime/ops.
+// Account() does nothing. Registers itself for DeviceKind::kCpu when its
+// library is loaded (cpu_backend.cc; //runtime/ops:cpu is alwayslink).
 //
 // Thread safety: stateless apart from the GEMM libraries' thread settings,
 // oneDNN's per-shape primitive cache (mutex-guarded) and each thread's own

@@ -1214,4 +1214,14 @@ OpBackend* CudaOpBackend() {
   return backend;
 }
 
+namespace {
+
+// The backend registers itself for DeviceKind::kCuda when this library is
+// loaded (//runtime/ops:cuda is alwayslink; built under --config=cuda only),
+// so the dispatcher includes no backend. Nothing here touches the GPU: a
+// machine without one has the backend registered and no cuda device.
+[[maybe_unused]] const bool kRegistered = (RegisterOpBackend(DeviceKind::kCuda, CudaOpBackend()), true);
+
+}  // namespace
+
 }  // namespace sk::ops

@@ -5,7 +5,8 @@
 // (cublasGemmStridedBatchedEx: f32 inputs in f32 without TF32; bf16/f16
 // inputs with f32 accumulation and output, on tensor cores); attention is
 // composed from batched GEMMs and row softmax kernels; the other ops are the
-// kernels of kernels.cu around the CPU backend's SK_HOST_DEVICE arithmetic.
+// kernels of kernels.h (one .cu file per op family) around the CPU
+// backend's SK_HOST_DEVICE arithmetic.
 //
 // 16-bit operands (Native16Bit: every model op): the kernels read bf16/f16
 // operands directly, compute in f32 and round each 16-bit output once --
@@ -34,8 +35,9 @@
 // reductions' partials) come from ctx.alloc, which must be stream-ordered on
 // ctx.stream (a StreamAllocator over the device's CachingAllocator).
 //
-// Registered for DeviceKind::kCuda by //runtime/ops when built with
-// --config=cuda (ops.cc); nothing else refers to it.
+// Registers itself for DeviceKind::kCuda when its library is loaded
+// (cuda_backend.cc; //runtime/ops:cuda is alwayslink and built under
+// --config=cuda only).
 //
 // Thread safety: ops may be called from any thread; each thread has its own
 // cuBLAS, cuBLASLt and cuDNN handle per device, lent from a per-device pool

@@ -1,5 +1,5 @@
-// The CUDA op backend's kernel launchers (kernels.cu, compiled by nvcc only
-// under --config=cuda). Internal to runtime/ops/cuda: callers use the op
+// The CUDA op backend's kernel launchers (the *.cu files of this directory,
+// one per op family, compiled by nvcc only under --config=cuda). Internal to runtime/ops/cuda: callers use the op
 // layer (runtime/ops/ops.h), whose dispatcher validated every argument.
 //
 // Each launcher enqueues its kernel(s) on `stream` (a cudaStream_t passed as
