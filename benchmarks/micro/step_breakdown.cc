@@ -102,6 +102,16 @@ class TimingBackend final : public ops::OpBackend {
   bool GemmAddsBias(const ops::GemmParams& p, DType ab, DType bias, DType c) const override {
     return !unfused_bias_ && inner_->GemmAddsBias(p, ab, bias, c);
   }
+  // The fused epilogues are the inner backend's too (each adds the bias, so
+  // --unfused_bias turns them off with it): without these answers every
+  // GPT block's GEMMs were timed unfused.
+  bool GemmAddsResidual(const ops::GemmParams& p, DType ab, DType bias, DType residual,
+                        DType c) const override {
+    return !unfused_bias_ && inner_->GemmAddsResidual(p, ab, bias, residual, c);
+  }
+  bool GemmFusesGelu(const ops::GemmParams& p, DType ab, DType bias, DType pre, DType c) const override {
+    return !unfused_bias_ && inner_->GemmFusesGelu(p, ab, bias, pre, c);
+  }
 
   void SetEnabled(bool on) { enabled_.store(on); }
   // Charges each GEMM shape to its own row instead of one "gemm" row.
@@ -145,6 +155,20 @@ class TimingBackend final : public ops::OpBackend {
   Status GemmBias(const ops::OpContext& c, const ops::GemmParams& p, const ops::MatrixRef& a,
                   const ops::MatrixRef& b, const Tensor& bias, const ops::MatrixRef& m) override {
     return TimedGemm(p, " +bias", [&] { return inner_->GemmBias(c, p, a, b, bias, m); });
+  }
+  Status GemmBiasResidual(const ops::OpContext& c, const ops::GemmParams& p, const ops::MatrixRef& a,
+                          const ops::MatrixRef& b, const Tensor& bias, const Tensor& residual,
+                          const ops::MatrixRef& m) override {
+    return TimedGemm(p, " +bias+residual", [&] { return inner_->GemmBiasResidual(c, p, a, b, bias, residual, m); });
+  }
+  Status GemmBiasGelu(const ops::OpContext& c, const ops::GemmParams& p, const ops::MatrixRef& a,
+                      const ops::MatrixRef& b, const Tensor& bias, const Tensor& pre,
+                      const Tensor& out) override {
+    return TimedGemm(p, " +bias+gelu", [&] { return inner_->GemmBiasGelu(c, p, a, b, bias, pre, out); });
+  }
+  Status GemmGeluBackward(const ops::OpContext& c, const ops::GemmParams& p, const ops::MatrixRef& a,
+                          const ops::MatrixRef& b, const Tensor& pre, const ops::MatrixRef& m) override {
+    return TimedGemm(p, " *gelu'", [&] { return inner_->GemmGeluBackward(c, p, a, b, pre, m); });
   }
   Status Copy(const ops::OpContext& c, const Tensor& s, const Tensor& d) override {
     SK_TIMED(inner_->Copy(c, s, d));
@@ -271,6 +295,14 @@ class TimingBackend final : public ops::OpBackend {
   Status CrossEntropyBackward(const ops::OpContext& c, const Tensor& l, const Tensor& t,
                               const Tensor& dl, float scale) override {
     SK_TIMED(inner_->CrossEntropyBackward(c, l, t, dl, scale));
+  }
+  Status CrossEntropyRowLosses(const ops::OpContext& c, const Tensor& l, const Tensor& t,
+                               const Tensor& rows) override {
+    SK_TIMED(inner_->CrossEntropyRowLosses(c, l, t, rows));
+  }
+  Status CrossEntropyMean(const ops::OpContext& c, const Tensor& rows, const Tensor& t,
+                          const Tensor& loss) override {
+    SK_TIMED(inner_->CrossEntropyMean(c, rows, t, loss));
   }
   Status SumOfSquares(const ops::OpContext& c, const Tensor& x, const Tensor& a) override {
     SK_TIMED(inner_->SumOfSquares(c, x, a));
