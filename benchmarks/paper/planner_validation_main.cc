@@ -292,8 +292,10 @@ int Main(int argc, char** argv) {
      << "(tokens or TFLOPS per GPU per second; for our own steps measured / predicted step time): above 1 the "
      << "planner is optimistic.\n\n"
      << "The cost model (runtime/sim/profiles/*.json) comes from kernel measurements only: our own per-op "
-     << "breakdown and GEMM sweeps on the H100/H200, published kernel figures for the A100 "
-     << "(FlashAttention-2, a PyTorch matmul micro-benchmark), published nccl-tests bus bandwidth curves and "
+     << "breakdown and GEMM sweeps on the H100/H200, a published PyTorch matmul micro-benchmark for the "
+     << "A100's GEMMs, the FlashAttention papers' published kernel rates for fused attention by pass, mask, "
+     << "head size and sequence (FlashAttention-2 on the A100 and H100, cuDNN on the H200), published "
+     << "nccl-tests bus bandwidth curves and "
      << "NCCL maintainers' measured per-NIC rates for the collectives, NCCL's tuning constants where no "
      << "measurement covers a collective. No row's end-to-end figure set a number; the column *used* says "
      << "which rows were looked at while it was built, and how.\n\n";

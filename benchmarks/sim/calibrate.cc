@@ -67,8 +67,10 @@
 #include "benchmarks/util/stats.h"
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/allocator.h"
+#include "runtime/core/file_io.h"
 #include "runtime/device/device.h"
 #include "runtime/nn/configs.h"
+#include "runtime/ops/backend.h"
 #include "runtime/ops/cost.h"
 #include "runtime/ops/cpu/kernels.h"
 #include "runtime/ops/op_timing.h"
@@ -100,6 +102,9 @@ DEFINE_string(hot_from, "",
               "take the hot-loop tables from this file (written by --save_hot on this machine) instead "
               "of measuring them again");
 DEFINE_string(report, "", "also write a markdown report of the calibration here");
+DEFINE_bool(attention_only, false,
+            "measure only the linear-memory attention's rates (hot loops) and put them into the "
+            "op_rates of the existing profile at --out, leaving every other number as it is");
 
 namespace sk {
 namespace {
@@ -452,6 +457,35 @@ GemmGrid MeasureGemmGrid(const ops::OpContext& ctx) {
   return grid;
 }
 
+// The linear-memory (flash) attention's rates, by flops: what the CPU runs
+// from kCpuFlashAttentionMinKeys keys on (ops::CpuPrefersFlashAttention).
+// One sequence of 2 heads of 64, causal, 1024, 2048 and 4096 tokens (the
+// CPU stages 16-bit operands to f32, so f32's rate prices every dtype).
+void AppendFlashAttentionRates(const ops::OpContext& ctx, std::vector<OpTable>& tables) {
+  for (int64_t seq : {ops::kCpuFlashAttentionMinKeys, 2 * ops::kCpuFlashAttentionMinKeys,
+                      4 * ops::kCpuFlashAttentionMinKeys}) {
+    ops::AttentionShape s{1, 2, seq, seq, 64, true};
+    const int64_t rows = s.batch * seq, width = s.heads * s.head_dim, ld = 3 * width;
+    Tensor qkv = Make(DType::kF32, Shape({rows, ld}), 0.01f);
+    Tensor dqkv = Make(DType::kF32, Shape({rows, ld}));
+    Tensor out = Make(DType::kF32, Shape({rows, width}));
+    Tensor dout = Make(DType::kF32, Shape({rows, width}), 0.01f);
+    Tensor lse = Make(DType::kF32, Shape({s.batch * s.heads * seq}));
+    ops::MatrixRef q{qkv, 0, ld, 0}, k{qkv, width, ld, 0}, v{qkv, 2 * width, ld, 0};
+    ops::MatrixRef dq{dqkv, 0, ld, 0}, dk{dqkv, width, ld, 0}, dv{dqkv, 2 * width, ld, 0};
+    const ops::MatrixRef o{out, 0, width, 0}, dO{dout, 0, width, 0};
+    AddPoint(tables, ops::FlashAttentionForwardCost(s.batch, s.heads, seq, seq, s.head_dim, true),
+             Measure([&] { Must(ops::FlashAttentionForward(ctx, s, q, k, v, o, lse), "flash attn"); }),
+             true);
+    AddPoint(tables, ops::FlashAttentionBackwardCost(s.batch, s.heads, seq, seq, s.head_dim, true),
+             Measure([&] {
+               Must(ops::FlashAttentionBackward(ctx, s, q, k, v, o, dO, lse, dq, dk, dv), "flash attn bwd");
+             }),
+             true);
+    std::fprintf(stderr, "  flash attention at %lld tokens done\n", static_cast<long long>(seq));
+  }
+}
+
 // Every other op's rate at four sizes, by bytes (attention by flops).
 std::vector<OpTable> MeasureOpRates(const ops::OpContext& ctx) {
   std::vector<OpTable> tables;
@@ -548,6 +582,7 @@ std::vector<OpTable> MeasureOpRates(const ops::OpContext& ctx) {
              }),
              true);
   }
+  AppendFlashAttentionRates(ctx, tables);
   return tables;
 }
 
@@ -1069,6 +1104,43 @@ bool WriteReport(const CalibrationReport& r) {
   return true;
 }
 
+// --attention_only: the flash attention rates measured now, written into
+// the profile at --out (its other numbers untouched; op_rates' source says
+// which entries came from this run and that they are hot-loop rates).
+int AttentionOnly(const ops::OpContext& ctx, const std::string& source) {
+  if (FLAGS_out.empty()) {
+    std::fprintf(stderr, "--attention_only needs --out=PATH, the profile to update\n");
+    return 2;
+  }
+  StatusOr<std::string> text = ReadFileBounded(FLAGS_out, int64_t{16} << 20, "profile");
+  if (!text.ok()) {
+    std::fprintf(stderr, "%s\n", text.status().ToString().c_str());
+    return 2;
+  }
+  nlohmann::json doc = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.contains("compute") || !doc["compute"].contains("op_rates")) {
+    std::fprintf(stderr, "%s: not a measured profile (no compute.op_rates)\n", FLAGS_out.c_str());
+    return 2;
+  }
+  const std::string load_before = LoadAverage();
+  std::vector<OpTable> tables;
+  AppendFlashAttentionRates(ctx, tables);
+  nlohmann::json& rates = doc["compute"]["op_rates"];
+  std::string names;
+  for (const OpTable& t : tables) {
+    nlohmann::json pts = nlohmann::json::array();
+    for (const auto& [work, rate] : t.points) pts.push_back({work, rate});
+    rates["value"][t.name] = {{"per", t.per_flop ? "flop" : "byte"}, {"points", pts}};
+    names += (names.empty() ? "" : ", ") + t.name;
+  }
+  rates["source"] = rates["source"].get<std::string>() + "; " + names + ": " + source +
+                    " (--attention_only: hot-loop rates, one sequence of 2 causal heads of 64 at 1024, "
+                    "2048 and 4096 tokens, not corrected in-step; load average " + load_before + ")";
+  StatusOr<sim::SimProfile> parsed = sim::ParseProfile(doc, FLAGS_out);
+  CHECK(parsed.ok()) << parsed.status();
+  return WriteProfile(doc, FLAGS_out) ? 0 : 1;
+}
+
 int Main() {
   if (!FlagsValid()) return 2;
   Must(SetGemmThreads(FLAGS_threads), "threads");
@@ -1079,6 +1151,7 @@ int Main() {
   const std::string source = "measured by //benchmarks:calibrate on " + CpuModel() + " (" +
                              std::to_string(FLAGS_threads) + " GEMM thread(s)), " + date;
   std::fprintf(stderr, "calibrating: %s\n", source.c_str());
+  if (FLAGS_attention_only) return AttentionOnly(ctx, source);
 
   nlohmann::json doc;
   if (!HotLoopProfile(ctx, source, &doc)) return 2;

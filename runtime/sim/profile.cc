@@ -116,6 +116,68 @@ StatusOr<SimDeviceSpec> ParseDevice(const Reader& r, const nlohmann::json& doc,
   return spec;
 }
 
+// attention.curves: {"value": [{"pass": "fwd"|"bwd", "causal": bool,
+// "head_dim": int, "tflops": [[sequence, TFLOP/s], ...], "source": "..."},
+// ...], "source": "..."}. Every curve says where its numbers come from; at
+// most one curve per (pass, mask, head size); both passes present.
+StatusOr<std::vector<ComputeProfile::Attention::Curve>> ParseAttentionCurves(
+    const Reader& r, const nlohmann::json& a, const std::string& path) {
+  SK_ASSIGN_OR_RETURN(const nlohmann::json* entry, r.Sourced(a, "curves", path));
+  const nlohmann::json& list = (*entry)["value"];
+  const std::string where = path + "curves";
+  if (!list.is_array() || list.empty()) {
+    return r.Error(where, "\"value\" must be a non-empty list of curves");
+  }
+  std::vector<ComputeProfile::Attention::Curve> curves;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const nlohmann::json& e = list[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    const Status bad = r.Error(at, "a curve is {\"pass\": \"fwd\"|\"bwd\", \"causal\": bool, "
+                                   "\"head_dim\": int in [1, 4096], \"tflops\": [[sequence >= 1, "
+                                   "TFLOP/s > 0], ...] with increasing sequences, \"source\": \"...\"}");
+    if (!e.is_object() || !e.value("pass", nlohmann::json()).is_string() ||
+        !e.value("causal", nlohmann::json()).is_boolean() ||
+        !e.value("head_dim", nlohmann::json()).is_number_integer() ||
+        !e.value("tflops", nlohmann::json()).is_array() || e["tflops"].empty()) {
+      return bad;
+    }
+    const nlohmann::json source = e.value("source", nlohmann::json());
+    if (!source.is_string() || source.get<std::string>().empty()) {
+      return r.Error(at, "has no \"source\": every number in a profile says where it comes from");
+    }
+    ComputeProfile::Attention::Curve c;
+    const std::string pass = e["pass"].get<std::string>();
+    if (pass != "fwd" && pass != "bwd") return bad;
+    c.backward = pass == "bwd";
+    c.causal = e["causal"].get<bool>();
+    c.head_dim = e["head_dim"].get<int64_t>();
+    if (c.head_dim < 1 || c.head_dim > 4096) return bad;
+    for (const nlohmann::json& pt : e["tflops"]) {
+      if (!pt.is_array() || pt.size() != 2 || !pt[0].is_number() || !pt[1].is_number()) return bad;
+      const double seq = pt[0].get<double>(), tflops = pt[1].get<double>();
+      if (!std::isfinite(seq) || !std::isfinite(tflops) || seq < 1 || seq > 1e9 || !(tflops > 0) ||
+          tflops > 1e6 || (!c.points.empty() && seq <= c.points.back().first)) {
+        return bad;
+      }
+      c.points.emplace_back(seq, tflops * kTera);
+    }
+    for (const auto& other : curves) {
+      if (other.backward == c.backward && other.causal == c.causal && other.head_dim == c.head_dim) {
+        return r.Error(at, "a second " + pass + (c.causal ? " causal" : " non-causal") + " curve for head_dim " +
+                               std::to_string(c.head_dim));
+      }
+    }
+    curves.push_back(std::move(c));
+  }
+  for (bool backward : {false, true}) {
+    if (std::none_of(curves.begin(), curves.end(),
+                     [&](const ComputeProfile::Attention::Curve& c) { return c.backward == backward; })) {
+      return r.Error(where, std::string("no ") + (backward ? "bwd" : "fwd") + " curve (both passes are priced)");
+    }
+  }
+  return curves;
+}
+
 StatusOr<ComputeProfile> ParseCompute(const Reader& r, const nlohmann::json& doc) {
   SK_ASSIGN_OR_RETURN(const nlohmann::json* c, r.Section(doc, "compute", ""));
   const std::string p = "compute.";
@@ -223,11 +285,23 @@ StatusOr<ComputeProfile> ParseCompute(const Reader& r, const nlohmann::json& doc
     SK_ASSIGN_OR_RETURN(const nlohmann::json* a, r.Section(*c, "attention", p));
     const std::string path = p + "attention.";
     ComputeProfile::Attention att;
-    SK_ASSIGN_OR_RETURN(att.fwd_efficiency, r.Number(*a, "fwd_efficiency", path, 1e-3, 1));
-    SK_ASSIGN_OR_RETURN(att.bwd_efficiency, r.Number(*a, "bwd_efficiency", path, 1e-3, 1));
+    // Measured curves, or the two efficiencies and the key overhead.
+    const bool curves = a->contains("curves");
+    if (curves) {
+      SK_ASSIGN_OR_RETURN(att.curves, ParseAttentionCurves(r, *a, path));
+      SK_ASSIGN_OR_RETURN(double tokens, r.Number(*a, "curve_tokens", path, 1, 1e12));
+      SK_ASSIGN_OR_RETURN(double hidden, r.Number(*a, "curve_hidden", path, 1, 1e9));
+      att.curve_tokens = static_cast<int64_t>(tokens);
+      att.curve_hidden = static_cast<int64_t>(hidden);
+    } else {
+      SK_ASSIGN_OR_RETURN(att.fwd_efficiency, r.Number(*a, "fwd_efficiency", path, 1e-3, 1));
+      SK_ASSIGN_OR_RETURN(att.bwd_efficiency, r.Number(*a, "bwd_efficiency", path, 1e-3, 1));
+    }
     SK_ASSIGN_OR_RETURN(double q_block, r.Number(*a, "q_block", path, 1, kMaxTile));
     att.q_block = static_cast<int64_t>(q_block);
-    SK_ASSIGN_OR_RETURN(att.key_overhead, r.Number(*a, "key_overhead", path, 0, 1e9));
+    if (!curves) {
+      SK_ASSIGN_OR_RETURN(att.key_overhead, r.Number(*a, "key_overhead", path, 0, 1e9));
+    }
     out.attention = att;
   }
   if (c->contains("op_rates")) {
@@ -515,16 +589,89 @@ double KernelSeconds(const ComputeProfile& p, std::string_view name, double flop
   return std::max(memory, compute) + p.kernel_overhead_s;
 }
 
+namespace {
+
+// The last wave's fill of `blocks` thread blocks over the SMs, in (0, 1].
+double WaveFill(double blocks, int64_t sms) {
+  if (!(blocks > 0) || sms < 1) return 1;
+  const double waves = std::ceil(blocks / static_cast<double>(sms));
+  return blocks / (waves * static_cast<double>(sms));
+}
+
+// A curve's FLOP/s at `seq`: linear in log2(sequence) between its points,
+// clamped at its ends.
+double CurveRate(const ComputeProfile::Attention::Curve& c, double seq) {
+  const auto& pts = c.points;
+  if (seq <= pts.front().first) return pts.front().second;
+  if (seq >= pts.back().first) return pts.back().second;
+  auto up = std::upper_bound(pts.begin(), pts.end(), std::make_pair(seq, 0.0));
+  auto lo = std::prev(up);
+  const double f = std::log2(seq / lo->first) / std::log2(up->first / lo->first);
+  return lo->second + f * (up->second - lo->second);
+}
+
+// The rate of one pass and mask at (seq, head_dim) over the curves given:
+// between the two measured head sizes around head_dim, linear in
+// log2(head_dim) (clamped to the smallest and largest). 0 when no curve
+// matches.
+double PassRate(const std::vector<ComputeProfile::Attention::Curve>& curves, bool backward, bool causal,
+                double seq, int64_t head_dim) {
+  const ComputeProfile::Attention::Curve* lo = nullptr;
+  const ComputeProfile::Attention::Curve* hi = nullptr;
+  for (const auto& c : curves) {
+    if (c.backward != backward || c.causal != causal) continue;
+    if (c.head_dim <= head_dim && (lo == nullptr || c.head_dim > lo->head_dim)) lo = &c;
+    if (c.head_dim >= head_dim && (hi == nullptr || c.head_dim < hi->head_dim)) hi = &c;
+  }
+  if (lo == nullptr && hi == nullptr) return 0;
+  if (lo == nullptr) return CurveRate(*hi, seq);
+  if (hi == nullptr || hi == lo) return CurveRate(*lo, seq);
+  const double f = std::log2(static_cast<double>(head_dim) / lo->head_dim) /
+                   std::log2(static_cast<double>(hi->head_dim) / lo->head_dim);
+  return CurveRate(*lo, seq) + f * (CurveRate(*hi, seq) - CurveRate(*lo, seq));
+}
+
+// The measured curves' rate for a call (the file comment), FLOP/s.
+double CurvesRate(const ComputeProfile::Attention& a, bool backward, bool causal, double seq,
+                  int64_t head_dim) {
+  const double direct = PassRate(a.curves, backward, causal, seq, head_dim);
+  if (direct > 0) return direct;
+  // A pass measured with one mask only: the other mask's curve as it is.
+  if (!causal) return PassRate(a.curves, backward, true, seq, head_dim);
+  // No causal curve of this pass: its non-causal rate times the forward's
+  // causal / non-causal ratio (1 when the forward lacks either).
+  const double open = PassRate(a.curves, backward, false, seq, head_dim);
+  const double fwd_causal = PassRate(a.curves, false, true, seq, head_dim);
+  const double fwd_open = PassRate(a.curves, false, false, seq, head_dim);
+  return fwd_causal > 0 && fwd_open > 0 ? open * fwd_causal / fwd_open : open;
+}
+
+}  // namespace
+
 double AttentionEfficiency(const ComputeProfile& p, bool backward, int64_t m, int64_t n,
-                           int64_t batch) {
+                           int64_t batch, int64_t head_dim, bool causal) {
   if (!p.attention) return 0;
   const ComputeProfile::Attention& a = *p.attention;
+  const int64_t q_block = std::max<int64_t>(1, a.q_block);
+  if (!a.curves.empty()) {
+    const double peak16 = PeakFor(p, p.gemm_peak_flops.count(DType::kBF16) ? DType::kBF16 : DType::kF16);
+    const int64_t hd = std::max<int64_t>(1, head_dim);
+    const double seq = static_cast<double>(std::max<int64_t>(1, causal ? m : n));
+    const double rate = CurvesRate(a, backward, causal, seq, hd);
+    if (m < 1 || n < 1 || batch < 1) return rate / peak16;
+    // The published calls' last wave: curve_tokens / seq sequences of
+    // curve_hidden / head_dim heads, ceil(seq / q_block) blocks each.
+    const double bench_blocks = std::max(1.0, static_cast<double>(a.curve_tokens) / seq) *
+                                std::max(1.0, static_cast<double>(a.curve_hidden) / hd) *
+                                std::ceil(seq / static_cast<double>(q_block));
+    const double blocks = static_cast<double>(CeilDiv(m, q_block)) * batch;
+    return rate / peak16 * WaveFill(blocks, p.sm_count) / WaveFill(bench_blocks, p.sm_count);
+  }
   const double base = backward ? a.bwd_efficiency : a.fwd_efficiency;
   if (m < 1 || n < 1 || batch < 1) return base;
-  const double blocks = static_cast<double>(CeilDiv(m, std::max<int64_t>(1, a.q_block))) * batch;
-  const double waves = std::ceil(blocks / p.sm_count);
-  const double wave_q = blocks / (waves * p.sm_count);
-  return base * wave_q * static_cast<double>(n) / (static_cast<double>(n) + a.key_overhead);
+  const double blocks = static_cast<double>(CeilDiv(m, q_block)) * batch;
+  return base * WaveFill(blocks, p.sm_count) * static_cast<double>(n) /
+         (static_cast<double>(n) + a.key_overhead);
 }
 
 }  // namespace sk::sim

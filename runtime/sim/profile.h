@@ -17,8 +17,10 @@
 //                  kernel_overhead_us,
 //                  optional: gemm_efficiency_by_dtype {f32, bf16, f16},
 //                            op_memory_efficiency {op name: fraction},
-//                            attention {fwd_efficiency, bwd_efficiency,
-//                                       q_block, key_overhead},
+//                            attention {q_block, and either
+//                                       fwd_efficiency, bwd_efficiency,
+//                                       key_overhead, or curve_tokens,
+//                                       curve_hidden, curves},
 //                            gemm_table [{m, n, k, dtype, gflops}],
 //                            op_rates {op name: {per: "byte"|"flop",
 //                                                points: [[work, work/s], ...]}} },
@@ -59,6 +61,20 @@
 //     n / (n + key_overhead) each block's fixed work (loading its queries,
 //     writing its output) against its pass over the keys. Without the
 //     section: the GEMM rate, or memory bound.
+//     With measured curves (attention.curves: a kernel's published FLOP/s
+//     by sequence length, per pass, mask and head size) the kernel's rate
+//     replaces eff_dir x n / (n + key_overhead):
+//       rate = the curve of this pass and mask, interpolated linearly in
+//              log2(sequence) between its points (clamped at its ends) and
+//              in log2(head_dim) between the head sizes measured (clamped);
+//              the sequence is q_len for a causal call, the keys per query
+//              otherwise; a pass with no causal curve takes its non-causal
+//              curve times the forward's causal / non-causal ratio at the
+//              same sequence and head size (an assumption: the mask costs
+//              both passes alike);
+//       eff  = rate / the 16-bit peak x wave_q / wave_q of the measured
+//              calls (curve_tokens tokens per call, curve_hidden / head_dim
+//              heads: the published benchmark's shape).
 //   Other ops: time = max(bytes / bandwidth[op], flops / vector_peak)
 //              + kernel_overhead, bandwidth[op] = the datasheet rate x
 //     op_memory_efficiency[op] where measured, x memory_efficiency otherwise;
@@ -143,6 +159,21 @@ struct ComputeProfile {
     double bwd_efficiency = 0;
     int64_t q_block = 128;
     double key_overhead = 0;
+    // A kernel's measured rate by sequence length for one pass, mask and
+    // head size (the file comment); points (sequence length, FLOP/s, as the
+    // publications count them: 4 per score pair and head dimension forward,
+    // 2.5x that backward) sorted by length. When any is given they price
+    // fused attention and the efficiencies above are unused.
+    struct Curve {
+      bool backward = false;
+      bool causal = false;
+      int64_t head_dim = 0;
+      std::vector<std::pair<double, double>> points;
+    };
+    std::vector<Curve> curves;
+    // The measured calls' shape: batch x sequence tokens, heads x head_dim.
+    int64_t curve_tokens = 0;
+    int64_t curve_hidden = 0;
   };
   std::optional<Attention> attention;
   // Fixed device time of every kernel.
@@ -206,10 +237,12 @@ double GemmShapeEfficiency(const ComputeProfile& p, int64_t m, int64_t n, int64_
 double GemmSeconds(const ComputeProfile& p, int64_t m, int64_t n, int64_t k, int64_t batch,
                    DType dtype, double flops, double bytes);
 // The efficiency of a fused attention kernel (the file comment's
-// eff_dir x wave_q x n / (n + key_overhead)) for `batch` (x heads) sequences
-// of m queries over n keys each; 0 when the profile has no attention section.
+// eff_dir x wave_q x n / (n + key_overhead), or the measured curves' rate
+// over the 16-bit peak x the wave ratio) for `batch` (x heads) sequences of
+// m queries over n keys each, of `head_dim`, causal or not; a fraction of
+// the dtype's GEMM peak. 0 when the profile has no attention section.
 double AttentionEfficiency(const ComputeProfile& p, bool backward, int64_t m, int64_t n,
-                           int64_t batch);
+                           int64_t batch, int64_t head_dim = 0, bool causal = false);
 // Seconds of any other kernel named `name` (op_rates key).
 double KernelSeconds(const ComputeProfile& p, std::string_view name, double flops,
                      double bytes);

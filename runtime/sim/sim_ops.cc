@@ -17,6 +17,14 @@ bool ReadsToHost(const ops::OpCost& cost) {
   return std::strcmp(cost.name, "read_scalar") == 0 || std::strcmp(cost.name, "read_values") == 0;
 }
 
+// Whether a fused attention call is causal self-attention: its cost
+// (cost.cc, WithAttentionShape) carries the keys per query rounded up,
+// (q_len + 1) / 2 for a causal call of q_len queries, kv_len otherwise (a
+// non-causal call matches only with kv_len = (q_len + 1) / 2 keys exactly).
+bool CausalAttention(const ops::OpCost& cost) {
+  return cost.m > 1 && cost.n == (cost.m + 2) / 2;
+}
+
 struct DeviceState {
   std::shared_ptr<const ComputeProfile> compute;
   std::shared_ptr<const std::function<double(double, double)>> adjust;
@@ -128,7 +136,7 @@ double OpSeconds(const ComputeProfile& p, const ops::OpCost& cost) {
       const double efficiency =
           fused && p.attention
               ? AttentionEfficiency(p, std::strcmp(cost.name, "flash_attention_bwd") == 0,
-                                    cost.m, cost.n, cost.batch)
+                                    cost.m, cost.n, cost.batch, cost.k, CausalAttention(cost))
               : p.gemm_efficiency;
       const double rate = peak_rate * efficiency;
       const double memory = p.memory_bandwidth > 0 ? bytes / p.memory_bandwidth : 0;

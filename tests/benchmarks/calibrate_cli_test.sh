@@ -16,4 +16,9 @@ expect_bad "--held_out: NOT_FOUND: no model config named 'nope'" --held_out=nope
 expect_bad "--in_step: batch 'abc' of gpt-50m" --in_step=gpt-50m:abc
 expect_bad "--in_step_steps must be >= 1" --in_step_steps=0
 expect_bad "--budget_ms must be a finite number" --budget_ms=nan
+# --attention_only updates an existing measured profile: it needs one.
+expect_bad "--attention_only needs --out=PATH" --attention_only
+echo '{"name": "x"}' > "$tmp/not_measured.json"
+expect_bad "not a measured profile (no compute.op_rates)" --attention_only --out="$tmp/not_measured.json"
+expect_bad "missing.json" --attention_only --out="$tmp/missing.json"
 echo PASS

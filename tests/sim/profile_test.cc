@@ -434,6 +434,105 @@ TEST(PricingTest, FusedAttentionEfficiencyFollowsBlocksAndKeys) {
   EXPECT_GT(AttentionEfficiency(p, false, 16384, 8192, 27), 0.7 * 0.96);
 }
 
+// Measured attention curves (profile.h): the rate of the call's pass, mask
+// and head size at its sequence, over the 16-bit peak, times its last wave
+// against the published calls' (16k tokens, hidden 2048).
+ComputeProfile::Attention TestCurves() {
+  ComputeProfile::Attention a;
+  a.q_block = 128;
+  a.curve_tokens = 16384;
+  a.curve_hidden = 2048;
+  using Curve = ComputeProfile::Attention::Curve;
+  a.curves = {Curve{false, false, 64, {{512, 100e12}, {2048, 200e12}}},
+              Curve{false, false, 128, {{512, 150e12}, {2048, 300e12}}},
+              Curve{false, true, 128, {{512, 75e12}, {2048, 240e12}}},
+              Curve{true, false, 128, {{512, 100e12}, {2048, 200e12}}}};
+  return a;
+}
+
+TEST(PricingTest, AttentionCurvesPriceByPassMaskHeadSizeAndSequence) {
+  ComputeProfile p = Tiled();  // 108 SMs, bf16 peak 312 TFLOP/s
+  p.attention = TestCurves();
+  // 32 sequences x 16 heads of 512 (4 blocks each): the published call's
+  // 2048 blocks, so its wave cancels: the measured point itself.
+  EXPECT_DOUBLE_EQ(AttentionEfficiency(p, false, 512, 512, 512, 128, false), 150e12 / 312e12);
+  // 1024 tokens, halfway in log2 between 512 and 2048 (2048 blocks again).
+  EXPECT_DOUBLE_EQ(AttentionEfficiency(p, false, 1024, 1024, 256, 128, false), 225e12 / 312e12);
+  // Head size 90, between the 64 and 128 curves in log2(head_dim); the
+  // published call then has 2048 / 90 heads: compare against that wave.
+  const double f = std::log2(90.0 / 64);
+  const double bench_blocks = 32 * (2048.0 / 90) * 4;
+  const double bench_fill = bench_blocks / (std::ceil(bench_blocks / 108) * 108);
+  const double call_fill = 512.0 * 4 / (std::ceil(512.0 * 4 / 108) * 108);
+  EXPECT_NEAR(AttentionEfficiency(p, false, 512, 512, 512, 90, false),
+              (100e12 + f * 50e12) / 312e12 * call_fill / bench_fill, 1e-12);
+  // Beyond the measured sequences: the last point (the wave is the same
+  // as the published call's: one sequence of 16 heads).
+  EXPECT_DOUBLE_EQ(AttentionEfficiency(p, false, 100000, 100000, 16, 128, false), 300e12 / 312e12);
+  // Causal: the causal curve at the query length (n is half of it).
+  EXPECT_DOUBLE_EQ(AttentionEfficiency(p, false, 2048, 1025, 128, 128, true), 240e12 / 312e12);
+  // Backward has no causal curve: its non-causal rate x the forward's
+  // causal / non-causal ratio at that sequence (240 / 300).
+  EXPECT_NEAR(AttentionEfficiency(p, true, 2048, 1025, 128, 128, true), 200e12 * 0.8 / 312e12, 1e-12);
+  // A call of 4 blocks fills 4 of 108 SMs; the published call 2048 of 2052.
+  EXPECT_DOUBLE_EQ(AttentionEfficiency(p, false, 512, 512, 1, 128, false),
+                   150e12 / 312e12 * (4.0 / 108) / (2048.0 / 2052));
+  // The key overhead and the fixed efficiencies are not used with curves.
+  p.attention->key_overhead = 1e6;
+  p.attention->fwd_efficiency = 0.01;
+  EXPECT_DOUBLE_EQ(AttentionEfficiency(p, false, 512, 512, 512, 128, false), 150e12 / 312e12);
+}
+
+nlohmann::json CurveJson(const char* pass, bool causal, int head_dim, nlohmann::json tflops) {
+  return {{"pass", pass}, {"causal", causal}, {"head_dim", head_dim}, {"tflops", std::move(tflops)},
+          {"source", "test figure"}};
+}
+
+TEST(ProfileTest, AttentionCurvesAreParsedAndChecked) {
+  nlohmann::json doc = MinimalProfile();
+  const nlohmann::json good = {CurveJson("fwd", false, 128, {{512, 150}, {2048, 300}}),
+                               CurveJson("bwd", false, 128, {{512, 100}, {2048, 200}})};
+  doc["compute"]["attention"] = {{"q_block", Sourced(128)},
+                                 {"curve_tokens", Sourced(16384)},
+                                 {"curve_hidden", Sourced(2048)},
+                                 {"curves", Sourced(good)}};
+  StatusOr<SimProfile> p = ParseProfile(doc, "test");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->compute.attention->curves.size(), 2u);
+  EXPECT_TRUE(p->compute.attention->curves[1].backward);
+  EXPECT_DOUBLE_EQ(p->compute.attention->curves[0].points[1].second, 300e12);
+  EXPECT_EQ(p->compute.attention->curve_tokens, 16384);
+
+  struct Case {
+    nlohmann::json curves;
+    const char* named;
+  };
+  nlohmann::json unsourced = good;
+  unsourced[1].erase("source");
+  const Case cases[] = {
+      {{good[0]}, "no bwd curve"},
+      {{good[0], good[1], good[1]}, "compute.attention.curves[2]"},
+      {unsourced, "compute.attention.curves[1]"},
+      {{good[0], CurveJson("bwd", false, 128, {{2048, 100}, {512, 200}})}, "compute.attention.curves[1]"},
+      {{good[0], CurveJson("back", false, 128, {{512, 100}})}, "compute.attention.curves[1]"},
+      {{good[0], CurveJson("bwd", false, 0, {{512, 100}})}, "compute.attention.curves[1]"},
+      {{good[0], CurveJson("bwd", false, 128, {{512, -1}})}, "compute.attention.curves[1]"},
+      {nlohmann::json::array(), "compute.attention.curves"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json bad = doc;
+    bad["compute"]["attention"]["curves"] = Sourced(c.curves);
+    Status s = ParseProfile(bad, "test").status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.named;
+    EXPECT_NE(s.message().find(c.named), std::string::npos) << s;
+  }
+  // Curves need the published calls' shape.
+  nlohmann::json no_tokens = doc;
+  no_tokens["compute"]["attention"].erase("curve_tokens");
+  Status s = ParseProfile(no_tokens, "test").status();
+  EXPECT_NE(s.message().find("compute.attention.curve_tokens"), std::string::npos) << s;
+}
+
 TEST(ProfileTest, KernelEfficiencySectionsAreParsedAndChecked) {
   nlohmann::json doc = MinimalProfile();
   doc["compute"]["gemm_efficiency_by_dtype"] = {{"bf16", Sourced(0.6)}};
@@ -478,7 +577,10 @@ TEST(ProfileTest, GpuProfilesCarryKernelEfficiencies) {
   for (const char* name : {"a100-80g", "h100-80g", "h200-141g"}) {
     StatusOr<SimProfile> p = LoadProfile(name);
     ASSERT_TRUE(p.ok()) << p.status();
-    EXPECT_TRUE(p->compute.attention.has_value()) << name;
+    ASSERT_TRUE(p->compute.attention.has_value()) << name;
+    // Published kernel curves for both passes, both masks forward, head
+    // sizes 64 and 128.
+    EXPECT_EQ(p->compute.attention->curves.size(), 6u) << name;
     EXPECT_EQ(p->compute.gemm_efficiency_by_dtype.count(DType::kBF16), 1u) << name;
     EXPECT_GT(p->compute.op_memory_efficiency.size(), 10u) << name;
   }

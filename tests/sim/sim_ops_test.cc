@@ -82,13 +82,32 @@ TEST(SimOpPricingTest, FusedAttentionIsPricedByItsShape) {
   EXPECT_EQ(fwd.n, 2049);  // (4096 + 1) / 2 keys per query on average, rounded up
   EXPECT_EQ(fwd.k, 128);
   EXPECT_EQ(fwd.batch, 64);
-  const double eff = AttentionEfficiency(c, false, fwd.m, fwd.n, fwd.batch);
+  const double eff = AttentionEfficiency(c, false, fwd.m, fwd.n, fwd.batch, fwd.k, /*causal=*/true);
   EXPECT_NEAR(OpSeconds(c, fwd), fwd.flops / (c.gemm_peak_flops.at(DType::kBF16) * eff) + c.kernel_overhead_s,
               1e-12);
   const ops::OpCost bwd = ops::FlashAttentionBackwardCost(2, 32, 4096, 4096, 128, true, DType::kBF16);
-  EXPECT_LT(AttentionEfficiency(c, true, bwd.m, bwd.n, bwd.batch), eff);  // backward runs slower
+  EXPECT_LT(AttentionEfficiency(c, true, bwd.m, bwd.n, bwd.batch, bwd.k, true), eff);  // backward runs slower
   const ops::OpCost longer = ops::FlashAttentionForwardCost(1, 32, 16384, 16384, 128, true, DType::kBF16);
   EXPECT_GT(longer.flops / OpSeconds(c, longer), fwd.flops / OpSeconds(c, fwd));
+}
+
+// The GPU profiles price a published benchmark call at the published rate:
+// FlashAttention-2 on the H100, causal, head dim 128, 4 x 4096 tokens of 16
+// heads (the FlashAttention-3 paper's call; bar: 319 TFLOP/s). The op's
+// declared flops add the softmax's (5 per pair) to the paper's count (4 per
+// pair and head dimension), so the rate over them is that much higher.
+TEST(SimOpPricingTest, PublishedAttentionCallRunsAtThePublishedRate) {
+  StatusOr<SimProfile> p = LoadProfile("h100-80g");
+  ASSERT_TRUE(p.ok()) << p.status();
+  const ops::OpCost fwd = ops::FlashAttentionForwardCost(4, 16, 4096, 4096, 128, true, DType::kBF16);
+  const double seconds = OpSeconds(p->compute, fwd) - p->compute.kernel_overhead_s;
+  const double paper_flops = 4.0 * 4 * 16 * 4096.0 * 4096 / 2 * 128;
+  // The same wave as the published call, and 4096 (4097 / 2) pairs per row.
+  EXPECT_NEAR(paper_flops / seconds / 1e12, 319.0 * (4096.0 * 128 * 4) / (4097.0 * (4 * 128 + 5)), 0.5);
+  // Without the mask: the other panel's bar (368), every pair counted.
+  const ops::OpCost open = ops::FlashAttentionForwardCost(4, 16, 4096, 4096, 128, false, DType::kBF16);
+  const double open_seconds = OpSeconds(p->compute, open) - p->compute.kernel_overhead_s;
+  EXPECT_NEAR(2 * paper_flops / open_seconds / 1e12, 368.0 * (4.0 * 128) / (4 * 128 + 5), 0.5);
 }
 
 // Packed documents: a CUDA GPU's profile prices the composed attention the
@@ -142,6 +161,12 @@ TEST(SimOpPricingTest, PackedAttentionOnACudaProfileIsPricedAsTheComposedPathRun
   const ops::OpCost causal = ops::FlashAttentionForwardCost(b, h, t, t, d, true, DType::kF32);
   const ops::OpCost packed = ops::FlashAttentionForwardCost(b, h, t, t, d, true, DType::kF32, 0, pairs);
   EXPECT_LT(OpSeconds(cpu->compute, packed), OpSeconds(cpu->compute, causal) / 5);
+  // The CPU's linear-memory attention is priced from its own measured rates
+  // (calibrate: flash_attention_fwd/bwd by flops), not the GEMM table's.
+  ASSERT_EQ(cpu->compute.op_rates.count("flash_attention_fwd"), 1u);
+  EXPECT_DOUBLE_EQ(OpSeconds(cpu->compute, causal),
+                   KernelSeconds(cpu->compute, "flash_attention_fwd", causal.flops,
+                                 causal.bytes_read + causal.bytes_written));
 }
 
 TEST_F(SimOpsTest, ReadScalarIsNaNAndSynchronisesTheHost) {
