@@ -31,6 +31,9 @@ DEFINE_string(fault_phase, "step", "what the ranks do when it happens: step (tra
 DEFINE_uint64(fault_seed, 1, "seed choosing each trial's victim and moment");
 DEFINE_int64(fault_timeout_ms, 5000, "the ranks' collective timeout in peer-fault trials (500..600000)");
 DEFINE_bool(fault_victim_zero, false, "let rank 0, which serves the store, be the victim too");
+DEFINE_bool(fault_distinct_machines, false,
+            "give each rank a machine of its own (GlooOptions::machine), so that peers are judged as on other "
+            "machines (liveness links and beats) instead of from /proc");
 DEFINE_int32(fault_child_rank, -1, "internal: run as this rank of a trial (set by the parent)");
 DEFINE_string(fault_dir, "", "internal: the trial's checkpoint directory (set by the parent)");
 
@@ -73,6 +76,7 @@ int Child() {
   };
   comm::GlooOptions go;
   go.timeout = timeout;
+  if (FLAGS_fault_distinct_machines) go.machine = "machine-" + std::to_string(rank);
   StatusOr<std::unique_ptr<comm::GlooProcessGroup>> world = comm::GlooProcessGroup::CreateFromEnvironment(go);
   if (!world.ok()) fail("setup", world.status());
   TrainerOptions o;
@@ -182,7 +186,8 @@ int Parent(const char* self) {
         const std::vector<std::string> args = {
             self, "--fault_child_rank=" + std::to_string(r), "--fault_world=" + std::to_string(world),
             "--fault_phase=" + FLAGS_fault_phase, "--fault_timeout_ms=" + std::to_string(FLAGS_fault_timeout_ms),
-            "--fault_dir=" + dir, "--fault_trials=1", "--minloglevel=3"};
+            "--fault_dir=" + dir, "--fault_trials=1", "--minloglevel=3",
+            std::string("--fault_distinct_machines=") + (FLAGS_fault_distinct_machines ? "true" : "false")};
         std::vector<char*> argv;
         for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
         argv.push_back(nullptr);
@@ -243,9 +248,11 @@ int Parent(const char* self) {
   }
   std::filesystem::remove_all(base);
   std::printf(
-      "fault: %lld trials, %d gloo ranks, %s during %s, seed %llu: %lld survivor errors; naming the signalled "
+      "fault: %lld trials, %d gloo ranks%s, %s during %s, seed %llu: %lld survivor errors; naming the signalled "
       "rank: %lld; naming a healthy rank: %lld; naming no rank: %lld; hangs: %lld; trials that did not start: %lld\n",
-      static_cast<long long>(FLAGS_fault_trials), world, FLAGS_fault_signal.c_str(), FLAGS_fault_phase.c_str(),
+      static_cast<long long>(FLAGS_fault_trials), world,
+      FLAGS_fault_distinct_machines ? " (each on a machine of its own)" : "", FLAGS_fault_signal.c_str(),
+      FLAGS_fault_phase.c_str(),
       static_cast<unsigned long long>(FLAGS_fault_seed), static_cast<long long>(errors),
       static_cast<long long>(named_victim), static_cast<long long>(named_healthy), static_cast<long long>(named_none),
       static_cast<long long>(hangs), static_cast<long long>(setup_failures));

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -144,7 +145,17 @@ class GlooState {
             std::vector<int> global_ranks, std::shared_ptr<Store> store, std::shared_ptr<Heartbeat> heartbeat)
       : context_(std::move(context)), recorder_(std::move(recorder)), rank_(context_->rank),
         size_(context_->size), global_ranks_(std::move(global_ranks)), store_(std::move(store)),
-        heartbeat_(std::move(heartbeat)) {}
+        heartbeat_(std::move(heartbeat)) {
+    if (heartbeat_ != nullptr && size_ > 1) watcher_ = std::thread([this] { WatchWaits(); });
+  }
+  ~GlooState() {
+    {
+      std::lock_guard<std::mutex> lock(wait_mu_);
+      stop_watching_ = true;
+    }
+    wait_cv_.notify_all();
+    if (watcher_.joinable()) watcher_.join();
+  }
 
   const std::shared_ptr<Heartbeat>& heartbeat() const { return heartbeat_; }
   bool usable() {
@@ -197,7 +208,9 @@ class GlooState {
         if (r != rank_) peers.push_back(r);
       }
       s = FromGlooException(e, Who(c));
-      if (std::optional<std::string> blame = StoppedAmong(peers)) s = s.WithContext(*blame);
+      if (std::optional<std::string> blame = StoppedAmong(peers, s.code() == StatusCode::kUnavailable)) {
+        s = s.WithContext(*blame);
+      }
     } catch (...) {
       s = UnavailableError(Who(c) + ": gloo threw a non-standard exception");
     }
@@ -211,6 +224,19 @@ class GlooState {
       // gone then know it failed first (a no-op when StoppedAmong already
       // published whom it blamed).
       heartbeat_->PublishFailure("");
+    }
+    if (!s.ok() && !peer_failed && s.code() != StatusCode::kInvalidArgument) {
+      // The context is broken for good: close its connections now, as Gloo
+      // itself does after a timeout. A peer still waiting on this rank (held
+      // up by it, not by the dead one: it had this collective's data from
+      // the dead rank already) then fails at once, finding this rank failed
+      // first (published above), instead of at its own timeout.
+      try {
+        ScopedSigpipeBlock no_sigpipe;
+        context_->closeConnections();
+      } catch (const std::exception& e) {
+        LOG(WARNING) << Who(c) << ": closing the broken context's connections: " << e.what();
+      }
     }
     lock.lock();
     if (!s.ok() && !peer_failed && s.code() != StatusCode::kInvalidArgument) broken_ = s;
@@ -398,13 +424,25 @@ class GlooState {
           Duration(1), std::chrono::duration_cast<Duration>(deadline - Clock::now()));
       int peer = -1;
       std::string cause;
+      bool aborted = false;
+      {
+        std::vector<int> waiting_for;
+        for (int r = 0; r < size_; ++r) {
+          if (!done[r]) waiting_for.push_back(WorldRank(r));
+        }
+        BeginWait(&buf, recv, std::move(waiting_for));
+      }
       try {
-        if ((recv ? buf.waitRecv(&peer, left) : buf.waitSend(&peer, left))) {
+        const bool completed = recv ? buf.waitRecv(&peer, left) : buf.waitSend(&peer, left);
+        aborted = EndWait();
+        if (completed) {
           if (peer >= 0 && peer < size_) done[peer] = true;
           continue;
         }
-        cause = recv ? "receive aborted" : "send aborted";
+        cause = aborted ? std::string("a peer it waited for is gone or failed first; the wait was abandoned")
+                        : std::string(recv ? "receive aborted" : "send aborted");
       } catch (const std::exception& e) {
+        EndWait();
         cause = e.what();
       }
       std::vector<int> missing;
@@ -414,7 +452,7 @@ class GlooState {
       Status s = FromGlooException(std::runtime_error(cause), "gloo");
       // Name the peers at fault, not live ones held up by them elsewhere
       // (with 8 ranks and one stopped, most errors named healthy ranks too).
-      if (std::optional<std::string> blame = StoppedAmong(missing)) {
+      if (std::optional<std::string> blame = StoppedAmong(missing, s.code() == StatusCode::kUnavailable)) {
         return Status(s.code(), *blame + " (" + cause + ")");
       }
       const std::string who = NamePeers(missing);
@@ -429,6 +467,60 @@ class GlooState {
     return global_ranks_.size() == static_cast<size_t>(size_) ? global_ranks_[r] : r;
   }
 
+  // Gloo can lose the wake-up of a wait on a peer that is gone: a send it
+  // wrote into a connection the peer had just reset (ECONNRESET, EPIPE)
+  // stays queued without an error, and the pair's later failure does not
+  // reach it (gloo/transport/tcp/pair.cc signals only old-style buffers in
+  // its transmit queue), so the wait lasted until the timeout. A rank whose
+  // peer failed first and closed its connections hit that too. So while a
+  // collective waits on peers, WatchWaits looks at the ones it waits for
+  // every 100 ms (their process or liveness link: no I/O but /proc and a
+  // socket peek) and every 500 ms at whether they published a failure (the
+  // store), and abandons the wait once one is gone or failed first; the
+  // caller then names them as after any failure.
+  void BeginWait(gloo::transport::UnboundBuffer* buf, bool recv, std::vector<int> world_peers) {
+    std::lock_guard<std::mutex> lock(wait_mu_);
+    wait_ = Wait{buf, recv, std::move(world_peers), Clock::now(), ++wait_id_, false};
+  }
+  // Ends the wait BeginWait registered; whether the watcher abandoned it.
+  bool EndWait() {
+    std::lock_guard<std::mutex> lock(wait_mu_);
+    const bool aborted = wait_.has_value() && wait_->aborted;
+    wait_.reset();
+    return aborted;
+  }
+  void WatchWaits() {
+    std::unique_lock<std::mutex> lock(wait_mu_);
+    auto last_failure_check = Clock::now();
+    while (!stop_watching_) {
+      wait_cv_.wait_for(lock, Duration(100));
+      if (stop_watching_) break;
+      const auto now = Clock::now();
+      if (!wait_.has_value() || wait_->aborted || now - wait_->since < Duration(100)) continue;
+      const std::vector<int> peers = wait_->peers;
+      const uint64_t id = wait_->id;
+      const bool check_failures = now - last_failure_check >= Duration(500);
+      if (check_failures) last_failure_check = now;
+      lock.unlock();
+      bool ended = false;
+      for (int w : peers) {
+        const Heartbeat::ProcessState state = heartbeat_->PeerProcess(w);
+        ended = state == Heartbeat::ProcessState::kGone || state == Heartbeat::ProcessState::kLinkClosed ||
+                (check_failures && heartbeat_->PeerFailed(w).has_value());
+        if (ended) break;
+      }
+      lock.lock();
+      if (!ended || !wait_.has_value() || wait_->id != id) continue;
+      wait_->aborted = true;
+      // Under wait_mu_: EndWait (before the buffer dies) waits for this.
+      if (wait_->recv) {
+        wait_->buf->abortWaitRecv();
+      } else {
+        wait_->buf->abortWaitSend();
+      }
+    }
+  }
+
   // "rank 2", or "rank 1 (world rank 2)" in a sub-group.
   std::string NamePeers(const std::vector<int>& ranks) const {
     std::string who = NameRanks(ranks);
@@ -441,14 +533,17 @@ class GlooState {
   }
 
   // Of `peers` (group ranks) that failed to take part, the ones that are
-  // dead or stopped by their heartbeat: "rank 5 did not arrive: it is dead
-  // or hung (no heartbeat for 1500 ms); 2 other ranks, alive, had not
-  // arrived either". A store that cannot be read (its server, rank 0's
-  // process, is gone) names rank 0 when it is among them. Nothing when
-  // every one of them is alive (then they are the ones to name) or this
-  // group has no heartbeat. Blocks for the heartbeat's silence (1.6 s) only
-  // when no peer has been silent that long already.
-  std::optional<std::string> StoppedAmong(const std::vector<int>& peers) {
+  // dead or stopped: "rank 5 did not arrive: it is dead or hung (its process
+  // has exited); 2 other ranks, alive or failed first, had not arrived
+  // either". A store that cannot be read (its server, rank 0's process, is
+  // gone) names rank 0 when it is among them. Nothing when every one of them
+  // is alive (then they are the ones to name) or this group has no
+  // heartbeat. `connection_lost`: the collective failed because a
+  // connection closed, not for time. Blocks for the heartbeat's silence
+  // (1.6 s) only when neither their processes (this machine) nor their
+  // liveness links (other machines) found one at fault and no peer has been
+  // silent that long already.
+  std::optional<std::string> StoppedAmong(const std::vector<int>& peers, bool connection_lost) {
     if (heartbeat_ == nullptr || peers.empty()) return std::nullopt;
     std::vector<int> world;
     for (int r : peers) world.push_back(global_ranks_.size() == static_cast<size_t>(size_) ? global_ranks_[r] : r);
@@ -458,7 +553,9 @@ class GlooState {
     // or were killed, are stopped, or are alive (a rank that is alive but
     // never called, or is held up elsewhere, is named as not arriving; a
     // wait for its beat outlasted Work::wait's grace, so such timeouts named
-    // no rank).
+    // no rank). Peers on other machines: a closed liveness link says at once
+    // that the process exited or was killed; an open one says nothing (alive,
+    // stopped or hung: the beats decide).
     // Peers that failed first (held up by another rank, or gone after
     // that) are not at fault: the ranks they blamed are.
     std::vector<int> failed_first;
@@ -472,57 +569,67 @@ class GlooState {
         if (!r.empty() && *end == '\0' && v >= 0 && v <= INT32_MAX) their_culprits.insert(static_cast<int>(v));
       }
     };
-    std::vector<int> rest, rest_world;
-    for (size_t i = 0; i < peers.size(); ++i) {
-      std::optional<std::string> culprits = heartbeat_->PeerFailed(world[i]);
-      if (!culprits.has_value()) {
-        rest.push_back(peers[i]);
-        rest_world.push_back(world[i]);
-        continue;
-      }
-      failed_first.push_back(peers[i]);
+    // Whether group rank `peer` published that it failed first (and whom it blamed).
+    auto failed_before = [&](int peer) {
+      std::optional<std::string> culprits = heartbeat_->PeerFailed(WorldRank(peer));
+      if (!culprits.has_value()) return false;
+      failed_first.push_back(peer);
       take_culprits(*culprits);
-    }
-    std::vector<int> gone, halted, alive;
-    bool all_known = true;
-    for (size_t i = 0; i < rest.size() && all_known; ++i) {
-      switch (heartbeat_->PeerProcess(rest_world[i])) {
+      return true;
+    };
+    std::vector<int> gone, closed, halted, alive, unknown;
+    auto classify = [&](int peer) {
+      switch (heartbeat_->PeerProcess(WorldRank(peer))) {
         case Heartbeat::ProcessState::kGone:
-          gone.push_back(rest[i]);
+          gone.push_back(peer);
+          break;
+        case Heartbeat::ProcessState::kLinkClosed:
+          closed.push_back(peer);
           break;
         case Heartbeat::ProcessState::kStopped:
-          halted.push_back(rest[i]);
+          halted.push_back(peer);
           break;
         case Heartbeat::ProcessState::kRunning:
-          alive.push_back(rest[i]);
+          alive.push_back(peer);
           break;
         case Heartbeat::ProcessState::kUnknown:
-          all_known = false;
+          unknown.push_back(peer);
           break;
       }
+    };
+    for (int peer : peers) {
+      if (!failed_before(peer)) classify(peer);
     }
-    if (all_known) {
-      // A rank publishes its failure before it exits: one that published
-      // between the PeerFailed read above and its process being found gone
-      // failed first too (read again now that it is gone; under load ranks
-      // held up in a sub-group were named beside the killed one).
-      for (auto it = gone.begin(); it != gone.end();) {
-        const int w = WorldRank(*it);
-        std::optional<std::string> culprits = heartbeat_->PeerFailed(w);
-        if (!culprits.has_value()) {
-          ++it;
-          continue;
-        }
-        failed_first.push_back(*it);
-        take_culprits(*culprits);
-        it = gone.erase(it);
+    if (connection_lost && !unknown.empty() && gone.empty() && closed.empty() && halted.empty()) {
+      // A killed peer's kernel closes its gloo connections and its liveness
+      // links at once, but this process may have read the one before the
+      // other: wait for a link to close (briefly; at once if none is open).
+      std::vector<int> unknown_world;
+      for (int peer : unknown) unknown_world.push_back(WorldRank(peer));
+      heartbeat_->AwaitPeerLinkClosed(unknown_world, heartbeat_->interval());
+      std::vector<int> again;
+      again.swap(unknown);
+      // A live peer that gave up closed its gloo connections too; it has
+      // published that it failed by now.
+      for (int peer : again) {
+        if (!failed_before(peer)) classify(peer);
       }
+    }
+    // A rank publishes its failure before it exits: one that published
+    // between the PeerFailed read above and its process being found gone
+    // failed first too (read again now that it is gone; under load ranks
+    // held up in a sub-group were named beside the killed one).
+    for (std::vector<int>* ended : {&gone, &closed}) {
+      ended->erase(std::remove_if(ended->begin(), ended->end(), failed_before), ended->end());
+    }
+    if (unknown.empty() || !gone.empty() || !closed.empty() || !halted.empty()) {
       std::string blamed;
-      for (int r : gone) blamed += (blamed.empty() ? "" : ",") + std::to_string(WorldRank(r));
-      for (int r : halted) blamed += (blamed.empty() ? "" : ",") + std::to_string(WorldRank(r));
+      for (const std::vector<int>* at_fault : {&gone, &closed, &halted}) {
+        for (int r : *at_fault) blamed += (blamed.empty() ? "" : ",") + std::to_string(WorldRank(r));
+      }
       heartbeat_->PublishFailure(blamed);
-      if (gone.empty() && halted.empty() && failed_first.empty()) return std::nullopt;
-      if (gone.empty() && halted.empty() && alive.empty()) {
+      if (gone.empty() && closed.empty() && halted.empty() && failed_first.empty()) return std::nullopt;
+      if (gone.empty() && closed.empty() && halted.empty() && alive.empty()) {
         // Every peer missing here gave up first: name whom they blamed.
         std::string text = "the " + std::string(failed_first.size() == 1 ? "rank" : "ranks") +
                            " it waited for had failed first";
@@ -533,21 +640,21 @@ class GlooState {
         return text;
       }
       std::string text;
-      if (!gone.empty()) {
-        text = NamePeers(gone) + " did not arrive: " + (gone.size() == 1 ? "it is" : "they are") +
-               " dead or hung (" + (gone.size() == 1 ? "its process has" : "their processes have") + " exited)";
-      }
-      if (!halted.empty()) {
-        text += (text.empty() ? "" : "; ") + NamePeers(halted) + " did not arrive: " +
-                (halted.size() == 1 ? "it is" : "they are") + " dead or hung (" +
-                (halted.size() == 1 ? "its process is" : "their processes are") + " stopped)";
-      }
-      const size_t others = alive.size() + failed_first.size();
+      auto name = [&](const std::vector<int>& ranks, const char* one, const char* many) {
+        if (ranks.empty()) return;
+        text += (text.empty() ? "" : "; ") + NamePeers(ranks) + " did not arrive: " +
+                (ranks.size() == 1 ? "it is" : "they are") + " dead or hung (" + (ranks.size() == 1 ? one : many) + ")";
+      };
+      name(gone, "its process has exited", "their processes have exited");
+      name(closed, "its process has exited: its connection to this rank closed",
+           "their processes have exited: their connections to this rank closed");
+      name(halted, "its process is stopped", "their processes are stopped");
+      const size_t others = alive.size() + failed_first.size() + unknown.size();
       if (others > 0) {
         if (text.empty()) return std::nullopt;  // only live ranks are missing: the caller names them
-        text += "; " + std::to_string(others) + " other " +
-                (others == 1 ? "rank, alive or failed first, had" : "ranks, alive or failed first, had") +
-                " not arrived either";
+        // Unknown ones (on other machines, links open) are not judged here.
+        text += "; " + std::to_string(others) + " other " + (others == 1 ? "rank" : "ranks") +
+                (unknown.empty() ? ", alive or failed first," : "") + " had not arrived either";
       }
       return text;
     }
@@ -731,6 +838,21 @@ class GlooState {
   };
   std::vector<std::unique_ptr<Marker>> markers_;
   std::vector<std::shared_ptr<Storage>> scratch_;  // used only by the running collective
+  // The wait on peers in progress (BeginWait .. EndWait), for WatchWaits.
+  struct Wait {
+    gloo::transport::UnboundBuffer* buf;
+    bool recv;
+    std::vector<int> peers;  // world ranks not done yet
+    Clock::time_point since;
+    uint64_t id;
+    bool aborted;  // abandoned by WatchWaits
+  };
+  std::mutex wait_mu_;
+  std::condition_variable wait_cv_;
+  std::optional<Wait> wait_;  // under wait_mu_
+  uint64_t wait_id_ = 0;  // under wait_mu_
+  bool stop_watching_ = false;  // under wait_mu_
+  std::thread watcher_;  // WatchWaits; none without a heartbeat
 };
 
 StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(std::shared_ptr<Store> store,
@@ -764,7 +886,10 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Make(std::shared_p
   // this rank's long store waits (a rendezvous), or it would look stopped.
   if (heartbeat == nullptr) {
     std::shared_ptr<Store> beat_store = scoped->NewConnection(options.timeout);
-    heartbeat = std::make_shared<Heartbeat>(beat_store != nullptr ? beat_store : scoped, "liveness", rank);
+    // Liveness links listen where gloo's pairs do: a peer that can reach
+    // this rank's transport can reach its link.
+    heartbeat = std::make_shared<Heartbeat>(beat_store != nullptr ? beat_store : scoped, "liveness", rank,
+                                            Duration(500), options.hostname, options.machine);
   }
   std::shared_ptr<gloo::rendezvous::Context> context;
   try {
@@ -784,7 +909,8 @@ StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Make(std::shared_p
                             " forming group '" + prefix + "': gloo threw a non-standard exception");
   }
   auto recorder = std::make_shared<FlightRecorder>("gloo", prefix, rank, size);
-  heartbeat->Watch(global_ranks);
+  // After the rendezvous: every peer has published its link address.
+  heartbeat->Watch(global_ranks, std::min(options.timeout, Duration(10'000)));
   auto state = std::make_shared<GlooState>(std::move(context), recorder, global_ranks, scoped, std::move(heartbeat));
   auto group = std::unique_ptr<GlooProcessGroup>(
       new GlooProcessGroup(rank, size, std::move(state), std::move(store), std::move(prefix),

@@ -33,13 +33,20 @@
 //
 // Faults: a peer that is gone or silent makes the collective fail with
 // Unavailable or DeadlineExceeded within its timeout, naming the peer: of
-// the peers that did not arrive, those whose heartbeat stopped (heartbeat.h:
-// every process beats in the store, the world and its sub-groups share one
-// beat) are the ones named, "rank 5 did not arrive: it is dead or hung (no
-// heartbeat for 1500 ms)", and live peers that had not arrived either (held
-// up by it elsewhere) are counted, not named. That check takes the
-// heartbeat's silence (1.5 s) after the failure. A store that cannot be read
-// names rank 0, whose process serves it. A context whose
+// the peers that did not arrive, those found dead or stopped are the ones
+// named, and live peers that had not arrived either (held up by it
+// elsewhere) are counted, not named. A peer on this machine is judged from
+// its process in /proc, at once ("rank 5 did not arrive: it is dead or hung
+// (its process has exited)"); a peer on another machine that exited or was
+// killed, from its liveness link (peer_links.h: an idle connection between
+// the two processes, closed by the dying process's kernel), at once too
+// ("... (its process has exited: its connection to this rank closed)").
+// Others (stopped or hung on another machine) by their heartbeat
+// (heartbeat.h: every process beats in the store, the world and its
+// sub-groups share one beat): "rank 5 did not arrive: it is dead or hung
+// (no heartbeat for 1500 ms)", which takes the silence (1.5 s) after the
+// failure. A store that cannot be read names rank 0, whose process serves
+// it. A context whose
 // collective failed that way is broken for good (Gloo cannot resynchronise it): later collectives fail at
 // once with Unavailable naming the first failure; destroy the group and form
 // a new one. Desync detection is always on: before its payload, every
@@ -88,6 +95,12 @@ struct GlooOptions {
   // Kept for source compatibility: fingerprints are now always exchanged and
   // compared before a collective runs (see above), whatever this says.
   bool check_desync = false;
+  // Which machine this rank runs on, as far as naming dead peers goes (see
+  // "Faults"): "" (the default) is this machine's boot id and PID namespace.
+  // Ranks given different values judge each other as if on different
+  // machines (by liveness links and beats, not /proc): tests of that path
+  // run on one host this way.
+  std::string machine;
 };
 
 class GlooState;

@@ -54,20 +54,38 @@ bool ReadStat(long pid, char* state, unsigned long long* start, unsigned long* f
 
 }  // namespace
 
-std::string Heartbeat::ProcessRecord(long pid) {
-  const std::string machine = MachineKey();
+namespace {
+
+std::string Record(const std::string& machine, long pid) {
   char state = 0;
   unsigned long long start = 0;
-  if (machine.empty() || !ReadStat(pid, &state, &start)) return "";
+  if (machine.empty() || machine.find(' ') != std::string::npos || !ReadStat(pid, &state, &start)) return "";
   return machine + " " + std::to_string(pid) + " " + std::to_string(start);
 }
 
-Heartbeat::Heartbeat(std::shared_ptr<Store> store, std::string prefix, int rank, Duration interval)
-    : store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), interval_(interval) {
+}  // namespace
+
+std::string Heartbeat::ProcessRecord(long pid) { return Record(MachineKey(), pid); }
+
+Heartbeat::Heartbeat(std::shared_ptr<Store> store, std::string prefix, int rank, Duration interval,
+                     std::string link_host, std::string machine)
+    : machine_(machine.empty() ? MachineKey() : std::move(machine)), store_(std::move(store)),
+      prefix_(std::move(prefix)), rank_(rank), interval_(interval) {
   // A failing store is noticed by whoever reads it; a beat is best effort.
   store_->Set(Key(rank_), std::to_string(beats_++)).IgnoreError();
-  const std::string me = ProcessRecord(static_cast<long>(::getpid()));
+  const std::string me = Record(machine_, static_cast<long>(::getpid()));
   if (!me.empty()) store_->Set(ProcessKey(rank_), me).IgnoreError();
+  if (!link_host.empty()) {
+    // Published with the process record, before any group's rendezvous:
+    // once a group formed, every peer's address is there for Watch.
+    StatusOr<std::unique_ptr<PeerLinks>> links = PeerLinks::Listen(link_host, rank_);
+    if (links.ok() && store_->Set(LinkKey(rank_), (*links)->address()).ok()) {
+      links_ = std::move(links).value();
+    } else if (!links.ok()) {
+      LOG(WARNING) << "rank " << rank_ << ": no liveness links (peers on other machines see this process end "
+                   << "only by its beats): " << links.status();
+    }
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -115,12 +133,41 @@ void Heartbeat::Run() {
   }
 }
 
-void Heartbeat::Watch(const std::vector<int>& peers) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const auto now = Clock::now();
-  for (int r : peers) {
-    if (r != rank_) watched_.try_emplace(r, Watched{"", now, now});
+void Heartbeat::Watch(const std::vector<int>& peers, Duration link_timeout) {
+  std::vector<int> to_link;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = Clock::now();
+    for (int r : peers) {
+      if (r != rank_) watched_.try_emplace(r, Watched{"", now, now});
+      // The lower rank of a pair connects (peer_links.h).
+      if (links_ != nullptr && r > rank_ && link_tried_.insert(r).second) to_link.push_back(r);
+    }
   }
+  std::vector<std::pair<int, std::string>> addresses;
+  for (int r : to_link) {
+    LearnProcess(r);
+    std::string machine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = processes_.find(r);
+      if (it != processes_.end()) machine = it->second.substr(0, it->second.find(' '));
+    }
+    // On this machine /proc says more, and at once: no link.
+    if (!machine.empty() && machine == machine_) continue;
+    StatusOr<std::string> address = Connection()->Get(LinkKey(r), Duration(200));
+    if (!address.ok()) continue;  // it accepts none (no link host), or the store: its beats decide
+    addresses.emplace_back(r, *address);
+  }
+  if (addresses.empty()) return;
+  for (const std::string& failure : links_->Connect(addresses, link_timeout)) {
+    LOG(WARNING) << "rank " << rank_ << ": no liveness link to " << failure
+                 << " (its end is seen only by its beats)";
+  }
+}
+
+void Heartbeat::AwaitPeerLinkClosed(const std::vector<int>& peers, Duration wait) {
+  if (links_ != nullptr) links_->AwaitClose(peers, wait);
 }
 
 std::optional<StatusOr<std::vector<int>>> Heartbeat::SilentPeers(const std::vector<int>& peers) {
@@ -236,6 +283,8 @@ const char* Heartbeat::ProcessStateName(ProcessState s) {
       return "stopped";
     case ProcessState::kGone:
       return "gone";
+    case ProcessState::kLinkClosed:
+      return "link closed";
   }
   return "?";
 }
@@ -246,16 +295,18 @@ Heartbeat::ProcessState Heartbeat::PeerProcess(int r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = processes_.find(r);
-    if (it == processes_.end()) return ProcessState::kUnknown;
-    published = it->second;
+    if (it != processes_.end()) published = it->second;
   }
   std::istringstream in(published);
   std::string machine;
   long pid = 0;
   unsigned long long start = 0;
   in >> machine >> pid >> start;
-  static const std::string mine = MachineKey();
-  if (in.fail() || machine.empty() || machine != mine || pid <= 0) return ProcessState::kUnknown;
+  if (in.fail() || machine.empty() || machine != machine_ || pid <= 0) {
+    // On another machine (or unknown): its liveness link, if it has one.
+    if (links_ != nullptr && links_->Of(r) == PeerLinks::State::kClosed) return ProcessState::kLinkClosed;
+    return ProcessState::kUnknown;
+  }
   char state = 0;
   unsigned long long now_start = 0;
   unsigned long flags = 0;

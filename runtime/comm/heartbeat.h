@@ -23,11 +23,13 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "runtime/comm/peer_links.h"
 #include "runtime/comm/store.h"
 #include "runtime/core/status.h"
 
@@ -38,8 +40,15 @@ class Heartbeat {
   static constexpr int kMissedBeats = 3;
 
   // Starts beating at once (the first beat is set before this returns).
+  // `link_host`: where to accept liveness links (peer_links.h) from peers on
+  // other machines, the address gloo's transport uses; "" for none (then
+  // such peers are judged by their beats alone). `machine`: which machine
+  // this process is on, for telling peers on this machine (judged from
+  // /proc) from the others (linked); "" is this machine's boot id and PID
+  // namespace. Processes given different `machine`s treat each other as on
+  // other machines (tests take that path on one host that way).
   Heartbeat(std::shared_ptr<Store> store, std::string prefix, int rank,
-            Duration interval = Duration(500));
+            Duration interval = Duration(500), std::string link_host = "", std::string machine = "");
   ~Heartbeat();  // stops beating
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
@@ -56,8 +65,12 @@ class Heartbeat {
 
   // Starts reading `peers`' beats on the beating thread, once each per
   // interval, so that SilentPeers answers without waiting. Peers add up
-  // over calls.
-  void Watch(const std::vector<int>& peers);
+  // over calls. With links (see the constructor), also links this rank to
+  // each peer above it on another machine, waiting up to `link_timeout` for
+  // them (in parallel); every rank's peers have published their link
+  // addresses once a group formed, so call it after the rendezvous. A peer
+  // that cannot be linked is logged and left to its beats.
+  void Watch(const std::vector<int>& peers, Duration link_timeout = Duration(10'000));
   // Of `peers`, the watched ones whose beat has not changed for silence();
   // nullopt when one of them has not been watched that long (ask
   // StoppedPeers instead). Unavailable naming the store (served by rank 0)
@@ -69,11 +82,23 @@ class Heartbeat {
   // (boot id and PID namespace), pid and start time next to its beat, and a
   // peer on the same machine is looked up in /proc. kGone: no such process,
   // another process under its pid, or a zombie (killed, or exited early);
-  // kStopped: stopped (SIGSTOP, a debugger); kRunning: alive; kUnknown: on
-  // another machine, or not published (then ask the beats). A killed peer is
-  // thus named as fast as the transport notices (its beats took 1.6 s).
-  enum class ProcessState { kUnknown, kRunning, kStopped, kGone };
+  // kStopped: stopped (SIGSTOP, a debugger); kRunning: alive; kLinkClosed:
+  // on another machine, and its liveness link to this rank read end of file
+  // or a reset (its process exited or was killed); kUnknown: on another
+  // machine with its link open (alive, stopped or hung: ask the beats), or
+  // not published. A killed peer is thus named as fast as the transport
+  // notices, on this machine or another (its beats took 1.6 s).
+  enum class ProcessState { kUnknown, kRunning, kStopped, kGone, kLinkClosed };
   ProcessState PeerProcess(int r);
+  // Waits up to `wait` until the liveness link of one of `peers` closes;
+  // at once when one has or none of them is linked. For a caller whose
+  // collective lost a connection: a peer on another machine that was killed
+  // closes its link the moment its gloo connections closed, but this
+  // process may read the one before the other.
+  void AwaitPeerLinkClosed(const std::vector<int>& peers, Duration wait);
+  // Whether this process accepts liveness links (a link host was given and
+  // it could listen there).
+  bool links() const { return links_ != nullptr; }
   static const char* ProcessStateName(ProcessState s);
   // A rank whose collective failed for missing peers says so before it
   // reports (and typically exits): a peer that finds it gone then knows it
@@ -106,6 +131,12 @@ class Heartbeat {
   std::string CulpritsKey(int r) const { return prefix_ + "/culprits/" + std::to_string(r); }
   std::map<int, std::string> failed_;  // under mu_: peers known to have failed, their culprits
   void LearnProcess(int r);
+  std::string LinkKey(int r) const { return prefix_ + "/link/" + std::to_string(r); }
+  // This process's machine (the constructor's `machine`, or MachineKey).
+  const std::string machine_;
+  // Liveness links to peers on other machines; null without a link host.
+  std::unique_ptr<PeerLinks> links_;
+  std::set<int> link_tried_;  // under mu_: peers Watch linked or tried to
   // r's beat, or "" when r has never beaten (absent key).
   StatusOr<std::string> Read(int r);
   void Run();

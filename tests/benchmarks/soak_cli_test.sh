@@ -42,4 +42,10 @@ grep -q "^fault: 2 trials, 4 gloo ranks, stop during step, seed 1: 6 survivor er
   || { cat "$tmp/kill.txt"; echo "FAIL: killed-rank trials" >&2; exit 1; }
 grep -q "^fault: 2 trials, 3 gloo ranks, kill during load, seed 1: 4 survivor errors; naming the signalled rank: 4; naming a healthy rank: 0; naming no rank: 0; hangs: 0;" "$tmp/kill.txt" \
   || { cat "$tmp/kill.txt"; echo "FAIL: killed-rank trials not all named exactly" >&2; exit 1; }
+# Issue 47, item 6: the same with each rank on a machine of its own (no /proc
+# judgement: a killed peer is named from its liveness link).
+"$bin" --fault_trials=2 --fault_world=3 --fault_signal=kill --fault_distinct_machines --fault_timeout_ms=3000 > "$tmp/kill_machines.txt" \
+  || { cat "$tmp/kill_machines.txt"; echo "FAIL: killed-rank trials on distinct machines" >&2; exit 1; }
+grep -q "^fault: 2 trials, 3 gloo ranks (each on a machine of its own), kill during step, seed 1: 4 survivor errors; naming the signalled rank: 4; naming a healthy rank: 0; naming no rank: 0; hangs: 0;" "$tmp/kill_machines.txt" \
+  || { cat "$tmp/kill_machines.txt"; echo "FAIL: killed-rank trials on distinct machines not all named exactly" >&2; exit 1; }
 echo PASS

@@ -134,8 +134,7 @@ int ExitMidCollective(ProcessGroup& pg) {
     return Fail(rank, "expected Unavailable or DeadlineExceeded, got " + s.ToString());
   }
   if (secs > 15) return Fail(rank, "failure took " + std::to_string(secs) + " s");
-  std::printf("rank %d failed as expected after %.1f s: %s\n", rank, secs,
-              StatusCodeName(s.code()).c_str());
+  std::printf("rank %d failed as expected after %.1f s: %s\n", rank, secs, s.ToString().c_str());
   std::fflush(stdout);
   // The broken group must still be destroyable without hanging.
   return 0;

@@ -137,6 +137,15 @@ TEST(Launch, RankExitingMidCollectiveMakesTheOthersFailInTime) {
   EXPECT_TRUE(Has(r.output, "[rank 2] rank 2 leaving mid-collective (the rest in flight)")) << r.output;
   EXPECT_TRUE(Has(r.output, "[rank 0] rank 0 failed as expected")) << r.output;
   EXPECT_TRUE(Has(r.output, "[rank 1] rank 1 failed as expected")) << r.output;
+  // Issue 47, item 5: a rank that exits cleanly (code 0) while its peers
+  // wait is named by each of them, and no healthy rank is.
+  for (const std::string rank : {"0", "1"}) {
+    const size_t at = r.output.find("[rank " + rank + "] rank " + rank + " failed as expected");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+    EXPECT_TRUE(Has(line, "rank 2 did not arrive: it is dead or hung (its process has exited)")) << line;
+    EXPECT_FALSE(Has(line, "rank " + std::string(rank == "0" ? "1" : "0") + " did not")) << line;
+  }
 }
 
 // Issue 14, item 2: with SIGPIPE's default action (ranks started by another
