@@ -241,6 +241,13 @@ Status Trainer::Init() {
   }
   SK_ASSIGN_OR_RETURN(allocator_, CreateRankAllocator(device_, options_.memory_cap_bytes));
   SK_ASSIGN_OR_RETURN(metrics_stream_, device_->CreateStream("metrics"));
+  if (!device_->id().is_cpu() && sim_device_ == nullptr && world_->size() > 1) {
+    // GlobalMean's one element, for the trainer's life: allocated there, after
+    // the ranks agreed on the step and counted it, one rank out of memory
+    // would fail that rank alone while its peers waited in the average.
+    StreamAllocator alloc(allocator_.get(), metrics_stream_.get());
+    SK_ASSIGN_OR_RETURN(mean_buffer_, alloc.Empty(DType::kF32, Shape{1}));
+  }
 
   const int64_t vocab = BatchIdSpace(config_);
   if (!options_.dataset.paths.empty()) {
@@ -344,11 +351,13 @@ StatusOr<float> Trainer::GlobalMean(float loss) {
   if (!device_->id().is_cpu()) {
     // A GPU's collectives move device memory (NCCL, and the local backend's
     // device-to-device copies and reduction kernel): the loss goes through a
-    // one-element tensor on this rank's device, written and read back in the
-    // metrics stream's order.
+    // one-element tensor on this rank's device (mean_buffer_, allocated at
+    // creation: nothing here can run out of memory), written and read back
+    // in the metrics stream's order, so one call's read is done before the
+    // next call's write.
     StreamAllocator alloc(allocator_.get(), metrics_stream_.get());
     ops::OpContext ctx{device_, metrics_stream_.get(), &alloc};
-    SK_ASSIGN_OR_RETURN(Tensor d, alloc.Empty(DType::kF32, Shape{1}));
+    const Tensor& d = mean_buffer_;
     SK_RETURN_IF_ERROR(ops::Fill(ctx, d, loss));
     SK_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w, world_->all_reduce(d, *metrics_stream_, ro));
     SK_RETURN_IF_ERROR(w->wait(options_.fsdp.timeout).WithContext("averaging the loss over ranks"));

@@ -386,6 +386,10 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   // Averages the step's loss over ranks (StepMetrics::global_loss).
   std::unique_ptr<Stream> metrics_stream_;
+  // GlobalMean's one f32 on a GPU (world size > 1, not simulated), allocated
+  // at creation and kept; empty elsewhere. Freed before the stream and the
+  // allocator (declared after them).
+  Tensor mean_buffer_;
   std::vector<int32_t> tokens_;
   std::unique_ptr<data::Dataset> dataset_;
   std::unique_ptr<data::Dataset> eval_dataset_;

@@ -42,6 +42,7 @@ TESTS=(
   //tests/cuda:fsdp_equivalence_cuda_test
   //tests/cuda:engine_stream_cuda_test
   //tests/cuda:packed_documents_cuda_test
+  //tests/cuda:trainer_oom_cuda_test
   # CPU tests that matter on the GPU host: its CPU has bf16 hardware (AMX),
   # so oneDNN's bf16 matmul runs there, the CPU reference of the bf16
   # equivalence cases; the development machines have none.
