@@ -49,7 +49,13 @@
 // it. A context whose
 // collective failed that way is broken for good (Gloo cannot resynchronise it): later collectives fail at
 // once with Unavailable naming the first failure; destroy the group and form
-// a new one. Desync detection is always on: before its payload, every
+// a new one. It closes its connections at once (as Gloo does after a
+// timeout), so a peer still waiting on this rank fails too, finding that this
+// rank failed first (published beside its beat) and whom it blamed. While a
+// collective waits on peers, a watcher abandons the wait once a peer it waits
+// for is gone (process or link) or failed first: Gloo can lose the wake-up of
+// such a wait (a send it queued on a connection the peer had reset is never
+// failed). Desync detection is always on: before its payload, every
 // collective exchanges each rank's call fingerprint (kind, sequence number,
 // dtypes, sizes, op, root: 160 bytes, one small exchange) and fails with
 // InvalidArgument naming both calls on a mismatch. Gloo enforces message
