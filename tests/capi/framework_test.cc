@@ -45,27 +45,6 @@ sk_model_spec* SmallSpec() {
   return spec;
 }
 
-// One step in which every gradient element gets `g` added.
-sk_status_t Step(sk_engine* e, float g) {
-  sk_status_t s;
-  if ((s = sk_engine_zero_grad(e)) != SK_STATUS_OK) return s;
-  for (int u = 0; u < 2; ++u) {
-    if ((s = sk_engine_pre_forward(e, u)) != SK_STATUS_OK) return s;
-    if ((s = sk_engine_post_forward(e, u)) != SK_STATUS_OK) return s;
-  }
-  for (int u = 1; u >= 0; --u) {
-    if ((s = sk_engine_pre_backward(e, u)) != SK_STATUS_OK) return s;
-    for (int p = 0; p < (u == 0 ? 2 : 1); ++p) {
-      sk_tensor_view v = SK_TENSOR_VIEW_INIT;
-      if ((s = sk_engine_grad(e, u, p, &v)) != SK_STATUS_OK) return s;
-      for (int64_t i = 0; i < v.numel; ++i) static_cast<float*>(v.data)[i] += g;
-    }
-    if ((s = sk_engine_post_backward(e, u)) != SK_STATUS_OK) return s;
-  }
-  if ((s = sk_engine_finish_backward(e)) != SK_STATUS_OK) return s;
-  return sk_engine_optimizer_step(e);
-}
-
 std::vector<float> Read(sk_engine* e, int unit, int param, int64_t n) {
   std::vector<float> v(static_cast<size_t>(n));
   EXPECT_EQ(sk_engine_read_param(e, unit, param, v.data(), n), SK_STATUS_OK) << LastError();
@@ -96,6 +75,14 @@ sk_status_t Forward(sk_engine* e) {
     if ((s = sk_engine_post_forward(e, u)) != SK_STATUS_OK) return s;
   }
   return SK_STATUS_OK;
+}
+
+// One step in which every gradient element gets `g` added.
+sk_status_t Step(sk_engine* e, float g) {
+  sk_status_t s;
+  if ((s = sk_engine_zero_grad(e)) != SK_STATUS_OK) return s;
+  if ((s = Forward(e)) != SK_STATUS_OK) return s;
+  return BackwardAndStep(e, g);
 }
 
 // sk_engine_set_loss_tokens (0.8.0) on one rank with SGD at lr 1: the
