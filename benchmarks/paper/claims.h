@@ -1,7 +1,9 @@
 // The claims table: each of the paper's claims (docs/benchmarks.md) beside
 // what our harnesses measured, with a verdict.
 //
-// Columns: claim, evidence, paper, ours, rel_error (ours against the paper's
+// Columns: claim, evidence, can_differ ("yes" where the measurement decides
+// the verdict; "no: why" or "partly: why" where the harness's setup decides
+// it, or part of it), paper, ours, rel_error (ours against the paper's
 // number where it gives one, else "-" and why), verdict, judged_by (the rule,
 // so a reader can disagree with the rule, not just the result).
 //
@@ -30,6 +32,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "benchmarks/paper/report.h"
 
@@ -39,6 +42,15 @@ namespace sk::bench {
 // missing ones give "not run" rows. World size comes from the hybrid
 // formulas' W (4 in our harnesses).
 Table EvaluateClaims(const std::map<std::string, const Table*>& tables, int world);
+
+// One line of the README's results block for `rows` (claims rows, simulated
+// or measured): the claims grouped by verdict in the order agrees, partly,
+// disagrees, inconclusive, not run, not modelled, as
+// "**agrees** 2 (`a`, `b` (by construction)); **partly** 1 (`c`)", each
+// claim whose verdict the setup decides marked from its can_differ column
+// ("no..." -> "(by construction)", "partly..." -> "(partly by
+// construction)"). "none" when `rows` is empty.
+std::string VerdictSummary(const std::vector<const Row*>& rows);
 
 }  // namespace sk::bench
 

@@ -229,23 +229,6 @@ std::string SimTrustShort(const std::string& profile) {
          " (benchmarks/results/planner_validation.md)";
 }
 
-// One line of the README's summary: the claims of one evidence kind grouped
-// by verdict ("agrees: a, b; partly: c").
-std::string ByVerdict(const std::vector<const Row*>& rows) {
-  std::string out;
-  for (const char* verdict : {"agrees", "partly", "disagrees", "inconclusive", "not run", "not modelled"}) {
-    std::string names;
-    int n = 0;
-    for (const Row* r : rows) {
-      if (r->Text("verdict") != verdict) continue;
-      names += (names.empty() ? "" : ", ") + ("`" + r->Text("claim") + "`");
-      ++n;
-    }
-    if (n > 0) out += (out.empty() ? "" : "; ") + std::string("**") + verdict + "** " + std::to_string(n) + " (" + names + ")";
-  }
-  return out.empty() ? "none" : out;
-}
-
 std::string LoadAverage() {
   std::FILE* f = std::fopen("/proc/loadavg", "r");
   if (f == nullptr) return "?";
@@ -354,9 +337,9 @@ const std::vector<std::string>& ClaimColumns() {
 }
 
 // The paper-scale rows, on the simulator (only in the full paper harness):
-// their tables and points are written, and `md` gets their section (the
-// claims themselves go to the one claims file, claims.md, with the measured
-// rows). Empty when not run or when the simulation failed.
+// their plot points are written, and `md` gets their section (the rows
+// themselves are written only in the one claims table, claims.csv/json/md,
+// with the measured rows). Empty when not run or when the simulation failed.
 std::optional<Table> SimulateClaims(const std::string& harness, const std::string& out, std::ostringstream& md) {
   std::optional<Table> simulated;
   if (harness == "paper" && !FLAGS_sim_profile.empty()) {
@@ -364,9 +347,7 @@ std::optional<Table> SimulateClaims(const std::string& harness, const std::strin
     StatusOr<Table> t = SimulatedClaims(FLAGS_sim_profile, &points);
     if (t.ok()) {
       simulated = std::move(*t);
-      Status s = simulated->WriteFiles(out);
-      if (s.ok()) s = points.WriteFiles(out);  // plot.py draws the paper-scale figures from it
-      ReportIfError(harness, s);
+      ReportIfError(harness, points.WriteFiles(out));  // plot.py draws the paper-scale figures from it
     } else {
       std::fprintf(stderr, "%s: simulated claims: %s\n", harness.c_str(), t.status().ToString().c_str());
     }
@@ -379,11 +360,12 @@ std::optional<Table> SimulateClaims(const std::string& harness, const std::strin
   return simulated;
 }
 
-// Every paper row in one table: the paper-scale rows from the simulator
-// (GPT-175B's TFLOPS and the 128->512 scaling have no measured side here),
-// then the measured rows.
+// Every paper row in the one claims table (claims.csv/json; claims.md): the
+// paper-scale rows from the simulator (GPT-175B's TFLOPS and the 128->512
+// scaling have no measured side here), then the measured rows. No other
+// claims table is written, so no two can disagree.
 Table AllClaims(const std::optional<Table>& simulated, const Table& claims) {
-  Table all("claims_all");
+  Table all("claims");
   if (simulated) {
     for (const Row& r : simulated->rows()) all.Add(r);
   }
@@ -421,15 +403,17 @@ std::string ReadmeResults(const std::string& run, const std::string& when, const
   readme << "Generated from the latest run of " << run << " (" << when
          << ") by `benchmarks/paper/update_readme.py`; not edited by hand. Every paper claim, with its evidence, "
             "our value, the paper's and the error: [benchmarks/results/claims.md](benchmarks/results/claims.md)"
-            "; all tables: [benchmarks/results/summary.md](benchmarks/results/summary.md).\n\n";
+            "; all tables: [benchmarks/results/summary.md](benchmarks/results/summary.md). A claim marked "
+            "(by construction) has a verdict the harness's setup decides, (partly by construction) part of it "
+            "(claims.md's can_differ column says how).\n\n";
   if (simulated) {
     readme << "- At the paper's scale, simulated (" << SimTrustShort(FLAGS_sim_profile)
-           << "): " << ByVerdict(sim_rows) << ".\n";
+           << "): " << VerdictSummary(sim_rows) << ".\n";
   }
   readme << "- Measured here, scaled models on " << std::thread::hardware_concurrency()
          << " shared cores (timed comparisons: " << o.reps << " alternating repetitions x "
          << o.comparison_steps << " steps, inconclusive when the effect is inside their spread): "
-         << ByVerdict(measured_rows) << ".\n";
+         << VerdictSummary(measured_rows) << ".\n";
   return readme.str();
 }
 
@@ -450,6 +434,9 @@ void PrintClaims(const std::optional<Table>& simulated, const Table& claims) {
   for (const Row& r : claims.rows()) {
     std::printf("[%s] %s\n", r.Text("verdict").c_str(), r.Text("claim").c_str());
     std::printf("%s", Wrapped("evidence: " + r.Text("evidence"), 100, "    ").c_str());
+    if (r.Text("can_differ") != "yes") {
+      std::printf("%s", Wrapped("can differ: " + r.Text("can_differ"), 100, "    ").c_str());
+    }
     std::printf("%s", Wrapped("paper: " + r.Text("paper"), 100, "    ").c_str());
     std::printf("%s", Wrapped("ours:  " + r.Text("ours"), 100, "    ").c_str());
     std::printf("%s", Wrapped("error: " + r.Text("rel_error"), 100, "    ").c_str());
@@ -499,7 +486,6 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
   std::ostringstream md;
   md << "# shardkit paper harness: " << harness << (FLAGS_quick ? " --quick" : "") << "\n\n";
   const Table claims = EvaluateClaims(ReportExperiments(experiments, md), o.world);
-  ReportIfError(harness, claims.WriteFiles(out));
   const std::optional<Table> simulated = SimulateClaims(harness, out, md);
   md << "## claims measured on this machine (scaled models)\n\n" << claims.ToMarkdown(ClaimColumns()) << "\n";
   const Table all = AllClaims(simulated, claims);
@@ -513,7 +499,13 @@ int HarnessMain(const std::string& harness, const std::vector<std::string>& name
                            load_start + " at the start and " + load_end + " at the end";
   md << "Wall time " << FormatDuration(wall) << " (" << when << ").\n";
   ReportIfError(harness, WriteTextFile(out + "/summary.md", md.str()));
-  const std::string run = "`./bazelw run -c opt //benchmarks:" + harness + (FLAGS_quick ? " -- --quick`" : "`");
+  // The command as run: the flags that change what is measured or written.
+  std::string flags;
+  if (FLAGS_quick) flags += " --quick";
+  if (!FLAGS_measured) flags += " --nomeasured";
+  if (!FLAGS_plots) flags += " --noplots";
+  if (FLAGS_publish) flags += " --publish";
+  const std::string run = "`./bazelw run -c opt //benchmarks:" + harness + (flags.empty() ? "" : " --" + flags) + "`";
   ReportIfError(harness,
                 WriteTextFile(out + "/claims.md",
                               "# The paper's claims: every row, simulated at the paper's scale and measured here\n\n"

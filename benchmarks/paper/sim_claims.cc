@@ -340,12 +340,7 @@ Status AddT5Scaling(const std::string& profile, const std::string& ev, Table& t,
     Point(points, "t5_11b_scaling", "TFLOPS per GPU relative to 8 GPUs", "512", 1 + change, 0.93);
     ours = "TFLOPS/GPU 8->512 " + Signed(change) + ": " + ours;
     err = Signed((change + 0.07) / 0.07);
-    // The paper gives one number (-7%) and no error bars, so the band is
-    // tightened around it instead of argued from them: agrees within half the
-    // paper's loss either side, partly up to twice it. (It used to accept any
-    // loss of 2-20%, so a 17% loss agreed with 7%.)
-    const double loss = -change;
-    verdict = loss >= 0.035 && loss <= 0.105 ? "agrees" : (loss > 0 && loss <= 0.14 ? "partly" : "disagrees");
+    verdict = T5ScalingVerdict(change);
   }
   t.Add(Claim("t5_11b_scaling", ev, "-7% TFLOPS/GPU from 8 to 512 GPUs", ours, err, verdict,
               "batch 2/GPU: the paper gives -7% without error bars; agrees for a loss of 3.5-10.5% "
@@ -389,6 +384,15 @@ Status AddHybridVsFull(const std::string& profile, const std::string& ev, Table&
 }
 
 }  // namespace
+
+std::string T5ScalingVerdict(double change) {
+  // The paper gives one number (-7%) and no error bars, so the band is
+  // tightened around it instead of argued from them: agrees within half the
+  // paper's loss either side, partly for any loss up to twice it. (It used to
+  // accept any loss of 2-20%, so a 17% loss agreed with 7%.)
+  const double loss = -change;
+  return loss >= 0.035 && loss <= 0.105 ? "agrees" : (loss > 0 && loss <= 0.14 ? "partly" : "disagrees");
+}
 
 StatusOr<Table> SimulatedClaims(const std::string& profile, Table* points) {
   Table t("claims_simulated");

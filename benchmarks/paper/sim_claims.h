@@ -38,6 +38,12 @@ namespace sk::bench {
 // runs give no point. Deterministic like the rows.
 StatusOr<Table> SimulatedClaims(const std::string& profile, Table* points = nullptr);
 
+// The t5_11b_scaling row's verdict for `change`, T5-11B's TFLOPS/GPU at 512
+// GPUs / at 8 - 1 (the paper: -0.07, given without error bars): "agrees" for
+// a loss of 3.5%..10.5% (half to 1.5x the paper's), "partly" for any other
+// loss up to 14% (twice), "disagrees" for a larger loss or no loss at all.
+std::string T5ScalingVerdict(double change);
+
 }  // namespace sk::bench
 
 #endif  // SHARDKIT_BENCHMARKS_PAPER_SIM_CLAIMS_H_

@@ -63,7 +63,7 @@ class CommandTest(unittest.TestCase):
             out = os.path.join(d, "paper-run")
             os.makedirs(out)
             for name, body in [("readme_results.md", "- generated summary\n"), ("claims.md", "# table\n"),
-                               ("claims_all.csv", "claim\n"), ("claims_all.json", "{}"),
+                               ("claims.csv", "claim\n"), ("claims.json", "{}"),
                                ("trace_prefetch_none.json", "{}")]:
                 with open(os.path.join(out, name), "w") as f:
                     f.write(body)
@@ -77,7 +77,7 @@ class CommandTest(unittest.TestCase):
                 first = f.read()
             self.assertIn("- generated summary", first)
             self.assertIn("Hand-written text that must survive.", first)
-            self.assertEqual(sorted(os.listdir(results)), ["claims.md", "claims_all.csv"])
+            self.assertEqual(sorted(os.listdir(results)), ["claims.csv", "claims.md"])
             r = self.run_script(out, "--readme", readme, "--results", results)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("already up to date", r.stdout)
