@@ -62,7 +62,7 @@ void HoldDuringCustomStep(const sk_engine* engine) {
 // The device of `engine`, for its caller streams.
 sk::StatusOr<sk::Device*> EngineDevice(sk_engine* engine) {
   const sk::DeviceId id = engine->engine->allocator().device();
-  if (id.is_sim()) {
+  if (sk::Device::KindCapabilities(id.kind).virtual_time) {
     return sk::InvalidArgumentError("caller streams on " + id.ToString() +
                                     ": the simulator prices its own streams (use a cpu or cuda engine)");
   }
@@ -102,7 +102,7 @@ SK_EXPORT sk_status_t sk_stream_wrap_cuda(sk_engine* engine, void* cuda_stream, 
   SK_USE_HANDLE(engine, "engine");
   SK_CHECK(CheckOut(out_stream, "out_stream"));
   SK_ASSIGN_OR_FAIL(sk::Device * device, EngineDevice(engine));
-  if (!device->id().is_cuda()) {
+  if (!device->capabilities().native_streams) {
     return Fail(SK_STATUS_INVALID_ARGUMENT,
                 "sk_stream_wrap_cuda on a " + device->id().ToString() +
                     " engine: a cudaStream_t needs a cuda engine (sk_stream_create makes a cpu "
@@ -287,13 +287,13 @@ SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_gro
   }
   SK_ASSIGN_OR_FAIL(o.device, ToDeviceOptions(c.device, group != nullptr ? group->group.get() : nullptr));
   // The simulator may simulate its own world (group NULL).
-  if (group == nullptr && o.device.kind != sk::DeviceKind::kSim) {
+  if (group == nullptr && !sk::Device::KindCapabilities(o.device.kind).virtual_time) {
     return Fail(NullHandleError<sk_process_group>("group"));
   }
   auto h = std::make_unique<sk_engine>();
   if (group != nullptr) h->group = group->group;
   if (c.cuda_stream != nullptr) {
-    if (o.device.kind != sk::DeviceKind::kCuda) {
+    if (!sk::Device::KindCapabilities(o.device.kind).native_streams) {
       return Fail(SK_STATUS_INVALID_ARGUMENT,
                   std::string("sk_engine_options.cuda_stream is set on a ") +
                       sk::DeviceKindName(o.device.kind) +

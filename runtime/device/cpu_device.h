@@ -101,12 +101,6 @@ class CpuDevice final : public Device {
  public:
   explicit CpuDevice(int index) : id_(DeviceId::Cpu(index)) {}
   DeviceId id() const override { return id_; }
-  DeviceCapabilities capabilities() const override {
-    DeviceCapabilities c;
-    c.ops_run_when_issued = true;
-    c.host_memory = true;
-    return c;
-  }
   StatusOr<std::unique_ptr<Stream>> CreateStream(std::string_view name) override;
   StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing = false) override;
   StatusOr<void*> RawAllocate(size_t bytes) override;

@@ -65,8 +65,13 @@ struct DeviceCapabilities {
   // Its memory is the host's, read and written by the calling thread (cpu).
   bool host_memory = false;
   // Its clocks are virtual (sim): work is priced, not run, and wall-clock
-  // traces of it mean nothing.
+  // traces of it mean nothing. Its tensors hold no data, and its ranks are
+  // one process's stand-ins on a simulated process group.
   bool virtual_time = false;
+  // Its streams are a driver's native streams (cudaStream_t on cuda), so a
+  // caller's own native stream can be wrapped (WrapNativeStream) and work
+  // ordered with it.
+  bool native_streams = false;
 };
 
 class Event {
@@ -152,9 +157,15 @@ class Device {
   static std::optional<DeviceId> PointerDevice(const void* ptr);
 
   virtual DeviceId id() const = 0;
-  virtual DeviceCapabilities capabilities() const { return {}; }
+  // This device's capabilities: KindCapabilities(id().kind).
+  DeviceCapabilities capabilities() const { return KindCapabilities(id().kind); }
   // Device::Get(id)->capabilities(); Get's error otherwise.
   static StatusOr<DeviceCapabilities> CapabilitiesOf(DeviceId id);
+  // What every device of `kind` can do, known before one exists (options
+  // are checked before their device is made): the one place a kind's
+  // capabilities are stated. cpu: ops run when issued, host memory; cuda:
+  // native streams; sim: virtual time. An unknown kind: the defaults.
+  static DeviceCapabilities KindCapabilities(DeviceKind kind);
 
   // A new stream. `name` labels it in traces and errors.
   virtual StatusOr<std::unique_ptr<Stream>> CreateStream(std::string_view name) = 0;

@@ -237,11 +237,6 @@ class SimDevice final : public Device {
 
   // --- Device ---
   DeviceId id() const override { return id_; }
-  DeviceCapabilities capabilities() const override {
-    DeviceCapabilities c;
-    c.virtual_time = true;
-    return c;
-  }
   StatusOr<std::unique_ptr<Stream>> CreateStream(std::string_view name) override;
   // A host stream (file comment): host CPU work on this device's clocks.
   StatusOr<std::unique_ptr<Stream>> CreateHostStream(std::string_view name);

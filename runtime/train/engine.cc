@@ -48,7 +48,9 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
                                                          comm::ProcessGroup* world,
                                                          const FsdpEngineOptions& options) {
   SK_RETURN_IF_ERROR(ValidateDeviceOptions(options.device));
-  if (world == nullptr && options.device.kind != DeviceKind::kSim) {
+  // A simulated device's world can be made here, from its profile.
+  const DeviceCapabilities can = Device::KindCapabilities(options.device.kind);
+  if (world == nullptr && !can.virtual_time) {
     return InvalidArgumentError("FsdpEngine needs a process group");
   }
   if (units.empty()) return InvalidArgumentError("the model spec has no units");
@@ -61,9 +63,10 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
     world = e->owned_world_.get();
   }
   SK_RETURN_IF_ERROR(CheckWorldForDevice(options.device, *world));
-  // Ranks of CPU worlds agree on the units and options before anything else
-  // collective (a parameter group on one rank only trained silently apart).
-  if (options.device.kind == DeviceKind::kCpu && world->size() > 1 &&
+  // Ranks of CPU worlds (host memory over local or gloo) agree on the units
+  // and options before anything else collective (a parameter group on one
+  // rank only trained silently apart).
+  if (can.host_memory && world->size() > 1 &&
       (world->backend_name() == "local" || world->backend_name() == "gloo")) {
     const Duration timeout = options.fsdp.timeout.count() > 0 && options.fsdp.timeout <= kMaxTimeout
                                  ? options.fsdp.timeout
@@ -75,6 +78,7 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
   e->units_ = std::move(units);
   SK_ASSIGN_OR_RETURN(Device * device, ResolveRankDevice(options.device, *world));
   SK_ASSIGN_OR_RETURN(e->allocator_, CreateRankAllocator(device, options.memory_cap_bytes));
+  e->device_can_ = device->capabilities();
   if (options.fsdp.cpu_offload) {
     SK_ASSIGN_OR_RETURN(e->offload_, CreateOffloadHost(device));
   }
@@ -87,7 +91,7 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
   SK_ASSIGN_OR_RETURN(e->optimizer_, CreateEngineOptimizer(options.optimizer, *e->fsdp_,
                                                            e->offload_ ? e->offload_->optimizer_state
                                                                        : nullptr));
-  if (!device->id().is_sim()) {
+  if (!e->device_can_.virtual_time) {
     SK_ASSIGN_OR_RETURN(e->outcome_, StepAgreement::Create(*world, *device, fsdp.timeout));
   }
   for (int u = 0; u < e->num_units(); ++u) {
@@ -128,7 +132,7 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
 Status FsdpEngine::SetStream(std::shared_ptr<Stream> stream) {
   if (stream) {
     const DeviceId device = allocator_->device();
-    if (device.is_sim()) {
+    if (device_can_.virtual_time) {
       return InvalidArgumentError("a caller stream on " + device.ToString() +
                                   ": the simulator prices its own streams; use cpu or cuda");
     }
@@ -475,7 +479,7 @@ StatusOr<int64_t> FsdpEngine::SetLossTokens(int64_t tokens) {
   }
   const int w = world_->size();
   int64_t global = 0;
-  if (allocator_->device().is_sim() || w == 1) {
+  if (device_can_.virtual_time || w == 1) {
     global = tokens * w;  // the simulator's ranks mirror this one
   } else if (outcome_ != nullptr) {
     SK_ASSIGN_OR_RETURN(std::vector<uint64_t> counts,
@@ -562,7 +566,7 @@ Status FsdpEngine::ReadParam(int unit, int param, float* out, int64_t count) {
                                 spec.shape.ToString() + " (" + std::to_string(spec.shape.numel()) +
                                 " elements)");
   }
-  if (allocator_->device().is_sim()) {
+  if (device_can_.virtual_time) {
     return FailedPreconditionError("ReadParam on " + allocator_->device().ToString() +
                                    ": a simulated device's tensors hold no data");
   }
@@ -601,7 +605,7 @@ Status FsdpEngine::WriteParam(int unit, int param, const float* values, int64_t 
 }
 
 Status FsdpEngine::CheckIdle(const char* what) const {
-  if (allocator_->device().kind == DeviceKind::kSim) {
+  if (device_can_.virtual_time) {
     return FailedPreconditionError(std::string(what) + ": a sim device's tensors hold no data");
   }
   for (int u = 0; u < num_units(); ++u) {

@@ -367,6 +367,7 @@ class FsdpEngine {
   std::unique_ptr<comm::ProcessGroup> owned_world_;  // the simulated world, when created here
   comm::ProcessGroup* world_ = nullptr;
   std::unique_ptr<CachingAllocator> allocator_;
+  DeviceCapabilities device_can_;  // the rank's device's
   std::unique_ptr<OffloadHost> offload_;  // with cpu_offload
   std::unique_ptr<FullyShardedModel> fsdp_;
   std::unique_ptr<Optimizer> optimizer_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -20,53 +21,168 @@
 
 namespace sk {
 
-const char* DeviceKindName(DeviceKind kind) {
-  switch (kind) {
-    case DeviceKind::kCpu:
-      return "cpu";
-    case DeviceKind::kCuda:
-      return "cuda";
-    case DeviceKind::kSim:
-      return "sim";
+namespace {
+
+// ---- The device kinds a rank can compute on -------------------------------
+//
+// One entry per kind: its name and what rank set-up needs of it. This table
+// is the one place rank set-up knows kinds (a new kind is a new entry here
+// and its capabilities in Device::KindCapabilities); everything else in
+// runtime/train asks the kind's or the device's capabilities.
+
+Status ValidateCudaOptions(const DeviceOptions& o) {
+  if (o.launch_blocking) {
+    return InvalidArgumentError("device.launch_blocking on cuda: set CUDA_LAUNCH_BLOCKING=1 in the "
+                                "environment instead");
   }
-  return "unknown";
+  return OkStatus();
+}
+
+Status ValidateSimOptions(const DeviceOptions& o) {
+  if (o.sim_profile.empty()) {
+    return InvalidArgumentError("device.sim_profile is empty (a built-in profile name such as "
+                                "a100-80g, or a .json profile path)");
+  }
+  if (o.sim_world_size < 0) {
+    return InvalidArgumentError("device.sim_world_size must be >= 0 (0 = 1), got " +
+                                std::to_string(o.sim_world_size));
+  }
+  if (o.sim_gpus_per_node < 0) {
+    return InvalidArgumentError("device.sim_gpus_per_node must be >= 0 (0 = the profile's), got " +
+                                std::to_string(o.sim_gpus_per_node));
+  }
+  return OkStatus();
+}
+
+StatusOr<Device*> ResolveCpuDevice(const DeviceOptions& o, int rank) {
+  SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(o.index < 0 ? rank : o.index)));
+  static_cast<CpuDevice*>(device)->set_launch_blocking(o.launch_blocking);
+  return device;
+}
+
+StatusOr<Device*> ResolveCudaDevice(const DeviceOptions& o, int rank) {
+  int index = o.index;
+  if (index < 0) {
+    const int gpus = Device::CudaDeviceCount();
+    if (gpus == 0) {
+      // Device::Get names a build without CUDA; otherwise say no GPU is visible.
+      SK_RETURN_IF_ERROR(Device::Get(DeviceId::Cuda(0)).status());
+      return UnavailableError("device kind cuda for rank " + std::to_string(rank) +
+                              ": no CUDA device is visible");
+    }
+    index = rank % gpus;
+  }
+  return Device::Get(DeviceId::Cuda(index));
+}
+
+StatusOr<Device*> ResolveSimDevice(const DeviceOptions& o, int) {
+  SK_ASSIGN_OR_RETURN(sim::SimProfile profile, sim::LoadProfile(o.sim_profile));
+  SK_ASSIGN_OR_RETURN(sim::SimDevice * device, sim::SetUpSimDevice(o.index < 0 ? 0 : o.index, profile));
+  device->set_launch_blocking(o.launch_blocking);
+  return device;
+}
+
+StatusOr<std::unique_ptr<OffloadHost>> CpuOffloadHost(Device*) {
+  auto h = std::make_unique<OffloadHost>();
+  h->shards = h->optimizer_state = &HostAllocator::Default();
+  return h;
+}
+
+StatusOr<std::unique_ptr<OffloadHost>> CudaOffloadHost(Device*) {
+  auto h = std::make_unique<OffloadHost>();
+  h->owned_allocator = std::make_unique<PinnedHostAllocator>();
+  h->shards = h->owned_allocator.get();
+  h->optimizer_state = &HostAllocator::Default();
+  return h;
+}
+
+StatusOr<std::unique_ptr<OffloadHost>> SimOffloadHost(Device* device) {
+  SK_ASSIGN_OR_RETURN(sim::SimDevice * sim, sim::SimDevice::Get(device->id().index));
+  const sim::SimDeviceSpec spec = sim->spec();
+  if (spec.host_memory_bytes == 0) {
+    return FailedPreconditionError("cpu_offload on " + device->id().ToString() + ": the profile '" +
+                                   spec.name + "' has no host section (host memory and rates "
+                                   "for the offloaded state)");
+  }
+  auto h = std::make_unique<OffloadHost>();
+  h->owned_allocator = std::make_unique<sim::SimHostAllocator>(device->id(), spec.host_memory_bytes);
+  h->shards = h->optimizer_state = h->owned_allocator.get();
+  SK_ASSIGN_OR_RETURN(h->owned_stream, sim->CreateHostStream("host (offload)"));
+  h->stream = h->owned_stream.get();
+  return h;
+}
+
+// The simulated GPU's memory.
+StatusOr<size_t> SimMemoryBytes(const Device& device) {
+  SK_ASSIGN_OR_RETURN(sim::SimDevice * sim, sim::SimDevice::Get(device.id().index));
+  return sim->spec().memory_bytes;
+}
+
+struct RankDeviceKind {
+  DeviceKind kind;
+  const char* name;
+  // Checks of the options only this kind reads; null: none.
+  Status (*validate)(const DeviceOptions&);
+  // The device rank `rank` computes on (ResolveRankDevice).
+  StatusOr<Device*> (*resolve)(const DeviceOptions&, int rank);
+  // Where the rank's offloaded FSDP state lives (CreateOffloadHost).
+  StatusOr<std::unique_ptr<OffloadHost>> (*offload_host)(Device*);
+  // The allocator's cap when the caller sets none; null: unlimited.
+  StatusOr<size_t> (*default_capacity)(const Device&);
+};
+
+constexpr RankDeviceKind kRankDeviceKinds[] = {
+    {DeviceKind::kCpu, "cpu", nullptr, ResolveCpuDevice, CpuOffloadHost, nullptr},
+    {DeviceKind::kCuda, "cuda", ValidateCudaOptions, ResolveCudaDevice, CudaOffloadHost, nullptr},
+    {DeviceKind::kSim, "sim", ValidateSimOptions, ResolveSimDevice, SimOffloadHost, SimMemoryBytes},
+};
+
+const RankDeviceKind* FindKind(DeviceKind kind) {
+  for (const RankDeviceKind& k : kRankDeviceKinds) {
+    if (k.kind == kind) return &k;
+  }
+  return nullptr;
+}
+
+// "cpu, cuda or sim".
+std::string KindNames() {
+  std::string names;
+  constexpr size_t n = std::size(kRankDeviceKinds);
+  for (size_t i = 0; i < n; ++i) {
+    names += (i == 0 ? "" : i + 1 == n ? " or " : ", ") + std::string(kRankDeviceKinds[i].name);
+  }
+  return names;
+}
+
+// Whether `kind` is simulated: its tensors hold no data, its ranks are one
+// process's stand-ins priced on a simulated network.
+bool Simulated(DeviceKind kind) { return Device::KindCapabilities(kind).virtual_time; }
+
+}  // namespace
+
+const char* DeviceKindName(DeviceKind kind) {
+  const RankDeviceKind* k = FindKind(kind);
+  return k != nullptr ? k->name : "unknown";
 }
 
 StatusOr<DeviceKind> ParseDeviceKind(const std::string& name) {
-  if (name == "cpu") return DeviceKind::kCpu;
-  if (name == "cuda") return DeviceKind::kCuda;
-  if (name == "sim") return DeviceKind::kSim;
-  return InvalidArgumentError("unknown device kind '" + name + "' (cpu, cuda or sim)");
+  for (const RankDeviceKind& k : kRankDeviceKinds) {
+    if (name == k.name) return k.kind;
+  }
+  return InvalidArgumentError("unknown device kind '" + name + "' (" + KindNames() + ")");
 }
 
 Status ValidateDeviceOptions(const DeviceOptions& o) {
-  if (o.kind != DeviceKind::kCpu && o.kind != DeviceKind::kCuda && o.kind != DeviceKind::kSim) {
+  const RankDeviceKind* k = FindKind(o.kind);
+  if (k == nullptr) {
     return InvalidArgumentError("device.kind: unknown device kind " +
-                                std::to_string(static_cast<int>(o.kind)) + " (cpu, cuda or sim)");
+                                std::to_string(static_cast<int>(o.kind)) + " (" + KindNames() + ")");
   }
   if (o.index < -1) {
     return InvalidArgumentError("device.index must be >= 0, or -1 for the rank's device (got " +
                                 std::to_string(o.index) + ")");
   }
-  if (o.kind == DeviceKind::kCuda && o.launch_blocking) {
-    return InvalidArgumentError("device.launch_blocking on cuda: set CUDA_LAUNCH_BLOCKING=1 in the "
-                                "environment instead");
-  }
-  if (o.kind == DeviceKind::kSim) {
-    if (o.sim_profile.empty()) {
-      return InvalidArgumentError("device.sim_profile is empty (a built-in profile name such as "
-                                  "a100-80g, or a .json profile path)");
-    }
-    if (o.sim_world_size < 0) {
-      return InvalidArgumentError("device.sim_world_size must be >= 0 (0 = 1), got " +
-                                  std::to_string(o.sim_world_size));
-    }
-    if (o.sim_gpus_per_node < 0) {
-      return InvalidArgumentError("device.sim_gpus_per_node must be >= 0 (0 = the profile's), got " +
-                                  std::to_string(o.sim_gpus_per_node));
-    }
-  }
-  return OkStatus();
+  return k->validate != nullptr ? k->validate(o) : OkStatus();
 }
 
 StatusOr<Device*> ResolveRankDevice(const DeviceOptions& given, const comm::ProcessGroup& world) {
@@ -79,34 +195,7 @@ StatusOr<Device*> ResolveRankDevice(const DeviceOptions& given, const comm::Proc
 
 StatusOr<Device*> ResolveRankDevice(const DeviceOptions& o, int rank) {
   SK_RETURN_IF_ERROR(ValidateDeviceOptions(o));
-  switch (o.kind) {
-    case DeviceKind::kCuda: {
-      int index = o.index;
-      if (index < 0) {
-        const int gpus = Device::CudaDeviceCount();
-        if (gpus == 0) {
-          // Device::Get names a build without CUDA; otherwise say no GPU is visible.
-          SK_RETURN_IF_ERROR(Device::Get(DeviceId::Cuda(0)).status());
-          return UnavailableError("device kind cuda for rank " + std::to_string(rank) +
-                                  ": no CUDA device is visible");
-        }
-        index = rank % gpus;
-      }
-      return Device::Get(DeviceId::Cuda(index));
-    }
-    case DeviceKind::kSim: {
-      SK_ASSIGN_OR_RETURN(sim::SimProfile profile, sim::LoadProfile(o.sim_profile));
-      SK_ASSIGN_OR_RETURN(sim::SimDevice * device,
-                          sim::SetUpSimDevice(o.index < 0 ? 0 : o.index, profile));
-      device->set_launch_blocking(o.launch_blocking);
-      return device;
-    }
-    default: {
-      SK_ASSIGN_OR_RETURN(Device * device, Device::Get(DeviceId::Cpu(o.index < 0 ? rank : o.index)));
-      static_cast<CpuDevice*>(device)->set_launch_blocking(o.launch_blocking);
-      return device;
-    }
-  }
+  return FindKind(o.kind)->resolve(o, rank);
 }
 
 namespace {
@@ -115,7 +204,7 @@ namespace {
 // GPUs per node overridden by sim_gpus_per_node when > 0.
 StatusOr<comm::NetworkProfile> SimNetwork(const DeviceOptions& o) {
   SK_RETURN_IF_ERROR(ValidateDeviceOptions(o));
-  if (o.kind != DeviceKind::kSim) {
+  if (!Simulated(o.kind)) {
     return InvalidArgumentError(std::string("a simulated world needs device kind sim, not ") +
                                 DeviceKindName(o.kind));
   }
@@ -149,7 +238,7 @@ int RanksPerNode(const comm::ProcessGroup& world) {
 }
 
 StatusOr<int> RanksPerNode(const DeviceOptions& o) {
-  if (o.kind != DeviceKind::kSim) return LocalWorldSizeFromEnvironment();
+  if (!Simulated(o.kind)) return LocalWorldSizeFromEnvironment();
   // The network CreateSimWorld would simulate, without building its ranks.
   SK_ASSIGN_OR_RETURN(comm::NetworkProfile network, SimNetwork(o));
   SK_RETURN_IF_ERROR(network.Validate());
@@ -158,12 +247,12 @@ StatusOr<int> RanksPerNode(const DeviceOptions& o) {
 
 Status CheckWorldForDevice(const DeviceOptions& o, const comm::ProcessGroup& world) {
   const bool sim_world = world.backend_name() == "sim";
-  if (o.kind == DeviceKind::kSim && !sim_world) {
+  if (Simulated(o.kind) && !sim_world) {
     return InvalidArgumentError("device kind sim needs a simulated process group (its tensors hold "
                                 "no data), not the '" + world.backend_name() +
                                 "' backend: pass none and set device.sim_world_size");
   }
-  if (o.kind != DeviceKind::kSim && sim_world) {
+  if (!Simulated(o.kind) && sim_world) {
     return InvalidArgumentError(std::string("a simulated process group needs device kind sim, not ") +
                                 DeviceKindName(o.kind));
   }
@@ -187,9 +276,9 @@ StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(Device* device,
   if (device == nullptr) return InvalidArgumentError("CreateRankAllocator: no device");
   CachingAllocator::Options options;
   options.capacity_bytes = capacity_bytes;
-  if (capacity_bytes == 0 && device->id().is_sim()) {
-    SK_ASSIGN_OR_RETURN(sim::SimDevice * sim, sim::SimDevice::Get(device->id().index));
-    options.capacity_bytes = sim->spec().memory_bytes;
+  const RankDeviceKind* kind = FindKind(device->id().kind);
+  if (capacity_bytes == 0 && kind != nullptr && kind->default_capacity != nullptr) {
+    SK_ASSIGN_OR_RETURN(options.capacity_bytes, kind->default_capacity(*device));
   }
   return std::make_unique<CachingAllocator>(device, options);
 }
@@ -201,32 +290,12 @@ StatusOr<std::unique_ptr<CachingAllocator>> CreateRankAllocator(int rank, size_t
 
 StatusOr<std::unique_ptr<OffloadHost>> CreateOffloadHost(Device* device) {
   if (device == nullptr) return InvalidArgumentError("CreateOffloadHost: no device");
-  auto h = std::make_unique<OffloadHost>();
-  switch (device->id().kind) {
-    case DeviceKind::kCpu:
-      h->shards = h->optimizer_state = &HostAllocator::Default();
-      break;
-    case DeviceKind::kCuda:
-      h->owned_allocator = std::make_unique<PinnedHostAllocator>();
-      h->shards = h->owned_allocator.get();
-      h->optimizer_state = &HostAllocator::Default();
-      break;
-    case DeviceKind::kSim: {
-      SK_ASSIGN_OR_RETURN(sim::SimDevice * sim, sim::SimDevice::Get(device->id().index));
-      const sim::SimDeviceSpec spec = sim->spec();
-      if (spec.host_memory_bytes == 0) {
-        return FailedPreconditionError("cpu_offload on " + device->id().ToString() + ": the profile '" +
-                                       spec.name + "' has no host section (host memory and rates "
-                                       "for the offloaded state)");
-      }
-      h->owned_allocator = std::make_unique<sim::SimHostAllocator>(device->id(), spec.host_memory_bytes);
-      h->shards = h->optimizer_state = h->owned_allocator.get();
-      SK_ASSIGN_OR_RETURN(h->owned_stream, sim->CreateHostStream("host (offload)"));
-      h->stream = h->owned_stream.get();
-      break;
-    }
+  const RankDeviceKind* kind = FindKind(device->id().kind);
+  if (kind == nullptr) {
+    return InvalidArgumentError("CreateOffloadHost: " + device->id().ToString() +
+                                " is not a kind a rank computes on (" + KindNames() + ")");
   }
-  return h;
+  return kind->offload_host(device);
 }
 
 StatusOr<std::unique_ptr<Optimizer>> CreateEngineOptimizer(const OptimizerOptions& options,

@@ -78,7 +78,7 @@ void FillMemory(const MemoryStats& m, SimStepReport& r) {
 
 StatusOr<SimStepReport> SimulateTraining(const SimRunOptions& options) {
   const TrainerOptions& to = options.trainer;
-  if (to.device.kind != DeviceKind::kSim) {
+  if (!Device::KindCapabilities(to.device.kind).virtual_time) {
     return InvalidArgumentError("SimulateTraining needs trainer.device.kind = sim");
   }
   if (options.steps < 1) {

@@ -48,7 +48,7 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
     return InvalidArgumentError(
         "skip_init: a DDP trainer loads no weights (checkpoints and state dicts are FSDP's), so it must initialise them");
   }
-  if (o.fsdp.skip_init && o.device.kind == DeviceKind::kSim) {
+  if (o.fsdp.skip_init && Device::KindCapabilities(o.device.kind).virtual_time) {
     return InvalidArgumentError(
         "skip_init: the simulator loads no weights (its tensors hold no data), so there is nothing to skip for");
   }
@@ -163,11 +163,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
                                                    comm::ProcessGroup* world,
                                                    MemoryStats* memory_on_error) {
   Status valid = ValidateTrainerOptions(options);
-  const bool sim = options.device.kind == DeviceKind::kSim;
+  const DeviceCapabilities can = Device::KindCapabilities(options.device.kind);
+  const bool sim = can.virtual_time;
   if (world == nullptr && !sim) return InvalidArgumentError("Trainer needs a process group");
-  // Ranks of CPU worlds (local, gloo) and of groups bound to a device
-  // (nccl) agree on their options before anything else collective. A simulated world's ranks share one set of options.
-  if (!sim && ((options.device.kind == DeviceKind::kCpu &&
+  // Ranks of CPU worlds (host memory over local or gloo) and of groups bound
+  // to a device (nccl) agree on their options before anything else
+  // collective. A simulated world's ranks share one set of options.
+  if (!sim && ((can.host_memory &&
                 (world->backend_name() == "local" || world->backend_name() == "gloo")) ||
                world->bound_device().has_value())) {
     if (valid.ok()) valid = ValidateFsdpOptions(options.fsdp, world->size());
@@ -223,9 +225,7 @@ Status Trainer::Init() {
     gemm_threads_ = std::max(1, cores / sharing);
   }
   SK_ASSIGN_OR_RETURN(device_, ResolveRankDevice(options_.device, *world_));
-  if (device_->id().is_sim()) {
-    SK_ASSIGN_OR_RETURN(sim_device_, sim::SimDevice::Get(device_->id().index));
-  }
+  sim_device_ = dynamic_cast<sim::SimDevice*>(device_);  // null unless simulated
   if (auto* sim_world = dynamic_cast<sim::SimProcessGroup*>(world_); sim_world != nullptr) {
     // Communication kernels hold SMs: compute slows by the profile's factor
     // (network.compute_slowdown_while_communicating, with its source there)
@@ -241,7 +241,7 @@ Status Trainer::Init() {
   }
   SK_ASSIGN_OR_RETURN(allocator_, CreateRankAllocator(device_, options_.memory_cap_bytes));
   SK_ASSIGN_OR_RETURN(metrics_stream_, device_->CreateStream("metrics"));
-  if (!device_->id().is_cpu() && sim_device_ == nullptr && world_->size() > 1) {
+  if (!device_->capabilities().host_memory && sim_device_ == nullptr && world_->size() > 1) {
     // GlobalMean's one element, for the trainer's life: allocated there, after
     // the ranks agreed on the step and counted it, one rank out of memory
     // would fail that rank alone while its peers waited in the average.
@@ -348,7 +348,7 @@ StatusOr<float> Trainer::GlobalMean(float loss) {
   comm::ReduceOptions ro;
   ro.op = comm::ReduceOp::kAvg;
   ro.timeout = options_.fsdp.timeout;
-  if (!device_->id().is_cpu()) {
+  if (!device_->capabilities().host_memory) {
     // A GPU's collectives move device memory (NCCL, and the local backend's
     // device-to-device copies and reduction kernel): the loss goes through a
     // one-element tensor on this rank's device (mean_buffer_, allocated at
@@ -626,7 +626,7 @@ StatusOr<StepMetrics> Trainer::RunStep(const std::vector<TokenBatch>* given) {
   // nor through the next step's forward. (DDP's gradient buckets are its
   // model's storage for good: zeroing them twice a step would buy nothing.)
   if (fsdp_ != nullptr) data_parallel_->ZeroGrad();
-  if (!device_->id().is_cpu() && sim_device_ == nullptr) {
+  if (!device_->capabilities().ops_run_when_issued && sim_device_ == nullptr) {
     // On a GPU the update is only enqueued: the step ends when the device has
     // run it (as torch.cuda.synchronize() in a benchmark), so step_seconds is
     // the device's time and the caller may read parameters, checkpoint or

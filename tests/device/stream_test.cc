@@ -308,9 +308,31 @@ TEST(DeviceCapabilities, CpuRunsOpsWhenIssuedOnHostMemory) {
   EXPECT_TRUE(cpu->ops_run_when_issued);
   EXPECT_TRUE(cpu->host_memory);
   EXPECT_FALSE(cpu->virtual_time);
-  const DeviceCapabilities gpu;
-  EXPECT_FALSE(gpu.ops_run_when_issued || gpu.host_memory || gpu.virtual_time);
+  EXPECT_FALSE(cpu->native_streams);
+  const DeviceCapabilities defaults;
+  EXPECT_FALSE(defaults.ops_run_when_issued || defaults.host_memory || defaults.virtual_time ||
+               defaults.native_streams);
   EXPECT_EQ(Device::CapabilitiesOf(DeviceId::Cpu(-1)).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Options are checked before their device exists: the kind's capabilities
+// are the device's, and a GPU's ops are enqueued on native streams.
+TEST(DeviceCapabilities, KnownBeforeTheDeviceExists) {
+  const DeviceCapabilities cpu = Device::KindCapabilities(DeviceKind::kCpu);
+  EXPECT_TRUE(cpu.ops_run_when_issued && cpu.host_memory);
+  EXPECT_FALSE(cpu.virtual_time || cpu.native_streams);
+  const DeviceCapabilities cuda = Device::KindCapabilities(DeviceKind::kCuda);
+  EXPECT_TRUE(cuda.native_streams);
+  EXPECT_FALSE(cuda.ops_run_when_issued || cuda.host_memory || cuda.virtual_time);
+  const DeviceCapabilities sim = Device::KindCapabilities(DeviceKind::kSim);
+  EXPECT_TRUE(sim.virtual_time);
+  EXPECT_FALSE(sim.ops_run_when_issued || sim.host_memory || sim.native_streams);
+  const DeviceCapabilities unknown = Device::KindCapabilities(static_cast<DeviceKind>(7));
+  EXPECT_FALSE(unknown.ops_run_when_issued || unknown.host_memory || unknown.virtual_time ||
+               unknown.native_streams);
+  auto dev = Device::Get(DeviceId::Cpu(0));
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_TRUE((*dev)->capabilities().host_memory);
 }
 
 }  // namespace
