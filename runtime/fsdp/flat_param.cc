@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <limits>
-#include <set>
+#include <string_view>
+#include <unordered_set>
 
 namespace sk {
 
@@ -17,12 +18,17 @@ StatusOr<FlatParamLayout> FlatParamLayout::Make(std::vector<std::pair<std::strin
   }
   FlatParamLayout layout;
   layout.group_size_ = group_size;
-  std::set<std::string> names;
+  // Views of `params`' own names (alive until we return), hashed: every
+  // planner candidate lays out each of its units, and a set of copied names
+  // was 2% of a GPT-175B plan.
+  std::unordered_set<std::string_view> names;
+  names.reserve(params.size());
+  layout.params_.reserve(params.size());
   int64_t offset = 0;
   constexpr int64_t kLimit = std::numeric_limits<int64_t>::max() / 4;
   for (auto& [name, shape] : params) {
     if (name.empty()) return InvalidArgumentError("parameter with an empty name");
-    if (!names.insert(name).second) return InvalidArgumentError("parameter '" + name + "' appears twice");
+    if (!names.insert(std::string_view(name)).second) return InvalidArgumentError("parameter '" + name + "' appears twice");
     int64_t n = shape.numel();
     offset = RoundUp(offset, kFlatAlignElems);
     if (n > kLimit - offset) return InvalidArgumentError("flat parameter size overflows");

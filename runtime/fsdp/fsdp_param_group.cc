@@ -18,6 +18,7 @@ StatusOr<Tensor> ViewOfParam(const Tensor& flat, const FlatParamLayout& layout, 
 // Every parameter's view inside `flat`, in layout order.
 StatusOr<std::vector<Tensor>> ViewsOfParams(const Tensor& flat, const FlatParamLayout& layout) {
   std::vector<Tensor> views;
+  views.reserve(layout.params().size());
   for (int p = 0; p < static_cast<int>(layout.params().size()); ++p) {
     SK_ASSIGN_OR_RETURN(Tensor v, ViewOfParam(flat, layout, p));
     views.push_back(std::move(v));

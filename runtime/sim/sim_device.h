@@ -287,6 +287,10 @@ class SimDevice final : public Device {
   void set_record_spans(bool on);
   // Recorded spans in enqueue order.
   std::vector<SpanRecord> spans() const;
+  // Calls `visit` on each recorded span in enqueue order, under the device's
+  // lock (`visit` must not call back into the device): spans() without the
+  // copy, for a caller that only reads them once.
+  void VisitSpans(const std::function<void(const SpanRecord&)>& visit) const;
   // Recorded spans of `category` that intersect [start_s, end_s).
   std::vector<SpanRecord> SpansOverlapping(std::string_view category, double start_s,
                                            double end_s) const;

@@ -47,7 +47,8 @@ class SimOpBackend final : public ops::OpBackend {
       return InvalidArgumentError(std::string(cost.name) + " on a sim device needs a stream");
     }
     SK_ASSIGN_OR_RETURN(SimDevice * device, SimDevice::For(*ctx.stream));
-    DeviceState state = Get(device->id().index);
+    const std::shared_ptr<const DeviceState> held = Get(device->id().index);
+    const DeviceState& state = *held;
     if (state.compute == nullptr) {
       return FailedPreconditionError(std::string(cost.name) + " on " + device->id().ToString() +
                                      ": the device has no profile (sim::SetUpSimDevice)");
@@ -76,23 +77,32 @@ class SimOpBackend final : public ops::OpBackend {
 
   void Set(int index, DeviceState state) {
     std::lock_guard<std::mutex> lock(mu_);
-    states_[index] = std::move(state);
+    states_[index] = std::make_shared<const DeviceState>(std::move(state));
   }
   void SetAdjust(int index, std::function<double(double, double)> adjust) {
     std::lock_guard<std::mutex> lock(mu_);
-    states_[index].adjust =
+    std::shared_ptr<const DeviceState>& slot = states_[index];
+    DeviceState state = slot != nullptr ? *slot : DeviceState{};
+    state.adjust =
         adjust ? std::make_shared<const std::function<double(double, double)>>(std::move(adjust))
                : nullptr;
+    slot = std::make_shared<const DeviceState>(std::move(state));
   }
-  DeviceState Get(int index) {
+  // The device's state as of now (an empty one for a device never set up).
+  // One shared pointer per op, not a copy of the state's three: every
+  // simulated op asks (the planner's hot path).
+  std::shared_ptr<const DeviceState> Get(int index) {
+    static const std::shared_ptr<const DeviceState> kNone = std::make_shared<const DeviceState>();
     std::lock_guard<std::mutex> lock(mu_);
     auto it = states_.find(index);
-    return it == states_.end() ? DeviceState{} : it->second;
+    return it == states_.end() || it->second == nullptr ? kNone : it->second;
   }
 
  private:
   std::mutex mu_;
-  std::map<int, DeviceState> states_;
+  // Replaced whole, never changed in place: an op that holds one prices with
+  // a consistent state while another thread sets the device up again.
+  std::map<int, std::shared_ptr<const DeviceState>> states_;
 };
 
 SimOpBackend& Backend() {

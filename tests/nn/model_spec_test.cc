@@ -1,6 +1,7 @@
 // ModelSpecBuilder: the rules a model's unit list keeps, checked as each
 // unit and parameter is added (what sk_model_spec enforces).
 #include "runtime/nn/model_spec.h"
+#include "runtime/nn/model.h"
 
 #include <gtest/gtest.h>
 
@@ -93,6 +94,37 @@ TEST(ModelSpecBuilderTest, TiesNeedAnEarlierOwnerAndComeAfterTheUnitsOwnParamete
   EXPECT_EQ(b.units()[1].tied[0].shape, b.units()[0].params[0].shape);
   Status late = b.AddParam(1, Param("c", 2)).status();
   EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition) << late;
+}
+
+// ResolveTiedParams keys parameters by their full "<unit>.<param>" name, not
+// by the pair: two units whose names and parameters spell the same full
+// name declare one parameter twice, and a tied parameter finds its owner by
+// the full name however it is split.
+TEST(ResolveTiedParamsTest, FullNamesDecideDuplicatesAndOwners) {
+  std::vector<UnitSpec> units(2);
+  units[0].name = "a";
+  units[0].params = {Param("b.c", 4)};
+  units[1].name = "a.b";
+  units[1].params = {Param("c", 4)};
+  StatusOr<std::vector<std::vector<ParamRef>>> twice = ResolveTiedParams(units);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(twice.status(), "parameter 'a.b.c' is declared by two units")) << twice.status();
+
+  units[1].params = {Param("d", 4)};
+  units[1].tied = {TiedParamSpec{"head.w", "a.b.c", *Shape::Make({4})}};
+  StatusOr<std::vector<std::vector<ParamRef>>> refs = ResolveTiedParams(units);
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  ASSERT_EQ(refs->size(), 2u);
+  EXPECT_TRUE((*refs)[0].empty());
+  ASSERT_EQ((*refs)[1].size(), 1u);
+  EXPECT_EQ((*refs)[1][0].unit, 0);
+  EXPECT_EQ((*refs)[1][0].param, 0);
+
+  units[1].tied[0].owner = "a.b";  // a prefix of a full name is no name
+  StatusOr<std::vector<std::vector<ParamRef>>> missing = ResolveTiedParams(units);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(Mentions(missing.status(), "names owner 'a.b', which no unit declares")) << missing.status();
 }
 
 }  // namespace

@@ -71,6 +71,41 @@ std::shared_ptr<Work> Ok(StatusOr<std::shared_ptr<Work>> w) {
   return w.ok() ? *w : nullptr;
 }
 
+// A simulated collective's span (and its Work's errors) carry this text, so
+// a trace names what each collective moved.
+TEST(SimProcessGroup, ACollectiveDescribesItsKindSequenceTensorsOpAndLabel) {
+  SimDevice* d = Fresh(40);
+  Tensor shard = SimTensor(d, 4), full = SimTensor(d, 32);
+  comm::Collective c;
+  c.kind = CollectiveKind::kAllGather;
+  c.seq = 12;
+  c.inputs = {shard, shard};
+  c.outputs = {full, full};
+  c.label = "unit 'h.3' forward";
+  EXPECT_EQ(c.Describe(), "all_gather #12 (f32[4] -> f32[32], f32[4] -> f32[32]) [unit 'h.3' forward]");
+  c.kind = CollectiveKind::kReduceScatter;
+  c.inputs = {full};
+  c.outputs = {shard};
+  c.op = comm::ReduceOp::kAvg;
+  c.label.clear();
+  EXPECT_EQ(c.Describe(), "reduce_scatter #12 (f32[32] -> f32[4], avg)");
+  c.kind = CollectiveKind::kAllReduce;
+  c.inputs = c.outputs = {full};
+  c.op = comm::ReduceOp::kSum;
+  EXPECT_EQ(c.Describe(), "all_reduce #12 (f32[32], sum)");
+  c.kind = CollectiveKind::kBroadcast;
+  c.root = 3;
+  c.label = "weights";
+  EXPECT_EQ(c.Describe(), "broadcast #12 (f32[32], root 3) [weights]");
+  c.kind = CollectiveKind::kBarrier;
+  c.seq = 0;
+  c.inputs.clear();
+  c.outputs.clear();
+  EXPECT_EQ(c.Describe(), "barrier #0 [weights]");
+  c.label.clear();
+  EXPECT_EQ(c.Describe(), "barrier #0");
+}
+
 TEST(SimProcessGroup, RingAllReduceInsideANodeTakesTheClosedForm) {
   SimDevice* d = Fresh(1);
   const comm::NetworkProfile model = ModelA100();
