@@ -63,6 +63,11 @@ struct Moment {
   int64_t transient = 0;
   int64_t shards = 0;
   bool end = false;             // from the first block's backward on
+  // While a unit's backward computes (its full gradient and sinks made);
+  // otherwise between two units' backwards (a PreBackward's gathers, a
+  // PostBackward, a reduction issued), when the model holds less
+  // (Model::BetweenBackwardsActivationBytes).
+  bool computing = false;
   bool no_activations = false;  // outside forward and backward
 };
 
@@ -106,8 +111,9 @@ void WalkBackward(const std::vector<WalkUnit>& units, const WalkOptions& o, bool
     for (int u = 0; u < n; ++u) shards += shards_made ? F32(units[u].shard) : 0;
   }
   auto param_bytes = [&](int u) { return Blocks(units[u].padded * o.pd); };
-  auto moment = [&](int64_t extra, bool end) {
+  auto moment = [&](int64_t extra, bool end, bool computing = false) {
     Moment m;
+    m.computing = computing;
     m.transient = pending + extra;
     for (int u = 0; u < n; ++u) {
       if (!o.persistent) {
@@ -169,7 +175,7 @@ void WalkBackward(const std::vector<WalkUnit>& units, const WalkOptions& o, bool
       for (int64_t b : unit.sink_bytes) sinks += b;
     }
     for (const auto& [owner, b] : unit.tied_sinks) sinks += grad[owner] != 4 ? b : 0;
-    moment(sinks, end);
+    moment(sinks, end, /*computing=*/true);
     // PostBackward: FSDP frees the parameters (and its owners' where it
     // reshards after forward); the model's views may hold them a while.
     int64_t scoped = 0;
@@ -386,6 +392,13 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
       model->PeakActivationBytes(r.batch_size, t, te, r.device) + packed + rounding;
   const int64_t end_activations =
       model->BackwardEndActivationBytes(r.batch_size, t, te, r.device) + packed + rounding;
+  // Between two units' backwards (before the end). No attention runs
+  // then, but the packed attention's temporaries stay counted (an upper
+  // bound; 0 but on CUDA): a model without its own count (the default,
+  // PeakActivationBytes) keeps exactly its estimate.
+  const int64_t between_activations =
+      std::min(model->BetweenBackwardsActivationBytes(r.batch_size, t, te, r.device) + packed + rounding,
+               peak_activations);
   // Gradient shards exist from each unit's first reduction of a step to
   // ZeroGrad (FsdpParamGroup), and activations fall through the backward
   // while the shards grow. A moment's shards are the walk's; its
@@ -393,7 +406,12 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   //  - from the first block's backward on (an end moment), by
   //    Model::BackwardEndActivationBytes;
   //  - before it, by the activations' peak (the head's backward, or the
-  //    last block's), and the shards and activations together by the
+  //    last block's) while a unit's backward computes, and between two
+  //    units' backwards (gathers issued, a unit's PostBackward, its
+  //    reduction) by Model::BetweenBackwardsActivationBytes: the finished
+  //    unit's saved activations and temporaries are gone by then (a GPT
+  //    block's reduction no longer meets that block's activations); the
+  //    shards and activations together by the
   //    larger of the two ends of that stretch: at its start the shard of
   //    the unit that runs last in forward beside the activations' peak, at
   //    its end every shard beside the end's activations. Activations fall
@@ -413,8 +431,9 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
       activations = 0;
     } else if (m.end) {
       activations = end_activations;
-    } else if (m.shards + peak_activations <= std::max(start_bound, end_bound)) {
-      activations = peak_activations;
+    } else if (m.shards + (m.computing ? peak_activations : between_activations) <=
+               std::max(start_bound, end_bound)) {
+      activations = m.computing ? peak_activations : between_activations;
     } else if (start_bound >= end_bound) {
       shards = last_shard;
       activations = peak_activations;

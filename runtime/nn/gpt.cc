@@ -137,18 +137,23 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
   }
   if (!backward) return loss;
 
-  SK_ASSIGN_OR_RETURN(Tensor dx, nn_internal::NewAct(ctx, act, n * c));
+  // The running gradient: the head allocates it, each block's backward
+  // works in it in place.
+  Tensor dx;
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
     SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadBackward(ctx, b.p, b.g, xs[L], head, targets, n, c,
-                                                       config_.vocab_size, act, dx,
+                                                       config_.vocab_size, act, &dx,
                                                        config_.tie_word_embeddings,
                                                        nn_internal::ClassifierGradScale(batch)));
     head = HeadSaved();
+    // The head's input, the last block's output, goes before the head's
+    // gradient is reduced (both references; with checkpointing there is
+    // no saved one).
     xs[L] = Tensor();
+    if (!saved[L - 1].subs.empty()) saved[L - 1].subs.back().out = Tensor();
     SK_RETURN_IF_ERROR(scope.PostBackward(head_unit, &b));
   }
-  SK_ASSIGN_OR_RETURN(Tensor dnext, nn_internal::NewAct(ctx, act, n * c));
   for (int64_t l = L - 1; l >= 0; --l) {
     const int u = static_cast<int>(l + 1);
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(u));
@@ -157,11 +162,13 @@ StatusOr<float> GptModel::Run(const TokenBatch& batch, UnitHooks& hooks, Allocat
       SK_RETURN_IF_ERROR(block_.RecomputeCheap(ctx, dims, b.p, xs[l], options_.recompute_attention,
                                                &saved[l]));
     }
+    // The block output (xs[l + 1]) was the next block's input, done with:
+    // its own backward does not read it.
+    saved[l].subs.back().out = Tensor();
     SK_RETURN_IF_ERROR(
-        block_.Backward(ctx, dims, b.p, b.g, xs[l], Tensor(), saved[l], dx, dnext, Tensor()));
+        block_.Backward(ctx, dims, b.p, b.g, xs[l], Tensor(), saved[l], dx, dx, Tensor()));
     saved[l] = BlockSaved();
     if (l > 0) xs[l] = Tensor();
-    std::swap(dx, dnext);
     SK_RETURN_IF_ERROR(scope.PostBackward(u, &b));
   }
   {
@@ -217,50 +224,80 @@ StepFlops GptModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*source_
 
 namespace sk {
 
-int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
-                                      int64_t /*source_len*/, DeviceKind device) const {
-  const BlockDims d = GptBlockDims(config_, batch_size, seq_len, options_.compute_dtype);
-  const int64_t n = batch_size * seq_len, c = config_.d_model, L = config_.n_layer;
-  // Activations and their gradients are in the compute dtype (a bytes per
-  // element); ids, targets, the loss and LayerNorm statistics are 4 bytes.
+// Kept through the forward: the token ids and targets on the device and
+// the loss, the embedding output and, per block, either everything
+// backward needs (less, with selective checkpointing, what RecomputeCheap
+// rebuilds in the block's backward) or (full checkpointing) only the block
+// output. (Parameters are used in place: no copies. 16-bit gradient
+// buffers get f32 sinks of a unit's size during its backward (UnitGrads);
+// whoever hands out such buffers counts them: FSDP's memory estimator
+// does.)
+int64_t GptModel::KeptActivationBytes(const BlockDims& d, DeviceKind device) const {
+  const int64_t n = d.batch * d.seq, c = config_.d_model, L = config_.n_layer;
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
-  const bool ckpt = options_.full_checkpointing();
-  // Selective checkpointing keeps `saved` less what RecomputeCheap rebuilds
-  // in the block's backward.
+  return 4 * 2 * n + nn_internal::kLossBytes + a * n * c +
+         L * (options_.full_checkpointing() ? a * n * c : SavedPerBlockBytes(d, device));
+}
+
+int64_t GptModel::SavedPerBlockBytes(const BlockDims& d, DeviceKind device) const {
   const int64_t recomputed = options_.selective_checkpointing()
                                  ? block_.RecomputableBytes(d, options_.recompute_attention, device)
                                  : 0;
-  const int64_t saved = block_.SavedBytes(d, device) - recomputed;
-  // (Parameters are used in place: no copies. 16-bit gradient buffers get
-  // f32 sinks of a unit's size during its backward (UnitGrads); whoever hands
-  // out such buffers counts them: FSDP's memory estimator does.)
-  // Kept through the forward: the token ids and targets on the device and
-  // the loss, the embedding output and, per block, either everything
-  // backward needs or (checkpointing) only the block output.
-  const int64_t kept =
-      4 * (2 * n + 1) + a * n * c + L * (ckpt ? a * n * c : saved);
-  // Head backward: its saved LayerNorm (+ mean, rstd), dx, dln and the
-  // fused classifier's row losses and chunk of logits.
+  return block_.SavedBytes(d, device) - recomputed;
+}
+
+int64_t GptModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
+                                      int64_t /*source_len*/, DeviceKind device) const {
+  const BlockDims d = GptBlockDims(config_, batch_size, seq_len, options_.compute_dtype);
+  const int64_t n = batch_size * seq_len, c = config_.d_model;
+  // Activations and their gradients are in the compute dtype (a bytes per
+  // element); ids, targets and LayerNorm statistics are 4 bytes, the loss
+  // one allocator block (kLossBytes).
+  const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
+  const bool ckpt = options_.full_checkpointing();
+  const int64_t recomputed = options_.selective_checkpointing()
+                                 ? block_.RecomputableBytes(d, options_.recompute_attention, device)
+                                 : 0;
+  const int64_t saved = SavedPerBlockBytes(d, device);
+  const int64_t kept = KeptActivationBytes(d, device);
+  // Head backward: its saved LayerNorm (+ mean, rstd), dln and the fused
+  // classifier's row losses and chunk of logits, or after them dx.
   const int64_t head = kept + nn_internal::HeadBackwardPeakBytes(n, c, config_.vocab_size, d.storage, 2);
-  // Last block's backward: dx, dnext, its temporaries, and the recomputed
-  // activations of that block: all but its output with full checkpointing,
-  // the cheap ops' outputs with selective.
-  // (With checkpointing the head's input, the last block output, is gone by then.)
-  const int64_t block = kept + 2 * a * n * c + block_.BackwardTempBytes(d, device) +
+  // Last block's backward: dx (the gradient runs in place), its
+  // temporaries, and the recomputed activations of that block: all of it
+  // with full checkpointing, the cheap ops' outputs with selective. dx
+  // takes the place of the block's output (the head's input), released
+  // before the backward; with checkpointing the kept output went with the
+  // head and the recomputed one is released.
+  const int64_t block = kept + block_.BackwardTempBytes(d, device) +
                         (ckpt ? saved - a * n * c : recomputed);
   return std::max(head, block);
 }
 
 // The first block's backward: the token ids, targets and loss, the
-// embedding output (its input), dx and dnext, its temporaries and all it
-// saved (or, checkpointed, recomputed).
+// embedding output (its input), dx, its temporaries and all it saved (or,
+// checkpointed, recomputed) but its output (released: dx counts in its
+// place).
 int64_t GptModel::BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len,
                                              int64_t /*source_len*/, DeviceKind device) const {
   const BlockDims d = GptBlockDims(config_, batch_size, seq_len, options_.compute_dtype);
   const int64_t n = batch_size * seq_len, c = config_.d_model;
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
-  return 4 * (2 * n + 1) + 3 * a * n * c + block_.BackwardTempBytes(d, device) +
+  return 4 * 2 * n + nn_internal::kLossBytes + a * n * c + block_.BackwardTempBytes(d, device) +
          block_.SavedBytes(d, device);
+}
+
+// Before the head's backward: what the forward kept and the head's saved
+// LayerNorm output and statistics. Every later moment between two units'
+// backwards holds less: the head's backward releases its saved tensors and
+// the last block's output and makes dx in its place, and each block's
+// backward releases what the block saved (its output before it runs).
+int64_t GptModel::BetweenBackwardsActivationBytes(int64_t batch_size, int64_t seq_len,
+                                                  int64_t /*source_len*/, DeviceKind device) const {
+  const BlockDims d = GptBlockDims(config_, batch_size, seq_len, options_.compute_dtype);
+  const int64_t n = batch_size * seq_len;
+  const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
+  return KeptActivationBytes(d, device) + a * n * config_.d_model + 4 * 2 * n;
 }
 
 int64_t GptModel::PackedAttentionTemporaryBytes(int64_t batch_size, int64_t seq_len,

@@ -56,6 +56,8 @@ class GptModel final : public ConfiguredModel<GptConfig> {
                               DeviceKind device) const override;
   int64_t BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
                                      DeviceKind device) const override;
+  int64_t BetweenBackwardsActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
+                                          DeviceKind device) const override;
   int64_t PackedAttentionTemporaryBytes(int64_t batch_size, int64_t seq_len,
                                         DeviceKind device) const override;
 
@@ -63,6 +65,10 @@ class GptModel final : public ConfiguredModel<GptConfig> {
   GptModel(const GptConfig& config, const ModelOptions& options);
   StatusOr<float> Run(const TokenBatch& batch, UnitHooks& hooks, Allocator& alloc,
                       bool backward) const override;
+  // What one block keeps from its forward to its backward, and what the
+  // forward keeps in all (the activation counts' common part: gpt.cc).
+  int64_t SavedPerBlockBytes(const nn_internal::BlockDims& d, DeviceKind device) const;
+  int64_t KeptActivationBytes(const nn_internal::BlockDims& d, DeviceKind device) const;
 
   nn_internal::TransformerBlock block_;
 };

@@ -298,6 +298,20 @@ class Model {
                                              DeviceKind device) const {
     return PeakActivationBytes(batch_size, seq_len, source_len, device);
   }
+  // The most bytes of the same kind the model holds while none of its
+  // units' backwards is computing, before its first unit after the input:
+  // from the backward's start through the hooks' PreBackward and
+  // PostBackward of the head and the later blocks, when the finished
+  // unit's saved activations and temporaries are gone and the next unit's
+  // are not yet made. FSDP's memory estimator counts it beside the
+  // buffers of those moments (a unit's gradient reduction, the next
+  // unit's gather) instead of the activations' peak, which only a unit's
+  // backward computation reaches. Default: PeakActivationBytes (an upper
+  // bound).
+  virtual int64_t BetweenBackwardsActivationBytes(int64_t batch_size, int64_t seq_len,
+                                                  int64_t source_len, DeviceKind device) const {
+    return PeakActivationBytes(batch_size, seq_len, source_len, device);
+  }
   // What one attention call over packed documents (TokenBatch::segment_ids)
   // allocates on `device` beyond the counts above, freed when it returns:
   // on CUDA, where the model runs the linear-memory attention, that op's

@@ -205,13 +205,13 @@ StatusOr<float> T5Model::Run(const TokenBatch& batch, UnitHooks& hooks, Allocato
   }
   if (!backward) return loss;
 
-  SK_ASSIGN_OR_RETURN(Tensor dx, NewAct(ctx, act, nd * c));
+  Tensor dx;  // the head allocates it
   SK_ASSIGN_OR_RETURN(Tensor dnext, NewAct(ctx, act, nd * c));
   SK_ASSIGN_OR_RETURN(Tensor denc, nn_internal::ZerosF32(ctx, ne * c));
   {
     SK_ASSIGN_OR_RETURN(auto b, scope.PreBackward(head_unit));
     SK_ASSIGN_OR_RETURN(loss, nn_internal::HeadBackward(ctx, b.p, b.g, xd[D], head, targets, nd, c,
-                                                       config_.vocab_size, act, dx, /*tied=*/false,
+                                                       config_.vocab_size, act, &dx, /*tied=*/false,
                                                        nn_internal::ClassifierGradScale(batch)));
     head = HeadSaved();
     xd[D] = Tensor();
@@ -317,7 +317,8 @@ T5Model::ActivationTerms T5Model::TermsFor(const Dims& dims, DeviceKind device) 
   // the loss, embeddings, block activations (or outputs), the encoder output
   // with its LayerNorm statistics.
   t.enc_kept = 4 * (ne + 2 * nd + 1) + a * ne * c + E * (ckpt ? a * ne * c : enc_saved) + a * ne * c + 4 * 2 * ne;
-  // Backward buffers allocated before the head: dx, dnext, denc (f32).
+  // Backward buffers: dx (the head's, after its classifier), dnext and
+  // denc (f32, both before the head).
   t.grads = 2 * a * nd * c + 4 * ne * c;
   // Encoder backward: the decoder is gone except the decoder-embedding
   // gradient; ex and enext; the last encoder block's temporaries.
@@ -335,7 +336,8 @@ int64_t T5Model::PeakActivationBytes(int64_t batch_size, int64_t seq_len, int64_
   const bool ckpt = options_.full_checkpointing();
   const int64_t dec_kept = a * nd * c + D * (ckpt ? a * nd * c : t.dec_saved);
   // The head's backward: dnext and denc besides what HeadBackwardPeakBytes
-  // counts (its saved LayerNorm, dx, dln and the fused classifier's chunk).
+  // counts (its saved LayerNorm, dln and the fused classifier's chunk, or
+  // after it dx).
   const int64_t head = t.enc_kept + dec_kept + t.grads - a * nd * c +
                        nn_internal::HeadBackwardPeakBytes(nd, c, config_.vocab_size, dims.encoder.storage, 2);
   const int64_t dec = t.enc_kept + dec_kept - (ckpt ? a * nd * c : 0) + t.grads +

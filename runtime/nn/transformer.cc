@@ -406,15 +406,18 @@ Status SublayerForward(const OpContext& ctx, SublayerKind kind, const BlockDims&
   int64_t proj_in_dim = c;
   if (kind == SublayerKind::kMlp) {
     SK_ASSIGN_OR_RETURN(s->fc, NewAct(ctx, t, n * d.d_ff));
-    SK_ASSIGN_OR_RETURN(s->gelu, NewAct(ctx, t, n * d.d_ff));
+    // GELU's output feeds the projection and is then dropped: the backward
+    // recomputes it from fc (SublayerBackward), as Megatron-LM's recomputed
+    // activation function does, instead of keeping N x F per block.
+    SK_ASSIGN_OR_RETURN(Tensor gelu, NewAct(ctx, t, n * d.d_ff));
     // fc and GELU as one op: a fusing backend writes both from one GEMM
     // (ops::GemmBiasGelu; elsewhere GemmBias then GeluForward, as before).
     SK_ASSIGN_OR_RETURN(Tensor fc_w, InDType(ctx, p.fc_w, t));
     GemmParams fp;
     fp.m = n, fp.n = d.d_ff, fp.k = c;
     SK_RETURN_IF_ERROR(ops::GemmBiasGelu(ctx, fp, MatrixRef{s->ln, 0, c}, MatrixRef{fc_w, 0, d.d_ff},
-                                         p.fc_b, s->fc, s->gelu));
-    proj_in = s->gelu;
+                                         p.fc_b, s->fc, gelu));
+    proj_in = gelu;
     proj_in_dim = d.d_ff;
   } else {
     if (kind == SublayerKind::kCrossAttention) {
@@ -435,7 +438,9 @@ Status SublayerForward(const OpContext& ctx, SublayerKind kind, const BlockDims&
 }
 
 // dx = dy (the residual) + the LayerNorm branch's input gradient; dx may be
-// dy. Gradients of activations are in the compute dtype (d.storage), as
+// dy (every read of dy comes before the LayerNorm's backward adds into dx,
+// so the gradient then runs in place, without the residual's copy).
+// Gradients of activations are in the compute dtype (d.storage), as
 // autograd keeps them under autocast; parameter gradients go to f32 sinks.
 Status SublayerBackward(const OpContext& ctx, SublayerKind kind, const BlockDims& d,
                         const SublayerTensors& p, const SublayerTensors& g, const Tensor& x,
@@ -446,18 +451,26 @@ Status SublayerBackward(const OpContext& ctx, SublayerKind kind, const BlockDims
   const DType t = d.storage;
   SK_ASSIGN_OR_RETURN(Tensor dln, NewAct(ctx, t, n * c));
   if (kind == SublayerKind::kMlp) {
+    {
+      // proj's weight and bias gradients first, from GELU's output
+      // recomputed from the kept fc (SublayerForward drops it): GeluForward
+      // on the forward's own input, so the forward's values wherever it
+      // composes GemmBiasGelu. The temporary is freed before dh exists.
+      SK_ASSIGN_OR_RETURN(Tensor gelu, NewAct(ctx, t, n * d.d_ff));
+      SK_RETURN_IF_ERROR(ops::GeluForward(ctx, s.fc, gelu));
+      SK_RETURN_IF_ERROR(LinearBackward(ctx, gelu, p.proj_w, dy, n, d.d_ff, c, Tensor(), false,
+                                        g.proj_w, g.proj_b));
+    }
     SK_ASSIGN_OR_RETURN(Tensor dh, NewAct(ctx, t, n * d.d_ff));
     // dh = (dy proj_w^T) * GELU'(fc) as one op (ops::GemmGeluBackward: a
     // fusing backend scales the product in its GEMM; elsewhere Gemm then
-    // GeluBackward), then proj's weight and bias gradients.
+    // GeluBackward).
     SK_ASSIGN_OR_RETURN(Tensor proj_w, InDType(ctx, p.proj_w, dy.dtype()));
     GemmParams dp;
     dp.trans_b = true;
     dp.m = n, dp.n = d.d_ff, dp.k = c;
     SK_RETURN_IF_ERROR(ops::GemmGeluBackward(ctx, dp, MatrixRef{dy, 0, c}, MatrixRef{proj_w, 0, c},
                                              s.fc, MatrixRef{dh, 0, d.d_ff}));
-    SK_RETURN_IF_ERROR(LinearBackward(ctx, s.gelu, p.proj_w, dy, n, d.d_ff, c, Tensor(), false,
-                                      g.proj_w, g.proj_b));
     SK_RETURN_IF_ERROR(
         LinearBackward(ctx, s.ln, p.fc_w, dh, n, c, d.d_ff, dln, false, g.fc_w, g.fc_b));
   } else {
@@ -491,9 +504,10 @@ Status SublayerBackward(const OpContext& ctx, SublayerKind kind, const BlockDims
           LinearBackward(ctx, s.ln, p.qkv_w, dqkv, n, c, 3 * c, dln, false, g.qkv_w, g.qkv_b));
     }
   }
-  // The residual passes dy through; LayerNorm's backward adds its part (a
-  // 16-bit dx is rounded once, after the add).
-  SK_RETURN_IF_ERROR(ops::Copy(ctx, dy, dx));
+  // The residual passes dy through (already there when dx is dy);
+  // LayerNorm's backward adds its part (a 16-bit dx is rounded once, after
+  // the add).
+  if (dx.data() != dy.data()) SK_RETURN_IF_ERROR(ops::Copy(ctx, dy, dx));
   return ops::LayerNormBackward(ctx, x, p.ln_g, dln, s.ln_mean, s.ln_rstd, dx, g.ln_g, g.ln_b);
 }
 
@@ -548,7 +562,6 @@ Status TransformerBlock::Backward(const OpContext& ctx, const BlockDims& d, cons
 void TransformerBlock::ReleaseRecomputable(bool attention, BlockSaved* saved) const {
   for (SublayerActivations& s : saved->subs) {
     s.ln = s.ln_mean = s.ln_rstd = Tensor();
-    s.gelu = Tensor();
     if (attention) s.att = s.probs = s.lse = Tensor();
   }
 }
@@ -566,10 +579,7 @@ Status TransformerBlock::RecomputeCheap(const OpContext& ctx, const BlockDims& d
     SK_ASSIGN_OR_RETURN(s.ln_mean, NewF32(ctx, n));
     SK_ASSIGN_OR_RETURN(s.ln_rstd, NewF32(ctx, n));
     SK_RETURN_IF_ERROR(ops::LayerNormForward(ctx, in, w.ln_g, w.ln_b, s.ln, s.ln_mean, s.ln_rstd));
-    if (kinds_[i] == SublayerKind::kMlp) {
-      SK_ASSIGN_OR_RETURN(s.gelu, NewAct(ctx, d.storage, n * d.d_ff));
-      SK_RETURN_IF_ERROR(ops::GeluForward(ctx, s.fc, s.gelu));
-    } else if (attention) {
+    if (kinds_[i] != SublayerKind::kMlp && attention) {
       SK_RETURN_IF_ERROR(AttentionCore(ctx, kinds_[i], d, &s));
     }
     offset += SublayerParamCount(kinds_[i]);
@@ -584,9 +594,7 @@ int64_t TransformerBlock::RecomputableBytes(const BlockDims& d, bool attention,
   int64_t b = 0;
   for (SublayerKind k : kinds_) {
     b += a * n * c + 4 * 2 * n;  // ln; mean, rstd (f32)
-    if (k == SublayerKind::kMlp) {
-      b += a * n * d.d_ff;  // post-GELU
-    } else if (attention) {
+    if (k != SublayerKind::kMlp && attention) {
       // att; its state (f32), as SavedBytes counts it
       b += a * n * c + AttentionStateBytes(k, d, device);
     }
@@ -600,9 +608,7 @@ double TransformerBlock::RecomputeCheapFlops(const BlockDims& d, bool attention)
   double f = 0.0;
   for (SublayerKind k : kinds_) {
     f += ops::kLayerNormForwardFlops * n * c;
-    if (k == SublayerKind::kMlp) {
-      f += ops::kGeluForwardFlops * n * static_cast<double>(d.d_ff);
-    } else if (attention) {
+    if (k != SublayerKind::kMlp && attention) {
       // QK^T and PV (as ForwardMatmulFlops counts them) and the softmax.
       const double kv_len = static_cast<double>(k == SublayerKind::kCrossAttention ? d.enc_seq : d.seq);
       f += 2.0 * 2.0 * n * kv_len * c +
@@ -629,7 +635,7 @@ int64_t TransformerBlock::SavedBytes(const BlockDims& d, DeviceKind device) cons
         b += a * (n * c + 2 * ne * c + n * c) + AttentionStateBytes(k, d, device);
         break;
       case SublayerKind::kMlp:
-        b += a * 2 * n * d.d_ff;  // pre- and post-GELU
+        b += a * n * d.d_ff;  // pre-GELU (the post-GELU is recomputed)
         break;
     }
   }
@@ -668,7 +674,7 @@ int64_t TransformerBlock::BackwardTempBytes(const BlockDims& d, DeviceKind devic
         f += a * (n * c + n * c + 2 * ne * c) + 4 * d.heads * d.seq * d.enc_seq;  // datt, dq, dkv; scratch
         break;
       case SublayerKind::kMlp:
-        f += a * n * d.d_ff;  // dh
+        f += a * n * d.d_ff;  // the recomputed GELU output, then (freed) dh
         break;
     }
     most = std::max(most, f);
@@ -733,7 +739,7 @@ StatusOr<float> HeadForward(const OpContext& ctx, const UnitParams& p, const Ten
 StatusOr<float> HeadBackward(const OpContext& ctx, const UnitParams& p, const UnitGrads& g,
                              const Tensor& x, const HeadSaved& saved, const Tensor& targets,
                              int64_t rows, int64_t d_model, int64_t vocab, DType storage,
-                             const Tensor& dx, bool tied, float grad_scale) {
+                             Tensor* dx, bool tied, float grad_scale) {
   const HeadTensors h{p[0], p[1], p[2]};
   const HeadTensors dh{g[0], g[1], g[2]};
   SK_ASSIGN_OR_RETURN(Tensor loss, ctx.alloc->Empty(DType::kF32, Shape{1}));
@@ -741,8 +747,10 @@ StatusOr<float> HeadBackward(const OpContext& ctx, const UnitParams& p, const Un
   ops::ClassifierShape cs{rows, d_model, vocab, tied};
   SK_RETURN_IF_ERROR(ops::Classifier(ctx, cs, saved.ln, h.lm_head_w, targets, loss, dln,
                                      dh.lm_head_w, grad_scale));
-  SK_RETURN_IF_ERROR(ops::Fill(ctx, dx, 0.0f));
-  SK_RETURN_IF_ERROR(ops::LayerNormBackward(ctx, x, h.ln_g, dln, saved.ln_mean, saved.ln_rstd, dx,
+  // dx only now: the classifier's workspace is back by then.
+  SK_ASSIGN_OR_RETURN(*dx, NewAct(ctx, storage, rows * d_model));
+  SK_RETURN_IF_ERROR(ops::Fill(ctx, *dx, 0.0f));
+  SK_RETURN_IF_ERROR(ops::LayerNormBackward(ctx, x, h.ln_g, dln, saved.ln_mean, saved.ln_rstd, *dx,
                                             dh.ln_g, dh.ln_b));
   SK_ASSIGN_OR_RETURN(double value, ops::ReadScalar(ctx, loss));
   return static_cast<float>(value);
@@ -752,8 +760,10 @@ int64_t HeadBackwardPeakBytes(int64_t rows, int64_t d_model, int64_t vocab, DTyp
                               int stats) {
   const int64_t a = static_cast<int64_t>(DTypeSize(storage));
   const ops::ClassifierShape cs{rows, d_model, vocab};
-  return 3 * a * rows * d_model + 4 * stats * rows +
-         ops::ClassifierWorkspaceBytes(cs, storage, storage);
+  // The saved output and its statistics, dL/dln, then the classifier's
+  // workspace or, after it, dx.
+  return 2 * a * rows * d_model + 4 * stats * rows +
+         std::max(ops::ClassifierWorkspaceBytes(cs, storage, storage), a * rows * d_model);
 }
 
 float GradScale(const TokenBatch& batch) {

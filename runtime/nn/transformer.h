@@ -204,9 +204,12 @@ struct SublayerActivations {
   Tensor lse;      // self-attention in linear memory, instead of probs: [B, H, T] f32
                    // log-sum-exp per query row (transformer.cc: LinearMemoryAttention)
   Tensor att;      // attention: [N, C] heads' outputs, the output projection's input
-  Tensor fc;       // MLP: [N, F] pre-GELU
-  Tensor gelu;     // MLP: [N, F] post-GELU, the output projection's input
-  Tensor out;      // [N, C] the residual output: the next sublayer's input
+  Tensor fc;       // MLP: [N, F] pre-GELU. GELU's output, the projection's input,
+                   // is not kept: the backward recomputes it from fc (one
+                   // elementwise pass instead of N x F kept per block).
+  Tensor out;      // [N, C] the residual output: the next sublayer's input (the
+                   // last sublayer's is the block output, which the block's
+                   // own backward does not read)
 };
 
 struct BlockSaved {
@@ -230,17 +233,27 @@ class TransformerBlock {
 
   // Given dy for the block output, overwrites dx [batch*seq, d_model] with the
   // input gradient, adds the encoder-output gradient into denc (if any
-  // cross-attention) and parameter gradients into g. dx may be dy; otherwise
-  // they must not overlap.
+  // cross-attention) and parameter gradients into g. dx may be dy (the
+  // gradient then runs in place: no copy, no second buffer); otherwise they
+  // must not overlap. Reads neither saved.subs.back().out (the block
+  // output) nor anything after the call: the caller may release both.
+  // Each MLP sublayer recomputes GELU's output from its kept input (an
+  // N x F temporary, freed before the GELU's gradient is allocated):
+  // bit-identical to the forward's wherever the forward composes
+  // GemmBiasGelu (cpu, the simulator, CUDA by default); with CUDA's fused
+  // GELU epilogue (SK_CUDA_FUSED_EPILOGUES=1) the forward rounded GELU of
+  // the unrounded pre-activation, so the recomputed value may differ from
+  // it by GELU's slope times pre's rounding (ops.h: GemmBiasGelu).
   Status Backward(const ops::OpContext& ctx, const BlockDims& d, const UnitParams& p,
                   const UnitGrads& g, const Tensor& x, const Tensor& enc, const BlockSaved& saved,
                   const Tensor& dy, const Tensor& dx, const Tensor& denc) const;
 
   // Selective checkpointing (ActivationCheckpointing::kSelective): drops from
   // `saved` what RecomputeCheap rebuilds, each sublayer's LayerNorm output
-  // and statistics and the MLP's post-GELU, keeping the GEMM outputs (qkv,
-  // q, kv, fc, the residual outputs) and, unless `attention`, the
-  // attention's output and its probabilities (or log-sum-exp).
+  // and statistics, keeping the GEMM outputs (qkv, q, kv, fc, the residual
+  // outputs) and, unless `attention`, the attention's output and its
+  // probabilities (or log-sum-exp). (The MLP's post-GELU is never kept:
+  // Backward recomputes it in every mode.)
   void ReleaseRecomputable(bool attention, BlockSaved* saved) const;
   // Rebuilds what ReleaseRecomputable dropped (the same `attention`), from x
   // (the block input) and the kept tensors, with the ops Forward ran on the
@@ -251,9 +264,10 @@ class TransformerBlock {
   // on a device of kind `device` (which attention runs there:
   // LinearMemoryAttention).
   int64_t RecomputableBytes(const BlockDims& d, bool attention, DeviceKind device) const;
-  // Flops RecomputeCheap runs: LayerNorms and GELUs at their elementwise
-  // cost (runtime/ops/cost.h), no GEMM; with `attention`, also the
-  // attention's two products and its softmax.
+  // Flops RecomputeCheap runs: LayerNorms at their elementwise cost
+  // (runtime/ops/cost.h), no GEMM; with `attention`, also the attention's
+  // two products and its softmax. (Backward's GELU recompute runs in every
+  // mode, as part of the backward, and is not checkpointing's.)
   double RecomputeCheapFlops(const BlockDims& d, bool attention) const;
 
   // Bytes a Forward on a device of kind `device` keeps in `saved` (what
@@ -264,7 +278,8 @@ class TransformerBlock {
   int64_t SavedBytes(const BlockDims& d, DeviceKind device) const;
   // Most bytes a Backward on `device` allocates at once beyond `saved`, its
   // dy and dx (the composed attention's scratch, or the linear-memory
-  // backward's workspace).
+  // backward's workspace; an MLP's recomputed GELU output, then its
+  // gradient).
   int64_t BackwardTempBytes(const BlockDims& d, DeviceKind device) const;
   // Model::PackedAttentionTemporaryBytes of the block's causal
   // self-attention (the largest of its sublayers').
@@ -323,19 +338,27 @@ Status ValidateLossDenominator(const TokenBatch& batch);
 // The head's loss and backward, in its backward phase: the fused
 // classifier over saved.ln (loss, dL/dln, the LM projection's gradient with
 // factor grad_scale per counted target: ClassifierGradScale), then the
-// LayerNorm's. Overwrites dx [rows, d_model]; adds parameter gradients into
-// g. Returns the loss, read back with ReadScalar (NaN on a device that does
-// not execute).
+// LayerNorm's into *dx [rows, d_model], which it allocates (compute dtype)
+// once the classifier has returned its workspace, so that the two never
+// coexist; adds parameter gradients into g. Returns the loss, read back
+// with ReadScalar (NaN on a device that does not execute).
 StatusOr<float> HeadBackward(const ops::OpContext& ctx, const UnitParams& p, const UnitGrads& g,
                              const Tensor& x, const HeadSaved& saved, const Tensor& targets,
                              int64_t rows, int64_t d_model, int64_t vocab, DType storage,
-                             const Tensor& dx, bool tied, float grad_scale);
+                             Tensor* dx, bool tied, float grad_scale);
+
+// Bytes a step's one-element f32 loss tensor takes from a caching
+// allocator (runtime/memory: 512-byte blocks), as GPT's count takes it:
+// four bytes left the estimate 508 bytes short of the simulator's peak,
+// which the loss is alive at (tests/sim/sim_run_test).
+inline constexpr int64_t kLossBytes = 512;
 
 // Bytes the head holds at its peak besides what the model keeps through the
-// forward: during the classifier of HeadBackward, its saved LayerNorm
-// output and statistics, dx, dL/dln and the classifier's workspace
-// (ops::ClassifierWorkspaceBytes; the weight used in the compute dtype). The
-// same for RMSNorm heads with `stats` statistics per row.
+// forward: its saved LayerNorm output and statistics, dL/dln and the larger
+// of the classifier's workspace (ops::ClassifierWorkspaceBytes; the weight
+// used in the compute dtype) and dx, which HeadBackward allocates after
+// the classifier. The same for RMSNorm heads with `stats` statistics per
+// row.
 int64_t HeadBackwardPeakBytes(int64_t rows, int64_t d_model, int64_t vocab, DType storage,
                               int stats);
 
