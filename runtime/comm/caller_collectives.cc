@@ -132,12 +132,13 @@ StatusOr<Tensor> CallerCollectives::Wrap(const void* data, int64_t count, Caller
     return InvalidArgumentError(std::string(what) + " is NULL with count " + std::to_string(count));
   }
   const DeviceId want = device_->id();
+  const DeviceCapabilities can = device_->capabilities();
   const std::optional<DeviceId> at = Device::PointerDevice(data);
-  if (want.is_cpu() && at.has_value()) {
+  if (can.host_memory && at.has_value()) {
     return InvalidArgumentError(std::string(what) + " points into " + at->ToString() + " memory, but the " +
                                 group_->backend_name() + " group moves host buffers");
   }
-  if (want.is_cuda() && count > 0 && (!at.has_value() || *at != want)) {
+  if (can.device_memory() && count > 0 && (!at.has_value() || *at != want)) {
     return InvalidArgumentError(std::string(what) + " is " + (at ? at->ToString() + " memory" : "host memory") +
                                 ", but the " + group_->backend_name() + " group moves buffers of " +
                                 want.ToString());
@@ -211,7 +212,7 @@ Status CallerCollectives::GatherAndReduce(void* data, const Tensor& t, int64_t c
   void* gathered = host.data();
   void* device_buffer = nullptr;  // input then gathered copies, on a GPU group
   const size_t device_bytes = stride * static_cast<size_t>(n + 1);
-  if (!device_->id().is_cpu()) {
+  if (!device_->capabilities().host_memory) {
     SK_ASSIGN_OR_RETURN(device_buffer, device_->RawAllocate(device_bytes));
     in = device_buffer;
     gathered = static_cast<unsigned char*>(device_buffer) + stride;
@@ -282,7 +283,7 @@ Status CallerCollectives::AgreeOnDType(const char* call, CallerDType dtype) {
   void* gathered = all.data();
   void* device_buffer = nullptr;  // this rank's word, then every rank's, on a GPU group
   const size_t device_bytes = sizeof(int32_t) * static_cast<size_t>(n + 1);
-  if (!device_->id().is_cpu()) {
+  if (!device_->capabilities().host_memory) {
     SK_ASSIGN_OR_RETURN(device_buffer, device_->RawAllocate(device_bytes));
     in = device_buffer;
     gathered = static_cast<int32_t*>(device_buffer) + 1;

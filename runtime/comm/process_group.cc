@@ -204,7 +204,8 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::SubmitStagedFromHost(Collective c,
   for (size_t i = 0; i < c.outputs.size(); ++i) {
     const Tensor& out = c.outputs[i];
     const Tensor& in = c.inputs[i];
-    if (!out.device().is_cpu() || !in.device().is_cpu()) {
+    if (!Device::KindCapabilities(out.device().kind).host_memory ||
+        !Device::KindCapabilities(in.device().kind).host_memory) {
       return Invalid(std::string(CollectiveName(c.kind)) + " mixes host and device tensors on stream '" +
                      stream.name() + "' of " + stream.device().ToString());
     }
@@ -238,10 +239,13 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::SubmitStagedFromHost(Collective c,
 }
 
 StatusOr<std::shared_ptr<Work>> ProcessGroup::Submit(Collective c, Stream& stream) {
-  if (stream.device().is_cuda()) {
+  if (Device::KindCapabilities(stream.device().kind).device_memory()) {
+    auto on_host = [](const Tensor& t) {
+      return t.defined() && Device::KindCapabilities(t.device().kind).host_memory;
+    };
     bool host = false;
-    for (const Tensor& t : c.outputs) host |= t.defined() && t.device().is_cpu();
-    for (const Tensor& t : c.inputs) host |= t.defined() && t.device().is_cpu();
+    for (const Tensor& t : c.outputs) host |= on_host(t);
+    for (const Tensor& t : c.inputs) host |= on_host(t);
     if (host) return SubmitStagedFromHost(std::move(c), stream);
   }
   if (c.timeout.count() <= 0) {

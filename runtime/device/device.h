@@ -72,6 +72,19 @@ struct DeviceCapabilities {
   // caller's own native stream can be wrapped (WrapNativeStream) and work
   // ordered with it.
   bool native_streams = false;
+  // Its linear-memory attention (ops::FlashAttentionForward/Backward) masks
+  // packed documents (AttentionShape::key_start) inside the kernel, so a
+  // packed call needs no memory its unpacked shape would not (cpu; sim,
+  // priced as the CPU's). Without it (cuda: cuDNN's SDPA as shardkit calls
+  // it takes no per-query document mask) a packed call runs the composed
+  // attention with its probabilities in a temporary of that call
+  // (ops::ComposedAttentionTemporaryBytes), which memory estimates count.
+  bool masked_fused_attention = false;
+
+  // Derived: its memory is its own, not the host's, and holds data (cuda):
+  // host buffers reach it by copies (staged), and a pointer into it is the
+  // device's (Device::PointerDevice).
+  bool device_memory() const { return !host_memory && !virtual_time; }
 };
 
 class Event {
@@ -163,8 +176,9 @@ class Device {
   static StatusOr<DeviceCapabilities> CapabilitiesOf(DeviceId id);
   // What every device of `kind` can do, known before one exists (options
   // are checked before their device is made): the one place a kind's
-  // capabilities are stated. cpu: ops run when issued, host memory; cuda:
-  // native streams; sim: virtual time. An unknown kind: the defaults.
+  // capabilities are stated. cpu: ops run when issued, host memory, masked
+  // fused attention; cuda: native streams; sim: virtual time, masked fused
+  // attention. An unknown kind: the defaults.
   static DeviceCapabilities KindCapabilities(DeviceKind kind);
 
   // A new stream. `name` labels it in traces and errors.

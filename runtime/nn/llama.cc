@@ -566,11 +566,12 @@ int64_t LlamaModel::BackwardEndActivationBytes(int64_t batch_size, int64_t seq_l
   return 4 * (2 * n + 1) + 3 * a * n * c + BlockBackwardTempBytes(d) + BlockSavedBytes(d);
 }
 
-// Llama always runs the linear-memory attention: on CUDA a packed call
-// runs its composed fallback.
+// Llama always runs the linear-memory attention: where it does not mask
+// packed documents in its kernel (cuda) a packed call runs its composed
+// fallback (DeviceCapabilities::masked_fused_attention).
 int64_t LlamaModel::PackedAttentionTemporaryBytes(int64_t batch_size, int64_t seq_len,
                                                   DeviceKind device) const {
-  if (device != DeviceKind::kCuda) return 0;
+  if (Device::KindCapabilities(device).masked_fused_attention) return 0;
   const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
   return ops::ComposedAttentionTemporaryBytes(d.Attention(), d.storage).peak();
 }

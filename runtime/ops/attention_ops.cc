@@ -211,7 +211,9 @@ bool PrefersFlashAttention(const OpContext& ctx, const AttentionShape& s, DType 
 
 bool PrefersFlashAttention(DeviceKind kind, const AttentionShape& s, DType t) {
   if (const OpBackend* be = BackendFor(kind); be != nullptr) return be->PrefersFlashAttention(s, t);
-  return kind == DeviceKind::kSim && CpuPrefersFlashAttention(s);
+  // A simulated device before its backend is set up answers as that
+  // backend will: its memory is a CPU run's.
+  return Device::KindCapabilities(kind).virtual_time && CpuPrefersFlashAttention(s);
 }
 
 int64_t FlashAttentionBackwardWorkspaceElements(const AttentionShape& s) {

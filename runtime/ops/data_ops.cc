@@ -31,7 +31,7 @@ Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst) {
   for (const Tensor* t : {&src, &dst}) {
     const char* what = t == &src ? "src" : "dst";
     if (!t->defined()) return Bad(op, std::string(what) + " is undefined");
-    if (t->device().kind != kind && !t->device().is_cpu()) {
+    if (t->device().kind != kind && !Device::KindCapabilities(t->device().kind).host_memory) {
       return Bad(op, std::string(what) + " " + t->ToString() + " is neither host memory nor on " +
                          ctx.device->id().ToString());
     }

@@ -57,7 +57,8 @@ inline StatusOr<OpBackend*> Resolve(const char* op, const OpContext& ctx) {
     return UnavailableError(std::string(op) + ": no op backend is registered for device " +
                             ctx.device->id().ToString());
   }
-  if (ctx.stream == nullptr && kind != DeviceKind::kCpu) {
+  // A device whose ops run when issued (cpu) needs no stream to order them.
+  if (ctx.stream == nullptr && !ctx.device->capabilities().ops_run_when_issued) {
     return Bad(op, "OpContext has no stream (required on " + ctx.device->id().ToString() + ")");
   }
   return b;
@@ -192,8 +193,8 @@ Status TimedOnDevice(OpTimingObserver* observer, const OpContext& ctx, const OpC
   return OkStatus();
 }
 
-// Accounts, then runs `run` on executing backends. On cpu, where the op runs
-// on the calling thread (the thread that plays ctx.stream), a Chrome trace
+// Accounts, then runs `run` on executing backends. Where the op runs when
+// issued, on the calling thread (cpu: the thread that plays ctx.stream), a Chrome trace
 // being recorded gets the op as a span on its stream's track, as the
 // simulator's Account() records it in virtual time; CUDA ops are enqueued,
 // so a host-side span would time the launch, not the kernel, and is not
@@ -204,12 +205,13 @@ Status Dispatch(OpBackend* b, const OpContext& ctx, const OpCost& cost, Fn run) 
   if (!b->executes()) return OkStatus();
   if (OpTimingObserver* observer = g_timing_observer.load(std::memory_order_acquire);
       observer != nullptr && ctx.device != nullptr) {
-    if (ctx.device->id().kind == DeviceKind::kCpu) return Timed(observer, cost, run);
+    if (ctx.device->capabilities().ops_run_when_issued) return Timed(observer, cost, run);
     if (observer->clock() == OpTimingObserver::Clock::kDeviceEvents && ctx.stream != nullptr) {
       return TimedOnDevice(observer, ctx, cost, run);
     }
   }
-  if (TraceRecorder::Global().enabled() && ctx.stream != nullptr && ctx.stream->device().is_cpu()) {
+  if (TraceRecorder::Global().enabled() && ctx.stream != nullptr &&
+      Device::KindCapabilities(ctx.stream->device().kind).ops_run_when_issued) {
     TraceSpan span(cost.name, "compute", ctx.stream->device().index, ctx.stream->id());
     return run();
   }
@@ -224,7 +226,8 @@ Status Dispatch(OpBackend* b, const OpContext& ctx, const OpCost& cost, Fn run) 
 // and storing 16-bit values would give. f32 operands are passed through
 // untouched, so f32 calls run exactly as before. Operands that are the same
 // tensor share one temporary (in-place ops, q/k/v views of one buffer).
-// Temporaries: host memory on cpu (emulation scratch a 16-bit kernel would
+// Temporaries: host memory on a device whose memory is the host's (cpu:
+// emulation scratch a 16-bit kernel would
 // not need, kept out of ctx.alloc's statistics so a cpu run's memory is what
 // the simulator, which executes nothing, accounts); ctx.alloc elsewhere.
 // The widening and narrowing are not accounted: the op's cost is priced
@@ -268,8 +271,7 @@ class F32Staging {
       e.write = e.write || write;
       return e.wide;
     }
-    Allocator* a = ctx_.device->id().kind == DeviceKind::kCpu ? &HostAllocator::Default()
-                                                             : ctx_.alloc;
+    Allocator* a = ctx_.device->capabilities().host_memory ? &HostAllocator::Default() : ctx_.alloc;
     Entry e;
     e.orig = t;
     SK_ASSIGN_OR_RETURN(e.wide, a->Empty(DType::kF32, t.shape()));

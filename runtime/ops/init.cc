@@ -1,5 +1,7 @@
 #include "runtime/ops/init.h"
 
+#include "runtime/device/device.h"
+
 #include <cmath>
 #include <vector>
 
@@ -69,7 +71,7 @@ Status InitializeSlice(const Initializer& init, uint64_t seed, uint64_t param_id
 Status InitializeTensorSlice(const Initializer& init, uint64_t seed, uint64_t param_id,
                              int64_t begin, const Tensor& out) {
   if (!out.defined()) return InvalidArgumentError("initialising an undefined tensor");
-  if (!out.device().is_cpu()) {
+  if (!Device::KindCapabilities(out.device().kind).host_memory) {
     return InvalidArgumentError("InitializeTensorSlice writes host tensors, got " + out.ToString());
   }
   const int64_t n = out.numel();
