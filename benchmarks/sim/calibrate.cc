@@ -68,6 +68,7 @@
 #include "runtime/comm/local_backend.h"
 #include "runtime/core/allocator.h"
 #include "runtime/core/file_io.h"
+#include "runtime/device/cpu_device.h"
 #include "runtime/device/device.h"
 #include "runtime/nn/configs.h"
 #include "runtime/ops/backend.h"
@@ -702,7 +703,11 @@ nlohmann::json MeasureHotLoops(const ops::OpContext& ctx, const std::string& sou
         {"launch_overhead_us", Sourced(0.0, no_launch)},
         {"raw_alloc_us", Sourced(std::max(0.0, fixed.alloc_s) * 1e6, source + " (RawAllocate of 20 MiB)")},
         {"raw_free_us", Sourced(std::max(0.0, fixed.free_s) * 1e6, source + " (RawFree of 20 MiB)")},
-        {"host_link_gbps", Sourced(fixed.copy_rate / 2 / 1e9, source + " (copy op, 64 MiB: host memory is the device memory)")}}},
+        {"host_link_gbps", Sourced(fixed.copy_rate / 2 / 1e9, source + " (copy op, 64 MiB: host memory is the device memory)")},
+        {"release_page_bytes",
+         Sourced(static_cast<double>(CpuDevice::PageBytes()),
+                 source + " (the page size, sysconf(_SC_PAGESIZE): the CPU device hands the pages "
+                          "of cached free blocks back with madvise(MADV_DONTNEED))")}}},
       {"compute",
        {{"sm_count", Sourced(1, "not used: GEMMs are priced from the measured gemm_table")},
         {"gemm_peak_tflops",

@@ -1,5 +1,10 @@
 #include "runtime/device/cpu_device.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -191,9 +196,22 @@ StatusOr<std::unique_ptr<Event>> CpuDevice::CreateEvent(bool enable_timing) {
   return std::unique_ptr<Event>(new CpuEvent(id_, enable_timing));
 }
 
+size_t CpuDevice::PageBytes() {
+  static const size_t page = [] {
+    const long n = sysconf(_SC_PAGESIZE);
+    return n > 0 ? static_cast<size_t>(n) : size_t{4096};
+  }();
+  return page;
+}
+
 StatusOr<void*> CpuDevice::RawAllocate(size_t bytes) {
-  size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-  void* p = std::aligned_alloc(kHostAlignment, rounded == 0 ? kHostAlignment : rounded);
+  // Blocks of a page or more start on a page (release_page_bytes' promise),
+  // so the caching allocator's page arithmetic is the same on every device
+  // that releases pages, and a segment's pages are its own.
+  const size_t page = PageBytes();
+  const size_t alignment = bytes >= page ? page : kHostAlignment;
+  size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+  void* p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
   if (p == nullptr) {
     return ResourceExhaustedError("host allocation of " + std::to_string(bytes) +
                                   " bytes failed on " + id_.ToString());
@@ -202,6 +220,23 @@ StatusOr<void*> CpuDevice::RawAllocate(size_t bytes) {
 }
 
 void CpuDevice::RawFree(void* ptr, size_t /*bytes*/) { std::free(ptr); }
+
+Status CpuDevice::ReleasePages(void* ptr, size_t bytes) {
+  const size_t page = PageBytes();
+  if (ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % page != 0 || bytes % page != 0) {
+    return InvalidArgumentError("ReleasePages on " + id_.ToString() +
+                                " needs a page-aligned range (page " + std::to_string(page) +
+                                " bytes), got " + std::to_string(bytes) + " bytes");
+  }
+  if (bytes == 0) return OkStatus();
+  // Private anonymous pages (malloc's, whether from its heap or its own
+  // mmap): the next touch maps a zero page. glibc trims its heap the same way.
+  if (madvise(ptr, bytes, MADV_DONTNEED) != 0) {
+    return InternalError("madvise(MADV_DONTNEED) of " + std::to_string(bytes) + " bytes on " +
+                         id_.ToString() + " failed: " + std::strerror(errno));
+  }
+  return OkStatus();
+}
 
 Status CpuDevice::CopyAsync(void* dst, const void* src, size_t bytes, Stream& stream) {
   if (bytes == 0) return OkStatus();

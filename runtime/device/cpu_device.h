@@ -101,10 +101,14 @@ class CpuDevice final : public Device {
  public:
   explicit CpuDevice(int index) : id_(DeviceId::Cpu(index)) {}
   DeviceId id() const override { return id_; }
+  size_t release_page_bytes() const override { return PageBytes(); }
+  // The system's page size (sysconf).
+  static size_t PageBytes();
   StatusOr<std::unique_ptr<Stream>> CreateStream(std::string_view name) override;
   StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing = false) override;
   StatusOr<void*> RawAllocate(size_t bytes) override;
   void RawFree(void* ptr, size_t bytes) override;
+  Status ReleasePages(void* ptr, size_t bytes) override;
   Status CopyAsync(void* dst, const void* src, size_t bytes, Stream& stream) override;
 
   // Streams created from now on are launch blocking (file comment) or not

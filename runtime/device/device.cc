@@ -52,6 +52,11 @@ StatusOr<std::unique_ptr<Stream>> Device::WrapNativeStream(void* /*native*/, std
                               "this device creates: CreateStream)");
 }
 
+Status Device::ReleasePages(void* /*ptr*/, size_t /*bytes*/) {
+  return UnimplementedError(id().ToString() + " cannot hand pages of its memory back (its "
+                            "release_page_bytes is 0)");
+}
+
 Status Device::WaitStream(Stream& waiter, Stream& producer) {
   SK_ASSIGN_OR_RETURN(std::unique_ptr<Event> event, CreateEvent(false));
   SK_RETURN_IF_ERROR(event->Record(producer));

@@ -199,9 +199,25 @@ class Device {
   Status WaitStream(Stream& waiter, Stream& producer);
 
   // Raw device memory for the caching allocator: 64-byte aligned host memory
-  // on CPU, cudaMalloc on CUDA. ResourceExhausted when the device refuses.
+  // on CPU (page-aligned from a page up), cudaMalloc on CUDA. ResourceExhausted when the device refuses.
   virtual StatusOr<void*> RawAllocate(size_t bytes) = 0;
   virtual void RawFree(void* ptr, size_t bytes) = 0;
+  // Hands the physical memory behind [ptr, ptr + bytes) back to the system;
+  // the addresses stay valid and read as zeros until written again (cpu:
+  // madvise MADV_DONTNEED). ptr and bytes are multiples of
+  // release_page_bytes(), inside one RawAllocate'd block.
+  // Unimplemented on a device whose release_page_bytes() is 0 (the default).
+  virtual Status ReleasePages(void* ptr, size_t bytes);
+  // Free memory inside a segment can be handed back to the system in pages
+  // of this many bytes while its addresses stay reserved (ReleasePages), as
+  // PyTorch's expandable segments unmap the pages of free blocks; the caching
+  // allocator then counts only pages in use against its cap, so a request
+  // fits whenever the bytes in use leave room for it, however fragmented the
+  // segments are (cpu: the page size; sim: its spec's). 0 (the default):
+  // memory goes back only as whole segments (RawFree), as cudaMalloc's does.
+  // A device that says > 0 returns RawAllocate pointers aligned to it for
+  // requests of at least that size.
+  virtual size_t release_page_bytes() const { return 0; }
 
   // Copies `bytes` bytes in stream order. Host pointers are valid on CPU
   // devices; on CUDA either side may be host or device memory (cudaMemcpyDefault).

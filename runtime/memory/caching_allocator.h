@@ -62,8 +62,13 @@ struct Stat {
 struct MemoryStats {
   // Bytes in blocks held by live Storages (block sizes, i.e. after rounding).
   Stat allocated_bytes;
-  // Bytes obtained from the device (all segments, used or cached).
+  // Bytes obtained from the device (all segments, used or cached), less
+  // released_bytes: what the capacity cap bounds.
   Stat reserved_bytes;
+  // Bytes of cached free blocks whose pages were handed back to the system
+  // while their segment stayed (on devices with release_page_bytes: see the
+  // design notes in caching_allocator.cc).
+  Stat released_bytes;
   // allocated_bytes plus freed blocks still waiting for other streams' events.
   Stat active_bytes;
   // Segments obtained from the device.
@@ -84,6 +89,7 @@ struct BlockInfo {
   int64_t stream_id = 0;  // the stream that owns the block
   bool allocated = false;          // held by a live Storage
   bool awaiting_events = false;    // freed, waiting for recorded streams
+  size_t released_bytes = 0;       // free, and this many of its bytes' pages handed back
 };
 
 // One segment (one RawAllocate) and its blocks in address order.
@@ -142,7 +148,8 @@ class CachingAllocator {
   // come from this allocator or `stream` is null or on another device.
   Status RecordStream(const Storage& storage, Stream* stream);
 
-  // Returns every fully unused cached segment to the device.
+  // Returns every fully unused cached segment to the device, and on a device
+  // that can release pages, the pages of every other cached free block.
   void EmptyCache();
 
   // Changes the cap (0 = unlimited). Frees cached segments if needed;
@@ -200,6 +207,22 @@ class CachingAllocator {
   // Releases mu_ (through `lock`) while waiting. True if anything became free.
   bool WaitForPendingFrees(std::unique_lock<std::mutex>& lock);
   void ReleaseCachedSegments();
+  // On a device with release_page_bytes: hands back the whole pages of every
+  // cached free block not yet released (a segment in part use keeps its
+  // allocated blocks and addresses). Counted out of reserved_bytes.
+  void ReleaseFreePages();
+  // The bytes of the whole pages (page_bytes_) inside [ptr, ptr + size).
+  size_t PagesInside(const char* ptr, size_t size) const;
+  // Makes free block `block` (released or not) released in full: its
+  // whole pages handed back, its released_bytes their size. False (nothing
+  // changed) if the device refused.
+  bool ReleaseBlock(Block* block);
+  // After a merge with a released neighbour: ReleaseBlock, or if the device
+  // refuses, the block counted unreleased.
+  void SettleMerged(Block* block);
+  // What serving `size` bytes from free block `block` adds to reserved_bytes:
+  // the released pages the request would use (0 for an unreleased block).
+  size_t CommitCost(const Block* block, size_t size, bool split) const;
   Block* NewBlock();
   void DeleteBlock(Block* block);
   StatusOr<std::shared_ptr<Event>> TakeEvent();
@@ -232,6 +255,9 @@ class CachingAllocator {
   MemoryStats stats_;
   int64_t injected_oom_countdown_ = -1;  // InjectOutOfMemoryAfter; -1: disarmed
   uint64_t segments_created_ = 0;  // numbers segments for the pools' order
+  // The device's release_page_bytes when pages were first released (fixed
+  // while any are: the books of released blocks are in its units).
+  size_t page_bytes_ = 0;
 };
 
 // sk::Allocator over a CachingAllocator and one stream: the core interface that

@@ -113,6 +113,13 @@ StatusOr<SimDeviceSpec> ParseDevice(const Reader& r, const nlohmann::json& doc,
   spec.raw_alloc_s = alloc * kUs;
   spec.raw_free_s = free_us * kUs;
   spec.host_link_bytes_per_s = link * kGB;
+  // Optional: a CPU's host memory gives free pages back (0, a GPU's
+  // cudaMalloc, when absent).
+  if (d->contains("release_page_bytes")) {
+    SK_ASSIGN_OR_RETURN(double page, r.Number(*d, "release_page_bytes", p, 0, 1 << 30));
+    spec.release_page_bytes = static_cast<size_t>(page);
+    SK_RETURN_IF_ERROR(spec.Validate());
+  }
   return spec;
 }
 

@@ -61,6 +61,12 @@ Status SimDeviceSpec::Validate() const {
                                   std::to_string(value) + "; it must be finite and >= 0");
     }
   }
+  const size_t page = release_page_bytes;
+  if (page != 0 && (page < 512 || (page & (page - 1)) != 0)) {
+    return InvalidArgumentError("sim device spec '" + name + "': release_page_bytes is " +
+                                std::to_string(page) +
+                                "; it must be 0 or a power of two of at least 512");
+  }
   return OkStatus();
 }
 
@@ -220,6 +226,7 @@ Status SimDevice::Configure(const SimDeviceSpec& spec) {
                                    Bytes(raw_in_use_) + " are in use");
   }
   spec_ = spec;
+  release_page_bytes_.store(spec.release_page_bytes, std::memory_order_relaxed);
   trace_.NameProcess(id_.index, id_.ToString() + " (" + spec_.name + ", simulated)");
   return OkStatus();
 }
@@ -253,10 +260,13 @@ StatusOr<std::unique_ptr<Event>> SimDevice::CreateEvent(bool enable_timing) {
 }
 
 StatusOr<void*> SimDevice::RawAllocate(size_t bytes) {
-  const size_t rounded =
-      std::max<size_t>(kAddressAlignment, (bytes + kAddressAlignment - 1) / kAddressAlignment *
-                                              kAddressAlignment);
   std::lock_guard<std::mutex> lock(mu_);
+  // A device that releases pages starts every block of a page or more on one
+  // (release_page_bytes' promise), as the CPU device does.
+  const size_t page = spec_.release_page_bytes;
+  const size_t alignment = page != 0 && bytes >= page ? page : kAddressAlignment;
+  const size_t rounded =
+      std::max<size_t>(alignment, (bytes + alignment - 1) / alignment * alignment);
   if (bytes > (size_t{1} << 52) ||
       (spec_.memory_bytes != 0 && raw_in_use_ + bytes > spec_.memory_bytes)) {
     return ResourceExhaustedError(id_.ToString() + " (" + spec_.name + "): cannot reserve " +
@@ -265,7 +275,8 @@ StatusOr<void*> SimDevice::RawAllocate(size_t bytes) {
                                                            : Bytes(spec_.memory_bytes)) +
                                   " are in use");
   }
-  const uintptr_t address = g_next_address.fetch_add(rounded);
+  uintptr_t address = g_next_address.fetch_add(rounded + alignment - kAddressAlignment);
+  address = (address + alignment - 1) / alignment * alignment;
   raw_blocks_.emplace(address, bytes);
   raw_in_use_ += bytes;
   ++raw_allocs_;
@@ -296,6 +307,24 @@ void SimDevice::RawFree(void* ptr, size_t bytes) {
     trace_.Complete("raw free " + Bytes(bytes), "memory", id_.index, host.track, start * kMicros,
                     spec_.raw_free_s * kMicros);
   }
+}
+
+Status SimDevice::ReleasePages(void* ptr, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t page = spec_.release_page_bytes;
+  if (page == 0) return Device::ReleasePages(ptr, bytes);
+  const uintptr_t address = reinterpret_cast<uintptr_t>(ptr);
+  if (address % page != 0 || bytes % page != 0) {
+    return InvalidArgumentError("ReleasePages on " + id_.ToString() +
+                                " needs a page-aligned range (page " + std::to_string(page) +
+                                " bytes)");
+  }
+  auto it = raw_blocks_.upper_bound(address);
+  if (it == raw_blocks_.begin() || (--it, address + bytes > it->first + it->second)) {
+    return InvalidArgumentError("ReleasePages on " + id_.ToString() +
+                                ": the range is not inside one raw block");
+  }
+  return OkStatus();
 }
 
 StatusOr<std::shared_ptr<Storage>> SimHostAllocator::AllocateBytes(size_t nbytes) {

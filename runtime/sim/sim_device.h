@@ -78,6 +78,7 @@
 #ifndef SHARDKIT_RUNTIME_SIM_SIM_DEVICE_H_
 #define SHARDKIT_RUNTIME_SIM_SIM_DEVICE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -116,6 +117,10 @@ struct SimDeviceSpec {
   // Host memory per simulated GPU for offloaded state (the node's memory
   // over its GPUs; 0: the profile models no host, and offload is refused).
   size_t host_memory_bytes = 0;
+  // Free pages inside a segment go back to the system at this granularity
+  // (DeviceCapabilities::release_page_bytes): 0, a GPU's cudaMalloc, or the
+  // page size when the device it models is a CPU's host memory.
+  size_t release_page_bytes = 0;
 
   // InvalidArgument naming the first negative or non-finite field.
   Status Validate() const;
@@ -237,12 +242,19 @@ class SimDevice final : public Device {
 
   // --- Device ---
   DeviceId id() const override { return id_; }
+  size_t release_page_bytes() const override {
+    return release_page_bytes_.load(std::memory_order_relaxed);
+  }
   StatusOr<std::unique_ptr<Stream>> CreateStream(std::string_view name) override;
   // A host stream (file comment): host CPU work on this device's clocks.
   StatusOr<std::unique_ptr<Stream>> CreateHostStream(std::string_view name);
   StatusOr<std::unique_ptr<Event>> CreateEvent(bool enable_timing = false) override;
   StatusOr<void*> RawAllocate(size_t bytes) override;
   void RawFree(void* ptr, size_t bytes) override;
+  // Checks the range lies in one raw block and is page-aligned; nothing to
+  // hand back (its memory is fake), so the caching allocator's books are
+  // what the modelled device would keep.
+  Status ReleasePages(void* ptr, size_t bytes) override;
   // Prices the copy (file comment) as a launched span on `stream`; no data
   // moves. Both pointers must be non-null, and at least one must be this
   // device's memory (a host-to-host copy is InvalidArgument: it would need data).
@@ -342,6 +354,8 @@ class SimDevice final : public Device {
   std::vector<SpanRecord> span_log_;
   std::map<uintptr_t, size_t> raw_blocks_;  // address -> bytes
   size_t raw_in_use_ = 0;
+  // spec_.release_page_bytes, readable without mu_ (capabilities()).
+  std::atomic<size_t> release_page_bytes_{0};
   int64_t raw_allocs_ = 0;
   int64_t raw_frees_ = 0;
 };

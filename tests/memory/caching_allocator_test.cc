@@ -196,8 +196,9 @@ TEST_F(CachingAllocatorTest, StatsEqualARecountAfterMixedTraffic) {
   EXPECT_EQ(stats.num_allocs, 21);
 }
 
-TEST_F(CachingAllocatorTest, EmptyCacheReturnsUnusedSegmentsOnly) {
-  CachingAllocator a(device_);
+TEST_F(CachingAllocatorTest, EmptyCacheReturnsUnusedSegmentsOnlyWherePagesAreKept) {
+  testing::PagesKeptDevice kept_pages;  // a GPU's books: segments go back whole
+  CachingAllocator a(&kept_pages);
   auto kept = MustAllocate(a, 100, s0_.get());
   MustAllocate(a, 5 * kMiB, s0_.get()).reset();
   MustAllocate(a, 100, s1_.get()).reset();
@@ -464,7 +465,8 @@ TEST_F(CachingAllocatorTest, DeviceRefusalBelowTheCapAlsoRetriesThenReportsOom) 
 }
 
 TEST_F(CachingAllocatorTest, SetCapacityBelowMemoryInUseFailsAndKeepsTheOldCap) {
-  CachingAllocator a(device_);
+  testing::PagesKeptDevice kept_pages;  // the 20 MiB segment cannot shrink
+  CachingAllocator a(&kept_pages);
   auto kept = MustAllocate(a, 3 * kMiB, s0_.get());  // a 20 MiB segment
   MustAllocate(a, 100, s0_.get()).reset();          // a cached 2 MiB segment
   EXPECT_EQ(a.SetCapacity(10 * kMiB).code(), StatusCode::kFailedPrecondition);
@@ -473,6 +475,125 @@ TEST_F(CachingAllocatorTest, SetCapacityBelowMemoryInUseFailsAndKeepsTheOldCap) 
   EXPECT_TRUE(a.SetCapacity(21 * kMiB).ok());
   EXPECT_EQ(a.capacity_bytes(), 21 * kMiB);
   EXPECT_EQ(a.Allocate(2 * kMiB, s1_.get()).status().code(), StatusCode::kResourceExhausted);
+}
+
+// --- releasing the pages of free blocks (cpu) -------------------------------
+
+TEST_F(CachingAllocatorTest, EmptyCacheAlsoReleasesThePagesOfFreeBlocksInSegmentsInUse) {
+  const size_t page = device_->release_page_bytes();
+  ASSERT_GT(page, 0u);
+  CachingAllocator a(device_);
+  auto kept = MustAllocate(a, 100, s0_.get());  // carved from the top of a 2 MiB segment
+  MustAllocate(a, 5 * kMiB, s0_.get()).reset();
+  a.EmptyCache();
+  MemoryStats stats = a.stats();
+  EXPECT_EQ(stats.segments.current, 1);
+  // Only the page under `kept` is still counted; the rest of its segment went back.
+  EXPECT_EQ(stats.reserved_bytes.current, static_cast<int64_t>(page));
+  EXPECT_EQ(stats.released_bytes.current, static_cast<int64_t>(2 * kMiB - page));
+  ExpectConsistent(a);
+  // The released block serves again, and what is written there stays.
+  auto again = MustAllocate(a, kMiB, s0_.get());
+  std::memset(again->data(), 0x5a, kMiB);
+  EXPECT_EQ(static_cast<unsigned char*>(again->data())[kMiB - 1], 0x5a);
+  EXPECT_EQ(a.stats().reserved_bytes.current + a.stats().released_bytes.current,
+            static_cast<int64_t>(2 * kMiB));
+  EXPECT_GE(a.stats().reserved_bytes.current, static_cast<int64_t>(kMiB + page));
+  ExpectConsistent(a);
+  kept.reset();
+  again.reset();
+  a.EmptyCache();
+  EXPECT_EQ(a.stats().reserved_bytes.current, 0);
+  EXPECT_EQ(a.stats().released_bytes.current, 0);
+  ExpectConsistent(a);
+}
+
+TEST_F(CachingAllocatorTest, SetCapacityReleasesFreePagesBeforeRefusing) {
+  CachingAllocator a(device_);
+  auto kept = MustAllocate(a, 3 * kMiB, s0_.get());  // a 20 MiB segment, 17 MiB of it free
+  EXPECT_TRUE(a.SetCapacity(10 * kMiB).ok());
+  EXPECT_EQ(a.capacity_bytes(), 10 * kMiB);
+  EXPECT_LE(a.stats().reserved_bytes.current, static_cast<int64_t>(3 * kMiB + 4096 * 2));
+  EXPECT_EQ(a.SetCapacity(2 * kMiB).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(a.capacity_bytes(), 10 * kMiB);
+  ExpectConsistent(a);
+}
+
+// Free blocks stranded between allocated ones in several segments (what a
+// 1.2B model's step met: 8.04 GiB allocated, 9.70 GiB reserved, a 1 GiB
+// gather refused under a 10.4 GiB cap). Where pages can be released the
+// request is served as long as the bytes in use leave room for it; where
+// they cannot (a GPU's books) it fails as before.
+void StrandFreeBlocks(CachingAllocator& a, Stream* s, std::vector<std::shared_ptr<Storage>>& held) {
+  // Two 24 MiB segments of their own, cached ...
+  held.push_back(MustAllocate(a, 24 * kMiB, s));
+  held.push_back(MustAllocate(a, 24 * kMiB, s));
+  held.clear();
+  // ... then each cut into three 8 MiB blocks (best fit fills the first
+  // before the second), and the middle one of each freed.
+  std::vector<std::shared_ptr<Storage>> blocks;
+  for (int i = 0; i < 6; ++i) blocks.push_back(MustAllocate(a, 8 * kMiB, s));
+  for (int i : {0, 2, 3, 5}) held.push_back(std::move(blocks[i]));
+}
+
+TEST_F(CachingAllocatorTest, FragmentedSegmentsServeARequestThatTheBytesInUseLeaveRoomFor) {
+  CachingAllocator::Options options;
+  options.capacity_bytes = 56 * kMiB;
+  CachingAllocator a(device_, options);
+  std::vector<std::shared_ptr<Storage>> held;
+  StrandFreeBlocks(a, s0_.get(), held);
+  MemoryStats before = a.stats();
+  EXPECT_EQ(before.allocated_bytes.current, static_cast<int64_t>(32 * kMiB));
+  EXPECT_EQ(before.reserved_bytes.current, static_cast<int64_t>(48 * kMiB));
+  // 16 MiB is free, but in two 8 MiB holes; 48 + 16 would pass the cap.
+  auto big = a.Allocate(16 * kMiB, s0_.get());
+  ASSERT_TRUE(big.ok()) << big.status();
+  MemoryStats after = a.stats();
+  EXPECT_EQ(after.num_alloc_retries, 1);
+  EXPECT_EQ(after.num_ooms, 0);
+  EXPECT_EQ(after.released_bytes.current, static_cast<int64_t>(16 * kMiB));
+  EXPECT_EQ(after.reserved_bytes.current, static_cast<int64_t>(48 * kMiB));  // 32 + the new 16
+  EXPECT_LE(after.reserved_bytes.peak, static_cast<int64_t>(56 * kMiB));
+  std::memset((*big)->data(), 1, 16 * kMiB);
+  ExpectConsistent(a);
+  // A hole serves again, its pages counted back against the cap.
+  auto hole = MustAllocate(a, 8 * kMiB, s0_.get());
+  std::memset(hole->data(), 2, 8 * kMiB);
+  EXPECT_EQ(a.stats().reserved_bytes.current, static_cast<int64_t>(56 * kMiB));
+  EXPECT_EQ(a.stats().released_bytes.current, static_cast<int64_t>(8 * kMiB));
+  // Nothing is left for a third 8 MiB: the cap holds, with a clear error.
+  auto over = a.Allocate(8 * kMiB, s0_.get());
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("pages released"), std::string_view::npos)
+      << over.status().message();
+  EXPECT_LE(a.stats().reserved_bytes.peak, static_cast<int64_t>(56 * kMiB));
+  ExpectConsistent(a);
+  // Freeing next to a released hole releases the merged block in full.
+  held[2].reset();  // the second segment's top block, above its hole
+  EXPECT_EQ(a.stats().released_bytes.current, static_cast<int64_t>(16 * kMiB));
+  EXPECT_EQ(a.stats().reserved_bytes.current, static_cast<int64_t>(48 * kMiB));
+  ExpectConsistent(a);
+  hole.reset();
+  big->reset();
+  held.clear();
+  a.EmptyCache();
+  EXPECT_EQ(a.stats().reserved_bytes.current, 0);
+  EXPECT_EQ(a.stats().released_bytes.current, 0);
+  ExpectConsistent(a);
+}
+
+TEST_F(CachingAllocatorTest, FragmentedSegmentsRefuseTheRequestWherePagesAreKept) {
+  testing::PagesKeptDevice kept_pages;
+  CachingAllocator::Options options;
+  options.capacity_bytes = 56 * kMiB;
+  CachingAllocator a(&kept_pages, options);
+  std::vector<std::shared_ptr<Storage>> held;
+  StrandFreeBlocks(a, s0_.get(), held);
+  auto big = a.Allocate(16 * kMiB, s0_.get());
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(a.stats().released_bytes.current, 0);
+  EXPECT_EQ(a.stats().reserved_bytes.current, static_cast<int64_t>(48 * kMiB));
+  ExpectConsistent(a);
 }
 
 TEST_F(CachingAllocatorTest, StorageMayDieOnAStreamWorkerThread) {

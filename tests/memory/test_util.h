@@ -63,6 +63,7 @@ struct Recount {
   int64_t allocated = 0;
   int64_t active = 0;
   int64_t reserved = 0;
+  int64_t released = 0;
   int64_t segments = 0;
 };
 
@@ -72,6 +73,8 @@ inline Recount RecountSnapshot(const std::vector<SegmentInfo>& snapshot) {
     r.reserved += static_cast<int64_t>(seg.size);
     ++r.segments;
     for (const BlockInfo& b : seg.blocks) {
+      r.reserved -= static_cast<int64_t>(b.released_bytes);
+      r.released += static_cast<int64_t>(b.released_bytes);
       if (b.allocated) r.allocated += static_cast<int64_t>(b.size);
       if (b.allocated || b.awaiting_events) r.active += static_cast<int64_t>(b.size);
     }
@@ -90,9 +93,10 @@ inline void ExpectConsistent(const CachingAllocator& allocator) {
   EXPECT_EQ(stats.allocated_bytes.current, r.allocated);
   EXPECT_EQ(stats.active_bytes.current, r.active);
   EXPECT_EQ(stats.reserved_bytes.current, r.reserved);
+  EXPECT_EQ(stats.released_bytes.current, r.released);
   EXPECT_EQ(stats.segments.current, r.segments);
-  for (const Stat* s : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes,
-                        &stats.segments}) {
+  for (const Stat* s : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.released_bytes,
+                        &stats.active_bytes, &stats.segments}) {
     EXPECT_EQ(s->allocated - s->freed, s->current);
     EXPECT_GE(s->peak, s->current);
   }
@@ -103,6 +107,9 @@ inline void ExpectConsistent(const CachingAllocator& allocator) {
     for (const BlockInfo& b : seg.blocks) {
       EXPECT_EQ(b.address, at) << "blocks do not tile their segment";
       EXPECT_GT(b.size, 0u);
+      if (b.released_bytes > 0) {
+        EXPECT_FALSE(b.allocated || b.awaiting_events);
+      }
       at += b.size;
     }
     previous_end = seg.address + seg.size;
@@ -120,6 +127,28 @@ inline Device* CpuDevice0() {
   CHECK(d.ok()) << d.status();
   return *d;
 }
+
+// cpu:0's memory and streams, but its pages are never handed back
+// (release_page_bytes() 0, the default): the books a GPU's cudaMalloc keeps, on the host.
+class PagesKeptDevice final : public Device {
+ public:
+  PagesKeptDevice() : inner_(CpuDevice0()) {}
+  DeviceId id() const override { return inner_->id(); }
+  StatusOr<std::unique_ptr<Stream>> CreateStream(std::string_view name) override {
+    return inner_->CreateStream(name);
+  }
+  StatusOr<std::unique_ptr<Event>> CreateEvent(bool timing) override {
+    return inner_->CreateEvent(timing);
+  }
+  StatusOr<void*> RawAllocate(size_t bytes) override { return inner_->RawAllocate(bytes); }
+  void RawFree(void* ptr, size_t bytes) override { inner_->RawFree(ptr, bytes); }
+  Status CopyAsync(void* dst, const void* src, size_t bytes, Stream& stream) override {
+    return inner_->CopyAsync(dst, src, bytes, stream);
+  }
+
+ private:
+  Device* inner_;
+};
 
 }  // namespace sk::testing
 

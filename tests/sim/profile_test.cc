@@ -88,6 +88,29 @@ TEST(ProfileTest, HostSectionIsOptionalAndSourced) {
   EXPECT_FALSE(LoadProfile("cpu-local")->host.has_value());
 }
 
+// device.release_page_bytes is optional and sourced: cpu-local's is the host's
+// page size (the CPU device releases free pages), the GPU profiles have none
+// (cudaMalloc's segments go back whole), and a value that is not a power of
+// two is refused.
+TEST(ProfileTest, ReleasePageBytesIsOptionalSourcedAndAPowerOfTwo) {
+  nlohmann::json doc = MinimalProfile();
+  EXPECT_EQ(ParseProfile(doc, "test")->device.release_page_bytes, 0u);
+  doc["device"]["release_page_bytes"] = {{"value", 4096}, {"source", "test"}};
+  StatusOr<SimProfile> p = ParseProfile(doc, "test");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->device.release_page_bytes, 4096u);
+  doc["device"]["release_page_bytes"] = {{"value", 3000}, {"source", "test"}};
+  Status odd = ParseProfile(doc, "test").status();
+  EXPECT_EQ(odd.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(odd.message().find("release_page_bytes"), std::string::npos) << odd;
+  doc["device"]["release_page_bytes"] = 4096;  // no source
+  EXPECT_EQ(ParseProfile(doc, "test").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadProfile("cpu-local")->device.release_page_bytes, 4096u);
+  for (const char* name : {"a100-80g", "h100-80g", "h200-141g"}) {
+    EXPECT_EQ(LoadProfile(name)->device.release_page_bytes, 0u) << name;
+  }
+}
+
 // h200-141g is h100-80g's GH100 with 141 GB of HBM3e at 4.8 TB/s: the same
 // compute, network and host; only device memory and its bandwidth differ.
 TEST(ProfileTest, H200IsTheH100ChipWithMoreAndFasterMemory) {

@@ -1,7 +1,10 @@
 // The caching allocator over a sim device keeps exactly the books it keeps
 // over a CPU device: the same requests give the same allocated, reserved and
 // segment counts at every point, and the same retries and OOMs under a cap.
-// (The memory-exactness claim of the simulator rests on this.)
+// (The memory-exactness claim of the simulator rests on this.) Both ways a
+// device can keep them: with the pages of free blocks handed back (a CPU's
+// host memory; a sim spec with release_page_bytes) and without (a GPU's
+// cudaMalloc; a sim spec's default, against a CPU that keeps its pages).
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -12,7 +15,9 @@
 
 #include "runtime/device/device.h"
 #include "runtime/memory/caching_allocator.h"
+#include "runtime/device/cpu_device.h"
 #include "runtime/sim/sim_device.h"
+#include "tests/memory/test_util.h"
 
 namespace sk::sim {
 namespace {
@@ -30,15 +35,21 @@ void Expect(const MemoryStats& cpu, const MemoryStats& sim, int step) {
   ASSERT_EQ(cpu.allocated_bytes.peak, sim.allocated_bytes.peak) << "step " << step;
   ASSERT_EQ(cpu.reserved_bytes.current, sim.reserved_bytes.current) << "step " << step;
   ASSERT_EQ(cpu.reserved_bytes.peak, sim.reserved_bytes.peak) << "step " << step;
+  ASSERT_EQ(cpu.released_bytes.current, sim.released_bytes.current) << "step " << step;
   ASSERT_EQ(cpu.segments.current, sim.segments.current) << "step " << step;
   ASSERT_EQ(cpu.num_alloc_retries, sim.num_alloc_retries) << "step " << step;
   ASSERT_EQ(cpu.num_ooms, sim.num_ooms) << "step " << step;
 }
 
-void Replay(size_t cap, uint32_t seed) {
-  Device* cpu = Device::Get(DeviceId::Cpu(7)).value();
+void Replay(size_t cap, uint32_t seed, bool release_pages) {
+  SCOPED_TRACE(release_pages ? "pages released" : "pages kept");
+  sk::testing::PagesKeptDevice kept_pages;
+  Device* cpu = release_pages ? Device::Get(DeviceId::Cpu(7)).value()
+                              : static_cast<Device*>(&kept_pages);
   SimDevice* sim = SimDevice::Get(30 + static_cast<int>(seed % 8)).value();
-  ASSERT_TRUE(sim->Configure(SimDeviceSpec{}).ok());
+  SimDeviceSpec spec;
+  spec.release_page_bytes = release_pages ? CpuDevice::PageBytes() : 0;
+  ASSERT_TRUE(sim->Configure(spec).ok());
   sim->ResetClocks();
   Run runs[2];
   Device* devices[2] = {cpu, sim};
@@ -83,12 +94,16 @@ void Replay(size_t cap, uint32_t seed) {
 }
 
 TEST(SimMemoryTest, SameBooksAsCpuWithoutACap) {
-  for (uint32_t seed : {1u, 2u, 3u}) Replay(0, seed);
+  for (bool release : {false, true}) {
+    for (uint32_t seed : {1u, 2u, 3u}) Replay(0, seed, release);
+  }
 }
 
 TEST(SimMemoryTest, SameBooksAsCpuUnderACap) {
   // 96 MiB: requests up to 24 MiB force retries and some OOMs.
-  for (uint32_t seed : {4u, 5u, 6u}) Replay(96 * kKiB * kKiB, seed);
+  for (bool release : {false, true}) {
+    for (uint32_t seed : {4u, 5u, 6u}) Replay(96 * kKiB * kKiB, seed, release);
+  }
 }
 
 }  // namespace
