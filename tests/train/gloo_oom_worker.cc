@@ -80,11 +80,12 @@ int Main(int argc, char** argv) {
   for (size_t k = 0; k < fractions.size(); ++k) {
     const auto state = ModelState(**t);
     if (rank == 1) {
-      // The cap bounds the memory obtained from the device (whole segments,
-      // which the cache keeps): from an emptied cache, the step must grow.
+      // The cap bounds the memory obtained from the device (segments, less
+      // the pages of free blocks the CPU hands back): from an emptied cache,
+      // the step must grow by its allocated peak, which the cap cuts short.
       (*t)->allocator().EmptyCache();
       const int64_t in_use = (*t)->allocator().stats().reserved_bytes.current;
-      const int64_t peak = ref.reserved_bytes.peak;
+      const int64_t peak = ref.allocated_bytes.peak;
       const auto cap = static_cast<size_t>(in_use + fractions[k] * static_cast<double>(peak - in_use));
       if (Status s = (*t)->allocator().SetCapacity(cap); !s.ok()) return Fail(s);
     }
