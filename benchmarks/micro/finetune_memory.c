@@ -16,7 +16,7 @@
  * Before creating anything, rank 0 prints sk_estimate_memory's peak for one
  * rank beside what a rank may use: the cap, which must fit in an equal share
  * of MemAvailable less 0.75 GiB for the process itself, or without a cap
- * that share. It stops (exit 3) when the estimate does not fit, unless
+ * that share, which every rank then sets as its cap. It stops (exit 3) when the estimate does not fit, unless
  * FT_FORCE is set (to check a "does not fit" against a run). Every rank then
  * prints its own peak RSS (VmHWM) and RSS after each phase, so the record
  * shows the estimate beside what each process held. Memory figures are the
@@ -155,24 +155,28 @@ int main(int argc, char** argv) {
   int64_t world = 1, local = 1;
   if (world_env != NULL && !positive_arg(world_env, "WORLD_SIZE", 1 << 20, &world)) return 2;
   if (local_env != NULL && !positive_arg(local_env, "LOCAL_WORLD_SIZE", 1 << 20, &local)) return 2;
+  /* What each rank may use: the cap when one is set, else an equal part of
+   * the memory available now, which then becomes the cap (without one the
+   * caching allocator keeps freed blocks and a process grows past its
+   * allocations: an uncapped run the estimate called a fit was killed).
+   * Either way each process also needs itself (code, gloo's buffers:
+   * kProcessBytes, measured 0.63 GiB above the allocator's cap at this size). */
+  const int64_t kProcessBytes = 3LL << 28; /* 0.75 GiB */
+  const int64_t available = proc_kib("/proc/meminfo", "MemAvailable:");
+  const int64_t share = available / local - kProcessBytes;
+  const int capped = options.memory_cap_bytes > 0;
+  if (!capped && share > 0) options.memory_cap_bytes = (uint64_t)share;
   if (rank_env == NULL || strcmp(rank_env, "0") == 0) {
     sk_memory_estimate e = SK_MEMORY_ESTIMATE_INIT;
     CHECK(sk_estimate_memory(&options, (int32_t)world, &e));
-    /* What each rank may use: the cap when one is set, else an equal part
-     * of the memory available now; either way, each process also needs
-     * itself (code, gloo's buffers: kProcessBytes, measured 0.63 GiB above
-     * the allocator's cap at this size). */
-    const int64_t kProcessBytes = 3LL << 28; /* 0.75 GiB */
-    const int64_t available = proc_kib("/proc/meminfo", "MemAvailable:");
-    const int64_t share = available / local - kProcessBytes;
-    const int64_t budget = options.memory_cap_bytes > 0 ? (int64_t)options.memory_cap_bytes : share;
+    const int64_t budget = capped ? (int64_t)options.memory_cap_bytes : share;
     const int fits = e.peak_bytes <= budget && budget <= share;
     printf("estimate: %" PRId64 " parameters; one rank's peak %.2f GiB (master %.2f, gradient shards %.2f, "
            "optimizer %.2f, unsharded %.2f, activations %.2f); per rank %.2f GiB %s; MemAvailable %.2f GiB "
            "over %" PRId64 " local ranks leaves %.2f GiB each after 0.75 GiB for the process: %s\n",
            e.parameters, gib(e.peak_bytes), gib(e.master_bytes), gib(e.grad_shard_bytes),
            gib(e.optimizer_bytes), gib(e.unsharded_bytes), gib(e.activation_bytes), gib(budget),
-           options.memory_cap_bytes > 0 ? "(the cap)" : "(no cap: an equal share)", gib(available), local,
+           capped ? "(the cap)" : "(no cap given: an equal share, set as the cap)", gib(available), local,
            gib(share), fits ? "fits" : "does not fit");
     fflush(stdout);
     if (!fits && getenv("FT_FORCE") == NULL) return 3;
