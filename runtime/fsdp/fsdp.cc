@@ -4,14 +4,17 @@
 // through the rate limiter), abandoning a failed step, and the step's end
 // (FinishBackward, clipping, the optimizer step, ZeroGrad). Each unit's
 // state is its FsdpParamGroup (fsdp_param_group.h); what goes over the wire
-// is in fsdp_collectives.cc, tied parameters in fsdp_tied.cc, loading master
-// shards in fsdp_load.cc, the options in fsdp_options.cc.
+// is in fsdp_collectives.h (free functions over a communication context),
+// when the model gathers and reduces in fsdp_gather_reduce.cc, tied
+// parameters in fsdp_tied.cc, loading master shards in fsdp_load.cc, the
+// options in fsdp_options.cc.
 #include "runtime/fsdp/fsdp.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "runtime/core/trace.h"
+#include "runtime/fsdp/fsdp_collectives.h"
 #include "runtime/fsdp/fsdp_internal.h"
 #include "runtime/ops/init.h"
 #include "runtime/ops/ops.h"
@@ -136,6 +139,18 @@ Status FullyShardedModel::Init() {
     host_ctx_ = ops::OpContext{host, host_stream_, temporaries};
   }
   shard_allocator_ = options_.cpu_offload ? offload_ : activation_allocator_.get();
+  comm_ = std::make_unique<fsdp_internal::FsdpComm>();
+  comm_->shard_group = shard_group_.get();
+  comm_->replicate_group = replicate_group_.get();
+  comm_->compute = compute_ctx_;
+  comm_->all_gather = ag_ctx_;
+  comm_->reduce = rs_ctx_;
+  comm_->host = host_ctx_;
+  comm_->host_stream = host_stream_;
+  comm_->allocator = allocator_;
+  comm_->cpu_offload = options_.cpu_offload;
+  comm_->timeout = options_.timeout;
+  comm_->counters = &counters_;
   Allocator& shard_alloc = *shard_allocator_;
   const ops::OpContext& shard_ctx = shard_context();
 
@@ -357,7 +372,7 @@ Status FullyShardedModel::PostBackward(int unit) {
     // full gradients alive to two (this unit's and the one being reduced), so
     // a slow reduce stream cannot pile them up. Before the narrowing below,
     // so that its copy is not alive beside the previous reduction's buffers.
-    Status s = WaitPendingReductionWork();
+    Status s = fsdp_internal::WaitForReductionWork(pending_reductions_, options_.timeout);
     if (caller_stream_ != nullptr) {
       // The reduce stream reads the gradients once the caller's stream has
       // written them (an event recorded on it now); the rounding to
@@ -367,7 +382,7 @@ Status FullyShardedModel::PostBackward(int unit) {
       s = NarrowFullGradient(unit);
     }
     // The reduce stream reads the gradients the compute stream has produced.
-    if (s.ok()) s = WaitForCompute(*rs_stream_);
+    if (s.ok()) s = fsdp_internal::WaitForCompute(*comm_, *rs_stream_);
     if (s.ok()) s = ReduceGradients(unit);
     if (!s.ok()) return Fail(s);
   }
@@ -382,7 +397,7 @@ Status FullyShardedModel::FinishBackward() {
                                      "' is in state '" + UnitStateName(state) + "'");
     }
   }
-  Status s = WaitPendingReductions();
+  Status s = fsdp_internal::WaitForReductions(*comm_, pending_reductions_);
   if (s.ok()) s = CheckCallerGathers(/*block=*/true);
   // A unit no reduction reached this step (a no_sync backward, a unit the
   // model did not use) has a zero gradient: give it one to read and step.
@@ -501,7 +516,7 @@ void FullyShardedModel::AbandonAfterUpdate() {
 }
 
 void FullyShardedModel::ZeroGrad() {
-  WaitPendingReductions().IgnoreError();
+  fsdp_internal::WaitForReductions(*comm_, pending_reductions_).IgnoreError();
   // Valid operands on an idle reduce stream: these fills cannot fail.
   for (FsdpParamGroup& g : groups_) {
     // Its block is reused in stream order: after the compute stream's

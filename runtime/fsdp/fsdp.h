@@ -257,6 +257,23 @@ bool ReducesEveryMicroBatch(const FsdpOptions& options);
 Status ValidateFsdpOptions(const FsdpOptions& options, int world_size);
 
 // Counters of one rank since creation (or ResetCounters).
+namespace fsdp_internal {
+// The collectives' communication context (fsdp_collectives.h).
+struct FsdpComm;
+// A group's reduction in flight: its last collective (waited for first, so
+// a failed or timed-out peer is reported as the collective) and an event the
+// reduce stream records after the reduced shard has been accumulated. On
+// CPU the stream releases a closure's buffers before it completes it, so
+// once the event has passed, the unit's full gradient and reduced shard are
+// no longer held by any closure: waiting for both bounds what a reduction
+// keeps alive to one unit's buffers (the memory estimator relies on it).
+struct PendingReduction {
+  std::shared_ptr<comm::Work> work;  // may be null (NO_SHARD without replicas)
+  std::shared_ptr<Event> done;
+};
+
+}  // namespace fsdp_internal
+
 struct FsdpCounters {
   int64_t all_gathers = 0;
   int64_t reduce_scatters = 0;
@@ -431,25 +448,16 @@ class FullyShardedModel final : public DataParallelModel {
   // the model drives. The members are defined by responsibility: fsdp.cc
   // (creation, the hooks' unit state machine, prefetch, freeing and
   // regathering groups, abandoning a step, the step's end),
-  // fsdp_collectives.cc (all-gathers into a group, reductions of its
-  // gradient and their stream order), fsdp_tied.cc (tied parameters: groups
-  // borrowed by other units), fsdp_load.cc (writing master shards from
-  // outside), fsdp_options.cc (names and validation).
+  // fsdp_gather_reduce.cc (when a group is gathered or reduced, handing its
+  // parameters out, the caller stream's order), fsdp_tied.cc (tied
+  // parameters: groups borrowed by other units), fsdp_load.cc (writing
+  // master shards from outside), fsdp_options.cc (names and validation).
+  // What goes over the wire is not the model's: free functions over a
+  // communication context (fsdp_collectives.h, FSDP2's _fsdp_collectives).
 
   FullyShardedModel(std::vector<UnitSpec> units, comm::ProcessGroup* world,
                     CachingAllocator* allocator, Allocator* offload, Stream* host_stream,
                     const FsdpOptions& options);
-  // cpu_offload: writes the f32 master shard of `group` into `input` (the
-  // all-gather's slice of its unsharded parameter) on the all-gather stream:
-  // host->device copy, then the cast to param_dtype on the device.
-  Status CopyMasterIn(const fsdp_internal::FsdpParamGroup& group, const Tensor& input);
-  // Adds `reduced` (this rank's reduced shard, on the device, reduce dtype)
-  // into group's gradient shard in reduce-stream order: without offload an
-  // Axpy on the reduce stream; with it a device->host copy and the host
-  // accumulation. The step's first reduction of the unit allocates the
-  // shard and copies (widening) into it instead: 0 + x is x, one pass and
-  // one shard's memory fewer until then.
-  Status AccumulateReduced(fsdp_internal::FsdpParamGroup& group, const Tensor& reduced);
   // Copies `src` (host memory or this model's device) into a master shard
   // (or a slice of one), in order before the next all-gather reads it.
   Status WriteMaster(const Tensor& src, const Tensor& dst);
@@ -488,7 +496,8 @@ class FullyShardedModel final : public DataParallelModel {
   Status AppendTiedGradients(int unit, std::vector<Tensor>* grads);
   void ReleaseTiedOwners(int unit);
   Status CheckUnit(int unit, const char* call) const;
-  // Issues the all-gather of `unit` unless it is gathered or in flight.
+  // Issues the all-gather of `unit` (fsdp_internal::AllGather) unless it is
+  // gathered or in flight, after the master shards' last write.
   // `prefetch` only counts it as one: the rate limiter is asked by Prefetch.
   Status IssueAllGather(int unit, bool prefetch);
   // Waits for `unit`'s all-gather and returns its parameter views.
@@ -508,15 +517,10 @@ class FullyShardedModel final : public DataParallelModel {
   // Issues the all-gathers of `candidates`, in order, while the rate
   // limiter admits them; the first it refuses ends the prefetch (deferred).
   Status Prefetch(const std::vector<int>& candidates);
+  // Reduces `unit`'s full gradient (fsdp_internal::Reduce) and keeps the
+  // reduction as pending.
   Status ReduceGradients(int unit);
-  // The all-reduce of a reduced gradient (shard) across replicas on the
-  // reduce stream, post-divided, counted.
-  StatusOr<std::shared_ptr<comm::Work>> AllReduceAcrossReplicas(const Tensor& reduced, float pre_scale);
   Status Fail(Status s);  // abandons the step, returns s
-  // Waits for the collectives of pending reductions / also for the reduce
-  // stream's accumulation into the gradient shards.
-  Status WaitPendingReductionWork();
-  Status WaitPendingReductions();
 
   std::vector<UnitSpec> units_;
   std::vector<std::vector<ParamRef>> tied_;   // per unit: owners of its tied parameters
@@ -537,10 +541,6 @@ class FullyShardedModel final : public DataParallelModel {
   std::unique_ptr<StreamAllocator> activation_allocator_;
   std::unique_ptr<StreamAllocator> ag_allocator_;
   std::unique_ptr<StreamAllocator> rs_allocator_;
-  // Work enqueued on `waiter` from now on runs after everything enqueued on
-  // the compute stream so far (PyTorch's waiter.wait_stream(current)).
-  // Nothing to do on cpu, whose compute stream is the driving thread.
-  Status WaitForCompute(Stream& waiter);
   // Op contexts of the three streams (set by Init).
   ops::OpContext compute_ctx_, ag_ctx_, rs_ctx_;
   // cpu_offload: the host's op context (offload allocator, host_stream_) and
@@ -549,6 +549,9 @@ class FullyShardedModel final : public DataParallelModel {
   // accumulations run in reduce-stream order).
   ops::OpContext host_ctx_;
   Tensor grad_staging_;
+  // The collectives' context: the groups, streams and allocators above, the
+  // timeout and counters_ (set by Init).
+  std::unique_ptr<fsdp_internal::FsdpComm> comm_;
   std::vector<fsdp_internal::FsdpParamGroup> groups_;  // one per unit
   bool gradient_sync_ = true;
   // Set whenever the compute stream writes master shards (initialisation,
@@ -563,18 +566,7 @@ class FullyShardedModel final : public DataParallelModel {
   float ReductionPostScale() const;
   std::vector<int> forward_order_, last_forward_order_;
   std::vector<int> all_gather_log_;
-  // A unit's reduction in flight: its collective (waited for first, so a
-  // failed or timed-out peer is reported as the collective) and an event the
-  // reduce stream records after the reduced shard has been accumulated. On
-  // CPU the stream releases a closure's buffers before it completes it, so
-  // once the event has passed, the unit's full gradient and reduced shard are
-  // no longer held by any closure: waiting for both bounds what a reduction
-  // keeps alive to one unit's buffers (the memory estimator relies on it).
-  struct PendingReduction {
-    std::shared_ptr<comm::Work> work;  // may be null (NO_SHARD without replicas)
-    std::shared_ptr<Event> done;
-  };
-  std::deque<PendingReduction> pending_reductions_;
+  std::deque<fsdp_internal::PendingReduction> pending_reductions_;
   Stream* caller_stream_ = nullptr;
   // All-gathers a caller stream waits for by event, not yet checked.
   std::vector<std::pair<int, std::shared_ptr<comm::Work>>> caller_gathers_;

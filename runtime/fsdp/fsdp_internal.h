@@ -1,5 +1,6 @@
 // Helpers shared by the files of FullyShardedModel (fsdp.cc,
-// fsdp_collectives.cc, fsdp_load.cc); private to //runtime/fsdp:fsdp.
+// fsdp_gather_reduce.cc, fsdp_collectives.cc, fsdp_load.cc); private to
+// //runtime/fsdp:fsdp.
 #ifndef SHARDKIT_RUNTIME_FSDP_FSDP_INTERNAL_H_
 #define SHARDKIT_RUNTIME_FSDP_FSDP_INTERNAL_H_
 

@@ -2,8 +2,9 @@
 // as PyTorch FSDP2's FSDPParamGroup is one fully_shard'ed module's. Private
 // to //runtime/fsdp: FullyShardedModel (fsdp.h) keeps one per unit and
 // drives it through the hooks' state machine; the collectives that fill and
-// drain a group's buffers are the model's (fsdp_collectives.cc), kept apart
-// as FSDP2 keeps _fsdp_collectives.py apart from the group.
+// drain a group's buffers are free functions over a communication context
+// (fsdp_collectives.h), kept apart as FSDP2 keeps _fsdp_collectives.py apart
+// from the group.
 //
 // What a group holds:
 //   master shard     f32 [shard_numel], for the model's lifetime: the

@@ -72,7 +72,7 @@ struct Moment {
 };
 
 // Walks one micro-batch's backward as FullyShardedModel runs it (fsdp.cc,
-// fsdp_collectives.cc, fsdp_tied.cc), unit by unit in reverse execution
+// fsdp_gather_reduce.cc, fsdp_collectives.cc, fsdp_tied.cc), unit by unit in reverse execution
 // order, and appends the moments where allocations peak:
 //  - PreBackward: the unit's all-gather, its tied owners' (gathered again
 //    where the strategy reshards after forward), BACKWARD_PRE's prefetch of
