@@ -12,17 +12,6 @@
 
 namespace sk::ops {
 
-using internal::N;
-using internal::Bad;
-using internal::Resolve;
-using internal::CheckTensor;
-using internal::CheckNumel;
-using internal::CheckMatrix;
-using internal::Overlap;
-using internal::AnyOverlap;
-using internal::F32Staging;
-using internal::DispatchStaged;
-
 // ---- Attention ------------------------------------------------------------------
 
 namespace {

@@ -166,7 +166,7 @@ double FlashAttentionScorePairs(int64_t batch, int64_t heads, int64_t q_len, int
 
 namespace {
 
-// cuda_backend.cc's composed attention for packed documents (cost.h:
+// cuda/backend_attention.cc's composed attention for packed documents (cost.h:
 // OpCost::composed_flops). Forward: S = scale Q K^T (one batched GEMM, f32
 // out), the row log-sum-exps (reads S), the masked softmax (reads S,
 // writes P in f32 and, for 16-bit t, in t), out = P V (reads P in t).

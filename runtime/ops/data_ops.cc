@@ -11,17 +11,6 @@
 
 namespace sk::ops {
 
-using internal::N;
-using internal::Bad;
-using internal::IsFloat;
-using internal::Resolve;
-using internal::CheckTensor;
-using internal::CheckTensors;
-using internal::CheckNumel;
-using internal::Overlap;
-using internal::Same;
-using internal::Dispatch;
-
 // ---- Data movement ------------------------------------------------------------
 
 Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst) {

@@ -355,4 +355,26 @@ inline Status RowsOf(const char* op, const char* what, int64_t total, int64_t co
 
 }  // namespace sk::ops::internal
 
+namespace sk::ops {
+
+// The op files name these unqualified (this header is theirs alone).
+using internal::AnyOverlap;
+using internal::Bad;
+using internal::CheckMatrix;
+using internal::CheckNumel;
+using internal::CheckTensor;
+using internal::CheckTensors;
+using internal::Dispatch;
+using internal::DispatchStaged;
+using internal::F32Staging;
+using internal::IsFloat;
+using internal::N;
+using internal::Overlap;
+using internal::Resolve;
+using internal::RowsOf;
+using internal::Same;
+using internal::Staged;
+
+}  // namespace sk::ops
+
 #endif  // SHARDKIT_RUNTIME_OPS_DISPATCH_H_

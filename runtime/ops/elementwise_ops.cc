@@ -12,19 +12,6 @@
 
 namespace sk::ops {
 
-using internal::N;
-using internal::Bad;
-using internal::Resolve;
-using internal::CheckTensor;
-using internal::CheckTensors;
-using internal::CheckNumel;
-using internal::Overlap;
-using internal::AnyOverlap;
-using internal::Same;
-using internal::F32Staging;
-using internal::DispatchStaged;
-using internal::RowsOf;
-
 // ---- Bias ---------------------------------------------------------------------
 
 Status BroadcastRows(const OpContext& ctx, const Tensor& src, const Tensor& dst) {

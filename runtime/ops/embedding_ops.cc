@@ -6,14 +6,6 @@
 
 namespace sk::ops {
 
-using internal::Bad;
-using internal::Resolve;
-using internal::CheckTensor;
-using internal::CheckNumel;
-using internal::Overlap;
-using internal::F32Staging;
-using internal::DispatchStaged;
-
 Status EmbeddingForward(const OpContext& ctx, const Tensor& table, const Tensor& ids,
                         const Tensor& out) {
   const char* op = "embedding_fwd";

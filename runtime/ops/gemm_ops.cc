@@ -9,18 +9,6 @@
 
 namespace sk::ops {
 
-using internal::N;
-using internal::Bad;
-using internal::Resolve;
-using internal::CheckTensor;
-using internal::CheckTensors;
-using internal::CheckNumel;
-using internal::CheckMatrix;
-using internal::Overlap;
-using internal::Dispatch;
-using internal::F32Staging;
-using internal::Staged;
-
 // Gemm's and GemmBias's operands: dimensions, devices, dtypes, extents and
 // overlaps.
 Status CheckGemmOperands(const char* op, const OpContext& ctx, const GemmParams& p,

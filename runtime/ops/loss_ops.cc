@@ -11,17 +11,6 @@
 
 namespace sk::ops {
 
-using internal::Bad;
-using internal::Resolve;
-using internal::CheckTensor;
-using internal::CheckNumel;
-using internal::Overlap;
-using internal::Same;
-using internal::Dispatch;
-using internal::F32Staging;
-using internal::DispatchStaged;
-using internal::RowsOf;
-
 namespace {
 
 Status CheckLoss(const char* op, const OpContext& ctx, const Tensor& logits, const Tensor& targets,

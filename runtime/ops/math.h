@@ -1,4 +1,4 @@
-// Per-element and per-row arithmetic shared by the CPU kernels (runtime/ops/cpu/kernels.cc)
+// Per-element and per-row arithmetic shared by the CPU backend (runtime/ops/cpu)
 // and the CUDA kernels (runtime/ops/cuda/*.cu).
 //
 // Every function here is SK_HOST_DEVICE and free of allocation and library

@@ -8,17 +8,6 @@
 
 namespace sk::ops {
 
-using internal::Bad;
-using internal::Resolve;
-using internal::CheckTensor;
-using internal::CheckTensors;
-using internal::CheckNumel;
-using internal::Overlap;
-using internal::AnyOverlap;
-using internal::F32Staging;
-using internal::DispatchStaged;
-using internal::RowsOf;
-
 namespace {
 
 // The layer and RMS norms' x: [rows, cols] for gamma's cols; an empty

@@ -319,7 +319,7 @@ int64_t FlashAttentionBackwardWorkspaceElements(const AttentionShape& s);
 // (ComposedAttentionBackwardGroup sequences) when the group holds several,
 // for 16-bit t the group's dS and P in t, and with grouped heads k, v, dk
 // and dv repeated. cuBLAS's own workspace is not counted. The count of
-// cuda_backend.cc's allocations, for the memory estimate; tests/ops holds it.
+// cuda/backend_attention.cc's allocations, for the memory estimate; tests/ops holds it.
 struct ComposedAttentionBytes {
   int64_t forward = 0;
   int64_t backward = 0;
@@ -327,7 +327,7 @@ struct ComposedAttentionBytes {
 };
 ComposedAttentionBytes ComposedAttentionTemporaryBytes(const AttentionShape& s, DType t);
 // Sequences per batched GEMM of the composed backward (CUDA's BackwardGroup,
-// cuda_backend.cc, the same rule): as many as
+// cuda/backend_attention.cc, the same rule): as many as
 // keep the group's f32 score gradients within 2^26 elements (256 MiB; with
 // 16-bit operands as much again for their rounded dS and P), at least one.
 int64_t ComposedAttentionBackwardGroup(const AttentionShape& s);

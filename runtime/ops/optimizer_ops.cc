@@ -9,13 +9,6 @@
 
 namespace sk::ops {
 
-using internal::Bad;
-using internal::Resolve;
-using internal::CheckTensor;
-using internal::CheckNumel;
-using internal::Overlap;
-using internal::Dispatch;
-
 // ---- Reductions ---------------------------------------------------------------------
 
 namespace {

@@ -1,7 +1,7 @@
 // The CPU backend's GEMM with 16-bit operands widened to the f32 GEMM (the
 // path on CPUs without a faster bf16 matmul: cpu/kernels.h, NativeBf16Gemm)
 // runs in bounded blocks: column panels of op(B) and C with all of k, row
-// blocks of op(A) and C (cpu_backend.cc, GemmBlocks). Cutting never splits
+// blocks of op(A) and C (cpu/backend_gemm.cc, GemmBlocks). Cutting never splits
 // k, so a GEMM of many blocks must give, bit for bit, what one f32 GEMM of
 // the whole widened matrices gives (rounded once into a 16-bit C): the
 // numbers of the path before it was blocked, when B was widened whole.

@@ -282,7 +282,7 @@ TEST(PackedAttention, BadKeyStartsAreInvalidArgumentAndWriteNothing) {
 
 // ---- The CUDA backend's packed attention, on the host -----------------------
 
-// The CUDA backend's composed attention (cuda_backend.cc: ComposedForward,
+// The CUDA backend's composed attention (cuda/backend_attention.cc: ComposedForward,
 // ComposedBackward, and the linear-memory op's fallback through them) run
 // on the host in f32: every mask and softmax from the SK_HOST_DEVICE
 // functions its kernels call (cuda/attention.cu: SoftmaxKernel and
@@ -521,7 +521,7 @@ TEST(PackedAttention, RopeAtGivenPositionsTurnsEachRowByItsPosition) {
 
 // What a CUDA call that runs the composed attention (every packed call)
 // allocates beside its declared buffers (ops.h:
-// ComposedAttentionTemporaryBytes), as cuda_backend.cc allocates it. Small
+// ComposedAttentionTemporaryBytes), as cuda/backend_attention.cc allocates it. Small
 // rows group every sequence in one backward GEMM; long rows one sequence
 // per GEMM (2^26 scores per group).
 TEST(ComposedAttentionTemporaries, CountTheProbabilitiesOfEveryPairAsTheCudaPathAllocatesThem) {

@@ -1,6 +1,8 @@
 // The CPU backend's kernels, forward and backward, on f32 buffers: what the
-// CPU op backend (cpu_backend.cc) runs. Internal to runtime/ops: everything
-// else calls ops (runtime/ops/ops.h).
+// CPU op backend (backend_*.cc) runs. Defined by family: the GEMMs and the
+// linear layer in gemm.cc, the composed attention in attention.cc, the rest
+// in kernels.cc. Internal to runtime/ops: everything else calls ops
+// (runtime/ops/ops.h).
 //
 // Layout: activations are row-major matrices of `rows` x `cols` floats, where
 // a row is one token (rows = batch * sequence length). A Linear layer's weight

@@ -1,4 +1,4 @@
-// Vectorised loops of the CPU backend (runtime/ops/cpu/kernels.cc), compiled
+// Vectorised loops of the CPU backend and its kernels (runtime/ops/cpu), compiled
 // for AVX-512 and for AVX2 + FMA beside the portable scalar loops, and chosen
 // at run time from the CPU (so one binary runs on any x86-64). Internal to
 // runtime/ops/cpu.

@@ -1,5 +1,5 @@
 // LIBXSMM's small GEMMs and transposes as the CPU attention kernels use
-// them (kernels.cc: the composed attention; flash_attention.cc: the
+// them (attention.cc: the composed attention; flash_attention.cc: the
 // linear-memory one). Internal to runtime/ops/cpu.
 #ifndef SHARDKIT_RUNTIME_OPS_CPU_SMALL_GEMM_H_
 #define SHARDKIT_RUNTIME_OPS_CPU_SMALL_GEMM_H_

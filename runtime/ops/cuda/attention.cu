@@ -1,7 +1,7 @@
 // The composed attention's kernels of the CUDA backend (kernels.h): the
 // batched GEMMs' pointer arrays, grouped-query repeats and sums, row softmax
 // (causal, packed documents), its gradient and the rows' log-sum-exp; the
-// GEMMs are cuBLAS's (cuda_backend.cc). Shared helpers: kernels_common.cuh.
+// GEMMs are cuBLAS's (cublas.cc). Shared helpers: kernels_common.cuh.
 #include "runtime/ops/cuda/kernels_common.cuh"
 
 namespace sk::ops::cuda {
