@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     // A single Hugging Face file does not say whether the model ties its
     // head: --model's config says so, else the config.json beside the file.
     // Without either, an hf-llama file without lm_head.weight is refused
-    // (ConvertOptions::tied_lm_head) rather than given the embedding's
+    // (ConvertOptions::tie_word_embeddings) rather than given the embedding's
     // transpose, which is wrong weights for an untied model.
     std::optional<sk::StatusOr<sk::NamedModelConfig>> config;
     const std::string beside = sk::ParentDirectory(in);
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "convert: %s: the model's config: %s\n", in.c_str(), config->status().ToString().c_str());
         return 1;
       }
-      options.tied_lm_head = sk::HfConvertOptions(**config).tied_lm_head;
+      options.tie_word_embeddings = sk::HfConvertOptions(**config).tie_word_embeddings;
     }
   }
   if (in_dir || out_dir) {

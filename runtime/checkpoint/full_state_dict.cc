@@ -89,10 +89,10 @@ ConvertOptions ConvertOptionsForUnits(const std::vector<UnitSpec>& units) {
   ConvertOptions o;
   for (const UnitSpec& u : units) {
     for (const TiedParamSpec& t : u.tied) {
-      if (u.name + "." + t.name == "head.lm_head.w") o.tied_lm_head = true;
+      if (u.name + "." + t.name == "head.lm_head.w") o.tie_word_embeddings = true;
     }
     for (const ParamSpec& p : u.params) {
-      if (u.name + "." + p.name == "head.lm_head.w") o.tied_lm_head = false;
+      if (u.name + "." + p.name == "head.lm_head.w") o.tie_word_embeddings = false;
     }
   }
   return o;
@@ -118,8 +118,8 @@ StatusOr<std::optional<std::pair<std::string, bool>>> ProbeConversion(const std:
   // As a tied model's file (so the embedding does not also make a head),
   // and for the head itself as an untied model's.
   ConvertOptions tied, untied;
-  tied.tied_lm_head = true;
-  untied.tied_lm_head = false;
+  tied.tie_word_embeddings = true;
+  untied.tie_word_embeddings = false;
   StatusOr<SafeTensorsFile> as_tied = ConvertWeights(probe, layout, WeightLayout::kShardkit, tied);
   SK_ASSIGN_OR_RETURN(SafeTensorsFile converted,
                       as_tied.ok() ? std::move(as_tied) : ConvertWeights(probe, layout, WeightLayout::kShardkit, untied));
@@ -156,7 +156,7 @@ StatusOr<bool> ReadHfRanged(const std::string& path, WeightLayout layout, const 
   }
   // A tied model compares a file's head with the embedding; an untied one
   // without its head is an error the converter names.
-  if (options.tied_lm_head.has_value() && *options.tied_lm_head == has_lm_head) return false;
+  if (options.tie_word_embeddings.has_value() && *options.tie_word_embeddings == has_lm_head) return false;
   size_t wanted = 0;
   for (int u = 0; u < f.num_units(); ++u) {
     const FlatParamLayout& l = f.layout(u);

@@ -257,7 +257,9 @@ Status WriteHfTextFiles(const std::string& dir, const HfTextFiles& files, const 
 ConvertOptions HfConvertOptions(const NamedModelConfig& config) {
   ConvertOptions o;
   const ModelFamilyDescription* family = FindModelFamily(config.family);
-  if (family != nullptr && family->tied_head != nullptr) o.tied_lm_head = family->tied_head(config);
+  if (family != nullptr && family->tie_word_embeddings != nullptr) {
+    o.tie_word_embeddings = family->tie_word_embeddings(config);
+  }
   return o;
 }
 

@@ -47,7 +47,7 @@ namespace sk {
 StatusOr<WeightLayout> HfWeightLayout(const NamedModelConfig& config);
 
 // How `config`'s weights convert from and to its Hugging Face layout: whether
-// its head is tied (ConvertOptions::tied_lm_head, from the family).
+// its head is tied (ConvertOptions::tie_word_embeddings, from the family).
 ConvertOptions HfConvertOptions(const NamedModelConfig& config);
 
 // Every tensor of the directory's weights (model.safetensors, or the index

@@ -302,7 +302,7 @@ Status TransposeMatmulWeights(const std::vector<Item>& in, const char* why, std:
 // The LM head of a Hugging Face file (lm_head.weight [vocab, d], or null
 // when absent) into shardkit's head.lm_head.w [d, vocab], given the file's
 // token embedding `embed` [vocab, d] (null when absent), which messages call
-// `embed_label`. tied: see ConvertOptions::tied_lm_head.
+// `embed_label`. tied: see ConvertOptions::tie_word_embeddings.
 // `absent_head_is_tied`: what a file without lm_head.weight means when `tied`
 // is unset: true for GPT-2 (transformers always ties its head, and its files
 // hold none), false for the Llama family (a head of its own unless
@@ -545,8 +545,8 @@ StatusOr<SafeTensorsFile> ConvertWeights(const SafeTensorsFile& in, WeightLayout
     case WeightLayout::kTorch:
       SK_RETURN_IF_ERROR(TransposeMatmulWeights(items, "an nn.Linear weight [out, in]", &mid));
       break;
-    case WeightLayout::kHfGpt2: SK_RETURN_IF_ERROR(HfGpt2ToShardkit(items, options.tied_lm_head, &mid)); break;
-    case WeightLayout::kHfLlama: SK_RETURN_IF_ERROR(HfLlamaToShardkit(items, options.tied_lm_head, &mid)); break;
+    case WeightLayout::kHfGpt2: SK_RETURN_IF_ERROR(HfGpt2ToShardkit(items, options.tie_word_embeddings, &mid)); break;
+    case WeightLayout::kHfLlama: SK_RETURN_IF_ERROR(HfLlamaToShardkit(items, options.tie_word_embeddings, &mid)); break;
   }
   std::vector<Item> result;
   switch (to) {
@@ -554,8 +554,8 @@ StatusOr<SafeTensorsFile> ConvertWeights(const SafeTensorsFile& in, WeightLayout
     case WeightLayout::kTorch:
       SK_RETURN_IF_ERROR(TransposeMatmulWeights(mid, "a matmul weight [in, out]", &result));
       break;
-    case WeightLayout::kHfGpt2: SK_RETURN_IF_ERROR(ShardkitToHfGpt2(mid, options.tied_lm_head, &result)); break;
-    case WeightLayout::kHfLlama: SK_RETURN_IF_ERROR(ShardkitToHfLlama(mid, options.tied_lm_head, &result)); break;
+    case WeightLayout::kHfGpt2: SK_RETURN_IF_ERROR(ShardkitToHfGpt2(mid, options.tie_word_embeddings, &result)); break;
+    case WeightLayout::kHfLlama: SK_RETURN_IF_ERROR(ShardkitToHfLlama(mid, options.tie_word_embeddings, &result)); break;
   }
   meta["format"] = to == WeightLayout::kShardkit ? "shardkit" : "pt";
   std::vector<SafeTensorsEntry> entries;

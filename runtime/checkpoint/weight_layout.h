@@ -60,7 +60,7 @@
 //              Reading: the "model." prefix is optional (LlamaModel files
 //              lack it); the "self_attn.rotary_emb.inv_freq" buffers of
 //              older files are skipped; the head as hf-gpt2's, with
-//              embed_tokens for wte (ConvertOptions::tied_lm_head).
+//              embed_tokens for wte (ConvertOptions::tie_word_embeddings).
 //
 // Optimizer state ("optimizer.<state>.<param>", full state dicts only) exists
 // in the shardkit layout only: converting a file that has it is
@@ -112,7 +112,7 @@ struct ConvertOptions {
   // head.lm_head.w. false: reading needs lm_head.weight (InvalidArgument
   // naming it when absent: an untied head is not wte), writing always
   // writes it.
-  std::optional<bool> tied_lm_head;
+  std::optional<bool> tie_word_embeddings;
 };
 
 // The tensors of `in` (in layout `from`) in layout `to`, in memory. Tensors

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/device/device.h"
+#include "runtime/nn/model_family.h"
 
 namespace sk {
 
@@ -231,15 +232,17 @@ void WalkBackward(const std::vector<WalkUnit>& units, const WalkOptions& o, bool
 // it (its own and the tied ones it borrows) until its PostBackward has
 // returned: the views live in the unit's backward scope (runtime/nn
 // UnitScope::PreBackward), so FSDP's freeing of the gathered parameters in
-// PostBackward takes effect only after the reduction has been issued. The
-// GPT, Llama and T5 families run their input embeddings' backward (unit 0)
-// without them (UnitScope::PreBackwardGradientsOnly); any other unit, and
-// every unit of another family, is assumed to hold them (an upper bound).
+// PostBackward takes effect only after the reduction has been issued. A
+// family whose description says so (ModelFamilyDescription::
+// first_unit_backward_without_parameters: GPT, Llama and T5, whose input
+// embeddings' backward uses UnitScope::PreBackwardGradientsOnly) runs unit
+// 0's backward without them; any other unit, and every unit of a family
+// that does not say so, is assumed to hold them (an upper bound).
 // tests/fsdp/memory_estimator_test's tied-embedding cases measure it.
-bool BackwardHoldsParameters(ModelFamily family, int unit) {
-  const bool embedding_first =
-      family == ModelFamily::kGpt || family == ModelFamily::kLlama || family == ModelFamily::kT5;
-  return !(embedding_first && unit == 0);
+bool BackwardHoldsParameters(const NamedModelConfig& config, int unit) {
+  const ModelFamilyDescription* family = FindModelFamily(config.family);
+  const bool first_without = family != nullptr && family->first_unit_backward_without_parameters;
+  return !(first_without && unit == 0);
 }
 
 std::string MiB(int64_t b) {
@@ -329,7 +332,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
       w.tied_sinks.emplace_back(o, F32(u.tied[k].shape.numel()));
       if (std::find(w.owners.begin(), w.owners.end(), o) == w.owners.end()) w.owners.push_back(o);
     }
-    w.holds_params = BackwardHoldsParameters(r.model.family, static_cast<int>(i));
+    w.holds_params = BackwardHoldsParameters(r.model, static_cast<int>(i));
     units.push_back(std::move(w));
     if (!r.fsdp.cpu_offload) {
       e.master_bytes += F32(layout.shard_numel());

@@ -308,7 +308,7 @@ NamedModelConfig GptDecoderConfig(const std::string& name, const GptShape& shape
   c.gpt.n_head = shape.heads;
   c.gpt.d_model = shape.d_model;
   c.gpt.d_ff = shape.d_ff;
-  c.gpt.tie_word_embeddings = shape.tied;
+  c.gpt.tie_word_embeddings = shape.tie_word_embeddings;
   c.seq_len = shape.seq;
   return c;
 }
@@ -329,7 +329,7 @@ NamedModelConfig LlamaDecoderConfig(const std::string& name, const LlamaShape& s
   c.llama.rope_scaling = shape.rope_scaling;
   c.llama.rms_norm_eps = shape.rms_norm_eps;
   c.llama.qkv_bias = shape.qkv_bias;
-  c.llama.tie_embeddings = shape.tie_embeddings;
+  c.llama.tie_word_embeddings = shape.tie_word_embeddings;
   c.seq_len = shape.seq;
   return c;
 }

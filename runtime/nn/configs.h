@@ -51,12 +51,12 @@ struct NamedModelConfig {
   std::string description;
 };
 
-// A GPT decoder's shape (d_ff 0: 4 d_model; tied: the LM head is the token
-// embedding).
+// A GPT decoder's shape (d_ff 0: 4 d_model; tie_word_embeddings: the LM
+// head is the token embedding).
 struct GptShape {
   int64_t vocab, seq, layers, heads, d_model;
   int64_t d_ff = 0;
-  bool tied = false;
+  bool tie_word_embeddings = false;
 };
 
 // A Llama-family decoder's shape, with d_ff the SwiGLU's hidden width and
@@ -66,7 +66,7 @@ struct LlamaShape {
   float rope_theta = 10000.0f;
   float rms_norm_eps = 1e-5f;
   bool qkv_bias = false;
-  bool tie_embeddings = false;
+  bool tie_word_embeddings = false;
   RopeScaling rope_scaling = {};
   int64_t max_positions = 0;  // max_position_embeddings; 0: seq
 };

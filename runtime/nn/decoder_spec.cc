@@ -213,7 +213,7 @@ StatusOr<NamedModelConfig> Build(Keys& k, const std::string& where) {
   } else {
     SK_RETURN_IF_ERROR(k.Int("kv_heads", false, &kv_heads));
     LlamaShape shape{vocab, seq, layers, heads, kv_heads, d_model, d_ff};
-    shape.tie_embeddings = tied;
+    shape.tie_word_embeddings = tied;
     SK_RETURN_IF_ERROR(k.Bool("qkv_bias", &shape.qkv_bias));
     SK_RETURN_IF_ERROR(k.Float("rope_theta", &shape.rope_theta));
     SK_RETURN_IF_ERROR(ReadRopeScaling(k, &shape.rope_scaling));
@@ -335,7 +335,7 @@ std::string LlamaDecoderSpec(const LlamaConfig& l) {
   add("d_ff", std::to_string(l.d_ff));
   add("vocab", std::to_string(l.vocab_size));
   add("seq", std::to_string(l.max_seq_len));
-  add("tied", l.tie_embeddings ? "true" : "false");
+  add("tied", l.tie_word_embeddings ? "true" : "false");
   add("qkv_bias", l.qkv_bias ? "true" : "false");
   add("rope_theta", FloatText(l.rope_theta));
   const RopeScaling& r = l.rope_scaling;

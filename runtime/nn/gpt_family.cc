@@ -39,8 +39,6 @@ StatusOr<NamedModelConfig> Gpt2FromConfig(const json& j, const std::string& file
 json Gpt2ToConfig(const NamedModelConfig& c) {
   const GptConfig& g = c.gpt;
   json j;
-  j["architectures"] = {"GPT2LMHeadModel"};
-  j["model_type"] = "gpt2";
   j["vocab_size"] = g.vocab_size;
   j["n_positions"] = g.max_seq_len;
   j["n_ctx"] = g.max_seq_len;
@@ -83,8 +81,9 @@ ModelFamilyDescription GptFamily() {
     return CheckTransformerStepSize(c, g.n_layer, g.n_head, g.d_model, g.ff(), g.vocab_size, batch, seq, source);
   };
   f.set_name = [](NamedModelConfig& c, const std::string& name) { c.name = c.gpt.name = name; };
+  f.first_unit_backward_without_parameters = true;  // the input embeddings
   f.table_row = GptTableRow;
-  f.tied_head = [](const NamedModelConfig& c) -> std::optional<bool> { return c.gpt.tie_word_embeddings; };
+  f.tie_word_embeddings = [](const NamedModelConfig& c) -> std::optional<bool> { return c.gpt.tie_word_embeddings; };
   f.decoder_spec = [](const NamedModelConfig& c) -> StatusOr<std::string> { return GptDecoderSpec(c.gpt); };
   f.hf_architectures = {{"GPT2LMHeadModel", "gpt2", "hf-gpt2", nullptr, Gpt2FromConfig, Gpt2ToConfig}};
   return f;

@@ -86,7 +86,12 @@ StatusOr<std::string> HfWeightLayoutOf(const NamedModelConfig& config) {
 }
 
 StatusOr<std::string> HfConfigJson(const NamedModelConfig& config) {
-  if (const HfArchitecture* a = WrittenAs(config)) return a->to_config(config).dump(2) + "\n";
+  if (const HfArchitecture* a = WrittenAs(config)) {
+    nlohmann::json j = a->to_config(config);
+    j["architectures"] = {a->architecture};
+    j["model_type"] = a->model_type;
+    return j.dump(2) + "\n";
+  }
   return HfArchitectureOf(config).status();
 }
 

@@ -327,7 +327,7 @@ Status LlamaConfig::Validate() const {
     const W d = d_model, kv = W{kv_heads()} * head_dim();
     const W layer = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * d_ff + (qkv_bias ? d + 2 * kv : W{0});
     SK_RETURN_IF_ERROR(nn_internal::CheckParameterCount(
-        name, W{vocab_size} * d + W{n_layer} * layer + d + (tie_embeddings ? W{0} : d * vocab_size)));
+        name, W{vocab_size} * d + W{n_layer} * layer + d + (tie_word_embeddings ? W{0} : d * vocab_size)));
   }
   if (head_dim() % 2 != 0) {
     return InvalidArgumentError("config '" + name + "': head_dim " + std::to_string(head_dim()) +
@@ -368,7 +368,7 @@ LlamaModel::LlamaModel(const LlamaConfig& config, const ModelOptions& options)
   }
   UnitSpec head{"head", {}};
   head.params.push_back({"norm.g", Shape{d}, Initializer::Ones()});
-  if (config.tie_embeddings) {
+  if (config.tie_word_embeddings) {
     head.tied.push_back(
         TiedParamSpec{"lm_head.w", "embed.embed_tokens.w", Shape{config.vocab_size, d}});
   } else {
@@ -413,7 +413,7 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
   const bool ckpt = options_.full_checkpointing();
   const bool selective = options_.selective_checkpointing();
   const bool bias = config_.qkv_bias;
-  const bool tied = config_.tie_embeddings;
+  const bool tied = config_.tie_word_embeddings;
   const int head_unit = static_cast<int>(L + 1);
   LlamaDims dims = Dims(config_, act, batch.batch_size, batch.seq_len);
 

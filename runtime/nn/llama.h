@@ -19,7 +19,7 @@
 //                              post_attention_layernorm.g [d],
 //                              mlp.{gate_proj.w [d, F], up_proj.w [d, F], down_proj.w [F, d]}
 //   n_layer + 1  "head"        norm.g [d], lm_head.w [d, vocab]; with
-//                              tie_embeddings no lm_head.w of its own but
+//                              tie_word_embeddings no lm_head.w of its own but
 //                              embed.embed_tokens.w as a tied parameter
 //                              (UnitSpec::tied, model.h; "lm_head.w",
 //                              [vocab, d]), logits = x embed_tokens^T
@@ -55,7 +55,7 @@ struct LlamaConfig {
   RopeScaling rope_scaling;
   float rms_norm_eps = 1e-5f;
   bool qkv_bias = false;        // Qwen2: biases on q, k and v
-  bool tie_embeddings = false;  // the LM head is the token embedding (Llama 3.2, Qwen2-0.5B)
+  bool tie_word_embeddings = false;  // the LM head is the token embedding (Llama 3.2, Qwen2-0.5B)
 
   // InvalidArgument naming the field: sizes not positive, d_model not a
   // multiple of n_head, an odd head_dim (RoPE rotates pairs), n_kv_head not

@@ -85,7 +85,7 @@ StatusOr<NamedModelConfig> LlamaFamilyFromConfig(const json& j, const std::strin
   c.family = ModelFamily::kLlama;
   LlamaConfig& l = c.llama;
   l.qkv_bias = qwen2;
-  l.tie_embeddings = qwen2;  // the configs' defaults: Qwen2Config ties, LlamaConfig does not
+  l.tie_word_embeddings = qwen2;  // the configs' defaults: Qwen2Config ties, LlamaConfig does not
   SK_RETURN_IF_ERROR(k.Int("vocab_size", &l.vocab_size));
   SK_RETURN_IF_ERROR(k.Int("hidden_size", &l.d_model));
   SK_RETURN_IF_ERROR(k.Int("intermediate_size", &l.d_ff));
@@ -95,7 +95,7 @@ StatusOr<NamedModelConfig> LlamaFamilyFromConfig(const json& j, const std::strin
   l.n_kv_head = l.n_head;
   SK_RETURN_IF_ERROR(k.OptionalInt("num_key_value_heads", &l.n_kv_head));
   SK_RETURN_IF_ERROR(k.Float("rms_norm_eps", &l.rms_norm_eps));
-  SK_RETURN_IF_ERROR(k.Bool("tie_word_embeddings", &l.tie_embeddings));
+  SK_RETURN_IF_ERROR(k.Bool("tie_word_embeddings", &l.tie_word_embeddings));
   if (l.n_head > 0 && l.d_model % l.n_head == 0) {
     SK_RETURN_IF_ERROR(k.Expect("head_dim", {json(nullptr), json(l.d_model / l.n_head)},
                                 "head_dim = hidden_size / num_attention_heads"));
@@ -136,8 +136,6 @@ json RopeScalingJson(const RopeScaling& s) {
 json LlamaFamilyToConfig(const NamedModelConfig& c) {
   const LlamaConfig& l = c.llama;
   json j;
-  j["architectures"] = {l.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = l.qkv_bias ? "qwen2" : "llama";
   j["vocab_size"] = l.vocab_size;
   j["hidden_size"] = l.d_model;
   j["intermediate_size"] = l.d_ff;
@@ -161,7 +159,7 @@ json LlamaFamilyToConfig(const NamedModelConfig& c) {
   }
   j["mlp_bias"] = false;
   j["attention_dropout"] = 0.0;
-  j["tie_word_embeddings"] = l.tie_embeddings;
+  j["tie_word_embeddings"] = l.tie_word_embeddings;
   j["torch_dtype"] = "float32";
   return j;
 }
@@ -195,8 +193,9 @@ ModelFamilyDescription LlamaFamily() {
     return CheckTransformerStepSize(c, l.n_layer, l.n_head, l.d_model, l.d_ff, l.vocab_size, batch, seq, source);
   };
   f.set_name = [](NamedModelConfig& c, const std::string& name) { c.name = c.llama.name = name; };
+  f.first_unit_backward_without_parameters = true;  // the input embeddings
   f.table_row = LlamaTableRow;
-  f.tied_head = [](const NamedModelConfig& c) -> std::optional<bool> { return c.llama.tie_embeddings; };
+  f.tie_word_embeddings = [](const NamedModelConfig& c) -> std::optional<bool> { return c.llama.tie_word_embeddings; };
   f.decoder_spec = [](const NamedModelConfig& c) -> StatusOr<std::string> { return LlamaDecoderSpec(c.llama); };
   f.hf_architectures = {
       {"LlamaForCausalLM", "llama", "hf-llama", IsLlama, LlamaFromConfig, LlamaFamilyToConfig},

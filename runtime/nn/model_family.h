@@ -61,7 +61,9 @@ struct HfArchitecture {
   // The config of a parsed config.json (`file` names it in errors), with
   // family, model config and seq_len set; validated by the caller.
   StatusOr<NamedModelConfig> (*from_config)(const nlohmann::json& j, const std::string& file) = nullptr;
-  // The architecture's config.json keys for `config`.
+  // The architecture's config.json keys for `config`, but for
+  // "architectures" and "model_type", which HfConfigJson writes from this
+  // entry (one place names the architecture).
   nlohmann::json (*to_config)(const NamedModelConfig& config) = nullptr;
 };
 
@@ -98,10 +100,11 @@ struct ModelFamilyDescription {
   ModelTableRow (*table_row)(const NamedModelConfig& config) = nullptr;
 
   // Optional (null: the family has none of these).
-  // Whether the LM head is the token embedding (GPT's tie_word_embeddings,
-  // the Llama family's tie_embeddings): Hugging Face's tie_word_embeddings.
-  // nullopt: the family has no tied head to speak of.
-  std::optional<bool> (*tied_head)(const NamedModelConfig& config) = nullptr;
+  // Whether the LM head is the token embedding: the config's
+  // tie_word_embeddings (every family's one name for a tied head, as
+  // Hugging Face's config.json key). nullopt: the family has no tied head
+  // to speak of.
+  std::optional<bool> (*tie_word_embeddings)(const NamedModelConfig& config) = nullptr;
   // The inline decoder spec (decoder_spec.h) that reads back to the config.
   StatusOr<std::string> (*decoder_spec)(const NamedModelConfig& config) = nullptr;
   // The config as a model file that FindModelConfig reads back (a unit
@@ -113,6 +116,15 @@ struct ModelFamilyDescription {
   // Named configurations the family adds to those FindModelConfig knows
   // (configs.h's ModelConfigs() holds the built-in families' catalogue).
   std::vector<NamedModelConfig> configs;
+
+  // What the memory estimator (runtime/fsdp/memory_estimator.h) may count
+  // on beyond the model's own PeakActivationBytes: whether the backward of
+  // unit 0 runs without the parameter views the hooks give it
+  // (UnitScope::PreBackwardGradientsOnly, transformer.h), so the gathered
+  // parameters FSDP frees in its PostBackward are gone before the
+  // reduction. false (the bound): every unit holds them until its backward
+  // scope ends.
+  bool first_unit_backward_without_parameters = false;
 };
 
 // Registers `family`. InvalidArgument naming the family when its id is 0 or

@@ -30,6 +30,7 @@ ModelFamilyDescription T5Family() {
                                     t.vocab_size, batch, seq, source);
   };
   f.set_name = [](NamedModelConfig& c, const std::string& name) { c.name = c.t5.name = name; };
+  f.first_unit_backward_without_parameters = true;  // the input embeddings
   f.table_row = T5TableRow;
   return f;
 }

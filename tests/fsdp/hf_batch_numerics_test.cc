@@ -116,7 +116,7 @@ Expected ReadExpected(const std::string& model, const std::string& kind, bool ti
   }
   e.grad_norm = std::sqrt(sq);
   ConvertOptions o;
-  o.tied_lm_head = tied;
+  o.tie_word_embeddings = tied;
   StatusOr<SafeTensorsFile> converted =
       ConvertWeights(*SafeTensorsFile::FromEntries(grads), LayoutOf(model), WeightLayout::kShardkit, o);
   EXPECT_TRUE(converted.ok()) << converted.status();

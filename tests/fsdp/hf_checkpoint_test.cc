@@ -142,7 +142,7 @@ int ExpectTransformersLossAndGradients(const std::string& fixture, WeightLayout 
   // A tied model's gradient file has no head (its embedding's gradient
   // holds both uses); an untied one's has.
   ConvertOptions tied;
-  tied.tied_lm_head = model->units().back().tied.size() == 1;
+  tied.tie_word_embeddings = model->units().back().tied.size() == 1;
   StatusOr<SafeTensorsFile> want =
       ConvertWeights(*SafeTensorsFile::FromEntries(grads), layout, WeightLayout::kShardkit, tied);
   EXPECT_TRUE(want.ok()) << want.status();
@@ -191,7 +191,7 @@ TEST(HfCheckpoint, ReadsATransformersLlamaDirectoryAsAnUntiedLlama) {
   EXPECT_EQ(l.max_seq_len, 64);
   EXPECT_EQ(l.rope_theta, 10000.0f);  // from transformers 5's rope_parameters
   EXPECT_EQ(l.rms_norm_eps, 1e-5f);
-  EXPECT_FALSE(l.tie_embeddings);
+  EXPECT_FALSE(l.tie_word_embeddings);
   EXPECT_FALSE(l.qkv_bias);
   EXPECT_TRUE(m->weights.contains("head.lm_head.w"));
   // q_proj [out 64, in 64] and k_proj [out 32, in 64] transposed to [in, out].
@@ -222,7 +222,7 @@ TEST(HfCheckpoint, ReadsLlama3RopeScaling) {
   EXPECT_EQ(l.rope_scaling.high_freq_factor, 4.0f);
   EXPECT_EQ(l.rope_scaling.original_max_positions, 32);
   EXPECT_EQ(l.max_seq_len, 256);
-  EXPECT_TRUE(l.tie_embeddings);
+  EXPECT_TRUE(l.tie_word_embeddings);
 }
 
 // The llama3 frequencies against transformers: kept, smoothed and divided
@@ -524,7 +524,7 @@ void ExpectLlamaRoundTrip(const NamedModelConfig& config, const SafeTensorsFile&
     nlohmann::json c = nlohmann::json::parse(Slurp(dir + "/config.json"));
     EXPECT_EQ(c["architectures"][0], l.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
     EXPECT_EQ(c["model_type"], l.qkv_bias ? "qwen2" : "llama");
-    EXPECT_EQ(c["tie_word_embeddings"], l.tie_embeddings);
+    EXPECT_EQ(c["tie_word_embeddings"], l.tie_word_embeddings);
     EXPECT_EQ(c["num_key_value_heads"], l.kv_heads());
     EXPECT_EQ(c["hidden_act"], "silu");
     EXPECT_EQ(c["rope_scaling"].is_null(), l.rope_scaling.type == RopeScalingType::kNone);
@@ -534,11 +534,11 @@ void ExpectLlamaRoundTrip(const NamedModelConfig& config, const SafeTensorsFile&
     StatusOr<SafeTensorsFile> hf = ReadHfWeights(dir);
     ASSERT_TRUE(hf.ok()) << hf.status();
     EXPECT_TRUE(hf->contains("model.embed_tokens.weight"));
-    EXPECT_EQ(hf->contains("lm_head.weight"), !l.tie_embeddings);  // a tied head is stored once
+    EXPECT_EQ(hf->contains("lm_head.weight"), !l.tie_word_embeddings);  // a tied head is stored once
     EXPECT_EQ(hf->contains("model.layers.0.self_attn.q_proj.bias"), l.qkv_bias);
     StatusOr<HfModel> back = ReadHfModelDir(dir);
     ASSERT_TRUE(back.ok()) << back.status();
-    EXPECT_EQ(back->config.llama.tie_embeddings, l.tie_embeddings);
+    EXPECT_EQ(back->config.llama.tie_word_embeddings, l.tie_word_embeddings);
     EXPECT_EQ(back->config.llama.qkv_bias, l.qkv_bias);
     EXPECT_EQ(back->config.llama.kv_heads(), l.kv_heads());
     EXPECT_EQ(back->config.llama.rope_theta, l.rope_theta);
@@ -560,7 +560,7 @@ TEST(HfCheckpoint, LlamaOursToHuggingFaceToOursIsBitForBitTiedAndUntied) {
   // Tied, and Qwen2 (q/k/v biases, tied as Qwen2-0.5B): freshly initialised.
   for (bool qwen2 : {false, true}) {
     NamedModelConfig tied = m->config;
-    tied.llama.tie_embeddings = true;
+    tied.llama.tie_word_embeddings = true;
     tied.llama.qkv_bias = qwen2;
     tied.llama.rope_theta = qwen2 ? 1e6f : 500000.0f;
     tied.llama.rms_norm_eps = 1e-6f;
@@ -686,7 +686,7 @@ TEST(HfCheckpoint, ATrainerTrainsALlamaDirectoryAndWritesOneBack) {
   StatusOr<HfModel> untied = ReadHfModelDir(kLlama);
   ASSERT_TRUE(untied.ok()) << untied.status();
   NamedModelConfig tied_config = untied->config;
-  tied_config.llama.tie_embeddings = true;
+  tied_config.llama.tie_word_embeddings = true;
   const std::string tied_dir = ::testing::TempDir() + "/tied-llama-in";
   fs::remove_all(tied_dir);
   ASSERT_TRUE(WriteHfModelDir(tied_dir, tied_config, InitialWeights(**CreateModel(tied_config), 3)).ok());
@@ -711,8 +711,8 @@ TEST(HfCheckpoint, ATrainerTrainsALlamaDirectoryAndWritesOneBack) {
     StatusOr<HfModel> before = ReadHfModelDir(in);
     StatusOr<HfModel> after = ReadHfModelDir(out);
     ASSERT_TRUE(before.ok() && after.ok()) << before.status() << after.status();
-    const bool tied = before->config.llama.tie_embeddings;
-    EXPECT_EQ(after->config.llama.tie_embeddings, tied);
+    const bool tied = before->config.llama.tie_word_embeddings;
+    EXPECT_EQ(after->config.llama.tie_word_embeddings, tied);
     EXPECT_EQ(ReadHfWeights(out)->contains("lm_head.weight"), !tied);
     for (const char* name : {"layers.0.self_attn.q_proj.w", "embed.embed_tokens.w"}) {
       const SafeTensorsFile::Info info = *after->weights.info(name);

@@ -337,12 +337,12 @@ TEST(WeightLayoutTest, HeadlessLlamaFileIsRefusedUnlessTheModelSaysItIsTied) {
   EXPECT_EQ(unset.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(unset.status().message().find("lm_head.weight"), std::string::npos) << unset.status();
   ConvertOptions tied;
-  tied.tied_lm_head = true;
+  tied.tie_word_embeddings = true;
   StatusOr<SafeTensorsFile> mine = ConvertWeights(hf.File(), WeightLayout::kHfLlama, WeightLayout::kShardkit, tied);
   ASSERT_TRUE(mine.ok()) << mine.status();
   EXPECT_FALSE(mine->contains("head.lm_head.w"));
   ConvertOptions untied;
-  untied.tied_lm_head = false;
+  untied.tie_word_embeddings = false;
   StatusOr<SafeTensorsFile> refused = ConvertWeights(hf.File(), WeightLayout::kHfLlama, WeightLayout::kShardkit, untied);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("tie_word_embeddings false"), std::string::npos) << refused.status();

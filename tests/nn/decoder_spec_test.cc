@@ -55,7 +55,7 @@ TEST(DecoderSpec, TiedLlamaByShapeIsTheNamedModel) {
       "rope_theta=500000,tied=true");
   ASSERT_TRUE(spec.ok()) << spec.status();
   ASSERT_EQ(spec->family, ModelFamily::kLlama);
-  EXPECT_TRUE(spec->llama.tie_embeddings);
+  EXPECT_TRUE(spec->llama.tie_word_embeddings);
   auto a = CreateModel(*named);
   auto b = CreateModel(*spec);
   ASSERT_TRUE(a.ok() && b.ok());
@@ -66,7 +66,7 @@ TEST(DecoderSpec, TiedLlamaByShapeIsTheNamedModel) {
   EXPECT_NE(text->find("tied=true"), std::string::npos) << *text;
   auto again = ParseDecoderSpec(*text);
   ASSERT_TRUE(again.ok()) << again.status() << " " << *text;
-  EXPECT_TRUE(again->llama.tie_embeddings);
+  EXPECT_TRUE(again->llama.tie_word_embeddings);
   EXPECT_EQ((*CreateModel(*again))->num_parameters(), 1235814400);
 }
 

@@ -97,13 +97,13 @@ TEST(Llama, NamedConfigsCountThePublishedParameters) {
   for (const char* name : {"qwen2-0.5b", "llama3.2-1b"}) {
     auto c = FindModelConfig(name);
     ASSERT_TRUE(c.ok()) << name;
-    EXPECT_TRUE(c->llama.tie_embeddings) << name;
+    EXPECT_TRUE(c->llama.tie_word_embeddings) << name;
   }
   for (const char* name : {"llama-tiny", "qwen2-tiny", "llama-10m", "llama3-8b", "llama3-70b"}) {
     auto c = FindModelConfig(name);
     ASSERT_TRUE(c.ok()) << name;
     EXPECT_EQ(c->family, ModelFamily::kLlama) << name;
-    EXPECT_FALSE(c->llama.tie_embeddings) << name;
+    EXPECT_FALSE(c->llama.tie_word_embeddings) << name;
     EXPECT_TRUE(CreateModel(*c).ok()) << name;
   }
 }
@@ -146,7 +146,7 @@ TEST(Llama, BadRopeScalingIsRefusedAtCreation) {
 // [vocab, d], counted once.
 TEST(Llama, TiedHeadUsesTheEmbeddingAndCountsItOnce) {
   LlamaConfig c = TinyLlama();
-  c.tie_embeddings = true;
+  c.tie_word_embeddings = true;
   auto tied = MakeModel(c);
   auto untied = MakeModel(TinyLlama());
   const UnitSpec& head = tied->units().back();
@@ -167,7 +167,7 @@ TEST(Llama, TiedGradientIsTheSumOfTheEmbeddingAndHeadGradients) {
   for (LlamaConfig c : {TinyLlama(), TinyQwen2()}) {
     SCOPED_TRACE(c.name);
     const LlamaConfig untied_config = c;
-    c.tie_embeddings = true;
+    c.tie_word_embeddings = true;
     auto tied = MakeModel(c);
     auto untied = MakeModel(untied_config);
     auto pt = MakeParams(*tied, 5);
@@ -243,7 +243,7 @@ TEST(Llama, InitialLossIsNearLogVocab) {
 TEST(Llama, ParameterGradientsMatchFiniteDifferencesOfTheLoss) {
   LlamaConfig tied = TinyLlama();
   tied.name = "llama-test-tied";
-  tied.tie_embeddings = true;
+  tied.tie_word_embeddings = true;
   for (const LlamaConfig& c : {TinyLlama(), TinyQwen2(), tied}) {
     auto m = MakeModel(c);
     auto p = MakeParams(*m, 5);

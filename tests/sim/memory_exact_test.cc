@@ -212,7 +212,7 @@ TEST(MemoryExactTest, Gpt1mCpuOffload) {
     }
   }
 }
-// A tied Llama head (llama-tiny's shape with tie_embeddings, as Llama 3.2
+// A tied Llama head (llama-tiny's shape with tie_word_embeddings, as Llama 3.2
 // and Qwen2-0.5B): the head gathers embed.embed_tokens.w for its use and
 // adds into its gradient, on the simulator as in the real run.
 TEST(MemoryExactTest, TiedLlama) {
