@@ -1,6 +1,6 @@
-// Internal to runtime/nn: reading and writing config.json keys, for the
-// model families' Hugging Face architectures (model_family.h's
-// HfArchitecture) and hf_config.cc.
+// Reading and writing config.json keys, for the model families' Hugging
+// Face architectures (model_family.h's HfArchitecture: the built-in ones,
+// tests/nn/example_family's) and hf_config.cc.
 #ifndef SHARDKIT_RUNTIME_NN_HF_CONFIG_KEYS_H_
 #define SHARDKIT_RUNTIME_NN_HF_CONFIG_KEYS_H_
 
