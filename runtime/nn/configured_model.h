@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "runtime/nn/model.h"
-#include "runtime/nn/transformer.h"
+#include "runtime/nn/model_common.h"
 
 namespace sk {
 

@@ -35,7 +35,7 @@
 
 #include "runtime/nn/configured_model.h"
 #include "runtime/nn/model.h"
-#include "runtime/nn/transformer.h"
+#include "runtime/nn/model_common.h"
 #include "runtime/ops/rope_scaling.h"
 
 namespace sk {
