@@ -206,9 +206,10 @@ StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in,
   o.seq_len = c.seq_len;
   o.source_len = c.source_len;
   o.clip_grad_norm = c.clip_grad_norm;
-  SK_RETURN_IF_ERROR(CheckEnum(c.activation_checkpointing, SK_CHECKPOINTING_SELECTIVE_ATTENTION,
+  SK_RETURN_IF_ERROR(CheckEnum(c.activation_checkpointing, SK_CHECKPOINTING_SELECTIVE_MATMULS,
                                "sk_trainer_options.activation_checkpointing (0 off, 1 whole block, 2 "
-                               "selective, 3 selective with attention)"));
+                               "selective, 3 selective with attention, 4 selective with every other "
+                               "matmul)"));
   switch (static_cast<sk_activation_checkpointing_t>(c.activation_checkpointing)) {
     case SK_CHECKPOINTING_OFF: o.checkpointing = sk::ActivationCheckpointing::kNone; break;
     case SK_CHECKPOINTING_FULL: o.checkpointing = sk::ActivationCheckpointing::kFull; break;
@@ -216,6 +217,9 @@ StatusOr<sk::TrainerOptions> ToTrainerOptions(const sk_trainer_options* in,
     case SK_CHECKPOINTING_SELECTIVE_ATTENTION:
       o.checkpointing = sk::ActivationCheckpointing::kSelective;
       o.recompute_attention = true;
+      break;
+    case SK_CHECKPOINTING_SELECTIVE_MATMULS:
+      o.checkpointing = sk::ActivationCheckpointing::kSelectiveMatmuls;
       break;
   }
   o.memory_cap_bytes = static_cast<size_t>(c.memory_cap_bytes);

@@ -114,6 +114,7 @@ SK_EXPORT sk_status_t sk_plan(const sk_plan_request* request, sk_plan_result** o
     c.forward_prefetch = k.fsdp.forward_prefetch ? 1 : 0;
     c.rate_limit = RateLimitTo(k.fsdp.all_gather_limit);
     c.activation_checkpointing = k.activation_checkpointing ? SK_CHECKPOINTING_FULL
+                                 : k.selective_matmuls        ? SK_CHECKPOINTING_SELECTIVE_MATMULS
                                  : !k.selective_checkpointing ? SK_CHECKPOINTING_OFF
                                  : k.recompute_attention      ? SK_CHECKPOINTING_SELECTIVE_ATTENTION
                                                               : SK_CHECKPOINTING_SELECTIVE;

@@ -45,6 +45,7 @@ DEFINE_string(rate_limits, "", "restrict all_gather_limit: e.g. 1,2,4,off");
 DEFINE_string(checkpointing, "",
               "activation checkpointing to search: off, on (whole block), selective (norms and "
               "activations recomputed), selective_attention (selective, attention recomputed too), "
+              "selective_matmuls (selective, every other matmul recomputed too: Llama family), "
               "as a list; default off,on (the selective ones only when listed)");
 DEFINE_string(offload, "", "restrict CPU offload: off, on, or off,on");
 DEFINE_string(dtypes, "", "restrict param[/reduce] dtypes: e.g. f32,bf16,bf16/f32");

@@ -49,8 +49,9 @@ DEFINE_int64(synthetic_tokens, 4096,
              "length of the synthetic stream (small = memorisable); at most 2^26 (4 bytes a token, held twice)");
 DEFINE_bool(bf16, false, "bf16 compute");
 DEFINE_string(checkpointing, "off",
-              "per-block activation checkpointing: off, on (the whole block recomputed) or selective "
-              "(norms and activations recomputed; GPT and Llama-family models)");
+              "per-block activation checkpointing: off, on (the whole block recomputed), selective "
+              "(norms and activations recomputed; GPT and Llama-family models) or "
+              "selective_matmuls (selective, every other matmul recomputed too; Llama family)");
 DEFINE_bool(recompute_attention, false,
             "with --checkpointing=selective: recompute attention from q/k/v as well");
 DEFINE_int32(log_every, 10, "steps between log lines");

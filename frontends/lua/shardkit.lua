@@ -185,7 +185,8 @@ local struct_enum_fields = {
   },
   sk_device_options = {kind = function(v) return device_kind(v, "device kind") end},
   sk_lr_schedule = {kind = function(v) return lr_schedule_kind(v, "lr_schedule kind") end},
-  -- 0.6.1: "off", "full", "selective", "selective_attention" (or the number).
+  -- 0.6.1: "off", "full", "selective", "selective_attention" (or the number);
+  -- 0.8.0: "selective_matmuls".
   sk_trainer_options = {activation_checkpointing = function(v)
     return checkpointing(v, "activation_checkpointing")
   end},
@@ -952,14 +953,15 @@ end
 -- dtypes, trace_path); activation_checkpointing and cpu_offload take "both",
 -- "off" or "on" (or the C values 0/1/2). checkpointing lists the policies to
 -- search instead, as a string ("off,selective") or a table of names
--- ({"off", "full", "selective", "selective_attention"}). Returns a plain table:
+-- ({"off", "full", "selective", "selective_attention", "selective_matmuls"}).
+-- Returns a plain table:
 -- profile, device_memory_bytes, recommended (1-based index into candidates, or
 -- nil when nothing fits), recommendation, table, json, and candidates in
 -- ranked order, each with the fields of sk_plan_candidate (label and error as
 -- strings, enums as numbers, fits/out_of_memory/... as booleans;
 -- activation_checkpointing true for whole-block checkpointing) and
 -- checkpointing, the candidate's policy by name ("off", "full", "selective",
--- "selective_attention").
+-- "selective_attention", "selective_matmuls").
 local both_off_on = {both = 0, off = 1, on = 2}
 local candidate_numbers = {
   "parallelism", "strategy", "shard_group_size", "backward_prefetch", "rate_limit",
@@ -973,6 +975,7 @@ local checkpointing_names = {
   [tonumber(lib.SK_CHECKPOINTING_FULL)] = "full",
   [tonumber(lib.SK_CHECKPOINTING_SELECTIVE)] = "selective",
   [tonumber(lib.SK_CHECKPOINTING_SELECTIVE_ATTENTION)] = "selective_attention",
+  [tonumber(lib.SK_CHECKPOINTING_SELECTIVE_MATMULS)] = "selective_matmuls",
 }
 function M.plan(request)
   local t = {}

@@ -53,10 +53,11 @@ class ConfiguredModel : public Model {
   // checkpointing from a model without it (ValidateCheckpointing). The first
   // error, naming the model.
   static Status ValidateCreate(const Config& config, const ModelOptions& options,
-                               bool supports_selective) {
+                               bool supports_selective, bool supports_selective_matmuls = false) {
     SK_RETURN_IF_ERROR(config.Validate());
     SK_RETURN_IF_ERROR(nn_internal::ValidateComputeDType(options.compute_dtype));
-    return ValidateCheckpointing(options, supports_selective, config.name);
+    return ValidateCheckpointing(options, supports_selective, config.name,
+                                 supports_selective_matmuls);
   }
 
   // One step over a batch that ValidateBatch accepted: the forward, and the

@@ -177,31 +177,63 @@ Status BlockForward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTe
   return ResidualLinear(ctx, s->act, p.down_w, s->x2, n, f, c, s->out);
 }
 
-// Selective checkpointing: what RecomputeCheap rebuilds leaves `s` after the
-// forward: both RMSNorms' outputs and statistics and the SwiGLU product. The
-// GEMM outputs stay (q, k, v, x2, gate, up), q and k after RoPE (applied in
-// place to the projections' outputs: attention's backward reads only them)
-// and, unless `attention`, attention's output and log-sum-exp.
-void ReleaseRecomputable(bool attention, LlamaBlockSaved* s) {
+// What a selective policy drops after a block's forward and rebuilds
+// before its backward (ModelOptions: kSelective, recompute_attention,
+// kSelectiveMatmuls).
+struct LlamaRecompute {
+  bool attention = false;  // the attention's output and log-sum-exp
+  bool matmuls = false;    // the even-numbered GEMMs' outputs: k, x2 (o's), up
+};
+
+LlamaRecompute RecomputeOf(const ModelOptions& o) {
+  LlamaRecompute r;
+  r.attention = o.selective_checkpointing() && o.recompute_attention;
+  r.matmuls = o.selective_matmul_checkpointing();
+  return r;
+}
+
+// Selective checkpointing: what RecomputeDropped rebuilds leaves `s` after
+// the forward: both RMSNorms' outputs and statistics and the SwiGLU product.
+// The GEMM outputs stay (q, k, v, x2, gate, up), q and k after RoPE (applied
+// in place to the projections' outputs: attention's backward reads only
+// them) and, unless r.attention, attention's output and log-sum-exp. With
+// r.matmuls (torchtitan's "every other matmul": of the block's GEMMs q, k,
+// v, o, gate, up, down in forward order the even ones are recomputed) k,
+// x2 and up go too; down's output is the block output, kept as the next
+// block's input whatever the policy.
+void ReleaseRecomputable(const LlamaRecompute& r, LlamaBlockSaved* s) {
   s->h1 = s->rstd1 = Tensor();
   s->h2 = s->rstd2 = Tensor();
   s->act = Tensor();
-  if (attention) s->att = s->lse = Tensor();
+  if (r.attention) s->att = s->lse = Tensor();
+  if (r.matmuls) s->k = s->x2 = s->up = Tensor();
 }
 
 // Rebuilds what ReleaseRecomputable dropped with the ops BlockForward ran on
-// the same inputs (x and the kept x2, gate, up): bit-identical activations.
-Status RecomputeCheap(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTensors& p,
-                      const Tensor& x, bool attention, LlamaBlockSaved* s) {
-  const int64_t n = d.rows(), c = d.d_model, f = d.d_ff;
+// the same inputs (x and the kept tensors): bit-identical activations.
+Status RecomputeDropped(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTensors& p,
+                        const Tensor& x, const LlamaRecompute& r, LlamaBlockSaved* s) {
+  const int64_t n = d.rows(), c = d.d_model, qw = d.q_width(), kw = d.kv_width(), f = d.d_ff;
   const DType t = d.storage;
   SK_ASSIGN_OR_RETURN(s->h1, NewAct(ctx, t, n * c));
   SK_ASSIGN_OR_RETURN(s->rstd1, NewF32(ctx, n));
   SK_RETURN_IF_ERROR(ops::RmsNormForward(ctx, x, p.input_norm_g, d.eps, s->h1, s->rstd1));
-  if (attention) SK_RETURN_IF_ERROR(AttentionCore(ctx, d, s));
+  if (r.matmuls) {
+    SK_ASSIGN_OR_RETURN(s->k, NewAct(ctx, t, n * kw));
+    SK_RETURN_IF_ERROR(Linear(ctx, s->h1, p.k_w, p.k_b, n, c, kw, s->k));
+    SK_RETURN_IF_ERROR(ops::RopeForward(ctx, s->k, d.seq, d.kv_heads, d.head_dim, d.theta,
+                                        d.rope_scaling, s->k, d.positions));
+    SK_ASSIGN_OR_RETURN(s->x2, NewAct(ctx, t, n * c));
+    SK_RETURN_IF_ERROR(ResidualLinear(ctx, s->att, p.o_w, x, n, qw, c, s->x2));
+  }
+  if (r.attention) SK_RETURN_IF_ERROR(AttentionCore(ctx, d, s));
   SK_ASSIGN_OR_RETURN(s->h2, NewAct(ctx, t, n * c));
   SK_ASSIGN_OR_RETURN(s->rstd2, NewF32(ctx, n));
   SK_RETURN_IF_ERROR(ops::RmsNormForward(ctx, s->x2, p.post_norm_g, d.eps, s->h2, s->rstd2));
+  if (r.matmuls) {
+    SK_ASSIGN_OR_RETURN(s->up, NewAct(ctx, t, n * f));
+    SK_RETURN_IF_ERROR(Linear(ctx, s->h2, p.up_w, Tensor(), n, c, f, s->up));
+  }
   SK_ASSIGN_OR_RETURN(s->act, NewAct(ctx, t, n * f));
   return ops::SwiGluForward(ctx, s->gate, s->up, s->act);
 }
@@ -262,24 +294,34 @@ int64_t BlockSavedBytes(const LlamaDims& d) {
          4 * 2 * n + 4 * d.batch * d.heads * d.seq;
 }
 
-// Bytes ReleaseRecomputable drops and RecomputeCheap allocates again.
-int64_t BlockRecomputableBytes(const LlamaDims& d, bool attention) {
+// Bytes ReleaseRecomputable drops and RecomputeDropped allocates again.
+int64_t BlockRecomputableBytes(const LlamaDims& d, const LlamaRecompute& r) {
   const int64_t n = d.rows(), a = static_cast<int64_t>(DTypeSize(d.storage));
   const int64_t cheap = a * (2 * n * d.d_model + n * d.d_ff) + 4 * 2 * n;
   // att; lse (f32)
-  return cheap + (attention ? a * n * d.q_width() + 4 * d.batch * d.heads * d.seq : 0);
+  const int64_t attention = r.attention ? a * n * d.q_width() + 4 * d.batch * d.heads * d.seq : 0;
+  // k, x2, up
+  const int64_t matmuls = r.matmuls ? a * n * (d.kv_width() + d.d_model + d.d_ff) : 0;
+  return cheap + attention + matmuls;
 }
 
-// Flops RecomputeCheap runs: two RMSNorms and a SwiGLU product, no GEMM;
-// with `attention`, also QK^T and PV (as BlockForwardMatmulFlops counts
-// them) and the softmax.
-double BlockRecomputeCheapFlops(const LlamaDims& d, bool attention) {
+// Flops RecomputeDropped runs: two RMSNorms and a SwiGLU product; with
+// r.attention, also QK^T and PV (as BlockForwardMatmulFlops counts them)
+// and the softmax; with r.matmuls, the k, o and up GEMMs.
+double BlockRecomputeFlops(const LlamaDims& d, const LlamaRecompute& r) {
   const double n = static_cast<double>(d.rows()), t = static_cast<double>(d.seq);
-  const double cheap = 2.0 * ops::kRmsNormForwardFlops * n * static_cast<double>(d.d_model) +
-                       ops::kSwiGluForwardFlops * n * static_cast<double>(d.d_ff);
-  if (!attention) return cheap;
-  return cheap + 2.0 * 2.0 * n * t * static_cast<double>(d.q_width()) +
-         ops::kSoftmaxFlops * static_cast<double>(d.heads) * n * t;
+  const double c = static_cast<double>(d.d_model);
+  double flops = 2.0 * ops::kRmsNormForwardFlops * n * c +
+                 ops::kSwiGluForwardFlops * n * static_cast<double>(d.d_ff);
+  if (r.attention) {
+    flops += 2.0 * 2.0 * n * t * static_cast<double>(d.q_width()) +
+             ops::kSoftmaxFlops * static_cast<double>(d.heads) * n * t;
+  }
+  if (r.matmuls) {
+    flops += 2.0 * n * c *
+             static_cast<double>(d.kv_width() + d.q_width() + d.d_ff);
+  }
+  return flops;
 }
 
 int64_t BlockBackwardTempBytes(const LlamaDims& d) {
@@ -290,6 +332,15 @@ int64_t BlockBackwardTempBytes(const LlamaDims& d) {
   const int64_t attention = dh + 2 * a * n * d.q_width() + 2 * a * n * d.kv_width() +
                             4 * ops::FlashAttentionBackwardWorkspaceElements(d.Attention());
   return std::max(mlp, attention);
+}
+
+// (Parameters are used in place; 16-bit gradient buffers' f32 sinks are
+// counted by whoever hands them out, as for GPT.) Kept through the
+// forward: token ids and targets, the loss, the embedding output and, per
+// block, what its backward needs (`saved`) or (checkpointing) its output only.
+int64_t KeptBytes(const LlamaDims& d, int64_t layers, bool ckpt, int64_t saved) {
+  const int64_t n = d.rows(), a = static_cast<int64_t>(DTypeSize(d.storage));
+  return 4 * (2 * n + 1) + a * n * d.d_model + layers * (ckpt ? a * n * d.d_model : saved);
 }
 
 double BlockForwardMatmulFlops(const LlamaDims& d) {
@@ -350,7 +401,8 @@ Status LlamaConfig::Validate() const {
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& config,
                                                          const ModelOptions& options) {
-  SK_RETURN_IF_ERROR(ValidateCreate(config, options, /*supports_selective=*/true));
+  SK_RETURN_IF_ERROR(ValidateCreate(config, options, /*supports_selective=*/true,
+                                    /*supports_selective_matmuls=*/true));
   return std::unique_ptr<LlamaModel>(new LlamaModel(config, options));
 }
 
@@ -411,7 +463,11 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
   const int64_t c = config_.d_model, vocab = config_.vocab_size;
   const DType act = options_.compute_dtype;
   const bool ckpt = options_.full_checkpointing();
-  const bool selective = options_.selective_checkpointing();
+  // Either selective policy: what is dropped after each block's forward
+  // and rebuilt before its backward.
+  const bool selective =
+      options_.selective_checkpointing() || options_.selective_matmul_checkpointing();
+  const LlamaRecompute recompute = RecomputeOf(options_);
   const bool bias = config_.qkv_bias;
   const bool tied = config_.tie_word_embeddings;
   const int head_unit = static_cast<int>(L + 1);
@@ -443,7 +499,7 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
     LlamaBlockSaved s;
     SK_RETURN_IF_ERROR(BlockForward(ctx, dims, Bind(p, bias), xs[l], &s));
     xs[l + 1] = s.out;
-    if (selective) ReleaseRecomputable(options_.recompute_attention, &s);
+    if (selective) ReleaseRecomputable(recompute, &s);
     if (!ckpt && backward) saved[l] = std::move(s);
     SK_RETURN_IF_ERROR(scope.PostForward(u));
     if (!backward && l > 0) xs[l] = Tensor();
@@ -494,8 +550,7 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
     const LlamaBlockTensors p = Bind(b.p, bias);
     if (ckpt) SK_RETURN_IF_ERROR(BlockForward(ctx, dims, p, xs[l], &saved[l]));
     if (selective) {
-      SK_RETURN_IF_ERROR(
-          RecomputeCheap(ctx, dims, p, xs[l], options_.recompute_attention, &saved[l]));
+      SK_RETURN_IF_ERROR(RecomputeDropped(ctx, dims, p, xs[l], recompute, &saved[l]));
     }
     SK_RETURN_IF_ERROR(BlockBackward(ctx, dims, p, Bind(b.g, bias), xs[l], saved[l], dx, dnext));
     saved[l] = LlamaBlockSaved();
@@ -517,8 +572,8 @@ StepFlops LlamaModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*sourc
   const double head_fwd = 2.0 * static_cast<double>(d.rows()) * config_.d_model * config_.vocab_size;
   double recompute = 0.0;  // per block
   if (options_.full_checkpointing()) recompute = block_fwd;
-  if (options_.selective_checkpointing()) {
-    recompute = BlockRecomputeCheapFlops(d, options_.recompute_attention);
+  if (options_.selective_checkpointing() || options_.selective_matmul_checkpointing()) {
+    recompute = BlockRecomputeFlops(d, RecomputeOf(options_));
   }
   StepFlops f;
   f.model_flops = 3.0 * (block_fwd * config_.n_layer + head_fwd);
@@ -534,17 +589,14 @@ int64_t LlamaModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const int64_t n = d.rows(), c = config_.d_model, L = config_.n_layer;
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
   const bool ckpt = options_.full_checkpointing();
-  // Selective checkpointing keeps less what RecomputeCheap rebuilds in the
+  // Selective checkpointing keeps less what RecomputeDropped rebuilds in the
   // block's backward.
-  const int64_t recomputed = options_.selective_checkpointing()
-                                 ? BlockRecomputableBytes(d, options_.recompute_attention)
-                                 : 0;
+  const int64_t recomputed =
+      options_.selective_checkpointing() || options_.selective_matmul_checkpointing()
+          ? BlockRecomputableBytes(d, RecomputeOf(options_))
+          : 0;
   const int64_t saved = BlockSavedBytes(d) - recomputed;
-  // (Parameters are used in place; 16-bit gradient buffers' f32 sinks are
-  // counted by whoever hands them out, as for GPT.) Kept through the
-  // forward: token ids and targets, the loss, the embedding output and, per
-  // block, what its backward needs or (checkpointing) its output only.
-  const int64_t kept = 4 * (2 * n + 1) + a * n * c + L * (ckpt ? a * n * c : saved);
+  const int64_t kept = KeptBytes(d, L, ckpt, saved);
   // Head backward: its RMSNorm output and rstd, dx, dh and the fused
   // classifier's row losses and chunk of logits.
   const int64_t head = kept + nn_internal::HeadBackwardPeakBytes(n, c, config_.vocab_size, d.storage, 1);
@@ -554,6 +606,27 @@ int64_t LlamaModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const int64_t block = kept + 2 * a * n * c + BlockBackwardTempBytes(d) +
                         (ckpt ? saved - a * n * c : recomputed);
   return std::max(head, block);
+}
+
+// Between two units' backwards before the first block's: the most of the
+// head's PreBackward (what the forward kept, the head's RMSNorm output and
+// rstd, dx), its PostBackward (the kept tensors, dx, dh and the loss: its
+// saved norm is released) and the last block's PreBackward (the kept
+// tensors, dx and dnext). Each block's backward then releases what that
+// block saved, so every later moment holds less.
+int64_t LlamaModel::BetweenBackwardsActivationBytes(int64_t batch_size, int64_t seq_len,
+                                                    int64_t /*source_len*/,
+                                                    DeviceKind /*device*/) const {
+  const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
+  const int64_t n = d.rows(), c = config_.d_model;
+  const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
+  const bool ckpt = options_.full_checkpointing();
+  const int64_t recomputed =
+      options_.selective_checkpointing() || options_.selective_matmul_checkpointing()
+          ? BlockRecomputableBytes(d, RecomputeOf(options_))
+          : 0;
+  const int64_t kept = KeptBytes(d, config_.n_layer, ckpt, BlockSavedBytes(d) - recomputed);
+  return kept + 2 * a * n * c + 4 * n;
 }
 
 // The first block's backward, as GPT's: ids, targets, loss, the embedding

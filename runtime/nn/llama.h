@@ -79,6 +79,8 @@ class LlamaModel final : public ConfiguredModel<LlamaConfig> {
                               DeviceKind device) const override;
   int64_t BackwardEndActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
                                      DeviceKind device) const override;
+  int64_t BetweenBackwardsActivationBytes(int64_t batch_size, int64_t seq_len, int64_t source_len,
+                                          DeviceKind device) const override;
   int64_t PackedAttentionTemporaryBytes(int64_t batch_size, int64_t seq_len,
                                         DeviceKind device) const override;
 

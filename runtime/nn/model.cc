@@ -128,6 +128,8 @@ const char* ActivationCheckpointingName(ActivationCheckpointing c) {
       return "on";
     case ActivationCheckpointing::kSelective:
       return "selective";
+    case ActivationCheckpointing::kSelectiveMatmuls:
+      return "selective_matmuls";
   }
   return "invalid";
 }
@@ -137,32 +139,42 @@ StatusOr<ActivationCheckpointing> ParseActivationCheckpointing(const std::string
   if (text == "off" || text == "false" || text == "0") return ActivationCheckpointing::kNone;
   if (text == "on" || text == "true" || text == "1" || text == "full") return ActivationCheckpointing::kFull;
   if (text == "selective") return ActivationCheckpointing::kSelective;
-  return InvalidArgumentError(flag + ": '" + text + "' is not off, on or selective (on: the whole block recomputed)");
+  if (text == "selective_matmuls") return ActivationCheckpointing::kSelectiveMatmuls;
+  return InvalidArgumentError(flag + ": '" + text +
+                              "' is not off, on, selective or selective_matmuls (on: the whole block "
+                              "recomputed; selective_matmuls: selective with every other matmul recomputed)");
 }
 
 Status ValidateCheckpointing(const ModelOptions& options, bool supports_selective,
-                             const std::string& model) {
+                             const std::string& model, bool supports_selective_matmuls) {
   const int v = static_cast<int>(options.checkpointing);
-  if (v < 0 || v > static_cast<int>(ActivationCheckpointing::kSelective)) {
+  if (v < 0 || v > static_cast<int>(ActivationCheckpointing::kSelectiveMatmuls)) {
     return InvalidArgumentError("model '" + model + "': checkpointing " + std::to_string(v) +
-                                " is not a policy (0 off, 1 full, 2 selective)");
+                                " is not a policy (0 off, 1 full, 2 selective, 3 selective_matmuls)");
   }
   if (options.activation_checkpointing &&
-      options.checkpointing == ActivationCheckpointing::kSelective) {
+      (options.checkpointing == ActivationCheckpointing::kSelective ||
+       options.checkpointing == ActivationCheckpointing::kSelectiveMatmuls)) {
     return InvalidArgumentError(
         "model '" + model +
-        "': activation_checkpointing (whole-block) and checkpointing = selective "
-        "contradict each other; set one");
+        "': activation_checkpointing (whole-block) and checkpointing = " +
+        ActivationCheckpointingName(options.checkpointing) + " contradict each other; set one");
   }
   if (options.recompute_attention && !options.selective_checkpointing()) {
     return InvalidArgumentError("model '" + model +
                                 "': recompute_attention applies only to checkpointing = "
-                                "selective (full checkpointing recomputes everything)");
+                                "selective (full checkpointing recomputes everything; selective_matmuls "
+                                "keeps the attention)");
   }
   if (options.selective_checkpointing() && !supports_selective) {
     return InvalidArgumentError("model '" + model +
                                 "' does not implement selective activation checkpointing; "
                                 "use full (activation_checkpointing) or none");
+  }
+  if (options.selective_matmul_checkpointing() && !supports_selective_matmuls) {
+    return InvalidArgumentError("model '" + model +
+                                "' does not implement checkpointing = selective_matmuls (every other "
+                                "matmul recomputed: the Llama family does); use selective, full or none");
   }
   return OkStatus();
 }

@@ -189,14 +189,22 @@ enum class ActivationCheckpointing {
   // outputs the backward reads (norms, GELU / SiLU-mul) run again during
   // backward from those, per block, just before its backward.
   kSelective = 2,
+  // Selective, and every other GEMM of the block recomputed as well
+  // (torchtitan's op-level selective policy: counting a block's matmuls in
+  // forward order, the odd ones' outputs are kept and the even ones'
+  // recomputed, the attention's output and state kept). For a Llama block
+  // (q, k, v, o, gate, up, down) it keeps q, v, gate and drops k, the
+  // attention residual x2 (o's output) and up, which run again before the
+  // block's backward from the kept tensors. Llama family only.
+  kSelectiveMatmuls = 3,
 };
 
-// "off", "on" (full) or "selective".
+// "off", "on" (full), "selective" or "selective_matmuls".
 const char* ActivationCheckpointingName(ActivationCheckpointing c);
 
 // The policy a command line names: "off" (or "false", "0"), "on" ("true",
-// "1", "full") or "selective"; InvalidArgument naming `flag` and the
-// spellings otherwise. What train and plan's --checkpointing read.
+// "1", "full"), "selective" or "selective_matmuls"; InvalidArgument naming
+// `flag` and the spellings otherwise. What train and plan's --checkpointing read.
 StatusOr<ActivationCheckpointing> ParseActivationCheckpointing(const std::string& text,
                                                                const std::string& flag);
 
@@ -208,7 +216,7 @@ struct ModelOptions {
   DType compute_dtype = DType::kF32;
   // The older spelling of checkpointing = kFull, kept for its callers: true
   // means whole-block checkpointing whatever `checkpointing` says (except
-  // kSelective, which is a conflict: InvalidArgument at model creation).
+  // the selective policies, a conflict: InvalidArgument at model creation).
   bool activation_checkpointing = false;
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   // With kSelective only: also drop each attention's output and the state
@@ -227,15 +235,18 @@ struct ModelOptions {
   bool selective_checkpointing() const {
     return checkpointing_policy() == ActivationCheckpointing::kSelective;
   }
+  bool selective_matmul_checkpointing() const {
+    return checkpointing_policy() == ActivationCheckpointing::kSelectiveMatmuls;
+  }
 };
 
 // InvalidArgument naming `model` when the options ask for something
-// contradictory (activation_checkpointing with checkpointing = kSelective,
+// contradictory (activation_checkpointing with a selective policy,
 // recompute_attention without kSelective),
-// an enum value out of range, or selective checkpointing from a model that
-// does not implement it (supports_selective false).
+// an enum value out of range, or a selective policy from a model that
+// does not implement it (supports_selective, supports_selective_matmuls false).
 Status ValidateCheckpointing(const ModelOptions& options, bool supports_selective,
-                             const std::string& model);
+                             const std::string& model, bool supports_selective_matmuls = false);
 
 // Floating-point operations of one training step (forward + backward).
 // model_flops counts each dense matmul as 2 flops per multiply-add in

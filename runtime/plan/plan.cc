@@ -131,6 +131,7 @@ void SetCheckpointing(const CheckpointingChoice& ck, Candidate* c) {
   c->activation_checkpointing = ck.policy == ActivationCheckpointing::kFull;
   c->selective_checkpointing = ck.policy == ActivationCheckpointing::kSelective;
   c->recompute_attention = c->selective_checkpointing && ck.recompute_attention;
+  c->selective_matmuls = ck.policy == ActivationCheckpointing::kSelectiveMatmuls;
 }
 
 }  // namespace
@@ -145,6 +146,7 @@ std::string Candidate::Label() const {
   const char* ckpt = activation_checkpointing                        ? " ckpt"
                      : selective_checkpointing && recompute_attention ? " sel-ckpt+attn"
                      : selective_checkpointing                        ? " sel-ckpt"
+                     : selective_matmuls                              ? " sel-ckpt+mm"
                                                                       : "";
   if (parallelism == Parallelism::kDdp) {
     s += ckpt;
@@ -176,6 +178,7 @@ std::string Candidate::Label() const {
 ActivationCheckpointing Candidate::checkpointing() const {
   if (activation_checkpointing) return ActivationCheckpointing::kFull;
   if (selective_checkpointing) return ActivationCheckpointing::kSelective;
+  if (selective_matmuls) return ActivationCheckpointing::kSelectiveMatmuls;
   return ActivationCheckpointing::kNone;
 }
 
@@ -190,8 +193,8 @@ StatusOr<std::vector<CheckpointingChoice>> ParseCheckpointingList(const std::str
       StatusOr<ActivationCheckpointing> p = ParseActivationCheckpointing(item, what);
       if (!p.ok()) {
         return InvalidArgumentError(what + ": '" + item +
-                                    "' is not off, on, selective or selective_attention "
-                                    "(on: the whole block recomputed)");
+                                    "' is not off, on, selective, selective_attention or "
+                                    "selective_matmuls (on: the whole block recomputed)");
       }
       c = CheckpointingChoice(*p);
     }
@@ -289,9 +292,9 @@ Status ValidatePlanRequest(const PlanRequest& r) {
   for (RateLimit l : r.space.rate_limits) SK_RETURN_IF_ERROR(ValidateRateLimit(l, "space.rate_limits"));
   for (const CheckpointingChoice& c : r.space.activation_checkpointing) {
     const int v = static_cast<int>(c.policy);
-    if (v < 0 || v > static_cast<int>(ActivationCheckpointing::kSelective)) {
+    if (v < 0 || v > static_cast<int>(ActivationCheckpointing::kSelectiveMatmuls)) {
       return InvalidArgumentError("space.activation_checkpointing: value " + std::to_string(v) +
-                                  " is not off (0), full (1) or selective (2)");
+                                  " is not off (0), full (1), selective (2) or selective_matmuls (3)");
     }
     if (c.recompute_attention && c.policy != ActivationCheckpointing::kSelective) {
       return InvalidArgumentError(std::string("space.activation_checkpointing: recompute_attention with '") +
@@ -626,6 +629,7 @@ std::string FormatJson(const PlanResult& result) {
     // Only on selective candidates: plans without them print as before.
     if (k.selective_checkpointing) o += ", \"selective_checkpointing\": true";
     if (k.recompute_attention) o += ", \"recompute_attention\": true";
+    if (k.selective_matmuls) o += ", \"selective_matmuls\": true";
     o += ", \"cpu_offload\": " + std::string(k.fsdp.cpu_offload ? "true" : "false");
     // Only where it was chosen (micro-batches): other plans print as before.
     if (k.fsdp.grad_accumulation != GradAccumulation::kDefault) {

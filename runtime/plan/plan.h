@@ -60,7 +60,7 @@
 namespace sk::plan {
 
 // One activation-checkpointing policy the planner searches: the model's
-// policy and, with kSelective only, whether the attention is recomputed too
+// policy (kSelectiveMatmuls too) and, with kSelective only, whether the attention is recomputed too
 // (ModelOptions::recompute_attention). Implicit from a policy, so that a
 // list of policies ({kNone, kSelective}) is a list of choices.
 struct CheckpointingChoice {
@@ -73,8 +73,9 @@ struct CheckpointingChoice {
   bool operator==(const CheckpointingChoice&) const = default;
 };
 
-// "off", "on" (whole block; also "full", "true", "1"), "selective" or
-// "selective_attention" (selective with attention recomputed), as a
+// "off", "on" (whole block; also "full", "true", "1"), "selective",
+// "selective_attention" (selective with attention recomputed) or
+// "selective_matmuls" (selective with every other matmul recomputed), as a
 // comma-separated list; InvalidArgument naming `what` and the bad entry.
 StatusOr<std::vector<CheckpointingChoice>> ParseCheckpointingList(const std::string& list,
                                                                   const std::string& what);
@@ -88,9 +89,12 @@ struct Candidate {
   // ("sel-ckpt"; runtime/nn/model.h: ActivationCheckpointing::kSelective).
   // At most one is set. recompute_attention only with selective
   // ("sel-ckpt+attn": the attention recomputed from the kept q/k/v too).
+  // selective_matmuls: ActivationCheckpointing::kSelectiveMatmuls
+  // ("sel-ckpt+mm"), exclusive with the other three.
   bool activation_checkpointing = false;
   bool selective_checkpointing = false;
   bool recompute_attention = false;
+  bool selective_matmuls = false;
   // The position in EnumerateCandidates' order (the last tie-breaker).
   int index = 0;
 
@@ -99,7 +103,7 @@ struct Candidate {
   // A compact, unique description, e.g.
   // "HYBRID_SHARD F=8 bwd=PRE fwd limit=2 ckpt offload bf16/f32".
   std::string Label() const;
-  // The policy the two checkpointing fields stand for.
+  // The policy the checkpointing fields stand for.
   ActivationCheckpointing checkpointing() const;
   // The policy with recompute_attention.
   CheckpointingChoice checkpointing_choice() const {

@@ -800,7 +800,8 @@ SessionRun RunSession(const sk_trainer_options& o, int steps) {
 // SELECTIVE_ATTENTION, attention) but computes the same loss and gradient as
 // no checkpointing: a trainer's losses and gradient norms over three steps
 // (each step's update feeding the next loss) are bit-identical, for GPT and
-// for a Llama-family model; the memory estimate drops between off and full.
+// for a Llama-family model (which also implements SELECTIVE_MATMULS, 0.8.0);
+// the memory estimate drops between off and full.
 TEST(CapiTrainer, SelectiveCheckpointingStepsAsNoCheckpointing) {
   for (const char* model : {"gpt-tiny", "llama-tiny"}) {
     auto run = [&](int32_t policy) {
@@ -830,6 +831,10 @@ TEST(CapiTrainer, SelectiveCheckpointingStepsAsNoCheckpointing) {
                            SK_CHECKPOINTING_SELECTIVE_ATTENTION}) {
       EXPECT_EQ(run(policy), off) << model << " policy " << policy;
     }
+    const bool llama = std::string(model) == "llama-tiny";
+    if (llama) {
+      EXPECT_EQ(run(SK_CHECKPOINTING_SELECTIVE_MATMULS), off) << model;
+    }
     auto estimate = [&](int32_t policy) {
       sk_trainer_options o = TinyTrainer();
       o.model = model;
@@ -845,6 +850,11 @@ TEST(CapiTrainer, SelectiveCheckpointingStepsAsNoCheckpointing) {
     EXPECT_LT(selective, none) << model;
     EXPECT_GT(selective, full) << model;
     EXPECT_LE(attention, selective) << model;
+    if (llama) {
+      const int64_t matmuls = estimate(SK_CHECKPOINTING_SELECTIVE_MATMULS);
+      EXPECT_LT(matmuls, selective) << model;
+      EXPECT_GT(matmuls, full) << model;
+    }
   }
 }
 
@@ -910,7 +920,7 @@ TEST(CapiTrainer, UnknownOrInapplicableCheckpointingIsRefused) {
   sk_process_group* g = nullptr;
   ASSERT_OK(sk_process_group_create_local(1, nullptr, &g));
   sk_trainer* t = nullptr;
-  for (int32_t bad : {4, -1, 100}) {
+  for (int32_t bad : {5, -1, 100}) {
     sk_trainer_options o = TinyTrainer();
     o.activation_checkpointing = bad;
     EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
@@ -919,7 +929,8 @@ TEST(CapiTrainer, UnknownOrInapplicableCheckpointingIsRefused) {
     EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_estimate_memory(&o, 1, &e));
   }
   for (const char* model : {"t5-tiny", "regnet-tiny"}) {
-    for (int32_t policy : {SK_CHECKPOINTING_SELECTIVE, SK_CHECKPOINTING_SELECTIVE_ATTENTION}) {
+    for (int32_t policy : {SK_CHECKPOINTING_SELECTIVE, SK_CHECKPOINTING_SELECTIVE_ATTENTION,
+                           SK_CHECKPOINTING_SELECTIVE_MATMULS}) {
       sk_trainer_options o = TinyTrainer();
       o.model = model;
       o.activation_checkpointing = policy;
@@ -927,6 +938,14 @@ TEST(CapiTrainer, UnknownOrInapplicableCheckpointingIsRefused) {
       EXPECT_ERROR_MENTIONS("selective");
       EXPECT_ERROR_MENTIONS(model);
     }
+  }
+  {  // GPT has selective checkpointing, not every other matmul recomputed.
+    sk_trainer_options o = TinyTrainer();
+    o.model = "gpt-tiny";
+    o.activation_checkpointing = SK_CHECKPOINTING_SELECTIVE_MATMULS;
+    EXPECT_STATUS(SK_STATUS_INVALID_ARGUMENT, sk_trainer_create(&o, g, &t));
+    EXPECT_ERROR_MENTIONS("selective_matmuls");
+    EXPECT_ERROR_MENTIONS("gpt-tiny");
   }
   EXPECT_EQ(t, nullptr);
   {  // Whole-block checkpointing still trains T5.

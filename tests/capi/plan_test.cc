@@ -209,6 +209,47 @@ TEST(CapiPlanTest, SearchesSelectiveCheckpointingAndReportsEachPolicy) {
   sk_plan_result_free(plan);
 }
 
+// selective_matmuls (0.8.0) on a Llama-family model: reported as
+// SK_CHECKPOINTING_SELECTIVE_MATMULS, labelled, flagged in the JSON, and
+// keeping less than selective and more than whole-block checkpointing.
+TEST(CapiPlanTest, SearchesSelectiveMatmulCheckpointingOnLlama) {
+  sk_plan_request r = SmallRequest();
+  r.model = "llama-tiny";
+  r.strategies = "DDP";
+  r.activation_checkpointing = 0;
+  r.checkpointing = "full,selective,selective_matmuls";
+  sk_plan_result* plan = nullptr;
+  ASSERT_OK(sk_plan(&r, &plan));
+  ASSERT_EQ(plan->num_candidates, 3);
+  int64_t peak[5] = {0, 0, 0, 0, 0};
+  std::string labels[5];
+  for (int i = 0; i < plan->num_candidates; ++i) {
+    sk_plan_candidate c = SK_PLAN_CANDIDATE_INIT;
+    ASSERT_OK(sk_plan_result_candidate(plan, i, &c));
+    ASSERT_GE(c.activation_checkpointing, SK_CHECKPOINTING_OFF) << c.label;
+    ASSERT_LE(c.activation_checkpointing, SK_CHECKPOINTING_SELECTIVE_MATMULS) << c.label;
+    EXPECT_EQ(c.fits, 1) << c.label << ": " << (c.error != nullptr ? c.error : "");
+    peak[c.activation_checkpointing] = c.peak_allocated_bytes;
+    labels[c.activation_checkpointing] = c.label;
+  }
+  EXPECT_EQ(labels[SK_CHECKPOINTING_SELECTIVE_MATMULS], "DDP sel-ckpt+mm bf16");
+  EXPECT_LT(peak[SK_CHECKPOINTING_SELECTIVE_MATMULS], peak[SK_CHECKPOINTING_SELECTIVE]);
+  EXPECT_GT(peak[SK_CHECKPOINTING_SELECTIVE_MATMULS], peak[SK_CHECKPOINTING_FULL]);
+  EXPECT_NE(std::string(plan->json).find("\"selective_matmuls\": true"), std::string::npos);
+  sk_plan_result_free(plan);
+  // GPT has no such policy: the candidate fails, naming it.
+  r.model = "gpt-1m";
+  r.checkpointing = "selective_matmuls";
+  ASSERT_OK(sk_plan(&r, &plan));
+  ASSERT_EQ(plan->num_candidates, 1);
+  sk_plan_candidate c = SK_PLAN_CANDIDATE_INIT;
+  ASSERT_OK(sk_plan_result_candidate(plan, 0, &c));
+  EXPECT_EQ(c.activation_checkpointing, SK_CHECKPOINTING_SELECTIVE_MATMULS);
+  ASSERT_NE(c.error, nullptr);
+  EXPECT_NE(std::string(c.error).find("selective_matmuls"), std::string::npos) << c.error;
+  sk_plan_result_free(plan);
+}
+
 // A caller built against the 0.6.1 header passes the struct without
 // `checkpointing` (struct_size 88): accepted, as before.
 TEST(CapiPlanTest, TheStructWithoutCheckpointingIsStillAccepted) {

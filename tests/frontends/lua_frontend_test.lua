@@ -222,7 +222,7 @@ test("selective checkpointing by name steps as no checkpointing", function()
     return out
   end
   local off = losses("off")
-  for _, policy in ipairs({"full", "selective", "SELECTIVE_ATTENTION", 2}) do
+  for _, policy in ipairs({"full", "selective", "SELECTIVE_ATTENTION", 2, "selective_matmuls"}) do
     local got = losses(policy)
     assert(got[1] == off[1] and got[2] == off[2], tostring(policy))
   end
@@ -230,6 +230,8 @@ test("selective checkpointing by name steps as no checkpointing", function()
                {model = "llama-tiny", activation_checkpointing = "sometimes"}, 1)
   expect_error("INVALID_ARGUMENT", "selective", sk.local_session,
                {model = "t5-tiny", activation_checkpointing = "selective"}, 1)
+  expect_error("INVALID_ARGUMENT", "selective_matmuls", sk.local_session,
+               {model = "gpt-tiny", activation_checkpointing = "selective_matmuls"}, 1)
   expect_error("INVALID_ARGUMENT", "activation_checkpointing", sk.local_session,
                {model = "llama-tiny", activation_checkpointing = 9}, 1)
 end)

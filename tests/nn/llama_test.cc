@@ -274,6 +274,68 @@ TEST(Llama, SelectiveCheckpointingGivesIdenticalLossAndGradients) {
   ExpectSelectiveCheckpointingIsExact([](const ModelOptions& o) -> std::unique_ptr<Model> { return MakeModel(TinyQwen2(), o); });
 }
 
+// torchtitan's "every other matmul" (checkpointing = selective_matmuls): k, o's
+// output (x2) and up recomputed besides the cheap ops, in f32 and bf16, with
+// and without q/k/v biases: the loss and every gradient bit as without
+// checkpointing. It recomputes more than selective (three GEMMs) and less
+// than the whole block, and keeps less than selective, more than full.
+TEST(Llama, SelectiveMatmulCheckpointingGivesIdenticalLossAndGradients) {
+  TokenBatch batch = RandomBatch(2, 8, 32, 14);
+  for (const LlamaConfig& c : {TinyLlama(), TinyQwen2()}) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(c.name + " " + std::string(DTypeName(dt)));
+      ModelOptions off, mm, sel, full;
+      off.compute_dtype = mm.compute_dtype = sel.compute_dtype = full.compute_dtype = dt;
+      mm.checkpointing = ActivationCheckpointing::kSelectiveMatmuls;
+      sel.checkpointing = ActivationCheckpointing::kSelective;
+      full.checkpointing = ActivationCheckpointing::kFull;
+      auto plain = MakeModel(c, off), every_other = MakeModel(c, mm);
+      auto pa = MakeParams(*plain, 3, dt), pb = MakeParams(*every_other, 3, dt);
+      auto la = plain->ForwardBackward(batch, *pa, HostAllocator::Default());
+      auto lb = every_other->ForwardBackward(batch, *pb, HostAllocator::Default());
+      ASSERT_TRUE(la.ok() && lb.ok()) << lb.status();
+      EXPECT_EQ(*la, *lb);
+      EXPECT_EQ(Flatten(pa->all_grads()), Flatten(pb->all_grads()));
+
+      auto selective = MakeModel(c, sel), whole = MakeModel(c, full);
+      auto recomputed = [](const Model& m) {
+        const StepFlops f = m.Flops(2, 8, 0);
+        return f.hardware_flops - f.model_flops;
+      };
+      EXPECT_GT(recomputed(*every_other), recomputed(*selective));
+      EXPECT_LT(recomputed(*every_other), recomputed(*whole));
+      const auto peak = [](const Model& m) { return m.PeakActivationBytes(2, 8, 0, DeviceKind::kCpu); };
+      EXPECT_LT(peak(*every_other), peak(*selective));
+      EXPECT_GT(peak(*every_other), peak(*whole));
+    }
+  }
+}
+
+// selective_matmuls keeps the attention (it recomputes GEMMs, not the attention):
+// recompute_attention with it contradicts, as does whole-block; a model
+// without it (GPT) refuses it by name.
+TEST(Llama, SelectiveMatmulCheckpointingRefusesContradictions) {
+  ModelOptions o;
+  o.checkpointing = ActivationCheckpointing::kSelectiveMatmuls;
+  o.recompute_attention = true;
+  auto attention = LlamaModel::Create(TinyLlama(), o);
+  ASSERT_FALSE(attention.ok());
+  EXPECT_EQ(attention.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(attention.status().message().find("recompute_attention"), std::string::npos)
+      << attention.status();
+  o.recompute_attention = false;
+  o.activation_checkpointing = true;
+  auto both = LlamaModel::Create(TinyLlama(), o);
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("selective_matmuls"), std::string::npos) << both.status();
+  o.activation_checkpointing = false;
+  auto gpt = CreateModel("gpt-tiny", o);
+  ASSERT_FALSE(gpt.ok());
+  EXPECT_EQ(gpt.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(gpt.status().message().find("selective_matmuls"), std::string::npos) << gpt.status();
+  EXPECT_TRUE(LlamaModel::Create(TinyLlama(), o).ok());
+}
+
 // bf16 compute against f32, with GPT's documented tolerances: 2% on the
 // loss, 5% relative L2 on the gradient.
 TEST(Llama, Bf16ComputeStaysWithinToleranceOfF32) {

@@ -184,6 +184,11 @@ TEST(PackedDocuments, WithCheckpointingToo) {
     ExpectPackedEqualsAlone(*std::move(GptModel::Create(Tiny(), o)).value(), SmallRows(), 8);
     ExpectPackedEqualsAlone(*std::move(LlamaModel::Create(TinyLlama(), o)).value(), SmallRows(), 8);
   }
+  // selective_matmuls recomputes k (rotated by each token's position) too.
+  ModelOptions every_other_matmul;
+  every_other_matmul.checkpointing = ActivationCheckpointing::kSelectiveMatmuls;
+  ExpectPackedEqualsAlone(*std::move(LlamaModel::Create(TinyLlama(), every_other_matmul)).value(),
+                          SmallRows(), 8);
 }
 
 // From kCpuFlashAttentionMinKeys keys GPT's attention runs in linear memory

@@ -33,13 +33,13 @@ expect_bad "decoder-only" --model=t5-tiny --dataset="$tmp/sft.jsonl" --dataset_f
 grep -q "^dataset: 2 documents, 2 samples per epoch" "$tmp/sft.txt" || { cat "$tmp/sft.txt"; echo "FAIL: dataset" >&2; exit 1; }
 grep -q "^step     2  loss" "$tmp/sft.txt" || { cat "$tmp/sft.txt"; echo "FAIL: no dataset step" >&2; exit 1; }
 # Valid flags still train; every checkpointing policy computes the same loss.
-for policy in off on selective; do
+for policy in off on selective selective_matmuls; do
   "$train" --model=llama-tiny --steps=2 --log_every=1 --checkpointing=$policy > "$tmp/$policy.txt"
   grep "^step" "$tmp/$policy.txt" | sed 's/tokens.*//' > "$tmp/$policy.loss"
 done
 "$train" --model=llama-tiny --steps=2 --log_every=1 --checkpointing=selective --recompute_attention |
   grep "^step" | sed 's/tokens.*//' > "$tmp/attention.loss"
-for policy in on selective attention; do
+for policy in on selective selective_matmuls attention; do
   cmp "$tmp/off.loss" "$tmp/$policy.loss" || { cat "$tmp/off.loss" "$tmp/$policy.loss"; echo "FAIL: $policy" >&2; exit 1; }
 done
 grep -q "^step     2  loss" "$tmp/off.loss" || { cat "$tmp/off.txt"; echo "FAIL: no step 2 line" >&2; exit 1; }

@@ -41,7 +41,7 @@ expect_bad() { local what="$1"; shift; expect_refusal 2 "$what" "$plan" "$@"; }
 expect_bad "--model is required" --gpus=8
 expect_bad "ZERO4" --model=gpt-1m --strategies=ZERO4
 expect_bad "rate_limits" --model=gpt-1m --rate_limits=two
-expect_bad "--checkpointing: 'partial' is not off, on, selective or selective_attention" --model=gpt-1m --checkpointing=partial
+expect_bad "--checkpointing: 'partial' is not off, on, selective, selective_attention or selective_matmuls" --model=gpt-1m --checkpointing=partial
 expect_bad "gpus_per_node" --model=gpt-1m --gpus=12 --gpus_per_node=8
 expect_bad "no-such-model" --model=no-such-model
 # 2^31 - 1 steps recommended "0.000 s/step" in a hundredth of a second.

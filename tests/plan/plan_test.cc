@@ -238,6 +238,38 @@ TEST(PlanTest, AccumulationIsSearchedBothWaysWhereItCanDiffer) {
   EXPECT_EQ((*restricted)[1].Label(), "FULL_SHARD bwd=PRE limit=2 no_sync bf16");
 }
 
+// Every other matmul recomputed (torchtitan's op-level policy) is a policy
+// of the model's own: parsed from its name, labelled sel-ckpt+mm, run by the
+// trainer as ActivationCheckpointing::kSelectiveMatmuls.
+TEST(PlanTest, SelectiveMatmulsIsAPolicyOfItsOwn) {
+  auto list = ParseCheckpointingList("selective_matmuls,selective,selective_matmuls", "--checkpointing");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(*list, (std::vector<CheckpointingChoice>{ActivationCheckpointing::kSelectiveMatmuls,
+                                                     ActivationCheckpointing::kSelective}));
+  PlanRequest r;
+  r.model = "llama-tiny";
+  r.space.strategies = {"FULL_SHARD"};
+  r.space.backward_prefetch = {BackwardPrefetch::kBackwardPre};
+  r.space.forward_prefetch = {false};
+  r.space.rate_limits = {RateLimit::InFlight(2)};
+  r.space.cpu_offload = {false};
+  r.space.dtypes = {MixedPrecisionPolicy{DType::kBF16}};
+  r.space.activation_checkpointing = *list;
+  auto cands = EnumerateCandidates(r);
+  ASSERT_TRUE(cands.ok()) << cands.status();
+  ASSERT_EQ(cands->size(), 2u);
+  EXPECT_EQ((*cands)[0].Label(), "FULL_SHARD bwd=PRE limit=2 sel-ckpt+mm bf16");
+  EXPECT_EQ((*cands)[0].checkpointing(), ActivationCheckpointing::kSelectiveMatmuls);
+  EXPECT_FALSE((*cands)[0].selective_checkpointing);
+  EXPECT_EQ((*cands)[1].checkpointing(), ActivationCheckpointing::kSelective);
+  EXPECT_FALSE((*cands)[1].selective_matmuls);
+  r.space.activation_checkpointing = {CheckpointingChoice(ActivationCheckpointing::kSelectiveMatmuls, true)};
+  auto attention = EnumerateCandidates(r);
+  ASSERT_FALSE(attention.ok());
+  EXPECT_NE(attention.status().message().find("recompute_attention"), std::string::npos)
+      << attention.status();
+}
+
 // Selective checkpointing with the attention recomputed is a fourth policy:
 // labelled, parsed from its name and refused with any other policy.
 TEST(PlanTest, SelectiveWithAttentionIsAPolicyOfItsOwn) {

@@ -264,6 +264,20 @@ TEST(MemoryExactTest, SelectiveCheckpointing) {
     ASSERT_EQ(kept.size(), static_cast<size_t>(kSteps));
     EXPECT_LT(sim.back().allocated, kept.back().allocated);
   }
+  // Every other matmul recomputed too (Llama): exact, and below selective.
+  for (int world : {1, 2}) {
+    Config c{"llama-tiny", Parallelism::kFsdp, ShardingStrategy::kFullShard};
+    c.checkpointing = ActivationCheckpointing::kSelective;
+    std::vector<Peaks> selective = SimPeaks(c, world);
+    c.checkpointing = ActivationCheckpointing::kSelectiveMatmuls;
+    SCOPED_TRACE(Name(c) + " selective_matmuls at world " + std::to_string(world));
+    std::vector<Peaks> real = RealPeaks(c, world);
+    std::vector<Peaks> sim = SimPeaks(c, world);
+    ASSERT_EQ(real.size(), static_cast<size_t>(kSteps));
+    EXPECT_EQ(sim, real);
+    ASSERT_EQ(selective.size(), static_cast<size_t>(kSteps));
+    EXPECT_LT(sim.back().allocated, selective.back().allocated);
+  }
 }
 // Llama-family decoders (RMSNorm, RoPE, grouped-query linear-memory
 // attention, SwiGLU; qwen2-tiny: q/k/v biases, one key/value head): every

@@ -301,6 +301,50 @@ TEST(SimulateTrainingTest, MemoryEstimateOfLlama32With1BTiedEmbeddingIsTheSimula
   }
 }
 
+// Issue 45's Llama goal: llama3-8b, 2 x 8192 tokens per GPU on 8 x
+// h100-80g, FULL_SHARD bf16 with every other matmul recomputed
+// (selective_matmuls): the memory estimate the planner makes for it covers
+// the simulated allocator's peak and is within 3.5% of it, with either
+// backward prefetch (BACKWARD_PRE 1.032, BACKWARD_POST 1.021 today; benchmarks/results/memory_round.md).
+// Not yet the issue's 1%: the estimator pairs the head's backward (its
+// gathered weight, f32 gradient and prefetched block) with the activations'
+// peak, which is the block's backward (kept + 3 GiB), where the head's own
+// holds kept + 1.4 GiB.
+TEST(SimulateTrainingTest, MemoryEstimateOfLlama3_8bSelectiveMatmulsIsTheSimulatedPeak) {
+  for (BackwardPrefetch prefetch : {BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost}) {
+    SimRunOptions r = RunOf("llama3-8b", 8);
+    r.trainer.device.sim_profile = "h100-80g";
+    r.trainer.device.sim_gpus_per_node = 8;
+    r.trainer.batch_size = 2;
+    r.trainer.seq_len = 8192;
+    r.trainer.checkpointing = ActivationCheckpointing::kSelectiveMatmuls;
+    r.trainer.fsdp.mixed_precision.param_dtype = DType::kBF16;
+    r.trainer.fsdp.backward_prefetch = prefetch;
+    r.steps = 1;
+    StatusOr<SimStepReport> rep = SimulateTraining(r);
+    ASSERT_TRUE(rep.ok()) << rep.status();
+    ASSERT_FALSE(rep->out_of_memory) << rep->oom_detail;
+    MemoryEstimateRequest req;
+    req.model = *FindModelConfig("llama3-8b");
+    req.fsdp = r.trainer.fsdp;
+    req.fsdp.ranks_per_node = 8;
+    req.optimizer = r.trainer.optimizer;
+    req.world_size = 8;
+    req.batch_size = 2;
+    req.seq_len = 8192;
+    req.checkpointing = ActivationCheckpointing::kSelectiveMatmuls;
+    req.device = DeviceKind::kSim;
+    StatusOr<MemoryEstimate> est = EstimatePeakMemory(req);
+    ASSERT_TRUE(est.ok()) << est.status();
+    const double peak = static_cast<double>(rep->peak_allocated_bytes);
+    const std::string what = std::string(BackwardPrefetchName(prefetch)) + ": simulated " +
+                             std::to_string(rep->peak_allocated_bytes) + ", " + est->ToString();
+    EXPECT_GE(static_cast<double>(est->peak_bytes), peak) << what;
+    EXPECT_LE(static_cast<double>(est->peak_bytes), 1.035 * peak) << what;
+    std::printf("llama3-8b selective_matmuls %s\n", what.c_str());
+  }
+}
+
 TEST(SimulateTrainingTest, ReportsTimeMemoryAndComm) {
   SimRunOptions r = RunOf("gpt-10m", 8);
   r.trainer.fsdp.mixed_precision.param_dtype = DType::kBF16;

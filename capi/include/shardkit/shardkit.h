@@ -248,13 +248,19 @@ typedef SK_ENUM(sk_parallelism_t) {
  * selective policies keep the GEMM outputs and recompute the cheap ops
  * (norms, activations) before each block's backward; GPT and Llama-family
  * models implement them, others (T5, unit tables) refuse them with
- * INVALID_ARGUMENT naming the model. Losses and gradients are the same
- * under every policy; memory and compute differ. */
+ * INVALID_ARGUMENT naming the model. SELECTIVE_MATMULS (0.8.0) is
+ * torchtitan's op-level policy: selective, and of each block's GEMMs in
+ * forward order every other one's output recomputed (a Llama block keeps
+ * q, v, gate and the attention, recomputes k, o's output and up); the Llama
+ * family implements it, other models refuse it with INVALID_ARGUMENT.
+ * Losses and gradients are the same under every policy; memory and compute
+ * differ. */
 typedef SK_ENUM(sk_activation_checkpointing_t) {
-  SK_CHECKPOINTING_OFF = 0,                 /* default: keep everything */
-  SK_CHECKPOINTING_FULL = 1,                /* keep the block input, recompute the block */
-  SK_CHECKPOINTING_SELECTIVE = 2,           /* keep GEMM outputs and attention */
-  SK_CHECKPOINTING_SELECTIVE_ATTENTION = 3  /* selective, and recompute attention from q/k/v */
+  SK_CHECKPOINTING_OFF = 0,                  /* default: keep everything */
+  SK_CHECKPOINTING_FULL = 1,                 /* keep the block input, recompute the block */
+  SK_CHECKPOINTING_SELECTIVE = 2,            /* keep GEMM outputs and attention */
+  SK_CHECKPOINTING_SELECTIVE_ATTENTION = 3,  /* selective, and recompute attention from q/k/v */
+  SK_CHECKPOINTING_SELECTIVE_MATMULS = 4     /* selective, and every other GEMM recomputed */
 } sk_activation_checkpointing_t;
 
 /* The names and tensor layout of a state dict file (0.4.0). */
@@ -771,7 +777,8 @@ typedef struct sk_trainer_options {
   int64_t source_len;        /* encoder-decoder only; 0 = the config's */
   double clip_grad_norm;     /* clip the total norm to this; 0 = no clipping */
   /* An sk_activation_checkpointing_t (0 = off, 1 = whole block, 2 =
-   * selective, 3 = selective with attention recomputed); another value is
+   * selective, 3 = selective with attention recomputed, 4 = selective with
+   * every other matmul recomputed, 0.8.0); another value is
    * INVALID_ARGUMENT. Before 0.6.1 any nonzero value meant whole block. */
   int32_t activation_checkpointing;
   uint64_t memory_cap_bytes; /* per-rank device memory cap; 0 = unlimited */
@@ -1261,11 +1268,13 @@ typedef struct sk_plan_request {
   /* Appended in 0.7.0 (a 0.6.1 struct, which ends at
    * trace_path, is still accepted). The checkpointing policies to search,
    * comma-separated sk_activation_checkpointing_t names: "off", "full" (or
-   * "on"), "selective", "selective_attention"; e.g. "off,selective,
+   * "on"), "selective", "selective_attention", "selective_matmuls" (0.8.0:
+   * SK_CHECKPOINTING_SELECTIVE_MATMULS); e.g. "off,selective,
    * selective_attention". NULL or "" = as activation_checkpointing says.
    * Setting both is INVALID_ARGUMENT, as is an unknown name (named).
    * The selective policies need a model that implements them (GPT, the
-   * Llama family); on another, those candidates fail with the reason. */
+   * Llama family; selective_matmuls the Llama family only); on another, those
+   * candidates fail with the reason. */
   const char* checkpointing;
 } sk_plan_request;
 /* Size traits ("Option structs" above). */

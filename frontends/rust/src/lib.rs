@@ -376,7 +376,7 @@ pub fn estimate_memory(options: &TrainerOptions, world_size: i32) -> Result<Memo
 /// model's sequence lengths, the whole candidate space).
 /// `activation_checkpointing` and `cpu_offload`: 0 both, 1 off only, 2 on
 /// only; `checkpointing` lists the checkpointing policies instead, by name
-/// ("off,full,selective,selective_attention"; `None`: as
+/// ("off,full,selective,selective_attention,selective_matmuls"; `None`: as
 /// `activation_checkpointing` says).
 #[derive(Clone, Debug, Default)]
 pub struct PlanRequest {
@@ -1051,8 +1051,9 @@ pub struct TrainerOptions {
     pub seq_len: i64,
     pub source_len: i64,
     pub clip_grad_norm: f64,
-    /// `sys::SK_CHECKPOINTING_*` (0.6.1): 0 = off, FULL, SELECTIVE or
-    /// SELECTIVE_ATTENTION; an `i32`, a `bool` before 0.6.1.
+    /// `sys::SK_CHECKPOINTING_*` (0.6.1): 0 = off, FULL, SELECTIVE,
+    /// SELECTIVE_ATTENTION or (0.8.0) SELECTIVE_MATMULS, which only the
+    /// Llama family implements; an `i32`, a `bool` before 0.6.1.
     pub activation_checkpointing: sys::sk_activation_checkpointing_t,
     pub memory_cap_bytes: u64,
     pub data_path: Option<String>,

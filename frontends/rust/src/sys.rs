@@ -70,6 +70,7 @@ pub const SK_CHECKPOINTING_OFF: sk_activation_checkpointing_t = 0;
 pub const SK_CHECKPOINTING_FULL: sk_activation_checkpointing_t = 1;
 pub const SK_CHECKPOINTING_SELECTIVE: sk_activation_checkpointing_t = 2;
 pub const SK_CHECKPOINTING_SELECTIVE_ATTENTION: sk_activation_checkpointing_t = 3;
+pub const SK_CHECKPOINTING_SELECTIVE_MATMULS: sk_activation_checkpointing_t = 4;
 
 pub type sk_lr_schedule_kind_t = i32;
 pub const SK_LR_SCHEDULE_DEFAULT: sk_lr_schedule_kind_t = 0;

@@ -108,11 +108,11 @@ fn selective_checkpointing_steps_as_no_checkpointing() {
     };
     let off = losses(sys::SK_CHECKPOINTING_OFF);
     for policy in [sys::SK_CHECKPOINTING_FULL, sys::SK_CHECKPOINTING_SELECTIVE,
-                   sys::SK_CHECKPOINTING_SELECTIVE_ATTENTION] {
+                   sys::SK_CHECKPOINTING_SELECTIVE_ATTENTION, sys::SK_CHECKPOINTING_SELECTIVE_MATMULS] {
         assert_eq!(losses(policy), off, "policy {}", policy);
     }
     let groups = ProcessGroup::local(1, None).unwrap();
-    let bad = TrainerOptions { activation_checkpointing: 4, ..tiny() };
+    let bad = TrainerOptions { activation_checkpointing: 5, ..tiny() };
     let e = Trainer::new(&bad, &groups[0]).unwrap_err();
     assert_eq!(e.code, sys::SK_STATUS_INVALID_ARGUMENT, "{}", e);
     assert!(e.message.contains("activation_checkpointing"), "{}", e);
