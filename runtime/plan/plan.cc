@@ -486,13 +486,15 @@ std::string FormatTable(const PlanResult& result, int top) {
   const int nodes = std::max(1, r.gpus / r.gpus_per_node);
   std::snprintf(line, sizeof(line),
                 "shardkit plan: %s on %d GPUs (%d node%s x %d), batch %" PRId64
-                " per GPU%s; simulated, profile %s (%s GiB per GPU)\n",
+                " per GPU%s; simulated, profile %s%s (%s GiB per GPU)\n",
                 r.model.c_str(), r.gpus, nodes, nodes == 1 ? "" : "s", std::min(r.gpus, r.gpus_per_node),
                 r.batch_size,
                 r.grad_accum_steps > 1
                     ? (" x " + std::to_string(r.grad_accum_steps) + " micro-batches").c_str()
                     : "",
-                result.profile_name.c_str(), Gib(result.device_memory_bytes).c_str());
+                result.profile_name.c_str(),
+                result.kernels.empty() ? "" : (" with " + result.kernels + " kernels").c_str(),
+                Gib(result.device_memory_bytes).c_str());
   out += line;
   int fits = 0, ooms = 0, failed = 0;
   for (const CandidateResult& c : result.results) {
@@ -596,6 +598,7 @@ std::string FormatJson(const PlanResult& result) {
   std::string o = "{\n";
   o += "  \"simulated\": true,\n";
   o += "  \"profile\": " + JsonString(result.profile_name) + ",\n";
+  if (!result.kernels.empty()) o += "  \"kernels\": " + JsonString(result.kernels) + ",\n";
   o += "  \"device_memory_bytes\": " + std::to_string(result.device_memory_bytes) + ",\n";
   o += "  \"model\": " + JsonString(r.model) + ",\n";
   o += "  \"gpus\": " + std::to_string(r.gpus) + ",\n";

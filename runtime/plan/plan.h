@@ -235,6 +235,10 @@ struct PlanResult {
   PlanRequest request;
   // The profile's name as loaded (the header says "simulated, profile X").
   std::string profile_name;
+  // The profile's kernel implementation the step times were priced with
+  // (sim::KernelImplementation: "shardkit" unless the request's profile
+  // named another, "a100-80g:reference"); "" for a profile without any.
+  std::string kernels;
   // Ranked (RankResults' order).
   std::vector<CandidateResult> results;
   // Index into results of the recommendation (0), or -1 when nothing fits.

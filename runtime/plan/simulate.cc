@@ -55,19 +55,21 @@ StatusOr<CandidateMetrics> SimulateCandidate(const PlanRequest& r, const Candida
 }
 
 std::string UncertaintyText(const sim::SimProfile& profile) {
+  // Whose kernels the step times are priced with (sim::KernelImplementation).
+  std::string kernels;
+  if (!profile.implementation.empty()) kernels = " with " + profile.implementation + " kernels";
   if (!profile.validation) {
-    return "step times are the profile's (" + profile.name +
+    return "step times are the profile's (" + profile.name + kernels +
            "); no published training run was checked against it (docs/planner.md, \"How far to trust it\")";
   }
   const sim::ValidationSpread& v = *profile.validation;
   char line[512];
   std::snprintf(line, sizeof(line),
-                "step times are the profile's (%s); on %d published runs on this hardware the predicted "
-                "throughput was %.2f-%.2fx the measured (median %.2fx): read a step time as "
+                "; on %d published runs on this hardware, each priced with the kernels its framework ran, the "
+                "predicted throughput was %.2f-%.2fx the measured (median %.2fx): read a step time as "
                 "%.2f-%.2fx the one shown (benchmarks/results/planner_validation.md)",
-                profile.name.c_str(), v.runs, v.ratio_low, v.ratio_high, v.ratio_median, v.ratio_low,
-                v.ratio_high);
-  return line;
+                v.runs, v.ratio_low, v.ratio_high, v.ratio_median, v.ratio_low, v.ratio_high);
+  return "step times are the profile's (" + profile.name + kernels + ")" + line;
 }
 
 StatusOr<PlanResult> Plan(const PlanRequest& request) {
@@ -85,6 +87,7 @@ StatusOr<PlanResult> Plan(const PlanRequest& request) {
                                static_cast<int64_t>(profile.device.memory_bytes), SimulateCandidate));
   if (!note.empty()) result.notes.push_back(note);
   result.uncertainty = UncertaintyText(profile);
+  result.kernels = profile.implementation;
   return result;
 }
 

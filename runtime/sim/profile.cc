@@ -361,9 +361,88 @@ StatusOr<ComputeProfile> ParseHost(const Reader& r, const nlohmann::json& h, Sim
   return out;
 }
 
+// The optional "implementations" section into `out` (every implementation
+// described, and the default's name).
+Status ParseImplementations(const Reader& r, const nlohmann::json& doc, SimProfile& out) {
+  SK_ASSIGN_OR_RETURN(const nlohmann::json* s, r.Section(doc, "implementations", ""));
+  const std::string p = "implementations.";
+  auto def = s->find("default");
+  if (def == s->end() || !def->is_string() || def->get<std::string>().empty()) {
+    return r.Error(p + "default", "missing, or not the name of one of the implementations");
+  }
+  out.default_implementation = def->get<std::string>();
+  for (auto it = s->begin(); it != s->end(); ++it) {
+    if (it.key() == "default") continue;
+    const std::string path = p + it.key() + ".";
+    if (!it->is_object()) return r.Error(p + it.key(), "must be an object");
+    if (it.key().empty() || it.key().find(':') != std::string::npos) {
+      return r.Error(p + it.key(), "an implementation's name is non-empty and has no ':'");
+    }
+    KernelImplementation impl;
+    auto desc = it->find("description");
+    if (desc == it->end() || !desc->is_string() || desc->get<std::string>().empty()) {
+      return r.Error(path + "description", "missing: say whose kernels these are");
+    }
+    impl.description = desc->get<std::string>();
+    if (it->contains("gemm_fraction_by_dtype")) {
+      SK_ASSIGN_OR_RETURN(const nlohmann::json* by, r.Section(*it, "gemm_fraction_by_dtype", path));
+      for (auto d = by->begin(); d != by->end(); ++d) {
+        const std::string dpath = path + "gemm_fraction_by_dtype.";
+        SK_ASSIGN_OR_RETURN(DType t, DTypeKey(r, d.key(), dpath + d.key()));
+        SK_ASSIGN_OR_RETURN(double f, r.Number(*by, d.key(), dpath, 1e-3, 1));
+        impl.gemm_fraction_by_dtype[t] = f;
+      }
+    }
+    if (it->contains("op_memory_efficiency")) {
+      SK_ASSIGN_OR_RETURN(const nlohmann::json* ops, r.Sourced(*it, "op_memory_efficiency", path));
+      const nlohmann::json& map = (*ops)["value"];
+      if (!map.is_object() || map.empty()) {
+        return r.Error(path + "op_memory_efficiency", "\"value\" must map op names to fractions in (0, 1]");
+      }
+      for (auto e = map.begin(); e != map.end(); ++e) {
+        if (!e->is_number() || !(e->get<double>() > 0) || e->get<double>() > 1) {
+          return r.Error(path + "op_memory_efficiency." + e.key(), "must be a fraction in (0, 1]");
+        }
+        impl.op_memory_efficiency.emplace(e.key(), e->get<double>());
+      }
+    }
+    out.implementations.emplace(it.key(), std::move(impl));
+  }
+  if (out.implementations.count(out.default_implementation) == 0) {
+    return r.Error(p + "default", "'" + out.default_implementation + "' is not one of the implementations");
+  }
+  return OkStatus();
+}
+
+// The implementations' names, comma-separated ("none" without any).
+std::string ImplementationNames(const SimProfile& p) {
+  std::string names;
+  for (const auto& [name, impl] : p.implementations) names += (names.empty() ? "" : ", ") + name;
+  return names.empty() ? "none" : names;
+}
+
+// Prices `compute` with the kernels of `impl`.
+void ApplyImplementation(const KernelImplementation& impl, ComputeProfile& compute) {
+  for (const auto& [t, f] : impl.gemm_fraction_by_dtype) {
+    auto by = compute.gemm_efficiency_by_dtype.find(t);
+    const double base = by != compute.gemm_efficiency_by_dtype.end() ? by->second : compute.gemm_efficiency;
+    compute.gemm_efficiency_by_dtype[t] = base * f;
+  }
+  for (const auto& [op, f] : impl.op_memory_efficiency) compute.op_memory_efficiency[op] = f;
+}
+
 }  // namespace
 
-StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view origin) {
+std::pair<std::string, std::string> SplitProfileName(std::string_view name_or_path) {
+  const size_t colon = name_or_path.rfind(':');
+  if (colon == std::string_view::npos || name_or_path.find('/', colon) != std::string_view::npos) {
+    return {std::string(name_or_path), ""};
+  }
+  return {std::string(name_or_path.substr(0, colon)), std::string(name_or_path.substr(colon + 1))};
+}
+
+StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view origin,
+                                  std::string_view implementation) {
   Reader r(origin);
   if (!doc.is_object()) return r.Error("(top)", "a profile is a JSON object");
   auto name = doc.find("name");
@@ -378,6 +457,17 @@ StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view or
   SK_ASSIGN_OR_RETURN(out.device, ParseDevice(r, doc, out.name));
   SK_ASSIGN_OR_RETURN(out.compute, ParseCompute(r, doc));
   out.device.memory_bandwidth_bytes_per_s = out.compute.memory_bandwidth;
+  if (doc.contains("implementations")) SK_RETURN_IF_ERROR(ParseImplementations(r, doc, out));
+  if (!implementation.empty() || !out.default_implementation.empty()) {
+    const std::string want = implementation.empty() ? out.default_implementation : std::string(implementation);
+    auto impl = out.implementations.find(want);
+    if (impl == out.implementations.end()) {
+      return NotFoundError("profile " + std::string(origin) + " describes no kernel implementation '" + want +
+                           "' (it has: " + ImplementationNames(out) + ")");
+    }
+    ApplyImplementation(impl->second, out.compute);
+    out.implementation = want;
+  }
   if (doc.contains("network")) out.network = doc["network"];
   if (doc.contains("host")) {
     SK_ASSIGN_OR_RETURN(out.host, ParseHost(r, doc["host"], out.device));
@@ -398,7 +488,7 @@ StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view or
   return out;
 }
 
-StatusOr<SimProfile> LoadProfileFile(const std::string& path) {
+StatusOr<SimProfile> LoadProfileFile(const std::string& path, std::string_view implementation) {
   // Bounded, and regular files only: a path naming an endless file
   // (/dev/zero) or a FIFO is InvalidArgument, not an exhausted heap or a
   // blocked open.
@@ -419,7 +509,7 @@ StatusOr<SimProfile> LoadProfileFile(const std::string& path) {
   if (doc.is_discarded()) {
     return InvalidArgumentError("profile " + path + ": not valid JSON");
   }
-  return ParseProfile(doc, path);
+  return ParseProfile(doc, path, implementation);
 }
 
 std::vector<std::string> BuiltinProfileNames() {
@@ -429,8 +519,10 @@ std::vector<std::string> BuiltinProfileNames() {
 }
 
 StatusOr<SimProfile> LoadProfile(std::string_view name_or_path) {
-  const std::string key(name_or_path);
-  if (key.size() > 5 && key.compare(key.size() - 5, 5, ".json") == 0) return LoadProfileFile(key);
+  const auto [key, implementation] = SplitProfileName(name_or_path);
+  if (key.size() > 5 && key.compare(key.size() - 5, 5, ".json") == 0) {
+    return LoadProfileFile(key, implementation);
+  }
   const auto& texts = internal::BuiltinProfileTexts();
   auto it = texts.find(key);
   if (it == texts.end()) {
@@ -443,16 +535,17 @@ StatusOr<SimProfile> LoadProfile(std::string_view name_or_path) {
   // copied out after (the planner loads one per simulated candidate).
   static std::mutex* mu = new std::mutex;
   static auto* parsed = new std::map<std::string, SimProfile>;  // never destroyed
+  const std::string cache_key(name_or_path);
   {
     std::lock_guard<std::mutex> lock(*mu);
-    auto hit = parsed->find(key);
+    auto hit = parsed->find(cache_key);
     if (hit != parsed->end()) return hit->second;
   }
   nlohmann::json doc = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return InternalError("built-in profile " + key + " is not valid JSON");
-  SK_ASSIGN_OR_RETURN(SimProfile profile, ParseProfile(doc, "builtin:" + key));
+  SK_ASSIGN_OR_RETURN(SimProfile profile, ParseProfile(doc, "builtin:" + key, implementation));
   std::lock_guard<std::mutex> lock(*mu);
-  parsed->emplace(key, profile);
+  parsed->emplace(cache_key, profile);
   return profile;
 }
 

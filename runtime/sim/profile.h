@@ -25,6 +25,17 @@
 //                            op_rates {op name: {per: "byte"|"flop",
 //                                                points: [[work, work/s], ...]}} },
 //     "network": { ... }   (parsed by topology.h's ParseNetworkProfile)
+//     optional "implementations": { "default": name,
+//                 name: { description, optional gemm_fraction_by_dtype
+//                         {dtype: fraction of the compute section's
+//                         efficiency}, op_memory_efficiency {op: fraction} } }
+//                 (whose kernels run on the hardware: the compute section
+//                 is the hardware as the kernel libraries achieve it, kernel
+//                 by kernel; an implementation says what one framework's own
+//                 kernels lose against those rates. "reference" is the
+//                 libraries' rates, "shardkit" this project's measured
+//                 shortfall. A profile name "h100-80g:reference" picks one;
+//                 a bare name takes the default)
 //     optional "validation": { runs, ratio_low, ratio_median, ratio_high }
 //                 (how far the planner's predicted throughput has landed from
 //                 published runs on this hardware: predicted / published,
@@ -91,6 +102,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -194,9 +206,25 @@ struct ValidationSpread {
   std::string source;
 };
 
+// What one framework's kernels lose against the hardware's library rates
+// (the profile's "implementations" section): applied over the compute
+// section by ParseProfile.
+struct KernelImplementation {
+  std::string description;
+  // Multiplies the compute section's GEMM efficiency of each dtype listed.
+  std::map<DType, double> gemm_fraction_by_dtype;
+  // Replaces (or adds) the compute section's per-op bandwidth fractions.
+  std::map<std::string, double, std::less<>> op_memory_efficiency;
+};
+
 struct SimProfile {
   std::string name;
   std::string description;
+  // The implementation applied to `compute` ("" when the profile has no
+  // implementations section), and every one the profile describes.
+  std::string implementation;
+  std::string default_implementation;
+  std::map<std::string, KernelImplementation, std::less<>> implementations;
   SimDeviceSpec device;
   ComputeProfile compute;
   // The host's rates per GPU ("host" section; device.host_memory_bytes is
@@ -214,16 +242,25 @@ struct SimProfile {
 // Parses a profile document. `origin` (a path or "builtin:a100-80g") names it
 // in errors. InvalidArgument naming the key for a missing or malformed
 // section, a number without a "source", or an out-of-range value.
-StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view origin);
+// `implementation` names the kernels the compute section is priced with
+// (KernelImplementation); "" takes the profile's default. NotFound naming
+// the ones it has for an implementation it does not describe.
+StatusOr<SimProfile> ParseProfile(const nlohmann::json& doc, std::string_view origin,
+                                  std::string_view implementation = "");
 // Reads and parses the file at `path`. NotFound if it cannot be read;
 // ResourceExhausted if it is larger than 16 MiB (an endless file such as
 // /dev/zero is read no further); InvalidArgument for malformed JSON (with the
 // parser's message), JSON nested deeper than a profile ever is, or content.
-StatusOr<SimProfile> LoadProfileFile(const std::string& path);
+StatusOr<SimProfile> LoadProfileFile(const std::string& path, std::string_view implementation = "");
 // A profile by name: one compiled into the library ("a100-80g", "h100-80g", "h200-141g",
 // "cpu-local"), or, when `name_or_path` ends in ".json", that file.
-// NotFound listing the built-in names otherwise.
+// NotFound listing the built-in names otherwise. Either may end in
+// ":<implementation>" ("h100-80g:reference"): the kernels it is priced with
+// (ParseProfile); without it, the profile's default.
 StatusOr<SimProfile> LoadProfile(std::string_view name_or_path);
+// Splits "name:implementation" into its two parts (implementation "" when
+// there is no ':'; a path's directories may not contain one).
+std::pair<std::string, std::string> SplitProfileName(std::string_view name_or_path);
 // The names of the compiled-in profiles, sorted.
 std::vector<std::string> BuiltinProfileNames();
 

@@ -30,6 +30,7 @@ TEST(PlanSimTest, SimulatesEveryCandidateAndIsByteIdenticalTwice) {
   auto a = Plan(Small());
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->profile_name, "a100-80g");
+  EXPECT_EQ(a->kernels, "shardkit");  // the default kernels
   // DDP, SHARD_OPTIM, FULL_SHARD x {PRE, POST, NONE}, HYBRID_SHARD F in {2, 4, 8} x 3.
   ASSERT_EQ(a->results.size(), 14u);
   ASSERT_EQ(a->recommended, 0);
@@ -333,6 +334,20 @@ TEST(PlanSimTest, PlanPrintsTheValidationSpreadOfItsHardware) {
       << p->uncertainty;
   EXPECT_NE(FormatTable(*p).find("uncertainty: " + p->uncertainty), std::string::npos);
   EXPECT_NE(FormatJson(*p).find("\"uncertainty\": "), std::string::npos);
+  // It says whose kernels priced the step (shardkit's by default), and a
+  // profile name can ask for the kernel libraries' rates instead: faster.
+  EXPECT_NE(p->uncertainty.find("(a100-80g with shardkit kernels)"), std::string::npos) << p->uncertainty;
+  EXPECT_NE(FormatTable(*p).find("profile a100-80g with shardkit kernels ("), std::string::npos) << FormatTable(*p);
+  EXPECT_NE(FormatJson(*p).find("\"kernels\": \"shardkit\""), std::string::npos);
+  PlanRequest lib = r;
+  lib.profile = "a100-80g:reference";
+  auto q = Plan(lib);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->profile_name, "a100-80g");
+  EXPECT_EQ(q->kernels, "reference");
+  EXPECT_NE(q->uncertainty.find("(a100-80g with reference kernels)"), std::string::npos) << q->uncertainty;
+  ASSERT_TRUE(p->results[0].fits() && q->results[0].fits());
+  EXPECT_LT(q->results[0].metrics.step_seconds, p->results[0].metrics.step_seconds);
 
   r.profile = "cpu-local";
   r.gpus = 2;

@@ -120,7 +120,8 @@ TEST(ProfileTest, H200IsTheH100ChipWithMoreAndFasterMemory) {
   ASSERT_TRUE(h200.ok()) << h200.status();
   EXPECT_EQ(h200->name, "h200-141g");
   EXPECT_EQ(h200->device.memory_bytes, size_t{143771} << 20);  // nvidia-smi on an H200
-  EXPECT_DOUBLE_EQ(h200->compute.memory_bandwidth / h100->compute.memory_bandwidth, 4800.0 / 3350.0);
+  // The datasheets' rates; each streams at its own measured fraction.
+  EXPECT_DOUBLE_EQ(h200->compute.memory_bandwidth_peak / h100->compute.memory_bandwidth_peak, 4800.0 / 3350.0);
   EXPECT_EQ(h200->compute.sm_count, h100->compute.sm_count);
   EXPECT_EQ(h200->compute.gemm_peak_flops, h100->compute.gemm_peak_flops);
   EXPECT_DOUBLE_EQ(h200->compute.gemm_efficiency, h100->compute.gemm_efficiency);
@@ -605,7 +606,18 @@ TEST(ProfileTest, GpuProfilesCarryKernelEfficiencies) {
     // sizes 64 and 128.
     EXPECT_EQ(p->compute.attention->curves.size(), 6u) << name;
     EXPECT_EQ(p->compute.gemm_efficiency_by_dtype.count(DType::kBF16), 1u) << name;
+    // The default is shardkit's own kernels: its measured memory-bound op
+    // rates and its in-step GEMM shortfall.
+    EXPECT_EQ(p->implementation, "shardkit") << name;
     EXPECT_GT(p->compute.op_memory_efficiency.size(), 10u) << name;
+    // The kernel libraries' rates: no per-op shortfall, GEMMs faster.
+    StatusOr<SimProfile> ref = LoadProfile(std::string(name) + ":reference");
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    EXPECT_EQ(ref->implementation, "reference");
+    EXPECT_TRUE(ref->compute.op_memory_efficiency.empty()) << name;
+    EXPECT_GT(ref->compute.gemm_efficiency_by_dtype.at(DType::kBF16),
+              p->compute.gemm_efficiency_by_dtype.at(DType::kBF16))
+        << name;
   }
   // The profiles held against published runs carry the validation spread.
   for (const char* name : {"a100-80g", "h100-80g"}) {
@@ -616,6 +628,92 @@ TEST(ProfileTest, GpuProfilesCarryKernelEfficiencies) {
     EXPECT_LE(p->validation->ratio_median, p->validation->ratio_high) << name;
     EXPECT_NE(p->validation->source.find("planner_validation.md"), std::string::npos) << name;
   }
+}
+
+// An implementation scales the GEMM efficiency of the dtypes it lists and
+// replaces per-op bandwidths; a name picks one, the default otherwise.
+TEST(ProfileTest, KernelImplementationsApplyOverTheHardware) {
+  nlohmann::json doc = MinimalProfile();
+  doc["compute"]["gemm_efficiency_by_dtype"] = {{"bf16", Sourced(0.8)}};
+  doc["compute"]["op_memory_efficiency"] = Sourced({{"cast", 0.9}});
+  doc["implementations"] = {
+      {"default", "mine"},
+      {"mine",
+       {{"description", "slow kernels"},
+        {"gemm_fraction_by_dtype", {{"bf16", Sourced(0.5)}, {"f16", Sourced(0.25)}}},
+        {"op_memory_efficiency", Sourced({{"layer_norm_bwd", 0.1}, {"cast", 0.3}})}}},
+      {"reference", {{"description", "the libraries"}}}};
+  StatusOr<SimProfile> p = ParseProfile(doc, "test");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->implementation, "mine");
+  EXPECT_EQ(p->default_implementation, "mine");
+  EXPECT_EQ(p->implementations.size(), 2u);
+  EXPECT_DOUBLE_EQ(p->compute.gemm_efficiency_by_dtype.at(DType::kBF16), 0.4);
+  // f16 had no entry: the fraction of gemm_efficiency.
+  EXPECT_DOUBLE_EQ(p->compute.gemm_efficiency_by_dtype.at(DType::kF16), 0.125);
+  EXPECT_DOUBLE_EQ(p->compute.op_memory_efficiency.at("layer_norm_bwd"), 0.1);
+  EXPECT_DOUBLE_EQ(p->compute.op_memory_efficiency.at("cast"), 0.3);
+
+  StatusOr<SimProfile> ref = ParseProfile(doc, "test", "reference");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(ref->implementation, "reference");
+  EXPECT_DOUBLE_EQ(ref->compute.gemm_efficiency_by_dtype.at(DType::kBF16), 0.8);
+  EXPECT_EQ(ref->compute.gemm_efficiency_by_dtype.count(DType::kF16), 0u);
+  EXPECT_EQ(ref->compute.op_memory_efficiency.size(), 1u);
+
+  Status missing = ParseProfile(doc, "test", "theirs").status();
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("'theirs'"), std::string::npos) << missing;
+  EXPECT_NE(missing.message().find("mine, reference"), std::string::npos) << missing;
+  // A profile without the section has none to pick.
+  EXPECT_EQ(ParseProfile(MinimalProfile(), "test").value().implementation, "");
+  EXPECT_EQ(ParseProfile(MinimalProfile(), "test", "reference").status().code(), StatusCode::kNotFound);
+
+  struct Case {
+    nlohmann::json section;
+    const char* named;
+  };
+  const Case cases[] = {
+      {{{"mine", {{"description", "x"}}}}, "implementations.default"},
+      {{{"default", "other"}, {"mine", {{"description", "x"}}}}, "implementations.default"},
+      {{{"default", "mine"}, {"mine", {{"gemm_fraction_by_dtype", {{"bf16", Sourced(0.5)}}}}}},
+       "implementations.mine.description"},
+      {{{"default", "mine"}, {"mine", {{"description", "x"}, {"gemm_fraction_by_dtype", {{"bf16", Sourced(1.5)}}}}}},
+       "implementations.mine.gemm_fraction_by_dtype.bf16"},
+      {{{"default", "mine"},
+        {"mine", {{"description", "x"}, {"gemm_fraction_by_dtype", {{"bf16", {{"value", 0.5}}}}}}}},
+       "implementations.mine.gemm_fraction_by_dtype.bf16"},
+      {{{"default", "mine"}, {"mine", {{"description", "x"}, {"op_memory_efficiency", Sourced({{"cast", 2}})}}}},
+       "implementations.mine.op_memory_efficiency.cast"},
+      {{{"default", "a:b"}, {"a:b", {{"description", "x"}}}}, "implementations.a:b"},
+      {{{"default", "mine"}, {"mine", 3}}, "implementations.mine"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json bad = MinimalProfile();
+    bad["implementations"] = c.section;
+    Status s = ParseProfile(bad, "test").status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.named << " " << s;
+    EXPECT_NE(s.message().find(c.named), std::string::npos) << s;
+  }
+}
+
+// "name:implementation" picks the kernels of a built-in profile or a file;
+// a path's directories may hold a ':'.
+TEST(ProfileTest, ProfileNamesCarryTheImplementation) {
+  EXPECT_EQ(SplitProfileName("h100-80g:reference"), std::make_pair(std::string("h100-80g"), std::string("reference")));
+  EXPECT_EQ(SplitProfileName("h100-80g"), std::make_pair(std::string("h100-80g"), std::string()));
+  EXPECT_EQ(SplitProfileName("/tmp/a:b/p.json"), std::make_pair(std::string("/tmp/a:b/p.json"), std::string()));
+  EXPECT_EQ(SplitProfileName("/tmp/a:b/p.json:shardkit"),
+            std::make_pair(std::string("/tmp/a:b/p.json"), std::string("shardkit")));
+  StatusOr<SimProfile> bad = LoadProfile("a100-80g:nonesuch");
+  EXPECT_EQ(bad.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(bad.status().message().find("reference, shardkit"), std::string::npos) << bad.status();
+  EXPECT_EQ(LoadProfile("cpu-local:reference").status().code(), StatusCode::kNotFound);
+  StatusOr<SimProfile> own = LoadProfile("h200-141g:shardkit");
+  StatusOr<SimProfile> plain = LoadProfile("h200-141g");
+  ASSERT_TRUE(own.ok() && plain.ok());
+  EXPECT_DOUBLE_EQ(own->compute.gemm_efficiency_by_dtype.at(DType::kBF16),
+                   plain->compute.gemm_efficiency_by_dtype.at(DType::kBF16));
 }
 
 // The validation spread is sourced and ordered; a high below the median is

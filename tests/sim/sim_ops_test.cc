@@ -64,9 +64,11 @@ TEST_F(SimOpsTest, GemmLandsOnTheStreamAtItsPrice) {
   EXPECT_NEAR(device_->HostClock(), host0 + launch, 1e-12);  // the host ran ahead
   ASSERT_EQ(device_->spans().size(), 1u);
   EXPECT_EQ(device_->spans()[0].name, "gemm");
-  // Roughly what an A100 takes for this bf16 GEMM: 2*4096^3 flops at ~250 TFLOP/s.
-  EXPECT_GT(expected, 0.4e-3);
-  EXPECT_LT(expected, 0.7e-3);
+  // Roughly what this bf16 GEMM takes inside shardkit's step on an A100 (the
+  // default kernels): 2*4096^3 flops at ~170 TFLOP/s, 0.70 of cuBLAS's
+  // isolated ~230.
+  EXPECT_GT(expected, 0.65e-3);
+  EXPECT_LT(expected, 0.95e-3);
 }
 
 // Fused attention is priced by its shape (cost.h: m queries, n keys per
