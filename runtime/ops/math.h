@@ -17,8 +17,7 @@
 #include "runtime/core/macros.h"
 #include "runtime/ops/rope_scaling.h"
 
-namespace sk {
-namespace nn_math {
+namespace sk::ops::math {
 
 // sqrt(2/pi) and the cubic coefficient of GPT-2's tanh approximation of GELU.
 inline constexpr float kGeluK0 = 0.7978845608028654f;
@@ -358,7 +357,6 @@ SK_HOST_DEVICE SK_INLINE void RopeHeadRow(const float* x, int64_t pos, int64_t h
   }
 }
 
-}  // namespace nn_math
-}  // namespace sk
+}  // namespace sk::ops::math
 
 #endif  // SHARDKIT_RUNTIME_OPS_MATH_H_

@@ -1171,7 +1171,7 @@ TEST_P(Conformance, RopeFromCachedTablesIsTheDirectComputationBitForBit) {
           for (int64_t h = 0; h < c.heads; ++h) {
             const int64_t o = r * width + h * c.hd;
             std::vector<float> xr(x.begin() + o, x.begin() + o + c.hd);
-            nn_math::RopeHeadRow(xr.data(), p32[r], c.hd, c.theta, c.scaling,
+            math::RopeHeadRow(xr.data(), p32[r], c.hd, c.theta, c.scaling,
                                  inverse ? -1.0f : 1.0f, want.data() + o);
           }
         }

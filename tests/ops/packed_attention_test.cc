@@ -286,7 +286,7 @@ TEST(PackedAttention, BadKeyStartsAreInvalidArgumentAndWriteNothing) {
 // ComposedBackward, and the linear-memory op's fallback through them) run
 // on the host in f32: every mask and softmax from the SK_HOST_DEVICE
 // functions its kernels call (cuda/attention.cu: SoftmaxKernel and
-// RowLogSumExpKernel through nn_math::AttentionRowKeys; SoftmaxGradKernel
+// RowLogSumExpKernel through math::AttentionRowKeys; SoftmaxGradKernel
 // through SoftmaxGradElement), the GEMMs as f32 sums. Grouped-query heads
 // as the backend runs them: k and v repeated per query head, dk and dv
 // summed over each group afterwards.
@@ -329,10 +329,10 @@ CudaOnHost CudaComposedOnHost(const AttentionShape& s, const std::vector<float>&
           for (int64_t d = 0; d < D; ++d) dot += Q(b, h, i, d) * K(b, h, j, d);
           p[j] = scale * dot;
         }
-        const nn_math::AttentionKeys keys =
-            nn_math::AttentionRowKeys(row, H, T, KV, s.causal, starts);
-        r.lse[row] = nn_math::RowLogSumExp(p + keys.first, keys.end - keys.first);
-        nn_math::MaskedSoftmaxRowInPlace(p, KV, keys);
+        const math::AttentionKeys keys =
+            math::AttentionRowKeys(row, H, T, KV, s.causal, starts);
+        r.lse[row] = math::RowLogSumExp(p + keys.first, keys.end - keys.first);
+        math::MaskedSoftmaxRowInPlace(p, KV, keys);
         for (int64_t d = 0; d < D; ++d) {
           float o = 0.0f;
           for (int64_t j = 0; j < KV; ++j) o += p[j] * V(b, h, j, d);
@@ -347,7 +347,7 @@ CudaOnHost CudaComposedOnHost(const AttentionShape& s, const std::vector<float>&
           rowdot += p[j] * dot;
         }
         for (int64_t j = 0; j < KV; ++j) {
-          const float ds = nn_math::SoftmaxGradElement(p[j], dp[j], rowdot, scale);
+          const float ds = math::SoftmaxGradElement(p[j], dp[j], rowdot, scale);
           for (int64_t d = 0; d < D; ++d) {
             r.dq[(b * T + i) * H * D + h * D + d] += ds * K(b, h, j, d);
             dk_full[(b * KV + j) * H * D + h * D + d] += ds * Q(b, h, i, d);
@@ -376,7 +376,7 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
   }
 }
 
-// The CUDA kernels' row mask (nn_math::AttentionRowKeys) keeps exactly the
+// The CUDA kernels' row mask (math::AttentionRowKeys) keeps exactly the
 // keys the CPU's composed attention gives a nonzero probability, row by
 // row -- documents as the models make them, and key starts out of [0, i],
 // which both clamp.
@@ -397,8 +397,8 @@ TEST(PackedAttention, TheCudaMaskKeepsExactlyTheKeysTheCpuAttends) {
             .ok());
     const float* p = probs.data_as<float>();
     for (int64_t row = 0; row < s.batch * 2 * kLen; ++row) {
-      const nn_math::AttentionKeys keys =
-          nn_math::AttentionRowKeys(row, 2, kLen, kLen, true, starts->data());
+      const math::AttentionKeys keys =
+          math::AttentionRowKeys(row, 2, kLen, kLen, true, starts->data());
       ASSERT_LT(keys.first, keys.end) << "row " << row;
       for (int64_t j = 0; j < kLen; ++j) {
         const bool kept = j >= keys.first && j < keys.end;
@@ -407,10 +407,10 @@ TEST(PackedAttention, TheCudaMaskKeepsExactlyTheKeysTheCpuAttends) {
     }
   }
   // Without documents the mask is the causal one, and everything without causal.
-  const nn_math::AttentionKeys causal = nn_math::AttentionRowKeys(2 * kLen + 5, 2, kLen, kLen, true, nullptr);
+  const math::AttentionKeys causal = math::AttentionRowKeys(2 * kLen + 5, 2, kLen, kLen, true, nullptr);
   EXPECT_EQ(causal.first, 0);
   EXPECT_EQ(causal.end, 6);
-  const nn_math::AttentionKeys full = nn_math::AttentionRowKeys(5, 2, 3, 17, false, nullptr);
+  const math::AttentionKeys full = math::AttentionRowKeys(5, 2, 3, 17, false, nullptr);
   EXPECT_EQ(full.first, 0);
   EXPECT_EQ(full.end, 17);
 }
@@ -503,7 +503,7 @@ TEST(PackedAttention, RopeAtGivenPositionsTurnsEachRowByItsPosition) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < heads; ++h) {
       float want[hd];
-      nn_math::RopeHeadRow(x.data() + (r * heads + h) * hd, pos[r], hd, 10000.0f, none, 1.0f,
+      math::RopeHeadRow(x.data() + (r * heads + h) * hd, pos[r], hd, 10000.0f, none, 1.0f,
                            want);
       for (int64_t i = 0; i < hd; ++i) ASSERT_EQ(got[(r * heads + h) * hd + i], want[i]) << r;
     }

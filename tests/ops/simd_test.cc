@@ -330,7 +330,7 @@ TEST(Simd, RopeRotateHeadsIsRopeRotateBitForBit) {
       for (int64_t h = 0; h < heads; ++h) {
         for (int64_t i = 0; i < half; ++i) {
           const int64_t o = h * head_dim + i;
-          nn_math::RopeRotate(x[o], x[o + half], c[i], s[i], sign, &want[o], &want[o + half]);
+          ops::math::RopeRotate(x[o], x[o + half], c[i], s[i], sign, &want[o], &want[o + half]);
         }
       }
       for (Isa isa : RunnableIsas()) {

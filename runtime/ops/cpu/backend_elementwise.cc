@@ -156,7 +156,7 @@ Status CpuBackend::Rope(const OpContext&, const Tensor& x, int64_t seq_len, int6
     float* by = Scratch(1, width);
     float* cs = Scratch(2, head_dim);
     for (int64_t r = b; r < e; ++r) {
-      const int64_t p = nn_math::RopePosition(r, seq_len, pos);
+      const int64_t p = math::RopePosition(r, seq_len, pos);
       const float* c = cs;
       const float* s = cs + half;
       if (p >= 0 && p < in_table) {

@@ -40,7 +40,7 @@ std::shared_ptr<const RopeTable> BuildTable(int64_t head_dim, float theta,
   t->sin.resize(t->cos.size());
   std::vector<float> inv_freq(static_cast<size_t>(t->half));
   for (int64_t i = 0; i < t->half; ++i) {
-    inv_freq[i] = nn_math::RopeInvFreq(i, head_dim, theta, scaling);
+    inv_freq[i] = ops::math::RopeInvFreq(i, head_dim, theta, scaling);
   }
   for (int64_t p = 0; p < positions; ++p) {
     float* c = t->cos.data() + p * t->half;
@@ -86,7 +86,7 @@ std::shared_ptr<const RopeTable> CachedRopeTable(int64_t head_dim, float theta,
 void RopeCosSinRow(int64_t pos, int64_t head_dim, float theta, const RopeScaling& scaling,
                    float* cos, float* sin) {
   for (int64_t i = 0; i < head_dim / 2; ++i) {
-    const float angle = nn_math::RopeAngle(pos, i, head_dim, theta, scaling);
+    const float angle = ops::math::RopeAngle(pos, i, head_dim, theta, scaling);
     cos[i] = cosf(angle);
     sin[i] = sinf(angle);
   }

@@ -269,18 +269,18 @@ namespace scalar {
 
 void GeluForwardBf16(const uint16_t* x, int64_t n, uint16_t* y) {
   for (int64_t i = 0; i < n; ++i) {
-    y[i] = FloatToBF16(nn_math::GeluTanh(BF16ToFloat(BF16{x[i]}))).bits;
+    y[i] = FloatToBF16(ops::math::GeluTanh(BF16ToFloat(BF16{x[i]}))).bits;
   }
 }
 void GeluBackwardBf16(const uint16_t* x, const uint16_t* dy, int64_t n, uint16_t* dx) {
   for (int64_t i = 0; i < n; ++i) {
-    dx[i] = FloatToBF16(BF16ToFloat(BF16{dy[i]}) * nn_math::GeluTanhGrad(BF16ToFloat(BF16{x[i]})))
+    dx[i] = FloatToBF16(BF16ToFloat(BF16{dy[i]}) * ops::math::GeluTanhGrad(BF16ToFloat(BF16{x[i]})))
                 .bits;
   }
 }
 void SwiGluForwardBf16(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* y) {
   for (int64_t i = 0; i < n; ++i) {
-    y[i] = FloatToBF16(nn_math::Silu(BF16ToFloat(BF16{g[i]})) * BF16ToFloat(BF16{u[i]})).bits;
+    y[i] = FloatToBF16(ops::math::Silu(BF16ToFloat(BF16{g[i]})) * BF16ToFloat(BF16{u[i]})).bits;
   }
 }
 void SwiGluBackwardBf16(const uint16_t* g, const uint16_t* u, const uint16_t* dy, int64_t n,
@@ -288,18 +288,18 @@ void SwiGluBackwardBf16(const uint16_t* g, const uint16_t* u, const uint16_t* dy
   for (int64_t i = 0; i < n; ++i) {
     const float gf = BF16ToFloat(BF16{g[i]}), uf = BF16ToFloat(BF16{u[i]}),
                 df = BF16ToFloat(BF16{dy[i]});
-    dg[i] = FloatToBF16(df * uf * nn_math::SiluGrad(gf)).bits;
-    du[i] = FloatToBF16(df * nn_math::Silu(gf)).bits;
+    dg[i] = FloatToBF16(df * uf * ops::math::SiluGrad(gf)).bits;
+    du[i] = FloatToBF16(df * ops::math::Silu(gf)).bits;
   }
 }
 void SwiGluForward(const float* g, const float* u, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = nn_math::Silu(g[i]) * u[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = ops::math::Silu(g[i]) * u[i];
 }
 void SwiGluBackward(const float* g, const float* u, const float* dy, int64_t n, float* dg,
                     float* du) {
   for (int64_t i = 0; i < n; ++i) {
-    dg[i] = dy[i] * u[i] * nn_math::SiluGrad(g[i]);
-    du[i] = dy[i] * nn_math::Silu(g[i]);
+    dg[i] = dy[i] * u[i] * ops::math::SiluGrad(g[i]);
+    du[i] = dy[i] * ops::math::Silu(g[i]);
   }
 }
 void RopeRotateHeads(const float* x, const float* cos, const float* sin, int64_t heads,
@@ -309,7 +309,7 @@ void RopeRotateHeads(const float* x, const float* cos, const float* sin, int64_t
     const float* xa = x + h * head_dim;
     float* ya = y + h * head_dim;
     for (int64_t i = 0; i < half; ++i) {
-      nn_math::RopeRotate(xa[i], xa[i + half], cos[i], sin[i], sign, &ya[i], &ya[i + half]);
+      ops::math::RopeRotate(xa[i], xa[i + half], cos[i], sin[i], sign, &ya[i], &ya[i + half]);
     }
   }
 }
@@ -327,10 +327,10 @@ void AddWidenedBf16(float* acc, const uint16_t* x, int64_t n) {
 }
 
 void GeluForward(const float* x, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = nn_math::GeluTanh(x[i]);
+  for (int64_t i = 0; i < n; ++i) y[i] = ops::math::GeluTanh(x[i]);
 }
 void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) {
-  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * nn_math::GeluTanhGrad(x[i]);
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * ops::math::GeluTanhGrad(x[i]);
 }
 void AdamUpdate(const AdamHyper& hyper, float* p, const float* g, float* m, float* v, int64_t n) {
   // A local copy: the float stores below could alias a referenced struct's
@@ -366,27 +366,27 @@ double SumOfSquares(const float* x, int64_t n, double acc) {
 void LayerNormForward(const float* x, const float* gamma, const float* beta, int64_t rows,
                       int64_t cols, float* y, float* mean, float* rstd) {
   for (int64_t r = 0; r < rows; ++r) {
-    nn_math::LayerNormRowForward(x + r * cols, gamma, beta, cols, y + r * cols, mean + r, rstd + r);
+    ops::math::LayerNormRowForward(x + r * cols, gamma, beta, cols, y + r * cols, mean + r, rstd + r);
   }
 }
 void LayerNormBackward(const float* x, const float* gamma, const float* dy, const float* mean,
                        const float* rstd, int64_t rows, int64_t cols, float* dx, float* dgamma,
                        float* dbeta) {
   for (int64_t r = 0; r < rows; ++r) {
-    nn_math::LayerNormRowBackward(x + r * cols, gamma, dy + r * cols, mean[r], rstd[r], cols,
+    ops::math::LayerNormRowBackward(x + r * cols, gamma, dy + r * cols, mean[r], rstd[r], cols,
                                   dx + r * cols, dgamma, dbeta);
   }
 }
 void RmsNormForward(const float* x, const float* gamma, int64_t rows, int64_t cols, float eps,
                     float* y, float* rstd) {
   for (int64_t r = 0; r < rows; ++r) {
-    nn_math::RmsNormRowForward(x + r * cols, gamma, cols, eps, y + r * cols, rstd + r);
+    ops::math::RmsNormRowForward(x + r * cols, gamma, cols, eps, y + r * cols, rstd + r);
   }
 }
 void RmsNormBackward(const float* x, const float* gamma, const float* dy, const float* rstd,
                      int64_t rows, int64_t cols, float* dx, float* dgamma) {
   for (int64_t r = 0; r < rows; ++r) {
-    nn_math::RmsNormRowBackward(x + r * cols, gamma, dy + r * cols, rstd[r], cols, dx + r * cols,
+    ops::math::RmsNormRowBackward(x + r * cols, gamma, dy + r * cols, rstd[r], cols, dx + r * cols,
                                 dgamma);
   }
 }
@@ -408,10 +408,10 @@ void SoftmaxGradFromDeltaInPlace(const float* p, float* dp, int64_t n, float del
 }
 void SoftmaxRowInPlace(float* row, int64_t cols, int64_t valid, float scale) {
   if (scale != 1.0f) ScaleInPlace(row, scale, valid);
-  nn_math::SoftmaxRowInPlace(row, cols, valid);
+  ops::math::SoftmaxRowInPlace(row, cols, valid);
 }
 void SoftmaxRowBackwardInPlace(const float* p, float* dp, int64_t cols, float scale) {
-  nn_math::SoftmaxRowBackwardInPlace(p, dp, cols, scale);
+  ops::math::SoftmaxRowBackwardInPlace(p, dp, cols, scale);
 }
 void SoftmaxRowsInPlace(float* x, int64_t rows, int64_t cols, int64_t ld, int64_t valid,
                         bool causal, float scale) {
@@ -423,15 +423,15 @@ void SoftmaxRowsInPlace(float* x, int64_t rows, int64_t cols, int64_t ld, int64_
 void SoftmaxRowsBackwardInPlace(const float* p, int64_t ldp, float* dp, int64_t lddp,
                                 int64_t rows, int64_t cols, float scale) {
   for (int64_t r = 0; r < rows; ++r) {
-    nn_math::SoftmaxRowBackwardInPlace(p + r * ldp, dp + r * lddp, cols, scale);
+    ops::math::SoftmaxRowBackwardInPlace(p + r * ldp, dp + r * lddp, cols, scale);
   }
 }
 float CrossEntropyRow(const float* logits, int64_t cols, int32_t target) {
-  return nn_math::CrossEntropyRow(logits, cols, target);
+  return ops::math::CrossEntropyRow(logits, cols, target);
 }
 void CrossEntropyRowBackward(const float* logits, int64_t cols, int32_t target, float scale,
                              float* dlogits) {
-  nn_math::CrossEntropyRowBackward(logits, cols, target, scale, dlogits);
+  ops::math::CrossEntropyRowBackward(logits, cols, target, scale, dlogits);
 }
 
 }  // namespace scalar

@@ -53,9 +53,9 @@ __global__ void SumKvHeadGroupsKernel(const void* src, DType st, int64_t rows, i
   StoreF(dst, dt, r * ld + c, acc);
 }
 
-// Row r softmaxed over the keys nn_math::AttentionRowKeys gives it (all;
+// Row r softmaxed over the keys math::AttentionRowKeys gives it (all;
 // causal: the first (r % q_len) + 1; packed documents: from the row's key
-// start on), every other entry 0, as nn_math::MaskedSoftmaxRowInPlace. x is
+// start on), every other entry 0, as math::MaskedSoftmaxRowInPlace. x is
 // f32 (attention's scores, then probabilities); with p16 (not null) each
 // final probability is also stored rounded to p16's dtype pt at the same
 // index (the operand of a 16-bit tensor-core GEMM).
@@ -66,8 +66,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float shared[kWarpsPerBlock];
   for (int64_t r = G::FirstRow(); r < rows; r += G::RowStride()) {
     float* row = x + r * cols;
-    const nn_math::AttentionKeys keys =
-        nn_math::AttentionRowKeys(r, heads, q_len, cols, causal, key_start);
+    const math::AttentionKeys keys =
+        math::AttentionRowKeys(r, heads, q_len, cols, causal, key_start);
     const float m = GroupRowMax<G>(x, DType::kF32, r * cols + keys.first, keys.end - keys.first,
                                    shared);
     // Each thread visits the columns j = Rank() mod kSize here and below, so
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t j = G::Rank(); j < cols; j += G::kSize) d += pr[j] * dr[j];
     const float dot = G::Reduce(d, AddOp(), shared);
     for (int64_t j = G::Rank(); j < cols; j += G::kSize) {
-      const float ds = nn_math::SoftmaxGradElement(pr[j], dr[j], dot, scale);
+      const float ds = math::SoftmaxGradElement(pr[j], dr[j], dot, scale);
       if (ds16 == nullptr) {
         dr[j] = ds;
       } else {
@@ -117,16 +117,16 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// lse[r] = the log-sum-exp of row r's unmasked scores (nn_math::
+// lse[r] = the log-sum-exp of row r's unmasked scores (math::
 // AttentionRowKeys; thread per row).
 __global__ void RowLogSumExpKernel(const float* x, int64_t rows, int64_t cols, bool causal,
                                    int64_t q_len, int64_t heads, const int32_t* key_start,
                                    float* lse) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
-  const nn_math::AttentionKeys keys =
-      nn_math::AttentionRowKeys(r, heads, q_len, cols, causal, key_start);
-  lse[r] = nn_math::RowLogSumExp(x + r * cols + keys.first, keys.end - keys.first);
+  const math::AttentionKeys keys =
+      math::AttentionRowKeys(r, heads, q_len, cols, causal, key_start);
+  lse[r] = math::RowLogSumExp(x + r * cols + keys.first, keys.end - keys.first);
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ inline cudaDataType CudaType(DType t) {
 // The key starts of packed documents (AttentionShape::key_start: device
 // i32 [batch * q_len]), or nullptr without them: the composed attention's
 // softmax and log-sum-exp kernels mask each query's keys to its own
-// document (nn_math::AttentionRowKeys).
+// document (math::AttentionRowKeys).
 inline const int32_t* KeyStarts(const AttentionShape& s) {
   return s.key_start.defined() ? s.key_start.data_as<int32_t>() : nullptr;
 }

@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kThreads)
     float s = 0.0f;
     for (int64_t j = G::Rank(); j < vocab; j += G::kSize) s += expf(LoadF(logits, lt, o + j) - m);
     s = G::Reduce(s, AddOp(), shared);
-    if (G::Rank() == 0) row_loss[r] = nn_math::CrossEntropyFromStats(m, s, LoadF(logits, lt, o + t));
+    if (G::Rank() == 0) row_loss[r] = math::CrossEntropyFromStats(m, s, LoadF(logits, lt, o + t));
   }
 }
 
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kThreads)
     const float inv = scale / G::Reduce(s, AddOp(), shared);
     for (int64_t j = G::Rank(); j < vocab; j += G::kSize) {
       const float e = expf(LoadF(logits, lt, o + j) - m);
-      StoreF(dlogits, dt, o + j, nn_math::CrossEntropyGradElement(e, inv, j == t, scale));
+      StoreF(dlogits, dt, o + j, math::CrossEntropyGradElement(e, inv, j == t, scale));
     }
   }
 }

@@ -40,20 +40,20 @@ __global__ void CastKernel(const From* __restrict__ src, To* __restrict__ dst, i
 
 // The element functions (the generic kernels below compute the same).
 struct GeluOp {
-  __device__ void operator()(const float (&x)[1], float (&y)[1]) const { y[0] = nn_math::GeluTanh(x[0]); }
+  __device__ void operator()(const float (&x)[1], float (&y)[1]) const { y[0] = math::GeluTanh(x[0]); }
 };
 struct GeluGradOp {  // x, dy -> dx
   __device__ void operator()(const float (&x)[2], float (&y)[1]) const {
-    y[0] = x[1] * nn_math::GeluTanhGrad(x[0]);
+    y[0] = x[1] * math::GeluTanhGrad(x[0]);
   }
 };
 struct SwiGluOp {  // gate, up -> y
-  __device__ void operator()(const float (&x)[2], float (&y)[1]) const { y[0] = nn_math::Silu(x[0]) * x[1]; }
+  __device__ void operator()(const float (&x)[2], float (&y)[1]) const { y[0] = math::Silu(x[0]) * x[1]; }
 };
 struct SwiGluGradOp {  // gate, up, dy -> dgate, dup
   __device__ void operator()(const float (&x)[3], float (&y)[2]) const {
-    y[0] = x[2] * x[1] * nn_math::SiluGrad(x[0]);
-    y[1] = x[2] * nn_math::Silu(x[0]);
+    y[0] = x[2] * x[1] * math::SiluGrad(x[0]);
+    y[1] = x[2] * math::Silu(x[0]);
   }
 };
 
@@ -164,14 +164,14 @@ __global__ void BiasAddKernel(const void* bias, DType bt, int64_t cols, void* y,
 // y may be x (one dtype then): each thread reads its element before writing it.
 __global__ void GeluKernel(const void* x, DType xt, int64_t n, void* y, DType yt) {
   int64_t i = Index();
-  if (i < n) StoreF(y, yt, i, nn_math::GeluTanh(LoadF(x, xt, i)));
+  if (i < n) StoreF(y, yt, i, math::GeluTanh(LoadF(x, xt, i)));
 }
 
 // dx may be dy (one dtype then).
 __global__ void GeluGradKernel(const void* x, DType xt, const void* dy, DType dyt, int64_t n,
                                void* dx, DType dxt) {
   int64_t i = Index();
-  if (i < n) StoreF(dx, dxt, i, LoadF(dy, dyt, i) * nn_math::GeluTanhGrad(LoadF(x, xt, i)));
+  if (i < n) StoreF(dx, dxt, i, LoadF(dy, dyt, i) * math::GeluTanhGrad(LoadF(x, xt, i)));
 }
 
 // ---- Llama-family elementwise kernels (math.h's arithmetic) ----------------
@@ -179,7 +179,7 @@ __global__ void GeluGradKernel(const void* x, DType xt, const void* dy, DType dy
 __global__ void SwiGluKernel(const void* gate, DType gt, const void* up, DType ut, int64_t n,
                              void* y, DType yt) {
   int64_t i = Index();
-  if (i < n) StoreF(y, yt, i, nn_math::Silu(LoadF(gate, gt, i)) * LoadF(up, ut, i));
+  if (i < n) StoreF(y, yt, i, math::Silu(LoadF(gate, gt, i)) * LoadF(up, ut, i));
 }
 
 __global__ void SwiGluGradKernel(const void* gate, DType gt, const void* up, DType ut,
@@ -188,8 +188,8 @@ __global__ void SwiGluGradKernel(const void* gate, DType gt, const void* up, DTy
   int64_t i = Index();
   if (i >= n) return;
   const float g = LoadF(gate, gt, i), u = LoadF(up, ut, i), d = LoadF(dy, dyt, i);
-  StoreF(dgate, dgt, i, d * u * nn_math::SiluGrad(g));
-  StoreF(dup, dut, i, d * nn_math::Silu(g));
+  StoreF(dgate, dgt, i, d * u * math::SiluGrad(g));
+  StoreF(dup, dut, i, d * math::Silu(g));
 }
 
 // One thread per rotated pair p of n / 2: head row u = p / half, element i =
@@ -203,8 +203,8 @@ __global__ void RopeKernel(const void* x, DType xt, int64_t pairs, int64_t seq_l
   const int64_t u = p / half, i = p % half;
   const int64_t o = u * head_dim + i;
   float a, b;
-  nn_math::RopePair(LoadF(x, xt, o), LoadF(x, xt, o + half),
-                    nn_math::RopeAngle(nn_math::RopePosition(u / heads, seq_len, positions), i,
+  math::RopePair(LoadF(x, xt, o), LoadF(x, xt, o + half),
+                    math::RopeAngle(math::RopePosition(u / heads, seq_len, positions), i,
                                        head_dim, theta, scaling),
                     sign, &a, &b);
   StoreF(y, yt, o, a);

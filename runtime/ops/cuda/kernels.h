@@ -121,7 +121,7 @@ int BatchPointers(const void* a, int64_t a_seq, int64_t a_head, const void* b, i
 
 // Row softmax of f32 x in place over `rows` rows of `cols`: attention's
 // scores [batch, heads, q_len, cols], row r keeping the keys
-// nn_math::AttentionRowKeys(r, heads, q_len, cols, causal, key_start) gives
+// math::AttentionRowKeys(r, heads, q_len, cols, causal, key_start) gives
 // it (every key; causal: the first (r % q_len) + 1; with key_start, packed
 // documents: from its query's key start on) and the rest becoming 0.
 // key_start: device i32 [batch * q_len] or nullptr. With p16.data (not

@@ -134,14 +134,14 @@ __global__ void __launch_bounds__(kThreads)
         v += d * d;
       }
     }
-    const float rstd = nn_math::LayerNormRstd(G::Reduce(v, AddOp(), shared) / n);
+    const float rstd = math::LayerNormRstd(G::Reduce(v, AddOp(), shared) / n);
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
       float xv[kVec], gv[kVec], bv[kVec], out[kVec];
       LoadChunk(x, xt, o + j, m, vx, xv);
       LoadChunk(gamma, gt, j, m, vg, gv);
       LoadChunk(beta, bt, j, m, vb, bv);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) out[e] = nn_math::LayerNormOut(xv[e], mean, rstd, gv[e], bv[e]);
+      for (int e = 0; e < kVec; ++e) out[e] = math::LayerNormOut(xv[e], mean, rstd, gv[e], bv[e]);
       StoreChunk(y, yt, o + j, m, vy, out);
     }
     if (G::Rank() == 0) {
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         if (e >= m) continue;
-        const float xhat = nn_math::LayerNormXhat(c.x[e], mu, rs);
+        const float xhat = math::LayerNormXhat(c.x[e], mu, rs);
         const float g = c.dy[e] * c.gamma[e];
         sg += g;
         sgx += g * xhat;
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
     const float mean_g_xhat = G::Reduce(sgx, AddOp(), shared) * inv_n;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
       ops.AddToDx(o, j, m, ops.Load(o, j, m), [&](const NormGradRow::Chunk& c, int e) {
-        return nn_math::LayerNormGradIn(nn_math::LayerNormXhat(c.x[e], mu, rs), c.dy[e], c.gamma[e],
+        return math::LayerNormGradIn(math::LayerNormXhat(c.x[e], mu, rs), c.dy[e], c.gamma[e],
                                         rs, mean_g, mean_g_xhat);
       });
     }
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kThreads)
         if (e < m) sq += xv[e] * xv[e];
       }
     }
-    const float rstd = nn_math::RmsNormRstd(G::Reduce(sq, AddOp(), shared) / n, eps);
+    const float rstd = math::RmsNormRstd(G::Reduce(sq, AddOp(), shared) / n, eps);
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
       float xv[kVec], gv[kVec], out[kVec];
       LoadChunk(x, xt, o + j, m, vx, xv);
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kThreads)
     const float mean_g_xhat = G::Reduce(sgx, AddOp(), shared) * inv_n;
     SK_FOR_ROW_CHUNKS(G, cols, j, m) {
       ops.AddToDx(o, j, m, ops.Load(o, j, m), [&](const NormGradRow::Chunk& c, int e) {
-        return nn_math::RmsNormGradIn(c.x[e], c.dy[e], c.gamma[e], rs, mean_g_xhat);
+        return math::RmsNormGradIn(c.x[e], c.dy[e], c.gamma[e], rs, mean_g_xhat);
       });
     }
   }
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(kColumnTile)
 
 // dgamma partials at partials[chunk * cols + j], dbeta partials at
 // partials[(chunks + chunk) * cols + j]; dgamma's terms are dy * xhat as in
-// nn_math::LayerNormRowBackward. mean null: 0 (RMSNorm's xhat = x rstd).
+// math::LayerNormRowBackward. mean null: 0 (RMSNorm's xhat = x rstd).
 __global__ void __launch_bounds__(kColumnTile)
     LayerNormGradParamsPartialsKernel(const void* x, DType xt, const void* dy, DType dyt,
                                       const float* mean, const float* rstd, int64_t rows,
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kColumnTile)
 #pragma unroll 4
     for (int64_t r = c * kColumnChunkRows; r < end; ++r) {
       const float g = LoadF(dy, dyt, r * cols + j);
-      dg += g * nn_math::LayerNormXhat(LoadF(x, xt, r * cols + j),
+      dg += g * math::LayerNormXhat(LoadF(x, xt, r * cols + j),
                                        mean != nullptr ? mean[r] : 0.0f, rstd[r]);
       db += g;
     }
