@@ -62,7 +62,7 @@ void HoldDuringCustomStep(const sk_engine* engine) {
 // The device of `engine`, for its caller streams.
 sk::StatusOr<sk::Device*> EngineDevice(sk_engine* engine) {
   const sk::DeviceId id = engine->engine->allocator().device();
-  if (sk::Device::KindCapabilities(id.kind).virtual_time) {
+  if (sk::KindCapabilities(id.kind).virtual_time) {
     return sk::InvalidArgumentError("caller streams on " + id.ToString() +
                                     ": the simulator prices its own streams (use a cpu or cuda engine)");
   }
@@ -287,13 +287,13 @@ SK_EXPORT sk_status_t sk_engine_create(const sk_model_spec* spec, sk_process_gro
   }
   SK_ASSIGN_OR_FAIL(o.device, ToDeviceOptions(c.device, group != nullptr ? group->group.get() : nullptr));
   // The simulator may simulate its own world (group NULL).
-  if (group == nullptr && !sk::Device::KindCapabilities(o.device.kind).virtual_time) {
+  if (group == nullptr && !sk::KindCapabilities(o.device.kind).virtual_time) {
     return Fail(NullHandleError<sk_process_group>("group"));
   }
   auto h = std::make_unique<sk_engine>();
   if (group != nullptr) h->group = group->group;
   if (c.cuda_stream != nullptr) {
-    if (!sk::Device::KindCapabilities(o.device.kind).native_streams) {
+    if (!sk::KindCapabilities(o.device.kind).native_streams) {
       return Fail(SK_STATUS_INVALID_ARGUMENT,
                   std::string("sk_engine_options.cuda_stream is set on a ") +
                       sk::DeviceKindName(o.device.kind) +

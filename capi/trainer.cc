@@ -92,7 +92,7 @@ SK_EXPORT sk_status_t sk_trainer_create(const sk_trainer_options* options, sk_pr
   SK_ASSIGN_OR_FAIL(sk::TrainerOptions o,
                     ToTrainerOptions(options, group != nullptr ? group->group.get() : nullptr));
   // The simulator may simulate its own world (group NULL).
-  if (group == nullptr && !sk::Device::KindCapabilities(o.device.kind).virtual_time) {
+  if (group == nullptr && !sk::KindCapabilities(o.device.kind).virtual_time) {
     return Fail(NullHandleError<sk_process_group>("group"));
   }
   auto h = std::make_unique<sk_trainer>();

@@ -958,8 +958,9 @@ StatusOr<std::unique_ptr<ProcessGroup>> GlooProcessGroup::NewGroup(const std::ve
 }
 
 StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Launch(Collective c, Stream& stream) {
-  if (!stream.device().is_cpu()) {
-    return Invalid("the gloo backend runs on CPU streams, not " + stream.device().ToString());
+  if (!KindCapabilities(stream.device().kind).host_memory) {
+    return Invalid("the gloo backend moves host memory: it runs on streams of a device whose memory is "
+                   "the host's (cpu), not " + stream.device().ToString());
   }
   std::string description = "gloo rank " + std::to_string(rank()) + ": " + c.Describe();
   const int rank = this->rank();

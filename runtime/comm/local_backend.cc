@@ -53,7 +53,8 @@ Status WaitForPeers(Stream& stream, const std::vector<std::shared_ptr<Event>>& e
 Status EnqueueReduce(Stream& stream, std::vector<const void*> srcs, DType dtype, size_t count,
                      float pre, float divisor, float post, void* dst) {
   if (count == 0) return OkStatus();
-  if (stream.device().is_cpu()) {
+  const DeviceCapabilities can = KindCapabilities(stream.device().kind);
+  if (can.host_memory) {
     return stream.Enqueue([srcs = std::move(srcs), dtype, count, pre, divisor, post, dst]() {
       ReduceInRankOrder(srcs.data(), static_cast<int>(srcs.size()), dtype, count, pre, divisor,
                         post, dst);
@@ -61,7 +62,7 @@ Status EnqueueReduce(Stream& stream, std::vector<const void*> srcs, DType dtype,
     });
   }
 #if defined(SHARDKIT_WITH_CUDA)
-  if (stream.device().is_cuda()) {
+  if (can.native_streams) {
     if (srcs.size() > static_cast<size_t>(cuda::kMaxReduceSources)) {
       return InvalidArgumentError("the local backend reduces over at most " +
                                   std::to_string(cuda::kMaxReduceSources) +
@@ -621,7 +622,7 @@ void LocalProcessGroup::OnResume(uint64_t next_seq) { rendezvous_->Resume(next_s
 
 StatusOr<std::shared_ptr<Work>> LocalProcessGroup::Launch(Collective c, Stream& stream) {
   std::string description = "local rank " + std::to_string(rank()) + ": " + c.Describe();
-  if (options_.stream_ordered || !stream.device().is_cpu()) {
+  if (options_.stream_ordered || !KindCapabilities(stream.device().kind).host_memory) {
     SK_ASSIGN_OR_RETURN(Device * device, Device::Get(stream.device()));
     TraceSpan span(CollectiveName(c.kind), "comm", rank(), stream.id());
     Status s = rendezvous_->RunOrdered(rank(), c, stream, *device);

@@ -600,7 +600,7 @@ Status NcclProcessGroup::CheckCall(const Collective& c) {
 }
 
 StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Launch(Collective c, Stream& stream) {
-  if (!stream.device().is_cuda() || stream.device().index != device_index_) {
+  if (stream.device() != DeviceId::Cuda(device_index_)) {
     return Invalid("the nccl group of cuda:" + std::to_string(device_index_) +
                    " cannot run on stream '" + stream.name() + "' of " + stream.device().ToString());
   }

@@ -204,8 +204,8 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::SubmitStagedFromHost(Collective c,
   for (size_t i = 0; i < c.outputs.size(); ++i) {
     const Tensor& out = c.outputs[i];
     const Tensor& in = c.inputs[i];
-    if (!Device::KindCapabilities(out.device().kind).host_memory ||
-        !Device::KindCapabilities(in.device().kind).host_memory) {
+    if (!KindCapabilities(out.device().kind).host_memory ||
+        !KindCapabilities(in.device().kind).host_memory) {
       return Invalid(std::string(CollectiveName(c.kind)) + " mixes host and device tensors on stream '" +
                      stream.name() + "' of " + stream.device().ToString());
     }
@@ -239,9 +239,9 @@ StatusOr<std::shared_ptr<Work>> ProcessGroup::SubmitStagedFromHost(Collective c,
 }
 
 StatusOr<std::shared_ptr<Work>> ProcessGroup::Submit(Collective c, Stream& stream) {
-  if (Device::KindCapabilities(stream.device().kind).device_memory()) {
+  if (KindCapabilities(stream.device().kind).device_memory()) {
     auto on_host = [](const Tensor& t) {
-      return t.defined() && Device::KindCapabilities(t.device().kind).host_memory;
+      return t.defined() && KindCapabilities(t.device().kind).host_memory;
     };
     bool host = false;
     for (const Tensor& t : c.outputs) host |= on_host(t);

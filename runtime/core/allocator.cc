@@ -13,7 +13,9 @@ StatusOr<Tensor> Allocator::Empty(DType dtype, Shape shape) {
 }
 
 StatusOr<Tensor> Allocator::Zeros(DType dtype, Shape shape) {
-  if (!device().is_cpu()) return InvalidArgumentError("Zeros is for host devices only");
+  if (!KindCapabilities(device().kind).host_memory) {
+    return InvalidArgumentError("Zeros is for host memory only, not " + device().ToString() + "'s");
+  }
   SK_ASSIGN_OR_RETURN(Tensor t, Empty(dtype, std::move(shape)));
   if (t.nbytes() > 0) std::memset(t.data(), 0, t.nbytes());
   return t;

@@ -100,25 +100,6 @@ Status Device::RegisterFactory(DeviceKind kind, Factory factory) {
   return OkStatus();
 }
 
-DeviceCapabilities Device::KindCapabilities(DeviceKind kind) {
-  DeviceCapabilities c;
-  switch (kind) {
-    case DeviceKind::kCpu:
-      c.ops_run_when_issued = true;
-      c.host_memory = true;
-      c.masked_fused_attention = true;
-      break;
-    case DeviceKind::kCuda:
-      c.native_streams = true;
-      break;
-    case DeviceKind::kSim:
-      c.virtual_time = true;
-      c.masked_fused_attention = true;
-      break;
-  }
-  return c;
-}
-
 StatusOr<DeviceCapabilities> Device::CapabilitiesOf(DeviceId id) {
   SK_ASSIGN_OR_RETURN(Device * device, Get(id));
   return device->capabilities();

@@ -50,43 +50,6 @@ inline constexpr Duration kMaxTimeout{7LL * 24 * 3600 * 1000};
 
 class Stream;
 
-// What a device does differently, asked instead of its kind (code above this
-// layer and the backends never tests is_cpu()/is_sim(): a new kind says what
-// it can do here, and the FSDP and DDP code follows). The defaults describe a
-// GPU: ops are enqueued on streams and run later, memory is the device's,
-// time is the wall clock.
-struct DeviceCapabilities {
-  // An op runs to completion on the calling thread when it is issued, not
-  // enqueued on its context's stream (cpu). Nothing then waits for the
-  // compute stream (it holds no pending work) and memory an op used is free
-  // when it returns (no record_stream); host work that must be ordered with
-  // a stream's collectives is enqueued on it as a closure (Stream::Enqueue).
-  bool ops_run_when_issued = false;
-  // Its memory is the host's, read and written by the calling thread (cpu).
-  bool host_memory = false;
-  // Its clocks are virtual (sim): work is priced, not run, and wall-clock
-  // traces of it mean nothing. Its tensors hold no data, and its ranks are
-  // one process's stand-ins on a simulated process group.
-  bool virtual_time = false;
-  // Its streams are a driver's native streams (cudaStream_t on cuda), so a
-  // caller's own native stream can be wrapped (WrapNativeStream) and work
-  // ordered with it.
-  bool native_streams = false;
-  // Its linear-memory attention (ops::FlashAttentionForward/Backward) masks
-  // packed documents (AttentionShape::key_start) inside the kernel, so a
-  // packed call needs no memory its unpacked shape would not (cpu; sim,
-  // priced as the CPU's). Without it (cuda: cuDNN's SDPA as shardkit calls
-  // it takes no per-query document mask) a packed call runs the composed
-  // attention with its probabilities in a temporary of that call
-  // (ops::ComposedAttentionTemporaryBytes), which memory estimates count.
-  bool masked_fused_attention = false;
-
-  // Derived: its memory is its own, not the host's, and holds data (cuda):
-  // host buffers reach it by copies (staged), and a pointer into it is the
-  // device's (Device::PointerDevice).
-  bool device_memory() const { return !host_memory && !virtual_time; }
-};
-
 class Event {
  public:
   virtual ~Event() = default;
@@ -174,12 +137,6 @@ class Device {
   DeviceCapabilities capabilities() const { return KindCapabilities(id().kind); }
   // Device::Get(id)->capabilities(); Get's error otherwise.
   static StatusOr<DeviceCapabilities> CapabilitiesOf(DeviceId id);
-  // What every device of `kind` can do, known before one exists (options
-  // are checked before their device is made): the one place a kind's
-  // capabilities are stated. cpu: ops run when issued, host memory, masked
-  // fused attention; cuda: native streams; sim: virtual time, masked fused
-  // attention. An unknown kind: the defaults.
-  static DeviceCapabilities KindCapabilities(DeviceKind kind);
 
   // A new stream. `name` labels it in traces and errors.
   virtual StatusOr<std::unique_ptr<Stream>> CreateStream(std::string_view name) = 0;

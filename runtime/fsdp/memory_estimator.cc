@@ -354,7 +354,7 @@ StatusOr<MemoryEstimate> EstimatePeakMemory(const MemoryEstimateRequest& r) {
   walk.keep_after_forward = keep_after_forward;
   walk.offload = r.fsdp.cpu_offload;
   walk.prefetch = r.fsdp.backward_prefetch;
-  walk.closures_hold = Device::KindCapabilities(r.device).ops_run_when_issued;
+  walk.closures_hold = KindCapabilities(r.device).ops_run_when_issued;
   walk.limit = r.fsdp.all_gather_limit.off() ? std::numeric_limits<int>::max()
                                           : r.fsdp.all_gather_limit.max_in_flight();
   std::vector<Moment> moments;

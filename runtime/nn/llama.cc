@@ -644,7 +644,7 @@ int64_t LlamaModel::BackwardEndActivationBytes(int64_t batch_size, int64_t seq_l
 // fallback (DeviceCapabilities::masked_fused_attention).
 int64_t LlamaModel::PackedAttentionTemporaryBytes(int64_t batch_size, int64_t seq_len,
                                                   DeviceKind device) const {
-  if (Device::KindCapabilities(device).masked_fused_attention) return 0;
+  if (KindCapabilities(device).masked_fused_attention) return 0;
   const LlamaDims d = Dims(config_, options_.compute_dtype, batch_size, seq_len);
   return ops::ComposedAttentionTemporaryBytes(d.Attention(), d.storage).peak();
 }

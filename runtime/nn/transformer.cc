@@ -418,7 +418,7 @@ int64_t TransformerBlock::SavedBytes(const BlockDims& d, DeviceKind device) cons
 int64_t TransformerBlock::PackedAttentionTemporaryBytes(const BlockDims& d, DeviceKind device) const {
   int64_t most = 0;
   for (SublayerKind k : kinds_) {
-    if (Device::KindCapabilities(device).masked_fused_attention ||
+    if (KindCapabilities(device).masked_fused_attention ||
         k != SublayerKind::kCausalSelfAttention ||
         !LinearMemoryAttention(device, k, d)) {
       continue;

@@ -202,7 +202,7 @@ bool PrefersFlashAttention(DeviceKind kind, const AttentionShape& s, DType t) {
   if (const OpBackend* be = BackendFor(kind); be != nullptr) return be->PrefersFlashAttention(s, t);
   // A simulated device before its backend is set up answers as that
   // backend will: its memory is a CPU run's.
-  return Device::KindCapabilities(kind).virtual_time && CpuPrefersFlashAttention(s);
+  return KindCapabilities(kind).virtual_time && CpuPrefersFlashAttention(s);
 }
 
 int64_t FlashAttentionBackwardWorkspaceElements(const AttentionShape& s) {

@@ -20,7 +20,7 @@ Status Copy(const OpContext& ctx, const Tensor& src, const Tensor& dst) {
   for (const Tensor* t : {&src, &dst}) {
     const char* what = t == &src ? "src" : "dst";
     if (!t->defined()) return Bad(op, std::string(what) + " is undefined");
-    if (t->device().kind != kind && !Device::KindCapabilities(t->device().kind).host_memory) {
+    if (t->device().kind != kind && !KindCapabilities(t->device().kind).host_memory) {
       return Bad(op, std::string(what) + " " + t->ToString() + " is neither host memory nor on " +
                          ctx.device->id().ToString());
     }

@@ -211,7 +211,7 @@ Status Dispatch(OpBackend* b, const OpContext& ctx, const OpCost& cost, Fn run) 
     }
   }
   if (TraceRecorder::Global().enabled() && ctx.stream != nullptr &&
-      Device::KindCapabilities(ctx.stream->device().kind).ops_run_when_issued) {
+      KindCapabilities(ctx.stream->device().kind).ops_run_when_issued) {
     TraceSpan span(cost.name, "compute", ctx.stream->device().index, ctx.stream->id());
     return run();
   }

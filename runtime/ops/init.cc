@@ -71,7 +71,7 @@ Status InitializeSlice(const Initializer& init, uint64_t seed, uint64_t param_id
 Status InitializeTensorSlice(const Initializer& init, uint64_t seed, uint64_t param_id,
                              int64_t begin, const Tensor& out) {
   if (!out.defined()) return InvalidArgumentError("initialising an undefined tensor");
-  if (!Device::KindCapabilities(out.device().kind).host_memory) {
+  if (!KindCapabilities(out.device().kind).host_memory) {
     return InvalidArgumentError("InitializeTensorSlice writes host tensors, got " + out.ToString());
   }
   const int64_t n = out.numel();

@@ -49,7 +49,7 @@ StatusOr<std::unique_ptr<FsdpEngine>> FsdpEngine::Create(std::vector<UnitSpec> u
                                                          const FsdpEngineOptions& options) {
   SK_RETURN_IF_ERROR(ValidateDeviceOptions(options.device));
   // A simulated device's world can be made here, from its profile.
-  const DeviceCapabilities can = Device::KindCapabilities(options.device.kind);
+  const DeviceCapabilities can = KindCapabilities(options.device.kind);
   if (world == nullptr && !can.virtual_time) {
     return InvalidArgumentError("FsdpEngine needs a process group");
   }

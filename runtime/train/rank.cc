@@ -27,7 +27,7 @@ namespace {
 //
 // One entry per kind: its name and what rank set-up needs of it. This table
 // is the one place rank set-up knows kinds (a new kind is a new entry here
-// and its capabilities in Device::KindCapabilities); everything else in
+// and its capabilities in KindCapabilities); everything else in
 // runtime/train asks the kind's or the device's capabilities.
 
 Status ValidateCudaOptions(const DeviceOptions& o) {
@@ -156,7 +156,7 @@ std::string KindNames() {
 
 // Whether `kind` is simulated: its tensors hold no data, its ranks are one
 // process's stand-ins priced on a simulated network.
-bool Simulated(DeviceKind kind) { return Device::KindCapabilities(kind).virtual_time; }
+bool Simulated(DeviceKind kind) { return KindCapabilities(kind).virtual_time; }
 
 }  // namespace
 

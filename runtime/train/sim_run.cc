@@ -80,7 +80,7 @@ void FillMemory(const MemoryStats& m, SimStepReport& r) {
 
 StatusOr<SimStepReport> SimulateTraining(const SimRunOptions& options) {
   const TrainerOptions& to = options.trainer;
-  if (!Device::KindCapabilities(to.device.kind).virtual_time) {
+  if (!KindCapabilities(to.device.kind).virtual_time) {
     return InvalidArgumentError("SimulateTraining needs trainer.device.kind = sim");
   }
   if (options.steps < 1) {

@@ -48,7 +48,7 @@ Status ValidateTrainerOptions(const TrainerOptions& o) {
     return InvalidArgumentError(
         "skip_init: a DDP trainer loads no weights (checkpoints and state dicts are FSDP's), so it must initialise them");
   }
-  if (o.fsdp.skip_init && Device::KindCapabilities(o.device.kind).virtual_time) {
+  if (o.fsdp.skip_init && KindCapabilities(o.device.kind).virtual_time) {
     return InvalidArgumentError(
         "skip_init: the simulator loads no weights (its tensors hold no data), so there is nothing to skip for");
   }
@@ -163,7 +163,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
                                                    comm::ProcessGroup* world,
                                                    MemoryStats* memory_on_error) {
   Status valid = ValidateTrainerOptions(options);
-  const DeviceCapabilities can = Device::KindCapabilities(options.device.kind);
+  const DeviceCapabilities can = KindCapabilities(options.device.kind);
   const bool sim = can.virtual_time;
   if (world == nullptr && !sim) return InvalidArgumentError("Trainer needs a process group");
   // Ranks of CPU worlds (host memory over local or gloo) and of groups bound

@@ -318,18 +318,18 @@ TEST(DeviceCapabilities, CpuRunsOpsWhenIssuedOnHostMemory) {
 // Options are checked before their device exists: the kind's capabilities
 // are the device's, and a GPU's ops are enqueued on native streams.
 TEST(DeviceCapabilities, KnownBeforeTheDeviceExists) {
-  const DeviceCapabilities cpu = Device::KindCapabilities(DeviceKind::kCpu);
+  const DeviceCapabilities cpu = KindCapabilities(DeviceKind::kCpu);
   EXPECT_TRUE(cpu.ops_run_when_issued && cpu.host_memory && cpu.masked_fused_attention);
   EXPECT_FALSE(cpu.virtual_time || cpu.native_streams || cpu.device_memory());
-  const DeviceCapabilities cuda = Device::KindCapabilities(DeviceKind::kCuda);
+  const DeviceCapabilities cuda = KindCapabilities(DeviceKind::kCuda);
   EXPECT_TRUE(cuda.native_streams && cuda.device_memory());
   EXPECT_FALSE(cuda.ops_run_when_issued || cuda.host_memory || cuda.virtual_time ||
                cuda.masked_fused_attention);
-  const DeviceCapabilities sim = Device::KindCapabilities(DeviceKind::kSim);
+  const DeviceCapabilities sim = KindCapabilities(DeviceKind::kSim);
   EXPECT_TRUE(sim.virtual_time && sim.masked_fused_attention);
   EXPECT_FALSE(sim.ops_run_when_issued || sim.host_memory || sim.native_streams ||
                sim.device_memory());
-  const DeviceCapabilities unknown = Device::KindCapabilities(static_cast<DeviceKind>(7));
+  const DeviceCapabilities unknown = KindCapabilities(static_cast<DeviceKind>(7));
   EXPECT_FALSE(unknown.ops_run_when_issued || unknown.host_memory || unknown.virtual_time ||
                unknown.native_streams || unknown.masked_fused_attention);
   auto dev = Device::Get(DeviceId::Cpu(0));
