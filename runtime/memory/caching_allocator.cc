@@ -160,7 +160,7 @@ struct CachingAllocator::Block {
   State state = State::kFree;
   int pending_events = 0;
   // Free blocks only: bytes of its pages handed back to the system, 0 or all
-  // the whole pages inside it (PagesInside).
+  // the whole pages inside it (WholePages).
   size_t released = 0;
   Block* prev = nullptr;  // neighbours within the segment
   Block* next = nullptr;
@@ -526,21 +526,21 @@ void CachingAllocator::SettleMerged(Block* block) {
   block->released = 0;
 }
 
-size_t CachingAllocator::PagesInside(const char* ptr, size_t size) const {
+CachingAllocator::PageSpan CachingAllocator::WholePages(char* ptr, size_t size) const {
   const size_t page = page_bytes_;
-  if (page == 0) return 0;
+  if (page == 0) return {};
   const uintptr_t begin = reinterpret_cast<uintptr_t>(ptr);
   const uintptr_t lo = (begin + page - 1) / page * page;
   const uintptr_t hi = (begin + size) / page * page;
-  return hi > lo ? hi - lo : 0;
+  if (hi <= lo) return {};
+  return {ptr + (lo - begin), hi - lo};
 }
 
 bool CachingAllocator::ReleaseBlock(Block* block) {
-  const size_t whole = PagesInside(block->ptr, block->size);
+  const PageSpan pages = WholePages(block->ptr, block->size);
+  const size_t whole = pages.bytes;
   if (whole <= block->released) return true;  // nothing more inside it to release
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(block->ptr);
-  char* lo = block->ptr + ((begin + page_bytes_ - 1) / page_bytes_ * page_bytes_ - begin);
-  Status released = device_->ReleasePages(lo, whole);
+  Status released = device_->ReleasePages(pages.begin, whole);
   if (!released.ok()) {
     LOG(WARNING) << "CachingAllocator for " << device_id_.ToString() << ": " << released;
     return false;
@@ -556,7 +556,7 @@ size_t CachingAllocator::CommitCost(const Block* block, size_t size, bool split)
   if (block->released == 0) return 0;
   if (!split) return block->released;
   // The request is carved from the top; the remainder keeps its whole pages.
-  return block->released - PagesInside(block->ptr, block->size - size);
+  return block->released - WholePages(block->ptr, block->size - size).bytes;
 }
 
 void CachingAllocator::ReleaseFreePages() {
@@ -741,7 +741,7 @@ Status CachingAllocator::CheckInvariants() const {
       reserved += static_cast<int64_t>(b->size - b->released);
       released += static_cast<int64_t>(b->released);
       if (b->released != 0 && (b->state != Block::State::kFree ||
-                               b->released != PagesInside(b->ptr, b->size))) {
+                               b->released != WholePages(b->ptr, b->size).bytes)) {
         return InternalError("a block released in part, or released while not free");
       }
       if (b->next != nullptr) {

@@ -211,8 +211,13 @@ class CachingAllocator {
   // cached free block not yet released (a segment in part use keeps its
   // allocated blocks and addresses). Counted out of reserved_bytes.
   void ReleaseFreePages();
-  // The bytes of the whole pages (page_bytes_) inside [ptr, ptr + size).
-  size_t PagesInside(const char* ptr, size_t size) const;
+  // The whole pages (page_bytes_) inside [ptr, ptr + size): where the first
+  // begins and how many bytes they span (0 when none, or no page size).
+  struct PageSpan {
+    char* begin = nullptr;
+    size_t bytes = 0;
+  };
+  PageSpan WholePages(char* ptr, size_t size) const;
   // Makes free block `block` (released or not) released in full: its
   // whole pages handed back, its released_bytes their size. False (nothing
   // changed) if the device refused.
