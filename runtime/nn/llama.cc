@@ -181,12 +181,14 @@ Status BlockForward(const OpContext& ctx, const LlamaDims& d, const LlamaBlockTe
 // before its backward (ModelOptions: kSelective, recompute_attention,
 // kSelectiveMatmuls).
 struct LlamaRecompute {
+  bool selective = false;  // either selective policy: the block drops what it rebuilds
   bool attention = false;  // the attention's output and log-sum-exp
   bool matmuls = false;    // the even-numbered GEMMs' outputs: k, x2 (o's), up
 };
 
 LlamaRecompute RecomputeOf(const ModelOptions& o) {
   LlamaRecompute r;
+  r.selective = o.selective_checkpointing() || o.selective_matmul_checkpointing();
   r.attention = o.selective_checkpointing() && o.recompute_attention;
   r.matmuls = o.selective_matmul_checkpointing();
   return r;
@@ -303,6 +305,11 @@ int64_t BlockRecomputableBytes(const LlamaDims& d, const LlamaRecompute& r) {
   // k, x2, up
   const int64_t matmuls = r.matmuls ? a * n * (d.kv_width() + d.d_model + d.d_ff) : 0;
   return cheap + attention + matmuls;
+}
+
+// What a block's selective policy drops after its forward: nothing without one.
+int64_t BlockDroppedBytes(const LlamaDims& d, const LlamaRecompute& r) {
+  return r.selective ? BlockRecomputableBytes(d, r) : 0;
 }
 
 // Flops RecomputeDropped runs: two RMSNorms and a SwiGLU product; with
@@ -465,9 +472,8 @@ StatusOr<float> LlamaModel::Run(const TokenBatch& batch, UnitHooks& hooks, Alloc
   const bool ckpt = options_.full_checkpointing();
   // Either selective policy: what is dropped after each block's forward
   // and rebuilt before its backward.
-  const bool selective =
-      options_.selective_checkpointing() || options_.selective_matmul_checkpointing();
   const LlamaRecompute recompute = RecomputeOf(options_);
+  const bool selective = recompute.selective;
   const bool bias = config_.qkv_bias;
   const bool tied = config_.tie_word_embeddings;
   const int head_unit = static_cast<int>(L + 1);
@@ -572,9 +578,8 @@ StepFlops LlamaModel::Flops(int64_t batch_size, int64_t seq_len, int64_t /*sourc
   const double head_fwd = 2.0 * static_cast<double>(d.rows()) * config_.d_model * config_.vocab_size;
   double recompute = 0.0;  // per block
   if (options_.full_checkpointing()) recompute = block_fwd;
-  if (options_.selective_checkpointing() || options_.selective_matmul_checkpointing()) {
-    recompute = BlockRecomputeFlops(d, RecomputeOf(options_));
-  }
+  const LlamaRecompute r = RecomputeOf(options_);
+  if (r.selective) recompute = BlockRecomputeFlops(d, r);
   StepFlops f;
   f.model_flops = 3.0 * (block_fwd * config_.n_layer + head_fwd);
   f.hardware_flops = f.model_flops + recompute * config_.n_layer;
@@ -591,10 +596,7 @@ int64_t LlamaModel::PeakActivationBytes(int64_t batch_size, int64_t seq_len,
   const bool ckpt = options_.full_checkpointing();
   // Selective checkpointing keeps less what RecomputeDropped rebuilds in the
   // block's backward.
-  const int64_t recomputed =
-      options_.selective_checkpointing() || options_.selective_matmul_checkpointing()
-          ? BlockRecomputableBytes(d, RecomputeOf(options_))
-          : 0;
+  const int64_t recomputed = BlockDroppedBytes(d, RecomputeOf(options_));
   const int64_t saved = BlockSavedBytes(d) - recomputed;
   const int64_t kept = KeptBytes(d, L, ckpt, saved);
   // Head backward: its RMSNorm output and rstd, dx, dh and the fused
@@ -621,10 +623,7 @@ int64_t LlamaModel::BetweenBackwardsActivationBytes(int64_t batch_size, int64_t 
   const int64_t n = d.rows(), c = config_.d_model;
   const int64_t a = static_cast<int64_t>(DTypeSize(d.storage));
   const bool ckpt = options_.full_checkpointing();
-  const int64_t recomputed =
-      options_.selective_checkpointing() || options_.selective_matmul_checkpointing()
-          ? BlockRecomputableBytes(d, RecomputeOf(options_))
-          : 0;
+  const int64_t recomputed = BlockDroppedBytes(d, RecomputeOf(options_));
   const int64_t kept = KeptBytes(d, config_.n_layer, ckpt, BlockSavedBytes(d) - recomputed);
   return kept + 2 * a * n * c + 4 * n;
 }
